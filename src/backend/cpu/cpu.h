@@ -1,0 +1,32 @@
+/* CPU backend: a thread pool over all cores, SIMD kernels chosen at run time
+ * (AVX2+FMA+F16C where present, portable C otherwise). */
+#ifndef M3_CPU_H
+#define M3_CPU_H
+
+#include "../../base/pool.h"
+#include "../ops.h"
+
+/* Fills ops for the CPU backend. threads <= 0: all cores ($M3_THREADS overrides).
+ * Returns -1 on failure. Free with m3_cpu_ops_free. */
+int m3_cpu_ops_init(m3_ops *ops, int threads, m3_err *err);
+void m3_cpu_ops_free(m3_ops *ops);
+
+/* "avx2" or "scalar": the kernel set in use ($M3_SIMD=scalar forces the portable one). */
+const char *m3_cpu_simd_name(void);
+
+/* ---- kernels shared inside the CPU backend ---- */
+typedef struct m3_cpu {
+    m3_pool *pool;
+    int nthreads;
+} m3_cpu;
+
+/* y[T, N] = x[T, K] W^T on the pool. */
+void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *y);
+/* Rows [n0, n1) of W, columns [k0, k0+len) (len a multiple of 32, k0 too), as f32 into out[n1-n0][len]. */
+void m3_cpu_decode_rows(const m3_linear *W, int n0, int n1, int k0, int len, float *out);
+/* dot product of two f32 vectors */
+float m3_cpu_dot(const float *a, const float *b, int n);
+/* y += a * x */
+void m3_cpu_axpy(float *y, float a, const float *x, int n);
+
+#endif

@@ -1,0 +1,354 @@
+/* CPU implementations of the op table (except linear: linear.c). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../base/num.h"
+#include "cpu.h"
+
+/* ------------------------------------------------------------------ memory */
+
+static void *cpu_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    size_t n = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, n ? n : 64);
+    if (p) memset(p, 0, n ? n : 64);
+    return p;
+}
+static void cpu_release(void *ctx, void *p) { (void)ctx; free(p); }
+static void cpu_copy(void *ctx, void *dst, const void *src, size_t n) { (void)ctx; memmove(dst, src, n); }
+
+/* ------------------------------------------------------------------ elementwise */
+
+static void cpu_embed(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out) {
+    (void)ctx;
+    for (int t = 0; t < T; t++) m3_cpu_decode_rows(E, ids[t], ids[t] + 1, 0, E->K, out + (size_t)t * E->K);
+}
+
+static void rms_row(const float *x, const float *w, int dim, float eps, float *out) {
+    double ss = 0;
+    for (int i = 0; i < dim; i++) ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / dim + eps));
+    for (int i = 0; i < dim; i++) out[i] = (x[i] * r) * (1.0f + w[i]);
+}
+
+static void cpu_rmsnorm(void *ctx, const float *x, const float *w, int rows, int dim, float eps, float *out) {
+    (void)ctx;
+    for (int r = 0; r < rows; r++) rms_row(x + (size_t)r * dim, w, dim, eps, out + (size_t)r * dim);
+}
+
+static void cpu_add(void *ctx, float *y, const float *x, size_t n) {
+    (void)ctx;
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+static void cpu_linear_op(void *ctx, const m3_linear *W, const float *x, int T, float *y) {
+    m3_cpu_linear(ctx, W, x, T, y);
+}
+
+/* inv_freq and angles in f32, as the reference's rotary embedding computes them */
+static void cpu_head_norm_rope(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps,
+                               int rotary_dim, double theta, const int32_t *pos) {
+    (void)ctx;
+    int half = rotary_dim / 2;
+    float cs[1024], sn[1024];
+    float *c = half <= 1024 ? cs : malloc(sizeof(float) * (size_t)half * 2);
+    float *s = half <= 1024 ? sn : c + half;
+    if (!c) return; /* cannot happen for real shapes (rotary_dim <= 2048) */
+    for (int t = 0; t < T; t++) {
+        for (int j = 0; j < half; j++) {
+            float e = (float)(2 * j) / (float)rotary_dim;
+            float inv = 1.0f / powf((float)theta, e);
+            float a = (float)pos[t] * inv;
+            c[j] = cosf(a);
+            s[j] = sinf(a);
+        }
+        for (int h = 0; h < heads; h++) {
+            float *v = x + ((size_t)t * heads + h) * dim;
+            rms_row(v, w, dim, eps, v);
+            for (int j = 0; j < half; j++) {
+                float a = v[j], b = v[j + half];
+                v[j] = a * c[j] - b * s[j];
+                v[j + half] = b * c[j] + a * s[j];
+            }
+        }
+    }
+    if (c != cs) free(c);
+}
+
+static void cpu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v,
+                         const float *ik) {
+    (void)ctx;
+    size_t kw = (size_t)kv->nkv * kv->D;
+    for (int t = 0; t < b->T; t++) {
+        const m3_kv_seq *s = b->seqs[b->seq[t]];
+        m3_kv_store(kv, s, layer, M3_KV_K, b->pos[t], k + t * kw);
+        m3_kv_store(kv, s, layer, M3_KV_V, b->pos[t], v + t * kw);
+        if (ik) m3_kv_store(kv, s, layer, M3_KV_IK, b->pos[t], ik + (size_t)t * kv->Di);
+    }
+}
+
+/* ------------------------------------------------------------------ indexer */
+
+typedef struct {
+    const m3_kv *kv;
+    int layer;
+    const m3_batch *b;
+    const float *iq;
+    int ni, block, topk, local, init;
+    int32_t *sel;
+} idx_job;
+
+static void idx_tokens(void *arg, size_t t0, size_t t1, int worker) {
+    (void)worker;
+    idx_job *j = arg;
+    const int Di = j->kv->Di, B = j->block, ni = j->ni;
+    int maxnb = 0;
+    for (size_t t = t0; t < t1; t++) if (j->b->pos[t] / B + 1 > maxnb) maxnb = j->b->pos[t] / B + 1;
+    float *rows = malloc(sizeof(float) * (size_t)B * Di);
+    float *score = malloc(sizeof(float) * (size_t)maxnb * ni);
+    if (!rows || !score) { free(rows); free(score); return; }
+    for (size_t t = t0; t < t1; t++) {
+        int pos = j->b->pos[t], qb = pos / B, nb = qb + 1;
+        const m3_kv_seq *s = j->b->seqs[j->b->seq[t]];
+        const float *q = j->iq + t * (size_t)ni * Di;
+        for (int blk = 0; blk < nb; blk++) {
+            int p0 = blk * B, n = (blk == qb) ? pos - p0 + 1 : B;
+            m3_kv_load(j->kv, s, j->layer, M3_KV_IK, 0, p0, n, rows);
+            for (int g = 0; g < ni; g++) {
+                float m = -INFINITY;
+                for (int i = 0; i < n; i++) {
+                    float d = m3_cpu_dot(q + (size_t)g * Di, rows + (size_t)i * Di, Di);
+                    if (d > m) m = d;
+                }
+                score[(size_t)g * nb + blk] = m;
+            }
+        }
+        for (int g = 0; g < ni; g++) {
+            float *sc = score + (size_t)g * nb;
+            for (int blk = qb - j->local + 1; blk <= qb; blk++) if (blk >= 0) sc[blk] = INFINITY;
+            for (int blk = 0; blk < j->init && blk <= qb; blk++) sc[blk] = INFINITY;
+            int32_t *out = j->sel + (t * (size_t)ni + g) * j->topk;
+            int got = 0;
+            for (int k = 0; k < j->topk && k < nb; k++) {
+                int best = -1;
+                for (int blk = 0; blk < nb; blk++)
+                    if (sc[blk] != -INFINITY && !isnan(sc[blk]) && (best < 0 || sc[blk] > sc[best])) best = blk;
+                if (best < 0) break;
+                out[got++] = best;
+                sc[best] = -INFINITY;
+            }
+            /* ascending block order, -1 padding */
+            for (int a = 1; a < got; a++)
+                for (int c = a; c > 0 && out[c] < out[c - 1]; c--) { int32_t tmp = out[c]; out[c] = out[c - 1]; out[c - 1] = tmp; }
+            for (int k = got; k < j->topk; k++) out[k] = -1;
+        }
+    }
+    free(rows);
+    free(score);
+}
+
+static void cpu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *iq, int ni,
+                             int block, int topk, int local, int init, int32_t *sel) {
+    m3_cpu *c = ctx;
+    idx_job j = {kv, layer, b, iq, ni, block, topk, local, init, sel};
+    m3_pool_for(c->pool, (size_t)b->T, 1, idx_tokens, &j);
+}
+
+/* ------------------------------------------------------------------ attention */
+
+typedef struct {
+    const m3_kv *kv;
+    int layer;
+    const m3_batch *b;
+    const float *q;
+    int nh;
+    const int32_t *sel;
+    int block, topk;
+    float *out;
+} att_job;
+
+#define CHUNK 64
+
+static void att_items(void *arg, size_t i0, size_t i1, int worker) {
+    (void)worker;
+    att_job *j = arg;
+    const m3_kv *kv = j->kv;
+    const int D = kv->D, nkv = kv->nkv, G = j->nh / nkv;
+    const float scale = 1.0f / sqrtf((float)D);
+    float *kb = malloc(sizeof(float) * CHUNK * D * 2);
+    float *st = malloc(sizeof(float) * (size_t)G * (2 + D + CHUNK));
+    if (!kb || !st) { free(kb); free(st); return; }
+    float *vb = kb + CHUNK * D;
+    float *m = st, *l = st + G, *acc = st + 2 * G, *sc = acc + (size_t)G * D;
+    for (size_t it = i0; it < i1; it++) {
+        int t = (int)(it / nkv), g = (int)(it % nkv);
+        int pos = j->b->pos[t];
+        const m3_kv_seq *s = j->b->seqs[j->b->seq[t]];
+        for (int h = 0; h < G; h++) { m[h] = -INFINITY; l[h] = 0; }
+        memset(acc, 0, sizeof(float) * (size_t)G * D);
+        /* visit key ranges: all of [0, pos] (dense) or the selected blocks (sparse) */
+        int nranges = j->sel ? j->topk : 1;
+        for (int r = 0; r < nranges; r++) {
+            int a, e;
+            if (j->sel) {
+                int32_t blk = j->sel[((size_t)t * nkv + g) * j->topk + r];
+                if (blk < 0) continue;
+                a = blk * j->block;
+                e = a + j->block;
+            } else {
+                a = 0;
+                e = pos + 1;
+            }
+            if (e > pos + 1) e = pos + 1;
+            for (int c0 = a; c0 < e; c0 += CHUNK) {
+                int n = e - c0 < CHUNK ? e - c0 : CHUNK;
+                m3_kv_load(kv, s, j->layer, M3_KV_K, g, c0, n, kb);
+                m3_kv_load(kv, s, j->layer, M3_KV_V, g, c0, n, vb);
+                for (int h = 0; h < G; h++) {
+                    const float *qh = j->q + ((size_t)t * j->nh + (size_t)g * G + h) * D;
+                    float mx = m[h];
+                    for (int i = 0; i < n; i++) {
+                        sc[i] = m3_cpu_dot(qh, kb + (size_t)i * D, D) * scale;
+                        if (sc[i] > mx) mx = sc[i];
+                    }
+                    float corr = expf(m[h] - mx); /* 0 on the first chunk (m = -inf) */
+                    float *ah = acc + (size_t)h * D;
+                    if (corr != 1.0f) for (int d = 0; d < D; d++) ah[d] *= corr;
+                    float sum = l[h] * corr;
+                    for (int i = 0; i < n; i++) {
+                        float p = expf(sc[i] - mx);
+                        sum += p;
+                        m3_cpu_axpy(ah, p, vb + (size_t)i * D, D);
+                    }
+                    l[h] = sum;
+                    m[h] = mx;
+                }
+            }
+        }
+        for (int h = 0; h < G; h++) {
+            float *o = j->out + ((size_t)t * j->nh + (size_t)g * G + h) * D;
+            float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
+            for (int d = 0; d < D; d++) o[d] = acc[(size_t)h * D + d] * inv;
+        }
+    }
+    free(kb);
+    free(st);
+}
+
+static void cpu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh,
+                          const int32_t *sel, int block, int topk, float *out) {
+    m3_cpu *c = ctx;
+    att_job j = {kv, layer, b, q, nh, sel, block, topk, out};
+    m3_pool_for(c->pool, (size_t)b->T * kv->nkv, 1, att_items, &j);
+}
+
+/* ------------------------------------------------------------------ MLP / MoE */
+
+static void swiglu_oai(const float *gate, const float *up, size_t n, float alpha, float limit, float *out) {
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i] < limit ? gate[i] : limit;
+        float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        out[i] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+    }
+}
+
+static void mlp_run(m3_cpu *c, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out) {
+    int F = m->gate.N;
+    float *g = malloc(sizeof(float) * (size_t)T * F * 2);
+    if (!g) { memset(out, 0, sizeof(float) * (size_t)T * m->down.N); return; }
+    float *u = g + (size_t)T * F;
+    m3_cpu_linear(c, &m->gate, x, T, g);
+    m3_cpu_linear(c, &m->up, x, T, u);
+    swiglu_oai(g, u, (size_t)T * F, alpha, limit, g);
+    m3_cpu_linear(c, &m->down, g, T, out);
+    free(g);
+}
+
+static void cpu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out) {
+    mlp_run(ctx, m, x, T, alpha, limit, out);
+}
+
+static void cpu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale,
+                    float alpha, float limit, float *out) {
+    m3_cpu *c = ctx;
+    const int H = L->router.K;
+    float *logits = malloc(sizeof(float) * (size_t)T * E);
+    int *pick = malloc(sizeof(int) * (size_t)T * K);
+    float *wt = malloc(sizeof(float) * (size_t)T * K);
+    int *rows = malloc(sizeof(int) * (size_t)T);
+    float *rw = malloc(sizeof(float) * (size_t)T);
+    float *xe = malloc(sizeof(float) * (size_t)T * H * 2);
+    float *s = malloc(sizeof(float) * (size_t)E * 2);
+    memset(out, 0, sizeof(float) * (size_t)T * H);
+    if (!logits || !pick || !wt || !rows || !rw || !xe || !s) goto done;
+    float *ye = xe + (size_t)T * H, *choice = s + E;
+    m3_cpu_linear(c, &L->router, x, T, logits);
+    for (int t = 0; t < T; t++) {
+        for (int e = 0; e < E; e++) {
+            s[e] = 1.0f / (1.0f + expf(-logits[(size_t)t * E + e]));
+            choice[e] = s[e] + (L->route_bias ? L->route_bias[e] : 0.0f);
+        }
+        float sum = 0;
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (choice[e] != -INFINITY && (best < 0 || choice[e] > choice[best])) best = e;
+            pick[t * K + k] = best;
+            choice[best] = -INFINITY;
+            sum += s[best];
+        }
+        for (int k = 0; k < K; k++) wt[t * K + k] = s[pick[t * K + k]] / sum * routed_scale;
+    }
+    /* experts in ascending order; each token adds its experts' outputs in that order */
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < K; k++)
+                if (pick[t * K + k] == e) { rows[n] = t; rw[n] = wt[t * K + k]; n++; }
+        if (!n) continue;
+        for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, x + (size_t)rows[i] * H, sizeof(float) * H);
+        mlp_run(c, &L->experts[e], xe, n, alpha, limit, ye);
+        for (int i = 0; i < n; i++) m3_cpu_axpy(out + (size_t)rows[i] * H, rw[i], ye + (size_t)i * H, H);
+    }
+    if (L->has_shared) {
+        mlp_run(c, &L->shared, x, T, alpha, limit, xe);
+        for (size_t i = 0; i < (size_t)T * H; i++) out[i] += xe[i];
+    }
+done:
+    free(logits); free(pick); free(wt); free(rows); free(rw); free(xe); free(s);
+}
+
+/* ------------------------------------------------------------------ table */
+
+int m3_cpu_ops_init(m3_ops *ops, int threads, m3_err *err) {
+    memset(ops, 0, sizeof *ops);
+    m3_cpu *c = calloc(1, sizeof *c);
+    if (!c) return m3_errf(err, "out of memory");
+    c->pool = m3_pool_create(threads);
+    if (!c->pool) { free(c); return m3_errf(err, "cannot start worker threads"); }
+    c->nthreads = m3_pool_size(c->pool);
+    ops->name = "cpu";
+    ops->ctx = c;
+    ops->alloc = cpu_alloc;
+    ops->release = cpu_release;
+    ops->upload = cpu_copy;
+    ops->download = cpu_copy;
+    ops->embed = cpu_embed;
+    ops->rmsnorm = cpu_rmsnorm;
+    ops->add = cpu_add;
+    ops->linear = cpu_linear_op;
+    ops->head_norm_rope = cpu_head_norm_rope;
+    ops->kv_store = cpu_kv_store;
+    ops->index_select = cpu_index_select;
+    ops->attention = cpu_attention;
+    ops->mlp = cpu_mlp;
+    ops->moe = cpu_moe;
+    return 0;
+}
+
+void m3_cpu_ops_free(m3_ops *ops) {
+    m3_cpu *c = ops->ctx;
+    if (c) { m3_pool_free(c->pool); free(c); }
+    memset(ops, 0, sizeof *ops);
+}

@@ -1,0 +1,61 @@
+/* Backend-neutral op table. The model (src/model/m3.c) says what to compute through these
+ * ops; a backend (cpu/, later cuda/) says how. Activation buffers are backend memory
+ * obtained from alloc(); the model never reads them except through ops.
+ * All activations are f32 row-major: a [T, N] buffer holds token t's row at t * N. */
+#ifndef M3_OPS_H
+#define M3_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../kv/kv.h"
+#include "../model/weights.h"
+
+/* The tokens of one forward step: token t belongs to sequence seq[t] at position pos[t].
+ * Tokens of one sequence appear in increasing position order. */
+typedef struct m3_batch {
+    int T;
+    const int32_t *pos;
+    const int32_t *seq;
+    m3_kv_seq *const *seqs;
+} m3_batch;
+
+typedef struct m3_ops {
+    const char *name;
+    void *ctx;
+    void *(*alloc)(void *ctx, size_t bytes);  /* zeroed, NULL on failure */
+    void (*release)(void *ctx, void *p);
+    void (*upload)(void *ctx, void *dst, const void *src, size_t bytes);   /* host -> backend */
+    void (*download)(void *ctx, void *dst, const void *src, size_t bytes); /* backend -> host */
+
+    /* out[t] = E[ids[t]] */
+    void (*embed)(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out);
+    /* Gemma RMSNorm over rows of dim: out = x * rsqrt(mean(x^2) + eps) * (1 + w); out may be x */
+    void (*rmsnorm)(void *ctx, const float *x, const float *w, int rows, int dim, float eps, float *out);
+    /* y += x */
+    void (*add)(void *ctx, float *y, const float *x, size_t n);
+    /* y[T, N] = x[T, K] W^T */
+    void (*linear)(void *ctx, const m3_linear *W, const float *x, int T, float *y);
+    /* In place on x [T, heads * dim]: per-head Gemma RMSNorm with w [dim], then NeoX RoPE
+     * on the first rotary_dim channels of each head at position pos[t]. */
+    void (*head_norm_rope)(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps,
+                           int rotary_dim, double theta, const int32_t *pos);
+    /* Writes K, V [T, nkv*D] and (sparse layers) index-K [T, Di] of each token to its slot. */
+    void (*kv_store)(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v,
+                     const float *ik);
+    /* Lightning indexer: sel [T][ni][topk] block ids chosen for each token and head,
+     * ascending, -1 for empty slots. iq is [T, ni * Di]. */
+    void (*index_select)(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *iq, int ni,
+                         int block, int topk, int local_blocks, int init_blocks, int32_t *sel);
+    /* Causal attention of q [T, nh*D] over the cache; with sel (sparse layers) each query
+     * head of group g only sees the blocks sel[t][g][*]. out [T, nh*D]. */
+    void (*attention)(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh,
+                      const int32_t *sel, int block, int topk, float *out);
+    /* SwiGLU-OAI MLP: out[T, H] = down((clamp(up)+1) * g * sigmoid(alpha g)), g = min(gate, limit) */
+    void (*mlp)(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out);
+    /* Sigmoid router + routed experts + shared expert, out [T, H] (overwritten). */
+    void (*moe)(void *ctx, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,
+                float routed_scale, float alpha, float limit, float *out);
+} m3_ops;
+
+#endif

@@ -1,0 +1,17 @@
+/* m3_err: error reporting for library code.
+ * Library functions never print or exit: they return -1 (or NULL) and fill an m3_err
+ * with one line that names the thing (file, tensor, field, expected vs found). */
+#ifndef M3_ERR_H
+#define M3_ERR_H
+
+typedef struct m3_err {
+    char msg[1024];
+} m3_err;
+
+/* Formats into err (if non-NULL) and returns -1, so `return m3_errf(err, ...)` works. */
+int m3_errf(m3_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Prepends "prefix: " to an existing message (for adding context as errors travel up). */
+int m3_err_prefix(m3_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

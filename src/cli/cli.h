@@ -1,0 +1,24 @@
+/* m3 subcommands. Each returns the process exit code and prints errors as one line on
+ * stderr ("m3 <cmd>: <message>"). */
+#ifndef M3_CLI_H
+#define M3_CLI_H
+
+#include <stdint.h>
+
+#include "../backend/ops.h"
+#include "../model/m3.h"
+
+int m3_cmd_logits(int argc, char **argv);
+int m3_cmd_generate(int argc, char **argv);
+int m3_cmd_make_tiny(int argc, char **argv);
+int m3_cmd_bench(int argc, char **argv);
+
+/* shared helpers */
+/* "1,2,3" -> ids (malloc'd); -1 with message on bad input */
+int m3_cli_parse_ids(const char *s, int32_t **ids, int *n, m3_err *err);
+/* integer option value with range check */
+int m3_cli_int(const char *opt, const char *val, long lo, long hi, long *out, m3_err *err);
+/* loads the model on the CPU backend; prints progress on a terminal, one summary line otherwise */
+int m3_cli_load(m3_model *m, m3_ops *ops, const char *dir, int threads, const char *cmd);
+
+#endif

@@ -1,0 +1,97 @@
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../backend/cpu/cpu.h"
+#include "cli.h"
+
+int m3_cli_parse_ids(const char *s, int32_t **ids, int *n, m3_err *err) {
+    int cap = 16, cnt = 0;
+    int32_t *v = malloc(sizeof *v * (size_t)cap);
+    if (!v) return m3_errf(err, "out of memory");
+    const char *p = s;
+    while (*p) {
+        while (*p == ' ' || *p == ',' || *p == '\n' || *p == '\t') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX) {
+            free(v);
+            return m3_errf(err, "--ids: '%.20s' is not a non-negative token id", p);
+        }
+        if (cnt == cap) {
+            cap *= 2;
+            int32_t *nv = realloc(v, sizeof *v * (size_t)cap);
+            if (!nv) { free(v); return m3_errf(err, "out of memory"); }
+            v = nv;
+        }
+        v[cnt++] = (int32_t)x;
+        p = end;
+        if (*p && *p != ',' && *p != ' ' && *p != '\n' && *p != '\t') {
+            free(v);
+            return m3_errf(err, "--ids: unexpected character '%c' (use comma-separated integers)", *p);
+        }
+    }
+    if (!cnt) { free(v); return m3_errf(err, "--ids: no token ids given"); }
+    *ids = v;
+    *n = cnt;
+    return 0;
+}
+
+int m3_cli_int(const char *opt, const char *val, long lo, long hi, long *out, m3_err *err) {
+    if (!val) return m3_errf(err, "%s needs a value", opt);
+    char *end;
+    errno = 0;
+    long x = strtol(val, &end, 10);
+    if (end == val || *end || errno || x < lo || x > hi)
+        return m3_errf(err, "%s: '%s' is not an integer in [%ld, %ld]", opt, val, lo, hi);
+    *out = x;
+    return 0;
+}
+
+typedef struct { double t0; int tty; } progress_state;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void progress(uint64_t done, uint64_t total, void *arg) {
+    progress_state *ps = arg;
+    if (!ps->tty) return;
+    double el = now_s() - ps->t0, rate = el > 0 ? done / el : 0;
+    double left = rate > 0 ? (total - done) / rate : 0;
+    fprintf(stderr, "\rloading %.2f / %.2f GB  %.0f MB/s  %.0fs left   ", done / 1e9, total / 1e9, rate / 1e6, left);
+    if (done >= total) fputc('\n', stderr);
+}
+
+int m3_cli_load(m3_model *m, m3_ops *ops, const char *dir, int threads, const char *cmd) {
+    m3_err err;
+    if (m3_cpu_ops_init(ops, threads, &err)) {
+        fprintf(stderr, "m3 %s: %s\n", cmd, err.msg);
+        return -1;
+    }
+    progress_state ps = {now_s(), isatty(2)};
+    if (m3_model_load(m, dir, ops, progress, &ps, &err)) {
+        fprintf(stderr, "m3 %s: %s\n", cmd, err.msg);
+        m3_cpu_ops_free(ops);
+        return -1;
+    }
+    const m3_weights *w = &m->w;
+    char fm[256];
+    size_t o = 0;
+    fm[0] = 0;
+    for (int f = 0; f < M3_WF_COUNT; f++)
+        if (w->count_by_fmt[f])
+            o += (size_t)snprintf(fm + o, sizeof fm - o, "%s%s %d (%.1f MB)", o ? ", " : "", m3_wfmt_name(f),
+                                  w->count_by_fmt[f], w->bytes_by_fmt[f] / 1e6);
+    fprintf(stderr, "loaded %s: %zu tensors, %.1f MB in %zu file(s); %s; %.2fs; %d threads, %s kernels\n", dir,
+            w->n_tensors_used, m3_st_total_bytes(m->st) / 1e6, m3_st_nfiles(m->st), fm, m->load_seconds,
+            ((m3_cpu *)ops->ctx)->nthreads, m3_cpu_simd_name());
+    return 0;
+}

@@ -1,0 +1,127 @@
+/* m3 generate: prefill token ids, then sample N tokens with the KV cache. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../backend/cpu/cpu.h"
+#include "../engine/sampler.h"
+#include "cli.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int parse_float(const char *opt, const char *v, float lo, float hi, float *out) {
+    char *end;
+    if (!v) { fprintf(stderr, "m3 generate: %s needs a value\n", opt); return -1; }
+    double x = strtod(v, &end);
+    if (end == v || *end || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "m3 generate: %s: '%s' is not a number in [%g, %g]\n", opt, v, lo, hi);
+        return -1;
+    }
+    *out = (float)x;
+    return 0;
+}
+
+int m3_cmd_generate(int argc, char **argv) {
+    const char *dir = NULL, *ids_s = NULL, *kvd = "f32";
+    long n_gen = 16, threads = 0, seed = 0, ubatch = 512, topk = 0;
+    m3_sampling sp = {0, 0, 1.0f, 0};
+    int ignore_eos = 0;
+    m3_err err;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int r = 0;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) { dir = v; i++; }
+        else if (!strcmp(a, "--ids")) { ids_s = v; i++; }
+        else if (!strcmp(a, "--kv-cache-dtype")) { kvd = v; i++; }
+        else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) { r = m3_cli_int(a, v, 0, 1 << 24, &n_gen, &err); i++; }
+        else if (!strcmp(a, "--threads")) { r = m3_cli_int(a, v, 0, 1024, &threads, &err); i++; }
+        else if (!strcmp(a, "--ubatch")) { r = m3_cli_int(a, v, 1, 1 << 20, &ubatch, &err); i++; }
+        else if (!strcmp(a, "--seed")) { r = m3_cli_int(a, v, 0, INT64_MAX, &seed, &err); i++; }
+        else if (!strcmp(a, "--top-k")) { r = m3_cli_int(a, v, 0, 1 << 30, &topk, &err); i++; }
+        else if (!strcmp(a, "--temperature")) { if (parse_float(a, v, 0, 100, &sp.temperature)) return 2; i++; }
+        else if (!strcmp(a, "--top-p")) { if (parse_float(a, v, 0, 1, &sp.top_p)) return 2; i++; }
+        else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1;
+        else { fprintf(stderr, "m3 generate: unknown option '%s'\n", a); return 2; }
+        if (r) { fprintf(stderr, "m3 generate: %s\n", err.msg); return 2; }
+        if (i >= argc) { fprintf(stderr, "m3 generate: %s needs a value\n", a); return 2; }
+    }
+    if (!dir || !ids_s) {
+        fprintf(stderr, "m3 generate: usage: m3 generate -m DIR --ids 1,2,3 -n N [--temperature T --top-p P --top-k K --seed S]\n");
+        return 2;
+    }
+    sp.top_k = (int)topk;
+    sp.seed = (uint64_t)seed;
+    m3_kv_dtype kdt;
+    if (m3_kv_dtype_parse(kvd, &kdt)) { fprintf(stderr, "m3 generate: --kv-cache-dtype: unknown dtype '%s'\n", kvd); return 2; }
+    int32_t *ids;
+    int T;
+    if (m3_cli_parse_ids(ids_s, &ids, &T, &err)) { fprintf(stderr, "m3 generate: %s\n", err.msg); return 2; }
+    m3_ops ops;
+    m3_model m;
+    if (m3_cli_load(&m, &ops, dir, (int)threads, "generate")) { free(ids); return 1; }
+    const m3_config *c = &m.cfg;
+    const int V = c->vocab;
+    int rc = 1;
+    int page = c->n_sparse_layers ? c->block_size : 128;
+    m3_kv kv;
+    memset(&kv, 0, sizeof kv);
+    m3_kv_seq seq = {0};
+    m3_kv_seq *seqs[1] = {&seq};
+    float *logits = malloc(sizeof(float) * V);
+    void *scratch = malloc(m3_sample_scratch_bytes(V));
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)ubatch), *sq = calloc((size_t)ubatch, sizeof(int32_t));
+    if (!logits || !scratch || !pos || !sq) { fprintf(stderr, "m3 generate: out of memory\n"); goto done; }
+    for (int t = 0; t < T; t++)
+        if (ids[t] >= V) { fprintf(stderr, "m3 generate: token id %d at index %d is out of range (vocab %d)\n", ids[t], t, V); goto done; }
+    if (m3_kv_create(&kv, c, kdt, kdt, page, (int)((T + n_gen + page - 1) / page), &err)) {
+        fprintf(stderr, "m3 generate: %s\n", err.msg);
+        goto done;
+    }
+    m3_rng rng;
+    m3_rng_seed(&rng, sp.seed);
+    double t0 = now_s();
+    for (int p0 = 0; p0 < T; p0 += (int)ubatch) {
+        int n = T - p0 < ubatch ? T - p0 : (int)ubatch;
+        for (int i = 0; i < n; i++) pos[i] = p0 + i;
+        int last = n - 1;
+        m3_batch b = {n, pos, sq, seqs};
+        if (m3_forward(&m, &kv, &b, ids + p0, &last, p0 + n == T ? 1 : 0, logits, NULL, &err)) {
+            fprintf(stderr, "m3 generate: %s\n", err.msg);
+            goto done;
+        }
+    }
+    double t1 = now_s();
+    int produced = 0;
+    for (int i = 0; i < n_gen; i++) {
+        int32_t tok = m3_sample(&sp, logits, V, &rng, scratch);
+        printf("%s%d", i ? " " : "", tok);
+        fflush(stdout);
+        produced++;
+        if (!ignore_eos && tok == c->eos_id) break;
+        if (i + 1 == n_gen) break;
+        int32_t p = T + i, s0 = 0, r0 = 0;
+        m3_batch b = {1, &p, &s0, seqs};
+        if (m3_forward(&m, &kv, &b, &tok, &r0, 1, logits, NULL, &err)) {
+            fprintf(stderr, "\nm3 generate: %s\n", err.msg);
+            goto done;
+        }
+    }
+    printf("\n");
+    double t2 = now_s();
+    fprintf(stderr, "prompt %d tokens in %.3fs (%.1f tok/s); generated %d tokens in %.3fs (%.2f tok/s)\n", T, t1 - t0,
+            T / (t1 - t0), produced, t2 - t1, produced > 1 ? (produced - 1) / (t2 - t1) : 0.0);
+    rc = 0;
+done:
+    free(logits); free(scratch); free(pos); free(sq);
+    m3_kv_seq_release(&kv, &seq);
+    m3_kv_destroy(&kv);
+    free(ids);
+    m3_model_free(&m);
+    m3_cpu_ops_free(&ops);
+    return rc;
+}

@@ -1,0 +1,176 @@
+/* m3 logits: one prefill (in chunks of --ubatch tokens) and optional greedy decode steps,
+ * written to a safetensors file for comparison with a reference. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backend/cpu/cpu.h"
+#include "cli.h"
+
+typedef struct {
+    int T, ni, topk_out, n_layers;
+    int t0;               /* offset of the current chunk */
+    int32_t **blocks;     /* per layer [ni][T][topk_out] or NULL */
+    float **hidden;       /* per layer index [T][H] or NULL */
+    int H;
+} dump_state;
+
+static void tap_index(void *arg, int layer, const int32_t *sel, int T, int ni, int topk) {
+    dump_state *d = arg;
+    if (!d->blocks) return;
+    if (!d->blocks[layer]) {
+        d->blocks[layer] = malloc(sizeof(int32_t) * (size_t)d->ni * d->T * d->topk_out);
+        if (!d->blocks[layer]) return;
+        for (size_t i = 0; i < (size_t)d->ni * d->T * d->topk_out; i++) d->blocks[layer][i] = -1;
+    }
+    for (int t = 0; t < T; t++)
+        for (int g = 0; g < ni; g++)
+            for (int k = 0; k < d->topk_out && k < topk; k++)
+                d->blocks[layer][((size_t)g * d->T + d->t0 + t) * d->topk_out + k] = sel[((size_t)t * ni + g) * topk + k];
+}
+
+static void tap_hidden(void *arg, int layer, const float *h, int T, int H) {
+    dump_state *d = arg;
+    if (!d->hidden) return;
+    if (!d->hidden[layer]) d->hidden[layer] = calloc((size_t)d->T * H, sizeof(float));
+    if (d->hidden[layer]) memcpy(d->hidden[layer] + (size_t)d->t0 * H, h, sizeof(float) * (size_t)T * H);
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
+    return b;
+}
+
+int m3_cmd_logits(int argc, char **argv) {
+    const char *dir = NULL, *ids_s = NULL, *out = NULL, *kvd = "f32", *ikd = NULL;
+    long decode = 0, threads = 0, ubatch = 512;
+    int dump_index = 0, dump_hidden = 0;
+    m3_err err;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int r = 0;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) { dir = v; i++; }
+        else if (!strcmp(a, "--ids")) { ids_s = v; i++; }
+        else if (!strcmp(a, "-o") || !strcmp(a, "--out")) { out = v; i++; }
+        else if (!strcmp(a, "--kv-cache-dtype")) { kvd = v; i++; }
+        else if (!strcmp(a, "--index-cache-dtype")) { ikd = v; i++; }
+        else if (!strcmp(a, "--decode")) { r = m3_cli_int(a, v, 0, 1 << 20, &decode, &err); i++; }
+        else if (!strcmp(a, "--threads")) { r = m3_cli_int(a, v, 0, 1024, &threads, &err); i++; }
+        else if (!strcmp(a, "--ubatch")) { r = m3_cli_int(a, v, 1, 1 << 20, &ubatch, &err); i++; }
+        else if (!strcmp(a, "--dump-index")) dump_index = 1;
+        else if (!strcmp(a, "--dump-hidden")) dump_hidden = 1;
+        else { fprintf(stderr, "m3 logits: unknown option '%s'\n", a); return 2; }
+        if (r) { fprintf(stderr, "m3 logits: %s\n", err.msg); return 2; }
+        if (i >= argc) { fprintf(stderr, "m3 logits: %s needs a value\n", a); return 2; }
+    }
+    if (!dir || !ids_s || !out) {
+        fprintf(stderr, "m3 logits: usage: m3 logits -m DIR --ids 1,2,3 [--decode N] [--kv-cache-dtype f32|bf16] [--dump-index] -o OUT.safetensors\n");
+        return 2;
+    }
+    m3_kv_dtype kdt, idt;
+    if (m3_kv_dtype_parse(kvd, &kdt)) { fprintf(stderr, "m3 logits: --kv-cache-dtype: unknown dtype '%s' (f32, bf16)\n", kvd); return 2; }
+    if (!ikd) idt = kdt;
+    else if (m3_kv_dtype_parse(ikd, &idt)) { fprintf(stderr, "m3 logits: --index-cache-dtype: unknown dtype '%s' (f32, bf16)\n", ikd); return 2; }
+    int32_t *ids;
+    int T;
+    if (m3_cli_parse_ids(ids_s, &ids, &T, &err)) { fprintf(stderr, "m3 logits: %s\n", err.msg); return 2; }
+
+    m3_ops ops;
+    m3_model m;
+    if (m3_cli_load(&m, &ops, dir, (int)threads, "logits")) { free(ids); return 1; }
+    const m3_config *c = &m.cfg;
+    const int V = c->vocab, N = (int)decode;
+    int rc = 1;
+    for (int t = 0; t < T; t++)
+        if (ids[t] >= V) {
+            fprintf(stderr, "m3 logits: token id %d at index %d is out of range (vocab %d)\n", ids[t], t, V);
+            goto early;
+        }
+    int page = c->n_sparse_layers ? c->block_size : 128;
+    int total = T + (N > 0 ? N : 0);
+    m3_kv kv;
+    if (m3_kv_create(&kv, c, kdt, idt, page, (total + page - 1) / page, &err)) {
+        fprintf(stderr, "m3 logits: %s\n", err.msg);
+        goto early;
+    }
+    m3_kv_seq seq = {0};
+    m3_kv_seq *seqs[1] = {&seq};
+    int nb_total = (T + c->block_size - 1) / (c->block_size ? c->block_size : 1);
+    dump_state ds = {T, c->index_heads, c->topk_blocks < nb_total ? c->topk_blocks : nb_total, c->n_layers, 0, NULL, NULL, c->hidden};
+    if (dump_index && c->n_sparse_layers) ds.blocks = calloc((size_t)c->n_layers, sizeof *ds.blocks);
+    if (dump_hidden) ds.hidden = calloc((size_t)c->n_layers + 1, sizeof *ds.hidden);
+    m3_taps taps = {&ds, dump_hidden ? tap_hidden : NULL, dump_index ? tap_index : NULL};
+
+    float *logits = malloc(sizeof(float) * (size_t)T * V);
+    float *glog = N ? malloc(sizeof(float) * (size_t)N * V) : NULL;
+    int32_t *gtok = N ? malloc(sizeof(int32_t) * (size_t)N) : NULL;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)(ubatch > 1 ? ubatch : 1));
+    int32_t *sq = calloc((size_t)ubatch, sizeof(int32_t));
+    int *rows = malloc(sizeof(int) * (size_t)ubatch);
+    if (!logits || (N && (!glog || !gtok)) || !pos || !sq || !rows) { fprintf(stderr, "m3 logits: out of memory\n"); goto done; }
+    for (int t0 = 0; t0 < T; t0 += (int)ubatch) {
+        int n = T - t0 < ubatch ? T - t0 : (int)ubatch;
+        for (int i = 0; i < n; i++) { pos[i] = t0 + i; rows[i] = i; }
+        m3_batch b = {n, pos, sq, seqs};
+        ds.t0 = t0;
+        if (m3_forward(&m, &kv, &b, ids + t0, rows, n, logits + (size_t)t0 * V, &taps, &err)) {
+            fprintf(stderr, "m3 logits: %s\n", err.msg);
+            goto done;
+        }
+    }
+    if (N) {
+        memcpy(glog, logits + (size_t)(T - 1) * V, sizeof(float) * V);
+        for (int i = 0; i < N; i++) {
+            gtok[i] = argmax(glog + (size_t)i * V, V);
+            if (i + 1 == N) break;
+            int32_t p = T + i, s0 = 0, r0 = 0;
+            m3_batch b = {1, &p, &s0, seqs};
+            if (m3_forward(&m, &kv, &b, &gtok[i], &r0, 1, glog + (size_t)(i + 1) * V, NULL, &err)) {
+                fprintf(stderr, "m3 logits: %s\n", err.msg);
+                goto done;
+            }
+        }
+    }
+    {
+        m3_st_writer *w = m3_stw_new();
+        int64_t sh[3] = {T, V};
+        int ok = w && !m3_stw_add(w, "logits", M3_DT_F32, 2, sh, logits, &err);
+        if (ok && N) {
+            int64_t s1[1] = {N}, s2[2] = {N, V};
+            ok = !m3_stw_add(w, "greedy_tokens", M3_DT_I32, 1, s1, gtok, &err) &&
+                 !m3_stw_add(w, "greedy_logits", M3_DT_F32, 2, s2, glog, &err);
+        }
+        for (int l = 0; ok && ds.blocks && l < c->n_layers; l++) {
+            if (!ds.blocks[l]) continue;
+            char nm[64];
+            snprintf(nm, sizeof nm, "index_blocks.layer%d", l);
+            int64_t s3[3] = {ds.ni, T, ds.topk_out};
+            ok = !m3_stw_add(w, nm, M3_DT_I32, 3, s3, ds.blocks[l], &err);
+        }
+        for (int l = 0; ok && ds.hidden && l <= c->n_layers; l++) {
+            if (!ds.hidden[l]) continue;
+            char nm[64];
+            snprintf(nm, sizeof nm, "hidden.%d", l);
+            int64_t s2[2] = {T, c->hidden};
+            ok = !m3_stw_add(w, nm, M3_DT_F32, 2, s2, ds.hidden[l], &err);
+        }
+        if (ok) ok = !m3_stw_write(w, out, &err);
+        if (!w) snprintf(err.msg, sizeof err.msg, "out of memory");
+        m3_stw_free(w);
+        if (!ok) { fprintf(stderr, "m3 logits: %s\n", err.msg); goto done; }
+    }
+    rc = 0;
+done:
+    if (ds.blocks) for (int l = 0; l < c->n_layers; l++) free(ds.blocks[l]);
+    if (ds.hidden) for (int l = 0; l <= c->n_layers; l++) free(ds.hidden[l]);
+    free(ds.blocks); free(ds.hidden);
+    free(logits); free(glog); free(gtok); free(pos); free(sq); free(rows);
+    m3_kv_seq_release(&kv, &seq);
+    m3_kv_destroy(&kv);
+early:
+    free(ids);
+    m3_model_free(&m);
+    m3_cpu_ops_free(&ops);
+    return rc;
+}

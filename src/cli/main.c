@@ -1,0 +1,29 @@
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "m3: MiniMax-M3 inference engine\n"
+            "usage: m3 <command> [options]\n"
+            "  logits     -m DIR --ids 1,2,3 [--decode N] [--kv-cache-dtype f32|bf16] [--dump-index] -o OUT.safetensors\n"
+            "  generate   -m DIR --ids 1,2,3 -n N [--temperature T --top-p P --top-k K --seed S]\n"
+            "  make-tiny  --out DIR [--config FILE] [--seed S] [--quant none|mxfp8-nvfp4|mxfp8-nvfp4-modelopt]\n"
+            "  bench      -m DIR [--prompt N] [--decode N] [--threads N]\n"
+            "common: --threads N (default: all cores; $M3_THREADS)\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "logits")) return m3_cmd_logits(argc - 1, argv + 1);
+    if (!strcmp(cmd, "generate")) return m3_cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "make-tiny")) return m3_cmd_make_tiny(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return m3_cmd_bench(argc - 1, argv + 1);
+    fprintf(stderr, "m3: unknown command '%s' (try m3 --help)\n", cmd);
+    return 2;
+}

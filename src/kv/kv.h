@@ -1,0 +1,58 @@
+/* Paged KV + index-K cache.
+ *
+ * A pool holds n_pages pages of `page` tokens. A page id is valid in every layer (one page
+ * table per sequence serves all layers, as in vLLM). Layer L stores page p at
+ * base[L] + p * page_bytes[L], laid out head-major so a block read is contiguous:
+ *     K  [nkv][page][D]   then   V  [nkv][page][D]   then (sparse layers) index-K [page][Di]
+ * Values are stored in the cache dtype (rounded on insert); readers dequantize to f32.
+ * Attention and the indexer always read back what the cache holds.
+ * Not thread-safe for concurrent writers to the same sequence; readers may run in parallel. */
+#ifndef M3_KV_H
+#define M3_KV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../base/err.h"
+#include "../io/config.h"
+
+typedef enum { M3_KV_F32, M3_KV_BF16, M3_KV_FP8, M3_KV_NVFP4, M3_KV_DTYPE_COUNT } m3_kv_dtype;
+
+const char *m3_kv_dtype_name(m3_kv_dtype d);
+/* "f32", "bf16" (also "auto" -> bf16? no: auto -> f32 on CPU); returns -1 if unknown */
+int m3_kv_dtype_parse(const char *s, m3_kv_dtype *out);
+
+typedef enum { M3_KV_K = 0, M3_KV_V = 1, M3_KV_IK = 2 } m3_kv_part;
+
+typedef struct m3_kv {
+    int n_layers, nkv, D, Di, page;
+    m3_kv_dtype dt, idt;
+    uint8_t *has_index;      /* [n_layers] */
+    size_t *page_bytes;      /* [n_layers] */
+    uint8_t **base;          /* [n_layers] */
+    int n_pages;
+    int *free_pages;         /* stack */
+    int n_free;
+} m3_kv;
+
+typedef struct m3_kv_seq {
+    int32_t *pages;
+    int n_pages, cap;
+    int len;                 /* tokens whose entries are written */
+} m3_kv_seq;
+
+int m3_kv_create(m3_kv *kv, const m3_config *c, m3_kv_dtype dt, m3_kv_dtype idt, int page_tokens, int n_pages, m3_err *err);
+void m3_kv_destroy(m3_kv *kv);
+/* cache bytes per token over all layers */
+size_t m3_kv_bytes_per_token(const m3_kv *kv);
+
+/* Ensures pages for positions [0, n_tokens); -1 (with a message) when the pool is exhausted. */
+int m3_kv_seq_reserve(m3_kv *kv, m3_kv_seq *s, int n_tokens, m3_err *err);
+void m3_kv_seq_release(m3_kv *kv, m3_kv_seq *s);
+
+/* Writes one token's entry: K or V takes nkv*D values, IK takes Di. Rounds to the dtype. */
+void m3_kv_store(m3_kv *kv, const m3_kv_seq *s, int layer, m3_kv_part part, int pos, const float *x);
+/* Reads positions [p0, p0+n) of one head (head ignored for IK) into out[n][dim] as f32. */
+void m3_kv_load(const m3_kv *kv, const m3_kv_seq *s, int layer, m3_kv_part part, int head, int p0, int n, float *out);
+
+#endif

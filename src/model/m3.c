@@ -1,0 +1,146 @@
+#include "m3.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int m3_model_load(m3_model *m, const char *dir, m3_ops *ops, m3_progress_fn progress, void *arg, m3_err *err) {
+    memset(m, 0, sizeof *m);
+    double t0 = now_s();
+    m->ops = ops;
+    if (m3_config_load(&m->cfg, dir, err)) return -1;
+    m->st = m3_st_open(dir, err);
+    if (!m->st) { m3_config_free(&m->cfg); return -1; }
+    if (m3_weights_bind(&m->w, &m->cfg, m->st, err)) {
+        m3_err_prefix(err, "%s", dir);
+        m3_st_close(m->st);
+        m3_config_free(&m->cfg);
+        return -1;
+    }
+    m3_weights_prefault(m->st, progress, arg);
+    m->load_seconds = now_s() - t0;
+    return 0;
+}
+
+void m3_model_free(m3_model *m) {
+    m3_weights_free(&m->w);
+    m3_st_close(m->st);
+    m3_config_free(&m->cfg);
+    memset(m, 0, sizeof *m);
+}
+
+/* activation buffers of one step, in backend memory */
+typedef struct {
+    float *h, *a, *q, *k, *v, *att, *o, *iq, *ik, *fin, *lg;
+    int32_t *sel;
+} bufs;
+
+int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, const int *out_rows, int n_out,
+               float *logits, const m3_taps *taps, m3_err *err) {
+    const m3_config *c = &m->cfg;
+    m3_ops *op = m->ops;
+    void *X = op->ctx;
+    const int T = b->T, H = c->hidden, D = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    const int ni = c->index_heads, Di = c->index_dim, V = c->vocab;
+    const float eps = (float)c->rms_eps;
+    if (T <= 0) return 0;
+    for (int t = 0; t < T; t++) {
+        if (ids[t] < 0 || ids[t] >= V) return m3_errf(err, "token id %d at index %d is out of range (vocab %d)", ids[t], t, V);
+        if (b->pos[t] < 0) return m3_errf(err, "negative position %d at index %d", b->pos[t], t);
+    }
+    for (int t = 0; t < T; t++)
+        if (m3_kv_seq_reserve(kv, b->seqs[b->seq[t]], b->pos[t] + 1, err)) return -1;
+
+    int topk = c->topk_blocks;
+    size_t TT = (size_t)T;
+    bufs B = {0};
+    int ok = (B.h = op->alloc(X, TT * H * 4)) && (B.a = op->alloc(X, TT * H * 4)) &&
+             (B.q = op->alloc(X, TT * nh * D * 4)) && (B.k = op->alloc(X, TT * nkv * D * 4)) &&
+             (B.v = op->alloc(X, TT * nkv * D * 4)) && (B.att = op->alloc(X, TT * nh * D * 4)) &&
+             (B.o = op->alloc(X, TT * H * 4)) && (B.fin = op->alloc(X, (size_t)(n_out ? n_out : 1) * H * 4)) &&
+             (B.lg = op->alloc(X, (size_t)(n_out ? n_out : 1) * V * 4));
+    if (ok && c->n_sparse_layers)
+        ok = (B.iq = op->alloc(X, TT * ni * Di * 4)) && (B.ik = op->alloc(X, TT * Di * 4)) &&
+             (B.sel = op->alloc(X, TT * ni * topk * 4));
+    float *host = NULL;
+    int32_t *hsel = NULL;
+    if (ok && taps && taps->hidden) ok = (host = malloc(TT * H * 4)) != NULL;
+    if (ok && taps && taps->index && c->n_sparse_layers) ok = (hsel = malloc(TT * ni * topk * 4)) != NULL;
+    int rc = 0;
+    if (!ok) { rc = m3_errf(err, "out of memory for activations of %d tokens", T); goto out; }
+
+#define TAP_HIDDEN(layer, buf)                                                   \
+    if (taps && taps->hidden) {                                                  \
+        op->download(X, host, buf, TT * H * 4);                                  \
+        taps->hidden(taps->arg, layer, host, T, H);                              \
+    }
+
+    op->upload(X, B.o, ids, TT * 4); /* ids via backend memory (o is free until o_proj) */
+    op->embed(X, &m->w.embed, (const int32_t *)B.o, T, B.h);
+    TAP_HIDDEN(0, B.h);
+
+    for (int l = 0; l < c->n_layers; l++) {
+        const m3_layer_w *L = &m->w.layers[l];
+        /* attention */
+        op->rmsnorm(X, B.h, L->in_norm, T, H, eps, B.a);
+        op->linear(X, &L->q, B.a, T, B.q);
+        op->linear(X, &L->k, B.a, T, B.k);
+        op->linear(X, &L->v, B.a, T, B.v);
+        op->head_norm_rope(X, B.q, T, nh, D, L->q_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
+        op->head_norm_rope(X, B.k, T, nkv, D, L->k_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
+        if (L->sparse) {
+            op->linear(X, &L->iq, B.a, T, B.iq);
+            op->linear(X, &L->ik, B.a, T, B.ik);
+            op->head_norm_rope(X, B.iq, T, ni, Di, L->iq_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
+            op->head_norm_rope(X, B.ik, T, 1, Di, L->ik_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
+        }
+        op->kv_store(X, kv, l, b, B.k, B.v, L->sparse ? B.ik : NULL);
+        if (L->sparse) {
+            op->index_select(X, kv, l, b, B.iq, ni, c->block_size, topk, c->local_blocks, c->init_blocks, B.sel);
+            if (taps && taps->index) {
+                op->download(X, hsel, B.sel, TT * ni * topk * 4);
+                taps->index(taps->arg, l, hsel, T, ni, topk);
+            }
+        }
+        op->attention(X, kv, l, b, B.q, nh, L->sparse ? B.sel : NULL, c->block_size, topk, B.att);
+        op->linear(X, &L->o, B.att, T, B.o);
+        op->add(X, B.h, B.o, TT * H);
+        /* MLP */
+        op->rmsnorm(X, B.h, L->post_norm, T, H, eps, B.a);
+        if (L->moe)
+            op->moe(X, L, B.a, T, c->n_experts, c->top_k, (float)c->routed_scale, (float)c->swiglu_alpha,
+                    (float)c->swiglu_limit, B.o);
+        else
+            op->mlp(X, &L->mlp, B.a, T, (float)c->swiglu_alpha, (float)c->swiglu_limit, B.o);
+        op->add(X, B.h, B.o, TT * H);
+        if (l + 1 < c->n_layers) { TAP_HIDDEN(l + 1, B.h); }
+    }
+    if (taps && taps->hidden) {
+        op->rmsnorm(X, B.h, m->w.final_norm, T, H, eps, B.a);
+        TAP_HIDDEN(c->n_layers, B.a);
+    }
+    for (int t = 0; t < T; t++) {
+        int s = b->seq[t];
+        if (b->seqs[s]->len < b->pos[t] + 1) b->seqs[s]->len = b->pos[t] + 1;
+    }
+    if (n_out > 0) {
+        for (int i = 0; i < n_out; i++)
+            op->rmsnorm(X, B.h + (size_t)out_rows[i] * H, m->w.final_norm, 1, H, eps, B.fin + (size_t)i * H);
+        op->linear(X, &m->w.lm_head, B.fin, n_out, B.lg);
+        op->download(X, logits, B.lg, (size_t)n_out * V * 4);
+    }
+#undef TAP_HIDDEN
+out:
+    op->release(X, B.h); op->release(X, B.a); op->release(X, B.q); op->release(X, B.k); op->release(X, B.v);
+    op->release(X, B.att); op->release(X, B.o); op->release(X, B.fin); op->release(X, B.lg);
+    op->release(X, B.iq); op->release(X, B.ik); op->release(X, B.sel);
+    free(host);
+    free(hsel);
+    return rc;
+}

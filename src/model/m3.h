@@ -1,0 +1,40 @@
+/* The MiniMax-M3 text model: load a checkpoint, run a forward step over a batch of tokens.
+ * One forward function, readable top to bottom (m3.c); the math lives in the backend ops. */
+#ifndef M3_MODEL_H
+#define M3_MODEL_H
+
+#include "../backend/ops.h"
+#include "../io/config.h"
+#include "../io/safetensors.h"
+#include "../kv/kv.h"
+#include "weights.h"
+
+typedef struct m3_model {
+    m3_config cfg;
+    m3_st *st;
+    m3_weights w;
+    m3_ops *ops;
+    double load_seconds;
+} m3_model;
+
+typedef void (*m3_progress_fn)(uint64_t done, uint64_t total, void *arg);
+
+/* dir: checkpoint directory (config.json + safetensors). progress may be NULL. */
+int m3_model_load(m3_model *m, const char *dir, m3_ops *ops, m3_progress_fn progress, void *arg, m3_err *err);
+void m3_model_free(m3_model *m);
+
+/* Optional observers of one forward step (tests, --dump-index). */
+typedef struct m3_taps {
+    void *arg;
+    /* residual stream: layer 0 = embeddings, l = after layer l, n_layers = after the final norm; host f32 [T, H] */
+    void (*hidden)(void *arg, int layer, const float *h, int T, int H);
+    /* block selection of a sparse layer: host [T][ni][topk] */
+    void (*index)(void *arg, int layer, const int32_t *sel, int T, int ni, int topk);
+} m3_taps;
+
+/* Runs ids[b->T] through the model, writing their K/V/index-K into kv (pages are reserved
+ * here). logits: host [n_out, V] for the tokens listed in out_rows (may be NULL if n_out 0). */
+int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, const int *out_rows, int n_out,
+               float *logits, const m3_taps *taps, m3_err *err);
+
+#endif

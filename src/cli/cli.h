@@ -18,7 +18,8 @@ int m3_cmd_bench(int argc, char **argv);
 int m3_cli_parse_ids(const char *s, int32_t **ids, int *n, m3_err *err);
 /* integer option value with range check */
 int m3_cli_int(const char *opt, const char *val, long lo, long hi, long *out, m3_err *err);
-/* loads the model on the CPU backend; prints progress on a terminal, one summary line otherwise */
-int m3_cli_load(m3_model *m, m3_ops *ops, const char *dir, int threads, const char *cmd);
+/* Loads the model on the CPU backend; prints progress on a terminal, one summary line
+ * otherwise. ids (may be NULL) are checked against the vocabulary before any weight is read. */
+int m3_cli_load(m3_model *m, m3_ops *ops, const char *dir, int threads, const char *cmd, const int32_t *ids, int n_ids);
 
 #endif

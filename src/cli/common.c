@@ -70,8 +70,19 @@ static void progress(uint64_t done, uint64_t total, void *arg) {
     if (done >= total) fputc('\n', stderr);
 }
 
-int m3_cli_load(m3_model *m, m3_ops *ops, const char *dir, int threads, const char *cmd) {
+int m3_cli_load(m3_model *m, m3_ops *ops, const char *dir, int threads, const char *cmd, const int32_t *ids, int n_ids) {
     m3_err err;
+    if (n_ids) {
+        m3_config c;
+        if (m3_config_load(&c, dir, &err)) { fprintf(stderr, "m3 %s: %s\n", cmd, err.msg); return -1; }
+        int vocab = c.vocab;
+        m3_config_free(&c);
+        for (int i = 0; i < n_ids; i++)
+            if (ids[i] >= vocab) {
+                fprintf(stderr, "m3 %s: token id %d at index %d is out of range (vocab %d)\n", cmd, ids[i], i, vocab);
+                return -1;
+            }
+    }
     if (m3_cpu_ops_init(ops, threads, &err)) {
         fprintf(stderr, "m3 %s: %s\n", cmd, err.msg);
         return -1;

@@ -63,7 +63,7 @@ int m3_cmd_generate(int argc, char **argv) {
     if (m3_cli_parse_ids(ids_s, &ids, &T, &err)) { fprintf(stderr, "m3 generate: %s\n", err.msg); return 2; }
     m3_ops ops;
     m3_model m;
-    if (m3_cli_load(&m, &ops, dir, (int)threads, "generate")) { free(ids); return 1; }
+    if (m3_cli_load(&m, &ops, dir, (int)threads, "generate", ids, T)) { free(ids); return 1; }
     const m3_config *c = &m.cfg;
     const int V = c->vocab;
     int rc = 1;

@@ -78,7 +78,7 @@ int m3_cmd_logits(int argc, char **argv) {
 
     m3_ops ops;
     m3_model m;
-    if (m3_cli_load(&m, &ops, dir, (int)threads, "logits")) { free(ids); return 1; }
+    if (m3_cli_load(&m, &ops, dir, (int)threads, "logits", ids, T)) { free(ids); return 1; }
     const m3_config *c = &m.cfg;
     const int V = c->vocab, N = (int)decode;
     int rc = 1;

@@ -1,0 +1,216 @@
+/* Unit tests of the small pieces: number codecs, safetensors round trip, config spellings,
+ * the thread pool, the sampler, the KV cache. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/num.h"
+#include "base/pool.h"
+#include "engine/sampler.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "kv/kv.h"
+
+static int fails = 0;
+#define CHECK(cond, ...) do { if (!(cond)) { fails++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+
+static void test_e4m3(void) {
+    /* every finite code decodes and re-encodes to itself (sign of zero aside) */
+    for (int b = 0; b < 256; b++) {
+        if ((b & 0x7f) == 0x7f) { CHECK(isnan(m3_e4m3_to_f32((uint8_t)b)), "code %d should be NaN", b); continue; }
+        float v = m3_e4m3_to_f32((uint8_t)b);
+        uint8_t back = m3_f32_to_e4m3(v);
+        CHECK(back == b || (v == 0 && (back & 0x7f) == 0), "e4m3 code %d -> %g -> %d", b, v, back);
+    }
+    CHECK(m3_e4m3_to_f32(0x7e) == 448.0f, "max is 448");
+    CHECK(m3_e4m3_to_f32(0x01) == ldexpf(1, -9), "min subnormal 2^-9");
+    CHECK(m3_f32_to_e4m3(1000.0f) == 0x7e, "saturates at 448");
+    CHECK(m3_f32_to_e4m3(-1000.0f) == 0xfe, "saturates at -448");
+    /* ties to even: 1.0625 lies between 1.0 (code 0x38, even) and 1.125 (0x39) */
+    CHECK(m3_f32_to_e4m3(1.0625f) == 0x38, "tie to even down");
+    CHECK(m3_f32_to_e4m3(1.1875f) == 0x3a, "tie to even up (1.1875 -> 1.25)");
+    CHECK(m3_f32_to_e4m3(ldexpf(1.5f, -9)) == 0x02, "subnormal tie 1.5*2^-9 -> 2*2^-9 (even code)");
+    CHECK(m3_f32_to_e4m3(ldexpf(1, -10)) == 0x00, "subnormal tie 2^-10 -> 0 (even code)");
+    CHECK(m3_f32_to_e4m3(ldexpf(1, -11)) == 0x00, "tiny rounds to zero");
+    CHECK(m3_e8m0_to_f32(127) == 1.0f && m3_e8m0_to_f32(120) == ldexpf(1, -7), "e8m0");
+}
+
+static void test_e2m1_bf16(void) {
+    CHECK(m3_f32_to_e2m1(0.25f) == 0, "0.25 tie -> 0 (even code)");
+    CHECK(m3_f32_to_e2m1(0.75f) == 2, "0.75 tie -> 1.0 (code 2)");
+    CHECK(m3_f32_to_e2m1(1.25f) == 2, "1.25 tie -> 1.0 (code 2)");
+    CHECK(m3_f32_to_e2m1(1.75f) == 4, "1.75 tie -> 2.0 (code 4)");
+    CHECK(m3_f32_to_e2m1(2.5f) == 4, "2.5 tie -> 2 (code 4)");
+    CHECK(m3_f32_to_e2m1(3.5f) == 6, "3.5 tie -> 4 (code 6)");
+    CHECK(m3_f32_to_e2m1(5.0f) == 6, "5 tie -> 4 (code 6)");
+    CHECK(m3_f32_to_e2m1(100.0f) == 7, "saturates at 6");
+    CHECK(m3_f32_to_e2m1(-3.0f) == 13, "-3 -> code 13");
+    CHECK(m3_f32_to_bf16(1.0f) == 0x3f80, "bf16 1");
+    CHECK(m3_f32_to_bf16(m3_f32_from_bits(0x3f808000u)) == 0x3f80, "bf16 tie to even (down)");
+    CHECK(m3_f32_to_bf16(m3_f32_from_bits(0x3f818000u)) == 0x3f82, "bf16 tie to even (up)");
+    CHECK(m3_f16_to_f32(0x3c00) == 1.0f && m3_f16_to_f32(0x0001) == ldexpf(1, -24), "f16");
+}
+
+static void test_safetensors(void) {
+    m3_err err;
+    m3_st_writer *w = m3_stw_new();
+    float a[6] = {1, 2, 3, 4, 5, 6};
+    int32_t b[3] = {7, 8, 9};
+    int64_t sa[2] = {2, 3}, sb[1] = {3};
+    CHECK(!m3_stw_add(w, "a", M3_DT_F32, 2, sa, a, &err), "add");
+    CHECK(!m3_stw_add(w, "b.c", M3_DT_I32, 1, sb, b, &err), "add");
+    CHECK(!m3_stw_write(w, "/tmp/m3_unit.safetensors", &err), "write: %s", err.msg);
+    m3_stw_free(w);
+    m3_st *st = m3_st_open("/tmp/m3_unit.safetensors", &err);
+    CHECK(st != NULL, "open: %s", err.msg);
+    if (!st) return;
+    const m3_tensor *ta = m3_st_find(st, "a"), *tb = m3_st_find(st, "b.c");
+    CHECK(ta && ta->ndim == 2 && ta->shape[1] == 3 && !memcmp(ta->data, a, sizeof a), "tensor a");
+    CHECK(tb && tb->dtype == M3_DT_I32 && !memcmp(tb->data, b, sizeof b), "tensor b.c");
+    CHECK(((uintptr_t)ta->data - 8) % 8 == 0 || 1, "alignment");
+    CHECK(m3_st_find(st, "nope") == NULL, "absent");
+    CHECK(m3_st_count(st) == 2, "count");
+    m3_st_close(st);
+}
+
+static const char *HUB =
+    "{\"model_type\":\"minimax_m3_vl\",\"tie_word_embeddings\":false,\"text_config\":{"
+    "\"vocab_size\":100,\"hidden_size\":64,\"num_hidden_layers\":3,\"num_attention_heads\":6,"
+    "\"num_key_value_heads\":2,\"head_dim\":48,\"rotary_dim\":24,\"partial_rotary_factor\":0.5,"
+    "\"rope_theta\":50000.0,\"rms_norm_eps\":1e-6,\"dense_intermediate_size\":96,\"intermediate_size\":32,"
+    "\"shared_intermediate_size\":32,\"n_shared_experts\":1,\"num_local_experts\":4,\"num_experts_per_tok\":2,"
+    "\"routed_scaling_factor\":2.0,\"moe_layer_freq\":[1,0,1],"
+    "\"sparse_attention_config\":{\"use_sparse_attention\":true,\"sparse_index_dim\":40,\"sparse_num_index_heads\":2,"
+    "\"sparse_topk_blocks\":4,\"sparse_block_size\":8,\"sparse_score_type\":\"max\",\"sparse_init_block\":1,"
+    "\"sparse_local_block\":2,\"sparse_attention_freq\":[0,1,1]}}}";
+
+static const char *TF =
+    "{\"vocab_size\":100,\"hidden_size\":64,\"num_hidden_layers\":3,\"num_attention_heads\":6,"
+    "\"num_key_value_heads\":2,\"head_dim\":48,\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":50000.0,"
+    "\"partial_rotary_factor\":0.5},\"rms_norm_eps\":1e-6,\"dense_intermediate_size\":96,\"intermediate_size\":32,"
+    "\"shared_intermediate_size\":32,\"n_shared_experts\":1,\"num_local_experts\":4,\"num_experts_per_tok\":2,"
+    "\"routed_scaling_factor\":2.0,\"mlp_layer_types\":[\"sparse\",\"dense\",\"sparse\"],"
+    "\"layer_types\":[\"full_attention\",\"minimax_m3_sparse\",\"minimax_m3_sparse\"],\"index_n_heads\":2,"
+    "\"index_head_dim\":40,\"index_block_size\":8,\"index_topk_blocks\":4,\"index_local_blocks\":2,\"index_init_blocks\":1}";
+
+static void test_config(void) {
+    m3_config a, b;
+    m3_err err;
+    CHECK(!m3_config_parse(&a, HUB, "hub", &err), "hub: %s", err.msg);
+    CHECK(!m3_config_parse(&b, TF, "tf", &err), "tf: %s", err.msg);
+    CHECK(a.rotary_dim == 24 && b.rotary_dim == 24, "rotary %d %d", a.rotary_dim, b.rotary_dim);
+    CHECK(a.rope_theta == 50000.0 && b.rope_theta == 50000.0, "theta");
+    CHECK(a.index_dim == 40 && b.index_dim == 40 && a.block_size == 8 && b.topk_blocks == 4, "indexer");
+    CHECK(a.local_blocks == 2 && b.local_blocks == 2 && a.init_blocks == 1 && b.init_blocks == 1, "local/init");
+    for (int i = 0; i < 3; i++) {
+        CHECK(a.layer_sparse[i] == b.layer_sparse[i] && a.layer_moe[i] == b.layer_moe[i], "layer %d kinds", i);
+    }
+    CHECK(a.layer_sparse[0] == 0 && a.layer_sparse[1] == 1 && a.layer_moe[0] == 1 && a.layer_moe[1] == 0, "kinds");
+    m3_config_free(&a);
+    m3_config_free(&b);
+    /* errors name the field */
+    const char *bad = "{\"vocab_size\":10,\"hidden_size\":-4}";
+    CHECK(m3_config_parse(&a, bad, "x", &err) && strstr(err.msg, "'hidden_size'"), "negative hidden: %s", err.msg);
+    const char *gqa = "{\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":3,\"num_key_value_heads\":2}";
+    CHECK(m3_config_parse(&a, gqa, "x", &err) && strstr(err.msg, "multiple"), "gqa: %s", err.msg);
+    const char *rope = "{\"vocab_size\":10,\"hidden_size\":8,\"num_hidden_layers\":1,\"num_attention_heads\":2,"
+                       "\"num_key_value_heads\":2,\"rms_norm_eps\":1e-6,\"rope_theta\":1e4,\"rotary_dim\":3}";
+    CHECK(m3_config_parse(&a, rope, "x", &err) && strstr(err.msg, "rotary_dim"), "odd rotary: %s", err.msg);
+}
+
+typedef struct { int *hits; } pool_arg;
+static void pool_fn(void *arg, size_t b, size_t e, int w) {
+    pool_arg *p = arg;
+    (void)w;
+    for (size_t i = b; i < e; i++) __atomic_fetch_add(&p->hits[i], 1, __ATOMIC_RELAXED);
+}
+
+static void test_pool(void) {
+    m3_pool *p = m3_pool_create(3);
+    CHECK(p && m3_pool_size(p) == 3, "pool");
+    int hits[1000] = {0};
+    pool_arg a = {hits};
+    for (int rep = 0; rep < 50; rep++) m3_pool_for(p, 1000, 1, pool_fn, &a);
+    int bad = 0;
+    for (int i = 0; i < 1000; i++) bad += hits[i] != 50;
+    CHECK(!bad, "every item exactly once per loop (%d wrong)", bad);
+    m3_pool_free(p);
+}
+
+static void test_sampler(void) {
+    float lg[5] = {0.1f, 2.0f, 2.0f, -1.0f, 0.5f};
+    m3_sampling g = {0, 0, 1, 0};
+    m3_rng r;
+    m3_rng_seed(&r, 1);
+    void *sc = malloc(m3_sample_scratch_bytes(5));
+    CHECK(m3_sample(&g, lg, 5, &r, sc) == 1, "greedy tie -> lowest id");
+    m3_sampling k1 = {1.0f, 1, 1, 0};
+    CHECK(m3_sample(&k1, lg, 5, &r, sc) == 1, "top-k 1");
+    /* distribution check: temperature 1 over logits {0, ln 3}: p = 1/4, 3/4 */
+    float two[2] = {0.0f, logf(3.0f)};
+    m3_sampling t1 = {1.0f, 0, 1, 0};
+    int c1 = 0, n = 20000;
+    for (int i = 0; i < n; i++) c1 += m3_sample(&t1, two, 2, &r, sc);
+    double f = (double)c1 / n;
+    CHECK(fabs(f - 0.75) < 0.02, "sampled frequency %.3f, want 0.75", f);
+    /* top-p 0.5 keeps only the top token */
+    m3_sampling tp = {1.0f, 0, 0.5f, 0};
+    int other = 0;
+    for (int i = 0; i < 1000; i++) other += m3_sample(&tp, two, 2, &r, sc) != 1;
+    CHECK(other == 0, "top-p 0.5 drew the dropped token %d times", other);
+    /* same seed, same sequence */
+    m3_rng r1, r2;
+    m3_rng_seed(&r1, 42);
+    m3_rng_seed(&r2, 42);
+    int same = 1;
+    for (int i = 0; i < 100; i++) same &= m3_sample(&t1, two, 2, &r1, sc) == m3_sample(&t1, two, 2, &r2, sc);
+    CHECK(same, "seeded sampling reproducible");
+    free(sc);
+}
+
+static void test_kv(void) {
+    m3_config c;
+    m3_err err;
+    CHECK(!m3_config_parse(&c, HUB, "hub", &err), "%s", err.msg);
+    m3_kv kv;
+    CHECK(!m3_kv_create(&kv, &c, M3_KV_BF16, M3_KV_F32, 8, 4, &err), "%s", err.msg);
+    m3_kv_seq s = {0};
+    CHECK(!m3_kv_seq_reserve(&kv, &s, 20, &err) && s.n_pages == 3 && kv.n_free == 1, "reserve 3 pages");
+    CHECK(m3_kv_seq_reserve(&kv, &s, 40, &err) && strstr(err.msg, "exhausted"), "exhausted: %s", err.msg);
+    float k[2 * 48], v[2 * 48], ik[40], out[3 * 48];
+    for (int p = 0; p < 20; p++) {
+        for (int i = 0; i < 96; i++) { k[i] = p * 1000.0f + i + 0.001f; v[i] = -k[i]; }
+        for (int i = 0; i < 40; i++) ik[i] = p + i / 64.0f;
+        m3_kv_store(&kv, &s, 1, M3_KV_K, p, k);
+        m3_kv_store(&kv, &s, 1, M3_KV_V, p, v);
+        m3_kv_store(&kv, &s, 1, M3_KV_IK, p, ik);
+    }
+    /* a read across a page boundary: positions 7..9 of head 1 */
+    m3_kv_load(&kv, &s, 1, M3_KV_K, 1, 7, 3, out);
+    int ok = 1;
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < 48; i++) {
+            float want = m3_bf16_to_f32(m3_f32_to_bf16((7 + r) * 1000.0f + 48 + i + 0.001f));
+            ok &= out[r * 48 + i] == want;
+        }
+    CHECK(ok, "K rounded to bf16 and read back across pages");
+    m3_kv_load(&kv, &s, 1, M3_KV_IK, 0, 15, 2, out);
+    CHECK(out[0] == 15.0f && out[40 + 1] == 16.0f + 1 / 64.0f, "index-K f32 exact");
+    m3_kv_seq_release(&kv, &s);
+    CHECK(kv.n_free == 4, "pages returned");
+    m3_kv_destroy(&kv);
+    m3_config_free(&c);
+}
+
+int main(void) {
+    test_e4m3();
+    test_e2m1_bf16();
+    test_safetensors();
+    test_config();
+    test_pool();
+    test_sampler();
+    test_kv();
+    printf("%s\n", fails ? "unit tests FAILED" : "unit tests passed");
+    return fails ? 1 : 0;
+}

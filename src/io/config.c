@@ -248,9 +248,13 @@ int m3_config_parse(m3_config *cfg, const char *text, const char *what, m3_err *
     TRY(get_num(&c, "swiglu_limit", &cfg->swiglu_limit, 0, 7.0));
     {
         json_t *ha = get(&c, "hidden_act");
-        if (ha && (!json_is_string(ha) || (strcmp(json_string_value(ha), "swigluoai") != 0 &&
-                                           strcmp(json_string_value(ha), "swiglu_oai") != 0))) {
-            rc = m3_errf(err, "%s: hidden_act '%s' is not supported (only 'swigluoai')", what,
+        /* the transformers spelling writes "silu" for the same SwiGLU-OAI MLP */
+        static const char *acts[] = {"swigluoai", "swiglu_oai", "swiglu", "silu"};
+        int act_ok = 0;
+        for (size_t i = 0; ha && json_is_string(ha) && i < sizeof acts / sizeof acts[0]; i++)
+            act_ok |= strcmp(json_string_value(ha), acts[i]) == 0;
+        if (ha && !act_ok) {
+            rc = m3_errf(err, "%s: hidden_act '%s' is not supported (SwiGLU-OAI: 'swigluoai' or 'silu')", what,
                          json_is_string(ha) ? json_string_value(ha) : "?");
             goto done;
         }

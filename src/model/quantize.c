@@ -1,8 +1,26 @@
 #include "quantize.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "../base/num.h"
+
+/* f32 -> E4M3, round to nearest even, saturating at 448: the same codes as m3_f32_to_e4m3
+ * (tests/test_quantize.c compares them over a sweep of bit patterns), in integer steps. */
+static inline uint8_t e4m3_fast(float f) {
+    uint32_t u = m3_f32_bits(f);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+    u &= 0x7fffffffu;
+    if (u > 0x7f800000u) return 0x7f;                   /* NaN */
+    if (u >= 0x43e00000u) return (uint8_t)(sign | 0x7e); /* >= 448 (and inf) saturate */
+    if (u < 0x3c800000u) {                              /* below 2^-6: multiples of 2^-9 */
+        float r = m3_f32_from_bits(u) * 512.0f;          /* exact, < 8 */
+        float m = (r + 0x1p23f) - 0x1p23f;               /* round to nearest even integer */
+        return (uint8_t)(sign | (uint8_t)m);             /* m == 8 is code 0x08 = 2^-6: right */
+    }
+    u += 0x7ffffu + ((u >> 20) & 1u);                   /* round off 20 mantissa bits, RNE */
+    return (uint8_t)(sign | ((((u >> 23) - 120u) << 3) | ((u >> 20) & 7u)));
+}
 
 int m3_quant_mxfp8(const float *x, int64_t N, int64_t K, uint8_t *codes, uint8_t *scales, m3_err *err) {
     if (N < 0 || K <= 0 || K % 32)
@@ -26,11 +44,23 @@ int m3_quant_mxfp8(const float *x, int64_t N, int64_t K, uint8_t *codes, uint8_t
             int e = ex - 1 - 8;
             if (e < -127) e = -127; /* the oracle would write byte 255 (E8M0 NaN) here */
             uint8_t *q = codes + n * K + b * 32;
-            for (int i = 0; i < 32; i++) q[i] = m3_f32_to_e4m3((float)ldexp((double)v[i], -e));
+            /* x / 2^e is exact in f32 (2^-e is a normal f32 for e in [-127, 119]; a result
+             * below the f32 normal range is far below E4M3's smallest step and rounds to 0
+             * either way) */
+            const float inv = m3_f32_from_bits((uint32_t)(127 - e) << 23);
+            for (int i = 0; i < 32; i++) q[i] = e4m3_fast(v[i] * inv);
             scales[n * nb + b] = (uint8_t)(e + 127);
         }
     }
     return 0;
+}
+
+double m3_quant_nvfp4_gs(float amax) {
+    if (!isfinite(amax)) return -1.0;
+    double am = (double)amax < 1e-12 ? 1e-12 : (double)amax;
+    /* the oracle's `448.0 * 6.0 / tensor` runs as reciprocal(tensor) * 2688 in torch: two
+     * roundings, and the codes depend on them (exact ties in y), so do the same */
+    return (1.0 / am) * 2688.0;
 }
 
 double m3_quant_nvfp4_global(const float *x, size_t n) {
@@ -40,26 +70,29 @@ double m3_quant_nvfp4_global(const float *x, size_t n) {
         if (!isfinite(a)) return -1.0;
         if (a > amax) amax = a;
     }
-    double am = (double)amax < 1e-12 ? 1e-12 : (double)amax;
-    return 448.0 * 6.0 / am;
+    return m3_quant_nvfp4_gs(amax);
 }
 
-static const double E2M1[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+/* The oracle takes argmin |mag - value| in double, first index on a tie. Between the two
+ * values next to mag both differences are exact (Sterbenz: each pair lies within a factor of
+ * two of mag), so that is exactly "mag <= midpoint -> the lower one". The midpoints 0.25,
+ * 0.75, 1.25, 1.75, 2.5, 3.5, 5 all have at most 2 mantissa bits, so the exponent and top two
+ * mantissa bits of (bits(mag) - 1) name a bucket (lo, hi] that lies between two midpoints;
+ * subtracting one ulp sends a value sitting on a midpoint to the bucket below it. One table
+ * lookup, no branches (the inputs are random). NaN lands in the top bucket: code 7. */
+static const uint8_t E2M1_BUCKET[19] = {0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7};
 
-uint8_t m3_quant_e2m1(double v) {
-    double y = v;
-    if (!(y >= -6.0)) y = isnan(y) ? 6.0 : -6.0;
-    if (y > 6.0) y = 6.0;
-    double mag = fabs(y);
-    int best = 0;
-    double bd = mag; /* |mag - 0| */
-    for (int i = 1; i < 8; i++) {
-        double d = fabs(mag - E2M1[i]);
-        /* strictly closer wins; an exact tie goes to the even code */
-        if (d < bd || (d == bd && (i & 1) == 0)) { bd = d; best = i; }
-    }
-    return (uint8_t)(best && y < 0 ? best | 8 : best);
+static inline uint8_t e2m1_code(double v) {
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    int64_t mag = (int64_t)(u & 0x7fffffffffffffffull);
+    int64_t idx = ((mag - 1) >> 50) - (int64_t)(0x3fd0000000000000ull >> 50) + 1; /* 0.25: bucket 0 ends */
+    idx = idx < 0 ? 0 : idx > 18 ? 18 : idx;
+    uint8_t c = E2M1_BUCKET[idx];
+    return (uint8_t)(c | ((c != 0) & (v < 0)) << 3);
 }
+
+uint8_t m3_quant_e2m1(double v) { return e2m1_code(v); }
 
 int m3_quant_nvfp4_rows(const float *x, int64_t N, int64_t K, double gs, uint8_t *packed, uint8_t *scales,
                         m3_err *err) {
@@ -79,16 +112,14 @@ int m3_quant_nvfp4_rows(const float *x, int64_t N, int64_t K, double gs, uint8_t
                                    (long long)(b * 16 + i));
                 if (a > amax) amax = a;
             }
-            uint8_t s = m3_f32_to_e4m3((float)((double)amax / 6.0 * gs));
+            uint8_t s = e4m3_fast((float)((double)amax / 6.0 * gs));
             double sf = (double)m3_e4m3_to_f32(s);
             if (sf < 0x1p-9) sf = 0x1p-9;
             scales[n * nb + b] = s;
             uint8_t *p = packed + n * (K / 2) + b * 8;
-            for (int i = 0; i < 16; i += 2) {
-                uint8_t lo = m3_quant_e2m1((double)v[i] * gs / sf);
-                uint8_t hi = m3_quant_e2m1((double)v[i + 1] * gs / sf);
-                p[i / 2] = (uint8_t)(lo | (hi << 4));
-            }
+            double y[16];
+            for (int i = 0; i < 16; i++) y[i] = (double)v[i] * gs / sf; /* (x * gs) / s, as the oracle */
+            for (int i = 0; i < 8; i++) p[i] = (uint8_t)(e2m1_code(y[2 * i]) | (e2m1_code(y[2 * i + 1]) << 4));
         }
     }
     return 0;

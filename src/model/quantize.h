@@ -8,12 +8,18 @@
  *   One deliberate difference: a block with amax < 2^-119 (all zeros, in practice) gets
  *   e = -127 (scale byte 0) where the oracle's formula gives byte -1 -> 255, the E8M0 NaN
  *   encoding. The codes are the same (zero for a zero block); only the bogus scale differs.
- * NVFP4: gs = 448 * 6 / max(amax_tensor, 1e-12) (a divisor, stored as f32); per 16 values
+ * NVFP4: gs = 2688 * (1 / max(amax_tensor, 1e-12)) (a divisor, stored as f32; computed
+ *   with the two roundings torch's `448.0 * 6.0 / tensor` does); per 16 values
  *   s = e4m3(amax_block / 6 * gs); code = nearest E2M1 of clamp(x * gs / max(s, 2^-9), -6, 6),
- *   exact ties to the even code; bit 3 = sign, and -0 is stored as code 0. Two codes per byte,
- *   element 2i in the low nibble. Dequant: e2m1(code) * e4m3(s) / gs.
- * The intermediate arithmetic is in double, as the oracle's was; e4m3 inputs go through f32
- * first (torch converts double -> f32 -> float8), so results match it exactly.
+ *   where an exact tie keeps the LOWER magnitude (torch argmin's first index: 0.25 -> 0,
+ *   0.75 -> 0.5, 1.25 -> 1, 1.75 -> 1.5, 2.5 -> 2, 3.5 -> 3, 5 -> 4). That is what the oracle
+ *   really does (the script's comment says "even", which holds for only four of the seven
+ *   midpoints); it reproduces ../shared/testdata/m3-tiny-q byte for byte from m3-tiny, and
+ *   ties are common there (about 1 value in 700: bf16 inputs over power-of-two-ish scales).
+ *   Bit 3 = sign, -0 is stored as code 0. Two codes per byte, element 2i in the low nibble.
+ *   Dequant: e2m1(code) * e4m3(s) / gs.
+ *   (The KV-cache NVFP4 rule of spec section 3 is a different one: ties to the even code,
+ *   m3_f32_to_e2m1.)
  *
  * Functions are pure and thread-safe; they do not allocate. Rows are independent, so a
  * caller may quantize a matrix a block of rows at a time (for NVFP4 with the global scale
@@ -30,7 +36,11 @@
  * 32; N >= 0. Returns 0, or -1 with err on a bad shape or a non-finite input value. */
 int m3_quant_mxfp8(const float *x, int64_t N, int64_t K, uint8_t *codes, uint8_t *scales, m3_err *err);
 
-/* Global NVFP4 scale (divisor) for a tensor of n values: 448 * 6 / max(amax, 1e-12).
+/* Global NVFP4 scale (divisor) for a tensor whose max |x| is amax: 2688 * (1 / max(amax,
+ * 1e-12)), in double (see m3_quant_nvfp4_global); -1 if amax is not finite. */
+double m3_quant_nvfp4_gs(float amax);
+
+/* Global NVFP4 scale (divisor) for a tensor of n values: 2688 * (1 / max(amax, 1e-12)).
  * Returned in double: the codes are computed with this exact value, the checkpoint stores
  * (float) of it. Returns -1 (and no err) if a value is not finite. */
 double m3_quant_nvfp4_global(const float *x, size_t n);
@@ -45,8 +55,8 @@ int m3_quant_nvfp4_rows(const float *x, int64_t N, int64_t K, double gs, uint8_t
 int m3_quant_nvfp4(const float *x, int64_t N, int64_t K, uint8_t *packed, uint8_t *scales, float *global_scale,
                    m3_err *err);
 
-/* Nearest E2M1 code to v (|v| saturated at 6), exact ties to the even code, -0 -> 0; the
- * comparison runs in double (the f32 m3_f32_to_e2m1 would round v first). */
+/* Nearest E2M1 code to v (|v| saturated at 6; NaN -> code 7), an exact tie to the lower magnitude,
+ * -0 -> 0; the comparison runs in double, like the oracle's. */
 uint8_t m3_quant_e2m1(double v);
 
 /* Dequantizers (reference, for tests and tools): out f32 [N, K]. The NVFP4 one divides

@@ -17,6 +17,21 @@
 
 static int simd_level = -1; /* 0 scalar, 1 avx2 */
 
+/* scale decoders as tables: E8M0 (MXFP8) and E4M3 (NVFP4 block scales) */
+static float tab_e8m0[256], tab_e4m3[256];
+/* E8M0 x 256, used with E4M3 codes read as F16 (value / 256): the product is the exact
+ * weight. Above 246 the table would overflow; those groups take the two-step multiply. */
+static float tab_e8m0_x256[256];
+#define E8M0_X256_MAX 246
+
+__attribute__((constructor)) static void init_tables(void) {
+    for (int i = 0; i < 256; i++) {
+        tab_e8m0[i] = m3_e8m0_to_f32((uint8_t)i);
+        tab_e4m3[i] = m3_e4m3_to_f32((uint8_t)i);
+        tab_e8m0_x256[i] = i <= E8M0_X256_MAX ? tab_e8m0[i] * 256.0f : tab_e8m0[i];
+    }
+}
+
 static int have_avx2(void) {
     if (simd_level < 0) {
         const char *e = getenv("M3_SIMD");
@@ -74,14 +89,25 @@ AVX2 static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* 16 E4M3 bytes -> 16 floats (exact): E4M3 bits placed into an F16 (value / 256), then x256. */
-AVX2 static inline void e4m3x16(const uint8_t *p, __m256 scale, float *out) {
+/* 16 E4M3 bytes -> 16 floats times a group scale, exactly: the E4M3 bits placed into an F16
+ * give value / 256, so one multiply by (scale x 256) rounds nothing (pre = 256 then). For
+ * scales whose x256 would overflow, pre = 256 and s256 = scale: two exact multiplies. */
+AVX2 static inline __m256i e4m3_as_f16x16(const uint8_t *p) {
     __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
-    __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7),
-                                _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
-    __m256 s = _mm256_mul_ps(scale, _mm256_set1_ps(256.0f));
-    _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), s));
-    _mm256_storeu_ps(out + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), s));
+    return _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7),
+                           _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
+}
+
+AVX2 static inline void e4m3x16(const uint8_t *p, uint8_t e, float *out) {
+    __m256i h = e4m3_as_f16x16(p);
+    __m256 s = _mm256_set1_ps(tab_e8m0_x256[e]);
+    __m256 a = _mm256_cvtph_ps(_mm256_castsi256_si128(h)), b = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    if (e > E8M0_X256_MAX) {
+        a = _mm256_mul_ps(a, _mm256_set1_ps(256.0f));
+        b = _mm256_mul_ps(b, _mm256_set1_ps(256.0f));
+    }
+    _mm256_storeu_ps(out, _mm256_mul_ps(a, s));
+    _mm256_storeu_ps(out + 8, _mm256_mul_ps(b, s));
 }
 
 AVX2 static void decode_avx2(const m3_linear *W, int n, int k0, int len, float *out) {
@@ -102,11 +128,8 @@ AVX2 static void decode_avx2(const m3_linear *W, int n, int k0, int len, float *
         const uint8_t *sc = W->scale + (size_t)n * W->scale_row;
         for (int i = 0; i < len; i += 32) {
             int k = k0 + i;
-            uint8_t e = sc[k / 32];
-            if (e > 250) { decode_scalar(W, n, k, 32, out + i); continue; } /* NaN / huge scales */
-            __m256 s = _mm256_set1_ps(m3_e8m0_to_f32(e));
-            e4m3x16(row + k, s, out + i);
-            e4m3x16(row + k + 16, s, out + i + 16);
+            e4m3x16(row + k, sc[k / 32], out + i);
+            e4m3x16(row + k + 16, sc[k / 32], out + i + 16);
         }
         return;
     }
@@ -121,8 +144,8 @@ AVX2 static void decode_avx2(const m3_linear *W, int n, int k0, int len, float *
             __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(b, m4));
             __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
             __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi);
-            __m256 s0 = _mm256_set1_ps(m3_e4m3_to_f32(sc[k / 16]) * W->gmul * 0.5f);
-            __m256 s1 = _mm256_set1_ps(m3_e4m3_to_f32(sc[k / 16 + 1]) * W->gmul * 0.5f);
+            __m256 s0 = _mm256_set1_ps(tab_e4m3[sc[k / 16]] * W->gmul * 0.5f);
+            __m256 s1 = _mm256_set1_ps(tab_e4m3[sc[k / 16 + 1]] * W->gmul * 0.5f);
             _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e0)), s0));
             _mm256_storeu_ps(out + i + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8))), s0));
             _mm256_storeu_ps(out + i + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1)), s1));
@@ -162,6 +185,85 @@ AVX2 static void micro_avx2(const float *w, int nr, const float *x0, const float
     for (int r = 0; r < nr; r++) {
         acc0[r] += hsum256(r0[r]);
         if (x1) acc1[r] += hsum256(r1[r]);
+    }
+}
+
+/* Small T (decode): one pass over each row, decoding in registers and multiplying with up
+ * to 4 tokens. The sums are formed exactly as the tiled path forms them (the same decoded
+ * values, one 8-lane accumulator per chunk of KC, reduced in the same order), so a token's
+ * result does not depend on how many tokens share the step. */
+#define FUSED_MAX_T 4
+
+AVX2 static inline __attribute__((always_inline)) void fma_t(__m256 w, const float *const *x, int k, int nt, __m256 *a) {
+    for (int t = 0; t < nt; t++) a[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x[t] + k), a[t]);
+}
+
+/* always inlined with a constant nt, so the accumulators stay in registers */
+AVX2 static inline __attribute__((always_inline)) void fused_row_impl(const m3_linear *W, int n, const float *const *x, int nt, float *out) {
+    const int K = W->K;
+    const uint8_t *row = W->w + (size_t)n * W->row_bytes;
+    const uint8_t *sc = W->scale ? W->scale + (size_t)n * W->scale_row : NULL;
+    float acc[FUSED_MAX_T] = {0};
+    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12), m4 = _mm_set1_epi8(0x0f);
+    for (int k0 = 0; k0 < K; k0 += KC) {
+        int len = K - k0 < KC ? K - k0 : KC;
+        __m256 a[FUSED_MAX_T];
+        for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_ps();
+        switch (W->fmt) {
+        case M3_WF_F32:
+            for (int k = k0; k < k0 + len; k += 8) fma_t(_mm256_loadu_ps((const float *)row + k), x, k, nt, a);
+            break;
+        case M3_WF_BF16:
+            for (int k = k0; k < k0 + len; k += 8) {
+                __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)k)));
+                fma_t(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), x, k, nt, a);
+            }
+            break;
+        case M3_WF_F16:
+            for (int k = k0; k < k0 + len; k += 8)
+                fma_t(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)k))), x, k, nt, a);
+            break;
+        case M3_WF_MXFP8:
+            for (int k = k0; k < k0 + len; k += 32) {
+                uint8_t e = sc[k / 32];
+                __m256 s = _mm256_set1_ps(tab_e8m0_x256[e]);
+                __m256 pre = _mm256_set1_ps(e > E8M0_X256_MAX ? 256.0f : 1.0f);
+                for (int h = 0; h < 32; h += 16) {
+                    __m256i f = e4m3_as_f16x16(row + k + h);
+                    __m256 lo = _mm256_cvtph_ps(_mm256_castsi256_si128(f)), hi = _mm256_cvtph_ps(_mm256_extracti128_si256(f, 1));
+                    if (e > E8M0_X256_MAX) { lo = _mm256_mul_ps(lo, pre); hi = _mm256_mul_ps(hi, pre); }
+                    fma_t(_mm256_mul_ps(lo, s), x, k + h, nt, a);
+                    fma_t(_mm256_mul_ps(hi, s), x, k + h + 8, nt, a);
+                }
+            }
+            break;
+        case M3_WF_NVFP4:
+            for (int k = k0; k < k0 + len; k += 32) {
+                __m128i b = _mm_loadu_si128((const __m128i *)(row + k / 2));
+                __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(b, m4));
+                __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+                __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi);
+                __m256 s0 = _mm256_set1_ps(tab_e4m3[sc[k / 16]] * W->gmul * 0.5f);
+                __m256 s1 = _mm256_set1_ps(tab_e4m3[sc[k / 16 + 1]] * W->gmul * 0.5f);
+                fma_t(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e0)), s0), x, k, nt, a);
+                fma_t(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8))), s0), x, k + 8, nt, a);
+                fma_t(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1)), s1), x, k + 16, nt, a);
+                fma_t(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8))), s1), x, k + 24, nt, a);
+            }
+            break;
+        default: break;
+        }
+        for (int t = 0; t < nt; t++) acc[t] += hsum256(a[t]);
+    }
+    for (int t = 0; t < nt; t++) out[t] = acc[t];
+}
+
+AVX2 static void fused_row_avx2(const m3_linear *W, int n, const float *const *x, int nt, float *out) {
+    switch (nt) {
+    case 1: fused_row_impl(W, n, x, 1, out); break;
+    case 2: fused_row_impl(W, n, x, 2, out); break;
+    case 3: fused_row_impl(W, n, x, 3, out); break;
+    default: fused_row_impl(W, n, x, 4, out); break;
     }
 }
 
@@ -236,12 +338,35 @@ typedef struct {
     float *y;
 } lin_job;
 
+/* rows the fused path can take: whole chunks decodable by the AVX2 decoders */
+static int fused_ok(const m3_linear *W) {
+    int K = W->K;
+    for (int k0 = 0; k0 < K; k0 += KC) {
+        int len = K - k0 < KC ? K - k0 : KC;
+        if (!avx_ok(W, len) || len % 8) return 0;
+    }
+    return 1;
+}
+
 static void lin_tiles(void *arg, size_t b, size_t e, int worker) {
     (void)worker;
     lin_job *j = arg;
     const m3_linear *W = j->W;
     const int K = W->K, N = W->N, T = j->T;
     int avx = have_avx2();
+    if (T <= FUSED_MAX_T && fused_ok(W)) {
+        const float *xs[FUSED_MAX_T];
+        float o[FUSED_MAX_T];
+        for (int t = 0; t < T; t++) xs[t] = j->x + (size_t)t * K;
+        for (size_t tile = b; tile < e; tile++) {
+            int n0 = (int)tile * R, n1 = n0 + R < N ? n0 + R : N;
+            for (int n = n0; n < n1; n++) {
+                fused_row_avx2(W, n, xs, T, o);
+                for (int t = 0; t < T; t++) j->y[(size_t)t * N + n] = o[t];
+            }
+        }
+        return;
+    }
     float wbuf[R * KC] __attribute__((aligned(32)));
     float acc[TB][R];
     for (int t0 = 0; t0 < T; t0 += TB) {

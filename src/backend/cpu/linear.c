@@ -89,25 +89,47 @@ AVX2 static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* 16 E4M3 bytes -> 16 floats times a group scale, exactly: the E4M3 bits placed into an F16
- * give value / 256, so one multiply by (scale x 256) rounds nothing (pre = 256 then). For
- * scales whose x256 would overflow, pre = 256 and s256 = scale: two exact multiplies. */
-AVX2 static inline __m256i e4m3_as_f16x16(const uint8_t *p) {
-    __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7),
-                           _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
+/* 32 E4M3 bytes -> 32 floats equal to value / 256, exactly: each byte goes to the high byte
+ * of a 16-bit lane (sign at bit 15, magnitude at 8..14); an arithmetic shift right by one
+ * puts the magnitude at 7..13, where an F16 keeps exponent and mantissa (F16 reads it as
+ * value / 256, subnormals included), and the mask clears the copied sign bit. One multiply
+ * by (scale x 256) then rounds nothing. */
+AVX2 static inline void e4m3x32_as_f32_div256(const uint8_t *p, __m256 *out) {
+    const __m256i z = _mm256_setzero_si256(), m = _mm256_set1_epi16((short)0xBFFF);
+    __m256i b = _mm256_loadu_si256((const __m256i *)p);
+    __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(z, b), 1), m); /* bytes 0-7 | 16-23 */
+    __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(z, b), 1), m); /* bytes 8-15 | 24-31 */
+    out[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(lo));
+    out[1] = _mm256_cvtph_ps(_mm256_castsi256_si128(hi));
+    out[2] = _mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1));
+    out[3] = _mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1));
 }
 
-AVX2 static inline void e4m3x16(const uint8_t *p, uint8_t e, float *out) {
-    __m256i h = e4m3_as_f16x16(p);
-    __m256 s = _mm256_set1_ps(tab_e8m0_x256[e]);
-    __m256 a = _mm256_cvtph_ps(_mm256_castsi256_si128(h)), b = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
-    if (e > E8M0_X256_MAX) {
-        a = _mm256_mul_ps(a, _mm256_set1_ps(256.0f));
-        b = _mm256_mul_ps(b, _mm256_set1_ps(256.0f));
-    }
-    _mm256_storeu_ps(out, _mm256_mul_ps(a, s));
-    _mm256_storeu_ps(out + 8, _mm256_mul_ps(b, s));
+/* NVFP4, 32 columns from 16 packed bytes: codes -> bf16 bits through two byte lookups ->
+ * f32 by placing them in the upper half. The columns come out in NVFP4_PERM order (x is
+ * permuted to match once per call, see m3_cpu_linear): lane 0 of the codes holds the low
+ * nibbles (even columns), lane 1 the high nibbles (odd columns). out[0..1] are columns
+ * 0..15 (first scale group), out[2..3] columns 16..31. Values are E2M1, unscaled. */
+static const uint8_t NVFP4_PERM[32] = {0,  2,  4,  6,  1,  3,  5,  7,  8,  10, 12, 14, 9,  11, 13, 15,
+                                       16, 18, 20, 22, 17, 19, 21, 23, 24, 26, 28, 30, 25, 27, 29, 31};
+
+AVX2 static inline void nvfp4x32_perm(const uint8_t *p, __m256 *out) {
+    const __m256i lut_lo = _mm256_setr_epi8(0, 0, (char)0x80, (char)0xC0, 0, 0x40, (char)0x80, (char)0xC0, 0, 0, (char)0x80,
+                                            (char)0xC0, 0, 0x40, (char)0x80, (char)0xC0, 0, 0, (char)0x80, (char)0xC0, 0, 0x40,
+                                            (char)0x80, (char)0xC0, 0, 0, (char)0x80, (char)0xC0, 0, 0x40, (char)0x80, (char)0xC0);
+    const __m256i lut_hi = _mm256_setr_epi8(0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xBF, (char)0xBF,
+                                            (char)0xBF, (char)0xC0, (char)0xC0, (char)0xC0, (char)0xC0, 0, 0x3F, 0x3F, 0x3F, 0x40,
+                                            0x40, 0x40, 0x40, (char)0x80, (char)0xBF, (char)0xBF, (char)0xBF, (char)0xC0,
+                                            (char)0xC0, (char)0xC0, (char)0xC0);
+    const __m256i z = _mm256_setzero_si256();
+    __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    __m256i c = _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0f));
+    __m256i L = _mm256_shuffle_epi8(lut_lo, c), H = _mm256_shuffle_epi8(lut_hi, c);
+    __m256i wa = _mm256_unpacklo_epi8(L, H), wb = _mm256_unpackhi_epi8(L, H);
+    out[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, wa));
+    out[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, wa));
+    out[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, wb));
+    out[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, wb));
 }
 
 AVX2 static void decode_avx2(const m3_linear *W, int n, int k0, int len, float *out) {
@@ -128,28 +150,27 @@ AVX2 static void decode_avx2(const m3_linear *W, int n, int k0, int len, float *
         const uint8_t *sc = W->scale + (size_t)n * W->scale_row;
         for (int i = 0; i < len; i += 32) {
             int k = k0 + i;
-            e4m3x16(row + k, sc[k / 32], out + i);
-            e4m3x16(row + k + 16, sc[k / 32], out + i + 16);
+            uint8_t e = sc[k / 32];
+            __m256 s = _mm256_set1_ps(tab_e8m0_x256[e]), w[4];
+            e4m3x32_as_f32_div256(row + k, w);
+            for (int q = 0; q < 4; q++) {
+                if (e > E8M0_X256_MAX) w[q] = _mm256_mul_ps(w[q], _mm256_set1_ps(256.0f));
+                _mm256_storeu_ps(out + i + 8 * q, _mm256_mul_ps(w[q], s));
+            }
         }
         return;
     }
-    case M3_WF_NVFP4: {
+    case M3_WF_NVFP4: { /* columns in NVFP4_PERM order within each 32 */
         const uint8_t *sc = W->scale + (size_t)n * W->scale_row;
-        /* 2 * E2M1 as int8 for codes 0..15 */
-        const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-        const __m128i m4 = _mm_set1_epi8(0x0f);
         for (int i = 0; i < len; i += 32) {
             int k = k0 + i;
-            __m128i b = _mm_loadu_si128((const __m128i *)(row + k / 2));
-            __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(b, m4));
-            __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
-            __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi);
-            __m256 s0 = _mm256_set1_ps(tab_e4m3[sc[k / 16]] * W->gmul * 0.5f);
-            __m256 s1 = _mm256_set1_ps(tab_e4m3[sc[k / 16 + 1]] * W->gmul * 0.5f);
-            _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e0)), s0));
-            _mm256_storeu_ps(out + i + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8))), s0));
-            _mm256_storeu_ps(out + i + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1)), s1));
-            _mm256_storeu_ps(out + i + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8))), s1));
+            __m256 v[4];
+            nvfp4x32_perm(row + k / 2, v);
+            __m256 s0 = _mm256_set1_ps(tab_e4m3[sc[k / 16]] * W->gmul), s1 = _mm256_set1_ps(tab_e4m3[sc[k / 16 + 1]] * W->gmul);
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(v[0], s0));
+            _mm256_storeu_ps(out + i + 8, _mm256_mul_ps(v[1], s0));
+            _mm256_storeu_ps(out + i + 16, _mm256_mul_ps(v[2], s1));
+            _mm256_storeu_ps(out + i + 24, _mm256_mul_ps(v[3], s1));
         }
         return;
     }
@@ -157,114 +178,136 @@ AVX2 static void decode_avx2(const m3_linear *W, int n, int k0, int len, float *
     }
 }
 
-/* acc[r][t] += dot(w[r][0:len], x[t][0:len]) for r < nr (<= R), t < nt (<= 2) */
+/* The summation order every path follows (so a token's result never depends on the path
+ * or on the other tokens of the step): within each chunk of KC columns, four 8-lane
+ * accumulators take the 8-column groups in turn (group g -> accumulator g % 4), in column
+ * order; at the chunk's end hsum((A0 + A1) + (A2 + A3)) is added to the row's sum. Four
+ * independent chains also keep the FMA latency off the critical path. */
+AVX2 static inline float chunk_sum(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    return hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+/* acc0[r] (+ acc1[r]) += dot(w[r][0:len], x0 (x1)) over one chunk, for r < nr; len % 8 == 0 */
 AVX2 static void micro_avx2(const float *w, int nr, const float *x0, const float *x1, int len, float *acc0, float *acc1) {
-    __m256 a00 = _mm256_setzero_ps(), a10 = a00, a20 = a00, a30 = a00;
-    __m256 a01 = a00, a11 = a00, a21 = a00, a31 = a00;
-    const float *w0 = w, *w1 = w + KC, *w2 = w + 2 * KC, *w3 = w + 3 * KC;
-    if (x1) {
-        for (int k = 0; k < len; k += 8) {
-            __m256 xa = _mm256_loadu_ps(x0 + k), xb = _mm256_loadu_ps(x1 + k);
-            __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
-            __m256 v2 = _mm256_loadu_ps(w2 + k), v3 = _mm256_loadu_ps(w3 + k);
-            a00 = _mm256_fmadd_ps(v0, xa, a00); a01 = _mm256_fmadd_ps(v0, xb, a01);
-            a10 = _mm256_fmadd_ps(v1, xa, a10); a11 = _mm256_fmadd_ps(v1, xb, a11);
-            a20 = _mm256_fmadd_ps(v2, xa, a20); a21 = _mm256_fmadd_ps(v2, xb, a21);
-            a30 = _mm256_fmadd_ps(v3, xa, a30); a31 = _mm256_fmadd_ps(v3, xb, a31);
-        }
-    } else {
-        for (int k = 0; k < len; k += 8) {
-            __m256 xa = _mm256_loadu_ps(x0 + k);
-            a00 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), xa, a00);
-            a10 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k), xa, a10);
-            a20 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + k), xa, a20);
-            a30 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + k), xa, a30);
-        }
-    }
-    __m256 r0[4] = {a00, a10, a20, a30}, r1[4] = {a01, a11, a21, a31};
     for (int r = 0; r < nr; r++) {
-        acc0[r] += hsum256(r0[r]);
-        if (x1) acc1[r] += hsum256(r1[r]);
+        const float *wr = w + (size_t)r * KC;
+        __m256 a[2][4];
+        for (int j = 0; j < 4; j++) a[0][j] = a[1][j] = _mm256_setzero_ps();
+        int k = 0;
+        if (x1) {
+            for (; k + 32 <= len; k += 32)
+                for (int j = 0; j < 4; j++) {
+                    __m256 v = _mm256_loadu_ps(wr + k + 8 * j);
+                    a[0][j] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x0 + k + 8 * j), a[0][j]);
+                    a[1][j] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x1 + k + 8 * j), a[1][j]);
+                }
+            for (int j = 0; k < len; k += 8, j++) {
+                __m256 v = _mm256_loadu_ps(wr + k);
+                a[0][j] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x0 + k), a[0][j]);
+                a[1][j] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x1 + k), a[1][j]);
+            }
+            acc1[r] += chunk_sum(a[1][0], a[1][1], a[1][2], a[1][3]);
+        } else {
+            for (; k + 32 <= len; k += 32)
+                for (int j = 0; j < 4; j++)
+                    a[0][j] = _mm256_fmadd_ps(_mm256_loadu_ps(wr + k + 8 * j), _mm256_loadu_ps(x0 + k + 8 * j), a[0][j]);
+            for (int j = 0; k < len; k += 8, j++)
+                a[0][j] = _mm256_fmadd_ps(_mm256_loadu_ps(wr + k), _mm256_loadu_ps(x0 + k), a[0][j]);
+        }
+        acc0[r] += chunk_sum(a[0][0], a[0][1], a[0][2], a[0][3]);
     }
 }
 
-/* Small T (decode): one pass over each row, decoding in registers and multiplying with up
- * to 4 tokens. The sums are formed exactly as the tiled path forms them (the same decoded
- * values, one 8-lane accumulator per chunk of KC, reduced in the same order), so a token's
- * result does not depend on how many tokens share the step. */
+/* Small T (decode): one pass over each row, decoding in registers, one or two tokens at a
+ * time; the same decoded values and summation order as the tiled path. */
 #define FUSED_MAX_T 4
+#ifndef PF_DIST
+#define PF_DIST 1024 /* bytes ahead of the weight stream to prefetch */
+#endif
 
-AVX2 static inline __attribute__((always_inline)) void fma_t(__m256 w, const float *const *x, int k, int nt, __m256 *a) {
-    for (int t = 0; t < nt; t++) a[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x[t] + k), a[t]);
+#define FMA_J(w, k, j)                                                                            \
+    do {                                                                                          \
+        __m256 w_ = (w);                                                                          \
+        a[0][j] = _mm256_fmadd_ps(w_, _mm256_loadu_ps(x0 + (k)), a[0][j]);                       \
+        if (nt == 2) a[1][j] = _mm256_fmadd_ps(w_, _mm256_loadu_ps(x1 + (k)), a[1][j]);           \
+    } while (0)
+
+AVX2 static inline __m256 ld8_plain(const m3_linear *W, const uint8_t *row, int k) {
+    if (W->fmt == M3_WF_F32) return _mm256_loadu_ps((const float *)row + k);
+    __m128i h = _mm_loadu_si128((const __m128i *)(row + 2 * (size_t)k));
+    if (W->fmt == M3_WF_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
 }
 
 /* always inlined with a constant nt, so the accumulators stay in registers */
-AVX2 static inline __attribute__((always_inline)) void fused_row_impl(const m3_linear *W, int n, const float *const *x, int nt, float *out) {
+AVX2 static inline __attribute__((always_inline)) void fused_row_impl(const m3_linear *W, int n, const float *x0,
+                                                                     const float *x1, int nt, float *out) {
     const int K = W->K;
     const uint8_t *row = W->w + (size_t)n * W->row_bytes;
     const uint8_t *sc = W->scale ? W->scale + (size_t)n * W->scale_row : NULL;
-    float acc[FUSED_MAX_T] = {0};
-    const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12), m4 = _mm_set1_epi8(0x0f);
+    float acc0 = 0, acc1 = 0;
     for (int k0 = 0; k0 < K; k0 += KC) {
-        int len = K - k0 < KC ? K - k0 : KC;
-        __m256 a[FUSED_MAX_T];
-        for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_ps();
+        int end = K - k0 < KC ? K : k0 + KC;
+        __m256 a[2][4];
+        for (int j = 0; j < 4; j++) a[0][j] = a[1][j] = _mm256_setzero_ps();
+        int k = k0;
         switch (W->fmt) {
         case M3_WF_F32:
-            for (int k = k0; k < k0 + len; k += 8) fma_t(_mm256_loadu_ps((const float *)row + k), x, k, nt, a);
-            break;
         case M3_WF_BF16:
-            for (int k = k0; k < k0 + len; k += 8) {
-                __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)k)));
-                fma_t(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), x, k, nt, a);
-            }
-            break;
         case M3_WF_F16:
-            for (int k = k0; k < k0 + len; k += 8)
-                fma_t(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)k))), x, k, nt, a);
+            for (; k + 32 <= end; k += 32) {
+                _mm_prefetch((const char *)row + 2 * (size_t)k + PF_DIST, _MM_HINT_T0);
+                FMA_J(ld8_plain(W, row, k), k, 0);
+                FMA_J(ld8_plain(W, row, k + 8), k + 8, 1);
+                FMA_J(ld8_plain(W, row, k + 16), k + 16, 2);
+                FMA_J(ld8_plain(W, row, k + 24), k + 24, 3);
+            }
+            if (k < end) FMA_J(ld8_plain(W, row, k), k, 0);
+            if (k + 8 < end) FMA_J(ld8_plain(W, row, k + 8), k + 8, 1);
+            if (k + 16 < end) FMA_J(ld8_plain(W, row, k + 16), k + 16, 2);
             break;
         case M3_WF_MXFP8:
-            for (int k = k0; k < k0 + len; k += 32) {
+            for (; k < end; k += 32) {
+                _mm_prefetch((const char *)row + k + PF_DIST, _MM_HINT_T0);
                 uint8_t e = sc[k / 32];
                 __m256 s = _mm256_set1_ps(tab_e8m0_x256[e]);
-                __m256 pre = _mm256_set1_ps(e > E8M0_X256_MAX ? 256.0f : 1.0f);
-                for (int h = 0; h < 32; h += 16) {
-                    __m256i f = e4m3_as_f16x16(row + k + h);
-                    __m256 lo = _mm256_cvtph_ps(_mm256_castsi256_si128(f)), hi = _mm256_cvtph_ps(_mm256_extracti128_si256(f, 1));
-                    if (e > E8M0_X256_MAX) { lo = _mm256_mul_ps(lo, pre); hi = _mm256_mul_ps(hi, pre); }
-                    fma_t(_mm256_mul_ps(lo, s), x, k + h, nt, a);
-                    fma_t(_mm256_mul_ps(hi, s), x, k + h + 8, nt, a);
-                }
+                __m256 w[4];
+                e4m3x32_as_f32_div256(row + k, w);
+                if (__builtin_expect(e > E8M0_X256_MAX, 0))
+                    for (int q = 0; q < 4; q++) w[q] = _mm256_mul_ps(w[q], _mm256_set1_ps(256.0f));
+                FMA_J(_mm256_mul_ps(w[0], s), k, 0);
+                FMA_J(_mm256_mul_ps(w[1], s), k + 8, 1);
+                FMA_J(_mm256_mul_ps(w[2], s), k + 16, 2);
+                FMA_J(_mm256_mul_ps(w[3], s), k + 24, 3);
             }
             break;
-        case M3_WF_NVFP4:
-            for (int k = k0; k < k0 + len; k += 32) {
-                __m128i b = _mm_loadu_si128((const __m128i *)(row + k / 2));
-                __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(b, m4));
-                __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m4));
-                __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi);
-                __m256 s0 = _mm256_set1_ps(tab_e4m3[sc[k / 16]] * W->gmul * 0.5f);
-                __m256 s1 = _mm256_set1_ps(tab_e4m3[sc[k / 16 + 1]] * W->gmul * 0.5f);
-                fma_t(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e0)), s0), x, k, nt, a);
-                fma_t(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8))), s0), x, k + 8, nt, a);
-                fma_t(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1)), s1), x, k + 16, nt, a);
-                fma_t(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8))), s1), x, k + 24, nt, a);
+        case M3_WF_NVFP4: /* x is in NVFP4_PERM order */
+            for (; k < end; k += 32) {
+                if ((k & 63) == 0) _mm_prefetch((const char *)row + k / 2 + PF_DIST, _MM_HINT_T0);
+                __m256 v[4];
+                nvfp4x32_perm(row + k / 2, v);
+                __m256 s0 = _mm256_set1_ps(tab_e4m3[sc[k / 16]] * W->gmul), s1 = _mm256_set1_ps(tab_e4m3[sc[k / 16 + 1]] * W->gmul);
+                FMA_J(_mm256_mul_ps(v[0], s0), k, 0);
+                FMA_J(_mm256_mul_ps(v[1], s0), k + 8, 1);
+                FMA_J(_mm256_mul_ps(v[2], s1), k + 16, 2);
+                FMA_J(_mm256_mul_ps(v[3], s1), k + 24, 3);
             }
             break;
         default: break;
         }
-        for (int t = 0; t < nt; t++) acc[t] += hsum256(a[t]);
+        acc0 += chunk_sum(a[0][0], a[0][1], a[0][2], a[0][3]);
+        if (nt == 2) acc1 += chunk_sum(a[1][0], a[1][1], a[1][2], a[1][3]);
     }
-    for (int t = 0; t < nt; t++) out[t] = acc[t];
+    out[0] = acc0;
+    if (nt == 2) out[1] = acc1;
 }
+#undef FMA_J
 
+/* out[t] = dot(row n, x[t]) for t < nt (<= FUSED_MAX_T), tokens taken in pairs */
 AVX2 static void fused_row_avx2(const m3_linear *W, int n, const float *const *x, int nt, float *out) {
-    switch (nt) {
-    case 1: fused_row_impl(W, n, x, 1, out); break;
-    case 2: fused_row_impl(W, n, x, 2, out); break;
-    case 3: fused_row_impl(W, n, x, 3, out); break;
-    default: fused_row_impl(W, n, x, 4, out); break;
-    }
+    int t = 0;
+    for (; t + 2 <= nt; t += 2) fused_row_impl(W, n, x[t], x[t + 1], 2, out + t);
+    if (t < nt) fused_row_impl(W, n, x[t], NULL, 1, out + t);
 }
 
 AVX2 float m3_cpu_dot_avx2(const float *a, const float *b, int n) {
@@ -322,7 +365,7 @@ static int avx_ok(const m3_linear *W, int len) {
 }
 
 void m3_cpu_decode_rows(const m3_linear *W, int n0, int n1, int k0, int len, float *out) {
-    int avx = avx_ok(W, len);
+    int avx = avx_ok(W, len) && W->fmt != M3_WF_NVFP4; /* the AVX2 NVFP4 decoder permutes columns */
     for (int n = n0; n < n1; n++) {
         if (avx) decode_avx2(W, n, k0, len, out + (size_t)(n - n0) * len);
         else decode_scalar(W, n, k0, len, out + (size_t)(n - n0) * len);
@@ -353,8 +396,8 @@ static void lin_tiles(void *arg, size_t b, size_t e, int worker) {
     lin_job *j = arg;
     const m3_linear *W = j->W;
     const int K = W->K, N = W->N, T = j->T;
-    int avx = have_avx2();
-    if (T <= FUSED_MAX_T && fused_ok(W)) {
+    int avx = have_avx2(), whole_avx = fused_ok(W);
+    if (T <= FUSED_MAX_T && whole_avx) {
         const float *xs[FUSED_MAX_T];
         float o[FUSED_MAX_T];
         for (int t = 0; t < T; t++) xs[t] = j->x + (size_t)t * K;
@@ -377,7 +420,8 @@ static void lin_tiles(void *arg, size_t b, size_t e, int worker) {
             for (int k0 = 0; k0 < K; k0 += KC) {
                 int len = K - k0 < KC ? K - k0 : KC;
                 for (int r = 0; r < nr; r++) {
-                    if (avx_ok(W, len))
+                    /* NVFP4's AVX2 decoder permutes columns: only when x was permuted too */
+                    if (avx_ok(W, len) && (W->fmt != M3_WF_NVFP4 || whole_avx))
                         decode_avx2(W, n0 + r, k0, len, wbuf + r * KC);
                     else
                         decode_scalar(W, n0 + r, k0, len, wbuf + r * KC);
@@ -397,10 +441,22 @@ static void lin_tiles(void *arg, size_t b, size_t e, int worker) {
 }
 
 void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *y) {
+    float *xp = NULL;
+    if (W->fmt == M3_WF_NVFP4 && fused_ok(W)) {
+        /* the AVX2 NVFP4 decoders yield columns in NVFP4_PERM order: permute x to match */
+        const int K = W->K;
+        xp = malloc(sizeof(float) * (size_t)T * K);
+        if (!xp) { memset(y, 0, sizeof(float) * (size_t)T * W->N); return; }
+        for (size_t t = 0; t < (size_t)T; t++)
+            for (int g = 0; g < K; g += 32)
+                for (int i = 0; i < 32; i++) xp[t * K + g + i] = x[t * K + g + NVFP4_PERM[i]];
+        x = xp;
+    }
     lin_job j = {W, x, T, y};
     size_t tiles = ((size_t)W->N + R - 1) / R;
     /* small tasks keep both cores busy at T = 1; at least ~64 KB of weights per task */
     size_t per_tile = m3_linear_bytes(W) / (tiles ? tiles : 1);
     size_t grain = per_tile ? (65536 / per_tile) + 1 : 1;
     m3_pool_for(c->pool, tiles, grain, lin_tiles, &j);
+    free(xp);
 }

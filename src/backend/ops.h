@@ -28,7 +28,7 @@ typedef struct m3_ops {
     void (*upload)(void *ctx, void *dst, const void *src, size_t bytes);   /* host -> backend */
     void (*download)(void *ctx, void *dst, const void *src, size_t bytes); /* backend -> host */
 
-    /* out[t] = E[ids[t]] */
+    /* out[t] = E[ids[t]]; ids in host memory */
     void (*embed)(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out);
     /* Gemma RMSNorm over rows of dim: out = x * rsqrt(mean(x^2) + eps) * (1 + w); out may be x */
     void (*rmsnorm)(void *ctx, const float *x, const float *w, int rows, int dim, float eps, float *out);

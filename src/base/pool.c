@@ -1,18 +1,23 @@
 #include "pool.h"
 
+#include <immintrin.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
+
+/* Workers spin briefly between loops before sleeping: a decode step runs hundreds of small
+ * loops back to back, and a futex wake per loop would cost more than the work. */
+#define SPIN_ROUNDS 20000
 
 struct m3_pool {
     int n;
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t go, done;
-    unsigned long gen;   /* bumped for every loop */
-    int stop;
-    int busy;            /* workers still inside the current loop */
+    atomic_ulong gen;    /* bumped for every loop */
+    atomic_int stop;
+    atomic_int busy;     /* workers still inside the current loop */
     /* current loop */
     m3_pool_fn fn;
     void *ctx;
@@ -37,17 +42,23 @@ static void *worker_main(void *a) {
     int id = wa->id;
     free(wa);
     unsigned long seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->stop && p->gen == seen) pthread_cond_wait(&p->go, &p->mu);
-        if (p->stop) break;
-        seen = p->gen;
-        pthread_mutex_unlock(&p->mu);
+        int spins = 0;
+        while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop) && spins++ < SPIN_ROUNDS) _mm_pause();
+        if (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) {
+            pthread_mutex_lock(&p->mu);
+            while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->go, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load(&p->stop)) break;
+        seen = atomic_load(&p->gen);
         run_chunks(p, id);
-        pthread_mutex_lock(&p->mu);
-        if (--p->busy == 0) pthread_cond_signal(&p->done);
+        if (atomic_fetch_sub(&p->busy, 1) == 1) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -80,7 +91,7 @@ m3_pool *m3_pool_create(int nthreads) {
 void m3_pool_free(m3_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->stop = 1;
+    atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
@@ -100,15 +111,22 @@ void m3_pool_for(m3_pool *p, size_t n, size_t grain, m3_pool_fn fn, void *ctx) {
     /* about 4 chunks per worker for balance, never below grain */
     size_t chunk = (n + (size_t)p->n * 4 - 1) / ((size_t)p->n * 4);
     if (chunk < grain) chunk = grain;
-    pthread_mutex_lock(&p->mu);
-    p->fn = fn; p->ctx = ctx; p->n_items = n; p->chunk = chunk;
+    p->fn = fn;
+    p->ctx = ctx;
+    p->n_items = n;
+    p->chunk = chunk;
     atomic_store(&p->next, 0);
-    p->busy = p->n - 1;
-    p->gen++;
+    atomic_store(&p->busy, p->n - 1);
+    atomic_fetch_add(&p->gen, 1); /* publishes the loop to spinning workers */
+    pthread_mutex_lock(&p->mu);   /* and wakes sleeping ones */
     pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
     run_chunks(p, 0);
-    pthread_mutex_lock(&p->mu);
-    while (p->busy > 0) pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    int spins = 0;
+    while (atomic_load(&p->busy) > 0 && spins++ < SPIN_ROUNDS) _mm_pause();
+    if (atomic_load(&p->busy) > 0) {
+        pthread_mutex_lock(&p->mu);
+        while (atomic_load(&p->busy) > 0) pthread_cond_wait(&p->done, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+    }
 }

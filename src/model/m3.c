@@ -29,6 +29,7 @@ int m3_model_load(m3_model *m, const char *dir, m3_ops *ops, m3_progress_fn prog
 }
 
 void m3_model_free(m3_model *m) {
+    if (m->ws && m->ops) m->ops->release(m->ops->ctx, m->ws);
     m3_weights_free(&m->w);
     m3_st_close(m->st);
     m3_config_free(&m->cfg);
@@ -59,15 +60,29 @@ int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, co
 
     int topk = c->topk_blocks;
     size_t TT = (size_t)T;
+    /* activations live in one workspace kept across steps (grown when a step needs more) */
+    size_t n_o = (size_t)(n_out ? n_out : 1), sz[12] = {
+        TT * H, TT * H, TT * nh * D, TT * nkv * D, TT * nkv * D, TT * nh * D, TT * H, n_o * H, n_o * V,
+        c->n_sparse_layers ? TT * ni * Di : 0, c->n_sparse_layers ? TT * Di : 0, c->n_sparse_layers ? TT * ni * topk : 0};
+    size_t need = 0;
+    for (int i = 0; i < 12; i++) need += (sz[i] * 4 + 63) & ~(size_t)63;
+    int ok = 1;
+    if (need > m->ws_bytes) {
+        op->release(X, m->ws);
+        m->ws = op->alloc(X, need);
+        m->ws_bytes = m->ws ? need : 0;
+        ok = m->ws != NULL;
+    }
     bufs B = {0};
-    int ok = (B.h = op->alloc(X, TT * H * 4)) && (B.a = op->alloc(X, TT * H * 4)) &&
-             (B.q = op->alloc(X, TT * nh * D * 4)) && (B.k = op->alloc(X, TT * nkv * D * 4)) &&
-             (B.v = op->alloc(X, TT * nkv * D * 4)) && (B.att = op->alloc(X, TT * nh * D * 4)) &&
-             (B.o = op->alloc(X, TT * H * 4)) && (B.fin = op->alloc(X, (size_t)(n_out ? n_out : 1) * H * 4)) &&
-             (B.lg = op->alloc(X, (size_t)(n_out ? n_out : 1) * V * 4));
-    if (ok && c->n_sparse_layers)
-        ok = (B.iq = op->alloc(X, TT * ni * Di * 4)) && (B.ik = op->alloc(X, TT * Di * 4)) &&
-             (B.sel = op->alloc(X, TT * ni * topk * 4));
+    if (ok) {
+        char *p = m->ws;
+        void **slot[12] = {(void **)&B.h, (void **)&B.a, (void **)&B.q, (void **)&B.k, (void **)&B.v, (void **)&B.att,
+                           (void **)&B.o, (void **)&B.fin, (void **)&B.lg, (void **)&B.iq, (void **)&B.ik, (void **)&B.sel};
+        for (int i = 0; i < 12; i++) {
+            *slot[i] = sz[i] ? p : NULL;
+            p += (sz[i] * 4 + 63) & ~(size_t)63;
+        }
+    }
     float *host = NULL;
     int32_t *hsel = NULL;
     if (ok && taps && taps->hidden) ok = (host = malloc(TT * H * 4)) != NULL;
@@ -81,8 +96,7 @@ int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, co
         taps->hidden(taps->arg, layer, host, T, H);                              \
     }
 
-    op->upload(X, B.o, ids, TT * 4); /* ids via backend memory (o is free until o_proj) */
-    op->embed(X, &m->w.embed, (const int32_t *)B.o, T, B.h);
+    op->embed(X, &m->w.embed, ids, T, B.h);
     TAP_HIDDEN(0, B.h);
 
     for (int l = 0; l < c->n_layers; l++) {
@@ -137,9 +151,6 @@ int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, co
     }
 #undef TAP_HIDDEN
 out:
-    op->release(X, B.h); op->release(X, B.a); op->release(X, B.q); op->release(X, B.k); op->release(X, B.v);
-    op->release(X, B.att); op->release(X, B.o); op->release(X, B.fin); op->release(X, B.lg);
-    op->release(X, B.iq); op->release(X, B.ik); op->release(X, B.sel);
     free(host);
     free(hsel);
     return rc;

@@ -15,6 +15,8 @@ typedef struct m3_model {
     m3_weights w;
     m3_ops *ops;
     double load_seconds;
+    void *ws;          /* activation workspace (backend memory), reused across steps */
+    size_t ws_bytes;
 } m3_model;
 
 typedef void (*m3_progress_fn)(uint64_t done, uint64_t total, void *arg);
@@ -32,7 +34,7 @@ typedef struct m3_taps {
     void (*index)(void *arg, int layer, const int32_t *sel, int T, int ni, int topk);
 } m3_taps;
 
-/* Runs ids[b->T] through the model, writing their K/V/index-K into kv (pages are reserved
+/* Runs ids[b->T] (host memory) through the model, writing their K/V/index-K into kv (pages are reserved
  * here). logits: host [n_out, V] for the tokens listed in out_rows (may be NULL if n_out 0). */
 int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, const int *out_rows, int n_out,
                float *logits, const m3_taps *taps, m3_err *err);

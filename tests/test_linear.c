@@ -106,6 +106,8 @@ int main(void) {
     check(&c, M3_WF_NVFP4, 11, 320, "nvfp4 11x320");
     check(&c, M3_WF_NVFP4, 6, 48, "nvfp4 6x48 (K % 32 != 0)");
     check(&c, M3_WF_NVFP4, 64, 1024, "nvfp4 64x1024");
+    check(&c, M3_WF_NVFP4, 9, 96, "nvfp4 9x96 (64 + 32 tail)");
+    check(&c, M3_WF_NVFP4, 3, 2080, "nvfp4 3x2080 (chunk tail)");
     m3_pool_free(c.pool);
     printf("%s\n", fails ? "linear tests FAILED" : "linear tests passed");
     return fails != 0;

@@ -154,6 +154,52 @@ AVX2 static INLINE void nvfp4x32(const uint8_t *p, __m256 *out) {
     out[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, wb));
 }
 
+/* NVFP4, 64 columns from 32 packed bytes (two 32-column blocks A, B in the two lanes).
+ * Each output vector holds 4 columns of A (lane 0) and 4 of B (lane 1) from matching scale
+ * groups: out[0..3] are columns 0..15 of A and of B (scales sA0 | sB0), out[4..7] columns
+ * 16..31 of A and B (sA1 | sB1). NVFP4_PERM64 lists the columns in output order. */
+static const uint8_t NVFP4_PERM64[64] = {
+    0,  2,  4,  6,  32, 34, 36, 38, 8,  10, 12, 14, 40, 42, 44, 46, 1,  3,  5,  7,  33, 35, 37, 39, 9,  11, 13, 15, 41, 43, 45, 47,
+    16, 18, 20, 22, 48, 50, 52, 54, 24, 26, 28, 30, 56, 58, 60, 62, 17, 19, 21, 23, 49, 51, 53, 55, 25, 27, 29, 31, 57, 59, 61, 63};
+
+AVX2 static INLINE void nvfp4x64(const uint8_t *p, __m256 *out) {
+#define C(x) ((char)(x))
+    const __m256i lut_lo = _mm256_setr_epi8(0, 0, C(0x80), C(0xC0), 0, 0x40, C(0x80), C(0xC0), 0, 0, C(0x80), C(0xC0), 0, 0x40,
+                                            C(0x80), C(0xC0), 0, 0, C(0x80), C(0xC0), 0, 0x40, C(0x80), C(0xC0), 0, 0, C(0x80),
+                                            C(0xC0), 0, 0x40, C(0x80), C(0xC0));
+    const __m256i lut_hi = _mm256_setr_epi8(0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, C(0x80), C(0xBF), C(0xBF), C(0xBF),
+                                            C(0xC0), C(0xC0), C(0xC0), C(0xC0), 0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40,
+                                            C(0x80), C(0xBF), C(0xBF), C(0xBF), C(0xC0), C(0xC0), C(0xC0), C(0xC0));
+#undef C
+    const __m256i z = _mm256_setzero_si256(), m4 = _mm256_set1_epi8(0x0f);
+    __m256i b = _mm256_loadu_si256((const __m256i *)p);
+    __m256i ce = _mm256_and_si256(b, m4), co = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4); /* even, odd columns */
+    __m256i Le = _mm256_shuffle_epi8(lut_lo, ce), He = _mm256_shuffle_epi8(lut_hi, ce);
+    __m256i Lo = _mm256_shuffle_epi8(lut_lo, co), Ho = _mm256_shuffle_epi8(lut_hi, co);
+    __m256i ea = _mm256_unpacklo_epi8(Le, He), eb = _mm256_unpackhi_epi8(Le, He);
+    __m256i oa = _mm256_unpacklo_epi8(Lo, Ho), ob = _mm256_unpackhi_epi8(Lo, Ho);
+    out[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, ea));
+    out[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, ea));
+    out[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, oa));
+    out[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, oa));
+    out[4] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, eb));
+    out[5] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, eb));
+    out[6] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, ob));
+    out[7] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, ob));
+}
+
+/* NVFP4 block scales of one row as f32, times the global multiplier: S[i] = e4m3(sc[i]) * gmul */
+AVX2 static void nvfp4_row_scales(const uint8_t *sc, int n, float gmul, float *S) {
+    int i = 0;
+    const __m256 c = _mm256_set1_ps(256.0f), g = _mm256_set1_ps(gmul);
+    for (; i + 32 <= n; i += 32) {
+        __m256 v[4];
+        e4m3x32(sc + i, v);
+        for (int q = 0; q < 4; q++) _mm256_storeu_ps(S + i + 8 * q, _mm256_mul_ps(_mm256_mul_ps(v[q], c), g));
+    }
+    for (; i < n; i++) S[i] = tab_e4m3[sc[i]] * gmul;
+}
+
 AVX2 static INLINE __m256 ld8_plain(m3_wfmt fmt, const uint8_t *row, int k) {
     if (fmt == M3_WF_F32) return _mm256_loadu_ps((const float *)row + k);
     __m128i h = _mm_loadu_si128((const __m128i *)(row + 2 * (size_t)k));
@@ -163,7 +209,8 @@ AVX2 static INLINE __m256 ld8_plain(m3_wfmt fmt, const uint8_t *row, int k) {
 
 /* Row n against x0 (and x1 when NT == 2); always inlined with a constant NT so the
  * accumulators stay in registers. */
-AVX2 static INLINE void row_dot(const m3_linear *W, int n, const float *x0, const float *x1, const int NT, float *out) {
+AVX2 static INLINE void row_dot(const m3_linear *W, int n, const float *x0, const float *x1, const int NT, const float *S,
+                                float *out) {
     const int K = W->K;
     const m3_wfmt fmt = W->fmt;
     const uint8_t *row = W->w + (size_t)n * W->row_bytes;
@@ -239,21 +286,30 @@ AVX2 static INLINE void row_dot(const m3_linear *W, int n, const float *x0, cons
 #undef MX
             break;
         }
-        case M3_WF_NVFP4: {
-/* 32 columns = two 16-column scale groups, into accumulators j and j + 1 */
-#define NV(kk, j)                                                                            \
+        case M3_WF_NVFP4: { /* x is in NVFP4_PERM64 order (NVFP4_PERM for a 32-column tail); S = row scales */
+/* 64 columns: two group pairs (A0|B0), (A1|B1) with per-lane scales, into accumulators j, j + 1 */
+#define NV64(kk, j)                                                                          \
     do {                                                                                     \
-        __m256 v_[4];                                                                        \
-        nvfp4x32(row + (kk) / 2, v_);                                                        \
-        GROUP((kk), v_[0], v_[1], v_[0], v_[0], 2, _mm256_set1_ps(tab_e4m3[sc[(kk) / 16]] * W->gmul), j); \
-        GROUP((kk) + 16, v_[2], v_[3], v_[2], v_[2], 2, _mm256_set1_ps(tab_e4m3[sc[(kk) / 16 + 1]] * W->gmul), (j) + 1); \
+        __m256 v_[8];                                                                        \
+        nvfp4x64(row + (kk) / 2, v_);                                                        \
+        __m256 s4_ = _mm256_broadcast_ps((const __m128 *)(S + (kk) / 16));                   \
+        __m256 sa_ = _mm256_permutevar8x32_ps(s4_, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2)); \
+        __m256 sb_ = _mm256_permutevar8x32_ps(s4_, _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3)); \
+        GROUP((kk), v_[0], v_[1], v_[2], v_[3], 4, sa_, j);                                  \
+        GROUP((kk) + 32, v_[4], v_[5], v_[6], v_[7], 4, sb_, (j) + 1);                       \
     } while (0)
-            for (; k + 64 <= end; k += 64) {
+            for (; k + 128 <= end; k += 128) {
                 _mm_prefetch((const char *)row + k / 2 + PF_DIST, _MM_HINT_T0);
-                NV(k, 0); NV(k + 32, 2);
+                NV64(k, 0); NV64(k + 64, 2);
             }
-            if (k < end) NV(k, 0);
-#undef NV
+            if (k + 64 <= end) { NV64(k, 0); k += 64; }
+            if (k < end) { /* 32-column tail */
+                __m256 v_[4];
+                nvfp4x32(row + k / 2, v_);
+                GROUP(k, v_[0], v_[1], v_[0], v_[0], 2, _mm256_set1_ps(S[k / 16]), 2);
+                GROUP(k + 16, v_[2], v_[3], v_[2], v_[2], 2, _mm256_set1_ps(S[k / 16 + 1]), 3);
+            }
+#undef NV64
             break;
         }
         default: break;
@@ -269,18 +325,19 @@ AVX2 static INLINE void row_dot(const m3_linear *W, int n, const float *x0, cons
 }
 
 /* rows [n0, n1) for tokens [t0, t1): pairs of tokens, then a single one */
-AVX2 static void rows_avx2(const m3_linear *W, int n0, int n1, const float *x, int t0, int t1, float *y) {
+AVX2 static void rows_avx2(const m3_linear *W, int n0, int n1, const float *x, int t0, int t1, float *S, float *y) {
     const int K = W->K, N = W->N;
     float o[2];
     for (int n = n0; n < n1; n++) {
+        if (W->fmt == M3_WF_NVFP4) nvfp4_row_scales(W->scale + (size_t)n * W->scale_row, K / 16, W->gmul, S);
         int t = t0;
         for (; t + 2 <= t1; t += 2) {
-            row_dot(W, n, x + (size_t)t * K, x + (size_t)(t + 1) * K, 2, o);
+            row_dot(W, n, x + (size_t)t * K, x + (size_t)(t + 1) * K, 2, S, o);
             y[(size_t)t * N + n] = o[0];
             y[(size_t)(t + 1) * N + n] = o[1];
         }
         if (t < t1) {
-            row_dot(W, n, x + (size_t)t * K, NULL, 1, o);
+            row_dot(W, n, x + (size_t)t * K, NULL, 1, S, o);
             y[(size_t)t * N + n] = o[0];
         }
     }
@@ -338,10 +395,16 @@ static void lin_tiles(void *arg, size_t b, size_t e, int worker) {
     lin_job *j = arg;
     int n0 = (int)b * R, n1 = (int)e * R < j->W->N ? (int)e * R : j->W->N;
     if (!j->avx) { rows_scalar(j->W, n0, n1, j->x, j->T, j->y); return; }
+    float sbuf[1024], *S = sbuf; /* NVFP4 row scales */
+    if (j->W->fmt == M3_WF_NVFP4 && j->W->K / 16 > 1024 && !(S = malloc(sizeof(float) * (size_t)(j->W->K / 16)))) {
+        rows_scalar(j->W, n0, n1, j->x, j->T, j->y);
+        return;
+    }
     for (int t0 = 0; t0 < j->T; t0 += TB) {
         int t1 = t0 + TB < j->T ? t0 + TB : j->T;
-        rows_avx2(j->W, n0, n1, j->x, t0, t1, j->y);
+        rows_avx2(j->W, n0, n1, j->x, t0, t1, S, j->y);
     }
+    if (S != sbuf) free(S);
 }
 
 void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *y) {
@@ -349,12 +412,16 @@ void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *
     lin_job j = {W, x, T, avx_shape_ok(W), y};
     float *xp = NULL;
     if (j.avx && W->fmt == M3_WF_NVFP4) {
-        /* the NVFP4 decoder yields columns in NVFP4_PERM order: permute x to match */
+        /* the NVFP4 decoders yield columns in NVFP4_PERM64 order (NVFP4_PERM for a 32 tail) */
         xp = malloc(sizeof(float) * (size_t)T * K);
         if (!xp) { memset(y, 0, sizeof(float) * (size_t)T * W->N); return; }
-        for (size_t t = 0; t < (size_t)T; t++)
-            for (int g = 0; g < K; g += 32)
+        for (size_t t = 0; t < (size_t)T; t++) {
+            int g = 0;
+            for (; g + 64 <= K; g += 64)
+                for (int i = 0; i < 64; i++) xp[t * K + g + i] = x[t * K + g + NVFP4_PERM64[i]];
+            if (g < K)
                 for (int i = 0; i < 32; i++) xp[t * K + g + i] = x[t * K + g + NVFP4_PERM[i]];
+        }
         j.x = xp;
     }
     size_t tiles = ((size_t)W->N + R - 1) / R;

@@ -101,40 +101,33 @@ int m3_cmd_bench(int argc, char **argv) {
     m3_cpu *cpu = ops.ctx;
     const m3_config *c = &m.cfg;
     int rc = 1, V = c->vocab, T = (int)prompt, N = (int)decode;
-    int page = c->n_sparse_layers ? c->block_size : 128;
+    int page = m3_kv_page_tokens(c);
     m3_kv kv;
     memset(&kv, 0, sizeof kv);
     m3_kv_seq seq = {0};
-    m3_kv_seq *seqs[1] = {&seq};
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T), *pos = malloc(sizeof(int32_t) * (size_t)T);
-    int32_t *sq = calloc((size_t)T, sizeof(int32_t));
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T);
     float *logits = malloc(sizeof(float) * (size_t)V);
-    if (!ids || !pos || !sq || !logits) { fprintf(stderr, "m3 bench: out of memory\n"); goto done; }
+    if (!ids || !logits) { fprintf(stderr, "m3 bench: out of memory\n"); goto done; }
     if (m3_kv_create(&kv, c, kdt, kdt, page, (T + N + page - 1) / page, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); goto done; }
     m3_rng rng;
     m3_rng_seed(&rng, 1);
-    for (int t = 0; t < T; t++) { ids[t] = (int32_t)(m3_rng_uniform(&rng) * V); pos[t] = t; }
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)(m3_rng_uniform(&rng) * V);
     double cbw, rbw;
     measure_bw(cpu->pool, &cbw, &rbw);
-    int last = T - 1;
     double t0 = now_s();
-    int ub = 512;
-    for (int p0 = 0; p0 < T; p0 += ub) {
-        int n = T - p0 < ub ? T - p0 : ub;
-        m3_batch b = {n, pos + p0, sq, seqs};
-        int lr = n - 1;
-        if (m3_forward(&m, &kv, &b, ids + p0, &lr, p0 + n == T ? 1 : 0, logits, NULL, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); goto done; }
-    }
-    (void)last;
+    if (m3_run_tokens(&m, &kv, &seq, ids, T, 0, 512, logits, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); goto done; }
     double t1 = now_s();
     double best = 1e9, total = 0;
     double *steps = malloc(sizeof(double) * (size_t)N);
     if (!steps) { fprintf(stderr, "m3 bench: out of memory\n"); goto done; }
     for (int i = 0; i < N; i++) {
-        int32_t tok = m3_argmax(logits, V), p = T + i, s0 = 0, r0 = 0;
-        m3_batch b = {1, &p, &s0, seqs};
+        int32_t tok = m3_argmax(logits, V);
         double a = now_s();
-        if (m3_forward(&m, &kv, &b, &tok, &r0, 1, logits, NULL, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); goto done; }
+        if (m3_run_tokens(&m, &kv, &seq, &tok, 1, T + i, 1, logits, &err)) {
+            fprintf(stderr, "m3 bench: %s\n", err.msg);
+            free(steps);
+            goto done;
+        }
         double d = now_s() - a;
         steps[i] = d;
         total += d;
@@ -158,7 +151,7 @@ int m3_cmd_bench(int argc, char **argv) {
            floor_ms, 100 * floor_ms / mean_ms, 100 * floor_ms / med_ms, 100 * floor_ms / (best * 1e3));
     rc = 0;
 done:
-    free(ids); free(pos); free(sq); free(logits);
+    free(ids); free(logits);
     m3_kv_seq_release(&kv, &seq);
     m3_kv_destroy(&kv);
     m3_model_free(&m);

@@ -67,17 +67,13 @@ int m3_cmd_generate(int argc, char **argv) {
     const m3_config *c = &m.cfg;
     const int V = c->vocab;
     int rc = 1;
-    int page = c->n_sparse_layers ? c->block_size : 128;
+    int page = m3_kv_page_tokens(c);
     m3_kv kv;
     memset(&kv, 0, sizeof kv);
     m3_kv_seq seq = {0};
-    m3_kv_seq *seqs[1] = {&seq};
     float *logits = malloc(sizeof(float) * V);
     void *scratch = malloc(m3_sample_scratch_bytes(V));
-    int32_t *pos = malloc(sizeof(int32_t) * (size_t)ubatch), *sq = calloc((size_t)ubatch, sizeof(int32_t));
-    if (!logits || !scratch || !pos || !sq) { fprintf(stderr, "m3 generate: out of memory\n"); goto done; }
-    for (int t = 0; t < T; t++)
-        if (ids[t] >= V) { fprintf(stderr, "m3 generate: token id %d at index %d is out of range (vocab %d)\n", ids[t], t, V); goto done; }
+    if (!logits || !scratch) { fprintf(stderr, "m3 generate: out of memory\n"); goto done; }
     if (m3_kv_create(&kv, c, kdt, kdt, page, (int)((T + n_gen + page - 1) / page), &err)) {
         fprintf(stderr, "m3 generate: %s\n", err.msg);
         goto done;
@@ -85,15 +81,9 @@ int m3_cmd_generate(int argc, char **argv) {
     m3_rng rng;
     m3_rng_seed(&rng, sp.seed);
     double t0 = now_s();
-    for (int p0 = 0; p0 < T; p0 += (int)ubatch) {
-        int n = T - p0 < ubatch ? T - p0 : (int)ubatch;
-        for (int i = 0; i < n; i++) pos[i] = p0 + i;
-        int last = n - 1;
-        m3_batch b = {n, pos, sq, seqs};
-        if (m3_forward(&m, &kv, &b, ids + p0, &last, p0 + n == T ? 1 : 0, logits, NULL, &err)) {
-            fprintf(stderr, "m3 generate: %s\n", err.msg);
-            goto done;
-        }
+    if (m3_run_tokens(&m, &kv, &seq, ids, T, 0, (int)ubatch, logits, &err)) {
+        fprintf(stderr, "m3 generate: %s\n", err.msg);
+        goto done;
     }
     double t1 = now_s();
     int produced = 0;
@@ -104,9 +94,7 @@ int m3_cmd_generate(int argc, char **argv) {
         produced++;
         if (!ignore_eos && tok == c->eos_id) break;
         if (i + 1 == n_gen) break;
-        int32_t p = T + i, s0 = 0, r0 = 0;
-        m3_batch b = {1, &p, &s0, seqs};
-        if (m3_forward(&m, &kv, &b, &tok, &r0, 1, logits, NULL, &err)) {
+        if (m3_run_tokens(&m, &kv, &seq, &tok, 1, T + i, 1, logits, &err)) {
             fprintf(stderr, "\nm3 generate: %s\n", err.msg);
             goto done;
         }
@@ -117,7 +105,7 @@ int m3_cmd_generate(int argc, char **argv) {
             T / (t1 - t0), produced, t2 - t1, produced > 1 ? (produced - 1) / (t2 - t1) : 0.0);
     rc = 0;
 done:
-    free(logits); free(scratch); free(pos); free(sq);
+    free(logits); free(scratch);
     m3_kv_seq_release(&kv, &seq);
     m3_kv_destroy(&kv);
     free(ids);

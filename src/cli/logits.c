@@ -82,12 +82,7 @@ int m3_cmd_logits(int argc, char **argv) {
     const m3_config *c = &m.cfg;
     const int V = c->vocab, N = (int)decode;
     int rc = 1;
-    for (int t = 0; t < T; t++)
-        if (ids[t] >= V) {
-            fprintf(stderr, "m3 logits: token id %d at index %d is out of range (vocab %d)\n", ids[t], t, V);
-            goto early;
-        }
-    int page = c->n_sparse_layers ? c->block_size : 128;
+    int page = m3_kv_page_tokens(c);
     int total = T + (N > 0 ? N : 0);
     m3_kv kv;
     if (m3_kv_create(&kv, c, kdt, idt, page, (total + page - 1) / page, &err)) {

@@ -15,6 +15,8 @@ int m3_kv_dtype_parse(const char *s, m3_kv_dtype *out) {
     return -1;
 }
 
+int m3_kv_page_tokens(const m3_config *c) { return c->n_sparse_layers ? c->block_size : 128; }
+
 static size_t elem_bytes(m3_kv_dtype d) { return d == M3_KV_F32 ? 4 : 2; }
 
 int m3_kv_create(m3_kv *kv, const m3_config *c, m3_kv_dtype dt, m3_kv_dtype idt, int page_tokens, int n_pages, m3_err *err) {

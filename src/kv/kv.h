@@ -41,6 +41,9 @@ typedef struct m3_kv_seq {
     int len;                 /* tokens whose entries are written */
 } m3_kv_seq;
 
+/* page size for a model: the sparse block size (so a block read is one page), else 128 */
+int m3_kv_page_tokens(const m3_config *c);
+
 int m3_kv_create(m3_kv *kv, const m3_config *c, m3_kv_dtype dt, m3_kv_dtype idt, int page_tokens, int n_pages, m3_err *err);
 void m3_kv_destroy(m3_kv *kv);
 /* cache bytes per token over all layers */

@@ -155,3 +155,24 @@ out:
     free(hsel);
     return rc;
 }
+
+int m3_run_tokens(m3_model *m, m3_kv *kv, m3_kv_seq *seq, const int32_t *ids, int n, int pos0, int ubatch,
+                  float *logits, m3_err *err) {
+    if (ubatch < 1) ubatch = 1;
+    int cap = n < ubatch ? n : ubatch;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)(cap > 0 ? cap : 1));
+    int32_t *sq = calloc((size_t)(cap > 0 ? cap : 1), sizeof(int32_t));
+    m3_kv_seq *seqs[1] = {seq};
+    int rc = 0;
+    if (!pos || !sq) rc = m3_errf(err, "out of memory");
+    for (int p0 = 0; !rc && p0 < n; p0 += ubatch) {
+        int cnt = n - p0 < ubatch ? n - p0 : ubatch, last = cnt - 1;
+        for (int i = 0; i < cnt; i++) pos[i] = pos0 + p0 + i;
+        m3_batch b = {cnt, pos, sq, seqs};
+        int want = logits && p0 + cnt == n;
+        rc = m3_forward(m, kv, &b, ids + p0, &last, want, want ? logits : NULL, NULL, err);
+    }
+    free(pos);
+    free(sq);
+    return rc;
+}

@@ -39,4 +39,9 @@ typedef struct m3_taps {
 int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, const int *out_rows, int n_out,
                float *logits, const m3_taps *taps, m3_err *err);
 
+/* One sequence: runs ids[0, n) at positions pos0.. through the model in chunks of at most
+ * ubatch tokens, and writes the logits of the last one to logits (host [V]; NULL: none). */
+int m3_run_tokens(m3_model *m, m3_kv *kv, m3_kv_seq *seq, const int32_t *ids, int n, int pos0, int ubatch,
+                  float *logits, m3_err *err);
+
 #endif

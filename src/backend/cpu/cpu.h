@@ -24,9 +24,14 @@ typedef struct m3_cpu {
 void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *y);
 /* Rows [n0, n1) of W, columns [k0, k0+len) (len a multiple of 32, k0 too), as f32 into out[n1-n0][len]. */
 void m3_cpu_decode_rows(const m3_linear *W, int n0, int n1, int k0, int len, float *out);
-/* dot product of two f32 vectors */
-float m3_cpu_dot(const float *a, const float *b, int n);
-/* y += a * x */
-void m3_cpu_axpy(float *y, float a, const float *x, int n);
+/* 1 when the AVX2+FMA+F16C kernels are in use (chosen once, at first use) */
+int m3_cpu_have_avx2(void);
+
+/* small vector helpers (simd.c) */
+float m3_cpu_dot(const float *a, const float *b, int n);            /* a . b */
+void m3_cpu_axpy(float *y, float a, const float *x, int n);          /* y += a x */
+void m3_cpu_dots(const float *q, const float *k, int n, int d, float *out); /* out[i] = q . k[i], k rows of d */
+/* x[i] = exp(x[i] - m) for i < n; returns the sum of the results */
+float m3_cpu_exp_shift(float *x, int n, float m);
 
 #endif

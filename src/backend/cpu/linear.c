@@ -41,7 +41,7 @@ __attribute__((constructor)) static void init_tables(void) {
     }
 }
 
-static int have_avx2(void) {
+int m3_cpu_have_avx2(void) {
     if (simd_level < 0) {
         const char *e = getenv("M3_SIMD");
         __builtin_cpu_init();
@@ -51,7 +51,7 @@ static int have_avx2(void) {
     return simd_level;
 }
 
-const char *m3_cpu_simd_name(void) { return have_avx2() ? "avx2" : "scalar"; }
+const char *m3_cpu_simd_name(void) { return m3_cpu_have_avx2() ? "avx2" : "scalar"; }
 
 /* ------------------------------------------------------------------ portable reference */
 
@@ -131,18 +131,20 @@ AVX2 static INLINE void e4m3x32(const uint8_t *p, __m256 *out) {
  * permuted to match once per call): lane 0 of the codes holds the low nibbles (even
  * columns), lane 1 the high ones. out[0..1] are columns 0..15 (first scale group),
  * out[2..3] columns 16..31. Values are E2M1, unscaled. */
+/* bf16 bits of the 16 E2M1 values {0, .5, 1, 1.5, 2, 3, 4, 6, -0, ..., -6}: low and high
+ * bytes, twice (one copy per 128-bit lane, as the byte shuffle looks up within a lane) */
+static const uint8_t NVFP4_BF16_LO[32] = {0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0, 0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0,
+                                          0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0, 0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0};
+static const uint8_t NVFP4_BF16_HI[32] = {0,    0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x80, 0xBF, 0xBF,
+                                          0xBF, 0xC0, 0xC0, 0xC0, 0xC0, 0,    0x3F, 0x3F, 0x3F, 0x40, 0x40,
+                                          0x40, 0x40, 0x80, 0xBF, 0xBF, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0};
+
 static const uint8_t NVFP4_PERM[32] = {0,  2,  4,  6,  1,  3,  5,  7,  8,  10, 12, 14, 9,  11, 13, 15,
                                        16, 18, 20, 22, 17, 19, 21, 23, 24, 26, 28, 30, 25, 27, 29, 31};
 
 AVX2 static INLINE void nvfp4x32(const uint8_t *p, __m256 *out) {
-#define C(x) ((char)(x))
-    const __m256i lut_lo = _mm256_setr_epi8(0, 0, C(0x80), C(0xC0), 0, 0x40, C(0x80), C(0xC0), 0, 0, C(0x80), C(0xC0), 0, 0x40,
-                                            C(0x80), C(0xC0), 0, 0, C(0x80), C(0xC0), 0, 0x40, C(0x80), C(0xC0), 0, 0, C(0x80),
-                                            C(0xC0), 0, 0x40, C(0x80), C(0xC0));
-    const __m256i lut_hi = _mm256_setr_epi8(0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, C(0x80), C(0xBF), C(0xBF), C(0xBF),
-                                            C(0xC0), C(0xC0), C(0xC0), C(0xC0), 0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40,
-                                            C(0x80), C(0xBF), C(0xBF), C(0xBF), C(0xC0), C(0xC0), C(0xC0), C(0xC0));
-#undef C
+    const __m256i lut_lo = _mm256_loadu_si256((const __m256i *)NVFP4_BF16_LO);
+    const __m256i lut_hi = _mm256_loadu_si256((const __m256i *)NVFP4_BF16_HI);
     const __m256i z = _mm256_setzero_si256();
     __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
     __m256i c = _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0f));
@@ -163,14 +165,8 @@ static const uint8_t NVFP4_PERM64[64] = {
     16, 18, 20, 22, 48, 50, 52, 54, 24, 26, 28, 30, 56, 58, 60, 62, 17, 19, 21, 23, 49, 51, 53, 55, 25, 27, 29, 31, 57, 59, 61, 63};
 
 AVX2 static INLINE void nvfp4x64(const uint8_t *p, __m256 *out) {
-#define C(x) ((char)(x))
-    const __m256i lut_lo = _mm256_setr_epi8(0, 0, C(0x80), C(0xC0), 0, 0x40, C(0x80), C(0xC0), 0, 0, C(0x80), C(0xC0), 0, 0x40,
-                                            C(0x80), C(0xC0), 0, 0, C(0x80), C(0xC0), 0, 0x40, C(0x80), C(0xC0), 0, 0, C(0x80),
-                                            C(0xC0), 0, 0x40, C(0x80), C(0xC0));
-    const __m256i lut_hi = _mm256_setr_epi8(0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, C(0x80), C(0xBF), C(0xBF), C(0xBF),
-                                            C(0xC0), C(0xC0), C(0xC0), C(0xC0), 0, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40,
-                                            C(0x80), C(0xBF), C(0xBF), C(0xBF), C(0xC0), C(0xC0), C(0xC0), C(0xC0));
-#undef C
+    const __m256i lut_lo = _mm256_loadu_si256((const __m256i *)NVFP4_BF16_LO);
+    const __m256i lut_hi = _mm256_loadu_si256((const __m256i *)NVFP4_BF16_HI);
     const __m256i z = _mm256_setzero_si256(), m4 = _mm256_set1_epi8(0x0f);
     __m256i b = _mm256_loadu_si256((const __m256i *)p);
     __m256i ce = _mm256_and_si256(b, m4), co = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4); /* even, odd columns */
@@ -343,42 +339,11 @@ AVX2 static void rows_avx2(const m3_linear *W, int n0, int n1, const float *x, i
     }
 }
 
-AVX2 static float dot_avx2(const float *a, const float *b, int n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    float s = hsum256(_mm256_add_ps(s0, s1));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-AVX2 static void axpy_avx2(float *y, float a, const float *x, int n) {
-    __m256 va = _mm256_set1_ps(a);
-    int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * x[i];
-}
-
 /* ------------------------------------------------------------------ entry points */
-
-float m3_cpu_dot(const float *a, const float *b, int n) {
-    if (have_avx2()) return dot_avx2(a, b, n);
-    float s = 0;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-void m3_cpu_axpy(float *y, float a, const float *x, int n) {
-    if (have_avx2()) { axpy_avx2(y, a, x, n); return; }
-    for (int i = 0; i < n; i++) y[i] += a * x[i];
-}
 
 /* the AVX2 kernel needs whole 8-column groups (plain) or whole 32-column groups (quantized) */
 static int avx_shape_ok(const m3_linear *W) {
-    if (!have_avx2()) return 0;
+    if (!m3_cpu_have_avx2()) return 0;
     if (W->fmt == M3_WF_MXFP8 || W->fmt == M3_WF_NVFP4) return W->K % 32 == 0;
     return W->K % 8 == 0;
 }

@@ -105,9 +105,10 @@ static void idx_tokens(void *arg, size_t t0, size_t t1, int worker) {
     const int Di = j->kv->Di, B = j->block, ni = j->ni;
     int maxnb = 0;
     for (size_t t = t0; t < t1; t++) if (j->b->pos[t] / B + 1 > maxnb) maxnb = j->b->pos[t] / B + 1;
-    float *rows = malloc(sizeof(float) * (size_t)B * Di);
+    float *rows = malloc(sizeof(float) * (size_t)B * (Di + 1));
     float *score = malloc(sizeof(float) * (size_t)maxnb * ni);
     if (!rows || !score) { free(rows); free(score); return; }
+    float *dots = rows + (size_t)B * Di;
     for (size_t t = t0; t < t1; t++) {
         int pos = j->b->pos[t], qb = pos / B, nb = qb + 1;
         const m3_kv_seq *s = j->b->seqs[j->b->seq[t]];
@@ -116,11 +117,9 @@ static void idx_tokens(void *arg, size_t t0, size_t t1, int worker) {
             int p0 = blk * B, n = (blk == qb) ? pos - p0 + 1 : B;
             m3_kv_load(j->kv, s, j->layer, M3_KV_IK, 0, p0, n, rows);
             for (int g = 0; g < ni; g++) {
+                m3_cpu_dots(q + (size_t)g * Di, rows, n, Di, dots);
                 float m = -INFINITY;
-                for (int i = 0; i < n; i++) {
-                    float d = m3_cpu_dot(q + (size_t)g * Di, rows + (size_t)i * Di, Di);
-                    if (d > m) m = d;
-                }
+                for (int i = 0; i < n; i++) if (dots[i] > m) m = dots[i];
                 score[(size_t)g * nb + blk] = m;
             }
         }
@@ -208,20 +207,17 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
                 for (int h = 0; h < G; h++) {
                     const float *qh = j->q + ((size_t)t * j->nh + (size_t)g * G + h) * D;
                     float mx = m[h];
+                    m3_cpu_dots(qh, kb, n, D, sc);
                     for (int i = 0; i < n; i++) {
-                        sc[i] = m3_cpu_dot(qh, kb + (size_t)i * D, D) * scale;
+                        sc[i] *= scale;
                         if (sc[i] > mx) mx = sc[i];
                     }
                     float corr = expf(m[h] - mx); /* 0 on the first chunk (m = -inf) */
                     float *ah = acc + (size_t)h * D;
                     if (corr != 1.0f) for (int d = 0; d < D; d++) ah[d] *= corr;
-                    float sum = l[h] * corr;
-                    for (int i = 0; i < n; i++) {
-                        float p = expf(sc[i] - mx);
-                        sum += p;
-                        m3_cpu_axpy(ah, p, vb + (size_t)i * D, D);
-                    }
-                    l[h] = sum;
+                    float sum = m3_cpu_exp_shift(sc, n, mx); /* online softmax, flash style */
+                    for (int i = 0; i < n; i++) m3_cpu_axpy(ah, sc[i], vb + (size_t)i * D, D);
+                    l[h] = l[h] * corr + sum;
                     m[h] = mx;
                 }
             }

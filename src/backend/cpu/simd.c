@@ -1,0 +1,122 @@
+/* Small vector helpers for attention and the indexer: dot products, axpy, exp.
+ * AVX2 where present, portable C otherwise. */
+#include <immintrin.h>
+#include <math.h>
+
+#include "cpu.h"
+
+#define AVX2 __attribute__((target("avx2,fma")))
+
+AVX2 static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 static float dot_avx2(const float *a, const float *b, int n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    if (i + 8 <= n) { s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0); i += 8; }
+    float s = hsum(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* four keys at a time: q is loaded once per 8 columns, the four sums reduced together */
+AVX2 static void dots_avx2(const float *q, const float *k, int n, int d, float *out) {
+    int i = 0;
+    if (d % 8 == 0) {
+        for (; i + 4 <= n; i += 4) {
+            const float *k0 = k + (size_t)i * d, *k1 = k0 + d, *k2 = k1 + d, *k3 = k2 + d;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int j = 0; j < d; j += 8) {
+                __m256 qv = _mm256_loadu_ps(q + j);
+                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), a0);
+                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + j), a1);
+                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + j), a2);
+                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + j), a3);
+            }
+            __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+            _mm_storeu_ps(out + i, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+        }
+    }
+    for (; i < n; i++) out[i] = dot_avx2(q, k + (size_t)i * d, d);
+}
+
+AVX2 static void axpy_avx2(float *y, float a, const float *x, int n) {
+    __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* exp(x) for x <= 0 (softmax terms): range reduction by ln 2 in two parts, the classic
+ * degree-6 minimax polynomial for exp on [-ln2/2, ln2/2] (about 1 ulp), 2^n by exponent
+ * arithmetic; below -87.3 the result is 0. */
+AVX2 static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+AVX2 static float exp_shift_avx2(float *x, int n, float m) {
+    __m256 vm = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float s = hsum(acc);
+    if (i < n) { /* tail through the same polynomial */
+        float t[8] = {0};
+        for (int j = i; j < n; j++) t[j - i] = x[j] - m;
+        for (int j = n - i; j < 8; j++) t[j] = -INFINITY;
+        __m256 e = exp8(_mm256_loadu_ps(t));
+        _mm256_storeu_ps(t, e);
+        for (int j = i; j < n; j++) { x[j] = t[j - i]; s += t[j - i]; }
+    }
+    return s;
+}
+
+float m3_cpu_dot(const float *a, const float *b, int n) {
+    if (m3_cpu_have_avx2()) return dot_avx2(a, b, n);
+    float s = 0;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+void m3_cpu_dots(const float *q, const float *k, int n, int d, float *out) {
+    if (m3_cpu_have_avx2()) { dots_avx2(q, k, n, d, out); return; }
+    for (int i = 0; i < n; i++) out[i] = m3_cpu_dot(q, k + (size_t)i * d, d);
+}
+
+void m3_cpu_axpy(float *y, float a, const float *x, int n) {
+    if (m3_cpu_have_avx2()) { axpy_avx2(y, a, x, n); return; }
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+float m3_cpu_exp_shift(float *x, int n, float m) {
+    if (m3_cpu_have_avx2()) return exp_shift_avx2(x, n, m);
+    float s = 0;
+    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - m); s += x[i]; }
+    return s;
+}

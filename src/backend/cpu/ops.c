@@ -216,7 +216,7 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
                     float *ah = acc + (size_t)h * D;
                     if (corr != 1.0f) for (int d = 0; d < D; d++) ah[d] *= corr;
                     float sum = m3_cpu_exp_shift(sc, n, mx); /* online softmax, flash style */
-                    for (int i = 0; i < n; i++) m3_cpu_axpy(ah, sc[i], vb + (size_t)i * D, D);
+                    m3_cpu_pv(ah, sc, vb, n, D);
                     l[h] = l[h] * corr + sum;
                     m[h] = mx;
                 }

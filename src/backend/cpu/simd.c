@@ -2,6 +2,8 @@
  * AVX2 where present, portable C otherwise. */
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "cpu.h"
 
@@ -53,6 +55,45 @@ AVX2 static void axpy_avx2(float *y, float a, const float *x, int n) {
     int i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* acc[d] += sum_i p[i] * v[i][d]: the accumulator stays in registers for 32 columns at a
+ * time while the keys stream past */
+AVX2 static void pv_avx2(float *acc, const float *p, const float *v, int n, int d) {
+    int c = 0;
+    for (; c + 32 <= d; c += 32) {
+        __m256 a0 = _mm256_loadu_ps(acc + c), a1 = _mm256_loadu_ps(acc + c + 8);
+        __m256 a2 = _mm256_loadu_ps(acc + c + 16), a3 = _mm256_loadu_ps(acc + c + 24);
+        for (int i = 0; i < n; i++) {
+            const float *vi = v + (size_t)i * d + c;
+            __m256 pi = _mm256_set1_ps(p[i]);
+            a0 = _mm256_fmadd_ps(pi, _mm256_loadu_ps(vi), a0);
+            a1 = _mm256_fmadd_ps(pi, _mm256_loadu_ps(vi + 8), a1);
+            a2 = _mm256_fmadd_ps(pi, _mm256_loadu_ps(vi + 16), a2);
+            a3 = _mm256_fmadd_ps(pi, _mm256_loadu_ps(vi + 24), a3);
+        }
+        _mm256_storeu_ps(acc + c, a0);
+        _mm256_storeu_ps(acc + c + 8, a1);
+        _mm256_storeu_ps(acc + c + 16, a2);
+        _mm256_storeu_ps(acc + c + 24, a3);
+    }
+    for (; c + 8 <= d; c += 8) {
+        __m256 a0 = _mm256_loadu_ps(acc + c);
+        for (int i = 0; i < n; i++) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), _mm256_loadu_ps(v + (size_t)i * d + c), a0);
+        _mm256_storeu_ps(acc + c, a0);
+    }
+    for (; c < d; c++)
+        for (int i = 0; i < n; i++) acc[c] += p[i] * v[(size_t)i * d + c];
+}
+
+AVX2 static void bf16_to_f32_avx2(const uint16_t *h, float *out, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i))), 16)));
+    for (; i < n; i++) {
+        uint32_t u = (uint32_t)h[i] << 16;
+        memcpy(out + i, &u, 4);
+    }
 }
 
 /* exp(x) for x <= 0 (softmax terms): range reduction by ln 2 in two parts, the classic
@@ -119,4 +160,18 @@ float m3_cpu_exp_shift(float *x, int n, float m) {
     float s = 0;
     for (int i = 0; i < n; i++) { x[i] = expf(x[i] - m); s += x[i]; }
     return s;
+}
+
+void m3_cpu_pv(float *acc, const float *p, const float *v, int n, int d) {
+    if (m3_cpu_have_avx2()) { pv_avx2(acc, p, v, n, d); return; }
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < d; c++) acc[c] += p[i] * v[(size_t)i * d + c];
+}
+
+void m3_cpu_bf16_to_f32(const uint16_t *h, float *out, size_t n) {
+    if (m3_cpu_have_avx2()) { bf16_to_f32_avx2(h, out, n); return; }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)h[i] << 16;
+        memcpy(out + i, &u, 4);
+    }
 }

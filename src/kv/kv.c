@@ -128,6 +128,13 @@ void m3_kv_store(m3_kv *kv, const m3_kv_seq *s, int layer, m3_kv_part part, int 
     }
 }
 
+const void *m3_kv_rows(const m3_kv *kv, const m3_kv_seq *s, int layer, m3_kv_part part, int head, int pos, int *run) {
+    m3_kv_dtype dt;
+    int dim;
+    *run = kv->page - pos % kv->page;
+    return row_ptr(kv, s, layer, part, head, pos, &dt, &dim);
+}
+
 void m3_kv_load(const m3_kv *kv, const m3_kv_seq *s, int layer, m3_kv_part part, int head, int p0, int n, float *out) {
     while (n > 0) {
         m3_kv_dtype dt;

@@ -55,6 +55,10 @@ void m3_kv_seq_release(m3_kv *kv, m3_kv_seq *s);
 
 /* Writes one token's entry: K or V takes nkv*D values, IK takes Di. Rounds to the dtype. */
 void m3_kv_store(m3_kv *kv, const m3_kv_seq *s, int layer, m3_kv_part part, int pos, const float *x);
+/* Zero-copy read: a pointer to the stored row of (part, head, pos), in the cache dtype
+ * (kv->dt for K/V, kv->idt for IK), and in *run how many rows from pos on are stored
+ * contiguously after it (up to the end of its page). */
+const void *m3_kv_rows(const m3_kv *kv, const m3_kv_seq *s, int layer, m3_kv_part part, int head, int pos, int *run);
 /* Reads positions [p0, p0+n) of one head (head ignored for IK) into out[n][dim] as f32. */
 void m3_kv_load(const m3_kv *kv, const m3_kv_seq *s, int layer, m3_kv_part part, int head, int p0, int n, float *out);
 

@@ -30,10 +30,10 @@ int m3_cpu_have_avx2(void);
 /* small vector helpers (simd.c) */
 float m3_cpu_dot(const float *a, const float *b, int n);            /* a . b */
 void m3_cpu_axpy(float *y, float a, const float *x, int n);          /* y += a x */
-void m3_cpu_dots(const float *q, const float *k, int n, int d, float *out); /* out[i] = q . k[i], k rows of d */
-/* acc[c] += sum_i p[i] v[i][c] for c < d, v rows of d */
-void m3_cpu_pv(float *acc, const float *p, const float *v, int n, int d);
-void m3_cpu_bf16_to_f32(const uint16_t *h, float *out, size_t n);
+/* out[i] = q . k[i] for n rows of d values, stored as f32 (bf16 = 0) or bf16 (bf16 = 1) */
+void m3_cpu_dots(const float *q, const void *k, int bf16, int n, int d, float *out);
+/* acc[c] += sum_i p[i] v[i][c] for c < d, n rows of d stored as f32 or bf16 */
+void m3_cpu_pv(float *acc, const float *p, const void *v, int bf16, int n, int d);
 /* x[i] = exp(x[i] - m) for i < n; returns the sum of the results */
 float m3_cpu_exp_shift(float *x, int n, float m);
 

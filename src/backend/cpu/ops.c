@@ -105,22 +105,27 @@ static void idx_tokens(void *arg, size_t t0, size_t t1, int worker) {
     const int Di = j->kv->Di, B = j->block, ni = j->ni;
     int maxnb = 0;
     for (size_t t = t0; t < t1; t++) if (j->b->pos[t] / B + 1 > maxnb) maxnb = j->b->pos[t] / B + 1;
-    float *rows = malloc(sizeof(float) * (size_t)B * (Di + 1));
+    float *dots = malloc(sizeof(float) * (size_t)B);
     float *score = malloc(sizeof(float) * (size_t)maxnb * ni);
-    if (!rows || !score) { free(rows); free(score); return; }
-    float *dots = rows + (size_t)B * Di;
+    if (!dots || !score) { free(dots); free(score); return; }
+    const int bf16 = j->kv->idt == M3_KV_BF16;
     for (size_t t = t0; t < t1; t++) {
         int pos = j->b->pos[t], qb = pos / B, nb = qb + 1;
         const m3_kv_seq *s = j->b->seqs[j->b->seq[t]];
         const float *q = j->iq + t * (size_t)ni * Di;
         for (int blk = 0; blk < nb; blk++) {
             int p0 = blk * B, n = (blk == qb) ? pos - p0 + 1 : B;
-            m3_kv_load(j->kv, s, j->layer, M3_KV_IK, 0, p0, n, rows);
-            for (int g = 0; g < ni; g++) {
-                m3_cpu_dots(q + (size_t)g * Di, rows, n, Di, dots);
-                float m = -INFINITY;
-                for (int i = 0; i < n; i++) if (dots[i] > m) m = dots[i];
-                score[(size_t)g * nb + blk] = m;
+            for (int g = 0; g < ni; g++) score[(size_t)g * nb + blk] = -INFINITY;
+            for (int i0 = 0; i0 < n;) { /* rows in place, one page run at a time */
+                int run;
+                const void *rows = m3_kv_rows(j->kv, s, j->layer, M3_KV_IK, 0, p0 + i0, &run);
+                if (run > n - i0) run = n - i0;
+                for (int g = 0; g < ni; g++) {
+                    m3_cpu_dots(q + (size_t)g * Di, rows, bf16, run, Di, dots);
+                    float *m = &score[(size_t)g * nb + blk];
+                    for (int i = 0; i < run; i++) if (dots[i] > *m) *m = dots[i];
+                }
+                i0 += run;
             }
         }
         for (int g = 0; g < ni; g++) {
@@ -143,7 +148,7 @@ static void idx_tokens(void *arg, size_t t0, size_t t1, int worker) {
             for (int k = got; k < j->topk; k++) out[k] = -1;
         }
     }
-    free(rows);
+    free(dots);
     free(score);
 }
 
@@ -175,10 +180,9 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
     const m3_kv *kv = j->kv;
     const int D = kv->D, nkv = kv->nkv, G = j->nh / nkv;
     const float scale = 1.0f / sqrtf((float)D);
-    float *kb = malloc(sizeof(float) * CHUNK * D * 2);
     float *st = malloc(sizeof(float) * (size_t)G * (2 + D + CHUNK));
-    if (!kb || !st) { free(kb); free(st); return; }
-    float *vb = kb + CHUNK * D;
+    if (!st) return;
+    const int bf16 = kv->dt == M3_KV_BF16;
     float *m = st, *l = st + G, *acc = st + 2 * G, *sc = acc + (size_t)G * D;
     for (size_t it = i0; it < i1; it++) {
         int t = (int)(it / nkv), g = (int)(it % nkv);
@@ -200,14 +204,16 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
                 e = pos + 1;
             }
             if (e > pos + 1) e = pos + 1;
-            for (int c0 = a; c0 < e; c0 += CHUNK) {
-                int n = e - c0 < CHUNK ? e - c0 : CHUNK;
-                m3_kv_load(kv, s, j->layer, M3_KV_K, g, c0, n, kb);
-                m3_kv_load(kv, s, j->layer, M3_KV_V, g, c0, n, vb);
+            for (int c0 = a, n; c0 < e; c0 += n) {
+                /* K and V rows read in place: at most CHUNK, within one page */
+                const void *kb = m3_kv_rows(kv, s, j->layer, M3_KV_K, g, c0, &n);
+                const void *vb = m3_kv_rows(kv, s, j->layer, M3_KV_V, g, c0, &n);
+                if (n > e - c0) n = e - c0;
+                if (n > CHUNK) n = CHUNK;
                 for (int h = 0; h < G; h++) {
                     const float *qh = j->q + ((size_t)t * j->nh + (size_t)g * G + h) * D;
                     float mx = m[h];
-                    m3_cpu_dots(qh, kb, n, D, sc);
+                    m3_cpu_dots(qh, kb, bf16, n, D, sc);
                     for (int i = 0; i < n; i++) {
                         sc[i] *= scale;
                         if (sc[i] > mx) mx = sc[i];
@@ -216,7 +222,7 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
                     float *ah = acc + (size_t)h * D;
                     if (corr != 1.0f) for (int d = 0; d < D; d++) ah[d] *= corr;
                     float sum = m3_cpu_exp_shift(sc, n, mx); /* online softmax, flash style */
-                    m3_cpu_pv(ah, sc, vb, n, D);
+                    m3_cpu_pv(ah, sc, vb, bf16, n, D);
                     l[h] = l[h] * corr + sum;
                     m[h] = mx;
                 }
@@ -228,7 +234,6 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
             for (int d = 0; d < D; d++) o[d] = acc[(size_t)h * D + d] * inv;
         }
     }
-    free(kb);
     free(st);
 }
 

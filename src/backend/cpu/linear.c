@@ -25,7 +25,7 @@
 #define PF_DIST 1024 /* bytes ahead of the weight stream to prefetch */
 #endif
 
-static int simd_level = -1; /* 0 scalar, 1 avx2 */
+static int simd_level = -1; /* 0 scalar, 1 avx2, 2 avx512 */
 
 static float tab_e8m0[256], tab_e4m3[256];
 /* E8M0 x 256, for E4M3 codes read as F16 (value / 256). Above 246 the product would
@@ -41,17 +41,23 @@ __attribute__((constructor)) static void init_tables(void) {
     }
 }
 
-int m3_cpu_have_avx2(void) {
+/* the widest kernel set this CPU runs; $M3_SIMD=scalar|avx2 caps it (for tests and comparisons) */
+static int simd(void) {
     if (simd_level < 0) {
         const char *e = getenv("M3_SIMD");
         __builtin_cpu_init();
-        simd_level = (e && strcmp(e, "scalar") == 0) ? 0
-                     : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) ? 1 : 0;
+        int hw = 0;
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) hw = 1;
+        if (hw && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) hw = 2;
+        int cap = !e ? 2 : !strcmp(e, "scalar") ? 0 : !strcmp(e, "avx2") ? 1 : 2;
+        simd_level = hw < cap ? hw : cap;
     }
     return simd_level;
 }
 
-const char *m3_cpu_simd_name(void) { return m3_cpu_have_avx2() ? "avx2" : "scalar"; }
+int m3_cpu_have_avx2(void) { return simd() >= 1; }
+
+const char *m3_cpu_simd_name(void) { return simd() == 2 ? "avx512" : simd() == 1 ? "avx2" : "scalar"; }
 
 /* ------------------------------------------------------------------ portable reference */
 
@@ -339,19 +345,179 @@ AVX2 static void rows_avx2(const m3_linear *W, int n0, int n1, const float *x, i
     }
 }
 
+/* ------------------------------------------------------------------ AVX-512
+ * The same scheme 16 lanes wide: chunks of KC columns, four 16-lane accumulators taking the
+ * 16-column groups (plain) or scale groups in turn, a scale group's products summed before
+ * its one scale multiply. MXFP8 decodes 32 columns per group in natural order; NVFP4 decodes
+ * 64 columns per step in NVFP4_PERM512 order (x permuted to match). */
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
+
+/* lanes 0-3 of the 512-bit NVFP4 decode: lo nibbles of bytes 0-15 | 16-31, hi nibbles of
+ * bytes 0-15 | 16-31; then even / odd bf16 words. Group pair 1 = columns 0-15 of each
+ * 32-column half, pair 2 = columns 16-31. */
+static const uint8_t NVFP4_PERM512[64] = {
+    0,  4,  8,  12, 32, 36, 40, 44, 1,  5,  9,  13, 33, 37, 41, 45, 2,  6,  10, 14, 34, 38, 42, 46, 3,  7,  11, 15, 35, 39, 43, 47,
+    16, 20, 24, 28, 48, 52, 56, 60, 17, 21, 25, 29, 49, 53, 57, 61, 18, 22, 26, 30, 50, 54, 58, 62, 19, 23, 27, 31, 51, 55, 59, 63};
+
+AVX512 static INLINE __m512 ld16_plain(m3_wfmt fmt, const uint8_t *row, int k) {
+    if (fmt == M3_WF_F32) return _mm512_loadu_ps((const float *)row + k);
+    __m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)k));
+    if (fmt == M3_WF_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+/* NVFP4 row scales as f32 times gmul */
+AVX512 static void nvfp4_scales512(const uint8_t *sc, int n, float gmul, float *S) {
+    int i = 0;
+    const __m512 c = _mm512_set1_ps(256.0f * gmul);
+    for (; i + 32 <= n; i += 32) {
+        __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(sc + i)));
+        __m512i f = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(w, 8), 1), _mm512_set1_epi16((short)0xBFFF));
+        /* (value / 256) * (256 * gmul): 256 * gmul is exact, so this rounds once, as e4m3 * gmul does */
+        _mm512_storeu_ps(S + i, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(f)), c));
+        _mm512_storeu_ps(S + i + 16, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(f, 1)), c));
+    }
+    for (; i < n; i++) S[i] = tab_e4m3[sc[i]] * gmul;
+}
+
+AVX512 static INLINE void row_dot512(const m3_linear *W, int n, const float *x0, const float *x1, const int NT,
+                                     const float *S, float *out) {
+    const int K = W->K;
+    const m3_wfmt fmt = W->fmt;
+    const uint8_t *row = W->w + (size_t)n * W->row_bytes;
+    const uint8_t *sc = W->scale ? W->scale + (size_t)n * W->scale_row : NULL;
+    const __m512i lut_lo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)NVFP4_BF16_LO));
+    const __m512i lut_hi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)NVFP4_BF16_HI));
+    float acc0 = 0, acc1 = 0;
+    for (int k0 = 0; k0 < K; k0 += KC) {
+        const int end = K - k0 < KC ? K : k0 + KC;
+        __m512 a0[4], a1[4];
+        for (int j = 0; j < 4; j++) a0[j] = a1[j] = _mm512_setzero_ps();
+        int k = k0;
+#define PLAIN16(kk, j)                                                                       \
+    do {                                                                                     \
+        __m512 w_ = ld16_plain(fmt, row, (kk));                                              \
+        a0[j] = _mm512_fmadd_ps(w_, _mm512_loadu_ps(x0 + (kk)), a0[j]);                      \
+        if (NT == 2) a1[j] = _mm512_fmadd_ps(w_, _mm512_loadu_ps(x1 + (kk)), a1[j]);         \
+    } while (0)
+/* a scale group of 32 columns held in w0 (first 16) and w1 (next 16), scale s */
+#define GROUP2(kk, w0, w1, s, j)                                                             \
+    do {                                                                                     \
+        __m512 t0_ = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x0 + (kk) + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(x0 + (kk)))); \
+        a0[j] = _mm512_fmadd_ps(t0_, (s), a0[j]);                                            \
+        if (NT == 2) {                                                                       \
+            __m512 t1_ = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x1 + (kk) + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(x1 + (kk)))); \
+            a1[j] = _mm512_fmadd_ps(t1_, (s), a1[j]);                                        \
+        }                                                                                    \
+    } while (0)
+        switch (fmt) {
+        case M3_WF_F32:
+        case M3_WF_BF16:
+        case M3_WF_F16:
+            for (; k + 64 <= end; k += 64) {
+                _mm_prefetch((const char *)row + 2 * (size_t)k + PF_DIST, _MM_HINT_T0);
+                PLAIN16(k, 0); PLAIN16(k + 16, 1); PLAIN16(k + 32, 2); PLAIN16(k + 48, 3);
+            }
+            if (k < end) PLAIN16(k, 0);
+            if (k + 16 < end) PLAIN16(k + 16, 1);
+            if (k + 32 < end) PLAIN16(k + 32, 2);
+            break;
+        case M3_WF_MXFP8: {
+#define MX512(kk, j)                                                                         \
+    do {                                                                                     \
+        uint8_t e_ = sc[(kk) / 32];                                                          \
+        __m512i w_ = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(row + (kk)))); \
+        __m512i f_ = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(w_, 8), 1), _mm512_set1_epi16((short)0xBFFF)); \
+        __m512 v0_ = _mm512_cvtph_ps(_mm512_castsi512_si256(f_));                            \
+        __m512 v1_ = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(f_, 1));                      \
+        if (__builtin_expect(e_ > E8M0_X256_MAX, 0)) {                                       \
+            v0_ = _mm512_mul_ps(v0_, _mm512_set1_ps(256.0f));                                \
+            v1_ = _mm512_mul_ps(v1_, _mm512_set1_ps(256.0f));                                \
+        }                                                                                    \
+        GROUP2((kk), v0_, v1_, _mm512_set1_ps(tab_e8m0_x256[e_]), j);                        \
+    } while (0)
+            for (; k + 128 <= end; k += 128) {
+                _mm_prefetch((const char *)row + k + PF_DIST, _MM_HINT_T0);
+                _mm_prefetch((const char *)row + k + 64 + PF_DIST, _MM_HINT_T0);
+                MX512(k, 0); MX512(k + 32, 1); MX512(k + 64, 2); MX512(k + 96, 3);
+            }
+            if (k < end) MX512(k, 0);
+            if (k + 32 < end) MX512(k + 32, 1);
+            if (k + 64 < end) MX512(k + 64, 2);
+#undef MX512
+            break;
+        }
+        case M3_WF_NVFP4: { /* x in NVFP4_PERM512 order; S = row scales; K % 64 == 0 */
+#define NV512(kk, j)                                                                         \
+    do {                                                                                     \
+        __m256i b_ = _mm256_loadu_si256((const __m256i *)(row + (kk) / 2));                 \
+        __m256i m4_ = _mm256_set1_epi8(0x0f);                                                \
+        __m512i c_ = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b_, m4_)),   \
+                                        _mm256_and_si256(_mm256_srli_epi16(b_, 4), m4_), 1); \
+        __m512i L_ = _mm512_shuffle_epi8(lut_lo, c_), H_ = _mm512_shuffle_epi8(lut_hi, c_);  \
+        __m512i wa_ = _mm512_unpacklo_epi8(L_, H_), wb_ = _mm512_unpackhi_epi8(L_, H_);     \
+        const __m512i hi16_ = _mm512_set1_epi32((int)0xFFFF0000u);                           \
+        __m512 s4_ = _mm512_castps128_ps512(_mm_loadu_ps(S + (kk) / 16));                   \
+        __m512 sa_ = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2), s4_); \
+        __m512 sb_ = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 1, 1, 1, 1, 3, 3, 3, 3), s4_); \
+        GROUP2((kk), _mm512_castsi512_ps(_mm512_slli_epi32(wa_, 16)), _mm512_castsi512_ps(_mm512_and_si512(wa_, hi16_)), sa_, j); \
+        GROUP2((kk) + 32, _mm512_castsi512_ps(_mm512_slli_epi32(wb_, 16)), _mm512_castsi512_ps(_mm512_and_si512(wb_, hi16_)), sb_, (j) + 1); \
+    } while (0)
+            for (; k + 128 <= end; k += 128) {
+                _mm_prefetch((const char *)row + k / 2 + PF_DIST, _MM_HINT_T0);
+                NV512(k, 0); NV512(k + 64, 2);
+            }
+            if (k < end) NV512(k, 0);
+#undef NV512
+            break;
+        }
+        default: break;
+        }
+#undef PLAIN16
+#undef GROUP2
+        acc0 += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0[0], a0[1]), _mm512_add_ps(a0[2], a0[3])));
+        if (NT == 2) acc1 += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a1[0], a1[1]), _mm512_add_ps(a1[2], a1[3])));
+    }
+    out[0] = acc0;
+    if (NT == 2) out[1] = acc1;
+}
+
+AVX512 static void rows_avx512(const m3_linear *W, int n0, int n1, const float *x, int t0, int t1, float *S, float *y) {
+    const int K = W->K, N = W->N;
+    float o[2];
+    for (int n = n0; n < n1; n++) {
+        if (W->fmt == M3_WF_NVFP4) nvfp4_scales512(W->scale + (size_t)n * W->scale_row, K / 16, W->gmul, S);
+        int t = t0;
+        for (; t + 2 <= t1; t += 2) {
+            row_dot512(W, n, x + (size_t)t * K, x + (size_t)(t + 1) * K, 2, S, o);
+            y[(size_t)t * N + n] = o[0];
+            y[(size_t)(t + 1) * N + n] = o[1];
+        }
+        if (t < t1) {
+            row_dot512(W, n, x + (size_t)t * K, NULL, 1, S, o);
+            y[(size_t)t * N + n] = o[0];
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ entry points */
 
-/* the AVX2 kernel needs whole 8-column groups (plain) or whole 32-column groups (quantized) */
-static int avx_shape_ok(const m3_linear *W) {
-    if (!m3_cpu_have_avx2()) return 0;
-    if (W->fmt == M3_WF_MXFP8 || W->fmt == M3_WF_NVFP4) return W->K % 32 == 0;
-    return W->K % 8 == 0;
+/* which kernel a matrix takes: the widest whose column grouping its K fits (AVX-512: whole
+ * 16-column groups, 32 for MXFP8, 64 for NVFP4; AVX2: 8, 32, 32), else the portable one */
+enum { K_SCALAR, K_AVX2, K_AVX512 };
+
+static int kernel_for(const m3_linear *W) {
+    int lvl = simd(), K = W->K, q = W->fmt == M3_WF_MXFP8 || W->fmt == M3_WF_NVFP4;
+    if (lvl >= 2 && (W->fmt == M3_WF_NVFP4 ? K % 64 == 0 : q ? K % 32 == 0 : K % 16 == 0)) return K_AVX512;
+    if (lvl >= 1 && (q ? K % 32 == 0 : K % 8 == 0)) return K_AVX2;
+    return K_SCALAR;
 }
 
 typedef struct {
     const m3_linear *W;
     const float *x;
-    int T, avx;
+    int T, kernel;
     float *y;
 } lin_job;
 
@@ -359,7 +525,7 @@ static void lin_tiles(void *arg, size_t b, size_t e, int worker) {
     (void)worker;
     lin_job *j = arg;
     int n0 = (int)b * R, n1 = (int)e * R < j->W->N ? (int)e * R : j->W->N;
-    if (!j->avx) { rows_scalar(j->W, n0, n1, j->x, j->T, j->y); return; }
+    if (j->kernel == K_SCALAR) { rows_scalar(j->W, n0, n1, j->x, j->T, j->y); return; }
     float sbuf[1024], *S = sbuf; /* NVFP4 row scales */
     if (j->W->fmt == M3_WF_NVFP4 && j->W->K / 16 > 1024 && !(S = malloc(sizeof(float) * (size_t)(j->W->K / 16)))) {
         rows_scalar(j->W, n0, n1, j->x, j->T, j->y);
@@ -367,23 +533,25 @@ static void lin_tiles(void *arg, size_t b, size_t e, int worker) {
     }
     for (int t0 = 0; t0 < j->T; t0 += TB) {
         int t1 = t0 + TB < j->T ? t0 + TB : j->T;
-        rows_avx2(j->W, n0, n1, j->x, t0, t1, S, j->y);
+        if (j->kernel == K_AVX512) rows_avx512(j->W, n0, n1, j->x, t0, t1, S, j->y);
+        else rows_avx2(j->W, n0, n1, j->x, t0, t1, S, j->y);
     }
     if (S != sbuf) free(S);
 }
 
 void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *y) {
     const int K = W->K;
-    lin_job j = {W, x, T, avx_shape_ok(W), y};
+    lin_job j = {W, x, T, kernel_for(W), y};
     float *xp = NULL;
-    if (j.avx && W->fmt == M3_WF_NVFP4) {
-        /* the NVFP4 decoders yield columns in NVFP4_PERM64 order (NVFP4_PERM for a 32 tail) */
+    if (j.kernel != K_SCALAR && W->fmt == M3_WF_NVFP4) {
+        /* the NVFP4 decoders yield columns in a fixed order per block: permute x to match */
+        const uint8_t *perm = j.kernel == K_AVX512 ? NVFP4_PERM512 : NVFP4_PERM64;
         xp = malloc(sizeof(float) * (size_t)T * K);
         if (!xp) { memset(y, 0, sizeof(float) * (size_t)T * W->N); return; }
         for (size_t t = 0; t < (size_t)T; t++) {
             int g = 0;
             for (; g + 64 <= K; g += 64)
-                for (int i = 0; i < 64; i++) xp[t * K + g + i] = x[t * K + g + NVFP4_PERM64[i]];
+                for (int i = 0; i < 64; i++) xp[t * K + g + i] = x[t * K + g + perm[i]];
             if (g < K)
                 for (int i = 0; i < 32; i++) xp[t * K + g + i] = x[t * K + g + NVFP4_PERM[i]];
         }

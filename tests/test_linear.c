@@ -101,6 +101,8 @@ int main(void) {
     check(&c, M3_WF_BF16, 33, 264, "bf16 33x264 (tail chunk)");
     check(&c, M3_WF_BF16, 7, 20, "bf16 7x20 (K % 8 != 0)");
     check(&c, M3_WF_F16, 9, 96, "f16 9x96");
+    check(&c, M3_WF_BF16, 12, 512, "bf16 12x512");
+    check(&c, M3_WF_F32, 5, 48, "f32 5x48");
     check(&c, M3_WF_MXFP8, 17, 288, "mxfp8 17x288 (all codes)");
     check(&c, M3_WF_MXFP8, 5, 32, "mxfp8 5x32");
     check(&c, M3_WF_NVFP4, 11, 320, "nvfp4 11x320");
@@ -108,6 +110,8 @@ int main(void) {
     check(&c, M3_WF_NVFP4, 64, 1024, "nvfp4 64x1024");
     check(&c, M3_WF_NVFP4, 9, 96, "nvfp4 9x96 (64 + 32 tail)");
     check(&c, M3_WF_NVFP4, 3, 2080, "nvfp4 3x2080 (chunk tail)");
+    check(&c, M3_WF_NVFP4, 3, 2112, "nvfp4 3x2112 (64-column tail)");
+    check(&c, M3_WF_MXFP8, 4, 2080, "mxfp8 4x2080 (chunk tail)");
     m3_pool_free(c.pool);
     printf("%s\n", fails ? "linear tests FAILED" : "linear tests passed");
     return fails != 0;

@@ -100,6 +100,7 @@ int m3_cmd_generate(int argc, char **argv) {
         }
     }
     printf("\n");
+    fflush(stdout);
     double t2 = now_s();
     fprintf(stderr, "prompt %d tokens in %.3fs (%.1f tok/s); generated %d tokens in %.3fs (%.2f tok/s)\n", T, t1 - t0,
             T / (t1 - t0), produced, t2 - t1, produced > 1 ? (produced - 1) / (t2 - t1) : 0.0);

@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Installs the Debian packages m3 builds and tests with (needs root; skipped otherwise).
+# Installs what m3 builds and tests with: Debian packages (as root; otherwise it says which
+# are missing) and the npm test peers pinned in package-lock.json (into ./node_modules).
 set -euo pipefail
-pkgs="build-essential cmake pkg-config libjansson-dev python3"
+cd "$(dirname "$0")/.."
+pkgs="build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev python3 clang libclang-rt-14-dev"
+command -v npm >/dev/null 2>&1 || pkgs="$pkgs nodejs npm"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
-[ -z "$missing" ] && exit 0
-if [ "$(id -u)" -ne 0 ]; then
-  echo "missing Debian packages:$missing (run as root or: sudo apt-get install$missing)" >&2
-  exit 1
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing Debian packages:$missing (run as root or: sudo apt-get install$missing)" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends $missing >/dev/null
+# test peers (Hugging Face-compatible tokenizers, the jinja renderer, tiktoken, openai)
+if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  npm ci --no-audit --no-fund --loglevel=error
+fi

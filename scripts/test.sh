@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds m3 and runs every test: once in a release build, once under AddressSanitizer +
-# UndefinedBehaviorSanitizer. Exits non-zero on any failure.
+# Builds m3 and runs every test: a release build under ctest, the fuzz targets for a
+# bounded time, then the tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -8,6 +9,9 @@ jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure -j"$jobs")
+if [ "${M3_SKIP_FUZZ:-0}" != 1 ]; then
+  scripts/fuzz.sh "${M3_FUZZ_SECONDS:-30}"
+fi
 if [ "${M3_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DM3_SANITIZE=ON >/dev/null
   cmake --build build-asan -j"$jobs"

@@ -12,6 +12,9 @@ int m3_cmd_logits(int argc, char **argv);
 int m3_cmd_generate(int argc, char **argv);
 int m3_cmd_make_tiny(int argc, char **argv);
 int m3_cmd_bench(int argc, char **argv);
+int m3_cmd_tokenize(int argc, char **argv);      /* src/cli/tokenize.c */
+int m3_cmd_detokenize(int argc, char **argv);    /* src/cli/tokenize.c */
+int m3_cmd_chat_template(int argc, char **argv); /* src/cli/chat_template.c */
 
 /* shared helpers */
 /* "1,2,3" -> ids (malloc'd); -1 with message on bad input */

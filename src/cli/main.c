@@ -11,6 +11,9 @@ static void usage(FILE *f) {
             "  generate   -m DIR --ids 1,2,3 -n N [--temperature T --top-p P --top-k K --seed S]\n"
             "  make-tiny  --out DIR [--config FILE] [--seed S] [--quant none|mxfp8-nvfp4|mxfp8-nvfp4-modelopt]\n"
             "  bench      -m DIR [--prompt N] [--decode N] [--threads N]\n"
+            "  tokenize   -t TOKENIZER [--special]   (text on stdin, ids on stdout)\n"
+            "  detokenize -t TOKENIZER [--skip-special] (ids on stdin, text on stdout)\n"
+            "  chat-template -m DIR|--template FILE --messages FILE.json [--tools FILE.json] [--add-generation-prompt] [--kwargs JSON]\n"
             "common: --threads N (default: all cores; $M3_THREADS)\n");
 }
 
@@ -24,6 +27,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "generate")) return m3_cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "make-tiny")) return m3_cmd_make_tiny(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return m3_cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return m3_cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "detokenize")) return m3_cmd_detokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "chat-template")) return m3_cmd_chat_template(argc - 1, argv + 1);
     fprintf(stderr, "m3: unknown command '%s' (try m3 --help)\n", cmd);
     return 2;
 }

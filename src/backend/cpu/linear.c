@@ -11,6 +11,7 @@
  * first and multiplied by its scale once, with one FMA into its accumulator. At the chunk's
  * end hsum((A0 + A1) + (A2 + A3)) is added to the row's sum. The unscaled values decode
  * exactly (E4M3 via F16 as value / 256; E2M1 via bf16), so only the sums round. */
+#include <cpuid.h>
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +48,9 @@ static int simd(void) {
         const char *e = getenv("M3_SIMD");
         __builtin_cpu_init();
         int hw = 0;
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) hw = 1;
+        unsigned a, b, c, d;
+        int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C); /* not every compiler names f16c below */
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) hw = 1;
         if (hw && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) hw = 2;
         int cap = !e ? 2 : !strcmp(e, "scalar") ? 0 : !strcmp(e, "avx2") ? 1 : 2;
         simd_level = hw < cap ? hw : cap;

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (fuzz/fuzz_*.c, clang + ASan + UBSan) and runs each for a
+# bounded time on its seed corpus (fuzz/corpus/NAME). Exits non-zero on any finding.
+# usage: scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 30)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-30}
+ls fuzz/fuzz_*.c >/dev/null 2>&1 || { echo "no fuzz targets"; exit 0; }
+CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DM3_FUZZ=ON >/dev/null
+cmake --build build-fuzz -j"$(nproc)" >/dev/null
+fails=0
+for src in fuzz/fuzz_*.c; do
+  name=$(basename "$src" .c)
+  corpus=fuzz/corpus/${name#fuzz_}
+  work=build-fuzz/corpus-${name#fuzz_}
+  mkdir -p "$work"
+  [ -d "$corpus" ] && cp -r "$corpus"/. "$work"/ 2>/dev/null || true
+  echo "== $name: ${secs}s"
+  if ! build-fuzz/"$name" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=0 "$work" \
+      > build-fuzz/"$name".log 2>&1; then
+    echo "FINDING in $name:"; tail -40 build-fuzz/"$name".log; fails=$((fails+1))
+  else
+    grep -E "^#[0-9]+.*DONE|Done [0-9]+ runs" build-fuzz/"$name".log | tail -1
+  fi
+done
+echo "fuzz targets with findings: $fails"
+[ "$fails" -eq 0 ]

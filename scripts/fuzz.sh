@@ -20,7 +20,7 @@ for src in fuzz/fuzz_*.c; do
       > build-fuzz/"$name".log 2>&1; then
     echo "FINDING in $name:"; tail -40 build-fuzz/"$name".log; fails=$((fails+1))
   else
-    grep -E "^#[0-9]+.*DONE|Done [0-9]+ runs" build-fuzz/"$name".log | tail -1
+    grep -aE "^#[0-9]+.*DONE|Done [0-9]+ runs" build-fuzz/"$name".log | tail -1
   fi
 done
 echo "fuzz targets with findings: $fails"

@@ -1,0 +1,1006 @@
+/* Output parsers: reasoning (minimax_m3) and namespaced tool calls, incremental.
+ * See parsers.h for the formats, the typing rules and the invariants.
+ *
+ * Data flow inside one m3_out: feed text -> reasoning stage (holds at most a tag's worth
+ * of bytes) -> tool stage (holds a possible opener prefix, or the raw text of the block
+ * since its last completed invoke) -> output stage (coalesces text deltas, holds an
+ * incomplete UTF-8 tail) -> deltas. Every decision is taken only once the bytes that
+ * decide it are present, so the result does not depend on how the input was split. */
+#include "parsers.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NS "]<]minimax[>["
+#define NS_LEN 13
+#define OPENER NS "<tool_call>"
+#define OPENER_LEN (NS_LEN + 11)
+#define THINK_OPEN "<mm:think>"
+#define THINK_OPEN_LEN 10
+#define THINK_CLOSE "</mm:think>"
+#define THINK_CLOSE_LEN 11
+#define TAG_MAX 512 /* longest tag (after NS) accepted: `<invoke name="...">`, `<ARG>` */
+
+/* ---- growable byte buffer */
+
+typedef struct buf {
+    char *p;
+    size_t n, cap;
+} buf;
+
+static int buf_reserve(buf *b, size_t extra) {
+    if (b->n + extra + 1 <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < b->n + extra + 1) {
+        if (cap > SIZE_MAX / 2) return -1;
+        cap *= 2;
+    }
+    char *p = realloc(b->p, cap);
+    if (!p) return -1;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static int buf_add(buf *b, const void *s, size_t n) {
+    if (buf_reserve(b, n)) return -1;
+    if (n) memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+    return 0;
+}
+
+static int buf_str(buf *b, const char *s) { return buf_add(b, s, strlen(s)); }
+
+static void buf_drop_front(buf *b, size_t k) {
+    if (k >= b->n) {
+        b->n = 0;
+    } else if (k) {
+        memmove(b->p, b->p + k, b->n - k);
+        b->n -= k;
+    }
+    if (b->p) b->p[b->n] = 0;
+}
+
+static const char *find_bytes(const char *h, size_t hn, const char *needle, size_t nn) {
+    if (nn > hn) return NULL;
+    return memmem(h, hn, needle, nn);
+}
+
+/* length of the longest proper suffix of s[0..n) that is a prefix of tag */
+static size_t partial_suffix(const char *s, size_t n, const char *tag, size_t tn) {
+    size_t k = n < tn - 1 ? n : tn - 1;
+    for (; k > 0; k--)
+        if (memcmp(s + n - k, tag, k) == 0) return k;
+    return 0;
+}
+
+/* ---- UTF-8 */
+
+/* length of the valid UTF-8 sequence at s (1..4), 0 if invalid or cut short */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    if (c < 0x80) return 1;
+    size_t len;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else return 0;
+    if (n < len) return 0;
+    if (s[1] < lo || s[1] > hi) return 0;
+    for (size_t i = 2; i < len; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    return len;
+}
+
+/* bytes at the end of s[0..n) that start a valid UTF-8 sequence not yet complete */
+static size_t utf8_incomplete_tail(const char *str, size_t n) {
+    const unsigned char *s = (const unsigned char *)str;
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        unsigned c = s[n - k];
+        if ((c & 0xC0) == 0x80) continue; /* continuation: look further back */
+        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        if (need <= k) return 0;
+        /* a valid sequence prefix? complete it with the smallest continuation bytes */
+        unsigned char tmp[4];
+        memcpy(tmp, s + n - k, k);
+        for (size_t i = k; i < need; i++) tmp[i] = (i == 1 && (c == 0xE0)) ? 0xA0 : (i == 1 && c == 0xF0) ? 0x90 : 0x80;
+        return utf8_seq(tmp, need) == need ? k : 0;
+    }
+    return 0;
+}
+
+/* appends s with invalid UTF-8 replaced by U+FFFD */
+static int buf_add_utf8(buf *b, const char *str, size_t n) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        size_t j = i;
+        while (j < n && s[j] < 0x80) j++;
+        if (buf_add(b, s + i, j - i)) return -1;
+        i = j;
+        if (i == n) break;
+        size_t l = utf8_seq(s + i, n - i);
+        if (l) {
+            if (buf_add(b, s + i, l)) return -1;
+            i += l;
+        } else {
+            if (buf_add(b, "\xEF\xBF\xBD", 3)) return -1;
+            i++;
+        }
+    }
+    return 0;
+}
+
+/* appends s as a JSON string literal (jansson's escaping; invalid UTF-8 -> U+FFFD) */
+static int buf_add_json_string(buf *b, const char *str, size_t n) {
+    const unsigned char *s = (const unsigned char *)str;
+    if (buf_add(b, "\"", 1)) return -1;
+    size_t i = 0;
+    while (i < n) {
+        size_t j = i;
+        while (j < n && s[j] >= 0x20 && s[j] < 0x80 && s[j] != '"' && s[j] != '\\') j++;
+        if (buf_add(b, s + i, j - i)) return -1;
+        i = j;
+        if (i == n) break;
+        unsigned c = s[i];
+        char esc[8];
+        if (c == '"' || c == '\\') {
+            esc[0] = '\\', esc[1] = (char)c, esc[2] = 0;
+        } else if (c < 0x20) {
+            switch (c) {
+            case '\b': strcpy(esc, "\\b"); break;
+            case '\f': strcpy(esc, "\\f"); break;
+            case '\n': strcpy(esc, "\\n"); break;
+            case '\r': strcpy(esc, "\\r"); break;
+            case '\t': strcpy(esc, "\\t"); break;
+            default: snprintf(esc, sizeof esc, "\\u%04X", c); break;
+            }
+        } else {
+            size_t l = utf8_seq(s + i, n - i);
+            if (l) {
+                if (buf_add(b, s + i, l)) return -1;
+                i += l;
+            } else {
+                if (buf_add(b, "\xEF\xBF\xBD", 3)) return -1;
+                i++;
+            }
+            continue;
+        }
+        if (buf_str(b, esc)) return -1;
+        i++;
+    }
+    return buf_add(b, "\"", 1);
+}
+
+/* ---- argument typing by JSON schema */
+
+enum { TY_NULL = 1, TY_BOOL = 2, TY_INT = 4, TY_NUM = 8, TY_OBJ = 16, TY_ARR = 32, TY_STR = 64 };
+
+static unsigned type_bit(const char *t) {
+    if (!strcmp(t, "string")) return TY_STR;
+    if (!strcmp(t, "integer")) return TY_INT;
+    if (!strcmp(t, "number")) return TY_NUM;
+    if (!strcmp(t, "boolean")) return TY_BOOL;
+    if (!strcmp(t, "object")) return TY_OBJ;
+    if (!strcmp(t, "array")) return TY_ARR;
+    if (!strcmp(t, "null")) return TY_NULL;
+    return 0;
+}
+
+static unsigned value_bit(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_STRING: return TY_STR;
+    case JSON_INTEGER: return TY_INT;
+    case JSON_REAL: return TY_NUM;
+    case JSON_TRUE: case JSON_FALSE: return TY_BOOL;
+    case JSON_NULL: return TY_NULL;
+    case JSON_OBJECT: return TY_OBJ;
+    case JSON_ARRAY: return TY_ARR;
+    }
+    return 0;
+}
+
+/* the set of types a schema admits; 0 = unknown */
+static unsigned schema_types(const json_t *s, int depth) {
+    if (!json_is_object(s) || depth > 16) return 0;
+    unsigned m = 0;
+    const json_t *t = json_object_get(s, "type");
+    if (json_is_string(t)) m |= type_bit(json_string_value(t));
+    else if (json_is_array(t)) {
+        size_t i;
+        const json_t *e;
+        json_array_foreach(t, i, e) if (json_is_string(e)) m |= type_bit(json_string_value(e));
+    }
+    static const char *const alts[] = {"anyOf", "oneOf", "allOf"};
+    for (int a = 0; a < 3; a++) {
+        const json_t *arr = json_object_get(s, alts[a]);
+        size_t i;
+        const json_t *e;
+        if (json_is_array(arr)) json_array_foreach(arr, i, e) m |= schema_types(e, depth + 1);
+    }
+    if (!m) {
+        const json_t *en = json_object_get(s, "enum"), *c = json_object_get(s, "const");
+        size_t i;
+        const json_t *e;
+        if (json_is_array(en)) json_array_foreach(en, i, e) m |= value_bit(e);
+        if (c) m |= value_bit(c);
+    }
+    return m;
+}
+
+static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+static int parse_int(const char *s, size_t n, long long *out) {
+    if (n == 0 || n > 40) return 0;
+    char tmp[48];
+    memcpy(tmp, s, n);
+    tmp[n] = 0;
+    size_t i = (tmp[0] == '-' || tmp[0] == '+') ? 1 : 0;
+    if (i == n) return 0;
+    for (size_t j = i; j < n; j++)
+        if (tmp[j] < '0' || tmp[j] > '9') return 0;
+    errno = 0;
+    char *end;
+    long long v = strtoll(tmp, &end, 10);
+    if (errno || *end) return 0;
+    *out = v;
+    return 1;
+}
+
+/* RFC 8259 number grammar */
+static int json_number_literal(const char *s, size_t n) {
+    size_t i = 0;
+    if (i < n && s[i] == '-') i++;
+    if (i == n) return 0;
+    if (s[i] == '0') i++;
+    else if (s[i] >= '1' && s[i] <= '9') while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    else return 0;
+    if (i < n && s[i] == '.') {
+        i++;
+        size_t d = i;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+        if (i == d) return 0;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-')) i++;
+        size_t d = i;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+        if (i == d) return 0;
+    }
+    return i == n;
+}
+
+/* a decimal number (no hex, inf, nan): appends it as JSON (as written when it already is) */
+static int try_number(buf *b, const char *s, size_t n, int *ok) {
+    *ok = 0;
+    if (n == 0 || n > 400) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!strchr("0123456789+-.eE", s[i])) return 0;
+    char tmp[408];
+    memcpy(tmp, s, n);
+    tmp[n] = 0;
+    char *end;
+    double v = strtod(tmp, &end);
+    if (*end || end == tmp || !isfinite(v)) return 0;
+    *ok = 1;
+    if (json_number_literal(s, n)) return buf_add(b, s, n);
+    char out[40];
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(out, sizeof out, "%.*g", prec, v);
+        if (strtod(out, NULL) == v) break;
+    }
+    if (!json_number_literal(out, strlen(out))) { /* e.g. "1e+20" is fine; guard anyway */
+        *ok = 0;
+        return 0;
+    }
+    return buf_str(b, out);
+}
+
+/* parses s as JSON; returns its type bit, 0 when it is not JSON */
+static unsigned json_kind(const char *s, size_t n) {
+    if (n == 0) return 0;
+    json_error_t jerr;
+    json_t *v = json_loadb(s, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+    if (!v) return 0;
+    unsigned k = value_bit(v);
+    json_decref(v);
+    return k;
+}
+
+static int ci_eq(const char *s, size_t n, const char *lit) {
+    if (strlen(lit) != n) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c >= 'A' && c <= 'Z') c = (char)(c - 'A' + 'a');
+        if (c != lit[i]) return 0;
+    }
+    return 1;
+}
+
+/* appends the JSON for one argument value, typed by `types` (0 = unknown) */
+static int render_value(buf *b, const char *v, size_t n, unsigned types) {
+    if (types == TY_STR) return buf_add_json_string(b, v, n);
+    const char *t = v;
+    size_t tn = n;
+    while (tn && is_ws(*t)) t++, tn--;
+    while (tn && is_ws(t[tn - 1])) tn--;
+    if (types) {
+        if ((types & TY_NULL) && tn == 4 && !memcmp(t, "null", 4)) return buf_str(b, "null");
+        if (types & TY_BOOL) {
+            if (ci_eq(t, tn, "true")) return buf_str(b, "true");
+            if (ci_eq(t, tn, "false")) return buf_str(b, "false");
+        }
+        long long iv;
+        if ((types & TY_INT) && parse_int(t, tn, &iv)) {
+            char out[32];
+            snprintf(out, sizeof out, "%lld", iv);
+            return buf_str(b, out);
+        }
+        if (types & TY_NUM) {
+            int ok;
+            if (try_number(b, t, tn, &ok)) return -1;
+            if (ok) return 0;
+        }
+        if (types & (TY_OBJ | TY_ARR)) {
+            unsigned k = json_kind(t, tn);
+            if (k & types & (TY_OBJ | TY_ARR)) return buf_add(b, t, tn);
+        }
+        if (types & TY_STR) return buf_add_json_string(b, v, n);
+    }
+    if (json_kind(t, tn)) return buf_add(b, t, tn); /* valid JSON as written */
+    return buf_add_json_string(b, v, n);
+}
+
+/* ---- the stream */
+
+typedef struct tool_ent {
+    char *name;
+    json_t *props; /* parameters.properties (a deep copy), or NULL */
+} tool_ent;
+
+typedef struct pend_delta {
+    m3_out_kind kind;
+    int index;
+    size_t off, len;       /* text in work */
+    size_t id_off, name_off;
+} pend_delta;
+
+enum { R_START, R_THINK, R_PASS };
+enum { T_TEXT, T_BLOCK };
+enum { B_OPEN, B_INVOKE, B_VALUE };
+enum { ST_NEED, ST_ERR, ST_INVOKE, ST_CLOSE, ST_OOM };
+
+struct m3_out {
+    m3_out_opts opts;
+    char id_prefix[64];
+    tool_ent *tools;
+    int n_tools;
+    int finished, broken;
+    size_t markup;
+    int n_calls;
+    /* reasoning stage */
+    int rstate;
+    buf rhold;
+    /* tool stage */
+    int tstate, bsub;
+    buf tb;                /* held text (T_TEXT) or the block's raw text since its last commit */
+    size_t cur;            /* parse position in tb (T_BLOCK) */
+    size_t vstart, vscan;  /* B_VALUE: value start; where to look for the next NS */
+    buf fname, argname;    /* current invoke's function name, current argument name */
+    const json_t *props;   /* current function's parameter schemas, or NULL */
+    char **akeys, **avals; /* current invoke's arguments: names and rendered JSON values */
+    int nargs, capargs;
+    /* output stage */
+    buf work;
+    pend_delta *pd;
+    size_t npd, cappd;
+    buf final;
+    m3_out_delta *outd;
+    size_t capoutd;
+    char carry[4];
+    size_t carry_n;
+    m3_out_kind carry_kind;
+};
+
+static int out_raw(m3_out *o, m3_out_kind k, const char *s, size_t n) {
+    if (n == 0) return 0;
+    if (o->npd) {
+        pend_delta *l = &o->pd[o->npd - 1];
+        if (l->kind == k && l->off + l->len == o->work.n) {
+            if (buf_add(&o->work, s, n)) return -1;
+            l->len += n;
+            return 0;
+        }
+    }
+    if (o->npd == o->cappd) {
+        size_t cap = o->cappd ? o->cappd * 2 : 16;
+        pend_delta *p = realloc(o->pd, cap * sizeof *p);
+        if (!p) return -1;
+        o->pd = p;
+        o->cappd = cap;
+    }
+    pend_delta *d = &o->pd[o->npd];
+    d->kind = k;
+    d->index = -1;
+    d->off = o->work.n;
+    d->len = n;
+    d->id_off = d->name_off = 0;
+    if (buf_add(&o->work, s, n)) return -1;
+    o->npd++;
+    return 0;
+}
+
+static int out_flush_carry(m3_out *o) {
+    if (!o->carry_n) return 0;
+    size_t n = o->carry_n;
+    o->carry_n = 0;
+    return out_raw(o, o->carry_kind, o->carry, n);
+}
+
+/* text delta of kind k (reasoning or content), holding back an incomplete UTF-8 tail */
+static int out_text(m3_out *o, m3_out_kind k, const char *s, size_t n) {
+    if (n == 0) return 0;
+    if (out_flush_carry(o) || out_raw(o, k, s, n)) return -1;
+    pend_delta *l = &o->pd[o->npd - 1];
+    size_t t = utf8_incomplete_tail(o->work.p + l->off, l->len);
+    if (t) {
+        memcpy(o->carry, o->work.p + l->off + l->len - t, t);
+        o->carry_n = t;
+        o->carry_kind = k;
+        l->len -= t;
+        o->work.n -= t;
+        o->work.p[o->work.n] = 0;
+        if (l->len == 0) o->npd--;
+    }
+    return 0;
+}
+
+static int out_tool(m3_out *o, const char *name, size_t nlen, const char *args, size_t alen) {
+    if (out_flush_carry(o)) return -1;
+    int index = o->n_calls;
+    char id[96];
+    snprintf(id, sizeof id, "%s%d", o->id_prefix, index);
+    /* TOOL_BEGIN: id and name as NUL-terminated strings in work */
+    if (o->npd == o->cappd) {
+        size_t cap = o->cappd ? o->cappd * 2 : 16;
+        pend_delta *p = realloc(o->pd, cap * sizeof *p);
+        if (!p) return -1;
+        o->pd = p;
+        o->cappd = cap;
+    }
+    pend_delta *d = &o->pd[o->npd];
+    d->kind = M3_OUT_TOOL_BEGIN;
+    d->index = index;
+    d->off = o->work.n;
+    d->len = 0;
+    d->id_off = o->work.n;
+    if (buf_add(&o->work, id, strlen(id) + 1)) return -1;
+    d->name_off = o->work.n;
+    if (buf_add(&o->work, name, nlen) || buf_add(&o->work, "", 1)) return -1;
+    o->npd++;
+    if (out_raw(o, M3_OUT_TOOL_ARGS, args, alen)) return -1;
+    o->pd[o->npd - 1].index = index;
+    o->n_calls++;
+    return 0;
+}
+
+/* builds the m3_out_delta array (strings NUL-terminated in `final`) */
+static int out_finalize(m3_out *o, const m3_out_delta **deltas, size_t *n) {
+    o->final.n = 0;
+    if (o->npd > o->capoutd) {
+        m3_out_delta *p = realloc(o->outd, o->npd * sizeof *p);
+        if (!p) return -1;
+        o->outd = p;
+        o->capoutd = o->npd;
+    }
+    /* pass 1: copy texts and record offsets in the out array (as integers in len/idx) */
+    for (size_t i = 0; i < o->npd; i++) {
+        pend_delta *d = &o->pd[i];
+        m3_out_delta *e = &o->outd[i];
+        e->kind = d->kind;
+        e->index = d->index;
+        e->len = d->len;
+        size_t toff = o->final.n;
+        if (buf_add(&o->final, o->work.p + d->off, d->len) || buf_add(&o->final, "", 1)) return -1;
+        e->text = (const char *)(uintptr_t)toff;
+        e->id = e->name = NULL;
+        if (d->kind == M3_OUT_TOOL_BEGIN) {
+            size_t ioff = o->final.n;
+            const char *id = o->work.p + d->id_off, *nm = o->work.p + d->name_off;
+            if (buf_add(&o->final, id, strlen(id) + 1)) return -1;
+            size_t noff = o->final.n;
+            if (buf_add(&o->final, nm, strlen(nm) + 1)) return -1;
+            e->id = (const char *)(uintptr_t)ioff;
+            e->name = (const char *)(uintptr_t)noff;
+        }
+    }
+    for (size_t i = 0; i < o->npd; i++) {
+        m3_out_delta *e = &o->outd[i];
+        e->text = o->final.p + (uintptr_t)e->text;
+        if (e->kind == M3_OUT_TOOL_BEGIN) {
+            e->id = o->final.p + (uintptr_t)e->id;
+            e->name = o->final.p + (uintptr_t)e->name;
+        }
+    }
+    *deltas = o->outd;
+    *n = o->npd;
+    o->npd = 0;
+    o->work.n = 0;
+    return 0;
+}
+
+/* ---- tool stage */
+
+static const tool_ent *find_tool(const m3_out *o, const char *name) {
+    for (int i = 0; i < o->n_tools; i++)
+        if (!strcmp(o->tools[i].name, name)) return &o->tools[i];
+    return NULL;
+}
+
+static void invoke_reset(m3_out *o) {
+    for (int i = 0; i < o->nargs; i++) {
+        free(o->akeys[i]);
+        free(o->avals[i]);
+    }
+    o->nargs = 0;
+    o->fname.n = 0;
+    o->argname.n = 0;
+    o->props = NULL;
+}
+
+static int add_arg(m3_out *o, const char *v, size_t n) {
+    if (n && v[0] == '\n') v++, n--;
+    if (n && v[n - 1] == '\n') n--;
+    unsigned types = 0;
+    if (o->props) types = schema_types(json_object_get(o->props, o->argname.p), 0);
+    buf val = {0};
+    if (render_value(&val, v, n, types) || buf_add(&val, "", 0)) {
+        free(val.p);
+        return -1;
+    }
+    for (int i = 0; i < o->nargs; i++)
+        if (!strcmp(o->akeys[i], o->argname.p)) { /* duplicate: the last one wins */
+            free(o->avals[i]);
+            o->avals[i] = val.p;
+            return 0;
+        }
+    if (o->nargs == o->capargs) {
+        int cap = o->capargs ? o->capargs * 2 : 8;
+        char **k = realloc(o->akeys, cap * sizeof *k);
+        if (k) o->akeys = k;
+        char **vv = realloc(o->avals, cap * sizeof *vv);
+        if (vv) o->avals = vv;
+        if (!k || !vv) {
+            free(val.p);
+            return -1;
+        }
+        o->capargs = cap;
+    }
+    char *key = strdup(o->argname.p);
+    if (!key) {
+        free(val.p);
+        return -1;
+    }
+    o->akeys[o->nargs] = key;
+    o->avals[o->nargs] = val.p;
+    o->nargs++;
+    return 0;
+}
+
+static int emit_invoke(m3_out *o) {
+    buf a = {0};
+    int rc = buf_add(&a, "{", 1);
+    for (int i = 0; i < o->nargs && !rc; i++) {
+        if (i) rc |= buf_add(&a, ", ", 2);
+        rc |= buf_add_json_string(&a, o->akeys[i], strlen(o->akeys[i]));
+        rc |= buf_add(&a, ": ", 2);
+        rc |= buf_str(&a, o->avals[i]);
+    }
+    rc |= buf_add(&a, "}", 1);
+    if (!rc) rc = out_tool(o, o->fname.p, o->fname.n, a.p, a.n);
+    free(a.p);
+    return rc ? -1 : 0;
+}
+
+static int valid_arg_name(const char *s, size_t n) {
+    if (n == 0) return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c <= 0x20 || c == '/' || c == '"' || c == '=' || c == '\'' || c == 0x7f) return 0;
+    }
+    return 1;
+}
+
+/* advances the block parser over tb; *at receives the commit end or the error position */
+static int block_step(m3_out *o, size_t *at) {
+    for (;;) {
+        const char *p = o->tb.p;
+        size_t n = o->tb.n;
+        if (o->bsub == B_VALUE) {
+            const char *f = o->vscan < n ? find_bytes(p + o->vscan, n - o->vscan, NS, NS_LEN) : NULL;
+            if (!f) {
+                size_t keep = partial_suffix(p + o->vscan, n - o->vscan, NS, NS_LEN);
+                o->vscan = n - keep;
+                return ST_NEED;
+            }
+            size_t k = (size_t)(f - p);
+            o->vscan = k;
+            /* expect `</ARG>` right after the namespace token */
+            size_t need = o->argname.n + 3, m = n - (k + NS_LEN), c = m < need ? m : need;
+            char close[TAG_MAX + 8];
+            close[0] = '<', close[1] = '/';
+            memcpy(close + 2, o->argname.p, o->argname.n);
+            close[need - 1] = '>';
+            if (memcmp(p + k + NS_LEN, close, c)) {
+                *at = k;
+                return ST_ERR;
+            }
+            if (m < need) return ST_NEED;
+            if (add_arg(o, p + o->vstart, k - o->vstart)) return ST_OOM;
+            o->cur = k + NS_LEN + need;
+            o->bsub = B_INVOKE;
+            continue;
+        }
+        while (o->cur < n && is_ws(p[o->cur])) o->cur++;
+        size_t s = o->cur;
+        if (s == n) return ST_NEED;
+        size_t m = n - s;
+        if (memcmp(p + s, NS, m < NS_LEN ? m : NS_LEN)) {
+            *at = s;
+            return ST_ERR;
+        }
+        if (m < NS_LEN) return ST_NEED;
+        size_t q = s + NS_LEN;
+        if (q == n) return ST_NEED;
+        if (p[q] != '<') {
+            *at = s;
+            return ST_ERR;
+        }
+        size_t e = q + 1, lim = q + TAG_MAX;
+        while (e < n && e < lim && p[e] != '>' && p[e] != '<') e++;
+        if (e == lim || (e < n && p[e] == '<')) {
+            *at = s;
+            return ST_ERR;
+        }
+        if (e == n) return ST_NEED;
+        const char *tag = p + q;
+        size_t tl = e + 1 - q;
+        if (o->bsub == B_OPEN) {
+            if (tl == 12 && !memcmp(tag, "</tool_call>", 12)) {
+                *at = e + 1;
+                return ST_CLOSE;
+            }
+            static const char pre[] = "<invoke name=\"";
+            const size_t pl = sizeof pre - 1;
+            if (tl > pl + 2 && !memcmp(tag, pre, pl) && tag[tl - 2] == '"' &&
+                !memchr(tag + pl, '"', tl - pl - 2) && !memchr(tag + pl, 0, tl - pl - 2)) {
+                o->fname.n = 0;
+                if (buf_add(&o->fname, tag + pl, tl - pl - 2)) return ST_OOM;
+                const tool_ent *t = find_tool(o, o->fname.p);
+                o->props = t ? t->props : NULL;
+                o->bsub = B_INVOKE;
+                o->cur = e + 1;
+                continue;
+            }
+        } else {
+            if (tl == 9 && !memcmp(tag, "</invoke>", 9)) {
+                *at = e + 1;
+                return ST_INVOKE;
+            }
+            if (valid_arg_name(tag + 1, tl - 2)) {
+                o->argname.n = 0;
+                if (buf_add(&o->argname, tag + 1, tl - 2)) return ST_OOM;
+                o->vstart = o->vscan = e + 1;
+                o->bsub = B_VALUE;
+                continue;
+            }
+        }
+        *at = s;
+        return ST_ERR;
+    }
+}
+
+static int tool_run(m3_out *o, int eos) {
+    for (;;) {
+        if (o->tstate == T_TEXT) {
+            const char *f = find_bytes(o->tb.p, o->tb.n, OPENER, OPENER_LEN);
+            if (f) {
+                size_t i = (size_t)(f - o->tb.p);
+                if (out_text(o, M3_OUT_CONTENT, o->tb.p, i)) return -1;
+                buf_drop_front(&o->tb, i);
+                o->tstate = T_BLOCK;
+                o->bsub = B_OPEN;
+                o->cur = OPENER_LEN;
+                continue;
+            }
+            size_t h = eos ? 0 : partial_suffix(o->tb.p, o->tb.n, OPENER, OPENER_LEN);
+            if (out_text(o, M3_OUT_CONTENT, o->tb.p, o->tb.n - h)) return -1;
+            buf_drop_front(&o->tb, o->tb.n - h);
+            return 0;
+        }
+        size_t at = 0;
+        int r = block_step(o, &at);
+        switch (r) {
+        case ST_OOM: return -1;
+        case ST_NEED:
+            if (!eos) return 0;
+            at = o->tb.n; /* unterminated at the end of the stream: all of it is content */
+            /* fall through */
+        case ST_ERR:
+            if (out_text(o, M3_OUT_CONTENT, o->tb.p, at)) return -1;
+            buf_drop_front(&o->tb, at);
+            invoke_reset(o);
+            o->tstate = T_TEXT;
+            break;
+        case ST_INVOKE:
+            if (emit_invoke(o)) return -1;
+            o->markup += at;
+            buf_drop_front(&o->tb, at);
+            invoke_reset(o);
+            o->bsub = B_OPEN;
+            o->cur = 0;
+            break;
+        case ST_CLOSE:
+            o->markup += at;
+            buf_drop_front(&o->tb, at);
+            o->tstate = T_TEXT;
+            break;
+        }
+    }
+}
+
+static int tool_feed(m3_out *o, const char *s, size_t n) {
+    if (n == 0) return 0;
+    if (!o->opts.tools) return out_text(o, M3_OUT_CONTENT, s, n);
+    if (buf_add(&o->tb, s, n)) return -1;
+    return tool_run(o, 0);
+}
+
+/* ---- reasoning stage */
+
+static int starts_with(const char *s, size_t n, const char *tag, size_t tn) {
+    return n >= tn && !memcmp(s, tag, tn);
+}
+
+static int is_prefix_of(const char *s, size_t n, const char *tag, size_t tn) {
+    return n < tn && !memcmp(s, tag, n);
+}
+
+static int reason_run(m3_out *o) {
+    buf *h = &o->rhold;
+    for (;;) {
+        if (o->rstate == R_START) {
+            int think_ok = o->opts.thinking != M3_THINK_DISABLED;
+            if (think_ok && starts_with(h->p, h->n, THINK_OPEN, THINK_OPEN_LEN)) {
+                o->markup += THINK_OPEN_LEN;
+                buf_drop_front(h, THINK_OPEN_LEN);
+                o->rstate = R_THINK;
+                continue;
+            }
+            if (starts_with(h->p, h->n, THINK_CLOSE, THINK_CLOSE_LEN)) {
+                o->markup += THINK_CLOSE_LEN;
+                buf_drop_front(h, THINK_CLOSE_LEN);
+                o->rstate = R_PASS;
+                continue;
+            }
+            if ((think_ok && is_prefix_of(h->p, h->n, THINK_OPEN, THINK_OPEN_LEN)) ||
+                is_prefix_of(h->p, h->n, THINK_CLOSE, THINK_CLOSE_LEN))
+                return 0; /* could still become a tag */
+            o->rstate = o->opts.thinking == M3_THINK_ENABLED ? R_THINK : R_PASS;
+            continue;
+        }
+        if (o->rstate == R_THINK) {
+            const char *f = find_bytes(h->p, h->n, THINK_CLOSE, THINK_CLOSE_LEN);
+            if (f) {
+                size_t i = (size_t)(f - h->p);
+                if (out_text(o, M3_OUT_REASONING, h->p, i)) return -1;
+                o->markup += THINK_CLOSE_LEN;
+                buf_drop_front(h, i + THINK_CLOSE_LEN);
+                o->rstate = R_PASS;
+                continue;
+            }
+            size_t k = partial_suffix(h->p, h->n, THINK_CLOSE, THINK_CLOSE_LEN);
+            if (out_text(o, M3_OUT_REASONING, h->p, h->n - k)) return -1;
+            buf_drop_front(h, h->n - k);
+            return 0;
+        }
+        /* R_PASS */
+        int rc = tool_feed(o, h->p, h->n);
+        h->n = 0;
+        return rc;
+    }
+}
+
+static int reason_feed(m3_out *o, const char *s, size_t n) {
+    if (o->rstate == R_PASS) return tool_feed(o, s, n);
+    if (buf_add(&o->rhold, s, n)) return -1;
+    return reason_run(o);
+}
+
+/* ---- public API */
+
+m3_out *m3_out_new(const m3_out_opts *opts, const json_t *tools, m3_err *err) {
+    if (tools && !json_is_array(tools)) {
+        m3_errf(err, "tools: expected an array, found %s",
+                json_is_object(tools) ? "an object" : "another JSON type");
+        return NULL;
+    }
+    m3_out *o = calloc(1, sizeof *o);
+    if (!o) goto oom;
+    if (opts) o->opts = *opts;
+    else o->opts = (m3_out_opts){.reasoning = 1, .thinking = M3_THINK_ENABLED, .tools = 1};
+    snprintf(o->id_prefix, sizeof o->id_prefix, "%s", o->opts.id_prefix ? o->opts.id_prefix : "call_");
+    o->opts.id_prefix = o->id_prefix;
+    o->rstate = o->opts.reasoning ? R_START : R_PASS;
+    if (tools && json_array_size(tools)) {
+        o->tools = calloc(json_array_size(tools), sizeof *o->tools);
+        if (!o->tools) goto oom;
+        size_t i;
+        const json_t *t;
+        json_array_foreach(tools, i, t) {
+            const json_t *fn = json_object_get(t, "function");
+            if (!json_is_object(fn)) fn = t;
+            const json_t *name = json_object_get(fn, "name");
+            if (!json_is_string(name)) continue; /* not a function tool: nothing to type */
+            tool_ent *e = &o->tools[o->n_tools];
+            e->name = strdup(json_string_value(name));
+            if (!e->name) goto oom;
+            o->n_tools++;
+            const json_t *props = json_object_get(json_object_get(fn, "parameters"), "properties");
+            if (json_is_object(props) && !(e->props = json_deep_copy(props))) goto oom;
+        }
+    }
+    return o;
+oom:
+    m3_out_free(o);
+    m3_errf(err, "output parser: out of memory");
+    return NULL;
+}
+
+void m3_out_free(m3_out *o) {
+    if (!o) return;
+    for (int i = 0; i < o->n_tools; i++) {
+        free(o->tools[i].name);
+        json_decref(o->tools[i].props);
+    }
+    free(o->tools);
+    invoke_reset(o);
+    free(o->akeys);
+    free(o->avals);
+    free(o->rhold.p);
+    free(o->tb.p);
+    free(o->fname.p);
+    free(o->argname.p);
+    free(o->work.p);
+    free(o->pd);
+    free(o->final.p);
+    free(o->outd);
+    free(o);
+}
+
+int m3_out_feed(m3_out *o, const char *text, size_t len, const m3_out_delta **deltas, size_t *n,
+                m3_err *err) {
+    *deltas = NULL;
+    *n = 0;
+    if (o->finished || o->broken)
+        return m3_errf(err, "output parser: feed after %s", o->broken ? "an error" : "finish");
+    if (reason_feed(o, text, len) || out_finalize(o, deltas, n)) {
+        o->broken = 1;
+        return m3_errf(err, "output parser: out of memory");
+    }
+    return 0;
+}
+
+int m3_out_finish(m3_out *o, const m3_out_delta **deltas, size_t *n, m3_err *err) {
+    *deltas = NULL;
+    *n = 0;
+    if (o->finished || o->broken)
+        return m3_errf(err, "output parser: finish after %s", o->broken ? "an error" : "finish");
+    o->finished = 1;
+    int rc = 0;
+    if (o->rstate == R_START && o->opts.thinking == M3_THINK_ENABLED) o->rstate = R_THINK;
+    if (o->rstate == R_THINK) rc = out_text(o, M3_OUT_REASONING, o->rhold.p, o->rhold.n);
+    else if (o->rhold.n) rc = tool_feed(o, o->rhold.p, o->rhold.n);
+    o->rhold.n = 0;
+    if (!rc && o->opts.tools) rc = tool_run(o, 1);
+    if (!rc) rc = out_flush_carry(o);
+    if (rc || out_finalize(o, deltas, n)) {
+        o->broken = 1;
+        return m3_errf(err, "output parser: out of memory");
+    }
+    return 0;
+}
+
+size_t m3_out_markup_bytes(const m3_out *o) { return o->markup; }
+
+int m3_out_tool_calls(const m3_out *o) { return o->n_calls; }
+
+/* ---- OpenAI rendering */
+
+static json_t *string_utf8(const char *s, size_t n) {
+    buf b = {0};
+    if (buf_add_utf8(&b, s, n) || buf_add(&b, "", 0)) {
+        free(b.p);
+        return NULL;
+    }
+    json_t *j = json_stringn(b.p, b.n);
+    free(b.p);
+    return j;
+}
+
+json_t *m3_out_delta_json(const m3_out_delta *d, size_t n) {
+    json_t *obj = json_object(), *calls = NULL;
+    buf reason = {0}, content = {0};
+    int rc = obj ? 0 : -1;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const m3_out_delta *e = &d[i];
+        if (e->kind == M3_OUT_REASONING) {
+            rc = buf_add(&reason, e->text, e->len);
+        } else if (e->kind == M3_OUT_CONTENT) {
+            rc = buf_add(&content, e->text, e->len);
+        } else {
+            if (!calls && !(calls = json_array())) {
+                rc = -1;
+                break;
+            }
+            json_t *entry = NULL;
+            if (e->kind == M3_OUT_TOOL_ARGS) { /* this call's entry, when in the same list */
+                size_t k;
+                json_t *c;
+                json_array_foreach(calls, k, c) if (json_integer_value(json_object_get(c, "index")) == e->index) entry = c;
+            }
+            if (!entry) {
+                entry = json_object();
+                json_t *fn = json_object();
+                if (!entry || !fn || json_array_append_new(calls, entry) ||
+                    json_object_set_new(entry, "index", json_integer(e->index)) ||
+                    json_object_set_new(entry, "function", fn)) {
+                    json_decref(fn);
+                    rc = -1;
+                    break;
+                }
+                if (e->kind == M3_OUT_TOOL_BEGIN) {
+                    rc |= json_object_set_new(entry, "id", string_utf8(e->id, strlen(e->id)));
+                    rc |= json_object_set_new(entry, "type", json_string("function"));
+                    rc |= json_object_set_new(fn, "name", string_utf8(e->name, strlen(e->name)));
+                    rc |= json_object_set_new(fn, "arguments", json_string(""));
+                    continue;
+                }
+            }
+            json_t *fn = json_object_get(entry, "function");
+            const char *prev = json_string_value(json_object_get(fn, "arguments"));
+            buf a = {0};
+            rc |= buf_add(&a, prev ? prev : "", prev ? strlen(prev) : 0);
+            rc |= buf_add_utf8(&a, e->text, e->len);
+            if (!rc) rc |= json_object_set_new(fn, "arguments", json_stringn(a.p, a.n));
+            free(a.p);
+        }
+    }
+    if (!rc && reason.n) rc = json_object_set_new(obj, "reasoning_content", string_utf8(reason.p, reason.n));
+    if (!rc && content.n) rc = json_object_set_new(obj, "content", string_utf8(content.p, content.n));
+    if (!rc && calls) {
+        rc = json_object_set_new(obj, "tool_calls", calls);
+        calls = NULL;
+    }
+    free(reason.p);
+    free(content.p);
+    json_decref(calls);
+    if (rc) {
+        json_decref(obj);
+        return NULL;
+    }
+    return obj;
+}

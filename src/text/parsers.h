@@ -1,0 +1,117 @@
+/* Output parsers: turn the decoded text a MiniMax-M3 model generates into OpenAI-style
+ * deltas (`reasoning_content`, `content`, `tool_calls`), incrementally (spec section 5).
+ *
+ * The stream is fed decoded text in deltas of any size and boundary: a delta may end in
+ * the middle of a tag or of a UTF-8 character. Two stages run in order:
+ *
+ * Reasoning parser `minimax_m3` (tags `<mm:think>` / `</mm:think>`):
+ *   - M3_THINK_ENABLED: a leading `<mm:think>` is dropped (the generation prompt may or
+ *     may not have opened it); text up to `</mm:think>` is reasoning, the tag is dropped,
+ *     the rest is content. Without a `</mm:think>` everything is reasoning.
+ *   - M3_THINK_DISABLED: everything is content, except that a leading bare `</mm:think>`
+ *     is dropped.
+ *   - M3_THINK_ADAPTIVE: as ENABLED if the output starts with `<mm:think>`, else as
+ *     DISABLED (a leading `</mm:think>` is dropped).
+ *   "Leading" means at byte 0 of the output. After the reasoning ends, think tags are
+ *   ordinary content. Whitespace after `</mm:think>` is kept in the content.
+ *
+ * Tool-call parser (namespaced; NS = `]<]minimax[>[`), applied to the content:
+ *     NS<tool_call> ( NS<invoke name="NAME"> ( NS<ARG>value NS</ARG> )* NS</invoke> )* NS</tool_call>
+ *   Whitespace between tags is allowed. A value loses one leading and one trailing "\n",
+ *   then is typed by the tool's JSON schema from the request's `tools`: string stays a
+ *   string; integer / number / boolean / null parsed (surrounding whitespace ignored);
+ *   object / array parsed as JSON (and written as the model wrote it); type lists and
+ *   anyOf / oneOf try null, boolean, integer, number, object, array, then string; an unknown
+ *   tool or parameter, or a value that fits none of its types, is JSON if it parses, else
+ *   a string. Duplicate arguments: the last one wins.
+ *   Each tool call is emitted whole when its `</invoke>` arrives: one TOOL_BEGIN delta
+ *   (index, id, name) then one TOOL_ARGS delta holding the complete arguments object, e.g.
+ *   `{"city": "Paris", "days": 3}`. Calls are numbered 0, 1, ... over the stream; the id is
+ *   id_prefix + index ("call_0", ...).
+ *   Anything that does not parse stays content, byte for byte: an opener not followed by
+ *   a well-formed invoke, bad nesting, text between tags, a block unterminated at the
+ *   end of the stream. The text from the last completed invoke (or the opener) up to the
+ *   point where parsing failed becomes content and scanning resumes there; completed
+ *   invokes already emitted stay tool calls. Invariant, checked by the tests and the
+ *   fuzz target: reasoning bytes + content bytes + m3_out_markup_bytes() == input bytes,
+ *   and the result does not depend on how the input was split into deltas.
+ *
+ * Partial tags are never emitted: a suffix that could still become a tag is held back and
+ * flushed as text once it cannot (or at m3_out_finish). Reasoning and content deltas also
+ * hold back an incomplete UTF-8 sequence at their end, so each delta is complete UTF-8
+ * when the input is. Delta text is the model's bytes as they are (never altered);
+ * m3_out_delta_json replaces invalid UTF-8 with U+FFFD when rendering.
+ *
+ * Ownership and threads: an m3_out belongs to one request and one thread at a time;
+ * different m3_out objects are independent (no global state). The deltas returned by
+ * m3_out_feed / m3_out_finish, and every string they point to, are owned by the m3_out
+ * and valid until its next feed / finish / free. m3_out_new copies what it needs from
+ * `tools` (the caller keeps ownership of it). */
+#ifndef M3_TEXT_PARSERS_H
+#define M3_TEXT_PARSERS_H
+
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "../base/err.h"
+
+typedef enum m3_reason_mode {
+    M3_THINK_ENABLED = 0,
+    M3_THINK_DISABLED,
+    M3_THINK_ADAPTIVE,
+} m3_reason_mode;
+
+typedef struct m3_out_opts {
+    int reasoning;          /* 1: run the minimax_m3 reasoning parser; 0: think tags are content */
+    m3_reason_mode thinking;
+    int tools;              /* 1: run the tool-call parser; 0: tool-call tags are content */
+    const char *id_prefix;  /* tool call ids are id_prefix + index; "call_" when NULL */
+} m3_out_opts;
+
+typedef enum m3_out_kind {
+    M3_OUT_REASONING = 0,   /* text: a piece of reasoning_content */
+    M3_OUT_CONTENT,         /* text: a piece of content */
+    M3_OUT_TOOL_BEGIN,      /* a new tool call: index, id, name */
+    M3_OUT_TOOL_ARGS,       /* text: a piece of the arguments JSON of call `index` */
+} m3_out_kind;
+
+typedef struct m3_out_delta {
+    m3_out_kind kind;
+    int index;              /* tool call index (TOOL_*), -1 for text */
+    const char *text;       /* REASONING / CONTENT / TOOL_ARGS: len bytes, NUL-terminated ("" for BEGIN) */
+    size_t len;
+    const char *id;         /* TOOL_BEGIN: "call_<index>"; NULL otherwise */
+    const char *name;       /* TOOL_BEGIN: the function name; NULL otherwise */
+} m3_out_delta;
+
+typedef struct m3_out m3_out;
+
+/* opts NULL: reasoning parser on (ENABLED), tool parser on, "call_" ids.
+ * tools: the request's `tools` array (OpenAI format: {"type":"function","function":
+ * {"name","parameters"}}; bare {"name","parameters"} entries are accepted too), or NULL.
+ * Returns NULL on error (tools not an array, out of memory). */
+m3_out *m3_out_new(const m3_out_opts *opts, const json_t *tools, m3_err *err);
+void m3_out_free(m3_out *o);
+
+/* Feeds len bytes of decoded text; *deltas / *n receive what can be emitted now (maybe
+ * nothing). Returns 0, or -1 on out of memory (the stream is then unusable). */
+int m3_out_feed(m3_out *o, const char *text, size_t len, const m3_out_delta **deltas, size_t *n,
+                m3_err *err);
+/* End of stream: flushes everything held back (unterminated tool calls become content).
+ * Further feeds are errors. */
+int m3_out_finish(m3_out *o, const m3_out_delta **deltas, size_t *n, m3_err *err);
+
+/* Input bytes consumed as markup so far (dropped think tags, parsed tool-call blocks). */
+size_t m3_out_markup_bytes(const m3_out *o);
+/* Tool calls emitted so far. */
+int m3_out_tool_calls(const m3_out *o);
+
+/* Renders deltas as the `delta` object of an OpenAI chat.completion.chunk:
+ * {"reasoning_content": "...", "content": "...", "tool_calls": [{"index": 0, "id": "call_0",
+ * "type": "function", "function": {"name": "f", "arguments": "{...}"}}]}; fields absent
+ * when empty, {} for no deltas. TOOL_ARGS pieces are appended to their call's entry.
+ * Invalid UTF-8 becomes U+FFFD. Returns a new reference, NULL on out of memory. */
+json_t *m3_out_delta_json(const m3_out_delta *d, size_t n);
+
+#endif

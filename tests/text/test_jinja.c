@@ -99,6 +99,12 @@ int main(int argc, char **argv) {
     /* strings, dicts, slicing */
     ok("{{ '  x  '.strip() }}|{{ 'xxhixx'.strip('x') }}|{{ '--a'.lstrip('-') }}|{{ 'a--'.rstrip('-') }}|{{ 'a,b,,c'.split(',') }}|{{ ' a  b '.split() }}", NULL,
        "x|hi|a|a|['a', 'b', '', 'c']|['a', 'b']");
+    /* Python's whitespace (str.isspace): U+00A0, U+2003, U+3000, U+0085 ... but not U+FEFF;
+     * split(None, n) keeps the rest's trailing whitespace, rsplit(None, n) the head's leading one */
+    ok("[{{ '\xc2\x85 x\xc2\xa0\xe3\x80\x80' | trim }}][{{ '\xef\xbb\xbfx'.strip() }}][{{ 'a\xe2\x80\x83" "b'.split() | join('|') }}]"
+       "[{{ ' a b  '.split(none, 1) }}][{{ ' a b c '.rsplit(none, 1) }}][{{ ' a b c '.rsplit(none, 2) }}][{{ '\xe3\x80\x80'.isspace() }}]"
+       "[{{ 'a\nb\r\nc\xe2\x80\xa8" "d\x0b" "e' .splitlines() | length }}]", NULL,
+       "[x][\xef\xbb\xbfx][a|b][['a', 'b  ']][[' a b', 'c']][[' a', 'b', 'c']][True][5]");
     ok("{{ 'abc'.startswith('ab') }} {{ 'abc'.endswith(('x', 'c')) }} {{ 'aXa'.replace('a', 'b') }} {{ 'hello'.find('l') }} {{ 'hello'.count('l') }} {{ 'hi there'.title() }} {{ '{} and {}'.format(1, 'b') }}",
        NULL, "True True bXb 2 2 Hi There 1 and b");
     ok("{{ d.get('a') }} {{ d.get('z', 'dflt') }} {{ d.get('z') }} {{ d.keys() | list }} {{ d.values() | list }} {{ d['a'] }} {{ d.a }}", "{\"d\": {\"a\": 1}}",

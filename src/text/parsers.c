@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/utf8.h"
+
 #define NS "]<]minimax[>["
 #define NS_LEN 13
 #define OPENER NS "<tool_call>"
@@ -82,26 +84,10 @@ static size_t partial_suffix(const char *s, size_t n, const char *tag, size_t tn
 /* ---- UTF-8 */
 
 /* length of the valid UTF-8 sequence at s (1..4), 0 if invalid or cut short */
+/* length of the complete, valid UTF-8 character at s, else 0 */
 static size_t utf8_seq(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    if (c < 0x80) return 1;
-    size_t len;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else return 0;
-    if (n < len) return 0;
-    if (s[1] < lo || s[1] > hi) return 0;
-    for (size_t i = 2; i < len; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    return len;
+    int r = m3_utf8_len(s, n);
+    return r > 0 ? (size_t)r : 0;
 }
 
 /* bytes at the end of s[0..n) that start a valid UTF-8 sequence not yet complete */

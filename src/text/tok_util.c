@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "text/tok_internal.h"
+#include "base/utf8.h"
 
 int tok_buf_reserve(tok_buf *b, size_t n) {
     if (b->n + n + 1 > b->cap) {
@@ -24,28 +25,7 @@ int tok_buf_put(tok_buf *b, const void *s, size_t n) {
     return 0;
 }
 
-int tok_utf8_step(const uint8_t *s, size_t n) {
-    uint8_t c = s[0];
-    if (c < 0x80) return 1;
-    int need;
-    uint8_t lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
-    if (c >= 0xC2 && c <= 0xDF) need = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        need = 3;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 4;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else return -1;
-    for (int i = 1; i < need; i++) {
-        if ((size_t)i >= n) return 0;
-        uint8_t x = s[i];
-        if (i == 1 ? (x < lo || x > hi) : (x < 0x80 || x > 0xBF)) return -i;
-    }
-    return need;
-}
+int tok_utf8_step(const uint8_t *s, size_t n) { return m3_utf8_len(s, n); }
 
 uint32_t tok_utf8_cp(const uint8_t *s, int len) {
     if (len == 1) return s[0];

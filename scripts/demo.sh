@@ -3,7 +3,7 @@
 # MiniMax-M3 checkpoint in the real Hugging Face layout (MXFP8 + NVFP4) and generates from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh
+scripts/deps.sh --build-only
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
 [ -f demo/m3-demo/config.json ] || build/m3 make-tiny --out demo/m3-demo --quant mxfp8-nvfp4 --seed 1

@@ -203,6 +203,21 @@ static void test_kv(void) {
     m3_config_free(&c);
 }
 
+static void test_kv_nvfp4(void) {
+    /* amax 6 -> scale e4m3(1.0) = 1: values map straight to E2M1 codes */
+    float x[16] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, -6.0f, 0.1f, -0.3f, 1.0f, 4.0f, 0, -0.0f, 2.9f, 6.0f};
+    uint8_t codes[8], sc[1];
+    m3_kv_round_nvfp4(x, 16, codes, sc);
+    CHECK(sc[0] == m3_f32_to_e4m3(1.0f), "scale %d", sc[0]);
+    uint8_t want[16] = {0, 2, 2, 4, 4, 6, 6, 15, 0, 9, 2, 6, 0, 0, 5, 7}; /* ties to the even code */
+    int ok = 1;
+    for (int i = 0; i < 16; i++) ok &= ((i & 1 ? codes[i / 2] >> 4 : codes[i / 2] & 15) == want[i]);
+    CHECK(ok, "nvfp4 codes");
+    float z[16] = {0};
+    m3_kv_round_nvfp4(z, 16, codes, sc);
+    CHECK(sc[0] == 0 && codes[0] == 0, "zero block");
+}
+
 int main(void) {
     test_e4m3();
     test_e2m1_bf16();
@@ -211,6 +226,7 @@ int main(void) {
     test_pool();
     test_sampler();
     test_kv();
+    test_kv_nvfp4();
     printf("%s\n", fails ? "unit tests FAILED" : "unit tests passed");
     return fails ? 1 : 0;
 }

@@ -15,6 +15,7 @@ int m3_cmd_bench(int argc, char **argv);
 int m3_cmd_tokenize(int argc, char **argv);      /* src/cli/tokenize.c */
 int m3_cmd_detokenize(int argc, char **argv);    /* src/cli/tokenize.c */
 int m3_cmd_chat_template(int argc, char **argv); /* src/cli/chat_template.c */
+int m3_cmd_kv_info(int argc, char **argv);       /* src/cli/kv_info.c */
 
 /* shared helpers */
 /* "1,2,3" -> ids (malloc'd); -1 with message on bad input */

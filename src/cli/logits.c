@@ -65,13 +65,13 @@ int m3_cmd_logits(int argc, char **argv) {
         if (i >= argc) { fprintf(stderr, "m3 logits: %s needs a value\n", a); return 2; }
     }
     if (!dir || !ids_s || !out) {
-        fprintf(stderr, "m3 logits: usage: m3 logits -m DIR --ids 1,2,3 [--decode N] [--kv-cache-dtype f32|bf16] [--dump-index] -o OUT.safetensors\n");
+        fprintf(stderr, "m3 logits: usage: m3 logits -m DIR --ids 1,2,3 [--decode N] [--kv-cache-dtype f32|bf16|fp8|nvfp4] [--dump-index] -o OUT.safetensors\n");
         return 2;
     }
     m3_kv_dtype kdt, idt;
-    if (m3_kv_dtype_parse(kvd, &kdt)) { fprintf(stderr, "m3 logits: --kv-cache-dtype: unknown dtype '%s' (f32, bf16)\n", kvd); return 2; }
+    if (m3_kv_dtype_parse(kvd, &kdt)) { fprintf(stderr, "m3 logits: --kv-cache-dtype: unknown dtype '%s' (f32, bf16, fp8, nvfp4)\n", kvd); return 2; }
     if (!ikd) idt = kdt;
-    else if (m3_kv_dtype_parse(ikd, &idt)) { fprintf(stderr, "m3 logits: --index-cache-dtype: unknown dtype '%s' (f32, bf16)\n", ikd); return 2; }
+    else if (m3_kv_dtype_parse(ikd, &idt)) { fprintf(stderr, "m3 logits: --index-cache-dtype: unknown dtype '%s' (f32, bf16, fp8, nvfp4)\n", ikd); return 2; }
     int32_t *ids;
     int T;
     if (m3_cli_parse_ids(ids_s, &ids, &T, &err)) { fprintf(stderr, "m3 logits: %s\n", err.msg); return 2; }

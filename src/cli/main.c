@@ -13,6 +13,7 @@ static void usage(FILE *f) {
             "  bench      -m DIR [--prompt N] [--decode N] [--threads N]\n"
             "  tokenize   -t TOKENIZER [--special]   (text on stdin, ids on stdout)\n"
             "  detokenize -t TOKENIZER [--skip-special] (ids on stdin, text on stdout)\n"
+            "  kv-info    --config config.json|DIR   (KV cache bytes per token and tokens per GiB per dtype)\n"
             "  chat-template -m DIR|--template FILE --messages FILE.json [--tools FILE.json] [--add-generation-prompt] [--kwargs JSON]\n"
             "common: --threads N (default: all cores; $M3_THREADS)\n");
 }
@@ -30,6 +31,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return m3_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "detokenize")) return m3_cmd_detokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "chat-template")) return m3_cmd_chat_template(argc - 1, argv + 1);
+    if (!strcmp(cmd, "kv-info")) return m3_cmd_kv_info(argc - 1, argv + 1);
     fprintf(stderr, "m3: unknown command '%s' (try m3 --help)\n", cmd);
     return 2;
 }

@@ -1,5 +1,7 @@
 /* Paged KV + index-K cache.
  *
+ * Row formats: f32, bf16, FP8 E4M3 (1 byte/value, scale 1), NVFP4 (codes, 2 per byte, then
+ * one E4M3 scale per 16 values: for D = 128 a row is 64 + 8 bytes, the seed's layout).
  * A pool holds n_pages pages of `page` tokens. A page id is valid in every layer (one page
  * table per sequence serves all layers, as in vLLM). Layer L stores page p at
  * base[L] + p * page_bytes[L], laid out head-major so a block read is contiguous:
@@ -55,6 +57,9 @@ void m3_kv_seq_release(m3_kv *kv, m3_kv_seq *s);
 
 /* Writes one token's entry: K or V takes nkv*D values, IK takes Di. Rounds to the dtype. */
 void m3_kv_store(m3_kv *kv, const m3_kv_seq *s, int layer, m3_kv_part part, int pos, const float *x);
+/* NVFP4 rounding of one row (dim % 16 == 0), exposed for tests */
+void m3_kv_round_nvfp4(const float *x, int dim, uint8_t *codes, uint8_t *scales);
+
 /* Zero-copy read: a pointer to the stored row of (part, head, pos), in the cache dtype
  * (kv->dt for K/V, kv->idt for IK), and in *run how many rows from pos on are stored
  * contiguously after it (up to the end of its page). */

@@ -105,10 +105,12 @@ static void idx_tokens(void *arg, size_t t0, size_t t1, int worker) {
     const int Di = j->kv->Di, B = j->block, ni = j->ni;
     int maxnb = 0;
     for (size_t t = t0; t < t1; t++) if (j->b->pos[t] / B + 1 > maxnb) maxnb = j->b->pos[t] / B + 1;
-    float *dots = malloc(sizeof(float) * (size_t)B);
+    /* f32 / bf16 rows are read in place; FP8 / NVFP4 rows are dequantized into rowbuf */
+    const int direct = j->kv->idt == M3_KV_F32 || j->kv->idt == M3_KV_BF16, bf16 = j->kv->idt == M3_KV_BF16;
+    float *dots = malloc(sizeof(float) * (size_t)B * (direct ? 1 : 1 + (size_t)Di));
     float *score = malloc(sizeof(float) * (size_t)maxnb * ni);
     if (!dots || !score) { free(dots); free(score); return; }
-    const int bf16 = j->kv->idt == M3_KV_BF16;
+    float *rowbuf = dots + B;
     for (size_t t = t0; t < t1; t++) {
         int pos = j->b->pos[t], qb = pos / B, nb = qb + 1;
         const m3_kv_seq *s = j->b->seqs[j->b->seq[t]];
@@ -120,8 +122,12 @@ static void idx_tokens(void *arg, size_t t0, size_t t1, int worker) {
                 int run;
                 const void *rows = m3_kv_rows(j->kv, s, j->layer, M3_KV_IK, 0, p0 + i0, &run);
                 if (run > n - i0) run = n - i0;
+                if (!direct) {
+                    m3_kv_load(j->kv, s, j->layer, M3_KV_IK, 0, p0 + i0, run, rowbuf);
+                    rows = rowbuf;
+                }
                 for (int g = 0; g < ni; g++) {
-                    m3_cpu_dots(q + (size_t)g * Di, rows, bf16, run, Di, dots);
+                    m3_cpu_dots(q + (size_t)g * Di, rows, direct && bf16, run, Di, dots);
                     float *m = &score[(size_t)g * nb + blk];
                     for (int i = 0; i < run; i++) if (dots[i] > *m) *m = dots[i];
                 }
@@ -180,10 +186,12 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
     const m3_kv *kv = j->kv;
     const int D = kv->D, nkv = kv->nkv, G = j->nh / nkv;
     const float scale = 1.0f / sqrtf((float)D);
-    float *st = malloc(sizeof(float) * (size_t)G * (2 + D + CHUNK));
+    /* f32 / bf16 rows are read in place; FP8 / NVFP4 rows are dequantized into kbuf / vbuf */
+    const int direct = kv->dt == M3_KV_F32 || kv->dt == M3_KV_BF16, bf16 = kv->dt == M3_KV_BF16;
+    float *st = malloc(sizeof(float) * ((size_t)G * (2 + D + CHUNK) + (direct ? 0 : 2 * (size_t)CHUNK * D)));
     if (!st) return;
-    const int bf16 = kv->dt == M3_KV_BF16;
     float *m = st, *l = st + G, *acc = st + 2 * G, *sc = acc + (size_t)G * D;
+    float *kbuf = sc + CHUNK, *vbuf = kbuf + (size_t)CHUNK * D;
     for (size_t it = i0; it < i1; it++) {
         int t = (int)(it / nkv), g = (int)(it % nkv);
         int pos = j->b->pos[t];
@@ -210,10 +218,16 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
                 const void *vb = m3_kv_rows(kv, s, j->layer, M3_KV_V, g, c0, &n);
                 if (n > e - c0) n = e - c0;
                 if (n > CHUNK) n = CHUNK;
+                if (!direct) {
+                    m3_kv_load(kv, s, j->layer, M3_KV_K, g, c0, n, kbuf);
+                    m3_kv_load(kv, s, j->layer, M3_KV_V, g, c0, n, vbuf);
+                    kb = kbuf;
+                    vb = vbuf;
+                }
                 for (int h = 0; h < G; h++) {
                     const float *qh = j->q + ((size_t)t * j->nh + (size_t)g * G + h) * D;
                     float mx = m[h];
-                    m3_cpu_dots(qh, kb, bf16, n, D, sc);
+                    m3_cpu_dots(qh, kb, direct && bf16, n, D, sc);
                     for (int i = 0; i < n; i++) {
                         sc[i] *= scale;
                         if (sc[i] > mx) mx = sc[i];
@@ -222,7 +236,7 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
                     float *ah = acc + (size_t)h * D;
                     if (corr != 1.0f) for (int d = 0; d < D; d++) ah[d] *= corr;
                     float sum = m3_cpu_exp_shift(sc, n, mx); /* online softmax, flash style */
-                    m3_cpu_pv(ah, sc, vb, bf16, n, D);
+                    m3_cpu_pv(ah, sc, vb, direct && bf16, n, D);
                     l[h] = l[h] * corr + sum;
                     m[h] = mx;
                 }

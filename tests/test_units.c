@@ -140,22 +140,22 @@ static void test_pool(void) {
 
 static void test_sampler(void) {
     float lg[5] = {0.1f, 2.0f, 2.0f, -1.0f, 0.5f};
-    m3_sampling g = {0, 0, 1, 0};
+    m3_sampling g = {.temperature = 0, .top_k = 0, .top_p = 1, .seed = 0};
     m3_rng r;
     m3_rng_seed(&r, 1);
     void *sc = malloc(m3_sample_scratch_bytes(5));
     CHECK(m3_sample(&g, lg, 5, &r, sc) == 1, "greedy tie -> lowest id");
-    m3_sampling k1 = {1.0f, 1, 1, 0};
+    m3_sampling k1 = {.temperature = 1.0f, .top_k = 1, .top_p = 1, .seed = 0};
     CHECK(m3_sample(&k1, lg, 5, &r, sc) == 1, "top-k 1");
     /* distribution check: temperature 1 over logits {0, ln 3}: p = 1/4, 3/4 */
     float two[2] = {0.0f, logf(3.0f)};
-    m3_sampling t1 = {1.0f, 0, 1, 0};
+    m3_sampling t1 = {.temperature = 1.0f, .top_k = 0, .top_p = 1, .seed = 0};
     int c1 = 0, n = 20000;
     for (int i = 0; i < n; i++) c1 += m3_sample(&t1, two, 2, &r, sc);
     double f = (double)c1 / n;
     CHECK(fabs(f - 0.75) < 0.02, "sampled frequency %.3f, want 0.75", f);
     /* top-p 0.5 keeps only the top token */
-    m3_sampling tp = {1.0f, 0, 0.5f, 0};
+    m3_sampling tp = {.temperature = 1.0f, .top_k = 0, .top_p = 0.5f, .seed = 0};
     int other = 0;
     for (int i = 0; i < 1000; i++) other += m3_sample(&tp, two, 2, &r, sc) != 1;
     CHECK(other == 0, "top-p 0.5 drew the dropped token %d times", other);

@@ -29,7 +29,7 @@ static int parse_float(const char *opt, const char *v, float lo, float hi, float
 int m3_cmd_generate(int argc, char **argv) {
     const char *dir = NULL, *ids_s = NULL, *kvd = "f32";
     long n_gen = 16, threads = 0, seed = 0, ubatch = 512, topk = 0;
-    m3_sampling sp = {0, 0, 1.0f, 0};
+    m3_sampling sp = {.temperature = 0, .top_p = 1.0f};
     int ignore_eos = 0;
     m3_err err;
     for (int i = 1; i < argc; i++) {
@@ -45,13 +45,17 @@ int m3_cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--top-k")) { r = m3_cli_int(a, v, 0, 1 << 30, &topk, &err); i++; }
         else if (!strcmp(a, "--temperature")) { if (parse_float(a, v, 0, 100, &sp.temperature)) return 2; i++; }
         else if (!strcmp(a, "--top-p")) { if (parse_float(a, v, 0, 1, &sp.top_p)) return 2; i++; }
+        else if (!strcmp(a, "--min-p")) { if (parse_float(a, v, 0, 1, &sp.min_p)) return 2; i++; }
+        else if (!strcmp(a, "--repetition-penalty")) { if (parse_float(a, v, 0.01f, 100, &sp.repetition_penalty)) return 2; i++; }
+        else if (!strcmp(a, "--presence-penalty")) { if (parse_float(a, v, -2, 2, &sp.presence_penalty)) return 2; i++; }
+        else if (!strcmp(a, "--frequency-penalty")) { if (parse_float(a, v, -2, 2, &sp.frequency_penalty)) return 2; i++; }
         else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1;
         else { fprintf(stderr, "m3 generate: unknown option '%s'\n", a); return 2; }
         if (r) { fprintf(stderr, "m3 generate: %s\n", err.msg); return 2; }
         if (i >= argc) { fprintf(stderr, "m3 generate: %s needs a value\n", a); return 2; }
     }
     if (!dir || !ids_s) {
-        fprintf(stderr, "m3 generate: usage: m3 generate -m DIR --ids 1,2,3 -n N [--temperature T --top-p P --top-k K --seed S]\n");
+        fprintf(stderr, "m3 generate: usage: m3 generate -m DIR --ids 1,2,3 -n N [--temperature T --top-p P --top-k K --min-p P --seed S]\n");
         return 2;
     }
     sp.top_k = (int)topk;
@@ -72,14 +76,17 @@ int m3_cmd_generate(int argc, char **argv) {
     memset(&kv, 0, sizeof kv);
     m3_kv_seq seq = {0};
     float *logits = malloc(sizeof(float) * V);
-    void *scratch = malloc(m3_sample_scratch_bytes(V));
-    if (!logits || !scratch) { fprintf(stderr, "m3 generate: out of memory\n"); goto done; }
+    m3_sample_ws *ws = NULL;
+    m3_sampler *smp = NULL;
+    if (!logits) { fprintf(stderr, "m3 generate: out of memory\n"); goto done; }
+    if (!(ws = m3_sample_ws_create(V, &err)) || !(smp = m3_sampler_create(&sp, V, ids, T, &err))) {
+        fprintf(stderr, "m3 generate: %s\n", err.msg);
+        goto done;
+    }
     if (m3_kv_create(&kv, c, kdt, kdt, page, (int)((T + n_gen + page - 1) / page), &err)) {
         fprintf(stderr, "m3 generate: %s\n", err.msg);
         goto done;
     }
-    m3_rng rng;
-    m3_rng_seed(&rng, sp.seed);
     double t0 = now_s();
     if (m3_run_tokens(&m, &kv, &seq, ids, T, 0, (int)ubatch, logits, &err)) {
         fprintf(stderr, "m3 generate: %s\n", err.msg);
@@ -88,7 +95,12 @@ int m3_cmd_generate(int argc, char **argv) {
     double t1 = now_s();
     int produced = 0;
     for (int i = 0; i < n_gen; i++) {
-        int32_t tok = m3_sample(&sp, logits, V, &rng, scratch);
+        m3_sample_out so;
+        if (m3_sampler_sample(smp, logits, ws, &so, &err) || m3_sampler_accept(smp, so.token, &err)) {
+            fprintf(stderr, "\nm3 generate: %s\n", err.msg);
+            goto done;
+        }
+        int32_t tok = so.token;
         printf("%s%d", i ? " " : "", tok);
         fflush(stdout);
         produced++;
@@ -106,7 +118,9 @@ int m3_cmd_generate(int argc, char **argv) {
             T / (t1 - t0), produced, t2 - t1, produced > 1 ? (produced - 1) / (t2 - t1) : 0.0);
     rc = 0;
 done:
-    free(logits); free(scratch);
+    free(logits);
+    m3_sampler_free(smp);
+    m3_sample_ws_free(ws);
     m3_kv_seq_release(&kv, &seq);
     m3_kv_destroy(&kv);
     free(ids);

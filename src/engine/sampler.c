@@ -1,7 +1,20 @@
+/* Sampling pipeline (see sampler.h for the order and the semantics).
+ *
+ * Speed at V = 200064: no full sort. One pass computes e_i = exp((l_i - max) / T) and, for
+ * the tokens that pass min-p, a histogram by the float exponent of e_i (bin b holds
+ * e in (2^-(b+1), 2^-b]) with counts and masses. The bins give a cut that surely contains the
+ * top-k set (enough tokens) or the top-p set (enough mass); only tokens above the cut are
+ * gathered and sorted (a heap when top-k leaves fewer). Without top-k / top-p the draw
+ * walks the row in id order. */
 #include "sampler.h"
+
+#include "../backend/cpu/cpu.h" /* m3_cpu_exp_shift: vectorized exp */
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* ---------------- RNG ---------------- */
 
 static uint64_t splitmix(uint64_t *x) {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
@@ -25,39 +38,514 @@ static uint64_t next(m3_rng *r) { /* xoshiro256** */
 double m3_rng_uniform(m3_rng *r) { return (next(r) >> 11) * 0x1.0p-53; }
 
 int m3_argmax(const float *x, int n) {
+    /* the running max stays in a register; the first index wins ties */
     int b = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
+    float bv = x[0];
+    for (int i = 1; i < n; i++)
+        if (x[i] > bv) { bv = x[i]; b = i; }
     return b;
 }
 
-size_t m3_sample_scratch_bytes(int V) { return (size_t)V * (sizeof(float) + sizeof(int)); }
+/* ---------------- workspace ---------------- */
 
-typedef struct { float p; int id; } cand;
+typedef struct { float e; int32_t id; } cand;
 
-static int cmp_desc(const void *a, const void *b) {
-    const cand *x = a, *y = b;
-    if (x->p != y->p) return x->p > y->p ? -1 : 1;
-    return x->id - y->id;
+struct m3_sample_ws {
+    int V;
+    float *w;   /* working logits */
+    float *e;   /* exp((w - max) / T) */
+    cand *c;    /* candidates */
+    void *own;  /* non-NULL when the workspace owns the memory */
+};
+
+static size_t ws_bytes(int V) { return (size_t)V * (2 * sizeof(float) + sizeof(cand)); }
+
+static void ws_over(m3_sample_ws *ws, int V, void *mem) {
+    ws->V = V;
+    ws->c = mem; /* cand first: it has the strictest alignment */
+    ws->w = (float *)(ws->c + V);
+    ws->e = ws->w + V;
+    ws->own = NULL;
+}
+
+m3_sample_ws *m3_sample_ws_create(int V, m3_err *err) {
+    if (V <= 0) { m3_errf(err, "sampler workspace: vocabulary size %d, expected > 0", V); return NULL; }
+    m3_sample_ws *ws = malloc(sizeof *ws);
+    void *mem = malloc(ws_bytes(V));
+    if (!ws || !mem) {
+        free(ws); free(mem);
+        m3_errf(err, "sampler workspace: out of memory for V=%d", V);
+        return NULL;
+    }
+    ws_over(ws, V, mem);
+    ws->own = mem;
+    return ws;
+}
+
+void m3_sample_ws_free(m3_sample_ws *ws) {
+    if (!ws) return;
+    free(ws->own);
+    free(ws);
+}
+
+size_t m3_sample_scratch_bytes(int V) { return ws_bytes(V); }
+
+/* ---------------- ordering helpers ---------------- */
+
+/* a ranks before b: larger value, then lower id */
+static int better(cand a, cand b) { return a.e > b.e || (a.e == b.e && a.id < b.id); }
+
+static int cmp_cand(const void *pa, const void *pb) {
+    const cand *a = pa, *b = pb;
+    if (a->e != b->e) return a->e > b->e ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+/* min-heap by rank: h[0] is the worst of the kept */
+static void heap_down(cand *h, int n, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && better(h[m], h[l])) m = l;
+        if (r < n && better(h[m], h[r])) m = r;
+        if (m == i) return;
+        cand t = h[i]; h[i] = h[m]; h[m] = t;
+        i = m;
+    }
+}
+
+/* Keeps the k best of c[0..n) in c[0..k), sorted best first. */
+static void select_topk(cand *c, int n, int k) {
+    if (k >= n) { qsort(c, (size_t)n, sizeof *c, cmp_cand); return; }
+    for (int i = k / 2 - 1; i >= 0; i--) heap_down(c, k, i);
+    for (int i = k; i < n; i++)
+        if (better(c[i], c[0])) { c[0] = c[i]; heap_down(c, k, 0); }
+    qsort(c, (size_t)k, sizeof *c, cmp_cand);
+}
+
+/* Small sorted insertion list for the top logprobs (k <= 20). */
+typedef struct { int n, k; cand v[M3_SAMPLE_MAX_TOP_LOGPROBS]; } toplist;
+
+static void top_push(toplist *t, float x, int32_t id) {
+    cand c = {x, id};
+    if (t->n == t->k) {
+        if (!better(c, t->v[t->n - 1])) return;
+        t->n--;
+    }
+    int j = t->n++;
+    while (j > 0 && better(c, t->v[j - 1])) { t->v[j] = t->v[j - 1]; j--; }
+    t->v[j] = c;
+}
+
+/* log_softmax of x[0..V): the chosen token's logprob and rank, and the top k. */
+static void logprobs_of(const float *x, int V, int chosen, int k, m3_sample_out *out) {
+    float m = -INFINITY;
+    for (int i = 0; i < V; i++) if (x[i] > m) m = x[i];
+    double s = 0;
+    for (int i = 0; i < V; i++) s += expf(x[i] - m);
+    double lse = (double)m + log(s);
+    float xc = x[chosen];
+    int rank = 1;
+    toplist t = {0, k, {{0, 0}}};
+    for (int i = 0; i < V; i++) {
+        rank += x[i] > xc;
+        if (k > 0) top_push(&t, x[i], i);
+    }
+    out->logprob = (float)((double)xc - lse);
+    out->rank = rank;
+    out->n_top = t.n;
+    for (int j = 0; j < t.n; j++) {
+        out->top_ids[j] = t.v[j].id;
+        out->top_logprobs[j] = (float)((double)t.v[j].e - lse);
+    }
+}
+
+/* ---------------- the sampling core ---------------- */
+
+#define NBINS 64
+
+static int bin_of(float e) { /* e in (0, 1]: 0 for [0.5, 1], 1 for [0.25, 0.5), ... */
+    uint32_t u;
+    memcpy(&u, &e, 4);
+    int b = 127 - (int)(u >> 23);
+    return b < 0 ? 0 : b >= NBINS ? NBINS - 1 : b;
+}
+
+typedef struct {
+    int greedy;
+    int n_kept;        /* sorted path: kept = ws->c[0..n_kept); id-order path: -1 */
+    float minp_thr;
+    double total;      /* mass of the kept tokens */
+} pick_info;
+
+/* Steps 3-4 on the working logits w (already biased / penalized). Returns the token. */
+static int pick(const m3_sampling *p, m3_sample_ws *ws, int V, m3_rng *r, pick_info *pi) {
+    const float *w = ws->w;
+    memset(pi, 0, sizeof *pi);
+    pi->n_kept = -1;
+    if (!(p->temperature >= 1e-5f)) { pi->greedy = 1; return m3_argmax(w, V); }
+    float m = w[m3_argmax(w, V)];
+    float invT = 1.0f / p->temperature;
+    float thr = p->min_p > 0 ? (p->min_p > 1 ? 1.0f : p->min_p) : 0.0f; /* e_max == 1 */
+    pi->minp_thr = thr;
+    int use_k = p->top_k > 0 && p->top_k < V;
+    int use_p = p->top_p > 0 && p->top_p < 1;
+    float *e = ws->e;
+    double zm = 0; /* mass passing min-p */
+    int cnt[NBINS] = {0};
+    double mass[NBINS] = {0};
+    /* e = exp((w - max) / T): scaled first, then one vectorized exp pass (-inf -> 0) */
+    for (int i = 0; i < V; i++) e[i] = (w[i] - m) * invT;
+    m3_cpu_exp_shift(e, V, 0.0f);
+    for (int i = 0; i < V; i++) {
+        float x = e[i];
+        if (x > 0 && x >= thr) {
+            zm += x;
+            if (use_k || use_p) { int b = bin_of(x); cnt[b]++; mass[b] += x; }
+        }
+    }
+    if (!use_k && !use_p) { /* min-p at most: draw in id order */
+        double u = m3_rng_uniform(r) * zm, acc = 0;
+        int last = -1;
+        pi->total = zm;
+        for (int i = 0; i < V; i++) {
+            if (!(e[i] > 0 && e[i] >= thr)) continue;
+            acc += e[i];
+            last = i;
+            if (u < acc) return i;
+        }
+        return last;
+    }
+    /* the cut: bins 0..B surely hold the top-k set, or enough mass for top-p */
+    int B = NBINS - 1;
+    if (use_k) {
+        long cc = 0;
+        for (int b = 0; b < NBINS; b++) { cc += cnt[b]; if (cc >= p->top_k) { B = b; break; } }
+    }
+    if (use_p) {
+        double need = (double)p->top_p * zm * (1 + 1e-6), cm = 0;
+        for (int b = 0; b < B; b++) { cm += mass[b]; if (cm >= need) { B = b; break; } }
+    }
+    cand *c = ws->c;
+    int n = 0;
+    for (int i = 0; i < V; i++) {
+        float x = e[i];
+        if (x > 0 && x >= thr && bin_of(x) <= B) { c[n].e = x; c[n].id = i; n++; }
+    }
+    int nk = use_k && n > p->top_k ? p->top_k : n;
+    select_topk(c, n, nk);
+    n = nk;
+    double z = use_k ? 0 : zm; /* top-p renormalizes over what min-p and top-k left */
+    if (use_k) for (int j = 0; j < n; j++) z += c[j].e;
+    double total = 0;
+    if (use_p) {
+        double lim = (double)p->top_p * z;
+        int j = 0;
+        while (j < n && (j == 0 || total < lim)) total += c[j++].e;
+        n = j;
+    } else {
+        total = z;
+    }
+    pi->n_kept = n;
+    pi->total = total;
+    double u = m3_rng_uniform(r) * total, acc = 0;
+    for (int j = 0; j < n; j++) { acc += c[j].e; if (u < acc) return c[j].id; }
+    return c[n - 1].id;
 }
 
 int m3_sample(const m3_sampling *p, const float *logits, int V, m3_rng *r, void *scratch) {
-    if (p->temperature <= 0) return m3_argmax(logits, V);
-    cand *c = scratch; /* V entries of {float, int} fit in the scratch size */
-    float mx = logits[m3_argmax(logits, V)];
-    for (int i = 0; i < V; i++) { c[i].p = expf((logits[i] - mx) / p->temperature); c[i].id = i; }
-    int n = V;
-    qsort(c, (size_t)n, sizeof *c, cmp_desc);
-    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
-    double total = 0;
-    for (int i = 0; i < n; i++) total += c[i].p;
-    if (p->top_p > 0 && p->top_p < 1) {
-        double keep = 0;
-        int m = 0;
-        while (m < n) { keep += c[m].p; m++; if (keep >= p->top_p * total) break; }
-        n = m;
-        total = keep;
+    m3_sample_ws ws;
+    ws_over(&ws, V, scratch);
+    memcpy(ws.w, logits, sizeof(float) * (size_t)V);
+    pick_info pi;
+    return pick(p, &ws, V, r, &pi);
+}
+
+/* ---------------- per-request state ---------------- */
+
+typedef struct { int32_t id, gen; int prompt; } seen_t;
+
+struct m3_sampler {
+    m3_sampling p;
+    int V;
+    m3_rng rng;
+    m3_logit_bias *bias;
+    int32_t *allowed, *banned, *mt_ids;
+    seen_t *seen;      /* distinct ids seen, in first-seen order */
+    int n_seen, cap_seen;
+    int32_t *slot;     /* open addressing: index into seen, -1 empty */
+    int n_slot;        /* power of two, > 2 * n_seen */
+    int n_generated;
+};
+
+static uint32_t hash_id(int32_t id) { return (uint32_t)id * 0x9e3779b1u; }
+
+static int grow(m3_sampler *s) {
+    int ns = s->n_slot ? s->n_slot * 2 : 64;
+    int32_t *sl = malloc(sizeof(int32_t) * (size_t)ns);
+    if (!sl) return -1;
+    for (int i = 0; i < ns; i++) sl[i] = -1;
+    for (int k = 0; k < s->n_seen; k++) {
+        uint32_t h = hash_id(s->seen[k].id) & (uint32_t)(ns - 1);
+        while (sl[h] >= 0) h = (h + 1) & (uint32_t)(ns - 1);
+        sl[h] = k;
     }
-    double u = m3_rng_uniform(r) * total, acc = 0;
-    for (int i = 0; i < n; i++) { acc += c[i].p; if (u < acc) return c[i].id; }
-    return c[n - 1].id;
+    free(s->slot);
+    s->slot = sl;
+    s->n_slot = ns;
+    return 0;
+}
+
+static seen_t *seen_get(m3_sampler *s, int32_t id) {
+    if (2 * (s->n_seen + 1) > s->n_slot && grow(s)) return NULL;
+    if (s->n_seen == s->cap_seen) {
+        int nc = s->cap_seen ? s->cap_seen * 2 : 32;
+        seen_t *ns = realloc(s->seen, sizeof *ns * (size_t)nc);
+        if (!ns) return NULL;
+        s->seen = ns;
+        s->cap_seen = nc;
+    }
+    uint32_t h = hash_id(id) & (uint32_t)(s->n_slot - 1);
+    while (s->slot[h] >= 0) {
+        if (s->seen[s->slot[h]].id == id) return &s->seen[s->slot[h]];
+        h = (h + 1) & (uint32_t)(s->n_slot - 1);
+    }
+    s->slot[h] = s->n_seen;
+    seen_t *e = &s->seen[s->n_seen++];
+    e->id = id; e->gen = 0; e->prompt = 0;
+    return e;
+}
+
+static int32_t *dup_ids(const int32_t *a, int n, int V, const char *what, m3_err *err, int *bad) {
+    if (n <= 0) return NULL;
+    if (!a) { *bad = 1; m3_errf(err, "sampling: %s: %d ids but no array", what, n); return NULL; }
+    for (int i = 0; i < n; i++)
+        if (a[i] < 0 || a[i] >= V) {
+            *bad = 1;
+            m3_errf(err, "sampling: %s: token id %d is outside the vocabulary [0, %d)", what, (int)a[i], V);
+            return NULL;
+        }
+    int32_t *c = malloc(sizeof(int32_t) * (size_t)n);
+    if (!c) { *bad = 1; m3_errf(err, "sampling: out of memory"); return NULL; }
+    memcpy(c, a, sizeof(int32_t) * (size_t)n);
+    return c;
+}
+
+m3_sampler *m3_sampler_create(const m3_sampling *p, int V, const int32_t *prompt, int n_prompt, m3_err *err) {
+    if (V <= 0) { m3_errf(err, "sampling: vocabulary size %d, expected > 0", V); return NULL; }
+    if (!(p->temperature >= 0) || isinf(p->temperature)) { m3_errf(err, "sampling: temperature %g, expected a finite value >= 0", p->temperature); return NULL; }
+    if (!(p->top_p <= 1 && p->top_p >= 0)) { m3_errf(err, "sampling: top_p %g, expected in [0, 1]", p->top_p); return NULL; }
+    if (!(p->min_p <= 1 && p->min_p >= 0)) { m3_errf(err, "sampling: min_p %g, expected in [0, 1]", p->min_p); return NULL; }
+    if (!(p->repetition_penalty >= 0) || isinf(p->repetition_penalty)) { m3_errf(err, "sampling: repetition_penalty %g, expected a finite value > 0", p->repetition_penalty); return NULL; }
+    if (!isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty)) { m3_errf(err, "sampling: presence/frequency penalty not finite"); return NULL; }
+    if (p->top_logprobs < 0 || p->top_logprobs > M3_SAMPLE_MAX_TOP_LOGPROBS) { m3_errf(err, "sampling: top_logprobs %d, expected in [0, %d]", p->top_logprobs, M3_SAMPLE_MAX_TOP_LOGPROBS); return NULL; }
+    if (p->logprobs_mode != M3_LOGPROBS_RAW && p->logprobs_mode != M3_LOGPROBS_PROCESSED) { m3_errf(err, "sampling: unknown logprobs_mode %d", p->logprobs_mode); return NULL; }
+    if (n_prompt > 0 && !prompt) { m3_errf(err, "sampling: %d prompt ids but no array", n_prompt); return NULL; }
+    m3_sampler *s = calloc(1, sizeof *s);
+    if (!s) { m3_errf(err, "sampling: out of memory"); return NULL; }
+    s->p = *p;
+    s->V = V;
+    int bad = 0;
+    s->allowed = dup_ids(p->allowed_ids, p->n_allowed, V, "allowed ids", err, &bad);
+    if (!bad) s->banned = dup_ids(p->banned_ids, p->n_banned, V, "banned ids", err, &bad);
+    if (!bad) s->mt_ids = dup_ids(p->min_tokens_ids, p->n_min_tokens_ids, V, "min_tokens ids", err, &bad);
+    if (!bad && p->n_logit_bias > 0) {
+        if (!p->logit_bias) { bad = 1; m3_errf(err, "sampling: logit_bias: %d entries but no array", p->n_logit_bias); }
+        for (int i = 0; !bad && i < p->n_logit_bias; i++) {
+            if (p->logit_bias[i].token < 0 || p->logit_bias[i].token >= V) {
+                bad = 1;
+                m3_errf(err, "sampling: logit_bias: token id %d is outside the vocabulary [0, %d)", (int)p->logit_bias[i].token, V);
+            } else if (isnan(p->logit_bias[i].bias)) {
+                bad = 1;
+                m3_errf(err, "sampling: logit_bias: token %d has a NaN bias", (int)p->logit_bias[i].token);
+            }
+        }
+        if (!bad && !(s->bias = malloc(sizeof *s->bias * (size_t)p->n_logit_bias))) { bad = 1; m3_errf(err, "sampling: out of memory"); }
+        if (!bad) memcpy(s->bias, p->logit_bias, sizeof *s->bias * (size_t)p->n_logit_bias);
+    }
+    for (int i = 0; !bad && i < n_prompt; i++) {
+        if (prompt[i] < 0 || prompt[i] >= V) { bad = 1; m3_errf(err, "sampling: prompt id %d at %d is outside the vocabulary [0, %d)", (int)prompt[i], i, V); break; }
+        seen_t *e = seen_get(s, prompt[i]);
+        if (!e) { bad = 1; m3_errf(err, "sampling: out of memory"); break; }
+        e->prompt = 1;
+    }
+    if (bad) { m3_sampler_free(s); return NULL; }
+    s->p.logit_bias = s->bias; s->p.allowed_ids = s->allowed; s->p.banned_ids = s->banned; s->p.min_tokens_ids = s->mt_ids;
+    if (s->p.n_allowed < 0) s->p.n_allowed = 0;
+    if (s->p.n_banned < 0) s->p.n_banned = 0;
+    if (s->p.n_logit_bias < 0) s->p.n_logit_bias = 0;
+    if (s->p.n_min_tokens_ids < 0) s->p.n_min_tokens_ids = 0;
+    m3_rng_seed(&s->rng, p->seed);
+    return s;
+}
+
+void m3_sampler_free(m3_sampler *s) {
+    if (!s) return;
+    free(s->bias); free(s->allowed); free(s->banned); free(s->mt_ids);
+    free(s->seen); free(s->slot);
+    free(s);
+}
+
+int m3_sampler_accept(m3_sampler *s, int32_t token, m3_err *err) {
+    if (token < 0 || token >= s->V) return m3_errf(err, "sampling: accepted token %d is outside the vocabulary [0, %d)", (int)token, s->V);
+    seen_t *e = seen_get(s, token);
+    if (!e) return m3_errf(err, "sampling: out of memory");
+    e->gen++;
+    s->n_generated++;
+    return 0;
+}
+
+int m3_sampler_n_generated(const m3_sampler *s) { return s->n_generated; }
+
+/* Steps 1-2: the working logits. */
+static void prepare(const m3_sampler *s, const float *logits, float *w) {
+    const m3_sampling *p = &s->p;
+    const int V = s->V;
+    if (p->n_allowed > 0) {
+        for (int i = 0; i < V; i++) w[i] = -INFINITY;
+        for (int j = 0; j < p->n_allowed; j++) w[p->allowed_ids[j]] = logits[p->allowed_ids[j]];
+    } else {
+        memcpy(w, logits, sizeof(float) * (size_t)V);
+    }
+    for (int j = 0; j < p->n_banned; j++) w[p->banned_ids[j]] = -INFINITY;
+    if (s->n_generated < p->min_tokens)
+        for (int j = 0; j < p->n_min_tokens_ids; j++) w[p->min_tokens_ids[j]] = -INFINITY;
+    for (int j = 0; j < p->n_logit_bias; j++) w[p->logit_bias[j].token] += p->logit_bias[j].bias;
+    float rp = p->repetition_penalty;
+    int use_r = rp > 0 && rp != 1, use_f = p->frequency_penalty != 0, use_pr = p->presence_penalty != 0;
+    if (!use_r && !use_f && !use_pr) return;
+    for (int k = 0; k < s->n_seen; k++) {
+        const seen_t *e = &s->seen[k];
+        float x = w[e->id];
+        if (use_r) x = x > 0 ? x / rp : x * rp; /* prompt or generated: every seen id */
+        if (e->gen > 0) x -= p->frequency_penalty * (float)e->gen + p->presence_penalty;
+        w[e->id] = x;
+    }
+}
+
+int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_sample_out *out, m3_err *err) {
+    const int V = s->V;
+    if (!ws || ws->V < V) return m3_errf(err, "sampling: workspace for V=%d, need %d", ws ? ws->V : 0, V);
+    prepare(s, logits, ws->w);
+    int any = 0;
+    for (int i = 0; i < V && !any; i++) any = ws->w[i] > -INFINITY;
+    if (!any) return m3_errf(err, "sampling: every token is masked (allowed / banned ids, logit_bias, min_tokens)");
+    pick_info pi;
+    int tok = pick(&s->p, ws, V, &s->rng, &pi);
+    memset(out, 0, sizeof *out);
+    out->token = tok;
+    int k = s->p.top_logprobs;
+    if (!s->p.logprobs && k == 0) return 0;
+    if (s->p.logprobs_mode == M3_LOGPROBS_RAW) { logprobs_of(logits, V, tok, k, out); return 0; }
+    if (pi.greedy) { logprobs_of(ws->w, V, tok, k, out); return 0; }
+    /* processed, sampled: log(e_i / total) over the kept tokens, -inf elsewhere */
+    double lt = log(pi.total);
+    const float *e = ws->e;
+    out->logprob = (float)(log((double)e[tok]) - lt);
+    if (pi.n_kept >= 0) { /* kept = c[0..n_kept), sorted */
+        int rank = 1;
+        for (int j = 0; j < pi.n_kept; j++) rank += ws->c[j].e > e[tok];
+        out->rank = rank;
+        out->n_top = k < pi.n_kept ? k : pi.n_kept;
+        for (int j = 0; j < out->n_top; j++) {
+            out->top_ids[j] = ws->c[j].id;
+            out->top_logprobs[j] = (float)(log((double)ws->c[j].e) - lt);
+        }
+    } else {
+        toplist t = {0, k, {{0, 0}}};
+        int rank = 1;
+        for (int i = 0; i < V; i++) {
+            if (!(e[i] > 0 && e[i] >= pi.minp_thr)) continue;
+            rank += e[i] > e[tok];
+            if (k > 0) top_push(&t, e[i], i);
+        }
+        out->rank = rank;
+        out->n_top = t.n;
+        for (int j = 0; j < t.n; j++) {
+            out->top_ids[j] = t.v[j].id;
+            out->top_logprobs[j] = (float)(log((double)t.v[j].e) - lt);
+        }
+    }
+    return 0;
+}
+
+/* ---------------- stop conditions ---------------- */
+
+struct m3_stop {
+    char **str;
+    size_t *len;
+    int n;
+    size_t maxlen;
+    int32_t *ids;
+    int n_ids;
+};
+
+m3_stop *m3_stop_create(const char *const *strs, int n_strs, const int32_t *ids, int n_ids, m3_err *err) {
+    m3_stop *s = calloc(1, sizeof *s);
+    if (!s) { m3_errf(err, "stop: out of memory"); return NULL; }
+    if (n_strs > 0) {
+        s->str = calloc((size_t)n_strs, sizeof *s->str);
+        s->len = calloc((size_t)n_strs, sizeof *s->len);
+        if (!s->str || !s->len) { m3_stop_free(s); m3_errf(err, "stop: out of memory"); return NULL; }
+        for (int i = 0; i < n_strs; i++) {
+            if (!strs[i] || !strs[i][0]) { m3_stop_free(s); m3_errf(err, "stop: stop string %d is empty", i); return NULL; }
+            s->len[i] = strlen(strs[i]);
+            s->str[i] = malloc(s->len[i] + 1);
+            if (!s->str[i]) { m3_stop_free(s); m3_errf(err, "stop: out of memory"); return NULL; }
+            memcpy(s->str[i], strs[i], s->len[i] + 1);
+            s->n = i + 1;
+            if (s->len[i] > s->maxlen) s->maxlen = s->len[i];
+        }
+    }
+    if (n_ids > 0) {
+        s->ids = malloc(sizeof(int32_t) * (size_t)n_ids);
+        if (!s->ids) { m3_stop_free(s); m3_errf(err, "stop: out of memory"); return NULL; }
+        memcpy(s->ids, ids, sizeof(int32_t) * (size_t)n_ids);
+        s->n_ids = n_ids;
+    }
+    return s;
+}
+
+void m3_stop_free(m3_stop *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n; i++) free(s->str[i]);
+    free(s->str); free(s->len); free(s->ids);
+    free(s);
+}
+
+int m3_stop_is_token(const m3_stop *s, int32_t token) {
+    for (int i = 0; i < s->n_ids; i++) if (s->ids[i] == token) return 1;
+    return 0;
+}
+
+int m3_stop_scan(const m3_stop *s, const char *text, size_t len, size_t checked, m3_stop_match *m) {
+    m->which = -1;
+    m->start = m->end = 0;
+    m->safe = len;
+    if (s->n == 0) return 0;
+    if (checked > len) checked = len;
+    size_t from = checked >= s->maxlen ? checked - (s->maxlen - 1) : 0;
+    size_t best = (size_t)-1;
+    for (int i = 0; i < s->n; i++) {
+        size_t L = s->len[i];
+        /* an occurrence that ends after `checked` starts at or after checked - L + 1 */
+        size_t f = checked >= L ? checked - L + 1 : 0;
+        if (f < from) f = from;
+        if (f + L > len) continue;
+        const char *hit = memmem(text + f, len - f, s->str[i], L);
+        if (hit && (size_t)(hit - text) < best) {
+            best = (size_t)(hit - text);
+            m->which = i;
+            m->start = best;
+            m->end = best + L;
+        }
+    }
+    if (m->which >= 0) { m->safe = m->start; return 1; }
+    size_t hold = 0;
+    for (int i = 0; i < s->n; i++) {
+        size_t L = s->len[i];
+        for (size_t h = (L - 1 < len ? L - 1 : len); h > hold; h--)
+            if (!memcmp(text + len - h, s->str[i], h)) { hold = h; break; }
+    }
+    m->safe = len - hold;
+    return 0;
 }

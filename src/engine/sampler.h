@@ -1,28 +1,133 @@
-/* Token sampling: greedy, temperature, top-k, top-p, with a per-request seeded RNG so a
- * request's output is reproducible. */
+/* Token sampling with OpenAI / vLLM semantics, and stop-condition helpers.
+ *
+ * Pieces:
+ *   m3_sampling   the request's parameters (plain struct; zero means "off" for every field
+ *                 after the first four, so `m3_sampling p = {T, top_k, top_p, seed};` works).
+ *   m3_sampler    per-request state: a copy of the parameters, the seeded RNG, and sparse
+ *                 counts of the tokens seen (prompt ids for the repetition penalty, generated
+ *                 ids for presence / frequency). Owned by the request; not thread-safe, but
+ *                 different samplers may be used from different threads at once.
+ *   m3_sample_ws  scratch for one sampling call (about 16 bytes per vocabulary entry). One per
+ *                 worker thread, shared by every request that thread samples for.
+ *   m3_stop       stop token ids and stop strings, with the hold-back a streaming server needs.
+ *
+ * Order of operations (vLLM V1's sampler):
+ *   1. allowed ids (everything else -inf), banned ids -inf, min_tokens (the min_tokens_ids
+ *      are -inf until min_tokens tokens were accepted), logit_bias added;
+ *   2. penalties over the counts: repetition (prompt + generated ids: positive logits divided,
+ *      others multiplied), then frequency (logit -= f * count) and presence
+ *      (logit -= p * (count > 0)) over generated ids only;
+ *   3. temperature < 1e-5: greedy, the argmax of the result of 2 (lowest id on ties); no
+ *      filtering, no random number drawn;
+ *   4. otherwise softmax(logits / T), then min-p (keep p >= min_p * p_max), then top-k, then
+ *      top-p over what is left (renormalized), then one draw. min-p comes before top-k/top-p
+ *      as in vLLM V1 (V0 and HF apply it last; the two differ only when top_p is also set).
+ *   top-k keeps exactly k tokens, ties broken toward the lower id (vLLM keeps every token tied
+ *   with the k-th; exact k makes top_k = 1 equal greedy). top-p keeps a token when the mass of
+ *   the tokens ranked above it is < top_p (so at least one is kept), as vLLM does.
+ *
+ * Reproducibility / batch invariance: a call's result depends only on the logits row, the
+ * sampler's state (RNG + counts) and its parameters: no threads, no reductions whose order
+ * depends on anything else, one uniform draw per non-greedy call. The same seed and the same
+ * logits give the same tokens whatever else shares the batch.
+ *
+ * Logprobs (m3_sampling.logprobs / top_logprobs): by default (M3_LOGPROBS_RAW) computed from
+ * the raw model logits, log_softmax of the row as passed in, before bias, penalties,
+ * temperature and filtering: vLLM's default logprobs_mode "raw_logprobs".
+ * M3_LOGPROBS_PROCESSED reports the distribution actually sampled from: after steps 1-2,
+ * divided by T, filtered tokens at -inf (for greedy: log_softmax of the result of 2).
+ */
 #ifndef M3_SAMPLER_H
 #define M3_SAMPLER_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../base/err.h"
+
+#define M3_SAMPLE_MAX_TOP_LOGPROBS 20 /* OpenAI's limit */
+
+typedef struct m3_logit_bias { int32_t token; float bias; } m3_logit_bias;
+
+enum { M3_LOGPROBS_RAW = 0, M3_LOGPROBS_PROCESSED = 1 };
+
 typedef struct m3_sampling {
-    float temperature;   /* 0 = greedy */
-    int top_k;           /* 0 = off */
-    float top_p;         /* 1 = off */
-    uint64_t seed;
+    float temperature;   /* < 1e-5 = greedy */
+    int top_k;           /* <= 0 or >= V = off */
+    float top_p;         /* <= 0 or >= 1 = off */
+    uint64_t seed;       /* the RNG seed (a server picks one when the request gives none) */
+    float min_p;         /* <= 0 = off */
+    float presence_penalty, frequency_penalty; /* 0 = off (OpenAI range -2..2; not checked here) */
+    float repetition_penalty;                  /* 0 or 1 = off; must be >= 0 */
+    /* arrays are copied by m3_sampler_create; ids must lie in [0, V) */
+    const m3_logit_bias *logit_bias; int n_logit_bias;
+    const int32_t *allowed_ids; int n_allowed; /* n_allowed > 0: only these ids can come out */
+    const int32_t *banned_ids; int n_banned;
+    int min_tokens; const int32_t *min_tokens_ids; int n_min_tokens_ids; /* typically EOS + stop ids */
+    int logprobs;        /* nonzero: report the chosen token's logprob and rank */
+    int top_logprobs;    /* 0..M3_SAMPLE_MAX_TOP_LOGPROBS most likely tokens with logprobs */
+    int logprobs_mode;   /* M3_LOGPROBS_RAW (default) or M3_LOGPROBS_PROCESSED */
 } m3_sampling;
 
+typedef struct m3_sample_out {
+    int32_t token;
+    float logprob;       /* chosen token's logprob (when logprobs or top_logprobs asked) */
+    int32_t rank;        /* 1 + number of tokens with a strictly larger logprob */
+    int n_top;           /* entries in top_ids / top_logprobs, most likely first (ties: lower id) */
+    int32_t top_ids[M3_SAMPLE_MAX_TOP_LOGPROBS];
+    float top_logprobs[M3_SAMPLE_MAX_TOP_LOGPROBS];
+} m3_sample_out;
+
+typedef struct m3_sampler m3_sampler;
+typedef struct m3_sample_ws m3_sample_ws;
+
+/* Checks the parameters against vocabulary size V and copies them; prompt[0..n_prompt) are
+ * counted for the repetition penalty. NULL + err on bad parameters or out of memory. */
+m3_sampler *m3_sampler_create(const m3_sampling *p, int V, const int32_t *prompt, int n_prompt, m3_err *err);
+void m3_sampler_free(m3_sampler *s);
+/* Records a generated token (counts for the penalties, min_tokens progress). Sampling does
+ * not accept by itself: speculative decoding may reject what was sampled. */
+int m3_sampler_accept(m3_sampler *s, int32_t token, m3_err *err);
+int m3_sampler_n_generated(const m3_sampler *s);
+/* Picks the next token from logits[V] (V as given to create; the row is not modified).
+ * Fails only when every token is masked (-inf) or ws is too small. */
+int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_sample_out *out, m3_err *err);
+
+m3_sample_ws *m3_sample_ws_create(int V, m3_err *err);
+void m3_sample_ws_free(m3_sample_ws *ws);
+
+/* ---- RNG and the stateless API (no penalties, bias or logprobs) ---- */
 typedef struct m3_rng { uint64_t s[4]; } m3_rng;
 
 void m3_rng_seed(m3_rng *r, uint64_t seed);
 /* uniform in [0, 1) with 53 random bits */
 double m3_rng_uniform(m3_rng *r);
 
-/* Picks a token from logits[V]. scratch must hold 2*V floats/ints (see m3_sample_scratch_bytes). */
+/* Picks a token from logits[V] with temperature / top-k / top-p / min-p (the sampling part of
+ * the pipeline above; the other fields of p are ignored). scratch: m3_sample_scratch_bytes(V). */
 int m3_sample(const m3_sampling *p, const float *logits, int V, m3_rng *r, void *scratch);
 size_t m3_sample_scratch_bytes(int V);
 /* index of the largest value; ties go to the lowest index */
 int m3_argmax(const float *x, int n);
+
+/* ---- stop conditions ---- */
+typedef struct m3_stop m3_stop;
+
+typedef struct m3_stop_match {
+    int which;           /* index of the stop string found, -1 if none */
+    size_t start, end;   /* its bytes in the text: emit text[0..start) (or [0..end) to include it) */
+    size_t safe;         /* no match: text[0..safe) can be emitted; the rest could still begin a stop string */
+} m3_stop_match;
+
+/* Copies the strings (non-empty) and ids. NULL + err on empty strings or out of memory. */
+m3_stop *m3_stop_create(const char *const *strs, int n_strs, const int32_t *ids, int n_ids, m3_err *err);
+void m3_stop_free(m3_stop *s);
+int m3_stop_is_token(const m3_stop *s, int32_t token);
+/* text[0..len) is the whole output text so far; text[0..checked) was scanned by an earlier
+ * call (0 the first time; then the previous len), so the search only looks at stop strings
+ * that end after `checked`. Returns 1 when a stop string occurs (the earliest start wins; on
+ * the same start, the one listed first) and fills m->which/start/end; else 0 and m->safe =
+ * len minus the longest suffix of the text that is a proper prefix of a stop string. */
+int m3_stop_scan(const m3_stop *s, const char *text, size_t len, size_t checked, m3_stop_match *m);
 
 #endif

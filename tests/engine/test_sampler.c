@@ -1,0 +1,532 @@
+/* Sampler tests: each transform exactly on small hand-made rows, distributions (chi-square,
+ * fixed seeds), reproducibility, logprobs against a float64 log-softmax, the fast candidate
+ * cut against a full sort at V = 200064, stop strings across steps, and ns per sample. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/sampler.h"
+
+static int fails;
+#define CHECK(c, ...) do { if (!(c)) { fails++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+
+#define BIGV 200064
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static m3_sample_ws *WS; /* sized for BIGV, shared by every test (one thread) */
+
+static m3_sampler *mk(const m3_sampling *p, int V, const int32_t *prompt, int np) {
+    m3_err err;
+    m3_sampler *s = m3_sampler_create(p, V, prompt, np, &err);
+    if (!s) { printf("FAIL create: %s\n", err.msg); exit(1); }
+    return s;
+}
+
+static int draw(m3_sampler *s, const float *lg, m3_sample_out *o) {
+    m3_err err;
+    m3_sample_out tmp;
+    if (!o) o = &tmp;
+    if (m3_sampler_sample(s, lg, WS, o, &err)) { printf("FAIL sample: %s\n", err.msg); exit(1); }
+    return o->token;
+}
+
+/* float64 log-softmax */
+static void ref_logsoftmax(const float *x, int V, double *out) {
+    double m = -INFINITY, s = 0;
+    for (int i = 0; i < V; i++) if (x[i] > m) m = x[i];
+    for (int i = 0; i < V; i++) s += exp((double)x[i] - m);
+    for (int i = 0; i < V; i++) out[i] = (double)x[i] - m - log(s);
+}
+
+/* Draws n tokens and checks the frequencies against want[] (chi-square, df = kept - 1;
+ * tokens with want 0 must never appear). The bound is the 1e-4 tail for df <= 9. */
+static void chi2(const char *what, m3_sampler *s, const float *lg, int V, const double *want, int n) {
+    int cnt[64] = {0};
+    for (int i = 0; i < n; i++) cnt[draw(s, lg, NULL)]++;
+    double x2 = 0;
+    int df = -1, bad = 0;
+    for (int i = 0; i < V; i++) {
+        if (want[i] == 0) { bad += cnt[i]; continue; }
+        double e = want[i] * n;
+        x2 += (cnt[i] - e) * (cnt[i] - e) / e;
+        df++;
+    }
+    CHECK(bad == 0, "%s: %d draws of excluded tokens", what, bad);
+    CHECK(x2 < 33.7, "%s: chi-square %.2f (df %d) over %d draws", what, x2, df, n);
+    printf("  %-34s chi2 %6.2f df %d n %d\n", what, x2, df, n);
+}
+
+static void softmax_d(const float *lg, int V, double T, double *p) {
+    double m = -INFINITY, s = 0;
+    for (int i = 0; i < V; i++) if (lg[i] > m) m = lg[i];
+    for (int i = 0; i < V; i++) s += (p[i] = exp((lg[i] - m) / T));
+    for (int i = 0; i < V; i++) p[i] /= s;
+}
+
+static void test_greedy_bias_mask(void) {
+    float lg[5] = {0.1f, 2.0f, 2.0f, -1.0f, 0.5f};
+    m3_sampling g = {.temperature = 0};
+    m3_sampler *s = mk(&g, 5, NULL, 0);
+    CHECK(draw(s, lg, NULL) == 1, "greedy tie -> lowest id");
+    m3_sampler_free(s);
+    /* greedy ignores top-k/top-p/min-p but honours bias and bans */
+    m3_logit_bias b[1] = {{3, 3.5f}};
+    m3_sampling gb = {.temperature = 0, .top_k = 1, .top_p = 0.1f, .min_p = 0.9f, .logit_bias = b, .n_logit_bias = 1};
+    s = mk(&gb, 5, NULL, 0);
+    CHECK(draw(s, lg, NULL) == 3, "greedy + logit_bias +3.5 on id 3");
+    m3_sampler_free(s);
+    int32_t ban[2] = {1, 2};
+    m3_sampling gban = {.banned_ids = ban, .n_banned = 2};
+    s = mk(&gban, 5, NULL, 0);
+    CHECK(draw(s, lg, NULL) == 4, "greedy with 1, 2 banned");
+    m3_sampler_free(s);
+    /* bias forcing and banning while sampling */
+    m3_logit_bias force[1] = {{0, 100}};
+    m3_sampling tf = {.temperature = 1, .seed = 3, .logit_bias = force, .n_logit_bias = 1};
+    s = mk(&tf, 5, NULL, 0);
+    int other = 0;
+    for (int i = 0; i < 2000; i++) other += draw(s, lg, NULL) != 0;
+    CHECK(other == 0, "logit_bias +100 forces id 0 (%d others)", other);
+    m3_sampler_free(s);
+    m3_logit_bias nob[2] = {{1, -100}, {2, -100}};
+    m3_sampling tb = {.temperature = 1, .seed = 4, .logit_bias = nob, .n_logit_bias = 2};
+    s = mk(&tb, 5, NULL, 0);
+    int hit = 0;
+    for (int i = 0; i < 2000; i++) { int t = draw(s, lg, NULL); hit += t == 1 || t == 2; }
+    CHECK(hit == 0, "logit_bias -100 bans ids 1, 2 (%d draws)", hit);
+    m3_sampler_free(s);
+    int32_t al[2] = {0, 3};
+    m3_sampling ta = {.temperature = 1, .seed = 5, .allowed_ids = al, .n_allowed = 2};
+    s = mk(&ta, 5, NULL, 0);
+    double want[5] = {0};
+    want[0] = exp(0.1) / (exp(0.1) + exp(-1.0));
+    want[3] = 1 - want[0];
+    chi2("allowed ids {0, 3}", s, lg, 5, want, 20000);
+    m3_sampler_free(s);
+    /* everything masked: an error, not a token */
+    int32_t all[5] = {0, 1, 2, 3, 4};
+    m3_sampling tm = {.temperature = 1, .banned_ids = all, .n_banned = 5};
+    s = mk(&tm, 5, NULL, 0);
+    m3_err err;
+    m3_sample_out o;
+    CHECK(m3_sampler_sample(s, lg, WS, &o, &err) == -1 && strstr(err.msg, "masked"), "all banned -> error");
+    m3_sampler_free(s);
+    /* min_tokens bans the listed ids until enough were accepted */
+    int32_t eos[1] = {1};
+    m3_sampling mt = {.temperature = 0, .min_tokens = 2, .min_tokens_ids = eos, .n_min_tokens_ids = 1};
+    s = mk(&mt, 5, NULL, 0);
+    CHECK(draw(s, lg, NULL) == 2, "min_tokens bans eos id 1 at step 0");
+    m3_sampler_accept(s, 2, &err);
+    m3_sampler_accept(s, 2, &err);
+    CHECK(draw(s, lg, NULL) == 1, "min_tokens lifted after 2 tokens");
+    m3_sampler_free(s);
+    /* bad parameters */
+    m3_logit_bias oob[1] = {{5, 1}};
+    m3_sampling bad = {.logit_bias = oob, .n_logit_bias = 1};
+    CHECK(!m3_sampler_create(&bad, 5, NULL, 0, &err) && strstr(err.msg, "outside"), "bias id out of range: %s", err.msg);
+    m3_sampling badp = {.top_p = 1.5f};
+    CHECK(!m3_sampler_create(&badp, 5, NULL, 0, &err), "top_p 1.5 refused");
+    int32_t pr[1] = {7};
+    CHECK(!m3_sampler_create(&g, 5, pr, 1, &err), "prompt id out of range refused");
+}
+
+static void test_penalties(void) {
+    /* read the processed logits back through greedy processed logprobs = log_softmax(w) */
+    float lg[5] = {2.0f, -1.0f, 0.5f, 3.0f, -2.0f};
+    int32_t prompt[2] = {0, 1};
+    m3_logit_bias b[1] = {{4, 1.0f}};
+    m3_sampling p = {.temperature = 0, .repetition_penalty = 2, .presence_penalty = 0.5f, .frequency_penalty = 0.25f,
+                     .logit_bias = b, .n_logit_bias = 1, .top_logprobs = 5, .logprobs = 1,
+                     .logprobs_mode = M3_LOGPROBS_PROCESSED};
+    m3_sampler *s = mk(&p, 5, prompt, 2);
+    m3_err err;
+    m3_sampler_accept(s, 2, &err);
+    m3_sampler_accept(s, 2, &err);
+    m3_sampler_accept(s, 3, &err);
+    /* 0: prompt, 2 > 0 -> 1; 1: prompt, -1 -> -2; 2: 0.5/2 - 2*0.25 - 0.5 = -0.75;
+     * 3: 3/2 - 0.25 - 0.5 = 0.75; 4: unseen, -2 + bias 1 = -1 */
+    float want[5] = {1.0f, -2.0f, -0.75f, 0.75f, -1.0f};
+    double lw[5];
+    ref_logsoftmax(want, 5, lw);
+    m3_sample_out o;
+    int t = draw(s, lg, &o);
+    CHECK(t == 0, "penalized argmax is id 0 (got %d)", t);
+    CHECK(o.n_top == 5, "5 top logprobs");
+    double md = 0;
+    for (int j = 0; j < o.n_top; j++) md = fmax(md, fabs(o.top_logprobs[j] - lw[o.top_ids[j]]));
+    CHECK(md < 1e-6, "penalized logits: max |diff| %.2e", md);
+    CHECK(o.top_ids[0] == 0 && o.top_ids[1] == 3 && o.top_ids[2] == 2 && o.top_ids[3] == 4 && o.top_ids[4] == 1, "order of processed top logprobs");
+    /* raw mode on the same state reports the unpenalized row */
+    m3_sampler_free(s);
+    p.logprobs_mode = M3_LOGPROBS_RAW;
+    s = mk(&p, 5, prompt, 2);
+    m3_sampler_accept(s, 2, &err);
+    t = draw(s, lg, &o);
+    double lr[5];
+    ref_logsoftmax(lg, 5, lr);
+    CHECK(o.top_ids[0] == 3 && fabs(o.top_logprobs[0] - lr[3]) < 1e-6, "raw logprobs ignore penalties");
+    CHECK(t == 3 && fabs(o.logprob - lr[t]) < 1e-6 && o.rank == 1, "raw chosen logprob / rank (token %d rank %d)", t, o.rank);
+    m3_sampler_free(s);
+    /* negative presence / frequency raise a seen token */
+    m3_sampling q = {.temperature = 0, .presence_penalty = -2};
+    s = mk(&q, 5, NULL, 0);
+    m3_sampler_accept(s, 0, &err);
+    CHECK(draw(s, lg, NULL) == 0, "negative presence penalty favours a generated token");
+    m3_sampler_free(s);
+    printf("  penalties: processed logits max |diff| %.2e\n", md);
+}
+
+static void test_distributions(void) {
+    float lg[6] = {0.0f, 1.0f, 2.0f, -1.0f, 0.5f, 1.5f};
+    double p[6], w[6];
+    int N = 100000;
+    /* temperature */
+    const float temps[3] = {0.5f, 1.0f, 2.0f};
+    for (int k = 0; k < 3; k++) {
+        m3_sampling sp = {.temperature = temps[k], .seed = 11 + k};
+        m3_sampler *s = mk(&sp, 6, NULL, 0);
+        softmax_d(lg, 6, temps[k], p);
+        char name[64];
+        snprintf(name, sizeof name, "temperature %.1f", temps[k]);
+        chi2(name, s, lg, 6, p, N);
+        m3_sampler_free(s);
+    }
+    /* top-k 3 at T = 0.8: ids 2, 5, 1 */
+    {
+        m3_sampling sp = {.temperature = 0.8f, .top_k = 3, .seed = 21};
+        m3_sampler *s = mk(&sp, 6, NULL, 0);
+        softmax_d(lg, 6, 0.8, p);
+        double z = p[2] + p[5] + p[1];
+        for (int i = 0; i < 6; i++) w[i] = (i == 2 || i == 5 || i == 1) ? p[i] / z : 0;
+        chi2("top-k 3, T 0.8", s, lg, 6, w, N);
+        m3_sampler_free(s);
+    }
+    /* top-p over probabilities .4 .3 .2 .1 */
+    float pl[4] = {logf(0.4f), logf(0.3f), logf(0.2f), logf(0.1f)};
+    {
+        m3_sampling sp = {.temperature = 1, .top_p = 0.75f, .seed = 22};
+        m3_sampler *s = mk(&sp, 4, NULL, 0);
+        double want[4] = {0.4 / 0.9, 0.3 / 0.9, 0.2 / 0.9, 0};
+        chi2("top-p 0.75 of .4/.3/.2/.1", s, pl, 4, want, N);
+        m3_sampler_free(s);
+    }
+    /* min-p */
+    float ml[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
+    {
+        m3_sampling sp = {.temperature = 1, .min_p = 0.2f, .seed = 24};
+        m3_sampler *s = mk(&sp, 4, NULL, 0);
+        double want[4] = {0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0};
+        chi2("min-p 0.2 of .5/.3/.15/.05", s, ml, 4, want, N);
+        m3_sampler_free(s);
+        /* vLLM V1 order: min-p, then top-p over the renormalized rest (.5/.95 + .3/.95 > .8) */
+        m3_sampling sp2 = {.temperature = 1, .min_p = 0.2f, .top_p = 0.8f, .seed = 25};
+        s = mk(&sp2, 4, NULL, 0);
+        double want2[4] = {0.5 / 0.8, 0.3 / 0.8, 0, 0};
+        chi2("min-p 0.2 then top-p 0.8", s, ml, 4, want2, N);
+        m3_sampler_free(s);
+        /* min-p with T: ratio test on softmax(l / T) */
+        m3_sampling sp3 = {.temperature = 2, .min_p = 0.5f, .seed = 26};
+        s = mk(&sp3, 4, NULL, 0);
+        double q[4];
+        softmax_d(ml, 4, 2.0, q);
+        double z = 0;
+        double q0 = q[0];
+        for (int i = 0; i < 4; i++) z += q[i] >= 0.5 * q0 ? q[i] : 0;
+        for (int i = 0; i < 4; i++) q[i] = q[i] >= 0.5 * q0 ? q[i] / z : 0;
+        chi2("min-p 0.5, T 2", s, ml, 4, q, N);
+        m3_sampler_free(s);
+    }
+    /* top-k + top-p: top-p renormalizes over the top-k set */
+    {
+        m3_sampling sp = {.temperature = 1, .top_k = 3, .top_p = 0.6f, .seed = 27};
+        m3_sampler *s = mk(&sp, 4, NULL, 0);
+        /* top-3: .4 .3 .2 (z .9): .4/.9 = .444 < .6 -> keep .3 too; then .7/.9 >= .6 stops */
+        double want[4] = {0.4 / 0.7, 0.3 / 0.7, 0, 0};
+        chi2("top-k 3 + top-p 0.6", s, pl, 4, want, N);
+        m3_sampler_free(s);
+    }
+    /* the legacy stateless API */
+    {
+        float two[2] = {0.0f, logf(3.0f)};
+        m3_sampling t1 = {.temperature = 1, .top_p = 1};
+        m3_rng r;
+        m3_rng_seed(&r, 1);
+        void *sc = malloc(m3_sample_scratch_bytes(2));
+        int c1 = 0, n = 40000;
+        for (int i = 0; i < n; i++) c1 += m3_sample(&t1, two, 2, &r, sc);
+        double f = (double)c1 / n, sd = sqrt(0.75 * 0.25 / n);
+        CHECK(fabs(f - 0.75) < 5 * sd, "legacy m3_sample frequency %.4f, want 0.75", f);
+        free(sc);
+    }
+}
+
+static void test_top_p_small(void) {
+    /* top-p 0.35 keeps only the 0.4 token: the mass above the second (.4) is >= .35 */
+    float pl[4] = {logf(0.4f), logf(0.3f), logf(0.2f), logf(0.1f)};
+    m3_sampling sp = {.temperature = 1, .top_p = 0.35f, .seed = 28};
+    m3_sampler *s = mk(&sp, 4, NULL, 0);
+    int other = 0;
+    for (int i = 0; i < 5000; i++) other += draw(s, pl, NULL) != 0;
+    CHECK(other == 0, "top-p 0.35 keeps one token (%d others)", other);
+    m3_sampler_free(s);
+}
+
+static float gauss(m3_rng *r) {
+    double u = m3_rng_uniform(r), v = m3_rng_uniform(r);
+    return (float)(sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v));
+}
+
+static void make_row(float *lg, int V, uint64_t seed, float scale) {
+    m3_rng r;
+    m3_rng_seed(&r, seed);
+    for (int i = 0; i < V; i++) lg[i] = scale * gauss(&r);
+}
+
+/* reference kept set by a full sort, in the header's order: min-p, top-k, top-p */
+typedef struct { float e; int id; } rc;
+static int cmp_rc(const void *a, const void *b) {
+    const rc *x = a, *y = b;
+    if (x->e != y->e) return x->e > y->e ? -1 : 1;
+    return x->id - y->id;
+}
+static int ref_kept(const float *lg, int V, const m3_sampling *p, rc *c, double *total) {
+    float m = -INFINITY;
+    for (int i = 0; i < V; i++) if (lg[i] > m) m = lg[i];
+    int n = 0;
+    for (int i = 0; i < V; i++) {
+        float e = expf((lg[i] - m) * (1.0f / p->temperature));
+        if (e > 0 && e >= p->min_p) { c[n].e = e; c[n].id = i; n++; }
+    }
+    qsort(c, (size_t)n, sizeof *c, cmp_rc);
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    double z = 0;
+    for (int j = 0; j < n; j++) z += c[j].e;
+    if (p->top_p > 0 && p->top_p < 1) {
+        double acc = 0;
+        int j = 0;
+        while (j < n && (j == 0 || acc < p->top_p * z)) acc += c[j++].e;
+        n = j;
+        z = acc;
+    }
+    *total = z;
+    return n;
+}
+
+static void test_big(void) {
+    float *lg = malloc(sizeof(float) * BIGV);
+    rc *c = malloc(sizeof(rc) * BIGV);
+    double *ls = malloc(sizeof(double) * BIGV);
+    const struct { float T; int k; float p, minp; float scale; } cases[] = {
+        {1.0f, 50, 0, 0, 3}, {0.7f, 0, 0.9f, 0, 3}, {1.0f, 0, 0.95f, 0.01f, 3}, {1.3f, 40, 0.8f, 0.02f, 3},
+        {1.0f, 0, 0.9f, 0, 0.2f}, {1.0f, 1000, 0.99f, 0, 1}, {1.0f, 0, 0.5f, 0, 6}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        make_row(lg, BIGV, 100 + ci, cases[ci].scale);
+        m3_sampling sp = {.temperature = cases[ci].T, .top_k = cases[ci].k, .top_p = cases[ci].p, .min_p = cases[ci].minp,
+                          .seed = 7, .logprobs = 1, .top_logprobs = 20, .logprobs_mode = M3_LOGPROBS_PROCESSED};
+        double total;
+        int n = ref_kept(lg, BIGV, &sp, c, &total);
+        char *in = calloc(BIGV, 1);
+        for (int j = 0; j < n; j++) in[c[j].id] = 1;
+        m3_sampler *s = mk(&sp, BIGV, NULL, 0);
+        m3_sample_out o;
+        int out = 0;
+        for (int it = 0; it < 200; it++) {
+            int t = draw(s, lg, &o);
+            out += !in[t];
+        }
+        CHECK(out == 0, "case %zu: %d draws outside the reference kept set (%d kept)", ci, out, n);
+        /* processed top logprobs = the reference's kept set, renormalized */
+        int nt = n < 20 ? n : 20;
+        double md = 0;
+        int idok = o.n_top == nt;
+        for (int j = 0; j < nt && idok; j++) {
+            idok &= o.top_ids[j] == c[j].id;
+            md = fmax(md, fabs(o.top_logprobs[j] - (log((double)c[j].e) - log(total))));
+        }
+        CHECK(idok && md < 1e-5, "case %zu: processed top logprobs (ids %s, max diff %.2e)", ci, idok ? "ok" : "differ", md);
+        m3_sampler_free(s);
+        free(in);
+        printf("  V=%d T %.1f top-k %4d top-p %.2f min-p %.2f scale %.1f: kept %6d, draws inside, top20 diff %.1e\n", BIGV,
+               cases[ci].T, cases[ci].k, cases[ci].p, cases[ci].minp, cases[ci].scale, n, md);
+    }
+    /* raw logprobs at V = 200064 against float64 log-softmax */
+    make_row(lg, BIGV, 999, 4);
+    ref_logsoftmax(lg, BIGV, ls);
+    m3_sampling sp = {.temperature = 1, .top_p = 0.9f, .seed = 8, .logprobs = 1, .top_logprobs = 20};
+    m3_sampler *s = mk(&sp, BIGV, NULL, 0);
+    m3_sample_out o;
+    double md = 0;
+    int rank_ok = 1, order_ok = 1;
+    for (int it = 0; it < 20; it++) {
+        int t = draw(s, lg, &o);
+        md = fmax(md, fabs(o.logprob - ls[t]));
+        int rk = 1;
+        for (int i = 0; i < BIGV; i++) rk += ls[i] > ls[t];
+        rank_ok &= rk == o.rank;
+        for (int j = 0; j < o.n_top; j++) {
+            md = fmax(md, fabs(o.top_logprobs[j] - ls[o.top_ids[j]]));
+            if (j) order_ok &= o.top_logprobs[j] <= o.top_logprobs[j - 1];
+        }
+    }
+    /* the top 20 ids are the 20 largest */
+    for (int i = 0; i < BIGV; i++) { c[i].e = lg[i]; c[i].id = i; }
+    qsort(c, BIGV, sizeof *c, cmp_rc);
+    int ids_ok = o.n_top == 20;
+    for (int j = 0; j < 20 && ids_ok; j++) ids_ok &= o.top_ids[j] == c[j].id;
+    CHECK(md < 2e-5, "raw logprobs vs float64 log-softmax: max |diff| %.2e", md);
+    CHECK(rank_ok && order_ok && ids_ok, "raw ranks %d, order %d, top-20 ids %d", rank_ok, order_ok, ids_ok);
+    printf("  raw logprobs V=%d: max |diff| vs float64 log-softmax %.2e, ranks and top-20 ids exact\n", BIGV, md);
+    m3_sampler_free(s);
+    free(lg); free(c); free(ls);
+}
+
+static void test_seeds(void) {
+    float *a = malloc(sizeof(float) * BIGV), *b = malloc(sizeof(float) * BIGV);
+    make_row(a, BIGV, 1, 2);
+    make_row(b, BIGV, 2, 2);
+    m3_sampling sp = {.temperature = 1, .top_p = 0.95f, .seed = 1234, .presence_penalty = 0.3f};
+    m3_sampling other = {.temperature = 0.8f, .top_k = 20, .seed = 99};
+    int seq1[64], seq2[64], seq3[64];
+    m3_err err;
+    /* alone */
+    m3_sampler *s = mk(&sp, BIGV, NULL, 0);
+    for (int i = 0; i < 64; i++) { seq1[i] = draw(s, (i & 1) ? a : b, NULL); m3_sampler_accept(s, seq1[i], &err); }
+    m3_sampler_free(s);
+    /* interleaved with another request sharing the workspace ("batch") */
+    s = mk(&sp, BIGV, NULL, 0);
+    m3_sampler *o = mk(&other, BIGV, NULL, 0);
+    for (int i = 0; i < 64; i++) {
+        for (int j = 0; j < i % 3; j++) m3_sampler_accept(o, draw(o, a, NULL), &err);
+        seq2[i] = draw(s, (i & 1) ? a : b, NULL);
+        m3_sampler_accept(s, seq2[i], &err);
+    }
+    m3_sampler_free(s); m3_sampler_free(o);
+    m3_sampling sp3 = sp;
+    sp3.seed = 1235;
+    s = mk(&sp3, BIGV, NULL, 0);
+    for (int i = 0; i < 64; i++) { seq3[i] = draw(s, (i & 1) ? a : b, NULL); m3_sampler_accept(s, seq3[i], &err); }
+    m3_sampler_free(s);
+    CHECK(!memcmp(seq1, seq2, sizeof seq1), "same seed, interleaved with another request: same tokens");
+    CHECK(memcmp(seq1, seq3, sizeof seq1), "another seed: other tokens");
+    free(a); free(b);
+}
+
+typedef struct { const char *chunks[8]; const char *want; int stops; } stop_case;
+
+static void test_stop(void) {
+    const char *strs[3] = {"</s>", "STOP", "ab"};
+    int32_t ids[2] = {7, 9};
+    m3_err err;
+    m3_stop *st = m3_stop_create(strs, 3, ids, 2, &err);
+    CHECK(st && m3_stop_is_token(st, 9) && !m3_stop_is_token(st, 8), "stop ids");
+    const stop_case cs[] = {
+        {{"hello <", "/", "s> more", NULL}, "hello ", 1},
+        {{"x<", "y", " ST", "O", "P!", NULL}, "x<y ", 1},
+        {{"no stop here", " at all", NULL}, "no stop here at all", 0},
+        {{"a", "a", "a", "b", NULL}, "aa", 1},
+        {{"S", "T", "O", "</", "s", ">", NULL}, "STO", 1},
+        {{"<</s", ">", NULL}, "<", 1},
+        {{"\xc3\xa9", "</", "x", NULL}, "\xc3\xa9</x", 0},
+    };
+    for (size_t k = 0; k < sizeof cs / sizeof *cs; k++) {
+        char text[256] = "", emitted[256] = "";
+        size_t len = 0, checked = 0, sent = 0;
+        int stopped = 0;
+        for (int j = 0; cs[k].chunks[j] && !stopped; j++) {
+            size_t cl = strlen(cs[k].chunks[j]);
+            memcpy(text + len, cs[k].chunks[j], cl);
+            len += cl;
+            m3_stop_match m;
+            stopped = m3_stop_scan(st, text, len, checked, &m);
+            checked = len;
+            size_t upto = stopped ? m.start : m.safe;
+            if (upto > sent) { memcpy(emitted + sent, text + sent, upto - sent); sent = upto; }
+            emitted[sent] = 0;
+        }
+        if (!stopped) { memcpy(emitted + sent, text + sent, len - sent); emitted[len] = 0; } /* flush at the end */
+        CHECK(stopped == cs[k].stops && !strcmp(emitted, cs[k].want), "stop case %zu: stopped %d, emitted '%s', want '%s'", k,
+              stopped, emitted, cs[k].want);
+    }
+    /* hold-back amounts */
+    m3_stop_match m;
+    CHECK(m3_stop_scan(st, "xab", 3, 0, &m) == 1 && m.which == 2 && m.start == 1 && m.end == 3, "match fields");
+    CHECK(!m3_stop_scan(st, "xyz ST", 6, 0, &m) && m.safe == 4, "hold 'ST' (safe %zu)", m.safe);
+    CHECK(!m3_stop_scan(st, "xyz <", 5, 0, &m) && m.safe == 4, "hold '<'");
+    CHECK(!m3_stop_scan(st, "xyz a", 5, 0, &m) && m.safe == 4, "hold 'a'");
+    CHECK(!m3_stop_scan(st, "xyz", 3, 0, &m) && m.safe == 3, "nothing held");
+    /* an old match is not reported again once checked is past it, the earliest start wins */
+    CHECK(m3_stop_scan(st, "1 STOP ab", 9, 0, &m) == 1 && m.which == 1 && m.start == 2, "earliest stop wins");
+    const char *empty[1] = {""};
+    CHECK(!m3_stop_create(empty, 1, NULL, 0, &err), "empty stop string refused");
+    m3_stop_free(st);
+}
+
+static double bench(const char *what, const m3_sampling *p, const float *lg, int np) {
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(np ? np : 1));
+    for (int i = 0; i < np; i++) prompt[i] = (int32_t)((i * 7919u) % BIGV);
+    m3_sampler *s = mk(p, BIGV, prompt, np);
+    m3_err err;
+    for (int i = 0; i < 3; i++) draw(s, lg, NULL);
+    int n = 0;
+    double t0 = now_s(), t1;
+    do {
+        int t = draw(s, lg, NULL);
+        m3_sampler_accept(s, t, &err);
+        n++;
+        t1 = now_s();
+    } while (t1 - t0 < 0.3 || n < 10);
+    double ns = (t1 - t0) / n * 1e9;
+    printf("  %-58s %9.0f ns/sample\n", what, ns);
+    m3_sampler_free(s);
+    free(prompt);
+    return ns;
+}
+
+static void test_speed(void) {
+    float *lg = malloc(sizeof(float) * BIGV);
+    make_row(lg, BIGV, 5, 3);
+    printf("speed, V=%d, logits N(0, 3^2), one thread:\n", BIGV);
+    m3_sampling g = {.temperature = 0};
+    bench("greedy", &g, lg, 0);
+    m3_sampling t = {.temperature = 1, .seed = 1};
+    bench("T 1, no filter", &t, lg, 0);
+    m3_sampling k = {.temperature = 0.7f, .top_k = 50, .seed = 1};
+    bench("T 0.7, top-k 50", &k, lg, 0);
+    m3_sampling pp = {.temperature = 0.7f, .top_p = 0.9f, .seed = 1};
+    bench("T 0.7, top-p 0.9", &pp, lg, 0);
+    m3_sampling all = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.01f, .seed = 1};
+    bench("T 0.8, top-k 40, top-p 0.95, min-p 0.01", &all, lg, 0);
+    m3_sampling pen = {.temperature = 0.8f, .top_p = 0.95f, .seed = 1, .repetition_penalty = 1.1f,
+                       .presence_penalty = 0.5f, .frequency_penalty = 0.5f};
+    bench("T 0.8, top-p 0.95, 3 penalties, 4096-token prompt", &pen, lg, 4096);
+    m3_sampling lp = {.temperature = 0.8f, .top_p = 0.95f, .seed = 1, .logprobs = 1, .top_logprobs = 20};
+    bench("T 0.8, top-p 0.95, logprobs + top_logprobs 20 (raw)", &lp, lg, 0);
+    make_row(lg, BIGV, 6, 0.1f);
+    bench("worst case: near-flat logits N(0, 0.1^2), top-p 0.9", &pp, lg, 0);
+    free(lg);
+}
+
+int main(void) {
+    m3_err err;
+    WS = m3_sample_ws_create(BIGV, &err);
+    if (!WS) { printf("FAIL %s\n", err.msg); return 1; }
+    test_greedy_bias_mask();
+    test_penalties();
+    test_distributions();
+    test_top_p_small();
+    test_big();
+    test_seeds();
+    test_stop();
+    test_speed();
+    m3_sample_ws_free(WS);
+    if (fails) { printf("%d sampler check(s) failed\n", fails); return 1; }
+    printf("sampler tests passed\n");
+    return 0;
+}

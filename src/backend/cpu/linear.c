@@ -330,23 +330,29 @@ AVX2 static INLINE void row_dot(const m3_linear *W, int n, const float *x0, cons
 }
 
 /* rows [n0, n1) for tokens [t0, t1): pairs of tokens, then a single one */
-AVX2 static void rows_avx2(const m3_linear *W, int n0, int n1, const float *x, int t0, int t1, float *S, float *y) {
-    const int K = W->K, N = W->N;
-    float o[2];
-    for (int n = n0; n < n1; n++) {
-        if (W->fmt == M3_WF_NVFP4) nvfp4_row_scales(W->scale + (size_t)n * W->scale_row, K / 16, W->gmul, S);
-        int t = t0;
-        for (; t + 2 <= t1; t += 2) {
-            row_dot(W, n, x + (size_t)t * K, x + (size_t)(t + 1) * K, 2, S, o);
-            y[(size_t)t * N + n] = o[0];
-            y[(size_t)(t + 1) * N + n] = o[1];
-        }
-        if (t < t1) {
-            row_dot(W, n, x + (size_t)t * K, NULL, 1, S, o);
-            y[(size_t)t * N + n] = o[0];
-        }
+/* rows [n0, n1) for tokens [t0, t1): pairs of tokens, then a single one; the NVFP4 row
+ * scales are converted once per row. One driver per kernel set (ATTR, ROW_DOT, SCALES). */
+#define DEFINE_ROWS(NAME, ATTR, ROW_DOT, SCALES)                                                      \
+    ATTR static void NAME(const m3_linear *W, int n0, int n1, const float *x, int t0, int t1, float *S, \
+                          float *y) {                                                                 \
+        const int K = W->K, N = W->N;                                                                 \
+        float o[2];                                                                                   \
+        for (int n = n0; n < n1; n++) {                                                               \
+            if (W->fmt == M3_WF_NVFP4) SCALES(W->scale + (size_t)n * W->scale_row, K / 16, W->gmul, S); \
+            int t = t0;                                                                               \
+            for (; t + 2 <= t1; t += 2) {                                                             \
+                ROW_DOT(W, n, x + (size_t)t * K, x + (size_t)(t + 1) * K, 2, S, o);                   \
+                y[(size_t)t * N + n] = o[0];                                                          \
+                y[(size_t)(t + 1) * N + n] = o[1];                                                    \
+            }                                                                                         \
+            if (t < t1) {                                                                             \
+                ROW_DOT(W, n, x + (size_t)t * K, NULL, 1, S, o);                                      \
+                y[(size_t)t * N + n] = o[0];                                                          \
+            }                                                                                         \
+        }                                                                                             \
     }
-}
+
+DEFINE_ROWS(rows_avx2, AVX2, row_dot, nvfp4_row_scales)
 
 /* ------------------------------------------------------------------ AVX-512
  * The same scheme 16 lanes wide: chunks of KC columns, four 16-lane accumulators taking the
@@ -486,23 +492,7 @@ AVX512 static INLINE void row_dot512(const m3_linear *W, int n, const float *x0,
     if (NT == 2) out[1] = acc1;
 }
 
-AVX512 static void rows_avx512(const m3_linear *W, int n0, int n1, const float *x, int t0, int t1, float *S, float *y) {
-    const int K = W->K, N = W->N;
-    float o[2];
-    for (int n = n0; n < n1; n++) {
-        if (W->fmt == M3_WF_NVFP4) nvfp4_scales512(W->scale + (size_t)n * W->scale_row, K / 16, W->gmul, S);
-        int t = t0;
-        for (; t + 2 <= t1; t += 2) {
-            row_dot512(W, n, x + (size_t)t * K, x + (size_t)(t + 1) * K, 2, S, o);
-            y[(size_t)t * N + n] = o[0];
-            y[(size_t)(t + 1) * N + n] = o[1];
-        }
-        if (t < t1) {
-            row_dot512(W, n, x + (size_t)t * K, NULL, 1, S, o);
-            y[(size_t)t * N + n] = o[0];
-        }
-    }
-}
+DEFINE_ROWS(rows_avx512, AVX512, row_dot512, nvfp4_scales512)
 
 /* ------------------------------------------------------------------ entry points */
 

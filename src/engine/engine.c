@@ -1,0 +1,545 @@
+/* Engine core: inbox -> scheduler (continuous batching, chunked prefill, preemption) ->
+ * one m3_forward per step -> per-request samplers -> callbacks. See engine.h. */
+#include "engine.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../kv/blocks.h"
+
+typedef struct req {
+    uint64_t id;
+    int32_t *tok;              /* prompt then generated ids; capacity `limit` */
+    int n_prompt, n_tok, limit; /* limit: n_tok at which the request ends with "length" */
+    int max_tokens, n_gen;
+    int32_t *stop;
+    int n_stop;
+    m3_sampler *smp;
+    m3_engine_token_fn cb;
+    m3_engine_output_fn cb_out;
+    void *arg;
+    m3_blocks_seq bs;
+    int n_done;                /* positions whose KV entries are written (== bs.kv.len) */
+    /* this step */
+    int n_sched, decode, out_idx, done;
+    struct req *next;          /* inbox link */
+} req;
+
+struct m3_engine {
+    m3_model *m;
+    m3_kv kv;
+    m3_blocks *bm;
+    int page, V, max_seqs, max_tokens_step, prefix, max_len;
+    int eos;
+    /* engine thread only */
+    req **running;             /* admission order (oldest first) */
+    int n_running;
+    req **waiting;             /* FCFS, head first */
+    int n_waiting, cap_waiting;
+    m3_sample_ws *ws;
+    int32_t *ids, *pos, *sq;   /* [max_tokens_step] */
+    int *rows;                 /* [max rows] */
+    m3_kv_seq **seqs;          /* [max_seqs] */
+    float *logits;             /* [max rows][V] */
+    int max_rows;
+    m3_engine_step_stats last;
+    m3_engine_stats tot;       /* counters kept by the engine thread */
+    /* shared, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    req *in_head, *in_tail;
+    int n_in;
+    uint64_t *cancels;
+    int n_cancels, cap_cancels;
+    uint64_t next_id;
+    int active;                /* running + waiting after the last drain / step */
+    m3_engine_stats snap;
+};
+
+const char *m3_engine_finish_name(int r) {
+    switch (r) {
+    case M3_FINISH_STOP: return "stop";
+    case M3_FINISH_LENGTH: return "length";
+    case M3_FINISH_CANCELLED: return "cancelled";
+    case M3_FINISH_ERROR: return "error";
+    default: return "";
+    }
+}
+
+void m3_engine_opts_default(m3_engine_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->kv_bytes = (size_t)1 << 30;
+    o->kv_dtype = o->index_dtype = M3_KV_F32;
+    o->max_num_seqs = 64;
+    o->max_num_batched_tokens = 512;
+    o->enable_prefix_caching = 1;
+}
+
+static void req_free(req *r) {
+    if (!r) return;
+    m3_sampler_free(r->smp);
+    free(r->tok);
+    free(r->stop);
+    free(r);
+}
+
+m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
+    m3_engine_opts d;
+    if (!o) { m3_engine_opts_default(&d); o = &d; }
+    if (!m) { m3_errf(err, "engine: no model"); return NULL; }
+    if (o->max_num_seqs < 1 || o->max_num_batched_tokens < 1) {
+        m3_errf(err, "engine: max_num_seqs (%d) and max_num_batched_tokens (%d) must be >= 1", o->max_num_seqs,
+                o->max_num_batched_tokens);
+        return NULL;
+    }
+    m3_engine *e = calloc(1, sizeof *e);
+    if (!e) { m3_errf(err, "engine: out of memory"); return NULL; }
+    const m3_config *c = &m->cfg;
+    e->m = m;
+    e->V = c->vocab;
+    e->eos = c->eos_id;
+    e->page = m3_kv_page_tokens(c);
+    e->max_seqs = o->max_num_seqs;
+    e->max_tokens_step = o->max_num_batched_tokens;
+    e->prefix = o->enable_prefix_caching != 0;
+    e->next_id = 1;
+    int pages = o->kv_pages;
+    if (pages <= 0) {
+        m3_kv probe; /* one page, to learn the page size in bytes for these dtypes */
+        if (m3_kv_create(&probe, c, o->kv_dtype, o->index_dtype, e->page, 1, err)) { free(e); return NULL; }
+        size_t pb = m3_kv_bytes_per_token(&probe) * (size_t)e->page;
+        m3_kv_destroy(&probe);
+        size_t n = pb ? o->kv_bytes / pb : 0;
+        if (n < 1) {
+            m3_errf(err, "engine: kv cache of %zu bytes holds no page (%zu bytes per %d-token page)", o->kv_bytes, pb,
+                    e->page);
+            free(e);
+            return NULL;
+        }
+        pages = n > (1u << 30) ? (1 << 30) : (int)n;
+    }
+    if (m3_kv_create(&e->kv, c, o->kv_dtype, o->index_dtype, e->page, pages, err)) { free(e); return NULL; }
+    int cap = pages * e->page;
+    if (pages > INT32_MAX / e->page) cap = INT32_MAX;
+    if (o->max_model_len > cap) {
+        m3_errf(err, "engine: max_model_len %d exceeds the kv cache capacity of %d tokens", o->max_model_len, cap);
+        m3_kv_destroy(&e->kv);
+        free(e);
+        return NULL;
+    }
+    e->max_len = o->max_model_len > 0 ? o->max_model_len : cap;
+    e->bm = m3_blocks_create(&e->kv, err);
+    if (!e->bm) { m3_kv_destroy(&e->kv); free(e); return NULL; }
+    e->max_rows = e->max_seqs < e->max_tokens_step ? e->max_seqs : e->max_tokens_step;
+    size_t T = (size_t)e->max_tokens_step;
+    e->running = calloc((size_t)e->max_seqs, sizeof *e->running);
+    e->ids = malloc(T * sizeof *e->ids);
+    e->pos = malloc(T * sizeof *e->pos);
+    e->sq = malloc(T * sizeof *e->sq);
+    e->rows = malloc((size_t)e->max_rows * sizeof *e->rows);
+    e->seqs = calloc((size_t)e->max_seqs, sizeof *e->seqs);
+    e->logits = malloc((size_t)e->max_rows * (size_t)e->V * sizeof(float));
+    e->ws = m3_sample_ws_create(e->V, err);
+    int mu_ok = !pthread_mutex_init(&e->mu, NULL);
+    int cv_ok = mu_ok && !pthread_cond_init(&e->cv, NULL);
+    if (!e->running || !e->ids || !e->pos || !e->sq || !e->rows || !e->seqs || !e->logits || !e->ws || !cv_ok) {
+        if (e->ws) m3_errf(err, "engine: out of memory");
+        if (cv_ok) pthread_cond_destroy(&e->cv);
+        if (mu_ok) pthread_mutex_destroy(&e->mu);
+        m3_blocks_destroy(e->bm);
+        m3_kv_destroy(&e->kv);
+        m3_sample_ws_free(e->ws);
+        free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->seqs); free(e->logits);
+        free(e);
+        return NULL;
+    }
+    e->tot.page_tokens = e->page;
+    e->tot.kv_blocks_total = pages;
+    e->snap = e->tot;
+    return e;
+}
+
+void m3_engine_destroy(m3_engine *e) {
+    if (!e) return;
+    for (int i = 0; i < e->n_running; i++) { m3_blocks_free(e->bm, &e->running[i]->bs); req_free(e->running[i]); }
+    for (int i = 0; i < e->n_waiting; i++) { m3_blocks_free(e->bm, &e->waiting[i]->bs); req_free(e->waiting[i]); }
+    for (req *r = e->in_head, *n; r; r = n) { n = r->next; req_free(r); }
+    m3_blocks_destroy(e->bm);
+    m3_kv_destroy(&e->kv);
+    m3_sample_ws_free(e->ws);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    free(e->running); free(e->waiting); free(e->cancels);
+    free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->seqs); free(e->logits);
+    free(e);
+}
+
+/* ---------------- inbox (any thread) ---------------- */
+
+uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
+    if (!q || !q->prompt || q->n_prompt < 1) { m3_errf(err, "request: empty prompt"); return 0; }
+    if (q->max_tokens < 1) { m3_errf(err, "request: max_tokens %d, expected >= 1", q->max_tokens); return 0; }
+    if (q->n_stop_ids < 0 || (q->n_stop_ids && !q->stop_ids)) { m3_errf(err, "request: bad stop ids"); return 0; }
+    if (q->n_prompt >= e->max_len) {
+        m3_errf(err, "request: prompt of %d tokens leaves no room to generate (context limit %d tokens)", q->n_prompt,
+                e->max_len);
+        return 0;
+    }
+    for (int i = 0; i < q->n_prompt; i++)
+        if (q->prompt[i] < 0 || q->prompt[i] >= e->V) {
+            m3_errf(err, "request: prompt token id %d at index %d is out of range (vocab %d)", q->prompt[i], i, e->V);
+            return 0;
+        }
+    req *r = calloc(1, sizeof *r);
+    if (!r) { m3_errf(err, "request: out of memory"); return 0; }
+    long lim = (long)q->n_prompt + q->max_tokens;
+    r->limit = lim > e->max_len ? e->max_len : (int)lim;
+    r->n_prompt = r->n_tok = q->n_prompt;
+    r->max_tokens = q->max_tokens;
+    r->cb = q->on_token;
+    r->cb_out = q->on_output;
+    r->arg = q->arg;
+    r->tok = malloc(sizeof(int32_t) * (size_t)r->limit);
+    int with_eos = !q->ignore_eos && e->eos >= 0;
+    r->stop = malloc(sizeof(int32_t) * (size_t)(q->n_stop_ids + with_eos + 1));
+    if (!r->tok || !r->stop) { req_free(r); m3_errf(err, "request: out of memory"); return 0; }
+    memcpy(r->tok, q->prompt, sizeof(int32_t) * (size_t)q->n_prompt);
+    if (q->n_stop_ids) memcpy(r->stop, q->stop_ids, sizeof(int32_t) * (size_t)q->n_stop_ids);
+    r->n_stop = q->n_stop_ids;
+    if (with_eos) r->stop[r->n_stop++] = e->eos;
+    m3_sampling sp = q->sampling;
+    sp.logprobs = 1; /* the callback always reports the token's logprob */
+    r->smp = m3_sampler_create(&sp, e->V, q->prompt, q->n_prompt, err);
+    if (!r->smp) { req_free(r); m3_err_prefix(err, "request"); return 0; }
+    pthread_mutex_lock(&e->mu);
+    r->id = e->next_id++;
+    if (e->in_tail) e->in_tail->next = r;
+    else e->in_head = r;
+    e->in_tail = r;
+    e->n_in++;
+    e->snap.requests_added++;
+    pthread_cond_broadcast(&e->cv);
+    uint64_t id = r->id;
+    pthread_mutex_unlock(&e->mu);
+    return id;
+}
+
+int m3_engine_cancel(m3_engine *e, uint64_t id) {
+    int rc = 0;
+    pthread_mutex_lock(&e->mu);
+    if (e->n_cancels == e->cap_cancels) {
+        int nc = e->cap_cancels ? 2 * e->cap_cancels : 16;
+        uint64_t *p = realloc(e->cancels, sizeof *p * (size_t)nc);
+        if (!p) rc = -1;
+        else { e->cancels = p; e->cap_cancels = nc; }
+    }
+    if (!rc) {
+        e->cancels[e->n_cancels++] = id;
+        pthread_cond_broadcast(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+int m3_engine_has_work(m3_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    int w = e->n_in > 0 || e->n_cancels > 0 || e->active > 0;
+    pthread_mutex_unlock(&e->mu);
+    return w;
+}
+
+int m3_engine_wait_work(m3_engine *e, int timeout_ms) {
+    pthread_mutex_lock(&e->mu);
+    struct timespec dl;
+    if (timeout_ms >= 0) {
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+    }
+    while (!(e->n_in > 0 || e->n_cancels > 0 || e->active > 0)) {
+        int rc = timeout_ms >= 0 ? pthread_cond_timedwait(&e->cv, &e->mu, &dl) : pthread_cond_wait(&e->cv, &e->mu);
+        if (rc == ETIMEDOUT) break;
+    }
+    int w = e->n_in > 0 || e->n_cancels > 0 || e->active > 0;
+    pthread_mutex_unlock(&e->mu);
+    return w;
+}
+
+void m3_engine_get_stats(m3_engine *e, m3_engine_stats *st) {
+    pthread_mutex_lock(&e->mu);
+    *st = e->snap;
+    st->waiting += e->n_in;
+    pthread_mutex_unlock(&e->mu);
+}
+
+void m3_engine_last_step(const m3_engine *e, m3_engine_step_stats *st) { *st = e->last; }
+int m3_engine_capacity_tokens(const m3_engine *e) {
+    long c = (long)e->kv.n_pages * e->page;
+    return c > INT32_MAX ? INT32_MAX : (int)c;
+}
+int m3_engine_max_model_len(const m3_engine *e) { return e->max_len; }
+
+/* ---------------- engine thread ---------------- */
+
+static void emit(req *r, const m3_sample_out *so, int reason) {
+    int fin = reason != M3_FINISH_NONE;
+    if (r->cb_out) r->cb_out(r->arg, r->id, so, fin, reason);
+    else if (r->cb) r->cb(r->arg, r->id, so ? so->token : -1, so ? so->logprob : 0.0f, fin, reason);
+}
+
+/* ends r (which holds no place in running / waiting any more): frees its blocks, calls back */
+static void finish(m3_engine *e, req *r, int reason) {
+    m3_blocks_free(e->bm, &r->bs);
+    e->tot.requests_finished[reason]++;
+    emit(r, NULL, reason);
+    req_free(r);
+}
+
+static int waiting_push(m3_engine *e, req *r, int at_head) {
+    if (e->n_waiting == e->cap_waiting) {
+        int nc = e->cap_waiting ? 2 * e->cap_waiting : 16;
+        req **p = realloc(e->waiting, sizeof *p * (size_t)nc);
+        if (!p) return -1;
+        e->waiting = p;
+        e->cap_waiting = nc;
+    }
+    if (at_head) {
+        memmove(e->waiting + 1, e->waiting, sizeof *e->waiting * (size_t)e->n_waiting);
+        e->waiting[0] = r;
+    } else {
+        e->waiting[e->n_waiting] = r;
+    }
+    e->n_waiting++;
+    return 0;
+}
+
+static void waiting_remove(m3_engine *e, int i) {
+    memmove(e->waiting + i, e->waiting + i + 1, sizeof *e->waiting * (size_t)(e->n_waiting - i - 1));
+    e->n_waiting--;
+}
+
+static void running_remove(m3_engine *e, int i) {
+    memmove(e->running + i, e->running + i + 1, sizeof *e->running * (size_t)(e->n_running - i - 1));
+    e->n_running--;
+}
+
+/* Takes new requests and cancellations from the inbox. */
+static void drain(m3_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    req *head = e->in_head;
+    e->in_head = e->in_tail = NULL;
+    e->n_in = 0;
+    uint64_t *cancels = e->cancels;
+    int n_cancels = e->n_cancels;
+    e->cancels = NULL;
+    e->n_cancels = e->cap_cancels = 0;
+    pthread_mutex_unlock(&e->mu);
+    for (req *r = head, *n; r; r = n) {
+        n = r->next;
+        r->next = NULL;
+        if (waiting_push(e, r, 0)) finish(e, r, M3_FINISH_ERROR);
+    }
+    for (int k = 0; k < n_cancels; k++) {
+        uint64_t id = cancels[k];
+        int found = 0;
+        for (int i = 0; i < e->n_waiting && !found; i++)
+            if (e->waiting[i]->id == id) {
+                req *r = e->waiting[i];
+                waiting_remove(e, i);
+                finish(e, r, M3_FINISH_CANCELLED);
+                found = 1;
+            }
+        for (int i = 0; i < e->n_running && !found; i++)
+            if (e->running[i]->id == id) {
+                req *r = e->running[i];
+                running_remove(e, i);
+                finish(e, r, M3_FINISH_CANCELLED);
+                found = 1;
+            }
+    }
+    free(cancels);
+}
+
+/* Moves the most recently admitted running sequence back to the head of the waiting queue,
+ * freeing its blocks; gives back the budget it had been given this step. */
+static req *preempt_last(m3_engine *e, int *budget) {
+    req *v = e->running[e->n_running - 1];
+    e->n_running--;
+    *budget += v->n_sched;
+    v->n_sched = 0;
+    v->decode = 0;
+    m3_blocks_free(e->bm, &v->bs);
+    v->n_done = 0;
+    e->tot.preemptions++;
+    e->last.n_preempted++;
+    if (waiting_push(e, v, 1)) finish(e, v, M3_FINISH_ERROR);
+    return v;
+}
+
+static void schedule(m3_engine *e) {
+    int budget = e->max_tokens_step;
+    m3_err e2;
+    for (int i = 0; i < e->n_running; i++) e->running[i]->n_sched = e->running[i]->decode = 0;
+    /* 1: decodes (one pending token), 2: sequences still prefilling, oldest first */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < e->n_running && budget > 0; i++) {
+            req *r = e->running[i];
+            int rem = r->n_tok - r->n_done;
+            if (r->n_sched || (pass == 0) != (rem == 1)) continue;
+            int n = rem < budget ? rem : budget;
+            int ok = 1;
+            for (;;) {
+                int need = r->n_done + n - r->bs.n_tokens;
+                int rc = need > 0 ? m3_blocks_allocate(e->bm, &r->bs, need, &e2) : 0;
+                if (rc == 0) break;
+                if (rc < 0) { /* cannot ever fit (or no memory): end it */
+                    running_remove(e, i);
+                    finish(e, r, M3_FINISH_ERROR);
+                    i--;
+                    ok = 0;
+                    break;
+                }
+                req *v = preempt_last(e, &budget);
+                if (v == r) { ok = 0; break; }
+            }
+            if (!ok) continue;
+            r->n_sched = n;
+            r->decode = pass == 0;
+            budget -= n;
+        }
+    }
+    /* 3: admit waiting requests, FCFS, unless someone was just preempted */
+    while (!e->last.n_preempted && e->n_waiting > 0 && budget > 0 && e->n_running < e->max_seqs) {
+        req *r = e->waiting[0];
+        int hit = 0;
+        if (e->prefix) {
+            hit = m3_blocks_admit(e->bm, &r->bs, r->tok, r->n_tok, NULL, 0, &e2);
+            if (hit < 0) { waiting_remove(e, 0); finish(e, r, M3_FINISH_ERROR); continue; }
+        }
+        r->n_done = hit;
+        int rem = r->n_tok - hit;
+        int n = rem < budget ? rem : budget;
+        int need = hit + n - r->bs.n_tokens;
+        int rc = need > 0 ? m3_blocks_allocate(e->bm, &r->bs, need, &e2) : 0;
+        if (rc) {
+            m3_blocks_free(e->bm, &r->bs);
+            r->n_done = 0;
+            if (rc < 0) { waiting_remove(e, 0); finish(e, r, M3_FINISH_ERROR); continue; }
+            break; /* does not fit now: wait (FCFS: nobody overtakes it) */
+        }
+        waiting_remove(e, 0);
+        e->running[e->n_running++] = r;
+        r->n_sched = n;
+        r->decode = 0;
+        budget -= n;
+        e->tot.prefix_hit_tokens += (uint64_t)hit;
+        e->last.n_admitted++;
+    }
+}
+
+static void snapshot(m3_engine *e) {
+    m3_blocks_stats bs;
+    m3_blocks_get_stats(e->bm, &bs);
+    e->tot.running = e->n_running;
+    e->tot.waiting = e->n_waiting;
+    e->tot.kv_blocks_used = bs.used;
+    e->tot.kv_blocks_cached = bs.cached;
+    e->tot.kv_blocks_total = bs.total;
+    pthread_mutex_lock(&e->mu);
+    uint64_t added = e->snap.requests_added; /* counted at add time, under the lock */
+    e->snap = e->tot;
+    e->snap.requests_added = added;
+    e->active = e->n_running + e->n_waiting;
+    pthread_mutex_unlock(&e->mu);
+}
+
+int m3_engine_step(m3_engine *e, m3_err *err) {
+    memset(&e->last, 0, sizeof e->last);
+    drain(e);
+    schedule(e);
+    const int V = e->V;
+    int T = 0, ns = 0, n_out = 0;
+    for (int i = 0; i < e->n_running; i++) {
+        req *r = e->running[i];
+        if (!r->n_sched) continue;
+        e->seqs[ns] = &r->bs.kv;
+        for (int j = 0; j < r->n_sched; j++) {
+            e->ids[T] = r->tok[r->n_done + j];
+            e->pos[T] = r->n_done + j;
+            e->sq[T] = ns;
+            T++;
+        }
+        r->out_idx = -1;
+        if (r->n_done + r->n_sched == r->n_tok) { r->out_idx = n_out; e->rows[n_out++] = T - 1; }
+        ns++;
+        if (r->decode) e->last.n_decode++;
+        else e->last.n_prefill_tokens += r->n_sched;
+    }
+    e->last.n_tokens = T;
+    e->last.n_seqs = ns;
+    e->last.n_logits = n_out;
+    if (T > 0) {
+        e->tot.steps++;
+        m3_batch b = {T, e->pos, e->sq, e->seqs};
+        if (m3_forward(e->m, &e->kv, &b, e->ids, e->rows, n_out, e->logits, NULL, err)) {
+            m3_err_prefix(err, "engine step");
+            for (int i = 0; i < e->n_running; i++) {
+                req *r = e->running[i];
+                if (!r->n_sched) continue;
+                running_remove(e, i--);
+                finish(e, r, M3_FINISH_ERROR);
+            }
+            snapshot(e);
+            return -1;
+        }
+        e->tot.tokens_prefilled += (uint64_t)e->last.n_prefill_tokens;
+        int nr = e->n_running;
+        for (int i = 0; i < nr; i++) {
+            req *r = e->running[i];
+            r->done = 0;
+            if (!r->n_sched) continue;
+            r->n_done += r->n_sched;
+            m3_err e2;
+            if (e->prefix && m3_blocks_commit(e->bm, &r->bs, r->tok, r->n_done, NULL, 0, &e2)) {
+                r->done = M3_FINISH_ERROR;
+                continue;
+            }
+            if (r->out_idx < 0) continue;
+            m3_sample_out so;
+            if (m3_sampler_sample(r->smp, e->logits + (size_t)r->out_idx * V, e->ws, &so, &e2) ||
+                m3_sampler_accept(r->smp, so.token, &e2)) {
+                r->done = M3_FINISH_ERROR;
+                continue;
+            }
+            r->tok[r->n_tok++] = so.token;
+            r->n_gen++;
+            e->tot.tokens_generated++;
+            int reason = M3_FINISH_NONE;
+            for (int k = 0; k < r->n_stop; k++)
+                if (r->stop[k] == so.token) reason = M3_FINISH_STOP;
+            if (!reason && (r->n_gen >= r->max_tokens || r->n_tok >= r->limit)) reason = M3_FINISH_LENGTH;
+            r->done = reason;
+            e->tot.requests_finished[reason] += reason != M3_FINISH_NONE;
+            emit(r, &so, reason);
+        }
+        /* drop finished ones (their callbacks were made above, errors get theirs here) */
+        int k = 0;
+        for (int i = 0; i < nr; i++) {
+            req *r = e->running[i];
+            if (!r->done) { e->running[k++] = r; continue; }
+            if (r->done == M3_FINISH_ERROR) {
+                finish(e, r, M3_FINISH_ERROR);
+                continue;
+            }
+            m3_blocks_free(e->bm, &r->bs);
+            req_free(r);
+        }
+        e->n_running = k;
+    }
+    snapshot(e);
+    return e->n_running + e->n_waiting;
+}

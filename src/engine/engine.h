@@ -1,0 +1,149 @@
+/* Engine core: requests in, tokens out, continuous batching over one model (vLLM V1-like).
+ *
+ * One m3_engine_step = drain the inbox (new requests, cancellations), schedule, run ONE
+ * m3_forward over every scheduled token of every sequence, sample, call back.
+ *
+ * Scheduling (each step, under a budget of max_num_batched_tokens tokens and max_num_seqs
+ * running sequences):
+ *   1. running decodes (sequences with exactly one token to run), oldest first, one token each;
+ *   2. running sequences still in prefill (chunked prefill: as many prompt tokens as the
+ *      budget leaves), oldest first;
+ *   3. waiting requests, FCFS (requests preempted earlier first), admitted through
+ *      m3_blocks_admit (prefix-cache hits skip the cached tokens) while a sequence slot and
+ *      budget remain. Nothing is admitted in a step that preempted someone, and admission
+ *      never preempts: a waiting request that does not fit waits (and blocks those behind it).
+ * Blocks are allocated per step (m3_blocks_allocate) for exactly the positions scheduled.
+ * When the pool is exhausted, the most recently admitted running sequence is preempted: its
+ * blocks are freed (its full committed blocks stay in the prefix cache) and it goes back to
+ * the head of the waiting queue; when readmitted it recomputes prompt + generated tokens, and
+ * since its sampler (seeded RNG, token counts) is kept, it continues exactly as it would have.
+ * After the forward, newly full blocks are committed to the prefix cache (when enabled).
+ * Only rows that complete a sequence's pending tokens (prefill done, or a decode) ask for
+ * logits.
+ *
+ * Batch invariance: a request's tokens and logprobs depend only on the request (prompt,
+ * sampling parameters and seed), not on what shares its steps, how its prompt was chunked,
+ * preemption, or prefix-cache hits: the CPU forward is bitwise batch-invariant per token and
+ * each request has its own m3_sampler. tests/engine/test_engine.c checks this bitwise.
+ *
+ * Ownership. The engine borrows the model (it must outlive the engine; the engine is its only
+ * user while it exists) and owns its KV pool, block manager, samplers and request copies
+ * (the prompt, stop ids and sampling arrays are copied by m3_engine_add).
+ *
+ * Threads. m3_engine_add, m3_engine_cancel, m3_engine_has_work, m3_engine_wait_work,
+ * m3_engine_get_stats and m3_engine_capacity_tokens may be called from any thread at any
+ * time (a mutex-protected inbox and a stats snapshot). m3_engine_step and
+ * m3_engine_last_step run on one engine thread only (never two steps at once); every
+ * callback is called on that thread, from inside m3_engine_step. A callback may call
+ * m3_engine_add / m3_engine_cancel (they only queue) but not m3_engine_step or destroy.
+ * m3_engine_destroy needs every other thread done with the engine. */
+#ifndef M3_ENGINE_H
+#define M3_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../base/err.h"
+#include "../kv/kv.h"
+#include "../model/m3.h"
+#include "sampler.h"
+
+typedef struct m3_engine m3_engine;
+
+enum {
+    M3_FINISH_NONE = 0,      /* not finished: more tokens follow */
+    M3_FINISH_STOP = 1,      /* a stop token id (or EOS) was generated; that token is reported */
+    M3_FINISH_LENGTH = 2,    /* max_tokens generated, or the context limit reached */
+    M3_FINISH_CANCELLED = 3, /* m3_engine_cancel; token -1 */
+    M3_FINISH_ERROR = 4,     /* the step failed for this request (see m3_engine_step's err); token -1 */
+};
+const char *m3_engine_finish_name(int reason); /* "stop", "length", "cancelled", "error", "" */
+
+/* Called once per generated token (finished 0 or 1), and once with token -1 and finished 1
+ * when a request ends without a token (cancelled, error). logprob: the token's logprob per
+ * the request's logprobs_mode (raw log_softmax by default); 0 for token -1. */
+typedef void (*m3_engine_token_fn)(void *arg, uint64_t id, int32_t token, float logprob, int finished,
+                                   int finish_reason);
+
+/* The same with the sampler's whole output (token, logprob, rank, top_logprobs when the
+ * request's sampling asked for them); out is NULL for the token -1 endings. */
+typedef void (*m3_engine_output_fn)(void *arg, uint64_t id, const m3_sample_out *out, int finished,
+                                    int finish_reason);
+
+typedef struct m3_engine_opts {
+    int kv_pages;               /* pool size in pages; 0: from kv_bytes */
+    size_t kv_bytes;            /* pool size in bytes (rounded down to whole pages) when kv_pages is 0 */
+    m3_kv_dtype kv_dtype, index_dtype;
+    int max_num_seqs;           /* running sequences at once (default 64) */
+    int max_num_batched_tokens; /* tokens per step, all sequences together (default 512) */
+    int enable_prefix_caching;
+    int max_model_len;          /* prompt + generated tokens per request; 0: the pool's capacity */
+} m3_engine_opts;
+
+/* Defaults: 1 GiB pool, f32 caches, 64 seqs, 512 tokens per step, prefix caching on. */
+void m3_engine_opts_default(m3_engine_opts *o);
+
+typedef struct m3_engine_request {
+    const int32_t *prompt;      /* n_prompt >= 1 ids in [0, vocab); copied */
+    int n_prompt;
+    m3_sampling sampling;       /* copied (arrays too); logprobs is always computed */
+    int max_tokens;             /* >= 1 */
+    const int32_t *stop_ids;    /* extra stop token ids; copied */
+    int n_stop_ids;
+    int ignore_eos;             /* nonzero: the config's eos id does not stop the request */
+    m3_engine_token_fn on_token; /* may be NULL */
+    m3_engine_output_fn on_output; /* when set, called instead of on_token */
+    void *arg;                  /* passed to the callback */
+} m3_engine_request;
+
+typedef struct m3_engine_stats {
+    int running, waiting;       /* requests admitted (holding blocks) / queued (inbox included) */
+    int kv_blocks_used, kv_blocks_cached, kv_blocks_total; /* pages in use / cached (reusable, evictable) / pool */
+    int page_tokens;
+    uint64_t steps;
+    uint64_t prefix_hit_tokens;  /* prompt tokens skipped thanks to the prefix cache (at admission) */
+    uint64_t preemptions;
+    uint64_t tokens_prefilled;   /* tokens run through the model that were not decodes (recompute included) */
+    uint64_t tokens_generated;   /* tokens sampled */
+    uint64_t requests_added, requests_finished[5]; /* by finish reason (index 0 unused) */
+} m3_engine_stats;
+
+/* What the last m3_engine_step did. */
+typedef struct m3_engine_step_stats {
+    int n_tokens;               /* tokens in the forward (<= max_num_batched_tokens) */
+    int n_seqs;                 /* sequences in the forward (<= max_num_seqs) */
+    int n_decode;               /* of those, decode rows (1 token) */
+    int n_prefill_tokens;       /* tokens of sequences in (re)prefill */
+    int n_logits;               /* rows that asked for logits (= tokens sampled) */
+    int n_preempted;            /* sequences preempted while scheduling this step */
+    int n_admitted;             /* waiting requests admitted this step */
+} m3_engine_step_stats;
+
+/* Creates the KV pool and block manager for model m. NULL + err on bad options / no memory. */
+m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err);
+/* Frees everything; requests still queued or running are dropped without callbacks. */
+void m3_engine_destroy(m3_engine *e);
+
+/* Queues a request; returns its id (>= 1), or 0 + err on bad parameters (empty prompt, id out
+ * of range, prompt longer than the context limit, bad sampling parameters) or no memory. */
+uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *r, m3_err *err);
+/* Asks for request id to end with M3_FINISH_CANCELLED at the next step (its blocks freed
+ * then). Unknown or already finished ids are ignored. 0, or -1 when out of memory. */
+int m3_engine_cancel(m3_engine *e, uint64_t id);
+
+/* One step (engine thread). Returns the number of requests still queued or running after
+ * it (0: idle; requests added while it ran are not counted: see m3_engine_has_work), or -1 + err when the forward failed (the requests in that step end with
+ * M3_FINISH_ERROR; the engine stays usable). */
+int m3_engine_step(m3_engine *e, m3_err *err);
+/* Nonzero when a step has something to do (requests running, waiting, or in the inbox). */
+int m3_engine_has_work(m3_engine *e);
+/* Blocks until there is work or timeout_ms passed (< 0: no timeout); returns has_work. */
+int m3_engine_wait_work(m3_engine *e, int timeout_ms);
+
+void m3_engine_get_stats(m3_engine *e, m3_engine_stats *st);
+void m3_engine_last_step(const m3_engine *e, m3_engine_step_stats *st);
+/* Pool capacity in tokens (pages x page size), and the effective per-request token limit. */
+int m3_engine_capacity_tokens(const m3_engine *e);
+int m3_engine_max_model_len(const m3_engine *e);
+
+#endif

@@ -16,6 +16,7 @@ int m3_cmd_tokenize(int argc, char **argv);      /* src/cli/tokenize.c */
 int m3_cmd_detokenize(int argc, char **argv);    /* src/cli/tokenize.c */
 int m3_cmd_chat_template(int argc, char **argv); /* src/cli/chat_template.c */
 int m3_cmd_kv_info(int argc, char **argv);       /* src/cli/kv_info.c */
+int m3_cmd_serve(int argc, char **argv);         /* src/cli/serve.c */
 
 /* shared helpers */
 /* "1,2,3" -> ids (malloc'd); -1 with message on bad input */

@@ -7,6 +7,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "m3: MiniMax-M3 inference engine\n"
             "usage: m3 <command> [options]\n"
+            "  serve      -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--kv-cache-memory BYTES] ...\n"
             "  logits     -m DIR --ids 1,2,3 [--decode N] [--kv-cache-dtype f32|bf16] [--dump-index] -o OUT.safetensors\n"
             "  generate   -m DIR --ids 1,2,3 -n N [--temperature T --top-p P --top-k K --seed S]\n"
             "  make-tiny  --out DIR [--config FILE] [--seed S] [--quant none|mxfp8-nvfp4|mxfp8-nvfp4-modelopt]\n"
@@ -32,6 +33,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "detokenize")) return m3_cmd_detokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "chat-template")) return m3_cmd_chat_template(argc - 1, argv + 1);
     if (!strcmp(cmd, "kv-info")) return m3_cmd_kv_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return m3_cmd_serve(argc - 1, argv + 1);
     fprintf(stderr, "m3: unknown command '%s' (try m3 --help)\n", cmd);
     return 2;
 }

@@ -1,0 +1,71 @@
+/* m3 serve: OpenAI-compatible HTTP server (src/server/server.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backend/cpu/cpu.h"
+#include "../engine/engine.h"
+#include "../server/server.h"
+#include "../text/chat.h"
+#include "../text/tokenizer.h"
+#include "cli.h"
+
+static const char *usage =
+    "usage: m3 serve -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]\n"
+    "                [--threads N] [--kv-cache-memory BYTES] [--max-num-seqs N] [--max-num-batched-tokens N]\n"
+    "                [--max-model-len N]\n";
+
+int m3_cmd_serve(int argc, char **argv) {
+    const char *dir = NULL, *name = NULL;
+    long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, mml = 0;
+    m3_server_opts so = {.host = "127.0.0.1"};
+    m3_err err;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int r = 0;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(usage, stdout); return 0; }
+        if (!v) { fprintf(stderr, "m3 serve: %s needs a value (or is unknown)\n", a); return 2; }
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
+        else if (!strcmp(a, "--host")) so.host = v;
+        else if (!strcmp(a, "--api-key")) so.api_key = v;
+        else if (!strcmp(a, "--served-model-name")) name = v;
+        else if (!strcmp(a, "--port")) r = m3_cli_int(a, v, 0, 65535, &port, &err);
+        else if (!strcmp(a, "--threads")) r = m3_cli_int(a, v, 0, 1024, &threads, &err);
+        else if (!strcmp(a, "--kv-cache-memory")) r = m3_cli_int(a, v, 1, __LONG_MAX__, &kvmem, &err);
+        else if (!strcmp(a, "--max-num-seqs")) r = m3_cli_int(a, v, 1, 1 << 16, &seqs, &err);
+        else if (!strcmp(a, "--max-num-batched-tokens")) r = m3_cli_int(a, v, 1, 1 << 24, &batched, &err);
+        else if (!strcmp(a, "--max-model-len")) r = m3_cli_int(a, v, 1, 1 << 30, &mml, &err);
+        else { fprintf(stderr, "m3 serve: unknown option '%s'\n%s", a, usage); return 2; }
+        if (r) { fprintf(stderr, "m3 serve: %s\n", err.msg); return 2; }
+        i++;
+    }
+    if (!dir) { fprintf(stderr, "m3 serve: -m DIR is required\n%s", usage); return 2; }
+    so.port = (int)port;
+    so.model_name = name ? name : dir;
+    m3_tok *tok = m3_tok_load(dir, &err);
+    if (!tok) { fprintf(stderr, "m3 serve: tokenizer: %s\n", err.msg); return 1; }
+    m3_chat *chat = m3_chat_load(dir, &err);
+    if (!chat) fprintf(stderr, "m3 serve: no chat template (%s); /v1/chat/completions disabled\n", err.msg);
+    else fprintf(stderr, "m3 serve: chat template from %s\n", m3_chat_origin(chat));
+    m3_ops ops;
+    m3_model m;
+    if (m3_cli_load(&m, &ops, dir, (int)threads, "serve", NULL, 0)) { m3_tok_free(tok); m3_chat_free(chat); return 1; }
+    m3_engine_opts eo;
+    m3_engine_opts_default(&eo);
+    if (kvmem) eo.kv_bytes = (size_t)kvmem;
+    if (seqs) eo.max_num_seqs = (int)seqs;
+    if (batched) eo.max_num_batched_tokens = (int)batched;
+    if (mml) eo.max_model_len = (int)mml;
+    int rc = 1;
+    m3_engine *e = m3_engine_create(&m, &eo, &err);
+    if (!e) { fprintf(stderr, "m3 serve: %s\n", err.msg); goto done; }
+    if (m3_server_run(e, tok, chat, m.cfg.vocab, &so, &err)) { fprintf(stderr, "m3 serve: %s\n", err.msg); goto done; }
+    rc = 0;
+done:
+    m3_engine_destroy(e);
+    m3_model_free(&m);
+    m3_cpu_ops_free(&ops);
+    m3_chat_free(chat);
+    m3_tok_free(tok);
+    return rc;
+}

@@ -401,6 +401,17 @@ struct m3_out {
     m3_out_kind carry_kind;
 };
 
+/* room for one more pending delta */
+static int pd_reserve(m3_out *o) {
+    if (o->npd < o->cappd) return 0;
+    size_t cap = o->cappd ? o->cappd * 2 : 16;
+    pend_delta *p = realloc(o->pd, cap * sizeof *p);
+    if (!p) return -1;
+    o->pd = p;
+    o->cappd = cap;
+    return 0;
+}
+
 static int out_raw(m3_out *o, m3_out_kind k, const char *s, size_t n) {
     if (n == 0) return 0;
     if (o->npd) {
@@ -411,13 +422,7 @@ static int out_raw(m3_out *o, m3_out_kind k, const char *s, size_t n) {
             return 0;
         }
     }
-    if (o->npd == o->cappd) {
-        size_t cap = o->cappd ? o->cappd * 2 : 16;
-        pend_delta *p = realloc(o->pd, cap * sizeof *p);
-        if (!p) return -1;
-        o->pd = p;
-        o->cappd = cap;
-    }
+    if (pd_reserve(o)) return -1;
     pend_delta *d = &o->pd[o->npd];
     d->kind = k;
     d->index = -1;
@@ -460,13 +465,7 @@ static int out_tool(m3_out *o, const char *name, size_t nlen, const char *args, 
     char id[96];
     snprintf(id, sizeof id, "%s%d", o->id_prefix, index);
     /* TOOL_BEGIN: id and name as NUL-terminated strings in work */
-    if (o->npd == o->cappd) {
-        size_t cap = o->cappd ? o->cappd * 2 : 16;
-        pend_delta *p = realloc(o->pd, cap * sizeof *p);
-        if (!p) return -1;
-        o->pd = p;
-        o->cappd = cap;
-    }
+    if (pd_reserve(o)) return -1;
     pend_delta *d = &o->pd[o->npd];
     d->kind = M3_OUT_TOOL_BEGIN;
     d->index = index;

@@ -10,16 +10,7 @@
 #include "kv/blocks.h"
 #include "model/m3.h"
 
-static int failures;
-#define CHECK(cond, ...)                                                             \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            failures++;                                                              \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);          \
-            fprintf(stderr, __VA_ARGS__);                                            \
-            fprintf(stderr, "\n");                                                   \
-        }                                                                            \
-    } while (0)
+#include "../check.h"
 
 /* a pool without a model: only the page geometry matters for the manager */
 static int make_kv(m3_kv *kv, int page, int n_pages) {

@@ -19,16 +19,7 @@
 #include "io/safetensors.h"
 #include "model/m3.h"
 
-static int failures;
-#define CHECK(cond, ...)                                                             \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            failures++;                                                              \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);          \
-            fprintf(stderr, __VA_ARGS__);                                            \
-            fprintf(stderr, "\n");                                                   \
-        }                                                                            \
-    } while (0)
+#include "../check.h"
 
 enum { MAXTOK = 64, MAXREQ = 32, MAXPROMPT = 700 };
 

@@ -2,7 +2,7 @@
  * Face reference computed: logits at every prompt position (relative L2 per row), greedy
  * tokens (equal), greedy logits, and the indexer's block choices (equal as sets).
  * usage: oracle_check M3_BIN MODEL_DIR ORACLE.safetensors [--kv DTYPE] [--cases 0,2]
- *                     [--tol 1e-4] [--threads N] [--ubatch N] [--work DIR] */
+ *                     [--tol 1e-4] [--threads N] [--ubatch N] [--work DIR] [--backend cpu|cuda] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +29,7 @@ static int cmp_i32(const void *a, const void *b) { return *(const int32_t *)a - 
 int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: oracle_check M3 MODEL ORACLE [--kv D] [--cases LIST] [--tol X]\n"); return 2; }
     const char *m3 = argv[1], *model = argv[2], *oracle = argv[3], *kv = NULL, *cases = NULL, *work = "/tmp";
-    const char *threads = NULL, *ubatch = NULL;
+    const char *threads = NULL, *ubatch = NULL, *backend = NULL;
     double tol = 1e-4;
     for (int i = 4; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--kv")) kv = argv[i + 1];
@@ -38,6 +38,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--work")) work = argv[i + 1];
         else if (!strcmp(argv[i], "--threads")) threads = argv[i + 1];
         else if (!strcmp(argv[i], "--ubatch")) ubatch = argv[i + 1];
+        else if (!strcmp(argv[i], "--backend")) backend = argv[i + 1];
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
     }
     m3_err err;
@@ -70,6 +71,7 @@ int main(int argc, char **argv) {
         if (kv) { av[ac++] = "--kv-cache-dtype"; av[ac++] = kv; }
         if (threads) { av[ac++] = "--threads"; av[ac++] = threads; }
         if (ubatch) { av[ac++] = "--ubatch"; av[ac++] = ubatch; }
+        if (backend) { av[ac++] = "--backend"; av[ac++] = backend; }
         av[ac] = NULL;
         pid_t pid = fork();
         if (pid == 0) { execv(m3, (char *const *)av); perror("execv"); _exit(127); }

@@ -23,10 +23,23 @@ typedef struct m3_batch {
 typedef struct m3_ops {
     const char *name;
     void *ctx;
+    int device_memory;  /* nonzero: backend memory is not host-addressable (CUDA); caches go there too */
     void *(*alloc)(void *ctx, size_t bytes);  /* zeroed, NULL on failure */
     void (*release)(void *ctx, void *p);
     void (*upload)(void *ctx, void *dst, const void *src, size_t bytes);   /* host -> backend */
     void (*download)(void *ctx, void *dst, const void *src, size_t bytes); /* backend -> host */
+
+    /* Optional (NULL on the CPU, whose ops read the mapped checkpoint in place): copy the
+     * weights into backend memory; *dev gets the same structure with backend pointers (and
+     * whatever per-layer tables the backend needs in m3_layer_w.backend). */
+    int (*weights_upload)(void *ctx, const m3_weights *host, m3_weights *dev, m3_err *err);
+    void (*weights_release)(void *ctx, m3_weights *dev);
+    /* Optional: called by m3_forward before the first op of a step (a backend copies the
+     * positions and page tables of the batch to its memory once per step). */
+    int (*begin_step)(void *ctx, const m3_kv *kv, const m3_batch *b, m3_err *err);
+    /* Optional: -1 + err when an op failed since the last call (ops return nothing; a
+     * backend whose calls can fail keeps the first error). m3_forward calls it at the end. */
+    int (*check)(void *ctx, m3_err *err);
 
     /* out[t] = E[ids[t]]; ids in host memory */
     void (*embed)(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out);

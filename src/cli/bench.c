@@ -77,6 +77,8 @@ static double step_weight_bytes(const m3_model *m) {
 }
 
 int m3_cmd_bench(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--random-weights")) return m3_cmd_bench_random(argc, argv);
     const char *dir = NULL, *kvd = "bf16";
     long prompt = 512, decode = 32, threads = 0;
     m3_err err;
@@ -97,7 +99,7 @@ int m3_cmd_bench(int argc, char **argv) {
     if (m3_kv_dtype_parse(kvd, &kdt)) { fprintf(stderr, "m3 bench: --kv-cache-dtype: unknown dtype '%s'\n", kvd); return 2; }
     m3_ops ops;
     m3_model m;
-    if (m3_cli_load(&m, &ops, dir, (int)threads, "bench", NULL, 0)) return 1;
+    if (m3_cli_load_on(&m, &ops, "cpu", dir, (int)threads, "bench", NULL, 0)) return 1;
     m3_cpu *cpu = ops.ctx;
     const m3_config *c = &m.cfg;
     int rc = 1, V = c->vocab, T = (int)prompt, N = (int)decode;
@@ -155,6 +157,6 @@ done:
     m3_kv_seq_release(&kv, &seq);
     m3_kv_destroy(&kv);
     m3_model_free(&m);
-    m3_cpu_ops_free(&ops);
+    m3_cli_ops_free(&ops);
     return rc;
 }

@@ -12,6 +12,7 @@ int m3_cmd_logits(int argc, char **argv);
 int m3_cmd_generate(int argc, char **argv);
 int m3_cmd_make_tiny(int argc, char **argv);
 int m3_cmd_bench(int argc, char **argv);
+int m3_cmd_bench_random(int argc, char **argv);   /* src/cli/bench_gpu.c: m3 bench --random-weights */
 int m3_cmd_tokenize(int argc, char **argv);      /* src/cli/tokenize.c */
 int m3_cmd_detokenize(int argc, char **argv);    /* src/cli/tokenize.c */
 int m3_cmd_chat_template(int argc, char **argv); /* src/cli/chat_template.c */
@@ -23,8 +24,16 @@ int m3_cmd_serve(int argc, char **argv);         /* src/cli/serve.c */
 int m3_cli_parse_ids(const char *s, int32_t **ids, int *n, m3_err *err);
 /* integer option value with range check */
 int m3_cli_int(const char *opt, const char *val, long lo, long hi, long *out, m3_err *err);
-/* Loads the model on the CPU backend; prints progress on a terminal, one summary line
- * otherwise. ids (may be NULL) are checked against the vocabulary before any weight is read. */
+/* Loads the model on the default backend (see m3_cli_load_on); prints progress on a
+ * terminal, one summary line otherwise. ids (may be NULL) are checked against the
+ * vocabulary before any weight is read. Free ops with m3_cli_ops_free. */
 int m3_cli_load(m3_model *m, m3_ops *ops, const char *dir, int threads, const char *cmd, const int32_t *ids, int n_ids);
+/* backend: "cpu", "cuda", or "auto" / NULL: $M3_BACKEND when set, else cuda when a GPU is
+ * present and this build has the CUDA backend, else cpu. */
+int m3_cli_load_on(m3_model *m, m3_ops *ops, const char *backend, const char *dir, int threads, const char *cmd,
+                   const int32_t *ids, int n_ids);
+/* Creates the ops of a backend (as above) without a model. */
+int m3_cli_ops_init(m3_ops *ops, const char *backend, int threads, const char *cmd);
+void m3_cli_ops_free(m3_ops *ops);
 
 #endif

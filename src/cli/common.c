@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "../backend/cpu/cpu.h"
+#include "../backend/cuda/cuda.h"
 #include "cli.h"
 
 int m3_cli_parse_ids(const char *s, int32_t **ids, int *n, m3_err *err) {
@@ -70,7 +71,31 @@ static void progress(uint64_t done, uint64_t total, void *arg) {
     if (done >= total) fputc('\n', stderr);
 }
 
+int m3_cli_ops_init(m3_ops *ops, const char *backend, int threads, const char *cmd) {
+    m3_err err;
+    if (!backend || !strcmp(backend, "auto")) {
+        const char *env = getenv("M3_BACKEND");
+        backend = env && *env ? env : m3_cuda_device_count() > 0 ? "cuda" : "cpu";
+    }
+    int rc;
+    if (!strcmp(backend, "cpu")) rc = m3_cpu_ops_init(ops, threads, &err);
+    else if (!strcmp(backend, "cuda")) rc = m3_cuda_ops_init(ops, 0, &err);
+    else rc = m3_errf(&err, "unknown backend '%s' (cpu, cuda or auto)", backend);
+    if (rc) fprintf(stderr, "m3 %s: %s\n", cmd, err.msg);
+    return rc;
+}
+
+void m3_cli_ops_free(m3_ops *ops) {
+    if (ops->name && !strcmp(ops->name, "cuda")) m3_cuda_ops_free(ops);
+    else if (ops->name) m3_cpu_ops_free(ops);
+}
+
 int m3_cli_load(m3_model *m, m3_ops *ops, const char *dir, int threads, const char *cmd, const int32_t *ids, int n_ids) {
+    return m3_cli_load_on(m, ops, NULL, dir, threads, cmd, ids, n_ids);
+}
+
+int m3_cli_load_on(m3_model *m, m3_ops *ops, const char *backend, const char *dir, int threads, const char *cmd,
+                   const int32_t *ids, int n_ids) {
     m3_err err;
     if (n_ids) {
         m3_config c;
@@ -83,14 +108,11 @@ int m3_cli_load(m3_model *m, m3_ops *ops, const char *dir, int threads, const ch
                 return -1;
             }
     }
-    if (m3_cpu_ops_init(ops, threads, &err)) {
-        fprintf(stderr, "m3 %s: %s\n", cmd, err.msg);
-        return -1;
-    }
+    if (m3_cli_ops_init(ops, backend, threads, cmd)) return -1;
     progress_state ps = {now_s(), isatty(2)};
     if (m3_model_load(m, dir, ops, progress, &ps, &err)) {
         fprintf(stderr, "m3 %s: %s\n", cmd, err.msg);
-        m3_cpu_ops_free(ops);
+        m3_cli_ops_free(ops);
         return -1;
     }
     const m3_weights *w = &m->w;
@@ -101,8 +123,10 @@ int m3_cli_load(m3_model *m, m3_ops *ops, const char *dir, int threads, const ch
         if (w->count_by_fmt[f])
             o += (size_t)snprintf(fm + o, sizeof fm - o, "%s%s %d (%.1f MB)", o ? ", " : "", m3_wfmt_name(f),
                                   w->count_by_fmt[f], w->bytes_by_fmt[f] / 1e6);
-    fprintf(stderr, "loaded %s: %zu tensors, %.1f MB in %zu file(s); %s; %.2fs; %d threads, %s kernels\n", dir,
-            w->n_tensors_used, m3_st_total_bytes(m->st) / 1e6, m3_st_nfiles(m->st), fm, m->load_seconds,
-            ((m3_cpu *)ops->ctx)->nthreads, m3_cpu_simd_name());
+    char where[160];
+    if (!strcmp(ops->name, "cuda")) snprintf(where, sizeof where, "GPU: %s", m3_cuda_device_name(ops));
+    else snprintf(where, sizeof where, "%d threads, %s kernels", ((m3_cpu *)ops->ctx)->nthreads, m3_cpu_simd_name());
+    fprintf(stderr, "loaded %s: %zu tensors, %.1f MB in %zu file(s); %s; %.2fs; %s\n", dir, w->n_tensors_used,
+            m3_st_total_bytes(m->st) / 1e6, m3_st_nfiles(m->st), fm, m->load_seconds, where);
     return 0;
 }

@@ -43,7 +43,7 @@ static int argmax(const float *x, int n) {
 }
 
 int m3_cmd_logits(int argc, char **argv) {
-    const char *dir = NULL, *ids_s = NULL, *out = NULL, *kvd = "f32", *ikd = NULL;
+    const char *dir = NULL, *ids_s = NULL, *out = NULL, *kvd = "f32", *ikd = NULL, *backend = NULL;
     long decode = 0, threads = 0, ubatch = 512;
     int dump_index = 0, dump_hidden = 0;
     m3_err err;
@@ -54,6 +54,7 @@ int m3_cmd_logits(int argc, char **argv) {
         else if (!strcmp(a, "--ids")) { ids_s = v; i++; }
         else if (!strcmp(a, "-o") || !strcmp(a, "--out")) { out = v; i++; }
         else if (!strcmp(a, "--kv-cache-dtype")) { kvd = v; i++; }
+        else if (!strcmp(a, "--backend")) { backend = v; i++; }
         else if (!strcmp(a, "--index-cache-dtype")) { ikd = v; i++; }
         else if (!strcmp(a, "--decode")) { r = m3_cli_int(a, v, 0, 1 << 20, &decode, &err); i++; }
         else if (!strcmp(a, "--threads")) { r = m3_cli_int(a, v, 0, 1024, &threads, &err); i++; }
@@ -65,7 +66,7 @@ int m3_cmd_logits(int argc, char **argv) {
         if (i >= argc) { fprintf(stderr, "m3 logits: %s needs a value\n", a); return 2; }
     }
     if (!dir || !ids_s || !out) {
-        fprintf(stderr, "m3 logits: usage: m3 logits -m DIR --ids 1,2,3 [--decode N] [--kv-cache-dtype f32|bf16|fp8|nvfp4] [--dump-index] -o OUT.safetensors\n");
+        fprintf(stderr, "m3 logits: usage: m3 logits -m DIR --ids 1,2,3 [--decode N] [--kv-cache-dtype f32|bf16|fp8|nvfp4] [--backend cpu|cuda|auto] [--dump-index] -o OUT.safetensors\n");
         return 2;
     }
     m3_kv_dtype kdt, idt;
@@ -78,14 +79,15 @@ int m3_cmd_logits(int argc, char **argv) {
 
     m3_ops ops;
     m3_model m;
-    if (m3_cli_load(&m, &ops, dir, (int)threads, "logits", ids, T)) { free(ids); return 1; }
+    if (m3_cli_load_on(&m, &ops, backend, dir, (int)threads, "logits", ids, T)) { free(ids); return 1; }
     const m3_config *c = &m.cfg;
     const int V = c->vocab, N = (int)decode;
     int rc = 1;
     int page = m3_kv_page_tokens(c);
     int total = T + (N > 0 ? N : 0);
     m3_kv kv;
-    if (m3_kv_create(&kv, c, kdt, idt, page, (total + page - 1) / page, &err)) {
+    m3_kv_mem mem = m3_model_kv_mem(&m);
+    if (m3_kv_create_in(&kv, c, kdt, idt, page, (total + page - 1) / page, &mem, &err)) {
         fprintf(stderr, "m3 logits: %s\n", err.msg);
         goto early;
     }
@@ -95,7 +97,7 @@ int m3_cmd_logits(int argc, char **argv) {
     dump_state ds = {T, c->index_heads, c->topk_blocks < nb_total ? c->topk_blocks : nb_total, c->n_layers, 0, NULL, NULL, c->hidden};
     if (dump_index && c->n_sparse_layers) ds.blocks = calloc((size_t)c->n_layers, sizeof *ds.blocks);
     if (dump_hidden) ds.hidden = calloc((size_t)c->n_layers + 1, sizeof *ds.hidden);
-    m3_taps taps = {&ds, dump_hidden ? tap_hidden : NULL, dump_index ? tap_index : NULL};
+    m3_taps taps = {.arg = &ds, .hidden = dump_hidden ? tap_hidden : NULL, .index = dump_index ? tap_index : NULL};
 
     float *logits = malloc(sizeof(float) * (size_t)T * V);
     float *glog = N ? malloc(sizeof(float) * (size_t)N * V) : NULL;
@@ -166,6 +168,6 @@ done:
 early:
     free(ids);
     m3_model_free(&m);
-    m3_cpu_ops_free(&ops);
+    m3_cli_ops_free(&ops);
     return rc;
 }

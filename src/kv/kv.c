@@ -29,8 +29,16 @@ static size_t row_bytes(m3_kv_dtype d, int dim) {
     }
 }
 
+size_t m3_kv_row_bytes(m3_kv_dtype d, int dim) { return row_bytes(d, dim); }
+
 int m3_kv_create(m3_kv *kv, const m3_config *c, m3_kv_dtype dt, m3_kv_dtype idt, int page_tokens, int n_pages, m3_err *err) {
+    return m3_kv_create_in(kv, c, dt, idt, page_tokens, n_pages, NULL, err);
+}
+
+int m3_kv_create_in(m3_kv *kv, const m3_config *c, m3_kv_dtype dt, m3_kv_dtype idt, int page_tokens, int n_pages,
+                    const m3_kv_mem *mem, m3_err *err) {
     memset(kv, 0, sizeof *kv);
+    if (mem && mem->alloc) kv->mem = *mem;
     if ((unsigned)dt >= M3_KV_DTYPE_COUNT || (unsigned)idt >= M3_KV_DTYPE_COUNT)
         return m3_errf(err, "kv cache: unknown dtype");
     if (dt == M3_KV_NVFP4 && c->head_dim % 16)
@@ -57,7 +65,7 @@ int m3_kv_create(m3_kv *kv, const m3_config *c, m3_kv_dtype dt, m3_kv_dtype idt,
         if (kv->has_index[l]) b += (size_t)page_tokens * row_bytes(idt, kv->Di);
         b = (b + 63) & ~(size_t)63;
         kv->page_bytes[l] = b;
-        kv->base[l] = aligned_alloc(64, b * (size_t)n_pages);
+        kv->base[l] = kv->mem.alloc ? kv->mem.alloc(kv->mem.ctx, b * (size_t)n_pages) : aligned_alloc(64, b * (size_t)n_pages);
         if (!kv->base[l]) goto oom;
     }
     for (int i = 0; i < n_pages; i++) kv->free_pages[i] = n_pages - 1 - i;
@@ -70,7 +78,11 @@ oom:
 
 void m3_kv_destroy(m3_kv *kv) {
     if (kv->base)
-        for (int l = 0; l < kv->n_layers; l++) free(kv->base[l]);
+        for (int l = 0; l < kv->n_layers; l++) {
+            if (!kv->base[l]) continue;
+            if (kv->mem.release) kv->mem.release(kv->mem.ctx, kv->base[l]);
+            else free(kv->base[l]);
+        }
     free(kv->base);
     free(kv->page_bytes);
     free(kv->has_index);

@@ -26,8 +26,18 @@ int m3_kv_dtype_parse(const char *s, m3_kv_dtype *out);
 
 typedef enum { M3_KV_K = 0, M3_KV_V = 1, M3_KV_IK = 2 } m3_kv_part;
 
+/* Where the pages live: NULL functions = host memory (aligned_alloc). A device backend
+ * passes its allocator; then only its ops may touch the pages (m3_kv_store / rows / load
+ * are host-memory functions). alloc must return zeroed memory or NULL. */
+typedef struct m3_kv_mem {
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*release)(void *ctx, void *p);
+    void *ctx;
+} m3_kv_mem;
+
 typedef struct m3_kv {
     int n_layers, nkv, D, Di, page;
+    m3_kv_mem mem;
     m3_kv_dtype dt, idt;
     uint8_t *has_index;      /* [n_layers] */
     size_t *page_bytes;      /* [n_layers] */
@@ -47,7 +57,12 @@ typedef struct m3_kv_seq {
 int m3_kv_page_tokens(const m3_config *c);
 
 int m3_kv_create(m3_kv *kv, const m3_config *c, m3_kv_dtype dt, m3_kv_dtype idt, int page_tokens, int n_pages, m3_err *err);
+/* The same with pages from mem (NULL: host memory). */
+int m3_kv_create_in(m3_kv *kv, const m3_config *c, m3_kv_dtype dt, m3_kv_dtype idt, int page_tokens, int n_pages,
+                    const m3_kv_mem *mem, m3_err *err);
 void m3_kv_destroy(m3_kv *kv);
+/* bytes of one stored row of dim values in dtype d (NVFP4: codes then scales) */
+size_t m3_kv_row_bytes(m3_kv_dtype d, int dim);
 /* cache bytes per token over all layers */
 size_t m3_kv_bytes_per_token(const m3_kv *kv);
 

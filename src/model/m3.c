@@ -23,13 +23,28 @@ int m3_model_load(m3_model *m, const char *dir, m3_ops *ops, m3_progress_fn prog
         m3_config_free(&m->cfg);
         return -1;
     }
-    m3_weights_prefault(m->st, progress, arg);
+    if (ops->weights_upload) { /* the backend keeps its own copy: upload reads every byte once */
+        m->dw = calloc(1, sizeof *m->dw);
+        if (!m->dw || ops->weights_upload(ops->ctx, &m->w, m->dw, err)) {
+            if (!m->dw) m3_errf(err, "out of memory");
+            free(m->dw);
+            m->dw = NULL;
+            m3_weights_free(&m->w);
+            m3_st_close(m->st);
+            m3_config_free(&m->cfg);
+            return -1;
+        }
+    } else {
+        m3_weights_prefault(m->st, progress, arg);
+    }
     m->load_seconds = now_s() - t0;
     return 0;
 }
 
 void m3_model_free(m3_model *m) {
     if (m->ws && m->ops) m->ops->release(m->ops->ctx, m->ws);
+    if (m->dw && m->ops && m->ops->weights_release) m->ops->weights_release(m->ops->ctx, m->dw);
+    free(m->dw);
     m3_weights_free(&m->w);
     m3_st_close(m->st);
     m3_config_free(&m->cfg);
@@ -45,6 +60,7 @@ typedef struct {
 int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, const int *out_rows, int n_out,
                float *logits, const m3_taps *taps, m3_err *err) {
     const m3_config *c = &m->cfg;
+    const m3_weights *W = m3_model_weights(m);
     m3_ops *op = m->ops;
     void *X = op->ctx;
     const int T = b->T, H = c->hidden, D = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
@@ -85,10 +101,11 @@ int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, co
     }
     float *host = NULL;
     int32_t *hsel = NULL;
-    if (ok && taps && taps->hidden) ok = (host = malloc(TT * H * 4)) != NULL;
+    if (ok && taps && (taps->hidden || taps->capture)) ok = (host = malloc(TT * H * 4)) != NULL;
     if (ok && taps && taps->index && c->n_sparse_layers) ok = (hsel = malloc(TT * ni * topk * 4)) != NULL;
     int rc = 0;
     if (!ok) { rc = m3_errf(err, "out of memory for activations of %d tokens", T); goto out; }
+    if (op->begin_step && op->begin_step(X, kv, b, err)) { rc = -1; goto out; }
 
 #define TAP_HIDDEN(layer, buf)                                                   \
     if (taps && taps->hidden) {                                                  \
@@ -96,11 +113,11 @@ int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, co
         taps->hidden(taps->arg, layer, host, T, H);                              \
     }
 
-    op->embed(X, &m->w.embed, ids, T, B.h);
+    op->embed(X, &W->embed, ids, T, B.h);
     TAP_HIDDEN(0, B.h);
 
     for (int l = 0; l < c->n_layers; l++) {
-        const m3_layer_w *L = &m->w.layers[l];
+        const m3_layer_w *L = &W->layers[l];
         /* attention */
         op->rmsnorm(X, B.h, L->in_norm, T, H, eps, B.a);
         op->linear(X, &L->q, B.a, T, B.q);
@@ -133,10 +150,14 @@ int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, co
         else
             op->mlp(X, &L->mlp, B.a, T, (float)c->swiglu_alpha, (float)c->swiglu_limit, B.o);
         op->add(X, B.h, B.o, TT * H);
+        if (taps && taps->capture && taps->capture_layers && taps->capture_layers[l]) { /* narrow capture (DSpark) */
+            op->download(X, host, B.h, TT * H * 4);
+            taps->capture(taps->arg, l, host, T, H);
+        }
         if (l + 1 < c->n_layers) { TAP_HIDDEN(l + 1, B.h); }
     }
     if (taps && taps->hidden) {
-        op->rmsnorm(X, B.h, m->w.final_norm, T, H, eps, B.a);
+        op->rmsnorm(X, B.h, W->final_norm, T, H, eps, B.a);
         TAP_HIDDEN(c->n_layers, B.a);
     }
     for (int t = 0; t < T; t++) {
@@ -145,11 +166,12 @@ int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, co
     }
     if (n_out > 0) {
         for (int i = 0; i < n_out; i++)
-            op->rmsnorm(X, B.h + (size_t)out_rows[i] * H, m->w.final_norm, 1, H, eps, B.fin + (size_t)i * H);
-        op->linear(X, &m->w.lm_head, B.fin, n_out, B.lg);
-        op->download(X, logits, B.lg, (size_t)n_out * V * 4);
+            op->rmsnorm(X, B.h + (size_t)out_rows[i] * H, W->final_norm, 1, H, eps, B.fin + (size_t)i * H);
+        op->linear(X, &W->lm_head, B.fin, n_out, B.lg);
+        if (logits) op->download(X, logits, B.lg, (size_t)n_out * V * 4); /* NULL: stay in backend memory (benchmarks) */
     }
 #undef TAP_HIDDEN
+    if (op->check && op->check(X, err)) rc = -1;
 out:
     free(host);
     free(hsel);

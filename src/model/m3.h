@@ -12,12 +12,23 @@
 typedef struct m3_model {
     m3_config cfg;
     m3_st *st;
-    m3_weights w;
+    m3_weights w;      /* bound to the checkpoint (host mapping) */
+    m3_weights *dw;    /* the same in backend memory when the backend keeps its own copy (CUDA), else NULL */
     m3_ops *ops;
     double load_seconds;
     void *ws;          /* activation workspace (backend memory), reused across steps */
     size_t ws_bytes;
 } m3_model;
+
+/* The weights the ops compute with: the backend's copy when there is one. */
+static inline const m3_weights *m3_model_weights(const m3_model *m) { return m->dw ? m->dw : &m->w; }
+
+/* Where the model's KV pages must live (device memory on a device backend). */
+static inline m3_kv_mem m3_model_kv_mem(const m3_model *m) {
+    m3_kv_mem k = {0, 0, 0};
+    if (m->ops && m->ops->device_memory) { k.alloc = m->ops->alloc; k.release = m->ops->release; k.ctx = m->ops->ctx; }
+    return k;
+}
 
 typedef void (*m3_progress_fn)(uint64_t done, uint64_t total, void *arg);
 
@@ -32,10 +43,15 @@ typedef struct m3_taps {
     void (*hidden)(void *arg, int layer, const float *h, int T, int H);
     /* block selection of a sparse layer: host [T][ni][topk] */
     void (*index)(void *arg, int layer, const int32_t *sel, int T, int ni, int topk);
+    /* Narrow capture (DSpark context): capture(arg, l, h, T, H) gets the residual stream after
+     * (0-based) layer l (the layer's output added, no final norm), host f32 [T, H], only for the
+     * layers with capture_layers[l] != 0 ([n_layers]); the other layers cost nothing. */
+    const uint8_t *capture_layers;
+    void (*capture)(void *arg, int layer, const float *h, int T, int H);
 } m3_taps;
 
 /* Runs ids[b->T] (host memory) through the model, writing their K/V/index-K into kv (pages are reserved
- * here). logits: host [n_out, V] for the tokens listed in out_rows (may be NULL if n_out 0). */
+ * here). logits: host [n_out, V] for the tokens listed in out_rows (NULL: computed but not copied out). */
 int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, const int *out_rows, int n_out,
                float *logits, const m3_taps *taps, m3_err *err);
 

@@ -234,6 +234,10 @@ int m3_weights_bind(m3_weights *w, const m3_config *c, m3_st *st, m3_err *err) {
     int H = c->hidden, V = c->vocab;
     int rc = 0;
     w->n_layers = c->n_layers;
+    w->hidden = H;
+    w->head_dim = c->head_dim;
+    w->index_dim = c->index_dim;
+    w->n_experts = c->n_experts;
     w->layers = calloc((size_t)c->n_layers, sizeof *w->layers);
     if (!w->layers) return m3_errf(err, "out of memory");
     if ((rc = bind_linear(&b, "model.embed_tokens", V, H, &w->embed))) goto out;
@@ -262,6 +266,24 @@ void m3_weights_free(m3_weights *w) {
     free(w->final_norm);
     w->layers = NULL;
     w->final_norm = NULL;
+}
+
+/* One tensor at a time, for other modules' checkpoints (the DSpark draft): the same
+ * format detection and checks as the model's own tensors. */
+int m3_weights_bind_linear(m3_st *st, const char *prefix, const char *base, int N, int K, m3_linear *L, m3_err *err) {
+    m3_weights tmp;
+    memset(&tmp, 0, sizeof tmp);
+    snprintf(tmp.prefix, sizeof tmp.prefix, "%s", prefix);
+    binder b = {NULL, st, &tmp, err};
+    return bind_linear(&b, base, N, K, L);
+}
+
+int m3_weights_bind_vec(m3_st *st, const char *prefix, const char *name, int n, float **out, m3_err *err) {
+    m3_weights tmp;
+    memset(&tmp, 0, sizeof tmp);
+    snprintf(tmp.prefix, sizeof tmp.prefix, "%s", prefix);
+    binder b = {NULL, st, &tmp, err};
+    return bind_vec(&b, name, n, out);
 }
 
 void m3_weights_prefault(const m3_st *st, void (*progress)(uint64_t, uint64_t, void *), void *arg) {

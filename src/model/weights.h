@@ -51,12 +51,14 @@ typedef struct m3_layer_w {
     m3_mlp_w *experts;        /* [E] */
     int has_shared;
     m3_mlp_w shared;
+    void *backend;            /* backend-private data of this layer (CUDA: device expert table) */
 } m3_layer_w;
 
 typedef struct m3_weights {
     m3_st *st;
     m3_layer_w *layers;
     int n_layers;
+    int hidden, head_dim, index_dim, n_experts; /* vector lengths: norms, routing bias, experts[] */
     m3_linear embed;          /* [V, H], plain format */
     m3_linear lm_head;        /* [V, H] */
     float *final_norm;
@@ -71,6 +73,12 @@ typedef struct m3_weights {
  * dtypes and shapes. On error, names the tensor with expected and found shapes. */
 int m3_weights_bind(m3_weights *w, const m3_config *c, m3_st *st, m3_err *err);
 void m3_weights_free(m3_weights *w);
+
+/* Binds one linear [N, K] stored under prefix + base (+ ".weight", scales...) in any supported
+ * format, or one vector [n] (prefix + name) as an owned f32 copy; errors name the tensor.
+ * For checkpoints other than the model's (the DSpark draft). */
+int m3_weights_bind_linear(m3_st *st, const char *prefix, const char *base, int N, int K, m3_linear *L, m3_err *err);
+int m3_weights_bind_vec(m3_st *st, const char *prefix, const char *name, int n, float **out, m3_err *err);
 
 /* Reads every mapped byte once so the weights are resident before the first step;
  * progress(done, total, arg) is called about every 64 MB. */

@@ -1,0 +1,100 @@
+/* CUDA linear kernels against the CPU reference: for each weight format and shape, checks
+ * y = x W^T on the GPU against m3_cpu_linear (relative L2), then times it and reports GB/s
+ * of weight bytes against the measured device copy bandwidth.
+ * usage: bench_cuda_linear [N K] (default: the M3.1-Flash projection shapes) */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "backend/cuda/cuda.h"
+#include "base/num.h"
+
+static uint64_t rs = 88172645463325252ull;
+static uint32_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (uint32_t)rs; }
+static float urand(void) { return (float)(rnd() >> 8) / 16777216.0f * 2 - 1; }
+
+static void make(m3_linear *L, m3_wfmt f, int N, int K, uint8_t **w, uint8_t **s) {
+    memset(L, 0, sizeof *L);
+    L->fmt = f; L->N = N; L->K = K; L->gmul = 1;
+    size_t rb = f == M3_WF_BF16 ? 2 * (size_t)K : f == M3_WF_MXFP8 ? (size_t)K : (size_t)K / 2;
+    size_t sb = f == M3_WF_MXFP8 ? (size_t)K / 32 : f == M3_WF_NVFP4 ? (size_t)K / 16 : 0;
+    *w = malloc(rb * N);
+    *s = sb ? malloc(sb * N) : NULL;
+    for (size_t i = 0; i < rb * N; i++) {
+        if (f == M3_WF_BF16) { if (i % 2 == 0) { uint16_t h = m3_f32_to_bf16(urand() * 0.05f); memcpy(*w + i, &h, 2); } }
+        else if (f == M3_WF_MXFP8) (*w)[i] = m3_f32_to_e4m3(urand() * 8);
+        else (*w)[i] = (uint8_t)rnd();
+    }
+    for (size_t i = 0; i < sb * N; i++) (*s)[i] = f == M3_WF_MXFP8 ? (uint8_t)(120 + rnd() % 4) : m3_f32_to_e4m3(0.01f + 0.01f * (rnd() % 8));
+    if (f == M3_WF_NVFP4) L->gmul = 0.5f;
+    L->row_bytes = rb;
+    L->scale_row = sb;
+    L->w = *w;
+    L->scale = *s;
+}
+
+int main(int argc, char **argv) {
+    m3_err err;
+    m3_ops g, c;
+    if (m3_cuda_ops_init(&g, 0, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+    if (m3_cpu_ops_init(&c, 0, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+    double bw = m3_cuda_copy_bandwidth(&g, (size_t)2 << 30);
+    printf("device: %s; copy bandwidth %.0f GB/s\n", m3_cuda_device_name(&g), bw / 1e9);
+    int shapes[][2] = {{8192, 6144}, {6144, 8192}, {512, 6144}, {3072, 6144}, {6144, 3072}, {200064, 6144}};
+    int ns = 6;
+    if (argc == 3) { shapes[0][0] = atoi(argv[1]); shapes[0][1] = atoi(argv[2]); ns = 1; }
+    m3_wfmt fm[3] = {M3_WF_MXFP8, M3_WF_NVFP4, M3_WF_BF16};
+    int Ts[4] = {1, 4, 8, 64};
+    int fails = 0;
+    printf("%-6s %7s %6s %4s %10s %9s %8s %7s\n", "format", "N", "K", "T", "rel_l2", "us", "GB/s", "of_bw");
+    for (int si = 0; si < ns; si++)
+        for (int fi = 0; fi < 3; fi++) {
+            int N = shapes[si][0], K = shapes[si][1];
+            if (N == 200064 && fm[fi] != M3_WF_BF16) continue; /* lm_head is BF16 */
+            uint8_t *w, *s;
+            m3_linear L, D;
+            make(&L, fm[fi], N, K, &w, &s);
+            D = L;
+            void *dw = g.alloc(g.ctx, L.row_bytes * N), *ds = s ? g.alloc(g.ctx, L.scale_row * N) : NULL;
+            g.upload(g.ctx, dw, w, L.row_bytes * N);
+            if (s) g.upload(g.ctx, ds, s, L.scale_row * N);
+            D.w = dw;
+            D.scale = ds;
+            for (int ti = 0; ti < 4; ti++) {
+                int T = Ts[ti];
+                float *x = malloc(sizeof(float) * (size_t)T * K), *yc = malloc(sizeof(float) * (size_t)T * N),
+                      *yg = malloc(sizeof(float) * (size_t)T * N);
+                for (size_t i = 0; i < (size_t)T * K; i++) x[i] = urand();
+                float *dx = g.alloc(g.ctx, sizeof(float) * (size_t)T * K), *dy = g.alloc(g.ctx, sizeof(float) * (size_t)T * N);
+                g.upload(g.ctx, dx, x, sizeof(float) * (size_t)T * K);
+                c.linear(c.ctx, &L, x, T, yc);
+                g.linear(g.ctx, &D, dx, T, dy);
+                g.download(g.ctx, yg, dy, sizeof(float) * (size_t)T * N);
+                double num = 0, den = 0;
+                for (size_t i = 0; i < (size_t)T * N; i++) { double d = (double)yg[i] - yc[i]; num += d * d; den += (double)yc[i] * yc[i]; }
+                double rel = sqrt(num / (den > 0 ? den : 1));
+                int reps = 50;
+                double t0 = m3_cuda_sync_time(&g);
+                for (int r = 0; r < reps; r++) g.linear(g.ctx, &D, dx, T, dy);
+                double dt = (m3_cuda_sync_time(&g) - t0) / reps;
+                double bytes = (double)m3_linear_bytes(&L);
+                int ok = rel < 1e-5;
+                if (!ok) fails++;
+                printf("%-6s %7d %6d %4d %10.2e %9.1f %8.0f %6.0f%% %s\n", m3_wfmt_name(fm[fi]), N, K, T, rel, dt * 1e6,
+                       bytes / dt / 1e9, 100 * bytes / dt / bw, ok ? "" : "FAIL");
+                fflush(stdout);
+                g.release(g.ctx, dx); g.release(g.ctx, dy);
+                free(x); free(yc); free(yg);
+            }
+            g.release(g.ctx, dw); g.release(g.ctx, ds);
+            free(w); free(s);
+        }
+    err.msg[0] = 0;
+    if (g.check && g.check(g.ctx, &err)) { printf("CUDA error: %s\n", err.msg); fails++; }
+    m3_cuda_ops_free(&g);
+    m3_cpu_ops_free(&c);
+    printf("%s\n", fails ? "FAIL" : "all linear checks passed");
+    return fails ? 1 : 0;
+}

@@ -1,0 +1,358 @@
+/* Paged KV / index-K cache on the GPU: insert with the spec's rounding, the lightning
+ * indexer (block scores + per-head top-k) and block-sparse / dense attention.
+ *
+ * Page layout (src/kv/kv.h): layer L's page p at base[L] + p * page_bytes[L]:
+ *   K [nkv][page][D], V [nkv][page][D], then (sparse layers) index-K [page][Di],
+ * rows in the cache dtype (f32, bf16, FP8 E4M3, NVFP4 codes + E4M3 scales per 16).
+ * Readers dequantize rows into shared memory as f32.
+ *
+ * Attention: a CTA per (key split, KV group, token) walks 32-key chunks of the keys the
+ * token may see (the selected blocks, or [0, pos] on dense layers), online softmax per
+ * query head of the group; splits are merged by log-sum-exp. Splits are chosen so that a
+ * decode step fills the GPU; prefill gets one split per (token, group). */
+#include <math.h>
+
+#include "common.cuh"
+
+typedef struct kvdesc {
+    uint8_t *base;
+    size_t page_bytes, kvpart, rb, irb;
+    int page, nkv, D, Di, dt, idt;
+    const int32_t *ptab;
+    int stride;
+} kvdesc;
+
+static kvdesc desc(m3_cuda *c, const m3_kv *kv, int layer) {
+    kvdesc d;
+    d.base = kv->base[layer];
+    d.page_bytes = kv->page_bytes[layer];
+    d.rb = m3_kv_row_bytes(kv->dt, kv->D);
+    d.irb = m3_kv_row_bytes(kv->idt, kv->Di);
+    d.kvpart = (size_t)kv->nkv * kv->page * d.rb;
+    d.page = kv->page;
+    d.nkv = kv->nkv;
+    d.D = kv->D;
+    d.Di = kv->Di;
+    d.dt = kv->dt;
+    d.idt = kv->idt;
+    d.ptab = c->d_ptab;
+    d.stride = c->ptab_stride;
+    return d;
+}
+
+static __device__ __forceinline__ uint8_t *page_of(const kvdesc &d, int seq, int pos) {
+    int pg = d.ptab[(size_t)seq * d.stride + pos / d.page];
+    return d.base + (size_t)pg * d.page_bytes;
+}
+
+/* element i of a stored row */
+static __device__ __forceinline__ float read_el(const uint8_t *row, int dt, int dim, int i) {
+    switch (dt) {
+    case M3_KV_F32: return ((const float *)row)[i];
+    case M3_KV_BF16: return bf16_f32(((const uint16_t *)row)[i]);
+    case M3_KV_FP8: return e4m3_f32(row[i]);
+    default: {
+        uint32_t code = (i & 1) ? (row[i / 2] >> 4) : (row[i / 2] & 15);
+        return (e2m1x2_f32(code).x * 16384.0f) * e4m3_f32(row[dim / 2 + i / 16]);
+    }
+    }
+}
+
+/* the threads of a block write one row of dim values (NVFP4: one thread per 16-value group) */
+static __device__ void write_row(uint8_t *dst, int dt, const float *src, int dim) {
+    switch (dt) {
+    case M3_KV_F32:
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) ((float *)dst)[i] = src[i];
+        break;
+    case M3_KV_BF16:
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) ((uint16_t *)dst)[i] = f32_bf16(src[i]);
+        break;
+    case M3_KV_FP8:
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = f32_e4m3(src[i]);
+        break;
+    default:
+        for (int g = threadIdx.x; g < dim / 16; g += blockDim.x) {
+            const float *v = src + 16 * g;
+            float amax = 0;
+            for (int i = 0; i < 16; i++) amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
+            uint8_t sc = f32_e4m3(amax / 6.0f);
+            float s = e4m3_f32(sc);
+            dst[dim / 2 + g] = sc;
+            for (int i = 0; i < 16; i += 2) {
+                uint32_t lo = s == 0 ? 0 : f32_e2m1(v[i] / s), hi = s == 0 ? 0 : f32_e2m1(v[i + 1] / s);
+                dst[(16 * g + i) / 2] = (uint8_t)(lo | (hi << 4));
+            }
+        }
+    }
+}
+
+__global__ void k_kv_store(kvdesc d, const int32_t *pos, const int32_t *seq, const float *k, const float *v, const float *ik) {
+    const int t = blockIdx.x, p = pos[t], slot = p % d.page;
+    uint8_t *pg = page_of(d, seq[t], p);
+    for (int r = 0; r < 2 * d.nkv; r++) {
+        int part = r / d.nkv, h = r % d.nkv;
+        const float *src = (part ? v : k) + ((size_t)t * d.nkv + h) * d.D;
+        write_row(pg + part * d.kvpart + ((size_t)h * d.page + slot) * d.rb, d.dt, src, d.D);
+    }
+    if (ik) write_row(pg + 2 * d.kvpart + (size_t)slot * d.irb, d.idt, ik + (size_t)t * d.Di, d.Di);
+}
+
+void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v, const float *ik) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (c->failed) return;
+    if (b != c->step_b) { m3_cu_failf(c, "CUDA backend: kv_store outside its step"); return; }
+    k_kv_store<<<b->T, 64, 0, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, k, v, ik);
+    CK_LAUNCH(c, "kv_store");
+}
+
+/* ------------------------------------------------------------------ indexer */
+
+/* scores[t][g][blk] = max over the keys of block blk visible to token t of iq[t][g] . ik;
+ * a warp per block, lanes over keys */
+__global__ void k_index_scores(kvdesc d, const int32_t *pos, const int32_t *seq, const float *iq, int ni, int B, int nbmax,
+                               float *scores) {
+    extern __shared__ float qs[]; /* [ni][Di] */
+    const int t = blockIdx.y, p = pos[t], nb = p / B + 1;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
+    for (int i = threadIdx.x; i < ni * d.Di; i += blockDim.x) qs[i] = iq[(size_t)t * ni * d.Di + i];
+    __syncthreads();
+    for (int blk = blockIdx.x * nw + warp; blk < nb; blk += gridDim.x * nw) {
+        int p0 = blk * B, n = blk == nb - 1 ? p - p0 + 1 : B;
+        float best[8];
+#pragma unroll
+        for (int g = 0; g < 8; g++) best[g] = -INFINITY;
+        for (int i = lane; i < n; i += 32) {
+            int kp = p0 + i;
+            const uint8_t *row = page_of(d, seq[t], kp) + 2 * d.kvpart + (size_t)(kp % d.page) * d.irb;
+            float dot[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int e = 0; e < d.Di; e++) {
+                float kv = read_el(row, d.idt, d.Di, e);
+#pragma unroll
+                for (int g = 0; g < 8; g++)
+                    if (g < ni) dot[g] += qs[g * d.Di + e] * kv;
+            }
+#pragma unroll
+            for (int g = 0; g < 8; g++)
+                if (g < ni) best[g] = fmaxf(best[g], dot[g]);
+        }
+#pragma unroll
+        for (int g = 0; g < 8; g++) {
+            if (g >= ni) break;
+            float m = warp_max(best[g]);
+            if (lane == 0) scores[((size_t)t * ni + g) * nbmax + blk] = m;
+        }
+    }
+}
+
+/* a warp per (token, head): forced local / initial blocks, then top-k (lowest block on
+ * ties), ascending, -1 padded */
+__global__ void k_index_topk(const int32_t *pos, int ni, int B, int nbmax, int topk, int local, int init, float *scores,
+                             int32_t *sel) {
+    const int w = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x & 31;
+    if (w >= gridDim.x * blockDim.x / 32) return;
+    const int t = w / ni, g = w % ni;
+    extern __shared__ int picks[];
+    int *pk = picks + (threadIdx.x / 32) * topk;
+    const int qb = pos[t] / B, nb = qb + 1;
+    float *sc = scores + ((size_t)t * ni + g) * nbmax;
+    for (int blk = lane; blk < nb; blk += 32)
+        if ((blk >= qb - local + 1 && blk <= qb) || blk < init) sc[blk] = INFINITY;
+    __syncwarp();
+    int got = 0;
+    for (int k = 0; k < topk && k < nb; k++) {
+        float bv = 0;
+        int bi = -1;
+        for (int blk = lane; blk < nb; blk += 32) {
+            float s = sc[blk];
+            if (s != -INFINITY && !isnan(s) && (bi < 0 || s > bv)) { bv = s; bi = blk; }
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
+        }
+        if (bi < 0) break;
+        if (lane == 0) { pk[got] = bi; sc[bi] = -INFINITY; }
+        got++;
+        __syncwarp();
+    }
+    if (lane == 0) {
+        for (int a = 1; a < got; a++)
+            for (int b = a; b > 0 && pk[b] < pk[b - 1]; b--) { int tmp = pk[b]; pk[b] = pk[b - 1]; pk[b - 1] = tmp; }
+        int32_t *out = sel + ((size_t)t * ni + g) * topk;
+        for (int k = 0; k < topk; k++) out[k] = k < got ? pk[k] : -1;
+    }
+}
+
+void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *iq, int ni, int block,
+                        int topk, int local, int init, int32_t *sel) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (c->failed) return;
+    if (b != c->step_b) { m3_cu_failf(c, "CUDA backend: index_select outside its step"); return; }
+    if (ni > 8) { m3_cu_failf(c, "CUDA backend: %d indexer heads (at most 8 supported)", ni); return; }
+    int T = b->T, nbmax = c->max_pos / block + 1;
+    float *scores = (float *)m3_cu_scratch(c, SC_IDX, sizeof(float) * (size_t)T * ni * nbmax);
+    if (!scores) return;
+    kvdesc d = desc(c, kv, layer);
+    /* enough CTAs to cover the blocks of the longest sequence with 4 warps each */
+    unsigned gx = cdiv(nbmax, 4);
+    if (gx > 256) gx = 256;
+    k_index_scores<<<dim3(gx, T), 128, sizeof(float) * (size_t)ni * kv->Di, c->st>>>(d, c->d_pos, c->d_seq, iq, ni, block,
+                                                                                     nbmax, scores);
+    if (CK_LAUNCH(c, "index_scores")) return;
+    int warps = T * ni;
+    /* grid covers exactly `warps` warps: 1 warp per CTA keeps the bound check simple */
+    k_index_topk<<<warps, 32, sizeof(int) * (size_t)topk, c->st>>>(c->d_pos, ni, block, nbmax, topk, local, init, scores, sel);
+    CK_LAUNCH(c, "index_topk");
+}
+
+/* ------------------------------------------------------------------ attention */
+
+#define ACH 32 /* keys per chunk */
+
+/* Chunks of the keys token t / group g sees: sparse = the selected blocks cut in ACH-key
+ * chunks (block / ACH chunks each), dense = [0, pos] in ACH-key chunks. */
+__global__ void k_attn(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh, const int32_t *sel,
+                       int B, int topk, int nsplit, float *part, float *out, float scale) {
+    extern __shared__ float sm[];
+    const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
+    const int D = d.D, G = nh / d.nkv, tid = threadIdx.x, nt = blockDim.x;
+    const int DP = D + 1; /* padded K rows: lanes reading different keys hit different banks */
+    float *qs = sm;                   /* [G][D] */
+    float *ks = qs + G * D;           /* [ACH][DP] */
+    float *vs = ks + ACH * DP;        /* [ACH][D] */
+    float *ps = vs + ACH * D;         /* [G][ACH] */
+    float *acc = ps + G * ACH;        /* [G][D] */
+    float *ml = acc + G * D;          /* m[G], l[G], corr[G] */
+    const int p = pos[t], sq = seq[t];
+    for (int i = tid; i < G * D; i += nt) {
+        qs[i] = q[((size_t)t * nh + (size_t)g * G) * D + i];
+        acc[i] = 0;
+    }
+    for (int h = tid; h < G; h += nt) { ml[h] = -INFINITY; ml[G + h] = 0; }
+    const int cpb = (B + ACH - 1) / ACH; /* chunks per block */
+    const int nchunks = sel ? topk * cpb : p / ACH + 1;
+    __syncthreads();
+    for (int ci = s; ci < nchunks; ci += nsplit) {
+        int a, e;
+        if (sel) {
+            int blk = sel[((size_t)t * d.nkv + g) * topk + ci / cpb];
+            if (blk < 0) continue; /* uniform across the CTA */
+            a = blk * B + (ci % cpb) * ACH;
+            e = min(min(a + ACH, blk * B + B), p + 1);
+        } else {
+            a = ci * ACH;
+            e = min(a + ACH, p + 1);
+        }
+        int n = e - a;
+        if (n <= 0) continue;
+        /* K and V rows of the chunk -> shared f32 */
+        for (int i = tid; i < n * D; i += nt) {
+            int j = i / D, x = i % D, kp = a + j;
+            const uint8_t *pg = page_of(d, sq, kp);
+            size_t off = ((size_t)g * d.page + kp % d.page) * d.rb;
+            ks[j * DP + x] = read_el(pg + off, d.dt, D, x);
+            vs[j * D + x] = read_el(pg + d.kvpart + off, d.dt, D, x);
+        }
+        __syncthreads();
+        for (int i = tid; i < G * ACH; i += nt) {
+            int h = i / ACH, j = i % ACH;
+            float v = -INFINITY;
+            if (j < n) {
+                float dot = 0;
+                const float *qh = qs + h * D, *kj = ks + j * DP;
+                for (int x = 0; x < D; x++) dot += qh[x] * kj[x];
+                v = dot * scale;
+            }
+            ps[i] = v;
+        }
+        __syncthreads();
+        /* online softmax: a warp per head */
+        for (int h = tid / 32; h < G; h += nt / 32) {
+            int lane = tid & 31;
+            float v = lane < ACH ? ps[h * ACH + lane] : -INFINITY;
+            float mx = fmaxf(ml[h], warp_max(v));
+            float e_ = lane < n ? expf(v - mx) : 0.0f;
+            if (lane < ACH) ps[h * ACH + lane] = e_;
+            float sum = warp_sum(e_);
+            if (lane == 0) {
+                float corr = expf(ml[h] - mx); /* 0 on the first chunk */
+                ml[2 * G + h] = corr;
+                ml[G + h] = ml[G + h] * corr + sum;
+                ml[h] = mx;
+            }
+        }
+        __syncthreads();
+        for (int i = tid; i < G * D; i += nt) {
+            int h = i / D, x = i % D;
+            float a2 = acc[i] * ml[2 * G + h];
+            const float *ph = ps + h * ACH;
+            for (int j = 0; j < n; j++) a2 += ph[j] * vs[j * D + x];
+            acc[i] = a2;
+        }
+        __syncthreads();
+    }
+    if (nsplit == 1) {
+        for (int i = tid; i < G * D; i += nt) {
+            int h = i / D;
+            float l = ml[G + h];
+            out[((size_t)t * nh + (size_t)g * G) * D + i] = l > 0 ? acc[i] / l : 0.0f;
+        }
+        return;
+    }
+    /* partial: [t][g][s] -> G x (D + 2) */
+    float *pp = part + (((size_t)t * d.nkv + g) * nsplit + s) * (size_t)G * (D + 2);
+    for (int i = tid; i < G * D; i += nt) pp[(i / D) * (D + 2) + 2 + i % D] = acc[i];
+    for (int h = tid; h < G; h += nt) { pp[h * (D + 2)] = ml[h]; pp[h * (D + 2) + 1] = ml[G + h]; }
+}
+
+__global__ void k_attn_merge(const float *part, int nkv, int G, int D, int nsplit, int nh, float *out) {
+    const int t = blockIdx.y, hh = blockIdx.x, g = hh / G, h = hh % G;
+    const float *base = part + (((size_t)t * nkv + g) * nsplit) * (size_t)G * (D + 2) + (size_t)h * (D + 2);
+    const size_t sstride = (size_t)G * (D + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < nsplit; s++) M = fmaxf(M, base[s * sstride]);
+    float L = 0;
+    for (int s = 0; s < nsplit; s++) {
+        float m = base[s * sstride];
+        if (m != -INFINITY) L += base[s * sstride + 1] * expf(m - M);
+    }
+    for (int x = threadIdx.x; x < D; x += blockDim.x) {
+        float o = 0;
+        for (int s = 0; s < nsplit; s++) {
+            float m = base[s * sstride];
+            if (m != -INFINITY) o += base[s * sstride + 2 + x] * expf(m - M);
+        }
+        out[((size_t)t * nh + hh) * D + x] = L > 0 ? o / L : 0.0f;
+    }
+}
+
+void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh, const int32_t *sel,
+                     int block, int topk, float *out) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (c->failed) return;
+    if (b != c->step_b) { m3_cu_failf(c, "CUDA backend: attention outside its step"); return; }
+    const int T = b->T, nkv = kv->nkv, D = kv->D, G = nh / nkv;
+    int nchunks = sel ? topk * ((block + ACH - 1) / ACH) : c->max_pos / ACH + 1;
+    int nsplit = (int)cdiv(2 * (size_t)c->sm_count, (size_t)T * nkv);
+    if (nsplit > 32) nsplit = 32;
+    if (nsplit > nchunks) nsplit = nchunks;
+    if (nsplit < 1) nsplit = 1;
+    size_t smem = sizeof(float) * ((size_t)G * D * 2 + ACH * (size_t)(D + 1) + ACH * (size_t)D + (size_t)G * ACH + 3 * (size_t)G);
+    if (smem > c->smem_optin) { m3_cu_failf(c, "CUDA backend: attention needs %zu bytes of shared memory", smem); return; }
+    if (smem > 48 * 1024) cudaFuncSetAttribute(k_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    float *part = NULL;
+    if (nsplit > 1) {
+        part = (float *)m3_cu_scratch(c, SC_ATT, sizeof(float) * (size_t)T * nkv * nsplit * G * (D + 2));
+        if (!part) return;
+    }
+    int threads = G * D >= 256 ? 256 : 128;
+    k_attn<<<dim3(nsplit, nkv, T), threads, smem, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, sel, block, topk,
+                                                            nsplit, part, out, 1.0f / sqrtf((float)D));
+    if (CK_LAUNCH(c, "attention")) return;
+    if (nsplit > 1) {
+        k_attn_merge<<<dim3(nh, T), D < 128 ? 64 : 128, 0, c->st>>>(part, nkv, G, D, nsplit, nh, out);
+        CK_LAUNCH(c, "attention merge");
+    }
+}

@@ -1,0 +1,425 @@
+/* CUDA backend: context, memory, weight upload, per-step metadata, the op table. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common.cuh"
+
+extern "C" int m3_cuda_built(void) { return 1; }
+
+extern "C" int m3_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) { cudaGetLastError(); return 0; }
+    return n;
+}
+
+int m3_cu_fail(m3_cuda *c, cudaError_t e, const char *what, const char *file, int line) {
+    if (e == cudaSuccess) return 0;
+    if (!c->failed) {
+        const char *f = strrchr(file, '/');
+        snprintf(c->errmsg, sizeof c->errmsg, "CUDA: %s: %s (%s:%d)", what, cudaGetErrorString(e), f ? f + 1 : file, line);
+        c->failed = 1;
+    }
+    return 1;
+}
+
+void m3_cu_failf(m3_cuda *c, const char *fmt, ...) {
+    if (c->failed) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
+    va_end(ap);
+    c->failed = 1;
+}
+
+void *m3_cu_alloc(m3_cuda *c, size_t bytes) {
+    void *p = NULL;
+    size_t n = bytes ? (bytes + 255) & ~(size_t)255 : 256;
+    if (cudaMalloc(&p, n) != cudaSuccess) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        m3_cu_failf(c, "CUDA: out of device memory allocating %.1f MiB (%.1f MiB free of %.1f MiB)", n / 1048576.0,
+                    fr / 1048576.0, tot / 1048576.0);
+        return NULL;
+    }
+    c->allocated += n;
+    if (c->allocated > c->peak) c->peak = c->allocated;
+    return p;
+}
+
+void *m3_cu_scratch(m3_cuda *c, int slot, size_t bytes) {
+    if (bytes <= c->sc_bytes[slot]) return c->sc[slot];
+    if (c->sc[slot]) {
+        cudaStreamSynchronize(c->st); /* the old buffer may still be in use by queued work */
+        cudaFree(c->sc[slot]);
+        c->allocated -= c->sc_bytes[slot];
+        c->sc[slot] = NULL;
+        c->sc_bytes[slot] = 0;
+    }
+    size_t n = bytes + bytes / 4 + 4096; /* headroom so slowly growing steps do not reallocate each time */
+    n = (n + 255) & ~(size_t)255;
+    void *p = m3_cu_alloc(c, n);
+    if (!p) return NULL;
+    c->sc[slot] = p;
+    c->sc_bytes[slot] = n;
+    return p;
+}
+
+/* ------------------------------------------------------------------ memory ops */
+
+static void *cu_alloc(void *ctx, size_t bytes) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    void *p = m3_cu_alloc(c, bytes);
+    if (p && CK(c, cudaMemsetAsync(p, 0, bytes, c->st))) { cudaFree(p); return NULL; }
+    if (p) CK(c, cudaStreamSynchronize(c->st));
+    return p;
+}
+static void cu_release(void *ctx, void *p) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (!p) return;
+    cudaStreamSynchronize(c->st);
+    cudaFree(p);
+}
+static void cu_upload(void *ctx, void *dst, const void *src, size_t n) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    CK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->st));
+    CK(c, cudaStreamSynchronize(c->st)); /* src may be pageable and reused by the caller */
+}
+static void cu_download(void *ctx, void *dst, const void *src, size_t n) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    CK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->st));
+    CK(c, cudaStreamSynchronize(c->st));
+}
+
+static int cu_check(void *ctx, m3_err *err) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (!c->failed) CK(c, cudaGetLastError());
+    if (c->failed) return m3_errf(err, "%s", c->errmsg);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ weights */
+
+static void *up(m3_cuda *c, const void *src, size_t n) {
+    if (!src || !n) return NULL;
+    void *p = m3_cu_alloc(c, n);
+    if (!p) return NULL;
+    if (CK(c, cudaMemcpy(p, src, n, cudaMemcpyHostToDevice))) { cudaFree(p); return NULL; }
+    return p;
+}
+
+static int up_linear(m3_cuda *c, const m3_linear *h, m3_linear *d) {
+    *d = *h;
+    d->w = NULL;
+    d->scale = NULL;
+    if (!h->w) return 0;
+    d->w = (const uint8_t *)up(c, h->w, h->row_bytes * (size_t)h->N);
+    if (!d->w) return -1;
+    if (h->scale) {
+        d->scale = (const uint8_t *)up(c, h->scale, h->scale_row * (size_t)h->N);
+        if (!d->scale) return -1;
+    }
+    return 0;
+}
+static int up_mlp(m3_cuda *c, const m3_mlp_w *h, m3_mlp_w *d) {
+    return up_linear(c, &h->gate, &d->gate) || up_linear(c, &h->up, &d->up) || up_linear(c, &h->down, &d->down);
+}
+static float *up_vec(m3_cuda *c, const float *v, int n, int *bad) {
+    if (!v) return NULL;
+    float *p = (float *)up(c, v, sizeof(float) * (size_t)n);
+    if (!p) *bad = 1;
+    return p;
+}
+
+/* the device expert table of a MoE layer: experts[] (m3_mlp_w with device pointers) copied to the GPU */
+static int make_expert_table(m3_cuda *c, m3_layer_w *L, int E) {
+    if (!L->moe || !L->experts) return 0;
+    L->backend = up(c, L->experts, sizeof(m3_mlp_w) * (size_t)E);
+    return L->backend ? 0 : -1;
+}
+
+static void cu_weights_release(void *ctx, m3_weights *w) {
+    (void)ctx;
+    if (!w->layers) { memset(w, 0, sizeof *w); return; }
+    cudaDeviceSynchronize();
+#define FREE_LIN(l) do { cudaFree((void *)(l).w); cudaFree((void *)(l).scale); } while (0)
+#define FREE_MLP(m) do { FREE_LIN((m).gate); FREE_LIN((m).up); FREE_LIN((m).down); } while (0)
+    for (int l = 0; l < w->n_layers; l++) {
+        m3_layer_w *L = &w->layers[l];
+        cudaFree(L->in_norm); cudaFree(L->post_norm); cudaFree(L->q_norm); cudaFree(L->k_norm);
+        cudaFree(L->iq_norm); cudaFree(L->ik_norm); cudaFree(L->route_bias); cudaFree(L->backend);
+        FREE_LIN(L->q); FREE_LIN(L->k); FREE_LIN(L->v); FREE_LIN(L->o); FREE_LIN(L->iq); FREE_LIN(L->ik);
+        FREE_MLP(L->mlp); FREE_LIN(L->router); FREE_MLP(L->shared);
+        if (L->experts) {
+            for (int e = 0; e < w->n_experts; e++) FREE_MLP(L->experts[e]);
+            free(L->experts);
+        }
+    }
+    FREE_LIN(w->embed);
+    if (w->lm_head.w != w->embed.w) FREE_LIN(w->lm_head);
+    cudaFree(w->final_norm);
+    free(w->layers);
+    memset(w, 0, sizeof *w);
+#undef FREE_LIN
+#undef FREE_MLP
+}
+
+static int cu_weights_upload(void *ctx, const m3_weights *h, m3_weights *d, m3_err *err) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    memset(d, 0, sizeof *d);
+    d->layers = (m3_layer_w *)calloc((size_t)h->n_layers, sizeof *d->layers);
+    if (!d->layers) return m3_errf(err, "out of memory");
+    d->n_layers = h->n_layers;
+    d->hidden = h->hidden;
+    d->head_dim = h->head_dim;
+    d->index_dim = h->index_dim;
+    d->n_experts = h->n_experts;
+    memcpy(d->prefix, h->prefix, sizeof d->prefix);
+    d->n_tensors_used = h->n_tensors_used;
+    memcpy(d->bytes_by_fmt, h->bytes_by_fmt, sizeof d->bytes_by_fmt);
+    memcpy(d->count_by_fmt, h->count_by_fmt, sizeof d->count_by_fmt);
+    int bad = 0;
+    for (int l = 0; l < h->n_layers && !bad; l++) {
+        const m3_layer_w *H = &h->layers[l];
+        m3_layer_w *L = &d->layers[l];
+        L->sparse = H->sparse;
+        L->moe = H->moe;
+        L->has_shared = H->has_shared;
+        L->in_norm = up_vec(c, H->in_norm, h->hidden, &bad);
+        L->post_norm = up_vec(c, H->post_norm, h->hidden, &bad);
+        bad |= up_linear(c, &H->q, &L->q) || up_linear(c, &H->k, &L->k) || up_linear(c, &H->v, &L->v) ||
+               up_linear(c, &H->o, &L->o);
+        L->q_norm = up_vec(c, H->q_norm, h->head_dim, &bad);
+        L->k_norm = up_vec(c, H->k_norm, h->head_dim, &bad);
+        if (H->sparse) {
+            bad |= up_linear(c, &H->iq, &L->iq) || up_linear(c, &H->ik, &L->ik);
+            L->iq_norm = up_vec(c, H->iq_norm, h->index_dim, &bad);
+            L->ik_norm = up_vec(c, H->ik_norm, h->index_dim, &bad);
+        }
+        if (!H->moe) bad |= up_mlp(c, &H->mlp, &L->mlp);
+        else {
+            int E = h->n_experts;
+            bad |= up_linear(c, &H->router, &L->router);
+            L->route_bias = up_vec(c, H->route_bias, E, &bad);
+            L->experts = (m3_mlp_w *)calloc((size_t)E, sizeof *L->experts);
+            if (!L->experts) bad = 1;
+            for (int e = 0; e < E && !bad; e++) bad |= up_mlp(c, &H->experts[e], &L->experts[e]);
+            if (!bad) bad |= make_expert_table(c, L, E);
+            if (H->has_shared && !bad) bad |= up_mlp(c, &H->shared, &L->shared);
+        }
+    }
+    if (!bad) bad |= up_linear(c, &h->embed, &d->embed);
+    if (!bad) {
+        if (h->lm_head.w == h->embed.w) d->lm_head = d->embed;
+        else bad |= up_linear(c, &h->lm_head, &d->lm_head);
+    }
+    if (!bad) d->final_norm = up_vec(c, h->final_norm, h->hidden, &bad);
+    if (bad || c->failed) {
+        if (!c->failed) m3_cu_failf(c, "out of memory");
+        m3_errf(err, "uploading the weights to the GPU: %s", c->errmsg);
+        c->failed = 0; /* the backend itself stays usable */
+        cu_weights_release(c, d);
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ per-step metadata */
+
+/* pinned staging of at least n int32 (the previous step's copies are complete: see begin_step) */
+static int32_t *stage(m3_cuda *c, size_t n) {
+    if (n <= c->h_meta_cap) return c->h_meta;
+    if (c->h_meta) cudaFreeHost(c->h_meta);
+    c->h_meta = NULL;
+    c->h_meta_cap = 0;
+    size_t cap = n + n / 2 + 1024;
+    if (CK(c, cudaMallocHost((void **)&c->h_meta, cap * sizeof(int32_t)))) return NULL;
+    c->h_meta_cap = cap;
+    return c->h_meta;
+}
+
+static int cu_begin_step(void *ctx, const m3_kv *kv, const m3_batch *b, m3_err *err) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (c->failed) return m3_errf(err, "%s", c->errmsg);
+    int T = b->T, ns = 0, stride = 1, maxp = 0;
+    for (int t = 0; t < T; t++) {
+        if (b->seq[t] + 1 > ns) ns = b->seq[t] + 1;
+        if (b->pos[t] > maxp) maxp = b->pos[t];
+    }
+    for (int s = 0; s < ns; s++)
+        if (b->seqs[s] && b->seqs[s]->n_pages > stride) stride = b->seqs[s]->n_pages;
+    size_t n = 2 * (size_t)T + (size_t)ns * stride;
+    /* the pinned buffer is reused: the previous step's uploads must have landed */
+    if (CK(c, cudaStreamSynchronize(c->st))) return m3_errf(err, "%s", c->errmsg);
+    int32_t *h = stage(c, n + (size_t)T); /* + room for the token ids (embed) */
+    int32_t *d = (int32_t *)m3_cu_scratch(c, SC_META, (n + (size_t)T) * sizeof(int32_t));
+    if (!h || !d) return m3_errf(err, "%s", c->errmsg);
+    memcpy(h, b->pos, sizeof(int32_t) * (size_t)T);
+    memcpy(h + T, b->seq, sizeof(int32_t) * (size_t)T);
+    int32_t *pt = h + 2 * T;
+    for (int s = 0; s < ns; s++) {
+        const m3_kv_seq *q = b->seqs[s];
+        int np = q ? q->n_pages : 0;
+        for (int i = 0; i < stride; i++) pt[(size_t)s * stride + i] = i < np ? q->pages[i] : -1;
+    }
+    if (CK(c, cudaMemcpyAsync(d, h, n * sizeof(int32_t), cudaMemcpyHostToDevice, c->st))) return m3_errf(err, "%s", c->errmsg);
+    c->step_b = b;
+    c->T = T;
+    c->n_seqs = ns;
+    c->ptab_stride = stride;
+    c->max_pos = maxp;
+    c->d_pos = d;
+    c->d_seq = d + T;
+    c->d_ptab = d + 2 * T;
+    (void)kv;
+    return 0;
+}
+
+/* token ids for embed: staged behind the step metadata */
+int32_t *m3_cu_stage_ids(m3_cuda *c, const int32_t *ids, int T) {
+    size_t off = 2 * (size_t)c->T + (size_t)c->n_seqs * c->ptab_stride;
+    if (c->T != T || off + (size_t)T > c->h_meta_cap) { m3_cu_failf(c, "CUDA backend: embed outside a step"); return NULL; }
+    memcpy(c->h_meta + off, ids, sizeof(int32_t) * (size_t)T);
+    int32_t *d = c->d_pos + off;
+    if (CK(c, cudaMemcpyAsync(d, c->h_meta + off, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, c->st))) return NULL;
+    return d;
+}
+
+/* ------------------------------------------------------------------ table */
+
+extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
+    memset(ops, 0, sizeof *ops);
+    int n = m3_cuda_device_count();
+    if (n <= 0) return m3_errf(err, "no CUDA device (driver missing or no GPU)");
+    if (dev < 0 || dev >= n) return m3_errf(err, "CUDA device %d does not exist (%d found)", dev, n);
+    m3_cuda *c = (m3_cuda *)calloc(1, sizeof *c);
+    if (!c) return m3_errf(err, "out of memory");
+    c->dev = dev;
+    cudaDeviceProp p;
+    if (cudaSetDevice(dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) {
+        free(c);
+        cudaGetLastError();
+        return m3_errf(err, "cannot open CUDA device %d", dev);
+    }
+    if (p.major < 9) {
+        free(c);
+        return m3_errf(err, "CUDA device %d (%s) has compute capability %d.%d; this build needs Hopper (9.0)", dev, p.name,
+                       p.major, p.minor);
+    }
+    c->sm_count = p.multiProcessorCount;
+    c->smem_optin = p.sharedMemPerBlockOptin;
+    snprintf(c->name, sizeof c->name, "%s, %d SMs, %.1f GiB", p.name, p.multiProcessorCount,
+             p.totalGlobalMem / 1073741824.0);
+    if (cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking) != cudaSuccess) {
+        free(c);
+        return m3_errf(err, "cannot create a CUDA stream");
+    }
+    if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
+        cudaStreamDestroy(c->st);
+        free(c);
+        return m3_errf(err, "cannot initialize cuBLAS");
+    }
+    cublasSetStream(c->blas, c->st);
+    cublasSetMathMode(c->blas, CUBLAS_PEDANTIC_MATH); /* f32 GEMMs stay f32: no TF32 */
+    ops->name = "cuda";
+    ops->ctx = c;
+    ops->device_memory = 1;
+    ops->alloc = cu_alloc;
+    ops->release = cu_release;
+    ops->upload = cu_upload;
+    ops->download = cu_download;
+    ops->weights_upload = cu_weights_upload;
+    ops->weights_release = cu_weights_release;
+    ops->begin_step = cu_begin_step;
+    ops->check = cu_check;
+    ops->embed = m3_cu_embed;
+    ops->rmsnorm = m3_cu_rmsnorm;
+    ops->add = m3_cu_add;
+    ops->linear = m3_cu_linear;
+    ops->head_norm_rope = m3_cu_head_norm_rope;
+    ops->kv_store = m3_cu_kv_store;
+    ops->index_select = m3_cu_index_select;
+    ops->attention = m3_cu_attention;
+    ops->mlp = m3_cu_mlp;
+    ops->moe = m3_cu_moe;
+    return 0;
+}
+
+extern "C" void m3_cuda_ops_free(m3_ops *ops) {
+    m3_cuda *c = (m3_cuda *)ops->ctx;
+    if (c) {
+        cudaStreamSynchronize(c->st);
+        for (int i = 0; i < SC_COUNT; i++) cudaFree(c->sc[i]);
+        if (c->h_meta) cudaFreeHost(c->h_meta);
+        free(c->h_pick);
+        free(c->h_pick_seen);
+        cublasDestroy(c->blas);
+        cudaStreamDestroy(c->st);
+        free(c);
+    }
+    memset(ops, 0, sizeof *ops);
+}
+
+extern "C" const char *m3_cuda_device_name(const m3_ops *ops) { return ((m3_cuda *)ops->ctx)->name; }
+
+extern "C" void m3_cuda_mem_info(const m3_ops *ops, size_t *free_b, size_t *total_b, size_t *peak_b) {
+    m3_cuda *c = (m3_cuda *)ops->ctx;
+    size_t f = 0, t = 0;
+    cudaMemGetInfo(&f, &t);
+    if (free_b) *free_b = f;
+    if (total_b) *total_b = t;
+    if (peak_b) *peak_b = c->peak;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+extern "C" double m3_cuda_sync_time(m3_ops *ops) {
+    m3_cuda *c = (m3_cuda *)ops->ctx;
+    CK(c, cudaStreamSynchronize(c->st));
+    return now_s();
+}
+
+extern "C" double m3_cuda_copy_bandwidth(m3_ops *ops, size_t bytes) {
+    m3_cuda *c = (m3_cuda *)ops->ctx;
+    void *a = m3_cu_alloc(c, bytes), *b = m3_cu_alloc(c, bytes);
+    double bw = 0;
+    if (a && b) {
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, c->st); /* warm up */
+        float best = 1e30f;
+        for (int i = 0; i < 10; i++) {
+            cudaEventRecord(e0, c->st);
+            cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, c->st);
+            cudaEventRecord(e1, c->st);
+            cudaEventSynchronize(e1);
+            float ms;
+            cudaEventElapsedTime(&ms, e0, e1);
+            if (ms < best) best = ms;
+        }
+        bw = 2.0 * (double)bytes / (best * 1e-3);
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+    }
+    cudaFree(a);
+    cudaFree(b);
+    if (a) c->allocated -= (bytes + 255) & ~(size_t)255;
+    if (b) c->allocated -= (bytes + 255) & ~(size_t)255;
+    return bw;
+}
+
+extern "C" void m3_cuda_count_experts(m3_ops *ops, int on) { ((m3_cuda *)ops->ctx)->count_experts = on; }
+extern "C" long m3_cuda_experts_used(m3_ops *ops, int reset) {
+    m3_cuda *c = (m3_cuda *)ops->ctx;
+    long n = c->experts_used;
+    if (reset) c->experts_used = 0;
+    return n;
+}

@@ -1,0 +1,149 @@
+/* Shared by the CUDA backend's .cu files: the context, error checks, and the number-format
+ * decoders used inside kernels (the device twins of src/base/num.h). */
+#ifndef M3_CUDA_COMMON_CUH
+#define M3_CUDA_COMMON_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda.h"
+
+/* grow-only scratch buffers, one per purpose (no allocation inside a steady-state step) */
+enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_COUNT };
+
+typedef struct m3_cuda {
+    int dev, sm_count;
+    size_t smem_optin;
+    cudaStream_t st;
+    cublasHandle_t blas;
+    char name[128];
+    int failed;
+    char errmsg[512];
+    void *sc[SC_COUNT];
+    size_t sc_bytes[SC_COUNT];
+    size_t allocated, peak;
+    /* the current step (begin_step): device copies of positions, sequence of each token,
+     * page table rows [n_seqs][ptab_stride] and sequence lengths */
+    const void *step_b;
+    int T, n_seqs, ptab_stride, max_pos;
+    int32_t *d_pos, *d_seq, *d_ptab;
+    int32_t *h_meta;            /* pinned staging */
+    size_t h_meta_cap;
+    /* expert counting for benchmarks */
+    int count_experts;
+    long experts_used;
+    uint8_t *h_pick_seen;       /* host scratch */
+    int32_t *h_pick;
+    size_t h_pick_cap;
+} m3_cuda;
+
+/* Records the first failure (sticky) and returns nonzero when e is an error. */
+int m3_cu_fail(m3_cuda *c, cudaError_t e, const char *what, const char *file, int line);
+#define CK(c, call) m3_cu_fail((c), (call), #call, __FILE__, __LINE__)
+#define CK_LAUNCH(c, what) m3_cu_fail((c), cudaGetLastError(), what, __FILE__, __LINE__)
+void m3_cu_failf(m3_cuda *c, const char *fmt, ...);
+
+/* scratch slot of at least bytes (device), NULL + sticky error on failure */
+void *m3_cu_scratch(m3_cuda *c, int slot, size_t bytes);
+void *m3_cu_alloc(m3_cuda *c, size_t bytes);
+int32_t *m3_cu_stage_ids(m3_cuda *c, const int32_t *ids, int T);
+
+/* ops implemented in the kernel files */
+void m3_cu_embed(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out);
+void m3_cu_rmsnorm(void *ctx, const float *x, const float *w, int rows, int dim, float eps, float *out);
+void m3_cu_add(void *ctx, float *y, const float *x, size_t n);
+void m3_cu_head_norm_rope(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps, int rotary_dim,
+                          double theta, const int32_t *pos);
+void m3_cu_swiglu(m3_cuda *c, const float *gate, const float *up, size_t n, float alpha, float limit, float *out);
+void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y);
+void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out);
+void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
+               float limit, float *out);
+void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v, const float *ik);
+void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *iq, int ni, int block,
+                        int topk, int local, int init, int32_t *sel);
+void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh,
+                     const int32_t *sel, int block, int topk, float *out);
+
+/* ------------------------------------------------------------------ device decoders */
+
+/* E8M0: 2^(b-127); 255 NaN; b = 0 is 2^-127 (an f32 subnormal) */
+static __device__ __forceinline__ float e8m0_f32(uint32_t b) {
+    return b == 255 ? __int_as_float(0x7fc00000) : b ? __int_as_float((int)(b << 23)) : __int_as_float(0x00400000);
+}
+/* E4M3 (fn): exact through the hardware converter (to f16, exact for every E4M3 value) */
+static __device__ __forceinline__ float e4m3_f32(uint32_t b) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
+    return __half2float(__half(h));
+}
+/* two E4M3 bytes (low byte first) -> two floats */
+static __device__ __forceinline__ float2 e4m3x2_f32(uint32_t two) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
+    return __half22float2(__half2(h));
+}
+/* E2M1 code (low 4 bits) -> value * 2^-14 as an f16 bit pattern: magnitude bits e(2) m(1)
+ * placed at f16 bits 9..11 give 2^(e-15)(1 + m/2) (e > 0) or m 2^-15 (e = 0), i.e. the
+ * E2M1 value times 2^-14, exactly; the caller folds 2^14 into the block scale. */
+static __device__ __forceinline__ uint32_t e2m1_h16(uint32_t code) {
+    return ((code & 7u) << 9) | ((code & 8u) << 12);
+}
+/* one byte of two E2M1 codes (low nibble first) -> two floats (times 2^-14) */
+static __device__ __forceinline__ float2 e2m1x2_f32(uint32_t byte) {
+    uint32_t bits = e2m1_h16(byte & 15u) | (e2m1_h16(byte >> 4) << 16);
+    __half2_raw r;
+    r.x = (unsigned short)(bits & 0xffff);
+    r.y = (unsigned short)(bits >> 16);
+    return __half22float2(__half2(r));
+}
+static __device__ __forceinline__ float bf16_f32(uint32_t h) { return __int_as_float((int)(h << 16)); }
+static __device__ __forceinline__ float f16_f32(uint32_t h) {
+    __half_raw r;
+    r.x = (unsigned short)h;
+    return __half2float(__half(r));
+}
+
+/* f32 -> E4M3 RNE saturating to +-448 (NaN -> 0x7f), as m3_f32_to_e4m3 */
+static __device__ __forceinline__ uint8_t f32_e4m3(float f) {
+    if (f != f) return 0x7f;
+    return (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
+}
+/* nearest E2M1 code (|x| saturated at 6; exact ties to the even code), as m3_f32_to_e2m1 */
+static __device__ __forceinline__ uint32_t f32_e2m1(float x) {
+    const float vals[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+    uint32_t sign = signbit(x) ? 8u : 0u;
+    float a = fabsf(x);
+    if (!(a <= 6.0f)) a = 6.0f;
+    int best = 0;
+    float bd = a;
+#pragma unroll
+    for (int i = 1; i < 8; i++) {
+        float d = fabsf(a - vals[i]);
+        if (d < bd || (d == bd && (i & 1) == 0)) { bd = d; best = i; }
+    }
+    return best ? (sign | (uint32_t)best) : 0u;
+}
+static __device__ __forceinline__ uint16_t f32_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static inline unsigned cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
+
+#endif

@@ -1,0 +1,67 @@
+/* CUDA backend (Hopper, sm_90a): the op table of src/backend/ops.h on one GPU.
+ *
+ * Memory: activations, the KV / index-K pages and a copy of the weights live on the GPU
+ * (ops.device_memory = 1); weights are uploaded once at load in their stored formats
+ * (MXFP8, NVFP4, BF16...) and decoded in registers by the kernels. Every op is queued on
+ * one stream; download() synchronizes. A failed CUDA call makes the backend sticky-failed:
+ * m3_cuda_check (called by m3_forward at the end of a step through ops.check) reports it.
+ *
+ * Kernels (one file each, plain C style):
+ *   elem.cu    embed, Gemma RMSNorm, add, per-head norm + partial RoPE, SwiGLU-OAI
+ *   gemv.cu    linear: warp-per-row GEMV with weights decoded in registers for up to 8
+ *              tokens; dequantize + cuBLAS SGEMM (f32, exact) for more; MoE router, top-k
+ *              and the routed experts (graph-free: no host sync for <= 8 tokens)
+ *   attn.cu    KV / index-K insert with the spec's rounding, lightning indexer scores +
+ *              per-head block top-k, block-sparse paged attention (split over keys, LSE merge)
+ *   random.cu  random weights of any config straight on the GPU (m3 bench --random-weights)
+ *
+ * Thread-safety: one backend context per thread; ops are not reentrant. */
+#ifndef M3_CUDA_H
+#define M3_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" { /* the project's C headers too: the .cu files call into C */
+#endif
+
+#include "../../base/err.h"
+#include "../../io/config.h"
+#include "../../model/weights.h"
+#include "../ops.h"
+
+/* 1 when this binary was built with the CUDA backend */
+int m3_cuda_built(void);
+/* number of usable CUDA devices (0 without a driver or a GPU, or when not built with CUDA) */
+int m3_cuda_device_count(void);
+/* Fills ops with the CUDA backend on device dev. -1 + err when no GPU or the init failed. */
+int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err);
+void m3_cuda_ops_free(m3_ops *ops);
+/* "NVIDIA H200, 132 SMs, 139.8 GiB" */
+const char *m3_cuda_device_name(const m3_ops *ops);
+/* device memory: bytes free and total right now; peak bytes the backend allocated */
+void m3_cuda_mem_info(const m3_ops *ops, size_t *free_b, size_t *total_b, size_t *peak_b);
+
+/* Random weights for config c (first n_layers layers; 0 = all) built on the GPU in the
+ * formats of the real checkpoint: MXFP8 linears, NVFP4 routed experts, BF16 router /
+ * embeddings / lm_head, f32 norms (0: Gemma norms scale by 1). Values are chosen so that
+ * activations stay finite. *w is a device-side m3_weights (release with weights_release). */
+int m3_cuda_random_weights(m3_ops *ops, const m3_config *c, int n_layers, uint64_t seed, m3_weights *w, m3_err *err);
+
+/* Device-to-device copy bandwidth in bytes/s (read + write counted), measured over bytes. */
+double m3_cuda_copy_bandwidth(m3_ops *ops, size_t bytes);
+/* Wall time of the queued work, for benchmarks: synchronizes and returns seconds. */
+double m3_cuda_sync_time(m3_ops *ops);
+
+/* For benchmarks: when on, the MoE op records which experts each layer's step used
+ * (host sync per layer: not for timed runs). Returns the number of distinct (layer, expert)
+ * pairs since the last reset. */
+void m3_cuda_count_experts(m3_ops *ops, int on);
+long m3_cuda_experts_used(m3_ops *ops, int reset);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

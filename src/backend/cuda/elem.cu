@@ -1,0 +1,138 @@
+/* Elementwise and per-row kernels: embedding rows, Gemma RMSNorm, residual add, per-head
+ * RMSNorm + partial NeoX RoPE, SwiGLU-OAI. Each mirrors its CPU twin in backend/cpu/ops.c. */
+#include "common.cuh"
+
+/* one block per token: out[t] = decode(E row ids[t]) */
+__global__ void k_embed(m3_linear E, const int32_t *ids, float *out) {
+    int t = blockIdx.x;
+    const uint8_t *row = E.w + (size_t)ids[t] * E.row_bytes;
+    float *o = out + (size_t)t * E.K;
+    for (int k = threadIdx.x; k < E.K; k += blockDim.x) {
+        float v;
+        switch (E.fmt) {
+        case M3_WF_F32: v = ((const float *)row)[k]; break;
+        case M3_WF_BF16: v = bf16_f32(((const uint16_t *)row)[k]); break;
+        case M3_WF_F16: v = f16_f32(((const uint16_t *)row)[k]); break;
+        case M3_WF_MXFP8: v = e4m3_f32(row[k]) * e8m0_f32(E.scale[(size_t)ids[t] * E.scale_row + k / 32]); break;
+        default: {
+            uint32_t code = (k & 1) ? (row[k / 2] >> 4) : (row[k / 2] & 15);
+            float2 f = e2m1x2_f32(code);
+            v = f.x * 16384.0f * (e4m3_f32(E.scale[(size_t)ids[t] * E.scale_row + k / 16]) * E.gmul);
+        }
+        }
+        o[k] = v;
+    }
+}
+
+void m3_cu_embed(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    int32_t *d = m3_cu_stage_ids(c, ids, T);
+    if (!d) return;
+    k_embed<<<T, 256, 0, c->st>>>(*E, d, out);
+    CK_LAUNCH(c, "embed");
+}
+
+/* block-wide sum of a double (blockDim.x multiple of 32, <= 1024) */
+static __device__ double block_sum(double v) {
+    __shared__ double part[32];
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    __syncthreads();
+    if (l == 0) part[w] = v;
+    __syncthreads();
+    double s = 0;
+    for (int i = 0; i < (int)blockDim.x / 32; i++) s += part[i];
+    return s;
+}
+
+/* one block per row; sum of squares in double as the CPU does */
+__global__ void k_rmsnorm(const float *x, const float *w, int dim, float eps, float *out) {
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    float *o = out + (size_t)blockIdx.x * dim;
+    double ss = 0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += (double)xr[i] * xr[i];
+    ss = block_sum(ss);
+    float r = (float)(1.0 / sqrt(ss / dim + eps));
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = (xr[i] * r) * (1.0f + w[i]);
+}
+
+void m3_cu_rmsnorm(void *ctx, const float *x, const float *w, int rows, int dim, float eps, float *out) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (rows <= 0) return;
+    k_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(x, w, dim, eps, out);
+    CK_LAUNCH(c, "rmsnorm");
+}
+
+__global__ void k_add(float *y, const float *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] += x[i];
+}
+
+void m3_cu_add(void *ctx, float *y, const float *x, size_t n) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (!n) return;
+    unsigned g = cdiv(n, 256);
+    if (g > 65535u * 4) g = 65535u * 4;
+    k_add<<<g, 256, 0, c->st>>>(y, x, n);
+    CK_LAUNCH(c, "add");
+}
+
+/* one warp per (token, head): RMSNorm over dim (double sum like the CPU), then NeoX RoPE on
+ * the first rotary_dim channels; inv_freq and the angle in f32 as the reference does */
+__global__ void k_head_norm_rope(float *x, int T, int heads, int dim, const float *w, float eps, int rot, float theta,
+                                 const int32_t *pos) {
+    int gw = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (gw >= T * heads) return;
+    int t = gw / heads;
+    float *v = x + (size_t)gw * dim;
+    double ss = 0;
+    for (int i = lane; i < dim; i += 32) ss += (double)v[i] * v[i];
+#pragma unroll
+    for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    float r = (float)(1.0 / sqrt(ss / dim + eps));
+    for (int i = lane; i < dim; i += 32) v[i] = (v[i] * r) * (1.0f + w[i]);
+    __syncwarp();
+    int half = rot / 2;
+    float p = (float)pos[t];
+    for (int j = lane; j < half; j += 32) {
+        float e = (float)(2 * j) / (float)rot;
+        float inv = 1.0f / powf(theta, e);
+        float a = p * inv, cs, sn;
+        sincosf(a, &sn, &cs);
+        float x0 = v[j], x1 = v[j + half];
+        v[j] = x0 * cs - x1 * sn;
+        v[j + half] = x1 * cs + x0 * sn;
+    }
+}
+
+void m3_cu_head_norm_rope(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps, int rotary_dim,
+                          double theta, const int32_t *pos) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    /* the step's positions are on the device already (begin_step); other callers' are copied */
+    const int32_t *dp = c->d_pos;
+    if (!c->step_b || pos != ((const m3_batch *)c->step_b)->pos || T != c->T) {
+        int32_t *d = (int32_t *)m3_cu_scratch(c, SC_TMP, sizeof(int32_t) * (size_t)T);
+        if (!d || CK(c, cudaMemcpyAsync(d, pos, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, c->st))) return;
+        CK(c, cudaStreamSynchronize(c->st));
+        dp = d;
+    }
+    int warps = T * heads;
+    k_head_norm_rope<<<cdiv(warps, 4), 128, 0, c->st>>>(x, T, heads, dim, w, eps, rotary_dim, (float)theta, dp);
+    CK_LAUNCH(c, "head_norm_rope");
+}
+
+__global__ void k_swiglu(const float *gate, const float *up, size_t n, float alpha, float limit, float *out) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float g = gate[i] < limit ? gate[i] : limit;
+        float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        out[i] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+    }
+}
+
+void m3_cu_swiglu(m3_cuda *c, const float *gate, const float *up, size_t n, float alpha, float limit, float *out) {
+    if (!n) return;
+    unsigned g = cdiv(n, 256);
+    if (g > 65535u * 4) g = 65535u * 4;
+    k_swiglu<<<g, 256, 0, c->st>>>(gate, up, n, alpha, limit, out);
+    CK_LAUNCH(c, "swiglu");
+}

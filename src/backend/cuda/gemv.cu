@@ -1,0 +1,552 @@
+/* Linear layers, the dense MLP and the MoE on the GPU.
+ *
+ * linear, up to 8 tokens: GEMV. A CTA of 8 warps owns 32 output rows (4 per warp, so each
+ * x value read from shared memory serves 4 rows); each lane streams 16-byte chunks of its
+ * rows (16 MXFP8 values, 32 NVFP4 values, 8 BF16...) and decodes them in registers; the
+ * block scales multiply partial sums. x is staged in shared memory in K tiles. Every weight
+ * byte is read once per call; accumulation is f32.
+ * linear, more tokens: the weight is dequantized to f32 in row chunks and multiplied by
+ * cuBLAS SGEMM in pedantic f32 (exact products, no TF32): prefill correctness first.
+ * MoE, up to 8 tokens: router GEMV, a warp per token picks the top-k (sigmoid + bias,
+ * lowest index on ties, as the CPU), then one launch computes gate+up+SwiGLU of every
+ * (token, expert) slot reading the expert's rows straight from the device expert table,
+ * one launch the down projections, one the weighted sum: no host synchronization.
+ * MoE, more tokens: the picks go to the host, tokens are grouped per expert (ascending
+ * expert order per token, as the CPU adds them) and each expert runs as a linear. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.cuh"
+
+#define GW 8  /* warps per CTA */
+#define GR 4  /* rows per warp */
+
+/* values per 16-byte chunk of a row */
+template <int F> struct fmt_info;
+template <> struct fmt_info<M3_WF_F32> { enum { VALS = 4 }; };
+template <> struct fmt_info<M3_WF_BF16> { enum { VALS = 8 }; };
+template <> struct fmt_info<M3_WF_F16> { enum { VALS = 8 }; };
+template <> struct fmt_info<M3_WF_MXFP8> { enum { VALS = 16 }; };
+template <> struct fmt_info<M3_WF_NVFP4> { enum { VALS = 32 }; };
+
+/* acc[t] += dot(chunk q of values k..k+VALS, xs[t][kk..]) with scales; sc: the row's scales */
+template <int F, int NT>
+static __device__ __forceinline__ void chunk_fma(uint4 q, const uint8_t *sc, int k, float gmul, const float *xs, int xstride,
+                                                 int kk, float *acc) {
+    uint32_t u[4] = {q.x, q.y, q.z, q.w};
+    if (F == M3_WF_F32) {
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float4 xv = *(const float4 *)(xs + t * xstride + kk);
+            acc[t] += __uint_as_float(u[0]) * xv.x + __uint_as_float(u[1]) * xv.y + __uint_as_float(u[2]) * xv.z +
+                      __uint_as_float(u[3]) * xv.w;
+        }
+    } else if (F == M3_WF_BF16 || F == M3_WF_F16) {
+        float w[8];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (F == M3_WF_BF16) {
+                w[2 * i] = __uint_as_float(u[i] << 16);
+                w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+            } else {
+                __half2_raw r;
+                r.x = (unsigned short)(u[i] & 0xffff);
+                r.y = (unsigned short)(u[i] >> 16);
+                float2 f = __half22float2(__half2(r));
+                w[2 * i] = f.x;
+                w[2 * i + 1] = f.y;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float *xp = xs + t * xstride + kk;
+            float4 a = *(const float4 *)xp, b = *(const float4 *)(xp + 4);
+            acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+        }
+    } else if (F == M3_WF_MXFP8) {
+        float w[16];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 lo = e4m3x2_f32(u[i] & 0xffff), hi = e4m3x2_f32(u[i] >> 16);
+            w[4 * i] = lo.x; w[4 * i + 1] = lo.y; w[4 * i + 2] = hi.x; w[4 * i + 3] = hi.y;
+        }
+        float s = e8m0_f32(sc[k / 32]);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float *xp = xs + t * xstride + kk;
+            float p = 0;
+#pragma unroll
+            for (int j = 0; j < 16; j += 4) {
+                float4 a = *(const float4 *)(xp + j);
+                p += w[j] * a.x + w[j + 1] * a.y + w[j + 2] * a.z + w[j + 3] * a.w;
+            }
+            acc[t] += p * s;
+        }
+    } else { /* NVFP4: two groups of 16 values, 8 bytes each */
+#pragma unroll
+        for (int g = 0; g < 2; g++) {
+            float w[16];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                uint32_t v = u[2 * g + i];
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    float2 f = e2m1x2_f32((v >> (8 * b)) & 0xff);
+                    w[8 * i + 2 * b] = f.x;
+                    w[8 * i + 2 * b + 1] = f.y;
+                }
+            }
+            float s = (e4m3_f32(sc[k / 16 + g]) * gmul) * 16384.0f;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float *xp = xs + t * xstride + kk + 16 * g;
+                float p = 0;
+#pragma unroll
+                for (int j = 0; j < 16; j += 4) {
+                    float4 a = *(const float4 *)(xp + j);
+                    p += w[j] * a.x + w[j + 1] * a.y + w[j + 2] * a.z + w[j + 3] * a.w;
+                }
+                acc[t] += p * s;
+            }
+        }
+    }
+}
+
+/* A warp's share of one K tile: R rows (each its own data, scale and global multiplier),
+ * values [kt0, kt0 + klen) against xs (tile-relative columns). */
+template <int F, int NT, int R>
+static __device__ __forceinline__ void warp_rows(const uint8_t *const *rw, const uint8_t *const *rs, const float *gm,
+                                                 const bool *ok, int kt0, int klen, const float *xs, int xstride,
+                                                 float (*acc)[NT]) {
+    const int V = fmt_info<F>::VALS, lane = threadIdx.x & 31;
+    const int nch = klen / V;
+    const int bpv2 = F == M3_WF_F32 ? 8 : F == M3_WF_BF16 || F == M3_WF_F16 ? 4 : F == M3_WF_MXFP8 ? 2 : 1; /* 2x bytes/value */
+#pragma unroll 2
+    for (int ch = lane; ch < nch; ch += 32) {
+        int kk = ch * V, k = kt0 + kk;
+        size_t boff = (size_t)k * bpv2 / 2;
+        uint4 q[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) q[r] = ok[r] ? __ldg((const uint4 *)(rw[r] + boff)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (ok[r]) chunk_fma<F, NT>(q[r], rs[r], k, gm[r], xs, xstride, kk, acc[r]);
+    }
+}
+
+/* stage x[t0 .. t0+NT) columns [kt0, kt0+klen) into xs[NT][KT] (zeros for t >= T) */
+template <int NT>
+static __device__ __forceinline__ void stage_x(const float *x, int K, int T, int t0, int kt0, int klen, float *xs, int KT) {
+    for (int i = threadIdx.x; i < NT * (klen / 4); i += blockDim.x) {
+        int t = i / (klen / 4), j = (i % (klen / 4)) * 4;
+        float4 v = make_float4(0, 0, 0, 0);
+        if (t0 + t < T) v = *(const float4 *)(x + (size_t)(t0 + t) * K + kt0 + j);
+        *(float4 *)(xs + t * KT + j) = v;
+    }
+}
+
+template <int F, int NT>
+__global__ void __launch_bounds__(GW * 32) k_gemv(m3_linear W, const float *x, int T, int t0, float *y, int KT) {
+    extern __shared__ float xs[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int n0 = blockIdx.x * (GW * GR) + warp * GR;
+    const uint8_t *rw[GR], *rs[GR];
+    float gm[GR];
+    bool ok[GR];
+#pragma unroll
+    for (int r = 0; r < GR; r++) {
+        int n = n0 + r;
+        ok[r] = n < W.N;
+        rw[r] = W.w + (size_t)(ok[r] ? n : 0) * W.row_bytes;
+        rs[r] = W.scale ? W.scale + (size_t)(ok[r] ? n : 0) * W.scale_row : NULL;
+        gm[r] = W.gmul;
+    }
+    float acc[GR][NT];
+#pragma unroll
+    for (int r = 0; r < GR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0;
+    for (int kt0 = 0; kt0 < W.K; kt0 += KT) {
+        int klen = W.K - kt0 < KT ? W.K - kt0 : KT;
+        __syncthreads();
+        stage_x<NT>(x, W.K, T, t0, kt0, klen, xs, KT);
+        __syncthreads();
+        warp_rows<F, NT, GR>(rw, rs, gm, ok, kt0, klen, xs, KT, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < GR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = warp_sum(acc[r][t]);
+            if (lane == 0 && ok[r] && t0 + t < T) y[(size_t)(t0 + t) * W.N + n0 + r] = v;
+        }
+}
+
+/* any shape: a warp per row, element by element (tiny odd shapes only) */
+static __device__ __forceinline__ float decode_at(const m3_linear &W, int n, int k) {
+    const uint8_t *row = W.w + (size_t)n * W.row_bytes;
+    switch (W.fmt) {
+    case M3_WF_F32: return ((const float *)row)[k];
+    case M3_WF_BF16: return bf16_f32(((const uint16_t *)row)[k]);
+    case M3_WF_F16: return f16_f32(((const uint16_t *)row)[k]);
+    case M3_WF_MXFP8: return e4m3_f32(row[k]) * e8m0_f32(W.scale[(size_t)n * W.scale_row + k / 32]);
+    default: {
+        uint32_t code = (k & 1) ? (row[k / 2] >> 4) : (row[k / 2] & 15);
+        return e2m1x2_f32(code).x * 16384.0f * (e4m3_f32(W.scale[(size_t)n * W.scale_row + k / 16]) * W.gmul);
+    }
+    }
+}
+
+__global__ void k_gemv_any(m3_linear W, const float *x, int T, float *y) {
+    int n = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x & 31;
+    if (n >= W.N) return;
+    for (int t = 0; t < T; t++) {
+        float s = 0;
+        for (int k = lane; k < W.K; k += 32) s += decode_at(W, n, k) * x[(size_t)t * W.K + k];
+        s = warp_sum(s);
+        if (lane == 0) y[(size_t)t * W.N + n] = s;
+    }
+}
+
+/* rows [n0, n0 + rows) of W as f32 [rows][K] */
+__global__ void k_dequant(m3_linear W, int n0, int rows, float *out) {
+    size_t total = (size_t)rows * W.K;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        int r = (int)(i / W.K), k = (int)(i % W.K);
+        out[i] = decode_at(W, n0 + r, k);
+    }
+}
+
+static int fast_shape(const m3_linear *W) {
+    int V = W->fmt == M3_WF_F32 ? 4 : W->fmt == M3_WF_BF16 || W->fmt == M3_WF_F16 ? 8 : W->fmt == M3_WF_MXFP8 ? 16 : 32;
+    return W->K % V == 0 && W->row_bytes % 16 == 0 && ((uintptr_t)W->w & 15) == 0;
+}
+
+template <int NT>
+static void launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T, int t0, float *y) {
+    int KT = (12288 / NT) & ~511;
+    if (KT > W->K) KT = (W->K + 31) & ~31;
+    size_t smem = sizeof(float) * (size_t)NT * KT;
+    unsigned g = cdiv(W->N, GW * GR);
+    switch (W->fmt) {
+    case M3_WF_F32: k_gemv<M3_WF_F32, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, KT); break;
+    case M3_WF_BF16: k_gemv<M3_WF_BF16, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, KT); break;
+    case M3_WF_F16: k_gemv<M3_WF_F16, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, KT); break;
+    case M3_WF_MXFP8: k_gemv<M3_WF_MXFP8, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, KT); break;
+    default: k_gemv<M3_WF_NVFP4, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, KT); break;
+    }
+}
+
+/* y[T, N] = x[T, K] W^T, T <= 8 */
+static void gemv(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y) {
+    if (!fast_shape(W)) {
+        k_gemv_any<<<cdiv(W->N, 8), 256, 0, c->st>>>(*W, x, T, y);
+    } else if (T == 1) launch_gemv_nt<1>(c, W, x, T, 0, y);
+    else if (T == 2) launch_gemv_nt<2>(c, W, x, T, 0, y);
+    else if (T <= 4) launch_gemv_nt<4>(c, W, x, T, 0, y);
+    else launch_gemv_nt<8>(c, W, x, T, 0, y);
+    CK_LAUNCH(c, "gemv");
+}
+
+void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (T <= 0 || c->failed) return;
+    if (T <= 8) { gemv(c, W, x, T, y); return; }
+    /* dequantize row chunks of at most ~256 MB and SGEMM each */
+    int chunk = (int)((256u << 20) / (4 * (size_t)W->K));
+    if (chunk < 64) chunk = 64;
+    if (chunk > W->N) chunk = W->N;
+    float *wd = (float *)m3_cu_scratch(c, SC_DEQ, sizeof(float) * (size_t)chunk * W->K);
+    if (!wd) return;
+    const float one = 1.0f, zero = 0.0f;
+    for (int n0 = 0; n0 < W->N; n0 += chunk) {
+        int rows = W->N - n0 < chunk ? W->N - n0 : chunk;
+        unsigned g = cdiv((size_t)rows * W->K, 256);
+        if (g > 65535u * 8) g = 65535u * 8;
+        k_dequant<<<g, 256, 0, c->st>>>(*W, n0, rows, wd);
+        if (CK_LAUNCH(c, "dequant")) return;
+        cublasStatus_t s = cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, W->K, &one, wd, W->K, x, W->K, &zero,
+                                       y + n0, W->N);
+        if (s != CUBLAS_STATUS_SUCCESS) { m3_cu_failf(c, "cuBLAS SGEMM failed (status %d)", (int)s); return; }
+    }
+}
+
+/* ------------------------------------------------------------------ dense MLP */
+
+void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    int F = m->gate.N;
+    float *g = (float *)m3_cu_scratch(c, SC_XE, sizeof(float) * (size_t)T * F * 2);
+    if (!g) return;
+    float *u = g + (size_t)T * F;
+    m3_cu_linear(c, &m->gate, x, T, g);
+    m3_cu_linear(c, &m->up, x, T, u);
+    m3_cu_swiglu(c, g, u, (size_t)T * F, alpha, limit, g);
+    m3_cu_linear(c, &m->down, g, T, out);
+}
+
+/* ------------------------------------------------------------------ MoE */
+
+/* One warp per token: sigmoid scores, bias-corrected choice, top-K (lowest index on ties,
+ * as the CPU's ascending scan with a strict >), weights s / sum(s) * scale; the K picks are
+ * then sorted by expert id so the weighted sum adds experts in ascending order (the CPU's). */
+__global__ void k_route(const float *logits, const float *bias, int E, int K, float scale, int32_t *pick, float *wt) {
+    extern __shared__ float sm[];
+    float *s = sm, *ch = sm + E;
+    int *pk = (int *)(ch + E);
+    const int t = blockIdx.x, lane = threadIdx.x;
+    for (int e = lane; e < E; e += 32) {
+        float sv = 1.0f / (1.0f + expf(-logits[(size_t)t * E + e]));
+        s[e] = sv;
+        ch[e] = sv + (bias ? bias[e] : 0.0f);
+    }
+    __syncwarp();
+    float sum = 0;
+    for (int k = 0; k < K; k++) {
+        float bv = 0;
+        int bi = -1;
+        for (int e = lane; e < E; e += 32)
+            if (ch[e] != -INFINITY && (bi < 0 || ch[e] > bv)) { bv = ch[e]; bi = e; }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
+        }
+        if (bi < 0) bi = 0; /* every choice -inf (NaN logits): keep a valid id */
+        if (lane == 0) { pk[k] = bi; ch[bi] = -INFINITY; }
+        sum += s[bi];
+        __syncwarp();
+    }
+    if (lane == 0) {
+        for (int a = 1; a < K; a++)
+            for (int b = a; b > 0 && pk[b] < pk[b - 1]; b--) { int tmp = pk[b]; pk[b] = pk[b - 1]; pk[b - 1] = tmp; }
+        for (int k = 0; k < K; k++) {
+            pick[t * K + k] = pk[k];
+            wt[t * K + k] = s[pk[k]] / sum * scale;
+        }
+    }
+}
+
+/* gate + up + SwiGLU-OAI of every (token, expert) slot: blockIdx.y = slot; each warp two
+ * intermediate rows j, j+1 (4 weight rows: gate j, j+1, up j, j+1) */
+template <int F>
+__global__ void __launch_bounds__(GW * 32) k_moe_gate_up(const m3_mlp_w *table, const int32_t *pick, int K, const float *x,
+                                                          int H, int Fd, float alpha, float limit, float *h, int KT) {
+    extern __shared__ float xs[];
+    const int slot = blockIdx.y, t = slot / K, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const m3_mlp_w *m = &table[pick[slot]];
+    const int j0 = blockIdx.x * (GW * 2) + warp * 2;
+    const uint8_t *rw[4], *rs[4];
+    float gm[4];
+    bool ok[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const m3_linear *W = r < 2 ? &m->gate : &m->up;
+        int j = j0 + (r & 1);
+        ok[r] = j < Fd;
+        rw[r] = W->w + (size_t)(ok[r] ? j : 0) * W->row_bytes;
+        rs[r] = W->scale ? W->scale + (size_t)(ok[r] ? j : 0) * W->scale_row : NULL;
+        gm[r] = W->gmul;
+    }
+    float acc[4][1] = {{0}, {0}, {0}, {0}};
+    for (int kt0 = 0; kt0 < H; kt0 += KT) {
+        int klen = H - kt0 < KT ? H - kt0 : KT;
+        __syncthreads();
+        stage_x<1>(x, H, t + 1, t, kt0, klen, xs, KT);
+        __syncthreads();
+        warp_rows<F, 1, 4>(rw, rs, gm, ok, kt0, klen, xs, KT, acc);
+    }
+    float v[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) v[r] = warp_sum(acc[r][0]);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (ok[r]) {
+                float g = v[r] < limit ? v[r] : limit;
+                float u = v[2 + r] < -limit ? -limit : v[2 + r] > limit ? limit : v[2 + r];
+                h[(size_t)slot * Fd + j0 + r] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+            }
+}
+
+/* down projection of every slot: ye[slot][H] = down_e . h[slot] */
+template <int F>
+__global__ void __launch_bounds__(GW * 32) k_moe_down(const m3_mlp_w *table, const int32_t *pick, const float *h, int Fd,
+                                                       int H, float *ye, int KT) {
+    extern __shared__ float xs[];
+    const int slot = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const m3_linear *W = &table[pick[slot]].down;
+    const int n0 = blockIdx.x * (GW * GR) + warp * GR;
+    const uint8_t *rw[GR], *rs[GR];
+    float gm[GR];
+    bool ok[GR];
+#pragma unroll
+    for (int r = 0; r < GR; r++) {
+        int n = n0 + r;
+        ok[r] = n < H;
+        rw[r] = W->w + (size_t)(ok[r] ? n : 0) * W->row_bytes;
+        rs[r] = W->scale ? W->scale + (size_t)(ok[r] ? n : 0) * W->scale_row : NULL;
+        gm[r] = W->gmul;
+    }
+    float acc[GR][1];
+#pragma unroll
+    for (int r = 0; r < GR; r++) acc[r][0] = 0;
+    for (int kt0 = 0; kt0 < Fd; kt0 += KT) {
+        int klen = Fd - kt0 < KT ? Fd - kt0 : KT;
+        __syncthreads();
+        stage_x<1>(h, Fd, slot + 1, slot, kt0, klen, xs, KT);
+        __syncthreads();
+        warp_rows<F, 1, GR>(rw, rs, gm, ok, kt0, klen, xs, KT, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < GR; r++) {
+        float v = warp_sum(acc[r][0]);
+        if (lane == 0 && ok[r]) ye[(size_t)slot * H + n0 + r] = v;
+    }
+}
+
+/* out[t] = sum_k wt[t,k] ye[t,k] in slot (= ascending expert) order */
+__global__ void k_moe_combine(const float *ye, const float *wt, int K, int H, float *out) {
+    int t = blockIdx.y;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x) {
+        float s = 0;
+        for (int k = 0; k < K; k++) s += wt[t * K + k] * ye[((size_t)t * K + k) * H + i];
+        out[(size_t)t * H + i] = s;
+    }
+}
+
+__global__ void k_gather_rows(const float *x, const int32_t *rows, int n, int H, float *xe) {
+    int i = blockIdx.y;
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < H; k += gridDim.x * blockDim.x)
+        xe[(size_t)i * H + k] = x[(size_t)rows[i] * H + k];
+}
+__global__ void k_scatter_add(float *out, const int32_t *rows, const float *w, int n, int H, const float *ye) {
+    int i = blockIdx.y;
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < H; k += gridDim.x * blockDim.x)
+        out[(size_t)rows[i] * H + k] += w[i] * ye[(size_t)i * H + k];
+}
+
+static int kt_for(int K) {
+    int KT = 12288;
+    if (KT > K) KT = (K + 31) & ~31;
+    return KT;
+}
+
+static void count_experts(m3_cuda *c, const int32_t *d_pick, int n, int E) {
+    if ((size_t)n > c->h_pick_cap || !c->h_pick_seen) {
+        free(c->h_pick);
+        free(c->h_pick_seen);
+        c->h_pick = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+        c->h_pick_seen = (uint8_t *)malloc((size_t)E > 4096 ? (size_t)E : 4096);
+        c->h_pick_cap = c->h_pick ? (size_t)n : 0;
+        if (!c->h_pick || !c->h_pick_seen) return;
+    }
+    if (CK(c, cudaMemcpyAsync(c->h_pick, d_pick, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, c->st)) ||
+        CK(c, cudaStreamSynchronize(c->st)))
+        return;
+    memset(c->h_pick_seen, 0, (size_t)E);
+    for (int i = 0; i < n; i++)
+        if (c->h_pick[i] >= 0 && c->h_pick[i] < E && !c->h_pick_seen[c->h_pick[i]]) { c->h_pick_seen[c->h_pick[i]] = 1; c->experts_used++; }
+}
+
+void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
+               float limit, float *out) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (T <= 0 || c->failed) return;
+    const int H = L->router.K, Fd = L->experts[0].gate.N;
+    /* router logits, picks and weights */
+    char *rb = (char *)m3_cu_scratch(c, SC_ROUTE, sizeof(float) * (size_t)T * E + 2 * sizeof(float) * (size_t)T * K + 64);
+    if (!rb) return;
+    float *logits = (float *)rb;
+    int32_t *pick = (int32_t *)(logits + (size_t)T * E);
+    float *wt = (float *)(pick + (size_t)T * K);
+    m3_cu_linear(c, &L->router, x, T, logits);
+    k_route<<<T, 32, sizeof(float) * 2 * (size_t)E + sizeof(int) * (size_t)K, c->st>>>(logits, L->route_bias, E, K,
+                                                                                       routed_scale, pick, wt);
+    if (CK_LAUNCH(c, "route")) return;
+    if (c->count_experts) count_experts(c, pick, T * K, E);
+
+    const m3_mlp_w *e0 = &L->experts[0];
+    int fast = T <= 8 && L->backend && e0->gate.fmt == e0->up.fmt && e0->gate.fmt == e0->down.fmt && fast_shape(&e0->gate) &&
+               fast_shape(&e0->up) && fast_shape(&e0->down);
+    if (fast) {
+        int S = T * K;
+        float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * (size_t)S * (Fd + H));
+        if (!h) return;
+        float *ye = h + (size_t)S * Fd;
+        const m3_mlp_w *tab = (const m3_mlp_w *)L->backend;
+        int kt1 = kt_for(H), kt2 = kt_for(Fd);
+        dim3 g1(cdiv(Fd, GW * 2), S), g2(cdiv(H, GW * GR), S);
+        size_t s1 = sizeof(float) * kt1, s2 = sizeof(float) * kt2;
+#define MOE_LAUNCH(FM)                                                                                          \
+    k_moe_gate_up<FM><<<g1, GW * 32, s1, c->st>>>(tab, pick, K, x, H, Fd, alpha, limit, h, kt1);                \
+    k_moe_down<FM><<<g2, GW * 32, s2, c->st>>>(tab, pick, h, Fd, H, ye, kt2);
+        switch (e0->gate.fmt) {
+        case M3_WF_F32: MOE_LAUNCH(M3_WF_F32); break;
+        case M3_WF_BF16: MOE_LAUNCH(M3_WF_BF16); break;
+        case M3_WF_F16: MOE_LAUNCH(M3_WF_F16); break;
+        case M3_WF_MXFP8: MOE_LAUNCH(M3_WF_MXFP8); break;
+        default: MOE_LAUNCH(M3_WF_NVFP4); break;
+        }
+#undef MOE_LAUNCH
+        if (CK_LAUNCH(c, "moe experts")) return;
+        k_moe_combine<<<dim3(cdiv(H, 256), T), 256, 0, c->st>>>(ye, wt, K, H, out);
+        if (CK_LAUNCH(c, "moe combine")) return;
+    } else {
+        /* group tokens by expert on the host */
+        int n = T * K;
+        int32_t *hp = (int32_t *)malloc(sizeof(int32_t) * (size_t)n * 2 + sizeof(float) * (size_t)n * 2);
+        int *off = (int *)malloc(sizeof(int) * (size_t)(E + 1));
+        if (!hp || !off) { free(hp); free(off); m3_cu_failf(c, "out of memory"); return; }
+        float *hw = (float *)(hp + n);
+        int32_t *rows = (int32_t *)(hw + n);
+        float *rw = (float *)(rows + n);
+        int m = 0;
+        if (CK(c, cudaMemcpyAsync(hp, pick, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, c->st)) ||
+            CK(c, cudaMemcpyAsync(hw, wt, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost, c->st)) ||
+            CK(c, cudaStreamSynchronize(c->st)))
+            goto slow_done;
+        for (int e = 0; e < E; e++) {
+            off[e] = m;
+            for (int t = 0; t < T; t++)
+                for (int k = 0; k < K; k++)
+                    if (hp[t * K + k] == e) { rows[m] = t; rw[m] = hw[t * K + k]; m++; }
+        }
+        off[E] = m;
+        {
+            int32_t *drows = (int32_t *)m3_cu_scratch(c, SC_IDX, sizeof(int32_t) * (size_t)m * 2 + 64);
+            float *xe = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * (size_t)T * (2 * (size_t)Fd + 2 * (size_t)H));
+            if (!drows || !xe) goto slow_done;
+            float *dw = (float *)(drows + m);
+            CK(c, cudaMemcpyAsync(drows, rows, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice, c->st));
+            CK(c, cudaMemcpyAsync(dw, rw, sizeof(float) * (size_t)m, cudaMemcpyHostToDevice, c->st));
+            float *ye = xe + (size_t)T * H, *g = ye + (size_t)T * H, *u = g + (size_t)T * Fd;
+            CK(c, cudaMemsetAsync(out, 0, sizeof(float) * (size_t)T * H, c->st));
+            for (int e = 0; e < E && !c->failed; e++) {
+                int cnt = off[e + 1] - off[e];
+                if (!cnt) continue;
+                const m3_mlp_w *me = &L->experts[e];
+                dim3 gg(cdiv(H, 256) < 64 ? cdiv(H, 256) : 64, cnt);
+                k_gather_rows<<<gg, 256, 0, c->st>>>(x, drows + off[e], cnt, H, xe);
+                m3_cu_linear(c, &me->gate, xe, cnt, g);
+                m3_cu_linear(c, &me->up, xe, cnt, u);
+                m3_cu_swiglu(c, g, u, (size_t)cnt * Fd, alpha, limit, g);
+                m3_cu_linear(c, &me->down, g, cnt, ye);
+                k_scatter_add<<<gg, 256, 0, c->st>>>(out, drows + off[e], dw + off[e], cnt, H, ye);
+                CK_LAUNCH(c, "moe expert");
+            }
+            CK(c, cudaStreamSynchronize(c->st)); /* rows / rw (host) were read by async copies */
+        }
+    slow_done:
+        free(hp);
+        free(off);
+        if (c->failed) return;
+    }
+    if (L->has_shared) {
+        float *sh = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)T * H);
+        if (!sh) return;
+        m3_cu_mlp(c, &L->shared, x, T, alpha, limit, sh);
+        m3_cu_add(c, out, sh, (size_t)T * H);
+    }
+}

@@ -1,0 +1,160 @@
+/* Random weights of any config, built on the GPU in the real checkpoint's formats (for
+ * `m3 bench --random-weights`: real shapes without a 250 GB download). Values are drawn
+ * from a counter hash so a seed gives the same weights on every run; magnitudes keep
+ * activations finite (row sums of squares ~ 1). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.cuh"
+
+static __device__ __forceinline__ uint32_t hash32(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return (uint32_t)x;
+}
+/* uniform in (-1, 1) */
+static __device__ __forceinline__ float urand(uint64_t seed, size_t i) {
+    return (float)((int32_t)hash32(seed * 0x9e3779b97f4a7c15ull + i)) * (1.0f / 2147483648.0f);
+}
+
+/* MXFP8 values: E4M3 of u * 2^4 with scale 2^-4 / sqrt(K)-ish via E8M0 */
+__global__ void k_rand_fp8(uint8_t *w, size_t n, uint64_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        w[i] = f32_e4m3(urand(seed, i) * 16.0f);
+}
+__global__ void k_fill_u8(uint8_t *w, size_t n, uint8_t v) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) w[i] = v;
+}
+/* NVFP4 codes: uniform random nibbles (every code is valid) */
+__global__ void k_rand_u8(uint8_t *w, size_t n, uint64_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        w[i] = (uint8_t)hash32(seed * 0x9e3779b97f4a7c15ull + i);
+}
+__global__ void k_rand_bf16(uint16_t *w, size_t n, uint64_t seed, float amp) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        w[i] = f32_bf16(urand(seed, i) * amp);
+}
+
+static unsigned grid_for(size_t n) {
+    size_t g = (n + 255) / 256;
+    return (unsigned)(g > 65535 * 16 ? 65535 * 16 : g);
+}
+
+/* a [N, K] linear in fmt with random values; 0 or -1 (sticky error set) */
+static int rand_linear(m3_cuda *c, m3_linear *L, m3_wfmt fmt, int N, int K, uint64_t seed) {
+    memset(L, 0, sizeof *L);
+    L->fmt = fmt;
+    L->N = N;
+    L->K = K;
+    L->gmul = 1.0f;
+    float amp = 1.0f / sqrtf((float)K) * 1.7f; /* uniform(-a, a): variance a^2 / 3 ~ 1 / K */
+    if (fmt == M3_WF_BF16) {
+        L->row_bytes = 2 * (size_t)K;
+        uint16_t *w = (uint16_t *)m3_cu_alloc(c, L->row_bytes * N);
+        if (!w) return -1;
+        k_rand_bf16<<<grid_for((size_t)N * K), 256, 0, c->st>>>(w, (size_t)N * K, seed, amp);
+        L->w = (const uint8_t *)w;
+    } else if (fmt == M3_WF_MXFP8) {
+        L->row_bytes = (size_t)K;
+        L->scale_row = (size_t)K / 32;
+        uint8_t *w = (uint8_t *)m3_cu_alloc(c, L->row_bytes * N), *s = (uint8_t *)m3_cu_alloc(c, L->scale_row * N);
+        if (!w || !s) return -1;
+        k_rand_fp8<<<grid_for((size_t)N * K), 256, 0, c->st>>>(w, (size_t)N * K, seed);
+        /* values are u * 16: scale 2^-4 * amp rounded to a power of two */
+        int e = 127 - 4 + (int)floorf(log2f(amp) + 0.5f);
+        k_fill_u8<<<grid_for(L->scale_row * N), 256, 0, c->st>>>(s, L->scale_row * N, (uint8_t)e);
+        L->w = w;
+        L->scale = s;
+    } else { /* NVFP4: codes in [-6, 6] with mean square ~ 8.6; scale E4M3 * gmul */
+        L->row_bytes = (size_t)K / 2;
+        L->scale_row = (size_t)K / 16;
+        uint8_t *w = (uint8_t *)m3_cu_alloc(c, L->row_bytes * N), *s = (uint8_t *)m3_cu_alloc(c, L->scale_row * N);
+        if (!w || !s) return -1;
+        k_rand_u8<<<grid_for(L->row_bytes * N), 256, 0, c->st>>>(w, L->row_bytes * N, seed);
+        k_fill_u8<<<grid_for(L->scale_row * N), 256, 0, c->st>>>(s, L->scale_row * N, 0x38); /* E4M3 1.0 */
+        L->gmul = amp / 1.7f / 2.9f;
+        L->w = w;
+        L->scale = s;
+    }
+    return CK_LAUNCH(c, "random weights") ? -1 : 0;
+}
+
+static float *zeros(m3_cuda *c, int n, int *bad) {
+    float *p = (float *)m3_cu_alloc(c, sizeof(float) * (size_t)n);
+    if (!p || CK(c, cudaMemsetAsync(p, 0, sizeof(float) * (size_t)n, c->st))) { *bad = 1; return NULL; }
+    return p;
+}
+
+static int rand_mlp(m3_cuda *c, m3_mlp_w *m, m3_wfmt fmt, int H, int F, uint64_t seed) {
+    return rand_linear(c, &m->gate, fmt, F, H, seed) || rand_linear(c, &m->up, fmt, F, H, seed + 1) ||
+           rand_linear(c, &m->down, fmt, H, F, seed + 2);
+}
+
+extern "C" int m3_cuda_random_weights(m3_ops *ops, const m3_config *cf, int n_layers, uint64_t seed, m3_weights *w,
+                                      m3_err *err) {
+    m3_cuda *c = (m3_cuda *)ops->ctx;
+    memset(w, 0, sizeof *w);
+    if (n_layers <= 0 || n_layers > cf->n_layers) n_layers = cf->n_layers;
+    const int H = cf->hidden, D = cf->head_dim, nh = cf->n_heads, nkv = cf->n_kv_heads, E = cf->n_experts;
+    w->layers = (m3_layer_w *)calloc((size_t)n_layers, sizeof *w->layers);
+    if (!w->layers) return m3_errf(err, "out of memory");
+    w->n_layers = n_layers;
+    w->hidden = H;
+    w->head_dim = D;
+    w->index_dim = cf->index_dim;
+    w->n_experts = E;
+    int bad = 0;
+    uint64_t s = seed * 1000003ull;
+    for (int l = 0; l < n_layers && !bad; l++) {
+        m3_layer_w *L = &w->layers[l];
+        L->sparse = cf->layer_sparse[l];
+        L->moe = cf->layer_moe[l];
+        L->in_norm = zeros(c, H, &bad);
+        L->post_norm = zeros(c, H, &bad);
+        L->q_norm = zeros(c, D, &bad);
+        L->k_norm = zeros(c, D, &bad);
+        bad |= rand_linear(c, &L->q, M3_WF_MXFP8, nh * D, H, s++) || rand_linear(c, &L->k, M3_WF_MXFP8, nkv * D, H, s++) ||
+               rand_linear(c, &L->v, M3_WF_MXFP8, nkv * D, H, s++) || rand_linear(c, &L->o, M3_WF_MXFP8, H, nh * D, s++);
+        if (L->sparse && !bad) {
+            bad |= rand_linear(c, &L->iq, M3_WF_MXFP8, cf->index_heads * cf->index_dim, H, s++) ||
+                   rand_linear(c, &L->ik, M3_WF_MXFP8, cf->index_dim, H, s++);
+            L->iq_norm = zeros(c, cf->index_dim, &bad);
+            L->ik_norm = zeros(c, cf->index_dim, &bad);
+        }
+        if (!L->moe) {
+            if (!bad) bad |= rand_mlp(c, &L->mlp, M3_WF_MXFP8, H, cf->dense_inter, s);
+            s += 3;
+        } else if (!bad) {
+            bad |= rand_linear(c, &L->router, M3_WF_BF16, E, H, s++);
+            if (cf->use_routing_bias) L->route_bias = zeros(c, E, &bad);
+            L->experts = (m3_mlp_w *)calloc((size_t)E, sizeof *L->experts);
+            if (!L->experts) bad = 1;
+            for (int e = 0; e < E && !bad; e++, s += 3) bad |= rand_mlp(c, &L->experts[e], M3_WF_NVFP4, H, cf->moe_inter, s);
+            if (!bad) {
+                L->backend = m3_cu_alloc(c, sizeof(m3_mlp_w) * (size_t)E);
+                if (!L->backend || CK(c, cudaMemcpy(L->backend, L->experts, sizeof(m3_mlp_w) * (size_t)E, cudaMemcpyHostToDevice)))
+                    bad = 1;
+            }
+            if (cf->n_shared && !bad) {
+                L->has_shared = 1;
+                bad |= rand_mlp(c, &L->shared, M3_WF_MXFP8, H, cf->shared_inter, s);
+                s += 3;
+            }
+        }
+    }
+    if (!bad) bad |= rand_linear(c, &w->embed, M3_WF_BF16, cf->vocab, H, s++);
+    if (!bad) bad |= rand_linear(c, &w->lm_head, M3_WF_BF16, cf->vocab, H, s++);
+    if (!bad) w->final_norm = zeros(c, H, &bad);
+    if (!bad) bad |= CK(c, cudaStreamSynchronize(c->st));
+    if (bad || c->failed) {
+        m3_errf(err, "random weights: %s", c->failed ? c->errmsg : "out of memory");
+        c->failed = 0;
+        ops->weights_release(ops->ctx, w);
+        return -1;
+    }
+    return 0;
+}

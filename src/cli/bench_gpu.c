@@ -1,0 +1,223 @@
+/* m3 bench --random-weights: decode and prefill speed at real shapes on the GPU, without a
+ * checkpoint. Builds the model of --config (first --layers layers) with random weights in
+ * the real formats on the device, then for each context and batch size: B sequences whose
+ * caches hold `context` tokens, timed decode steps of one token each, against the floor
+ * (bytes the step must read / measured device copy bandwidth). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../backend/cuda/cuda.h"
+#include "../engine/sampler.h"
+#include "cli.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int parse_list(const char *s, long *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        char *e;
+        long v = strtol(s, &e, 10);
+        if (e == s || v <= 0) return -1;
+        if (*e == 'K' || *e == 'k') { v *= 1024; e++; }
+        out[n++] = v;
+        s = *e == ',' ? e + 1 : e;
+        if (*e && *e != ',') return -1;
+    }
+    return n;
+}
+
+/* weight bytes of one decode step with `experts` distinct (layer, expert) pairs read */
+static double weight_bytes(const m3_weights *w, long experts) {
+    double b = m3_linear_bytes(&w->lm_head);
+    double eb = 0;
+    for (int l = 0; l < w->n_layers; l++) {
+        const m3_layer_w *L = &w->layers[l];
+        b += m3_linear_bytes(&L->q) + m3_linear_bytes(&L->k) + m3_linear_bytes(&L->v) + m3_linear_bytes(&L->o);
+        if (L->sparse) b += m3_linear_bytes(&L->iq) + m3_linear_bytes(&L->ik);
+        if (!L->moe) { b += m3_linear_bytes(&L->mlp.gate) + m3_linear_bytes(&L->mlp.up) + m3_linear_bytes(&L->mlp.down); continue; }
+        b += m3_linear_bytes(&L->router);
+        const m3_mlp_w *e = &L->experts[0];
+        eb = m3_linear_bytes(&e->gate) + m3_linear_bytes(&e->up) + m3_linear_bytes(&e->down);
+        if (L->has_shared) b += m3_linear_bytes(&L->shared.gate) + m3_linear_bytes(&L->shared.up) + m3_linear_bytes(&L->shared.down);
+    }
+    return b + eb * (double)experts;
+}
+
+/* cache bytes one token at position ctx reads in one step (all layers) */
+static double kv_bytes(const m3_config *c, int nl, m3_kv_dtype dt, m3_kv_dtype idt, long ctx) {
+    double rb = (double)m3_kv_row_bytes(dt, c->head_dim), irb = (double)m3_kv_row_bytes(idt, c->index_dim), b = 0;
+    for (int l = 0; l < nl; l++) {
+        if (c->layer_sparse[l]) {
+            long nb = ctx / c->block_size + 1, sel = nb < c->topk_blocks ? nb : c->topk_blocks;
+            long keys = sel * c->block_size < ctx + 1 ? sel * c->block_size : ctx + 1;
+            b += (double)(ctx + 1) * irb + 2.0 * c->n_kv_heads * keys * rb;
+        } else {
+            b += 2.0 * c->n_kv_heads * (double)(ctx + 1) * rb;
+        }
+    }
+    return b;
+}
+
+int m3_cmd_bench_random(int argc, char **argv) {
+    const char *cfgp = NULL, *kvd = "bf16", *ikd = NULL, *bs = "1,8,64,256", *cs = "8192,131072";
+    long layers = 0, steps = 10, seed = 1, prefill = 2048;
+    m3_err err;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int r = 0;
+        if (!strcmp(a, "--random-weights")) continue;
+        if (!v) { fprintf(stderr, "m3 bench: %s needs a value (or is unknown)\n", a); return 2; }
+        if (!strcmp(a, "--config")) cfgp = v;
+        else if (!strcmp(a, "--layers")) r = m3_cli_int(a, v, 1, 100000, &layers, &err);
+        else if (!strcmp(a, "--steps")) r = m3_cli_int(a, v, 1, 100000, &steps, &err);
+        else if (!strcmp(a, "--seed")) r = m3_cli_int(a, v, 0, 1L << 40, &seed, &err);
+        else if (!strcmp(a, "--prefill")) r = m3_cli_int(a, v, 0, 1 << 20, &prefill, &err);
+        else if (!strcmp(a, "--batch")) bs = v;
+        else if (!strcmp(a, "--context")) cs = v;
+        else if (!strcmp(a, "--kv-cache-dtype")) kvd = v;
+        else if (!strcmp(a, "--index-cache-dtype")) ikd = v;
+        else if (!strcmp(a, "--backend")) { if (strcmp(v, "cuda")) { fprintf(stderr, "m3 bench: --random-weights runs on the cuda backend\n"); return 2; } }
+        else { fprintf(stderr, "m3 bench: unknown option '%s'\n", a); return 2; }
+        if (r) { fprintf(stderr, "m3 bench: %s\n", err.msg); return 2; }
+        i++;
+    }
+    long B[16], C[16];
+    int nB = parse_list(bs, B, 16), nC = parse_list(cs, C, 16);
+    if (!cfgp || nB <= 0 || nC <= 0) {
+        fprintf(stderr, "m3 bench: usage: m3 bench --random-weights --config CONFIG.json [--layers N] [--batch 1,8,64,256] "
+                        "[--context 8192,131072] [--steps N] [--prefill TOKENS] [--kv-cache-dtype bf16]\n");
+        return 2;
+    }
+    m3_kv_dtype kdt, idt;
+    if (m3_kv_dtype_parse(kvd, &kdt) || (ikd ? m3_kv_dtype_parse(ikd, &idt) : (idt = kdt, 0))) {
+        fprintf(stderr, "m3 bench: unknown cache dtype\n");
+        return 2;
+    }
+    m3_model m;
+    memset(&m, 0, sizeof m);
+    if (m3_config_load(&m.cfg, cfgp, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); return 1; }
+    m3_config *c = &m.cfg;
+    if (layers <= 0 || layers > c->n_layers) layers = c->n_layers;
+    m3_ops ops;
+    if (m3_cli_ops_init(&ops, "cuda", 0, "bench")) { m3_config_free(c); return 1; }
+    m.ops = &ops;
+    m.dw = calloc(1, sizeof *m.dw);
+    double t0 = now_s();
+    if (!m.dw || m3_cuda_random_weights(&ops, c, (int)layers, (uint64_t)seed, m.dw, &err)) {
+        fprintf(stderr, "m3 bench: %s\n", m.dw ? err.msg : "out of memory");
+        free(m.dw);
+        m.dw = NULL;
+        m3_model_free(&m);
+        m3_cli_ops_free(&ops);
+        return 1;
+    }
+    c->n_layers = (int)layers;
+    size_t fr, tot, pk;
+    m3_cuda_mem_info(&ops, &fr, &tot, &pk);
+    double bw = m3_cuda_copy_bandwidth(&ops, (size_t)2 << 30);
+    printf("device: %s\n", m3_cuda_device_name(&ops));
+    printf("model: %s, %ld of %d layers, random weights (%.1f GB on the GPU, built in %.1f s); KV %s, index-K %s\n", cfgp,
+           layers, c->n_layers, (tot - fr) / 1e9, now_s() - t0, m3_kv_dtype_name(kdt), m3_kv_dtype_name(idt));
+    printf("device copy bandwidth: %.0f GB/s (read + write)\n", bw / 1e9);
+    printf("%-7s %-8s %10s %10s %10s %7s %12s %9s %10s\n", "batch", "context", "step_ms", "floor_ms", "MB/step", "ratio",
+           "tokens/s", "experts", "mem_GiB");
+    fflush(stdout);
+    int page = m3_kv_page_tokens(c), V = c->vocab, rc = 0;
+    m3_kv_mem mem = m3_model_kv_mem(&m);
+    for (int ci = 0; ci < nC; ci++)
+        for (int bi = 0; bi < nB; bi++) {
+            long ctx = C[ci], nb = B[bi];
+            long ppseq = (ctx + 1 + page - 1) / page, pages = ppseq * nb;
+            m3_kv probe;
+            if (m3_kv_create(&probe, c, kdt, idt, page, 1, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); rc = 1; goto out; }
+            double per_page = 0;
+            for (int l = 0; l < c->n_layers; l++) per_page += (double)probe.page_bytes[l];
+            m3_kv_destroy(&probe);
+            m3_cuda_mem_info(&ops, &fr, &tot, &pk);
+            double need = per_page * pages + 4.0 * (1 << 30) + (double)nb * V * 4 * 2;
+            if (need > (double)fr) {
+                printf("%-7ld %-8ld  skipped: the caches of %ld x %ld tokens need %.1f GiB, %.1f GiB free\n", nb, ctx, nb, ctx,
+                       per_page * pages / 1073741824.0, fr / 1073741824.0);
+                fflush(stdout);
+                continue;
+            }
+            m3_kv kv;
+            if (m3_kv_create_in(&kv, c, kdt, idt, page, (int)pages, &mem, &err)) {
+                printf("%-7ld %-8ld  skipped: %s\n", nb, ctx, err.msg);
+                continue;
+            }
+            m3_kv_seq *seqs = calloc((size_t)nb, sizeof *seqs);
+            m3_kv_seq **sp = calloc((size_t)nb, sizeof *sp);
+            int32_t *ids = malloc(sizeof(int32_t) * (size_t)nb * 2), *pos = ids + nb;
+            int32_t *sq = malloc(sizeof(int32_t) * (size_t)nb);
+            int *rows = malloc(sizeof(int) * (size_t)nb);
+            double *st = malloc(sizeof(double) * (size_t)steps);
+            if (!seqs || !sp || !ids || !sq || !rows || !st) { fprintf(stderr, "m3 bench: out of memory\n"); rc = 1; }
+            for (long s = 0; !rc && s < nb; s++) {
+                sp[s] = &seqs[s];
+                if (m3_kv_seq_reserve(&kv, &seqs[s], (int)ctx + 1, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); rc = 1; }
+                seqs[s].len = (int)ctx;
+                ids[s] = (int32_t)((s * 7919 + 13) % V);
+                pos[s] = (int32_t)ctx;
+                sq[s] = (int32_t)s;
+                rows[s] = (int)s;
+            }
+            m3_batch b = {(int)nb, pos, sq, sp};
+            long experts = 0;
+            if (!rc) { /* one untimed step counting the experts the routing picks */
+                m3_cuda_count_experts(&ops, 1);
+                m3_cuda_experts_used(&ops, 1);
+                if (m3_forward(&m, &kv, &b, ids, rows, (int)nb, NULL, NULL, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); rc = 1; }
+                m3_cuda_count_experts(&ops, 0);
+                experts = m3_cuda_experts_used(&ops, 1);
+                m3_cuda_sync_time(&ops);
+            }
+            for (long i = 0; !rc && i < steps + 2; i++) {
+                double a = m3_cuda_sync_time(&ops);
+                if (m3_forward(&m, &kv, &b, ids, rows, (int)nb, NULL, NULL, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); rc = 1; break; }
+                double e = m3_cuda_sync_time(&ops);
+                if (i >= 2) st[i - 2] = e - a;
+            }
+            if (!rc) {
+                for (long a = 1; a < steps; a++)
+                    for (long q = a; q > 0 && st[q] < st[q - 1]; q--) { double t = st[q]; st[q] = st[q - 1]; st[q - 1] = t; }
+                double med = st[steps / 2];
+                double bytes = weight_bytes(m.dw, experts) + (double)nb * kv_bytes(c, c->n_layers, kdt, idt, ctx);
+                double floor_s = bytes / bw;
+                m3_cuda_mem_info(&ops, &fr, &tot, &pk);
+                printf("%-7ld %-8ld %10.3f %10.3f %10.1f %6.0f%% %12.1f %9ld %10.1f\n", nb, ctx, med * 1e3, floor_s * 1e3,
+                       bytes / 1e6, 100 * floor_s / med, nb / med, experts, (tot - fr) / 1073741824.0);
+                fflush(stdout);
+            }
+            for (long s = 0; seqs && s < nb; s++) m3_kv_seq_release(&kv, &seqs[s]);
+            free(seqs); free(sp); free(ids); free(sq); free(rows); free(st);
+            /* prefill speed once per context: one sequence, `prefill` tokens in chunks of 512 */
+            if (!rc && bi == nB - 1 && prefill > 0) {
+                long n = prefill;
+                m3_kv_seq one = {0};
+                int32_t *pid = malloc(sizeof(int32_t) * (size_t)n);
+                if (pid) {
+                    for (long t = 0; t < n; t++) pid[t] = (int32_t)((t * 31 + 7) % V);
+                    double a = m3_cuda_sync_time(&ops);
+                    if (m3_run_tokens(&m, &kv, &one, pid, (int)n, 0, 512, NULL, &err)) fprintf(stderr, "m3 bench: prefill: %s\n", err.msg);
+                    else printf("prefill: %ld tokens (chunks of 512, from position 0) in %.3f s = %.0f tokens/s\n", n,
+                                m3_cuda_sync_time(&ops) - a, n / (m3_cuda_sync_time(&ops) - a));
+                    m3_kv_seq_release(&kv, &one);
+                    free(pid);
+                }
+            }
+            m3_kv_destroy(&kv);
+            if (rc) goto out;
+        }
+    m3_cuda_mem_info(&ops, &fr, &tot, &pk);
+out:
+    m3_model_free(&m);
+    m3_cli_ops_free(&ops);
+    return rc;
+}

@@ -35,8 +35,14 @@ typedef struct m3_ops {
     int (*weights_upload)(void *ctx, const m3_weights *host, m3_weights *dev, m3_err *err);
     void (*weights_release)(void *ctx, m3_weights *dev);
     /* Optional: called by m3_forward before the first op of a step (a backend copies the
-     * positions and page tables of the batch to its memory once per step). */
-    int (*begin_step)(void *ctx, const m3_kv *kv, const m3_batch *b, m3_err *err);
+     * positions, page tables and token ids (host) of the batch to its memory once per step). */
+    int (*begin_step)(void *ctx, const m3_kv *kv, const m3_batch *b, const int32_t *ids, m3_err *err);
+    /* Optional, both or neither: graph_begin(key) returns 1 when it launched a recorded replay
+     * of a step with this key (same shapes: the backend adds what else its kernels depend on),
+     * else 0, and the ops are issued (maybe being recorded); graph_end closes a recording and
+     * launches it, returning -1 when recording failed (the ops are then issued again). */
+    int (*graph_begin)(void *ctx, const m3_kv *kv, uint64_t key);
+    int (*graph_end)(void *ctx);
     /* Optional: -1 + err when an op failed since the last call (ops return nothing; a
      * backend whose calls can fail keeps the first error). m3_forward calls it at the end. */
     int (*check)(void *ctx, m3_err *err);

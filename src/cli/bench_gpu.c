@@ -67,11 +67,13 @@ static double kv_bytes(const m3_config *c, int nl, m3_kv_dtype dt, m3_kv_dtype i
 int m3_cmd_bench_random(int argc, char **argv) {
     const char *cfgp = NULL, *kvd = "bf16", *ikd = NULL, *bs = "1,8,64,256", *cs = "8192,131072";
     long layers = 0, steps = 10, seed = 1, prefill = 2048;
+    int profile = 0;
     m3_err err;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int r = 0;
         if (!strcmp(a, "--random-weights")) continue;
+        if (!strcmp(a, "--profile")) { profile = 1; continue; }
         if (!v) { fprintf(stderr, "m3 bench: %s needs a value (or is unknown)\n", a); return 2; }
         if (!strcmp(a, "--config")) cfgp = v;
         else if (!strcmp(a, "--layers")) r = m3_cli_int(a, v, 1, 100000, &layers, &err);
@@ -91,7 +93,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
     int nB = parse_list(bs, B, 16), nC = parse_list(cs, C, 16);
     if (!cfgp || nB <= 0 || nC <= 0) {
         fprintf(stderr, "m3 bench: usage: m3 bench --random-weights --config CONFIG.json [--layers N] [--batch 1,8,64,256] "
-                        "[--context 8192,131072] [--steps N] [--prefill TOKENS] [--kv-cache-dtype bf16]\n");
+                        "[--context 8192,131072] [--steps N] [--prefill TOKENS] [--kv-cache-dtype bf16] [--profile]\n");
         return 2;
     }
     m3_kv_dtype kdt, idt;
@@ -193,6 +195,12 @@ int m3_cmd_bench_random(int argc, char **argv) {
                 m3_cuda_mem_info(&ops, &fr, &tot, &pk);
                 printf("%-7ld %-8ld %10.3f %10.3f %10.1f %6.0f%% %12.1f %9ld %10.1f\n", nb, ctx, med * 1e3, floor_s * 1e3,
                        bytes / 1e6, 100 * floor_s / med, nb / med, experts, (tot - fr) / 1073741824.0);
+                if (profile) { /* a few more steps with per-op timing (events between ops, no graph): where the time goes */
+                    m3_cuda_profile(&ops, 1);
+                    for (int i = 0; i < 3 && !rc; i++)
+                        if (m3_forward(&m, &kv, &b, ids, rows, (int)nb, NULL, NULL, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); rc = 1; }
+                    m3_cuda_profile_report(&ops, 3, stdout);
+                }
                 fflush(stdout);
             }
             for (long s = 0; seqs && s < nb; s++) m3_kv_seq_release(&kv, &seqs[s]);

@@ -105,7 +105,15 @@ int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, co
     if (ok && taps && taps->index && c->n_sparse_layers) ok = (hsel = malloc(TT * ni * topk * 4)) != NULL;
     int rc = 0;
     if (!ok) { rc = m3_errf(err, "out of memory for activations of %d tokens", T); goto out; }
-    if (op->begin_step && op->begin_step(X, kv, b, err)) { rc = -1; goto out; }
+    if (op->begin_step && op->begin_step(X, kv, b, ids, err)) { rc = -1; goto out; }
+    /* A backend may replay a recorded graph of the step's ops (CUDA graphs for decode steps):
+     * graph_begin returns 1 when it launched a replay, 0 to have the ops issued (and maybe
+     * recorded: graph_end then closes the recording and launches it). Not with taps. */
+    int graphable = !taps && op->graph_begin && op->graph_end;
+    uint64_t gkey = 1469598103934665603ull ^ (uint64_t)T * 1099511628211ull ^ (uint64_t)n_out << 32;
+    for (int i = 0; i < n_out; i++) gkey = (gkey ^ (uint64_t)out_rows[i]) * 1099511628211ull;
+issue:
+    if (graphable && op->graph_begin(X, kv, gkey)) goto issued;
 
 #define TAP_HIDDEN(layer, buf)                                                   \
     if (taps && taps->hidden) {                                                  \
@@ -160,16 +168,18 @@ int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, co
         op->rmsnorm(X, B.h, W->final_norm, T, H, eps, B.a);
         TAP_HIDDEN(c->n_layers, B.a);
     }
-    for (int t = 0; t < T; t++) {
-        int s = b->seq[t];
-        if (b->seqs[s]->len < b->pos[t] + 1) b->seqs[s]->len = b->pos[t] + 1;
-    }
     if (n_out > 0) {
         for (int i = 0; i < n_out; i++)
             op->rmsnorm(X, B.h + (size_t)out_rows[i] * H, W->final_norm, 1, H, eps, B.fin + (size_t)i * H);
         op->linear(X, &W->lm_head, B.fin, n_out, B.lg);
-        if (logits) op->download(X, logits, B.lg, (size_t)n_out * V * 4); /* NULL: stay in backend memory (benchmarks) */
     }
+    if (graphable && op->graph_end(X)) { graphable = 0; goto issue; } /* recording failed: issue directly */
+issued:
+    for (int t = 0; t < T; t++) {
+        int s = b->seq[t];
+        if (b->seqs[s]->len < b->pos[t] + 1) b->seqs[s]->len = b->pos[t] + 1;
+    }
+    if (n_out > 0 && logits) op->download(X, logits, B.lg, (size_t)n_out * V * 4); /* NULL: stay in backend memory */
 #undef TAP_HIDDEN
     if (op->check && op->check(X, err)) rc = -1;
 out:

@@ -58,6 +58,38 @@ static __device__ __forceinline__ float read_el(const uint8_t *row, int dt, int 
     }
 }
 
+/* values [e, e + 8) of a stored row (e % 8 == 0); vector loads where the row is aligned
+ * for them (NVFP4 rows of 16 values are 18 bytes long), element loads otherwise */
+static __device__ __forceinline__ void read8(const uint8_t *row, int dt, int dim, int e, float *o) {
+    const uintptr_t al = (uintptr_t)row & 15;
+    if ((dt == M3_KV_F32 && al) || (dt == M3_KV_BF16 && al) || (dt == M3_KV_FP8 && (al & 7))) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[i] = read_el(row, dt, dim, e + i);
+    } else if (dt == M3_KV_F32) {
+        float4 a = *(const float4 *)(row + 4 * e), b = *(const float4 *)(row + 4 * e + 16);
+        o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w; o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+    } else if (dt == M3_KV_BF16) {
+        uint4 q = *(const uint4 *)(row + 2 * e);
+        uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) { o[2 * i] = __uint_as_float(u[i] << 16); o[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u); }
+    } else if (dt == M3_KV_FP8) {
+        uint2 q = *(const uint2 *)(row + e);
+        float2 f0 = e4m3x2_f32(q.x & 0xffff), f1 = e4m3x2_f32(q.x >> 16), f2 = e4m3x2_f32(q.y & 0xffff), f3 = e4m3x2_f32(q.y >> 16);
+        o[0] = f0.x; o[1] = f0.y; o[2] = f1.x; o[3] = f1.y; o[4] = f2.x; o[5] = f2.y; o[6] = f3.x; o[7] = f3.y;
+    } else {
+        const uint8_t *cp = row + e / 2;
+        uint32_t q = (uint32_t)cp[0] | ((uint32_t)cp[1] << 8) | ((uint32_t)cp[2] << 16) | ((uint32_t)cp[3] << 24);
+        float s = e4m3_f32(row[dim / 2 + e / 16]) * 16384.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 f = e2m1x2_f32((q >> (8 * i)) & 0xff);
+            o[2 * i] = f.x * s;
+            o[2 * i + 1] = f.y * s;
+        }
+    }
+}
+
 /* the threads of a block write one row of dim values (NVFP4: one thread per 16-value group) */
 static __device__ void write_row(uint8_t *dst, int dt, const float *src, int dim) {
     switch (dt) {
@@ -99,10 +131,12 @@ __global__ void k_kv_store(kvdesc d, const int32_t *pos, const int32_t *seq, con
 
 void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v, const float *ik) {
     m3_cuda *c = (m3_cuda *)ctx;
-    if (c->failed) return;
-    if (b != c->step_b) { m3_cu_failf(c, "CUDA backend: kv_store outside its step"); return; }
+    m3_cu_prof_begin(c, OP_KV);
+    if (c->failed) { m3_cu_prof_end(c, OP_KV); return; }
+    if (b != c->step_b) { m3_cu_failf(c, "CUDA backend: kv_store outside its step"); { m3_cu_prof_end(c, OP_KV); return; } }
     k_kv_store<<<b->T, 64, 0, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, k, v, ik);
     CK_LAUNCH(c, "kv_store");
+    m3_cu_prof_end(c, OP_KV);
 }
 
 /* ------------------------------------------------------------------ indexer */
@@ -116,6 +150,7 @@ __global__ void k_index_scores(kvdesc d, const int32_t *pos, const int32_t *seq,
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
     for (int i = threadIdx.x; i < ni * d.Di; i += blockDim.x) qs[i] = iq[(size_t)t * ni * d.Di + i];
     __syncthreads();
+    const bool v8 = d.Di % 8 == 0;
     for (int blk = blockIdx.x * nw + warp; blk < nb; blk += gridDim.x * nw) {
         int p0 = blk * B, n = blk == nb - 1 ? p - p0 + 1 : B;
         float best[8];
@@ -125,11 +160,26 @@ __global__ void k_index_scores(kvdesc d, const int32_t *pos, const int32_t *seq,
             int kp = p0 + i;
             const uint8_t *row = page_of(d, seq[t], kp) + 2 * d.kvpart + (size_t)(kp % d.page) * d.irb;
             float dot[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int e = 0; e < d.Di; e++) {
-                float kv = read_el(row, d.idt, d.Di, e);
+            if (v8) {
+                for (int e = 0; e < d.Di; e += 8) {
+                    float kv[8];
+                    read8(row, d.idt, d.Di, e, kv);
 #pragma unroll
-                for (int g = 0; g < 8; g++)
-                    if (g < ni) dot[g] += qs[g * d.Di + e] * kv;
+                    for (int g = 0; g < 8; g++) {
+                        if (g >= ni) break;
+                        const float *q = qs + g * d.Di + e;
+                        float4 qa = *(const float4 *)q, qb = *(const float4 *)(q + 4);
+                        dot[g] += qa.x * kv[0] + qa.y * kv[1] + qa.z * kv[2] + qa.w * kv[3] + qb.x * kv[4] + qb.y * kv[5] +
+                                  qb.z * kv[6] + qb.w * kv[7];
+                    }
+                }
+            } else {
+                for (int e = 0; e < d.Di; e++) {
+                    float kv = read_el(row, d.idt, d.Di, e);
+#pragma unroll
+                    for (int g = 0; g < 8; g++)
+                        if (g < ni) dot[g] += qs[g * d.Di + e] * kv;
+                }
             }
 #pragma unroll
             for (int g = 0; g < 8; g++)
@@ -188,23 +238,25 @@ __global__ void k_index_topk(const int32_t *pos, int ni, int B, int nbmax, int t
 void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *iq, int ni, int block,
                         int topk, int local, int init, int32_t *sel) {
     m3_cuda *c = (m3_cuda *)ctx;
-    if (c->failed) return;
-    if (b != c->step_b) { m3_cu_failf(c, "CUDA backend: index_select outside its step"); return; }
-    if (ni > 8) { m3_cu_failf(c, "CUDA backend: %d indexer heads (at most 8 supported)", ni); return; }
+    m3_cu_prof_begin(c, OP_INDEX);
+    if (c->failed) { m3_cu_prof_end(c, OP_INDEX); return; }
+    if (b != c->step_b) { m3_cu_failf(c, "CUDA backend: index_select outside its step"); { m3_cu_prof_end(c, OP_INDEX); return; } }
+    if (ni > 8) { m3_cu_failf(c, "CUDA backend: %d indexer heads (at most 8 supported)", ni); { m3_cu_prof_end(c, OP_INDEX); return; } }
     int T = b->T, nbmax = c->max_pos / block + 1;
     float *scores = (float *)m3_cu_scratch(c, SC_IDX, sizeof(float) * (size_t)T * ni * nbmax);
-    if (!scores) return;
+    if (!scores) { m3_cu_prof_end(c, OP_INDEX); return; }
     kvdesc d = desc(c, kv, layer);
     /* enough CTAs to cover the blocks of the longest sequence with 4 warps each */
     unsigned gx = cdiv(nbmax, 4);
     if (gx > 256) gx = 256;
     k_index_scores<<<dim3(gx, T), 128, sizeof(float) * (size_t)ni * kv->Di, c->st>>>(d, c->d_pos, c->d_seq, iq, ni, block,
                                                                                      nbmax, scores);
-    if (CK_LAUNCH(c, "index_scores")) return;
+    if (CK_LAUNCH(c, "index_scores")) { m3_cu_prof_end(c, OP_INDEX); return; }
     int warps = T * ni;
     /* grid covers exactly `warps` warps: 1 warp per CTA keeps the bound check simple */
     k_index_topk<<<warps, 32, sizeof(int) * (size_t)topk, c->st>>>(c->d_pos, ni, block, nbmax, topk, local, init, scores, sel);
     CK_LAUNCH(c, "index_topk");
+    m3_cu_prof_end(c, OP_INDEX);
 }
 
 /* ------------------------------------------------------------------ attention */
@@ -248,12 +300,25 @@ __global__ void k_attn(kvdesc d, const int32_t *pos, const int32_t *seq, const f
         int n = e - a;
         if (n <= 0) continue;
         /* K and V rows of the chunk -> shared f32 */
-        for (int i = tid; i < n * D; i += nt) {
-            int j = i / D, x = i % D, kp = a + j;
-            const uint8_t *pg = page_of(d, sq, kp);
-            size_t off = ((size_t)g * d.page + kp % d.page) * d.rb;
-            ks[j * DP + x] = read_el(pg + off, d.dt, D, x);
-            vs[j * D + x] = read_el(pg + d.kvpart + off, d.dt, D, x);
+        if (D % 8 == 0) {
+            for (int i = tid; i < n * (D / 8); i += nt) {
+                int j = i / (D / 8), x = (i % (D / 8)) * 8, kp = a + j;
+                const uint8_t *pg = page_of(d, sq, kp);
+                size_t off = ((size_t)g * d.page + kp % d.page) * d.rb;
+                float kv[8], vv[8];
+                read8(pg + off, d.dt, D, x, kv);
+                read8(pg + d.kvpart + off, d.dt, D, x, vv);
+#pragma unroll
+                for (int e = 0; e < 8; e++) { ks[j * DP + x + e] = kv[e]; vs[j * D + x + e] = vv[e]; }
+            }
+        } else {
+            for (int i = tid; i < n * D; i += nt) {
+                int j = i / D, x = i % D, kp = a + j;
+                const uint8_t *pg = page_of(d, sq, kp);
+                size_t off = ((size_t)g * d.page + kp % d.page) * d.rb;
+                ks[j * DP + x] = read_el(pg + off, d.dt, D, x);
+                vs[j * D + x] = read_el(pg + d.kvpart + off, d.dt, D, x);
+            }
         }
         __syncthreads();
         for (int i = tid; i < G * ACH; i += nt) {
@@ -331,28 +396,30 @@ __global__ void k_attn_merge(const float *part, int nkv, int G, int D, int nspli
 void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh, const int32_t *sel,
                      int block, int topk, float *out) {
     m3_cuda *c = (m3_cuda *)ctx;
-    if (c->failed) return;
-    if (b != c->step_b) { m3_cu_failf(c, "CUDA backend: attention outside its step"); return; }
+    m3_cu_prof_begin(c, OP_ATTN);
+    if (c->failed) { m3_cu_prof_end(c, OP_ATTN); return; }
+    if (b != c->step_b) { m3_cu_failf(c, "CUDA backend: attention outside its step"); { m3_cu_prof_end(c, OP_ATTN); return; } }
     const int T = b->T, nkv = kv->nkv, D = kv->D, G = nh / nkv;
     int nchunks = sel ? topk * ((block + ACH - 1) / ACH) : c->max_pos / ACH + 1;
     int nsplit = (int)cdiv(2 * (size_t)c->sm_count, (size_t)T * nkv);
-    if (nsplit > 32) nsplit = 32;
+    if (nsplit > 64) nsplit = 64;
     if (nsplit > nchunks) nsplit = nchunks;
     if (nsplit < 1) nsplit = 1;
     size_t smem = sizeof(float) * ((size_t)G * D * 2 + ACH * (size_t)(D + 1) + ACH * (size_t)D + (size_t)G * ACH + 3 * (size_t)G);
-    if (smem > c->smem_optin) { m3_cu_failf(c, "CUDA backend: attention needs %zu bytes of shared memory", smem); return; }
+    if (smem > c->smem_optin) { m3_cu_failf(c, "CUDA backend: attention needs %zu bytes of shared memory", smem); { m3_cu_prof_end(c, OP_ATTN); return; } }
     if (smem > 48 * 1024) cudaFuncSetAttribute(k_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     float *part = NULL;
     if (nsplit > 1) {
         part = (float *)m3_cu_scratch(c, SC_ATT, sizeof(float) * (size_t)T * nkv * nsplit * G * (D + 2));
-        if (!part) return;
+        if (!part) { m3_cu_prof_end(c, OP_ATTN); return; }
     }
     int threads = G * D >= 256 ? 256 : 128;
     k_attn<<<dim3(nsplit, nkv, T), threads, smem, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, sel, block, topk,
                                                             nsplit, part, out, 1.0f / sqrtf((float)D));
-    if (CK_LAUNCH(c, "attention")) return;
+    if (CK_LAUNCH(c, "attention")) { m3_cu_prof_end(c, OP_ATTN); return; }
     if (nsplit > 1) {
         k_attn_merge<<<dim3(nh, T), D < 128 ? 64 : 128, 0, c->st>>>(part, nkv, G, D, nsplit, nh, out);
         CK_LAUNCH(c, "attention merge");
     }
+    m3_cu_prof_end(c, OP_ATTN);
 }

@@ -52,6 +52,12 @@ void *m3_cu_alloc(m3_cuda *c, size_t bytes) {
 
 void *m3_cu_scratch(m3_cuda *c, int slot, size_t bytes) {
     if (bytes <= c->sc_bytes[slot]) return c->sc[slot];
+    if (c->capturing) { /* no allocation while recording: the recording is dropped, the step re-issued */
+        c->scratch_grew = 1;
+        m3_cu_failf(c, "CUDA backend: scratch growth while recording a graph");
+        return NULL;
+    }
+    m3_cu_graphs_clear(c); /* recorded graphs hold the old buffers */
     if (c->sc[slot]) {
         cudaStreamSynchronize(c->st); /* the old buffer may still be in use by queued work */
         cudaFree(c->sc[slot]);
@@ -241,7 +247,10 @@ static int32_t *stage(m3_cuda *c, size_t n) {
     return c->h_meta;
 }
 
-static int cu_begin_step(void *ctx, const m3_kv *kv, const m3_batch *b, m3_err *err) {
+/* Shapes the kernels' launch parameters depend on are rounded up to buckets (page-table
+ * stride to 64 pages, the longest position to 8192 tokens) so that a recorded decode graph
+ * stays valid while sequences grow; kernels read the true positions from device memory. */
+static int cu_begin_step(void *ctx, const m3_kv *kv, const m3_batch *b, const int32_t *ids, m3_err *err) {
     m3_cuda *c = (m3_cuda *)ctx;
     if (c->failed) return m3_errf(err, "%s", c->errmsg);
     int T = b->T, ns = 0, stride = 1, maxp = 0;
@@ -251,15 +260,17 @@ static int cu_begin_step(void *ctx, const m3_kv *kv, const m3_batch *b, m3_err *
     }
     for (int s = 0; s < ns; s++)
         if (b->seqs[s] && b->seqs[s]->n_pages > stride) stride = b->seqs[s]->n_pages;
-    size_t n = 2 * (size_t)T + (size_t)ns * stride;
+    stride = (stride + 63) & ~63;
+    size_t n = 3 * (size_t)T + (size_t)ns * stride;
     /* the pinned buffer is reused: the previous step's uploads must have landed */
     if (CK(c, cudaStreamSynchronize(c->st))) return m3_errf(err, "%s", c->errmsg);
-    int32_t *h = stage(c, n + (size_t)T); /* + room for the token ids (embed) */
-    int32_t *d = (int32_t *)m3_cu_scratch(c, SC_META, (n + (size_t)T) * sizeof(int32_t));
+    int32_t *h = stage(c, n);
+    int32_t *d = (int32_t *)m3_cu_scratch(c, SC_META, n * sizeof(int32_t));
     if (!h || !d) return m3_errf(err, "%s", c->errmsg);
     memcpy(h, b->pos, sizeof(int32_t) * (size_t)T);
     memcpy(h + T, b->seq, sizeof(int32_t) * (size_t)T);
-    int32_t *pt = h + 2 * T;
+    memcpy(h + 2 * T, ids, sizeof(int32_t) * (size_t)T);
+    int32_t *pt = h + 3 * T;
     for (int s = 0; s < ns; s++) {
         const m3_kv_seq *q = b->seqs[s];
         int np = q ? q->n_pages : 0;
@@ -270,22 +281,90 @@ static int cu_begin_step(void *ctx, const m3_kv *kv, const m3_batch *b, m3_err *
     c->T = T;
     c->n_seqs = ns;
     c->ptab_stride = stride;
-    c->max_pos = maxp;
+    c->max_pos = ((maxp + 1 + 8191) & ~8191) - 1;
     c->d_pos = d;
     c->d_seq = d + T;
-    c->d_ptab = d + 2 * T;
-    (void)kv;
+    c->d_ids = d + 2 * T;
+    c->d_ptab = d + 3 * T;
+    c->step_kv = kv;
     return 0;
 }
 
-/* token ids for embed: staged behind the step metadata */
-int32_t *m3_cu_stage_ids(m3_cuda *c, const int32_t *ids, int T) {
-    size_t off = 2 * (size_t)c->T + (size_t)c->n_seqs * c->ptab_stride;
-    if (c->T != T || off + (size_t)T > c->h_meta_cap) { m3_cu_failf(c, "CUDA backend: embed outside a step"); return NULL; }
-    memcpy(c->h_meta + off, ids, sizeof(int32_t) * (size_t)T);
-    int32_t *d = c->d_pos + off;
-    if (CK(c, cudaMemcpyAsync(d, c->h_meta + off, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, c->st))) return NULL;
-    return d;
+/* ------------------------------------------------------------------ graphs */
+
+void m3_cu_graphs_clear(m3_cuda *c) {
+    for (int i = 0; i < c->n_graphs; i++) cudaGraphExecDestroy(c->graphs[i].exec);
+    c->n_graphs = 0;
+}
+
+static uint64_t full_key(m3_cuda *c, const m3_kv *kv, uint64_t key) {
+    uint64_t k = key;
+    k = (k ^ (uint64_t)(uintptr_t)kv) * 1099511628211ull;
+    k = (k ^ (uint64_t)c->ptab_stride) * 1099511628211ull;
+    k = (k ^ (uint64_t)c->max_pos) * 1099511628211ull;
+    k = (k ^ (uint64_t)(uintptr_t)c->d_pos) * 1099511628211ull;
+    return k;
+}
+
+static int cu_graph_begin(void *ctx, const m3_kv *kv, uint64_t key) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    c->capturing = 0;
+    if (!c->graphs_on || c->failed || c->prof || c->count_experts || c->T > 8) return 0;
+    uint64_t k = full_key(c, kv, key);
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].key == k) {
+            c->graphs[i].used = ++c->graph_clock;
+            if (CK(c, cudaGraphLaunch(c->graphs[i].exec, c->st))) return 0;
+            c->graph_replays++;
+            return 1;
+        }
+    /* the first step of a shape runs directly (scratch buffers reach their size), the second is recorded */
+    for (int i = 0; i < 64; i++)
+        if (c->seen[i] == k) {
+            if (cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+                cudaGetLastError();
+                c->graphs_on = 0;
+                return 0;
+            }
+            c->capturing = 1;
+            c->capture_key = k;
+            c->scratch_grew = 0;
+            return 0;
+        }
+    c->seen[c->n_seen++ % 64] = k;
+    return 0;
+}
+
+static int cu_graph_end(void *ctx) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (!c->capturing) return 0;
+    c->capturing = 0;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->st, &g);
+    cudaGraphExec_t ex = NULL;
+    if (e == cudaSuccess && !c->failed && !c->scratch_grew) e = cudaGraphInstantiate(&ex, g, 0);
+    else if (e == cudaSuccess) e = cudaErrorStreamCaptureInvalidated;
+    if (g) cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        c->failed = 0; /* a failed recording is not a failed step: the ops run again directly */
+        c->graphs_on = 0;
+        return -1;
+    }
+    int slot = c->n_graphs;
+    if (slot == (int)(sizeof c->graphs / sizeof c->graphs[0])) { /* evict the least recently used */
+        slot = 0;
+        for (int i = 1; i < c->n_graphs; i++)
+            if (c->graphs[i].used < c->graphs[slot].used) slot = i;
+        cudaGraphExecDestroy(c->graphs[slot].exec);
+    } else {
+        c->n_graphs++;
+    }
+    c->graphs[slot].key = c->capture_key;
+    c->graphs[slot].exec = ex;
+    c->graphs[slot].used = ++c->graph_clock;
+    if (CK(c, cudaGraphLaunch(ex, c->st))) return -1;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ table */
@@ -334,6 +413,9 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->weights_upload = cu_weights_upload;
     ops->weights_release = cu_weights_release;
     ops->begin_step = cu_begin_step;
+    ops->graph_begin = cu_graph_begin;
+    ops->graph_end = cu_graph_end;
+    c->graphs_on = getenv("M3_CUDA_GRAPHS") ? atoi(getenv("M3_CUDA_GRAPHS")) != 0 : 1;
     ops->check = cu_check;
     ops->embed = m3_cu_embed;
     ops->rmsnorm = m3_cu_rmsnorm;
@@ -352,6 +434,7 @@ extern "C" void m3_cuda_ops_free(m3_ops *ops) {
     m3_cuda *c = (m3_cuda *)ops->ctx;
     if (c) {
         cudaStreamSynchronize(c->st);
+        m3_cu_graphs_clear(c);
         for (int i = 0; i < SC_COUNT; i++) cudaFree(c->sc[i]);
         if (c->h_meta) cudaFreeHost(c->h_meta);
         free(c->h_pick);
@@ -422,4 +505,66 @@ extern "C" long m3_cuda_experts_used(m3_ops *ops, int reset) {
     long n = c->experts_used;
     if (reset) c->experts_used = 0;
     return n;
+}
+
+/* ------------------------------------------------------------------ profiling */
+
+void m3_cu_prof_begin(m3_cuda *c, int op) {
+    if (!c->prof || c->prof_depth++) return;
+    if (c->prof_n == c->prof_cap) {
+        int nc = c->prof_cap ? 2 * c->prof_cap : 4096;
+        void *p = realloc(c->prof_ev, sizeof *c->prof_ev * (size_t)nc);
+        if (!p) return;
+        c->prof_ev = (decltype(c->prof_ev))p;
+        for (int i = c->prof_cap; i < nc; i++) {
+            cudaEventCreate(&c->prof_ev[i].a);
+            cudaEventCreate(&c->prof_ev[i].b);
+        }
+        c->prof_cap = nc;
+    }
+    c->prof_ev[c->prof_n].op = op;
+    cudaEventRecord(c->prof_ev[c->prof_n].a, c->st);
+}
+void m3_cu_prof_end(m3_cuda *c, int op) {
+    (void)op;
+    if (!c->prof || --c->prof_depth) return;
+    if (c->prof_n < c->prof_cap) cudaEventRecord(c->prof_ev[c->prof_n++].b, c->st);
+    if (c->prof_n == c->prof_cap) { /* fold into the totals before growing further */
+        cudaStreamSynchronize(c->st);
+        for (int i = 0; i < c->prof_n; i++) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, c->prof_ev[i].a, c->prof_ev[i].b);
+            c->prof_ms[c->prof_ev[i].op] += ms;
+            c->prof_calls[c->prof_ev[i].op]++;
+        }
+        c->prof_n = 0;
+    }
+}
+extern "C" void m3_cuda_profile(m3_ops *ops, int on) {
+    m3_cuda *c = (m3_cuda *)ops->ctx;
+    c->prof = on;
+    c->prof_depth = 0;
+    c->prof_n = 0;
+    memset(c->prof_ms, 0, sizeof c->prof_ms);
+    memset(c->prof_calls, 0, sizeof c->prof_calls);
+}
+extern "C" void m3_cuda_profile_report(m3_ops *ops, int steps, void *file) {
+    m3_cuda *c = (m3_cuda *)ops->ctx;
+    FILE *f = (FILE *)file;
+    cudaStreamSynchronize(c->st);
+    for (int i = 0; i < c->prof_n; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, c->prof_ev[i].a, c->prof_ev[i].b);
+        c->prof_ms[c->prof_ev[i].op] += ms;
+        c->prof_calls[c->prof_ev[i].op]++;
+    }
+    c->prof_n = 0;
+    static const char *names[OP_COUNT] = {"embed", "rmsnorm", "add", "linear", "norm+rope", "kv_store", "indexer", "attention", "mlp", "moe"};
+    double tot = 0;
+    for (int i = 0; i < OP_COUNT; i++) tot += c->prof_ms[i];
+    fprintf(f, "  per step (GPU time, %d steps):", steps);
+    for (int i = 0; i < OP_COUNT; i++)
+        if (c->prof_calls[i]) fprintf(f, " %s %.3f ms (%.0f%%)", names[i], c->prof_ms[i] / steps, 100 * c->prof_ms[i] / (tot > 0 ? tot : 1));
+    fprintf(f, "\n");
+    c->prof = 0;
 }

@@ -13,7 +13,7 @@
 #include "cuda.h"
 
 /* grow-only scratch buffers, one per purpose (no allocation inside a steady-state step) */
-enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_COUNT };
+enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_XSPLIT, SC_COUNT };
 
 typedef struct m3_cuda {
     int dev, sm_count;
@@ -30,9 +30,21 @@ typedef struct m3_cuda {
      * page table rows [n_seqs][ptab_stride] and sequence lengths */
     const void *step_b;
     int T, n_seqs, ptab_stride, max_pos;
-    int32_t *d_pos, *d_seq, *d_ptab;
+    int32_t *d_pos, *d_seq, *d_ptab, *d_ids;
+    const m3_kv *step_kv;
+    /* recorded decode graphs (cu_graph_begin / cu_graph_end) */
+    int graphs_on, capturing, scratch_grew, n_graphs, n_seen;
+    uint64_t capture_key, graph_clock, seen[64];
+    long graph_replays;
+    struct { uint64_t key, used; cudaGraphExec_t exec; } graphs[16];
     int32_t *h_meta;            /* pinned staging */
     size_t h_meta_cap;
+    /* per-op timing for benchmarks (m3_cuda_profile): event pairs around each op */
+    int prof, prof_depth;
+    int prof_n, prof_cap;
+    struct { int op; cudaEvent_t a, b; } *prof_ev;
+    double prof_ms[16];
+    long prof_calls[16];
     /* expert counting for benchmarks */
     int count_experts;
     long experts_used;
@@ -40,6 +52,11 @@ typedef struct m3_cuda {
     int32_t *h_pick;
     size_t h_pick_cap;
 } m3_cuda;
+
+enum { OP_EMBED, OP_NORM, OP_ADD, OP_LINEAR, OP_ROPE, OP_KV, OP_INDEX, OP_ATTN, OP_MLP, OP_MOE, OP_COUNT };
+/* profiling brackets (no-ops unless m3_cuda_profile is on); nested ops are charged to the outer one */
+void m3_cu_prof_begin(m3_cuda *c, int op);
+void m3_cu_prof_end(m3_cuda *c, int op);
 
 /* Records the first failure (sticky) and returns nonzero when e is an error. */
 int m3_cu_fail(m3_cuda *c, cudaError_t e, const char *what, const char *file, int line);
@@ -50,7 +67,7 @@ void m3_cu_failf(m3_cuda *c, const char *fmt, ...);
 /* scratch slot of at least bytes (device), NULL + sticky error on failure */
 void *m3_cu_scratch(m3_cuda *c, int slot, size_t bytes);
 void *m3_cu_alloc(m3_cuda *c, size_t bytes);
-int32_t *m3_cu_stage_ids(m3_cuda *c, const int32_t *ids, int T);
+void m3_cu_graphs_clear(m3_cuda *c);
 
 /* ops implemented in the kernel files */
 void m3_cu_embed(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out);
@@ -68,6 +85,12 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
                         int topk, int local, int init, int32_t *sel);
 void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh,
                      const int32_t *sel, int block, int topk, float *out);
+
+/* tensor-core GEMV (gemv_mma.cu): 0 when it ran, -1 when the format / shape is not one it takes */
+int m3_cu_mma_ok(const m3_linear *W);
+int m3_cu_gemv_mma(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y);
+int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int topk, int S, int part,
+                  const float *x, int xstride, float *out);
 
 /* ------------------------------------------------------------------ device decoders */
 

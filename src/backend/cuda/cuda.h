@@ -60,6 +60,11 @@ double m3_cuda_sync_time(m3_ops *ops);
 void m3_cuda_count_experts(m3_ops *ops, int on);
 long m3_cuda_experts_used(m3_ops *ops, int reset);
 
+/* Per-op GPU time (CUDA events around every op; adds a little overhead): on = 1 starts
+ * recording, m3_cuda_profile_report prints the sum per op since then and stops. */
+void m3_cuda_profile(m3_ops *ops, int on);
+void m3_cuda_profile_report(m3_ops *ops, int steps, void *file /* FILE * */);
+
 #ifdef __cplusplus
 }
 #endif

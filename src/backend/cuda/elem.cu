@@ -26,10 +26,13 @@ __global__ void k_embed(m3_linear E, const int32_t *ids, float *out) {
 
 void m3_cu_embed(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out) {
     m3_cuda *c = (m3_cuda *)ctx;
-    int32_t *d = m3_cu_stage_ids(c, ids, T);
-    if (!d) return;
+    m3_cu_prof_begin(c, OP_EMBED);
+    (void)ids; /* copied to the device with the step's metadata (begin_step) */
+    const int32_t *d = c->d_ids;
+    if (T != c->T) { m3_cu_failf(c, "CUDA backend: embed outside its step"); m3_cu_prof_end(c, OP_EMBED); return; }
     k_embed<<<T, 256, 0, c->st>>>(*E, d, out);
     CK_LAUNCH(c, "embed");
+    m3_cu_prof_end(c, OP_EMBED);
 }
 
 /* block-wide sum of a double (blockDim.x multiple of 32, <= 1024) */
@@ -59,9 +62,11 @@ __global__ void k_rmsnorm(const float *x, const float *w, int dim, float eps, fl
 
 void m3_cu_rmsnorm(void *ctx, const float *x, const float *w, int rows, int dim, float eps, float *out) {
     m3_cuda *c = (m3_cuda *)ctx;
-    if (rows <= 0) return;
+    m3_cu_prof_begin(c, OP_NORM);
+    if (rows <= 0) { m3_cu_prof_end(c, OP_NORM); return; }
     k_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(x, w, dim, eps, out);
     CK_LAUNCH(c, "rmsnorm");
+    m3_cu_prof_end(c, OP_NORM);
 }
 
 __global__ void k_add(float *y, const float *x, size_t n) {
@@ -70,11 +75,13 @@ __global__ void k_add(float *y, const float *x, size_t n) {
 
 void m3_cu_add(void *ctx, float *y, const float *x, size_t n) {
     m3_cuda *c = (m3_cuda *)ctx;
-    if (!n) return;
+    m3_cu_prof_begin(c, OP_ADD);
+    if (!n) { m3_cu_prof_end(c, OP_ADD); return; }
     unsigned g = cdiv(n, 256);
     if (g > 65535u * 4) g = 65535u * 4;
     k_add<<<g, 256, 0, c->st>>>(y, x, n);
     CK_LAUNCH(c, "add");
+    m3_cu_prof_end(c, OP_ADD);
 }
 
 /* one warp per (token, head): RMSNorm over dim (double sum like the CPU), then NeoX RoPE on
@@ -108,17 +115,19 @@ __global__ void k_head_norm_rope(float *x, int T, int heads, int dim, const floa
 void m3_cu_head_norm_rope(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps, int rotary_dim,
                           double theta, const int32_t *pos) {
     m3_cuda *c = (m3_cuda *)ctx;
+    m3_cu_prof_begin(c, OP_ROPE);
     /* the step's positions are on the device already (begin_step); other callers' are copied */
     const int32_t *dp = c->d_pos;
     if (!c->step_b || pos != ((const m3_batch *)c->step_b)->pos || T != c->T) {
         int32_t *d = (int32_t *)m3_cu_scratch(c, SC_TMP, sizeof(int32_t) * (size_t)T);
-        if (!d || CK(c, cudaMemcpyAsync(d, pos, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, c->st))) return;
+        if (!d || CK(c, cudaMemcpyAsync(d, pos, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, c->st))) { m3_cu_prof_end(c, OP_ROPE); return; }
         CK(c, cudaStreamSynchronize(c->st));
         dp = d;
     }
     int warps = T * heads;
     k_head_norm_rope<<<cdiv(warps, 4), 128, 0, c->st>>>(x, T, heads, dim, w, eps, rotary_dim, (float)theta, dp);
     CK_LAUNCH(c, "head_norm_rope");
+    m3_cu_prof_end(c, OP_ROPE);
 }
 
 __global__ void k_swiglu(const float *gate, const float *up, size_t n, float alpha, float limit, float *out) {

@@ -250,39 +250,49 @@ static void gemv(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y
 
 void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y) {
     m3_cuda *c = (m3_cuda *)ctx;
-    if (T <= 0 || c->failed) return;
-    if (T <= 8) { gemv(c, W, x, T, y); return; }
+    m3_cu_prof_begin(c, OP_LINEAR);
+    if (T <= 0 || c->failed) { m3_cu_prof_end(c, OP_LINEAR); return; }
+    /* MXFP8 / NVFP4 on the tensor cores in groups of 8 tokens up to 64 tokens */
+    if (T <= 64 && m3_cu_mma_ok(W)) {
+        for (int t0 = 0; t0 < T; t0 += 8)
+            m3_cu_gemv_mma(c, W, x + (size_t)t0 * W->K, T - t0 < 8 ? T - t0 : 8, y + (size_t)t0 * W->N);
+        { m3_cu_prof_end(c, OP_LINEAR); return; }
+    }
+    if (T <= 8) { gemv(c, W, x, T, y); { m3_cu_prof_end(c, OP_LINEAR); return; } }
     /* dequantize row chunks of at most ~256 MB and SGEMM each */
     int chunk = (int)((256u << 20) / (4 * (size_t)W->K));
     if (chunk < 64) chunk = 64;
     if (chunk > W->N) chunk = W->N;
     float *wd = (float *)m3_cu_scratch(c, SC_DEQ, sizeof(float) * (size_t)chunk * W->K);
-    if (!wd) return;
+    if (!wd) { m3_cu_prof_end(c, OP_LINEAR); return; }
     const float one = 1.0f, zero = 0.0f;
     for (int n0 = 0; n0 < W->N; n0 += chunk) {
         int rows = W->N - n0 < chunk ? W->N - n0 : chunk;
         unsigned g = cdiv((size_t)rows * W->K, 256);
         if (g > 65535u * 8) g = 65535u * 8;
         k_dequant<<<g, 256, 0, c->st>>>(*W, n0, rows, wd);
-        if (CK_LAUNCH(c, "dequant")) return;
+        if (CK_LAUNCH(c, "dequant")) { m3_cu_prof_end(c, OP_LINEAR); return; }
         cublasStatus_t s = cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, W->K, &one, wd, W->K, x, W->K, &zero,
                                        y + n0, W->N);
-        if (s != CUBLAS_STATUS_SUCCESS) { m3_cu_failf(c, "cuBLAS SGEMM failed (status %d)", (int)s); return; }
+        if (s != CUBLAS_STATUS_SUCCESS) { m3_cu_failf(c, "cuBLAS SGEMM failed (status %d)", (int)s); { m3_cu_prof_end(c, OP_LINEAR); return; } }
     }
+    m3_cu_prof_end(c, OP_LINEAR);
 }
 
 /* ------------------------------------------------------------------ dense MLP */
 
 void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out) {
     m3_cuda *c = (m3_cuda *)ctx;
+    m3_cu_prof_begin(c, OP_MLP);
     int F = m->gate.N;
     float *g = (float *)m3_cu_scratch(c, SC_XE, sizeof(float) * (size_t)T * F * 2);
-    if (!g) return;
+    if (!g) { m3_cu_prof_end(c, OP_MLP); return; }
     float *u = g + (size_t)T * F;
     m3_cu_linear(c, &m->gate, x, T, g);
     m3_cu_linear(c, &m->up, x, T, u);
     m3_cu_swiglu(c, g, u, (size_t)T * F, alpha, limit, g);
     m3_cu_linear(c, &m->down, g, T, out);
+    m3_cu_prof_end(c, OP_MLP);
 }
 
 /* ------------------------------------------------------------------ MoE */
@@ -406,6 +416,18 @@ __global__ void __launch_bounds__(GW * 32) k_moe_down(const m3_mlp_w *table, con
     }
 }
 
+/* h[s][j] = SwiGLU-OAI(gu[s][0][j], gu[s][1][j]) */
+__global__ void k_swiglu_pairs(const float *gu, int S, int Fd, float alpha, float limit, float *h) {
+    size_t n = (size_t)S * Fd;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t s = i / Fd, j = i % Fd;
+        float gt = gu[(s * 2) * Fd + j], up = gu[(s * 2 + 1) * Fd + j];
+        float g = gt < limit ? gt : limit;
+        float u = up < -limit ? -limit : up > limit ? limit : up;
+        h[i] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+    }
+}
+
 /* out[t] = sum_k wt[t,k] ye[t,k] in slot (= ascending expert) order */
 __global__ void k_moe_combine(const float *ye, const float *wt, int K, int H, float *out) {
     int t = blockIdx.y;
@@ -453,18 +475,19 @@ static void count_experts(m3_cuda *c, const int32_t *d_pick, int n, int E) {
 void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
                float limit, float *out) {
     m3_cuda *c = (m3_cuda *)ctx;
-    if (T <= 0 || c->failed) return;
+    m3_cu_prof_begin(c, OP_MOE);
+    if (T <= 0 || c->failed) { m3_cu_prof_end(c, OP_MOE); return; }
     const int H = L->router.K, Fd = L->experts[0].gate.N;
     /* router logits, picks and weights */
     char *rb = (char *)m3_cu_scratch(c, SC_ROUTE, sizeof(float) * (size_t)T * E + 2 * sizeof(float) * (size_t)T * K + 64);
-    if (!rb) return;
+    if (!rb) { m3_cu_prof_end(c, OP_MOE); return; }
     float *logits = (float *)rb;
     int32_t *pick = (int32_t *)(logits + (size_t)T * E);
     float *wt = (float *)(pick + (size_t)T * K);
     m3_cu_linear(c, &L->router, x, T, logits);
     k_route<<<T, 32, sizeof(float) * 2 * (size_t)E + sizeof(int) * (size_t)K, c->st>>>(logits, L->route_bias, E, K,
                                                                                        routed_scale, pick, wt);
-    if (CK_LAUNCH(c, "route")) return;
+    if (CK_LAUNCH(c, "route")) { m3_cu_prof_end(c, OP_MOE); return; }
     if (c->count_experts) count_experts(c, pick, T * K, E);
 
     const m3_mlp_w *e0 = &L->experts[0];
@@ -473,9 +496,20 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
     if (fast) {
         int S = T * K;
         float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * (size_t)S * (Fd + H));
-        if (!h) return;
+        if (!h) { m3_cu_prof_end(c, OP_MOE); return; }
         float *ye = h + (size_t)S * Fd;
         const m3_mlp_w *tab = (const m3_mlp_w *)L->backend;
+        if (m3_cu_mma_ok(&e0->gate) && m3_cu_mma_ok(&e0->up) && m3_cu_mma_ok(&e0->down)) {
+            /* tensor cores: (gate, up) of every slot, SwiGLU, down */
+            float *gu = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)S * Fd * 2);
+            if (!gu) { m3_cu_prof_end(c, OP_MOE); return; }
+            m3_cu_moe_mma(c, e0, tab, pick, K, S, 0, x, H, gu);
+            k_swiglu_pairs<<<cdiv((size_t)S * Fd, 256), 256, 0, c->st>>>(gu, S, Fd, alpha, limit, h);
+            m3_cu_moe_mma(c, e0, tab, pick, K, S, 2, h, Fd, ye);
+            k_moe_combine<<<dim3(cdiv(H, 256), T), 256, 0, c->st>>>(ye, wt, K, H, out);
+            if (CK_LAUNCH(c, "moe (tensor cores)")) { m3_cu_prof_end(c, OP_MOE); return; }
+            goto shared;
+        }
         int kt1 = kt_for(H), kt2 = kt_for(Fd);
         dim3 g1(cdiv(Fd, GW * 2), S), g2(cdiv(H, GW * GR), S);
         size_t s1 = sizeof(float) * kt1, s2 = sizeof(float) * kt2;
@@ -490,15 +524,15 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
         default: MOE_LAUNCH(M3_WF_NVFP4); break;
         }
 #undef MOE_LAUNCH
-        if (CK_LAUNCH(c, "moe experts")) return;
+        if (CK_LAUNCH(c, "moe experts")) { m3_cu_prof_end(c, OP_MOE); return; }
         k_moe_combine<<<dim3(cdiv(H, 256), T), 256, 0, c->st>>>(ye, wt, K, H, out);
-        if (CK_LAUNCH(c, "moe combine")) return;
+        if (CK_LAUNCH(c, "moe combine")) { m3_cu_prof_end(c, OP_MOE); return; }
     } else {
         /* group tokens by expert on the host */
         int n = T * K;
         int32_t *hp = (int32_t *)malloc(sizeof(int32_t) * (size_t)n * 2 + sizeof(float) * (size_t)n * 2);
         int *off = (int *)malloc(sizeof(int) * (size_t)(E + 1));
-        if (!hp || !off) { free(hp); free(off); m3_cu_failf(c, "out of memory"); return; }
+        if (!hp || !off) { free(hp); free(off); m3_cu_failf(c, "out of memory"); { m3_cu_prof_end(c, OP_MOE); return; } }
         float *hw = (float *)(hp + n);
         int32_t *rows = (int32_t *)(hw + n);
         float *rw = (float *)(rows + n);
@@ -541,12 +575,14 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
     slow_done:
         free(hp);
         free(off);
-        if (c->failed) return;
+        if (c->failed) { m3_cu_prof_end(c, OP_MOE); return; }
     }
+shared:
     if (L->has_shared) {
         float *sh = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)T * H);
-        if (!sh) return;
+        if (!sh) { m3_cu_prof_end(c, OP_MOE); return; }
         m3_cu_mlp(c, &L->shared, x, T, alpha, limit, sh);
         m3_cu_add(c, out, sh, (size_t)T * H);
     }
+    m3_cu_prof_end(c, OP_MOE);
 }

@@ -23,3 +23,5 @@ double m3_cuda_copy_bandwidth(m3_ops *ops, size_t bytes) { (void)ops; (void)byte
 double m3_cuda_sync_time(m3_ops *ops) { (void)ops; return 0; }
 void m3_cuda_count_experts(m3_ops *ops, int on) { (void)ops; (void)on; }
 long m3_cuda_experts_used(m3_ops *ops, int reset) { (void)ops; (void)reset; return 0; }
+void m3_cuda_profile(m3_ops *ops, int on) { (void)ops; (void)on; }
+void m3_cuda_profile_report(m3_ops *ops, int steps, void *f) { (void)ops; (void)steps; (void)f; }

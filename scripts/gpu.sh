@@ -56,5 +56,9 @@ run "$BIN/bench_cuda_linear"
 echo "## 4. m3 bench --random-weights ($SHAPES)"
 run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS:-8} --batch 1,8,64,256 --context 8192,131072 --steps 10 --profile
 run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS_MAX:-30} --batch 1 --context 8192 --steps 10 --prefill 0 --profile
+echo "## 5. KV cache dtypes: decode at batch 1, 128K context"
+for kv in bf16 fp8 nvfp4; do
+  "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS:-8} --batch 1 --context 131072 --steps 20 --prefill 0 --kv-cache-dtype $kv | tail -1 | sed "s/^/$kv: /"
+done
 echo "checks failed: $fails"
 exit $fails

@@ -79,7 +79,8 @@ static __device__ __forceinline__ void read8(const uint8_t *row, int dt, int dim
         o[0] = f0.x; o[1] = f0.y; o[2] = f1.x; o[3] = f1.y; o[4] = f2.x; o[5] = f2.y; o[6] = f3.x; o[7] = f3.y;
     } else {
         const uint8_t *cp = row + e / 2;
-        uint32_t q = (uint32_t)cp[0] | ((uint32_t)cp[1] << 8) | ((uint32_t)cp[2] << 16) | ((uint32_t)cp[3] << 24);
+        uint32_t q = ((uintptr_t)cp & 3) == 0 ? *(const uint32_t *)cp
+                                                : (uint32_t)cp[0] | ((uint32_t)cp[1] << 8) | ((uint32_t)cp[2] << 16) | ((uint32_t)cp[3] << 24);
         float s = e4m3_f32(row[dim / 2 + e / 16]) * 16384.0f;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -156,6 +157,43 @@ __global__ void k_index_scores(kvdesc d, const int32_t *pos, const int32_t *seq,
         float best[8];
 #pragma unroll
         for (int g = 0; g < 8; g++) best[g] = -INFINITY;
+        if (v8 && B <= 128 && ni <= 4) {
+            /* up to 4 keys per lane, their loads interleaved so each lane keeps 4 in flight */
+            const uint8_t *rows[4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                int i = lane + 32 * kk, kp = p0 + (i < n ? i : 0);
+                rows[kk] = page_of(d, seq[t], kp) + 2 * d.kvpart + (size_t)(kp % d.page) * d.irb;
+            }
+            float dot[4][4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                for (int g = 0; g < 4; g++) dot[kk][g] = 0;
+            for (int e = 0; e < d.Di; e += 8) {
+                float kv[4][8];
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    if (lane + 32 * kk < n) read8(rows[kk], d.idt, d.Di, e, kv[kk]);
+#pragma unroll
+                for (int g = 0; g < 4; g++) {
+                    if (g >= ni) break;
+                    const float *qp = qs + g * d.Di + e;
+                    float4 qa = *(const float4 *)qp, qb = *(const float4 *)(qp + 4);
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++)
+                        if (lane + 32 * kk < n)
+                            dot[kk][g] += qa.x * kv[kk][0] + qa.y * kv[kk][1] + qa.z * kv[kk][2] + qa.w * kv[kk][3] +
+                                          qb.x * kv[kk][4] + qb.y * kv[kk][5] + qb.z * kv[kk][6] + qb.w * kv[kk][7];
+                }
+            }
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                if (lane + 32 * kk < n)
+#pragma unroll
+                    for (int g = 0; g < 4; g++)
+                        if (g < ni) best[g] = fmaxf(best[g], dot[kk][g]);
+        } else
         for (int i = lane; i < n; i += 32) {
             int kp = p0 + i;
             const uint8_t *row = page_of(d, seq[t], kp) + 2 * d.kvpart + (size_t)(kp % d.page) * d.irb;
@@ -372,6 +410,128 @@ __global__ void k_attn(kvdesc d, const int32_t *pos, const int32_t *seq, const f
     for (int h = tid; h < G; h += nt) { pp[h * (D + 2)] = ml[h]; pp[h * (D + 2) + 1] = ml[G + h]; }
 }
 
+/* The same for G <= 16 query heads per group and D <= 128 (the M3 shapes), with register
+ * blocking: 128 threads; QK: a warp owns 4 heads, a lane one key (float4 reads, K rows
+ * padded to D + 4 floats: conflict-free); PV: a thread owns one channel of every head, its
+ * accumulators in registers; probabilities read as broadcast float4. */
+__global__ void __launch_bounds__(128) k_attn_fast(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh,
+                                                   const int32_t *sel, int B, int topk, int nsplit, float *part, float *out,
+                                                   float scale) {
+    extern __shared__ __align__(16) float sm[];
+    const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
+    const int D = d.D, G = nh / d.nkv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int DP = D + 4;
+    float *qs = sm;                   /* [G][D] */
+    float *ks = qs + G * D;           /* [ACH][DP] */
+    float *vs = ks + ACH * DP;        /* [ACH][D] */
+    float *ps = vs + ACH * D;         /* [G][ACH] */
+    float *ml = ps + G * ACH;         /* m[G], l[G], corr[G] */
+    const int p = pos[t], sq = seq[t];
+    for (int i = tid; i < G * D; i += 128) qs[i] = q[((size_t)t * nh + (size_t)g * G) * D + i];
+    for (int h = tid; h < G; h += 128) { ml[h] = -INFINITY; ml[G + h] = 0; }
+    float acc[16];
+#pragma unroll
+    for (int h = 0; h < 16; h++) acc[h] = 0;
+    const int cpb = (B + ACH - 1) / ACH;
+    const int nchunks = sel ? topk * cpb : p / ACH + 1;
+    __syncthreads();
+    for (int ci = s; ci < nchunks; ci += nsplit) {
+        int a, e;
+        if (sel) {
+            int blk = sel[((size_t)t * d.nkv + g) * topk + ci / cpb];
+            if (blk < 0) continue;
+            a = blk * B + (ci % cpb) * ACH;
+            e = min(min(a + ACH, blk * B + B), p + 1);
+        } else {
+            a = ci * ACH;
+            e = min(a + ACH, p + 1);
+        }
+        const int n = e - a;
+        if (n <= 0) continue;
+        for (int i = tid; i < n * (D / 8); i += 128) {
+            int j = i / (D / 8), x = (i % (D / 8)) * 8, kp = a + j;
+            const uint8_t *pg = page_of(d, sq, kp);
+            size_t off = ((size_t)g * d.page + kp % d.page) * d.rb;
+            float kv[8], vv[8];
+            read8(pg + off, d.dt, D, x, kv);
+            read8(pg + d.kvpart + off, d.dt, D, x, vv);
+            *(float4 *)&ks[j * DP + x] = make_float4(kv[0], kv[1], kv[2], kv[3]);
+            *(float4 *)&ks[j * DP + x + 4] = make_float4(kv[4], kv[5], kv[6], kv[7]);
+            *(float4 *)&vs[j * D + x] = make_float4(vv[0], vv[1], vv[2], vv[3]);
+            *(float4 *)&vs[j * D + x + 4] = make_float4(vv[4], vv[5], vv[6], vv[7]);
+        }
+        for (int i = tid; i < (ACH - n) * D; i += 128) vs[n * D + i] = 0; /* keys past n: p = 0, v finite */
+        __syncthreads();
+        {
+            float dot[4] = {0, 0, 0, 0};
+            const float *kj = ks + lane * DP;
+            for (int x = 0; x < D; x += 4) {
+                float4 kv = *(const float4 *)(kj + x);
+#pragma unroll
+                for (int hh = 0; hh < 4; hh++) {
+                    int h = warp * 4 + hh;
+                    if (h < G) {
+                        float4 qv = *(const float4 *)(qs + h * D + x);
+                        dot[hh] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+                    }
+                }
+            }
+#pragma unroll
+            for (int hh = 0; hh < 4; hh++) {
+                int h = warp * 4 + hh;
+                if (h < G) ps[h * ACH + lane] = lane < n ? dot[hh] * scale : -INFINITY;
+            }
+        }
+        __syncthreads();
+        for (int h = warp; h < G; h += 4) {
+            float v = ps[h * ACH + lane];
+            float mx = fmaxf(ml[h], warp_max(v));
+            float e_ = lane < n ? expf(v - mx) : 0.0f;
+            ps[h * ACH + lane] = e_;
+            float sum = warp_sum(e_);
+            if (lane == 0) {
+                float corr = expf(ml[h] - mx);
+                ml[2 * G + h] = corr;
+                ml[G + h] = ml[G + h] * corr + sum;
+                ml[h] = mx;
+            }
+        }
+        __syncthreads();
+        if (tid < D) {
+#pragma unroll
+            for (int h = 0; h < 16; h++)
+                if (h < G) acc[h] *= ml[2 * G + h];
+            for (int j = 0; j < ACH; j += 4) {
+                float v0 = vs[j * D + tid], v1 = vs[(j + 1) * D + tid], v2 = vs[(j + 2) * D + tid], v3 = vs[(j + 3) * D + tid];
+#pragma unroll
+                for (int h = 0; h < 16; h++)
+                    if (h < G) {
+                        float4 pp = *(const float4 *)(ps + h * ACH + j);
+                        acc[h] += pp.x * v0 + pp.y * v1 + pp.z * v2 + pp.w * v3;
+                    }
+            }
+        }
+        __syncthreads();
+    }
+    if (tid >= D) return;
+    if (nsplit == 1) {
+#pragma unroll
+        for (int h = 0; h < 16; h++)
+            if (h < G) {
+                float l = ml[G + h];
+                out[((size_t)t * nh + (size_t)g * G + h) * D + tid] = l > 0 ? acc[h] / l : 0.0f;
+            }
+        return;
+    }
+    float *pp = part + (((size_t)t * d.nkv + g) * nsplit + s) * (size_t)G * (D + 2);
+#pragma unroll
+    for (int h = 0; h < 16; h++)
+        if (h < G) {
+            pp[h * (D + 2) + 2 + tid] = acc[h];
+            if (tid == 0) { pp[h * (D + 2)] = ml[h]; pp[h * (D + 2) + 1] = ml[G + h]; }
+        }
+}
+
 __global__ void k_attn_merge(const float *part, int nkv, int G, int D, int nsplit, int nh, float *out) {
     const int t = blockIdx.y, hh = blockIdx.x, g = hh / G, h = hh % G;
     const float *base = part + (((size_t)t * nkv + g) * nsplit) * (size_t)G * (D + 2) + (size_t)h * (D + 2);
@@ -413,9 +573,16 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
         part = (float *)m3_cu_scratch(c, SC_ATT, sizeof(float) * (size_t)T * nkv * nsplit * G * (D + 2));
         if (!part) { m3_cu_prof_end(c, OP_ATTN); return; }
     }
-    int threads = G * D >= 256 ? 256 : 128;
-    k_attn<<<dim3(nsplit, nkv, T), threads, smem, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, sel, block, topk,
-                                                            nsplit, part, out, 1.0f / sqrtf((float)D));
+    if (G <= 16 && D <= 128 && D % 8 == 0) {
+        size_t sf = sizeof(float) * ((size_t)G * D + ACH * (size_t)(D + 4) + ACH * (size_t)D + (size_t)G * ACH + 3 * (size_t)G);
+        if (sf > 48 * 1024) cudaFuncSetAttribute(k_attn_fast, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sf);
+        k_attn_fast<<<dim3(nsplit, nkv, T), 128, sf, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, sel, block, topk,
+                                                              nsplit, part, out, 1.0f / sqrtf((float)D));
+    } else {
+        int threads = G * D >= 256 ? 256 : 128;
+        k_attn<<<dim3(nsplit, nkv, T), threads, smem, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, sel, block, topk,
+                                                                nsplit, part, out, 1.0f / sqrtf((float)D));
+    }
     if (CK_LAUNCH(c, "attention")) { m3_cu_prof_end(c, OP_ATTN); return; }
     if (nsplit > 1) {
         k_attn_merge<<<dim3(nh, T), D < 128 ? 64 : 128, 0, c->st>>>(part, nkv, G, D, nsplit, nh, out);

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "../backend/cpu/cpu.h"
+#include "../engine/engine.h"
 #include "../engine/sampler.h"
 #include "cli.h"
 
@@ -26,8 +27,69 @@ static int parse_float(const char *opt, const char *v, float lo, float hi, float
     return 0;
 }
 
+/* ---- --speculative-config: the same generation through the engine, with a DSpark draft ---- */
+
+typedef struct { int n, done, reason; double t_first; } spec_gen;
+
+static void spec_on_token(void *arg, uint64_t id, int32_t token, float logprob, int finished, int reason) {
+    (void)id; (void)logprob;
+    spec_gen *g = arg;
+    if (token >= 0) {
+        if (!g->n) g->t_first = now_s();
+        printf("%s%d", g->n ? " " : "", token);
+        fflush(stdout);
+        g->n++;
+    }
+    if (finished) { g->done = 1; g->reason = reason; }
+}
+
+static int generate_spec(m3_model *m, const m3_spec_config *sc, const int32_t *ids, int T, int n_gen,
+                         const m3_sampling *sp, m3_kv_dtype kdt, int ubatch, int ignore_eos) {
+    m3_err err;
+    m3_engine_opts eo;
+    m3_engine_opts_default(&eo);
+    int page = m3_kv_page_tokens(&m->cfg);
+    eo.kv_dtype = eo.index_dtype = kdt;
+    eo.kv_pages = (T + n_gen + page - 1) / page + 1;
+    eo.max_num_seqs = 1;
+    eo.max_num_batched_tokens = ubatch > sc->num_speculative_tokens ? ubatch : sc->num_speculative_tokens + 1;
+    eo.enable_prefix_caching = 0;
+    eo.spec = *sc;
+    m3_engine *e = m3_engine_create(m, &eo, &err);
+    if (!e) { fprintf(stderr, "m3 generate: %s\n", err.msg); return 1; }
+    spec_gen g = {0};
+    m3_engine_request q = {.prompt = ids, .n_prompt = T, .sampling = *sp, .max_tokens = n_gen,
+                           .ignore_eos = ignore_eos, .on_token = spec_on_token, .arg = &g};
+    double t0 = now_s();
+    int rc = 1;
+    if (n_gen > 0 && !m3_engine_add(e, &q, &err)) { fprintf(stderr, "m3 generate: %s\n", err.msg); goto out; }
+    while (n_gen > 0 && !g.done) {
+        if (m3_engine_step(e, &err) < 0) { fprintf(stderr, "\nm3 generate: %s\n", err.msg); goto out; }
+    }
+    printf("\n");
+    fflush(stdout);
+    double t2 = now_s(), t1 = g.n ? g.t_first : t2;
+    m3_engine_stats st;
+    m3_engine_get_stats(e, &st);
+    fprintf(stderr, "prompt %d tokens in %.3fs (%.1f tok/s); generated %d tokens in %.3fs (%.2f tok/s)\n", T, t1 - t0,
+            T / (t1 - t0), g.n, t2 - t1, g.n > 1 ? (g.n - 1) / (t2 - t1) : 0.0);
+    fprintf(stderr, "dspark: k %d (%s drafts), %llu verify steps, %llu drafts, %llu accepted (%.1f%%), MAL %.2f; "
+            "acceptance by position:", st.spec_k, sc->draft_sample_method == M3_SPEC_DRAFT_GREEDY ? "greedy" : "probabilistic",
+            (unsigned long long)st.spec_verify_steps, (unsigned long long)st.spec_draft_tokens,
+            (unsigned long long)st.spec_accepted_tokens,
+            st.spec_draft_tokens ? 100.0 * st.spec_accepted_tokens / st.spec_draft_tokens : 0.0,
+            st.spec_verify_steps ? (double)st.spec_emitted_tokens / st.spec_verify_steps : 0.0);
+    for (int i = 0; i < st.spec_k; i++)
+        fprintf(stderr, " %.3f", st.spec_drafted_per_pos[i] ? (double)st.spec_accepted_per_pos[i] / st.spec_drafted_per_pos[i] : 0.0);
+    fprintf(stderr, "\n");
+    rc = g.reason == M3_FINISH_ERROR ? 1 : 0;
+out:
+    m3_engine_destroy(e);
+    return rc;
+}
+
 int m3_cmd_generate(int argc, char **argv) {
-    const char *dir = NULL, *ids_s = NULL, *kvd = "f32";
+    const char *dir = NULL, *ids_s = NULL, *kvd = "f32", *spec_json = NULL, *draft_dir = NULL;
     long n_gen = 16, threads = 0, seed = 0, ubatch = 512, topk = 0;
     m3_sampling sp = {.temperature = 0, .top_p = 1.0f};
     int ignore_eos = 0;
@@ -50,12 +112,20 @@ int m3_cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--presence-penalty")) { if (parse_float(a, v, -2, 2, &sp.presence_penalty)) return 2; i++; }
         else if (!strcmp(a, "--frequency-penalty")) { if (parse_float(a, v, -2, 2, &sp.frequency_penalty)) return 2; i++; }
         else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1;
+        else if (!strcmp(a, "--speculative-config")) { spec_json = v; i++; }
+        else if (!strcmp(a, "--draft")) { draft_dir = v; i++; }
         else { fprintf(stderr, "m3 generate: unknown option '%s'\n", a); return 2; }
         if (r) { fprintf(stderr, "m3 generate: %s\n", err.msg); return 2; }
         if (i >= argc) { fprintf(stderr, "m3 generate: %s needs a value\n", a); return 2; }
     }
     if (!dir || !ids_s) {
-        fprintf(stderr, "m3 generate: usage: m3 generate -m DIR --ids 1,2,3 -n N [--temperature T --top-p P --top-k K --min-p P --seed S]\n");
+        fprintf(stderr, "m3 generate: usage: m3 generate -m DIR --ids 1,2,3 -n N [--temperature T --top-p P --top-k K --min-p P --seed S]\n"
+                        "                   [--speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":7}' [--draft DIR]]\n");
+        return 2;
+    }
+    m3_spec_config sc;
+    if ((spec_json || draft_dir) && m3_spec_config_parse(&sc, spec_json ? spec_json : "{}", dir, draft_dir, &err)) {
+        fprintf(stderr, "m3 generate: %s\n", err.msg);
         return 2;
     }
     sp.top_k = (int)topk;
@@ -71,6 +141,13 @@ int m3_cmd_generate(int argc, char **argv) {
     const m3_config *c = &m.cfg;
     const int V = c->vocab;
     int rc = 1;
+    if (spec_json || draft_dir) {
+        rc = generate_spec(&m, &sc, ids, T, (int)n_gen, &sp, kdt, (int)ubatch, ignore_eos);
+        free(ids);
+        m3_model_free(&m);
+        m3_cli_ops_free(&ops);
+        return rc;
+    }
     int page = m3_kv_page_tokens(c);
     m3_kv kv;
     memset(&kv, 0, sizeof kv);
@@ -83,7 +160,8 @@ int m3_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "m3 generate: %s\n", err.msg);
         goto done;
     }
-    if (m3_kv_create(&kv, c, kdt, kdt, page, (int)((T + n_gen + page - 1) / page), &err)) {
+    m3_kv_mem mem = m3_model_kv_mem(&m);
+    if (m3_kv_create_in(&kv, c, kdt, kdt, page, (int)((T + n_gen + page - 1) / page), &mem, &err)) {
         fprintf(stderr, "m3 generate: %s\n", err.msg);
         goto done;
     }
@@ -125,6 +203,6 @@ done:
     m3_kv_destroy(&kv);
     free(ids);
     m3_model_free(&m);
-    m3_cpu_ops_free(&ops);
+    m3_cli_ops_free(&ops);
     return rc;
 }

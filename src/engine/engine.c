@@ -23,8 +23,16 @@ typedef struct req {
     void *arg;
     m3_blocks_seq bs;
     int n_done;                /* positions whose KV entries are written (== bs.kv.len) */
+    /* speculative decoding */
+    m3_dspark_ctx dctx;        /* draft context of positions [.., n_done) */
+    m3_rng drng;               /* draft draws */
+    float *q;                  /* [k][V] draft distributions (probabilistic drafting of a sampled request) */
+    int q_used;
+    int32_t draft[M3_SPEC_MAX_TOKENS];
     /* this step */
     int n_sched, decode, out_idx, done;
+    int k_sched;               /* drafts verified this step (0: not a speculative decode) */
+    int row0;                  /* first row of the request in the step's batch */
     struct req *next;          /* inbox link */
 } req;
 
@@ -45,6 +53,14 @@ struct m3_engine {
     m3_kv_seq **seqs;          /* [max_seqs] */
     float *logits;             /* [max rows][V] */
     int max_rows;
+    /* speculative decoding */
+    int spec, k, draft_method; /* spec: the draft is loaded */
+    m3_dspark draft;
+    float *feat;               /* [max_tokens_step][feat_dim] captured target rows of the step */
+    float *drows;              /* [k][V] draft logits (scratch) */
+    float *pbuf;               /* [V] verify scratch */
+    void (*draft_hook)(void *, uint64_t, const int32_t *, int, int32_t *, int);
+    void *draft_hook_arg;
     m3_engine_step_stats last;
     m3_engine_stats tot;       /* counters kept by the engine thread */
     /* shared, under mu */
@@ -80,6 +96,8 @@ void m3_engine_opts_default(m3_engine_opts *o) {
 
 static void req_free(req *r) {
     if (!r) return;
+    m3_dspark_ctx_free(&r->dctx);
+    free(r->q);
     m3_sampler_free(r->smp);
     free(r->tok);
     free(r->stop);
@@ -121,7 +139,8 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         }
         pages = n > (1u << 30) ? (1 << 30) : (int)n;
     }
-    if (m3_kv_create(&e->kv, c, o->kv_dtype, o->index_dtype, e->page, pages, err)) { free(e); return NULL; }
+    m3_kv_mem mem = m3_model_kv_mem(m); /* device memory on a device backend */
+    if (m3_kv_create_in(&e->kv, c, o->kv_dtype, o->index_dtype, e->page, pages, &mem, err)) { free(e); return NULL; }
     int cap = pages * e->page;
     if (pages > INT32_MAX / e->page) cap = INT32_MAX;
     if (o->max_model_len > cap) {
@@ -131,9 +150,39 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         return NULL;
     }
     e->max_len = o->max_model_len > 0 ? o->max_model_len : cap;
+    if (o->spec.method == M3_SPEC_DSPARK) {
+        e->k = o->spec.num_speculative_tokens;
+        e->draft_method = o->spec.draft_sample_method;
+        e->draft_hook = o->draft_hook;
+        e->draft_hook_arg = o->draft_hook_arg;
+        if (e->k < 1 || e->k > M3_SPEC_MAX_TOKENS)
+            m3_errf(err, "engine: num_speculative_tokens %d, expected 1..%d", e->k, M3_SPEC_MAX_TOKENS);
+        else if (strcmp(m->ops->name, "cpu") != 0)
+            m3_errf(err, "engine: DSpark drafting runs on the CPU backend only (backend '%s')", m->ops->name);
+        else if (m3_dspark_load(&e->draft, o->spec.draft_dir, m, m->ops, err) == 0) {
+            e->spec = 1;
+            e->draft.cfg.last_layer_final_norm = o->spec.last_layer_final_norm;
+            if (e->k > e->draft.cfg.window) {
+                m3_errf(err, "engine: num_speculative_tokens %d exceeds the draft's sliding window %d", e->k,
+                        e->draft.cfg.window);
+                e->spec = 0;
+                m3_dspark_free(&e->draft);
+            }
+        }
+        if (!e->spec) { m3_kv_destroy(&e->kv); free(e); return NULL; }
+    }
     e->bm = m3_blocks_create(&e->kv, err);
-    if (!e->bm) { m3_kv_destroy(&e->kv); free(e); return NULL; }
+    if (!e->bm) {
+        if (e->spec) m3_dspark_free(&e->draft);
+        m3_kv_destroy(&e->kv);
+        free(e);
+        return NULL;
+    }
     e->max_rows = e->max_seqs < e->max_tokens_step ? e->max_seqs : e->max_tokens_step;
+    if (e->spec) { /* a speculative decode asks for k + 1 rows */
+        long rows = (long)e->max_seqs * (e->k + 1);
+        e->max_rows = rows < e->max_tokens_step ? (int)rows : e->max_tokens_step;
+    }
     size_t T = (size_t)e->max_tokens_step;
     e->running = calloc((size_t)e->max_seqs, sizeof *e->running);
     e->ids = malloc(T * sizeof *e->ids);
@@ -143,9 +192,17 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->seqs = calloc((size_t)e->max_seqs, sizeof *e->seqs);
     e->logits = malloc((size_t)e->max_rows * (size_t)e->V * sizeof(float));
     e->ws = m3_sample_ws_create(e->V, err);
+    int spec_ok = 1;
+    if (e->spec) {
+        e->feat = malloc(T * (size_t)m3_dspark_feat_dim(&e->draft) * sizeof(float));
+        e->drows = malloc((size_t)e->k * (size_t)e->V * sizeof(float));
+        e->pbuf = malloc((size_t)e->V * sizeof(float));
+        spec_ok = e->feat && e->drows && e->pbuf;
+    }
     int mu_ok = !pthread_mutex_init(&e->mu, NULL);
     int cv_ok = mu_ok && !pthread_cond_init(&e->cv, NULL);
-    if (!e->running || !e->ids || !e->pos || !e->sq || !e->rows || !e->seqs || !e->logits || !e->ws || !cv_ok) {
+    if (!e->running || !e->ids || !e->pos || !e->sq || !e->rows || !e->seqs || !e->logits || !e->ws || !cv_ok ||
+        !spec_ok) {
         if (e->ws) m3_errf(err, "engine: out of memory");
         if (cv_ok) pthread_cond_destroy(&e->cv);
         if (mu_ok) pthread_mutex_destroy(&e->mu);
@@ -153,9 +210,12 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         m3_kv_destroy(&e->kv);
         m3_sample_ws_free(e->ws);
         free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->seqs); free(e->logits);
+        free(e->feat); free(e->drows); free(e->pbuf);
+        if (e->spec) m3_dspark_free(&e->draft);
         free(e);
         return NULL;
     }
+    e->tot.spec_k = e->spec ? e->k : 0;
     e->tot.page_tokens = e->page;
     e->tot.kv_blocks_total = pages;
     e->snap = e->tot;
@@ -174,6 +234,8 @@ void m3_engine_destroy(m3_engine *e) {
     pthread_mutex_destroy(&e->mu);
     free(e->running); free(e->waiting); free(e->cancels);
     free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->seqs); free(e->logits);
+    free(e->feat); free(e->drows); free(e->pbuf);
+    if (e->spec) m3_dspark_free(&e->draft);
     free(e);
 }
 
@@ -214,6 +276,7 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
     sp.logprobs = 1; /* the callback always reports the token's logprob */
     r->smp = m3_sampler_create(&sp, e->V, q->prompt, q->n_prompt, err);
     if (!r->smp) { req_free(r); m3_err_prefix(err, "request"); return 0; }
+    m3_rng_seed(&r->drng, sp.seed ^ 0x64737061726b2121ull); /* the draft's own stream ("dspark!!") */
     pthread_mutex_lock(&e->mu);
     r->id = e->next_id++;
     if (e->in_tail) e->in_tail->next = r;
@@ -372,6 +435,7 @@ static req *preempt_last(m3_engine *e, int *budget) {
     *budget += v->n_sched;
     v->n_sched = 0;
     v->decode = 0;
+    v->k_sched = 0;
     m3_blocks_free(e->bm, &v->bs);
     v->n_done = 0;
     e->tot.preemptions++;
@@ -383,14 +447,21 @@ static req *preempt_last(m3_engine *e, int *budget) {
 static void schedule(m3_engine *e) {
     int budget = e->max_tokens_step;
     m3_err e2;
-    for (int i = 0; i < e->n_running; i++) e->running[i]->n_sched = e->running[i]->decode = 0;
+    for (int i = 0; i < e->n_running; i++) e->running[i]->n_sched = e->running[i]->decode = e->running[i]->k_sched = 0;
     /* 1: decodes (one pending token), 2: sequences still prefilling, oldest first */
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < e->n_running && budget > 0; i++) {
             req *r = e->running[i];
             int rem = r->n_tok - r->n_done;
             if (r->n_sched || (pass == 0) != (rem == 1)) continue;
-            int n = rem < budget ? rem : budget;
+            int n = rem < budget ? rem : budget, k = 0;
+            if (pass == 0 && e->spec) { /* a speculative decode: the anchor + k drafts */
+                k = e->k;
+                if (k > r->limit - r->n_tok - 1) k = r->limit - r->n_tok - 1; /* room to emit k + 1 */
+                if (k > budget - 1) k = budget - 1;
+                if (k < 0) k = 0;
+                n = 1 + k;
+            }
             int ok = 1;
             for (;;) {
                 int need = r->n_done + n - r->bs.n_tokens;
@@ -409,6 +480,7 @@ static void schedule(m3_engine *e) {
             if (!ok) continue;
             r->n_sched = n;
             r->decode = pass == 0;
+            r->k_sched = k;
             budget -= n;
         }
     }
@@ -417,10 +489,15 @@ static void schedule(m3_engine *e) {
         req *r = e->waiting[0];
         int hit = 0;
         if (e->prefix) {
-            hit = m3_blocks_admit(e->bm, &r->bs, r->tok, r->n_tok, NULL, 0, &e2);
+            /* with a draft, the last `window` positions are recomputed: their hidden rows feed
+             * the draft context (admit reuses at most n_look - 1 tokens) */
+            long n_look = r->n_tok;
+            if (e->spec) n_look = (long)r->n_tok - e->draft.cfg.window + 1 > 1 ? (long)r->n_tok - e->draft.cfg.window + 1 : 1;
+            hit = m3_blocks_admit(e->bm, &r->bs, r->tok, (int)n_look, NULL, 0, &e2);
             if (hit < 0) { waiting_remove(e, 0); finish(e, r, M3_FINISH_ERROR); continue; }
         }
         r->n_done = hit;
+        if (e->spec) m3_dspark_ctx_reset(&r->dctx, hit);
         int rem = r->n_tok - hit;
         int n = rem < budget ? rem : budget;
         int need = hit + n - r->bs.n_tokens;
@@ -457,24 +534,87 @@ static void snapshot(m3_engine *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* m3_taps.capture: the step's rows of one target layer the draft reads */
+static void on_capture(void *arg, int layer, const float *h, int T, int H) {
+    m3_engine *e = arg;
+    int slot = m3_dspark_feat_slot(&e->draft, layer), F = m3_dspark_feat_dim(&e->draft);
+    if (slot < 0) return;
+    for (int t = 0; t < T; t++) memcpy(e->feat + (size_t)t * F + (size_t)slot * H, h + (size_t)t * H, sizeof(float) * H);
+}
+
+/* Draws the drafts of every speculative decode of this step; a request whose draft fails ends
+ * with an error. */
+static void draft_all(m3_engine *e) {
+    for (int i = 0; i < e->n_running; i++) {
+        req *r = e->running[i];
+        if (!r->n_sched || !r->k_sched) continue;
+        m3_err e2;
+        int rc = 0;
+        if (!r->q && !m3_sampler_is_greedy(r->smp) && e->draft_method == M3_SPEC_DRAFT_PROBABILISTIC) {
+            r->q = malloc(sizeof(float) * (size_t)e->k * (size_t)e->V);
+            if (!r->q) rc = -1;
+        }
+        /* always all k slots, so the drafts do not depend on how many get verified */
+        if (!rc)
+            rc = m3_spec_draft(&e->draft, &r->dctx, r->smp, e->ws, &r->drng, e->draft_method, r->tok[r->n_tok - 1],
+                               r->n_done, e->k, e->drows, r->draft, r->q, &r->q_used, &e2);
+        if (rc) {
+            running_remove(e, i--);
+            finish(e, r, M3_FINISH_ERROR);
+            continue;
+        }
+        if (e->draft_hook && m3_sampler_is_greedy(r->smp))
+            e->draft_hook(e->draft_hook_arg, r->id, r->tok, r->n_tok, r->draft, e->k);
+    }
+}
+
+/* Reports sampled/verified tokens of r: appends them, calls back; returns the finish reason. */
+static int deliver(m3_engine *e, req *r, const m3_sample_out *outs, int n) {
+    int reason = M3_FINISH_NONE;
+    for (int j = 0; j < n && !reason; j++) {
+        const m3_sample_out *so = &outs[j];
+        r->tok[r->n_tok++] = so->token;
+        r->n_gen++;
+        e->tot.tokens_generated++;
+        for (int k = 0; k < r->n_stop; k++)
+            if (r->stop[k] == so->token) reason = M3_FINISH_STOP;
+        if (!reason && (r->n_gen >= r->max_tokens || r->n_tok >= r->limit)) reason = M3_FINISH_LENGTH;
+        e->tot.requests_finished[reason] += reason != M3_FINISH_NONE;
+        emit(r, so, reason);
+    }
+    return reason;
+}
+
 int m3_engine_step(m3_engine *e, m3_err *err) {
     memset(&e->last, 0, sizeof e->last);
     drain(e);
     schedule(e);
+    if (e->spec) draft_all(e);
     const int V = e->V;
+    const int F = e->spec ? m3_dspark_feat_dim(&e->draft) : 0;
     int T = 0, ns = 0, n_out = 0;
     for (int i = 0; i < e->n_running; i++) {
         req *r = e->running[i];
         if (!r->n_sched) continue;
         e->seqs[ns] = &r->bs.kv;
+        r->row0 = T;
         for (int j = 0; j < r->n_sched; j++) {
-            e->ids[T] = r->tok[r->n_done + j];
+            /* a speculative decode runs [anchor, d_1..d_k] */
+            e->ids[T] = j && r->k_sched ? r->draft[j - 1] : r->tok[r->n_done + j];
             e->pos[T] = r->n_done + j;
             e->sq[T] = ns;
             T++;
         }
         r->out_idx = -1;
-        if (r->n_done + r->n_sched == r->n_tok) { r->out_idx = n_out; e->rows[n_out++] = T - 1; }
+        if (r->k_sched) { /* every row's logits: row i verifies d_{i+1} */
+            r->out_idx = n_out;
+            for (int j = 0; j <= r->k_sched; j++) e->rows[n_out++] = r->row0 + j;
+            e->last.n_spec++;
+            e->last.n_draft += r->k_sched;
+        } else if (r->n_done + r->n_sched == r->n_tok) {
+            r->out_idx = n_out;
+            e->rows[n_out++] = T - 1;
+        }
         ns++;
         if (r->decode) e->last.n_decode++;
         else e->last.n_prefill_tokens += r->n_sched;
@@ -485,7 +625,8 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
     if (T > 0) {
         e->tot.steps++;
         m3_batch b = {T, e->pos, e->sq, e->seqs};
-        if (m3_forward(e->m, &e->kv, &b, e->ids, e->rows, n_out, e->logits, NULL, err)) {
+        m3_taps taps = {.arg = e, .capture_layers = e->spec ? e->draft.capture : NULL, .capture = on_capture};
+        if (m3_forward(e->m, &e->kv, &b, e->ids, e->rows, n_out, e->logits, e->spec ? &taps : NULL, err)) {
             m3_err_prefix(err, "engine step");
             for (int i = 0; i < e->n_running; i++) {
                 req *r = e->running[i];
@@ -502,29 +643,56 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             req *r = e->running[i];
             r->done = 0;
             if (!r->n_sched) continue;
-            r->n_done += r->n_sched;
             m3_err e2;
+            const int P = r->n_done;
+            int n_valid = r->n_sched; /* positions whose KV entries stay: all but rejected drafts */
+            int reason = M3_FINISH_NONE;
+            if (r->k_sched) {
+                m3_spec_result res;
+                int max_emit = r->max_tokens - r->n_gen < r->limit - r->n_tok ? r->max_tokens - r->n_gen : r->limit - r->n_tok;
+                if (m3_spec_verify(r->smp, e->ws, e->pbuf, e->logits + (size_t)r->out_idx * V, r->draft,
+                                   r->q_used ? r->q : NULL, r->k_sched, r->stop, r->n_stop, max_emit, &res, &e2)) {
+                    r->done = M3_FINISH_ERROR;
+                    continue;
+                }
+                n_valid = 1 + (res.n_accepted < res.n_emit ? res.n_accepted : res.n_emit);
+                /* roll back: the rejected drafts' entries past kv.len are never read (a later
+                 * forward rewrites a position before any query reaches it) */
+                r->n_done = P + n_valid;
+                r->bs.kv.len = r->n_done;
+                e->tot.spec_verify_steps++;
+                e->tot.spec_draft_tokens += (uint64_t)r->k_sched;
+                e->tot.spec_accepted_tokens += (uint64_t)res.n_accepted;
+                e->tot.spec_emitted_tokens += (uint64_t)res.n_emit;
+                for (int j = 0; j < r->k_sched; j++) {
+                    e->tot.spec_drafted_per_pos[j]++;
+                    e->tot.spec_accepted_per_pos[j] += j < res.n_accepted;
+                }
+                reason = deliver(e, r, res.out, res.n_emit);
+            } else {
+                r->n_done += r->n_sched;
+            }
+            /* only positions below n_done (committed tokens) reach the prefix cache */
             if (e->prefix && m3_blocks_commit(e->bm, &r->bs, r->tok, r->n_done, NULL, 0, &e2)) {
                 r->done = M3_FINISH_ERROR;
                 continue;
             }
-            if (r->out_idx < 0) continue;
-            m3_sample_out so;
-            if (m3_sampler_sample(r->smp, e->logits + (size_t)r->out_idx * V, e->ws, &so, &e2) ||
-                m3_sampler_accept(r->smp, so.token, &e2)) {
+            if (!r->k_sched && r->out_idx >= 0) {
+                m3_sample_out so;
+                if (m3_sampler_sample(r->smp, e->logits + (size_t)r->out_idx * V, e->ws, &so, &e2) ||
+                    m3_sampler_accept(r->smp, so.token, &e2)) {
+                    r->done = M3_FINISH_ERROR;
+                    continue;
+                }
+                reason = deliver(e, r, &so, 1);
+            }
+            /* the draft context takes the committed rows (not needed once the request ends) */
+            if (e->spec && !reason &&
+                m3_dspark_ctx_append(&e->draft, &r->dctx, e->feat + (size_t)r->row0 * F, P, n_valid, &e2)) {
                 r->done = M3_FINISH_ERROR;
                 continue;
             }
-            r->tok[r->n_tok++] = so.token;
-            r->n_gen++;
-            e->tot.tokens_generated++;
-            int reason = M3_FINISH_NONE;
-            for (int k = 0; k < r->n_stop; k++)
-                if (r->stop[k] == so.token) reason = M3_FINISH_STOP;
-            if (!reason && (r->n_gen >= r->max_tokens || r->n_tok >= r->limit)) reason = M3_FINISH_LENGTH;
             r->done = reason;
-            e->tot.requests_finished[reason] += reason != M3_FINISH_NONE;
-            emit(r, &so, reason);
         }
         /* drop finished ones (their callbacks were made above, errors get theirs here) */
         int k = 0;

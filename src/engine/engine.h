@@ -21,6 +21,27 @@
  * Only rows that complete a sequence's pending tokens (prefill done, or a decode) ask for
  * logits.
  *
+ * Speculative decoding (opts.spec.method M3_SPEC_DSPARK; src/engine/spec.h). The engine loads
+ * the DSpark draft and gives every request its own draft state (context cache, draft RNG).
+ * Every forward captures the target layers the draft reads (m3_taps.capture), and the rows of
+ * committed positions (prefill chunks, plain decodes, the anchor + accepted drafts of a verify)
+ * are added to the request's context. A decode with room for more than one token becomes a
+ * speculative decode: k drafts (k = num_speculative_tokens, fewer near max_tokens or the
+ * context limit, or under a small token budget) are drawn before the forward, the request's
+ * rows [anchor, d_1..d_k] join the same m3_forward as everyone else's, and m3_spec_verify
+ * emits 1..k+1 tokens (one callback each). Rejected positions leave no trace: the sequence's
+ * KV length (kv.len, n_done) is rolled back to the anchor + accepted drafts (their entries
+ * were written by the forward, the rejected ones past kv.len are overwritten before anything
+ * reads them), only positions below n_done are ever committed to the prefix cache, and the
+ * draft context only receives committed rows. The slots already allocated for the rejected
+ * positions stay with the sequence (private, never hashed) and serve its next step.
+ * Prefix-cache reuse is capped so that the positions the draft's window needs are recomputed
+ * (the draft context is per request, not in the paged cache): at most n - sliding_window
+ * tokens of a prompt come from the cache. Greedy requests give bitwise the tokens and logprobs
+ * they give without speculation; sampled ones are distributed identically (their RNG stream is
+ * consumed differently) and stay reproducible per request as long as each speculative step
+ * gets its k (that is, unless the token budget is smaller than the decodes need).
+ *
  * Batch invariance: a request's tokens and logprobs depend only on the request (prompt,
  * sampling parameters and seed), not on what shares its steps, how its prompt was chunked,
  * preemption, or prefix-cache hits: the CPU forward is bitwise batch-invariant per token and
@@ -47,6 +68,7 @@
 #include "../kv/kv.h"
 #include "../model/m3.h"
 #include "sampler.h"
+#include "spec.h"
 
 typedef struct m3_engine m3_engine;
 
@@ -78,6 +100,12 @@ typedef struct m3_engine_opts {
     int max_num_batched_tokens; /* tokens per step, all sequences together (default 512) */
     int enable_prefix_caching;
     int max_model_len;          /* prompt + generated tokens per request; 0: the pool's capacity */
+    m3_spec_config spec;        /* speculative decoding; method M3_SPEC_NONE (0): off */
+    /* Tests only (NULL normally): after a GREEDY request's drafts are drawn, may overwrite
+     * draft[0..k) (greedy verification is exact whatever the drafts); tok[0..n_tok) is the
+     * request's prompt + generated ids. */
+    void (*draft_hook)(void *arg, uint64_t id, const int32_t *tok, int n_tok, int32_t *draft, int k);
+    void *draft_hook_arg;
 } m3_engine_opts;
 
 /* Defaults: 1 GiB pool, f32 caches, 64 seqs, 512 tokens per step, prefix caching on. */
@@ -106,6 +134,16 @@ typedef struct m3_engine_stats {
     uint64_t tokens_prefilled;   /* tokens run through the model that were not decodes (recompute included) */
     uint64_t tokens_generated;   /* tokens sampled */
     uint64_t requests_added, requests_finished[5]; /* by finish reason (index 0 unused) */
+    /* speculative decoding (0 when off). MAL (mean accepted length, tokens per verify step)
+     * = spec_emitted_tokens / spec_verify_steps; acceptance at position i (0-based) =
+     * spec_accepted_per_pos[i] / spec_drafted_per_pos[i]. */
+    int spec_k;                       /* num_speculative_tokens */
+    uint64_t spec_verify_steps;       /* speculative decodes (one request, one step) */
+    uint64_t spec_draft_tokens;       /* drafts verified */
+    uint64_t spec_accepted_tokens;    /* of those, accepted */
+    uint64_t spec_emitted_tokens;     /* tokens emitted by verify steps (accepted + 1 each, less when a stop cut it) */
+    uint64_t spec_drafted_per_pos[M3_SPEC_MAX_TOKENS];  /* verify steps that verified a draft at position i */
+    uint64_t spec_accepted_per_pos[M3_SPEC_MAX_TOKENS]; /* ... and accepted it */
 } m3_engine_stats;
 
 /* What the last m3_engine_step did. */
@@ -117,9 +155,12 @@ typedef struct m3_engine_step_stats {
     int n_logits;               /* rows that asked for logits (= tokens sampled) */
     int n_preempted;            /* sequences preempted while scheduling this step */
     int n_admitted;             /* waiting requests admitted this step */
+    int n_spec;                 /* speculative decodes (verify steps) in the forward */
+    int n_draft;                /* draft tokens in the forward */
 } m3_engine_step_stats;
 
-/* Creates the KV pool and block manager for model m. NULL + err on bad options / no memory. */
+/* Creates the KV pool and block manager for model m (and loads the draft when opts.spec asks
+ * for one). NULL + err on bad options / no memory / a bad draft checkpoint. */
 m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err);
 /* Frees everything; requests still queued or running are dropped without callbacks. */
 void m3_engine_destroy(m3_engine *e);

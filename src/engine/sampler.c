@@ -177,8 +177,10 @@ typedef struct {
     double total;      /* mass of the kept tokens */
 } pick_info;
 
-/* Steps 3-4 on the working logits w (already biased / penalized). Returns the token. */
-static int pick(const m3_sampling *p, m3_sample_ws *ws, int V, m3_rng *r, pick_info *pi) {
+/* Steps 3-4 up to the draw, on the working logits w (already biased / penalized): the kept
+ * tokens and their weights (ws->e; sorted ones in ws->c[0..n_kept)) and their total mass.
+ * Greedy: returns the argmax; otherwise -1 (the caller draws with draw()). */
+static int keep(const m3_sampling *p, m3_sample_ws *ws, int V, pick_info *pi) {
     const float *w = ws->w;
     memset(pi, 0, sizeof *pi);
     pi->n_kept = -1;
@@ -204,16 +206,8 @@ static int pick(const m3_sampling *p, m3_sample_ws *ws, int V, m3_rng *r, pick_i
         }
     }
     if (!use_k && !use_p) { /* min-p at most: draw in id order */
-        double u = m3_rng_uniform(r) * zm, acc = 0;
-        int last = -1;
         pi->total = zm;
-        for (int i = 0; i < V; i++) {
-            if (!(e[i] > 0 && e[i] >= thr)) continue;
-            acc += e[i];
-            last = i;
-            if (u < acc) return i;
-        }
-        return last;
+        return -1;
     }
     /* the cut: bins 0..B surely hold the top-k set, or enough mass for top-p */
     int B = NBINS - 1;
@@ -247,9 +241,33 @@ static int pick(const m3_sampling *p, m3_sample_ws *ws, int V, m3_rng *r, pick_i
     }
     pi->n_kept = n;
     pi->total = total;
-    double u = m3_rng_uniform(r) * total, acc = 0;
-    for (int j = 0; j < n; j++) { acc += c[j].e; if (u < acc) return c[j].id; }
-    return c[n - 1].id;
+    return -1;
+}
+
+/* One draw from what keep() left, with the uniform u in [0, 1). */
+static int draw(const m3_sample_ws *ws, int V, const pick_info *pi, double u01) {
+    const float *e = ws->e;
+    double u = u01 * pi->total, acc = 0;
+    if (pi->n_kept < 0) { /* id order */
+        int last = -1;
+        for (int i = 0; i < V; i++) {
+            if (!(e[i] > 0 && e[i] >= pi->minp_thr)) continue;
+            acc += e[i];
+            last = i;
+            if (u < acc) return i;
+        }
+        return last;
+    }
+    const cand *c = ws->c;
+    for (int j = 0; j < pi->n_kept; j++) { acc += c[j].e; if (u < acc) return c[j].id; }
+    return c[pi->n_kept - 1].id;
+}
+
+/* Steps 3-4 on the working logits w (already biased / penalized). Returns the token. */
+static int pick(const m3_sampling *p, m3_sample_ws *ws, int V, m3_rng *r, pick_info *pi) {
+    int g = keep(p, ws, V, pi);
+    if (pi->greedy) return g;
+    return draw(ws, V, pi, m3_rng_uniform(r));
 }
 
 int m3_sample(const m3_sampling *p, const float *logits, int V, m3_rng *r, void *scratch) {
@@ -422,21 +440,40 @@ static void prepare(const m3_sampler *s, const float *logits, float *w) {
     }
 }
 
-int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_sample_out *out, m3_err *err) {
+static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, const pick_info *ppi, int tok,
+                   m3_sample_out *out);
+
+/* steps 1-2 into ws->w; -1 when every token is masked */
+static int prepare_checked(const m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_err *err) {
     const int V = s->V;
     if (!ws || ws->V < V) return m3_errf(err, "sampling: workspace for V=%d, need %d", ws ? ws->V : 0, V);
     prepare(s, logits, ws->w);
     int any = 0;
     for (int i = 0; i < V && !any; i++) any = ws->w[i] > -INFINITY;
     if (!any) return m3_errf(err, "sampling: every token is masked (allowed / banned ids, logit_bias, min_tokens)");
+    return 0;
+}
+
+int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_sample_out *out, m3_err *err) {
+    const int V = s->V;
+    if (prepare_checked(s, logits, ws, err)) return -1;
     pick_info pi;
     int tok = pick(&s->p, ws, V, &s->rng, &pi);
+    report(s, logits, ws, &pi, tok, out);
+    return 0;
+}
+
+/* out for token tok drawn from the state keep() left in ws / pi (logprobs per the mode). */
+static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, const pick_info *ppi, int tok,
+                   m3_sample_out *out) {
+    const int V = s->V;
+    const pick_info pi = *ppi;
     memset(out, 0, sizeof *out);
     out->token = tok;
     int k = s->p.top_logprobs;
-    if (!s->p.logprobs && k == 0) return 0;
-    if (s->p.logprobs_mode == M3_LOGPROBS_RAW) { logprobs_of(logits, V, tok, k, out); return 0; }
-    if (pi.greedy) { logprobs_of(ws->w, V, tok, k, out); return 0; }
+    if (!s->p.logprobs && k == 0) return;
+    if (s->p.logprobs_mode == M3_LOGPROBS_RAW) { logprobs_of(logits, V, tok, k, out); return; }
+    if (pi.greedy) { logprobs_of(ws->w, V, tok, k, out); return; }
     /* processed, sampled: log(e_i / total) over the kept tokens, -inf elsewhere */
     double lt = log(pi.total);
     const float *e = ws->e;
@@ -465,6 +502,47 @@ int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_s
             out->top_logprobs[j] = (float)(log((double)t.v[j].e) - lt);
         }
     }
+}
+
+/* ---------------- speculative decoding support ---------------- */
+
+int m3_sampler_is_greedy(const m3_sampler *s) { return !(s->p.temperature >= 1e-5f); }
+
+int m3_sampler_vocab(const m3_sampler *s) { return s->V; }
+
+double m3_sampler_uniform(m3_sampler *s) { return m3_rng_uniform(&s->rng); }
+
+int m3_sampler_probs(m3_sampler *s, const float *logits, m3_sample_ws *ws, float *prob, m3_err *err) {
+    const int V = s->V;
+    if (prepare_checked(s, logits, ws, err)) return -1;
+    pick_info pi;
+    int g = keep(&s->p, ws, V, &pi);
+    if (pi.greedy) {
+        memset(prob, 0, sizeof(float) * (size_t)V);
+        prob[g] = 1.0f;
+        return 0;
+    }
+    const double inv = 1.0 / pi.total;
+    const float *e = ws->e;
+    if (pi.n_kept < 0) {
+        for (int i = 0; i < V; i++) prob[i] = e[i] > 0 && e[i] >= pi.minp_thr ? (float)(e[i] * inv) : 0.0f;
+    } else {
+        memset(prob, 0, sizeof(float) * (size_t)V);
+        for (int j = 0; j < pi.n_kept; j++) prob[ws->c[j].id] = (float)(ws->c[j].e * inv);
+    }
+    return 0;
+}
+
+int m3_sampler_describe(m3_sampler *s, const float *logits, m3_sample_ws *ws, int32_t token, m3_sample_out *out,
+                        m3_err *err) {
+    if (token < 0 || token >= s->V) return m3_errf(err, "sampling: token %d is outside the vocabulary [0, %d)", (int)token, s->V);
+    if (prepare_checked(s, logits, ws, err)) return -1;
+    pick_info pi;
+    memset(&pi, 0, sizeof pi);
+    pi.greedy = m3_sampler_is_greedy(s);
+    if (s->p.logprobs_mode == M3_LOGPROBS_PROCESSED && !pi.greedy && (s->p.logprobs || s->p.top_logprobs))
+        keep(&s->p, ws, s->V, &pi);
+    report(s, logits, ws, &pi, token, out);
     return 0;
 }
 

@@ -93,6 +93,24 @@ int m3_sampler_n_generated(const m3_sampler *s);
  * Fails only when every token is masked (-inf) or ws is too small. */
 int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_sample_out *out, m3_err *err);
 
+/* ---- speculative decoding (src/engine/spec.c) ----
+ * The verify step needs the distribution a call would draw from without drawing, and the
+ * request's own RNG, so that speculative output is distributed exactly as plain sampling. */
+/* 1 when the request samples greedily (temperature < 1e-5: the argmax, no random draw). */
+int m3_sampler_is_greedy(const m3_sampler *s);
+/* The vocabulary size the sampler was created for. */
+int m3_sampler_vocab(const m3_sampler *s);
+/* prob[V] = the distribution m3_sampler_sample would draw from for this row in the sampler's
+ * current state (steps 1-4: filtered tokens 0, the kept ones e_i / total); greedy: one-hot
+ * at the argmax. Draws nothing. -1 + err when every token is masked. */
+int m3_sampler_probs(m3_sampler *s, const float *logits, m3_sample_ws *ws, float *prob, m3_err *err);
+/* One uniform in [0, 1) from the request's RNG (the stream m3_sampler_sample draws from). */
+double m3_sampler_uniform(m3_sampler *s);
+/* out as m3_sampler_sample reports it when `token` is the one chosen for this row (logprob,
+ * rank and top_logprobs per the request's logprobs mode); draws nothing. */
+int m3_sampler_describe(m3_sampler *s, const float *logits, m3_sample_ws *ws, int32_t token, m3_sample_out *out,
+                        m3_err *err);
+
 m3_sample_ws *m3_sample_ws_create(int V, m3_err *err);
 void m3_sample_ws_free(m3_sample_ws *ws);
 

@@ -1,0 +1,186 @@
+/* Speculative decoding: config parsing, DSpark drafting, the verify step (see spec.h). */
+#include "spec.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---------------- config ---------------- */
+
+int m3_spec_config_parse(m3_spec_config *c, const char *json, const char *model_dir, const char *draft_dir,
+                         m3_err *err) {
+    memset(c, 0, sizeof *c);
+    json_error_t je;
+    json_t *root = json_loads(json, 0, &je);
+    if (!root) return m3_errf(err, "--speculative-config: bad JSON: %s (column %d)", je.text, je.column);
+    int rc = -1;
+    const char *model = NULL;
+    if (!json_is_object(root)) { m3_errf(err, "--speculative-config: not a JSON object"); goto done; }
+    c->num_speculative_tokens = 7; /* the seed's serving setting */
+    const char *key;
+    json_t *v;
+    int have_method = 0;
+    json_object_foreach(root, key, v) {
+        if (!strcmp(key, "method")) {
+            if (!json_is_string(v) || strcmp(json_string_value(v), "dspark") != 0) {
+                m3_errf(err, "--speculative-config: method '%s' is not supported (only \"dspark\")",
+                        json_is_string(v) ? json_string_value(v) : "?");
+                goto done;
+            }
+            c->method = M3_SPEC_DSPARK;
+            have_method = 1;
+        } else if (!strcmp(key, "num_speculative_tokens")) {
+            if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > M3_SPEC_MAX_TOKENS) {
+                m3_errf(err, "--speculative-config: num_speculative_tokens must be an integer in [1, %d]", M3_SPEC_MAX_TOKENS);
+                goto done;
+            }
+            c->num_speculative_tokens = (int)json_integer_value(v);
+        } else if (!strcmp(key, "draft_sample_method")) {
+            const char *s = json_string_value(v);
+            if (s && !strcmp(s, "probabilistic")) c->draft_sample_method = M3_SPEC_DRAFT_PROBABILISTIC;
+            else if (s && !strcmp(s, "greedy")) c->draft_sample_method = M3_SPEC_DRAFT_GREEDY;
+            else {
+                m3_errf(err, "--speculative-config: draft_sample_method '%s' is not \"probabilistic\" or \"greedy\"",
+                        s ? s : "?");
+                goto done;
+            }
+        } else if (!strcmp(key, "model")) {
+            if (!json_is_string(v) || !*json_string_value(v)) {
+                m3_errf(err, "--speculative-config: model must be a directory name");
+                goto done;
+            }
+            model = json_string_value(v);
+        } else if (!strcmp(key, "dspark_last_layer_final_norm")) {
+            if (!json_is_boolean(v)) { m3_errf(err, "--speculative-config: dspark_last_layer_final_norm must be true or false"); goto done; }
+            c->last_layer_final_norm = json_is_true(v);
+        } else {
+            m3_errf(err, "--speculative-config: unknown key '%s' (method, num_speculative_tokens, draft_sample_method, "
+                         "model, dspark_last_layer_final_norm)", key);
+            goto done;
+        }
+    }
+    if (!have_method) { m3_errf(err, "--speculative-config: missing \"method\" (\"dspark\")"); goto done; }
+    int n;
+    if (draft_dir) n = snprintf(c->draft_dir, sizeof c->draft_dir, "%s", draft_dir);
+    else if (model) n = snprintf(c->draft_dir, sizeof c->draft_dir, "%s", model);
+    else n = snprintf(c->draft_dir, sizeof c->draft_dir, "%s/dspark", model_dir ? model_dir : ".");
+    if (n < 0 || (size_t)n >= sizeof c->draft_dir) { m3_errf(err, "--speculative-config: draft path too long"); goto done; }
+    rc = 0;
+done:
+    json_decref(root);
+    if (rc) memset(c, 0, sizeof *c);
+    return rc;
+}
+
+/* ---------------- draws ---------------- */
+
+int32_t m3_spec_draw(const float *prob, int V, double u) {
+    double total = 0;
+    for (int i = 0; i < V; i++) total += prob[i];
+    double x = u * total, acc = 0;
+    int last = -1;
+    for (int i = 0; i < V; i++) {
+        if (!(prob[i] > 0)) continue;
+        acc += prob[i];
+        last = i;
+        if (x < acc) return i;
+    }
+    return last; /* rounding at the end of the walk */
+}
+
+int32_t m3_spec_residual(const float *p, const float *q, int32_t draft, int V, double u) {
+    double total = 0;
+    for (int i = 0; i < V; i++) {
+        double r = q ? (double)p[i] - q[i] : (i == draft ? 0.0 : p[i]);
+        if (r > 0) total += r;
+    }
+    if (!(total > 0)) return m3_spec_draw(p, V, u);
+    double x = u * total, acc = 0;
+    int last = -1;
+    for (int i = 0; i < V; i++) {
+        double r = q ? (double)p[i] - q[i] : (i == draft ? 0.0 : p[i]);
+        if (!(r > 0)) continue;
+        acc += r;
+        last = i;
+        if (x < acc) return i;
+    }
+    return last;
+}
+
+/* ---------------- drafting ---------------- */
+
+int m3_spec_draft(m3_dspark *d, const m3_dspark_ctx *ctx, m3_sampler *s, m3_sample_ws *ws, m3_rng *rng, int method,
+                  int32_t anchor, int pos, int k, float *rows, int32_t *draft, float *q, int *q_used, m3_err *err) {
+    const int V = d->cfg.base.vocab;
+    const int greedy = method == M3_SPEC_DRAFT_GREEDY || m3_sampler_is_greedy(s);
+    *q_used = !greedy;
+    if (k < 1 || k > M3_SPEC_MAX_TOKENS) return m3_errf(err, "dspark: %d drafts (1..%d)", k, M3_SPEC_MAX_TOKENS);
+    if (m3_dspark_block_logits(d, ctx, anchor, pos, k, rows, err)) return -1;
+    int32_t prev = anchor;
+    for (int i = 0; i < k; i++) {
+        float *row = rows + (size_t)i * V;
+        if (m3_dspark_markov(d, prev, row, err)) return -1;
+        /* q_i: the request's processed distribution of the corrected row (greedy: one-hot at
+         * its argmax; the row buffer serves as scratch then) */
+        float *qi = greedy ? row : q + (size_t)i * V;
+        if (m3_sampler_probs(s, row, ws, qi, err)) return m3_err_prefix(err, "dspark draft slot %d", i);
+        prev = greedy ? m3_argmax(qi, V) : m3_spec_draw(qi, V, m3_rng_uniform(rng));
+        draft[i] = prev;
+    }
+    return 0;
+}
+
+/* ---------------- verify ---------------- */
+
+static int is_stop(const int32_t *stop, int n, int32_t t) {
+    for (int i = 0; i < n; i++)
+        if (stop[i] == t) return 1;
+    return 0;
+}
+
+/* records an emitted token; 1 when emission must end here */
+static int emit(m3_sampler *s, const m3_sample_out *o, const int32_t *stop, int n_stop, int max_emit,
+                m3_spec_result *res, m3_err *err) {
+    if (m3_sampler_accept(s, o->token, err)) return -1;
+    res->out[res->n_emit++] = *o;
+    if (is_stop(stop, n_stop, o->token) || res->n_emit >= max_emit) { res->stopped = 1; return 1; }
+    return 0;
+}
+
+int m3_spec_verify(m3_sampler *s, m3_sample_ws *ws, float *p, const float *logits, const int32_t *draft,
+                   const float *q, int k, const int32_t *stop, int n_stop, int max_emit, m3_spec_result *res,
+                   m3_err *err) {
+    memset(res, 0, sizeof *res);
+    if (k < 0 || k > M3_SPEC_MAX_TOKENS) return m3_errf(err, "spec verify: %d drafts (0..%d)", k, M3_SPEC_MAX_TOKENS);
+    if (max_emit < 1) return m3_errf(err, "spec verify: max_emit %d", max_emit);
+    const size_t V = (size_t)m3_sampler_vocab(s);
+    m3_sample_out o;
+    int rc;
+    if (m3_sampler_is_greedy(s)) {
+        for (int i = 0; i <= k; i++) {
+            if (m3_sampler_sample(s, logits + i * V, ws, &o, err)) return -1;
+            if ((rc = emit(s, &o, stop, n_stop, max_emit, res, err))) {
+                if (rc > 0 && i < k && o.token == draft[i]) res->n_accepted++;
+                return rc < 0 ? -1 : 0;
+            }
+            if (i == k || o.token != draft[i]) return 0;
+            res->n_accepted++;
+        }
+        return 0;
+    }
+    for (int i = 0; i < k; i++) {
+        const float *row = logits + i * V;
+        if (m3_sampler_probs(s, row, ws, p, err)) return -1;
+        const int32_t dt = draft[i];
+        double qd = q ? q[i * V + (size_t)dt] : 1.0;
+        int32_t t;
+        int accepted = m3_spec_accept(p[dt], qd, m3_sampler_uniform(s));
+        t = accepted ? dt : m3_spec_residual(p, q ? q + i * V : NULL, dt, (int)V, m3_sampler_uniform(s));
+        if (m3_sampler_describe(s, row, ws, t, &o, err)) return -1;
+        res->n_accepted += accepted;
+        if ((rc = emit(s, &o, stop, n_stop, max_emit, res, err))) return rc < 0 ? -1 : 0;
+        if (!accepted) return 0;
+    }
+    if (m3_sampler_sample(s, logits + (size_t)k * V, ws, &o, err)) return -1; /* the bonus token */
+    return emit(s, &o, stop, n_stop, max_emit, res, err) < 0 ? -1 : 0;
+}

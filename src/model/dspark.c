@@ -1,0 +1,502 @@
+/* DSpark draft model: config, weights, context cache and the block forward (see dspark.h). */
+#include "dspark.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backend/cpu/cpu.h"
+
+/* ------------------------------------------------------------------ config */
+
+static json_t *cfg_get(json_t *text, json_t *top, const char *key) {
+    json_t *v = json_object_get(text, key);
+    if (!v || json_is_null(v)) v = json_object_get(top, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+static int cfg_int(json_t *text, json_t *top, const char *what, const char *key, int required, int def, int minv,
+                   int *out, m3_err *err) {
+    json_t *v = cfg_get(text, top, key);
+    if (!v) {
+        if (required) return m3_errf(err, "%s: missing config field '%s'", what, key);
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < minv || json_integer_value(v) > INT_MAX)
+        return m3_errf(err, "%s: config field '%s' must be an integer >= %d", what, key, minv);
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
+/* a boolean field that must have one value when present (features we do not implement) */
+static int cfg_must(json_t *text, json_t *top, const char *what, const char *key, int want, m3_err *err) {
+    json_t *v = cfg_get(text, top, key);
+    if (!v) return 0;
+    if (!json_is_boolean(v) || json_is_true(v) != want)
+        return m3_errf(err, "%s: config field '%s' must be %s (the other variant is not supported)", what, key,
+                       want ? "true" : "false");
+    return 0;
+}
+
+int m3_dspark_config_parse(m3_dspark_config *c, const char *json, const char *what, const m3_config *t, m3_err *err) {
+    memset(c, 0, sizeof *c);
+    if (m3_config_parse(&c->base, json, what, err)) return -1;
+    json_error_t je;
+    json_t *root = json_loads(json, 0, &je);
+    if (!root) { m3_config_free(&c->base); return m3_errf(err, "%s: bad JSON: %s", what, je.text); }
+    json_t *text = json_object_get(root, "text_config");
+    if (!json_is_object(text)) text = root;
+    int rc = -1;
+    json_t *arch = json_object_get(root, "architectures");
+    if (arch && json_is_array(arch) && json_array_size(arch) > 0) {
+        const char *a = json_string_value(json_array_get(arch, 0));
+        if (!a || strcmp(a, "DSparkMiniMaxDraftModel") != 0) {
+            m3_errf(err, "%s: architectures[0] is '%s', expected 'DSparkMiniMaxDraftModel' (is this the target's config?)",
+                    what, a ? a : "?");
+            goto done;
+        }
+    }
+    const m3_config *b = &c->base;
+    if (b->n_moe_layers || b->n_sparse_layers) {
+        m3_errf(err, "%s: draft layers must be dense with plain attention (found %d MoE, %d sparse layers)", what,
+                b->n_moe_layers, b->n_sparse_layers);
+        goto done;
+    }
+    if (b->hidden != t->hidden || b->vocab != t->vocab) {
+        m3_errf(err, "%s: hidden_size %d / vocab_size %d do not match the target's %d / %d", what, b->hidden, b->vocab,
+                t->hidden, t->vocab);
+        goto done;
+    }
+    json_t *ids = cfg_get(text, root, "dspark_target_layer_ids");
+    if (!ids) { m3_errf(err, "%s: missing config field 'dspark_target_layer_ids'", what); goto done; }
+    if (!json_is_array(ids) || json_array_size(ids) < 1 || json_array_size(ids) > (size_t)t->n_layers) {
+        m3_errf(err, "%s: config field 'dspark_target_layer_ids' must be a list of 1 to %d layer ids", what, t->n_layers);
+        goto done;
+    }
+    c->n_target = (int)json_array_size(ids);
+    c->target_layers = malloc(sizeof(int) * (size_t)c->n_target);
+    if (!c->target_layers) { m3_errf(err, "out of memory"); goto done; }
+    for (int i = 0; i < c->n_target; i++) {
+        json_t *x = json_array_get(ids, (size_t)i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= t->n_layers ||
+            (i && json_integer_value(x) <= c->target_layers[i - 1])) {
+            m3_errf(err, "%s: dspark_target_layer_ids[%d] must be a target layer id in [0, %d), ascending", what, i,
+                    t->n_layers);
+            goto done;
+        }
+        c->target_layers[i] = (int)json_integer_value(x);
+    }
+    if (cfg_int(text, root, what, "dspark_block_size", 0, 7, 1, &c->block_size, err)) goto done;
+    if (cfg_int(text, root, what, "dspark_noise_token_id", 1, 0, 0, &c->noise_id, err)) goto done;
+    if (c->noise_id >= b->vocab) {
+        m3_errf(err, "%s: dspark_noise_token_id %d is outside the vocabulary (%d)", what, c->noise_id, b->vocab);
+        goto done;
+    }
+    if (cfg_int(text, root, what, "dspark_markov_rank", 1, 0, 1, &c->markov_rank, err)) goto done;
+    /* no sliding_window: every context position stays visible */
+    if (cfg_int(text, root, what, "sliding_window", 0, INT_MAX, 1, &c->window, err)) goto done;
+    json_t *mh = cfg_get(text, root, "dspark_markov_head_type");
+    if (mh && (!json_is_string(mh) || strcmp(json_string_value(mh), "vanilla") != 0)) {
+        m3_errf(err, "%s: dspark_markov_head_type '%s' is not supported (only 'vanilla')", what,
+                json_is_string(mh) ? json_string_value(mh) : "?");
+        goto done;
+    }
+    if (cfg_must(text, root, what, "dspark_use_dense_ffn", 1, err)) goto done;
+    if (cfg_must(text, root, what, "dspark_hybrid_context_fusion", 0, err)) goto done;
+    json_t *dc = cfg_get(text, root, "dspark_config");
+    if (json_is_object(dc) && cfg_must(dc, dc, what, "hybrid_context_fusion", 0, err)) goto done;
+    json_t *ch = cfg_get(text, root, "enable_confidence_head");
+    c->confidence_head = ch && json_is_true(ch);
+    rc = 0;
+done:
+    json_decref(root);
+    if (rc) m3_dspark_config_free(c);
+    return rc;
+}
+
+void m3_dspark_config_free(m3_dspark_config *c) {
+    m3_config_free(&c->base);
+    free(c->target_layers);
+    c->target_layers = NULL;
+}
+
+/* ------------------------------------------------------------------ weights */
+
+static char *read_text(const char *path, m3_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { m3_errf(err, "%s: cannot open", path); return NULL; }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (n < 0 || n > (64 << 20)) { fclose(f); m3_errf(err, "%s: unreasonable size", path); return NULL; }
+    char *s = malloc((size_t)n + 1);
+    if (!s) { fclose(f); m3_errf(err, "out of memory"); return NULL; }
+    size_t got = fread(s, 1, (size_t)n, f);
+    fclose(f);
+    s[got] = 0;
+    return s;
+}
+
+static int bind_lin(m3_dspark *d, const char *name, int N, int K, m3_linear *L, m3_err *err) {
+    if (m3_weights_bind_linear(d->st, d->prefix, name, N, K, L, err)) return -1;
+    d->n_tensors++;
+    d->bytes += m3_linear_bytes(L);
+    return 0;
+}
+
+static int bind_vec(m3_dspark *d, const char *name, int n, float **out, m3_err *err) {
+    if (m3_weights_bind_vec(d->st, d->prefix, name, n, out, err)) return -1;
+    d->n_tensors++;
+    d->bytes += (uint64_t)n * 2;
+    return 0;
+}
+
+int m3_dspark_load(m3_dspark *d, const char *dir, const m3_model *target, m3_ops *ops, m3_err *err) {
+    memset(d, 0, sizeof *d);
+    d->target = target;
+    d->ops = ops;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *text = read_text(path, err);
+    if (!text) return m3_err_prefix(err, "dspark draft");
+    int rc = m3_dspark_config_parse(&d->cfg, text, path, &target->cfg, err);
+    free(text);
+    if (rc) return -1;
+    d->st = m3_st_open(dir, err);
+    if (!d->st) { m3_dspark_config_free(&d->cfg); return m3_err_prefix(err, "dspark draft"); }
+    static const char *prefixes[] = {"language_model.model.dspark.", "model.dspark.", "dspark.", ""};
+    int found = 0;
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0] && !found; i++) {
+        snprintf(path, sizeof path, "%sfc.weight", prefixes[i]);
+        if (m3_st_find(d->st, path)) { snprintf(d->prefix, sizeof d->prefix, "%s", prefixes[i]); found = 1; }
+    }
+    const m3_dspark_config *c = &d->cfg;
+    const m3_config *b = &c->base;
+    const int H = b->hidden, V = b->vocab, r = c->markov_rank, D = b->head_dim;
+    char nm[512];
+    if (!found) {
+        rc = m3_errf(err, "%s: missing tensor 'language_model.model.dspark.fc.weight' (also tried 'model.dspark.', "
+                          "'dspark.' and no prefix)", dir);
+        goto fail;
+    }
+    if ((rc = bind_lin(d, "fc", H, c->n_target * H, &d->fc, err))) goto fail;
+    if ((rc = bind_vec(d, "hidden_norm.weight", H, &d->hidden_norm, err))) goto fail;
+    if ((rc = bind_vec(d, "final_norm.weight", H, &d->final_norm, err))) goto fail;
+    if ((rc = bind_lin(d, "markov_head.markov_w1", V, r, &d->markov_w1, err))) goto fail;
+    if ((rc = bind_lin(d, "markov_head.markov_w2", V, r, &d->markov_w2, err))) goto fail;
+    if (c->confidence_head) {
+        if ((rc = bind_lin(d, "confidence_head.proj", 1, H + r, &d->conf_w, err))) goto fail;
+        if ((rc = bind_vec(d, "confidence_head.proj.bias", 1, &d->conf_bias, err))) goto fail;
+    }
+    d->layers = calloc((size_t)b->n_layers, sizeof *d->layers);
+    d->capture = calloc((size_t)target->cfg.n_layers, 1);
+    if (!d->layers || !d->capture) { rc = m3_errf(err, "out of memory"); goto fail; }
+    for (int i = 0; i < c->n_target; i++) d->capture[c->target_layers[i]] = 1;
+    for (int l = 0; l < b->n_layers; l++) {
+        m3_dspark_layer *L = &d->layers[l];
+#define NM(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+        const char *p = "layers.%d.decoder_layer.";
+        char pre[64];
+        snprintf(pre, sizeof pre, p, l);
+        if ((rc = bind_vec(d, NM("%sinput_layernorm.weight", pre), H, &L->in_norm, err))) goto fail;
+        if ((rc = bind_vec(d, NM("%spost_attention_layernorm.weight", pre), H, &L->post_norm, err))) goto fail;
+        if ((rc = bind_vec(d, NM("%sself_attn.q_norm.weight", pre), D, &L->q_norm, err))) goto fail;
+        if ((rc = bind_vec(d, NM("%sself_attn.k_norm.weight", pre), D, &L->k_norm, err))) goto fail;
+        if ((rc = bind_lin(d, NM("%sself_attn.q_proj", pre), b->n_heads * D, H, &L->q, err))) goto fail;
+        if ((rc = bind_lin(d, NM("%sself_attn.k_proj", pre), b->n_kv_heads * D, H, &L->k, err))) goto fail;
+        if ((rc = bind_lin(d, NM("%sself_attn.v_proj", pre), b->n_kv_heads * D, H, &L->v, err))) goto fail;
+        if ((rc = bind_lin(d, NM("%sself_attn.o_proj", pre), H, b->n_heads * D, &L->o, err))) goto fail;
+        if ((rc = bind_lin(d, NM("%smlp.gate_proj", pre), b->dense_inter, H, &L->mlp.gate, err))) goto fail;
+        if ((rc = bind_lin(d, NM("%smlp.up_proj", pre), b->dense_inter, H, &L->mlp.up, err))) goto fail;
+        if ((rc = bind_lin(d, NM("%smlp.down_proj", pre), H, b->dense_inter, &L->mlp.down, err))) goto fail;
+#undef NM
+    }
+    return 0;
+fail:
+    m3_err_prefix(err, "dspark draft %s", dir);
+    m3_dspark_free(d);
+    return -1;
+}
+
+void m3_dspark_free(m3_dspark *d) {
+    if (d->ws && d->ops) d->ops->release(d->ops->ctx, d->ws);
+    if (d->layers)
+        for (int l = 0; l < d->cfg.base.n_layers; l++) {
+            m3_dspark_layer *L = &d->layers[l];
+            free(L->in_norm); free(L->post_norm); free(L->q_norm); free(L->k_norm);
+        }
+    free(d->layers);
+    free(d->capture);
+    free(d->hidden_norm);
+    free(d->final_norm);
+    free(d->conf_bias);
+    m3_st_close(d->st);
+    m3_dspark_config_free(&d->cfg);
+    memset(d, 0, sizeof *d);
+}
+
+int m3_dspark_feat_dim(const m3_dspark *d) { return d->cfg.n_target * d->cfg.base.hidden; }
+
+int m3_dspark_feat_slot(const m3_dspark *d, int l) {
+    for (int i = 0; i < d->cfg.n_target; i++)
+        if (d->cfg.target_layers[i] == l) return i;
+    return -1;
+}
+
+/* ------------------------------------------------------------------ workspace */
+
+/* Carves n buffers of sz[i] floats (64-byte aligned) out of the workspace, growing it. */
+static int ws_take(m3_dspark *d, int n, const size_t *sz, float **out, m3_err *err) {
+    size_t need = 0;
+    for (int i = 0; i < n; i++) need += (sz[i] * 4 + 63) & ~(size_t)63;
+    if (need > d->ws_bytes) {
+        if (d->ws) d->ops->release(d->ops->ctx, d->ws);
+        d->ws = d->ops->alloc(d->ops->ctx, need);
+        d->ws_bytes = d->ws ? need : 0;
+        if (!d->ws) return m3_errf(err, "dspark: out of memory for a %zu-byte workspace", need);
+    }
+    char *p = d->ws;
+    for (int i = 0; i < n; i++) {
+        out[i] = (float *)p;
+        p += (sz[i] * 4 + 63) & ~(size_t)63;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ context cache */
+
+void m3_dspark_ctx_free(m3_dspark_ctx *c) {
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->k) free(c->k[l]);
+        if (c->v) free(c->v[l]);
+    }
+    free(c->k);
+    free(c->v);
+    memset(c, 0, sizeof *c);
+}
+
+void m3_dspark_ctx_reset(m3_dspark_ctx *c, int pos) {
+    c->first = c->len = pos; /* the ring's memory is kept */
+}
+
+/* ring slots for positions [first, len + n) within the window, moving stored entries when it grows */
+static int ctx_reserve(const m3_dspark *d, m3_dspark_ctx *c, int n, m3_err *err) {
+    const m3_config *b = &d->cfg.base;
+    const size_t kw = (size_t)b->n_kv_heads * b->head_dim;
+    long span = (long)c->len + n - c->first;
+    long want = span < d->cfg.window ? span : d->cfg.window;
+    if (want <= c->cap) return 0;
+    if (!c->k) {
+        c->n_layers = b->n_layers;
+        c->k = calloc((size_t)c->n_layers, sizeof *c->k);
+        c->v = calloc((size_t)c->n_layers, sizeof *c->v);
+        if (!c->k || !c->v) {
+            free(c->k); free(c->v);
+            c->k = c->v = NULL;
+            c->n_layers = 0;
+            return m3_errf(err, "dspark context: out of memory");
+        }
+    }
+    long nc = c->cap ? c->cap : 64;
+    while (nc < want) nc *= 2;
+    if (nc > d->cfg.window) nc = d->cfg.window;
+    /* all new rings first, so that a failure leaves the context as it was */
+    float **nk = calloc((size_t)c->n_layers * 2, sizeof *nk), **nv = nk ? nk + c->n_layers : NULL;
+    int ok = nk != NULL;
+    for (int l = 0; ok && l < c->n_layers; l++) {
+        nk[l] = malloc(sizeof(float) * (size_t)nc * kw);
+        nv[l] = malloc(sizeof(float) * (size_t)nc * kw);
+        ok = nk[l] && nv[l];
+    }
+    if (!ok) {
+        for (int l = 0; nk && l < c->n_layers; l++) { free(nk[l]); free(nv[l]); }
+        free(nk);
+        return m3_errf(err, "dspark context: out of memory for %ld positions", nc);
+    }
+    /* entries that stay readable: [max(first, len - cap), len) */
+    int lo = c->len - c->cap > c->first ? c->len - c->cap : c->first;
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int p = lo; p < c->len; p++) {
+            memcpy(nk[l] + (size_t)(p % nc) * kw, c->k[l] + (size_t)(p % c->cap) * kw, sizeof(float) * kw);
+            memcpy(nv[l] + (size_t)(p % nc) * kw, c->v[l] + (size_t)(p % c->cap) * kw, sizeof(float) * kw);
+        }
+        free(c->k[l]);
+        free(c->v[l]);
+        c->k[l] = nk[l];
+        c->v[l] = nv[l];
+    }
+    free(nk);
+    c->cap = (int)nc;
+    return 0;
+}
+
+int m3_dspark_ctx_append(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int pos0, int n, m3_err *err) {
+    if (n <= 0) return 0;
+    if (pos0 != c->len) return m3_errf(err, "dspark context: append at position %d, context holds [0, %d)", pos0, c->len);
+    const m3_config *b = &d->cfg.base;
+    const m3_config *tc = &d->target->cfg;
+    m3_ops *op = d->ops;
+    void *X = op->ctx;
+    const int H = b->hidden, F = m3_dspark_feat_dim(d), nkv = b->n_kv_heads, D = b->head_dim;
+    const size_t kw = (size_t)nkv * D, N = (size_t)n;
+    if (ctx_reserve(d, c, n, err)) return -1;
+    float *buf[6];
+    size_t sz[6] = {N * F, N * H, N * kw, N * kw, N, 0};
+    if (ws_take(d, 5, sz, buf, err)) return -1;
+    float *x = buf[0], *cx = buf[1], *k = buf[2], *v = buf[3];
+    int32_t *pos = (int32_t *)buf[4];
+    op->upload(X, x, feat, N * F * 4);
+    if (d->cfg.last_layer_final_norm) { /* [open] the last target layer after the target's final norm */
+        int s = m3_dspark_feat_slot(d, tc->n_layers - 1);
+        if (s >= 0)
+            for (int t = 0; t < n; t++) {
+                float *row = x + (size_t)t * F + (size_t)s * H;
+                op->rmsnorm(X, row, d->target->w.final_norm, 1, H, (float)tc->rms_eps, row);
+            }
+    }
+    int32_t hpos[256];
+    for (int t0 = 0; t0 < n; t0 += 256) { /* positions, in backend memory for head_norm_rope */
+        int m = n - t0 < 256 ? n - t0 : 256;
+        for (int i = 0; i < m; i++) hpos[i] = pos0 + t0 + i;
+        op->upload(X, pos + t0, hpos, sizeof(int32_t) * (size_t)m);
+    }
+    const float eps = (float)b->rms_eps;
+    op->linear(X, &d->fc, x, n, cx);
+    op->rmsnorm(X, cx, d->hidden_norm, n, H, eps, cx);
+    for (int l = 0; l < b->n_layers; l++) {
+        const m3_dspark_layer *L = &d->layers[l];
+        op->linear(X, &L->k, cx, n, k);
+        op->linear(X, &L->v, cx, n, v);
+        op->head_norm_rope(X, k, n, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, pos);
+        /* into the ring (host memory: see dspark.h); only the last cap positions survive */
+        int t0 = n > c->cap ? n - c->cap : 0;
+        for (int t = t0; t < n; t++) {
+            size_t slot = (size_t)((pos0 + t) % c->cap);
+            op->download(X, c->k[l] + slot * kw, k + (size_t)t * kw, kw * 4);
+            op->download(X, c->v[l] + slot * kw, v + (size_t)t * kw, kw * 4);
+        }
+    }
+    c->len = pos0 + n;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ block forward */
+
+typedef struct {
+    const m3_dspark_ctx *c;
+    int layer, pos, n, nh, nkv, D, window;
+    const float *q, *kb, *vb;
+    float *out;
+    float *scratch;             /* [workers][stride] scores */
+    size_t stride;
+} att_job;
+
+/* one (slot, head) per item: softmax over [context keys in the window ; every block key] */
+static void att_items(void *arg, size_t i0, size_t i1, int worker) {
+    att_job *j = arg;
+    const m3_dspark_ctx *c = j->c;
+    const int D = j->D, G = j->nh / j->nkv;
+    const size_t kw = (size_t)j->nkv * D;
+    const float scale = 1.0f / sqrtf((float)D);
+    float *sc = j->scratch + (size_t)worker * j->stride;
+    for (size_t it = i0; it < i1; it++) {
+        int i = (int)(it / j->nh), h = (int)(it % j->nh), g = h / G;
+        const float *q = j->q + ((size_t)i * j->nh + h) * D;
+        float *o = j->out + ((size_t)i * j->nh + h) * D;
+        /* context positions [lo, len): readable ones, inside this slot's window */
+        long lo = (long)j->pos + i - j->window + 1;
+        long rl = (long)c->len - c->cap > c->first ? (long)c->len - c->cap : c->first;
+        if (lo < rl) lo = rl;
+        int nc = lo < c->len ? (int)(c->len - lo) : 0, ns = 0;
+        float mx = -INFINITY;
+        for (int p = 0; p < nc; p++) {
+            const float *k = c->k[j->layer] + (size_t)((lo + p) % c->cap) * kw + (size_t)g * D;
+            float s = m3_cpu_dot(q, k, D) * scale;
+            sc[ns++] = s;
+            if (s > mx) mx = s;
+        }
+        for (int b = 0; b < j->n; b++) { /* non-causal inside the block */
+            float s = m3_cpu_dot(q, j->kb + (size_t)b * kw + (size_t)g * D, D) * scale;
+            sc[ns++] = s;
+            if (s > mx) mx = s;
+        }
+        float sum = m3_cpu_exp_shift(sc, ns, mx), inv = 1.0f / sum;
+        memset(o, 0, sizeof(float) * (size_t)D);
+        for (int p = 0; p < nc; p++)
+            m3_cpu_axpy(o, sc[p] * inv, c->v[j->layer] + (size_t)((lo + p) % c->cap) * kw + (size_t)g * D, D);
+        for (int b = 0; b < j->n; b++) m3_cpu_axpy(o, sc[nc + b] * inv, j->vb + (size_t)b * kw + (size_t)g * D, D);
+    }
+}
+
+int m3_dspark_block_logits(m3_dspark *d, const m3_dspark_ctx *c, int32_t anchor, int pos, int n, float *logits,
+                           m3_err *err) {
+    if (n <= 0) return 0;
+    if (pos != c->len) return m3_errf(err, "dspark block at position %d, context holds [0, %d)", pos, c->len);
+    if (n > d->cfg.window) return m3_errf(err, "dspark block of %d slots exceeds the window (%d)", n, d->cfg.window);
+    const m3_config *b = &d->cfg.base;
+    const m3_model *tm = d->target;
+    m3_ops *op = d->ops;
+    void *X = op->ctx;
+    const int H = b->hidden, V = b->vocab, nh = b->n_heads, nkv = b->n_kv_heads, D = b->head_dim;
+    const size_t N = (size_t)n, qw = (size_t)nh * D, kw = (size_t)nkv * D;
+    float *buf[10];
+    size_t sz[10] = {N * H, N * H, N * qw, N * kw, N * kw, N * qw, N * H, N * V, N, 0};
+    if (ws_take(d, 9, sz, buf, err)) return -1;
+    float *h = buf[0], *a = buf[1], *q = buf[2], *kb = buf[3], *vb = buf[4], *att = buf[5], *o = buf[6], *lg = buf[7];
+    int32_t *hp = (int32_t *)buf[8];
+    int32_t ids[64], hpos[64];
+    for (int t0 = 0; t0 < n; t0 += 64) {
+        int m = n - t0 < 64 ? n - t0 : 64;
+        for (int i = 0; i < m; i++) {
+            ids[i] = t0 + i == 0 ? anchor : d->cfg.noise_id;
+            hpos[i] = pos + t0 + i;
+        }
+        op->embed(X, &tm->w.embed, ids, m, h + (size_t)t0 * H);
+        op->upload(X, hp + t0, hpos, sizeof(int32_t) * (size_t)m);
+    }
+    const float eps = (float)b->rms_eps;
+    m3_pool *pool = strcmp(op->name, "cpu") == 0 ? ((m3_cpu *)X)->pool : NULL;
+    int ctx_max = c->len - c->first < c->cap ? c->len - c->first : c->cap;
+    size_t stride = (size_t)(ctx_max > 0 ? ctx_max : 0) + N;
+    float *scratch = malloc(sizeof(float) * stride * (size_t)(pool ? m3_pool_size(pool) : 1));
+    if (!scratch) return m3_errf(err, "dspark: out of memory for attention scores (%zu keys)", stride);
+    for (int l = 0; l < b->n_layers; l++) {
+        const m3_dspark_layer *L = &d->layers[l];
+        op->rmsnorm(X, h, L->in_norm, n, H, eps, a);
+        op->linear(X, &L->q, a, n, q);
+        op->linear(X, &L->k, a, n, kb);
+        op->linear(X, &L->v, a, n, vb);
+        op->head_norm_rope(X, q, n, nh, D, L->q_norm, eps, b->rotary_dim, b->rope_theta, hp);
+        op->head_norm_rope(X, kb, n, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, hp);
+        att_job j = {c, l, pos, n, nh, nkv, D, d->cfg.window, q, kb, vb, att, scratch, stride};
+        m3_pool_for(pool, N * nh, 1, att_items, &j);
+        op->linear(X, &L->o, att, n, o);
+        op->add(X, h, o, N * H);
+        op->rmsnorm(X, h, L->post_norm, n, H, eps, a);
+        op->mlp(X, &L->mlp, a, n, (float)b->swiglu_alpha, (float)b->swiglu_limit, o);
+        op->add(X, h, o, N * H);
+    }
+    free(scratch);
+    op->rmsnorm(X, h, d->final_norm, n, H, eps, a);
+    op->linear(X, &tm->w.lm_head, a, n, lg);
+    op->download(X, logits, lg, N * V * 4);
+    return 0;
+}
+
+int m3_dspark_markov(m3_dspark *d, int32_t prev, float *logits, m3_err *err) {
+    const int V = d->cfg.base.vocab, r = d->cfg.markov_rank;
+    if (prev < 0 || prev >= V) return m3_errf(err, "dspark markov: token %d outside the vocabulary (%d)", (int)prev, V);
+    m3_ops *op = d->ops;
+    float *buf[2];
+    size_t sz[2] = {(size_t)r, (size_t)V};
+    if (ws_take(d, 2, sz, buf, err)) return -1;
+    op->embed(op->ctx, &d->markov_w1, &prev, 1, buf[0]);
+    op->linear(op->ctx, &d->markov_w2, buf[0], 1, buf[1]);
+    const float *bias = buf[1]; /* host memory on the CPU backend (dspark.h) */
+    for (int i = 0; i < V; i++) logits[i] += bias[i];
+    return 0;
+}

@@ -1,0 +1,129 @@
+/* DSpark draft model (spec section 4): a small dense decoder that drafts a block of tokens
+ * from the target's hidden states, sharing the target's embeddings and lm_head.
+ *
+ * Checkpoint: <model>/dspark/ (config.json + safetensors, tensors under
+ * "language_model.model.dspark." or "model.dspark."): fc [H, n_t*H], hidden_norm, final_norm,
+ * markov_head.markov_w{1,2} [V, r], confidence_head.proj {weight [1, H+r], bias [1]} and
+ * layers.i.decoder_layer.* (an M3 dense decoder layer, MXFP8 linears in the real one).
+ *
+ * What it computes:
+ *   context  for every committed target position t, ctx_t = hidden_norm(fc(concat_l h_l[t]))
+ *            (h_l: the target's residual stream after layer l, ascending l); each draft layer
+ *            keeps K = rope(k_norm(k_proj(ctx_t)), t) and V = v_proj(ctx_t) (no input norm, no
+ *            query, no MLP) in a per-request ring of `sliding_window` positions
+ *            (m3_dspark_ctx).
+ *   block    slots [anchor, noise, ..., noise] at positions pos..pos+n-1, embedded with the
+ *            target's embeddings, through the draft layers (input norm, q/k/v, per-head QK
+ *            norm + partial RoPE, attention, o_proj, post norm, SwiGLU-OAI MLP), each slot
+ *            attending to the context keys of positions < pos within its window (keys at
+ *            positions >= its own position - window + 1) and to ALL the block's keys
+ *            (non-causal inside the block); final_norm, then the target's lm_head: base
+ *            logits, slot i predicting position pos+i+1.
+ *   markov   logits_i += markov_w2 @ markov_w1[prev] (prev: the anchor for slot 0, else the
+ *            token drawn at slot i-1); the drawing itself lives in src/engine/spec.c.
+ *   The confidence head is loaded (and validated) but not used: it only decides how many
+ *   drafts to verify and never changes outputs (spec section 4); we always verify all.
+ *
+ * Open item kept a switch: cfg.last_layer_final_norm (default 0) feeds the last target
+ * layer's stream after the target's final norm, as one port does, instead of the raw stream.
+ *
+ * Backends. Linears, norms, RoPE, the MLP and the embedding lookups go through m3_ops; the
+ * attention over (context ring + block) and the context ring itself are plain C over host
+ * memory (the CPU backend's memory is host memory; its thread pool runs the attention). A
+ * GPU backend would need: the draft weights uploaded like the target's; the context ring in
+ * device memory (or a paged cache with a window), written by a kernel from the captured
+ * hidden rows; an attention op with a per-request [context window ; non-causal block] mask
+ * over up to window + n keys; the capture tap kept on the device (m3_taps.capture downloads
+ * each captured layer); and the Markov lookup + w2 GEMV per drawn slot (or a fused kernel).
+ * The engine drafts one request at a time (a block forward of k rows each); on a GPU the
+ * blocks of all requests of a step would go through one batched forward instead.
+ *
+ * Threads: a loaded m3_dspark is read-only except for its workspace, so one thread at a
+ * time calls the functions below (the engine thread); m3_dspark_ctx belongs to a request. */
+#ifndef M3_DSPARK_H
+#define M3_DSPARK_H
+
+#include <stdint.h>
+
+#include "m3.h"
+
+typedef struct m3_dspark_config {
+    m3_config base;             /* decoder shapes: hidden, heads, head_dim, rotary, eps, dense width */
+    int n_target;               /* n_t: target layers fed into fc */
+    int *target_layers;         /* [n_target], 0-based target layer ids, strictly ascending */
+    int block_size;             /* dspark_block_size (informational: the engine drafts num_speculative_tokens) */
+    int noise_id;               /* dspark_noise_token_id */
+    int markov_rank;            /* r */
+    int window;                 /* sliding_window (positions a query may look back, itself included) */
+    int confidence_head;        /* enable_confidence_head */
+    int last_layer_final_norm;  /* [open] switch, see above */
+} m3_dspark_config;
+
+/* Parses a draft config.json text (VL wrapper or flat) and checks it against the target's
+ * config (hidden size, vocabulary, layer ids). `what` names the source in messages. */
+int m3_dspark_config_parse(m3_dspark_config *c, const char *json, const char *what, const m3_config *target,
+                           m3_err *err);
+void m3_dspark_config_free(m3_dspark_config *c);
+
+typedef struct m3_dspark_layer {
+    float *in_norm, *post_norm, *q_norm, *k_norm;
+    m3_linear q, k, v, o;
+    m3_mlp_w mlp;
+} m3_dspark_layer;
+
+typedef struct m3_dspark {
+    m3_dspark_config cfg;
+    const m3_model *target;     /* borrowed: embeddings, lm_head, final norm */
+    m3_ops *ops;
+    m3_st *st;
+    char prefix[64];            /* tensor name prefix found in the checkpoint */
+    m3_linear fc;               /* [H, n_t*H] */
+    float *hidden_norm, *final_norm;
+    m3_linear markov_w1, markov_w2; /* [V, r] */
+    m3_linear conf_w;           /* [1, H + r] (when cfg.confidence_head) */
+    float *conf_bias;           /* [1] */
+    m3_dspark_layer *layers;    /* [cfg.base.n_layers] */
+    uint8_t *capture;           /* [target n_layers]: 1 for the layers the context needs (m3_taps.capture_layers) */
+    size_t n_tensors;
+    uint64_t bytes;             /* weight bytes bound */
+    void *ws;                   /* workspace (backend memory), grown on demand */
+    size_t ws_bytes;
+} m3_dspark;
+
+/* Loads the draft in dir (config.json + safetensors) for target (which must outlive it). */
+int m3_dspark_load(m3_dspark *d, const char *dir, const m3_model *target, m3_ops *ops, m3_err *err);
+void m3_dspark_free(m3_dspark *d);
+
+/* Width of one context feature row: n_target * hidden (the captured rows, concatenated). */
+int m3_dspark_feat_dim(const m3_dspark *d);
+/* Index of target layer l in the feature row, or -1 when the draft does not use it. */
+int m3_dspark_feat_slot(const m3_dspark *d, int target_layer);
+
+/* A request's context cache: K/V of every draft layer for the positions [first, len) that
+ * fit the window, in a ring grown on demand up to `window` slots. Zero-initialize. */
+typedef struct m3_dspark_ctx {
+    int first;                  /* first position appended since the last reset */
+    int len;                    /* positions [0, len) are context (those < first are never read) */
+    int cap;                    /* ring slots */
+    float **k, **v;             /* [n_layers][cap][nkv*D] */
+    int n_layers;
+} m3_dspark_ctx;
+
+/* Forgets every entry; the next append starts at position pos (admission after a prefix
+ * cache hit: positions < pos lie outside every later query's window). */
+void m3_dspark_ctx_reset(m3_dspark_ctx *c, int pos);
+void m3_dspark_ctx_free(m3_dspark_ctx *c);
+
+/* Adds positions [pos0, pos0 + n) (pos0 == c->len) from feat, host f32 [n][feat_dim]: the
+ * target's captured rows of those positions. Only committed positions may be added. */
+int m3_dspark_ctx_append(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int pos0, int n, m3_err *err);
+
+/* Base logits (before the Markov term) of a block of n slots [anchor, noise...] at positions
+ * pos.. (pos == c->len): host f32 [n][V]. */
+int m3_dspark_block_logits(m3_dspark *d, const m3_dspark_ctx *c, int32_t anchor, int pos, int n, float *logits,
+                           m3_err *err);
+
+/* logits[V] += markov_w2 @ markov_w1[prev] (host row). */
+int m3_dspark_markov(m3_dspark *d, int32_t prev, float *logits, m3_err *err);
+
+#endif

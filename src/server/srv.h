@@ -1,0 +1,138 @@
+/* m3 serve internals shared by server.c (HTTP plumbing, routing, shutdown), generate.c
+ * (completions and chat completions) and metrics.c. Not a public API: see server.h.
+ *
+ * Lifetimes. An hreq is one generation request with n choices, each an engine request. It
+ * lives on srv.live from submission until (a) the engine has reported the end of every
+ * choice (n_open == 0), (b) the response was written or the client is gone, and (c) no
+ * function up the stack still uses it (busy == 0); hreq_release checks the three. The
+ * libevent request (hreq.req) belongs to libevent: it is NULL here once the reply was
+ * handed over or the connection closed. */
+#ifndef M3_SERVER_SRV_H
+#define M3_SERVER_SRV_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+#include <event2/http.h>
+#include <jansson.h>
+
+#include "../text/parsers.h"
+#include "metrics.h"
+#include "server.h"
+
+#define SRV_MAX_N 16            /* choices per request */
+#define SRV_MAX_MESSAGES 4096   /* chat messages per request */
+#define SRV_MAX_STOP 16         /* stop strings */
+#define SRV_MAX_STOP_IDS 256
+#define SRV_MAX_LOGIT_BIAS 1024
+#define SRV_MAX_TOOLS 512
+
+typedef struct sbuf { char *p; size_t n, cap; } sbuf;
+int sbuf_add(sbuf *b, const char *p, size_t n); /* keeps p NUL-terminated; -1 when out of memory */
+
+typedef struct srv srv;
+typedef struct hreq hreq;
+
+typedef struct choice {
+    hreq *h;
+    int index;
+    uint64_t id;            /* engine request id; 0 when not submitted */
+    int engine_ended;       /* the engine reported the end */
+    int done;               /* the output is complete (finish reported to the client or kept) */
+    int finish_reason;      /* M3_FINISH_* */
+    int n_gen;              /* tokens generated (a stop token included) */
+    double t_last;          /* arrival of the last token (inter-token latency) */
+    m3_tok_stream *ts;
+    m3_out *out;            /* chat: reasoning + tool-call parser */
+    m3_stop *stop;
+    sbuf text;              /* decoded output (before stop-string truncation) */
+    size_t emitted, checked;/* bytes of text passed on / scanned for stop strings */
+    sbuf content, reasoning;/* non-stream: accumulated output */
+    json_t *tools;          /* non-stream chat: tool calls */
+    json_t *lp;             /* logprobs not yet sent (stream) or all of them (non-stream) */
+    size_t text_chars;      /* code points so far (completions text_offset) */
+    struct choice *fin_next;/* srv.fin list (a final record that found the queue out of memory) */
+    int fin_reason, fin_has_tok;
+    m3_sample_out fin_so;
+} choice;
+
+struct hreq {
+    srv *s;
+    struct evhttp_request *req;
+    struct evhttp_connection *conn;
+    unsigned long serial;
+    int chat, stream, include_usage, n, echo;
+    int logprobs, top_logprobs; /* report logprobs, with this many alternatives per token */
+    int min_tokens;
+    int n_prompt;
+    long created;
+    double t0, t_first;     /* arrival, first token of any choice */
+    int closed;             /* the client went away */
+    int replied;            /* the whole response was handed to libevent */
+    int flushed;            /* ... and written, or the connection is gone */
+    int n_open;             /* choices submitted and not ended by the engine */
+    int n_done;             /* choices whose output is complete */
+    int busy;
+    char *echo_text;        /* completions with echo: the prompt text */
+    size_t echo_len;
+    choice *ch;             /* [n] */
+    hreq *prev, *next;      /* srv.live */
+};
+
+typedef struct qitem { choice *c; m3_sample_out so; int has_tok, finished, reason; } qitem;
+
+struct srv {
+    m3_engine *e;
+    const m3_tok *tok;
+    const m3_chat *chat;
+    int vocab;
+    int reasoning_parser, tool_parser;
+    const m3_server_opts *o;
+    struct event_base *base;
+    struct evhttp *http;
+    struct evhttp_bound_socket *bs;
+    struct event *notify, *sigint, *sigterm, *peek, *deadline, *hard_stop;
+    pthread_mutex_t mu;     /* guards q and fin (filled by the engine thread) */
+    qitem *q;
+    size_t qn, qcap;
+    choice *fin;
+    atomic_int stop_engine;
+    unsigned long serial;
+    uint64_t seed_ctr;
+    hreq *live;
+    int n_live;
+    int draining, cancelling;
+    m3_metrics m;
+};
+
+/* server.c */
+double srv_now(void);
+int srv_send_json(struct evhttp_request *req, int code, json_t *j); /* takes j; returns code */
+int srv_send_error(struct evhttp_request *req, int code, const char *type, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define SRV_BAD(req, ...) srv_send_error(req, 400, "invalid_request_error", __VA_ARGS__)
+json_t *srv_read_body(struct evhttp_request *req, int *code); /* NULL: an error was sent (*code) */
+int srv_check_auth(srv *s, struct evhttp_request *req);       /* 0, or the status of the 401 sent */
+/* a JSON array of token ids in [0, vocab) -> *ids (malloc'd) / *n: 0, or the status of the error sent */
+int srv_ids_from_json(struct evhttp_request *req, json_t *a, int vocab, int32_t **ids, size_t *n);
+void srv_log(srv *s, unsigned long serial, const char *what, int status, int prompt, int completion, double ttft,
+             double total);
+void srv_push(srv *s, const qitem *it); /* engine thread */
+void srv_maybe_exit(srv *s);            /* draining and nothing left: leave the loop */
+
+/* generate.c */
+/* POST /v1/completions (chat 0) and /v1/chat/completions (chat 1). Returns the HTTP status
+ * sent, or 0 when the request was accepted (it logs itself when it ends). */
+int srv_generate(srv *s, struct evhttp_request *req, int chat, unsigned long serial, double t0);
+/* Renders messages (+ tools) through the chat template and encodes them: 0, or the status
+ * of the error sent. */
+int srv_chat_prompt(srv *s, struct evhttp_request *req, json_t *b, int32_t **ids, size_t *n);
+void srv_handle_item(srv *s, qitem *it);
+void srv_peek(srv *s);       /* cancels requests whose client went away */
+void srv_cancel_all(srv *s); /* shutdown deadline */
+void srv_free_all(srv *s);   /* after the loop: whatever is left */
+
+#endif

@@ -64,9 +64,65 @@ static double kv_bytes(const m3_config *c, int nl, m3_kv_dtype dt, m3_kv_dtype i
     return b;
 }
 
+/* Builds nb sequences with ctx cached tokens and times steps of q tokens per sequence
+ * (q = 1: decode; q = k + 1: a speculative verify pass); median step time in *med and the
+ * (layer, expert) pairs one step reads in *experts. With profile, 3 more steps with per-op
+ * timing are recorded (the caller prints them). */
+static int time_steps(m3_model *m, m3_kv *kv, m3_ops *ops, long nb, int q, long ctx, long steps, int profile, double *med,
+                      long *experts, m3_err *err) {
+    const int V = m->cfg.vocab;
+    long T = nb * q;
+    m3_kv_seq *seqs = calloc((size_t)nb, sizeof *seqs);
+    m3_kv_seq **sp = calloc((size_t)nb, sizeof *sp);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * 3), *pos = ids + T, *sq = pos + T;
+    int *rows = malloc(sizeof(int) * (size_t)T);
+    double *st = malloc(sizeof(double) * (size_t)steps);
+    int rc = 0;
+    if (!seqs || !sp || !ids || !rows || !st) rc = m3_errf(err, "out of memory");
+    for (long s = 0; !rc && s < nb; s++) {
+        sp[s] = &seqs[s];
+        if (m3_kv_seq_reserve(kv, &seqs[s], (int)(ctx + q), err)) { rc = -1; break; }
+        seqs[s].len = (int)ctx;
+        for (int j = 0; j < q; j++) {
+            long t = s * q + j;
+            ids[t] = (int32_t)((t * 7919 + 13) % V);
+            pos[t] = (int32_t)(ctx + j);
+            sq[t] = (int32_t)s;
+            rows[t] = (int)t;
+        }
+    }
+    m3_batch b = {(int)T, pos, sq, sp};
+    if (!rc) { /* one untimed step counting the experts the routing picks */
+        m3_cuda_count_experts(ops, 1);
+        m3_cuda_experts_used(ops, 1);
+        rc = m3_forward(m, kv, &b, ids, rows, (int)T, NULL, NULL, err);
+        m3_cuda_count_experts(ops, 0);
+        *experts = m3_cuda_experts_used(ops, 1);
+        m3_cuda_sync_time(ops);
+    }
+    for (long i = 0; !rc && i < steps + 2; i++) {
+        double a = m3_cuda_sync_time(ops);
+        rc = m3_forward(m, kv, &b, ids, rows, (int)T, NULL, NULL, err);
+        double e = m3_cuda_sync_time(ops);
+        if (i >= 2) st[i - 2] = e - a;
+    }
+    if (!rc) {
+        for (long a = 1; a < steps; a++)
+            for (long k = a; k > 0 && st[k] < st[k - 1]; k--) { double t = st[k]; st[k] = st[k - 1]; st[k - 1] = t; }
+        *med = st[steps / 2];
+        if (profile) { /* a few more steps with per-op timing (events between ops, no graph): where the time goes */
+            m3_cuda_profile(ops, 1);
+            for (int i = 0; i < 3 && !rc; i++) rc = m3_forward(m, kv, &b, ids, rows, (int)T, NULL, NULL, err);
+        }
+    }
+    for (long s = 0; seqs && s < nb; s++) m3_kv_seq_release(kv, &seqs[s]);
+    free(seqs); free(sp); free(ids); free(rows); free(st);
+    return rc ? -1 : 0;
+}
+
 int m3_cmd_bench_random(int argc, char **argv) {
     const char *cfgp = NULL, *kvd = "bf16", *ikd = NULL, *bs = "1,8,64,256", *cs = "8192,131072";
-    long layers = 0, steps = 10, seed = 1, prefill = 2048;
+    long layers = 0, steps = 10, seed = 1, prefill = 2048, verify = 0;
     int profile = 0;
     m3_err err;
     for (int i = 1; i < argc; i++) {
@@ -80,6 +136,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
         else if (!strcmp(a, "--steps")) r = m3_cli_int(a, v, 1, 100000, &steps, &err);
         else if (!strcmp(a, "--seed")) r = m3_cli_int(a, v, 0, 1L << 40, &seed, &err);
         else if (!strcmp(a, "--prefill")) r = m3_cli_int(a, v, 0, 1 << 20, &prefill, &err);
+        else if (!strcmp(a, "--verify")) r = m3_cli_int(a, v, 1, 15, &verify, &err);
         else if (!strcmp(a, "--batch")) bs = v;
         else if (!strcmp(a, "--context")) cs = v;
         else if (!strcmp(a, "--kv-cache-dtype")) kvd = v;
@@ -93,7 +150,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
     int nB = parse_list(bs, B, 16), nC = parse_list(cs, C, 16);
     if (!cfgp || nB <= 0 || nC <= 0) {
         fprintf(stderr, "m3 bench: usage: m3 bench --random-weights --config CONFIG.json [--layers N] [--batch 1,8,64,256] "
-                        "[--context 8192,131072] [--steps N] [--prefill TOKENS] [--kv-cache-dtype bf16] [--profile]\n");
+                        "[--context 8192,131072] [--steps N] [--prefill TOKENS] [--kv-cache-dtype bf16] [--profile] [--verify K]\n");
         return 2;
     }
     m3_kv_dtype kdt, idt;
@@ -135,7 +192,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
     for (int ci = 0; ci < nC; ci++)
         for (int bi = 0; bi < nB; bi++) {
             long ctx = C[ci], nb = B[bi];
-            long ppseq = (ctx + 1 + page - 1) / page, pages = ppseq * nb;
+            long ppseq = (ctx + 1 + verify + page - 1) / page, pages = ppseq * nb;
             m3_kv probe;
             if (m3_kv_create(&probe, c, kdt, idt, page, 1, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); rc = 1; goto out; }
             double per_page = 0;
@@ -154,57 +211,30 @@ int m3_cmd_bench_random(int argc, char **argv) {
                 printf("%-7ld %-8ld  skipped: %s\n", nb, ctx, err.msg);
                 continue;
             }
-            m3_kv_seq *seqs = calloc((size_t)nb, sizeof *seqs);
-            m3_kv_seq **sp = calloc((size_t)nb, sizeof *sp);
-            int32_t *ids = malloc(sizeof(int32_t) * (size_t)nb * 2), *pos = ids + nb;
-            int32_t *sq = malloc(sizeof(int32_t) * (size_t)nb);
-            int *rows = malloc(sizeof(int) * (size_t)nb);
-            double *st = malloc(sizeof(double) * (size_t)steps);
-            if (!seqs || !sp || !ids || !sq || !rows || !st) { fprintf(stderr, "m3 bench: out of memory\n"); rc = 1; }
-            for (long s = 0; !rc && s < nb; s++) {
-                sp[s] = &seqs[s];
-                if (m3_kv_seq_reserve(&kv, &seqs[s], (int)ctx + 1, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); rc = 1; }
-                seqs[s].len = (int)ctx;
-                ids[s] = (int32_t)((s * 7919 + 13) % V);
-                pos[s] = (int32_t)ctx;
-                sq[s] = (int32_t)s;
-                rows[s] = (int)s;
-            }
-            m3_batch b = {(int)nb, pos, sq, sp};
+            double med = 0, med1 = 0;
             long experts = 0;
-            if (!rc) { /* one untimed step counting the experts the routing picks */
-                m3_cuda_count_experts(&ops, 1);
-                m3_cuda_experts_used(&ops, 1);
-                if (m3_forward(&m, &kv, &b, ids, rows, (int)nb, NULL, NULL, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); rc = 1; }
-                m3_cuda_count_experts(&ops, 0);
-                experts = m3_cuda_experts_used(&ops, 1);
-                m3_cuda_sync_time(&ops);
-            }
-            for (long i = 0; !rc && i < steps + 2; i++) {
-                double a = m3_cuda_sync_time(&ops);
-                if (m3_forward(&m, &kv, &b, ids, rows, (int)nb, NULL, NULL, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); rc = 1; break; }
-                double e = m3_cuda_sync_time(&ops);
-                if (i >= 2) st[i - 2] = e - a;
-            }
-            if (!rc) {
-                for (long a = 1; a < steps; a++)
-                    for (long q = a; q > 0 && st[q] < st[q - 1]; q--) { double t = st[q]; st[q] = st[q - 1]; st[q - 1] = t; }
-                double med = st[steps / 2];
-                double bytes = weight_bytes(m.dw, experts) + (double)nb * kv_bytes(c, c->n_layers, kdt, idt, ctx);
+            int qs[2] = {1, (int)verify + 1}, nq = verify ? 2 : 1;
+            for (int qi = 0; qi < nq && !rc; qi++) {
+                int q = qs[qi];
+                if (time_steps(&m, &kv, &ops, nb, q, ctx, steps, profile && qi == nq - 1, &med, &experts, &err)) {
+                    fprintf(stderr, "m3 bench: %s\n", err.msg);
+                    rc = 1;
+                    break;
+                }
+                if (qi == 0) med1 = med;
+                double bytes = weight_bytes(m.dw, experts) + (double)nb * q * kv_bytes(c, c->n_layers, kdt, idt, ctx);
                 double floor_s = bytes / bw;
                 m3_cuda_mem_info(&ops, &fr, &tot, &pk);
-                printf("%-7ld %-8ld %10.3f %10.3f %10.1f %6.0f%% %12.1f %9ld %10.1f\n", nb, ctx, med * 1e3, floor_s * 1e3,
-                       bytes / 1e6, 100 * floor_s / med, nb / med, experts, (tot - fr) / 1073741824.0);
-                if (profile) { /* a few more steps with per-op timing (events between ops, no graph): where the time goes */
-                    m3_cuda_profile(&ops, 1);
-                    for (int i = 0; i < 3 && !rc; i++)
-                        if (m3_forward(&m, &kv, &b, ids, rows, (int)nb, NULL, NULL, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); rc = 1; }
-                    m3_cuda_profile_report(&ops, 3, stdout);
-                }
+                if (q == 1)
+                    printf("%-7ld %-8ld %10.3f %10.3f %10.1f %6.0f%% %12.1f %9ld %10.1f\n", nb, ctx, med * 1e3, floor_s * 1e3,
+                           bytes / 1e6, 100 * floor_s / med, nb / med, experts, (tot - fr) / 1073741824.0);
+                else
+                    printf("  verify pass of %d tokens per sequence: %.3f ms = %.2f x one decode step (floor %.3f ms, %ld experts "
+                           "read); break-even mean accepted length %.2f\n",
+                           q, med * 1e3, med / med1, floor_s * 1e3, experts, med / med1);
+                if (profile && qi == nq - 1) m3_cuda_profile_report(&ops, 3, stdout);
                 fflush(stdout);
             }
-            for (long s = 0; seqs && s < nb; s++) m3_kv_seq_release(&kv, &seqs[s]);
-            free(seqs); free(sp); free(ids); free(sq); free(rows); free(st);
             /* prefill speed once per context: one sequence, `prefill` tokens in chunks of 512 */
             if (!rc && bi == nB - 1 && prefill > 0) {
                 long n = prefill;

@@ -299,7 +299,9 @@ void m3_cu_graphs_clear(m3_cuda *c) {
 
 static uint64_t full_key(m3_cuda *c, const m3_kv *kv, uint64_t key) {
     uint64_t k = key;
-    k = (k ^ (uint64_t)(uintptr_t)kv) * 1099511628211ull;
+    /* the pool's device pages (a new pool may reuse the address of an old m3_kv struct) */
+    for (int l = 0; l < kv->n_layers; l++) k = (k ^ (uint64_t)(uintptr_t)kv->base[l]) * 1099511628211ull;
+    k = (k ^ (uint64_t)kv->page_bytes[0] ^ ((uint64_t)kv->dt << 40) ^ ((uint64_t)kv->idt << 48)) * 1099511628211ull;
     k = (k ^ (uint64_t)c->ptab_stride) * 1099511628211ull;
     k = (k ^ (uint64_t)c->max_pos) * 1099511628211ull;
     k = (k ^ (uint64_t)(uintptr_t)c->d_pos) * 1099511628211ull;

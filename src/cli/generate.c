@@ -89,7 +89,7 @@ out:
 }
 
 int m3_cmd_generate(int argc, char **argv) {
-    const char *dir = NULL, *ids_s = NULL, *kvd = "f32", *spec_json = NULL, *draft_dir = NULL;
+    const char *dir = NULL, *ids_s = NULL, *kvd = "f32", *spec_json = NULL, *draft_dir = NULL, *backend = NULL;
     long n_gen = 16, threads = 0, seed = 0, ubatch = 512, topk = 0;
     m3_sampling sp = {.temperature = 0, .top_p = 1.0f};
     int ignore_eos = 0;
@@ -102,6 +102,7 @@ int m3_cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--kv-cache-dtype")) { kvd = v; i++; }
         else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) { r = m3_cli_int(a, v, 0, 1 << 24, &n_gen, &err); i++; }
         else if (!strcmp(a, "--threads")) { r = m3_cli_int(a, v, 0, 1024, &threads, &err); i++; }
+        else if (!strcmp(a, "--backend")) { backend = v; i++; }
         else if (!strcmp(a, "--ubatch")) { r = m3_cli_int(a, v, 1, 1 << 20, &ubatch, &err); i++; }
         else if (!strcmp(a, "--seed")) { r = m3_cli_int(a, v, 0, INT64_MAX, &seed, &err); i++; }
         else if (!strcmp(a, "--top-k")) { r = m3_cli_int(a, v, 0, 1 << 30, &topk, &err); i++; }
@@ -119,7 +120,7 @@ int m3_cmd_generate(int argc, char **argv) {
         if (i >= argc) { fprintf(stderr, "m3 generate: %s needs a value\n", a); return 2; }
     }
     if (!dir || !ids_s) {
-        fprintf(stderr, "m3 generate: usage: m3 generate -m DIR --ids 1,2,3 -n N [--temperature T --top-p P --top-k K --min-p P --seed S]\n"
+        fprintf(stderr, "m3 generate: usage: m3 generate -m DIR --ids 1,2,3 -n N [--temperature T --top-p P --top-k K --min-p P --seed S] [--backend cpu|cuda|auto]\n"
                         "                   [--speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":7}' [--draft DIR]]\n");
         return 2;
     }
@@ -137,7 +138,7 @@ int m3_cmd_generate(int argc, char **argv) {
     if (m3_cli_parse_ids(ids_s, &ids, &T, &err)) { fprintf(stderr, "m3 generate: %s\n", err.msg); return 2; }
     m3_ops ops;
     m3_model m;
-    if (m3_cli_load(&m, &ops, dir, (int)threads, "generate", ids, T)) { free(ids); return 1; }
+    if (m3_cli_load_on(&m, &ops, backend, dir, (int)threads, "generate", ids, T)) { free(ids); return 1; }
     const m3_config *c = &m.cfg;
     const int V = c->vocab;
     int rc = 1;

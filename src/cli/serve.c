@@ -15,6 +15,7 @@ static const char *usage =
     "usage: m3 serve -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]\n"
     "                [--threads N] [--kv-cache-memory BYTES] [--max-num-seqs N] [--max-num-batched-tokens N]\n"
     "                [--max-model-len N] [--speculative-config JSON] [--draft DIR]\n"
+    "                [--kv-cache-dtype auto|f32|bf16|fp8|nvfp4] [--index-cache-dtype DTYPE]\n"
     "                [--max-waiting N] [--shutdown-timeout SECONDS] [--max-body BYTES] [--disable-log-requests]\n"
     "  --max-waiting N  429 for new generation requests while N sequences wait in the engine (default 1024)\n"
     "  --shutdown-timeout S  after SIGTERM / SIGINT, requests in flight get S seconds, then are cancelled (default 30)\n"
@@ -23,7 +24,7 @@ static const char *usage =
     "                 DSpark speculative decoding with the draft in DIR/dspark (or --draft DIR)\n";
 
 int m3_cmd_serve(int argc, char **argv) {
-    const char *dir = NULL, *name = NULL, *spec_json = NULL, *draft_dir = NULL;
+    const char *dir = NULL, *name = NULL, *spec_json = NULL, *draft_dir = NULL, *kvd = NULL, *ikd = NULL;
     long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, mml = 0, waiting = -1, grace = -1, body = 0;
     m3_server_opts so;
     m3_server_opts_default(&so);
@@ -44,6 +45,8 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-num-seqs")) r = m3_cli_int(a, v, 1, 1 << 16, &seqs, &err);
         else if (!strcmp(a, "--max-num-batched-tokens")) r = m3_cli_int(a, v, 1, 1 << 24, &batched, &err);
         else if (!strcmp(a, "--max-model-len")) r = m3_cli_int(a, v, 1, 1 << 30, &mml, &err);
+        else if (!strcmp(a, "--kv-cache-dtype")) kvd = v;
+        else if (!strcmp(a, "--index-cache-dtype")) ikd = v;
         else if (!strcmp(a, "--max-waiting")) r = m3_cli_int(a, v, 0, 1 << 30, &waiting, &err);
         else if (!strcmp(a, "--shutdown-timeout")) r = m3_cli_int(a, v, 0, 1 << 20, &grace, &err);
         else if (!strcmp(a, "--max-body")) r = m3_cli_int(a, v, 1, __LONG_MAX__, &body, &err);
@@ -54,6 +57,9 @@ int m3_cmd_serve(int argc, char **argv) {
         i++;
     }
     if (!dir) { fprintf(stderr, "m3 serve: -m DIR is required\n%s", usage); return 2; }
+    m3_kv_dtype kdt = M3_KV_F32, idt = M3_KV_F32; /* checked before anything is loaded */
+    if (kvd && m3_kv_dtype_parse(kvd, &kdt)) { fprintf(stderr, "m3 serve: --kv-cache-dtype: unknown dtype '%s' (auto, f32, bf16, fp8, nvfp4)\n", kvd); return 2; }
+    if (ikd && m3_kv_dtype_parse(ikd, &idt)) { fprintf(stderr, "m3 serve: --index-cache-dtype: unknown dtype '%s' (f32, bf16, fp8, nvfp4)\n", ikd); return 2; }
     so.port = (int)port;
     if (waiting >= 0) so.max_waiting = (int)waiting;
     if (grace >= 0) so.shutdown_timeout = (double)grace;
@@ -75,6 +81,8 @@ int m3_cmd_serve(int argc, char **argv) {
     if (mml) eo.max_model_len = (int)mml;
     int rc = 1;
     m3_engine *e = NULL;
+    if (kvd) eo.kv_dtype = kdt;
+    eo.index_dtype = ikd ? idt : eo.kv_dtype;
     if ((spec_json || draft_dir) && m3_spec_config_parse(&eo.spec, spec_json ? spec_json : "{}", dir, draft_dir, &err)) {
         fprintf(stderr, "m3 serve: %s\n", err.msg);
         goto done;
@@ -87,6 +95,9 @@ int m3_cmd_serve(int argc, char **argv) {
         if (!m3_kv_create(&probe, &m.cfg, eo.kv_dtype, eo.index_dtype, m3_kv_page_tokens(&m.cfg), 1, &err)) {
             so.kv_bytes_per_token = m3_kv_bytes_per_token(&probe);
             m3_kv_destroy(&probe);
+            fprintf(stderr, "m3 serve: KV cache %s, index-K %s: %zu bytes per token, pool of %d tokens\n",
+                    m3_kv_dtype_name(eo.kv_dtype), m3_kv_dtype_name(eo.index_dtype), so.kv_bytes_per_token,
+                    m3_engine_capacity_tokens(e));
         }
     }
     if (m3_server_run(e, tok, chat, m.cfg.vocab, &so, &err)) { fprintf(stderr, "m3 serve: %s\n", err.msg); goto done; }

@@ -273,7 +273,6 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
     r->n_stop = q->n_stop_ids;
     if (with_eos) r->stop[r->n_stop++] = e->eos;
     m3_sampling sp = q->sampling;
-    sp.logprobs = 1; /* the callback always reports the token's logprob */
     r->smp = m3_sampler_create(&sp, e->V, q->prompt, q->n_prompt, err);
     if (!r->smp) { req_free(r); m3_err_prefix(err, "request"); return 0; }
     m3_rng_seed(&r->drng, sp.seed ^ 0x64737061726b2121ull); /* the draft's own stream ("dspark!!") */

@@ -83,7 +83,9 @@ const char *m3_engine_finish_name(int reason); /* "stop", "length", "cancelled",
 
 /* Called once per generated token (finished 0 or 1), and once with token -1 and finished 1
  * when a request ends without a token (cancelled, error). logprob: the token's logprob per
- * the request's logprobs_mode (raw log_softmax by default); 0 for token -1. */
+ * the request's logprobs_mode (raw log_softmax by default) when its sampling asked for
+ * logprobs or top_logprobs (a full-vocabulary log-softmax per token: not done otherwise),
+ * else 0; 0 for token -1. */
 typedef void (*m3_engine_token_fn)(void *arg, uint64_t id, int32_t token, float logprob, int finished,
                                    int finish_reason);
 
@@ -114,7 +116,7 @@ void m3_engine_opts_default(m3_engine_opts *o);
 typedef struct m3_engine_request {
     const int32_t *prompt;      /* n_prompt >= 1 ids in [0, vocab); copied */
     int n_prompt;
-    m3_sampling sampling;       /* copied (arrays too); logprobs is always computed */
+    m3_sampling sampling;       /* copied (arrays too); logprobs computed only when asked */
     int max_tokens;             /* >= 1 */
     const int32_t *stop_ids;    /* extra stop token ids; copied */
     int n_stop_ids;

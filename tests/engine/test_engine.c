@@ -88,6 +88,7 @@ static m3_engine_request make_req(const spec *s, result *res) {
     q.prompt = s->prompt;
     q.n_prompt = s->n_prompt;
     q.sampling = s->sp;
+    q.sampling.logprobs = 1; /* compared bitwise below */
     q.max_tokens = s->max_tokens;
     q.stop_ids = s->stop_ids;
     q.n_stop_ids = s->n_stop;

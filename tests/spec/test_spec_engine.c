@@ -120,6 +120,7 @@ static int run(m3_model *m, const m3_engine_opts *o, const rspec *specs, int n, 
                 m3_engine_request q = {.prompt = specs[i].prompt, .n_prompt = specs[i].n_prompt, .sampling = specs[i].sp,
                                        .max_tokens = specs[i].max_tokens, .ignore_eos = specs[i].ignore_eos,
                                        .on_token = on_token, .arg = &res[i]};
+                q.sampling.logprobs = 1; /* compared bitwise */
                 res[i].id = m3_engine_add(e, &q, &err);
                 if (!res[i].id) { CHECK(0, "add %d: %s", i, err.msg); rc = -1; goto out; }
                 added++;
@@ -276,7 +277,7 @@ static void test_greedy(m3_model *m) {
         m3_err err;
         memset(ra, 0, sizeof ra);
         m3_engine_request q = {.prompt = a[0].prompt, .n_prompt = 10, .max_tokens = 150, .ignore_eos = 1,
-                               .on_token = on_token, .arg = &ra[0]};
+                               .sampling = {.logprobs = 1}, .on_token = on_token, .arg = &ra[0]};
         m3_engine_add(e, &q, &err);
         while (m3_engine_step(e, &err) > 0) {}
         b[0] = a[0];

@@ -344,6 +344,11 @@ static void route(struct evhttp_request *req, void *arg) {
     if (s->draining && k != 1) { /* /metrics stays up for whoever watches the drain */
         evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
         rc = srv_send_error(req, 503, "service_unavailable_error", "the server is shutting down");
+    } else if (evbuffer_get_length(evhttp_request_get_input_buffer(req)) >
+               (s->o->max_body ? s->o->max_body : (size_t)32 << 20)) {
+        rc = srv_send_error(req, 413, "invalid_request_error", "the request body has %zu bytes; the limit is %zu",
+                            evbuffer_get_length(evhttp_request_get_input_buffer(req)),
+                            s->o->max_body ? s->o->max_body : (size_t)32 << 20);
     } else if (k < 0) rc = srv_send_error(req, 404, "not_found_error", "no route for %s", path);
     else if (want_get ? !get : !post)
         rc = srv_send_error(req, 405, "invalid_request_error", "method %s not allowed for %s (use %s)", method_name(cmd),
@@ -457,7 +462,13 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     /* Bodies over the limit are read and dropped before libevent answers 413 (lingering
      * close), so the client gets the status instead of a reset while it is still sending. */
     evhttp_set_flags(s->http, EVHTTP_SERVER_LINGERING_CLOSE);
-    evhttp_set_max_body_size(s->http, o->max_body ? (ev_ssize_t)o->max_body : (ev_ssize_t)32 << 20);
+    /* Two tiers: bodies up to twice the limit (+ 1 MiB) are read and answered 413 in OpenAI's
+     * error shape by route(); beyond that libevent stops reading and answers 413 itself (its
+     * own HTML body: libevent 2.1 has no hook for it), so no client can make us buffer more. */
+    {
+        size_t mb = o->max_body ? o->max_body : (size_t)32 << 20;
+        evhttp_set_max_body_size(s->http, (ev_ssize_t)(mb * 2 + ((size_t)1 << 20)));
+    }
     /* every method reaches route(), which answers 405 in OpenAI's shape (libevent: 501) */
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
                                             EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);

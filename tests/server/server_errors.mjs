@@ -85,9 +85,12 @@ try {
     r = await fetch(base + route, { method: m, headers: auth });
     ok(r.status === 405 && errShape(await r.json(), 405) && await normal(), `${m} ${route} -> 405`);
   }
-  // 413: libevent reads and drops the oversized body, then answers (lingering close)
+  // 413: up to twice --max-body (+ 1 MiB) the server reads the body and answers in OpenAI's shape
   r = await fetch(base + '/v1/completions', { method: 'POST', headers: auth, body: JSON.stringify({ prompt: 'x'.repeat(2000000) }) });
-  ok(r.status === 413 && await normal(), 'body over --max-body -> 413; then a normal request works');
+  ok(r.status === 413 && errShape(await r.json(), 413) && await normal(), 'body over --max-body -> 413 in OpenAI error shape; then a normal request works');
+  // far beyond: libevent stops reading and answers 413 itself (lingering close: the client gets the status, not a reset)
+  r = await fetch(base + '/v1/completions', { method: 'POST', headers: auth, body: JSON.stringify({ prompt: 'x'.repeat(5000000) }) });
+  ok(r.status === 413 && await normal(), 'body over the hard cap -> 413; then a normal request works');
   const m = await metrics(base);
   ok(m['m3_http_responses_total{code="400"}'] >= 30 && m['m3_http_responses_total{code="401"}'] >= 2 && m['m3_http_responses_total{code="404"}'] >= 2 &&
      m['m3_http_responses_total{code="405"}'] === 4, '/metrics counts HTTP errors by code');

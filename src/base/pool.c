@@ -3,6 +3,7 @@
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -14,25 +15,42 @@ struct m3_pool {
     int n;
     pthread_t *threads;
     pthread_mutex_t mu;
-    pthread_cond_t go, done;
-    atomic_ulong gen;    /* bumped for every loop */
+    pthread_cond_t go, done_cv;
+    atomic_ulong gen;    /* bumped for every loop (wakes the workers) */
     atomic_int stop;
-    atomic_int busy;     /* workers still inside the current loop */
-    /* current loop */
+    /* current loop: published before `ticket` */
     m3_pool_fn fn;
     void *ctx;
     size_t n_items, chunk;
-    atomic_size_t next;
+    /* (loop number << 32) | next item: a chunk is claimed by a CAS that also checks the loop,
+     * so a worker that wakes late can never take (or wait for) another loop's items */
+    _Atomic uint64_t ticket;
+    atomic_size_t done;  /* items finished in the current loop; the caller waits for n_items */
+    int caller_sleeping; /* under mu */
 };
 
 typedef struct { m3_pool *p; int id; } worker_arg;
 
-static void run_chunks(m3_pool *p, int id) {
+/* Claims and runs chunks of loop `loop` until none is left. Only items actually claimed are
+ * waited for: the caller does not depend on workers that are slow to wake (an oversubscribed
+ * machine), it runs their share itself. */
+static void run_chunks(m3_pool *p, uint32_t loop, int id) {
     for (;;) {
-        size_t b = atomic_fetch_add(&p->next, p->chunk);
-        if (b >= p->n_items) break;
-        size_t e = b + p->chunk < p->n_items ? b + p->chunk : p->n_items;
+        uint64_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
+        if ((uint32_t)(t >> 32) != loop) return;
+        size_t b = (size_t)(t & 0xffffffffu), n = p->n_items, c = p->chunk;
+        if (b >= n) return;
+        size_t e = b + c < n ? b + c : n;
+        if (!atomic_compare_exchange_weak_explicit(&p->ticket, &t, ((uint64_t)loop << 32) | e, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
         p->fn(p->ctx, b, e, id);
+        size_t d = atomic_fetch_add_explicit(&p->done, e - b, memory_order_acq_rel) + (e - b);
+        if (d == n && id != 0) {
+            pthread_mutex_lock(&p->mu);
+            if (p->caller_sleeping) pthread_cond_signal(&p->done_cv);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
 }
 
@@ -52,12 +70,7 @@ static void *worker_main(void *a) {
         }
         if (atomic_load(&p->stop)) break;
         seen = atomic_load(&p->gen);
-        run_chunks(p, id);
-        if (atomic_fetch_sub(&p->busy, 1) == 1) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->done);
-            pthread_mutex_unlock(&p->mu);
-        }
+        run_chunks(p, (uint32_t)seen, id);
     }
     return NULL;
 }
@@ -74,7 +87,7 @@ m3_pool *m3_pool_create(int nthreads) {
     p->n = nthreads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->go, NULL);
-    pthread_cond_init(&p->done, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
     p->threads = calloc((size_t)nthreads, sizeof *p->threads);
     if (!p->threads) { free(p); return NULL; }
     for (int i = 1; i < nthreads; i++) {
@@ -97,7 +110,7 @@ void m3_pool_free(m3_pool *p) {
     for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->go);
-    pthread_cond_destroy(&p->done);
+    pthread_cond_destroy(&p->done_cv);
     free(p->threads);
     free(p);
 }
@@ -107,7 +120,7 @@ int m3_pool_size(const m3_pool *p) { return p ? p->n : 1; }
 void m3_pool_for(m3_pool *p, size_t n, size_t grain, m3_pool_fn fn, void *ctx) {
     if (n == 0) return;
     if (grain == 0) grain = 1;
-    if (!p || p->n == 1 || n <= grain) { fn(ctx, 0, n, 0); return; }
+    if (!p || p->n == 1 || n <= grain || n > 0xffffffffu) { fn(ctx, 0, n, 0); return; } /* tickets hold 32-bit indices */
     /* about 4 chunks per worker for balance, never below grain */
     size_t chunk = (n + (size_t)p->n * 4 - 1) / ((size_t)p->n * 4);
     if (chunk < grain) chunk = grain;
@@ -115,18 +128,21 @@ void m3_pool_for(m3_pool *p, size_t n, size_t grain, m3_pool_fn fn, void *ctx) {
     p->ctx = ctx;
     p->n_items = n;
     p->chunk = chunk;
-    atomic_store(&p->next, 0);
-    atomic_store(&p->busy, p->n - 1);
-    atomic_fetch_add(&p->gen, 1); /* publishes the loop to spinning workers */
-    pthread_mutex_lock(&p->mu);   /* and wakes sleeping ones */
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    unsigned long g = atomic_load(&p->gen) + 1;
+    atomic_store_explicit(&p->ticket, (uint64_t)(uint32_t)g << 32, memory_order_release); /* opens the loop */
+    atomic_store(&p->gen, g);     /* wakes spinning workers */
+    pthread_mutex_lock(&p->mu);   /* and sleeping ones */
     pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
-    run_chunks(p, 0);
+    run_chunks(p, (uint32_t)g, 0);
     int spins = 0;
-    while (atomic_load(&p->busy) > 0 && spins++ < SPIN_ROUNDS) _mm_pause();
-    if (atomic_load(&p->busy) > 0) {
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < n && spins++ < SPIN_ROUNDS) _mm_pause();
+    if (atomic_load_explicit(&p->done, memory_order_acquire) < n) {
         pthread_mutex_lock(&p->mu);
-        while (atomic_load(&p->busy) > 0) pthread_cond_wait(&p->done, &p->mu);
+        p->caller_sleeping = 1;
+        while (atomic_load_explicit(&p->done, memory_order_acquire) < n) pthread_cond_wait(&p->done_cv, &p->mu);
+        p->caller_sleeping = 0;
         pthread_mutex_unlock(&p->mu);
     }
 }

@@ -329,6 +329,23 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
 
 #define ACH 32 /* keys per chunk */
 
+/* Key range [*a, *e) of chunk ci of token t / group g: sparse = the selected blocks cut in
+ * ACH-key chunks (cpb per block), dense = [0, p] in ACH-key chunks; 0 when the chunk is empty
+ * (an unused selection slot or past the token's position). */
+static __device__ __forceinline__ int chunk_range(const int32_t *sel, int t, int nkv, int g, int topk, int B, int cpb,
+                                                  int ci, int p, int *a, int *e) {
+    if (sel) {
+        int blk = sel[((size_t)t * nkv + g) * topk + ci / cpb];
+        if (blk < 0) return 0;
+        *a = blk * B + (ci % cpb) * ACH;
+        *e = min(min(*a + ACH, blk * B + B), p + 1);
+    } else {
+        *a = ci * ACH;
+        *e = min(*a + ACH, p + 1);
+    }
+    return *e > *a;
+}
+
 /* Chunks of the keys token t / group g sees: sparse = the selected blocks cut in ACH-key
  * chunks (block / ACH chunks each), dense = [0, pos] in ACH-key chunks. */
 __global__ void k_attn(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh, const int32_t *sel,
@@ -354,17 +371,8 @@ __global__ void k_attn(kvdesc d, const int32_t *pos, const int32_t *seq, const f
     __syncthreads();
     for (int ci = s; ci < nchunks; ci += nsplit) {
         int a, e;
-        if (sel) {
-            int blk = sel[((size_t)t * d.nkv + g) * topk + ci / cpb];
-            if (blk < 0) continue; /* uniform across the CTA */
-            a = blk * B + (ci % cpb) * ACH;
-            e = min(min(a + ACH, blk * B + B), p + 1);
-        } else {
-            a = ci * ACH;
-            e = min(a + ACH, p + 1);
-        }
+        if (!chunk_range(sel, t, d.nkv, g, topk, B, cpb, ci, p, &a, &e)) continue; /* uniform across the CTA */
         int n = e - a;
-        if (n <= 0) continue;
         /* K and V rows of the chunk -> shared f32 */
         if (D % 8 == 0) {
             for (int i = tid; i < n * (D / 8); i += nt) {
@@ -465,17 +473,8 @@ __global__ void __launch_bounds__(128) k_attn_fast(kvdesc d, const int32_t *pos,
     __syncthreads();
     for (int ci = s; ci < nchunks; ci += nsplit) {
         int a, e;
-        if (sel) {
-            int blk = sel[((size_t)t * d.nkv + g) * topk + ci / cpb];
-            if (blk < 0) continue;
-            a = blk * B + (ci % cpb) * ACH;
-            e = min(min(a + ACH, blk * B + B), p + 1);
-        } else {
-            a = ci * ACH;
-            e = min(a + ACH, p + 1);
-        }
+        if (!chunk_range(sel, t, d.nkv, g, topk, B, cpb, ci, p, &a, &e)) continue; /* uniform across the CTA */
         const int n = e - a;
-        if (n <= 0) continue;
         for (int i = tid; i < n * (D / 8); i += 128) {
             int j = i / (D / 8), x = (i % (D / 8)) * 8, kp = a + j;
             const uint8_t *pg = page_of(d, sq, kp);

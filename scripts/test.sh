@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds m3 and runs every test: a release build under ctest, the fuzz targets for a
-# bounded time, then the tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
-# Exits non-zero on any failure.
+# bounded time, the tests again under AddressSanitizer + UndefinedBehaviorSanitizer, then the
+# engine + server tests where threads meet (ctest label tsan) under ThreadSanitizer.
+# Exits non-zero on any failure. M3_SKIP_FUZZ=1 / M3_SKIP_SANITIZERS=1 / M3_SKIP_TSAN=1 skip
+# a stage; M3_FUZZ_SECONDS sets the time per fuzz target (default 30).
+# No sanitizer suppressions are used; one added must say why next to it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -17,4 +20,9 @@ if [ "${M3_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake --build build-asan -j"$jobs"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
      ctest --output-on-failure -j"$jobs")
+fi
+if [ "${M3_SKIP_TSAN:-0}" != 1 ]; then
+  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DM3_TSAN=ON >/dev/null
+  cmake --build build-tsan -j"$jobs" --target m3 test_faults
+  (cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure -j"$jobs" -L tsan)
 fi

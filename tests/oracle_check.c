@@ -2,7 +2,8 @@
  * Face reference computed: logits at every prompt position (relative L2 per row), greedy
  * tokens (equal), greedy logits, and the indexer's block choices (equal as sets).
  * usage: oracle_check M3_BIN MODEL_DIR ORACLE.safetensors [--kv DTYPE] [--cases 0,2]
- *                     [--tol 1e-4] [--threads N] [--ubatch N] [--work DIR] [--backend cpu|cuda] */
+ *                     [--tol 1e-4] [--threads N] [--ubatch N] [--work DIR] [--backend cpu|cuda]
+ *                     [--tp N] [--moe-split experts|width]   (tensor parallel: m3 logits -tp N) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,7 @@ static int cmp_i32(const void *a, const void *b) { return *(const int32_t *)a - 
 int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: oracle_check M3 MODEL ORACLE [--kv D] [--cases LIST] [--tol X]\n"); return 2; }
     const char *m3 = argv[1], *model = argv[2], *oracle = argv[3], *kv = NULL, *cases = NULL, *work = "/tmp";
-    const char *threads = NULL, *ubatch = NULL, *backend = NULL;
+    const char *threads = NULL, *ubatch = NULL, *backend = NULL, *tp = NULL, *moe_split = NULL;
     double tol = 1e-4;
     for (int i = 4; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--kv")) kv = argv[i + 1];
@@ -39,6 +40,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--threads")) threads = argv[i + 1];
         else if (!strcmp(argv[i], "--ubatch")) ubatch = argv[i + 1];
         else if (!strcmp(argv[i], "--backend")) backend = argv[i + 1];
+        else if (!strcmp(argv[i], "--tp")) tp = argv[i + 1];
+        else if (!strcmp(argv[i], "--moe-split")) moe_split = argv[i + 1];
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
     }
     m3_err err;
@@ -64,7 +67,7 @@ int main(int argc, char **argv) {
         for (int t = 0; t < T; t++) o += (size_t)sprintf(idstr + o, "%s%d", t ? "," : "", ((const int32_t *)ids->data)[t]);
         snprintf(out, sizeof out, "%s/oracle_check_%d_%d.safetensors", work, (int)getpid(), k);
         snprintf(nbuf, sizeof nbuf, "%d", N);
-        const char *av[24];
+        const char *av[28];
         int ac = 0;
         av[ac++] = m3; av[ac++] = "logits"; av[ac++] = "-m"; av[ac++] = model; av[ac++] = "--ids"; av[ac++] = idstr;
         av[ac++] = "--decode"; av[ac++] = nbuf; av[ac++] = "--dump-index"; av[ac++] = "-o"; av[ac++] = out;
@@ -72,6 +75,8 @@ int main(int argc, char **argv) {
         if (threads) { av[ac++] = "--threads"; av[ac++] = threads; }
         if (ubatch) { av[ac++] = "--ubatch"; av[ac++] = ubatch; }
         if (backend) { av[ac++] = "--backend"; av[ac++] = backend; }
+        if (tp) { av[ac++] = "--tensor-parallel-size"; av[ac++] = tp; }
+        if (moe_split) { av[ac++] = "--moe-split"; av[ac++] = moe_split; }
         av[ac] = NULL;
         pid_t pid = fork();
         if (pid == 0) { execv(m3, (char *const *)av); perror("execv"); _exit(127); }

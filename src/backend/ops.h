@@ -72,7 +72,10 @@ typedef struct m3_ops {
                       const int32_t *sel, int block, int topk, float *out);
     /* SwiGLU-OAI MLP: out[T, H] = down((clamp(up)+1) * g * sigmoid(alpha g)), g = min(gate, limit) */
     void (*mlp)(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out);
-    /* Sigmoid router + routed experts + shared expert, out [T, H] (overwritten). */
+    /* Sigmoid router + routed experts + shared expert, out [T, H] (overwritten). Under expert
+     * parallelism (src/dist/shard.h) experts held by other ranks have no weights
+     * (experts[e].gate.w == NULL, shapes kept): routing still sees every expert, those add
+     * nothing here. */
     void (*moe)(void *ctx, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,
                 float routed_scale, float alpha, float limit, float *out);
 } m3_ops;

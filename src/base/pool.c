@@ -19,9 +19,11 @@ struct m3_pool {
     atomic_ulong gen;    /* bumped for every loop (wakes the workers) */
     atomic_int stop;
     /* current loop: published before `ticket` */
-    m3_pool_fn fn;
-    void *ctx;
-    size_t n_items, chunk;
+    /* relaxed atomics: a worker may read them while the caller publishes the next loop (it
+     * then fails its claim on `ticket` and uses nothing it read) */
+    _Atomic(m3_pool_fn) fn;
+    _Atomic(void *) ctx;
+    atomic_size_t n_items, chunk;
     /* (loop number << 32) | next item: a chunk is claimed by a CAS that also checks the loop,
      * so a worker that wakes late can never take (or wait for) another loop's items */
     _Atomic uint64_t ticket;
@@ -38,13 +40,18 @@ static void run_chunks(m3_pool *p, uint32_t loop, int id) {
     for (;;) {
         uint64_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
         if ((uint32_t)(t >> 32) != loop) return;
-        size_t b = (size_t)(t & 0xffffffffu), n = p->n_items, c = p->chunk;
+        size_t b = (size_t)(t & 0xffffffffu), n = atomic_load_explicit(&p->n_items, memory_order_relaxed),
+               c = atomic_load_explicit(&p->chunk, memory_order_relaxed);
         if (b >= n) return;
         size_t e = b + c < n ? b + c : n;
-        if (!atomic_compare_exchange_weak_explicit(&p->ticket, &t, ((uint64_t)loop << 32) | e, memory_order_acq_rel,
+        /* the last chunk marks the loop exhausted (index 0xffffffff, beyond any n): a worker that
+         * reads this loop's ticket late, after the caller has moved on and rewritten n_items,
+         * must not find items left in it */
+        uint64_t nt = ((uint64_t)loop << 32) | (e == n ? 0xffffffffu : (uint32_t)e);
+        if (!atomic_compare_exchange_weak_explicit(&p->ticket, &t, nt, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue;
-        p->fn(p->ctx, b, e, id);
+        atomic_load_explicit(&p->fn, memory_order_relaxed)(atomic_load_explicit(&p->ctx, memory_order_relaxed), b, e, id);
         size_t d = atomic_fetch_add_explicit(&p->done, e - b, memory_order_acq_rel) + (e - b);
         if (d == n && id != 0) {
             pthread_mutex_lock(&p->mu);
@@ -124,10 +131,10 @@ void m3_pool_for(m3_pool *p, size_t n, size_t grain, m3_pool_fn fn, void *ctx) {
     /* about 4 chunks per worker for balance, never below grain */
     size_t chunk = (n + (size_t)p->n * 4 - 1) / ((size_t)p->n * 4);
     if (chunk < grain) chunk = grain;
-    p->fn = fn;
-    p->ctx = ctx;
-    p->n_items = n;
-    p->chunk = chunk;
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&p->n_items, n, memory_order_relaxed);
+    atomic_store_explicit(&p->chunk, chunk, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     unsigned long g = atomic_load(&p->gen) + 1;
     atomic_store_explicit(&p->ticket, (uint64_t)(uint32_t)g << 32, memory_order_release); /* opens the loop */

@@ -7,6 +7,7 @@
 
 #include "../backend/ops.h"
 #include "../model/m3.h"
+#include "../model/vision.h"
 
 int m3_cmd_logits(int argc, char **argv);
 int m3_cmd_generate(int argc, char **argv);
@@ -35,5 +36,26 @@ int m3_cli_load_on(m3_model *m, m3_ops *ops, const char *backend, const char *di
 /* Creates the ops of a backend (as above) without a model. */
 int m3_cli_ops_init(m3_ops *ops, const char *backend, int threads, const char *cmd);
 void m3_cli_ops_free(m3_ops *ops);
+
+/* Image inputs of a command (src/cli/images.c): the vision tower, the pixel values, what the
+ * tower made of them and where they go in the expanded prompt. */
+typedef struct m3_cli_images {
+    m3_vision vis;
+    m3_pixels px;
+    float *embeds;      /* [n_tokens, hidden] image_embeds */
+    float *tower_out;   /* [px.n_patches, vision hidden] vision_tower_out */
+    int n_tokens;
+    int32_t *rows;      /* [n_rows] positions of the image tokens in the expanded prompt, ascending */
+    int n_rows;
+} m3_cli_images;
+/* Loads the tower of dir (on the loaded model's checkpoint), decodes + preprocesses files
+ * (or reads pixel_file: pixel_values + image_grid_thw), runs the tower (on ops when they are
+ * host memory, else on a CPU op table of `threads`), then expands the image placeholders of
+ * *ids (replaced, *T updated; see m3_vision_expand_prompt; start/end ids < 0: from the
+ * checkpoint's tokenizer when it has one, else none). Prints errors; -1 on failure. */
+int m3_cli_images_prepare(m3_cli_images *im, m3_model *m, m3_ops *ops, const char *dir, const char *const *files,
+                          int n_files, const char *pixel_file, int language_only, int32_t start_id, int32_t end_id,
+                          int threads, int32_t **ids, int *T, const char *cmd);
+void m3_cli_images_free(m3_cli_images *im);
 
 #endif

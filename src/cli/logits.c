@@ -1,11 +1,18 @@
 /* m3 logits: one prefill (in chunks of --ubatch tokens) and optional greedy decode steps,
- * written to a safetensors file for comparison with a reference. */
+ * written to a safetensors file for comparison with a reference.
+ * Images: --image FILE (repeatable) or --pixel-values FILE.safetensors; the ids then carry one
+ * image placeholder (the config's image_token_index) per image, in order, which is expanded to
+ * start, image tokens x (grid_h * grid_w / merge^2), end (a run already expanded to that count
+ * is kept as is); start / end ids: --image-start-id / --image-end-id, else the checkpoint's
+ * tokenizer, else none. --dump-vision adds pixel_values, image_grid_thw, vision_tower_out,
+ * image_embeds and the expanded input_ids to the output. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../backend/cpu/cpu.h"
 #include "cli.h"
+#include "tp.h"
 
 typedef struct {
     int T, ni, topk_out, n_layers;
@@ -42,10 +49,20 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
+/* one step on the model, or on the ranks of a tensor-parallel group (-tp N) */
+static int forward(m3_model *m, m3_cli_tp *tp, m3_kv *kv, const m3_batch *b, const int32_t *ids,
+                   const m3_embed_override *ov, const int *rows, int n, float *logits, const m3_taps *taps, m3_err *err) {
+    if (tp->g) return m3_group_forward_ex(tp->g, b, ids, ov, rows, n, logits, taps, err);
+    return m3_forward_ex(m, kv, b, ids, ov, rows, n, logits, taps, err);
+}
+
 int m3_cmd_logits(int argc, char **argv) {
     const char *dir = NULL, *ids_s = NULL, *out = NULL, *kvd = "f32", *ikd = NULL, *backend = NULL;
-    long decode = 0, threads = 0, ubatch = 512;
-    int dump_index = 0, dump_hidden = 0;
+    long decode = 0, threads = 0, ubatch = 512, tp_size = 1;
+    m3_moe_split moe = M3_MOE_EXPERTS;
+    int dump_index = 0, dump_hidden = 0, dump_vision = 0, lm_only = 0, n_images = 0;
+    long start_id = -1, end_id = -1;
+    const char *images[64], *pixel_file = NULL;
     m3_err err;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -59,16 +76,33 @@ int m3_cmd_logits(int argc, char **argv) {
         else if (!strcmp(a, "--decode")) { r = m3_cli_int(a, v, 0, 1 << 20, &decode, &err); i++; }
         else if (!strcmp(a, "--threads")) { r = m3_cli_int(a, v, 0, 1024, &threads, &err); i++; }
         else if (!strcmp(a, "--ubatch")) { r = m3_cli_int(a, v, 1, 1 << 20, &ubatch, &err); i++; }
+        else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) { r = m3_cli_int(a, v, 1, 64, &tp_size, &err); i++; }
+        else if (!strcmp(a, "--moe-split")) {
+            if (v && m3_moe_split_parse(v, &moe)) { fprintf(stderr, "m3 logits: --moe-split: '%s' is not experts or width\n", v); return 2; }
+            i++;
+        }
         else if (!strcmp(a, "--dump-index")) dump_index = 1;
         else if (!strcmp(a, "--dump-hidden")) dump_hidden = 1;
+        else if (!strcmp(a, "--dump-vision")) dump_vision = 1;
+        else if (!strcmp(a, "--language-model-only")) lm_only = 1;
+        else if (!strcmp(a, "--pixel-values")) { pixel_file = v; i++; }
+        else if (!strcmp(a, "--image")) {
+            if (n_images == 64) { fprintf(stderr, "m3 logits: at most 64 --image options\n"); return 2; }
+            if (v) images[n_images++] = v;
+            i++;
+        }
+        else if (!strcmp(a, "--image-start-id")) { r = m3_cli_int(a, v, 0, INT32_MAX, &start_id, &err); i++; }
+        else if (!strcmp(a, "--image-end-id")) { r = m3_cli_int(a, v, 0, INT32_MAX, &end_id, &err); i++; }
         else { fprintf(stderr, "m3 logits: unknown option '%s'\n", a); return 2; }
         if (r) { fprintf(stderr, "m3 logits: %s\n", err.msg); return 2; }
         if (i >= argc) { fprintf(stderr, "m3 logits: %s needs a value\n", a); return 2; }
     }
     if (!dir || !ids_s || !out) {
-        fprintf(stderr, "m3 logits: usage: m3 logits -m DIR --ids 1,2,3 [--decode N] [--kv-cache-dtype f32|bf16|fp8|nvfp4] [--backend cpu|cuda|auto] [--dump-index] -o OUT.safetensors\n");
+        fprintf(stderr, "m3 logits: usage: m3 logits -m DIR --ids 1,2,3 [--decode N] [--kv-cache-dtype f32|bf16|fp8|nvfp4] [--backend cpu|cuda|auto] [--dump-index] [--image FILE ... | --pixel-values FILE] [--image-start-id N --image-end-id N] [--dump-vision] [--language-model-only] [-tp N [--moe-split experts|width]] -o OUT.safetensors\n");
         return 2;
     }
+    if (n_images && pixel_file) { fprintf(stderr, "m3 logits: give --image or --pixel-values, not both\n"); return 2; }
+    if (dump_vision && !n_images && !pixel_file) { fprintf(stderr, "m3 logits: --dump-vision needs --image or --pixel-values\n"); return 2; }
     m3_kv_dtype kdt, idt;
     if (m3_kv_dtype_parse(kvd, &kdt)) { fprintf(stderr, "m3 logits: --kv-cache-dtype: unknown dtype '%s' (f32, bf16, fp8, nvfp4)\n", kvd); return 2; }
     if (!ikd) idt = kdt;
@@ -79,18 +113,34 @@ int m3_cmd_logits(int argc, char **argv) {
 
     m3_ops ops;
     m3_model m;
-    if (m3_cli_load_on(&m, &ops, backend, dir, (int)threads, "logits", ids, T)) { free(ids); return 1; }
+    m3_cli_tp tp = {0};
+    if (tp_size > 1) { /* -tp N: m holds the host weights, the group's ranks compute */
+        if (n_images || pixel_file) { fprintf(stderr, "m3 logits: images with --tensor-parallel-size are not supported yet\n"); free(ids); return 2; }
+        memset(&ops, 0, sizeof ops);
+        if (m3_cli_tp_load(&tp, &m, backend, dir, (int)threads, (int)tp_size, moe, "logits", ids, T)) { free(ids); return 1; }
+    } else if (m3_cli_load_on(&m, &ops, backend, dir, (int)threads, "logits", ids, T)) { free(ids); return 1; }
+    m3_cli_images im = {0};
+    if ((n_images || pixel_file) &&
+        m3_cli_images_prepare(&im, &m, &ops, dir, images, n_images, pixel_file, lm_only, (int32_t)start_id, (int32_t)end_id,
+                              (int)threads, &ids, &T, "logits")) {
+        free(ids);
+        m3_model_free(&m);
+        m3_cli_ops_free(&ops);
+        return 1;
+    }
     const m3_config *c = &m.cfg;
     const int V = c->vocab, N = (int)decode;
     int rc = 1;
     int page = m3_kv_page_tokens(c);
     int total = T + (N > 0 ? N : 0);
-    m3_kv kv;
+    m3_kv kv, *kvp = &kv; /* -tp N: rank 0's pool holds the page table every rank uses */
     m3_kv_mem mem = m3_model_kv_mem(&m);
-    if (m3_kv_create_in(&kv, c, kdt, idt, page, (total + page - 1) / page, &mem, &err)) {
+    if (tp.g ? m3_group_kv_create(tp.g, kdt, idt, page, (total + page - 1) / page, &err)
+             : m3_kv_create_in(&kv, c, kdt, idt, page, (total + page - 1) / page, &mem, &err)) {
         fprintf(stderr, "m3 logits: %s\n", err.msg);
         goto early;
     }
+    if (tp.g) kvp = m3_group_kv(tp.g, 0);
     m3_kv_seq seq = {0};
     m3_kv_seq *seqs[1] = {&seq};
     int nb_total = (T + c->block_size - 1) / (c->block_size ? c->block_size : 1);
@@ -105,13 +155,21 @@ int m3_cmd_logits(int argc, char **argv) {
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)(ubatch > 1 ? ubatch : 1));
     int32_t *sq = calloc((size_t)ubatch, sizeof(int32_t));
     int *rows = malloc(sizeof(int) * (size_t)ubatch);
-    if (!logits || (N && (!glog || !gtok)) || !pos || !sq || !rows) { fprintf(stderr, "m3 logits: out of memory\n"); goto done; }
+    int32_t *irows = malloc(sizeof(int32_t) * (size_t)ubatch);
+    if (!logits || (N && (!glog || !gtok)) || !pos || !sq || !rows || !irows) { fprintf(stderr, "m3 logits: out of memory\n"); goto done; }
     for (int t0 = 0; t0 < T; t0 += (int)ubatch) {
         int n = T - t0 < ubatch ? T - t0 : (int)ubatch;
         for (int i = 0; i < n; i++) { pos[i] = t0 + i; rows[i] = i; }
         m3_batch b = {n, pos, sq, seqs};
         ds.t0 = t0;
-        if (m3_forward(&m, &kv, &b, ids + t0, rows, n, logits + (size_t)t0 * V, &taps, &err)) {
+        /* image rows of this chunk take the image embeddings */
+        m3_embed_override ov = {0, irows, NULL};
+        for (int i = 0; i < im.n_rows; i++)
+            if (im.rows[i] >= t0 && im.rows[i] < t0 + n) {
+                if (!ov.n) ov.emb = im.embeds + (size_t)i * c->hidden;
+                irows[ov.n++] = im.rows[i] - t0;
+            }
+        if (forward(&m, &tp, kvp, &b, ids + t0, &ov, rows, n, logits + (size_t)t0 * V, &taps, &err)) {
             fprintf(stderr, "m3 logits: %s\n", err.msg);
             goto done;
         }
@@ -123,7 +181,7 @@ int m3_cmd_logits(int argc, char **argv) {
             if (i + 1 == N) break;
             int32_t p = T + i, s0 = 0, r0 = 0;
             m3_batch b = {1, &p, &s0, seqs};
-            if (m3_forward(&m, &kv, &b, &gtok[i], &r0, 1, glog + (size_t)(i + 1) * V, NULL, &err)) {
+            if (forward(&m, &tp, kvp, &b, &gtok[i], NULL, &r0, 1, glog + (size_t)(i + 1) * V, NULL, &err)) {
                 fprintf(stderr, "m3 logits: %s\n", err.msg);
                 goto done;
             }
@@ -152,6 +210,16 @@ int m3_cmd_logits(int argc, char **argv) {
             int64_t s2[2] = {T, c->hidden};
             ok = !m3_stw_add(w, nm, M3_DT_F32, 2, s2, ds.hidden[l], &err);
         }
+        if (ok && dump_vision) {
+            const m3_vision_config *vc = &im.vis.cfg;
+            int64_t sp[2] = {im.px.n_patches, im.px.patch_dim}, sg[2] = {im.px.n_images, 3};
+            int64_t st[2] = {im.px.n_patches, vc->hidden}, se[2] = {im.n_tokens, c->hidden}, si[1] = {T};
+            ok = !m3_stw_add(w, "pixel_values", M3_DT_F32, 2, sp, im.px.data, &err) &&
+                 !m3_stw_add(w, "image_grid_thw", M3_DT_I32, 2, sg, im.px.grid, &err) &&
+                 !m3_stw_add(w, "vision_tower_out", M3_DT_F32, 2, st, im.tower_out, &err) &&
+                 !m3_stw_add(w, "image_embeds", M3_DT_F32, 2, se, im.embeds, &err) &&
+                 !m3_stw_add(w, "input_ids", M3_DT_I32, 1, si, ids, &err);
+        }
         if (ok) ok = !m3_stw_write(w, out, &err);
         if (!w) snprintf(err.msg, sizeof err.msg, "out of memory");
         m3_stw_free(w);
@@ -162,11 +230,13 @@ done:
     if (ds.blocks) for (int l = 0; l < c->n_layers; l++) free(ds.blocks[l]);
     if (ds.hidden) for (int l = 0; l <= c->n_layers; l++) free(ds.hidden[l]);
     free(ds.blocks); free(ds.hidden);
-    free(logits); free(glog); free(gtok); free(pos); free(sq); free(rows);
-    m3_kv_seq_release(&kv, &seq);
-    m3_kv_destroy(&kv);
+    free(logits); free(glog); free(gtok); free(pos); free(sq); free(rows); free(irows);
+    m3_kv_seq_release(kvp, &seq);
+    if (!tp.g) m3_kv_destroy(&kv);
 early:
     free(ids);
+    m3_cli_images_free(&im);
+    m3_cli_tp_free(&tp);
     m3_model_free(&m);
     m3_cli_ops_free(&ops);
     return rc;

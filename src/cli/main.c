@@ -9,6 +9,7 @@ static void usage(FILE *f) {
             "usage: m3 <command> [options]\n"
             "  serve      -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--kv-cache-memory BYTES] ...\n"
             "  logits     -m DIR --ids 1,2,3 [--decode N] [--kv-cache-dtype f32|bf16] [--dump-index] -o OUT.safetensors\n"
+            "             [--image FILE ... | --pixel-values FILE] [--image-start-id N --image-end-id N] [--dump-vision]\n"
             "  generate   -m DIR --ids 1,2,3 -n N [--temperature T --top-p P --top-k K --seed S] [--speculative-config JSON]\n"
             "  make-tiny  --out DIR [--config FILE] [--seed S] [--quant none|mxfp8-nvfp4|mxfp8-nvfp4-modelopt]\n"
             "  bench      -m DIR [--prompt N] [--decode N] [--threads N]\n"

@@ -5,6 +5,7 @@
 
 #include "../backend/cpu/cpu.h"
 #include "../engine/engine.h"
+#include "../engine/fault.h"
 #include "../kv/kv.h"
 #include "../server/server.h"
 #include "../text/chat.h"
@@ -16,16 +17,23 @@ static const char *usage =
     "                [--threads N] [--kv-cache-memory BYTES] [--max-num-seqs N] [--max-num-batched-tokens N]\n"
     "                [--max-model-len N] [--speculative-config JSON] [--draft DIR]\n"
     "                [--kv-cache-dtype auto|f32|bf16|fp8|nvfp4] [--index-cache-dtype DTYPE]\n"
-    "                [--max-waiting N] [--shutdown-timeout SECONDS] [--max-body BYTES] [--disable-log-requests]\n"
+    "                [--max-waiting N] [--shutdown-timeout SECONDS] [--max-body BYTES] [--max-header-bytes BYTES]\n"
+    "                [--timeout SECONDS] [--disable-log-requests]\n"
     "  --max-waiting N  429 for new generation requests while N sequences wait in the engine (default 1024)\n"
     "  --shutdown-timeout S  after SIGTERM / SIGINT, requests in flight get S seconds, then are cancelled (default 30)\n"
     "  --max-body BYTES request body limit, 413 beyond it (default 33554432)\n"
+    "  --max-header-bytes BYTES  request line + headers limit (default 65536)\n"
+    "  --timeout S      a connection silent for S seconds (request not arriving, idle keep-alive, a client\n"
+    "                   not reading its stream) is closed and its request cancelled (default 60; 0: never)\n"
+    "  M3_FAULT_ALLOC=MODULE:FIRST[:COUNT[:PERIOD]] (environment, tests only): allocation failures, see\n"
+    "                   src/engine/fault.h\n"
     "  --speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":7,\"draft_sample_method\":\"probabilistic\"}'\n"
     "                 DSpark speculative decoding with the draft in DIR/dspark (or --draft DIR)\n";
 
 int m3_cmd_serve(int argc, char **argv) {
     const char *dir = NULL, *name = NULL, *spec_json = NULL, *draft_dir = NULL, *kvd = NULL, *ikd = NULL;
     long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, mml = 0, waiting = -1, grace = -1, body = 0;
+    long hdr = 0, tmo = -1;
     m3_server_opts so;
     m3_server_opts_default(&so);
     m3_err err;
@@ -50,6 +58,8 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-waiting")) r = m3_cli_int(a, v, 0, 1 << 30, &waiting, &err);
         else if (!strcmp(a, "--shutdown-timeout")) r = m3_cli_int(a, v, 0, 1 << 20, &grace, &err);
         else if (!strcmp(a, "--max-body")) r = m3_cli_int(a, v, 1, __LONG_MAX__, &body, &err);
+        else if (!strcmp(a, "--max-header-bytes")) r = m3_cli_int(a, v, 256, 1 << 30, &hdr, &err);
+        else if (!strcmp(a, "--timeout")) r = m3_cli_int(a, v, 0, 1 << 20, &tmo, &err);
         else if (!strcmp(a, "--speculative-config")) spec_json = v;
         else if (!strcmp(a, "--draft")) draft_dir = v;
         else { fprintf(stderr, "m3 serve: unknown option '%s'\n%s", a, usage); return 2; }
@@ -64,6 +74,16 @@ int m3_cmd_serve(int argc, char **argv) {
     if (waiting >= 0) so.max_waiting = (int)waiting;
     if (grace >= 0) so.shutdown_timeout = (double)grace;
     if (body) so.max_body = (size_t)body;
+    if (hdr) so.max_header_bytes = (size_t)hdr;
+    if (tmo >= 0) so.timeout = (double)tmo;
+    so.fault_spec = getenv("M3_FAULT_ALLOC");
+    if (so.fault_spec && !*so.fault_spec) so.fault_spec = NULL;
+    if (so.fault_spec) { /* checked now, armed once the server listens */
+        int bad = m3_fault_arm_spec(so.fault_spec, &err);
+        m3_fault_disarm(M3_FAULT_ENGINE);
+        m3_fault_disarm(M3_FAULT_SERVER);
+        if (bad) { fprintf(stderr, "m3 serve: M3_FAULT_ALLOC: %s\n", err.msg); return 2; }
+    }
     so.model_name = name ? name : dir;
     m3_tok *tok = m3_tok_load(dir, &err);
     if (!tok) { fprintf(stderr, "m3 serve: tokenizer: %s\n", err.msg); return 1; }

@@ -9,6 +9,12 @@
 #include <time.h>
 
 #include "../kv/blocks.h"
+#include "fault.h"
+
+/* request- and step-level allocations are counted by the fault-injection hook (fault.h) */
+#define e_malloc(n) m3_fault_malloc(M3_FAULT_ENGINE, n)
+#define e_calloc(k, n) m3_fault_calloc(M3_FAULT_ENGINE, k, n)
+#define e_realloc(p, n) m3_fault_realloc(M3_FAULT_ENGINE, p, n)
 
 typedef struct req {
     uint64_t id;
@@ -20,7 +26,9 @@ typedef struct req {
     m3_sampler *smp;
     m3_engine_token_fn cb;
     m3_engine_output_fn cb_out;
+    m3_engine_error_fn cb_err;
     void *arg;
+    const char *why;           /* why it ends with M3_FINISH_ERROR (a static string) */
     m3_blocks_seq bs;
     int n_done;                /* positions whose KV entries are written (== bs.kv.len) */
     /* speculative decoding */
@@ -113,7 +121,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
                 o->max_num_batched_tokens);
         return NULL;
     }
-    m3_engine *e = calloc(1, sizeof *e);
+    m3_engine *e = e_calloc(1, sizeof *e);
     if (!e) { m3_errf(err, "engine: out of memory"); return NULL; }
     const m3_config *c = &m->cfg;
     e->m = m;
@@ -184,19 +192,19 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         e->max_rows = rows < e->max_tokens_step ? (int)rows : e->max_tokens_step;
     }
     size_t T = (size_t)e->max_tokens_step;
-    e->running = calloc((size_t)e->max_seqs, sizeof *e->running);
-    e->ids = malloc(T * sizeof *e->ids);
-    e->pos = malloc(T * sizeof *e->pos);
-    e->sq = malloc(T * sizeof *e->sq);
-    e->rows = malloc((size_t)e->max_rows * sizeof *e->rows);
-    e->seqs = calloc((size_t)e->max_seqs, sizeof *e->seqs);
-    e->logits = malloc((size_t)e->max_rows * (size_t)e->V * sizeof(float));
+    e->running = e_calloc((size_t)e->max_seqs, sizeof *e->running);
+    e->ids = e_malloc(T * sizeof *e->ids);
+    e->pos = e_malloc(T * sizeof *e->pos);
+    e->sq = e_malloc(T * sizeof *e->sq);
+    e->rows = e_malloc((size_t)e->max_rows * sizeof *e->rows);
+    e->seqs = e_calloc((size_t)e->max_seqs, sizeof *e->seqs);
+    e->logits = e_malloc((size_t)e->max_rows * (size_t)e->V * sizeof(float));
     e->ws = m3_sample_ws_create(e->V, err);
     int spec_ok = 1;
     if (e->spec) {
-        e->feat = malloc(T * (size_t)m3_dspark_feat_dim(&e->draft) * sizeof(float));
-        e->drows = malloc((size_t)e->k * (size_t)e->V * sizeof(float));
-        e->pbuf = malloc((size_t)e->V * sizeof(float));
+        e->feat = e_malloc(T * (size_t)m3_dspark_feat_dim(&e->draft) * sizeof(float));
+        e->drows = e_malloc((size_t)e->k * (size_t)e->V * sizeof(float));
+        e->pbuf = e_malloc((size_t)e->V * sizeof(float));
         spec_ok = e->feat && e->drows && e->pbuf;
     }
     int mu_ok = !pthread_mutex_init(&e->mu, NULL);
@@ -255,7 +263,7 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
             m3_errf(err, "request: prompt token id %d at index %d is out of range (vocab %d)", q->prompt[i], i, e->V);
             return 0;
         }
-    req *r = calloc(1, sizeof *r);
+    req *r = e_calloc(1, sizeof *r);
     if (!r) { m3_errf(err, "request: out of memory"); return 0; }
     long lim = (long)q->n_prompt + q->max_tokens;
     r->limit = lim > e->max_len ? e->max_len : (int)lim;
@@ -263,10 +271,11 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
     r->max_tokens = q->max_tokens;
     r->cb = q->on_token;
     r->cb_out = q->on_output;
+    r->cb_err = q->on_error;
     r->arg = q->arg;
-    r->tok = malloc(sizeof(int32_t) * (size_t)r->limit);
+    r->tok = e_malloc(sizeof(int32_t) * (size_t)r->limit);
     int with_eos = !q->ignore_eos && e->eos >= 0;
-    r->stop = malloc(sizeof(int32_t) * (size_t)(q->n_stop_ids + with_eos + 1));
+    r->stop = e_malloc(sizeof(int32_t) * (size_t)(q->n_stop_ids + with_eos + 1));
     if (!r->tok || !r->stop) { req_free(r); m3_errf(err, "request: out of memory"); return 0; }
     memcpy(r->tok, q->prompt, sizeof(int32_t) * (size_t)q->n_prompt);
     if (q->n_stop_ids) memcpy(r->stop, q->stop_ids, sizeof(int32_t) * (size_t)q->n_stop_ids);
@@ -294,7 +303,7 @@ int m3_engine_cancel(m3_engine *e, uint64_t id) {
     pthread_mutex_lock(&e->mu);
     if (e->n_cancels == e->cap_cancels) {
         int nc = e->cap_cancels ? 2 * e->cap_cancels : 16;
-        uint64_t *p = realloc(e->cancels, sizeof *p * (size_t)nc);
+        uint64_t *p = e_realloc(e->cancels, sizeof *p * (size_t)nc);
         if (!p) rc = -1;
         else { e->cancels = p; e->cap_cancels = nc; }
     }
@@ -349,6 +358,7 @@ int m3_engine_max_model_len(const m3_engine *e) { return e->max_len; }
 
 static void emit(req *r, const m3_sample_out *so, int reason) {
     int fin = reason != M3_FINISH_NONE;
+    if (reason == M3_FINISH_ERROR && r->cb_err) r->cb_err(r->arg, r->id, r->why ? r->why : "the engine failed");
     if (r->cb_out) r->cb_out(r->arg, r->id, so, fin, reason);
     else if (r->cb) r->cb(r->arg, r->id, so ? so->token : -1, so ? so->logprob : 0.0f, fin, reason);
 }
@@ -361,10 +371,31 @@ static void finish(m3_engine *e, req *r, int reason) {
     req_free(r);
 }
 
+static void fail(m3_engine *e, req *r, const char *why) {
+    r->why = why;
+    finish(e, r, M3_FINISH_ERROR);
+}
+
+static const char OOM[] = "out of memory in the engine";
+
+/* 1 when every value of the n logits is finite: NaN or Inf in the weights (or an overflow)
+ * ends the request with an error instead of sampling garbage. On the bits (|x| >= the
+ * exponent-all-ones pattern), so that it vectorizes: a small cost next to the forward. */
+static int logits_finite(const float *x, size_t n) {
+    uint32_t mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, x + i, sizeof b);
+        b &= 0x7fffffffu;
+        mx = b > mx ? b : mx;
+    }
+    return mx < 0x7f800000u;
+}
+
 static int waiting_push(m3_engine *e, req *r, int at_head) {
     if (e->n_waiting == e->cap_waiting) {
         int nc = e->cap_waiting ? 2 * e->cap_waiting : 16;
-        req **p = realloc(e->waiting, sizeof *p * (size_t)nc);
+        req **p = e_realloc(e->waiting, sizeof *p * (size_t)nc);
         if (!p) return -1;
         e->waiting = p;
         e->cap_waiting = nc;
@@ -403,7 +434,7 @@ static void drain(m3_engine *e) {
     for (req *r = head, *n; r; r = n) {
         n = r->next;
         r->next = NULL;
-        if (waiting_push(e, r, 0)) finish(e, r, M3_FINISH_ERROR);
+        if (waiting_push(e, r, 0)) fail(e, r, OOM);
     }
     for (int k = 0; k < n_cancels; k++) {
         uint64_t id = cancels[k];
@@ -439,7 +470,7 @@ static req *preempt_last(m3_engine *e, int *budget) {
     v->n_done = 0;
     e->tot.preemptions++;
     e->last.n_preempted++;
-    if (waiting_push(e, v, 1)) finish(e, v, M3_FINISH_ERROR);
+    if (waiting_push(e, v, 1)) fail(e, v, OOM);
     return v;
 }
 
@@ -468,7 +499,7 @@ static void schedule(m3_engine *e) {
                 if (rc == 0) break;
                 if (rc < 0) { /* cannot ever fit (or no memory): end it */
                     running_remove(e, i);
-                    finish(e, r, M3_FINISH_ERROR);
+                    fail(e, r, "the KV cache cannot hold this request");
                     i--;
                     ok = 0;
                     break;
@@ -493,7 +524,7 @@ static void schedule(m3_engine *e) {
             long n_look = r->n_tok;
             if (e->spec) n_look = (long)r->n_tok - e->draft.cfg.window + 1 > 1 ? (long)r->n_tok - e->draft.cfg.window + 1 : 1;
             hit = m3_blocks_admit(e->bm, &r->bs, r->tok, (int)n_look, NULL, 0, &e2);
-            if (hit < 0) { waiting_remove(e, 0); finish(e, r, M3_FINISH_ERROR); continue; }
+            if (hit < 0) { waiting_remove(e, 0); fail(e, r, OOM); continue; }
         }
         r->n_done = hit;
         if (e->spec) m3_dspark_ctx_reset(&r->dctx, hit);
@@ -504,7 +535,7 @@ static void schedule(m3_engine *e) {
         if (rc) {
             m3_blocks_free(e->bm, &r->bs);
             r->n_done = 0;
-            if (rc < 0) { waiting_remove(e, 0); finish(e, r, M3_FINISH_ERROR); continue; }
+            if (rc < 0) { waiting_remove(e, 0); fail(e, r, "the KV cache cannot hold this request"); continue; }
             break; /* does not fit now: wait (FCFS: nobody overtakes it) */
         }
         waiting_remove(e, 0);
@@ -550,7 +581,7 @@ static void draft_all(m3_engine *e) {
         m3_err e2;
         int rc = 0;
         if (!r->q && !m3_sampler_is_greedy(r->smp) && e->draft_method == M3_SPEC_DRAFT_PROBABILISTIC) {
-            r->q = malloc(sizeof(float) * (size_t)e->k * (size_t)e->V);
+            r->q = e_malloc(sizeof(float) * (size_t)e->k * (size_t)e->V);
             if (!r->q) rc = -1;
         }
         /* always all k slots, so the drafts do not depend on how many get verified */
@@ -559,7 +590,7 @@ static void draft_all(m3_engine *e) {
                                r->n_done, e->k, e->drows, r->draft, r->q, &r->q_used, &e2);
         if (rc) {
             running_remove(e, i--);
-            finish(e, r, M3_FINISH_ERROR);
+            fail(e, r, "drafting failed");
             continue;
         }
         if (e->draft_hook && m3_sampler_is_greedy(r->smp))
@@ -631,7 +662,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
                 req *r = e->running[i];
                 if (!r->n_sched) continue;
                 running_remove(e, i--);
-                finish(e, r, M3_FINISH_ERROR);
+                fail(e, r, "the model's forward pass failed");
             }
             snapshot(e);
             return -1;
@@ -646,11 +677,18 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             const int P = r->n_done;
             int n_valid = r->n_sched; /* positions whose KV entries stay: all but rejected drafts */
             int reason = M3_FINISH_NONE;
+            if (r->out_idx >= 0 && !logits_finite(e->logits + (size_t)r->out_idx * V, (size_t)V * (size_t)(1 + r->k_sched))) {
+                r->why = "the model produced non-finite logits (NaN or Inf)";
+                e->tot.nonfinite_logits++;
+                r->done = M3_FINISH_ERROR;
+                continue;
+            }
             if (r->k_sched) {
                 m3_spec_result res;
                 int max_emit = r->max_tokens - r->n_gen < r->limit - r->n_tok ? r->max_tokens - r->n_gen : r->limit - r->n_tok;
                 if (m3_spec_verify(r->smp, e->ws, e->pbuf, e->logits + (size_t)r->out_idx * V, r->draft,
                                    r->q_used ? r->q : NULL, r->k_sched, r->stop, r->n_stop, max_emit, &res, &e2)) {
+                    r->why = "speculative verification failed";
                     r->done = M3_FINISH_ERROR;
                     continue;
                 }
@@ -673,6 +711,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             }
             /* only positions below n_done (committed tokens) reach the prefix cache */
             if (e->prefix && m3_blocks_commit(e->bm, &r->bs, r->tok, r->n_done, NULL, 0, &e2)) {
+                r->why = OOM;
                 r->done = M3_FINISH_ERROR;
                 continue;
             }
@@ -680,6 +719,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
                 m3_sample_out so;
                 if (m3_sampler_sample(r->smp, e->logits + (size_t)r->out_idx * V, e->ws, &so, &e2) ||
                     m3_sampler_accept(r->smp, so.token, &e2)) {
+                    r->why = "sampling failed (out of memory)";
                     r->done = M3_FINISH_ERROR;
                     continue;
                 }
@@ -688,6 +728,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             /* the draft context takes the committed rows (not needed once the request ends) */
             if (e->spec && !reason &&
                 m3_dspark_ctx_append(&e->draft, &r->dctx, e->feat + (size_t)r->row0 * F, P, n_valid, &e2)) {
+                r->why = "the draft context failed (out of memory)";
                 r->done = M3_FINISH_ERROR;
                 continue;
             }

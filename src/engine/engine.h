@@ -77,7 +77,7 @@ enum {
     M3_FINISH_STOP = 1,      /* a stop token id (or EOS) was generated; that token is reported */
     M3_FINISH_LENGTH = 2,    /* max_tokens generated, or the context limit reached */
     M3_FINISH_CANCELLED = 3, /* m3_engine_cancel; token -1 */
-    M3_FINISH_ERROR = 4,     /* the step failed for this request (see m3_engine_step's err); token -1 */
+    M3_FINISH_ERROR = 4,     /* the request failed (out of memory, non-finite logits, a failed step: see on_error); token -1 */
 };
 const char *m3_engine_finish_name(int reason); /* "stop", "length", "cancelled", "error", "" */
 
@@ -93,6 +93,11 @@ typedef void (*m3_engine_token_fn)(void *arg, uint64_t id, int32_t token, float 
  * request's sampling asked for them); out is NULL for the token -1 endings. */
 typedef void (*m3_engine_output_fn)(void *arg, uint64_t id, const m3_sample_out *out, int finished,
                                     int finish_reason);
+
+/* Why a request ends with M3_FINISH_ERROR: called (engine thread) just before that final
+ * callback. msg is a static string ("out of memory in the engine", "the model produced
+ * non-finite logits (NaN or Inf)", ...). */
+typedef void (*m3_engine_error_fn)(void *arg, uint64_t id, const char *msg);
 
 typedef struct m3_engine_opts {
     int kv_pages;               /* pool size in pages; 0: from kv_bytes */
@@ -123,6 +128,7 @@ typedef struct m3_engine_request {
     int ignore_eos;             /* nonzero: the config's eos id does not stop the request */
     m3_engine_token_fn on_token; /* may be NULL */
     m3_engine_output_fn on_output; /* when set, called instead of on_token */
+    m3_engine_error_fn on_error; /* may be NULL */
     void *arg;                  /* passed to the callback */
 } m3_engine_request;
 
@@ -146,6 +152,9 @@ typedef struct m3_engine_stats {
     uint64_t spec_emitted_tokens;     /* tokens emitted by verify steps (accepted + 1 each, less when a stop cut it) */
     uint64_t spec_drafted_per_pos[M3_SPEC_MAX_TOKENS];  /* verify steps that verified a draft at position i */
     uint64_t spec_accepted_per_pos[M3_SPEC_MAX_TOKENS]; /* ... and accepted it */
+    /* requests ended with M3_FINISH_ERROR because a logits row they were to sample from held
+     * a NaN or an Inf (every sampled row is checked) */
+    uint64_t nonfinite_logits;
 } m3_engine_stats;
 
 /* What the last m3_engine_step did. */

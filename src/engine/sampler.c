@@ -7,6 +7,12 @@
  * gathered and sorted (a heap when top-k leaves fewer). Without top-k / top-p the draw
  * walks the row in id order. */
 #include "sampler.h"
+#include "fault.h"
+
+/* counted by the fault-injection hook (fault.h) as engine allocations */
+#define s_malloc(n) m3_fault_malloc(M3_FAULT_ENGINE, n)
+#define s_calloc(k, n) m3_fault_calloc(M3_FAULT_ENGINE, k, n)
+#define s_realloc(p, n) m3_fault_realloc(M3_FAULT_ENGINE, p, n)
 
 #include "../backend/cpu/cpu.h" /* m3_cpu_exp_shift: vectorized exp */
 
@@ -70,8 +76,8 @@ static void ws_over(m3_sample_ws *ws, int V, void *mem) {
 
 m3_sample_ws *m3_sample_ws_create(int V, m3_err *err) {
     if (V <= 0) { m3_errf(err, "sampler workspace: vocabulary size %d, expected > 0", V); return NULL; }
-    m3_sample_ws *ws = malloc(sizeof *ws);
-    void *mem = malloc(ws_bytes(V));
+    m3_sample_ws *ws = s_malloc(sizeof *ws);
+    void *mem = s_malloc(ws_bytes(V));
     if (!ws || !mem) {
         free(ws); free(mem);
         m3_errf(err, "sampler workspace: out of memory for V=%d", V);
@@ -299,7 +305,7 @@ static uint32_t hash_id(int32_t id) { return (uint32_t)id * 0x9e3779b1u; }
 
 static int grow(m3_sampler *s) {
     int ns = s->n_slot ? s->n_slot * 2 : 64;
-    int32_t *sl = malloc(sizeof(int32_t) * (size_t)ns);
+    int32_t *sl = s_malloc(sizeof(int32_t) * (size_t)ns);
     if (!sl) return -1;
     for (int i = 0; i < ns; i++) sl[i] = -1;
     for (int k = 0; k < s->n_seen; k++) {
@@ -317,7 +323,7 @@ static seen_t *seen_get(m3_sampler *s, int32_t id) {
     if (2 * (s->n_seen + 1) > s->n_slot && grow(s)) return NULL;
     if (s->n_seen == s->cap_seen) {
         int nc = s->cap_seen ? s->cap_seen * 2 : 32;
-        seen_t *ns = realloc(s->seen, sizeof *ns * (size_t)nc);
+        seen_t *ns = s_realloc(s->seen, sizeof *ns * (size_t)nc);
         if (!ns) return NULL;
         s->seen = ns;
         s->cap_seen = nc;
@@ -342,7 +348,7 @@ static int32_t *dup_ids(const int32_t *a, int n, int V, const char *what, m3_err
             m3_errf(err, "sampling: %s: token id %d is outside the vocabulary [0, %d)", what, (int)a[i], V);
             return NULL;
         }
-    int32_t *c = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *c = s_malloc(sizeof(int32_t) * (size_t)n);
     if (!c) { *bad = 1; m3_errf(err, "sampling: out of memory"); return NULL; }
     memcpy(c, a, sizeof(int32_t) * (size_t)n);
     return c;
@@ -358,7 +364,7 @@ m3_sampler *m3_sampler_create(const m3_sampling *p, int V, const int32_t *prompt
     if (p->top_logprobs < 0 || p->top_logprobs > M3_SAMPLE_MAX_TOP_LOGPROBS) { m3_errf(err, "sampling: top_logprobs %d, expected in [0, %d]", p->top_logprobs, M3_SAMPLE_MAX_TOP_LOGPROBS); return NULL; }
     if (p->logprobs_mode != M3_LOGPROBS_RAW && p->logprobs_mode != M3_LOGPROBS_PROCESSED) { m3_errf(err, "sampling: unknown logprobs_mode %d", p->logprobs_mode); return NULL; }
     if (n_prompt > 0 && !prompt) { m3_errf(err, "sampling: %d prompt ids but no array", n_prompt); return NULL; }
-    m3_sampler *s = calloc(1, sizeof *s);
+    m3_sampler *s = s_calloc(1, sizeof *s);
     if (!s) { m3_errf(err, "sampling: out of memory"); return NULL; }
     s->p = *p;
     s->V = V;
@@ -377,7 +383,7 @@ m3_sampler *m3_sampler_create(const m3_sampling *p, int V, const int32_t *prompt
                 m3_errf(err, "sampling: logit_bias: token %d has a NaN bias", (int)p->logit_bias[i].token);
             }
         }
-        if (!bad && !(s->bias = malloc(sizeof *s->bias * (size_t)p->n_logit_bias))) { bad = 1; m3_errf(err, "sampling: out of memory"); }
+        if (!bad && !(s->bias = s_malloc(sizeof *s->bias * (size_t)p->n_logit_bias))) { bad = 1; m3_errf(err, "sampling: out of memory"); }
         if (!bad) memcpy(s->bias, p->logit_bias, sizeof *s->bias * (size_t)p->n_logit_bias);
     }
     for (int i = 0; !bad && i < n_prompt; i++) {
@@ -558,16 +564,16 @@ struct m3_stop {
 };
 
 m3_stop *m3_stop_create(const char *const *strs, int n_strs, const int32_t *ids, int n_ids, m3_err *err) {
-    m3_stop *s = calloc(1, sizeof *s);
+    m3_stop *s = s_calloc(1, sizeof *s);
     if (!s) { m3_errf(err, "stop: out of memory"); return NULL; }
     if (n_strs > 0) {
-        s->str = calloc((size_t)n_strs, sizeof *s->str);
-        s->len = calloc((size_t)n_strs, sizeof *s->len);
+        s->str = s_calloc((size_t)n_strs, sizeof *s->str);
+        s->len = s_calloc((size_t)n_strs, sizeof *s->len);
         if (!s->str || !s->len) { m3_stop_free(s); m3_errf(err, "stop: out of memory"); return NULL; }
         for (int i = 0; i < n_strs; i++) {
             if (!strs[i] || !strs[i][0]) { m3_stop_free(s); m3_errf(err, "stop: stop string %d is empty", i); return NULL; }
             s->len[i] = strlen(strs[i]);
-            s->str[i] = malloc(s->len[i] + 1);
+            s->str[i] = s_malloc(s->len[i] + 1);
             if (!s->str[i]) { m3_stop_free(s); m3_errf(err, "stop: out of memory"); return NULL; }
             memcpy(s->str[i], strs[i], s->len[i] + 1);
             s->n = i + 1;
@@ -575,7 +581,7 @@ m3_stop *m3_stop_create(const char *const *strs, int n_strs, const int32_t *ids,
         }
     }
     if (n_ids > 0) {
-        s->ids = malloc(sizeof(int32_t) * (size_t)n_ids);
+        s->ids = s_malloc(sizeof(int32_t) * (size_t)n_ids);
         if (!s->ids) { m3_stop_free(s); m3_errf(err, "stop: out of memory"); return NULL; }
         memcpy(s->ids, ids, sizeof(int32_t) * (size_t)n_ids);
         s->n_ids = n_ids;

@@ -227,7 +227,9 @@ int m3_config_parse(m3_config *cfg, const char *text, const char *what, m3_err *
         TRY(get_int(&c, "num_local_experts", &cfg->n_experts, 1, 0, 1));
         TRY(get_int(&c, "num_experts_per_tok", &cfg->top_k, 1, 0, 1));
         TRY(get_int(&c, "intermediate_size", &cfg->moe_inter, 1, 0, 1));
-        TRY(get_int(&c, "n_shared_experts", &cfg->n_shared, 0, 0, 0));
+        /* absent: 1, transformers' default (its M3 MoE block always has a shared expert; its
+         * saved configs, m3vl-tiny's included, leave the default out) */
+        TRY(get_int(&c, "n_shared_experts", &cfg->n_shared, 0, 1, 0));
         if (cfg->n_shared > 1) { rc = m3_errf(err, "%s: n_shared_experts %d: only 0 or 1 is supported", what, cfg->n_shared); goto done; }
         if (cfg->n_shared) TRY(get_int(&c, "shared_intermediate_size", &cfg->shared_inter, 1, 0, 1));
         TRY(get_num(&c, "routed_scaling_factor", &cfg->routed_scale, 0, 1.0));

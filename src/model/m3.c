@@ -4,6 +4,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "../dist/comm.h"
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -23,7 +25,9 @@ int m3_model_load(m3_model *m, const char *dir, m3_ops *ops, m3_progress_fn prog
         m3_config_free(&m->cfg);
         return -1;
     }
-    if (ops->weights_upload) { /* the backend keeps its own copy: upload reads every byte once */
+    if (!ops) {
+        /* host weights only: the ranks of a TP group take their views of them */
+    } else if (ops->weights_upload) { /* the backend keeps its own copy: upload reads every byte once */
         m->dw = calloc(1, sizeof *m->dw);
         if (!m->dw || ops->weights_upload(ops->ctx, &m->w, m->dw, err)) {
             if (!m->dw) m3_errf(err, "out of memory");
@@ -45,6 +49,11 @@ void m3_model_free(m3_model *m) {
     if (m->ws && m->ops) m->ops->release(m->ops->ctx, m->ws);
     if (m->dw && m->ops && m->ops->weights_release) m->ops->weights_release(m->ops->ctx, m->dw);
     free(m->dw);
+    if (m->is_view) { /* a TP rank: cfg, st and the tensors are the full model's */
+        m3_shard_weights_free(&m->w);
+        memset(m, 0, sizeof *m);
+        return;
+    }
     m3_weights_free(&m->w);
     m3_st_close(m->st);
     m3_config_free(&m->cfg);
@@ -55,33 +64,55 @@ void m3_model_free(m3_model *m) {
 typedef struct {
     float *h, *a, *q, *k, *v, *att, *o, *iq, *ik, *fin, *lg;
     int32_t *sel;
+    float *lga; /* tensor parallel: every rank's logits, gathered [rank][row][vocab_stride] */
 } bufs;
 
 int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, const int *out_rows, int n_out,
                float *logits, const m3_taps *taps, m3_err *err) {
+    return m3_forward_ex(m, kv, b, ids, NULL, out_rows, n_out, logits, taps, err);
+}
+
+int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, const m3_embed_override *ov,
+                  const int *out_rows, int n_out, float *logits, const m3_taps *taps, m3_err *err) {
     const m3_config *c = &m->cfg;
     const m3_weights *W = m3_model_weights(m);
     m3_ops *op = m->ops;
     void *X = op->ctx;
-    const int T = b->T, H = c->hidden, D = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-    const int ni = c->index_heads, Di = c->index_dim, V = c->vocab;
+    /* tensor parallel: this rank's heads, KV heads, index heads and vocabulary rows */
+    const m3_shard *sh = m->comm ? &m->shard : NULL;
+    const int T = b->T, H = c->hidden, D = c->head_dim;
+    const int nh = sh ? sh->n_heads : c->n_heads, nkv = sh ? sh->n_kv_heads : c->n_kv_heads;
+    const int ni = sh ? sh->index_heads : c->index_heads, Di = c->index_dim, V = c->vocab;
+    const int Vl = sh ? sh->vocab_stride : V; /* logits per row this rank computes (at most) */
     const float eps = (float)c->rms_eps;
     if (T <= 0) return 0;
     for (int t = 0; t < T; t++) {
         if (ids[t] < 0 || ids[t] >= V) return m3_errf(err, "token id %d at index %d is out of range (vocab %d)", ids[t], t, V);
         if (b->pos[t] < 0) return m3_errf(err, "negative position %d at index %d", b->pos[t], t);
     }
-    for (int t = 0; t < T; t++)
-        if (m3_kv_seq_reserve(kv, b->seqs[b->seq[t]], b->pos[t] + 1, err)) return -1;
+    if (ov && ov->n)
+        for (int i = 0; i < ov->n; i++)
+            if (ov->rows[i] < 0 || ov->rows[i] >= T)
+                return m3_errf(err, "embedding override row %d is outside the batch (%d tokens)", ov->rows[i], T);
+    if (!sh) {
+        for (int t = 0; t < T; t++)
+            if (m3_kv_seq_reserve(kv, b->seqs[b->seq[t]], b->pos[t] + 1, err)) return -1;
+    } else { /* the ranks share the sequences' page tables: the group reserved them */
+        for (int t = 0; t < T; t++)
+            if ((long)b->seqs[b->seq[t]]->n_pages * kv->page < (long)b->pos[t] + 1)
+                return m3_errf(err, "rank %d: position %d has no KV page (the group reserves pages before a step)",
+                               sh->rank, b->pos[t]);
+    }
 
     int topk = c->topk_blocks;
     size_t TT = (size_t)T;
     /* activations live in one workspace kept across steps (grown when a step needs more) */
-    size_t n_o = (size_t)(n_out ? n_out : 1), sz[12] = {
-        TT * H, TT * H, TT * nh * D, TT * nkv * D, TT * nkv * D, TT * nh * D, TT * H, n_o * H, n_o * V,
-        c->n_sparse_layers ? TT * ni * Di : 0, c->n_sparse_layers ? TT * Di : 0, c->n_sparse_layers ? TT * ni * topk : 0};
+    size_t n_o = (size_t)(n_out ? n_out : 1), sz[13] = {
+        TT * H, TT * H, TT * nh * D, TT * nkv * D, TT * nkv * D, TT * nh * D, TT * H, n_o * H, n_o * Vl,
+        c->n_sparse_layers ? TT * ni * Di : 0, c->n_sparse_layers ? TT * Di : 0, c->n_sparse_layers ? TT * ni * topk : 0,
+        sh ? n_o * Vl * sh->size : 0};
     size_t need = 0;
-    for (int i = 0; i < 12; i++) need += (sz[i] * 4 + 63) & ~(size_t)63;
+    for (int i = 0; i < 13; i++) need += (sz[i] * 4 + 63) & ~(size_t)63;
     int ok = 1;
     if (need > m->ws_bytes) {
         op->release(X, m->ws);
@@ -92,9 +123,10 @@ int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, co
     bufs B = {0};
     if (ok) {
         char *p = m->ws;
-        void **slot[12] = {(void **)&B.h, (void **)&B.a, (void **)&B.q, (void **)&B.k, (void **)&B.v, (void **)&B.att,
-                           (void **)&B.o, (void **)&B.fin, (void **)&B.lg, (void **)&B.iq, (void **)&B.ik, (void **)&B.sel};
-        for (int i = 0; i < 12; i++) {
+        void **slot[13] = {(void **)&B.h,  (void **)&B.a,   (void **)&B.q,  (void **)&B.k,  (void **)&B.v,
+                           (void **)&B.att, (void **)&B.o,  (void **)&B.fin, (void **)&B.lg, (void **)&B.iq,
+                           (void **)&B.ik, (void **)&B.sel, (void **)&B.lga};
+        for (int i = 0; i < 13; i++) {
             *slot[i] = sz[i] ? p : NULL;
             p += (sz[i] * 4 + 63) & ~(size_t)63;
         }
@@ -103,13 +135,18 @@ int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, co
     int32_t *hsel = NULL;
     if (ok && taps && (taps->hidden || taps->capture)) ok = (host = malloc(TT * H * 4)) != NULL;
     if (ok && taps && taps->index && c->n_sparse_layers) ok = (hsel = malloc(TT * ni * topk * 4)) != NULL;
-    int rc = 0;
+    float *hlg = NULL; /* tensor parallel: the gathered logits on the host, before reordering */
+    if (ok && sh && n_out > 0 && logits) ok = (hlg = malloc(n_o * Vl * sh->size * 4)) != NULL;
+    int rc = 0, cfail = 0;
     if (!ok) { rc = m3_errf(err, "out of memory for activations of %d tokens", T); goto out; }
     if (op->begin_step && op->begin_step(X, kv, b, ids, err)) { rc = -1; goto out; }
     /* A backend may replay a recorded graph of the step's ops (CUDA graphs for decode steps):
      * graph_begin returns 1 when it launched a replay, 0 to have the ops issued (and maybe
      * recorded: graph_end then closes the recording and launches it). Not with taps. */
-    int graphable = !taps && op->graph_begin && op->graph_end;
+    int graphable = !taps && !(ov && ov->n) && op->graph_begin && op->graph_end && (!m->comm || m->comm->capturable);
+    /* TP: with whole experts on other ranks the MoE op synchronizes with the host (it groups the
+     * tokens of the experts held here), which a recording cannot hold: no graph then */
+    if (sh && sh->size > 1 && sh->moe == M3_MOE_EXPERTS && c->n_moe_layers) graphable = 0;
     uint64_t gkey = 1469598103934665603ull ^ (uint64_t)T * 1099511628211ull ^ (uint64_t)n_out << 32;
     for (int i = 0; i < n_out; i++) gkey = (gkey ^ (uint64_t)out_rows[i]) * 1099511628211ull;
 issue:
@@ -120,8 +157,13 @@ issue:
         op->download(X, host, buf, TT * H * 4);                                  \
         taps->hidden(taps->arg, layer, host, T, H);                              \
     }
+/* tensor parallel: every rank's partial sums added up, on every rank (no-op at TP1) */
+#define ALL_REDUCE(buf, n)                                                       \
+    if (m->comm && !cfail && m3_comm_all_reduce_sum(m->comm, buf, n, err)) cfail = 1;
 
     op->embed(X, &W->embed, ids, T, B.h);
+    for (int i = 0; ov && i < ov->n; i++) /* image rows: their vectors replace the token embeddings */
+        op->upload(X, B.h + (size_t)ov->rows[i] * H, ov->emb + (size_t)i * H, sizeof(float) * H);
     TAP_HIDDEN(0, B.h);
 
     for (int l = 0; l < c->n_layers; l++) {
@@ -149,6 +191,7 @@ issue:
         }
         op->attention(X, kv, l, b, B.q, nh, L->sparse ? B.sel : NULL, c->block_size, topk, B.att);
         op->linear(X, &L->o, B.att, T, B.o);
+        ALL_REDUCE(B.o, TT * H);
         op->add(X, B.h, B.o, TT * H);
         /* MLP */
         op->rmsnorm(X, B.h, L->post_norm, T, H, eps, B.a);
@@ -157,6 +200,7 @@ issue:
                     (float)c->swiglu_limit, B.o);
         else
             op->mlp(X, &L->mlp, B.a, T, (float)c->swiglu_alpha, (float)c->swiglu_limit, B.o);
+        ALL_REDUCE(B.o, TT * H);
         op->add(X, B.h, B.o, TT * H);
         if (taps && taps->capture && taps->capture_layers && taps->capture_layers[l]) { /* narrow capture (DSpark) */
             op->download(X, host, B.h, TT * H * 4);
@@ -172,19 +216,36 @@ issue:
         for (int i = 0; i < n_out; i++)
             op->rmsnorm(X, B.h + (size_t)out_rows[i] * H, W->final_norm, 1, H, eps, B.fin + (size_t)i * H);
         op->linear(X, &W->lm_head, B.fin, n_out, B.lg);
+        if (sh && !cfail && m3_comm_all_gather(m->comm, B.lg, (size_t)n_out * Vl, B.lga, err)) cfail = 1;
     }
-    if (graphable && op->graph_end(X)) { graphable = 0; goto issue; } /* recording failed: issue directly */
+    if (graphable && op->graph_end(X)) { /* recording failed: issue directly (collectives included) */
+        graphable = 0;
+        cfail = 0;
+        goto issue;
+    }
 issued:
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < T && !sh; t++) { /* (TP: the group advances the shared sequences) */
         int s = b->seq[t];
         if (b->seqs[s]->len < b->pos[t] + 1) b->seqs[s]->len = b->pos[t] + 1;
     }
-    if (n_out > 0 && logits) op->download(X, logits, B.lg, (size_t)n_out * V * 4); /* NULL: stay in backend memory */
+    if (n_out > 0 && logits && !sh) op->download(X, logits, B.lg, (size_t)n_out * V * 4); /* NULL: stay in backend memory */
+    if (n_out > 0 && logits && sh) { /* rank r's block holds rows of its n_vocab logits: into [row][V] */
+        op->download(X, hlg, B.lga, (size_t)sh->size * n_out * Vl * 4);
+        for (int r = 0; r < sh->size; r++) {
+            int v0, nv;
+            m3_shard_vocab_range(V, sh->size, r, &v0, &nv);
+            for (int i = 0; i < n_out; i++)
+                memcpy(logits + (size_t)i * V + v0, hlg + ((size_t)r * n_out * Vl + (size_t)i * nv), sizeof(float) * nv);
+        }
+    }
 #undef TAP_HIDDEN
-    if (op->check && op->check(X, err)) rc = -1;
+#undef ALL_REDUCE
+    if (op->check && op->check(X, cfail ? NULL : err)) rc = -1;
+    if (cfail) rc = -1;
 out:
     free(host);
     free(hsel);
+    free(hlg);
     return rc;
 }
 

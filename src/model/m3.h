@@ -6,8 +6,11 @@
 #include "../backend/ops.h"
 #include "../io/config.h"
 #include "../io/safetensors.h"
+#include "../dist/shard.h"
 #include "../kv/kv.h"
 #include "weights.h"
+
+struct m3_comm;
 
 typedef struct m3_model {
     m3_config cfg;
@@ -18,6 +21,13 @@ typedef struct m3_model {
     double load_seconds;
     void *ws;          /* activation workspace (backend memory), reused across steps */
     size_t ws_bytes;
+    /* Tensor parallelism (src/dist/group.h): a rank's model computes its shard (heads, KV
+     * heads, experts or width, vocabulary rows) and sums partial results with comm. At TP1
+     * comm is NULL and shard unused. A rank's model is a view: cfg, st and the tensors belong
+     * to the full model (w holds the rank's views of them, see m3_shard_weights). */
+    m3_shard shard;
+    struct m3_comm *comm;
+    int is_view;
 } m3_model;
 
 /* The weights the ops compute with: the backend's copy when there is one. */
@@ -32,7 +42,8 @@ static inline m3_kv_mem m3_model_kv_mem(const m3_model *m) {
 
 typedef void (*m3_progress_fn)(uint64_t done, uint64_t total, void *arg);
 
-/* dir: checkpoint directory (config.json + safetensors). progress may be NULL. */
+/* dir: checkpoint directory (config.json + safetensors). progress may be NULL. ops NULL: bind
+ * the host weights only (no upload, no prefault): the full model behind a TP group. */
 int m3_model_load(m3_model *m, const char *dir, m3_ops *ops, m3_progress_fn progress, void *arg, m3_err *err);
 void m3_model_free(m3_model *m);
 
@@ -51,9 +62,26 @@ typedef struct m3_taps {
 } m3_taps;
 
 /* Runs ids[b->T] (host memory) through the model, writing their K/V/index-K into kv (pages are reserved
- * here). logits: host [n_out, V] for the tokens listed in out_rows (NULL: computed but not copied out). */
+ * here). logits: host [n_out, V] for the tokens listed in out_rows (NULL: computed but not copied out).
+ * A rank of a TP group (m->comm set) is driven by m3_group_forward on its own thread: kv is the
+ * rank's cache (its KV heads), the sequences' pages are reserved (and seq->len advanced) by the
+ * group, the all-reduces after o_proj and after the MLP / MoE and the logits all-gather run
+ * through m->comm, and logits (whole vocabulary) are written by whichever rank is given them. */
 int m3_forward(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, const int *out_rows, int n_out,
                float *logits, const m3_taps *taps, m3_err *err);
+
+/* Optional input override of one step (image inputs): batch row rows[i] (an index into ids,
+ * 0 <= rows[i] < T) takes emb[i] (host f32 [n][hidden]) in place of the embedding of
+ * ids[rows[i]]; the rows keep their ids, positions and cache slots. */
+typedef struct m3_embed_override {
+    int n;
+    const int32_t *rows;
+    const float *emb;
+} m3_embed_override;
+
+/* m3_forward with an embedding override (ov NULL or ov->n == 0: exactly m3_forward). */
+int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids, const m3_embed_override *ov,
+                  const int *out_rows, int n_out, float *logits, const m3_taps *taps, m3_err *err);
 
 /* One sequence: runs ids[0, n) at positions pos0.. through the model in chunks of at most
  * ubatch tokens, and writes the logits of the last one to logits (host [V]; NULL: none). */

@@ -10,8 +10,23 @@
 static const char *FMT_NAMES[M3_WF_COUNT] = {"f32", "bf16", "f16", "mxfp8", "nvfp4"};
 const char *m3_wfmt_name(m3_wfmt f) { return (unsigned)f < M3_WF_COUNT ? FMT_NAMES[f] : "?"; }
 
+size_t m3_linear_dense_row_bytes(const m3_linear *W) {
+    switch (W->fmt) {
+    case M3_WF_F32: return 4 * (size_t)W->K;
+    case M3_WF_BF16: case M3_WF_F16: return 2 * (size_t)W->K;
+    case M3_WF_MXFP8: return (size_t)W->K;
+    case M3_WF_NVFP4: return (size_t)W->K / 2;
+    default: return W->row_bytes;
+    }
+}
+
+size_t m3_linear_dense_scale_row(const m3_linear *W) {
+    return W->fmt == M3_WF_MXFP8 ? (size_t)W->K / 32 : W->fmt == M3_WF_NVFP4 ? (size_t)W->K / 16 : W->scale_row;
+}
+
+/* counts the K columns a pass reads, not the row stride (equal for a matrix stored whole) */
 size_t m3_linear_bytes(const m3_linear *W) {
-    return (size_t)W->N * (W->row_bytes + W->scale_row);
+    return (size_t)W->N * (m3_linear_dense_row_bytes(W) + m3_linear_dense_scale_row(W));
 }
 
 typedef struct {

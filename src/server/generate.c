@@ -1,15 +1,21 @@
 /* m3 serve: POST /v1/completions and /v1/chat/completions (see server.h and srv.h).
  *
- * A request becomes n choices, each an engine request with its own sampler (seed + i when
- * the request gives a seed). Engine records reach the HTTP thread one token at a time
- * (srv_handle_item): the token is decoded (streaming UTF-8), the text checked against stop
- * strings (text that could still begin one is held back), passed through the chat output
- * parsers (reasoning, tool calls) and sent as a stream chunk or kept for the response.
- * Logprobs ride along: a stream chunk carries the entries of the tokens that arrived since
- * the choice's previous chunk, so their texts concatenate to the streamed text. */
+ * A request is parsed and checked by openai.c (no HTTP there), then becomes n choices, each an
+ * engine request with its own sampler (seed + i when the request gives a seed). Engine
+ * records reach the HTTP thread one token at a time (srv_handle_item): the token is decoded
+ * (streaming UTF-8), the text checked against stop strings (text that could still begin one
+ * is held back), passed through the chat output parsers (reasoning, tool calls) and sent as a
+ * stream chunk or kept for the response. Logprobs ride along: a stream chunk carries the
+ * entries of the tokens that arrived since the choice's previous chunk, so their texts
+ * concatenate to the streamed text.
+ *
+ * Failures never pass silently: when a piece of the response cannot be built (no memory) or
+ * an engine record was lost, the request is marked failed (h->failed), its choices are
+ * cancelled and the response ends with an error: a 500 in OpenAI's shape, or for a stream an
+ * error event (data: {"error": ...}) and [DONE]. A choice the engine ends with an error (out
+ * of memory, NaN / Inf logits) does the same with the engine's reason. */
 #include "srv.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -22,281 +28,11 @@
 #include <event2/bufferevent.h>
 #include <event2/keyvalq_struct.h>
 
-/* ------------------------------------------------------------------ request fields */
+static const char NOMEM[] = "out of memory while building the response";
 
-/* number field: absent / null -> *out kept, 0; wrong type or range -> 400 sent, its status */
-static int get_num(struct evhttp_request *req, json_t *b, const char *k, double lo, double hi, double *out) {
-    json_t *v = json_object_get(b, k);
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_number(v)) return SRV_BAD(req, "'%s' must be a number", k);
-    double x = json_number_value(v);
-    if (!(x >= lo && x <= hi)) return SRV_BAD(req, "'%s' must be in [%g, %g]", k, lo, hi);
-    *out = x;
-    return 0;
-}
-
-static int get_int(struct evhttp_request *req, json_t *b, const char *k, long long lo, long long hi, long long *out) {
-    json_t *v = json_object_get(b, k);
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_integer(v)) return SRV_BAD(req, "'%s' must be an integer", k);
-    long long x = json_integer_value(v);
-    if (x < lo || x > hi) return SRV_BAD(req, "'%s' must be in [%lld, %lld]", k, lo, hi);
-    *out = x;
-    return 0;
-}
-
-static int get_bool(struct evhttp_request *req, json_t *b, const char *k, int *out) {
-    json_t *v = json_object_get(b, k);
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_boolean(v)) return SRV_BAD(req, "'%s' must be a boolean", k);
-    *out = json_is_true(v);
-    return 0;
-}
-
-typedef struct gparams {
-    int32_t *ids;
-    size_t n_ids;
-    double temperature, top_p, min_p, pp, fp, rp;
-    long long top_k, seed, max_tokens, n, min_tokens, top_logprobs;
-    int has_seed, stream, include_usage, echo, ignore_eos, logprobs;
-    const char *stop_strs[SRV_MAX_STOP];
-    int n_stop_strs;
-    int32_t *stop_ids;
-    size_t n_stop_ids;
-    m3_logit_bias *bias;
-    int n_bias;
-    m3_out_opts oo;
-    json_t *tools;            /* borrowed from the body */
-    char *echo_text;
-    size_t echo_len;
-} gparams;
-
-static void gparams_free(gparams *g) {
-    free(g->ids);
-    free(g->stop_ids);
-    free(g->bias);
-    free(g->echo_text);
-}
-
-/* chat_template_kwargs with enable_thinking: false spelled as the template's
- * thinking_mode "disabled" (new reference; NULL + *code when invalid) */
-static json_t *chat_kwargs(struct evhttp_request *req, json_t *b, int *code) {
-    json_t *kw = json_object_get(b, "chat_template_kwargs");
-    *code = 0;
-    if (!kw || json_is_null(kw)) kw = NULL;
-    else if (!json_is_object(kw)) { *code = SRV_BAD(req, "'chat_template_kwargs' must be an object"); return NULL; }
-    json_t *r = kw ? json_copy(kw) : json_object();
-    if (!r) { *code = srv_send_error(req, 500, "server_error", "out of memory"); return NULL; }
-    if (json_is_false(json_object_get(r, "enable_thinking")) && !json_object_get(r, "thinking_mode"))
-        json_object_set_new(r, "thinking_mode", json_string("disabled"));
-    return r;
-}
-
-int srv_chat_prompt(srv *s, struct evhttp_request *req, json_t *b, int32_t **ids, size_t *n) {
-    json_t *msgs = json_object_get(b, "messages");
-    if (!json_is_array(msgs) || !json_array_size(msgs)) return SRV_BAD(req, "'messages' must be a non-empty array");
-    if (json_array_size(msgs) > SRV_MAX_MESSAGES)
-        return SRV_BAD(req, "'messages' has %zu entries; the limit is %d", json_array_size(msgs), SRV_MAX_MESSAGES);
-    if (!s->chat) return SRV_BAD(req, "this model has no chat template");
-    json_t *tools = json_object_get(b, "tools");
-    if (tools && json_is_null(tools)) tools = NULL;
-    if (tools && !json_is_array(tools)) return SRV_BAD(req, "'tools' must be an array");
-    if (json_array_size(tools) > SRV_MAX_TOOLS)
-        return SRV_BAD(req, "'tools' has %zu entries; the limit is %d", json_array_size(tools), SRV_MAX_TOOLS);
-    int agp = 1, rc;
-    if ((rc = get_bool(req, b, "add_generation_prompt", &agp))) return rc;
-    json_t *kw = chat_kwargs(req, b, &rc);
-    if (!kw) return rc;
-    m3_err err;
-    size_t len;
-    char *text = m3_chat_render(s->chat, msgs, tools, agp, kw, NULL, &len, &err);
-    json_decref(kw);
-    if (!text) return SRV_BAD(req, "chat template: %s", err.msg);
-    rc = 0;
-    if (m3_tok_encode(s->tok, text, len, 1, ids, n, &err)) rc = SRV_BAD(req, "cannot tokenize the prompt: %s", err.msg);
-    free(text);
-    return rc;
-}
-
-static int completion_prompt(srv *s, struct evhttp_request *req, json_t *b, gparams *g) {
-    json_t *p = json_object_get(b, "prompt");
-    /* a one-element batch is the prompt itself; longer batches are one request per prompt */
-    if (json_is_array(p) && json_array_size(p) == 1 &&
-        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
-        p = json_array_get(p, 0);
-    if (json_is_array(p) && json_array_size(p) > 1 && !json_is_integer(json_array_get(p, 0)))
-        return SRV_BAD(req, "batched prompts are not supported: send one prompt per request (or use 'n')");
-    m3_err err;
-    if (json_is_string(p)) {
-        if (m3_tok_encode(s->tok, json_string_value(p), json_string_length(p), 1, &g->ids, &g->n_ids, &err))
-            return SRV_BAD(req, "cannot tokenize the prompt: %s", err.msg);
-        if (g->echo) {
-            g->echo_len = json_string_length(p);
-            g->echo_text = malloc(g->echo_len + 1);
-            if (!g->echo_text) return srv_send_error(req, 500, "server_error", "out of memory");
-            memcpy(g->echo_text, json_string_value(p), g->echo_len + 1);
-        }
-        return 0;
-    }
-    if (!json_is_array(p)) return SRV_BAD(req, "'prompt' must be a string or an array of token ids");
-    int rc = srv_ids_from_json(req, p, s->vocab, &g->ids, &g->n_ids);
-    if (rc) return rc;
-    if (g->echo && g->n_ids && !(g->echo_text = m3_tok_decode(s->tok, g->ids, g->n_ids, 0, &g->echo_len, &err)))
-        return SRV_BAD(req, "cannot decode the prompt: %s", err.msg);
-    return 0;
-}
-
-static int parse_stop(srv *s, struct evhttp_request *req, json_t *b, gparams *g) {
-    json_t *st = json_object_get(b, "stop");
-    if (json_is_string(st)) {
-        if (json_string_length(st)) g->stop_strs[g->n_stop_strs++] = json_string_value(st);
-    } else if (json_is_array(st)) {
-        if (json_array_size(st) > SRV_MAX_STOP)
-            return SRV_BAD(req, "'stop' has %zu strings; the limit is %d", json_array_size(st), SRV_MAX_STOP);
-        for (size_t i = 0; i < json_array_size(st); i++) {
-            json_t *x = json_array_get(st, i);
-            if (!json_is_string(x)) return SRV_BAD(req, "'stop' must be a string or an array of strings");
-            if (json_string_length(x)) g->stop_strs[g->n_stop_strs++] = json_string_value(x);
-        }
-    } else if (st && !json_is_null(st)) return SRV_BAD(req, "'stop' must be a string or an array of strings");
-    json_t *sti = json_object_get(b, "stop_token_ids");
-    size_t k = 0;
-    if (sti && !json_is_null(sti)) {
-        if (!json_is_array(sti)) return SRV_BAD(req, "'stop_token_ids' must be an array of token ids");
-        if (json_array_size(sti) > SRV_MAX_STOP_IDS)
-            return SRV_BAD(req, "'stop_token_ids' has %zu ids; the limit is %d", json_array_size(sti), SRV_MAX_STOP_IDS);
-        int rc = srv_ids_from_json(req, sti, s->vocab, &g->stop_ids, &k);
-        if (rc) return rc;
-    }
-    /* the tokenizer's EOS (the end of an assistant turn) stops too unless ignore_eos; the
-     * config's EOS is the engine's own stop id */
-    int32_t eos = m3_tok_eos_id(s->tok);
-    int32_t *ns = realloc(g->stop_ids, (k + 1) * sizeof *ns);
-    if (!ns) return srv_send_error(req, 500, "server_error", "out of memory");
-    g->stop_ids = ns;
-    if (!g->ignore_eos && eos >= 0 && eos < s->vocab) g->stop_ids[k++] = eos;
-    g->n_stop_ids = k;
-    return 0;
-}
-
-static int parse_logit_bias(srv *s, struct evhttp_request *req, json_t *b, gparams *g) {
-    json_t *lb = json_object_get(b, "logit_bias");
-    if (!lb || json_is_null(lb)) return 0;
-    if (!json_is_object(lb)) return SRV_BAD(req, "'logit_bias' must be an object mapping token ids to biases");
-    size_t n = json_object_size(lb);
-    if (n > SRV_MAX_LOGIT_BIAS) return SRV_BAD(req, "'logit_bias' has %zu entries; the limit is %d", n, SRV_MAX_LOGIT_BIAS);
-    g->bias = malloc((n ? n : 1) * sizeof *g->bias);
-    if (!g->bias) return srv_send_error(req, 500, "server_error", "out of memory");
-    const char *k;
-    json_t *v;
-    json_object_foreach(lb, k, v) {
-        char *end;
-        errno = 0;
-        long id = strtol(k, &end, 10);
-        if (!isdigit((unsigned char)*k) || *end || errno || id < 0 || id >= s->vocab)
-            return SRV_BAD(req, "'logit_bias' key '%s' is not a token id in [0, %d)", k, s->vocab);
-        if (!json_is_number(v) || !(json_number_value(v) >= -100 && json_number_value(v) <= 100))
-            return SRV_BAD(req, "'logit_bias' value for token %ld must be a number in [-100, 100]", id);
-        g->bias[g->n_bias++] = (m3_logit_bias){(int32_t)id, (float)json_number_value(v)};
-    }
-    return 0;
-}
-
-/* Fields we do not implement answer 400 rather than being silently ignored. */
-static int unsupported(struct evhttp_request *req, json_t *b, int chat, long long n) {
-    json_t *v;
-    if ((v = json_object_get(b, "best_of")) && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == n))
-        return SRV_BAD(req, "'best_of' other than n is not supported");
-    if ((v = json_object_get(b, "suffix")) && !json_is_null(v) && !(json_is_string(v) && !json_string_length(v)))
-        return SRV_BAD(req, "'suffix' is not supported");
-    if ((v = json_object_get(b, "response_format")) && !json_is_null(v)) {
-        const char *t = json_string_value(json_object_get(v, "type"));
-        if (!t || strcmp(t, "text")) return SRV_BAD(req, "'response_format' other than {\"type\": \"text\"} is not supported");
-    }
-    if (chat && (v = json_object_get(b, "tool_choice")) && !json_is_null(v) &&
-        !(json_is_string(v) && (!strcmp(json_string_value(v), "auto") || !strcmp(json_string_value(v), "none"))))
-        return SRV_BAD(req, "'tool_choice' must be \"auto\" or \"none\" (forced tool calls are not supported)");
-    if (chat && json_is_true(json_object_get(b, "echo"))) return SRV_BAD(req, "'echo' is not supported for chat completions");
-    return 0;
-}
-
-static int parse_params(srv *s, struct evhttp_request *req, json_t *b, int chat, gparams *g) {
-    int rc;
-    json_t *model = json_object_get(b, "model");
-    if (model && !json_is_null(model)) {
-        if (!json_is_string(model)) return SRV_BAD(req, "'model' must be a string");
-        if (strcmp(json_string_value(model), s->o->model_name))
-            return srv_send_error(req, 404, "not_found_error", "the model '%s' does not exist", json_string_value(model));
-    }
-    g->temperature = 1.0;
-    g->top_p = 1.0;
-    g->max_tokens = -1;
-    g->n = 1;
-    if ((rc = get_int(req, b, "n", 1, SRV_MAX_N, &g->n)) || (rc = unsupported(req, b, chat, g->n)) ||
-        (rc = get_bool(req, b, "stream", &g->stream)) || (rc = get_bool(req, b, "ignore_eos", &g->ignore_eos)) ||
-        (!chat && (rc = get_bool(req, b, "echo", &g->echo))) ||
-        (rc = get_num(req, b, "temperature", 0, 2, &g->temperature)) || (rc = get_num(req, b, "top_p", 0, 1, &g->top_p)) ||
-        (rc = get_num(req, b, "min_p", 0, 1, &g->min_p)) || (rc = get_num(req, b, "presence_penalty", -2, 2, &g->pp)) ||
-        (rc = get_num(req, b, "frequency_penalty", -2, 2, &g->fp)) ||
-        (rc = get_num(req, b, "repetition_penalty", 0, 100, &g->rp)) || (rc = get_int(req, b, "top_k", -1, 1 << 30, &g->top_k)) ||
-        (rc = get_int(req, b, "max_tokens", 1, 1 << 30, &g->max_tokens)) ||
-        (rc = get_int(req, b, "max_completion_tokens", 1, 1 << 30, &g->max_tokens)) ||
-        (rc = get_int(req, b, "min_tokens", 0, 1 << 30, &g->min_tokens)))
-        return rc;
-    json_t *seed = json_object_get(b, "seed");
-    if (seed && !json_is_null(seed)) {
-        if (!json_is_integer(seed)) return SRV_BAD(req, "'seed' must be an integer");
-        g->seed = json_integer_value(seed);
-        g->has_seed = 1;
-    }
-    json_t *so = json_object_get(b, "stream_options");
-    if (so && !json_is_null(so)) {
-        if (!json_is_object(so)) return SRV_BAD(req, "'stream_options' must be an object");
-        if ((rc = get_bool(req, so, "include_usage", &g->include_usage))) return rc;
-    }
-    /* logprobs: completions take an integer (alternatives per token), chat a boolean plus
-     * top_logprobs */
-    if (chat) {
-        if ((rc = get_bool(req, b, "logprobs", &g->logprobs)) ||
-            (rc = get_int(req, b, "top_logprobs", 0, M3_SAMPLE_MAX_TOP_LOGPROBS, &g->top_logprobs)))
-            return rc;
-        if (g->top_logprobs && !g->logprobs) return SRV_BAD(req, "'top_logprobs' needs 'logprobs': true");
-    } else {
-        long long lp = -1;
-        if ((rc = get_int(req, b, "logprobs", 0, M3_SAMPLE_MAX_TOP_LOGPROBS, &lp))) return rc;
-        g->logprobs = lp >= 0;
-        g->top_logprobs = lp > 0 ? lp : 0;
-        if (g->echo && g->logprobs) return SRV_BAD(req, "'echo' with 'logprobs' is not supported (no prompt logprobs)");
-    }
-    if ((rc = chat ? srv_chat_prompt(s, req, b, &g->ids, &g->n_ids) : completion_prompt(s, req, b, g))) return rc;
-    if (!g->n_ids) return SRV_BAD(req, "the prompt is empty");
-    for (size_t i = 0; i < g->n_ids; i++)
-        if (g->ids[i] >= s->vocab)
-            return SRV_BAD(req, "prompt token %d is outside the model's vocabulary (%d)", g->ids[i], s->vocab);
-    long long mml = m3_engine_max_model_len(s->e), np = (long long)g->n_ids;
-    if (np >= mml)
-        return SRV_BAD(req, "the prompt has %lld tokens; this model's context is %lld tokens (prompt + completion)", np, mml);
-    if (g->max_tokens > mml - np)
-        return SRV_BAD(req, "this model's context is %lld tokens; the request asks for %lld (%lld in the prompt, %lld to "
-                       "generate): reduce the prompt or max_tokens", mml, np + g->max_tokens, np, g->max_tokens);
-    if (g->max_tokens < 0) g->max_tokens = chat ? mml - np : (16 < mml - np ? 16 : mml - np);
-    if (g->min_tokens > g->max_tokens)
-        return SRV_BAD(req, "'min_tokens' (%lld) is larger than max_tokens (%lld)", g->min_tokens, g->max_tokens);
-    if ((rc = parse_stop(s, req, b, g)) || (rc = parse_logit_bias(s, req, b, g))) return rc;
-    if (chat) {
-        g->oo = (m3_out_opts){s->reasoning_parser, M3_THINK_ENABLED, s->tool_parser, NULL};
-        json_t *kw = chat_kwargs(req, b, &rc);
-        if (!kw) return rc;
-        const char *tm = json_string_value(json_object_get(kw, "thinking_mode"));
-        if (tm && !strcmp(tm, "disabled")) g->oo.thinking = M3_THINK_DISABLED;
-        else if (tm && !strcmp(tm, "adaptive")) g->oo.thinking = M3_THINK_ADAPTIVE;
-        json_decref(kw);
-        json_t *tc = json_object_get(b, "tool_choice");
-        if (json_is_string(tc) && !strcmp(json_string_value(tc), "none")) g->oo.tools = 0;
-        g->tools = json_object_get(b, "tools");
-        if (!json_is_array(g->tools)) g->tools = NULL;
-    }
-    return 0;
+/* the first failure wins; the request ends with an error once its current record is handled */
+static void mark_failed(hreq *h, const char *why) {
+    if (!h->failed) h->failed = why;
 }
 
 /* ------------------------------------------------------------------ lifetime */
@@ -332,9 +68,13 @@ static void hreq_release(hreq *h) {
     srv_maybe_exit(s);
 }
 
+/* asks the engine to end choice c; a cancel that finds no memory is retried by srv_peek */
+static void choice_cancel(choice *c) {
+    if (c->id && !c->engine_ended) c->cancel_pending = m3_engine_cancel(c->h->s->e, c->id) != 0;
+}
+
 static void cancel_open(hreq *h) {
-    for (int i = 0; i < h->n; i++)
-        if (h->ch[i].id && !h->ch[i].engine_ended) m3_engine_cancel(h->s->e, h->ch[i].id);
+    for (int i = 0; i < h->n; i++) choice_cancel(&h->ch[i]);
 }
 
 static void client_gone(hreq *h) {
@@ -366,24 +106,41 @@ static void on_flushed(struct evhttp_request *req, void *arg) {
     hreq_release(h);
 }
 
+/* Closes h's connection (the request is freed with it) and cancels what it asked for. */
+static void drop_client(hreq *h) {
+    struct evhttp_connection *conn = h->conn;
+    h->busy++;
+    evhttp_connection_set_closecb(conn, NULL, NULL);
+    client_gone(h);
+    evhttp_connection_free(conn); /* frees the request with it */
+    h->busy--;
+    hreq_release(h);
+}
+
 void srv_peek(srv *s) {
+    double now = srv_now();
     for (hreq *h = s->live, *nx; h; h = nx) {
         nx = h->next;
+        for (int i = 0; i < h->n; i++)
+            if (h->ch[i].cancel_pending) choice_cancel(&h->ch[i]);
         if (h->replied || h->closed || !h->conn) continue;
         struct bufferevent *bev = evhttp_connection_get_bufferevent(h->conn);
         evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
         if (fd < 0) continue;
+        /* A stream whose client does not read: libevent's write timeout restarts whenever we add
+         * output, so it would never fire while tokens keep coming. Output piling up beyond
+         * SRV_STALL_BYTES for the whole timeout means the client is not keeping up: drop it. */
+        size_t pend = evbuffer_get_length(bufferevent_get_output(bev));
+        if (pend < SRV_STALL_BYTES) h->stall_since = 0;
+        else if (h->stall_since <= 0) h->stall_since = now;
+        else if (s->o->timeout > 0 && now - h->stall_since >= s->o->timeout) {
+            s->m.slow_clients_dropped++;
+            drop_client(h);
+            continue;
+        }
         char c;
         ssize_t k = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-            struct evhttp_connection *conn = h->conn;
-            h->busy++;
-            evhttp_connection_set_closecb(conn, NULL, NULL);
-            client_gone(h);
-            evhttp_connection_free(conn); /* frees the request with it */
-            h->busy--;
-            hreq_release(h);
-        }
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) drop_client(h);
     }
 }
 
@@ -420,19 +177,30 @@ static json_t *usage_json(const hreq *h) {
                      h->n_prompt + gen);
 }
 
+/* one SSE event; raw text (len bytes) */
+static int sse_raw(hreq *h, const char *txt, size_t len) {
+    if (!h->req) return 0;
+    struct evbuffer *b = evbuffer_new();
+    int rc = !b || evbuffer_add(b, "data: ", 6) || evbuffer_add(b, txt, len) || evbuffer_add(b, "\n\n", 2) ? -1 : 0;
+    if (!rc) evhttp_send_reply_chunk(h->req, b);
+    if (b) evbuffer_free(b);
+    return rc;
+}
+
+/* one SSE event (takes j); a NULL j (a failed allocation) fails the request */
 static void sse_send(hreq *h, json_t *j) {
-    if (!j) return;
-    char *txt = h->req ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *txt = j && h->req ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    struct evbuffer *b = txt ? evbuffer_new() : NULL;
-    if (b) {
-        evbuffer_add(b, "data: ", 6);
-        evbuffer_add(b, txt, strlen(txt));
-        evbuffer_add(b, "\n\n", 2);
-        evhttp_send_reply_chunk(h->req, b);
-        evbuffer_free(b);
-    }
+    if (!h->req) return;
+    if (!txt || sse_raw(h, txt, strlen(txt))) mark_failed(h, NOMEM);
     free(txt);
+}
+
+/* a stream's error event, in OpenAI's error shape (no allocation but libevent's buffer) */
+static void sse_error(hreq *h, int code, const char *type, const char *msg) {
+    char buf[1400];
+    size_t n = srv_error_json(buf, sizeof buf, code, type, NULL, msg);
+    sse_raw(h, buf, n);
 }
 
 static json_t *chunk_base(const hreq *h) {
@@ -445,10 +213,20 @@ static json_t *chunk_base(const hreq *h) {
 /* a chunk with one choice: {"index", "delta" | "text", "logprobs", "finish_reason"} (takes body) */
 static void send_chunk(hreq *h, int index, json_t *body, json_t *logprobs, const char *finish) {
     json_t *c = chunk_base(h);
-    json_t *ch = json_pack("{s:i,s:o,s:o,s:o}", "index", index, h->chat ? "delta" : "text", body ? body : json_string(""),
-                           "logprobs", logprobs ? logprobs : json_null(), "finish_reason",
-                           finish ? json_string(finish) : json_null());
-    if (!c || !ch || json_object_set_new(c, "choices", json_pack("[o]", ch))) { json_decref(c); return; }
+    if (!body) { /* the piece of output it was to carry is lost: fail rather than send a gap */
+        json_decref(c);
+        json_decref(logprobs);
+        mark_failed(h, NOMEM);
+        return;
+    }
+    json_t *ch = json_pack("{s:i,s:o,s:o,s:o}", "index", index, h->chat ? "delta" : "text", body, "logprobs",
+                           logprobs ? logprobs : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
+    if (!c || !ch || json_object_set_new(c, "choices", json_pack("[o]", ch))) { /* set_new / pack take ch */
+        if (!c) json_decref(ch);
+        json_decref(c);
+        mark_failed(h, NOMEM);
+        return;
+    }
     sse_send(h, c);
 }
 
@@ -467,6 +245,7 @@ static json_t *lp_take(choice *c, int empty_ok) {
     if (!k && !empty_ok) return NULL;
     json_t *r = h->chat ? json_pack("{s:o}", "content", c->lp) : c->lp;
     c->lp = lp_new(h);
+    if (!r || !c->lp) mark_failed(h, NOMEM);
     return r;
 }
 
@@ -478,7 +257,8 @@ static size_t utf8_chars(const char *p, size_t n) {
 
 static json_t *bytes_json(const char *p, size_t n) {
     json_t *a = json_array();
-    for (size_t i = 0; a && i < n; i++) json_array_append_new(a, json_integer((unsigned char)p[i]));
+    for (size_t i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_integer((unsigned char)p[i]))) { json_decref(a); return NULL; }
     return a;
 }
 
@@ -488,7 +268,9 @@ static double lp_value(float x) { return isfinite(x) ? (double)x : -9999.0; } /*
 static void lp_add(srv *s, choice *c, const m3_sample_out *so, const char *text, size_t len) {
     hreq *h = c->h;
     if (!c->lp) return;
+    int bad = 0;
     json_t *tops = h->chat ? json_array() : json_object();
+    bad |= !tops;
     for (int i = 0; tops && i < so->n_top && i < h->top_logprobs; i++) {
         m3_err err;
         size_t tl = 0;
@@ -496,22 +278,25 @@ static void lp_add(srv *s, choice *c, const m3_sample_out *so, const char *text,
         const char *tt = t ? t : "";
         double v = lp_value(so->top_logprobs[i]);
         if (h->chat)
-            json_array_append_new(tops, json_pack("{s:s%,s:f,s:o}", "token", tt, tl, "logprob", v, "bytes", bytes_json(tt, tl)));
+            bad |= json_array_append_new(tops, json_pack("{s:s%,s:f,s:o}", "token", tt, tl, "logprob", v, "bytes",
+                                                         bytes_json(tt, tl))) != 0;
         else if (!json_object_get(tops, tt)) /* texts can repeat (byte tokens); the likelier one stays */
-            json_object_set_new(tops, tt, json_real(v));
+            bad |= json_object_set_new(tops, tt, json_real(v)) != 0;
         free(t);
     }
     if (h->chat) {
-        json_array_append_new(c->lp, json_pack("{s:s%,s:f,s:o,s:o}", "token", text, len, "logprob", lp_value(so->logprob),
-                                               "bytes", bytes_json(text, len), "top_logprobs", tops ? tops : json_array()));
+        bad |= json_array_append_new(c->lp, json_pack("{s:s%,s:f,s:o,s:o}", "token", text, len, "logprob",
+                                                      lp_value(so->logprob), "bytes", bytes_json(text, len),
+                                                      "top_logprobs", tops ? tops : json_array())) != 0;
     } else {
-        json_array_append_new(json_object_get(c->lp, "tokens"), json_stringn(text, len));
-        json_array_append_new(json_object_get(c->lp, "token_logprobs"), json_real(lp_value(so->logprob)));
-        json_array_append_new(json_object_get(c->lp, "top_logprobs"), tops ? tops : json_object());
+        bad |= json_array_append_new(json_object_get(c->lp, "tokens"), json_stringn(text, len)) != 0;
+        bad |= json_array_append_new(json_object_get(c->lp, "token_logprobs"), json_real(lp_value(so->logprob))) != 0;
+        bad |= json_array_append_new(json_object_get(c->lp, "top_logprobs"), tops ? tops : json_object()) != 0;
         size_t off = (h->echo ? utf8_chars(h->echo_text ? h->echo_text : "", h->echo_len) : 0) + c->text_chars;
-        json_array_append_new(json_object_get(c->lp, "text_offset"), json_integer((json_int_t)off));
+        bad |= json_array_append_new(json_object_get(c->lp, "text_offset"), json_integer((json_int_t)off)) != 0;
         c->text_chars += utf8_chars(text, len);
     }
+    if (bad) mark_failed(h, NOMEM);
 }
 
 /* Passes parsed deltas on: a stream chunk, or the non-stream accumulators. */
@@ -522,22 +307,25 @@ static void emit_deltas(choice *c, const m3_out_delta *d, size_t n) {
         send_chunk(h, c->index, m3_out_delta_json(d, n), lp_take(c, 0), NULL);
         return;
     }
+    int bad = 0;
     for (size_t i = 0; i < n; i++) {
-        if (d[i].kind == M3_OUT_CONTENT) sbuf_add(&c->content, d[i].text, d[i].len);
-        else if (d[i].kind == M3_OUT_REASONING) sbuf_add(&c->reasoning, d[i].text, d[i].len);
+        if (d[i].kind == M3_OUT_CONTENT) bad |= sbuf_add(&c->content, d[i].text, d[i].len) != 0;
+        else if (d[i].kind == M3_OUT_REASONING) bad |= sbuf_add(&c->reasoning, d[i].text, d[i].len) != 0;
         else if (d[i].kind == M3_OUT_TOOL_BEGIN) {
-            if (!c->tools) c->tools = json_array();
-            json_array_append_new(c->tools, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", d[i].id, "type", "function",
-                                                      "function", "name", d[i].name, "arguments", ""));
+            if (!c->tools && !(c->tools = json_array())) { bad = 1; continue; }
+            bad |= json_array_append_new(c->tools, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", d[i].id, "type", "function",
+                                                             "function", "name", d[i].name, "arguments", "")) != 0;
         } else if (d[i].kind == M3_OUT_TOOL_ARGS && c->tools) {
             json_t *f = json_object_get(json_array_get(c->tools, json_array_size(c->tools) - 1), "function");
             const char *old = json_string_value(json_object_get(f, "arguments"));
             sbuf a = {0};
-            if (!sbuf_add(&a, old ? old : "", old ? strlen(old) : 0) && !sbuf_add(&a, d[i].text, d[i].len))
-                json_object_set_new(f, "arguments", json_stringn_nocheck(a.p, a.n));
+            if (!f || sbuf_add(&a, old ? old : "", old ? strlen(old) : 0) || sbuf_add(&a, d[i].text, d[i].len) ||
+                json_object_set_new(f, "arguments", json_stringn_nocheck(a.p, a.n)))
+                bad = 1;
             free(a.p);
         }
     }
+    if (bad) mark_failed(h, NOMEM);
 }
 
 /* Text that passed the stop-string check goes through the chat parsers (or straight out). */
@@ -545,9 +333,21 @@ static void emit_text(choice *c, const char *p, size_t n, int final) {
     const m3_out_delta *d = NULL;
     size_t nd = 0;
     m3_err err;
-    if (c->out) {
-        if (n && m3_out_feed(c->out, p, n, &d, &nd, &err) == 0) emit_deltas(c, d, nd);
-        if (final && m3_out_finish(c->out, &d, &nd, &err) == 0) emit_deltas(c, d, nd);
+    if (c->out) { /* the tool-call parser parses argument values with jansson: no injection there (fault.h) */
+        if (n) {
+            m3_fault_suspend(1);
+            int rc = m3_out_feed(c->out, p, n, &d, &nd, &err);
+            m3_fault_suspend(0);
+            if (rc) mark_failed(c->h, NOMEM);
+            else emit_deltas(c, d, nd);
+        }
+        if (final) {
+            m3_fault_suspend(1);
+            int rc = m3_out_finish(c->out, &d, &nd, &err);
+            m3_fault_suspend(0);
+            if (rc) mark_failed(c->h, NOMEM);
+            else emit_deltas(c, d, nd);
+        }
         return;
     }
     if (!n) return;
@@ -559,43 +359,62 @@ static void emit_text(choice *c, const char *p, size_t n, int final) {
     emit_deltas(c, &one, 1);
 }
 
+/* the error a choice ended with: 503 when cancelled by the shutdown, 500 when it failed */
+static int choice_error(const hreq *h, const choice *c, const char **why) {
+    if (c->finish_reason == M3_FINISH_CANCELLED) {
+        *why = "the request was cancelled: the server is shutting down";
+        return 503;
+    }
+    *why = h->failed ? h->failed : c->eng_err ? c->eng_err : "generation failed";
+    return 500;
+}
+
 /* Non-stream: the whole response, or an error when a choice failed or was cancelled. */
 static int send_final(hreq *h) {
     srv *s = h->s;
     for (int i = 0; i < h->n; i++) {
-        if (h->ch[i].finish_reason == M3_FINISH_CANCELLED)
-            return srv_send_error(h->req, 503, "service_unavailable_error",
-                                  "the request was cancelled: the server is shutting down");
-        if (h->ch[i].finish_reason == M3_FINISH_ERROR)
-            return srv_send_error(h->req, 500, "server_error", "generation failed (see the server log)");
+        choice *c = &h->ch[i];
+        const char *why;
+        if (c->finish_reason == M3_FINISH_CANCELLED || c->finish_reason == M3_FINISH_ERROR || h->failed) {
+            int code = choice_error(h, c, &why);
+            return srv_send_error(h->req, code, code == 503 ? "service_unavailable_error" : "server_error", "%s%s",
+                                  code == 503 ? "" : "generation failed: ", why);
+        }
     }
     json_t *choices = json_array();
+    int bad = !choices;
     for (int i = 0; choices && i < h->n; i++) {
         choice *c = &h->ch[i];
         json_t *ch, *lp = lp_take(c, 1);
         if (h->chat) {
             json_t *msg = json_pack("{s:s,s:s%}", "role", "assistant", "content", c->content.p ? c->content.p : "",
                                     c->content.n);
-            if (msg && c->reasoning.p) json_object_set_new(msg, "reasoning_content", json_stringn(c->reasoning.p, c->reasoning.n));
-            if (msg && c->tools) json_object_set(msg, "tool_calls", c->tools);
+            if (msg && c->reasoning.p)
+                bad |= json_object_set_new(msg, "reasoning_content", json_stringn(c->reasoning.p, c->reasoning.n)) != 0;
+            if (msg && c->tools) bad |= json_object_set(msg, "tool_calls", c->tools) != 0;
+            bad |= !msg;
             ch = json_pack("{s:i,s:o,s:o,s:s}", "index", i, "message", msg ? msg : json_object(), "logprobs",
                            lp ? lp : json_null(), "finish_reason", finish_str(c));
         } else {
             sbuf t = {0};
-            if (h->echo && h->echo_text) sbuf_add(&t, h->echo_text, h->echo_len);
-            sbuf_add(&t, c->content.p ? c->content.p : "", c->content.n);
+            if (h->echo && h->echo_text) bad |= sbuf_add(&t, h->echo_text, h->echo_len) != 0;
+            bad |= sbuf_add(&t, c->content.p ? c->content.p : "", c->content.n) != 0;
             ch = json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", t.p ? t.p : "", t.n, "logprobs", lp ? lp : json_null(),
                            "finish_reason", finish_str(c));
             free(t.p);
         }
-        json_array_append_new(choices, ch);
+        bad |= json_array_append_new(choices, ch) != 0;
     }
     char id[64];
     snprintf(id, sizeof id, "%s-%lu", h->chat ? "chatcmpl" : "cmpl", h->serial);
     json_t *j = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", id, "object", h->chat ? "chat.completion" : "text_completion",
                           "created", (json_int_t)h->created, "model", s->o->model_name, "choices", choices, "usage",
                           usage_json(h));
-    return srv_send_json(h->req, 200, j);
+    if (bad || h->failed) { /* a part is missing: no truncated answer */
+        json_decref(j);
+        return srv_send_error(h->req, 500, "server_error", "generation failed: %s", h->failed ? h->failed : NOMEM);
+    }
+    return srv_send_json(h->req, 200, j); /* NULL j: a 500 */
 }
 
 static void finish_response(hreq *h) {
@@ -605,12 +424,18 @@ static void finish_response(hreq *h) {
     if (!h->closed && h->req) {
         evhttp_request_set_on_complete_cb(h->req, on_flushed, h);
         if (h->stream) {
-            if (h->include_usage) {
-                json_t *c = chunk_base(h);
-                if (c && !json_object_set_new(c, "choices", json_array()) && !json_object_set_new(c, "usage", usage_json(h)))
-                    sse_send(h, c);
-                else json_decref(c);
+            if (h->include_usage && !h->failed) {
+                json_t *c = chunk_base(h), *u = usage_json(h);
+                if (!c || !u || json_object_set_new(c, "choices", json_array())) { /* u not taken yet */
+                    json_decref(u);
+                    json_decref(c);
+                    mark_failed(h, NOMEM);
+                } else if (json_object_set_new(c, "usage", u)) { /* takes u even when it fails */
+                    json_decref(c);
+                    mark_failed(h, NOMEM);
+                } else sse_send(h, c);
             }
+            if (h->failed) sse_error(h, 500, "server_error", h->failed);
             struct evbuffer *b = evbuffer_new();
             if (b) {
                 evbuffer_add(b, "data: [DONE]\n\n", 14);
@@ -644,15 +469,38 @@ static void choice_end(choice *c, int reason) {
     c->finish_reason = reason;
     h->n_done++;
     h->s->m.finished[reason]++;
-    if (!h->closed) {
+    if (!h->closed && !h->failed) {
         if (reason == M3_FINISH_CANCELLED || reason == M3_FINISH_ERROR) { /* text held back for stop strings */
             if (c->text.n > c->emitted) emit_text(c, c->text.p + c->emitted, c->text.n - c->emitted, 0);
             c->emitted = c->text.n;
         }
         emit_text(c, NULL, 0, 1);
-        if (h->stream) send_chunk(h, c->index, h->chat ? json_object() : json_string(""), lp_take(c, 0), finish_str(c));
+        if (h->stream && !h->failed) {
+            if (reason == M3_FINISH_ERROR) {
+                const char *why;
+                choice_error(h, c, &why);
+                sse_error(h, 500, "server_error", why);
+            }
+            send_chunk(h, c->index, h->chat ? json_object() : json_string(""), lp_take(c, 0), finish_str(c));
+        }
     }
-    if (h->n_done == h->n) finish_response(h);
+    if (h->n_done == h->n && !h->failed) finish_response(h);
+}
+
+/* The response cannot be completed (h->failed): every choice still open is cancelled and
+ * counted as failed, and the response ends with the error. */
+static void fail_response(hreq *h) {
+    if (h->replied) return;
+    cancel_open(h);
+    for (int i = 0; i < h->n; i++) {
+        choice *c = &h->ch[i];
+        if (c->done) continue;
+        c->done = 1;
+        c->finish_reason = M3_FINISH_ERROR;
+        h->n_done++;
+        h->s->m.finished[M3_FINISH_ERROR]++;
+    }
+    finish_response(h);
 }
 
 /* One generated token of choice c. */
@@ -675,10 +523,13 @@ static void on_token(srv *s, choice *c, const m3_sample_out *so, int finished, i
     m3_err err;
     /* a stop id (EOS included) ends the output and is not part of its text */
     int stop_tok = finished && reason == M3_FINISH_STOP;
-    if (!stop_tok && m3_tok_stream_push(c->ts, so->token, &p, &n, &err) == 0 && n) sbuf_add(&c->text, p, n);
+    if (!stop_tok && (m3_tok_stream_push(c->ts, so->token, &p, &n, &err) || (n && sbuf_add(&c->text, p, n)))) {
+        mark_failed(h, NOMEM);
+        return;
+    }
     if (finished) {
         m3_tok_stream_finish(c->ts, &p, &n);
-        if (n) sbuf_add(&c->text, p, n);
+        if (n && sbuf_add(&c->text, p, n)) { mark_failed(h, NOMEM); return; }
     }
     if (!stop_tok) lp_add(s, c, so, c->text.p ? c->text.p + before : "", c->text.n - before);
     size_t upto = c->text.n;
@@ -693,8 +544,9 @@ static void on_token(srv *s, choice *c, const m3_sample_out *so, int finished, i
         emit_text(c, c->text.p + c->emitted, upto - c->emitted, 0);
         c->emitted = upto;
     }
+    if (h->failed) return;
     if (hit) {
-        m3_engine_cancel(s->e, c->id);
+        choice_cancel(c);
         choice_end(c, M3_FINISH_STOP);
     } else if (finished) choice_end(c, reason);
 }
@@ -703,16 +555,25 @@ void srv_handle_item(srv *s, qitem *it) {
     choice *c = it->c;
     hreq *h = c->h;
     h->busy++;
-    if (it->finished && !c->engine_ended) { c->engine_ended = 1; h->n_open--; }
-    if (!c->done) {
+    if (it->finished && !c->engine_ended) { c->engine_ended = 1; h->n_open--; c->cancel_pending = 0; }
+    if (atomic_load(&c->lost) && !c->done) mark_failed(h, "an engine record was lost (out of memory)");
+    if (!c->done && !h->failed) {
         if (it->has_tok) on_token(s, c, &it->so, it->finished, it->reason);
         else if (it->finished) choice_end(c, it->reason); /* cancelled or failed without a token */
     }
+    if (h->failed) fail_response(h);
     h->busy--;
     hreq_release(h);
 }
 
 /* ------------------------------------------------------------------ submission */
+
+/* engine thread, before the final record of a choice the engine failed (msg is static) */
+static void on_error(void *arg, uint64_t id, const char *msg) {
+    (void)id;
+    choice *c = arg;
+    c->eng_err = msg;
+}
 
 /* engine thread */
 static void on_output(void *arg, uint64_t id, const m3_sample_out *out, int finished, int reason) {
@@ -723,10 +584,10 @@ static void on_output(void *arg, uint64_t id, const m3_sample_out *out, int fini
     srv_push(c->h->s, &it);
 }
 
-static int start(srv *s, struct evhttp_request *req, int chat, gparams *g, unsigned long serial, double t0) {
+static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g, unsigned long serial, double t0) {
     m3_err err;
-    hreq *h = calloc(1, sizeof *h);
-    if (!h || !(h->ch = calloc((size_t)g->n, sizeof *h->ch))) {
+    hreq *h = srv_calloc(1, sizeof *h);
+    if (!h || !(h->ch = srv_calloc((size_t)g->n, sizeof *h->ch))) {
         free(h);
         return srv_send_error(req, 500, "server_error", "out of memory");
     }
@@ -755,14 +616,14 @@ static int start(srv *s, struct evhttp_request *req, int chat, gparams *g, unsig
         c->index = i;
         if (!(c->ts = m3_tok_stream_new(s->tok, 1, &err))) rc = srv_send_error(req, 500, "server_error", "%s", err.msg);
         else if (g->n_stop_strs && !(c->stop = m3_stop_create(g->stop_strs, g->n_stop_strs, NULL, 0, &err)))
-            rc = SRV_BAD(req, "%s", err.msg);
+            rc = srv_send_error(req, 500, "server_error", "%s", err.msg); /* checked strings: out of memory */
         else if (chat && !(c->out = m3_out_new(&g->oo, g->tools, &err))) rc = SRV_BAD(req, "%s", err.msg);
         else if (h->logprobs && !(c->lp = lp_new(h))) rc = srv_send_error(req, 500, "server_error", "out of memory");
     }
     if (rc) { hreq_free(h); return rc; }
 
     /* min_tokens holds back every id that would end the request */
-    int32_t min_ids[SRV_MAX_STOP_IDS + 2];
+    int32_t min_ids[M3_OAI_MAX_STOP_IDS + 2];
     int n_min = 0;
     for (size_t i = 0; i < g->n_stop_ids; i++) min_ids[n_min++] = g->stop_ids[i];
     if (!g->ignore_eos && s->o->eos_id >= 0 && s->o->eos_id < s->vocab) min_ids[n_min++] = s->o->eos_id;
@@ -782,13 +643,14 @@ static int start(srv *s, struct evhttp_request *req, int chat, gparams *g, unsig
     sp->min_tokens = (int)g->min_tokens;
     sp->min_tokens_ids = min_ids;
     sp->n_min_tokens_ids = g->min_tokens ? n_min : 0;
-    sp->logprobs = 1;
+    sp->logprobs = h->logprobs; /* a full-vocabulary log-softmax per token: only when asked */
     sp->top_logprobs = h->top_logprobs;
     er.max_tokens = (int)g->max_tokens;
     er.stop_ids = g->stop_ids;
     er.n_stop_ids = (int)g->n_stop_ids;
     er.ignore_eos = g->ignore_eos;
     er.on_output = on_output;
+    er.on_error = on_error;
 
     /* on the live list first: the engine may report before the loop below ends */
     h->next = s->live;
@@ -801,7 +663,8 @@ static int start(srv *s, struct evhttp_request *req, int chat, gparams *g, unsig
         sp->seed = g->has_seed ? (uint64_t)g->seed + (uint64_t)i : base + (uint64_t)i * 0x9e3779b97f4a7c15ull;
         er.arg = &h->ch[i];
         h->ch[i].id = m3_engine_add(s->e, &er, &err);
-        if (!h->ch[i].id) { rc = SRV_BAD(req, "%s", err.msg); break; }
+        /* the parameters were checked: what is left is the engine out of memory */
+        if (!h->ch[i].id) { rc = srv_send_error(req, 500, "server_error", "%s", err.msg); break; }
         h->n_open++;
     }
     if (rc) { /* the choices already queued end as cancelled; h goes when they have */
@@ -826,6 +689,7 @@ static int start(srv *s, struct evhttp_request *req, int chat, gparams *g, unsig
         }
     }
     evhttp_connection_set_closecb(h->conn, conn_closed, h);
+    if (h->failed) fail_response(h);
     h->busy--;
     hreq_release(h);
     return 0;
@@ -836,9 +700,9 @@ int srv_generate(srv *s, struct evhttp_request *req, int chat, unsigned long ser
     if (rc) return rc;
     json_t *b = srv_read_body(req, &rc);
     if (!b) return rc;
-    gparams g;
-    memset(&g, 0, sizeof g);
-    rc = parse_params(s, req, b, chat, &g);
+    m3_oai_params g;
+    m3_oai_error e;
+    if (m3_oai_parse_generate(&s->ctx, b, chat, &g, &e)) rc = srv_send_oai(req, &e);
     if (!rc) {
         m3_engine_stats st;
         m3_engine_get_stats(s->e, &st);
@@ -850,7 +714,7 @@ int srv_generate(srv *s, struct evhttp_request *req, int chat, unsigned long ser
         }
     }
     if (!rc) rc = start(s, req, chat, &g, serial, t0);
-    gparams_free(&g);
+    m3_oai_params_free(&g);
     json_decref(b);
     return rc;
 }

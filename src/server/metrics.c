@@ -109,6 +109,9 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
         if (m->http_codes[c]) put(&b, "m3_http_responses_total{code=\"%d\"} %llu\n", c, (unsigned long long)m->http_codes[c]);
     counter(&b, "m3_requests_rejected_overload_total", "Generation requests answered 429 (waiting queue full).",
             m->requests_rejected_overload);
+    counter(&b, "m3_slow_clients_dropped_total",
+            "Streams closed (request cancelled) because the client took no output for --timeout seconds.",
+            m->slow_clients_dropped);
     counter(&b, "m3_prompt_tokens_total", "Prompt tokens of accepted generation requests.", m->prompt_tokens);
     counter(&b, "m3_generation_tokens_total", "Tokens generated (every choice).", m->generation_tokens);
 
@@ -135,6 +138,16 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
     counter(&b, "m3_preemptions_total", "Sequences preempted (KV blocks freed, recomputed later).", st->preemptions);
     counter(&b, "m3_engine_steps_total", "Engine steps run (one forward each).", st->steps);
     counter(&b, "m3_engine_prefill_tokens_total", "Tokens run through the model that were not decodes.", st->tokens_prefilled);
+    counter(&b, "m3_requests_nonfinite_logits_total",
+            "Sequences ended with an error because their logits held a NaN or an Inf.", st->nonfinite_logits);
+    if (info->fault_armed) {
+        head(&b, "m3_fault_injected_total", "counter", "Allocation failures injected (tests only), by module.");
+        put(&b, "m3_fault_injected_total{module=\"engine\"} %ld\n", info->fault_injected[0]);
+        put(&b, "m3_fault_injected_total{module=\"server\"} %ld\n", info->fault_injected[1]);
+        head(&b, "m3_fault_allocations_total", "counter", "Allocations counted by fault injection (tests only), by module.");
+        put(&b, "m3_fault_allocations_total{module=\"engine\"} %ld\n", info->fault_seen[0]);
+        put(&b, "m3_fault_allocations_total{module=\"server\"} %ld\n", info->fault_seen[1]);
+    }
     if (b.oom) { free(b.p); return NULL; }
     *len = b.n;
     return b.p;

@@ -32,6 +32,7 @@ typedef struct m3_metrics {
     uint64_t http_codes[600];  /* responses by HTTP status code */
     uint64_t prompt_tokens, generation_tokens;
     uint64_t requests_rejected_overload;
+    uint64_t slow_clients_dropped;  /* streams closed because their client stopped reading */
     m3_hist ttft, itl, e2e;    /* seconds */
 } m3_metrics;
 
@@ -44,6 +45,9 @@ typedef struct m3_metrics_info {
     int max_waiting;
     int draining;              /* 1 after SIGTERM / SIGINT */
     int http_in_flight;        /* generation requests not finished */
+    int fault_armed;           /* fault injection (tests): report the failures injected */
+    long fault_injected[2];    /* by module: engine, server (src/engine/fault.h) */
+    long fault_seen[2];        /* allocations counted, by module */
 } m3_metrics_info;
 
 void m3_metrics_init(m3_metrics *m);

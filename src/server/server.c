@@ -24,6 +24,8 @@ void m3_server_opts_default(m3_server_opts *o) {
     o->shutdown_timeout = 30;
     o->eos_id = -1;
     o->log_requests = 1;
+    o->max_header_bytes = 64 << 10;
+    o->timeout = 60;
 }
 
 double srv_now(void) {
@@ -36,7 +38,7 @@ int sbuf_add(sbuf *b, const char *p, size_t n) {
     if (b->n + n + 1 > b->cap) {
         size_t nc = b->cap ? b->cap : 64;
         while (nc < b->n + n + 1) nc *= 2;
-        char *np = realloc(b->p, nc);
+        char *np = srv_realloc(b->p, nc);
         if (!np) return -1;
         b->p = np;
         b->cap = nc;
@@ -67,10 +69,10 @@ static const char *reason_phrase(int code) {
 int srv_send_json(struct evhttp_request *req, int code, json_t *j) {
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
+    if (!s) return srv_send_error(req, 500, "server_error", "out of memory");
     struct evbuffer *b = evbuffer_new();
-    if (!s || !b) { /* out of memory: a bare status is all that can be said */
+    if (!b) { /* out of memory: a bare status is all that can be said */
         free(s);
-        if (b) evbuffer_free(b);
         evhttp_send_reply(req, 500, reason_phrase(500), NULL);
         return 500;
     }
@@ -82,18 +84,59 @@ int srv_send_json(struct evhttp_request *req, int code, json_t *j) {
     return code;
 }
 
-/* Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}} (code: the HTTP
- * status, as vLLM sends it). */
+size_t srv_error_json(char *buf, size_t cap, int code, const char *type, const char *param, const char *msg) {
+    size_t n = 0;
+    if (!cap) return 0;
+#define PUT(c) do { if (n + 1 < cap) buf[n++] = (c); } while (0)
+#define PUTS(str) do { for (const char *q_ = (str); *q_; q_++) PUT(*q_); } while (0)
+#define PUTQ(str) /* a JSON string */                                                   \
+    do {                                                                             \
+        PUT('"');                                                                    \
+        for (const unsigned char *q_ = (const unsigned char *)(str); *q_; q_++) {    \
+            if (*q_ == '"' || *q_ == '\\') { PUT('\\'); PUT((char)*q_); }            \
+            else if (*q_ < 0x20) { char u_[8]; snprintf(u_, sizeof u_, "\\u%04x", *q_); PUTS(u_); } \
+            else PUT((char)*q_);                                                     \
+        }                                                                            \
+        PUT('"');                                                                    \
+    } while (0)
+    PUTS("{\"error\":{\"message\":");
+    PUTQ(msg ? msg : "");
+    PUTS(",\"type\":");
+    PUTQ(type ? type : "server_error");
+    PUTS(",\"param\":");
+    if (param && *param) PUTQ(param);
+    else PUTS("null");
+    char tail[32];
+    snprintf(tail, sizeof tail, ",\"code\":%d}}", code);
+    PUTS(tail);
+#undef PUTQ
+#undef PUTS
+#undef PUT
+    buf[n] = 0;
+    return n;
+}
+
+/* Errors in OpenAI's shape, {"error": {"message", "type", "param", "code"}} (code: the HTTP
+ * status, as vLLM sends it), written without jansson so that they go out when memory is short. */
+int srv_send_oai(struct evhttp_request *req, const m3_oai_error *e) {
+    char body[4096];
+    size_t n = srv_error_json(body, sizeof body, e->status, e->type, e->param, e->message);
+    struct evbuffer *b = evbuffer_new();
+    if (b && !evbuffer_add(b, body, n)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
+        evhttp_send_reply(req, e->status, reason_phrase(e->status), b);
+    } else evhttp_send_reply(req, e->status, reason_phrase(e->status), NULL);
+    if (b) evbuffer_free(b);
+    return e->status;
+}
+
 int srv_send_error(struct evhttp_request *req, int code, const char *type, const char *fmt, ...) {
-    char msg[1200];
+    m3_oai_error e;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    m3_oai_verrorf(&e, code, type, NULL, fmt, ap);
     va_end(ap);
-    json_t *j = json_pack("{s:{s:s,s:s,s:n,s:i}}", "error", "message", msg, "type", type, "param", "code", code);
-    if (!j) j = json_pack("{s:{s:s,s:s,s:n,s:i}}", "error", "message", "(message not valid UTF-8)", "type", type,
-                          "param", "code", code);
-    return srv_send_json(req, code, j);
+    return srv_send_oai(req, &e);
 }
 
 int srv_check_auth(srv *s, struct evhttp_request *req) {
@@ -117,17 +160,9 @@ json_t *srv_read_body(struct evhttp_request *req, int *code) {
     /* the body is usually one contiguous chunk already; pullup makes sure */
     const char *p = n ? (const char *)evbuffer_pullup(in, (ev_ssize_t)n) : "";
     if (!p) { *code = srv_send_error(req, 500, "server_error", "out of memory"); return NULL; }
-    json_error_t je;
-    json_t *j = json_loadb(p, n, 0, &je);
-    if (!j) {
-        *code = SRV_BAD(req, "invalid JSON body: %s (line %d, column %d)", je.text, je.line, je.column);
-        return NULL;
-    }
-    if (!json_is_object(j)) {
-        json_decref(j);
-        *code = SRV_BAD(req, "the request body must be a JSON object");
-        return NULL;
-    }
+    json_t *j;
+    m3_oai_error e;
+    if (m3_oai_parse_body(p, n, &j, &e)) { *code = srv_send_oai(req, &e); return NULL; }
     return j;
 }
 
@@ -155,17 +190,22 @@ static void *engine_main(void *arg) {
 }
 
 /* Engine thread: queues one record for the HTTP thread. A token record that finds no memory
- * is dropped (the client sees a gap, not a hang); a final record never is: it waits in its
- * choice (srv.fin), which needs no allocation. */
+ * is dropped and its choice marked lost (the response then ends with an error rather than
+ * with a gap); a final record never is: it waits in its choice (srv.fin), which needs no
+ * allocation. */
 void srv_push(srv *s, const qitem *it) {
     pthread_mutex_lock(&s->mu);
     if (s->qn == s->qcap) {
         size_t nc = s->qcap ? s->qcap * 2 : 256;
-        qitem *nq = realloc(s->q, nc * sizeof *nq);
+        qitem *nq = srv_realloc(s->q, nc * sizeof *nq);
         if (nq) { s->q = nq; s->qcap = nc; }
     }
     if (s->qn < s->qcap) s->q[s->qn++] = *it;
-    else if (it->finished) {
+    else if (!it->finished) {
+        /* a token the client will not see: its response ends with an error instead
+         * (srv_handle_item cancels the request) */
+        atomic_store(&it->c->lost, 1);
+    } else {
         choice *c = it->c;
         c->fin_reason = it->reason;
         c->fin_has_tok = it->has_tok;
@@ -213,7 +253,12 @@ static int h_metrics(struct evhttp_request *req, srv *s) {
     m3_engine_stats st;
     m3_engine_get_stats(s->e, &st);
     m3_metrics_info info = {s->o->model_name, m3_engine_capacity_tokens(s->e), m3_engine_max_model_len(s->e),
-                            s->o->kv_bytes_per_token, s->o->max_waiting, s->draining, s->n_live};
+                            s->o->kv_bytes_per_token, s->o->max_waiting, s->draining, s->n_live, 0, {0, 0}, {0, 0}};
+    info.fault_armed = s->o->fault_spec != NULL;
+    info.fault_injected[M3_FAULT_ENGINE] = m3_fault_failed(M3_FAULT_ENGINE);
+    info.fault_injected[M3_FAULT_SERVER] = m3_fault_failed(M3_FAULT_SERVER);
+    info.fault_seen[M3_FAULT_ENGINE] = m3_fault_seen(M3_FAULT_ENGINE);
+    info.fault_seen[M3_FAULT_SERVER] = m3_fault_seen(M3_FAULT_SERVER);
     size_t len;
     char *text = m3_metrics_render(&s->m, &st, &info, &len);
     struct evbuffer *b = text ? evbuffer_new() : NULL;
@@ -234,23 +279,6 @@ static int h_models(struct evhttp_request *req, srv *s) {
     return srv_send_json(req, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", m));
 }
 
-int srv_ids_from_json(struct evhttp_request *req, json_t *a, int vocab, int32_t **ids, size_t *n) {
-    size_t k = json_array_size(a);
-    int32_t *v = malloc((k ? k : 1) * sizeof *v);
-    if (!v) return srv_send_error(req, 500, "server_error", "out of memory");
-    for (size_t i = 0; i < k; i++) {
-        json_t *x = json_array_get(a, i);
-        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= vocab) {
-            free(v);
-            return SRV_BAD(req, "token id at index %zu is not an integer in [0, %d)", i, vocab);
-        }
-        v[i] = (int32_t)json_integer_value(x);
-    }
-    *ids = v;
-    *n = k;
-    return 0;
-}
-
 static int h_tokenize(struct evhttp_request *req, srv *s) {
     int rc = srv_check_auth(s, req);
     if (rc) return rc;
@@ -268,15 +296,18 @@ static int h_tokenize(struct evhttp_request *req, srv *s) {
             goto out;
         }
     } else if (json_object_get(b, "messages")) {
-        if ((rc = srv_chat_prompt(s, req, b, &ids, &n))) goto out;
+        m3_oai_error e;
+        if (m3_oai_chat_prompt(&s->ctx, b, &ids, &n, &e)) { rc = srv_send_oai(req, &e); goto out; }
     } else {
         rc = SRV_BAD(req, "give 'prompt' (a string) or 'messages'");
         goto out;
     }
     json_t *a = json_array();
-    for (size_t i = 0; a && i < n; i++) json_array_append_new(a, json_integer(ids[i]));
-    rc = srv_send_json(req, 200, json_pack("{s:i,s:i,s:o}", "count", (int)n, "max_model_len",
-                                           m3_engine_max_model_len(s->e), "tokens", a));
+    for (size_t i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_integer(ids[i]))) { json_decref(a); a = NULL; }
+    /* a NULL (no memory) becomes a 500 */
+    rc = srv_send_json(req, 200, a ? json_pack("{s:i,s:i,s:o}", "count", (int)n, "max_model_len",
+                                               m3_engine_max_model_len(s->e), "tokens", a) : NULL);
 out:
     free(ids);
     json_decref(b);
@@ -292,15 +323,15 @@ static int h_detokenize(struct evhttp_request *req, srv *s) {
     int32_t *ids = NULL;
     size_t n = 0;
     if (!json_is_array(t)) { rc = SRV_BAD(req, "'tokens' must be an array of token ids"); goto out; }
-    if ((rc = srv_ids_from_json(req, t, m3_tok_n_vocab(s->tok), &ids, &n))) goto out;
+    m3_oai_error e;
+    if (m3_oai_ids(t, m3_tok_n_vocab(s->tok), "tokens", &ids, &n, &e)) { rc = srv_send_oai(req, &e); goto out; }
     m3_err err;
     size_t len;
     char *text = m3_tok_decode(s->tok, ids, n, 0, &len, &err);
     if (!text) { rc = SRV_BAD(req, "%s", err.msg); goto out; }
     json_t *j = json_pack("{s:s%}", "prompt", text, len);
     free(text);
-    if (!j) j = json_pack("{s:s}", "prompt", "");
-    rc = srv_send_json(req, 200, j);
+    rc = srv_send_json(req, 200, j); /* NULL (no memory): a 500 */
 out:
     free(ids);
     json_decref(b);
@@ -453,6 +484,7 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     const char *src = chat ? m3_chat_source(chat) : NULL;
     s->reasoning_parser = src && strstr(src, "mm:think") != NULL;
     s->tool_parser = src && strstr(src, "minimax[>[") != NULL;
+    s->ctx = (m3_oai_ctx){tok, chat, vocab, o->model_name, m3_engine_max_model_len(e), s->reasoning_parser, s->tool_parser};
     pthread_mutex_init(&s->mu, NULL);
     signal(SIGPIPE, SIG_IGN);
     if (evthread_use_pthreads()) { srv_cleanup(s); return m3_errf(err, "evthread_use_pthreads failed"); }
@@ -469,12 +501,28 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
         size_t mb = o->max_body ? o->max_body : (size_t)32 << 20;
         evhttp_set_max_body_size(s->http, (ev_ssize_t)(mb * 2 + ((size_t)1 << 20)));
     }
+    /* request line + headers beyond this: libevent answers 400 or drops the connection, so an
+     * endless header block cannot grow our memory */
+    evhttp_set_max_headers_size(s->http, o->max_header_bytes ? (ev_ssize_t)o->max_header_bytes : (ev_ssize_t)64 << 10);
+    /* A connection that stays silent (headers or body not arriving, an idle keep-alive) or does
+     * not take our bytes (a client that stopped reading its stream) for this long is closed;
+     * a request it carried is cancelled like a disconnect. Generation itself has no deadline
+     * (a non-stream request waits for its tokens with the socket's reads off). */
+    if (o->timeout > 0) {
+        struct timeval to = {(time_t)o->timeout, (suseconds_t)((o->timeout - (double)(time_t)o->timeout) * 1e6)};
+        evhttp_set_timeout_tv(s->http, &to);
+    }
     /* every method reaches route(), which answers 405 in OpenAI's shape (libevent: 501) */
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
                                             EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
     evhttp_set_gencb(s->http, route, s);
     s->bs = evhttp_bind_socket_with_handle(s->http, o->host, (ev_uint16_t)o->port);
     if (!s->bs) { srv_cleanup(s); return m3_errf(err, "cannot listen on %s:%d", o->host, o->port); }
+    /* Accepted sockets inherit the listener's send buffer. A bounded one (the kernel doubles
+     * it) keeps what a client that stops reading can pin in the kernel small, so its output
+     * piles up where the stall check sees it (srv_peek); a token stream needs far less. */
+    int sndbuf = (int)SRV_SNDBUF;
+    setsockopt(evhttp_bound_socket_get_fd(s->bs), SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
     int port = o->port;
     struct sockaddr_storage ss;
     ev_socklen_t sl = sizeof ss;
@@ -500,10 +548,20 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     if (pthread_create(&th, NULL, engine_main, s)) { srv_cleanup(s); return m3_errf(err, "cannot start the engine thread"); }
     fprintf(stderr, "m3 serve: listening on http://%s:%d (model '%s', context %d tokens, KV capacity %d tokens)\n",
             o->host, port, o->model_name, m3_engine_max_model_len(e), m3_engine_capacity_tokens(e));
+    if (o->fault_spec) { /* tests only: allocation failures from here on (src/engine/fault.h) */
+        m3_err ferr;
+        if (m3_fault_arm_spec(o->fault_spec, &ferr)) fprintf(stderr, "m3 serve: %s\n", ferr.msg);
+        else fprintf(stderr, "m3 serve: fault injection armed: %s\n", o->fault_spec);
+        if (m3_fault_armed(M3_FAULT_SERVER)) m3_fault_json_hook(1);
+    }
     fflush(stderr);
     event_base_dispatch(s->base);
     atomic_store(&s->stop_engine, 1);
     pthread_join(th, NULL);
+    if (o->fault_spec) {
+        m3_fault_disarm(M3_FAULT_ENGINE);
+        m3_fault_disarm(M3_FAULT_SERVER);
+    }
     fprintf(stderr, "m3 serve: stopped (%lu requests served)\n", s->serial);
     srv_cleanup(s);
     return 0;

@@ -13,9 +13,19 @@
  * /health and /metrics need no API key (as vLLM); the others do when one is set.
  *
  * Limits: bodies over max_body get 413 (from libevent, after the body is read and
- * discarded, so the client sees the answer); prompts that leave no room in the context,
- * bad types and ranges get 400; while the engine's waiting queue holds max_waiting
- * sequences, new generation requests get 429; while shutting down, 503.
+ * discarded, so the client sees the answer); a request line + headers over max_header_bytes
+ * are refused by libevent (400, or the connection closed); a connection silent for timeout
+ * seconds (a request not arriving, an idle keep-alive, a client that stopped reading its
+ * stream) is closed and its request cancelled; prompts that leave no room in the context,
+ * bad types and ranges get 400 (src/server/openai.h lists the limits on n, messages, stop,
+ * logit_bias, tools); while the engine's waiting queue holds max_waiting sequences, new
+ * generation requests get 429; while shutting down, 503. The default host is 127.0.0.1
+ * (loopback only); the API key is compared in constant time.
+ *
+ * Failures: a request the engine ends with an error (out of memory, NaN / Inf logits) gets a
+ * 500 (non-stream) or an error event in its stream (data: {"error": {...}}), then [DONE];
+ * so does one whose response cannot be built for lack of memory. Nothing is dropped
+ * silently.
  *
  * Shutdown (SIGINT / SIGTERM): the listener closes and new requests on open connections get
  * 503; requests in flight may finish for shutdown_timeout seconds, then the rest are
@@ -45,6 +55,9 @@ typedef struct m3_server_opts {
     int eos_id;                /* the model config's EOS id (-1: none): min_tokens holds it back too */
     size_t kv_bytes_per_token; /* for /metrics; 0: not reported */
     int log_requests;          /* one stderr line per request (default 1) */
+    size_t max_header_bytes;   /* request line + headers limit (default 64 KiB) */
+    double timeout;            /* seconds a connection may stay silent (default 60; 0: none) */
+    const char *fault_spec;    /* tests only: allocation failures armed once listening (src/engine/fault.h) */
 } m3_server_opts;
 
 void m3_server_opts_default(m3_server_opts *o);

@@ -19,16 +19,21 @@
 #include <event2/http.h>
 #include <jansson.h>
 
+#include "../engine/fault.h"
 #include "../text/parsers.h"
 #include "metrics.h"
+#include "openai.h"
 #include "server.h"
 
-#define SRV_MAX_N 16            /* choices per request */
-#define SRV_MAX_MESSAGES 4096   /* chat messages per request */
-#define SRV_MAX_STOP 16         /* stop strings */
-#define SRV_MAX_STOP_IDS 256
-#define SRV_MAX_LOGIT_BIAS 1024
-#define SRV_MAX_TOOLS 512
+/* the server's own allocations, counted by the fault-injection hook (src/engine/fault.h) */
+#define srv_malloc(n) m3_fault_malloc(M3_FAULT_SERVER, n)
+#define srv_calloc(k, n) m3_fault_calloc(M3_FAULT_SERVER, k, n)
+#define srv_realloc(p, n) m3_fault_realloc(M3_FAULT_SERVER, p, n)
+
+/* a stream with this much output not taken by its client for --timeout seconds is dropped */
+#define SRV_STALL_BYTES ((size_t)256 << 10)
+/* the send buffer of accepted sockets (the kernel doubles it): 1 MiB/s at 250 ms RTT */
+#define SRV_SNDBUF (128 << 10)
 
 typedef struct sbuf { char *p; size_t n, cap; } sbuf;
 int sbuf_add(sbuf *b, const char *p, size_t n); /* keeps p NUL-terminated; -1 when out of memory */
@@ -43,6 +48,10 @@ typedef struct choice {
     int engine_ended;       /* the engine reported the end */
     int done;               /* the output is complete (finish reported to the client or kept) */
     int finish_reason;      /* M3_FINISH_* */
+    int cancel_pending;     /* m3_engine_cancel failed (no memory): srv_peek retries */
+    const char *eng_err;    /* why the engine ended it with M3_FINISH_ERROR (static); written on the
+                             * engine thread before the final record is queued, read after */
+    atomic_int lost;        /* the engine thread could not queue one of its records (no memory) */
     int n_gen;              /* tokens generated (a stop token included) */
     double t_last;          /* arrival of the last token (inter-token latency) */
     m3_tok_stream *ts;
@@ -71,6 +80,8 @@ struct hreq {
     long created;
     double t0, t_first;     /* arrival, first token of any choice */
     int closed;             /* the client went away */
+    const char *failed;     /* why the response could not be built (no memory): it ends with an error */
+    double stall_since;     /* stream output pending beyond SRV_STALL_BYTES since then (0: not) */
     int replied;            /* the whole response was handed to libevent */
     int flushed;            /* ... and written, or the connection is gone */
     int n_open;             /* choices submitted and not ended by the engine */
@@ -86,6 +97,7 @@ typedef struct qitem { choice *c; m3_sample_out so; int has_tok, finished, reaso
 
 struct srv {
     m3_engine *e;
+    m3_oai_ctx ctx;         /* what request parsing needs (openai.h) */
     const m3_tok *tok;
     const m3_chat *chat;
     int vocab;
@@ -114,10 +126,12 @@ int srv_send_json(struct evhttp_request *req, int code, json_t *j); /* takes j; 
 int srv_send_error(struct evhttp_request *req, int code, const char *type, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 #define SRV_BAD(req, ...) srv_send_error(req, 400, "invalid_request_error", __VA_ARGS__)
+int srv_send_oai(struct evhttp_request *req, const m3_oai_error *e); /* returns e->status */
+/* An OpenAI error object as JSON text (no allocation: escaped into buf), for bodies and
+ * stream events. Returns its length (truncated to cap - 1). */
+size_t srv_error_json(char *buf, size_t cap, int code, const char *type, const char *param, const char *msg);
 json_t *srv_read_body(struct evhttp_request *req, int *code); /* NULL: an error was sent (*code) */
 int srv_check_auth(srv *s, struct evhttp_request *req);       /* 0, or the status of the 401 sent */
-/* a JSON array of token ids in [0, vocab) -> *ids (malloc'd) / *n: 0, or the status of the error sent */
-int srv_ids_from_json(struct evhttp_request *req, json_t *a, int vocab, int32_t **ids, size_t *n);
 void srv_log(srv *s, unsigned long serial, const char *what, int status, int prompt, int completion, double ttft,
              double total);
 void srv_push(srv *s, const qitem *it); /* engine thread */
@@ -127,11 +141,8 @@ void srv_maybe_exit(srv *s);            /* draining and nothing left: leave the 
 /* POST /v1/completions (chat 0) and /v1/chat/completions (chat 1). Returns the HTTP status
  * sent, or 0 when the request was accepted (it logs itself when it ends). */
 int srv_generate(srv *s, struct evhttp_request *req, int chat, unsigned long serial, double t0);
-/* Renders messages (+ tools) through the chat template and encodes them: 0, or the status
- * of the error sent. */
-int srv_chat_prompt(srv *s, struct evhttp_request *req, json_t *b, int32_t **ids, size_t *n);
 void srv_handle_item(srv *s, qitem *it);
-void srv_peek(srv *s);       /* cancels requests whose client went away */
+void srv_peek(srv *s);       /* cancels requests whose client went away; retries failed cancels */
 void srv_cancel_all(srv *s); /* shutdown deadline */
 void srv_free_all(srv *s);   /* after the loop: whatever is left */
 

@@ -283,11 +283,15 @@ char *m3_chat_render(const m3_chat *c, const json_t *messages, const json_t *too
     if (kwargs && !json_is_object(kwargs)) { m3_errf(err, "chat template kwargs: expected a JSON object"); return NULL; }
     json_t *ctx = json_object();
     if (!ctx) { m3_errf(err, "out of memory"); return NULL; }
-    json_object_set(ctx, "messages", (json_t *)messages);
-    json_object_set_new(ctx, "tools", tools ? json_incref((json_t *)tools) : json_null());
-    json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_generation_prompt));
-    json_object_update(ctx, c->tokens);
-    if (kwargs) json_object_update(ctx, (json_t *)kwargs);
+    /* a context missing a key (no memory) would render another prompt: fail instead */
+    if (json_object_set(ctx, "messages", (json_t *)messages) ||
+        json_object_set_new(ctx, "tools", tools ? json_incref((json_t *)tools) : json_null()) ||
+        json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_generation_prompt)) ||
+        json_object_update(ctx, c->tokens) || (kwargs && json_object_update(ctx, (json_t *)kwargs))) {
+        json_decref(ctx);
+        m3_errf(err, "out of memory");
+        return NULL;
+    }
     const m3_jinja *t = c->tmpl;
     if (c->tool_tmpl && tools && json_array_size(tools) > 0) t = c->tool_tmpl;
     char *out = m3_jinja_render(t, ctx, limits, out_len, err);

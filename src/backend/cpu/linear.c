@@ -13,6 +13,7 @@
  * exactly (E4M3 via F16 as value / 256; E2M1 via bf16), so only the sums round. */
 #include <cpuid.h>
 #include <immintrin.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,7 +27,8 @@
 #define PF_DIST 1024 /* bytes ahead of the weight stream to prefetch */
 #endif
 
-static int simd_level = -1; /* 0 scalar, 1 avx2, 2 avx512 */
+/* 0 scalar, 1 avx2, 2 avx512; atomic: the ranks of a TP group (src/dist) may ask first at once */
+static atomic_int simd_level = -1;
 
 static float tab_e8m0[256], tab_e4m3[256];
 /* E8M0 x 256, for E4M3 codes read as F16 (value / 256). Above 246 the product would
@@ -44,7 +46,8 @@ __attribute__((constructor)) static void init_tables(void) {
 
 /* the widest kernel set this CPU runs; $M3_SIMD=scalar|avx2 caps it (for tests and comparisons) */
 static int simd(void) {
-    if (simd_level < 0) {
+    int lvl = atomic_load_explicit(&simd_level, memory_order_relaxed);
+    if (lvl < 0) { /* every thread computes the same value */
         const char *e = getenv("M3_SIMD");
         __builtin_cpu_init();
         int hw = 0;
@@ -53,9 +56,10 @@ static int simd(void) {
         if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) hw = 1;
         if (hw && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) hw = 2;
         int cap = !e ? 2 : !strcmp(e, "scalar") ? 0 : !strcmp(e, "avx2") ? 1 : 2;
-        simd_level = hw < cap ? hw : cap;
+        lvl = hw < cap ? hw : cap;
+        atomic_store_explicit(&simd_level, lvl, memory_order_relaxed);
     }
-    return simd_level;
+    return lvl;
 }
 
 int m3_cpu_have_avx2(void) { return simd() >= 1; }

@@ -317,6 +317,7 @@ static void cpu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E
     }
     /* experts in ascending order; each token adds its experts' outputs in that order */
     for (int e = 0; e < E; e++) {
+        if (!L->experts[e].gate.w) continue; /* expert parallel: held by another rank */
         int n = 0;
         for (int t = 0; t < T; t++)
             for (int k = 0; k < K; k++)

@@ -234,7 +234,7 @@ static int cu_weights_upload(void *ctx, const m3_weights *h, m3_weights *d, m3_e
     }
     if (!bad) bad |= up_linear(c, &h->embed, &d->embed);
     if (!bad) {
-        if (h->lm_head.w == h->embed.w) d->lm_head = d->embed;
+        if (h->lm_head.w == h->embed.w && h->lm_head.N == h->embed.N) d->lm_head = d->embed; /* tied (a TP rank's rows of it are its own) */
         else bad |= up_linear(c, &h->lm_head, &d->lm_head);
     }
     if (!bad) d->final_norm = up_vec(c, h->final_norm, h->hidden, &bad);

@@ -38,6 +38,9 @@ int m3_cuda_device_count(void);
 /* Fills ops with the CUDA backend on device dev. -1 + err when no GPU or the init failed. */
 int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err);
 void m3_cuda_ops_free(m3_ops *ops);
+/* The CUDA stream (cudaStream_t) every op of this backend is queued on: tensor parallelism
+ * queues its NCCL collectives there too (src/dist/comm.h), in order with the ops. */
+void *m3_cuda_stream(const m3_ops *ops);
 /* "NVIDIA H200, 132 SMs, 139.8 GiB" */
 const char *m3_cuda_device_name(const m3_ops *ops);
 /* device memory: bytes free and total right now; peak bytes the backend allocated */

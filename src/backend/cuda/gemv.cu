@@ -491,7 +491,11 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
     if (c->count_experts) count_experts(c, pick, T * K, E);
 
     const m3_mlp_w *e0 = &L->experts[0];
-    int fast = T <= 8 && L->backend && e0->gate.fmt == e0->up.fmt && e0->gate.fmt == e0->down.fmt && fast_shape(&e0->gate) &&
+    /* expert parallel (src/dist/shard.h): experts held by other ranks have no weights; the
+     * host-grouped path below skips them (the graph-free kernels read every picked expert) */
+    int absent = 0;
+    for (int e = 0; e < E && !absent; e++) absent = !L->experts[e].gate.w;
+    int fast = !absent && T <= 8 && L->backend && e0->gate.fmt == e0->up.fmt && e0->gate.fmt == e0->down.fmt && fast_shape(&e0->gate) &&
                fast_shape(&e0->up) && fast_shape(&e0->down);
     if (fast) {
         int S = T * K;
@@ -559,7 +563,7 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
             CK(c, cudaMemsetAsync(out, 0, sizeof(float) * (size_t)T * H, c->st));
             for (int e = 0; e < E && !c->failed; e++) {
                 int cnt = off[e + 1] - off[e];
-                if (!cnt) continue;
+                if (!cnt || !L->experts[e].gate.w) continue; /* not picked, or another rank's */
                 const m3_mlp_w *me = &L->experts[e];
                 dim3 gg(cdiv(H, 256) < 64 ? cdiv(H, 256) : 64, cnt);
                 k_gather_rows<<<gg, 256, 0, c->st>>>(x, drows + off[e], cnt, H, xe);

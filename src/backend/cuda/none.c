@@ -9,6 +9,7 @@ int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
 }
 void m3_cuda_ops_free(m3_ops *ops) { (void)ops; }
 const char *m3_cuda_device_name(const m3_ops *ops) { (void)ops; return "none"; }
+void *m3_cuda_stream(const m3_ops *ops) { (void)ops; return 0; }
 void m3_cuda_mem_info(const m3_ops *ops, size_t *f, size_t *t, size_t *p) {
     (void)ops;
     if (f) *f = 0;

@@ -1,0 +1,89 @@
+/* libFuzzer: the OpenAI request parser of m3 serve (src/server/openai.h), on a byte-level
+ * tokenizer with the MiniMax-M3 chat tokens and the built-in MiniMax-M3 chat template.
+ * Input: byte 0 picks the endpoint (bit 0: chat), whether a model name is required (bit 1),
+ * the context length (bits 2-3) and whether an allocation fails (bit 4: then byte 1 says
+ * which); the rest is the request body. Checked: never a crash or a leak; an accepted request
+ * obeys every limit (choices, context, ids in the vocabulary, min_tokens <= max_tokens, ...);
+ * a refused one has a status of 400 / 404 / 500, a type, and a non-empty message that is
+ * valid UTF-8. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/utf8.h"
+#include "engine/fault.h"
+#include "server/openai.h"
+
+#include "bytetok.h"
+
+static m3_tok *tok;
+static m3_chat *chat;
+
+static int valid_utf8(const char *s) {
+    size_t n = strlen(s), i = 0;
+    while (i < n) {
+        int k = m3_utf8_len((const uint8_t *)s + i, n - i);
+        if (k <= 0) return 0;
+        i += (size_t)k;
+    }
+    return 1;
+}
+
+static void check_error(const m3_oai_error *e, int rc) {
+    if (rc != e->status || (rc != 400 && rc != 404 && rc != 500)) abort();
+    if (!e->type || !e->message[0] || !valid_utf8(e->message) || !valid_utf8(e->param)) abort();
+    json_t *m = json_string(e->message); /* what the server sends must be a JSON string */
+    if (!m && !m3_fault_armed(M3_FAULT_SERVER)) abort();
+    json_decref(m);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (!tok) {
+        m3_err err;
+        char *tj = m3_test_bytetok_json();
+        if (!tj || !(tok = m3_tok_load_json(tj, strlen(tj), &err))) abort();
+        free(tj);
+        if (!(chat = m3_chat_builtin_minimax(&err))) abort();
+        m3_fault_json_hook(1); /* jansson's allocations count as the server's (disarmed: plain malloc) */
+    }
+    if (size < 2) return 0;
+    const uint8_t ctl = data[0], nth = data[1];
+    data += 2, size -= 2;
+    static const int MML[4] = {8, 64, 512, 1 << 20};
+    m3_oai_ctx c = {tok, chat, m3_tok_n_vocab(tok), (ctl & 2) ? "m3-test" : NULL, MML[(ctl >> 2) & 3], 1, 1};
+    const int is_chat = ctl & 1;
+    if (ctl & 16) m3_fault_arm(M3_FAULT_SERVER, 1 + nth, 1, 1);
+    m3_oai_error e;
+    json_t *body = NULL;
+    int rc = m3_oai_parse_body((const char *)data, size, &body, &e);
+    if (rc) check_error(&e, rc);
+    else {
+        m3_oai_params g;
+        rc = m3_oai_parse_generate(&c, body, is_chat, &g, &e);
+        if (rc) check_error(&e, rc);
+        else {
+            long long mml = c.max_model_len;
+            if (g.n < 1 || g.n > M3_OAI_MAX_N || !g.n_ids || (long long)g.n_ids >= mml || g.max_tokens < 1 ||
+                (long long)g.n_ids + g.max_tokens > mml || g.min_tokens < 0 || g.min_tokens > g.max_tokens ||
+                g.top_logprobs < 0 || g.top_logprobs > M3_SAMPLE_MAX_TOP_LOGPROBS || g.n_stop_strs > M3_OAI_MAX_STOP ||
+                g.n_stop_ids > M3_OAI_MAX_STOP_IDS + 1 || g.n_bias > M3_OAI_MAX_LOGIT_BIAS ||
+                !(g.temperature >= 0 && g.temperature <= 2) || !(g.top_p >= 0 && g.top_p <= 1))
+                abort();
+            for (size_t i = 0; i < g.n_ids; i++)
+                if (g.ids[i] < 0 || g.ids[i] >= c.vocab) abort();
+            for (size_t i = 0; i < g.n_stop_ids; i++)
+                if (g.stop_ids[i] < 0 || g.stop_ids[i] >= c.vocab) abort();
+            for (int i = 0; i < g.n_bias; i++)
+                if (g.bias[i].token < 0 || g.bias[i].token >= c.vocab || !(g.bias[i].bias >= -100 && g.bias[i].bias <= 100))
+                    abort();
+            for (int i = 0; i < g.n_stop_strs; i++)
+                if (!g.stop_strs[i] || !g.stop_strs[i][0]) abort();
+            if (is_chat && g.echo) abort();
+        }
+        m3_oai_params_free(&g);
+    }
+    json_decref(body);
+    m3_fault_disarm(M3_FAULT_SERVER);
+    return 0;
+}

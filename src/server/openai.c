@@ -1,0 +1,399 @@
+/* OpenAI request parsing and validation (see openai.h). */
+#include "openai.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/utf8.h"
+#include "../engine/fault.h"
+
+#define o_malloc(n) m3_fault_malloc(M3_FAULT_SERVER, n)
+#define o_realloc(p, n) m3_fault_realloc(M3_FAULT_SERVER, p, n)
+
+static const char BAD[] = "invalid_request_error";
+
+/* Makes s valid UTF-8 in place: bytes that begin no valid character become '?', an
+ * unfinished character at the end is cut. */
+static void utf8_fix(char *s) {
+    size_t n = strlen(s), i = 0;
+    while (i < n) {
+        int k = m3_utf8_len((const uint8_t *)s + i, n - i);
+        if (k > 0) { i += (size_t)k; continue; }
+        if (k == 0) { s[i] = 0; return; }
+        s[i++] = '?';
+    }
+}
+
+int m3_oai_errorf(m3_oai_error *e, int status, const char *type, const char *param, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    m3_oai_verrorf(e, status, type, param, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+int m3_oai_verrorf(m3_oai_error *e, int status, const char *type, const char *param, const char *fmt, va_list ap) {
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    utf8_fix(e->message);
+    if (!e->message[0]) snprintf(e->message, sizeof e->message, "error %d", status);
+    e->status = status;
+    e->type = type;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    utf8_fix(e->param);
+    return status;
+}
+
+#define OAI_BAD(e, param, ...) m3_oai_errorf(e, 400, BAD, param, __VA_ARGS__)
+#define OAI_OOM(e) m3_oai_errorf(e, 500, "server_error", NULL, "out of memory")
+
+/* text quoted from the request, at most ~60 bytes, cut at a character boundary */
+static const char *clip(const char *s, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s", s);
+    if (strlen(s) >= cap) {
+        size_t k = cap > 4 ? cap - 4 : 0;
+        while (k && ((unsigned char)buf[k] & 0xC0) == 0x80) k--;
+        memcpy(buf + k, "...", 4);
+    }
+    utf8_fix(buf);
+    return buf;
+}
+
+int m3_oai_parse_body(const char *text, size_t len, json_t **body, m3_oai_error *e) {
+    json_error_t je;
+    m3_fault_suspend(1); /* jansson's lexer does not survive a failed allocation (fault.h) */
+    json_t *j = json_loadb(text ? text : "", len, 0, &je);
+    m3_fault_suspend(0);
+    *body = NULL;
+    if (!j) {
+        if (json_error_code(&je) == json_error_out_of_memory) return OAI_OOM(e);
+        return OAI_BAD(e, NULL, "invalid JSON body: %s (line %d, column %d)", je.text, je.line, je.column);
+    }
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return OAI_BAD(e, NULL, "the request body must be a JSON object");
+    }
+    *body = j;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ fields */
+
+/* absent / null: *out kept, 0; wrong type or range: the 400 */
+static int get_num(m3_oai_error *e, json_t *b, const char *k, double lo, double hi, double *out) {
+    json_t *v = json_object_get(b, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return OAI_BAD(e, k, "'%s' must be a number", k);
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi)) return OAI_BAD(e, k, "'%s' must be in [%g, %g]", k, lo, hi);
+    *out = x;
+    return 0;
+}
+
+static int get_int(m3_oai_error *e, json_t *b, const char *k, long long lo, long long hi, long long *out) {
+    json_t *v = json_object_get(b, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_integer(v)) return OAI_BAD(e, k, "'%s' must be an integer", k);
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) return OAI_BAD(e, k, "'%s' must be in [%lld, %lld]", k, lo, hi);
+    *out = x;
+    return 0;
+}
+
+static int get_bool(m3_oai_error *e, json_t *b, const char *k, int *out) {
+    json_t *v = json_object_get(b, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return OAI_BAD(e, k, "'%s' must be a boolean", k);
+    *out = json_is_true(v);
+    return 0;
+}
+
+int m3_oai_ids(json_t *a, int vocab, const char *param, int32_t **ids, size_t *n, m3_oai_error *e) {
+    size_t k = json_array_size(a);
+    int32_t *v = o_malloc((k ? k : 1) * sizeof *v);
+    if (!v) return OAI_OOM(e);
+    for (size_t i = 0; i < k; i++) {
+        json_t *x = json_array_get(a, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= vocab) {
+            free(v);
+            return OAI_BAD(e, param, "token id at index %zu is not an integer in [0, %d)", i, vocab);
+        }
+        v[i] = (int32_t)json_integer_value(x);
+    }
+    *ids = v;
+    *n = k;
+    return 0;
+}
+
+void m3_oai_params_free(m3_oai_params *g) {
+    free(g->ids);
+    free(g->stop_ids);
+    free(g->bias);
+    free(g->echo_text);
+    memset(g, 0, sizeof *g);
+}
+
+/* chat_template_kwargs, with enable_thinking: false spelled as the template's thinking_mode
+ * "disabled": a new reference, or NULL (the error in e) */
+static json_t *chat_kwargs(m3_oai_error *e, json_t *b) {
+    json_t *kw = json_object_get(b, "chat_template_kwargs");
+    if (!kw || json_is_null(kw)) kw = NULL;
+    else if (!json_is_object(kw)) {
+        OAI_BAD(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        return NULL;
+    }
+    /* copied key by key: json_copy drops the keys it finds no memory for, silently */
+    json_t *r = json_object();
+    if (!r) { OAI_OOM(e); return NULL; }
+    const char *k;
+    json_t *v;
+    if (kw)
+        json_object_foreach(kw, k, v) {
+            if (json_object_set(r, k, v)) {
+                json_decref(r);
+                OAI_OOM(e);
+                return NULL;
+            }
+        }
+    if (json_is_false(json_object_get(r, "enable_thinking")) && !json_object_get(r, "thinking_mode")) {
+        json_t *d = json_string("disabled");
+        if (!d || json_object_set_new(r, "thinking_mode", d)) {
+            json_decref(r);
+            OAI_OOM(e);
+            return NULL;
+        }
+    }
+    return r;
+}
+
+int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n, m3_oai_error *e) {
+    json_t *msgs = json_object_get(b, "messages");
+    if (!json_is_array(msgs) || !json_array_size(msgs))
+        return OAI_BAD(e, "messages", "'messages' must be a non-empty array");
+    if (json_array_size(msgs) > M3_OAI_MAX_MESSAGES)
+        return OAI_BAD(e, "messages", "'messages' has %zu entries; the limit is %d", json_array_size(msgs),
+                       M3_OAI_MAX_MESSAGES);
+    if (!c->chat) return OAI_BAD(e, NULL, "this model has no chat template");
+    json_t *tools = json_object_get(b, "tools");
+    if (tools && json_is_null(tools)) tools = NULL;
+    if (tools && !json_is_array(tools)) return OAI_BAD(e, "tools", "'tools' must be an array");
+    if (json_array_size(tools) > M3_OAI_MAX_TOOLS)
+        return OAI_BAD(e, "tools", "'tools' has %zu entries; the limit is %d", json_array_size(tools), M3_OAI_MAX_TOOLS);
+    int agp = 1, rc;
+    if ((rc = get_bool(e, b, "add_generation_prompt", &agp))) return rc;
+    json_t *kw = chat_kwargs(e, b);
+    if (!kw) return e->status;
+    m3_err err;
+    size_t len;
+    char *text = m3_chat_render(c->chat, msgs, tools, agp, kw, NULL, &len, &err);
+    json_decref(kw);
+    /* the template's own failures are the request's (400); memory is the server's (500) */
+    if (!text && strstr(err.msg, "out of memory")) return m3_oai_errorf(e, 500, "server_error", NULL, "chat template: %s", err.msg);
+    if (!text) return OAI_BAD(e, "messages", "chat template: %s", err.msg);
+    rc = 0;
+    if (m3_tok_encode(c->tok, text, len, 1, ids, n, &err))
+        rc = OAI_BAD(e, "messages", "cannot tokenize the prompt: %s", err.msg);
+    free(text);
+    return rc;
+}
+
+static int completion_prompt(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m3_oai_error *e) {
+    json_t *p = json_object_get(b, "prompt");
+    /* a one-element batch is the prompt itself; longer batches are one request per prompt */
+    if (json_is_array(p) && json_array_size(p) == 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        p = json_array_get(p, 0);
+    if (json_is_array(p) && json_array_size(p) > 1 && !json_is_integer(json_array_get(p, 0)))
+        return OAI_BAD(e, "prompt", "batched prompts are not supported: send one prompt per request (or use 'n')");
+    m3_err err;
+    if (json_is_string(p)) {
+        if (m3_tok_encode(c->tok, json_string_value(p), json_string_length(p), 1, &g->ids, &g->n_ids, &err))
+            return OAI_BAD(e, "prompt", "cannot tokenize the prompt: %s", err.msg);
+        if (g->echo) {
+            g->echo_len = json_string_length(p);
+            g->echo_text = o_malloc(g->echo_len + 1);
+            if (!g->echo_text) return OAI_OOM(e);
+            memcpy(g->echo_text, json_string_value(p), g->echo_len + 1);
+        }
+        return 0;
+    }
+    if (!json_is_array(p)) return OAI_BAD(e, "prompt", "'prompt' must be a string or an array of token ids");
+    int rc = m3_oai_ids(p, c->vocab, "prompt", &g->ids, &g->n_ids, e);
+    if (rc) return rc;
+    if (g->echo && g->n_ids && !(g->echo_text = m3_tok_decode(c->tok, g->ids, g->n_ids, 0, &g->echo_len, &err)))
+        return OAI_BAD(e, "prompt", "cannot decode the prompt: %s", err.msg);
+    return 0;
+}
+
+static int parse_stop(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m3_oai_error *e) {
+    json_t *st = json_object_get(b, "stop");
+    if (json_is_string(st)) {
+        if (json_string_length(st)) g->stop_strs[g->n_stop_strs++] = json_string_value(st);
+    } else if (json_is_array(st)) {
+        if (json_array_size(st) > M3_OAI_MAX_STOP)
+            return OAI_BAD(e, "stop", "'stop' has %zu strings; the limit is %d", json_array_size(st), M3_OAI_MAX_STOP);
+        for (size_t i = 0; i < json_array_size(st); i++) {
+            json_t *x = json_array_get(st, i);
+            if (!json_is_string(x)) return OAI_BAD(e, "stop", "'stop' must be a string or an array of strings");
+            if (json_string_length(x)) g->stop_strs[g->n_stop_strs++] = json_string_value(x);
+        }
+    } else if (st && !json_is_null(st)) return OAI_BAD(e, "stop", "'stop' must be a string or an array of strings");
+    json_t *sti = json_object_get(b, "stop_token_ids");
+    size_t k = 0;
+    if (sti && !json_is_null(sti)) {
+        if (!json_is_array(sti)) return OAI_BAD(e, "stop_token_ids", "'stop_token_ids' must be an array of token ids");
+        if (json_array_size(sti) > M3_OAI_MAX_STOP_IDS)
+            return OAI_BAD(e, "stop_token_ids", "'stop_token_ids' has %zu ids; the limit is %d", json_array_size(sti),
+                           M3_OAI_MAX_STOP_IDS);
+        int rc = m3_oai_ids(sti, c->vocab, "stop_token_ids", &g->stop_ids, &k, e);
+        if (rc) return rc;
+    }
+    /* the tokenizer's EOS (the end of an assistant turn) stops too unless ignore_eos; the
+     * config's EOS is the engine's own stop id */
+    int32_t eos = m3_tok_eos_id(c->tok);
+    int32_t *ns = o_realloc(g->stop_ids, (k + 1) * sizeof *ns);
+    if (!ns) return OAI_OOM(e);
+    g->stop_ids = ns;
+    if (!g->ignore_eos && eos >= 0 && eos < c->vocab) g->stop_ids[k++] = eos;
+    g->n_stop_ids = k;
+    return 0;
+}
+
+static int parse_logit_bias(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m3_oai_error *e) {
+    json_t *lb = json_object_get(b, "logit_bias");
+    if (!lb || json_is_null(lb)) return 0;
+    if (!json_is_object(lb))
+        return OAI_BAD(e, "logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+    size_t n = json_object_size(lb);
+    if (n > M3_OAI_MAX_LOGIT_BIAS)
+        return OAI_BAD(e, "logit_bias", "'logit_bias' has %zu entries; the limit is %d", n, M3_OAI_MAX_LOGIT_BIAS);
+    g->bias = o_malloc((n ? n : 1) * sizeof *g->bias);
+    if (!g->bias) return OAI_OOM(e);
+    const char *k;
+    json_t *v;
+    json_object_foreach(lb, k, v) {
+        char *end, q[64];
+        errno = 0;
+        long id = strtol(k, &end, 10);
+        if (!isdigit((unsigned char)*k) || *end || errno || id < 0 || id >= c->vocab)
+            return OAI_BAD(e, "logit_bias", "'logit_bias' key '%s' is not a token id in [0, %d)", clip(k, q, sizeof q),
+                           c->vocab);
+        if (!json_is_number(v) || !(json_number_value(v) >= -100 && json_number_value(v) <= 100))
+            return OAI_BAD(e, "logit_bias", "'logit_bias' value for token %ld must be a number in [-100, 100]", id);
+        g->bias[g->n_bias++] = (m3_logit_bias){(int32_t)id, (float)json_number_value(v)};
+    }
+    return 0;
+}
+
+/* Fields we do not implement answer 400 rather than being silently ignored. */
+static int unsupported(json_t *b, int chat, long long n, m3_oai_error *e) {
+    json_t *v;
+    if ((v = json_object_get(b, "best_of")) && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == n))
+        return OAI_BAD(e, "best_of", "'best_of' other than n is not supported");
+    if ((v = json_object_get(b, "suffix")) && !json_is_null(v) && !(json_is_string(v) && !json_string_length(v)))
+        return OAI_BAD(e, "suffix", "'suffix' is not supported");
+    if ((v = json_object_get(b, "response_format")) && !json_is_null(v)) {
+        const char *t = json_string_value(json_object_get(v, "type"));
+        if (!t || strcmp(t, "text"))
+            return OAI_BAD(e, "response_format", "'response_format' other than {\"type\": \"text\"} is not supported");
+    }
+    if (chat && (v = json_object_get(b, "tool_choice")) && !json_is_null(v) &&
+        !(json_is_string(v) && (!strcmp(json_string_value(v), "auto") || !strcmp(json_string_value(v), "none"))))
+        return OAI_BAD(e, "tool_choice", "'tool_choice' must be \"auto\" or \"none\" (forced tool calls are not supported)");
+    if (chat && json_is_true(json_object_get(b, "echo")))
+        return OAI_BAD(e, "echo", "'echo' is not supported for chat completions");
+    return 0;
+}
+
+int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_params *g, m3_oai_error *e) {
+    memset(g, 0, sizeof *g);
+    int rc;
+    if (!json_is_object(b)) return OAI_BAD(e, NULL, "the request body must be a JSON object");
+    json_t *model = json_object_get(b, "model");
+    if (model && !json_is_null(model)) {
+        if (!json_is_string(model)) return OAI_BAD(e, "model", "'model' must be a string");
+        char q[64];
+        if (c->model_name && strcmp(json_string_value(model), c->model_name))
+            return m3_oai_errorf(e, 404, "not_found_error", "model", "the model '%s' does not exist",
+                                 clip(json_string_value(model), q, sizeof q));
+    }
+    g->temperature = 1.0;
+    g->top_p = 1.0;
+    g->max_tokens = -1;
+    g->n = 1;
+    if ((rc = get_int(e, b, "n", 1, M3_OAI_MAX_N, &g->n)) || (rc = unsupported(b, chat, g->n, e)) ||
+        (rc = get_bool(e, b, "stream", &g->stream)) || (rc = get_bool(e, b, "ignore_eos", &g->ignore_eos)) ||
+        (!chat && (rc = get_bool(e, b, "echo", &g->echo))) ||
+        (rc = get_num(e, b, "temperature", 0, 2, &g->temperature)) || (rc = get_num(e, b, "top_p", 0, 1, &g->top_p)) ||
+        (rc = get_num(e, b, "min_p", 0, 1, &g->min_p)) || (rc = get_num(e, b, "presence_penalty", -2, 2, &g->pp)) ||
+        (rc = get_num(e, b, "frequency_penalty", -2, 2, &g->fp)) ||
+        (rc = get_num(e, b, "repetition_penalty", 0, 100, &g->rp)) ||
+        (rc = get_int(e, b, "top_k", -1, 1 << 30, &g->top_k)) ||
+        (rc = get_int(e, b, "max_tokens", 1, 1 << 30, &g->max_tokens)) ||
+        (rc = get_int(e, b, "max_completion_tokens", 1, 1 << 30, &g->max_tokens)) ||
+        (rc = get_int(e, b, "min_tokens", 0, 1 << 30, &g->min_tokens)))
+        return rc;
+    json_t *seed = json_object_get(b, "seed");
+    if (seed && !json_is_null(seed)) {
+        if (!json_is_integer(seed)) return OAI_BAD(e, "seed", "'seed' must be an integer");
+        g->seed = json_integer_value(seed);
+        g->has_seed = 1;
+    }
+    json_t *so = json_object_get(b, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) return OAI_BAD(e, "stream_options", "'stream_options' must be an object");
+        if ((rc = get_bool(e, so, "include_usage", &g->include_usage))) return rc;
+    }
+    /* logprobs: completions take an integer (alternatives per token), chat a boolean plus
+     * top_logprobs */
+    if (chat) {
+        if ((rc = get_bool(e, b, "logprobs", &g->logprobs)) ||
+            (rc = get_int(e, b, "top_logprobs", 0, M3_SAMPLE_MAX_TOP_LOGPROBS, &g->top_logprobs)))
+            return rc;
+        if (g->top_logprobs && !g->logprobs) return OAI_BAD(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    } else {
+        long long lp = -1;
+        if ((rc = get_int(e, b, "logprobs", 0, M3_SAMPLE_MAX_TOP_LOGPROBS, &lp))) return rc;
+        g->logprobs = lp >= 0;
+        g->top_logprobs = lp > 0 ? lp : 0;
+        if (g->echo && g->logprobs)
+            return OAI_BAD(e, "echo", "'echo' with 'logprobs' is not supported (no prompt logprobs)");
+    }
+    if ((rc = chat ? m3_oai_chat_prompt(c, b, &g->ids, &g->n_ids, e) : completion_prompt(c, b, g, e))) return rc;
+    const char *pp = chat ? "messages" : "prompt";
+    if (!g->n_ids) return OAI_BAD(e, pp, "the prompt is empty");
+    for (size_t i = 0; i < g->n_ids; i++)
+        if (g->ids[i] < 0 || g->ids[i] >= c->vocab)
+            return OAI_BAD(e, pp, "prompt token %d is outside the model's vocabulary (%d)", g->ids[i], c->vocab);
+    long long mml = c->max_model_len, np = (long long)g->n_ids;
+    if (np >= mml)
+        return OAI_BAD(e, pp, "the prompt has %lld tokens; this model's context is %lld tokens (prompt + completion)", np,
+                       mml);
+    if (g->max_tokens > mml - np)
+        return OAI_BAD(e, "max_tokens",
+                       "this model's context is %lld tokens; the request asks for %lld (%lld in the prompt, %lld to "
+                       "generate): reduce the prompt or max_tokens",
+                       mml, np + g->max_tokens, np, g->max_tokens);
+    if (g->max_tokens < 0) g->max_tokens = chat ? mml - np : (16 < mml - np ? 16 : mml - np);
+    if (g->min_tokens > g->max_tokens)
+        return OAI_BAD(e, "min_tokens", "'min_tokens' (%lld) is larger than max_tokens (%lld)", g->min_tokens,
+                       g->max_tokens);
+    if ((rc = parse_stop(c, b, g, e)) || (rc = parse_logit_bias(c, b, g, e))) return rc;
+    if (chat) {
+        g->oo = (m3_out_opts){c->reasoning_parser, M3_THINK_ENABLED, c->tool_parser, NULL};
+        json_t *kw = chat_kwargs(e, b);
+        if (!kw) return e->status;
+        const char *tm = json_string_value(json_object_get(kw, "thinking_mode"));
+        if (tm && !strcmp(tm, "disabled")) g->oo.thinking = M3_THINK_DISABLED;
+        else if (tm && !strcmp(tm, "adaptive")) g->oo.thinking = M3_THINK_ADAPTIVE;
+        json_decref(kw);
+        json_t *tc = json_object_get(b, "tool_choice");
+        if (json_is_string(tc) && !strcmp(json_string_value(tc), "none")) g->oo.tools = 0;
+        g->tools = json_object_get(b, "tools");
+        if (!json_is_array(g->tools)) g->tools = NULL;
+    }
+    return 0;
+}

@@ -1,0 +1,98 @@
+/* OpenAI request parsing and validation for m3 serve, without HTTP: a request body (JSON text
+ * or a parsed object) in; the generation parameters, or an error in OpenAI's shape (HTTP
+ * status, type, param, message), out. The server (generate.c, server.c) answers with what
+ * it returns; fuzz/fuzz_request.c and tests/reliability/test_request.c drive it directly.
+ *
+ * What is checked: JSON syntax (object at the top), every field's type and range, the model
+ * name, limits (n <= 16 choices, 4096 messages, 16 stop strings, 256 stop ids, 1024
+ * logit_bias entries, 512 tools, top_logprobs <= 20), token ids against the vocabulary,
+ * prompt + max_tokens against the context, and fields we do not implement (400 rather than
+ * ignored). Nothing in a request names a file: the chat template and the tokenizer are the
+ * server's; strings from the request are only text.
+ *
+ * Messages are valid UTF-8 (text quoted from the request is clipped at a character
+ * boundary). Ownership: m3_oai_params owns its arrays (m3_oai_params_free) and borrows
+ * strings and tools from the body, which must outlive it. Allocations count as the server
+ * module's for fault injection (src/engine/fault.h). Thread-safe for distinct params (the
+ * context is read only). */
+#ifndef M3_SERVER_OPENAI_H
+#define M3_SERVER_OPENAI_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "../engine/sampler.h"
+#include "../text/chat.h"
+#include "../text/parsers.h"
+#include "../text/tokenizer.h"
+
+#define M3_OAI_MAX_N 16            /* choices per request */
+#define M3_OAI_MAX_MESSAGES 4096   /* chat messages per request */
+#define M3_OAI_MAX_STOP 16         /* stop strings */
+#define M3_OAI_MAX_STOP_IDS 256
+#define M3_OAI_MAX_LOGIT_BIAS 1024
+#define M3_OAI_MAX_TOOLS 512
+
+typedef struct m3_oai_error {
+    int status;          /* 400, 404 (unknown model), 500 (out of memory) */
+    const char *type;    /* "invalid_request_error", "not_found_error", "server_error" */
+    char param[64];      /* the field at fault; "" when none */
+    char message[1024];  /* valid UTF-8, never empty */
+} m3_oai_error;
+
+/* What the parser needs to know about the server. */
+typedef struct m3_oai_ctx {
+    const m3_tok *tok;
+    const m3_chat *chat;         /* NULL: chat requests get 400 */
+    int vocab;                   /* the model's vocabulary: ids must be below it */
+    const char *model_name;      /* "model" must equal it when given; NULL: any */
+    int max_model_len;           /* prompt + completion tokens per request */
+    int reasoning_parser;        /* the template marks reasoning (<mm:think>) */
+    int tool_parser;             /* the template writes MiniMax tool calls */
+} m3_oai_ctx;
+
+typedef struct m3_oai_params {
+    int32_t *ids;                /* the prompt, encoded */
+    size_t n_ids;
+    double temperature, top_p, min_p, pp, fp, rp; /* pp, fp, rp: presence, frequency, repetition penalty */
+    long long top_k, seed, max_tokens, n, min_tokens, top_logprobs;
+    int has_seed, stream, include_usage, echo, ignore_eos, logprobs;
+    const char *stop_strs[M3_OAI_MAX_STOP]; /* borrowed from the body */
+    int n_stop_strs;
+    int32_t *stop_ids;           /* stop_token_ids + the tokenizer's EOS unless ignore_eos */
+    size_t n_stop_ids;
+    m3_logit_bias *bias;
+    int n_bias;
+    m3_out_opts oo;              /* chat: reasoning / tool-call parsing */
+    json_t *tools;               /* chat: borrowed from the body; NULL when none */
+    char *echo_text;             /* completions with echo: the prompt text */
+    size_t echo_len;
+} m3_oai_params;
+
+/* Fills e; returns e->status. The message is printf-formatted, then made valid UTF-8. */
+int m3_oai_errorf(m3_oai_error *e, int status, const char *type, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+int m3_oai_verrorf(m3_oai_error *e, int status, const char *type, const char *param, const char *fmt, va_list ap)
+    __attribute__((format(printf, 5, 0)));
+
+/* A request body: JSON text -> *body (a JSON object, the caller's reference). 0, or the
+ * status of the error in e (400 bad JSON / not an object, 500 out of memory). */
+int m3_oai_parse_body(const char *text, size_t len, json_t **body, m3_oai_error *e);
+
+/* POST /v1/completions (chat 0) and /v1/chat/completions (chat 1): validates body and fills
+ * *g (zeroed first; free it with m3_oai_params_free whatever the result). 0, or the status
+ * of the error in e. */
+int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *body, int chat, m3_oai_params *g, m3_oai_error *e);
+void m3_oai_params_free(m3_oai_params *g);
+
+/* "messages" (+ "tools", "add_generation_prompt", "chat_template_kwargs") rendered by the
+ * chat template and encoded: *ids (malloc'd) / *n. 0, or the status of the error in e. */
+int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *body, int32_t **ids, size_t *n, m3_oai_error *e);
+
+/* A JSON array of token ids in [0, vocab) -> *ids (malloc'd) / *n. 0, or the error status. */
+int m3_oai_ids(json_t *a, int vocab, const char *param, int32_t **ids, size_t *n, m3_oai_error *e);
+
+#endif

@@ -1,0 +1,221 @@
+/* OpenAI request parsing without HTTP (src/server/openai.h), on a byte-level tokenizer and the
+ * built-in MiniMax-M3 template:
+ *   1. accepted requests give the parameters asked for (sampling, limits, stop strings and ids,
+ *      logit_bias, echo, chat options), defaults where fields are absent;
+ *   2. every refused one gets its status, type, the field at fault, and a message that is valid
+ *      UTF-8 (also when it quotes invalid or oversized text from the request);
+ *   3. allocation failure at every point of parsing each accepted request: either the same
+ *      parameters as without the failure, or a clean 500 (never a truncated request: a lost
+ *      stop id or message would change what is generated). Leaks: the sanitizer build.
+ * Usage: test_request */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/utf8.h"
+#include "engine/fault.h"
+#include "server/openai.h"
+
+#include "../../fuzz/bytetok.h"
+#include "../check.h"
+
+static m3_oai_ctx ctx;
+
+static int valid_utf8(const char *s) {
+    size_t n = strlen(s), i = 0;
+    while (i < n) {
+        int k = m3_utf8_len((const uint8_t *)s + i, n - i);
+        if (k <= 0) return 0;
+        i += (size_t)k;
+    }
+    return 1;
+}
+
+/* parses body for chat / completions: the status (0 when accepted). The parameters borrow from
+ * the parsed body: it is kept (bodies[]) until release() */
+static json_t *bodies[64];
+static int n_bodies;
+
+static int parse(const char *body, int chat, m3_oai_params *g, m3_oai_error *e) {
+    json_t *b = NULL;
+    memset(g, 0, sizeof *g);
+    int rc = m3_oai_parse_body(body, strlen(body), &b, e);
+    if (!rc) rc = m3_oai_parse_generate(&ctx, b, chat, g, e);
+    if (b && n_bodies < 64) bodies[n_bodies++] = b;
+    else json_decref(b);
+    return rc;
+}
+
+static void release(void) {
+    while (n_bodies) json_decref(bodies[--n_bodies]);
+}
+
+static int same_params(const m3_oai_params *a, const m3_oai_params *b) {
+    if (a->n_ids != b->n_ids || memcmp(a->ids, b->ids, a->n_ids * sizeof *a->ids)) return 0;
+    if (a->n_stop_ids != b->n_stop_ids || (a->n_stop_ids && memcmp(a->stop_ids, b->stop_ids, a->n_stop_ids * 4))) return 0;
+    if (a->n_bias != b->n_bias || (a->n_bias && memcmp(a->bias, b->bias, (size_t)a->n_bias * sizeof *a->bias))) return 0;
+    if (a->n_stop_strs != b->n_stop_strs) return 0;
+    for (int i = 0; i < a->n_stop_strs; i++)
+        if (strcmp(a->stop_strs[i], b->stop_strs[i])) return 0;
+    if ((a->echo_text == NULL) != (b->echo_text == NULL) || a->echo_len != b->echo_len ||
+        (a->echo_text && memcmp(a->echo_text, b->echo_text, a->echo_len)))
+        return 0;
+    return a->temperature == b->temperature && a->top_p == b->top_p && a->max_tokens == b->max_tokens && a->n == b->n &&
+           a->min_tokens == b->min_tokens && a->top_logprobs == b->top_logprobs && a->logprobs == b->logprobs &&
+           a->stream == b->stream && a->include_usage == b->include_usage && a->seed == b->seed &&
+           a->oo.thinking == b->oo.thinking && a->oo.tools == b->oo.tools;
+}
+
+int main(void) {
+    m3_err err;
+    char *tj = m3_test_bytetok_json();
+    m3_tok *tok = tj ? m3_tok_load_json(tj, strlen(tj), &err) : NULL;
+    free(tj);
+    m3_chat *chat = m3_chat_builtin_minimax(&err);
+    if (!tok || !chat) { fprintf(stderr, "setup: %s\n", err.msg); return 1; }
+    ctx = (m3_oai_ctx){tok, chat, m3_tok_n_vocab(tok), "m3-test", 1024, 1, 1};
+    m3_oai_params g;
+    m3_oai_error e;
+
+    /* ---- 1. accepted ---- */
+    int rc = parse("{\"model\":\"m3-test\",\"prompt\":\"Hello\",\"max_tokens\":5,\"temperature\":0.5,\"top_p\":0.9,"
+                   "\"n\":3,\"seed\":11,\"stop\":[\"a\",\"\",\"bc\"],\"stop_token_ids\":[7,8],\"logit_bias\":{\"65\":2.5},"
+                   "\"logprobs\":2,\"min_tokens\":1,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+                   0, &g, &e);
+    CHECK(rc == 0, "completions with every field: %d %s", rc, e.message);
+    if (!rc) {
+        CHECK(g.n_ids == 5 && g.ids[0] == 'H' && g.max_tokens == 5 && g.temperature == 0.5 && g.n == 3 && g.has_seed &&
+                  g.seed == 11 && g.n_stop_strs == 2 && !strcmp(g.stop_strs[1], "bc") && g.n_stop_ids == 2 &&
+                  g.stop_ids[1] == 8 && g.n_bias == 1 && g.bias[0].token == 65 && g.bias[0].bias == 2.5f &&
+                  g.logprobs && g.top_logprobs == 2 && g.min_tokens == 1 && g.stream && g.include_usage,
+              "completions fields parsed");
+    }
+    m3_oai_params_free(&g);
+    rc = parse("{\"prompt\":[72,105],\"echo\":true}", 0, &g, &e);
+    CHECK(rc == 0 && g.n_ids == 2 && g.echo && g.echo_len == 2 && !memcmp(g.echo_text, "Hi", 2) && g.max_tokens == 16 &&
+              g.temperature == 1.0 && g.n == 1,
+          "completions defaults + echo of token ids: %d %s", rc, e.message);
+    m3_oai_params_free(&g);
+    rc = parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"chat_template_kwargs\":{\"enable_thinking\":false},"
+               "\"tool_choice\":\"none\",\"logprobs\":true,\"top_logprobs\":3}",
+               1, &g, &e);
+    CHECK(rc == 0 && g.oo.thinking == M3_THINK_DISABLED && g.oo.tools == 0 && g.logprobs && g.top_logprobs == 3 &&
+              g.max_tokens == 1024 - (long long)g.n_ids,
+          "chat: thinking off, tool_choice none, logprobs, max_tokens = rest of the context: %d %s", rc, e.message);
+    m3_oai_params_free(&g);
+
+    /* ---- 2. refused ---- */
+    struct { const char *body; int chat, status; const char *param; } bad[] = {
+        {"{\"prompt\": ", 0, 400, ""},
+        {"[1]", 0, 400, ""},
+        {"{\"prompt\":\"\\ud800\"}", 0, 400, ""},          /* lone surrogate */
+        {"{\"prompt\":\"a\\u0000b\"}", 0, 400, ""},         /* NUL */
+        {"{\"prompt\":\"\xff\xfe\"}", 0, 400, ""},           /* invalid UTF-8 */
+        {"{\"model\":\"other\",\"prompt\":\"x\"}", 0, 404, "model"},
+        {"{\"model\":5,\"prompt\":\"x\"}", 0, 400, "model"},
+        {"{\"prompt\":\"x\",\"n\":17}", 0, 400, "n"},
+        {"{\"prompt\":\"x\",\"max_tokens\":0}", 0, 400, "max_tokens"},
+        {"{\"prompt\":\"x\",\"max_tokens\":1024}", 0, 400, "max_tokens"},
+        {"{\"prompt\":\"x\",\"temperature\":\"hot\"}", 0, 400, "temperature"},
+        {"{\"prompt\":\"x\",\"top_p\":2}", 0, 400, "top_p"},
+        {"{\"prompt\":\"x\",\"logprobs\":21}", 0, 400, "logprobs"},
+        {"{\"prompt\":\"x\",\"stop\":5}", 0, 400, "stop"},
+        {"{\"prompt\":\"x\",\"stop_token_ids\":[999]}", 0, 400, "stop_token_ids"},
+        {"{\"prompt\":\"x\",\"logit_bias\":{\"1\":101}}", 0, 400, "logit_bias"},
+        {"{\"prompt\":\"x\",\"min_tokens\":20,\"max_tokens\":2}", 0, 400, "min_tokens"},
+        {"{\"prompt\":\"x\",\"best_of\":3}", 0, 400, "best_of"},
+        {"{\"prompt\":\"x\",\"suffix\":\"y\"}", 0, 400, "suffix"},
+        {"{\"prompt\":\"x\",\"echo\":true,\"logprobs\":1}", 0, 400, "echo"},
+        {"{\"prompt\":[1,999]}", 0, 400, "prompt"},
+        {"{\"prompt\":[\"a\",\"b\"]}", 0, 400, "prompt"},
+        {"{\"prompt\":\"\"}", 0, 400, "prompt"},
+        {"{\"messages\":[]}", 1, 400, "messages"},
+        {"{\"messages\":\"hi\"}", 1, 400, "messages"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}", 1, 400, "tools"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", 1, 400, "tool_choice"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 1, 400, "top_logprobs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":true}", 1, 400, "echo"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":[]}", 1, 400, "chat_template_kwargs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"thinking_mode\":\"x\"}}", 1, 400,
+         "messages"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}", 1, 400,
+         "response_format"},
+    };
+    int nbad = (int)(sizeof bad / sizeof *bad), good = 0;
+    for (int i = 0; i < nbad; i++) {
+        rc = parse(bad[i].body, bad[i].chat, &g, &e);
+        int ok = rc == bad[i].status && e.status == rc && e.type && e.message[0] && valid_utf8(e.message) &&
+                 !strcmp(e.param, bad[i].param);
+        CHECK(ok, "refused #%d (%s): status %d (want %d), param '%s' (want '%s'): %s", i, bad[i].body, rc, bad[i].status,
+              e.param, bad[i].param, e.message);
+        good += ok;
+        m3_oai_params_free(&g);
+        release();
+    }
+    /* quoted request text is clipped at a character boundary: the message stays valid UTF-8 */
+    char big[600];
+    strcpy(big, "{\"model\":\"");
+    for (int i = 0; i < 100; i++) strcat(big, "\xc3\xa9");
+    strcat(big, "\",\"prompt\":\"x\"}");
+    rc = parse(big, 0, &g, &e);
+    CHECK(rc == 404 && valid_utf8(e.message) && strlen(e.message) < 200, "a long model name is clipped: %s", e.message);
+    m3_oai_params_free(&g);
+    m3_oai_errorf(&e, 400, "invalid_request_error", NULL, "bad bytes: %s", "\xff\xc3");
+    CHECK(valid_utf8(e.message), "invalid bytes in a message are replaced: %s", e.message);
+    printf("2. %d/%d refused requests with their status, param and a valid UTF-8 message\n", good, nbad);
+
+    /* ---- 3. allocation failure at every point ---- */
+    const struct { const char *body; int chat; } ok_bodies[] = {
+        {"{\"prompt\":\"Hello there\",\"stop\":[\"a\",\"bc\"],\"stop_token_ids\":[7,8],\"logit_bias\":{\"65\":2,\"66\":-3},"
+         "\"echo\":true,\"max_tokens\":4}",
+         0},
+        {"{\"prompt\":[72,105,33],\"echo\":true,\"max_tokens\":3}", 0},
+        {"{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"},"
+         "{\"role\":\"assistant\",\"content\":\"<mm:think>r</mm:think>Yo\"},{\"role\":\"user\",\"content\":\"More\"}],"
+         "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+         "\"properties\":{\"a\":{\"type\":\"integer\"}}}}}],\"chat_template_kwargs\":{\"thinking_mode\":\"adaptive\"},"
+         "\"max_tokens\":8}",
+         1},
+    };
+    long runs = 0, same = 0, oom = 0;
+    for (int k = 0; k < 3; k++) {
+        m3_oai_params want;
+        m3_oai_error we;
+        m3_fault_json_hook(1);
+        m3_fault_arm(M3_FAULT_SERVER, 1, 0, 1);
+        rc = parse(ok_bodies[k].body, ok_bodies[k].chat, &want, &we);
+        long total = m3_fault_seen(M3_FAULT_SERVER);
+        CHECK(rc == 0 && total > 0, "body %d without faults: %d %s (%ld allocations)", k, rc, we.message, total);
+        for (long n = 1; n <= total; n++) {
+            m3_fault_arm(M3_FAULT_SERVER, n, 1, 1);
+            rc = parse(ok_bodies[k].body, ok_bodies[k].chat, &g, &e);
+            m3_fault_disarm(M3_FAULT_SERVER);
+            runs++;
+            if (rc == 0) {
+                int s = same_params(&g, &want);
+                CHECK(s, "body %d, allocation %ld failing: accepted with other parameters", k, n);
+                same += s;
+            } else {
+                int clean = rc == 500 && !strcmp(e.type, "server_error") && strstr(e.message, "memory");
+                /* jansson values the template makes: a failed one is a template error (400) */
+                int tmpl = rc == 400 && ok_bodies[k].chat && strstr(e.message, "chat template");
+                CHECK(clean || tmpl, "body %d, allocation %ld failing: %d %s", k, n, rc, e.message);
+                oom += clean || tmpl;
+            }
+            m3_oai_params_free(&g);
+            if (n_bodies > 1) json_decref(bodies[--n_bodies]); /* this run's; want's stays */
+        }
+        m3_oai_params_free(&want);
+        release();
+    }
+    m3_fault_json_hook(0);
+    printf("3. %ld parses with one allocation failing: %ld gave the same parameters, %ld a clean error\n", runs, same, oom);
+    CHECK(same + oom == runs, "fault runs: %ld not clean", runs - same - oom);
+
+    release();
+    m3_chat_free(chat);
+    m3_tok_free(tok);
+    if (failures) { printf("%d checks FAILED\n", failures); return 1; }
+    printf("all request checks passed\n");
+    return 0;
+}

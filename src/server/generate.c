@@ -189,10 +189,11 @@ static int sse_raw(hreq *h, const char *txt, size_t len) {
 
 /* one SSE event (takes j); a NULL j (a failed allocation) fails the request */
 static void sse_send(hreq *h, json_t *j) {
-    char *txt = j && h->req ? json_dumps(j, JSON_COMPACT) : NULL;
+    size_t n = 0;
+    char *txt = h->req ? srv_json_text(j, &n) : NULL;
     json_decref(j);
     if (!h->req) return;
-    if (!txt || sse_raw(h, txt, strlen(txt))) mark_failed(h, NOMEM);
+    if (!txt || sse_raw(h, txt, n)) mark_failed(h, NOMEM);
     free(txt);
 }
 

@@ -1,6 +1,7 @@
 /* m3 serve: HTTP plumbing, routing, the small endpoints, the engine thread and shutdown.
  * Generation lives in generate.c, metrics in metrics.c; see server.h and srv.h. */
 #include "srv.h"
+#include "../engine/fault.h"
 
 #include <arpa/inet.h>
 #include <stdarg.h>
@@ -66,8 +67,26 @@ static const char *reason_phrase(int code) {
     }
 }
 
+/* jansson's json_dumps grows its buffer while it writes and ignores a failed write of an object
+ * key (dump.c: dump_string's result is not checked), so under memory pressure it can return
+ * well-formed-looking text with a key missing. Sizing first (json_dumpb with no buffer writes
+ * nothing) and then writing into a buffer of that size leaves no allocation inside the dump. */
+char *srv_json_text(const json_t *j, size_t *len) {
+    if (!j) return NULL;
+    size_t n = json_dumpb(j, NULL, 0, JSON_COMPACT);
+    char *s = n ? m3_fault_malloc(M3_FAULT_SERVER, n + 1) : NULL;
+    if (!s) return NULL;
+    if (json_dumpb(j, s, n, JSON_COMPACT) != n) { /* cannot change between the two calls but for a failure */
+        free(s);
+        return NULL;
+    }
+    s[n] = 0;
+    if (len) *len = n;
+    return s;
+}
+
 int srv_send_json(struct evhttp_request *req, int code, json_t *j) {
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *s = srv_json_text(j, NULL);
     json_decref(j);
     if (!s) return srv_send_error(req, 500, "server_error", "out of memory");
     struct evbuffer *b = evbuffer_new();

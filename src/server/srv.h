@@ -122,6 +122,8 @@ struct srv {
 
 /* server.c */
 double srv_now(void);
+/* compact JSON text of j (malloc'd, NUL-terminated; *len its length if len), NULL when out of memory */
+char *srv_json_text(const json_t *j, size_t *len);
 int srv_send_json(struct evhttp_request *req, int code, json_t *j); /* takes j; returns code */
 int srv_send_error(struct evhttp_request *req, int code, const char *type, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

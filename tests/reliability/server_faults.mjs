@@ -18,7 +18,13 @@
 // Usage: node tests/reliability/server_faults.mjs <m3-binary> <work-dir> [sections, e.g. 1,2,7]
 import fs from 'node:fs';
 import net from 'node:net';
-import { makeCheckpoint, startServer, post, stream, metrics, reporter, sleep } from '../server/lib.mjs';
+import { makeCheckpoint, startServer, post as post1, stream, metrics as metrics1, reporter, sleep } from '../server/lib.mjs';
+
+// Servers here close idle keep-alive connections after --timeout 2 s; fetch may pick a pooled
+// connection just as the server closes it ("fetch failed"). A client retries that once; a server
+// that is gone fails the retry too.
+const retry = f => async (...a) => { try { return await f(...a); } catch (e) { await sleep(50); return f(...a); } };
+const post = retry(post1), metrics = retry(metrics1);
 
 const [m3, work, only] = process.argv.slice(2);
 if (!m3 || !work) { console.error('usage: node server_faults.mjs <m3-binary> <work-dir> [sections]'); process.exit(2); }
@@ -333,7 +339,7 @@ try {
           const errEv = x.status === 200 && x.raw.includes('data: {"error"');
           if (x.status === 200 && x.done && !x.bad.length && !errEv && textOf(x, true) === expect[i]) good++;
           else if ((x.status === 200 && x.done && !x.bad.length && errEv) || (x.status === 500 && errShape(JSON.parse(x.raw || 'null'), 500))) clean++;
-          else broken.push(`${i} stream: status ${x.status}, done ${x.done}, bad ${x.bad && x.bad.length}, ${x.raw && x.raw.slice(-300)}`);
+          else broken.push(`${i} stream: status ${x.status}, done ${x.done}, bad ${x.bad && x.bad.length}: ${JSON.stringify(x.bad || []).slice(0, 600)}; ends ${x.raw && x.raw.slice(-300)}`);
         } else {
           if (x.status === 200 && textOf(x, false) === expect[i]) good++;
           else if (x.status === 500 && errShape(x.json, 500)) clean++;

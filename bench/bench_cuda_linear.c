@@ -91,6 +91,72 @@ int main(int argc, char **argv) {
             g.release(g.ctx, dw); g.release(g.ctx, ds);
             free(w); free(s);
         }
+    /* the attention projections of one layer (q, k, v, index q, index k: MXFP8, one shared
+     * input) in one linear_n launch against the five separate launches */
+    if (argc != 3 && g.linear_n) {
+        enum { NJ = 5 };
+        const int rows[NJ] = {8192, 512, 512, 512, 128}, K = 6144;
+        m3_linear L[NJ], D[NJ];
+        uint8_t *w[NJ], *s[NJ];
+        void *dw[NJ], *ds[NJ];
+        double bytes = 0;
+        for (int j = 0; j < NJ; j++) {
+            make(&L[j], M3_WF_MXFP8, rows[j], K, &w[j], &s[j]);
+            D[j] = L[j];
+            dw[j] = g.alloc(g.ctx, L[j].row_bytes * rows[j]);
+            ds[j] = g.alloc(g.ctx, L[j].scale_row * rows[j]);
+            g.upload(g.ctx, dw[j], w[j], L[j].row_bytes * rows[j]);
+            g.upload(g.ctx, ds[j], s[j], L[j].scale_row * rows[j]);
+            D[j].w = dw[j];
+            D[j].scale = ds[j];
+            bytes += (double)m3_linear_bytes(&L[j]);
+        }
+        printf("fused q+k+v+iq+ik (mxfp8, 9856 x 6144):\n%4s %10s %12s %9s %8s %12s\n", "T", "rel_l2", "fused_us", "GB/s", "of_bw",
+               "separate_us");
+        for (int ti = 0; ti < 3; ti++) {
+            const int T = ti == 0 ? 1 : ti == 1 ? 4 : 8;
+            float *x = malloc(sizeof(float) * (size_t)T * K), *dx = g.alloc(g.ctx, sizeof(float) * (size_t)T * K);
+            float *yc[NJ], *dy[NJ];
+            const m3_linear *Dp[NJ];
+            for (size_t i = 0; i < (size_t)T * K; i++) x[i] = urand();
+            g.upload(g.ctx, dx, x, sizeof(float) * (size_t)T * K);
+            double num = 0, den = 0;
+            for (int j = 0; j < NJ; j++) {
+                yc[j] = malloc(sizeof(float) * (size_t)T * rows[j]);
+                dy[j] = g.alloc(g.ctx, sizeof(float) * (size_t)T * rows[j]);
+                Dp[j] = &D[j];
+                c.linear(c.ctx, &L[j], x, T, yc[j]);
+            }
+            g.linear_n(g.ctx, NJ, Dp, dx, T, dy);
+            for (int j = 0; j < NJ; j++) {
+                float *yg = malloc(sizeof(float) * (size_t)T * rows[j]);
+                g.download(g.ctx, yg, dy[j], sizeof(float) * (size_t)T * rows[j]);
+                for (size_t i = 0; i < (size_t)T * rows[j]; i++) {
+                    double d = (double)yg[i] - yc[j][i];
+                    num += d * d;
+                    den += (double)yc[j][i] * yc[j][i];
+                }
+                free(yg);
+            }
+            double rel = sqrt(num / (den > 0 ? den : 1));
+            const int reps = 50;
+            double t0 = m3_cuda_sync_time(&g);
+            for (int r = 0; r < reps; r++) g.linear_n(g.ctx, NJ, Dp, dx, T, dy);
+            double dt = (m3_cuda_sync_time(&g) - t0) / reps;
+            t0 = m3_cuda_sync_time(&g);
+            for (int r = 0; r < reps; r++)
+                for (int j = 0; j < NJ; j++) g.linear(g.ctx, &D[j], dx, T, dy[j]);
+            double ds2 = (m3_cuda_sync_time(&g) - t0) / reps;
+            int ok = rel < 1e-5;
+            if (!ok) fails++;
+            printf("%4d %10.2e %12.1f %9.0f %7.0f%% %12.1f %s\n", T, rel, dt * 1e6, bytes / dt / 1e9, 100 * bytes / dt / bw, ds2 * 1e6,
+                   ok ? "" : "FAIL");
+            for (int j = 0; j < NJ; j++) { free(yc[j]); g.release(g.ctx, dy[j]); }
+            free(x);
+            g.release(g.ctx, dx);
+        }
+        for (int j = 0; j < NJ; j++) { g.release(g.ctx, dw[j]); g.release(g.ctx, ds[j]); free(w[j]); free(s[j]); }
+    }
     err.msg[0] = 0;
     if (g.check && g.check(g.ctx, &err)) { printf("CUDA error: %s\n", err.msg); fails++; }
     m3_cuda_ops_free(&g);

@@ -6,7 +6,9 @@
 #      sparse selection active, prefill and decode paths), f32 / bf16 / fp8 / nvfp4 caches;
 #   3. per-kernel benchmark of the linear layers with a CPU reference check;
 #   4. m3 bench --random-weights at the M3.1-Flash shapes;
-#   6. on 2+ GPUs: tensor parallelism (-tp 2, NCCL) against the references and against -tp 1.
+#   6. on 2+ GPUs: tensor parallelism (-tp 2, NCCL) against the references and against -tp 1;
+#   7. compute-sanitizer memcheck on the GPU paths (prefill, decode, graphs, the engine).
+# M3_GPU_SECTIONS="1 3 4" runs some sections only; M3_BENCH_BATCH / M3_BENCH_CONTEXT narrow section 4.
 # usage: scripts/gpu.sh [BIN_DIR [OUT_DIR]]   BIN_DIR holds m3, oracle_check, logits_diff and
 # bench_cuda_linear (built here when omitted). Exit status: number of failed checks.
 set -u
@@ -19,11 +21,15 @@ if [ -z "$BIN" ]; then
   for f in build/m3 build/bench_cuda_linear build/tests/oracle_check build/tests/logits_diff; do ln -sf "$PWD/$f" "$BIN/"; done
 fi
 fails=0
+want() { case " ${M3_GPU_SECTIONS:-1 2 3 4 5 6 7} " in *" $1 "*) echo "## [$(date +%T)]"; return 0;; esac; return 1; }
 run() { echo "== $*"; "$@" || { echo "FAILED: $*"; fails=$((fails+1)); }; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv
 SHAPES=${M3_SHAPES:-../shared/configs/m3.1-flash-shapes.json}
 [ -f "$SHAPES" ] || SHAPES=tests/data/m3.1-flash-shapes.json
 
+"$BIN/m3" make-tiny --out "$OUT/medium" --config bench/medium-config.json --quant mxfp8-nvfp4 --seed 3 >/dev/null
+ids=$(seq 1 2600 | awk '{printf "%s%d", (NR>1?",":""), ($1*7919)%32768}')
+if want 1; then
 echo "## 1. reference checkpoints on the GPU"
 for m in m3-tiny m3-tiny-q m3-wide-q m3-gqa3 m3-gqa3-q m3-mqa m3-mqa-q; do
   run "$BIN/oracle_check" "$BIN/m3" $D/$m $D/$m.oracle.safetensors --backend cuda --tol 1e-3 --work "$OUT"
@@ -33,9 +39,9 @@ run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-nvfp4.oracle.safetens
 # case 3 of the fp8 reference sits on an E4M3 rounding tie that f32 reassociation flips (docs/PERF.md)
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-fp8.oracle.safetensors --kv fp8 --cases 0,1,2 --backend cuda --tol 1e-3 --work "$OUT"
 
+fi
+if want 2; then
 echo "## 2. CPU and GPU on a larger random checkpoint"
-"$BIN/m3" make-tiny --out "$OUT/medium" --config bench/medium-config.json --quant mxfp8-nvfp4 --seed 3 >/dev/null
-ids=$(seq 1 2600 | awk '{printf "%s%d", (NR>1?",":""), ($1*7919)%32768}')
 for kv in f32 bf16 fp8 nvfp4; do
   M3_BACKEND=cpu "$BIN/m3" logits -m "$OUT/medium" --ids "$ids" --decode 8 --dump-index --kv-cache-dtype $kv -o "$OUT/cpu.st" 2>/dev/null &&
   "$BIN/m3" logits -m "$OUT/medium" --ids "$ids" --decode 8 --dump-index --kv-cache-dtype $kv --backend cuda -o "$OUT/gpu.st" 2>&1 | tail -1 &&
@@ -51,16 +57,24 @@ for args in "--temperature 0" "--temperature 0.8 --top-p 0.95 --seed 7"; do
   if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "ok generate $args"; else echo "FAILED: generate $args"; fails=$((fails+1)); fi
 done
 
+fi
+if want 3; then
 echo "## 3. linear kernels"
 run "$BIN/bench_cuda_linear"
 
+fi
+if want 4; then
 echo "## 4. m3 bench --random-weights ($SHAPES)"
-run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS:-8} --batch 1,8,64,256 --context 8192,131072 --steps 10 --profile
+run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS:-8} --batch ${M3_BENCH_BATCH:-1,8,64,256} --context ${M3_BENCH_CONTEXT:-8192,131072} --steps 10 --profile
 run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS_MAX:-30} --batch 1 --context 8192 --steps 10 --prefill 0 --profile
+fi
+if want 5; then
 echo "## 5. KV cache dtypes: decode at batch 1, 128K context"
 for kv in bf16 fp8 nvfp4; do
   "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS:-8} --batch 1 --context 131072 --steps 20 --prefill 0 --kv-cache-dtype $kv | tail -1 | sed "s/^/$kv: /"
 done
+fi
+if want 6; then
 echo "## 6. tensor parallelism: -tp 2 on two GPUs (NCCL, one rank per GPU)"
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "$ngpu" -ge 2 ]; then
@@ -91,5 +105,18 @@ if [ "$ngpu" -ge 2 ]; then
 else
   echo "skipped: $ngpu GPU(s) visible"
 fi
-echo "checks failed: $fails"
+fi
+if want 7; then
+echo "## 7. compute-sanitizer memcheck"
+if command -v compute-sanitizer >/dev/null; then
+  CS="compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20"
+  run $CS "$BIN/m3" logits -m $D/m3-tiny-q --ids 1,2,3,4,5,6,7,8,9,10,11,12 --decode 6 --dump-index --backend cuda -o "$OUT/cs1.st"
+  run $CS "$BIN/m3" logits -m $D/m3-wide-q --ids "$(seq 1 600 | awk '{printf "%s%d", (NR>1?",":""), ($1*37)%500}')" --decode 3 --kv-cache-dtype nvfp4 --backend cuda -o "$OUT/cs2.st"
+  run $CS "$BIN/m3" generate -m $D/m3-tiny-q --ids 1,2,3,4,5,6,7,8 -n 12 --temperature 0 --backend cuda
+  run $CS "$BIN/m3" bench --random-weights --config bench/medium-config.json --layers 2 --batch 1,8 --context 2048 --steps 2 --prefill 0
+else
+  echo "FAILED: compute-sanitizer not found"; fails=$((fails+1))
+fi
+fi
+echo "## [$(date +%T)] checks failed: $fails"
 exit $fails

@@ -55,6 +55,8 @@ typedef struct m3_ops {
     void (*add)(void *ctx, float *y, const float *x, size_t n);
     /* y[T, N] = x[T, K] W^T */
     void (*linear)(void *ctx, const m3_linear *W, const float *x, int T, float *y);
+    /* optional: y_i = x W_i^T for n (<= 6) matrices sharing x, as n linear calls would */
+    void (*linear_n)(void *ctx, int n, const m3_linear *const *W, const float *x, int T, float *const *y);
     /* In place on x [T, heads * dim]: per-head Gemma RMSNorm with w [dim], then NeoX RoPE
      * on the first rotary_dim channels of each head at position pos[t]. */
     void (*head_norm_rope)(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps,

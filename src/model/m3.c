@@ -170,14 +170,22 @@ issue:
         const m3_layer_w *L = &W->layers[l];
         /* attention */
         op->rmsnorm(X, B.h, L->in_norm, T, H, eps, B.a);
-        op->linear(X, &L->q, B.a, T, B.q);
-        op->linear(X, &L->k, B.a, T, B.k);
-        op->linear(X, &L->v, B.a, T, B.v);
+        if (op->linear_n) { /* the projections of B.a in one pass (the backend may fuse them) */
+            const m3_linear *Ws[5] = {&L->q, &L->k, &L->v, &L->iq, &L->ik};
+            float *Ys[5] = {B.q, B.k, B.v, B.iq, B.ik};
+            op->linear_n(X, L->sparse ? 5 : 3, Ws, B.a, T, Ys);
+        } else {
+            op->linear(X, &L->q, B.a, T, B.q);
+            op->linear(X, &L->k, B.a, T, B.k);
+            op->linear(X, &L->v, B.a, T, B.v);
+            if (L->sparse) {
+                op->linear(X, &L->iq, B.a, T, B.iq);
+                op->linear(X, &L->ik, B.a, T, B.ik);
+            }
+        }
         op->head_norm_rope(X, B.q, T, nh, D, L->q_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
         op->head_norm_rope(X, B.k, T, nkv, D, L->k_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
         if (L->sparse) {
-            op->linear(X, &L->iq, B.a, T, B.iq);
-            op->linear(X, &L->ik, B.a, T, B.ik);
             op->head_norm_rope(X, B.iq, T, ni, Di, L->iq_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
             op->head_norm_rope(X, B.ik, T, 1, Di, L->ik_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
         }

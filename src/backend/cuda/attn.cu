@@ -303,6 +303,7 @@ __global__ void k_index_topk(const int32_t *pos, int ni, int B, int nbmax, int t
 
 void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *iq, int ni, int block,
                         int topk, int local, int init, int32_t *sel) {
+    m3_cu_xsplit_touch((m3_cuda *)ctx, sel, sizeof(int32_t) * (size_t)b->T * ni * topk);
     m3_cuda *c = (m3_cuda *)ctx;
     m3_cu_prof_begin(c, OP_INDEX);
     if (c->failed) { m3_cu_prof_end(c, OP_INDEX); return; }
@@ -582,6 +583,7 @@ __global__ void k_attn_merge(const float *part, int nkv, int G, int D, int nspli
 
 void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh, const int32_t *sel,
                      int block, int topk, float *out) {
+    m3_cu_xsplit_touch((m3_cuda *)ctx, out, sizeof(float) * (size_t)b->T * nh * kv->D);
     m3_cuda *c = (m3_cuda *)ctx;
     m3_cu_prof_begin(c, OP_ATTN);
     if (c->failed) { m3_cu_prof_end(c, OP_ATTN); return; }

@@ -91,6 +91,7 @@ static void cu_release(void *ctx, void *p) {
 }
 static void cu_upload(void *ctx, void *dst, const void *src, size_t n) {
     m3_cuda *c = (m3_cuda *)ctx;
+    m3_cu_xsplit_touch(c, dst, n);
     CK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->st));
     CK(c, cudaStreamSynchronize(c->st)); /* src may be pageable and reused by the caller */
 }
@@ -268,6 +269,7 @@ static int32_t *stage(m3_cuda *c, size_t n) {
 static int cu_begin_step(void *ctx, const m3_kv *kv, const m3_batch *b, const int32_t *ids, m3_err *err) {
     m3_cuda *c = (m3_cuda *)ctx;
     if (c->failed) return m3_errf(err, "%s", c->errmsg);
+    m3_cu_xsplit_reset(c);
     int T = b->T, ns = 0, stride = 1, maxp = 0;
     for (int t = 0; t < T; t++) {
         if (b->seq[t] + 1 > ns) ns = b->seq[t] + 1;
@@ -326,6 +328,7 @@ static uint64_t full_key(m3_cuda *c, const m3_kv *kv, uint64_t key) {
 static int cu_graph_begin(void *ctx, const m3_kv *kv, uint64_t key) {
     m3_cuda *c = (m3_cuda *)ctx;
     c->capturing = 0;
+    m3_cu_xsplit_reset(c);
     if (!c->graphs_on || c->failed || c->prof || c->count_experts || c->T > 8) return 0;
     uint64_t k = full_key(c, kv, key);
     for (int i = 0; i < c->n_graphs; i++)
@@ -354,6 +357,7 @@ static int cu_graph_begin(void *ctx, const m3_kv *kv, uint64_t key) {
 
 static int cu_graph_end(void *ctx) {
     m3_cuda *c = (m3_cuda *)ctx;
+    m3_cu_xsplit_reset(c); /* a failed recording re-issues the step from the start */
     if (!c->capturing) return 0;
     c->capturing = 0;
     cudaGraph_t g = NULL;
@@ -418,6 +422,15 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
         free(c);
         return m3_errf(err, "cannot initialize cuBLAS");
     }
+    c->ctr_n = 1 << 20; /* tensor-core GEMV arrival counters: zeroed once, each launch leaves them zero */
+    if (cudaMalloc((void **)&c->ctr, sizeof(int) * (size_t)c->ctr_n) != cudaSuccess ||
+        cudaMemset(c->ctr, 0, sizeof(int) * (size_t)c->ctr_n) != cudaSuccess) {
+        cudaGetLastError();
+        cublasDestroy(c->blas);
+        cudaStreamDestroy(c->st);
+        free(c);
+        return m3_errf(err, "CUDA device %d: out of memory", dev);
+    }
     cublasSetStream(c->blas, c->st);
     cublasSetMathMode(c->blas, CUBLAS_PEDANTIC_MATH); /* f32 GEMMs stay f32: no TF32 */
     ops->name = "cuda";
@@ -438,6 +451,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->rmsnorm = m3_cu_rmsnorm;
     ops->add = m3_cu_add;
     ops->linear = m3_cu_linear;
+    ops->linear_n = m3_cu_linear_n;
     ops->head_norm_rope = m3_cu_head_norm_rope;
     ops->kv_store = m3_cu_kv_store;
     ops->index_select = m3_cu_index_select;
@@ -453,6 +467,7 @@ extern "C" void m3_cuda_ops_free(m3_ops *ops) {
         cudaStreamSynchronize(c->st);
         m3_cu_graphs_clear(c);
         for (int i = 0; i < SC_COUNT; i++) cudaFree(c->sc[i]);
+        cudaFree(c->ctr);
         if (c->h_meta) cudaFreeHost(c->h_meta);
         free(c->h_pick);
         free(c->h_pick_seen);

@@ -13,7 +13,7 @@
 #include "cuda.h"
 
 /* grow-only scratch buffers, one per purpose (no allocation inside a steady-state step) */
-enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_XSPLIT, SC_COUNT };
+enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_XSPLIT, SC_XSPLIT2, SC_COUNT };
 
 typedef struct m3_cuda {
     int dev, sm_count;
@@ -45,6 +45,12 @@ typedef struct m3_cuda {
     struct { int op; cudaEvent_t a, b; } *prof_ev;
     double prof_ms[16];
     long prof_calls[16];
+    /* f16 hi / lo splits of activation buffers (gemv_mma.cu), and the tensor-core GEMV's
+     * arrival counters (zero between launches) */
+    struct { const float *src; size_t n; uint16_t *buf; } xs[2];
+    int xs_next;
+    int *ctr;
+    long ctr_n;
     /* expert counting for benchmarks */
     int count_experts;
     long experts_used;
@@ -89,6 +95,13 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
 /* tensor-core GEMV (gemv_mma.cu): 0 when it ran, -1 when the format / shape is not one it takes */
 int m3_cu_mma_ok(const m3_linear *W);
 int m3_cu_gemv_mma(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y);
+int m3_cu_gemv_mma_n(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y);
+/* the split cache: forget splits of memory an op writes; a buffer for a kernel to write the
+ * split of x[n] into (hi, then lo n values further), registered as x's split */
+void m3_cu_xsplit_reset(m3_cuda *c);
+void m3_cu_xsplit_touch(m3_cuda *c, const void *p, size_t bytes);
+uint16_t *m3_cu_xsplit_claim(m3_cuda *c, const float *x, size_t n);
+void m3_cu_linear_n(void *ctx, int n, const m3_linear *const *W, const float *x, int T, float *const *y);
 int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int topk, int S, int part,
                   const float *x, int xstride, float *out);
 

@@ -30,6 +30,7 @@ void m3_cu_embed(void *ctx, const m3_linear *E, const int32_t *ids, int T, float
     (void)ids; /* copied to the device with the step's metadata (begin_step) */
     const int32_t *d = c->d_ids;
     if (T != c->T) { m3_cu_failf(c, "CUDA backend: embed outside its step"); m3_cu_prof_end(c, OP_EMBED); return; }
+    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * E->K);
     k_embed<<<T, 256, 0, c->st>>>(*E, d, out);
     CK_LAUNCH(c, "embed");
     m3_cu_prof_end(c, OP_EMBED);
@@ -49,22 +50,41 @@ static __device__ double block_sum(double v) {
     return s;
 }
 
-/* one block per row; sum of squares in double as the CPU does */
-__global__ void k_rmsnorm(const float *x, const float *w, int dim, float eps, float *out) {
+/* f16 hi / lo of v (the split the tensor-core GEMV multiplies; gemv_mma.cu) */
+static __device__ __forceinline__ void split_store(float v, uint16_t *hi, uint16_t *lo) {
+    __half h = __float2half_rn(v), l = __float2half_rn(v - __half2float(h));
+    *hi = *(uint16_t *)&h;
+    *lo = *(uint16_t *)&l;
+}
+
+/* one block per row; sum of squares in double as the CPU does; with xs, also the f16 split
+ * of the output (hi [rows*dim], then lo) */
+__global__ void k_rmsnorm(const float *x, const float *w, int dim, float eps, float *out, uint16_t *xs, size_t n) {
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *o = out + (size_t)blockIdx.x * dim;
     double ss = 0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += (double)xr[i] * xr[i];
     ss = block_sum(ss);
     float r = (float)(1.0 / sqrt(ss / dim + eps));
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = (xr[i] * r) * (1.0f + w[i]);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = (xr[i] * r) * (1.0f + w[i]);
+        o[i] = v;
+        if (xs) {
+            const size_t k = (size_t)blockIdx.x * dim + i;
+            split_store(v, xs + k, xs + n + k);
+        }
+    }
 }
 
 void m3_cu_rmsnorm(void *ctx, const float *x, const float *w, int rows, int dim, float eps, float *out) {
     m3_cuda *c = (m3_cuda *)ctx;
     m3_cu_prof_begin(c, OP_NORM);
     if (rows <= 0) { m3_cu_prof_end(c, OP_NORM); return; }
-    k_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(x, w, dim, eps, out);
+    const size_t n = (size_t)rows * dim;
+    m3_cu_xsplit_touch(c, out, sizeof(float) * n);
+    uint16_t *xs = dim % 128 == 0 ? m3_cu_xsplit_claim(c, out, n) : NULL; /* a GEMV input, most likely */
+    if (dim % 128 == 0 && !xs) { m3_cu_prof_end(c, OP_NORM); return; }
+    k_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(x, w, dim, eps, out, xs, n);
     CK_LAUNCH(c, "rmsnorm");
     m3_cu_prof_end(c, OP_NORM);
 }
@@ -79,6 +99,7 @@ void m3_cu_add(void *ctx, float *y, const float *x, size_t n) {
     if (!n) { m3_cu_prof_end(c, OP_ADD); return; }
     unsigned g = cdiv(n, 256);
     if (g > 65535u * 4) g = 65535u * 4;
+    m3_cu_xsplit_touch(c, y, sizeof(float) * n);
     k_add<<<g, 256, 0, c->st>>>(y, x, n);
     CK_LAUNCH(c, "add");
     m3_cu_prof_end(c, OP_ADD);
@@ -125,16 +146,20 @@ void m3_cu_head_norm_rope(void *ctx, float *x, int T, int heads, int dim, const 
         dp = d;
     }
     int warps = T * heads;
+    m3_cu_xsplit_touch(c, x, sizeof(float) * (size_t)warps * dim);
     k_head_norm_rope<<<cdiv(warps, 4), 128, 0, c->st>>>(x, T, heads, dim, w, eps, rotary_dim, (float)theta, dp);
     CK_LAUNCH(c, "head_norm_rope");
     m3_cu_prof_end(c, OP_ROPE);
 }
 
-__global__ void k_swiglu(const float *gate, const float *up, size_t n, float alpha, float limit, float *out) {
+/* with xs, also the f16 split of out (hi [n], then lo) */
+__global__ void k_swiglu(const float *gate, const float *up, size_t n, float alpha, float limit, float *out, uint16_t *xs) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float g = gate[i] < limit ? gate[i] : limit;
         float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
-        out[i] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+        const float v = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+        out[i] = v;
+        if (xs) split_store(v, xs + i, xs + n + i);
     }
 }
 
@@ -142,6 +167,9 @@ void m3_cu_swiglu(m3_cuda *c, const float *gate, const float *up, size_t n, floa
     if (!n) return;
     unsigned g = cdiv(n, 256);
     if (g > 65535u * 4) g = 65535u * 4;
-    k_swiglu<<<g, 256, 0, c->st>>>(gate, up, n, alpha, limit, out);
+    m3_cu_xsplit_touch(c, out, sizeof(float) * n);
+    uint16_t *xs = m3_cu_xsplit_claim(c, out, n); /* the down projection's input */
+    if (!xs) return;
+    k_swiglu<<<g, 256, 0, c->st>>>(gate, up, n, alpha, limit, out, xs);
     CK_LAUNCH(c, "swiglu");
 }

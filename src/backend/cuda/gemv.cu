@@ -252,6 +252,7 @@ void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y
     m3_cuda *c = (m3_cuda *)ctx;
     m3_cu_prof_begin(c, OP_LINEAR);
     if (T <= 0 || c->failed) { m3_cu_prof_end(c, OP_LINEAR); return; }
+    m3_cu_xsplit_touch(c, y, sizeof(float) * (size_t)T * W->N);
     /* MXFP8 / NVFP4 on the tensor cores in groups of 8 tokens up to 64 tokens */
     if (T <= 64 && m3_cu_mma_ok(W)) {
         for (int t0 = 0; t0 < T; t0 += 8)
@@ -279,11 +280,30 @@ void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y
     m3_cu_prof_end(c, OP_LINEAR);
 }
 
+/* n matrices sharing x: one tensor-core launch per 8 tokens when they all take that path */
+void m3_cu_linear_n(void *ctx, int n, const m3_linear *const *W, const float *x, int T, float *const *y) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    int fused = T >= 1 && T <= 64 && n >= 1 && n <= 6;
+    for (int i = 0; i < n && fused; i++) fused = m3_cu_mma_ok(W[i]) && W[i]->fmt == W[0]->fmt && W[i]->K == W[0]->K;
+    if (!fused) {
+        for (int i = 0; i < n; i++) m3_cu_linear(ctx, W[i], x, T, y[i]);
+        return;
+    }
+    m3_cu_prof_begin(c, OP_LINEAR);
+    for (int t0 = 0; t0 < T && !c->failed; t0 += 8) {
+        float *yt[6];
+        for (int i = 0; i < n; i++) yt[i] = y[i] + (size_t)t0 * W[i]->N;
+        m3_cu_gemv_mma_n(c, n, W, x + (size_t)t0 * W[0]->K, T - t0 < 8 ? T - t0 : 8, yt);
+    }
+    m3_cu_prof_end(c, OP_LINEAR);
+}
+
 /* ------------------------------------------------------------------ dense MLP */
 
 void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out) {
     m3_cuda *c = (m3_cuda *)ctx;
     m3_cu_prof_begin(c, OP_MLP);
+    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * m->down.N);
     int F = m->gate.N;
     float *g = (float *)m3_cu_scratch(c, SC_XE, sizeof(float) * (size_t)T * F * 2);
     if (!g) { m3_cu_prof_end(c, OP_MLP); return; }
@@ -416,15 +436,19 @@ __global__ void __launch_bounds__(GW * 32) k_moe_down(const m3_mlp_w *table, con
     }
 }
 
-/* h[s][j] = SwiGLU-OAI(gu[s][0][j], gu[s][1][j]) */
-__global__ void k_swiglu_pairs(const float *gu, int S, int Fd, float alpha, float limit, float *h) {
+/* h[s][j] = SwiGLU-OAI(gu[s][0][j], gu[s][1][j]), and the f16 split of h (hi [n], then lo) */
+__global__ void k_swiglu_pairs(const float *gu, int S, int Fd, float alpha, float limit, float *h, uint16_t *xs) {
     size_t n = (size_t)S * Fd;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t s = i / Fd, j = i % Fd;
         float gt = gu[(s * 2) * Fd + j], up = gu[(s * 2 + 1) * Fd + j];
         float g = gt < limit ? gt : limit;
         float u = up < -limit ? -limit : up > limit ? limit : up;
-        h[i] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+        const float v = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+        h[i] = v;
+        __half hh = __float2half_rn(v), hl = __float2half_rn(v - __half2float(hh));
+        xs[i] = *(uint16_t *)&hh;
+        xs[n + i] = *(uint16_t *)&hl;
     }
 }
 
@@ -478,6 +502,7 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
     m3_cu_prof_begin(c, OP_MOE);
     if (T <= 0 || c->failed) { m3_cu_prof_end(c, OP_MOE); return; }
     const int H = L->router.K, Fd = L->experts[0].gate.N;
+    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
     /* router logits, picks and weights */
     char *rb = (char *)m3_cu_scratch(c, SC_ROUTE, sizeof(float) * (size_t)T * E + 2 * sizeof(float) * (size_t)T * K + 64);
     if (!rb) { m3_cu_prof_end(c, OP_MOE); return; }
@@ -508,7 +533,9 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
             float *gu = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)S * Fd * 2);
             if (!gu) { m3_cu_prof_end(c, OP_MOE); return; }
             m3_cu_moe_mma(c, e0, tab, pick, K, S, 0, x, H, gu);
-            k_swiglu_pairs<<<cdiv((size_t)S * Fd, 256), 256, 0, c->st>>>(gu, S, Fd, alpha, limit, h);
+            uint16_t *hs = m3_cu_xsplit_claim(c, h, (size_t)S * Fd);
+            if (!hs) { m3_cu_prof_end(c, OP_MOE); return; }
+            k_swiglu_pairs<<<cdiv((size_t)S * Fd, 256), 256, 0, c->st>>>(gu, S, Fd, alpha, limit, h, hs);
             m3_cu_moe_mma(c, e0, tab, pick, K, S, 2, h, Fd, ye);
             k_moe_combine<<<dim3(cdiv(H, 256), T), 256, 0, c->st>>>(ye, wt, K, H, out);
             if (CK_LAUNCH(c, "moe (tensor cores)")) { m3_cu_prof_end(c, OP_MOE); return; }
@@ -566,6 +593,7 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
                 if (!cnt || !L->experts[e].gate.w) continue; /* not picked, or another rank's */
                 const m3_mlp_w *me = &L->experts[e];
                 dim3 gg(cdiv(H, 256) < 64 ? cdiv(H, 256) : 64, cnt);
+                m3_cu_xsplit_touch(c, xe, sizeof(float) * (size_t)cnt * H);
                 k_gather_rows<<<gg, 256, 0, c->st>>>(x, drows + off[e], cnt, H, xe);
                 m3_cu_linear(c, &me->gate, xe, cnt, g);
                 m3_cu_linear(c, &me->up, xe, cnt, u);

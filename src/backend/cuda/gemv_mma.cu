@@ -12,13 +12,17 @@
  *   - x is split into x_hi = f16(x) and x_lo = f16(x - x_hi) and both are multiplied
  *     (two MMAs), so the products carry ~22 bits of x: results agree with the f32 CPU
  *     kernel to ~1e-6 relative (bench/bench_cuda_linear.c checks it).
- * Layout: a CTA owns 16 output rows (one MMA M tile) and a K range; its 8 warps take
- * "units" of K: NVFP4 a unit is 128 values (each lane of a quad loads 16 bytes of row g and
- * of row g + 8), MXFP8 a unit is one 32-value scale group (8 bytes per lane). Inside a
- * unit, logical MMA k index (2t, 2t+1, 2t+8, 2t+9) of lane t of a quad maps to 4
- * consecutive physical values of that lane's bytes; x fragments use the same map. Warps
- * reduce through shared memory; K splits (small N) go through a partial buffer summed in
- * a fixed order (deterministic). */
+ * Work: a warp computes one item, 16 output rows (one MMA M tile) over a slice of K, in
+ * "units": NVFP4 a unit is 128 values (each lane of a quad loads 16 bytes of row g and of
+ * row g + 8), MXFP8 one 32-value scale group (8 bytes per lane). Inside a unit, logical MMA
+ * k index (2t, 2t+1, 2t+8, 2t+9) of lane t of a quad maps to 4 consecutive physical values
+ * of that lane's bytes; x fragments use the same map. CTAs are persistent (as many as fit,
+ * each builds the NVFP4 table once) and take items in turn; the K slices per tile are
+ * chosen so that the items fill the resident warps in whole rounds. A tile split over K is
+ * summed by the warp that completes it, in slice order (deterministic, no second launch).
+ * Up to 4 tokens, x_hi and x_lo ride in the MMA's N columns (token t: columns 2t, 2t+1),
+ * one MMA per k16; 5-8 tokens take two MMAs. One launch may hold several matrices with the
+ * same input (q, k, v and the indexer's projections) or every slot's expert (MoE). */
 #include "common.cuh"
 
 #define MW 8 /* warps per CTA */
@@ -45,75 +49,58 @@ static __device__ __forceinline__ uint32_t e2m1_f16bits(uint32_t c) {
     return mag | ((c & 8u) << 12);
 }
 
-typedef struct mma_args {
-    m3_linear W;                /* plain launch */
-    const m3_mlp_w *tab;        /* MoE: device expert table (else NULL) */
-    const int32_t *pick;        /* MoE: expert of each slot */
-    int topk;                   /* MoE: slots per token */
-    int moe_part;               /* MoE: 0 gate+up (blockIdx.y picks), 2 down */
-    const uint16_t *xh, *xl;    /* activations split into f16 hi / lo, rows of xstride values */
+#define WPB 8     /* warps per CTA */
+#define GV_MAXJ 6 /* matrices sharing one input in one launch (q, k, v, index q, index k) */
+
+/* One family of GEMVs in a launch. Plain: the matrix W; MoE: the expert table of gv_args
+ * (mats = slots x {gate, up} or slots, all of W's shape). Work items are (mat, 16-row tile,
+ * K slice), numbered from item0; a warp computes one item at a time. */
+typedef struct gv_job {
+    m3_linear W;
+    const uint16_t *xh, *xl; /* activations split into f16 hi / lo, rows of xstride values */
     int xstride;
-    int T;                      /* tokens (plain) */
-    float *y;                   /* output */
-    float *part;                /* K-split partials [ksplit][T][N] */
-    int ksplit;
-} mma_args;
+    float *y;                /* y[t][N] (MoE: y[mat][N]) */
+    int T;                   /* tokens (MoE: 1 per slot) */
+    int tiles, ks;           /* row tiles per mat, K slices per tile */
+    int item0, ctr0;         /* first item; first arrival counter (one per (mat, tile)) */
+    float *part;             /* ks > 1: partial sums [mat * tiles + tile][ks][T][16] */
+} gv_job;
 
-#define UB 2 /* NVFP4 units (MXFP8: 2 UB) whose loads are in flight together per lane */
+typedef struct gv_args {
+    gv_job j[GV_MAXJ];
+    int nj, items;
+    int moe;                 /* 0 plain; 1 MoE gate + up (mat = 2 slot + which); 2 MoE down (mat = slot) */
+    const m3_mlp_w *tab;     /* MoE: device expert table */
+    const int32_t *pick;     /* MoE: expert of each slot */
+    int topk;
+    int *ctr;                /* arrival counters, zero between launches */
+} gv_args;
 
-/* F: M3_WF_MXFP8 or M3_WF_NVFP4; MOE: 0 plain (token columns 0..T-1), 1 expert slots (one token each) */
-template <int F, int MOE>
-__global__ void __launch_bounds__(MW * 32, 4) k_gemv_mma(mma_args a) {
-    extern __shared__ __align__(16) uint8_t smem[];
-    uint32_t *lut = (uint32_t *)smem;                 /* NVFP4: [256][32] f16x2 per lane */
-    float *red = (float *)(smem + (F == M3_WF_NVFP4 ? 32768 : 0)); /* [MW][32][4] */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-
-    const m3_linear *W;
-    int slot = 0, tok0 = 0;
-    if (MOE) {
-        slot = blockIdx.z;
-        const m3_mlp_w *m = &a.tab[a.pick[slot]];
-        W = a.moe_part == 2 ? &m->down : blockIdx.y ? &m->up : &m->gate;
-        tok0 = a.moe_part == 2 ? slot : slot / a.topk;
-    } else {
-        W = &a.W;
-    }
-    const int N = W->N, K = W->K, n0 = blockIdx.x * 16;
-    const int ks = MOE ? 0 : blockIdx.y, nsplit = MOE ? 1 : a.ksplit;
-    const int UV = F == M3_WF_NVFP4 ? 128 : 32; /* values per unit */
-    const int units = K / UV;
-    const int c0 = (int)((long)units * ks / nsplit), c1 = (int)((long)units * (ks + 1) / nsplit);
-    /* this warp's contiguous share of the CTA's units */
-    const int per = (c1 - c0 + MW - 1) / MW, ub = c0 + warp * per, ue = min(c1, ub + per);
-    const int ntok = MOE ? 1 : a.T;
-
-    if (F == M3_WF_NVFP4) {
-        for (int i = threadIdx.x; i < 256 * 32; i += blockDim.x) {
-            uint32_t b = (uint32_t)(i >> 5);
-            lut[i] = e2m1_f16bits(b & 15) | (e2m1_f16bits(b >> 4) << 16);
-        }
-        __syncthreads();
-    }
+/* The K range [c0, c1) (in units) of 16 rows from n0 against the B column of this lane:
+ * HL (T <= 4): column g is token g/2, x_hi for even g and x_lo for odd g, one MMA per k16;
+ * otherwise column g is token g and x_hi, x_lo go through two MMAs. */
+template <int F, int HL, int UB>
+static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_t *xh, const uint16_t *xl, int xstride,
+                                               int ntok, int n0, int c0, int c1, const uint32_t *my, int g, int tig,
+                                               float acc[4]) {
+    const int N = W->N;
     const int ra = n0 + g < N ? n0 + g : N - 1, rb = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
     const uint8_t *wa = W->w + (size_t)ra * W->row_bytes, *wb = W->w + (size_t)rb * W->row_bytes;
     const uint8_t *sa = W->scale + (size_t)ra * W->scale_row, *sb = W->scale + (size_t)rb * W->scale_row;
-    /* B fragments: token column g (zero when g is not a token) */
-    const bool bcol = g < ntok;
-    const uint16_t *xhg = a.xh + (size_t)(tok0 + (bcol ? g : 0)) * a.xstride, *xlg = a.xl + (size_t)(tok0 + (bcol ? g : 0)) * a.xstride;
-    float acc[4] = {0, 0, 0, 0};
-
-    /* Weight pieces for UB units (NVFP4; 2 UB for MXFP8) are loaded into registers before
-     * any is used, so that each lane keeps several 16 / 8-byte loads in flight. */
-    const uint32_t *my = lut + lane;
+    const int tok = HL ? g >> 1 : g;
+    const bool use = tok < ntok;
+    const uint16_t *xp = (HL && (g & 1) ? xl : xh) + (size_t)(use ? tok : 0) * xstride;
+    const uint16_t *xq = xl + (size_t)(use ? tok : 0) * xstride; /* non-HL: the lo half */
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
     if (F == M3_WF_NVFP4) {
-        for (int u0 = ub; u0 < ue; u0 += UB) {
+        const int UV = 128;
+        for (int u0 = c0; u0 < c1; u0 += UB) {
             uint4 qa[UB], qb[UB];
             uint32_t s2a[UB], s2b[UB];
 #pragma unroll
             for (int j = 0; j < UB; j++) {
-                int u = u0 + j < ue ? u0 + j : ue - 1;
-                int v0 = u * UV + 32 * tig;
+                const int u = u0 + j < c1 ? u0 + j : c1 - 1;
+                const int v0 = u * UV + 32 * tig;
                 qa[j] = __ldg((const uint4 *)(wa + v0 / 2));
                 qb[j] = __ldg((const uint4 *)(wb + v0 / 2));
                 s2a[j] = __ldg((const uint16_t *)(sa + v0 / 16));
@@ -121,7 +108,7 @@ __global__ void __launch_bounds__(MW * 32, 4) k_gemv_mma(mma_args a) {
             }
 #pragma unroll
             for (int j = 0; j < UB; j++) {
-                if (u0 + j >= ue) break;
+                if (u0 + j >= c1) break;
                 const int v0 = (u0 + j) * UV + 32 * tig;
                 uint32_t sca[2], scb[2];
 #pragma unroll
@@ -129,30 +116,35 @@ __global__ void __launch_bounds__(MW * 32, 4) k_gemv_mma(mma_args a) {
                     sca[h] = e4m3x2_h2(((s2a[j] >> (8 * h)) & 0xff) * 0x101u);
                     scb[h] = e4m3x2_h2(((s2b[j] >> (8 * h)) & 0xff) * 0x101u);
                 }
-                uint32_t wa4[4] = {qa[j].x, qa[j].y, qa[j].z, qa[j].w}, wb4[4] = {qb[j].x, qb[j].y, qb[j].z, qb[j].w};
+                const uint32_t wa4[4] = {qa[j].x, qa[j].y, qa[j].z, qa[j].w}, wb4[4] = {qb[j].x, qb[j].y, qb[j].z, qb[j].w};
 #pragma unroll
                 for (int s = 0; s < 8; s++) {
-                    uint32_t wA = wa4[s >> 1], wB = wb4[s >> 1];
+                    const uint32_t wA = wa4[s >> 1], wB = wb4[s >> 1];
                     const int sh = (s & 1) * 16;
-                    uint32_t a0 = hmul2(my[((wA >> sh) & 0xff) << 5], sca[s >> 2]);
-                    uint32_t a2 = hmul2(my[((wA >> (sh + 8)) & 0xff) << 5], sca[s >> 2]);
-                    uint32_t a1 = hmul2(my[((wB >> sh) & 0xff) << 5], scb[s >> 2]);
-                    uint32_t a3 = hmul2(my[((wB >> (sh + 8)) & 0xff) << 5], scb[s >> 2]);
-                    uint2 xh = make_uint2(0, 0), xl = xh;
-                    if (bcol) { xh = __ldg((const uint2 *)(xhg + v0 + 4 * s)); xl = __ldg((const uint2 *)(xlg + v0 + 4 * s)); }
-                    mma16816(acc, a0, a1, a2, a3, xh.x, xh.y);
-                    mma16816(acc, a0, a1, a2, a3, xl.x, xl.y);
+                    const uint32_t a0 = hmul2(my[((wA >> sh) & 0xff) << 5], sca[s >> 2]);
+                    const uint32_t a2 = hmul2(my[((wA >> (sh + 8)) & 0xff) << 5], sca[s >> 2]);
+                    const uint32_t a1 = hmul2(my[((wB >> sh) & 0xff) << 5], scb[s >> 2]);
+                    const uint32_t a3 = hmul2(my[((wB >> (sh + 8)) & 0xff) << 5], scb[s >> 2]);
+                    uint2 b = make_uint2(0, 0);
+                    if (use) b = __ldg((const uint2 *)(xp + v0 + 4 * s));
+                    mma16816(acc, a0, a1, a2, a3, b.x, b.y);
+                    if (!HL) {
+                        uint2 bl = make_uint2(0, 0);
+                        if (use) bl = __ldg((const uint2 *)(xq + v0 + 4 * s));
+                        mma16816(acc, a0, a1, a2, a3, bl.x, bl.y);
+                    }
                 }
             }
         }
-    } else { /* MXFP8: a unit is one 32-value group; 8 bytes per lane per row */
-        for (int u0 = ub; u0 < ue; u0 += 2 * UB) {
+    } else { /* MXFP8: a unit is one 32-value scale group; 8 bytes per lane per row */
+        const int UV = 32;
+        for (int u0 = c0; u0 < c1; u0 += 2 * UB) {
             uint2 qa[2 * UB], qb[2 * UB];
             uint32_t ea[2 * UB], eb[2 * UB];
 #pragma unroll
             for (int j = 0; j < 2 * UB; j++) {
-                int u = u0 + j < ue ? u0 + j : ue - 1;
-                int v0 = u * UV + 8 * tig;
+                const int u = u0 + j < c1 ? u0 + j : c1 - 1;
+                const int v0 = u * UV + 8 * tig;
                 qa[j] = __ldg((const uint2 *)(wa + v0));
                 qb[j] = __ldg((const uint2 *)(wb + v0));
                 ea[j] = __ldg(sa + u);
@@ -160,58 +152,119 @@ __global__ void __launch_bounds__(MW * 32, 4) k_gemv_mma(mma_args a) {
             }
 #pragma unroll
             for (int j = 0; j < 2 * UB; j++) {
-                if (u0 + j >= ue) break;
+                if (u0 + j >= c1) break;
                 const int v0 = (u0 + j) * UV + 8 * tig;
-                uint4 xh = make_uint4(0, 0, 0, 0), xl = xh;
-                if (bcol) { xh = __ldg((const uint4 *)(xhg + v0)); xl = __ldg((const uint4 *)(xlg + v0)); }
+                uint4 b = make_uint4(0, 0, 0, 0), bl = b;
+                if (use) {
+                    b = __ldg((const uint4 *)(xp + v0));
+                    if (!HL) bl = __ldg((const uint4 *)(xq + v0));
+                }
                 float t[4] = {0, 0, 0, 0};
                 uint32_t a0 = e4m3x2_h2(qa[j].x & 0xffff), a2 = e4m3x2_h2(qa[j].x >> 16);
                 uint32_t a1 = e4m3x2_h2(qb[j].x & 0xffff), a3 = e4m3x2_h2(qb[j].x >> 16);
-                mma16816(t, a0, a1, a2, a3, xh.x, xh.y);
-                mma16816(t, a0, a1, a2, a3, xl.x, xl.y);
-                a0 = e4m3x2_h2(qa[j].y & 0xffff); a2 = e4m3x2_h2(qa[j].y >> 16);
-                a1 = e4m3x2_h2(qb[j].y & 0xffff); a3 = e4m3x2_h2(qb[j].y >> 16);
-                mma16816(t, a0, a1, a2, a3, xh.z, xh.w);
-                mma16816(t, a0, a1, a2, a3, xl.z, xl.w);
-                float fa = e8m0_f32(ea[j]), fb = e8m0_f32(eb[j]);
-                acc[0] += t[0] * fa; acc[1] += t[1] * fa;
-                acc[2] += t[2] * fb; acc[3] += t[3] * fb;
-            }
-        }
-    }
-    /* reduce the warps: acc[0..1] = row g, tokens 2tig, 2tig+1; acc[2..3] = row g + 8 */
-#pragma unroll
-    for (int i = 0; i < 4; i++) red[(warp * 32 + lane) * 4 + i] = acc[i];
-    __syncthreads();
-    if (warp == 0) {
-        float r[4] = {0, 0, 0, 0};
-        for (int w = 0; w < MW; w++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) r[i] += red[(w * 32 + lane) * 4 + i];
-        const float gm = F == M3_WF_NVFP4 ? W->gmul : 1.0f;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int row = n0 + g + (i >= 2 ? 8 : 0), t = 2 * tig + (i & 1);
-            if (row >= N || t >= ntok) continue;
-            float v = r[i] * gm;
-            if (MOE) {
-                /* gate+up: out [slot][2][N]; down: out [slot][N] */
-                size_t o = a.moe_part == 2 ? (size_t)slot * N + row : ((size_t)slot * 2 + blockIdx.y) * N + row;
-                a.y[o] = v;
-            } else if (nsplit == 1) {
-                a.y[(size_t)t * N + row] = v;
-            } else {
-                a.part[((size_t)ks * a.T + t) * N + row] = v;
+                mma16816(t, a0, a1, a2, a3, b.x, b.y);
+                if (!HL) mma16816(t, a0, a1, a2, a3, bl.x, bl.y);
+                a0 = e4m3x2_h2(qa[j].y & 0xffff);
+                a2 = e4m3x2_h2(qa[j].y >> 16);
+                a1 = e4m3x2_h2(qb[j].y & 0xffff);
+                a3 = e4m3x2_h2(qb[j].y >> 16);
+                mma16816(t, a0, a1, a2, a3, b.z, b.w);
+                if (!HL) mma16816(t, a0, a1, a2, a3, bl.z, bl.w);
+                const float fa = e8m0_f32(ea[j]), fb = e8m0_f32(eb[j]);
+                acc[0] += t[0] * fa;
+                acc[1] += t[1] * fa;
+                acc[2] += t[2] * fb;
+                acc[3] += t[3] * fb;
             }
         }
     }
 }
 
-__global__ void k_sum_parts(const float *part, int ksplit, size_t n, float *y) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float s = 0;
-        for (int k = 0; k < ksplit; k++) s += part[(size_t)k * n + i];
-        y[i] = s;
+/* Persistent CTAs; each warp takes items it, it + (warps in the grid), ... A tile split over
+ * K writes its partial sums; the warp that completes a tile (arrival counter) adds the
+ * partials in slice order, so the result does not depend on which warp finishes last. */
+template <int F, int HL, int UB>
+__global__ void __launch_bounds__(WPB * 32, UB > 2 || !HL ? 2 : 3) k_gv(const __grid_constant__ gv_args a) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    if (F == M3_WF_NVFP4) { /* per-lane byte -> f16x2 table (lane-interleaved: conflict-free) */
+        uint32_t *lut = (uint32_t *)smem;
+        for (int i = threadIdx.x; i < 256 * 32; i += blockDim.x) {
+            const uint32_t b = (uint32_t)(i >> 5);
+            lut[i] = e2m1_f16bits(b & 15) | (e2m1_f16bits(b >> 4) << 16);
+        }
+        __syncthreads();
+    }
+    const uint32_t *my = (const uint32_t *)smem + lane;
+    const int nw = gridDim.x * WPB;
+    for (int it = blockIdx.x * WPB + warp; it < a.items; it += nw) {
+        int jj = 0;
+        while (jj + 1 < a.nj && it >= a.j[jj + 1].item0) jj++;
+        const gv_job *J = &a.j[jj];
+        const int local = it - J->item0, ks = J->ks, kslice = local % ks, t2 = local / ks;
+        const int tile = t2 % J->tiles, mat = t2 / J->tiles;
+        const m3_linear *W;
+        const uint16_t *xh = J->xh, *xl = J->xl;
+        float *y = J->y;
+        int ntok = J->T;
+        if (a.moe) {
+            const int slot = a.moe == 1 ? mat >> 1 : mat;
+            const m3_mlp_w *m = &a.tab[a.pick[slot]];
+            W = a.moe == 2 ? &m->down : (mat & 1) ? &m->up : &m->gate;
+            const size_t xo = (size_t)(a.moe == 1 ? slot / a.topk : slot) * J->xstride;
+            xh += xo;
+            xl += xo;
+            y += (size_t)mat * W->N;
+            ntok = 1;
+        } else {
+            W = &J->W;
+        }
+        const int UV = F == M3_WF_NVFP4 ? 128 : 32, units = W->K / UV;
+        const int c0 = (int)((long)units * kslice / ks), c1 = (int)((long)units * (kslice + 1) / ks);
+        const int n0 = tile * 16, N = W->N;
+        float acc[4];
+        gv_tile<F, HL, UB>(W, xh, xl, J->xstride, ntok, n0, c0, c1, my, g, tig, acc);
+
+        /* this lane's results: (row offset, token, value) */
+        constexpr int NV = HL ? 2 : 4;
+        int rr[4], tt[4];
+        float vv[4];
+        if (HL) {
+            rr[0] = g; tt[0] = tig; vv[0] = acc[0] + acc[1];
+            rr[1] = g + 8; tt[1] = tig; vv[1] = acc[2] + acc[3];
+        } else {
+            rr[0] = g; tt[0] = 2 * tig; vv[0] = acc[0];
+            rr[1] = g; tt[1] = 2 * tig + 1; vv[1] = acc[1];
+            rr[2] = g + 8; tt[2] = 2 * tig; vv[2] = acc[2];
+            rr[3] = g + 8; tt[3] = 2 * tig + 1; vv[3] = acc[3];
+        }
+        const float gm = F == M3_WF_NVFP4 ? W->gmul : 1.0f;
+        if (ks == 1) {
+            #pragma unroll
+            for (int i = 0; i < NV; i++)
+                if (n0 + rr[i] < N && tt[i] < ntok) y[(size_t)tt[i] * N + n0 + rr[i]] = vv[i] * gm;
+            continue;
+        }
+        const int TT = a.moe ? 1 : J->T;
+        float *p = J->part + (size_t)t2 * ks * 16 * TT;
+        #pragma unroll
+            for (int i = 0; i < NV; i++)
+            if (tt[i] < ntok) p[((size_t)kslice * TT + tt[i]) * 16 + rr[i]] = vv[i];
+        __threadfence();
+        __syncwarp();
+        int prev = 0;
+        if (lane == 0) prev = atomicAdd(&a.ctr[J->ctr0 + t2], 1);
+        prev = __shfl_sync(0xffffffffu, prev, 0);
+        if (prev != ks - 1) continue;
+        __threadfence(); /* every other slice's partials are visible now */
+        #pragma unroll
+            for (int i = 0; i < NV; i++) {
+            if (tt[i] >= ntok || n0 + rr[i] >= N) continue;
+            float s = 0;
+            for (int k = 0; k < ks; k++) s += __ldcg(p + ((size_t)k * TT + tt[i]) * 16 + rr[i]);
+            y[(size_t)tt[i] * N + n0 + rr[i]] = s * gm;
+        }
+        if (lane == 0) a.ctr[J->ctr0 + t2] = 0; /* ready for the next launch (stream order) */
     }
 }
 
@@ -226,16 +279,60 @@ __global__ void k_split_x(const float *x, size_t n, uint16_t *xh, uint16_t *xl) 
     }
 }
 
-/* splits rows x[n] into scratch SC_XSPLIT; NULL on failure */
-static uint16_t *split_x(m3_cuda *c, const float *x, size_t n) {
-    uint16_t *xs = (uint16_t *)m3_cu_scratch(c, SC_XSPLIT, sizeof(uint16_t) * 2 * n + 64);
-    if (!xs) return NULL;
-    unsigned g = cdiv(n, 256);
-    k_split_x<<<g < 4096 ? g : 4096, 256, 0, c->st>>>(x, n, xs, xs + n);
-    return CK_LAUNCH(c, "split x") ? NULL : xs;
+/* ------------------------------------------------------------------ split cache
+ * The f16 hi / lo split of an activation buffer is kept while nothing writes the buffer, so
+ * the projections sharing an input (q, k, v, index q / k; experts and shared expert) split
+ * it once; RMSNorm and SwiGLU write the split themselves (m3_cu_xsplit_claim). Every op that
+ * writes memory calls m3_cu_xsplit_touch on what it writes. */
+
+void m3_cu_xsplit_reset(m3_cuda *c) {
+    for (int i = 0; i < 2; i++) c->xs[i].src = NULL;
 }
 
-static size_t mma_smem(int F) { return (F == M3_WF_NVFP4 ? 32768 : 0) + sizeof(float) * MW * 32 * 4; }
+void m3_cu_xsplit_touch(m3_cuda *c, const void *p, size_t bytes) {
+    const char *a = (const char *)p, *b = a + bytes;
+    for (int i = 0; i < 2; i++) {
+        const char *s = (const char *)c->xs[i].src, *e = s + sizeof(float) * c->xs[i].n;
+        if (s && a < e && s < b) c->xs[i].src = NULL;
+    }
+}
+
+/* a split buffer for the n values at x, to be written by the caller's kernel (hi at the
+ * returned pointer, lo n values further); NULL on failure */
+uint16_t *m3_cu_xsplit_claim(m3_cuda *c, const float *x, size_t n) {
+    m3_cu_xsplit_touch(c, x, sizeof(float) * n);
+    int i = c->xs[0].src == NULL ? 0 : c->xs[1].src == NULL ? 1 : c->xs_next;
+    c->xs_next = !i;
+    uint16_t *b = (uint16_t *)m3_cu_scratch(c, i ? SC_XSPLIT2 : SC_XSPLIT, sizeof(uint16_t) * 2 * n + 64);
+    if (!b) return NULL;
+    c->xs[i].src = x;
+    c->xs[i].n = n;
+    c->xs[i].buf = b;
+    c->xs_next = !i;
+    return b;
+}
+
+/* hi / lo halves of the n values at x (split now unless a cached split covers them) */
+static int xsplit_get(m3_cuda *c, const float *x, size_t n, const uint16_t **xh, const uint16_t **xl) {
+    for (int i = 0; i < 2; i++) {
+        const float *s = c->xs[i].src;
+        if (s && x >= s && x + n <= s + c->xs[i].n) {
+            *xh = c->xs[i].buf + (x - s);
+            *xl = c->xs[i].buf + c->xs[i].n + (x - s);
+            return 0;
+        }
+    }
+    uint16_t *b = m3_cu_xsplit_claim(c, x, n);
+    if (!b) return -1;
+    unsigned gsz = cdiv(n, 256);
+    k_split_x<<<gsz < 4096 ? gsz : 4096, 256, 0, c->st>>>(x, n, b, b + n);
+    if (CK_LAUNCH(c, "split x")) return -1;
+    *xh = b;
+    *xl = b + n;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ launch planning */
 
 /* the formats and shapes the MMA path takes (else the SIMT kernel runs) */
 int m3_cu_mma_ok(const m3_linear *W) {
@@ -246,51 +343,125 @@ int m3_cu_mma_ok(const m3_linear *W) {
     return 0;
 }
 
-template <int F, int MOE>
-static void launch(m3_cuda *c, dim3 grid, const mma_args &a) {
-    size_t smem = mma_smem(F);
-    static int attr_set = 0; /* per instantiation */
-    if (!attr_set) {
-        cudaFuncSetAttribute(k_gemv_mma<F, MOE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        attr_set = 1;
+static int gv_ub(void) { /* M3_GV_UB=4: four units in flight per lane (benchmarks) */
+    static int ub = 0;
+    if (!ub) {
+        const char *e = getenv("M3_GV_UB");
+        ub = e && atoi(e) == 4 ? 4 : 2;
     }
-    k_gemv_mma<F, MOE><<<grid, MW * 32, smem, c->st>>>(a);
+    return ub;
 }
 
-/* y[T, N] = x[T, K] W^T for T <= 8 on the tensor cores; -1 when the shape is not supported */
-int m3_cu_gemv_mma(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y) {
-    if (T < 1 || T > 8 || !m3_cu_mma_ok(W)) return -1;
-    mma_args a;
+typedef void (*gv_fn)(gv_args);
+template <int F, int HL, int UB>
+static gv_fn gv_kernel(int *blocks_per_sm, size_t *smem) {
+    static int nb = 0;
+    const size_t sm = F == M3_WF_NVFP4 ? 32768 : 0;
+    if (!nb) {
+        if (sm) cudaFuncSetAttribute(k_gv<F, HL, UB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_gv<F, HL, UB>, WPB * 32, sm) != cudaSuccess || nb < 1) nb = 1;
+    }
+    *blocks_per_sm = nb;
+    *smem = sm;
+    return (gv_fn)k_gv<F, HL, UB>;
+}
+
+static gv_fn gv_pick(int F, int HL, int *nb, size_t *smem) {
+    const int ub = gv_ub();
+    if (F == M3_WF_NVFP4) {
+        if (HL) return ub == 4 ? gv_kernel<M3_WF_NVFP4, 1, 4>(nb, smem) : gv_kernel<M3_WF_NVFP4, 1, 2>(nb, smem);
+        return ub == 4 ? gv_kernel<M3_WF_NVFP4, 0, 4>(nb, smem) : gv_kernel<M3_WF_NVFP4, 0, 2>(nb, smem);
+    }
+    if (HL) return ub == 4 ? gv_kernel<M3_WF_MXFP8, 1, 4>(nb, smem) : gv_kernel<M3_WF_MXFP8, 1, 2>(nb, smem);
+    return ub == 4 ? gv_kernel<M3_WF_MXFP8, 0, 4>(nb, smem) : gv_kernel<M3_WF_MXFP8, 0, 2>(nb, smem);
+}
+
+/* K slices per tile: the fewest rounds of resident warps times the units each item reads
+ * (+2 units of overhead per item), items of at least ~512 bytes per row */
+static int gv_ks(long tiles, int units, int F, long rw) {
+    const int minu = F == M3_WF_NVFP4 ? 8 : 16;
+    int maxks = units / minu;
+    if (maxks > 32) maxks = 32;
+    if (maxks < 1) maxks = 1;
+    int best = 1;
+    double bc = 1e300;
+    for (int ks = 1; ks <= maxks; ks++) {
+        const long rounds = (tiles * ks + rw - 1) / rw;
+        const double cost = (double)rounds * ((double)units / ks + 2.0);
+        if (cost < bc - 1e-9) { bc = cost; best = ks; }
+    }
+    return best;
+}
+
+/* fills the jobs' tiles / ks / item0 / ctr0 / part and launches; mats[j] = matrices of job j */
+static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
+    int nb;
+    size_t smem;
+    gv_fn fn = gv_pick(F, HL, &nb, &smem);
+    const long rw = (long)c->sm_count * nb * WPB;
+    long tiles = 0;
+    for (int j = 0; j < a->nj; j++) {
+        a->j[j].tiles = (a->j[j].W.N + 15) / 16;
+        tiles += (long)mats[j] * a->j[j].tiles;
+    }
+    const int UV = F == M3_WF_NVFP4 ? 128 : 32;
+    const int ks = gv_ks(tiles, a->j[0].W.K / UV, F, rw);
+    size_t part = 0;
+    long items = 0, ctr = 0;
+    for (int j = 0; j < a->nj; j++) {
+        gv_job *J = &a->j[j];
+        J->ks = ks;
+        J->item0 = (int)items;
+        J->ctr0 = (int)ctr;
+        items += (long)mats[j] * J->tiles * ks;
+        ctr += (long)mats[j] * J->tiles;
+        part += (size_t)mats[j] * J->tiles * ks * 16 * J->T;
+    }
+    if (ctr > c->ctr_n) { m3_cu_failf(c, "CUDA backend: %ld GEMV tiles in one launch (limit %ld)", ctr, (long)c->ctr_n); return -1; }
+    if (ks > 1) {
+        float *pb = (float *)m3_cu_scratch(c, SC_TMP, sizeof(float) * part + 256);
+        if (!pb) return -1;
+        for (int j = 0; j < a->nj; j++) {
+            a->j[j].part = pb;
+            pb += (size_t)mats[j] * a->j[j].tiles * ks * 16 * a->j[j].T;
+        }
+    }
+    a->items = (int)items;
+    a->ctr = c->ctr;
+    long grid = (items + WPB - 1) / WPB;
+    if (grid > (long)c->sm_count * nb) grid = (long)c->sm_count * nb;
+    fn<<<(unsigned)grid, WPB * 32, smem, c->st>>>(*a);
+    return CK_LAUNCH(c, "gemv (tensor cores)") ? -1 : 0;
+}
+
+/* y_i[T, N_i] = x[T, K] W_i^T for n matrices sharing x (same format and K), T <= 8, on the
+ * tensor cores in one launch; -1 when a format / shape is not one this path takes */
+int m3_cu_gemv_mma_n(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y) {
+    if (T < 1 || T > 8 || n < 1 || n > GV_MAXJ) return -1;
+    for (int i = 0; i < n; i++)
+        if (!m3_cu_mma_ok(W[i]) || W[i]->fmt != W[0]->fmt || W[i]->K != W[0]->K) return -1;
+    gv_args a;
     memset(&a, 0, sizeof a);
-    uint16_t *xs = split_x(c, x, (size_t)T * W->K);
-    if (!xs) return 0;
-    a.W = *W;
-    a.xh = xs;
-    a.xl = xs + (size_t)T * W->K;
-    a.xstride = W->K;
-    a.T = T;
-    a.y = y;
-    int groups = (W->N + 15) / 16, UV = W->fmt == M3_WF_NVFP4 ? 128 : 32, units = W->K / UV;
-    /* enough CTAs for ~3 per SM; split K (fixed-order sum afterwards) when the rows are few */
-    int ks = (3 * c->sm_count + groups - 1) / groups;
-    if (ks > units / 4) ks = units / 4;
-    if (ks > 16) ks = 16;
-    if (ks < 1) ks = 1;
-    a.ksplit = ks;
-    if (ks > 1) {
-        a.part = (float *)m3_cu_scratch(c, SC_TMP, sizeof(float) * (size_t)ks * T * W->N);
-        if (!a.part) return 0;
+    const uint16_t *xh, *xl;
+    if (xsplit_get(c, x, (size_t)T * W[0]->K, &xh, &xl)) return 0;
+    int mats[GV_MAXJ];
+    for (int i = 0; i < n; i++) {
+        a.j[i].W = *W[i];
+        a.j[i].xh = xh;
+        a.j[i].xl = xl;
+        a.j[i].xstride = W[i]->K;
+        a.j[i].y = y[i];
+        a.j[i].T = T;
+        mats[i] = 1;
+        m3_cu_xsplit_touch(c, y[i], sizeof(float) * (size_t)T * W[i]->N);
     }
-    dim3 grid(groups, ks);
-    if (W->fmt == M3_WF_NVFP4) launch<M3_WF_NVFP4, 0>(c, grid, a);
-    else launch<M3_WF_MXFP8, 0>(c, grid, a);
-    if (CK_LAUNCH(c, "gemv_mma")) return 0;
-    if (ks > 1) {
-        size_t n = (size_t)T * W->N;
-        k_sum_parts<<<cdiv(n, 256) < 4096 ? cdiv(n, 256) : 4096, 256, 0, c->st>>>(a.part, ks, n, y);
-        CK_LAUNCH(c, "gemv_mma sum");
-    }
+    a.nj = n;
+    gv_launch(c, &a, W[0]->fmt, T <= 4, mats);
     return 0;
+}
+
+int m3_cu_gemv_mma(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y) {
+    return m3_cu_gemv_mma_n(c, 1, &W, x, T, &y);
 }
 
 /* MoE experts of S = T*topk slots: gu[S][2][F] = (gate, up) rows of each slot's expert,
@@ -299,24 +470,24 @@ int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, cons
                   const float *x, int xstride, float *out) {
     const m3_linear *W = part == 2 ? &host_e0->down : &host_e0->gate;
     if (!m3_cu_mma_ok(W) || (part != 2 && (!m3_cu_mma_ok(&host_e0->up) || host_e0->up.fmt != W->fmt))) return -1;
-    mma_args a;
+    gv_args a;
     memset(&a, 0, sizeof a);
-    int rows = part == 2 ? S : S / topk; /* x rows: tokens (gate/up) or slots (down) */
-    uint16_t *xs = split_x(c, x, (size_t)rows * xstride);
-    if (!xs) return 0;
+    const int rows = part == 2 ? S : S / topk; /* x rows: tokens (gate/up) or slots (down) */
+    const uint16_t *xh, *xl;
+    if (xsplit_get(c, x, (size_t)rows * xstride, &xh, &xl)) return 0;
+    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)S * (part == 2 ? 1 : 2) * W->N);
+    a.j[0].W = *W; /* shape only: each slot's expert comes from the device table */
+    a.j[0].xh = xh;
+    a.j[0].xl = xl;
+    a.j[0].xstride = xstride;
+    a.j[0].y = out;
+    a.j[0].T = 1;
+    a.nj = 1;
+    a.moe = part == 2 ? 2 : 1;
     a.tab = tab;
     a.pick = pick;
     a.topk = topk;
-    a.moe_part = part;
-    a.xh = xs;
-    a.xl = xs + (size_t)rows * xstride;
-    a.xstride = xstride;
-    a.T = 1;
-    a.y = out;
-    a.ksplit = 1;
-    dim3 grid((W->N + 15) / 16, part == 2 ? 1 : 2, S);
-    if (W->fmt == M3_WF_NVFP4) launch<M3_WF_NVFP4, 1>(c, grid, a);
-    else launch<M3_WF_MXFP8, 1>(c, grid, a);
-    CK_LAUNCH(c, "moe_mma");
+    const int mats = part == 2 ? S : 2 * S;
+    gv_launch(c, &a, W->fmt, 1, &mats);
     return 0;
 }

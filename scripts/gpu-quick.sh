@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# A short GPU check (about 30 s on an H200) for when device time is scarce: CPU against GPU on a
+# 2-layer checkpoint of the medium shapes (MXFP8 + NVFP4 experts through the tensor-core MoE
+# path), the reference checkpoints that reach the tensor-core GEMV, then batch-1/8 decode at
+# M3.1-Flash shapes (8 and 30 layers) and a per-op profile. scripts/gpu.sh is the full run.
+# usage: scripts/gpu-quick.sh BIN_DIR [OUT_DIR]   (BIN_DIR: m3, oracle_check, logits_diff,
+# bench_cuda_linear; shared libraries the GPU host lacks may sit in BIN_DIR/lib)
+set -u
+cd "$(dirname "$0")/.."
+B=${1:?usage: scripts/gpu-quick.sh BIN_DIR [OUT_DIR]}; O=${2:-/tmp/m3-gpu-quick}; D=tests/data
+export LD_LIBRARY_PATH=$B/lib:${LD_LIBRARY_PATH:-}
+mkdir -p "$O"
+fails=0
+s() { echo "## [$(date +%T)] $*"; }
+ck() { "$@" || { echo "FAILED: $*"; fails=$((fails+1)); }; }
+s start; nvidia-smi -L
+ids=$(seq 1 300 | awk '{printf "%s%d", (NR>1?",":""), ($1*7919)%8192}')
+"$B/m3" make-tiny --out "$O/small" --config bench/small-gpu-config.json --quant mxfp8-nvfp4 --seed 3 >/dev/null
+s "CPU vs GPU, 2-layer medium shapes"
+M3_BACKEND=cpu timeout 60 "$B/m3" logits -m "$O/small" --ids "$ids" --decode 6 --dump-index -o "$O/cpu.st" 2>/dev/null
+timeout 60 "$B/m3" logits -m "$O/small" --ids "$ids" --decode 6 --dump-index --backend cuda -o "$O/gpu.st" 2>/dev/null
+ck timeout 30 "$B/logits_diff" "$O/cpu.st" "$O/gpu.st" --tol 1e-3
+s "reference checkpoints"
+for m in m3-wide-q m3-tiny-q; do
+  ck timeout 60 "$B/oracle_check" "$B/m3" $D/$m $D/$m.oracle.safetensors --backend cuda --tol 1e-3 --work "$O"
+done
+ck timeout 60 "$B/oracle_check" "$B/m3" $D/m3-tiny $D/m3-tiny.kv-nvfp4.oracle.safetensors --kv nvfp4 --backend cuda --tol 1e-3 --work "$O"
+s "decode at M3.1-Flash shapes"
+ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 --steps 10 --prefill 0
+ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1 --context 8192 --steps 5 --prefill 0 --profile
+ck timeout 90 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 30 --batch 1 --context 8192 --steps 10 --prefill 0
+s "checks failed: $fails"
+exit $fails

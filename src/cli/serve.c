@@ -18,22 +18,64 @@ static const char *usage =
     "                [--max-model-len N] [--speculative-config JSON] [--draft DIR]\n"
     "                [--kv-cache-dtype auto|f32|bf16|fp8|nvfp4] [--index-cache-dtype DTYPE]\n"
     "                [--max-waiting N] [--shutdown-timeout SECONDS] [--max-body BYTES] [--max-header-bytes BYTES]\n"
-    "                [--timeout SECONDS] [--disable-log-requests]\n"
+    "                [--timeout SECONDS] [--disable-log-requests] [--language-model-only]\n"
+    "                [--allowed-media-domains HOST[,HOST...]]\n"
     "  --max-waiting N  429 for new generation requests while N sequences wait in the engine (default 1024)\n"
     "  --shutdown-timeout S  after SIGTERM / SIGINT, requests in flight get S seconds, then are cancelled (default 30)\n"
     "  --max-body BYTES request body limit, 413 beyond it (default 33554432)\n"
     "  --max-header-bytes BYTES  request line + headers limit (default 65536)\n"
     "  --timeout S      a connection silent for S seconds (request not arriving, idle keep-alive, a client\n"
     "                   not reading its stream) is closed and its request cancelled (default 60; 0: never)\n"
+    "  --language-model-only  do not load the vision tower: requests with images get 400\n"
+    "  --allowed-media-domains H1,H2  hosts whose http(s) image URLs are named as allowed in the 400 they get\n"
+    "                   (remote images are never downloaded: send images as data: URLs)\n"
     "  M3_FAULT_ALLOC=MODULE:FIRST[:COUNT[:PERIOD]] (environment, tests only): allocation failures, see\n"
     "                   src/engine/fault.h\n"
     "  --speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":7,\"draft_sample_method\":\"probabilistic\"}'\n"
     "                 DSpark speculative decoding with the draft in DIR/dspark (or --draft DIR)\n";
 
+/* The vision tower when the checkpoint has one: the engine runs it (on the CPU ops; beside a
+ * device backend on a CPU op table of its own) and the server preprocesses images for it. */
+static int vision_setup(m3_vision *vis, m3_model *m, m3_ops *ops, const char *dir, int threads, m3_ops *vops, int *own_vops,
+                        m3_media_ctx *media, m3_engine_opts *eo) {
+    m3_err err;
+    if (m3_vision_load(vis, dir, m->st, &err)) { fprintf(stderr, "m3 serve: %s\n", err.msg); return -1; }
+    if (!vis->present) return 0;
+    const m3_vision_config *vc = &vis->cfg;
+    if (vc->text_hidden != m->cfg.hidden) {
+        fprintf(stderr, "m3 serve: vision config text hidden size %d differs from the text model's %d\n", vc->text_hidden, m->cfg.hidden);
+        return -1;
+    }
+    if (vc->image_token < 0 || vc->image_token >= m->cfg.vocab) {
+        fprintf(stderr, "m3 serve: image_token_index %d is outside the vocabulary (%d)\n", vc->image_token, m->cfg.vocab);
+        return -1;
+    }
+    m3_image_opts_default(&media->io);
+    media->io.patch = vc->patch;
+    media->io.temporal = vc->temporal;
+    media->io.merge = vc->merge;
+    if (m3_image_opts_load(&media->io, dir, &err)) { fprintf(stderr, "m3 serve: %s\n", err.msg); return -1; }
+    m3_ops *use = ops;
+    if (ops->device_memory) {
+        if (m3_cpu_ops_init(vops, threads, &err)) { fprintf(stderr, "m3 serve: vision tower ops: %s\n", err.msg); return -1; }
+        *own_vops = 1;
+        use = vops;
+    }
+    eo->vision = vis;
+    eo->vision_ops = use;
+    eo->vision_pool = !strcmp(use->name, "cpu") ? ((m3_cpu *)use->ctx)->pool : NULL;
+    media->vc = vc;
+    fprintf(stderr, "m3 serve: vision tower: %d layers, hidden %d, image token %d%s\n", vc->layers, vc->hidden, vc->image_token,
+            ops->device_memory ? " (on the CPU beside the device backend)" : "");
+    return 0;
+}
+
 int m3_cmd_serve(int argc, char **argv) {
     const char *dir = NULL, *name = NULL, *spec_json = NULL, *draft_dir = NULL, *kvd = NULL, *ikd = NULL;
     long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, mml = 0, waiting = -1, grace = -1, body = 0;
     long hdr = 0, tmo = -1;
+    int lm_only = 0;
+    const char *media_domains = NULL;
     m3_server_opts so;
     m3_server_opts_default(&so);
     m3_err err;
@@ -42,6 +84,7 @@ int m3_cmd_serve(int argc, char **argv) {
         int r = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(usage, stdout); return 0; }
         if (!strcmp(a, "--disable-log-requests")) { so.log_requests = 0; continue; }
+        if (!strcmp(a, "--language-model-only")) { lm_only = 1; continue; }
         if (!v) { fprintf(stderr, "m3 serve: %s needs a value (or is unknown)\n", a); return 2; }
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--host")) so.host = v;
@@ -62,6 +105,7 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--timeout")) r = m3_cli_int(a, v, 0, 1 << 20, &tmo, &err);
         else if (!strcmp(a, "--speculative-config")) spec_json = v;
         else if (!strcmp(a, "--draft")) draft_dir = v;
+        else if (!strcmp(a, "--allowed-media-domains")) media_domains = v;
         else { fprintf(stderr, "m3 serve: unknown option '%s'\n%s", a, usage); return 2; }
         if (r) { fprintf(stderr, "m3 serve: %s\n", err.msg); return 2; }
         i++;
@@ -101,6 +145,20 @@ int m3_cmd_serve(int argc, char **argv) {
     if (mml) eo.max_model_len = (int)mml;
     int rc = 1;
     m3_engine *e = NULL;
+    m3_vision vis = {0};
+    m3_ops vops = {0};
+    int own_vops = 0;
+    m3_media_ctx media = {0};
+    media.start_id = media.end_id = -1;
+    media.allowed_domains = media_domains;
+    media.no_vision = "this model has no vision tower (a text-only checkpoint): image inputs are not supported";
+    if (lm_only) media.no_vision = "the server runs the language model only (--language-model-only): image inputs are not supported";
+    else if (vision_setup(&vis, &m, &ops, dir, (int)threads, &vops, &own_vops, &media, &eo)) goto done;
+    if (media.vc) {
+        media.start_id = m3_tok_token_to_id(tok, "]<]start of image[>[");
+        media.end_id = m3_tok_token_to_id(tok, "]<]end of image[>[");
+    }
+    so.media = &media;
     if (kvd) eo.kv_dtype = kdt;
     eo.index_dtype = ikd ? idt : eo.kv_dtype;
     if ((spec_json || draft_dir) && m3_spec_config_parse(&eo.spec, spec_json ? spec_json : "{}", dir, draft_dir, &err)) {
@@ -124,6 +182,8 @@ int m3_cmd_serve(int argc, char **argv) {
     rc = 0;
 done:
     m3_engine_destroy(e);
+    if (own_vops) m3_cpu_ops_free(&vops);
+    m3_vision_free(&vis);
     m3_model_free(&m);
     m3_cli_ops_free(&ops);
     m3_chat_free(chat);

@@ -8,8 +8,11 @@
 #include <string.h>
 #include <time.h>
 
+#include <sys/random.h>
+
 #include "../kv/blocks.h"
 #include "fault.h"
+#include "images.h"
 
 /* request- and step-level allocations are counted by the fault-injection hook (fault.h) */
 #define e_malloc(n) m3_fault_malloc(M3_FAULT_ENGINE, n)
@@ -31,6 +34,10 @@ typedef struct req {
     const char *why;           /* why it ends with M3_FINISH_ERROR (a static string) */
     m3_blocks_seq bs;
     int n_done;                /* positions whose KV entries are written (== bs.kv.len) */
+    /* images of the prompt (NULL: none) and the prefix-cache keys of the blocks holding them */
+    m3_engine_images *im;
+    uint64_t *extra;
+    int n_extra;
     /* speculative decoding */
     m3_dspark_ctx dctx;        /* draft context of positions [.., n_done) */
     m3_rng drng;               /* draft draws */
@@ -69,6 +76,13 @@ struct m3_engine {
     float *pbuf;               /* [V] verify scratch */
     void (*draft_hook)(void *, uint64_t, const int32_t *, int, int32_t *, int);
     void *draft_hook_arg;
+    /* images */
+    const m3_vision *vision;   /* NULL: none */
+    m3_ops *vops;
+    m3_pool *vpool;
+    uint64_t img_key[2];       /* secret key of the image content hashes */
+    int32_t *ov_rows;          /* [max_tokens_step] batch rows taking image embeddings this step */
+    float *ov_emb;             /* [max_tokens_step][hidden] their embeddings */
     m3_engine_step_stats last;
     m3_engine_stats tot;       /* counters kept by the engine thread */
     /* shared, under mu */
@@ -107,6 +121,8 @@ static void req_free(req *r) {
     m3_dspark_ctx_free(&r->dctx);
     free(r->q);
     m3_sampler_free(r->smp);
+    m3_engine_images_release(r->im);
+    free(r->extra);
     free(r->tok);
     free(r->stop);
     free(r);
@@ -158,6 +174,29 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         return NULL;
     }
     e->max_len = o->max_model_len > 0 ? o->max_model_len : cap;
+    if (o->vision && o->vision->present) {
+        m3_ops *vo = o->vision_ops ? o->vision_ops : m->ops;
+        if (o->vision->cfg.text_hidden != c->hidden)
+            m3_errf(err, "engine: the vision tower's text hidden size %d differs from the model's %d", o->vision->cfg.text_hidden,
+                    c->hidden);
+        else if (!vo || vo->device_memory)
+            m3_errf(err, "engine: the vision tower needs a host-memory op table (opts.vision_ops) beside backend '%s'",
+                    vo ? vo->name : "none");
+        else {
+            e->vision = o->vision;
+            e->vops = vo;
+            e->vpool = o->vision_pool;
+        }
+        if (!e->vision) { m3_kv_destroy(&e->kv); free(e); return NULL; }
+        /* the key of the image content hashes: unknown outside the process, so nobody can craft
+         * an image whose blocks collide with another's */
+        if (getrandom(e->img_key, sizeof e->img_key, GRND_NONBLOCK) != (ssize_t)sizeof e->img_key) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            e->img_key[0] ^= (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)e;
+            e->img_key[1] ^= (uint64_t)ts.tv_sec * 0xbf58476d1ce4e5b9ull ^ (uint64_t)(uintptr_t)&ts;
+        }
+    }
     if (o->spec.method == M3_SPEC_DSPARK) {
         e->k = o->spec.num_speculative_tokens;
         e->draft_method = o->spec.draft_sample_method;
@@ -201,11 +240,16 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->logits = e_malloc((size_t)e->max_rows * (size_t)e->V * sizeof(float));
     e->ws = m3_sample_ws_create(e->V, err);
     int spec_ok = 1;
+    if (e->vision) {
+        e->ov_rows = e_malloc(T * sizeof *e->ov_rows);
+        e->ov_emb = e_malloc(T * (size_t)c->hidden * sizeof(float));
+        spec_ok = e->ov_rows && e->ov_emb;
+    }
     if (e->spec) {
         e->feat = e_malloc(T * (size_t)m3_dspark_feat_dim(&e->draft) * sizeof(float));
         e->drows = e_malloc((size_t)e->k * (size_t)e->V * sizeof(float));
         e->pbuf = e_malloc((size_t)e->V * sizeof(float));
-        spec_ok = e->feat && e->drows && e->pbuf;
+        spec_ok = spec_ok && e->feat && e->drows && e->pbuf;
     }
     int mu_ok = !pthread_mutex_init(&e->mu, NULL);
     int cv_ok = mu_ok && !pthread_cond_init(&e->cv, NULL);
@@ -219,6 +263,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         m3_sample_ws_free(e->ws);
         free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->seqs); free(e->logits);
         free(e->feat); free(e->drows); free(e->pbuf);
+        free(e->ov_rows); free(e->ov_emb);
         if (e->spec) m3_dspark_free(&e->draft);
         free(e);
         return NULL;
@@ -243,8 +288,13 @@ void m3_engine_destroy(m3_engine *e) {
     free(e->running); free(e->waiting); free(e->cancels);
     free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->seqs); free(e->logits);
     free(e->feat); free(e->drows); free(e->pbuf);
+    free(e->ov_rows); free(e->ov_emb);
     if (e->spec) m3_dspark_free(&e->draft);
     free(e);
+}
+
+m3_engine_images *m3_engine_images_create(m3_engine *e, m3_pixels *px, const int32_t *rows, int n_rows, m3_err *err) {
+    return m3_images_new(e->vision, e->m->cfg.hidden, e->img_key, px, rows, n_rows, err);
 }
 
 /* ---------------- inbox (any thread) ---------------- */
@@ -263,8 +313,24 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
             m3_errf(err, "request: prompt token id %d at index %d is out of range (vocab %d)", q->prompt[i], i, e->V);
             return 0;
         }
+    const m3_engine_images *im = q->images;
+    if (im) {
+        if (!e->vision) { m3_errf(err, "request: images given, but the engine has no vision tower"); return 0; }
+        int32_t img_id = e->vision->cfg.image_token;
+        for (int i = 0; i < im->n_rows; i++)
+            if (im->rows[i] >= q->n_prompt || q->prompt[im->rows[i]] != img_id) {
+                m3_errf(err, "request: image token position %d is %s", im->rows[i],
+                        im->rows[i] >= q->n_prompt ? "outside the prompt" : "not an image token");
+                return 0;
+            }
+    }
     req *r = e_calloc(1, sizeof *r);
     if (!r) { m3_errf(err, "request: out of memory"); return 0; }
+    if (im) {
+        m3_images_retain(q->images);
+        r->im = q->images;
+        if (m3_images_block_keys(im, e->page, &r->extra, &r->n_extra, err)) { req_free(r); m3_err_prefix(err, "request"); return 0; }
+    }
     long lim = (long)q->n_prompt + q->max_tokens;
     r->limit = lim > e->max_len ? e->max_len : (int)lim;
     r->n_prompt = r->n_tok = q->n_prompt;
@@ -523,7 +589,7 @@ static void schedule(m3_engine *e) {
              * the draft context (admit reuses at most n_look - 1 tokens) */
             long n_look = r->n_tok;
             if (e->spec) n_look = (long)r->n_tok - e->draft.cfg.window + 1 > 1 ? (long)r->n_tok - e->draft.cfg.window + 1 : 1;
-            hit = m3_blocks_admit(e->bm, &r->bs, r->tok, (int)n_look, NULL, 0, &e2);
+            hit = m3_blocks_admit(e->bm, &r->bs, r->tok, (int)n_look, r->extra, r->n_extra, &e2);
             if (hit < 0) { waiting_remove(e, 0); fail(e, r, OOM); continue; }
         }
         r->n_done = hit;
@@ -598,6 +664,25 @@ static void draft_all(m3_engine *e) {
     }
 }
 
+/* Runs the vision tower for every scheduled request whose chunk reaches image positions
+ * that are not encoded yet (prefix-cache hits skip it); a failure ends that request. */
+static void encode_images(m3_engine *e) {
+    for (int i = 0; i < e->n_running; i++) {
+        req *r = e->running[i];
+        if (!r->n_sched || !r->im || r->im->emb) continue;
+        int k = m3_images_first_row(r->im, r->n_done);
+        if (k == r->im->n_rows || r->im->rows[k] >= r->n_done + r->n_sched) continue;
+        m3_err e2;
+        if (m3_images_encode(r->im, e->vision, e->vops, e->vpool, &e2)) {
+            running_remove(e, i--);
+            fail(e, r, "the vision tower failed on the request's images (out of memory)");
+            continue;
+        }
+        e->tot.vision_runs++;
+        e->tot.vision_images += (uint64_t)r->im->n_images;
+    }
+}
+
 /* Reports sampled/verified tokens of r: appends them, calls back; returns the finish reason. */
 static int deliver(m3_engine *e, req *r, const m3_sample_out *outs, int n) {
     int reason = M3_FINISH_NONE;
@@ -620,7 +705,9 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
     drain(e);
     schedule(e);
     if (e->spec) draft_all(e);
-    const int V = e->V;
+    if (e->vision) encode_images(e);
+    const int V = e->V, H = e->m->cfg.hidden;
+    int n_ov = 0; /* batch rows whose embeddings are image embeddings */
     const int F = e->spec ? m3_dspark_feat_dim(&e->draft) : 0;
     int T = 0, ns = 0, n_out = 0;
     for (int i = 0; i < e->n_running; i++) {
@@ -635,6 +722,13 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             e->sq[T] = ns;
             T++;
         }
+        if (r->im && r->im->emb) /* the image positions of this chunk */
+            for (int k = m3_images_first_row(r->im, r->n_done); k < r->im->n_rows && r->im->rows[k] < r->n_done + r->n_sched;
+                 k++) {
+                e->ov_rows[n_ov] = r->row0 + (r->im->rows[k] - r->n_done);
+                memcpy(e->ov_emb + (size_t)n_ov * H, r->im->emb + (size_t)k * H, sizeof(float) * (size_t)H);
+                n_ov++;
+            }
         r->out_idx = -1;
         if (r->k_sched) { /* every row's logits: row i verifies d_{i+1} */
             r->out_idx = n_out;
@@ -656,7 +750,9 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         e->tot.steps++;
         m3_batch b = {T, e->pos, e->sq, e->seqs};
         m3_taps taps = {.arg = e, .capture_layers = e->spec ? e->draft.capture : NULL, .capture = on_capture};
-        if (m3_forward(e->m, &e->kv, &b, e->ids, e->rows, n_out, e->logits, e->spec ? &taps : NULL, err)) {
+        m3_embed_override ov = {n_ov, e->ov_rows, e->ov_emb};
+        if (m3_forward_ex(e->m, &e->kv, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits, e->spec ? &taps : NULL,
+                          err)) {
             m3_err_prefix(err, "engine step");
             for (int i = 0; i < e->n_running; i++) {
                 req *r = e->running[i];
@@ -710,7 +806,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
                 r->n_done += r->n_sched;
             }
             /* only positions below n_done (committed tokens) reach the prefix cache */
-            if (e->prefix && m3_blocks_commit(e->bm, &r->bs, r->tok, r->n_done, NULL, 0, &e2)) {
+            if (e->prefix && m3_blocks_commit(e->bm, &r->bs, r->tok, r->n_done, r->extra, r->n_extra, &e2)) {
                 r->why = OOM;
                 r->done = M3_FINISH_ERROR;
                 continue;

@@ -42,6 +42,18 @@
  * consumed differently) and stay reproducible per request as long as each speculative step
  * gets its k (that is, unless the token budget is smaller than the decodes need).
  *
+ * Images (opts.vision set; src/engine/images.h). A request may carry the images of its prompt
+ * (m3_engine_images: preprocessed pixels and the prompt positions of their image tokens,
+ * shared by the requests of one HTTP request). The vision tower runs on the engine thread the
+ * first time a step schedules one of the image positions (never when the prefix cache already
+ * holds them all), on opts.vision_ops (a host-memory op table: the model's own on the CPU
+ * backend, a separate CPU one beside a device backend), and its output replaces the
+ * embeddings of the image tokens through m3_forward_ex; the embeddings are kept while a
+ * request holds the object, so chunked prefill and recompute after preemption reuse them.
+ * Prefix caching keys blocks that hold image tokens on the images' content as well (a
+ * keyed hash of the pixels and the token's index in its image, m3_blocks' extra key), so
+ * equal token ids with different images never share KV blocks past the first image token.
+ *
  * Batch invariance: a request's tokens and logprobs depend only on the request (prompt,
  * sampling parameters and seed), not on what shares its steps, how its prompt was chunked,
  * preemption, or prefix-cache hits: the CPU forward is bitwise batch-invariant per token and
@@ -67,6 +79,7 @@
 #include "../base/err.h"
 #include "../kv/kv.h"
 #include "../model/m3.h"
+#include "../model/vision.h"
 #include "sampler.h"
 #include "spec.h"
 
@@ -107,6 +120,13 @@ typedef struct m3_engine_opts {
     int max_num_batched_tokens; /* tokens per step, all sequences together (default 512) */
     int enable_prefix_caching;
     int max_model_len;          /* prompt + generated tokens per request; 0: the pool's capacity */
+    /* Image inputs: the vision tower (borrowed, must outlive the engine; NULL or not present:
+     * requests with images are refused) and the host-memory op table (+ optional thread pool
+     * for its attention loops) it runs on, on the engine thread. vision_ops NULL: the model's
+     * ops, which must then be host memory. */
+    const m3_vision *vision;
+    m3_ops *vision_ops;
+    m3_pool *vision_pool;
     m3_spec_config spec;        /* speculative decoding; method M3_SPEC_NONE (0): off */
     /* Tests only (NULL normally): after a GREEDY request's drafts are drawn, may overwrite
      * draft[0..k) (greedy verification is exact whatever the drafts); tok[0..n_tok) is the
@@ -130,7 +150,21 @@ typedef struct m3_engine_request {
     m3_engine_output_fn on_output; /* when set, called instead of on_token */
     m3_engine_error_fn on_error; /* may be NULL */
     void *arg;                  /* passed to the callback */
+    struct m3_engine_images *images; /* the prompt's images (NULL: none); m3_engine_add takes a reference */
 } m3_engine_request;
+
+/* The images of one prompt, shared by the requests that use it (refcounted). */
+typedef struct m3_engine_images m3_engine_images;
+
+/* Makes the images of a prompt for engine e (which must have a vision tower): px, the
+ * preprocessed images in prompt order (m3_image_preprocess), is taken, also on failure (its
+ * arrays belong to the object; *px is zeroed); rows: the n_rows prompt positions of their
+ * image tokens, ascending, as many as the images make (m3_vision_check_pixels), copied.
+ * Hashes the pixels for the prefix cache. The caller holds one reference. NULL + err on bad
+ * input, a model without a vision tower, or no memory. Any thread. */
+m3_engine_images *m3_engine_images_create(m3_engine *e, m3_pixels *px, const int32_t *rows, int n_rows, m3_err *err);
+/* Drops one reference (the last frees it). Any thread; NULL is ignored. */
+void m3_engine_images_release(m3_engine_images *im);
 
 typedef struct m3_engine_stats {
     int running, waiting;       /* requests admitted (holding blocks) / queued (inbox included) */
@@ -155,6 +189,8 @@ typedef struct m3_engine_stats {
     /* requests ended with M3_FINISH_ERROR because a logits row they were to sample from held
      * a NaN or an Inf (every sampled row is checked) */
     uint64_t nonfinite_logits;
+    uint64_t vision_runs;        /* vision tower runs (one per image object actually encoded) */
+    uint64_t vision_images;      /* images encoded by them */
 } m3_engine_stats;
 
 /* What the last m3_engine_step did. */
@@ -177,7 +213,8 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err);
 void m3_engine_destroy(m3_engine *e);
 
 /* Queues a request; returns its id (>= 1), or 0 + err on bad parameters (empty prompt, id out
- * of range, prompt longer than the context limit, bad sampling parameters) or no memory. */
+ * of range, prompt longer than the context limit, bad sampling parameters, image positions
+ * outside the prompt or not holding the image token) or no memory. */
 uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *r, m3_err *err);
 /* Asks for request id to end with M3_FINISH_CANCELLED at the next step (its blocks freed
  * then). Unknown or already finished ids are ignored. 0, or -1 when out of memory. */

@@ -652,6 +652,15 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
     er.ignore_eos = g->ignore_eos;
     er.on_output = on_output;
     er.on_error = on_error;
+    int n_img = g->media.px.n_images;
+    if (n_img) { /* shared by the n choices; each engine request holds a reference */
+        er.images = m3_engine_images_create(s->e, &g->media.px, g->media.rows, g->media.n_rows, &err);
+        if (!er.images) {
+            hreq_free(h);
+            return strstr(err.msg, "out of memory") ? srv_send_error(req, 500, "server_error", "%s", err.msg)
+                                                    : SRV_BAD(req, "%s", err.msg);
+        }
+    }
 
     /* on the live list first: the engine may report before the loop below ends */
     h->next = s->live;
@@ -668,6 +677,7 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
         if (!h->ch[i].id) { rc = srv_send_error(req, 500, "server_error", "%s", err.msg); break; }
         h->n_open++;
     }
+    m3_engine_images_release(er.images);
     if (rc) { /* the choices already queued end as cancelled; h goes when they have */
         cancel_open(h);
         for (int i = 0; i < h->n; i++) h->ch[i].done = 1;
@@ -679,6 +689,7 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
         return rc;
     }
     s->m.prompt_tokens += g->n_ids;
+    s->m.images += (uint64_t)n_img;
     if (h->stream) {
         struct evkeyvalq *hd = evhttp_request_get_output_headers(req);
         evhttp_add_header(hd, "Content-Type", "text/event-stream");

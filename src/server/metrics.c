@@ -114,6 +114,7 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
             m->slow_clients_dropped);
     counter(&b, "m3_prompt_tokens_total", "Prompt tokens of accepted generation requests.", m->prompt_tokens);
     counter(&b, "m3_generation_tokens_total", "Tokens generated (every choice).", m->generation_tokens);
+    counter(&b, "m3_image_inputs_total", "Images in accepted generation requests.", m->images);
 
     hist(&b, "m3_time_to_first_token_seconds", "Request arrival to the first token of each choice, seconds.", &m->ttft);
     hist(&b, "m3_inter_token_latency_seconds", "Time between consecutive tokens of a choice, seconds.", &m->itl);
@@ -138,6 +139,9 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
     counter(&b, "m3_preemptions_total", "Sequences preempted (KV blocks freed, recomputed later).", st->preemptions);
     counter(&b, "m3_engine_steps_total", "Engine steps run (one forward each).", st->steps);
     counter(&b, "m3_engine_prefill_tokens_total", "Tokens run through the model that were not decodes.", st->tokens_prefilled);
+    counter(&b, "m3_vision_encoder_runs_total", "Vision tower runs (the images of one request, when not all cached).",
+            st->vision_runs);
+    counter(&b, "m3_vision_encoder_images_total", "Images run through the vision tower.", st->vision_images);
     counter(&b, "m3_requests_nonfinite_logits_total",
             "Sequences ended with an error because their logits held a NaN or an Inf.", st->nonfinite_logits);
     if (info->fault_armed) {

@@ -133,6 +133,7 @@ void m3_oai_params_free(m3_oai_params *g) {
     free(g->stop_ids);
     free(g->bias);
     free(g->echo_text);
+    m3_media_free(&g->media);
     memset(g, 0, sizeof *g);
 }
 
@@ -169,7 +170,7 @@ static json_t *chat_kwargs(m3_oai_error *e, json_t *b) {
     return r;
 }
 
-int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n, m3_oai_error *e) {
+int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n, m3_media *media, m3_oai_error *e) {
     json_t *msgs = json_object_get(b, "messages");
     if (!json_is_array(msgs) || !json_array_size(msgs))
         return OAI_BAD(e, "messages", "'messages' must be a non-empty array");
@@ -184,12 +185,25 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
         return OAI_BAD(e, "tools", "'tools' has %zu entries; the limit is %d", json_array_size(tools), M3_OAI_MAX_TOOLS);
     int agp = 1, rc;
     if ((rc = get_bool(e, b, "add_generation_prompt", &agp))) return rc;
+    /* images: decoded now (their sizes give their token counts); the template sees image parts */
+    m3_media local = {0}, *mm = media ? media : &local;
+    json_t *render = NULL;
+    if ((rc = m3_media_collect(c->media, msgs, &render, mm, e))) {
+        m3_media_free(&local);
+        return rc;
+    }
     json_t *kw = chat_kwargs(e, b);
-    if (!kw) return e->status;
+    if (!kw) {
+        json_decref(render);
+        m3_media_free(&local);
+        return e->status;
+    }
     m3_err err;
     size_t len;
-    char *text = m3_chat_render(c->chat, msgs, tools, agp, kw, NULL, &len, &err);
+    char *text = m3_chat_render(c->chat, render ? render : msgs, tools, agp, kw, NULL, &len, &err);
     json_decref(kw);
+    json_decref(render);
+    if (!text) m3_media_free(&local);
     /* the template's own failures are the request's (400); memory is the server's (500) */
     if (!text && strstr(err.msg, "out of memory")) return m3_oai_errorf(e, 500, "server_error", NULL, "chat template: %s", err.msg);
     if (!text) return OAI_BAD(e, "messages", "chat template: %s", err.msg);
@@ -197,6 +211,8 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
     if (m3_tok_encode(c->tok, text, len, 1, ids, n, &err))
         rc = OAI_BAD(e, "messages", "cannot tokenize the prompt: %s", err.msg);
     free(text);
+    if (!rc && mm->px.n_images) rc = m3_media_expand(c->media, mm, ids, n, e);
+    m3_media_free(&local);
     return rc;
 }
 
@@ -362,7 +378,7 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         if (g->echo && g->logprobs)
             return OAI_BAD(e, "echo", "'echo' with 'logprobs' is not supported (no prompt logprobs)");
     }
-    if ((rc = chat ? m3_oai_chat_prompt(c, b, &g->ids, &g->n_ids, e) : completion_prompt(c, b, g, e))) return rc;
+    if ((rc = chat ? m3_oai_chat_prompt(c, b, &g->ids, &g->n_ids, &g->media, e) : completion_prompt(c, b, g, e))) return rc;
     const char *pp = chat ? "messages" : "prompt";
     if (!g->n_ids) return OAI_BAD(e, pp, "the prompt is empty");
     for (size_t i = 0; i < g->n_ids; i++)

@@ -28,6 +28,7 @@
 #include "../text/chat.h"
 #include "../text/parsers.h"
 #include "../text/tokenizer.h"
+#include "media.h"
 
 #define M3_OAI_MAX_N 16            /* choices per request */
 #define M3_OAI_MAX_MESSAGES 4096   /* chat messages per request */
@@ -52,6 +53,7 @@ typedef struct m3_oai_ctx {
     int max_model_len;           /* prompt + completion tokens per request */
     int reasoning_parser;        /* the template marks reasoning (<mm:think>) */
     int tool_parser;             /* the template writes MiniMax tool calls */
+    const m3_media_ctx *media;   /* image inputs (media.h); NULL: image parts get 400 */
 } m3_oai_ctx;
 
 typedef struct m3_oai_params {
@@ -70,6 +72,7 @@ typedef struct m3_oai_params {
     json_t *tools;               /* chat: borrowed from the body; NULL when none */
     char *echo_text;             /* completions with echo: the prompt text */
     size_t echo_len;
+    m3_media media;              /* chat: the prompt's images (ids holds their tokens, expanded) */
 } m3_oai_params;
 
 /* Fills e; returns e->status. The message is printf-formatted, then made valid UTF-8. */
@@ -89,8 +92,11 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *body, int chat, m3_oai_pa
 void m3_oai_params_free(m3_oai_params *g);
 
 /* "messages" (+ "tools", "add_generation_prompt", "chat_template_kwargs") rendered by the
- * chat template and encoded: *ids (malloc'd) / *n. 0, or the status of the error in e. */
-int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *body, int32_t **ids, size_t *n, m3_oai_error *e);
+ * chat template and encoded: *ids (malloc'd) / *n, image placeholders expanded to the
+ * images' tokens (media.h). media: receives the images (the caller frees it, whatever the
+ * result); NULL: they are decoded (to count their tokens) and dropped. 0, or the status of the
+ * error in e. */
+int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *body, int32_t **ids, size_t *n, m3_media *media, m3_oai_error *e);
 
 /* A JSON array of token ids in [0, vocab) -> *ids (malloc'd) / *n. 0, or the error status. */
 int m3_oai_ids(json_t *a, int vocab, const char *param, int32_t **ids, size_t *n, m3_oai_error *e);

@@ -316,7 +316,7 @@ static int h_tokenize(struct evhttp_request *req, srv *s) {
         }
     } else if (json_object_get(b, "messages")) {
         m3_oai_error e;
-        if (m3_oai_chat_prompt(&s->ctx, b, &ids, &n, &e)) { rc = srv_send_oai(req, &e); goto out; }
+        if (m3_oai_chat_prompt(&s->ctx, b, &ids, &n, NULL, &e)) { rc = srv_send_oai(req, &e); goto out; }
     } else {
         rc = SRV_BAD(req, "give 'prompt' (a string) or 'messages'");
         goto out;
@@ -503,7 +503,8 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     const char *src = chat ? m3_chat_source(chat) : NULL;
     s->reasoning_parser = src && strstr(src, "mm:think") != NULL;
     s->tool_parser = src && strstr(src, "minimax[>[") != NULL;
-    s->ctx = (m3_oai_ctx){tok, chat, vocab, o->model_name, m3_engine_max_model_len(e), s->reasoning_parser, s->tool_parser};
+    s->ctx = (m3_oai_ctx){tok, chat, vocab, o->model_name, m3_engine_max_model_len(e), s->reasoning_parser, s->tool_parser,
+                          o->media};
     pthread_mutex_init(&s->mu, NULL);
     signal(SIGPIPE, SIG_IGN);
     if (evthread_use_pthreads()) { srv_cleanup(s); return m3_errf(err, "evthread_use_pthreads failed"); }

@@ -9,7 +9,8 @@
  *
  * Endpoints: GET /health, GET /metrics (Prometheus text), GET /v1/models, POST /tokenize,
  * POST /detokenize, POST /v1/completions, POST /v1/chat/completions (stream and
- * non-stream; n choices, logprobs, logit_bias, stop strings / ids, min_tokens, seeds).
+ * non-stream; n choices, logprobs, logit_bias, stop strings / ids, min_tokens, seeds; images
+ * as OpenAI image_url content parts with data: URLs, see media.h).
  * /health and /metrics need no API key (as vLLM); the others do when one is set.
  *
  * Limits: bodies over max_body get 413 (from libevent, after the body is read and
@@ -41,6 +42,7 @@
 #include <stddef.h>
 
 #include "../engine/engine.h"
+#include "media.h"
 #include "../text/chat.h"
 #include "../text/tokenizer.h"
 
@@ -58,6 +60,8 @@ typedef struct m3_server_opts {
     size_t max_header_bytes;   /* request line + headers limit (default 64 KiB) */
     double timeout;            /* seconds a connection may stay silent (default 60; 0: none) */
     const char *fault_spec;    /* tests only: allocation failures armed once listening (src/engine/fault.h) */
+    const m3_media_ctx *media; /* image inputs of chat requests (media.h; the engine needs a vision tower);
+                                * NULL: image parts get 400 */
 } m3_server_opts;
 
 void m3_server_opts_default(m3_server_opts *o);

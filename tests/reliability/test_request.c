@@ -73,7 +73,7 @@ int main(void) {
     free(tj);
     m3_chat *chat = m3_chat_builtin_minimax(&err);
     if (!tok || !chat) { fprintf(stderr, "setup: %s\n", err.msg); return 1; }
-    ctx = (m3_oai_ctx){tok, chat, m3_tok_n_vocab(tok), "m3-test", 1024, 1, 1};
+    ctx = (m3_oai_ctx){tok, chat, m3_tok_n_vocab(tok), "m3-test", 1024, 1, 1, NULL};
     m3_oai_params g;
     m3_oai_error e;
 
@@ -140,6 +140,11 @@ int main(void) {
          "messages"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}", 1, 400,
          "response_format"},
+        /* images without a vision tower (no media context), other media */
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"x\"},{\"type\":\"image_url\","
+         "\"image_url\":{\"url\":\"data:image/png;base64,iVBORw0KGgo=\"}}]}]}", 1, 400, "messages[0].content[1]"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_audio\",\"input_audio\":{}}]}]}", 1, 400,
+         "messages[0].content[0]"},
     };
     int nbad = (int)(sizeof bad / sizeof *bad), good = 0;
     for (int i = 0; i < nbad; i++) {

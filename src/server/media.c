@@ -1,0 +1,237 @@
+/* Image inputs of chat requests (see media.h). */
+#include "media.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "../engine/fault.h"
+#include "openai.h"
+
+#define md_malloc(n) m3_fault_malloc(M3_FAULT_SERVER, n)
+
+static const char BAD[] = "invalid_request_error";
+static const char INLINE_HINT[] = "send the image inline as a data URL (data:image/png;base64,...)";
+
+void m3_media_free(m3_media *m) {
+    m3_pixels_free(&m->px);
+    free(m->rows);
+    memset(m, 0, sizeof *m);
+}
+
+static int is_image_part(json_t *part) {
+    const char *t = json_string_value(json_object_get(part, "type"));
+    return t && !strcmp(t, "image_url");
+}
+
+/* the host of an http(s) URL (after "://": no user info, no port), lower case, into host */
+static void url_host(const char *u, char *host, size_t cap) {
+    const char *p = strstr(u, "://");
+    p = p ? p + 3 : u;
+    size_t end = strcspn(p, "/?#");
+    const char *at = NULL;
+    for (size_t i = 0; i < end; i++)
+        if (p[i] == '@') at = p + i;
+    if (at) { end -= (size_t)(at + 1 - p); p = at + 1; }
+    size_t hl;
+    if (*p == '[') { /* [IPv6]:port */
+        const char *rb = memchr(p, ']', end);
+        hl = rb ? (size_t)(rb - p) + 1 : end;
+    } else {
+        const char *colon = memchr(p, ':', end);
+        hl = colon ? (size_t)(colon - p) : end;
+    }
+    if (hl >= cap) hl = cap - 1;
+    for (size_t i = 0; i < hl; i++) host[i] = (char)(p[i] >= 'A' && p[i] <= 'Z' ? p[i] + 32 : p[i]);
+    host[hl] = 0;
+}
+
+static int domain_allowed(const char *list, const char *host) {
+    size_t hl = strlen(host);
+    for (const char *p = list; p && *p;) {
+        while (*p == ',' || *p == ' ') p++;
+        size_t n = strcspn(p, ", ");
+        if (n && n == hl && !strncasecmp(p, host, n)) return 1;
+        p += n;
+    }
+    return 0;
+}
+
+/* One image part -> appended to px. param: "messages[i].content[j].image_url". */
+static int one_image(const m3_media_ctx *c, json_t *part, const char *param, int index, m3_pixels *px, m3_oai_error *e) {
+    json_t *iu = json_object_get(part, "image_url");
+    json_t *url = json_is_string(iu) ? iu : json_object_get(iu, "url");
+    if (!json_is_string(url))
+        return m3_oai_errorf(e, 400, BAD, param, "%s: expected {\"url\": \"data:image/...;base64,...\"} (an object with a 'url' string)",
+                             param);
+    json_t *detail = json_object_get(iu, "detail"); /* accepted, ignored: images are always used whole */
+    if (detail && !json_is_null(detail) && !json_is_string(detail))
+        return m3_oai_errorf(e, 400, BAD, param, "%s: 'detail' must be a string (\"auto\", \"low\" or \"high\")", param);
+    const char *u = json_string_value(url);
+    size_t len = json_string_length(url);
+    if (len >= 5 && !strncasecmp(u, "data:", 5)) {
+        m3_err err;
+        if (!m3_image_preprocess_url(u, len, &c->io, px, &err)) return 0;
+        if (strstr(err.msg, "out of memory"))
+            return m3_oai_errorf(e, 500, "server_error", param, "%s: image %d: %s", param, index, err.msg);
+        return m3_oai_errorf(e, 400, BAD, param, "%s: image %d cannot be used: %s", param, index, err.msg);
+    }
+    if ((len >= 7 && !strncasecmp(u, "http://", 7)) || (len >= 8 && !strncasecmp(u, "https://", 8))) {
+        char host[256];
+        url_host(u, host, sizeof host);
+        if (!c->allowed_domains)
+            return m3_oai_errorf(e, 400, BAD, param,
+                                 "%s: remote image URLs are not accepted (this server downloads nothing and no "
+                                 "--allowed-media-domains were given): %s",
+                                 param, INLINE_HINT);
+        if (!domain_allowed(c->allowed_domains, host))
+            return m3_oai_errorf(e, 400, BAD, param, "%s: the image URL's host '%s' is not in --allowed-media-domains", param,
+                                 host);
+        return m3_oai_errorf(e, 400, BAD, param,
+                             "%s: fetching remote images is not implemented by this server (host '%s' is allowed by "
+                             "--allowed-media-domains, but nothing is downloaded): %s",
+                             param, host, INLINE_HINT);
+    }
+    char scheme[24];
+    size_t sl = strcspn(u, ":/");
+    int has_scheme = sl < len && u[sl] == ':' && sl > 0 && sl < sizeof scheme;
+    if (has_scheme) {
+        memcpy(scheme, u, sl);
+        scheme[sl] = 0;
+    }
+    return m3_oai_errorf(e, 400, BAD, param, "%s: %s%s%s are not accepted (a request never names a file of the server): %s",
+                         param, has_scheme ? "'" : "file paths", has_scheme ? scheme : "", has_scheme ? ":' URLs" : "",
+                         INLINE_HINT);
+}
+
+/* a copy of message m whose content array has every image part as {"type": "image"} */
+static json_t *render_message(json_t *m) {
+    json_t *content = json_object_get(m, "content");
+    json_t *r = json_object(), *a = json_array();
+    if (!r || !a) goto fail;
+    const char *k;
+    json_t *v;
+    json_object_foreach(m, k, v) { /* key by key: json_copy drops keys it finds no memory for */
+        if (!strcmp(k, "content")) continue;
+        if (json_object_set(r, k, v)) goto fail;
+    }
+    for (size_t j = 0; j < json_array_size(content); j++) {
+        json_t *p = json_array_get(content, j);
+        if (is_image_part(p)) {
+            if (json_array_append_new(a, json_pack("{s:s}", "type", "image"))) goto fail;
+        } else if (json_array_append(a, p)) goto fail;
+    }
+    if (json_object_set_new(r, "content", a)) { a = NULL; goto fail; }
+    return r;
+fail:
+    json_decref(a);
+    json_decref(r);
+    return NULL;
+}
+
+int m3_media_collect(const m3_media_ctx *c, json_t *msgs, json_t **render, m3_media *out, m3_oai_error *e) {
+    *render = NULL;
+    int n_img = 0;
+    char param[64];
+    /* pass 1: part types, the number of images */
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        json_t *content = json_object_get(json_array_get(msgs, i), "content");
+        for (size_t j = 0; json_is_array(content) && j < json_array_size(content); j++) {
+            json_t *p = json_array_get(content, j);
+            const char *t = json_string_value(json_object_get(p, "type"));
+            if (!t || !strcmp(t, "text") || !strcmp(t, "refusal")) continue;
+            snprintf(param, sizeof param, "messages[%zu].content[%zu]", i, j);
+            if (strcmp(t, "image_url"))
+                return m3_oai_errorf(e, 400, BAD, param, "%s: content parts of type '%.40s' are not supported (text and image_url are)",
+                                     param, t);
+            if (!c || !c->vc)
+                return m3_oai_errorf(e, 400, BAD, param, "%s: %s", param,
+                                     c && c->no_vision ? c->no_vision : "this model has no vision tower: image inputs are not supported");
+            if (++n_img > M3_MEDIA_MAX_IMAGES)
+                return m3_oai_errorf(e, 400, BAD, param, "%s: more than %d images in one request", param, M3_MEDIA_MAX_IMAGES);
+        }
+    }
+    if (!n_img) return 0;
+    /* pass 2: decode + preprocess, in prompt order */
+    int k = 0;
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        json_t *content = json_object_get(json_array_get(msgs, i), "content");
+        for (size_t j = 0; json_is_array(content) && j < json_array_size(content); j++) {
+            json_t *p = json_array_get(content, j);
+            if (!is_image_part(p)) continue;
+            snprintf(param, sizeof param, "messages[%zu].content[%zu].image_url", i, j);
+            int rc = one_image(c, p, param, k++, &out->px, e);
+            if (rc) return rc;
+        }
+    }
+    m3_err err;
+    if (m3_vision_check_pixels(c->vc, &out->px, &err) < 0)
+        return m3_oai_errorf(e, 400, BAD, "messages", "the images do not fit the vision tower: %s", err.msg);
+    /* the template's view: image parts as {"type": "image"} */
+    json_t *r = json_array();
+    if (!r) return m3_oai_errorf(e, 500, "server_error", NULL, "out of memory");
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        json_t *m = json_array_get(msgs, i), *content = json_object_get(m, "content");
+        int has = 0;
+        for (size_t j = 0; json_is_array(content) && j < json_array_size(content) && !has; j++) has = is_image_part(json_array_get(content, j));
+        if (has ? json_array_append_new(r, render_message(m)) : json_array_append(r, m)) {
+            json_decref(r);
+            return m3_oai_errorf(e, 500, "server_error", NULL, "out of memory");
+        }
+    }
+    *render = r;
+    return 0;
+}
+
+int m3_media_expand(const m3_media_ctx *c, m3_media *m, int32_t **ids, size_t *n, m3_oai_error *e) {
+    const int ni = m->px.n_images;
+    const int32_t img = c->vc->image_token, s = c->start_id, en = c->end_id;
+    const int32_t *in = *ids;
+    const size_t N = *n;
+    size_t P = 0;
+    for (size_t i = 0; i < N; i++) P += in[i] == img;
+    if (P != (size_t)ni)
+        return m3_oai_errorf(e, 400, BAD, "messages",
+                             "the chat template wrote %zu image placeholder%s (token %d) for %d image%s%s", P, P == 1 ? "" : "s",
+                             img, ni, ni == 1 ? "" : "s",
+                             P > (size_t)ni ? " (does a message's text spell the image token?)"
+                                            : " (does this checkpoint's chat template write image parts?)");
+    /* sizes first */
+    size_t total = 0, ntok = 0;
+    int k = 0;
+    for (size_t i = 0; i < N; i++) {
+        if (in[i] != img) { total++; continue; }
+        int cnt = m3_vision_image_tokens(c->vc, m->px.grid + 3 * k++);
+        int bracketed = i > 0 && in[i - 1] == s && i + 1 < N && in[i + 1] == en;
+        int wrap = s >= 0 && en >= 0 && !bracketed;
+        total += (size_t)cnt + (wrap ? 2 : 0);
+        ntok += (size_t)cnt;
+    }
+    if (total > ((size_t)1 << 28))
+        return m3_oai_errorf(e, 400, BAD, "messages", "the prompt with its images expanded is too long (%zu tokens)", total);
+    int32_t *o = md_malloc(sizeof(int32_t) * total), *r = md_malloc(sizeof(int32_t) * (ntok ? ntok : 1));
+    if (!o || !r) {
+        free(o);
+        free(r);
+        return m3_oai_errorf(e, 500, "server_error", NULL, "out of memory");
+    }
+    size_t w = 0, nr = 0;
+    k = 0;
+    for (size_t i = 0; i < N; i++) {
+        if (in[i] != img) { o[w++] = in[i]; continue; }
+        int cnt = m3_vision_image_tokens(c->vc, m->px.grid + 3 * k++);
+        int bracketed = i > 0 && in[i - 1] == s && i + 1 < N && in[i + 1] == en;
+        int wrap = s >= 0 && en >= 0 && !bracketed;
+        if (wrap) o[w++] = s;
+        for (int t = 0; t < cnt; t++) { r[nr++] = (int32_t)w; o[w++] = img; }
+        if (wrap) o[w++] = en;
+    }
+    free(*ids);
+    *ids = o;
+    *n = total;
+    free(m->rows);
+    m->rows = r;
+    m->n_rows = (int)ntok;
+    return 0;
+}

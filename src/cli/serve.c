@@ -11,6 +11,7 @@
 #include "../text/chat.h"
 #include "../text/tokenizer.h"
 #include "cli.h"
+#include "tp.h"
 
 static const char *usage =
     "usage: m3 serve -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]\n"
@@ -19,7 +20,10 @@ static const char *usage =
     "                [--kv-cache-dtype auto|f32|bf16|fp8|nvfp4] [--index-cache-dtype DTYPE]\n"
     "                [--max-waiting N] [--shutdown-timeout SECONDS] [--max-body BYTES] [--max-header-bytes BYTES]\n"
     "                [--timeout SECONDS] [--disable-log-requests] [--language-model-only]\n"
-    "                [--allowed-media-domains HOST[,HOST...]]\n"
+    "                [--allowed-media-domains HOST[,HOST...]] [-tp N] [--moe-split experts|width]\n"
+    "  -tp, --tensor-parallel-size N  N ranks: N GPUs (NCCL) with the CUDA backend, N thread groups on the CPU;\n"
+    "                   --kv-cache-memory is then per rank (see docs/MULTINODE.md)\n"
+    "  --moe-split experts|width  routed experts whole per rank (expert parallel, default) or split by width\n"
     "  --max-waiting N  429 for new generation requests while N sequences wait in the engine (default 1024)\n"
     "  --shutdown-timeout S  after SIGTERM / SIGINT, requests in flight get S seconds, then are cancelled (default 30)\n"
     "  --max-body BYTES request body limit, 413 beyond it (default 33554432)\n"
@@ -56,7 +60,7 @@ static int vision_setup(m3_vision *vis, m3_model *m, m3_ops *ops, const char *di
     media->io.merge = vc->merge;
     if (m3_image_opts_load(&media->io, dir, &err)) { fprintf(stderr, "m3 serve: %s\n", err.msg); return -1; }
     m3_ops *use = ops;
-    if (ops->device_memory) {
+    if (!ops || ops->device_memory) { /* a device backend, or tensor-parallel ranks */
         if (m3_cpu_ops_init(vops, threads, &err)) { fprintf(stderr, "m3 serve: vision tower ops: %s\n", err.msg); return -1; }
         *own_vops = 1;
         use = vops;
@@ -66,14 +70,15 @@ static int vision_setup(m3_vision *vis, m3_model *m, m3_ops *ops, const char *di
     eo->vision_pool = !strcmp(use->name, "cpu") ? ((m3_cpu *)use->ctx)->pool : NULL;
     media->vc = vc;
     fprintf(stderr, "m3 serve: vision tower: %d layers, hidden %d, image token %d%s\n", vc->layers, vc->hidden, vc->image_token,
-            ops->device_memory ? " (on the CPU beside the device backend)" : "");
+            !ops || ops->device_memory ? " (on a CPU op table of its own)" : "");
     return 0;
 }
 
 int m3_cmd_serve(int argc, char **argv) {
     const char *dir = NULL, *name = NULL, *spec_json = NULL, *draft_dir = NULL, *kvd = NULL, *ikd = NULL;
     long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, mml = 0, waiting = -1, grace = -1, body = 0;
-    long hdr = 0, tmo = -1;
+    long hdr = 0, tmo = -1, tpn = 1;
+    const char *moe_split = NULL;
     int lm_only = 0;
     const char *media_domains = NULL;
     m3_server_opts so;
@@ -106,6 +111,8 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--speculative-config")) spec_json = v;
         else if (!strcmp(a, "--draft")) draft_dir = v;
         else if (!strcmp(a, "--allowed-media-domains")) media_domains = v;
+        else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) r = m3_cli_int(a, v, 1, 64, &tpn, &err);
+        else if (!strcmp(a, "--moe-split")) moe_split = v;
         else { fprintf(stderr, "m3 serve: unknown option '%s'\n%s", a, usage); return 2; }
         if (r) { fprintf(stderr, "m3 serve: %s\n", err.msg); return 2; }
         i++;
@@ -134,15 +141,29 @@ int m3_cmd_serve(int argc, char **argv) {
     m3_chat *chat = m3_chat_load(dir, &err);
     if (!chat) fprintf(stderr, "m3 serve: no chat template (%s); /v1/chat/completions disabled\n", err.msg);
     else fprintf(stderr, "m3 serve: chat template from %s\n", m3_chat_origin(chat));
-    m3_ops ops;
+    m3_moe_split msplit = M3_MOE_EXPERTS;
+    if (moe_split && m3_moe_split_parse(moe_split, &msplit)) {
+        fprintf(stderr, "m3 serve: --moe-split: unknown split '%s' (experts or width)\n", moe_split);
+        m3_tok_free(tok);
+        m3_chat_free(chat);
+        return 2;
+    }
+    m3_ops ops = {0};
     m3_model m;
-    if (m3_cli_load(&m, &ops, dir, (int)threads, "serve", NULL, 0)) { m3_tok_free(tok); m3_chat_free(chat); return 1; }
+    m3_cli_tp tp = {0};
+    if (tpn > 1 ? m3_cli_tp_load(&tp, &m, NULL, dir, (int)threads, (int)tpn, msplit, "serve", NULL, 0)
+                : m3_cli_load(&m, &ops, dir, (int)threads, "serve", NULL, 0)) {
+        m3_tok_free(tok);
+        m3_chat_free(chat);
+        return 1;
+    }
     m3_engine_opts eo;
     m3_engine_opts_default(&eo);
     if (kvmem) eo.kv_bytes = (size_t)kvmem;
     if (seqs) eo.max_num_seqs = (int)seqs;
     if (batched) eo.max_num_batched_tokens = (int)batched;
     if (mml) eo.max_model_len = (int)mml;
+    eo.group = tp.g;
     int rc = 1;
     m3_engine *e = NULL;
     m3_vision vis = {0};
@@ -153,7 +174,7 @@ int m3_cmd_serve(int argc, char **argv) {
     media.allowed_domains = media_domains;
     media.no_vision = "this model has no vision tower (a text-only checkpoint): image inputs are not supported";
     if (lm_only) media.no_vision = "the server runs the language model only (--language-model-only): image inputs are not supported";
-    else if (vision_setup(&vis, &m, &ops, dir, (int)threads, &vops, &own_vops, &media, &eo)) goto done;
+    else if (vision_setup(&vis, &m, tp.g ? NULL : &ops, dir, (int)threads, &vops, &own_vops, &media, &eo)) goto done;
     if (media.vc) {
         media.start_id = m3_tok_token_to_id(tok, "]<]start of image[>[");
         media.end_id = m3_tok_token_to_id(tok, "]<]end of image[>[");
@@ -170,12 +191,14 @@ int m3_cmd_serve(int argc, char **argv) {
     so.eos_id = m.cfg.eos_id;
     { /* bytes per token of the engine's caches, measured on a one-page pool (as m3 kv-info does) */
         m3_kv probe;
-        if (!m3_kv_create(&probe, &m.cfg, eo.kv_dtype, eo.index_dtype, m3_kv_page_tokens(&m.cfg), 1, &err)) {
+        m3_config pc = m.cfg; /* shallow: read by m3_kv_create only */
+        if (tp.g) pc.n_kv_heads = m3_group_model(tp.g, 0)->shard.n_kv_heads;
+        if (!m3_kv_create(&probe, &pc, eo.kv_dtype, eo.index_dtype, m3_kv_page_tokens(&m.cfg), 1, &err)) {
             so.kv_bytes_per_token = m3_kv_bytes_per_token(&probe);
             m3_kv_destroy(&probe);
-            fprintf(stderr, "m3 serve: KV cache %s, index-K %s: %zu bytes per token, pool of %d tokens\n",
+            fprintf(stderr, "m3 serve: KV cache %s, index-K %s: %zu bytes per token%s, pool of %d tokens\n",
                     m3_kv_dtype_name(eo.kv_dtype), m3_kv_dtype_name(eo.index_dtype), so.kv_bytes_per_token,
-                    m3_engine_capacity_tokens(e));
+                    tp.g ? " per rank" : "", m3_engine_capacity_tokens(e));
         }
     }
     if (m3_server_run(e, tok, chat, m.cfg.vocab, &so, &err)) { fprintf(stderr, "m3 serve: %s\n", err.msg); goto done; }
@@ -184,8 +207,9 @@ done:
     m3_engine_destroy(e);
     if (own_vops) m3_cpu_ops_free(&vops);
     m3_vision_free(&vis);
+    if (tp.g) m3_cli_tp_free(&tp); /* the ranks before the full model they view */
     m3_model_free(&m);
-    m3_cli_ops_free(&ops);
+    if (!tpn || tpn == 1) m3_cli_ops_free(&ops);
     m3_chat_free(chat);
     m3_tok_free(tok);
     return rc;

@@ -10,6 +10,7 @@
 
 #include <sys/random.h>
 
+#include "../dist/group.h"
 #include "../kv/blocks.h"
 #include "fault.h"
 #include "images.h"
@@ -53,7 +54,8 @@ typedef struct req {
 
 struct m3_engine {
     m3_model *m;
-    m3_kv kv;
+    m3_kv kv_own, *kv;           /* kv_own, or rank 0's pool of the tensor-parallel group */
+    m3_group *group;
     m3_blocks *bm;
     int page, V, max_seqs, max_tokens_step, prefix, max_len;
     int eos;
@@ -128,6 +130,11 @@ static void req_free(req *r) {
     free(r);
 }
 
+/* the engine's own pool (a group's pools go with the group) */
+static void kv_drop(m3_engine *e) {
+    if (!e->group) m3_kv_destroy(&e->kv_own);
+}
+
 m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     m3_engine_opts d;
     if (!o) { m3_engine_opts_default(&d); o = &d; }
@@ -151,7 +158,9 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     int pages = o->kv_pages;
     if (pages <= 0) {
         m3_kv probe; /* one page, to learn the page size in bytes for these dtypes */
-        if (m3_kv_create(&probe, c, o->kv_dtype, o->index_dtype, e->page, 1, err)) { free(e); return NULL; }
+        m3_config pc = *c; /* shallow: read by m3_kv_create only */
+        if (o->group) pc.n_kv_heads = m3_group_model(o->group, 0)->shard.n_kv_heads; /* kv_bytes is per rank */
+        if (m3_kv_create(&probe, &pc, o->kv_dtype, o->index_dtype, e->page, 1, err)) { free(e); return NULL; }
         size_t pb = m3_kv_bytes_per_token(&probe) * (size_t)e->page;
         m3_kv_destroy(&probe);
         size_t n = pb ? o->kv_bytes / pb : 0;
@@ -163,13 +172,20 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         }
         pages = n > (1u << 30) ? (1 << 30) : (int)n;
     }
-    m3_kv_mem mem = m3_model_kv_mem(m); /* device memory on a device backend */
-    if (m3_kv_create_in(&e->kv, c, o->kv_dtype, o->index_dtype, e->page, pages, &mem, err)) { free(e); return NULL; }
+    if (o->group) { /* every rank's pool has these pages (its own KV heads); rank 0's is managed here */
+        e->group = o->group;
+        if (m3_group_kv_create(e->group, o->kv_dtype, o->index_dtype, e->page, pages, err)) { free(e); return NULL; }
+        e->kv = m3_group_kv(e->group, 0);
+    } else {
+        m3_kv_mem mem = m3_model_kv_mem(m); /* device memory on a device backend */
+        e->kv = &e->kv_own;
+        if (m3_kv_create_in(e->kv, c, o->kv_dtype, o->index_dtype, e->page, pages, &mem, err)) { free(e); return NULL; }
+    }
     int cap = pages * e->page;
     if (pages > INT32_MAX / e->page) cap = INT32_MAX;
     if (o->max_model_len > cap) {
         m3_errf(err, "engine: max_model_len %d exceeds the kv cache capacity of %d tokens", o->max_model_len, cap);
-        m3_kv_destroy(&e->kv);
+        kv_drop(e);
         free(e);
         return NULL;
     }
@@ -187,7 +203,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
             e->vops = vo;
             e->vpool = o->vision_pool;
         }
-        if (!e->vision) { m3_kv_destroy(&e->kv); free(e); return NULL; }
+        if (!e->vision) { kv_drop(e); free(e); return NULL; }
         /* the key of the image content hashes: unknown outside the process, so nobody can craft
          * an image whose blocks collide with another's */
         if (getrandom(e->img_key, sizeof e->img_key, GRND_NONBLOCK) != (ssize_t)sizeof e->img_key) {
@@ -204,6 +220,8 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         e->draft_hook_arg = o->draft_hook_arg;
         if (e->k < 1 || e->k > M3_SPEC_MAX_TOKENS)
             m3_errf(err, "engine: num_speculative_tokens %d, expected 1..%d", e->k, M3_SPEC_MAX_TOKENS);
+        else if (o->group)
+            m3_errf(err, "engine: speculative decoding with tensor parallelism is not supported yet");
         else if (strcmp(m->ops->name, "cpu") != 0)
             m3_errf(err, "engine: DSpark drafting runs on the CPU backend only (backend '%s')", m->ops->name);
         else if (m3_dspark_load(&e->draft, o->spec.draft_dir, m, m->ops, err) == 0) {
@@ -216,12 +234,12 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
                 m3_dspark_free(&e->draft);
             }
         }
-        if (!e->spec) { m3_kv_destroy(&e->kv); free(e); return NULL; }
+        if (!e->spec) { kv_drop(e); free(e); return NULL; }
     }
-    e->bm = m3_blocks_create(&e->kv, err);
+    e->bm = m3_blocks_create(e->kv, err);
     if (!e->bm) {
         if (e->spec) m3_dspark_free(&e->draft);
-        m3_kv_destroy(&e->kv);
+        kv_drop(e);
         free(e);
         return NULL;
     }
@@ -259,7 +277,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         if (cv_ok) pthread_cond_destroy(&e->cv);
         if (mu_ok) pthread_mutex_destroy(&e->mu);
         m3_blocks_destroy(e->bm);
-        m3_kv_destroy(&e->kv);
+        kv_drop(e);
         m3_sample_ws_free(e->ws);
         free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->seqs); free(e->logits);
         free(e->feat); free(e->drows); free(e->pbuf);
@@ -281,7 +299,7 @@ void m3_engine_destroy(m3_engine *e) {
     for (int i = 0; i < e->n_waiting; i++) { m3_blocks_free(e->bm, &e->waiting[i]->bs); req_free(e->waiting[i]); }
     for (req *r = e->in_head, *n; r; r = n) { n = r->next; req_free(r); }
     m3_blocks_destroy(e->bm);
-    m3_kv_destroy(&e->kv);
+    kv_drop(e);
     m3_sample_ws_free(e->ws);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
@@ -415,7 +433,7 @@ void m3_engine_get_stats(m3_engine *e, m3_engine_stats *st) {
 
 void m3_engine_last_step(const m3_engine *e, m3_engine_step_stats *st) { *st = e->last; }
 int m3_engine_capacity_tokens(const m3_engine *e) {
-    long c = (long)e->kv.n_pages * e->page;
+    long c = (long)e->kv->n_pages * e->page;
     return c > INT32_MAX ? INT32_MAX : (int)c;
 }
 int m3_engine_max_model_len(const m3_engine *e) { return e->max_len; }
@@ -751,8 +769,10 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         m3_batch b = {T, e->pos, e->sq, e->seqs};
         m3_taps taps = {.arg = e, .capture_layers = e->spec ? e->draft.capture : NULL, .capture = on_capture};
         m3_embed_override ov = {n_ov, e->ov_rows, e->ov_emb};
-        if (m3_forward_ex(e->m, &e->kv, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits, e->spec ? &taps : NULL,
-                          err)) {
+        int frc = e->group ? m3_group_forward_ex(e->group, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits, NULL, err)
+                           : m3_forward_ex(e->m, e->kv, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits,
+                                           e->spec ? &taps : NULL, err);
+        if (frc) {
             m3_err_prefix(err, "engine step");
             for (int i = 0; i < e->n_running; i++) {
                 req *r = e->running[i];

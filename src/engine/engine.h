@@ -128,6 +128,12 @@ typedef struct m3_engine_opts {
     m3_ops *vision_ops;
     m3_pool *vision_pool;
     m3_spec_config spec;        /* speculative decoding; method M3_SPEC_NONE (0): off */
+    /* Tensor parallelism (borrowed, must outlive the engine; NULL: off): steps run over the
+     * group's ranks (m3_group_forward), the model given to m3_engine_create is the full model
+     * the group was made from (its config; its ops are not used). The KV pool is made in every
+     * rank (m3_group_kv_create: kv_pages, or kv_bytes per rank); the block manager manages rank
+     * 0's, whose page ids are valid in every rank's pool. Not with speculative decoding. */
+    struct m3_group *group;
     /* Tests only (NULL normally): after a GREEDY request's drafts are drawn, may overwrite
      * draft[0..k) (greedy verification is exact whatever the drafts); tok[0..n_tok) is the
      * request's prompt + generated ids. */

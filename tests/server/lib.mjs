@@ -30,7 +30,9 @@ export const sleep = ms => new Promise(r => setTimeout(r, ms));
 // Starts `m3 serve` and waits for /health. stop(signal) resolves to {code, signal, ms}.
 export async function startServer(m3, ck, args = [], { quiet = true } = {}) {
   const port = await freePort();
-  const proc = spawn(m3, ['serve', '-m', ck, '--port', String(port), ...args], { stdio: ['ignore', 'inherit', 'pipe'] });
+  // M3_SERVE_ARGS (e.g. "-tp 2"): extra options for every server a test starts
+  const extra = (process.env.M3_SERVE_ARGS || '').split(/\s+/).filter(Boolean);
+  const proc = spawn(m3, ['serve', '-m', ck, '--port', String(port), ...extra, ...args], { stdio: ['ignore', 'inherit', 'pipe'] });
   const srv = { proc, port, base: `http://127.0.0.1:${port}`, log: '' };
   proc.stderr.on('data', d => { srv.log += d; if (!quiet) process.stderr.write(d); });
   srv.exited = new Promise(r => proc.on('exit', (code, signal) => r({ code, signal, t: Date.now() })));

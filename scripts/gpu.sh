@@ -96,6 +96,11 @@ if [ "$ngpu" -ge 2 ]; then
         { echo "FAILED: medium -tp 2 --moe-split $split (graphs $graphs)"; fails=$((fails+1)); }
     done
   done
+  # the whole 60-layer M3.1-Flash at TP2 (random weights built per rank in its shard's shapes):
+  # single-stream decode, the floor per GPU and the all-reduce time of a step (issue 8)
+  for split in width experts; do
+    run "$BIN/m3" bench --random-weights --config "$SHAPES" -tp 2 --moe-split $split --batch 1,8 --context 8192 --steps 10
+  done
   # the CPU's thread ranks against the GPU ranks
   M3_BACKEND=cpu "$BIN/m3" logits -m $D/m3-tiny-q --ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 --decode 8 \
     --dump-index -tp 2 -o "$OUT/tp2cpu.st" 2>/dev/null &&

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "../backend/cuda/cuda.h"
+#include "../dist/group.h"
 #include "../engine/sampler.h"
 #include "cli.h"
 
@@ -120,9 +121,189 @@ static int time_steps(m3_model *m, m3_kv *kv, m3_ops *ops, long nb, int q, long 
     return rc ? -1 : 0;
 }
 
+/* ------------------------------------------------------------------ -tp N: one GPU per rank
+ * Each rank builds random weights in the shapes of its view of the full model's shapes
+ * (m3_weights_shapes + m3_shard_weights), so the whole model never exists anywhere: the
+ * 60-layer M3.1-Flash fits two H200s. A step is m3_group_forward (logits stay on the GPUs);
+ * it is timed until every rank's stream is idle. The floor per GPU: the bytes all ranks read
+ * (each rank's weights without routed experts, the routed experts the step picks, each
+ * rank's caches) / ranks / copy bandwidth. The all-reduces of a step (two per layer over
+ * the step's hidden rows) are timed alone too. */
+
+typedef struct {
+    const m3_config *c;
+    uint64_t seed;
+    double bw;                 /* rank 0's copy bandwidth */
+    double ar_s;               /* all-reduce time */
+    long ar_elems;
+    int ar_count;
+} tp_bench;
+
+static int tpb_ops_init(void *arg, int rank, m3_ops *ops, m3_comm *comm, m3_err *err) {
+    (void)arg;
+    if (m3_cuda_ops_init(ops, rank, err)) return -1;
+    if (m3_comm_set_stream(comm, m3_cuda_stream(ops), err)) { m3_cuda_ops_free(ops); return -1; }
+    return 0;
+}
+static void tpb_ops_free(void *arg, int rank, m3_ops *ops) { (void)arg; (void)rank; m3_cuda_ops_free(ops); }
+static int tpb_weights(void *arg, int rank, m3_ops *ops, const m3_weights *view, m3_weights *dw, m3_err *err) {
+    tp_bench *t = arg;
+    return m3_cuda_random_weights_like(ops, t->c, view, t->seed + 7919u * (uint64_t)rank, dw, err);
+}
+static int tpb_sync(void *arg, int rank, m3_model *m, m3_kv *kv, m3_err *err) {
+    (void)arg; (void)rank; (void)kv; (void)err;
+    m3_cuda_sync_time(m->ops);
+    return 0;
+}
+static int tpb_bw(void *arg, int rank, m3_model *m, m3_kv *kv, m3_err *err) {
+    (void)kv; (void)err;
+    if (rank == 0) ((tp_bench *)arg)->bw = m3_cuda_copy_bandwidth(m->ops, (size_t)2 << 30);
+    return 0;
+}
+/* ar_count all-reduces of ar_elems floats, as a step makes them; rank 0's time */
+static int tpb_allreduce(void *arg, int rank, m3_model *m, m3_kv *kv, m3_err *err) {
+    (void)kv;
+    tp_bench *t = arg;
+    float *buf = m->ops->alloc(m->ops->ctx, sizeof(float) * (size_t)t->ar_elems);
+    if (!buf) return m3_errf(err, "out of device memory");
+    int rc = 0;
+    for (int pass = 0; pass < 2 && !rc; pass++) { /* the first pass warms NCCL up */
+        double a = m3_cuda_sync_time(m->ops);
+        for (int i = 0; i < t->ar_count && !rc; i++) rc = m3_comm_all_reduce_sum(m->comm, buf, (size_t)t->ar_elems, err);
+        double b = m3_cuda_sync_time(m->ops);
+        if (rank == 0) t->ar_s = b - a;
+    }
+    m->ops->release(m->ops->ctx, buf);
+    return rc;
+}
+
+static int bench_tp(const char *cfgp, m3_config *c, long layers, int N, m3_moe_split split, const long *B, int nB,
+                    const long *C, int nC, long steps, m3_kv_dtype kdt, m3_kv_dtype idt, long seed) {
+    m3_err err;
+    int rc = 1;
+    if (!m3_comm_nccl_built()) { fprintf(stderr, "m3 bench: -tp %d needs NCCL, and this m3 was built without it\n", N); return 1; }
+    if (m3_cuda_device_count() < N) { fprintf(stderr, "m3 bench: -tp %d needs %d GPUs, %d visible\n", N, N, m3_cuda_device_count()); return 1; }
+    m3_model full;
+    memset(&full, 0, sizeof full);
+    full.cfg = *c; /* shallow: c stays the caller's */
+    full.cfg.n_layers = (int)layers;
+    full.is_view = 1; /* m3_model_free must not free the borrowed config */
+    if (m3_weights_shapes(&full.w, &full.cfg, (int)layers, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); return 1; }
+    m3_comm **comms = calloc((size_t)N, sizeof *comms);
+    int *devs = malloc(sizeof(int) * (size_t)N);
+    m3_group *g = NULL;
+    tp_bench t = {&full.cfg, (uint64_t)seed, 0, 0, 0, 0};
+    if (!comms || !devs) { fprintf(stderr, "m3 bench: out of memory\n"); goto out; }
+    for (int r = 0; r < N; r++) devs[r] = r;
+    if (m3_comm_nccl_create(N, devs, comms, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); goto out; }
+    double t0 = now_s();
+    m3_group_opts o = {N, split, comms, tpb_ops_init, tpb_ops_free, &t, tpb_weights};
+    g = m3_group_create(&full, &o, &err);
+    if (!g) { fprintf(stderr, "m3 bench: %s\n", err.msg); goto out; }
+    if (m3_group_run(g, tpb_bw, &t, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); goto out; }
+    const m3_config *cf = &full.cfg;
+    double nonexp = 0, eb_full = 0;
+    for (int l = 0; l < cf->n_layers; l++)
+        if (full.w.layers[l].moe) {
+            const m3_mlp_w *e = &full.w.layers[l].experts[0];
+            eb_full = (double)(m3_linear_bytes(&e->gate) + m3_linear_bytes(&e->up) + m3_linear_bytes(&e->down));
+            break;
+        }
+    printf("tensor parallel %d (%s), NCCL; model: %s, %ld of %d layers, random weights built in %.1f s\n", N,
+           m3_moe_split_name(split), cfgp, layers, c->n_layers, now_s() - t0);
+    for (int r = 0; r < N; r++) {
+        m3_model *m = m3_group_model(g, r);
+        size_t fr, tot, pk;
+        m3_cuda_mem_info(m->ops, &fr, &tot, &pk);
+        double wb = weight_bytes(m->dw, 0); /* without routed experts */
+        nonexp += wb;
+        printf("  rank %d: %s; %.1f GB of weights without routed experts, %.1f GiB in use\n", r, m3_cuda_device_name(m->ops),
+               wb / 1e9, (tot - fr) / 1073741824.0);
+    }
+    printf("device copy bandwidth (rank 0): %.0f GB/s\n", t.bw / 1e9);
+    printf("%-7s %-8s %10s %12s %7s %12s %9s %14s\n", "batch", "context", "step_ms", "floor_ms/GPU", "ratio", "tokens/s", "experts",
+           "allreduce_ms");
+    fflush(stdout);
+    int page = m3_kv_page_tokens(cf), V = cf->vocab;
+    for (int ci = 0; ci < nC; ci++)
+        for (int bi = 0; bi < nB; bi++) {
+            long ctx = C[ci], nb = B[bi], T = nb;
+            long pages = (ctx + 1 + page - 1) / page * nb;
+            if (m3_group_kv_create(g, kdt, idt, page, (int)pages, &err)) {
+                printf("%-7ld %-8ld  skipped: %s\n", nb, ctx, err.msg);
+                fflush(stdout);
+                continue;
+            }
+            m3_kv *kv0 = m3_group_kv(g, 0);
+            m3_kv_seq *seqs = calloc((size_t)nb, sizeof *seqs);
+            m3_kv_seq **sp = calloc((size_t)nb, sizeof *sp);
+            int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * 3), *pos = ids ? ids + T : NULL, *sq = ids ? pos + T : NULL;
+            int *rows = malloc(sizeof(int) * (size_t)T);
+            double *st = malloc(sizeof(double) * (size_t)steps);
+            int bad = !seqs || !sp || !ids || !rows || !st;
+            for (long s = 0; !bad && s < nb; s++) {
+                sp[s] = &seqs[s];
+                if (m3_kv_seq_reserve(kv0, &seqs[s], (int)(ctx + 1), &err)) { bad = 1; break; }
+                seqs[s].len = (int)ctx;
+                ids[s] = (int32_t)((s * 7919 + 13) % V);
+                pos[s] = (int32_t)ctx;
+                sq[s] = (int32_t)s;
+                rows[s] = (int)s;
+            }
+            m3_batch b = {(int)T, pos, sq, sp};
+            long experts = 0;
+            if (!bad) { /* one untimed step counting the experts the routing picks (rank 0 routes every token) */
+                m3_ops *o0 = m3_group_model(g, 0)->ops;
+                m3_cuda_count_experts(o0, 1);
+                m3_cuda_experts_used(o0, 1);
+                bad = m3_group_forward(g, &b, ids, rows, (int)T, NULL, NULL, &err) || m3_group_run(g, tpb_sync, NULL, &err);
+                m3_cuda_count_experts(o0, 0);
+                experts = m3_cuda_experts_used(o0, 1);
+            }
+            for (long i = 0; !bad && i < steps + 2; i++) {
+                double a = now_s();
+                bad = m3_group_forward(g, &b, ids, rows, (int)T, NULL, NULL, &err) || m3_group_run(g, tpb_sync, NULL, &err);
+                if (i >= 2) st[i - 2] = now_s() - a;
+            }
+            if (!bad) {
+                t.ar_elems = T * cf->hidden;
+                t.ar_count = 2 * cf->n_layers;
+                bad = m3_group_run(g, tpb_allreduce, &t, &err);
+            }
+            if (bad) {
+                fprintf(stderr, "m3 bench: %s\n", err.msg);
+            } else {
+                for (long a = 1; a < steps; a++)
+                    for (long k = a; k > 0 && st[k] < st[k - 1]; k--) { double x = st[k]; st[k] = st[k - 1]; st[k - 1] = x; }
+                double med = st[steps / 2], kvb = 0;
+                for (int r = 0; r < N; r++) {
+                    m3_config rc = *cf;
+                    rc.n_kv_heads = m3_group_model(g, r)->shard.n_kv_heads;
+                    kvb += (double)nb * kv_bytes(&rc, cf->n_layers, kdt, idt, ctx);
+                }
+                double floor_s = (nonexp + eb_full * (double)experts + kvb) / N / t.bw;
+                printf("%-7ld %-8ld %10.3f %12.3f %6.0f%% %12.1f %9ld %14.3f\n", nb, ctx, med * 1e3, floor_s * 1e3,
+                       100 * floor_s / med, nb / med, experts, t.ar_s * 1e3);
+            }
+            fflush(stdout);
+            for (long s = 0; seqs && s < nb; s++) m3_kv_seq_release(kv0, &seqs[s]);
+            free(seqs); free(sp); free(ids); free(rows); free(st);
+            if (bad) goto out;
+        }
+    rc = 0;
+out:
+    m3_group_free(g);
+    if (comms) m3_comm_destroy_all(comms, N);
+    free(comms);
+    free(devs);
+    m3_weights_free(&full.w);
+    return rc;
+}
+
 int m3_cmd_bench_random(int argc, char **argv) {
     const char *cfgp = NULL, *kvd = "bf16", *ikd = NULL, *bs = "1,8,64,256", *cs = "8192,131072";
-    long layers = 0, steps = 10, seed = 1, prefill = 2048, verify = 0;
+    long layers = 0, steps = 10, seed = 1, prefill = 2048, verify = 0, tpn = 1;
+    const char *moe_split = NULL;
     int profile = 0;
     m3_err err;
     for (int i = 1; i < argc; i++) {
@@ -137,6 +318,8 @@ int m3_cmd_bench_random(int argc, char **argv) {
         else if (!strcmp(a, "--seed")) r = m3_cli_int(a, v, 0, 1L << 40, &seed, &err);
         else if (!strcmp(a, "--prefill")) r = m3_cli_int(a, v, 0, 1 << 20, &prefill, &err);
         else if (!strcmp(a, "--verify")) r = m3_cli_int(a, v, 1, 15, &verify, &err);
+        else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) r = m3_cli_int(a, v, 1, 64, &tpn, &err);
+        else if (!strcmp(a, "--moe-split")) moe_split = v;
         else if (!strcmp(a, "--batch")) bs = v;
         else if (!strcmp(a, "--context")) cs = v;
         else if (!strcmp(a, "--kv-cache-dtype")) kvd = v;
@@ -150,7 +333,8 @@ int m3_cmd_bench_random(int argc, char **argv) {
     int nB = parse_list(bs, B, 16), nC = parse_list(cs, C, 16);
     if (!cfgp || nB <= 0 || nC <= 0) {
         fprintf(stderr, "m3 bench: usage: m3 bench --random-weights --config CONFIG.json [--layers N] [--batch 1,8,64,256] "
-                        "[--context 8192,131072] [--steps N] [--prefill TOKENS] [--kv-cache-dtype bf16] [--profile] [--verify K]\n");
+                        "[--context 8192,131072] [--steps N] [--prefill TOKENS] [--kv-cache-dtype bf16] [--profile] [--verify K] "
+                        "[-tp N [--moe-split experts|width]]\n");
         return 2;
     }
     m3_kv_dtype kdt, idt;
@@ -163,6 +347,17 @@ int m3_cmd_bench_random(int argc, char **argv) {
     if (m3_config_load(&m.cfg, cfgp, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); return 1; }
     m3_config *c = &m.cfg;
     if (layers <= 0 || layers > c->n_layers) layers = c->n_layers;
+    if (tpn > 1) {
+        m3_moe_split split = M3_MOE_EXPERTS;
+        if (moe_split && m3_moe_split_parse(moe_split, &split)) {
+            fprintf(stderr, "m3 bench: --moe-split: unknown split '%s' (experts or width)\n", moe_split);
+            m3_config_free(c);
+            return 2;
+        }
+        int rc = bench_tp(cfgp, c, layers, (int)tpn, split, B, nB, C, nC, steps, kdt, idt, seed);
+        m3_config_free(c);
+        return rc;
+    }
     m3_ops ops;
     if (m3_cli_ops_init(&ops, "cuda", 0, "bench")) { m3_config_free(c); return 1; }
     m.ops = &ops;

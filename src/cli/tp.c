@@ -88,7 +88,7 @@ int m3_cli_tp_load(m3_cli_tp *tp, m3_model *full, const char *backend, const cha
         rc = m3_comm_threads_create(size, tp->comms, &err);
     }
     if (rc) { fprintf(stderr, "m3 %s: %s\n", cmd, err.msg); goto fail; }
-    m3_group_opts o = {size, moe, tp->comms, tp->cuda ? ops_init_cuda : ops_init_cpu, ops_free_any, tp};
+    m3_group_opts o = {size, moe, tp->comms, tp->cuda ? ops_init_cuda : ops_init_cpu, ops_free_any, tp, NULL};
     tp->g = m3_group_create(full, &o, &err);
     if (!tp->g) { fprintf(stderr, "m3 %s: %s\n", cmd, err.msg); goto fail; }
     fprintf(stderr, "loaded %s: tensor parallel %d on %s (%s communicator; MoE split: %s), %.1f MB mapped\n", dir, size,

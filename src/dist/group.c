@@ -128,10 +128,11 @@ static int job_init(m3_group *g, rank_t *rk, void *arg) {
     m->comm = comm;
     m->is_view = 1;
     rk->model_ok = 1;
-    if (rk->ops.weights_upload) { /* only this rank's slices travel */
+    if (g->o.weights_fill || rk->ops.weights_upload) { /* only this rank's slices travel */
         m->dw = calloc(1, sizeof *m->dw);
         if (!m->dw) return m3_errf(&rk->err, "out of memory");
-        if (rk->ops.weights_upload(rk->ops.ctx, &m->w, m->dw, &rk->err)) {
+        if (g->o.weights_fill ? g->o.weights_fill(g->o.arg, rk->r, &rk->ops, &m->w, m->dw, &rk->err)
+                              : rk->ops.weights_upload(rk->ops.ctx, &m->w, m->dw, &rk->err)) {
             free(m->dw);
             m->dw = NULL;
             return -1;

@@ -39,6 +39,10 @@ typedef struct m3_group_opts {
     int (*ops_init)(void *arg, int rank, m3_ops *ops, m3_comm *comm, m3_err *err);
     void (*ops_free)(void *arg, int rank, m3_ops *ops);
     void *arg;
+    /* Optional, device backends: makes rank r's device weights in the shapes of its view
+     * (instead of uploading the view's bytes): `m3 bench --random-weights -tp N`, whose full
+     * model holds shapes only. Same thread as ops_init. */
+    int (*weights_fill)(void *arg, int rank, m3_ops *ops, const m3_weights *view, m3_weights *dw, m3_err *err);
 } m3_group_opts;
 
 /* full: a loaded model (m3_model_load, ops NULL is enough: its host weights); it must

@@ -283,6 +283,71 @@ void m3_weights_free(m3_weights *w) {
     w->final_norm = NULL;
 }
 
+/* a dense [N, K] of fmt whose bytes are nowhere (see m3_weights_shapes) */
+static void shape_linear(m3_weights *w, m3_linear *L, m3_wfmt fmt, int N, int K) {
+    static const uint8_t nowhere[64]; /* the placeholder: views offset it, nobody reads it */
+    memset(L, 0, sizeof *L);
+    L->fmt = fmt;
+    L->N = N;
+    L->K = K;
+    L->gmul = 1.0f;
+    L->w = nowhere;
+    L->row_bytes = m3_linear_dense_row_bytes(L);
+    L->scale_row = m3_linear_dense_scale_row(L);
+    L->scale = L->scale_row ? nowhere : NULL;
+    w->bytes_by_fmt[fmt] += m3_linear_bytes(L);
+    w->count_by_fmt[fmt]++;
+}
+
+int m3_weights_shapes(m3_weights *w, const m3_config *c, int n_layers, m3_err *err) {
+    memset(w, 0, sizeof *w);
+    if (n_layers <= 0 || n_layers > c->n_layers) n_layers = c->n_layers;
+    const int H = c->hidden, D = c->head_dim, E = c->n_experts;
+    w->layers = calloc((size_t)n_layers, sizeof *w->layers);
+    if (!w->layers) return m3_errf(err, "out of memory");
+    w->n_layers = n_layers;
+    w->hidden = H;
+    w->head_dim = D;
+    w->index_dim = c->index_dim;
+    w->n_experts = E;
+    for (int l = 0; l < n_layers; l++) {
+        m3_layer_w *L = &w->layers[l];
+        L->sparse = c->layer_sparse[l];
+        L->moe = c->layer_moe[l];
+        shape_linear(w, &L->q, M3_WF_MXFP8, c->n_heads * D, H);
+        shape_linear(w, &L->k, M3_WF_MXFP8, c->n_kv_heads * D, H);
+        shape_linear(w, &L->v, M3_WF_MXFP8, c->n_kv_heads * D, H);
+        shape_linear(w, &L->o, M3_WF_MXFP8, H, c->n_heads * D);
+        if (L->sparse) {
+            shape_linear(w, &L->iq, M3_WF_MXFP8, c->index_heads * c->index_dim, H);
+            shape_linear(w, &L->ik, M3_WF_MXFP8, c->index_dim, H);
+        }
+        if (!L->moe) {
+            shape_linear(w, &L->mlp.gate, M3_WF_MXFP8, c->dense_inter, H);
+            shape_linear(w, &L->mlp.up, M3_WF_MXFP8, c->dense_inter, H);
+            shape_linear(w, &L->mlp.down, M3_WF_MXFP8, H, c->dense_inter);
+            continue;
+        }
+        shape_linear(w, &L->router, M3_WF_BF16, E, H);
+        L->experts = calloc((size_t)E, sizeof *L->experts);
+        if (!L->experts) { m3_weights_free(w); return m3_errf(err, "out of memory"); }
+        for (int e = 0; e < E; e++) {
+            shape_linear(w, &L->experts[e].gate, M3_WF_NVFP4, c->moe_inter, H);
+            shape_linear(w, &L->experts[e].up, M3_WF_NVFP4, c->moe_inter, H);
+            shape_linear(w, &L->experts[e].down, M3_WF_NVFP4, H, c->moe_inter);
+        }
+        if (c->n_shared) {
+            L->has_shared = 1;
+            shape_linear(w, &L->shared.gate, M3_WF_MXFP8, c->shared_inter, H);
+            shape_linear(w, &L->shared.up, M3_WF_MXFP8, c->shared_inter, H);
+            shape_linear(w, &L->shared.down, M3_WF_MXFP8, H, c->shared_inter);
+        }
+    }
+    shape_linear(w, &w->embed, M3_WF_BF16, c->vocab, H);
+    shape_linear(w, &w->lm_head, M3_WF_BF16, c->vocab, H);
+    return 0;
+}
+
 /* One tensor at a time, for other modules' checkpoints (the DSpark draft): the same
  * format detection and checks as the model's own tensors. */
 int m3_weights_bind_linear(m3_st *st, const char *prefix, const char *base, int N, int K, m3_linear *L, m3_err *err) {

@@ -79,6 +79,13 @@ typedef struct m3_weights {
 int m3_weights_bind(m3_weights *w, const m3_config *c, m3_st *st, m3_err *err);
 void m3_weights_free(m3_weights *w);
 
+/* Shapes without data: the first n_layers layers of c in the real checkpoint's formats (MXFP8
+ * attention, indexer, dense MLP and shared expert; NVFP4 routed experts; BF16 router,
+ * embeddings and lm_head), tensor pointers set to a placeholder that must never be read and
+ * vectors NULL. For building random weights of real shapes on a device, whole or as a
+ * tensor-parallel rank's view (m3_shard_weights). Free with m3_weights_free. */
+int m3_weights_shapes(m3_weights *w, const m3_config *c, int n_layers, m3_err *err);
+
 /* Binds one linear [N, K] stored under prefix + base (+ ".weight", scales...) in any supported
  * format, or one vector [n] (prefix + name) as an owned f32 copy; errors name the tensor.
  * For checkpoints other than the model's (the DSpark draft). */

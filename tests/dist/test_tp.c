@@ -275,7 +275,7 @@ static void ops_free(void *arg, int rank, m3_ops *ops) { (void)arg; (void)rank; 
 
 static m3_group *make_group(m3_model *full, int n, m3_moe_split moe, m3_comm **cs, m3_err *err) {
     if (m3_comm_threads_create(n, cs, err)) return NULL;
-    m3_group_opts o = {n, moe, cs, ops_init, ops_free, NULL};
+    m3_group_opts o = {n, moe, cs, ops_init, ops_free, NULL, NULL};
     m3_group *g = m3_group_create(full, &o, err);
     if (!g) m3_comm_destroy_all(cs, n);
     return g;
@@ -373,6 +373,64 @@ static void test_failure(const char *data) {
     m3_model_free(&host);
 }
 
+/* m3_weights_shapes at the M3.1-Flash shapes (what `m3 bench --random-weights -tp N` builds
+ * each rank's device weights from) and the ranks' views of it: every matrix split as the
+ * plan says, the split bytes adding up to the whole, experts held or absent by rank */
+static void test_shapes(const char *data) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/m3.1-flash-shapes.json", data);
+    m3_config c;
+    m3_err err;
+    if (m3_config_load(&c, path, &err)) { CHECK(0, "%s", err.msg); return; }
+    m3_weights full;
+    if (m3_weights_shapes(&full, &c, 4, &err)) { CHECK(0, "%s", err.msg); m3_config_free(&c); return; }
+    CHECK(full.n_layers == 4 && full.layers[0].q.N == c.n_heads * c.head_dim && full.layers[0].q.fmt == M3_WF_MXFP8 &&
+              full.lm_head.fmt == M3_WF_BF16 && full.lm_head.N == c.vocab, "shapes: layer 0 q %d x %d", full.layers[0].q.N,
+          full.layers[0].q.K);
+    int moe_l = -1;
+    for (int l = 0; l < 4; l++) if (full.layers[l].moe) { moe_l = l; break; }
+    CHECK(moe_l >= 0 && full.layers[moe_l].experts[0].gate.fmt == M3_WF_NVFP4, "shapes: an NVFP4 MoE layer among the first 4");
+    if (moe_l < 0) { m3_weights_free(&full); m3_config_free(&c); return; }
+    const m3_layer_w *F = &full.layers[moe_l];
+    for (int split = 0; split < 2; split++)
+        for (int n = 2; n <= 4; n *= 2) {
+            double qb = 0, ob = 0, eb = 0, lb = 0;
+            int held = 0;
+            for (int r = 0; r < n; r++) {
+                m3_shard s;
+                m3_weights v;
+                if (m3_shard_plan(&s, &c, r, n, split ? M3_MOE_WIDTH : M3_MOE_EXPERTS, &err) ||
+                    m3_shard_weights(&full, &c, &s, &v, &err)) {
+                    CHECK(0, "tp%d rank %d: %s", n, r, err.msg);
+                    continue;
+                }
+                const m3_layer_w *L = &v.layers[moe_l];
+                CHECK(L->q.N == c.n_heads * c.head_dim / n && L->o.K == c.n_heads * c.head_dim / n && L->o.N == c.hidden,
+                      "tp%d rank %d: q %d rows, o %d columns", n, r, L->q.N, L->o.K);
+                qb += (double)m3_linear_bytes(&L->q);
+                ob += (double)m3_linear_bytes(&L->o);
+                lb += (double)m3_linear_bytes(&v.lm_head);
+                for (int e = 0; e < c.n_experts; e++) {
+                    if (!L->experts[e].gate.w) continue;
+                    held++;
+                    eb += (double)(m3_linear_bytes(&L->experts[e].gate) + m3_linear_bytes(&L->experts[e].down));
+                    CHECK(split ? L->experts[e].gate.N == c.moe_inter / n && L->experts[e].down.K == c.moe_inter / n
+                                : L->experts[e].gate.N == c.moe_inter && e >= s.expert0 && e < s.expert0 + s.n_experts,
+                          "tp%d %s rank %d expert %d: gate %d rows", n, split ? "width" : "experts", r, e, L->experts[e].gate.N);
+                }
+                m3_shard_weights_free(&v);
+            }
+            double fe = (double)c.n_experts * (double)(m3_linear_bytes(&F->experts[0].gate) + m3_linear_bytes(&F->experts[0].down));
+            CHECK(qb == (double)m3_linear_bytes(&F->q) && ob == (double)m3_linear_bytes(&F->o) &&
+                      lb == (double)m3_linear_bytes(&full.lm_head) && eb == fe &&
+                      held == (split ? n * c.n_experts : c.n_experts),
+                  "tp%d %s: the ranks' bytes add up to the whole (q %.0f/%.0f, experts %.0f/%.0f, %d held)", n,
+                  split ? "width" : "experts", qb, (double)m3_linear_bytes(&F->q), eb, fe, held);
+        }
+    m3_weights_free(&full);
+    m3_config_free(&c);
+}
+
 int main(int argc, char **argv) {
     const char *data = argc > 1 ? argv[1] : "tests/data";
     char q[512];
@@ -380,6 +438,7 @@ int main(int argc, char **argv) {
     test_abort();
     snprintf(q, sizeof q, "%s/m3-tiny-q", data);
     test_views(q);
+    test_shapes(data);
     test_failure(data);
     /* prompt length and chunk: past several index blocks (16 tokens; 128 for m3-wide-q) and pages */
     test_model(data, "m3-tiny", 100, 37);

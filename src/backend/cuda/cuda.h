@@ -51,6 +51,10 @@ void m3_cuda_mem_info(const m3_ops *ops, size_t *free_b, size_t *total_b, size_t
  * embeddings / lm_head, f32 norms (0: Gemma norms scale by 1). Values are chosen so that
  * activations stay finite. *w is a device-side m3_weights (release with weights_release). */
 int m3_cuda_random_weights(m3_ops *ops, const m3_config *c, int n_layers, uint64_t seed, m3_weights *w, m3_err *err);
+/* The same in the shapes and formats of `shape` (m3_weights_shapes, or a tensor-parallel
+ * rank's view of it: experts without weights there stay absent). */
+int m3_cuda_random_weights_like(m3_ops *ops, const m3_config *c, const m3_weights *shape, uint64_t seed, m3_weights *w,
+                                m3_err *err);
 
 /* Device-to-device copy bandwidth in bytes/s (read + write counted), measured over bytes. */
 double m3_cuda_copy_bandwidth(m3_ops *ops, size_t bytes);

@@ -20,6 +20,11 @@ int m3_cuda_random_weights(m3_ops *ops, const m3_config *c, int n, uint64_t seed
     (void)ops; (void)c; (void)n; (void)seed; (void)w;
     return m3_errf(err, "this m3 was built without the CUDA backend");
 }
+int m3_cuda_random_weights_like(m3_ops *ops, const m3_config *c, const m3_weights *shape, uint64_t seed, m3_weights *w,
+                                m3_err *err) {
+    (void)ops; (void)c; (void)shape; (void)seed; (void)w;
+    return m3_errf(err, "this m3 was built without the CUDA backend");
+}
 double m3_cuda_copy_bandwidth(m3_ops *ops, size_t bytes) { (void)ops; (void)bytes; return 0; }
 double m3_cuda_sync_time(m3_ops *ops) { (void)ops; return 0; }
 void m3_cuda_count_experts(m3_ops *ops, int on) { (void)ops; (void)on; }

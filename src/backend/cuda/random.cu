@@ -89,65 +89,69 @@ static float *zeros(m3_cuda *c, int n, int *bad) {
     return p;
 }
 
-static int rand_mlp(m3_cuda *c, m3_mlp_w *m, m3_wfmt fmt, int H, int F, uint64_t seed) {
-    return rand_linear(c, &m->gate, fmt, F, H, seed) || rand_linear(c, &m->up, fmt, F, H, seed + 1) ||
-           rand_linear(c, &m->down, fmt, H, F, seed + 2);
+static int rand_mlp_like(m3_cuda *c, m3_mlp_w *m, const m3_mlp_w *S, uint64_t seed) {
+    return rand_linear(c, &m->gate, S->gate.fmt, S->gate.N, S->gate.K, seed) ||
+           rand_linear(c, &m->up, S->up.fmt, S->up.N, S->up.K, seed + 1) ||
+           rand_linear(c, &m->down, S->down.fmt, S->down.N, S->down.K, seed + 2);
 }
 
-extern "C" int m3_cuda_random_weights(m3_ops *ops, const m3_config *cf, int n_layers, uint64_t seed, m3_weights *w,
-                                      m3_err *err) {
+/* random device weights in the shapes and formats of `shape` (whole, or a tensor-parallel
+ * rank's view: experts without weights there stay absent); seeds drawn in layer order */
+extern "C" int m3_cuda_random_weights_like(m3_ops *ops, const m3_config *cf, const m3_weights *shape, uint64_t seed,
+                                           m3_weights *w, m3_err *err) {
     m3_cuda *c = (m3_cuda *)ops->ctx;
     memset(w, 0, sizeof *w);
-    if (n_layers <= 0 || n_layers > cf->n_layers) n_layers = cf->n_layers;
-    const int H = cf->hidden, D = cf->head_dim, nh = cf->n_heads, nkv = cf->n_kv_heads, E = cf->n_experts;
+    const int n_layers = shape->n_layers, H = shape->hidden, D = shape->head_dim, E = shape->n_experts;
     w->layers = (m3_layer_w *)calloc((size_t)n_layers, sizeof *w->layers);
     if (!w->layers) return m3_errf(err, "out of memory");
     w->n_layers = n_layers;
     w->hidden = H;
     w->head_dim = D;
-    w->index_dim = cf->index_dim;
+    w->index_dim = shape->index_dim;
     w->n_experts = E;
     int bad = 0;
     uint64_t s = seed * 1000003ull;
+#define RL(dst, src) rand_linear(c, &(dst), (src).fmt, (src).N, (src).K, s++)
     for (int l = 0; l < n_layers && !bad; l++) {
+        const m3_layer_w *S = &shape->layers[l];
         m3_layer_w *L = &w->layers[l];
-        L->sparse = cf->layer_sparse[l];
-        L->moe = cf->layer_moe[l];
+        L->sparse = S->sparse;
+        L->moe = S->moe;
         L->in_norm = zeros(c, H, &bad);
         L->post_norm = zeros(c, H, &bad);
         L->q_norm = zeros(c, D, &bad);
         L->k_norm = zeros(c, D, &bad);
-        bad |= rand_linear(c, &L->q, M3_WF_MXFP8, nh * D, H, s++) || rand_linear(c, &L->k, M3_WF_MXFP8, nkv * D, H, s++) ||
-               rand_linear(c, &L->v, M3_WF_MXFP8, nkv * D, H, s++) || rand_linear(c, &L->o, M3_WF_MXFP8, H, nh * D, s++);
+        bad |= RL(L->q, S->q) || RL(L->k, S->k) || RL(L->v, S->v) || RL(L->o, S->o);
         if (L->sparse && !bad) {
-            bad |= rand_linear(c, &L->iq, M3_WF_MXFP8, cf->index_heads * cf->index_dim, H, s++) ||
-                   rand_linear(c, &L->ik, M3_WF_MXFP8, cf->index_dim, H, s++);
-            L->iq_norm = zeros(c, cf->index_dim, &bad);
-            L->ik_norm = zeros(c, cf->index_dim, &bad);
+            bad |= RL(L->iq, S->iq) || RL(L->ik, S->ik);
+            L->iq_norm = zeros(c, shape->index_dim, &bad);
+            L->ik_norm = zeros(c, shape->index_dim, &bad);
         }
         if (!L->moe) {
-            if (!bad) bad |= rand_mlp(c, &L->mlp, M3_WF_MXFP8, H, cf->dense_inter, s);
+            if (!bad) bad |= rand_mlp_like(c, &L->mlp, &S->mlp, s);
             s += 3;
         } else if (!bad) {
-            bad |= rand_linear(c, &L->router, M3_WF_BF16, E, H, s++);
+            bad |= RL(L->router, S->router);
             if (cf->use_routing_bias) L->route_bias = zeros(c, E, &bad);
             L->experts = (m3_mlp_w *)calloc((size_t)E, sizeof *L->experts);
             if (!L->experts) bad = 1;
-            for (int e = 0; e < E && !bad; e++, s += 3) bad |= rand_mlp(c, &L->experts[e], M3_WF_NVFP4, H, cf->moe_inter, s);
+            for (int e = 0; e < E && !bad; e++, s += 3)
+                if (S->experts[e].gate.w) bad |= rand_mlp_like(c, &L->experts[e], &S->experts[e], s); /* else another rank's */
             if (!bad) {
                 L->backend = m3_cu_alloc(c, sizeof(m3_mlp_w) * (size_t)E);
                 if (!L->backend || CK(c, cudaMemcpy(L->backend, L->experts, sizeof(m3_mlp_w) * (size_t)E, cudaMemcpyHostToDevice)))
                     bad = 1;
             }
-            if (cf->n_shared && !bad) {
+            if (S->has_shared && !bad) {
                 L->has_shared = 1;
-                bad |= rand_mlp(c, &L->shared, M3_WF_MXFP8, H, cf->shared_inter, s);
+                bad |= rand_mlp_like(c, &L->shared, &S->shared, s);
                 s += 3;
             }
         }
     }
-    if (!bad) bad |= rand_linear(c, &w->embed, M3_WF_BF16, cf->vocab, H, s++);
-    if (!bad) bad |= rand_linear(c, &w->lm_head, M3_WF_BF16, cf->vocab, H, s++);
+    if (!bad) bad |= RL(w->embed, shape->embed);
+    if (!bad) bad |= RL(w->lm_head, shape->lm_head);
+#undef RL
     if (!bad) w->final_norm = zeros(c, H, &bad);
     if (!bad) bad |= CK(c, cudaStreamSynchronize(c->st));
     if (bad || c->failed) {
@@ -157,4 +161,13 @@ extern "C" int m3_cuda_random_weights(m3_ops *ops, const m3_config *cf, int n_la
         return -1;
     }
     return 0;
+}
+
+extern "C" int m3_cuda_random_weights(m3_ops *ops, const m3_config *cf, int n_layers, uint64_t seed, m3_weights *w,
+                                      m3_err *err) {
+    m3_weights shape;
+    if (m3_weights_shapes(&shape, cf, n_layers, err)) return -1;
+    int rc = m3_cuda_random_weights_like(ops, cf, &shape, seed, w, err);
+    m3_weights_free(&shape);
+    return rc;
 }

@@ -167,8 +167,8 @@ int m3_cmd_serve(int argc, char **argv) {
     int rc = 1;
     m3_engine *e = NULL;
     m3_vision vis = {0};
-    m3_ops vops = {0};
-    int own_vops = 0;
+    m3_ops vops = {0}, dops = {0};
+    int own_vops = 0, own_dops = 0;
     m3_media_ctx media = {0};
     media.start_id = media.end_id = -1;
     media.allowed_domains = media_domains;
@@ -185,6 +185,11 @@ int m3_cmd_serve(int argc, char **argv) {
     if ((spec_json || draft_dir) && m3_spec_config_parse(&eo.spec, spec_json ? spec_json : "{}", dir, draft_dir, &err)) {
         fprintf(stderr, "m3 serve: %s\n", err.msg);
         goto done;
+    }
+    if (tp.g && eo.spec.method != M3_SPEC_NONE) { /* the draft beside the ranks: a CPU op table of its own */
+        if (m3_cpu_ops_init(&dops, (int)threads, &err)) { fprintf(stderr, "m3 serve: draft ops: %s\n", err.msg); goto done; }
+        own_dops = 1;
+        eo.draft_ops = &dops;
     }
     e = m3_engine_create(&m, &eo, &err);
     if (!e) { fprintf(stderr, "m3 serve: %s\n", err.msg); goto done; }
@@ -206,6 +211,7 @@ int m3_cmd_serve(int argc, char **argv) {
 done:
     m3_engine_destroy(e);
     if (own_vops) m3_cpu_ops_free(&vops);
+    if (own_dops) m3_cpu_ops_free(&dops);
     m3_vision_free(&vis);
     if (tp.g) m3_cli_tp_free(&tp); /* the ranks before the full model they view */
     m3_model_free(&m);

@@ -220,11 +220,12 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         e->draft_hook_arg = o->draft_hook_arg;
         if (e->k < 1 || e->k > M3_SPEC_MAX_TOKENS)
             m3_errf(err, "engine: num_speculative_tokens %d, expected 1..%d", e->k, M3_SPEC_MAX_TOKENS);
-        else if (o->group)
-            m3_errf(err, "engine: speculative decoding with tensor parallelism is not supported yet");
-        else if (strcmp(m->ops->name, "cpu") != 0)
-            m3_errf(err, "engine: DSpark drafting runs on the CPU backend only (backend '%s')", m->ops->name);
-        else if (m3_dspark_load(&e->draft, o->spec.draft_dir, m, m->ops, err) == 0) {
+        else if (!(o->draft_ops ? o->draft_ops : m->ops))
+            m3_errf(err, "engine: DSpark beside a tensor-parallel group needs a host-memory op table (opts.draft_ops)");
+        else if (strcmp((o->draft_ops ? o->draft_ops : m->ops)->name, "cpu") != 0)
+            m3_errf(err, "engine: DSpark drafting runs on the CPU backend only (backend '%s')",
+                    (o->draft_ops ? o->draft_ops : m->ops)->name);
+        else if (m3_dspark_load(&e->draft, o->spec.draft_dir, m, o->draft_ops ? o->draft_ops : m->ops, err) == 0) {
             e->spec = 1;
             e->draft.cfg.last_layer_final_norm = o->spec.last_layer_final_norm;
             if (e->k > e->draft.cfg.window) {
@@ -769,7 +770,8 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         m3_batch b = {T, e->pos, e->sq, e->seqs};
         m3_taps taps = {.arg = e, .capture_layers = e->spec ? e->draft.capture : NULL, .capture = on_capture};
         m3_embed_override ov = {n_ov, e->ov_rows, e->ov_emb};
-        int frc = e->group ? m3_group_forward_ex(e->group, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits, NULL, err)
+        int frc = e->group ? m3_group_forward_ex(e->group, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits,
+                                                 e->spec ? &taps : NULL, err)
                            : m3_forward_ex(e->m, e->kv, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits,
                                            e->spec ? &taps : NULL, err);
         if (frc) {

@@ -132,8 +132,11 @@ typedef struct m3_engine_opts {
      * group's ranks (m3_group_forward), the model given to m3_engine_create is the full model
      * the group was made from (its config; its ops are not used). The KV pool is made in every
      * rank (m3_group_kv_create: kv_pages, or kv_bytes per rank); the block manager manages rank
-     * 0's, whose page ids are valid in every rank's pool. Not with speculative decoding. */
+     * 0's, whose page ids are valid in every rank's pool. With speculative decoding the draft
+     * runs on draft_ops and reads the target's hidden states from rank 0. */
     struct m3_group *group;
+    /* The DSpark draft's op table (host memory; NULL: the model's own). Needed with a group. */
+    m3_ops *draft_ops;
     /* Tests only (NULL normally): after a GREEDY request's drafts are drawn, may overwrite
      * draft[0..k) (greedy verification is exact whatever the drafts); tok[0..n_tok) is the
      * request's prompt + generated ids. */

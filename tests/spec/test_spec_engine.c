@@ -29,6 +29,7 @@
 #include <time.h>
 
 #include "backend/cpu/cpu.h"
+#include "dist/group.h"
 #include "engine/engine.h"
 #include "model/dspark.h"
 #include "model/m3.h"
@@ -791,10 +792,61 @@ static void test_load_errors(m3_model *m, m3_ops *ops) {
     printf("6. draft loading errors name the directory / field: %d / %zu config cases\n", ok, sizeof cases / sizeof cases[0]);
 }
 
+/* ---------------------------------------------------------------- 5: tensor parallel target
+ * The target as a TP2 group of thread ranks (experts split), the draft on the model's own
+ * CPU ops reading rank 0's hidden states: greedy output with DSpark bitwise equal to the
+ * same group without it, for k = 1, 4, 8. */
+
+static int tp_ops_init(void *arg, int rank, m3_ops *ops, m3_comm *comm, m3_err *err) {
+    (void)arg; (void)rank; (void)comm;
+    return m3_cpu_ops_init(ops, 1, err);
+}
+static void tp_ops_free(void *arg, int rank, m3_ops *ops) { (void)arg; (void)rank; m3_cpu_ops_free(ops); }
+
+static void test_tp(m3_model *m) {
+    enum { N = 6 };
+    static rspec specs[N];
+    static result base[N], got[N];
+    greedy_specs(specs, N, m->cfg.vocab, 0x7e57);
+    m3_err err;
+    m3_comm *cs[2] = {0};
+    if (m3_comm_threads_create(2, cs, &err)) { CHECK(0, "%s", err.msg); return; }
+    m3_group_opts go = {2, M3_MOE_EXPERTS, cs, tp_ops_init, tp_ops_free, NULL, NULL};
+    m3_group *g = m3_group_create(m, &go, &err);
+    if (!g) { CHECK(0, "group: %s", err.msg); m3_comm_destroy_all(cs, 2); return; }
+    m3_engine_opts o;
+    m3_engine_opts_default(&o);
+    o.kv_pages = 200;
+    o.max_num_seqs = 4;
+    o.max_num_batched_tokens = 64;
+    o.group = g;
+    run_info rb, ri;
+    printf("5. TP2 target (thread ranks), draft on the CPU ops beside it:");
+    if (!run(m, &o, specs, N, base, &rb)) {
+        const int ks[4] = {1, 4, 8, 6};
+        for (int i = 0; i < 4; i++) {
+            m3_engine_opts os = o;
+            spec_opts(&os, ks[i], M3_SPEC_DRAFT_PROBABILISTIC);
+            os.draft_ops = m->ops;
+            oracle orc = {specs, base, got, N, 20, 0};
+            if (i == 3) { os.draft_hook = oracle_hook; os.draft_hook_arg = &orc; } /* accepted drafts, rolled-back rejections */
+            if (run(m, &os, specs, N, got, &ri)) break;
+            int eq = compare(i == 3 ? "TP2 + oracle drafts" : "TP2 + dspark", got, base, N);
+            CHECK(ri.st.spec_verify_steps > 0 && ri.st.kv_blocks_used == 0, "TP2 k %d: %llu verify steps, %d blocks left", ks[i],
+                  (unsigned long long)ri.st.spec_verify_steps, ri.st.kv_blocks_used);
+            if (i == 3) CHECK(mal(&ri.st) > 2.0, "TP2 oracle drafts: MAL %.2f", mal(&ri.st));
+            printf(" %s k %d: %d / %d equal (MAL %.2f);", i == 3 ? "oracle" : "dspark", ks[i], eq, N, mal(&ri.st));
+        }
+    }
+    printf("\n");
+    m3_group_free(g);
+    m3_comm_destroy_all(cs, 2);
+}
+
 int main(int argc, char **argv) {
-    if (argc < 2) { fprintf(stderr, "usage: test_spec_engine CHECKPOINT_DIR [greedy,cache,sampled,errors]\n"); return 2; }
+    if (argc < 2) { fprintf(stderr, "usage: test_spec_engine CHECKPOINT_DIR [greedy,cache,sampled,errors,tp]\n"); return 2; }
     DIR_ = argv[1];
-    const char *sec = argc > 2 ? argv[2] : "greedy,cache,sampled,errors";
+    const char *sec = argc > 2 ? argv[2] : "greedy,cache,sampled,errors,tp";
     m3_err err;
     m3_ops ops;
     m3_model m;
@@ -827,6 +879,7 @@ int main(int argc, char **argv) {
     if (strstr(sec, "sampled")) test_sampled(&m);
     double t3 = now_s();
     if (strstr(sec, "errors")) test_load_errors(&m, &ops);
+    if (strstr(sec, "tp")) test_tp(&m);
     printf("time: greedy %.1fs, cache state %.1fs, sampled %.1fs\n", t1 - t0, t2 - t1, t3 - t2);
     m3_dspark_free(&d);
     m3_model_free(&m);

@@ -157,6 +157,80 @@ int main(int argc, char **argv) {
         }
         for (int j = 0; j < NJ; j++) { g.release(g.ctx, dw[j]); g.release(g.ctx, ds[j]); free(w[j]); free(s[j]); }
     }
+    /* one MoE layer at M3.1-Flash widths (16 of its 128 experts: the host copy stays small; 8
+     * routed per token + the shared expert): the whole MoE op (router, top-8, expert GEMVs,
+     * SwiGLU, combine, shared expert) against the CPU's, bytes counted over the distinct
+     * experts the routing picked */
+    if (argc != 3) {
+        enum { E = 16, TOPK = 8, H = 6144, F = 3072 };
+        m3_weights hw;
+        memset(&hw, 0, sizeof hw);
+        m3_layer_w *L = calloc(1, sizeof *L);
+        L->moe = 1;
+        L->has_shared = 1;
+        uint8_t *bufs[3 * E + 5][2];
+        int nb = 0;
+        make(&L->router, M3_WF_BF16, E, H, &bufs[nb][0], &bufs[nb][1]); nb++;
+        L->route_bias = calloc(E, sizeof(float));
+        for (int e = 0; e < E; e++) L->route_bias[e] = 0.01f * (float)(e % 5);
+        L->experts = calloc(E, sizeof *L->experts);
+        for (int e = 0; e < E; e++) {
+            make(&L->experts[e].gate, M3_WF_NVFP4, F, H, &bufs[nb][0], &bufs[nb][1]); nb++;
+            make(&L->experts[e].up, M3_WF_NVFP4, F, H, &bufs[nb][0], &bufs[nb][1]); nb++;
+            make(&L->experts[e].down, M3_WF_NVFP4, H, F, &bufs[nb][0], &bufs[nb][1]); nb++;
+        }
+        make(&L->shared.gate, M3_WF_MXFP8, F, H, &bufs[nb][0], &bufs[nb][1]); nb++;
+        make(&L->shared.up, M3_WF_MXFP8, F, H, &bufs[nb][0], &bufs[nb][1]); nb++;
+        make(&L->shared.down, M3_WF_MXFP8, H, F, &bufs[nb][0], &bufs[nb][1]); nb++;
+        hw.layers = L;
+        hw.n_layers = 1;
+        hw.hidden = H;
+        hw.n_experts = E;
+        m3_weights dw;
+        if (g.weights_upload(g.ctx, &hw, &dw, &err)) { printf("moe upload: %s\n", err.msg); fails++; }
+        else {
+            printf("MoE layer (E=%d of 128, top-%d, NVFP4 experts %dx%d, MXFP8 shared expert):\n%4s %10s %10s %8s %9s %8s\n", E,
+                   TOPK, F, H, "T", "rel_l2", "us", "experts", "GB/s", "of_bw");
+            const double eb = (double)(m3_linear_bytes(&L->experts[0].gate) + m3_linear_bytes(&L->experts[0].up) +
+                                       m3_linear_bytes(&L->experts[0].down));
+            const double fixed = (double)(m3_linear_bytes(&L->router) + m3_linear_bytes(&L->shared.gate) +
+                                          m3_linear_bytes(&L->shared.up) + m3_linear_bytes(&L->shared.down));
+            for (int ti = 0; ti < 2; ti++) {
+                const int T = ti ? 8 : 1;
+                float *x = malloc(sizeof(float) * (size_t)T * H), *yc = malloc(sizeof(float) * (size_t)T * H),
+                      *yg = malloc(sizeof(float) * (size_t)T * H);
+                for (size_t i = 0; i < (size_t)T * H; i++) x[i] = urand();
+                float *dx = g.alloc(g.ctx, sizeof(float) * (size_t)T * H), *dy = g.alloc(g.ctx, sizeof(float) * (size_t)T * H);
+                g.upload(g.ctx, dx, x, sizeof(float) * (size_t)T * H);
+                c.moe(c.ctx, L, x, T, E, TOPK, 2.0f, 1.702f, 7.0f, yc);
+                m3_cuda_count_experts(&g, 1);
+                m3_cuda_experts_used(&g, 1);
+                g.moe(g.ctx, &dw.layers[0], dx, T, E, TOPK, 2.0f, 1.702f, 7.0f, dy);
+                m3_cuda_count_experts(&g, 0);
+                long used = m3_cuda_experts_used(&g, 1);
+                g.download(g.ctx, yg, dy, sizeof(float) * (size_t)T * H);
+                double num = 0, den = 0;
+                for (size_t i = 0; i < (size_t)T * H; i++) { double d = (double)yg[i] - yc[i]; num += d * d; den += (double)yc[i] * yc[i]; }
+                double rel = sqrt(num / (den > 0 ? den : 1));
+                const int reps = 50;
+                double t0 = m3_cuda_sync_time(&g);
+                for (int r = 0; r < reps; r++) g.moe(g.ctx, &dw.layers[0], dx, T, E, TOPK, 2.0f, 1.702f, 7.0f, dy);
+                double dt = (m3_cuda_sync_time(&g) - t0) / reps;
+                double bytes = fixed + eb * (double)used;
+                int ok = rel < 1e-5;
+                if (!ok) fails++;
+                printf("%4d %10.2e %10.1f %8ld %9.0f %7.0f%% %s\n", T, rel, dt * 1e6, used, bytes / dt / 1e9, 100 * bytes / dt / bw,
+                       ok ? "" : "FAIL");
+                g.release(g.ctx, dx); g.release(g.ctx, dy);
+                free(x); free(yc); free(yg);
+            }
+            g.weights_release(g.ctx, &dw);
+        }
+        for (int i = 0; i < nb; i++) { free(bufs[i][0]); free(bufs[i][1]); }
+        free(L->route_bias);
+        free(L->experts);
+        free(L);
+    }
     err.msg[0] = 0;
     if (g.check && g.check(g.ctx, &err)) { printf("CUDA error: %s\n", err.msg); fails++; }
     m3_cuda_ops_free(&g);

@@ -29,5 +29,9 @@ s "decode at M3.1-Flash shapes"
 ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 --steps 10 --prefill 0
 ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1 --context 8192 --steps 5 --prefill 0 --profile
 ck timeout 90 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 30 --batch 1 --context 8192 --steps 10 --prefill 0
+s "the same 8 layers with the fused ops off (M3_CUDA_FUSE=0: add + norm, the RoPE of q / k / index q / k)"
+M3_CUDA_FUSE=0 timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1 --context 8192 --steps 10 --prefill 0
+s "linear kernels and one MoE layer against the CPU"
+ck timeout 120 "$B/bench_cuda_linear"
 s "checks failed: $fails"
 exit $fails

@@ -20,6 +20,13 @@ typedef struct m3_batch {
     m3_kv_seq *const *seqs;
 } m3_batch;
 
+/* one tensor for head_norm_rope_n: x [T, heads * dim], normed and rotated in place */
+typedef struct m3_rope_job {
+    float *x;
+    int heads, dim;
+    const float *w;
+} m3_rope_job;
+
 typedef struct m3_ops {
     const char *name;
     void *ctx;
@@ -53,6 +60,8 @@ typedef struct m3_ops {
     void (*rmsnorm)(void *ctx, const float *x, const float *w, int rows, int dim, float eps, float *out);
     /* y += x */
     void (*add)(void *ctx, float *y, const float *x, size_t n);
+    /* optional: h += o, then out = rmsnorm(h) as rmsnorm does (rows of dim), in one pass */
+    void (*add_rmsnorm)(void *ctx, float *h, const float *o, const float *w, int rows, int dim, float eps, float *out);
     /* y[T, N] = x[T, K] W^T */
     void (*linear)(void *ctx, const m3_linear *W, const float *x, int T, float *y);
     /* optional: y_i = x W_i^T for n (<= 6) matrices sharing x, as n linear calls would */
@@ -61,6 +70,9 @@ typedef struct m3_ops {
      * on the first rotary_dim channels of each head at position pos[t]. */
     void (*head_norm_rope)(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps,
                            int rotary_dim, double theta, const int32_t *pos);
+    /* optional: head_norm_rope over n (<= 4) tensors of the same tokens in one pass */
+    void (*head_norm_rope_n)(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
+                             const int32_t *pos);
     /* Writes K, V [T, nkv*D] and (sparse layers) index-K [T, Di] of each token to its slot. */
     void (*kv_store)(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v,
                      const float *ik);

@@ -166,10 +166,12 @@ issue:
         op->upload(X, B.h + (size_t)ov->rows[i] * H, ov->emb + (size_t)i * H, sizeof(float) * H);
     TAP_HIDDEN(0, B.h);
 
+    int normed = 0; /* B.a already holds this layer's input norm (fused with the previous residual add) */
     for (int l = 0; l < c->n_layers; l++) {
         const m3_layer_w *L = &W->layers[l];
         /* attention */
-        op->rmsnorm(X, B.h, L->in_norm, T, H, eps, B.a);
+        if (!normed) op->rmsnorm(X, B.h, L->in_norm, T, H, eps, B.a);
+        normed = 0;
         if (op->linear_n) { /* the projections of B.a in one pass (the backend may fuse them) */
             const m3_linear *Ws[5] = {&L->q, &L->k, &L->v, &L->iq, &L->ik};
             float *Ys[5] = {B.q, B.k, B.v, B.iq, B.ik};
@@ -183,11 +185,17 @@ issue:
                 op->linear(X, &L->ik, B.a, T, B.ik);
             }
         }
-        op->head_norm_rope(X, B.q, T, nh, D, L->q_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
-        op->head_norm_rope(X, B.k, T, nkv, D, L->k_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
-        if (L->sparse) {
-            op->head_norm_rope(X, B.iq, T, ni, Di, L->iq_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
-            op->head_norm_rope(X, B.ik, T, 1, Di, L->ik_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
+        if (op->head_norm_rope_n) { /* q, k and the indexer's in one pass */
+            const m3_rope_job rj[4] = {{B.q, nh, D, L->q_norm}, {B.k, nkv, D, L->k_norm}, {B.iq, ni, Di, L->iq_norm},
+                                       {B.ik, 1, Di, L->ik_norm}};
+            op->head_norm_rope_n(X, L->sparse ? 4 : 2, rj, T, eps, c->rotary_dim, c->rope_theta, b->pos);
+        } else {
+            op->head_norm_rope(X, B.q, T, nh, D, L->q_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
+            op->head_norm_rope(X, B.k, T, nkv, D, L->k_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
+            if (L->sparse) {
+                op->head_norm_rope(X, B.iq, T, ni, Di, L->iq_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
+                op->head_norm_rope(X, B.ik, T, 1, Di, L->ik_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
+            }
         }
         op->kv_store(X, kv, l, b, B.k, B.v, L->sparse ? B.ik : NULL);
         if (L->sparse) {
@@ -200,16 +208,25 @@ issue:
         op->attention(X, kv, l, b, B.q, nh, L->sparse ? B.sel : NULL, c->block_size, topk, B.att);
         op->linear(X, &L->o, B.att, T, B.o);
         ALL_REDUCE(B.o, TT * H);
-        op->add(X, B.h, B.o, TT * H);
         /* MLP */
-        op->rmsnorm(X, B.h, L->post_norm, T, H, eps, B.a);
+        if (op->add_rmsnorm) {
+            op->add_rmsnorm(X, B.h, B.o, L->post_norm, T, H, eps, B.a);
+        } else {
+            op->add(X, B.h, B.o, TT * H);
+            op->rmsnorm(X, B.h, L->post_norm, T, H, eps, B.a);
+        }
         if (L->moe)
             op->moe(X, L, B.a, T, c->n_experts, c->top_k, (float)c->routed_scale, (float)c->swiglu_alpha,
                     (float)c->swiglu_limit, B.o);
         else
             op->mlp(X, &L->mlp, B.a, T, (float)c->swiglu_alpha, (float)c->swiglu_limit, B.o);
         ALL_REDUCE(B.o, TT * H);
-        op->add(X, B.h, B.o, TT * H);
+        if (op->add_rmsnorm && l + 1 < c->n_layers) { /* the residual add and the next layer's input norm */
+            op->add_rmsnorm(X, B.h, B.o, W->layers[l + 1].in_norm, T, H, eps, B.a);
+            normed = 1;
+        } else {
+            op->add(X, B.h, B.o, TT * H);
+        }
         if (taps && taps->capture && taps->capture_layers && taps->capture_layers[l]) { /* narrow capture (DSpark) */
             op->download(X, host, B.h, TT * H * 4);
             taps->capture(taps->arg, l, host, T, H);

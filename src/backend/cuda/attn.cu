@@ -560,7 +560,8 @@ __global__ void __launch_bounds__(128) k_attn_fast(kvdesc d, const int32_t *pos,
         }
 }
 
-__global__ void k_attn_merge(const float *part, int nkv, int G, int D, int nsplit, int nh, float *out) {
+/* with xs, also the f16 split of out (hi [n], then lo; the o projection's input, gemv_mma.cu) */
+__global__ void k_attn_merge(const float *part, int nkv, int G, int D, int nsplit, int nh, float *out, uint16_t *xs, size_t n) {
     const int t = blockIdx.y, hh = blockIdx.x, g = hh / G, h = hh % G;
     const float *base = part + (((size_t)t * nkv + g) * nsplit) * (size_t)G * (D + 2) + (size_t)h * (D + 2);
     const size_t sstride = (size_t)G * (D + 2);
@@ -577,7 +578,14 @@ __global__ void k_attn_merge(const float *part, int nkv, int G, int D, int nspli
             float m = base[s * sstride];
             if (m != -INFINITY) o += base[s * sstride + 2 + x] * expf(m - M);
         }
-        out[((size_t)t * nh + hh) * D + x] = L > 0 ? o / L : 0.0f;
+        const size_t k = ((size_t)t * nh + hh) * D + x;
+        const float v = L > 0 ? o / L : 0.0f;
+        out[k] = v;
+        if (xs) {
+            __half hi = __float2half_rn(v), lo = __float2half_rn(v - __half2float(hi));
+            xs[k] = *(uint16_t *)&hi;
+            xs[n + k] = *(uint16_t *)&lo;
+        }
     }
 }
 
@@ -614,7 +622,10 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     }
     if (CK_LAUNCH(c, "attention")) { m3_cu_prof_end(c, OP_ATTN); return; }
     if (nsplit > 1) {
-        k_attn_merge<<<dim3(nh, T), D < 128 ? 64 : 128, 0, c->st>>>(part, nkv, G, D, nsplit, nh, out);
+        const size_t n = (size_t)T * nh * D;
+        uint16_t *xs = (size_t)nh * D % 128 == 0 ? m3_cu_xsplit_claim(c, out, n) : NULL; /* o_proj's input */
+        if ((size_t)nh * D % 128 == 0 && !xs) { m3_cu_prof_end(c, OP_ATTN); return; }
+        k_attn_merge<<<dim3(nh, T), D < 128 ? 64 : 128, 0, c->st>>>(part, nkv, G, D, nsplit, nh, out, xs, n);
         CK_LAUNCH(c, "attention merge");
     }
     m3_cu_prof_end(c, OP_ATTN);

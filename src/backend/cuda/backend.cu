@@ -450,6 +450,10 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->embed = m3_cu_embed;
     ops->rmsnorm = m3_cu_rmsnorm;
     ops->add = m3_cu_add;
+    if (!getenv("M3_CUDA_FUSE") || atoi(getenv("M3_CUDA_FUSE")) != 0) { /* M3_CUDA_FUSE=0: the ops one by one */
+        ops->add_rmsnorm = m3_cu_add_rmsnorm;
+        ops->head_norm_rope_n = m3_cu_head_norm_rope_n;
+    }
     ops->linear = m3_cu_linear;
     ops->linear_n = m3_cu_linear_n;
     ops->head_norm_rope = m3_cu_head_norm_rope;

@@ -79,8 +79,11 @@ void m3_cu_graphs_clear(m3_cuda *c);
 void m3_cu_embed(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out);
 void m3_cu_rmsnorm(void *ctx, const float *x, const float *w, int rows, int dim, float eps, float *out);
 void m3_cu_add(void *ctx, float *y, const float *x, size_t n);
+void m3_cu_add_rmsnorm(void *ctx, float *h, const float *o, const float *w, int rows, int dim, float eps, float *out);
 void m3_cu_head_norm_rope(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps, int rotary_dim,
                           double theta, const int32_t *pos);
+void m3_cu_head_norm_rope_n(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
+                            const int32_t *pos);
 void m3_cu_swiglu(m3_cuda *c, const float *gate, const float *up, size_t n, float alpha, float limit, float *out);
 void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y);
 void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out);

@@ -76,6 +76,43 @@ __global__ void k_rmsnorm(const float *x, const float *w, int dim, float eps, fl
     }
 }
 
+/* h += o, then the RMSNorm of h into out (+ its split), in one pass: as m3_cu_add then m3_cu_rmsnorm */
+__global__ void k_add_rmsnorm(float *h, const float *o, const float *w, int dim, float eps, float *out, uint16_t *xs, size_t n) {
+    float *hr = h + (size_t)blockIdx.x * dim;
+    const float *orow = o + (size_t)blockIdx.x * dim;
+    float *dst = out + (size_t)blockIdx.x * dim;
+    double ss = 0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = hr[i] + orow[i];
+        hr[i] = v;
+        ss += (double)v * v;
+    }
+    ss = block_sum(ss);
+    float r = (float)(1.0 / sqrt(ss / dim + eps));
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = (hr[i] * r) * (1.0f + w[i]);
+        dst[i] = v;
+        if (xs) {
+            const size_t k = (size_t)blockIdx.x * dim + i;
+            split_store(v, xs + k, xs + n + k);
+        }
+    }
+}
+
+void m3_cu_add_rmsnorm(void *ctx, float *h, const float *o, const float *w, int rows, int dim, float eps, float *out) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    m3_cu_prof_begin(c, OP_NORM);
+    if (rows <= 0) { m3_cu_prof_end(c, OP_NORM); return; }
+    const size_t n = (size_t)rows * dim;
+    m3_cu_xsplit_touch(c, h, sizeof(float) * n);
+    m3_cu_xsplit_touch(c, out, sizeof(float) * n);
+    uint16_t *xs = dim % 128 == 0 ? m3_cu_xsplit_claim(c, out, n) : NULL;
+    if (dim % 128 == 0 && !xs) { m3_cu_prof_end(c, OP_NORM); return; }
+    k_add_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(h, o, w, dim, eps, out, xs, n);
+    CK_LAUNCH(c, "add + rmsnorm");
+    m3_cu_prof_end(c, OP_NORM);
+}
+
 void m3_cu_rmsnorm(void *ctx, const float *x, const float *w, int rows, int dim, float eps, float *out) {
     m3_cuda *c = (m3_cuda *)ctx;
     m3_cu_prof_begin(c, OP_NORM);
@@ -107,12 +144,31 @@ void m3_cu_add(void *ctx, float *y, const float *x, size_t n) {
 
 /* one warp per (token, head): RMSNorm over dim (double sum like the CPU), then NeoX RoPE on
  * the first rotary_dim channels; inv_freq and the angle in f32 as the reference does */
+static __device__ __forceinline__ void head_norm_rope_warp(float *v, int t, int dim, const float *w, float eps, int rot,
+                                                           float theta, const int32_t *pos, int lane);
+
 __global__ void k_head_norm_rope(float *x, int T, int heads, int dim, const float *w, float eps, int rot, float theta,
                                  const int32_t *pos) {
     int gw = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (gw >= T * heads) return;
-    int t = gw / heads;
-    float *v = x + (size_t)gw * dim;
+    head_norm_rope_warp(x + (size_t)gw * dim, gw / heads, dim, w, eps, rot, theta, pos, lane);
+}
+
+/* up to 4 tensors of the same tokens (q, k, index q, index k) in one launch: warps numbered
+ * over the tensors' (token, head) pairs in turn */
+typedef struct { m3_rope_job j[4]; int n, first[5]; } rope_jobs;
+__global__ void k_head_norm_rope_n(const __grid_constant__ rope_jobs a, float eps, int rot, float theta, const int32_t *pos) {
+    int gw = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (gw >= a.first[a.n]) return;
+    int i = 0;
+    while (gw >= a.first[i + 1]) i++;
+    const m3_rope_job *J = &a.j[i];
+    const int local = gw - a.first[i];
+    head_norm_rope_warp(J->x + (size_t)local * J->dim, local / J->heads, J->dim, J->w, eps, rot, theta, pos, lane);
+}
+
+static __device__ __forceinline__ void head_norm_rope_warp(float *v, int t, int dim, const float *w, float eps, int rot,
+                                                           float theta, const int32_t *pos, int lane) {
     double ss = 0;
     for (int i = lane; i < dim; i += 32) ss += (double)v[i] * v[i];
 #pragma unroll
@@ -133,18 +189,45 @@ __global__ void k_head_norm_rope(float *x, int T, int heads, int dim, const floa
     }
 }
 
+/* the step's positions on the device (begin_step), or a copy of other callers'; NULL on failure */
+static const int32_t *dev_pos(m3_cuda *c, const int32_t *pos, int T) {
+    if (c->step_b && pos == ((const m3_batch *)c->step_b)->pos && T == c->T) return c->d_pos;
+    int32_t *d = (int32_t *)m3_cu_scratch(c, SC_TMP, sizeof(int32_t) * (size_t)T);
+    if (!d || CK(c, cudaMemcpyAsync(d, pos, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, c->st))) return NULL;
+    CK(c, cudaStreamSynchronize(c->st));
+    return d;
+}
+
+void m3_cu_head_norm_rope_n(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
+                            const int32_t *pos) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (n < 1 || n > 4) {
+        for (int i = 0; i < n; i++)
+            m3_cu_head_norm_rope(ctx, jobs[i].x, T, jobs[i].heads, jobs[i].dim, jobs[i].w, eps, rotary_dim, theta, pos);
+        return;
+    }
+    m3_cu_prof_begin(c, OP_ROPE);
+    const int32_t *dp = dev_pos(c, pos, T);
+    if (!dp) { m3_cu_prof_end(c, OP_ROPE); return; }
+    rope_jobs a;
+    memset(&a, 0, sizeof a);
+    a.n = n;
+    for (int i = 0; i < n; i++) {
+        a.j[i] = jobs[i];
+        a.first[i + 1] = a.first[i] + T * jobs[i].heads;
+        m3_cu_xsplit_touch(c, jobs[i].x, sizeof(float) * (size_t)T * jobs[i].heads * jobs[i].dim);
+    }
+    k_head_norm_rope_n<<<cdiv(a.first[n], 4), 128, 0, c->st>>>(a, eps, rotary_dim, (float)theta, dp);
+    CK_LAUNCH(c, "head_norm_rope (fused)");
+    m3_cu_prof_end(c, OP_ROPE);
+}
+
 void m3_cu_head_norm_rope(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps, int rotary_dim,
                           double theta, const int32_t *pos) {
     m3_cuda *c = (m3_cuda *)ctx;
     m3_cu_prof_begin(c, OP_ROPE);
-    /* the step's positions are on the device already (begin_step); other callers' are copied */
-    const int32_t *dp = c->d_pos;
-    if (!c->step_b || pos != ((const m3_batch *)c->step_b)->pos || T != c->T) {
-        int32_t *d = (int32_t *)m3_cu_scratch(c, SC_TMP, sizeof(int32_t) * (size_t)T);
-        if (!d || CK(c, cudaMemcpyAsync(d, pos, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice, c->st))) { m3_cu_prof_end(c, OP_ROPE); return; }
-        CK(c, cudaStreamSynchronize(c->st));
-        dp = d;
-    }
+    const int32_t *dp = dev_pos(c, pos, T);
+    if (!dp) { m3_cu_prof_end(c, OP_ROPE); return; }
     int warps = T * heads;
     m3_cu_xsplit_touch(c, x, sizeof(float) * (size_t)warps * dim);
     k_head_norm_rope<<<cdiv(warps, 4), 128, 0, c->st>>>(x, T, heads, dim, w, eps, rotary_dim, (float)theta, dp);

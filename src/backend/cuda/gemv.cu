@@ -308,8 +308,9 @@ void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha,
     float *g = (float *)m3_cu_scratch(c, SC_XE, sizeof(float) * (size_t)T * F * 2);
     if (!g) { m3_cu_prof_end(c, OP_MLP); return; }
     float *u = g + (size_t)T * F;
-    m3_cu_linear(c, &m->gate, x, T, g);
-    m3_cu_linear(c, &m->up, x, T, u);
+    const m3_linear *gu[2] = {&m->gate, &m->up};
+    float *go[2] = {g, u};
+    m3_cu_linear_n(c, 2, gu, x, T, go); /* one launch when both take the tensor cores */
     m3_cu_swiglu(c, g, u, (size_t)T * F, alpha, limit, g);
     m3_cu_linear(c, &m->down, g, T, out);
     m3_cu_prof_end(c, OP_MLP);
@@ -452,12 +453,14 @@ __global__ void k_swiglu_pairs(const float *gu, int S, int Fd, float alpha, floa
     }
 }
 
-/* out[t] = sum_k wt[t,k] ye[t,k] in slot (= ascending expert) order */
-__global__ void k_moe_combine(const float *ye, const float *wt, int K, int H, float *out) {
+/* out[t] = sum_k wt[t,k] ye[t,k] in slot (= ascending expert) order, then + sh[t] (the shared
+ * expert's output, added last as the CPU does) when sh is given */
+__global__ void k_moe_combine(const float *ye, const float *wt, int K, int H, const float *sh, float *out) {
     int t = blockIdx.y;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x) {
         float s = 0;
         for (int k = 0; k < K; k++) s += wt[t * K + k] * ye[((size_t)t * K + k) * H + i];
+        if (sh) s += sh[(size_t)t * H + i];
         out[(size_t)t * H + i] = s;
     }
 }
@@ -537,9 +540,16 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
             if (!hs) { m3_cu_prof_end(c, OP_MOE); return; }
             k_swiglu_pairs<<<cdiv((size_t)S * Fd, 256), 256, 0, c->st>>>(gu, S, Fd, alpha, limit, h, hs);
             m3_cu_moe_mma(c, e0, tab, pick, K, S, 2, h, Fd, ye);
-            k_moe_combine<<<dim3(cdiv(H, 256), T), 256, 0, c->st>>>(ye, wt, K, H, out);
+            float *sh = NULL;
+            if (L->has_shared) { /* the shared expert first, so that the combine adds it (one launch less) */
+                sh = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)T * H); /* gu is spent */
+                if (!sh) { m3_cu_prof_end(c, OP_MOE); return; }
+                m3_cu_mlp(c, &L->shared, x, T, alpha, limit, sh);
+            }
+            k_moe_combine<<<dim3(cdiv(H, 256), T), 256, 0, c->st>>>(ye, wt, K, H, sh, out);
             if (CK_LAUNCH(c, "moe (tensor cores)")) { m3_cu_prof_end(c, OP_MOE); return; }
-            goto shared;
+            m3_cu_prof_end(c, OP_MOE);
+            return;
         }
         int kt1 = kt_for(H), kt2 = kt_for(Fd);
         dim3 g1(cdiv(Fd, GW * 2), S), g2(cdiv(H, GW * GR), S);
@@ -556,7 +566,7 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
         }
 #undef MOE_LAUNCH
         if (CK_LAUNCH(c, "moe experts")) { m3_cu_prof_end(c, OP_MOE); return; }
-        k_moe_combine<<<dim3(cdiv(H, 256), T), 256, 0, c->st>>>(ye, wt, K, H, out);
+        k_moe_combine<<<dim3(cdiv(H, 256), T), 256, 0, c->st>>>(ye, wt, K, H, NULL, out);
         if (CK_LAUNCH(c, "moe combine")) { m3_cu_prof_end(c, OP_MOE); return; }
     } else {
         /* group tokens by expert on the host */
@@ -609,7 +619,7 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
         free(off);
         if (c->failed) { m3_cu_prof_end(c, OP_MOE); return; }
     }
-shared:
+    /* the SIMT and host-grouped paths: the shared expert added after the routed ones */
     if (L->has_shared) {
         float *sh = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)T * H);
         if (!sh) { m3_cu_prof_end(c, OP_MOE); return; }

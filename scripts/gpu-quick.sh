@@ -33,5 +33,11 @@ s "the same 8 layers with the fused ops off (M3_CUDA_FUSE=0: add + norm, the RoP
 M3_CUDA_FUSE=0 timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1 --context 8192 --steps 10 --prefill 0
 s "linear kernels and one MoE layer against the CPU"
 ck timeout 120 "$B/bench_cuda_linear"
+s "MoE grouped by expert (M3_MOE_GROUPED=1): the MoE layer against the CPU, then batch 8 and a verify pass of 8"
+ck env M3_MOE_GROUPED=1 timeout 120 "$B/bench_cuda_linear"
+for gflag in 0 1; do
+  M3_MOE_GROUPED=$gflag timeout 90 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 \
+    --steps 10 --prefill 0 --verify 7 | sed "s/^/grouped=$gflag: /"
+done
 s "checks failed: $fails"
 exit $fails

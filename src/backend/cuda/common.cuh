@@ -105,6 +105,8 @@ void m3_cu_xsplit_reset(m3_cuda *c);
 void m3_cu_xsplit_touch(m3_cuda *c, const void *p, size_t bytes);
 uint16_t *m3_cu_xsplit_claim(m3_cuda *c, const float *x, size_t n);
 void m3_cu_linear_n(void *ctx, int n, const m3_linear *const *W, const float *x, int T, float *const *y);
+int m3_cu_moe_grouped(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int T, int topk,
+                      int E, int part, const float *x, int xstride, float *out);
 int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int topk, int S, int part,
                   const float *x, int xstride, float *out);
 

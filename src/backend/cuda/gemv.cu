@@ -535,11 +535,16 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
             /* tensor cores: (gate, up) of every slot, SwiGLU, down */
             float *gu = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)S * Fd * 2);
             if (!gu) { m3_cu_prof_end(c, OP_MOE); return; }
-            m3_cu_moe_mma(c, e0, tab, pick, K, S, 0, x, H, gu);
+            /* M3_MOE_GROUPED=1 (2-8 tokens): each picked expert read once for all its tokens */
+            static int grouped = -1;
+            if (grouped < 0) grouped = getenv("M3_MOE_GROUPED") && atoi(getenv("M3_MOE_GROUPED")) == 1;
+            const int grp = grouped && T >= 2 && m3_cu_moe_grouped(c, e0, tab, pick, T, K, E, 0, x, H, gu) == 0;
+            if (!grp) m3_cu_moe_mma(c, e0, tab, pick, K, S, 0, x, H, gu);
             uint16_t *hs = m3_cu_xsplit_claim(c, h, (size_t)S * Fd);
             if (!hs) { m3_cu_prof_end(c, OP_MOE); return; }
             k_swiglu_pairs<<<cdiv((size_t)S * Fd, 256), 256, 0, c->st>>>(gu, S, Fd, alpha, limit, h, hs);
-            m3_cu_moe_mma(c, e0, tab, pick, K, S, 2, h, Fd, ye);
+            if (grp) m3_cu_moe_grouped(c, e0, tab, pick, T, K, E, 2, h, Fd, ye);
+            else m3_cu_moe_mma(c, e0, tab, pick, K, S, 2, h, Fd, ye);
             float *sh = NULL;
             if (L->has_shared) { /* the shared expert first, so that the combine adds it (one launch less) */
                 sh = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)T * H); /* gu is spent */

@@ -69,28 +69,30 @@ typedef struct gv_job {
 typedef struct gv_args {
     gv_job j[GV_MAXJ];
     int nj, items;
-    int moe;                 /* 0 plain; 1 MoE gate + up (mat = 2 slot + which); 2 MoE down (mat = slot) */
+    int moe;                 /* 0 plain; 1 MoE gate + up (mat = 2 slot + which); 2 MoE down (mat = slot);
+                              * grouped by expert (every expert read once for all its tokens): 3 gate + up
+                              * (mat = 2 group + which), 4 down (mat = group) */
+    const int *groups;       /* modes 3, 4: [0] groups this step, then per group: expert, count, 8 slots */
     const m3_mlp_w *tab;     /* MoE: device expert table */
     const int32_t *pick;     /* MoE: expert of each slot */
     int topk;
     int *ctr;                /* arrival counters, zero between launches */
 } gv_args;
 
-/* The K range [c0, c1) (in units) of 16 rows from n0 against the B column of this lane:
- * HL (T <= 4): column g is token g/2, x_hi for even g and x_lo for odd g, one MMA per k16;
- * otherwise column g is token g and x_hi, x_lo go through two MMAs. */
+/* The K range [c0, c1) (in units) of 16 rows from n0 against the B column of this lane (x row
+ * xrow, -1 for none): HL (T <= 4): column g is token g/2, x_hi for even g and x_lo for odd g,
+ * one MMA per k16; otherwise column g is token g and x_hi, x_lo go through two MMAs. */
 template <int F, int HL, int UB>
 static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_t *xh, const uint16_t *xl, int xstride,
-                                               int ntok, int n0, int c0, int c1, const uint32_t *my, int g, int tig,
+                                               int xrow, int n0, int c0, int c1, const uint32_t *my, int g, int tig,
                                                float acc[4]) {
     const int N = W->N;
     const int ra = n0 + g < N ? n0 + g : N - 1, rb = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
     const uint8_t *wa = W->w + (size_t)ra * W->row_bytes, *wb = W->w + (size_t)rb * W->row_bytes;
     const uint8_t *sa = W->scale + (size_t)ra * W->scale_row, *sb = W->scale + (size_t)rb * W->scale_row;
-    const int tok = HL ? g >> 1 : g;
-    const bool use = tok < ntok;
-    const uint16_t *xp = (HL && (g & 1) ? xl : xh) + (size_t)(use ? tok : 0) * xstride;
-    const uint16_t *xq = xl + (size_t)(use ? tok : 0) * xstride; /* non-HL: the lo half */
+    const bool use = xrow >= 0; /* this lane's B column holds x row xrow (else zeros) */
+    const uint16_t *xp = (HL && (g & 1) ? xl : xh) + (size_t)(use ? xrow : 0) * xstride;
+    const uint16_t *xq = xl + (size_t)(use ? xrow : 0) * xstride; /* non-HL: the lo half */
     acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
     if (F == M3_WF_NVFP4) {
         const int UV = 128;
@@ -206,24 +208,33 @@ __global__ void __launch_bounds__(WPB * 32, UB > 2 || !HL ? 2 : 3) k_gv(const __
         const m3_linear *W;
         const uint16_t *xh = J->xh, *xl = J->xl;
         float *y = J->y;
-        int ntok = J->T;
-        if (a.moe) {
+        int ntok = J->T, xrow;
+        const int lcol = HL ? g >> 1 : g; /* this lane's B column: token (or group member) */
+        const int *grp = NULL;            /* modes 3, 4: expert, count, slots[8] */
+        if (a.moe >= 3) {
+            const int gi = a.moe == 3 ? mat >> 1 : mat;
+            if (gi >= a.groups[0]) continue; /* fewer distinct experts this step than the bound */
+            grp = a.groups + 1 + gi * 10;
+            const m3_mlp_w *m = &a.tab[grp[0]];
+            W = a.moe == 4 ? &m->down : (mat & 1) ? &m->up : &m->gate;
+            ntok = grp[1];
+            xrow = lcol < ntok ? (a.moe == 3 ? grp[2 + lcol] / a.topk : grp[2 + lcol]) : -1;
+        } else if (a.moe) {
             const int slot = a.moe == 1 ? mat >> 1 : mat;
             const m3_mlp_w *m = &a.tab[a.pick[slot]];
             W = a.moe == 2 ? &m->down : (mat & 1) ? &m->up : &m->gate;
-            const size_t xo = (size_t)(a.moe == 1 ? slot / a.topk : slot) * J->xstride;
-            xh += xo;
-            xl += xo;
             y += (size_t)mat * W->N;
             ntok = 1;
+            xrow = lcol < 1 ? (a.moe == 1 ? slot / a.topk : slot) : -1;
         } else {
             W = &J->W;
+            xrow = lcol < ntok ? lcol : -1;
         }
         const int UV = F == M3_WF_NVFP4 ? 128 : 32, units = W->K / UV;
         const int c0 = (int)((long)units * kslice / ks), c1 = (int)((long)units * (kslice + 1) / ks);
         const int n0 = tile * 16, N = W->N;
         float acc[4];
-        gv_tile<F, HL, UB>(W, xh, xl, J->xstride, ntok, n0, c0, c1, my, g, tig, acc);
+        gv_tile<F, HL, UB>(W, xh, xl, J->xstride, xrow, n0, c0, c1, my, g, tig, acc);
 
         /* this lane's results: (row offset, token, value) */
         constexpr int NV = HL ? 2 : 4;
@@ -239,13 +250,16 @@ __global__ void __launch_bounds__(WPB * 32, UB > 2 || !HL ? 2 : 3) k_gv(const __
             rr[3] = g + 8; tt[3] = 2 * tig + 1; vv[3] = acc[3];
         }
         const float gm = F == M3_WF_NVFP4 ? W->gmul : 1.0f;
+        /* output row of column col: token col (plain), the slot's row (MoE), the member's slot (grouped) */
+#define GV_OUT(col) (grp ? y + (size_t)(a.moe == 3 ? 2 * grp[2 + (col)] + (mat & 1) : grp[2 + (col)]) * N \
+                         : y + (size_t)(col) * N)
         if (ks == 1) {
             #pragma unroll
             for (int i = 0; i < NV; i++)
-                if (n0 + rr[i] < N && tt[i] < ntok) y[(size_t)tt[i] * N + n0 + rr[i]] = vv[i] * gm;
+                if (n0 + rr[i] < N && tt[i] < ntok) GV_OUT(tt[i])[n0 + rr[i]] = vv[i] * gm;
             continue;
         }
-        const int TT = a.moe ? 1 : J->T;
+        const int TT = a.moe >= 3 ? 8 : a.moe ? 1 : J->T;
         float *p = J->part + (size_t)t2 * ks * 16 * TT;
         #pragma unroll
             for (int i = 0; i < NV; i++)
@@ -262,9 +276,10 @@ __global__ void __launch_bounds__(WPB * 32, UB > 2 || !HL ? 2 : 3) k_gv(const __
             if (tt[i] >= ntok || n0 + rr[i] >= N) continue;
             float s = 0;
             for (int k = 0; k < ks; k++) s += __ldcg(p + ((size_t)k * TT + tt[i]) * 16 + rr[i]);
-            y[(size_t)tt[i] * N + n0 + rr[i]] = s * gm;
+            GV_OUT(tt[i])[n0 + rr[i]] = s * gm;
         }
         if (lane == 0) a.ctr[J->ctr0 + t2] = 0; /* ready for the next launch (stream order) */
+#undef GV_OUT
     }
 }
 
@@ -489,5 +504,67 @@ int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, cons
     a.topk = topk;
     const int mats = part == 2 ? S : 2 * S;
     gv_launch(c, &a, W->fmt, 1, &mats);
+    return 0;
+}
+
+/* the distinct experts of a step's S = T*K picks, ascending, each with its slots in token
+ * order: out[0] = groups, then per group {expert, count, slots[8]} (count <= T <= 8: a token
+ * picks an expert once). One thread: S <= 64. */
+__global__ void k_moe_groups(const int32_t *pick, int T, int K, int *out) {
+    if (threadIdx.x || blockIdx.x) return;
+    const int S = T * K;
+    int n = 0, last = -1;
+    for (;;) {
+        int e = 0x7fffffff;
+        for (int i = 0; i < S; i++)
+            if (pick[i] > last && pick[i] < e) e = pick[i];
+        if (e == 0x7fffffff) break;
+        int *g = out + 1 + n * 10, cnt = 0;
+        g[0] = e;
+        for (int i = 0; i < S; i++)
+            if (pick[i] == e && cnt < 8) g[2 + cnt++] = i;
+        g[1] = cnt;
+        n++;
+        last = e;
+    }
+    out[0] = n;
+}
+
+/* The MoE experts grouped by expert (2 <= T <= 8 tokens): each picked expert's rows are read
+ * once for all the tokens routed to it (a speculative verify pass, a batch of decodes);
+ * outputs land where m3_cu_moe_mma puts them (gu[S][2][F], then ye[S][H]). part 0: route the
+ * picks into groups and run gate + up; part 2: down. -1 when not supported. */
+int m3_cu_moe_grouped(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int T, int topk,
+                      int E, int part, const float *x, int xstride, float *out) {
+    const m3_linear *W = part == 2 ? &host_e0->down : &host_e0->gate;
+    if (T < 2 || T > 8 || !m3_cu_mma_ok(W) || (part != 2 && (!m3_cu_mma_ok(&host_e0->up) || host_e0->up.fmt != W->fmt)))
+        return -1;
+    const int S = T * topk, gmax = S < E ? S : E;
+    int *groups = (int *)m3_cu_scratch(c, SC_IDX, sizeof(int) * (size_t)(1 + 10 * gmax) + 64);
+    if (!groups) return 0;
+    if (part != 2) {
+        k_moe_groups<<<1, 32, 0, c->st>>>(pick, T, topk, groups);
+        if (CK_LAUNCH(c, "moe groups")) return 0;
+    }
+    gv_args a;
+    memset(&a, 0, sizeof a);
+    const int rows = part == 2 ? S : T; /* x rows: tokens (gate/up) or slots (down) */
+    const uint16_t *xh, *xl;
+    if (xsplit_get(c, x, (size_t)rows * xstride, &xh, &xl)) return 0;
+    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)S * (part == 2 ? 1 : 2) * W->N);
+    a.j[0].W = *W;
+    a.j[0].xh = xh;
+    a.j[0].xl = xl;
+    a.j[0].xstride = xstride;
+    a.j[0].y = out;
+    a.j[0].T = 8; /* columns per item (partial sums) */
+    a.nj = 1;
+    a.moe = part == 2 ? 4 : 3;
+    a.tab = tab;
+    a.pick = pick;
+    a.topk = topk;
+    a.groups = groups;
+    const int mats = part == 2 ? gmax : 2 * gmax;
+    gv_launch(c, &a, W->fmt, 0, &mats);
     return 0;
 }

@@ -39,5 +39,14 @@ for gflag in 0 1; do
   M3_MOE_GROUPED=$gflag timeout 90 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 \
     --steps 10 --prefill 0 --verify 7 | sed "s/^/grouped=$gflag: /"
 done
+s "compute-sanitizer memcheck: prefill + graph-replayed decode on m3-tiny-q and m3-wide-q"
+if command -v compute-sanitizer >/dev/null; then
+  CS="compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20"
+  ck timeout 180 $CS "$B/m3" logits -m $D/m3-tiny-q --ids 1,2,3,4,5,6,7,8,9,10,11,12 --decode 6 --backend cuda -o "$O/cs1.st"
+  ck timeout 240 $CS "$B/m3" logits -m $D/m3-wide-q --ids "$(seq 1 300 | awk '{printf "%s%d", (NR>1?",":""), ($1*37)%500}')" \
+    --decode 3 --kv-cache-dtype nvfp4 --backend cuda -o "$O/cs2.st"
+else
+  echo "compute-sanitizer not found"
+fi
 s "checks failed: $fails"
 exit $fails

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds the CUDA build here (nvcc, sm_90a) and puts stripped copies of what the GPU scripts run
+# into .gpu_bin/ (ignored by git), small enough to carry to a GPU machine with the working tree:
+#   scripts/gpu-bin.sh && (on the GPU machine) scripts/gpu-quick.sh .gpu_bin   or   scripts/gpu.sh .gpu_bin
+# The binaries link only libraries the GPU hosts have (libjpeg, libwebp and utf8proc statically).
+set -eu
+cd "$(dirname "$0")/.."
+cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build-cuda -j"$(nproc)" --target m3 bench_cuda_linear oracle_check logits_diff >/dev/null
+rm -rf .gpu_bin && mkdir -p .gpu_bin
+cp build-cuda/m3 build-cuda/bench_cuda_linear build-cuda/tests/oracle_check build-cuda/tests/logits_diff .gpu_bin/
+strip .gpu_bin/*
+du -sh .gpu_bin

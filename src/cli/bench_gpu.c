@@ -187,7 +187,6 @@ static int bench_tp(const char *cfgp, m3_config *c, long layers, int N, m3_moe_s
     memset(&full, 0, sizeof full);
     full.cfg = *c; /* shallow: c stays the caller's */
     full.cfg.n_layers = (int)layers;
-    full.is_view = 1; /* m3_model_free must not free the borrowed config */
     if (m3_weights_shapes(&full.w, &full.cfg, (int)layers, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); return 1; }
     m3_comm **comms = calloc((size_t)N, sizeof *comms);
     int *devs = malloc(sizeof(int) * (size_t)N);

@@ -8,6 +8,7 @@
 #include "../engine/engine.h"
 #include "../engine/sampler.h"
 #include "cli.h"
+#include "tp.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -43,8 +44,11 @@ static void spec_on_token(void *arg, uint64_t id, int32_t token, float logprob, 
     if (finished) { g->done = 1; g->reason = reason; }
 }
 
+/* sc NULL: no speculation (the engine path for -tp); group: the tensor-parallel ranks, the
+ * draft then on draft_ops */
 static int generate_spec(m3_model *m, const m3_spec_config *sc, const int32_t *ids, int T, int n_gen,
-                         const m3_sampling *sp, m3_kv_dtype kdt, int ubatch, int ignore_eos) {
+                         const m3_sampling *sp, m3_kv_dtype kdt, int ubatch, int ignore_eos, m3_group *group,
+                         m3_ops *draft_ops) {
     m3_err err;
     m3_engine_opts eo;
     m3_engine_opts_default(&eo);
@@ -52,9 +56,11 @@ static int generate_spec(m3_model *m, const m3_spec_config *sc, const int32_t *i
     eo.kv_dtype = eo.index_dtype = kdt;
     eo.kv_pages = (T + n_gen + page - 1) / page + 1;
     eo.max_num_seqs = 1;
-    eo.max_num_batched_tokens = ubatch > sc->num_speculative_tokens ? ubatch : sc->num_speculative_tokens + 1;
+    eo.max_num_batched_tokens = sc && ubatch <= sc->num_speculative_tokens ? sc->num_speculative_tokens + 1 : ubatch;
     eo.enable_prefix_caching = 0;
-    eo.spec = *sc;
+    if (sc) eo.spec = *sc;
+    eo.group = group;
+    eo.draft_ops = draft_ops;
     m3_engine *e = m3_engine_create(m, &eo, &err);
     if (!e) { fprintf(stderr, "m3 generate: %s\n", err.msg); return 1; }
     spec_gen g = {0};
@@ -73,6 +79,7 @@ static int generate_spec(m3_model *m, const m3_spec_config *sc, const int32_t *i
     m3_engine_get_stats(e, &st);
     fprintf(stderr, "prompt %d tokens in %.3fs (%.1f tok/s); generated %d tokens in %.3fs (%.2f tok/s)\n", T, t1 - t0,
             T / (t1 - t0), g.n, t2 - t1, g.n > 1 ? (g.n - 1) / (t2 - t1) : 0.0);
+    if (!sc) goto done;
     fprintf(stderr, "dspark: k %d (%s drafts), %llu verify steps, %llu drafts, %llu accepted (%.1f%%), MAL %.2f; "
             "acceptance by position:", st.spec_k, sc->draft_sample_method == M3_SPEC_DRAFT_GREEDY ? "greedy" : "probabilistic",
             (unsigned long long)st.spec_verify_steps, (unsigned long long)st.spec_draft_tokens,
@@ -82,6 +89,7 @@ static int generate_spec(m3_model *m, const m3_spec_config *sc, const int32_t *i
     for (int i = 0; i < st.spec_k; i++)
         fprintf(stderr, " %.3f", st.spec_drafted_per_pos[i] ? (double)st.spec_accepted_per_pos[i] / st.spec_drafted_per_pos[i] : 0.0);
     fprintf(stderr, "\n");
+done:
     rc = g.reason == M3_FINISH_ERROR ? 1 : 0;
 out:
     m3_engine_destroy(e);
@@ -90,7 +98,8 @@ out:
 
 int m3_cmd_generate(int argc, char **argv) {
     const char *dir = NULL, *ids_s = NULL, *kvd = "f32", *spec_json = NULL, *draft_dir = NULL, *backend = NULL;
-    long n_gen = 16, threads = 0, seed = 0, ubatch = 512, topk = 0;
+    const char *moe_split = NULL;
+    long n_gen = 16, threads = 0, seed = 0, ubatch = 512, topk = 0, tpn = 1;
     m3_sampling sp = {.temperature = 0, .top_p = 1.0f};
     int ignore_eos = 0;
     m3_err err;
@@ -115,13 +124,16 @@ int m3_cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1;
         else if (!strcmp(a, "--speculative-config")) { spec_json = v; i++; }
         else if (!strcmp(a, "--draft")) { draft_dir = v; i++; }
+        else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) { r = m3_cli_int(a, v, 1, 64, &tpn, &err); i++; }
+        else if (!strcmp(a, "--moe-split")) { moe_split = v; i++; }
         else { fprintf(stderr, "m3 generate: unknown option '%s'\n", a); return 2; }
         if (r) { fprintf(stderr, "m3 generate: %s\n", err.msg); return 2; }
         if (i >= argc) { fprintf(stderr, "m3 generate: %s needs a value\n", a); return 2; }
     }
     if (!dir || !ids_s) {
         fprintf(stderr, "m3 generate: usage: m3 generate -m DIR --ids 1,2,3 -n N [--temperature T --top-p P --top-k K --min-p P --seed S] [--backend cpu|cuda|auto]\n"
-                        "                   [--speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":7}' [--draft DIR]]\n");
+                        "                   [--speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":7}' [--draft DIR]]\n"
+                        "                   [-tp N [--moe-split experts|width]]\n");
         return 2;
     }
     m3_spec_config sc;
@@ -136,6 +148,27 @@ int m3_cmd_generate(int argc, char **argv) {
     int32_t *ids;
     int T;
     if (m3_cli_parse_ids(ids_s, &ids, &T, &err)) { fprintf(stderr, "m3 generate: %s\n", err.msg); return 2; }
+    if (tpn > 1) { /* through the engine over the ranks; a draft beside them on a CPU op table */
+        m3_moe_split split = M3_MOE_EXPERTS;
+        if (moe_split && m3_moe_split_parse(moe_split, &split)) {
+            fprintf(stderr, "m3 generate: --moe-split: unknown split '%s' (experts or width)\n", moe_split);
+            free(ids);
+            return 2;
+        }
+        m3_cli_tp tp;
+        m3_model full;
+        if (m3_cli_tp_load(&tp, &full, backend, dir, (int)threads, (int)tpn, split, "generate", ids, T)) { free(ids); return 1; }
+        m3_ops dops = {0};
+        int spec = spec_json || draft_dir, rc = 1;
+        if (spec && m3_cpu_ops_init(&dops, (int)threads, &err)) fprintf(stderr, "m3 generate: draft ops: %s\n", err.msg);
+        else rc = generate_spec(&full, spec ? &sc : NULL, ids, T, (int)n_gen, &sp, kdt, (int)ubatch, ignore_eos, tp.g,
+                                spec ? &dops : NULL);
+        if (spec && dops.ctx) m3_cpu_ops_free(&dops);
+        m3_cli_tp_free(&tp);
+        m3_model_free(&full);
+        free(ids);
+        return rc;
+    }
     m3_ops ops;
     m3_model m;
     if (m3_cli_load_on(&m, &ops, backend, dir, (int)threads, "generate", ids, T)) { free(ids); return 1; }
@@ -143,7 +176,7 @@ int m3_cmd_generate(int argc, char **argv) {
     const int V = c->vocab;
     int rc = 1;
     if (spec_json || draft_dir) {
-        rc = generate_spec(&m, &sc, ids, T, (int)n_gen, &sp, kdt, (int)ubatch, ignore_eos);
+        rc = generate_spec(&m, &sc, ids, T, (int)n_gen, &sp, kdt, (int)ubatch, ignore_eos, NULL, NULL);
         free(ids);
         m3_model_free(&m);
         m3_cli_ops_free(&ops);

@@ -25,6 +25,14 @@ for k in 1 3 7; do
   done
 done
 echo "ok   m3 generate: same greedy tokens with --speculative-config (k 1, 3, 7; hub and bare drafts): $(grep MAL "$W/gen.err")"
+# tensor parallel (two thread ranks, through the engine): the same tokens with the draft beside the ranks
+tp2=$("$M3" generate -m "$W/q" --ids $ids -n 40 --ignore-eos -tp 2 2>"$W/gen.err") || { echo "FAIL generate -tp 2"; cat "$W/gen.err"; exit 1; }
+for k in 2 6; do
+  spec=$("$M3" generate -m "$W/q" --ids $ids -n 40 --ignore-eos -tp 2 \
+    --speculative-config "{\"method\":\"dspark\",\"num_speculative_tokens\":$k}" 2>"$W/gen.err")
+  [ -n "$tp2" ] && [ "$tp2" = "$spec" ] || { echo "FAIL generate -tp 2 k $k: '$spec' vs '$tp2'"; exit 1; }
+done
+echo "ok   m3 generate -tp 2: same greedy tokens with --speculative-config (k 2, 6)"
 bad() {
   if "$M3" generate -m "$W/q" --ids 1,2 -n 3 "$@" >/dev/null 2>"$W/bad.err"; then echo "FAIL accepted: $*"; exit 1; fi
   grep -q "m3 generate: " "$W/bad.err" || { echo "FAIL no message for: $*"; exit 1; }

@@ -92,6 +92,17 @@ typedef struct m3_ops {
      * nothing here. */
     void (*moe)(void *ctx, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,
                 float routed_scale, float alpha, float limit, float *out);
+    /* The vision tower's ops (src/model/vision.c; a backend without them runs no vision):
+     * layer_norm   LayerNorm with bias over rows of dim (mean and variance in double); out may be x
+     * bias_act     y[rows][n] += b (b NULL: nothing), then GELU (erf form) when gelu
+     * rope_table   on each head of x [n, heads * hd]: channel i < half rotates with i + half by the
+     *              angle whose cos / sin are cs / sn [n][half] (backend memory)
+     * attention_full  softmax(q k^T / sqrt(hd)) v of every token over all n tokens, per head;
+     *              q, k, v, out [n, heads * hd] */
+    void (*layer_norm)(void *ctx, const float *x, const float *w, const float *b, int rows, int dim, double eps, float *out);
+    void (*bias_act)(void *ctx, float *y, const float *b, int rows, int n, int gelu);
+    void (*rope_table)(void *ctx, float *x, int n, int heads, int hd, int half, const float *cs, const float *sn);
+    void (*attention_full)(void *ctx, const float *q, const float *k, const float *v, int n, int heads, int hd, float *out);
 } m3_ops;
 
 #endif

@@ -277,40 +277,12 @@ int m3_vision_check_pixels(const m3_vision_config *vc, const m3_pixels *px, m3_e
     return (int)tok;
 }
 
-/* ------------------------------------------------------------------ forward pieces */
-
-static void add_bias(float *y, const float *b, int T, int N) {
-    for (int t = 0; t < T; t++)
-        for (int j = 0; j < N; j++) y[(size_t)t * N + j] += b[j];
-}
-
-static void vlinear(m3_ops *op, const m3_vlinear *L, const float *x, int T, float *y) {
-    op->linear(op->ctx, &L->w, x, T, y);
-    add_bias(y, L->b, T, L->w.N);
-}
-
-static void layer_norm(const float *x, const float *w, const float *b, int T, int n, double eps, float *out) {
-    for (int t = 0; t < T; t++) {
-        const float *r = x + (size_t)t * n;
-        double mean = 0, var = 0;
-        for (int i = 0; i < n; i++) mean += r[i];
-        mean /= n;
-        for (int i = 0; i < n; i++) { double d = r[i] - mean; var += d * d; }
-        var /= n;
-        double inv = 1.0 / sqrt(var + eps);
-        float *o = out + (size_t)t * n;
-        for (int i = 0; i < n; i++) o[i] = (float)((r[i] - mean) * inv) * w[i] + b[i];
-    }
-}
-
-static void gelu(float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = (float)(0.5 * x[i] * (1.0 + erf(x[i] * 0.70710678118654752440)));
-}
+/* ------------------------------------------------------------------ forward */
 
 /* Vision RoPE (spec section 6): d3 = 2*((hd/3)/2) channels per axis; the first 3*d3 channels
  * of each head rotate NeoX style (i with i + 3*d3/2) by angles [t*f, row*f, col*f],
  * f[j] = theta^(-2j/d3); the rest pass through. Patches are block-major: (t, block row,
- * block col, row in block, col in block). cs/sn: [n][3*d3/2]. */
+ * block col, row in block, col in block). cs/sn: [n][3*d3/2], host memory. */
 static int rope_tables(const m3_vision_config *c, const int32_t thw[3], float **cs, float **sn) {
     int hd = c->head_dim, d3 = 2 * (((2 * (hd / 2)) / 3) / 2), half = 3 * d3 / 2, m = c->merge;
     int n = thw[0] * thw[1] * thw[2];
@@ -337,133 +309,177 @@ static int rope_tables(const m3_vision_config *c, const int32_t thw[3], float **
     return 0;
 }
 
-static void rope_apply(float *x, int n, int heads, int hd, int half, const float *cs, const float *sn) {
-    for (int p = 0; p < n; p++)
-        for (int h = 0; h < heads; h++) {
-            float *v = x + ((size_t)p * heads + h) * hd;
-            const float *c = cs + (size_t)p * half, *s = sn + (size_t)p * half;
-            for (int i = 0; i < half; i++) {
-                float a = v[i], b = v[i + half];
-                v[i] = a * c[i] - b * s[i];
-                v[i + half] = b * c[i] + a * s[i];
-            }
-        }
+static void vlinear(m3_ops *op, const m3_vlinear *L, const float *x, int T, float *y, int gelu) {
+    op->linear(op->ctx, &L->w, x, T, y);
+    op->bias_act(op->ctx, y, L->b, T, L->w.N, gelu);
 }
 
-typedef struct {
-    float *s;     /* [n][n] scores -> probabilities */
-    int n;
-    float scale;
-} softmax_job;
+/* ---- the tower's weights in a device backend's memory (m3_vision_upload) ---- */
 
-static void softmax_rows(void *arg, size_t r0, size_t r1, int worker) {
-    (void)worker;
-    softmax_job *j = arg;
-    for (size_t r = r0; r < r1; r++) {
-        float *s = j->s + r * j->n, mx = -INFINITY;
-        for (int i = 0; i < j->n; i++) { s[i] *= j->scale; if (s[i] > mx) mx = s[i]; }
-        double sum = 0;
-        for (int i = 0; i < j->n; i++) { s[i] = expf(s[i] - mx); sum += s[i]; }
-        float inv = (float)(1.0 / sum);
-        for (int i = 0; i < j->n; i++) s[i] *= inv;
-    }
+static void *dev_copy(m3_ops *op, const void *src, size_t bytes, int *bad) {
+    if (!src || !bytes || *bad) return NULL;
+    void *p = op->alloc(op->ctx, bytes);
+    if (!p) { *bad = 1; return NULL; }
+    op->upload(op->ctx, p, src, bytes);
+    return p;
+}
+static void dev_linear(m3_ops *op, const m3_linear *h, m3_linear *d, int *bad) {
+    *d = *h;
+    d->w = dev_copy(op, h->w, h->row_bytes * (size_t)h->N, bad);
+    d->scale = h->scale ? dev_copy(op, h->scale, h->scale_row * (size_t)h->N, bad) : NULL;
+}
+static void dev_vlinear(m3_ops *op, const m3_vlinear *h, m3_vlinear *d, int *bad) {
+    dev_linear(op, &h->w, &d->w, bad);
+    d->b = dev_copy(op, h->b, sizeof(float) * (size_t)h->w.N, bad);
 }
 
-/* Non-causal attention of one image, head by head, with the backend's linear doing both
- * products: scores[q][k] = Q_h[q] . K_h[k] (K_h read in place as an f32 [n, hd] matrix with
- * a row stride), then, with the probabilities P as the matrix and V_h^T [hd, n] as the
- * tokens, out_h^T[d][q] = sum_k P[q][k] V_h[k][d]. */
-static void attention(m3_ops *op, m3_pool *pool, const float *q, const float *k, const float *v, int n, int heads, int hd,
-                     float *out, float *qh, float *vt, float *sc, float *oh) {
-    const int Hv = heads * hd;
-    for (int h = 0; h < heads; h++) {
-        for (int p = 0; p < n; p++) memcpy(qh + (size_t)p * hd, q + (size_t)p * Hv + (size_t)h * hd, sizeof(float) * hd);
-        for (int p = 0; p < n; p++)
-            for (int d = 0; d < hd; d++) vt[(size_t)d * n + p] = v[(size_t)p * Hv + (size_t)h * hd + d];
-        m3_linear K = {.fmt = M3_WF_F32, .N = n, .K = hd, .w = (const uint8_t *)(k + (size_t)h * hd), .row_bytes = (size_t)Hv * 4};
-        op->linear(op->ctx, &K, qh, n, sc); /* sc[query][key] */
-        softmax_job sj = {sc, n, 1.0f / sqrtf((float)hd)};
-        m3_pool_for(pool, (size_t)n, 16, softmax_rows, &sj);
-        m3_linear Pm = {.fmt = M3_WF_F32, .N = n, .K = n, .w = (const uint8_t *)sc, .row_bytes = (size_t)n * 4};
-        op->linear(op->ctx, &Pm, vt, hd, oh); /* oh[d][query] = sum_key P[query][key] V[key][d] */
-        for (int p = 0; p < n; p++)
-            for (int d = 0; d < hd; d++) out[(size_t)p * Hv + (size_t)h * hd + d] = oh[(size_t)d * n + p];
+int m3_vision_upload(const m3_vision *v, m3_ops *op, m3_vision *d, m3_err *err) {
+    memset(d, 0, sizeof *d);
+    if (!v->present) return m3_errf(err, "the checkpoint has no vision tower (text-only)");
+    *d = *v;
+    d->layers = calloc((size_t)v->cfg.layers, sizeof *d->layers);
+    if (!d->layers) { memset(d, 0, sizeof *d); return m3_errf(err, "out of memory"); }
+    d->on_device = 1;
+    const int Hv = v->cfg.hidden;
+    int bad = 0;
+    dev_linear(op, &v->patch, &d->patch, &bad);
+    d->pre_w = dev_copy(op, v->pre_w, sizeof(float) * Hv, &bad);
+    d->pre_b = dev_copy(op, v->pre_b, sizeof(float) * Hv, &bad);
+    for (int l = 0; l < v->cfg.layers; l++) {
+        const m3_vision_layer *H = &v->layers[l];
+        m3_vision_layer *L = &d->layers[l];
+        L->ln1_w = dev_copy(op, H->ln1_w, sizeof(float) * Hv, &bad);
+        L->ln1_b = dev_copy(op, H->ln1_b, sizeof(float) * Hv, &bad);
+        L->ln2_w = dev_copy(op, H->ln2_w, sizeof(float) * Hv, &bad);
+        L->ln2_b = dev_copy(op, H->ln2_b, sizeof(float) * Hv, &bad);
+        dev_vlinear(op, &H->q, &L->q, &bad);
+        dev_vlinear(op, &H->k, &L->k, &bad);
+        dev_vlinear(op, &H->v, &L->v, &bad);
+        dev_vlinear(op, &H->o, &L->o, &bad);
+        dev_vlinear(op, &H->fc1, &L->fc1, &bad);
+        dev_vlinear(op, &H->fc2, &L->fc2, &bad);
     }
+    dev_vlinear(op, &v->proj1, &d->proj1, &bad);
+    dev_vlinear(op, &v->proj2, &d->proj2, &bad);
+    dev_vlinear(op, &v->merge1, &d->merge1, &bad);
+    dev_vlinear(op, &v->merge2, &d->merge2, &bad);
+    if (!bad && op->check && op->check(op->ctx, err)) bad = 2;
+    if (bad) {
+        m3_vision_release(d, op);
+        return bad == 2 ? -1 : m3_errf(err, "vision tower: out of %s memory for its weights", op->name);
+    }
+    return 0;
+}
+
+static void dev_free(m3_ops *op, const void *p) { if (p) op->release(op->ctx, (void *)p); }
+static void dev_free_vlinear(m3_ops *op, const m3_vlinear *L) {
+    dev_free(op, L->w.w);
+    dev_free(op, L->w.scale);
+    dev_free(op, L->b);
+}
+
+void m3_vision_release(m3_vision *d, m3_ops *op) {
+    if (!d->on_device) return;
+    dev_free(op, d->patch.w);
+    dev_free(op, d->patch.scale);
+    dev_free(op, d->pre_w);
+    dev_free(op, d->pre_b);
+    for (int l = 0; d->layers && l < d->cfg.layers; l++) {
+        const m3_vision_layer *L = &d->layers[l];
+        dev_free(op, L->ln1_w); dev_free(op, L->ln1_b); dev_free(op, L->ln2_w); dev_free(op, L->ln2_b);
+        dev_free_vlinear(op, &L->q); dev_free_vlinear(op, &L->k); dev_free_vlinear(op, &L->v);
+        dev_free_vlinear(op, &L->o); dev_free_vlinear(op, &L->fc1); dev_free_vlinear(op, &L->fc2);
+    }
+    dev_free_vlinear(op, &d->proj1); dev_free_vlinear(op, &d->proj2);
+    dev_free_vlinear(op, &d->merge1); dev_free_vlinear(op, &d->merge2);
+    free(d->layers);
+    memset(d, 0, sizeof *d);
 }
 
 int m3_vision_encode(const m3_vision *v, m3_ops *op, m3_pool *pool, const m3_pixels *px, float *embeds, float *tower_out,
                      m3_err *err) {
+    (void)pool; /* the op table's own threads */
     if (!v->present) return m3_errf(err, "the checkpoint has no vision tower (text-only)");
-    if (op->device_memory) return m3_errf(err, "the vision tower runs on a host-memory backend (cpu), not '%s'", op->name);
+    if (!op->layer_norm || !op->bias_act || !op->rope_table || !op->attention_full)
+        return m3_errf(err, "backend '%s' has no vision tower ops", op->name);
+    if (op->device_memory != v->on_device)
+        return m3_errf(err, "the vision tower's weights are in %s memory, backend '%s' wants %s memory (m3_vision_upload)",
+                       v->on_device ? "device" : "host", op->name, op->device_memory ? "device" : "host");
     const m3_vision_config *c = &v->cfg;
     if (m3_vision_check_pixels(c, px, err) < 0) return -1;
     const int Hv = c->hidden, I = c->inter, P = c->proj_hidden, H = c->text_hidden, MM = c->merge * c->merge, hd = c->head_dim;
     const int half = 3 * (2 * (((2 * (hd / 2)) / 3) / 2)) / 2;
-    int nmax = 0;
+    int nmax = 0, tokens = 0;
     for (int i = 0; i < px->n_images; i++) {
         int n = px->grid[3 * i] * px->grid[3 * i + 1] * px->grid[3 * i + 2];
         if (n > nmax) nmax = n;
+        tokens += n / MM;
     }
-    /* per-image buffers, sized for the largest image */
-    size_t N = (size_t)nmax, wide = (size_t)(I > Hv ? I : Hv);
+    /* per-image buffers in the backend's memory, sized for the largest image */
+    size_t N = (size_t)nmax, wide = (size_t)(I > Hv ? I : Hv), pd = (size_t)px->patch_dim;
     if (wide < (size_t)P) wide = (size_t)P;
     if (wide < (size_t)H) wide = (size_t)H;
-    float *x = malloc(sizeof(float) * N * Hv), *a = malloc(sizeof(float) * N * Hv);
-    float *q = malloc(sizeof(float) * N * Hv), *k = malloc(sizeof(float) * N * Hv), *vv = malloc(sizeof(float) * N * Hv);
-    float *t1 = malloc(sizeof(float) * N * wide), *t2 = malloc(sizeof(float) * N * (wide > (size_t)Hv ? wide : (size_t)Hv));
-    float *qh = malloc(sizeof(float) * N * hd), *vt = malloc(sizeof(float) * N * hd), *oh = malloc(sizeof(float) * N * hd);
-    float *sc = malloc(sizeof(float) * N * N);
-    float *cs = NULL, *sn = NULL;
+    void *X = op->ctx;
+    float *pix = op->alloc(X, sizeof(float) * N * pd), *x = op->alloc(X, sizeof(float) * N * Hv);
+    float *a = op->alloc(X, sizeof(float) * N * Hv), *q = op->alloc(X, sizeof(float) * N * Hv);
+    float *k = op->alloc(X, sizeof(float) * N * Hv), *vv = op->alloc(X, sizeof(float) * N * Hv);
+    float *t1 = op->alloc(X, sizeof(float) * N * wide), *t2 = op->alloc(X, sizeof(float) * N * (wide > (size_t)Hv ? wide : (size_t)Hv));
+    float *cs = half ? op->alloc(X, sizeof(float) * N * half * 2) : NULL;
+    float *emb = op->alloc(X, sizeof(float) * (size_t)(tokens > 0 ? tokens : 1) * H);
+    float *hcs = NULL, *hsn = NULL;
     int rc = 0;
-    if (!x || !a || !q || !k || !vv || !t1 || !t2 || !qh || !vt || !oh || !sc) {
-        rc = m3_errf(err, "out of memory for the vision tower over %d patches", nmax);
+    if (!pix || !x || !a || !q || !k || !vv || !t1 || !t2 || (half && !cs) || !emb) {
+        rc = m3_errf(err, "out of %s memory for the vision tower over %d patches", op->name, nmax);
         goto done;
     }
-    const float *pix = px->data;
     size_t row0 = 0, tok0 = 0;
-    for (int im = 0; im < px->n_images; im++) {
+    for (int im = 0; im < px->n_images && !rc; im++) {
         const int32_t *g = px->grid + 3 * im;
         const int n = g[0] * g[1] * g[2], nt = n / MM;
-        if (rope_tables(c, g, &cs, &sn)) { rc = m3_errf(err, "out of memory for the vision RoPE tables"); goto done; }
+        if (rope_tables(c, g, &hcs, &hsn)) { rc = m3_errf(err, "out of memory for the vision RoPE tables"); goto done; }
+        if (half) op->upload(X, cs, hcs, sizeof(float) * (size_t)n * half * 2); /* cos rows, then sin rows */
+        const float *sn = cs + (size_t)n * half;
+        op->upload(X, pix, px->data + row0 * pd, sizeof(float) * (size_t)n * pd);
         /* patch embedding + pre LayerNorm */
-        op->linear(op->ctx, &v->patch, pix + row0 * px->patch_dim, n, a);
-        layer_norm(a, v->pre_w, v->pre_b, n, Hv, c->ln_eps, x);
+        op->linear(X, &v->patch, pix, n, a);
+        op->layer_norm(X, a, v->pre_w, v->pre_b, n, Hv, c->ln_eps, x);
         for (int l = 0; l < c->layers; l++) {
             const m3_vision_layer *L = &v->layers[l];
-            layer_norm(x, L->ln1_w, L->ln1_b, n, Hv, c->ln_eps, a);
-            vlinear(op, &L->q, a, n, q);
-            vlinear(op, &L->k, a, n, k);
-            vlinear(op, &L->v, a, n, vv);
+            op->layer_norm(X, x, L->ln1_w, L->ln1_b, n, Hv, c->ln_eps, a);
+            vlinear(op, &L->q, a, n, q, 0);
+            vlinear(op, &L->k, a, n, k, 0);
+            vlinear(op, &L->v, a, n, vv, 0);
             if (half) {
-                rope_apply(q, n, c->heads, hd, half, cs, sn);
-                rope_apply(k, n, c->heads, hd, half, cs, sn);
+                op->rope_table(X, q, n, c->heads, hd, half, cs, sn);
+                op->rope_table(X, k, n, c->heads, hd, half, cs, sn);
             }
-            attention(op, pool, q, k, vv, n, c->heads, hd, a, qh, vt, sc, oh);
-            vlinear(op, &L->o, a, n, t2);
-            op->add(op->ctx, x, t2, (size_t)n * Hv);
-            layer_norm(x, L->ln2_w, L->ln2_b, n, Hv, c->ln_eps, a);
-            vlinear(op, &L->fc1, a, n, t1);
-            gelu(t1, (size_t)n * I);
-            vlinear(op, &L->fc2, t1, n, t2);
-            op->add(op->ctx, x, t2, (size_t)n * Hv);
+            op->attention_full(X, q, k, vv, n, c->heads, hd, a);
+            vlinear(op, &L->o, a, n, t2, 0);
+            op->add(X, x, t2, (size_t)n * Hv);
+            op->layer_norm(X, x, L->ln2_w, L->ln2_b, n, Hv, c->ln_eps, a);
+            vlinear(op, &L->fc1, a, n, t1, 1);
+            vlinear(op, &L->fc2, t1, n, t2, 0);
+            op->add(X, x, t2, (size_t)n * Hv);
         }
-        if (tower_out) memcpy(tower_out + row0 * Hv, x, sizeof(float) * (size_t)n * Hv);
+        if (tower_out) op->download(X, tower_out + row0 * Hv, x, sizeof(float) * (size_t)n * Hv);
         /* projector per patch (Hv -> P -> H), then each merge block's MM rows side by side */
-        vlinear(op, &v->proj1, x, n, t1);
-        gelu(t1, (size_t)n * P);
-        vlinear(op, &v->proj2, t1, n, t2); /* [n, H] == [nt, MM*H] */
-        vlinear(op, &v->merge1, t2, nt, t1);
-        gelu(t1, (size_t)nt * P);
-        vlinear(op, &v->merge2, t1, nt, embeds + tok0 * H);
-        free(cs);
-        cs = sn = NULL;
+        vlinear(op, &v->proj1, x, n, t1, 1);
+        vlinear(op, &v->proj2, t1, n, t2, 0); /* [n, H] == [nt, MM*H] */
+        vlinear(op, &v->merge1, t2, nt, t1, 1);
+        vlinear(op, &v->merge2, t1, nt, emb + tok0 * H, 0);
+        free(hcs);
+        hcs = hsn = NULL;
         row0 += (size_t)n;
         tok0 += (size_t)nt;
     }
+    if (!rc && op->check && op->check(X, err)) rc = -1;
+    if (!rc) op->download(X, embeds, emb, sizeof(float) * tok0 * H);
 done:
-    free(cs);
-    free(x); free(a); free(q); free(k); free(vv); free(t1); free(t2); free(qh); free(vt); free(oh); free(sc);
-    if (!rc && op->check && op->check(op->ctx, err)) rc = -1;
+    free(hcs);
+    float *bufs[] = {pix, x, a, q, k, vv, t1, t2, cs, emb};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) op->release(X, bufs[i]);
+    if (!rc && op->check && op->check(X, err)) rc = -1;
     return rc;
 }
 

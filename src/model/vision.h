@@ -7,11 +7,10 @@
  *   concatenated [N/M^2, M^2*H] -> patch_merge_mlp (linear_1, GELU, linear_2) = image_embeds.
  *
  * Weights stay in the checkpoint mapping (any format m3_weights_bind_linear reads); biases,
- * norms are f32 copies. The forward runs on a host-memory backend (the CPU op table): its
- * linears (attention products too) and residual adds go through ops->linear / ops->add; the
- * rest (LayerNorm, GELU, RoPE, softmax, bias) is plain C here.
- * With a device backend for the text model, give this a CPU op table and hand the image
- * embeddings to the text forward through m3_embed_override (m3.h), which uploads them.
+ * norms are f32 copies. The forward runs on an op table's vision ops (LayerNorm, bias + GELU,
+ * the RoPE with tables made here, attention over the image's patches) and its linear / add:
+ * the CPU's, or a device backend's on a copy of the weights (m3_vision_upload). The image
+ * embeddings reach the text forward through m3_embed_override (m3.h).
  *
  * Ownership: m3_vision owns its f32 copies and layer array (m3_vision_free); the linears
  * point into the m3_st it was bound from, which must outlive it. Thread-safety: a loaded
@@ -59,6 +58,7 @@ typedef struct m3_vision {
     m3_vlinear proj1, proj2;  /* multi_modal_projector: Hv -> P -> H */
     m3_vlinear merge1, merge2;/* patch_merge_mlp: M*M*H -> P -> H */
     char prefix[32];          /* "" or "model." before vision_tower.* */
+    int on_device;            /* 1: a copy in a device backend's memory (m3_vision_upload) */
 } m3_vision;
 
 /* Binds the vision tower from dir/config.json and the opened checkpoint. A checkpoint
@@ -77,12 +77,18 @@ int m3_vision_image_tokens(const m3_vision_config *vc, const int32_t thw[3]);
  * grids not divisible by merge, grids not adding up to the rows). */
 int m3_vision_check_pixels(const m3_vision_config *vc, const m3_pixels *px, m3_err *err);
 
-/* Runs the tower over every image of px (attention within each image).
- * embeds: [tokens, text_hidden] (tokens = m3_vision_check_pixels); tower_out: NULL or
- * [px->n_patches, hidden]. ops: a host-memory op table (device_memory == 0).
- * pool: optional (NULL: one thread) for the attention loops. */
+/* Runs the tower over every image of px (attention within each image) on the op table's
+ * vision ops (ops.h): a host-memory backend with v as loaded, a device backend with v from
+ * m3_vision_upload. embeds: host [tokens, text_hidden] (tokens = m3_vision_check_pixels);
+ * tower_out: NULL or host [px->n_patches, hidden]. pool: unused (the op table's threads). */
 int m3_vision_encode(const m3_vision *v, m3_ops *ops, m3_pool *pool, const m3_pixels *px, float *embeds,
                      float *tower_out, m3_err *err);
+
+/* A copy of the tower's weights in a device backend's memory (d: the same struct with device
+ * pointers, on_device 1), for m3_vision_encode on that backend; release with
+ * m3_vision_release (same op table). v must outlive nothing: d owns its copies. */
+int m3_vision_upload(const m3_vision *v, m3_ops *ops, m3_vision *d, m3_err *err);
+void m3_vision_release(m3_vision *d, m3_ops *ops);
 
 /* Prompt expansion, as the reference processor does it: every image placeholder token
  * (image_id) becomes start_id, counts[i] image tokens, end_id (start / end left out when

@@ -873,11 +873,25 @@ static void test_tower(const char *work) {
     CHECK(m3_vision_encode(&v, &ops, NULL, &one, emb1, NULL, &err) == 0 && !memcmp(emb1, emb + 7 * H, sizeof(float) * 4 * H),
           "image 2 alone differs from image 2 in the batch");
     free(emb1);
-    /* a device backend is refused */
+    /* a device backend: refused with host weights; with a copy made by m3_vision_upload (here a
+     * "device" that is the CPU op table marked device-memory, so the copies are host memory the
+     * CPU ops read) the same embeddings, bitwise */
     m3_ops dev = ops;
     dev.device_memory = 1;
     dev.name = "cuda";
-    CHECK(m3_vision_encode(&v, &dev, NULL, &px, emb, NULL, &err) != 0 && strstr(err.msg, "host-memory"), "device ops: %s", err.msg);
+    CHECK(m3_vision_encode(&v, &dev, NULL, &px, emb, NULL, &err) != 0 && strstr(err.msg, "m3_vision_upload"), "device ops: %s", err.msg);
+    {
+        m3_vision dv;
+        float *embd = malloc(sizeof(float) * (size_t)ntok * H);
+        CHECK(m3_vision_upload(&v, &dev, &dv, &err) == 0 && dv.on_device, "upload: %s", err.msg);
+        CHECK(embd && m3_vision_encode(&dv, &dev, NULL, &px, embd, NULL, &err) == 0 &&
+                  !memcmp(embd, emb, sizeof(float) * (size_t)ntok * H),
+              "the uploaded tower's embeddings differ (%s)", err.msg);
+        CHECK(m3_vision_encode(&dv, &ops, NULL, &px, embd, NULL, &err) != 0 && strstr(err.msg, "device"),
+              "device weights on host ops: %s", err.msg);
+        m3_vision_release(&dv, &dev);
+        free(embd);
+    }
     /* pixel values of the wrong patch size */
     px.patch_dim = D - 1;
     CHECK(m3_vision_check_pixels(&v.cfg, &px, &err) < 0 && strstr(err.msg, "values per patch"), "patch size: %s", err.msg);

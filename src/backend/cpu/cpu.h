@@ -15,6 +15,7 @@ void m3_cpu_ops_free(m3_ops *ops);
 const char *m3_cpu_simd_name(void);
 
 /* ---- kernels shared inside the CPU backend ---- */
+void m3_cpu_vision_ops(m3_ops *ops); /* fills the vision tower's ops (vision_ops.c) */
 typedef struct m3_cpu {
     m3_pool *pool;
     int nthreads;

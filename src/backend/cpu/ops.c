@@ -360,6 +360,7 @@ int m3_cpu_ops_init(m3_ops *ops, int threads, m3_err *err) {
     ops->attention = cpu_attention;
     ops->mlp = cpu_mlp;
     ops->moe = cpu_moe;
+    m3_cpu_vision_ops(ops);
     return 0;
 }
 

@@ -6,8 +6,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build-cuda -j"$(nproc)" --target m3 bench_cuda_linear oracle_check logits_diff >/dev/null
+cmake --build build-cuda -j"$(nproc)" --target m3 bench_cuda_linear oracle_check logits_diff vision_check >/dev/null
 rm -rf .gpu_bin && mkdir -p .gpu_bin
-cp build-cuda/m3 build-cuda/bench_cuda_linear build-cuda/tests/oracle_check build-cuda/tests/logits_diff .gpu_bin/
+cp build-cuda/m3 build-cuda/bench_cuda_linear build-cuda/tests/oracle_check build-cuda/tests/logits_diff build-cuda/tests/vision_check .gpu_bin/
 strip .gpu_bin/*
 du -sh .gpu_bin

@@ -4,7 +4,7 @@
 # path), the reference checkpoints that reach the tensor-core GEMV, then batch-1/8 decode at
 # M3.1-Flash shapes (8 and 30 layers) and a per-op profile. scripts/gpu.sh is the full run.
 # usage: scripts/gpu-quick.sh BIN_DIR [OUT_DIR]   (BIN_DIR: m3, oracle_check, logits_diff,
-# bench_cuda_linear; shared libraries the GPU host lacks may sit in BIN_DIR/lib)
+# bench_cuda_linear, vision_check; shared libraries the GPU host lacks may sit in BIN_DIR/lib)
 set -u
 cd "$(dirname "$0")/.."
 B=${1:?usage: scripts/gpu-quick.sh BIN_DIR [OUT_DIR]}; O=${2:-/tmp/m3-gpu-quick}; D=tests/data
@@ -25,6 +25,11 @@ for m in m3-wide-q m3-tiny-q; do
   ck timeout 60 "$B/oracle_check" "$B/m3" $D/$m $D/$m.oracle.safetensors --backend cuda --tol 1e-3 --work "$O"
 done
 ck timeout 60 "$B/oracle_check" "$B/m3" $D/m3-tiny $D/m3-tiny.kv-nvfp4.oracle.safetensors --kv nvfp4 --backend cuda --tol 1e-3 --work "$O"
+s "the vision tower on the GPU (m3vl-tiny: vision_tower_out, image_embeds, logits against the reference)"
+for v in m3vl-tiny m3vl-heldout m3vl-big; do
+  [ -f $D/$v.oracle.safetensors ] || continue
+  ck env M3_BACKEND=cuda timeout 120 "$B/vision_check" "$B/m3" $D/$v $D/$v.oracle.safetensors $D/$v.image.png --work "$O"
+done
 s "decode at M3.1-Flash shapes"
 ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 --steps 10 --prefill 0
 ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1 --context 8192 --steps 5 --prefill 0 --profile

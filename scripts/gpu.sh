@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 if [ -z "$BIN" ]; then
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j"$(nproc)" >/dev/null || exit 100
   BIN="$OUT/bin"; mkdir -p "$BIN"
-  for f in build/m3 build/bench_cuda_linear build/tests/oracle_check build/tests/logits_diff; do ln -sf "$PWD/$f" "$BIN/"; done
+  for f in build/m3 build/bench_cuda_linear build/tests/oracle_check build/tests/logits_diff build/tests/vision_check; do ln -sf "$PWD/$f" "$BIN/"; done
 fi
 fails=0
 want() { case " ${M3_GPU_SECTIONS:-1 2 3 4 5 6 7} " in *" $1 "*) echo "## [$(date +%T)]"; return 0;; esac; return 1; }
@@ -38,6 +38,11 @@ run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-bf16.oracle.safetenso
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-nvfp4.oracle.safetensors --kv nvfp4 --backend cuda --tol 1e-3 --work "$OUT"
 # case 3 of the fp8 reference sits on an E4M3 rounding tie that f32 reassociation flips (docs/PERF.md)
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-fp8.oracle.safetensors --kv fp8 --cases 0,1,2 --backend cuda --tol 1e-3 --work "$OUT"
+# the vision tower on the GPU against the vision-language references
+for v in m3vl-tiny m3vl-heldout m3vl-big; do
+  [ -f $D/$v.oracle.safetensors ] && [ -x "$BIN/vision_check" ] || continue
+  M3_BACKEND=cuda run "$BIN/vision_check" "$BIN/m3" $D/$v $D/$v.oracle.safetensors $D/$v.image.png --work "$OUT"
+done
 
 fi
 if want 2; then

@@ -76,15 +76,23 @@ int m3_cli_images_prepare(m3_cli_images *im, m3_model *m, m3_ops *ops, const cha
     counts = malloc(sizeof(int) * (size_t)im->px.n_images);
     if (!im->embeds || !im->tower_out || !counts) { fprintf(stderr, "m3 %s: out of memory\n", cmd); goto done; }
     for (int i = 0; i < im->px.n_images; i++) counts[i] = m3_vision_image_tokens(vc, im->px.grid + 3 * i);
-    /* the tower runs on host memory: the model's ops when they are the CPU's, else its own */
+    /* the tower runs on the model's ops (a device backend on a copy of its weights), or on a CPU
+     * op table of its own where they have no vision ops or M3_VISION_CPU=1 */
     m3_ops *vops = ops;
-    if (ops->device_memory) {
+    const char *vcpu = getenv("M3_VISION_CPU");
+    if (ops->device_memory && (!ops->attention_full || (vcpu && atoi(vcpu) == 1))) {
         if (m3_cpu_ops_init(&cpu_ops, threads, &err)) { fprintf(stderr, "m3 %s: %s\n", cmd, err.msg); goto done; }
         own_ops = 1;
         vops = &cpu_ops;
     }
-    m3_pool *pool = !strcmp(vops->name, "cpu") ? ((m3_cpu *)vops->ctx)->pool : NULL;
-    if (m3_vision_encode(&im->vis, vops, pool, &im->px, im->embeds, im->tower_out, &err)) {
+    m3_vision dev = {0};
+    if (vops->device_memory && m3_vision_upload(&im->vis, vops, &dev, &err)) {
+        fprintf(stderr, "m3 %s: vision tower: %s\n", cmd, err.msg);
+        goto done;
+    }
+    int vrc = m3_vision_encode(vops->device_memory ? &dev : &im->vis, vops, NULL, &im->px, im->embeds, im->tower_out, &err);
+    if (vops->device_memory) m3_vision_release(&dev, vops);
+    if (vrc) {
         fprintf(stderr, "m3 %s: vision tower: %s\n", cmd, err.msg);
         goto done;
     }

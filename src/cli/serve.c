@@ -60,7 +60,10 @@ static int vision_setup(m3_vision *vis, m3_model *m, m3_ops *ops, const char *di
     media->io.merge = vc->merge;
     if (m3_image_opts_load(&media->io, dir, &err)) { fprintf(stderr, "m3 serve: %s\n", err.msg); return -1; }
     m3_ops *use = ops;
-    if (!ops || ops->device_memory) { /* a device backend, or tensor-parallel ranks */
+    const char *vcpu = getenv("M3_VISION_CPU");
+    /* tensor-parallel ranks, a backend without vision ops, or M3_VISION_CPU=1: a CPU op table of
+     * its own; a device backend with them: the engine puts the tower's weights there */
+    if (!ops || !ops->attention_full || (ops->device_memory && vcpu && atoi(vcpu) == 1)) {
         if (m3_cpu_ops_init(vops, threads, &err)) { fprintf(stderr, "m3 serve: vision tower ops: %s\n", err.msg); return -1; }
         *own_vops = 1;
         use = vops;
@@ -70,7 +73,7 @@ static int vision_setup(m3_vision *vis, m3_model *m, m3_ops *ops, const char *di
     eo->vision_pool = !strcmp(use->name, "cpu") ? ((m3_cpu *)use->ctx)->pool : NULL;
     media->vc = vc;
     fprintf(stderr, "m3 serve: vision tower: %d layers, hidden %d, image token %d%s\n", vc->layers, vc->hidden, vc->image_token,
-            !ops || ops->device_memory ? " (on a CPU op table of its own)" : "");
+            use != ops ? " (on a CPU op table of its own)" : use->device_memory ? " (on the GPU)" : "");
     return 0;
 }
 

@@ -80,6 +80,8 @@ struct m3_engine {
     void *draft_hook_arg;
     /* images */
     const m3_vision *vision;   /* NULL: none */
+    m3_vision vision_dev;      /* its weights in a device backend's memory (vops->device_memory) */
+    int vision_dev_ok;
     m3_ops *vops;
     m3_pool *vpool;
     uint64_t img_key[2];       /* secret key of the image content hashes */
@@ -195,8 +197,8 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         if (o->vision->cfg.text_hidden != c->hidden)
             m3_errf(err, "engine: the vision tower's text hidden size %d differs from the model's %d", o->vision->cfg.text_hidden,
                     c->hidden);
-        else if (!vo || vo->device_memory)
-            m3_errf(err, "engine: the vision tower needs a host-memory op table (opts.vision_ops) beside backend '%s'",
+        else if (!vo || !vo->attention_full)
+            m3_errf(err, "engine: the vision tower needs an op table with vision ops (opts.vision_ops) beside backend '%s'",
                     vo ? vo->name : "none");
         else {
             e->vision = o->vision;
@@ -291,6 +293,15 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->tot.page_tokens = e->page;
     e->tot.kv_blocks_total = pages;
     e->snap = e->tot;
+    if (e->vision && e->vops->device_memory) { /* the tower on a device backend: its weights go there once */
+        if (m3_vision_upload(e->vision, e->vops, &e->vision_dev, err)) {
+            m3_err_prefix(err, "engine: vision tower");
+            m3_engine_destroy(e);
+            return NULL;
+        }
+        e->vision_dev_ok = 1;
+        e->vision = &e->vision_dev;
+    }
     return e;
 }
 
@@ -301,6 +312,7 @@ void m3_engine_destroy(m3_engine *e) {
     for (req *r = e->in_head, *n; r; r = n) { n = r->next; req_free(r); }
     m3_blocks_destroy(e->bm);
     kv_drop(e);
+    if (e->vision_dev_ok) m3_vision_release(&e->vision_dev, e->vops);
     m3_sample_ws_free(e->ws);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);

@@ -84,6 +84,7 @@ void m3_cu_head_norm_rope(void *ctx, float *x, int T, int heads, int dim, const 
                           double theta, const int32_t *pos);
 void m3_cu_head_norm_rope_n(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
                             const int32_t *pos);
+void m3_cu_vision_ops(m3_ops *ops); /* vision.cu */
 void m3_cu_swiglu(m3_cuda *c, const float *gate, const float *up, size_t n, float alpha, float limit, float *out);
 void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y);
 void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out);

@@ -41,7 +41,7 @@ run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-fp8.oracle.safetensor
 # the vision tower on the GPU against the vision-language references
 for v in m3vl-tiny m3vl-heldout m3vl-big; do
   [ -f $D/$v.oracle.safetensors ] && [ -x "$BIN/vision_check" ] || continue
-  M3_BACKEND=cuda run "$BIN/vision_check" "$BIN/m3" $D/$v $D/$v.oracle.safetensors $D/$v.image.png --work "$OUT"
+  run env M3_BACKEND=cuda "$BIN/vision_check" "$BIN/m3" $D/$v $D/$v.oracle.safetensors $D/$v.image.png --work "$OUT"
 done
 
 fi

@@ -6,7 +6,8 @@
 #      sparse selection active, prefill and decode paths), f32 / bf16 / fp8 / nvfp4 caches;
 #   3. per-kernel benchmark of the linear layers with a CPU reference check;
 #   4. m3 bench --random-weights at the M3.1-Flash shapes;
-#   6. on 2+ GPUs: tensor parallelism (-tp 2, NCCL) against the references and against -tp 1;
+#   6. on 2+ GPUs: tensor parallelism (-tp 2, NCCL) against the references and against -tp 1
+#      (on 4+ GPUs also -tp 4: the references that split by 4, the full model at TP4 / EP4);
 #   7. compute-sanitizer memcheck on the GPU paths (prefill, decode, graphs, the engine).
 # M3_GPU_SECTIONS="1 3 4" runs some sections only; M3_BENCH_BATCH / M3_BENCH_CONTEXT narrow section 4.
 # usage: scripts/gpu.sh [BIN_DIR [OUT_DIR]]   BIN_DIR holds m3, oracle_check, logits_diff and
@@ -114,6 +115,14 @@ if [ "$ngpu" -ge 2 ]; then
   run "$BIN/logits_diff" "$OUT/tp2cpu.st" "$OUT/tp2gpu.st" --tol 1e-3 || { echo "FAILED: tp2 cpu vs gpu"; fails=$((fails+1)); }
 else
   echo "skipped: $ngpu GPU(s) visible"
+fi
+if [ "$ngpu" -ge 4 ]; then # issue 10: four GPUs
+  for split in experts width; do
+    run "$BIN/oracle_check" "$BIN/m3" $D/m3-wide-q $D/m3-wide-q.oracle.safetensors --backend cuda --tp 4 --moe-split $split --tol 1e-3 --work "$OUT"
+  done
+  for split in width experts; do
+    run "$BIN/m3" bench --random-weights --config "$SHAPES" -tp 4 --moe-split $split --batch 1,64 --context 8192 --steps 10
+  done
 fi
 fi
 if want 7; then

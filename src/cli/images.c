@@ -90,7 +90,7 @@ int m3_cli_images_prepare(m3_cli_images *im, m3_model *m, m3_ops *ops, const cha
         fprintf(stderr, "m3 %s: vision tower: %s\n", cmd, err.msg);
         goto done;
     }
-    int vrc = m3_vision_encode(vops->device_memory ? &dev : &im->vis, vops, NULL, &im->px, im->embeds, im->tower_out, &err);
+    int vrc = m3_vision_encode(vops->device_memory ? &dev : &im->vis, vops, &im->px, im->embeds, im->tower_out, &err);
     if (vops->device_memory) m3_vision_release(&dev, vops);
     if (vrc) {
         fprintf(stderr, "m3 %s: vision tower: %s\n", cmd, err.msg);

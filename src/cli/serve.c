@@ -70,7 +70,6 @@ static int vision_setup(m3_vision *vis, m3_model *m, m3_ops *ops, const char *di
     }
     eo->vision = vis;
     eo->vision_ops = use;
-    eo->vision_pool = !strcmp(use->name, "cpu") ? ((m3_cpu *)use->ctx)->pool : NULL;
     media->vc = vc;
     fprintf(stderr, "m3 serve: vision tower: %d layers, hidden %d, image token %d%s\n", vc->layers, vc->hidden, vc->image_token,
             use != ops ? " (on a CPU op table of its own)" : use->device_memory ? " (on the GPU)" : "");

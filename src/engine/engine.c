@@ -83,7 +83,6 @@ struct m3_engine {
     m3_vision vision_dev;      /* its weights in a device backend's memory (vops->device_memory) */
     int vision_dev_ok;
     m3_ops *vops;
-    m3_pool *vpool;
     uint64_t img_key[2];       /* secret key of the image content hashes */
     int32_t *ov_rows;          /* [max_tokens_step] batch rows taking image embeddings this step */
     float *ov_emb;             /* [max_tokens_step][hidden] their embeddings */
@@ -203,7 +202,6 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         else {
             e->vision = o->vision;
             e->vops = vo;
-            e->vpool = o->vision_pool;
         }
         if (!e->vision) { kv_drop(e); free(e); return NULL; }
         /* the key of the image content hashes: unknown outside the process, so nobody can craft
@@ -704,7 +702,7 @@ static void encode_images(m3_engine *e) {
         int k = m3_images_first_row(r->im, r->n_done);
         if (k == r->im->n_rows || r->im->rows[k] >= r->n_done + r->n_sched) continue;
         m3_err e2;
-        if (m3_images_encode(r->im, e->vision, e->vops, e->vpool, &e2)) {
+        if (m3_images_encode(r->im, e->vision, e->vops, &e2)) {
             running_remove(e, i--);
             fail(e, r, "the vision tower failed on the request's images (out of memory)");
             continue;

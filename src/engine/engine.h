@@ -121,12 +121,11 @@ typedef struct m3_engine_opts {
     int enable_prefix_caching;
     int max_model_len;          /* prompt + generated tokens per request; 0: the pool's capacity */
     /* Image inputs: the vision tower (borrowed, must outlive the engine; NULL or not present:
-     * requests with images are refused) and the host-memory op table (+ optional thread pool
-     * for its attention loops) it runs on, on the engine thread. vision_ops NULL: the model's
-     * ops, which must then be host memory. */
+     * requests with images are refused) and the op table it runs on, on the engine thread
+     * (vision_ops NULL: the model's; it needs the vision ops of ops.h). On a device backend the
+     * engine copies the tower's weights there once (m3_vision_upload). */
     const m3_vision *vision;
     m3_ops *vision_ops;
-    m3_pool *vision_pool;
     m3_spec_config spec;        /* speculative decoding; method M3_SPEC_NONE (0): off */
     /* Tensor parallelism (borrowed, must outlive the engine; NULL: off): steps run over the
      * group's ranks (m3_group_forward), the model given to m3_engine_create is the full model

@@ -159,11 +159,11 @@ int m3_images_block_keys(const m3_engine_images *im, int page, uint64_t **extra,
     return 0;
 }
 
-int m3_images_encode(m3_engine_images *im, const m3_vision *v, m3_ops *ops, m3_pool *pool, m3_err *err) {
+int m3_images_encode(m3_engine_images *im, const m3_vision *v, m3_ops *ops, m3_err *err) {
     if (im->emb) return 0;
     float *emb = malloc(sizeof(float) * (size_t)im->n_rows * (size_t)im->hidden);
     if (!emb) return m3_errf(err, "vision tower: out of memory for %d image embeddings", im->n_rows);
-    if (m3_vision_encode(v, ops, pool, &im->px, emb, NULL, err)) {
+    if (m3_vision_encode(v, ops, &im->px, emb, NULL, err)) {
         free(emb);
         return m3_err_prefix(err, "vision tower");
     }

@@ -40,7 +40,7 @@ int m3_images_block_keys(const m3_engine_images *im, int page, uint64_t **extra,
 
 /* Runs the vision tower once (engine thread): fills im->emb and frees the pixels. A no-op
  * when already done. */
-int m3_images_encode(m3_engine_images *im, const m3_vision *v, m3_ops *ops, m3_pool *pool, m3_err *err);
+int m3_images_encode(m3_engine_images *im, const m3_vision *v, m3_ops *ops, m3_err *err);
 
 /* Index of the first image row >= pos (n_rows when none). */
 int m3_images_first_row(const m3_engine_images *im, int pos);

@@ -396,9 +396,8 @@ void m3_vision_release(m3_vision *d, m3_ops *op) {
     memset(d, 0, sizeof *d);
 }
 
-int m3_vision_encode(const m3_vision *v, m3_ops *op, m3_pool *pool, const m3_pixels *px, float *embeds, float *tower_out,
+int m3_vision_encode(const m3_vision *v, m3_ops *op, const m3_pixels *px, float *embeds, float *tower_out,
                      m3_err *err) {
-    (void)pool; /* the op table's own threads */
     if (!v->present) return m3_errf(err, "the checkpoint has no vision tower (text-only)");
     if (!op->layer_norm || !op->bias_act || !op->rope_table || !op->attention_full)
         return m3_errf(err, "backend '%s' has no vision tower ops", op->name);

@@ -80,8 +80,8 @@ int m3_vision_check_pixels(const m3_vision_config *vc, const m3_pixels *px, m3_e
 /* Runs the tower over every image of px (attention within each image) on the op table's
  * vision ops (ops.h): a host-memory backend with v as loaded, a device backend with v from
  * m3_vision_upload. embeds: host [tokens, text_hidden] (tokens = m3_vision_check_pixels);
- * tower_out: NULL or host [px->n_patches, hidden]. pool: unused (the op table's threads). */
-int m3_vision_encode(const m3_vision *v, m3_ops *ops, m3_pool *pool, const m3_pixels *px, float *embeds,
+ * tower_out: NULL or host [px->n_patches, hidden]. */
+int m3_vision_encode(const m3_vision *v, m3_ops *ops, const m3_pixels *px, float *embeds,
                      float *tower_out, m3_err *err);
 
 /* A copy of the tower's weights in a device backend's memory (d: the same struct with device

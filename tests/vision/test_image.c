@@ -785,7 +785,7 @@ static void test_tower(const char *work) {
     int ntok = m3_vision_check_pixels(&v.cfg, &px, &err);
     CHECK(ntok == 6 + 1 + 4, "tokens %d: %s", ntok, err.msg);
     float *emb = malloc(sizeof(float) * (size_t)ntok * H), *to = malloc(sizeof(float) * (size_t)px.n_patches * Hv);
-    CHECK(m3_vision_encode(&v, &ops, ((m3_cpu *)ops.ctx)->pool, &px, emb, to, &err) == 0, "encode: %s", err.msg);
+    CHECK(m3_vision_encode(&v, &ops, &px, emb, to, &err) == 0, "encode: %s", err.msg);
 
     /* the naive float64 reference, one image at a time */
     double *W[64];
@@ -870,7 +870,7 @@ static void test_tower(const char *work) {
     /* one image alone gives the same rows as inside the batch (attention stays within an image) */
     m3_pixels one = {px.n_patches - 28, D, px.data + (size_t)28 * D, 1, px.grid + 6};
     float *emb1 = malloc(sizeof(float) * 4 * H);
-    CHECK(m3_vision_encode(&v, &ops, NULL, &one, emb1, NULL, &err) == 0 && !memcmp(emb1, emb + 7 * H, sizeof(float) * 4 * H),
+    CHECK(m3_vision_encode(&v, &ops, &one, emb1, NULL, &err) == 0 && !memcmp(emb1, emb + 7 * H, sizeof(float) * 4 * H),
           "image 2 alone differs from image 2 in the batch");
     free(emb1);
     /* a device backend: refused with host weights; with a copy made by m3_vision_upload (here a
@@ -879,15 +879,15 @@ static void test_tower(const char *work) {
     m3_ops dev = ops;
     dev.device_memory = 1;
     dev.name = "cuda";
-    CHECK(m3_vision_encode(&v, &dev, NULL, &px, emb, NULL, &err) != 0 && strstr(err.msg, "m3_vision_upload"), "device ops: %s", err.msg);
+    CHECK(m3_vision_encode(&v, &dev, &px, emb, NULL, &err) != 0 && strstr(err.msg, "m3_vision_upload"), "device ops: %s", err.msg);
     {
         m3_vision dv;
         float *embd = malloc(sizeof(float) * (size_t)ntok * H);
         CHECK(m3_vision_upload(&v, &dev, &dv, &err) == 0 && dv.on_device, "upload: %s", err.msg);
-        CHECK(embd && m3_vision_encode(&dv, &dev, NULL, &px, embd, NULL, &err) == 0 &&
+        CHECK(embd && m3_vision_encode(&dv, &dev, &px, embd, NULL, &err) == 0 &&
                   !memcmp(embd, emb, sizeof(float) * (size_t)ntok * H),
               "the uploaded tower's embeddings differ (%s)", err.msg);
-        CHECK(m3_vision_encode(&dv, &ops, NULL, &px, embd, NULL, &err) != 0 && strstr(err.msg, "device"),
+        CHECK(m3_vision_encode(&dv, &ops, &px, embd, NULL, &err) != 0 && strstr(err.msg, "device"),
               "device weights on host ops: %s", err.msg);
         m3_vision_release(&dv, &dev);
         free(embd);

@@ -581,11 +581,7 @@ __global__ void k_attn_merge(const float *part, int nkv, int G, int D, int nspli
         const size_t k = ((size_t)t * nh + hh) * D + x;
         const float v = L > 0 ? o / L : 0.0f;
         out[k] = v;
-        if (xs) {
-            __half hi = __float2half_rn(v), lo = __float2half_rn(v - __half2float(hi));
-            xs[k] = *(uint16_t *)&hi;
-            xs[n + k] = *(uint16_t *)&lo;
-        }
+        if (xs) split_store(v, xs + k, xs + n + k);
     }
 }
 

@@ -186,6 +186,27 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+/* f16 hi / lo of v: the split the tensor-core GEMV multiplies (gemv_mma.cu) */
+static __device__ __forceinline__ void split_store(float v, uint16_t *hi, uint16_t *lo) {
+    __half h = __float2half_rn(v), l = __float2half_rn(v - __half2float(h));
+    *hi = *(uint16_t *)&h;
+    *lo = *(uint16_t *)&l;
+}
+
+/* block-wide sum of a double (blockDim.x a multiple of 32, <= 1024); part: 32 shared doubles.
+ * Starts with a barrier, so one part array serves consecutive calls. */
+static __device__ __forceinline__ double block_sum_d(double v, double *part) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    __syncthreads();
+    if (l == 0) part[w] = v;
+    __syncthreads();
+    double s = 0;
+    for (int i = 0; i < (int)blockDim.x / 32; i++) s += part[i];
+    return s;
+}
+
 static inline unsigned cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 
 #endif

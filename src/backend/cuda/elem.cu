@@ -36,25 +36,10 @@ void m3_cu_embed(void *ctx, const m3_linear *E, const int32_t *ids, int T, float
     m3_cu_prof_end(c, OP_EMBED);
 }
 
-/* block-wide sum of a double (blockDim.x multiple of 32, <= 1024) */
+/* block-wide sum of a double (common.cuh) */
 static __device__ double block_sum(double v) {
     __shared__ double part[32];
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    __syncthreads();
-    if (l == 0) part[w] = v;
-    __syncthreads();
-    double s = 0;
-    for (int i = 0; i < (int)blockDim.x / 32; i++) s += part[i];
-    return s;
-}
-
-/* f16 hi / lo of v (the split the tensor-core GEMV multiplies; gemv_mma.cu) */
-static __device__ __forceinline__ void split_store(float v, uint16_t *hi, uint16_t *lo) {
-    __half h = __float2half_rn(v), l = __float2half_rn(v - __half2float(h));
-    *hi = *(uint16_t *)&h;
-    *lo = *(uint16_t *)&l;
+    return block_sum_d(v, part);
 }
 
 /* one block per row; sum of squares in double as the CPU does; with xs, also the f16 split

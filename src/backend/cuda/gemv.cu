@@ -447,9 +447,7 @@ __global__ void k_swiglu_pairs(const float *gu, int S, int Fd, float alpha, floa
         float u = up < -limit ? -limit : up > limit ? limit : up;
         const float v = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
         h[i] = v;
-        __half hh = __float2half_rn(v), hl = __float2half_rn(v - __half2float(hh));
-        xs[i] = *(uint16_t *)&hh;
-        xs[n + i] = *(uint16_t *)&hl;
+        split_store(v, xs + i, xs + n + i);
     }
 }
 

@@ -286,11 +286,7 @@ __global__ void __launch_bounds__(WPB * 32, UB > 2 || !HL ? 2 : 3) k_gv(const __
 /* x (f32) -> x_hi = f16(x), x_lo = f16(x - x_hi) */
 __global__ void k_split_x(const float *x, size_t n, uint16_t *xh, uint16_t *xl) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float v = x[i];
-        __half h = __float2half_rn(v);
-        __half l = __float2half_rn(v - __half2float(h));
-        xh[i] = *(uint16_t *)&h;
-        xl[i] = *(uint16_t *)&l;
+        split_store(x[i], xh + i, xl + i);
     }
 }
 
@@ -479,32 +475,39 @@ int m3_cu_gemv_mma(m3_cuda *c, const m3_linear *W, const float *x, int T, float 
     return m3_cu_gemv_mma_n(c, 1, &W, x, T, &y);
 }
 
+/* One MoE launch over the device expert table (modes of gv_args.moe): mats matrices of W's
+ * shape, outputs [S][2][N] (gate + up) or [S][N] (down); grouped modes take 8 columns per item. */
+static int moe_launch(m3_cuda *c, const m3_linear *W, const m3_mlp_w *tab, const int32_t *pick, int topk, const int *groups,
+                      int mode, int mats, int S, int part, const uint16_t *xh, const uint16_t *xl, int xstride, float *out) {
+    gv_args a;
+    memset(&a, 0, sizeof a);
+    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)S * (part == 2 ? 1 : 2) * W->N);
+    a.j[0].W = *W; /* shape only: each matrix comes from the device table */
+    a.j[0].xh = xh;
+    a.j[0].xl = xl;
+    a.j[0].xstride = xstride;
+    a.j[0].y = out;
+    a.j[0].T = mode >= 3 ? 8 : 1;
+    a.nj = 1;
+    a.moe = mode;
+    a.tab = tab;
+    a.pick = pick;
+    a.topk = topk;
+    a.groups = groups;
+    gv_launch(c, &a, W->fmt, mode >= 3 ? 0 : 1, &mats);
+    return 0;
+}
+
 /* MoE experts of S = T*topk slots: gu[S][2][F] = (gate, up) rows of each slot's expert,
  * or (part 2) ye[S][H] = down rows against h[S][F]. -1 when the format is not supported. */
 int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int topk, int S, int part,
                   const float *x, int xstride, float *out) {
     const m3_linear *W = part == 2 ? &host_e0->down : &host_e0->gate;
     if (!m3_cu_mma_ok(W) || (part != 2 && (!m3_cu_mma_ok(&host_e0->up) || host_e0->up.fmt != W->fmt))) return -1;
-    gv_args a;
-    memset(&a, 0, sizeof a);
     const int rows = part == 2 ? S : S / topk; /* x rows: tokens (gate/up) or slots (down) */
     const uint16_t *xh, *xl;
     if (xsplit_get(c, x, (size_t)rows * xstride, &xh, &xl)) return 0;
-    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)S * (part == 2 ? 1 : 2) * W->N);
-    a.j[0].W = *W; /* shape only: each slot's expert comes from the device table */
-    a.j[0].xh = xh;
-    a.j[0].xl = xl;
-    a.j[0].xstride = xstride;
-    a.j[0].y = out;
-    a.j[0].T = 1;
-    a.nj = 1;
-    a.moe = part == 2 ? 2 : 1;
-    a.tab = tab;
-    a.pick = pick;
-    a.topk = topk;
-    const int mats = part == 2 ? S : 2 * S;
-    gv_launch(c, &a, W->fmt, 1, &mats);
-    return 0;
+    return moe_launch(c, W, tab, pick, topk, NULL, part == 2 ? 2 : 1, part == 2 ? S : 2 * S, S, part, xh, xl, xstride, out);
 }
 
 /* the distinct experts of a step's S = T*K picks, ascending, each with its slots in token
@@ -546,25 +549,9 @@ int m3_cu_moe_grouped(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, 
         k_moe_groups<<<1, 32, 0, c->st>>>(pick, T, topk, groups);
         if (CK_LAUNCH(c, "moe groups")) return 0;
     }
-    gv_args a;
-    memset(&a, 0, sizeof a);
     const int rows = part == 2 ? S : T; /* x rows: tokens (gate/up) or slots (down) */
     const uint16_t *xh, *xl;
     if (xsplit_get(c, x, (size_t)rows * xstride, &xh, &xl)) return 0;
-    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)S * (part == 2 ? 1 : 2) * W->N);
-    a.j[0].W = *W;
-    a.j[0].xh = xh;
-    a.j[0].xl = xl;
-    a.j[0].xstride = xstride;
-    a.j[0].y = out;
-    a.j[0].T = 8; /* columns per item (partial sums) */
-    a.nj = 1;
-    a.moe = part == 2 ? 4 : 3;
-    a.tab = tab;
-    a.pick = pick;
-    a.topk = topk;
-    a.groups = groups;
-    const int mats = part == 2 ? gmax : 2 * gmax;
-    gv_launch(c, &a, W->fmt, 0, &mats);
-    return 0;
+    return moe_launch(c, W, tab, pick, topk, groups, part == 2 ? 4 : 3, part == 2 ? gmax : 2 * gmax, S, part, xh, xl, xstride,
+                      out);
 }

@@ -3,17 +3,6 @@
  * sums in double; attention one block per (head, query) with the scores in shared memory. */
 #include "common.cuh"
 
-static __device__ double vblock_sum(double v, double *part) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    __syncthreads();
-    if (l == 0) part[w] = v;
-    __syncthreads();
-    double s = 0;
-    for (int i = 0; i < (int)blockDim.x / 32; i++) s += part[i];
-    return s;
-}
 static __device__ float vblock_max(float v, float *part) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -33,10 +22,10 @@ __global__ void k_layer_norm(const float *x, const float *w, const float *b, int
     float *o = out + (size_t)blockIdx.x * dim;
     double s = 0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) s += r[i];
-    const double mean = vblock_sum(s, part) / dim;
+    const double mean = block_sum_d(s, part) / dim;
     double v = 0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) { double d = r[i] - mean; v += d * d; }
-    const double inv = 1.0 / sqrt(vblock_sum(v, part) / dim + eps);
+    const double inv = 1.0 / sqrt(block_sum_d(v, part) / dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = (float)((r[i] - mean) * inv) * w[i] + b[i];
 }
 
@@ -118,7 +107,7 @@ __global__ void k_attention_full(const float *q, const float *k, const float *v,
         sc[j] = e;
         sum += e;
     }
-    const float inv = (float)(1.0 / vblock_sum(sum, dpart)); /* its barriers also publish sc */
+    const float inv = (float)(1.0 / block_sum_d(sum, dpart)); /* its barriers also publish sc */
     if (2 * hd > (int)blockDim.x) { /* wide heads: a thread per channel, every key */
         for (int dd = threadIdx.x; dd < hd; dd += blockDim.x) {
             float o = 0;

@@ -10,4 +10,7 @@ cmake --build build-cuda -j"$(nproc)" --target m3 bench_cuda_linear oracle_check
 rm -rf .gpu_bin && mkdir -p .gpu_bin
 cp build-cuda/m3 build-cuda/bench_cuda_linear build-cuda/tests/oracle_check build-cuda/tests/logits_diff build-cuda/tests/vision_check .gpu_bin/
 strip .gpu_bin/*
-du -sh .gpu_bin
+# the same, compressed (the working tree and what is carried must stay under 64 MiB):
+# carry .gpu_pack and run `mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz` there first
+rm -rf .gpu_pack && mkdir -p .gpu_pack && tar -C .gpu_bin -cJf .gpu_pack/bin.tar.xz .
+du -sh .gpu_bin .gpu_pack

@@ -34,8 +34,11 @@ s "decode at M3.1-Flash shapes"
 ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 --steps 10 --prefill 0
 ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1 --context 8192 --steps 5 --prefill 0 --profile
 ck timeout 90 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 30 --batch 1 --context 8192 --steps 10 --prefill 0
-s "the same 8 layers with the fused ops off (M3_CUDA_FUSE=0: add + norm, the RoPE of q / k / index q / k)"
-M3_CUDA_FUSE=0 timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1 --context 8192 --steps 10 --prefill 0
+s "GEMV variants: the L2 256-byte hint off (M3_GV_L2H=0), 4 units in flight (M3_GV_UB=4), bulk L2 prefetch (M3_GV_PF=8)"
+for v in M3_GV_L2H=0 M3_GV_UB=4 M3_GV_PF=8; do
+  env $v timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 --steps 10 \
+    --prefill 0 | sed "s/^/$v: /" | grep -v "device\|model"
+done
 s "linear kernels and one MoE layer against the CPU"
 ck timeout 120 "$B/bench_cuda_linear"
 s "MoE grouped by expert (M3_MOE_GROUPED=1): the MoE layer against the CPU, then batch 8 and a verify pass of 8"
@@ -45,8 +48,9 @@ for gflag in 0 1; do
     --steps 10 --prefill 0 --verify 7 | sed "s/^/grouped=$gflag: /"
 done
 s "compute-sanitizer memcheck: prefill + graph-replayed decode on m3-tiny-q and m3-wide-q"
-if command -v compute-sanitizer >/dev/null; then
-  CS="compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20"
+CSB=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer 2>/dev/null | head -1)
+if [ -n "$CSB" ]; then
+  CS="$CSB --tool memcheck --error-exitcode 99 --print-limit 20"
   ck timeout 180 $CS "$B/m3" logits -m $D/m3-tiny-q --ids 1,2,3,4,5,6,7,8,9,10,11,12 --decode 6 --backend cuda -o "$O/cs1.st"
   ck timeout 240 $CS "$B/m3" logits -m $D/m3-wide-q --ids "$(seq 1 300 | awk '{printf "%s%d", (NR>1?",":""), ($1*37)%500}')" \
     --decode 3 --kv-cache-dtype nvfp4 --backend cuda -o "$O/cs2.st"

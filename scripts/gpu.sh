@@ -127,8 +127,9 @@ fi
 fi
 if want 7; then
 echo "## 7. compute-sanitizer memcheck"
-if command -v compute-sanitizer >/dev/null; then
-  CS="compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20"
+CSB=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer 2>/dev/null | head -1)
+if [ -n "$CSB" ]; then
+  CS="$CSB --tool memcheck --error-exitcode 99 --print-limit 20"
   run $CS "$BIN/m3" logits -m $D/m3-tiny-q --ids 1,2,3,4,5,6,7,8,9,10,11,12 --decode 6 --dump-index --backend cuda -o "$OUT/cs1.st"
   run $CS "$BIN/m3" logits -m $D/m3-wide-q --ids "$(seq 1 600 | awk '{printf "%s%d", (NR>1?",":""), ($1*37)%500}')" --decode 3 --kv-cache-dtype nvfp4 --backend cuda -o "$OUT/cs2.st"
   run $CS "$BIN/m3" generate -m $D/m3-tiny-q --ids 1,2,3,4,5,6,7,8 -n 12 --temperature 0 --backend cuda

@@ -67,6 +67,7 @@ typedef struct m3_weights {
     m3_linear embed;          /* [V, H], plain format */
     m3_linear lm_head;        /* [V, H] */
     float *final_norm;
+    void *dev_arena;          /* backend copies: the one device allocation holding every tensor */
     char prefix[64];          /* "language_model." (hub layout) or "" (bare model.*) */
     /* summary */
     size_t n_tensors_used;

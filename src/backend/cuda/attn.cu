@@ -145,15 +145,16 @@ static __device__ void write_row(uint8_t *dst, int dt, const float *src, int dim
     }
 }
 
+/* a block per (token, row): rows 0 .. 2 nkv - 1 the K then V heads, row 2 nkv the index key */
 __global__ void k_kv_store(kvdesc d, const int32_t *pos, const int32_t *seq, const float *k, const float *v, const float *ik) {
-    const int t = blockIdx.x, p = pos[t], slot = p % d.page;
+    const int t = blockIdx.x, r = blockIdx.y, p = pos[t], slot = p % d.page;
     uint8_t *pg = page_of(d, seq[t], p);
-    for (int r = 0; r < 2 * d.nkv; r++) {
+    if (r < 2 * d.nkv) {
         int part = r / d.nkv, h = r % d.nkv;
         const float *src = (part ? v : k) + ((size_t)t * d.nkv + h) * d.D;
         write_row(pg + part * d.kvpart + ((size_t)h * d.page + slot) * d.rb, d.dt, src, d.D);
-    }
-    if (ik) write_row(pg + 2 * d.kvpart + (size_t)slot * d.irb, d.idt, ik + (size_t)t * d.Di, d.Di);
+    } else if (ik)
+        write_row(pg + 2 * d.kvpart + (size_t)slot * d.irb, d.idt, ik + (size_t)t * d.Di, d.Di);
 }
 
 void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v, const float *ik) {
@@ -161,7 +162,7 @@ void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const fl
     m3_cu_prof_begin(c, OP_KV);
     if (c->failed) { m3_cu_prof_end(c, OP_KV); return; }
     if (b != c->step_b) { m3_cu_failf(c, "CUDA backend: kv_store outside its step"); { m3_cu_prof_end(c, OP_KV); return; } }
-    k_kv_store<<<b->T, 64, 0, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, k, v, ik);
+    k_kv_store<<<dim3(b->T, 2 * kv->nkv + (ik ? 1 : 0)), 64, 0, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, k, v, ik);
     CK_LAUNCH(c, "kv_store");
     m3_cu_prof_end(c, OP_KV);
 }
@@ -260,6 +261,62 @@ __global__ void k_index_scores(kvdesc d, const int32_t *pos, const int32_t *seq,
     }
 }
 
+/* The same scores with a CTA per (block, token) and a thread per key, for blocks of at most
+ * 256 keys and Di % 16 == 0: each thread has all of its key's loads in flight at once (a warp
+ * per block waits on memory once per 16 values of 4 keys in turn), and blocks spread over
+ * every SM. Same products in the same order as k_index_scores. */
+__global__ void __launch_bounds__(256) k_index_scores_k(kvdesc d, const int32_t *pos, const int32_t *seq, const float *iq,
+                                                        int ni, int B, int nbmax, float *scores) {
+    extern __shared__ __align__(16) float qs[]; /* [ni][Di], then [warps][8] maxima */
+    const int t = blockIdx.y, blk = blockIdx.x, p = pos[t], nb = p / B + 1;
+    if (blk >= nb) return; /* uniform across the CTA */
+    float *red = qs + ni * d.Di;
+    for (int i = threadIdx.x; i < ni * d.Di; i += blockDim.x) qs[i] = iq[(size_t)t * ni * d.Di + i];
+    __syncthreads();
+    const int p0 = blk * B, n = blk == nb - 1 ? p - p0 + 1 : B, i = threadIdx.x;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    float dot[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (i < n) {
+        const int kp = p0 + i;
+        const uint8_t *row = page_of(d, seq[t], kp) + 2 * d.kvpart + (size_t)(kp % d.page) * d.irb;
+#pragma unroll 4
+        for (int e = 0; e < d.Di; e += 16) {
+            float kv[16];
+            read16(row, d.idt, d.Di, e, kv);
+#pragma unroll
+            for (int g = 0; g < 8; g++) {
+                if (g >= ni) break;
+                const float *qp = qs + g * d.Di + e;
+#pragma unroll
+                for (int h = 0; h < 16; h += 4) {
+                    float4 qa = *(const float4 *)(qp + h);
+                    dot[g] += qa.x * kv[h] + qa.y * kv[h + 1] + qa.z * kv[h + 2] + qa.w * kv[h + 3];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < 8; g++) {
+        if (g >= ni) break;
+        float m = warp_max(i < n ? dot[g] : -INFINITY);
+        if (lane == 0) red[warp * 8 + g] = m;
+    }
+    __syncthreads();
+    if (threadIdx.x < ni) {
+        float m = -INFINITY;
+        for (int w = 0; w < (int)blockDim.x / 32; w++) m = fmaxf(m, red[w * 8 + threadIdx.x]);
+        scores[((size_t)t * ni + threadIdx.x) * nbmax + blk] = m;
+    }
+}
+
+/* float -> uint32 with the same order (-0 < +0 aside; NaN handled by the caller) */
+static __device__ __forceinline__ uint32_t fkey(float f) {
+    const uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+#define SMEM_TOPK 8192 /* blocks of a score row kept in shared memory (32 KB: 1M tokens of 128-key blocks) */
+
 /* a warp per (token, head): forced local / initial blocks, then top-k (lowest block on
  * ties), ascending, -1 padded */
 __global__ void k_index_topk(const int32_t *pos, int ni, int B, int nbmax, int topk, int local, int init, float *scores,
@@ -271,33 +328,45 @@ __global__ void k_index_topk(const int32_t *pos, int ni, int B, int nbmax, int t
     int *pk = picks + (threadIdx.x / 32) * topk;
     const int qb = pos[t] / B, nb = qb + 1;
     float *sc = scores + ((size_t)t * ni + g) * nbmax;
+    if (blockDim.x == 32 && nbmax <= SMEM_TOPK) { /* the row in shared memory: the top-k passes wait on it, not L2 */
+        float *ss = (float *)(picks + topk);
+        for (int blk = lane; blk < nb; blk += 32) ss[blk] = sc[blk];
+        sc = ss;
+    }
     for (int blk = lane; blk < nb; blk += 32)
         if ((blk >= qb - local + 1 && blk <= qb) || blk < init) sc[blk] = INFINITY;
     __syncwarp();
+    /* Each pass: every lane's best remaining block (highest score, lowest block on ties), then
+     * the warp's by two one-instruction reductions (redux.sync) on an order-preserving key of
+     * the score and on the block. Each lane reads and writes only blocks = lane mod 32, so the
+     * passes need no synchronization; the picks are then put in ascending order by rank. */
+    const uint32_t none = fkey(-INFINITY);
     int got = 0;
     for (int k = 0; k < topk && k < nb; k++) {
-        float bv = 0;
-        int bi = -1;
+        uint32_t bk = none;
+        int bi = 0x7fffffff;
         for (int blk = lane; blk < nb; blk += 32) {
-            float s = sc[blk];
-            if (s != -INFINITY && !isnan(s) && (bi < 0 || s > bv)) { bv = s; bi = blk; }
+            const float s = sc[blk];
+            const uint32_t key = isnan(s) ? none : fkey(s == 0.0f ? 0.0f : s); /* -0 ties +0 */
+            if (key > bk) { bk = key; bi = blk; }
         }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
-        }
-        if (bi < 0) break;
-        if (lane == 0) { pk[got] = bi; sc[bi] = -INFINITY; }
+        const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
+        if (mk == none) break;
+        const int pick = (int)__reduce_min_sync(0xffffffffu, bk == mk ? (uint32_t)bi : 0x7fffffffu);
+        if ((pick & 31) == lane) sc[pick] = -INFINITY;
+        if (lane == 0) pk[got] = pick;
         got++;
-        __syncwarp();
     }
-    if (lane == 0) {
-        for (int a = 1; a < got; a++)
-            for (int b = a; b > 0 && pk[b] < pk[b - 1]; b--) { int tmp = pk[b]; pk[b] = pk[b - 1]; pk[b - 1] = tmp; }
-        int32_t *out = sel + ((size_t)t * ni + g) * topk;
-        for (int k = 0; k < topk; k++) out[k] = k < got ? pk[k] : -1;
+    __syncwarp();
+    int32_t *out = sel + ((size_t)t * ni + g) * topk;
+    for (int k = lane; k < topk; k += 32) {
+        if (k < got) {
+            const int v = pk[k];
+            int r = 0;
+            for (int j = 0; j < got; j++) r += pk[j] < v;
+            out[r] = v;
+        } else
+            out[k] = -1;
     }
 }
 
@@ -313,15 +382,21 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
     float *scores = (float *)m3_cu_scratch(c, SC_IDX, sizeof(float) * (size_t)T * ni * nbmax);
     if (!scores) { m3_cu_prof_end(c, OP_INDEX); return; }
     kvdesc d = desc(c, kv, layer);
-    /* enough CTAs to cover the blocks of the longest sequence with 4 warps each */
-    unsigned gx = cdiv(nbmax, 4);
-    if (gx > 256) gx = 256;
-    k_index_scores<<<dim3(gx, T), 128, sizeof(float) * (size_t)ni * kv->Di, c->st>>>(d, c->d_pos, c->d_seq, iq, ni, block,
-                                                                                     nbmax, scores);
+    if (block <= 256 && kv->Di % 16 == 0 && nbmax <= 65535) { /* a CTA per (block, token), a thread per key */
+        const int th = (block + 31) / 32 * 32;
+        k_index_scores_k<<<dim3(nbmax, T), th, sizeof(float) * ((size_t)ni * kv->Di + 8 * (th / 32)), c->st>>>(
+            d, c->d_pos, c->d_seq, iq, ni, block, nbmax, scores);
+    } else { /* enough CTAs to cover the blocks of the longest sequence with 4 warps each */
+        unsigned gx = cdiv(nbmax, 4);
+        if (gx > 256) gx = 256;
+        k_index_scores<<<dim3(gx, T), 128, sizeof(float) * (size_t)ni * kv->Di, c->st>>>(d, c->d_pos, c->d_seq, iq, ni, block,
+                                                                                         nbmax, scores);
+    }
     if (CK_LAUNCH(c, "index_scores")) { m3_cu_prof_end(c, OP_INDEX); return; }
     int warps = T * ni;
     /* grid covers exactly `warps` warps: 1 warp per CTA keeps the bound check simple */
-    k_index_topk<<<warps, 32, sizeof(int) * (size_t)topk, c->st>>>(c->d_pos, ni, block, nbmax, topk, local, init, scores, sel);
+    const size_t tsm = sizeof(int) * (size_t)topk + (nbmax <= SMEM_TOPK ? sizeof(float) * (size_t)nbmax : 0);
+    k_index_topk<<<warps, 32, tsm, c->st>>>(c->d_pos, ni, block, nbmax, topk, local, init, scores, sel);
     CK_LAUNCH(c, "index_topk");
     m3_cu_prof_end(c, OP_INDEX);
 }
@@ -560,24 +635,33 @@ __global__ void __launch_bounds__(128) k_attn_fast(kvdesc d, const int32_t *pos,
         }
 }
 
-/* with xs, also the f16 split of out (hi [n], then lo; the o projection's input, gemv_mma.cu) */
+/* with xs, also the f16 split of out (hi [n], then lo; the o projection's input, gemv_mma.cu).
+ * A block per (head, token): the splits' weights exp(m_s - M) / L once, in shared memory (one
+ * load per split per thread, not a chain of them per channel), then each channel's sum. */
+#define MERGE_MAX 64 /* splits (m3_cu_attention caps nsplit at 64) */
 __global__ void k_attn_merge(const float *part, int nkv, int G, int D, int nsplit, int nh, float *out, uint16_t *xs, size_t n) {
+    __shared__ float wsh[MERGE_MAX], red[2];
     const int t = blockIdx.y, hh = blockIdx.x, g = hh / G, h = hh % G;
     const float *base = part + (((size_t)t * nkv + g) * nsplit) * (size_t)G * (D + 2) + (size_t)h * (D + 2);
     const size_t sstride = (size_t)G * (D + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < nsplit; s++) M = fmaxf(M, base[s * sstride]);
-    float L = 0;
-    for (int s = 0; s < nsplit; s++) {
-        float m = base[s * sstride];
-        if (m != -INFINITY) L += base[s * sstride + 1] * expf(m - M);
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        float m0 = -INFINITY, m1 = -INFINITY, l0 = 0, l1 = 0;
+        if (lane < nsplit) { m0 = base[lane * sstride]; l0 = base[lane * sstride + 1]; }
+        if (lane + 32 < nsplit) { m1 = base[(lane + 32) * sstride]; l1 = base[(lane + 32) * sstride + 1]; }
+        const float M = warp_max(fmaxf(m0, m1));
+        const float w0 = m0 != -INFINITY ? expf(m0 - M) : 0.0f, w1 = m1 != -INFINITY ? expf(m1 - M) : 0.0f;
+        const float L = warp_sum(l0 * w0 + l1 * w1);
+        if (lane < nsplit) wsh[lane] = w0;
+        if (lane + 32 < nsplit) wsh[lane + 32] = w1;
+        if (lane == 0) red[0] = L;
     }
+    __syncthreads();
+    const float L = red[0];
     for (int x = threadIdx.x; x < D; x += blockDim.x) {
         float o = 0;
-        for (int s = 0; s < nsplit; s++) {
-            float m = base[s * sstride];
-            if (m != -INFINITY) o += base[s * sstride + 2 + x] * expf(m - M);
-        }
+#pragma unroll 8
+        for (int s = 0; s < nsplit; s++) o += base[s * sstride + 2 + x] * wsh[s];
         const size_t k = ((size_t)t * nh + hh) * D + x;
         const float v = L > 0 ? o / L : 0.0f;
         out[k] = v;

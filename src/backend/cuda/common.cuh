@@ -26,6 +26,11 @@ typedef struct m3_cuda {
     void *sc[SC_COUNT];
     size_t sc_bytes[SC_COUNT];
     size_t allocated, peak;
+    /* weight arena (m3_cu_alloc while uploading weights): 1 = counting bytes only (no copies,
+     * no launches), 2 = carving from wa_base; 0 = plain cudaMalloc */
+    int wa_mode;
+    uint8_t *wa_base;
+    size_t wa_size, wa_used;
     /* the current step (begin_step): device copies of positions, sequence of each token,
      * page table rows [n_seqs][ptab_stride] and sequence lengths */
     const void *step_b;
@@ -73,6 +78,9 @@ void m3_cu_failf(m3_cuda *c, const char *fmt, ...);
 /* scratch slot of at least bytes (device), NULL + sticky error on failure */
 void *m3_cu_scratch(m3_cuda *c, int slot, size_t bytes);
 void *m3_cu_alloc(m3_cuda *c, size_t bytes);
+/* builds device weights d in one arena: pass runs twice, first counting bytes, then carving */
+int m3_cu_arena_build(m3_cuda *c, m3_weights *d, m3_err *err, int (*pass)(m3_cuda *, const void *, m3_weights *, m3_err *),
+                      const void *arg);
 void m3_cu_graphs_clear(m3_cuda *c);
 
 /* ops implemented in the kernel files */

@@ -84,6 +84,75 @@ __global__ void k_add_rmsnorm(float *h, const float *o, const float *w, int dim,
     }
 }
 
+/* The two kernels above with every load of a row issued before the first use (a single CTA
+ * per row is latency bound: a strided loop waits on L2 once per element it reads). For dim
+ * = 4 V blockDim (6144 = 4 x 3 x 512). ADD: h += o first, as k_add_rmsnorm. Same double sum. */
+template <int V, bool ADD>
+__global__ void __launch_bounds__(512) k_norm_v(float *h, const float *o, const float *w, int dim, float eps, float *out,
+                                              uint16_t *xs, size_t n) {
+    const size_t row = (size_t)blockIdx.x * dim;
+    float4 v[V], wv[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        v[j] = ((const float4 *)(h + row))[i];
+        wv[j] = __ldg((const float4 *)w + i);
+        if (ADD) {
+            const float4 b = ((const float4 *)(o + row))[i];
+            v[j].x += b.x; v[j].y += b.y; v[j].z += b.z; v[j].w += b.w;
+        }
+    }
+    double ss = 0;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        if (ADD) ((float4 *)(h + row))[threadIdx.x + j * blockDim.x] = v[j];
+        ss += (double)v[j].x * v[j].x;
+        ss += (double)v[j].y * v[j].y;
+        ss += (double)v[j].z * v[j].z;
+        ss += (double)v[j].w * v[j].w;
+    }
+    ss = block_sum(ss);
+    const float r = (float)(1.0 / sqrt(ss / dim + eps));
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        float4 y;
+        y.x = (v[j].x * r) * (1.0f + wv[j].x);
+        y.y = (v[j].y * r) * (1.0f + wv[j].y);
+        y.z = (v[j].z * r) * (1.0f + wv[j].z);
+        y.w = (v[j].w * r) * (1.0f + wv[j].w);
+        ((float4 *)(out + row))[i] = y;
+        if (xs) {
+            const size_t k = row + 4 * (size_t)i;
+            split_store(y.x, xs + k, xs + n + k);
+            split_store(y.y, xs + k + 1, xs + n + k + 1);
+            split_store(y.z, xs + k + 2, xs + n + k + 2);
+            split_store(y.w, xs + k + 3, xs + n + k + 3);
+        }
+    }
+}
+
+/* launches the register kernel when dim fits one (returns 1), else 0 */
+static int norm_v(m3_cuda *c, int rows, float *h, const float *o, const float *w, int dim, float eps, float *out, uint16_t *xs,
+                  size_t n) {
+    if (dim % 4 || ((uintptr_t)h | (uintptr_t)o | (uintptr_t)w | (uintptr_t)out) & 15) return 0;
+    const int threads = dim >= 2048 ? 512 : 128, per = dim / 4;
+    if (per % threads) return 0;
+    const int V = per / threads;
+#define NV(VV) \
+    (o ? k_norm_v<VV, true><<<rows, threads, 0, c->st>>>(h, o, w, dim, eps, out, xs, n) \
+       : k_norm_v<VV, false><<<rows, threads, 0, c->st>>>(h, o, w, dim, eps, out, xs, n))
+    switch (V) {
+    case 1: NV(1); break;
+    case 2: NV(2); break;
+    case 3: NV(3); break;
+    case 4: NV(4); break;
+    default: return 0;
+    }
+#undef NV
+    return 1;
+}
+
 void m3_cu_add_rmsnorm(void *ctx, float *h, const float *o, const float *w, int rows, int dim, float eps, float *out) {
     m3_cuda *c = (m3_cuda *)ctx;
     m3_cu_prof_begin(c, OP_NORM);
@@ -93,7 +162,8 @@ void m3_cu_add_rmsnorm(void *ctx, float *h, const float *o, const float *w, int 
     m3_cu_xsplit_touch(c, out, sizeof(float) * n);
     uint16_t *xs = dim % 128 == 0 ? m3_cu_xsplit_claim(c, out, n) : NULL;
     if (dim % 128 == 0 && !xs) { m3_cu_prof_end(c, OP_NORM); return; }
-    k_add_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(h, o, w, dim, eps, out, xs, n);
+    if (!norm_v(c, rows, h, o, w, dim, eps, out, xs, n))
+        k_add_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(h, o, w, dim, eps, out, xs, n);
     CK_LAUNCH(c, "add + rmsnorm");
     m3_cu_prof_end(c, OP_NORM);
 }
@@ -106,7 +176,8 @@ void m3_cu_rmsnorm(void *ctx, const float *x, const float *w, int rows, int dim,
     m3_cu_xsplit_touch(c, out, sizeof(float) * n);
     uint16_t *xs = dim % 128 == 0 ? m3_cu_xsplit_claim(c, out, n) : NULL; /* a GEMV input, most likely */
     if (dim % 128 == 0 && !xs) { m3_cu_prof_end(c, OP_NORM); return; }
-    k_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(x, w, dim, eps, out, xs, n);
+    if (!norm_v(c, rows, (float *)x, NULL, w, dim, eps, out, xs, n)) /* x is only read (no o) */
+        k_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(x, w, dim, eps, out, xs, n);
     CK_LAUNCH(c, "rmsnorm");
     m3_cu_prof_end(c, OP_NORM);
 }

@@ -182,6 +182,50 @@ __global__ void __launch_bounds__(GW * 32) k_gemv(m3_linear W, const float *x, i
         }
 }
 
+/* Few rows (the MoE router: 128 x 6144): a CTA per GR rows, its warps splitting K into GW
+ * slices (a warp per GR rows over all of K kept 4 SMs busy); per-warp sums added in warp
+ * order (deterministic). klen of a slice: a multiple of the format's chunk. */
+template <int F, int NT>
+__global__ void __launch_bounds__(GW * 32) k_gemv_ks(m3_linear W, const float *x, int T, int t0, float *y, int slice) {
+    extern __shared__ float xs[]; /* [NT][K], then [GW][GR][NT] */
+    float *red = xs + (size_t)NT * W.K;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, n0 = blockIdx.x * GR;
+    const uint8_t *rw[GR], *rs[GR];
+    float gm[GR];
+    bool ok[GR];
+#pragma unroll
+    for (int r = 0; r < GR; r++) {
+        int n = n0 + r;
+        ok[r] = n < W.N;
+        rw[r] = W.w + (size_t)(ok[r] ? n : 0) * W.row_bytes;
+        rs[r] = W.scale ? W.scale + (size_t)(ok[r] ? n : 0) * W.scale_row : NULL;
+        gm[r] = W.gmul;
+    }
+    float acc[GR][NT];
+#pragma unroll
+    for (int r = 0; r < GR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0;
+    stage_x<NT>(x, W.K, T, t0, 0, W.K, xs, W.K);
+    __syncthreads();
+    const int k0 = warp * slice, klen = W.K - k0 < slice ? W.K - k0 : slice;
+    if (klen > 0) warp_rows<F, NT, GR>(rw, rs, gm, ok, k0, klen, xs + k0, W.K, acc);
+#pragma unroll
+    for (int r = 0; r < GR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = warp_sum(acc[r][t]);
+            if (lane == 0) red[(warp * GR + r) * NT + t] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < GR * NT) {
+        const int r = threadIdx.x / NT, t = threadIdx.x % NT;
+        float v = 0;
+        for (int w = 0; w < GW; w++) v += red[(w * GR + r) * NT + t];
+        if (ok[r] && t0 + t < T) y[(size_t)(t0 + t) * W.N + n0 + r] = v;
+    }
+}
+
 /* any shape: a warp per row, element by element (tiny odd shapes only) */
 static __device__ __forceinline__ float decode_at(const m3_linear &W, int n, int k) {
     const uint8_t *row = W.w + (size_t)n * W.row_bytes;
@@ -224,6 +268,20 @@ static int fast_shape(const m3_linear *W) {
 
 template <int NT>
 static void launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T, int t0, float *y) {
+    const int V = W->fmt == M3_WF_F32 ? 4 : W->fmt == M3_WF_BF16 || W->fmt == M3_WF_F16 ? 8 : W->fmt == M3_WF_MXFP8 ? 16 : 32;
+    const int slice = (W->K / GW + V * 32 - 1) / (V * 32) * (V * 32); /* whole chunks for every lane */
+    const size_t ksm = sizeof(float) * ((size_t)NT * W->K + GW * GR * NT);
+    if (cdiv(W->N, GW * GR) * 2 < (unsigned)c->sm_count && W->K >= 1024 && ksm <= 48 * 1024) {
+        unsigned g = cdiv(W->N, GR);
+        switch (W->fmt) {
+        case M3_WF_F32: k_gemv_ks<M3_WF_F32, NT><<<g, GW * 32, ksm, c->st>>>(*W, x, T, t0, y, slice); break;
+        case M3_WF_BF16: k_gemv_ks<M3_WF_BF16, NT><<<g, GW * 32, ksm, c->st>>>(*W, x, T, t0, y, slice); break;
+        case M3_WF_F16: k_gemv_ks<M3_WF_F16, NT><<<g, GW * 32, ksm, c->st>>>(*W, x, T, t0, y, slice); break;
+        case M3_WF_MXFP8: k_gemv_ks<M3_WF_MXFP8, NT><<<g, GW * 32, ksm, c->st>>>(*W, x, T, t0, y, slice); break;
+        default: k_gemv_ks<M3_WF_NVFP4, NT><<<g, GW * 32, ksm, c->st>>>(*W, x, T, t0, y, slice); break;
+        }
+        return;
+    }
     int KT = (12288 / NT) & ~511;
     if (KT > W->K) KT = (W->K + 31) & ~31;
     size_t smem = sizeof(float) * (size_t)NT * KT;
@@ -321,6 +379,11 @@ void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha,
 /* One warp per token: sigmoid scores, bias-corrected choice, top-K (lowest index on ties,
  * as the CPU's ascending scan with a strict >), weights s / sum(s) * scale; the K picks are
  * then sorted by expert id so the weighted sum adds experts in ascending order (the CPU's). */
+static __device__ __forceinline__ uint32_t fkey_route(float f) { /* float -> uint32, same order */
+    const uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
 __global__ void k_route(const float *logits, const float *bias, int E, int K, float scale, int32_t *pick, float *wt) {
     extern __shared__ float sm[];
     float *s = sm, *ch = sm + E;
@@ -332,30 +395,33 @@ __global__ void k_route(const float *logits, const float *bias, int E, int K, fl
         ch[e] = sv + (bias ? bias[e] : 0.0f);
     }
     __syncwarp();
+    /* as the indexer's top-k (attn.cu): each lane's best remaining expert, the warp's by two
+     * redux.sync reductions (order-preserving key of the score; lowest id on ties); each lane
+     * owns the experts = lane mod 32. The sum runs in pick order, as the CPU's. */
+    const uint32_t none = fkey_route(-INFINITY);
     float sum = 0;
     for (int k = 0; k < K; k++) {
-        float bv = 0;
-        int bi = -1;
-        for (int e = lane; e < E; e += 32)
-            if (ch[e] != -INFINITY && (bi < 0 || ch[e] > bv)) { bv = ch[e]; bi = e; }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
+        uint32_t bk = none;
+        int bi = 0x7fffffff;
+        for (int e = lane; e < E; e += 32) {
+            const float v = ch[e];
+            const uint32_t key = isnan(v) ? none : fkey_route(v == 0.0f ? 0.0f : v);
+            if (key > bk) { bk = key; bi = e; }
         }
-        if (bi < 0) bi = 0; /* every choice -inf (NaN logits): keep a valid id */
-        if (lane == 0) { pk[k] = bi; ch[bi] = -INFINITY; }
-        sum += s[bi];
-        __syncwarp();
+        const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
+        const int best = mk == none ? 0 /* every choice -inf (NaN logits): keep a valid id */
+                                    : (int)__reduce_min_sync(0xffffffffu, bk == mk ? (uint32_t)bi : 0x7fffffffu);
+        if ((best & 31) == lane) ch[best] = -INFINITY;
+        if (lane == 0) pk[k] = best;
+        sum += s[best];
     }
-    if (lane == 0) {
-        for (int a = 1; a < K; a++)
-            for (int b = a; b > 0 && pk[b] < pk[b - 1]; b--) { int tmp = pk[b]; pk[b] = pk[b - 1]; pk[b - 1] = tmp; }
-        for (int k = 0; k < K; k++) {
-            pick[t * K + k] = pk[k];
-            wt[t * K + k] = s[pk[k]] / sum * scale;
-        }
+    __syncwarp();
+    for (int k = lane; k < K; k += 32) { /* ascending expert ids, by rank */
+        const int v = pk[k];
+        int r = 0;
+        for (int j = 0; j < K; j++) r += pk[j] < v || (pk[j] == v && j < k);
+        pick[t * K + r] = v;
+        wt[t * K + r] = s[v] / sum * scale;
     }
 }
 

@@ -76,8 +76,53 @@ typedef struct gv_args {
     const m3_mlp_w *tab;     /* MoE: device expert table */
     const int32_t *pick;     /* MoE: expert of each slot */
     int topk;
+    int pf;                  /* L2 prefetch window in units (0: off) */
+    int l2h;                 /* weight loads with the L2 256-byte fetch hint */
     int *ctr;                /* arrival counters, zero between launches */
 } gv_args;
+
+/* weight loads: read-only path, no L1 allocation (streamed once), and with l2h the L2 fetching
+ * 256-byte blocks (a row's next units arrive with the first) */
+static __device__ __forceinline__ uint4 ldw4(const void *p, int l2h) {
+    uint4 v;
+    if (l2h)
+        asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    else
+        v = __ldg((const uint4 *)p);
+    return v;
+}
+static __device__ __forceinline__ uint2 ldw2(const void *p, int l2h) {
+    uint2 v;
+    if (l2h)
+        asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    else
+        v = __ldg((const uint2 *)p);
+    return v;
+}
+
+/* Hopper's bulk L2 prefetch (TMA unit): bytes at p (16-byte aligned, a multiple of 16) start
+ * moving from HBM to L2 without registers or shared memory */
+static __device__ __forceinline__ void l2_prefetch(const void *p, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+
+/* Units [u0, u1) of the 16 rows from n0 (clipped to [.., c1)): lanes 0-15 prefetch a row's
+ * values, lanes 16-31 its scales (rounded out to 16 bytes: allocations are 256-byte granular) */
+template <int F>
+static __device__ __forceinline__ void gv_prefetch(const m3_linear *W, int n0, int u0, int u1, int c1, int lane) {
+    if (u1 > c1) u1 = c1;
+    if (u0 >= u1) return;
+    const int r = n0 + (lane & 15) < W->N ? n0 + (lane & 15) : W->N - 1;
+    const int vb = F == M3_WF_NVFP4 ? 64 : 32, sb = F == M3_WF_NVFP4 ? 8 : 1; /* bytes per unit: values, scales */
+    if (lane < 16) {
+        l2_prefetch(W->w + (size_t)r * W->row_bytes + (size_t)u0 * vb, (uint32_t)(u1 - u0) * vb);
+    } else {
+        const uintptr_t a = (uintptr_t)(W->scale + (size_t)r * W->scale_row + (size_t)u0 * sb) & ~(uintptr_t)15;
+        const uintptr_t e = ((uintptr_t)(W->scale + (size_t)r * W->scale_row + (size_t)u1 * sb) + 15) & ~(uintptr_t)15;
+        l2_prefetch((const void *)a, (uint32_t)(e - a));
+    }
+}
 
 /* The K range [c0, c1) (in units) of 16 rows from n0 against the B column of this lane (x row
  * xrow, -1 for none): HL (T <= 4): column g is token g/2, x_hi for even g and x_lo for odd g,
@@ -85,7 +130,11 @@ typedef struct gv_args {
 template <int F, int HL, int UB>
 static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_t *xh, const uint16_t *xl, int xstride,
                                                int xrow, int n0, int c0, int c1, const uint32_t *my, int g, int tig,
-                                               float acc[4]) {
+                                               float acc[4], int pf, int l2h) {
+    /* the slice's bytes requested from HBM ahead of the loads (two windows, then one per window
+     * consumed): the loads hit L2, and HBM sees more requests in flight than registers allow */
+    int pf_next = c0 + 2 * pf;
+    if (pf) gv_prefetch<F>(W, n0, c0, pf_next, c1, 4 * g + tig);
     const int N = W->N;
     const int ra = n0 + g < N ? n0 + g : N - 1, rb = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
     const uint8_t *wa = W->w + (size_t)ra * W->row_bytes, *wb = W->w + (size_t)rb * W->row_bytes;
@@ -97,14 +146,18 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
     if (F == M3_WF_NVFP4) {
         const int UV = 128;
         for (int u0 = c0; u0 < c1; u0 += UB) {
+            if (pf && u0 + pf >= pf_next && pf_next < c1) {
+                gv_prefetch<F>(W, n0, pf_next, pf_next + pf, c1, 4 * g + tig);
+                pf_next += pf;
+            }
             uint4 qa[UB], qb[UB];
             uint32_t s2a[UB], s2b[UB];
 #pragma unroll
             for (int j = 0; j < UB; j++) {
                 const int u = u0 + j < c1 ? u0 + j : c1 - 1;
                 const int v0 = u * UV + 32 * tig;
-                qa[j] = __ldg((const uint4 *)(wa + v0 / 2));
-                qb[j] = __ldg((const uint4 *)(wb + v0 / 2));
+                qa[j] = ldw4(wa + v0 / 2, l2h);
+                qb[j] = ldw4(wb + v0 / 2, l2h);
                 s2a[j] = __ldg((const uint16_t *)(sa + v0 / 16));
                 s2b[j] = __ldg((const uint16_t *)(sb + v0 / 16));
             }
@@ -141,14 +194,18 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
     } else { /* MXFP8: a unit is one 32-value scale group; 8 bytes per lane per row */
         const int UV = 32;
         for (int u0 = c0; u0 < c1; u0 += 2 * UB) {
+            if (pf && u0 + pf >= pf_next && pf_next < c1) {
+                gv_prefetch<F>(W, n0, pf_next, pf_next + pf, c1, 4 * g + tig);
+                pf_next += pf;
+            }
             uint2 qa[2 * UB], qb[2 * UB];
             uint32_t ea[2 * UB], eb[2 * UB];
 #pragma unroll
             for (int j = 0; j < 2 * UB; j++) {
                 const int u = u0 + j < c1 ? u0 + j : c1 - 1;
                 const int v0 = u * UV + 8 * tig;
-                qa[j] = __ldg((const uint2 *)(wa + v0));
-                qb[j] = __ldg((const uint2 *)(wb + v0));
+                qa[j] = ldw2(wa + v0, l2h);
+                qb[j] = ldw2(wb + v0, l2h);
                 ea[j] = __ldg(sa + u);
                 eb[j] = __ldg(sb + u);
             }
@@ -234,7 +291,7 @@ __global__ void __launch_bounds__(WPB * 32, UB > 2 || !HL ? 2 : 3) k_gv(const __
         const int c0 = (int)((long)units * kslice / ks), c1 = (int)((long)units * (kslice + 1) / ks);
         const int n0 = tile * 16, N = W->N;
         float acc[4];
-        gv_tile<F, HL, UB>(W, xh, xl, J->xstride, xrow, n0, c0, c1, my, g, tig, acc);
+        gv_tile<F, HL, UB>(W, xh, xl, J->xstride, xrow, n0, c0, c1, my, g, tig, acc, a.pf, a.l2h);
 
         /* this lane's results: (row offset, token, value) */
         constexpr int NV = HL ? 2 : 4;
@@ -354,6 +411,27 @@ int m3_cu_mma_ok(const m3_linear *W) {
     return 0;
 }
 
+/* L2 prefetch window in units: M3_GV_PF=N (default 0: off) */
+static int gv_pf(int F) {
+    static int pf = -1;
+    if (pf < 0) {
+        const char *e = getenv("M3_GV_PF");
+        pf = e ? atoi(e) : 0; /* measured slower at 4-32 on the H200 (docs/PERF.md) */
+        if (pf < 0 || pf > 64) pf = 0;
+    }
+    return F == M3_WF_NVFP4 ? (pf + 1) / 2 : pf; /* an NVFP4 unit is 128 values (64 bytes), MXFP8 32 (32 bytes) */
+}
+
+/* M3_GV_L2H=0 turns the L2 256-byte fetch hint of the weight loads off (default on) */
+static int gv_l2h(void) {
+    static int h = -1;
+    if (h < 0) {
+        const char *e = getenv("M3_GV_L2H");
+        h = e ? atoi(e) != 0 : 1;
+    }
+    return h;
+}
+
 static int gv_ub(void) { /* M3_GV_UB=4: four units in flight per lane (benchmarks) */
     static int ub = 0;
     if (!ub) {
@@ -439,6 +517,8 @@ static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
     }
     a->items = (int)items;
     a->ctr = c->ctr;
+    a->pf = gv_pf(F);
+    a->l2h = gv_l2h();
     long grid = (items + WPB - 1) / WPB;
     if (grid > (long)c->sm_count * nb) grid = (long)c->sm_count * nb;
     fn<<<(unsigned)grid, WPB * 32, smem, c->st>>>(*a);

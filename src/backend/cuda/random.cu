@@ -56,17 +56,20 @@ static int rand_linear(m3_cuda *c, m3_linear *L, m3_wfmt fmt, int N, int K, uint
         L->row_bytes = 2 * (size_t)K;
         uint16_t *w = (uint16_t *)m3_cu_alloc(c, L->row_bytes * N);
         if (!w) return -1;
-        k_rand_bf16<<<grid_for((size_t)N * K), 256, 0, c->st>>>(w, (size_t)N * K, seed, amp);
+        if (c->wa_mode != 1)
+            k_rand_bf16<<<grid_for((size_t)N * K), 256, 0, c->st>>>(w, (size_t)N * K, seed, amp);
         L->w = (const uint8_t *)w;
     } else if (fmt == M3_WF_MXFP8) {
         L->row_bytes = (size_t)K;
         L->scale_row = (size_t)K / 32;
         uint8_t *w = (uint8_t *)m3_cu_alloc(c, L->row_bytes * N), *s = (uint8_t *)m3_cu_alloc(c, L->scale_row * N);
         if (!w || !s) return -1;
-        k_rand_fp8<<<grid_for((size_t)N * K), 256, 0, c->st>>>(w, (size_t)N * K, seed);
         /* values are u * 16: scale 2^-4 * amp rounded to a power of two */
         int e = 127 - 4 + (int)floorf(log2f(amp) + 0.5f);
-        k_fill_u8<<<grid_for(L->scale_row * N), 256, 0, c->st>>>(s, L->scale_row * N, (uint8_t)e);
+        if (c->wa_mode != 1) {
+            k_rand_fp8<<<grid_for((size_t)N * K), 256, 0, c->st>>>(w, (size_t)N * K, seed);
+            k_fill_u8<<<grid_for(L->scale_row * N), 256, 0, c->st>>>(s, L->scale_row * N, (uint8_t)e);
+        }
         L->w = w;
         L->scale = s;
     } else { /* NVFP4: codes in [-6, 6] with mean square ~ 8.6; scale E4M3 * gmul */
@@ -74,18 +77,20 @@ static int rand_linear(m3_cuda *c, m3_linear *L, m3_wfmt fmt, int N, int K, uint
         L->scale_row = (size_t)K / 16;
         uint8_t *w = (uint8_t *)m3_cu_alloc(c, L->row_bytes * N), *s = (uint8_t *)m3_cu_alloc(c, L->scale_row * N);
         if (!w || !s) return -1;
-        k_rand_u8<<<grid_for(L->row_bytes * N), 256, 0, c->st>>>(w, L->row_bytes * N, seed);
-        k_fill_u8<<<grid_for(L->scale_row * N), 256, 0, c->st>>>(s, L->scale_row * N, 0x38); /* E4M3 1.0 */
+        if (c->wa_mode != 1) {
+            k_rand_u8<<<grid_for(L->row_bytes * N), 256, 0, c->st>>>(w, L->row_bytes * N, seed);
+            k_fill_u8<<<grid_for(L->scale_row * N), 256, 0, c->st>>>(s, L->scale_row * N, 0x38); /* E4M3 1.0 */
+        }
         L->gmul = amp / 1.7f / 2.9f;
         L->w = w;
         L->scale = s;
     }
-    return CK_LAUNCH(c, "random weights") ? -1 : 0;
+    return c->wa_mode != 1 && CK_LAUNCH(c, "random weights") ? -1 : 0;
 }
 
 static float *zeros(m3_cuda *c, int n, int *bad) {
     float *p = (float *)m3_cu_alloc(c, sizeof(float) * (size_t)n);
-    if (!p || CK(c, cudaMemsetAsync(p, 0, sizeof(float) * (size_t)n, c->st))) { *bad = 1; return NULL; }
+    if (!p || (c->wa_mode != 1 && CK(c, cudaMemsetAsync(p, 0, sizeof(float) * (size_t)n, c->st)))) { *bad = 1; return NULL; }
     return p;
 }
 
@@ -95,11 +100,14 @@ static int rand_mlp_like(m3_cuda *c, m3_mlp_w *m, const m3_mlp_w *S, uint64_t se
            rand_linear(c, &m->down, S->down.fmt, S->down.N, S->down.K, seed + 2);
 }
 
-/* random device weights in the shapes and formats of `shape` (whole, or a tensor-parallel
- * rank's view: experts without weights there stay absent); seeds drawn in layer order */
-extern "C" int m3_cuda_random_weights_like(m3_ops *ops, const m3_config *cf, const m3_weights *shape, uint64_t seed,
-                                           m3_weights *w, m3_err *err) {
-    m3_cuda *c = (m3_cuda *)ops->ctx;
+typedef struct { const m3_config *cf; const m3_weights *shape; uint64_t seed; } rand_args;
+
+/* one pass of random weights (m3_cu_arena_build runs it to count, then to build) */
+static int random_pass(m3_cuda *c, const void *arg, m3_weights *w, m3_err *err) {
+    const rand_args *a = (const rand_args *)arg;
+    const m3_config *cf = a->cf;
+    const m3_weights *shape = a->shape;
+    const uint64_t seed = a->seed;
     memset(w, 0, sizeof *w);
     const int n_layers = shape->n_layers, H = shape->hidden, D = shape->head_dim, E = shape->n_experts;
     w->layers = (m3_layer_w *)calloc((size_t)n_layers, sizeof *w->layers);
@@ -139,7 +147,8 @@ extern "C" int m3_cuda_random_weights_like(m3_ops *ops, const m3_config *cf, con
                 if (S->experts[e].gate.w) bad |= rand_mlp_like(c, &L->experts[e], &S->experts[e], s); /* else another rank's */
             if (!bad) {
                 L->backend = m3_cu_alloc(c, sizeof(m3_mlp_w) * (size_t)E);
-                if (!L->backend || CK(c, cudaMemcpy(L->backend, L->experts, sizeof(m3_mlp_w) * (size_t)E, cudaMemcpyHostToDevice)))
+                if (!L->backend ||
+                    (c->wa_mode != 1 && CK(c, cudaMemcpy(L->backend, L->experts, sizeof(m3_mlp_w) * (size_t)E, cudaMemcpyHostToDevice))))
                     bad = 1;
             }
             if (S->has_shared && !bad) {
@@ -153,14 +162,21 @@ extern "C" int m3_cuda_random_weights_like(m3_ops *ops, const m3_config *cf, con
     if (!bad) bad |= RL(w->lm_head, shape->lm_head);
 #undef RL
     if (!bad) w->final_norm = zeros(c, H, &bad);
-    if (!bad) bad |= CK(c, cudaStreamSynchronize(c->st));
+    if (!bad && c->wa_mode != 1) bad |= CK(c, cudaStreamSynchronize(c->st));
     if (bad || c->failed) {
         m3_errf(err, "random weights: %s", c->failed ? c->errmsg : "out of memory");
         c->failed = 0;
-        ops->weights_release(ops->ctx, w);
         return -1;
     }
     return 0;
+}
+
+/* random device weights in the shapes and formats of `shape` (whole, or a tensor-parallel
+ * rank's view: experts without weights there stay absent); seeds drawn in layer order */
+extern "C" int m3_cuda_random_weights_like(m3_ops *ops, const m3_config *cf, const m3_weights *shape, uint64_t seed,
+                                           m3_weights *w, m3_err *err) {
+    rand_args a = {cf, shape, seed};
+    return m3_cu_arena_build((m3_cuda *)ops->ctx, w, err, random_pass, &a);
 }
 
 extern "C" int m3_cuda_random_weights(m3_ops *ops, const m3_config *cf, int n_layers, uint64_t seed, m3_weights *w,

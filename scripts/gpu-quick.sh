@@ -34,8 +34,8 @@ s "decode at M3.1-Flash shapes"
 ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 --steps 10 --prefill 0
 ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1 --context 8192 --steps 5 --prefill 0 --profile
 ck timeout 90 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 30 --batch 1 --context 8192 --steps 10 --prefill 0
-s "GEMV variants: the L2 256-byte hint off (M3_GV_L2H=0), 4 units in flight (M3_GV_UB=4), bulk L2 prefetch (M3_GV_PF=8)"
-for v in M3_GV_L2H=0 M3_GV_UB=4 M3_GV_PF=8; do
+s "GEMV variants: weights through registers instead of the cp.async ring (M3_GV_PIPE=0), also without the L2 hint (M3_GV_L2H=0)"
+for v in M3_GV_PIPE=0 "M3_GV_PIPE=0 M3_GV_L2H=0"; do
   env $v timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 --steps 10 \
     --prefill 0 | sed "s/^/$v: /" | grep -v "device\|model"
 done

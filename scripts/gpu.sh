@@ -37,8 +37,8 @@ for m in m3-tiny m3-tiny-q m3-wide-q m3-gqa3 m3-gqa3-q m3-mqa m3-mqa-q; do
 done
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-bf16.oracle.safetensors --kv bf16 --backend cuda --tol 1e-3 --work "$OUT"
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-nvfp4.oracle.safetensors --kv nvfp4 --backend cuda --tol 1e-3 --work "$OUT"
-# case 3 of the fp8 reference sits on an E4M3 rounding tie that f32 reassociation flips (docs/PERF.md)
-run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-fp8.oracle.safetensors --kv fp8 --cases 0,1,2 --backend cuda --tol 1e-3 --work "$OUT"
+# every case (case 3 sits on an E4M3 rounding tie that moves later logits by ~3e-4: within 1e-3)
+run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-fp8.oracle.safetensors --kv fp8 --backend cuda --tol 1e-3 --work "$OUT"
 # the vision tower on the GPU against the vision-language references
 for v in m3vl-tiny m3vl-heldout m3vl-big; do
   [ -f $D/$v.oracle.safetensors ] && [ -x "$BIN/vision_check" ] || continue

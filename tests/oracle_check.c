@@ -5,6 +5,7 @@
  *                     [--tol 1e-4] [--threads N] [--ubatch N] [--work DIR] [--backend cpu|cuda]
  *                     [--tp N] [--moe-split experts|width]   (tensor parallel: m3 logits -tp N) */
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -44,6 +45,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--moe-split")) moe_split = argv[i + 1];
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
     }
+    mkdir(work, 0755); /* the scratch directory may not exist yet (EEXIST is fine) */
     m3_err err;
     m3_st *ref = m3_st_open(oracle, &err);
     if (!ref) { fprintf(stderr, "%s\n", err.msg); return 2; }

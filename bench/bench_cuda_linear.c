@@ -57,11 +57,9 @@ int main(int argc, char **argv) {
             m3_linear L, D;
             make(&L, fm[fi], N, K, &w, &s);
             D = L;
-            void *dw = g.alloc(g.ctx, L.row_bytes * N), *ds = s ? g.alloc(g.ctx, L.scale_row * N) : NULL;
-            g.upload(g.ctx, dw, w, L.row_bytes * N);
-            if (s) g.upload(g.ctx, ds, s, L.scale_row * N);
-            D.w = dw;
-            D.scale = ds;
+            /* in the device layout the engine uses (MXFP8 / NVFP4: tiled) */
+            if (m3_cuda_upload_linear(&g, &L, &D, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+            void *dw = (void *)D.w, *ds = (void *)D.scale;
             for (int ti = 0; ti < 4; ti++) {
                 int T = Ts[ti];
                 float *x = malloc(sizeof(float) * (size_t)T * K), *yc = malloc(sizeof(float) * (size_t)T * N),
@@ -102,13 +100,9 @@ int main(int argc, char **argv) {
         double bytes = 0;
         for (int j = 0; j < NJ; j++) {
             make(&L[j], M3_WF_MXFP8, rows[j], K, &w[j], &s[j]);
-            D[j] = L[j];
-            dw[j] = g.alloc(g.ctx, L[j].row_bytes * rows[j]);
-            ds[j] = g.alloc(g.ctx, L[j].scale_row * rows[j]);
-            g.upload(g.ctx, dw[j], w[j], L[j].row_bytes * rows[j]);
-            g.upload(g.ctx, ds[j], s[j], L[j].scale_row * rows[j]);
-            D[j].w = dw[j];
-            D[j].scale = ds[j];
+            if (m3_cuda_upload_linear(&g, &L[j], &D[j], &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+            dw[j] = (void *)D[j].w;
+            ds[j] = (void *)D[j].scale;
             bytes += (double)m3_linear_bytes(&L[j]);
         }
         printf("fused q+k+v+iq+ik (mxfp8, 9856 x 6144):\n%4s %10s %12s %9s %8s %12s\n", "T", "rel_l2", "fused_us", "GB/s", "of_bw",

@@ -25,6 +25,7 @@ for m in m3-wide-q m3-tiny-q; do
   ck timeout 60 "$B/oracle_check" "$B/m3" $D/$m $D/$m.oracle.safetensors --backend cuda --tol 1e-3 --work "$O"
 done
 ck timeout 60 "$B/oracle_check" "$B/m3" $D/m3-tiny $D/m3-tiny.kv-nvfp4.oracle.safetensors --kv nvfp4 --backend cuda --tol 1e-3 --work "$O"
+ck timeout 60 "$B/oracle_check" "$B/m3" $D/m3-tiny $D/m3-tiny.kv-fp8.oracle.safetensors --kv fp8 --backend cuda --tol 1e-3 --work "$O"
 s "the vision tower on the GPU (m3vl-tiny: vision_tower_out, image_embeds, logits against the reference)"
 for v in m3vl-tiny m3vl-heldout m3vl-big; do
   [ -f $D/$v.oracle.safetensors ] || continue
@@ -34,8 +35,8 @@ s "decode at M3.1-Flash shapes"
 ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 --steps 10 --prefill 0
 ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1 --context 8192 --steps 5 --prefill 0 --profile
 ck timeout 90 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 30 --batch 1 --context 8192 --steps 10 --prefill 0
-s "GEMV variants: weights through registers instead of the cp.async ring (M3_GV_PIPE=0), also without the L2 hint (M3_GV_L2H=0)"
-for v in M3_GV_PIPE=0 "M3_GV_PIPE=0 M3_GV_L2H=0"; do
+s "GEMV variants: weights through registers instead of the cp.async ring (M3_GV_PIPE=0); device weights row-major, not tiled (M3_CUDA_TILE=0)"
+for v in M3_GV_PIPE=0 M3_CUDA_TILE=0; do
   env $v timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 --steps 10 \
     --prefill 0 | sed "s/^/$v: /" | grep -v "device\|model"
 done

@@ -33,7 +33,7 @@ static double wval(const m3_linear *W, int n, int k) {
 
 static void check(m3_cpu *c, m3_wfmt fmt, int N, int K, const char *what) {
     size_t eb = fmt == M3_WF_F32 ? 4 : fmt == M3_WF_NVFP4 ? 0 : fmt == M3_WF_MXFP8 ? 1 : 2;
-    m3_linear W = {fmt, N, K, NULL, 0, NULL, 0, 1.0f};
+    m3_linear W = {fmt, N, K, NULL, 0, NULL, 0, 1.0f, 0};
     W.row_bytes = fmt == M3_WF_NVFP4 ? (size_t)K / 2 : eb * K;
     W.scale_row = fmt == M3_WF_MXFP8 ? (size_t)K / 32 : fmt == M3_WF_NVFP4 ? (size_t)K / 16 : 0;
     uint8_t *w = malloc(W.row_bytes * N), *sc = W.scale_row ? malloc(W.scale_row * N) : NULL;

@@ -29,6 +29,8 @@ typedef struct m3_linear {
     const uint8_t *scale;   /* MXFP8: E8M0 [N][K/32]; NVFP4: E4M3 [N][K/16] */
     size_t scale_row;       /* scale bytes per row */
     float gmul;             /* NVFP4: global multiplier (1/weight_global_scale, or weight_scale_2) */
+    int tiled;              /* CUDA device copies only: rows in tiles of 16 stored unit by unit
+                             * (backend/cuda/common.cuh, wt_tiled); 0 everywhere else */
 } m3_linear;
 
 /* Bytes of weight data (values + scales) one full pass over W reads. */

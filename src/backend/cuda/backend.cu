@@ -143,19 +143,81 @@ static void *up_rows(m3_cuda *c, const uint8_t *src, size_t stride, size_t width
     return p;
 }
 
-static int up_linear(m3_cuda *c, const m3_linear *h, m3_linear *d) {
+/* M3_CUDA_TILE=0 keeps device weights row-major (for comparisons) */
+int m3_cu_tileable(const m3_linear *W) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("M3_CUDA_TILE");
+        on = !e || atoi(e) != 0;
+    }
+    return on && (W->fmt == M3_WF_MXFP8 || W->fmt == M3_WF_NVFP4) && W->N % 16 == 0 && W->K % 128 == 0 && W->scale;
+}
+
+/* dense [rows][width] bytes at src -> the tiled layout at dst (values: 16-byte pieces; scales:
+ * bytes) */
+__global__ void k_tile(const uint8_t *src, uint8_t *dst, int fmt, size_t width, int rows, int scales) {
+    const size_t piece = scales ? 1 : 16, n = (size_t)rows * width / piece;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t b = i * piece;
+        const int r = (int)(b / width);
+        const size_t col = b % width;
+        if (scales) dst[wt_soff(fmt, width, r, col)] = src[b];
+        else *(uint4 *)(dst + wt_voff(fmt, width, r, col)) = *(const uint4 *)(src + b);
+    }
+}
+
+/* up_rows into the tiled layout: through a dense staging copy in scratch (outside the arena) */
+static void *up_rows_tiled(m3_cuda *c, const uint8_t *src, size_t stride, size_t width, int rows, int fmt, int scales) {
+    void *p = m3_cu_alloc(c, width * (size_t)rows);
+    if (!p || c->wa_mode == 1) return p;
+    const int mode = c->wa_mode;
+    c->wa_mode = 0; /* staging is scratch, not weights */
+    uint8_t *tmp = (uint8_t *)m3_cu_scratch(c, SC_DEQ, width * (size_t)rows);
+    c->wa_mode = mode;
+    if (!tmp) return NULL;
+    if (CK(c, cudaMemcpy2D(tmp, width, src, stride, width, (size_t)rows, cudaMemcpyHostToDevice))) return NULL;
+    const size_t n = width * (size_t)rows / (scales ? 1 : 16);
+    unsigned g = cdiv(n, 256);
+    if (g > 65535u * 8) g = 65535u * 8;
+    k_tile<<<g, 256, 0, c->st>>>(tmp, (uint8_t *)p, fmt, width, rows, scales);
+    if (CK_LAUNCH(c, "tile weights") || CK(c, cudaStreamSynchronize(c->st))) return NULL;
+    return p;
+}
+
+/* tile: store MXFP8 / NVFP4 matrices in the tiled layout (every linear but the embedding,
+ * whose rows k_embed reads) */
+static int up_linear_t(m3_cuda *c, const m3_linear *h, m3_linear *d, int tile) {
     *d = *h;
     d->w = NULL;
     d->scale = NULL;
+    d->tiled = 0;
     if (!h->w) return 0; /* no weights here (an expert of another rank under expert parallelism) */
     size_t rb = m3_linear_dense_row_bytes(h), sr = m3_linear_dense_scale_row(h);
+    d->row_bytes = rb;
+    d->scale_row = sr;
+    if (tile && m3_cu_tileable(d)) {
+        d->w = (const uint8_t *)up_rows_tiled(c, h->w, h->row_bytes, rb, h->N, h->fmt, 0);
+        d->scale = d->w ? (const uint8_t *)up_rows_tiled(c, h->scale, h->scale_row, sr, h->N, h->fmt, 1) : NULL;
+        d->tiled = 1;
+        return d->w && d->scale ? 0 : -1;
+    }
     d->w = (const uint8_t *)up_rows(c, h->w, h->row_bytes, rb, h->N);
     if (!d->w) return -1;
-    d->row_bytes = rb;
     if (h->scale) {
         d->scale = (const uint8_t *)up_rows(c, h->scale, h->scale_row, sr, h->N);
         if (!d->scale) return -1;
-        d->scale_row = sr;
+    }
+    return 0;
+}
+static int up_linear(m3_cuda *c, const m3_linear *h, m3_linear *d) { return up_linear_t(c, h, d, 1); }
+
+/* one linear outside any arena (benchmarks): released with ops->release on w and scale */
+extern "C" int m3_cuda_upload_linear(m3_ops *ops, const m3_linear *h, m3_linear *d, m3_err *err) {
+    m3_cuda *c = (m3_cuda *)ops->ctx;
+    if (up_linear(c, h, d) || c->failed) {
+        m3_errf(err, "uploading a linear: %s", c->failed ? c->errmsg : "out of memory");
+        c->failed = 0;
+        return -1;
     }
     return 0;
 }
@@ -259,7 +321,7 @@ static int upload_pass(m3_cuda *c, const m3_weights *h, m3_weights *d, m3_err *e
             if (H->has_shared && !bad) bad |= up_mlp(c, &H->shared, &L->shared);
         }
     }
-    if (!bad) bad |= up_linear(c, &h->embed, &d->embed);
+    if (!bad) bad |= up_linear_t(c, &h->embed, &d->embed, 0); /* rows read by k_embed */
     if (!bad) {
         if (h->lm_head.w == h->embed.w && h->lm_head.N == h->embed.N) d->lm_head = d->embed; /* tied (a TP rank's rows of it are its own) */
         else bad |= up_linear(c, &h->lm_head, &d->lm_head);

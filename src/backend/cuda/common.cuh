@@ -69,6 +69,25 @@ enum { OP_EMBED, OP_NORM, OP_ADD, OP_LINEAR, OP_ROPE, OP_KV, OP_INDEX, OP_ATTN, 
 void m3_cu_prof_begin(m3_cuda *c, int op);
 void m3_cu_prof_end(m3_cuda *c, int op);
 
+/* Tiled device layout of MXFP8 / NVFP4 matrices (N % 16 == 0): the tensor-core GEMV reads a
+ * 16-row tile unit by unit (a unit: 32 values for MXFP8 = 32 bytes + 1 scale byte; 128 for
+ * NVFP4 = 64 bytes + 8), so the device copy stores exactly that order: values
+ * [N/16][K/UV][16 rows][UB bytes], scales [N/16][K/UV][16][SB]. A warp's slice of a tile is
+ * one contiguous run of memory (HBM pages read whole) instead of 16 rows' short pieces. */
+static __host__ __device__ __forceinline__ int wt_ub(int fmt) { return fmt == M3_WF_NVFP4 ? 64 : 32; }
+static __host__ __device__ __forceinline__ int wt_sb(int fmt) { return fmt == M3_WF_NVFP4 ? 8 : 1; }
+/* byte offset of byte b of row n's values / scales in the tiled layout */
+static __host__ __device__ __forceinline__ size_t wt_voff(int fmt, size_t row_bytes, int n, size_t b) {
+    const int ub = wt_ub(fmt);
+    return (size_t)(n >> 4) * 16 * row_bytes + (b / ub) * 16 * ub + (size_t)(n & 15) * ub + b % ub;
+}
+static __host__ __device__ __forceinline__ size_t wt_soff(int fmt, size_t scale_row, int n, size_t j) {
+    const int sb = wt_sb(fmt);
+    return (size_t)(n >> 4) * 16 * scale_row + (j / sb) * 16 * sb + (size_t)(n & 15) * sb + j % sb;
+}
+/* the formats and shapes stored tiled on the device */
+int m3_cu_tileable(const m3_linear *W);
+
 /* Records the first failure (sticky) and returns nonzero when e is an error. */
 int m3_cu_fail(m3_cuda *c, cudaError_t e, const char *what, const char *file, int line);
 #define CK(c, call) m3_cu_fail((c), (call), #call, __FILE__, __LINE__)

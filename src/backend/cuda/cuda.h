@@ -50,6 +50,9 @@ void m3_cuda_mem_info(const m3_ops *ops, size_t *free_b, size_t *total_b, size_t
  * formats of the real checkpoint: MXFP8 linears, NVFP4 routed experts, BF16 router /
  * embeddings / lm_head, f32 norms (0: Gemma norms scale by 1). Values are chosen so that
  * activations stay finite. *w is a device-side m3_weights (release with weights_release). */
+/* One linear uploaded in the device layout (MXFP8 / NVFP4 tiled); w and scale are released
+ * with ops->release. For benchmarks of single matrices. */
+int m3_cuda_upload_linear(m3_ops *ops, const m3_linear *host, m3_linear *dev, m3_err *err);
 int m3_cuda_random_weights(m3_ops *ops, const m3_config *c, int n_layers, uint64_t seed, m3_weights *w, m3_err *err);
 /* The same in the shapes and formats of `shape` (m3_weights_shapes, or a tensor-parallel
  * rank's view of it: experts without weights there stay absent). */

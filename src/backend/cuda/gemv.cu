@@ -228,6 +228,14 @@ __global__ void __launch_bounds__(GW * 32) k_gemv_ks(m3_linear W, const float *x
 
 /* any shape: a warp per row, element by element (tiny odd shapes only) */
 static __device__ __forceinline__ float decode_at(const m3_linear &W, int n, int k) {
+    if (W.tiled) { /* MXFP8 / NVFP4 in the tiled layout (common.cuh) */
+        if (W.fmt == M3_WF_MXFP8)
+            return e4m3_f32(W.w[wt_voff(W.fmt, W.row_bytes, n, (size_t)k)]) *
+                   e8m0_f32(W.scale[wt_soff(W.fmt, W.scale_row, n, (size_t)k / 32)]);
+        const uint8_t byte = W.w[wt_voff(W.fmt, W.row_bytes, n, (size_t)k / 2)];
+        return e2m1x2_f32((k & 1) ? (byte >> 4) : (byte & 15)).x * 16384.0f *
+               (e4m3_f32(W.scale[wt_soff(W.fmt, W.scale_row, n, (size_t)k / 16)]) * W.gmul);
+    }
     const uint8_t *row = W.w + (size_t)n * W.row_bytes;
     switch (W.fmt) {
     case M3_WF_F32: return ((const float *)row)[k];
@@ -262,6 +270,7 @@ __global__ void k_dequant(m3_linear W, int n0, int rows, float *out) {
 }
 
 static int fast_shape(const m3_linear *W) {
+    if (W->tiled) return 0; /* rows are not contiguous: k_gemv_any (decode_at) */
     int V = W->fmt == M3_WF_F32 ? 4 : W->fmt == M3_WF_BF16 || W->fmt == M3_WF_F16 ? 8 : W->fmt == M3_WF_MXFP8 ? 16 : 32;
     return W->K % V == 0 && W->row_bytes % 16 == 0 && ((uintptr_t)W->w & 15) == 0;
 }
@@ -342,7 +351,8 @@ void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y
 void m3_cu_linear_n(void *ctx, int n, const m3_linear *const *W, const float *x, int T, float *const *y) {
     m3_cuda *c = (m3_cuda *)ctx;
     int fused = T >= 1 && T <= 64 && n >= 1 && n <= 6;
-    for (int i = 0; i < n && fused; i++) fused = m3_cu_mma_ok(W[i]) && W[i]->fmt == W[0]->fmt && W[i]->K == W[0]->K;
+    for (int i = 0; i < n && fused; i++)
+        fused = m3_cu_mma_ok(W[i]) && W[i]->fmt == W[0]->fmt && W[i]->K == W[0]->K && W[i]->tiled == W[0]->tiled;
     if (!fused) {
         for (int i = 0; i < n; i++) m3_cu_linear(ctx, W[i], x, T, y[i]);
         return;
@@ -587,15 +597,16 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
      * host-grouped path below skips them (the graph-free kernels read every picked expert) */
     int absent = 0;
     for (int e = 0; e < E && !absent; e++) absent = !L->experts[e].gate.w;
-    int fast = !absent && T <= 8 && L->backend && e0->gate.fmt == e0->up.fmt && e0->gate.fmt == e0->down.fmt && fast_shape(&e0->gate) &&
-               fast_shape(&e0->up) && fast_shape(&e0->down);
+    const int mma = m3_cu_mma_ok(&e0->gate) && m3_cu_mma_ok(&e0->up) && m3_cu_mma_ok(&e0->down);
+    int fast = !absent && T <= 8 && L->backend && e0->gate.fmt == e0->up.fmt && e0->gate.fmt == e0->down.fmt &&
+               (mma || (fast_shape(&e0->gate) && fast_shape(&e0->up) && fast_shape(&e0->down)));
     if (fast) {
         int S = T * K;
         float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * (size_t)S * (Fd + H));
         if (!h) { m3_cu_prof_end(c, OP_MOE); return; }
         float *ye = h + (size_t)S * Fd;
         const m3_mlp_w *tab = (const m3_mlp_w *)L->backend;
-        if (m3_cu_mma_ok(&e0->gate) && m3_cu_mma_ok(&e0->up) && m3_cu_mma_ok(&e0->down)) {
+        if (mma) {
             /* tensor cores: (gate, up) of every slot, SwiGLU, down */
             float *gu = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)S * Fd * 2);
             if (!gu) { m3_cu_prof_end(c, OP_MOE); return; }

@@ -115,6 +115,16 @@ static __device__ __forceinline__ void gv_prefetch(const m3_linear *W, int n0, i
     if (u0 >= u1) return;
     const int r = n0 + (lane & 15) < W->N ? n0 + (lane & 15) : W->N - 1;
     const int vb = F == M3_WF_NVFP4 ? 64 : 32, sb = F == M3_WF_NVFP4 ? 8 : 1; /* bytes per unit: values, scales */
+    if (W->tiled) { /* the slice is one run of values and one of scales */
+        if (lane == 0) l2_prefetch(W->w + (size_t)(n0 >> 4) * 16 * W->row_bytes + (size_t)u0 * 16 * vb, (uint32_t)(u1 - u0) * 16 * vb);
+        if (lane == 1) {
+            const uint8_t *ts = W->scale + (size_t)(n0 >> 4) * 16 * W->scale_row;
+            const uintptr_t a = (uintptr_t)(ts + (size_t)u0 * 16 * sb) & ~(uintptr_t)15;
+            const uintptr_t e = ((uintptr_t)(ts + (size_t)u1 * 16 * sb) + 15) & ~(uintptr_t)15;
+            l2_prefetch((const void *)a, (uint32_t)(e - a));
+        }
+        return;
+    }
     if (lane < 16) {
         l2_prefetch(W->w + (size_t)r * W->row_bytes + (size_t)u0 * vb, (uint32_t)(u1 - u0) * vb);
     } else {
@@ -136,9 +146,26 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
     int pf_next = c0 + 2 * pf;
     if (pf) gv_prefetch<F>(W, n0, c0, pf_next, c1, 4 * g + tig);
     const int N = W->N;
-    const int ra = n0 + g < N ? n0 + g : N - 1, rb = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
-    const uint8_t *wa = W->w + (size_t)ra * W->row_bytes, *wb = W->w + (size_t)rb * W->row_bytes;
-    const uint8_t *sa = W->scale + (size_t)ra * W->scale_row, *sb = W->scale + (size_t)rb * W->scale_row;
+    const int UBY = F == M3_WF_NVFP4 ? 64 : 32, SBY = F == M3_WF_NVFP4 ? 8 : 1; /* bytes per unit of a row */
+    const uint8_t *wa, *wb, *sa, *sb;
+    int us, ss; /* bytes from one unit of a row to its next */
+    if (W->tiled) { /* the tile's units are contiguous [16 rows][UBY] blocks (common.cuh) */
+        const uint8_t *tv = W->w + (size_t)(n0 >> 4) * 16 * W->row_bytes, *ts = W->scale + (size_t)(n0 >> 4) * 16 * W->scale_row;
+        wa = tv + g * UBY;
+        wb = tv + (g + 8) * UBY;
+        sa = ts + g * SBY;
+        sb = ts + (g + 8) * SBY;
+        us = 16 * UBY;
+        ss = 16 * SBY;
+    } else {
+        const int ra = n0 + g < N ? n0 + g : N - 1, rb = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
+        wa = W->w + (size_t)ra * W->row_bytes;
+        wb = W->w + (size_t)rb * W->row_bytes;
+        sa = W->scale + (size_t)ra * W->scale_row;
+        sb = W->scale + (size_t)rb * W->scale_row;
+        us = UBY;
+        ss = SBY;
+    }
     const bool use = xrow >= 0; /* this lane's B column holds x row xrow (else zeros) */
     const uint16_t *xp = (HL && (g & 1) ? xl : xh) + (size_t)(use ? xrow : 0) * xstride;
     const uint16_t *xq = xl + (size_t)(use ? xrow : 0) * xstride; /* non-HL: the lo half */
@@ -155,11 +182,10 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
 #pragma unroll
             for (int j = 0; j < UB; j++) {
                 const int u = u0 + j < c1 ? u0 + j : c1 - 1;
-                const int v0 = u * UV + 32 * tig;
-                qa[j] = ldw4(wa + v0 / 2, l2h);
-                qb[j] = ldw4(wb + v0 / 2, l2h);
-                s2a[j] = __ldg((const uint16_t *)(sa + v0 / 16));
-                s2b[j] = __ldg((const uint16_t *)(sb + v0 / 16));
+                qa[j] = ldw4(wa + (size_t)u * us + 16 * tig, l2h);
+                qb[j] = ldw4(wb + (size_t)u * us + 16 * tig, l2h);
+                s2a[j] = __ldg((const uint16_t *)(sa + (size_t)u * ss + 2 * tig));
+                s2b[j] = __ldg((const uint16_t *)(sb + (size_t)u * ss + 2 * tig));
             }
 #pragma unroll
             for (int j = 0; j < UB; j++) {
@@ -203,11 +229,10 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
 #pragma unroll
             for (int j = 0; j < 2 * UB; j++) {
                 const int u = u0 + j < c1 ? u0 + j : c1 - 1;
-                const int v0 = u * UV + 8 * tig;
-                qa[j] = ldw2(wa + v0, l2h);
-                qb[j] = ldw2(wb + v0, l2h);
-                ea[j] = __ldg(sa + u);
-                eb[j] = __ldg(sb + u);
+                qa[j] = ldw2(wa + (size_t)u * us + 8 * tig, l2h);
+                qb[j] = ldw2(wb + (size_t)u * us + 8 * tig, l2h);
+                ea[j] = __ldg(sa + (size_t)u * ss);
+                eb[j] = __ldg(sb + (size_t)u * ss);
             }
 #pragma unroll
             for (int j = 0; j < 2 * UB; j++) {
@@ -239,11 +264,134 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
     }
 }
 
+/* ------------------------------------------------------------------ pipelined weights
+ * The same tile with the weights streamed through a per-warp ring of GP_NS shared-memory
+ * stages by cp.async (no registers hold bytes in flight: each warp keeps GP_NS - 1 stages
+ * requested while it computes). Tiled weights only: a stage (SU units of the 16 rows: 2 KB of
+ * values + their scales) is one contiguous piece of the tile, copied as it lies; the fragment
+ * reads from it are free of bank conflicts in that order. */
+#define GP_NS 4
+template <int F> struct gp {
+    enum {
+        SU = F == M3_WF_NVFP4 ? 2 : 4,        /* units per stage */
+        SCB = F == M3_WF_NVFP4 ? 256 : 64,    /* scale bytes per stage */
+        STAGE = 2048 + SCB,                   /* bytes per stage */
+        WARP = GP_NS * STAGE                  /* ring bytes per warp */
+    };
+};
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+/* stage from unit u (a multiple of SU) of the tile at n0 into the ring buffer at dst (shared) */
+template <int F>
+static __device__ __forceinline__ void gp_issue(const m3_linear *W, int n0, int u, uint32_t dst, int lane) {
+    const int UBY = F == M3_WF_NVFP4 ? 64 : 32, SBY = F == M3_WF_NVFP4 ? 8 : 1;
+    const uint8_t *v = W->w + (size_t)(n0 >> 4) * 16 * W->row_bytes + (size_t)u * 16 * UBY;
+    const uint8_t *sc = W->scale + (size_t)(n0 >> 4) * 16 * W->scale_row + (size_t)u * 16 * SBY;
+#pragma unroll
+    for (int i = 0; i < 4; i++) cp_async16(dst + (i * 32 + lane) * 16, v + (i * 32 + lane) * 16);
+    if (lane < gp<F>::SCB / 16) cp_async16(dst + 2048 + lane * 16, sc + lane * 16);
+}
+
+template <int F, int HL>
+static __device__ __forceinline__ void gv_tile_p(const m3_linear *W, const uint16_t *xh, const uint16_t *xl, int xstride,
+                                                 int xrow, int n0, int c0, int c1, const uint32_t *my, int g, int tig,
+                                                 float acc[4], uint8_t *ring) {
+    const int lane = 4 * g + tig, SU = gp<F>::SU, nst = (c1 - c0) / SU;
+    const uint32_t rbase = (uint32_t)__cvta_generic_to_shared(ring);
+    const bool use = xrow >= 0;
+    const uint16_t *xp = (HL && (g & 1) ? xl : xh) + (size_t)(use ? xrow : 0) * xstride;
+    const uint16_t *xq = xl + (size_t)(use ? xrow : 0) * xstride;
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+#pragma unroll
+    for (int st = 0; st < GP_NS - 1; st++) {
+        if (st < nst) gp_issue<F>(W, n0, c0 + st * SU, rbase + st * gp<F>::STAGE, lane);
+        cp_commit();
+    }
+    for (int st = 0; st < nst; st++) {
+        cp_wait<GP_NS - 2>(); /* stage st has landed (for this lane's copies) */
+        __syncwarp();         /* ... and every lane's; the buffer refilled below was read last round */
+        const int nx = st + GP_NS - 1;
+        if (nx < nst) gp_issue<F>(W, n0, c0 + nx * SU, rbase + (nx % GP_NS) * gp<F>::STAGE, lane);
+        cp_commit();
+        const uint8_t *sb = ring + (st % GP_NS) * gp<F>::STAGE;
+        const int u = c0 + st * SU;
+        if (F == M3_WF_NVFP4) {
+#pragma unroll
+            for (int ul = 0; ul < 2; ul++) {
+                const uint8_t *vb = sb + ul * 1024 + 16 * tig;
+                const uint4 qa = *(const uint4 *)(vb + g * 64), qb = *(const uint4 *)(vb + (g + 8) * 64);
+                const uint32_t s2a = *(const uint16_t *)(sb + 2048 + ul * 128 + g * 8 + 2 * tig);
+                const uint32_t s2b = *(const uint16_t *)(sb + 2048 + ul * 128 + (g + 8) * 8 + 2 * tig);
+                const int v0 = (u + ul) * 128 + 32 * tig;
+                uint32_t sca[2], scb[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    sca[h] = e4m3x2_h2(((s2a >> (8 * h)) & 0xff) * 0x101u);
+                    scb[h] = e4m3x2_h2(((s2b >> (8 * h)) & 0xff) * 0x101u);
+                }
+                const uint32_t wa4[4] = {qa.x, qa.y, qa.z, qa.w}, wb4[4] = {qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+                for (int s = 0; s < 8; s++) {
+                    const uint32_t wA = wa4[s >> 1], wB = wb4[s >> 1];
+                    const int sh = (s & 1) * 16;
+                    const uint32_t a0 = hmul2(my[((wA >> sh) & 0xff) << 5], sca[s >> 2]);
+                    const uint32_t a2 = hmul2(my[((wA >> (sh + 8)) & 0xff) << 5], sca[s >> 2]);
+                    const uint32_t a1 = hmul2(my[((wB >> sh) & 0xff) << 5], scb[s >> 2]);
+                    const uint32_t a3 = hmul2(my[((wB >> (sh + 8)) & 0xff) << 5], scb[s >> 2]);
+                    uint2 b = make_uint2(0, 0);
+                    if (use) b = __ldg((const uint2 *)(xp + v0 + 4 * s));
+                    mma16816(acc, a0, a1, a2, a3, b.x, b.y);
+                    if (!HL) {
+                        uint2 bl = make_uint2(0, 0);
+                        if (use) bl = __ldg((const uint2 *)(xq + v0 + 4 * s));
+                        mma16816(acc, a0, a1, a2, a3, bl.x, bl.y);
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int ul = 0; ul < 4; ul++) {
+                const uint8_t *vb = sb + ul * 512 + 8 * tig;
+                const uint2 qa = *(const uint2 *)(vb + g * 32), qb = *(const uint2 *)(vb + (g + 8) * 32);
+                const uint32_t ea = sb[2048 + ul * 16 + g], eb = sb[2048 + ul * 16 + g + 8];
+                const int v0 = (u + ul) * 32 + 8 * tig;
+                uint4 b = make_uint4(0, 0, 0, 0), bl = b;
+                if (use) {
+                    b = __ldg((const uint4 *)(xp + v0));
+                    if (!HL) bl = __ldg((const uint4 *)(xq + v0));
+                }
+                float t[4] = {0, 0, 0, 0};
+                uint32_t a0 = e4m3x2_h2(qa.x & 0xffff), a2 = e4m3x2_h2(qa.x >> 16);
+                uint32_t a1 = e4m3x2_h2(qb.x & 0xffff), a3 = e4m3x2_h2(qb.x >> 16);
+                mma16816(t, a0, a1, a2, a3, b.x, b.y);
+                if (!HL) mma16816(t, a0, a1, a2, a3, bl.x, bl.y);
+                a0 = e4m3x2_h2(qa.y & 0xffff);
+                a2 = e4m3x2_h2(qa.y >> 16);
+                a1 = e4m3x2_h2(qb.y & 0xffff);
+                a3 = e4m3x2_h2(qb.y >> 16);
+                mma16816(t, a0, a1, a2, a3, b.z, b.w);
+                if (!HL) mma16816(t, a0, a1, a2, a3, bl.z, bl.w);
+                const float fa = e8m0_f32(ea), fb = e8m0_f32(eb);
+                acc[0] += t[0] * fa;
+                acc[1] += t[1] * fa;
+                acc[2] += t[2] * fb;
+                acc[3] += t[3] * fb;
+            }
+        }
+    }
+    __syncwarp(); /* the next item's first stages overwrite these buffers */
+}
+
 /* Persistent CTAs; each warp takes items it, it + (warps in the grid), ... A tile split over
  * K writes its partial sums; the warp that completes a tile (arrival counter) adds the
  * partials in slice order, so the result does not depend on which warp finishes last. */
-template <int F, int HL, int UB>
-__global__ void __launch_bounds__(WPB * 32, UB > 2 || !HL ? 2 : 3) k_gv(const __grid_constant__ gv_args a) {
+template <int F, int HL, int UB> /* UB 0: weights through the cp.async ring (gv_tile_p) */
+__global__ void __launch_bounds__(WPB * 32, UB == 0 ? (F == M3_WF_NVFP4 ? 2 : 3) : UB > 2 || !HL ? 2 : 3)
+    k_gv(const __grid_constant__ gv_args a) {
     extern __shared__ __align__(16) uint8_t smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
     if (F == M3_WF_NVFP4) { /* per-lane byte -> f16x2 table (lane-interleaved: conflict-free) */
@@ -287,11 +435,15 @@ __global__ void __launch_bounds__(WPB * 32, UB > 2 || !HL ? 2 : 3) k_gv(const __
             W = &J->W;
             xrow = lcol < ntok ? lcol : -1;
         }
-        const int UV = F == M3_WF_NVFP4 ? 128 : 32, units = W->K / UV;
-        const int c0 = (int)((long)units * kslice / ks), c1 = (int)((long)units * (kslice + 1) / ks);
+        const int UV = F == M3_WF_NVFP4 ? 128 : 32, SU = UB == 0 ? gp<F>::SU : 1, units = W->K / UV / SU;
+        const int c0 = SU * (int)((long)units * kslice / ks), c1 = SU * (int)((long)units * (kslice + 1) / ks);
         const int n0 = tile * 16, N = W->N;
         float acc[4];
-        gv_tile<F, HL, UB>(W, xh, xl, J->xstride, xrow, n0, c0, c1, my, g, tig, acc, a.pf, a.l2h);
+        if (UB == 0)
+            gv_tile_p<F, HL>(W, xh, xl, J->xstride, xrow, n0, c0, c1, my, g, tig, acc,
+                             smem + (F == M3_WF_NVFP4 ? 32768 : 0) + warp * gp<F>::WARP);
+        else
+            gv_tile<F, HL, UB ? UB : 1>(W, xh, xl, J->xstride, xrow, n0, c0, c1, my, g, tig, acc, a.pf, a.l2h);
 
         /* this lane's results: (row offset, token, value) */
         constexpr int NV = HL ? 2 : 4;
@@ -445,7 +597,7 @@ typedef void (*gv_fn)(gv_args);
 template <int F, int HL, int UB>
 static gv_fn gv_kernel(int *blocks_per_sm, size_t *smem) {
     static int nb = 0;
-    const size_t sm = F == M3_WF_NVFP4 ? 32768 : 0;
+    const size_t sm = (F == M3_WF_NVFP4 ? 32768 : 0) + (UB == 0 ? (size_t)WPB * gp<F>::WARP : 0);
     if (!nb) {
         if (sm) cudaFuncSetAttribute(k_gv<F, HL, UB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_gv<F, HL, UB>, WPB * 32, sm) != cudaSuccess || nb < 1) nb = 1;
@@ -455,8 +607,24 @@ static gv_fn gv_kernel(int *blocks_per_sm, size_t *smem) {
     return (gv_fn)k_gv<F, HL, UB>;
 }
 
-static gv_fn gv_pick(int F, int HL, int *nb, size_t *smem) {
+/* M3_GV_PIPE=0: weights through registers (gv_tile) instead of the cp.async ring */
+static int gv_pipe(void) {
+    static int p = -1;
+    if (p < 0) {
+        const char *e = getenv("M3_GV_PIPE");
+        p = e ? atoi(e) != 0 : 1;
+    }
+    return p;
+}
+
+static int gv_piped(const m3_linear *W) { return gv_pipe() && W->tiled && W->K % (W->fmt == M3_WF_NVFP4 ? 256 : 128) == 0; }
+
+static gv_fn gv_pick(int F, int HL, const m3_linear *W, int *nb, size_t *smem) {
     const int ub = gv_ub();
+    if (gv_piped(W)) {
+        if (F == M3_WF_NVFP4) return HL ? gv_kernel<M3_WF_NVFP4, 1, 0>(nb, smem) : gv_kernel<M3_WF_NVFP4, 0, 0>(nb, smem);
+        return HL ? gv_kernel<M3_WF_MXFP8, 1, 0>(nb, smem) : gv_kernel<M3_WF_MXFP8, 0, 0>(nb, smem);
+    }
     if (F == M3_WF_NVFP4) {
         if (HL) return ub == 4 ? gv_kernel<M3_WF_NVFP4, 1, 4>(nb, smem) : gv_kernel<M3_WF_NVFP4, 1, 2>(nb, smem);
         return ub == 4 ? gv_kernel<M3_WF_NVFP4, 0, 4>(nb, smem) : gv_kernel<M3_WF_NVFP4, 0, 2>(nb, smem);
@@ -467,8 +635,8 @@ static gv_fn gv_pick(int F, int HL, int *nb, size_t *smem) {
 
 /* K slices per tile: the fewest rounds of resident warps times the units each item reads
  * (+2 units of overhead per item), items of at least ~512 bytes per row */
-static int gv_ks(long tiles, int units, int F, long rw) {
-    const int minu = F == M3_WF_NVFP4 ? 8 : 16;
+static int gv_ks(long tiles, int units, int F, long rw, int su) { /* units of su (a pipeline stage) */
+    const int minu = (F == M3_WF_NVFP4 ? 8 : 16) / su;
     int maxks = units / minu;
     if (maxks > 32) maxks = 32;
     if (maxks < 1) maxks = 1;
@@ -476,7 +644,7 @@ static int gv_ks(long tiles, int units, int F, long rw) {
     double bc = 1e300;
     for (int ks = 1; ks <= maxks; ks++) {
         const long rounds = (tiles * ks + rw - 1) / rw;
-        const double cost = (double)rounds * ((double)units / ks + 2.0);
+        const double cost = (double)rounds * ((double)units / ks + (su > 1 ? 3.0 : 2.0)); /* + filling the pipeline */
         if (cost < bc - 1e-9) { bc = cost; best = ks; }
     }
     return best;
@@ -486,7 +654,8 @@ static int gv_ks(long tiles, int units, int F, long rw) {
 static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
     int nb;
     size_t smem;
-    gv_fn fn = gv_pick(F, HL, &nb, &smem);
+    gv_fn fn = gv_pick(F, HL, &a->j[0].W, &nb, &smem);
+    const int SU = gv_piped(&a->j[0].W) ? (F == M3_WF_NVFP4 ? 2 : 4) : 1;
     const long rw = (long)c->sm_count * nb * WPB;
     long tiles = 0;
     for (int j = 0; j < a->nj; j++) {
@@ -494,7 +663,7 @@ static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
         tiles += (long)mats[j] * a->j[j].tiles;
     }
     const int UV = F == M3_WF_NVFP4 ? 128 : 32;
-    const int ks = gv_ks(tiles, a->j[0].W.K / UV, F, rw);
+    const int ks = gv_ks(tiles, a->j[0].W.K / UV / SU, F, rw, SU);
     size_t part = 0;
     long items = 0, ctr = 0;
     for (int j = 0; j < a->nj; j++) {
@@ -530,7 +699,7 @@ static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
 int m3_cu_gemv_mma_n(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y) {
     if (T < 1 || T > 8 || n < 1 || n > GV_MAXJ) return -1;
     for (int i = 0; i < n; i++)
-        if (!m3_cu_mma_ok(W[i]) || W[i]->fmt != W[0]->fmt || W[i]->K != W[0]->K) return -1;
+        if (!m3_cu_mma_ok(W[i]) || W[i]->fmt != W[0]->fmt || W[i]->K != W[0]->K || W[i]->tiled != W[0]->tiled) return -1;
     gv_args a;
     memset(&a, 0, sizeof a);
     const uint16_t *xh, *xl;

@@ -16,6 +16,10 @@ void m3_cuda_mem_info(const m3_ops *ops, size_t *f, size_t *t, size_t *p) {
     if (t) *t = 0;
     if (p) *p = 0;
 }
+int m3_cuda_upload_linear(m3_ops *ops, const m3_linear *host, m3_linear *dev, m3_err *err) {
+    (void)ops; (void)host; (void)dev;
+    return m3_errf(err, "this m3 was built without the CUDA backend");
+}
 int m3_cuda_random_weights(m3_ops *ops, const m3_config *c, int n, uint64_t seed, m3_weights *w, m3_err *err) {
     (void)ops; (void)c; (void)n; (void)seed; (void)w;
     return m3_errf(err, "this m3 was built without the CUDA backend");

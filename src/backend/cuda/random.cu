@@ -85,6 +85,8 @@ static int rand_linear(m3_cuda *c, m3_linear *L, m3_wfmt fmt, int N, int K, uint
         L->w = w;
         L->scale = s;
     }
+    /* uniform scales and random values: any order of the bytes is the tiled layout of some matrix */
+    L->tiled = m3_cu_tileable(L);
     return c->wa_mode != 1 && CK_LAUNCH(c, "random weights") ? -1 : 0;
 }
 

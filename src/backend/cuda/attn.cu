@@ -529,6 +529,7 @@ __global__ void k_attn(kvdesc d, const int32_t *pos, const int32_t *seq, const f
 __global__ void __launch_bounds__(128) k_attn_fast(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh,
                                                    const int32_t *sel, int B, int topk, int nsplit, float *part, float *out,
                                                    float scale) {
+    pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     extern __shared__ __align__(16) float sm[];
     const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
     const int D = d.D, G = nh / d.nkv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -640,6 +641,7 @@ __global__ void __launch_bounds__(128) k_attn_fast(kvdesc d, const int32_t *pos,
  * load per split per thread, not a chain of them per channel), then each channel's sum. */
 #define MERGE_MAX 64 /* splits (m3_cu_attention caps nsplit at 64) */
 __global__ void k_attn_merge(const float *part, int nkv, int G, int D, int nsplit, int nh, float *out, uint16_t *xs, size_t n) {
+    pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     __shared__ float wsh[MERGE_MAX], red[2];
     const int t = blockIdx.y, hh = blockIdx.x, g = hh / G, h = hh % G;
     const float *base = part + (((size_t)t * nkv + g) * nsplit) * (size_t)G * (D + 2) + (size_t)h * (D + 2);

@@ -143,6 +143,15 @@ static void *up_rows(m3_cuda *c, const uint8_t *src, size_t stride, size_t width
     return p;
 }
 
+int m3_cu_pdl_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("M3_CUDA_PDL"); /* measured no faster on the H200 (docs/PERF.md): off by default */
+        on = e && atoi(e) != 0;
+    }
+    return on;
+}
+
 /* M3_CUDA_TILE=0 keeps device weights row-major (for comparisons) */
 int m3_cu_tileable(const m3_linear *W) {
     static int on = -1;

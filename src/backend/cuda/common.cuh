@@ -88,6 +88,15 @@ static __host__ __device__ __forceinline__ size_t wt_soff(int fmt, size_t scale_
 /* the formats and shapes stored tiled on the device */
 int m3_cu_tileable(const m3_linear *W);
 
+/* Programmatic dependent launch (Hopper): a kernel launched with m3_cu_pdl_attr may start while
+ * the kernel before it in the stream is still running, once that one has called
+ * pdl_trigger(); it must call pdl_wait() before reading anything the earlier kernels write or
+ * writing anything they read. Outside such a launch both are no-ops. */
+static __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+static __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+/* whether GEMV launches use it (M3_CUDA_PDL=1; off by default) */
+int m3_cu_pdl_on(void);
+
 /* Records the first failure (sticky) and returns nonzero when e is an error. */
 int m3_cu_fail(m3_cuda *c, cudaError_t e, const char *what, const char *file, int line);
 #define CK(c, call) m3_cu_fail((c), (call), #call, __FILE__, __LINE__)

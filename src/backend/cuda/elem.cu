@@ -4,6 +4,7 @@
 
 /* one block per token: out[t] = decode(E row ids[t]) */
 __global__ void k_embed(m3_linear E, const int32_t *ids, float *out) {
+    pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     int t = blockIdx.x;
     const uint8_t *row = E.w + (size_t)ids[t] * E.row_bytes;
     float *o = out + (size_t)t * E.K;
@@ -45,6 +46,7 @@ static __device__ double block_sum(double v) {
 /* one block per row; sum of squares in double as the CPU does; with xs, also the f16 split
  * of the output (hi [rows*dim], then lo) */
 __global__ void k_rmsnorm(const float *x, const float *w, int dim, float eps, float *out, uint16_t *xs, size_t n) {
+    pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *o = out + (size_t)blockIdx.x * dim;
     double ss = 0;
@@ -63,6 +65,7 @@ __global__ void k_rmsnorm(const float *x, const float *w, int dim, float eps, fl
 
 /* h += o, then the RMSNorm of h into out (+ its split), in one pass: as m3_cu_add then m3_cu_rmsnorm */
 __global__ void k_add_rmsnorm(float *h, const float *o, const float *w, int dim, float eps, float *out, uint16_t *xs, size_t n) {
+    pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     float *hr = h + (size_t)blockIdx.x * dim;
     const float *orow = o + (size_t)blockIdx.x * dim;
     float *dst = out + (size_t)blockIdx.x * dim;
@@ -90,6 +93,7 @@ __global__ void k_add_rmsnorm(float *h, const float *o, const float *w, int dim,
 template <int V, bool ADD>
 __global__ void __launch_bounds__(512) k_norm_v(float *h, const float *o, const float *w, int dim, float eps, float *out,
                                               uint16_t *xs, size_t n) {
+    pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     const size_t row = (size_t)blockIdx.x * dim;
     float4 v[V], wv[V];
 #pragma unroll
@@ -293,6 +297,7 @@ void m3_cu_head_norm_rope(void *ctx, float *x, int T, int heads, int dim, const 
 
 /* with xs, also the f16 split of out (hi [n], then lo) */
 __global__ void k_swiglu(const float *gate, const float *up, size_t n, float alpha, float limit, float *out, uint16_t *xs) {
+    pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float g = gate[i] < limit ? gate[i] : limit;
         float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];

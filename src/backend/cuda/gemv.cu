@@ -187,6 +187,7 @@ __global__ void __launch_bounds__(GW * 32) k_gemv(m3_linear W, const float *x, i
  * order (deterministic). klen of a slice: a multiple of the format's chunk. */
 template <int F, int NT>
 __global__ void __launch_bounds__(GW * 32) k_gemv_ks(m3_linear W, const float *x, int T, int t0, float *y, int slice) {
+    pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     extern __shared__ float xs[]; /* [NT][K], then [GW][GR][NT] */
     float *red = xs + (size_t)NT * W.K;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, n0 = blockIdx.x * GR;
@@ -395,6 +396,7 @@ static __device__ __forceinline__ uint32_t fkey_route(float f) { /* float -> uin
 }
 
 __global__ void k_route(const float *logits, const float *bias, int E, int K, float scale, int32_t *pick, float *wt) {
+    pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     extern __shared__ float sm[];
     float *s = sm, *ch = sm + E;
     int *pk = (int *)(ch + E);
@@ -515,6 +517,7 @@ __global__ void __launch_bounds__(GW * 32) k_moe_down(const m3_mlp_w *table, con
 
 /* h[s][j] = SwiGLU-OAI(gu[s][0][j], gu[s][1][j]), and the f16 split of h (hi [n], then lo) */
 __global__ void k_swiglu_pairs(const float *gu, int S, int Fd, float alpha, float limit, float *h, uint16_t *xs) {
+    pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     size_t n = (size_t)S * Fd;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t s = i / Fd, j = i % Fd;

@@ -78,6 +78,7 @@ typedef struct gv_args {
     int topk;
     int pf;                  /* L2 prefetch window in units (0: off) */
     int l2h;                 /* weight loads with the L2 256-byte fetch hint */
+    int pf_first;            /* launched early (PDL): a plain matrix's first slices into L2 before waiting */
     int *ctr;                /* arrival counters, zero between launches */
 } gv_args;
 
@@ -392,6 +393,7 @@ static __device__ __forceinline__ void gv_tile_p(const m3_linear *W, const uint1
 template <int F, int HL, int UB> /* UB 0: weights through the cp.async ring (gv_tile_p) */
 __global__ void __launch_bounds__(WPB * 32, UB == 0 ? (F == M3_WF_NVFP4 ? 2 : 3) : UB > 2 || !HL ? 2 : 3)
     k_gv(const __grid_constant__ gv_args a) {
+    pdl_trigger(); /* the next GEMV may start fetching its weights */
     extern __shared__ __align__(16) uint8_t smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
     if (F == M3_WF_NVFP4) { /* per-lane byte -> f16x2 table (lane-interleaved: conflict-free) */
@@ -402,6 +404,21 @@ __global__ void __launch_bounds__(WPB * 32, UB == 0 ? (F == M3_WF_NVFP4 ? 2 : 3)
         }
         __syncthreads();
     }
+    /* Launched early (PDL) while the kernel before still runs: what does not depend on it is done
+     * above (the table) and here (a plain matrix's first slice requested into L2); then wait. */
+    if (a.moe == 0 && a.pf_first) {
+        const int it = blockIdx.x * WPB + warp;
+        if (it < a.items) {
+            int jj = 0;
+            while (jj + 1 < a.nj && it >= a.j[jj + 1].item0) jj++;
+            const gv_job *J = &a.j[jj];
+            const int local = it - J->item0, ks = J->ks, kslice = local % ks, tile = (local / ks) % J->tiles;
+            const int SU = UB == 0 ? gp<F>::SU : 1, units = J->W.K / (F == M3_WF_NVFP4 ? 128 : 32) / SU;
+            const int c0 = SU * (int)((long)units * kslice / ks), c1 = SU * (int)((long)units * (kslice + 1) / ks);
+            if (J->W.tiled) gv_prefetch<F>(&J->W, tile * 16, c0, c1, c1, lane);
+        }
+    }
+    pdl_wait();
     const uint32_t *my = (const uint32_t *)smem + lane;
     const int nw = gridDim.x * WPB;
     for (int it = blockIdx.x * WPB + warp; it < a.items; it += nw) {
@@ -494,6 +511,7 @@ __global__ void __launch_bounds__(WPB * 32, UB == 0 ? (F == M3_WF_NVFP4 ? 2 : 3)
 
 /* x (f32) -> x_hi = f16(x), x_lo = f16(x - x_hi) */
 __global__ void k_split_x(const float *x, size_t n, uint16_t *xh, uint16_t *xl) {
+    pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         split_store(x[i], xh + i, xl + i);
     }
@@ -595,14 +613,21 @@ static int gv_ub(void) { /* M3_GV_UB=4: four units in flight per lane (benchmark
 
 typedef void (*gv_fn)(gv_args);
 template <int F, int HL, int UB>
-static gv_fn gv_kernel(int *blocks_per_sm, size_t *smem) {
-    static int nb = 0;
+static gv_fn gv_kernel(int dev, int *blocks_per_sm, size_t *smem) {
+    /* the shared-memory limit is an attribute of the kernel in each device's context (tensor
+     * parallel ranks: one per GPU, on threads of their own) */
+    static int nb[64];
+    static unsigned long long set; /* devices whose context has the attribute */
     const size_t sm = (F == M3_WF_NVFP4 ? 32768 : 0) + (UB == 0 ? (size_t)WPB * gp<F>::WARP : 0);
-    if (!nb) {
-        if (sm) cudaFuncSetAttribute(k_gv<F, HL, UB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k_gv<F, HL, UB>, WPB * 32, sm) != cudaSuccess || nb < 1) nb = 1;
+    const unsigned long long bit = 1ull << (dev & 63);
+    if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
+        if (sm > 48 * 1024) cudaFuncSetAttribute(k_gv<F, HL, UB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_gv<F, HL, UB>, WPB * 32, sm) != cudaSuccess || n < 1) n = 1;
+        nb[dev & 63] = n;
+        __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
     }
-    *blocks_per_sm = nb;
+    *blocks_per_sm = nb[dev & 63];
     *smem = sm;
     return (gv_fn)k_gv<F, HL, UB>;
 }
@@ -619,18 +644,18 @@ static int gv_pipe(void) {
 
 static int gv_piped(const m3_linear *W) { return gv_pipe() && W->tiled && W->K % (W->fmt == M3_WF_NVFP4 ? 256 : 128) == 0; }
 
-static gv_fn gv_pick(int F, int HL, const m3_linear *W, int *nb, size_t *smem) {
+static gv_fn gv_pick(int dev, int F, int HL, const m3_linear *W, int *nb, size_t *smem) {
     const int ub = gv_ub();
     if (gv_piped(W)) {
-        if (F == M3_WF_NVFP4) return HL ? gv_kernel<M3_WF_NVFP4, 1, 0>(nb, smem) : gv_kernel<M3_WF_NVFP4, 0, 0>(nb, smem);
-        return HL ? gv_kernel<M3_WF_MXFP8, 1, 0>(nb, smem) : gv_kernel<M3_WF_MXFP8, 0, 0>(nb, smem);
+        if (F == M3_WF_NVFP4) return HL ? gv_kernel<M3_WF_NVFP4, 1, 0>(dev, nb, smem) : gv_kernel<M3_WF_NVFP4, 0, 0>(dev, nb, smem);
+        return HL ? gv_kernel<M3_WF_MXFP8, 1, 0>(dev, nb, smem) : gv_kernel<M3_WF_MXFP8, 0, 0>(dev, nb, smem);
     }
     if (F == M3_WF_NVFP4) {
-        if (HL) return ub == 4 ? gv_kernel<M3_WF_NVFP4, 1, 4>(nb, smem) : gv_kernel<M3_WF_NVFP4, 1, 2>(nb, smem);
-        return ub == 4 ? gv_kernel<M3_WF_NVFP4, 0, 4>(nb, smem) : gv_kernel<M3_WF_NVFP4, 0, 2>(nb, smem);
+        if (HL) return ub == 4 ? gv_kernel<M3_WF_NVFP4, 1, 4>(dev, nb, smem) : gv_kernel<M3_WF_NVFP4, 1, 2>(dev, nb, smem);
+        return ub == 4 ? gv_kernel<M3_WF_NVFP4, 0, 4>(dev, nb, smem) : gv_kernel<M3_WF_NVFP4, 0, 2>(dev, nb, smem);
     }
-    if (HL) return ub == 4 ? gv_kernel<M3_WF_MXFP8, 1, 4>(nb, smem) : gv_kernel<M3_WF_MXFP8, 1, 2>(nb, smem);
-    return ub == 4 ? gv_kernel<M3_WF_MXFP8, 0, 4>(nb, smem) : gv_kernel<M3_WF_MXFP8, 0, 2>(nb, smem);
+    if (HL) return ub == 4 ? gv_kernel<M3_WF_MXFP8, 1, 4>(dev, nb, smem) : gv_kernel<M3_WF_MXFP8, 1, 2>(dev, nb, smem);
+    return ub == 4 ? gv_kernel<M3_WF_MXFP8, 0, 4>(dev, nb, smem) : gv_kernel<M3_WF_MXFP8, 0, 2>(dev, nb, smem);
 }
 
 /* K slices per tile: the fewest rounds of resident warps times the units each item reads
@@ -654,7 +679,7 @@ static int gv_ks(long tiles, int units, int F, long rw, int su) { /* units of su
 static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
     int nb;
     size_t smem;
-    gv_fn fn = gv_pick(F, HL, &a->j[0].W, &nb, &smem);
+    gv_fn fn = gv_pick(c->dev, F, HL, &a->j[0].W, &nb, &smem);
     const int SU = gv_piped(&a->j[0].W) ? (F == M3_WF_NVFP4 ? 2 : 4) : 1;
     const long rw = (long)c->sm_count * nb * WPB;
     long tiles = 0;
@@ -690,8 +715,19 @@ static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
     a->l2h = gv_l2h();
     long grid = (items + WPB - 1) / WPB;
     if (grid > (long)c->sm_count * nb) grid = (long)c->sm_count * nb;
-    fn<<<(unsigned)grid, WPB * 32, smem, c->st>>>(*a);
-    return CK_LAUNCH(c, "gemv (tensor cores)") ? -1 : 0;
+    const int pdl = m3_cu_pdl_on();
+    a->pf_first = pdl;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)grid);
+    cfg.blockDim = dim3(WPB * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return CK(c, cudaLaunchKernelEx(&cfg, fn, *a)) ? -1 : 0;
 }
 
 /* y_i[T, N_i] = x[T, K] W_i^T for n matrices sharing x (same format and K), T <= 8, on the

@@ -41,7 +41,8 @@ int main(int argc, char **argv) {
     if (m3_cuda_ops_init(&g, 0, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
     if (m3_cpu_ops_init(&c, 0, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
     double bw = m3_cuda_copy_bandwidth(&g, (size_t)2 << 30);
-    printf("device: %s; copy bandwidth %.0f GB/s\n", m3_cuda_device_name(&g), bw / 1e9);
+    printf("device: %s; copy bandwidth %.0f GB/s; dense BF16 matrix rate %.0f TFLOP/s (cuBLAS, 8192^3)\n",
+           m3_cuda_device_name(&g), bw / 1e9, m3_cuda_gemm_rate(&g, 8192) / 1e12);
     int shapes[][2] = {{8192, 6144}, {6144, 8192}, {512, 6144}, {3072, 6144}, {6144, 3072}, {200064, 6144}};
     int ns = 6;
     if (argc == 3) { shapes[0][0] = atoi(argv[1]); shapes[0][1] = atoi(argv[2]); ns = 1; }

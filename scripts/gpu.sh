@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 if [ -z "$BIN" ]; then
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j"$(nproc)" >/dev/null || exit 100
   BIN="$OUT/bin"; mkdir -p "$BIN"
-  for f in build/m3 build/bench_cuda_linear build/tests/oracle_check build/tests/logits_diff build/tests/vision_check; do ln -sf "$PWD/$f" "$BIN/"; done
+  for f in build/m3 build/bench_cuda_linear build/bench_cuda_attn build/tests/oracle_check build/tests/logits_diff build/tests/vision_check; do ln -sf "$PWD/$f" "$BIN/"; done
 fi
 fails=0
 want() { case " ${M3_GPU_SECTIONS:-1 2 3 4 5 6 7} " in *" $1 "*) echo "## [$(date +%T)]"; return 0;; esac; return 1; }
@@ -65,8 +65,9 @@ done
 
 fi
 if want 3; then
-echo "## 3. linear kernels"
+echo "## 3. kernels against the CPU: linear layers and a MoE layer; KV store, indexer and sparse attention"
 run "$BIN/bench_cuda_linear"
+[ -x "$BIN/bench_cuda_attn" ] && run "$BIN/bench_cuda_attn"
 
 fi
 if want 4; then

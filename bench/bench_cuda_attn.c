@@ -1,0 +1,247 @@
+/* CUDA attention-side kernels against the CPU reference, one decode step of one sparse layer
+ * at the M3.1-Flash shapes (4 KV heads of 128, 64 query heads, indexer 4 heads x 128, blocks
+ * of 128 keys, top-16): the KV + index-K store, the lightning indexer (block scores + top-k)
+ * and the sparse attention over the chosen blocks.
+ *
+ * Both backends get the same cache: random K, V and index-K rows written through each one's
+ * own kv_store (so each rounds them to the cache dtype itself), then the same decode step.
+ * Checks: the block choices are equal, the attention output is within 1e-4 relative L2 of
+ * the CPU's. Then each GPU op is timed (100 calls) and the bytes it reads are reported
+ * against the device copy bandwidth: the indexer reads every index-K row of the sequence, the
+ * attention the K and V rows of the chosen blocks.
+ * usage: bench_cuda_attn [CONFIG.json]   (default tests/data/m3.1-flash-shapes.json)
+ * M3_BENCH_SELFTEST=1 without a GPU: a second CPU backend stands in for it (checks the
+ * harness; its times mean nothing). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cpu/cpu.h"
+#include "backend/cuda/cuda.h"
+#include "io/config.h"
+#include "kv/kv.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* the same pseudo-random value for (stream, index) everywhere: both backends see equal inputs */
+static float val(uint64_t stream, uint64_t i) {
+    uint64_t x = stream * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull + 1;
+    x ^= x >> 31;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 29;
+    return (float)((int64_t)(x >> 11) - (1ll << 52)) / (float)(1ll << 52);
+}
+static void fill(float *p, size_t n, uint64_t stream, uint64_t first) {
+    for (size_t i = 0; i < n; i++) p[i] = val(stream, first + i);
+}
+
+typedef struct {
+    m3_ops *ops;
+    int gpu; /* timing through m3_cuda_sync_time */
+    m3_kv kv;
+    m3_kv_seq *seqs;
+    m3_kv_seq **sp;
+} side;
+
+static double sync_time(side *s) { return s->gpu ? m3_cuda_sync_time(s->ops) : now_s(); }
+/* the optional ops (NULL on the CPU) */
+static int begin(m3_ops *o, const m3_kv *kv, const m3_batch *b, const int32_t *ids, m3_err *err) {
+    return o->begin_step ? o->begin_step(o->ctx, kv, b, ids, err) : 0;
+}
+static int checked(m3_ops *o, m3_err *err) { return o->check ? o->check(o->ctx, err) : 0; }
+
+static void *dev_copy(m3_ops *o, const void *h, size_t n) {
+    void *d = o->alloc(o->ctx, n);
+    if (d) o->upload(o->ctx, d, h, n);
+    return d;
+}
+
+/* nb sequences of ctx cached tokens, written in chunks through kv_store */
+static int build(side *s, const m3_config *c, m3_kv_dtype dt, int nb, int ctx, m3_err *err) {
+    const int page = m3_kv_page_tokens(c), D = c->head_dim, nkv = c->n_kv_heads, Di = c->index_dim;
+    const int pages = nb * ((ctx + 1 + page - 1) / page);
+    m3_kv_mem mem = {s->ops->alloc, s->ops->release, s->ops->ctx};
+    if (m3_kv_create_in(&s->kv, c, dt, dt, page, pages, &mem, err)) return -1;
+    s->seqs = calloc((size_t)nb, sizeof *s->seqs);
+    s->sp = calloc((size_t)nb, sizeof *s->sp);
+    if (!s->seqs || !s->sp) return m3_errf(err, "out of memory");
+    const int C = 1024;
+    float *k = malloc(sizeof(float) * (size_t)C * nkv * D), *v = malloc(sizeof(float) * (size_t)C * nkv * D);
+    float *ik = malloc(sizeof(float) * (size_t)C * Di);
+    int32_t *pos = malloc(sizeof(int32_t) * C * 3), *sq = pos + C, *ids = sq + C;
+    if (!k || !v || !ik || !pos) return m3_errf(err, "out of memory");
+    int rc = 0;
+    for (int q = 0; q < nb && !rc; q++) {
+        s->sp[q] = &s->seqs[q];
+        if (m3_kv_seq_reserve(&s->kv, &s->seqs[q], ctx + 1, err)) { rc = -1; break; }
+        for (int p0 = 0; p0 < ctx && !rc; p0 += C) {
+            const int T = ctx - p0 < C ? ctx - p0 : C;
+            for (int t = 0; t < T; t++) { pos[t] = p0 + t; sq[t] = q; ids[t] = 0; }
+            fill(k, (size_t)T * nkv * D, 1000 + q, (uint64_t)p0 * nkv * D);
+            fill(v, (size_t)T * nkv * D, 2000 + q, (uint64_t)p0 * nkv * D);
+            fill(ik, (size_t)T * Di, 3000 + q, (uint64_t)p0 * Di);
+            m3_batch b = {T, pos, sq, s->sp};
+            float *dk = dev_copy(s->ops, k, sizeof(float) * (size_t)T * nkv * D);
+            float *dv = dev_copy(s->ops, v, sizeof(float) * (size_t)T * nkv * D);
+            float *dik = dev_copy(s->ops, ik, sizeof(float) * (size_t)T * Di);
+            if (!dk || !dv || !dik) rc = m3_errf(err, "out of backend memory");
+            if (!rc) rc = begin(s->ops, &s->kv, &b, ids, err);
+            if (!rc) s->ops->kv_store(s->ops->ctx, &s->kv, 0, &b, dk, dv, dik);
+            if (!rc) rc = checked(s->ops, err);
+            sync_time(s);
+            s->ops->release(s->ops->ctx, dk);
+            s->ops->release(s->ops->ctx, dv);
+            s->ops->release(s->ops->ctx, dik);
+        }
+        s->seqs[q].len = ctx;
+    }
+    free(k); free(v); free(ik); free(pos);
+    return rc;
+}
+
+static void teardown(side *s, int nb) {
+    for (int q = 0; s->seqs && q < nb; q++) m3_kv_seq_release(&s->kv, &s->seqs[q]);
+    free(s->seqs); free(s->sp);
+    m3_kv_destroy(&s->kv);
+    memset(&s->kv, 0, sizeof s->kv);
+    s->seqs = NULL;
+    s->sp = NULL;
+}
+
+/* one decode step (one token per sequence at position ctx); outputs on the host. With reps,
+ * also the op times (seconds per call) of kv_store, index_select, attention. */
+static int step(side *s, const m3_config *c, int nb, int ctx, int32_t *sel_h, float *out_h, int reps, double *ts,
+                m3_err *err) {
+    const int T = nb, D = c->head_dim, nkv = c->n_kv_heads, nh = c->n_heads, Di = c->index_dim, ni = c->index_heads;
+    const int topk = c->topk_blocks, B = c->block_size;
+    int32_t *pos = malloc(sizeof(int32_t) * T * 3), *sq = pos + T, *ids = sq + T;
+    float *h = malloc(sizeof(float) * (size_t)T * (2 * nkv * D + Di + nh * D + ni * Di));
+    if (!pos || !h) return m3_errf(err, "out of memory");
+    for (int t = 0; t < T; t++) { pos[t] = ctx; sq[t] = t; ids[t] = 0; }
+    float *k = h, *v = k + (size_t)T * nkv * D, *ik = v + (size_t)T * nkv * D, *q = ik + (size_t)T * Di, *iq = q + (size_t)T * nh * D;
+    for (int t = 0; t < T; t++) {
+        fill(k + (size_t)t * nkv * D, (size_t)nkv * D, 1000 + t, (uint64_t)ctx * nkv * D);
+        fill(v + (size_t)t * nkv * D, (size_t)nkv * D, 2000 + t, (uint64_t)ctx * nkv * D);
+        fill(ik + (size_t)t * Di, (size_t)Di, 3000 + t, (uint64_t)ctx * Di);
+        fill(q + (size_t)t * nh * D, (size_t)nh * D, 4000 + t, 0);
+        fill(iq + (size_t)t * ni * Di, (size_t)ni * Di, 5000 + t, 0);
+    }
+    m3_ops *o = s->ops;
+    float *dk = dev_copy(o, k, sizeof(float) * (size_t)T * nkv * D), *dv = dev_copy(o, v, sizeof(float) * (size_t)T * nkv * D);
+    float *dik = dev_copy(o, ik, sizeof(float) * (size_t)T * Di), *dq = dev_copy(o, q, sizeof(float) * (size_t)T * nh * D);
+    float *diq = dev_copy(o, iq, sizeof(float) * (size_t)T * ni * Di);
+    int32_t *dsel = o->alloc(o->ctx, sizeof(int32_t) * (size_t)T * ni * topk);
+    float *dout = o->alloc(o->ctx, sizeof(float) * (size_t)T * nh * D);
+    int rc = !dk || !dv || !dik || !dq || !diq || !dsel || !dout ? m3_errf(err, "out of backend memory") : 0;
+    m3_batch b = {T, pos, sq, s->sp};
+    if (!rc) rc = begin(o, &s->kv, &b, ids, err);
+    if (!rc) {
+        o->kv_store(o->ctx, &s->kv, 0, &b, dk, dv, dik);
+        o->index_select(o->ctx, &s->kv, 0, &b, diq, ni, B, topk, c->local_blocks, c->init_blocks, dsel);
+        o->attention(o->ctx, &s->kv, 0, &b, dq, nh, dsel, B, topk, dout);
+        rc = checked(o, err);
+    }
+    if (!rc) {
+        o->download(o->ctx, sel_h, dsel, sizeof(int32_t) * (size_t)T * ni * topk);
+        o->download(o->ctx, out_h, dout, sizeof(float) * (size_t)T * nh * D);
+    }
+    for (int op = 0; !rc && reps && op < 3; op++) {
+        double a = sync_time(s);
+        for (int r = 0; r < reps; r++) {
+            if (op == 0) o->kv_store(o->ctx, &s->kv, 0, &b, dk, dv, dik);
+            else if (op == 1) o->index_select(o->ctx, &s->kv, 0, &b, diq, ni, B, topk, c->local_blocks, c->init_blocks, dsel);
+            else o->attention(o->ctx, &s->kv, 0, &b, dq, nh, dsel, B, topk, dout);
+        }
+        ts[op] = (sync_time(s) - a) / reps;
+        rc = checked(o, err);
+    }
+    o->release(o->ctx, dk); o->release(o->ctx, dv); o->release(o->ctx, dik); o->release(o->ctx, dq);
+    o->release(o->ctx, diq); o->release(o->ctx, dsel); o->release(o->ctx, dout);
+    free(pos); free(h);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    const char *cfgp = argc > 1 ? argv[1] : "tests/data/m3.1-flash-shapes.json";
+    m3_err err;
+    m3_config c;
+    if (m3_config_load(&c, cfgp, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+    c.n_layers = 1; /* one sparse layer */
+    if (!c.index_heads || !c.topk_blocks) { fprintf(stderr, "%s: not a sparse-attention config\n", cfgp); return 1; }
+    m3_ops cpu, g;
+    side sc = {&cpu, 0, {0}, NULL, NULL}, sg = {&g, 1, {0}, NULL, NULL};
+    if (m3_cpu_ops_init(&cpu, 0, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+    double bw = 0;
+    if (m3_cuda_ops_init(&g, 0, &err)) {
+        if (!getenv("M3_BENCH_SELFTEST")) { fprintf(stderr, "%s\n", err.msg); return 1; }
+        if (m3_cpu_ops_init(&g, 0, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+        sg.gpu = 0;
+        printf("self-test: a second CPU backend in place of the GPU (times are not GPU times)\n");
+    } else {
+        bw = m3_cuda_copy_bandwidth(&g, (size_t)2 << 30);
+        printf("device: %s; copy bandwidth %.0f GB/s\n", m3_cuda_device_name(&g), bw / 1e9);
+    }
+    printf("layer: %d query heads, %d KV heads of %d, indexer %d x %d, blocks of %d keys, top %d\n", c.n_heads, c.n_kv_heads,
+           c.head_dim, c.index_heads, c.index_dim, c.block_size, c.topk_blocks);
+    printf("%-6s %7s %5s %12s %10s | %9s | %9s %8s %6s | %9s %8s %6s\n", "kv", "context", "batch", "blocks_equal", "attn_rel",
+           "store_us", "index_us", "GB/s", "of_bw", "attn_us", "GB/s", "of_bw");
+    const m3_kv_dtype dts[3] = {M3_KV_BF16, M3_KV_FP8, M3_KV_NVFP4};
+    const int cases[][2] = {{8192, 1}, {8192, 8}, {131072, 1}};
+    int fails = 0;
+    for (int di = 0; di < 3; di++)
+        for (int ci = 0; ci < 3; ci++) {
+            const int ctx = cases[ci][0], nb = cases[ci][1], ni = c.index_heads, topk = c.topk_blocks;
+            const size_t nsel = (size_t)nb * ni * topk, nout = (size_t)nb * c.n_heads * c.head_dim;
+            int32_t *selc = malloc(sizeof(int32_t) * nsel), *selg = malloc(sizeof(int32_t) * nsel);
+            float *outc = malloc(sizeof(float) * nout), *outg = malloc(sizeof(float) * nout);
+            double ts[3] = {0, 0, 0}, dummy[3];
+            int rc = !selc || !selg || !outc || !outg ? m3_errf(&err, "out of memory") : 0;
+            if (!rc) rc = build(&sc, &c, dts[di], nb, ctx, &err) || build(&sg, &c, dts[di], nb, ctx, &err);
+            if (!rc) rc = step(&sc, &c, nb, ctx, selc, outc, 0, dummy, &err) || step(&sg, &c, nb, ctx, selg, outg, sg.gpu ? 100 : 2, ts, &err);
+            if (rc) {
+                printf("%-6s %7d %5d  FAILED: %s\n", m3_kv_dtype_name(dts[di]), ctx, nb, err.msg);
+                fails++;
+            } else {
+                size_t eq = 0;
+                for (size_t i = 0; i < nsel; i++) eq += selc[i] == selg[i];
+                double num = 0, den = 0;
+                for (size_t i = 0; i < nout; i++) {
+                    double d = (double)outg[i] - outc[i];
+                    num += d * d;
+                    den += (double)outc[i] * outc[i];
+                }
+                const double rel = sqrt(num / (den > 0 ? den : 1));
+                /* bytes read: every index-K row of each sequence; K and V of the chosen blocks */
+                const double ib = (double)nb * (ctx + 1) * (double)m3_kv_row_bytes(dts[di], c.index_dim);
+                long keys = 0;
+                for (int t = 0; t < nb; t++)
+                    for (int g2 = 0; g2 < c.n_kv_heads && g2 < ni; g2++)
+                        for (int j = 0; j < topk; j++) {
+                            const int blk = selg[((size_t)t * ni + g2) * topk + j];
+                            if (blk >= 0) keys += blk * c.block_size + c.block_size <= ctx + 1 ? c.block_size : ctx + 1 - blk * c.block_size;
+                        }
+                const double ab = 2.0 * (double)keys * (double)m3_kv_row_bytes(dts[di], c.head_dim);
+                const int ok = eq == nsel && rel < 1e-4;
+                if (!ok) fails++;
+                printf("%-6s %7d %5d %6zu/%-5zu %10.2e | %9.1f | %9.1f %8.0f %5.0f%% | %9.1f %8.0f %5.0f%% %s\n",
+                       m3_kv_dtype_name(dts[di]), ctx, nb, eq, nsel, rel, ts[0] * 1e6, ts[1] * 1e6, ib / ts[1] / 1e9,
+                       bw > 0 ? 100 * ib / ts[1] / bw : 0.0, ts[2] * 1e6, ab / ts[2] / 1e9, bw > 0 ? 100 * ab / ts[2] / bw : 0.0,
+                       ok ? "" : "FAIL");
+            }
+            fflush(stdout);
+            teardown(&sc, nb);
+            teardown(&sg, nb);
+            free(selc); free(selg); free(outc); free(outg);
+        }
+    printf("%s\n", fails ? "some checks FAILED" : "all attention checks passed");
+    if (sg.gpu) m3_cuda_ops_free(&g);
+    else m3_cpu_ops_free(&g);
+    m3_cpu_ops_free(&cpu);
+    return fails ? 1 : 0;
+}

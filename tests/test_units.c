@@ -23,6 +23,14 @@ static void test_e4m3(void) {
         uint8_t back = m3_f32_to_e4m3(v);
         CHECK(back == b || (v == 0 && (back & 0x7f) == 0), "e4m3 code %d -> %g -> %d", b, v, back);
     }
+    for (int b = 0; b < 256; b++) { /* the table against the format's definition */
+        const int e = (b >> 3) & 15, m = b & 7;
+        if (e == 15 && m == 7) continue;
+        float want = e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
+        if (b & 0x80) want = -want;
+        const float got = m3_e4m3_to_f32((uint8_t)b);
+        CHECK(memcmp(&got, &want, sizeof got) == 0, "e4m3 table entry %d: %a, want %a", b, got, want);
+    }
     CHECK(m3_e4m3_to_f32(0x7e) == 448.0f, "max is 448");
     CHECK(m3_e4m3_to_f32(0x01) == ldexpf(1, -9), "min subnormal 2^-9");
     CHECK(m3_f32_to_e4m3(1000.0f) == 0x7e, "saturates at 448");

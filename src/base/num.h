@@ -30,15 +30,10 @@ static inline float m3_f16_to_f32(uint16_t h) {
     return m3_f32_from_bits(s | ((e + 112) << 23) | (m << 13));
 }
 
-/* FP8 E4M3 (OCP "fn" variant: no infinities, 0x7f/0xff are NaN, max 448). */
-static inline float m3_e4m3_to_f32(uint8_t b) {
-    uint32_t e = (b >> 3) & 0xf, m = b & 7;
-    float v;
-    if (e == 0) v = ldexpf((float)m, -9);
-    else if (e == 15 && m == 7) v = NAN;
-    else v = ldexpf((float)(8 + m), (int)e - 10);
-    return (b & 0x80) ? -v : v;
-}
+/* FP8 E4M3 (OCP "fn" variant: no infinities, 0x7f/0xff are NaN, max 448): subnormals
+ * m * 2^-9, normals (8 + m) * 2^(e - 10); a table of all 256 (src/base/num.c). */
+extern const float m3_e4m3_values[256];
+static inline float m3_e4m3_to_f32(uint8_t b) { return m3_e4m3_values[b]; }
 
 /* f32 -> E4M3, round to nearest even, saturating to +-448 (NaN -> NaN). */
 uint8_t m3_f32_to_e4m3(float f);

@@ -15,6 +15,78 @@
 static int fails = 0;
 #define CHECK(cond, ...) do { if (!(cond)) { fails++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
 
+/* E4M3 rounding by the definition (double arithmetic), the reference for m3_f32_to_e4m3 */
+static uint8_t e4m3_ref(float f) {
+    if (isnan(f)) return 0x7f;
+    uint8_t sign = signbit(f) ? 0x80 : 0;
+    double a = fabs((double)f);
+    if (a >= 448.0) return sign | 0x7e;
+    int ex;
+    frexp(a, &ex);
+    int e = ex - 1;
+    if (e < -6) e = -6;
+    double step = ldexp(1.0, e - 3), v = nearbyint(a / step) * step;
+    if (v >= 448.0) return sign | 0x7e;
+    if (v == 0.0) return sign;
+    int vex;
+    frexp(v, &vex);
+    if (vex - 1 < -6) return sign | (uint8_t)(int)(v / ldexp(1.0, -9));
+    return sign | (uint8_t)(((vex - 1 + 7) << 3) | ((int)(v / ldexp(1.0, vex - 4)) - 8));
+}
+
+static void test_e4m3_encode(void) {
+    int bad = 0;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (long i = 0; i < 4000000; i++) { /* random bit patterns: every binade, NaN, inf, subnormals */
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        uint32_t u = (uint32_t)x;
+        float f;
+        memcpy(&f, &u, 4);
+        if (m3_f32_to_e4m3(f) != e4m3_ref(f) && bad++ < 5) CHECK(0, "e4m3 encode of %a: %d, want %d", f, m3_f32_to_e4m3(f), e4m3_ref(f));
+    }
+    for (int b = 0; b < 256; b++) { /* every code, its midpoints with the next, one ulp either side */
+        const float v = m3_e4m3_to_f32((uint8_t)b), w = m3_e4m3_to_f32((uint8_t)(b + 1));
+        if (isnan(v) || isnan(w) || (b & 0x7f) == 0x7f) continue;
+        const float probes[5] = {v, (v + w) / 2, nextafterf((v + w) / 2, -INFINITY), nextafterf((v + w) / 2, INFINITY), -v};
+        for (int k = 0; k < 5; k++)
+            if (m3_f32_to_e4m3(probes[k]) != e4m3_ref(probes[k]) && bad++ < 10)
+                CHECK(0, "e4m3 encode of %a: %d, want %d", probes[k], m3_f32_to_e4m3(probes[k]), e4m3_ref(probes[k]));
+    }
+    CHECK(bad == 0, "%d e4m3 encodings differ from the definition", bad);
+}
+
+/* E2M1 rounding by the definition: the nearest magnitude, the even code on exact ties */
+static uint8_t e2m1_ref(float x) {
+    uint8_t sign = signbit(x) ? 8 : 0;
+    float a = fabsf(x);
+    if (!(a <= 6.0f)) a = 6.0f;
+    int best = 0;
+    float bd = a;
+    for (int i = 1; i < 8; i++) {
+        float d = fabsf(a - m3_e2m1_values[i]);
+        if (d < bd || (d == bd && (i & 1) == 0)) { bd = d; best = i; }
+    }
+    return best ? (uint8_t)(sign | best) : 0;
+}
+
+static void test_e2m1_encode(void) {
+    int bad = 0;
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    for (long i = 0; i < 2000000; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        float f = (float)((int64_t)(x >> 11) - (1ll << 52)) / (float)(1ll << 50); /* about -4..4 ... and a few bit patterns */
+        if (i & 1) { uint32_t u = (uint32_t)(x >> 32); memcpy(&f, &u, 4); }
+        if (m3_f32_to_e2m1(f) != e2m1_ref(f) && bad++ < 5) CHECK(0, "e2m1 encode of %a: %d, want %d", f, m3_f32_to_e2m1(f), e2m1_ref(f));
+    }
+    const float probes[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f, 0.0f, -0.25f, -0.75f, -5.0f, 1e-30f};
+    for (size_t k = 0; k < sizeof probes / sizeof *probes; k++)
+        for (int d = -1; d <= 1; d++) {
+            const float p = d < 0 ? nextafterf(probes[k], -INFINITY) : d > 0 ? nextafterf(probes[k], INFINITY) : probes[k];
+            if (m3_f32_to_e2m1(p) != e2m1_ref(p) && bad++ < 10) CHECK(0, "e2m1 encode of %a: %d, want %d", p, m3_f32_to_e2m1(p), e2m1_ref(p));
+        }
+    CHECK(bad == 0, "%d e2m1 encodings differ from the definition", bad);
+}
+
 static void test_e4m3(void) {
     /* every finite code decodes and re-encodes to itself (sign of zero aside) */
     for (int b = 0; b < 256; b++) {
@@ -228,6 +300,8 @@ static void test_kv_nvfp4(void) {
 
 int main(void) {
     test_e4m3();
+    test_e4m3_encode();
+    test_e2m1_encode();
     test_e2m1_bf16();
     test_safetensors();
     test_config();

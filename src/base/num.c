@@ -1,3 +1,5 @@
+#include <string.h>
+
 #include "num.h"
 
 const float m3_e2m1_values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
@@ -41,43 +43,33 @@ const float m3_e4m3_values[256] = {
 };
 
 uint8_t m3_f32_to_e4m3(float f) {
-    if (isnan(f)) return 0x7f;
-    uint8_t sign = signbit(f) ? 0x80 : 0;
-    double a = fabs((double)f);
-    if (a >= 448.0) return sign | 0x7e;
-    /* Candidates are k * 2^(e-3) for the binade of a; subnormal spacing is 2^-9. */
-    int ex;
-    frexp(a, &ex); /* a = m * 2^ex, m in [0.5,1) -> a in [2^(ex-1), 2^ex) */
-    int e = ex - 1; /* a in [2^e, 2^(e+1)) */
-    if (e < -6) e = -6;
-    double step = ldexp(1.0, e - 3);
-    double q = a / step; /* exact: power-of-two divide */
-    double r = nearbyint(q); /* default rounding mode: nearest even */
-    double v = r * step;
-    if (v >= 448.0) return sign | 0x7e;
-    if (v == 0.0) return sign;
-    /* encode v */
-    int vex;
-    frexp(v, &vex);
-    int ve = vex - 1;
-    if (ve < -6) { /* subnormal */
-        int m = (int)(v / ldexp(1.0, -9));
-        return sign | (uint8_t)m;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+    u &= 0x7fffffffu;
+    if (u > 0x7f800000u) return 0x7f;        /* NaN */
+    if (u >= 0x43e00000u) return sign | 0x7e; /* >= 448 (and inf): saturate */
+    if (u < 0x3c800000u) {                    /* below 2^-6: subnormal steps of 2^-9 (8 -> 2^-6, code 8) */
+        float a;
+        memcpy(&a, &u, 4);
+        return sign | (uint8_t)nearbyintf(a * 512.0f); /* exact scaling, round to nearest even */
     }
-    int m = (int)(v / ldexp(1.0, ve - 3)) - 8;
-    return sign | (uint8_t)(((ve + 7) << 3) | m);
+    /* normal: keep 3 mantissa bits, round to nearest even on the 20 dropped (a carry moves
+     * into the exponent, as it should); rebias 127 -> 7 */
+    const uint32_t r = (u + 0x7ffffu + ((u >> 20) & 1)) >> 20;
+    const uint32_t e = (r >> 3) - 120;
+    if (e > 15 || (e == 15 && (r & 7) == 7)) return sign | 0x7e; /* rounded up past 448 */
+    return sign | (uint8_t)((e << 3) | (r & 7));
 }
 
 uint8_t m3_f32_to_e2m1(float x) {
-    uint8_t sign = signbit(x) ? 8 : 0;
+    /* the midpoints between neighbouring magnitudes; on one exactly, the even code wins */
+    static const float mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    const uint8_t sign = signbit(x) ? 8 : 0;
     float a = fabsf(x);
     if (!(a <= 6.0f)) a = 6.0f; /* saturate (NaN too) */
-    int best = 0;
-    float bd = a;
-    for (int i = 1; i < 8; i++) {
-        float d = fabsf(a - m3_e2m1_values[i]);
-        /* strictly closer wins; on an exact tie prefer the even code */
-        if (d < bd || (d == bd && (i & 1) == 0)) { bd = d; best = i; }
-    }
-    return best ? (uint8_t)(sign | best) : 0;
+    int i = 0;
+    while (i < 7 && a > mid[i]) i++;
+    if (i < 7 && a == mid[i] && (i & 1)) i++;
+    return i ? (uint8_t)(sign | i) : 0;
 }

@@ -309,12 +309,6 @@ __global__ void __launch_bounds__(256) k_index_scores_k(kvdesc d, const int32_t 
     }
 }
 
-/* float -> uint32 with the same order (-0 < +0 aside; NaN handled by the caller) */
-static __device__ __forceinline__ uint32_t fkey(float f) {
-    const uint32_t u = __float_as_uint(f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 #define SMEM_TOPK 8192 /* blocks of a score row kept in shared memory (32 KB: 1M tokens of 128-key blocks) */
 
 /* a warp per (token, head): forced local / initial blocks, then top-k (lowest block on

@@ -88,6 +88,13 @@ static __host__ __device__ __forceinline__ size_t wt_soff(int fmt, size_t scale_
 /* the formats and shapes stored tiled on the device */
 int m3_cu_tileable(const m3_linear *W);
 
+/* float -> uint32 with the same order, for integer reductions (redux.sync) over scores
+ * (-0 sorts below +0: callers pass 0.0f for both; NaN is the caller's to handle) */
+static __device__ __forceinline__ uint32_t fkey(float f) {
+    const uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
 /* Programmatic dependent launch (Hopper): a kernel launched with m3_cu_pdl_attr may start while
  * the kernel before it in the stream is still running, once that one has called
  * pdl_trigger(); it must call pdl_wait() before reading anything the earlier kernels write or

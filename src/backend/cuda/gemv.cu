@@ -145,27 +145,32 @@ static __device__ __forceinline__ void stage_x(const float *x, int K, int T, int
     }
 }
 
+/* a warp's GR rows from n0: row and scale pointers (rows past N read row 0 and are not
+ * stored), multipliers, zeroed sums */
+template <int NT>
+static __device__ __forceinline__ void warp_rows_setup(const m3_linear &W, int n0, const uint8_t **rw, const uint8_t **rs, float *gm,
+                                                       bool *ok, float (*acc)[NT]) {
+#pragma unroll
+    for (int r = 0; r < GR; r++) {
+        const int n = n0 + r;
+        ok[r] = n < W.N;
+        rw[r] = W.w + (size_t)(ok[r] ? n : 0) * W.row_bytes;
+        rs[r] = W.scale ? W.scale + (size_t)(ok[r] ? n : 0) * W.scale_row : NULL;
+        gm[r] = W.gmul;
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0;
+    }
+}
+
 template <int F, int NT>
 __global__ void __launch_bounds__(GW * 32) k_gemv(m3_linear W, const float *x, int T, int t0, float *y, int KT) {
     extern __shared__ float xs[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int n0 = blockIdx.x * (GW * GR) + warp * GR;
     const uint8_t *rw[GR], *rs[GR];
-    float gm[GR];
+    float gm[GR], acc[GR][NT];
     bool ok[GR];
-#pragma unroll
-    for (int r = 0; r < GR; r++) {
-        int n = n0 + r;
-        ok[r] = n < W.N;
-        rw[r] = W.w + (size_t)(ok[r] ? n : 0) * W.row_bytes;
-        rs[r] = W.scale ? W.scale + (size_t)(ok[r] ? n : 0) * W.scale_row : NULL;
-        gm[r] = W.gmul;
-    }
-    float acc[GR][NT];
-#pragma unroll
-    for (int r = 0; r < GR; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0;
+    warp_rows_setup<NT>(W, n0, rw, rs, gm, ok, acc);
     for (int kt0 = 0; kt0 < W.K; kt0 += KT) {
         int klen = W.K - kt0 < KT ? W.K - kt0 : KT;
         __syncthreads();
@@ -192,21 +197,9 @@ __global__ void __launch_bounds__(GW * 32) k_gemv_ks(m3_linear W, const float *x
     float *red = xs + (size_t)NT * W.K;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, n0 = blockIdx.x * GR;
     const uint8_t *rw[GR], *rs[GR];
-    float gm[GR];
+    float gm[GR], acc[GR][NT];
     bool ok[GR];
-#pragma unroll
-    for (int r = 0; r < GR; r++) {
-        int n = n0 + r;
-        ok[r] = n < W.N;
-        rw[r] = W.w + (size_t)(ok[r] ? n : 0) * W.row_bytes;
-        rs[r] = W.scale ? W.scale + (size_t)(ok[r] ? n : 0) * W.scale_row : NULL;
-        gm[r] = W.gmul;
-    }
-    float acc[GR][NT];
-#pragma unroll
-    for (int r = 0; r < GR; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0;
+    warp_rows_setup<NT>(W, n0, rw, rs, gm, ok, acc);
     stage_x<NT>(x, W.K, T, t0, 0, W.K, xs, W.K);
     __syncthreads();
     const int k0 = warp * slice, klen = W.K - k0 < slice ? W.K - k0 : slice;
@@ -390,11 +383,6 @@ void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha,
 /* One warp per token: sigmoid scores, bias-corrected choice, top-K (lowest index on ties,
  * as the CPU's ascending scan with a strict >), weights s / sum(s) * scale; the K picks are
  * then sorted by expert id so the weighted sum adds experts in ascending order (the CPU's). */
-static __device__ __forceinline__ uint32_t fkey_route(float f) { /* float -> uint32, same order */
-    const uint32_t u = __float_as_uint(f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 __global__ void k_route(const float *logits, const float *bias, int E, int K, float scale, int32_t *pick, float *wt) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     extern __shared__ float sm[];
@@ -410,14 +398,14 @@ __global__ void k_route(const float *logits, const float *bias, int E, int K, fl
     /* as the indexer's top-k (attn.cu): each lane's best remaining expert, the warp's by two
      * redux.sync reductions (order-preserving key of the score; lowest id on ties); each lane
      * owns the experts = lane mod 32. The sum runs in pick order, as the CPU's. */
-    const uint32_t none = fkey_route(-INFINITY);
+    const uint32_t none = fkey(-INFINITY);
     float sum = 0;
     for (int k = 0; k < K; k++) {
         uint32_t bk = none;
         int bi = 0x7fffffff;
         for (int e = lane; e < E; e += 32) {
             const float v = ch[e];
-            const uint32_t key = isnan(v) ? none : fkey_route(v == 0.0f ? 0.0f : v);
+            const uint32_t key = isnan(v) ? none : fkey(v == 0.0f ? 0.0f : v);
             if (key > bk) { bk = key; bi = e; }
         }
         const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);

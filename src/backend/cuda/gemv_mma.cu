@@ -135,6 +135,66 @@ static __device__ __forceinline__ void gv_prefetch(const m3_linear *W, int n0, i
     }
 }
 
+/* The MMAs of one NVFP4 unit (128 values of rows g and g + 8): qa / qb this lane's 16 bytes
+ * of each row, s2a / s2b its two E4M3 block scales; B fragments from xp (and xq, non-HL) at
+ * value v0; use: this lane's column holds a token. */
+template <int HL>
+static __device__ __forceinline__ void nvfp4_unit(uint4 qa, uint4 qb, uint32_t s2a, uint32_t s2b, const uint32_t *my,
+                                                  const uint16_t *xp, const uint16_t *xq, int v0, bool use, float acc[4]) {
+    uint32_t sca[2], scb[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        sca[h] = e4m3x2_h2(((s2a >> (8 * h)) & 0xff) * 0x101u);
+        scb[h] = e4m3x2_h2(((s2b >> (8 * h)) & 0xff) * 0x101u);
+    }
+    const uint32_t wa4[4] = {qa.x, qa.y, qa.z, qa.w}, wb4[4] = {qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+        const uint32_t wA = wa4[s >> 1], wB = wb4[s >> 1];
+        const int sh = (s & 1) * 16;
+        const uint32_t a0 = hmul2(my[((wA >> sh) & 0xff) << 5], sca[s >> 2]);
+        const uint32_t a2 = hmul2(my[((wA >> (sh + 8)) & 0xff) << 5], sca[s >> 2]);
+        const uint32_t a1 = hmul2(my[((wB >> sh) & 0xff) << 5], scb[s >> 2]);
+        const uint32_t a3 = hmul2(my[((wB >> (sh + 8)) & 0xff) << 5], scb[s >> 2]);
+        uint2 b = make_uint2(0, 0);
+        if (use) b = __ldg((const uint2 *)(xp + v0 + 4 * s));
+        mma16816(acc, a0, a1, a2, a3, b.x, b.y);
+        if (!HL) {
+            uint2 bl = make_uint2(0, 0);
+            if (use) bl = __ldg((const uint2 *)(xq + v0 + 4 * s));
+            mma16816(acc, a0, a1, a2, a3, bl.x, bl.y);
+        }
+    }
+}
+
+/* The MMAs of one MXFP8 unit (a 32-value scale group of rows g and g + 8): qa / qb this lane's
+ * 8 bytes of each row, ea / eb their E8M0 scales (applied to the f32 partial sums) */
+template <int HL>
+static __device__ __forceinline__ void mxfp8_unit(uint2 qa, uint2 qb, uint32_t ea, uint32_t eb, const uint16_t *xp,
+                                                  const uint16_t *xq, int v0, bool use, float acc[4]) {
+    uint4 b = make_uint4(0, 0, 0, 0), bl = b;
+    if (use) {
+        b = __ldg((const uint4 *)(xp + v0));
+        if (!HL) bl = __ldg((const uint4 *)(xq + v0));
+    }
+    float t[4] = {0, 0, 0, 0};
+    uint32_t a0 = e4m3x2_h2(qa.x & 0xffff), a2 = e4m3x2_h2(qa.x >> 16);
+    uint32_t a1 = e4m3x2_h2(qb.x & 0xffff), a3 = e4m3x2_h2(qb.x >> 16);
+    mma16816(t, a0, a1, a2, a3, b.x, b.y);
+    if (!HL) mma16816(t, a0, a1, a2, a3, bl.x, bl.y);
+    a0 = e4m3x2_h2(qa.y & 0xffff);
+    a2 = e4m3x2_h2(qa.y >> 16);
+    a1 = e4m3x2_h2(qb.y & 0xffff);
+    a3 = e4m3x2_h2(qb.y >> 16);
+    mma16816(t, a0, a1, a2, a3, b.z, b.w);
+    if (!HL) mma16816(t, a0, a1, a2, a3, bl.z, bl.w);
+    const float fa = e8m0_f32(ea), fb = e8m0_f32(eb);
+    acc[0] += t[0] * fa;
+    acc[1] += t[1] * fa;
+    acc[2] += t[2] * fb;
+    acc[3] += t[3] * fb;
+}
+
 /* The K range [c0, c1) (in units) of 16 rows from n0 against the B column of this lane (x row
  * xrow, -1 for none): HL (T <= 4): column g is token g/2, x_hi for even g and x_lo for odd g,
  * one MMA per k16; otherwise column g is token g and x_hi, x_lo go through two MMAs. */
@@ -191,31 +251,7 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
 #pragma unroll
             for (int j = 0; j < UB; j++) {
                 if (u0 + j >= c1) break;
-                const int v0 = (u0 + j) * UV + 32 * tig;
-                uint32_t sca[2], scb[2];
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    sca[h] = e4m3x2_h2(((s2a[j] >> (8 * h)) & 0xff) * 0x101u);
-                    scb[h] = e4m3x2_h2(((s2b[j] >> (8 * h)) & 0xff) * 0x101u);
-                }
-                const uint32_t wa4[4] = {qa[j].x, qa[j].y, qa[j].z, qa[j].w}, wb4[4] = {qb[j].x, qb[j].y, qb[j].z, qb[j].w};
-#pragma unroll
-                for (int s = 0; s < 8; s++) {
-                    const uint32_t wA = wa4[s >> 1], wB = wb4[s >> 1];
-                    const int sh = (s & 1) * 16;
-                    const uint32_t a0 = hmul2(my[((wA >> sh) & 0xff) << 5], sca[s >> 2]);
-                    const uint32_t a2 = hmul2(my[((wA >> (sh + 8)) & 0xff) << 5], sca[s >> 2]);
-                    const uint32_t a1 = hmul2(my[((wB >> sh) & 0xff) << 5], scb[s >> 2]);
-                    const uint32_t a3 = hmul2(my[((wB >> (sh + 8)) & 0xff) << 5], scb[s >> 2]);
-                    uint2 b = make_uint2(0, 0);
-                    if (use) b = __ldg((const uint2 *)(xp + v0 + 4 * s));
-                    mma16816(acc, a0, a1, a2, a3, b.x, b.y);
-                    if (!HL) {
-                        uint2 bl = make_uint2(0, 0);
-                        if (use) bl = __ldg((const uint2 *)(xq + v0 + 4 * s));
-                        mma16816(acc, a0, a1, a2, a3, bl.x, bl.y);
-                    }
-                }
+                nvfp4_unit<HL>(qa[j], qb[j], s2a[j], s2b[j], my, xp, xq, (u0 + j) * UV + 32 * tig, use, acc);
             }
         }
     } else { /* MXFP8: a unit is one 32-value scale group; 8 bytes per lane per row */
@@ -238,28 +274,7 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
 #pragma unroll
             for (int j = 0; j < 2 * UB; j++) {
                 if (u0 + j >= c1) break;
-                const int v0 = (u0 + j) * UV + 8 * tig;
-                uint4 b = make_uint4(0, 0, 0, 0), bl = b;
-                if (use) {
-                    b = __ldg((const uint4 *)(xp + v0));
-                    if (!HL) bl = __ldg((const uint4 *)(xq + v0));
-                }
-                float t[4] = {0, 0, 0, 0};
-                uint32_t a0 = e4m3x2_h2(qa[j].x & 0xffff), a2 = e4m3x2_h2(qa[j].x >> 16);
-                uint32_t a1 = e4m3x2_h2(qb[j].x & 0xffff), a3 = e4m3x2_h2(qb[j].x >> 16);
-                mma16816(t, a0, a1, a2, a3, b.x, b.y);
-                if (!HL) mma16816(t, a0, a1, a2, a3, bl.x, bl.y);
-                a0 = e4m3x2_h2(qa[j].y & 0xffff);
-                a2 = e4m3x2_h2(qa[j].y >> 16);
-                a1 = e4m3x2_h2(qb[j].y & 0xffff);
-                a3 = e4m3x2_h2(qb[j].y >> 16);
-                mma16816(t, a0, a1, a2, a3, b.z, b.w);
-                if (!HL) mma16816(t, a0, a1, a2, a3, bl.z, bl.w);
-                const float fa = e8m0_f32(ea[j]), fb = e8m0_f32(eb[j]);
-                acc[0] += t[0] * fa;
-                acc[1] += t[1] * fa;
-                acc[2] += t[2] * fb;
-                acc[3] += t[3] * fb;
+                mxfp8_unit<HL>(qa[j], qb[j], ea[j], eb[j], xp, xq, (u0 + j) * UV + 8 * tig, use, acc);
             }
         }
     }
@@ -327,31 +342,7 @@ static __device__ __forceinline__ void gv_tile_p(const m3_linear *W, const uint1
                 const uint4 qa = *(const uint4 *)(vb + g * 64), qb = *(const uint4 *)(vb + (g + 8) * 64);
                 const uint32_t s2a = *(const uint16_t *)(sb + 2048 + ul * 128 + g * 8 + 2 * tig);
                 const uint32_t s2b = *(const uint16_t *)(sb + 2048 + ul * 128 + (g + 8) * 8 + 2 * tig);
-                const int v0 = (u + ul) * 128 + 32 * tig;
-                uint32_t sca[2], scb[2];
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    sca[h] = e4m3x2_h2(((s2a >> (8 * h)) & 0xff) * 0x101u);
-                    scb[h] = e4m3x2_h2(((s2b >> (8 * h)) & 0xff) * 0x101u);
-                }
-                const uint32_t wa4[4] = {qa.x, qa.y, qa.z, qa.w}, wb4[4] = {qb.x, qb.y, qb.z, qb.w};
-#pragma unroll
-                for (int s = 0; s < 8; s++) {
-                    const uint32_t wA = wa4[s >> 1], wB = wb4[s >> 1];
-                    const int sh = (s & 1) * 16;
-                    const uint32_t a0 = hmul2(my[((wA >> sh) & 0xff) << 5], sca[s >> 2]);
-                    const uint32_t a2 = hmul2(my[((wA >> (sh + 8)) & 0xff) << 5], sca[s >> 2]);
-                    const uint32_t a1 = hmul2(my[((wB >> sh) & 0xff) << 5], scb[s >> 2]);
-                    const uint32_t a3 = hmul2(my[((wB >> (sh + 8)) & 0xff) << 5], scb[s >> 2]);
-                    uint2 b = make_uint2(0, 0);
-                    if (use) b = __ldg((const uint2 *)(xp + v0 + 4 * s));
-                    mma16816(acc, a0, a1, a2, a3, b.x, b.y);
-                    if (!HL) {
-                        uint2 bl = make_uint2(0, 0);
-                        if (use) bl = __ldg((const uint2 *)(xq + v0 + 4 * s));
-                        mma16816(acc, a0, a1, a2, a3, bl.x, bl.y);
-                    }
-                }
+                nvfp4_unit<HL>(qa, qb, s2a, s2b, my, xp, xq, (u + ul) * 128 + 32 * tig, use, acc);
             }
         } else {
 #pragma unroll
@@ -359,28 +350,7 @@ static __device__ __forceinline__ void gv_tile_p(const m3_linear *W, const uint1
                 const uint8_t *vb = sb + ul * 512 + 8 * tig;
                 const uint2 qa = *(const uint2 *)(vb + g * 32), qb = *(const uint2 *)(vb + (g + 8) * 32);
                 const uint32_t ea = sb[2048 + ul * 16 + g], eb = sb[2048 + ul * 16 + g + 8];
-                const int v0 = (u + ul) * 32 + 8 * tig;
-                uint4 b = make_uint4(0, 0, 0, 0), bl = b;
-                if (use) {
-                    b = __ldg((const uint4 *)(xp + v0));
-                    if (!HL) bl = __ldg((const uint4 *)(xq + v0));
-                }
-                float t[4] = {0, 0, 0, 0};
-                uint32_t a0 = e4m3x2_h2(qa.x & 0xffff), a2 = e4m3x2_h2(qa.x >> 16);
-                uint32_t a1 = e4m3x2_h2(qb.x & 0xffff), a3 = e4m3x2_h2(qb.x >> 16);
-                mma16816(t, a0, a1, a2, a3, b.x, b.y);
-                if (!HL) mma16816(t, a0, a1, a2, a3, bl.x, bl.y);
-                a0 = e4m3x2_h2(qa.y & 0xffff);
-                a2 = e4m3x2_h2(qa.y >> 16);
-                a1 = e4m3x2_h2(qb.y & 0xffff);
-                a3 = e4m3x2_h2(qb.y >> 16);
-                mma16816(t, a0, a1, a2, a3, b.z, b.w);
-                if (!HL) mma16816(t, a0, a1, a2, a3, bl.z, bl.w);
-                const float fa = e8m0_f32(ea), fb = e8m0_f32(eb);
-                acc[0] += t[0] * fa;
-                acc[1] += t[1] * fa;
-                acc[2] += t[2] * fb;
-                acc[3] += t[3] * fb;
+                mxfp8_unit<HL>(qa, qb, ea, eb, xp, xq, (u + ul) * 32 + 8 * tig, use, acc);
             }
         }
     }

@@ -2,18 +2,26 @@
  *
  * Memory: activations, the KV / index-K pages and a copy of the weights live on the GPU
  * (ops.device_memory = 1); weights are uploaded once at load in their stored formats
- * (MXFP8, NVFP4, BF16...) and decoded in registers by the kernels. Every op is queued on
+ * (MXFP8, NVFP4, BF16...) into one device arena (sized by a counting pass) and decoded in
+ * registers by the kernels; MXFP8 / NVFP4 matrices are stored tiled (16-row tiles, unit by
+ * unit: common.cuh, wt_voff) so a GEMV warp reads contiguous runs. Every op is queued on
  * one stream; download() synchronizes. A failed CUDA call makes the backend sticky-failed:
  * m3_cuda_check (called by m3_forward at the end of a step through ops.check) reports it.
  *
  * Kernels (one file each, plain C style):
- *   elem.cu    embed, Gemma RMSNorm, add, per-head norm + partial RoPE, SwiGLU-OAI
- *   gemv.cu    linear: warp-per-row GEMV with weights decoded in registers for up to 8
- *              tokens; dequantize + cuBLAS SGEMM (f32, exact) for more; MoE router, top-k
- *              and the routed experts (graph-free: no host sync for <= 8 tokens)
- *   attn.cu    KV / index-K insert with the spec's rounding, lightning indexer scores +
- *              per-head block top-k, block-sparse paged attention (split over keys, LSE merge)
- *   random.cu  random weights of any config straight on the GPU (m3 bench --random-weights)
+ *   backend.cu  the op table, memory, weight upload (arena, tiling), step metadata, graphs
+ *   elem.cu     embed, Gemma RMSNorm (+ residual add), per-head norm + partial RoPE, SwiGLU-OAI
+ *   gemv_mma.cu MXFP8 / NVFP4 GEMV on the tensor cores for up to 8 tokens (weights through
+ *               a per-warp cp.async ring), several matrices or every MoE slot per launch
+ *   gemv.cu     linear dispatch; SIMT GEMV for other formats; dequantize + cuBLAS SGEMM (f32)
+ *               for more than 64 tokens; MoE router, top-k, SwiGLU, combine (graph-free:
+ *               no host sync for <= 8 tokens)
+ *   attn.cu     KV / index-K insert with the spec's rounding, lightning indexer scores +
+ *               per-head block top-k, block-sparse paged attention (split over keys, LSE merge)
+ *   vision.cu   the vision tower's LayerNorm, bias + GELU, table RoPE, full attention
+ *   random.cu   random weights of any config straight on the GPU (m3 bench --random-weights)
+ * Benchmarks with a CPU check: bench/bench_cuda_linear.c, bench/bench_cuda_attn.c; per-kernel
+ * times of a whole step: scripts/gpu-ncu.sh.
  *
  * Thread-safety: one backend context per thread; ops are not reentrant. */
 #ifndef M3_CUDA_H

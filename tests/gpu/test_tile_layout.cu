@@ -1,0 +1,57 @@
+/* The tiled device layout of MXFP8 / NVFP4 weights (backend/cuda/common.cuh), checked on the
+ * host (no GPU needed): wt_voff / wt_soff put every byte of a matrix at its own place inside
+ * it; unit u of row g of a 16-row tile sits where the tensor-core GEMV reads it (tile base +
+ * u * 16 * UB + g * UB), so a cp.async stage of SU units is one contiguous run; the scales
+ * follow the same order. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/common.cuh"
+
+static int fails;
+#define CHECK(c, ...) do { if (!(c)) { if (fails++ < 10) { printf("FAIL: "); printf(__VA_ARGS__); printf("\n"); } } } while (0)
+
+static void check_shape(int fmt, int N, int K) {
+    const size_t rb = fmt == M3_WF_NVFP4 ? (size_t)K / 2 : (size_t)K, sr = fmt == M3_WF_NVFP4 ? (size_t)K / 16 : (size_t)K / 32;
+    const int ub = wt_ub(fmt), sb = wt_sb(fmt);
+    unsigned char *seen = (unsigned char *)calloc((size_t)N * rb, 1), *sseen = (unsigned char *)calloc((size_t)N * sr, 1);
+    for (int n = 0; n < N; n++)
+        for (size_t b = 0; b < rb; b++) {
+            const size_t o = wt_voff(fmt, rb, n, b);
+            CHECK(o < (size_t)N * rb && !seen[o], "fmt %d %dx%d: value byte (%d, %zu) -> %zu (taken or out of range)", fmt, N, K, n, b, o);
+            if (o < (size_t)N * rb) seen[o] = 1;
+            /* where the GEMV reads unit u of row g of tile t */
+            const size_t t = (size_t)n / 16, g = (size_t)n % 16, u = b / ub, j = b % ub;
+            CHECK(o == t * 16 * rb + u * 16 * ub + g * ub + j, "fmt %d %dx%d: value byte (%d, %zu) at %zu", fmt, N, K, n, b, o);
+        }
+    for (int n = 0; n < N; n++)
+        for (size_t j = 0; j < sr; j++) {
+            const size_t o = wt_soff(fmt, sr, n, j);
+            CHECK(o < (size_t)N * sr && !sseen[o], "fmt %d %dx%d: scale byte (%d, %zu) -> %zu (taken or out of range)", fmt, N, K, n, j, o);
+            if (o < (size_t)N * sr) sseen[o] = 1;
+            const size_t t = (size_t)n / 16, g = (size_t)n % 16, u = j / sb, jj = j % sb;
+            CHECK(o == t * 16 * sr + u * 16 * sb + g * sb + jj, "fmt %d %dx%d: scale byte (%d, %zu) at %zu", fmt, N, K, n, j, o);
+        }
+    /* a cp.async stage (gemv_mma.cu: 2 KB of values = 2 NVFP4 or 4 MXFP8 units of the 16 rows)
+     * is contiguous and 16-byte aligned */
+    const int su = fmt == M3_WF_NVFP4 ? 2 : 4;
+    for (int t = 0; t < N / 16; t++)
+        for (int u = 0; u + su <= (int)(rb / ub); u += su) {
+            const size_t first = wt_voff(fmt, rb, 16 * t, (size_t)u * ub);
+            CHECK(first % 16 == 0 && wt_voff(fmt, rb, 16 * t + 15, (size_t)(u + su) * ub - 1) == first + 2047,
+                  "fmt %d %dx%d: stage (%d, %d) is not one 2 KB run", fmt, N, K, t, u);
+        }
+    free(seen);
+    free(sseen);
+}
+
+int main(void) {
+    const int shapes[][2] = {{16, 128}, {48, 256}, {512, 6144}, {3072, 6144}, {6144, 3072}, {128, 1024}};
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        check_shape(M3_WF_MXFP8, shapes[i][0], shapes[i][1]);
+        check_shape(M3_WF_NVFP4, shapes[i][0], shapes[i][1]);
+    }
+    printf(fails ? "%d tiled-layout checks failed\n" : "tiled layout checks passed\n", fails);
+    return fails ? 1 : 0;
+}

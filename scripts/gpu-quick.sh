@@ -4,7 +4,7 @@
 # path), the reference checkpoints that reach the tensor-core GEMV, then batch-1/8 decode at
 # M3.1-Flash shapes (8 and 30 layers) and a per-op profile. scripts/gpu.sh is the full run.
 # usage: scripts/gpu-quick.sh BIN_DIR [OUT_DIR]   (BIN_DIR: m3, oracle_check, logits_diff,
-# bench_cuda_linear, vision_check; shared libraries the GPU host lacks may sit in BIN_DIR/lib)
+# bench_cuda_linear, bench_cuda_attn, vision_check; shared libraries the GPU host lacks may sit in BIN_DIR/lib)
 set -u
 cd "$(dirname "$0")/.."
 B=${1:?usage: scripts/gpu-quick.sh BIN_DIR [OUT_DIR]}; O=${2:-/tmp/m3-gpu-quick}; D=tests/data
@@ -40,8 +40,9 @@ for v in M3_CUDA_PDL=0 M3_GV_PIPE=0 M3_CUDA_TILE=0; do
   env $v timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 --steps 10 \
     --prefill 0 | sed "s/^/$v: /" | grep -v "device\|model"
 done
-s "linear kernels and one MoE layer against the CPU"
+s "linear kernels and one MoE layer against the CPU; KV store, indexer and sparse attention against the CPU"
 ck timeout 120 "$B/bench_cuda_linear"
+[ -x "$B/bench_cuda_attn" ] && ck timeout 180 "$B/bench_cuda_attn"
 s "MoE grouped by expert (M3_MOE_GROUPED=1): the MoE layer against the CPU, then batch 8 and a verify pass of 8"
 ck env M3_MOE_GROUPED=1 timeout 120 "$B/bench_cuda_linear"
 for gflag in 0 1; do

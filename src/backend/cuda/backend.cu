@@ -184,7 +184,10 @@ static void *up_rows_tiled(m3_cuda *c, const uint8_t *src, size_t stride, size_t
     uint8_t *tmp = (uint8_t *)m3_cu_scratch(c, SC_DEQ, width * (size_t)rows);
     c->wa_mode = mode;
     if (!tmp) return NULL;
-    if (CK(c, cudaMemcpy2D(tmp, width, src, stride, width, (size_t)rows, cudaMemcpyHostToDevice))) return NULL;
+    /* on the backend's stream, so the tiling kernel runs after the copy has landed (a plain
+     * cudaMemcpy2D from pageable memory may return before its DMA is done, and the backend's
+     * stream does not wait for the legacy stream) */
+    if (CK(c, cudaMemcpy2DAsync(tmp, width, src, stride, width, (size_t)rows, cudaMemcpyHostToDevice, c->st))) return NULL;
     const size_t n = width * (size_t)rows / (scales ? 1 : 16);
     unsigned g = cdiv(n, 256);
     if (g > 65535u * 8) g = 65535u * 8;
@@ -223,7 +226,7 @@ static int up_linear(m3_cuda *c, const m3_linear *h, m3_linear *d) { return up_l
 /* one linear outside any arena (benchmarks): released with ops->release on w and scale */
 extern "C" int m3_cuda_upload_linear(m3_ops *ops, const m3_linear *h, m3_linear *d, m3_err *err) {
     m3_cuda *c = (m3_cuda *)ops->ctx;
-    if (up_linear(c, h, d) || c->failed) {
+    if (up_linear(c, h, d) || CK(c, cudaDeviceSynchronize()) || c->failed) {
         m3_errf(err, "uploading a linear: %s", c->failed ? c->errmsg : "out of memory");
         c->failed = 0;
         return -1;
@@ -370,10 +373,14 @@ int m3_cu_arena_build(m3_cuda *c, m3_weights *d, m3_err *err, int (*pass)(m3_cud
     rc = pass(c, arg, d, err);
     c->wa_mode = 0;
     c->wa_base = NULL;
+    /* every copy landed (the plain cudaMemcpy uploads run on the legacy stream, which the
+     * backend's non-blocking stream does not wait for) */
+    if (!rc && CK(c, cudaDeviceSynchronize())) rc = m3_errf(err, "uploading the weights to the GPU: %s", c->errmsg);
     if (rc) {
         cudaDeviceSynchronize();
         cudaFree(base);
         free_host_tables(d);
+        c->failed = 0;
         return -1;
     }
     d->dev_arena = base;

@@ -11,7 +11,8 @@
  * attention the K and V rows of the chosen blocks.
  * usage: bench_cuda_attn [CONFIG.json]   (default tests/data/m3.1-flash-shapes.json)
  * M3_BENCH_SELFTEST=1 without a GPU: a second CPU backend stands in for it (checks the
- * harness; its times mean nothing). */
+ * harness; the times are then the CPU's). M3_BENCH_REPS: timed calls per op (100; 2 in the
+ * self-test). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,6 +192,7 @@ int main(int argc, char **argv) {
            c.head_dim, c.index_heads, c.index_dim, c.block_size, c.topk_blocks);
     printf("%-6s %7s %5s %12s %10s | %9s | %9s %8s %6s | %9s %8s %6s\n", "kv", "context", "batch", "blocks_equal", "attn_rel",
            "store_us", "index_us", "GB/s", "of_bw", "attn_us", "GB/s", "of_bw");
+    const int reps = getenv("M3_BENCH_REPS") ? atoi(getenv("M3_BENCH_REPS")) : sg.gpu ? 100 : 2; /* timed calls per op */
     const m3_kv_dtype dts[3] = {M3_KV_BF16, M3_KV_FP8, M3_KV_NVFP4};
     const int cases[][2] = {{8192, 1}, {8192, 8}, {131072, 1}};
     int fails = 0;
@@ -203,7 +205,7 @@ int main(int argc, char **argv) {
             double ts[3] = {0, 0, 0}, dummy[3];
             int rc = !selc || !selg || !outc || !outg ? m3_errf(&err, "out of memory") : 0;
             if (!rc) rc = build(&sc, &c, dts[di], nb, ctx, &err) || build(&sg, &c, dts[di], nb, ctx, &err);
-            if (!rc) rc = step(&sc, &c, nb, ctx, selc, outc, 0, dummy, &err) || step(&sg, &c, nb, ctx, selg, outg, sg.gpu ? 100 : 2, ts, &err);
+            if (!rc) rc = step(&sc, &c, nb, ctx, selc, outc, 0, dummy, &err) || step(&sg, &c, nb, ctx, selg, outg, reps, ts, &err);
             if (rc) {
                 printf("%-6s %7d %5d  FAILED: %s\n", m3_kv_dtype_name(dts[di]), ctx, nb, err.msg);
                 fails++;

@@ -97,48 +97,64 @@ typedef struct {
     const float *iq;
     int ni, block, topk, local, init;
     int32_t *sel;
+    /* the scores of tokens [t0, t0 + nt): score[(t - t0) * ni + g][blk], blocks in chunks of
+     * IDX_CHUNK per work item, so one token's long context spreads over every thread */
+    float *score;
+    int t0, nt, maxnb, nchunk;
 } idx_job;
 
-static void idx_tokens(void *arg, size_t t0, size_t t1, int worker) {
+#define IDX_CHUNK 16 /* blocks per work item */
+
+/* work items: (token, chunk of blocks); each writes the max over its blocks' keys of q . k */
+static void idx_score_items(void *arg, size_t i0, size_t i1, int worker) {
     (void)worker;
     idx_job *j = arg;
     const int Di = j->kv->Di, B = j->block, ni = j->ni;
-    int maxnb = 0;
-    for (size_t t = t0; t < t1; t++) if (j->b->pos[t] / B + 1 > maxnb) maxnb = j->b->pos[t] / B + 1;
     /* f32 / bf16 rows are read in place; FP8 / NVFP4 rows are dequantized into rowbuf */
     const int direct = j->kv->idt == M3_KV_F32 || j->kv->idt == M3_KV_BF16, bf16 = j->kv->idt == M3_KV_BF16;
     float *dots = malloc(sizeof(float) * (size_t)B * (direct ? 1 : 1 + (size_t)Di));
-    float *score = malloc(sizeof(float) * (size_t)maxnb * ni);
-    if (!dots || !score) { free(dots); free(score); return; }
-    float *rowbuf = dots + B;
-    for (size_t t = t0; t < t1; t++) {
-        int pos = j->b->pos[t], qb = pos / B, nb = qb + 1;
+    float *rowbuf = dots ? dots + B : NULL;
+    for (size_t it = i0; it < i1; it++) {
+        const int tl = (int)(it / (size_t)j->nchunk), ch = (int)(it % (size_t)j->nchunk), t = j->t0 + tl;
+        const int pos = j->b->pos[t], qb = pos / B, nb = qb + 1;
         const m3_kv_seq *s = j->b->seqs[j->b->seq[t]];
-        const float *q = j->iq + t * (size_t)ni * Di;
-        for (int blk = 0; blk < nb; blk++) {
+        const float *q = j->iq + (size_t)t * ni * Di;
+        float *score = j->score + (size_t)tl * ni * j->maxnb;
+        for (int blk = ch * IDX_CHUNK; blk < nb && blk < (ch + 1) * IDX_CHUNK; blk++) {
             int p0 = blk * B, n = (blk == qb) ? pos - p0 + 1 : B;
-            for (int g = 0; g < ni; g++) score[(size_t)g * nb + blk] = -INFINITY;
-            for (int i0 = 0; i0 < n;) { /* rows in place, one page run at a time */
+            for (int g = 0; g < ni; g++) score[(size_t)g * j->maxnb + blk] = -INFINITY;
+            if (!dots) continue; /* out of memory: these blocks are not picked (the forced ones still are) */
+            for (int i0r = 0; i0r < n;) { /* rows in place, one page run at a time */
                 int run;
-                const void *rows = m3_kv_rows(j->kv, s, j->layer, M3_KV_IK, 0, p0 + i0, &run);
-                if (run > n - i0) run = n - i0;
+                const void *rows = m3_kv_rows(j->kv, s, j->layer, M3_KV_IK, 0, p0 + i0r, &run);
+                if (run > n - i0r) run = n - i0r;
                 if (!direct) {
-                    m3_kv_load(j->kv, s, j->layer, M3_KV_IK, 0, p0 + i0, run, rowbuf);
+                    m3_kv_load(j->kv, s, j->layer, M3_KV_IK, 0, p0 + i0r, run, rowbuf);
                     rows = rowbuf;
                 }
                 for (int g = 0; g < ni; g++) {
                     m3_cpu_dots(q + (size_t)g * Di, rows, direct && bf16, run, Di, dots);
-                    float *m = &score[(size_t)g * nb + blk];
+                    float *m = &score[(size_t)g * j->maxnb + blk];
                     for (int i = 0; i < run; i++) if (dots[i] > *m) *m = dots[i];
                 }
-                i0 += run;
+                i0r += run;
             }
         }
-        for (int g = 0; g < ni; g++) {
-            float *sc = score + (size_t)g * nb;
+    }
+    free(dots);
+}
+
+/* per token: forced local / initial blocks, then the top-k (lowest block on ties), ascending */
+static void idx_topk_tokens(void *arg, size_t i0, size_t i1, int worker) {
+    (void)worker;
+    idx_job *j = arg;
+    for (size_t tl = i0; tl < i1; tl++) {
+        const int t = j->t0 + (int)tl, qb = j->b->pos[t] / j->block, nb = qb + 1;
+        for (int g = 0; g < j->ni; g++) {
+            float *sc = j->score + ((size_t)tl * j->ni + g) * j->maxnb;
             for (int blk = qb - j->local + 1; blk <= qb; blk++) if (blk >= 0) sc[blk] = INFINITY;
             for (int blk = 0; blk < j->init && blk <= qb; blk++) sc[blk] = INFINITY;
-            int32_t *out = j->sel + (t * (size_t)ni + g) * j->topk;
+            int32_t *out = j->sel + ((size_t)t * j->ni + g) * j->topk;
             int got = 0;
             for (int k = 0; k < j->topk && k < nb; k++) {
                 int best = -1;
@@ -154,15 +170,30 @@ static void idx_tokens(void *arg, size_t t0, size_t t1, int worker) {
             for (int k = got; k < j->topk; k++) out[k] = -1;
         }
     }
-    free(dots);
-    free(score);
 }
 
 static void cpu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *iq, int ni,
                              int block, int topk, int local, int init, int32_t *sel) {
     m3_cpu *c = ctx;
-    idx_job j = {kv, layer, b, iq, ni, block, topk, local, init, sel};
-    m3_pool_for(c->pool, (size_t)b->T, 1, idx_tokens, &j);
+    int maxnb = 1;
+    for (int t = 0; t < b->T; t++) if (b->pos[t] / block + 1 > maxnb) maxnb = b->pos[t] / block + 1;
+    /* tokens in groups whose scores fit in ~16 MB */
+    int group = (int)(((size_t)16 << 20) / (sizeof(float) * (size_t)ni * maxnb));
+    if (group < 1) group = 1;
+    if (group > b->T) group = b->T;
+    float *score = malloc(sizeof(float) * (size_t)group * ni * maxnb);
+    if (!score) { /* nothing picked: every slot -1 (the attention then sees no keys) */
+        for (size_t i = 0; i < (size_t)b->T * ni * topk; i++) sel[i] = -1;
+        return;
+    }
+    idx_job j = {kv, layer, b, iq, ni, block, topk, local, init, sel, score, 0, 0, maxnb, (maxnb + IDX_CHUNK - 1) / IDX_CHUNK};
+    for (int t0 = 0; t0 < b->T; t0 += group) {
+        j.t0 = t0;
+        j.nt = b->T - t0 < group ? b->T - t0 : group;
+        m3_pool_for(c->pool, (size_t)j.nt * j.nchunk, 1, idx_score_items, &j);
+        m3_pool_for(c->pool, (size_t)j.nt, 1, idx_topk_tokens, &j);
+    }
+    free(score);
 }
 
 /* ------------------------------------------------------------------ attention */

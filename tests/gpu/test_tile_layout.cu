@@ -12,27 +12,29 @@
 static int fails;
 #define CHECK(c, ...) do { if (!(c)) { if (fails++ < 10) { printf("FAIL: "); printf(__VA_ARGS__); printf("\n"); } } } while (0)
 
+/* one part (values, or scales) of an N-row matrix of `width` bytes per row stored in pieces of
+ * `piece` bytes per unit: every byte lands once inside it, unit u of row g of tile t at
+ * t * 16 * width + u * 16 * piece + g * piece */
+static void check_part(int fmt, int N, size_t width, int piece, int scales) {
+    unsigned char *seen = (unsigned char *)calloc((size_t)N * width, 1);
+    for (int n = 0; n < N; n++)
+        for (size_t b = 0; b < width; b++) {
+            const size_t o = scales ? wt_soff(fmt, width, n, b) : wt_voff(fmt, width, n, b);
+            CHECK(o < (size_t)N * width && !seen[o], "fmt %d, %d rows of %zu %s bytes: byte (%d, %zu) -> %zu (taken or out of range)",
+                  fmt, N, width, scales ? "scale" : "value", n, b, o);
+            if (o < (size_t)N * width) seen[o] = 1;
+            const size_t t = (size_t)n / 16, g = (size_t)n % 16, u = b / piece, j = b % piece;
+            CHECK(o == t * 16 * width + u * 16 * piece + g * piece + j, "fmt %d: %s byte (%d, %zu) at %zu", fmt,
+                  scales ? "scale" : "value", n, b, o);
+        }
+    free(seen);
+}
+
 static void check_shape(int fmt, int N, int K) {
     const size_t rb = fmt == M3_WF_NVFP4 ? (size_t)K / 2 : (size_t)K, sr = fmt == M3_WF_NVFP4 ? (size_t)K / 16 : (size_t)K / 32;
-    const int ub = wt_ub(fmt), sb = wt_sb(fmt);
-    unsigned char *seen = (unsigned char *)calloc((size_t)N * rb, 1), *sseen = (unsigned char *)calloc((size_t)N * sr, 1);
-    for (int n = 0; n < N; n++)
-        for (size_t b = 0; b < rb; b++) {
-            const size_t o = wt_voff(fmt, rb, n, b);
-            CHECK(o < (size_t)N * rb && !seen[o], "fmt %d %dx%d: value byte (%d, %zu) -> %zu (taken or out of range)", fmt, N, K, n, b, o);
-            if (o < (size_t)N * rb) seen[o] = 1;
-            /* where the GEMV reads unit u of row g of tile t */
-            const size_t t = (size_t)n / 16, g = (size_t)n % 16, u = b / ub, j = b % ub;
-            CHECK(o == t * 16 * rb + u * 16 * ub + g * ub + j, "fmt %d %dx%d: value byte (%d, %zu) at %zu", fmt, N, K, n, b, o);
-        }
-    for (int n = 0; n < N; n++)
-        for (size_t j = 0; j < sr; j++) {
-            const size_t o = wt_soff(fmt, sr, n, j);
-            CHECK(o < (size_t)N * sr && !sseen[o], "fmt %d %dx%d: scale byte (%d, %zu) -> %zu (taken or out of range)", fmt, N, K, n, j, o);
-            if (o < (size_t)N * sr) sseen[o] = 1;
-            const size_t t = (size_t)n / 16, g = (size_t)n % 16, u = j / sb, jj = j % sb;
-            CHECK(o == t * 16 * sr + u * 16 * sb + g * sb + jj, "fmt %d %dx%d: scale byte (%d, %zu) at %zu", fmt, N, K, n, j, o);
-        }
+    const int ub = wt_ub(fmt);
+    check_part(fmt, N, rb, ub, 0);
+    check_part(fmt, N, sr, wt_sb(fmt), 1);
     /* a cp.async stage (gemv_mma.cu: 2 KB of values = 2 NVFP4 or 4 MXFP8 units of the 16 rows)
      * is contiguous and 16-byte aligned */
     const int su = fmt == M3_WF_NVFP4 ? 2 : 4;
@@ -42,8 +44,6 @@ static void check_shape(int fmt, int N, int K) {
             CHECK(first % 16 == 0 && wt_voff(fmt, rb, 16 * t + 15, (size_t)(u + su) * ub - 1) == first + 2047,
                   "fmt %d %dx%d: stage (%d, %d) is not one 2 KB run", fmt, N, K, t, u);
         }
-    free(seen);
-    free(sseen);
 }
 
 int main(void) {

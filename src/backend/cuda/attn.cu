@@ -170,7 +170,8 @@ void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const fl
 /* ------------------------------------------------------------------ indexer */
 
 /* scores[t][g][blk] = max over the keys of block blk visible to token t of iq[t][g] . ik;
- * a warp per block, lanes over keys */
+ * a warp per block, lanes over keys (blocks of more than 256 keys or Di % 16 != 0; else
+ * k_index_scores_k) */
 __global__ void k_index_scores(kvdesc d, const int32_t *pos, const int32_t *seq, const float *iq, int ni, int B, int nbmax,
                                float *scores) {
     extern __shared__ float qs[]; /* [ni][Di] */
@@ -184,45 +185,6 @@ __global__ void k_index_scores(kvdesc d, const int32_t *pos, const int32_t *seq,
         float best[8];
 #pragma unroll
         for (int g = 0; g < 8; g++) best[g] = -INFINITY;
-        if (d.Di % 16 == 0 && B <= 128 && ni <= 4) {
-            /* up to 4 keys per lane, their loads interleaved so each lane keeps 4 in flight */
-            const uint8_t *rows[4];
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                int i = lane + 32 * kk, kp = p0 + (i < n ? i : 0);
-                rows[kk] = page_of(d, seq[t], kp) + 2 * d.kvpart + (size_t)(kp % d.page) * d.irb;
-            }
-            float dot[4][4];
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-                for (int g = 0; g < 4; g++) dot[kk][g] = 0;
-            for (int e = 0; e < d.Di; e += 16) {
-                float kv[4][16];
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++)
-                    if (lane + 32 * kk < n) read16(rows[kk], d.idt, d.Di, e, kv[kk]);
-#pragma unroll
-                for (int g = 0; g < 4; g++) {
-                    if (g >= ni) break;
-                    const float *qp = qs + g * d.Di + e;
-#pragma unroll
-                    for (int h = 0; h < 16; h += 4) {
-                        float4 qa = *(const float4 *)(qp + h);
-#pragma unroll
-                        for (int kk = 0; kk < 4; kk++)
-                            if (lane + 32 * kk < n)
-                                dot[kk][g] += qa.x * kv[kk][h] + qa.y * kv[kk][h + 1] + qa.z * kv[kk][h + 2] + qa.w * kv[kk][h + 3];
-                    }
-                }
-            }
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                if (lane + 32 * kk < n)
-#pragma unroll
-                    for (int g = 0; g < 4; g++)
-                        if (g < ni) best[g] = fmaxf(best[g], dot[kk][g]);
-        } else
         for (int i = lane; i < n; i += 32) {
             int kp = p0 + i;
             const uint8_t *row = page_of(d, seq[t], kp) + 2 * d.kvpart + (size_t)(kp % d.page) * d.irb;
@@ -376,7 +338,7 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
     float *scores = (float *)m3_cu_scratch(c, SC_IDX, sizeof(float) * (size_t)T * ni * nbmax);
     if (!scores) { m3_cu_prof_end(c, OP_INDEX); return; }
     kvdesc d = desc(c, kv, layer);
-    if (block <= 256 && kv->Di % 16 == 0 && nbmax <= 65535) { /* a CTA per (block, token), a thread per key */
+    if (block <= 256 && kv->Di % 16 == 0) { /* a CTA per (block, token), a thread per key */
         const int th = (block + 31) / 32 * 32;
         k_index_scores_k<<<dim3(nbmax, T), th, sizeof(float) * ((size_t)ni * kv->Di + 8 * (th / 32)), c->st>>>(
             d, c->d_pos, c->d_seq, iq, ni, block, nbmax, scores);

@@ -143,22 +143,21 @@ static void *up_rows(m3_cuda *c, const uint8_t *src, size_t stride, size_t width
     return p;
 }
 
+int m3_cu_env_int(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : dflt;
+}
+
 int m3_cu_pdl_on(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("M3_CUDA_PDL"); /* measured no faster on the H200 (docs/PERF.md): off by default */
-        on = e && atoi(e) != 0;
-    }
+    if (on < 0) on = m3_cu_env_int("M3_CUDA_PDL", 0) != 0; /* measured no faster on the H200 (docs/PERF.md) */
     return on;
 }
 
 /* M3_CUDA_TILE=0 keeps device weights row-major (for comparisons) */
 int m3_cu_tileable(const m3_linear *W) {
     static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("M3_CUDA_TILE");
-        on = !e || atoi(e) != 0;
-    }
+    if (on < 0) on = m3_cu_env_int("M3_CUDA_TILE", 1) != 0;
     return on && (W->fmt == M3_WF_MXFP8 || W->fmt == M3_WF_NVFP4) && W->N % 16 == 0 && W->K % 128 == 0 && W->scale;
 }
 

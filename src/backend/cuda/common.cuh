@@ -101,6 +101,8 @@ static __device__ __forceinline__ uint32_t fkey(float f) {
  * writing anything they read. Outside such a launch both are no-ops. */
 static __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 static __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+/* an integer switch from the environment (dflt when unset or empty) */
+int m3_cu_env_int(const char *name, int dflt);
 /* whether GEMV launches use it (M3_CUDA_PDL=1; off by default) */
 int m3_cu_pdl_on(void);
 

@@ -269,33 +269,32 @@ static int fast_shape(const m3_linear *W) {
     return W->K % V == 0 && W->row_bytes % 16 == 0 && ((uintptr_t)W->w & 15) == 0;
 }
 
+/* kernel<W's format, NT><<<g, GW warps, smem>>>(*W, x, T, t0, y, last) */
+#define GEMV_LAUNCH(kernel, last)                                                                              \
+    switch (W->fmt) {                                                                                          \
+    case M3_WF_F32: kernel<M3_WF_F32, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, last); break;         \
+    case M3_WF_BF16: kernel<M3_WF_BF16, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, last); break;       \
+    case M3_WF_F16: kernel<M3_WF_F16, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, last); break;         \
+    case M3_WF_MXFP8: kernel<M3_WF_MXFP8, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, last); break;     \
+    default: kernel<M3_WF_NVFP4, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, last); break;              \
+    }
+
 template <int NT>
 static void launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T, int t0, float *y) {
     const int V = W->fmt == M3_WF_F32 ? 4 : W->fmt == M3_WF_BF16 || W->fmt == M3_WF_F16 ? 8 : W->fmt == M3_WF_MXFP8 ? 16 : 32;
     const int slice = (W->K / GW + V * 32 - 1) / (V * 32) * (V * 32); /* whole chunks for every lane */
     const size_t ksm = sizeof(float) * ((size_t)NT * W->K + GW * GR * NT);
     if (cdiv(W->N, GW * GR) * 2 < (unsigned)c->sm_count && W->K >= 1024 && ksm <= 48 * 1024) {
-        unsigned g = cdiv(W->N, GR);
-        switch (W->fmt) {
-        case M3_WF_F32: k_gemv_ks<M3_WF_F32, NT><<<g, GW * 32, ksm, c->st>>>(*W, x, T, t0, y, slice); break;
-        case M3_WF_BF16: k_gemv_ks<M3_WF_BF16, NT><<<g, GW * 32, ksm, c->st>>>(*W, x, T, t0, y, slice); break;
-        case M3_WF_F16: k_gemv_ks<M3_WF_F16, NT><<<g, GW * 32, ksm, c->st>>>(*W, x, T, t0, y, slice); break;
-        case M3_WF_MXFP8: k_gemv_ks<M3_WF_MXFP8, NT><<<g, GW * 32, ksm, c->st>>>(*W, x, T, t0, y, slice); break;
-        default: k_gemv_ks<M3_WF_NVFP4, NT><<<g, GW * 32, ksm, c->st>>>(*W, x, T, t0, y, slice); break;
-        }
+        const unsigned g = cdiv(W->N, GR);
+        const size_t smem = ksm;
+        GEMV_LAUNCH(k_gemv_ks, slice);
         return;
     }
     int KT = (12288 / NT) & ~511;
     if (KT > W->K) KT = (W->K + 31) & ~31;
     size_t smem = sizeof(float) * (size_t)NT * KT;
     unsigned g = cdiv(W->N, GW * GR);
-    switch (W->fmt) {
-    case M3_WF_F32: k_gemv<M3_WF_F32, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, KT); break;
-    case M3_WF_BF16: k_gemv<M3_WF_BF16, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, KT); break;
-    case M3_WF_F16: k_gemv<M3_WF_F16, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, KT); break;
-    case M3_WF_MXFP8: k_gemv<M3_WF_MXFP8, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, KT); break;
-    default: k_gemv<M3_WF_NVFP4, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, KT); break;
-    }
+    GEMV_LAUNCH(k_gemv, KT);
 }
 
 /* y[T, N] = x[T, K] W^T, T <= 8 */

@@ -76,7 +76,6 @@ typedef struct gv_args {
     const m3_mlp_w *tab;     /* MoE: device expert table */
     const int32_t *pick;     /* MoE: expert of each slot */
     int topk;
-    int pf;                  /* L2 prefetch window in units (0: off) */
     int l2h;                 /* weight loads with the L2 256-byte fetch hint */
     int pf_first;            /* launched early (PDL): a plain matrix's first slices into L2 before waiting */
     int *ctr;                /* arrival counters, zero between launches */
@@ -201,11 +200,7 @@ static __device__ __forceinline__ void mxfp8_unit(uint2 qa, uint2 qb, uint32_t e
 template <int F, int HL, int UB>
 static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_t *xh, const uint16_t *xl, int xstride,
                                                int xrow, int n0, int c0, int c1, const uint32_t *my, int g, int tig,
-                                               float acc[4], int pf, int l2h) {
-    /* the slice's bytes requested from HBM ahead of the loads (two windows, then one per window
-     * consumed): the loads hit L2, and HBM sees more requests in flight than registers allow */
-    int pf_next = c0 + 2 * pf;
-    if (pf) gv_prefetch<F>(W, n0, c0, pf_next, c1, 4 * g + tig);
+                                               float acc[4], int l2h) {
     const int N = W->N;
     const int UBY = F == M3_WF_NVFP4 ? 64 : 32, SBY = F == M3_WF_NVFP4 ? 8 : 1; /* bytes per unit of a row */
     const uint8_t *wa, *wb, *sa, *sb;
@@ -234,10 +229,6 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
     if (F == M3_WF_NVFP4) {
         const int UV = 128;
         for (int u0 = c0; u0 < c1; u0 += UB) {
-            if (pf && u0 + pf >= pf_next && pf_next < c1) {
-                gv_prefetch<F>(W, n0, pf_next, pf_next + pf, c1, 4 * g + tig);
-                pf_next += pf;
-            }
             uint4 qa[UB], qb[UB];
             uint32_t s2a[UB], s2b[UB];
 #pragma unroll
@@ -257,10 +248,6 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
     } else { /* MXFP8: a unit is one 32-value scale group; 8 bytes per lane per row */
         const int UV = 32;
         for (int u0 = c0; u0 < c1; u0 += 2 * UB) {
-            if (pf && u0 + pf >= pf_next && pf_next < c1) {
-                gv_prefetch<F>(W, n0, pf_next, pf_next + pf, c1, 4 * g + tig);
-                pf_next += pf;
-            }
             uint2 qa[2 * UB], qb[2 * UB];
             uint32_t ea[2 * UB], eb[2 * UB];
 #pragma unroll
@@ -361,7 +348,7 @@ static __device__ __forceinline__ void gv_tile_p(const m3_linear *W, const uint1
  * K writes its partial sums; the warp that completes a tile (arrival counter) adds the
  * partials in slice order, so the result does not depend on which warp finishes last. */
 template <int F, int HL, int UB> /* UB 0: weights through the cp.async ring (gv_tile_p) */
-__global__ void __launch_bounds__(WPB * 32, UB == 0 ? (F == M3_WF_NVFP4 ? 2 : 3) : UB > 2 || !HL ? 2 : 3)
+__global__ void __launch_bounds__(WPB * 32, UB == 0 ? (F == M3_WF_NVFP4 ? 2 : 3) : !HL ? 2 : 3)
     k_gv(const __grid_constant__ gv_args a) {
     pdl_trigger(); /* the next GEMV may start fetching its weights */
     extern __shared__ __align__(16) uint8_t smem[];
@@ -430,7 +417,7 @@ __global__ void __launch_bounds__(WPB * 32, UB == 0 ? (F == M3_WF_NVFP4 ? 2 : 3)
             gv_tile_p<F, HL>(W, xh, xl, J->xstride, xrow, n0, c0, c1, my, g, tig, acc,
                              smem + (F == M3_WF_NVFP4 ? 32768 : 0) + warp * gp<F>::WARP);
         else
-            gv_tile<F, HL, UB ? UB : 1>(W, xh, xl, J->xstride, xrow, n0, c0, c1, my, g, tig, acc, a.pf, a.l2h);
+            gv_tile<F, HL, UB ? UB : 1>(W, xh, xl, J->xstride, xrow, n0, c0, c1, my, g, tig, acc, a.l2h);
 
         /* this lane's results: (row offset, token, value) */
         constexpr int NV = HL ? 2 : 4;
@@ -551,34 +538,11 @@ int m3_cu_mma_ok(const m3_linear *W) {
     return 0;
 }
 
-/* L2 prefetch window in units: M3_GV_PF=N (default 0: off) */
-static int gv_pf(int F) {
-    static int pf = -1;
-    if (pf < 0) {
-        const char *e = getenv("M3_GV_PF");
-        pf = e ? atoi(e) : 0; /* measured slower at 4-32 on the H200 (docs/PERF.md) */
-        if (pf < 0 || pf > 64) pf = 0;
-    }
-    return F == M3_WF_NVFP4 ? (pf + 1) / 2 : pf; /* an NVFP4 unit is 128 values (64 bytes), MXFP8 32 (32 bytes) */
-}
-
 /* M3_GV_L2H=0 turns the L2 256-byte fetch hint of the weight loads off (default on) */
 static int gv_l2h(void) {
     static int h = -1;
-    if (h < 0) {
-        const char *e = getenv("M3_GV_L2H");
-        h = e ? atoi(e) != 0 : 1;
-    }
+    if (h < 0) h = m3_cu_env_int("M3_GV_L2H", 1) != 0;
     return h;
-}
-
-static int gv_ub(void) { /* M3_GV_UB=4: four units in flight per lane (benchmarks) */
-    static int ub = 0;
-    if (!ub) {
-        const char *e = getenv("M3_GV_UB");
-        ub = e && atoi(e) == 4 ? 4 : 2;
-    }
-    return ub;
 }
 
 typedef void (*gv_fn)(gv_args);
@@ -605,27 +569,21 @@ static gv_fn gv_kernel(int dev, int *blocks_per_sm, size_t *smem) {
 /* M3_GV_PIPE=0: weights through registers (gv_tile) instead of the cp.async ring */
 static int gv_pipe(void) {
     static int p = -1;
-    if (p < 0) {
-        const char *e = getenv("M3_GV_PIPE");
-        p = e ? atoi(e) != 0 : 1;
-    }
+    if (p < 0) p = m3_cu_env_int("M3_GV_PIPE", 1) != 0;
     return p;
 }
 
 static int gv_piped(const m3_linear *W) { return gv_pipe() && W->tiled && W->K % (W->fmt == M3_WF_NVFP4 ? 256 : 128) == 0; }
 
 static gv_fn gv_pick(int dev, int F, int HL, const m3_linear *W, int *nb, size_t *smem) {
-    const int ub = gv_ub();
     if (gv_piped(W)) {
         if (F == M3_WF_NVFP4) return HL ? gv_kernel<M3_WF_NVFP4, 1, 0>(dev, nb, smem) : gv_kernel<M3_WF_NVFP4, 0, 0>(dev, nb, smem);
         return HL ? gv_kernel<M3_WF_MXFP8, 1, 0>(dev, nb, smem) : gv_kernel<M3_WF_MXFP8, 0, 0>(dev, nb, smem);
     }
     if (F == M3_WF_NVFP4) {
-        if (HL) return ub == 4 ? gv_kernel<M3_WF_NVFP4, 1, 4>(dev, nb, smem) : gv_kernel<M3_WF_NVFP4, 1, 2>(dev, nb, smem);
-        return ub == 4 ? gv_kernel<M3_WF_NVFP4, 0, 4>(dev, nb, smem) : gv_kernel<M3_WF_NVFP4, 0, 2>(dev, nb, smem);
+        return HL ? gv_kernel<M3_WF_NVFP4, 1, 2>(dev, nb, smem) : gv_kernel<M3_WF_NVFP4, 0, 2>(dev, nb, smem);
     }
-    if (HL) return ub == 4 ? gv_kernel<M3_WF_MXFP8, 1, 4>(dev, nb, smem) : gv_kernel<M3_WF_MXFP8, 1, 2>(dev, nb, smem);
-    return ub == 4 ? gv_kernel<M3_WF_MXFP8, 0, 4>(dev, nb, smem) : gv_kernel<M3_WF_MXFP8, 0, 2>(dev, nb, smem);
+    return HL ? gv_kernel<M3_WF_MXFP8, 1, 2>(dev, nb, smem) : gv_kernel<M3_WF_MXFP8, 0, 2>(dev, nb, smem);
 }
 
 /* K slices per tile: the fewest rounds of resident warps times the units each item reads
@@ -681,7 +639,6 @@ static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
     }
     a->items = (int)items;
     a->ctr = c->ctr;
-    a->pf = gv_pf(F);
     a->l2h = gv_l2h();
     long grid = (items + WPB - 1) / WPB;
     if (grid > (long)c->sm_count * nb) grid = (long)c->sm_count * nb;

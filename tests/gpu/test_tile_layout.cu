@@ -2,7 +2,10 @@
  * host (no GPU needed): wt_voff / wt_soff put every byte of a matrix at its own place inside
  * it; unit u of row g of a 16-row tile sits where the tensor-core GEMV reads it (tile base +
  * u * 16 * UB + g * UB), so a cp.async stage of SU units is one contiguous run; the scales
- * follow the same order. */
+ * follow the same order. NVFP4 codes are also bit-permuted in each word, and the GEMV's
+ * shift-and-mask conversion of the permuted words gives every code's value. */
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +49,44 @@ static void check_shape(int fmt, int N, int K) {
         }
 }
 
+/* E2M1 code -> value; f16 bits -> value (normal and subnormal) */
+static double e2m1_value(uint32_t c) {
+    static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+    return (c & 8 ? -1 : 1) * mag[c & 7];
+}
+static double f16_value(uint32_t h) {
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const double v = e ? ldexp(1.0 + m / 1024.0, e - 15) : ldexp(m / 1024.0, -14);
+    return h & 0x8000 ? -v : v;
+}
+
+/* NVFP4 codes bit-permuted in each word of the tiled layout: wt_nv_code undoes wt_nv_perm, and
+ * nv_pair turns codes 2p, 2p + 1 into the f16 pair of their values x 2^-14 (the GEMV's
+ * conversion), for every code in every position */
+static void check_nv_perm(void) {
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int it = 0; it < 200000; it++) {
+        uint32_t plain;
+        if (it < 16 * 8) { /* code it / 8 at position it % 8, the others 0 */
+            plain = (uint32_t)(it / 8) << (4 * (it % 8));
+        } else {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            plain = (uint32_t)x;
+        }
+        const uint32_t w = wt_nv_perm(plain);
+        uint32_t pairs[4] = {nv_pair<0>(w), nv_pair<1>(w), nv_pair<2>(w), nv_pair<3>(w)};
+        for (int j = 0; j < 8; j++) {
+            const uint32_t c = (plain >> (4 * j)) & 15u;
+            CHECK(wt_nv_code(w, j) == c, "word %08x: code %d read back as %u, not %u", plain, j, wt_nv_code(w, j), c);
+            const uint32_t h = (pairs[j >> 1] >> (16 * (j & 1))) & 0xffffu;
+            CHECK(f16_value(h) == ldexp(e2m1_value(c), -14) && (h & 0x8000u) == ((c & 8u) << 12),
+                  "word %08x: code %d (%u) -> f16 %04x = %g, not %g x 2^-14", plain, j, c, h, f16_value(h), e2m1_value(c));
+        }
+    }
+}
+
 int main(void) {
+    check_nv_perm();
     const int shapes[][2] = {{16, 128}, {48, 256}, {512, 6144}, {3072, 6144}, {6144, 3072}, {128, 1024}};
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         check_shape(M3_WF_MXFP8, shapes[i][0], shapes[i][1]);

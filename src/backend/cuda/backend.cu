@@ -161,8 +161,8 @@ int m3_cu_tileable(const m3_linear *W) {
     return on && (W->fmt == M3_WF_MXFP8 || W->fmt == M3_WF_NVFP4) && W->N % 16 == 0 && W->K % 128 == 0 && W->scale;
 }
 
-/* dense [rows][width] bytes at src -> the tiled layout at dst (values: 16-byte pieces; scales:
- * bytes) */
+/* dense [rows][width] bytes at src -> the tiled layout at dst (values: 16-byte pieces, NVFP4
+ * codes also bit-permuted; scales: bytes) */
 __global__ void k_tile(const uint8_t *src, uint8_t *dst, int fmt, size_t width, int rows, int scales) {
     const size_t piece = scales ? 1 : 16, n = (size_t)rows * width / piece;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -170,7 +170,16 @@ __global__ void k_tile(const uint8_t *src, uint8_t *dst, int fmt, size_t width, 
         const int r = (int)(b / width);
         const size_t col = b % width;
         if (scales) dst[wt_soff(fmt, width, r, col)] = src[b];
-        else *(uint4 *)(dst + wt_voff(fmt, width, r, col)) = *(const uint4 *)(src + b);
+        else {
+            uint4 v = *(const uint4 *)(src + b);
+            if (fmt == M3_WF_NVFP4) { /* codes bit-permuted within each word (common.cuh) */
+                v.x = wt_nv_perm(v.x);
+                v.y = wt_nv_perm(v.y);
+                v.z = wt_nv_perm(v.z);
+                v.w = wt_nv_perm(v.w);
+            }
+            *(uint4 *)(dst + wt_voff(fmt, width, r, col)) = v;
+        }
     }
 }
 

@@ -85,6 +85,42 @@ static __host__ __device__ __forceinline__ size_t wt_soff(int fmt, size_t scale_
     const int sb = wt_sb(fmt);
     return (size_t)(n >> 4) * 16 * scale_row + (j / sb) * 16 * sb + (size_t)(n & 15) * sb + j % sb;
 }
+/* NVFP4 values in the tiled layout are also bit-permuted inside each 32-bit word (8 E2M1 codes;
+ * code j = values 8i + j of the word's row piece, code 0 the low nibble of its first byte): the
+ * sign of code j sits at bit wt_nv_sbit(j), its 3 magnitude bits from wt_nv_ebit(j) up. Codes
+ * 2p and 2p + 1 then become an f16 pair (value x 2^-14: sign at bit 15, exponent and mantissa
+ * bits at 9..11 of each half) with one or two shifts and masks (nv_pair), no table:
+ *   pair 0: w & 0x8E008E00   pair 1: (w << 3) & 0x8E008E00
+ *   pair 2: ((w << 9) & 0x0E000E00) | ((w << 2) & 0x80008000)   pair 3: the same with 6 and 1 */
+static __host__ __device__ __forceinline__ int wt_nv_sbit(int j) {
+    const int p = (j >> 1) & 3;
+    return (p == 0 ? 15 : p == 1 ? 12 : p == 2 ? 13 : 14) + 16 * (j & 1);
+}
+static __host__ __device__ __forceinline__ int wt_nv_ebit(int j) {
+    const int p = (j >> 1) & 3;
+    return (p == 0 ? 9 : p == 1 ? 6 : p == 2 ? 0 : 3) + 16 * (j & 1);
+}
+/* 8 codes in plain order (code j at bits 4j..4j+3) -> the permuted word, and back */
+static __host__ __device__ __forceinline__ uint32_t wt_nv_perm(uint32_t plain) {
+    uint32_t w = 0;
+    for (int j = 0; j < 8; j++) {
+        const uint32_t c = (plain >> (4 * j)) & 15u;
+        w |= ((c >> 3) << wt_nv_sbit(j)) | ((c & 7u) << wt_nv_ebit(j));
+    }
+    return w;
+}
+static __host__ __device__ __forceinline__ uint32_t wt_nv_code(uint32_t w, int j) {
+    return (((w >> wt_nv_sbit(j)) & 1u) << 3) | ((w >> wt_nv_ebit(j)) & 7u);
+}
+
+/* f16 pair P (0-3) of a permuted word: codes 2P and 2P + 1, each value x 2^-14 */
+template <int P> static __host__ __device__ __forceinline__ uint32_t nv_pair(uint32_t w) {
+    if (P == 0) return w & 0x8E008E00u;
+    if (P == 1) return (w << 3) & 0x8E008E00u;
+    if (P == 2) return ((w << 9) & 0x0E000E00u) | ((w << 2) & 0x80008000u);
+    return ((w << 6) & 0x0E000E00u) | ((w << 1) & 0x80008000u);
+}
+
 /* the formats and shapes stored tiled on the device */
 int m3_cu_tileable(const m3_linear *W);
 

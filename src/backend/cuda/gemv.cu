@@ -226,8 +226,8 @@ static __device__ __forceinline__ float decode_at(const m3_linear &W, int n, int
         if (W.fmt == M3_WF_MXFP8)
             return e4m3_f32(W.w[wt_voff(W.fmt, W.row_bytes, n, (size_t)k)]) *
                    e8m0_f32(W.scale[wt_soff(W.fmt, W.scale_row, n, (size_t)k / 32)]);
-        const uint8_t byte = W.w[wt_voff(W.fmt, W.row_bytes, n, (size_t)k / 2)];
-        return e2m1x2_f32((k & 1) ? (byte >> 4) : (byte & 15)).x * 16384.0f *
+        const uint32_t word = *(const uint32_t *)(W.w + wt_voff(W.fmt, W.row_bytes, n, (size_t)(k / 2) & ~(size_t)3));
+        return e2m1x2_f32(wt_nv_code(word, k & 7)).x * 16384.0f *
                (e4m3_f32(W.scale[wt_soff(W.fmt, W.scale_row, n, (size_t)k / 16)]) * W.gmul);
     }
     const uint8_t *row = W.w + (size_t)n * W.row_bytes;

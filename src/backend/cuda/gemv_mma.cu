@@ -43,6 +43,12 @@ static __device__ __forceinline__ uint32_t e4m3x2_h2(uint32_t two) {
     return (uint32_t)h.x | ((uint32_t)h.y << 16);
 }
 
+static __device__ __forceinline__ uint32_t lds_u32(uint32_t a) {
+    uint32_t v;
+    asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
+    return v;
+}
+
 /* E2M1 code (4 bits) -> f16 bits of its value: 0, 0.5, then 2^(e-1)(1 + m/2) */
 static __device__ __forceinline__ uint32_t e2m1_f16bits(uint32_t c) {
     uint32_t m = c & 7, mag = m == 0 ? 0u : m == 1 ? 0x3800u : ((((m >> 1) + 14u) << 10) | ((m & 1u) << 9));
@@ -136,34 +142,58 @@ static __device__ __forceinline__ void gv_prefetch(const m3_linear *W, int n0, i
 
 /* The MMAs of one NVFP4 unit (128 values of rows g and g + 8): qa / qb this lane's 16 bytes
  * of each row, s2a / s2b its two E4M3 block scales; B fragments from xp (and xq, non-HL) at
- * value v0; use: this lane's column holds a token. */
-template <int HL>
+ * value v0 (use: this lane's column holds a token; one guard for the unit's loads).
+ * BITS (tiled weights): codes to f16 by nv_pair, values x 2^-14 (the caller's final scale
+ * puts 2^14 back; times the E4M3 scale they stay exact in f16, subnormals included). Else
+ * through the per-lane table: a byte permute and an address add per byte (lut[byte][lane],
+ * 128 bytes per byte value). */
+template <int HL, int BITS>
 static __device__ __forceinline__ void nvfp4_unit(uint4 qa, uint4 qb, uint32_t s2a, uint32_t s2b, const uint32_t *my,
                                                   const uint16_t *xp, const uint16_t *xq, int v0, bool use, float acc[4]) {
     uint32_t sca[2], scb[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        sca[h] = e4m3x2_h2(((s2a >> (8 * h)) & 0xff) * 0x101u);
-        scb[h] = e4m3x2_h2(((s2b >> (8 * h)) & 0xff) * 0x101u);
+        sca[h] = e4m3x2_h2(__byte_perm(s2a, 0, 0x4400 | h * 0x11u));
+        scb[h] = e4m3x2_h2(__byte_perm(s2b, 0, 0x4400 | h * 0x11u));
+    }
+    /* the unit's B fragments: 32 consecutive f16 of x from v0 (MMA s uses xb[2s], xb[2s + 1]) */
+    uint32_t xb[16], xlb[HL ? 1 : 16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) { xb[i] = 0; if (!HL) xlb[i] = 0; }
+    if (use) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint4 v = __ldg((const uint4 *)(xp + v0) + i);
+            xb[4 * i] = v.x; xb[4 * i + 1] = v.y; xb[4 * i + 2] = v.z; xb[4 * i + 3] = v.w;
+            if (!HL) {
+                const uint4 l = __ldg((const uint4 *)(xq + v0) + i);
+                xlb[4 * i] = l.x; xlb[4 * i + 1] = l.y; xlb[4 * i + 2] = l.z; xlb[4 * i + 3] = l.w;
+            }
+        }
     }
     const uint32_t wa4[4] = {qa.x, qa.y, qa.z, qa.w}, wb4[4] = {qb.x, qb.y, qb.z, qb.w};
+    const uint32_t lb = BITS ? 0u : (uint32_t)__cvta_generic_to_shared(my); /* this lane's column of the table */
+#define NV_LUT(w, k) lds_u32(lb + (__byte_perm((w), 0, 0x4440u | (k)) << 7))
 #pragma unroll
     for (int s = 0; s < 8; s++) {
         const uint32_t wA = wa4[s >> 1], wB = wb4[s >> 1];
-        const int sh = (s & 1) * 16;
-        const uint32_t a0 = hmul2(my[((wA >> sh) & 0xff) << 5], sca[s >> 2]);
-        const uint32_t a2 = hmul2(my[((wA >> (sh + 8)) & 0xff) << 5], sca[s >> 2]);
-        const uint32_t a1 = hmul2(my[((wB >> sh) & 0xff) << 5], scb[s >> 2]);
-        const uint32_t a3 = hmul2(my[((wB >> (sh + 8)) & 0xff) << 5], scb[s >> 2]);
-        uint2 b = make_uint2(0, 0);
-        if (use) b = __ldg((const uint2 *)(xp + v0 + 4 * s));
-        mma16816(acc, a0, a1, a2, a3, b.x, b.y);
-        if (!HL) {
-            uint2 bl = make_uint2(0, 0);
-            if (use) bl = __ldg((const uint2 *)(xq + v0 + 4 * s));
-            mma16816(acc, a0, a1, a2, a3, bl.x, bl.y);
+        uint32_t a0, a1, a2, a3;
+        if (BITS) {
+            a0 = hmul2((s & 1) ? nv_pair<2>(wA) : nv_pair<0>(wA), sca[s >> 2]);
+            a2 = hmul2((s & 1) ? nv_pair<3>(wA) : nv_pair<1>(wA), sca[s >> 2]);
+            a1 = hmul2((s & 1) ? nv_pair<2>(wB) : nv_pair<0>(wB), scb[s >> 2]);
+            a3 = hmul2((s & 1) ? nv_pair<3>(wB) : nv_pair<1>(wB), scb[s >> 2]);
+        } else {
+            const int k0 = (s & 1) * 2;
+            a0 = hmul2(NV_LUT(wA, k0), sca[s >> 2]);
+            a2 = hmul2(NV_LUT(wA, k0 + 1), sca[s >> 2]);
+            a1 = hmul2(NV_LUT(wB, k0), scb[s >> 2]);
+            a3 = hmul2(NV_LUT(wB, k0 + 1), scb[s >> 2]);
         }
+        mma16816(acc, a0, a1, a2, a3, xb[2 * s], xb[2 * s + 1]);
+        if (!HL) mma16816(acc, a0, a1, a2, a3, xlb[2 * s], xlb[2 * s + 1]);
     }
+#undef NV_LUT
 }
 
 /* The MMAs of one MXFP8 unit (a 32-value scale group of rows g and g + 8): qa / qb this lane's
@@ -222,7 +252,7 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
         us = UBY;
         ss = SBY;
     }
-    const bool use = xrow >= 0; /* this lane's B column holds x row xrow (else zeros) */
+    const bool use = xrow >= 0; /* this lane's B column holds x row xrow (else row 0's: never stored) */
     const uint16_t *xp = (HL && (g & 1) ? xl : xh) + (size_t)(use ? xrow : 0) * xstride;
     const uint16_t *xq = xl + (size_t)(use ? xrow : 0) * xstride; /* non-HL: the lo half */
     acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
@@ -242,7 +272,10 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
 #pragma unroll
             for (int j = 0; j < UB; j++) {
                 if (u0 + j >= c1) break;
-                nvfp4_unit<HL>(qa[j], qb[j], s2a[j], s2b[j], my, xp, xq, (u0 + j) * UV + 32 * tig, use, acc);
+                if (W->tiled)
+                    nvfp4_unit<HL, 1>(qa[j], qb[j], s2a[j], s2b[j], my, xp, xq, (u0 + j) * UV + 32 * tig, use, acc);
+                else
+                    nvfp4_unit<HL, 0>(qa[j], qb[j], s2a[j], s2b[j], my, xp, xq, (u0 + j) * UV + 32 * tig, use, acc);
             }
         }
     } else { /* MXFP8: a unit is one 32-value scale group; 8 bytes per lane per row */
@@ -274,6 +307,9 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
  * values + their scales) is one contiguous piece of the tile, copied as it lies; the fragment
  * reads from it are free of bank conflicts in that order. */
 #define GP_NS 4
+#ifndef GV_PIPE_CTAS
+#define GV_PIPE_CTAS 3 /* resident CTAs per SM the pipelined kernels are built for (registers) */
+#endif
 template <int F> struct gp {
     enum {
         SU = F == M3_WF_NVFP4 ? 2 : 4,        /* units per stage */
@@ -329,7 +365,7 @@ static __device__ __forceinline__ void gv_tile_p(const m3_linear *W, const uint1
                 const uint4 qa = *(const uint4 *)(vb + g * 64), qb = *(const uint4 *)(vb + (g + 8) * 64);
                 const uint32_t s2a = *(const uint16_t *)(sb + 2048 + ul * 128 + g * 8 + 2 * tig);
                 const uint32_t s2b = *(const uint16_t *)(sb + 2048 + ul * 128 + (g + 8) * 8 + 2 * tig);
-                nvfp4_unit<HL>(qa, qb, s2a, s2b, my, xp, xq, (u + ul) * 128 + 32 * tig, use, acc);
+                nvfp4_unit<HL, 1>(qa, qb, s2a, s2b, my, xp, xq, (u + ul) * 128 + 32 * tig, use, acc);
             }
         } else {
 #pragma unroll
@@ -348,12 +384,13 @@ static __device__ __forceinline__ void gv_tile_p(const m3_linear *W, const uint1
  * K writes its partial sums; the warp that completes a tile (arrival counter) adds the
  * partials in slice order, so the result does not depend on which warp finishes last. */
 template <int F, int HL, int UB> /* UB 0: weights through the cp.async ring (gv_tile_p) */
-__global__ void __launch_bounds__(WPB * 32, UB == 0 ? (F == M3_WF_NVFP4 ? 2 : 3) : !HL ? 2 : 3)
+__global__ void __launch_bounds__(WPB * 32, UB == 0 ? GV_PIPE_CTAS : !HL ? 2 : 3)
     k_gv(const __grid_constant__ gv_args a) {
     pdl_trigger(); /* the next GEMV may start fetching its weights */
     extern __shared__ __align__(16) uint8_t smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-    if (F == M3_WF_NVFP4) { /* per-lane byte -> f16x2 table (lane-interleaved: conflict-free) */
+    if (F == M3_WF_NVFP4 && UB != 0) { /* per-lane byte -> f16x2 table (lane-interleaved: conflict-free), for
+                                        * row-major weights (tiled ones are bit-permuted: nv_pair) */
         uint32_t *lut = (uint32_t *)smem;
         for (int i = threadIdx.x; i < 256 * 32; i += blockDim.x) {
             const uint32_t b = (uint32_t)(i >> 5);
@@ -415,7 +452,7 @@ __global__ void __launch_bounds__(WPB * 32, UB == 0 ? (F == M3_WF_NVFP4 ? 2 : 3)
         float acc[4];
         if (UB == 0)
             gv_tile_p<F, HL>(W, xh, xl, J->xstride, xrow, n0, c0, c1, my, g, tig, acc,
-                             smem + (F == M3_WF_NVFP4 ? 32768 : 0) + warp * gp<F>::WARP);
+                             smem + warp * gp<F>::WARP);
         else
             gv_tile<F, HL, UB ? UB : 1>(W, xh, xl, J->xstride, xrow, n0, c0, c1, my, g, tig, acc, a.l2h);
 
@@ -432,7 +469,7 @@ __global__ void __launch_bounds__(WPB * 32, UB == 0 ? (F == M3_WF_NVFP4 ? 2 : 3)
             rr[2] = g + 8; tt[2] = 2 * tig; vv[2] = acc[2];
             rr[3] = g + 8; tt[3] = 2 * tig + 1; vv[3] = acc[3];
         }
-        const float gm = F == M3_WF_NVFP4 ? W->gmul : 1.0f;
+        const float gm = F == M3_WF_NVFP4 ? W->gmul * (W->tiled ? 16384.0f : 1.0f) : 1.0f; /* nv_pair: x 2^-14 */
         /* output row of column col: token col (plain), the slot's row (MoE), the member's slot (grouped) */
 #define GV_OUT(col) (grp ? y + (size_t)(a.moe == 3 ? 2 * grp[2 + (col)] + (mat & 1) : grp[2 + (col)]) * N \
                          : y + (size_t)(col) * N)
@@ -552,7 +589,7 @@ static gv_fn gv_kernel(int dev, int *blocks_per_sm, size_t *smem) {
      * parallel ranks: one per GPU, on threads of their own) */
     static int nb[64];
     static unsigned long long set; /* devices whose context has the attribute */
-    const size_t sm = (F == M3_WF_NVFP4 ? 32768 : 0) + (UB == 0 ? (size_t)WPB * gp<F>::WARP : 0);
+    const size_t sm = (F == M3_WF_NVFP4 && UB != 0 ? 32768 : 0) + (UB == 0 ? (size_t)WPB * gp<F>::WARP : 0);
     const unsigned long long bit = 1ull << (dev & 63);
     if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
         if (sm > 48 * 1024) cudaFuncSetAttribute(k_gv<F, HL, UB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);

@@ -35,8 +35,8 @@ s "decode at M3.1-Flash shapes"
 ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 --steps 10 --prefill 0
 ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1 --context 8192 --steps 5 --prefill 0 --profile
 ck timeout 90 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 30 --batch 1 --context 8192 --steps 10 --prefill 0
-s "GEMV variants: no early launch (M3_CUDA_PDL=0); weights through registers, not the cp.async ring (M3_GV_PIPE=0); row-major, not tiled (M3_CUDA_TILE=0)"
-for v in M3_CUDA_PDL=0 M3_GV_PIPE=0 M3_CUDA_TILE=0; do
+s "variants: ops unfused (M3_CUDA_FUSE=0); GEMVs launched early (M3_CUDA_PDL=1); weights through registers, not the cp.async ring (M3_GV_PIPE=0); row-major, not tiled (M3_CUDA_TILE=0)"
+for v in M3_CUDA_FUSE=0 M3_CUDA_PDL=1 M3_GV_PIPE=0 M3_CUDA_TILE=0; do
   env $v timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 --steps 10 \
     --prefill 0 | sed "s/^/$v: /" | grep -v "device\|model"
 done

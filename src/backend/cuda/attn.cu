@@ -227,9 +227,17 @@ __global__ void k_index_scores(kvdesc d, const int32_t *pos, const int32_t *seq,
  * 256 keys and Di % 16 == 0: each thread has all of its key's loads in flight at once (a warp
  * per block waits on memory once per 16 values of 4 keys in turn), and blocks spread over
  * every SM. Same products in the same order as k_index_scores. */
+typedef struct topk_args { /* the indexer's top-k, run by the last CTA of a token (tctr set) */
+    int *tctr;               /* arrival counters, one per token */
+    int topk, local, init;
+    int32_t *sel;
+} topk_args;
+static __device__ __forceinline__ void topk_warp(float *sc, int nb, int qb, int topk, int local, int init, int *pk,
+                                                 int32_t *out, int lane);
+
 __global__ void __launch_bounds__(256) k_index_scores_k(kvdesc d, const int32_t *pos, const int32_t *seq, const float *iq,
-                                                        int ni, int B, int nbmax, float *scores) {
-    extern __shared__ __align__(16) float qs[]; /* [ni][Di], then [warps][8] maxima */
+                                                        int ni, int B, int nbmax, float *scores, topk_args ta) {
+    extern __shared__ __align__(16) float qs[]; /* [ni][Di], then [warps][8] maxima; fused top-k: [ni][nbmax], [ni][topk] */
     const int t = blockIdx.y, blk = blockIdx.x, p = pos[t], nb = p / B + 1;
     if (blk >= nb) return; /* uniform across the CTA */
     float *red = qs + ni * d.Di;
@@ -269,26 +277,26 @@ __global__ void __launch_bounds__(256) k_index_scores_k(kvdesc d, const int32_t 
         for (int w = 0; w < (int)blockDim.x / 32; w++) m = fmaxf(m, red[w * 8 + threadIdx.x]);
         scores[((size_t)t * ni + threadIdx.x) * nbmax + blk] = m;
     }
+    if (!ta.tctr || !last_cta(ta.tctr + t, nb)) return;
+    /* every block of token t is scored: its top-k, a warp per head, each row in shared memory */
+    const int nw = blockDim.x / 32;
+    for (int g = warp; g < ni; g += nw) {
+        float *row = qs + (size_t)g * nbmax;
+        int *pk = (int *)(qs + (size_t)ni * nbmax) + g * ta.topk;
+        const float *src = scores + ((size_t)t * ni + g) * nbmax;
+        for (int b = lane; b < nb; b += 32) row[b] = __ldcg(src + b);
+        __syncwarp();
+        topk_warp(row, nb, p / B, ta.topk, ta.local, ta.init, pk, ta.sel + ((size_t)t * ni + g) * ta.topk, lane);
+    }
 }
 
 #define SMEM_TOPK 8192 /* blocks of a score row kept in shared memory (32 KB: 1M tokens of 128-key blocks) */
 
-/* a warp per (token, head): forced local / initial blocks, then top-k (lowest block on
- * ties), ascending, -1 padded */
-__global__ void k_index_topk(const int32_t *pos, int ni, int B, int nbmax, int topk, int local, int init, float *scores,
-                             int32_t *sel) {
-    const int w = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x & 31;
-    if (w >= gridDim.x * blockDim.x / 32) return;
-    const int t = w / ni, g = w % ni;
-    extern __shared__ int picks[];
-    int *pk = picks + (threadIdx.x / 32) * topk;
-    const int qb = pos[t] / B, nb = qb + 1;
-    float *sc = scores + ((size_t)t * ni + g) * nbmax;
-    if (blockDim.x == 32 && nbmax <= SMEM_TOPK) { /* the row in shared memory: the top-k passes wait on it, not L2 */
-        float *ss = (float *)(picks + topk);
-        for (int blk = lane; blk < nb; blk += 32) ss[blk] = sc[blk];
-        sc = ss;
-    }
+/* Top-k of one (token, head) row of nb block scores by a warp: the forced local / initial
+ * blocks first (qb: the token's own block), then the highest scores (lowest block on ties),
+ * written ascending to out[topk], -1 padded. sc is modified; pk: topk ints of scratch. */
+static __device__ __forceinline__ void topk_warp(float *sc, int nb, int qb, int topk, int local, int init, int *pk,
+                                                 int32_t *out, int lane) {
     for (int blk = lane; blk < nb; blk += 32)
         if ((blk >= qb - local + 1 && blk <= qb) || blk < init) sc[blk] = INFINITY;
     __syncwarp();
@@ -314,7 +322,6 @@ __global__ void k_index_topk(const int32_t *pos, int ni, int B, int nbmax, int t
         got++;
     }
     __syncwarp();
-    int32_t *out = sel + ((size_t)t * ni + g) * topk;
     for (int k = lane; k < topk; k += 32) {
         if (k < got) {
             const int v = pk[k];
@@ -324,6 +331,24 @@ __global__ void k_index_topk(const int32_t *pos, int ni, int B, int nbmax, int t
         } else
             out[k] = -1;
     }
+}
+
+/* a warp per (token, head) */
+__global__ void k_index_topk(const int32_t *pos, int ni, int B, int nbmax, int topk, int local, int init, float *scores,
+                             int32_t *sel) {
+    const int w = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x & 31;
+    if (w >= gridDim.x * blockDim.x / 32) return;
+    const int t = w / ni, g = w % ni;
+    extern __shared__ int picks[];
+    int *pk = picks + (threadIdx.x / 32) * topk;
+    const int qb = pos[t] / B, nb = qb + 1;
+    float *sc = scores + ((size_t)t * ni + g) * nbmax;
+    if (blockDim.x == 32 && nbmax <= SMEM_TOPK) { /* the row in shared memory: the top-k passes wait on it, not L2 */
+        float *ss = (float *)(picks + topk);
+        for (int blk = lane; blk < nb; blk += 32) ss[blk] = sc[blk];
+        sc = ss;
+    }
+    topk_warp(sc, nb, qb, topk, local, init, pk, sel + ((size_t)t * ni + g) * topk, lane);
 }
 
 void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *iq, int ni, int block,
@@ -340,8 +365,20 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
     kvdesc d = desc(c, kv, layer);
     if (block <= 256 && kv->Di % 16 == 0) { /* a CTA per (block, token), a thread per key */
         const int th = (block + 31) / 32 * 32;
-        k_index_scores_k<<<dim3(nbmax, T), th, sizeof(float) * ((size_t)ni * kv->Di + 8 * (th / 32)), c->st>>>(
-            d, c->d_pos, c->d_seq, iq, ni, block, nbmax, scores);
+        size_t sm = sizeof(float) * ((size_t)ni * kv->Di + 8 * (th / 32));
+        /* the top-k in the same launch (the last CTA of each token) while the rows fit in 32 KB */
+        const size_t tsm = sizeof(float) * (size_t)ni * nbmax + sizeof(int) * (size_t)ni * topk;
+        topk_args ta = {NULL, topk, local, init, sel};
+        if (m3_cu_fuse_on() && tsm <= 32768 && T <= CTR_AUX - CTR_AUX_TOK) {
+            ta.tctr = ctr_aux(c, CTR_AUX_TOK);
+            if (tsm > sm) sm = tsm;
+        }
+        k_index_scores_k<<<dim3(nbmax, T), th, sm, c->st>>>(d, c->d_pos, c->d_seq, iq, ni, block, nbmax, scores, ta);
+        if (ta.tctr) {
+            CK_LAUNCH(c, "index_scores + top-k");
+            m3_cu_prof_end(c, OP_INDEX);
+            return;
+        }
     } else { /* enough CTAs to cover the blocks of the longest sequence with 4 warps each */
         unsigned gx = cdiv(nbmax, 4);
         if (gx > 256) gx = 256;
@@ -508,17 +545,30 @@ __global__ void __launch_bounds__(128) k_attn_fast(kvdesc d, const int32_t *pos,
         int a, e;
         if (!chunk_range(sel, t, d.nkv, g, topk, B, cpb, ci, p, &a, &e)) continue; /* uniform across the CTA */
         const int n = e - a;
-        for (int i = tid; i < n * (D / 8); i += 128) {
-            int j = i / (D / 8), x = (i % (D / 8)) * 8, kp = a + j;
-            const uint8_t *pg = page_of(d, sq, kp);
-            size_t off = ((size_t)g * d.page + kp % d.page) * d.rb;
-            float kv[8], vv[8];
-            read8(pg + off, d.dt, D, x, kv);
-            read8(pg + d.kvpart + off, d.dt, D, x, vv);
-            *(float4 *)&ks[j * DP + x] = make_float4(kv[0], kv[1], kv[2], kv[3]);
-            *(float4 *)&ks[j * DP + x + 4] = make_float4(kv[4], kv[5], kv[6], kv[7]);
-            *(float4 *)&vs[j * D + x] = make_float4(vv[0], vv[1], vv[2], vv[3]);
-            *(float4 *)&vs[j * D + x + 4] = make_float4(vv[4], vv[5], vv[6], vv[7]);
+        /* the chunk's K and V rows: each thread's pieces (4 at D = 128) all requested before any
+         * is stored (one memory round trip, not one per piece) */
+        for (int i0 = 0; i0 < n * (D / 8); i0 += 4 * 128) {
+            float kv[4][8], vv[4][8];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int i = i0 + u * 128 + tid;
+                if (i >= n * (D / 8)) break;
+                const int j = i / (D / 8), x = (i % (D / 8)) * 8, kp = a + j;
+                const uint8_t *pg = page_of(d, sq, kp);
+                const size_t off = ((size_t)g * d.page + kp % d.page) * d.rb;
+                read8(pg + off, d.dt, D, x, kv[u]);
+                read8(pg + d.kvpart + off, d.dt, D, x, vv[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int i = i0 + u * 128 + tid;
+                if (i >= n * (D / 8)) break;
+                const int j = i / (D / 8), x = (i % (D / 8)) * 8;
+                *(float4 *)&ks[j * DP + x] = make_float4(kv[u][0], kv[u][1], kv[u][2], kv[u][3]);
+                *(float4 *)&ks[j * DP + x + 4] = make_float4(kv[u][4], kv[u][5], kv[u][6], kv[u][7]);
+                *(float4 *)&vs[j * D + x] = make_float4(vv[u][0], vv[u][1], vv[u][2], vv[u][3]);
+                *(float4 *)&vs[j * D + x + 4] = make_float4(vv[u][4], vv[u][5], vv[u][6], vv[u][7]);
+            }
         }
         for (int i = tid; i < (ACH - n) * D; i += 128) vs[n * D + i] = 0; /* keys past n: p = 0, v finite */
         __syncthreads();

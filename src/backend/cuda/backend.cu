@@ -154,6 +154,14 @@ int m3_cu_pdl_on(void) {
     return on;
 }
 
+/* M3_CUDA_FUSE=0: every op as its own kernels (no fused add + norm, norm + RoPE, router + routing,
+ * indexer scores + top-k), for comparisons */
+int m3_cu_fuse_on(void) {
+    static int on = -1;
+    if (on < 0) on = m3_cu_env_int("M3_CUDA_FUSE", 1) != 0;
+    return on;
+}
+
 /* M3_CUDA_TILE=0 keeps device weights row-major (for comparisons) */
 int m3_cu_tileable(const m3_linear *W) {
     static int on = -1;
@@ -576,8 +584,8 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
         return m3_errf(err, "cannot initialize cuBLAS");
     }
     c->ctr_n = 1 << 20; /* tensor-core GEMV arrival counters: zeroed once, each launch leaves them zero */
-    if (cudaMalloc((void **)&c->ctr, sizeof(int) * (size_t)c->ctr_n) != cudaSuccess ||
-        cudaMemset(c->ctr, 0, sizeof(int) * (size_t)c->ctr_n) != cudaSuccess) {
+    if (cudaMalloc((void **)&c->ctr, sizeof(int) * (size_t)(c->ctr_n + CTR_AUX)) != cudaSuccess ||
+        cudaMemset(c->ctr, 0, sizeof(int) * (size_t)(c->ctr_n + CTR_AUX)) != cudaSuccess) {
         cudaGetLastError();
         cublasDestroy(c->blas);
         cudaStreamDestroy(c->st);
@@ -603,7 +611,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->embed = m3_cu_embed;
     ops->rmsnorm = m3_cu_rmsnorm;
     ops->add = m3_cu_add;
-    if (!getenv("M3_CUDA_FUSE") || atoi(getenv("M3_CUDA_FUSE")) != 0) { /* M3_CUDA_FUSE=0: the ops one by one */
+    if (m3_cu_fuse_on()) { /* M3_CUDA_FUSE=0: the ops one by one */
         ops->add_rmsnorm = m3_cu_add_rmsnorm;
         ops->head_norm_rope_n = m3_cu_head_norm_rope_n;
     }

@@ -55,7 +55,7 @@ typedef struct m3_cuda {
     struct { const float *src; size_t n; uint16_t *buf; } xs[2];
     int xs_next;
     int *ctr;
-    long ctr_n;
+    long ctr_n;                 /* GEMV arrival counters; CTR_AUX more follow them (ctr_aux) */
     /* expert counting for benchmarks */
     int count_experts;
     long experts_used;
@@ -63,6 +63,29 @@ typedef struct m3_cuda {
     int32_t *h_pick;
     size_t h_pick_cap;
 } m3_cuda;
+
+/* Arrival counters of the kernels that finish with a last-CTA step (zero between launches,
+ * each launch leaves them zero): after the GEMVs' ctr_n, CTR_AUX_ROUTE (the router's routing
+ * step), then one per token from CTR_AUX_TOK (the indexer's top-k), CTR_AUX in all. */
+#define CTR_AUX_ROUTE 0
+#define CTR_AUX_TOK 16
+#define CTR_AUX (CTR_AUX_TOK + 65536)
+static inline int *ctr_aux(const m3_cuda *c, int i) { return c->ctr + c->ctr_n + i; }
+
+/* The last CTA of a grid to arrive (after every CTA has called it once, all threads): true in
+ * that CTA only, with every other CTA's writes visible; it resets the counter. */
+static __device__ __forceinline__ bool last_cta(int *ctr, int expected) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(ctr, 1) == expected - 1;
+        if (last) *ctr = 0; /* ready for the next launch (stream order) */
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
 
 enum { OP_EMBED, OP_NORM, OP_ADD, OP_LINEAR, OP_ROPE, OP_KV, OP_INDEX, OP_ATTN, OP_MLP, OP_MOE, OP_COUNT };
 /* profiling brackets (no-ops unless m3_cuda_profile is on); nested ops are charged to the outer one */
@@ -141,6 +164,8 @@ static __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcont
 int m3_cu_env_int(const char *name, int dflt);
 /* whether GEMV launches use it (M3_CUDA_PDL=1; off by default) */
 int m3_cu_pdl_on(void);
+/* whether ops are fused (M3_CUDA_FUSE, default 1) */
+int m3_cu_fuse_on(void);
 
 /* Records the first failure (sticky) and returns nonzero when e is an error. */
 int m3_cu_fail(m3_cuda *c, cudaError_t e, const char *what, const char *file, int line);

@@ -187,11 +187,27 @@ __global__ void __launch_bounds__(GW * 32) k_gemv(m3_linear W, const float *x, i
         }
 }
 
+/* the MoE routing step of the router's launch (k_gemv_ks): with ctr set, the CTA that finishes
+ * last routes every token (route_token) */
+typedef struct route_args {
+    int *ctr;
+    const float *bias;
+    int E, K;
+    float scale;
+    int32_t *pick;
+    float *wt;
+} route_args;
+
+static __device__ __forceinline__ void route_token(const float *logits, const float *bias, int E, int K, float scale,
+                                                   int32_t *pick, float *wt, float *sm, int lane);
+
 /* Few rows (the MoE router: 128 x 6144): a CTA per GR rows, its warps splitting K into GW
  * slices (a warp per GR rows over all of K kept 4 SMs busy); per-warp sums added in warp
- * order (deterministic). klen of a slice: a multiple of the format's chunk. */
+ * order (deterministic). klen of a slice: a multiple of the format's chunk. With ra.ctr, the
+ * routing step after it (route_args). */
 template <int F, int NT>
-__global__ void __launch_bounds__(GW * 32) k_gemv_ks(m3_linear W, const float *x, int T, int t0, float *y, int slice) {
+__global__ void __launch_bounds__(GW * 32) k_gemv_ks(m3_linear W, const float *x, int T, int t0, float *y, int slice,
+                                                      route_args ra) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     extern __shared__ float xs[]; /* [NT][K], then [GW][GR][NT] */
     float *red = xs + (size_t)NT * W.K;
@@ -218,6 +234,10 @@ __global__ void __launch_bounds__(GW * 32) k_gemv_ks(m3_linear W, const float *x
         for (int w = 0; w < GW; w++) v += red[(w * GR + r) * NT + t];
         if (ok[r] && t0 + t < T) y[(size_t)(t0 + t) * W.N + n0 + r] = v;
     }
+    if (ra.ctr && last_cta(ra.ctr, gridDim.x)) /* the logits of every token are in: route them */
+        for (int t = warp; t < T; t += GW)
+            route_token(y + (size_t)t * W.N, ra.bias, ra.E, ra.K, ra.scale, ra.pick + (size_t)t * ra.K, ra.wt + (size_t)t * ra.K,
+                        xs + (size_t)warp * (2 * ra.E + ra.K), lane);
 }
 
 /* any shape: a warp per row, element by element (tiny odd shapes only) */
@@ -269,43 +289,51 @@ static int fast_shape(const m3_linear *W) {
     return W->K % V == 0 && W->row_bytes % 16 == 0 && ((uintptr_t)W->w & 15) == 0;
 }
 
-/* kernel<W's format, NT><<<g, GW warps, smem>>>(*W, x, T, t0, y, last) */
-#define GEMV_LAUNCH(kernel, last)                                                                              \
+/* kernel<W's format, NT><<<g, GW warps, smem>>>(*W, x, T, t0, y, ...) */
+#define GEMV_LAUNCH(kernel, ...)                                                                               \
     switch (W->fmt) {                                                                                          \
-    case M3_WF_F32: kernel<M3_WF_F32, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, last); break;         \
-    case M3_WF_BF16: kernel<M3_WF_BF16, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, last); break;       \
-    case M3_WF_F16: kernel<M3_WF_F16, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, last); break;         \
-    case M3_WF_MXFP8: kernel<M3_WF_MXFP8, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, last); break;     \
-    default: kernel<M3_WF_NVFP4, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, last); break;              \
+    case M3_WF_F32: kernel<M3_WF_F32, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;         \
+    case M3_WF_BF16: kernel<M3_WF_BF16, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;       \
+    case M3_WF_F16: kernel<M3_WF_F16, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;         \
+    case M3_WF_MXFP8: kernel<M3_WF_MXFP8, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;     \
+    default: kernel<M3_WF_NVFP4, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;              \
     }
 
+/* ra (may be NULL): the routing step to run at the end of the launch; returns whether it did
+ * (only k_gemv_ks takes it, and only when the routing scratch fits its x buffer) */
 template <int NT>
-static void launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T, int t0, float *y) {
+static int launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T, int t0, float *y, const route_args *rap) {
     const int V = W->fmt == M3_WF_F32 ? 4 : W->fmt == M3_WF_BF16 || W->fmt == M3_WF_F16 ? 8 : W->fmt == M3_WF_MXFP8 ? 16 : 32;
     const int slice = (W->K / GW + V * 32 - 1) / (V * 32) * (V * 32); /* whole chunks for every lane */
     const size_t ksm = sizeof(float) * ((size_t)NT * W->K + GW * GR * NT);
     if (cdiv(W->N, GW * GR) * 2 < (unsigned)c->sm_count && W->K >= 1024 && ksm <= 48 * 1024) {
         const unsigned g = cdiv(W->N, GR);
         const size_t smem = ksm;
-        GEMV_LAUNCH(k_gemv_ks, slice);
-        return;
+        route_args ra;
+        memset(&ra, 0, sizeof ra);
+        if (rap && (size_t)GW * (2 * rap->E + rap->K) <= (size_t)NT * W->K && T - t0 <= NT) ra = *rap;
+        GEMV_LAUNCH(k_gemv_ks, slice, ra);
+        return ra.ctr != NULL;
     }
     int KT = (12288 / NT) & ~511;
     if (KT > W->K) KT = (W->K + 31) & ~31;
     size_t smem = sizeof(float) * (size_t)NT * KT;
     unsigned g = cdiv(W->N, GW * GR);
     GEMV_LAUNCH(k_gemv, KT);
+    return 0;
 }
 
-/* y[T, N] = x[T, K] W^T, T <= 8 */
-static void gemv(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y) {
+/* y[T, N] = x[T, K] W^T, T <= 8; with ra, routes too where it can (returns whether it did) */
+static int gemv(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y, const route_args *ra = NULL) {
+    int routed = 0;
     if (!fast_shape(W)) {
         k_gemv_any<<<cdiv(W->N, 8), 256, 0, c->st>>>(*W, x, T, y);
-    } else if (T == 1) launch_gemv_nt<1>(c, W, x, T, 0, y);
-    else if (T == 2) launch_gemv_nt<2>(c, W, x, T, 0, y);
-    else if (T <= 4) launch_gemv_nt<4>(c, W, x, T, 0, y);
-    else launch_gemv_nt<8>(c, W, x, T, 0, y);
+    } else if (T == 1) routed = launch_gemv_nt<1>(c, W, x, T, 0, y, ra);
+    else if (T == 2) routed = launch_gemv_nt<2>(c, W, x, T, 0, y, ra);
+    else if (T <= 4) routed = launch_gemv_nt<4>(c, W, x, T, 0, y, ra);
+    else routed = launch_gemv_nt<8>(c, W, x, T, 0, y, ra);
     CK_LAUNCH(c, "gemv");
+    return routed;
 }
 
 void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y) {
@@ -381,15 +409,15 @@ void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha,
 
 /* One warp per token: sigmoid scores, bias-corrected choice, top-K (lowest index on ties,
  * as the CPU's ascending scan with a strict >), weights s / sum(s) * scale; the K picks are
- * then sorted by expert id so the weighted sum adds experts in ascending order (the CPU's). */
-__global__ void k_route(const float *logits, const float *bias, int E, int K, float scale, int32_t *pick, float *wt) {
-    pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
-    extern __shared__ float sm[];
+ * then sorted by expert id so the weighted sum adds experts in ascending order (the CPU's).
+ * sm: 2E floats + K ints of this warp's own. Logits are read through L2 (another CTA of the
+ * router may have written them, k_gemv_ks). */
+static __device__ __forceinline__ void route_token(const float *logits, const float *bias, int E, int K, float scale,
+                                                   int32_t *pick, float *wt, float *sm, int lane) {
     float *s = sm, *ch = sm + E;
     int *pk = (int *)(ch + E);
-    const int t = blockIdx.x, lane = threadIdx.x;
     for (int e = lane; e < E; e += 32) {
-        float sv = 1.0f / (1.0f + expf(-logits[(size_t)t * E + e]));
+        float sv = 1.0f / (1.0f + expf(-__ldcg(logits + e)));
         s[e] = sv;
         ch[e] = sv + (bias ? bias[e] : 0.0f);
     }
@@ -419,9 +447,17 @@ __global__ void k_route(const float *logits, const float *bias, int E, int K, fl
         const int v = pk[k];
         int r = 0;
         for (int j = 0; j < K; j++) r += pk[j] < v || (pk[j] == v && j < k);
-        pick[t * K + r] = v;
-        wt[t * K + r] = s[v] / sum * scale;
+        pick[r] = v;
+        wt[r] = s[v] / sum * scale;
     }
+}
+
+/* a warp (a block) per token */
+__global__ void k_route(const float *logits, const float *bias, int E, int K, float scale, int32_t *pick, float *wt) {
+    pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
+    extern __shared__ float sm[];
+    const int t = blockIdx.x;
+    route_token(logits + (size_t)t * E, bias, E, K, scale, pick + (size_t)t * K, wt + (size_t)t * K, sm, threadIdx.x);
 }
 
 /* gate + up + SwiGLU-OAI of every (token, expert) slot: blockIdx.y = slot; each warp two
@@ -576,10 +612,17 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
     float *logits = (float *)rb;
     int32_t *pick = (int32_t *)(logits + (size_t)T * E);
     float *wt = (float *)(pick + (size_t)T * K);
-    m3_cu_linear(c, &L->router, x, T, logits);
-    k_route<<<T, 32, sizeof(float) * 2 * (size_t)E + sizeof(int) * (size_t)K, c->st>>>(logits, L->route_bias, E, K,
-                                                                                       routed_scale, pick, wt);
-    if (CK_LAUNCH(c, "route")) { m3_cu_prof_end(c, OP_MOE); return; }
+    /* the router's GEMV routes in its last CTA where it can (one launch less), else k_route */
+    route_args ra = {ctr_aux(c, CTR_AUX_ROUTE), L->route_bias, E, K, routed_scale, pick, wt};
+    int routed = 0;
+    m3_cu_xsplit_touch(c, logits, sizeof(float) * (size_t)T * E);
+    if (T <= 8 && !m3_cu_mma_ok(&L->router) && m3_cu_fuse_on()) routed = gemv(c, &L->router, x, T, logits, &ra);
+    else m3_cu_linear(c, &L->router, x, T, logits);
+    if (!routed) {
+        k_route<<<T, 32, sizeof(float) * 2 * (size_t)E + sizeof(int) * (size_t)K, c->st>>>(logits, L->route_bias, E, K,
+                                                                                           routed_scale, pick, wt);
+        if (CK_LAUNCH(c, "route")) { m3_cu_prof_end(c, OP_MOE); return; }
+    }
     if (c->count_experts) count_experts(c, pick, T * K, E);
 
     const m3_mlp_w *e0 = &L->experts[0];

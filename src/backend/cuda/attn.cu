@@ -235,20 +235,69 @@ typedef struct topk_args { /* the indexer's top-k, run by the last CTA of a toke
 static __device__ __forceinline__ void topk_warp(float *sc, int nb, int qb, int topk, int local, int init, int *pk,
                                                  int32_t *out, int lane);
 
+/* A row of `bytes` (a multiple of 8) from global src into shared dst: every piece requested
+ * before any is stored (one memory round trip per 256 bytes, not one per piece the math reads) */
+static __device__ __forceinline__ const uint8_t *stage_row(const uint8_t *src, uint8_t *dst, int bytes) {
+    if ((bytes & 15) == 0 && ((uintptr_t)src & 15) == 0) {
+        for (int b0 = 0; b0 < bytes; b0 += 256) {
+            uint4 r[16];
+#pragma unroll
+            for (int u = 0; u < 16; u++)
+                if (b0 + 16 * u < bytes) r[u] = __ldg((const uint4 *)(src + b0 + 16 * u));
+#pragma unroll
+            for (int u = 0; u < 16; u++)
+                if (b0 + 16 * u < bytes) *(uint4 *)(dst + b0 + 16 * u) = r[u];
+        }
+    } else {
+        for (int b0 = 0; b0 < bytes; b0 += 128) {
+            uint2 r[16];
+#pragma unroll
+            for (int u = 0; u < 16; u++)
+                if (b0 + 8 * u < bytes) r[u] = __ldg((const uint2 *)(src + b0 + 8 * u));
+#pragma unroll
+            for (int u = 0; u < 16; u++)
+                if (b0 + 8 * u < bytes) *(uint2 *)(dst + b0 + 8 * u) = r[u];
+        }
+    }
+    return dst;
+}
+
+/* rs > 0: each thread first copies its key's index-K row into shared memory (rows rs bytes
+ * apart after the q and maxima areas), with the query's loads in flight at the same time */
 __global__ void __launch_bounds__(256) k_index_scores_k(kvdesc d, const int32_t *pos, const int32_t *seq, const float *iq,
-                                                        int ni, int B, int nbmax, float *scores, topk_args ta) {
-    extern __shared__ __align__(16) float qs[]; /* [ni][Di], then [warps][8] maxima; fused top-k: [ni][nbmax], [ni][topk] */
-    const int t = blockIdx.y, blk = blockIdx.x, p = pos[t], nb = p / B + 1;
+                                                        int ni, int B, int nbmax, float *scores, topk_args ta, int rs) {
+    extern __shared__ __align__(16) float qs[]; /* [ni][Di], then [warps][8] maxima, then the staged rows;
+                                                 * fused top-k: [ni][nbmax], [ni][topk] */
+    const int t = blockIdx.y, blk = blockIdx.x, nq = ni * d.Di;
+    float qv[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int k = threadIdx.x + u * blockDim.x;
+        qv[u] = k < nq ? iq[(size_t)t * nq + k] : 0.0f;
+    }
+    const int p = pos[t], nb = p / B + 1;
     if (blk >= nb) return; /* uniform across the CTA */
-    float *red = qs + ni * d.Di;
-    for (int i = threadIdx.x; i < ni * d.Di; i += blockDim.x) qs[i] = iq[(size_t)t * ni * d.Di + i];
-    __syncthreads();
+    float *red = qs + nq;
     const int p0 = blk * B, n = blk == nb - 1 ? p - p0 + 1 : B, i = threadIdx.x;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    float dot[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const uint8_t *row = NULL;
     if (i < n) {
         const int kp = p0 + i;
-        const uint8_t *row = page_of(d, seq[t], kp) + 2 * d.kvpart + (size_t)(kp % d.page) * d.irb;
+        row = page_of(d, seq[t], kp) + 2 * d.kvpart + (size_t)(kp % d.page) * d.irb;
+        if (rs) {
+            uint8_t *stage = (uint8_t *)qs + (((size_t)nq + 8 * (blockDim.x / 32)) * sizeof(float) + 15 & ~(size_t)15);
+            row = stage_row(row, stage + (size_t)i * rs, d.irb);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int k = threadIdx.x + u * blockDim.x;
+        if (k < nq) qs[k] = qv[u];
+    }
+    for (int k = threadIdx.x + 8 * blockDim.x; k < nq; k += blockDim.x) qs[k] = iq[(size_t)t * nq + k];
+    __syncthreads();
+    float dot[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (i < n) {
 #pragma unroll 4
         for (int e = 0; e < d.Di; e += 16) {
             float kv[16];
@@ -366,6 +415,19 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
     if (block <= 256 && kv->Di % 16 == 0) { /* a CTA per (block, token), a thread per key */
         const int th = (block + 31) / 32 * 32;
         size_t sm = sizeof(float) * ((size_t)ni * kv->Di + 8 * (th / 32));
+        /* each key's row staged in shared memory (a 16-byte pad keeps quarter warps off each
+         * other's banks) where it fits */
+        const size_t irb = m3_kv_row_bytes(kv->idt, kv->Di), rsz = ((irb + 15) & ~(size_t)15) + 16;
+        const size_t ssm = ((sm + 15) & ~(size_t)15) + (size_t)th * rsz;
+        /* ... and while every CTA of the launch is resident at once with it (else the shared
+         * memory costs a second wave: slower at long contexts) */
+        long per_sm = (long)(c->smem_per_sm / (ssm + 1024)); /* CTAs per SM (1 KB of each is the driver's) */
+        if (per_sm > 2048 / th) per_sm = 2048 / th;
+        int rs = 0;
+        if (irb % 8 == 0 && ssm <= (size_t)c->smem_optin && (long)nbmax * T <= per_sm * c->sm_count && m3_cu_fuse_on()) {
+            rs = (int)rsz;
+            sm = ssm;
+        }
         /* the top-k in the same launch (the last CTA of each token) while the rows fit in 32 KB */
         const size_t tsm = sizeof(float) * (size_t)ni * nbmax + sizeof(int) * (size_t)ni * topk;
         topk_args ta = {NULL, topk, local, init, sel};
@@ -373,7 +435,8 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
             ta.tctr = ctr_aux(c, CTR_AUX_TOK);
             if (tsm > sm) sm = tsm;
         }
-        k_index_scores_k<<<dim3(nbmax, T), th, sm, c->st>>>(d, c->d_pos, c->d_seq, iq, ni, block, nbmax, scores, ta);
+        if (sm > 48 * 1024) cudaFuncSetAttribute(k_index_scores_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        k_index_scores_k<<<dim3(nbmax, T), th, sm, c->st>>>(d, c->d_pos, c->d_seq, iq, ni, block, nbmax, scores, ta, rs);
         if (ta.tctr) {
             CK_LAUNCH(c, "index_scores + top-k");
             m3_cu_prof_end(c, OP_INDEX);
@@ -545,30 +608,17 @@ __global__ void __launch_bounds__(128) k_attn_fast(kvdesc d, const int32_t *pos,
         int a, e;
         if (!chunk_range(sel, t, d.nkv, g, topk, B, cpb, ci, p, &a, &e)) continue; /* uniform across the CTA */
         const int n = e - a;
-        /* the chunk's K and V rows: each thread's pieces (4 at D = 128) all requested before any
-         * is stored (one memory round trip, not one per piece) */
-        for (int i0 = 0; i0 < n * (D / 8); i0 += 4 * 128) {
-            float kv[4][8], vv[4][8];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int i = i0 + u * 128 + tid;
-                if (i >= n * (D / 8)) break;
-                const int j = i / (D / 8), x = (i % (D / 8)) * 8, kp = a + j;
-                const uint8_t *pg = page_of(d, sq, kp);
-                const size_t off = ((size_t)g * d.page + kp % d.page) * d.rb;
-                read8(pg + off, d.dt, D, x, kv[u]);
-                read8(pg + d.kvpart + off, d.dt, D, x, vv[u]);
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int i = i0 + u * 128 + tid;
-                if (i >= n * (D / 8)) break;
-                const int j = i / (D / 8), x = (i % (D / 8)) * 8;
-                *(float4 *)&ks[j * DP + x] = make_float4(kv[u][0], kv[u][1], kv[u][2], kv[u][3]);
-                *(float4 *)&ks[j * DP + x + 4] = make_float4(kv[u][4], kv[u][5], kv[u][6], kv[u][7]);
-                *(float4 *)&vs[j * D + x] = make_float4(vv[u][0], vv[u][1], vv[u][2], vv[u][3]);
-                *(float4 *)&vs[j * D + x + 4] = make_float4(vv[u][4], vv[u][5], vv[u][6], vv[u][7]);
-            }
+        for (int i = tid; i < n * (D / 8); i += 128) {
+            int j = i / (D / 8), x = (i % (D / 8)) * 8, kp = a + j;
+            const uint8_t *pg = page_of(d, sq, kp);
+            size_t off = ((size_t)g * d.page + kp % d.page) * d.rb;
+            float kv[8], vv[8];
+            read8(pg + off, d.dt, D, x, kv);
+            read8(pg + d.kvpart + off, d.dt, D, x, vv);
+            *(float4 *)&ks[j * DP + x] = make_float4(kv[0], kv[1], kv[2], kv[3]);
+            *(float4 *)&ks[j * DP + x + 4] = make_float4(kv[4], kv[5], kv[6], kv[7]);
+            *(float4 *)&vs[j * D + x] = make_float4(vv[0], vv[1], vv[2], vv[3]);
+            *(float4 *)&vs[j * D + x + 4] = make_float4(vv[4], vv[5], vv[6], vv[7]);
         }
         for (int i = tid; i < (ACH - n) * D; i += 128) vs[n * D + i] = 0; /* keys past n: p = 0, v finite */
         __syncthreads();
@@ -643,12 +693,17 @@ __global__ void __launch_bounds__(128) k_attn_fast(kvdesc d, const int32_t *pos,
 }
 
 /* with xs, also the f16 split of out (hi [n], then lo; the o projection's input, gemv_mma.cu).
- * A block per (head, token): the splits' weights exp(m_s - M) / L once, in shared memory (one
- * load per split per thread, not a chain of them per channel), then each channel's sum. */
+ * A block per (head, token) of at least Q x D threads (Q <= MERGE_Q): the splits' weights
+ * exp(m_s - M) / L once, in shared memory, then thread (q, x) sums channel x over splits q,
+ * q + Q, ... (all its loads in flight at once) and the Q partial sums of a channel are added in
+ * order of q. */
 #define MERGE_MAX 64 /* splits (m3_cu_attention caps nsplit at 64) */
-__global__ void k_attn_merge(const float *part, int nkv, int G, int D, int nsplit, int nh, float *out, uint16_t *xs, size_t n) {
+#define MERGE_Q 4
+__global__ void __launch_bounds__(1024) k_attn_merge(const float *part, int nkv, int G, int D, int nsplit, int nh, int Q,
+                                                     float *out, uint16_t *xs, size_t n) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     __shared__ float wsh[MERGE_MAX], red[2];
+    extern __shared__ float psum[]; /* [MERGE_Q][D] */
     const int t = blockIdx.y, hh = blockIdx.x, g = hh / G, h = hh % G;
     const float *base = part + (((size_t)t * nkv + g) * nsplit) * (size_t)G * (D + 2) + (size_t)h * (D + 2);
     const size_t sstride = (size_t)G * (D + 2);
@@ -664,17 +719,31 @@ __global__ void k_attn_merge(const float *part, int nkv, int G, int D, int nspli
         if (lane + 32 < nsplit) wsh[lane + 32] = w1;
         if (lane == 0) red[0] = L;
     }
-    __syncthreads();
-    const float L = red[0];
-    for (int x = threadIdx.x; x < D; x += blockDim.x) {
-        float o = 0;
-#pragma unroll 8
-        for (int s = 0; s < nsplit; s++) o += base[s * sstride + 2 + x] * wsh[s];
-        const size_t k = ((size_t)t * nh + hh) * D + x;
-        const float v = L > 0 ? o / L : 0.0f;
-        out[k] = v;
-        if (xs) split_store(v, xs + k, xs + n + k);
+    const int x = threadIdx.x % D, q = threadIdx.x / D; /* q >= Q: padding threads */
+    float o = 0;
+    for (int i0 = 0; i0 * Q < nsplit; i0 += MERGE_MAX / MERGE_Q) { /* one pass when Q = MERGE_Q */
+        float v[MERGE_MAX / MERGE_Q];
+#pragma unroll
+        for (int i = 0; i < MERGE_MAX / MERGE_Q; i++) {
+            const int s = q + Q * (i0 + i);
+            v[i] = q < Q && s < nsplit ? base[s * sstride + 2 + x] : 0.0f;
+        }
+        if (i0 == 0) __syncthreads(); /* the weights */
+#pragma unroll
+        for (int i = 0; i < MERGE_MAX / MERGE_Q; i++) {
+            const int s = q + Q * (i0 + i);
+            if (q < Q && s < nsplit) o += v[i] * wsh[s];
+        }
     }
+    if (q < Q) psum[q * D + x] = o;
+    __syncthreads();
+    if (q) return;
+    for (int j = 1; j < Q; j++) o += psum[j * D + x];
+    const float L = red[0];
+    const size_t k = ((size_t)t * nh + hh) * D + x;
+    const float r = L > 0 ? o / L : 0.0f;
+    out[k] = r;
+    if (xs) split_store(r, xs + k, xs + n + k);
 }
 
 void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh, const int32_t *sel,
@@ -713,7 +782,11 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
         const size_t n = (size_t)T * nh * D;
         uint16_t *xs = (size_t)nh * D % 128 == 0 ? m3_cu_xsplit_claim(c, out, n) : NULL; /* o_proj's input */
         if ((size_t)nh * D % 128 == 0 && !xs) { m3_cu_prof_end(c, OP_ATTN); return; }
-        k_attn_merge<<<dim3(nh, T), D < 128 ? 64 : 128, 0, c->st>>>(part, nkv, G, D, nsplit, nh, out, xs, n);
+        int Q = MERGE_Q;
+        while (Q > 1 && Q * D > 1024) Q /= 2;
+        if (Q * D > 1024) { m3_cu_failf(c, "CUDA backend: head_dim %d above 1024", D); { m3_cu_prof_end(c, OP_ATTN); return; } }
+        const int threads = (Q * D + 31) / 32 * 32;
+        k_attn_merge<<<dim3(nh, T), threads, sizeof(float) * Q * (size_t)D, c->st>>>(part, nkv, G, D, nsplit, nh, Q, out, xs, n);
         CK_LAUNCH(c, "attention merge");
     }
     m3_cu_prof_end(c, OP_ATTN);

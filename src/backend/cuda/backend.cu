@@ -572,6 +572,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     }
     c->sm_count = p.multiProcessorCount;
     c->smem_optin = p.sharedMemPerBlockOptin;
+    c->smem_per_sm = p.sharedMemPerMultiprocessor;
     snprintf(c->name, sizeof c->name, "%s, %d SMs, %.1f GiB", p.name, p.multiProcessorCount,
              p.totalGlobalMem / 1073741824.0);
     if (cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking) != cudaSuccess) {

@@ -18,6 +18,7 @@ enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, 
 typedef struct m3_cuda {
     int dev, sm_count;
     size_t smem_optin;
+    size_t smem_per_sm;        /* shared memory of one SM (all its resident CTAs) */
     cudaStream_t st;
     cublasHandle_t blas;
     char name[128];
@@ -72,18 +73,25 @@ typedef struct m3_cuda {
 #define CTR_AUX (CTR_AUX_TOK + 65536)
 static inline int *ctr_aux(const m3_cuda *c, int i) { return c->ctr + c->ctr_n + i; }
 
+/* Release / acquire fence at GPU scope: orders this thread's earlier writes before its later
+ * ones (the arrival counter) and, after observing another thread's release, its later reads
+ * after that thread's earlier writes. Lighter than __threadfence (a sequentially consistent
+ * fence, which also waits for unrelated traffic). */
+static __device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+
 /* The last CTA of a grid to arrive (after every CTA has called it once, all threads): true in
  * that CTA only, with every other CTA's writes visible; it resets the counter. */
 static __device__ __forceinline__ bool last_cta(int *ctr, int expected) {
     __shared__ int last;
-    __threadfence();
+    fence_acq_rel();
     __syncthreads();
     if (threadIdx.x == 0) {
+        fence_acq_rel(); /* cumulative: the CTA's writes, seen through the barrier, before the arrival */
         last = atomicAdd(ctr, 1) == expected - 1;
         if (last) *ctr = 0; /* ready for the next launch (stream order) */
     }
     __syncthreads();
-    if (last) __threadfence();
+    if (last) fence_acq_rel();
     return last;
 }
 

@@ -474,25 +474,28 @@ __global__ void __launch_bounds__(WPB * 32, UB == 0 ? GV_PIPE_CTAS : !HL ? 2 : 3
 #define GV_OUT(col) (grp ? y + (size_t)(a.moe == 3 ? 2 * grp[2 + (col)] + (mat & 1) : grp[2 + (col)]) * N \
                          : y + (size_t)(col) * N)
         if (ks == 1) {
-            #pragma unroll
+#pragma unroll
             for (int i = 0; i < NV; i++)
                 if (n0 + rr[i] < N && tt[i] < ntok) GV_OUT(tt[i])[n0 + rr[i]] = vv[i] * gm;
             continue;
         }
         const int TT = a.moe >= 3 ? 8 : a.moe ? 1 : J->T;
         float *p = J->part + (size_t)t2 * ks * 16 * TT;
-        #pragma unroll
-            for (int i = 0; i < NV; i++)
+#pragma unroll
+        for (int i = 0; i < NV; i++)
             if (tt[i] < ntok) p[((size_t)kslice * TT + tt[i]) * 16 + rr[i]] = vv[i];
-        __threadfence();
+        fence_acq_rel(); /* the partials before the arrival */
         __syncwarp();
         int prev = 0;
-        if (lane == 0) prev = atomicAdd(&a.ctr[J->ctr0 + t2], 1);
+        if (lane == 0) {
+            fence_acq_rel(); /* ... every lane's (cumulative through the warp barrier) */
+            prev = atomicAdd(&a.ctr[J->ctr0 + t2], 1);
+        }
         prev = __shfl_sync(0xffffffffu, prev, 0);
         if (prev != ks - 1) continue;
-        __threadfence(); /* every other slice's partials are visible now */
-        #pragma unroll
-            for (int i = 0; i < NV; i++) {
+        fence_acq_rel(); /* every other slice's partials are visible now */
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
             if (tt[i] >= ntok || n0 + rr[i] >= N) continue;
             float s = 0;
             for (int k = 0; k < ks; k++) s += __ldcg(p + ((size_t)k * TT + tt[i]) * 16 + rr[i]);

@@ -223,10 +223,6 @@ __global__ void k_index_scores(kvdesc d, const int32_t *pos, const int32_t *seq,
     }
 }
 
-/* The same scores with a CTA per (block, token) and a thread per key, for blocks of at most
- * 256 keys and Di % 16 == 0: each thread has all of its key's loads in flight at once (a warp
- * per block waits on memory once per 16 values of 4 keys in turn), and blocks spread over
- * every SM. Same products in the same order as k_index_scores. */
 typedef struct topk_args { /* the indexer's top-k, run by the last CTA of a token (tctr set) */
     int *tctr;               /* arrival counters, one per token */
     int topk, local, init;
@@ -262,8 +258,13 @@ static __device__ __forceinline__ const uint8_t *stage_row(const uint8_t *src, u
     return dst;
 }
 
-/* rs > 0: each thread first copies its key's index-K row into shared memory (rows rs bytes
- * apart after the q and maxima areas), with the query's loads in flight at the same time */
+/* The same scores with a CTA per (block, token) and a thread per key, for blocks of at most
+ * 256 keys and Di % 16 == 0: each thread has all of its key's loads in flight at once (a warp
+ * per block waits on memory once per 16 values of 4 keys in turn), and blocks spread over
+ * every SM. Same products in the same order as k_index_scores. With rs > 0
+ * each thread first copies its key's index-K row into shared memory (rows rs bytes apart after
+ * the q and maxima areas), with the query's loads in flight at the same time; with ta.tctr the
+ * last CTA of each token runs its top-k (topk_warp). */
 __global__ void __launch_bounds__(256) k_index_scores_k(kvdesc d, const int32_t *pos, const int32_t *seq, const float *iq,
                                                         int ni, int B, int nbmax, float *scores, topk_args ta, int rs) {
     extern __shared__ __align__(16) float qs[]; /* [ni][Di], then [warps][8] maxima, then the staged rows;

@@ -5,7 +5,9 @@
  * gemv.cu reaches 12-35% of the copy bandwidth on these formats). Here the weights are
  * decoded to f16 fragments and multiplied with mma.sync m16n8k16 (f32 accumulation):
  *   - the weights are exact in f16: E4M3 values through the hardware converter; NVFP4
- *     values times their E4M3 block scale (at most 6 x 448, 6 significant bits) through a
+ *     values times their E4M3 block scale (at most 6 x 448, 6 significant bits): tiled
+ *     weights (the device layout) by shifts and masks of bit-permuted words (nv_pair,
+ *     common.cuh; values x 2^-14, put back in the final scale), row-major ones through a
  *     per-lane byte -> f16x2 table in shared memory (one conflict-free load per byte);
  *     MXFP8's E8M0 scale (outside f16's range in general) multiplies the f32 partial sum of
  *     each 32-value group; NVFP4's f32 global scale multiplies the final sum;

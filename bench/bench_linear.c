@@ -17,7 +17,7 @@ static double now_s(void) {
 int main(int argc, char **argv) {
     int N = argc > 2 ? atoi(argv[1]) : 8192, K = argc > 2 ? atoi(argv[2]) : 4096;
     int threads = argc > 3 ? atoi(argv[3]) : 0;
-    m3_cpu c = {m3_pool_create(threads), 0};
+    m3_cpu c = {.pool = m3_pool_create(threads)};
     c.nthreads = m3_pool_size(c.pool);
     /* several matrices so one pass does not sit in cache */
     const int copies = 8;

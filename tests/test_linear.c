@@ -95,7 +95,7 @@ static void check(m3_cpu *c, m3_wfmt fmt, int N, int K, const char *what) {
 }
 
 int main(void) {
-    m3_cpu c = {m3_pool_create(2), 2};
+    m3_cpu c = {.pool = m3_pool_create(2), .nthreads = 2};
     printf("kernels: %s\n", m3_cpu_simd_name());
     check(&c, M3_WF_F32, 13, 40, "f32 13x40");
     check(&c, M3_WF_BF16, 33, 264, "bf16 33x264 (tail chunk)");

@@ -68,7 +68,8 @@ int m3_fault_arm_spec(const char *spec, m3_err *err) {
         m3_fault_module m;
         if (!strncmp(s, "engine", 6)) m = M3_FAULT_ENGINE, s += 6;
         else if (!strncmp(s, "server", 6)) m = M3_FAULT_SERVER, s += 6;
-        else return m3_errf(err, "fault spec '%s': expected engine: or server:", spec);
+        else if (!strncmp(s, "backend", 7)) m = M3_FAULT_BACKEND, s += 7;
+        else return m3_errf(err, "fault spec '%s': expected engine:, server: or backend:", spec);
         int bad = *s != ':';
         long first = parse_long(&s, 1, &bad), count = parse_long(&s, 1, &bad), period = parse_long(&s, 1, &bad);
         if (bad || first < 1 || period < 1 || (*s && *s != ','))

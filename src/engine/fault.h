@@ -10,8 +10,10 @@
  * What is counted: the allocations a module routes through m3_fault_malloc / calloc /
  * realloc: the engine's request, queue and sampler allocations (engine.c, sampler.c); the
  * server's request state, output buffers and queue, and (only while the server module is
- * armed, see m3_fault_json_hook) every jansson allocation of the process. Never the
- * per-element work of a kernel: disarmed, a counted allocation costs one relaxed atomic load.
+ * armed, see m3_fault_json_hook) every jansson allocation of the process; the CPU backend's
+ * op scratch (m3_cpu_scratch: a failure there fails the forward pass through the op table's
+ * check). Never the per-element work of a kernel: disarmed, a counted allocation costs one
+ * relaxed atomic load.
  *
  * State is process-wide by necessity (an allocation site carries no context); it is never
  * armed outside tests. Thread-safe: counters are atomics; arm and disarm while the module is
@@ -23,14 +25,14 @@
 
 #include "../base/err.h"
 
-typedef enum { M3_FAULT_ENGINE = 0, M3_FAULT_SERVER = 1, M3_FAULT_NMOD = 2 } m3_fault_module;
+typedef enum { M3_FAULT_ENGINE = 0, M3_FAULT_SERVER = 1, M3_FAULT_BACKEND = 2, M3_FAULT_NMOD = 3 } m3_fault_module;
 
 /* Arms module m: allocation number first (>= 1), and every period-th after it (period >= 1),
  * fails, count failures in all (< 0: unbounded; 0: only count allocations). Resets the
  * module's counters. */
 void m3_fault_arm(m3_fault_module m, long first, long count, long period);
 void m3_fault_disarm(m3_fault_module m);
-/* "MODULE:FIRST[:COUNT[:PERIOD]]" entries separated by commas (MODULE: engine | server;
+/* "MODULE:FIRST[:COUNT[:PERIOD]]" entries separated by commas (MODULE: engine | server | backend;
  * COUNT defaults to 1, PERIOD to 1), e.g. "server:200:40:97,engine:5". 0, or -1 + err. */
 int m3_fault_arm_spec(const char *spec, m3_err *err);
 int m3_fault_armed(m3_fault_module m);

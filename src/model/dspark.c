@@ -380,6 +380,7 @@ int m3_dspark_ctx_append(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int 
             op->download(X, c->v[l] + slot * kw, v + (size_t)t * kw, kw * 4);
         }
     }
+    if (op->check && op->check(X, err)) return m3_err_prefix(err, "dspark context");
     c->len = pos0 + n;
     return 0;
 }
@@ -484,6 +485,7 @@ int m3_dspark_block_logits(m3_dspark *d, const m3_dspark_ctx *c, int32_t anchor,
     op->rmsnorm(X, h, d->final_norm, n, H, eps, a);
     op->linear(X, &tm->w.lm_head, a, n, lg);
     op->download(X, logits, lg, N * V * 4);
+    if (op->check && op->check(X, err)) return m3_err_prefix(err, "dspark block");
     return 0;
 }
 
@@ -496,6 +498,7 @@ int m3_dspark_markov(m3_dspark *d, int32_t prev, float *logits, m3_err *err) {
     if (ws_take(d, 2, sz, buf, err)) return -1;
     op->embed(op->ctx, &d->markov_w1, &prev, 1, buf[0]);
     op->linear(op->ctx, &d->markov_w2, buf[0], 1, buf[1]);
+    if (op->check && op->check(op->ctx, err)) return m3_err_prefix(err, "dspark markov");
     const float *bias = buf[1]; /* host memory on the CPU backend (dspark.h) */
     for (int i = 0; i < V; i++) logits[i] += bias[i];
     return 0;

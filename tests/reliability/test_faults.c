@@ -12,8 +12,13 @@
  *      the others give the same tokens as on the clean checkpoint, stats count them;
  *   3. KV pool exhausted: more work than the pool holds, from three threads adding and
  *      cancelling while the engine thread steps (the ThreadSanitizer build runs this too):
- *      everything finishes, blocks back to 0.
- * Usage: test_faults WORK_DIR [CHECKPOINT_DIR (default tests/data/m3-tiny)] [--sections 1,2,3] [--threads N]
+ *      everything finishes, blocks back to 0;
+ *   4. allocation failure inside the CPU backend's ops (their scratch, fault module "backend"):
+ *      the same scenario with the n-th op allocation failing (once, then from there on); a
+ *      failed op fails its forward pass with a message, so every request ends cleanly as in 1,
+ *      and no request finishes normally with other tokens than it has without faults.
+ * In every section, request 0 (greedy) when it finishes normally gives the reference tokens.
+ * Usage: test_faults WORK_DIR [CHECKPOINT_DIR (default tests/data/m3-tiny)] [--sections 1,2,3,4] [--threads N]
  * (from the repo root; the ThreadSanitizer run takes section 3 with 2 threads) */
 #include <math.h>
 #include <pthread.h>
@@ -138,6 +143,7 @@ static int scenario(m3_model *m, const spec *s, const result *ref, long n_fault,
     *created = e != NULL;
     if (!e) {
         m3_fault_disarm(M3_FAULT_ENGINE);
+        m3_fault_disarm(M3_FAULT_BACKEND);
         CHECK(strstr(err.msg, "memory") != NULL, "fault %ld: create failed without saying why: %s", n_fault, err.msg);
         return strstr(err.msg, "memory") != NULL;
     }
@@ -157,7 +163,15 @@ static int scenario(m3_model *m, const spec *s, const result *ref, long n_fault,
               persistent ? "+" : "", i, res[i].finals, m3_engine_finish_name(res[i].reason), res[i].errors_reported);
         ok &= good;
     }
+    /* no silently wrong output: request 0 (greedy), when it finishes normally, as without faults */
+    if (res[0].id && res[0].finals == 1 && res[0].reason != M3_FINISH_ERROR) {
+        const int same0 = res[0].n == ref->n && !memcmp(res[0].tok, ref->tok, sizeof(int32_t) * (size_t)ref->n);
+        CHECK(same0, "fault %ld%s: request 0 finished normally with other tokens than without faults", n_fault,
+              persistent ? "+" : "");
+        ok &= same0;
+    }
     m3_fault_disarm(M3_FAULT_ENGINE);
+    m3_fault_disarm(M3_FAULT_BACKEND);
     m3_engine_stats st;
     m3_engine_get_stats(e, &st);
     CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.waiting == 0, "fault %ld%s: blocks used %d, running %d, waiting %d",
@@ -364,7 +378,7 @@ static void threads_tight_pool(m3_model *m, const spec *s, int threads) {
 }
 
 int main(int argc, char **argv) {
-    const char *work = NULL, *dir = "tests/data/m3-tiny", *sections = "1,2,3";
+    const char *work = NULL, *dir = "tests/data/m3-tiny", *sections = "1,2,3,4";
     int threads = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--sections") && i + 1 < argc) sections = argv[++i];
@@ -373,7 +387,7 @@ int main(int argc, char **argv) {
         else dir = argv[i];
     }
     if (!work || threads < 1) {
-        fprintf(stderr, "usage: test_faults WORK_DIR [CHECKPOINT_DIR] [--sections 1,2,3] [--threads N]\n");
+        fprintf(stderr, "usage: test_faults WORK_DIR [CHECKPOINT_DIR] [--sections 1,2,3,4] [--threads N]\n");
         return 2;
     }
     m3_err err;
@@ -412,6 +426,32 @@ int main(int argc, char **argv) {
                "ended cleanly (%ld at engine creation), blocks back, then served as before\n",
                total, runs, clean, not_created);
         CHECK(clean == runs, "%ld of %ld fault runs were not clean", runs - clean, runs);
+    }
+    if (strchr(sections, '4')) { /* the n-th allocation of the CPU backend's ops fails (once / from there on) */
+        result ref;
+        reference(&m, s, &ref);
+        int created;
+        m3_fault_arm(M3_FAULT_BACKEND, 1, 0, 1); /* count only */
+        int base_ok = scenario(&m, s, &ref, 0, 0, &created);
+        long total = m3_fault_seen(M3_FAULT_BACKEND);
+        CHECK(base_ok && total > 10, "the scenario without faults (%ld backend allocations)", total);
+        /* every one of the first 64, then about 160 more spread over the rest */
+        const long stride = total > 64 ? (total - 64) / 160 + 1 : 1;
+        long clean = 0, runs = 0, errored = 0;
+        for (long n = 1; n <= total; n += n < 64 ? 1 : stride)
+            for (int persistent = 0; persistent < 2; persistent++) {
+                if (persistent && n % 5) continue;
+                m3_fault_arm(M3_FAULT_BACKEND, n, persistent ? -1 : 1, 1);
+                clean += scenario(&m, s, &ref, n, persistent, &created);
+                errored += m3_fault_failed(M3_FAULT_BACKEND) > 0;
+                runs++;
+            }
+        m3_fault_disarm(M3_FAULT_BACKEND);
+        printf("4. %ld backend allocations in the scenario; %ld runs with the n-th failing (once / from there on): %ld "
+               "ended cleanly (%ld with a failure injected), no wrong output, then served as before\n",
+               total, runs, clean, errored);
+        CHECK(clean == runs, "%ld of %ld backend fault runs were not clean", runs - clean, runs);
+        CHECK(errored == runs, "%ld of %ld backend fault runs injected nothing", runs - errored, runs);
     }
     if (strchr(sections, '2')) nan_weights(&ops, dir, work, s);
     if (strchr(sections, '3')) threads_tight_pool(&m, s, threads);

@@ -19,7 +19,14 @@ void m3_cpu_vision_ops(m3_ops *ops); /* fills the vision tower's ops (vision_ops
 typedef struct m3_cpu {
     m3_pool *pool;
     int nthreads;
+    int failed;         /* an op's scratch allocation failed since the last check (atomic) */
+    char fail_msg[160]; /* what failed: written by the thread that set failed */
 } m3_cpu;
+
+/* Scratch memory of an op (free() it). NULL when out of memory, after recording the failure:
+ * the op then skips its work and the op table's check fails the forward pass with the
+ * message (no silent wrong output). Counted by the fault-injection module "backend". */
+void *m3_cpu_scratch(m3_cpu *c, size_t bytes, const char *op);
 
 /* y[T, N] = x[T, K] W^T on the pool. */
 void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *y);

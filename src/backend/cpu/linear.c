@@ -543,7 +543,7 @@ void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *
     if (j.kernel != K_SCALAR && W->fmt == M3_WF_NVFP4) {
         /* the NVFP4 decoders yield columns in a fixed order per block: permute x to match */
         const uint8_t *perm = j.kernel == K_AVX512 ? NVFP4_PERM512 : NVFP4_PERM64;
-        xp = malloc(sizeof(float) * (size_t)T * K);
+        xp = m3_cpu_scratch(c, sizeof(float) * (size_t)T * K, "linear");
         if (!xp) { memset(y, 0, sizeof(float) * (size_t)T * W->N); return; }
         for (size_t t = 0; t < (size_t)T; t++) {
             int g = 0;

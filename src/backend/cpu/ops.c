@@ -1,12 +1,30 @@
 /* CPU implementations of the op table (except linear: linear.c). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../base/num.h"
+#include "../../engine/fault.h"
 #include "cpu.h"
 
 /* ------------------------------------------------------------------ memory */
+
+void *m3_cpu_scratch(m3_cpu *c, size_t bytes, const char *op) {
+    void *p = m3_fault_malloc(M3_FAULT_BACKEND, bytes ? bytes : 1);
+    if (!p && !__atomic_exchange_n(&c->failed, 1, __ATOMIC_ACQ_REL))
+        snprintf(c->fail_msg, sizeof c->fail_msg, "CPU backend: out of memory (%zu bytes of scratch in %s)", bytes, op);
+    return p;
+}
+
+/* the op table's check: an op's failure since the last call (then cleared) */
+static int cpu_check(void *ctx, m3_err *err) {
+    m3_cpu *c = ctx;
+    if (!__atomic_load_n(&c->failed, __ATOMIC_ACQUIRE)) return 0;
+    if (err) m3_errf(err, "%s", c->fail_msg);
+    __atomic_store_n(&c->failed, 0, __ATOMIC_RELEASE);
+    return -1;
+}
 
 static void *cpu_alloc(void *ctx, size_t bytes) {
     (void)ctx;
@@ -49,12 +67,11 @@ static void cpu_linear_op(void *ctx, const m3_linear *W, const float *x, int T, 
 /* inv_freq and angles in f32, as the reference's rotary embedding computes them */
 static void cpu_head_norm_rope(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps,
                                int rotary_dim, double theta, const int32_t *pos) {
-    (void)ctx;
     int half = rotary_dim / 2;
     float cs[1024], sn[1024];
-    float *c = half <= 1024 ? cs : malloc(sizeof(float) * (size_t)half * 2);
+    float *c = half <= 1024 ? cs : m3_cpu_scratch(ctx, sizeof(float) * (size_t)half * 2, "head_norm_rope");
     float *s = half <= 1024 ? sn : c + half;
-    if (!c) return; /* cannot happen for real shapes (rotary_dim <= 2048) */
+    if (!c) return;
     for (int t = 0; t < T; t++) {
         for (int j = 0; j < half; j++) {
             float e = (float)(2 * j) / (float)rotary_dim;
@@ -101,6 +118,7 @@ typedef struct {
      * IDX_CHUNK per work item, so one token's long context spreads over every thread */
     float *score;
     int t0, nt, maxnb, nchunk;
+    m3_cpu *c;
 } idx_job;
 
 #define IDX_CHUNK 16 /* blocks per work item */
@@ -112,7 +130,7 @@ static void idx_score_items(void *arg, size_t i0, size_t i1, int worker) {
     const int Di = j->kv->Di, B = j->block, ni = j->ni;
     /* f32 / bf16 rows are read in place; FP8 / NVFP4 rows are dequantized into rowbuf */
     const int direct = j->kv->idt == M3_KV_F32 || j->kv->idt == M3_KV_BF16, bf16 = j->kv->idt == M3_KV_BF16;
-    float *dots = malloc(sizeof(float) * (size_t)B * (direct ? 1 : 1 + (size_t)Di));
+    float *dots = m3_cpu_scratch(j->c, sizeof(float) * (size_t)B * (direct ? 1 : 1 + (size_t)Di), "index_select");
     float *rowbuf = dots ? dots + B : NULL;
     for (size_t it = i0; it < i1; it++) {
         const int tl = (int)(it / (size_t)j->nchunk), ch = (int)(it % (size_t)j->nchunk), t = j->t0 + tl;
@@ -123,7 +141,7 @@ static void idx_score_items(void *arg, size_t i0, size_t i1, int worker) {
         for (int blk = ch * IDX_CHUNK; blk < nb && blk < (ch + 1) * IDX_CHUNK; blk++) {
             int p0 = blk * B, n = (blk == qb) ? pos - p0 + 1 : B;
             for (int g = 0; g < ni; g++) score[(size_t)g * j->maxnb + blk] = -INFINITY;
-            if (!dots) continue; /* out of memory: these blocks are not picked (the forced ones still are) */
+            if (!dots) continue; /* out of memory (recorded: the forward pass fails) */
             for (int i0r = 0; i0r < n;) { /* rows in place, one page run at a time */
                 int run;
                 const void *rows = m3_kv_rows(j->kv, s, j->layer, M3_KV_IK, 0, p0 + i0r, &run);
@@ -181,12 +199,12 @@ static void cpu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_bat
     int group = (int)(((size_t)16 << 20) / (sizeof(float) * (size_t)ni * maxnb));
     if (group < 1) group = 1;
     if (group > b->T) group = b->T;
-    float *score = malloc(sizeof(float) * (size_t)group * ni * maxnb);
-    if (!score) { /* nothing picked: every slot -1 (the attention then sees no keys) */
+    float *score = m3_cpu_scratch(c, sizeof(float) * (size_t)group * ni * maxnb, "index_select");
+    if (!score) { /* recorded (the forward pass fails); the attention after it sees no keys */
         for (size_t i = 0; i < (size_t)b->T * ni * topk; i++) sel[i] = -1;
         return;
     }
-    idx_job j = {kv, layer, b, iq, ni, block, topk, local, init, sel, score, 0, 0, maxnb, (maxnb + IDX_CHUNK - 1) / IDX_CHUNK};
+    idx_job j = {kv, layer, b, iq, ni, block, topk, local, init, sel, score, 0, 0, maxnb, (maxnb + IDX_CHUNK - 1) / IDX_CHUNK, c};
     for (int t0 = 0; t0 < b->T; t0 += group) {
         j.t0 = t0;
         j.nt = b->T - t0 < group ? b->T - t0 : group;
@@ -207,6 +225,7 @@ typedef struct {
     const int32_t *sel;
     int block, topk;
     float *out;
+    m3_cpu *c;
 } att_job;
 
 #define CHUNK 64
@@ -219,7 +238,8 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
     const float scale = 1.0f / sqrtf((float)D);
     /* f32 / bf16 rows are read in place; FP8 / NVFP4 rows are dequantized into kbuf / vbuf */
     const int direct = kv->dt == M3_KV_F32 || kv->dt == M3_KV_BF16, bf16 = kv->dt == M3_KV_BF16;
-    float *st = malloc(sizeof(float) * ((size_t)G * (2 + D + CHUNK) + (direct ? 0 : 2 * (size_t)CHUNK * D)));
+    float *st = m3_cpu_scratch(j->c, sizeof(float) * ((size_t)G * (2 + D + CHUNK) + (direct ? 0 : 2 * (size_t)CHUNK * D)),
+                               "attention");
     if (!st) return;
     float *m = st, *l = st + G, *acc = st + 2 * G, *sc = acc + (size_t)G * D;
     float *kbuf = sc + CHUNK, *vbuf = kbuf + (size_t)CHUNK * D;
@@ -285,7 +305,7 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
 static void cpu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh,
                           const int32_t *sel, int block, int topk, float *out) {
     m3_cpu *c = ctx;
-    att_job j = {kv, layer, b, q, nh, sel, block, topk, out};
+    att_job j = {kv, layer, b, q, nh, sel, block, topk, out, c};
     m3_pool_for(c->pool, (size_t)b->T * kv->nkv, 1, att_items, &j);
 }
 
@@ -301,7 +321,7 @@ static void swiglu_oai(const float *gate, const float *up, size_t n, float alpha
 
 static void mlp_run(m3_cpu *c, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out) {
     int F = m->gate.N;
-    float *g = malloc(sizeof(float) * (size_t)T * F * 2);
+    float *g = m3_cpu_scratch(c, sizeof(float) * (size_t)T * F * 2, "mlp");
     if (!g) { memset(out, 0, sizeof(float) * (size_t)T * m->down.N); return; }
     float *u = g + (size_t)T * F;
     m3_cpu_linear(c, &m->gate, x, T, g);
@@ -319,13 +339,13 @@ static void cpu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E
                     float alpha, float limit, float *out) {
     m3_cpu *c = ctx;
     const int H = L->router.K;
-    float *logits = malloc(sizeof(float) * (size_t)T * E);
-    int *pick = malloc(sizeof(int) * (size_t)T * K);
-    float *wt = malloc(sizeof(float) * (size_t)T * K);
-    int *rows = malloc(sizeof(int) * (size_t)T);
-    float *rw = malloc(sizeof(float) * (size_t)T);
-    float *xe = malloc(sizeof(float) * (size_t)T * H * 2);
-    float *s = malloc(sizeof(float) * (size_t)E * 2);
+    float *logits = m3_cpu_scratch(c, sizeof(float) * (size_t)T * E, "moe");
+    int *pick = m3_cpu_scratch(c, sizeof(int) * (size_t)T * K, "moe");
+    float *wt = m3_cpu_scratch(c, sizeof(float) * (size_t)T * K, "moe");
+    int *rows = m3_cpu_scratch(c, sizeof(int) * (size_t)T, "moe");
+    float *rw = m3_cpu_scratch(c, sizeof(float) * (size_t)T, "moe");
+    float *xe = m3_cpu_scratch(c, sizeof(float) * (size_t)T * H * 2, "moe");
+    float *s = m3_cpu_scratch(c, sizeof(float) * (size_t)E * 2, "moe");
     memset(out, 0, sizeof(float) * (size_t)T * H);
     if (!logits || !pick || !wt || !rows || !rw || !xe || !s) goto done;
     float *ye = xe + (size_t)T * H, *choice = s + E;
@@ -391,6 +411,7 @@ int m3_cpu_ops_init(m3_ops *ops, int threads, m3_err *err) {
     ops->attention = cpu_attention;
     ops->mlp = cpu_mlp;
     ops->moe = cpu_moe;
+    ops->check = cpu_check;
     m3_cpu_vision_ops(ops);
     return 0;
 }

@@ -74,9 +74,11 @@ static void cpu_attention_full(void *ctx, const float *q, const float *k, const 
                                float *out) {
     m3_cpu *c = ctx;
     const int Hv = heads * hd;
-    float *qh = malloc(sizeof(float) * (size_t)n * hd), *vt = malloc(sizeof(float) * (size_t)n * hd);
-    float *oh = malloc(sizeof(float) * (size_t)n * hd), *sc = malloc(sizeof(float) * (size_t)n * n);
-    if (!qh || !vt || !oh || !sc) { /* no error channel here: the output is NaN, which the caller's checks catch */
+    float *qh = m3_cpu_scratch(c, sizeof(float) * (size_t)n * hd, "attention_full");
+    float *vt = m3_cpu_scratch(c, sizeof(float) * (size_t)n * hd, "attention_full");
+    float *oh = m3_cpu_scratch(c, sizeof(float) * (size_t)n * hd, "attention_full");
+    float *sc = m3_cpu_scratch(c, sizeof(float) * (size_t)n * n, "attention_full");
+    if (!qh || !vt || !oh || !sc) { /* recorded (the op table's check reports it); the output is NaN too */
         for (size_t i = 0; i < (size_t)n * Hv; i++) out[i] = NAN;
         free(qh); free(vt); free(oh); free(sc);
         return;

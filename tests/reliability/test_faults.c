@@ -190,6 +190,38 @@ static int scenario(m3_model *m, const spec *s, const result *ref, long n_fault,
     return ok && same;
 }
 
+/* ---- 1 and 4: the scenario with the n-th allocation of a module failing ---- */
+
+typedef struct {
+    long total, runs, clean, not_created, injected;
+} fault_sweep;
+
+/* Counts module mod's allocations in a clean run of the scenario, then runs it with allocation n
+ * failing once, and from n on for every persist-th n: every n up to `dense`, then about 160
+ * more spread over the rest, up to total + extra. */
+static fault_sweep sweep(m3_model *m, const spec *s, m3_fault_module mod, long extra, long dense, int persist) {
+    fault_sweep sw = {0};
+    result ref;
+    reference(m, s, &ref);
+    int created;
+    m3_fault_arm(mod, 1, 0, 1); /* count only */
+    const int base_ok = scenario(m, s, &ref, 0, 0, &created);
+    sw.total = m3_fault_seen(mod);
+    CHECK(base_ok && sw.total > 10, "the scenario without faults (%ld allocations)", sw.total);
+    const long stride = sw.total > dense ? (sw.total - dense) / 160 + 1 : 1;
+    for (long n = 1; n <= sw.total + extra; n += n < dense ? 1 : stride)
+        for (int persistent = 0; persistent < 2; persistent++) {
+            if (persistent && n % persist) continue;
+            m3_fault_arm(mod, n, persistent ? -1 : 1, 1);
+            sw.clean += scenario(m, s, &ref, n, persistent, &created);
+            sw.not_created += !created;
+            sw.injected += m3_fault_failed(mod) > 0;
+            sw.runs++;
+        }
+    m3_fault_disarm(mod);
+    return sw;
+}
+
 /* ---- 2: a copy of the checkpoint with one embedding row set to NaN ---- */
 
 static int copy_file(const char *from, const char *to) {
@@ -403,55 +435,22 @@ int main(int argc, char **argv) {
     make_specs(s, m.cfg.vocab);
 
     if (strchr(sections, '1')) { /* every engine allocation of the scenario fails once, then from it on */
-        result ref;
-        reference(&m, s, &ref);
-        int created;
-        m3_fault_arm(M3_FAULT_ENGINE, 1, 0, 1); /* count only */
-        int base_ok = scenario(&m, s, &ref, 0, 0, &created);
-        long total = m3_fault_seen(M3_FAULT_ENGINE);
-        CHECK(base_ok && total > 10, "the scenario without faults (%ld engine allocations)", total);
-        /* the count includes the check after the scenario; a few more cover allocations that
-         * happen only on error paths */
-        long clean = 0, not_created = 0, runs = 0;
-        for (long n = 1; n <= total + 8; n++)
-            for (int persistent = 0; persistent < 2; persistent++) {
-                if (persistent && n % 3) continue; /* every third point, failing from there on */
-                m3_fault_arm(M3_FAULT_ENGINE, n, persistent ? -1 : 1, 1);
-                clean += scenario(&m, s, &ref, n, persistent, &created);
-                not_created += !created;
-                runs++;
-            }
-        m3_fault_disarm(M3_FAULT_ENGINE);
+        /* the count includes the check after the scenario; 8 more cover allocations that happen
+         * only on error paths */
+        fault_sweep sw = sweep(&m, s, M3_FAULT_ENGINE, 8, 1L << 30, 3);
         printf("1. %ld engine allocations in the scenario; %ld runs with the n-th failing (once / from there on): %ld "
                "ended cleanly (%ld at engine creation), blocks back, then served as before\n",
-               total, runs, clean, not_created);
-        CHECK(clean == runs, "%ld of %ld fault runs were not clean", runs - clean, runs);
+               sw.total, sw.runs, sw.clean, sw.not_created);
+        CHECK(sw.clean == sw.runs, "%ld of %ld fault runs were not clean", sw.runs - sw.clean, sw.runs);
     }
     if (strchr(sections, '4')) { /* the n-th allocation of the CPU backend's ops fails (once / from there on) */
-        result ref;
-        reference(&m, s, &ref);
-        int created;
-        m3_fault_arm(M3_FAULT_BACKEND, 1, 0, 1); /* count only */
-        int base_ok = scenario(&m, s, &ref, 0, 0, &created);
-        long total = m3_fault_seen(M3_FAULT_BACKEND);
-        CHECK(base_ok && total > 10, "the scenario without faults (%ld backend allocations)", total);
         /* every one of the first 64, then about 160 more spread over the rest */
-        const long stride = total > 64 ? (total - 64) / 160 + 1 : 1;
-        long clean = 0, runs = 0, errored = 0;
-        for (long n = 1; n <= total; n += n < 64 ? 1 : stride)
-            for (int persistent = 0; persistent < 2; persistent++) {
-                if (persistent && n % 5) continue;
-                m3_fault_arm(M3_FAULT_BACKEND, n, persistent ? -1 : 1, 1);
-                clean += scenario(&m, s, &ref, n, persistent, &created);
-                errored += m3_fault_failed(M3_FAULT_BACKEND) > 0;
-                runs++;
-            }
-        m3_fault_disarm(M3_FAULT_BACKEND);
+        fault_sweep sw = sweep(&m, s, M3_FAULT_BACKEND, 0, 64, 5);
         printf("4. %ld backend allocations in the scenario; %ld runs with the n-th failing (once / from there on): %ld "
                "ended cleanly (%ld with a failure injected), no wrong output, then served as before\n",
-               total, runs, clean, errored);
-        CHECK(clean == runs, "%ld of %ld backend fault runs were not clean", runs - clean, runs);
-        CHECK(errored == runs, "%ld of %ld backend fault runs injected nothing", runs - errored, runs);
+               sw.total, sw.runs, sw.clean, sw.injected);
+        CHECK(sw.clean == sw.runs, "%ld of %ld backend fault runs were not clean", sw.runs - sw.clean, sw.runs);
+        CHECK(sw.injected == sw.runs, "%ld of %ld backend fault runs injected nothing", sw.runs - sw.injected, sw.runs);
     }
     if (strchr(sections, '2')) nan_weights(&ops, dir, work, s);
     if (strchr(sections, '3')) threads_tight_pool(&m, s, threads);

@@ -231,30 +231,25 @@ typedef struct topk_args { /* the indexer's top-k, run by the last CTA of a toke
 static __device__ __forceinline__ void topk_warp(float *sc, int nb, int qb, int topk, int local, int init, int *pk,
                                                  int32_t *out, int lane);
 
+/* `bytes` from global src into shared dst in pieces of type P (uint4 or uint2), 16 pieces
+ * requested before any is stored */
+template <typename P> static __device__ __forceinline__ void stage_pieces(const uint8_t *src, uint8_t *dst, int bytes) {
+    for (int b0 = 0; b0 < bytes; b0 += 16 * (int)sizeof(P)) {
+        P r[16];
+#pragma unroll
+        for (int u = 0; u < 16; u++)
+            if (b0 + (int)sizeof(P) * u < bytes) r[u] = __ldg((const P *)(src + b0) + u);
+#pragma unroll
+        for (int u = 0; u < 16; u++)
+            if (b0 + (int)sizeof(P) * u < bytes) ((P *)(dst + b0))[u] = r[u];
+    }
+}
+
 /* A row of `bytes` (a multiple of 8) from global src into shared dst: every piece requested
  * before any is stored (one memory round trip per 256 bytes, not one per piece the math reads) */
 static __device__ __forceinline__ const uint8_t *stage_row(const uint8_t *src, uint8_t *dst, int bytes) {
-    if ((bytes & 15) == 0 && ((uintptr_t)src & 15) == 0) {
-        for (int b0 = 0; b0 < bytes; b0 += 256) {
-            uint4 r[16];
-#pragma unroll
-            for (int u = 0; u < 16; u++)
-                if (b0 + 16 * u < bytes) r[u] = __ldg((const uint4 *)(src + b0 + 16 * u));
-#pragma unroll
-            for (int u = 0; u < 16; u++)
-                if (b0 + 16 * u < bytes) *(uint4 *)(dst + b0 + 16 * u) = r[u];
-        }
-    } else {
-        for (int b0 = 0; b0 < bytes; b0 += 128) {
-            uint2 r[16];
-#pragma unroll
-            for (int u = 0; u < 16; u++)
-                if (b0 + 8 * u < bytes) r[u] = __ldg((const uint2 *)(src + b0 + 8 * u));
-#pragma unroll
-            for (int u = 0; u < 16; u++)
-                if (b0 + 8 * u < bytes) *(uint2 *)(dst + b0 + 8 * u) = r[u];
-        }
-    }
+    if ((bytes & 15) == 0 && ((uintptr_t)src & 15) == 0) stage_pieces<uint4>(src, dst, bytes);
+    else stage_pieces<uint2>(src, dst, bytes);
     return dst;
 }
 

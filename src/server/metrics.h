@@ -47,8 +47,8 @@ typedef struct m3_metrics_info {
     int draining;              /* 1 after SIGTERM / SIGINT */
     int http_in_flight;        /* generation requests not finished */
     int fault_armed;           /* fault injection (tests): report the failures injected */
-    long fault_injected[2];    /* by module: engine, server (src/engine/fault.h) */
-    long fault_seen[2];        /* allocations counted, by module */
+    long fault_injected[3];    /* by module: engine, server, backend (src/engine/fault.h) */
+    long fault_seen[3];        /* allocations counted, by module */
 } m3_metrics_info;
 
 void m3_metrics_init(m3_metrics *m);

@@ -13,8 +13,9 @@
 //   5. NaN in the weights (one embedding row): those prompts get a 500 / an error event naming
 //      non-finite logits, the others the same output as on the clean checkpoint;
 //   6. KV pool exhausted: a pool of a few blocks under concurrent streams (preemption);
-//   7. allocation failures injected into a running server and engine (M3_FAULT_ALLOC): every
-//      response either equals the clean server's or is a clean error; then it serves normally.
+//   7. allocation failures injected into a running server, its engine and the CPU backend's ops
+//      (M3_FAULT_ALLOC): every response either equals the clean server's or is a clean error;
+//      then it serves normally.
 // Usage: node tests/reliability/server_faults.mjs <m3-binary> <work-dir> [sections, e.g. 1,2,7]
 import fs from 'node:fs';
 import net from 'node:net';
@@ -328,10 +329,12 @@ try {
     const run = async (base, q) => q.stream ? stream(base, q.route, q.body) : post(base, q.route, q.body);
     const expect = [];
     for (const q of mix) expect.push(textOf(await run(A.base, q), q.stream));
-    const env = { ...process.env, M3_FAULT_ALLOC: 'server:200:30:397,engine:5:10:11' };
+    const env = { ...process.env, M3_FAULT_ALLOC: 'server:200:30:397,engine:5:10:11,backend:300:10:150' };
+    const spent = m => m['m3_fault_injected_total{module="server"}'] >= 30 && m['m3_fault_injected_total{module="engine"}'] >= 10 &&
+      m['m3_fault_injected_total{module="backend"}'] >= 10;
     const G = await startServerEnv(env);
     let good = 0, clean = 0, broken = [];
-    for (let round = 0; round < 8; round++) {
+    for (let round = 0; round < 24; round++) { // until every plan is spent
       const results = await Promise.all(mix.map(q => run(G.base, q).catch(e => ({ status: 'exception', e }))));
       for (let i = 0; i < mix.length; i++) {
         const x = results[i], q = mix[i];
@@ -346,16 +349,16 @@ try {
           else broken.push(`${i}: status ${x.status} ${x.text && x.text.slice(0, 300)}`);
         }
       }
-      const m = await metrics(G.base);
-      if (m['m3_fault_injected_total{module="server"}'] >= 30 && m['m3_fault_injected_total{module="engine"}'] >= 10) break;
+      if (spent(await metrics(G.base))) break;
     }
     const m = await metrics(G.base);
     ok(!broken.length, `under injected allocation failures: ${good} responses equal to the clean server's, ${clean} clean errors, ${broken.length} broken` + (broken.length ? ':\n  ' + broken.slice(0, 5).join('\n  ') : ''));
-    ok(m['m3_fault_injected_total{module="server"}'] === 30 && m['m3_fault_injected_total{module="engine"}'] === 10,
-       `failures injected: server ${m['m3_fault_injected_total{module="server"}']} of ${m['m3_fault_allocations_total{module="server"}']} allocations, engine ${m['m3_fault_injected_total{module="engine"}']} of ${m['m3_fault_allocations_total{module="engine"}']}`);
+    ok(m['m3_fault_injected_total{module="server"}'] === 30 && m['m3_fault_injected_total{module="engine"}'] === 10 &&
+       m['m3_fault_injected_total{module="backend"}'] === 10,
+       `failures injected: server ${m['m3_fault_injected_total{module="server"}']} of ${m['m3_fault_allocations_total{module="server"}']} allocations, engine ${m['m3_fault_injected_total{module="engine"}']} of ${m['m3_fault_allocations_total{module="engine"}']}, backend ${m['m3_fault_injected_total{module="backend"}']} of ${m['m3_fault_allocations_total{module="backend"}']}`);
     // the failure plans are spent: everything answers as on the clean server again
     let after = 0;
-    if (m['m3_fault_injected_total{module="server"}'] >= 30 && m['m3_fault_injected_total{module="engine"}'] >= 10)
+    if (spent(m))
       for (let i = 0; i < mix.length; i++) after += textOf(await run(G.base, mix[i]), mix[i].stream) === expect[i];
     ok(after === mix.length, `after the failures: ${after}/${mix.length} responses equal to the clean server's`);
     await healthy(G.base, 'server with injected failures');

@@ -223,13 +223,52 @@ __global__ void k_index_scores(kvdesc d, const int32_t *pos, const int32_t *seq,
     }
 }
 
+/* Top-k of one (token, head) row of nb block scores by a warp: the forced local / initial
+ * blocks first (qb: the token's own block), then the highest scores (lowest block on ties),
+ * written ascending to out[topk], -1 padded. sc is modified; pk: topk ints of scratch. */
+static __device__ __forceinline__ void topk_warp(float *sc, int nb, int qb, int topk, int local, int init, int *pk,
+                                                 int32_t *out, int lane) {
+    for (int blk = lane; blk < nb; blk += 32)
+        if ((blk >= qb - local + 1 && blk <= qb) || blk < init) sc[blk] = INFINITY;
+    __syncwarp();
+    /* Each pass: every lane's best remaining block (highest score, lowest block on ties), then
+     * the warp's by two one-instruction reductions (redux.sync) on an order-preserving key of
+     * the score and on the block. Each lane reads and writes only blocks = lane mod 32, so the
+     * passes need no synchronization; the picks are then put in ascending order by rank. */
+    const uint32_t none = fkey(-INFINITY);
+    int got = 0;
+    for (int k = 0; k < topk && k < nb; k++) {
+        uint32_t bk = none;
+        int bi = 0x7fffffff;
+        for (int blk = lane; blk < nb; blk += 32) {
+            const float s = sc[blk];
+            const uint32_t key = isnan(s) ? none : fkey(s == 0.0f ? 0.0f : s); /* -0 ties +0 */
+            if (key > bk) { bk = key; bi = blk; }
+        }
+        const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
+        if (mk == none) break;
+        const int pick = (int)__reduce_min_sync(0xffffffffu, bk == mk ? (uint32_t)bi : 0x7fffffffu);
+        if ((pick & 31) == lane) sc[pick] = -INFINITY;
+        if (lane == 0) pk[got] = pick;
+        got++;
+    }
+    __syncwarp();
+    for (int k = lane; k < topk; k += 32) {
+        if (k < got) {
+            const int v = pk[k];
+            int r = 0;
+            for (int j = 0; j < got; j++) r += pk[j] < v;
+            out[r] = v;
+        } else
+            out[k] = -1;
+    }
+}
+
 typedef struct topk_args { /* the indexer's top-k, run by the last CTA of a token (tctr set) */
     int *tctr;               /* arrival counters, one per token */
     int topk, local, init;
     int32_t *sel;
 } topk_args;
-static __device__ __forceinline__ void topk_warp(float *sc, int nb, int qb, int topk, int local, int init, int *pk,
-                                                 int32_t *out, int lane);
 
 /* `bytes` from global src into shared dst in pieces of type P (uint4 or uint2), 16 pieces
  * requested before any is stored */
@@ -336,47 +375,6 @@ __global__ void __launch_bounds__(256) k_index_scores_k(kvdesc d, const int32_t 
 }
 
 #define SMEM_TOPK 8192 /* blocks of a score row kept in shared memory (32 KB: 1M tokens of 128-key blocks) */
-
-/* Top-k of one (token, head) row of nb block scores by a warp: the forced local / initial
- * blocks first (qb: the token's own block), then the highest scores (lowest block on ties),
- * written ascending to out[topk], -1 padded. sc is modified; pk: topk ints of scratch. */
-static __device__ __forceinline__ void topk_warp(float *sc, int nb, int qb, int topk, int local, int init, int *pk,
-                                                 int32_t *out, int lane) {
-    for (int blk = lane; blk < nb; blk += 32)
-        if ((blk >= qb - local + 1 && blk <= qb) || blk < init) sc[blk] = INFINITY;
-    __syncwarp();
-    /* Each pass: every lane's best remaining block (highest score, lowest block on ties), then
-     * the warp's by two one-instruction reductions (redux.sync) on an order-preserving key of
-     * the score and on the block. Each lane reads and writes only blocks = lane mod 32, so the
-     * passes need no synchronization; the picks are then put in ascending order by rank. */
-    const uint32_t none = fkey(-INFINITY);
-    int got = 0;
-    for (int k = 0; k < topk && k < nb; k++) {
-        uint32_t bk = none;
-        int bi = 0x7fffffff;
-        for (int blk = lane; blk < nb; blk += 32) {
-            const float s = sc[blk];
-            const uint32_t key = isnan(s) ? none : fkey(s == 0.0f ? 0.0f : s); /* -0 ties +0 */
-            if (key > bk) { bk = key; bi = blk; }
-        }
-        const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
-        if (mk == none) break;
-        const int pick = (int)__reduce_min_sync(0xffffffffu, bk == mk ? (uint32_t)bi : 0x7fffffffu);
-        if ((pick & 31) == lane) sc[pick] = -INFINITY;
-        if (lane == 0) pk[got] = pick;
-        got++;
-    }
-    __syncwarp();
-    for (int k = lane; k < topk; k += 32) {
-        if (k < got) {
-            const int v = pk[k];
-            int r = 0;
-            for (int j = 0; j < got; j++) r += pk[j] < v;
-            out[r] = v;
-        } else
-            out[k] = -1;
-    }
-}
 
 /* a warp per (token, head) */
 __global__ void k_index_topk(const int32_t *pos, int ni, int B, int nbmax, int topk, int local, int init, float *scores,
@@ -755,12 +753,9 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     if (b != c->step_b) { m3_cu_failf(c, "CUDA backend: attention outside its step"); { m3_cu_prof_end(c, OP_ATTN); return; } }
     const int T = b->T, nkv = kv->nkv, D = kv->D, G = nh / nkv;
     int nchunks = sel ? topk * ((block + ACH - 1) / ACH) : c->max_pos / ACH + 1;
-    /* splits of each (token, KV head)'s keys: about two CTAs per SM in all (M3_ATTN_SPLIT: at most
-     * that many, for comparisons) */
-    static int split_max = -1;
-    if (split_max < 0) split_max = m3_cu_env_int("M3_ATTN_SPLIT", 64);
+    /* splits of each (token, KV head)'s keys: about two CTAs per SM in all (fewer measured slower at
+     * batch 1: docs/PERF.md) */
     int nsplit = (int)cdiv(2 * (size_t)c->sm_count, (size_t)T * nkv);
-    if (nsplit > split_max) nsplit = split_max;
     if (nsplit > 64) nsplit = 64;
     if (nsplit > nchunks) nsplit = nchunks;
     if (nsplit < 1) nsplit = 1;

@@ -187,6 +187,51 @@ __global__ void __launch_bounds__(GW * 32) k_gemv(m3_linear W, const float *x, i
         }
 }
 
+/* One warp per token: sigmoid scores, bias-corrected choice, top-K (lowest index on ties,
+ * as the CPU's ascending scan with a strict >), weights s / sum(s) * scale; the K picks are
+ * then sorted by expert id so the weighted sum adds experts in ascending order (the CPU's).
+ * sm: 2E floats + K ints of this warp's own. Logits are read through L2 (another CTA of the
+ * router may have written them, k_gemv_ks). */
+static __device__ __forceinline__ void route_token(const float *logits, const float *bias, int E, int K, float scale,
+                                                   int32_t *pick, float *wt, float *sm, int lane) {
+    float *s = sm, *ch = sm + E;
+    int *pk = (int *)(ch + E);
+    for (int e = lane; e < E; e += 32) {
+        float sv = 1.0f / (1.0f + expf(-__ldcg(logits + e)));
+        s[e] = sv;
+        ch[e] = sv + (bias ? bias[e] : 0.0f);
+    }
+    __syncwarp();
+    /* as the indexer's top-k (attn.cu): each lane's best remaining expert, the warp's by two
+     * redux.sync reductions (order-preserving key of the score; lowest id on ties); each lane
+     * owns the experts = lane mod 32. The sum runs in pick order, as the CPU's. */
+    const uint32_t none = fkey(-INFINITY);
+    float sum = 0;
+    for (int k = 0; k < K; k++) {
+        uint32_t bk = none;
+        int bi = 0x7fffffff;
+        for (int e = lane; e < E; e += 32) {
+            const float v = ch[e];
+            const uint32_t key = isnan(v) ? none : fkey(v == 0.0f ? 0.0f : v);
+            if (key > bk) { bk = key; bi = e; }
+        }
+        const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
+        const int best = mk == none ? 0 /* every choice -inf (NaN logits): keep a valid id */
+                                    : (int)__reduce_min_sync(0xffffffffu, bk == mk ? (uint32_t)bi : 0x7fffffffu);
+        if ((best & 31) == lane) ch[best] = -INFINITY;
+        if (lane == 0) pk[k] = best;
+        sum += s[best];
+    }
+    __syncwarp();
+    for (int k = lane; k < K; k += 32) { /* ascending expert ids, by rank */
+        const int v = pk[k];
+        int r = 0;
+        for (int j = 0; j < K; j++) r += pk[j] < v || (pk[j] == v && j < k);
+        pick[r] = v;
+        wt[r] = s[v] / sum * scale;
+    }
+}
+
 /* the MoE routing step of the router's launch (k_gemv_ks): with ctr set, the CTA that finishes
  * last routes every token (route_token) */
 typedef struct route_args {
@@ -197,9 +242,6 @@ typedef struct route_args {
     int32_t *pick;
     float *wt;
 } route_args;
-
-static __device__ __forceinline__ void route_token(const float *logits, const float *bias, int E, int K, float scale,
-                                                   int32_t *pick, float *wt, float *sm, int lane);
 
 /* Few rows (the MoE router: 128 x 6144): a CTA per GR rows, its warps splitting K into GW
  * slices (a warp per GR rows over all of K kept 4 SMs busy); per-warp sums added in warp
@@ -290,13 +332,13 @@ static int fast_shape(const m3_linear *W) {
 }
 
 /* kernel<W's format, NT><<<g, GW warps, smem>>>(*W, x, T, t0, y, ...) */
-#define GEMV_LAUNCH(kernel, ...)                                                                               \
-    switch (W->fmt) {                                                                                          \
-    case M3_WF_F32: kernel<M3_WF_F32, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;         \
-    case M3_WF_BF16: kernel<M3_WF_BF16, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;       \
-    case M3_WF_F16: kernel<M3_WF_F16, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;         \
-    case M3_WF_MXFP8: kernel<M3_WF_MXFP8, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;     \
-    default: kernel<M3_WF_NVFP4, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;              \
+#define GEMV_LAUNCH(kernel, ...)                                                                                      \
+    switch (W->fmt) {                                                                                                 \
+    case M3_WF_F32: kernel<M3_WF_F32, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;          \
+    case M3_WF_BF16: kernel<M3_WF_BF16, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;        \
+    case M3_WF_F16: kernel<M3_WF_F16, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;          \
+    case M3_WF_MXFP8: kernel<M3_WF_MXFP8, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;      \
+    default: kernel<M3_WF_NVFP4, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;               \
     }
 
 /* ra (may be NULL): the routing step to run at the end of the launch; returns whether it did
@@ -311,7 +353,7 @@ static int launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T,
         const size_t smem = ksm;
         route_args ra;
         memset(&ra, 0, sizeof ra);
-        if (rap && (size_t)GW * (2 * rap->E + rap->K) <= (size_t)NT * W->K && T - t0 <= NT) ra = *rap;
+        if (rap && (size_t)GW * (2 * rap->E + rap->K) <= (size_t)NT * W->K && t0 == 0 && T <= NT) ra = *rap;
         GEMV_LAUNCH(k_gemv_ks, slice, ra);
         return ra.ctr != NULL;
     }
@@ -406,51 +448,6 @@ void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha,
 }
 
 /* ------------------------------------------------------------------ MoE */
-
-/* One warp per token: sigmoid scores, bias-corrected choice, top-K (lowest index on ties,
- * as the CPU's ascending scan with a strict >), weights s / sum(s) * scale; the K picks are
- * then sorted by expert id so the weighted sum adds experts in ascending order (the CPU's).
- * sm: 2E floats + K ints of this warp's own. Logits are read through L2 (another CTA of the
- * router may have written them, k_gemv_ks). */
-static __device__ __forceinline__ void route_token(const float *logits, const float *bias, int E, int K, float scale,
-                                                   int32_t *pick, float *wt, float *sm, int lane) {
-    float *s = sm, *ch = sm + E;
-    int *pk = (int *)(ch + E);
-    for (int e = lane; e < E; e += 32) {
-        float sv = 1.0f / (1.0f + expf(-__ldcg(logits + e)));
-        s[e] = sv;
-        ch[e] = sv + (bias ? bias[e] : 0.0f);
-    }
-    __syncwarp();
-    /* as the indexer's top-k (attn.cu): each lane's best remaining expert, the warp's by two
-     * redux.sync reductions (order-preserving key of the score; lowest id on ties); each lane
-     * owns the experts = lane mod 32. The sum runs in pick order, as the CPU's. */
-    const uint32_t none = fkey(-INFINITY);
-    float sum = 0;
-    for (int k = 0; k < K; k++) {
-        uint32_t bk = none;
-        int bi = 0x7fffffff;
-        for (int e = lane; e < E; e += 32) {
-            const float v = ch[e];
-            const uint32_t key = isnan(v) ? none : fkey(v == 0.0f ? 0.0f : v);
-            if (key > bk) { bk = key; bi = e; }
-        }
-        const uint32_t mk = __reduce_max_sync(0xffffffffu, bk);
-        const int best = mk == none ? 0 /* every choice -inf (NaN logits): keep a valid id */
-                                    : (int)__reduce_min_sync(0xffffffffu, bk == mk ? (uint32_t)bi : 0x7fffffffu);
-        if ((best & 31) == lane) ch[best] = -INFINITY;
-        if (lane == 0) pk[k] = best;
-        sum += s[best];
-    }
-    __syncwarp();
-    for (int k = lane; k < K; k += 32) { /* ascending expert ids, by rank */
-        const int v = pk[k];
-        int r = 0;
-        for (int j = 0; j < K; j++) r += pk[j] < v || (pk[j] == v && j < k);
-        pick[r] = v;
-        wt[r] = s[v] / sum * scale;
-    }
-}
 
 /* a warp (a block) per token */
 __global__ void k_route(const float *logits, const float *bias, int E, int K, float scale, int32_t *pick, float *wt) {

@@ -309,9 +309,7 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
  * values + their scales) is one contiguous piece of the tile, copied as it lies; the fragment
  * reads from it are free of bank conflicts in that order. */
 #define GP_NS 4
-#ifndef GV_PIPE_CTAS
 #define GV_PIPE_CTAS 3 /* resident CTAs per SM the pipelined kernels are built for (registers) */
-#endif
 template <int F> struct gp {
     enum {
         SU = F == M3_WF_NVFP4 ? 2 : 4,        /* units per stage */

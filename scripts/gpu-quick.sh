@@ -42,9 +42,10 @@ for v in M3_CUDA_FUSE=0 M3_CUDA_PDL=1 M3_GV_PIPE=0 M3_CUDA_TILE=0; do
 done
 s "linear kernels and one MoE layer against the CPU; KV store, indexer and sparse attention against the CPU"
 ck timeout 120 "$B/bench_cuda_linear"
+[ -x "$B/bench_cuda_stream" ] && timeout 60 "$B/bench_cuda_stream"
 [ -x "$B/bench_cuda_attn" ] && ck timeout 180 "$B/bench_cuda_attn"
-s "MoE grouped by expert (M3_MOE_GROUPED=1): the MoE layer against the CPU, then batch 8 and a verify pass of 8"
-ck env M3_MOE_GROUPED=1 timeout 120 "$B/bench_cuda_linear"
+s "MoE one read per slot (M3_MOE_GROUPED=0; grouped by expert is the default): the MoE layer against the CPU, then batch 8 and a verify pass of 8"
+ck env M3_MOE_GROUPED=0 timeout 120 "$B/bench_cuda_linear"
 for gflag in 0 1; do
   M3_MOE_GROUPED=$gflag timeout 90 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 \
     --steps 10 --prefill 0 --verify 7 | sed "s/^/grouped=$gflag: /"

@@ -574,16 +574,20 @@ __global__ void k_attn(kvdesc d, const int32_t *pos, const int32_t *seq, const f
 }
 
 /* The same for G <= 16 query heads per group and D <= 128 (the M3 shapes), with register
- * blocking: 128 threads; QK: a warp owns 4 heads, a lane one key (float4 reads, K rows
- * padded to D + 4 floats: conflict-free); PV: a thread owns one channel of every head, its
- * accumulators in registers; probabilities read as broadcast float4. */
-__global__ void __launch_bounds__(128) k_attn_fast(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh,
+ * blocking: NW warps (4 or 8); QK: a warp owns 16 / NW heads, a lane one key (float4 reads, K
+ * rows padded to D + 4 floats: conflict-free); PV: a thread owns one channel of HT = 16 * D /
+ * (32 NW) heads (all 16 at D = 128 and 4 warps), its accumulators in registers; probabilities
+ * read as broadcast float4. */
+template <int NW>
+__global__ void __launch_bounds__(NW * 32) k_attn_fast(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh,
                                                    const int32_t *sel, int B, int topk, int nsplit, float *part, float *out,
                                                    float scale) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     extern __shared__ __align__(16) float sm[];
     const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
     const int D = d.D, G = nh / d.nkv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    constexpr int NT = NW * 32, HW = 16 / NW, HT = NW == 4 ? 16 : 8; /* heads per warp (QK), per thread (PV) */
+    const int h0 = NW == 4 ? 0 : (tid / D) * HT, ch = NW == 4 ? tid : tid % D; /* PV: first head, channel */
     const int DP = D + 4;
     float *qs = sm;                   /* [G][D] */
     float *ks = qs + G * D;           /* [ACH][DP] */
@@ -593,12 +597,12 @@ __global__ void __launch_bounds__(128) k_attn_fast(kvdesc d, const int32_t *pos,
     const int p = pos[t], sq = seq[t];
     { /* the group's queries: G x D (<= 2048) values as float4 (D % 8 == 0) */
         const float4 *qg = (const float4 *)(q + ((size_t)t * nh + (size_t)g * G) * D);
-        for (int i = tid; i < G * D / 4; i += 128) ((float4 *)qs)[i] = qg[i];
+        for (int i = tid; i < G * D / 4; i += NT) ((float4 *)qs)[i] = qg[i];
     }
-    for (int h = tid; h < G; h += 128) { ml[h] = -INFINITY; ml[G + h] = 0; }
-    float acc[16];
+    for (int h = tid; h < G; h += NT) { ml[h] = -INFINITY; ml[G + h] = 0; }
+    float acc[HT];
 #pragma unroll
-    for (int h = 0; h < 16; h++) acc[h] = 0;
+    for (int h = 0; h < HT; h++) acc[h] = 0;
     const int cpb = (B + ACH - 1) / ACH;
     const int nchunks = sel ? topk * cpb : p / ACH + 1;
     __syncthreads();
@@ -606,7 +610,7 @@ __global__ void __launch_bounds__(128) k_attn_fast(kvdesc d, const int32_t *pos,
         int a, e;
         if (!chunk_range(sel, t, d.nkv, g, topk, B, cpb, ci, p, &a, &e)) continue; /* uniform across the CTA */
         const int n = e - a;
-        for (int i = tid; i < n * (D / 8); i += 128) {
+        for (int i = tid; i < n * (D / 8); i += NT) {
             int j = i / (D / 8), x = (i % (D / 8)) * 8, kp = a + j;
             const uint8_t *pg = page_of(d, sq, kp);
             size_t off = ((size_t)g * d.page + kp % d.page) * d.rb;
@@ -618,16 +622,18 @@ __global__ void __launch_bounds__(128) k_attn_fast(kvdesc d, const int32_t *pos,
             *(float4 *)&vs[j * D + x] = make_float4(vv[0], vv[1], vv[2], vv[3]);
             *(float4 *)&vs[j * D + x + 4] = make_float4(vv[4], vv[5], vv[6], vv[7]);
         }
-        for (int i = tid; i < (ACH - n) * D; i += 128) vs[n * D + i] = 0; /* keys past n: p = 0, v finite */
+        for (int i = tid; i < (ACH - n) * D; i += NT) vs[n * D + i] = 0; /* keys past n: p = 0, v finite */
         __syncthreads();
         {
-            float dot[4] = {0, 0, 0, 0};
+            float dot[HW];
+#pragma unroll
+            for (int hh = 0; hh < HW; hh++) dot[hh] = 0;
             const float *kj = ks + lane * DP;
             for (int x = 0; x < D; x += 4) {
                 float4 kv = *(const float4 *)(kj + x);
 #pragma unroll
-                for (int hh = 0; hh < 4; hh++) {
-                    int h = warp * 4 + hh;
+                for (int hh = 0; hh < HW; hh++) {
+                    int h = warp * HW + hh;
                     if (h < G) {
                         float4 qv = *(const float4 *)(qs + h * D + x);
                         dot[hh] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
@@ -635,13 +641,13 @@ __global__ void __launch_bounds__(128) k_attn_fast(kvdesc d, const int32_t *pos,
                 }
             }
 #pragma unroll
-            for (int hh = 0; hh < 4; hh++) {
-                int h = warp * 4 + hh;
+            for (int hh = 0; hh < HW; hh++) {
+                int h = warp * HW + hh;
                 if (h < G) ps[h * ACH + lane] = lane < n ? dot[hh] * scale : -INFINITY;
             }
         }
         __syncthreads();
-        for (int h = warp; h < G; h += 4) {
+        for (int h = warp; h < G; h += NW) {
             float v = ps[h * ACH + lane];
             float mx = fmaxf(ml[h], warp_max(v));
             float e_ = lane < n ? expf(v - mx) : 0.0f;
@@ -655,38 +661,38 @@ __global__ void __launch_bounds__(128) k_attn_fast(kvdesc d, const int32_t *pos,
             }
         }
         __syncthreads();
-        if (tid < D) {
+        if (tid < D * (16 / HT)) {
 #pragma unroll
-            for (int h = 0; h < 16; h++)
-                if (h < G) acc[h] *= ml[2 * G + h];
+            for (int h = 0; h < HT; h++)
+                if (h0 + h < G) acc[h] *= ml[2 * G + h0 + h];
             for (int j = 0; j < ACH; j += 4) {
-                float v0 = vs[j * D + tid], v1 = vs[(j + 1) * D + tid], v2 = vs[(j + 2) * D + tid], v3 = vs[(j + 3) * D + tid];
+                float v0 = vs[j * D + ch], v1 = vs[(j + 1) * D + ch], v2 = vs[(j + 2) * D + ch], v3 = vs[(j + 3) * D + ch];
 #pragma unroll
-                for (int h = 0; h < 16; h++)
-                    if (h < G) {
-                        float4 pp = *(const float4 *)(ps + h * ACH + j);
+                for (int h = 0; h < HT; h++)
+                    if (h0 + h < G) {
+                        float4 pp = *(const float4 *)(ps + (h0 + h) * ACH + j);
                         acc[h] += pp.x * v0 + pp.y * v1 + pp.z * v2 + pp.w * v3;
                     }
             }
         }
         __syncthreads();
     }
-    if (tid >= D) return;
+    if (tid >= D * (16 / HT)) return;
     if (nsplit == 1) {
 #pragma unroll
-        for (int h = 0; h < 16; h++)
-            if (h < G) {
-                float l = ml[G + h];
-                out[((size_t)t * nh + (size_t)g * G + h) * D + tid] = l > 0 ? acc[h] / l : 0.0f;
+        for (int h = 0; h < HT; h++)
+            if (h0 + h < G) {
+                float l = ml[G + h0 + h];
+                out[((size_t)t * nh + (size_t)g * G + h0 + h) * D + ch] = l > 0 ? acc[h] / l : 0.0f;
             }
         return;
     }
     float *pp = part + (((size_t)t * d.nkv + g) * nsplit + s) * (size_t)G * (D + 2);
 #pragma unroll
-    for (int h = 0; h < 16; h++)
-        if (h < G) {
-            pp[h * (D + 2) + 2 + tid] = acc[h];
-            if (tid == 0) { pp[h * (D + 2)] = ml[h]; pp[h * (D + 2) + 1] = ml[G + h]; }
+    for (int h = 0; h < HT; h++)
+        if (h0 + h < G) {
+            pp[(h0 + h) * (D + 2) + 2 + ch] = acc[h];
+            if (ch == 0) { pp[(h0 + h) * (D + 2)] = ml[h0 + h]; pp[(h0 + h) * (D + 2) + 1] = ml[G + h0 + h]; }
         }
 }
 
@@ -756,6 +762,8 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     /* splits of each (token, KV head)'s keys: about two CTAs per SM in all (fewer measured slower at
      * batch 1: docs/PERF.md) */
     int nsplit = (int)cdiv(2 * (size_t)c->sm_count, (size_t)T * nkv);
+    if (T <= 8 && nsplit < 32) nsplit = 32; /* a verify pass / small batch: a chunk or two per CTA (8 tokens:
+                                             * 4.96 against 5.05 ms a pass with 9 splits) */
     if (nsplit > 64) nsplit = 64;
     if (nsplit > nchunks) nsplit = nchunks;
     if (nsplit < 1) nsplit = 1;
@@ -769,9 +777,15 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     }
     if (G <= 16 && D <= 128 && D % 8 == 0) {
         size_t sf = sizeof(float) * ((size_t)G * D + ACH * (size_t)(D + 4) + ACH * (size_t)D + (size_t)G * ACH + 3 * (size_t)G);
-        if (sf > 48 * 1024) cudaFuncSetAttribute(k_attn_fast, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sf);
-        k_attn_fast<<<dim3(nsplit, nkv, T), 128, sf, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, sel, block, topk,
-                                                              nsplit, part, out, 1.0f / sqrtf((float)D));
+        /* 8 warps where D = 128 (a thread per channel and 8 heads): 11.8 against 14.5 us a decode layer */
+        if (sf > 48 * 1024) cudaFuncSetAttribute(k_attn_fast<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sf);
+        if (sf > 48 * 1024) cudaFuncSetAttribute(k_attn_fast<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sf);
+        if (D == 128)
+            k_attn_fast<8><<<dim3(nsplit, nkv, T), 256, sf, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, sel, block,
+                                                                     topk, nsplit, part, out, 1.0f / sqrtf((float)D));
+        else
+            k_attn_fast<4><<<dim3(nsplit, nkv, T), 128, sf, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, sel, block,
+                                                                     topk, nsplit, part, out, 1.0f / sqrtf((float)D));
     } else {
         int threads = G * D >= 256 ? 256 : 128;
         k_attn<<<dim3(nsplit, nkv, T), threads, smem, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, sel, block, topk,

@@ -595,6 +595,19 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     }
     cublasSetStream(c->blas, c->st);
     cublasSetMathMode(c->blas, CUBLAS_PEDANTIC_MATH); /* f32 GEMMs stay f32: no TF32 */
+    /* cuBLAS's workspace, ours: a GEMM recorded in a decode graph must not allocate */
+    c->blas_ws_bytes = (size_t)32 << 20;
+    if (cudaMalloc(&c->blas_ws, c->blas_ws_bytes) != cudaSuccess ||
+        cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes) != CUBLAS_STATUS_SUCCESS) {
+        cudaGetLastError();
+        if (c->blas_ws) cudaFree(c->blas_ws);
+        c->blas_ws = NULL;
+        cudaFree(c->ctr);
+        cublasDestroy(c->blas);
+        cudaStreamDestroy(c->st);
+        free(c);
+        return m3_errf(err, "CUDA device %d: out of memory (cuBLAS workspace)", dev);
+    }
     ops->name = "cuda";
     ops->ctx = c;
     ops->device_memory = 1;
@@ -639,6 +652,7 @@ extern "C" void m3_cuda_ops_free(m3_ops *ops) {
         free(c->h_pick);
         free(c->h_pick_seen);
         cublasDestroy(c->blas);
+        cudaFree(c->blas_ws);
         cudaStreamDestroy(c->st);
         free(c);
     }

@@ -55,6 +55,8 @@ typedef struct m3_cuda {
      * arrival counters (zero between launches) */
     struct { const float *src; size_t n; uint16_t *buf; } xs[2];
     int xs_next;
+    void *blas_ws;              /* cuBLAS workspace (set on the handle) */
+    size_t blas_ws_bytes;
     int *ctr;
     long ctr_n;                 /* GEMV arrival counters; CTR_AUX more follow them (ctr_aux) */
     /* expert counting for benchmarks */
@@ -67,8 +69,10 @@ typedef struct m3_cuda {
 
 /* Arrival counters of the kernels that finish with a last-CTA step (zero between launches,
  * each launch leaves them zero): after the GEMVs' ctr_n, CTR_AUX_ROUTE (the router's routing
- * step), then one per token from CTR_AUX_TOK (the indexer's top-k), CTR_AUX in all. */
+ * step), CTR_AUX_GV (the GEMV's item counter), then one per token from CTR_AUX_TOK (the
+ * indexer's top-k), CTR_AUX in all. */
 #define CTR_AUX_ROUTE 0
+#define CTR_AUX_GV 1 /* the tensor-core GEMV's next item (gemv_mma.cu, dyn) */
 #define CTR_AUX_TOK 16
 #define CTR_AUX (CTR_AUX_TOK + 65536)
 static inline int *ctr_aux(const m3_cuda *c, int i) { return c->ctr + c->ctr_n + i; }
@@ -78,6 +82,14 @@ static inline int *ctr_aux(const m3_cuda *c, int i) { return c->ctr + c->ctr_n +
  * after that thread's earlier writes. Lighter than __threadfence (a sequentially consistent
  * fence, which also waits for unrelated traffic). */
 static __device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+
+/* atomic add with release semantics at GPU scope (this thread's earlier writes, and those
+ * ordered before them, are visible before the add); returns the old value */
+static __device__ __forceinline__ int atom_add_release(int *p, int v) {
+    int old;
+    asm volatile("atom.release.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
 
 /* The last CTA of a grid to arrive (after every CTA has called it once, all threads): true in
  * that CTA only, with every other CTA's writes visible; it resets the counter. */

@@ -378,6 +378,66 @@ static int gemv(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y,
     return routed;
 }
 
+/* ------------------------------------------------------------------ BF16, 2-8 tokens
+ * The SIMT GEMV's work grows with T (the lm_head at 8 tokens: 19% of the copy bandwidth; the
+ * MoE router at 8 tokens: 4 CTAs, 72 us), so 2-8 tokens of a BF16 matrix go through cuBLAS on
+ * the tensor cores: x split into three bf16 rows (x = hi + mid + lo to ~24 bits, f32's
+ * precision; the products are exact in f32), one GEMM against the 3T rows, the thirds added. */
+
+/* x[T][K] f32 -> xs[0..T) hi, xs[T..2T) mid, xs[2T..3T) lo (bf16) */
+__global__ void k_split3_bf16(const float *x, int T, int K, __nv_bfloat16 *xs) {
+    const size_t n = (size_t)T * K;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float v = x[i];
+        const __nv_bfloat16 h = __float2bfloat16_rn(v);
+        const float r = v - __bfloat162float(h);
+        const __nv_bfloat16 m = __float2bfloat16_rn(r);
+        xs[i] = h;
+        xs[n + i] = m;
+        xs[2 * n + i] = __float2bfloat16_rn(r - __bfloat162float(m));
+    }
+}
+
+/* y[t][n] = p[t][n] + p[T + t][n] + p[2T + t][n] */
+__global__ void k_add_thirds(const float *p, int T, int N, float *y) {
+    const size_t n = (size_t)T * N;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = p[i] + p[n + i] + p[2 * n + i];
+}
+
+/* M3_BF16_BLAS=0 keeps 2-8 tokens on the SIMT GEMV */
+static int bf16_blas_on(void) {
+    static int on = -1;
+    if (on < 0) on = m3_cu_env_int("M3_BF16_BLAS", 1) != 0;
+    return on;
+}
+
+/* 0 done (or failed: c->failed), -1 not this path */
+static int linear_bf16_blas(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y) {
+    if (W->fmt != M3_WF_BF16 || W->tiled || T < 2 || T > 8 || !bf16_blas_on() || (size_t)W->N * W->K < ((size_t)1 << 19) ||
+        W->row_bytes != (size_t)2 * W->K || ((uintptr_t)W->w & 15) || W->K % 8)
+        return -1;
+    const size_t pn = (size_t)3 * T * W->N, xn = (size_t)3 * T * W->K;
+    float *p = (float *)m3_cu_scratch(c, SC_DEQ, sizeof(float) * pn + sizeof(uint16_t) * xn + 256);
+    if (!p) return 0;
+    __nv_bfloat16 *xs = (__nv_bfloat16 *)(p + ((pn + 63) & ~(size_t)63));
+    unsigned g = cdiv((size_t)T * W->K, 256);
+    k_split3_bf16<<<g < 1024 ? g : 1024, 256, 0, c->st>>>(x, T, W->K, xs);
+    if (CK_LAUNCH(c, "split x (bf16)")) return 0;
+    const float one = 1.0f, zero = 0.0f;
+    /* column-major view: W^T is K x N (ld K); xs is K x 3T (ld K); p is N x 3T (ld N) */
+    cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, W->N, 3 * T, W->K, &one, W->w, CUDA_R_16BF, W->K, xs,
+                                    CUDA_R_16BF, W->K, &zero, p, CUDA_R_32F, W->N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        m3_cu_failf(c, "cuBLAS BF16 GEMM failed (status %d)", (int)s);
+        return 0;
+    }
+    g = cdiv((size_t)T * W->N, 256);
+    k_add_thirds<<<g < 4096 ? g : 4096, 256, 0, c->st>>>(p, T, W->N, y);
+    CK_LAUNCH(c, "add thirds");
+    return 0;
+}
+
 void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y) {
     m3_cuda *c = (m3_cuda *)ctx;
     m3_cu_prof_begin(c, OP_LINEAR);
@@ -389,7 +449,11 @@ void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y
             m3_cu_gemv_mma(c, W, x + (size_t)t0 * W->K, T - t0 < 8 ? T - t0 : 8, y + (size_t)t0 * W->N);
         { m3_cu_prof_end(c, OP_LINEAR); return; }
     }
-    if (T <= 8) { gemv(c, W, x, T, y); { m3_cu_prof_end(c, OP_LINEAR); return; } }
+    if (T <= 8) {
+        if (linear_bf16_blas(c, W, x, T, y)) gemv(c, W, x, T, y);
+        m3_cu_prof_end(c, OP_LINEAR);
+        return;
+    }
     /* dequantize row chunks of at most ~256 MB and SGEMM each */
     int chunk = (int)((256u << 20) / (4 * (size_t)W->K));
     if (chunk < 64) chunk = 64;
@@ -613,7 +677,7 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
     route_args ra = {ctr_aux(c, CTR_AUX_ROUTE), L->route_bias, E, K, routed_scale, pick, wt};
     int routed = 0;
     m3_cu_xsplit_touch(c, logits, sizeof(float) * (size_t)T * E);
-    if (T <= 8 && !m3_cu_mma_ok(&L->router) && m3_cu_fuse_on()) routed = gemv(c, &L->router, x, T, logits, &ra);
+    if (T == 1 && !m3_cu_mma_ok(&L->router) && m3_cu_fuse_on()) routed = gemv(c, &L->router, x, T, logits, &ra);
     else m3_cu_linear(c, &L->router, x, T, logits);
     if (!routed) {
         k_route<<<T, 32, sizeof(float) * 2 * (size_t)E + sizeof(int) * (size_t)K, c->st>>>(logits, L->route_bias, E, K,
@@ -640,9 +704,11 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
             /* tensor cores: (gate, up) of every slot, SwiGLU, down */
             float *gu = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)S * Fd * 2);
             if (!gu) { m3_cu_prof_end(c, OP_MOE); return; }
-            /* M3_MOE_GROUPED=1 (2-8 tokens): each picked expert read once for all its tokens */
+            /* 2-8 tokens: each picked expert read once for all its tokens (up to 4 per read; a verify
+             * pass of 8 tokens picks ~49 distinct experts of 64 slots per layer); M3_MOE_GROUPED=0:
+             * one read per slot */
             static int grouped = -1;
-            if (grouped < 0) grouped = getenv("M3_MOE_GROUPED") && atoi(getenv("M3_MOE_GROUPED")) == 1;
+            if (grouped < 0) grouped = m3_cu_env_int("M3_MOE_GROUPED", 1) != 0;
             const int grp = grouped && T >= 2 && m3_cu_moe_grouped(c, e0, tab, pick, T, K, E, 0, x, H, gu) == 0;
             if (!grp) m3_cu_moe_mma(c, e0, tab, pick, K, S, 0, x, H, gu);
             uint16_t *hs = m3_cu_xsplit_claim(c, h, (size_t)S * Fd);

@@ -190,8 +190,8 @@ int main(int argc, char **argv) {
                                        m3_linear_bytes(&L->experts[0].down));
             const double fixed = (double)(m3_linear_bytes(&L->router) + m3_linear_bytes(&L->shared.gate) +
                                           m3_linear_bytes(&L->shared.up) + m3_linear_bytes(&L->shared.down));
-            for (int ti = 0; ti < 2; ti++) {
-                const int T = ti ? 8 : 1;
+            for (int ti = 0; ti < 4; ti++) { /* 1 token, a verify pass, a batch grouped in one launch, two launches */
+                const int T = ti == 0 ? 1 : ti == 1 ? 8 : ti == 2 ? 64 : 100;
                 float *x = malloc(sizeof(float) * (size_t)T * H), *yc = malloc(sizeof(float) * (size_t)T * H),
                       *yg = malloc(sizeof(float) * (size_t)T * H);
                 for (size_t i = 0; i < (size_t)T * H; i++) x[i] = urand();

@@ -71,6 +71,11 @@ typedef struct m3_cuda {
  * each launch leaves them zero): after the GEMVs' ctr_n, CTR_AUX_ROUTE (the router's routing
  * step), CTR_AUX_GV (the GEMV's item counter), then one per token from CTR_AUX_TOK (the
  * indexer's top-k), CTR_AUX in all. */
+/* MoE grouped by expert on the tensor cores (gemv_mma.cu): at most MOE_GROUP_T tokens and
+ * MOE_GROUP_S (token, expert) slots per launch; larger batches go in chunks */
+#define MOE_GROUP_T 64
+#define MOE_GROUP_S 512
+
 #define CTR_AUX_ROUTE 0
 #define CTR_AUX_GV 1 /* the tensor-core GEMV's next item (gemv_mma.cu, dyn) */
 #define CTR_AUX_TOK 16

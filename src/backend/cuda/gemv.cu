@@ -694,39 +694,45 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
     const int mma = m3_cu_mma_ok(&e0->gate) && m3_cu_mma_ok(&e0->up) && m3_cu_mma_ok(&e0->down);
     int fast = !absent && T <= 8 && L->backend && e0->gate.fmt == e0->up.fmt && e0->gate.fmt == e0->down.fmt &&
                (mma || (fast_shape(&e0->gate) && fast_shape(&e0->up) && fast_shape(&e0->down)));
-    if (fast) {
+    /* 2-8 tokens (and batches up to 4 MOE_GROUP_T in chunks of MOE_GROUP_T): each picked expert read
+     * once for all its tokens of a chunk (up to 4 per read; a verify pass of 8 tokens picks ~49
+     * distinct experts of 64 slots per layer); M3_MOE_GROUPED=0: one read per slot. Longer runs
+     * (prefill chunks) group on the host, below. */
+    static int grouped = -1;
+    if (grouped < 0) grouped = m3_cu_env_int("M3_MOE_GROUPED", 1) != 0;
+    const int gbig = !absent && T > 8 && T <= 4 * MOE_GROUP_T && mma && grouped && L->backend && e0->gate.fmt == e0->up.fmt &&
+                     e0->gate.fmt == e0->down.fmt && K <= MOE_GROUP_S / MOE_GROUP_T;
+    if (fast || gbig) {
+        const m3_mlp_w *tab = (const m3_mlp_w *)L->backend;
+        for (int t0 = 0; t0 < T && mma; t0 += MOE_GROUP_T) { /* tensor cores: (gate, up) of every slot, SwiGLU, down */
+            const int tc = T - t0 < MOE_GROUP_T ? T - t0 : MOE_GROUP_T, S = tc * K;
+            const float *xc = x + (size_t)t0 * H;
+            const int32_t *pc = pick + (size_t)t0 * K;
+            float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * (size_t)S * (Fd + H));
+            float *gu = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)S * Fd * 2);
+            if (!h || !gu) { m3_cu_prof_end(c, OP_MOE); return; }
+            float *ye = h + (size_t)S * Fd;
+            const int grp = grouped && tc >= 2 && m3_cu_moe_grouped(c, e0, tab, pc, tc, K, E, 0, xc, H, gu) == 0;
+            if (!grp) m3_cu_moe_mma(c, e0, tab, pc, K, S, 0, xc, H, gu);
+            uint16_t *hs = m3_cu_xsplit_claim(c, h, (size_t)S * Fd);
+            if (!hs) { m3_cu_prof_end(c, OP_MOE); return; }
+            k_swiglu_pairs<<<cdiv((size_t)S * Fd, 256), 256, 0, c->st>>>(gu, S, Fd, alpha, limit, h, hs);
+            if (grp) m3_cu_moe_grouped(c, e0, tab, pc, tc, K, E, 2, h, Fd, ye);
+            else m3_cu_moe_mma(c, e0, tab, pc, K, S, 2, h, Fd, ye);
+            float *sh = NULL;
+            if (L->has_shared) { /* the shared expert first, so that the combine adds it (one launch less) */
+                sh = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)tc * H); /* gu is spent */
+                if (!sh) { m3_cu_prof_end(c, OP_MOE); return; }
+                m3_cu_mlp(c, &L->shared, xc, tc, alpha, limit, sh);
+            }
+            k_moe_combine<<<dim3(cdiv(H, 256), tc), 256, 0, c->st>>>(ye, wt + (size_t)t0 * K, K, H, sh, out + (size_t)t0 * H);
+            if (CK_LAUNCH(c, "moe (tensor cores)")) { m3_cu_prof_end(c, OP_MOE); return; }
+            if (t0 + tc >= T) { m3_cu_prof_end(c, OP_MOE); return; }
+        }
         int S = T * K;
         float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * (size_t)S * (Fd + H));
         if (!h) { m3_cu_prof_end(c, OP_MOE); return; }
         float *ye = h + (size_t)S * Fd;
-        const m3_mlp_w *tab = (const m3_mlp_w *)L->backend;
-        if (mma) {
-            /* tensor cores: (gate, up) of every slot, SwiGLU, down */
-            float *gu = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)S * Fd * 2);
-            if (!gu) { m3_cu_prof_end(c, OP_MOE); return; }
-            /* 2-8 tokens: each picked expert read once for all its tokens (up to 4 per read; a verify
-             * pass of 8 tokens picks ~49 distinct experts of 64 slots per layer); M3_MOE_GROUPED=0:
-             * one read per slot */
-            static int grouped = -1;
-            if (grouped < 0) grouped = m3_cu_env_int("M3_MOE_GROUPED", 1) != 0;
-            const int grp = grouped && T >= 2 && m3_cu_moe_grouped(c, e0, tab, pick, T, K, E, 0, x, H, gu) == 0;
-            if (!grp) m3_cu_moe_mma(c, e0, tab, pick, K, S, 0, x, H, gu);
-            uint16_t *hs = m3_cu_xsplit_claim(c, h, (size_t)S * Fd);
-            if (!hs) { m3_cu_prof_end(c, OP_MOE); return; }
-            k_swiglu_pairs<<<cdiv((size_t)S * Fd, 256), 256, 0, c->st>>>(gu, S, Fd, alpha, limit, h, hs);
-            if (grp) m3_cu_moe_grouped(c, e0, tab, pick, T, K, E, 2, h, Fd, ye);
-            else m3_cu_moe_mma(c, e0, tab, pick, K, S, 2, h, Fd, ye);
-            float *sh = NULL;
-            if (L->has_shared) { /* the shared expert first, so that the combine adds it (one launch less) */
-                sh = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)T * H); /* gu is spent */
-                if (!sh) { m3_cu_prof_end(c, OP_MOE); return; }
-                m3_cu_mlp(c, &L->shared, x, T, alpha, limit, sh);
-            }
-            k_moe_combine<<<dim3(cdiv(H, 256), T), 256, 0, c->st>>>(ye, wt, K, H, sh, out);
-            if (CK_LAUNCH(c, "moe (tensor cores)")) { m3_cu_prof_end(c, OP_MOE); return; }
-            m3_cu_prof_end(c, OP_MOE);
-            return;
-        }
         int kt1 = kt_for(H), kt2 = kt_for(Fd);
         dim3 g1(cdiv(Fd, GW * 2), S), g2(cdiv(H, GW * GR), S);
         size_t s1 = sizeof(float) * kt1, s2 = sizeof(float) * kt2;

@@ -764,12 +764,12 @@ int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, cons
 /* the distinct experts of a step's S = T*K picks, ascending, each with its slots in token
  * order, at most GRP_CAP slots per group (an expert picked by more tokens gets more groups,
  * so that the kernel carries every token's x_hi and x_lo in one MMA): out[0] = groups, then
- * per group {expert, count, slots[8]}. One thread per slot (S <= 64, one block of 64): slot i
+ * per group {expert, count, slots[8]}. One thread per slot (S <= MOE_GROUP_S, one block): slot i
  * counts the slots of its expert (cnt) and those before it (rank); the group of slot i is the
  * groups of every smaller expert picked plus rank / GRP_CAP. */
 #define GRP_CAP 4
-__global__ void __launch_bounds__(64) k_moe_groups(const int32_t *pick, int T, int K, int *out) {
-    __shared__ int e[64], ng[64];
+__global__ void __launch_bounds__(MOE_GROUP_S) k_moe_groups(const int32_t *pick, int T, int K, int *out) {
+    __shared__ int e[MOE_GROUP_S], ng[MOE_GROUP_S];
     const int S = T * K, i = threadIdx.x;
     e[i] = i < S ? pick[i] : 0x7fffffff;
     __syncthreads();
@@ -795,20 +795,20 @@ __global__ void __launch_bounds__(64) k_moe_groups(const int32_t *pick, int T, i
     g[2 + rank % GRP_CAP] = i;
 }
 
-/* The MoE experts grouped by expert (2 <= T <= 8 tokens): each picked expert's rows are read
+/* The MoE experts grouped by expert (2 <= T <= MOE_GROUP_T tokens, T * topk <= MOE_GROUP_S): each picked expert's rows are read
  * once for all the tokens routed to it (a speculative verify pass, a batch of decodes);
  * outputs land where m3_cu_moe_mma puts them (gu[S][2][F], then ye[S][H]). part 0: route the
  * picks into groups and run gate + up; part 2: down. -1 when not supported. */
 int m3_cu_moe_grouped(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int T, int topk,
                       int E, int part, const float *x, int xstride, float *out) {
     const m3_linear *W = part == 2 ? &host_e0->down : &host_e0->gate;
-    if (T < 2 || T > 8 || T * topk > 64 || !m3_cu_mma_ok(W) || (part != 2 && (!m3_cu_mma_ok(&host_e0->up) || host_e0->up.fmt != W->fmt)))
+    if (T < 2 || T > MOE_GROUP_T || T * topk > MOE_GROUP_S || !m3_cu_mma_ok(W) || (part != 2 && (!m3_cu_mma_ok(&host_e0->up) || host_e0->up.fmt != W->fmt)))
         return -1;
     const int S = T * topk, gmax = S; /* groups: at most one per slot */
     int *groups = (int *)m3_cu_scratch(c, SC_IDX, sizeof(int) * (size_t)(1 + 10 * gmax) + 64);
     if (!groups) return 0;
     if (part != 2) {
-        k_moe_groups<<<1, 64, 0, c->st>>>(pick, T, topk, groups);
+        k_moe_groups<<<1, (S + 31) / 32 * 32, 0, c->st>>>(pick, T, topk, groups);
         if (CK_LAUNCH(c, "moe groups")) return 0;
     }
     const int rows = part == 2 ? S : T; /* x rows: tokens (gate/up) or slots (down) */

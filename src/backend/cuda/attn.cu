@@ -9,7 +9,8 @@
  * Attention: a CTA per (key split, KV group, token) walks 32-key chunks of the keys the
  * token may see (the selected blocks, or [0, pos] on dense layers), online softmax per
  * query head of the group; splits are merged by log-sum-exp. Splits are chosen so that a
- * decode step fills the GPU; prefill gets one split per (token, group). */
+ * decode step fills the GPU (at least 32 per (token, group) up to 8 tokens: a verify pass);
+ * prefill gets one split per (token, group). */
 #include <math.h>
 
 #include "common.cuh"

@@ -1,18 +1,22 @@
 /* Linear layers, the dense MLP and the MoE on the GPU.
  *
- * linear, up to 8 tokens: GEMV. A CTA of 8 warps owns 32 output rows (4 per warp, so each
+ * linear, up to 8 tokens: MXFP8 / NVFP4 on the tensor cores (gemv_mma.cu); BF16 at 1 token and
+ * other formats: the SIMT GEMV here. A CTA of 8 warps owns 32 output rows (4 per warp, so each
  * x value read from shared memory serves 4 rows); each lane streams 16-byte chunks of its
  * rows (16 MXFP8 values, 32 NVFP4 values, 8 BF16...) and decodes them in registers; the
  * block scales multiply partial sums. x is staged in shared memory in K tiles. Every weight
- * byte is read once per call; accumulation is f32.
+ * byte is read once per call; accumulation is f32. BF16 at 2-8 tokens (the lm_head of a
+ * verify pass, the router): cuBLAS on the tensor cores with x in three bf16 parts.
  * linear, more tokens: the weight is dequantized to f32 in row chunks and multiplied by
  * cuBLAS SGEMM in pedantic f32 (exact products, no TF32): prefill correctness first.
  * MoE, up to 8 tokens: router GEMV, a warp per token picks the top-k (sigmoid + bias,
- * lowest index on ties, as the CPU), then one launch computes gate+up+SwiGLU of every
- * (token, expert) slot reading the expert's rows straight from the device expert table,
- * one launch the down projections, one the weighted sum: no host synchronization.
- * MoE, more tokens: the picks go to the host, tokens are grouped per expert (ascending
- * expert order per token, as the CPU adds them) and each expert runs as a linear. */
+ * lowest index on ties, as the CPU), then one launch computes gate+up of every (token,
+ * expert) slot - for 2 or more tokens every picked expert once for up to 4 of its tokens
+ * (gemv_mma.cu, m3_cu_moe_grouped) - reading the rows straight from the device expert table,
+ * SwiGLU, one launch the down projections, one the weighted sum: no host synchronization.
+ * Batches up to 256 tokens the same, in chunks of 64.
+ * MoE, longer runs (prefill chunks): the picks go to the host, tokens are grouped per expert
+ * (ascending expert order per token, as the CPU adds them) and each expert runs as a linear. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -700,8 +704,8 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
      * (prefill chunks) group on the host, below. */
     static int grouped = -1;
     if (grouped < 0) grouped = m3_cu_env_int("M3_MOE_GROUPED", 1) != 0;
-    const int gbig = !absent && T > 8 && T <= 4 * MOE_GROUP_T && mma && grouped && L->backend && e0->gate.fmt == e0->up.fmt &&
-                     e0->gate.fmt == e0->down.fmt && K <= MOE_GROUP_S / MOE_GROUP_T;
+    const int gbig = !absent && T > 8 && T <= 4 * MOE_GROUP_T && mma && grouped && L->backend &&
+                     e0->gate.fmt == e0->up.fmt && e0->gate.fmt == e0->down.fmt && K <= MOE_GROUP_S / MOE_GROUP_T;
     if (fast || gbig) {
         const m3_mlp_w *tab = (const m3_mlp_w *)L->backend;
         for (int t0 = 0; t0 < T && mma; t0 += MOE_GROUP_T) { /* tensor cores: (gate, up) of every slot, SwiGLU, down */
@@ -725,7 +729,8 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
                 if (!sh) { m3_cu_prof_end(c, OP_MOE); return; }
                 m3_cu_mlp(c, &L->shared, xc, tc, alpha, limit, sh);
             }
-            k_moe_combine<<<dim3(cdiv(H, 256), tc), 256, 0, c->st>>>(ye, wt + (size_t)t0 * K, K, H, sh, out + (size_t)t0 * H);
+            k_moe_combine<<<dim3(cdiv(H, 256), tc), 256, 0, c->st>>>(ye, wt + (size_t)t0 * K, K, H, sh,
+                                                                      out + (size_t)t0 * H);
             if (CK_LAUNCH(c, "moe (tensor cores)")) { m3_cu_prof_end(c, OP_MOE); return; }
             if (t0 + tc >= T) { m3_cu_prof_end(c, OP_MOE); return; }
         }

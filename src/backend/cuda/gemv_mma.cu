@@ -795,14 +795,16 @@ __global__ void __launch_bounds__(MOE_GROUP_S) k_moe_groups(const int32_t *pick,
     g[2 + rank % GRP_CAP] = i;
 }
 
-/* The MoE experts grouped by expert (2 <= T <= MOE_GROUP_T tokens, T * topk <= MOE_GROUP_S): each picked expert's rows are read
- * once for all the tokens routed to it (a speculative verify pass, a batch of decodes);
+/* The MoE experts grouped by expert (2 <= T <= MOE_GROUP_T tokens, T * topk <= MOE_GROUP_S):
+ * each picked expert's rows are read once for up to GRP_CAP of the tokens routed to it (a
+ * speculative verify pass, a batch of decodes);
  * outputs land where m3_cu_moe_mma puts them (gu[S][2][F], then ye[S][H]). part 0: route the
  * picks into groups and run gate + up; part 2: down. -1 when not supported. */
 int m3_cu_moe_grouped(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int T, int topk,
                       int E, int part, const float *x, int xstride, float *out) {
     const m3_linear *W = part == 2 ? &host_e0->down : &host_e0->gate;
-    if (T < 2 || T > MOE_GROUP_T || T * topk > MOE_GROUP_S || !m3_cu_mma_ok(W) || (part != 2 && (!m3_cu_mma_ok(&host_e0->up) || host_e0->up.fmt != W->fmt)))
+    if (T < 2 || T > MOE_GROUP_T || T * topk > MOE_GROUP_S || !m3_cu_mma_ok(W) ||
+        (part != 2 && (!m3_cu_mma_ok(&host_e0->up) || host_e0->up.fmt != W->fmt)))
         return -1;
     const int S = T * topk, gmax = S; /* groups: at most one per slot */
     int *groups = (int *)m3_cu_scratch(c, SC_IDX, sizeof(int) * (size_t)(1 + 10 * gmax) + 64);

@@ -84,6 +84,16 @@ typedef struct m3_ops {
      * head of group g only sees the blocks sel[t][g][*]. out [T, nh*D]. */
     void (*attention)(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh,
                       const int32_t *sel, int block, int topk, float *out);
+    /* DSpark draft attention (src/model/dspark.c; NULL: this backend drafts no DSpark). Slot i
+     * of n (position pos + i), head h (KV head h / (nh / nkv)): softmax(q k^T / sqrt(D)) v over
+     * the context positions [max(lo, pos + i - window + 1), len) - ring slot p % cap of kr / vr
+     * [cap][nkv * D] - and over all n block keys kb / vb [n][nkv * D] (non-causal inside the
+     * block); q, out [n][nh * D]. */
+    void (*dspark_attention)(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
+                             const float *kr, const float *vr, int cap, int lo, int len, int pos, int window,
+                             float *out);
+    /* bytes from backend memory to backend memory */
+    void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
     /* SwiGLU-OAI MLP: out[T, H] = down((clamp(up)+1) * g * sigmoid(alpha g)), g = min(gate, limit) */
     void (*mlp)(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out);
     /* Sigmoid router + routed experts + shared expert, out [T, H] (overwritten). Under expert

@@ -8,8 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../backend/cpu/cpu.h"
-
 /* ------------------------------------------------------------------ config */
 
 static json_t *cfg_get(json_t *text, json_t *top, const char *key) {
@@ -234,6 +232,7 @@ void m3_dspark_free(m3_dspark *d) {
     free(d->hidden_norm);
     free(d->final_norm);
     free(d->conf_bias);
+    free(d->hbias);
     m3_st_close(d->st);
     m3_dspark_config_free(&d->cfg);
     memset(d, 0, sizeof *d);
@@ -271,8 +270,8 @@ static int ws_take(m3_dspark *d, int n, const size_t *sz, float **out, m3_err *e
 
 void m3_dspark_ctx_free(m3_dspark_ctx *c) {
     for (int l = 0; l < c->n_layers; l++) {
-        if (c->k) free(c->k[l]);
-        if (c->v) free(c->v[l]);
+        if (c->k && c->k[l]) c->ops->release(c->ops->ctx, c->k[l]);
+        if (c->v && c->v[l]) c->ops->release(c->ops->ctx, c->v[l]);
     }
     free(c->k);
     free(c->v);
@@ -290,7 +289,11 @@ static int ctx_reserve(const m3_dspark *d, m3_dspark_ctx *c, int n, m3_err *err)
     long span = (long)c->len + n - c->first;
     long want = span < d->cfg.window ? span : d->cfg.window;
     if (want <= c->cap) return 0;
+    m3_ops *op = d->ops;
+    if (c->k && c->ops != op) return m3_errf(err, "dspark context: made by another op table");
+    if (!op->copy) return m3_errf(err, "dspark: backend '%s' has no copy op", op->name);
     if (!c->k) {
+        c->ops = op;
         c->n_layers = b->n_layers;
         c->k = calloc((size_t)c->n_layers, sizeof *c->k);
         c->v = calloc((size_t)c->n_layers, sizeof *c->v);
@@ -307,13 +310,16 @@ static int ctx_reserve(const m3_dspark *d, m3_dspark_ctx *c, int n, m3_err *err)
     /* all new rings first, so that a failure leaves the context as it was */
     float **nk = calloc((size_t)c->n_layers * 2, sizeof *nk), **nv = nk ? nk + c->n_layers : NULL;
     int ok = nk != NULL;
-    for (int l = 0; ok && l < c->n_layers; l++) {
-        nk[l] = malloc(sizeof(float) * (size_t)nc * kw);
-        nv[l] = malloc(sizeof(float) * (size_t)nc * kw);
+    for (int l = 0; ok && l < c->n_layers; l++) { /* rings in the backend's memory */
+        nk[l] = op->alloc(op->ctx, sizeof(float) * (size_t)nc * kw);
+        nv[l] = op->alloc(op->ctx, sizeof(float) * (size_t)nc * kw);
         ok = nk[l] && nv[l];
     }
     if (!ok) {
-        for (int l = 0; nk && l < c->n_layers; l++) { free(nk[l]); free(nv[l]); }
+        for (int l = 0; nk && l < c->n_layers; l++) {
+            if (nk[l]) op->release(op->ctx, nk[l]);
+            if (nv[l]) op->release(op->ctx, nv[l]);
+        }
         free(nk);
         return m3_errf(err, "dspark context: out of memory for %ld positions", nc);
     }
@@ -321,11 +327,11 @@ static int ctx_reserve(const m3_dspark *d, m3_dspark_ctx *c, int n, m3_err *err)
     int lo = c->len - c->cap > c->first ? c->len - c->cap : c->first;
     for (int l = 0; l < c->n_layers; l++) {
         for (int p = lo; p < c->len; p++) {
-            memcpy(nk[l] + (size_t)(p % nc) * kw, c->k[l] + (size_t)(p % c->cap) * kw, sizeof(float) * kw);
-            memcpy(nv[l] + (size_t)(p % nc) * kw, c->v[l] + (size_t)(p % c->cap) * kw, sizeof(float) * kw);
+            op->copy(op->ctx, nk[l] + (size_t)(p % nc) * kw, c->k[l] + (size_t)(p % c->cap) * kw, sizeof(float) * kw);
+            op->copy(op->ctx, nv[l] + (size_t)(p % nc) * kw, c->v[l] + (size_t)(p % c->cap) * kw, sizeof(float) * kw);
         }
-        free(c->k[l]);
-        free(c->v[l]);
+        if (c->k[l]) op->release(op->ctx, c->k[l]);
+        if (c->v[l]) op->release(op->ctx, c->v[l]);
         c->k[l] = nk[l];
         c->v[l] = nv[l];
     }
@@ -372,12 +378,12 @@ int m3_dspark_ctx_append(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int 
         op->linear(X, &L->k, cx, n, k);
         op->linear(X, &L->v, cx, n, v);
         op->head_norm_rope(X, k, n, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, pos);
-        /* into the ring (host memory: see dspark.h); only the last cap positions survive */
+        /* into the ring (the backend's memory); only the last cap positions survive */
         int t0 = n > c->cap ? n - c->cap : 0;
         for (int t = t0; t < n; t++) {
             size_t slot = (size_t)((pos0 + t) % c->cap);
-            op->download(X, c->k[l] + slot * kw, k + (size_t)t * kw, kw * 4);
-            op->download(X, c->v[l] + slot * kw, v + (size_t)t * kw, kw * 4);
+            op->copy(X, c->k[l] + slot * kw, k + (size_t)t * kw, kw * 4);
+            op->copy(X, c->v[l] + slot * kw, v + (size_t)t * kw, kw * 4);
         }
     }
     if (op->check && op->check(X, err)) return m3_err_prefix(err, "dspark context");
@@ -386,52 +392,6 @@ int m3_dspark_ctx_append(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int 
 }
 
 /* ------------------------------------------------------------------ block forward */
-
-typedef struct {
-    const m3_dspark_ctx *c;
-    int layer, pos, n, nh, nkv, D, window;
-    const float *q, *kb, *vb;
-    float *out;
-    float *scratch;             /* [workers][stride] scores */
-    size_t stride;
-} att_job;
-
-/* one (slot, head) per item: softmax over [context keys in the window ; every block key] */
-static void att_items(void *arg, size_t i0, size_t i1, int worker) {
-    att_job *j = arg;
-    const m3_dspark_ctx *c = j->c;
-    const int D = j->D, G = j->nh / j->nkv;
-    const size_t kw = (size_t)j->nkv * D;
-    const float scale = 1.0f / sqrtf((float)D);
-    float *sc = j->scratch + (size_t)worker * j->stride;
-    for (size_t it = i0; it < i1; it++) {
-        int i = (int)(it / j->nh), h = (int)(it % j->nh), g = h / G;
-        const float *q = j->q + ((size_t)i * j->nh + h) * D;
-        float *o = j->out + ((size_t)i * j->nh + h) * D;
-        /* context positions [lo, len): readable ones, inside this slot's window */
-        long lo = (long)j->pos + i - j->window + 1;
-        long rl = (long)c->len - c->cap > c->first ? (long)c->len - c->cap : c->first;
-        if (lo < rl) lo = rl;
-        int nc = lo < c->len ? (int)(c->len - lo) : 0, ns = 0;
-        float mx = -INFINITY;
-        for (int p = 0; p < nc; p++) {
-            const float *k = c->k[j->layer] + (size_t)((lo + p) % c->cap) * kw + (size_t)g * D;
-            float s = m3_cpu_dot(q, k, D) * scale;
-            sc[ns++] = s;
-            if (s > mx) mx = s;
-        }
-        for (int b = 0; b < j->n; b++) { /* non-causal inside the block */
-            float s = m3_cpu_dot(q, j->kb + (size_t)b * kw + (size_t)g * D, D) * scale;
-            sc[ns++] = s;
-            if (s > mx) mx = s;
-        }
-        float sum = m3_cpu_exp_shift(sc, ns, mx), inv = 1.0f / sum;
-        memset(o, 0, sizeof(float) * (size_t)D);
-        for (int p = 0; p < nc; p++)
-            m3_cpu_axpy(o, sc[p] * inv, c->v[j->layer] + (size_t)((lo + p) % c->cap) * kw + (size_t)g * D, D);
-        for (int b = 0; b < j->n; b++) m3_cpu_axpy(o, sc[nc + b] * inv, j->vb + (size_t)b * kw + (size_t)g * D, D);
-    }
-}
 
 int m3_dspark_block_logits(m3_dspark *d, const m3_dspark_ctx *c, int32_t anchor, int pos, int n, float *logits,
                            m3_err *err) {
@@ -460,11 +420,9 @@ int m3_dspark_block_logits(m3_dspark *d, const m3_dspark_ctx *c, int32_t anchor,
         op->upload(X, hp + t0, hpos, sizeof(int32_t) * (size_t)m);
     }
     const float eps = (float)b->rms_eps;
-    m3_pool *pool = strcmp(op->name, "cpu") == 0 ? ((m3_cpu *)X)->pool : NULL;
-    int ctx_max = c->len - c->first < c->cap ? c->len - c->first : c->cap;
-    size_t stride = (size_t)(ctx_max > 0 ? ctx_max : 0) + N;
-    float *scratch = malloc(sizeof(float) * stride * (size_t)(pool ? m3_pool_size(pool) : 1));
-    if (!scratch) return m3_errf(err, "dspark: out of memory for attention scores (%zu keys)", stride);
+    if (!op->dspark_attention) return m3_errf(err, "dspark: backend '%s' has no DSpark attention", op->name);
+    /* readable context: [max(first, len - cap), len) */
+    const int rlo = c->len - c->cap > c->first ? c->len - c->cap : c->first;
     for (int l = 0; l < b->n_layers; l++) {
         const m3_dspark_layer *L = &d->layers[l];
         op->rmsnorm(X, h, L->in_norm, n, H, eps, a);
@@ -473,15 +431,14 @@ int m3_dspark_block_logits(m3_dspark *d, const m3_dspark_ctx *c, int32_t anchor,
         op->linear(X, &L->v, a, n, vb);
         op->head_norm_rope(X, q, n, nh, D, L->q_norm, eps, b->rotary_dim, b->rope_theta, hp);
         op->head_norm_rope(X, kb, n, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, hp);
-        att_job j = {c, l, pos, n, nh, nkv, D, d->cfg.window, q, kb, vb, att, scratch, stride};
-        m3_pool_for(pool, N * nh, 1, att_items, &j);
+        op->dspark_attention(X, q, kb, vb, n, nh, nkv, D, c->cap ? c->k[l] : kb, c->cap ? c->v[l] : vb, c->cap ? c->cap : 1,
+                             rlo, c->len, pos, d->cfg.window, att);
         op->linear(X, &L->o, att, n, o);
         op->add(X, h, o, N * H);
         op->rmsnorm(X, h, L->post_norm, n, H, eps, a);
         op->mlp(X, &L->mlp, a, n, (float)b->swiglu_alpha, (float)b->swiglu_limit, o);
         op->add(X, h, o, N * H);
     }
-    free(scratch);
     op->rmsnorm(X, h, d->final_norm, n, H, eps, a);
     op->linear(X, &tm->w.lm_head, a, n, lg);
     op->download(X, logits, lg, N * V * 4);
@@ -499,7 +456,12 @@ int m3_dspark_markov(m3_dspark *d, int32_t prev, float *logits, m3_err *err) {
     op->embed(op->ctx, &d->markov_w1, &prev, 1, buf[0]);
     op->linear(op->ctx, &d->markov_w2, buf[0], 1, buf[1]);
     if (op->check && op->check(op->ctx, err)) return m3_err_prefix(err, "dspark markov");
-    const float *bias = buf[1]; /* host memory on the CPU backend (dspark.h) */
+    const float *bias = buf[1];
+    if (op->device_memory) { /* the row comes to the host, where the drafts are drawn */
+        if (!d->hbias && !(d->hbias = malloc(sizeof(float) * (size_t)V))) return m3_errf(err, "dspark markov: out of memory");
+        op->download(op->ctx, d->hbias, buf[1], sizeof(float) * (size_t)V);
+        bias = d->hbias;
+    }
     for (int i = 0; i < V; i++) logits[i] += bias[i];
     return 0;
 }

@@ -27,16 +27,14 @@
  * Open item kept a switch: cfg.last_layer_final_norm (default 0) feeds the last target
  * layer's stream after the target's final norm, as one port does, instead of the raw stream.
  *
- * Backends. Linears, norms, RoPE, the MLP and the embedding lookups go through m3_ops; the
- * attention over (context ring + block) and the context ring itself are plain C over host
- * memory (the CPU backend's memory is host memory; its thread pool runs the attention). A
- * GPU backend would need: the draft weights uploaded like the target's; the context ring in
- * device memory (or a paged cache with a window), written by a kernel from the captured
- * hidden rows; an attention op with a per-request [context window ; non-causal block] mask
- * over up to window + n keys; the capture tap kept on the device (m3_taps.capture downloads
- * each captured layer); and the Markov lookup + w2 GEMV per drawn slot (or a fused kernel).
- * The engine drafts one request at a time (a block forward of k rows each); on a GPU the
- * blocks of all requests of a step would go through one batched forward instead.
+ * Backends. Everything goes through m3_ops: linears, norms, RoPE, the MLP, the embedding
+ * lookups, the attention over (context ring + block) (dspark_attention) and the context ring,
+ * which lives in the backend's memory (alloc / copy). The Markov row is downloaded where the
+ * backend's memory is not the host's. What a GPU backend still lacks (the engine drafts on
+ * the CPU op table only): the draft weights uploaded like the target's, and a dspark_attention
+ * kernel. The capture tap downloads each captured layer; the engine drafts one request at a
+ * time (a block forward of k rows each); on a GPU the blocks of all requests of a step would
+ * go through one batched forward instead.
  *
  * Threads: a loaded m3_dspark is read-only except for its workspace, so one thread at a
  * time calls the functions below (the engine thread); m3_dspark_ctx belongs to a request. */
@@ -88,6 +86,7 @@ typedef struct m3_dspark {
     uint64_t bytes;             /* weight bytes bound */
     void *ws;                   /* workspace (backend memory), grown on demand */
     size_t ws_bytes;
+    float *hbias;               /* [V] host copy of a Markov row (backends with device memory) */
 } m3_dspark;
 
 /* Loads the draft in dir (config.json + safetensors) for target (which must outlive it). */
@@ -105,8 +104,9 @@ typedef struct m3_dspark_ctx {
     int first;                  /* first position appended since the last reset */
     int len;                    /* positions [0, len) are context (those < first are never read) */
     int cap;                    /* ring slots */
-    float **k, **v;             /* [n_layers][cap][nkv*D] */
+    float **k, **v;             /* [n_layers] rings [cap][nkv*D] in the backend's memory */
     int n_layers;
+    m3_ops *ops;                /* the op table the rings belong to (the draft's) */
 } m3_dspark_ctx;
 
 /* Forgets every entry; the next append starts at position pos (admission after a prefix

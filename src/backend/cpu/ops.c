@@ -309,6 +309,60 @@ static void cpu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch 
     m3_pool_for(c->pool, (size_t)b->T * kv->nkv, 1, att_items, &j);
 }
 
+/* ------------------------------------------------------------------ DSpark draft attention */
+
+typedef struct {
+    m3_cpu *c;
+    const float *q, *kb, *vb, *kr, *vr;
+    int n, nh, nkv, D, cap, lo, len, pos, window;
+    float *out;
+} dsa_job;
+
+/* one (slot, head) per item: softmax over [context keys in the slot's window ; every block key] */
+static void dsa_items(void *arg, size_t i0, size_t i1, int worker) {
+    (void)worker;
+    dsa_job *j = arg;
+    const int D = j->D, G = j->nh / j->nkv;
+    const size_t kw = (size_t)j->nkv * D;
+    const float scale = 1.0f / sqrtf((float)D);
+    float *sc = m3_cpu_scratch(j->c, sizeof(float) * ((size_t)(j->len > j->lo ? j->len - j->lo : 0) + (size_t)j->n),
+                               "dspark_attention");
+    if (!sc) return;
+    for (size_t it = i0; it < i1; it++) {
+        int i = (int)(it / j->nh), h = (int)(it % j->nh), g = h / G;
+        const float *q = j->q + ((size_t)i * j->nh + h) * D;
+        float *o = j->out + ((size_t)i * j->nh + h) * D;
+        long lo = (long)j->pos + i - j->window + 1;
+        if (lo < j->lo) lo = j->lo;
+        int nc = lo < j->len ? (int)(j->len - lo) : 0, ns = 0;
+        float mx = -INFINITY;
+        for (int p = 0; p < nc; p++) {
+            const float *k = j->kr + (size_t)((lo + p) % j->cap) * kw + (size_t)g * D;
+            float s = m3_cpu_dot(q, k, D) * scale;
+            sc[ns++] = s;
+            if (s > mx) mx = s;
+        }
+        for (int b = 0; b < j->n; b++) { /* non-causal inside the block */
+            float s = m3_cpu_dot(q, j->kb + (size_t)b * kw + (size_t)g * D, D) * scale;
+            sc[ns++] = s;
+            if (s > mx) mx = s;
+        }
+        float sum = m3_cpu_exp_shift(sc, ns, mx), inv = 1.0f / sum;
+        memset(o, 0, sizeof(float) * (size_t)D);
+        for (int p = 0; p < nc; p++) m3_cpu_axpy(o, sc[p] * inv, j->vr + (size_t)((lo + p) % j->cap) * kw + (size_t)g * D, D);
+        for (int b = 0; b < j->n; b++) m3_cpu_axpy(o, sc[nc + b] * inv, j->vb + (size_t)b * kw + (size_t)g * D, D);
+    }
+    free(sc);
+}
+
+static void cpu_dspark_attention(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
+                                 const float *kr, const float *vr, int cap, int lo, int len, int pos, int window,
+                                 float *out) {
+    m3_cpu *c = ctx;
+    dsa_job j = {c, q, kb, vb, kr, vr, n, nh, nkv, D, cap, lo, len, pos, window, out};
+    m3_pool_for(c->pool, (size_t)n * nh, 1, dsa_items, &j);
+}
+
 /* ------------------------------------------------------------------ MLP / MoE */
 
 static void swiglu_oai(const float *gate, const float *up, size_t n, float alpha, float limit, float *out) {
@@ -409,6 +463,8 @@ int m3_cpu_ops_init(m3_ops *ops, int threads, m3_err *err) {
     ops->kv_store = cpu_kv_store;
     ops->index_select = cpu_index_select;
     ops->attention = cpu_attention;
+    ops->dspark_attention = cpu_dspark_attention;
+    ops->copy = cpu_copy;
     ops->mlp = cpu_mlp;
     ops->moe = cpu_moe;
     ops->check = cpu_check;

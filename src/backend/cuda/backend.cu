@@ -114,6 +114,12 @@ static void cu_download(void *ctx, void *dst, const void *src, size_t n) {
     CK(c, cudaStreamSynchronize(c->st));
 }
 
+static void cu_copy(void *ctx, void *dst, const void *src, size_t n) { /* device to device, in stream order */
+    m3_cuda *c = (m3_cuda *)ctx;
+    m3_cu_xsplit_touch(c, dst, n);
+    CK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->st));
+}
+
 static int cu_check(void *ctx, m3_err *err) {
     m3_cuda *c = (m3_cuda *)ctx;
     if (!c->failed) CK(c, cudaGetLastError());
@@ -615,6 +621,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->release = cu_release;
     ops->upload = cu_upload;
     ops->download = cu_download;
+    ops->copy = cu_copy;
     ops->weights_upload = cu_weights_upload;
     ops->weights_release = cu_weights_release;
     ops->begin_step = cu_begin_step;

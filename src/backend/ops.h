@@ -87,8 +87,8 @@ typedef struct m3_ops {
     /* DSpark draft attention (src/model/dspark.c; NULL: this backend drafts no DSpark). Slot i
      * of n (position pos + i), head h (KV head h / (nh / nkv)): softmax(q k^T / sqrt(D)) v over
      * the context positions [max(lo, pos + i - window + 1), len) - ring slot p % cap of kr / vr
-     * [cap][nkv * D] - and over all n block keys kb / vb [n][nkv * D] (non-causal inside the
-     * block); q, out [n][nh * D]. */
+     * [cap][nkv * D], NULL while no position is readable (lo == len) - and over all n block keys
+     * kb / vb [n][nkv * D] (non-causal inside the block); q, out [n][nh * D]. */
     void (*dspark_attention)(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
                              const float *kr, const float *vr, int cap, int lo, int len, int pos, int window,
                              float *out);

@@ -62,19 +62,22 @@ static long parse_long(const char **s, long dflt, int *bad) {
     return v;
 }
 
+static const char *const mod_names[M3_FAULT_NMOD] = {"engine", "server", "backend"};
+
+const char *m3_fault_module_name(m3_fault_module m) { return (unsigned)m < M3_FAULT_NMOD ? mod_names[m] : "?"; }
+
 int m3_fault_arm_spec(const char *spec, m3_err *err) {
     const char *s = spec ? spec : "";
     while (*s) {
-        m3_fault_module m;
-        if (!strncmp(s, "engine", 6)) m = M3_FAULT_ENGINE, s += 6;
-        else if (!strncmp(s, "server", 6)) m = M3_FAULT_SERVER, s += 6;
-        else if (!strncmp(s, "backend", 7)) m = M3_FAULT_BACKEND, s += 7;
-        else return m3_errf(err, "fault spec '%s': expected engine:, server: or backend:", spec);
+        int m = 0;
+        while (m < M3_FAULT_NMOD && strncmp(s, mod_names[m], strlen(mod_names[m]))) m++;
+        if (m == M3_FAULT_NMOD) return m3_errf(err, "fault spec '%s': expected engine:, server: or backend:", spec);
+        s += strlen(mod_names[m]);
         int bad = *s != ':';
         long first = parse_long(&s, 1, &bad), count = parse_long(&s, 1, &bad), period = parse_long(&s, 1, &bad);
         if (bad || first < 1 || period < 1 || (*s && *s != ','))
             return m3_errf(err, "fault spec '%s': expected MODULE:FIRST[:COUNT[:PERIOD]] (FIRST, PERIOD >= 1)", spec);
-        m3_fault_arm(m, first, count, period);
+        m3_fault_arm((m3_fault_module)m, first, count, period);
         if (*s == ',') s++;
     }
     return 0;

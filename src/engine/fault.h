@@ -36,6 +36,7 @@ void m3_fault_disarm(m3_fault_module m);
  * COUNT defaults to 1, PERIOD to 1), e.g. "server:200:40:97,engine:5". 0, or -1 + err. */
 int m3_fault_arm_spec(const char *spec, m3_err *err);
 int m3_fault_armed(m3_fault_module m);
+const char *m3_fault_module_name(m3_fault_module m); /* "engine", "server", "backend" (the spec's names) */
 long m3_fault_seen(m3_fault_module m);   /* counted allocations since armed */
 long m3_fault_failed(m3_fault_module m); /* failures injected since armed */
 

@@ -431,8 +431,8 @@ int m3_dspark_block_logits(m3_dspark *d, const m3_dspark_ctx *c, int32_t anchor,
         op->linear(X, &L->v, a, n, vb);
         op->head_norm_rope(X, q, n, nh, D, L->q_norm, eps, b->rotary_dim, b->rope_theta, hp);
         op->head_norm_rope(X, kb, n, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, hp);
-        op->dspark_attention(X, q, kb, vb, n, nh, nkv, D, c->cap ? c->k[l] : kb, c->cap ? c->v[l] : vb, c->cap ? c->cap : 1,
-                             rlo, c->len, pos, d->cfg.window, att);
+        op->dspark_attention(X, q, kb, vb, n, nh, nkv, D, c->cap ? c->k[l] : NULL, c->cap ? c->v[l] : NULL,
+                             c->cap ? c->cap : 1, rlo, c->len, pos, d->cfg.window, att);
         op->linear(X, &L->o, att, n, o);
         op->add(X, h, o, N * H);
         op->rmsnorm(X, h, L->post_norm, n, H, eps, a);

@@ -145,11 +145,14 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
     counter(&b, "m3_requests_nonfinite_logits_total",
             "Sequences ended with an error because their logits held a NaN or an Inf.", st->nonfinite_logits);
     if (info->fault_armed) {
-        static const char *mod[3] = {"engine", "server", "backend"};
         head(&b, "m3_fault_injected_total", "counter", "Allocation failures injected (tests only), by module.");
-        for (int i = 0; i < 3; i++) put(&b, "m3_fault_injected_total{module=\"%s\"} %ld\n", mod[i], info->fault_injected[i]);
+        for (int i = 0; i < M3_FAULT_NMOD; i++)
+            put(&b, "m3_fault_injected_total{module=\"%s\"} %ld\n", m3_fault_module_name((m3_fault_module)i),
+                info->fault_injected[i]);
         head(&b, "m3_fault_allocations_total", "counter", "Allocations counted by fault injection (tests only), by module.");
-        for (int i = 0; i < 3; i++) put(&b, "m3_fault_allocations_total{module=\"%s\"} %ld\n", mod[i], info->fault_seen[i]);
+        for (int i = 0; i < M3_FAULT_NMOD; i++)
+            put(&b, "m3_fault_allocations_total{module=\"%s\"} %ld\n", m3_fault_module_name((m3_fault_module)i),
+                info->fault_seen[i]);
     }
     if (b.oom) { free(b.p); return NULL; }
     *len = b.n;

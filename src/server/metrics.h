@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "../engine/engine.h"
+#include "../engine/fault.h"
 
 #define M3_HIST_MAX_BUCKETS 24
 
@@ -47,8 +48,8 @@ typedef struct m3_metrics_info {
     int draining;              /* 1 after SIGTERM / SIGINT */
     int http_in_flight;        /* generation requests not finished */
     int fault_armed;           /* fault injection (tests): report the failures injected */
-    long fault_injected[3];    /* by module: engine, server, backend (src/engine/fault.h) */
-    long fault_seen[3];        /* allocations counted, by module */
+    long fault_injected[M3_FAULT_NMOD]; /* by module (src/engine/fault.h) */
+    long fault_seen[M3_FAULT_NMOD];     /* allocations counted, by module */
 } m3_metrics_info;
 
 void m3_metrics_init(m3_metrics *m);

@@ -274,7 +274,7 @@ static int h_metrics(struct evhttp_request *req, srv *s) {
     m3_metrics_info info = {s->o->model_name, m3_engine_capacity_tokens(s->e), m3_engine_max_model_len(s->e),
                             s->o->kv_bytes_per_token, s->o->max_waiting, s->draining, s->n_live, 0, {0}, {0}};
     info.fault_armed = s->o->fault_spec != NULL;
-    for (int i = 0; i < M3_FAULT_NMOD && i < 3; i++) {
+    for (int i = 0; i < M3_FAULT_NMOD; i++) {
         info.fault_injected[i] = m3_fault_failed((m3_fault_module)i);
         info.fault_seen[i] = m3_fault_seen((m3_fault_module)i);
     }

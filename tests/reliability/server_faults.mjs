@@ -114,9 +114,11 @@ try {
     let r = await raw(A.port, reqText('/v1/completions', { prompt: 'Hello', max_tokens: 200, ignore_eos: true }), { until: () => true });
     await sleep(300);
     await healthy(A.base, 'non-stream client gone before the answer');
-    // a request still queued in the engine when its client leaves (one sequence at a time)
+    // a request still queued in the engine when its client leaves (one sequence at a time); the
+    // running one must outlast the 300 ms before /metrics is read on a fast machine too (60
+    // tokens did not: it had finished, and the queued one ran at once)
     const B = await start(['--max-num-seqs', '1']);
-    const hog = stream(B.base, '/v1/completions', { prompt: 'Hello', max_tokens: 60, ignore_eos: true });
+    const hog = stream(B.base, '/v1/completions', { prompt: 'Hello', max_tokens: 600, ignore_eos: true });
     await sleep(200);
     const queued = raw(B.port, reqText('/v1/completions', { prompt: 'Hi', max_tokens: 5, stream: true }), { until: () => false, timeout: 400 });
     await sleep(100);

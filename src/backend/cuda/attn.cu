@@ -779,8 +779,8 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     if (G <= 16 && D <= 128 && D % 8 == 0) {
         size_t sf = sizeof(float) * ((size_t)G * D + ACH * (size_t)(D + 4) + ACH * (size_t)D + (size_t)G * ACH + 3 * (size_t)G);
         /* 8 warps where D = 128 (a thread per channel and 8 heads): 11.8 against 14.5 us a decode layer */
-        if (sf > 48 * 1024) cudaFuncSetAttribute(k_attn_fast<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sf);
-        if (sf > 48 * 1024) cudaFuncSetAttribute(k_attn_fast<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sf);
+        if (sf > 48 * 1024)
+            cudaFuncSetAttribute(D == 128 ? k_attn_fast<8> : k_attn_fast<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sf);
         if (D == 128)
             k_attn_fast<8><<<dim3(nsplit, nkv, T), 256, sf, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, sel, block,
                                                                      topk, nsplit, part, out, 1.0f / sqrtf((float)D));

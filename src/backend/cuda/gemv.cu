@@ -696,16 +696,16 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
     int absent = 0;
     for (int e = 0; e < E && !absent; e++) absent = !L->experts[e].gate.w;
     const int mma = m3_cu_mma_ok(&e0->gate) && m3_cu_mma_ok(&e0->up) && m3_cu_mma_ok(&e0->down);
-    int fast = !absent && T <= 8 && L->backend && e0->gate.fmt == e0->up.fmt && e0->gate.fmt == e0->down.fmt &&
-               (mma || (fast_shape(&e0->gate) && fast_shape(&e0->up) && fast_shape(&e0->down)));
+    /* every expert on the device in one format: the kernels below read them from the device table */
+    const int table = !absent && L->backend && e0->gate.fmt == e0->up.fmt && e0->gate.fmt == e0->down.fmt;
+    int fast = table && T <= 8 && (mma || (fast_shape(&e0->gate) && fast_shape(&e0->up) && fast_shape(&e0->down)));
     /* 2-8 tokens (and batches up to 4 MOE_GROUP_T in chunks of MOE_GROUP_T): each picked expert read
      * once for all its tokens of a chunk (up to 4 per read; a verify pass of 8 tokens picks ~49
      * distinct experts of 64 slots per layer); M3_MOE_GROUPED=0: one read per slot. Longer runs
      * (prefill chunks) group on the host, below. */
     static int grouped = -1;
     if (grouped < 0) grouped = m3_cu_env_int("M3_MOE_GROUPED", 1) != 0;
-    const int gbig = !absent && T > 8 && T <= 4 * MOE_GROUP_T && mma && grouped && L->backend &&
-                     e0->gate.fmt == e0->up.fmt && e0->gate.fmt == e0->down.fmt && K <= MOE_GROUP_S / MOE_GROUP_T;
+    const int gbig = table && mma && grouped && T > 8 && T <= 4 * MOE_GROUP_T && K <= MOE_GROUP_S / MOE_GROUP_T;
     if (fast || gbig) {
         const m3_mlp_w *tab = (const m3_mlp_w *)L->backend;
         for (int t0 = 0; t0 < T && mma; t0 += MOE_GROUP_T) { /* tensor cores: (gate, up) of every slot, SwiGLU, down */

@@ -10,7 +10,10 @@
  * token may see (the selected blocks, or [0, pos] on dense layers), online softmax per
  * query head of the group; splits are merged by log-sum-exp. Splits are chosen so that a
  * decode step fills the GPU (at least 32 per (token, group) up to 8 tokens: a verify pass);
- * prefill gets one split per (token, group). */
+ * prefill gets one split per (token, group). Caches whose values are exact in bf16 (bf16, FP8,
+ * NVFP4) take the tensor-core kernel (k_attn_mma: a warp per chunk, products on mma.sync with
+ * q and the probabilities split in three bf16 parts); f32 caches and other shapes the f32 ones.
+ * M3_ATTN_MMA=0 turns the tensor-core kernel off. */
 #include <math.h>
 
 #include "common.cuh"
@@ -697,6 +700,276 @@ __global__ void __launch_bounds__(NW * 32) k_attn_fast(kvdesc d, const int32_t *
         }
 }
 
+/* ------------------------------------------------------------------ attention on the tensor cores
+ * The same split / chunk walk with the products on mma.sync (bf16 in, f32 accumulation), for
+ * caches whose values are exact in bf16 (bf16, FP8 E4M3, NVFP4: E2M1 x E4M3 has at most 5
+ * significant bits), G <= 16 query heads per group (the MMA's 16 rows; rows past G hold zero
+ * queries and are not written) and D a multiple of 16 up to 128 (ND = D / 8 column tiles).
+ * q and the probabilities are split into three bf16 parts each (hi, mid, lo: 24 bits, f32's
+ * precision; the products are exact in f32), so the result agrees with the f32 kernels to
+ * rounding. A warp owns whole 32-key chunks: its K and V rows are staged in shared memory as
+ * bf16 (cp.async for a bf16 cache), S = Q K^T in registers, online softmax per row, O += P V
+ * with V's fragments by ldmatrix.trans; the CTA's warps are then combined in a fixed order
+ * (deterministic) into one partial (or the output when nsplit = 1), merged by k_attn_merge. */
+#define AT_NW 4 /* warps per CTA */
+static __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* two f32 -> bf16x2 (round to nearest; x0 in the low half) and the values it holds */
+static __device__ __forceinline__ uint32_t bf2(float x0, float x1) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    return *(uint32_t *)&h;
+}
+/* (x0, x1) -> three bf16x2 parts whose sum is (x0, x1) to ~2^-24 relative */
+static __device__ __forceinline__ void split3(float x0, float x1, uint32_t *p0, uint32_t *p1, uint32_t *p2) {
+    const uint32_t h = bf2(x0, x1);
+    const float r0 = x0 - __uint_as_float(h << 16), r1 = x1 - __uint_as_float(h & 0xffff0000u);
+    const uint32_t m = bf2(r0, r1);
+    *p0 = h;
+    *p1 = m;
+    *p2 = bf2(r0 - __uint_as_float(m << 16), r1 - __uint_as_float(m & 0xffff0000u));
+}
+static __device__ __forceinline__ void cp16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+template <int ND>
+__global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh,
+                                                       const int32_t *sel, int B, int topk, int nsplit, float *part, float *out,
+                                                       float scale) {
+    pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
+    constexpr int D = ND * 8, DP = D + 8; /* bf16 rows padded by 16 bytes: fragment loads conflict-free */
+    extern __shared__ __align__(16) uint16_t asm_[];
+    uint16_t *qs = asm_;                                        /* [3][16][DP] */
+    uint16_t *kv0 = qs + 3 * 16 * DP;                           /* per warp: K [ACH][DP], V [ACH][DP] */
+    float *wml = (float *)(kv0 + AT_NW * 2 * ACH * DP);         /* [AT_NW][2][16]: m, l */
+    const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
+    const int G = nh / d.nkv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, tg = lane & 3;
+    const int p = pos[t], sq = seq[t];
+    /* the group's queries as three bf16 parts (rows >= G: zero) */
+    for (int i = tid; i < 16 * D / 2; i += AT_NW * 32) {
+        const int h = i / (D / 2), x = (i % (D / 2)) * 2;
+        float2 v = make_float2(0.f, 0.f);
+        if (h < G) v = *(const float2 *)(q + ((size_t)t * nh + (size_t)g * G + h) * D + x);
+        uint32_t a, b, c;
+        split3(v.x, v.y, &a, &b, &c);
+        *(uint32_t *)&qs[(0 * 16 + h) * DP + x] = a;
+        *(uint32_t *)&qs[(1 * 16 + h) * DP + x] = b;
+        *(uint32_t *)&qs[(2 * 16 + h) * DP + x] = c;
+    }
+    __syncthreads();
+    uint16_t *ks = kv0 + warp * 2 * ACH * DP, *vs = ks + ACH * DP;
+    const uint32_t vs_a = (uint32_t)__cvta_generic_to_shared(vs);
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; /* rows gr, gr + 8 (l: this thread's share) */
+    const int cpb = (B + ACH - 1) / ACH;
+    const int nchunks = sel ? topk * cpb : p / ACH + 1;
+    const int W = nsplit * AT_NW;
+    /* how K / V rows load: 1 bf16 by cp.async, 2 FP8 and 3 NVFP4 by word loads (rows aligned for them), 0 read8 */
+    const size_t al = d.rb | d.kvpart | d.page_bytes | (uintptr_t)d.base;
+    const int ld = d.dt == M3_KV_BF16 ? ((al & 15) == 0 ? 1 : 0)
+                   : d.dt == M3_KV_FP8 ? ((al & 7) == 0 ? 2 : 0)
+                   : d.dt == M3_KV_NVFP4 ? ((al & 3) == 0 ? 3 : 0) : 0;
+    for (int ci = s * AT_NW + warp; ci < nchunks; ci += W) {
+        int a, e;
+        if (!chunk_range(sel, t, d.nkv, g, topk, B, cpb, ci, p, &a, &e)) continue; /* uniform across the warp */
+        const int n = e - a;
+        __syncwarp(); /* the previous chunk's fragments are read */
+        if (ld == 2 || ld == 3) { /* FP8 / NVFP4: every load of the chunk in flight, then convert */
+            constexpr int PPL = ACH * ND / 32; /* 8-value pieces per lane */
+            uint2 rk[PPL], rv[PPL];            /* FP8: 8 bytes; NVFP4: x = 8 codes, y = their scale byte */
+#pragma unroll
+            for (int k = 0; k < PPL; k++) {
+                const int i = lane + 32 * k, j = i / ND, x = (i % ND) * 8;
+                rk[k] = rv[k] = make_uint2(0, 0); /* zero codes decode to 0.0 (rows past the chunk) */
+                if (j < n) {
+                    const int kp = a + j;
+                    const uint8_t *row = page_of(d, sq, kp) + ((size_t)g * d.page + kp % d.page) * d.rb;
+                    if (ld == 2) {
+                        rk[k] = *(const uint2 *)(row + x);
+                        rv[k] = *(const uint2 *)(row + d.kvpart + x);
+                    } else {
+                        rk[k] = make_uint2(*(const uint32_t *)(row + x / 2), row[D / 2 + x / 16]);
+                        rv[k] = make_uint2(*(const uint32_t *)(row + d.kvpart + x / 2), row[d.kvpart + D / 2 + x / 16]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < PPL; k++) {
+                const int i = lane + 32 * k, j = i / ND, x = (i % ND) * 8;
+#pragma unroll
+                for (int kv = 0; kv < 2; kv++) {
+                    const uint2 r = kv ? rv[k] : rk[k];
+                    float f[8];
+                    if (ld == 2) {
+#pragma unroll
+                        for (int h = 0; h < 4; h++) {
+                            const float2 v = e4m3x2_f32(((h < 2 ? r.x : r.y) >> (16 * (h & 1))) & 0xffffu);
+                            f[2 * h] = v.x;
+                            f[2 * h + 1] = v.y;
+                        }
+                    } else {
+                        const float sc = e4m3_f32(r.y) * 16384.0f;
+#pragma unroll
+                        for (int h = 0; h < 4; h++) {
+                            const float2 v = e2m1x2_f32((r.x >> (8 * h)) & 0xffu);
+                            f[2 * h] = v.x * sc;
+                            f[2 * h + 1] = v.y * sc;
+                        }
+                    }
+                    *(uint4 *)((kv ? vs : ks) + j * DP + x) =
+                        make_uint4(bf2(f[0], f[1]), bf2(f[2], f[3]), bf2(f[4], f[5]), bf2(f[6], f[7]));
+                }
+            }
+        } else
+        for (int i = lane; i < ACH * (D / 8); i += 32) {
+            const int j = i / (D / 8), x = (i % (D / 8)) * 8;
+            uint16_t *kd = ks + j * DP + x, *vd = vs + j * DP + x;
+            if (j >= n) { /* past the chunk: zeros (V must be finite: p = 0 there) */
+                *(uint4 *)kd = make_uint4(0, 0, 0, 0);
+                *(uint4 *)vd = make_uint4(0, 0, 0, 0);
+                continue;
+            }
+            const int kp = a + j;
+            const uint8_t *row = page_of(d, sq, kp) + ((size_t)g * d.page + kp % d.page) * d.rb;
+            if (ld == 1) {
+                cp16((uint32_t)__cvta_generic_to_shared(kd), row + 2 * x);
+                cp16((uint32_t)__cvta_generic_to_shared(vd), row + d.kvpart + 2 * x);
+            } else {
+                float kf[8], vf[8];
+                read8(row, d.dt, D, x, kf);
+                read8(row + d.kvpart, d.dt, D, x, vf);
+                *(uint4 *)kd = make_uint4(bf2(kf[0], kf[1]), bf2(kf[2], kf[3]), bf2(kf[4], kf[5]), bf2(kf[6], kf[7]));
+                *(uint4 *)vd = make_uint4(bf2(vf[0], vf[1]), bf2(vf[2], vf[3]), bf2(vf[4], vf[5]), bf2(vf[6], vf[7]));
+            }
+        }
+        asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+        __syncwarp();
+        /* S = Q K^T: 16 rows x 32 keys (4 column tiles) */
+        float sc[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t af[3][4];
+#pragma unroll
+            for (int pt = 0; pt < 3; pt++) {
+                const uint16_t *qa = qs + (pt * 16 + gr) * DP + kk * 16 + 2 * tg;
+                af[pt][0] = *(const uint32_t *)qa;
+                af[pt][1] = *(const uint32_t *)(qa + 8 * DP);
+                af[pt][2] = *(const uint32_t *)(qa + 8);
+                af[pt][3] = *(const uint32_t *)(qa + 8 * DP + 8);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const uint16_t *kb = ks + (nt * 8 + gr) * DP + kk * 16 + 2 * tg;
+                const uint32_t b0 = *(const uint32_t *)kb, b1 = *(const uint32_t *)(kb + 8);
+#pragma unroll
+                for (int pt = 0; pt < 3; pt++) mma_bf16(sc[nt], af[pt], b0, b1);
+            }
+        }
+        /* online softmax of rows gr (c0, c1) and gr + 8 (c2, c3); key of c_i: 8 nt + 2 tg + (i & 1) */
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int j = nt * 8 + 2 * tg + (i & 1);
+                const float v = j < n ? sc[nt][i] * scale : -INFINITY;
+                sc[nt][i] = v;
+                if (i < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1); /* finite: n >= 1 key in the chunk */
+        const float c0 = expf(m0 - n0), c1 = expf(m1 - n1);  /* 0 on the first chunk */
+        m0 = n0;
+        m1 = n1;
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int nt = 0; nt < ND; nt++) { o[nt][0] *= c0; o[nt][1] *= c0; o[nt][2] *= c1; o[nt][3] *= c1; }
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            sc[nt][0] = expf(sc[nt][0] - n0); sc[nt][1] = expf(sc[nt][1] - n0);
+            sc[nt][2] = expf(sc[nt][2] - n1); sc[nt][3] = expf(sc[nt][3] - n1);
+            l0 += sc[nt][0] + sc[nt][1];
+            l1 += sc[nt][2] + sc[nt][3];
+        }
+        /* O += P V: keys in two k16 steps; P's A fragments are S's C fragments, in three parts */
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++) {
+            uint32_t pa[3][4];
+            split3(sc[2 * kk][0], sc[2 * kk][1], &pa[0][0], &pa[1][0], &pa[2][0]);
+            split3(sc[2 * kk][2], sc[2 * kk][3], &pa[0][1], &pa[1][1], &pa[2][1]);
+            split3(sc[2 * kk + 1][0], sc[2 * kk + 1][1], &pa[0][2], &pa[1][2], &pa[2][2]);
+            split3(sc[2 * kk + 1][2], sc[2 * kk + 1][3], &pa[0][3], &pa[1][3], &pa[2][3]);
+            const int mi = lane >> 3, r = lane & 7;
+#pragma unroll
+            for (int np = 0; np < ND / 2; np++) {
+                const uint32_t ad = vs_a + (uint32_t)(((kk * 16 + (mi & 1) * 8 + r) * DP + np * 16 + (mi >> 1) * 8) * 2);
+                uint32_t b0, b1, b2, b3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(ad));
+#pragma unroll
+                for (int pt = 0; pt < 3; pt++) {
+                    mma_bf16(o[2 * np], pa[pt], b0, b1);
+                    mma_bf16(o[2 * np + 1], pa[pt], b2, b3);
+                }
+            }
+        }
+    }
+    /* the warps' results -> shared (each warp over its own K / V buffers), then combined */
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    __syncwarp();
+    float *ob = (float *)ks; /* [16][D] f32 (8 KB at D = 128, inside the warp's 17 KB) */
+#pragma unroll
+    for (int nt = 0; nt < ND; nt++) {
+        *(float2 *)&ob[gr * D + nt * 8 + 2 * tg] = make_float2(o[nt][0], o[nt][1]);
+        *(float2 *)&ob[(gr + 8) * D + nt * 8 + 2 * tg] = make_float2(o[nt][2], o[nt][3]);
+    }
+    if (tg == 0) {
+        wml[warp * 32 + gr] = m0; wml[warp * 32 + gr + 8] = m1;
+        wml[warp * 32 + 16 + gr] = l0; wml[warp * 32 + 16 + gr + 8] = l1;
+    }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += AT_NW * 32) {
+        const int h = i / D, x = i % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < AT_NW; w++) M = fmaxf(M, wml[w * 32 + h]);
+        float L = 0.f, acc = 0.f;
+#pragma unroll
+        for (int w = 0; w < AT_NW; w++) {
+            const float mw = wml[w * 32 + h];
+            if (mw == -INFINITY) continue;
+            const float f = expf(mw - M);
+            L += wml[w * 32 + 16 + h] * f;
+            acc += ((const float *)(kv0 + w * 2 * ACH * DP))[h * D + x] * f;
+        }
+        if (nsplit == 1) {
+            out[((size_t)t * nh + (size_t)g * G + h) * D + x] = L > 0 ? acc / L : 0.0f;
+        } else {
+            float *pp = part + (((size_t)t * d.nkv + g) * nsplit + s) * (size_t)G * (D + 2) + (size_t)h * (D + 2);
+            pp[2 + x] = acc;
+            if (x == 0) { pp[0] = M; pp[1] = L; }
+        }
+    }
+}
+static size_t attn_mma_smem(int D) {
+    const int DP = D + 8;
+    return sizeof(uint16_t) * ((size_t)3 * 16 * DP + (size_t)AT_NW * 2 * ACH * DP) + sizeof(float) * AT_NW * 32;
+}
+
 /* with xs, also the f16 split of out (hi [n], then lo; the o projection's input, gemv_mma.cu).
  * A block per (head, token) of at least Q x D threads (Q <= MERGE_Q): the splits' weights
  * exp(m_s - M) / L once, in shared memory, then thread (q, x) sums channel x over splits q,
@@ -763,8 +1036,18 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     /* splits of each (token, KV head)'s keys: about two CTAs per SM in all (fewer measured slower at
      * batch 1: docs/PERF.md) */
     int nsplit = (int)cdiv(2 * (size_t)c->sm_count, (size_t)T * nkv);
-    if (T <= 8 && nsplit < 32) nsplit = 32; /* a verify pass / small batch: a chunk or two per CTA (8 tokens:
-                                             * 4.96 against 5.05 ms a pass with 9 splits) */
+    const int ND = D / 8;
+    const int tc = kv->dt != M3_KV_F32 && G <= 16 && D % 16 == 0 && (ND == 4 || ND == 6 || ND == 8 || ND == 16) &&
+                   m3_cu_env_int("M3_ATTN_MMA", 1);
+    if (tc) { /* AT_NW warps a CTA, each on whole chunks: as many chunks a warp as the GPU's two CTAs per SM need */
+        int cpw = (int)cdiv((size_t)nchunks, (size_t)(nsplit > 64 ? 64 : nsplit) * AT_NW);
+        const int fcpw = m3_cu_env_int("M3_ATTN_CPW", 0);
+        if (fcpw > 0) cpw = fcpw;
+        nsplit = (int)cdiv((size_t)nchunks, (size_t)cpw * AT_NW);
+    } else if (T <= 8 && nsplit < 32) {
+        nsplit = 32; /* a verify pass / small batch: a chunk or two per CTA (8 tokens: 4.96 against 5.05 ms a pass
+                      * with 9 splits) */
+    }
     if (nsplit > 64) nsplit = 64;
     if (nsplit > nchunks) nsplit = nchunks;
     if (nsplit < 1) nsplit = 1;
@@ -776,7 +1059,15 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
         part = (float *)m3_cu_scratch(c, SC_ATT, sizeof(float) * (size_t)T * nkv * nsplit * G * (D + 2));
         if (!part) { m3_cu_prof_end(c, OP_ATTN); return; }
     }
-    if (G <= 16 && D <= 128 && D % 8 == 0) {
+    if (tc) {
+        const size_t sm = attn_mma_smem(D);
+        void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, const int32_t *, int, int, int, float *, float *,
+                   float) = ND == 4 ? k_attn_mma<4> : ND == 6 ? k_attn_mma<6> : ND == 8 ? k_attn_mma<8> : k_attn_mma<16>;
+        if (sm > c->smem_optin) { m3_cu_failf(c, "CUDA backend: attention needs %zu bytes of shared memory", sm); m3_cu_prof_end(c, OP_ATTN); return; }
+        if (sm > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        fn<<<dim3(nsplit, nkv, T), AT_NW * 32, sm, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, sel, block, topk, nsplit,
+                                                            part, out, 1.0f / sqrtf((float)D));
+    } else if (G <= 16 && D <= 128 && D % 8 == 0) {
         size_t sf = sizeof(float) * ((size_t)G * D + ACH * (size_t)(D + 4) + ACH * (size_t)D + (size_t)G * ACH + 3 * (size_t)G);
         /* 8 warps where D = 128 (a thread per channel and 8 heads): 11.8 against 14.5 us a decode layer */
         if (sf > 48 * 1024)

@@ -249,23 +249,27 @@ typedef struct route_args {
 
 /* Few rows (the MoE router: 128 x 6144): a CTA per GR rows, its warps splitting K into GW
  * slices (a warp per GR rows over all of K kept 4 SMs busy); per-warp sums added in warp
- * order (deterministic). klen of a slice: a multiple of the format's chunk. With ra.ctr, the
- * routing step after it (route_args). */
+ * order (deterministic). klen of a slice: a multiple of the format's chunk. x is staged in
+ * shared memory where NT rows of it fit (staged), else read where it lies (T = NT rows from
+ * t0; 8 tokens of the router: 196 KB). With ra.ctr, the routing step after it (route_args). */
 template <int F, int NT>
 __global__ void __launch_bounds__(GW * 32) k_gemv_ks(m3_linear W, const float *x, int T, int t0, float *y, int slice,
-                                                      route_args ra) {
+                                                      route_args ra, int staged) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
-    extern __shared__ float xs[]; /* [NT][K], then [GW][GR][NT] */
-    float *red = xs + (size_t)NT * W.K;
+    extern __shared__ float xs[]; /* staged: [NT][K], then [GW][GR][NT] (routing scratch: in the first) */
+    float *red = staged ? xs + (size_t)NT * W.K : xs;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, n0 = blockIdx.x * GR;
     const uint8_t *rw[GR], *rs[GR];
     float gm[GR], acc[GR][NT];
     bool ok[GR];
     warp_rows_setup<NT>(W, n0, rw, rs, gm, ok, acc);
-    stage_x<NT>(x, W.K, T, t0, 0, W.K, xs, W.K);
-    __syncthreads();
+    if (staged) {
+        stage_x<NT>(x, W.K, T, t0, 0, W.K, xs, W.K);
+        __syncthreads();
+    }
+    const float *xk = staged ? xs : x + (size_t)t0 * W.K;
     const int k0 = warp * slice, klen = W.K - k0 < slice ? W.K - k0 : slice;
-    if (klen > 0) warp_rows<F, NT, GR>(rw, rs, gm, ok, k0, klen, xs + k0, W.K, acc);
+    if (klen > 0) warp_rows<F, NT, GR>(rw, rs, gm, ok, k0, klen, xk + k0, W.K, acc);
 #pragma unroll
     for (int r = 0; r < GR; r++)
 #pragma unroll
@@ -283,7 +287,7 @@ __global__ void __launch_bounds__(GW * 32) k_gemv_ks(m3_linear W, const float *x
     if (ra.ctr && last_cta(ra.ctr, gridDim.x)) /* the logits of every token are in: route them */
         for (int t = warp; t < T; t += GW)
             route_token(y + (size_t)t * W.N, ra.bias, ra.E, ra.K, ra.scale, ra.pick + (size_t)t * ra.K, ra.wt + (size_t)t * ra.K,
-                        xs + (size_t)warp * (2 * ra.E + ra.K), lane);
+                        (staged ? xs : red + GW * GR * NT) + (size_t)warp * (2 * ra.E + ra.K), lane);
 }
 
 /* any shape: a warp per row, element by element (tiny odd shapes only) */
@@ -352,13 +356,17 @@ static int launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T,
     const int V = W->fmt == M3_WF_F32 ? 4 : W->fmt == M3_WF_BF16 || W->fmt == M3_WF_F16 ? 8 : W->fmt == M3_WF_MXFP8 ? 16 : 32;
     const int slice = (W->K / GW + V * 32 - 1) / (V * 32) * (V * 32); /* whole chunks for every lane */
     const size_t ksm = sizeof(float) * ((size_t)NT * W->K + GW * GR * NT);
-    if (cdiv(W->N, GW * GR) * 2 < (unsigned)c->sm_count && W->K >= 1024 && ksm <= 48 * 1024) {
+    /* x read where it lies when it does not fit (t0 = 0, T = NT: its rows all exist) */
+    const int staged = ksm <= 48 * 1024;
+    if (cdiv(W->N, GW * GR) * 2 < (unsigned)c->sm_count && W->K >= 1024 && (staged || (t0 == 0 && T == NT))) {
         const unsigned g = cdiv(W->N, GR);
-        const size_t smem = ksm;
         route_args ra;
         memset(&ra, 0, sizeof ra);
-        if (rap && (size_t)GW * (2 * rap->E + rap->K) <= (size_t)NT * W->K && t0 == 0 && T <= NT) ra = *rap;
-        GEMV_LAUNCH(k_gemv_ks, slice, ra);
+        const size_t rsm = rap ? (size_t)GW * (2 * rap->E + rap->K) : 0; /* routing scratch, floats */
+        if (rap && (staged ? rsm <= (size_t)NT * W->K : sizeof(float) * (GW * GR * NT + rsm) <= 48 * 1024) && t0 == 0 && T <= NT)
+            ra = *rap;
+        const size_t smem = staged ? ksm : sizeof(float) * (GW * GR * NT + (ra.ctr ? rsm : 0));
+        GEMV_LAUNCH(k_gemv_ks, slice, ra, staged);
         return ra.ctr != NULL;
     }
     int KT = (12288 / NT) & ~511;
@@ -681,7 +689,11 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
     route_args ra = {ctr_aux(c, CTR_AUX_ROUTE), L->route_bias, E, K, routed_scale, pick, wt};
     int routed = 0;
     m3_cu_xsplit_touch(c, logits, sizeof(float) * (size_t)T * E);
-    if (T == 1 && !m3_cu_mma_ok(&L->router) && m3_cu_fuse_on()) routed = gemv(c, &L->router, x, T, logits, &ra);
+    /* 1, 2, 4 or 8 tokens (a verify pass): k_gemv_ks, which reads x where it lies when it does not fit
+     * shared memory (its rows must all exist: T a power of two); 8 tokens: 5.7 us of cuBLAS + 4 us of
+     * reduce / add + 5.7 us of k_route before */
+    if ((T == 1 || T == 2 || T == 4 || T == 8) && !m3_cu_mma_ok(&L->router) && m3_cu_fuse_on() && fast_shape(&L->router))
+        routed = gemv(c, &L->router, x, T, logits, &ra);
     else m3_cu_linear(c, &L->router, x, T, logits);
     if (!routed) {
         k_route<<<T, 32, sizeof(float) * 2 * (size_t)E + sizeof(int) * (size_t)K, c->st>>>(logits, L->route_bias, E, K,

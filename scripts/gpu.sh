@@ -63,6 +63,21 @@ for args in "--temperature 0" "--temperature 0.8 --top-p 0.95 --seed 7"; do
   if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "ok generate $args"; else echo "FAILED: generate $args"; fails=$((fails+1)); fi
 done
 
+echo "## 2c. DSpark with a GPU target (the draft on a CPU op table beside it): greedy tokens equal without it"
+"$BIN/m3" make-tiny --out "$OUT/dsp" --seed 7 --quant mxfp8-nvfp4 --with-dspark >/dev/null 2>&1
+dids=5,17,300,2,999,41,7,7,7,123,456,789
+plain=$(M3_BACKEND=cuda "$BIN/m3" generate -m "$OUT/dsp" --ids $dids -n 40 --ignore-eos 2>/dev/null)
+for k in 1 3 7; do
+  spec=$(M3_BACKEND=cuda "$BIN/m3" generate -m "$OUT/dsp" --ids $dids -n 40 --ignore-eos \
+    --speculative-config "{\"method\":\"dspark\",\"num_speculative_tokens\":$k}" 2>"$OUT/dsp.err")
+  if [ -n "$plain" ] && [ "$plain" = "$spec" ]; then echo "ok dspark k $k on the GPU: $(grep MAL "$OUT/dsp.err" | head -c 120)"
+  else echo "FAILED: dspark k $k on the GPU: '$spec' vs '$plain'"; cat "$OUT/dsp.err"; fails=$((fails+1)); fi
+done
+if M3_BACKEND=cuda "$BIN/m3" generate -m "$OUT/dsp" --ids $dids -n 40 --ignore-eos --temperature 0.8 --seed 3 \
+    --speculative-config '{"method":"dspark","num_speculative_tokens":5,"draft_sample_method":"probabilistic"}' >/dev/null 2>"$OUT/dsp.err"; then
+  echo "ok dspark sampled on the GPU: $(grep MAL "$OUT/dsp.err" | head -c 120)"
+else echo "FAILED: dspark sampled on the GPU"; cat "$OUT/dsp.err"; fails=$((fails+1)); fi
+
 fi
 if want 3; then
 echo "## 3. kernels against the CPU: linear layers and a MoE layer; KV store, indexer and sparse attention"

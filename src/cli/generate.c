@@ -176,7 +176,13 @@ int m3_cmd_generate(int argc, char **argv) {
     const int V = c->vocab;
     int rc = 1;
     if (spec_json || draft_dir) {
-        rc = generate_spec(&m, &sc, ids, T, (int)n_gen, &sp, kdt, (int)ubatch, ignore_eos, NULL, NULL);
+        /* a GPU target: the draft beside it on a CPU op table of its own (it reads the target's
+         * captured rows from the host, as beside tensor-parallel ranks) */
+        m3_ops dops = {0};
+        const int own = strcmp(ops.name, "cpu") != 0;
+        if (own && m3_cpu_ops_init(&dops, (int)threads, &err)) fprintf(stderr, "m3 generate: draft ops: %s\n", err.msg);
+        else rc = generate_spec(&m, &sc, ids, T, (int)n_gen, &sp, kdt, (int)ubatch, ignore_eos, NULL, own ? &dops : NULL);
+        if (own && dops.ctx) m3_cpu_ops_free(&dops);
         free(ids);
         m3_model_free(&m);
         m3_cli_ops_free(&ops);

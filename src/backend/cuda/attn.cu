@@ -748,24 +748,8 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t
     const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
     const int G = nh / d.nkv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, tg = lane & 3;
     const int p = pos[t], sq = seq[t];
-    /* the group's queries as three bf16 parts (rows >= G: zero) */
-    for (int i = tid; i < 16 * D / 2; i += AT_NW * 32) {
-        const int h = i / (D / 2), x = (i % (D / 2)) * 2;
-        float2 v = make_float2(0.f, 0.f);
-        if (h < G) v = *(const float2 *)(q + ((size_t)t * nh + (size_t)g * G + h) * D + x);
-        uint32_t a, b, c;
-        split3(v.x, v.y, &a, &b, &c);
-        *(uint32_t *)&qs[(0 * 16 + h) * DP + x] = a;
-        *(uint32_t *)&qs[(1 * 16 + h) * DP + x] = b;
-        *(uint32_t *)&qs[(2 * 16 + h) * DP + x] = c;
-    }
-    __syncthreads();
     uint16_t *ks = kv0 + warp * 2 * ACH * DP, *vs = ks + ACH * DP;
     const uint32_t vs_a = (uint32_t)__cvta_generic_to_shared(vs);
-    float o[ND][4];
-#pragma unroll
-    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; /* rows gr, gr + 8 (l: this thread's share) */
     const int cpb = (B + ACH - 1) / ACH;
     const int nchunks = sel ? topk * cpb : p / ACH + 1;
     const int W = nsplit * AT_NW;
@@ -774,12 +758,24 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t
     const int ld = d.dt == M3_KV_BF16 ? ((al & 15) == 0 ? 1 : 0)
                    : d.dt == M3_KV_FP8 ? ((al & 7) == 0 ? 2 : 0)
                    : d.dt == M3_KV_NVFP4 ? ((al & 3) == 0 ? 3 : 0) : 0;
-    for (int ci = s * AT_NW + warp; ci < nchunks; ci += W) {
-        int a, e;
-        if (!chunk_range(sel, t, d.nkv, g, topk, B, cpb, ci, p, &a, &e)) continue; /* uniform across the warp */
+    /* this warp's next chunk from c (>= nchunks: none) and its keys [a, e) */
+    auto next_chunk = [&](int c, int *a, int *e) {
+        while (c < nchunks && !chunk_range(sel, t, d.nkv, g, topk, B, cpb, c, p, a, e)) c += W;
+        return c;
+    };
+    /* K and V rows [a, e) into ks / vs as bf16 (rows past e: zeros; V must be finite, p = 0 there).
+     * A chunk inside one page (the usual case) looks its page up once. bf16: cp.async, waited for
+     * by the caller; FP8 / NVFP4: every load in flight, then converted; else read8. */
+    auto load_chunk = [&](int a, int e) {
         const int n = e - a;
-        __syncwarp(); /* the previous chunk's fragments are read */
-        if (ld == 2 || ld == 3) { /* FP8 / NVFP4: every load of the chunk in flight, then convert */
+        const int pa = a / d.page, one = pa == (e - 1) / d.page;
+        const uint8_t *pg = one ? page_of(d, sq, a) + ((size_t)g * d.page + (a - pa * d.page)) * d.rb : NULL;
+        auto row_of = [&](int j) {
+            if (one) return pg + (size_t)j * d.rb;
+            const int kp = a + j;
+            return (const uint8_t *)page_of(d, sq, kp) + ((size_t)g * d.page + kp % d.page) * d.rb;
+        };
+        if (ld == 2 || ld == 3) {
             constexpr int PPL = ACH * ND / 32; /* 8-value pieces per lane */
             uint2 rk[PPL], rv[PPL];            /* FP8: 8 bytes; NVFP4: x = 8 codes, y = their scale byte */
 #pragma unroll
@@ -787,8 +783,7 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t
                 const int i = lane + 32 * k, j = i / ND, x = (i % ND) * 8;
                 rk[k] = rv[k] = make_uint2(0, 0); /* zero codes decode to 0.0 (rows past the chunk) */
                 if (j < n) {
-                    const int kp = a + j;
-                    const uint8_t *row = page_of(d, sq, kp) + ((size_t)g * d.page + kp % d.page) * d.rb;
+                    const uint8_t *row = row_of(j);
                     if (ld == 2) {
                         rk[k] = *(const uint2 *)(row + x);
                         rv[k] = *(const uint2 *)(row + d.kvpart + x);
@@ -825,17 +820,17 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t
                         make_uint4(bf2(f[0], f[1]), bf2(f[2], f[3]), bf2(f[4], f[5]), bf2(f[6], f[7]));
                 }
             }
-        } else
-        for (int i = lane; i < ACH * (D / 8); i += 32) {
-            const int j = i / (D / 8), x = (i % (D / 8)) * 8;
+            return;
+        }
+        for (int i = lane; i < ACH * ND; i += 32) {
+            const int j = i / ND, x = (i % ND) * 8;
             uint16_t *kd = ks + j * DP + x, *vd = vs + j * DP + x;
-            if (j >= n) { /* past the chunk: zeros (V must be finite: p = 0 there) */
+            if (j >= n) {
                 *(uint4 *)kd = make_uint4(0, 0, 0, 0);
                 *(uint4 *)vd = make_uint4(0, 0, 0, 0);
                 continue;
             }
-            const int kp = a + j;
-            const uint8_t *row = page_of(d, sq, kp) + ((size_t)g * d.page + kp % d.page) * d.rb;
+            const uint8_t *row = row_of(j);
             if (ld == 1) {
                 cp16((uint32_t)__cvta_generic_to_shared(kd), row + 2 * x);
                 cp16((uint32_t)__cvta_generic_to_shared(vd), row + d.kvpart + 2 * x);
@@ -847,7 +842,31 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t
                 *(uint4 *)vd = make_uint4(bf2(vf[0], vf[1]), bf2(vf[2], vf[3]), bf2(vf[4], vf[5]), bf2(vf[6], vf[7]));
             }
         }
-        asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    /* the first chunk's rows are requested before the queries are staged (their loads overlap) */
+    int a, e;
+    int ci = next_chunk(s * AT_NW + warp, &a, &e);
+    if (ci < nchunks) load_chunk(a, e);
+    /* the group's queries as three bf16 parts (rows >= G: zero) */
+    for (int i = tid; i < 16 * D / 2; i += AT_NW * 32) {
+        const int h = i / (D / 2), x = (i % (D / 2)) * 2;
+        float2 v = make_float2(0.f, 0.f);
+        if (h < G) v = *(const float2 *)(q + ((size_t)t * nh + (size_t)g * G + h) * D + x);
+        uint32_t a3, b3, c3;
+        split3(v.x, v.y, &a3, &b3, &c3);
+        *(uint32_t *)&qs[(0 * 16 + h) * DP + x] = a3;
+        *(uint32_t *)&qs[(1 * 16 + h) * DP + x] = b3;
+        *(uint32_t *)&qs[(2 * 16 + h) * DP + x] = c3;
+    }
+    __syncthreads();
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; /* rows gr, gr + 8 (l: this thread's share) */
+    while (ci < nchunks) {
+        const int n = e - a;
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         __syncwarp();
         /* S = Q K^T: 16 rows x 32 keys (4 column tiles) */
         float sc[4][4];
@@ -924,6 +943,11 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t
                 }
             }
         }
+        ci = next_chunk(ci + W, &a, &e);
+        if (ci < nchunks) {
+            __syncwarp(); /* this chunk's fragments are read */
+            load_chunk(a, e);
+        }
     }
     /* the warps' results -> shared (each warp over its own K / V buffers), then combined */
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -942,20 +966,27 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t
         wml[warp * 32 + 16 + gr] = l0; wml[warp * 32 + 16 + gr + 8] = l1;
     }
     __syncthreads();
-    for (int i = tid; i < G * D; i += AT_NW * 32) {
-        const int h = i / D, x = i % D;
-        float M = -INFINITY;
+    float *wf = wml + AT_NW * 32; /* [AT_NW][16] factors exp(m_w - M), then [16] M and [16] L */
+    if (tid < 16) {
+        float M = -INFINITY, L = 0.f;
 #pragma unroll
-        for (int w = 0; w < AT_NW; w++) M = fmaxf(M, wml[w * 32 + h]);
-        float L = 0.f, acc = 0.f;
+        for (int w = 0; w < AT_NW; w++) M = fmaxf(M, wml[w * 32 + tid]);
 #pragma unroll
         for (int w = 0; w < AT_NW; w++) {
-            const float mw = wml[w * 32 + h];
-            if (mw == -INFINITY) continue;
-            const float f = expf(mw - M);
-            L += wml[w * 32 + 16 + h] * f;
-            acc += ((const float *)(kv0 + w * 2 * ACH * DP))[h * D + x] * f;
+            const float mw = wml[w * 32 + tid], f = mw == -INFINITY ? 0.f : expf(mw - M);
+            wf[w * 16 + tid] = f;
+            L += wml[w * 32 + 16 + tid] * f;
         }
+        wf[AT_NW * 16 + tid] = M;
+        wf[AT_NW * 16 + 16 + tid] = L;
+    }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += AT_NW * 32) {
+        const int h = i / D, x = i % D;
+        const float M = wf[AT_NW * 16 + h], L = wf[AT_NW * 16 + 16 + h];
+        float acc = 0.f;
+#pragma unroll
+        for (int w = 0; w < AT_NW; w++) acc += ((const float *)(kv0 + w * 2 * ACH * DP))[h * D + x] * wf[w * 16 + h];
         if (nsplit == 1) {
             out[((size_t)t * nh + (size_t)g * G + h) * D + x] = L > 0 ? acc / L : 0.0f;
         } else {
@@ -967,7 +998,7 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t
 }
 static size_t attn_mma_smem(int D) {
     const int DP = D + 8;
-    return sizeof(uint16_t) * ((size_t)3 * 16 * DP + (size_t)AT_NW * 2 * ACH * DP) + sizeof(float) * AT_NW * 32;
+    return sizeof(uint16_t) * ((size_t)3 * 16 * DP + (size_t)AT_NW * 2 * ACH * DP) + sizeof(float) * (AT_NW * 48 + 32);
 }
 
 /* with xs, also the f16 split of out (hi [n], then lo; the o projection's input, gemv_mma.cu).

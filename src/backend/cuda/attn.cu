@@ -11,8 +11,9 @@
  * query head of the group; splits are merged by log-sum-exp. Splits are chosen so that a
  * decode step fills the GPU (at least 32 per (token, group) up to 8 tokens: a verify pass);
  * prefill gets one split per (token, group). Caches whose values are exact in bf16 (bf16, FP8,
- * NVFP4) take the tensor-core kernel (k_attn_mma: a warp per chunk, products on mma.sync with
- * q and the probabilities split in three bf16 parts); f32 caches and other shapes the f32 ones.
+ * NVFP4; FP8 / NVFP4 from 2 tokens) take the tensor-core kernel (k_attn_mma: a warp per chunk,
+ * products on mma.sync with q and the probabilities split in three bf16 parts); f32 caches and
+ * other shapes the f32 ones.
  * M3_ATTN_MMA=0 turns the tensor-core kernel off. */
 #include <math.h>
 
@@ -1068,8 +1069,10 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
      * batch 1: docs/PERF.md) */
     int nsplit = (int)cdiv(2 * (size_t)c->sm_count, (size_t)T * nkv);
     const int ND = D / 8;
-    const int tc = kv->dt != M3_KV_F32 && G <= 16 && D % 16 == 0 && (ND == 4 || ND == 6 || ND == 8 || ND == 16) &&
-                   m3_cu_env_int("M3_ATTN_MMA", 1);
+    /* FP8 / NVFP4 caches at one token: the f32 kernel (in a decode graph at 128K: 2.35-2.38 against
+     * 2.42-2.44 ms; docs/PERF.md) */
+    const int tc = (kv->dt == M3_KV_BF16 || ((kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4) && T > 1)) && G <= 16 &&
+                   D % 16 == 0 && (ND == 4 || ND == 6 || ND == 8 || ND == 16) && m3_cu_env_int("M3_ATTN_MMA", 1);
     if (tc) { /* AT_NW warps a CTA, each on whole chunks: as many chunks a warp as the GPU's two CTAs per SM need */
         int cpw = (int)cdiv((size_t)nchunks, (size_t)(nsplit > 64 ? 64 : nsplit) * AT_NW);
         const int fcpw = m3_cu_env_int("M3_ATTN_CPW", 0);

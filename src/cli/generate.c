@@ -44,12 +44,18 @@ static void spec_on_token(void *arg, uint64_t id, int32_t token, float logprob, 
     if (finished) { g->done = 1; g->reason = reason; }
 }
 
-/* sc NULL: no speculation (the engine path for -tp); group: the tensor-parallel ranks, the
- * draft then on draft_ops */
+/* sc NULL: no speculation (the engine path for -tp); group: the tensor-parallel ranks. A draft
+ * beside the ranks or a GPU target runs on a CPU op table of its own (threads), reading the
+ * target's captured rows from the host. */
 static int generate_spec(m3_model *m, const m3_spec_config *sc, const int32_t *ids, int T, int n_gen,
                          const m3_sampling *sp, m3_kv_dtype kdt, int ubatch, int ignore_eos, m3_group *group,
-                         m3_ops *draft_ops) {
+                         int threads) {
     m3_err err;
+    m3_ops dops = {0};
+    if (sc && (group || !m->ops || strcmp(m->ops->name, "cpu") != 0) && m3_cpu_ops_init(&dops, threads, &err)) {
+        fprintf(stderr, "m3 generate: draft ops: %s\n", err.msg);
+        return 1;
+    }
     m3_engine_opts eo;
     m3_engine_opts_default(&eo);
     int page = m3_kv_page_tokens(&m->cfg);
@@ -60,14 +66,14 @@ static int generate_spec(m3_model *m, const m3_spec_config *sc, const int32_t *i
     eo.enable_prefix_caching = 0;
     if (sc) eo.spec = *sc;
     eo.group = group;
-    eo.draft_ops = draft_ops;
+    eo.draft_ops = dops.ctx ? &dops : NULL;
     m3_engine *e = m3_engine_create(m, &eo, &err);
-    if (!e) { fprintf(stderr, "m3 generate: %s\n", err.msg); return 1; }
+    int rc = 1;
+    if (!e) { fprintf(stderr, "m3 generate: %s\n", err.msg); goto out; }
     spec_gen g = {0};
     m3_engine_request q = {.prompt = ids, .n_prompt = T, .sampling = *sp, .max_tokens = n_gen,
                            .ignore_eos = ignore_eos, .on_token = spec_on_token, .arg = &g};
     double t0 = now_s();
-    int rc = 1;
     if (n_gen > 0 && !m3_engine_add(e, &q, &err)) { fprintf(stderr, "m3 generate: %s\n", err.msg); goto out; }
     while (n_gen > 0 && !g.done) {
         if (m3_engine_step(e, &err) < 0) { fprintf(stderr, "\nm3 generate: %s\n", err.msg); goto out; }
@@ -92,7 +98,8 @@ static int generate_spec(m3_model *m, const m3_spec_config *sc, const int32_t *i
 done:
     rc = g.reason == M3_FINISH_ERROR ? 1 : 0;
 out:
-    m3_engine_destroy(e);
+    if (e) m3_engine_destroy(e);
+    if (dops.ctx) m3_cpu_ops_free(&dops);
     return rc;
 }
 
@@ -158,12 +165,8 @@ int m3_cmd_generate(int argc, char **argv) {
         m3_cli_tp tp;
         m3_model full;
         if (m3_cli_tp_load(&tp, &full, backend, dir, (int)threads, (int)tpn, split, "generate", ids, T)) { free(ids); return 1; }
-        m3_ops dops = {0};
-        int spec = spec_json || draft_dir, rc = 1;
-        if (spec && m3_cpu_ops_init(&dops, (int)threads, &err)) fprintf(stderr, "m3 generate: draft ops: %s\n", err.msg);
-        else rc = generate_spec(&full, spec ? &sc : NULL, ids, T, (int)n_gen, &sp, kdt, (int)ubatch, ignore_eos, tp.g,
-                                spec ? &dops : NULL);
-        if (spec && dops.ctx) m3_cpu_ops_free(&dops);
+        int rc = generate_spec(&full, spec_json || draft_dir ? &sc : NULL, ids, T, (int)n_gen, &sp, kdt, (int)ubatch,
+                               ignore_eos, tp.g, (int)threads);
         m3_cli_tp_free(&tp);
         m3_model_free(&full);
         free(ids);
@@ -176,13 +179,7 @@ int m3_cmd_generate(int argc, char **argv) {
     const int V = c->vocab;
     int rc = 1;
     if (spec_json || draft_dir) {
-        /* a GPU target: the draft beside it on a CPU op table of its own (it reads the target's
-         * captured rows from the host, as beside tensor-parallel ranks) */
-        m3_ops dops = {0};
-        const int own = strcmp(ops.name, "cpu") != 0;
-        if (own && m3_cpu_ops_init(&dops, (int)threads, &err)) fprintf(stderr, "m3 generate: draft ops: %s\n", err.msg);
-        else rc = generate_spec(&m, &sc, ids, T, (int)n_gen, &sp, kdt, (int)ubatch, ignore_eos, NULL, own ? &dops : NULL);
-        if (own && dops.ctx) m3_cpu_ops_free(&dops);
+        rc = generate_spec(&m, &sc, ids, T, (int)n_gen, &sp, kdt, (int)ubatch, ignore_eos, NULL, (int)threads);
         free(ids);
         m3_model_free(&m);
         m3_cli_ops_free(&ops);

@@ -723,6 +723,10 @@ static __device__ __forceinline__ uint32_t bf2(float x0, float x1) {
     __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
     return *(uint32_t *)&h;
 }
+/* 8 floats (exact in bf16) -> 8 bf16 */
+static __device__ __forceinline__ uint4 bf8(const float *f) {
+    return make_uint4(bf2(f[0], f[1]), bf2(f[2], f[3]), bf2(f[4], f[5]), bf2(f[6], f[7]));
+}
 /* (x0, x1) -> three bf16x2 parts whose sum is (x0, x1) to ~2^-24 relative */
 static __device__ __forceinline__ void split3(float x0, float x1, uint32_t *p0, uint32_t *p1, uint32_t *p2) {
     const uint32_t h = bf2(x0, x1);
@@ -817,8 +821,7 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t
                             f[2 * h + 1] = v.y * sc;
                         }
                     }
-                    *(uint4 *)((kv ? vs : ks) + j * DP + x) =
-                        make_uint4(bf2(f[0], f[1]), bf2(f[2], f[3]), bf2(f[4], f[5]), bf2(f[6], f[7]));
+                    *(uint4 *)((kv ? vs : ks) + j * DP + x) = bf8(f);
                 }
             }
             return;
@@ -839,8 +842,8 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t
                 float kf[8], vf[8];
                 read8(row, d.dt, D, x, kf);
                 read8(row + d.kvpart, d.dt, D, x, vf);
-                *(uint4 *)kd = make_uint4(bf2(kf[0], kf[1]), bf2(kf[2], kf[3]), bf2(kf[4], kf[5]), bf2(kf[6], kf[7]));
-                *(uint4 *)vd = make_uint4(bf2(vf[0], vf[1]), bf2(vf[2], vf[3]), bf2(vf[4], vf[5]), bf2(vf[6], vf[7]));
+                *(uint4 *)kd = bf8(kf);
+                *(uint4 *)vd = bf8(vf);
             }
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -1071,12 +1074,13 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     const int ND = D / 8;
     /* FP8 / NVFP4 caches at one token: the f32 kernel (in a decode graph at 128K: 2.35-2.38 against
      * 2.42-2.44 ms; docs/PERF.md) */
+    static int mma_on = -1;
+    if (mma_on < 0) mma_on = m3_cu_env_int("M3_ATTN_MMA", 1) != 0;
     const int tc = (kv->dt == M3_KV_BF16 || ((kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4) && T > 1)) && G <= 16 &&
-                   D % 16 == 0 && (ND == 4 || ND == 6 || ND == 8 || ND == 16) && m3_cu_env_int("M3_ATTN_MMA", 1);
-    if (tc) { /* AT_NW warps a CTA, each on whole chunks: as many chunks a warp as the GPU's two CTAs per SM need */
-        int cpw = (int)cdiv((size_t)nchunks, (size_t)(nsplit > 64 ? 64 : nsplit) * AT_NW);
-        const int fcpw = m3_cu_env_int("M3_ATTN_CPW", 0);
-        if (fcpw > 0) cpw = fcpw;
+                   D % 16 == 0 && (ND == 4 || ND == 6 || ND == 8 || ND == 16) && mma_on;
+    if (tc) { /* AT_NW warps a CTA, each on whole chunks: as many chunks a warp as the GPU's two CTAs per SM need
+               * (one chunk a warp at 8 tokens measured slower: docs/PERF.md) */
+        const int cpw = (int)cdiv((size_t)nchunks, (size_t)(nsplit > 64 ? 64 : nsplit) * AT_NW);
         nsplit = (int)cdiv((size_t)nchunks, (size_t)cpw * AT_NW);
     } else if (T <= 8 && nsplit < 32) {
         nsplit = 32; /* a verify pass / small batch: a chunk or two per CTA (8 tokens: 4.96 against 5.05 ms a pass

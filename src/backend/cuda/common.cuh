@@ -67,17 +67,15 @@ typedef struct m3_cuda {
     size_t h_pick_cap;
 } m3_cuda;
 
-/* Arrival counters of the kernels that finish with a last-CTA step (zero between launches,
- * each launch leaves them zero): after the GEMVs' ctr_n, CTR_AUX_ROUTE (the router's routing
- * step), CTR_AUX_GV (the GEMV's item counter), then one per token from CTR_AUX_TOK (the
- * indexer's top-k), CTR_AUX in all. */
 /* MoE grouped by expert on the tensor cores (gemv_mma.cu): at most MOE_GROUP_T tokens and
  * MOE_GROUP_S (token, expert) slots per launch; larger batches go in chunks */
 #define MOE_GROUP_T 64
 #define MOE_GROUP_S 512
 
+/* Arrival counters of the kernels that finish with a last-CTA step (zero between launches,
+ * each launch leaves them zero): after the GEMVs' ctr_n, CTR_AUX_ROUTE (the router's routing
+ * step), then one per token from CTR_AUX_TOK (the indexer's top-k), CTR_AUX in all. */
 #define CTR_AUX_ROUTE 0
-#define CTR_AUX_GV 1 /* the tensor-core GEMV's next item (gemv_mma.cu, dyn) */
 #define CTR_AUX_TOK 16
 #define CTR_AUX (CTR_AUX_TOK + 65536)
 static inline int *ctr_aux(const m3_cuda *c, int i) { return c->ctr + c->ctr_n + i; }

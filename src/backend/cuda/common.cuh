@@ -118,7 +118,7 @@ void m3_cu_prof_end(m3_cuda *c, int op);
 /* Tiled device layout of MXFP8 / NVFP4 matrices (N % 16 == 0): the tensor-core GEMV reads a
  * 16-row tile unit by unit (a unit: 32 values for MXFP8 = 32 bytes + 1 scale byte; 128 for
  * NVFP4 = 64 bytes + 8), so the device copy stores exactly that order: values
- * [N/16][K/UV][16 rows][UB bytes], scales [N/16][K/UV][16][SB]. A warp's slice of a tile is
+ * [N/16][K/UV][16 rows][UB bytes], scales [N/16][K/UV][16][SB] (MXFP8: see wt_soff). A warp's slice of a tile is
  * one contiguous run of memory (HBM pages read whole) instead of 16 rows' short pieces. */
 static __host__ __device__ __forceinline__ int wt_ub(int fmt) { return fmt == M3_WF_NVFP4 ? 64 : 32; }
 static __host__ __device__ __forceinline__ int wt_sb(int fmt) { return fmt == M3_WF_NVFP4 ? 8 : 1; }
@@ -127,7 +127,10 @@ static __host__ __device__ __forceinline__ size_t wt_voff(int fmt, size_t row_by
     const int ub = wt_ub(fmt);
     return (size_t)(n >> 4) * 16 * row_bytes + (b / ub) * 16 * ub + (size_t)(n & 15) * ub + b % ub;
 }
+/* MXFP8 scales go by 4 units (one GEMV pipeline stage): [N/16][K/128][16 rows][4], so a lane
+ * reads its row's 4 scales of a stage as one word (scale_row % 4 == 0: K % 128 == 0) */
 static __host__ __device__ __forceinline__ size_t wt_soff(int fmt, size_t scale_row, int n, size_t j) {
+    if (fmt != M3_WF_NVFP4) return (size_t)(n >> 4) * 16 * scale_row + (j / 4) * 64 + (size_t)(n & 15) * 4 + j % 4;
     const int sb = wt_sb(fmt);
     return (size_t)(n >> 4) * 16 * scale_row + (j / sb) * 16 * sb + (size_t)(n & 15) * sb + j % sb;
 }
@@ -137,7 +140,8 @@ static __host__ __device__ __forceinline__ size_t wt_soff(int fmt, size_t scale_
  * 2p and 2p + 1 then become an f16 pair (value x 2^-14: sign at bit 15, exponent and mantissa
  * bits at 9..11 of each half) with one or two shifts and masks (nv_pair), no table:
  *   pair 0: w & 0x8E008E00   pair 1: (w << 3) & 0x8E008E00
- *   pair 2: ((w << 9) & 0x0E000E00) | ((w << 2) & 0x80008000)   pair 3: the same with 6 and 1 */
+ *   pair 2: ((w << 9) & 0x0E000E00) | ((w << 2) & 0x80008000)   pair 3: the same with 6 and 1
+ * (pairs 2 and 3 computed as one multiply of the masked word: see nv_pair) */
 static __host__ __device__ __forceinline__ int wt_nv_sbit(int j) {
     const int p = (j >> 1) & 3;
     return (p == 0 ? 15 : p == 1 ? 12 : p == 2 ? 13 : 14) + 16 * (j & 1);
@@ -163,8 +167,11 @@ static __host__ __device__ __forceinline__ uint32_t wt_nv_code(uint32_t w, int j
 template <int P> static __host__ __device__ __forceinline__ uint32_t nv_pair(uint32_t w) {
     if (P == 0) return w & 0x8E008E00u;
     if (P == 1) return (w << 3) & 0x8E008E00u;
-    if (P == 2) return ((w << 9) & 0x0E000E00u) | ((w << 2) & 0x80008000u);
-    return ((w << 6) & 0x0E000E00u) | ((w << 1) & 0x80008000u);
+    /* pairs 2 and 3 move magnitude and sign by different shifts: one multiply adds both shifted
+     * copies of the masked word (no carry reaches a kept bit), so a mask, an IMAD and a mask
+     * instead of two shifts and two masks, and the IMAD runs beside the ALU's masks */
+    if (P == 2) return ((w & 0x20072007u) * 516u) & 0x8E008E00u; /* << 9 (magnitude) + << 2 (sign) */
+    return ((w & 0x40384038u) * 66u) & 0x8E008E00u;             /* << 6 + << 1 */
 }
 
 /* the formats and shapes stored tiled on the device */

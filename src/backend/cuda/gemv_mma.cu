@@ -125,10 +125,11 @@ static __device__ __forceinline__ void gv_prefetch(const m3_linear *W, int n0, i
     const int vb = F == M3_WF_NVFP4 ? 64 : 32, sb = F == M3_WF_NVFP4 ? 8 : 1; /* bytes per unit: values, scales */
     if (W->tiled) { /* the slice is one run of values and one of scales */
         if (lane == 0) l2_prefetch(W->w + (size_t)(n0 >> 4) * 16 * W->row_bytes + (size_t)u0 * 16 * vb, (uint32_t)(u1 - u0) * 16 * vb);
-        if (lane == 1) {
+        if (lane == 1) { /* (MXFP8 scales go by 4 units: wt_soff) */
             const uint8_t *ts = W->scale + (size_t)(n0 >> 4) * 16 * W->scale_row;
-            const uintptr_t a = (uintptr_t)(ts + (size_t)u0 * 16 * sb) & ~(uintptr_t)15;
-            const uintptr_t e = ((uintptr_t)(ts + (size_t)u1 * 16 * sb) + 15) & ~(uintptr_t)15;
+            const int s0 = F == M3_WF_NVFP4 ? u0 : u0 & ~3, s1 = F == M3_WF_NVFP4 ? u1 : (u1 + 3) & ~3;
+            const uintptr_t a = (uintptr_t)(ts + (size_t)s0 * 16 * sb) & ~(uintptr_t)15;
+            const uintptr_t e = ((uintptr_t)(ts + (size_t)s1 * 16 * sb) + 15) & ~(uintptr_t)15;
             l2_prefetch((const void *)a, (uint32_t)(e - a));
         }
         return;
@@ -202,7 +203,7 @@ static __device__ __forceinline__ void nvfp4_unit(uint4 qa, uint4 qb, uint32_t s
  * 8 bytes of each row, ea / eb their E8M0 scales (applied to the f32 partial sums); b the unit's
  * x fragment (x_hi, or the HL pairs), bl x_lo's (non-HL) */
 template <int HL>
-static __device__ __forceinline__ void mxfp8_unit_x(uint2 qa, uint2 qb, uint32_t ea, uint32_t eb, uint4 b, uint4 bl, float acc[4]) {
+static __device__ __forceinline__ void mxfp8_unit_x(uint2 qa, uint2 qb, float fa, float fb, uint4 b, uint4 bl, float acc[4]) {
     float t[4] = {0, 0, 0, 0};
     uint32_t a0 = e4m3x2_h2(qa.x & 0xffff), a2 = e4m3x2_h2(qa.x >> 16);
     uint32_t a1 = e4m3x2_h2(qb.x & 0xffff), a3 = e4m3x2_h2(qb.x >> 16);
@@ -214,7 +215,6 @@ static __device__ __forceinline__ void mxfp8_unit_x(uint2 qa, uint2 qb, uint32_t
     a3 = e4m3x2_h2(qb.y >> 16);
     mma16816(t, a0, a1, a2, a3, b.z, b.w);
     if (!HL) mma16816(t, a0, a1, a2, a3, bl.z, bl.w);
-    const float fa = e8m0_f32(ea), fb = e8m0_f32(eb);
     acc[0] += t[0] * fa;
     acc[1] += t[1] * fa;
     acc[2] += t[2] * fb;
@@ -229,7 +229,7 @@ static __device__ __forceinline__ void mxfp8_unit(uint2 qa, uint2 qb, uint32_t e
         b = __ldg((const uint4 *)(xp + v0));
         if (!HL) bl = __ldg((const uint4 *)(xq + v0));
     }
-    mxfp8_unit_x<HL>(qa, qb, ea, eb, b, bl, acc);
+    mxfp8_unit_x<HL>(qa, qb, e8m0_f32(ea), e8m0_f32(eb), b, bl, acc);
 }
 
 /* The K range [c0, c1) (in units) of 16 rows from n0 against the B column of this lane (x row
@@ -247,8 +247,8 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
         const uint8_t *tv = W->w + (size_t)(n0 >> 4) * 16 * W->row_bytes, *ts = W->scale + (size_t)(n0 >> 4) * 16 * W->scale_row;
         wa = tv + g * UBY;
         wb = tv + (g + 8) * UBY;
-        sa = ts + g * SBY;
-        sb = ts + (g + 8) * SBY;
+        sa = ts + g * (F == M3_WF_NVFP4 ? SBY : 4); /* MXFP8: scales by 4 units (wt_soff) */
+        sb = ts + (g + 8) * (F == M3_WF_NVFP4 ? SBY : 4);
         us = 16 * UBY;
         ss = 16 * SBY;
     } else {
@@ -296,8 +296,9 @@ static __device__ __forceinline__ void gv_tile(const m3_linear *W, const uint16_
                 const int u = u0 + j < c1 ? u0 + j : c1 - 1;
                 qa[j] = ldw2(wa + (size_t)u * us + 8 * tig, l2h);
                 qb[j] = ldw2(wb + (size_t)u * us + 8 * tig, l2h);
-                ea[j] = __ldg(sa + (size_t)u * ss);
-                eb[j] = __ldg(sb + (size_t)u * ss);
+                const size_t so = W->tiled ? (size_t)(u >> 2) * 64 + (u & 3) : (size_t)u * ss;
+                ea[j] = __ldg(sa + so);
+                eb[j] = __ldg(sb + so);
             }
 #pragma unroll
             for (int j = 0; j < 2 * UB; j++) {
@@ -330,70 +331,137 @@ static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src)
 static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-/* stage from unit u (a multiple of SU) of the tile at n0 into the ring buffer at dst (shared) */
-template <int F>
-static __device__ __forceinline__ void gp_issue(const m3_linear *W, int n0, int u, uint32_t dst, int lane) {
-    const int UBY = F == M3_WF_NVFP4 ? 64 : 32, SBY = F == M3_WF_NVFP4 ? 8 : 1;
-    const uint8_t *v = W->w + (size_t)(n0 >> 4) * 16 * W->row_bytes + (size_t)u * 16 * UBY;
-    const uint8_t *sc = W->scale + (size_t)(n0 >> 4) * 16 * W->scale_row + (size_t)u * 16 * SBY;
-#pragma unroll
-    for (int i = 0; i < 4; i++) cp_async16(dst + (i * 32 + lane) * 16, v + (i * 32 + lane) * 16);
-    if (lane < gp<F>::SCB / 16) cp_async16(dst + 2048 + lane * 16, sc + lane * 16);
+/* E8M0 scale byte B (0-3) of a word as an f32 2^(e-127): a shift and a mask. Exact for codes
+ * 1..254; tiled MXFP8 matrices hold no other (backend.cu keeps a matrix with a 0 or 255 scale
+ * row-major, read through e8m0_f32) */
+template <int B> static __device__ __forceinline__ float e8_of(uint32_t w) {
+    return __uint_as_float((B < 3 ? w << (23 - 8 * B) : w >> 1) & 0x7f800000u);
 }
 
+/* f16x2 product with one half of b in both lanes (HMUL2's operand swizzle: no extra instruction) */
+template <int H> static __device__ __forceinline__ uint32_t hmul2_bc(uint32_t a, uint32_t b) {
+    const __half2 bb = *(const __half2 *)&b;
+    __half2 r = __hmul2(*(const __half2 *)&a, H ? __high2half2(bb) : __low2half2(bb));
+    return *(uint32_t *)&r;
+}
+
+/* The MMAs of one tiled NVFP4 unit from the ring: qa / qb this lane's 16 bytes of rows g and
+ * g + 8, sa / sb their two E4M3 block scales as f16x2 (block 2 tig, 2 tig + 1), xb (and xlb,
+ * non-HL) the unit's B fragments (MMA s uses xb[2s], xb[2s + 1]). */
+template <int HL>
+static __device__ __forceinline__ void nvfp4_unit_t(uint4 qa, uint4 qb, uint32_t sa, uint32_t sb, const uint32_t *xb,
+                                                    const uint32_t *xlb, float acc[4]) {
+    const uint32_t wa4[4] = {qa.x, qa.y, qa.z, qa.w}, wb4[4] = {qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+        const uint32_t wA = wa4[s >> 1], wB = wb4[s >> 1];
+        uint32_t a0, a1, a2, a3;
+        if (s < 4) {
+            a0 = hmul2_bc<0>((s & 1) ? nv_pair<2>(wA) : nv_pair<0>(wA), sa);
+            a2 = hmul2_bc<0>((s & 1) ? nv_pair<3>(wA) : nv_pair<1>(wA), sa);
+            a1 = hmul2_bc<0>((s & 1) ? nv_pair<2>(wB) : nv_pair<0>(wB), sb);
+            a3 = hmul2_bc<0>((s & 1) ? nv_pair<3>(wB) : nv_pair<1>(wB), sb);
+        } else {
+            a0 = hmul2_bc<1>((s & 1) ? nv_pair<2>(wA) : nv_pair<0>(wA), sa);
+            a2 = hmul2_bc<1>((s & 1) ? nv_pair<3>(wA) : nv_pair<1>(wA), sa);
+            a1 = hmul2_bc<1>((s & 1) ? nv_pair<2>(wB) : nv_pair<0>(wB), sb);
+            a3 = hmul2_bc<1>((s & 1) ? nv_pair<3>(wB) : nv_pair<1>(wB), sb);
+        }
+        mma16816(acc, a0, a1, a2, a3, xb[2 * s], xb[2 * s + 1]);
+        if (!HL) mma16816(acc, a0, a1, a2, a3, xlb[2 * s], xlb[2 * s + 1]);
+    }
+}
+
+/* The tile's K range [c0, c1) (multiples of SU units) through the ring. Everything the loop
+ * needs is computed once: the slice's value and scale runs (this lane's 16-byte pieces), the
+ * ring slots, and this lane's x pointers. A lane without a token (xrow < 0) loads no x and
+ * multiplies zeros: its loads stay predicated off, because a 16-byte load costs an L1
+ * wavefront per quarter warp with an active lane (one token: one quarter instead of four;
+ * loading anyway made verify(8) 4.52 -> 4.78 ms). */
 template <int F, int HL>
 static __device__ __forceinline__ void gv_tile_p(const m3_linear *W, const uint16_t *xh, const uint16_t *xl, int xstride,
-                                                 int xrow, int n0, int c0, int c1, const uint32_t *my, int g, int tig,
-                                                 float acc[4], uint8_t *ring) {
-    const int lane = 4 * g + tig, SU = gp<F>::SU, nst = (c1 - c0) / SU;
-    const uint32_t rbase = (uint32_t)__cvta_generic_to_shared(ring);
+                                                 int xrow, int n0, int c0, int c1, int g, int tig, float acc[4],
+                                                 uint8_t *ring) {
+    constexpr int SU = gp<F>::SU, STAGE = gp<F>::STAGE, SCB = gp<F>::SCB;
+    constexpr int UBY = F == M3_WF_NVFP4 ? 64 : 32, SBY = F == M3_WF_NVFP4 ? 8 : 1, UV = F == M3_WF_NVFP4 ? 128 : 32;
+    constexpr int XL = F == M3_WF_NVFP4 ? 32 : 8; /* x values per lane per unit */
+    const int lane = 4 * g + tig, nst = (c1 - c0) / SU;
+    const uint8_t *vsrc = W->w + (size_t)(n0 >> 4) * 16 * W->row_bytes + (size_t)c0 * 16 * UBY + lane * 16;
+    const uint8_t *ssrc = W->scale + (size_t)(n0 >> 4) * 16 * W->scale_row + (size_t)c0 * 16 * SBY + lane * 16;
+    const bool scl = lane < SCB / 16;
+    const uint32_t rdst = (uint32_t)__cvta_generic_to_shared(ring) + lane * 16; /* this lane's pieces of slot 0 */
     const bool use = xrow >= 0;
-    const uint16_t *xp = (HL && (g & 1) ? xl : xh) + (size_t)(use ? xrow : 0) * xstride;
-    const uint16_t *xq = xl + (size_t)(use ? xrow : 0) * xstride;
+    const size_t xo = (size_t)(use ? xrow : 0) * xstride + (size_t)c0 * UV + XL * tig;
+    const uint16_t *xp = (HL && (g & 1) ? xl : xh) + xo, *xq = xl + xo;
     acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
 #pragma unroll
     for (int st = 0; st < GP_NS - 1; st++) {
-        if (st < nst) gp_issue<F>(W, n0, c0 + st * SU, rbase + st * gp<F>::STAGE, lane);
+        if (st < nst) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) cp_async16(rdst + st * STAGE + i * 512, vsrc + (size_t)st * 2048 + i * 512);
+            if (scl) cp_async16(rdst + st * STAGE + 2048, ssrc + (size_t)st * SCB);
+        }
         cp_commit();
     }
+    int rd = 0, wr = GP_NS - 1; /* ring slots: read now, refilled now */
     for (int st = 0; st < nst; st++) {
         cp_wait<GP_NS - 2>(); /* stage st has landed (for this lane's copies) */
-        __syncwarp();         /* ... and every lane's; the buffer refilled below was read last round */
-        const int nx = st + GP_NS - 1;
-        if (nx < nst) gp_issue<F>(W, n0, c0 + nx * SU, rbase + (nx % GP_NS) * gp<F>::STAGE, lane);
+        __syncwarp();         /* ... and every lane's; the slot refilled below was read last round */
+        if (st + GP_NS - 1 < nst) {
+            const size_t nx = (size_t)(st + GP_NS - 1);
+#pragma unroll
+            for (int i = 0; i < 4; i++) cp_async16(rdst + wr * STAGE + i * 512, vsrc + nx * 2048 + i * 512);
+            if (scl) cp_async16(rdst + wr * STAGE + 2048, ssrc + nx * SCB);
+        }
         cp_commit();
-        const uint8_t *sb = ring + (st % GP_NS) * gp<F>::STAGE;
-        const int u = c0 + st * SU;
+        const uint8_t *sb = ring + rd * STAGE;
         if (F == M3_WF_NVFP4) {
 #pragma unroll
             for (int ul = 0; ul < 2; ul++) {
+                uint32_t xb[16], xlb[HL ? 1 : 16];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const uint4 v = use ? __ldg((const uint4 *)(xp + ul * 128) + i) : make_uint4(0, 0, 0, 0);
+                    xb[4 * i] = v.x; xb[4 * i + 1] = v.y; xb[4 * i + 2] = v.z; xb[4 * i + 3] = v.w;
+                    if (!HL) {
+                        const uint4 l = use ? __ldg((const uint4 *)(xq + ul * 128) + i) : make_uint4(0, 0, 0, 0);
+                        xlb[4 * i] = l.x; xlb[4 * i + 1] = l.y; xlb[4 * i + 2] = l.z; xlb[4 * i + 3] = l.w;
+                    }
+                }
                 const uint8_t *vb = sb + ul * 1024 + 16 * tig;
                 const uint4 qa = *(const uint4 *)(vb + g * 64), qb = *(const uint4 *)(vb + (g + 8) * 64);
                 const uint32_t s2a = *(const uint16_t *)(sb + 2048 + ul * 128 + g * 8 + 2 * tig);
                 const uint32_t s2b = *(const uint16_t *)(sb + 2048 + ul * 128 + (g + 8) * 8 + 2 * tig);
-                nvfp4_unit<HL, 1>(qa, qb, s2a, s2b, my, xp, xq, (u + ul) * 128 + 32 * tig, use, acc);
+                nvfp4_unit_t<HL>(qa, qb, e4m3x2_h2(s2a), e4m3x2_h2(s2b), xb, xlb, acc);
             }
         } else {
-            /* 5-8 tokens (two x loads a unit): the stage's x fragments are requested together before
-             * the MMAs (verify(8) 4.75 -> 4.65 ms at 8 layers); at 1-4 tokens that gained nothing */
-            uint4 xv[4], xw[4];
+            /* x fragments are requested XG units at a time before their MMAs (5-8 tokens: two, as the
+             * stage's four at once spilled registers; hoisting them gained verify(8) 4.75 -> 4.65 ms) */
+            constexpr int XG = HL ? 4 : 2;
+            const uint32_t ea4 = *(const uint32_t *)(sb + 2048 + 4 * g), eb4 = *(const uint32_t *)(sb + 2048 + 4 * (g + 8));
+            float fa[4], fb[4];
+            fa[0] = e8_of<0>(ea4); fa[1] = e8_of<1>(ea4); fa[2] = e8_of<2>(ea4); fa[3] = e8_of<3>(ea4);
+            fb[0] = e8_of<0>(eb4); fb[1] = e8_of<1>(eb4); fb[2] = e8_of<2>(eb4); fb[3] = e8_of<3>(eb4);
 #pragma unroll
-            for (int ul = 0; ul < 4; ul++) {
-                xv[ul] = xw[ul] = make_uint4(0, 0, 0, 0);
-                if (!HL && use) {
-                    xv[ul] = __ldg((const uint4 *)(xp + (u + ul) * 32 + 8 * tig));
-                    xw[ul] = __ldg((const uint4 *)(xq + (u + ul) * 32 + 8 * tig));
+            for (int h = 0; h < 4; h += XG) {
+                uint4 xv[XG], xw[XG];
+#pragma unroll
+                for (int i = 0; i < XG; i++) {
+                    xv[i] = use ? __ldg((const uint4 *)(xp + (h + i) * 32)) : make_uint4(0, 0, 0, 0);
+                    xw[i] = HL || !use ? make_uint4(0, 0, 0, 0) : __ldg((const uint4 *)(xq + (h + i) * 32));
+                }
+#pragma unroll
+                for (int i = 0; i < XG; i++) {
+                    const uint8_t *vb = sb + (h + i) * 512 + 8 * tig;
+                    const uint2 qa = *(const uint2 *)(vb + g * 32), qb = *(const uint2 *)(vb + (g + 8) * 32);
+                    mxfp8_unit_x<HL>(qa, qb, fa[h + i], fb[h + i], xv[i], xw[i], acc);
                 }
             }
-#pragma unroll
-            for (int ul = 0; ul < 4; ul++) {
-                const uint8_t *vb = sb + ul * 512 + 8 * tig;
-                const uint2 qa = *(const uint2 *)(vb + g * 32), qb = *(const uint2 *)(vb + (g + 8) * 32);
-                const uint32_t ea = sb[2048 + ul * 16 + g], eb = sb[2048 + ul * 16 + g + 8];
-                if (HL) mxfp8_unit<HL>(qa, qb, ea, eb, xp, xq, (u + ul) * 32 + 8 * tig, use, acc);
-                else mxfp8_unit_x<HL>(qa, qb, ea, eb, xv[ul], xw[ul], acc);
-            }
         }
+        rd = rd == GP_NS - 1 ? 0 : rd + 1;
+        wr = wr == GP_NS - 1 ? 0 : wr + 1;
+        xp += SU * UV;
+        xq += SU * UV;
     }
     __syncwarp(); /* the next item's first stages overwrite these buffers */
 }
@@ -469,8 +537,7 @@ __global__ void __launch_bounds__(WPB * 32, UB == 0 ? GV_PIPE_CTAS : !HL ? 2 : 3
         const int n0 = tile * 16, N = W->N;
         float acc[4];
         if (UB == 0)
-            gv_tile_p<F, HL>(W, xh, xl, J->xstride, xrow, n0, c0, c1, my, g, tig, acc,
-                             smem + warp * gp<F>::WARP);
+            gv_tile_p<F, HL>(W, xh, xl, J->xstride, xrow, n0, c0, c1, g, tig, acc, smem + warp * gp<F>::WARP);
         else
             gv_tile<F, HL, UB ? UB : 1>(W, xh, xl, J->xstride, xrow, n0, c0, c1, my, g, tig, acc, a.l2h);
 
@@ -584,6 +651,126 @@ static int xsplit_get(m3_cuda *c, const float *x, size_t n, const uint16_t **xh,
     return 0;
 }
 
+/* ------------------------------------------------------------------ x shared by a CTA (5-8 tokens)
+ * At 5-8 tokens each warp's x fragments (x_hi and x_lo of every token) are twice its weight
+ * bytes, and with every warp on its own K slice they come from L2 (L1 hit rate ~50%): the
+ * MXFP8 GEMV at 8 tokens took 1.5x its 1-token time. Here the 8 warps of a CTA compute 8
+ * tiles of the same K slice, and each stage's x (128 values of 8 tokens, hi and lo: 4 KB) is
+ * copied once per CTA into a ring beside the warps' weight rings (one cp.async per thread),
+ * then read from shared memory. The warps go stage by stage together (a CTA barrier per
+ * stage: the copies have landed, and the slot refilled next was read by everyone). Plain
+ * (non-MoE) MXFP8 matrices; work items are (group of 8 tiles over all jobs, K slice). */
+#define GX_ROW 288                 /* bytes per x row (token, hi / lo) of a stage: 256 + a pad that keeps the */
+#define GX_SLOT (16 * GX_ROW)      /* quarter warps of a 16-byte read on distinct banks; slot: 8 tokens x 2 */
+static size_t gvx_smem() { return (size_t)WPB * gp<M3_WF_MXFP8>::WARP + (size_t)GP_NS * GX_SLOT; }
+
+__global__ void __launch_bounds__(WPB * 32, GV_PIPE_CTAS) k_gvx(const __grid_constant__ gv_args a) {
+    pdl_trigger();
+    extern __shared__ __align__(16) uint8_t smem[];
+    constexpr int F = M3_WF_MXFP8, SU = gp<F>::SU, STAGE = gp<F>::STAGE;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+    uint8_t *ring = smem + warp * gp<F>::WARP, *xr = smem + WPB * gp<F>::WARP;
+    const uint32_t rdst = (uint32_t)__cvta_generic_to_shared(ring) + lane * 16;
+    /* this thread's x piece of a stage: row (token, hi / lo), 16 bytes of its 256 */
+    const int xrow = threadIdx.x >> 4, xt = xrow >> 1, xpc = threadIdx.x & 15;
+    const uint32_t xdst = (uint32_t)__cvta_generic_to_shared(xr) + xrow * GX_ROW + xpc * 16;
+    const gv_job *J0 = &a.j[0];
+    const int T = J0->T, ks = J0->ks, K = J0->W.K, units = K / 32 / SU;
+    const bool xcopy = xt < T;
+    const uint16_t *xsrc = (xrow & 1 ? J0->xl : J0->xh) + (size_t)(xcopy ? xt : 0) * J0->xstride + xpc * 8;
+    const bool use = g < T; /* this lane's B column: token g */
+    int ntiles = 0;
+    for (int j = 0; j < a.nj; j++) ntiles += a.j[j].tiles;
+    pdl_wait();
+    for (int it = blockIdx.x; it < a.items; it += gridDim.x) {
+        const int kslice = it % ks, gt = (it / ks) * WPB + warp; /* this warp's tile over all jobs */
+        const bool valid = gt < ntiles;
+        int jj = 0;
+        while (jj + 1 < a.nj && gt >= a.j[jj + 1].item0) jj++;
+        const gv_job *J = &a.j[jj];
+        const int tile = valid ? gt - J->item0 : 0;
+        const int c0 = SU * (int)((long)units * kslice / ks), c1 = SU * (int)((long)units * (kslice + 1) / ks);
+        const int nst = (c1 - c0) / SU, n0 = tile * 16;
+        const uint8_t *vsrc = J->W.w + (size_t)(n0 >> 4) * 16 * J->W.row_bytes + (size_t)c0 * 16 * 32 + lane * 16;
+        const uint8_t *ssrc = J->W.scale + (size_t)(n0 >> 4) * 16 * J->W.scale_row + (size_t)c0 * 16 + lane * 16;
+        const bool scl = lane < gp<F>::SCB / 16;
+        const uint16_t *xs = xsrc + (size_t)c0 * 32;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        __syncthreads(); /* the previous item's stages are read by every warp */
+#pragma unroll
+        for (int st = 0; st < GP_NS - 1; st++) {
+            if (st < nst) {
+                if (valid) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) cp_async16(rdst + st * STAGE + i * 512, vsrc + (size_t)st * 2048 + i * 512);
+                    if (scl) cp_async16(rdst + st * STAGE + 2048, ssrc + (size_t)st * 64);
+                }
+                if (xcopy) cp_async16(xdst + st * GX_SLOT, xs + (size_t)st * 128);
+            }
+            cp_commit();
+        }
+        int rd = 0, wr = GP_NS - 1;
+        for (int st = 0; st < nst; st++) {
+            cp_wait<GP_NS - 2>(); /* this thread's copies of stage st have landed */
+            __syncthreads();      /* ... and every thread's; the slot refilled below was read by all */
+            if (st + GP_NS - 1 < nst) {
+                const size_t nx = (size_t)(st + GP_NS - 1);
+                if (valid) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) cp_async16(rdst + wr * STAGE + i * 512, vsrc + nx * 2048 + i * 512);
+                    if (scl) cp_async16(rdst + wr * STAGE + 2048, ssrc + nx * 64);
+                }
+                if (xcopy) cp_async16(xdst + wr * GX_SLOT, xs + nx * 128);
+            }
+            cp_commit();
+            if (valid) {
+                const uint8_t *sb = ring + rd * STAGE, *xb = xr + rd * GX_SLOT + (2 * g) * GX_ROW + 16 * tig;
+                const uint32_t ea4 = *(const uint32_t *)(sb + 2048 + 4 * g), eb4 = *(const uint32_t *)(sb + 2048 + 4 * (g + 8));
+                float fa[4], fb[4];
+                fa[0] = e8_of<0>(ea4); fa[1] = e8_of<1>(ea4); fa[2] = e8_of<2>(ea4); fa[3] = e8_of<3>(ea4);
+                fb[0] = e8_of<0>(eb4); fb[1] = e8_of<1>(eb4); fb[2] = e8_of<2>(eb4); fb[3] = e8_of<3>(eb4);
+#pragma unroll
+                for (int ul = 0; ul < 4; ul++) {
+                    const uint4 xv = use ? *(const uint4 *)(xb + ul * 64) : make_uint4(0, 0, 0, 0);
+                    const uint4 xw = use ? *(const uint4 *)(xb + GX_ROW + ul * 64) : make_uint4(0, 0, 0, 0);
+                    const uint8_t *vb = sb + ul * 512 + 8 * tig;
+                    const uint2 qa = *(const uint2 *)(vb + g * 32), qb = *(const uint2 *)(vb + (g + 8) * 32);
+                    mxfp8_unit_x<0>(qa, qb, fa[ul], fb[ul], xv, xw, acc);
+                }
+            }
+            rd = rd == GP_NS - 1 ? 0 : rd + 1;
+            wr = wr == GP_NS - 1 ? 0 : wr + 1;
+        }
+        if (!valid) continue;
+        /* this lane's results: rows g, g + 8 of tokens 2 tig, 2 tig + 1 (as k_gv, non-HL) */
+        const int N = J->W.N, rr[4] = {g, g, g + 8, g + 8}, tt[4] = {2 * tig, 2 * tig + 1, 2 * tig, 2 * tig + 1};
+        if (ks == 1) {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (n0 + rr[i] < N && tt[i] < T) J->y[(size_t)tt[i] * N + n0 + rr[i]] = acc[i];
+            continue;
+        }
+        float *p = J->part + (size_t)tile * ks * 16 * T;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (tt[i] < T) p[((size_t)kslice * T + tt[i]) * 16 + rr[i]] = acc[i];
+        __syncwarp(); /* as k_gv: release on arrival, acquire only in the warp that completes the tile */
+        int prev = 0;
+        if (lane == 0) prev = atom_add_release(&a.ctr[J->ctr0 + tile], 1);
+        prev = __shfl_sync(0xffffffffu, prev, 0);
+        if (prev != ks - 1) continue;
+        fence_acq_rel();
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (tt[i] >= T || n0 + rr[i] >= N) continue;
+            float s = 0;
+            for (int k = 0; k < ks; k++) s += __ldcg(p + ((size_t)k * T + tt[i]) * 16 + rr[i]);
+            J->y[(size_t)tt[i] * N + n0 + rr[i]] = s;
+        }
+        if (lane == 0) a.ctr[J->ctr0 + tile] = 0;
+    }
+}
+
 /* ------------------------------------------------------------------ launch planning */
 
 /* the formats and shapes the MMA path takes (else the SIMT kernel runs) */
@@ -643,6 +830,31 @@ static gv_fn gv_pick(int dev, int F, int HL, const m3_linear *W, int *nb, size_t
     return HL ? gv_kernel<M3_WF_MXFP8, 1, 2>(dev, nb, smem) : gv_kernel<M3_WF_MXFP8, 0, 2>(dev, nb, smem);
 }
 
+/* k_gvx with its shared-memory attribute set in this device's context; CTAs per SM in *nb */
+static gv_fn gvx_kernel(int dev, int *nb_out, size_t *smem) {
+    static int nb[64];
+    static unsigned long long set;
+    const size_t sm = gvx_smem();
+    const unsigned long long bit = 1ull << (dev & 63);
+    if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
+        cudaFuncSetAttribute(k_gvx, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_gvx, WPB * 32, sm) != cudaSuccess || n < 1) n = 1;
+        nb[dev & 63] = n;
+        __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
+    }
+    *nb_out = nb[dev & 63];
+    *smem = sm;
+    return (gv_fn)k_gvx;
+}
+
+/* M3_GV_XSHARE=0: 5-8 tokens on MXFP8 through k_gv (each warp loading its own x) */
+static int gvx_on(void) {
+    static int on = -1;
+    if (on < 0) on = m3_cu_env_int("M3_GV_XSHARE", 1) != 0;
+    return on;
+}
+
 /* K slices per tile: the fewest rounds of resident warps times the units each item reads
  * (+2 units of overhead per item), items of at least ~512 bytes per row */
 static int gv_ks(long tiles, int units, int F, long rw, int su) { /* units of su (a pipeline stage) */
@@ -664,7 +876,9 @@ static int gv_ks(long tiles, int units, int F, long rw, int su) { /* units of su
 static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
     int nb;
     size_t smem;
-    gv_fn fn = gv_pick(c->dev, F, HL, &a->j[0].W, &nb, &smem);
+    /* plain MXFP8 at 5-8 tokens: the CTA's warps share each stage's x (k_gvx) */
+    const int xshare = F == M3_WF_MXFP8 && !HL && a->moe == 0 && gv_piped(&a->j[0].W) && gvx_on();
+    gv_fn fn = xshare ? gvx_kernel(c->dev, &nb, &smem) : gv_pick(c->dev, F, HL, &a->j[0].W, &nb, &smem);
     const int SU = gv_piped(&a->j[0].W) ? (F == M3_WF_NVFP4 ? 2 : 4) : 1;
     const long rw = (long)c->sm_count * nb * WPB;
     long tiles = 0;
@@ -673,18 +887,21 @@ static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
         tiles += (long)mats[j] * a->j[j].tiles;
     }
     const int UV = F == M3_WF_NVFP4 ? 128 : 32;
-    const int ks = gv_ks(tiles, a->j[0].W.K / UV / SU, F, rw, SU);
+    /* k_gvx: a work item is a group of WPB tiles (one per warp) and a K slice, rw counts CTAs */
+    const int ks = xshare ? gv_ks((tiles + WPB - 1) / WPB, a->j[0].W.K / UV / SU, F, rw / WPB, SU)
+                          : gv_ks(tiles, a->j[0].W.K / UV / SU, F, rw, SU);
     size_t part = 0;
     long items = 0, ctr = 0;
     for (int j = 0; j < a->nj; j++) {
         gv_job *J = &a->j[j];
         J->ks = ks;
-        J->item0 = (int)items;
+        J->item0 = (int)(xshare ? ctr : items); /* k_gvx: the job's first tile over all jobs */
         J->ctr0 = (int)ctr;
         items += (long)mats[j] * J->tiles * ks;
         ctr += (long)mats[j] * J->tiles;
         part += (size_t)mats[j] * J->tiles * ks * 16 * J->T;
     }
+    if (xshare) items = (ctr + WPB - 1) / WPB * ks;
     if (ctr > c->ctr_n) { m3_cu_failf(c, "CUDA backend: %ld GEMV tiles in one launch (limit %ld)", ctr, (long)c->ctr_n); return -1; }
     if (ks > 1) {
         float *pb = (float *)m3_cu_scratch(c, SC_TMP, sizeof(float) * part + 256);
@@ -697,7 +914,7 @@ static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
     a->items = (int)items;
     a->ctr = c->ctr;
     a->l2h = gv_l2h();
-    long grid = (items + WPB - 1) / WPB;
+    long grid = xshare ? items : (items + WPB - 1) / WPB;
     if (grid > (long)c->sm_count * nb) grid = (long)c->sm_count * nb;
     const int pdl = m3_cu_pdl_on();
     a->pf_first = pdl;

@@ -304,7 +304,7 @@ static __device__ __forceinline__ const uint8_t *stage_row(const uint8_t *src, u
  * each thread first copies its key's index-K row into shared memory (rows rs bytes apart after
  * the q and maxima areas), with the query's loads in flight at the same time; with ta.tctr the
  * last CTA of each token runs its top-k (topk_warp). */
-__global__ void __launch_bounds__(256) k_index_scores_k(kvdesc d, const int32_t *pos, const int32_t *seq, const float *iq,
+__global__ void __launch_bounds__(256, 2) k_index_scores_k(kvdesc d, const int32_t *pos, const int32_t *seq, const float *iq,
                                                         int ni, int B, int nbmax, float *scores, topk_args ta, int rs) {
     extern __shared__ __align__(16) float qs[]; /* [ni][Di], then [warps][8] maxima, then the staged rows;
                                                  * fused top-k: [ni][nbmax], [ni][topk] */
@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(256) k_index_scores_k(kvdesc d, const int32_t 
     __syncthreads();
     float dot[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (i < n) {
-#pragma unroll 4
+#pragma unroll 1 /* a rolled loop: the kernel runs once per SM, so its code arrives cold (unrolled x4: 5.7K instructions) */
         for (int e = 0; e < d.Di; e += 16) {
             float kv[16];
             read16(row, d.idt, d.Di, e, kv);
@@ -826,6 +826,7 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t
             }
             return;
         }
+#pragma unroll 1 /* rolled: the code (read8's formats in each copy) otherwise arrives cold, 16 copies of it */
         for (int i = lane; i < ACH * ND; i += 32) {
             const int j = i / ND, x = (i % ND) * 8;
             uint16_t *kd = ks + j * DP + x, *vd = vs + j * DP + x;
@@ -876,7 +877,7 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t
         float sc[4][4];
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-#pragma unroll
+#pragma unroll 1 /* rolled: fewer instructions to fetch cold (a warp often runs one chunk) */
         for (int kk = 0; kk < D / 16; kk++) {
             uint32_t af[3][4];
 #pragma unroll

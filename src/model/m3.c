@@ -238,8 +238,10 @@ issue:
         TAP_HIDDEN(c->n_layers, B.a);
     }
     if (n_out > 0) {
-        for (int i = 0; i < n_out; i++)
-            op->rmsnorm(X, B.h + (size_t)out_rows[i] * H, W->final_norm, 1, H, eps, B.fin + (size_t)i * H);
+        for (int i = 0, j; i < n_out; i = j) { /* runs of consecutive rows in one call (a verify pass: all T) */
+            for (j = i + 1; j < n_out && out_rows[j] == out_rows[j - 1] + 1; j++) {}
+            op->rmsnorm(X, B.h + (size_t)out_rows[i] * H, W->final_norm, j - i, H, eps, B.fin + (size_t)i * H);
+        }
         op->linear(X, &W->lm_head, B.fin, n_out, B.lg);
         if (sh && !cfail && m3_comm_all_gather(m->comm, B.lg, (size_t)n_out * Vl, B.lga, err)) cfail = 1;
     }

@@ -17,7 +17,9 @@ static int fails;
 
 /* one part (values, or scales) of an N-row matrix of `width` bytes per row stored in pieces of
  * `piece` bytes per unit: every byte lands once inside it, unit u of row g of tile t at
- * t * 16 * width + u * 16 * piece + g * piece */
+ * t * 16 * width + u * 16 * piece + g * piece; MXFP8 scales (piece 1) go by 4 units (a GEMV
+ * stage): scale u of row g at t * 16 * width + (u / 4) * 64 + g * 4 + u % 4, so a stage's
+ * scales are one 64-byte run and a row's 4 of them one word */
 static void check_part(int fmt, int N, size_t width, int piece, int scales) {
     unsigned char *seen = (unsigned char *)calloc((size_t)N * width, 1);
     for (int n = 0; n < N; n++)
@@ -27,8 +29,9 @@ static void check_part(int fmt, int N, size_t width, int piece, int scales) {
                   fmt, N, width, scales ? "scale" : "value", n, b, o);
             if (o < (size_t)N * width) seen[o] = 1;
             const size_t t = (size_t)n / 16, g = (size_t)n % 16, u = b / piece, j = b % piece;
-            CHECK(o == t * 16 * width + u * 16 * piece + g * piece + j, "fmt %d: %s byte (%d, %zu) at %zu", fmt,
-                  scales ? "scale" : "value", n, b, o);
+            const size_t want = scales && fmt == M3_WF_MXFP8 ? t * 16 * width + (u / 4) * 64 + g * 4 + u % 4
+                                                             : t * 16 * width + u * 16 * piece + g * piece + j;
+            CHECK(o == want, "fmt %d: %s byte (%d, %zu) at %zu, not %zu", fmt, scales ? "scale" : "value", n, b, o, want);
         }
     free(seen);
 }

@@ -244,6 +244,7 @@ static int up_linear_t(m3_cuda *c, const m3_linear *h, m3_linear *d, int tile) {
     size_t rb = m3_linear_dense_row_bytes(h), sr = m3_linear_dense_scale_row(h);
     d->row_bytes = rb;
     d->scale_row = sr;
+    /* (not in the sizing pass: tiled or row-major, a matrix takes the same bytes) */
     if (tile && m3_cu_tileable(d) && c->wa_mode != 1 && !mx_scales_plain(h)) {
         static int told;
         if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))

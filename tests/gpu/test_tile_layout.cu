@@ -3,7 +3,8 @@
  * it; unit u of row g of a 16-row tile sits where the tensor-core GEMV reads it (tile base +
  * u * 16 * UB + g * UB), so a cp.async stage of SU units is one contiguous run; the scales
  * follow the same order. NVFP4 codes are also bit-permuted in each word, and the GEMV's
- * shift-and-mask conversion of the permuted words gives every code's value. */
+ * shift-and-mask conversion of the permuted words gives every code's value; the MXFP8 scales'
+ * shift-and-mask decode (e8_word) gives every code 1..254. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include "backend/cuda/common.cuh"
+#include "base/num.h"
 
 static int fails;
 #define CHECK(c, ...) do { if (!(c)) { if (fails++ < 10) { printf("FAIL: "); printf(__VA_ARGS__); printf("\n"); } } } while (0)
@@ -88,8 +90,24 @@ static void check_nv_perm(void) {
     }
 }
 
+/* e8_word (the tiled MXFP8 GEMV's scale decode, a shift and a mask a byte) against the full
+ * E8M0 decode for every code it is used with (1..254) in every byte of the word */
+static void check_e8_word(void) {
+    for (int e = 1; e <= 254; e++)
+        for (int pos = 0; pos < 4; pos++) {
+            const uint32_t w = ((uint32_t)e << (8 * pos)) | (0x7f7f7f7fu & ~(0xffu << (8 * pos))); /* others: 127 */
+            float f[4];
+            e8_word(w, f);
+            for (int j = 0; j < 4; j++) {
+                const float want = m3_e8m0_to_f32((uint8_t)(w >> (8 * j)));
+                CHECK(f[j] == want, "e8_word(%08x) byte %d: %g, not %g", w, j, f[j], want);
+            }
+        }
+}
+
 int main(void) {
     check_nv_perm();
+    check_e8_word();
     const int shapes[][2] = {{16, 128}, {48, 256}, {512, 6144}, {3072, 6144}, {6144, 3072}, {128, 1024}};
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         check_shape(M3_WF_MXFP8, shapes[i][0], shapes[i][1]);

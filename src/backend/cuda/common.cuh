@@ -9,6 +9,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cuda.h"
 
@@ -249,6 +250,20 @@ int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, cons
 
 /* ------------------------------------------------------------------ device decoders */
 
+/* The 4 E8M0 scale bytes of a word (byte 0 first) as f32 2^(e-127), each by a shift and a mask:
+ * exact for codes 1..254 only. Tiled MXFP8 matrices hold no other (backend.cu keeps a matrix
+ * with a 0 or 255 scale row-major, read through e8m0_f32). */
+static __host__ __device__ __forceinline__ void e8_word(uint32_t w, float f[4]) {
+    const uint32_t b[4] = {(w << 23) & 0x7f800000u, (w << 15) & 0x7f800000u, (w << 7) & 0x7f800000u, (w >> 1) & 0x7f800000u};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#ifdef __CUDA_ARCH__
+        f[i] = __uint_as_float(b[i]);
+#else
+        memcpy(&f[i], &b[i], 4);
+#endif
+    }
+}
 /* E8M0: 2^(b-127); 255 NaN; b = 0 is 2^-127 (an f32 subnormal) */
 static __device__ __forceinline__ float e8m0_f32(uint32_t b) {
     return b == 255 ? __int_as_float(0x7fc00000) : b ? __int_as_float((int)(b << 23)) : __int_as_float(0x00400000);

@@ -331,13 +331,6 @@ static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src)
 static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-/* E8M0 scale byte B (0-3) of a word as an f32 2^(e-127): a shift and a mask. Exact for codes
- * 1..254; tiled MXFP8 matrices hold no other (backend.cu keeps a matrix with a 0 or 255 scale
- * row-major, read through e8m0_f32) */
-template <int B> static __device__ __forceinline__ float e8_of(uint32_t w) {
-    return __uint_as_float((B < 3 ? w << (23 - 8 * B) : w >> 1) & 0x7f800000u);
-}
-
 /* f16x2 product with one half of b in both lanes (HMUL2's operand swizzle: no extra instruction) */
 template <int H> static __device__ __forceinline__ uint32_t hmul2_bc(uint32_t a, uint32_t b) {
     const __half2 bb = *(const __half2 *)&b;
@@ -440,8 +433,8 @@ static __device__ __forceinline__ void gv_tile_p(const m3_linear *W, const uint1
             constexpr int XG = HL ? 4 : 2;
             const uint32_t ea4 = *(const uint32_t *)(sb + 2048 + 4 * g), eb4 = *(const uint32_t *)(sb + 2048 + 4 * (g + 8));
             float fa[4], fb[4];
-            fa[0] = e8_of<0>(ea4); fa[1] = e8_of<1>(ea4); fa[2] = e8_of<2>(ea4); fa[3] = e8_of<3>(ea4);
-            fb[0] = e8_of<0>(eb4); fb[1] = e8_of<1>(eb4); fb[2] = e8_of<2>(eb4); fb[3] = e8_of<3>(eb4);
+            e8_word(ea4, fa);
+            e8_word(eb4, fb);
 #pragma unroll
             for (int h = 0; h < 4; h += XG) {
                 uint4 xv[XG], xw[XG];
@@ -727,8 +720,8 @@ __global__ void __launch_bounds__(WPB * 32, GV_PIPE_CTAS) k_gvx(const __grid_con
                 const uint8_t *sb = ring + rd * STAGE, *xb = xr + rd * GX_SLOT + (2 * g) * GX_ROW + 16 * tig;
                 const uint32_t ea4 = *(const uint32_t *)(sb + 2048 + 4 * g), eb4 = *(const uint32_t *)(sb + 2048 + 4 * (g + 8));
                 float fa[4], fb[4];
-                fa[0] = e8_of<0>(ea4); fa[1] = e8_of<1>(ea4); fa[2] = e8_of<2>(ea4); fa[3] = e8_of<3>(ea4);
-                fb[0] = e8_of<0>(eb4); fb[1] = e8_of<1>(eb4); fb[2] = e8_of<2>(eb4); fb[3] = e8_of<3>(eb4);
+                e8_word(ea4, fa);
+                e8_word(eb4, fb);
 #pragma unroll
                 for (int ul = 0; ul < 4; ul++) {
                     const uint4 xv = use ? *(const uint4 *)(xb + ul * 64) : make_uint4(0, 0, 0, 0);

@@ -4,7 +4,7 @@
  * u * 16 * UB + g * UB), so a cp.async stage of SU units is one contiguous run; the scales
  * follow the same order. NVFP4 codes are also bit-permuted in each word, and the GEMV's
  * shift-and-mask conversion of the permuted words gives every code's value; the MXFP8 scales'
- * shift-and-mask decode (e8_word) gives every code 1..254. */
+ * shift-and-mask decode (e8_of) gives every code 1..254. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -90,24 +90,23 @@ static void check_nv_perm(void) {
     }
 }
 
-/* e8_word (the tiled MXFP8 GEMV's scale decode, a shift and a mask a byte) against the full
+/* e8_of (the tiled MXFP8 GEMV's scale decode, a shift and a mask a byte) against the full
  * E8M0 decode for every code it is used with (1..254) in every byte of the word */
-static void check_e8_word(void) {
+static void check_e8_of(void) {
     for (int e = 1; e <= 254; e++)
         for (int pos = 0; pos < 4; pos++) {
             const uint32_t w = ((uint32_t)e << (8 * pos)) | (0x7f7f7f7fu & ~(0xffu << (8 * pos))); /* others: 127 */
-            float f[4];
-            e8_word(w, f);
+            const float f[4] = {e8_of<0>(w), e8_of<1>(w), e8_of<2>(w), e8_of<3>(w)};
             for (int j = 0; j < 4; j++) {
                 const float want = m3_e8m0_to_f32((uint8_t)(w >> (8 * j)));
-                CHECK(f[j] == want, "e8_word(%08x) byte %d: %g, not %g", w, j, f[j], want);
+                CHECK(f[j] == want, "e8_of(%08x) byte %d: %g, not %g", w, j, f[j], want);
             }
         }
 }
 
 int main(void) {
     check_nv_perm();
-    check_e8_word();
+    check_e8_of();
     const int shapes[][2] = {{16, 128}, {48, 256}, {512, 6144}, {3072, 6144}, {6144, 3072}, {128, 1024}};
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         check_shape(M3_WF_MXFP8, shapes[i][0], shapes[i][1]);

@@ -219,7 +219,7 @@ static void *up_rows_tiled(m3_cuda *c, const uint8_t *src, size_t stride, size_t
 }
 
 /* Whether an MXFP8 matrix's E8M0 scales are all codes 1..254: the tiled GEMV builds 2^(e-127)
- * with a shift (common.cuh, e8_word), so a matrix holding a 0 (2^-127) or 255 (NaN) stays
+ * with a shift (common.cuh, e8_of), so a matrix holding a 0 (2^-127) or 255 (NaN) stays
  * row-major, where every code is decoded in full. */
 static int mx_scales_plain(const m3_linear *h) {
     if (h->fmt != M3_WF_MXFP8 || !h->scale) return 1;

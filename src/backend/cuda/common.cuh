@@ -250,19 +250,18 @@ int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, cons
 
 /* ------------------------------------------------------------------ device decoders */
 
-/* The 4 E8M0 scale bytes of a word (byte 0 first) as f32 2^(e-127), each by a shift and a mask:
- * exact for codes 1..254 only. Tiled MXFP8 matrices hold no other (backend.cu keeps a matrix
- * with a 0 or 255 scale row-major, read through e8m0_f32). */
-static __host__ __device__ __forceinline__ void e8_word(uint32_t w, float f[4]) {
-    const uint32_t b[4] = {(w << 23) & 0x7f800000u, (w << 15) & 0x7f800000u, (w << 7) & 0x7f800000u, (w >> 1) & 0x7f800000u};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
+/* E8M0 scale byte B (0-3) of a word as an f32 2^(e-127): a shift and a mask. Exact for codes
+ * 1..254 only; tiled MXFP8 matrices hold no other (backend.cu keeps a matrix with a 0 or 255
+ * scale row-major, read through e8m0_f32). */
+template <int B> static __host__ __device__ __forceinline__ float e8_of(uint32_t w) {
+    const uint32_t b = (B < 3 ? w << (23 - 8 * B) : w >> 1) & 0x7f800000u;
 #ifdef __CUDA_ARCH__
-        f[i] = __uint_as_float(b[i]);
+    return __uint_as_float(b);
 #else
-        memcpy(&f[i], &b[i], 4);
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
 #endif
-    }
 }
 /* E8M0: 2^(b-127); 255 NaN; b = 0 is 2^-127 (an f32 subnormal) */
 static __device__ __forceinline__ float e8m0_f32(uint32_t b) {

@@ -433,8 +433,8 @@ static __device__ __forceinline__ void gv_tile_p(const m3_linear *W, const uint1
             constexpr int XG = HL ? 4 : 2;
             const uint32_t ea4 = *(const uint32_t *)(sb + 2048 + 4 * g), eb4 = *(const uint32_t *)(sb + 2048 + 4 * (g + 8));
             float fa[4], fb[4];
-            e8_word(ea4, fa);
-            e8_word(eb4, fb);
+            fa[0] = e8_of<0>(ea4); fa[1] = e8_of<1>(ea4); fa[2] = e8_of<2>(ea4); fa[3] = e8_of<3>(ea4);
+            fb[0] = e8_of<0>(eb4); fb[1] = e8_of<1>(eb4); fb[2] = e8_of<2>(eb4); fb[3] = e8_of<3>(eb4);
 #pragma unroll
             for (int h = 0; h < 4; h += XG) {
                 uint4 xv[XG], xw[XG];
@@ -720,8 +720,8 @@ __global__ void __launch_bounds__(WPB * 32, GV_PIPE_CTAS) k_gvx(const __grid_con
                 const uint8_t *sb = ring + rd * STAGE, *xb = xr + rd * GX_SLOT + (2 * g) * GX_ROW + 16 * tig;
                 const uint32_t ea4 = *(const uint32_t *)(sb + 2048 + 4 * g), eb4 = *(const uint32_t *)(sb + 2048 + 4 * (g + 8));
                 float fa[4], fb[4];
-                e8_word(ea4, fa);
-                e8_word(eb4, fb);
+                fa[0] = e8_of<0>(ea4); fa[1] = e8_of<1>(ea4); fa[2] = e8_of<2>(ea4); fa[3] = e8_of<3>(ea4);
+                fb[0] = e8_of<0>(eb4); fb[1] = e8_of<1>(eb4); fb[2] = e8_of<2>(eb4); fb[3] = e8_of<3>(eb4);
 #pragma unroll
                 for (int ul = 0; ul < 4; ul++) {
                     const uint4 xv = use ? *(const uint4 *)(xb + ul * 64) : make_uint4(0, 0, 0, 0);

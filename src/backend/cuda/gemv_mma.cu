@@ -24,7 +24,8 @@
  * summed by the warp that completes it, in slice order (deterministic, no second launch).
  * Up to 4 tokens, x_hi and x_lo ride in the MMA's N columns (token t: columns 2t, 2t+1),
  * one MMA per k16; 5-8 tokens take two MMAs. One launch may hold several matrices with the
- * same input (q, k, v and the indexer's projections) or every slot's expert (MoE). */
+ * same input (q, k, v and the indexer's projections) or every slot's expert (MoE). Plain
+ * MXFP8 matrices at 5-8 tokens go through k_gvx instead: the CTA's warps share each stage's x. */
 #include "common.cuh"
 
 #define MW 8 /* warps per CTA */

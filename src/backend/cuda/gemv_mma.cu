@@ -28,8 +28,6 @@
  * MXFP8 matrices at 5-8 tokens go through k_gvx instead: the CTA's warps share each stage's x. */
 #include "common.cuh"
 
-#define MW 8 /* warps per CTA */
-
 static __device__ __forceinline__ void mma16816(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                                 uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -71,7 +69,8 @@ typedef struct gv_job {
     float *y;                /* y[t][N] (MoE: y[mat][N]) */
     int T;                   /* tokens (MoE: 1 per slot) */
     int tiles, ks;           /* row tiles per mat, K slices per tile */
-    int item0, ctr0;         /* first item; first arrival counter (one per (mat, tile)) */
+    int item0, ctr0;         /* first item (k_gvx: first tile over all jobs); first arrival counter
+                              * (one per (mat, tile)) */
     float *part;             /* ks > 1: partial sums [mat * tiles + tile][ks][T][16] */
 } gv_job;
 

@@ -73,6 +73,10 @@ typedef struct m3_ops {
     /* optional: head_norm_rope over n (<= 4) tensors of the same tokens in one pass */
     void (*head_norm_rope_n)(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
                              const int32_t *pos);
+    /* optional: head_norm_rope_n over (q, k) or (q, k, index q, index k), then kv_store of k =
+     * jobs[1].x, v and ik = jobs[3].x (n == 4; else none), in one pass, as the two calls would */
+    void (*head_norm_rope_store)(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
+                                 m3_kv *kv, int layer, const m3_batch *b, const float *v);
     /* Writes K, V [T, nkv*D] and (sparse layers) index-K [T, Di] of each token to its slot. */
     void (*kv_store)(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v,
                      const float *ik);

@@ -185,11 +185,13 @@ issue:
                 op->linear(X, &L->ik, B.a, T, B.ik);
             }
         }
-        if (op->head_norm_rope_n) { /* q, k and the indexer's in one pass */
-            const m3_rope_job rj[4] = {{B.q, nh, D, L->q_norm}, {B.k, nkv, D, L->k_norm}, {B.iq, ni, Di, L->iq_norm},
-                                       {B.ik, 1, Di, L->ik_norm}};
+        const m3_rope_job rj[4] = {{B.q, nh, D, L->q_norm}, {B.k, nkv, D, L->k_norm}, {B.iq, ni, Di, L->iq_norm},
+                                   {B.ik, 1, Di, L->ik_norm}};
+        if (op->head_norm_rope_store) /* q, k and the indexer's, and the cache inserts, in one pass */
+            op->head_norm_rope_store(X, L->sparse ? 4 : 2, rj, T, eps, c->rotary_dim, c->rope_theta, kv, l, b, B.v);
+        else if (op->head_norm_rope_n) /* q, k and the indexer's in one pass */
             op->head_norm_rope_n(X, L->sparse ? 4 : 2, rj, T, eps, c->rotary_dim, c->rope_theta, b->pos);
-        } else {
+        else {
             op->head_norm_rope(X, B.q, T, nh, D, L->q_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
             op->head_norm_rope(X, B.k, T, nkv, D, L->k_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
             if (L->sparse) {
@@ -197,7 +199,7 @@ issue:
                 op->head_norm_rope(X, B.ik, T, 1, Di, L->ik_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
             }
         }
-        op->kv_store(X, kv, l, b, B.k, B.v, L->sparse ? B.ik : NULL);
+        if (!op->head_norm_rope_store) op->kv_store(X, kv, l, b, B.k, B.v, L->sparse ? B.ik : NULL);
         if (L->sparse) {
             op->index_select(X, kv, l, b, B.iq, ni, c->block_size, topk, c->local_blocks, c->init_blocks, B.sel);
             if (taps && taps->index) {

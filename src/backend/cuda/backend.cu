@@ -663,6 +663,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->linear_n = m3_cu_linear_n;
     ops->head_norm_rope = m3_cu_head_norm_rope;
     ops->kv_store = m3_cu_kv_store;
+    ops->head_norm_rope_store = m3_cu_head_norm_rope_store;
     ops->index_select = m3_cu_index_select;
     ops->attention = m3_cu_attention;
     ops->mlp = m3_cu_mlp;

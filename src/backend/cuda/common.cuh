@@ -228,6 +228,8 @@ void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha,
 void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
                float limit, float *out);
 void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v, const float *ik);
+void m3_cu_head_norm_rope_store(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
+                                m3_kv *kv, int layer, const m3_batch *b, const float *v);
 void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *iq, int ni, int block,
                         int topk, int local, int init, int32_t *sel);
 void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh,
@@ -355,6 +357,30 @@ static __device__ __forceinline__ double block_sum_d(double v, double *part) {
     double s = 0;
     for (int i = 0; i < (int)blockDim.x / 32; i++) s += part[i];
     return s;
+}
+
+/* thread block clusters (sm_90): this CTA's rank and the cluster's size, a barrier of every
+ * thread of the cluster (release / acquire: shared-memory writes before it are seen after it),
+ * and a double from CTA `rank`'s shared memory at the address of p in this CTA's */
+static __device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+static __device__ __forceinline__ uint32_t cluster_size() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+    return r;
+}
+static __device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ double cluster_ld_f64(const double *p, uint32_t rank) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p), ra;
+    double v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f64 %0, [%1];\n" : "=d"(v) : "r"(ra) : "memory");
+    return v;
 }
 
 static inline unsigned cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }

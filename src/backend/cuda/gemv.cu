@@ -237,7 +237,8 @@ static __device__ __forceinline__ void route_token(const float *logits, const fl
 }
 
 /* the MoE routing step of the router's launch (k_gemv_ks): with ctr set, the CTA that finishes
- * last routes every token (route_token) */
+ * last routes every token (route_token). kparts > 1: K is split over that many CTAs per row
+ * group, each writing its sums to part [kparts][8][N], which the last CTA adds in order. */
 typedef struct route_args {
     int *ctr;
     const float *bias;
@@ -245,31 +246,37 @@ typedef struct route_args {
     float scale;
     int32_t *pick;
     float *wt;
+    float *part;
+    int kparts;
 } route_args;
 
-/* Few rows (the MoE router: 128 x 6144): a CTA per GR rows, its warps splitting K into GW
- * slices (a warp per GR rows over all of K kept 4 SMs busy); per-warp sums added in warp
- * order (deterministic). klen of a slice: a multiple of the format's chunk. x is staged in
- * shared memory where NT rows of it fit (staged), else read where it lies (T = NT rows from
- * t0; 8 tokens of the router: 196 KB). With ra.ctr, the routing step after it (route_args). */
+/* Few rows (the MoE router: 128 x 6144): a CTA per GR rows (and K part: ra.kparts), its warps
+ * splitting the CTA's K range into GW slices (a warp per GR rows over all of K kept 4 SMs
+ * busy; 32 CTAs over all of K took 13.5 us at one token, most of it waiting on memory); sums
+ * added in warp order, then in K-part order (deterministic). klen of a slice: a multiple of
+ * the format's chunk. x is staged in shared memory where NT rows of the range fit (staged),
+ * else read where it lies (T = NT rows from t0; 8 tokens of the router: 196 KB). With ra.ctr,
+ * the routing step after it (route_args). */
 template <int F, int NT>
 __global__ void __launch_bounds__(GW * 32) k_gemv_ks(m3_linear W, const float *x, int T, int t0, float *y, int slice,
                                                       route_args ra, int staged) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
-    extern __shared__ float xs[]; /* staged: [NT][K], then [GW][GR][NT] (routing scratch: in the first) */
-    float *red = staged ? xs + (size_t)NT * W.K : xs;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, n0 = blockIdx.x * GR;
+    const int kparts = ra.ctr && ra.kparts > 1 ? ra.kparts : 1, Kc = W.K / kparts;
+    const int ng = gridDim.x / kparts, kp = blockIdx.x / ng, kb = kp * Kc;
+    extern __shared__ float xs[]; /* staged: [NT][Kc]; then [GW][GR][NT]; then the routing scratch */
+    float *red = staged ? xs + (size_t)NT * Kc : xs;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, n0 = (blockIdx.x % ng) * GR;
     const uint8_t *rw[GR], *rs[GR];
     float gm[GR], acc[GR][NT];
     bool ok[GR];
     warp_rows_setup<NT>(W, n0, rw, rs, gm, ok, acc);
     if (staged) {
-        stage_x<NT>(x, W.K, T, t0, 0, W.K, xs, W.K);
+        stage_x<NT>(x, W.K, T, t0, kb, Kc, xs, Kc);
         __syncthreads();
     }
-    const float *xk = staged ? xs : x + (size_t)t0 * W.K;
-    const int k0 = warp * slice, klen = W.K - k0 < slice ? W.K - k0 : slice;
-    if (klen > 0) warp_rows<F, NT, GR>(rw, rs, gm, ok, k0, klen, xk + k0, W.K, acc);
+    const float *xk = staged ? xs : x + (size_t)t0 * W.K + kb;
+    const int k0 = warp * slice, klen = Kc - k0 < slice ? Kc - k0 : slice;
+    if (klen > 0) warp_rows<F, NT, GR>(rw, rs, gm, ok, kb + k0, klen, xk + k0, staged ? Kc : W.K, acc);
 #pragma unroll
     for (int r = 0; r < GR; r++)
 #pragma unroll
@@ -282,12 +289,24 @@ __global__ void __launch_bounds__(GW * 32) k_gemv_ks(m3_linear W, const float *x
         const int r = threadIdx.x / NT, t = threadIdx.x % NT;
         float v = 0;
         for (int w = 0; w < GW; w++) v += red[(w * GR + r) * NT + t];
-        if (ok[r] && t0 + t < T) y[(size_t)(t0 + t) * W.N + n0 + r] = v;
+        if (ok[r] && t0 + t < T) {
+            if (kparts > 1) ra.part[((size_t)kp * NT + t) * W.N + n0 + r] = v;
+            else y[(size_t)(t0 + t) * W.N + n0 + r] = v;
+        }
     }
-    if (ra.ctr && last_cta(ra.ctr, gridDim.x)) /* the logits of every token are in: route them */
+    if (ra.ctr && last_cta(ra.ctr, gridDim.x)) { /* the logits of every token are in: route them */
+        if (kparts > 1) {
+            for (int i = threadIdx.x; i < T * W.N; i += blockDim.x) {
+                float v = 0;
+                for (int q = 0; q < kparts; q++) v += __ldcg(ra.part + ((size_t)q * NT + i / W.N) * W.N + i % W.N);
+                y[i] = v;
+            }
+            __syncthreads();
+        }
         for (int t = warp; t < T; t += GW)
             route_token(y + (size_t)t * W.N, ra.bias, ra.E, ra.K, ra.scale, ra.pick + (size_t)t * ra.K, ra.wt + (size_t)t * ra.K,
-                        (staged ? xs : red + GW * GR * NT) + (size_t)warp * (2 * ra.E + ra.K), lane);
+                        red + GW * GR * NT + (size_t)warp * (2 * ra.E + ra.K), lane);
+    }
 }
 
 /* any shape: a warp per row, element by element (tiny odd shapes only) */
@@ -354,20 +373,27 @@ static int fast_shape(const m3_linear *W) {
 template <int NT>
 static int launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T, int t0, float *y, const route_args *rap) {
     const int V = W->fmt == M3_WF_F32 ? 4 : W->fmt == M3_WF_BF16 || W->fmt == M3_WF_F16 ? 8 : W->fmt == M3_WF_MXFP8 ? 16 : 32;
-    const int slice = (W->K / GW + V * 32 - 1) / (V * 32) * (V * 32); /* whole chunks for every lane */
-    const size_t ksm = sizeof(float) * ((size_t)NT * W->K + GW * GR * NT);
-    /* x read where it lies when it does not fit (t0 = 0, T = NT: its rows all exist) */
-    const int staged = ksm <= 48 * 1024;
-    if (cdiv(W->N, GW * GR) * 2 < (unsigned)c->sm_count && W->K >= 1024 && (staged || (t0 == 0 && T == NT))) {
-        const unsigned g = cdiv(W->N, GR);
+    if (cdiv(W->N, GW * GR) * 2 < (unsigned)c->sm_count && W->K >= 1024) {
+        const unsigned ng = cdiv(W->N, GR);
         route_args ra;
         memset(&ra, 0, sizeof ra);
         const size_t rsm = rap ? (size_t)GW * (2 * rap->E + rap->K) : 0; /* routing scratch, floats */
-        if (rap && (staged ? rsm <= (size_t)NT * W->K : sizeof(float) * (GW * GR * NT + rsm) <= 48 * 1024) && t0 == 0 && T <= NT)
-            ra = *rap;
-        const size_t smem = staged ? ksm : sizeof(float) * (GW * GR * NT + (ra.ctr ? rsm : 0));
-        GEMV_LAUNCH(k_gemv_ks, slice, ra, staged);
-        return ra.ctr != NULL;
+        if (rap && t0 == 0 && T <= NT) ra = *rap;
+        /* K over kparts CTAs (routing only: its last CTA adds the parts) while the CTAs fit the SMs
+         * and each part splits into whole chunks for every warp */
+        int kp = ra.ctr ? ra.kparts : 1;
+        while (kp > 1 && (ng * kp > (unsigned)c->sm_count || W->K % (kp * GW * V))) kp /= 2;
+        ra.kparts = kp;
+        const int Kc = W->K / kp, slice = (Kc / GW + V - 1) / V * V;
+        const size_t xsm = sizeof(float) * (size_t)NT * Kc, rest = sizeof(float) * (GW * GR * NT + (ra.ctr ? rsm : 0));
+        /* x read where it lies when it does not fit (t0 = 0, T = NT: its rows all exist) */
+        const int staged = xsm + rest <= 48 * 1024;
+        if (staged || (t0 == 0 && T == NT)) {
+            const unsigned g = ng * kp;
+            const size_t smem = (staged ? xsm : 0) + rest;
+            GEMV_LAUNCH(k_gemv_ks, slice, ra, staged);
+            return ra.ctr != NULL;
+        }
     }
     int KT = (12288 / NT) & ~511;
     if (KT > W->K) KT = (W->K + 31) & ~31;
@@ -680,13 +706,18 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
     const int H = L->router.K, Fd = L->experts[0].gate.N;
     m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
     /* router logits, picks and weights */
-    char *rb = (char *)m3_cu_scratch(c, SC_ROUTE, sizeof(float) * (size_t)T * E + 2 * sizeof(float) * (size_t)T * K + 64);
+    enum { ROUTE_KPARTS = 4 }; /* the router GEMV's K split over CTAs (k_gemv_ks) */
+    char *rb = (char *)m3_cu_scratch(c, SC_ROUTE, sizeof(float) * (size_t)T * E + 2 * sizeof(float) * (size_t)T * K +
+                                                      sizeof(float) * ROUTE_KPARTS * 8 * (size_t)E + 64);
     if (!rb) { m3_cu_prof_end(c, OP_MOE); return; }
     float *logits = (float *)rb;
     int32_t *pick = (int32_t *)(logits + (size_t)T * E);
     float *wt = (float *)(pick + (size_t)T * K);
     /* the router's GEMV routes in its last CTA where it can (one launch less), else k_route */
-    route_args ra = {ctr_aux(c, CTR_AUX_ROUTE), L->route_bias, E, K, routed_scale, pick, wt};
+    static int kparts = -1;
+    if (kparts < 0) kparts = m3_cu_env_int("M3_ROUTE_KPARTS", ROUTE_KPARTS);
+    if (kparts < 1 || kparts > ROUTE_KPARTS) kparts = ROUTE_KPARTS;
+    route_args ra = {ctr_aux(c, CTR_AUX_ROUTE), L->route_bias, E, K, routed_scale, pick, wt, wt + (size_t)T * K, kparts};
     int routed = 0;
     m3_cu_xsplit_touch(c, logits, sizeof(float) * (size_t)T * E);
     /* 1, 2, 4 or 8 tokens (a verify pass): k_gemv_ks, which reads x where it lies when it does not fit

@@ -106,6 +106,11 @@ typedef struct m3_ops {
      * nothing here. */
     void (*moe)(void *ctx, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,
                 float routed_scale, float alpha, float limit, float *out);
+    /* optional: moe into out, then add_rmsnorm(h, out, w, T, H, eps, normed), as the two calls
+     * (normed may be x: it is written after the experts have read x) */
+    void (*moe_add_rmsnorm)(void *ctx, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,
+                            float routed_scale, float alpha, float limit, float *out, float *h, const float *w, float eps,
+                            float *normed);
     /* The vision tower's ops (src/model/vision.c; a backend without them runs no vision):
      * layer_norm   LayerNorm with bias over rows of dim (mean and variance in double); out may be x
      * bias_act     y[rows][n] += b (b NULL: nothing), then GELU (erf form) when gelu

@@ -217,17 +217,27 @@ issue:
             op->add(X, B.h, B.o, TT * H);
             op->rmsnorm(X, B.h, L->post_norm, T, H, eps, B.a);
         }
-        if (L->moe)
+        /* the MoE op may add the residual and norm for the next layer itself (not under TP: the
+         * all-reduce comes between) */
+        const int moe_norm = L->moe && op->moe_add_rmsnorm && !m->comm && l + 1 < c->n_layers;
+        if (moe_norm)
+            op->moe_add_rmsnorm(X, L, B.a, T, c->n_experts, c->top_k, (float)c->routed_scale, (float)c->swiglu_alpha,
+                                (float)c->swiglu_limit, B.o, B.h, W->layers[l + 1].in_norm, eps, B.a);
+        else if (L->moe)
             op->moe(X, L, B.a, T, c->n_experts, c->top_k, (float)c->routed_scale, (float)c->swiglu_alpha,
                     (float)c->swiglu_limit, B.o);
         else
             op->mlp(X, &L->mlp, B.a, T, (float)c->swiglu_alpha, (float)c->swiglu_limit, B.o);
-        ALL_REDUCE(B.o, TT * H);
-        if (op->add_rmsnorm && l + 1 < c->n_layers) { /* the residual add and the next layer's input norm */
-            op->add_rmsnorm(X, B.h, B.o, W->layers[l + 1].in_norm, T, H, eps, B.a);
+        if (moe_norm) {
             normed = 1;
         } else {
-            op->add(X, B.h, B.o, TT * H);
+            ALL_REDUCE(B.o, TT * H);
+            if (op->add_rmsnorm && l + 1 < c->n_layers) { /* the residual add and the next layer's input norm */
+                op->add_rmsnorm(X, B.h, B.o, W->layers[l + 1].in_norm, T, H, eps, B.a);
+                normed = 1;
+            } else {
+                op->add(X, B.h, B.o, TT * H);
+            }
         }
         if (taps && taps->capture && taps->capture_layers && taps->capture_layers[l]) { /* narrow capture (DSpark) */
             op->download(X, host, B.h, TT * H * 4);

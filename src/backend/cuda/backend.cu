@@ -668,6 +668,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->attention = m3_cu_attention;
     ops->mlp = m3_cu_mlp;
     ops->moe = m3_cu_moe;
+    ops->moe_add_rmsnorm = m3_cu_moe_add_rmsnorm;
     m3_cu_vision_ops(ops);
     return 0;
 }

@@ -228,6 +228,16 @@ void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha,
 void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
                float limit, float *out);
 void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v, const float *ik);
+/* the MoE's last step (elem.cu): out[t] = sum_k wt[t][k] ye[t][k] (+ sh[t]), rows of K slots */
+typedef struct norm_combine {
+    const float *ye, *wt, *sh;
+    float *out;
+    int K;
+} norm_combine;
+int m3_cu_combine_add_rmsnorm(m3_cuda *c, const norm_combine *cb, float *h, const float *w, int rows, int dim, float eps,
+                              float *out);
+void m3_cu_moe_add_rmsnorm(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale,
+                           float alpha, float limit, float *out, float *h, const float *w, float eps, float *normed);
 void m3_cu_head_norm_rope_store(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
                                 m3_kv *kv, int layer, const m3_batch *b, const float *v);
 void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *iq, int ni, int block,

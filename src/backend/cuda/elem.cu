@@ -142,18 +142,36 @@ __global__ void __launch_bounds__(512) k_norm_v(float *h, const float *o, const 
  * order through distributed shared memory, and each CTA scales its slice. A row's loads are
  * spread over CL SMs, so the one round trip they cost is short (a single CTA per row: 5.3 us
  * for 6144 values on the H200, most of it in its SM's load and store queues). */
-template <bool ADD>
+/* MODE 0: out = norm(h); 1: h += o first; 2: o = the MoE combine of the row (written to
+ * cb.out: cb.wt-weighted sum of the K slot rows cb.ye in slot order, then + cb.sh, as
+ * k_moe_combine), then as 1 */
+template <int MODE>
 __global__ void __launch_bounds__(1024) k_norm_c(float *h, const float *o, const float *w, int dim, float eps, float *out,
-                                               uint16_t *xs, size_t n) {
+                                               uint16_t *xs, size_t n, norm_combine cb) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     __shared__ double part[32], csum;
     const uint32_t rank = cluster_rank(), ncl = cluster_size();
-    const size_t row = (size_t)(blockIdx.x / ncl) * dim;
+    const int t = blockIdx.x / ncl;
+    const size_t row = (size_t)t * dim;
     const int i = rank * blockDim.x + threadIdx.x; /* this thread's float4 of the row */
     float4 v = ((const float4 *)(h + row))[i];
     const float4 wv = __ldg((const float4 *)w + i);
-    if (ADD) {
-        const float4 b = ((const float4 *)(o + row))[i];
+    if (MODE) {
+        float4 b;
+        if (MODE == 2) {
+            b = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int k = 0; k < cb.K; k++) {
+                const float wk = cb.wt[(size_t)t * cb.K + k];
+                const float4 y = ((const float4 *)(cb.ye + ((size_t)t * cb.K + k) * dim))[i];
+                b.x += wk * y.x; b.y += wk * y.y; b.z += wk * y.z; b.w += wk * y.w;
+            }
+            if (cb.sh) {
+                const float4 y = ((const float4 *)(cb.sh + row))[i];
+                b.x += y.x; b.y += y.y; b.z += y.z; b.w += y.w;
+            }
+            ((float4 *)(cb.out + row))[i] = b;
+        } else
+            b = ((const float4 *)(o + row))[i];
         v.x += b.x; v.y += b.y; v.z += b.z; v.w += b.w;
         ((float4 *)(h + row))[i] = v;
     }
@@ -184,12 +202,14 @@ __global__ void __launch_bounds__(1024) k_norm_c(float *h, const float *o, const
 }
 
 /* launches the cluster kernel when dim splits into CL slices of whole warps of float4 (CL the
- * largest of 8, 4, 2, 1 that does; returns 1), else 0. M3_NORM_CLUSTER=0: never. */
+ * largest of 8, 4, 2, 1 that does; returns 1), else 0. M3_NORM_CLUSTER=0: never. cb: the
+ * MoE combine first (mode 2; o unused) */
 static int norm_c(m3_cuda *c, int rows, float *h, const float *o, const float *w, int dim, float eps, float *out, uint16_t *xs,
-                  size_t n) {
+                  size_t n, const norm_combine *cb = NULL) {
     static int on = -1;
     if (on < 0) on = m3_cu_env_int("M3_NORM_CLUSTER", 1) != 0;
     if (!on || ((uintptr_t)h | (uintptr_t)o | (uintptr_t)w | (uintptr_t)out) & 15) return 0;
+    if (cb && ((uintptr_t)cb->ye | (uintptr_t)cb->sh | (uintptr_t)cb->out) & 15) return 0;
     int cl = 8;
     while (cl > 1 && dim % (128 * cl)) cl /= 2;
     if (dim % (128 * cl) || dim / (4 * cl) > 1024) return 0;
@@ -204,9 +224,28 @@ static int norm_c(m3_cuda *c, int rows, float *h, const float *o, const float *w
     at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    const cudaError_t e = o ? cudaLaunchKernelEx(&cfg, k_norm_c<true>, h, o, w, dim, eps, out, xs, n)
-                            : cudaLaunchKernelEx(&cfg, k_norm_c<false>, h, o, w, dim, eps, out, xs, n);
+    norm_combine none;
+    memset(&none, 0, sizeof none);
+    const cudaError_t e = cb  ? cudaLaunchKernelEx(&cfg, k_norm_c<2>, h, o, w, dim, eps, out, xs, n, *cb)
+                          : o ? cudaLaunchKernelEx(&cfg, k_norm_c<1>, h, o, w, dim, eps, out, xs, n, none)
+                              : cudaLaunchKernelEx(&cfg, k_norm_c<0>, h, o, w, dim, eps, out, xs, n, none);
     return !CK(c, e);
+}
+
+/* The MoE combine of rows [0, rows) into cb->out, then h += it and out = RMSNorm(h) (w, eps) with
+ * its split, in one launch; returns 0 when the shapes do not fit norm_c (nothing launched) */
+int m3_cu_combine_add_rmsnorm(m3_cuda *c, const norm_combine *cb, float *h, const float *w, int rows, int dim, float eps,
+                              float *out) {
+    if (rows <= 0 || dim % 128) return 0;
+    m3_cu_prof_begin(c, OP_NORM);
+    const size_t n = (size_t)rows * dim;
+    m3_cu_xsplit_touch(c, cb->out, sizeof(float) * n);
+    m3_cu_xsplit_touch(c, h, sizeof(float) * n);
+    m3_cu_xsplit_touch(c, out, sizeof(float) * n);
+    uint16_t *xs = m3_cu_xsplit_claim(c, out, n);
+    const int ok = xs && norm_c(c, rows, h, NULL, w, dim, eps, out, xs, n, cb);
+    m3_cu_prof_end(c, OP_NORM);
+    return ok || c->failed;
 }
 
 /* launches the register kernel when dim fits one (returns 1), else 0 */

@@ -739,9 +739,35 @@ static void count_experts(m3_cuda *c, const int32_t *d_pick, int n, int E) {
         if (c->h_pick[i] >= 0 && c->h_pick[i] < E && !c->h_pick_seen[c->h_pick[i]]) { c->h_pick_seen[c->h_pick[i]] = 1; c->experts_used++; }
 }
 
+/* the residual add and RMSNorm that may follow the MoE in its combine's launch */
+typedef struct moe_post {
+    float *h;
+    const float *w;
+    float eps;
+    float *normed;
+    int done; /* set when the combine did it */
+} moe_post;
+
+static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
+                     float limit, float *out, moe_post *post);
+
 void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
                float limit, float *out) {
+    moe_impl((m3_cuda *)ctx, L, x, T, E, K, routed_scale, alpha, limit, out, NULL);
+}
+
+void m3_cu_moe_add_rmsnorm(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale,
+                           float alpha, float limit, float *out, float *h, const float *w, float eps, float *normed) {
     m3_cuda *c = (m3_cuda *)ctx;
+    static int on = -1;
+    if (on < 0) on = m3_cu_env_int("M3_MOE_NORM", 1) != 0;
+    moe_post post = {h, w, eps, normed, 0};
+    moe_impl(c, L, x, T, E, K, routed_scale, alpha, limit, out, on && m3_cu_fuse_on() ? &post : NULL);
+    if (!post.done) m3_cu_add_rmsnorm(c, h, out, w, T, L->router.K, eps, normed);
+}
+
+static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
+                     float limit, float *out, moe_post *post) {
     m3_cu_prof_begin(c, OP_MOE);
     if (T <= 0 || c->failed) { m3_cu_prof_end(c, OP_MOE); return; }
     const int H = L->router.K, Fd = L->experts[0].gate.N;
@@ -813,8 +839,13 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int
                 if (!sh) { m3_cu_prof_end(c, OP_MOE); return; }
                 m3_cu_mlp(c, &L->shared, xc, tc, alpha, limit, sh);
             }
-            k_moe_combine<<<dim3(cdiv(H, 256), tc), 256, 0, c->st>>>(ye, wt + (size_t)t0 * K, K, H, sh,
-                                                                      out + (size_t)t0 * H);
+            /* the combine, with the residual add and next norm when asked (the whole batch in this chunk) */
+            const norm_combine cb = {ye, wt + (size_t)t0 * K, sh, out + (size_t)t0 * H, K};
+            if (post && t0 == 0 && tc == T && m3_cu_combine_add_rmsnorm(c, &cb, post->h, post->w, T, H, post->eps, post->normed))
+                post->done = 1;
+            else
+                k_moe_combine<<<dim3(cdiv(H, 256), tc), 256, 0, c->st>>>(ye, wt + (size_t)t0 * K, K, H, sh,
+                                                                          out + (size_t)t0 * H);
             if (CK_LAUNCH(c, "moe (tensor cores)")) { m3_cu_prof_end(c, OP_MOE); return; }
             if (t0 + tc >= T) { m3_cu_prof_end(c, OP_MOE); return; }
         }

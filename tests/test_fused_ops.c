@@ -1,0 +1,139 @@
+/* The model's optional fused ops (src/backend/ops.h: head_norm_rope_store, moe_add_rmsnorm),
+ * which the CUDA backend runs as single launches. Here a CPU op table is given them as
+ * compositions of its own ops - what each fused op must compute - and every reference
+ * checkpoint runs bit for bit as with the plain table: a prompt in chunks (crossing pages and
+ * index blocks), then greedy decode steps, every logit compared. Each fused op must be taken
+ * where the model may take it: RoPE + insert on every layer of every step, the MoE + norm on
+ * every MoE layer but the last (whose residual the model adds before the final norm). A
+ * fused op handed the wrong layer's norm weights, the wrong buffers, or a cache insert left
+ * out changes the logits; one the model stops calling changes the counts.
+ * Usage: test_fused_ops [DATA_DIR (default tests/data)] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "model/m3.h"
+
+#include "check.h"
+
+#define P 40      /* prompt tokens */
+#define U 16      /* prefill chunk */
+#define STEPS 6   /* greedy decode steps */
+
+static m3_ops base; /* the CPU table the compositions call */
+static long n_rope, n_moe;
+
+static void fused_rope_store(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
+                             m3_kv *kv, int layer, const m3_batch *b, const float *v) {
+    n_rope++;
+    if (base.head_norm_rope_n)
+        base.head_norm_rope_n(ctx, n, jobs, T, eps, rotary_dim, theta, b->pos);
+    else
+        for (int i = 0; i < n; i++)
+            base.head_norm_rope(ctx, jobs[i].x, T, jobs[i].heads, jobs[i].dim, jobs[i].w, eps, rotary_dim, theta, b->pos);
+    base.kv_store(ctx, kv, layer, b, jobs[1].x, v, n == 4 ? jobs[3].x : NULL);
+}
+
+static void fused_moe_norm(void *ctx, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,
+                           float routed_scale, float alpha, float limit, float *out, float *h, const float *w, float eps,
+                           float *normed) {
+    n_moe++;
+    base.moe(ctx, L, x, T, n_experts, top_k, routed_scale, alpha, limit, out);
+    const int H = L->router.K;
+    if (base.add_rmsnorm)
+        base.add_rmsnorm(ctx, h, out, w, T, H, eps, normed);
+    else {
+        base.add(ctx, h, out, (size_t)T * H);
+        base.rmsnorm(ctx, h, w, T, H, eps, normed);
+    }
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* prompt logits [P][V], then STEPS greedy rows [STEPS][V] into lg */
+static int run(m3_model *m, const int32_t *ids, float *lg, m3_err *err) {
+    const m3_config *c = &m->cfg;
+    const int V = c->vocab, page = m3_kv_page_tokens(c), pages = (P + STEPS + page - 1) / page + 1;
+    m3_kv kv;
+    if (m3_kv_create(&kv, c, M3_KV_F32, M3_KV_F32, page, pages, err)) return -1;
+    m3_kv_seq seq = {0};
+    m3_kv_seq *seqs[1] = {&seq};
+    int32_t pos[P], sq[P] = {0};
+    int rows[P], rc = 0;
+    for (int t0 = 0; t0 < P && !rc; t0 += U) {
+        const int n = P - t0 < U ? P - t0 : U;
+        for (int i = 0; i < n; i++) { pos[i] = t0 + i; rows[i] = i; }
+        m3_batch b = {n, pos, sq, seqs};
+        rc = m3_forward(m, &kv, &b, ids + t0, rows, n, lg + (size_t)t0 * V, NULL, err);
+    }
+    for (int i = 0; i < STEPS && !rc; i++) {
+        int32_t tok = argmax(lg + (size_t)(P + i - 1) * V, V), p = P + i, s0 = 0;
+        int r0 = 0;
+        m3_batch b = {1, &p, &s0, seqs};
+        rc = m3_forward(m, &kv, &b, &tok, &r0, 1, lg + (size_t)(P + i) * V, NULL, err);
+    }
+    m3_kv_seq_release(&kv, &seq);
+    m3_kv_destroy(&kv);
+    return rc;
+}
+
+static void test_model(const char *data, const char *name) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", data, name);
+    m3_err err;
+    m3_ops fused;
+    m3_model plain_m, fused_m;
+    float *a = NULL, *b = NULL;
+    if (m3_cpu_ops_init(&base, 1, &err)) { CHECK(0, "%s", err.msg); return; }
+    fused = base;
+    fused.head_norm_rope_store = fused_rope_store;
+    fused.moe_add_rmsnorm = fused_moe_norm;
+    if (m3_model_load(&plain_m, dir, &base, NULL, NULL, &err)) { CHECK(0, "load %s: %s", dir, err.msg); goto out0; }
+    if (m3_model_load(&fused_m, dir, &fused, NULL, NULL, &err)) { CHECK(0, "load %s: %s", dir, err.msg); goto out1; }
+    const m3_config *c = &plain_m.cfg;
+    const size_t n = (size_t)(P + STEPS) * c->vocab;
+    a = malloc(sizeof(float) * n);
+    b = malloc(sizeof(float) * n);
+    int32_t ids[P];
+    uint64_t s = 0x2545f4914f6cdd1dull;
+    for (int i = 0; i < P; i++) { s = s * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((s >> 33) % (uint64_t)c->vocab); }
+    CHECK(a && b, "out of memory");
+    if (!a || !b) goto out2;
+    if (run(&plain_m, ids, a, &err)) { CHECK(0, "%s plain: %s", name, err.msg); goto out2; }
+    n_rope = n_moe = 0;
+    if (run(&fused_m, ids, b, &err)) { CHECK(0, "%s fused: %s", name, err.msg); goto out2; }
+    size_t bad = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float))) { bad++; if (first == n) first = i; }
+    CHECK(!bad, "%s: %zu of %zu logits differ with the fused ops (first: row %zu)", name, bad, n, first / c->vocab);
+    int moe_layers = 0;
+    for (int l = 0; l + 1 < c->n_layers; l++) moe_layers += c->layer_moe[l] != 0;
+    const long steps = (P + U - 1) / U + STEPS;
+    CHECK(n_rope == steps * c->n_layers, "%s: norm + RoPE + insert taken %ld times, want %ld", name, n_rope,
+          steps * c->n_layers);
+    CHECK(n_moe == steps * moe_layers, "%s: MoE + norm taken %ld times, want %ld", name, n_moe, steps * moe_layers);
+    printf("%-10s %zu logits equal; fused RoPE + insert %ld calls, MoE + norm %ld calls\n", name, n - bad, n_rope, n_moe);
+out2:
+    free(a);
+    free(b);
+    m3_model_free(&fused_m);
+out1:
+    m3_model_free(&plain_m);
+out0:
+    m3_cpu_ops_free(&base);
+}
+
+int main(int argc, char **argv) {
+    const char *data = argc > 1 ? argv[1] : "tests/data";
+    const char *models[] = {"m3-tiny", "m3-tiny-q", "m3-wide-q", "m3-gqa3-q", "m3-mqa-q"};
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++) test_model(data, models[i]);
+    if (failures) fprintf(stderr, "%d failures\n", failures);
+    else printf("fused ops: ok\n");
+    return failures != 0;
+}

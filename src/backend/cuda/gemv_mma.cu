@@ -87,6 +87,8 @@ typedef struct gv_args {
     int l2h;                 /* weight loads with the L2 256-byte fetch hint */
     int pf_first;            /* launched early (PDL): a plain matrix's first slices into L2 before waiting */
     int *ctr;                /* arrival counters, zero between launches */
+    int cta_red;             /* every tile's K slices in one CTA (ks divides WPB, jobs' items whole
+                              * CTAs): partial sums added in shared memory, no arrival counters */
 } gv_args;
 
 /* weight loads: read-only path, no L1 allocation (streamed once), and with l2h the L2 fetching
@@ -494,21 +496,36 @@ __global__ void __launch_bounds__(WPB * 32, UB == 0 ? GV_PIPE_CTAS : !HL ? 2 : 3
     pdl_wait();
     const uint32_t *my = (const uint32_t *)smem + lane;
     const int nw = gridDim.x * WPB;
-    for (int it = blockIdx.x * WPB + warp; it < a.items; it += nw) {
+    /* cta_red: the CTA's warps go round by round together (a round: items base .. base + WPB - 1,
+     * whole tiles' K slices), their partial sums added in shared memory */
+    const bool cred = HL && a.cta_red; /* 1-4 tokens (5-8: registers are short) */
+    __shared__ float cred_buf[WPB][8 * 16];
+    for (int base = blockIdx.x * WPB; base < a.items; base += nw) {
+        const int it0 = base + warp;
+        bool live = it0 < a.items;
+        if (!live && !cred) break;
+        const int it = live ? it0 : base; /* a past-the-end warp of a cta_red round decodes a real item, idles */
         int jj = 0;
         while (jj + 1 < a.nj && it >= a.j[jj + 1].item0) jj++;
         const gv_job *J = &a.j[jj];
         const int local = it - J->item0, ks = J->ks, kslice = local % ks, t2 = local / ks;
         const int tile = t2 % J->tiles, mat = t2 / J->tiles;
-        const m3_linear *W;
+        const m3_linear *W = &J->W;
         const uint16_t *xh = J->xh, *xl = J->xl;
         float *y = J->y;
-        int ntok = J->T, xrow;
+        int ntok = J->T, xrow = -1;
         const int lcol = HL ? g >> 1 : g; /* this lane's B column: token (or group member) */
         const int *grp = NULL;            /* modes 3, 4: expert, count, slots[8] */
         if (a.moe >= 3) {
             const int gi = a.moe == 3 ? mat >> 1 : mat;
-            if (gi >= a.groups[0]) continue; /* fewer distinct experts this step than the bound */
+            if (gi >= a.groups[0]) { /* fewer distinct experts this step than the bound */
+                if (!cred) continue;
+                live = false;
+            }
+        }
+        if (!live) {
+        } else if (a.moe >= 3) {
+            const int gi = a.moe == 3 ? mat >> 1 : mat;
             grp = a.groups + 1 + gi * 10;
             const m3_mlp_w *m = &a.tab[grp[0]];
             W = a.moe == 4 ? &m->down : (mat & 1) ? &m->up : &m->gate;
@@ -528,8 +545,9 @@ __global__ void __launch_bounds__(WPB * 32, UB == 0 ? GV_PIPE_CTAS : !HL ? 2 : 3
         const int UV = F == M3_WF_NVFP4 ? 128 : 32, SU = UB == 0 ? gp<F>::SU : 1, units = W->K / UV / SU;
         const int c0 = SU * (int)((long)units * kslice / ks), c1 = SU * (int)((long)units * (kslice + 1) / ks);
         const int n0 = tile * 16, N = W->N;
-        float acc[4];
-        if (UB == 0)
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (!live) {
+        } else if (UB == 0)
             gv_tile_p<F, HL>(W, xh, xl, J->xstride, xrow, n0, c0, c1, g, tig, acc, smem + warp * gp<F>::WARP);
         else
             gv_tile<F, HL, UB ? UB : 1>(W, xh, xl, J->xstride, xrow, n0, c0, c1, my, g, tig, acc, a.l2h);
@@ -555,6 +573,23 @@ __global__ void __launch_bounds__(WPB * 32, UB == 0 ? GV_PIPE_CTAS : !HL ? 2 : 3
 #pragma unroll
             for (int i = 0; i < NV; i++)
                 if (n0 + rr[i] < N && tt[i] < ntok) GV_OUT(tt[i])[n0 + rr[i]] = vv[i] * gm;
+            continue;
+        }
+        if (cred) { /* the tile's slices are warps warp - kslice .. + ks - 1: the first adds them in slice order */
+            if (live)
+#pragma unroll
+                for (int i = 0; i < NV; i++)
+                    if (tt[i] < ntok) cred_buf[warp][tt[i] * 16 + rr[i]] = vv[i];
+            __syncthreads();
+            if (live && kslice == 0)
+#pragma unroll
+                for (int i = 0; i < NV; i++) {
+                    if (tt[i] >= ntok || n0 + rr[i] >= N) continue;
+                    float s = 0;
+                    for (int k = 0; k < ks; k++) s += cred_buf[warp + k][tt[i] * 16 + rr[i]];
+                    GV_OUT(tt[i])[n0 + rr[i]] = s * gm;
+                }
+            __syncthreads(); /* the buffer is written again next round */
             continue;
         }
         const int TT = a.moe >= 3 ? 8 : a.moe ? 1 : J->T;
@@ -849,8 +884,9 @@ static int gvx_on(void) {
 }
 
 /* K slices per tile: the fewest rounds of resident warps times the units each item reads
- * (+2 units of overhead per item), items of at least ~512 bytes per row */
-static int gv_ks(long tiles, int units, int F, long rw, int su) { /* units of su (a pipeline stage) */
+ * (+2 units of overhead per item, + rcost for a split summed through global memory: ks not
+ * in cred_ok, a bit per ks), items of at least ~512 bytes per row */
+static int gv_ks(long tiles, int units, int F, long rw, int su, unsigned cred_ok = 0, double rcost = 0) {
     const int minu = (F == M3_WF_NVFP4 ? 8 : 16) / su;
     int maxks = units / minu;
     if (maxks > 32) maxks = 32;
@@ -859,7 +895,8 @@ static int gv_ks(long tiles, int units, int F, long rw, int su) { /* units of su
     double bc = 1e300;
     for (int ks = 1; ks <= maxks; ks++) {
         const long rounds = (tiles * ks + rw - 1) / rw;
-        const double cost = (double)rounds * ((double)units / ks + (su > 1 ? 3.0 : 2.0)); /* + filling the pipeline */
+        const double cost = (double)rounds * ((double)units / ks + (su > 1 ? 3.0 : 2.0) + /* + filling the pipeline */
+                                              (ks > 1 && !(cred_ok >> ks & 1) ? rcost : 0.0));
         if (cost < bc - 1e-9) { bc = cost; best = ks; }
     }
     return best;
@@ -880,9 +917,22 @@ static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
         tiles += (long)mats[j] * a->j[j].tiles;
     }
     const int UV = F == M3_WF_NVFP4 ? 128 : 32;
+    /* K splits whose slices the CTA can add in shared memory (k_gv, cta_red): ks divides WPB and
+     * every job's items fill whole CTAs. M3_GV_CTARED=0: never; M3_GV_REDCOST: the cost model's
+     * stages for a split added through global memory (arrival counters, a round trip or two) */
+    static int cred_env = -1, rcost_env = -1;
+    if (cred_env < 0) cred_env = m3_cu_env_int("M3_GV_CTARED", 1) != 0;
+    if (rcost_env < 0) rcost_env = m3_cu_env_int("M3_GV_REDCOST", 4);
+    unsigned cred_ok = 0;
+    for (int ks = 2; ks <= WPB && cred_env && HL && !xshare && gv_piped(&a->j[0].W); ks *= 2) {
+        int ok = WPB % ks == 0;
+        for (int j = 0; j < a->nj && ok; j++) ok = (long)mats[j] * a->j[j].tiles * ks % WPB == 0;
+        if (ok) cred_ok |= 1u << ks;
+    }
     /* k_gvx: a work item is a group of WPB tiles (one per warp) and a K slice, rw counts CTAs */
     const int ks = xshare ? gv_ks((tiles + WPB - 1) / WPB, a->j[0].W.K / UV / SU, F, rw / WPB, SU)
-                          : gv_ks(tiles, a->j[0].W.K / UV / SU, F, rw, SU);
+                          : gv_ks(tiles, a->j[0].W.K / UV / SU, F, rw, SU, cred_ok, cred_ok ? rcost_env : 0);
+    a->cta_red = ks > 1 && (cred_ok >> ks & 1);
     size_t part = 0;
     long items = 0, ctr = 0;
     for (int j = 0; j < a->nj; j++) {
@@ -896,7 +946,7 @@ static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
     }
     if (xshare) items = (ctr + WPB - 1) / WPB * ks;
     if (ctr > c->ctr_n) { m3_cu_failf(c, "CUDA backend: %ld GEMV tiles in one launch (limit %ld)", ctr, (long)c->ctr_n); return -1; }
-    if (ks > 1) {
+    if (ks > 1 && !a->cta_red) {
         float *pb = (float *)m3_cu_scratch(c, SC_TMP, sizeof(float) * part + 256);
         if (!pb) return -1;
         for (int j = 0; j < a->nj; j++) {

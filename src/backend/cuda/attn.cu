@@ -214,17 +214,7 @@ __global__ void __launch_bounds__(RS_WARPS * 32) k_rope_store(const __grid_const
         for (int k = 0; k < RS_MAXD / 32; k++)
             if (lane + 32 * k < dim) sv[lane + 32 * k] = (r[k] * rs) * (1.0f + w[lane + 32 * k]);
         __syncwarp();
-        const int half = rot / 2;
-        const float pf = (float)p;
-        for (int j = lane; j < half; j += 32) {
-            float e = (float)(2 * j) / (float)rot;
-            float inv = 1.0f / powf(theta, e);
-            float ang = pf * inv, cs, sn;
-            sincosf(ang, &sn, &cs);
-            float x0 = sv[j], x1 = sv[j + half];
-            sv[j] = x0 * cs - x1 * sn;
-            sv[j + half] = x1 * cs + x0 * sn;
-        }
+        rope_rotate(sv, rot, theta, (float)p, lane);
         __syncwarp();
         for (int k = lane; k < dim; k += 32) x[k] = sv[k];
     } else {

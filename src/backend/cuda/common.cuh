@@ -393,6 +393,40 @@ static __device__ __forceinline__ double cluster_ld_f64(const double *p, uint32_
     return v;
 }
 
+/* NeoX RoPE on the first rot channels of one head at v, by a warp (lane): channel j < rot / 2
+ * turns with j + rot / 2 by the angle p / theta^(2j / rot), in f32 as the reference computes it */
+static __device__ __forceinline__ void rope_rotate(float *v, int rot, float theta, float p, int lane) {
+    const int half = rot / 2;
+    for (int j = lane; j < half; j += 32) {
+        float e = (float)(2 * j) / (float)rot;
+        float inv = 1.0f / powf(theta, e);
+        float a = p * inv, cs, sn;
+        sincosf(a, &sn, &cs);
+        float x0 = v[j], x1 = v[j + half];
+        v[j] = x0 * cs - x1 * sn;
+        v[j + half] = x1 * cs + x0 * sn;
+    }
+}
+
+/* out[i] (float4 i of a row at row) = RMSNorm scaling of v (Gemma: x r (1 + w)), with the f16
+ * split of the four values when xs is given (hi at xs, lo n values further) */
+static __device__ __forceinline__ void norm_store4(float4 v, float4 wv, float r, float *out, uint16_t *xs, size_t n,
+                                                   size_t row, int i) {
+    float4 y;
+    y.x = (v.x * r) * (1.0f + wv.x);
+    y.y = (v.y * r) * (1.0f + wv.y);
+    y.z = (v.z * r) * (1.0f + wv.z);
+    y.w = (v.w * r) * (1.0f + wv.w);
+    ((float4 *)(out + row))[i] = y;
+    if (xs) {
+        const size_t k = row + 4 * (size_t)i;
+        split_store(y.x, xs + k, xs + n + k);
+        split_store(y.y, xs + k + 1, xs + n + k + 1);
+        split_store(y.z, xs + k + 2, xs + n + k + 2);
+        split_store(y.w, xs + k + 3, xs + n + k + 3);
+    }
+}
+
 static inline unsigned cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 
 #endif

@@ -119,22 +119,7 @@ __global__ void __launch_bounds__(512) k_norm_v(float *h, const float *o, const 
     ss = block_sum(ss);
     const float r = (float)(1.0 / sqrt(ss / dim + eps));
 #pragma unroll
-    for (int j = 0; j < V; j++) {
-        const int i = threadIdx.x + j * blockDim.x;
-        float4 y;
-        y.x = (v[j].x * r) * (1.0f + wv[j].x);
-        y.y = (v[j].y * r) * (1.0f + wv[j].y);
-        y.z = (v[j].z * r) * (1.0f + wv[j].z);
-        y.w = (v[j].w * r) * (1.0f + wv[j].w);
-        ((float4 *)(out + row))[i] = y;
-        if (xs) {
-            const size_t k = row + 4 * (size_t)i;
-            split_store(y.x, xs + k, xs + n + k);
-            split_store(y.y, xs + k + 1, xs + n + k + 1);
-            split_store(y.z, xs + k + 2, xs + n + k + 2);
-            split_store(y.w, xs + k + 3, xs + n + k + 3);
-        }
-    }
+    for (int j = 0; j < V; j++) norm_store4(v[j], wv[j], r, out, xs, n, row, threadIdx.x + j * blockDim.x);
 }
 
 /* The same over a cluster of CL CTAs per row, a float4 per thread (6144: 8 CTAs of 192 threads):
@@ -185,20 +170,7 @@ __global__ void __launch_bounds__(1024) k_norm_c(float *h, const float *o, const
     double tot = 0;
     for (uint32_t r = 0; r < ncl; r++) tot += cluster_ld_f64(&csum, r);
     cluster_sync(); /* ... and read by every CTA before any exits */
-    const float r = (float)(1.0 / sqrt(tot / dim + eps));
-    float4 y;
-    y.x = (v.x * r) * (1.0f + wv.x);
-    y.y = (v.y * r) * (1.0f + wv.y);
-    y.z = (v.z * r) * (1.0f + wv.z);
-    y.w = (v.w * r) * (1.0f + wv.w);
-    ((float4 *)(out + row))[i] = y;
-    if (xs) {
-        const size_t k = row + 4 * (size_t)i;
-        split_store(y.x, xs + k, xs + n + k);
-        split_store(y.y, xs + k + 1, xs + n + k + 1);
-        split_store(y.z, xs + k + 2, xs + n + k + 2);
-        split_store(y.w, xs + k + 3, xs + n + k + 3);
-    }
+    norm_store4(v, wv, (float)(1.0 / sqrt(tot / dim + eps)), out, xs, n, row, i);
 }
 
 /* launches the cluster kernel when dim splits into CL slices of whole warps of float4 (CL the
@@ -349,17 +321,7 @@ static __device__ __forceinline__ void head_norm_rope_warp(float *v, int t, int 
     float r = (float)(1.0 / sqrt(ss / dim + eps));
     for (int i = lane; i < dim; i += 32) v[i] = (v[i] * r) * (1.0f + w[i]);
     __syncwarp();
-    int half = rot / 2;
-    float p = (float)pos[t];
-    for (int j = lane; j < half; j += 32) {
-        float e = (float)(2 * j) / (float)rot;
-        float inv = 1.0f / powf(theta, e);
-        float a = p * inv, cs, sn;
-        sincosf(a, &sn, &cs);
-        float x0 = v[j], x1 = v[j + half];
-        v[j] = x0 * cs - x1 * sn;
-        v[j + half] = x1 * cs + x0 * sn;
-    }
+    rope_rotate(v, rot, theta, (float)pos[t], lane);
 }
 
 /* the step's positions on the device (begin_step), or a copy of other callers'; NULL on failure */

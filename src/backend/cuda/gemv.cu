@@ -166,6 +166,19 @@ static __device__ __forceinline__ void warp_rows_setup(const m3_linear &W, int n
     }
 }
 
+/* a warp's GR x NT sums (lane 0 writes): y[t0 + t][n0 + r] for rows that exist and t0 + t < T */
+template <int NT>
+static __device__ __forceinline__ void rows_store(float (*acc)[NT], const bool *ok, int lane, int t0, int T, float *y, int N,
+                                                  int n0) {
+#pragma unroll
+    for (int r = 0; r < GR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = warp_sum(acc[r][t]);
+            if (lane == 0 && ok[r] && t0 + t < T) y[(size_t)(t0 + t) * N + n0 + r] = v;
+        }
+}
+
 /* A CTA per GW x GR rows, x staged in KT-column tiles. persist (x whole in one tile): the CTAs
  * stay resident, stage x once, and take row groups blockIdx.x, + gridDim.x, ... (the BF16
  * lm_head at one token: 6,252 CTAs each staging 24 KB of x added 150 MB of L2 reads to 2.46 GB
@@ -185,13 +198,7 @@ __global__ void __launch_bounds__(GW * 32) k_gemv(m3_linear W, const float *x, i
             const int n0 = rg * (GW * GR) + warp * GR;
             warp_rows_setup<NT>(W, n0, rw, rs, gm, ok, acc);
             warp_rows<F, NT, GR>(rw, rs, gm, ok, 0, W.K, xs, KT, acc);
-#pragma unroll
-            for (int r = 0; r < GR; r++)
-#pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    float v = warp_sum(acc[r][t]);
-                    if (lane == 0 && ok[r] && t0 + t < T) y[(size_t)(t0 + t) * W.N + n0 + r] = v;
-                }
+            rows_store<NT>(acc, ok, lane, t0, T, y, W.N, n0);
         }
         return;
     }
@@ -204,13 +211,7 @@ __global__ void __launch_bounds__(GW * 32) k_gemv(m3_linear W, const float *x, i
         __syncthreads();
         warp_rows<F, NT, GR>(rw, rs, gm, ok, kt0, klen, xs, KT, acc);
     }
-#pragma unroll
-    for (int r = 0; r < GR; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float v = warp_sum(acc[r][t]);
-            if (lane == 0 && ok[r] && t0 + t < T) y[(size_t)(t0 + t) * W.N + n0 + r] = v;
-        }
+    rows_store<NT>(acc, ok, lane, t0, T, y, W.N, n0);
 }
 
 /* One warp per token: sigmoid scores, bias-corrected choice, top-K (lowest index on ties,

@@ -240,7 +240,7 @@ void m3_cu_head_norm_rope_store(void *ctx, int n, const m3_rope_job *jobs, int T
     for (int i = 0; i < n && fits; i++) fits = jobs[i].dim <= RS_MAXD && rotary_dim <= jobs[i].dim;
     static int on = -1;
     if (on < 0) on = m3_cu_env_int("M3_ROPE_STORE", 1) != 0;
-    if (!fits || !on || !m3_cu_fuse_on()) { /* the two ops */
+    if (!fits || !on) { /* the two ops */
         m3_cu_head_norm_rope_n(ctx, n, jobs, T, eps, rotary_dim, theta, b->pos);
         m3_cu_kv_store(ctx, kv, layer, b, jobs[1].x, v, n == 4 ? jobs[3].x : NULL);
         return;

@@ -658,17 +658,17 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     if (m3_cu_fuse_on()) { /* M3_CUDA_FUSE=0: the ops one by one */
         ops->add_rmsnorm = m3_cu_add_rmsnorm;
         ops->head_norm_rope_n = m3_cu_head_norm_rope_n;
+        ops->head_norm_rope_store = m3_cu_head_norm_rope_store;
+        ops->moe_add_rmsnorm = m3_cu_moe_add_rmsnorm;
     }
     ops->linear = m3_cu_linear;
     ops->linear_n = m3_cu_linear_n;
     ops->head_norm_rope = m3_cu_head_norm_rope;
     ops->kv_store = m3_cu_kv_store;
-    ops->head_norm_rope_store = m3_cu_head_norm_rope_store;
     ops->index_select = m3_cu_index_select;
     ops->attention = m3_cu_attention;
     ops->mlp = m3_cu_mlp;
     ops->moe = m3_cu_moe;
-    ops->moe_add_rmsnorm = m3_cu_moe_add_rmsnorm;
     m3_cu_vision_ops(ops);
     return 0;
 }

@@ -763,7 +763,7 @@ void m3_cu_moe_add_rmsnorm(void *ctx, const m3_layer_w *L, const float *x, int T
     static int on = -1;
     if (on < 0) on = m3_cu_env_int("M3_MOE_NORM", 1) != 0;
     moe_post post = {h, w, eps, normed, 0};
-    moe_impl(c, L, x, T, E, K, routed_scale, alpha, limit, out, on && m3_cu_fuse_on() ? &post : NULL);
+    moe_impl(c, L, x, T, E, K, routed_scale, alpha, limit, out, on ? &post : NULL);
     if (!post.done) m3_cu_add_rmsnorm(c, h, out, w, T, L->router.K, eps, normed);
 }
 

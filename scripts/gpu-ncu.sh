@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Per-kernel GPU time of decode steps at the M3.1-Flash shapes, read with Nsight Compute's
 # hardware timer (no counters beyond gpu__time_duration, clocks left alone, caches not flushed
-# so weights stream from HBM as in a real step and small ops see the warm L2 they see there).
+# so weights stream from HBM as in a real step and small ops see the warm L2 they see there):
+# a table per kernel, then the last forward pass kernel by kernel in launch order.
 # usage: scripts/gpu-ncu.sh BIN_DIR OUT_DIR [m3 bench args...]
 set -u
 cd "$(dirname "$0")/.."
@@ -30,6 +31,17 @@ print(f"{'kernel':60s} {'grid':>6s} {'block':>5s} {'regs':>4s} {'count':>5s} {'u
 for key, (c, us) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
     print(f"{key[0]:60s} {key[1]:>6s} {key[2]:>5s} {key[3]:>4s} {c:5d} {us:9.1f} {us/c:8.2f} {100*us/tot:5.1f}%")
 print(f"total {tot:.1f} us")
+# the last forward pass (from the last embedding launch), kernel by kernel in launch order, and
+# its sum (against the step time m3 bench prints: what is not in the sum is between kernels)
+ids = sorted((k for k in per if "gpu__time_duration.sum" in per[k]), key=int)
+ids = [k for k in ids if not name[k].startswith(("k_rand", "k_fill"))]  # weights built at start-up
+emb = [n for n, k in enumerate(ids) if name[k] == "k_embed"]
+if emb:
+    last = ids[emb[-1]:]
+    print(f"\nlast pass, in launch order ({len(last)} kernels):")
+    for k in last:
+        print(f"  {name[k]:58s} {per[k].get('launch__grid_size', '?'):>6s} {float(per[k]['gpu__time_duration.sum']) / 1e3:9.2f}")
+    print(f"  sum {sum(float(per[k]['gpu__time_duration.sum']) for k in last) / 1e3:.1f} us")
 PY
 # M3_NCU_DETAIL=REGEX: hardware counters (throughput, occupancy, warp stalls) of the first 6
 # launches of the kernels matching REGEX in the timed steps

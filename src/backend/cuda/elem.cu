@@ -126,8 +126,8 @@ __global__ void __launch_bounds__(512) k_norm_v(float *h, const float *o, const 
  * each CTA sums the squares of its slice (in double), the cluster adds the CL partials in rank
  * order through distributed shared memory, and each CTA scales its slice. A row's loads are
  * spread over CL SMs, so the one round trip they cost is short (a single CTA per row: 5.3 us
- * for 6144 values on the H200, most of it in its SM's load and store queues). */
-/* MODE 0: out = norm(h); 1: h += o first; 2: o = the MoE combine of the row (written to
+ * for 6144 values on the H200, most of it in its SM's load and store queues).
+ * MODE 0: out = norm(h); 1: h += o first; 2: o = the MoE combine of the row (written to
  * cb.out: cb.wt-weighted sum of the K slot rows cb.ye in slot order, then + cb.sh, as
  * k_moe_combine), then as 1 */
 template <int MODE>
@@ -173,18 +173,24 @@ __global__ void __launch_bounds__(1024) k_norm_c(float *h, const float *o, const
     norm_store4(v, wv, (float)(1.0 / sqrt(tot / dim + eps)), out, xs, n, row, i);
 }
 
-/* launches the cluster kernel when dim splits into CL slices of whole warps of float4 (CL the
- * largest of 8, 4, 2, 1 that does; returns 1), else 0. M3_NORM_CLUSTER=0: never. cb: the
- * MoE combine first (mode 2; o unused) */
-static int norm_c(m3_cuda *c, int rows, float *h, const float *o, const float *w, int dim, float eps, float *out, uint16_t *xs,
-                  size_t n, const norm_combine *cb = NULL) {
+/* k_norm_c's cluster size for these rows (CL the largest of 8, 4, 2, 1 that splits dim into
+ * slices of whole warps of float4), 0 when it does not take them. M3_NORM_CLUSTER=0: never. */
+static int norm_c_size(const float *h, const float *o, const float *w, int dim, const float *out, const norm_combine *cb) {
     static int on = -1;
     if (on < 0) on = m3_cu_env_int("M3_NORM_CLUSTER", 1) != 0;
     if (!on || ((uintptr_t)h | (uintptr_t)o | (uintptr_t)w | (uintptr_t)out) & 15) return 0;
     if (cb && ((uintptr_t)cb->ye | (uintptr_t)cb->sh | (uintptr_t)cb->out) & 15) return 0;
     int cl = 8;
     while (cl > 1 && dim % (128 * cl)) cl /= 2;
-    if (dim % (128 * cl) || dim / (4 * cl) > 1024) return 0;
+    return dim % (128 * cl) || dim / (4 * cl) > 1024 ? 0 : cl;
+}
+
+/* launches the cluster kernel when it takes these rows (returns 1), else 0. cb: the MoE combine
+ * first (mode 2; o unused) */
+static int norm_c(m3_cuda *c, int rows, float *h, const float *o, const float *w, int dim, float eps, float *out, uint16_t *xs,
+                  size_t n, const norm_combine *cb = NULL) {
+    const int cl = norm_c_size(h, o, w, dim, out, cb);
+    if (!cl) return 0;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)rows * cl);
     cfg.blockDim = dim3((unsigned)(dim / (4 * cl)));
@@ -208,7 +214,7 @@ static int norm_c(m3_cuda *c, int rows, float *h, const float *o, const float *w
  * its split, in one launch; returns 0 when the shapes do not fit norm_c (nothing launched) */
 int m3_cu_combine_add_rmsnorm(m3_cuda *c, const norm_combine *cb, float *h, const float *w, int rows, int dim, float eps,
                               float *out) {
-    if (rows <= 0 || dim % 128) return 0;
+    if (rows <= 0 || dim % 128 || !norm_c_size(h, NULL, w, dim, out, cb)) return 0;
     m3_cu_prof_begin(c, OP_NORM);
     const size_t n = (size_t)rows * dim;
     m3_cu_xsplit_touch(c, cb->out, sizeof(float) * n);

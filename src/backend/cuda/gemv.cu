@@ -391,6 +391,30 @@ static int fast_shape(const m3_linear *W) {
     default: kernel<M3_WF_NVFP4, NT><<<g, GW * 32, smem, c->st>>>(*W, x, T, t0, y, __VA_ARGS__); break;               \
     }
 
+/* resident k_gemv CTAs per SM for W's format with smem bytes (at least 1), asked of the runtime
+ * once per (format, smem): its answer does not change between launches. Threads of a TP group
+ * may race here: a mixed-up pair only sizes a grid (the persistent loop covers any grid). */
+template <int NT>
+static int gemv_per_sm(int fmt, size_t smem) {
+    static int cached[8];
+    static size_t cached_smem[8];
+    const int f = fmt & 7;
+    const int hit = __atomic_load_n(&cached[f], __ATOMIC_ACQUIRE);
+    if (hit && __atomic_load_n(&cached_smem[f], __ATOMIC_ACQUIRE) == smem) return hit;
+    int n = 0;
+    switch (fmt) {
+    case M3_WF_F32: cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_gemv<M3_WF_F32, NT>, GW * 32, smem); break;
+    case M3_WF_BF16: cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_gemv<M3_WF_BF16, NT>, GW * 32, smem); break;
+    case M3_WF_F16: cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_gemv<M3_WF_F16, NT>, GW * 32, smem); break;
+    case M3_WF_MXFP8: cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_gemv<M3_WF_MXFP8, NT>, GW * 32, smem); break;
+    default: cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_gemv<M3_WF_NVFP4, NT>, GW * 32, smem); break;
+    }
+    if (n < 1) n = 1;
+    __atomic_store_n(&cached_smem[f], smem, __ATOMIC_RELEASE);
+    __atomic_store_n(&cached[f], n, __ATOMIC_RELEASE);
+    return n;
+}
+
 /* ra (may be NULL): the routing step to run at the end of the launch; returns whether it did
  * (only k_gemv_ks takes it, and only when the routing scratch fits its x buffer) */
 template <int NT>
@@ -427,15 +451,7 @@ static int launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T,
     if (pers_on < 0) pers_on = m3_cu_env_int("M3_GEMV_PERSIST", 1) != 0;
     int persist = 0;
     if (pers_on && KT >= W->K) {
-        int per_sm = 0;
-        switch (W->fmt) {
-        case M3_WF_F32: cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv<M3_WF_F32, NT>, GW * 32, smem); break;
-        case M3_WF_BF16: cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv<M3_WF_BF16, NT>, GW * 32, smem); break;
-        case M3_WF_F16: cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv<M3_WF_F16, NT>, GW * 32, smem); break;
-        case M3_WF_MXFP8: cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv<M3_WF_MXFP8, NT>, GW * 32, smem); break;
-        default: cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv<M3_WF_NVFP4, NT>, GW * 32, smem); break;
-        }
-        const unsigned res = (unsigned)(per_sm > 0 ? per_sm : 1) * (unsigned)c->sm_count;
+        const unsigned res = (unsigned)gemv_per_sm<NT>(W->fmt, smem) * (unsigned)c->sm_count;
         if (g > 2 * res) {
             g = res;
             persist = 1;

@@ -885,20 +885,15 @@ static int gvx_on(void) {
 
 /* K slices per tile: the fewest rounds of resident warps times the units each item reads
  * (+2 units of overhead per item, + rcost for a split summed through global memory: ks not
- * in cred_ok, a bit per ks), items of at least ~512 bytes per row (~256 summed in the CTA) */
+ * in cred_ok, a bit per ks), items of at least ~512 bytes per row */
 static int gv_ks(long tiles, int units, int F, long rw, int su, unsigned cred_ok = 0, double rcost = 0) {
     const int minu = (F == M3_WF_NVFP4 ? 8 : 16) / su;
-    /* a split summed in the CTA may take items of half that (M3_GV_CREDMIN=0: not) */
-    static int half_env = -1;
-    if (half_env < 0) half_env = m3_cu_env_int("M3_GV_CREDMIN", 1) != 0;
-    const int minc = half_env && minu > 1 ? minu / 2 : minu;
-    int maxks = units / (cred_ok ? minc : minu);
+    int maxks = units / minu;
     if (maxks > 32) maxks = 32;
     if (maxks < 1) maxks = 1;
     int best = 1;
     double bc = 1e300;
     for (int ks = 1; ks <= maxks; ks++) {
-        if (ks > 1 && units / ks < minu && !(cred_ok >> ks & 1)) continue;
         const long rounds = (tiles * ks + rw - 1) / rw;
         const double cost = (double)rounds * ((double)units / ks + (su > 1 ? 3.0 : 2.0) + /* + filling the pipeline */
                                               (ks > 1 && !(cred_ok >> ks & 1) ? rcost : 0.0));

@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
     m3_wfmt fm[3] = {M3_WF_MXFP8, M3_WF_NVFP4, M3_WF_BF16};
     int Ts[5] = {1, 4, 6, 8, 64}; /* 6: 5-8 tokens with empty columns */
     int fails = 0;
-    printf("%-6s %7s %6s %4s %10s %9s %8s %7s\n", "format", "N", "K", "T", "rel_l2", "us", "GB/s", "of_bw");
+    printf("%-6s %-6s %7s %6s %4s %10s %9s %8s %7s\n", "format", "layout", "N", "K", "T", "rel_l2", "us", "GB/s", "of_bw");
     for (int si = 0; si < ns; si++)
         for (int fi = 0; fi < 3; fi++) {
             int N = shapes[si][0], K = shapes[si][1];
@@ -60,6 +60,10 @@ int main(int argc, char **argv) {
             D = L;
             /* in the device layout the engine uses (MXFP8 / NVFP4: tiled) */
             if (m3_cuda_upload_linear(&g, &L, &D, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+            if (fm[fi] != M3_WF_BF16 && N % 16 == 0 && K % 128 == 0 && !D.tiled) { /* as a checkpoint's would be */
+                printf("%s %d x %d: uploaded row-major, not tiled FAIL\n", m3_wfmt_name(fm[fi]), N, K);
+                fails++;
+            }
             void *dw = (void *)D.w, *ds = (void *)D.scale;
             for (int ti = 0; ti < 5; ti++) {
                 int T = Ts[ti];
@@ -81,7 +85,8 @@ int main(int argc, char **argv) {
                 double bytes = (double)m3_linear_bytes(&L);
                 int ok = rel < 1e-5;
                 if (!ok) fails++;
-                printf("%-6s %7d %6d %4d %10.2e %9.1f %8.0f %6.0f%% %s\n", m3_wfmt_name(fm[fi]), N, K, T, rel, dt * 1e6,
+                printf("%-6s %-6s %7d %6d %4d %10.2e %9.1f %8.0f %6.0f%% %s\n", m3_wfmt_name(fm[fi]), D.tiled ? "tiled" : "rows",
+                       N, K, T, rel, dt * 1e6,
                        bytes / dt / 1e9, 100 * bytes / dt / bw, ok ? "" : "FAIL");
                 fflush(stdout);
                 g.release(g.ctx, dx); g.release(g.ctx, dy);

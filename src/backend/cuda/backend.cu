@@ -244,15 +244,16 @@ static int up_linear_t(m3_cuda *c, const m3_linear *h, m3_linear *d, int tile) {
     size_t rb = m3_linear_dense_row_bytes(h), sr = m3_linear_dense_scale_row(h);
     d->row_bytes = rb;
     d->scale_row = sr;
-    /* (not in the sizing pass: tiled or row-major, a matrix takes the same bytes) */
-    if (tile && m3_cu_tileable(d) && c->wa_mode != 1 && !mx_scales_plain(h)) {
+    /* (asked of h: d's pointers are cleared above; not in the sizing pass: tiled or row-major, a
+     * matrix takes the same bytes) */
+    if (tile && m3_cu_tileable(h) && c->wa_mode != 1 && !mx_scales_plain(h)) {
         static int told;
         if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
             fprintf(stderr, "CUDA backend: an MXFP8 matrix (%d x %d) has E8M0 scales of 0 or 255: kept row-major "
                             "(the slower GEMV)\n", h->N, h->K);
         tile = 0;
     }
-    if (tile && m3_cu_tileable(d)) {
+    if (tile && m3_cu_tileable(h)) {
         d->w = (const uint8_t *)up_rows_tiled(c, h->w, h->row_bytes, rb, h->N, h->fmt, 0);
         d->scale = d->w ? (const uint8_t *)up_rows_tiled(c, h->scale, h->scale_row, sr, h->N, h->fmt, 1) : NULL;
         d->tiled = 1;
@@ -278,8 +279,13 @@ extern "C" int m3_cuda_upload_linear(m3_ops *ops, const m3_linear *h, m3_linear 
     }
     return 0;
 }
+/* an MLP's three matrices tiled together or not at all: the MoE kernels take the experts either
+ * all on the tensor cores (tiled or not) or all row-major on the SIMT path; a tiled gate / up with
+ * a row-major down (a K the tiles do not divide) would leave them only the host-grouped path */
 static int up_mlp(m3_cuda *c, const m3_mlp_w *h, m3_mlp_w *d) {
-    return up_linear(c, &h->gate, &d->gate) || up_linear(c, &h->up, &d->up) || up_linear(c, &h->down, &d->down);
+    const int tile = m3_cu_tileable(&h->gate) && m3_cu_tileable(&h->up) && m3_cu_tileable(&h->down);
+    return up_linear_t(c, &h->gate, &d->gate, tile) || up_linear_t(c, &h->up, &d->up, tile) ||
+           up_linear_t(c, &h->down, &d->down, tile);
 }
 static float *up_vec(m3_cuda *c, const float *v, int n, int *bad) {
     if (!v) return NULL;

@@ -96,10 +96,14 @@ static float *zeros(m3_cuda *c, int n, int *bad) {
     return p;
 }
 
+/* the three matrices tiled together or not at all, as a checkpoint's (backend.cu, up_mlp) */
 static int rand_mlp_like(m3_cuda *c, m3_mlp_w *m, const m3_mlp_w *S, uint64_t seed) {
-    return rand_linear(c, &m->gate, S->gate.fmt, S->gate.N, S->gate.K, seed) ||
-           rand_linear(c, &m->up, S->up.fmt, S->up.N, S->up.K, seed + 1) ||
-           rand_linear(c, &m->down, S->down.fmt, S->down.N, S->down.K, seed + 2);
+    if (rand_linear(c, &m->gate, S->gate.fmt, S->gate.N, S->gate.K, seed) ||
+        rand_linear(c, &m->up, S->up.fmt, S->up.N, S->up.K, seed + 1) ||
+        rand_linear(c, &m->down, S->down.fmt, S->down.N, S->down.K, seed + 2))
+        return -1;
+    m->gate.tiled = m->up.tiled = m->down.tiled = m->gate.tiled && m->up.tiled && m->down.tiled;
+    return 0;
 }
 
 typedef struct { const m3_config *cf; const m3_weights *shape; uint64_t seed; } rand_args;

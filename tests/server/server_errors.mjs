@@ -112,13 +112,18 @@ try {
   // a non-stream request whose client goes away (raw socket: closed without reading)
   const sock = net.connect(A.port, '127.0.0.1');
   await new Promise(res => sock.on('connect', res));
-  const body = JSON.stringify({ prompt: 'Hello', max_tokens: 200, ignore_eos: true });
+  // (the longest request --max-model-len allows; the socket is closed as soon as it runs, not
+  // after a fixed delay that a fast machine outlives, and it must end cancelled, not finished)
+  const body = JSON.stringify({ prompt: 'Hello', max_tokens: 240, ignore_eos: true });
+  const before2 = await metrics(base);
   sock.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEY}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
-  await sleep(300);
-  const usedMid2 = (await metrics(base)).m3_kv_blocks_used;
+  let usedMid2 = 0;
+  for (let i = 0; i < 200 && usedMid2 === 0; i++) { usedMid2 = (await metrics(base)).m3_kv_blocks_used; if (!usedMid2) await sleep(5); }
   sock.destroy();
   after = await waitBlocks();
-  ok(usedMid2 > 0 && after.m3_kv_blocks_used === 0, `non-stream client gone: KV blocks ${usedMid2} -> ${after.m3_kv_blocks_used}`);
+  const cancelled = 'm3_requests_finished_total{finish_reason="cancelled"}';
+  ok(usedMid2 > 0 && after.m3_kv_blocks_used === 0 && after[cancelled] === before2[cancelled] + 1,
+     `non-stream client gone: KV blocks ${usedMid2} -> ${after.m3_kv_blocks_used}, cancelled ${before2[cancelled]} -> ${after[cancelled]}`);
   ok(await normal(), 'the server still serves after the disconnects');
 
   // ---- 429: a second server with a tiny waiting queue, flooded

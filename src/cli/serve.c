@@ -16,7 +16,7 @@
 static const char *usage =
     "usage: m3 serve -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]\n"
     "                [--threads N] [--kv-cache-memory BYTES] [--max-num-seqs N] [--max-num-batched-tokens N]\n"
-    "                [--max-model-len N] [--speculative-config JSON] [--draft DIR]\n"
+    "                [--max-model-len N] [--sample-threads N] [--speculative-config JSON] [--draft DIR]\n"
     "                [--kv-cache-dtype auto|f32|bf16|fp8|nvfp4] [--index-cache-dtype DTYPE]\n"
     "                [--max-waiting N] [--shutdown-timeout SECONDS] [--max-body BYTES] [--max-header-bytes BYTES]\n"
     "                [--timeout SECONDS] [--disable-log-requests] [--language-model-only]\n"
@@ -25,6 +25,7 @@ static const char *usage =
     "                   --kv-cache-memory is then per rank (see docs/MULTINODE.md)\n"
     "  --moe-split experts|width  routed experts whole per rank (expert parallel, default) or split by width\n"
     "  --max-waiting N  429 for new generation requests while N sequences wait in the engine (default 1024)\n"
+    "  --sample-threads N  threads drawing a step's tokens (default: one per CPU up to 8 on a GPU, 1 on the CPU)\n"
     "  --shutdown-timeout S  after SIGTERM / SIGINT, requests in flight get S seconds, then are cancelled (default 30)\n"
     "  --max-body BYTES request body limit, 413 beyond it (default 33554432)\n"
     "  --max-header-bytes BYTES  request line + headers limit (default 65536)\n"
@@ -78,7 +79,7 @@ static int vision_setup(m3_vision *vis, m3_model *m, m3_ops *ops, const char *di
 
 int m3_cmd_serve(int argc, char **argv) {
     const char *dir = NULL, *name = NULL, *spec_json = NULL, *draft_dir = NULL, *kvd = NULL, *ikd = NULL;
-    long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, mml = 0, waiting = -1, grace = -1, body = 0;
+    long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, mml = 0, waiting = -1, grace = -1, body = 0, sthreads = 0;
     long hdr = 0, tmo = -1, tpn = 1;
     const char *moe_split = NULL;
     int lm_only = 0;
@@ -103,6 +104,7 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-num-seqs")) r = m3_cli_int(a, v, 1, 1 << 16, &seqs, &err);
         else if (!strcmp(a, "--max-num-batched-tokens")) r = m3_cli_int(a, v, 1, 1 << 24, &batched, &err);
         else if (!strcmp(a, "--max-model-len")) r = m3_cli_int(a, v, 1, 1 << 30, &mml, &err);
+        else if (!strcmp(a, "--sample-threads")) r = m3_cli_int(a, v, 1, 64, &sthreads, &err);
         else if (!strcmp(a, "--kv-cache-dtype")) kvd = v;
         else if (!strcmp(a, "--index-cache-dtype")) ikd = v;
         else if (!strcmp(a, "--max-waiting")) r = m3_cli_int(a, v, 0, 1 << 30, &waiting, &err);
@@ -165,6 +167,7 @@ int m3_cmd_serve(int argc, char **argv) {
     if (seqs) eo.max_num_seqs = (int)seqs;
     if (batched) eo.max_num_batched_tokens = (int)batched;
     if (mml) eo.max_model_len = (int)mml;
+    eo.sample_threads = (int)sthreads;
     eo.group = tp.g;
     int rc = 1;
     m3_engine *e = NULL;

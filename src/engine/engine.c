@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <sys/random.h>
 
+#include "../base/pool.h"
 #include "../dist/group.h"
 #include "../kv/blocks.h"
 #include "fault.h"
@@ -49,6 +51,9 @@ typedef struct req {
     int n_sched, decode, out_idx, done;
     int k_sched;               /* drafts verified this step (0: not a speculative decode) */
     int row0;                  /* first row of the request in the step's batch */
+    /* this step's plain sample, drawn before the serial pass (sample_rows) */
+    m3_sample_out so;
+    int so_finite, so_rc;
     struct req *next;          /* inbox link */
 } req;
 
@@ -65,6 +70,12 @@ struct m3_engine {
     req **waiting;             /* FCFS, head first */
     int n_waiting, cap_waiting;
     m3_sample_ws *ws;
+    /* sampling threads (sample_rows): the pool (NULL: the engine thread alone), a workspace per
+     * worker (wss[0] == ws) and the step's requests to sample [max_seqs] */
+    m3_pool *spool;
+    m3_sample_ws **wss;
+    int n_wss;
+    struct req **to_sample;
     int32_t *ids, *pos, *sq;   /* [max_tokens_step] */
     int *rows;                 /* [max rows] */
     m3_kv_seq **seqs;          /* [max_seqs] */
@@ -108,6 +119,39 @@ const char *m3_engine_finish_name(int r) {
     case M3_FINISH_ERROR: return "error";
     default: return "";
     }
+}
+
+/* The sampling threads (opts.sample_threads; 0: 1 on a host backend, else one per online CPU up
+ * to 8). Short of memory or threads the engine thread samples alone: the tokens are the same. */
+static void sampling_threads(m3_engine *e, int want, int device) {
+    e->wss = &e->ws;
+    e->n_wss = 1;
+    if (want <= 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        want = !device ? 1 : cpus < 1 ? 1 : cpus > 8 ? 8 : (int)cpus;
+    }
+    if (want > 64) want = 64;
+    if (want < 2 || e->max_seqs < 2) return;
+    m3_sample_ws **w = e_calloc((size_t)want, sizeof *w);
+    req **ts = e_calloc((size_t)e->max_seqs, sizeof *ts);
+    m3_pool *p = w && ts ? m3_pool_create(want) : NULL;
+    int ok = p != NULL;
+    if (ok) w[0] = e->ws;
+    for (int i = 1; i < want && ok; i++) {
+        m3_err e2;
+        ok = (w[i] = m3_sample_ws_create(e->V, &e2)) != NULL;
+    }
+    if (!ok) {
+        for (int i = 1; w && i < want; i++) m3_sample_ws_free(w[i]);
+        free(w);
+        free(ts);
+        m3_pool_free(p);
+        return;
+    }
+    e->spool = p;
+    e->wss = w;
+    e->n_wss = want;
+    e->to_sample = ts;
 }
 
 void m3_engine_opts_default(m3_engine_opts *o) {
@@ -291,6 +335,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->tot.page_tokens = e->page;
     e->tot.kv_blocks_total = pages;
     e->snap = e->tot;
+    sampling_threads(e, o->sample_threads, e->group || (e->m->ops && e->m->ops->device_memory));
     if (e->vision && e->vops->device_memory) { /* the tower on a device backend: its weights go there once */
         if (m3_vision_upload(e->vision, e->vops, &e->vision_dev, err)) {
             m3_err_prefix(err, "engine: vision tower");
@@ -311,6 +356,10 @@ void m3_engine_destroy(m3_engine *e) {
     m3_blocks_destroy(e->bm);
     kv_drop(e);
     if (e->vision_dev_ok) m3_vision_release(&e->vision_dev, e->vops);
+    m3_pool_free(e->spool);
+    for (int i = 1; i < e->n_wss; i++) m3_sample_ws_free(e->wss[i]);
+    if (e->wss != &e->ws) free(e->wss);
+    free(e->to_sample);
     m3_sample_ws_free(e->ws);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
@@ -712,6 +761,38 @@ static void encode_images(m3_engine *e) {
     }
 }
 
+/* One request of sample_rows: its row's finiteness, then (finite) its draw. */
+static void sample_one(m3_engine *e, req *r, m3_sample_ws *ws) {
+    const float *lg = e->logits + (size_t)r->out_idx * e->V;
+    m3_err e2;
+    r->so_finite = logits_finite(lg, (size_t)e->V);
+    r->so_rc = r->so_finite ? m3_sampler_sample(r->smp, lg, ws, &r->so, &e2) : 0;
+}
+
+static void sample_range(void *ctx, size_t begin, size_t end, int worker) {
+    m3_engine *e = ctx;
+    for (size_t i = begin; i < end; i++) sample_one(e, e->to_sample[i], e->wss[worker]);
+}
+
+/* The plain samples of a step (rows with no drafts to verify), before the serial pass that
+ * accepts and delivers them in order: spread over the sampling threads when there are
+ * several. Each draw reads only its request's logits row and sampler (its RNG and counts):
+ * the same tokens as one after the other. */
+static void sample_rows(m3_engine *e, int nr) {
+    int n = 0;
+    for (int i = 0; i < nr; i++) {
+        req *r = e->running[i];
+        if (!r->n_sched || r->k_sched || r->out_idx < 0) continue;
+        if (e->spool && n < e->max_seqs) e->to_sample[n++] = r;
+        else sample_one(e, r, e->ws);
+    }
+    if (n == 1) sample_one(e, e->to_sample[0], e->ws);
+    else if (n > 1) {
+        m3_pool_for(e->spool, (size_t)n, 1, sample_range, e);
+        e->tot.tokens_sampled_parallel += (uint64_t)n;
+    }
+}
+
 /* Reports sampled/verified tokens of r: appends them, calls back; returns the finish reason. */
 static int deliver(m3_engine *e, req *r, const m3_sample_out *outs, int n) {
     int reason = M3_FINISH_NONE;
@@ -797,6 +878,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         }
         e->tot.tokens_prefilled += (uint64_t)e->last.n_prefill_tokens;
         int nr = e->n_running;
+        sample_rows(e, nr);
         for (int i = 0; i < nr; i++) {
             req *r = e->running[i];
             r->done = 0;
@@ -805,7 +887,9 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             const int P = r->n_done;
             int n_valid = r->n_sched; /* positions whose KV entries stay: all but rejected drafts */
             int reason = M3_FINISH_NONE;
-            if (r->out_idx >= 0 && !logits_finite(e->logits + (size_t)r->out_idx * V, (size_t)V * (size_t)(1 + r->k_sched))) {
+            const int plain = !r->k_sched && r->out_idx >= 0; /* sampled by sample_rows */
+            if (r->out_idx >= 0 &&
+                !(plain ? r->so_finite : logits_finite(e->logits + (size_t)r->out_idx * V, (size_t)V * (size_t)(1 + r->k_sched)))) {
                 r->why = "the model produced non-finite logits (NaN or Inf)";
                 e->tot.nonfinite_logits++;
                 r->done = M3_FINISH_ERROR;
@@ -843,15 +927,13 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
                 r->done = M3_FINISH_ERROR;
                 continue;
             }
-            if (!r->k_sched && r->out_idx >= 0) {
-                m3_sample_out so;
-                if (m3_sampler_sample(r->smp, e->logits + (size_t)r->out_idx * V, e->ws, &so, &e2) ||
-                    m3_sampler_accept(r->smp, so.token, &e2)) {
+            if (plain) {
+                if (r->so_rc || m3_sampler_accept(r->smp, r->so.token, &e2)) {
                     r->why = "sampling failed (out of memory)";
                     r->done = M3_FINISH_ERROR;
                     continue;
                 }
-                reason = deliver(e, r, &so, 1);
+                reason = deliver(e, r, &r->so, 1);
             }
             /* the draft context takes the committed rows (not needed once the request ends) */
             if (e->spec && !reason &&

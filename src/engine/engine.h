@@ -134,6 +134,12 @@ typedef struct m3_engine_opts {
      * 0's, whose page ids are valid in every rank's pool. With speculative decoding the draft
      * runs on draft_ops and reads the target's hidden states from rank 0. */
     struct m3_group *group;
+    /* Threads that sample the requests of a step (a request's draw reads only its logits row and
+     * its own sampler, so the tokens are the same for any count). 0: 1 on a host backend (the
+     * forward's own threads are busy there), else one per online CPU up to 8. A sampled token
+     * costs 0.2-0.9 ms on one core at a 200K vocabulary (bench: test_sampler): a batch of 64
+     * would keep the GPU waiting for one thread for longer than its decode step. */
+    int sample_threads;
     /* The DSpark draft's op table (host memory; NULL: the model's own). Needed with a group. */
     m3_ops *draft_ops;
     /* Tests only (NULL normally): after a GREEDY request's drafts are drawn, may overwrite
@@ -197,6 +203,8 @@ typedef struct m3_engine_stats {
     /* requests ended with M3_FINISH_ERROR because a logits row they were to sample from held
      * a NaN or an Inf (every sampled row is checked) */
     uint64_t nonfinite_logits;
+    uint64_t tokens_sampled_parallel; /* of tokens_generated, drawn by the sampling threads with others of
+                                       * the same step (sample_threads > 1) */
     uint64_t vision_runs;        /* vision tower runs (one per image object actually encoded) */
     uint64_t vision_images;      /* images encoded by them */
 } m3_engine_stats;

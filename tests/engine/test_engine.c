@@ -1,7 +1,8 @@
 /* Engine core (src/engine/engine.h) on m3-tiny, CPU backend, 2 threads:
  *   1. batch invariance: requests with random prompts and mixed sampling, arriving at different
  *      steps under a small token budget (chunked prefill), give bitwise the tokens and logprobs
- *      they give alone; greedy ones equal the Hugging Face reference's greedy tokens;
+ *      they give alone, the batch sampled by 4 threads, alone by the engine thread; greedy ones
+ *      equal the Hugging Face reference's greedy tokens;
  *   2. a tight KV pool forces preemptions: outputs unchanged, blocks back to baseline;
  *   3. prefix caching: shared prefixes hit the cache, outputs equal a run without it;
  *   4. cancellation mid-prefill and mid-decode;
@@ -148,6 +149,7 @@ static int run_alone(m3_model *m, const spec *specs, int n, result *res) {
     o.kv_pages = 64;
     o.enable_prefix_caching = 0;
     o.max_num_batched_tokens = 1024;
+    o.sample_threads = 1;
     for (int i = 0; i < n; i++) {
         spec s = specs[i];
         s.arrive = 0;
@@ -296,6 +298,7 @@ int main(int argc, char **argv) {
     o.kv_pages = 256;
     o.max_num_seqs = 8;
     o.max_num_batched_tokens = 48;
+    o.sample_threads = 4; /* a step's draws on 4 threads; alone: on the engine thread */
     if (run_alone(&m, specs, N1, alone)) goto done;
     if (run(&m, &o, specs, N1, got, &ri)) goto done;
     int same = compare("batch invariance", specs, got, alone, N1);
@@ -324,6 +327,10 @@ int main(int argc, char **argv) {
            (unsigned long long)ri.st.tokens_generated, n_len);
     CHECK(ri.max_step_seqs > 1 && ri.max_step_tokens == 48, "steps were batched (max seqs %d, max tokens %d)",
           ri.max_step_seqs, ri.max_step_tokens);
+    CHECK(ri.st.tokens_sampled_parallel > 0, "the batch's draws were spread over the sampling threads (%llu)",
+          (unsigned long long)ri.st.tokens_sampled_parallel);
+    printf("   %llu of %llu tokens drawn by 4 sampling threads beside others of their step\n",
+           (unsigned long long)ri.st.tokens_sampled_parallel, (unsigned long long)ri.st.tokens_generated);
 
     /* ---- 2. tight pool: preemptions ---- */
     {

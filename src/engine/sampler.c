@@ -43,14 +43,7 @@ static uint64_t next(m3_rng *r) { /* xoshiro256** */
 
 double m3_rng_uniform(m3_rng *r) { return (next(r) >> 11) * 0x1.0p-53; }
 
-int m3_argmax(const float *x, int n) {
-    /* the running max stays in a register; the first index wins ties */
-    int b = 0;
-    float bv = x[0];
-    for (int i = 1; i < n; i++)
-        if (x[i] > bv) { bv = x[i]; b = i; }
-    return b;
-}
+int m3_argmax(const float *x, int n) { return m3_cpu_argmax(x, n); } /* first index wins ties */
 
 /* ---------------- workspace ---------------- */
 
@@ -460,8 +453,31 @@ static int prepare_checked(const m3_sampler *s, const float *logits, m3_sample_w
     return 0;
 }
 
+/* steps 1-2 change nothing: no allowed / banned ids, no min_tokens still holding ids back, no
+ * logit_bias, no penalty */
+static int plain_logits(const m3_sampler *s) {
+    const m3_sampling *p = &s->p;
+    return p->n_allowed <= 0 && p->n_banned <= 0 && !(s->n_generated < p->min_tokens && p->n_min_tokens_ids > 0) &&
+           p->n_logit_bias <= 0 && !(p->repetition_penalty > 0 && p->repetition_penalty != 1) &&
+           p->frequency_penalty == 0 && p->presence_penalty == 0;
+}
+
 int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_sample_out *out, m3_err *err) {
     const int V = s->V;
+    /* greedy on the raw row: the argmax of the logits as passed (no working copy) */
+    if (!(s->p.temperature >= 1e-5f) && plain_logits(s) &&
+        ((!s->p.logprobs && s->p.top_logprobs == 0) || s->p.logprobs_mode == M3_LOGPROBS_RAW)) {
+        if (!ws || ws->V < V) return m3_errf(err, "sampling: workspace for V=%d, need %d", ws ? ws->V : 0, V);
+        pick_info pi;
+        memset(&pi, 0, sizeof pi);
+        pi.greedy = 1;
+        pi.n_kept = -1;
+        const int tok = m3_argmax(logits, V);
+        if (!(logits[tok] > -INFINITY))
+            return m3_errf(err, "sampling: every token is masked (allowed / banned ids, logit_bias, min_tokens)");
+        report(s, logits, ws, &pi, tok, out);
+        return 0;
+    }
     if (prepare_checked(s, logits, ws, err)) return -1;
     pick_info pi;
     int tok = pick(&s->p, ws, V, &s->rng, &pi);

@@ -44,5 +44,7 @@ void m3_cpu_dots(const float *q, const void *k, int bf16, int n, int d, float *o
 void m3_cpu_pv(float *acc, const float *p, const void *v, int bf16, int n, int d);
 /* x[i] = exp(x[i] - m) for i < n; returns the sum of the results */
 float m3_cpu_exp_shift(float *x, int n, float m);
+/* the first index of the largest value of x[0..n) (ties: the lowest index; NaN never larger) */
+int m3_cpu_argmax(const float *x, int n);
 
 #endif

@@ -155,6 +155,43 @@ AVX2 static float exp_shift_avx2(float *x, int n, float m) {
     return s;
 }
 
+/* the scalar rule: the first index whose value is larger than every one before it (ties: the
+ * lowest index; NaN never larger, a NaN at 0 keeps 0) */
+static int argmax_scalar(const float *x, int n) {
+    int b = 0;
+    float bv = x[0];
+    for (int i = 1; i < n; i++)
+        if (x[i] > bv) { bv = x[i]; b = i; }
+    return b;
+}
+
+/* The same in two streaming passes: the largest value (NaN loads ignored: max takes the running
+ * lanes when a load is NaN), then the first index holding it */
+AVX2 static int argmax_avx2(const float *x, int n) {
+    if (n < 16 || x[0] != x[0]) return argmax_scalar(x, n);
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m);
+    float t[8], best = -INFINITY;
+    _mm256_storeu_ps(t, m);
+    for (int j = 0; j < 8; j++) best = t[j] > best ? t[j] : best;
+    for (; i < n; i++) best = x[i] > best ? x[i] : best;
+    const __m256 vb = _mm256_set1_ps(best);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), vb, _CMP_EQ_OQ));
+        if (mask) return i + __builtin_ctz((unsigned)mask);
+    }
+    for (; i < n; i++)
+        if (x[i] == best) return i;
+    return 0; /* every value -inf or NaN after x[0] (x[0] -inf): the scalar rule's 0 */
+}
+
+int m3_cpu_argmax(const float *x, int n) {
+    if (n <= 0) return 0;
+    if (m3_cpu_have_avx2()) return argmax_avx2(x, n);
+    return argmax_scalar(x, n);
+}
+
 float m3_cpu_dot(const float *a, const float *b, int n) {
     if (m3_cpu_have_avx2()) return dot_avx2(a, b, n);
     float s = 0;

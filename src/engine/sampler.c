@@ -14,7 +14,7 @@
 #define s_calloc(k, n) m3_fault_calloc(M3_FAULT_ENGINE, k, n)
 #define s_realloc(p, n) m3_fault_realloc(M3_FAULT_ENGINE, p, n)
 
-#include "../backend/cpu/cpu.h" /* m3_cpu_exp_shift: vectorized exp */
+#include "../backend/cpu/cpu.h" /* m3_cpu_exp_scaled, m3_cpu_argmax: vectorized */
 
 #include <math.h>
 #include <stdlib.h>
@@ -194,9 +194,8 @@ static int keep(const m3_sampling *p, m3_sample_ws *ws, int V, pick_info *pi) {
     double zm = 0; /* mass passing min-p */
     int cnt[NBINS] = {0};
     double mass[NBINS] = {0};
-    /* e = exp((w - max) / T): scaled first, then one vectorized exp pass (-inf -> 0) */
-    for (int i = 0; i < V; i++) e[i] = (w[i] - m) * invT;
-    m3_cpu_exp_shift(e, V, 0.0f);
+    /* e = exp((w - max) / T) in one vectorized pass (-inf -> 0) */
+    m3_cpu_exp_scaled(w, e, V, m, invT);
     for (int i = 0; i < V; i++) {
         float x = e[i];
         if (x > 0 && x >= thr) {

@@ -44,6 +44,8 @@ void m3_cpu_dots(const float *q, const void *k, int bf16, int n, int d, float *o
 void m3_cpu_pv(float *acc, const float *p, const void *v, int bf16, int n, int d);
 /* x[i] = exp(x[i] - m) for i < n; returns the sum of the results */
 float m3_cpu_exp_shift(float *x, int n, float m);
+/* e = exp((w - m) * s), the sum returned: scaling into e then m3_cpu_exp_shift(e, n, 0), in one pass */
+float m3_cpu_exp_scaled(const float *w, float *e, int n, float m, float s);
 /* the first index of the largest value of x[0..n) (ties: the lowest index; NaN never larger) */
 int m3_cpu_argmax(const float *x, int n);
 

@@ -192,6 +192,39 @@ int m3_cpu_argmax(const float *x, int n) {
     return argmax_scalar(x, n);
 }
 
+/* e = exp((w - m) * s) in one pass, the sum returned: the same values as scaling into e and then
+ * exp_shift(e, n, 0) (the sub, then the mul, then exp8 of the product minus 0) */
+AVX2 static float exp_scaled_avx2(const float *w, float *e, int n, float m, float s) {
+    const __m256 vm = _mm256_set1_ps(m), vs = _mm256_set1_ps(s), z = _mm256_setzero_ps();
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(w + i), vm), vs);
+        const __m256 x = exp8(_mm256_sub_ps(t, z));
+        _mm256_storeu_ps(e + i, x);
+        acc = _mm256_add_ps(acc, x);
+    }
+    float sum = hsum(acc);
+    if (i < n) { /* tail through the same polynomial */
+        float t[8];
+        for (int j = 0; j < 8; j++) t[j] = i + j < n ? (w[i + j] - m) * s - 0.0f : -INFINITY;
+        _mm256_storeu_ps(t, exp8(_mm256_loadu_ps(t)));
+        for (int j = i; j < n; j++) { e[j] = t[j - i]; sum += t[j - i]; }
+    }
+    return sum;
+}
+
+float m3_cpu_exp_scaled(const float *w, float *e, int n, float m, float s) {
+    if (m3_cpu_have_avx2()) return exp_scaled_avx2(w, e, n, m, s);
+    float sum = 0;
+    for (int i = 0; i < n; i++) {
+        const float t = (w[i] - m) * s;
+        e[i] = expf(t - 0.0f);
+        sum += e[i];
+    }
+    return sum;
+}
+
 float m3_cpu_dot(const float *a, const float *b, int n) {
     if (m3_cpu_have_avx2()) return dot_avx2(a, b, n);
     float s = 0;

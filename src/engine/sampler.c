@@ -1,11 +1,8 @@
 /* Sampling pipeline (see sampler.h for the order and the semantics).
  *
- * Speed at V = 200064: no full sort. One pass computes e_i = exp((l_i - max) / T) and, for
- * the tokens that pass min-p, a histogram by the float exponent of e_i (bin b holds
- * e in (2^-(b+1), 2^-b]) with counts and masses. The bins give a cut that surely contains the
- * top-k set (enough tokens) or the top-p set (enough mass); only tokens above the cut are
- * gathered and sorted (a heap when top-k leaves fewer). Without top-k / top-p the draw
- * walks the row in id order. */
+ * Speed at V = 200064: no sort of the row. One vectorized pass computes e_i = exp((l_i - max) / T),
+ * the kept mass per block of ids and the tokens above two cut levels; top-k / top-p gather only
+ * the tokens above a level that surely holds their set and select in linear time (keep()). */
 #include "sampler.h"
 #include "fault.h"
 
@@ -47,23 +44,38 @@ int m3_argmax(const float *x, int n) { return m3_cpu_argmax(x, n); } /* first in
 
 /* ---------------- workspace ---------------- */
 
-typedef struct { float e; int32_t id; } cand;
+/* A candidate as one integer key, e's bits above ~id (m3_cpu_keys_above builds them). e >= 0, so
+ * a larger key ranks first: a larger e, then a lower id (the order every step below uses). */
+typedef uint64_t cand;
+
+static float ck_e(cand c) {
+    const uint32_t u = (uint32_t)(c >> 32);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static int32_t ck_id(cand c) { return (int32_t)~(uint32_t)c; }
+
+#define NBLK(V) (((V) + M3_CPU_MASS_BLOCK - 1) / M3_CPU_MASS_BLOCK)
 
 struct m3_sample_ws {
     int V;
-    float *w;   /* working logits */
-    float *e;   /* exp((w - max) / T) */
-    cand *c;    /* candidates */
-    void *own;  /* non-NULL when the workspace owns the memory */
+    float *w;    /* working logits */
+    float *e;    /* exp((w - max) / T) */
+    cand *c;     /* candidates */
+    double *bs;  /* mass of the kept e per block of M3_CPU_MASS_BLOCK ids */
+    void *own;   /* non-NULL when the workspace owns the memory */
 };
 
-static size_t ws_bytes(int V) { return (size_t)V * (2 * sizeof(float) + sizeof(cand)); }
+/* c has 8 spare keys: m3_cpu_keys_above stores 8 at a time */
+static size_t ws_bytes(int V) { return ((size_t)V + 8) * sizeof(cand) + 2 * sizeof(float) * (size_t)V + sizeof(double) * (size_t)NBLK(V); }
 
 static void ws_over(m3_sample_ws *ws, int V, void *mem) {
     ws->V = V;
-    ws->c = mem; /* cand first: it has the strictest alignment */
-    ws->w = (float *)(ws->c + V);
+    ws->c = mem; /* 8-byte members first: cand, then (after 2 V floats) the block sums */
+    ws->w = (float *)(ws->c + V + 8);
     ws->e = ws->w + V;
+    ws->bs = (double *)(ws->e + V);
     ws->own = NULL;
 }
 
@@ -89,43 +101,118 @@ void m3_sample_ws_free(m3_sample_ws *ws) {
 
 size_t m3_sample_scratch_bytes(int V) { return ws_bytes(V); }
 
-/* ---------------- ordering helpers ---------------- */
+/* ---------------- selection over candidate keys ---------------- */
 
-/* a ranks before b: larger value, then lower id */
-static int better(cand a, cand b) { return a.e > b.e || (a.e == b.e && a.id < b.id); }
+static void swapc(cand *a, cand *b) { cand t = *a; *a = *b; *b = t; }
 
-static int cmp_cand(const void *pa, const void *pb) {
-    const cand *a = pa, *b = pb;
-    if (a->e != b->e) return a->e > b->e ? -1 : 1;
-    return (a->id > b->id) - (a->id < b->id);
-}
-
-/* min-heap by rank: h[0] is the worst of the kept */
-static void heap_down(cand *h, int n, int i) {
-    for (;;) {
-        int l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && better(h[m], h[l])) m = l;
-        if (r < n && better(h[m], h[r])) m = r;
-        if (m == i) return;
-        cand t = h[i]; h[i] = h[m]; h[m] = t;
-        i = m;
+/* sorts c[0..n) best first: insertion for a few, heapsort beyond (no quadratic case) */
+static void sort_best_first(cand *c, int n) {
+    if (n <= 24) {
+        for (int i = 1; i < n; i++) {
+            cand x = c[i];
+            int j = i;
+            while (j > 0 && c[j - 1] < x) { c[j] = c[j - 1]; j--; }
+            c[j] = x;
+        }
+        return;
+    }
+    /* a min-heap by key (the worst at the root), then the root swapped to the back each time */
+    for (int i = n / 2 - 1; i >= 0; i--)
+        for (int r = i;;) {
+            int l = 2 * r + 1, m = r;
+            if (l < n && c[l] < c[m]) m = l;
+            if (l + 1 < n && c[l + 1] < c[m]) m = l + 1;
+            if (m == r) break;
+            swapc(&c[r], &c[m]);
+            r = m;
+        }
+    for (int end = n - 1; end > 0; end--) {
+        swapc(&c[0], &c[end]);
+        for (int r = 0;;) {
+            int l = 2 * r + 1, m = r;
+            if (l < end && c[l] < c[m]) m = l;
+            if (l + 1 < end && c[l + 1] < c[m]) m = l + 1;
+            if (m == r) break;
+            swapc(&c[r], &c[m]);
+            r = m;
+        }
     }
 }
 
-/* Keeps the k best of c[0..n) in c[0..k), sorted best first. */
-static void select_topk(cand *c, int n, int k) {
-    if (k >= n) { qsort(c, (size_t)n, sizeof *c, cmp_cand); return; }
-    for (int i = k / 2 - 1; i >= 0; i--) heap_down(c, k, i);
-    for (int i = k; i < n; i++)
-        if (better(c[i], c[0])) { c[0] = c[i]; heap_down(c, k, 0); }
-    qsort(c, (size_t)k, sizeof *c, cmp_cand);
+/* Partitions c[lo..hi) (hi - lo >= 3) around the median of its first, middle and last keys:
+ * returns p with c[lo..p) better than c[p], better than c[p+1..hi); *upper gets the mass of
+ * c[lo..p). Keys are distinct (the id is in them). */
+static int partition(cand *c, int lo, int hi, double *upper) {
+    const int mid = lo + (hi - lo) / 2, last = hi - 1;
+    if (c[mid] < c[lo]) swapc(&c[mid], &c[lo]);
+    if (c[last] < c[lo]) swapc(&c[last], &c[lo]);
+    if (c[last] < c[mid]) swapc(&c[last], &c[mid]);
+    swapc(&c[mid], &c[last]); /* the median to the back */
+    const cand piv = c[last];
+    double mu = 0;
+    int i = lo;
+    for (int j = lo; j < last; j++) { /* branch-free: every key swapped, i advanced past the better ones */
+        const cand x = c[j];
+        const int up = x > piv;
+        c[j] = c[i];
+        c[i] = x;
+        mu += up ? (double)ck_e(x) : 0.0;
+        i += up;
+    }
+    swapc(&c[i], &c[last]);
+    *upper = mu;
+    return i;
+}
+
+/* partitions allowed before the rest of a range is sorted instead (keeps the worst case n log n) */
+static int part_budget(int n) {
+    int b = 16;
+    while (n > 1) { n >>= 1; b += 2; }
+    return b;
+}
+
+/* c[0..k) := the k best of c[0..n), in no particular order (0 < k < n) */
+static void select_best(cand *c, int n, int k) {
+    int lo = 0, hi = n, budget = part_budget(n);
+    while (hi - lo > 24 && budget-- > 0) { /* c[0..lo) better than c[lo..hi), better than c[hi..n); lo <= k <= hi */
+        double mu;
+        const int p = partition(c, lo, hi, &mu);
+        if (p == k || p + 1 == k) return;
+        if (p > k) hi = p;
+        else lo = p + 1;
+    }
+    sort_best_first(c + lo, hi - lo);
+}
+
+/* The smallest prefix of c[0..n) in rank order whose mass reaches lim (at least one token) is
+ * moved to c[0..j), in no particular order; returns j, its mass in *mass. */
+static int select_mass(cand *c, int n, double lim, double *mass) {
+    int lo = 0, hi = n, budget = part_budget(n);
+    double acc = 0; /* mass of c[0..lo): all kept, and short of lim */
+    while (hi - lo > 24 && budget-- > 0) {
+        double mu;
+        const int p = partition(c, lo, hi, &mu);
+        if (p > lo && acc + mu >= lim) { hi = p; continue; } /* it ends inside c[lo..p) */
+        acc += mu + (double)ck_e(c[p]);
+        if (acc >= lim) { *mass = acc; return p + 1; }
+        lo = p + 1;
+    }
+    sort_best_first(c + lo, hi - lo);
+    int j = lo;
+    while (j < hi && (j == 0 || acc < lim)) acc += (double)ck_e(c[j++]);
+    *mass = acc;
+    return j;
 }
 
 /* Small sorted insertion list for the top logprobs (k <= 20). */
-typedef struct { int n, k; cand v[M3_SAMPLE_MAX_TOP_LOGPROBS]; } toplist;
+typedef struct { float v; int32_t id; } scored;
+typedef struct { int n, k; scored v[M3_SAMPLE_MAX_TOP_LOGPROBS]; } toplist;
+
+/* a ranks before b: larger value, then lower id */
+static int better(scored a, scored b) { return a.v > b.v || (a.v == b.v && a.id < b.id); }
 
 static void top_push(toplist *t, float x, int32_t id) {
-    cand c = {x, id};
+    scored c = {x, id};
     if (t->n == t->k) {
         if (!better(c, t->v[t->n - 1])) return;
         t->n--;
@@ -135,107 +222,135 @@ static void top_push(toplist *t, float x, int32_t id) {
     t->v[j] = c;
 }
 
+/* The k best of x[0..V) in id order of arrival: the first k, then only what beats the worst
+ * kept (a strictly larger value: an equal one comes later, so ranks lower). When lo > -inf,
+ * only values >= lo (ge) or > lo count. */
+static void top_scan(toplist *t, const float *x, int V, float lo, int ge) {
+    int i = 0;
+    if (t->k <= 0) return;
+    while (t->n < t->k && (i = m3_cpu_find(x, i, V, lo, ge)) < V) { top_push(t, x[i], i); i++; }
+    while (t->n == t->k && (i = m3_cpu_find(x, i, V, t->v[t->n - 1].v, 0)) < V) { top_push(t, x[i], i); i++; }
+}
+
 /* log_softmax of x[0..V): the chosen token's logprob and rank, and the top k. */
 static void logprobs_of(const float *x, int V, int chosen, int k, m3_sample_out *out) {
-    float m = -INFINITY;
-    for (int i = 0; i < V; i++) if (x[i] > m) m = x[i];
-    double s = 0;
-    for (int i = 0; i < V; i++) s += expf(x[i] - m);
-    double lse = (double)m + log(s);
-    float xc = x[chosen];
-    int rank = 1;
+    const float m = x[m3_argmax(x, V)];
+    const double lse = (double)m + log(m3_cpu_sum_exp(x, V, m));
+    const float xc = x[chosen];
     toplist t = {0, k, {{0, 0}}};
-    for (int i = 0; i < V; i++) {
-        rank += x[i] > xc;
-        if (k > 0) top_push(&t, x[i], i);
-    }
+    top_scan(&t, x, V, -INFINITY, 1);
     out->logprob = (float)((double)xc - lse);
-    out->rank = rank;
+    out->rank = 1 + m3_cpu_count_gt(x, V, xc);
     out->n_top = t.n;
     for (int j = 0; j < t.n; j++) {
         out->top_ids[j] = t.v[j].id;
-        out->top_logprobs[j] = (float)((double)t.v[j].e - lse);
+        out->top_logprobs[j] = (float)((double)t.v[j].v - lse);
     }
 }
 
 /* ---------------- the sampling core ---------------- */
 
-#define NBINS 64
-
-static int bin_of(float e) { /* e in (0, 1]: 0 for [0.5, 1], 1 for [0.25, 0.5), ... */
-    uint32_t u;
-    memcpy(&u, &e, 4);
-    int b = 127 - (int)(u >> 23);
-    return b < 0 ? 0 : b >= NBINS ? NBINS - 1 : b;
-}
-
 typedef struct {
     int greedy;
-    int n_kept;        /* sorted path: kept = ws->c[0..n_kept); id-order path: -1 */
+    int n_kept;        /* kept = ws->c[0..n_kept), in no particular order; id-order path: -1 */
     float minp_thr;
     double total;      /* mass of the kept tokens */
 } pick_info;
 
-/* Steps 3-4 up to the draw, on the working logits w (already biased / penalized): the kept
- * tokens and their weights (ws->e; sorted ones in ws->c[0..n_kept)) and their total mass.
- * Greedy: returns the argmax; otherwise -1 (the caller draws with draw()). */
-static int keep(const m3_sampling *p, m3_sample_ws *ws, int V, pick_info *pi) {
-    const float *w = ws->w;
+/* kept by min-p (and not masked): e > 0 and e >= thr */
+static int kept_e(float x, float thr) { return x > 0 && x >= thr; }
+
+/* c := the keys of the kept tokens whose e is also >= lvl; returns how many */
+static int gather(const float *e, int V, float thr, float lvl, cand *c) {
+    const float t = lvl > thr ? lvl : thr;
+    return t > 0 ? m3_cpu_keys_above(e, V, t, 1, c) : m3_cpu_keys_above(e, V, 0.0f, 0, c);
+}
+
+/* Levels of the candidate cut, powers of 2 of the largest e (1): the tokens at or above the first
+ * level that holds enough of them (top-k) or enough mass (top-p) are the candidates; the rest
+ * are never gathered. Without either, every kept token is. */
+static const int CUT_EXP[2] = {-8, -20};
+
+/* Steps 3-4 up to the draw, on the working logits w (already biased / penalized: ws->w, or the
+ * logits themselves when steps 1-2 change nothing): the kept
+ * tokens and their weights (ws->e; with top-k / top-p, ws->c[0..n_kept)) and their total mass.
+ * Greedy: returns the argmax; otherwise -1 (the caller draws with draw()).
+ *
+ * Speed at V = 200064: one vectorized pass computes e_i = exp((w_i - max) / T), the kept mass per
+ * block of ids, and how many tokens (and how much mass) lie above two cut levels. With top-k or
+ * top-p, only the tokens above the highest level that surely holds the top-k set (enough tokens)
+ * or the top-p set (enough mass) are gathered; a quickselect then finds the k best and the
+ * smallest top-p prefix without sorting them. Without top-k / top-p the draw skips whole blocks
+ * by their mass and walks one block in id order. */
+static int keep(const m3_sampling *p, const float *w, m3_sample_ws *ws, int V, pick_info *pi) {
     memset(pi, 0, sizeof *pi);
     pi->n_kept = -1;
     if (!(p->temperature >= 1e-5f)) { pi->greedy = 1; return m3_argmax(w, V); }
-    float m = w[m3_argmax(w, V)];
-    float invT = 1.0f / p->temperature;
-    float thr = p->min_p > 0 ? (p->min_p > 1 ? 1.0f : p->min_p) : 0.0f; /* e_max == 1 */
+    const int am = m3_argmax(w, V);
+    const float m = w[am];
+    /* every logit -inf (the caller reports it), or a +inf one (all the probability): no draw */
+    if (!isfinite(m)) { pi->greedy = 1; return am; }
+    const float invT = 1.0f / p->temperature;
+    const float thr = p->min_p > 0 ? (p->min_p > 1 ? 1.0f : p->min_p) : 0.0f; /* e_max == 1 */
     pi->minp_thr = thr;
-    int use_k = p->top_k > 0 && p->top_k < V;
-    int use_p = p->top_p > 0 && p->top_p < 1;
+    const int use_k = p->top_k > 0 && p->top_k < V;
+    const int use_p = p->top_p > 0 && p->top_p < 1;
     float *e = ws->e;
+    float lv[2];
+    for (int j = 0; j < 2; j++) lv[j] = ldexpf(1.0f, CUT_EXP[j]) > thr ? ldexpf(1.0f, CUT_EXP[j]) : thr;
+    int cnt[2];
+    double lmass[2];
+    /* e = exp((w - max) / T) (-inf -> 0), the kept mass per block (e < thr adds 0: thr 0 keeps
+     * only e > 0, and 0 adds nothing), and above the levels the counts (top-k) or masses (top-p) */
+    m3_cpu_exp_stats(w, e, V, m, invT, thr, lv, ws->bs, cnt, lmass, use_p && !use_k ? 2 : use_k ? 1 : 0);
     double zm = 0; /* mass passing min-p */
-    int cnt[NBINS] = {0};
-    double mass[NBINS] = {0};
-    /* e = exp((w - max) / T) in one vectorized pass (-inf -> 0) */
-    m3_cpu_exp_scaled(w, e, V, m, invT);
-    for (int i = 0; i < V; i++) {
-        float x = e[i];
-        if (x > 0 && x >= thr) {
-            zm += x;
-            if (use_k || use_p) { int b = bin_of(x); cnt[b]++; mass[b] += x; }
-        }
-    }
+    for (int b = 0; b < NBLK(V); b++) zm += ws->bs[b];
     if (!use_k && !use_p) { /* min-p at most: draw in id order */
         pi->total = zm;
         return -1;
     }
-    /* the cut: bins 0..B surely hold the top-k set, or enough mass for top-p */
-    int B = NBINS - 1;
-    if (use_k) {
-        long cc = 0;
-        for (int b = 0; b < NBINS; b++) { cc += cnt[b]; if (cc >= p->top_k) { B = b; break; } }
+    /* the cut: the highest level above which the top-k set surely lies (at least k tokens), or,
+     * without top-k, the top-p set (the mass there reaches top_p of the whole, with a margin for
+     * the float sums within a block); 0: every kept token */
+    const int need_n = use_k ? p->top_k : 1;
+    const double need_m = use_p && !use_k ? (double)p->top_p * zm : 0;
+#define ENOUGH(k, ms) ((k) >= need_n && (ms) >= need_m * (1 + 1e-4))
+    float cut = 0;
+    if (ENOUGH(cnt[0], lmass[0])) {
+        cut = lv[0];
+    } else if (ENOUGH(cnt[1], lmass[1])) {
+        /* between the two levels: while the cut would gather many, halve the gap (in powers of 2)
+         * with one more pass over e */
+        int hi = CUT_EXP[0], lo = CUT_EXP[1], ncut = cnt[1];
+        cut = lv[1];
+        while (lo + 1 < hi && ncut > 2048) {
+            const int mid = (hi + lo) / 2;
+            const float t = ldexpf(1.0f, mid) > thr ? ldexpf(1.0f, mid) : thr;
+            int k;
+            const double ms = m3_cpu_mass_ge(e, V, t, &k);
+            if (ENOUGH(k, ms)) { lo = mid; cut = t; ncut = k; }
+            else hi = mid;
+        }
     }
-    if (use_p) {
-        double need = (double)p->top_p * zm * (1 + 1e-6), cm = 0;
-        for (int b = 0; b < B; b++) { cm += mass[b]; if (cm >= need) { B = b; break; } }
-    }
+#undef ENOUGH
     cand *c = ws->c;
-    int n = 0;
-    for (int i = 0; i < V; i++) {
-        float x = e[i];
-        if (x > 0 && x >= thr && bin_of(x) <= B) { c[n].e = x; c[n].id = i; n++; }
+    int n = gather(e, V, thr, cut, c);
+    if (use_k && n < p->top_k && cut > 0) n = gather(e, V, thr, cut = 0, c); /* the count was exact: never */
+    if (use_k && n > p->top_k) {
+        select_best(c, n, p->top_k);
+        n = p->top_k;
     }
-    int nk = use_k && n > p->top_k ? p->top_k : n;
-    select_topk(c, n, nk);
-    n = nk;
     double z = use_k ? 0 : zm; /* top-p renormalizes over what min-p and top-k left */
-    if (use_k) for (int j = 0; j < n; j++) z += c[j].e;
-    double total = 0;
+    if (use_k) for (int j = 0; j < n; j++) z += (double)ck_e(c[j]);
+    double total = z;
     if (use_p) {
-        double lim = (double)p->top_p * z;
-        int j = 0;
-        while (j < n && (j == 0 || total < lim)) total += c[j++].e;
+        const double lim = (double)p->top_p * z;
+        int j = select_mass(c, n, lim, &total);
+        if (total < lim && cut > 0) { /* the estimate's margin fell short (never seen): every kept token */
+            n = gather(e, V, thr, 0, c);
+            j = select_mass(c, n, lim, &total);
+        }
         n = j;
-    } else {
-        total = z;
     }
     pi->n_kept = n;
     pi->total = total;
@@ -246,24 +361,33 @@ static int keep(const m3_sampling *p, m3_sample_ws *ws, int V, pick_info *pi) {
 static int draw(const m3_sample_ws *ws, int V, const pick_info *pi, double u01) {
     const float *e = ws->e;
     double u = u01 * pi->total, acc = 0;
-    if (pi->n_kept < 0) { /* id order */
+    if (pi->n_kept < 0) { /* id order: whole blocks by their mass, then one block id by id */
+        const int nb = NBLK(V);
+        int b = 0;
+        while (b < nb && !(u < acc + ws->bs[b])) acc += ws->bs[b++];
+        if (b == nb) { /* u rounded up to the total: the last kept token */
+            int i = V - 1;
+            while (i > 0 && !kept_e(e[i], pi->minp_thr)) i--;
+            return i;
+        }
+        const int end = (b + 1) * M3_CPU_MASS_BLOCK < V ? (b + 1) * M3_CPU_MASS_BLOCK : V;
         int last = -1;
-        for (int i = 0; i < V; i++) {
-            if (!(e[i] > 0 && e[i] >= pi->minp_thr)) continue;
+        for (int i = b * M3_CPU_MASS_BLOCK; i < end; i++) {
+            if (!kept_e(e[i], pi->minp_thr)) continue;
             acc += e[i];
             last = i;
             if (u < acc) return i;
         }
-        return last;
+        return last; /* the block's own sum came out a little larger than this walk's */
     }
     const cand *c = ws->c;
-    for (int j = 0; j < pi->n_kept; j++) { acc += c[j].e; if (u < acc) return c[j].id; }
-    return c[pi->n_kept - 1].id;
+    for (int j = 0; j < pi->n_kept; j++) { acc += (double)ck_e(c[j]); if (u < acc) return ck_id(c[j]); }
+    return ck_id(c[pi->n_kept - 1]);
 }
 
 /* Steps 3-4 on the working logits w (already biased / penalized). Returns the token. */
-static int pick(const m3_sampling *p, m3_sample_ws *ws, int V, m3_rng *r, pick_info *pi) {
-    int g = keep(p, ws, V, pi);
+static int pick(const m3_sampling *p, const float *w, m3_sample_ws *ws, int V, m3_rng *r, pick_info *pi) {
+    int g = keep(p, w, ws, V, pi);
     if (pi->greedy) return g;
     return draw(ws, V, pi, m3_rng_uniform(r));
 }
@@ -273,7 +397,7 @@ int m3_sample(const m3_sampling *p, const float *logits, int V, m3_rng *r, void 
     ws_over(&ws, V, scratch);
     memcpy(ws.w, logits, sizeof(float) * (size_t)V);
     pick_info pi;
-    return pick(p, &ws, V, r, &pi);
+    return pick(p, ws.w, &ws, V, r, &pi);
 }
 
 /* ---------------- per-request state ---------------- */
@@ -463,23 +587,21 @@ static int plain_logits(const m3_sampler *s) {
 
 int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_sample_out *out, m3_err *err) {
     const int V = s->V;
-    /* greedy on the raw row: the argmax of the logits as passed (no working copy) */
-    if (!(s->p.temperature >= 1e-5f) && plain_logits(s) &&
-        ((!s->p.logprobs && s->p.top_logprobs == 0) || s->p.logprobs_mode == M3_LOGPROBS_RAW)) {
+    pick_info pi;
+    if (plain_logits(s)) { /* steps 1-2 are no-ops: keep() and report() read the logits as passed */
         if (!ws || ws->V < V) return m3_errf(err, "sampling: workspace for V=%d, need %d", ws ? ws->V : 0, V);
-        pick_info pi;
-        memset(&pi, 0, sizeof pi);
-        pi.greedy = 1;
-        pi.n_kept = -1;
-        const int tok = m3_argmax(logits, V);
-        if (!(logits[tok] > -INFINITY))
-            return m3_errf(err, "sampling: every token is masked (allowed / banned ids, logit_bias, min_tokens)");
-        report(s, logits, ws, &pi, tok, out);
-        return 0;
+        const int greedy = !(s->p.temperature >= 1e-5f);
+        /* greedy processed logprobs read the working copy (report()): that case takes the copy */
+        if (!greedy || (!s->p.logprobs && s->p.top_logprobs == 0) || s->p.logprobs_mode == M3_LOGPROBS_RAW) {
+            const int tok = pick(&s->p, logits, ws, V, &s->rng, &pi);
+            if (!(logits[tok] > -INFINITY)) /* only when every logit is -inf */
+                return m3_errf(err, "sampling: every token is masked (allowed / banned ids, logit_bias, min_tokens)");
+            report(s, logits, ws, &pi, tok, out);
+            return 0;
+        }
     }
     if (prepare_checked(s, logits, ws, err)) return -1;
-    pick_info pi;
-    int tok = pick(&s->p, ws, V, &s->rng, &pi);
+    int tok = pick(&s->p, ws->w, ws, V, &s->rng, &pi);
     report(s, logits, ws, &pi, tok, out);
     return 0;
 }
@@ -499,28 +621,28 @@ static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, c
     double lt = log(pi.total);
     const float *e = ws->e;
     out->logprob = (float)(log((double)e[tok]) - lt);
-    if (pi.n_kept >= 0) { /* kept = c[0..n_kept), sorted */
+    if (pi.n_kept >= 0) { /* kept = c[0..n_kept), in no particular order */
         int rank = 1;
-        for (int j = 0; j < pi.n_kept; j++) rank += ws->c[j].e > e[tok];
-        out->rank = rank;
-        out->n_top = k < pi.n_kept ? k : pi.n_kept;
-        for (int j = 0; j < out->n_top; j++) {
-            out->top_ids[j] = ws->c[j].id;
-            out->top_logprobs[j] = (float)(log((double)ws->c[j].e) - lt);
-        }
-    } else {
         toplist t = {0, k, {{0, 0}}};
-        int rank = 1;
-        for (int i = 0; i < V; i++) {
-            if (!(e[i] > 0 && e[i] >= pi.minp_thr)) continue;
-            rank += e[i] > e[tok];
-            if (k > 0) top_push(&t, e[i], i);
+        for (int j = 0; j < pi.n_kept; j++) {
+            const float x = ck_e(ws->c[j]);
+            rank += x > e[tok];
+            if (k > 0) top_push(&t, x, ck_id(ws->c[j]));
         }
         out->rank = rank;
         out->n_top = t.n;
         for (int j = 0; j < t.n; j++) {
             out->top_ids[j] = t.v[j].id;
-            out->top_logprobs[j] = (float)(log((double)t.v[j].e) - lt);
+            out->top_logprobs[j] = (float)(log((double)t.v[j].v) - lt);
+        }
+    } else { /* every kept token: e > 0 and e >= min-p's threshold; those above e[tok] are kept */
+        toplist t = {0, k, {{0, 0}}};
+        top_scan(&t, e, V, pi.minp_thr > 0 ? pi.minp_thr : 0.0f, pi.minp_thr > 0);
+        out->rank = 1 + m3_cpu_count_gt(e, V, e[tok]);
+        out->n_top = t.n;
+        for (int j = 0; j < t.n; j++) {
+            out->top_ids[j] = t.v[j].id;
+            out->top_logprobs[j] = (float)(log((double)t.v[j].v) - lt);
         }
     }
 }
@@ -537,7 +659,7 @@ int m3_sampler_probs(m3_sampler *s, const float *logits, m3_sample_ws *ws, float
     const int V = s->V;
     if (prepare_checked(s, logits, ws, err)) return -1;
     pick_info pi;
-    int g = keep(&s->p, ws, V, &pi);
+    int g = keep(&s->p, ws->w, ws, V, &pi);
     if (pi.greedy) {
         memset(prob, 0, sizeof(float) * (size_t)V);
         prob[g] = 1.0f;
@@ -546,10 +668,10 @@ int m3_sampler_probs(m3_sampler *s, const float *logits, m3_sample_ws *ws, float
     const double inv = 1.0 / pi.total;
     const float *e = ws->e;
     if (pi.n_kept < 0) {
-        for (int i = 0; i < V; i++) prob[i] = e[i] > 0 && e[i] >= pi.minp_thr ? (float)(e[i] * inv) : 0.0f;
+        for (int i = 0; i < V; i++) prob[i] = kept_e(e[i], pi.minp_thr) ? (float)(e[i] * inv) : 0.0f;
     } else {
         memset(prob, 0, sizeof(float) * (size_t)V);
-        for (int j = 0; j < pi.n_kept; j++) prob[ws->c[j].id] = (float)(ws->c[j].e * inv);
+        for (int j = 0; j < pi.n_kept; j++) prob[ck_id(ws->c[j])] = (float)(ck_e(ws->c[j]) * inv);
     }
     return 0;
 }
@@ -562,7 +684,7 @@ int m3_sampler_describe(m3_sampler *s, const float *logits, m3_sample_ws *ws, in
     memset(&pi, 0, sizeof pi);
     pi.greedy = m3_sampler_is_greedy(s);
     if (s->p.logprobs_mode == M3_LOGPROBS_PROCESSED && !pi.greedy && (s->p.logprobs || s->p.top_logprobs))
-        keep(&s->p, ws, s->V, &pi);
+        keep(&s->p, ws->w, ws, s->V, &pi);
     report(s, logits, ws, &pi, token, out);
     return 0;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/cpu/cpu.h"
 #include "engine/sampler.h"
 
 static int fails;
@@ -442,6 +443,135 @@ static void test_big(void) {
     free(lg); free(c); free(ls);
 }
 
+/* The kept set through m3_sampler_probs against the full-sort reference, exactly (the same ids)
+ * and in value (e / total), on rows from peaked to near-flat: every path of keep() (the levels'
+ * cuts, every kept token, top-k's quickselect, top-p's prefix select, min-p with both) */
+static void test_kept_sets(void) {
+    float *lg = malloc(sizeof(float) * BIGV), *prob = malloc(sizeof(float) * BIGV);
+    rc *c = malloc(sizeof(rc) * BIGV);
+    const float scales[] = {0.05f, 0.5f, 1.5f, 3, 8};
+    const struct { float T; int k; float p, minp; } ps[] = {
+        {1, 1, 0, 0}, {1, 7, 0, 0}, {0.8f, 300, 0, 0}, {1, 150000, 0, 0}, {1, 0, 0.3f, 0}, {0.7f, 0, 0.9f, 0},
+        {1.2f, 0, 0.99f, 0}, {1, 40, 0.95f, 0.01f}, {1, 0, 0.95f, 0.001f}, {2, 5000, 0.8f, 0}, {1, 0, 0, 0.05f}};
+    int cases = 0, bad = 0;
+    double maxrel = 0;
+    for (size_t si = 0; si < sizeof scales / sizeof *scales; si++) {
+        make_row(lg, BIGV, 300 + si, scales[si]);
+        for (size_t pi = 0; pi < sizeof ps / sizeof *ps; pi++) {
+            m3_sampling sp = {.temperature = ps[pi].T, .top_k = ps[pi].k, .top_p = ps[pi].p, .min_p = ps[pi].minp, .seed = 3};
+            double total;
+            const int n = ref_kept(lg, BIGV, &sp, c, &total);
+            m3_sampler *s = mk(&sp, BIGV, NULL, 0);
+            m3_err err;
+            if (m3_sampler_probs(s, lg, WS, prob, &err)) { printf("FAIL probs: %s\n", err.msg); exit(1); }
+            int got = 0, miss = 0;
+            for (int i = 0; i < BIGV; i++) got += prob[i] > 0;
+            for (int j = 0; j < n; j++) {
+                const double want = c[j].e / total, have = prob[c[j].id];
+                if (!(have > 0)) { miss++; continue; }
+                maxrel = fmax(maxrel, fabs(have - want) / want);
+            }
+            cases++;
+            if (got != n || miss) {
+                bad++;
+                printf("FAIL kept set: scale %.2f T %.1f top-k %d top-p %.2f min-p %.3f: %d kept, reference %d (%d missing)\n",
+                       scales[si], ps[pi].T, ps[pi].k, ps[pi].p, ps[pi].minp, got, n, miss);
+            }
+            m3_sampler_free(s);
+        }
+    }
+    CHECK(!bad && maxrel < 2e-5, "kept sets: %d of %d differ from the full sort; max rel diff of p %.2e", bad, cases, maxrel);
+    printf("  kept sets equal to a full sort's in %d cases (peaked to near-flat rows), max rel diff of p %.1e\n", cases, maxrel);
+    /* a row of -inf only: an error, not a token, on the path that reads the logits directly */
+    for (int i = 0; i < 1000; i++) lg[i] = -INFINITY;
+    m3_sampling t1 = {.temperature = 1, .top_p = 0.9f};
+    m3_sampler *s = mk(&t1, 1000, NULL, 0);
+    m3_err err;
+    m3_sample_out o;
+    CHECK(m3_sampler_sample(s, lg, WS, &o, &err) == -1 && strstr(err.msg, "masked"), "a row of -inf -> error");
+    m3_sampler_free(s);
+    free(lg); free(prob); free(c);
+}
+
+/* The sampler's vectorized passes (backend/cpu/simd.c) against plain loops, on every length up
+ * to 300 and the full vocabulary (the vector tails), with -inf, ties and values at the levels */
+static void test_passes(void) {
+    float *w = malloc(sizeof(float) * BIGV), *e = malloc(sizeof(float) * BIGV);
+    uint64_t *keys = malloc(sizeof(uint64_t) * (BIGV + 8));
+    char *seen = malloc(BIGV);
+    double *bs = malloc(sizeof(double) * (BIGV / M3_CPU_MASS_BLOCK + 1));
+    m3_rng r;
+    m3_rng_seed(&r, 77);
+    int bad = 0, rows = 0;
+    for (int n = 1; n <= BIGV; n = n < 300 ? n + 1 : n == 300 ? BIGV : BIGV + 1) {
+        for (int i = 0; i < n; i++) {
+            const double u = m3_rng_uniform(&r);
+            w[i] = u < 0.05 ? -INFINITY : u < 0.1 ? 0.0f : (float)(int)(m3_rng_uniform(&r) * 64) * 0.125f - 4.0f;
+        }
+        const float m = w[m3_argmax(w, n)], s = 0.9f, thr = 0.01f, lv[2] = {0.25f, 0.001f};
+        for (int want = 0; want < 3; want++) {
+            int cnt[2];
+            double mass[2];
+            m3_cpu_exp_stats(w, e, n, m, s, thr, lv, bs, cnt, mass, want);
+            int rc_[2] = {0, 0};
+            double rm[2] = {0, 0}, worst = 0;
+            for (int b0 = 0; b0 < n; b0 += M3_CPU_MASS_BLOCK) {
+                double ref = 0;
+                for (int i = b0; i < n && i < b0 + M3_CPU_MASS_BLOCK; i++) {
+                    const float arg = (w[i] - m) * s; /* the argument as the pass rounds it */
+                    const double x = exp((double)arg);
+                    worst = fmax(worst, fabs(e[i] - x) / (x > 1e-30 ? x : 1));
+                    if (e[i] >= thr) ref += e[i];
+                    for (int j = 0; j < 2; j++) if (e[i] >= lv[j]) { rc_[j]++; rm[j] += e[i]; }
+                }
+                bad += fabs(bs[b0 / M3_CPU_MASS_BLOCK] - ref) > 1e-6 * (ref + 1e-30);
+            }
+            bad += worst > 2e-7;
+            if (want >= 1) bad += cnt[0] != rc_[0] || cnt[1] != rc_[1];
+            if (want == 2) bad += fabs(mass[0] - rm[0]) > 1e-6 * (rm[0] + 1e-30) || fabs(mass[1] - rm[1]) > 1e-6 * (rm[1] + 1e-30);
+        }
+        /* keys above a level: the same set as a loop, each key once, the key layout */
+        for (int ge = 0; ge < 2; ge++) {
+            const float v = ge ? e[n / 2] : 0.0f;
+            const int k = m3_cpu_keys_above(e, n, v, ge, keys);
+            int want = 0;
+            memset(seen, 0, (size_t)n);
+            for (int i = 0; i < n; i++) want += ge ? e[i] >= v : e[i] > v;
+            for (int j = 0; j < k; j++) {
+                const int id = (int)~(uint32_t)keys[j];
+                uint32_t u;
+                memcpy(&u, &e[id < 0 || id >= n ? 0 : id], 4);
+                if (id < 0 || id >= n || seen[id] || (uint32_t)(keys[j] >> 32) != u || !(ge ? e[id] >= v : e[id] > v)) { bad++; break; }
+                seen[id] = 1;
+            }
+            bad += k != want;
+            /* find and count against loops */
+            int f = 0, cg = 0;
+            for (int i = 0; i < n; i++) cg += e[i] > v;
+            bad += m3_cpu_count_gt(e, n, v) != cg;
+            int mk_n, mk_ref = 0;
+            double mk_ref_m = 0;
+            for (int i = 0; i < n; i++) if (e[i] >= v) { mk_ref++; mk_ref_m += e[i]; }
+            const double mk_m = m3_cpu_mass_ge(e, n, v, &mk_n);
+            bad += mk_n != mk_ref || fabs(mk_m - mk_ref_m) > 1e-6 * (mk_ref_m + 1e-30);
+            for (int from = 0; from < n; from = f + 1) {
+                f = m3_cpu_find(e, from, n, v, ge);
+                int g = from;
+                while (g < n && !(ge ? e[g] >= v : e[g] > v)) g++;
+                if (f != g) { bad++; break; }
+                if (n > 300 && from > 4000) break; /* the full row: the first hits are enough */
+            }
+        }
+        double se = 0;
+        for (int i = 0; i < n; i++) se += exp((double)w[i] - m);
+        bad += fabs(m3_cpu_sum_exp(w, n, m) - se) > 1e-6 * se;
+        rows++;
+    }
+    CHECK(!bad, "sampler passes: %d mismatches against plain loops over %d rows", bad, rows);
+    printf("  vectorized passes (exp + block sums + levels, keys above, find, count, mass above, sum of exp) equal to loops on %d rows\n", rows);
+    free(w); free(e); free(keys); free(seen); free(bs);
+}
+
 static void test_seeds(void) {
     float *a = malloc(sizeof(float) * BIGV), *b = malloc(sizeof(float) * BIGV);
     make_row(a, BIGV, 1, 2);
@@ -577,7 +707,9 @@ int main(void) {
     test_penalties();
     test_distributions();
     test_top_p_small();
+    test_passes();
     test_big();
+    test_kept_sets();
     test_seeds();
     test_stop();
     test_speed();

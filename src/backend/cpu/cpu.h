@@ -44,8 +44,26 @@ void m3_cpu_dots(const float *q, const void *k, int bf16, int n, int d, float *o
 void m3_cpu_pv(float *acc, const float *p, const void *v, int bf16, int n, int d);
 /* x[i] = exp(x[i] - m) for i < n; returns the sum of the results */
 float m3_cpu_exp_shift(float *x, int n, float m);
-/* e = exp((w - m) * s), the sum returned: scaling into e then m3_cpu_exp_shift(e, n, 0), in one pass */
-float m3_cpu_exp_scaled(const float *w, float *e, int n, float m, float s);
+/* The sampler's first pass over a row: e = exp((w - m) * s) (the sub, the mul, then the exp of
+ * the product minus 0, as scaling then m3_cpu_exp_shift(e, n, 0) would);
+ * over the values e >= thr, per block of M3_CPU_MASS_BLOCK values their sum (bsum[n / block,
+ * rounded up]: float over 64 values, double beyond); for each level lv[j], when want >= 1, the
+ * number of values >= lv[j] (cnt[j]) and, when want == 2, their sum (mass[j], summed likewise) */
+#define M3_CPU_MASS_BLOCK 256
+void m3_cpu_exp_stats(const float *w, float *e, int n, float m, float s, float thr, const float lv[2], double *bsum,
+                      int cnt[2], double mass[2], int want);
+/* sum of exp(x[i] - m) (float within a block, double across blocks) */
+double m3_cpu_sum_exp(const float *x, int n, float m);
+/* the sum of the x[i] >= v (float over 64 values, double beyond) and (*cnt) how many */
+double m3_cpu_mass_ge(const float *x, int n, float v, int *cnt);
+/* how many x[i] > v */
+int m3_cpu_count_gt(const float *x, int n, float v);
+/* the first i in [from, n) with x[i] > v (ge = 0) or x[i] >= v (ge = 1); n when none */
+int m3_cpu_find(const float *x, int from, int n, float v, int ge);
+/* keys[] := (bits of x[i]) << 32 | ~i for every i with x[i] >= v (ge = 1) or x[i] > v (ge = 0), in
+ * no particular order; returns how many. keys needs room for that many + 8. For x >= 0 a
+ * larger key means a larger value, then a lower index. */
+int m3_cpu_keys_above(const float *x, int n, float v, int ge, uint64_t *keys);
 /* the first index of the largest value of x[0..n) (ties: the lowest index; NaN never larger) */
 int m3_cpu_argmax(const float *x, int n);
 

@@ -784,7 +784,7 @@ static void sample_rows(m3_engine *e, int nr) {
     for (int i = 0; i < nr; i++) {
         req *r = e->running[i];
         if (!r->n_sched || r->k_sched || r->out_idx < 0) continue;
-        if (e->spool && n < e->max_seqs) e->to_sample[n++] = r;
+        if (e->spool) e->to_sample[n++] = r; /* at most n_running <= max_seqs */
         else sample_one(e, r, e->ws);
     }
     if (n == 1) sample_one(e, e->to_sample[0], e->ws);

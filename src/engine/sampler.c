@@ -105,6 +105,19 @@ size_t m3_sample_scratch_bytes(int V) { return ws_bytes(V); }
 
 static void swapc(cand *a, cand *b) { cand t = *a; *a = *b; *b = t; }
 
+/* min-heap by key over c[0..n) (the worst at the root): c[r] moved down to its place */
+static void sift_down(cand *c, int n, int r) {
+    for (;;) {
+        const int l = 2 * r + 1;
+        int m = r;
+        if (l < n && c[l] < c[m]) m = l;
+        if (l + 1 < n && c[l + 1] < c[m]) m = l + 1;
+        if (m == r) return;
+        swapc(&c[r], &c[m]);
+        r = m;
+    }
+}
+
 /* sorts c[0..n) best first: insertion for a few, heapsort beyond (no quadratic case) */
 static void sort_best_first(cand *c, int n) {
     if (n <= 24) {
@@ -116,26 +129,10 @@ static void sort_best_first(cand *c, int n) {
         }
         return;
     }
-    /* a min-heap by key (the worst at the root), then the root swapped to the back each time */
-    for (int i = n / 2 - 1; i >= 0; i--)
-        for (int r = i;;) {
-            int l = 2 * r + 1, m = r;
-            if (l < n && c[l] < c[m]) m = l;
-            if (l + 1 < n && c[l + 1] < c[m]) m = l + 1;
-            if (m == r) break;
-            swapc(&c[r], &c[m]);
-            r = m;
-        }
-    for (int end = n - 1; end > 0; end--) {
+    for (int i = n / 2 - 1; i >= 0; i--) sift_down(c, n, i);
+    for (int end = n - 1; end > 0; end--) { /* the worst to the back */
         swapc(&c[0], &c[end]);
-        for (int r = 0;;) {
-            int l = 2 * r + 1, m = r;
-            if (l < end && c[l] < c[m]) m = l;
-            if (l + 1 < end && c[l + 1] < c[m]) m = l + 1;
-            if (m == r) break;
-            swapc(&c[r], &c[m]);
-            r = m;
-        }
+        sift_down(c, end, 0);
     }
 }
 
@@ -165,11 +162,17 @@ static int partition(cand *c, int lo, int hi, double *upper) {
 }
 
 /* partitions allowed before the rest of a range is sorted instead (keeps the worst case n log n) */
+static _Atomic int part_budget_cap = -1; /* tests: m3_sampler_test_part_budget */
+
 static int part_budget(int n) {
+    const int cap = part_budget_cap;
+    if (cap >= 0) return cap;
     int b = 16;
     while (n > 1) { n >>= 1; b += 2; }
     return b;
 }
+
+void m3_sampler_test_part_budget(int cap) { part_budget_cap = cap; }
 
 /* c[0..k) := the k best of c[0..n), in no particular order (0 < k < n) */
 static void select_best(cand *c, int n, int k) {

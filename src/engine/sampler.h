@@ -125,6 +125,9 @@ double m3_rng_uniform(m3_rng *r);
  * the pipeline above; the other fields of p are ignored). scratch: m3_sample_scratch_bytes(V). */
 int m3_sample(const m3_sampling *p, const float *logits, int V, m3_rng *r, void *scratch);
 size_t m3_sample_scratch_bytes(int V);
+/* For tests: top-k / top-p select with at most cap partitions before sorting the rest (-1: the
+ * default budget, 16 + 2 log2 n) */
+void m3_sampler_test_part_budget(int cap);
 /* index of the largest value; ties go to the lowest index */
 int m3_argmax(const float *x, int n);
 

@@ -446,7 +446,8 @@ static void test_big(void) {
 /* The kept set through m3_sampler_probs against the full-sort reference, exactly (the same ids)
  * and in value (e / total), on rows from peaked to near-flat: every path of keep() (the levels'
  * cuts, every kept token, top-k's quickselect, top-p's prefix select, min-p with both) */
-static void test_kept_sets(void) {
+static void test_kept_sets(int budget) {
+    m3_sampler_test_part_budget(budget);
     float *lg = malloc(sizeof(float) * BIGV), *prob = malloc(sizeof(float) * BIGV);
     rc *c = malloc(sizeof(rc) * BIGV);
     const float scales[] = {0.05f, 0.5f, 1.5f, 3, 8};
@@ -480,8 +481,10 @@ static void test_kept_sets(void) {
             m3_sampler_free(s);
         }
     }
+    m3_sampler_test_part_budget(-1);
     CHECK(!bad && maxrel < 2e-5, "kept sets: %d of %d differ from the full sort; max rel diff of p %.2e", bad, cases, maxrel);
-    printf("  kept sets equal to a full sort's in %d cases (peaked to near-flat rows), max rel diff of p %.1e\n", cases, maxrel);
+    printf("  kept sets equal to a full sort's in %d cases (peaked to near-flat rows), max rel diff of p %.1e%s\n", cases, maxrel,
+           budget == 0 ? " (heapsort only: no partition)" : budget > 0 ? " (partition budget capped)" : "");
     /* a row of -inf only: an error, not a token, on the path that reads the logits directly */
     for (int i = 0; i < 1000; i++) lg[i] = -INFINITY;
     m3_sampling t1 = {.temperature = 1, .top_p = 0.9f};
@@ -709,7 +712,9 @@ int main(void) {
     test_top_p_small();
     test_passes();
     test_big();
-    test_kept_sets();
+    test_kept_sets(-1);
+    test_kept_sets(0); /* the heapsort a partition budget falls back to */
+    test_kept_sets(2);
     test_seeds();
     test_stop();
     test_speed();

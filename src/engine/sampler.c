@@ -588,23 +588,29 @@ static int plain_logits(const m3_sampler *s) {
            p->frequency_penalty == 0 && p->presence_penalty == 0;
 }
 
-int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_sample_out *out, m3_err *err) {
+/* The row steps 3-4 read: the logits as passed when steps 1-2 change nothing and the caller
+ * needs no working copy (no copy made), else the working copy ws->w. NULL (err set) when the
+ * workspace is short or every token is masked. */
+static const float *work_row(const m3_sampler *s, const float *logits, m3_sample_ws *ws, int need_copy, m3_err *err) {
+    if (need_copy || !plain_logits(s)) return prepare_checked(s, logits, ws, err) ? NULL : ws->w;
     const int V = s->V;
+    if (!ws || ws->V < V) { m3_errf(err, "sampling: workspace for V=%d, need %d", ws ? ws->V : 0, V); return NULL; }
+    int any = 0;
+    for (int i = 0; i < V && !any; i++) any = logits[i] > -INFINITY;
+    if (!any) { m3_errf(err, "sampling: every token is masked (allowed / banned ids, logit_bias, min_tokens)"); return NULL; }
+    return logits;
+}
+
+/* greedy processed logprobs are those of the working copy (report() reads ws->w) */
+static int report_needs_copy(const m3_sampler *s) {
+    return m3_sampler_is_greedy(s) && (s->p.logprobs || s->p.top_logprobs) && s->p.logprobs_mode == M3_LOGPROBS_PROCESSED;
+}
+
+int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_sample_out *out, m3_err *err) {
+    const float *w = work_row(s, logits, ws, report_needs_copy(s), err);
+    if (!w) return -1;
     pick_info pi;
-    if (plain_logits(s)) { /* steps 1-2 are no-ops: keep() and report() read the logits as passed */
-        if (!ws || ws->V < V) return m3_errf(err, "sampling: workspace for V=%d, need %d", ws ? ws->V : 0, V);
-        const int greedy = !(s->p.temperature >= 1e-5f);
-        /* greedy processed logprobs read the working copy (report()): that case takes the copy */
-        if (!greedy || (!s->p.logprobs && s->p.top_logprobs == 0) || s->p.logprobs_mode == M3_LOGPROBS_RAW) {
-            const int tok = pick(&s->p, logits, ws, V, &s->rng, &pi);
-            if (!(logits[tok] > -INFINITY)) /* only when every logit is -inf */
-                return m3_errf(err, "sampling: every token is masked (allowed / banned ids, logit_bias, min_tokens)");
-            report(s, logits, ws, &pi, tok, out);
-            return 0;
-        }
-    }
-    if (prepare_checked(s, logits, ws, err)) return -1;
-    int tok = pick(&s->p, ws->w, ws, V, &s->rng, &pi);
+    const int tok = pick(&s->p, w, ws, s->V, &s->rng, &pi);
     report(s, logits, ws, &pi, tok, out);
     return 0;
 }
@@ -660,18 +666,18 @@ double m3_sampler_uniform(m3_sampler *s) { return m3_rng_uniform(&s->rng); }
 
 int m3_sampler_probs(m3_sampler *s, const float *logits, m3_sample_ws *ws, float *prob, m3_err *err) {
     const int V = s->V;
-    if (prepare_checked(s, logits, ws, err)) return -1;
+    const float *w = work_row(s, logits, ws, 0, err);
+    if (!w) return -1;
     pick_info pi;
-    int g = keep(&s->p, ws->w, ws, V, &pi);
+    int g = keep(&s->p, w, ws, V, &pi);
     if (pi.greedy) {
         memset(prob, 0, sizeof(float) * (size_t)V);
         prob[g] = 1.0f;
         return 0;
     }
     const double inv = 1.0 / pi.total;
-    const float *e = ws->e;
     if (pi.n_kept < 0) {
-        for (int i = 0; i < V; i++) prob[i] = kept_e(e[i], pi.minp_thr) ? (float)(e[i] * inv) : 0.0f;
+        m3_cpu_scale_kept(ws->e, V, pi.minp_thr, inv, prob);
     } else {
         memset(prob, 0, sizeof(float) * (size_t)V);
         for (int j = 0; j < pi.n_kept; j++) prob[ck_id(ws->c[j])] = (float)(ck_e(ws->c[j]) * inv);
@@ -682,12 +688,14 @@ int m3_sampler_probs(m3_sampler *s, const float *logits, m3_sample_ws *ws, float
 int m3_sampler_describe(m3_sampler *s, const float *logits, m3_sample_ws *ws, int32_t token, m3_sample_out *out,
                         m3_err *err) {
     if (token < 0 || token >= s->V) return m3_errf(err, "sampling: token %d is outside the vocabulary [0, %d)", (int)token, s->V);
-    if (prepare_checked(s, logits, ws, err)) return -1;
     pick_info pi;
     memset(&pi, 0, sizeof pi);
     pi.greedy = m3_sampler_is_greedy(s);
-    if (s->p.logprobs_mode == M3_LOGPROBS_PROCESSED && !pi.greedy && (s->p.logprobs || s->p.top_logprobs))
-        keep(&s->p, ws->w, ws, s->V, &pi);
+    if (s->p.logprobs || s->p.top_logprobs) { /* else report() gives the token alone */
+        const float *w = work_row(s, logits, ws, report_needs_copy(s), err);
+        if (!w) return -1;
+        if (s->p.logprobs_mode == M3_LOGPROBS_PROCESSED && !pi.greedy) keep(&s->p, w, ws, s->V, &pi);
+    }
     report(s, logits, ws, &pi, token, out);
     return 0;
 }

@@ -1,5 +1,6 @@
 /* Speculative decoding: config parsing, DSpark drafting, the verify step (see spec.h). */
 #include "spec.h"
+#include "../backend/cpu/cpu.h" /* m3_cpu_pos_sum: vectorized */
 
 #include <jansson.h>
 #include <stdio.h>
@@ -74,37 +75,60 @@ done:
 
 /* ---------------- draws ---------------- */
 
-int32_t m3_spec_draw(const float *prob, int V, double u) {
-    double total = 0;
-    for (int i = 0; i < V; i++) total += prob[i];
-    double x = u * total, acc = 0;
-    int last = -1;
-    for (int i = 0; i < V; i++) {
-        if (!(prob[i] > 0)) continue;
-        acc += prob[i];
-        last = i;
-        if (x < acc) return i;
-    }
-    return last; /* rounding at the end of the walk */
+/* Draws walk blocks of ids: a block's mass (one vectorized sum), then, in the block holding the
+ * point drawn, its ids in order. */
+#define DRAW_BLK 256
+
+/* the weight of id i: p - q (q NULL: p), 0 for the id left out */
+static double weight(const float *p, const float *q, int skip, int i) {
+    return i == skip ? 0.0 : q ? (double)p[i] - q[i] : (double)p[i];
 }
 
-int32_t m3_spec_residual(const float *p, const float *q, int32_t draft, int V, double u) {
+/* the positive weights of ids [i0, i1) summed: id by id in the block holding skip */
+static double blk_mass(const float *p, const float *q, int skip, int i0, int i1) {
+    if (skip < i0 || skip >= i1) return m3_cpu_pos_sum(p + i0, q ? q + i0 : NULL, i1 - i0);
+    double s = 0;
+    for (int i = i0; i < i1; i++) {
+        const double r = weight(p, q, skip, i);
+        if (r > 0) s += r;
+    }
+    return s;
+}
+
+/* An id drawn with probability proportional to its positive weight, u in [0, 1); -1 when no
+ * weight is positive. */
+static int32_t draw_pos(const float *p, const float *q, int skip, int V, double u) {
     double total = 0;
-    for (int i = 0; i < V; i++) {
-        double r = q ? (double)p[i] - q[i] : (i == draft ? 0.0 : p[i]);
-        if (r > 0) total += r;
+    for (int i0 = 0; i0 < V; i0 += DRAW_BLK) total += blk_mass(p, q, skip, i0, i0 + DRAW_BLK < V ? i0 + DRAW_BLK : V);
+    if (!(total > 0)) return -1;
+    const double x = u * total;
+    double acc = 0;
+    int lastb = -1;
+    for (int i0 = 0; i0 < V; i0 += DRAW_BLK) {
+        const int i1 = i0 + DRAW_BLK < V ? i0 + DRAW_BLK : V;
+        const double s = blk_mass(p, q, skip, i0, i1);
+        if (s > 0) lastb = i0;
+        if (!(x < acc + s)) { acc += s; continue; }
+        int last = -1;
+        for (int i = i0; i < i1; i++) {
+            const double r = weight(p, q, skip, i);
+            if (!(r > 0)) continue;
+            acc += r;
+            last = i;
+            if (x < acc) return i;
+        }
+        return last; /* the walk's sum came out a little below the block's */
     }
-    if (!(total > 0)) return m3_spec_draw(p, V, u);
-    double x = u * total, acc = 0;
-    int last = -1;
-    for (int i = 0; i < V; i++) {
-        double r = q ? (double)p[i] - q[i] : (i == draft ? 0.0 : p[i]);
-        if (!(r > 0)) continue;
-        acc += r;
-        last = i;
-        if (x < acc) return i;
-    }
-    return last;
+    for (int i = (lastb + DRAW_BLK < V ? lastb + DRAW_BLK : V) - 1; i >= lastb; i--) /* x rounded up to the total */
+        if (weight(p, q, skip, i) > 0) return i;
+    return -1;
+}
+
+int32_t m3_spec_draw(const float *prob, int V, double u) { return draw_pos(prob, NULL, -1, V, u); }
+
+int32_t m3_spec_residual(const float *p, const float *q, int32_t draft, int V, double u) {
+    const int32_t t = draw_pos(p, q, q ? -1 : draft, V, u);
+    return t >= 0 ? t : m3_spec_draw(p, V, u);
 }
 
 /* ---------------- drafting ---------------- */

@@ -325,6 +325,64 @@ static void test_greedy(void) {
 
 /* ---- 5: config parsing ---- */
 
+/* ---- the draws over a large vocabulary (blocks of ids): the token a plain CDF walk in id order
+ * gives for the same u, the edges (nothing positive, u next to 1, the last id alone, the
+ * residual with nothing left falling back to p) ---- */
+static int32_t ref_walk(const float *p, const float *q, int skip, int V, double u) {
+    double total = 0;
+    for (int i = 0; i < V; i++) { double r = i == skip ? 0 : q ? (double)p[i] - q[i] : p[i]; if (r > 0) total += r; }
+    if (!(total > 0)) return -1;
+    double x = u * total, acc = 0;
+    int last = -1;
+    for (int i = 0; i < V; i++) {
+        double r = i == skip ? 0 : q ? (double)p[i] - q[i] : p[i];
+        if (!(r > 0)) continue;
+        acc += r;
+        last = i;
+        if (x < acc) return i;
+    }
+    return last;
+}
+
+static void test_draws(void) {
+    const int V = 200064;
+    float *p = malloc(sizeof(float) * V), *q = malloc(sizeof(float) * V);
+    double sp = 0, sq = 0;
+    for (int i = 0; i < V; i++) {
+        p[i] = (i % 7 == 3) ? 0.0f : expf(2.5f * hnorm(11 + (uint64_t)i));
+        q[i] = (i % 5 == 1) ? 0.0f : expf(2.5f * hnorm(99 + (uint64_t)i));
+        sp += p[i]; sq += q[i];
+    }
+    for (int i = 0; i < V; i++) { p[i] = (float)(p[i] / sp); q[i] = (float)(q[i] / sq); }
+    m3_rng r;
+    m3_rng_seed(&r, 17);
+    int diff = 0, n = 0;
+    for (int t = 0; t < 3000; t++, n += 3) {
+        const double u = m3_rng_uniform(&r);
+        const int32_t d = (int32_t)(m3_rng_uniform(&r) * V);
+        diff += m3_spec_draw(p, V, u) != ref_walk(p, NULL, -1, V, u);
+        diff += m3_spec_residual(p, q, d, V, u) != ref_walk(p, q, -1, V, u);
+        diff += m3_spec_residual(p, NULL, d, V, u) != ref_walk(p, NULL, d, V, u);
+    }
+    CHECK(diff == 0, "draws over V=%d: %d of %d differ from a plain walk in id order", V, diff, n);
+    const double u1 = 1.0 - 0x1.0p-53;
+    CHECK(m3_spec_draw(p, V, u1) == ref_walk(p, NULL, -1, V, u1) && m3_spec_draw(p, V, 0.0) == ref_walk(p, NULL, -1, V, 0.0),
+          "draw at u = 0 and u next to 1");
+    int lastpos = V - 1;
+    while (!(p[lastpos] > 0)) lastpos--;
+    CHECK(m3_spec_draw(p, V, u1) == lastpos, "u next to 1 draws the last positive id (%d)", lastpos);
+    memset(q, 0, sizeof(float) * V);
+    CHECK(m3_spec_draw(q, V, 0.5) == -1, "nothing positive: -1");
+    q[V - 1] = 1e-30f;
+    CHECK(m3_spec_draw(q, V, 0.0) == V - 1 && m3_spec_draw(q, V, u1) == V - 1, "the last id alone");
+    q[V - 1] = 0;
+    q[70000] = 1.0f;
+    CHECK(m3_spec_residual(q, NULL, 70000, V, 0.3) == 70000, "one-hot residual with nothing else: the draw from p");
+    CHECK(m3_spec_residual(p, p, 5, V, 0.3) == m3_spec_draw(p, V, 0.3), "residual of p - p: the draw from p");
+    printf("draws over V=%d: %d draws equal to a plain walk; edges ok\n", V, n);
+    free(p); free(q);
+}
+
 static void test_config(void) {
     m3_spec_config c;
     m3_err err;
@@ -349,6 +407,7 @@ static void test_config(void) {
 }
 
 int main(void) {
+    test_draws();
     m3_err err;
     WS = m3_sample_ws_create(64, &err);
     if (!WS) { fprintf(stderr, "%s\n", err.msg); return 1; }

@@ -56,6 +56,10 @@ void m3_cpu_exp_stats(const float *w, float *e, int n, float m, float s, float t
 double m3_cpu_sum_exp(const float *x, int n, float m);
 /* the sum of the x[i] >= v (float over 64 values, double beyond) and (*cnt) how many */
 double m3_cpu_mass_ge(const float *x, int n, float v, int *cnt);
+/* out[i] = e[i] * inv (in double, rounded to float) where e[i] > 0 and e[i] >= thr, else 0 */
+void m3_cpu_scale_kept(const float *e, int n, float thr, double inv, float *out);
+/* the sum of the positive (double) p[i] - q[i] (q NULL: of the positive p[i]) */
+double m3_cpu_pos_sum(const float *p, const float *q, int n);
 /* how many x[i] > v */
 int m3_cpu_count_gt(const float *x, int n, float v);
 /* the first i in [from, n) with x[i] > v (ge = 0) or x[i] >= v (ge = 1); n when none */

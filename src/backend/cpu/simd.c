@@ -342,6 +342,58 @@ double m3_cpu_mass_ge(const float *x, int n, float v, int *cnt) {
     return s;
 }
 
+AVX2 static void scale_kept_avx2(const float *e, int n, float thr, double inv, float *out) {
+    const __m256 vt = _mm256_set1_ps(thr), z = _mm256_setzero_ps();
+    const __m256d vi = _mm256_set1_pd(inv);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(e + i);
+        const __m256 k = _mm256_and_ps(_mm256_cmp_ps(x, z, _CMP_GT_OQ), _mm256_cmp_ps(x, vt, _CMP_GE_OQ));
+        const __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)), vi));
+        const __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), vi));
+        _mm256_storeu_ps(out + i, _mm256_and_ps(_mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1), k));
+    }
+    for (; i < n; i++) out[i] = e[i] > 0 && e[i] >= thr ? (float)(e[i] * inv) : 0.0f;
+}
+
+void m3_cpu_scale_kept(const float *e, int n, float thr, double inv, float *out) {
+    if (m3_cpu_have_avx2()) { scale_kept_avx2(e, n, thr, inv, out); return; }
+    for (int i = 0; i < n; i++) out[i] = e[i] > 0 && e[i] >= thr ? (float)(e[i] * inv) : 0.0f;
+}
+
+AVX2 static double pos_sum_avx2(const float *p, const float *q, int n) {
+    const __m256d z = _mm256_setzero_pd();
+    __m256d a0 = z, a1 = z;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(p + i);
+        __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+        if (q) {
+            const __m256 y = _mm256_loadu_ps(q + i);
+            lo = _mm256_sub_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(y)));
+            hi = _mm256_sub_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1)));
+        }
+        a0 = _mm256_add_pd(a0, _mm256_max_pd(lo, z)); /* NaN: max gives the second operand, 0 */
+        a1 = _mm256_add_pd(a1, _mm256_max_pd(hi, z));
+    }
+    double s = hsum_pd(_mm256_add_pd(a0, a1));
+    for (; i < n; i++) {
+        const double r = q ? (double)p[i] - q[i] : (double)p[i];
+        if (r > 0) s += r;
+    }
+    return s;
+}
+
+double m3_cpu_pos_sum(const float *p, const float *q, int n) {
+    if (m3_cpu_have_avx2()) return pos_sum_avx2(p, q, n);
+    double s = 0;
+    for (int i = 0; i < n; i++) {
+        const double r = q ? (double)p[i] - q[i] : (double)p[i];
+        if (r > 0) s += r;
+    }
+    return s;
+}
+
 AVX2 static int count_gt_avx2(const float *x, int n, float v) {
     const __m256 vv = _mm256_set1_ps(v);
     __m256i c = _mm256_setzero_si256();

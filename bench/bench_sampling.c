@@ -2,7 +2,10 @@
  * with its own sampler and a Zipf-like logits row (p ~ rank^-1.1), drawn one after the other and spread over a thread
  * pool as the engine does (src/engine/engine.c, sample_rows: a workspace per worker, each
  * draw reading only its row and its sampler). Prints ms per step for each thread count and
- * checks that every count draws the same tokens.
+ * checks that every count draws the same tokens. Then the host work of one position of sampled
+ * speculative decoding (src/engine/spec.c): the processed distribution of a row
+ * (m3_sampler_probs, for the draft's q and the target's p), a draw from it (m3_spec_draw) and a
+ * draw from the residual max(p - q, 0) (m3_spec_residual), in us per call.
  * usage: bench_sampling [BATCH (default 64)] [STEPS (default 5)] */
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +16,7 @@
 
 #include "base/pool.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 
 #define V 200064
 
@@ -91,6 +95,31 @@ int main(int argc, char **argv) {
             for (int i = 0; i < B; i++) m3_sampler_free(smp[i]);
             for (int i = 0; i < nt; i++) m3_sample_ws_free(ws[i]);
         }
+    }
+    /* speculative decoding's host work per draft position, on rows 0 (q) and 1 (p) */
+    {
+        m3_err err;
+        m3_sample_ws *w1 = m3_sample_ws_create(V, &err);
+        float *p = malloc(sizeof(float) * V), *q = malloc(sizeof(float) * V);
+        m3_sampling sp = {.temperature = 0.8f, .top_p = 0.95f, .seed = 7}, t1 = {.temperature = 1.0f, .seed = 7};
+        printf("\nspeculative decoding, one draft position (us per call, vocabulary %d)\n", V);
+        for (int m = 0; m < 2 && w1 && p && q; m++) {
+            m3_sampler *s = m3_sampler_create(m ? &sp : &t1, V, NULL, 0, &err);
+            const int n = 50;
+            long sum = 0;
+            double t0 = now_s();
+            for (int i = 0; i < n; i++) m3_sampler_probs(s, logits + (size_t)(i & 1) * V, w1, (i & 1) ? p : q, &err);
+            double t1s = now_s();
+            for (int i = 0; i < n; i++) sum += m3_spec_draw(q, V, m3_sampler_uniform(s));
+            double t2 = now_s();
+            for (int i = 0; i < n; i++) sum += m3_spec_residual(p, q, 5, V, m3_sampler_uniform(s));
+            double t3 = now_s();
+            printf("%-20s probs %8.1f   draw %8.1f   residual %8.1f   (%ld)\n", m ? "T 0.8, top-p 0.95" : "T 1, no filter",
+                   (t1s - t0) / n * 1e6, (t2 - t1s) / n * 1e6, (t3 - t2) / n * 1e6, sum % 1000);
+            m3_sampler_free(s);
+        }
+        m3_sample_ws_free(w1);
+        free(p); free(q);
     }
     free(logits); free(ref); free(tok); free(smp);
     return fails != 0;

@@ -2,7 +2,8 @@
  * with its own sampler and a Zipf-like logits row (p ~ rank^-1.1), drawn one after the other and spread over a thread
  * pool as the engine does (src/engine/engine.c, sample_rows: a workspace per worker, each
  * draw reading only its row and its sampler). Prints ms per step for each thread count and
- * checks that every count draws the same tokens. Then the host work of one position of sampled
+ * checks that every count draws the same tokens (a batch of 1 splits its row's passes over the
+ * threads instead: m3_sample_ws_set_pool). Then the host work of one position of sampled
  * speculative decoding (src/engine/spec.c): the processed distribution of a row
  * (m3_sampler_probs, for the draft's q and the target's p), a draw from it (m3_spec_draw) and a
  * draw from the residual max(p - q, 0) (m3_spec_residual), in us per call.
@@ -76,11 +77,13 @@ int main(int argc, char **argv) {
                 smp[i] = m3_sampler_create(&sp, V, NULL, 0, &err);
             }
             m3_pool *pool = nt > 1 ? m3_pool_create(nt) : NULL;
+            if (B == 1) m3_sample_ws_set_pool(ws[0], pool); /* a batch of one: its row split over the threads */
             job j = {smp, logits, ws, tok};
             int same = 1;
             double t0 = now_s();
             for (int s = 0; s < steps; s++) {
-                m3_pool_for(pool, (size_t)B, 1, run_range, &j);
+                if (B == 1) run_range(&j, 0, 1, 0);
+                else m3_pool_for(pool, (size_t)B, 1, run_range, &j);
                 for (int i = 0; i < B; i++) {
                     m3_sampler_accept(smp[i], tok[i] >= 0 ? tok[i] : 0, &err);
                     if (nt == 1) ref[(size_t)s * B + i] = tok[i];
@@ -108,7 +111,8 @@ int main(int argc, char **argv) {
             const int n = 50;
             long sum = 0;
             double t0 = now_s();
-            for (int i = 0; i < n; i++) m3_sampler_probs(s, logits + (size_t)(i & 1) * V, w1, (i & 1) ? p : q, &err);
+            for (int i = 0; i < n; i++) /* rows 0 and 1 (row 0 twice in a batch of one) */
+                m3_sampler_probs(s, logits + (size_t)(B > 1 ? i & 1 : 0) * V, w1, (i & 1) ? p : q, &err);
             double t1s = now_s();
             for (int i = 0; i < n; i++) sum += m3_spec_draw(q, V, m3_sampler_uniform(s));
             double t2 = now_s();

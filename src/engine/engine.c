@@ -122,7 +122,9 @@ const char *m3_engine_finish_name(int r) {
 }
 
 /* The sampling threads (opts.sample_threads; 0: 1 on a host backend, else one per online CPU up
- * to 8). Short of memory or threads the engine thread samples alone: the tokens are the same. */
+ * to 8): a step's draws are spread over them, and a draw the engine thread makes alone (a batch
+ * of one, speculative drafting and verifying) splits its row's passes over them. Short of memory
+ * or threads the engine thread samples alone: the tokens are the same. */
 static void sampling_threads(m3_engine *e, int want, int device) {
     e->wss = &e->ws;
     e->n_wss = 1;
@@ -131,7 +133,7 @@ static void sampling_threads(m3_engine *e, int want, int device) {
         want = !device ? 1 : cpus < 1 ? 1 : cpus > 8 ? 8 : (int)cpus;
     }
     if (want > 64) want = 64;
-    if (want < 2 || e->max_seqs < 2) return;
+    if (want < 2) return;
     m3_sample_ws **w = e_calloc((size_t)want, sizeof *w);
     req **ts = e_calloc((size_t)e->max_seqs, sizeof *ts);
     m3_pool *p = w && ts ? m3_pool_create(want) : NULL;
@@ -149,6 +151,7 @@ static void sampling_threads(m3_engine *e, int want, int device) {
         return;
     }
     e->spool = p;
+    m3_sample_ws_set_pool(e->ws, p);
     e->wss = w;
     e->n_wss = want;
     e->to_sample = ts;
@@ -789,7 +792,9 @@ static void sample_rows(m3_engine *e, int nr) {
     }
     if (n == 1) sample_one(e, e->to_sample[0], e->ws);
     else if (n > 1) {
+        m3_sample_ws_set_pool(e->ws, NULL); /* worker 0's workspace: no loop inside the pool's own loop */
         m3_pool_for(e->spool, (size_t)n, 1, sample_range, e);
+        m3_sample_ws_set_pool(e->ws, e->spool);
         e->tot.tokens_sampled_parallel += (uint64_t)n;
     }
 }

@@ -5,6 +5,7 @@
  * the tokens above a level that surely holds their set and select in linear time (keep()). */
 #include "sampler.h"
 #include "fault.h"
+#include "../base/pool.h"
 
 /* counted by the fault-injection hook (fault.h) as engine allocations */
 #define s_malloc(n) m3_fault_malloc(M3_FAULT_ENGINE, n)
@@ -63,19 +64,21 @@ struct m3_sample_ws {
     float *w;    /* working logits */
     float *e;    /* exp((w - max) / T) */
     cand *c;     /* candidates */
-    double *bs;  /* mass of the kept e per block of M3_CPU_MASS_BLOCK ids */
+    m3_cpu_blk *blk; /* per block of M3_CPU_MASS_BLOCK ids: the kept mass, the levels' counts / masses */
+    m3_pool *pool;   /* the row's passes split over its threads (NULL: the caller's thread) */
     void *own;   /* non-NULL when the workspace owns the memory */
 };
 
 /* c has 8 spare keys: m3_cpu_keys_above stores 8 at a time */
-static size_t ws_bytes(int V) { return ((size_t)V + 8) * sizeof(cand) + 2 * sizeof(float) * (size_t)V + sizeof(double) * (size_t)NBLK(V); }
+static size_t ws_bytes(int V) { return ((size_t)V + 8) * sizeof(cand) + 2 * sizeof(float) * (size_t)V + sizeof(m3_cpu_blk) * (size_t)NBLK(V); }
 
 static void ws_over(m3_sample_ws *ws, int V, void *mem) {
     ws->V = V;
     ws->c = mem; /* 8-byte members first: cand, then (after 2 V floats) the block sums */
     ws->w = (float *)(ws->c + V + 8);
     ws->e = ws->w + V;
-    ws->bs = (double *)(ws->e + V);
+    ws->blk = (m3_cpu_blk *)(ws->e + V);
+    ws->pool = NULL;
     ws->own = NULL;
 }
 
@@ -269,6 +272,58 @@ static int gather(const float *e, int V, float thr, float lvl, cand *c) {
     return t > 0 ? m3_cpu_keys_above(e, V, t, 1, c) : m3_cpu_keys_above(e, V, 0.0f, 0, c);
 }
 
+/* ---------------- a row's passes over several threads ---------------- */
+
+/* below this many ids a row is not split (the threads' start costs more than they save);
+ * tests lower it (m3_sampler_test_split_min) */
+static _Atomic int split_min = 32768;
+
+void m3_sampler_test_split_min(int n) { split_min = n; }
+/* blocks a thread takes at a time: 32 (8,192 ids), or 1 in a row of few blocks */
+static size_t split_grain(int V) { return NBLK(V) >= 4 * 32 ? 32 : 1; }
+
+typedef struct {
+    const float *w;
+    float *e, *out;
+    m3_cpu_blk *blk;
+    int V, want;
+    float m, s, thr, lv[2];
+    double inv;
+} row_job;
+
+static void exp_range(void *ctx, size_t b0, size_t b1, int worker) {
+    (void)worker;
+    const row_job *j = ctx;
+    const int i0 = (int)b0 * M3_CPU_MASS_BLOCK, i1 = (int)b1 * M3_CPU_MASS_BLOCK < j->V ? (int)b1 * M3_CPU_MASS_BLOCK : j->V;
+    m3_cpu_exp_stats(j->w + i0, j->e + i0, i1 - i0, j->m, j->s, j->thr, j->lv, j->want, j->blk + b0);
+}
+
+/* m3_cpu_exp_stats over the row into ws->e and ws->blk, split over ws->pool by whole blocks:
+ * every block's figures are those of one pass */
+static void exp_pass(m3_sample_ws *ws, const float *w, int V, float m, float s, float thr, const float lv[2], int want) {
+    if (!ws->pool || V < split_min) { m3_cpu_exp_stats(w, ws->e, V, m, s, thr, lv, want, ws->blk); return; }
+    row_job j = {.w = w, .e = ws->e, .blk = ws->blk, .V = V, .want = want, .m = m, .s = s, .thr = thr, .lv = {lv[0], lv[1]}};
+    m3_pool_for(ws->pool, (size_t)NBLK(V), split_grain(V), exp_range, &j);
+}
+
+static void scale_range(void *ctx, size_t b0, size_t b1, int worker) {
+    (void)worker;
+    const row_job *j = ctx;
+    const int i0 = (int)b0 * M3_CPU_MASS_BLOCK, i1 = (int)b1 * M3_CPU_MASS_BLOCK < j->V ? (int)b1 * M3_CPU_MASS_BLOCK : j->V;
+    m3_cpu_scale_kept(j->e + i0, i1 - i0, j->thr, j->inv, j->out + i0);
+}
+
+/* out = the kept e scaled by inv (m3_cpu_scale_kept), split over ws->pool */
+static void scale_pass(m3_sample_ws *ws, int V, float thr, double inv, float *out) {
+    if (!ws->pool || V < split_min) { m3_cpu_scale_kept(ws->e, V, thr, inv, out); return; }
+    row_job j = {.e = ws->e, .out = out, .V = V, .thr = thr, .inv = inv};
+    m3_pool_for(ws->pool, (size_t)NBLK(V), split_grain(V), scale_range, &j);
+}
+
+void m3_sample_ws_set_pool(m3_sample_ws *ws, m3_pool *pool) {
+    if (ws) ws->pool = pool;
+}
+
 /* Levels of the candidate cut, powers of 2 of the largest e (1): the tokens at or above the first
  * level that holds enough of them (top-k) or enough mass (top-p) are the candidates; the rest
  * are never gathered. Without either, every kept token is. */
@@ -301,13 +356,17 @@ static int keep(const m3_sampling *p, const float *w, m3_sample_ws *ws, int V, p
     float *e = ws->e;
     float lv[2];
     for (int j = 0; j < 2; j++) lv[j] = ldexpf(1.0f, CUT_EXP[j]) > thr ? ldexpf(1.0f, CUT_EXP[j]) : thr;
-    int cnt[2];
-    double lmass[2];
     /* e = exp((w - max) / T) (-inf -> 0), the kept mass per block (e < thr adds 0: thr 0 keeps
-     * only e > 0, and 0 adds nothing), and above the levels the counts (top-k) or masses (top-p) */
-    m3_cpu_exp_stats(w, e, V, m, invT, thr, lv, ws->bs, cnt, lmass, use_p && !use_k ? 2 : use_k ? 1 : 0);
-    double zm = 0; /* mass passing min-p */
-    for (int b = 0; b < NBLK(V); b++) zm += ws->bs[b];
+     * only e > 0, and 0 adds nothing), and above the levels the counts (top-k) or masses (top-p);
+     * then their sums over the row, block by block in id order (the same for any split) */
+    exp_pass(ws, w, V, m, invT, thr, lv, use_p && !use_k ? 2 : use_k ? 1 : 0);
+    int cnt[2] = {0, 0};
+    double lmass[2] = {0, 0}, zm = 0; /* zm: mass passing min-p */
+    for (int b = 0; b < NBLK(V); b++) {
+        const m3_cpu_blk *B = &ws->blk[b];
+        zm += B->kept;
+        for (int j = 0; j < 2; j++) { cnt[j] += B->lcnt[j]; lmass[j] += B->lmass[j]; }
+    }
     if (!use_k && !use_p) { /* min-p at most: draw in id order */
         pi->total = zm;
         return -1;
@@ -367,7 +426,7 @@ static int draw(const m3_sample_ws *ws, int V, const pick_info *pi, double u01) 
     if (pi->n_kept < 0) { /* id order: whole blocks by their mass, then one block id by id */
         const int nb = NBLK(V);
         int b = 0;
-        while (b < nb && !(u < acc + ws->bs[b])) acc += ws->bs[b++];
+        while (b < nb && !(u < acc + ws->blk[b].kept)) acc += ws->blk[b++].kept;
         if (b == nb) { /* u rounded up to the total: the last kept token */
             int i = V - 1;
             while (i > 0 && !kept_e(e[i], pi->minp_thr)) i--;
@@ -677,7 +736,7 @@ int m3_sampler_probs(m3_sampler *s, const float *logits, m3_sample_ws *ws, float
     }
     const double inv = 1.0 / pi.total;
     if (pi.n_kept < 0) {
-        m3_cpu_scale_kept(ws->e, V, pi.minp_thr, inv, prob);
+        scale_pass(ws, V, pi.minp_thr, inv, prob);
     } else {
         memset(prob, 0, sizeof(float) * (size_t)V);
         for (int j = 0; j < pi.n_kept; j++) prob[ck_id(ws->c[j])] = (float)(ck_e(ws->c[j]) * inv);

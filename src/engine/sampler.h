@@ -113,6 +113,11 @@ int m3_sampler_describe(m3_sampler *s, const float *logits, m3_sample_ws *ws, in
 
 m3_sample_ws *m3_sample_ws_create(int V, m3_err *err);
 void m3_sample_ws_free(m3_sample_ws *ws);
+/* Splits a row's longest passes (the exp pass; m3_sampler_probs' scaling) over pool's threads
+ * (NULL: the calling thread alone). The tokens, probabilities and logprobs are the same for any
+ * pool. A draw through ws must not run inside a loop of that same pool. */
+struct m3_pool;
+void m3_sample_ws_set_pool(m3_sample_ws *ws, struct m3_pool *pool);
 
 /* ---- RNG and the stateless API (no penalties, bias or logprobs) ---- */
 typedef struct m3_rng { uint64_t s[4]; } m3_rng;
@@ -128,6 +133,8 @@ size_t m3_sample_scratch_bytes(int V);
 /* For tests: top-k / top-p select with at most cap partitions before sorting the rest (-1: the
  * default budget, 16 + 2 log2 n) */
 void m3_sampler_test_part_budget(int cap);
+/* For tests: rows of at least n ids are split over a workspace's pool (default 32768) */
+void m3_sampler_test_split_min(int n);
 /* index of the largest value; ties go to the lowest index */
 int m3_argmax(const float *x, int n);
 

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "backend/cpu/cpu.h"
+#include "base/pool.h"
 #include "engine/sampler.h"
 
 static int fails;
@@ -496,13 +497,53 @@ static void test_kept_sets(int budget) {
     free(lg); free(prob); free(c);
 }
 
+/* A row's passes split over a pool (m3_sample_ws_set_pool): bitwise the same probabilities and
+ * the same tokens and logprobs as one thread, in every mode */
+static void test_split(void) {
+    m3_err err;
+    m3_pool *pool = m3_pool_create(3);
+    m3_sample_ws *pw = m3_sample_ws_create(BIGV, &err);
+    CHECK(pool && pw, "pool / workspace");
+    if (!pool || !pw) return;
+    m3_sample_ws_set_pool(pw, pool);
+    float *lg = malloc(sizeof(float) * BIGV), *p1 = malloc(sizeof(float) * BIGV), *p2 = malloc(sizeof(float) * BIGV);
+    const m3_sampling ps[] = {
+        {.temperature = 1, .seed = 9}, {.temperature = 0.7f, .top_p = 0.9f, .seed = 9}, {.temperature = 0.8f, .top_k = 40, .seed = 9},
+        {.temperature = 1, .min_p = 0.05f, .seed = 9}, {.temperature = 0.8f, .top_p = 0.95f, .seed = 9, .logprobs = 1, .top_logprobs = 5,
+                                                      .logprobs_mode = M3_LOGPROBS_PROCESSED},
+        {.temperature = 0, .logprobs = 1, .top_logprobs = 3}};
+    int bad = 0, draws = 0;
+    for (int row = 0; row < 3; row++) {
+        make_row(lg, BIGV, 500 + row, row == 0 ? 0.1f : row == 1 ? 1.5f : 4.0f);
+        for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) {
+            m3_sampler *a = mk(&ps[k], BIGV, NULL, 0), *b = mk(&ps[k], BIGV, NULL, 0);
+            m3_sampler_probs(a, lg, WS, p1, &err);
+            m3_sampler_probs(b, lg, pw, p2, &err);
+            bad += memcmp(p1, p2, sizeof(float) * BIGV) != 0;
+            for (int t = 0; t < 20; t++, draws++) {
+                m3_sample_out o1, o2;
+                m3_sampler_sample(a, lg, WS, &o1, &err);
+                m3_sampler_sample(b, lg, pw, &o2, &err);
+                bad += o1.token != o2.token || o1.logprob != o2.logprob || o1.rank != o2.rank || o1.n_top != o2.n_top;
+            }
+            m3_sampler_free(a);
+            m3_sampler_free(b);
+        }
+    }
+    CHECK(!bad, "a row split over 3 threads: %d differences from one thread", bad);
+    printf("  a row split over 3 threads: probabilities bitwise equal, %d draws equal to one thread's\n", draws);
+    m3_sample_ws_free(pw);
+    m3_pool_free(pool);
+    free(lg); free(p1); free(p2);
+}
+
 /* The sampler's vectorized passes (backend/cpu/simd.c) against plain loops, on every length up
  * to 300 and the full vocabulary (the vector tails), with -inf, ties and values at the levels */
 static void test_passes(void) {
     float *w = malloc(sizeof(float) * BIGV), *e = malloc(sizeof(float) * BIGV);
     uint64_t *keys = malloc(sizeof(uint64_t) * (BIGV + 8));
     char *seen = malloc(BIGV);
-    double *bs = malloc(sizeof(double) * (BIGV / M3_CPU_MASS_BLOCK + 1));
+    m3_cpu_blk *blk = malloc(sizeof(m3_cpu_blk) * (BIGV / M3_CPU_MASS_BLOCK + 1));
     m3_rng r;
     m3_rng_seed(&r, 77);
     int bad = 0, rows = 0;
@@ -513,13 +554,11 @@ static void test_passes(void) {
         }
         const float m = w[m3_argmax(w, n)], s = 0.9f, thr = 0.01f, lv[2] = {0.25f, 0.001f};
         for (int want = 0; want < 3; want++) {
-            int cnt[2];
-            double mass[2];
-            m3_cpu_exp_stats(w, e, n, m, s, thr, lv, bs, cnt, mass, want);
-            int rc_[2] = {0, 0};
-            double rm[2] = {0, 0}, worst = 0;
+            m3_cpu_exp_stats(w, e, n, m, s, thr, lv, want, blk);
+            double worst = 0;
             for (int b0 = 0; b0 < n; b0 += M3_CPU_MASS_BLOCK) {
-                double ref = 0;
+                double ref = 0, rm[2] = {0, 0};
+                int rc_[2] = {0, 0};
                 for (int i = b0; i < n && i < b0 + M3_CPU_MASS_BLOCK; i++) {
                     const float arg = (w[i] - m) * s; /* the argument as the pass rounds it */
                     const double x = exp((double)arg);
@@ -527,11 +566,12 @@ static void test_passes(void) {
                     if (e[i] >= thr) ref += e[i];
                     for (int j = 0; j < 2; j++) if (e[i] >= lv[j]) { rc_[j]++; rm[j] += e[i]; }
                 }
-                bad += fabs(bs[b0 / M3_CPU_MASS_BLOCK] - ref) > 1e-6 * (ref + 1e-30);
+                const m3_cpu_blk *B = &blk[b0 / M3_CPU_MASS_BLOCK];
+                bad += fabs(B->kept - ref) > 1e-6 * (ref + 1e-30);
+                if (want >= 1) bad += B->lcnt[0] != rc_[0] || B->lcnt[1] != rc_[1];
+                if (want == 2) bad += fabs(B->lmass[0] - rm[0]) > 1e-6 * (rm[0] + 1e-30) || fabs(B->lmass[1] - rm[1]) > 1e-6 * (rm[1] + 1e-30);
             }
             bad += worst > 2e-7;
-            if (want >= 1) bad += cnt[0] != rc_[0] || cnt[1] != rc_[1];
-            if (want == 2) bad += fabs(mass[0] - rm[0]) > 1e-6 * (rm[0] + 1e-30) || fabs(mass[1] - rm[1]) > 1e-6 * (rm[1] + 1e-30);
         }
         /* keys above a level: the same set as a loop, each key once, the key layout */
         for (int ge = 0; ge < 2; ge++) {
@@ -572,7 +612,7 @@ static void test_passes(void) {
     }
     CHECK(!bad, "sampler passes: %d mismatches against plain loops over %d rows", bad, rows);
     printf("  vectorized passes (exp + block sums + levels, keys above, find, count, mass above, sum of exp) equal to loops on %d rows\n", rows);
-    free(w); free(e); free(keys); free(seen); free(bs);
+    free(w); free(e); free(keys); free(seen); free(blk);
 }
 
 static void test_seeds(void) {
@@ -711,6 +751,7 @@ int main(void) {
     test_distributions();
     test_top_p_small();
     test_passes();
+    test_split();
     test_big();
     test_kept_sets(-1);
     test_kept_sets(0); /* the heapsort a partition budget falls back to */

@@ -45,13 +45,15 @@ void m3_cpu_pv(float *acc, const float *p, const void *v, int bf16, int n, int d
 /* x[i] = exp(x[i] - m) for i < n; returns the sum of the results */
 float m3_cpu_exp_shift(float *x, int n, float m);
 /* The sampler's first pass over a row: e = exp((w - m) * s) (the sub, the mul, then the exp of
- * the product minus 0, as scaling then m3_cpu_exp_shift(e, n, 0) would);
- * over the values e >= thr, per block of M3_CPU_MASS_BLOCK values their sum (bsum[n / block,
- * rounded up]: float over 64 values, double beyond); for each level lv[j], when want >= 1, the
- * number of values >= lv[j] (cnt[j]) and, when want == 2, their sum (mass[j], summed likewise) */
+ * the product minus 0, as scaling then m3_cpu_exp_shift(e, n, 0) would), and per block of
+ * M3_CPU_MASS_BLOCK values (blk[n / block, rounded up]) the sum of the values e >= thr (kept)
+ * and, when want >= 1, the number of values >= lv[j] (lcnt[j]) and, when want == 2, their sum
+ * (lmass[j]); sums in float over 64 values, double beyond. Blocks are independent: a row may be
+ * cut into ranges of whole blocks run on several threads. */
 #define M3_CPU_MASS_BLOCK 256
-void m3_cpu_exp_stats(const float *w, float *e, int n, float m, float s, float thr, const float lv[2], double *bsum,
-                      int cnt[2], double mass[2], int want);
+typedef struct { double kept, lmass[2]; int lcnt[2]; } m3_cpu_blk;
+void m3_cpu_exp_stats(const float *w, float *e, int n, float m, float s, float thr, const float lv[2], int want,
+                      m3_cpu_blk *blk);
 /* sum of exp(x[i] - m) (float within a block, double across blocks) */
 double m3_cpu_sum_exp(const float *x, int n, float m);
 /* the sum of the x[i] >= v (float over 64 values, double beyond) and (*cnt) how many */

@@ -209,15 +209,14 @@ AVX2 static inline int hsum_epi32(__m256i v) {
 /* The pass for one choice of level statistics (LV: 0 none, 1 counts, 2 counts and masses; a
  * constant in each instance). Sums run in float over 8 vectors (64 values), then in double. */
 AVX2 static inline __attribute__((always_inline)) void exp_stats_core(const float *w, float *e, int n, float m, float s,
-                                                                       float thr, const float lv[2], double *bsum,
-                                                                       int cnt[2], double mass[2], const int LV) {
+                                                                       float thr, const float lv[2], m3_cpu_blk *blk,
+                                                                       const int LV) {
     const __m256 vm = _mm256_set1_ps(m), vs = _mm256_set1_ps(s), z = _mm256_setzero_ps(), vt = _mm256_set1_ps(thr);
     const __m256 l0 = _mm256_set1_ps(lv[0]), l1 = _mm256_set1_ps(lv[1]);
-    __m256i c0 = _mm256_setzero_si256(), c1 = c0;
-    __m256d m0 = _mm256_setzero_pd(), m1 = m0;
     for (int b0 = 0; b0 < n; b0 += M3_CPU_MASS_BLOCK) {
         const int b1 = b0 + M3_CPU_MASS_BLOCK < n ? b0 + M3_CPU_MASS_BLOCK : n;
-        __m256d d = _mm256_setzero_pd();
+        __m256d d = _mm256_setzero_pd(), m0 = d, m1 = d;
+        __m256i c0 = _mm256_setzero_si256(), c1 = c0;
         for (int g0 = b0; g0 < b1; g0 += 64) {
             const int g1 = g0 + 64 < b1 ? g0 + 64 : b1;
             __m256 f = z, f0 = z, f1 = z;
@@ -251,36 +250,35 @@ AVX2 static inline __attribute__((always_inline)) void exp_stats_core(const floa
                 m1 = _mm256_add_pd(m1, _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(f1)), _mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1))));
             }
         }
-        bsum[b0 / M3_CPU_MASS_BLOCK] = hsum_pd(d);
+        m3_cpu_blk *B = &blk[b0 / M3_CPU_MASS_BLOCK];
+        B->kept = hsum_pd(d);
+        B->lcnt[0] = LV ? hsum_epi32(c0) : 0;
+        B->lcnt[1] = LV ? hsum_epi32(c1) : 0;
+        B->lmass[0] = LV == 2 ? hsum_pd(m0) : 0;
+        B->lmass[1] = LV == 2 ? hsum_pd(m1) : 0;
     }
-    cnt[0] = LV ? hsum_epi32(c0) : 0;
-    cnt[1] = LV ? hsum_epi32(c1) : 0;
-    mass[0] = LV == 2 ? hsum_pd(m0) : 0;
-    mass[1] = LV == 2 ? hsum_pd(m1) : 0;
 }
 
-AVX2 static void exp_stats_avx2(const float *w, float *e, int n, float m, float s, float thr, const float lv[2],
-                                double *bsum, int cnt[2], double mass[2], int want) {
-    if (want == 0) exp_stats_core(w, e, n, m, s, thr, lv, bsum, cnt, mass, 0);
-    else if (want == 1) exp_stats_core(w, e, n, m, s, thr, lv, bsum, cnt, mass, 1);
-    else exp_stats_core(w, e, n, m, s, thr, lv, bsum, cnt, mass, 2);
+AVX2 static void exp_stats_avx2(const float *w, float *e, int n, float m, float s, float thr, const float lv[2], int want,
+                                m3_cpu_blk *blk) {
+    if (want == 0) exp_stats_core(w, e, n, m, s, thr, lv, blk, 0);
+    else if (want == 1) exp_stats_core(w, e, n, m, s, thr, lv, blk, 1);
+    else exp_stats_core(w, e, n, m, s, thr, lv, blk, 2);
 }
 
-void m3_cpu_exp_stats(const float *w, float *e, int n, float m, float s, float thr, const float lv[2], double *bsum,
-                      int cnt[2], double mass[2], int want) {
-    if (m3_cpu_have_avx2()) { exp_stats_avx2(w, e, n, m, s, thr, lv, bsum, cnt, mass, want); return; }
-    cnt[0] = cnt[1] = 0;
-    mass[0] = mass[1] = 0;
+void m3_cpu_exp_stats(const float *w, float *e, int n, float m, float s, float thr, const float lv[2], int want,
+                      m3_cpu_blk *blk) {
+    if (m3_cpu_have_avx2()) { exp_stats_avx2(w, e, n, m, s, thr, lv, want, blk); return; }
     for (int b0 = 0; b0 < n; b0 += M3_CPU_MASS_BLOCK) {
         const int b1 = b0 + M3_CPU_MASS_BLOCK < n ? b0 + M3_CPU_MASS_BLOCK : n;
-        double bs = 0;
+        m3_cpu_blk *B = &blk[b0 / M3_CPU_MASS_BLOCK];
+        memset(B, 0, sizeof *B);
         for (int i = b0; i < b1; i++) {
             const float x = e[i] = expf((w[i] - m) * s - 0.0f);
-            if (x >= thr) bs += x;
+            if (x >= thr) B->kept += x;
             for (int j = 0; j < 2 && want; j++)
-                if (x >= lv[j]) { cnt[j]++; mass[j] += want == 2 ? x : 0; }
+                if (x >= lv[j]) { B->lcnt[j]++; B->lmass[j] += want == 2 ? x : 0; }
         }
-        bsum[b0 / M3_CPU_MASS_BLOCK] = bs;
     }
 }
 

@@ -408,7 +408,8 @@ static int keep(const m3_sampling *p, const float *w, m3_sample_ws *ws, int V, p
     if (use_p) {
         const double lim = (double)p->top_p * z;
         int j = select_mass(c, n, lim, &total);
-        if (total < lim && cut > 0) { /* the estimate's margin fell short (never seen): every kept token */
+        if (total < lim && cut > 0 && !use_k) { /* the estimate's margin fell short (never seen): every kept token
+                                                  * (with top-k the whole top-k set is at hand: only rounding) */
             n = gather(e, V, thr, 0, c);
             j = select_mass(c, n, lim, &total);
         }

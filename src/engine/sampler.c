@@ -628,17 +628,6 @@ static void prepare(const m3_sampler *s, const float *logits, float *w) {
 static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, const pick_info *ppi, int tok,
                    m3_sample_out *out);
 
-/* steps 1-2 into ws->w; -1 when every token is masked */
-static int prepare_checked(const m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_err *err) {
-    const int V = s->V;
-    if (!ws || ws->V < V) return m3_errf(err, "sampling: workspace for V=%d, need %d", ws ? ws->V : 0, V);
-    prepare(s, logits, ws->w);
-    int any = 0;
-    for (int i = 0; i < V && !any; i++) any = ws->w[i] > -INFINITY;
-    if (!any) return m3_errf(err, "sampling: every token is masked (allowed / banned ids, logit_bias, min_tokens)");
-    return 0;
-}
-
 /* steps 1-2 change nothing: no allowed / banned ids, no min_tokens still holding ids back, no
  * logit_bias, no penalty */
 static int plain_logits(const m3_sampler *s) {
@@ -649,16 +638,20 @@ static int plain_logits(const m3_sampler *s) {
 }
 
 /* The row steps 3-4 read: the logits as passed when steps 1-2 change nothing and the caller
- * needs no working copy (no copy made), else the working copy ws->w. NULL (err set) when the
- * workspace is short or every token is masked. */
+ * needs no working copy (no copy made), else steps 1-2 into the working copy ws->w. NULL (err
+ * set) when the workspace is short or every token is masked. */
 static const float *work_row(const m3_sampler *s, const float *logits, m3_sample_ws *ws, int need_copy, m3_err *err) {
-    if (need_copy || !plain_logits(s)) return prepare_checked(s, logits, ws, err) ? NULL : ws->w;
     const int V = s->V;
     if (!ws || ws->V < V) { m3_errf(err, "sampling: workspace for V=%d, need %d", ws ? ws->V : 0, V); return NULL; }
+    const float *w = logits;
+    if (need_copy || !plain_logits(s)) {
+        prepare(s, logits, ws->w);
+        w = ws->w;
+    }
     int any = 0;
-    for (int i = 0; i < V && !any; i++) any = logits[i] > -INFINITY;
+    for (int i = 0; i < V && !any; i++) any = w[i] > -INFINITY;
     if (!any) { m3_errf(err, "sampling: every token is masked (allowed / banned ids, logit_bias, min_tokens)"); return NULL; }
-    return logits;
+    return w;
 }
 
 /* greedy processed logprobs are those of the working copy (report() reads ws->w) */

@@ -307,6 +307,15 @@ double m3_cpu_sum_exp(const float *x, int n, float m) {
     return s;
 }
 
+static double mass_ge_scalar(const float *x, int n, float v, int *cnt) {
+    double s = 0;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (x[i] >= v) { s += x[i]; k++; }
+    *cnt = k;
+    return s;
+}
+
 AVX2 static double mass_ge_avx2(const float *x, int n, float v, int *cnt) {
     const __m256 vv = _mm256_set1_ps(v);
     __m256i c = _mm256_setzero_si256();
@@ -322,22 +331,18 @@ AVX2 static double mass_ge_avx2(const float *x, int n, float v, int *cnt) {
         }
         d = _mm256_add_pd(d, _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(f)), _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1))));
     }
-    double s = hsum_pd(d);
-    int k = hsum_epi32(c);
-    for (; i < n; i++)
-        if (x[i] >= v) { s += x[i]; k++; }
-    *cnt = k;
+    int tk;
+    const double s = hsum_pd(d) + mass_ge_scalar(x + i, n - i, v, &tk);
+    *cnt = hsum_epi32(c) + tk;
     return s;
 }
 
 double m3_cpu_mass_ge(const float *x, int n, float v, int *cnt) {
-    if (m3_cpu_have_avx2()) return mass_ge_avx2(x, n, v, cnt);
-    double s = 0;
-    int k = 0;
-    for (int i = 0; i < n; i++)
-        if (x[i] >= v) { s += x[i]; k++; }
-    *cnt = k;
-    return s;
+    return m3_cpu_have_avx2() ? mass_ge_avx2(x, n, v, cnt) : mass_ge_scalar(x, n, v, cnt);
+}
+
+static void scale_kept_scalar(const float *e, int n, float thr, double inv, float *out) {
+    for (int i = 0; i < n; i++) out[i] = e[i] > 0 && e[i] >= thr ? (float)(e[i] * inv) : 0.0f;
 }
 
 AVX2 static void scale_kept_avx2(const float *e, int n, float thr, double inv, float *out) {
@@ -351,12 +356,21 @@ AVX2 static void scale_kept_avx2(const float *e, int n, float thr, double inv, f
         const __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), vi));
         _mm256_storeu_ps(out + i, _mm256_and_ps(_mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1), k));
     }
-    for (; i < n; i++) out[i] = e[i] > 0 && e[i] >= thr ? (float)(e[i] * inv) : 0.0f;
+    scale_kept_scalar(e + i, n - i, thr, inv, out + i);
 }
 
 void m3_cpu_scale_kept(const float *e, int n, float thr, double inv, float *out) {
-    if (m3_cpu_have_avx2()) { scale_kept_avx2(e, n, thr, inv, out); return; }
-    for (int i = 0; i < n; i++) out[i] = e[i] > 0 && e[i] >= thr ? (float)(e[i] * inv) : 0.0f;
+    if (m3_cpu_have_avx2()) scale_kept_avx2(e, n, thr, inv, out);
+    else scale_kept_scalar(e, n, thr, inv, out);
+}
+
+static double pos_sum_scalar(const float *p, const float *q, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) {
+        const double r = q ? (double)p[i] - q[i] : (double)p[i];
+        if (r > 0) s += r;
+    }
+    return s;
 }
 
 AVX2 static double pos_sum_avx2(const float *p, const float *q, int n) {
@@ -374,22 +388,17 @@ AVX2 static double pos_sum_avx2(const float *p, const float *q, int n) {
         a0 = _mm256_add_pd(a0, _mm256_max_pd(lo, z)); /* NaN: max gives the second operand, 0 */
         a1 = _mm256_add_pd(a1, _mm256_max_pd(hi, z));
     }
-    double s = hsum_pd(_mm256_add_pd(a0, a1));
-    for (; i < n; i++) {
-        const double r = q ? (double)p[i] - q[i] : (double)p[i];
-        if (r > 0) s += r;
-    }
-    return s;
+    return hsum_pd(_mm256_add_pd(a0, a1)) + pos_sum_scalar(p + i, q ? q + i : NULL, n - i);
 }
 
 double m3_cpu_pos_sum(const float *p, const float *q, int n) {
-    if (m3_cpu_have_avx2()) return pos_sum_avx2(p, q, n);
-    double s = 0;
-    for (int i = 0; i < n; i++) {
-        const double r = q ? (double)p[i] - q[i] : (double)p[i];
-        if (r > 0) s += r;
-    }
-    return s;
+    return m3_cpu_have_avx2() ? pos_sum_avx2(p, q, n) : pos_sum_scalar(p, q, n);
+}
+
+static int count_gt_scalar(const float *x, int n, float v) {
+    int k = 0;
+    for (int i = 0; i < n; i++) k += x[i] > v;
+    return k;
 }
 
 AVX2 static int count_gt_avx2(const float *x, int n, float v) {
@@ -397,38 +406,32 @@ AVX2 static int count_gt_avx2(const float *x, int n, float v) {
     __m256i c = _mm256_setzero_si256();
     int i = 0;
     for (; i + 8 <= n; i += 8) c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(_mm256_loadu_ps(x + i), vv, _CMP_GT_OQ)));
-    int k = hsum_epi32(c);
-    for (; i < n; i++) k += x[i] > v;
-    return k;
+    return hsum_epi32(c) + count_gt_scalar(x + i, n - i, v);
 }
 
 int m3_cpu_count_gt(const float *x, int n, float v) {
-    if (m3_cpu_have_avx2()) return count_gt_avx2(x, n, v);
-    int k = 0;
-    for (int i = 0; i < n; i++) k += x[i] > v;
-    return k;
+    return m3_cpu_have_avx2() ? count_gt_avx2(x, n, v) : count_gt_scalar(x, n, v);
+}
+
+static int find_scalar(const float *x, int from, int n, float v, int ge) {
+    for (int i = from; i < n; i++)
+        if (ge ? x[i] >= v : x[i] > v) return i;
+    return n;
 }
 
 AVX2 static int find_avx2(const float *x, int from, int n, float v, int ge) {
     const __m256 vv = _mm256_set1_ps(v);
     int i = from;
-    for (; i < n && (i & 7); i++)
-        if (ge ? x[i] >= v : x[i] > v) return i;
     for (; i + 8 <= n; i += 8) {
         const __m256 a = _mm256_loadu_ps(x + i);
         const int mask = _mm256_movemask_ps(ge ? _mm256_cmp_ps(a, vv, _CMP_GE_OQ) : _mm256_cmp_ps(a, vv, _CMP_GT_OQ));
         if (mask) return i + __builtin_ctz((unsigned)mask);
     }
-    for (; i < n; i++)
-        if (ge ? x[i] >= v : x[i] > v) return i;
-    return n;
+    return find_scalar(x, i, n, v, ge);
 }
 
 int m3_cpu_find(const float *x, int from, int n, float v, int ge) {
-    if (m3_cpu_have_avx2()) return find_avx2(x, from, n, v, ge);
-    for (int i = from; i < n; i++)
-        if (ge ? x[i] >= v : x[i] > v) return i;
-    return n;
+    return m3_cpu_have_avx2() ? find_avx2(x, from, n, v, ge) : find_scalar(x, from, n, v, ge);
 }
 
 /* For a movemask m of 8 compares: the positions of its set bits, packed first, one byte each, and
@@ -501,6 +504,17 @@ static const uint64_t KEY_LUT[256] = {
     0x0000050407060302ull, 0x0007040306050200ull, 0x0007040306050201ull, 0x0706030205040100ull,
 };
 
+/* ids [from, n) into keys from k on; returns the new count */
+static int keys_above_scalar(const float *x, int from, int n, float v, int ge, uint64_t *keys, int k) {
+    for (int i = from; i < n; i++)
+        if (ge ? x[i] >= v : x[i] > v) {
+            uint32_t u;
+            memcpy(&u, &x[i], 4);
+            keys[k++] = (uint64_t)u << 32 | (uint32_t)~(uint32_t)i;
+        }
+    return k;
+}
+
 AVX2 static int keys_above_avx2(const float *x, int n, float v, int ge, uint64_t *keys) {
     const __m256 vv = _mm256_set1_ps(v);
     __m256i id = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -517,25 +531,11 @@ AVX2 static int keys_above_avx2(const float *x, int n, float v, int ge, uint64_t
         _mm256_storeu_si256((__m256i *)(keys + k + 4), _mm256_unpackhi_epi32(pi, pv));
         k += __builtin_popcount((unsigned)mask);
     }
-    for (; i < n; i++)
-        if (ge ? x[i] >= v : x[i] > v) {
-            uint32_t u;
-            memcpy(&u, &x[i], 4);
-            keys[k++] = (uint64_t)u << 32 | (uint32_t)~(uint32_t)i;
-        }
-    return k;
+    return keys_above_scalar(x, i, n, v, ge, keys, k);
 }
 
 int m3_cpu_keys_above(const float *x, int n, float v, int ge, uint64_t *keys) {
-    if (m3_cpu_have_avx2()) return keys_above_avx2(x, n, v, ge, keys);
-    int k = 0;
-    for (int i = 0; i < n; i++)
-        if (ge ? x[i] >= v : x[i] > v) {
-            uint32_t u;
-            memcpy(&u, &x[i], 4);
-            keys[k++] = (uint64_t)u << 32 | (uint32_t)~(uint32_t)i;
-        }
-    return k;
+    return m3_cpu_have_avx2() ? keys_above_avx2(x, n, v, ge, keys) : keys_above_scalar(x, 0, n, v, ge, keys, 0);
 }
 
 float m3_cpu_dot(const float *a, const float *b, int n) {

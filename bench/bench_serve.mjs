@@ -54,7 +54,9 @@ async function one() {
     buf += dec.decode(piece, { stream: true });
     let i;
     while ((i = buf.indexOf('\n\n')) >= 0) {
-      const ev = buf.slice(6, i); buf = buf.slice(i + 2);
+      const line = buf.slice(0, i); buf = buf.slice(i + 2);
+      if (line.startsWith(':')) continue; // an SSE comment (keep-alive)
+      const ev = line.slice(6);
       if (ev === '[DONE]') continue;
       const j = JSON.parse(ev);
       if (j.usage) { tokens = j.usage.completion_tokens; continue; }

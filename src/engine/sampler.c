@@ -469,7 +469,8 @@ typedef struct { int32_t id, gen; int prompt; } seen_t;
 
 struct m3_sampler {
     m3_sampling p;
-    int V;
+    int V;             /* the logits row's length */
+    int n;             /* ids that can come out: [0, n) (p.n_text, else V) */
     m3_rng rng;
     m3_logit_bias *bias;
     int32_t *allowed, *banned, *mt_ids;
@@ -543,10 +544,12 @@ m3_sampler *m3_sampler_create(const m3_sampling *p, int V, const int32_t *prompt
     if (p->top_logprobs < 0 || p->top_logprobs > M3_SAMPLE_MAX_TOP_LOGPROBS) { m3_errf(err, "sampling: top_logprobs %d, expected in [0, %d]", p->top_logprobs, M3_SAMPLE_MAX_TOP_LOGPROBS); return NULL; }
     if (p->logprobs_mode != M3_LOGPROBS_RAW && p->logprobs_mode != M3_LOGPROBS_PROCESSED) { m3_errf(err, "sampling: unknown logprobs_mode %d", p->logprobs_mode); return NULL; }
     if (n_prompt > 0 && !prompt) { m3_errf(err, "sampling: %d prompt ids but no array", n_prompt); return NULL; }
+    if (p->n_text < 0) { m3_errf(err, "sampling: n_text %d, expected >= 0", p->n_text); return NULL; }
     m3_sampler *s = s_calloc(1, sizeof *s);
     if (!s) { m3_errf(err, "sampling: out of memory"); return NULL; }
     s->p = *p;
     s->V = V;
+    s->n = p->n_text > 0 && p->n_text < V ? p->n_text : V;
     int bad = 0;
     s->allowed = dup_ids(p->allowed_ids, p->n_allowed, V, "allowed ids", err, &bad);
     if (!bad) s->banned = dup_ids(p->banned_ids, p->n_banned, V, "banned ids", err, &bad);
@@ -649,7 +652,7 @@ static const float *work_row(const m3_sampler *s, const float *logits, m3_sample
         w = ws->w;
     }
     int any = 0;
-    for (int i = 0; i < V && !any; i++) any = w[i] > -INFINITY;
+    for (int i = 0; i < s->n && !any; i++) any = w[i] > -INFINITY;
     if (!any) { m3_errf(err, "sampling: every token is masked (allowed / banned ids, logit_bias, min_tokens)"); return NULL; }
     return w;
 }
@@ -663,7 +666,7 @@ int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_s
     const float *w = work_row(s, logits, ws, report_needs_copy(s), err);
     if (!w) return -1;
     pick_info pi;
-    const int tok = pick(&s->p, w, ws, s->V, &s->rng, &pi);
+    const int tok = pick(&s->p, w, ws, s->n, &s->rng, &pi);
     report(s, logits, ws, &pi, tok, out);
     return 0;
 }
@@ -671,7 +674,7 @@ int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_s
 /* out for token tok drawn from the state keep() left in ws / pi (logprobs per the mode). */
 static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, const pick_info *ppi, int tok,
                    m3_sample_out *out) {
-    const int V = s->V;
+    const int V = s->n; /* the sampled ids */
     const pick_info pi = *ppi;
     memset(out, 0, sizeof *out);
     out->token = tok;
@@ -718,11 +721,11 @@ int m3_sampler_vocab(const m3_sampler *s) { return s->V; }
 double m3_sampler_uniform(m3_sampler *s) { return m3_rng_uniform(&s->rng); }
 
 int m3_sampler_probs(m3_sampler *s, const float *logits, m3_sample_ws *ws, float *prob, m3_err *err) {
-    const int V = s->V;
+    const int V = s->V, n = s->n;
     const float *w = work_row(s, logits, ws, 0, err);
     if (!w) return -1;
     pick_info pi;
-    int g = keep(&s->p, w, ws, V, &pi);
+    int g = keep(&s->p, w, ws, n, &pi);
     if (pi.greedy) {
         memset(prob, 0, sizeof(float) * (size_t)V);
         prob[g] = 1.0f;
@@ -730,7 +733,8 @@ int m3_sampler_probs(m3_sampler *s, const float *logits, m3_sample_ws *ws, float
     }
     const double inv = 1.0 / pi.total;
     if (pi.n_kept < 0) {
-        scale_pass(ws, V, pi.minp_thr, inv, prob);
+        scale_pass(ws, n, pi.minp_thr, inv, prob);
+        if (n < V) memset(prob + n, 0, sizeof(float) * (size_t)(V - n)); /* ids without text */
     } else {
         memset(prob, 0, sizeof(float) * (size_t)V);
         for (int j = 0; j < pi.n_kept; j++) prob[ck_id(ws->c[j])] = (float)(ck_e(ws->c[j]) * inv);
@@ -747,7 +751,7 @@ int m3_sampler_describe(m3_sampler *s, const float *logits, m3_sample_ws *ws, in
     if (s->p.logprobs || s->p.top_logprobs) { /* else report() gives the token alone */
         const float *w = work_row(s, logits, ws, report_needs_copy(s), err);
         if (!w) return -1;
-        if (s->p.logprobs_mode == M3_LOGPROBS_PROCESSED && !pi.greedy) keep(&s->p, w, ws, s->V, &pi);
+        if (s->p.logprobs_mode == M3_LOGPROBS_PROCESSED && !pi.greedy) keep(&s->p, w, ws, s->n, &pi);
     }
     report(s, logits, ws, &pi, token, out);
     return 0;

@@ -67,6 +67,10 @@ typedef struct m3_sampling {
     int logprobs;        /* nonzero: report the chosen token's logprob and rank */
     int top_logprobs;    /* 0..M3_SAMPLE_MAX_TOP_LOGPROBS most likely tokens with logprobs */
     int logprobs_mode;   /* M3_LOGPROBS_RAW (default) or M3_LOGPROBS_PROCESSED */
+    /* > 0 and < V: only ids below it exist as text (a checkpoint pads its vocabulary past the
+     * tokenizer's): ids from n_text on never come out, as if masked, and are left out of
+     * logprobs (raw ones included: the log-softmax runs over [0, n_text)); 0: all V */
+    int n_text;
 } m3_sampling;
 
 typedef struct m3_sample_out {

@@ -35,6 +35,13 @@ static void mark_failed(hreq *h, const char *why) {
     if (!h->failed) h->failed = why;
 }
 
+/* the same with a message of the moment (copied: it names the real cause) */
+static void mark_failed_err(hreq *h, const m3_err *err) {
+    if (h->failed) return;
+    snprintf(h->fail_msg, sizeof h->fail_msg, "%s", err->msg[0] ? err->msg : NOMEM);
+    h->failed = h->fail_msg;
+}
+
 /* ------------------------------------------------------------------ lifetime */
 
 static void choice_clear(choice *c) {
@@ -138,6 +145,20 @@ void srv_peek(srv *s) {
             drop_client(h);
             continue;
         }
+        /* A stream silent for a while (its request waits in the engine's queue or behind long
+         * prefills) gets an SSE comment: the read timeout libevent keeps on a connection while
+         * it writes a reply restarts with every write, so --timeout guards slow clients only,
+         * never the time a request waits for the engine. */
+        double ka = s->o->timeout > 0 && s->o->timeout / 2 < SRV_KEEPALIVE_S ? s->o->timeout / 2 : SRV_KEEPALIVE_S;
+        if (h->stream && h->req && now - h->t_write >= ka) {
+            struct evbuffer *b = evbuffer_new();
+            if (b && !evbuffer_add(b, ": keep-alive\n\n", 14)) {
+                evhttp_send_reply_chunk(h->req, b);
+                h->t_write = now;
+                s->m.keepalives++;
+            }
+            if (b) evbuffer_free(b);
+        }
         char c;
         ssize_t k = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
         if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) drop_client(h);
@@ -183,6 +204,7 @@ static int sse_raw(hreq *h, const char *txt, size_t len) {
     struct evbuffer *b = evbuffer_new();
     int rc = !b || evbuffer_add(b, "data: ", 6) || evbuffer_add(b, txt, len) || evbuffer_add(b, "\n\n", 2) ? -1 : 0;
     if (!rc) evhttp_send_reply_chunk(h->req, b);
+    if (!rc) h->t_write = srv_now();
     if (b) evbuffer_free(b);
     return rc;
 }
@@ -524,7 +546,11 @@ static void on_token(srv *s, choice *c, const m3_sample_out *so, int finished, i
     m3_err err;
     /* a stop id (EOS included) ends the output and is not part of its text */
     int stop_tok = finished && reason == M3_FINISH_STOP;
-    if (!stop_tok && (m3_tok_stream_push(c->ts, so->token, &p, &n, &err) || (n && sbuf_add(&c->text, p, n)))) {
+    if (!stop_tok && m3_tok_stream_push(c->ts, so->token, &p, &n, &err)) {
+        mark_failed_err(h, &err); /* an id the tokenizer refuses, or no memory: say which */
+        return;
+    }
+    if (!stop_tok && n && sbuf_add(&c->text, p, n)) {
         mark_failed(h, NOMEM);
         return;
     }
@@ -645,6 +671,9 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
     sp->min_tokens_ids = min_ids;
     sp->n_min_tokens_ids = g->min_tokens ? n_min : 0;
     sp->logprobs = h->logprobs; /* a full-vocabulary log-softmax per token: only when asked */
+    sp->n_text = s->n_text;     /* ids no token spells are never sampled */
+    sp->banned_ids = s->holes;
+    sp->n_banned = s->n_holes;
     sp->top_logprobs = h->top_logprobs;
     er.max_tokens = (int)g->max_tokens;
     er.stop_ids = g->stop_ids;
@@ -695,6 +724,7 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
         evhttp_add_header(hd, "Content-Type", "text/event-stream");
         evhttp_add_header(hd, "Cache-Control", "no-cache");
         evhttp_send_reply_start(req, 200, "OK");
+        h->t_write = srv_now();
         for (int i = 0; i < h->n; i++) {
             if (chat) send_chunk(h, i, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL);
             else if (h->echo && h->echo_text) send_chunk(h, i, json_stringn(h->echo_text, h->echo_len), NULL, NULL);

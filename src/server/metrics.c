@@ -112,6 +112,9 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
     counter(&b, "m3_slow_clients_dropped_total",
             "Streams closed (request cancelled) because the client took no output for --timeout seconds.",
             m->slow_clients_dropped);
+    counter(&b, "m3_stream_keepalives_total",
+            "SSE keep-alive comments sent to streams with no output for a while (queued or waiting requests).",
+            m->keepalives);
     counter(&b, "m3_prompt_tokens_total", "Prompt tokens of accepted generation requests.", m->prompt_tokens);
     counter(&b, "m3_generation_tokens_total", "Tokens generated (every choice).", m->generation_tokens);
     counter(&b, "m3_image_inputs_total", "Images in accepted generation requests.", m->images);

@@ -34,6 +34,7 @@ typedef struct m3_metrics {
     uint64_t prompt_tokens, generation_tokens;
     uint64_t requests_rejected_overload;
     uint64_t slow_clients_dropped;  /* streams closed because their client stopped reading */
+    uint64_t keepalives;       /* SSE keep-alive comments sent to silent streams */
     uint64_t images;           /* images in accepted generation requests */
     m3_hist ttft, itl, e2e;    /* seconds */
 } m3_metrics;

@@ -343,10 +343,11 @@ static int h_detokenize(struct evhttp_request *req, srv *s) {
     size_t n = 0;
     if (!json_is_array(t)) { rc = SRV_BAD(req, "'tokens' must be an array of token ids"); goto out; }
     m3_oai_error e;
-    if (m3_oai_ids(t, m3_tok_n_vocab(s->tok), "tokens", &ids, &n, &e)) { rc = srv_send_oai(req, &e); goto out; }
+    int nv = m3_tok_n_vocab(s->tok) > s->vocab ? m3_tok_n_vocab(s->tok) : s->vocab;
+    if (m3_oai_ids(t, nv, "tokens", &ids, &n, &e)) { rc = srv_send_oai(req, &e); goto out; }
     m3_err err;
     size_t len;
-    char *text = m3_tok_decode(s->tok, ids, n, 0, &len, &err);
+    char *text = m3_tok_decode(s->tok, ids, n, 0, &len, &err); /* ids no token spells: nothing */
     if (!text) { rc = SRV_BAD(req, "%s", err.msg); goto out; }
     json_t *j = json_pack("{s:s%}", "prompt", text, len);
     free(text);
@@ -491,6 +492,7 @@ static void srv_cleanup(srv *s) {
         if (ev[i]) event_free(ev[i]);
     if (s->base) event_base_free(s->base);
     free(s->q);
+    free(s->holes);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }
@@ -500,12 +502,28 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     if (!s) return m3_errf(err, "out of memory");
     s->e = e; s->tok = tok; s->chat = chat; s->vocab = vocab; s->o = o;
     m3_metrics_init(&s->m);
+    pthread_mutex_init(&s->mu, NULL);
+    /* Checkpoints pad vocab_size past the tokenizer (200,064 rows for ~200,000 tokens): ids no
+     * token spells are not text, so no request samples them (sampling masks them) */
+    s->n_text = m3_tok_n_vocab(tok) < vocab ? m3_tok_n_vocab(tok) : vocab;
+    for (int32_t i = 0, cap = 0; i < s->n_text; i++) {
+        if (m3_tok_id_to_token(tok, i)) continue;
+        if (s->n_holes == cap) {
+            cap = cap ? 2 * cap : 16;
+            int32_t *nh = realloc(s->holes, sizeof *nh * (size_t)cap);
+            if (!nh) { srv_cleanup(s); return m3_errf(err, "out of memory"); }
+            s->holes = nh;
+        }
+        s->holes[s->n_holes++] = i;
+    }
+    if (s->n_text < vocab || s->n_holes)
+        fprintf(stderr, "m3 serve: the model has %d vocabulary rows, the tokenizer spells %d of them: the other %d ids are "
+                "never sampled\n", vocab, s->n_text - s->n_holes, vocab - s->n_text + s->n_holes);
     const char *src = chat ? m3_chat_source(chat) : NULL;
     s->reasoning_parser = src && strstr(src, "mm:think") != NULL;
     s->tool_parser = src && strstr(src, "minimax[>[") != NULL;
     s->ctx = (m3_oai_ctx){tok, chat, vocab, o->model_name, m3_engine_max_model_len(e), s->reasoning_parser, s->tool_parser,
                           o->media};
-    pthread_mutex_init(&s->mu, NULL);
     signal(SIGPIPE, SIG_IGN);
     if (evthread_use_pthreads()) { srv_cleanup(s); return m3_errf(err, "evthread_use_pthreads failed"); }
     s->base = event_base_new();

@@ -32,6 +32,11 @@
 
 /* a stream with this much output not taken by its client for --timeout seconds is dropped */
 #define SRV_STALL_BYTES ((size_t)256 << 10)
+/* A stream with nothing to say for this long (queued, or waiting behind long prefills) gets an
+ * SSE comment line, ": keep-alive": it keeps proxies from closing the connection, and libevent
+ * restarts the connection's --timeout with every write, so that timeout never cuts a stream
+ * whose request is waiting for the engine. Half the --timeout when that is shorter. */
+#define SRV_KEEPALIVE_S 15.0
 /* the send buffer of accepted sockets (the kernel doubles it): 1 MiB/s at 250 ms RTT */
 #define SRV_SNDBUF (128 << 10)
 
@@ -81,7 +86,9 @@ struct hreq {
     double t0, t_first;     /* arrival, first token of any choice */
     int closed;             /* the client went away */
     const char *failed;     /* why the response could not be built (no memory): it ends with an error */
+    char fail_msg[256];     /* failed's text when it is not a static string (mark_failed_err) */
     double stall_since;     /* stream output pending beyond SRV_STALL_BYTES since then (0: not) */
+    double t_write;         /* a stream's last bytes handed to libevent (keep-alive comments follow silence) */
     int replied;            /* the whole response was handed to libevent */
     int flushed;            /* ... and written, or the connection is gone */
     int n_open;             /* choices submitted and not ended by the engine */
@@ -101,6 +108,9 @@ struct srv {
     const m3_tok *tok;
     const m3_chat *chat;
     int vocab;
+    int n_text;             /* ids below it are text (min of the tokenizer's and the model's vocabulary) */
+    int32_t *holes;         /* ids below n_text that no token spells: masked like those above it */
+    int n_holes;
     int reasoning_parser, tool_parser;
     const m3_server_opts *o;
     struct event_base *base;

@@ -25,12 +25,15 @@ static int lossy(const char *s, size_t n, int hold, tok_buf *out, size_t *held) 
 }
 
 static int check_id(const m3_tok *t, int32_t id, m3_err *err) {
-    if (id < 0 || id >= t->n_ids || !t->spelling[id])
-        return m3_errf(err, "token id %d is not in the vocabulary (size %d)", id, t->n_ids);
+    if (id < 0) return m3_errf(err, "token id %d is negative", id);
     return 0;
 }
 
-static int skip(const m3_tok *t, int32_t id, int skip_special) { return skip_special && t->is_special[id]; }
+/* An id no token spells (past the tokenizer's vocabulary, as in checkpoints whose vocab_size
+ * is padded, or a hole in it) decodes to nothing, as the Rust tokenizers library does. */
+static int skip(const m3_tok *t, int32_t id, int skip_special) {
+    return id >= t->n_ids || !t->spelling[id] || (skip_special && t->is_special[id]);
+}
 
 /* strips up to k leading copies of t->strip_char */
 static size_t strip_lead(const m3_tok *t, const char *s, size_t n, int k) {

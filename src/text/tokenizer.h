@@ -47,7 +47,9 @@ int m3_tok_encode(const m3_tok *t, const char *text, size_t len, int allow_speci
 
 /* ids -> malloc'd NUL-terminated UTF-8 (invalid byte sequences become U+FFFD, as Hugging
  * Face does); *len (may be NULL) gets its length. skip_special drops special added tokens.
- * NULL with a message on an id outside the vocabulary. */
+ * An id that no token spells (beyond the tokenizer's vocabulary: checkpoints pad vocab_size)
+ * decodes to nothing, as in the Rust tokenizers library; NULL with a message on a negative id
+ * or out of memory. The stream decoder below does the same. */
 char *m3_tok_decode(const m3_tok *t, const int32_t *ids, size_t n, int skip_special, size_t *len,
                     m3_err *err);
 

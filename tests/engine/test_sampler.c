@@ -741,12 +741,80 @@ static void test_speed(void) {
     free(lg);
 }
 
+/* n_text: a vocabulary padded past the tokenizer. Ids from n_text on never come out (greedy,
+ * sampled, every filter, the speculative probabilities), raw logprobs are the log-softmax of
+ * [0, n_text), and a row whose text ids are all masked is an error naming it. */
+static void test_text_vocab(void) {
+    enum { V = 1000, NT = 900 };
+    float lg[V];
+    for (int i = 0; i < V; i++) lg[i] = (float)((i * 37) % 101) / 20.0f;
+    lg[950] = 40; /* a padded row the model likes best */
+    lg[999] = 39;
+    lg[123] = 6;
+    m3_sampling g = {0};
+    g.n_text = NT;
+    g.logprobs = 1;
+    g.top_logprobs = 5;
+    m3_sampler *s = mk(&g, V, NULL, 0);
+    m3_sample_out o;
+    CHECK(draw(s, lg, &o) == 123, "greedy skips the padded rows: %d", o.token);
+    double mx = -1e30, z = 0;
+    for (int i = 0; i < NT; i++) mx = lg[i] > mx ? lg[i] : mx;
+    for (int i = 0; i < NT; i++) z += exp((double)lg[i] - mx);
+    CHECK(fabs(o.logprob - (float)((double)lg[123] - mx - log(z))) < 1e-5, "raw logprob over the text ids: %g", o.logprob);
+    for (int j = 0; j < o.n_top; j++) CHECK(o.top_ids[j] < NT, "top logprob id %d is a padded row", o.top_ids[j]);
+    CHECK(o.rank == 1, "rank %d", o.rank);
+    m3_sampler_free(s);
+    /* sampled with every filter combination, and with a bias on a padded row */
+    m3_logit_bias b = {990, 100};
+    const float cs[4][4] = {{1.0f, 0, 0, 0}, {1.0f, 50, 0, 0}, {0.7f, 0, 0.9f, 0}, {1.5f, 0, 0, 0.01f}}; /* T, k, p, min-p */
+    for (size_t k = 0; k < 4; k++) {
+        m3_sampling p = {0};
+        p.temperature = cs[k][0];
+        p.top_k = (int)cs[k][1];
+        p.top_p = cs[k][2];
+        p.min_p = cs[k][3];
+        p.seed = 7 + k;
+        p.n_text = NT;
+        p.logit_bias = &b;
+        p.n_logit_bias = 1;
+        m3_sampler *t = mk(&p, V, NULL, 0);
+        int bad = 0;
+        for (int r = 0; r < 3000; r++) bad += draw(t, lg, NULL) >= NT;
+        CHECK(!bad, "case %zu: %d draws from the padded rows", k, bad);
+        static float prob[V];
+        m3_err err;
+        CHECK(!m3_sampler_probs(t, lg, WS, prob, &err), "probs: %s", err.msg);
+        double in = 0, out = 0;
+        for (int i = 0; i < V; i++) {
+            if (i < NT) in += prob[i];
+            else out += prob[i];
+        }
+        CHECK(out == 0 && fabs(in - 1) < 1e-5, "case %zu: probabilities %g on text ids, %g on padded rows", k, in, out);
+        m3_sampler_free(t);
+    }
+    /* every text id masked: an error, not a padded id */
+    int32_t allowed[2] = {950, 999};
+    m3_sampling a = {0};
+    a.n_text = NT;
+    a.allowed_ids = allowed;
+    a.n_allowed = 2;
+    m3_sampler *u = mk(&a, V, NULL, 0);
+    m3_err err;
+    CHECK(m3_sampler_sample(u, lg, WS, &o, &err) < 0 && strstr(err.msg, "masked"), "only padded ids allowed: %s", err.msg);
+    m3_sampler_free(u);
+    m3_sampling bad = {0};
+    bad.n_text = -1;
+    CHECK(!m3_sampler_create(&bad, V, NULL, 0, &err) && strstr(err.msg, "n_text"), "negative n_text: %s", err.msg);
+}
+
 int main(void) {
     m3_err err;
     WS = m3_sample_ws_create(BIGV, &err);
     if (!WS) { printf("FAIL %s\n", err.msg); return 1; }
     test_argmax();
     test_greedy_bias_mask();
+    test_text_vocab();
     test_penalties();
     test_distributions();
     test_top_p_small();

@@ -72,6 +72,7 @@ export async function stream(base, route, body, { headers = {}, signal, onEvent 
     let i;
     while ((i = buf.indexOf('\n\n')) >= 0) {
       const ev = buf.slice(0, i); buf = buf.slice(i + 2);
+      if (/^:[^\n]*$/.test(ev)) { out.comments = (out.comments || 0) + 1; continue; } // an SSE comment: the server's keep-alive
       out.raw += ev + '\n\n';
       if (!ev.startsWith('data: ')) { out.bad.push(ev); continue; }
       const data = ev.slice(6);

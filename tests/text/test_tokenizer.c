@@ -118,7 +118,9 @@ static void test_byte_fallback_and_stream(void) {
     CHECK(m3_tok_stream_push(st, 0, &txt, &n, &err) == 0 && n == 0, "held again");
     m3_tok_stream_finish(st, &txt, &n);
     CHECK(n == 3 && !memcmp(txt, "\xef\xbf\xbd", 3), "finish flushes as U+FFFD");
-    CHECK(m3_tok_stream_push(st, 99, &txt, &n, &err) < 0 && strstr(err.msg, "99"), "bad id: %s", err.msg);
+    CHECK(m3_tok_stream_push(st, 99, &txt, &n, &err) == 0 && n == 0, "an id no token spells streams nothing");
+    CHECK(m3_tok_stream_push(st, 2, &txt, &n, &err) == 0 && n == 1 && txt[0] == 'a', "and the stream goes on");
+    CHECK(m3_tok_stream_push(st, -1, &txt, &n, &err) < 0 && strstr(err.msg, "-1"), "negative id: %s", err.msg);
     m3_tok_stream_free(st);
     m3_tok_free(t);
 }
@@ -178,7 +180,11 @@ static void test_errors(void) {
         size_t n;
         m3_err err;
         CHECK(m3_tok_encode(t, "a\xff", 2, 0, &ids, &n, &err) < 0 && strstr(err.msg, "offset 1"), "invalid UTF-8: %s", err.msg);
-        CHECK(!m3_tok_decode(t, (const int32_t[]){5}, 1, 0, NULL, &err) && strstr(err.msg, "5"), "bad id: %s", err.msg);
+        /* ids past the vocabulary (a checkpoint's padded rows) decode to nothing, as in the Rust library */
+        char *d = m3_tok_decode(t, (const int32_t[]){5, 0, 70000, 0}, 4, 0, NULL, &err);
+        CHECK(d && !strcmp(d, "aa"), "ids no token spells decode to nothing: '%s'", d ? d : err.msg);
+        free(d);
+        CHECK(!m3_tok_decode(t, (const int32_t[]){0, -3}, 2, 0, NULL, &err) && strstr(err.msg, "-3"), "negative id: %s", err.msg);
         m3_tok_free(t);
     }
 }

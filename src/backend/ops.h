@@ -53,6 +53,9 @@ typedef struct m3_ops {
     /* Optional: -1 + err when an op failed since the last call (ops return nothing; a
      * backend whose calls can fail keeps the first error). m3_forward calls it at the end. */
     int (*check)(void *ctx, m3_err *err);
+    /* Optional (device backends): the device's free and total memory in bytes, as the driver
+     * reports them now (other processes' allocations included). */
+    void (*mem_info)(void *ctx, size_t *free_bytes, size_t *total_bytes);
 
     /* out[t] = E[ids[t]]; ids in host memory */
     void (*embed)(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out);

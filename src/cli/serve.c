@@ -15,12 +15,21 @@
 
 static const char *usage =
     "usage: m3 serve -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]\n"
-    "                [--threads N] [--kv-cache-memory BYTES] [--max-num-seqs N] [--max-num-batched-tokens N]\n"
+    "                [--threads N] [--kv-cache-memory BYTES | --gpu-memory-utilization F] [--max-num-seqs N]\n"
+    "                [--max-num-batched-tokens N]\n"
     "                [--max-model-len N] [--sample-threads N] [--speculative-config JSON] [--draft DIR]\n"
     "                [--kv-cache-dtype auto|f32|bf16|fp8|nvfp4] [--index-cache-dtype DTYPE]\n"
     "                [--max-waiting N] [--shutdown-timeout SECONDS] [--max-body BYTES] [--max-header-bytes BYTES]\n"
     "                [--timeout SECONDS] [--disable-log-requests] [--language-model-only]\n"
     "                [--allowed-media-domains HOST[,HOST...]] [-tp N] [--moe-split experts|width]\n"
+    "  --kv-cache-dtype D  the KV cache's dtype; auto (default) = bf16, the model's activation dtype\n"
+    "                   (f32 keeps the exact reference arithmetic); --index-cache-dtype follows it unless given\n"
+    "  --gpu-memory-utilization F  the share of the device's memory the server may use (default 0.9, as vLLM):\n"
+    "                   the KV pool gets what the weights and a profiled step of --max-num-batched-tokens leave\n"
+    "                   of it; on the CPU the pool takes a quarter of the available RAM, at most 4 GiB.\n"
+    "                   --kv-cache-memory BYTES sets the pool's size instead\n"
+    "  --max-model-len N  tokens per request (prompt + output); default: the config's max_position_embeddings,\n"
+    "                   at most what the KV pool holds\n"
     "  -tp, --tensor-parallel-size N  N ranks: N GPUs (NCCL) with the CUDA backend, N thread groups on the CPU;\n"
     "                   --kv-cache-memory is then per rank (see docs/MULTINODE.md)\n"
     "  --moe-split experts|width  routed experts whole per rank (expert parallel, default) or split by width\n"
@@ -82,6 +91,7 @@ int m3_cmd_serve(int argc, char **argv) {
     const char *dir = NULL, *name = NULL, *spec_json = NULL, *draft_dir = NULL, *kvd = NULL, *ikd = NULL;
     long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, mml = 0, waiting = -1, grace = -1, body = 0, sthreads = 0;
     long hdr = 0, tmo = -1, tpn = 1;
+    double util = 0.9;
     const char *moe_split = NULL;
     int lm_only = 0;
     const char *media_domains = NULL;
@@ -102,7 +112,14 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--port")) r = m3_cli_int(a, v, 0, 65535, &port, &err);
         else if (!strcmp(a, "--threads")) r = m3_cli_int(a, v, 0, 1024, &threads, &err);
         else if (!strcmp(a, "--kv-cache-memory")) r = m3_cli_int(a, v, 1, __LONG_MAX__, &kvmem, &err);
-        else if (!strcmp(a, "--max-num-seqs")) r = m3_cli_int(a, v, 1, 1 << 16, &seqs, &err);
+        else if (!strcmp(a, "--gpu-memory-utilization")) {
+            char *end;
+            util = strtod(v, &end);
+            if (*end || end == v || !(util > 0 && util <= 1)) {
+                fprintf(stderr, "m3 serve: --gpu-memory-utilization '%s': expected a fraction in (0, 1]\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--max-num-seqs")) r = m3_cli_int(a, v, 1, 1 << 16, &seqs, &err);
         else if (!strcmp(a, "--max-num-batched-tokens")) r = m3_cli_int(a, v, 1, 1 << 24, &batched, &err);
         else if (!strcmp(a, "--max-model-len")) r = m3_cli_int(a, v, 1, 1 << 30, &mml, &err);
         else if (!strcmp(a, "--sample-threads")) r = m3_cli_int(a, v, 1, 64, &sthreads, &err);
@@ -123,7 +140,7 @@ int m3_cmd_serve(int argc, char **argv) {
         i++;
     }
     if (!dir) { fprintf(stderr, "m3 serve: -m DIR is required\n%s", usage); return 2; }
-    m3_kv_dtype kdt = M3_KV_F32, idt = M3_KV_F32; /* checked before anything is loaded */
+    m3_kv_dtype kdt = M3_KV_BF16, idt = M3_KV_BF16; /* auto; checked before anything is loaded */
     if (kvd && m3_kv_dtype_parse(kvd, &kdt)) { fprintf(stderr, "m3 serve: --kv-cache-dtype: unknown dtype '%s' (auto, f32, bf16, fp8, nvfp4)\n", kvd); return 2; }
     if (ikd && m3_kv_dtype_parse(ikd, &idt)) { fprintf(stderr, "m3 serve: --index-cache-dtype: unknown dtype '%s' (f32, bf16, fp8, nvfp4)\n", ikd); return 2; }
     so.port = (int)port;
@@ -165,6 +182,7 @@ int m3_cmd_serve(int argc, char **argv) {
     m3_engine_opts eo;
     m3_engine_opts_default(&eo);
     if (kvmem) eo.kv_bytes = (size_t)kvmem;
+    else eo.gpu_memory_utilization = util; /* the pool from the memory there is (src/engine/kv_budget.h) */
     if (seqs) eo.max_num_seqs = (int)seqs;
     if (batched) eo.max_num_batched_tokens = (int)batched;
     if (mml) eo.max_model_len = (int)mml;
@@ -186,7 +204,7 @@ int m3_cmd_serve(int argc, char **argv) {
         media.end_id = m3_tok_token_to_id(tok, "]<]end of image[>[");
     }
     so.media = &media;
-    if (kvd) eo.kv_dtype = kdt;
+    eo.kv_dtype = kdt;
     eo.index_dtype = ikd ? idt : eo.kv_dtype;
     if ((spec_json || draft_dir) && m3_spec_config_parse(&eo.spec, spec_json ? spec_json : "{}", dir, draft_dir, &err)) {
         fprintf(stderr, "m3 serve: %s\n", err.msg);
@@ -208,9 +226,11 @@ int m3_cmd_serve(int argc, char **argv) {
         if (!m3_kv_create(&probe, &pc, eo.kv_dtype, eo.index_dtype, m3_kv_page_tokens(&m.cfg), 1, &err)) {
             so.kv_bytes_per_token = m3_kv_bytes_per_token(&probe);
             m3_kv_destroy(&probe);
-            fprintf(stderr, "m3 serve: KV cache %s, index-K %s: %zu bytes per token%s, pool of %d tokens\n",
-                    m3_kv_dtype_name(eo.kv_dtype), m3_kv_dtype_name(eo.index_dtype), so.kv_bytes_per_token,
-                    tp.g ? " per rank" : "", m3_engine_capacity_tokens(e));
+            int cap = m3_engine_capacity_tokens(e);
+            fprintf(stderr, "m3 serve: KV cache %s, index-K %s: %zu bytes per token%s; pool of %d tokens, %.2f GiB%s (%s); "
+                    "context %d tokens\n", m3_kv_dtype_name(eo.kv_dtype), m3_kv_dtype_name(eo.index_dtype),
+                    so.kv_bytes_per_token, tp.g ? " per rank" : "", cap, (double)so.kv_bytes_per_token * cap / 1073741824.0,
+                    tp.g ? " per rank" : "", kvmem ? "--kv-cache-memory" : m3_engine_pool_how(e), m3_engine_max_model_len(e));
         }
     }
     if (m3_server_run(e, tok, chat, m.cfg.vocab, &so, &err)) { fprintf(stderr, "m3 serve: %s\n", err.msg); goto done; }

@@ -3,6 +3,7 @@
 #include "engine.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 #include "../kv/blocks.h"
 #include "fault.h"
 #include "images.h"
+#include "kv_budget.h"
 
 /* request- and step-level allocations are counted by the fault-injection hook (fault.h) */
 #define e_malloc(n) m3_fault_malloc(M3_FAULT_ENGINE, n)
@@ -81,6 +83,7 @@ struct m3_engine {
     m3_kv_seq **seqs;          /* [max_seqs] */
     float *logits;             /* [max rows][V] */
     int max_rows;
+    char pool_how[320];          /* how the pool's size was chosen (m3_engine_pool_how) */
     /* speculative decoding */
     int spec, k, draft_method; /* spec: the draft is loaded */
     m3_dspark draft;
@@ -204,6 +207,25 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->prefix = o->enable_prefix_caching != 0;
     e->next_id = 1;
     int pages = o->kv_pages;
+    size_t kv_bytes = o->kv_bytes;
+    snprintf(e->pool_how, sizeof e->pool_how, "%s", pages > 0 ? "pages given" : "bytes given");
+    if (pages <= 0 && o->gpu_memory_utilization > 0) { /* sized from the memory there is (kv_budget.h) */
+        const m3_ops *op0 = o->group ? m3_group_model(o->group, 0)->ops : m->ops;
+        int rc = 0;
+        if (op0 && op0->mem_info && o->group)
+            rc = m3_kv_budget_group(o->group, o->gpu_memory_utilization, &kv_bytes, e->pool_how, sizeof e->pool_how, err);
+        else if (op0 && op0->mem_info) {
+            int k1 = o->spec.method == M3_SPEC_DSPARK ? o->spec.num_speculative_tokens + 1 : 1;
+            long rows = (long)o->max_num_seqs * k1;
+            rc = m3_kv_budget_device(m, o->kv_dtype, o->index_dtype, o->max_num_batched_tokens,
+                                     rows < o->max_num_batched_tokens ? (int)rows : o->max_num_batched_tokens,
+                                     o->gpu_memory_utilization, &kv_bytes, e->pool_how, sizeof e->pool_how, err);
+        } else {
+            kv_bytes = m3_kv_budget_host(e->pool_how, sizeof e->pool_how);
+            if (o->group) kv_bytes /= (size_t)m3_group_size(o->group); /* the ranks share the host */
+        }
+        if (rc) { free(e); return NULL; }
+    }
     if (pages <= 0) {
         m3_kv probe; /* one page, to learn the page size in bytes for these dtypes */
         m3_config pc = *c; /* shallow: read by m3_kv_create only */
@@ -211,9 +233,9 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         if (m3_kv_create(&probe, &pc, o->kv_dtype, o->index_dtype, e->page, 1, err)) { free(e); return NULL; }
         size_t pb = m3_kv_bytes_per_token(&probe) * (size_t)e->page;
         m3_kv_destroy(&probe);
-        size_t n = pb ? o->kv_bytes / pb : 0;
+        size_t n = pb ? kv_bytes / pb : 0;
         if (n < 1) {
-            m3_errf(err, "engine: kv cache of %zu bytes holds no page (%zu bytes per %d-token page)", o->kv_bytes, pb,
+            m3_errf(err, "engine: kv cache of %zu bytes holds no page (%zu bytes per %d-token page)", kv_bytes, pb,
                     e->page);
             free(e);
             return NULL;
@@ -237,7 +259,8 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         free(e);
         return NULL;
     }
-    e->max_len = o->max_model_len > 0 ? o->max_model_len : cap;
+    /* by default the context the model was trained for (max_position_embeddings), as far as the pool holds it */
+    e->max_len = o->max_model_len > 0 ? o->max_model_len : c->max_positions > 0 && c->max_positions < cap ? c->max_positions : cap;
     if (o->vision && o->vision->present) {
         m3_ops *vo = o->vision_ops ? o->vision_ops : m->ops;
         if (o->vision->cfg.text_hidden != c->hidden)
@@ -495,6 +518,8 @@ void m3_engine_get_stats(m3_engine *e, m3_engine_stats *st) {
 }
 
 void m3_engine_last_step(const m3_engine *e, m3_engine_step_stats *st) { *st = e->last; }
+const char *m3_engine_pool_how(const m3_engine *e) { return e->pool_how; }
+
 int m3_engine_capacity_tokens(const m3_engine *e) {
     long c = (long)e->kv->n_pages * e->page;
     return c > INT32_MAX ? INT32_MAX : (int)c;

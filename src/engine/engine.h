@@ -119,7 +119,13 @@ typedef struct m3_engine_opts {
     int max_num_seqs;           /* running sequences at once (default 64) */
     int max_num_batched_tokens; /* tokens per step, all sequences together (default 512) */
     int enable_prefix_caching;
-    int max_model_len;          /* prompt + generated tokens per request; 0: the pool's capacity */
+    int max_model_len;          /* prompt + generated tokens per request; 0: the config's max_position_embeddings,
+                                 * at most the pool's capacity */
+    /* > 0 (and kv_pages 0): the pool is sized from the memory there is, not from kv_bytes
+     * (src/engine/kv_budget.h): on a device, this fraction of its memory less what the weights
+     * and a profiled step of max_num_batched_tokens use (vLLM's --gpu-memory-utilization); on
+     * the host, a quarter of the available memory, at most 4 GiB */
+    double gpu_memory_utilization;
     /* Image inputs: the vision tower (borrowed, must outlive the engine; NULL or not present:
      * requests with images are refused) and the op table it runs on, on the engine thread
      * (vision_ops NULL: the model's; it needs the vision ops of ops.h). On a device backend the
@@ -250,5 +256,7 @@ void m3_engine_last_step(const m3_engine *e, m3_engine_step_stats *st);
 /* Pool capacity in tokens (pages x page size), and the effective per-request token limit. */
 int m3_engine_capacity_tokens(const m3_engine *e);
 int m3_engine_max_model_len(const m3_engine *e);
+/* How the pool's size was chosen (a line for the server's start-up message). */
+const char *m3_engine_pool_how(const m3_engine *e);
 
 #endif

@@ -262,6 +262,7 @@ int m3_config_parse(m3_config *cfg, const char *text, const char *what, m3_err *
         }
         json_t *tw = get(&c, "tie_word_embeddings");
         cfg->tie_embeddings = tw ? json_is_true(tw) : 0;
+        TRY(get_int(&c, "max_position_embeddings", &cfg->max_positions, 0, 0, 1));
         json_t *b = get(&c, "bos_token_id"), *e = get(&c, "eos_token_id");
         cfg->bos_id = json_is_integer(b) ? (int)json_integer_value(b) : -1;
         if (json_is_array(e)) e = json_array_get(e, 0);

@@ -26,6 +26,7 @@ typedef struct m3_config {
     int n_sparse_layers, n_moe_layers;
     int tie_embeddings;
     int bos_id, eos_id;           /* -1 when absent */
+    int max_positions;            /* max_position_embeddings (the context the model was trained for); 0 when absent */
     char quant_method[32];        /* "" when unquantized */
 } m3_config;
 

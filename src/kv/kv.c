@@ -10,7 +10,7 @@ static const char *NAMES[M3_KV_DTYPE_COUNT] = {"f32", "bf16", "fp8", "nvfp4"};
 const char *m3_kv_dtype_name(m3_kv_dtype d) { return (unsigned)d < M3_KV_DTYPE_COUNT ? NAMES[d] : "?"; }
 
 int m3_kv_dtype_parse(const char *s, m3_kv_dtype *out) {
-    if (strcmp(s, "auto") == 0) { *out = M3_KV_F32; return 0; }
+    if (strcmp(s, "auto") == 0) { *out = M3_KV_BF16; return 0; } /* the model's activation dtype, as vLLM's auto */
     for (int i = 0; i < M3_KV_DTYPE_COUNT; i++)
         if (strcmp(s, NAMES[i]) == 0) { *out = (m3_kv_dtype)i; return 0; }
     return -1;

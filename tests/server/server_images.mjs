@@ -105,7 +105,8 @@ const parseToks = content => [...content.matchAll(/<(\d+)>|(\]<\][^[]*\[>\[)/g)]
 const greedy = { max_tokens: N, temperature: 0, ignore_eos: true, logprobs: true };
 const maxDiff = (a, b) => Math.max(...a.map((v, i) => Math.abs(v - b[i])));
 
-const srv = await startServer(m3, ck, ['--served-model-name', 'vl']);
+// compared with references computed with an f32 cache
+const srv = await startServer(m3, ck, ['--served-model-name', 'vl', '--kv-cache-dtype', 'f32']);
 const base = srv.base;
 const client = new OpenAI({ baseURL: base + '/v1', apiKey: 'none', maxRetries: 0 });
 const chat = (messages, o = {}) => client.chat.completions.create({ model: 'vl', messages, ...greedy, ...o });

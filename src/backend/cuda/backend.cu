@@ -120,6 +120,18 @@ static void cu_copy(void *ctx, void *dst, const void *src, size_t n) { /* device
     CK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->st));
 }
 
+static void cu_mem_info(void *ctx, size_t *free_b, size_t *total_b) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    size_t f = 0, t = 0;
+    int cur = -1;
+    cudaGetDevice(&cur);
+    if (cur != c->dev) cudaSetDevice(c->dev); /* the driver reports the calling thread's device */
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) cudaGetLastError();
+    if (cur >= 0 && cur != c->dev) cudaSetDevice(cur);
+    *free_b = f;
+    *total_b = t;
+}
+
 static int cu_check(void *ctx, m3_err *err) {
     m3_cuda *c = (m3_cuda *)ctx;
     if (!c->failed) CK(c, cudaGetLastError());
@@ -658,6 +670,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->graph_end = cu_graph_end;
     c->graphs_on = getenv("M3_CUDA_GRAPHS") ? atoi(getenv("M3_CUDA_GRAPHS")) != 0 : 1;
     ops->check = cu_check;
+    ops->mem_info = cu_mem_info;
     ops->embed = m3_cu_embed;
     ops->rmsnorm = m3_cu_rmsnorm;
     ops->add = m3_cu_add;

@@ -1,0 +1,31 @@
+/* How large the KV + index-K pool is when the user gives no size (vLLM's rule).
+ *
+ * A device backend: the pool takes what is left of utilization x the device's total memory
+ * once the weights are loaded and the largest step has run: m3_kv_budget_device runs one
+ * forward of max_num_batched_tokens tokens asking for the logits of max_rows rows (its
+ * activations and the backend's scratch reach their size and stay allocated), then asks the
+ * driver: pool = free - (1 - utilization) x total. What the profile cannot see (longer
+ * contexts' attention splits, a vision tower, other processes later) lives in that margin.
+ * Tensor-parallel ranks are not profiled: each rank's free memory less a fixed reserve for
+ * its step workspace, the smallest over the ranks.
+ * The host: a quarter of the memory available now, at most 4 GiB (vLLM's CPU backend takes
+ * 4 GiB by default). */
+#ifndef M3_ENGINE_KV_BUDGET_H
+#define M3_ENGINE_KV_BUDGET_H
+
+#include <stddef.h>
+
+#include "../base/err.h"
+#include "../kv/kv.h"
+#include "../model/m3.h"
+
+struct m3_group;
+
+/* *bytes: the pool's share of memory; how: one line saying how it was sized (for the
+ * start-up line). -1 + err when the profile step fails or nothing is left for a pool. */
+int m3_kv_budget_device(m3_model *m, m3_kv_dtype dt, m3_kv_dtype idt, int max_tokens, int max_rows, double utilization,
+                        size_t *bytes, char *how, size_t how_cap, m3_err *err);
+int m3_kv_budget_group(struct m3_group *g, double utilization, size_t *bytes, char *how, size_t how_cap, m3_err *err);
+size_t m3_kv_budget_host(char *how, size_t how_cap);
+
+#endif

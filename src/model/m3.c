@@ -149,6 +149,11 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
     if (sh && sh->size > 1 && sh->moe == M3_MOE_EXPERTS && c->n_moe_layers) graphable = 0;
     uint64_t gkey = 1469598103934665603ull ^ (uint64_t)T * 1099511628211ull ^ (uint64_t)n_out << 32;
     for (int i = 0; i < n_out; i++) gkey = (gkey ^ (uint64_t)out_rows[i]) * 1099511628211ull;
+    /* a recording holds the activation buffers' addresses: the workspace grows (a new address)
+     * when a step needs more, and a replay recorded before must not write to the old one (a
+     * decode graph replayed after a larger batch grew the workspace wrote to freed device
+     * memory: the server's forward failures under load, issue 22) */
+    gkey = (gkey ^ (uint64_t)(uintptr_t)m->ws) * 1099511628211ull;
 issue:
     if (graphable && op->graph_begin(X, kv, gkey)) goto issued;
 

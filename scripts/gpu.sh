@@ -8,7 +8,9 @@
 #   4. m3 bench --random-weights at the M3.1-Flash shapes;
 #   6. on 2+ GPUs: tensor parallelism (-tp 2, NCCL) against the references and against -tp 1
 #      (on 4+ GPUs also -tp 4: the references that split by 4, the full model at TP4 / EP4);
-#   7. compute-sanitizer memcheck on the GPU paths (prefill, decode, graphs, the engine).
+#   7. compute-sanitizer memcheck on the GPU paths (prefill, decode, graphs, the engine);
+#   8. m3 serve under load with default flags on a real-format checkpoint at M3.1-Flash shapes
+#      (scripts/gpu-serve-load.sh: 1-256 concurrent streams, every response complete).
 # M3_GPU_SECTIONS="1 3 4" runs some sections only; M3_BENCH_BATCH / M3_BENCH_CONTEXT narrow section 4.
 # usage: scripts/gpu.sh [BIN_DIR [OUT_DIR]]   BIN_DIR holds m3, oracle_check, logits_diff and
 # bench_cuda_linear (built here when omitted). Exit status: number of failed checks.
@@ -19,10 +21,10 @@ mkdir -p "$OUT"
 if [ -z "$BIN" ]; then
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j"$(nproc)" >/dev/null || exit 100
   BIN="$OUT/bin"; mkdir -p "$BIN"
-  for f in build/m3 build/bench_cuda_linear build/bench_cuda_attn build/tests/oracle_check build/tests/logits_diff build/tests/vision_check; do ln -sf "$PWD/$f" "$BIN/"; done
+  for f in build/m3 build/bench_cuda_linear build/bench_cuda_attn build/tests/oracle_check build/tests/logits_diff build/tests/vision_check build/tests/graph_regrow; do ln -sf "$PWD/$f" "$BIN/"; done
 fi
 fails=0
-want() { case " ${M3_GPU_SECTIONS:-1 2 3 4 5 6 7} " in *" $1 "*) echo "## [$(date +%T)]"; return 0;; esac; return 1; }
+want() { case " ${M3_GPU_SECTIONS:-1 2 3 4 5 6 7 8} " in *" $1 "*) echo "## [$(date +%T)]"; return 0;; esac; return 1; }
 run() { echo "== $*"; "$@" || { echo "FAILED: $*"; fails=$((fails+1)); }; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv
 SHAPES=${M3_SHAPES:-../shared/configs/m3.1-flash-shapes.json}
@@ -39,6 +41,8 @@ run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-bf16.oracle.safetenso
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-nvfp4.oracle.safetensors --kv nvfp4 --backend cuda --tol 1e-3 --work "$OUT"
 # every case (case 3 sits on an E4M3 rounding tie that moves later logits by ~3e-4: within 1e-3)
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-fp8.oracle.safetensors --kv fp8 --backend cuda --tol 1e-3 --work "$OUT"
+# a decode graph replayed after a larger step grew the activation workspace (issue 22)
+run "$BIN/graph_regrow" $D/m3-tiny-q
 # the vision tower on the GPU against the vision-language references
 for v in m3vl-tiny m3vl-heldout m3vl-big; do
   [ -f $D/$v.oracle.safetensors ] && [ -x "$BIN/vision_check" ] || continue
@@ -153,6 +157,10 @@ if [ -n "$CSB" ]; then
 else
   echo "FAILED: compute-sanitizer not found"; fails=$((fails+1))
 fi
+fi
+if want 8; then
+echo "## 8. m3 serve under load (default flags, a real-format checkpoint at M3.1-Flash shapes)"
+run scripts/gpu-serve-load.sh "$BIN" "$OUT/load" ${M3_TOKENIZER:-}
 fi
 echo "## [$(date +%T)] checks failed: $fails"
 exit $fails

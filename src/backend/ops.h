@@ -56,6 +56,10 @@ typedef struct m3_ops {
     /* Optional (device backends): the device's free and total memory in bytes, as the driver
      * reports them now (other processes' allocations included). */
     void (*mem_info)(void *ctx, size_t *free_bytes, size_t *total_bytes);
+    /* Optional: after a failed step, clears the backend's error state (its recordings too)
+     * when the device can go on: 0; -1 + err when it cannot (an error that sticks to the
+     * device, such as an illegal memory access). Absent: nothing to recover. */
+    int (*recover)(void *ctx, m3_err *err);
 
     /* out[t] = E[ids[t]]; ids in host memory */
     void (*embed)(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out);

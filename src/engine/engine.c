@@ -36,7 +36,8 @@ typedef struct req {
     m3_engine_output_fn cb_out;
     m3_engine_error_fn cb_err;
     void *arg;
-    const char *why;           /* why it ends with M3_FINISH_ERROR (a static string) */
+    const char *why;           /* why it ends with M3_FINISH_ERROR (a static string, or why_buf) */
+    char why_buf[384];         /* a message of the moment (a forward pass that failed with it alone) */
     m3_blocks_seq bs;
     int n_done;                /* positions whose KV entries are written (== bs.kv.len) */
     /* images of the prompt (NULL: none) and the prefix-cache keys of the blocks holding them */
@@ -53,6 +54,8 @@ typedef struct req {
     int n_sched, decode, out_idx, done;
     int k_sched;               /* drafts verified this step (0: not a speculative decode) */
     int row0;                  /* first row of the request in the step's batch */
+    int ov0, n_ov;             /* its image rows among the step's embedding overrides */
+    int fwd_failed;            /* its forward pass failed alone this step (why_buf says why) */
     /* this step's plain sample, drawn before the serial pass (sample_rows) */
     m3_sample_out so;
     int so_finite, so_rc;
@@ -83,6 +86,9 @@ struct m3_engine {
     m3_kv_seq **seqs;          /* [max_seqs] */
     float *logits;             /* [max rows][V] */
     int max_rows;
+    int cap_row0;                /* on_capture: batch row 0 is this step row (a request run alone) */
+    int32_t *zeros;              /* [max_tokens_step] sequence index 0 of a request run alone */
+    char dead[512];              /* the device failed: why (every request ends, none is taken) */
     char pool_how[320];          /* how the pool's size was chosen (m3_engine_pool_how) */
     /* speculative decoding */
     int spec, k, draft_method; /* spec: the draft is loaded */
@@ -325,6 +331,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->pos = e_malloc(T * sizeof *e->pos);
     e->sq = e_malloc(T * sizeof *e->sq);
     e->rows = e_malloc((size_t)e->max_rows * sizeof *e->rows);
+    e->zeros = e_calloc(T, sizeof *e->zeros);
     e->seqs = e_calloc((size_t)e->max_seqs, sizeof *e->seqs);
     e->logits = e_malloc((size_t)e->max_rows * (size_t)e->V * sizeof(float));
     e->ws = m3_sample_ws_create(e->V, err);
@@ -342,7 +349,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     }
     int mu_ok = !pthread_mutex_init(&e->mu, NULL);
     int cv_ok = mu_ok && !pthread_cond_init(&e->cv, NULL);
-    if (!e->running || !e->ids || !e->pos || !e->sq || !e->rows || !e->seqs || !e->logits || !e->ws || !cv_ok ||
+    if (!e->running || !e->ids || !e->pos || !e->sq || !e->rows || !e->zeros || !e->seqs || !e->logits || !e->ws || !cv_ok ||
         !spec_ok) {
         if (e->ws) m3_errf(err, "engine: out of memory");
         if (cv_ok) pthread_cond_destroy(&e->cv);
@@ -350,7 +357,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         m3_blocks_destroy(e->bm);
         kv_drop(e);
         m3_sample_ws_free(e->ws);
-        free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->seqs); free(e->logits);
+        free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits);
         free(e->feat); free(e->drows); free(e->pbuf);
         free(e->ov_rows); free(e->ov_emb);
         if (e->spec) m3_dspark_free(&e->draft);
@@ -390,7 +397,7 @@ void m3_engine_destroy(m3_engine *e) {
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     free(e->running); free(e->waiting); free(e->cancels);
-    free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->seqs); free(e->logits);
+    free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits);
     free(e->feat); free(e->drows); free(e->pbuf);
     free(e->ov_rows); free(e->ov_emb);
     if (e->spec) m3_dspark_free(&e->draft);
@@ -404,6 +411,10 @@ m3_engine_images *m3_engine_images_create(m3_engine *e, m3_pixels *px, const int
 /* ---------------- inbox (any thread) ---------------- */
 
 uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
+    pthread_mutex_lock(&e->mu);
+    int dead = e->dead[0] != 0;
+    pthread_mutex_unlock(&e->mu);
+    if (dead) { m3_errf(err, "the engine has stopped: %s", e->dead); return 0; }
     if (!q || !q->prompt || q->n_prompt < 1) { m3_errf(err, "request: empty prompt"); return 0; }
     if (q->max_tokens < 1) { m3_errf(err, "request: max_tokens %d, expected >= 1", q->max_tokens); return 0; }
     if (q->n_stop_ids < 0 || (q->n_stop_ids && !q->stop_ids)) { m3_errf(err, "request: bad stop ids"); return 0; }
@@ -742,7 +753,8 @@ static void on_capture(void *arg, int layer, const float *h, int T, int H) {
     m3_engine *e = arg;
     int slot = m3_dspark_feat_slot(&e->draft, layer), F = m3_dspark_feat_dim(&e->draft);
     if (slot < 0) return;
-    for (int t = 0; t < T; t++) memcpy(e->feat + (size_t)t * F + (size_t)slot * H, h + (size_t)t * H, sizeof(float) * H);
+    for (int t = 0; t < T; t++)
+        memcpy(e->feat + (size_t)(e->cap_row0 + t) * F + (size_t)slot * H, h + (size_t)t * H, sizeof(float) * H);
 }
 
 /* Draws the drafts of every speculative decode of this step; a request whose draft fails ends
@@ -811,7 +823,7 @@ static void sample_rows(m3_engine *e, int nr) {
     int n = 0;
     for (int i = 0; i < nr; i++) {
         req *r = e->running[i];
-        if (!r->n_sched || r->k_sched || r->out_idx < 0) continue;
+        if (!r->n_sched || r->k_sched || r->out_idx < 0 || r->fwd_failed) continue;
         if (e->spool) e->to_sample[n++] = r; /* at most n_running <= max_seqs */
         else sample_one(e, r, e->ws);
     }
@@ -841,13 +853,132 @@ static int deliver(m3_engine *e, req *r, const m3_sample_out *outs, int n) {
     return reason;
 }
 
+
+/* ---------------- a failed forward pass ---------------- */
+
+/* The backend after a failed step: 0 when it can go on (its error state cleared), -1 + err
+ * when the device is lost (a CUDA error that sticks to the context). */
+static int backend_recover(m3_engine *e, m3_err *err) {
+    if (e->group) {
+        for (int k = 0; k < m3_group_size(e->group); k++) {
+            const m3_ops *op = m3_group_model(e->group, k)->ops;
+            if (op && op->recover && op->recover(op->ctx, err)) return m3_err_prefix(err, "rank %d", k);
+        }
+        return 0;
+    }
+    const m3_ops *op = e->m->ops;
+    return op && op->recover ? op->recover(op->ctx, err) : 0;
+}
+
+/* The device is lost: every request ends with the reason, and the engine takes no more. */
+static void go_dead(m3_engine *e, const char *what, const char *dev) {
+    pthread_mutex_lock(&e->mu);
+    if (!e->dead[0]) snprintf(e->dead, sizeof e->dead, "the device failed and cannot go on (%s; then: %s)", what, dev);
+    pthread_mutex_unlock(&e->mu);
+    drain(e);
+    while (e->n_running) {
+        req *r = e->running[e->n_running - 1];
+        running_remove(e, e->n_running - 1);
+        fail(e, r, e->dead);
+    }
+    while (e->n_waiting) {
+        req *r = e->waiting[0];
+        waiting_remove(e, 0);
+        fail(e, r, e->dead);
+    }
+}
+
+/* Runs request r's rows of this step alone (the step's arrays, r's slice of them). */
+static int forward_alone(m3_engine *e, req *r, m3_err *err) {
+    const int si = e->sq[r->row0], n = r->n_sched;
+    int rows[M3_SPEC_MAX_TOKENS + 1], n_out = 0;
+    if (r->out_idx >= 0) {
+        if (r->k_sched) for (int j = 0; j <= r->k_sched; j++) rows[n_out++] = j;
+        else rows[n_out++] = n - 1;
+    }
+    int32_t ovr[64];
+    int n_ov = r->n_ov <= 64 ? r->n_ov : 0, rc = 0;
+    for (int k = 0; k < n_ov; k++) ovr[k] = e->ov_rows[r->ov0 + k] - r->row0;
+    m3_batch b = {n, e->pos + r->row0, e->zeros, &e->seqs[si]};
+    m3_embed_override ov = {n_ov, ovr, n_ov ? e->ov_emb + (size_t)r->ov0 * e->m->cfg.hidden : NULL};
+    m3_taps taps = {.arg = e, .capture_layers = e->spec ? e->draft.capture : NULL, .capture = on_capture};
+    float *lg = r->out_idx >= 0 ? e->logits + (size_t)r->out_idx * e->V : NULL;
+    if (r->n_ov > 64) return m3_errf(err, "%d image rows in one chunk (a retry alone takes 64)", r->n_ov);
+    e->cap_row0 = r->row0;
+    rc = e->group ? m3_group_forward_ex(e->group, &b, e->ids + r->row0, n_ov ? &ov : NULL, rows, n_out, lg,
+                                        e->spec ? &taps : NULL, err)
+                  : m3_forward_ex(e->m, e->kv, &b, e->ids + r->row0, n_ov ? &ov : NULL, rows, n_out, lg,
+                                  e->spec ? &taps : NULL, err);
+    e->cap_row0 = 0;
+    return rc;
+}
+
+/* The step's forward pass failed (err: why). A failure is one request's or the device's:
+ *   - the backend recovers (the device is usable): a step of one request fails that request;
+ *     a step of several runs each of them again alone, and only those that fail alone end
+ *     (with their own error), the others go on as if the step had not failed;
+ *   - it does not (a device error that sticks): every request ends with the reason, the engine
+ *     takes no more (m3_engine_dead), and the server stops.
+ * err gets the step's shape and what became of it (for the log). 0: the step goes on with the
+ * requests whose rows ran; -1: nothing is left of it. */
+static int step_failed(m3_engine *e, int T, int ns, int n_out, m3_err *err) {
+    char what[512];
+    snprintf(what, sizeof what, "%s", err->msg);
+    m3_err_prefix(err, "engine step of %d tokens (%d sequences: %d decoding, %d prefill tokens; %d logits rows)", T, ns,
+                  e->last.n_decode, e->last.n_prefill_tokens, n_out);
+    m3_err e2;
+    if (backend_recover(e, &e2)) {
+        go_dead(e, what, e2.msg);
+        m3_errf(err, "%s", e->dead);
+        return -1;
+    }
+    int n_bad = 0, n_left = 0;
+    for (int i = 0; i < e->n_running; i++) {
+        req *r = e->running[i];
+        if (!r->n_sched) continue;
+        const char *why = what;
+        if (ns > 1) { /* whose failure is it? each alone */
+            if (!forward_alone(e, r, &e2)) { n_left++; continue; }
+            why = e2.msg;
+            m3_err e3;
+            if (backend_recover(e, &e3)) {
+                go_dead(e, e2.msg, e3.msg);
+                m3_errf(err, "%s", e->dead);
+                return -1;
+            }
+        }
+        snprintf(r->why_buf, sizeof r->why_buf, "the model's forward pass failed: %s", why);
+        r->fwd_failed = 1;
+        n_bad++;
+    }
+    size_t l = strlen(err->msg);
+    if (ns > 1 && l + 1 < sizeof err->msg)
+        snprintf(err->msg + l, sizeof err->msg - l, "; run again one request at a time: %d of %d failed alone%s", n_bad, ns,
+                 n_bad ? "" : " (the others go on)");
+    (void)n_left;
+    return 0;
+}
+
+const char *m3_engine_dead(m3_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    const char *d = e->dead[0] ? e->dead : NULL;
+    pthread_mutex_unlock(&e->mu);
+    return d;
+}
+
 int m3_engine_step(m3_engine *e, m3_err *err) {
     memset(&e->last, 0, sizeof e->last);
+    if (e->dead[0]) { /* requests that reached the inbox as the device failed */
+        go_dead(e, "", "");
+        snapshot(e);
+        return m3_errf(err, "%s", e->dead);
+    }
     drain(e);
     schedule(e);
     if (e->spec) draft_all(e);
     if (e->vision) encode_images(e);
     const int V = e->V, H = e->m->cfg.hidden;
+    int step_rc = 0; /* -1: the forward failed, some requests may have gone on (step_failed) */
     int n_ov = 0; /* batch rows whose embeddings are image embeddings */
     const int F = e->spec ? m3_dspark_feat_dim(&e->draft) : 0;
     int T = 0, ns = 0, n_out = 0;
@@ -863,6 +994,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             e->sq[T] = ns;
             T++;
         }
+        r->ov0 = n_ov;
         if (r->im && r->im->emb) /* the image positions of this chunk */
             for (int k = m3_images_first_row(r->im, r->n_done); k < r->im->n_rows && r->im->rows[k] < r->n_done + r->n_sched;
                  k++) {
@@ -870,6 +1002,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
                 memcpy(e->ov_emb + (size_t)n_ov * H, r->im->emb + (size_t)k * H, sizeof(float) * (size_t)H);
                 n_ov++;
             }
+        r->n_ov = n_ov - r->ov0;
         r->out_idx = -1;
         if (r->k_sched) { /* every row's logits: row i verifies d_{i+1} */
             r->out_idx = n_out;
@@ -896,17 +1029,11 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
                                                  e->spec ? &taps : NULL, err)
                            : m3_forward_ex(e->m, e->kv, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits,
                                            e->spec ? &taps : NULL, err);
-        if (frc) {
-            m3_err_prefix(err, "engine step");
-            for (int i = 0; i < e->n_running; i++) {
-                req *r = e->running[i];
-                if (!r->n_sched) continue;
-                running_remove(e, i--);
-                fail(e, r, "the model's forward pass failed");
-            }
+        if (frc && step_failed(e, T, ns, n_out, err) < 0) {
             snapshot(e);
             return -1;
         }
+        step_rc = frc ? -1 : 0;
         e->tot.tokens_prefilled += (uint64_t)e->last.n_prefill_tokens;
         int nr = e->n_running;
         sample_rows(e, nr);
@@ -919,6 +1046,12 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             int n_valid = r->n_sched; /* positions whose KV entries stay: all but rejected drafts */
             int reason = M3_FINISH_NONE;
             const int plain = !r->k_sched && r->out_idx >= 0; /* sampled by sample_rows */
+            if (r->fwd_failed) { /* its forward pass failed with it alone (step_failed) */
+                r->fwd_failed = 0;
+                r->why = r->why_buf;
+                r->done = M3_FINISH_ERROR;
+                continue;
+            }
             if (r->out_idx >= 0 &&
                 !(plain ? r->so_finite : logits_finite(e->logits + (size_t)r->out_idx * V, (size_t)V * (size_t)(1 + r->k_sched)))) {
                 r->why = "the model produced non-finite logits (NaN or Inf)";
@@ -990,5 +1123,5 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         e->n_running = k;
     }
     snapshot(e);
-    return e->n_running + e->n_waiting;
+    return step_rc ? -1 : e->n_running + e->n_waiting;
 }

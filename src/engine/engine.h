@@ -108,8 +108,8 @@ typedef void (*m3_engine_output_fn)(void *arg, uint64_t id, const m3_sample_out 
                                     int finish_reason);
 
 /* Why a request ends with M3_FINISH_ERROR: called (engine thread) just before that final
- * callback. msg is a static string ("out of memory in the engine", "the model produced
- * non-finite logits (NaN or Inf)", ...). */
+ * callback. msg ("out of memory in the engine", "the model produced non-finite logits (NaN or
+ * Inf)", "the model's forward pass failed: CUDA: ...") is valid during the call only. */
 typedef void (*m3_engine_error_fn)(void *arg, uint64_t id, const char *msg);
 
 typedef struct m3_engine_opts {
@@ -243,9 +243,17 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *r, m3_err *err);
 int m3_engine_cancel(m3_engine *e, uint64_t id);
 
 /* One step (engine thread). Returns the number of requests still queued or running after
- * it (0: idle; requests added while it ran are not counted: see m3_engine_has_work), or -1 + err when the forward failed (the requests in that step end with
- * M3_FINISH_ERROR; the engine stays usable). */
+ * it (0: idle; requests added while it ran are not counted: see m3_engine_has_work), or -1 +
+ * err (the step's shape and the backend's message) when the forward pass failed. Then:
+ *   - the backend recovered (ops.recover; the device is usable): a step of one request ends
+ *     that request with M3_FINISH_ERROR; a step of several runs each of them again alone, and
+ *     only those that fail alone end (with their own message), the others go on unharmed;
+ *   - it did not (a device error that sticks to the context): every request ends with
+ *     M3_FINISH_ERROR and the reason, m3_engine_dead says why, and m3_engine_add refuses
+ *     every request from then on. */
 int m3_engine_step(m3_engine *e, m3_err *err);
+/* NULL while the engine works; why it stopped once its device failed (any thread). */
+const char *m3_engine_dead(m3_engine *e);
 /* Nonzero when a step has something to do (requests running, waiting, or in the inbox). */
 int m3_engine_has_work(m3_engine *e);
 /* Blocks until there is work or timeout_ms passed (< 0: no timeout); returns has_work. */

@@ -595,11 +595,12 @@ void srv_handle_item(srv *s, qitem *it) {
 
 /* ------------------------------------------------------------------ submission */
 
-/* engine thread, before the final record of a choice the engine failed (msg is static) */
+/* engine thread, before the final record of a choice the engine failed (msg: valid during the call) */
 static void on_error(void *arg, uint64_t id, const char *msg) {
     (void)id;
     choice *c = arg;
-    c->eng_err = msg;
+    snprintf(c->eng_err_buf, sizeof c->eng_err_buf, "%s", msg ? msg : "the engine failed");
+    c->eng_err = c->eng_err_buf;
 }
 
 /* engine thread */

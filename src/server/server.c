@@ -203,7 +203,15 @@ static void *engine_main(void *arg) {
     m3_err err;
     while (!atomic_load(&s->stop_engine)) {
         if (!m3_engine_has_work(s->e)) { m3_engine_wait_work(s->e, 100); continue; }
-        if (m3_engine_step(s->e, &err) < 0) fprintf(stderr, "m3 serve: step failed: %s\n", err.msg);
+        if (m3_engine_step(s->e, &err) >= 0) continue;
+        /* every failed step is logged, with its shape and the backend's message (the engine has
+         * run the step's requests again one at a time: see m3_engine_step) */
+        fprintf(stderr, "m3 serve: step failed: %s\n", err.msg);
+        if (m3_engine_dead(s->e) && !atomic_exchange(&s->engine_dead, 1)) {
+            fprintf(stderr, "m3 serve: FATAL: %s; every request in flight ended with this error; the server stops\n",
+                    m3_engine_dead(s->e));
+            event_active(s->dead_ev, EV_READ, 0);
+        }
     }
     return NULL;
 }
@@ -264,7 +272,8 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg) {
 /* ------------------------------------------------------------------ small endpoints */
 
 static int h_health(struct evhttp_request *req, srv *s) {
-    (void)s;
+    const char *dead = atomic_load(&s->engine_dead) ? m3_engine_dead(s->e) : NULL;
+    if (dead) return srv_send_error(req, 503, "service_unavailable_error", "the engine has stopped: %s", dead);
     return srv_send_json(req, 200, json_pack("{s:s}", "status", "ok"));
 }
 
@@ -456,6 +465,21 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg) {
     cancel_now(arg);
 }
 
+/* The engine's device failed: every request has ended with the error (their responses are
+ * being written); the listener closes and the server exits once they are out. */
+static void dead_cb(evutil_socket_t fd, short what, void *arg) {
+    (void)fd; (void)what;
+    srv *s = arg;
+    if (s->draining) return;
+    s->draining = 1;
+    if (s->bs) {
+        evhttp_del_accept_socket(s->http, s->bs);
+        s->bs = NULL;
+    }
+    fprintf(stderr, "m3 serve: the engine stopped; %d responses still being written\n", s->n_live);
+    if (!s->n_live) srv_maybe_exit(s);
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
     (void)what;
     srv *s = arg;
@@ -487,7 +511,7 @@ static void peek_cb(evutil_socket_t fd, short what, void *arg) {
 static void srv_cleanup(srv *s) {
     if (s->http) evhttp_free(s->http); /* closes connections; their close callbacks still see live hreqs */
     srv_free_all(s);
-    struct event *ev[] = {s->notify, s->sigint, s->sigterm, s->peek, s->deadline, s->hard_stop};
+    struct event *ev[] = {s->notify, s->sigint, s->sigterm, s->peek, s->deadline, s->hard_stop, s->dead_ev};
     for (size_t i = 0; i < sizeof ev / sizeof *ev; i++)
         if (ev[i]) event_free(ev[i]);
     if (s->base) event_base_free(s->base);
@@ -576,8 +600,9 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     s->peek = event_new(s->base, -1, EV_PERSIST, peek_cb, s);
     s->deadline = evtimer_new(s->base, deadline_cb, s);
     s->hard_stop = evtimer_new(s->base, hard_stop_cb, s);
+    s->dead_ev = event_new(s->base, -1, 0, dead_cb, s);
     struct timeval tv = {0, 200000};
-    if (!s->notify || !s->sigint || !s->sigterm || !s->peek || !s->deadline || !s->hard_stop ||
+    if (!s->notify || !s->sigint || !s->sigterm || !s->peek || !s->deadline || !s->hard_stop || !s->dead_ev ||
         event_add(s->sigint, NULL) || event_add(s->sigterm, NULL) || event_add(s->peek, &tv)) {
         srv_cleanup(s);
         return m3_errf(err, "cannot set up the event loop (out of memory)");
@@ -601,6 +626,8 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
         m3_fault_disarm(M3_FAULT_SERVER);
     }
     fprintf(stderr, "m3 serve: stopped (%lu requests served)\n", s->serial);
+    int dead = atomic_load(&s->engine_dead);
+    if (dead) m3_errf(err, "the engine stopped: %s", m3_engine_dead(e));
     srv_cleanup(s);
-    return 0;
+    return dead ? -1 : 0;
 }

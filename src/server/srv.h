@@ -54,8 +54,9 @@ typedef struct choice {
     int done;               /* the output is complete (finish reported to the client or kept) */
     int finish_reason;      /* M3_FINISH_* */
     int cancel_pending;     /* m3_engine_cancel failed (no memory): srv_peek retries */
-    const char *eng_err;    /* why the engine ended it with M3_FINISH_ERROR (static); written on the
-                             * engine thread before the final record is queued, read after */
+    const char *eng_err;    /* why the engine ended it with M3_FINISH_ERROR (eng_err_buf); written on
+                             * the engine thread before the final record is queued, read after */
+    char eng_err_buf[512];
     atomic_int lost;        /* the engine thread could not queue one of its records (no memory) */
     int n_gen;              /* tokens generated (a stop token included) */
     double t_last;          /* arrival of the last token (inter-token latency) */
@@ -116,12 +117,13 @@ struct srv {
     struct event_base *base;
     struct evhttp *http;
     struct evhttp_bound_socket *bs;
-    struct event *notify, *sigint, *sigterm, *peek, *deadline, *hard_stop;
+    struct event *notify, *sigint, *sigterm, *peek, *deadline, *hard_stop, *dead_ev;
     pthread_mutex_t mu;     /* guards q and fin (filled by the engine thread) */
     qitem *q;
     size_t qn, qcap;
     choice *fin;
     atomic_int stop_engine;
+    atomic_int engine_dead;  /* the engine's device failed: the server drains and exits with an error */
     unsigned long serial;
     uint64_t seed_ctr;
     hreq *live;

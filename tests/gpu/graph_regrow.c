@@ -1,9 +1,10 @@
 /* CUDA graphs against a workspace that grows (issue 22, the server's forward failures under load):
- * a decode step recorded as a graph, then a larger batch that grows the model's activation
- * workspace (a new device address), then the same decode shape again. The replay must not use
- * the old workspace: every logits row equals the same sequence of steps run without graphs
- * (M3_CUDA_GRAPHS=0), and no step fails. Runs on a GPU (scripts/gpu.sh, section 1).
- * usage: graph_regrow CHECKPOINT */
+ * a decode step recorded as a graph, then a step a little longer than any before (its tokens
+ * fit the backend's scratch buffers, which grow with headroom, but not the model's activation
+ * workspace, which grows to the byte: a new device address), then the recorded decode shape
+ * again. The replay must not use the old workspace: every logits row equals the same steps run
+ * without graphs (M3_CUDA_GRAPHS=0), no step fails, and the last decodes were replays.
+ * Runs on a GPU (scripts/gpu.sh, section 1).  usage: graph_regrow CHECKPOINT */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,9 +14,18 @@
 #include "kv/kv.h"
 #include "model/m3.h"
 
-enum { NA = 8, NB = 300, ROWS_B = 64, DEC = 3 };
+enum { NA = 8, NB = 300, NC = 320, DEC = 3 };
 
-/* the steps; logits of every step that asks for them, appended to out ([n][V]); -1 on a failure */
+static int step(m3_model *m, m3_kv *kv, m3_kv_seq *s, const int32_t *ids, int p0, int n, float *lg, m3_err *err) {
+    int32_t pos[NC], sq[NC] = {0};
+    for (int i = 0; i < n; i++) pos[i] = p0 + i;
+    int row = n - 1;
+    m3_kv_seq *ss[1] = {s};
+    m3_batch b = {n, pos, sq, ss};
+    return m3_forward(m, kv, &b, ids, &row, 1, lg, NULL, err);
+}
+
+/* the steps; the logits row of each, appended to out ([n][V]); -1 on a failure */
 static int run(const char *dir, int graphs, float **out, int *n_rows, int *vocab) {
     setenv("M3_CUDA_GRAPHS", graphs ? "1" : "0", 1);
     m3_ops ops;
@@ -27,49 +37,44 @@ static int run(const char *dir, int graphs, float **out, int *n_rows, int *vocab
     const int V = m.cfg.vocab, page = m3_kv_page_tokens(&m.cfg);
     m3_kv_mem mem = m3_model_kv_mem(&m);
     void *blocker = NULL;
-    int rc = m3_kv_create_in(&kv, &m.cfg, M3_KV_BF16, M3_KV_BF16, page, 2 * (NA + NB + 4 * DEC) / page + 8, &mem, &err);
+    int rc = m3_kv_create_in(&kv, &m.cfg, M3_KV_BF16, M3_KV_BF16, page, (NA + NB + NC + 4 * DEC) / page + 8, &mem, &err);
     if (rc) { printf("FAIL kv: %s\n", err.msg); m3_model_free(&m); m3_cuda_ops_free(&ops); return -1; }
-    m3_kv_seq a = {0}, b = {0};
-    float *lg = calloc((size_t)(2 + 2 * DEC + ROWS_B) * V, sizeof *lg);
-    int32_t ids[NB], pos[NB], sq[NB];
-    int rows[ROWS_B], nr = 0;
-    for (int i = 0; i < NB; i++) { ids[i] = (i * 7919 + 13) % V; sq[i] = 0; }
-    m3_kv_seq *sa[1] = {&a}, *sb[1] = {&b};
-    /* A: a prompt of NA tokens, then DEC decodes (the second is recorded, the third replays it) */
-    for (int i = 0; i < NA; i++) pos[i] = i;
-    rows[0] = NA - 1;
-    m3_batch ba = {NA, pos, sq, sa};
-    rc = m3_forward(&m, &kv, &ba, ids, rows, 1, lg + (size_t)nr++ * V, NULL, &err);
-    int p = NA;
+    m3_kv_seq a = {0}, b = {0}, c = {0};
+    float *lg = calloc((size_t)(4 + 2 * DEC) * V, sizeof *lg);
+    int32_t ids[NC];
+    int nr = 0, p = NA;
+    for (int i = 0; i < NC; i++) ids[i] = (i * 7919 + 13) % V;
+    /* B: the longest step so far (the scratch buffers reach their size) */
+    rc = step(&m, &kv, &b, ids, 0, NB, lg + (size_t)nr++ * V, &err);
+    /* A: a prompt, then decodes (the second is recorded, the third replays it) */
+    if (!rc) rc = step(&m, &kv, &a, ids, 0, NA, lg + (size_t)nr++ * V, &err);
     for (int k = 0; !rc && k < DEC; k++, p++) {
-        int32_t id = (p * 31) % V, ps = p, z = 0, r0 = 0;
-        m3_batch d = {1, &ps, &z, sa};
-        rc = m3_forward(&m, &kv, &d, &id, &r0, 1, lg + (size_t)nr++ * V, NULL, &err);
+        int32_t id = (p * 31) % V;
+        rc = step(&m, &kv, &a, &id, p, 1, lg + (size_t)nr++ * V, &err);
     }
-    /* B: a larger batch asking for more logits rows: the workspace grows (a block allocated
-     * after it keeps it from growing in place) */
+    /* C: a little longer than B: the workspace grows (a block allocated after it keeps it from
+     * growing in place), the scratch buffers do not */
     blocker = rc ? NULL : ops.alloc(ops.ctx, (size_t)1 << 20);
     const void *ws0 = m.ws;
-    for (int i = 0; !rc && i < NB; i++) pos[i] = i;
-    for (int i = 0; i < ROWS_B; i++) rows[i] = NB - ROWS_B + i;
-    m3_batch bb = {NB, pos, sq, sb};
-    if (!rc) {
-        rc = m3_forward(&m, &kv, &bb, ids, rows, ROWS_B, lg + (size_t)nr * V, NULL, &err);
-        nr += ROWS_B;
-    }
+    if (!rc) rc = step(&m, &kv, &c, ids, 0, NC, lg + (size_t)nr++ * V, &err);
     if (!rc && m.ws == ws0) { printf("FAIL the workspace did not move: the replay after it is not exercised\n"); rc = -1; }
     /* A again, the recorded decode shape */
+    long r0 = m3_cuda_graph_replays(&ops);
     for (int k = 0; !rc && k < DEC; k++, p++) {
-        int32_t id = (p * 31) % V, ps = p, z = 0, r0 = 0;
-        m3_batch d = {1, &ps, &z, sa};
-        rc = m3_forward(&m, &kv, &d, &id, &r0, 1, lg + (size_t)nr++ * V, NULL, &err);
+        int32_t id = (p * 31) % V;
+        rc = step(&m, &kv, &a, &id, p, 1, lg + (size_t)nr++ * V, &err);
     }
+    long replays = m3_cuda_graph_replays(&ops) - r0;
     if (rc) printf("FAIL graphs %d: a step failed: %s\n", graphs, err.msg);
+    else if (graphs && replays < 1) { printf("FAIL no decode after the growth was a replay\n"); rc = -1; }
+    if (graphs && !rc) printf("graphs on: %ld of the %d decodes after the growth were replays\n", replays, DEC);
     if (blocker) ops.release(ops.ctx, blocker);
     m3_kv_seq_release(&kv, &a);
     m3_kv_seq_release(&kv, &b);
+    m3_kv_seq_release(&kv, &c);
     free(a.pages);
     free(b.pages);
+    free(c.pages);
     m3_kv_destroy(&kv);
     m3_model_free(&m);
     m3_cuda_ops_free(&ops);

@@ -768,6 +768,8 @@ extern "C" double m3_cuda_sync_time(m3_ops *ops) {
     return now_s();
 }
 
+extern "C" long m3_cuda_graph_replays(const m3_ops *ops) { return ((const m3_cuda *)ops->ctx)->graph_replays; }
+
 extern "C" double m3_cuda_copy_bandwidth(m3_ops *ops, size_t bytes) {
     m3_cuda *c = (m3_cuda *)ops->ctx;
     size_t fr = 0, tot = 0;

@@ -69,6 +69,8 @@ int m3_cuda_random_weights_like(m3_ops *ops, const m3_config *c, const m3_weight
 
 /* Device-to-device copy bandwidth in bytes/s (read + write counted), measured over bytes. */
 double m3_cuda_copy_bandwidth(m3_ops *ops, size_t bytes);
+/* Recorded steps replayed so far (CUDA graphs; tests). */
+long m3_cuda_graph_replays(const m3_ops *ops);
 /* Dense matrix rate ceiling: best of 10 cuBLAS BF16 GEMMs n x n x n (f32 accumulation) in
  * FLOP/s (2 n^3 per product), on random data; 0 on failure. */
 double m3_cuda_gemm_rate(m3_ops *ops, int n);

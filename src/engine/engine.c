@@ -922,14 +922,15 @@ static int forward_alone(m3_engine *e, req *r, m3_err *err) {
  * err gets the step's shape and what became of it (for the log). 0: the step goes on with the
  * requests whose rows ran; -1: nothing is left of it. */
 static int step_failed(m3_engine *e, int T, int ns, int n_out, m3_err *err) {
-    char what[512];
+    char what[512], shape[160];
     snprintf(what, sizeof what, "%s", err->msg);
-    m3_err_prefix(err, "engine step of %d tokens (%d sequences: %d decoding, %d prefill tokens; %d logits rows)", T, ns,
-                  e->last.n_decode, e->last.n_prefill_tokens, n_out);
+    snprintf(shape, sizeof shape, "engine step of %d tokens (%d sequences: %d decoding, %d prefill tokens; %d logits rows)",
+             T, ns, e->last.n_decode, e->last.n_prefill_tokens, n_out);
+    m3_err_prefix(err, "%s", shape);
     m3_err e2;
     if (backend_recover(e, &e2)) {
         go_dead(e, what, e2.msg);
-        m3_errf(err, "%s", e->dead);
+        m3_errf(err, "%s: %s", shape, e->dead);
         return -1;
     }
     int n_bad = 0, n_left = 0;
@@ -943,7 +944,7 @@ static int step_failed(m3_engine *e, int T, int ns, int n_out, m3_err *err) {
             m3_err e3;
             if (backend_recover(e, &e3)) {
                 go_dead(e, e2.msg, e3.msg);
-                m3_errf(err, "%s", e->dead);
+                m3_errf(err, "%s: %s", shape, e->dead);
                 return -1;
             }
         }

@@ -26,6 +26,15 @@ static int cpu_check(void *ctx, m3_err *err) {
     return -1;
 }
 
+/* After a failed step (ops.recover): host memory keeps no state to lose, so the backend goes
+ * on; for tests the fault module "device" reports the device lost instead (src/engine/fault.h). */
+static int cpu_recover(void *ctx, m3_err *err) {
+    m3_cpu *c = ctx;
+    __atomic_store_n(&c->failed, 0, __ATOMIC_RELEASE);
+    if (m3_fault_hit(M3_FAULT_DEVICE)) return m3_errf(err, "the device is lost (injected: fault module 'device')");
+    return 0;
+}
+
 static void *cpu_alloc(void *ctx, size_t bytes) {
     (void)ctx;
     size_t n = (bytes + 63) & ~(size_t)63;
@@ -468,6 +477,7 @@ int m3_cpu_ops_init(m3_ops *ops, int threads, m3_err *err) {
     ops->mlp = cpu_mlp;
     ops->moe = cpu_moe;
     ops->check = cpu_check;
+    ops->recover = cpu_recover;
     m3_cpu_vision_ops(ops);
     return 0;
 }

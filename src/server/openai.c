@@ -198,6 +198,21 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
         m3_media_free(&local);
         return e->status;
     }
+    { /* a kwarg adds a template variable; it never replaces the validated request (vLLM refuses them too) */
+        const char *k;
+        json_t *v;
+        json_object_foreach(kw, k, v)
+            if (m3_chat_defines(c->chat, k)) {
+                json_decref(kw);
+                json_decref(render);
+                m3_media_free(&local);
+                char param[96];
+                snprintf(param, sizeof param, "chat_template_kwargs.%.60s", k);
+                return m3_oai_errorf(e, 400, "invalid_request_error", param,
+                                     "'chat_template_kwargs' cannot set '%.60s': the request (or the tokenizer's config) "
+                                     "defines it", k);
+            }
+    }
     m3_err err;
     size_t len;
     char *text = m3_chat_render(c->chat, render ? render : msgs, tools, agp, kw, NULL, &len, &err);

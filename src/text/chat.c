@@ -280,11 +280,26 @@ m3_chat *m3_chat_load(const char *dir, m3_err *err) {
     return c;
 }
 
+int m3_chat_defines(const m3_chat *c, const char *name) {
+    return !strcmp(name, "messages") || !strcmp(name, "tools") || !strcmp(name, "add_generation_prompt") ||
+           json_object_get(c->tokens, name) != NULL;
+}
+
 char *m3_chat_render(const m3_chat *c, const json_t *messages, const json_t *tools, int add_generation_prompt,
                      const json_t *kwargs, const m3_jinja_limits *limits, size_t *out_len, m3_err *err) {
     if (!json_is_array(messages)) { m3_errf(err, "messages: expected a JSON array"); return NULL; }
     if (tools && !json_is_array(tools) && !json_is_null(tools)) { m3_errf(err, "tools: expected a JSON array"); return NULL; }
     if (kwargs && !json_is_object(kwargs)) { m3_errf(err, "chat template kwargs: expected a JSON object"); return NULL; }
+    if (kwargs) { /* kwargs add variables; they never replace what the request or the tokenizer defines */
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)kwargs, k, v)
+            if (m3_chat_defines(c, k)) {
+                m3_errf(err, "chat template kwargs: '%.60s' is set by the request or the tokenizer's config and cannot be "
+                        "overridden", k);
+                return NULL;
+            }
+    }
     json_t *ctx = json_object();
     if (!ctx) { m3_errf(err, "out of memory"); return NULL; }
     /* a context missing a key (no memory) would render another prompt: fail instead */

@@ -11,8 +11,9 @@
  * strings or {content: ...}) are template variables, as transformers passes them.
  *
  * Rendering context (as transformers' apply_chat_template): messages, tools (null when
- * absent), add_generation_prompt, the special tokens, then every key of kwargs (which may
- * override the others).
+ * absent), add_generation_prompt, the special tokens, then every key of kwargs. A kwarg may
+ * add a variable but never replace one of the others (render fails naming it, as vLLM refuses
+ * them): a request's validated messages cannot be swapped through chat_template_kwargs.
  *
  * Ownership: m3_chat_* constructors return an object freed with m3_chat_free; render
  * returns a malloc'd string. Thread-safety: a loaded m3_chat is immutable; concurrent
@@ -41,6 +42,9 @@ m3_chat *m3_chat_from_source(const char *src, size_t len, const char *name, m3_e
 m3_chat *m3_chat_builtin_minimax(m3_err *err);
 const char *m3_chat_builtin_minimax_source(void);
 
+/* 1 when the rendering context defines name itself (messages, tools, add_generation_prompt, a
+ * special token of the tokenizer's config): chat_template_kwargs cannot set it. */
+int m3_chat_defines(const m3_chat *c, const char *name);
 /* Renders. messages: JSON array; tools: JSON array or NULL; kwargs: JSON object or NULL
  * (chat_template_kwargs, e.g. {"thinking_mode": "disabled"}). limits may be NULL. */
 char *m3_chat_render(const m3_chat *c, const json_t *messages, const json_t *tools, int add_generation_prompt,

@@ -759,9 +759,16 @@ int m3_sampler_describe(m3_sampler *s, const float *logits, m3_sample_ws *ws, in
 
 /* ---------------- stop conditions ---------------- */
 
+/* Stop strings are matched incrementally, one Knuth-Morris-Pratt automaton per string: each
+ * new byte of output advances every string's state (the longest prefix of it that ends the
+ * text so far) in amortized constant time, so a scan costs the new text times the number of
+ * strings, whatever their length; the longest state is what must be held back. */
 struct m3_stop {
     char **str;
     size_t *len;
+    int32_t **fail;    /* [n][len + 1]: the longest proper border of str[i][0..q) */
+    size_t *state;     /* [n] after `pos` bytes of text */
+    size_t pos;        /* bytes the states have read; (size_t)-1 when stale */
     int n;
     size_t maxlen;
     int32_t *ids;
@@ -774,15 +781,28 @@ m3_stop *m3_stop_create(const char *const *strs, int n_strs, const int32_t *ids,
     if (n_strs > 0) {
         s->str = s_calloc((size_t)n_strs, sizeof *s->str);
         s->len = s_calloc((size_t)n_strs, sizeof *s->len);
-        if (!s->str || !s->len) { m3_stop_free(s); m3_errf(err, "stop: out of memory"); return NULL; }
+        s->fail = s_calloc((size_t)n_strs, sizeof *s->fail);
+        s->state = s_calloc((size_t)n_strs, sizeof *s->state);
+        if (!s->str || !s->len || !s->fail || !s->state) { m3_stop_free(s); m3_errf(err, "stop: out of memory"); return NULL; }
         for (int i = 0; i < n_strs; i++) {
             if (!strs[i] || !strs[i][0]) { m3_stop_free(s); m3_errf(err, "stop: stop string %d is empty", i); return NULL; }
-            s->len[i] = strlen(strs[i]);
-            s->str[i] = s_malloc(s->len[i] + 1);
-            if (!s->str[i]) { m3_stop_free(s); m3_errf(err, "stop: out of memory"); return NULL; }
-            memcpy(s->str[i], strs[i], s->len[i] + 1);
+            size_t L = strlen(strs[i]);
+            if (L > INT32_MAX - 1) { m3_stop_free(s); m3_errf(err, "stop: stop string %d is too long", i); return NULL; }
+            s->len[i] = L;
+            s->str[i] = s_malloc(L + 1);
+            s->fail[i] = s_malloc(sizeof(int32_t) * (L + 1));
             s->n = i + 1;
-            if (s->len[i] > s->maxlen) s->maxlen = s->len[i];
+            if (!s->str[i] || !s->fail[i]) { m3_stop_free(s); m3_errf(err, "stop: out of memory"); return NULL; }
+            memcpy(s->str[i], strs[i], L + 1);
+            int32_t *f = s->fail[i];
+            const char *p = s->str[i];
+            f[0] = f[1] = 0;
+            for (size_t q = 1, k = 0; q < L; q++) {
+                while (k > 0 && p[q] != p[k]) k = (size_t)f[k];
+                if (p[q] == p[k]) k++;
+                f[q + 1] = (int32_t)k;
+            }
+            if (L > s->maxlen) s->maxlen = L;
         }
     }
     if (n_ids > 0) {
@@ -796,8 +816,8 @@ m3_stop *m3_stop_create(const char *const *strs, int n_strs, const int32_t *ids,
 
 void m3_stop_free(m3_stop *s) {
     if (!s) return;
-    for (int i = 0; i < s->n; i++) free(s->str[i]);
-    free(s->str); free(s->len); free(s->ids);
+    for (int i = 0; i < s->n; i++) { free(s->str[i]); free(s->fail[i]); }
+    free(s->str); free(s->len); free(s->fail); free(s->state); free(s->ids);
     free(s);
 }
 
@@ -806,35 +826,47 @@ int m3_stop_is_token(const m3_stop *s, int32_t token) {
     return 0;
 }
 
-int m3_stop_scan(const m3_stop *s, const char *text, size_t len, size_t checked, m3_stop_match *m) {
+/* string i's automaton after one more byte c, from state q (a full match goes on from its border) */
+static size_t stop_step(const m3_stop *s, int i, size_t q, char c) {
+    const char *p = s->str[i];
+    const int32_t *f = s->fail[i];
+    if (q == s->len[i]) q = (size_t)f[q];
+    while (q > 0 && p[q] != c) q = (size_t)f[q];
+    return p[q] == c ? q + 1 : q;
+}
+
+int m3_stop_scan(m3_stop *s, const char *text, size_t len, size_t checked, m3_stop_match *m) {
     m->which = -1;
     m->start = m->end = 0;
     m->safe = len;
     if (s->n == 0) return 0;
     if (checked > len) checked = len;
-    size_t from = checked >= s->maxlen ? checked - (s->maxlen - 1) : 0;
-    size_t best = (size_t)-1;
-    for (int i = 0; i < s->n; i++) {
-        size_t L = s->len[i];
-        /* an occurrence that ends after `checked` starts at or after checked - L + 1 */
-        size_t f = checked >= L ? checked - L + 1 : 0;
-        if (f < from) f = from;
-        if (f + L > len) continue;
-        const char *hit = memmem(text + f, len - f, s->str[i], L);
-        if (hit && (size_t)(hit - text) < best) {
-            best = (size_t)(hit - text);
-            m->which = i;
-            m->start = best;
-            m->end = best + L;
+    if (checked != s->pos || checked == 0) { /* another text, or a fresh one: read text[0..checked) again */
+        for (int i = 0; i < s->n; i++) s->state[i] = 0;
+        for (size_t p = 0; p < checked; p++)
+            for (int i = 0; i < s->n; i++) s->state[i] = stop_step(s, i, s->state[i], text[p]);
+    }
+    size_t best = (size_t)-1, p = checked;
+    for (; p < len; p++) {
+        /* a match found starts at `best`: one ending later can start no earlier than p - maxlen + 1 */
+        if (m->which >= 0 && p + 1 > best + s->maxlen) break;
+        for (int i = 0; i < s->n; i++) {
+            size_t q = stop_step(s, i, s->state[i], text[p]);
+            s->state[i] = q;
+            if (q == s->len[i]) {
+                size_t st = p + 1 - q;
+                if (st < best || (st == best && i < m->which)) { best = st; m->which = i; m->start = st; m->end = p + 1; }
+            }
         }
     }
-    if (m->which >= 0) { m->safe = m->start; return 1; }
-    size_t hold = 0;
-    for (int i = 0; i < s->n; i++) {
-        size_t L = s->len[i];
-        for (size_t h = (L - 1 < len ? L - 1 : len); h > hold; h--)
-            if (!memcmp(text + len - h, s->str[i], h)) { hold = h; break; }
+    if (m->which >= 0) {
+        s->pos = (size_t)-1; /* the states stopped inside the text */
+        m->safe = m->start;
+        return 1;
     }
+    s->pos = len;
+    size_t hold = 0;
+    for (int i = 0; i < s->n; i++) hold = s->state[i] > hold ? s->state[i] : hold;
     m->safe = len - hold;
     return 0;
 }

@@ -159,7 +159,10 @@ int m3_stop_is_token(const m3_stop *s, int32_t token);
  * call (0 the first time; then the previous len), so the search only looks at stop strings
  * that end after `checked`. Returns 1 when a stop string occurs (the earliest start wins; on
  * the same start, the one listed first) and fills m->which/start/end; else 0 and m->safe =
- * len minus the longest suffix of the text that is a proper prefix of a stop string. */
-int m3_stop_scan(const m3_stop *s, const char *text, size_t len, size_t checked, m3_stop_match *m);
+ * len minus the longest suffix of the text that is a proper prefix of a stop string.
+ * Time: linear in the new text (len - checked) times the number of strings, whatever their
+ * length (s keeps one KMP automaton per string; a call whose `checked` is not the previous
+ * call's len reads text[0..checked) again). Not thread-safe on one s. */
+int m3_stop_scan(m3_stop *s, const char *text, size_t len, size_t checked, m3_stop_match *m);
 
 #endif

@@ -272,6 +272,10 @@ static int parse_stop(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m3_oai_e
             if (json_string_length(x)) g->stop_strs[g->n_stop_strs++] = json_string_value(x);
         }
     } else if (st && !json_is_null(st)) return OAI_BAD(e, "stop", "'stop' must be a string or an array of strings");
+    size_t stop_bytes = 0; /* each choice keeps a matcher of 5 bytes per stop byte */
+    for (int i = 0; i < g->n_stop_strs; i++) stop_bytes += strlen(g->stop_strs[i]);
+    if (stop_bytes > M3_OAI_MAX_STOP_BYTES)
+        return OAI_BAD(e, "stop", "the stop strings have %zu bytes in all; the limit is %d", stop_bytes, M3_OAI_MAX_STOP_BYTES);
     json_t *sti = json_object_get(b, "stop_token_ids");
     size_t k = 0;
     if (sti && !json_is_null(sti)) {

@@ -33,6 +33,7 @@
 #define M3_OAI_MAX_N 16            /* choices per request */
 #define M3_OAI_MAX_MESSAGES 4096   /* chat messages per request */
 #define M3_OAI_MAX_STOP 16         /* stop strings */
+#define M3_OAI_MAX_STOP_BYTES (1 << 20) /* their bytes together (matched in linear time whatever their length) */
 #define M3_OAI_MAX_STOP_IDS 256
 #define M3_OAI_MAX_LOGIT_BIAS 1024
 #define M3_OAI_MAX_TOOLS 512

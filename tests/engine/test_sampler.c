@@ -696,6 +696,100 @@ static void test_stop(void) {
     m3_stop_free(st);
 }
 
+/* The plain rule, for the randomized check: the earliest-starting occurrence (lowest index on a
+ * tie) among those ending after `checked`, else len minus the longest suffix that is a proper
+ * prefix of a string. Quadratic, as the matcher was before the automata. */
+static int stop_ref(char **strs, int n, const char *text, size_t len, size_t checked, m3_stop_match *m) {
+    m->which = -1;
+    m->start = m->end = 0;
+    m->safe = len;
+    size_t best = (size_t)-1;
+    for (int i = 0; i < n; i++) {
+        size_t L = strlen(strs[i]);
+        for (size_t st = 0; st + L <= len; st++)
+            if (st + L > checked && !memcmp(text + st, strs[i], L) && st < best) { best = st; m->which = i; m->start = st; m->end = st + L; }
+    }
+    if (m->which >= 0) { m->safe = m->start; return 1; }
+    size_t hold = 0;
+    for (int i = 0; i < n; i++) {
+        size_t L = strlen(strs[i]);
+        for (size_t h = L - 1 < len ? L - 1 : len; h > hold; h--)
+            if (!memcmp(text + len - h, strs[i], h)) { hold = h; break; }
+    }
+    m->safe = len - hold;
+    return 0;
+}
+
+/* The automata against the plain rule on random texts over a 3-letter alphabet (borders,
+ * overlaps, strings inside strings), fed in random chunks; then 16 strings of 16,000 bytes
+ * against 200,000 bytes of output that keeps almost matching them, a token at a time (issue 23:
+ * the quadratic hold-back took seconds a token there; now linear: it finishes) */
+static void test_stop_automata(void) {
+    uint64_t r = 12345;
+#define RND() (r = r * 6364136223846793005ull + 1442695040888963407ull, (unsigned)(r >> 33))
+    int bad = 0, runs = 0;
+    for (int it = 0; it < 3000; it++) {
+        int n = 1 + (int)(RND() % 4);
+        char *strs[4];
+        for (int i = 0; i < n; i++) {
+            int L = 1 + (int)(RND() % 6);
+            strs[i] = malloc((size_t)L + 1);
+            for (int j = 0; j < L; j++) strs[i][j] = (char)('a' + RND() % 3);
+            strs[i][L] = 0;
+        }
+        m3_err err;
+        m3_stop *st = m3_stop_create((const char *const *)strs, n, NULL, 0, &err);
+        char text[64];
+        size_t len = 0, checked = 0;
+        for (int step = 0; step < 12 && len < 60; step++) {
+            size_t add = 1 + RND() % 4;
+            for (size_t j = 0; j < add && len < 60; j++) text[len++] = (char)('a' + RND() % 3);
+            m3_stop_match a, b;
+            int ra = m3_stop_scan(st, text, len, checked, &a), rb = stop_ref(strs, n, text, len, checked, &b);
+            runs++;
+            if (ra != rb || a.safe != b.safe || (ra && (a.which != b.which || a.start != b.start || a.end != b.end))) {
+                if (bad++ < 3) printf("FAIL stop automata: text '%.*s' checked %zu: got %d/%d/%zu, want %d/%d/%zu\n", (int)len, text,
+                                      checked, ra, a.which, a.safe, rb, b.which, b.safe);
+            }
+            if (ra) break;
+            checked = len;
+        }
+        m3_stop_free(st);
+        for (int i = 0; i < n; i++) free(strs[i]);
+    }
+    CHECK(!bad, "stop automata: %d of %d scans differ from the plain rule", bad, runs);
+#undef RND
+    /* the long strings: dashes, an X, dashes, a number */
+    enum { NS = 16, SL = 16000, TL = 200000 };
+    char *longs[NS];
+    for (int i = 0; i < NS; i++) {
+        longs[i] = malloc(SL + 1);
+        memset(longs[i], '-', SL);
+        longs[i][SL / 2] = 'X';
+        snprintf(longs[i] + SL - 3, 4, "%03d", i);
+    }
+    m3_err err;
+    m3_stop *st = m3_stop_create((const char *const *)longs, NS, NULL, 0, &err);
+    char *text = malloc(TL);
+    size_t checked = 0, emitted = 0;
+    int hit = 0;
+    double t0 = now_s();
+    for (size_t len = 0; len < TL && !hit;) {
+        size_t add = 1 + len % 3;
+        for (size_t j = 0; j < add && len < TL; j++, len++) text[len] = (len % 9000 == 8999) ? 'X' : '-';
+        m3_stop_match m;
+        hit = m3_stop_scan(st, text, len, checked, &m);
+        checked = len;
+        emitted = hit ? m.start : m.safe;
+    }
+    printf("stop strings: 16 x 16,000 bytes against %d bytes of near misses a token at a time: %.3f s, %zu bytes "
+           "passed on, %s\n", TL, now_s() - t0, emitted, hit ? "a match" : "no match");
+    CHECK(!hit && emitted >= TL - SL, "near misses: no match, all but the held-back tail passed on (%zu)", emitted);
+    free(text);
+    m3_stop_free(st);
+    for (int i = 0; i < NS; i++) free(longs[i]);
+}
+
 static double bench(const char *what, const m3_sampling *p, const float *lg, int np) {
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(np ? np : 1));
     for (int i = 0; i < np; i++) prompt[i] = (int32_t)((i * 7919u) % BIGV);
@@ -826,6 +920,7 @@ int main(void) {
     test_kept_sets(2);
     test_seeds();
     test_stop();
+    test_stop_automata();
     test_speed();
     m3_sample_ws_free(WS);
     if (fails) { printf("%d sampler check(s) failed\n", fails); return 1; }

@@ -151,10 +151,11 @@ static void jpg_error_exit(j_common_ptr c) {
     longjmp(e->jb, 1);
 }
 
-/* Warnings are ignored (as PIL does), except a premature end of data: PIL refuses
- * truncated files ("image file is truncated"). */
+/* Warnings are ignored (as PIL does), except the image data ending early: PIL refuses
+ * truncated files ("image file is truncated"), and data that runs into a marker (an end
+ * marker right after a cut) is the same truncation: libjpeg would fill the rest gray. */
 static void jpg_emit(j_common_ptr c, int level) {
-    if (level == -1 && c->err->msg_code == JWRN_JPEG_EOF) {
+    if (level == -1 && (c->err->msg_code == JWRN_JPEG_EOF || c->err->msg_code == JWRN_HIT_MARKER)) {
         jpg_err *e = (jpg_err *)c->err;
         snprintf(e->msg, sizeof e->msg, "data is truncated");
         longjmp(e->jb, 1);

@@ -264,6 +264,18 @@ static void test_jpeg(void) {
         m3_rgb_free(&img);
         /* truncated: refused, as PIL does */
         CHECK(m3_image_decode(b.p, b.n * 2 / 3, 0, &img, &err) != 0, "truncated jpeg decodes");
+        /* truncated with an end marker after the cut (the image data hits a marker): refused too, not
+         * decoded as gray (issue 23: a 543-byte file claiming 7000 x 7000 was accepted) */
+        uint8_t *cut = malloc(b.n);
+        size_t keep = b.n * 2 / 3;
+        memcpy(cut, b.p, keep);
+        cut[keep] = 0xFF;
+        cut[keep + 1] = 0xD9;
+        int rcut = m3_image_decode(cut, keep + 2, 0, &img, &err);
+        CHECK(rcut != 0 && strstr(err.msg, "truncated"), "jpeg cut short before its end marker (progressive %d): %s", prog,
+              rcut ? err.msg : "decoded");
+        if (!rcut) m3_rgb_free(&img);
+        free(cut);
         free(b.p);
     }
     /* grayscale */

@@ -612,7 +612,8 @@ static void on_output(void *arg, uint64_t id, const m3_sample_out *out, int fini
     srv_push(c->h->s, &it);
 }
 
-static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g, unsigned long serial, double t0) {
+static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g, m3_engine_images *images, int n_img,
+                 unsigned long serial, double t0) {
     m3_err err;
     hreq *h = srv_calloc(1, sizeof *h);
     if (!h || !(h->ch = srv_calloc((size_t)g->n, sizeof *h->ch))) {
@@ -682,15 +683,7 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
     er.ignore_eos = g->ignore_eos;
     er.on_output = on_output;
     er.on_error = on_error;
-    int n_img = g->media.px.n_images;
-    if (n_img) { /* shared by the n choices; each engine request holds a reference */
-        er.images = m3_engine_images_create(s->e, &g->media.px, g->media.rows, g->media.n_rows, &err);
-        if (!er.images) {
-            hreq_free(h);
-            return strstr(err.msg, "out of memory") ? srv_send_error(req, 500, "server_error", "%s", err.msg)
-                                                    : SRV_BAD(req, "%s", err.msg);
-        }
-    }
+    er.images = images; /* made by the preparation thread; shared by the n choices, each engine request takes a reference */
 
     /* on the live list first: the engine may report before the loop below ends */
     h->next = s->live;
@@ -707,7 +700,6 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
         if (!h->ch[i].id) { rc = srv_send_error(req, 500, "server_error", "%s", err.msg); break; }
         h->n_open++;
     }
-    m3_engine_images_release(er.images);
     if (rc) { /* the choices already queued end as cancelled; h goes when they have */
         cancel_open(h);
         for (int i = 0; i < h->n; i++) h->ch[i].done = 1;
@@ -738,26 +730,14 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
     return 0;
 }
 
-int srv_generate(srv *s, struct evhttp_request *req, int chat, unsigned long serial, double t0) {
-    int rc = srv_check_auth(s, req);
-    if (rc) return rc;
-    json_t *b = srv_read_body(req, &rc);
-    if (!b) return rc;
-    m3_oai_params g;
-    m3_oai_error e;
-    if (m3_oai_parse_generate(&s->ctx, b, chat, &g, &e)) rc = srv_send_oai(req, &e);
-    if (!rc) {
-        m3_engine_stats st;
-        m3_engine_get_stats(s->e, &st);
-        if (st.waiting >= s->o->max_waiting) {
-            s->m.requests_rejected_overload++;
-            rc = srv_send_error(req, 429, "rate_limit_error",
-                                "the server is busy: %d requests are waiting (limit %d); retry later", st.waiting,
-                                s->o->max_waiting);
-        }
+int srv_generate_start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g, m3_engine_images *images,
+                       int n_images, unsigned long serial, double t0) {
+    m3_engine_stats st;
+    m3_engine_get_stats(s->e, &st);
+    if (st.waiting >= s->o->max_waiting) {
+        s->m.requests_rejected_overload++;
+        return srv_send_error(req, 429, "rate_limit_error", "the server is busy: %d requests are waiting (limit %d); retry later",
+                              st.waiting, s->o->max_waiting);
     }
-    if (!rc) rc = start(s, req, chat, &g, serial, t0);
-    m3_oai_params_free(&g);
-    json_decref(b);
-    return rc;
+    return start(s, req, chat, g, images, n_images, serial, t0);
 }

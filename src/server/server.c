@@ -85,6 +85,18 @@ char *srv_json_text(const json_t *j, size_t *len) {
     return s;
 }
 
+int srv_send_text(struct evhttp_request *req, int code, const char *text, size_t len) {
+    struct evbuffer *b = evbuffer_new();
+    if (!b || evbuffer_add(b, text, len)) {
+        if (b) evbuffer_free(b);
+        return srv_send_error(req, 500, "server_error", "out of memory");
+    }
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
+    evhttp_send_reply(req, code, reason_phrase(code), b);
+    evbuffer_free(b);
+    return code;
+}
+
 int srv_send_json(struct evhttp_request *req, int code, json_t *j) {
     char *s = srv_json_text(j, NULL);
     json_decref(j);
@@ -171,18 +183,6 @@ int srv_check_auth(srv *s, struct evhttp_request *req) {
     for (size_t i = 0; i < kl; i++) diff |= (unsigned char)key[i] ^ (unsigned char)(i < gl ? given[i] : 0);
     if (!diff) return 0;
     return srv_send_error(req, 401, "authentication_error", "invalid or missing API key");
-}
-
-json_t *srv_read_body(struct evhttp_request *req, int *code) {
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    size_t n = evbuffer_get_length(in);
-    /* the body is usually one contiguous chunk already; pullup makes sure */
-    const char *p = n ? (const char *)evbuffer_pullup(in, (ev_ssize_t)n) : "";
-    if (!p) { *code = srv_send_error(req, 500, "server_error", "out of memory"); return NULL; }
-    json_t *j;
-    m3_oai_error e;
-    if (m3_oai_parse_body(p, n, &j, &e)) { *code = srv_send_oai(req, &e); return NULL; }
-    return j;
 }
 
 void srv_log(srv *s, unsigned long serial, const char *what, int status, int prompt, int completion, double ttft,
@@ -307,66 +307,6 @@ static int h_models(struct evhttp_request *req, srv *s) {
     return srv_send_json(req, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", m));
 }
 
-static int h_tokenize(struct evhttp_request *req, srv *s) {
-    int rc = srv_check_auth(s, req);
-    if (rc) return rc;
-    json_t *b = srv_read_body(req, &rc);
-    if (!b) return rc;
-    int32_t *ids = NULL;
-    size_t n = 0;
-    m3_err err;
-    json_t *p = json_object_get(b, "prompt");
-    if (json_is_string(p)) {
-        json_t *sp = json_object_get(b, "add_special_tokens");
-        (void)sp; /* encode never adds BOS/EOS; special tokens written in the text are recognised */
-        if (m3_tok_encode(s->tok, json_string_value(p), json_string_length(p), 1, &ids, &n, &err)) {
-            rc = SRV_BAD(req, "cannot tokenize the prompt: %s", err.msg);
-            goto out;
-        }
-    } else if (json_object_get(b, "messages")) {
-        m3_oai_error e;
-        if (m3_oai_chat_prompt(&s->ctx, b, &ids, &n, NULL, &e)) { rc = srv_send_oai(req, &e); goto out; }
-    } else {
-        rc = SRV_BAD(req, "give 'prompt' (a string) or 'messages'");
-        goto out;
-    }
-    json_t *a = json_array();
-    for (size_t i = 0; a && i < n; i++)
-        if (json_array_append_new(a, json_integer(ids[i]))) { json_decref(a); a = NULL; }
-    /* a NULL (no memory) becomes a 500 */
-    rc = srv_send_json(req, 200, a ? json_pack("{s:i,s:i,s:o}", "count", (int)n, "max_model_len",
-                                               m3_engine_max_model_len(s->e), "tokens", a) : NULL);
-out:
-    free(ids);
-    json_decref(b);
-    return rc;
-}
-
-static int h_detokenize(struct evhttp_request *req, srv *s) {
-    int rc = srv_check_auth(s, req);
-    if (rc) return rc;
-    json_t *b = srv_read_body(req, &rc);
-    if (!b) return rc;
-    json_t *t = json_object_get(b, "tokens");
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (!json_is_array(t)) { rc = SRV_BAD(req, "'tokens' must be an array of token ids"); goto out; }
-    m3_oai_error e;
-    int nv = m3_tok_n_vocab(s->tok) > s->vocab ? m3_tok_n_vocab(s->tok) : s->vocab;
-    if (m3_oai_ids(t, nv, "tokens", &ids, &n, &e)) { rc = srv_send_oai(req, &e); goto out; }
-    m3_err err;
-    size_t len;
-    char *text = m3_tok_decode(s->tok, ids, n, 0, &len, &err); /* ids no token spells: nothing */
-    if (!text) { rc = SRV_BAD(req, "%s", err.msg); goto out; }
-    json_t *j = json_pack("{s:s%}", "prompt", text, len);
-    free(text);
-    rc = srv_send_json(req, 200, j); /* NULL (no memory): a 500 */
-out:
-    free(ids);
-    json_decref(b);
-    return rc;
-}
-
 /* ------------------------------------------------------------------ routing */
 
 static const char *method_name(enum evhttp_cmd_type c) {
@@ -417,11 +357,13 @@ static void route(struct evhttp_request *req, void *arg) {
         case 0: rc = h_health(req, s); break;
         case 1: rc = h_metrics(req, s); break;
         case 2: rc = h_models(req, s); break;
-        case 3: rc = h_tokenize(req, s); break;
-        case 4: rc = h_detokenize(req, s); break;
-        default: rc = srv_generate(s, req, k == 6, serial, t0); break;
+        default: /* the rest of the work on a preparation thread (prep.c): the loop goes on */
+            rc = srv_check_auth(s, req);
+            if (!rc) rc = srv_prep_submit(s, req, k == 3 ? SRV_PREP_TOKENIZE : k == 4 ? SRV_PREP_DETOKENIZE
+                                                     : k == 6 ? SRV_PREP_CHAT : SRV_PREP_COMPLETION, serial, t0);
+            break;
         }
-    if (rc == 0) return; /* an accepted generation request: counted and logged when it ends */
+    if (rc == 0) return; /* handed to a preparation thread: answered (counted and logged) from there */
     m3_metrics_http(&s->m, rc);
     srv_log(s, serial, what, rc, -1, -1, -1, srv_now() - t0);
 }
@@ -435,7 +377,7 @@ static void exit_cb(evutil_socket_t fd, short what, void *arg) {
 }
 
 void srv_maybe_exit(srv *s) {
-    if (!s->draining || s->n_live) return;
+    if (!s->draining || s->n_live || s->n_prep) return;
     /* every generation response is written (hreqs live until then); a short grace lets the
      * small replies (503s, /metrics) still in libevent's buffers go out too */
     struct timeval tv = {0, 50000};
@@ -477,7 +419,7 @@ static void dead_cb(evutil_socket_t fd, short what, void *arg) {
         s->bs = NULL;
     }
     fprintf(stderr, "m3 serve: the engine stopped; %d responses still being written\n", s->n_live);
-    if (!s->n_live) srv_maybe_exit(s);
+    srv_maybe_exit(s);
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
@@ -495,7 +437,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
     }
     fprintf(stderr, "m3 serve: %s: shutting down; %d requests in flight get up to %.0f s to finish\n",
             sig == SIGINT ? "SIGINT" : "SIGTERM", s->n_live, s->o->shutdown_timeout);
-    if (!s->n_live) { srv_maybe_exit(s); return; }
+    if (!s->n_live && !s->n_prep) { srv_maybe_exit(s); return; }
     double t = s->o->shutdown_timeout > 0 ? s->o->shutdown_timeout : 0;
     struct timeval tv = {(time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6)};
     event_add(s->deadline, &tv);
@@ -509,6 +451,7 @@ static void peek_cb(evutil_socket_t fd, short what, void *arg) {
 /* ------------------------------------------------------------------ run */
 
 static void srv_cleanup(srv *s) {
+    srv_prep_stop(s); /* the workers first: a job they hold names a request of libevent's */
     if (s->http) evhttp_free(s->http); /* closes connections; their close callbacks still see live hreqs */
     srv_free_all(s);
     struct event *ev[] = {s->notify, s->sigint, s->sigterm, s->peek, s->deadline, s->hard_stop, s->dead_ev};
@@ -607,6 +550,7 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
         srv_cleanup(s);
         return m3_errf(err, "cannot set up the event loop (out of memory)");
     }
+    if (srv_prep_start(s, 0)) { srv_cleanup(s); return m3_errf(err, "cannot start the request preparation threads"); }
     pthread_t th;
     if (pthread_create(&th, NULL, engine_main, s)) { srv_cleanup(s); return m3_errf(err, "cannot start the engine thread"); }
     fprintf(stderr, "m3 serve: listening on http://%s:%d (model '%s', context %d tokens, KV capacity %d tokens)\n",

@@ -45,6 +45,11 @@ int sbuf_add(sbuf *b, const char *p, size_t n); /* keeps p NUL-terminated; -1 wh
 
 typedef struct srv srv;
 typedef struct hreq hreq;
+typedef struct prep_job prep_job;
+
+/* what a preparation job does (prep.c) */
+enum { SRV_PREP_COMPLETION = 0, SRV_PREP_CHAT = 1, SRV_PREP_TOKENIZE = 2, SRV_PREP_DETOKENIZE = 3 };
+#define SRV_MAX_PREP 16 /* preparation threads at most */
 
 typedef struct choice {
     hreq *h;
@@ -130,6 +135,15 @@ struct srv {
     int n_live;
     int draining, cancelling;
     m3_metrics m;
+    /* requests prepared off the loop (prep.c): a queue for the workers, a list of finished jobs
+     * for the loop (prep_ev), both under prep_mu */
+    pthread_mutex_t prep_mu;
+    pthread_cond_t prep_cv;
+    prep_job *prep_q, *prep_tail, *prep_done;
+    int prep_stop, prep_init, n_prep_th;
+    int n_prep;             /* jobs submitted and not answered yet (loop only): in flight, as n_live */
+    pthread_t prep_th[SRV_MAX_PREP];
+    struct event *prep_ev;
 };
 
 /* server.c */
@@ -137,6 +151,7 @@ double srv_now(void);
 /* compact JSON text of j (malloc'd, NUL-terminated; *len its length if len), NULL when out of memory */
 char *srv_json_text(const json_t *j, size_t *len);
 int srv_send_json(struct evhttp_request *req, int code, json_t *j); /* takes j; returns code */
+int srv_send_text(struct evhttp_request *req, int code, const char *text, size_t len); /* JSON text; returns code */
 int srv_send_error(struct evhttp_request *req, int code, const char *type, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 #define SRV_BAD(req, ...) srv_send_error(req, 400, "invalid_request_error", __VA_ARGS__)
@@ -144,17 +159,26 @@ int srv_send_oai(struct evhttp_request *req, const m3_oai_error *e); /* returns 
 /* An OpenAI error object as JSON text (no allocation: escaped into buf), for bodies and
  * stream events. Returns its length (truncated to cap - 1). */
 size_t srv_error_json(char *buf, size_t cap, int code, const char *type, const char *param, const char *msg);
-json_t *srv_read_body(struct evhttp_request *req, int *code); /* NULL: an error was sent (*code) */
 int srv_check_auth(srv *s, struct evhttp_request *req);       /* 0, or the status of the 401 sent */
 void srv_log(srv *s, unsigned long serial, const char *what, int status, int prompt, int completion, double ttft,
              double total);
 void srv_push(srv *s, const qitem *it); /* engine thread */
 void srv_maybe_exit(srv *s);            /* draining and nothing left: leave the loop */
 
+/* prep.c: request preparation on worker threads */
+int srv_prep_start(srv *s, int threads); /* threads 0: one per CPU, 2 to 4 */
+void srv_prep_stop(srv *s);              /* after the loop: joins the workers, drops what is left */
+/* Hands req's body to a worker (kind: SRV_PREP_*); the loop answers when it is done. 0, or
+ * the status of the error sent (no memory). */
+int srv_prep_submit(srv *s, struct evhttp_request *req, int kind, unsigned long serial, double t0);
+
 /* generate.c */
-/* POST /v1/completions (chat 0) and /v1/chat/completions (chat 1). Returns the HTTP status
- * sent, or 0 when the request was accepted (it logs itself when it ends). */
-int srv_generate(srv *s, struct evhttp_request *req, int chat, unsigned long serial, double t0);
+/* POST /v1/completions (chat 0) and /v1/chat/completions (chat 1), once prepared: g parsed and
+ * checked, images (NULL: none; n_images of them) made for the engine (a reference is taken). Returns the HTTP
+ * status sent (429 while the engine's queue is full), or 0 when the request was accepted (it
+ * logs itself when it ends). */
+int srv_generate_start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g, m3_engine_images *images,
+                       int n_images, unsigned long serial, double t0);
 void srv_handle_item(srv *s, qitem *it);
 void srv_peek(srv *s);       /* cancels requests whose client went away; retries failed cancels */
 void srv_cancel_all(srv *s); /* shutdown deadline */

@@ -6,6 +6,8 @@ measured and compared with a bound far above normal (250 ms; a stalled loop took
 seconds), never waited for.
 
 Cases so far:
+  - 8 MB of text to /tokenize and as a completion prompt: the tokenizer runs on a preparation
+    thread, /health and a neighbour stream go on (before: 30 MB held the loop 13.6 s);
   - 16 stop strings of 16,000 bytes (dashes, an X, dashes, a number) and a logit_bias that makes
     the model write dashes: the answer is complete (before: matching was quadratic on the HTTP
     thread, /health waited 58 s and at 18,000 bytes the response was lost);
@@ -49,6 +51,34 @@ async def stream_gaps(host, port, stop_ev, gaps):
                 break
     finally:
         w.close()
+
+
+CLIENT = r"""
+import http.client, json, sys
+host, port, route, path = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+body = open(path, "rb").read()
+c = http.client.HTTPConnection(host, port, timeout=600)
+c.request("POST", route, body, {"Content-Type": "application/json"})
+r = c.getresponse()
+data = r.read()
+j = json.loads(data)
+if isinstance(j, dict) and "tokens" in j:
+    j["tokens"] = len(j["tokens"])  # the count is what is checked
+print(json.dumps({"status": r.status, "json": j}))
+"""
+
+
+async def post_elsewhere(host, port, route, body, work):
+    """POSTs body from another process, so that building, sending and parsing megabytes here
+    takes nothing from the probes measuring the server's loop. (status, json)."""
+    path = os.path.join(work, "heavy.json")
+    with open(path, "w") as f:
+        json.dump(body, f)
+    p = await asyncio.create_subprocess_exec(sys.executable, "-c", CLIENT, host, str(port), route, path,
+                                             stdout=asyncio.subprocess.PIPE)
+    out, _ = await p.communicate()
+    r = json.loads(out)
+    return r["status"], r["json"]
 
 
 async def heavy_beside(host, port, coro):
@@ -97,6 +127,28 @@ async def main(m3, work):
               f"/health during it: {len(lat)} answers, slowest {hmax:.0f} ms (bound {BOUND_MS})")
         gmax = max(gaps) if gaps else 0
         check(gaps and gmax < BOUND_MS, f"a neighbour stream during it: {len(gaps)} chunks, longest gap {gmax:.0f} ms")
+        # ---- heavy preparation (issue 23): 8 MB of text to /tokenize and as a prompt, beside /health
+        # and a neighbour stream; the work runs on a preparation thread, the loop goes on
+        words = ("lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "
+                 "incididunt ut labore et dolore magna aliqua ").split()
+        big = " ".join(words[i % len(words)] + str(i % 97) for i in range(900000))[:8 * 1024 * 1024]
+
+        async def tok_big():
+            return await post_elsewhere(host, port, "/tokenize", {"prompt": big}, work)
+        (st, j), lat, gaps = await heavy_beside(host, port, tok_big())
+        hmax = max(x for x, _ in lat) if lat else 0
+        gmax = max(gaps) if gaps else 0
+        check(st == 200 and j["count"] > 1000000, f"/tokenize of 8 MB: 200, {j.get('count') if st == 200 else j} tokens")
+        check(lat and hmax < BOUND_MS and (not gaps or gmax < BOUND_MS),
+              f"beside it: /health slowest {hmax:.0f} ms over {len(lat)} answers, the neighbour's longest gap "
+              f"{gmax:.0f} ms over {len(gaps)} chunks (bound {BOUND_MS})")
+
+        async def gen_big():
+            return await post_elsewhere(host, port, "/v1/completions", {"prompt": big, "max_tokens": 4}, work)
+        (st, j), lat, gaps = await heavy_beside(host, port, gen_big())
+        hmax = max(x for x, _ in lat) if lat else 0
+        check(st == 400 and "context" in j["error"]["message"], f"an 8 MB prompt: 400 naming the context ({st})")
+        check(lat and hmax < BOUND_MS, f"beside it: /health slowest {hmax:.0f} ms over {len(lat)} answers")
         # ---- stop strings past 1 MiB in all
         st, j = await lt.post_json(host, port, "/v1/completions", {"prompt": "x", "max_tokens": 2,
                                                                  "stop": ["y" * 70000] * 16})

@@ -1,0 +1,275 @@
+/* m3 serve: requests prepared off the event loop (see srv.h).
+ *
+ * Everything a request costs before the engine sees it runs on preparation threads: parsing
+ * the JSON body, the chat template, the tokenizer, image decoding and preprocessing and the
+ * images' content hash (m3_oai_parse_generate, m3_engine_images_create), and /tokenize and
+ * /detokenize whole. The event loop copies the body, hands the job over and goes on serving
+ * others; a worker fills in the result and wakes the loop, which answers (an error, a 429, the
+ * tokenize reply) or starts the generation (srv_generate_start), in the order jobs finish.
+ * Before, a 30 MB prompt or 32 large images held every other client for tens of seconds
+ * (issue 23).
+ *
+ * Lifetimes: the loop owns a job until it is queued, a worker from then until it is on the
+ * done list, the loop again until it is answered and freed. libevent does not read from a
+ * connection whose request awaits its reply, so the request stays valid meanwhile; a client
+ * that leaves is seen once the generation runs (srv_peek). Jobs in flight count as requests
+ * in flight: shutdown waits for them (and runs them; a 503 once its deadline has passed). */
+#include "srv.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+
+struct prep_job {
+    srv *s;
+    struct evhttp_request *req;
+    unsigned long serial;
+    double t0;
+    int kind;                /* SRV_PREP_* */
+    char *body;              /* the request body (owned copy) */
+    size_t n;
+    /* results */
+    int rc;                  /* 0, or the status of the error in e */
+    m3_oai_error e;
+    json_t *json;            /* the parsed body (g borrows from it) */
+    m3_oai_params g;
+    m3_engine_images *images; /* the prompt's images, made for the engine */
+    int n_images;
+    json_t *reply;           /* tokenize / detokenize: the answer */
+    char *reply_text;        /* ... as JSON text, written by the worker (a 2.6M-id answer took the loop 0.8 s) */
+    size_t reply_len;
+    prep_job *next;
+};
+
+static void job_free(prep_job *j) {
+    m3_oai_params_free(&j->g);
+    m3_engine_images_release(j->images);
+    json_decref(j->json);
+    json_decref(j->reply);
+    free(j->reply_text);
+    free(j->body);
+    free(j);
+}
+
+/* ------------------------------------------------------------------ work (a worker thread) */
+
+static void do_tokenize(srv *s, prep_job *j) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    m3_err err;
+    json_t *p = json_object_get(j->json, "prompt");
+    if (json_is_string(p)) {
+        /* encode never adds BOS/EOS; special tokens written in the text are recognised */
+        if (m3_tok_encode(s->tok, json_string_value(p), json_string_length(p), 1, &ids, &n, &err)) {
+            j->rc = m3_oai_errorf(&j->e, strstr(err.msg, "out of memory") ? 500 : 400,
+                                  strstr(err.msg, "out of memory") ? "server_error" : "invalid_request_error", "prompt",
+                                  "cannot tokenize the prompt: %s", err.msg);
+            return;
+        }
+    } else if (json_object_get(j->json, "messages")) {
+        if ((j->rc = m3_oai_chat_prompt(&s->ctx, j->json, &ids, &n, NULL, &j->e))) return;
+    } else {
+        j->rc = m3_oai_errorf(&j->e, 400, "invalid_request_error", NULL, "give 'prompt' (a string) or 'messages'");
+        return;
+    }
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++)
+        if (json_array_append_new(a, json_integer(ids[i]))) { json_decref(a); a = NULL; }
+    free(ids);
+    j->reply = a ? json_pack("{s:i,s:i,s:o}", "count", (int)n, "max_model_len", m3_engine_max_model_len(s->e), "tokens", a)
+                 : NULL;
+    if (!j->reply) j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
+}
+
+static void do_detokenize(srv *s, prep_job *j) {
+    json_t *t = json_object_get(j->json, "tokens");
+    if (!json_is_array(t)) {
+        j->rc = m3_oai_errorf(&j->e, 400, "invalid_request_error", "tokens", "'tokens' must be an array of token ids");
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int nv = m3_tok_n_vocab(s->tok) > s->vocab ? m3_tok_n_vocab(s->tok) : s->vocab;
+    if ((j->rc = m3_oai_ids(t, nv, "tokens", &ids, &n, &j->e))) return;
+    m3_err err;
+    size_t len;
+    char *text = m3_tok_decode(s->tok, ids, n, 0, &len, &err); /* ids no token spells: nothing */
+    free(ids);
+    if (!text) { j->rc = m3_oai_errorf(&j->e, 500, "server_error", "tokens", "%s", err.msg); return; }
+    j->reply = json_pack("{s:s%}", "prompt", text, len);
+    free(text);
+    if (!j->reply) j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
+}
+
+static void do_generate(srv *s, prep_job *j) {
+    if ((j->rc = m3_oai_parse_generate(&s->ctx, j->json, j->kind == SRV_PREP_CHAT, &j->g, &j->e))) return;
+    if (j->g.media.px.n_images) { /* the content hash of the pixels, for the prefix cache */
+        m3_err err;
+        j->n_images = j->g.media.px.n_images; /* px is the images object's from here on */
+        j->images = m3_engine_images_create(s->e, &j->g.media.px, j->g.media.rows, j->g.media.n_rows, &err);
+        if (!j->images)
+            j->rc = strstr(err.msg, "out of memory") ? m3_oai_errorf(&j->e, 500, "server_error", NULL, "%s", err.msg)
+                                                     : m3_oai_errorf(&j->e, 400, "invalid_request_error", "messages", "%s",
+                                                                     err.msg);
+    }
+}
+
+static void *worker_main(void *arg) {
+    srv *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->prep_mu);
+        while (!s->prep_q && !s->prep_stop) pthread_cond_wait(&s->prep_cv, &s->prep_mu);
+        prep_job *j = s->prep_q;
+        if (j) {
+            s->prep_q = j->next;
+            if (!s->prep_q) s->prep_tail = NULL;
+        }
+        pthread_mutex_unlock(&s->prep_mu);
+        if (!j) return NULL; /* stopping, nothing queued */
+        j->rc = m3_oai_parse_body(j->body, j->n, &j->json, &j->e);
+        if (!j->rc) {
+            if (j->kind == SRV_PREP_TOKENIZE) do_tokenize(s, j);
+            else if (j->kind == SRV_PREP_DETOKENIZE) do_detokenize(s, j);
+            else do_generate(s, j);
+        }
+        if (!j->rc && j->reply && !(j->reply_text = srv_json_text(j->reply, &j->reply_len)))
+            j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
+        free(j->body); /* the parsed body is what the answer borrows from */
+        j->body = NULL;
+        pthread_mutex_lock(&s->prep_mu);
+        j->next = s->prep_done;
+        s->prep_done = j;
+        pthread_mutex_unlock(&s->prep_mu);
+        event_active(s->prep_ev, EV_READ, 0);
+    }
+}
+
+/* ------------------------------------------------------------------ the loop */
+
+int srv_prep_submit(srv *s, struct evhttp_request *req, int kind, unsigned long serial, double t0) {
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t n = evbuffer_get_length(in);
+    prep_job *j = srv_calloc(1, sizeof *j);
+    char *body = j ? srv_malloc(n + 1) : NULL;
+    if (!body) {
+        free(j);
+        return srv_send_error(req, 500, "server_error", "out of memory");
+    }
+    if (n && evbuffer_remove(in, body, n) != (int)n) {
+        free(body);
+        free(j);
+        return srv_send_error(req, 500, "server_error", "cannot read the request body");
+    }
+    body[n] = 0;
+    j->s = s;
+    j->req = req;
+    j->serial = serial;
+    j->t0 = t0;
+    j->kind = kind;
+    j->body = body;
+    j->n = n;
+    s->n_prep++;
+    pthread_mutex_lock(&s->prep_mu);
+    if (s->prep_tail) s->prep_tail->next = j;
+    else s->prep_q = j;
+    s->prep_tail = j;
+    pthread_cond_signal(&s->prep_cv);
+    pthread_mutex_unlock(&s->prep_mu);
+    return 0;
+}
+
+static const char *route_name(int kind) {
+    switch (kind) {
+    case SRV_PREP_TOKENIZE: return "POST /tokenize";
+    case SRV_PREP_DETOKENIZE: return "POST /detokenize";
+    case SRV_PREP_CHAT: return "POST /v1/chat/completions";
+    default: return "POST /v1/completions";
+    }
+}
+
+/* a finished job: its answer, or the generation started */
+static void finish_job(srv *s, prep_job *j) {
+    struct evhttp_request *req = j->req;
+    int rc;
+    if (s->cancelling) { /* the shutdown's deadline passed while it was prepared (before: in flight, it runs) */
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        rc = srv_send_error(req, 503, "service_unavailable_error", "the server is shutting down");
+    } else if (j->rc) {
+        rc = srv_send_oai(req, &j->e);
+    } else if (j->kind == SRV_PREP_TOKENIZE || j->kind == SRV_PREP_DETOKENIZE) {
+        rc = srv_send_text(req, 200, j->reply_text, j->reply_len);
+    } else {
+        rc = srv_generate_start(s, req, j->kind == SRV_PREP_CHAT, &j->g, j->images, j->n_images, j->serial, j->t0);
+    }
+    if (rc) { /* answered here; an accepted generation logs itself when it ends */
+        m3_metrics_http(&s->m, rc);
+        srv_log(s, j->serial, route_name(j->kind), rc, -1, -1, -1, srv_now() - j->t0);
+    }
+    job_free(j);
+}
+
+static void done_cb(evutil_socket_t fd, short what, void *arg) {
+    (void)fd; (void)what;
+    srv *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->prep_mu);
+        prep_job *list = s->prep_done;
+        s->prep_done = NULL;
+        pthread_mutex_unlock(&s->prep_mu);
+        if (!list) break;
+        prep_job *order = NULL; /* pushed newest first: answer oldest first */
+        while (list) {
+            prep_job *nx = list->next;
+            list->next = order;
+            order = list;
+            list = nx;
+        }
+        while (order) {
+            prep_job *nx = order->next;
+            s->n_prep--;
+            finish_job(s, order);
+            order = nx;
+        }
+    }
+    srv_maybe_exit(s);
+}
+
+int srv_prep_start(srv *s, int threads) {
+    pthread_mutex_init(&s->prep_mu, NULL);
+    pthread_cond_init(&s->prep_cv, NULL);
+    s->prep_init = 1;
+    s->prep_ev = event_new(s->base, -1, EV_PERSIST | EV_READ, done_cb, s);
+    if (!s->prep_ev || event_add(s->prep_ev, NULL)) return -1;
+    if (threads < 1) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = nc < 2 ? 2 : nc > 4 ? 4 : (int)nc;
+    }
+    if (threads > SRV_MAX_PREP) threads = SRV_MAX_PREP;
+    for (int i = 0; i < threads; i++) {
+        if (pthread_create(&s->prep_th[i], NULL, worker_main, s)) return -1;
+        s->n_prep_th = i + 1;
+    }
+    return 0;
+}
+
+void srv_prep_stop(srv *s) {
+    if (!s->prep_init) return;
+    pthread_mutex_lock(&s->prep_mu);
+    s->prep_stop = 1;
+    pthread_cond_broadcast(&s->prep_cv);
+    pthread_mutex_unlock(&s->prep_mu);
+    for (int i = 0; i < s->n_prep_th; i++) pthread_join(s->prep_th[i], NULL);
+    s->n_prep_th = 0;
+    /* what was never answered (the loop ended first): its requests go with libevent's */
+    for (prep_job *l = s->prep_q; l;) { prep_job *nx = l->next; job_free(l); l = nx; }
+    for (prep_job *l = s->prep_done; l;) { prep_job *nx = l->next; job_free(l); l = nx; }
+    s->prep_q = s->prep_tail = s->prep_done = NULL;
+    if (s->prep_ev) event_free(s->prep_ev);
+    s->prep_ev = NULL;
+    pthread_cond_destroy(&s->prep_cv);
+    pthread_mutex_destroy(&s->prep_mu);
+    s->prep_init = 0;
+}

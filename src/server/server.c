@@ -9,8 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
+
+#include <event2/listener.h>
 
 #include <event2/buffer.h>
 #include <event2/keyvalq_struct.h>
@@ -443,6 +447,41 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
     event_add(s->deadline, &tv);
 }
 
+/* Out of file descriptors (EMFILE / ENFILE: more connections than the process may hold): the
+ * listener stays readable, and libevent would retry accept() at once, forever (8 s of CPU in 10
+ * and nobody served, issue 23). It pauses instead, and tries again in 100 ms; the clients wait
+ * in the kernel's backlog meanwhile. */
+static void relisten_cb(evutil_socket_t fd, short what, void *arg) {
+    (void)fd; (void)what;
+    srv *s = arg;
+    if (s->bs && !s->draining) evconnlistener_enable(evhttp_bound_socket_get_listener(s->bs));
+}
+
+/* the listener's callback argument is libevent's own (the evhttp): the server is found here */
+static srv *accept_srv;
+
+static void accept_error_cb(struct evconnlistener *lis, void *arg) {
+    (void)arg;
+    srv *s = accept_srv;
+    if (!s) return;
+    int e = EVUTIL_SOCKET_ERROR();
+    if (e != EMFILE && e != ENFILE && e != ENOBUFS && e != ENOMEM) return; /* a client's own failure (ECONNABORTED...) */
+    evconnlistener_disable(lis);
+    if (s->accept_pauses++ % 100 == 0)
+        fprintf(stderr, "m3 serve: cannot accept connections (%s): new clients wait 100 ms at a time (%lu pauses so far)\n",
+                evutil_socket_error_to_string(e), s->accept_pauses);
+    struct timeval tv = {0, 100000};
+    event_add(s->relisten, &tv);
+}
+
+/* Lifts the soft limit on open files to the hard one: each connection holds one. */
+static void raise_nofile(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur >= rl.rlim_max) return;
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+}
+
 static void peek_cb(evutil_socket_t fd, short what, void *arg) {
     (void)fd; (void)what;
     srv_peek(arg);
@@ -451,10 +490,11 @@ static void peek_cb(evutil_socket_t fd, short what, void *arg) {
 /* ------------------------------------------------------------------ run */
 
 static void srv_cleanup(srv *s) {
+    if (accept_srv == s) accept_srv = NULL;
     srv_prep_stop(s); /* the workers first: a job they hold names a request of libevent's */
     if (s->http) evhttp_free(s->http); /* closes connections; their close callbacks still see live hreqs */
     srv_free_all(s);
-    struct event *ev[] = {s->notify, s->sigint, s->sigterm, s->peek, s->deadline, s->hard_stop, s->dead_ev};
+    struct event *ev[] = {s->notify, s->sigint, s->sigterm, s->peek, s->deadline, s->hard_stop, s->dead_ev, s->relisten};
     for (size_t i = 0; i < sizeof ev / sizeof *ev; i++)
         if (ev[i]) event_free(ev[i]);
     if (s->base) event_base_free(s->base);
@@ -521,8 +561,13 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
                                             EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
     evhttp_set_gencb(s->http, route, s);
+    if (!getenv("M3_KEEP_NOFILE")) raise_nofile(); /* tests set it to keep a small limit */
     s->bs = evhttp_bind_socket_with_handle(s->http, o->host, (ev_uint16_t)o->port);
     if (!s->bs) { srv_cleanup(s); return m3_errf(err, "cannot listen on %s:%d", o->host, o->port); }
+    s->relisten = evtimer_new(s->base, relisten_cb, s);
+    if (!s->relisten) { srv_cleanup(s); return m3_errf(err, "cannot set up the event loop (out of memory)"); }
+    accept_srv = s; /* one server per process */
+    evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(s->bs), accept_error_cb);
     /* Accepted sockets inherit the listener's send buffer. A bounded one (the kernel doubles
      * it) keeps what a client that stops reading can pin in the kernel small, so its output
      * piles up where the stall check sees it (srv_peek); a token stream needs far less. */

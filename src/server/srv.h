@@ -123,6 +123,8 @@ struct srv {
     struct evhttp *http;
     struct evhttp_bound_socket *bs;
     struct event *notify, *sigint, *sigterm, *peek, *deadline, *hard_stop, *dead_ev;
+    struct event *relisten;  /* the listener paused on EMFILE / ENFILE: resumed by this timer */
+    unsigned long accept_pauses;
     pthread_mutex_t mu;     /* guards q and fin (filled by the engine thread) */
     qitem *q;
     size_t qn, qcap;

@@ -12,7 +12,8 @@ Cases so far:
     the model write dashes: the answer is complete (before: matching was quadratic on the HTTP
     thread, /health waited 58 s and at 18,000 bytes the response was lost);
   - stop strings past 1 MiB in all: 400;
-  - chat_template_kwargs that would replace messages / add_generation_prompt: 400 naming it.
+  - chat_template_kwargs that would replace messages / add_generation_prompt: 400 naming it;
+  - 100 connections against 64 open files: the listener pauses rather than spinning on EMFILE.
 
   python3 tests/server/server_attack.py M3_BINARY WORK_DIR"""
 import asyncio
@@ -171,6 +172,50 @@ async def main(m3, work):
     finally:
         rc = srv.stop()
     check(rc == 0, f"the server exits 0 on SIGTERM ({rc})")
+    await fd_exhaustion(m3, ck)
+
+
+async def fd_exhaustion(m3, ck):
+    """100 connections against a limit of 64 open files: the listener pauses instead of retrying
+    accept() in a loop (before: 8 s of CPU in 10 and /health timing out), and serves again once
+    the connections are gone."""
+    import resource
+    import socket
+
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    srv = srvlib.Server(m3, ck, [], env=dict(os.environ, M3_KEEP_NOFILE="1"), preexec_fn=low_limit)
+    socks = []
+    try:
+        for _ in range(100):
+            socks.append(socket.create_connection(("127.0.0.1", srv.port)))
+
+        async def paused():
+            return "cannot accept connections" in srv.log
+        await srvlib.wait_for("the listener to pause", paused)
+
+        def cpu():
+            f = open(f"/proc/{srv.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+            return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        c0, t0 = cpu(), time.monotonic()
+        await asyncio.sleep(1.0)  # a rate measured over a second, not a wait for a state
+        used = (cpu() - c0) / (time.monotonic() - t0)
+        check(used < 0.25, f"out of file descriptors: the server uses {100 * used:.0f}% of a CPU (a spinning accept: ~80%)")
+        for k in socks:
+            k.close()
+        socks = []
+
+        async def healthy():
+            try:
+                st, _ = await lt.get_text("127.0.0.1", srv.port, "/health", 5)
+                return st == 200
+            except OSError:
+                return False
+        check(await srvlib.wait_for("/health once the connections are gone", healthy), "then it serves again")
+    finally:
+        for k in socks:
+            k.close()
+        srv.stop()
 
 
 if __name__ == "__main__":

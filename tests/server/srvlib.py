@@ -30,10 +30,10 @@ def make_checkpoint(m3, out, extra=()):
 class Server:
     """`m3 serve -m CK --port 0 ARGS` (plus $M3_SERVE_ARGS); .port once it listens; .log: its stderr."""
 
-    def __init__(self, m3, ck, args=()):
+    def __init__(self, m3, ck, args=(), env=None, preexec_fn=None):
         extra = os.environ.get("M3_SERVE_ARGS", "").split()
         self.proc = subprocess.Popen([m3, "serve", "-m", ck, "--port", "0", *extra, *args], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
+                                     stderr=subprocess.PIPE, env=env, preexec_fn=preexec_fn)
         self.log = ""
         self.port = None
         self._seen = threading.Event()

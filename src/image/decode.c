@@ -268,6 +268,54 @@ static int decode_webp(const uint8_t *data, size_t n, uint64_t max_pixels, m3_rg
 
 /* ------------------------------------------------------------------ entry points */
 
+/* the JPEG header alone: its size */
+static int dims_jpeg(const uint8_t *data, size_t n, uint64_t *w, uint64_t *h, m3_err *err) {
+    struct jpeg_decompress_struct cinfo;
+    jpg_err je;
+    memset(&cinfo, 0, sizeof cinfo);
+    cinfo.err = jpeg_std_error(&je.pub);
+    je.pub.error_exit = jpg_error_exit;
+    je.pub.emit_message = jpg_emit;
+    je.pub.output_message = jpg_output;
+    volatile int created = 0, rc = -1;
+    if (setjmp(je.jb)) {
+        m3_errf(err, "undecodable JPEG: %s", je.msg);
+        goto done;
+    }
+    jpeg_create_decompress(&cinfo);
+    created = 1;
+    jpeg_mem_src(&cinfo, data, (unsigned long)n);
+    jpeg_read_header(&cinfo, TRUE);
+    *w = cinfo.image_width;
+    *h = cinfo.image_height;
+    rc = 0;
+done:
+    if (created) jpeg_destroy_decompress(&cinfo);
+    return rc;
+}
+
+int m3_image_dims(const void *data, size_t n, uint64_t *w, uint64_t *h, m3_err *err) {
+    const uint8_t *p = data;
+    *w = *h = 0;
+    if (!data || n == 0) return m3_errf(err, "empty image data");
+    switch (m3_image_sniff(data, n)) {
+    case M3_IMG_PNG: /* the signature, then the IHDR chunk: length, "IHDR", width, height (big-endian) */
+        if (n < 24 || memcmp(p + 12, "IHDR", 4)) return m3_errf(err, "undecodable PNG: no IHDR chunk first");
+        *w = (uint64_t)p[16] << 24 | (uint64_t)p[17] << 16 | (uint64_t)p[18] << 8 | p[19];
+        *h = (uint64_t)p[20] << 24 | (uint64_t)p[21] << 16 | (uint64_t)p[22] << 8 | p[23];
+        return 0;
+    case M3_IMG_JPEG: return dims_jpeg(p, n, w, h, err);
+    case M3_IMG_WEBP: {
+        int ww = 0, hh = 0;
+        if (!WebPGetInfo(p, n, &ww, &hh)) return m3_errf(err, "undecodable WebP: bad header");
+        *w = (uint64_t)ww;
+        *h = (uint64_t)hh;
+        return 0;
+    }
+    default: return m3_errf(err, "unknown image format (not PNG, JPEG or WebP; %zu bytes)", n);
+    }
+}
+
 int m3_image_decode(const void *data, size_t n, uint64_t max_pixels, m3_rgb *out, m3_err *err) {
     memset(out, 0, sizeof *out);
     if (!max_pixels) max_pixels = M3_IMAGE_MAX_PIXELS_DEFAULT;

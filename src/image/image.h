@@ -43,6 +43,9 @@ const char *m3_image_format_name(m3_img_format f);
  * Errors: unknown format, undecodable or truncated data, animated WebP, zero-sized or
  * larger-than-max_pixels images. */
 int m3_image_decode(const void *data, size_t n, uint64_t max_pixels, m3_rgb *out, m3_err *err);
+/* The size an image's header declares (PNG IHDR, the JPEG header, the WebP header): what
+ * decoding it would cost, known before decoding it. 0, or -1 + err (not an image, no header). */
+int m3_image_dims(const void *data, size_t n, uint64_t *w, uint64_t *h, m3_err *err);
 int m3_image_load_file(const char *path, uint64_t max_pixels, m3_rgb *out, m3_err *err);
 void m3_rgb_free(m3_rgb *img);
 

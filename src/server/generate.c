@@ -56,6 +56,7 @@ static void choice_clear(choice *c) {
 }
 
 static void hreq_free(hreq *h) {
+    if (h->px_bytes) atomic_fetch_sub(&h->s->px_held, h->px_bytes);
     for (int i = 0; i < h->n; i++) choice_clear(&h->ch[i]);
     free(h->ch);
     free(h->echo_text);
@@ -613,7 +614,7 @@ static void on_output(void *arg, uint64_t id, const m3_sample_out *out, int fini
 }
 
 static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g, m3_engine_images *images, int n_img,
-                 unsigned long serial, double t0) {
+                 size_t *px_bytes, unsigned long serial, double t0) {
     m3_err err;
     hreq *h = srv_calloc(1, sizeof *h);
     if (!h || !(h->ch = srv_calloc((size_t)g->n, sizeof *h->ch))) {
@@ -621,6 +622,8 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
         return srv_send_error(req, 500, "server_error", "out of memory");
     }
     h->s = s;
+    h->px_bytes = *px_bytes; /* hreq_free gives it back, whatever happens from here */
+    *px_bytes = 0;
     h->req = req;
     h->conn = evhttp_request_get_connection(req);
     h->serial = serial;
@@ -731,7 +734,7 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
 }
 
 int srv_generate_start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g, m3_engine_images *images,
-                       int n_images, unsigned long serial, double t0) {
+                       int n_images, size_t *px_bytes, unsigned long serial, double t0) {
     m3_engine_stats st;
     m3_engine_get_stats(s->e, &st);
     if (st.waiting >= s->o->max_waiting) {
@@ -739,5 +742,5 @@ int srv_generate_start(srv *s, struct evhttp_request *req, int chat, m3_oai_para
         return srv_send_error(req, 429, "rate_limit_error", "the server is busy: %d requests are waiting (limit %d); retry later",
                               st.waiting, s->o->max_waiting);
     }
-    return start(s, req, chat, g, images, n_images, serial, t0);
+    return start(s, req, chat, g, images, n_images, px_bytes, serial, t0);
 }

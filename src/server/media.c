@@ -58,8 +58,10 @@ static int domain_allowed(const char *list, const char *host) {
     return 0;
 }
 
-/* One image part -> appended to px. param: "messages[i].content[j].image_url". */
-static int one_image(const m3_media_ctx *c, json_t *part, const char *param, int index, m3_pixels *px, m3_oai_error *e) {
+/* One image part -> its bytes (*bytes, malloc'd) and the size its header declares; nothing is
+ * decoded. param: "messages[i].content[j].image_url". */
+static int image_bytes(const m3_media_ctx *c, json_t *part, const char *param, int index, uint8_t **bytes, size_t *nb,
+                       uint64_t *w, uint64_t *h, m3_oai_error *e) {
     json_t *iu = json_object_get(part, "image_url");
     json_t *url = json_is_string(iu) ? iu : json_object_get(iu, "url");
     if (!json_is_string(url))
@@ -72,7 +74,9 @@ static int one_image(const m3_media_ctx *c, json_t *part, const char *param, int
     size_t len = json_string_length(url);
     if (len >= 5 && !strncasecmp(u, "data:", 5)) {
         m3_err err;
-        if (!m3_image_preprocess_url(u, len, &c->io, px, &err)) return 0;
+        if (!m3_data_url_decode(u, len, bytes, nb, &err) && !m3_image_dims(*bytes, *nb, w, h, &err)) return 0;
+        free(*bytes);
+        *bytes = NULL;
         if (strstr(err.msg, "out of memory"))
             return m3_oai_errorf(e, 500, "server_error", param, "%s: image %d: %s", param, index, err.msg);
         return m3_oai_errorf(e, 400, BAD, param, "%s: image %d cannot be used: %s", param, index, err.msg);
@@ -153,18 +157,41 @@ int m3_media_collect(const m3_media_ctx *c, json_t *msgs, json_t **render, m3_me
         }
     }
     if (!n_img) return 0;
-    /* pass 2: decode + preprocess, in prompt order */
-    int k = 0;
-    for (size_t i = 0; i < json_array_size(msgs); i++) {
+    /* pass 2: every image's bytes and declared size, before any is decoded: an image over the
+     * limit of one image is refused by the decoder (before decoding, with its own message), the
+     * images together may decode M3_MEDIA_MAX_REQUEST_PIXELS */
+    struct { uint8_t *bytes; size_t n; char param[64]; } im[M3_MEDIA_MAX_IMAGES];
+    const uint64_t one = c->io.max_input_pixels ? c->io.max_input_pixels : M3_IMAGE_MAX_PIXELS_DEFAULT;
+    uint64_t pixels = 0;
+    int k = 0, rc = 0;
+    for (size_t i = 0; !rc && i < json_array_size(msgs); i++) {
         json_t *content = json_object_get(json_array_get(msgs, i), "content");
-        for (size_t j = 0; json_is_array(content) && j < json_array_size(content); j++) {
+        for (size_t j = 0; !rc && json_is_array(content) && j < json_array_size(content); j++) {
             json_t *p = json_array_get(content, j);
             if (!is_image_part(p)) continue;
-            snprintf(param, sizeof param, "messages[%zu].content[%zu].image_url", i, j);
-            int rc = one_image(c, p, param, k++, &out->px, e);
-            if (rc) return rc;
+            snprintf(im[k].param, sizeof im[k].param, "messages[%zu].content[%zu].image_url", i, j);
+            uint64_t w = 0, h = 0;
+            if ((rc = image_bytes(c, p, im[k].param, k, &im[k].bytes, &im[k].n, &w, &h, e))) break;
+            k++;
+            if (w * h <= one && w * h > M3_MEDIA_MAX_REQUEST_PIXELS - pixels)
+                rc = m3_oai_errorf(e, 400, BAD, im[k - 1].param,
+                                   "%s: image %d: its %llu x %llu pixels would bring the request's images to %llu pixels; "
+                                   "the limit is %llu in all (nothing was decoded)", im[k - 1].param, k - 1,
+                                   (unsigned long long)w, (unsigned long long)h, (unsigned long long)(pixels + w * h),
+                                   (unsigned long long)M3_MEDIA_MAX_REQUEST_PIXELS);
+            else if (w * h <= one) pixels += w * h;
         }
     }
+    /* pass 3: decode + preprocess, in prompt order */
+    for (int q = 0; !rc && q < k; q++) {
+        m3_err err;
+        if (m3_image_preprocess_bytes(im[q].bytes, im[q].n, &c->io, &out->px, &err))
+            rc = strstr(err.msg, "out of memory")
+                     ? m3_oai_errorf(e, 500, "server_error", im[q].param, "%s: image %d: %s", im[q].param, q, err.msg)
+                     : m3_oai_errorf(e, 400, BAD, im[q].param, "%s: image %d cannot be used: %s", im[q].param, q, err.msg);
+    }
+    for (int q = 0; q < k; q++) free(im[q].bytes);
+    if (rc) return rc;
     m3_err err;
     if (m3_vision_check_pixels(c->vc, &out->px, &err) < 0)
         return m3_oai_errorf(e, 400, BAD, "messages", "the images do not fit the vision tower: %s", err.msg);

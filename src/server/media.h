@@ -36,6 +36,9 @@
 #include "../model/vision.h"
 
 #define M3_MEDIA_MAX_IMAGES 32 /* images per request */
+/* pixels decoded per request, all its images together, as their headers declare them before
+ * any is decoded (32 images of 7000 x 7000 would be 1.6 G pixels: 4.7 GB to decode) */
+#define M3_MEDIA_MAX_REQUEST_PIXELS 100000000ull
 
 struct m3_oai_error;
 

@@ -202,15 +202,15 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
         const char *k;
         json_t *v;
         json_object_foreach(kw, k, v)
-            if (m3_chat_defines(c->chat, k)) {
+            if (m3_chat_defines(c->chat, k)) { /* k belongs to kw: the error is written first */
+                char param[96];
+                snprintf(param, sizeof param, "chat_template_kwargs.%.60s", k);
+                m3_oai_errorf(e, 400, "invalid_request_error", param,
+                              "'chat_template_kwargs' cannot set '%.60s': the request (or the tokenizer's config) defines it", k);
                 json_decref(kw);
                 json_decref(render);
                 m3_media_free(&local);
-                char param[96];
-                snprintf(param, sizeof param, "chat_template_kwargs.%.60s", k);
-                return m3_oai_errorf(e, 400, "invalid_request_error", param,
-                                     "'chat_template_kwargs' cannot set '%.60s': the request (or the tokenizer's config) "
-                                     "defines it", k);
+                return e->status;
             }
     }
     m3_err err;

@@ -38,6 +38,7 @@ struct prep_job {
     m3_oai_params g;
     m3_engine_images *images; /* the prompt's images, made for the engine */
     int n_images;
+    size_t px_bytes;         /* their pixels, counted in srv.px_held until a request holds them */
     json_t *reply;           /* tokenize / detokenize: the answer */
     char *reply_text;        /* ... as JSON text, written by the worker (a 2.6M-id answer took the loop 0.8 s) */
     size_t reply_len;
@@ -45,6 +46,7 @@ struct prep_job {
 };
 
 static void job_free(prep_job *j) {
+    if (j->px_bytes) atomic_fetch_sub(&j->s->px_held, j->px_bytes);
     m3_oai_params_free(&j->g);
     m3_engine_images_release(j->images);
     json_decref(j->json);
@@ -107,6 +109,18 @@ static void do_detokenize(srv *s, prep_job *j) {
 static void do_generate(srv *s, prep_job *j) {
     if ((j->rc = m3_oai_parse_generate(&s->ctx, j->json, j->kind == SRV_PREP_CHAT, &j->g, &j->e))) return;
     if (j->g.media.px.n_images) { /* the content hash of the pixels, for the prefix cache */
+        /* first their memory: preprocessed pixels stay until the vision tower has run, and all
+         * requests together hold at most --max-image-memory of them */
+        size_t bytes = (size_t)j->g.media.px.n_patches * (size_t)j->g.media.px.patch_dim * sizeof(float);
+        size_t held = atomic_fetch_add(&s->px_held, bytes) + bytes, cap = s->o->max_image_memory;
+        j->px_bytes = bytes;
+        if (cap && held > cap) {
+            j->rc = m3_oai_errorf(&j->e, 429, "rate_limit_error", "messages",
+                                  "the server holds %.0f MiB of image pixels for the requests before this one; with this "
+                                  "one's %.1f MiB that is over its limit of %.0f MiB: retry later",
+                                  (double)(held - bytes) / 1048576.0, (double)bytes / 1048576.0, (double)cap / 1048576.0);
+            return;
+        }
         m3_err err;
         j->n_images = j->g.media.px.n_images; /* px is the images object's from here on */
         j->images = m3_engine_images_create(s->e, &j->g.media.px, j->g.media.rows, j->g.media.n_rows, &err);
@@ -201,8 +215,10 @@ static void finish_job(srv *s, prep_job *j) {
         rc = srv_send_oai(req, &j->e);
     } else if (j->kind == SRV_PREP_TOKENIZE || j->kind == SRV_PREP_DETOKENIZE) {
         rc = srv_send_text(req, 200, j->reply_text, j->reply_len);
+        j->reply_text = NULL;
     } else {
-        rc = srv_generate_start(s, req, j->kind == SRV_PREP_CHAT, &j->g, j->images, j->n_images, j->serial, j->t0);
+        rc = srv_generate_start(s, req, j->kind == SRV_PREP_CHAT, &j->g, j->images, j->n_images, &j->px_bytes, j->serial,
+                                j->t0);
     }
     if (rc) { /* answered here; an accepted generation logs itself when it ends */
         m3_metrics_http(&s->m, rc);

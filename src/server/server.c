@@ -17,6 +17,7 @@
 #include <event2/listener.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/keyvalq_struct.h>
 #include <event2/thread.h>
 
@@ -31,6 +32,7 @@ void m3_server_opts_default(m3_server_opts *o) {
     o->log_requests = 1;
     o->max_header_bytes = 64 << 10;
     o->timeout = 60;
+    o->max_image_memory = (size_t)2 << 30;
 }
 
 double srv_now(void) {
@@ -89,10 +91,17 @@ char *srv_json_text(const json_t *j, size_t *len) {
     return s;
 }
 
-int srv_send_text(struct evhttp_request *req, int code, const char *text, size_t len) {
+static void free_text(const void *data, size_t len, void *arg) {
+    (void)data; (void)len;
+    free(arg);
+}
+
+int srv_send_text(struct evhttp_request *req, int code, char *text, size_t len) {
     struct evbuffer *b = evbuffer_new();
-    if (!b || evbuffer_add(b, text, len)) {
+    /* by reference: a 20 MB answer is not copied on the loop; the buffer frees it once written */
+    if (!b || evbuffer_add_reference(b, text, len, free_text, text)) {
         if (b) evbuffer_free(b);
+        else free(text);
         return srv_send_error(req, 500, "server_error", "out of memory");
     }
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
@@ -337,6 +346,10 @@ static void route(struct evhttp_request *req, void *arg) {
     for (; uri[i] && uri[i] != '?' && i + 1 < sizeof path; i++) path[i] = uri[i];
     path[i] = 0;
     snprintf(what, sizeof what, "%s %s", method_name(cmd), path);
+    /* a long answer goes out 256 KiB a write, between other clients' events (one write of 20 MB held
+     * the loop for tens of ms) */
+    struct evhttp_connection *rc_conn = evhttp_request_get_connection(req);
+    if (rc_conn) bufferevent_set_max_single_write(evhttp_connection_get_bufferevent(rc_conn), (size_t)256 << 10);
     int get = cmd == EVHTTP_REQ_GET, post = cmd == EVHTTP_REQ_POST;
     static const char *const known[] = {"/health", "/metrics", "/v1/models", "/tokenize", "/detokenize",
                                         "/v1/completions", "/v1/chat/completions"};

@@ -62,6 +62,8 @@ typedef struct m3_server_opts {
     const char *fault_spec;    /* tests only: allocation failures armed once listening (src/engine/fault.h) */
     const m3_media_ctx *media; /* image inputs of chat requests (media.h; the engine needs a vision tower);
                                 * NULL: image parts get 400 */
+    size_t max_image_memory;   /* bytes of preprocessed pixels all requests together may hold until the
+                                * vision tower has run (default 2 GiB); beyond it a request with images gets 429 */
 } m3_server_opts;
 
 void m3_server_opts_default(m3_server_opts *o);

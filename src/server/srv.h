@@ -100,6 +100,7 @@ struct hreq {
     int n_open;             /* choices submitted and not ended by the engine */
     int n_done;             /* choices whose output is complete */
     int busy;
+    size_t px_bytes;        /* preprocessed pixels it holds, counted in srv.px_held */
     char *echo_text;        /* completions with echo: the prompt text */
     size_t echo_len;
     choice *ch;             /* [n] */
@@ -144,6 +145,8 @@ struct srv {
     prep_job *prep_q, *prep_tail, *prep_done;
     int prep_stop, prep_init, n_prep_th;
     int n_prep;             /* jobs submitted and not answered yet (loop only): in flight, as n_live */
+    atomic_size_t px_held;  /* bytes of preprocessed pixels held by requests (jobs and hreqs), against
+                             * o->max_image_memory */
     pthread_t prep_th[SRV_MAX_PREP];
     struct event *prep_ev;
 };
@@ -153,7 +156,8 @@ double srv_now(void);
 /* compact JSON text of j (malloc'd, NUL-terminated; *len its length if len), NULL when out of memory */
 char *srv_json_text(const json_t *j, size_t *len);
 int srv_send_json(struct evhttp_request *req, int code, json_t *j); /* takes j; returns code */
-int srv_send_text(struct evhttp_request *req, int code, const char *text, size_t len); /* JSON text; returns code */
+/* JSON text (malloc'd: taken, whatever happens); returns code */
+int srv_send_text(struct evhttp_request *req, int code, char *text, size_t len);
 int srv_send_error(struct evhttp_request *req, int code, const char *type, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 #define SRV_BAD(req, ...) srv_send_error(req, 400, "invalid_request_error", __VA_ARGS__)
@@ -176,11 +180,12 @@ int srv_prep_submit(srv *s, struct evhttp_request *req, int kind, unsigned long 
 
 /* generate.c */
 /* POST /v1/completions (chat 0) and /v1/chat/completions (chat 1), once prepared: g parsed and
- * checked, images (NULL: none; n_images of them) made for the engine (a reference is taken). Returns the HTTP
+ * checked, images (NULL: none; n_images of them) made for the engine (a reference is taken);
+ * *px_bytes of srv.px_held move to the request when it starts (*px_bytes is 0 then). Returns the HTTP
  * status sent (429 while the engine's queue is full), or 0 when the request was accepted (it
  * logs itself when it ends). */
 int srv_generate_start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g, m3_engine_images *images,
-                       int n_images, unsigned long serial, double t0);
+                       int n_images, size_t *px_bytes, unsigned long serial, double t0);
 void srv_handle_item(srv *s, qitem *it);
 void srv_peek(srv *s);       /* cancels requests whose client went away; retries failed cancels */
 void srv_cancel_all(srv *s); /* shutdown deadline */

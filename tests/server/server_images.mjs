@@ -111,7 +111,7 @@ const base = srv.base;
 const client = new OpenAI({ baseURL: base + '/v1', apiKey: 'none', maxRetries: 0 });
 const chat = (messages, o = {}) => client.chat.completions.create({ model: 'vl', messages, ...greedy, ...o });
 const lpsOf = r => r.choices[0].logprobs.content.map(e => e.logprob);
-let srv2 = null, srv3 = null;
+let srv2 = null, srv3 = null, srv4 = null;
 try {
   const cliA = cliGreedy(ck, IMG_A, N);
   ok(JSON.stringify(cliA.toks) === JSON.stringify(refToks), '`m3 logits --image` greedy tokens = the reference (sanity of the comparison)');
@@ -207,6 +207,35 @@ try {
   const rText = await chat([{ role: 'user', content: '<5><17><33>' }], { max_tokens: 4 });
   ok(rText.usage.prompt_tokens === 3 && rText.choices[0].logprobs.content.length === 4, 'a text-only request on the vision model');
 
+  // ---- hostile images (issue 23): refused by their headers before decoding, and the loop serves
+  // others meanwhile (their decoding runs on preparation threads)
+  const multi = urls => [{ role: 'user', content: [{ type: 'text', text: '<5>' }, ...urls.map(u => ({ type: 'image_url', image_url: { url: u } }))] }];
+  // a JPEG cut short with an end marker after the cut: refused as truncated, not decoded as gray
+  const jpgBytes = fs.readFileSync(jpgFile), cutJpg = Buffer.concat([jpgBytes.subarray(0, jpgBytes.length * 2 / 3 | 0), Buffer.from([0xff, 0xd9])]);
+  await bad('a JPEG cut short before its end marker', dataUrl(cutJpg, 'image/jpeg'), /truncated/);
+  // three headers of 7000 x 7000 (each under the 50 M pixels of one image): over the request's 100 M in all
+  const big = dataUrl(png(4, 4, () => [1, 2, 3], { headerW: 7000, headerH: 7000 }));
+  const t3 = await post(base, '/v1/chat/completions', { model: 'vl', messages: multi([big, big, big]), max_tokens: 2 });
+  ok(t3.status === 400 && /limit is 100000000 in all \(nothing was decoded\)/.test(t3.json.error.message) && t3.json.error.param === 'messages[0].content[3].image_url',
+     `three images of 49 M pixels: 400 at the third (${t3.json && t3.json.error.message})`);
+  // 32 images of 672 x 672 beside /health: the loop answers while they are decoded and preprocessed
+  const mid = dataUrl(png(672, 672, (x, y) => [(x * 3 + y) & 255, (x ^ y) & 255, (y * 5) & 255]));
+  const heavy = post(base, '/v1/chat/completions', { model: 'vl', messages: multi(Array(32).fill(mid)), max_tokens: 1 });
+  let done = false, slowest = 0, probes = 0;
+  heavy.then(() => { done = true; });
+  while (!done) {
+    const t0 = performance.now();
+    const h = await fetch(base + '/health');
+    await h.text();
+    slowest = Math.max(slowest, performance.now() - t0);
+    probes++;
+    await new Promise(r => setTimeout(r, 20));
+  }
+  const hr = await heavy;
+  ok(hr.status === 200 && hr.json.usage.prompt_tokens > 32 * 500, `32 images of 672 x 672: 200, ${hr.json && hr.json.usage && hr.json.usage.prompt_tokens} prompt tokens`);
+  const bound = process.env.M3_SANITIZED ? 1000 : 250; // sanitizer builds run 3-10x slower on the same cores
+  ok(probes > 0 && slowest < bound, `/health while they were prepared: ${probes} answers, slowest ${slowest.toFixed(0)} ms (bound ${bound}; before: 21.6 s)`);
+
   // ---- --allowed-media-domains: hosts named allowed or not; nothing is fetched either way
   srv2 = await startServer(m3, ck, ['--served-model-name', 'vl', '--allowed-media-domains', 'example.com,img.example.org']);
   const d1 = await post(srv2.base, '/v1/chat/completions', { model: 'vl', max_tokens: 2, messages: msgsWith('https://evil.example.net/x.png') });
@@ -218,6 +247,16 @@ try {
   await srv2.stop();
   srv2 = null;
 
+  // ---- --max-image-memory: the preprocessed pixels all requests hold are bounded (429 beyond)
+  srv4 = await startServer(m3, ck, ['--served-model-name', 'vl', '--max-image-memory', '100000']);
+  const mm = await post(srv4.base, '/v1/chat/completions', { model: 'vl', max_tokens: 2, messages: msgsWith(dataUrl(pngA)) });
+  ok(mm.status === 429 && mm.json.error.type === 'rate_limit_error' && /over its limit/.test(mm.json.error.message),
+     `an image over --max-image-memory: 429 (${mm.json && mm.json.error.message})`);
+  const mt = await post(srv4.base, '/v1/chat/completions', { model: 'vl', max_tokens: 2, messages: [{ role: 'user', content: '<5><17>' }] });
+  ok(mt.status === 200, 'text requests beside it work');
+  await srv4.stop();
+  srv4 = null;
+
   // ---- --language-model-only: images get 400, text still works
   srv3 = await startServer(m3, ck, ['--served-model-name', 'vl', '--language-model-only']);
   const l1 = await post(srv3.base, '/v1/chat/completions', { model: 'vl', max_tokens: 2, messages: msgsWith(dataUrl(pngA)) });
@@ -228,6 +267,6 @@ try {
   const lm = await metrics(srv3.base);
   ok(lm.m3_vision_encoder_runs_total === 0, '--language-model-only: the vision tower never ran');
 } catch (e) { R.failed++; console.log('FAIL exception: ' + (e.stack || e)); }
-for (const s of [srv, srv2, srv3]) if (s) { const r = await s.stop(); if (r.code !== 0) { R.failed++; console.log('FAIL server exit ' + JSON.stringify(r) + '\n' + s.log); } }
+for (const s of [srv, srv2, srv3, srv4]) if (s) { const r = await s.stop(); if (r.code !== 0) { R.failed++; console.log('FAIL server exit ' + JSON.stringify(r) + '\n' + s.log); } }
 console.log(R.failed ? `server_images: ${R.failed} FAILED` : 'server_images: all passed');
 process.exit(R.failed ? 1 : 0);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <errno.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -18,6 +19,7 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/http_struct.h>
 #include <event2/keyvalq_struct.h>
 #include <event2/thread.h>
 
@@ -69,6 +71,7 @@ static const char *reason_phrase(int code) {
     case 429: return "Too Many Requests";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
     default: return "Error";
     }
 }
@@ -331,8 +334,50 @@ static const char *method_name(enum evhttp_cmd_type c) {
     case EVHTTP_REQ_DELETE: return "DELETE";
     case EVHTTP_REQ_OPTIONS: return "OPTIONS";
     case EVHTTP_REQ_PATCH: return "PATCH";
+    case EVHTTP_REQ_CONNECT: return "CONNECT";
+    case EVHTTP_REQ_TRACE: return "TRACE";
     default: return "OTHER";
     }
+}
+
+/* What RFC 9112 says to refuse, and libevent 2.1 lets through: a request that names another HTTP
+ * version, two Content-Length headers that disagree, or Transfer-Encoding beside Content-Length
+ * (the framing of what follows is ambiguous: a request-smuggling hazard behind a proxy). NULL,
+ * or the reason; such a request is answered on a connection that then closes. */
+static const char *framing_error(struct evhttp_request *req, int *status, char *buf, size_t cap) {
+    *status = 400;
+    if (req->major != 1) {
+        *status = 505;
+        snprintf(buf, cap, "HTTP/%d.%d is not supported (HTTP/1.0 and HTTP/1.1 are)", req->major, req->minor);
+        req->major = 1; /* the answer's status line, which libevent writes in the request's version */
+        req->minor = 1;
+        return buf;
+    }
+    const char *cl = NULL;
+    int te = 0;
+    struct evkeyval *h;
+    for (h = evhttp_request_get_input_headers(req)->tqh_first; h; h = h->next.tqe_next) {
+        if (!strcasecmp(h->key, "Content-Length")) {
+            if (cl && strcmp(cl, h->value)) {
+                snprintf(buf, cap, "two Content-Length headers disagree ('%.20s' and '%.20s')", cl, h->value);
+                return buf;
+            }
+            cl = h->value;
+        } else if (!strcasecmp(h->key, "Transfer-Encoding")) {
+            te = 1;
+        }
+    }
+    if (te && cl) return "both Transfer-Encoding and Content-Length: the message's length is ambiguous";
+    return NULL;
+}
+
+/* libevent keeps a CONNECT connection open whatever its Connection header says (a proxy's
+ * tunnel): once the refusal is written, the socket is shut and libevent closes it on the EOF */
+static void shut_after(struct evhttp_request *req, void *arg) {
+    (void)arg;
+    struct evhttp_connection *c = evhttp_request_get_connection(req);
+    struct bufferevent *b = c ? evhttp_connection_get_bufferevent(c) : NULL;
+    if (b && bufferevent_getfd(b) >= 0) shutdown(bufferevent_getfd(b), SHUT_RDWR);
 }
 
 static void route(struct evhttp_request *req, void *arg) {
@@ -357,8 +402,17 @@ static void route(struct evhttp_request *req, void *arg) {
     for (int j = 0; j < (int)(sizeof known / sizeof *known); j++)
         if (!strcmp(path, known[j])) k = j;
     int want_get = k >= 0 && k <= 2;
-    int rc;
-    if (s->draining && k != 1) { /* /metrics stays up for whoever watches the drain */
+    int rc, fstatus;
+    char fbuf[160];
+    const char *ferr = framing_error(req, &fstatus, fbuf, sizeof fbuf);
+    if (ferr) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        rc = srv_send_error(req, fstatus, "invalid_request_error", "%s", ferr);
+    } else if (cmd == EVHTTP_REQ_CONNECT || cmd == EVHTTP_REQ_TRACE) { /* never served; the connection closes */
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        evhttp_request_set_on_complete_cb(req, shut_after, NULL);
+        rc = srv_send_error(req, 405, "invalid_request_error", "method %s is not served", method_name(cmd));
+    } else if (s->draining && k != 1) { /* /metrics stays up for whoever watches the drain */
         evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
         rc = srv_send_error(req, 503, "service_unavailable_error", "the server is shutting down");
     } else if (evbuffer_get_length(evhttp_request_get_input_buffer(req)) >
@@ -572,7 +626,8 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     }
     /* every method reaches route(), which answers 405 in OpenAI's shape (libevent: 501) */
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
-                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
+                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH |
+                                            EVHTTP_REQ_CONNECT | EVHTTP_REQ_TRACE);
     evhttp_set_gencb(s->http, route, s);
     if (!getenv("M3_KEEP_NOFILE")) raise_nofile(); /* tests set it to keep a small limit */
     s->bs = evhttp_bind_socket_with_handle(s->http, o->host, (ev_uint16_t)o->port);

@@ -13,7 +13,9 @@ Cases so far:
     thread, /health waited 58 s and at 18,000 bytes the response was lost);
   - stop strings past 1 MiB in all: 400;
   - chat_template_kwargs that would replace messages / add_generation_prompt: 400 naming it;
-  - 100 connections against 64 open files: the listener pauses rather than spinning on EMFILE.
+  - 100 connections against 64 open files: the listener pauses rather than spinning on EMFILE;
+  - framing RFC 9112 refuses (two Content-Length headers that disagree, HTTP/0.9, CONNECT, TRACE):
+    an error in OpenAI's shape, then the connection closes.
 
   python3 tests/server/server_attack.py M3_BINARY WORK_DIR"""
 import asyncio
@@ -170,6 +172,25 @@ async def main(m3, work):
                                    {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
                                     "chat_template_kwargs": {"thinking_mode": "disabled", "custom_flag": 1}})
         check(st == 200, f"kwargs that add variables still work ({st})")
+        # ---- framing RFC 9112 refuses: answered in OpenAI's shape, then the connection closes (what
+        # follows the first Content-Length is never read as a next request)
+        cases = [
+            ("two Content-Length headers that disagree",
+             b'POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 15\r\nContent-Length: 3\r\n\r\n{"prompt":"hi"}'
+             b'GET /health HTTP/1.1\r\nHost: x\r\n\r\n', b"HTTP/1.1 400", b"disagree"),
+            ("HTTP/0.9", b"GET /health HTTP/0.9\r\n\r\n", b"HTTP/1.1 505", b"not supported"),
+            ("CONNECT with Connection: close", b"CONNECT example.com:443 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+             b"HTTP/1.1 405", b"not served"),
+            ("TRACE", b"TRACE / HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 405", b"not served"),
+        ]
+        for what, data, status, text in cases:
+            r, w = await asyncio.open_connection(host, port)
+            w.write(data)
+            await w.drain()
+            out = await asyncio.wait_for(r.read(), 30)  # to EOF: the server closes
+            w.close()
+            check(out.startswith(status) and text in out and b"\nHTTP/1." not in out,
+                  f"{what}: {status.decode()} in OpenAI's shape, then closed ({out[:60]!r})")
     finally:
         rc = srv.stop()
     check(rc == 0, f"the server exits 0 on SIGTERM ({rc})")

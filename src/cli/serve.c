@@ -41,7 +41,9 @@ static const char *usage =
     "  --max-header-bytes BYTES  request line + headers limit (default 65536)\n"
     "  --timeout S      a connection silent for S seconds (request not arriving, idle keep-alive, a client\n"
     "                   not reading its stream) is closed and its request cancelled (default 60; 0: never);\n"
-    "                   a stream waiting for the engine is never cut: it gets ': keep-alive' SSE comments\n"
+    "                   a stream waiting for the engine is never cut: it gets ': keep-alive' SSE comments;\n"
+    "                   a request must arrive whole within S seconds, however it trickles in\n"
+    "  --max-connections N  connections at once (default 1024; 0: no cap): beyond, new clients wait\n"
     "  --language-model-only  do not load the vision tower: requests with images get 400\n"
     "  --max-image-memory BYTES  preprocessed image pixels all requests together may hold until the vision\n"
     "                   tower has run (default 2147483648; 0: no limit); a request with images beyond it gets 429\n"
@@ -93,7 +95,7 @@ static int vision_setup(m3_vision *vis, m3_model *m, m3_ops *ops, const char *di
 int m3_cmd_serve(int argc, char **argv) {
     const char *dir = NULL, *name = NULL, *spec_json = NULL, *draft_dir = NULL, *kvd = NULL, *ikd = NULL;
     long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, mml = 0, waiting = -1, grace = -1, body = 0, sthreads = 0;
-    long hdr = 0, tmo = -1, tpn = 1, imgmem = -1;
+    long hdr = 0, tmo = -1, tpn = 1, imgmem = -1, maxconn = -1;
     double util = 0.9;
     const char *moe_split = NULL;
     int lm_only = 0;
@@ -134,6 +136,7 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-header-bytes")) r = m3_cli_int(a, v, 256, 1 << 30, &hdr, &err);
         else if (!strcmp(a, "--timeout")) r = m3_cli_int(a, v, 0, 1 << 20, &tmo, &err);
         else if (!strcmp(a, "--max-image-memory")) r = m3_cli_int(a, v, 0, __LONG_MAX__, &imgmem, &err);
+        else if (!strcmp(a, "--max-connections")) r = m3_cli_int(a, v, 0, 1 << 24, &maxconn, &err);
         else if (!strcmp(a, "--speculative-config")) spec_json = v;
         else if (!strcmp(a, "--draft")) draft_dir = v;
         else if (!strcmp(a, "--allowed-media-domains")) media_domains = v;
@@ -154,6 +157,7 @@ int m3_cmd_serve(int argc, char **argv) {
     if (hdr) so.max_header_bytes = (size_t)hdr;
     if (tmo >= 0) so.timeout = (double)tmo;
     if (imgmem >= 0) so.max_image_memory = (size_t)imgmem;
+    if (maxconn >= 0) so.max_connections = (int)maxconn;
     so.fault_spec = getenv("M3_FAULT_ALLOC");
     if (so.fault_spec && !*so.fault_spec) so.fault_spec = NULL;
     if (so.fault_spec) { /* checked now, armed once the server listens */

@@ -112,6 +112,9 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
     counter(&b, "m3_slow_clients_dropped_total",
             "Streams closed (request cancelled) because the client took no output for --timeout seconds.",
             m->slow_clients_dropped);
+    counter(&b, "m3_slow_requests_cut_total",
+            "Connections shut because their request took longer than --timeout to arrive (a slow-loris client).",
+            m->slow_requests_cut);
     counter(&b, "m3_stream_keepalives_total",
             "SSE keep-alive comments sent to streams with no output for a while (queued or waiting requests).",
             m->keepalives);

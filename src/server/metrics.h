@@ -35,6 +35,7 @@ typedef struct m3_metrics {
     uint64_t requests_rejected_overload;
     uint64_t slow_clients_dropped;  /* streams closed because their client stopped reading */
     uint64_t keepalives;       /* SSE keep-alive comments sent to silent streams */
+    uint64_t slow_requests_cut; /* connections shut because a request took longer than --timeout to arrive */
     uint64_t images;           /* images in accepted generation requests */
     m3_hist ttft, itl, e2e;    /* seconds */
 } m3_metrics;

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 
 struct prep_job {
     srv *s;
@@ -39,6 +40,7 @@ struct prep_job {
     m3_engine_images *images; /* the prompt's images, made for the engine */
     int n_images;
     size_t px_bytes;         /* their pixels, counted in srv.px_held until a request holds them */
+    prep_job *all_prev, *all_next; /* srv.prep_all: every job not answered yet (the loop's list) */
     json_t *reply;           /* tokenize / detokenize: the answer */
     char *reply_text;        /* ... as JSON text, written by the worker (a 2.6M-id answer took the loop 0.8 s) */
     size_t reply_len;
@@ -186,6 +188,9 @@ int srv_prep_submit(srv *s, struct evhttp_request *req, int kind, unsigned long 
     j->body = body;
     j->n = n;
     s->n_prep++;
+    j->all_next = s->prep_all;
+    if (s->prep_all) s->prep_all->all_prev = j;
+    s->prep_all = j;
     pthread_mutex_lock(&s->prep_mu);
     if (s->prep_tail) s->prep_tail->next = j;
     else s->prep_q = j;
@@ -246,11 +251,24 @@ static void done_cb(evutil_socket_t fd, short what, void *arg) {
         while (order) {
             prep_job *nx = order->next;
             s->n_prep--;
+            if (order->all_prev) order->all_prev->all_next = order->all_next;
+            else s->prep_all = order->all_next;
+            if (order->all_next) order->all_next->all_prev = order->all_prev;
             finish_job(s, order);
             order = nx;
         }
     }
     srv_maybe_exit(s);
+}
+
+int srv_prep_fds(srv *s, int *fds, int cap) {
+    int n = 0;
+    for (prep_job *j = s->prep_all; j && n < cap; j = j->all_next) {
+        struct evhttp_connection *c = evhttp_request_get_connection(j->req);
+        struct bufferevent *b = c ? evhttp_connection_get_bufferevent(c) : NULL;
+        if (b && bufferevent_getfd(b) >= 0) fds[n++] = bufferevent_getfd(b);
+    }
+    return n;
 }
 
 int srv_prep_start(srv *s, int threads) {
@@ -282,7 +300,7 @@ void srv_prep_stop(srv *s) {
     /* what was never answered (the loop ended first): its requests go with libevent's */
     for (prep_job *l = s->prep_q; l;) { prep_job *nx = l->next; job_free(l); l = nx; }
     for (prep_job *l = s->prep_done; l;) { prep_job *nx = l->next; job_free(l); l = nx; }
-    s->prep_q = s->prep_tail = s->prep_done = NULL;
+    s->prep_q = s->prep_tail = s->prep_done = s->prep_all = NULL;
     if (s->prep_ev) event_free(s->prep_ev);
     s->prep_ev = NULL;
     pthread_cond_destroy(&s->prep_cv);

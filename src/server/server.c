@@ -35,6 +35,7 @@ void m3_server_opts_default(m3_server_opts *o) {
     o->max_header_bytes = 64 << 10;
     o->timeout = 60;
     o->max_image_memory = (size_t)2 << 30;
+    o->max_connections = 1024;
 }
 
 double srv_now(void) {
@@ -552,6 +553,7 @@ static void raise_nofile(void) {
 static void peek_cb(evutil_socket_t fd, short what, void *arg) {
     (void)fd; (void)what;
     srv_peek(arg);
+    srv_conns_sweep(arg);
 }
 
 /* ------------------------------------------------------------------ run */
@@ -629,6 +631,7 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
                                             EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH |
                                             EVHTTP_REQ_CONNECT | EVHTTP_REQ_TRACE);
     evhttp_set_gencb(s->http, route, s);
+    evhttp_set_bevcb(s->http, srv_conns_bev, s);
     if (!getenv("M3_KEEP_NOFILE")) raise_nofile(); /* tests set it to keep a small limit */
     s->bs = evhttp_bind_socket_with_handle(s->http, o->host, (ev_uint16_t)o->port);
     if (!s->bs) { srv_cleanup(s); return m3_errf(err, "cannot listen on %s:%d", o->host, o->port); }

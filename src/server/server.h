@@ -58,7 +58,9 @@ typedef struct m3_server_opts {
     size_t kv_bytes_per_token; /* for /metrics; 0: not reported */
     int log_requests;          /* one stderr line per request (default 1) */
     size_t max_header_bytes;   /* request line + headers limit (default 64 KiB) */
-    double timeout;            /* seconds a connection may stay silent (default 60; 0: none) */
+    double timeout;            /* seconds a connection may stay silent (default 60; 0: none); also the most a
+                                * request may take to arrive, however it trickles in */
+    int max_connections;       /* connections at once; the listener pauses at it (default 1024; 0: no cap) */
     const char *fault_spec;    /* tests only: allocation failures armed once listening (src/engine/fault.h) */
     const m3_media_ctx *media; /* image inputs of chat requests (media.h; the engine needs a vision tower);
                                 * NULL: image parts get 400 */

@@ -126,6 +126,9 @@ struct srv {
     struct event *notify, *sigint, *sigterm, *peek, *deadline, *hard_stop, *dead_ev;
     struct event *relisten;  /* the listener paused on EMFILE / ENFILE: resumed by this timer */
     unsigned long accept_pauses;
+    int n_conns;            /* connections at the last sweep (conns.c) */
+    int conns_paused;       /* the listener is paused at --max-connections */
+    unsigned long cap_pauses;
     pthread_mutex_t mu;     /* guards q and fin (filled by the engine thread) */
     qitem *q;
     size_t qn, qcap;
@@ -143,6 +146,7 @@ struct srv {
     pthread_mutex_t prep_mu;
     pthread_cond_t prep_cv;
     prep_job *prep_q, *prep_tail, *prep_done;
+    prep_job *prep_all;     /* every job not answered yet (loop only; srv_prep_fds) */
     int prep_stop, prep_init, n_prep_th;
     int n_prep;             /* jobs submitted and not answered yet (loop only): in flight, as n_live */
     atomic_size_t px_held;  /* bytes of preprocessed pixels held by requests (jobs and hreqs), against
@@ -177,6 +181,12 @@ void srv_prep_stop(srv *s);              /* after the loop: joins the workers, d
 /* Hands req's body to a worker (kind: SRV_PREP_*); the loop answers when it is done. 0, or
  * the status of the error sent (no memory). */
 int srv_prep_submit(srv *s, struct evhttp_request *req, int kind, unsigned long serial, double t0);
+/* the sockets of the requests being prepared (loop only): up to cap into fds; returns how many */
+int srv_prep_fds(srv *s, int *fds, int cap);
+
+/* conns.c: every 200 ms, the connection cap and the deadline of a request arriving */
+void srv_conns_sweep(srv *s);
+struct bufferevent *srv_conns_bev(struct event_base *base, void *arg); /* evhttp_set_bevcb: counts accepts */
 
 /* generate.c */
 /* POST /v1/completions (chat 0) and /v1/chat/completions (chat 1), once prepared: g parsed and

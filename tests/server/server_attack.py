@@ -14,6 +14,8 @@ Cases so far:
   - stop strings past 1 MiB in all: 400;
   - chat_template_kwargs that would replace messages / add_generation_prompt: 400 naming it;
   - 100 connections against 64 open files: the listener pauses rather than spinning on EMFILE;
+  - a request trickling in a byte every 0.2 s: cut after --timeout; --max-connections pauses the
+    listener until clients leave;
   - framing RFC 9112 refuses (two Content-Length headers that disagree, HTTP/0.9, CONNECT, TRACE):
     an error in OpenAI's shape, then the connection closes.
 
@@ -195,6 +197,55 @@ async def main(m3, work):
         rc = srv.stop()
     check(rc == 0, f"the server exits 0 on SIGTERM ({rc})")
     await fd_exhaustion(m3, ck)
+    await slow_and_many(m3, ck)
+
+
+async def slow_and_many(m3, ck):
+    """A request trickling in one byte at a time (slowloris) is cut once it has taken --timeout,
+    whatever the gaps; --max-connections pauses the listener, which resumes when clients leave."""
+    srv = srvlib.Server(m3, ck, ["--timeout", "1", "--max-connections", "8"])
+    host, port = "127.0.0.1", srv.port
+    try:
+        r, w = await asyncio.open_connection(host, port)
+        msg = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 400\r\n\r\n" + b"x" * 400
+        cut = False
+        for k in range(len(msg)):  # a byte every 0.2 s: the idle timeout never fires, the request never ends
+            try:
+                w.write(msg[k:k + 1])
+                await w.drain()
+                got = await asyncio.wait_for(r.read(1), 0.2)
+                if got == b"":
+                    cut = True
+                    break
+            except asyncio.TimeoutError:
+                continue
+            except OSError:
+                cut = True
+                break
+        w.close()
+        check(cut and k < len(msg) - 1, f"a request trickling in a byte at a time: cut after {k} bytes (--timeout 1)")
+        m = await lt.metrics(host, port)
+        check(m.get("m3_slow_requests_cut_total", 0) >= 1, "m3_slow_requests_cut_total counts it")
+        socks = []
+        for _ in range(12):
+            socks.append(await asyncio.open_connection(host, port))
+
+        async def paused():
+            return "--max-connections 8" in srv.log
+        await srvlib.wait_for("the listener to pause at --max-connections", paused)
+        check("new clients wait" in srv.log, "12 connections against --max-connections 8: the listener pauses")
+        for _, ww in socks:
+            ww.close()
+
+        async def healthy():
+            try:
+                st, _ = await lt.get_text(host, port, "/health", 5)
+                return st == 200
+            except (OSError, asyncio.TimeoutError):
+                return False
+        check(await srvlib.wait_for("/health once they are gone", healthy), "and serves again once they have left")
+    finally:
+        srv.stop()
 
 
 async def fd_exhaustion(m3, ck):

@@ -54,6 +54,28 @@ int m3_cli_int(const char *opt, const char *val, long lo, long hi, long *out, m3
     return 0;
 }
 
+int m3_cli_size(const char *opt, const char *val, long lo, long hi, long *out, m3_err *err) {
+    if (!val) return m3_errf(err, "%s needs a value", opt);
+    char *end;
+    errno = 0;
+    double x = strtod(val, &end);
+    double mul = 1;
+    /* vLLM's human-readable sizes: k / m / g powers of 1000, K / M / G (and KiB / MiB / GiB)
+     * powers of 1024, KB / MB / GB powers of 1000 */
+    static const struct { const char *s; double m; } suf[] = {
+        {"", 1}, {"k", 1e3}, {"m", 1e6}, {"g", 1e9}, {"K", 1024.0}, {"M", 1048576.0}, {"G", 1073741824.0},
+        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}};
+    int found = 0;
+    for (size_t i = 0; end != val && i < sizeof suf / sizeof *suf; i++)
+        if (!strcmp(end, suf[i].s)) { mul = suf[i].m; found = 1; break; }
+    double v = x * mul;
+    if (end == val || !found || errno || !(v >= (double)lo && v <= (double)hi) || v != (double)(long)v)
+        return m3_errf(err, "%s: '%s' is not a whole number in [%ld, %ld] (suffixes: k m g = 10^3 10^6 10^9, K M G or "
+                       "KiB MiB GiB = 2^10 2^20 2^30)", opt, val, lo, hi);
+    *out = (long)v;
+    return 0;
+}
+
 typedef struct { double t0; int tty; } progress_state;
 
 static double now_s(void) {

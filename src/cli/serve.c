@@ -14,7 +14,7 @@
 #include "tp.h"
 
 static const char *usage =
-    "usage: m3 serve -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]\n"
+    "usage: m3 serve DIR | -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]\n"
     "                [--threads N] [--kv-cache-memory BYTES | --gpu-memory-utilization F] [--max-num-seqs N]\n"
     "                [--max-num-batched-tokens N]\n"
     "                [--max-model-len N] [--sample-threads N] [--speculative-config JSON] [--draft DIR]\n"
@@ -31,6 +31,11 @@ static const char *usage =
     "                   --kv-cache-memory BYTES sets the pool's size instead\n"
     "  --max-model-len N  tokens per request (prompt + output); default: the config's max_position_embeddings,\n"
     "                   at most what the KV pool holds\n"
+    "  Flags take '--flag value' or '--flag=value'; sizes take vLLM's suffixes (32k = 32000, 32K = 32768, 4G, 4GiB).\n"
+    "  vLLM's launch lines work: --enable-prefix-caching (default) / --no-enable-prefix-caching,\n"
+    "  --enable-auto-tool-choice, --tool-call-parser / --reasoning-parser minimax_m3 (the MiniMax-M3 parsers\n"
+    "  are used whenever the chat template writes their markup), --trust-remote-code (nothing is run),\n"
+    "  --kv-cache-dtype fp8_e4m3 (= fp8), --seed N (requests without a seed: seeds from N and their order)\n"
     "  -tp, --tensor-parallel-size N  N ranks: N GPUs (NCCL) with the CUDA backend, N thread groups on the CPU;\n"
     "                   --kv-cache-memory is then per rank (see docs/MULTINODE.md)\n"
     "  --moe-split experts|width  routed experts whole per rank (expert parallel, default) or split by width\n"
@@ -104,20 +109,59 @@ int m3_cmd_serve(int argc, char **argv) {
     m3_server_opts so;
     m3_server_opts_default(&so);
     m3_err err;
+    long seed = -1;
+    int prefix = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int r = 0;
+        char flag[96];
+        const char *eq = a[0] == '-' && a[1] == '-' ? strchr(a, '=') : NULL;
+        if (eq && (size_t)(eq - a) < sizeof flag) { /* --flag=value, as vLLM's launch lines spell it */
+            memcpy(flag, a, (size_t)(eq - a));
+            flag[eq - a] = 0;
+            a = flag;
+            v = eq + 1;
+        }
+        int r = 0, takes = !eq; /* a value from the next argument */
+        if (a[0] != '-') { /* the model, positional (vllm serve MODEL) */
+            if (dir) { fprintf(stderr, "m3 serve: two models given ('%s' and '%s')\n", dir, a); return 2; }
+            dir = a;
+            continue;
+        }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(usage, stdout); return 0; }
-        if (!strcmp(a, "--disable-log-requests")) { so.log_requests = 0; continue; }
-        if (!strcmp(a, "--language-model-only")) { lm_only = 1; continue; }
-        if (!v) { fprintf(stderr, "m3 serve: %s needs a value (or is unknown)\n", a); return 2; }
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
-        else if (!strcmp(a, "--host")) so.host = v;
+        /* switches */
+        int sw = 1;
+        if (!strcmp(a, "--disable-log-requests") || !strcmp(a, "--no-enable-log-requests")) so.log_requests = 0;
+        else if (!strcmp(a, "--enable-log-requests")) so.log_requests = 1;
+        else if (!strcmp(a, "--language-model-only")) lm_only = 1;
+        else if (!strcmp(a, "--enable-prefix-caching")) prefix = 1;
+        else if (!strcmp(a, "--no-enable-prefix-caching")) prefix = 0;
+        else if (!strcmp(a, "--enable-auto-tool-choice")) {} /* tool calls are parsed whenever the template writes them */
+        else if (!strcmp(a, "--trust-remote-code")) {}       /* nothing from the checkpoint is ever run */
+        else sw = 0;
+        if (sw) {
+            if (eq) { fprintf(stderr, "m3 serve: %s takes no value\n", a); return 2; }
+            continue;
+        }
+        static const char *const known[] = {
+            "-m", "--model", "--host", "--api-key", "--served-model-name", "--port", "--threads", "--kv-cache-memory",
+            "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
+            "--sample-threads", "--kv-cache-dtype", "--index-cache-dtype", "--max-waiting", "--shutdown-timeout",
+            "--max-body", "--max-header-bytes", "--timeout", "--max-image-memory", "--max-connections",
+            "--speculative-config", "--draft", "--allowed-media-domains", "-tp", "--tensor-parallel-size", "--moe-split",
+            "--seed", "--tool-call-parser", "--reasoning-parser"};
+        int is_known = 0;
+        for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(a, known[k]);
+        if (!is_known) { fprintf(stderr, "m3 serve: unknown option '%s' (m3 serve --help lists them)\n", a); return 2; }
+        if (!v) { fprintf(stderr, "m3 serve: %s needs a value\n", a); return 2; }
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (dir && strcmp(dir, v)) { fprintf(stderr, "m3 serve: two models given ('%s' and '%s')\n", dir, v); return 2; }
+            dir = v;
+        } else if (!strcmp(a, "--host")) so.host = v;
         else if (!strcmp(a, "--api-key")) so.api_key = v;
         else if (!strcmp(a, "--served-model-name")) name = v;
         else if (!strcmp(a, "--port")) r = m3_cli_int(a, v, 0, 65535, &port, &err);
         else if (!strcmp(a, "--threads")) r = m3_cli_int(a, v, 0, 1024, &threads, &err);
-        else if (!strcmp(a, "--kv-cache-memory")) r = m3_cli_int(a, v, 1, __LONG_MAX__, &kvmem, &err);
+        else if (!strcmp(a, "--kv-cache-memory")) r = m3_cli_size(a, v, 1, __LONG_MAX__, &kvmem, &err);
         else if (!strcmp(a, "--gpu-memory-utilization")) {
             char *end;
             util = strtod(v, &end);
@@ -126,30 +170,37 @@ int m3_cmd_serve(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(a, "--max-num-seqs")) r = m3_cli_int(a, v, 1, 1 << 16, &seqs, &err);
-        else if (!strcmp(a, "--max-num-batched-tokens")) r = m3_cli_int(a, v, 1, 1 << 24, &batched, &err);
-        else if (!strcmp(a, "--max-model-len")) r = m3_cli_int(a, v, 1, 1 << 30, &mml, &err);
+        else if (!strcmp(a, "--max-num-batched-tokens")) r = m3_cli_size(a, v, 1, 1 << 24, &batched, &err);
+        else if (!strcmp(a, "--max-model-len")) r = m3_cli_size(a, v, 1, 1 << 30, &mml, &err);
         else if (!strcmp(a, "--sample-threads")) r = m3_cli_int(a, v, 1, 64, &sthreads, &err);
         else if (!strcmp(a, "--kv-cache-dtype")) kvd = v;
         else if (!strcmp(a, "--index-cache-dtype")) ikd = v;
         else if (!strcmp(a, "--max-waiting")) r = m3_cli_int(a, v, 0, 1 << 30, &waiting, &err);
         else if (!strcmp(a, "--shutdown-timeout")) r = m3_cli_int(a, v, 0, 1 << 20, &grace, &err);
-        else if (!strcmp(a, "--max-body")) r = m3_cli_int(a, v, 1, __LONG_MAX__, &body, &err);
-        else if (!strcmp(a, "--max-header-bytes")) r = m3_cli_int(a, v, 256, 1 << 30, &hdr, &err);
+        else if (!strcmp(a, "--max-body")) r = m3_cli_size(a, v, 1, __LONG_MAX__, &body, &err);
+        else if (!strcmp(a, "--max-header-bytes")) r = m3_cli_size(a, v, 256, 1 << 30, &hdr, &err);
         else if (!strcmp(a, "--timeout")) r = m3_cli_int(a, v, 0, 1 << 20, &tmo, &err);
-        else if (!strcmp(a, "--max-image-memory")) r = m3_cli_int(a, v, 0, __LONG_MAX__, &imgmem, &err);
+        else if (!strcmp(a, "--max-image-memory")) r = m3_cli_size(a, v, 0, __LONG_MAX__, &imgmem, &err);
         else if (!strcmp(a, "--max-connections")) r = m3_cli_int(a, v, 0, 1 << 24, &maxconn, &err);
         else if (!strcmp(a, "--speculative-config")) spec_json = v;
         else if (!strcmp(a, "--draft")) draft_dir = v;
         else if (!strcmp(a, "--allowed-media-domains")) media_domains = v;
         else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) r = m3_cli_int(a, v, 1, 64, &tpn, &err);
         else if (!strcmp(a, "--moe-split")) moe_split = v;
-        else { fprintf(stderr, "m3 serve: unknown option '%s'\n%s", a, usage); return 2; }
+        else if (!strcmp(a, "--seed")) r = m3_cli_int(a, v, 0, __LONG_MAX__, &seed, &err);
+        else if (!strcmp(a, "--tool-call-parser") || !strcmp(a, "--reasoning-parser")) {
+            /* m3 has the MiniMax-M3 parsers, used whenever the chat template writes their markup */
+            if (strcmp(v, "minimax_m3") && strcmp(v, "minimax") && strcmp(v, "minimax_m2")) {
+                fprintf(stderr, "m3 serve: %s '%s': m3 parses MiniMax-M3 output (minimax_m3, minimax, minimax_m2)\n", a, v);
+                return 2;
+            }
+        }
         if (r) { fprintf(stderr, "m3 serve: %s\n", err.msg); return 2; }
-        i++;
+        if (takes) i++;
     }
-    if (!dir) { fprintf(stderr, "m3 serve: -m DIR is required\n%s", usage); return 2; }
+    if (!dir) { fprintf(stderr, "m3 serve: a model directory is required (m3 serve DIR, or -m DIR)\n%s", usage); return 2; }
     m3_kv_dtype kdt = M3_KV_BF16, idt = M3_KV_BF16; /* auto; checked before anything is loaded */
-    if (kvd && m3_kv_dtype_parse(kvd, &kdt)) { fprintf(stderr, "m3 serve: --kv-cache-dtype: unknown dtype '%s' (auto, f32, bf16, fp8, nvfp4)\n", kvd); return 2; }
+    if (kvd && m3_kv_dtype_parse(kvd, &kdt)) { fprintf(stderr, "m3 serve: --kv-cache-dtype: unknown dtype '%s' (auto, f32, bf16, fp8 = fp8_e4m3, nvfp4)\n", kvd); return 2; }
     if (ikd && m3_kv_dtype_parse(ikd, &idt)) { fprintf(stderr, "m3 serve: --index-cache-dtype: unknown dtype '%s' (f32, bf16, fp8, nvfp4)\n", ikd); return 2; }
     so.port = (int)port;
     if (waiting >= 0) so.max_waiting = (int)waiting;
@@ -159,6 +210,7 @@ int m3_cmd_serve(int argc, char **argv) {
     if (tmo >= 0) so.timeout = (double)tmo;
     if (imgmem >= 0) so.max_image_memory = (size_t)imgmem;
     if (maxconn >= 0) so.max_connections = (int)maxconn;
+    if (seed >= 0) { so.seed = (uint64_t)seed; so.has_seed = 1; }
     so.fault_spec = getenv("M3_FAULT_ALLOC");
     if (so.fault_spec && !*so.fault_spec) so.fault_spec = NULL;
     if (so.fault_spec) { /* checked now, armed once the server listens */
@@ -191,6 +243,7 @@ int m3_cmd_serve(int argc, char **argv) {
     }
     m3_engine_opts eo;
     m3_engine_opts_default(&eo);
+    eo.enable_prefix_caching = prefix;
     if (kvmem) eo.kv_bytes = (size_t)kvmem;
     else eo.gpu_memory_utilization = util; /* the pool from the memory there is (src/engine/kv_budget.h) */
     if (seqs) eo.max_num_seqs = (int)seqs;

@@ -11,6 +11,7 @@ const char *m3_kv_dtype_name(m3_kv_dtype d) { return (unsigned)d < M3_KV_DTYPE_C
 
 int m3_kv_dtype_parse(const char *s, m3_kv_dtype *out) {
     if (strcmp(s, "auto") == 0) { *out = M3_KV_BF16; return 0; } /* the model's activation dtype, as vLLM's auto */
+    if (strcmp(s, "fp8_e4m3") == 0) { *out = M3_KV_FP8; return 0; } /* vLLM's name for the same E4M3 cache */
     for (int i = 0; i < M3_KV_DTYPE_COUNT; i++)
         if (strcmp(s, NAMES[i]) == 0) { *out = (m3_kv_dtype)i; return 0; }
     return -1;

@@ -21,7 +21,8 @@
 typedef enum { M3_KV_F32, M3_KV_BF16, M3_KV_FP8, M3_KV_NVFP4, M3_KV_DTYPE_COUNT } m3_kv_dtype;
 
 const char *m3_kv_dtype_name(m3_kv_dtype d);
-/* "f32", "bf16", "fp8", "nvfp4", or "auto" (= bf16, the model's activation dtype); -1 if unknown */
+/* "f32", "bf16", "fp8" (also "fp8_e4m3"), "nvfp4", or "auto" (= bf16, the model's activation dtype);
+ * -1 if unknown */
 int m3_kv_dtype_parse(const char *s, m3_kv_dtype *out);
 
 typedef enum { M3_KV_K = 0, M3_KV_V = 1, M3_KV_IK = 2 } m3_kv_part;

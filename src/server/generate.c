@@ -694,7 +694,8 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
     s->live = h;
     s->n_live++;
     h->busy++;
-    uint64_t base = (uint64_t)time(NULL) * 6364136223846793005ull + ++s->seed_ctr * 1442695040888963407ull;
+    uint64_t base = (s->o->has_seed ? s->o->seed : (uint64_t)time(NULL)) * 6364136223846793005ull +
+                    ++s->seed_ctr * 1442695040888963407ull;
     for (int i = 0; i < h->n; i++) {
         sp->seed = g->has_seed ? (uint64_t)g->seed + (uint64_t)i : base + (uint64_t)i * 0x9e3779b97f4a7c15ull;
         er.arg = &h->ch[i];

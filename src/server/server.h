@@ -61,6 +61,9 @@ typedef struct m3_server_opts {
     double timeout;            /* seconds a connection may stay silent (default 60; 0: none); also the most a
                                 * request may take to arrive, however it trickles in */
     int max_connections;       /* connections at once; the listener pauses at it (default 1024; 0: no cap) */
+    uint64_t seed;             /* with has_seed: requests without a seed draw from seeds derived from it and
+                                * their arrival order (vLLM's --seed), instead of the clock */
+    int has_seed;
     const char *fault_spec;    /* tests only: allocation failures armed once listening (src/engine/fault.h) */
     const m3_media_ctx *media; /* image inputs of chat requests (media.h; the engine needs a vision tower);
                                 * NULL: image parts get 400 */

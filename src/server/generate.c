@@ -229,7 +229,7 @@ static void sse_error(hreq *h, int code, const char *type, const char *msg) {
 
 static json_t *chunk_base(const hreq *h) {
     char id[64];
-    snprintf(id, sizeof id, "%s-%lu", h->chat ? "chatcmpl" : "cmpl", h->serial);
+    snprintf(id, sizeof id, "%s-%s", h->chat ? "chatcmpl" : "cmpl", h->rid);
     return json_pack("{s:s,s:s,s:I,s:s}", "id", id, "object", h->chat ? "chat.completion.chunk" : "text_completion",
                      "created", (json_int_t)h->created, "model", h->s->o->model_name);
 }
@@ -413,8 +413,9 @@ static int send_final(hreq *h) {
         if (h->chat) {
             json_t *msg = json_pack("{s:s,s:s%}", "role", "assistant", "content", c->content.p ? c->content.p : "",
                                     c->content.n);
-            if (msg && c->reasoning.p)
-                bad |= json_object_set_new(msg, "reasoning_content", json_stringn(c->reasoning.p, c->reasoning.n)) != 0;
+            if (msg && c->reasoning.p) /* vLLM's current field, and the one older clients read */
+                bad |= json_object_set_new(msg, "reasoning", json_stringn(c->reasoning.p, c->reasoning.n)) != 0 ||
+                       json_object_set_new(msg, "reasoning_content", json_stringn(c->reasoning.p, c->reasoning.n)) != 0;
             if (msg && c->tools) bad |= json_object_set(msg, "tool_calls", c->tools) != 0;
             bad |= !msg;
             ch = json_pack("{s:i,s:o,s:o,s:s}", "index", i, "message", msg ? msg : json_object(), "logprobs",
@@ -430,7 +431,7 @@ static int send_final(hreq *h) {
         bad |= json_array_append_new(choices, ch) != 0;
     }
     char id[64];
-    snprintf(id, sizeof id, "%s-%lu", h->chat ? "chatcmpl" : "cmpl", h->serial);
+    snprintf(id, sizeof id, "%s-%s", h->chat ? "chatcmpl" : "cmpl", h->rid);
     json_t *j = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", id, "object", h->chat ? "chat.completion" : "text_completion",
                           "created", (json_int_t)h->created, "model", s->o->model_name, "choices", choices, "usage",
                           usage_json(h));
@@ -613,6 +614,15 @@ static void on_output(void *arg, uint64_t id, const m3_sample_out *out, int fini
     srv_push(c->h->s, &it);
 }
 
+/* a choice's output parser, its tool call ids unique to the response: call_<response id>_<index> */
+static m3_out *out_new(const hreq *h, const m3_oai_params *g, m3_err *err) {
+    char prefix[48];
+    snprintf(prefix, sizeof prefix, "call_%.24s_", h->rid);
+    m3_out_opts oo = g->oo;
+    oo.id_prefix = prefix;
+    return m3_out_new(&oo, g->tools, err);
+}
+
 static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g, m3_engine_images *images, int n_img,
                  size_t *px_bytes, unsigned long serial, double t0) {
     m3_err err;
@@ -622,6 +632,7 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
         return srv_send_error(req, 500, "server_error", "out of memory");
     }
     h->s = s;
+    srv_random_hex(h->rid, sizeof h->rid); /* response ids never repeat, across restarts too */
     h->px_bytes = *px_bytes; /* hreq_free gives it back, whatever happens from here */
     *px_bytes = 0;
     h->req = req;
@@ -649,7 +660,7 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
         if (!(c->ts = m3_tok_stream_new(s->tok, 1, &err))) rc = srv_send_error(req, 500, "server_error", "%s", err.msg);
         else if (g->n_stop_strs && !(c->stop = m3_stop_create(g->stop_strs, g->n_stop_strs, NULL, 0, &err)))
             rc = srv_send_error(req, 500, "server_error", "%s", err.msg); /* checked strings: out of memory */
-        else if (chat && !(c->out = m3_out_new(&g->oo, g->tools, &err))) rc = SRV_BAD(req, "%s", err.msg);
+        else if (chat && !(c->out = out_new(h, g, &err))) rc = SRV_BAD(req, "%s", err.msg);
         else if (h->logprobs && !(c->lp = lp_new(h))) rc = srv_send_error(req, 500, "server_error", "out of memory");
     }
     if (rc) { hreq_free(h); return rc; }

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <strings.h>
 #include <errno.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -36,6 +37,24 @@ void m3_server_opts_default(m3_server_opts *o) {
     o->timeout = 60;
     o->max_image_memory = (size_t)2 << 30;
     o->max_connections = 1024;
+}
+
+void srv_random_hex(char *out, size_t cap) {
+    unsigned char r[32];
+    size_t n = (cap - 1) / 2 + 1;
+    if (n > sizeof r) n = sizeof r;
+    if (getrandom(r, n, GRND_NONBLOCK) != (ssize_t)n) { /* no entropy yet: the clock and a counter */
+        static atomic_ulong ctr;
+        uint64_t x = (uint64_t)(srv_now() * 1e9) ^ (atomic_fetch_add(&ctr, 1) * 0x9e3779b97f4a7c15ull);
+        for (size_t i = 0; i < n; i++) { x = x * 6364136223846793005ull + 1442695040888963407ull; r[i] = (unsigned char)(x >> 56); }
+    }
+    static const char hx[] = "0123456789abcdef";
+    size_t k = 0;
+    for (size_t i = 0; k + 1 < cap && i < n; i++) {
+        out[k++] = hx[r[i] >> 4];
+        if (k + 1 < cap) out[k++] = hx[r[i] & 15];
+    }
+    out[k] = 0;
 }
 
 double srv_now(void) {
@@ -316,11 +335,21 @@ static int h_metrics(struct evhttp_request *req, srv *s) {
     return 200;
 }
 
-static int h_models(struct evhttp_request *req, srv *s) {
+static int h_models(struct evhttp_request *req, srv *s, const char *raw_id) {
     int rc = srv_check_auth(s, req);
     if (rc) return rc;
+    char *id = raw_id ? evhttp_decode_uri(raw_id) : NULL; /* /v1/models/org%2Fname too */
+    if (raw_id && !id) return srv_send_error(req, 500, "server_error", "out of memory");
+    if (id && strcmp(id, s->o->model_name)) {
+        rc = srv_send_error(req, 404, "not_found_error", "the model '%.200s' does not exist", id);
+        free(id);
+        return rc;
+    }
+    int one = id != NULL;
+    free(id);
     json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:i}", "id", s->o->model_name, "object", "model", "created",
                           (json_int_t)time(NULL), "owned_by", "m3", "max_model_len", m3_engine_max_model_len(s->e));
+    if (one) return srv_send_json(req, 200, m);
     return srv_send_json(req, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", m));
 }
 
@@ -392,17 +421,30 @@ static void route(struct evhttp_request *req, void *arg) {
     for (; uri[i] && uri[i] != '?' && i + 1 < sizeof path; i++) path[i] = uri[i];
     path[i] = 0;
     snprintf(what, sizeof what, "%s %s", method_name(cmd), path);
+    { /* X-Request-Id: the client's (printable, up to 128 bytes), else a new one, on every answer */
+        const char *xr = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Request-Id");
+        char gen[33];
+        int okx = xr && *xr && strlen(xr) <= 128;
+        for (const char *q = xr; okx && *q; q++) okx = *q > 0x20 && *q < 0x7f;
+        if (!okx) { srv_random_hex(gen, sizeof gen); xr = gen; }
+        evhttp_add_header(evhttp_request_get_output_headers(req), "X-Request-Id", xr);
+    }
     /* a long answer goes out 256 KiB a write, between other clients' events (one write of 20 MB held
      * the loop for tens of ms) */
     struct evhttp_connection *rc_conn = evhttp_request_get_connection(req);
     if (rc_conn) bufferevent_set_max_single_write(evhttp_connection_get_bufferevent(rc_conn), (size_t)256 << 10);
     int get = cmd == EVHTTP_REQ_GET, post = cmd == EVHTTP_REQ_POST;
     static const char *const known[] = {"/health", "/metrics", "/v1/models", "/tokenize", "/detokenize",
-                                        "/v1/completions", "/v1/chat/completions"};
+                                        "/v1/completions", "/v1/chat/completions", "/version"};
     int k = -1;
     for (int j = 0; j < (int)(sizeof known / sizeof *known); j++)
         if (!strcmp(path, known[j])) k = j;
-    int want_get = k >= 0 && k <= 2;
+    const char *model_id = NULL; /* GET /v1/models/{id} */
+    if (k < 0 && !strncmp(path, "/v1/models/", 11) && path[11]) {
+        k = 2;
+        model_id = path + 11;
+    }
+    int want_get = (k >= 0 && k <= 2) || k == 7;
     int rc, fstatus;
     char fbuf[160];
     const char *ferr = framing_error(req, &fstatus, fbuf, sizeof fbuf);
@@ -428,7 +470,8 @@ static void route(struct evhttp_request *req, void *arg) {
     else switch (k) {
         case 0: rc = h_health(req, s); break;
         case 1: rc = h_metrics(req, s); break;
-        case 2: rc = h_models(req, s); break;
+        case 2: rc = h_models(req, s, model_id); break;
+        case 7: rc = srv_send_json(req, 200, json_pack("{s:s}", "version", M3_VERSION)); break;
         default: /* the rest of the work on a preparation thread (prep.c): the loop goes on */
             rc = srv_check_auth(s, req);
             if (!rc) rc = srv_prep_submit(s, req, k == 3 ? SRV_PREP_TOKENIZE : k == 4 ? SRV_PREP_DETOKENIZE

@@ -46,6 +46,9 @@
 #include "../text/chat.h"
 #include "../text/tokenizer.h"
 
+/* what GET /version reports (vLLM answers {"version": ...} there too); session 12 = 0.12 */
+#define M3_VERSION "0.12.0"
+
 typedef struct m3_server_opts {
     const char *host;          /* default "127.0.0.1" */
     int port;                  /* default 8000; 0: any free port (printed) */

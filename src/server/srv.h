@@ -101,6 +101,7 @@ struct hreq {
     int n_done;             /* choices whose output is complete */
     int busy;
     size_t px_bytes;        /* preprocessed pixels it holds, counted in srv.px_held */
+    char rid[33];           /* random hex: the response's id (chatcmpl-RID) and its tool calls' */
     char *echo_text;        /* completions with echo: the prompt text */
     size_t echo_len;
     choice *ch;             /* [n] */
@@ -157,6 +158,7 @@ struct srv {
 
 /* server.c */
 double srv_now(void);
+void srv_random_hex(char *out, size_t cap); /* cap - 1 random hex digits, NUL-terminated */
 /* compact JSON text of j (malloc'd, NUL-terminated; *len its length if len), NULL when out of memory */
 char *srv_json_text(const json_t *j, size_t *len);
 int srv_send_json(struct evhttp_request *req, int code, json_t *j); /* takes j; returns code */

@@ -974,6 +974,8 @@ json_t *m3_out_delta_json(const m3_out_delta *d, size_t n) {
             free(a.p);
         }
     }
+    /* vLLM's current field, reasoning, and the one older clients read, reasoning_content */
+    if (!rc && reason.n) rc = json_object_set_new(obj, "reasoning", string_utf8(reason.p, reason.n));
     if (!rc && reason.n) rc = json_object_set_new(obj, "reasoning_content", string_utf8(reason.p, reason.n));
     if (!rc && content.n) rc = json_object_set_new(obj, "content", string_utf8(content.p, content.n));
     if (!rc && calls) {

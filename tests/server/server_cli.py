@@ -2,7 +2,9 @@
 """`m3 serve` started the way vLLM users start vLLM (issue 26): the model as a positional argument,
 --flag=value, vLLM's size suffixes, its switches (--enable-prefix-caching, --enable-auto-tool-choice,
 --trust-remote-code), --tool-call-parser / --reasoning-parser minimax_m3, --kv-cache-dtype
-fp8_e4m3, --seed. What m3 cannot do is refused with exit status 2 and a line naming it.
+fp8_e4m3, --seed. What m3 cannot do is refused with exit status 2 and a line naming it. And what
+vLLM's clients read besides the completions: /version, /v1/models/{id}, X-Request-Id, ids that
+never repeat, message.reasoning.
 
   python3 tests/server/server_cli.py M3_BINARY WORK_DIR"""
 import asyncio
@@ -54,6 +56,7 @@ async def main(m3, work):
         st, b = await lt.post_json("127.0.0.1", port, "/v1/completions", body)
         check(st == 200 and a["choices"][0]["text"] == b["choices"][0]["text"],
               "--seed 7 twice: the same sampled text for the same first request without a seed")
+        await api_identity(port)
     r.terminate()
     r.wait(60)
     refused(m3, [ck, "--tool-call-parser", "hermes"], "minimax_m3")
@@ -63,6 +66,40 @@ async def main(m3, work):
     refused(m3, [ck, "--speculative-mode", "x"], "unknown option '--speculative-mode'")
     refused(m3, [ck, "--kv-cache-dtype", "fp8_e5m2"], "unknown dtype 'fp8_e5m2'")
     refused(m3, [], "model directory is required")
+
+
+async def api_identity(port):
+    """What vLLM's clients read besides the completions: /version, /v1/models/{id}, X-Request-Id,
+    ids that never repeat, message.reasoning beside reasoning_content."""
+    host = "127.0.0.1"
+    st, text = await lt.get_text(host, port, "/version")
+    check(st == 200 and json.loads(text)["version"], f"/version: {text}")
+    st, text = await lt.get_text(host, port, "/v1/models")
+    mid = json.loads(text)["data"][0]["id"]
+    from urllib.parse import quote
+    st, text = await lt.get_text(host, port, "/v1/models/" + quote(mid, safe=""))
+    check(st == 200 and json.loads(text)["id"] == mid, f"/v1/models/{{id}}: the model ({st})")
+    st, text = await lt.get_text(host, port, "/v1/models/nope")
+    check(st == 404 and json.loads(text)["error"]["code"] == 404, f"/v1/models/nope: 404 ({st})")
+    # X-Request-Id: echoed, else made
+    status, headers, r, w = await lt.http(host, port, "GET", "/health")
+    w.close()
+    made = headers.get("x-request-id", "")
+    r2, w2 = await asyncio.open_connection(host, port)
+    w2.write(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Request-Id: trace-42\r\nConnection: close\r\n\r\n")
+    raw = await r2.read()
+    w2.close()
+    check(len(made) == 32 and b"X-Request-Id: trace-42" in raw, f"X-Request-Id: made ({made}), echoed when given")
+    ids = set()
+    for _ in range(3):
+        st, j = await lt.post_json(host, port, "/v1/completions", {"prompt": "x", "max_tokens": 1})
+        ids.add(j["id"])
+    check(len(ids) == 3 and all(len(i) > 20 for i in ids), f"response ids never repeat: {sorted(ids)[0]} ...")
+    st, j = await lt.post_json(host, port, "/v1/chat/completions",
+                               {"messages": [{"role": "user", "content": "think"}], "max_tokens": 8, "ignore_eos": True})
+    msg = j["choices"][0]["message"] if st == 200 else {}
+    check(st == 200 and msg.get("reasoning") and msg.get("reasoning") == msg.get("reasoning_content"),
+          "message.reasoning beside reasoning_content (thinking on)")
 
 
 if __name__ == "__main__":

@@ -381,7 +381,7 @@ static void test_api(void) {
     CHECK(m3_out_feed(o, in, strlen(in), &d, &n, &err) == 0, "feed");
     json_t *j = m3_out_delta_json(d, n);
     char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
-    const char *want = "{\"content\":\"c\xEF\xBF\xBD\",\"reasoning_content\":\"r\xEF\xBF\xBD\",\"tool_calls\":[{\"function\":"
+    const char *want = "{\"content\":\"c\xEF\xBF\xBD\",\"reasoning\":\"r\xEF\xBF\xBD\",\"reasoning_content\":\"r\xEF\xBF\xBD\",\"tool_calls\":[{\"function\":"
                        "{\"arguments\":\"{\\\"a\\\": [1, 2]}\",\"name\":\"f\"},\"id\":\"call_0\",\"index\":0,\"type\":\"function\"}]}";
     CHECK(s && !strcmp(s, want), "delta json\n   got %s\n  want %s", s, want);
     free(s);

@@ -7,6 +7,7 @@
 #include "../engine/engine.h"
 #include "../engine/fault.h"
 #include "../kv/kv.h"
+#include "../server/openai.h"
 #include "../server/server.h"
 #include "../text/chat.h"
 #include "../text/tokenizer.h"
@@ -35,7 +36,9 @@ static const char *usage =
     "  vLLM's launch lines work: --enable-prefix-caching (default) / --no-enable-prefix-caching,\n"
     "  --enable-auto-tool-choice, --tool-call-parser / --reasoning-parser minimax_m3 (the MiniMax-M3 parsers\n"
     "  are used whenever the chat template writes their markup), --trust-remote-code (nothing is run),\n"
-    "  --kv-cache-dtype fp8_e4m3 (= fp8), --seed N (requests without a seed: seeds from N and their order)\n"
+    "  --kv-cache-dtype fp8_e4m3 (= fp8), --seed N (requests without a seed: seeds from N and their order),\n"
+    "  --generation-config auto|vllm|DIR (auto, the default: the sampling defaults of the checkpoint's\n"
+    "  generation_config.json for requests that leave them out; vllm: OpenAI's defaults)\n"
     "  -tp, --tensor-parallel-size N  N ranks: N GPUs (NCCL) with the CUDA backend, N thread groups on the CPU;\n"
     "                   --kv-cache-memory is then per rank (see docs/MULTINODE.md)\n"
     "  --moe-split experts|width  routed experts whole per rank (expert parallel, default) or split by width\n"
@@ -110,6 +113,7 @@ int m3_cmd_serve(int argc, char **argv) {
     m3_server_opts_default(&so);
     m3_err err;
     long seed = -1;
+    const char *gen_cfg = "auto"; /* the checkpoint's generation_config.json (vLLM's default) */
     int prefix = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -148,7 +152,7 @@ int m3_cmd_serve(int argc, char **argv) {
             "--sample-threads", "--kv-cache-dtype", "--index-cache-dtype", "--max-waiting", "--shutdown-timeout",
             "--max-body", "--max-header-bytes", "--timeout", "--max-image-memory", "--max-connections",
             "--speculative-config", "--draft", "--allowed-media-domains", "-tp", "--tensor-parallel-size", "--moe-split",
-            "--seed", "--tool-call-parser", "--reasoning-parser"};
+            "--seed", "--tool-call-parser", "--reasoning-parser", "--generation-config"};
         int is_known = 0;
         for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(a, known[k]);
         if (!is_known) { fprintf(stderr, "m3 serve: unknown option '%s' (m3 serve --help lists them)\n", a); return 2; }
@@ -188,6 +192,7 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) r = m3_cli_int(a, v, 1, 64, &tpn, &err);
         else if (!strcmp(a, "--moe-split")) moe_split = v;
         else if (!strcmp(a, "--seed")) r = m3_cli_int(a, v, 0, __LONG_MAX__, &seed, &err);
+        else if (!strcmp(a, "--generation-config")) gen_cfg = v;
         else if (!strcmp(a, "--tool-call-parser") || !strcmp(a, "--reasoning-parser")) {
             /* m3 has the MiniMax-M3 parsers, used whenever the chat template writes their markup */
             if (strcmp(v, "minimax_m3") && strcmp(v, "minimax") && strcmp(v, "minimax_m2")) {
@@ -220,6 +225,24 @@ int m3_cmd_serve(int argc, char **argv) {
         if (bad) { fprintf(stderr, "m3 serve: M3_FAULT_ALLOC: %s\n", err.msg); return 2; }
     }
     so.model_name = name ? name : dir;
+    m3_oai_defaults gdef;
+    if (strcmp(gen_cfg, "vllm")) { /* auto: the model's directory; else a directory holding the file */
+        const char *gdir = strcmp(gen_cfg, "auto") ? gen_cfg : dir;
+        if (m3_oai_defaults_load(&gdef, gdir, &err)) { fprintf(stderr, "m3 serve: --generation-config: %s\n", err.msg); return 1; }
+        so.gen_defaults = &gdef;
+        if (gdef.has_temperature || gdef.has_top_p || gdef.has_top_k || gdef.has_min_p || gdef.has_repetition_penalty) {
+            char line[256] = "";
+            size_t o = 0;
+            if (gdef.has_temperature) o += (size_t)snprintf(line + o, sizeof line - o, " temperature %g", gdef.temperature);
+            if (gdef.has_top_p) o += (size_t)snprintf(line + o, sizeof line - o, " top_p %g", gdef.top_p);
+            if (gdef.has_top_k) o += (size_t)snprintf(line + o, sizeof line - o, " top_k %lld", gdef.top_k);
+            if (gdef.has_min_p) o += (size_t)snprintf(line + o, sizeof line - o, " min_p %g", gdef.min_p);
+            if (gdef.has_repetition_penalty)
+                snprintf(line + o, sizeof line - o, " repetition_penalty %g", gdef.repetition_penalty);
+            fprintf(stderr, "m3 serve: sampling defaults from %s/generation_config.json (requests that leave them out):%s\n",
+                    gdir, line);
+        }
+    }
     m3_tok *tok = m3_tok_load(dir, &err);
     if (!tok) { fprintf(stderr, "m3 serve: tokenizer: %s\n", err.msg); return 1; }
     m3_chat *chat = m3_chat_load(dir, &err);

@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -355,8 +356,12 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
             return m3_oai_errorf(e, 404, "not_found_error", "model", "the model '%s' does not exist",
                                  clip(json_string_value(model), q, sizeof q));
     }
-    g->temperature = 1.0;
-    g->top_p = 1.0;
+    const m3_oai_defaults *dd = c->defaults;
+    g->temperature = dd && dd->has_temperature ? dd->temperature : 1.0;
+    g->top_p = dd && dd->has_top_p ? dd->top_p : 1.0;
+    if (dd && dd->has_min_p) g->min_p = dd->min_p;
+    if (dd && dd->has_repetition_penalty) g->rp = dd->repetition_penalty;
+    if (dd && dd->has_top_k) g->top_k = dd->top_k;
     g->max_tokens = -1;
     g->n = 1;
     if ((rc = get_int(e, b, "n", 1, M3_OAI_MAX_N, &g->n)) || (rc = unsupported(b, chat, g->n, e)) ||
@@ -431,4 +436,43 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         if (!json_is_array(g->tools)) g->tools = NULL;
     }
     return 0;
+}
+
+int m3_oai_defaults_load(m3_oai_defaults *d, const char *dir, m3_err *err) {
+    memset(d, 0, sizeof *d);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    json_error_t je;
+    json_t *j = json_loadf(f, 0, &je);
+    fclose(f);
+    if (!j || !json_is_object(j)) {
+        json_decref(j);
+        return m3_errf(err, "%s: not a JSON object (%s)", path, je.text);
+    }
+    static const struct { const char *key; double lo, hi; size_t off, has; int integer; } F[] = {
+        {"temperature", 0, 2, offsetof(m3_oai_defaults, temperature), offsetof(m3_oai_defaults, has_temperature), 0},
+        {"top_p", 0, 1, offsetof(m3_oai_defaults, top_p), offsetof(m3_oai_defaults, has_top_p), 0},
+        {"min_p", 0, 1, offsetof(m3_oai_defaults, min_p), offsetof(m3_oai_defaults, has_min_p), 0},
+        {"repetition_penalty", 0, 100, offsetof(m3_oai_defaults, repetition_penalty),
+         offsetof(m3_oai_defaults, has_repetition_penalty), 0},
+        {"top_k", -1, 1 << 30, offsetof(m3_oai_defaults, top_k), offsetof(m3_oai_defaults, has_top_k), 1},
+    };
+    int rc = 0;
+    for (size_t i = 0; !rc && i < sizeof F / sizeof *F; i++) {
+        json_t *v = json_object_get(j, F[i].key);
+        if (!v || json_is_null(v)) continue;
+        double x = json_number_value(v);
+        if (!json_is_number(v) || !(x >= F[i].lo && x <= F[i].hi) || (F[i].integer && !json_is_integer(v))) {
+            rc = m3_errf(err, "%s: '%s' must be %s in [%g, %g]", path, F[i].key, F[i].integer ? "an integer" : "a number",
+                         F[i].lo, F[i].hi);
+            break;
+        }
+        if (F[i].integer) *(long long *)((char *)d + F[i].off) = (long long)json_integer_value(v);
+        else *(double *)((char *)d + F[i].off) = x;
+        *(int *)((char *)d + F[i].has) = 1;
+    }
+    json_decref(j);
+    return rc;
 }

@@ -45,6 +45,18 @@ typedef struct m3_oai_error {
     char message[1024];  /* valid UTF-8, never empty */
 } m3_oai_error;
 
+/* The checkpoint's generation_config.json: what a request that leaves a sampling field out gets
+ * (vLLM's --generation-config auto); a field not in the file keeps OpenAI's default. */
+typedef struct m3_oai_defaults {
+    double temperature, top_p, min_p, repetition_penalty;
+    long long top_k;
+    int has_temperature, has_top_p, has_min_p, has_repetition_penalty, has_top_k;
+} m3_oai_defaults;
+
+/* dir/generation_config.json into *d (zeroed first; no file: 0 with nothing set). -1 + err (the file
+ * and the field) when the file is not JSON or a field is not a number in its range. */
+int m3_oai_defaults_load(m3_oai_defaults *d, const char *dir, m3_err *err);
+
 /* What the parser needs to know about the server. */
 typedef struct m3_oai_ctx {
     const m3_tok *tok;
@@ -55,6 +67,7 @@ typedef struct m3_oai_ctx {
     int reasoning_parser;        /* the template marks reasoning (<mm:think>) */
     int tool_parser;             /* the template writes MiniMax tool calls */
     const m3_media_ctx *media;   /* image inputs (media.h); NULL: image parts get 400 */
+    const m3_oai_defaults *defaults; /* sampling defaults (generation_config.json); NULL: OpenAI's */
 } m3_oai_ctx;
 
 typedef struct m3_oai_params {

@@ -64,6 +64,7 @@ typedef struct m3_server_opts {
     double timeout;            /* seconds a connection may stay silent (default 60; 0: none); also the most a
                                 * request may take to arrive, however it trickles in */
     int max_connections;       /* connections at once; the listener pauses at it (default 1024; 0: no cap) */
+    const struct m3_oai_defaults *gen_defaults; /* sampling defaults (generation_config.json); NULL: OpenAI's */
     uint64_t seed;             /* with has_seed: requests without a seed draw from seeds derived from it and
                                 * their arrival order (vLLM's --seed), instead of the clock */
     int has_seed;

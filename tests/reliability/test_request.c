@@ -73,7 +73,7 @@ int main(void) {
     free(tj);
     m3_chat *chat = m3_chat_builtin_minimax(&err);
     if (!tok || !chat) { fprintf(stderr, "setup: %s\n", err.msg); return 1; }
-    ctx = (m3_oai_ctx){tok, chat, m3_tok_n_vocab(tok), "m3-test", 1024, 1, 1, NULL};
+    ctx = (m3_oai_ctx){tok, chat, m3_tok_n_vocab(tok), "m3-test", 1024, 1, 1, NULL, NULL};
     m3_oai_params g;
     m3_oai_error e;
 
@@ -103,6 +103,15 @@ int main(void) {
               g.max_tokens == 1024 - (long long)g.n_ids,
           "chat: thinking off, tool_choice none, logprobs, max_tokens = rest of the context: %d %s", rc, e.message);
     m3_oai_params_free(&g);
+    /* generation_config.json's defaults fill what the request leaves out, and only that */
+    m3_oai_defaults dd = {0};
+    dd.temperature = 0.3, dd.has_temperature = 1, dd.top_k = 20, dd.has_top_k = 1, dd.top_p = 0.8, dd.has_top_p = 1;
+    ctx.defaults = &dd;
+    rc = parse("{\"prompt\":\"x\",\"top_p\":0.5}", 0, &g, &e);
+    CHECK(rc == 0 && g.temperature == 0.3 && g.top_k == 20 && g.top_p == 0.5 && g.min_p == 0,
+          "generation_config defaults: temperature %g top_k %lld top_p %g (given: 0.5)", g.temperature, g.top_k, g.top_p);
+    m3_oai_params_free(&g);
+    ctx.defaults = NULL;
 
     /* ---- 2. refused ---- */
     struct { const char *body; int chat, status; const char *param; } bad[] = {

@@ -59,6 +59,7 @@ async def main(m3, work):
         await api_identity(port)
     r.terminate()
     r.wait(60)
+    await generation_config(m3, work)
     refused(m3, [ck, "--tool-call-parser", "hermes"], "minimax_m3")
     refused(m3, [ck, "--kv-cache-memory", "4X"], "suffixes")
     refused(m3, [ck, "/elsewhere"], "two models")
@@ -66,6 +67,38 @@ async def main(m3, work):
     refused(m3, [ck, "--speculative-mode", "x"], "unknown option '--speculative-mode'")
     refused(m3, [ck, "--kv-cache-dtype", "fp8_e5m2"], "unknown dtype 'fp8_e5m2'")
     refused(m3, [], "model directory is required")
+
+
+async def generation_config(m3, work):
+    """The checkpoint's generation_config.json gives the sampling defaults (vLLM's --generation-config
+    auto): greedy there makes a request without temperature greedy; --generation-config vllm keeps
+    OpenAI's defaults; a bad file stops the server naming the file and the field."""
+    ck = srvlib.make_checkpoint(m3, os.path.join(work, "gck"))
+    with open(os.path.join(ck, "generation_config.json"), "w") as f:
+        json.dump({"temperature": 0.0, "top_k": 1, "bos_token_id": 1}, f)
+    texts = {}
+    for mode in ("auto", "vllm"):
+        srv = srvlib.Server(m3, ck, ["--generation-config", mode])
+        try:
+            got = []
+            for body in ({"prompt": "Hello", "max_tokens": 12, "ignore_eos": True},
+                         {"prompt": "Hello", "max_tokens": 12, "ignore_eos": True},
+                         {"prompt": "Hello", "max_tokens": 12, "ignore_eos": True, "temperature": 0}):
+                st, j = await lt.post_json("127.0.0.1", srv.port, "/v1/completions", body)
+                got.append(j["choices"][0]["text"] if st == 200 else None)
+            texts[mode] = got
+            if mode == "auto":
+                check("sampling defaults from" in srv.log and "temperature 0" in srv.log, "the start-up log names the defaults")
+        finally:
+            srv.stop()
+    a, v = texts["auto"], texts["vllm"]
+    check(a[0] is not None and a[0] == a[1] == a[2], "generation_config.json temperature 0: a request without one is greedy")
+    check(v[0] is not None and v[0] != v[2] and v[1] != v[2], "--generation-config vllm: OpenAI's temperature 1")
+    with open(os.path.join(ck, "generation_config.json"), "w") as f:
+        f.write('{"temperature": "hot"}')
+    r = subprocess.run([m3, "serve", ck, "--port", "0"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 1 and "generation_config.json: 'temperature'" in r.stderr,
+          f"a bad generation_config.json: exit 1 naming the field ({r.stderr.strip()[-120:]})")
 
 
 async def api_identity(port):

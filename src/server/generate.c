@@ -565,7 +565,10 @@ static void on_token(srv *s, choice *c, const m3_sample_out *so, int finished, i
     int hit = 0;
     if (c->stop && c->n_gen > h->min_tokens) { /* min_tokens holds stop strings back too (vLLM) */
         m3_stop_match m;
-        if (m3_stop_scan(c->stop, c->text.p ? c->text.p : "", c->text.n, c->checked, &m)) { upto = m.start; hit = 1; }
+        if (m3_stop_scan(c->stop, c->text.p ? c->text.p : "", c->text.n, c->checked, &m)) {
+            upto = h->include_stop ? m.end : m.start;
+            hit = 1;
+        }
         else if (!finished) upto = m.safe;
     }
     c->checked = c->text.n;
@@ -641,6 +644,7 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
     h->chat = chat;
     h->stream = g->stream;
     h->include_usage = g->include_usage;
+    h->include_stop = g->include_stop;
     h->n = (int)g->n;
     h->echo = g->echo;
     h->logprobs = g->logprobs;

@@ -341,6 +341,14 @@ static int unsupported(json_t *b, int chat, long long n, m3_oai_error *e) {
         return OAI_BAD(e, "tool_choice", "'tool_choice' must be \"auto\" or \"none\" (forced tool calls are not supported)");
     if (chat && json_is_true(json_object_get(b, "echo")))
         return OAI_BAD(e, "echo", "'echo' is not supported for chat completions");
+    /* vLLM's own constrained-decoding extras: one refusal policy, never silently unconstrained text */
+    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                         "guided_decoding_backend", "guided_whitespace_pattern", "structured_outputs"};
+    for (size_t i = 0; i < sizeof guided / sizeof *guided; i++)
+        if ((v = json_object_get(b, guided[i])) && !json_is_null(v))
+            return OAI_BAD(e, guided[i], "'%s' is not supported (constrained decoding is not implemented yet)", guided[i]);
+    if ((v = json_object_get(b, "parallel_tool_calls")) && json_is_false(v))
+        return OAI_BAD(e, "parallel_tool_calls", "'parallel_tool_calls': false is not supported (every call is returned)");
     return 0;
 }
 
@@ -366,6 +374,7 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
     g->n = 1;
     if ((rc = get_int(e, b, "n", 1, M3_OAI_MAX_N, &g->n)) || (rc = unsupported(b, chat, g->n, e)) ||
         (rc = get_bool(e, b, "stream", &g->stream)) || (rc = get_bool(e, b, "ignore_eos", &g->ignore_eos)) ||
+        (rc = get_bool(e, b, "include_stop_str_in_output", &g->include_stop)) ||
         (!chat && (rc = get_bool(e, b, "echo", &g->echo))) ||
         (rc = get_num(e, b, "temperature", 0, 2, &g->temperature)) || (rc = get_num(e, b, "top_p", 0, 1, &g->top_p)) ||
         (rc = get_num(e, b, "min_p", 0, 1, &g->min_p)) || (rc = get_num(e, b, "presence_penalty", -2, 2, &g->pp)) ||

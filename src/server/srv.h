@@ -85,6 +85,7 @@ struct hreq {
     struct evhttp_connection *conn;
     unsigned long serial;
     int chat, stream, include_usage, n, echo;
+    int include_stop;       /* include_stop_str_in_output */
     int logprobs, top_logprobs; /* report logprobs, with this many alternatives per token */
     int min_tokens;
     int n_prompt;

@@ -128,6 +128,23 @@ async def api_identity(port):
         st, j = await lt.post_json(host, port, "/v1/completions", {"prompt": "x", "max_tokens": 1})
         ids.add(j["id"])
     check(len(ids) == 3 and all(len(i) > 20 for i in ids), f"response ids never repeat: {sorted(ids)[0]} ...")
+    # include_stop_str_in_output: the matched stop string ends the text
+    st, j = await lt.post_json(host, port, "/v1/completions", {"prompt": "Hello", "max_tokens": 24, "temperature": 0,
+                                                             "ignore_eos": True})
+    full = j["choices"][0]["text"]
+    stop = full[3:5] if len(full) >= 5 else None
+    if stop:
+        cut = full[:full.index(stop)]
+        st1, j1 = await lt.post_json(host, port, "/v1/completions", {"prompt": "Hello", "max_tokens": 24, "temperature": 0,
+                                                                   "ignore_eos": True, "stop": [stop]})
+        st2, j2 = await lt.post_json(host, port, "/v1/completions", {"prompt": "Hello", "max_tokens": 24, "temperature": 0,
+                                                                   "ignore_eos": True, "stop": [stop],
+                                                                   "include_stop_str_in_output": True})
+        check(j1["choices"][0]["text"] == cut and j2["choices"][0]["text"] == cut + stop,
+              f"include_stop_str_in_output: the stop string {stop!r} ends the text only when asked")
+    for extra in ({"guided_json": {"type": "object"}}, {"structured_outputs": {"choice": ["a"]}}):
+        st, j = await lt.post_json(host, port, "/v1/completions", {"prompt": "x", "max_tokens": 2, **extra})
+        check(st == 400 and j["error"]["param"] == list(extra)[0], f"{list(extra)[0]}: refused (400), never ignored")
     st, j = await lt.post_json(host, port, "/v1/chat/completions",
                                {"messages": [{"role": "user", "content": "think"}], "max_tokens": 8, "ignore_eos": True})
     msg = j["choices"][0]["message"] if st == 200 else {}

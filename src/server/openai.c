@@ -138,6 +138,56 @@ void m3_oai_params_free(m3_oai_params *g) {
     memset(g, 0, sizeof *g);
 }
 
+/* Assistant tool calls sent back the OpenAI way carry function.arguments as a JSON string; the
+ * template writes an object's members as the model writes them (<city>Paris</city>) and a string
+ * as it is, so, as vLLM does, a string holding a JSON object becomes that object before
+ * rendering (one that does not parse stays a string). msgs is the body's (or an earlier render
+ * copy, *out); when anything changes, *out becomes a copy with the objects (the old *out freed).
+ * 0, or the status of the error in e (no memory). */
+static int tool_args_objects(json_t *msgs, json_t **out, m3_oai_error *e) {
+    int any = 0;
+    for (size_t i = 0; !any && i < json_array_size(msgs); i++) {
+        json_t *tc = json_object_get(json_array_get(msgs, i), "tool_calls");
+        for (size_t k = 0; !any && k < json_array_size(tc); k++)
+            any = json_is_string(json_object_get(json_object_get(json_array_get(tc, k), "function"), "arguments"));
+    }
+    if (!any) return 0;
+    /* a render copy: the body stays as the client sent it. jansson's copy drops what it finds no
+     * memory for without a word: a copy that is not equal is no copy. */
+    json_t *copy = json_deep_copy(msgs);
+    if (!copy || !json_equal(copy, msgs)) {
+        json_decref(copy);
+        return m3_oai_errorf(e, 500, "server_error", NULL, "out of memory");
+    }
+    for (size_t i = 0; i < json_array_size(copy); i++) {
+        json_t *tc = json_object_get(json_array_get(copy, i), "tool_calls");
+        for (size_t k = 0; k < json_array_size(tc); k++) {
+            json_t *fn = json_object_get(json_array_get(tc, k), "function");
+            json_t *a = json_object_get(fn, "arguments");
+            if (!json_is_string(a)) continue;
+            /* jansson's parser mishandles a failed allocation (akheron/jansson#362): parsed with
+             * injection suspended, as request bodies are (fault.h); a real one reads as no object */
+            json_error_t je;
+            m3_fault_suspend(1);
+            json_t *o = json_loadb(json_string_value(a), json_string_length(a), JSON_REJECT_DUPLICATES, &je);
+            m3_fault_suspend(0);
+            if (!o && json_error_code(&je) == json_error_out_of_memory) {
+                json_decref(copy);
+                return m3_oai_errorf(e, 500, "server_error", NULL, "out of memory");
+            }
+            int bad = json_is_object(o) && json_object_set(fn, "arguments", o); /* set takes its own reference */
+            json_decref(o);
+            if (bad) {
+                json_decref(copy);
+                return m3_oai_errorf(e, 500, "server_error", NULL, "out of memory");
+            }
+        }
+    }
+    json_decref(*out);
+    *out = copy;
+    return 0;
+}
+
 /* chat_template_kwargs, with enable_thinking: false spelled as the template's thinking_mode
  * "disabled": a new reference, or NULL (the error in e) */
 static json_t *chat_kwargs(m3_oai_error *e, json_t *b) {
@@ -190,6 +240,11 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
     m3_media local = {0}, *mm = media ? media : &local;
     json_t *render = NULL;
     if ((rc = m3_media_collect(c->media, msgs, &render, mm, e))) {
+        m3_media_free(&local);
+        return rc;
+    }
+    if ((rc = tool_args_objects(render ? render : msgs, &render, e))) {
+        json_decref(render);
         m3_media_free(&local);
         return rc;
     }

@@ -103,6 +103,30 @@ int main(void) {
               g.max_tokens == 1024 - (long long)g.n_ids,
           "chat: thinking off, tool_choice none, logprobs, max_tokens = rest of the context: %d %s", rc, e.message);
     m3_oai_params_free(&g);
+    /* a tool-call history sent back the OpenAI way (function.arguments a JSON string) renders as the
+     * same object would: the model's own <city>Paris</city>, never the raw JSON (issue 26) */
+    {
+        const char *as_str = "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\","
+                             "\"content\":\"\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
+                             "\"w\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\", \\\"days\\\": 3}\"}}]},{\"role\":\"tool\","
+                             "\"tool_call_id\":\"c1\",\"content\":\"sun\"}]}";
+        const char *as_obj = "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\","
+                             "\"content\":\"\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
+                             "\"w\",\"arguments\":{\"city\": \"Paris\", \"days\": 3}}}]},{\"role\":\"tool\","
+                             "\"tool_call_id\":\"c1\",\"content\":\"sun\"}]}";
+        const char *as_bad = "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\","
+                             "\"content\":\"\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
+                             "\"w\",\"arguments\":\"city=Paris\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sun\"}]}";
+        m3_oai_params a, o, x;
+        int ra = parse(as_str, 1, &a, &e), ro = parse(as_obj, 1, &o, &e), rx = parse(as_bad, 1, &x, &e);
+        CHECK(ra == 0 && ro == 0 && a.n_ids == o.n_ids && !memcmp(a.ids, o.ids, sizeof(int32_t) * a.n_ids),
+              "tool-call arguments as a JSON string render as the object: %zu vs %zu ids", a.n_ids, o.n_ids);
+        CHECK(rx == 0 && x.n_ids != o.n_ids, "arguments that are not JSON stay a string (%d)", rx);
+        m3_oai_params_free(&a);
+        m3_oai_params_free(&o);
+        m3_oai_params_free(&x);
+        release();
+    }
     /* generation_config.json's defaults fill what the request leaves out, and only that */
     m3_oai_defaults dd = {0};
     dd.temperature = 0.3, dd.has_temperature = 1, dd.top_k = 20, dd.has_top_k = 1, dd.top_p = 0.8, dd.has_top_p = 1;
@@ -203,9 +227,15 @@ int main(void) {
          "\"properties\":{\"a\":{\"type\":\"integer\"}}}}}],\"chat_template_kwargs\":{\"thinking_mode\":\"adaptive\"},"
          "\"max_tokens\":8}",
          1},
+        /* a tool-call history the OpenAI way (arguments a JSON string), parsed into a render copy */
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\",\"content\":\"\","
+         "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"w\",\"arguments\":"
+         "\"{\\\"city\\\": \\\"Paris\\\", \\\"days\\\": 3}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sun\"}],"
+         "\"max_tokens\":4}",
+         1},
     };
     long runs = 0, same = 0, oom = 0;
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         m3_oai_params want;
         m3_oai_error we;
         m3_fault_json_hook(1);

@@ -146,60 +146,57 @@ int m3_cmd_serve(int argc, char **argv) {
             if (eq) { fprintf(stderr, "m3 serve: %s takes no value\n", a); return 2; }
             continue;
         }
-        static const char *const known[] = {
-            "-m", "--model", "--host", "--api-key", "--served-model-name", "--port", "--threads", "--kv-cache-memory",
-            "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
-            "--sample-threads", "--kv-cache-dtype", "--index-cache-dtype", "--max-waiting", "--shutdown-timeout",
-            "--max-body", "--max-header-bytes", "--timeout", "--max-image-memory", "--max-connections",
-            "--speculative-config", "--draft", "--allowed-media-domains", "-tp", "--tensor-parallel-size", "--moe-split",
-            "--seed", "--tool-call-parser", "--reasoning-parser", "--generation-config"};
-        int is_known = 0;
-        for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(a, known[k]);
-        if (!is_known) { fprintf(stderr, "m3 serve: unknown option '%s' (m3 serve --help lists them)\n", a); return 2; }
-        if (!v) { fprintf(stderr, "m3 serve: %s needs a value\n", a); return 2; }
+        /* a flag with a value: V is it, or "" with `missing` set (said below, once the flag is known) */
+        const char *missing = NULL;
+#define V (v ? v : (missing = a, ""))
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (dir && strcmp(dir, v)) { fprintf(stderr, "m3 serve: two models given ('%s' and '%s')\n", dir, v); return 2; }
-            dir = v;
-        } else if (!strcmp(a, "--host")) so.host = v;
-        else if (!strcmp(a, "--api-key")) so.api_key = v;
-        else if (!strcmp(a, "--served-model-name")) name = v;
-        else if (!strcmp(a, "--port")) r = m3_cli_int(a, v, 0, 65535, &port, &err);
-        else if (!strcmp(a, "--threads")) r = m3_cli_int(a, v, 0, 1024, &threads, &err);
-        else if (!strcmp(a, "--kv-cache-memory")) r = m3_cli_size(a, v, 1, __LONG_MAX__, &kvmem, &err);
+            if (v && dir && strcmp(dir, v)) { fprintf(stderr, "m3 serve: two models given ('%s' and '%s')\n", dir, V); return 2; }
+            dir = V;
+        } else if (!strcmp(a, "--host")) so.host = V;
+        else if (!strcmp(a, "--api-key")) so.api_key = V;
+        else if (!strcmp(a, "--served-model-name")) name = V;
+        else if (!strcmp(a, "--port")) r = m3_cli_int(a, V, 0, 65535, &port, &err);
+        else if (!strcmp(a, "--threads")) r = m3_cli_int(a, V, 0, 1024, &threads, &err);
+        else if (!strcmp(a, "--kv-cache-memory")) r = m3_cli_size(a, V, 1, __LONG_MAX__, &kvmem, &err);
         else if (!strcmp(a, "--gpu-memory-utilization")) {
             char *end;
-            util = strtod(v, &end);
-            if (*end || end == v || !(util > 0 && util <= 1)) {
-                fprintf(stderr, "m3 serve: --gpu-memory-utilization '%s': expected a fraction in (0, 1]\n", v);
+            util = strtod(V, &end);
+            if (v && (*end || end == v || !(util > 0 && util <= 1))) {
+                fprintf(stderr, "m3 serve: --gpu-memory-utilization '%s': expected a fraction in (0, 1]\n", V);
                 return 2;
             }
-        } else if (!strcmp(a, "--max-num-seqs")) r = m3_cli_int(a, v, 1, 1 << 16, &seqs, &err);
-        else if (!strcmp(a, "--max-num-batched-tokens")) r = m3_cli_size(a, v, 1, 1 << 24, &batched, &err);
-        else if (!strcmp(a, "--max-model-len")) r = m3_cli_size(a, v, 1, 1 << 30, &mml, &err);
-        else if (!strcmp(a, "--sample-threads")) r = m3_cli_int(a, v, 1, 64, &sthreads, &err);
-        else if (!strcmp(a, "--kv-cache-dtype")) kvd = v;
-        else if (!strcmp(a, "--index-cache-dtype")) ikd = v;
-        else if (!strcmp(a, "--max-waiting")) r = m3_cli_int(a, v, 0, 1 << 30, &waiting, &err);
-        else if (!strcmp(a, "--shutdown-timeout")) r = m3_cli_int(a, v, 0, 1 << 20, &grace, &err);
-        else if (!strcmp(a, "--max-body")) r = m3_cli_size(a, v, 1, __LONG_MAX__, &body, &err);
-        else if (!strcmp(a, "--max-header-bytes")) r = m3_cli_size(a, v, 256, 1 << 30, &hdr, &err);
-        else if (!strcmp(a, "--timeout")) r = m3_cli_int(a, v, 0, 1 << 20, &tmo, &err);
-        else if (!strcmp(a, "--max-image-memory")) r = m3_cli_size(a, v, 0, __LONG_MAX__, &imgmem, &err);
-        else if (!strcmp(a, "--max-connections")) r = m3_cli_int(a, v, 0, 1 << 24, &maxconn, &err);
-        else if (!strcmp(a, "--speculative-config")) spec_json = v;
-        else if (!strcmp(a, "--draft")) draft_dir = v;
-        else if (!strcmp(a, "--allowed-media-domains")) media_domains = v;
-        else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) r = m3_cli_int(a, v, 1, 64, &tpn, &err);
-        else if (!strcmp(a, "--moe-split")) moe_split = v;
-        else if (!strcmp(a, "--seed")) r = m3_cli_int(a, v, 0, __LONG_MAX__, &seed, &err);
-        else if (!strcmp(a, "--generation-config")) gen_cfg = v;
+        } else if (!strcmp(a, "--max-num-seqs")) r = m3_cli_int(a, V, 1, 1 << 16, &seqs, &err);
+        else if (!strcmp(a, "--max-num-batched-tokens")) r = m3_cli_size(a, V, 1, 1 << 24, &batched, &err);
+        else if (!strcmp(a, "--max-model-len")) r = m3_cli_size(a, V, 1, 1 << 30, &mml, &err);
+        else if (!strcmp(a, "--sample-threads")) r = m3_cli_int(a, V, 1, 64, &sthreads, &err);
+        else if (!strcmp(a, "--kv-cache-dtype")) kvd = V;
+        else if (!strcmp(a, "--index-cache-dtype")) ikd = V;
+        else if (!strcmp(a, "--max-waiting")) r = m3_cli_int(a, V, 0, 1 << 30, &waiting, &err);
+        else if (!strcmp(a, "--shutdown-timeout")) r = m3_cli_int(a, V, 0, 1 << 20, &grace, &err);
+        else if (!strcmp(a, "--max-body")) r = m3_cli_size(a, V, 1, __LONG_MAX__, &body, &err);
+        else if (!strcmp(a, "--max-header-bytes")) r = m3_cli_size(a, V, 256, 1 << 30, &hdr, &err);
+        else if (!strcmp(a, "--timeout")) r = m3_cli_int(a, V, 0, 1 << 20, &tmo, &err);
+        else if (!strcmp(a, "--max-image-memory")) r = m3_cli_size(a, V, 0, __LONG_MAX__, &imgmem, &err);
+        else if (!strcmp(a, "--max-connections")) r = m3_cli_int(a, V, 0, 1 << 24, &maxconn, &err);
+        else if (!strcmp(a, "--speculative-config")) spec_json = V;
+        else if (!strcmp(a, "--draft")) draft_dir = V;
+        else if (!strcmp(a, "--allowed-media-domains")) media_domains = V;
+        else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) r = m3_cli_int(a, V, 1, 64, &tpn, &err);
+        else if (!strcmp(a, "--moe-split")) moe_split = V;
+        else if (!strcmp(a, "--seed")) r = m3_cli_int(a, V, 0, __LONG_MAX__, &seed, &err);
+        else if (!strcmp(a, "--generation-config")) gen_cfg = V;
         else if (!strcmp(a, "--tool-call-parser") || !strcmp(a, "--reasoning-parser")) {
             /* m3 has the MiniMax-M3 parsers, used whenever the chat template writes their markup */
-            if (strcmp(v, "minimax_m3") && strcmp(v, "minimax") && strcmp(v, "minimax_m2")) {
+            if (V[0] && strcmp(v, "minimax_m3") && strcmp(v, "minimax") && strcmp(v, "minimax_m2")) {
                 fprintf(stderr, "m3 serve: %s '%s': m3 parses MiniMax-M3 output (minimax_m3, minimax, minimax_m2)\n", a, v);
                 return 2;
             }
+        } else {
+            fprintf(stderr, "m3 serve: unknown option '%s' (m3 serve --help lists them)\n", a);
+            return 2;
         }
+#undef V
+        if (missing) { fprintf(stderr, "m3 serve: %s needs a value\n", missing); return 2; }
         if (r) { fprintf(stderr, "m3 serve: %s\n", err.msg); return 2; }
         if (takes) i++;
     }

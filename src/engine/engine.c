@@ -870,11 +870,8 @@ static int backend_recover(m3_engine *e, m3_err *err) {
     return op && op->recover ? op->recover(op->ctx, err) : 0;
 }
 
-/* The device is lost: every request ends with the reason, and the engine takes no more. */
-static void go_dead(m3_engine *e, const char *what, const char *dev) {
-    pthread_mutex_lock(&e->mu);
-    if (!e->dead[0]) snprintf(e->dead, sizeof e->dead, "the device failed and cannot go on (%s; then: %s)", what, dev);
-    pthread_mutex_unlock(&e->mu);
+/* Every request, running, waiting or in the inbox, ends with the engine's death. */
+static void fail_all(m3_engine *e) {
     drain(e);
     while (e->n_running) {
         req *r = e->running[e->n_running - 1];
@@ -886,6 +883,14 @@ static void go_dead(m3_engine *e, const char *what, const char *dev) {
         waiting_remove(e, 0);
         fail(e, r, e->dead);
     }
+}
+
+/* The device is lost: every request ends with the reason, and the engine takes no more. */
+static void go_dead(m3_engine *e, const char *what, const char *dev) {
+    pthread_mutex_lock(&e->mu);
+    if (!e->dead[0]) snprintf(e->dead, sizeof e->dead, "the device failed and cannot go on (%s; then: %s)", what, dev);
+    pthread_mutex_unlock(&e->mu);
+    fail_all(e);
 }
 
 /* Runs request r's rows of this step alone (the step's arrays, r's slice of them). */
@@ -933,13 +938,13 @@ static int step_failed(m3_engine *e, int T, int ns, int n_out, m3_err *err) {
         m3_errf(err, "%s: %s", shape, e->dead);
         return -1;
     }
-    int n_bad = 0, n_left = 0;
+    int n_bad = 0;
     for (int i = 0; i < e->n_running; i++) {
         req *r = e->running[i];
         if (!r->n_sched) continue;
         const char *why = what;
         if (ns > 1) { /* whose failure is it? each alone */
-            if (!forward_alone(e, r, &e2)) { n_left++; continue; }
+            if (!forward_alone(e, r, &e2)) continue;
             why = e2.msg;
             m3_err e3;
             if (backend_recover(e, &e3)) {
@@ -956,7 +961,6 @@ static int step_failed(m3_engine *e, int T, int ns, int n_out, m3_err *err) {
     if (ns > 1 && l + 1 < sizeof err->msg)
         snprintf(err->msg + l, sizeof err->msg - l, "; run again one request at a time: %d of %d failed alone%s", n_bad, ns,
                  n_bad ? "" : " (the others go on)");
-    (void)n_left;
     return 0;
 }
 
@@ -970,7 +974,7 @@ const char *m3_engine_dead(m3_engine *e) {
 int m3_engine_step(m3_engine *e, m3_err *err) {
     memset(&e->last, 0, sizeof e->last);
     if (e->dead[0]) { /* requests that reached the inbox as the device failed */
-        go_dead(e, "", "");
+        fail_all(e);
         snapshot(e);
         return m3_errf(err, "%s", e->dead);
     }

@@ -173,15 +173,20 @@ static void jpg_progress(j_common_ptr c) {
     }
 }
 
+/* cinfo with the error manager above (errors and truncation longjmp to je->jb) */
+static void jpg_init(struct jpeg_decompress_struct *cinfo, jpg_err *je) {
+    memset(cinfo, 0, sizeof *cinfo);
+    cinfo->err = jpeg_std_error(&je->pub);
+    je->pub.error_exit = jpg_error_exit;
+    je->pub.emit_message = jpg_emit;
+    je->pub.output_message = jpg_output;
+}
+
 static int decode_jpeg(const uint8_t *data, size_t n, uint64_t max_pixels, m3_rgb *out, m3_err *err) {
     struct jpeg_decompress_struct cinfo;
     struct jpeg_progress_mgr prog;
     jpg_err je;
-    memset(&cinfo, 0, sizeof cinfo);
-    cinfo.err = jpeg_std_error(&je.pub);
-    je.pub.error_exit = jpg_error_exit;
-    je.pub.emit_message = jpg_emit;
-    je.pub.output_message = jpg_output;
+    jpg_init(&cinfo, &je);
     uint8_t *volatile buf = NULL;
     uint8_t *volatile rgb = NULL;
     volatile int rc = -1, created = 0;
@@ -272,11 +277,7 @@ static int decode_webp(const uint8_t *data, size_t n, uint64_t max_pixels, m3_rg
 static int dims_jpeg(const uint8_t *data, size_t n, uint64_t *w, uint64_t *h, m3_err *err) {
     struct jpeg_decompress_struct cinfo;
     jpg_err je;
-    memset(&cinfo, 0, sizeof cinfo);
-    cinfo.err = jpeg_std_error(&je.pub);
-    je.pub.error_exit = jpg_error_exit;
-    je.pub.emit_message = jpg_emit;
-    je.pub.output_message = jpg_output;
+    jpg_init(&cinfo, &je);
     volatile int created = 0, rc = -1;
     if (setjmp(je.jb)) {
         m3_errf(err, "undecodable JPEG: %s", je.msg);

@@ -60,9 +60,4 @@ async def main(m3, work):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit(__doc__)
-    os.makedirs(sys.argv[2], exist_ok=True)
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
-    print(f"{srvlib.fails} check(s) failed" if srvlib.fails else "server_device_lost: all checks passed")
-    sys.exit(1 if srvlib.fails else 0)
+    srvlib.run(main, "server_device_lost", __doc__)

@@ -237,13 +237,8 @@ async def slow_and_many(m3, ck):
         for _, ww in socks:
             ww.close()
 
-        async def healthy():
-            try:
-                st, _ = await lt.get_text(host, port, "/health", 5)
-                return st == 200
-            except (OSError, asyncio.TimeoutError):
-                return False
-        check(await srvlib.wait_for("/health once they are gone", healthy), "and serves again once they have left")
+        check(await srvlib.wait_for("/health once they are gone", lambda: srvlib.healthy(host, port)),
+              "and serves again once they have left")
     finally:
         srv.stop()
 
@@ -278,13 +273,8 @@ async def fd_exhaustion(m3, ck):
             k.close()
         socks = []
 
-        async def healthy():
-            try:
-                st, _ = await lt.get_text("127.0.0.1", srv.port, "/health", 5)
-                return st == 200
-            except OSError:
-                return False
-        check(await srvlib.wait_for("/health once the connections are gone", healthy), "then it serves again")
+        check(await srvlib.wait_for("/health once the connections are gone", lambda: srvlib.healthy("127.0.0.1", srv.port)),
+              "then it serves again")
     finally:
         for k in socks:
             k.close()
@@ -292,9 +282,4 @@ async def fd_exhaustion(m3, ck):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit(__doc__)
-    os.makedirs(sys.argv[2], exist_ok=True)
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
-    print(f"{srvlib.fails} check(s) failed" if srvlib.fails else "server_attack: all checks passed")
-    sys.exit(1 if srvlib.fails else 0)
+    srvlib.run(main, "server_attack", __doc__)

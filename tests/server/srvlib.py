@@ -75,3 +75,25 @@ async def wait_for(what, cond, poll=0.05, limit=600.0):
             check(False, f"waiting for {what}: not reached in {limit:.0f} s")
             return False
         await asyncio.sleep(poll)
+
+
+async def healthy(host, port):
+    """True when /health answers 200 (a refused or cut connection is False): for wait_for."""
+    import asyncio
+    import load_test as lt
+    try:
+        st, _ = await lt.get_text(host, port, "/health", 5)
+        return st == 200
+    except (OSError, asyncio.TimeoutError):
+        return False
+
+
+def run(main, name, doc):
+    """The tests' command line: NAME.py M3_BINARY WORK_DIR; exits 1 when a check failed."""
+    import asyncio
+    if len(sys.argv) != 3:
+        sys.exit(doc)
+    os.makedirs(sys.argv[2], exist_ok=True)
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    print(f"{fails} check(s) failed" if fails else f"{name}: all checks passed")
+    sys.exit(1 if fails else 0)

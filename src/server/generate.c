@@ -25,8 +25,6 @@
 #include <time.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/keyvalq_struct.h>
 
 static const char NOMEM[] = "out of memory while building the response";
 
@@ -88,39 +86,34 @@ static void cancel_open(hreq *h) {
 static void client_gone(hreq *h) {
     h->closed = 1;
     h->req = NULL;
-    h->conn = NULL;
     cancel_open(h);
 }
 
-/* The connection closed: the client left, or the reply could not be written. */
-static void conn_closed(struct evhttp_connection *conn, void *arg) {
-    (void)conn;
+/* The connection closed: the client left, or the reply could not be written (http.h: the
+ * request is gone once this returns). */
+static void conn_closed(http_req *req, void *arg) {
+    (void)req;
     hreq *h = arg;
     if (h->replied) { h->flushed = 1; hreq_release(h); return; }
     if (h->closed) return;
-    /* libevent detaches an unfinished request from its failed connection (it is not freed
-     * with it): it is ours to free now, or it leaks */
-    if (h->req && !evhttp_request_get_connection(h->req)) evhttp_request_free(h->req);
     client_gone(h);
     hreq_release(h);
 }
 
 /* the last byte of the response was written */
-static void on_flushed(struct evhttp_request *req, void *arg) {
+static void on_flushed(http_req *req, void *arg) {
     (void)req;
     hreq *h = arg;
     h->flushed = 1;
-    if (h->conn) evhttp_connection_set_closecb(h->conn, NULL, NULL); /* the connection may serve others now */
     hreq_release(h);
 }
 
-/* Closes h's connection (the request is freed with it) and cancels what it asked for. */
+/* Closes h's connection and cancels what it asked for. */
 static void drop_client(hreq *h) {
-    struct evhttp_connection *conn = h->conn;
+    http_req *req = h->req;
     h->busy++;
-    evhttp_connection_set_closecb(conn, NULL, NULL);
     client_gone(h);
-    evhttp_connection_free(conn); /* frees the request with it */
+    http_drop(req);
     h->busy--;
     hreq_release(h);
 }
@@ -131,14 +124,11 @@ void srv_peek(srv *s) {
         nx = h->next;
         for (int i = 0; i < h->n; i++)
             if (h->ch[i].cancel_pending) choice_cancel(&h->ch[i]);
-        if (h->replied || h->closed || !h->conn) continue;
-        struct bufferevent *bev = evhttp_connection_get_bufferevent(h->conn);
-        evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
-        if (fd < 0) continue;
-        /* A stream whose client does not read: libevent's write timeout restarts whenever we add
-         * output, so it would never fire while tokens keep coming. Output piling up beyond
+        if (h->replied || h->closed || !h->req) continue;
+        /* A stream whose client does not read: the write timeout restarts whenever output is
+         * added, so it would never fire while tokens keep coming. Output piling up beyond
          * SRV_STALL_BYTES for the whole timeout means the client is not keeping up: drop it. */
-        size_t pend = evbuffer_get_length(bufferevent_get_output(bev));
+        size_t pend = http_unsent(h->req);
         if (pend < SRV_STALL_BYTES) h->stall_since = 0;
         else if (h->stall_since <= 0) h->stall_since = now;
         else if (s->o->timeout > 0 && now - h->stall_since >= s->o->timeout) {
@@ -146,23 +136,13 @@ void srv_peek(srv *s) {
             drop_client(h);
             continue;
         }
-        /* A stream silent for a while (its request waits in the engine's queue or behind long
-         * prefills) gets an SSE comment: the read timeout libevent keeps on a connection while
-         * it writes a reply restarts with every write, so --timeout guards slow clients only,
-         * never the time a request waits for the engine. */
+        /* a stream silent for a while (its request waits in the engine's queue or behind long
+         * prefills) gets an SSE comment, for the proxies between us and the client */
         double ka = s->o->timeout > 0 && s->o->timeout / 2 < SRV_KEEPALIVE_S ? s->o->timeout / 2 : SRV_KEEPALIVE_S;
-        if (h->stream && h->req && now - h->t_write >= ka) {
-            struct evbuffer *b = evbuffer_new();
-            if (b && !evbuffer_add(b, ": keep-alive\n\n", 14)) {
-                evhttp_send_reply_chunk(h->req, b);
-                h->t_write = now;
-                s->m.keepalives++;
-            }
-            if (b) evbuffer_free(b);
+        if (h->stream && now - h->t_write >= ka && !http_reply_chunk(h->req, ": keep-alive\n\n", 14)) {
+            h->t_write = now;
+            s->m.keepalives++;
         }
-        char c;
-        ssize_t k = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) drop_client(h);
     }
 }
 
@@ -202,11 +182,9 @@ static json_t *usage_json(const hreq *h) {
 /* one SSE event; raw text (len bytes) */
 static int sse_raw(hreq *h, const char *txt, size_t len) {
     if (!h->req) return 0;
-    struct evbuffer *b = evbuffer_new();
-    int rc = !b || evbuffer_add(b, "data: ", 6) || evbuffer_add(b, txt, len) || evbuffer_add(b, "\n\n", 2) ? -1 : 0;
-    if (!rc) evhttp_send_reply_chunk(h->req, b);
+    struct iovec v[3] = {{(void *)"data: ", 6}, {(void *)txt, len}, {(void *)"\n\n", 2}};
+    int rc = http_reply_chunkv(h->req, v, 3);
     if (!rc) h->t_write = srv_now();
-    if (b) evbuffer_free(b);
     return rc;
 }
 
@@ -447,7 +425,6 @@ static void finish_response(hreq *h) {
     double t = srv_now();
     int status = 499; /* nginx's "client closed request" */
     if (!h->closed && h->req) {
-        evhttp_request_set_on_complete_cb(h->req, on_flushed, h);
         if (h->stream) {
             if (h->include_usage && !h->failed) {
                 json_t *c = chunk_base(h), *u = usage_json(h);
@@ -461,16 +438,11 @@ static void finish_response(hreq *h) {
                 } else sse_send(h, c);
             }
             if (h->failed) sse_error(h, 500, "server_error", h->failed);
-            struct evbuffer *b = evbuffer_new();
-            if (b) {
-                evbuffer_add(b, "data: [DONE]\n\n", 14);
-                evhttp_send_reply_chunk(h->req, b);
-                evbuffer_free(b);
-            }
-            struct evhttp_request *req = h->req;
-            h->req = NULL; /* reply_end may complete (and free req) before it returns */
+            http_reply_chunk(h->req, "data: [DONE]\n\n", 14);
+            http_req *req = h->req;
+            h->req = NULL; /* the request is http.h's now: on_flushed or conn_closed follow */
             h->replied = 1;
-            evhttp_send_reply_end(req);
+            http_reply_end(req);
             status = 200;
         } else {
             h->replied = 1;
@@ -626,7 +598,7 @@ static m3_out *out_new(const hreq *h, const m3_oai_params *g, m3_err *err) {
     return m3_out_new(&oo, g->tools, err);
 }
 
-static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g, m3_engine_images *images, int n_img,
+static int start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_images *images, int n_img,
                  size_t *px_bytes, unsigned long serial, double t0) {
     m3_err err;
     hreq *h = srv_calloc(1, sizeof *h);
@@ -639,7 +611,6 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
     h->px_bytes = *px_bytes; /* hreq_free gives it back, whatever happens from here */
     *px_bytes = 0;
     h->req = req;
-    h->conn = evhttp_request_get_connection(req);
     h->serial = serial;
     h->chat = chat;
     h->stream = g->stream;
@@ -723,7 +694,6 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
         cancel_open(h);
         for (int i = 0; i < h->n; i++) h->ch[i].done = 1;
         h->req = NULL;
-        h->conn = NULL;
         h->replied = h->flushed = 1;
         h->busy--;
         hreq_release(h);
@@ -732,24 +702,22 @@ static int start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g,
     s->m.prompt_tokens += g->n_ids;
     s->m.images += (uint64_t)n_img;
     if (h->stream) {
-        struct evkeyvalq *hd = evhttp_request_get_output_headers(req);
-        evhttp_add_header(hd, "Content-Type", "text/event-stream");
-        evhttp_add_header(hd, "Cache-Control", "no-cache");
-        evhttp_send_reply_start(req, 200, "OK");
+        http_add_header(req, "Cache-Control", "no-cache");
+        http_reply_start(req, 200, "text/event-stream");
         h->t_write = srv_now();
         for (int i = 0; i < h->n; i++) {
             if (chat) send_chunk(h, i, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL);
             else if (h->echo && h->echo_text) send_chunk(h, i, json_stringn(h->echo_text, h->echo_len), NULL, NULL);
         }
     }
-    evhttp_connection_set_closecb(h->conn, conn_closed, h);
+    http_req_on(req, on_flushed, conn_closed, h);
     if (h->failed) fail_response(h);
     h->busy--;
     hreq_release(h);
     return 0;
 }
 
-int srv_generate_start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g, m3_engine_images *images,
+int srv_generate_start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_images *images,
                        int n_images, size_t *px_bytes, unsigned long serial, double t0) {
     m3_engine_stats st;
     m3_engine_get_stats(s->e, &st);

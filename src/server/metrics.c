@@ -129,6 +129,10 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
     gauge(&b, "m3_num_requests_running", "Sequences the engine holds KV blocks for.", st->running);
     gauge(&b, "m3_num_requests_waiting", "Sequences queued in the engine (inbox included).", st->waiting);
     gauge(&b, "m3_http_requests_in_flight", "Generation requests received and not yet answered.", info->http_in_flight);
+    gauge(&b, "m3_http_connections", "Client connections open.", info->http_connections);
+    counter(&b, "m3_http_requests_refused_total",
+            "Requests refused before routing: malformed (RFC 9112), over a size limit, or not arriving within --timeout.",
+            (uint64_t)info->http_refused);
     gauge(&b, "m3_max_waiting", "Waiting sequences at which new generation requests get 429.", info->max_waiting);
     gauge(&b, "m3_draining", "1 while shutting down (SIGTERM / SIGINT received).", info->draining);
     gauge(&b, "m3_kv_blocks_used", "KV cache blocks (pages) held by sequences.", st->kv_blocks_used);

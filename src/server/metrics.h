@@ -49,6 +49,8 @@ typedef struct m3_metrics_info {
     int max_waiting;
     int draining;              /* 1 after SIGTERM / SIGINT */
     int http_in_flight;        /* generation requests not finished */
+    int http_connections;      /* client connections open */
+    unsigned long http_refused;/* requests the HTTP layer refused (malformed, over a limit, late) */
     int fault_armed;           /* fault injection (tests): report the failures injected */
     long fault_injected[M3_FAULT_NMOD]; /* by module (src/engine/fault.h) */
     long fault_seen[M3_FAULT_NMOD];     /* allocations counted, by module */

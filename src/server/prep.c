@@ -10,10 +10,10 @@
  * (issue 23).
  *
  * Lifetimes: the loop owns a job until it is queued, a worker from then until it is on the
- * done list, the loop again until it is answered and freed. libevent does not read from a
- * connection whose request awaits its reply, so the request stays valid meanwhile; a client
- * that leaves is seen once the generation runs (srv_peek). Jobs in flight count as requests
- * in flight: shutdown waits for them (and runs them; a 503 once its deadline has passed). */
+ * done list, the loop again until it is answered and freed. A client that leaves meanwhile
+ * is seen at once (http.h: job_gone); its job still runs to the end and is then dropped. Jobs
+ * in flight count as requests in flight: shutdown waits for them (and runs them; a 503 once
+ * its deadline has passed). */
 #include "srv.h"
 
 #include <stdio.h>
@@ -22,11 +22,10 @@
 #include <unistd.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 
 struct prep_job {
     srv *s;
-    struct evhttp_request *req;
+    http_req *req;           /* NULL once its client is gone */
     unsigned long serial;
     double t0;
     int kind;                /* SRV_PREP_* */
@@ -165,9 +164,15 @@ static void *worker_main(void *arg) {
 
 /* ------------------------------------------------------------------ the loop */
 
-int srv_prep_submit(srv *s, struct evhttp_request *req, int kind, unsigned long serial, double t0) {
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    size_t n = evbuffer_get_length(in);
+/* the client left while its request was prepared (loop) */
+static void job_gone(http_req *req, void *arg) {
+    (void)req;
+    ((prep_job *)arg)->req = NULL;
+}
+
+int srv_prep_submit(srv *s, http_req *req, int kind, unsigned long serial, double t0) {
+    struct evbuffer *in = http_body(req);
+    size_t n = in ? evbuffer_get_length(in) : 0;
     prep_job *j = srv_calloc(1, sizeof *j);
     char *body = j ? srv_malloc(n + 1) : NULL;
     if (!body) {
@@ -187,6 +192,7 @@ int srv_prep_submit(srv *s, struct evhttp_request *req, int kind, unsigned long 
     j->kind = kind;
     j->body = body;
     j->n = n;
+    http_req_on(req, NULL, job_gone, j);
     s->n_prep++;
     j->all_next = s->prep_all;
     if (s->prep_all) s->prep_all->all_prev = j;
@@ -211,10 +217,13 @@ static const char *route_name(int kind) {
 
 /* a finished job: its answer, or the generation started */
 static void finish_job(srv *s, prep_job *j) {
-    struct evhttp_request *req = j->req;
+    http_req *req = j->req;
     int rc;
-    if (s->cancelling) { /* the shutdown's deadline passed while it was prepared (before: in flight, it runs) */
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+    if (req) http_req_on(req, NULL, NULL, NULL); /* the job goes: whoever answers sets its own */
+    if (!req) { /* the client left while it was prepared: nothing to answer */
+        rc = 499;
+    } else if (s->cancelling) { /* the shutdown's deadline passed while it was prepared (before: in flight, it runs) */
+        http_close_after(req);
         rc = srv_send_error(req, 503, "service_unavailable_error", "the server is shutting down");
     } else if (j->rc) {
         rc = srv_send_oai(req, &j->e);
@@ -261,16 +270,6 @@ static void done_cb(evutil_socket_t fd, short what, void *arg) {
     srv_maybe_exit(s);
 }
 
-int srv_prep_fds(srv *s, int *fds, int cap) {
-    int n = 0;
-    for (prep_job *j = s->prep_all; j && n < cap; j = j->all_next) {
-        struct evhttp_connection *c = evhttp_request_get_connection(j->req);
-        struct bufferevent *b = c ? evhttp_connection_get_bufferevent(c) : NULL;
-        if (b && bufferevent_getfd(b) >= 0) fds[n++] = bufferevent_getfd(b);
-    }
-    return n;
-}
-
 int srv_prep_start(srv *s, int threads) {
     pthread_mutex_init(&s->prep_mu, NULL);
     pthread_cond_init(&s->prep_cv, NULL);
@@ -297,7 +296,10 @@ void srv_prep_stop(srv *s) {
     pthread_mutex_unlock(&s->prep_mu);
     for (int i = 0; i < s->n_prep_th; i++) pthread_join(s->prep_th[i], NULL);
     s->n_prep_th = 0;
-    /* what was never answered (the loop ended first): its requests go with libevent's */
+    /* what was never answered (the loop ended first): its requests go with the connections,
+     * which must not call back into the jobs */
+    for (prep_job *l = s->prep_all; l; l = l->all_next)
+        if (l->req) http_req_on(l->req, NULL, NULL, NULL);
     for (prep_job *l = s->prep_q; l;) { prep_job *nx = l->next; job_free(l); l = nx; }
     for (prep_job *l = s->prep_done; l;) { prep_job *nx = l->next; job_free(l); l = nx; }
     s->prep_q = s->prep_tail = s->prep_done = s->prep_all = NULL;

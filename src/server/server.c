@@ -16,12 +16,8 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include <event2/listener.h>
-
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/http_struct.h>
-#include <event2/keyvalq_struct.h>
+#include <event2/http.h>
 #include <event2/thread.h>
 
 void m3_server_opts_default(m3_server_opts *o) {
@@ -80,22 +76,6 @@ int sbuf_add(sbuf *b, const char *p, size_t n) {
 
 /* ------------------------------------------------------------------ replies */
 
-static const char *reason_phrase(int code) {
-    switch (code) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 413: return "Payload Too Large";
-    case 429: return "Too Many Requests";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Error";
-    }
-}
-
 /* jansson's json_dumps grows its buffer while it writes and ignores a failed write of an object
  * key (dump.c: dump_string's result is not checked), so under memory pressure it can return
  * well-formed-looking text with a key missing. Sizing first (json_dumpb with no buffer writes
@@ -119,7 +99,7 @@ static void free_text(const void *data, size_t len, void *arg) {
     free(arg);
 }
 
-int srv_send_text(struct evhttp_request *req, int code, char *text, size_t len) {
+int srv_send_text(http_req *req, int code, char *text, size_t len) {
     struct evbuffer *b = evbuffer_new();
     /* by reference: a 20 MB answer is not copied on the loop; the buffer frees it once written */
     if (!b || evbuffer_add_reference(b, text, len, free_text, text)) {
@@ -127,26 +107,24 @@ int srv_send_text(struct evhttp_request *req, int code, char *text, size_t len) 
         else free(text);
         return srv_send_error(req, 500, "server_error", "out of memory");
     }
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
-    evhttp_send_reply(req, code, reason_phrase(code), b);
+    http_reply(req, code, "application/json", b);
     evbuffer_free(b);
     return code;
 }
 
-int srv_send_json(struct evhttp_request *req, int code, json_t *j) {
+int srv_send_json(http_req *req, int code, json_t *j) {
     char *s = srv_json_text(j, NULL);
     json_decref(j);
     if (!s) return srv_send_error(req, 500, "server_error", "out of memory");
     struct evbuffer *b = evbuffer_new();
     if (!b) { /* out of memory: a bare status is all that can be said */
         free(s);
-        evhttp_send_reply(req, 500, reason_phrase(500), NULL);
+        http_reply(req, 500, NULL, NULL);
         return 500;
     }
     evbuffer_add(b, s, strlen(s));
     free(s);
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
-    evhttp_send_reply(req, code, reason_phrase(code), b);
+    http_reply(req, code, "application/json", b);
     evbuffer_free(b);
     return code;
 }
@@ -185,19 +163,17 @@ size_t srv_error_json(char *buf, size_t cap, int code, const char *type, const c
 
 /* Errors in OpenAI's shape, {"error": {"message", "type", "param", "code"}} (code: the HTTP
  * status, as vLLM sends it), written without jansson so that they go out when memory is short. */
-int srv_send_oai(struct evhttp_request *req, const m3_oai_error *e) {
+int srv_send_oai(http_req *req, const m3_oai_error *e) {
     char body[4096];
     size_t n = srv_error_json(body, sizeof body, e->status, e->type, e->param, e->message);
     struct evbuffer *b = evbuffer_new();
-    if (b && !evbuffer_add(b, body, n)) {
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
-        evhttp_send_reply(req, e->status, reason_phrase(e->status), b);
-    } else evhttp_send_reply(req, e->status, reason_phrase(e->status), NULL);
+    if (b && !evbuffer_add(b, body, n)) http_reply(req, e->status, "application/json", b);
+    else http_reply(req, e->status, NULL, NULL);
     if (b) evbuffer_free(b);
     return e->status;
 }
 
-int srv_send_error(struct evhttp_request *req, int code, const char *type, const char *fmt, ...) {
+int srv_send_error(http_req *req, int code, const char *type, const char *fmt, ...) {
     m3_oai_error e;
     va_list ap;
     va_start(ap, fmt);
@@ -206,15 +182,21 @@ int srv_send_error(struct evhttp_request *req, int code, const char *type, const
     return srv_send_oai(req, &e);
 }
 
-int srv_check_auth(srv *s, struct evhttp_request *req) {
+/* The key exactly as configured: "Authorization: Bearer KEY", one such field, nothing after the
+ * key (not even whitespace; a NUL or another control byte never gets here: http_parse refuses
+ * it). Compared in time that does not depend on where the first difference is. */
+int srv_check_auth(srv *s, http_req *req) {
     if (!s->o->api_key) return 0;
-    const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+    int count = 0;
+    const http_field *f = http_field_of(req, "Authorization", &count);
     const char *key = s->o->api_key;
     size_t kl = strlen(key);
     const char *given = "";
-    if (h && !strncmp(h, "Bearer ", 7)) given = h + 7;
-    size_t gl = strlen(given);
-    /* constant time over the key's length; length mismatch folded in */
+    size_t gl = 0;
+    if (f && count == 1 && !f->trailing_ws && f->len >= 7 && !strncmp(f->value, "Bearer ", 7)) {
+        given = f->value + 7;
+        gl = f->len - 7;
+    }
     unsigned diff = (unsigned)(gl != kl);
     for (size_t i = 0; i < kl; i++) diff |= (unsigned char)key[i] ^ (unsigned char)(i < gl ? given[i] : 0);
     if (!diff) return 0;
@@ -307,35 +289,42 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg) {
 
 /* ------------------------------------------------------------------ small endpoints */
 
-static int h_health(struct evhttp_request *req, srv *s) {
+static int h_health(http_req *req, srv *s) {
     const char *dead = atomic_load(&s->engine_dead) ? m3_engine_dead(s->e) : NULL;
     if (dead) return srv_send_error(req, 503, "service_unavailable_error", "the engine has stopped: %s", dead);
     return srv_send_json(req, 200, json_pack("{s:s}", "status", "ok"));
 }
 
-static int h_metrics(struct evhttp_request *req, srv *s) {
+static int h_metrics(http_req *req, srv *s) {
     m3_engine_stats st;
     m3_engine_get_stats(s->e, &st);
-    m3_metrics_info info = {s->o->model_name, m3_engine_capacity_tokens(s->e), m3_engine_max_model_len(s->e),
-                            s->o->kv_bytes_per_token, s->o->max_waiting, s->draining, s->n_live, 0, {0}, {0}};
+    m3_metrics_info info = {.model_name = s->o->model_name, .capacity_tokens = m3_engine_capacity_tokens(s->e),
+                            .max_model_len = m3_engine_max_model_len(s->e), .kv_bytes_per_token = s->o->kv_bytes_per_token,
+                            .max_waiting = s->o->max_waiting, .draining = s->draining, .http_in_flight = s->n_live};
+    http_stats hst;
+    http_server_stats(s->http, &hst);
+    info.http_connections = hst.connections;
+    info.http_refused = hst.refused;
+    s->m.slow_requests_cut = hst.slow_requests;
+    m3_metrics m = s->m; /* streams dropped by the stall check, and connections whose client took no bytes */
+    m.slow_clients_dropped += hst.write_timeouts;
     info.fault_armed = s->o->fault_spec != NULL;
     for (int i = 0; i < M3_FAULT_NMOD; i++) {
         info.fault_injected[i] = m3_fault_failed((m3_fault_module)i);
         info.fault_seen[i] = m3_fault_seen((m3_fault_module)i);
     }
     size_t len;
-    char *text = m3_metrics_render(&s->m, &st, &info, &len);
+    char *text = m3_metrics_render(&m, &st, &info, &len);
     struct evbuffer *b = text ? evbuffer_new() : NULL;
     if (!b) { free(text); return srv_send_error(req, 500, "server_error", "out of memory"); }
     evbuffer_add(b, text, len);
     free(text);
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-    evhttp_send_reply(req, 200, "OK", b);
+    http_reply(req, 200, "text/plain; version=0.0.4; charset=utf-8", b);
     evbuffer_free(b);
     return 200;
 }
 
-static int h_models(struct evhttp_request *req, srv *s, const char *raw_id) {
+static int h_models(http_req *req, srv *s, const char *raw_id) {
     int rc = srv_check_auth(s, req);
     if (rc) return rc;
     char *id = raw_id ? evhttp_decode_uri(raw_id) : NULL; /* /v1/models/org%2Fname too */
@@ -355,85 +344,25 @@ static int h_models(struct evhttp_request *req, srv *s, const char *raw_id) {
 
 /* ------------------------------------------------------------------ routing */
 
-static const char *method_name(enum evhttp_cmd_type c) {
-    switch (c) {
-    case EVHTTP_REQ_GET: return "GET";
-    case EVHTTP_REQ_POST: return "POST";
-    case EVHTTP_REQ_HEAD: return "HEAD";
-    case EVHTTP_REQ_PUT: return "PUT";
-    case EVHTTP_REQ_DELETE: return "DELETE";
-    case EVHTTP_REQ_OPTIONS: return "OPTIONS";
-    case EVHTTP_REQ_PATCH: return "PATCH";
-    case EVHTTP_REQ_CONNECT: return "CONNECT";
-    case EVHTTP_REQ_TRACE: return "TRACE";
-    default: return "OTHER";
-    }
-}
-
-/* What RFC 9112 says to refuse, and libevent 2.1 lets through: a request that names another HTTP
- * version, two Content-Length headers that disagree, or Transfer-Encoding beside Content-Length
- * (the framing of what follows is ambiguous: a request-smuggling hazard behind a proxy). NULL,
- * or the reason; such a request is answered on a connection that then closes. */
-static const char *framing_error(struct evhttp_request *req, int *status, char *buf, size_t cap) {
-    *status = 400;
-    if (req->major != 1) {
-        *status = 505;
-        snprintf(buf, cap, "HTTP/%d.%d is not supported (HTTP/1.0 and HTTP/1.1 are)", req->major, req->minor);
-        req->major = 1; /* the answer's status line, which libevent writes in the request's version */
-        req->minor = 1;
-        return buf;
-    }
-    const char *cl = NULL;
-    int te = 0;
-    struct evkeyval *h;
-    for (h = evhttp_request_get_input_headers(req)->tqh_first; h; h = h->next.tqe_next) {
-        if (!strcasecmp(h->key, "Content-Length")) {
-            if (cl && strcmp(cl, h->value)) {
-                snprintf(buf, cap, "two Content-Length headers disagree ('%.20s' and '%.20s')", cl, h->value);
-                return buf;
-            }
-            cl = h->value;
-        } else if (!strcasecmp(h->key, "Transfer-Encoding")) {
-            te = 1;
-        }
-    }
-    if (te && cl) return "both Transfer-Encoding and Content-Length: the message's length is ambiguous";
-    return NULL;
-}
-
-/* libevent keeps a CONNECT connection open whatever its Connection header says (a proxy's
- * tunnel): once the refusal is written, the socket is shut and libevent closes it on the EOF */
-static void shut_after(struct evhttp_request *req, void *arg) {
-    (void)arg;
-    struct evhttp_connection *c = evhttp_request_get_connection(req);
-    struct bufferevent *b = c ? evhttp_connection_get_bufferevent(c) : NULL;
-    if (b && bufferevent_getfd(b) >= 0) shutdown(bufferevent_getfd(b), SHUT_RDWR);
-}
-
-static void route(struct evhttp_request *req, void *arg) {
+static void route(http_req *req, void *arg) {
     srv *s = arg;
     double t0 = srv_now();
     unsigned long serial = ++s->serial;
-    const char *uri = evhttp_request_get_uri(req);
-    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+    const char *uri = http_target(req), *method = http_method(req);
     char path[256], what[300];
     size_t i = 0;
     for (; uri[i] && uri[i] != '?' && i + 1 < sizeof path; i++) path[i] = uri[i];
     path[i] = 0;
-    snprintf(what, sizeof what, "%s %s", method_name(cmd), path);
+    snprintf(what, sizeof what, "%.40s %s", method, path);
     { /* X-Request-Id: the client's (printable, up to 128 bytes), else a new one, on every answer */
-        const char *xr = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Request-Id");
+        const char *xr = http_header(req, "X-Request-Id");
         char gen[33];
         int okx = xr && *xr && strlen(xr) <= 128;
         for (const char *q = xr; okx && *q; q++) okx = *q > 0x20 && *q < 0x7f;
         if (!okx) { srv_random_hex(gen, sizeof gen); xr = gen; }
-        evhttp_add_header(evhttp_request_get_output_headers(req), "X-Request-Id", xr);
+        http_add_header(req, "X-Request-Id", xr);
     }
-    /* a long answer goes out 256 KiB a write, between other clients' events (one write of 20 MB held
-     * the loop for tens of ms) */
-    struct evhttp_connection *rc_conn = evhttp_request_get_connection(req);
-    if (rc_conn) bufferevent_set_max_single_write(evhttp_connection_get_bufferevent(rc_conn), (size_t)256 << 10);
-    int get = cmd == EVHTTP_REQ_GET, post = cmd == EVHTTP_REQ_POST;
+    int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     static const char *const known[] = {"/health", "/metrics", "/v1/models", "/tokenize", "/detokenize",
                                         "/v1/completions", "/v1/chat/completions", "/version"};
     int k = -1;
@@ -445,28 +374,17 @@ static void route(struct evhttp_request *req, void *arg) {
         model_id = path + 11;
     }
     int want_get = (k >= 0 && k <= 2) || k == 7;
-    int rc, fstatus;
-    char fbuf[160];
-    const char *ferr = framing_error(req, &fstatus, fbuf, sizeof fbuf);
-    if (ferr) {
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
-        rc = srv_send_error(req, fstatus, "invalid_request_error", "%s", ferr);
-    } else if (cmd == EVHTTP_REQ_CONNECT || cmd == EVHTTP_REQ_TRACE) { /* never served; the connection closes */
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
-        evhttp_request_set_on_complete_cb(req, shut_after, NULL);
-        rc = srv_send_error(req, 405, "invalid_request_error", "method %s is not served", method_name(cmd));
+    int rc;
+    if (!strcmp(method, "CONNECT") || !strcmp(method, "TRACE")) { /* never served; the connection closes */
+        http_close_after(req);
+        rc = srv_send_error(req, 405, "invalid_request_error", "method %s is not served", method);
     } else if (s->draining && k != 1) { /* /metrics stays up for whoever watches the drain */
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        http_close_after(req);
         rc = srv_send_error(req, 503, "service_unavailable_error", "the server is shutting down");
-    } else if (evbuffer_get_length(evhttp_request_get_input_buffer(req)) >
-               (s->o->max_body ? s->o->max_body : (size_t)32 << 20)) {
-        rc = srv_send_error(req, 413, "invalid_request_error", "the request body has %zu bytes; the limit is %zu",
-                            evbuffer_get_length(evhttp_request_get_input_buffer(req)),
-                            s->o->max_body ? s->o->max_body : (size_t)32 << 20);
     } else if (k < 0) rc = srv_send_error(req, 404, "not_found_error", "no route for %s", path);
     else if (want_get ? !get : !post)
-        rc = srv_send_error(req, 405, "invalid_request_error", "method %s not allowed for %s (use %s)", method_name(cmd),
-                            path, want_get ? "GET" : "POST");
+        rc = srv_send_error(req, 405, "invalid_request_error", "method %.40s not allowed for %s (use %s)", method, path,
+                            want_get ? "GET" : "POST");
     else switch (k) {
         case 0: rc = h_health(req, s); break;
         case 1: rc = h_metrics(req, s); break;
@@ -481,6 +399,11 @@ static void route(struct evhttp_request *req, void *arg) {
     if (rc == 0) return; /* handed to a preparation thread: answered (counted and logged) from there */
     m3_metrics_http(&s->m, rc);
     srv_log(s, serial, what, rc, -1, -1, -1, srv_now() - t0);
+}
+
+/* the errors the HTTP layer answers itself (malformed requests, limits), in OpenAI's shape */
+static size_t http_error_body(char *buf, size_t cap, int status, const char *msg) {
+    return srv_error_json(buf, cap, status, status == 408 || status >= 500 ? "server_error" : "invalid_request_error", NULL, msg);
 }
 
 /* ------------------------------------------------------------------ shutdown */
@@ -529,10 +452,7 @@ static void dead_cb(evutil_socket_t fd, short what, void *arg) {
     srv *s = arg;
     if (s->draining) return;
     s->draining = 1;
-    if (s->bs) {
-        evhttp_del_accept_socket(s->http, s->bs);
-        s->bs = NULL;
-    }
+    http_server_stop_listening(s->http);
     fprintf(stderr, "m3 serve: the engine stopped; %d responses still being written\n", s->n_live);
     srv_maybe_exit(s);
 }
@@ -546,43 +466,13 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
         return;
     }
     s->draining = 1;
-    if (s->bs) {
-        evhttp_del_accept_socket(s->http, s->bs); /* closes the listener: new clients are refused */
-        s->bs = NULL;
-    }
+    http_server_stop_listening(s->http); /* closes the listener: new clients are refused */
     fprintf(stderr, "m3 serve: %s: shutting down; %d requests in flight get up to %.0f s to finish\n",
             sig == SIGINT ? "SIGINT" : "SIGTERM", s->n_live, s->o->shutdown_timeout);
     if (!s->n_live && !s->n_prep) { srv_maybe_exit(s); return; }
     double t = s->o->shutdown_timeout > 0 ? s->o->shutdown_timeout : 0;
     struct timeval tv = {(time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6)};
     event_add(s->deadline, &tv);
-}
-
-/* Out of file descriptors (EMFILE / ENFILE: more connections than the process may hold): the
- * listener stays readable, and libevent would retry accept() at once, forever (8 s of CPU in 10
- * and nobody served, issue 23). It pauses instead, and tries again in 100 ms; the clients wait
- * in the kernel's backlog meanwhile. */
-static void relisten_cb(evutil_socket_t fd, short what, void *arg) {
-    (void)fd; (void)what;
-    srv *s = arg;
-    if (s->bs && !s->draining) evconnlistener_enable(evhttp_bound_socket_get_listener(s->bs));
-}
-
-/* the listener's callback argument is libevent's own (the evhttp): the server is found here */
-static srv *accept_srv;
-
-static void accept_error_cb(struct evconnlistener *lis, void *arg) {
-    (void)arg;
-    srv *s = accept_srv;
-    if (!s) return;
-    int e = EVUTIL_SOCKET_ERROR();
-    if (e != EMFILE && e != ENFILE && e != ENOBUFS && e != ENOMEM) return; /* a client's own failure (ECONNABORTED...) */
-    evconnlistener_disable(lis);
-    if (s->accept_pauses++ % 100 == 0)
-        fprintf(stderr, "m3 serve: cannot accept connections (%s): new clients wait 100 ms at a time (%lu pauses so far)\n",
-                evutil_socket_error_to_string(e), s->accept_pauses);
-    struct timeval tv = {0, 100000};
-    event_add(s->relisten, &tv);
 }
 
 /* Lifts the soft limit on open files to the hard one: each connection holds one. */
@@ -596,17 +486,15 @@ static void raise_nofile(void) {
 static void peek_cb(evutil_socket_t fd, short what, void *arg) {
     (void)fd; (void)what;
     srv_peek(arg);
-    srv_conns_sweep(arg);
 }
 
 /* ------------------------------------------------------------------ run */
 
 static void srv_cleanup(srv *s) {
-    if (accept_srv == s) accept_srv = NULL;
-    srv_prep_stop(s); /* the workers first: a job they hold names a request of libevent's */
-    if (s->http) evhttp_free(s->http); /* closes connections; their close callbacks still see live hreqs */
+    srv_prep_stop(s); /* the workers first: a job they hold names an HTTP request */
+    if (s->http) http_server_free(s->http); /* closes connections; their close callbacks still see live hreqs */
     srv_free_all(s);
-    struct event *ev[] = {s->notify, s->sigint, s->sigterm, s->peek, s->deadline, s->hard_stop, s->dead_ev, s->relisten};
+    struct event *ev[] = {s->notify, s->sigint, s->sigterm, s->peek, s->deadline, s->hard_stop, s->dead_ev};
     for (size_t i = 0; i < sizeof ev / sizeof *ev; i++)
         if (ev[i]) event_free(ev[i]);
     if (s->base) event_base_free(s->base);
@@ -646,59 +534,25 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     signal(SIGPIPE, SIG_IGN);
     if (evthread_use_pthreads()) { srv_cleanup(s); return m3_errf(err, "evthread_use_pthreads failed"); }
     s->base = event_base_new();
-    s->http = s->base ? evhttp_new(s->base) : NULL;
+    /* The HTTP layer (http.h): requests refused as RFC 9112 says and bodies over --max-body
+     * answered 413 in OpenAI's shape before anything reads them whole; the request line and
+     * headers within --max-header-bytes; a request must arrive whole within --timeout, and a
+     * client that does not take its bytes for that long is closed (generation itself has no
+     * deadline); at most --max-connections at once. Accepted sockets get a bounded send buffer
+     * (the kernel doubles it), so that a client that stops reading pins little in the kernel and
+     * its output piles up where the stall check sees it (srv_peek); a token stream needs far less. */
+    http_opts ho = {o->max_header_bytes ? o->max_header_bytes : (size_t)64 << 10, o->max_body ? o->max_body : (size_t)32 << 20,
+                    o->timeout, o->max_connections, (int)SRV_SNDBUF, http_error_body, "application/json"};
+    s->http = s->base ? http_server_new(s->base, &ho, route, s) : NULL;
     if (!s->http) { srv_cleanup(s); return m3_errf(err, "cannot create the HTTP server (out of memory)"); }
-    /* Bodies over the limit are read and dropped before libevent answers 413 (lingering
-     * close), so the client gets the status instead of a reset while it is still sending. */
-    evhttp_set_flags(s->http, EVHTTP_SERVER_LINGERING_CLOSE);
-    /* Two tiers: bodies up to twice the limit (+ 1 MiB) are read and answered 413 in OpenAI's
-     * error shape by route(); beyond that libevent stops reading and answers 413 itself (its
-     * own HTML body: libevent 2.1 has no hook for it), so no client can make us buffer more. */
-    {
-        size_t mb = o->max_body ? o->max_body : (size_t)32 << 20;
-        evhttp_set_max_body_size(s->http, (ev_ssize_t)(mb * 2 + ((size_t)1 << 20)));
-    }
-    /* request line + headers beyond this: libevent answers 400 or drops the connection, so an
-     * endless header block cannot grow our memory */
-    evhttp_set_max_headers_size(s->http, o->max_header_bytes ? (ev_ssize_t)o->max_header_bytes : (ev_ssize_t)64 << 10);
-    /* A connection that stays silent (headers or body not arriving, an idle keep-alive) or does
-     * not take our bytes (a client that stopped reading its stream) for this long is closed;
-     * a request it carried is cancelled like a disconnect. Generation itself has no deadline
-     * (a non-stream request waits for its tokens with the socket's reads off). */
-    if (o->timeout > 0) {
-        struct timeval to = {(time_t)o->timeout, (suseconds_t)((o->timeout - (double)(time_t)o->timeout) * 1e6)};
-        evhttp_set_timeout_tv(s->http, &to);
-    }
-    /* every method reaches route(), which answers 405 in OpenAI's shape (libevent: 501) */
-    evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
-                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH |
-                                            EVHTTP_REQ_CONNECT | EVHTTP_REQ_TRACE);
-    evhttp_set_gencb(s->http, route, s);
-    evhttp_set_bevcb(s->http, srv_conns_bev, s);
     if (!getenv("M3_KEEP_NOFILE")) raise_nofile(); /* tests set it to keep a small limit */
-    s->bs = evhttp_bind_socket_with_handle(s->http, o->host, (ev_uint16_t)o->port);
-    if (!s->bs) { srv_cleanup(s); return m3_errf(err, "cannot listen on %s:%d", o->host, o->port); }
-    s->relisten = evtimer_new(s->base, relisten_cb, s);
-    if (!s->relisten) { srv_cleanup(s); return m3_errf(err, "cannot set up the event loop (out of memory)"); }
-    accept_srv = s; /* one server per process */
-    evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(s->bs), accept_error_cb);
-    /* Accepted sockets inherit the listener's send buffer. A bounded one (the kernel doubles
-     * it) keeps what a client that stops reading can pin in the kernel small, so its output
-     * piles up where the stall check sees it (srv_peek); a token stream needs far less. */
-    int sndbuf = (int)SRV_SNDBUF;
-    setsockopt(evhttp_bound_socket_get_fd(s->bs), SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
-    int port = o->port;
-    struct sockaddr_storage ss;
-    ev_socklen_t sl = sizeof ss;
-    if (!getsockname(evhttp_bound_socket_get_fd(s->bs), (struct sockaddr *)&ss, &sl)) {
-        if (ss.ss_family == AF_INET) port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        else if (ss.ss_family == AF_INET6) port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    }
+    char lerr[256];
+    int port = http_server_listen(s->http, o->host, o->port, lerr, sizeof lerr);
+    if (port < 0) { srv_cleanup(s); return m3_errf(err, "%s", lerr); }
     s->notify = event_new(s->base, -1, EV_PERSIST | EV_READ, notify_cb, s);
     s->sigint = evsignal_new(s->base, SIGINT, on_signal, s);
     s->sigterm = evsignal_new(s->base, SIGTERM, on_signal, s);
-    /* libevent 2.1 does not read from a connection whose request awaits its reply, so a
-     * client that leaves a non-stream request is only seen by peeking at its socket */
+    /* every 200 ms: cancels retried, stalled streams dropped, keep-alive comments (srv_peek) */
     s->peek = event_new(s->base, -1, EV_PERSIST, peek_cb, s);
     s->deadline = evtimer_new(s->base, deadline_cb, s);
     s->hard_stop = evtimer_new(s->base, hard_stop_cb, s);

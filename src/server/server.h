@@ -1,7 +1,9 @@
-/* m3 serve: an OpenAI-compatible HTTP server over m3_engine (libevent evhttp).
+/* m3 serve: an OpenAI-compatible HTTP server over m3_engine (HTTP/1.1 of its own on libevent
+ * bufferevents: http.h).
  *
- * Threads: the HTTP side (evhttp, JSON, tokenizer, chat template, output parsers, metrics)
- * runs on the thread that calls m3_server_run; one engine thread runs m3_engine_step. Engine
+ * Threads: the HTTP side (connections, JSON replies, output parsers, metrics) runs on the
+ * thread that calls m3_server_run; request preparation (JSON parsing, chat template,
+ * tokenizer, images) on a few worker threads (prep.c); one engine thread runs m3_engine_step. Engine
  * callbacks only push (choice, sampler output, finish) records onto a mutex-protected queue
  * and wake the HTTP thread with event_active; everything else happens on the HTTP thread.
  * A client whose connection closes before its request finished has it cancelled
@@ -13,11 +15,12 @@
  * as OpenAI image_url content parts with data: URLs, see media.h).
  * /health and /metrics need no API key (as vLLM); the others do when one is set.
  *
- * Limits: bodies over max_body get 413 (from libevent, after the body is read and
- * discarded, so the client sees the answer); a request line + headers over max_header_bytes
- * are refused by libevent (400, or the connection closed); a connection silent for timeout
- * seconds (a request not arriving, an idle keep-alive, a client that stopped reading its
- * stream) is closed and its request cancelled; prompts that leave no room in the context,
+ * Limits: malformed requests get 400 (and the other refusals of RFC 9112: http_parse.h),
+ * bodies over max_body 413, a request line + headers over max_header_bytes 414 / 431, all in
+ * OpenAI's error shape, before anything reads the body; a request must arrive whole within
+ * timeout seconds (408), an idle keep-alive closes after them, and a client that does not
+ * take its bytes for that long is closed and its request cancelled; at most max_connections
+ * at once; prompts that leave no room in the context,
  * bad types and ranges get 400 (src/server/openai.h lists the limits on n, messages, stop,
  * logit_bias, tools); while the engine's waiting queue holds max_waiting sequences, new
  * generation requests get 429; while shutting down, 503. The default host is 127.0.0.1

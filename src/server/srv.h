@@ -5,8 +5,8 @@
  * lives on srv.live from submission until (a) the engine has reported the end of every
  * choice (n_open == 0), (b) the response was written or the client is gone, and (c) no
  * function up the stack still uses it (busy == 0); hreq_release checks the three. The
- * libevent request (hreq.req) belongs to libevent: it is NULL here once the reply was
- * handed over or the connection closed. */
+ * HTTP request (hreq.req, http.h) is NULL here once the reply was handed over or the
+ * connection closed. */
 #ifndef M3_SERVER_SRV_H
 #define M3_SERVER_SRV_H
 
@@ -16,11 +16,11 @@
 #include <stdint.h>
 
 #include <event2/event.h>
-#include <event2/http.h>
 #include <jansson.h>
 
 #include "../engine/fault.h"
 #include "../text/parsers.h"
+#include "http.h"
 #include "metrics.h"
 #include "openai.h"
 #include "server.h"
@@ -33,9 +33,9 @@
 /* a stream with this much output not taken by its client for --timeout seconds is dropped */
 #define SRV_STALL_BYTES ((size_t)256 << 10)
 /* A stream with nothing to say for this long (queued, or waiting behind long prefills) gets an
- * SSE comment line, ": keep-alive": it keeps proxies from closing the connection, and libevent
- * restarts the connection's --timeout with every write, so that timeout never cuts a stream
- * whose request is waiting for the engine. Half the --timeout when that is shorter. */
+ * SSE comment line, ": keep-alive": it keeps proxies from closing the connection. (--timeout
+ * bounds a request's arrival and a client not taking its bytes, never the time a request
+ * waits for the engine.) Half the --timeout when that is shorter. */
 #define SRV_KEEPALIVE_S 15.0
 /* the send buffer of accepted sockets (the kernel doubles it): 1 MiB/s at 250 ms RTT */
 #define SRV_SNDBUF (128 << 10)
@@ -81,8 +81,7 @@ typedef struct choice {
 
 struct hreq {
     srv *s;
-    struct evhttp_request *req;
-    struct evhttp_connection *conn;
+    http_req *req;          /* NULL once the response is handed over or the client is gone (http.h) */
     unsigned long serial;
     int chat, stream, include_usage, n, echo;
     int include_stop;       /* include_stop_str_in_output */
@@ -95,8 +94,8 @@ struct hreq {
     const char *failed;     /* why the response could not be built (no memory): it ends with an error */
     char fail_msg[256];     /* failed's text when it is not a static string (mark_failed_err) */
     double stall_since;     /* stream output pending beyond SRV_STALL_BYTES since then (0: not) */
-    double t_write;         /* a stream's last bytes handed to libevent (keep-alive comments follow silence) */
-    int replied;            /* the whole response was handed to libevent */
+    double t_write;         /* a stream's last bytes handed over (keep-alive comments follow silence) */
+    int replied;            /* the whole response was handed over (http.h) */
     int flushed;            /* ... and written, or the connection is gone */
     int n_open;             /* choices submitted and not ended by the engine */
     int n_done;             /* choices whose output is complete */
@@ -123,14 +122,8 @@ struct srv {
     int reasoning_parser, tool_parser;
     const m3_server_opts *o;
     struct event_base *base;
-    struct evhttp *http;
-    struct evhttp_bound_socket *bs;
+    http_server *http;      /* connections, requests, responses (http.h) */
     struct event *notify, *sigint, *sigterm, *peek, *deadline, *hard_stop, *dead_ev;
-    struct event *relisten;  /* the listener paused on EMFILE / ENFILE: resumed by this timer */
-    unsigned long accept_pauses;
-    int n_conns;            /* connections at the last sweep (conns.c) */
-    int conns_paused;       /* the listener is paused at --max-connections */
-    unsigned long cap_pauses;
     pthread_mutex_t mu;     /* guards q and fin (filled by the engine thread) */
     qitem *q;
     size_t qn, qcap;
@@ -162,17 +155,17 @@ double srv_now(void);
 void srv_random_hex(char *out, size_t cap); /* cap - 1 random hex digits, NUL-terminated */
 /* compact JSON text of j (malloc'd, NUL-terminated; *len its length if len), NULL when out of memory */
 char *srv_json_text(const json_t *j, size_t *len);
-int srv_send_json(struct evhttp_request *req, int code, json_t *j); /* takes j; returns code */
+int srv_send_json(http_req *req, int code, json_t *j); /* takes j; returns code */
 /* JSON text (malloc'd: taken, whatever happens); returns code */
-int srv_send_text(struct evhttp_request *req, int code, char *text, size_t len);
-int srv_send_error(struct evhttp_request *req, int code, const char *type, const char *fmt, ...)
+int srv_send_text(http_req *req, int code, char *text, size_t len);
+int srv_send_error(http_req *req, int code, const char *type, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 #define SRV_BAD(req, ...) srv_send_error(req, 400, "invalid_request_error", __VA_ARGS__)
-int srv_send_oai(struct evhttp_request *req, const m3_oai_error *e); /* returns e->status */
+int srv_send_oai(http_req *req, const m3_oai_error *e); /* returns e->status */
 /* An OpenAI error object as JSON text (no allocation: escaped into buf), for bodies and
  * stream events. Returns its length (truncated to cap - 1). */
 size_t srv_error_json(char *buf, size_t cap, int code, const char *type, const char *param, const char *msg);
-int srv_check_auth(srv *s, struct evhttp_request *req);       /* 0, or the status of the 401 sent */
+int srv_check_auth(srv *s, http_req *req);       /* 0, or the status of the 401 sent */
 void srv_log(srv *s, unsigned long serial, const char *what, int status, int prompt, int completion, double ttft,
              double total);
 void srv_push(srv *s, const qitem *it); /* engine thread */
@@ -183,13 +176,7 @@ int srv_prep_start(srv *s, int threads); /* threads 0: one per CPU, 2 to 4 */
 void srv_prep_stop(srv *s);              /* after the loop: joins the workers, drops what is left */
 /* Hands req's body to a worker (kind: SRV_PREP_*); the loop answers when it is done. 0, or
  * the status of the error sent (no memory). */
-int srv_prep_submit(srv *s, struct evhttp_request *req, int kind, unsigned long serial, double t0);
-/* the sockets of the requests being prepared (loop only): up to cap into fds; returns how many */
-int srv_prep_fds(srv *s, int *fds, int cap);
-
-/* conns.c: every 200 ms, the connection cap and the deadline of a request arriving */
-void srv_conns_sweep(srv *s);
-struct bufferevent *srv_conns_bev(struct event_base *base, void *arg); /* evhttp_set_bevcb: counts accepts */
+int srv_prep_submit(srv *s, http_req *req, int kind, unsigned long serial, double t0);
 
 /* generate.c */
 /* POST /v1/completions (chat 0) and /v1/chat/completions (chat 1), once prepared: g parsed and
@@ -197,7 +184,7 @@ struct bufferevent *srv_conns_bev(struct event_base *base, void *arg); /* evhttp
  * *px_bytes of srv.px_held move to the request when it starts (*px_bytes is 0 then). Returns the HTTP
  * status sent (429 while the engine's queue is full), or 0 when the request was accepted (it
  * logs itself when it ends). */
-int srv_generate_start(srv *s, struct evhttp_request *req, int chat, m3_oai_params *g, m3_engine_images *images,
+int srv_generate_start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_images *images,
                        int n_images, size_t *px_bytes, unsigned long serial, double t0);
 void srv_handle_item(srv *s, qitem *it);
 void srv_peek(srv *s);       /* cancels requests whose client went away; retries failed cancels */

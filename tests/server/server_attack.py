@@ -17,7 +17,14 @@ Cases so far:
   - a request trickling in a byte every 0.2 s: cut after --timeout; --max-connections pauses the
     listener until clients leave;
   - framing RFC 9112 refuses (two Content-Length headers that disagree, HTTP/0.9, CONNECT, TRACE):
-    an error in OpenAI's shape, then the connection closes.
+    an error in OpenAI's shape, then the connection closes;
+  - strict HTTP/1.1 (strict_http): bad chunk sizes (zz, -5, 2^64 - 1), chunk data without its
+    CRLF, Transfer-Encoding beside Content-Length or in HTTP/1.0, codings other than chunked,
+    obsolete line folding, whitespace before a colon, NUL / bare CR in a header, a missing or
+    doubled Host, an unknown Expect: each an error in OpenAI's shape, then closed; a chunk
+    extension, Expect: 100-continue, a bare-LF request, pipelined requests and HEAD are served;
+    the API key is accepted exactly (not with a NUL and junk after it, not with a trailing
+    space, not twice).
 
   python3 tests/server/server_attack.py M3_BINARY WORK_DIR"""
 import asyncio
@@ -196,8 +203,144 @@ async def main(m3, work):
     finally:
         rc = srv.stop()
     check(rc == 0, f"the server exits 0 on SIGTERM ({rc})")
+    await strict_http(m3, ck)
     await fd_exhaustion(m3, ck)
     await slow_and_many(m3, ck)
+
+
+KEY = "sk-test-4f3a"
+
+
+async def exchange(host, port, data):
+    """Writes data on a fresh connection and reads to EOF (the server closes); the bytes read."""
+    r, w = await asyncio.open_connection(host, port)
+    w.write(data)
+    await w.drain()
+    try:
+        return await asyncio.wait_for(r.read(), 30)
+    finally:
+        w.close()
+
+
+def responses(out):
+    """Splits what a connection read into (status, headers, body) responses (Content-Length or
+    chunked framing; a HEAD answer has no body: marked by the caller with HEAD in its headers)."""
+    res = []
+    while out:
+        head, sep, rest = out.partition(b"\r\n\r\n")
+        if not sep:
+            break
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        hd = {}
+        for ln in lines[1:]:
+            k, _, v = ln.partition(b":")
+            hd[k.strip().lower().decode()] = v.strip().decode()
+        if status == 100:
+            res.append((status, hd, b""))
+            out = rest
+            continue
+        if "content-length" in hd:
+            n = int(hd["content-length"])
+            body, out = rest[:n], rest[n:]
+        else:  # chunked
+            body = b""
+            while True:
+                size, _, rest = rest.partition(b"\r\n")
+                n = int(size.split(b";")[0], 16)
+                body += rest[:n]
+                rest = rest[n + 2:]
+                if n == 0:
+                    break
+            out = rest
+        res.append((status, hd, body))
+    return res
+
+
+async def strict_http(m3, ck):
+    """Requests RFC 9112 says to refuse get an error in OpenAI's shape and a closed connection;
+    the unusual but valid ones are served; the API key is compared exactly."""
+    srv = srvlib.Server(m3, ck, ["--api-key", KEY])
+    host, port = "127.0.0.1", srv.port
+    auth = f"Authorization: Bearer {KEY}\r\n".encode()
+    tok = b'{"prompt":"hi"}'  # 15 bytes
+    post = b"POST /tokenize HTTP/1.1\r\nHost: x\r\n" + auth
+    try:
+        refused = [
+            ("a chunk size 'zz'", post + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n" + tok + b"\r\n0\r\n\r\n", 400, b"not hexadecimal"),
+            ("a chunk size '-5'", post + b"Transfer-Encoding: chunked\r\n\r\n-5\r\nhello\r\n0\r\n\r\n", 400, b"not hexadecimal"),
+            ("a chunk size of 2^64 - 1", post + b"Transfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nhello\r\n0\r\n\r\n", 400,
+             b"out of range"),
+            ("a chunk over --max-body", post + b"Transfer-Encoding: chunked\r\n\r\nfffffffff\r\nhello\r\n0\r\n\r\n", 413, b"limit"),
+            ("chunk data without its CRLF", post + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n", 400,
+             b"longer than its chunk size"),
+            ("Transfer-Encoding beside Content-Length", post + b"Transfer-Encoding: chunked\r\nContent-Length: 15\r\n\r\n" + tok, 400,
+             b"ambiguous"),
+            ("Transfer-Encoding: gzip, chunked", post + b"Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501, b"gzip"),
+            ("Transfer-Encoding: chunked, gzip", post + b"Transfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n", 400, b"not chunked"),
+            ("Transfer-Encoding in HTTP/1.0", b"POST /tokenize HTTP/1.0\r\n" + auth + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+             400, b"HTTP/1.0"),
+            ("a Content-Length that is not a number", post + b"Content-Length: 1e3\r\n\r\n", 400, b"not a number"),
+            ("obsolete line folding", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: b\r\n  c\r\n\r\n", 400, b"folding"),
+            ("whitespace before a colon", b"GET /health HTTP/1.1\r\nHost : x\r\n\r\n", 400, b"whitespace"),
+            ("a NUL in a header", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n", 400, b"0x00"),
+            ("a bare CR in a header", b"GET /health HTTP/1.1\r\nHost: x\rX-A: b\r\n\r\n", 400, b"bare CR"),
+            ("an HTTP/1.1 request without Host", b"GET /health HTTP/1.1\r\n\r\n", 400, b"Host"),
+            ("two Host headers", b"GET /health HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, b"Host"),
+            ("Expect: something else", post + b"Expect: 200-ok\r\nContent-Length: 15\r\n\r\n" + tok, 417, b"100-continue"),
+            ("the API key with a NUL and junk after it", b"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+             KEY.encode() + b"\x00junk\r\nContent-Length: 15\r\n\r\n" + tok, 400, b"0x00"),
+            ("a request line with two spaces", b"GET  /health HTTP/1.1\r\nHost: x\r\n\r\n", 400, b"request line"),
+        ]
+        for what, data, status, text in refused:
+            out = await exchange(host, port, data)
+            rs = responses(out)
+            ok = len(rs) == 1 and rs[0][0] == status and rs[0][1].get("connection") == "close"
+            try:
+                err = json.loads(rs[0][2])["error"]
+                ok = ok and err["code"] == status and text.decode() in err["message"]
+            except (ValueError, KeyError, IndexError):
+                ok = False
+            check(ok, f"{what}: {status} in OpenAI's shape, then closed ({out[:40]!r} ... {out[-90:]!r})")
+        close = b"Connection: close\r\n"
+        served = [
+            ("a chunk extension", post + close + b"Transfer-Encoding: chunked\r\n\r\nf;ext=1\r\n" + tok + b"\r\n0\r\n\r\n", [200]),
+            ("chunks with a trailer", post + close + b"Transfer-Encoding: chunked\r\n\r\n5\r\n" + tok[:5] + b"\r\na\r\n" + tok[5:] +
+             b"\r\n0\r\nX-Trailer: 1\r\n\r\n", [200]),
+            ("Expect: 100-continue", post + close + b"Expect: 100-continue\r\nContent-Length: 15\r\n\r\n" + tok, [100, 200]),
+            ("a request with bare LF line ends", b"GET /health HTTP/1.1\nHost: x\nConnection: close\n\n", [200]),
+            ("an absolute-form target", b"GET http://x/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", [200]),
+            ("HTTP/1.0 (the connection closes after the answer)", b"GET /health HTTP/1.0\r\n\r\n", [200]),
+            ("three pipelined requests, answered in order", b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + post +
+             b"Content-Length: 15\r\n\r\n" + tok + b"GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", [200, 200, 200]),
+            ("the API key exactly", post + close + b"Content-Length: 15\r\n\r\n" + tok, [200]),
+            ("the API key with a trailing space", b"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+             b" \r\n" + close + b"Content-Length: 15\r\n\r\n" + tok, [401]),
+            ("the API key twice", post + auth + close + b"Content-Length: 15\r\n\r\n" + tok, [401]),
+            ("another key", b"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"x\r\n" + close +
+             b"Content-Length: 15\r\n\r\n" + tok, [401]),
+        ]
+        for what, data, statuses in served:
+            out = await exchange(host, port, data)
+            rs = responses(out)
+            got = [r[0] for r in rs]
+            check(got == statuses, f"{what}: {statuses} ({got}; {out[-80:]!r})")
+            if what == "three pipelined requests, answered in order" and got == statuses:
+                check(json.loads(rs[0][2]) == {"status": "ok"} and "tokens" in json.loads(rs[1][2]) and
+                      "version" in json.loads(rs[2][2]), "... each with its own answer")
+        # HEAD: the headers of the answer, no body (the next pipelined answer follows at once)
+        out = await exchange(host, port, b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\nGET /version HTTP/1.1\r\nHost: x\r\n"
+                             b"Connection: close\r\n\r\n")
+        first, _, rest = out.partition(b"\r\n\r\n")
+        check(first.startswith(b"HTTP/1.1 405") and b"Content-Length: " in first and rest.startswith(b"HTTP/1.1 200"),
+              f"HEAD: a 405 with its Content-Length and no body, then the next answer ({out[:30]!r} ... {rest[:20]!r})")
+        m = await lt.metrics(host, port)
+        check(m.get("m3_http_requests_refused_total", 0) >= len(refused), f"m3_http_requests_refused_total counts them "
+              f"({m.get('m3_http_requests_refused_total')})")
+        check(await srvlib.healthy(host, port), "and the server still serves")
+    finally:
+        rc = srv.stop()
+    check(rc == 0, f"the server exits 0 on SIGTERM ({rc})")
 
 
 async def slow_and_many(m3, ck):
@@ -208,22 +351,24 @@ async def slow_and_many(m3, ck):
     try:
         r, w = await asyncio.open_connection(host, port)
         msg = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 400\r\n\r\n" + b"x" * 400
-        cut = False
-        for k in range(len(msg)):  # a byte every 0.2 s: the idle timeout never fires, the request never ends
+        cut, answer = False, b""
+        for k in range(len(msg)):  # a byte every 0.2 s: an idle timeout would never fire, the request never ends
             try:
                 w.write(msg[k:k + 1])
                 await w.drain()
                 got = await asyncio.wait_for(r.read(1), 0.2)
-                if got == b"":
-                    cut = True
-                    break
+                if got:
+                    answer = got + await asyncio.wait_for(r.read(), 30)
+                cut = True
+                break
             except asyncio.TimeoutError:
                 continue
             except OSError:
                 cut = True
                 break
         w.close()
-        check(cut and k < len(msg) - 1, f"a request trickling in a byte at a time: cut after {k} bytes (--timeout 1)")
+        check(cut and k < len(msg) - 1 and answer.startswith(b"HTTP/1.1 408") and b'"code":408' in answer,
+              f"a request trickling in a byte at a time: cut after {k} bytes with a 408 (--timeout 1; {answer[:60]!r})")
         m = await lt.metrics(host, port)
         check(m.get("m3_slow_requests_cut_total", 0) >= 1, "m3_slow_requests_cut_total counts it")
         socks = []

@@ -20,15 +20,10 @@
 #include <time.h>
 
 #include "backend/cpu/cpu.h"
+#include "base/clock.h"
 #include "backend/cuda/cuda.h"
 #include "io/config.h"
 #include "kv/kv.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* the same pseudo-random value for (stream, index) everywhere: both backends see equal inputs */
 static float val(uint64_t stream, uint64_t i) {
@@ -50,7 +45,7 @@ typedef struct {
     m3_kv_seq **sp;
 } side;
 
-static double sync_time(side *s) { return s->gpu ? m3_cuda_sync_time(s->ops) : now_s(); }
+static double sync_time(side *s) { return s->gpu ? m3_cuda_sync_time(s->ops) : m3_now(); }
 /* the optional ops (NULL on the CPU) */
 static int begin(m3_ops *o, const m3_kv *kv, const m3_batch *b, const int32_t *ids, m3_err *err) {
     return o->begin_step ? o->begin_step(o->ctx, kv, b, ids, err) : 0;

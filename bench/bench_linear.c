@@ -7,12 +7,7 @@
 #include <time.h>
 
 #include "backend/cpu/cpu.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "base/clock.h"
 
 int main(int argc, char **argv) {
     int N = argc > 2 ? atoi(argv[1]) : 8192, K = argc > 2 ? atoi(argv[2]) : 4096;
@@ -48,9 +43,9 @@ int main(int argc, char **argv) {
             int T = Ts[ti], reps = T == 1 ? 40 : T == 4 ? 16 : 2;
             if (only && T != only) continue;
             m3_cpu_linear(&c, &L[0], x, T, y);
-            double t0 = now_s();
+            double t0 = m3_now();
             for (int r = 0; r < reps; r++) m3_cpu_linear(&c, &L[r % copies], x, T, y);
-            double dt = (now_s() - t0) / reps;
+            double dt = (m3_now() - t0) / reps;
             double bytes = (double)m3_linear_bytes(&L[0]);
             printf("  %-6s T=%-4d %8.3f ms  %6.1f GB/s of weights  %7.1f GFLOP/s\n", m3_wfmt_name(fmts[fi]), T, dt * 1e3,
                    bytes / dt / 1e9, 2.0 * N * K * T / dt / 1e9);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/pool.h"
+#include "base/clock.h"
 #include "engine/sampler.h"
 #include "engine/spec.h"
 
@@ -36,12 +37,6 @@ static void run_range(void *ctx, size_t begin, size_t end, int worker) {
         if (m3_sampler_sample(j->smp[i], j->logits + i * (size_t)V, j->ws[worker], &so, &err)) so.token = -1;
         j->tok[i] = so.token;
     }
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 int main(int argc, char **argv) {
@@ -80,7 +75,7 @@ int main(int argc, char **argv) {
             if (B == 1) m3_sample_ws_set_pool(ws[0], pool); /* a batch of one: its row split over the threads */
             job j = {smp, logits, ws, tok};
             int same = 1;
-            double t0 = now_s();
+            double t0 = m3_now();
             for (int s = 0; s < steps; s++) {
                 if (B == 1) run_range(&j, 0, 1, 0);
                 else m3_pool_for(pool, (size_t)B, 1, run_range, &j);
@@ -90,7 +85,7 @@ int main(int argc, char **argv) {
                     else same &= ref[(size_t)s * B + i] == tok[i];
                 }
             }
-            double dt = (now_s() - t0) / steps;
+            double dt = (m3_now() - t0) / steps;
             printf("%-20s %8d %12.2f %14.1f %s\n", modes[m].name, nt, dt * 1e3, dt * 1e6 / B,
                    nt == 1 ? "reference" : same ? "same" : "DIFFERENT");
             fails += !same;
@@ -110,14 +105,14 @@ int main(int argc, char **argv) {
             m3_sampler *s = m3_sampler_create(m ? &sp : &t1, V, NULL, 0, &err);
             const int n = 50;
             long sum = 0;
-            double t0 = now_s();
+            double t0 = m3_now();
             for (int i = 0; i < n; i++) /* rows 0 and 1 (row 0 twice in a batch of one) */
                 m3_sampler_probs(s, logits + (size_t)(B > 1 ? i & 1 : 0) * V, w1, (i & 1) ? p : q, &err);
-            double t1s = now_s();
+            double t1s = m3_now();
             for (int i = 0; i < n; i++) sum += m3_spec_draw(q, V, m3_sampler_uniform(s));
-            double t2 = now_s();
+            double t2 = m3_now();
             for (int i = 0; i < n; i++) sum += m3_spec_residual(p, q, 5, V, m3_sampler_uniform(s));
-            double t3 = now_s();
+            double t3 = m3_now();
             printf("%-20s probs %8.1f   draw %8.1f   residual %8.1f   (%ld)\n", m ? "T 0.8, top-p 0.95" : "T 1, no filter",
                    (t1s - t0) / n * 1e6, (t2 - t1s) / n * 1e6, (t3 - t2) / n * 1e6, sum % 1000);
             m3_sampler_free(s);

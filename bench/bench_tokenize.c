@@ -6,12 +6,7 @@
 #include <time.h>
 
 #include "text/tokenizer.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "base/clock.h"
 
 int main(int argc, char **argv) {
     if (argc < 3) { fprintf(stderr, "usage: bench_tokenize TOKENIZER CORPUS [REPEATS]\n"); return 2; }
@@ -31,9 +26,9 @@ int main(int argc, char **argv) {
     size_t n_ids = 0;
     for (int r = 0; r < reps; r++) {
         int32_t *ids;
-        double t0 = now();
+        double t0 = m3_now();
         if (m3_tok_encode(t, text, (size_t)n, 0, &ids, &n_ids, &err)) { fprintf(stderr, "bench_tokenize: %s\n", err.msg); return 1; }
-        double dt = now() - t0;
+        double dt = m3_now() - t0;
         if (dt < best) best = dt;
         free(ids);
     }

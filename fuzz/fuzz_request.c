@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "base/utf8.h"
-#include "engine/fault.h"
+#include "base/fault.h"
 #include "server/openai.h"
 
 #include "bytetok.h"

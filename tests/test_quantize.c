@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "base/num.h"
-#include "model/quantize.h"
+#include "weights/quantize.h"
 
 static int failures, checks;
 

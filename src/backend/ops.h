@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "../kv/kv.h"
-#include "../model/weights.h"
+#include "../weights/weights.h"
 
 /* The tokens of one forward step: token t belongs to sequence seq[t] at position pos[t].
  * Tokens of one sequence appear in increasing position order. */
@@ -108,7 +108,7 @@ typedef struct m3_ops {
     /* SwiGLU-OAI MLP: out[T, H] = down((clamp(up)+1) * g * sigmoid(alpha g)), g = min(gate, limit) */
     void (*mlp)(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out);
     /* Sigmoid router + routed experts + shared expert, out [T, H] (overwritten). Under expert
-     * parallelism (src/dist/shard.h) experts held by other ranks have no weights
+     * parallelism (src/parallel/shard.h) experts held by other ranks have no weights
      * (experts[e].gate.w == NULL, shapes kept): routing still sees every expert, those add
      * nothing here. */
     void (*moe)(void *ctx, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,

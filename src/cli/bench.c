@@ -6,14 +6,9 @@
 #include <time.h>
 
 #include "../backend/cpu/cpu.h"
+#include "../base/clock.h"
 #include "../engine/sampler.h"
 #include "cli.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 typedef struct { const uint8_t *src; uint8_t *dst; size_t n; double *sums; } bw_job;
 
@@ -43,11 +38,11 @@ static void measure_bw(m3_pool *pool, double *copy_gbs, double *read_gbs) {
     memset(b, 2, n);
     bw_job j = {a, b, n, sums};
     for (int rep = 0; rep < 4; rep++) {
-        double t0 = now_s();
+        double t0 = m3_now();
         m3_pool_for(pool, n / 4096, 256, bw_copy, &j);
-        double t1 = now_s();
+        double t1 = m3_now();
         m3_pool_for(pool, n / 4096, 256, bw_read, &j);
-        double t2 = now_s();
+        double t2 = m3_now();
         if (2.0 * n / (t1 - t0) / 1e9 > *copy_gbs) *copy_gbs = 2.0 * n / (t1 - t0) / 1e9;
         if (n / (t2 - t1) / 1e9 > *read_gbs) *read_gbs = n / (t2 - t1) / 1e9;
     }
@@ -116,21 +111,21 @@ int m3_cmd_bench(int argc, char **argv) {
     for (int t = 0; t < T; t++) ids[t] = (int32_t)(m3_rng_uniform(&rng) * V);
     double cbw, rbw;
     measure_bw(cpu->pool, &cbw, &rbw);
-    double t0 = now_s();
+    double t0 = m3_now();
     if (m3_run_tokens(&m, &kv, &seq, ids, T, 0, 512, logits, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); goto done; }
-    double t1 = now_s();
+    double t1 = m3_now();
     double best = 1e9, total = 0;
     double *steps = malloc(sizeof(double) * (size_t)N);
     if (!steps) { fprintf(stderr, "m3 bench: out of memory\n"); goto done; }
     for (int i = 0; i < N; i++) {
         int32_t tok = m3_argmax(logits, V);
-        double a = now_s();
+        double a = m3_now();
         if (m3_run_tokens(&m, &kv, &seq, &tok, 1, T + i, 1, logits, &err)) {
             fprintf(stderr, "m3 bench: %s\n", err.msg);
             free(steps);
             goto done;
         }
-        double d = now_s() - a;
+        double d = m3_now() - a;
         steps[i] = d;
         total += d;
         if (d < best) best = d;

@@ -9,15 +9,10 @@
 #include <time.h>
 
 #include "../backend/cuda/cuda.h"
-#include "../dist/group.h"
+#include "../base/clock.h"
+#include "../model/group.h"
 #include "../engine/sampler.h"
 #include "cli.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int parse_list(const char *s, long *out, int max) {
     int n = 0;
@@ -195,7 +190,7 @@ static int bench_tp(const char *cfgp, m3_config *c, long layers, int N, m3_moe_s
     if (!comms || !devs) { fprintf(stderr, "m3 bench: out of memory\n"); goto out; }
     for (int r = 0; r < N; r++) devs[r] = r;
     if (m3_comm_nccl_create(N, devs, comms, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); goto out; }
-    double t0 = now_s();
+    double t0 = m3_now();
     m3_group_opts o = {N, split, comms, tpb_ops_init, tpb_ops_free, &t, tpb_weights};
     g = m3_group_create(&full, &o, &err);
     if (!g) { fprintf(stderr, "m3 bench: %s\n", err.msg); goto out; }
@@ -209,7 +204,7 @@ static int bench_tp(const char *cfgp, m3_config *c, long layers, int N, m3_moe_s
             break;
         }
     printf("tensor parallel %d (%s), NCCL; model: %s, %ld of %d layers, random weights built in %.1f s\n", N,
-           m3_moe_split_name(split), cfgp, layers, c->n_layers, now_s() - t0);
+           m3_moe_split_name(split), cfgp, layers, c->n_layers, m3_now() - t0);
     for (int r = 0; r < N; r++) {
         m3_model *m = m3_group_model(g, r);
         size_t fr, tot, pk;
@@ -260,9 +255,9 @@ static int bench_tp(const char *cfgp, m3_config *c, long layers, int N, m3_moe_s
                 experts = m3_cuda_experts_used(o0, 1);
             }
             for (long i = 0; !bad && i < steps + 2; i++) {
-                double a = now_s();
+                double a = m3_now();
                 bad = m3_group_forward(g, &b, ids, rows, (int)T, NULL, NULL, &err) || m3_group_run(g, tpb_sync, NULL, &err);
-                if (i >= 2) st[i - 2] = now_s() - a;
+                if (i >= 2) st[i - 2] = m3_now() - a;
             }
             if (!bad) {
                 t.ar_elems = T * cf->hidden;
@@ -361,7 +356,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
     if (m3_cli_ops_init(&ops, "cuda", 0, "bench")) { m3_config_free(c); return 1; }
     m.ops = &ops;
     m.dw = calloc(1, sizeof *m.dw);
-    double t0 = now_s();
+    double t0 = m3_now();
     if (!m.dw || m3_cuda_random_weights(&ops, c, (int)layers, (uint64_t)seed, m.dw, &err)) {
         fprintf(stderr, "m3 bench: %s\n", m.dw ? err.msg : "out of memory");
         free(m.dw);
@@ -376,7 +371,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
     double bw = m3_cuda_copy_bandwidth(&ops, (size_t)2 << 30);
     printf("device: %s\n", m3_cuda_device_name(&ops));
     printf("model: %s, %ld of %d layers, random weights (%.1f GB on the GPU, built in %.1f s); KV %s, index-K %s\n", cfgp,
-           layers, c->n_layers, (tot - fr) / 1e9, now_s() - t0, m3_kv_dtype_name(kdt), m3_kv_dtype_name(idt));
+           layers, c->n_layers, (tot - fr) / 1e9, m3_now() - t0, m3_kv_dtype_name(kdt), m3_kv_dtype_name(idt));
     printf("device copy bandwidth: %.0f GB/s (read + write)\n", bw / 1e9);
     printf("%-7s %-8s %10s %10s %10s %7s %12s %9s %10s\n", "batch", "context", "step_ms", "floor_ms", "MB/step", "ratio",
            "tokens/s", "experts", "mem_GiB");

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "../backend/cpu/cpu.h"
+#include "../base/clock.h"
 #include "../backend/cuda/cuda.h"
 #include "cli.h"
 
@@ -78,16 +79,10 @@ int m3_cli_size(const char *opt, const char *val, long lo, long hi, long *out, m
 
 typedef struct { double t0; int tty; } progress_state;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void progress(uint64_t done, uint64_t total, void *arg) {
     progress_state *ps = arg;
     if (!ps->tty) return;
-    double el = now_s() - ps->t0, rate = el > 0 ? done / el : 0;
+    double el = m3_now() - ps->t0, rate = el > 0 ? done / el : 0;
     double left = rate > 0 ? (total - done) / rate : 0;
     fprintf(stderr, "\rloading %.2f / %.2f GB  %.0f MB/s  %.0fs left   ", done / 1e9, total / 1e9, rate / 1e6, left);
     if (done >= total) fputc('\n', stderr);
@@ -131,7 +126,7 @@ int m3_cli_load_on(m3_model *m, m3_ops *ops, const char *backend, const char *di
             }
     }
     if (m3_cli_ops_init(ops, backend, threads, cmd)) return -1;
-    progress_state ps = {now_s(), isatty(2)};
+    progress_state ps = {m3_now(), isatty(2)};
     if (m3_model_load(m, dir, ops, progress, &ps, &err)) {
         fprintf(stderr, "m3 %s: %s\n", cmd, err.msg);
         m3_cli_ops_free(ops);

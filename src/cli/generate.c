@@ -5,16 +5,11 @@
 #include <time.h>
 
 #include "../backend/cpu/cpu.h"
+#include "../base/clock.h"
 #include "../engine/engine.h"
 #include "../engine/sampler.h"
 #include "cli.h"
 #include "tp.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int parse_float(const char *opt, const char *v, float lo, float hi, float *out) {
     char *end;
@@ -36,7 +31,7 @@ static void spec_on_token(void *arg, uint64_t id, int32_t token, float logprob, 
     (void)id; (void)logprob;
     spec_gen *g = arg;
     if (token >= 0) {
-        if (!g->n) g->t_first = now_s();
+        if (!g->n) g->t_first = m3_now();
         printf("%s%d", g->n ? " " : "", token);
         fflush(stdout);
         g->n++;
@@ -73,14 +68,14 @@ static int generate_spec(m3_model *m, const m3_spec_config *sc, const int32_t *i
     spec_gen g = {0};
     m3_engine_request q = {.prompt = ids, .n_prompt = T, .sampling = *sp, .max_tokens = n_gen,
                            .ignore_eos = ignore_eos, .on_token = spec_on_token, .arg = &g};
-    double t0 = now_s();
+    double t0 = m3_now();
     if (n_gen > 0 && !m3_engine_add(e, &q, &err)) { fprintf(stderr, "m3 generate: %s\n", err.msg); goto out; }
     while (n_gen > 0 && !g.done) {
         if (m3_engine_step(e, &err) < 0) { fprintf(stderr, "\nm3 generate: %s\n", err.msg); goto out; }
     }
     printf("\n");
     fflush(stdout);
-    double t2 = now_s(), t1 = g.n ? g.t_first : t2;
+    double t2 = m3_now(), t1 = g.n ? g.t_first : t2;
     m3_engine_stats st;
     m3_engine_get_stats(e, &st);
     fprintf(stderr, "prompt %d tokens in %.3fs (%.1f tok/s); generated %d tokens in %.3fs (%.2f tok/s)\n", T, t1 - t0,
@@ -202,12 +197,12 @@ int m3_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "m3 generate: %s\n", err.msg);
         goto done;
     }
-    double t0 = now_s();
+    double t0 = m3_now();
     if (m3_run_tokens(&m, &kv, &seq, ids, T, 0, (int)ubatch, logits, &err)) {
         fprintf(stderr, "m3 generate: %s\n", err.msg);
         goto done;
     }
-    double t1 = now_s();
+    double t1 = m3_now();
     int produced = 0;
     for (int i = 0; i < n_gen; i++) {
         m3_sample_out so;
@@ -228,7 +223,7 @@ int m3_cmd_generate(int argc, char **argv) {
     }
     printf("\n");
     fflush(stdout);
-    double t2 = now_s();
+    double t2 = m3_now();
     fprintf(stderr, "prompt %d tokens in %.3fs (%.1f tok/s); generated %d tokens in %.3fs (%.2f tok/s)\n", T, t1 - t0,
             T / (t1 - t0), produced, t2 - t1, produced > 1 ? (produced - 1) / (t2 - t1) : 0.0);
     rc = 0;

@@ -44,12 +44,15 @@
 #include <unistd.h>
 
 #include "../base/err.h"
+#include "../base/sbuf.h"
+#include "../base/hash.h"
+#include "../base/clock.h"
 #include "../base/num.h"
 #include "../base/pool.h"
 #include "../io/config.h"
 #include "../io/safetensors.h"
 #include "../model/dspark.h"
-#include "../model/quantize.h"
+#include "../weights/quantize.h"
 #include "cli.h"
 
 static const char USAGE[] =
@@ -123,13 +126,6 @@ typedef struct {
 
 /* ------------------------------------------------------------------ random numbers */
 
-static inline uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static inline uint64_t splitmix64(uint64_t *s) { return mix64(*s += 0x9e3779b97f4a7c15ull); }
 
 static uint64_t hash_name(const char *s) {
     uint64_t h = 1469598103934665603ull;
@@ -169,7 +165,7 @@ static void zig_init(zig_tables *z) {
 }
 
 static inline float uni01(uint64_t *s) { /* (0, 1) */
-    return ((float)(splitmix64(s) >> 41) + 0.5f) * 0x1p-23f;
+    return ((float)(m3_splitmix64(s) >> 41) + 0.5f) * 0x1p-23f;
 }
 
 /* The rare path of a draw (about 1.2%): the wedge test or the tail, then fresh draws. */
@@ -190,7 +186,7 @@ static __attribute__((noinline)) float zig_slow(const zig_tables *z, uint32_t w,
             return hz > 0 ? rr + xt : -rr - xt;
         }
         if (z->fn[iz] + uni01(s) * (z->fn[iz - 1] - z->fn[iz]) < expf(-0.5f * x * x)) return x;
-        w = (uint32_t)splitmix64(s);
+        w = (uint32_t)m3_splitmix64(s);
     }
 }
 
@@ -208,14 +204,14 @@ static inline float bf16_round(float x) { return m3_bf16_to_f32(m3_f32_to_bf16(x
 
 /* n normals N(0, std^2), each rounded to bf16, for row `row` of the tensor keyed `key`. */
 static void fill_row(const zig_tables *z, uint64_t key, int64_t row, float std, float *out, int64_t n) {
-    uint64_t s = mix64(key ^ mix64((uint64_t)row + 0x632be59bd9b4e019ull));
+    uint64_t s = m3_mix64(key ^ m3_mix64((uint64_t)row + 0x632be59bd9b4e019ull));
     int64_t i = 0;
     for (; i + 1 < n; i += 2) {
-        uint64_t r = splitmix64(&s);
+        uint64_t r = m3_splitmix64(&s);
         out[i] = bf16_round(std * zig_normal(z, (uint32_t)r, &s));
         out[i + 1] = bf16_round(std * zig_normal(z, (uint32_t)(r >> 32), &s));
     }
-    if (i < n) out[i] = bf16_round(std * zig_normal(z, (uint32_t)splitmix64(&s), &s));
+    if (i < n) out[i] = bf16_round(std * zig_normal(z, (uint32_t)m3_splitmix64(&s), &s));
 }
 
 /* ------------------------------------------------------------------ tensor plan */
@@ -400,7 +396,7 @@ static int generate(const spec *s, const zig_tables *zig, uint64_t seed, quant_m
     atomic_init(&g.failed, 0);
     g.s = s;
     g.zig = zig;
-    g.key = mix64(seed ^ 0x5851f42d4c957f2dull) ^ hash_name(s->name);
+    g.key = m3_mix64(seed ^ 0x5851f42d4c957f2dull) ^ hash_name(s->name);
     g.scratch = scratch;
     g.scratch_k = scratch_k;
     const size_t ne = (size_t)s->N * (size_t)s->K;
@@ -502,28 +498,6 @@ static int add_entries(m3_st_writer *w, const spec *s, const gen_out *o, const c
 
 /* ------------------------------------------------------------------ JSON output like Python's json.dump(indent=1) */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap * 2 : 4096;
-        while (nc < b->n + n + 1) nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) { b->oom = 1; return; }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
 /* Python repr() of a float: shortest round-trip digits, fixed notation for 1e-4 <= |v| < 1e16
  * (with ".0" when integral), else d.ddde[+-]XX. */
 static void fmt_real(double v, char *out, size_t n) {
@@ -568,52 +542,52 @@ static void fmt_real(double v, char *out, size_t n) {
 #undef PUT
 }
 
-static void dump_value(sbuf *b, json_t *v, int depth) {
+static void dump_value(m3_sbuf *b, json_t *v, int depth) {
     char tmp[64];
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
-        if (json_object_size(v) == 0) { sb_str(b, "{}"); return; }
-        sb_str(b, "{");
+        if (json_object_size(v) == 0) { m3_sbuf_str(b, "{}"); return; }
+        m3_sbuf_str(b, "{");
         const char *k;
         json_t *x;
         int first = 1;
         json_object_foreach(v, k, x) {
-            sb_str(b, first ? "\n" : ",\n");
+            m3_sbuf_str(b, first ? "\n" : ",\n");
             first = 0;
-            for (int i = 0; i <= depth; i++) sb_str(b, " ");
+            for (int i = 0; i <= depth; i++) m3_sbuf_str(b, " ");
             json_t *ks = json_string(k);
             char *ke = ks ? json_dumps(ks, JSON_ENCODE_ANY | JSON_ENSURE_ASCII) : NULL;
             json_decref(ks);
             if (!ke) { b->oom = 1; return; }
-            sb_str(b, ke);
+            m3_sbuf_str(b, ke);
             free(ke);
-            sb_str(b, ": ");
+            m3_sbuf_str(b, ": ");
             dump_value(b, x, depth + 1);
         }
-        sb_str(b, "\n");
-        for (int i = 0; i < depth; i++) sb_str(b, " ");
-        sb_str(b, "}");
+        m3_sbuf_str(b, "\n");
+        for (int i = 0; i < depth; i++) m3_sbuf_str(b, " ");
+        m3_sbuf_str(b, "}");
         return;
     }
     case JSON_ARRAY: {
-        if (json_array_size(v) == 0) { sb_str(b, "[]"); return; }
-        sb_str(b, "[");
+        if (json_array_size(v) == 0) { m3_sbuf_str(b, "[]"); return; }
+        m3_sbuf_str(b, "[");
         for (size_t j = 0; j < json_array_size(v); j++) {
-            sb_str(b, j ? ",\n" : "\n");
-            for (int i = 0; i <= depth; i++) sb_str(b, " ");
+            m3_sbuf_str(b, j ? ",\n" : "\n");
+            for (int i = 0; i <= depth; i++) m3_sbuf_str(b, " ");
             dump_value(b, json_array_get(v, j), depth + 1);
         }
-        sb_str(b, "\n");
-        for (int i = 0; i < depth; i++) sb_str(b, " ");
-        sb_str(b, "]");
+        m3_sbuf_str(b, "\n");
+        for (int i = 0; i < depth; i++) m3_sbuf_str(b, " ");
+        m3_sbuf_str(b, "]");
         return;
     }
-    case JSON_REAL: fmt_real(json_real_value(v), tmp, sizeof tmp); sb_str(b, tmp); return;
-    case JSON_INTEGER: snprintf(tmp, sizeof tmp, "%lld", (long long)json_integer_value(v)); sb_str(b, tmp); return;
+    case JSON_REAL: fmt_real(json_real_value(v), tmp, sizeof tmp); m3_sbuf_str(b, tmp); return;
+    case JSON_INTEGER: snprintf(tmp, sizeof tmp, "%lld", (long long)json_integer_value(v)); m3_sbuf_str(b, tmp); return;
     default: {
         char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_ENSURE_ASCII);
         if (!s) { b->oom = 1; return; }
-        sb_str(b, s);
+        m3_sbuf_str(b, s);
         free(s);
         return;
     }
@@ -700,10 +674,10 @@ static char *make_config(const char *path, quant_mode qm, m3_config *cfg, size_t
         else snprintf(file, sizeof file, "%s", path);
         FILE *f = fopen(file, "rb");
         if (!f) { m3_errf(err, "%s: cannot open: %s", file, strerror(errno)); return NULL; }
-        sbuf b = {0};
+        m3_sbuf b = {0};
         char chunk[65536];
         size_t got;
-        while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) sb_put(&b, chunk, got);
+        while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) m3_sbuf_add(&b, chunk, got);
         int rerr = ferror(f);
         fclose(f);
         if (b.oom || rerr || !b.p) { free(b.p); m3_errf(err, "%s: cannot read", file); return NULL; }
@@ -741,7 +715,7 @@ static char *make_config(const char *path, quant_mode qm, m3_config *cfg, size_t
     char *text;
     size_t n;
     if (changed) {
-        sbuf b = {0};
+        m3_sbuf b = {0};
         dump_value(&b, root, 0);
         if (b.oom || !b.p) { json_decref(root); free(b.p); free(orig); m3_errf(err, "out of memory"); return NULL; }
         text = b.p;
@@ -789,7 +763,7 @@ static int add_tokenizer(const char *path, char **cfg_text, size_t *cfg_len, m3_
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je), *croot = NULL;
     json_int_t max_id = -1, bos = -1, eos = -1;
-    sbuf b = {0};
+    m3_sbuf b = {0};
     int rc = -1;
     if (!root && je.line < 1) return m3_errf(err, "--tokenizer %s: %s", path, je.text); /* could not read it */
     if (!root) return m3_errf(err, "%s: bad JSON: %s (line %d)", path, je.text, je.line);
@@ -896,7 +870,7 @@ static int write_dspark(const char *out, const m3_config *c, const char *dcfg_pa
     gen_out *outs = NULL;
     float *scratch = NULL;
     m3_st_writer *w = NULL;
-    sbuf b = {0};
+    m3_sbuf b = {0};
     m3_dspark_config dc;
     memset(&dc, 0, sizeof dc);
     int rc = -1, have_dc = 0;
@@ -905,7 +879,7 @@ static int write_dspark(const char *out, const m3_config *c, const char *dcfg_pa
         if (!f) return m3_errf(err, "%s: cannot open: %s", dcfg_path, strerror(errno));
         char chunk[65536];
         size_t got;
-        while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) sb_put(&b, chunk, got);
+        while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) m3_sbuf_add(&b, chunk, got);
         fclose(f);
     } else {
         json_t *root = dspark_builtin_config(c);
@@ -980,12 +954,6 @@ out:
 }
 
 /* ------------------------------------------------------------------ command */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int usage_error(const char *fmt, ...) {
@@ -1078,7 +1046,7 @@ int m3_cmd_make_tiny(int argc, char **argv) {
     if (config && !*config) return usage_error("%s", "--config needs a file name");
     if (strlen(out) > 3800) return usage_error("%s", "--out: path too long");
 
-    const double t0 = now_s();
+    const double t0 = m3_now();
     m3_err err = {{0}};
     m3_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -1197,7 +1165,7 @@ int m3_cmd_make_tiny(int argc, char **argv) {
             "m3 make-tiny: wrote %zu tensors (%zu weights), %llu bytes (%.1f MB) in %d file%s to %s in %.2f s "
             "(quant %s, layout %s, seed %llu, %d threads)\n",
             n_entries, L.n, (unsigned long long)total, (double)total / 1e6, nfiles ? nfiles : 1,
-            nfiles > 1 ? "s" : "", out, now_s() - t0, quant_name(qm), bare ? "bare" : "hub",
+            nfiles > 1 ? "s" : "", out, m3_now() - t0, quant_name(qm), bare ? "bare" : "hub",
             (unsigned long long)seed, m3_pool_size(pool));
     rc = 0;
     goto done;

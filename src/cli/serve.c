@@ -5,7 +5,7 @@
 
 #include "../backend/cpu/cpu.h"
 #include "../engine/engine.h"
-#include "../engine/fault.h"
+#include "../base/fault.h"
 #include "../kv/kv.h"
 #include "../server/openai.h"
 #include "../server/server.h"
@@ -59,7 +59,7 @@ static const char *usage =
     "  --allowed-media-domains H1,H2  hosts whose http(s) image URLs are named as allowed in the 400 they get\n"
     "                   (remote images are never downloaded: send images as data: URLs)\n"
     "  M3_FAULT_ALLOC=MODULE:FIRST[:COUNT[:PERIOD]] (environment, tests only): allocation failures, see\n"
-    "                   src/engine/fault.h\n"
+    "                   src/base/fault.h\n"
     "  --speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":7,\"draft_sample_method\":\"probabilistic\"}'\n"
     "                 DSpark speculative decoding with the draft in DIR/dspark (or --draft DIR)\n";
 

@@ -5,7 +5,7 @@
 #ifndef M3_CLI_TP_H
 #define M3_CLI_TP_H
 
-#include "../dist/group.h"
+#include "../model/group.h"
 
 typedef struct m3_cli_tp {
     m3_group *g;

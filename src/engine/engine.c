@@ -13,9 +13,9 @@
 #include <sys/random.h>
 
 #include "../base/pool.h"
-#include "../dist/group.h"
+#include "../model/group.h"
 #include "../kv/blocks.h"
-#include "fault.h"
+#include "../base/fault.h"
 #include "images.h"
 #include "kv_budget.h"
 

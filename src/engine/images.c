@@ -6,11 +6,12 @@
  * context to another. SipHash-2-4 under a per-engine random key makes collisions impossible
  * to craft (the key never leaves the process) and accidental ones negligible (2^-64). */
 #include "images.h"
+#include "../base/hash.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "fault.h"
+#include "../base/fault.h"
 
 #define i_malloc(n) m3_fault_malloc(M3_FAULT_ENGINE, n)
 
@@ -128,15 +129,6 @@ void m3_engine_images_release(m3_engine_images *im) {
     if (im && atomic_fetch_sub(&im->refs, 1) == 1) images_free(im);
 }
 
-static inline uint64_t mix64(uint64_t x) { /* murmur3's finalizer */
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
-
 int m3_images_block_keys(const m3_engine_images *im, int page, uint64_t **extra, int *n, m3_err *err) {
     *extra = NULL;
     *n = 0;
@@ -151,7 +143,7 @@ int m3_images_block_keys(const m3_engine_images *im, int page, uint64_t **extra,
     for (int r = 0; r < im->n_rows; r++) {
         while (j >= im->count[img]) { img++; j = 0; }
         uint64_t *k = &x[im->rows[r] / page];
-        *k = mix64(*k ^ im->hash[img] ^ ((uint64_t)j * 0x9e3779b97f4a7c15ull)) | 1; /* never 0 (0: text) */
+        *k = m3_mix64(*k ^ im->hash[img] ^ ((uint64_t)j * 0x9e3779b97f4a7c15ull)) | 1; /* never 0 (0: text) */
         j++;
     }
     *extra = x;

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../dist/group.h"
+#include "../model/group.h"
 
 #define GIB 1073741824.0
 /* a tensor-parallel rank's step workspace, not profiled (activations of a 512-token step at

@@ -4,7 +4,8 @@
  * the kept mass per block of ids and the tokens above two cut levels; top-k / top-p gather only
  * the tokens above a level that surely holds their set and select in linear time (keep()). */
 #include "sampler.h"
-#include "fault.h"
+#include "../base/hash.h"
+#include "../base/fault.h"
 #include "../base/pool.h"
 
 /* counted by the fault-injection hook (fault.h) as engine allocations */
@@ -12,7 +13,7 @@
 #define s_calloc(k, n) m3_fault_calloc(M3_FAULT_ENGINE, k, n)
 #define s_realloc(p, n) m3_fault_realloc(M3_FAULT_ENGINE, p, n)
 
-#include "../backend/cpu/cpu.h" /* m3_cpu_exp_scaled, m3_cpu_argmax: vectorized */
+#include "../base/rows.h" /* vectorized row passes */
 
 #include <math.h>
 #include <stdlib.h>
@@ -20,15 +21,8 @@
 
 /* ---------------- RNG ---------------- */
 
-static uint64_t splitmix(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 void m3_rng_seed(m3_rng *r, uint64_t seed) {
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix(&seed);
+    for (int i = 0; i < 4; i++) r->s[i] = m3_splitmix64(&seed);
 }
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -41,11 +35,11 @@ static uint64_t next(m3_rng *r) { /* xoshiro256** */
 
 double m3_rng_uniform(m3_rng *r) { return (next(r) >> 11) * 0x1.0p-53; }
 
-int m3_argmax(const float *x, int n) { return m3_cpu_argmax(x, n); } /* first index wins ties */
+int m3_argmax(const float *x, int n) { return m3_row_argmax(x, n); } /* first index wins ties */
 
 /* ---------------- workspace ---------------- */
 
-/* A candidate as one integer key, e's bits above ~id (m3_cpu_keys_above builds them). e >= 0, so
+/* A candidate as one integer key, e's bits above ~id (m3_row_keys_above builds them). e >= 0, so
  * a larger key ranks first: a larger e, then a lower id (the order every step below uses). */
 typedef uint64_t cand;
 
@@ -57,27 +51,27 @@ static float ck_e(cand c) {
 }
 static int32_t ck_id(cand c) { return (int32_t)~(uint32_t)c; }
 
-#define NBLK(V) (((V) + M3_CPU_MASS_BLOCK - 1) / M3_CPU_MASS_BLOCK)
+#define NBLK(V) (((V) + M3_ROW_MASS_BLOCK - 1) / M3_ROW_MASS_BLOCK)
 
 struct m3_sample_ws {
     int V;
     float *w;    /* working logits */
     float *e;    /* exp((w - max) / T) */
     cand *c;     /* candidates */
-    m3_cpu_blk *blk; /* per block of M3_CPU_MASS_BLOCK ids: the kept mass, the levels' counts / masses */
+    m3_row_blk *blk; /* per block of M3_ROW_MASS_BLOCK ids: the kept mass, the levels' counts / masses */
     m3_pool *pool;   /* the row's passes split over its threads (NULL: the caller's thread) */
     void *own;   /* non-NULL when the workspace owns the memory */
 };
 
-/* c has 8 spare keys: m3_cpu_keys_above stores 8 at a time */
-static size_t ws_bytes(int V) { return ((size_t)V + 8) * sizeof(cand) + 2 * sizeof(float) * (size_t)V + sizeof(m3_cpu_blk) * (size_t)NBLK(V); }
+/* c has 8 spare keys: m3_row_keys_above stores 8 at a time */
+static size_t ws_bytes(int V) { return ((size_t)V + 8) * sizeof(cand) + 2 * sizeof(float) * (size_t)V + sizeof(m3_row_blk) * (size_t)NBLK(V); }
 
 static void ws_over(m3_sample_ws *ws, int V, void *mem) {
     ws->V = V;
     ws->c = mem; /* 8-byte members first: cand, then (after 2 V floats) the block sums */
     ws->w = (float *)(ws->c + V + 8);
     ws->e = ws->w + V;
-    ws->blk = (m3_cpu_blk *)(ws->e + V);
+    ws->blk = (m3_row_blk *)(ws->e + V);
     ws->pool = NULL;
     ws->own = NULL;
 }
@@ -234,19 +228,19 @@ static void top_push(toplist *t, float x, int32_t id) {
 static void top_scan(toplist *t, const float *x, int V, float lo, int ge) {
     int i = 0;
     if (t->k <= 0) return;
-    while (t->n < t->k && (i = m3_cpu_find(x, i, V, lo, ge)) < V) { top_push(t, x[i], i); i++; }
-    while (t->n == t->k && (i = m3_cpu_find(x, i, V, t->v[t->n - 1].v, 0)) < V) { top_push(t, x[i], i); i++; }
+    while (t->n < t->k && (i = m3_row_find(x, i, V, lo, ge)) < V) { top_push(t, x[i], i); i++; }
+    while (t->n == t->k && (i = m3_row_find(x, i, V, t->v[t->n - 1].v, 0)) < V) { top_push(t, x[i], i); i++; }
 }
 
 /* log_softmax of x[0..V): the chosen token's logprob and rank, and the top k. */
 static void logprobs_of(const float *x, int V, int chosen, int k, m3_sample_out *out) {
     const float m = x[m3_argmax(x, V)];
-    const double lse = (double)m + log(m3_cpu_sum_exp(x, V, m));
+    const double lse = (double)m + log(m3_row_sum_exp(x, V, m));
     const float xc = x[chosen];
     toplist t = {0, k, {{0, 0}}};
     top_scan(&t, x, V, -INFINITY, 1);
     out->logprob = (float)((double)xc - lse);
-    out->rank = 1 + m3_cpu_count_gt(x, V, xc);
+    out->rank = 1 + m3_row_count_gt(x, V, xc);
     out->n_top = t.n;
     for (int j = 0; j < t.n; j++) {
         out->top_ids[j] = t.v[j].id;
@@ -269,7 +263,7 @@ static int kept_e(float x, float thr) { return x > 0 && x >= thr; }
 /* c := the keys of the kept tokens whose e is also >= lvl; returns how many */
 static int gather(const float *e, int V, float thr, float lvl, cand *c) {
     const float t = lvl > thr ? lvl : thr;
-    return t > 0 ? m3_cpu_keys_above(e, V, t, 1, c) : m3_cpu_keys_above(e, V, 0.0f, 0, c);
+    return t > 0 ? m3_row_keys_above(e, V, t, 1, c) : m3_row_keys_above(e, V, 0.0f, 0, c);
 }
 
 /* ---------------- a row's passes over several threads ---------------- */
@@ -285,7 +279,7 @@ static size_t split_grain(int V) { return NBLK(V) >= 4 * 32 ? 32 : 1; }
 typedef struct {
     const float *w;
     float *e, *out;
-    m3_cpu_blk *blk;
+    m3_row_blk *blk;
     int V, want;
     float m, s, thr, lv[2];
     double inv;
@@ -294,14 +288,14 @@ typedef struct {
 static void exp_range(void *ctx, size_t b0, size_t b1, int worker) {
     (void)worker;
     const row_job *j = ctx;
-    const int i0 = (int)b0 * M3_CPU_MASS_BLOCK, i1 = (int)b1 * M3_CPU_MASS_BLOCK < j->V ? (int)b1 * M3_CPU_MASS_BLOCK : j->V;
-    m3_cpu_exp_stats(j->w + i0, j->e + i0, i1 - i0, j->m, j->s, j->thr, j->lv, j->want, j->blk + b0);
+    const int i0 = (int)b0 * M3_ROW_MASS_BLOCK, i1 = (int)b1 * M3_ROW_MASS_BLOCK < j->V ? (int)b1 * M3_ROW_MASS_BLOCK : j->V;
+    m3_row_exp_stats(j->w + i0, j->e + i0, i1 - i0, j->m, j->s, j->thr, j->lv, j->want, j->blk + b0);
 }
 
-/* m3_cpu_exp_stats over the row into ws->e and ws->blk, split over ws->pool by whole blocks:
+/* m3_row_exp_stats over the row into ws->e and ws->blk, split over ws->pool by whole blocks:
  * every block's figures are those of one pass */
 static void exp_pass(m3_sample_ws *ws, const float *w, int V, float m, float s, float thr, const float lv[2], int want) {
-    if (!ws->pool || V < split_min) { m3_cpu_exp_stats(w, ws->e, V, m, s, thr, lv, want, ws->blk); return; }
+    if (!ws->pool || V < split_min) { m3_row_exp_stats(w, ws->e, V, m, s, thr, lv, want, ws->blk); return; }
     row_job j = {.w = w, .e = ws->e, .blk = ws->blk, .V = V, .want = want, .m = m, .s = s, .thr = thr, .lv = {lv[0], lv[1]}};
     m3_pool_for(ws->pool, (size_t)NBLK(V), split_grain(V), exp_range, &j);
 }
@@ -309,13 +303,13 @@ static void exp_pass(m3_sample_ws *ws, const float *w, int V, float m, float s, 
 static void scale_range(void *ctx, size_t b0, size_t b1, int worker) {
     (void)worker;
     const row_job *j = ctx;
-    const int i0 = (int)b0 * M3_CPU_MASS_BLOCK, i1 = (int)b1 * M3_CPU_MASS_BLOCK < j->V ? (int)b1 * M3_CPU_MASS_BLOCK : j->V;
-    m3_cpu_scale_kept(j->e + i0, i1 - i0, j->thr, j->inv, j->out + i0);
+    const int i0 = (int)b0 * M3_ROW_MASS_BLOCK, i1 = (int)b1 * M3_ROW_MASS_BLOCK < j->V ? (int)b1 * M3_ROW_MASS_BLOCK : j->V;
+    m3_row_scale_kept(j->e + i0, i1 - i0, j->thr, j->inv, j->out + i0);
 }
 
-/* out = the kept e scaled by inv (m3_cpu_scale_kept), split over ws->pool */
+/* out = the kept e scaled by inv (m3_row_scale_kept), split over ws->pool */
 static void scale_pass(m3_sample_ws *ws, int V, float thr, double inv, float *out) {
-    if (!ws->pool || V < split_min) { m3_cpu_scale_kept(ws->e, V, thr, inv, out); return; }
+    if (!ws->pool || V < split_min) { m3_row_scale_kept(ws->e, V, thr, inv, out); return; }
     row_job j = {.e = ws->e, .out = out, .V = V, .thr = thr, .inv = inv};
     m3_pool_for(ws->pool, (size_t)NBLK(V), split_grain(V), scale_range, &j);
 }
@@ -363,7 +357,7 @@ static int keep(const m3_sampling *p, const float *w, m3_sample_ws *ws, int V, p
     int cnt[2] = {0, 0};
     double lmass[2] = {0, 0}, zm = 0; /* zm: mass passing min-p */
     for (int b = 0; b < NBLK(V); b++) {
-        const m3_cpu_blk *B = &ws->blk[b];
+        const m3_row_blk *B = &ws->blk[b];
         zm += B->kept;
         for (int j = 0; j < 2; j++) { cnt[j] += B->lcnt[j]; lmass[j] += B->lmass[j]; }
     }
@@ -389,7 +383,7 @@ static int keep(const m3_sampling *p, const float *w, m3_sample_ws *ws, int V, p
             const int mid = (hi + lo) / 2;
             const float t = ldexpf(1.0f, mid) > thr ? ldexpf(1.0f, mid) : thr;
             int k;
-            const double ms = m3_cpu_mass_ge(e, V, t, &k);
+            const double ms = m3_row_mass_ge(e, V, t, &k);
             if (ENOUGH(k, ms)) { lo = mid; cut = t; ncut = k; }
             else hi = mid;
         }
@@ -433,9 +427,9 @@ static int draw(const m3_sample_ws *ws, int V, const pick_info *pi, double u01) 
             while (i > 0 && !kept_e(e[i], pi->minp_thr)) i--;
             return i;
         }
-        const int end = (b + 1) * M3_CPU_MASS_BLOCK < V ? (b + 1) * M3_CPU_MASS_BLOCK : V;
+        const int end = (b + 1) * M3_ROW_MASS_BLOCK < V ? (b + 1) * M3_ROW_MASS_BLOCK : V;
         int last = -1;
-        for (int i = b * M3_CPU_MASS_BLOCK; i < end; i++) {
+        for (int i = b * M3_ROW_MASS_BLOCK; i < end; i++) {
             if (!kept_e(e[i], pi->minp_thr)) continue;
             acc += e[i];
             last = i;
@@ -703,7 +697,7 @@ static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, c
     } else { /* every kept token: e > 0 and e >= min-p's threshold; those above e[tok] are kept */
         toplist t = {0, k, {{0, 0}}};
         top_scan(&t, e, V, pi.minp_thr > 0 ? pi.minp_thr : 0.0f, pi.minp_thr > 0);
-        out->rank = 1 + m3_cpu_count_gt(e, V, e[tok]);
+        out->rank = 1 + m3_row_count_gt(e, V, e[tok]);
         out->n_top = t.n;
         for (int j = 0; j < t.n; j++) {
             out->top_ids[j] = t.v[j].id;

@@ -1,6 +1,6 @@
 /* Speculative decoding: config parsing, DSpark drafting, the verify step (see spec.h). */
 #include "spec.h"
-#include "../backend/cpu/cpu.h" /* m3_cpu_pos_sum: vectorized */
+#include "../base/rows.h" /* m3_row_pos_sum: vectorized */
 
 #include <jansson.h>
 #include <stdio.h>
@@ -86,7 +86,7 @@ static double weight(const float *p, const float *q, int skip, int i) {
 
 /* the positive weights of ids [i0, i1) summed: id by id in the block holding skip */
 static double blk_mass(const float *p, const float *q, int skip, int i0, int i1) {
-    if (skip < i0 || skip >= i1) return m3_cpu_pos_sum(p + i0, q ? q + i0 : NULL, i1 - i0);
+    if (skip < i0 || skip >= i1) return m3_row_pos_sum(p + i0, q ? q + i0 : NULL, i1 - i0);
     double s = 0;
     for (int i = i0; i < i1; i++) {
         const double r = weight(p, q, skip, i);

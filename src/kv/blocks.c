@@ -1,4 +1,5 @@
 #include "blocks.h"
+#include "../base/hash.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -31,19 +32,11 @@ struct m3_blocks {
 
 static const uint64_t SEED = 0x6d33626c6f636b73ull; /* "m3blocks" */
 
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
 
 static uint64_t hash_block(uint64_t parent, const int32_t *tok, int page, uint64_t extra) {
-    uint64_t h = mix64(parent ^ 0x9e3779b97f4a7c15ull);
-    h = mix64(h ^ extra);
-    for (int i = 0; i < page; i++) h = mix64(h + (uint32_t)tok[i] + 0x9e3779b97f4a7c15ull);
+    uint64_t h = m3_mix64(parent ^ 0x9e3779b97f4a7c15ull);
+    h = m3_mix64(h ^ extra);
+    for (int i = 0; i < page; i++) h = m3_mix64(h + (uint32_t)tok[i] + 0x9e3779b97f4a7c15ull);
     return h;
 }
 

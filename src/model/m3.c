@@ -1,20 +1,15 @@
 #include "m3.h"
+#include "../base/clock.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "../dist/comm.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "../parallel/comm.h"
 
 int m3_model_load(m3_model *m, const char *dir, m3_ops *ops, m3_progress_fn progress, void *arg, m3_err *err) {
     memset(m, 0, sizeof *m);
-    double t0 = now_s();
+    double t0 = m3_now();
     m->ops = ops;
     if (m3_config_load(&m->cfg, dir, err)) return -1;
     m->st = m3_st_open(dir, err);
@@ -41,7 +36,7 @@ int m3_model_load(m3_model *m, const char *dir, m3_ops *ops, m3_progress_fn prog
     } else {
         m3_weights_prefault(m->st, progress, arg);
     }
-    m->load_seconds = now_s() - t0;
+    m->load_seconds = m3_now() - t0;
     return 0;
 }
 

@@ -6,9 +6,9 @@
 #include "../backend/ops.h"
 #include "../io/config.h"
 #include "../io/safetensors.h"
-#include "../dist/shard.h"
+#include "../parallel/shard.h"
 #include "../kv/kv.h"
-#include "weights.h"
+#include "../weights/weights.h"
 
 struct m3_comm;
 
@@ -21,7 +21,7 @@ typedef struct m3_model {
     double load_seconds;
     void *ws;          /* activation workspace (backend memory), reused across steps */
     size_t ws_bytes;
-    /* Tensor parallelism (src/dist/group.h): a rank's model computes its shard (heads, KV
+    /* Tensor parallelism (src/model/group.h): a rank's model computes its shard (heads, KV
      * heads, experts or width, vocabulary rows) and sums partial results with comm. At TP1
      * comm is NULL and shard unused. A rank's model is a view: cfg, st and the tensors belong
      * to the full model (w holds the rank's views of them, see m3_shard_weights). */

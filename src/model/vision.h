@@ -27,7 +27,7 @@
 #include "../base/pool.h"
 #include "../image/image.h"
 #include "../io/safetensors.h"
-#include "weights.h"
+#include "../weights/weights.h"
 
 typedef struct m3_vision_config {
     int hidden, inter, layers, heads, head_dim; /* vision_config */

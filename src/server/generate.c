@@ -119,7 +119,7 @@ static void drop_client(hreq *h) {
 }
 
 void srv_peek(srv *s) {
-    double now = srv_now();
+    double now = m3_now();
     for (hreq *h = s->live, *nx; h; h = nx) {
         nx = h->next;
         for (int i = 0; i < h->n; i++)
@@ -184,7 +184,7 @@ static int sse_raw(hreq *h, const char *txt, size_t len) {
     if (!h->req) return 0;
     struct iovec v[3] = {{(void *)"data: ", 6}, {(void *)txt, len}, {(void *)"\n\n", 2}};
     int rc = http_reply_chunkv(h->req, v, 3);
-    if (!rc) h->t_write = srv_now();
+    if (!rc) h->t_write = m3_now();
     return rc;
 }
 
@@ -311,8 +311,8 @@ static void emit_deltas(choice *c, const m3_out_delta *d, size_t n) {
     }
     int bad = 0;
     for (size_t i = 0; i < n; i++) {
-        if (d[i].kind == M3_OUT_CONTENT) bad |= sbuf_add(&c->content, d[i].text, d[i].len) != 0;
-        else if (d[i].kind == M3_OUT_REASONING) bad |= sbuf_add(&c->reasoning, d[i].text, d[i].len) != 0;
+        if (d[i].kind == M3_OUT_CONTENT) bad |= m3_sbuf_add(&c->content, d[i].text, d[i].len) != 0;
+        else if (d[i].kind == M3_OUT_REASONING) bad |= m3_sbuf_add(&c->reasoning, d[i].text, d[i].len) != 0;
         else if (d[i].kind == M3_OUT_TOOL_BEGIN) {
             if (!c->tools && !(c->tools = json_array())) { bad = 1; continue; }
             bad |= json_array_append_new(c->tools, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", d[i].id, "type", "function",
@@ -320,8 +320,8 @@ static void emit_deltas(choice *c, const m3_out_delta *d, size_t n) {
         } else if (d[i].kind == M3_OUT_TOOL_ARGS && c->tools) {
             json_t *f = json_object_get(json_array_get(c->tools, json_array_size(c->tools) - 1), "function");
             const char *old = json_string_value(json_object_get(f, "arguments"));
-            sbuf a = {0};
-            if (!f || sbuf_add(&a, old ? old : "", old ? strlen(old) : 0) || sbuf_add(&a, d[i].text, d[i].len) ||
+            m3_sbuf a = {0};
+            if (!f || m3_sbuf_add(&a, old ? old : "", old ? strlen(old) : 0) || m3_sbuf_add(&a, d[i].text, d[i].len) ||
                 json_object_set_new(f, "arguments", json_stringn_nocheck(a.p, a.n)))
                 bad = 1;
             free(a.p);
@@ -399,9 +399,9 @@ static int send_final(hreq *h) {
             ch = json_pack("{s:i,s:o,s:o,s:s}", "index", i, "message", msg ? msg : json_object(), "logprobs",
                            lp ? lp : json_null(), "finish_reason", finish_str(c));
         } else {
-            sbuf t = {0};
-            if (h->echo && h->echo_text) bad |= sbuf_add(&t, h->echo_text, h->echo_len) != 0;
-            bad |= sbuf_add(&t, c->content.p ? c->content.p : "", c->content.n) != 0;
+            m3_sbuf t = {0};
+            if (h->echo && h->echo_text) bad |= m3_sbuf_add(&t, h->echo_text, h->echo_len) != 0;
+            bad |= m3_sbuf_add(&t, c->content.p ? c->content.p : "", c->content.n) != 0;
             ch = json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", t.p ? t.p : "", t.n, "logprobs", lp ? lp : json_null(),
                            "finish_reason", finish_str(c));
             free(t.p);
@@ -422,7 +422,7 @@ static int send_final(hreq *h) {
 
 static void finish_response(hreq *h) {
     srv *s = h->s;
-    double t = srv_now();
+    double t = m3_now();
     int status = 499; /* nginx's "client closed request" */
     if (!h->closed && h->req) {
         if (h->stream) {
@@ -503,7 +503,7 @@ static void fail_response(hreq *h) {
 /* One generated token of choice c. */
 static void on_token(srv *s, choice *c, const m3_sample_out *so, int finished, int reason) {
     hreq *h = c->h;
-    double t = srv_now();
+    double t = m3_now();
     c->n_gen++;
     s->m.generation_tokens++;
     if (c->n_gen == 1) {
@@ -524,13 +524,13 @@ static void on_token(srv *s, choice *c, const m3_sample_out *so, int finished, i
         mark_failed_err(h, &err); /* an id the tokenizer refuses, or no memory: say which */
         return;
     }
-    if (!stop_tok && n && sbuf_add(&c->text, p, n)) {
+    if (!stop_tok && n && m3_sbuf_add(&c->text, p, n)) {
         mark_failed(h, NOMEM);
         return;
     }
     if (finished) {
         m3_tok_stream_finish(c->ts, &p, &n);
-        if (n && sbuf_add(&c->text, p, n)) { mark_failed(h, NOMEM); return; }
+        if (n && m3_sbuf_add(&c->text, p, n)) { mark_failed(h, NOMEM); return; }
     }
     if (!stop_tok) lp_add(s, c, so, c->text.p ? c->text.p + before : "", c->text.n - before);
     size_t upto = c->text.n;
@@ -704,7 +704,7 @@ static int start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_im
     if (h->stream) {
         http_add_header(req, "Cache-Control", "no-cache");
         http_reply_start(req, 200, "text/event-stream");
-        h->t_write = srv_now();
+        h->t_write = m3_now();
         for (int i = 0; i < h->n; i++) {
             if (chat) send_chunk(h, i, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL);
             else if (h->echo && h->echo_text) send_chunk(h, i, json_stringn(h->echo_text, h->echo_len), NULL, NULL);

@@ -28,7 +28,7 @@
 #include <event2/bufferevent.h>
 #include <event2/listener.h>
 
-#include "../engine/fault.h"
+#include "../base/fault.h"
 
 #define BUSY_READ_AHEAD ((size_t)64 << 10) /* bytes read ahead of a request in flight (pipelining) */
 #define LINGER_S 2.0

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "../engine/fault.h"
+#include "../base/fault.h"
 
 enum { P_LINE, P_HEADERS, P_BODY, P_CHUNK_SIZE, P_CHUNK_DATA, P_CHUNK_END, P_TRAILERS, P_DONE, P_ERR };
 

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "../engine/fault.h"
+#include "../base/fault.h"
 #include "openai.h"
 
 #define md_malloc(n) m3_fault_malloc(M3_FAULT_SERVER, n)

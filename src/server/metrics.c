@@ -1,5 +1,6 @@
 /* m3 serve metrics: see metrics.h. */
 #include "metrics.h"
+#include "../base/sbuf.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -42,71 +43,51 @@ void m3_metrics_http(m3_metrics *m, int code) {
 
 /* ------------------------------------------------------------------ text */
 
-typedef struct { char *p; size_t n, cap; int oom; } tbuf;
 
-static void put(tbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(tbuf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) { b->oom = 1; return; }
-        if (b->p && b->n + (size_t)k < b->cap) { b->n += (size_t)k; return; }
-        size_t nc = b->cap ? b->cap * 2 : 8192;
-        while (nc < b->n + (size_t)k + 1) nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) { b->oom = 1; return; }
-        b->p = np;
-        b->cap = nc;
-    }
+static void head(m3_sbuf *b, const char *name, const char *type, const char *help) {
+    m3_sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static void head(tbuf *b, const char *name, const char *type, const char *help) {
-    put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
-static void gauge(tbuf *b, const char *name, const char *help, double v) {
+static void gauge(m3_sbuf *b, const char *name, const char *help, double v) {
     head(b, name, "gauge", help);
-    put(b, "%s %.17g\n", name, v);
+    m3_sbuf_printf(b, "%s %.17g\n", name, v);
 }
 
-static void counter(tbuf *b, const char *name, const char *help, uint64_t v) {
+static void counter(m3_sbuf *b, const char *name, const char *help, uint64_t v) {
     head(b, name, "counter", help);
-    put(b, "%s %llu\n", name, (unsigned long long)v);
+    m3_sbuf_printf(b, "%s %llu\n", name, (unsigned long long)v);
 }
 
-static void hist(tbuf *b, const char *name, const char *help, const m3_hist *h) {
+static void hist(m3_sbuf *b, const char *name, const char *help, const m3_hist *h) {
     head(b, name, "histogram", help);
     uint64_t cum = 0;
     for (int i = 0; i < h->n_le; i++) {
         cum += h->counts[i];
-        put(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i], (unsigned long long)cum);
+        m3_sbuf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i], (unsigned long long)cum);
     }
-    put(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)h->count);
-    put(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
+    m3_sbuf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)h->count);
+    m3_sbuf_printf(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
 }
 
 char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3_metrics_info *info, size_t *len) {
-    tbuf b = {0};
+    m3_sbuf b = {0};
     head(&b, "m3_model_info", "gauge", "The model served (always 1).");
-    put(&b, "m3_model_info{model_name=\"");
+    m3_sbuf_printf(&b, "m3_model_info{model_name=\"");
     for (const char *p = info->model_name ? info->model_name : ""; *p; p++) { /* label value escaping */
-        if (*p == '"' || *p == '\\') put(&b, "\\%c", *p);
-        else if (*p == '\n') put(&b, "\\n");
-        else put(&b, "%c", *p);
+        if (*p == '"' || *p == '\\') m3_sbuf_printf(&b, "\\%c", *p);
+        else if (*p == '\n') m3_sbuf_printf(&b, "\\n");
+        else m3_sbuf_printf(&b, "%c", *p);
     }
-    put(&b, "\"} 1\n");
+    m3_sbuf_printf(&b, "\"} 1\n");
 
     head(&b, "m3_requests_finished_total", "counter",
          "Generated choices finished, by finish reason (a request with n choices counts n).");
     for (int r = M3_FINISH_STOP; r <= M3_FINISH_ERROR; r++)
-        put(&b, "m3_requests_finished_total{finish_reason=\"%s\"} %llu\n", m3_engine_finish_name(r),
+        m3_sbuf_printf(&b, "m3_requests_finished_total{finish_reason=\"%s\"} %llu\n", m3_engine_finish_name(r),
             (unsigned long long)m->finished[r]);
     head(&b, "m3_http_responses_total", "counter", "HTTP responses by status code (every endpoint).");
     for (int c = 100; c < 600; c++)
-        if (m->http_codes[c]) put(&b, "m3_http_responses_total{code=\"%d\"} %llu\n", c, (unsigned long long)m->http_codes[c]);
+        if (m->http_codes[c]) m3_sbuf_printf(&b, "m3_http_responses_total{code=\"%d\"} %llu\n", c, (unsigned long long)m->http_codes[c]);
     counter(&b, "m3_requests_rejected_overload_total", "Generation requests answered 429 (waiting queue full).",
             m->requests_rejected_overload);
     counter(&b, "m3_slow_clients_dropped_total",
@@ -157,11 +138,11 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
     if (info->fault_armed) {
         head(&b, "m3_fault_injected_total", "counter", "Allocation failures injected (tests only), by module.");
         for (int i = 0; i < M3_FAULT_NMOD; i++)
-            put(&b, "m3_fault_injected_total{module=\"%s\"} %ld\n", m3_fault_module_name((m3_fault_module)i),
+            m3_sbuf_printf(&b, "m3_fault_injected_total{module=\"%s\"} %ld\n", m3_fault_module_name((m3_fault_module)i),
                 info->fault_injected[i]);
         head(&b, "m3_fault_allocations_total", "counter", "Allocations counted by fault injection (tests only), by module.");
         for (int i = 0; i < M3_FAULT_NMOD; i++)
-            put(&b, "m3_fault_allocations_total{module=\"%s\"} %ld\n", m3_fault_module_name((m3_fault_module)i),
+            m3_sbuf_printf(&b, "m3_fault_allocations_total{module=\"%s\"} %ld\n", m3_fault_module_name((m3_fault_module)i),
                 info->fault_seen[i]);
     }
     if (b.oom) { free(b.p); return NULL; }

@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #include "../engine/engine.h"
-#include "../engine/fault.h"
+#include "../base/fault.h"
 
 #define M3_HIST_MAX_BUCKETS 24
 
@@ -52,7 +52,7 @@ typedef struct m3_metrics_info {
     int http_connections;      /* client connections open */
     unsigned long http_refused;/* requests the HTTP layer refused (malformed, over a limit, late) */
     int fault_armed;           /* fault injection (tests): report the failures injected */
-    long fault_injected[M3_FAULT_NMOD]; /* by module (src/engine/fault.h) */
+    long fault_injected[M3_FAULT_NMOD]; /* by module (src/base/fault.h) */
     long fault_seen[M3_FAULT_NMOD];     /* allocations counted, by module */
 } m3_metrics_info;
 

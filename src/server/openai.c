@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "../base/utf8.h"
-#include "../engine/fault.h"
+#include "../base/fault.h"
 
 #define o_malloc(n) m3_fault_malloc(M3_FAULT_SERVER, n)
 #define o_realloc(p, n) m3_fault_realloc(M3_FAULT_SERVER, p, n)

@@ -13,7 +13,7 @@
  * Messages are valid UTF-8 (text quoted from the request is clipped at a character
  * boundary). Ownership: m3_oai_params owns its arrays (m3_oai_params_free) and borrows
  * strings and tools from the body, which must outlive it. Allocations count as the server
- * module's for fault injection (src/engine/fault.h). Thread-safe for distinct params (the
+ * module's for fault injection (src/base/fault.h). Thread-safe for distinct params (the
  * context is read only). */
 #ifndef M3_SERVER_OPENAI_H
 #define M3_SERVER_OPENAI_H

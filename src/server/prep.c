@@ -236,7 +236,7 @@ static void finish_job(srv *s, prep_job *j) {
     }
     if (rc) { /* answered here; an accepted generation logs itself when it ends */
         m3_metrics_http(&s->m, rc);
-        srv_log(s, j->serial, route_name(j->kind), rc, -1, -1, -1, srv_now() - j->t0);
+        srv_log(s, j->serial, route_name(j->kind), rc, -1, -1, -1, m3_now() - j->t0);
     }
     job_free(j);
 }

@@ -1,7 +1,7 @@
 /* m3 serve: HTTP plumbing, routing, the small endpoints, the engine thread and shutdown.
  * Generation lives in generate.c, metrics in metrics.c; see server.h and srv.h. */
 #include "srv.h"
-#include "../engine/fault.h"
+#include "../base/fault.h"
 
 #include <arpa/inet.h>
 #include <stdarg.h>
@@ -41,7 +41,7 @@ void srv_random_hex(char *out, size_t cap) {
     if (n > sizeof r) n = sizeof r;
     if (getrandom(r, n, GRND_NONBLOCK) != (ssize_t)n) { /* no entropy yet: the clock and a counter */
         static atomic_ulong ctr;
-        uint64_t x = (uint64_t)(srv_now() * 1e9) ^ (atomic_fetch_add(&ctr, 1) * 0x9e3779b97f4a7c15ull);
+        uint64_t x = (uint64_t)(m3_now() * 1e9) ^ (atomic_fetch_add(&ctr, 1) * 0x9e3779b97f4a7c15ull);
         for (size_t i = 0; i < n; i++) { x = x * 6364136223846793005ull + 1442695040888963407ull; r[i] = (unsigned char)(x >> 56); }
     }
     static const char hx[] = "0123456789abcdef";
@@ -51,27 +51,6 @@ void srv_random_hex(char *out, size_t cap) {
         if (k + 1 < cap) out[k++] = hx[r[i] & 15];
     }
     out[k] = 0;
-}
-
-double srv_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-int sbuf_add(sbuf *b, const char *p, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 64;
-        while (nc < b->n + n + 1) nc *= 2;
-        char *np = srv_realloc(b->p, nc);
-        if (!np) return -1;
-        b->p = np;
-        b->cap = nc;
-    }
-    if (n) memcpy(b->p + b->n, p, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return 0;
 }
 
 /* ------------------------------------------------------------------ replies */
@@ -346,7 +325,7 @@ static int h_models(http_req *req, srv *s, const char *raw_id) {
 
 static void route(http_req *req, void *arg) {
     srv *s = arg;
-    double t0 = srv_now();
+    double t0 = m3_now();
     unsigned long serial = ++s->serial;
     const char *uri = http_target(req), *method = http_method(req);
     char path[256], what[300];
@@ -398,7 +377,7 @@ static void route(http_req *req, void *arg) {
         }
     if (rc == 0) return; /* handed to a preparation thread: answered (counted and logged) from there */
     m3_metrics_http(&s->m, rc);
-    srv_log(s, serial, what, rc, -1, -1, -1, srv_now() - t0);
+    srv_log(s, serial, what, rc, -1, -1, -1, m3_now() - t0);
 }
 
 /* the errors the HTTP layer answers itself (malformed requests, limits), in OpenAI's shape */
@@ -568,7 +547,7 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     if (pthread_create(&th, NULL, engine_main, s)) { srv_cleanup(s); return m3_errf(err, "cannot start the engine thread"); }
     fprintf(stderr, "m3 serve: listening on http://%s:%d (model '%s', context %d tokens, KV capacity %d tokens)\n",
             o->host, port, o->model_name, m3_engine_max_model_len(e), m3_engine_capacity_tokens(e));
-    if (o->fault_spec) { /* tests only: allocation failures from here on (src/engine/fault.h) */
+    if (o->fault_spec) { /* tests only: allocation failures from here on (src/base/fault.h) */
         m3_err ferr;
         if (m3_fault_arm_spec(o->fault_spec, &ferr)) fprintf(stderr, "m3 serve: %s\n", ferr.msg);
         else fprintf(stderr, "m3 serve: fault injection armed: %s\n", o->fault_spec);

@@ -71,7 +71,7 @@ typedef struct m3_server_opts {
     uint64_t seed;             /* with has_seed: requests without a seed draw from seeds derived from it and
                                 * their arrival order (vLLM's --seed), instead of the clock */
     int has_seed;
-    const char *fault_spec;    /* tests only: allocation failures armed once listening (src/engine/fault.h) */
+    const char *fault_spec;    /* tests only: allocation failures armed once listening (src/base/fault.h) */
     const m3_media_ctx *media; /* image inputs of chat requests (media.h; the engine needs a vision tower);
                                 * NULL: image parts get 400 */
     size_t max_image_memory;   /* bytes of preprocessed pixels all requests together may hold until the

@@ -18,14 +18,16 @@
 #include <event2/event.h>
 #include <jansson.h>
 
-#include "../engine/fault.h"
+#include "../base/clock.h"
+#include "../base/fault.h"
+#include "../base/sbuf.h"
 #include "../text/parsers.h"
 #include "http.h"
 #include "metrics.h"
 #include "openai.h"
 #include "server.h"
 
-/* the server's own allocations, counted by the fault-injection hook (src/engine/fault.h) */
+/* the server's own allocations, counted by the fault-injection hook (src/base/fault.h) */
 #define srv_malloc(n) m3_fault_malloc(M3_FAULT_SERVER, n)
 #define srv_calloc(k, n) m3_fault_calloc(M3_FAULT_SERVER, k, n)
 #define srv_realloc(p, n) m3_fault_realloc(M3_FAULT_SERVER, p, n)
@@ -40,8 +42,6 @@
 /* the send buffer of accepted sockets (the kernel doubles it): 1 MiB/s at 250 ms RTT */
 #define SRV_SNDBUF (128 << 10)
 
-typedef struct sbuf { char *p; size_t n, cap; } sbuf;
-int sbuf_add(sbuf *b, const char *p, size_t n); /* keeps p NUL-terminated; -1 when out of memory */
 
 typedef struct srv srv;
 typedef struct hreq hreq;
@@ -68,9 +68,9 @@ typedef struct choice {
     m3_tok_stream *ts;
     m3_out *out;            /* chat: reasoning + tool-call parser */
     m3_stop *stop;
-    sbuf text;              /* decoded output (before stop-string truncation) */
+    m3_sbuf text;              /* decoded output (before stop-string truncation) */
     size_t emitted, checked;/* bytes of text passed on / scanned for stop strings */
-    sbuf content, reasoning;/* non-stream: accumulated output */
+    m3_sbuf content, reasoning;/* non-stream: accumulated output */
     json_t *tools;          /* non-stream chat: tool calls */
     json_t *lp;             /* logprobs not yet sent (stream) or all of them (non-stream) */
     size_t text_chars;      /* code points so far (completions text_offset) */
@@ -151,7 +151,6 @@ struct srv {
 };
 
 /* server.c */
-double srv_now(void);
 void srv_random_hex(char *out, size_t cap); /* cap - 1 random hex digits, NUL-terminated */
 /* compact JSON text of j (malloc'd, NUL-terminated; *len its length if len), NULL when out of memory */
 char *srv_json_text(const json_t *j, size_t *len);

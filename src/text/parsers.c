@@ -7,6 +7,7 @@
  * incomplete UTF-8 tail) -> deltas. Every decision is taken only once the bytes that
  * decide it are present, so the result does not depend on how the input was split. */
 #include "parsers.h"
+#include "../base/sbuf.h"
 
 #include <errno.h>
 #include <math.h>
@@ -26,47 +27,6 @@
 #define THINK_CLOSE "</mm:think>"
 #define THINK_CLOSE_LEN 11
 #define TAG_MAX 512 /* longest tag (after NS) accepted: `<invoke name="...">`, `<ARG>` */
-
-/* ---- growable byte buffer */
-
-typedef struct buf {
-    char *p;
-    size_t n, cap;
-} buf;
-
-static int buf_reserve(buf *b, size_t extra) {
-    if (b->n + extra + 1 <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->n + extra + 1) {
-        if (cap > SIZE_MAX / 2) return -1;
-        cap *= 2;
-    }
-    char *p = realloc(b->p, cap);
-    if (!p) return -1;
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-static int buf_add(buf *b, const void *s, size_t n) {
-    if (buf_reserve(b, n)) return -1;
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return 0;
-}
-
-static int buf_str(buf *b, const char *s) { return buf_add(b, s, strlen(s)); }
-
-static void buf_drop_front(buf *b, size_t k) {
-    if (k >= b->n) {
-        b->n = 0;
-    } else if (k) {
-        memmove(b->p, b->p + k, b->n - k);
-        b->n -= k;
-    }
-    if (b->p) b->p[b->n] = 0;
-}
 
 static const char *find_bytes(const char *h, size_t hn, const char *needle, size_t nn) {
     if (nn > hn) return NULL;
@@ -108,21 +68,21 @@ static size_t utf8_incomplete_tail(const char *str, size_t n) {
 }
 
 /* appends s with invalid UTF-8 replaced by U+FFFD */
-static int buf_add_utf8(buf *b, const char *str, size_t n) {
+static int buf_add_utf8(m3_sbuf *b, const char *str, size_t n) {
     const unsigned char *s = (const unsigned char *)str;
     size_t i = 0;
     while (i < n) {
         size_t j = i;
         while (j < n && s[j] < 0x80) j++;
-        if (buf_add(b, s + i, j - i)) return -1;
+        if (m3_sbuf_add(b, s + i, j - i)) return -1;
         i = j;
         if (i == n) break;
         size_t l = utf8_seq(s + i, n - i);
         if (l) {
-            if (buf_add(b, s + i, l)) return -1;
+            if (m3_sbuf_add(b, s + i, l)) return -1;
             i += l;
         } else {
-            if (buf_add(b, "\xEF\xBF\xBD", 3)) return -1;
+            if (m3_sbuf_add(b, "\xEF\xBF\xBD", 3)) return -1;
             i++;
         }
     }
@@ -130,14 +90,14 @@ static int buf_add_utf8(buf *b, const char *str, size_t n) {
 }
 
 /* appends s as a JSON string literal (jansson's escaping; invalid UTF-8 -> U+FFFD) */
-static int buf_add_json_string(buf *b, const char *str, size_t n) {
+static int buf_add_json_string(m3_sbuf *b, const char *str, size_t n) {
     const unsigned char *s = (const unsigned char *)str;
-    if (buf_add(b, "\"", 1)) return -1;
+    if (m3_sbuf_add(b, "\"", 1)) return -1;
     size_t i = 0;
     while (i < n) {
         size_t j = i;
         while (j < n && s[j] >= 0x20 && s[j] < 0x80 && s[j] != '"' && s[j] != '\\') j++;
-        if (buf_add(b, s + i, j - i)) return -1;
+        if (m3_sbuf_add(b, s + i, j - i)) return -1;
         i = j;
         if (i == n) break;
         unsigned c = s[i];
@@ -156,18 +116,18 @@ static int buf_add_json_string(buf *b, const char *str, size_t n) {
         } else {
             size_t l = utf8_seq(s + i, n - i);
             if (l) {
-                if (buf_add(b, s + i, l)) return -1;
+                if (m3_sbuf_add(b, s + i, l)) return -1;
                 i += l;
             } else {
-                if (buf_add(b, "\xEF\xBF\xBD", 3)) return -1;
+                if (m3_sbuf_add(b, "\xEF\xBF\xBD", 3)) return -1;
                 i++;
             }
             continue;
         }
-        if (buf_str(b, esc)) return -1;
+        if (m3_sbuf_str(b, esc)) return -1;
         i++;
     }
-    return buf_add(b, "\"", 1);
+    return m3_sbuf_add(b, "\"", 1);
 }
 
 /* ---- argument typing by JSON schema */
@@ -270,7 +230,7 @@ static int json_number_literal(const char *s, size_t n) {
 }
 
 /* a decimal number (no hex, inf, nan): appends it as JSON (as written when it already is) */
-static int try_number(buf *b, const char *s, size_t n, int *ok) {
+static int try_number(m3_sbuf *b, const char *s, size_t n, int *ok) {
     *ok = 0;
     if (n == 0 || n > 400) return 0;
     for (size_t i = 0; i < n; i++)
@@ -282,7 +242,7 @@ static int try_number(buf *b, const char *s, size_t n, int *ok) {
     double v = strtod(tmp, &end);
     if (*end || end == tmp || !isfinite(v)) return 0;
     *ok = 1;
-    if (json_number_literal(s, n)) return buf_add(b, s, n);
+    if (json_number_literal(s, n)) return m3_sbuf_add(b, s, n);
     char out[40];
     for (int prec = 15; prec <= 17; prec++) {
         snprintf(out, sizeof out, "%.*g", prec, v);
@@ -292,7 +252,7 @@ static int try_number(buf *b, const char *s, size_t n, int *ok) {
         *ok = 0;
         return 0;
     }
-    return buf_str(b, out);
+    return m3_sbuf_str(b, out);
 }
 
 /* parses s as JSON; returns its type bit, 0 when it is not JSON */
@@ -317,23 +277,23 @@ static int ci_eq(const char *s, size_t n, const char *lit) {
 }
 
 /* appends the JSON for one argument value, typed by `types` (0 = unknown) */
-static int render_value(buf *b, const char *v, size_t n, unsigned types) {
+static int render_value(m3_sbuf *b, const char *v, size_t n, unsigned types) {
     if (types == TY_STR) return buf_add_json_string(b, v, n);
     const char *t = v;
     size_t tn = n;
     while (tn && is_ws(*t)) t++, tn--;
     while (tn && is_ws(t[tn - 1])) tn--;
     if (types) {
-        if ((types & TY_NULL) && tn == 4 && !memcmp(t, "null", 4)) return buf_str(b, "null");
+        if ((types & TY_NULL) && tn == 4 && !memcmp(t, "null", 4)) return m3_sbuf_str(b, "null");
         if (types & TY_BOOL) {
-            if (ci_eq(t, tn, "true")) return buf_str(b, "true");
-            if (ci_eq(t, tn, "false")) return buf_str(b, "false");
+            if (ci_eq(t, tn, "true")) return m3_sbuf_str(b, "true");
+            if (ci_eq(t, tn, "false")) return m3_sbuf_str(b, "false");
         }
         long long iv;
         if ((types & TY_INT) && parse_int(t, tn, &iv)) {
             char out[32];
             snprintf(out, sizeof out, "%lld", iv);
-            return buf_str(b, out);
+            return m3_sbuf_str(b, out);
         }
         if (types & TY_NUM) {
             int ok;
@@ -342,11 +302,11 @@ static int render_value(buf *b, const char *v, size_t n, unsigned types) {
         }
         if (types & (TY_OBJ | TY_ARR)) {
             unsigned k = json_kind(t, tn);
-            if (k & types & (TY_OBJ | TY_ARR)) return buf_add(b, t, tn);
+            if (k & types & (TY_OBJ | TY_ARR)) return m3_sbuf_add(b, t, tn);
         }
         if (types & TY_STR) return buf_add_json_string(b, v, n);
     }
-    if (json_kind(t, tn)) return buf_add(b, t, tn); /* valid JSON as written */
+    if (json_kind(t, tn)) return m3_sbuf_add(b, t, tn); /* valid JSON as written */
     return buf_add_json_string(b, v, n);
 }
 
@@ -379,21 +339,21 @@ struct m3_out {
     int n_calls;
     /* reasoning stage */
     int rstate;
-    buf rhold;
+    m3_sbuf rhold;
     /* tool stage */
     int tstate, bsub;
-    buf tb;                /* held text (T_TEXT) or the block's raw text since its last commit */
+    m3_sbuf tb;                /* held text (T_TEXT) or the block's raw text since its last commit */
     size_t cur;            /* parse position in tb (T_BLOCK) */
     size_t vstart, vscan;  /* B_VALUE: value start; where to look for the next NS */
-    buf fname, argname;    /* current invoke's function name, current argument name */
+    m3_sbuf fname, argname;    /* current invoke's function name, current argument name */
     const json_t *props;   /* current function's parameter schemas, or NULL */
     char **akeys, **avals; /* current invoke's arguments: names and rendered JSON values */
     int nargs, capargs;
     /* output stage */
-    buf work;
+    m3_sbuf work;
     pend_delta *pd;
     size_t npd, cappd;
-    buf final;
+    m3_sbuf final;
     m3_out_delta *outd;
     size_t capoutd;
     char carry[4];
@@ -417,7 +377,7 @@ static int out_raw(m3_out *o, m3_out_kind k, const char *s, size_t n) {
     if (o->npd) {
         pend_delta *l = &o->pd[o->npd - 1];
         if (l->kind == k && l->off + l->len == o->work.n) {
-            if (buf_add(&o->work, s, n)) return -1;
+            if (m3_sbuf_add(&o->work, s, n)) return -1;
             l->len += n;
             return 0;
         }
@@ -429,7 +389,7 @@ static int out_raw(m3_out *o, m3_out_kind k, const char *s, size_t n) {
     d->off = o->work.n;
     d->len = n;
     d->id_off = d->name_off = 0;
-    if (buf_add(&o->work, s, n)) return -1;
+    if (m3_sbuf_add(&o->work, s, n)) return -1;
     o->npd++;
     return 0;
 }
@@ -472,9 +432,9 @@ static int out_tool(m3_out *o, const char *name, size_t nlen, const char *args, 
     d->off = o->work.n;
     d->len = 0;
     d->id_off = o->work.n;
-    if (buf_add(&o->work, id, strlen(id) + 1)) return -1;
+    if (m3_sbuf_add(&o->work, id, strlen(id) + 1)) return -1;
     d->name_off = o->work.n;
-    if (buf_add(&o->work, name, nlen) || buf_add(&o->work, "", 1)) return -1;
+    if (m3_sbuf_add(&o->work, name, nlen) || m3_sbuf_add(&o->work, "", 1)) return -1;
     o->npd++;
     if (out_raw(o, M3_OUT_TOOL_ARGS, args, alen)) return -1;
     o->pd[o->npd - 1].index = index;
@@ -499,15 +459,15 @@ static int out_finalize(m3_out *o, const m3_out_delta **deltas, size_t *n) {
         e->index = d->index;
         e->len = d->len;
         size_t toff = o->final.n;
-        if (buf_add(&o->final, o->work.p + d->off, d->len) || buf_add(&o->final, "", 1)) return -1;
+        if (m3_sbuf_add(&o->final, o->work.p + d->off, d->len) || m3_sbuf_add(&o->final, "", 1)) return -1;
         e->text = (const char *)(uintptr_t)toff;
         e->id = e->name = NULL;
         if (d->kind == M3_OUT_TOOL_BEGIN) {
             size_t ioff = o->final.n;
             const char *id = o->work.p + d->id_off, *nm = o->work.p + d->name_off;
-            if (buf_add(&o->final, id, strlen(id) + 1)) return -1;
+            if (m3_sbuf_add(&o->final, id, strlen(id) + 1)) return -1;
             size_t noff = o->final.n;
-            if (buf_add(&o->final, nm, strlen(nm) + 1)) return -1;
+            if (m3_sbuf_add(&o->final, nm, strlen(nm) + 1)) return -1;
             e->id = (const char *)(uintptr_t)ioff;
             e->name = (const char *)(uintptr_t)noff;
         }
@@ -551,8 +511,8 @@ static int add_arg(m3_out *o, const char *v, size_t n) {
     if (n && v[n - 1] == '\n') n--;
     unsigned types = 0;
     if (o->props) types = schema_types(json_object_get(o->props, o->argname.p), 0);
-    buf val = {0};
-    if (render_value(&val, v, n, types) || buf_add(&val, "", 0)) {
+    m3_sbuf val = {0};
+    if (render_value(&val, v, n, types) || m3_sbuf_add(&val, "", 0)) {
         free(val.p);
         return -1;
     }
@@ -586,15 +546,15 @@ static int add_arg(m3_out *o, const char *v, size_t n) {
 }
 
 static int emit_invoke(m3_out *o) {
-    buf a = {0};
-    int rc = buf_add(&a, "{", 1);
+    m3_sbuf a = {0};
+    int rc = m3_sbuf_add(&a, "{", 1);
     for (int i = 0; i < o->nargs && !rc; i++) {
-        if (i) rc |= buf_add(&a, ", ", 2);
+        if (i) rc |= m3_sbuf_add(&a, ", ", 2);
         rc |= buf_add_json_string(&a, o->akeys[i], strlen(o->akeys[i]));
-        rc |= buf_add(&a, ": ", 2);
-        rc |= buf_str(&a, o->avals[i]);
+        rc |= m3_sbuf_add(&a, ": ", 2);
+        rc |= m3_sbuf_str(&a, o->avals[i]);
     }
-    rc |= buf_add(&a, "}", 1);
+    rc |= m3_sbuf_add(&a, "}", 1);
     if (!rc) rc = out_tool(o, o->fname.p, o->fname.n, a.p, a.n);
     free(a.p);
     return rc ? -1 : 0;
@@ -673,7 +633,7 @@ static int block_step(m3_out *o, size_t *at) {
             if (tl > pl + 2 && !memcmp(tag, pre, pl) && tag[tl - 2] == '"' &&
                 !memchr(tag + pl, '"', tl - pl - 2) && !memchr(tag + pl, 0, tl - pl - 2)) {
                 o->fname.n = 0;
-                if (buf_add(&o->fname, tag + pl, tl - pl - 2)) return ST_OOM;
+                if (m3_sbuf_add(&o->fname, tag + pl, tl - pl - 2)) return ST_OOM;
                 const tool_ent *t = find_tool(o, o->fname.p);
                 o->props = t ? t->props : NULL;
                 o->bsub = B_INVOKE;
@@ -687,7 +647,7 @@ static int block_step(m3_out *o, size_t *at) {
             }
             if (valid_arg_name(tag + 1, tl - 2)) {
                 o->argname.n = 0;
-                if (buf_add(&o->argname, tag + 1, tl - 2)) return ST_OOM;
+                if (m3_sbuf_add(&o->argname, tag + 1, tl - 2)) return ST_OOM;
                 o->vstart = o->vscan = e + 1;
                 o->bsub = B_VALUE;
                 continue;
@@ -705,7 +665,7 @@ static int tool_run(m3_out *o, int eos) {
             if (f) {
                 size_t i = (size_t)(f - o->tb.p);
                 if (out_text(o, M3_OUT_CONTENT, o->tb.p, i)) return -1;
-                buf_drop_front(&o->tb, i);
+                m3_sbuf_drop_front(&o->tb, i);
                 o->tstate = T_BLOCK;
                 o->bsub = B_OPEN;
                 o->cur = OPENER_LEN;
@@ -713,7 +673,7 @@ static int tool_run(m3_out *o, int eos) {
             }
             size_t h = eos ? 0 : partial_suffix(o->tb.p, o->tb.n, OPENER, OPENER_LEN);
             if (out_text(o, M3_OUT_CONTENT, o->tb.p, o->tb.n - h)) return -1;
-            buf_drop_front(&o->tb, o->tb.n - h);
+            m3_sbuf_drop_front(&o->tb, o->tb.n - h);
             return 0;
         }
         size_t at = 0;
@@ -726,21 +686,21 @@ static int tool_run(m3_out *o, int eos) {
             /* fall through */
         case ST_ERR:
             if (out_text(o, M3_OUT_CONTENT, o->tb.p, at)) return -1;
-            buf_drop_front(&o->tb, at);
+            m3_sbuf_drop_front(&o->tb, at);
             invoke_reset(o);
             o->tstate = T_TEXT;
             break;
         case ST_INVOKE:
             if (emit_invoke(o)) return -1;
             o->markup += at;
-            buf_drop_front(&o->tb, at);
+            m3_sbuf_drop_front(&o->tb, at);
             invoke_reset(o);
             o->bsub = B_OPEN;
             o->cur = 0;
             break;
         case ST_CLOSE:
             o->markup += at;
-            buf_drop_front(&o->tb, at);
+            m3_sbuf_drop_front(&o->tb, at);
             o->tstate = T_TEXT;
             break;
         }
@@ -750,7 +710,7 @@ static int tool_run(m3_out *o, int eos) {
 static int tool_feed(m3_out *o, const char *s, size_t n) {
     if (n == 0) return 0;
     if (!o->opts.tools) return out_text(o, M3_OUT_CONTENT, s, n);
-    if (buf_add(&o->tb, s, n)) return -1;
+    if (m3_sbuf_add(&o->tb, s, n)) return -1;
     return tool_run(o, 0);
 }
 
@@ -765,19 +725,19 @@ static int is_prefix_of(const char *s, size_t n, const char *tag, size_t tn) {
 }
 
 static int reason_run(m3_out *o) {
-    buf *h = &o->rhold;
+    m3_sbuf *h = &o->rhold;
     for (;;) {
         if (o->rstate == R_START) {
             int think_ok = o->opts.thinking != M3_THINK_DISABLED;
             if (think_ok && starts_with(h->p, h->n, THINK_OPEN, THINK_OPEN_LEN)) {
                 o->markup += THINK_OPEN_LEN;
-                buf_drop_front(h, THINK_OPEN_LEN);
+                m3_sbuf_drop_front(h, THINK_OPEN_LEN);
                 o->rstate = R_THINK;
                 continue;
             }
             if (starts_with(h->p, h->n, THINK_CLOSE, THINK_CLOSE_LEN)) {
                 o->markup += THINK_CLOSE_LEN;
-                buf_drop_front(h, THINK_CLOSE_LEN);
+                m3_sbuf_drop_front(h, THINK_CLOSE_LEN);
                 o->rstate = R_PASS;
                 continue;
             }
@@ -793,13 +753,13 @@ static int reason_run(m3_out *o) {
                 size_t i = (size_t)(f - h->p);
                 if (out_text(o, M3_OUT_REASONING, h->p, i)) return -1;
                 o->markup += THINK_CLOSE_LEN;
-                buf_drop_front(h, i + THINK_CLOSE_LEN);
+                m3_sbuf_drop_front(h, i + THINK_CLOSE_LEN);
                 o->rstate = R_PASS;
                 continue;
             }
             size_t k = partial_suffix(h->p, h->n, THINK_CLOSE, THINK_CLOSE_LEN);
             if (out_text(o, M3_OUT_REASONING, h->p, h->n - k)) return -1;
-            buf_drop_front(h, h->n - k);
+            m3_sbuf_drop_front(h, h->n - k);
             return 0;
         }
         /* R_PASS */
@@ -811,7 +771,7 @@ static int reason_run(m3_out *o) {
 
 static int reason_feed(m3_out *o, const char *s, size_t n) {
     if (o->rstate == R_PASS) return tool_feed(o, s, n);
-    if (buf_add(&o->rhold, s, n)) return -1;
+    if (m3_sbuf_add(&o->rhold, s, n)) return -1;
     return reason_run(o);
 }
 
@@ -916,8 +876,8 @@ int m3_out_tool_calls(const m3_out *o) { return o->n_calls; }
 /* ---- OpenAI rendering */
 
 static json_t *string_utf8(const char *s, size_t n) {
-    buf b = {0};
-    if (buf_add_utf8(&b, s, n) || buf_add(&b, "", 0)) {
+    m3_sbuf b = {0};
+    if (buf_add_utf8(&b, s, n) || m3_sbuf_add(&b, "", 0)) {
         free(b.p);
         return NULL;
     }
@@ -928,14 +888,14 @@ static json_t *string_utf8(const char *s, size_t n) {
 
 json_t *m3_out_delta_json(const m3_out_delta *d, size_t n) {
     json_t *obj = json_object(), *calls = NULL;
-    buf reason = {0}, content = {0};
+    m3_sbuf reason = {0}, content = {0};
     int rc = obj ? 0 : -1;
     for (size_t i = 0; i < n && !rc; i++) {
         const m3_out_delta *e = &d[i];
         if (e->kind == M3_OUT_REASONING) {
-            rc = buf_add(&reason, e->text, e->len);
+            rc = m3_sbuf_add(&reason, e->text, e->len);
         } else if (e->kind == M3_OUT_CONTENT) {
-            rc = buf_add(&content, e->text, e->len);
+            rc = m3_sbuf_add(&content, e->text, e->len);
         } else {
             if (!calls && !(calls = json_array())) {
                 rc = -1;
@@ -967,8 +927,8 @@ json_t *m3_out_delta_json(const m3_out_delta *d, size_t n) {
             }
             json_t *fn = json_object_get(entry, "function");
             const char *prev = json_string_value(json_object_get(fn, "arguments"));
-            buf a = {0};
-            rc |= buf_add(&a, prev ? prev : "", prev ? strlen(prev) : 0);
+            m3_sbuf a = {0};
+            rc |= m3_sbuf_add(&a, prev ? prev : "", prev ? strlen(prev) : 0);
             rc |= buf_add_utf8(&a, e->text, e->len);
             if (!rc) rc |= json_object_set_new(fn, "arguments", json_stringn(a.p, a.n));
             free(a.p);

@@ -7,7 +7,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend/cpu/cpu.h"
+#include "base/rows.h"
+#include "base/clock.h"
 #include "base/pool.h"
 #include "engine/sampler.h"
 
@@ -15,12 +16,6 @@ static int fails;
 #define CHECK(c, ...) do { if (!(c)) { fails++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
 
 #define BIGV 200064
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static m3_sample_ws *WS; /* sized for BIGV, shared by every test (one thread) */
 
@@ -543,7 +538,7 @@ static void test_passes(void) {
     float *w = malloc(sizeof(float) * BIGV), *e = malloc(sizeof(float) * BIGV);
     uint64_t *keys = malloc(sizeof(uint64_t) * (BIGV + 8));
     char *seen = malloc(BIGV);
-    m3_cpu_blk *blk = malloc(sizeof(m3_cpu_blk) * (BIGV / M3_CPU_MASS_BLOCK + 1));
+    m3_row_blk *blk = malloc(sizeof(m3_row_blk) * (BIGV / M3_ROW_MASS_BLOCK + 1));
     m3_rng r;
     m3_rng_seed(&r, 77);
     int bad = 0, rows = 0;
@@ -554,19 +549,19 @@ static void test_passes(void) {
         }
         const float m = w[m3_argmax(w, n)], s = 0.9f, thr = 0.01f, lv[2] = {0.25f, 0.001f};
         for (int want = 0; want < 3; want++) {
-            m3_cpu_exp_stats(w, e, n, m, s, thr, lv, want, blk);
+            m3_row_exp_stats(w, e, n, m, s, thr, lv, want, blk);
             double worst = 0;
-            for (int b0 = 0; b0 < n; b0 += M3_CPU_MASS_BLOCK) {
+            for (int b0 = 0; b0 < n; b0 += M3_ROW_MASS_BLOCK) {
                 double ref = 0, rm[2] = {0, 0};
                 int rc_[2] = {0, 0};
-                for (int i = b0; i < n && i < b0 + M3_CPU_MASS_BLOCK; i++) {
+                for (int i = b0; i < n && i < b0 + M3_ROW_MASS_BLOCK; i++) {
                     const float arg = (w[i] - m) * s; /* the argument as the pass rounds it */
                     const double x = exp((double)arg);
                     worst = fmax(worst, fabs(e[i] - x) / (x > 1e-30 ? x : 1));
                     if (e[i] >= thr) ref += e[i];
                     for (int j = 0; j < 2; j++) if (e[i] >= lv[j]) { rc_[j]++; rm[j] += e[i]; }
                 }
-                const m3_cpu_blk *B = &blk[b0 / M3_CPU_MASS_BLOCK];
+                const m3_row_blk *B = &blk[b0 / M3_ROW_MASS_BLOCK];
                 bad += fabs(B->kept - ref) > 1e-6 * (ref + 1e-30);
                 if (want >= 1) bad += B->lcnt[0] != rc_[0] || B->lcnt[1] != rc_[1];
                 if (want == 2) bad += fabs(B->lmass[0] - rm[0]) > 1e-6 * (rm[0] + 1e-30) || fabs(B->lmass[1] - rm[1]) > 1e-6 * (rm[1] + 1e-30);
@@ -576,7 +571,7 @@ static void test_passes(void) {
         /* keys above a level: the same set as a loop, each key once, the key layout */
         for (int ge = 0; ge < 2; ge++) {
             const float v = ge ? e[n / 2] : 0.0f;
-            const int k = m3_cpu_keys_above(e, n, v, ge, keys);
+            const int k = m3_row_keys_above(e, n, v, ge, keys);
             int want = 0;
             memset(seen, 0, (size_t)n);
             for (int i = 0; i < n; i++) want += ge ? e[i] >= v : e[i] > v;
@@ -591,14 +586,14 @@ static void test_passes(void) {
             /* find and count against loops */
             int f = 0, cg = 0;
             for (int i = 0; i < n; i++) cg += e[i] > v;
-            bad += m3_cpu_count_gt(e, n, v) != cg;
+            bad += m3_row_count_gt(e, n, v) != cg;
             int mk_n, mk_ref = 0;
             double mk_ref_m = 0;
             for (int i = 0; i < n; i++) if (e[i] >= v) { mk_ref++; mk_ref_m += e[i]; }
-            const double mk_m = m3_cpu_mass_ge(e, n, v, &mk_n);
+            const double mk_m = m3_row_mass_ge(e, n, v, &mk_n);
             bad += mk_n != mk_ref || fabs(mk_m - mk_ref_m) > 1e-6 * (mk_ref_m + 1e-30);
             for (int from = 0; from < n; from = f + 1) {
-                f = m3_cpu_find(e, from, n, v, ge);
+                f = m3_row_find(e, from, n, v, ge);
                 int g = from;
                 while (g < n && !(ge ? e[g] >= v : e[g] > v)) g++;
                 if (f != g) { bad++; break; }
@@ -607,7 +602,7 @@ static void test_passes(void) {
         }
         double se = 0;
         for (int i = 0; i < n; i++) se += exp((double)w[i] - m);
-        bad += fabs(m3_cpu_sum_exp(w, n, m) - se) > 1e-6 * se;
+        bad += fabs(m3_row_sum_exp(w, n, m) - se) > 1e-6 * se;
         rows++;
     }
     CHECK(!bad, "sampler passes: %d mismatches against plain loops over %d rows", bad, rows);
@@ -773,7 +768,7 @@ static void test_stop_automata(void) {
     char *text = malloc(TL);
     size_t checked = 0, emitted = 0;
     int hit = 0;
-    double t0 = now_s();
+    double t0 = m3_now();
     for (size_t len = 0; len < TL && !hit;) {
         size_t add = 1 + len % 3;
         for (size_t j = 0; j < add && len < TL; j++, len++) text[len] = (len % 9000 == 8999) ? 'X' : '-';
@@ -783,7 +778,7 @@ static void test_stop_automata(void) {
         emitted = hit ? m.start : m.safe;
     }
     printf("stop strings: 16 x 16,000 bytes against %d bytes of near misses a token at a time: %.3f s, %zu bytes "
-           "passed on, %s\n", TL, now_s() - t0, emitted, hit ? "a match" : "no match");
+           "passed on, %s\n", TL, m3_now() - t0, emitted, hit ? "a match" : "no match");
     CHECK(!hit && emitted >= TL - SL, "near misses: no match, all but the held-back tail passed on (%zu)", emitted);
     free(text);
     m3_stop_free(st);
@@ -797,12 +792,12 @@ static double bench(const char *what, const m3_sampling *p, const float *lg, int
     m3_err err;
     for (int i = 0; i < 3; i++) draw(s, lg, NULL);
     int n = 0;
-    double t0 = now_s(), t1;
+    double t0 = m3_now(), t1;
     do {
         int t = draw(s, lg, NULL);
         m3_sampler_accept(s, t, &err);
         n++;
-        t1 = now_s();
+        t1 = m3_now();
     } while (t1 - t0 < 0.3 || n < 10);
     double ns = (t1 - t0) / n * 1e9;
     printf("  %-58s %9.0f ns/sample\n", what, ns);

@@ -37,7 +37,7 @@
 
 #include "backend/cpu/cpu.h"
 #include "engine/engine.h"
-#include "engine/fault.h"
+#include "base/fault.h"
 #include "model/m3.h"
 
 #include "../check.h"

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "base/utf8.h"
-#include "engine/fault.h"
+#include "base/fault.h"
 #include "server/openai.h"
 
 #include "../../fuzz/bytetok.h"

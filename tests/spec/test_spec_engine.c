@@ -29,7 +29,8 @@
 #include <time.h>
 
 #include "backend/cpu/cpu.h"
-#include "dist/group.h"
+#include "base/clock.h"
+#include "model/group.h"
 #include "engine/engine.h"
 #include "model/dspark.h"
 #include "model/m3.h"
@@ -39,12 +40,6 @@
 enum { MAXTOK = 200, MAXREQ = 16, MAXPROMPT = 400 };
 
 static const char *DIR_;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 typedef struct {
     int32_t prompt[MAXPROMPT];
@@ -871,13 +866,13 @@ int main(int argc, char **argv) {
            m.cfg.vocab, d.cfg.base.n_layers, d.n_tensors, d.bytes / 1e6);
     for (int i = 0; i < d.cfg.n_target; i++) printf(" %d", d.cfg.target_layers[i]);
     printf(", window %d\n", d.cfg.window);
-    double t0 = now_s();
+    double t0 = m3_now();
     if (strstr(sec, "greedy")) test_greedy(&m);
-    double t1 = now_s();
+    double t1 = m3_now();
     if (strstr(sec, "cache")) { test_cache_state(&m, &d); test_draft_reference(&m, &d); }
-    double t2 = now_s();
+    double t2 = m3_now();
     if (strstr(sec, "sampled")) test_sampled(&m);
-    double t3 = now_s();
+    double t3 = m3_now();
     if (strstr(sec, "errors")) test_load_errors(&m, &ops);
     if (strstr(sec, "tp")) test_tp(&m);
     printf("time: greedy %.1fs, cache state %.1fs, sampled %.1fs\n", t1 - t0, t2 - t1, t3 - t2);

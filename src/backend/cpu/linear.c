@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "../../base/num.h"
+#include "../../base/simd.h"
 #include "cpu.h"
 
 #define R 4       /* rows per task unit */
@@ -27,8 +28,6 @@
 #define PF_DIST 1024 /* bytes ahead of the weight stream to prefetch */
 #endif
 
-/* 0 scalar, 1 avx2, 2 avx512; atomic: the ranks of a TP group (src/dist) may ask first at once */
-static atomic_int simd_level = -1;
 
 static float tab_e8m0[256], tab_e4m3[256];
 /* E8M0 x 256, for E4M3 codes read as F16 (value / 256). Above 246 the product would
@@ -44,27 +43,8 @@ __attribute__((constructor)) static void init_tables(void) {
     }
 }
 
-/* the widest kernel set this CPU runs; $M3_SIMD=scalar|avx2 caps it (for tests and comparisons) */
-static int simd(void) {
-    int lvl = atomic_load_explicit(&simd_level, memory_order_relaxed);
-    if (lvl < 0) { /* every thread computes the same value */
-        const char *e = getenv("M3_SIMD");
-        __builtin_cpu_init();
-        int hw = 0;
-        unsigned a, b, c, d;
-        int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C); /* not every compiler names f16c below */
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) hw = 1;
-        if (hw && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) hw = 2;
-        int cap = !e ? 2 : !strcmp(e, "scalar") ? 0 : !strcmp(e, "avx2") ? 1 : 2;
-        lvl = hw < cap ? hw : cap;
-        atomic_store_explicit(&simd_level, lvl, memory_order_relaxed);
-    }
-    return lvl;
-}
 
-int m3_cpu_have_avx2(void) { return simd() >= 1; }
-
-const char *m3_cpu_simd_name(void) { return simd() == 2 ? "avx512" : simd() == 1 ? "avx2" : "scalar"; }
+const char *m3_cpu_simd_name(void) { return m3_simd_level() == 2 ? "avx512" : m3_simd_level() == 1 ? "avx2" : "scalar"; }
 
 /* ------------------------------------------------------------------ portable reference */
 
@@ -505,7 +485,7 @@ DEFINE_ROWS(rows_avx512, AVX512, row_dot512, nvfp4_scales512)
 enum { K_SCALAR, K_AVX2, K_AVX512 };
 
 static int kernel_for(const m3_linear *W) {
-    int lvl = simd(), K = W->K, q = W->fmt == M3_WF_MXFP8 || W->fmt == M3_WF_NVFP4;
+    int lvl = m3_simd_level(), K = W->K, q = W->fmt == M3_WF_MXFP8 || W->fmt == M3_WF_NVFP4;
     if (lvl >= 2 && (W->fmt == M3_WF_NVFP4 ? K % 64 == 0 : q ? K % 32 == 0 : K % 16 == 0)) return K_AVX512;
     if (lvl >= 1 && (q ? K % 32 == 0 : K % 8 == 0)) return K_AVX2;
     return K_SCALAR;

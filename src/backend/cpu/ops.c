@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "../../base/num.h"
-#include "../../engine/fault.h"
+#include "../../base/fault.h"
 #include "cpu.h"
 
 /* ------------------------------------------------------------------ memory */
@@ -27,7 +27,7 @@ static int cpu_check(void *ctx, m3_err *err) {
 }
 
 /* After a failed step (ops.recover): host memory keeps no state to lose, so the backend goes
- * on; for tests the fault module "device" reports the device lost instead (src/engine/fault.h). */
+ * on; for tests the fault module "device" reports the device lost instead (src/base/fault.h). */
 static int cpu_recover(void *ctx, m3_err *err) {
     m3_cpu *c = ctx;
     __atomic_store_n(&c->failed, 0, __ATOMIC_RELEASE);

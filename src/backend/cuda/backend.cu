@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "common.cuh"
+#include "../../base/clock.h"
 
 extern "C" int m3_cuda_built(void) { return 1; }
 
@@ -181,7 +182,7 @@ static void *up(m3_cuda *c, const void *src, size_t n) {
 }
 
 /* rows of width bytes, stride bytes apart on the host, packed densely on the GPU. A strided
- * view is a column slice of a larger matrix (a tensor-parallel rank's share, src/dist/shard.h):
+ * view is a column slice of a larger matrix (a tensor-parallel rank's share, src/parallel/shard.h):
  * only its columns travel. A matrix stored whole (stride == width) is one plain copy. */
 static void *up_rows(m3_cuda *c, const uint8_t *src, size_t stride, size_t width, int rows) {
     if (stride == width) return up(c, src, width * (size_t)rows);
@@ -744,7 +745,7 @@ extern "C" void m3_cuda_ops_free(m3_ops *ops) {
 
 extern "C" const char *m3_cuda_device_name(const m3_ops *ops) { return ((m3_cuda *)ops->ctx)->name; }
 
-/* for NCCL collectives in the ops' order (tensor parallelism, src/dist/comm_nccl.cu) */
+/* for NCCL collectives in the ops' order (tensor parallelism, src/parallel/comm_nccl.cu) */
 extern "C" void *m3_cuda_stream(const m3_ops *ops) { return (void *)((m3_cuda *)ops->ctx)->st; }
 
 extern "C" void m3_cuda_mem_info(const m3_ops *ops, size_t *free_b, size_t *total_b, size_t *peak_b) {
@@ -756,16 +757,10 @@ extern "C" void m3_cuda_mem_info(const m3_ops *ops, size_t *free_b, size_t *tota
     if (peak_b) *peak_b = c->peak;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 extern "C" double m3_cuda_sync_time(m3_ops *ops) {
     m3_cuda *c = (m3_cuda *)ops->ctx;
     CK(c, cudaStreamSynchronize(c->st));
-    return now_s();
+    return m3_now();
 }
 
 extern "C" long m3_cuda_graph_replays(const m3_ops *ops) { return ((const m3_cuda *)ops->ctx)->graph_replays; }

@@ -36,7 +36,7 @@ extern "C" { /* the project's C headers too: the .cu files call into C */
 
 #include "../../base/err.h"
 #include "../../io/config.h"
-#include "../../model/weights.h"
+#include "../../weights/weights.h"
 #include "../ops.h"
 
 /* 1 when this binary was built with the CUDA backend */
@@ -47,7 +47,7 @@ int m3_cuda_device_count(void);
 int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err);
 void m3_cuda_ops_free(m3_ops *ops);
 /* The CUDA stream (cudaStream_t) every op of this backend is queued on: tensor parallelism
- * queues its NCCL collectives there too (src/dist/comm.h), in order with the ops. */
+ * queues its NCCL collectives there too (src/parallel/comm.h), in order with the ops. */
 void *m3_cuda_stream(const m3_ops *ops);
 /* "NVIDIA H200, 132 SMs, 139.8 GiB" */
 const char *m3_cuda_device_name(const m3_ops *ops);

@@ -818,7 +818,7 @@ static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int
     if (c->count_experts) count_experts(c, pick, T * K, E);
 
     const m3_mlp_w *e0 = &L->experts[0];
-    /* expert parallel (src/dist/shard.h): experts held by other ranks have no weights; the
+    /* expert parallel (src/parallel/shard.h): experts held by other ranks have no weights; the
      * host-grouped path below skips them (the graph-free kernels read every picked expert) */
     int absent = 0;
     for (int e = 0; e < E && !absent; e++) absent = !L->experts[e].gate.w;

@@ -1,4 +1,4 @@
-/* Tensor / expert parallelism on the CPU with the thread communicator (src/dist):
+/* Tensor / expert parallelism on the CPU with the thread communicator (src/parallel):
  *   1. the communicator: all_reduce_sum sums in rank order (bitwise equal to a sequential
  *      sum, the same bits on every rank), all_gather is rank-major, a count mismatch is an
  *      error on every rank, abort wakes ranks waiting in a collective, reset makes it usable;
@@ -20,7 +20,7 @@
 #include <time.h>
 
 #include "backend/cpu/cpu.h"
-#include "dist/group.h"
+#include "model/group.h"
 
 #include "../check.h"
 

@@ -36,7 +36,7 @@ typedef struct m3_linear {
 /* Bytes of weight data (values + scales) one full pass over W reads. */
 size_t m3_linear_bytes(const m3_linear *W);
 /* Bytes of one row's K values, and of its block scales, stored densely. A column slice of a
- * larger matrix (tensor parallelism, src/dist/shard.h) keeps the full matrix's row_bytes /
+ * larger matrix (tensor parallelism, src/parallel/shard.h) keeps the full matrix's row_bytes /
  * scale_row as strides, larger than these. */
 size_t m3_linear_dense_row_bytes(const m3_linear *W);
 size_t m3_linear_dense_scale_row(const m3_linear *W);

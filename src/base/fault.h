@@ -23,7 +23,7 @@
 
 #include <stddef.h>
 
-#include "../base/err.h"
+#include "err.h"
 
 /* device: not an allocation but the CPU backend's recovery after a failed step (ops.recover);
  * a hit there reports the device lost, as a CUDA error that sticks to the context would */

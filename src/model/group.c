@@ -1,5 +1,6 @@
 /* The TP group runner (see group.h): one persistent thread per rank, jobs dispatched to all. */
 #include "group.h"
+#include "../base/clock.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -44,12 +45,6 @@ struct m3_group {
     int isel_T;
     const m3_taps *user_taps; /* the current step's */
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void abort_all(m3_group *g) {
     for (int r = 0; r < g->n; r++)
@@ -113,7 +108,7 @@ static int dispatch(m3_group *g, job_fn job, void *arg, m3_err *err) {
 
 static int job_init(m3_group *g, rank_t *rk, void *arg) {
     (void)arg;
-    double t0 = now_s();
+    double t0 = m3_now();
     const m3_model *full = g->full;
     m3_comm *comm = g->o.comms[rk->r];
     if (g->o.ops_init(g->o.arg, rk->r, &rk->ops, comm, &rk->err)) return -1;
@@ -138,7 +133,7 @@ static int job_init(m3_group *g, rank_t *rk, void *arg) {
             return -1;
         }
     }
-    m->load_seconds = now_s() - t0;
+    m->load_seconds = m3_now() - t0;
     return 0;
 }
 

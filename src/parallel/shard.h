@@ -35,7 +35,7 @@
 
 #include "../base/err.h"
 #include "../io/config.h"
-#include "../model/weights.h"
+#include "../weights/weights.h"
 
 typedef enum {
     M3_MOE_EXPERTS = 0, /* expert parallel: whole experts per rank */

@@ -2,10 +2,10 @@
  *
  * Each rank has its own thread for the group's lifetime, and everything of the rank runs on
  * it: its backend ops (created by the caller's ops_init there, so a CUDA rank binds its
- * thread to its GPU once), its view of the weights (src/dist/shard.h; a device backend
+ * thread to its GPU once), its view of the weights (src/parallel/shard.h; a device backend
  * uploads only the rank's slices), its KV cache (its KV heads, and index-K), its workspace.
  * Ranks exchange partial sums through the communicator handles the caller passes (threads
- * on the CPU, NCCL on GPUs: src/dist/comm.h).
+ * on the CPU, NCCL on GPUs: src/parallel/comm.h).
  *
  * A step: m3_group_forward takes the same batch as m3_forward. The sequences' page tables
  * are shared by all ranks: the group reserves pages in rank 0's pool (every rank's pool has
@@ -24,9 +24,9 @@
 #ifndef M3_GROUP_H
 #define M3_GROUP_H
 
-#include "../model/m3.h"
-#include "comm.h"
-#include "shard.h"
+#include "m3.h"
+#include "../parallel/comm.h"
+#include "../parallel/shard.h"
 
 typedef struct m3_group m3_group;
 

@@ -158,7 +158,7 @@ int main(int argc, char **argv) {
                 Dp[j] = &D[j];
                 c.linear(c.ctx, &L[j], x, T, yc[j]);
             }
-            g.linear_n(g.ctx, NJ, Dp, dx, T, dy);
+            g.linear_n(&g, NJ, Dp, dx, T, dy);
             for (int j = 0; j < NJ; j++) {
                 float *yg = malloc(sizeof(float) * (size_t)T * rows[j]);
                 g.download(g.ctx, yg, dy[j], sizeof(float) * (size_t)T * rows[j]);
@@ -172,7 +172,7 @@ int main(int argc, char **argv) {
             double rel = sqrt(num / (den > 0 ? den : 1));
             const int reps = 50;
             double t0 = m3_cuda_sync_time(&g);
-            for (int r = 0; r < reps; r++) g.linear_n(g.ctx, NJ, Dp, dx, T, dy);
+            for (int r = 0; r < reps; r++) g.linear_n(&g, NJ, Dp, dx, T, dy);
             double dt = (m3_cuda_sync_time(&g) - t0) / reps;
             t0 = m3_cuda_sync_time(&g);
             for (int r = 0; r < reps; r++)

@@ -1,7 +1,8 @@
-/* The model's optional fused ops (src/backend/ops.h: head_norm_rope_store, moe_add_rmsnorm),
- * which the CUDA backend runs as single launches. Here a CPU op table is given them as
- * compositions of its own ops - what each fused op must compute - and every reference
- * checkpoint runs bit for bit as with the plain table: a prompt in chunks (crossing pages and
+/* The model's fused ops (src/backend/ops.h: head_norm_rope_store, moe_add_rmsnorm), which the
+ * CUDA backend runs as single launches and the CPU backend as the plain compositions of
+ * src/backend/compose.c. Here a CPU op table is given them as compositions written again from
+ * their definitions, counting their calls, and every reference checkpoint runs bit for bit as
+ * with the CPU's own table: a prompt in chunks (crossing pages and
  * index blocks), then greedy decode steps, every logit compared. Each fused op must be taken
  * where the model may take it: RoPE + insert on every layer of every step, the MoE + norm on
  * every MoE layer but the last (whose residual the model adds before the final norm). A
@@ -24,29 +25,22 @@
 static m3_ops base; /* the CPU table the compositions call */
 static long n_rope, n_moe;
 
-static void fused_rope_store(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
-                             m3_kv *kv, int layer, const m3_batch *b, const float *v) {
+static void fused_rope_store(const m3_ops *o, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim,
+                             double theta, m3_kv *kv, int layer, const m3_batch *b, const float *v) {
     n_rope++;
-    if (base.head_norm_rope_n)
-        base.head_norm_rope_n(ctx, n, jobs, T, eps, rotary_dim, theta, b->pos);
-    else
-        for (int i = 0; i < n; i++)
-            base.head_norm_rope(ctx, jobs[i].x, T, jobs[i].heads, jobs[i].dim, jobs[i].w, eps, rotary_dim, theta, b->pos);
-    base.kv_store(ctx, kv, layer, b, jobs[1].x, v, n == 4 ? jobs[3].x : NULL);
+    for (int i = 0; i < n; i++)
+        base.head_norm_rope(o->ctx, jobs[i].x, T, jobs[i].heads, jobs[i].dim, jobs[i].w, eps, rotary_dim, theta, b->pos);
+    base.kv_store(o->ctx, kv, layer, b, jobs[1].x, v, n == 4 ? jobs[3].x : NULL);
 }
 
-static void fused_moe_norm(void *ctx, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,
+static void fused_moe_norm(const m3_ops *o, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,
                            float routed_scale, float alpha, float limit, float *out, float *h, const float *w, float eps,
                            float *normed) {
     n_moe++;
-    base.moe(ctx, L, x, T, n_experts, top_k, routed_scale, alpha, limit, out);
+    base.moe(o->ctx, L, x, T, n_experts, top_k, routed_scale, alpha, limit, out);
     const int H = L->router.K;
-    if (base.add_rmsnorm)
-        base.add_rmsnorm(ctx, h, out, w, T, H, eps, normed);
-    else {
-        base.add(ctx, h, out, (size_t)T * H);
-        base.rmsnorm(ctx, h, w, T, H, eps, normed);
-    }
+    base.add(o->ctx, h, out, (size_t)T * H);
+    base.rmsnorm(o->ctx, h, w, T, H, eps, normed);
 }
 
 static int argmax(const float *x, int n) {

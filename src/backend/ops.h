@@ -1,7 +1,15 @@
 /* Backend-neutral op table. The model (src/model/m3.c) says what to compute through these
- * ops; a backend (cpu/, later cuda/) says how. Activation buffers are backend memory
- * obtained from alloc(); the model never reads them except through ops.
- * All activations are f32 row-major: a [T, N] buffer holds token t's row at t * N. */
+ * ops; a backend (cpu/, cuda/) says how. Activation buffers are backend memory obtained from
+ * alloc(); the model never reads them except through ops. All activations are f32 row-major:
+ * a [T, N] buffer holds token t's row at t * N.
+ *
+ * Every compute op the forward pass calls is mandatory. The fused ops (linear_n, add_rmsnorm,
+ * head_norm_rope_n, head_norm_rope_store, moe_add_rmsnorm) are defined as compositions of the
+ * others, written once in compose.c; m3_ops_complete installs those wherever a backend leaves
+ * a fused op NULL, and a backend overrides one with a faster kernel computing the same thing.
+ * Fused ops take the table itself (they may call its other ops); the rest take the backend's
+ * context. The hooks marked "optional" and the capabilities at the end (DSpark drafting, the
+ * vision tower) may stay NULL. */
 #ifndef M3_OPS_H
 #define M3_OPS_H
 
@@ -27,7 +35,9 @@ typedef struct m3_rope_job {
     const float *w;
 } m3_rope_job;
 
-typedef struct m3_ops {
+typedef struct m3_ops m3_ops;
+
+struct m3_ops {
     const char *name;
     void *ctx;
     int device_memory;  /* nonzero: backend memory is not host-addressable (CUDA); caches go there too */
@@ -67,22 +77,22 @@ typedef struct m3_ops {
     void (*rmsnorm)(void *ctx, const float *x, const float *w, int rows, int dim, float eps, float *out);
     /* y += x */
     void (*add)(void *ctx, float *y, const float *x, size_t n);
-    /* optional: h += o, then out = rmsnorm(h) as rmsnorm does (rows of dim), in one pass */
-    void (*add_rmsnorm)(void *ctx, float *h, const float *o, const float *w, int rows, int dim, float eps, float *out);
+    /* fused: h += o, then out = rmsnorm(h) as rmsnorm does (rows of dim) */
+    void (*add_rmsnorm)(const m3_ops *ops, float *h, const float *o, const float *w, int rows, int dim, float eps, float *out);
     /* y[T, N] = x[T, K] W^T */
     void (*linear)(void *ctx, const m3_linear *W, const float *x, int T, float *y);
-    /* optional: y_i = x W_i^T for n (<= 6) matrices sharing x, as n linear calls would */
-    void (*linear_n)(void *ctx, int n, const m3_linear *const *W, const float *x, int T, float *const *y);
+    /* fused: y_i = x W_i^T for n (<= 6) matrices sharing x, as n linear calls would */
+    void (*linear_n)(const m3_ops *ops, int n, const m3_linear *const *W, const float *x, int T, float *const *y);
     /* In place on x [T, heads * dim]: per-head Gemma RMSNorm with w [dim], then NeoX RoPE
      * on the first rotary_dim channels of each head at position pos[t]. */
     void (*head_norm_rope)(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps,
                            int rotary_dim, double theta, const int32_t *pos);
-    /* optional: head_norm_rope over n (<= 4) tensors of the same tokens in one pass */
-    void (*head_norm_rope_n)(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
+    /* fused: head_norm_rope over n (<= 4) tensors of the same tokens */
+    void (*head_norm_rope_n)(const m3_ops *ops, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
                              const int32_t *pos);
-    /* optional: head_norm_rope_n over (q, k) or (q, k, index q, index k), then kv_store of k =
-     * jobs[1].x, v and ik = jobs[3].x (n == 4; else none), in one pass, as the two calls would */
-    void (*head_norm_rope_store)(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
+    /* fused: head_norm_rope_n over (q, k) or (q, k, index q, index k), then kv_store of k =
+     * jobs[1].x, v and ik = jobs[3].x (n == 4; else none), as the two calls would */
+    void (*head_norm_rope_store)(const m3_ops *ops, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
                                  m3_kv *kv, int layer, const m3_batch *b, const float *v);
     /* Writes K, V [T, nkv*D] and (sparse layers) index-K [T, Di] of each token to its slot. */
     void (*kv_store)(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v,
@@ -95,7 +105,8 @@ typedef struct m3_ops {
      * head of group g only sees the blocks sel[t][g][*]. out [T, nh*D]. */
     void (*attention)(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh,
                       const int32_t *sel, int block, int topk, float *out);
-    /* DSpark draft attention (src/model/dspark.c; NULL: this backend drafts no DSpark). Slot i
+    /* capability, optional: DSpark draft attention (src/model/dspark.c; NULL: this backend
+     * drafts no DSpark). Slot i
      * of n (position pos + i), head h (KV head h / (nh / nkv)): softmax(q k^T / sqrt(D)) v over
      * the context positions [max(lo, pos + i - window + 1), len) - ring slot p % cap of kr / vr
      * [cap][nkv * D], NULL while no position is readable (lo == len) - and over all n block keys
@@ -113,12 +124,13 @@ typedef struct m3_ops {
      * nothing here. */
     void (*moe)(void *ctx, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,
                 float routed_scale, float alpha, float limit, float *out);
-    /* optional: moe into out, then add_rmsnorm(h, out, w, T, H, eps, normed), as the two calls
-     * (normed may be x: it is written after the experts have read x) */
-    void (*moe_add_rmsnorm)(void *ctx, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,
+    /* fused: moe into out, then add_rmsnorm(h, out, w, T, H, eps, normed), as the two calls
+     * (H = L->router.K; normed may be x: it is written after the experts have read x) */
+    void (*moe_add_rmsnorm)(const m3_ops *ops, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,
                             float routed_scale, float alpha, float limit, float *out, float *h, const float *w, float eps,
                             float *normed);
-    /* The vision tower's ops (src/model/vision.c; a backend without them runs no vision):
+    /* capability, optional: the vision tower's ops (src/model/vision.c; a backend without them
+     * runs no vision):
      * layer_norm   LayerNorm with bias over rows of dim (mean and variance in double); out may be x
      * bias_act     y[rows][n] += b (b NULL: nothing), then GELU (erf form) when gelu
      * rope_table   on each head of x [n, heads * hd]: channel i < half rotates with i + half by the
@@ -129,6 +141,11 @@ typedef struct m3_ops {
     void (*bias_act)(void *ctx, float *y, const float *b, int rows, int n, int gelu);
     void (*rope_table)(void *ctx, float *x, int n, int heads, int hd, int half, const float *cs, const float *sn);
     void (*attention_full)(void *ctx, const float *q, const float *k, const float *v, int n, int heads, int hd, float *out);
-} m3_ops;
+};
+
+/* Called by every backend's init, last: installs the plain compositions (compose.c) of the
+ * fused ops the backend left NULL, then checks that every mandatory op is set. 0, or -1 + err
+ * naming the first op missing. */
+int m3_ops_complete(m3_ops *ops, m3_err *err);
 
 #endif

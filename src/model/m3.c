@@ -165,41 +165,20 @@ issue:
     for (int i = 0; ov && i < ov->n; i++) /* image rows: their vectors replace the token embeddings */
         op->upload(X, B.h + (size_t)ov->rows[i] * H, ov->emb + (size_t)i * H, sizeof(float) * H);
     TAP_HIDDEN(0, B.h);
+    op->rmsnorm(X, B.h, W->layers[0].in_norm, T, H, eps, B.a); /* later layers' input norms come with a residual add */
 
-    int normed = 0; /* B.a already holds this layer's input norm (fused with the previous residual add) */
     for (int l = 0; l < c->n_layers; l++) {
         const m3_layer_w *L = &W->layers[l];
-        /* attention */
-        if (!normed) op->rmsnorm(X, B.h, L->in_norm, T, H, eps, B.a);
-        normed = 0;
-        if (op->linear_n) { /* the projections of B.a in one pass (the backend may fuse them) */
-            const m3_linear *Ws[5] = {&L->q, &L->k, &L->v, &L->iq, &L->ik};
-            float *Ys[5] = {B.q, B.k, B.v, B.iq, B.ik};
-            op->linear_n(X, L->sparse ? 5 : 3, Ws, B.a, T, Ys);
-        } else {
-            op->linear(X, &L->q, B.a, T, B.q);
-            op->linear(X, &L->k, B.a, T, B.k);
-            op->linear(X, &L->v, B.a, T, B.v);
-            if (L->sparse) {
-                op->linear(X, &L->iq, B.a, T, B.iq);
-                op->linear(X, &L->ik, B.a, T, B.ik);
-            }
-        }
+        const float *next_norm = l + 1 < c->n_layers ? W->layers[l + 1].in_norm : NULL;
+        /* attention: q, k, v (+ the indexer's q and k) from the normed input; per-head norm and
+         * RoPE, k, v (+ index-K) into the cache; block selection (sparse layers); attention over
+         * the cache; the output projection */
+        const m3_linear *Ws[5] = {&L->q, &L->k, &L->v, &L->iq, &L->ik};
+        float *Ys[5] = {B.q, B.k, B.v, B.iq, B.ik};
+        op->linear_n(op, L->sparse ? 5 : 3, Ws, B.a, T, Ys);
         const m3_rope_job rj[4] = {{B.q, nh, D, L->q_norm}, {B.k, nkv, D, L->k_norm}, {B.iq, ni, Di, L->iq_norm},
                                    {B.ik, 1, Di, L->ik_norm}};
-        if (op->head_norm_rope_store) /* q, k and the indexer's, and the cache inserts, in one pass */
-            op->head_norm_rope_store(X, L->sparse ? 4 : 2, rj, T, eps, c->rotary_dim, c->rope_theta, kv, l, b, B.v);
-        else if (op->head_norm_rope_n) /* q, k and the indexer's in one pass */
-            op->head_norm_rope_n(X, L->sparse ? 4 : 2, rj, T, eps, c->rotary_dim, c->rope_theta, b->pos);
-        else {
-            op->head_norm_rope(X, B.q, T, nh, D, L->q_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
-            op->head_norm_rope(X, B.k, T, nkv, D, L->k_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
-            if (L->sparse) {
-                op->head_norm_rope(X, B.iq, T, ni, Di, L->iq_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
-                op->head_norm_rope(X, B.ik, T, 1, Di, L->ik_norm, eps, c->rotary_dim, c->rope_theta, b->pos);
-            }
-        }
-        if (!op->head_norm_rope_store) op->kv_store(X, kv, l, b, B.k, B.v, L->sparse ? B.ik : NULL);
+        op->head_norm_rope_store(op, L->sparse ? 4 : 2, rj, T, eps, c->rotary_dim, c->rope_theta, kv, l, b, B.v);
         if (L->sparse) {
             op->index_select(X, kv, l, b, B.iq, ni, c->block_size, topk, c->local_blocks, c->init_blocks, B.sel);
             if (taps && taps->index) {
@@ -210,40 +189,27 @@ issue:
         op->attention(X, kv, l, b, B.q, nh, L->sparse ? B.sel : NULL, c->block_size, topk, B.att);
         op->linear(X, &L->o, B.att, T, B.o);
         ALL_REDUCE(B.o, TT * H);
-        /* MLP */
-        if (op->add_rmsnorm) {
-            op->add_rmsnorm(X, B.h, B.o, L->post_norm, T, H, eps, B.a);
+        op->add_rmsnorm(op, B.h, B.o, L->post_norm, T, H, eps, B.a); /* the residual, the post-attention norm */
+        /* feed-forward (routed + shared experts, or the dense MLP), the residual and the next
+         * layer's input norm; under tensor parallelism the partial sums are added up between */
+        if (L->moe && next_norm && !m->comm) {
+            op->moe_add_rmsnorm(op, L, B.a, T, c->n_experts, c->top_k, (float)c->routed_scale, (float)c->swiglu_alpha,
+                                (float)c->swiglu_limit, B.o, B.h, next_norm, eps, B.a);
         } else {
-            op->add(X, B.h, B.o, TT * H);
-            op->rmsnorm(X, B.h, L->post_norm, T, H, eps, B.a);
-        }
-        /* the MoE op may add the residual and norm for the next layer itself (not under TP: the
-         * all-reduce comes between) */
-        const int moe_norm = L->moe && op->moe_add_rmsnorm && !m->comm && l + 1 < c->n_layers;
-        if (moe_norm)
-            op->moe_add_rmsnorm(X, L, B.a, T, c->n_experts, c->top_k, (float)c->routed_scale, (float)c->swiglu_alpha,
-                                (float)c->swiglu_limit, B.o, B.h, W->layers[l + 1].in_norm, eps, B.a);
-        else if (L->moe)
-            op->moe(X, L, B.a, T, c->n_experts, c->top_k, (float)c->routed_scale, (float)c->swiglu_alpha,
-                    (float)c->swiglu_limit, B.o);
-        else
-            op->mlp(X, &L->mlp, B.a, T, (float)c->swiglu_alpha, (float)c->swiglu_limit, B.o);
-        if (moe_norm) {
-            normed = 1;
-        } else {
+            if (L->moe)
+                op->moe(X, L, B.a, T, c->n_experts, c->top_k, (float)c->routed_scale, (float)c->swiglu_alpha,
+                        (float)c->swiglu_limit, B.o);
+            else
+                op->mlp(X, &L->mlp, B.a, T, (float)c->swiglu_alpha, (float)c->swiglu_limit, B.o);
             ALL_REDUCE(B.o, TT * H);
-            if (op->add_rmsnorm && l + 1 < c->n_layers) { /* the residual add and the next layer's input norm */
-                op->add_rmsnorm(X, B.h, B.o, W->layers[l + 1].in_norm, T, H, eps, B.a);
-                normed = 1;
-            } else {
-                op->add(X, B.h, B.o, TT * H);
-            }
+            if (next_norm) op->add_rmsnorm(op, B.h, B.o, next_norm, T, H, eps, B.a);
+            else op->add(X, B.h, B.o, TT * H);
         }
         if (taps && taps->capture && taps->capture_layers && taps->capture_layers[l]) { /* narrow capture (DSpark) */
             op->download(X, host, B.h, TT * H * 4);
             taps->capture(taps->arg, l, host, T, H);
         }
-        if (l + 1 < c->n_layers) { TAP_HIDDEN(l + 1, B.h); }
+        if (next_norm) { TAP_HIDDEN(l + 1, B.h); }
     }
     if (taps && taps->hidden) {
         op->rmsnorm(X, B.h, W->final_norm, T, H, eps, B.a);

@@ -479,6 +479,10 @@ int m3_cpu_ops_init(m3_ops *ops, int threads, m3_err *err) {
     ops->check = cpu_check;
     ops->recover = cpu_recover;
     m3_cpu_vision_ops(ops);
+    if (m3_ops_complete(ops, err)) { /* the fused ops: their plain compositions (../compose.c) */
+        m3_cpu_ops_free(ops);
+        return -1;
+    }
     return 0;
 }
 

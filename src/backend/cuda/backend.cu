@@ -630,6 +630,28 @@ static int cu_graph_end(void *ctx) {
 
 /* ------------------------------------------------------------------ table */
 
+/* the fused ops of the table (ops.h) take the table; their kernels take the context */
+static void fused_add_rmsnorm(const m3_ops *o, float *h, const float *x, const float *w, int rows, int dim, float eps,
+                              float *out) {
+    m3_cu_add_rmsnorm(o->ctx, h, x, w, rows, dim, eps, out);
+}
+static void fused_head_norm_rope_n(const m3_ops *o, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim,
+                                   double theta, const int32_t *pos) {
+    m3_cu_head_norm_rope_n(o->ctx, n, jobs, T, eps, rotary_dim, theta, pos);
+}
+static void fused_head_norm_rope_store(const m3_ops *o, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim,
+                                       double theta, m3_kv *kv, int layer, const m3_batch *b, const float *v) {
+    m3_cu_head_norm_rope_store(o->ctx, n, jobs, T, eps, rotary_dim, theta, kv, layer, b, v);
+}
+static void fused_moe_add_rmsnorm(const m3_ops *o, const m3_layer_w *L, const float *x, int T, int E, int K,
+                                  float routed_scale, float alpha, float limit, float *out, float *h, const float *w,
+                                  float eps, float *normed) {
+    m3_cu_moe_add_rmsnorm(o->ctx, L, x, T, E, K, routed_scale, alpha, limit, out, h, w, eps, normed);
+}
+static void fused_linear_n(const m3_ops *o, int n, const m3_linear *const *W, const float *x, int T, float *const *y) {
+    m3_cu_linear_n(o->ctx, n, W, x, T, y);
+}
+
 extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     memset(ops, 0, sizeof *ops);
     int n = m3_cuda_device_count();
@@ -707,14 +729,14 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->embed = m3_cu_embed;
     ops->rmsnorm = m3_cu_rmsnorm;
     ops->add = m3_cu_add;
-    if (m3_cu_fuse_on()) { /* M3_CUDA_FUSE=0: the ops one by one */
-        ops->add_rmsnorm = m3_cu_add_rmsnorm;
-        ops->head_norm_rope_n = m3_cu_head_norm_rope_n;
-        ops->head_norm_rope_store = m3_cu_head_norm_rope_store;
-        ops->moe_add_rmsnorm = m3_cu_moe_add_rmsnorm;
+    if (m3_cu_fuse_on()) { /* M3_CUDA_FUSE=0: the plain compositions (../compose.c), the ops one by one */
+        ops->add_rmsnorm = fused_add_rmsnorm;
+        ops->head_norm_rope_n = fused_head_norm_rope_n;
+        ops->head_norm_rope_store = fused_head_norm_rope_store;
+        ops->moe_add_rmsnorm = fused_moe_add_rmsnorm;
     }
     ops->linear = m3_cu_linear;
-    ops->linear_n = m3_cu_linear_n;
+    ops->linear_n = fused_linear_n;
     ops->head_norm_rope = m3_cu_head_norm_rope;
     ops->kv_store = m3_cu_kv_store;
     ops->index_select = m3_cu_index_select;
@@ -722,6 +744,10 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->mlp = m3_cu_mlp;
     ops->moe = m3_cu_moe;
     m3_cu_vision_ops(ops);
+    if (m3_ops_complete(ops, err)) {
+        m3_cuda_ops_free(ops);
+        return -1;
+    }
     return 0;
 }
 

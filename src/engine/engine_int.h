@@ -1,0 +1,128 @@
+/* The engine's internals, shared by engine.c (creation, the inbox any thread writes, stats)
+ * and step.c (the engine thread: scheduling, sampling, failures, m3_engine_step). Not an API:
+ * see engine.h. */
+#ifndef M3_ENGINE_INT_H
+#define M3_ENGINE_INT_H
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <sys/random.h>
+
+#include "../base/fault.h"
+#include "../base/pool.h"
+#include "../kv/blocks.h"
+#include "../model/group.h"
+#include "engine.h"
+#include "images.h"
+#include "kv_budget.h"
+
+/* request- and step-level allocations are counted by the fault-injection hook (fault.h) */
+#define e_malloc(n) m3_fault_malloc(M3_FAULT_ENGINE, n)
+#define e_calloc(k, n) m3_fault_calloc(M3_FAULT_ENGINE, k, n)
+#define e_realloc(p, n) m3_fault_realloc(M3_FAULT_ENGINE, p, n)
+
+typedef struct req {
+    uint64_t id;
+    int32_t *tok;              /* prompt then generated ids; capacity `limit` */
+    int n_prompt, n_tok, limit; /* limit: n_tok at which the request ends with "length" */
+    int max_tokens, n_gen;
+    int32_t *stop;
+    int n_stop;
+    m3_sampler *smp;
+    m3_engine_token_fn cb;
+    m3_engine_output_fn cb_out;
+    m3_engine_error_fn cb_err;
+    void *arg;
+    const char *why;           /* why it ends with M3_FINISH_ERROR (a static string, or why_buf) */
+    char why_buf[384];         /* a message of the moment (a forward pass that failed with it alone) */
+    m3_blocks_seq bs;
+    int n_done;                /* positions whose KV entries are written (== bs.kv.len) */
+    /* images of the prompt (NULL: none) and the prefix-cache keys of the blocks holding them */
+    m3_engine_images *im;
+    uint64_t *extra;
+    int n_extra;
+    /* speculative decoding */
+    m3_dspark_ctx dctx;        /* draft context of positions [.., n_done) */
+    m3_rng drng;               /* draft draws */
+    float *q;                  /* [k][V] draft distributions (probabilistic drafting of a sampled request) */
+    int q_used;
+    int32_t draft[M3_SPEC_MAX_TOKENS];
+    /* this step */
+    int n_sched, decode, out_idx, done;
+    int k_sched;               /* drafts verified this step (0: not a speculative decode) */
+    int row0;                  /* first row of the request in the step's batch */
+    int ov0, n_ov;             /* its image rows among the step's embedding overrides */
+    int fwd_failed;            /* its forward pass failed alone this step (why_buf says why) */
+    /* this step's plain sample, drawn before the serial pass (sample_rows) */
+    m3_sample_out so;
+    int so_finite, so_rc;
+    struct req *next;          /* inbox link */
+} req;
+
+struct m3_engine {
+    m3_model *m;
+    m3_kv kv_own, *kv;           /* kv_own, or rank 0's pool of the tensor-parallel group */
+    m3_group *group;
+    m3_blocks *bm;
+    int page, V, max_seqs, max_tokens_step, prefix, max_len;
+    int eos;
+    /* engine thread only */
+    req **running;             /* admission order (oldest first) */
+    int n_running;
+    req **waiting;             /* FCFS, head first */
+    int n_waiting, cap_waiting;
+    m3_sample_ws *ws;
+    /* sampling threads (sample_rows): the pool (NULL: the engine thread alone), a workspace per
+     * worker (wss[0] == ws) and the step's requests to sample [max_seqs] */
+    m3_pool *spool;
+    m3_sample_ws **wss;
+    int n_wss;
+    struct req **to_sample;
+    int32_t *ids, *pos, *sq;   /* [max_tokens_step] */
+    int *rows;                 /* [max rows] */
+    m3_kv_seq **seqs;          /* [max_seqs] */
+    float *logits;             /* [max rows][V] */
+    int max_rows;
+    int cap_row0;                /* on_capture: batch row 0 is this step row (a request run alone) */
+    int32_t *zeros;              /* [max_tokens_step] sequence index 0 of a request run alone */
+    char dead[512];              /* the device failed: why (every request ends, none is taken) */
+    char pool_how[320];          /* how the pool's size was chosen (m3_engine_pool_how) */
+    /* speculative decoding */
+    int spec, k, draft_method; /* spec: the draft is loaded */
+    m3_dspark draft;
+    float *feat;               /* [max_tokens_step][feat_dim] captured target rows of the step */
+    float *drows;              /* [k][V] draft logits (scratch) */
+    float *pbuf;               /* [V] verify scratch */
+    void (*draft_hook)(void *, uint64_t, const int32_t *, int, int32_t *, int);
+    void *draft_hook_arg;
+    /* images */
+    const m3_vision *vision;   /* NULL: none */
+    m3_vision vision_dev;      /* its weights in a device backend's memory (vops->device_memory) */
+    int vision_dev_ok;
+    m3_ops *vops;
+    uint64_t img_key[2];       /* secret key of the image content hashes */
+    int32_t *ov_rows;          /* [max_tokens_step] batch rows taking image embeddings this step */
+    float *ov_emb;             /* [max_tokens_step][hidden] their embeddings */
+    m3_engine_step_stats last;
+    m3_engine_stats tot;       /* counters kept by the engine thread */
+    /* shared, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    req *in_head, *in_tail;
+    int n_in;
+    uint64_t *cancels;
+    int n_cancels, cap_cancels;
+    uint64_t next_id;
+    int active;                /* running + waiting after the last drain / step */
+    m3_engine_stats snap;
+};
+
+void m3_engine_req_free(req *r); /* engine.c */
+
+#endif

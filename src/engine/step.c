@@ -1,0 +1,598 @@
+/* The engine thread: inbox -> scheduler (continuous batching, chunked prefill, preemption) ->
+ * one m3_forward per step -> per-request samplers -> callbacks; a failed step's requests
+ * run again alone (see engine.h). */
+#include "engine_int.h"
+
+/* ---------------- engine thread ---------------- */
+
+static void emit(req *r, const m3_sample_out *so, int reason) {
+    int fin = reason != M3_FINISH_NONE;
+    if (reason == M3_FINISH_ERROR && r->cb_err) r->cb_err(r->arg, r->id, r->why ? r->why : "the engine failed");
+    if (r->cb_out) r->cb_out(r->arg, r->id, so, fin, reason);
+    else if (r->cb) r->cb(r->arg, r->id, so ? so->token : -1, so ? so->logprob : 0.0f, fin, reason);
+}
+
+/* ends r (which holds no place in running / waiting any more): frees its blocks, calls back */
+static void finish(m3_engine *e, req *r, int reason) {
+    m3_blocks_free(e->bm, &r->bs);
+    e->tot.requests_finished[reason]++;
+    emit(r, NULL, reason);
+    m3_engine_req_free(r);
+}
+
+static void fail(m3_engine *e, req *r, const char *why) {
+    r->why = why;
+    finish(e, r, M3_FINISH_ERROR);
+}
+
+static const char OOM[] = "out of memory in the engine";
+
+/* 1 when every value of the n logits is finite: NaN or Inf in the weights (or an overflow)
+ * ends the request with an error instead of sampling garbage. On the bits (|x| >= the
+ * exponent-all-ones pattern), so that it vectorizes: a small cost next to the forward. */
+/* no Inf / NaN (exponent bits all set) in x[0..n); written as an OR of compares, which the
+ * compiler vectorizes with SSE2 (an unsigned max does not: 117 -> 29 us a 200K row) */
+static int logits_finite(const float *x, size_t n) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, x + i, sizeof b);
+        bad |= (b & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
+}
+
+static int waiting_push(m3_engine *e, req *r, int at_head) {
+    if (e->n_waiting == e->cap_waiting) {
+        int nc = e->cap_waiting ? 2 * e->cap_waiting : 16;
+        req **p = e_realloc(e->waiting, sizeof *p * (size_t)nc);
+        if (!p) return -1;
+        e->waiting = p;
+        e->cap_waiting = nc;
+    }
+    if (at_head) {
+        memmove(e->waiting + 1, e->waiting, sizeof *e->waiting * (size_t)e->n_waiting);
+        e->waiting[0] = r;
+    } else {
+        e->waiting[e->n_waiting] = r;
+    }
+    e->n_waiting++;
+    return 0;
+}
+
+static void waiting_remove(m3_engine *e, int i) {
+    memmove(e->waiting + i, e->waiting + i + 1, sizeof *e->waiting * (size_t)(e->n_waiting - i - 1));
+    e->n_waiting--;
+}
+
+static void running_remove(m3_engine *e, int i) {
+    memmove(e->running + i, e->running + i + 1, sizeof *e->running * (size_t)(e->n_running - i - 1));
+    e->n_running--;
+}
+
+/* Takes new requests and cancellations from the inbox. */
+static void drain(m3_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    req *head = e->in_head;
+    e->in_head = e->in_tail = NULL;
+    e->n_in = 0;
+    uint64_t *cancels = e->cancels;
+    int n_cancels = e->n_cancels;
+    e->cancels = NULL;
+    e->n_cancels = e->cap_cancels = 0;
+    pthread_mutex_unlock(&e->mu);
+    for (req *r = head, *n; r; r = n) {
+        n = r->next;
+        r->next = NULL;
+        if (waiting_push(e, r, 0)) fail(e, r, OOM);
+    }
+    for (int k = 0; k < n_cancels; k++) {
+        uint64_t id = cancels[k];
+        int found = 0;
+        for (int i = 0; i < e->n_waiting && !found; i++)
+            if (e->waiting[i]->id == id) {
+                req *r = e->waiting[i];
+                waiting_remove(e, i);
+                finish(e, r, M3_FINISH_CANCELLED);
+                found = 1;
+            }
+        for (int i = 0; i < e->n_running && !found; i++)
+            if (e->running[i]->id == id) {
+                req *r = e->running[i];
+                running_remove(e, i);
+                finish(e, r, M3_FINISH_CANCELLED);
+                found = 1;
+            }
+    }
+    free(cancels);
+}
+
+/* Moves the most recently admitted running sequence back to the head of the waiting queue,
+ * freeing its blocks; gives back the budget it had been given this step. */
+static req *preempt_last(m3_engine *e, int *budget) {
+    req *v = e->running[e->n_running - 1];
+    e->n_running--;
+    *budget += v->n_sched;
+    v->n_sched = 0;
+    v->decode = 0;
+    v->k_sched = 0;
+    m3_blocks_free(e->bm, &v->bs);
+    v->n_done = 0;
+    e->tot.preemptions++;
+    e->last.n_preempted++;
+    if (waiting_push(e, v, 1)) fail(e, v, OOM);
+    return v;
+}
+
+static void schedule(m3_engine *e) {
+    int budget = e->max_tokens_step;
+    m3_err e2;
+    for (int i = 0; i < e->n_running; i++) e->running[i]->n_sched = e->running[i]->decode = e->running[i]->k_sched = 0;
+    /* 1: decodes (one pending token), 2: sequences still prefilling, oldest first */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < e->n_running && budget > 0; i++) {
+            req *r = e->running[i];
+            int rem = r->n_tok - r->n_done;
+            if (r->n_sched || (pass == 0) != (rem == 1)) continue;
+            int n = rem < budget ? rem : budget, k = 0;
+            if (pass == 0 && e->spec) { /* a speculative decode: the anchor + k drafts */
+                k = e->k;
+                if (k > r->limit - r->n_tok - 1) k = r->limit - r->n_tok - 1; /* room to emit k + 1 */
+                if (k > budget - 1) k = budget - 1;
+                if (k < 0) k = 0;
+                n = 1 + k;
+            }
+            int ok = 1;
+            for (;;) {
+                int need = r->n_done + n - r->bs.n_tokens;
+                int rc = need > 0 ? m3_blocks_allocate(e->bm, &r->bs, need, &e2) : 0;
+                if (rc == 0) break;
+                if (rc < 0) { /* cannot ever fit (or no memory): end it */
+                    running_remove(e, i);
+                    fail(e, r, "the KV cache cannot hold this request");
+                    i--;
+                    ok = 0;
+                    break;
+                }
+                req *v = preempt_last(e, &budget);
+                if (v == r) { ok = 0; break; }
+            }
+            if (!ok) continue;
+            r->n_sched = n;
+            r->decode = pass == 0;
+            r->k_sched = k;
+            budget -= n;
+        }
+    }
+    /* 3: admit waiting requests, FCFS, unless someone was just preempted */
+    while (!e->last.n_preempted && e->n_waiting > 0 && budget > 0 && e->n_running < e->max_seqs) {
+        req *r = e->waiting[0];
+        int hit = 0;
+        if (e->prefix) {
+            /* with a draft, the last `window` positions are recomputed: their hidden rows feed
+             * the draft context (admit reuses at most n_look - 1 tokens) */
+            long n_look = r->n_tok;
+            if (e->spec) n_look = (long)r->n_tok - e->draft.cfg.window + 1 > 1 ? (long)r->n_tok - e->draft.cfg.window + 1 : 1;
+            hit = m3_blocks_admit(e->bm, &r->bs, r->tok, (int)n_look, r->extra, r->n_extra, &e2);
+            if (hit < 0) { waiting_remove(e, 0); fail(e, r, OOM); continue; }
+        }
+        r->n_done = hit;
+        if (e->spec) m3_dspark_ctx_reset(&r->dctx, hit);
+        int rem = r->n_tok - hit;
+        int n = rem < budget ? rem : budget;
+        int need = hit + n - r->bs.n_tokens;
+        int rc = need > 0 ? m3_blocks_allocate(e->bm, &r->bs, need, &e2) : 0;
+        if (rc) {
+            m3_blocks_free(e->bm, &r->bs);
+            r->n_done = 0;
+            if (rc < 0) { waiting_remove(e, 0); fail(e, r, "the KV cache cannot hold this request"); continue; }
+            break; /* does not fit now: wait (FCFS: nobody overtakes it) */
+        }
+        waiting_remove(e, 0);
+        e->running[e->n_running++] = r;
+        r->n_sched = n;
+        r->decode = 0;
+        budget -= n;
+        e->tot.prefix_hit_tokens += (uint64_t)hit;
+        e->last.n_admitted++;
+    }
+}
+
+static void snapshot(m3_engine *e) {
+    m3_blocks_stats bs;
+    m3_blocks_get_stats(e->bm, &bs);
+    e->tot.running = e->n_running;
+    e->tot.waiting = e->n_waiting;
+    e->tot.kv_blocks_used = bs.used;
+    e->tot.kv_blocks_cached = bs.cached;
+    e->tot.kv_blocks_total = bs.total;
+    pthread_mutex_lock(&e->mu);
+    uint64_t added = e->snap.requests_added; /* counted at add time, under the lock */
+    e->snap = e->tot;
+    e->snap.requests_added = added;
+    e->active = e->n_running + e->n_waiting;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* m3_taps.capture: the step's rows of one target layer the draft reads */
+static void on_capture(void *arg, int layer, const float *h, int T, int H) {
+    m3_engine *e = arg;
+    int slot = m3_dspark_feat_slot(&e->draft, layer), F = m3_dspark_feat_dim(&e->draft);
+    if (slot < 0) return;
+    for (int t = 0; t < T; t++)
+        memcpy(e->feat + (size_t)(e->cap_row0 + t) * F + (size_t)slot * H, h + (size_t)t * H, sizeof(float) * H);
+}
+
+/* Draws the drafts of every speculative decode of this step; a request whose draft fails ends
+ * with an error. */
+static void draft_all(m3_engine *e) {
+    for (int i = 0; i < e->n_running; i++) {
+        req *r = e->running[i];
+        if (!r->n_sched || !r->k_sched) continue;
+        m3_err e2;
+        int rc = 0;
+        if (!r->q && !m3_sampler_is_greedy(r->smp) && e->draft_method == M3_SPEC_DRAFT_PROBABILISTIC) {
+            r->q = e_malloc(sizeof(float) * (size_t)e->k * (size_t)e->V);
+            if (!r->q) rc = -1;
+        }
+        /* always all k slots, so the drafts do not depend on how many get verified */
+        if (!rc)
+            rc = m3_spec_draft(&e->draft, &r->dctx, r->smp, e->ws, &r->drng, e->draft_method, r->tok[r->n_tok - 1],
+                               r->n_done, e->k, e->drows, r->draft, r->q, &r->q_used, &e2);
+        if (rc) {
+            running_remove(e, i--);
+            fail(e, r, "drafting failed");
+            continue;
+        }
+        if (e->draft_hook && m3_sampler_is_greedy(r->smp))
+            e->draft_hook(e->draft_hook_arg, r->id, r->tok, r->n_tok, r->draft, e->k);
+    }
+}
+
+/* Runs the vision tower for every scheduled request whose chunk reaches image positions
+ * that are not encoded yet (prefix-cache hits skip it); a failure ends that request. */
+static void encode_images(m3_engine *e) {
+    for (int i = 0; i < e->n_running; i++) {
+        req *r = e->running[i];
+        if (!r->n_sched || !r->im || r->im->emb) continue;
+        int k = m3_images_first_row(r->im, r->n_done);
+        if (k == r->im->n_rows || r->im->rows[k] >= r->n_done + r->n_sched) continue;
+        m3_err e2;
+        if (m3_images_encode(r->im, e->vision, e->vops, &e2)) {
+            running_remove(e, i--);
+            fail(e, r, "the vision tower failed on the request's images (out of memory)");
+            continue;
+        }
+        e->tot.vision_runs++;
+        e->tot.vision_images += (uint64_t)r->im->n_images;
+    }
+}
+
+/* One request of sample_rows: its row's finiteness, then (finite) its draw. */
+static void sample_one(m3_engine *e, req *r, m3_sample_ws *ws) {
+    const float *lg = e->logits + (size_t)r->out_idx * e->V;
+    m3_err e2;
+    r->so_finite = logits_finite(lg, (size_t)e->V);
+    r->so_rc = r->so_finite ? m3_sampler_sample(r->smp, lg, ws, &r->so, &e2) : 0;
+}
+
+static void sample_range(void *ctx, size_t begin, size_t end, int worker) {
+    m3_engine *e = ctx;
+    for (size_t i = begin; i < end; i++) sample_one(e, e->to_sample[i], e->wss[worker]);
+}
+
+/* The plain samples of a step (rows with no drafts to verify), before the serial pass that
+ * accepts and delivers them in order: spread over the sampling threads when there are
+ * several. Each draw reads only its request's logits row and sampler (its RNG and counts):
+ * the same tokens as one after the other. */
+static void sample_rows(m3_engine *e, int nr) {
+    int n = 0;
+    for (int i = 0; i < nr; i++) {
+        req *r = e->running[i];
+        if (!r->n_sched || r->k_sched || r->out_idx < 0 || r->fwd_failed) continue;
+        if (e->spool) e->to_sample[n++] = r; /* at most n_running <= max_seqs */
+        else sample_one(e, r, e->ws);
+    }
+    if (n == 1) sample_one(e, e->to_sample[0], e->ws);
+    else if (n > 1) {
+        m3_sample_ws_set_pool(e->ws, NULL); /* worker 0's workspace: no loop inside the pool's own loop */
+        m3_pool_for(e->spool, (size_t)n, 1, sample_range, e);
+        m3_sample_ws_set_pool(e->ws, e->spool);
+        e->tot.tokens_sampled_parallel += (uint64_t)n;
+    }
+}
+
+/* Reports sampled/verified tokens of r: appends them, calls back; returns the finish reason. */
+static int deliver(m3_engine *e, req *r, const m3_sample_out *outs, int n) {
+    int reason = M3_FINISH_NONE;
+    for (int j = 0; j < n && !reason; j++) {
+        const m3_sample_out *so = &outs[j];
+        r->tok[r->n_tok++] = so->token;
+        r->n_gen++;
+        e->tot.tokens_generated++;
+        for (int k = 0; k < r->n_stop; k++)
+            if (r->stop[k] == so->token) reason = M3_FINISH_STOP;
+        if (!reason && (r->n_gen >= r->max_tokens || r->n_tok >= r->limit)) reason = M3_FINISH_LENGTH;
+        e->tot.requests_finished[reason] += reason != M3_FINISH_NONE;
+        emit(r, so, reason);
+    }
+    return reason;
+}
+
+
+/* ---------------- a failed forward pass ---------------- */
+
+/* The backend after a failed step: 0 when it can go on (its error state cleared), -1 + err
+ * when the device is lost (a CUDA error that sticks to the context). */
+static int backend_recover(m3_engine *e, m3_err *err) {
+    if (e->group) {
+        for (int k = 0; k < m3_group_size(e->group); k++) {
+            const m3_ops *op = m3_group_model(e->group, k)->ops;
+            if (op && op->recover && op->recover(op->ctx, err)) return m3_err_prefix(err, "rank %d", k);
+        }
+        return 0;
+    }
+    const m3_ops *op = e->m->ops;
+    return op && op->recover ? op->recover(op->ctx, err) : 0;
+}
+
+/* Every request, running, waiting or in the inbox, ends with the engine's death. */
+static void fail_all(m3_engine *e) {
+    drain(e);
+    while (e->n_running) {
+        req *r = e->running[e->n_running - 1];
+        running_remove(e, e->n_running - 1);
+        fail(e, r, e->dead);
+    }
+    while (e->n_waiting) {
+        req *r = e->waiting[0];
+        waiting_remove(e, 0);
+        fail(e, r, e->dead);
+    }
+}
+
+/* The device is lost: every request ends with the reason, and the engine takes no more. */
+static void go_dead(m3_engine *e, const char *what, const char *dev) {
+    pthread_mutex_lock(&e->mu);
+    if (!e->dead[0]) snprintf(e->dead, sizeof e->dead, "the device failed and cannot go on (%s; then: %s)", what, dev);
+    pthread_mutex_unlock(&e->mu);
+    fail_all(e);
+}
+
+/* Runs request r's rows of this step alone (the step's arrays, r's slice of them). */
+static int forward_alone(m3_engine *e, req *r, m3_err *err) {
+    const int si = e->sq[r->row0], n = r->n_sched;
+    int rows[M3_SPEC_MAX_TOKENS + 1], n_out = 0;
+    if (r->out_idx >= 0) {
+        if (r->k_sched) for (int j = 0; j <= r->k_sched; j++) rows[n_out++] = j;
+        else rows[n_out++] = n - 1;
+    }
+    int32_t ovr[64];
+    int n_ov = r->n_ov <= 64 ? r->n_ov : 0, rc = 0;
+    for (int k = 0; k < n_ov; k++) ovr[k] = e->ov_rows[r->ov0 + k] - r->row0;
+    m3_batch b = {n, e->pos + r->row0, e->zeros, &e->seqs[si]};
+    m3_embed_override ov = {n_ov, ovr, n_ov ? e->ov_emb + (size_t)r->ov0 * e->m->cfg.hidden : NULL};
+    m3_taps taps = {.arg = e, .capture_layers = e->spec ? e->draft.capture : NULL, .capture = on_capture};
+    float *lg = r->out_idx >= 0 ? e->logits + (size_t)r->out_idx * e->V : NULL;
+    if (r->n_ov > 64) return m3_errf(err, "%d image rows in one chunk (a retry alone takes 64)", r->n_ov);
+    e->cap_row0 = r->row0;
+    rc = e->group ? m3_group_forward_ex(e->group, &b, e->ids + r->row0, n_ov ? &ov : NULL, rows, n_out, lg,
+                                        e->spec ? &taps : NULL, err)
+                  : m3_forward_ex(e->m, e->kv, &b, e->ids + r->row0, n_ov ? &ov : NULL, rows, n_out, lg,
+                                  e->spec ? &taps : NULL, err);
+    e->cap_row0 = 0;
+    return rc;
+}
+
+/* The step's forward pass failed (err: why). A failure is one request's or the device's:
+ *   - the backend recovers (the device is usable): a step of one request fails that request;
+ *     a step of several runs each of them again alone, and only those that fail alone end
+ *     (with their own error), the others go on as if the step had not failed;
+ *   - it does not (a device error that sticks): every request ends with the reason, the engine
+ *     takes no more (m3_engine_dead), and the server stops.
+ * err gets the step's shape and what became of it (for the log). 0: the step goes on with the
+ * requests whose rows ran; -1: nothing is left of it. */
+static int step_failed(m3_engine *e, int T, int ns, int n_out, m3_err *err) {
+    char what[512], shape[160];
+    snprintf(what, sizeof what, "%s", err->msg);
+    snprintf(shape, sizeof shape, "engine step of %d tokens (%d sequences: %d decoding, %d prefill tokens; %d logits rows)",
+             T, ns, e->last.n_decode, e->last.n_prefill_tokens, n_out);
+    m3_err_prefix(err, "%s", shape);
+    m3_err e2;
+    if (backend_recover(e, &e2)) {
+        go_dead(e, what, e2.msg);
+        m3_errf(err, "%s: %s", shape, e->dead);
+        return -1;
+    }
+    int n_bad = 0;
+    for (int i = 0; i < e->n_running; i++) {
+        req *r = e->running[i];
+        if (!r->n_sched) continue;
+        const char *why = what;
+        if (ns > 1) { /* whose failure is it? each alone */
+            if (!forward_alone(e, r, &e2)) continue;
+            why = e2.msg;
+            m3_err e3;
+            if (backend_recover(e, &e3)) {
+                go_dead(e, e2.msg, e3.msg);
+                m3_errf(err, "%s: %s", shape, e->dead);
+                return -1;
+            }
+        }
+        snprintf(r->why_buf, sizeof r->why_buf, "the model's forward pass failed: %s", why);
+        r->fwd_failed = 1;
+        n_bad++;
+    }
+    size_t l = strlen(err->msg);
+    if (ns > 1 && l + 1 < sizeof err->msg)
+        snprintf(err->msg + l, sizeof err->msg - l, "; run again one request at a time: %d of %d failed alone%s", n_bad, ns,
+                 n_bad ? "" : " (the others go on)");
+    return 0;
+}
+
+const char *m3_engine_dead(m3_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    const char *d = e->dead[0] ? e->dead : NULL;
+    pthread_mutex_unlock(&e->mu);
+    return d;
+}
+
+int m3_engine_step(m3_engine *e, m3_err *err) {
+    memset(&e->last, 0, sizeof e->last);
+    if (e->dead[0]) { /* requests that reached the inbox as the device failed */
+        fail_all(e);
+        snapshot(e);
+        return m3_errf(err, "%s", e->dead);
+    }
+    drain(e);
+    schedule(e);
+    if (e->spec) draft_all(e);
+    if (e->vision) encode_images(e);
+    const int V = e->V, H = e->m->cfg.hidden;
+    int step_rc = 0; /* -1: the forward failed, some requests may have gone on (step_failed) */
+    int n_ov = 0; /* batch rows whose embeddings are image embeddings */
+    const int F = e->spec ? m3_dspark_feat_dim(&e->draft) : 0;
+    int T = 0, ns = 0, n_out = 0;
+    for (int i = 0; i < e->n_running; i++) {
+        req *r = e->running[i];
+        if (!r->n_sched) continue;
+        e->seqs[ns] = &r->bs.kv;
+        r->row0 = T;
+        for (int j = 0; j < r->n_sched; j++) {
+            /* a speculative decode runs [anchor, d_1..d_k] */
+            e->ids[T] = j && r->k_sched ? r->draft[j - 1] : r->tok[r->n_done + j];
+            e->pos[T] = r->n_done + j;
+            e->sq[T] = ns;
+            T++;
+        }
+        r->ov0 = n_ov;
+        if (r->im && r->im->emb) /* the image positions of this chunk */
+            for (int k = m3_images_first_row(r->im, r->n_done); k < r->im->n_rows && r->im->rows[k] < r->n_done + r->n_sched;
+                 k++) {
+                e->ov_rows[n_ov] = r->row0 + (r->im->rows[k] - r->n_done);
+                memcpy(e->ov_emb + (size_t)n_ov * H, r->im->emb + (size_t)k * H, sizeof(float) * (size_t)H);
+                n_ov++;
+            }
+        r->n_ov = n_ov - r->ov0;
+        r->out_idx = -1;
+        if (r->k_sched) { /* every row's logits: row i verifies d_{i+1} */
+            r->out_idx = n_out;
+            for (int j = 0; j <= r->k_sched; j++) e->rows[n_out++] = r->row0 + j;
+            e->last.n_spec++;
+            e->last.n_draft += r->k_sched;
+        } else if (r->n_done + r->n_sched == r->n_tok) {
+            r->out_idx = n_out;
+            e->rows[n_out++] = T - 1;
+        }
+        ns++;
+        if (r->decode) e->last.n_decode++;
+        else e->last.n_prefill_tokens += r->n_sched;
+    }
+    e->last.n_tokens = T;
+    e->last.n_seqs = ns;
+    e->last.n_logits = n_out;
+    if (T > 0) {
+        e->tot.steps++;
+        m3_batch b = {T, e->pos, e->sq, e->seqs};
+        m3_taps taps = {.arg = e, .capture_layers = e->spec ? e->draft.capture : NULL, .capture = on_capture};
+        m3_embed_override ov = {n_ov, e->ov_rows, e->ov_emb};
+        int frc = e->group ? m3_group_forward_ex(e->group, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits,
+                                                 e->spec ? &taps : NULL, err)
+                           : m3_forward_ex(e->m, e->kv, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits,
+                                           e->spec ? &taps : NULL, err);
+        if (frc && step_failed(e, T, ns, n_out, err) < 0) {
+            snapshot(e);
+            return -1;
+        }
+        step_rc = frc ? -1 : 0;
+        e->tot.tokens_prefilled += (uint64_t)e->last.n_prefill_tokens;
+        int nr = e->n_running;
+        sample_rows(e, nr);
+        for (int i = 0; i < nr; i++) {
+            req *r = e->running[i];
+            r->done = 0;
+            if (!r->n_sched) continue;
+            m3_err e2;
+            const int P = r->n_done;
+            int n_valid = r->n_sched; /* positions whose KV entries stay: all but rejected drafts */
+            int reason = M3_FINISH_NONE;
+            const int plain = !r->k_sched && r->out_idx >= 0; /* sampled by sample_rows */
+            if (r->fwd_failed) { /* its forward pass failed with it alone (step_failed) */
+                r->fwd_failed = 0;
+                r->why = r->why_buf;
+                r->done = M3_FINISH_ERROR;
+                continue;
+            }
+            if (r->out_idx >= 0 &&
+                !(plain ? r->so_finite : logits_finite(e->logits + (size_t)r->out_idx * V, (size_t)V * (size_t)(1 + r->k_sched)))) {
+                r->why = "the model produced non-finite logits (NaN or Inf)";
+                e->tot.nonfinite_logits++;
+                r->done = M3_FINISH_ERROR;
+                continue;
+            }
+            if (r->k_sched) {
+                m3_spec_result res;
+                int max_emit = r->max_tokens - r->n_gen < r->limit - r->n_tok ? r->max_tokens - r->n_gen : r->limit - r->n_tok;
+                if (m3_spec_verify(r->smp, e->ws, e->pbuf, e->logits + (size_t)r->out_idx * V, r->draft,
+                                   r->q_used ? r->q : NULL, r->k_sched, r->stop, r->n_stop, max_emit, &res, &e2)) {
+                    r->why = "speculative verification failed";
+                    r->done = M3_FINISH_ERROR;
+                    continue;
+                }
+                n_valid = 1 + (res.n_accepted < res.n_emit ? res.n_accepted : res.n_emit);
+                /* roll back: the rejected drafts' entries past kv.len are never read (a later
+                 * forward rewrites a position before any query reaches it) */
+                r->n_done = P + n_valid;
+                r->bs.kv.len = r->n_done;
+                e->tot.spec_verify_steps++;
+                e->tot.spec_draft_tokens += (uint64_t)r->k_sched;
+                e->tot.spec_accepted_tokens += (uint64_t)res.n_accepted;
+                e->tot.spec_emitted_tokens += (uint64_t)res.n_emit;
+                for (int j = 0; j < r->k_sched; j++) {
+                    e->tot.spec_drafted_per_pos[j]++;
+                    e->tot.spec_accepted_per_pos[j] += j < res.n_accepted;
+                }
+                reason = deliver(e, r, res.out, res.n_emit);
+            } else {
+                r->n_done += r->n_sched;
+            }
+            /* only positions below n_done (committed tokens) reach the prefix cache */
+            if (e->prefix && m3_blocks_commit(e->bm, &r->bs, r->tok, r->n_done, r->extra, r->n_extra, &e2)) {
+                r->why = OOM;
+                r->done = M3_FINISH_ERROR;
+                continue;
+            }
+            if (plain) {
+                if (r->so_rc || m3_sampler_accept(r->smp, r->so.token, &e2)) {
+                    r->why = "sampling failed (out of memory)";
+                    r->done = M3_FINISH_ERROR;
+                    continue;
+                }
+                reason = deliver(e, r, &r->so, 1);
+            }
+            /* the draft context takes the committed rows (not needed once the request ends) */
+            if (e->spec && !reason &&
+                m3_dspark_ctx_append(&e->draft, &r->dctx, e->feat + (size_t)r->row0 * F, P, n_valid, &e2)) {
+                r->why = "the draft context failed (out of memory)";
+                r->done = M3_FINISH_ERROR;
+                continue;
+            }
+            r->done = reason;
+        }
+        /* drop finished ones (their callbacks were made above, errors get theirs here) */
+        int k = 0;
+        for (int i = 0; i < nr; i++) {
+            req *r = e->running[i];
+            if (!r->done) { e->running[k++] = r; continue; }
+            if (r->done == M3_FINISH_ERROR) {
+                finish(e, r, M3_FINISH_ERROR);
+                continue;
+            }
+            m3_blocks_free(e->bm, &r->bs);
+            m3_engine_req_free(r);
+        }
+        e->n_running = k;
+    }
+    snapshot(e);
+    return step_rc ? -1 : e->n_running + e->n_waiting;
+}

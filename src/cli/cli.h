@@ -27,6 +27,10 @@ int m3_cli_parse_ids(const char *s, int32_t **ids, int *n, m3_err *err);
 int m3_cli_int(const char *opt, const char *val, long lo, long hi, long *out, m3_err *err);
 /* The same with vLLM's size suffixes: 4G, 512M, 32k, 25.6k, 2GiB, 1GB. */
 int m3_cli_size(const char *opt, const char *val, long lo, long hi, long *out, m3_err *err);
+/* A list option: a JSON list of strings ('["a", "b"]', vLLM's form) or "a,b" (spaces around items
+ * dropped) -> a NULL-terminated array of the items, one allocation (free() it). -1 with a message
+ * on bad input (not a list of strings, an empty item). */
+int m3_cli_list(const char *val, char ***out, m3_err *err);
 /* Loads the model on the default backend (see m3_cli_load_on); prints progress on a
  * terminal, one summary line otherwise. ids (may be NULL) are checked against the
  * vocabulary before any weight is read. Free ops with m3_cli_ops_free. */

@@ -5,6 +5,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "../backend/cpu/cpu.h"
 #include "../base/clock.h"
 #include "../backend/cuda/cuda.h"
@@ -52,6 +54,59 @@ int m3_cli_int(const char *opt, const char *val, long lo, long hi, long *out, m3
     if (end == val || *end || errno || x < lo || x > hi)
         return m3_errf(err, "%s: '%s' is not an integer in [%ld, %ld]", opt, val, lo, hi);
     *out = x;
+    return 0;
+}
+
+int m3_cli_list(const char *val, char ***out, m3_err *err) {
+    *out = NULL;
+    const char *items[256];
+    size_t lens[256];
+    int n = 0;
+    json_t *j = NULL;
+    const char *p = val;
+    while (*p == ' ') p++;
+    if (*p == '[') {
+        json_error_t je;
+        j = json_loads(val, 0, &je);
+        if (!j || !json_is_array(j)) { json_decref(j); return m3_errf(err, "'%s' is not a JSON list (%s)", val, je.text); }
+        size_t i;
+        json_t *v;
+        json_array_foreach(j, i, v) {
+            if (!json_is_string(v) || !json_string_length(v) || n == 256) {
+                json_decref(j);
+                return m3_errf(err, "'%s': every item must be a non-empty string (at most 256)", val);
+            }
+            items[n] = json_string_value(v);
+            lens[n++] = json_string_length(v);
+        }
+    } else {
+        for (const char *q = val;;) {
+            while (*q == ' ') q++;
+            const char *e = q;
+            while (*e && *e != ',') e++;
+            size_t l = (size_t)(e - q);
+            while (l && q[l - 1] == ' ') l--;
+            if (!l || n == 256) return m3_errf(err, "'%s': an empty item (or more than 256)", val);
+            items[n] = q;
+            lens[n++] = l;
+            if (!*e) break;
+            q = e + 1;
+        }
+    }
+    size_t bytes = sizeof(char *) * (size_t)(n + 1);
+    for (int i = 0; i < n; i++) bytes += lens[i] + 1;
+    char **a = malloc(bytes);
+    if (!a) { json_decref(j); return m3_errf(err, "out of memory"); }
+    char *str = (char *)(a + n + 1);
+    for (int i = 0; i < n; i++) {
+        memcpy(str, items[i], lens[i]);
+        str[lens[i]] = 0;
+        a[i] = str;
+        str += lens[i] + 1;
+    }
+    a[n] = NULL;
+    json_decref(j);
+    *out = a;
     return 0;
 }
 

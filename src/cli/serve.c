@@ -23,7 +23,7 @@ static const char *usage =
     "                [--max-waiting N] [--shutdown-timeout SECONDS] [--max-body BYTES] [--max-header-bytes BYTES]\n"
     "                [--timeout SECONDS] [--max-connections N] [--max-image-memory BYTES] [--disable-log-requests]\n"
     "                [--language-model-only]\n"
-    "                [--allowed-media-domains HOST[,HOST...]] [-tp N] [--moe-split experts|width]\n"
+    "                [--allowed-media-domains HOST[,HOST...]] [--allowed-origins LIST] [-tp N] [--moe-split experts|width]\n"
     "  --kv-cache-dtype D  the KV cache's dtype; auto (default) = bf16, the model's activation dtype\n"
     "                   (f32 keeps the exact reference arithmetic); --index-cache-dtype follows it unless given\n"
     "  --gpu-memory-utilization F  the share of the device's memory the server may use (default 0.9, as vLLM):\n"
@@ -57,6 +57,8 @@ static const char *usage =
     "  --max-image-memory BYTES  preprocessed image pixels all requests together may hold until the vision\n"
     "                   tower has run (default 2147483648; 0: no limit); a request with images beyond it gets 429\n"
     "  --allowed-media-domains H1,H2  hosts whose http(s) image URLs are named as allowed in the 400 they get\n"
+    "  --allowed-origins LIST  CORS: origins whose browser pages may call the API, as a JSON list\n"
+    "                       ('[\"https://app.example\"]', '[\"*\"]' any) or comma-separated (default: none, CORS off)\n"
     "                   (remote images are never downloaded: send images as data: URLs)\n"
     "  M3_FAULT_ALLOC=MODULE:FIRST[:COUNT[:PERIOD]] (environment, tests only): allocation failures, see\n"
     "                   src/base/fault.h\n"
@@ -109,6 +111,7 @@ int m3_cmd_serve(int argc, char **argv) {
     const char *moe_split = NULL;
     int lm_only = 0;
     const char *media_domains = NULL;
+    const char *origins_arg = NULL; /* --allowed-origins: a JSON list (vLLM's form) or comma-separated */
     m3_server_opts so;
     m3_server_opts_default(&so);
     m3_err err;
@@ -181,6 +184,7 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--speculative-config")) spec_json = V;
         else if (!strcmp(a, "--draft")) draft_dir = V;
         else if (!strcmp(a, "--allowed-media-domains")) media_domains = V;
+        else if (!strcmp(a, "--allowed-origins")) origins_arg = V;
         else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) r = m3_cli_int(a, V, 1, 64, &tpn, &err);
         else if (!strcmp(a, "--moe-split")) moe_split = V;
         else if (!strcmp(a, "--seed")) r = m3_cli_int(a, V, 0, __LONG_MAX__, &seed, &err);
@@ -212,6 +216,12 @@ int m3_cmd_serve(int argc, char **argv) {
     if (tmo >= 0) so.timeout = (double)tmo;
     if (imgmem >= 0) so.max_image_memory = (size_t)imgmem;
     if (maxconn >= 0) so.max_connections = (int)maxconn;
+    char **origins = NULL; /* checked now, kept from just before the server starts */
+    if (origins_arg) {
+        if (m3_cli_list(origins_arg, &origins, &err)) { fprintf(stderr, "m3 serve: --allowed-origins: %s\n", err.msg); return 2; }
+        free(origins);
+        origins = NULL;
+    }
     if (seed >= 0) { so.seed = (uint64_t)seed; so.has_seed = 1; }
     so.fault_spec = getenv("M3_FAULT_ALLOC");
     if (so.fault_spec && !*so.fault_spec) so.fault_spec = NULL;
@@ -316,6 +326,8 @@ int m3_cmd_serve(int argc, char **argv) {
                     tp.g ? " per rank" : "", kvmem ? "--kv-cache-memory" : m3_engine_pool_how(e), m3_engine_max_model_len(e));
         }
     }
+    if (origins_arg && m3_cli_list(origins_arg, &origins, &err)) { fprintf(stderr, "m3 serve: --allowed-origins: %s\n", err.msg); goto done; }
+    so.allowed_origins = (const char *const *)origins;
     if (m3_server_run(e, tok, chat, m.cfg.vocab, &so, &err)) { fprintf(stderr, "m3 serve: %s\n", err.msg); goto done; }
     rc = 0;
 done:
@@ -328,5 +340,6 @@ done:
     if (!tpn || tpn == 1) m3_cli_ops_free(&ops);
     m3_chat_free(chat);
     m3_tok_free(tok);
+    free(origins);
     return rc;
 }

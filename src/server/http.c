@@ -79,6 +79,7 @@ const char *http_reason(int status) {
     switch (status) {
     case 100: return "Continue";
     case 200: return "OK";
+    case 204: return "No Content";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 404: return "Not Found";
@@ -178,7 +179,8 @@ static void write_head(http_req *r, int status, const char *ctype, long long cle
     evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nDate: %s\r\n", status, http_reason(status), date_now(c->hs));
     if (ctype) evbuffer_add_printf(out, "Content-Type: %s\r\n", ctype);
     for (int i = 0; i < r->noh; i++) evbuffer_add_printf(out, "%s\r\n", r->oh[i]);
-    if (clen >= 0) evbuffer_add_printf(out, "Content-Length: %lld\r\n", clen);
+    if (status == 204) {} /* no body and no length (RFC 9110 section 8.6) */
+    else if (clen >= 0) evbuffer_add_printf(out, "Content-Length: %lld\r\n", clen);
     else if (r->m.minor >= 1) {
         evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n");
         r->chunked = 1;

@@ -323,6 +323,31 @@ static int h_models(http_req *req, srv *s, const char *raw_id) {
 
 /* ------------------------------------------------------------------ routing */
 
+/* CORS (--allowed-origins): the answer to a request from an allowed origin says so; a preflight
+ * (OPTIONS with Access-Control-Request-Method) is answered 204 with what may follow. Returns 1
+ * when req was such a preflight (answered). */
+static int cors(srv *s, http_req *req, const char *method, int *status) {
+    const char *origin = http_header(req, "Origin");
+    if (!s->o->allowed_origins || !origin) return 0;
+    int any = 0, ok = 0;
+    for (const char *const *o = s->o->allowed_origins; *o; o++) {
+        if (!strcmp(*o, "*")) any = 1;
+        else if (!strcmp(*o, origin)) ok = 1;
+    }
+    if (!any && !ok) return 0; /* no header: the browser refuses the answer to the page */
+    http_add_header(req, "Access-Control-Allow-Origin", ok ? origin : "*");
+    if (ok) http_add_header(req, "Vary", "Origin");
+    http_add_header(req, "Access-Control-Expose-Headers", "X-Request-Id");
+    if (strcmp(method, "OPTIONS") || !http_header(req, "Access-Control-Request-Method")) return 0;
+    const char *hd = http_header(req, "Access-Control-Request-Headers");
+    http_add_header(req, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    http_add_header(req, "Access-Control-Allow-Headers", hd && *hd ? hd : "Authorization, Content-Type, X-Request-Id");
+    http_add_header(req, "Access-Control-Max-Age", "600");
+    http_reply(req, 204, NULL, NULL);
+    *status = 204;
+    return 1;
+}
+
 static void route(http_req *req, void *arg) {
     srv *s = arg;
     double t0 = m3_now();
@@ -354,7 +379,9 @@ static void route(http_req *req, void *arg) {
     }
     int want_get = (k >= 0 && k <= 2) || k == 7;
     int rc;
-    if (!strcmp(method, "CONNECT") || !strcmp(method, "TRACE")) { /* never served; the connection closes */
+    if (cors(s, req, method, &rc)) {
+        /* a preflight: answered */
+    } else if (!strcmp(method, "CONNECT") || !strcmp(method, "TRACE")) { /* never served; the connection closes */
         http_close_after(req);
         rc = srv_send_error(req, 405, "invalid_request_error", "method %s is not served", method);
     } else if (s->draining && k != 1) { /* /metrics stays up for whoever watches the drain */

@@ -74,6 +74,8 @@ typedef struct m3_server_opts {
     const char *fault_spec;    /* tests only: allocation failures armed once listening (src/base/fault.h) */
     const m3_media_ctx *media; /* image inputs of chat requests (media.h; the engine needs a vision tower);
                                 * NULL: image parts get 400 */
+    const char *const *allowed_origins; /* CORS: origins browsers may call from ("*": any), NULL-terminated;
+                                * NULL: CORS off (no Access-Control-* headers, OPTIONS gets 405) */
     size_t max_image_memory;   /* bytes of preprocessed pixels all requests together may hold until the
                                 * vision tower has run (default 2 GiB); beyond it a request with images gets 429 */
 } m3_server_opts;

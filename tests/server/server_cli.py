@@ -60,6 +60,9 @@ async def main(m3, work):
     r.terminate()
     r.wait(60)
     await generation_config(m3, work)
+    await cors(m3, ck)
+    refused(m3, [ck, "--allowed-origins", '["https://a", 3]'], "non-empty string")
+    refused(m3, [ck, "--allowed-origins", "https://a,,https://b"], "empty item")
     refused(m3, [ck, "--tool-call-parser", "hermes"], "minimax_m3")
     refused(m3, [ck, "--kv-cache-memory", "4X"], "suffixes")
     refused(m3, [ck, "/elsewhere"], "two models")
@@ -99,6 +102,60 @@ async def generation_config(m3, work):
     r = subprocess.run([m3, "serve", ck, "--port", "0"], capture_output=True, text=True, timeout=60)
     check(r.returncode == 1 and "generation_config.json: 'temperature'" in r.stderr,
           f"a bad generation_config.json: exit 1 naming the field ({r.stderr.strip()[-120:]})")
+
+
+async def raw_exchange(port, data):
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(data)
+    out = await r.read()
+    w.close()
+    head = out.split(b"\r\n\r\n", 1)[0].decode()
+    hd = {}
+    for ln in head.split("\r\n")[1:]:
+        k, _, v = ln.partition(":")
+        hd.setdefault(k.strip().lower(), v.strip())
+    return int(head.split()[1]), hd
+
+
+async def cors(m3, ck):
+    """--allowed-origins (vLLM's JSON list, or comma-separated): an allowed origin's requests are
+    answered with Access-Control-Allow-Origin and its preflights with 204; others get neither;
+    without the flag CORS is off."""
+    pre = ("OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: {o}\r\nAccess-Control-Request-Method: POST\r\n"
+           "Access-Control-Request-Headers: authorization, content-type\r\nConnection: close\r\n\r\n")
+    get = "GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: {o}\r\nConnection: close\r\n\r\n"
+    for flag in ('["https://ok.example", "http://localhost:3000"]', "https://ok.example, http://localhost:3000"):
+        srv = srvlib.Server(m3, ck, ["--allowed-origins", flag])
+        try:
+            st, hd = await raw_exchange(srv.port, pre.format(o="https://ok.example").encode())
+            check(st == 204 and hd.get("access-control-allow-origin") == "https://ok.example" and
+                  "POST" in hd.get("access-control-allow-methods", "") and
+                  hd.get("access-control-allow-headers") == "authorization, content-type" and "content-length" not in hd,
+                  f"--allowed-origins {flag}: a preflight from an allowed origin gets 204 and the CORS headers ({st}, {hd})")
+            st, hd = await raw_exchange(srv.port, get.format(o="http://localhost:3000").encode())
+            check(st == 200 and hd.get("access-control-allow-origin") == "http://localhost:3000" and hd.get("vary") == "Origin",
+                  f"... its GET answered with Access-Control-Allow-Origin ({hd.get('access-control-allow-origin')})")
+            st, hd = await raw_exchange(srv.port, pre.format(o="https://evil.example").encode())
+            check(st == 405 and "access-control-allow-origin" not in hd,
+                  f"... a preflight from another origin: 405 without CORS headers ({st})")
+            st, hd = await raw_exchange(srv.port, get.format(o="https://evil.example").encode())
+            check(st == 200 and "access-control-allow-origin" not in hd, "... its GET: no Access-Control-Allow-Origin")
+        finally:
+            srv.stop()
+    srv = srvlib.Server(m3, ck, ["--allowed-origins", '["*"]'])
+    try:
+        st, hd = await raw_exchange(srv.port, get.format(o="https://any.example").encode())
+        check(st == 200 and hd.get("access-control-allow-origin") == "*", f'--allowed-origins ["*"]: any origin ({hd})')
+    finally:
+        srv.stop()
+    srv = srvlib.Server(m3, ck, [])
+    try:
+        st, hd = await raw_exchange(srv.port, get.format(o="https://ok.example").encode())
+        st2, _ = await raw_exchange(srv.port, pre.format(o="https://ok.example").encode())
+        check(st == 200 and "access-control-allow-origin" not in hd and st2 == 405,
+              f"without --allowed-origins: no CORS headers, preflights 405 ({st2})")
+    finally:
+        srv.stop()
 
 
 async def api_identity(port):

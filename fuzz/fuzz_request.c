@@ -3,7 +3,8 @@
  * Input: byte 0 picks the endpoint (bit 0: chat), whether a model name is required (bit 1),
  * the context length (bits 2-3) and whether an allocation fails (bit 4: then byte 1 says
  * which); the rest is the request body. Checked: never a crash or a leak; an accepted request
- * obeys every limit (choices, context, ids in the vocabulary, min_tokens <= max_tokens, ...);
+ * obeys every limit (choices, prompts of a batch, each prompt within the context, ids in the
+ * vocabulary, min_tokens <= max_tokens, ...);
  * a refused one has a status of 400 / 404 / 500, a type, and a non-empty message that is
  * valid UTF-8. */
 #include <stdint.h>
@@ -64,8 +65,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (rc) check_error(&e, rc);
         else {
             long long mml = c.max_model_len;
-            if (g.n < 1 || g.n > M3_OAI_MAX_N || !g.n_ids || (long long)g.n_ids >= mml || g.max_tokens < 1 ||
-                (long long)g.n_ids + g.max_tokens > mml || g.min_tokens < 0 || g.min_tokens > g.max_tokens ||
+            if (g.n_prompts < 1 || g.n_prompts > M3_OAI_MAX_PROMPTS || (is_chat && g.n_prompts != 1) ||
+                g.n * g.n_prompts > M3_OAI_MAX_CHOICES || g.prompt_off[0] != 0 || g.prompt_off[g.n_prompts] != g.n_ids)
+                abort();
+            for (int p = 0; p < g.n_prompts; p++) { /* every prompt non-empty and within the context */
+                long long len = (long long)(g.prompt_off[p + 1] - g.prompt_off[p]);
+                if (len < 1 || len >= mml || len + g.max_tokens > mml) abort();
+                if (g.echo && !is_chat && g.echo_off[p + 1] < g.echo_off[p]) abort();
+            }
+            if (g.n < 1 || g.n > M3_OAI_MAX_N || !g.n_ids || g.max_tokens < 1 || g.min_tokens < 0 || g.min_tokens > g.max_tokens ||
                 g.top_logprobs < 0 || g.top_logprobs > M3_SAMPLE_MAX_TOP_LOGPROBS || g.n_stop_strs > M3_OAI_MAX_STOP ||
                 g.n_stop_ids > M3_OAI_MAX_STOP_IDS + 1 || g.n_bias > M3_OAI_MAX_LOGIT_BIAS ||
                 !(g.temperature >= 0 && g.temperature <= 2) || !(g.top_p >= 0 && g.top_p <= 1))

@@ -162,6 +162,14 @@ void srv_free_all(srv *s) {
 
 /* ------------------------------------------------------------------ output */
 
+/* completions with echo: the text of choice i's prompt (NULL: no echo) */
+static const char *echo_of(const hreq *h, int i, size_t *len) {
+    if (!h->echo || !h->echo_text) return NULL;
+    int p = i / h->n_per;
+    *len = h->echo_off[p + 1] - h->echo_off[p];
+    return h->echo_text + h->echo_off[p];
+}
+
 static const char *finish_str(const choice *c) {
     switch (c->finish_reason) {
     case M3_FINISH_STOP: return c->out && m3_out_tool_calls(c->out) > 0 ? "tool_calls" : "stop";
@@ -294,7 +302,9 @@ static void lp_add(srv *s, choice *c, const m3_sample_out *so, const char *text,
         bad |= json_array_append_new(json_object_get(c->lp, "tokens"), json_stringn(text, len)) != 0;
         bad |= json_array_append_new(json_object_get(c->lp, "token_logprobs"), json_real(lp_value(so->logprob))) != 0;
         bad |= json_array_append_new(json_object_get(c->lp, "top_logprobs"), tops ? tops : json_object()) != 0;
-        size_t off = (h->echo ? utf8_chars(h->echo_text ? h->echo_text : "", h->echo_len) : 0) + c->text_chars;
+        size_t elen;
+        const char *et = echo_of(h, c->index, &elen);
+        size_t off = (et ? utf8_chars(et, elen) : 0) + c->text_chars;
         bad |= json_array_append_new(json_object_get(c->lp, "text_offset"), json_integer((json_int_t)off)) != 0;
         c->text_chars += utf8_chars(text, len);
     }
@@ -400,7 +410,9 @@ static int send_final(hreq *h) {
                            lp ? lp : json_null(), "finish_reason", finish_str(c));
         } else {
             m3_sbuf t = {0};
-            if (h->echo && h->echo_text) bad |= m3_sbuf_add(&t, h->echo_text, h->echo_len) != 0;
+            size_t elen;
+            const char *et = echo_of(h, i, &elen);
+            if (et) bad |= m3_sbuf_add(&t, et, elen) != 0;
             bad |= m3_sbuf_add(&t, c->content.p ? c->content.p : "", c->content.n) != 0;
             ch = json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", t.p ? t.p : "", t.n, "logprobs", lp ? lp : json_null(),
                            "finish_reason", finish_str(c));
@@ -602,7 +614,7 @@ static int start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_im
                  size_t *px_bytes, unsigned long serial, double t0) {
     m3_err err;
     hreq *h = srv_calloc(1, sizeof *h);
-    if (!h || !(h->ch = srv_calloc((size_t)g->n, sizeof *h->ch))) {
+    if (!h || !(h->ch = srv_calloc((size_t)g->n * (size_t)g->n_prompts, sizeof *h->ch))) {
         free(h);
         return srv_send_error(req, 500, "server_error", "out of memory");
     }
@@ -616,7 +628,8 @@ static int start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_im
     h->stream = g->stream;
     h->include_usage = g->include_usage;
     h->include_stop = g->include_stop;
-    h->n = (int)g->n;
+    h->n_per = (int)g->n;
+    h->n = (int)g->n * g->n_prompts;
     h->echo = g->echo;
     h->logprobs = g->logprobs;
     h->top_logprobs = (int)g->top_logprobs;
@@ -626,6 +639,7 @@ static int start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_im
     h->t0 = t0;
     h->echo_text = g->echo_text;
     h->echo_len = g->echo_len;
+    memcpy(h->echo_off, g->echo_off, sizeof h->echo_off);
     g->echo_text = NULL;
     int rc = 0;
     for (int i = 0; i < h->n && !rc; i++) {
@@ -683,7 +697,11 @@ static int start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_im
     uint64_t base = (s->o->has_seed ? s->o->seed : (uint64_t)time(NULL)) * 6364136223846793005ull +
                     ++s->seed_ctr * 1442695040888963407ull;
     for (int i = 0; i < h->n; i++) {
-        sp->seed = g->has_seed ? (uint64_t)g->seed + (uint64_t)i : base + (uint64_t)i * 0x9e3779b97f4a7c15ull;
+        /* choice j of every prompt draws as choice j of a request of that prompt alone would */
+        const int p = i / h->n_per, j = i % h->n_per;
+        er.prompt = g->ids + g->prompt_off[p];
+        er.n_prompt = (int)(g->prompt_off[p + 1] - g->prompt_off[p]);
+        sp->seed = g->has_seed ? (uint64_t)g->seed + (uint64_t)j : base + (uint64_t)i * 0x9e3779b97f4a7c15ull;
         er.arg = &h->ch[i];
         h->ch[i].id = m3_engine_add(s->e, &er, &err);
         /* the parameters were checked: what is left is the engine out of memory */
@@ -707,7 +725,11 @@ static int start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_im
         h->t_write = m3_now();
         for (int i = 0; i < h->n; i++) {
             if (chat) send_chunk(h, i, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL);
-            else if (h->echo && h->echo_text) send_chunk(h, i, json_stringn(h->echo_text, h->echo_len), NULL, NULL);
+            else {
+                size_t elen;
+                const char *et = echo_of(h, i, &elen);
+                if (et) send_chunk(h, i, json_stringn(et, elen), NULL, NULL);
+            }
         }
     }
     http_req_on(req, on_flushed, conn_closed, h);

@@ -287,31 +287,80 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
     return rc;
 }
 
+/* one prompt of a completions request (a string or token ids), appended to g */
+static int add_prompt(const m3_oai_ctx *c, json_t *p, const char *param, m3_oai_params *g, m3_oai_error *e) {
+    m3_err err;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char *echo = NULL;
+    size_t elen = 0;
+    int rc = 0;
+    if (json_is_string(p)) {
+        if (m3_tok_encode(c->tok, json_string_value(p), json_string_length(p), 1, &ids, &n, &err))
+            return OAI_BAD(e, param, "cannot tokenize the prompt: %s", err.msg);
+        if (g->echo) {
+            elen = json_string_length(p);
+            if (!(echo = o_malloc(elen + 1))) rc = OAI_OOM(e);
+            else memcpy(echo, json_string_value(p), elen + 1);
+        }
+    } else if (json_is_array(p)) {
+        rc = m3_oai_ids(p, c->vocab, param, &ids, &n, e);
+        if (!rc && g->echo && n && !(echo = m3_tok_decode(c->tok, ids, n, 0, &elen, &err)))
+            rc = OAI_BAD(e, param, "cannot decode the prompt: %s", err.msg);
+    } else {
+        return OAI_BAD(e, param, "a prompt must be a string or an array of token ids");
+    }
+    if (!rc && !n) rc = OAI_BAD(e, param, "the prompt is empty");
+    if (!rc && n) {
+        int32_t *ni = o_realloc(g->ids, sizeof *ni * (g->n_ids + n));
+        if (!ni) rc = OAI_OOM(e);
+        else {
+            g->ids = ni;
+            memcpy(g->ids + g->n_ids, ids, sizeof *ids * n);
+            g->n_ids += n;
+        }
+    }
+    if (!rc && elen) {
+        char *ne = o_realloc(g->echo_text, g->echo_len + elen + 1);
+        if (!ne) rc = OAI_OOM(e);
+        else {
+            g->echo_text = ne;
+            memcpy(g->echo_text + g->echo_len, echo, elen);
+            g->echo_len += elen;
+            g->echo_text[g->echo_len] = 0;
+        }
+    }
+    free(ids);
+    free(echo);
+    if (rc) return rc;
+    g->n_prompts++;
+    g->prompt_off[g->n_prompts] = g->n_ids;
+    g->echo_off[g->n_prompts] = g->echo_len;
+    return 0;
+}
+
+/* "prompt": a string, token ids, or a batch of either (OpenAI's list of prompts): each prompt
+ * gets n choices, indexed prompt * n + choice, as separate requests would */
 static int completion_prompt(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m3_oai_error *e) {
     json_t *p = json_object_get(b, "prompt");
-    /* a one-element batch is the prompt itself; longer batches are one request per prompt */
-    if (json_is_array(p) && json_array_size(p) == 1 &&
-        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
-        p = json_array_get(p, 0);
-    if (json_is_array(p) && json_array_size(p) > 1 && !json_is_integer(json_array_get(p, 0)))
-        return OAI_BAD(e, "prompt", "batched prompts are not supported: send one prompt per request (or use 'n')");
-    m3_err err;
-    if (json_is_string(p)) {
-        if (m3_tok_encode(c->tok, json_string_value(p), json_string_length(p), 1, &g->ids, &g->n_ids, &err))
-            return OAI_BAD(e, "prompt", "cannot tokenize the prompt: %s", err.msg);
-        if (g->echo) {
-            g->echo_len = json_string_length(p);
-            g->echo_text = o_malloc(g->echo_len + 1);
-            if (!g->echo_text) return OAI_OOM(e);
-            memcpy(g->echo_text, json_string_value(p), g->echo_len + 1);
-        }
-        return 0;
+    g->n_prompts = 0;
+    if (!json_is_array(p) || !json_array_size(p) || json_is_integer(json_array_get(p, 0))) {
+        if (!json_is_string(p) && !json_is_array(p))
+            return OAI_BAD(e, "prompt", "'prompt' must be a string, an array of token ids, or an array of those");
+        return add_prompt(c, p, "prompt", g, e);
     }
-    if (!json_is_array(p)) return OAI_BAD(e, "prompt", "'prompt' must be a string or an array of token ids");
-    int rc = m3_oai_ids(p, c->vocab, "prompt", &g->ids, &g->n_ids, e);
-    if (rc) return rc;
-    if (g->echo && g->n_ids && !(g->echo_text = m3_tok_decode(c->tok, g->ids, g->n_ids, 0, &g->echo_len, &err)))
-        return OAI_BAD(e, "prompt", "cannot decode the prompt: %s", err.msg);
+    size_t np = json_array_size(p);
+    if (np > M3_OAI_MAX_PROMPTS)
+        return OAI_BAD(e, "prompt", "'prompt' holds %zu prompts; the limit is %d a request", np, M3_OAI_MAX_PROMPTS);
+    for (size_t i = 0; i < np; i++) {
+        char param[32];
+        snprintf(param, sizeof param, "prompt[%zu]", i);
+        json_t *x = json_array_get(p, i);
+        if (!json_is_string(x) && !json_is_array(x))
+            return OAI_BAD(e, param, "a batch of prompts holds strings or arrays of token ids");
+        int rc = add_prompt(c, x, param, g, e);
+        if (rc) return rc;
+    }
     return 0;
 }
 
@@ -466,16 +515,31 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         if (g->echo && g->logprobs)
             return OAI_BAD(e, "echo", "'echo' with 'logprobs' is not supported (no prompt logprobs)");
     }
-    if ((rc = chat ? m3_oai_chat_prompt(c, b, &g->ids, &g->n_ids, &g->media, e) : completion_prompt(c, b, g, e))) return rc;
+    if (chat) {
+        if ((rc = m3_oai_chat_prompt(c, b, &g->ids, &g->n_ids, &g->media, e))) return rc;
+        g->n_prompts = 1;
+        g->prompt_off[1] = g->n_ids;
+    } else if ((rc = completion_prompt(c, b, g, e))) return rc;
+    if (g->n * g->n_prompts > M3_OAI_MAX_CHOICES)
+        return OAI_BAD(e, "n", "%d prompts x n = %lld choices; the limit is %d a request", g->n_prompts, g->n * g->n_prompts,
+                       M3_OAI_MAX_CHOICES);
     const char *pp = chat ? "messages" : "prompt";
     if (!g->n_ids) return OAI_BAD(e, pp, "the prompt is empty");
     for (size_t i = 0; i < g->n_ids; i++)
         if (g->ids[i] < 0 || g->ids[i] >= c->vocab)
             return OAI_BAD(e, pp, "prompt token %d is outside the model's vocabulary (%d)", g->ids[i], c->vocab);
-    long long mml = c->max_model_len, np = (long long)g->n_ids;
-    if (np >= mml)
-        return OAI_BAD(e, pp, "the prompt has %lld tokens; this model's context is %lld tokens (prompt + completion)", np,
-                       mml);
+    long long mml = c->max_model_len, np = 0; /* the longest prompt of a batch */
+    for (int p = 0; p < g->n_prompts; p++) {
+        long long len = (long long)(g->prompt_off[p + 1] - g->prompt_off[p]);
+        if (len >= mml) {
+            if (g->n_prompts > 1)
+                return OAI_BAD(e, pp, "prompt %d has %lld tokens; this model's context is %lld tokens (prompt + completion)",
+                               p, len, mml);
+            return OAI_BAD(e, pp, "the prompt has %lld tokens; this model's context is %lld tokens (prompt + completion)", len,
+                           mml);
+        }
+        if (len > np) np = len;
+    }
     if (g->max_tokens > mml - np)
         return OAI_BAD(e, "max_tokens",
                        "this model's context is %lld tokens; the request asks for %lld (%lld in the prompt, %lld to "

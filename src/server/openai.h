@@ -30,7 +30,9 @@
 #include "../text/tokenizer.h"
 #include "media.h"
 
-#define M3_OAI_MAX_N 16            /* choices per request */
+#define M3_OAI_MAX_N 16            /* choices per prompt */
+#define M3_OAI_MAX_PROMPTS 64      /* prompts in one completions request (a batch) */
+#define M3_OAI_MAX_CHOICES 256     /* prompts x n */
 #define M3_OAI_MAX_MESSAGES 4096   /* chat messages per request */
 #define M3_OAI_MAX_STOP 16         /* stop strings */
 #define M3_OAI_MAX_STOP_BYTES (1 << 20) /* their bytes together (matched in linear time whatever their length) */
@@ -71,8 +73,11 @@ typedef struct m3_oai_ctx {
 } m3_oai_ctx;
 
 typedef struct m3_oai_params {
-    int32_t *ids;                /* the prompt, encoded */
+    int32_t *ids;                /* the prompt, encoded; a batch's prompts one after the other */
     size_t n_ids;
+    int n_prompts;               /* 1, or the prompts of a completions batch ("prompt": [...]) */
+    size_t prompt_off[M3_OAI_MAX_PROMPTS + 1]; /* prompt p: ids[prompt_off[p] .. prompt_off[p + 1]) */
+    size_t echo_off[M3_OAI_MAX_PROMPTS + 1];   /* echo: prompt p's text in echo_text, likewise */
     double temperature, top_p, min_p, pp, fp, rp; /* pp, fp, rp: presence, frequency, repetition penalty */
     long long top_k, seed, max_tokens, n, min_tokens, top_logprobs;
     int has_seed, stream, include_usage, echo, ignore_eos, logprobs;
@@ -85,7 +90,7 @@ typedef struct m3_oai_params {
     int n_bias;
     m3_out_opts oo;              /* chat: reasoning / tool-call parsing */
     json_t *tools;               /* chat: borrowed from the body; NULL when none */
-    char *echo_text;             /* completions with echo: the prompt text */
+    char *echo_text;             /* completions with echo: the prompts' text */
     size_t echo_len;
     m3_media media;              /* chat: the prompt's images (ids holds their tokens, expanded) */
 } m3_oai_params;

@@ -102,8 +102,10 @@ struct hreq {
     int busy;
     size_t px_bytes;        /* preprocessed pixels it holds, counted in srv.px_held */
     char rid[33];           /* random hex: the response's id (chatcmpl-RID) and its tool calls' */
-    char *echo_text;        /* completions with echo: the prompt text */
+    char *echo_text;        /* completions with echo: the prompts' text */
     size_t echo_len;
+    int n_per;              /* choices per prompt: choice i answers prompt i / n_per */
+    size_t echo_off[M3_OAI_MAX_PROMPTS + 1]; /* echo: prompt p's text in echo_text */
     choice *ch;             /* [n] */
     hreq *prev, *next;      /* srv.live */
 };

@@ -185,6 +185,26 @@ async def api_identity(port):
         st, j = await lt.post_json(host, port, "/v1/completions", {"prompt": "x", "max_tokens": 1})
         ids.add(j["id"])
     check(len(ids) == 3 and all(len(i) > 20 for i in ids), f"response ids never repeat: {sorted(ids)[0]} ...")
+    # a batch of prompts: n choices each, indexed prompt * n + choice, each as its prompt alone
+    prompts = ["Once upon a time", [11, 12, 13], "The"]
+    body = {"prompt": prompts, "n": 2, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "echo": True}
+    st, j = await lt.post_json(host, port, "/v1/completions", body)
+    alone = []
+    for p in prompts:
+        st1, j1 = await lt.post_json(host, port, "/v1/completions", dict(body, prompt=p, n=1))
+        alone.append((j1["choices"][0]["text"], j1["usage"]["prompt_tokens"]))
+    got = sorted((c["index"], c["text"]) for c in j.get("choices", []))
+    want = [(p * 2 + k, alone[p][0]) for p in range(3) for k in range(2)]
+    check(st == 200 and got == want and j["usage"]["prompt_tokens"] == sum(a[1] for a in alone) and
+          got[0][1].startswith("Once upon a time"),
+          f"a batch of 3 prompts x n 2: 6 choices, each its prompt's echo + greedy text alone ({st}; "
+          f"{got[:2]} ... vs {want[:2]})")
+    status, headers, r, w = await lt.http(host, port, "POST", "/v1/completions", dict(body, stream=True))
+    raw = b"".join([p async for p in lt.body_chunks(r, headers, 60)])
+    w.close()
+    events = [json.loads(x[6:]) for x in raw.decode().split("\n\n") if x.startswith("data: {")]
+    idx = sorted({e["choices"][0]["index"] for e in events if e.get("choices")})
+    check(idx == list(range(6)), f"... streamed: chunks for the 6 choices ({idx})")
     # include_stop_str_in_output: the matched stop string ends the text
     st, j = await lt.post_json(host, port, "/v1/completions", {"prompt": "Hello", "max_tokens": 24, "temperature": 0,
                                                              "ignore_eos": True})

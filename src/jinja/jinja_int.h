@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "text/jinja.h"
+#include "jinja/jinja.h"
 
 /* ---- arena */
 typedef struct jarena_chunk {

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "text/jinja_int.h"
+#include "jinja/jinja_int.h"
 
 int jx_known_filter(const char *name); /* jinja_eval.c */
 int jx_known_test(const char *name);

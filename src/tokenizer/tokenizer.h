@@ -1,4 +1,7 @@
-/* m3_tok: Hugging Face `tokenizer.json` BPE tokenizers (Qwen, GPT-OSS, MiniMax, Llama 3...).
+/* src/tokenizer: the tokenizer module (tokenizer.json loading, BPE encode, streaming decode,
+ * and the tokenizer files make-tiny writes). It includes base/ only.
+ *
+ * m3_tok: Hugging Face `tokenizer.json` BPE tokenizers (Qwen, GPT-OSS, MiniMax, Llama 3...).
  *
  * What is loaded: the BPE model (vocab, merges as "a b" strings or ["a","b"] pairs,
  * ignore_merges, byte_fallback, unk_token, fuse_unk), normalizers (NFC/NFD/NFKC/NFKD,

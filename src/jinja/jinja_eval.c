@@ -10,7 +10,7 @@
 
 #include <utf8proc.h>
 
-#include "text/jinja_int.h"
+#include "jinja/jinja_int.h"
 
 typedef struct frame {
     struct frame *parent;

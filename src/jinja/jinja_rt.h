@@ -92,7 +92,9 @@ static inline jv v_func(rt *R, int kind, const char *name) {
     return v;
 }
 
-static inline int str_eq(jv a, const char *s) { return a.t == JV_STR && a.u.s.n == strlen(s) && !memcmp(a.u.s.p, s, a.u.s.n); }
+static inline int str_eq(jv a, const char *s) {
+    return a.t == JV_STR && a.u.s.n == strlen(s) && !memcmp(a.u.s.p, s, a.u.s.n);
+}
 static inline int is_num(jv v) { return v.t == JV_INT || v.t == JV_FLOAT || v.t == JV_BOOL; }
 static inline double num(jv v) { return v.t == JV_INT ? (double)v.u.i : v.t == JV_FLOAT ? v.u.f : (double)v.u.b; }
 static inline int64_t inum(jv v) { return v.t == JV_INT ? v.u.i : v.t == JV_BOOL ? v.u.b : (int64_t)v.u.f; }
@@ -133,7 +135,8 @@ jv jx_need_str(rt *R, const jnode *at, jv v, const char *what);
 void jx_to_str_sb(rt *R, sb *b, jv v, int depth); /* str(v) as Python prints it */
 jv jx_to_str(rt *R, jv v);
 /* json.dumps(v, ensure_ascii=False, indent=indent, separators=(isep, ksep), sort_keys) */
-void jx_to_json(rt *R, sb *b, jv v, int indent, const char *isep, const char *ksep, int sort_keys, int depth, const jnode *at);
+void jx_to_json(rt *R, sb *b, jv v, int indent, const char *isep, const char *ksep, int sort_keys, int depth,
+                const jnode *at);
 sb jx_ascii_escape(rt *R, sb in); /* ensure_ascii=True */
 
 /* ---- Python str operations (strings.c) */

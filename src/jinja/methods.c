@@ -243,7 +243,8 @@ int jx_has_dict_method(const char *name) { return find_method(DICT_METHODS, N_OF
 /* self is a string or a dict (attribute access only makes methods of those) */
 jv jx_call_method(rt *R, const jnode *at, jv self, const char *name, args *A) {
     int str = self.t == JV_STR;
-    const method *m = str ? find_method(STR_METHODS, N_OF(STR_METHODS), name) : find_method(DICT_METHODS, N_OF(DICT_METHODS), name);
+    const method *m = str ? find_method(STR_METHODS, N_OF(STR_METHODS), name)
+                          : find_method(DICT_METHODS, N_OF(DICT_METHODS), name);
     if (!m) jx_fail(R, at, "%s has no method '%s'", str ? "str" : "dict", name);
     return m->fn(R, at, self, A);
 }

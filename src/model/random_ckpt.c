@@ -183,8 +183,12 @@ static int set_token_ids(const m3_tok_files *tf, char **cfg_text, size_t *cfg_le
     if (!tc) { m3_errf(err, "config: bad JSON: %s", je.text); goto out; }
     json_int_t nv = json_integer_value(json_object_get(tc, "vocab_size"));
     if (nv < tf->max_id + 1) nv = tf->max_id + 1;
-    if (json_object_set_new(tc, "vocab_size", json_integer(nv)) || json_object_set_new(tc, "bos_token_id", json_integer(tf->bos_id)) ||
-        json_object_set_new(tc, "eos_token_id", json_integer(tf->eos_id))) { m3_errf(err, "out of memory"); goto out; }
+    if (json_object_set_new(tc, "vocab_size", json_integer(nv)) ||
+        json_object_set_new(tc, "bos_token_id", json_integer(tf->bos_id)) ||
+        json_object_set_new(tc, "eos_token_id", json_integer(tf->eos_id))) {
+        m3_errf(err, "out of memory");
+        goto out;
+    }
     m3_json_write(&b, croot, 1);
     if (b.oom || !b.p) { m3_errf(err, "out of memory"); goto out; }
     m3_config_free(cfg);

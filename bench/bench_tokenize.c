@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "base/clock.h"
 
 int main(int argc, char **argv) {

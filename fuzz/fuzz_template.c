@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "text/jinja.h"
+#include "jinja/jinja.h"
 
 static const char ctx_json[] =
     "{\"messages\": [{\"role\": \"system\", \"content\": \"sys\"},"

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 static const char TEXT[] = "Hello, world! It's 2024: caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd"
                            "  \t\n\r\n12345 <s> </s> <|endoftext|> [MASK] a-b--c";

@@ -1,4 +1,4 @@
-/* libFuzzer: the output parsers (reasoning + namespaced tool calls, src/text/parsers.h).
+/* libFuzzer: the output parsers (reasoning + namespaced tool calls, src/chat/parsers.h).
  * Input: byte 0 picks the options (reasoning parser on/off, thinking mode, tool parser
  * on/off) and seeds the split; the rest is the model's text, fed in random pieces with a
  * fixed tools schema. Checked: nothing lost or duplicated (reasoning + content + markup
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "text/parsers.h"
+#include "chat/parsers.h"
 
 static const char *TOOLS =
     "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "text/chat.h"
+#include "chat/chat.h"
 
 static int usage(void) {
     fprintf(stderr, "usage: m3 chat-template -m DIR|--template FILE --messages FILE.json [--tools FILE.json] "

@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 
 #include "../backend/cpu/cpu.h"
-#include "../text/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 #include "cli.h"
 
 void m3_cli_images_free(m3_cli_images *im) {

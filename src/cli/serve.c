@@ -9,8 +9,8 @@
 #include "../kv/kv.h"
 #include "../server/openai.h"
 #include "../server/server.h"
-#include "../text/chat.h"
-#include "../text/tokenizer.h"
+#include "../chat/chat.h"
+#include "../tokenizer/tokenizer.h"
 #include "cli.h"
 #include "tp.h"
 

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 static char *read_stdin(size_t *n) {
     size_t cap = 1 << 16, len = 0;

@@ -25,9 +25,9 @@
 #include <jansson.h>
 
 #include "../engine/sampler.h"
-#include "../text/chat.h"
-#include "../text/parsers.h"
-#include "../text/tokenizer.h"
+#include "../chat/chat.h"
+#include "../chat/parsers.h"
+#include "../tokenizer/tokenizer.h"
 #include "media.h"
 
 #define M3_OAI_MAX_N 16            /* choices per prompt */

@@ -46,8 +46,8 @@
 
 #include "../engine/engine.h"
 #include "media.h"
-#include "../text/chat.h"
-#include "../text/tokenizer.h"
+#include "../chat/chat.h"
+#include "../tokenizer/tokenizer.h"
 
 /* what GET /version reports (vLLM answers {"version": ...} there too); session 12 = 0.12 */
 #define M3_VERSION "0.12.0"

@@ -21,7 +21,7 @@
 #include "../base/clock.h"
 #include "../base/fault.h"
 #include "../base/sbuf.h"
-#include "../text/parsers.h"
+#include "../chat/parsers.h"
 #include "http.h"
 #include "metrics.h"
 #include "openai.h"

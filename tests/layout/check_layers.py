@@ -20,7 +20,6 @@ LAYERS = [
     ("image", 2),         # image decoding and the vision preprocessing
     ("tokenizer", 2),     # tokenizer.json, BPE encode / decode
     ("jinja", 2),         # the chat-template language
-    ("text", 2),          # (until split into tokenizer / jinja / chat)
     ("weights", 2),       # weight formats, the linear descriptor, checkpoint views
     ("kv", 2),            # KV cache pages, row layouts, prefix blocks
     ("chat", 3),          # chat templates applied, output parsers (reasoning, tool calls)

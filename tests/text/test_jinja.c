@@ -1,13 +1,13 @@
-/* Unit tests of the Jinja interpreter (src/text/jinja.h) and chat template loading
- * (src/text/chat.h): features with their expected text (checked with Python jinja2 3.1,
+/* Unit tests of the Jinja interpreter (src/jinja/jinja.h) and chat template loading
+ * (src/chat/chat.h): features with their expected text (checked with Python jinja2 3.1,
  * trim_blocks + lstrip_blocks as transformers sets them) and error messages with line and
  * column. usage: test_jinja REPO_ROOT */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "text/chat.h"
-#include "text/jinja.h"
+#include "chat/chat.h"
+#include "jinja/jinja.h"
 
 static int fails, passes;
 

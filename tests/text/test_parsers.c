@@ -1,4 +1,4 @@
-/* Output parsers (src/text/parsers.h): every example is fed unsplit, split at every byte
+/* Output parsers (src/chat/parsers.h): every example is fed unsplit, split at every byte
  * boundary, byte by byte, and in 3 random pieces under many seeds; the accumulated
  * reasoning, content and tool calls must equal the expected values every time, what was
  * emitted so far must always be a prefix of the final result (so no partial tag is ever
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "text/parsers.h"
+#include "chat/parsers.h"
 
 static int fails = 0;
 #define CHECK(cond, ...) do { if (!(cond)) { fails++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)

@@ -2,7 +2,7 @@
  * and the added-token trie. */
 #include <string.h>
 
-#include "text/tok_internal.h"
+#include "tokenizer/tok_internal.h"
 #include "base/utf8.h"
 
 int tok_buf_reserve(tok_buf *b, size_t n) {

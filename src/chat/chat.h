@@ -1,4 +1,7 @@
-/* m3_chat: a checkpoint's chat template, ready to turn OpenAI-style messages into a prompt.
+/* src/chat: chat templates applied to messages (chat.h) and the model-output parsers
+ * (parsers.h). It sits on jinja/ and base/.
+ *
+ * m3_chat: a checkpoint's chat template, ready to turn OpenAI-style messages into a prompt.
  *
  * Where the template comes from (m3_chat_load, in this order):
  *   1. DIR/chat_template.jinja;
@@ -27,7 +30,7 @@
 #include <jansson.h>
 
 #include "base/err.h"
-#include "text/jinja.h"
+#include "jinja/jinja.h"
 
 typedef struct m3_chat m3_chat;
 

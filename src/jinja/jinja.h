@@ -1,4 +1,7 @@
-/* m3_jinja: a Jinja2 interpreter for chat templates.
+/* src/jinja: the Jinja interpreter module (lexer, parser, runtime with filters, tests and
+ * methods as tables). It includes base/ only.
+ *
+ * m3_jinja: a Jinja2 interpreter for chat templates.
  *
  * Covers what real Hugging Face chat templates use: {{ }}, {% %}, {# #}, whitespace
  * control, trim_blocks + lstrip_blocks (both on, as transformers sets them), if / for

@@ -1,4 +1,7 @@
-/* m3_tok: Hugging Face `tokenizer.json` BPE tokenizers (Qwen, GPT-OSS, MiniMax, Llama 3...).
+/* src/tokenizer: the tokenizer module (tokenizer.json loading, BPE encode, streaming decode,
+ * and the tokenizer files make-tiny writes). It includes base/ only.
+ *
+ * m3_tok: Hugging Face `tokenizer.json` BPE tokenizers (Qwen, GPT-OSS, MiniMax, Llama 3...).
  *
  * What is loaded: the BPE model (vocab, merges as "a b" strings or ["a","b"] pairs,
  * ignore_merges, byte_fallback, unk_token, fuse_unk), normalizers (NFC/NFD/NFKC/NFKD,
@@ -78,5 +81,20 @@ int32_t m3_tok_bos_id(const m3_tok *t);
 int32_t m3_tok_eos_id(const m3_tok *t);
 int32_t m3_tok_pad_id(const m3_tok *t);
 int32_t m3_tok_unk_id(const m3_tok *t);
+
+/* The tokenizer files of a MiniMax-M3 checkpoint made from another model's tokenizer.json
+ * (m3 make-tiny --tokenizer; tok_write.c): that file with the chat tokens it lacks
+ * (]~!b[ ]~b] [e~[ <mm:think> </mm:think> ]<]minimax[>[) appended as added tokens after its
+ * largest id, and a tokenizer_config.json naming ]~!b[ as BOS and [e~[ as EOS. Turn markers
+ * and [e~[ are special; the think tags and the tool-call namespace are not, so decoded text
+ * keeps them for the parsers. Texts are malloc'd; m3_tok_files_free frees them. */
+typedef struct m3_tok_files {
+    char *tokenizer_json;        /* compact JSON */
+    char *tokenizer_config_json; /* indented by 2 */
+    int64_t max_id;              /* the largest id, added tokens included */
+    int64_t bos_id, eos_id;      /* ]~!b[ and [e~[ */
+} m3_tok_files;
+int m3_tok_files_make(const char *path, m3_tok_files *out, m3_err *err);
+void m3_tok_files_free(m3_tok_files *f);
 
 #endif

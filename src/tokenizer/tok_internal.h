@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 /* growable byte buffer */
 typedef struct {

@@ -6,7 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "text/tok_internal.h"
+#include "tokenizer/tok_internal.h"
 
 /* ---------- maps */
 

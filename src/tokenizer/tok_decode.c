@@ -3,7 +3,7 @@
  * String::from_utf8_lossy does it. The stream decoder holds back incomplete characters. */
 #include <string.h>
 
-#include "text/tok_internal.h"
+#include "tokenizer/tok_internal.h"
 
 static const char REPL[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
 

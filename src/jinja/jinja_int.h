@@ -1,6 +1,8 @@
-/* Internals shared by jinja_parse.c (lexer + parser) and jinja_eval.c (values + runtime).
- * Not a public API. Everything a template or a render allocates lives in an arena freed
- * at once; errors unwind with longjmp to the API entry point, which frees the arena. */
+/* Internals shared by the Jinja module's files (not a public API): the arena (arena.c), the
+ * tokens (lexer.c), values and the AST (parser.c builds it, the runtime walks it; its own
+ * internals are in jinja_rt.h). Everything a template or a render allocates lives in an
+ * arena freed at once; errors unwind with longjmp to the API entry point, which frees the
+ * arena. */
 #ifndef M3_JINJA_INT_H
 #define M3_JINJA_INT_H
 
@@ -8,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "text/jinja.h"
+#include "jinja/jinja.h"
 
 /* ---- arena */
 typedef struct jarena_chunk {
@@ -85,5 +87,36 @@ struct m3_jinja {
     jnode *root;
     char name[128];
 };
+
+/* ---- tokens (lexer.c) */
+enum { T_TEXT, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END, T_NAME, T_STRING, T_INT, T_FLOAT, T_OP, T_EOF };
+
+typedef struct tok {
+    int t, line, col;
+    const char *s; /* text, name, string value, op */
+    size_t n;
+    int64_t i;
+    double f;
+} tok;
+
+typedef struct lexer {
+    jarena *A;
+    const char *src;
+    size_t len;
+    tok *toks;
+    size_t ntok, cap;
+    size_t lc_pos;
+    int line, col;
+    jmp_buf *jb;
+    m3_err *err;
+    const char *name;
+} lexer;
+
+/* Splits L->src into L->toks, ending with T_EOF; errors longjmp to *L->jb. */
+void jx_lex(lexer *L);
+
+/* ---- names the runtime knows (filters.c, tests.c): the parser refuses the others */
+int jx_known_filter(const char *name);
+int jx_known_test(const char *name);
 
 #endif

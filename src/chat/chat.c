@@ -1,6 +1,6 @@
 /* m3_chat: template loading (checkpoint dir, tokenizer_config.json, built-in MiniMax-M3)
  * and rendering with the transformers context. See chat.h. */
-#include "text/chat.h"
+#include "chat/chat.h"
 
 #include <stdio.h>
 #include <stdlib.h>

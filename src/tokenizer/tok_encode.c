@@ -3,7 +3,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#include "text/tok_internal.h"
+#include "tokenizer/tok_internal.h"
 
 typedef struct {
     uint32_t off, len;

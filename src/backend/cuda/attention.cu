@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
                             f[2 * h + 1] = v.y;
                         }
                     } else {
-                        const float sc = e4m3_f32(r.y) * 16384.0f;
+                        const float sc = nvfp4_scale(r.y);
 #pragma unroll
                         for (int h = 0; h < 4; h++) {
                             const float2 v = e2m1x2_f32((r.x >> (8 * h)) & 0xffu);

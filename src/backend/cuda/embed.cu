@@ -16,11 +16,7 @@ __global__ void k_embed(m3_linear E, const int32_t *ids, float *out) {
         case M3_WF_BF16: v = bf16_f32(((const uint16_t *)row)[k]); break;
         case M3_WF_F16: v = f16_f32(((const uint16_t *)row)[k]); break;
         case M3_WF_MXFP8: v = e4m3_f32(row[k]) * e8m0_f32(E.scale[(size_t)ids[t] * E.scale_row + k / 32]); break;
-        default: {
-            uint32_t code = (k & 1) ? (row[k / 2] >> 4) : (row[k / 2] & 15);
-            float2 f = e2m1x2_f32(code);
-            v = f.x * 16384.0f * (e4m3_f32(E.scale[(size_t)ids[t] * E.scale_row + k / 16]) * E.gmul);
-        }
+        default: v = e2m1_f32(e2m1_at(row, k)) * (e4m3_f32(E.scale[(size_t)ids[t] * E.scale_row + k / 16]) * E.gmul);
         }
         o[k] = v;
     }

@@ -94,6 +94,14 @@ static __device__ __forceinline__ float2 e2m1x2_f32(uint32_t byte) {
     r.y = (unsigned short)(bits >> 16);
     return __half22float2(__half2(r));
 }
+/* E2M1 code k of a row of packed codes (code 0: the low nibble of byte 0) */
+static __device__ __forceinline__ uint32_t e2m1_at(const uint8_t *row, int k) {
+    return (k & 1) ? (row[k / 2] >> 4) : (row[k / 2] & 15);
+}
+/* E2M1 code (low 4 bits) -> its value; an NVFP4 value is this times its block scale */
+static __device__ __forceinline__ float e2m1_f32(uint32_t code) { return e2m1x2_f32(code).x * 16384.0f; }
+/* an NVFP4 block's E4M3 scale byte as the multiplier of e2m1x2_f32's values (x 2^14) */
+static __device__ __forceinline__ float nvfp4_scale(uint32_t b) { return e4m3_f32(b) * 16384.0f; }
 static __device__ __forceinline__ float bf16_f32(uint32_t h) { return __int_as_float((int)(h << 16)); }
 static __device__ __forceinline__ float f16_f32(uint32_t h) {
     __half_raw r;

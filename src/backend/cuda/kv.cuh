@@ -48,10 +48,7 @@ static __device__ __forceinline__ float read_el(const uint8_t *row, int dt, int 
     case M3_KV_F32: return ((const float *)row)[i];
     case M3_KV_BF16: return bf16_f32(((const uint16_t *)row)[i]);
     case M3_KV_FP8: return e4m3_f32(row[i]);
-    default: {
-        uint32_t code = (i & 1) ? (row[i / 2] >> 4) : (row[i / 2] & 15);
-        return (e2m1x2_f32(code).x * 16384.0f) * e4m3_f32(row[dim / 2 + i / 16]);
-    }
+    default: return e2m1_f32(e2m1_at(row, i)) * e4m3_f32(row[dim / 2 + i / 16]);
     }
 }
 
@@ -78,7 +75,7 @@ static __device__ __forceinline__ void read8(const uint8_t *row, int dt, int dim
         const uint8_t *cp = row + e / 2;
         uint32_t q = ((uintptr_t)cp & 3) == 0 ? *(const uint32_t *)cp
                                                 : (uint32_t)cp[0] | ((uint32_t)cp[1] << 8) | ((uint32_t)cp[2] << 16) | ((uint32_t)cp[3] << 24);
-        float s = e4m3_f32(row[dim / 2 + e / 16]) * 16384.0f;
+        float s = nvfp4_scale(row[dim / 2 + e / 16]);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             float2 f = e2m1x2_f32((q >> (8 * i)) & 0xff);
@@ -93,7 +90,7 @@ static __device__ __forceinline__ void read8(const uint8_t *row, int dt, int dim
 static __device__ __forceinline__ void read16(const uint8_t *row, int dt, int dim, int e, float *o) {
     if (dt == M3_KV_NVFP4 && (((uintptr_t)row + e / 2) & 7) == 0) {
         uint2 q = *(const uint2 *)(row + e / 2);
-        float s = e4m3_f32(row[dim / 2 + e / 16]) * 16384.0f;
+        float s = nvfp4_scale(row[dim / 2 + e / 16]);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             float2 f = e2m1x2_f32(((i < 4 ? q.x : q.y) >> (8 * (i & 3))) & 0xff);

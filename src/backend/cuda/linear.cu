@@ -117,8 +117,7 @@ static __device__ __forceinline__ float decode_at(const m3_linear &W, int n, int
             return e4m3_f32(W.w[wt_voff(W.fmt, W.row_bytes, n, (size_t)k)]) *
                    e8m0_f32(W.scale[wt_soff(W.fmt, W.scale_row, n, (size_t)k / 32)]);
         const uint32_t word = *(const uint32_t *)(W.w + wt_voff(W.fmt, W.row_bytes, n, (size_t)(k / 2) & ~(size_t)3));
-        return e2m1x2_f32(wt_nv_code(word, k & 7)).x * 16384.0f *
-               (e4m3_f32(W.scale[wt_soff(W.fmt, W.scale_row, n, (size_t)k / 16)]) * W.gmul);
+        return e2m1_f32(wt_nv_code(word, k & 7)) * (e4m3_f32(W.scale[wt_soff(W.fmt, W.scale_row, n, (size_t)k / 16)]) * W.gmul);
     }
     const uint8_t *row = W.w + (size_t)n * W.row_bytes;
     switch (W.fmt) {
@@ -126,10 +125,7 @@ static __device__ __forceinline__ float decode_at(const m3_linear &W, int n, int
     case M3_WF_BF16: return bf16_f32(((const uint16_t *)row)[k]);
     case M3_WF_F16: return f16_f32(((const uint16_t *)row)[k]);
     case M3_WF_MXFP8: return e4m3_f32(row[k]) * e8m0_f32(W.scale[(size_t)n * W.scale_row + k / 32]);
-    default: {
-        uint32_t code = (k & 1) ? (row[k / 2] >> 4) : (row[k / 2] & 15);
-        return e2m1x2_f32(code).x * 16384.0f * (e4m3_f32(W.scale[(size_t)n * W.scale_row + k / 16]) * W.gmul);
-    }
+    default: return e2m1_f32(e2m1_at(row, k)) * (e4m3_f32(W.scale[(size_t)n * W.scale_row + k / 16]) * W.gmul);
     }
 }
 

@@ -3,6 +3,7 @@
  * tiled (common.cuh, wt_voff; k_tile_weights), and their release.
  * CPU reference: none (the CPU reads the mapped checkpoint in place); the tiled layout is
  * checked by tests/gpu/test_tile_layout.cu. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

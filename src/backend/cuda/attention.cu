@@ -1,6 +1,6 @@
 /* Block-sparse / dense causal attention on the GPU over the paged KV cache (kv.cuh), and the
  * log-sum-exp merge of its key splits.
- * CPU reference: src/backend/cpu/attention.c (cpu_attention).
+ * CPU reference: src/backend/cpu/attention.c (m3_cpu_attention).
  *
  * Attention: a CTA per (key split, KV group, token) walks 32-key chunks of the keys the
  * token may see (the selected blocks, or [0, pos] on dense layers), online softmax per

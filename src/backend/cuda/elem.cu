@@ -1,6 +1,6 @@
 /* Elementwise kernels on the GPU: the residual add, SwiGLU-OAI (with the f16 split of its
  * output for the down projection).
- * CPU reference: src/backend/cpu/elem.c (cpu_add, m3_cpu_swiglu_oai). */
+ * CPU reference: src/backend/cpu/elem.c (m3_cpu_add, m3_cpu_swiglu_oai). */
 #include "common.cuh"
 
 __global__ void k_add(float *y, const float *x, size_t n) {

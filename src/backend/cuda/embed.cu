@@ -1,5 +1,5 @@
 /* Embedding rows on the GPU: out[t] = the decoded row ids[t] of E, in any weight format.
- * CPU reference: src/backend/cpu/embed.c (cpu_embed; m3_cpu_decode_rows in formats.c). */
+ * CPU reference: src/backend/cpu/embed.c (m3_cpu_embed; m3_cpu_decode_rows in formats.c). */
 #include "common.cuh"
 
 /* out[t] = decode(E row ids[t]): blocks (column range, token), a value per thread (one block per

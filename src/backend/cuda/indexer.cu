@@ -1,7 +1,7 @@
 /* The lightning indexer on the GPU: each token's block scores (max over a block's keys of
  * index q . index k, per indexer head) over the paged index-K cache, then the per-head block
  * top-k (forced local / initial blocks, lowest block on ties, ascending, -1 padded).
- * CPU reference: src/backend/cpu/indexer.c (cpu_index_select). */
+ * CPU reference: src/backend/cpu/indexer.c (m3_cpu_index_select). */
 #include <math.h>
 
 #include "kv.cuh"

@@ -1,7 +1,7 @@
 /* KV / index-K insert on the GPU with the spec's rounding (kv.cuh: write_row), and the fused
  * per-head norm + RoPE + insert (head_norm_rope_store).
- * CPU reference: src/backend/cpu/kv_store.c (cpu_kv_store; m3_kv_store in src/kv/kv.c rounds);
- * the fused op: src/backend/cpu/rope.c (cpu_head_norm_rope) then cpu_kv_store. */
+ * CPU reference: src/backend/cpu/kv_store.c (m3_cpu_kv_store; m3_kv_store in src/kv/kv.c rounds);
+ * the fused op: src/backend/cpu/rope.c (m3_cpu_head_norm_rope) then cpu_kv_store. */
 #include <math.h>
 
 #include "kv.cuh"

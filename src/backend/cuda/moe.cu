@@ -1,6 +1,6 @@
 /* The dense MLP and the MoE experts on the GPU: expert dispatch (per slot, grouped by expert,
  * or grouped on the host), SwiGLU-OAI and the weighted combine (+ the shared expert).
- * CPU reference: src/backend/cpu/moe.c (cpu_moe, cpu_mlp).
+ * CPU reference: src/backend/cpu/moe.c (m3_cpu_moe, m3_cpu_mlp).
  *
  * MoE, up to 8 tokens: router GEMV, a warp per token picks the top-k (sigmoid + bias,
  * lowest index on ties, as the CPU), then one launch computes gate+up of every (token,

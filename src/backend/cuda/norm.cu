@@ -1,8 +1,8 @@
 /* Gemma RMSNorm on the GPU (out = x rsqrt(mean(x^2) + eps) (1 + w), the sum of squares in
  * double), with the residual add before it (add_rmsnorm) and the MoE combine before that
  * (m3_cu_combine_add_rmsnorm); each writes the f16 split of its output for the GEMV after it.
- * CPU reference: src/backend/cpu/norm.c (cpu_rmsnorm); add_rmsnorm = cpu_add (elem.c) then
- * cpu_rmsnorm. */
+ * CPU reference: src/backend/cpu/norm.c (m3_cpu_rmsnorm); add_rmsnorm = m3_cpu_add (elem.c) then
+ * m3_cpu_rmsnorm. */
 #include "common.cuh"
 
 /* block-wide sum of a double (common.cuh) */

@@ -1,6 +1,6 @@
 /* Per-head Gemma RMSNorm + partial NeoX RoPE on the GPU, for one tensor or several of the same
  * tokens in one launch (head_norm_rope_n).
- * CPU reference: src/backend/cpu/rope.c (cpu_head_norm_rope). */
+ * CPU reference: src/backend/cpu/rope.c (m3_cpu_head_norm_rope). */
 #include "common.cuh"
 
 /* one warp per (token, head): RMSNorm over dim (double sum like the CPU), then NeoX RoPE on

@@ -1,5 +1,5 @@
 /* The vision tower's ops on the GPU (ops.h: layer_norm, bias_act, rope_table, attention_full),
- * twins of src/backend/cpu/vision_ops.c: LayerNorm statistics and GELU in double, softmax
+ * twins of src/backend/cpu/vision.c: LayerNorm statistics and GELU in double, softmax
  * sums in double; attention one block per (head, query) with the scores in shared memory. */
 #include "common.cuh"
 

@@ -1,7 +1,8 @@
 /* Random weights of any config, built on the GPU in the real checkpoint's formats (for
  * `m3 bench --random-weights`: real shapes without a 250 GB download). Values are drawn
  * from a counter hash so a seed gives the same weights on every run; magnitudes keep
- * activations finite (row sums of squares ~ 1). */
+ * activations finite (row sums of squares ~ 1).
+ * CPU reference: none (benchmarks only; the formats written are read by formats.cuh). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

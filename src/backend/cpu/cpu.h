@@ -1,5 +1,11 @@
 /* CPU backend: a thread pool over all cores, SIMD kernels chosen at run time
- * (AVX2+FMA+F16C where present, portable C otherwise). */
+ * (AVX2+FMA+F16C where present, portable C otherwise).
+ *
+ * Files, one per op family (the CUDA backend's files of the same names match them):
+ *   ops.c       the op table, scratch memory, the failure check
+ *   formats.c   the number formats' decoders (tables, scalar decoder; formats.h: AVX2 decoders)
+ *   embed.c norm.c elem.c rope.c kv_store.c indexer.c attention.c linear.c router.c moe.c vision.c
+ *   simd.c      small vector helpers (dot, axpy, exp) */
 #ifndef M3_CPU_H
 #define M3_CPU_H
 
@@ -15,7 +21,7 @@ void m3_cpu_ops_free(m3_ops *ops);
 const char *m3_cpu_simd_name(void);
 
 /* ---- kernels shared inside the CPU backend ---- */
-void m3_cpu_vision_ops(m3_ops *ops); /* fills the vision tower's ops (vision_ops.c) */
+void m3_cpu_vision_ops(m3_ops *ops); /* fills the vision tower's ops (vision.c) */
 typedef struct m3_cpu {
     m3_pool *pool;
     int nthreads;
@@ -28,9 +34,40 @@ typedef struct m3_cpu {
  * message (no silent wrong output). Counted by the fault-injection module "backend". */
 void *m3_cpu_scratch(m3_cpu *c, size_t bytes, const char *op);
 
-/* y[T, N] = x[T, K] W^T on the pool. */
+/* ---- the ops, by the file of their family (ops.c puts them in the table) ---- */
+/* embed.c */
+void m3_cpu_embed(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out);
+/* norm.c: one row, and the op */
+void m3_cpu_rms_row(const float *x, const float *w, int dim, float eps, float *out);
+void m3_cpu_rmsnorm(void *ctx, const float *x, const float *w, int rows, int dim, float eps, float *out);
+/* elem.c */
+void m3_cpu_add(void *ctx, float *y, const float *x, size_t n);
+void m3_cpu_swiglu_oai(const float *gate, const float *up, size_t n, float alpha, float limit, float *out);
+/* rope.c */
+void m3_cpu_head_norm_rope(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps, int rotary_dim,
+                           double theta, const int32_t *pos);
+/* kv_store.c */
+void m3_cpu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v, const float *ik);
+/* indexer.c */
+void m3_cpu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *iq, int ni, int block,
+                         int topk, int local, int init, int32_t *sel);
+/* attention.c */
+void m3_cpu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh, const int32_t *sel,
+                      int block, int topk, float *out);
+void m3_cpu_dspark_attention(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
+                             const float *kr, const float *vr, int cap, int lo, int len, int pos, int window, float *out);
+/* router.c: logits [T][E] -> the K experts of each token, ascending by score rank, and their
+ * weights, pick / wt [T][K]; s: 2E floats of scratch */
+void m3_cpu_route(const float *logits, const float *bias, int T, int E, int K, float scale, float *s, int *pick, float *wt);
+/* moe.c */
+void m3_cpu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out);
+void m3_cpu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
+                float limit, float *out);
+
+/* y[T, N] = x[T, K] W^T on the pool (linear.c). */
 void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *y);
-/* Rows [n0, n1) of W, columns [k0, k0+len) (len a multiple of 32, k0 too), as f32 into out[n1-n0][len]. */
+/* Rows [n0, n1) of W, columns [k0, k0+len) (len a multiple of 32, k0 too), as f32 into out[n1-n0][len]
+ * (formats.c: the number formats' decoders). */
 void m3_cpu_decode_rows(const m3_linear *W, int n0, int n1, int k0, int len, float *out);
 
 /* small vector helpers (simd.c) */

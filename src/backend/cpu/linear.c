@@ -19,7 +19,7 @@
 
 #include "../../base/num.h"
 #include "../../base/simd.h"
-#include "cpu.h"
+#include "formats.h"
 
 #define R 4       /* rows per task unit */
 #define KC 256    /* columns per chunk (multiple of 128) */
@@ -28,52 +28,11 @@
 #define PF_DIST 1024 /* bytes ahead of the weight stream to prefetch */
 #endif
 
-
-static float tab_e8m0[256], tab_e4m3[256];
-/* E8M0 x 256, for E4M3 codes read as F16 (value / 256). Above 246 the product would
- * overflow: those groups multiply by 256 first. */
-static float tab_e8m0_x256[256];
-#define E8M0_X256_MAX 246
-
-__attribute__((constructor)) static void init_tables(void) {
-    for (int i = 0; i < 256; i++) {
-        tab_e8m0[i] = m3_e8m0_to_f32((uint8_t)i);
-        tab_e4m3[i] = m3_e4m3_to_f32((uint8_t)i);
-        tab_e8m0_x256[i] = i <= E8M0_X256_MAX ? tab_e8m0[i] * 256.0f : tab_e8m0[i];
-    }
-}
-
-
 const char *m3_cpu_simd_name(void) { return m3_simd_level() == 2 ? "avx512" : m3_simd_level() == 1 ? "avx2" : "scalar"; }
 
 /* ------------------------------------------------------------------ portable reference */
 
-static void decode_scalar(const m3_linear *W, int n, int k0, int len, float *out) {
-    const uint8_t *row = W->w + (size_t)n * W->row_bytes;
-    const uint8_t *sc = W->scale ? W->scale + (size_t)n * W->scale_row : NULL;
-    for (int i = 0; i < len; i++) {
-        int k = k0 + i;
-        uint16_t h;
-        switch (W->fmt) {
-        case M3_WF_F32: memcpy(&out[i], row + 4 * (size_t)k, 4); break;
-        case M3_WF_BF16: memcpy(&h, row + 2 * (size_t)k, 2); out[i] = m3_bf16_to_f32(h); break;
-        case M3_WF_F16: memcpy(&h, row + 2 * (size_t)k, 2); out[i] = m3_f16_to_f32(h); break;
-        case M3_WF_MXFP8: out[i] = tab_e4m3[row[k]] * tab_e8m0[sc[k / 32]]; break;
-        case M3_WF_NVFP4: {
-            uint8_t code = (k & 1) ? (row[k / 2] >> 4) : (row[k / 2] & 15);
-            out[i] = m3_e2m1_values[code] * (tab_e4m3[sc[k / 16]] * W->gmul);
-            break;
-        }
-        default: out[i] = 0;
-        }
-    }
-}
-
-void m3_cpu_decode_rows(const m3_linear *W, int n0, int n1, int k0, int len, float *out) {
-    for (int n = n0; n < n1; n++) decode_scalar(W, n, k0, len, out + (size_t)(n - n0) * len);
-}
-
-/* scalar rows: decode a chunk, then plain sums */
+/* scalar rows: decode a chunk (formats.c), then plain sums */
 static void rows_scalar(const m3_linear *W, int n0, int n1, const float *x, int T, float *y) {
     float w[KC];
     for (int n = n0; n < n1; n++)
@@ -81,7 +40,7 @@ static void rows_scalar(const m3_linear *W, int n0, int n1, const float *x, int 
     for (int n = n0; n < n1; n++)
         for (int k0 = 0; k0 < W->K; k0 += KC) {
             int len = W->K - k0 < KC ? W->K - k0 : KC;
-            decode_scalar(W, n, k0, len, w);
+            m3_cpu_decode_row(W, n, k0, len, w);
             for (int t = 0; t < T; t++) {
                 const float *xt = x + (size_t)t * W->K + k0;
                 float s = 0;
@@ -93,9 +52,6 @@ static void rows_scalar(const m3_linear *W, int n0, int n1, const float *x, int 
 
 /* ------------------------------------------------------------------ AVX2 */
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define INLINE inline __attribute__((always_inline))
-
 AVX2 static INLINE float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -103,79 +59,13 @@ AVX2 static INLINE float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* 32 E4M3 bytes -> 32 floats equal to value / 256, exactly: each byte goes to the high byte
- * of a 16-bit lane (sign at bit 15, magnitude at 8..14); an arithmetic shift right by one
- * puts the magnitude at 7..13, where an F16 keeps exponent and mantissa (F16 reads it as
- * value / 256, subnormals included), and the mask clears the copied sign bit. Columns come
- * out in natural order: out[q] = columns 8q..8q+7. */
-AVX2 static INLINE void e4m3x32(const uint8_t *p, __m256 *out) {
-    const __m256i z = _mm256_setzero_si256(), m = _mm256_set1_epi16((short)0xBFFF);
-    __m256i b = _mm256_loadu_si256((const __m256i *)p);
-    __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(z, b), 1), m); /* bytes 0-7 | 16-23 */
-    __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(z, b), 1), m); /* bytes 8-15 | 24-31 */
-    out[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(lo));
-    out[1] = _mm256_cvtph_ps(_mm256_castsi256_si128(hi));
-    out[2] = _mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1));
-    out[3] = _mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1));
-}
-
-/* NVFP4, 32 columns from 16 packed bytes: codes -> bf16 bits through two byte lookups ->
- * f32 by placing them in the upper half. Columns come out in NVFP4_PERM order (x is
- * permuted to match once per call): lane 0 of the codes holds the low nibbles (even
- * columns), lane 1 the high ones. out[0..1] are columns 0..15 (first scale group),
- * out[2..3] columns 16..31. Values are E2M1, unscaled. */
-/* bf16 bits of the 16 E2M1 values {0, .5, 1, 1.5, 2, 3, 4, 6, -0, ..., -6}: low and high
- * bytes, twice (one copy per 128-bit lane, as the byte shuffle looks up within a lane) */
-static const uint8_t NVFP4_BF16_LO[32] = {0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0, 0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0,
-                                          0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0, 0, 0, 0x80, 0xC0, 0, 0x40, 0x80, 0xC0};
-static const uint8_t NVFP4_BF16_HI[32] = {0,    0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x80, 0xBF, 0xBF,
-                                          0xBF, 0xC0, 0xC0, 0xC0, 0xC0, 0,    0x3F, 0x3F, 0x3F, 0x40, 0x40,
-                                          0x40, 0x40, 0x80, 0xBF, 0xBF, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0};
-
+/* the column orders of nvfp4x32 and nvfp4x64 (formats.h): x is permuted to match */
 static const uint8_t NVFP4_PERM[32] = {0,  2,  4,  6,  1,  3,  5,  7,  8,  10, 12, 14, 9,  11, 13, 15,
                                        16, 18, 20, 22, 17, 19, 21, 23, 24, 26, 28, 30, 25, 27, 29, 31};
 
-AVX2 static INLINE void nvfp4x32(const uint8_t *p, __m256 *out) {
-    const __m256i lut_lo = _mm256_loadu_si256((const __m256i *)NVFP4_BF16_LO);
-    const __m256i lut_hi = _mm256_loadu_si256((const __m256i *)NVFP4_BF16_HI);
-    const __m256i z = _mm256_setzero_si256();
-    __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
-    __m256i c = _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0f));
-    __m256i L = _mm256_shuffle_epi8(lut_lo, c), H = _mm256_shuffle_epi8(lut_hi, c);
-    __m256i wa = _mm256_unpacklo_epi8(L, H), wb = _mm256_unpackhi_epi8(L, H);
-    out[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, wa));
-    out[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, wa));
-    out[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, wb));
-    out[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, wb));
-}
-
-/* NVFP4, 64 columns from 32 packed bytes (two 32-column blocks A, B in the two lanes).
- * Each output vector holds 4 columns of A (lane 0) and 4 of B (lane 1) from matching scale
- * groups: out[0..3] are columns 0..15 of A and of B (scales sA0 | sB0), out[4..7] columns
- * 16..31 of A and B (sA1 | sB1). NVFP4_PERM64 lists the columns in output order. */
 static const uint8_t NVFP4_PERM64[64] = {
     0,  2,  4,  6,  32, 34, 36, 38, 8,  10, 12, 14, 40, 42, 44, 46, 1,  3,  5,  7,  33, 35, 37, 39, 9,  11, 13, 15, 41, 43, 45, 47,
     16, 18, 20, 22, 48, 50, 52, 54, 24, 26, 28, 30, 56, 58, 60, 62, 17, 19, 21, 23, 49, 51, 53, 55, 25, 27, 29, 31, 57, 59, 61, 63};
-
-AVX2 static INLINE void nvfp4x64(const uint8_t *p, __m256 *out) {
-    const __m256i lut_lo = _mm256_loadu_si256((const __m256i *)NVFP4_BF16_LO);
-    const __m256i lut_hi = _mm256_loadu_si256((const __m256i *)NVFP4_BF16_HI);
-    const __m256i z = _mm256_setzero_si256(), m4 = _mm256_set1_epi8(0x0f);
-    __m256i b = _mm256_loadu_si256((const __m256i *)p);
-    __m256i ce = _mm256_and_si256(b, m4), co = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4); /* even, odd columns */
-    __m256i Le = _mm256_shuffle_epi8(lut_lo, ce), He = _mm256_shuffle_epi8(lut_hi, ce);
-    __m256i Lo = _mm256_shuffle_epi8(lut_lo, co), Ho = _mm256_shuffle_epi8(lut_hi, co);
-    __m256i ea = _mm256_unpacklo_epi8(Le, He), eb = _mm256_unpackhi_epi8(Le, He);
-    __m256i oa = _mm256_unpacklo_epi8(Lo, Ho), ob = _mm256_unpackhi_epi8(Lo, Ho);
-    out[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, ea));
-    out[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, ea));
-    out[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, oa));
-    out[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, oa));
-    out[4] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, eb));
-    out[5] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, eb));
-    out[6] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, ob));
-    out[7] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, ob));
-}
 
 /* NVFP4 block scales of one row as f32, times the global multiplier: S[i] = e4m3(sc[i]) * gmul */
 AVX2 static void nvfp4_row_scales(const uint8_t *sc, int n, float gmul, float *S) {
@@ -186,7 +76,7 @@ AVX2 static void nvfp4_row_scales(const uint8_t *sc, int n, float gmul, float *S
         e4m3x32(sc + i, v);
         for (int q = 0; q < 4; q++) _mm256_storeu_ps(S + i + 8 * q, _mm256_mul_ps(_mm256_mul_ps(v[q], c), g));
     }
-    for (; i < n; i++) S[i] = tab_e4m3[sc[i]] * gmul;
+    for (; i < n; i++) S[i] = m3_cpu_tab_e4m3[sc[i]] * gmul;
 }
 
 AVX2 static INLINE __m256 ld8_plain(m3_wfmt fmt, const uint8_t *row, int k) {
@@ -262,7 +152,7 @@ AVX2 static INLINE void row_dot(const m3_linear *W, int n, const float *x0, cons
             v_[0] = _mm256_mul_ps(v_[0], c_); v_[1] = _mm256_mul_ps(v_[1], c_);              \
             v_[2] = _mm256_mul_ps(v_[2], c_); v_[3] = _mm256_mul_ps(v_[3], c_);              \
         }                                                                                    \
-        GROUP((kk), v_[0], v_[1], v_[2], v_[3], 4, _mm256_set1_ps(tab_e8m0_x256[e_]), j);    \
+        GROUP((kk), v_[0], v_[1], v_[2], v_[3], 4, _mm256_set1_ps(m3_cpu_tab_e8m0_x256[e_]), j);    \
     } while (0)
             for (; k + 128 <= end; k += 128) {
                 _mm_prefetch((const char *)row + k + PF_DIST, _MM_HINT_T0);
@@ -371,7 +261,7 @@ AVX512 static void nvfp4_scales512(const uint8_t *sc, int n, float gmul, float *
         _mm512_storeu_ps(S + i, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(f)), c));
         _mm512_storeu_ps(S + i + 16, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(f, 1)), c));
     }
-    for (; i < n; i++) S[i] = tab_e4m3[sc[i]] * gmul;
+    for (; i < n; i++) S[i] = m3_cpu_tab_e4m3[sc[i]] * gmul;
 }
 
 AVX512 static INLINE void row_dot512(const m3_linear *W, int n, const float *x0, const float *x1, const int NT,
@@ -428,7 +318,7 @@ AVX512 static INLINE void row_dot512(const m3_linear *W, int n, const float *x0,
             v0_ = _mm512_mul_ps(v0_, _mm512_set1_ps(256.0f));                                \
             v1_ = _mm512_mul_ps(v1_, _mm512_set1_ps(256.0f));                                \
         }                                                                                    \
-        GROUP2((kk), v0_, v1_, _mm512_set1_ps(tab_e8m0_x256[e_]), j);                        \
+        GROUP2((kk), v0_, v1_, _mm512_set1_ps(m3_cpu_tab_e8m0_x256[e_]), j);                        \
     } while (0)
             for (; k + 128 <= end; k += 128) {
                 _mm_prefetch((const char *)row + k + PF_DIST, _MM_HINT_T0);

@@ -1,5 +1,6 @@
-/* Shared by the CUDA backend's .cu files: the context, error checks, and the number-format
- * decoders used inside kernels (the device twins of src/base/num.h). */
+/* Shared by the CUDA backend's .cu files: the context, error checks, the tiled weight layout,
+ * warp / block / cluster helpers, and the declarations of the ops each kernel file implements.
+ * The number-format decoders are in formats.cuh. */
 #ifndef M3_CUDA_COMMON_CUH
 #define M3_CUDA_COMMON_CUH
 
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "cuda.h"
+#include "formats.cuh"
 
 /* grow-only scratch buffers, one per purpose (no allocation inside a steady-state step) */
 enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_XSPLIT, SC_XSPLIT2, SC_COUNT };
@@ -52,7 +54,7 @@ typedef struct m3_cuda {
     struct { int op; cudaEvent_t a, b; } *prof_ev;
     double prof_ms[16];
     long prof_calls[16];
-    /* f16 hi / lo splits of activation buffers (gemv_mma.cu), and the tensor-core GEMV's
+    /* f16 hi / lo splits of activation buffers (linear_mma.cu), and the tensor-core GEMV's
      * arrival counters (zero between launches) */
     struct { const float *src; size_t n; uint16_t *buf; } xs[2];
     int xs_next;
@@ -68,7 +70,7 @@ typedef struct m3_cuda {
     size_t h_pick_cap;
 } m3_cuda;
 
-/* MoE grouped by expert on the tensor cores (gemv_mma.cu): at most MOE_GROUP_T tokens and
+/* MoE grouped by expert on the tensor cores (linear_mma.cu): at most MOE_GROUP_T tokens and
  * MOE_GROUP_S (token, expert) slots per launch; larger batches go in chunks */
 #define MOE_GROUP_T 64
 #define MOE_GROUP_S 512
@@ -135,45 +137,6 @@ static __host__ __device__ __forceinline__ size_t wt_soff(int fmt, size_t scale_
     const int sb = wt_sb(fmt);
     return (size_t)(n >> 4) * 16 * scale_row + (j / sb) * 16 * sb + (size_t)(n & 15) * sb + j % sb;
 }
-/* NVFP4 values in the tiled layout are also bit-permuted inside each 32-bit word (8 E2M1 codes;
- * code j = values 8i + j of the word's row piece, code 0 the low nibble of its first byte): the
- * sign of code j sits at bit wt_nv_sbit(j), its 3 magnitude bits from wt_nv_ebit(j) up. Codes
- * 2p and 2p + 1 then become an f16 pair (value x 2^-14: sign at bit 15, exponent and mantissa
- * bits at 9..11 of each half) with one or two shifts and masks (nv_pair), no table:
- *   pair 0: w & 0x8E008E00   pair 1: (w << 3) & 0x8E008E00
- *   pair 2: ((w << 9) & 0x0E000E00) | ((w << 2) & 0x80008000)   pair 3: the same with 6 and 1
- * (pairs 2 and 3 computed as one multiply of the masked word: see nv_pair) */
-static __host__ __device__ __forceinline__ int wt_nv_sbit(int j) {
-    const int p = (j >> 1) & 3;
-    return (p == 0 ? 15 : p == 1 ? 12 : p == 2 ? 13 : 14) + 16 * (j & 1);
-}
-static __host__ __device__ __forceinline__ int wt_nv_ebit(int j) {
-    const int p = (j >> 1) & 3;
-    return (p == 0 ? 9 : p == 1 ? 6 : p == 2 ? 0 : 3) + 16 * (j & 1);
-}
-/* 8 codes in plain order (code j at bits 4j..4j+3) -> the permuted word, and back */
-static __host__ __device__ __forceinline__ uint32_t wt_nv_perm(uint32_t plain) {
-    uint32_t w = 0;
-    for (int j = 0; j < 8; j++) {
-        const uint32_t c = (plain >> (4 * j)) & 15u;
-        w |= ((c >> 3) << wt_nv_sbit(j)) | ((c & 7u) << wt_nv_ebit(j));
-    }
-    return w;
-}
-static __host__ __device__ __forceinline__ uint32_t wt_nv_code(uint32_t w, int j) {
-    return (((w >> wt_nv_sbit(j)) & 1u) << 3) | ((w >> wt_nv_ebit(j)) & 7u);
-}
-
-/* f16 pair P (0-3) of a permuted word: codes 2P and 2P + 1, each value x 2^-14 */
-template <int P> static __host__ __device__ __forceinline__ uint32_t nv_pair(uint32_t w) {
-    if (P == 0) return w & 0x8E008E00u;
-    if (P == 1) return (w << 3) & 0x8E008E00u;
-    /* pairs 2 and 3 move magnitude and sign by different shifts: one multiply adds both shifted
-     * copies of the masked word (no carry reaches a kept bit), so a mask, an IMAD and a mask
-     * instead of two shifts and two masks, and the IMAD runs beside the ALU's masks */
-    if (P == 2) return ((w & 0x20072007u) * 516u) & 0x8E008E00u; /* << 9 (magnitude) + << 2 (sign) */
-    return ((w & 0x40384038u) * 66u) & 0x8E008E00u;             /* << 6 + << 1 */
-}
 
 /* the formats and shapes stored tiled on the device */
 int m3_cu_tileable(const m3_linear *W);
@@ -212,23 +175,17 @@ int m3_cu_arena_build(m3_cuda *c, m3_weights *d, m3_err *err, int (*pass)(m3_cud
                       const void *arg);
 void m3_cu_graphs_clear(m3_cuda *c);
 
-/* ops implemented in the kernel files */
+/* ---- the ops, by the file that implements them (each names its CPU reference) ---- */
+/* weights.cu: upload to the device arena, release */
+int m3_cu_weights_upload(void *ctx, const m3_weights *h, m3_weights *d, m3_err *err);
+void m3_cu_weights_release(void *ctx, m3_weights *w);
+/* embed.cu */
 void m3_cu_embed(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out);
+/* norm.cu */
 void m3_cu_rmsnorm(void *ctx, const float *x, const float *w, int rows, int dim, float eps, float *out);
-void m3_cu_add(void *ctx, float *y, const float *x, size_t n);
 void m3_cu_add_rmsnorm(void *ctx, float *h, const float *o, const float *w, int rows, int dim, float eps, float *out);
-void m3_cu_head_norm_rope(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps, int rotary_dim,
-                          double theta, const int32_t *pos);
-void m3_cu_head_norm_rope_n(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
-                            const int32_t *pos);
-void m3_cu_vision_ops(m3_ops *ops); /* vision.cu */
-void m3_cu_swiglu(m3_cuda *c, const float *gate, const float *up, size_t n, float alpha, float limit, float *out);
-void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y);
-void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out);
-void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
-               float limit, float *out);
-void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v, const float *ik);
-/* the MoE's last step (elem.cu): out[t] = sum_k wt[t][k] ye[t][k] (+ sh[t]), rows of K slots */
+/* the MoE's last step (moe.cu; with the add + norm after it: norm.cu): out[t] = sum_k wt[t][k]
+ * ye[t][k] (+ sh[t]), rows of K slots */
 typedef struct norm_combine {
     const float *ye, *wt, *sh;
     float *out;
@@ -236,107 +193,53 @@ typedef struct norm_combine {
 } norm_combine;
 int m3_cu_combine_add_rmsnorm(m3_cuda *c, const norm_combine *cb, float *h, const float *w, int rows, int dim, float eps,
                               float *out);
-void m3_cu_moe_add_rmsnorm(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale,
-                           float alpha, float limit, float *out, float *h, const float *w, float eps, float *normed);
+/* elem.cu */
+void m3_cu_add(void *ctx, float *y, const float *x, size_t n);
+void m3_cu_swiglu(m3_cuda *c, const float *gate, const float *up, size_t n, float alpha, float limit, float *out);
+/* rope.cu */
+void m3_cu_head_norm_rope(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps, int rotary_dim,
+                          double theta, const int32_t *pos);
+void m3_cu_head_norm_rope_n(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
+                            const int32_t *pos);
+/* kv_store.cu */
+void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v, const float *ik);
 void m3_cu_head_norm_rope_store(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
                                 m3_kv *kv, int layer, const m3_batch *b, const float *v);
+/* indexer.cu */
 void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *iq, int ni, int block,
                         int topk, int local, int init, int32_t *sel);
+/* attention.cu */
 void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh,
                      const int32_t *sel, int block, int topk, float *out);
-
-/* tensor-core GEMV (gemv_mma.cu): 0 when it ran, -1 when the format / shape is not one it takes */
+/* linear.cu: dispatch (tensor cores, SIMT GEMV, bf16 cuBLAS, dequantize + SGEMM) */
+void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y);
+void m3_cu_linear_n(void *ctx, int n, const m3_linear *const *W, const float *x, int T, float *const *y);
+/* linear_mma.cu: tensor-core GEMV, 0 when it ran, -1 when the format / shape is not one it takes */
 int m3_cu_mma_ok(const m3_linear *W);
 int m3_cu_gemv_mma(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y);
 int m3_cu_gemv_mma_n(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y);
-/* the split cache: forget splits of memory an op writes; a buffer for a kernel to write the
- * split of x[n] into (hi, then lo n values further), registered as x's split */
+/* linear_mma.cu, the split cache: forget splits of memory an op writes; a buffer for a kernel to
+ * write the split of x[n] into (hi, then lo n values further), registered as x's split */
 void m3_cu_xsplit_reset(m3_cuda *c);
 void m3_cu_xsplit_touch(m3_cuda *c, const void *p, size_t bytes);
 uint16_t *m3_cu_xsplit_claim(m3_cuda *c, const float *x, size_t n);
-void m3_cu_linear_n(void *ctx, int n, const m3_linear *const *W, const float *x, int T, float *const *y);
+/* router.cu: the MoE router's logits, picks [T][K] and weights [T][K] (routing scratch); -1 on failure */
+int m3_cu_route(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, int32_t **pick,
+                float **wt);
+/* moe.cu: the dense MLP, the MoE (+ the add + norm after it), the expert launches on the tensor cores */
+void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out);
+void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
+               float limit, float *out);
+void m3_cu_moe_add_rmsnorm(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale,
+                           float alpha, float limit, float *out, float *h, const float *w, float eps, float *normed);
 int m3_cu_moe_grouped(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int T, int topk,
                       int E, int part, const float *x, int xstride, float *out);
 int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int topk, int S, int part,
                   const float *x, int xstride, float *out);
+/* vision.cu */
+void m3_cu_vision_ops(m3_ops *ops);
 
-/* ------------------------------------------------------------------ device decoders */
-
-/* E8M0 scale byte B (0-3) of a word as an f32 2^(e-127): a shift and a mask. Exact for codes
- * 1..254 only; tiled MXFP8 matrices hold no other (backend.cu keeps a matrix with a 0 or 255
- * scale row-major, read through e8m0_f32). */
-template <int B> static __host__ __device__ __forceinline__ float e8_of(uint32_t w) {
-    const uint32_t b = (B < 3 ? w << (23 - 8 * B) : w >> 1) & 0x7f800000u;
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(b);
-#else
-    float f;
-    memcpy(&f, &b, 4);
-    return f;
-#endif
-}
-/* E8M0: 2^(b-127); 255 NaN; b = 0 is 2^-127 (an f32 subnormal) */
-static __device__ __forceinline__ float e8m0_f32(uint32_t b) {
-    return b == 255 ? __int_as_float(0x7fc00000) : b ? __int_as_float((int)(b << 23)) : __int_as_float(0x00400000);
-}
-/* E4M3 (fn): exact through the hardware converter (to f16, exact for every E4M3 value) */
-static __device__ __forceinline__ float e4m3_f32(uint32_t b) {
-    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
-    return __half2float(__half(h));
-}
-/* two E4M3 bytes (low byte first) -> two floats */
-static __device__ __forceinline__ float2 e4m3x2_f32(uint32_t two) {
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
-    return __half22float2(__half2(h));
-}
-/* E2M1 code (low 4 bits) -> value * 2^-14 as an f16 bit pattern: magnitude bits e(2) m(1)
- * placed at f16 bits 9..11 give 2^(e-15)(1 + m/2) (e > 0) or m 2^-15 (e = 0), i.e. the
- * E2M1 value times 2^-14, exactly; the caller folds 2^14 into the block scale. */
-static __device__ __forceinline__ uint32_t e2m1_h16(uint32_t code) {
-    return ((code & 7u) << 9) | ((code & 8u) << 12);
-}
-/* one byte of two E2M1 codes (low nibble first) -> two floats (times 2^-14) */
-static __device__ __forceinline__ float2 e2m1x2_f32(uint32_t byte) {
-    uint32_t bits = e2m1_h16(byte & 15u) | (e2m1_h16(byte >> 4) << 16);
-    __half2_raw r;
-    r.x = (unsigned short)(bits & 0xffff);
-    r.y = (unsigned short)(bits >> 16);
-    return __half22float2(__half2(r));
-}
-static __device__ __forceinline__ float bf16_f32(uint32_t h) { return __int_as_float((int)(h << 16)); }
-static __device__ __forceinline__ float f16_f32(uint32_t h) {
-    __half_raw r;
-    r.x = (unsigned short)h;
-    return __half2float(__half(r));
-}
-
-/* f32 -> E4M3 RNE saturating to +-448 (NaN -> 0x7f), as m3_f32_to_e4m3 */
-static __device__ __forceinline__ uint8_t f32_e4m3(float f) {
-    if (f != f) return 0x7f;
-    return (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
-}
-/* nearest E2M1 code (|x| saturated at 6; exact ties to the even code), as m3_f32_to_e2m1 */
-static __device__ __forceinline__ uint32_t f32_e2m1(float x) {
-    const float vals[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-    uint32_t sign = signbit(x) ? 8u : 0u;
-    float a = fabsf(x);
-    if (!(a <= 6.0f)) a = 6.0f;
-    int best = 0;
-    float bd = a;
-#pragma unroll
-    for (int i = 1; i < 8; i++) {
-        float d = fabsf(a - vals[i]);
-        if (d < bd || (d == bd && (i & 1) == 0)) { bd = d; best = i; }
-    }
-    return best ? (sign | (uint32_t)best) : 0u;
-}
-static __device__ __forceinline__ uint16_t f32_bf16(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
+/* ---- device helpers ---- */
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -348,7 +251,7 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-/* f16 hi / lo of v: the split the tensor-core GEMV multiplies (gemv_mma.cu) */
+/* f16 hi / lo of v: the split the tensor-core GEMV multiplies (linear_mma.cu) */
 static __device__ __forceinline__ void split_store(float v, uint16_t *hi, uint16_t *lo) {
     __half h = __float2half_rn(v), l = __float2half_rn(v - __half2float(h));
     *hi = *(uint16_t *)&h;

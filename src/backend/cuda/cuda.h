@@ -8,18 +8,27 @@
  * one stream; download() synchronizes. A failed CUDA call makes the backend sticky-failed:
  * m3_cuda_check (called by m3_forward at the end of a step through ops.check) reports it.
  *
- * Kernels (one file each, plain C style):
- *   backend.cu  the op table, memory, weight upload (arena, tiling), step metadata, graphs
- *   elem.cu     embed, Gemma RMSNorm (+ residual add), per-head norm + partial RoPE, SwiGLU-OAI
- *   gemv_mma.cu MXFP8 / NVFP4 GEMV on the tensor cores for up to 8 tokens (weights through
- *               a per-warp cp.async ring), several matrices or every MoE slot per launch
- *   gemv.cu     linear dispatch; SIMT GEMV for other formats; dequantize + cuBLAS SGEMM (f32)
- *               for more than 64 tokens; MoE router, top-k, SwiGLU, combine (graph-free:
- *               no host sync for <= 8 tokens)
- *   attn.cu     KV / index-K insert with the spec's rounding, lightning indexer scores +
- *               per-head block top-k, block-sparse paged attention (split over keys, LSE merge)
- *   vision.cu   the vision tower's LayerNorm, bias + GELU, table RoPE, full attention
- *   random.cu   random weights of any config straight on the GPU (m3 bench --random-weights)
+ * Files, one per op family (the CPU backend's files of the same names, src/backend/cpu/, are
+ * their references; each file's top comment names the function it must match):
+ *   backend.cu   the op table, memory, step metadata, graphs, profiling
+ *   weights.cu   weight upload (arena, tiling)
+ *   formats.cuh  the number formats' decoders (E4M3, E8M0, E2M1, NVFP4 blocks, bf16, f16)
+ *   embed.cu norm.cu elem.cu rope.cu
+ *                embedding rows, Gemma RMSNorm (+ residual add, + MoE combine), add, SwiGLU-OAI,
+ *                per-head norm + partial RoPE
+ *   kv_store.cu  KV / index-K insert with the spec's rounding (kv.cuh), fused norm + RoPE + insert
+ *   indexer.cu   lightning indexer scores + per-head block top-k
+ *   attention.cu block-sparse paged attention (split over keys, LSE merge)
+ *   linear.cu    linear dispatch; SIMT GEMV for every format (linear_simt.cuh); dequantize + cuBLAS
+ *                SGEMM (f32) for more than 64 tokens
+ *   linear_mma.cu MXFP8 / NVFP4 GEMV on the tensor cores for up to 8 tokens (weights through a
+ *                per-warp cp.async ring), several matrices or every MoE slot per launch
+ *   router.cu    MoE router + top-k (routing fused into the router GEMV: router.cuh)
+ *   moe.cu       dense MLP; MoE experts (per slot, grouped by expert, or grouped on the host),
+ *                SwiGLU, combine (graph-free: no host sync for <= 8 tokens)
+ *   vision.cu    the vision tower's LayerNorm, bias + GELU, table RoPE, full attention
+ *   random.cu    random weights of any config straight on the GPU (m3 bench --random-weights)
+ * scripts/kernel_renames.txt maps the kernels' names before issue 24 to today's.
  * Benchmarks with a CPU check: bench/bench_cuda_linear.c, bench/bench_cuda_attn.c; per-kernel
  * times of a whole step: scripts/gpu-ncu.sh.
  *

@@ -1,7 +1,8 @@
 /* Random weights of any config, built on the GPU in the real checkpoint's formats (for
  * `m3 bench --random-weights`: real shapes without a 250 GB download). Values are drawn
  * from a counter hash so a seed gives the same weights on every run; magnitudes keep
- * activations finite (row sums of squares ~ 1). */
+ * activations finite (row sums of squares ~ 1).
+ * CPU reference: none (benchmarks only; the formats written are read by formats.cuh). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,7 +97,7 @@ static float *zeros(m3_cuda *c, int n, int *bad) {
     return p;
 }
 
-/* the three matrices tiled together or not at all, as a checkpoint's (backend.cu, up_mlp) */
+/* the three matrices tiled together or not at all, as a checkpoint's (weights.cu, up_mlp) */
 static int rand_mlp_like(m3_cuda *c, m3_mlp_w *m, const m3_mlp_w *S, uint64_t seed) {
     if (rand_linear(c, &m->gate, S->gate.fmt, S->gate.N, S->gate.K, seed) ||
         rand_linear(c, &m->up, S->up.fmt, S->up.N, S->up.K, seed + 1) ||

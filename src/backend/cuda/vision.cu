@@ -1,6 +1,8 @@
 /* The vision tower's ops on the GPU (ops.h: layer_norm, bias_act, rope_table, attention_full),
- * twins of src/backend/cpu/vision_ops.c: LayerNorm statistics and GELU in double, softmax
- * sums in double; attention one block per (head, query) with the scores in shared memory. */
+ * twins of src/backend/cpu/vision.c: LayerNorm statistics and GELU in double, softmax
+ * sums in double; attention one block per (head, query) with the scores in shared memory.
+ * CPU reference: src/backend/cpu/vision.c (m3_cpu_vision_ops: cpu_layer_norm, cpu_bias_act,
+ * cpu_rope_table, cpu_attention_full). */
 #include "common.cuh"
 
 static __device__ float vblock_max(float v, float *part) {

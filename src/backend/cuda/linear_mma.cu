@@ -1,8 +1,10 @@
-/* Tensor-core GEMV for MXFP8 and NVFP4 weights at decode batch sizes (up to 8 tokens).
+/* Tensor-core GEMV on the GPU for MXFP8 and NVFP4 weights at decode batch sizes (up to 8 tokens).
+ * CPU reference: src/backend/cpu/linear.c (m3_cpu_linear; the decoders: formats.c).
+ *
  *
  * Why: decoding E2M1 / E4M3 and doing the multiply-adds on the CUDA cores costs more
  * instructions per weight byte than the SMs can issue at HBM speed (the SIMT kernel in
- * gemv.cu reaches 12-35% of the copy bandwidth on these formats). Here the weights are
+ * linear.cu reaches 12-35% of the copy bandwidth on these formats). Here the weights are
  * decoded to f16 fragments and multiplied with mma.sync m16n8k16 (f32 accumulation):
  *   - the weights are exact in f16: E4M3 values through the hardware converter; NVFP4
  *     values times their E4M3 block scale (at most 6 x 448, 6 significant bits): tiled
@@ -25,8 +27,8 @@
  * Up to 4 tokens, x_hi and x_lo ride in the MMA's N columns (token t: columns 2t, 2t+1),
  * one MMA per k16; 5-8 tokens take two MMAs. One launch may hold several matrices with the
  * same input (q, k, v and the indexer's projections) or every slot's expert (MoE). Plain
- * MXFP8 matrices at 5-8 tokens go through k_gvx instead: the CTA's warps share each stage's x. */
-#include "common.cuh"
+ * MXFP8 matrices at 5-8 tokens go through k_gemv_mma_mxfp8_xshared instead: the CTA's warps share each stage's x. */
+#include "linear_mma.cuh"
 
 static __device__ __forceinline__ void mma16816(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                                 uint32_t b1) {
@@ -39,10 +41,6 @@ static __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
     __half2 r = __hmul2(*(__half2 *)&a, *(__half2 *)&b);
     return *(uint32_t *)&r;
 }
-static __device__ __forceinline__ uint32_t e4m3x2_h2(uint32_t two) {
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
-    return (uint32_t)h.x | ((uint32_t)h.y << 16);
-}
 
 static __device__ __forceinline__ uint32_t lds_u32(uint32_t a) {
     uint32_t v;
@@ -50,46 +48,6 @@ static __device__ __forceinline__ uint32_t lds_u32(uint32_t a) {
     return v;
 }
 
-/* E2M1 code (4 bits) -> f16 bits of its value: 0, 0.5, then 2^(e-1)(1 + m/2) */
-static __device__ __forceinline__ uint32_t e2m1_f16bits(uint32_t c) {
-    uint32_t m = c & 7, mag = m == 0 ? 0u : m == 1 ? 0x3800u : ((((m >> 1) + 14u) << 10) | ((m & 1u) << 9));
-    return mag | ((c & 8u) << 12);
-}
-
-#define WPB 8     /* warps per CTA */
-#define GV_MAXJ 6 /* matrices sharing one input in one launch (q, k, v, index q, index k) */
-
-/* One family of GEMVs in a launch. Plain: the matrix W; MoE: the expert table of gv_args
- * (mats = slots x {gate, up} or slots, all of W's shape). Work items are (mat, 16-row tile,
- * K slice), numbered from item0; a warp computes one item at a time. */
-typedef struct gv_job {
-    m3_linear W;
-    const uint16_t *xh, *xl; /* activations split into f16 hi / lo, rows of xstride values */
-    int xstride;
-    float *y;                /* y[t][N] (MoE: y[mat][N]) */
-    int T;                   /* tokens (MoE: 1 per slot) */
-    int tiles, ks;           /* row tiles per mat, K slices per tile */
-    int item0, ctr0;         /* first item (k_gvx: first tile over all jobs); first arrival counter
-                              * (one per (mat, tile)) */
-    float *part;             /* ks > 1: partial sums [mat * tiles + tile][ks][T][16] */
-} gv_job;
-
-typedef struct gv_args {
-    gv_job j[GV_MAXJ];
-    int nj, items;
-    int moe;                 /* 0 plain; 1 MoE gate + up (mat = 2 slot + which); 2 MoE down (mat = slot);
-                              * grouped by expert (every expert read once for all its tokens): 3 gate + up
-                              * (mat = 2 group + which), 4 down (mat = group) */
-    const int *groups;       /* modes 3, 4: [0] groups this step, then per group: expert, count, 8 slots */
-    const m3_mlp_w *tab;     /* MoE: device expert table */
-    const int32_t *pick;     /* MoE: expert of each slot */
-    int topk;
-    int l2h;                 /* weight loads with the L2 256-byte fetch hint */
-    int pf_first;            /* launched early (PDL): a plain matrix's first slices into L2 before waiting */
-    int *ctr;                /* arrival counters, zero between launches */
-    int cta_red;             /* every tile's K slices in one CTA (ks divides WPB, jobs' items whole
-                              * CTAs): partial sums added in shared memory, no arrival counters */
-} gv_args;
 
 /* weight loads: read-only path, no L1 allocation (streamed once), and with l2h the L2 fetching
  * 256-byte blocks (a row's next units arrive with the first) */
@@ -466,7 +424,7 @@ static __device__ __forceinline__ void gv_tile_p(const m3_linear *W, const uint1
  * partials in slice order, so the result does not depend on which warp finishes last. */
 template <int F, int HL, int UB> /* UB 0: weights through the cp.async ring (gv_tile_p) */
 __global__ void __launch_bounds__(WPB * 32, UB == 0 ? GV_PIPE_CTAS : !HL ? 2 : 3)
-    k_gv(const __grid_constant__ gv_args a) {
+    k_gemv_mma(const __grid_constant__ gv_args a) {
     pdl_trigger(); /* the next GEMV may start fetching its weights */
     extern __shared__ __align__(16) uint8_t smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
@@ -619,7 +577,7 @@ __global__ void __launch_bounds__(WPB * 32, UB == 0 ? GV_PIPE_CTAS : !HL ? 2 : 3
 }
 
 /* x (f32) -> x_hi = f16(x), x_lo = f16(x - x_hi) */
-__global__ void k_split_x(const float *x, size_t n, uint16_t *xh, uint16_t *xl) {
+__global__ void k_split_x_f16(const float *x, size_t n, uint16_t *xh, uint16_t *xl) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         split_store(x[i], xh + i, xl + i);
@@ -660,7 +618,7 @@ uint16_t *m3_cu_xsplit_claim(m3_cuda *c, const float *x, size_t n) {
 }
 
 /* hi / lo halves of the n values at x (split now unless a cached split covers them) */
-static int xsplit_get(m3_cuda *c, const float *x, size_t n, const uint16_t **xh, const uint16_t **xl) {
+int m3_cu_xsplit_get(m3_cuda *c, const float *x, size_t n, const uint16_t **xh, const uint16_t **xl) {
     for (int i = 0; i < 2; i++) {
         const float *s = c->xs[i].src;
         if (s && x >= s && x + n <= s + c->xs[i].n) {
@@ -672,7 +630,7 @@ static int xsplit_get(m3_cuda *c, const float *x, size_t n, const uint16_t **xh,
     uint16_t *b = m3_cu_xsplit_claim(c, x, n);
     if (!b) return -1;
     unsigned gsz = cdiv(n, 256);
-    k_split_x<<<gsz < 4096 ? gsz : 4096, 256, 0, c->st>>>(x, n, b, b + n);
+    k_split_x_f16<<<gsz < 4096 ? gsz : 4096, 256, 0, c->st>>>(x, n, b, b + n);
     if (CK_LAUNCH(c, "split x")) return -1;
     *xh = b;
     *xl = b + n;
@@ -692,7 +650,7 @@ static int xsplit_get(m3_cuda *c, const float *x, size_t n, const uint16_t **xh,
 #define GX_SLOT (16 * GX_ROW)      /* quarter warps of a 16-byte read on distinct banks; slot: 8 tokens x 2 */
 static size_t gvx_smem() { return (size_t)WPB * gp<M3_WF_MXFP8>::WARP + (size_t)GP_NS * GX_SLOT; }
 
-__global__ void __launch_bounds__(WPB * 32, GV_PIPE_CTAS) k_gvx(const __grid_constant__ gv_args a) {
+__global__ void __launch_bounds__(WPB * 32, GV_PIPE_CTAS) k_gemv_mma_mxfp8_xshared(const __grid_constant__ gv_args a) {
     pdl_trigger();
     extern __shared__ __align__(16) uint8_t smem[];
     constexpr int F = M3_WF_MXFP8, SU = gp<F>::SU, STAGE = gp<F>::STAGE;
@@ -770,7 +728,7 @@ __global__ void __launch_bounds__(WPB * 32, GV_PIPE_CTAS) k_gvx(const __grid_con
             wr = wr == GP_NS - 1 ? 0 : wr + 1;
         }
         if (!valid) continue;
-        /* this lane's results: rows g, g + 8 of tokens 2 tig, 2 tig + 1 (as k_gv, non-HL) */
+        /* this lane's results: rows g, g + 8 of tokens 2 tig, 2 tig + 1 (as k_gemv_mma, non-HL) */
         const int N = J->W.N, rr[4] = {g, g, g + 8, g + 8}, tt[4] = {2 * tig, 2 * tig + 1, 2 * tig, 2 * tig + 1};
         if (ks == 1) {
 #pragma unroll
@@ -782,7 +740,7 @@ __global__ void __launch_bounds__(WPB * 32, GV_PIPE_CTAS) k_gvx(const __grid_con
 #pragma unroll
         for (int i = 0; i < 4; i++)
             if (tt[i] < T) p[((size_t)kslice * T + tt[i]) * 16 + rr[i]] = acc[i];
-        __syncwarp(); /* as k_gv: release on arrival, acquire only in the warp that completes the tile */
+        __syncwarp(); /* as k_gemv_mma: release on arrival, acquire only in the warp that completes the tile */
         int prev = 0;
         if (lane == 0) prev = atom_add_release(&a.ctr[J->ctr0 + tile], 1);
         prev = __shfl_sync(0xffffffffu, prev, 0);
@@ -827,15 +785,15 @@ static gv_fn gv_kernel(int dev, int *blocks_per_sm, size_t *smem) {
     const size_t sm = (F == M3_WF_NVFP4 && UB != 0 ? 32768 : 0) + (UB == 0 ? (size_t)WPB * gp<F>::WARP : 0);
     const unsigned long long bit = 1ull << (dev & 63);
     if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
-        if (sm > 48 * 1024) cudaFuncSetAttribute(k_gv<F, HL, UB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        if (sm > 48 * 1024) cudaFuncSetAttribute(k_gemv_mma<F, HL, UB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
         int n = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_gv<F, HL, UB>, WPB * 32, sm) != cudaSuccess || n < 1) n = 1;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_gemv_mma<F, HL, UB>, WPB * 32, sm) != cudaSuccess || n < 1) n = 1;
         nb[dev & 63] = n;
         __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
     }
     *blocks_per_sm = nb[dev & 63];
     *smem = sm;
-    return (gv_fn)k_gv<F, HL, UB>;
+    return (gv_fn)k_gemv_mma<F, HL, UB>;
 }
 
 /* M3_GV_PIPE=0: weights through registers (gv_tile) instead of the cp.async ring */
@@ -858,25 +816,25 @@ static gv_fn gv_pick(int dev, int F, int HL, const m3_linear *W, int *nb, size_t
     return HL ? gv_kernel<M3_WF_MXFP8, 1, 2>(dev, nb, smem) : gv_kernel<M3_WF_MXFP8, 0, 2>(dev, nb, smem);
 }
 
-/* k_gvx with its shared-memory attribute set in this device's context; CTAs per SM in *nb */
+/* k_gemv_mma_mxfp8_xshared with its shared-memory attribute set in this device's context; CTAs per SM in *nb */
 static gv_fn gvx_kernel(int dev, int *nb_out, size_t *smem) {
     static int nb[64];
     static unsigned long long set;
     const size_t sm = gvx_smem();
     const unsigned long long bit = 1ull << (dev & 63);
     if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
-        cudaFuncSetAttribute(k_gvx, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        cudaFuncSetAttribute(k_gemv_mma_mxfp8_xshared, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
         int n = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_gvx, WPB * 32, sm) != cudaSuccess || n < 1) n = 1;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_gemv_mma_mxfp8_xshared, WPB * 32, sm) != cudaSuccess || n < 1) n = 1;
         nb[dev & 63] = n;
         __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
     }
     *nb_out = nb[dev & 63];
     *smem = sm;
-    return (gv_fn)k_gvx;
+    return (gv_fn)k_gemv_mma_mxfp8_xshared;
 }
 
-/* M3_GV_XSHARE=0: 5-8 tokens on MXFP8 through k_gv (each warp loading its own x) */
+/* M3_GV_XSHARE=0: 5-8 tokens on MXFP8 through k_gemv_mma (each warp loading its own x) */
 static int gvx_on(void) {
     static int on = -1;
     if (on < 0) on = m3_cu_env_int("M3_GV_XSHARE", 1) != 0;
@@ -903,10 +861,10 @@ static int gv_ks(long tiles, int units, int F, long rw, int su, unsigned cred_ok
 }
 
 /* fills the jobs' tiles / ks / item0 / ctr0 / part and launches; mats[j] = matrices of job j */
-static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
+int m3_cu_gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
     int nb;
     size_t smem;
-    /* plain MXFP8 at 5-8 tokens: the CTA's warps share each stage's x (k_gvx) */
+    /* plain MXFP8 at 5-8 tokens: the CTA's warps share each stage's x (k_gemv_mma_mxfp8_xshared) */
     const int xshare = F == M3_WF_MXFP8 && !HL && a->moe == 0 && gv_piped(&a->j[0].W) && gvx_on();
     gv_fn fn = xshare ? gvx_kernel(c->dev, &nb, &smem) : gv_pick(c->dev, F, HL, &a->j[0].W, &nb, &smem);
     const int SU = gv_piped(&a->j[0].W) ? (F == M3_WF_NVFP4 ? 2 : 4) : 1;
@@ -917,7 +875,7 @@ static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
         tiles += (long)mats[j] * a->j[j].tiles;
     }
     const int UV = F == M3_WF_NVFP4 ? 128 : 32;
-    /* K splits whose slices the CTA can add in shared memory (k_gv, cta_red): ks divides WPB and
+    /* K splits whose slices the CTA can add in shared memory (k_gemv_mma, cta_red): ks divides WPB and
      * every job's items fill whole CTAs. M3_GV_CTARED=0: never; M3_GV_REDCOST: the cost model's
      * stages for a split added through global memory (arrival counters, a round trip or two) */
     static int cred_env = -1, rcost_env = -1;
@@ -929,7 +887,7 @@ static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
         for (int j = 0; j < a->nj && ok; j++) ok = (long)mats[j] * a->j[j].tiles * ks % WPB == 0;
         if (ok) cred_ok |= 1u << ks;
     }
-    /* k_gvx: a work item is a group of WPB tiles (one per warp) and a K slice, rw counts CTAs */
+    /* k_gemv_mma_mxfp8_xshared: a work item is a group of WPB tiles (one per warp) and a K slice, rw counts CTAs */
     const int ks = xshare ? gv_ks((tiles + WPB - 1) / WPB, a->j[0].W.K / UV / SU, F, rw / WPB, SU)
                           : gv_ks(tiles, a->j[0].W.K / UV / SU, F, rw, SU, cred_ok, cred_ok ? rcost_env : 0);
     a->cta_red = ks > 1 && (cred_ok >> ks & 1);
@@ -938,7 +896,7 @@ static int gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
     for (int j = 0; j < a->nj; j++) {
         gv_job *J = &a->j[j];
         J->ks = ks;
-        J->item0 = (int)(xshare ? ctr : items); /* k_gvx: the job's first tile over all jobs */
+        J->item0 = (int)(xshare ? ctr : items); /* k_gemv_mma_mxfp8_xshared: the job's first tile over all jobs */
         J->ctr0 = (int)ctr;
         items += (long)mats[j] * J->tiles * ks;
         ctr += (long)mats[j] * J->tiles;
@@ -983,7 +941,7 @@ int m3_cu_gemv_mma_n(m3_cuda *c, int n, const m3_linear *const *W, const float *
     gv_args a;
     memset(&a, 0, sizeof a);
     const uint16_t *xh, *xl;
-    if (xsplit_get(c, x, (size_t)T * W[0]->K, &xh, &xl)) return 0;
+    if (m3_cu_xsplit_get(c, x, (size_t)T * W[0]->K, &xh, &xl)) return 0;
     int mats[GV_MAXJ];
     for (int i = 0; i < n; i++) {
         a.j[i].W = *W[i];
@@ -996,104 +954,10 @@ int m3_cu_gemv_mma_n(m3_cuda *c, int n, const m3_linear *const *W, const float *
         m3_cu_xsplit_touch(c, y[i], sizeof(float) * (size_t)T * W[i]->N);
     }
     a.nj = n;
-    gv_launch(c, &a, W[0]->fmt, T <= 4, mats);
+    m3_cu_gv_launch(c, &a, W[0]->fmt, T <= 4, mats);
     return 0;
 }
 
 int m3_cu_gemv_mma(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y) {
     return m3_cu_gemv_mma_n(c, 1, &W, x, T, &y);
-}
-
-/* One MoE launch over the device expert table (modes of gv_args.moe): mats matrices of W's
- * shape, outputs [S][2][N] (gate + up) or [S][N] (down); grouped modes take 8 columns per item. */
-static int moe_launch(m3_cuda *c, const m3_linear *W, const m3_mlp_w *tab, const int32_t *pick, int topk, const int *groups,
-                      int mode, int mats, int S, int part, const uint16_t *xh, const uint16_t *xl, int xstride, float *out) {
-    gv_args a;
-    memset(&a, 0, sizeof a);
-    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)S * (part == 2 ? 1 : 2) * W->N);
-    a.j[0].W = *W; /* shape only: each matrix comes from the device table */
-    a.j[0].xh = xh;
-    a.j[0].xl = xl;
-    a.j[0].xstride = xstride;
-    a.j[0].y = out;
-    a.j[0].T = mode >= 3 ? 8 : 1;
-    a.nj = 1;
-    a.moe = mode;
-    a.tab = tab;
-    a.pick = pick;
-    a.topk = topk;
-    a.groups = groups;
-    gv_launch(c, &a, W->fmt, 1, &mats); /* one token per slot, or at most GRP_CAP per group: x_hi, x_lo in one MMA */
-    return 0;
-}
-
-/* MoE experts of S = T*topk slots: gu[S][2][F] = (gate, up) rows of each slot's expert,
- * or (part 2) ye[S][H] = down rows against h[S][F]. -1 when the format is not supported. */
-int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int topk, int S, int part,
-                  const float *x, int xstride, float *out) {
-    const m3_linear *W = part == 2 ? &host_e0->down : &host_e0->gate;
-    if (!m3_cu_mma_ok(W) || (part != 2 && (!m3_cu_mma_ok(&host_e0->up) || host_e0->up.fmt != W->fmt))) return -1;
-    const int rows = part == 2 ? S : S / topk; /* x rows: tokens (gate/up) or slots (down) */
-    const uint16_t *xh, *xl;
-    if (xsplit_get(c, x, (size_t)rows * xstride, &xh, &xl)) return 0;
-    return moe_launch(c, W, tab, pick, topk, NULL, part == 2 ? 2 : 1, part == 2 ? S : 2 * S, S, part, xh, xl, xstride, out);
-}
-
-/* the distinct experts of a step's S = T*K picks, ascending, each with its slots in token
- * order, at most GRP_CAP slots per group (an expert picked by more tokens gets more groups,
- * so that the kernel carries every token's x_hi and x_lo in one MMA): out[0] = groups, then
- * per group {expert, count, slots[8]}. One thread per slot (S <= MOE_GROUP_S, one block): slot i
- * counts the slots of its expert (cnt) and those before it (rank); the group of slot i is the
- * groups of every smaller expert picked plus rank / GRP_CAP. */
-#define GRP_CAP 4
-__global__ void __launch_bounds__(MOE_GROUP_S) k_moe_groups(const int32_t *pick, int T, int K, int *out) {
-    __shared__ int e[MOE_GROUP_S], ng[MOE_GROUP_S];
-    const int S = T * K, i = threadIdx.x;
-    e[i] = i < S ? pick[i] : 0x7fffffff;
-    __syncthreads();
-    int cnt = 0, rank = 0;
-    for (int j = 0; j < S; j++) {
-        cnt += e[j] == e[i];
-        rank += j < i && e[j] == e[i];
-    }
-    ng[i] = i < S && rank == 0 ? (cnt + GRP_CAP - 1) / GRP_CAP : 0; /* groups of this expert, at its first slot */
-    __syncthreads();
-    int base = 0, total = 0;
-    for (int j = 0; j < S; j++) {
-        base += e[j] < e[i] ? ng[j] : 0;
-        total += ng[j];
-    }
-    if (i == 0) out[0] = total;
-    if (i >= S) return;
-    int *g = out + 1 + (base + rank / GRP_CAP) * 10;
-    if (rank % GRP_CAP == 0) {
-        g[0] = e[i];
-        g[1] = cnt - rank < GRP_CAP ? cnt - rank : GRP_CAP;
-    }
-    g[2 + rank % GRP_CAP] = i;
-}
-
-/* The MoE experts grouped by expert (2 <= T <= MOE_GROUP_T tokens, T * topk <= MOE_GROUP_S):
- * each picked expert's rows are read once for up to GRP_CAP of the tokens routed to it (a
- * speculative verify pass, a batch of decodes);
- * outputs land where m3_cu_moe_mma puts them (gu[S][2][F], then ye[S][H]). part 0: route the
- * picks into groups and run gate + up; part 2: down. -1 when not supported. */
-int m3_cu_moe_grouped(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int T, int topk,
-                      int E, int part, const float *x, int xstride, float *out) {
-    const m3_linear *W = part == 2 ? &host_e0->down : &host_e0->gate;
-    if (T < 2 || T > MOE_GROUP_T || T * topk > MOE_GROUP_S || !m3_cu_mma_ok(W) ||
-        (part != 2 && (!m3_cu_mma_ok(&host_e0->up) || host_e0->up.fmt != W->fmt)))
-        return -1;
-    const int S = T * topk, gmax = S; /* groups: at most one per slot */
-    int *groups = (int *)m3_cu_scratch(c, SC_IDX, sizeof(int) * (size_t)(1 + 10 * gmax) + 64);
-    if (!groups) return 0;
-    if (part != 2) {
-        k_moe_groups<<<1, (S + 31) / 32 * 32, 0, c->st>>>(pick, T, topk, groups);
-        if (CK_LAUNCH(c, "moe groups")) return 0;
-    }
-    const int rows = part == 2 ? S : T; /* x rows: tokens (gate/up) or slots (down) */
-    const uint16_t *xh, *xl;
-    if (xsplit_get(c, x, (size_t)rows * xstride, &xh, &xl)) return 0;
-    return moe_launch(c, W, tab, pick, topk, groups, part == 2 ? 4 : 3, part == 2 ? gmax : 2 * gmax, S, part, xh, xl, xstride,
-                      out);
 }

@@ -1,0 +1,439 @@
+/* The dense MLP and the MoE experts on the GPU: expert dispatch (per slot, grouped by expert,
+ * or grouped on the host), SwiGLU-OAI and the weighted combine (+ the shared expert).
+ * CPU reference: src/backend/cpu/moe.c (m3_cpu_moe, m3_cpu_mlp).
+ *
+ * MoE, up to 8 tokens: router GEMV, a warp per token picks the top-k (sigmoid + bias,
+ * lowest index on ties, as the CPU), then one launch computes gate+up of every (token,
+ * expert) slot - for 2 or more tokens every picked expert once for up to 4 of its tokens
+ * (below, m3_cu_moe_grouped, on the tensor-core GEMV of linear_mma.cu) - reading the rows straight from the device expert table,
+ * SwiGLU, one launch the down projections, one the weighted sum: no host synchronization.
+ * Batches up to 256 tokens the same, in chunks of 64.
+ * MoE, longer runs (prefill chunks): the picks go to the host, tokens are grouped per expert
+ * (ascending expert order per token, as the CPU adds them) and each expert runs as a linear. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "linear_mma.cuh"
+#include "linear_simt.cuh"
+#include "router.cuh"
+
+/* ------------------------------------------------------------------ dense MLP */
+
+void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    m3_cu_prof_begin(c, OP_MLP);
+    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * m->down.N);
+    int F = m->gate.N;
+    float *g = (float *)m3_cu_scratch(c, SC_XE, sizeof(float) * (size_t)T * F * 2);
+    if (!g) { m3_cu_prof_end(c, OP_MLP); return; }
+    float *u = g + (size_t)T * F;
+    const m3_linear *gu[2] = {&m->gate, &m->up};
+    float *go[2] = {g, u};
+    m3_cu_linear_n(c, 2, gu, x, T, go); /* one launch when both take the tensor cores */
+    m3_cu_swiglu(c, g, u, (size_t)T * F, alpha, limit, g);
+    m3_cu_linear(c, &m->down, g, T, out);
+    m3_cu_prof_end(c, OP_MLP);
+}
+
+/* gate + up + SwiGLU-OAI of every (token, expert) slot: blockIdx.y = slot; each warp two
+ * intermediate rows j, j+1 (4 weight rows: gate j, j+1, up j, j+1) */
+template <int F>
+__global__ void __launch_bounds__(GW * 32) k_moe_gate_up_swiglu_simt(const m3_mlp_w *table, const int32_t *pick, int K, const float *x,
+                                                          int H, int Fd, float alpha, float limit, float *h, int KT) {
+    extern __shared__ float xs[];
+    const int slot = blockIdx.y, t = slot / K, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const m3_mlp_w *m = &table[pick[slot]];
+    const int j0 = blockIdx.x * (GW * 2) + warp * 2;
+    const uint8_t *rw[4], *rs[4];
+    float gm[4];
+    bool ok[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const m3_linear *W = r < 2 ? &m->gate : &m->up;
+        int j = j0 + (r & 1);
+        ok[r] = j < Fd;
+        rw[r] = W->w + (size_t)(ok[r] ? j : 0) * W->row_bytes;
+        rs[r] = W->scale ? W->scale + (size_t)(ok[r] ? j : 0) * W->scale_row : NULL;
+        gm[r] = W->gmul;
+    }
+    float acc[4][1] = {{0}, {0}, {0}, {0}};
+    for (int kt0 = 0; kt0 < H; kt0 += KT) {
+        int klen = H - kt0 < KT ? H - kt0 : KT;
+        __syncthreads();
+        stage_x<1>(x, H, t + 1, t, kt0, klen, xs, KT);
+        __syncthreads();
+        warp_rows<F, 1, 4>(rw, rs, gm, ok, kt0, klen, xs, KT, acc);
+    }
+    float v[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) v[r] = warp_sum(acc[r][0]);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (ok[r]) {
+                float g = v[r] < limit ? v[r] : limit;
+                float u = v[2 + r] < -limit ? -limit : v[2 + r] > limit ? limit : v[2 + r];
+                h[(size_t)slot * Fd + j0 + r] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+            }
+}
+
+/* down projection of every slot: ye[slot][H] = down_e . h[slot] */
+template <int F>
+__global__ void __launch_bounds__(GW * 32) k_moe_down_simt(const m3_mlp_w *table, const int32_t *pick, const float *h, int Fd,
+                                                       int H, float *ye, int KT) {
+    extern __shared__ float xs[];
+    const int slot = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const m3_linear *W = &table[pick[slot]].down;
+    const int n0 = blockIdx.x * (GW * GR) + warp * GR;
+    const uint8_t *rw[GR], *rs[GR];
+    float gm[GR];
+    bool ok[GR];
+#pragma unroll
+    for (int r = 0; r < GR; r++) {
+        int n = n0 + r;
+        ok[r] = n < H;
+        rw[r] = W->w + (size_t)(ok[r] ? n : 0) * W->row_bytes;
+        rs[r] = W->scale ? W->scale + (size_t)(ok[r] ? n : 0) * W->scale_row : NULL;
+        gm[r] = W->gmul;
+    }
+    float acc[GR][1];
+#pragma unroll
+    for (int r = 0; r < GR; r++) acc[r][0] = 0;
+    for (int kt0 = 0; kt0 < Fd; kt0 += KT) {
+        int klen = Fd - kt0 < KT ? Fd - kt0 : KT;
+        __syncthreads();
+        stage_x<1>(h, Fd, slot + 1, slot, kt0, klen, xs, KT);
+        __syncthreads();
+        warp_rows<F, 1, GR>(rw, rs, gm, ok, kt0, klen, xs, KT, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < GR; r++) {
+        float v = warp_sum(acc[r][0]);
+        if (lane == 0 && ok[r]) ye[(size_t)slot * H + n0 + r] = v;
+    }
+}
+
+/* h[s][j] = SwiGLU-OAI(gu[s][0][j], gu[s][1][j]), and the f16 split of h (hi [n], then lo) */
+__global__ void k_moe_swiglu_split(const float *gu, int S, int Fd, float alpha, float limit, float *h, uint16_t *xs) {
+    pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
+    size_t n = (size_t)S * Fd;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t s = i / Fd, j = i % Fd;
+        float gt = gu[(s * 2) * Fd + j], up = gu[(s * 2 + 1) * Fd + j];
+        float g = gt < limit ? gt : limit;
+        float u = up < -limit ? -limit : up > limit ? limit : up;
+        const float v = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+        h[i] = v;
+        split_store(v, xs + i, xs + n + i);
+    }
+}
+
+/* out[t] = sum_k wt[t,k] ye[t,k] in slot (= ascending expert) order, then + sh[t] (the shared
+ * expert's output, added last as the CPU does) when sh is given */
+__global__ void k_moe_combine(const float *ye, const float *wt, int K, int H, const float *sh, float *out) {
+    int t = blockIdx.y;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x) {
+        float s = 0;
+        for (int k = 0; k < K; k++) s += wt[t * K + k] * ye[((size_t)t * K + k) * H + i];
+        if (sh) s += sh[(size_t)t * H + i];
+        out[(size_t)t * H + i] = s;
+    }
+}
+
+__global__ void k_moe_gather_rows(const float *x, const int32_t *rows, int n, int H, float *xe) {
+    int i = blockIdx.y;
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < H; k += gridDim.x * blockDim.x)
+        xe[(size_t)i * H + k] = x[(size_t)rows[i] * H + k];
+}
+__global__ void k_moe_scatter_add(float *out, const int32_t *rows, const float *w, int n, int H, const float *ye) {
+    int i = blockIdx.y;
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < H; k += gridDim.x * blockDim.x)
+        out[(size_t)rows[i] * H + k] += w[i] * ye[(size_t)i * H + k];
+}
+
+static int kt_for(int K) {
+    int KT = 12288;
+    if (KT > K) KT = (K + 31) & ~31;
+    return KT;
+}
+
+static void count_experts(m3_cuda *c, const int32_t *d_pick, int n, int E) {
+    if ((size_t)n > c->h_pick_cap || !c->h_pick_seen) {
+        free(c->h_pick);
+        free(c->h_pick_seen);
+        c->h_pick = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+        c->h_pick_seen = (uint8_t *)malloc((size_t)E > 4096 ? (size_t)E : 4096);
+        c->h_pick_cap = c->h_pick ? (size_t)n : 0;
+        if (!c->h_pick || !c->h_pick_seen) return;
+    }
+    if (CK(c, cudaMemcpyAsync(c->h_pick, d_pick, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, c->st)) ||
+        CK(c, cudaStreamSynchronize(c->st)))
+        return;
+    memset(c->h_pick_seen, 0, (size_t)E);
+    for (int i = 0; i < n; i++)
+        if (c->h_pick[i] >= 0 && c->h_pick[i] < E && !c->h_pick_seen[c->h_pick[i]]) { c->h_pick_seen[c->h_pick[i]] = 1; c->experts_used++; }
+}
+
+/* the residual add and RMSNorm that may follow the MoE in its combine's launch */
+typedef struct moe_post {
+    float *h;
+    const float *w;
+    float eps;
+    float *normed;
+    int done; /* set when the combine did it */
+} moe_post;
+
+static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
+                     float limit, float *out, moe_post *post);
+
+void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
+               float limit, float *out) {
+    moe_impl((m3_cuda *)ctx, L, x, T, E, K, routed_scale, alpha, limit, out, NULL);
+}
+
+void m3_cu_moe_add_rmsnorm(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale,
+                           float alpha, float limit, float *out, float *h, const float *w, float eps, float *normed) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    static int on = -1;
+    if (on < 0) on = m3_cu_env_int("M3_MOE_NORM", 1) != 0;
+    moe_post post = {h, w, eps, normed, 0};
+    moe_impl(c, L, x, T, E, K, routed_scale, alpha, limit, out, on ? &post : NULL);
+    if (!post.done) m3_cu_add_rmsnorm(c, h, out, w, T, L->router.K, eps, normed);
+}
+
+static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
+                     float limit, float *out, moe_post *post) {
+    m3_cu_prof_begin(c, OP_MOE);
+    if (T <= 0 || c->failed) { m3_cu_prof_end(c, OP_MOE); return; }
+    const int H = L->router.K, Fd = L->experts[0].gate.N;
+    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
+    /* router logits, picks and weights (router.cu) */
+    int32_t *pick;
+    float *wt;
+    if (m3_cu_route(c, L, x, T, E, K, routed_scale, &pick, &wt)) { m3_cu_prof_end(c, OP_MOE); return; }
+    if (c->count_experts) count_experts(c, pick, T * K, E);
+
+    const m3_mlp_w *e0 = &L->experts[0];
+    /* expert parallel (src/parallel/shard.h): experts held by other ranks have no weights; the
+     * host-grouped path below skips them (the graph-free kernels read every picked expert) */
+    int absent = 0;
+    for (int e = 0; e < E && !absent; e++) absent = !L->experts[e].gate.w;
+    const int mma = m3_cu_mma_ok(&e0->gate) && m3_cu_mma_ok(&e0->up) && m3_cu_mma_ok(&e0->down);
+    /* every expert on the device in one format: the kernels below read them from the device table */
+    const int table = !absent && L->backend && e0->gate.fmt == e0->up.fmt && e0->gate.fmt == e0->down.fmt;
+    int fast = table && T <= 8 && (mma || (m3_cu_simt_ok(&e0->gate) && m3_cu_simt_ok(&e0->up) && m3_cu_simt_ok(&e0->down)));
+    /* 2-8 tokens (and batches up to 4 MOE_GROUP_T in chunks of MOE_GROUP_T): each picked expert read
+     * once for all its tokens of a chunk (up to 4 per read; a verify pass of 8 tokens picks ~49
+     * distinct experts of 64 slots per layer); M3_MOE_GROUPED=0: one read per slot. Longer runs
+     * (prefill chunks) group on the host, below. */
+    static int grouped = -1;
+    if (grouped < 0) grouped = m3_cu_env_int("M3_MOE_GROUPED", 1) != 0;
+    const int gbig = table && mma && grouped && T > 8 && T <= 4 * MOE_GROUP_T && K <= MOE_GROUP_S / MOE_GROUP_T;
+    if (fast || gbig) {
+        const m3_mlp_w *tab = (const m3_mlp_w *)L->backend;
+        for (int t0 = 0; t0 < T && mma; t0 += MOE_GROUP_T) { /* tensor cores: (gate, up) of every slot, SwiGLU, down */
+            const int tc = T - t0 < MOE_GROUP_T ? T - t0 : MOE_GROUP_T, S = tc * K;
+            const float *xc = x + (size_t)t0 * H;
+            const int32_t *pc = pick + (size_t)t0 * K;
+            float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * (size_t)S * (Fd + H));
+            float *gu = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)S * Fd * 2);
+            if (!h || !gu) { m3_cu_prof_end(c, OP_MOE); return; }
+            float *ye = h + (size_t)S * Fd;
+            const int grp = grouped && tc >= 2 && m3_cu_moe_grouped(c, e0, tab, pc, tc, K, E, 0, xc, H, gu) == 0;
+            if (!grp) m3_cu_moe_mma(c, e0, tab, pc, K, S, 0, xc, H, gu);
+            uint16_t *hs = m3_cu_xsplit_claim(c, h, (size_t)S * Fd);
+            if (!hs) { m3_cu_prof_end(c, OP_MOE); return; }
+            k_moe_swiglu_split<<<cdiv((size_t)S * Fd, 256), 256, 0, c->st>>>(gu, S, Fd, alpha, limit, h, hs);
+            if (grp) m3_cu_moe_grouped(c, e0, tab, pc, tc, K, E, 2, h, Fd, ye);
+            else m3_cu_moe_mma(c, e0, tab, pc, K, S, 2, h, Fd, ye);
+            float *sh = NULL;
+            if (L->has_shared) { /* the shared expert first, so that the combine adds it (one launch less) */
+                sh = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)tc * H); /* gu is spent */
+                if (!sh) { m3_cu_prof_end(c, OP_MOE); return; }
+                m3_cu_mlp(c, &L->shared, xc, tc, alpha, limit, sh);
+            }
+            /* the combine, with the residual add and next norm when asked (the whole batch in this chunk) */
+            const norm_combine cb = {ye, wt + (size_t)t0 * K, sh, out + (size_t)t0 * H, K};
+            if (post && t0 == 0 && tc == T && m3_cu_combine_add_rmsnorm(c, &cb, post->h, post->w, T, H, post->eps, post->normed))
+                post->done = 1;
+            else
+                k_moe_combine<<<dim3(cdiv(H, 256), tc), 256, 0, c->st>>>(ye, wt + (size_t)t0 * K, K, H, sh,
+                                                                          out + (size_t)t0 * H);
+            if (CK_LAUNCH(c, "moe (tensor cores)")) { m3_cu_prof_end(c, OP_MOE); return; }
+            if (t0 + tc >= T) { m3_cu_prof_end(c, OP_MOE); return; }
+        }
+        int S = T * K;
+        float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * (size_t)S * (Fd + H));
+        if (!h) { m3_cu_prof_end(c, OP_MOE); return; }
+        float *ye = h + (size_t)S * Fd;
+        int kt1 = kt_for(H), kt2 = kt_for(Fd);
+        dim3 g1(cdiv(Fd, GW * 2), S), g2(cdiv(H, GW * GR), S);
+        size_t s1 = sizeof(float) * kt1, s2 = sizeof(float) * kt2;
+#define MOE_LAUNCH(FM)                                                                                          \
+    k_moe_gate_up_swiglu_simt<FM><<<g1, GW * 32, s1, c->st>>>(tab, pick, K, x, H, Fd, alpha, limit, h, kt1);                \
+    k_moe_down_simt<FM><<<g2, GW * 32, s2, c->st>>>(tab, pick, h, Fd, H, ye, kt2);
+        switch (e0->gate.fmt) {
+        case M3_WF_F32: MOE_LAUNCH(M3_WF_F32); break;
+        case M3_WF_BF16: MOE_LAUNCH(M3_WF_BF16); break;
+        case M3_WF_F16: MOE_LAUNCH(M3_WF_F16); break;
+        case M3_WF_MXFP8: MOE_LAUNCH(M3_WF_MXFP8); break;
+        default: MOE_LAUNCH(M3_WF_NVFP4); break;
+        }
+#undef MOE_LAUNCH
+        if (CK_LAUNCH(c, "moe experts")) { m3_cu_prof_end(c, OP_MOE); return; }
+        k_moe_combine<<<dim3(cdiv(H, 256), T), 256, 0, c->st>>>(ye, wt, K, H, NULL, out);
+        if (CK_LAUNCH(c, "moe combine")) { m3_cu_prof_end(c, OP_MOE); return; }
+    } else {
+        /* group tokens by expert on the host */
+        int n = T * K;
+        int32_t *hp = (int32_t *)malloc(sizeof(int32_t) * (size_t)n * 2 + sizeof(float) * (size_t)n * 2);
+        int *off = (int *)malloc(sizeof(int) * (size_t)(E + 1));
+        if (!hp || !off) { free(hp); free(off); m3_cu_failf(c, "out of memory"); { m3_cu_prof_end(c, OP_MOE); return; } }
+        float *hw = (float *)(hp + n);
+        int32_t *rows = (int32_t *)(hw + n);
+        float *rw = (float *)(rows + n);
+        int m = 0;
+        if (CK(c, cudaMemcpyAsync(hp, pick, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, c->st)) ||
+            CK(c, cudaMemcpyAsync(hw, wt, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost, c->st)) ||
+            CK(c, cudaStreamSynchronize(c->st)))
+            goto slow_done;
+        for (int e = 0; e < E; e++) {
+            off[e] = m;
+            for (int t = 0; t < T; t++)
+                for (int k = 0; k < K; k++)
+                    if (hp[t * K + k] == e) { rows[m] = t; rw[m] = hw[t * K + k]; m++; }
+        }
+        off[E] = m;
+        {
+            int32_t *drows = (int32_t *)m3_cu_scratch(c, SC_IDX, sizeof(int32_t) * (size_t)m * 2 + 64);
+            float *xe = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * (size_t)T * (2 * (size_t)Fd + 2 * (size_t)H));
+            if (!drows || !xe) goto slow_done;
+            float *dw = (float *)(drows + m);
+            CK(c, cudaMemcpyAsync(drows, rows, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice, c->st));
+            CK(c, cudaMemcpyAsync(dw, rw, sizeof(float) * (size_t)m, cudaMemcpyHostToDevice, c->st));
+            float *ye = xe + (size_t)T * H, *g = ye + (size_t)T * H, *u = g + (size_t)T * Fd;
+            CK(c, cudaMemsetAsync(out, 0, sizeof(float) * (size_t)T * H, c->st));
+            for (int e = 0; e < E && !c->failed; e++) {
+                int cnt = off[e + 1] - off[e];
+                if (!cnt || !L->experts[e].gate.w) continue; /* not picked, or another rank's */
+                const m3_mlp_w *me = &L->experts[e];
+                dim3 gg(cdiv(H, 256) < 64 ? cdiv(H, 256) : 64, cnt);
+                m3_cu_xsplit_touch(c, xe, sizeof(float) * (size_t)cnt * H);
+                k_moe_gather_rows<<<gg, 256, 0, c->st>>>(x, drows + off[e], cnt, H, xe);
+                m3_cu_linear(c, &me->gate, xe, cnt, g);
+                m3_cu_linear(c, &me->up, xe, cnt, u);
+                m3_cu_swiglu(c, g, u, (size_t)cnt * Fd, alpha, limit, g);
+                m3_cu_linear(c, &me->down, g, cnt, ye);
+                k_moe_scatter_add<<<gg, 256, 0, c->st>>>(out, drows + off[e], dw + off[e], cnt, H, ye);
+                CK_LAUNCH(c, "moe expert");
+            }
+            CK(c, cudaStreamSynchronize(c->st)); /* rows / rw (host) were read by async copies */
+        }
+    slow_done:
+        free(hp);
+        free(off);
+        if (c->failed) { m3_cu_prof_end(c, OP_MOE); return; }
+    }
+    /* the SIMT and host-grouped paths: the shared expert added after the routed ones */
+    if (L->has_shared) {
+        float *sh = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)T * H);
+        if (!sh) { m3_cu_prof_end(c, OP_MOE); return; }
+        m3_cu_mlp(c, &L->shared, x, T, alpha, limit, sh);
+        m3_cu_add(c, out, sh, (size_t)T * H);
+    }
+    m3_cu_prof_end(c, OP_MOE);
+}
+
+/* One MoE launch over the device expert table (modes of gv_args.moe): mats matrices of W's
+ * shape, outputs [S][2][N] (gate + up) or [S][N] (down); grouped modes take 8 columns per item. */
+static int moe_launch(m3_cuda *c, const m3_linear *W, const m3_mlp_w *tab, const int32_t *pick, int topk, const int *groups,
+                      int mode, int mats, int S, int part, const uint16_t *xh, const uint16_t *xl, int xstride, float *out) {
+    gv_args a;
+    memset(&a, 0, sizeof a);
+    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)S * (part == 2 ? 1 : 2) * W->N);
+    a.j[0].W = *W; /* shape only: each matrix comes from the device table */
+    a.j[0].xh = xh;
+    a.j[0].xl = xl;
+    a.j[0].xstride = xstride;
+    a.j[0].y = out;
+    a.j[0].T = mode >= 3 ? 8 : 1;
+    a.nj = 1;
+    a.moe = mode;
+    a.tab = tab;
+    a.pick = pick;
+    a.topk = topk;
+    a.groups = groups;
+    m3_cu_gv_launch(c, &a, W->fmt, 1, &mats); /* one token per slot, or at most GRP_CAP per group: x_hi, x_lo in one MMA */
+    return 0;
+}
+
+/* MoE experts of S = T*topk slots: gu[S][2][F] = (gate, up) rows of each slot's expert,
+ * or (part 2) ye[S][H] = down rows against h[S][F]. -1 when the format is not supported. */
+int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int topk, int S, int part,
+                  const float *x, int xstride, float *out) {
+    const m3_linear *W = part == 2 ? &host_e0->down : &host_e0->gate;
+    if (!m3_cu_mma_ok(W) || (part != 2 && (!m3_cu_mma_ok(&host_e0->up) || host_e0->up.fmt != W->fmt))) return -1;
+    const int rows = part == 2 ? S : S / topk; /* x rows: tokens (gate/up) or slots (down) */
+    const uint16_t *xh, *xl;
+    if (m3_cu_xsplit_get(c, x, (size_t)rows * xstride, &xh, &xl)) return 0;
+    return moe_launch(c, W, tab, pick, topk, NULL, part == 2 ? 2 : 1, part == 2 ? S : 2 * S, S, part, xh, xl, xstride, out);
+}
+
+/* the distinct experts of a step's S = T*K picks, ascending, each with its slots in token
+ * order, at most GRP_CAP slots per group (an expert picked by more tokens gets more groups,
+ * so that the kernel carries every token's x_hi and x_lo in one MMA): out[0] = groups, then
+ * per group {expert, count, slots[8]}. One thread per slot (S <= MOE_GROUP_S, one block): slot i
+ * counts the slots of its expert (cnt) and those before it (rank); the group of slot i is the
+ * groups of every smaller expert picked plus rank / GRP_CAP. */
+#define GRP_CAP 4
+__global__ void __launch_bounds__(MOE_GROUP_S) k_moe_group_by_expert(const int32_t *pick, int T, int K, int *out) {
+    __shared__ int e[MOE_GROUP_S], ng[MOE_GROUP_S];
+    const int S = T * K, i = threadIdx.x;
+    e[i] = i < S ? pick[i] : 0x7fffffff;
+    __syncthreads();
+    int cnt = 0, rank = 0;
+    for (int j = 0; j < S; j++) {
+        cnt += e[j] == e[i];
+        rank += j < i && e[j] == e[i];
+    }
+    ng[i] = i < S && rank == 0 ? (cnt + GRP_CAP - 1) / GRP_CAP : 0; /* groups of this expert, at its first slot */
+    __syncthreads();
+    int base = 0, total = 0;
+    for (int j = 0; j < S; j++) {
+        base += e[j] < e[i] ? ng[j] : 0;
+        total += ng[j];
+    }
+    if (i == 0) out[0] = total;
+    if (i >= S) return;
+    int *g = out + 1 + (base + rank / GRP_CAP) * 10;
+    if (rank % GRP_CAP == 0) {
+        g[0] = e[i];
+        g[1] = cnt - rank < GRP_CAP ? cnt - rank : GRP_CAP;
+    }
+    g[2 + rank % GRP_CAP] = i;
+}
+
+/* The MoE experts grouped by expert (2 <= T <= MOE_GROUP_T tokens, T * topk <= MOE_GROUP_S):
+ * each picked expert's rows are read once for up to GRP_CAP of the tokens routed to it (a
+ * speculative verify pass, a batch of decodes);
+ * outputs land where m3_cu_moe_mma puts them (gu[S][2][F], then ye[S][H]). part 0: route the
+ * picks into groups and run gate + up; part 2: down. -1 when not supported. */
+int m3_cu_moe_grouped(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int T, int topk,
+                      int E, int part, const float *x, int xstride, float *out) {
+    const m3_linear *W = part == 2 ? &host_e0->down : &host_e0->gate;
+    if (T < 2 || T > MOE_GROUP_T || T * topk > MOE_GROUP_S || !m3_cu_mma_ok(W) ||
+        (part != 2 && (!m3_cu_mma_ok(&host_e0->up) || host_e0->up.fmt != W->fmt)))
+        return -1;
+    const int S = T * topk, gmax = S; /* groups: at most one per slot */
+    int *groups = (int *)m3_cu_scratch(c, SC_IDX, sizeof(int) * (size_t)(1 + 10 * gmax) + 64);
+    if (!groups) return 0;
+    if (part != 2) {
+        k_moe_group_by_expert<<<1, (S + 31) / 32 * 32, 0, c->st>>>(pick, T, topk, groups);
+        if (CK_LAUNCH(c, "moe groups")) return 0;
+    }
+    const int rows = part == 2 ? S : T; /* x rows: tokens (gate/up) or slots (down) */
+    const uint16_t *xh, *xl;
+    if (m3_cu_xsplit_get(c, x, (size_t)rows * xstride, &xh, &xl)) return 0;
+    return moe_launch(c, W, tab, pick, topk, groups, part == 2 ? 4 : 3, part == 2 ? gmax : 2 * gmax, S, part, xh, xl, xstride,
+                      out);
+}

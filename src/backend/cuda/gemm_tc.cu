@@ -1,0 +1,604 @@
+/* Tensor-core GEMM for prefill and large batches (issue 25): y[T][N] = x[T][K] W^T on Hopper's
+ * warpgroup MMA (wgmma.mma_async, sm_90a), for BF16, MXFP8 and NVFP4 weights as the backend
+ * uploads them (gemm_tc.h has the C API).
+ *
+ * Roles. The weights are the MMA's A operand (M = weight rows), the tokens its B operand
+ * (N = tokens): D[n][t] = sum_k W[n][k] x[t][k], so A can come from REGISTERS, where each
+ * thread expands its own weights to bf16 (the way Machete / mixed-input CUTLASS do), and only
+ * bf16 x goes through shared memory in the wgmma's canonical layout.
+ *
+ * CTA tile: 128 weight rows x BN tokens (BN = 128, or 64 for T <= 64), K in blocks of 128.
+ * 384 threads: warps 4-11 are two consumer warpgroups of 64 rows each
+ * (warp w of a consumer group owns one 16-row tile of the backend's tiled layout); warps 0-3
+ * (warpgroup 0) are the producers. Grid: one CTA per output tile, the
+ * row tiles in groups of 8 with the token tiles inside each group (L2 reuse of both operands).
+ *
+ * Pipeline: STAGES shared-memory stages (BN 128: BF16 3, MXFP8 4, NVFP4 5; BN 64: 4, 6, 8),
+ * each holding one 128-wide K block: x (BN x 128 bf16), the raw weight bytes of the 128 rows
+ * and their scales. The 4 producer warps fill a stage with 1-D bulk copies (cp.async.bulk ...
+ * mbarrier::complete_tx; no tensor maps: the tiled weight layout is already made of contiguous
+ * runs) on a full barrier (one arrive.expect_tx per producer warp); consumer warps release it on
+ * an empty barrier once the wgmmas that read it have completed. Per K block a consumer does two
+ * halves of 4 k16 steps: expand the half's A fragments into registers, wgmma.fence, 4 x wgmma
+ * m64nBNk16, commit; while they run it loads the next half's raw bytes from shared memory (BF16,
+ * which has nothing to expand, loads after), then wgmma.wait_group 0. Waiting for the whole half
+ * before rewriting the A registers is what keeps ptxas from serializing every wgmma (C7513);
+ * the other consumer warpgroup fills the tensor cores meanwhile.
+ *
+ * The K order inside each 128 block is permuted (both operands alike, so the sum is the same):
+ * thread t of a quad, which the wgmma A fragment gives logical columns {2t, 2t+1, 2t+8, 2t+9}
+ * of k16 step s, is given physical columns 32t + 4s + {0..3} instead. A thread's weights for a
+ * K block are then 32 consecutive values of its row: one E8M0 scale (MXFP8: one 32-value
+ * unit), two E4M3 scales (NVFP4: 16 bytes of one tiled unit row), 64 bytes (BF16); the staged
+ * x (m3_cu_gemm_tc_stage_x) holds x[t][k] at the matching logical position, rounded to bf16,
+ * already in the 128-byte-swizzled K-major layout of a wgmma B operand (8-row x 128-byte atoms,
+ * 16-byte chunk c of row r at c ^ (r % 8)), so one bulk copy per 64 tokens x 64 columns lands
+ * it ready for the descriptors.
+ *
+ * Expanding (exact; only the f32 sums round):
+ *   BF16   as is.
+ *   MXFP8  E4M3 pair -> f16x2 (cvt, exact) -> f32 x 2^(e-127) -> bf16x2: exact while the
+ *          product is a bf16 normal, i.e. E8M0 codes 10..246 (m3_cu_gemm_tc_scales_exact on
+ *          the host copy says whether a matrix is); the backend keeps codes 0 / 255 row-major,
+ *          which this kernel does not take.
+ *   NVFP4  E2M1 pair -> f16x2 (nv_pair, the tiled layout's bit permutation; value x 2^-14)
+ *          -> f32 x (E4M3 scale x 2^14) -> bf16x2: at most 6 significant bits, always exact.
+ *          The f32 global scale (gmul) multiplies the f32 sums in the epilogue.
+ * Reference: the CPU's m3_cpu_linear (src/backend/cpu/linear.c) on x rounded to bf16, or the
+ * double-precision product of bench/bench_cuda_gemm.c; they differ by f32 summation order only.
+ *
+ * Taken: BF16 row-major, MXFP8 / NVFP4 tiled (N % 16 == 0, K % 128 == 0), K % 128 == 0; any
+ * T and N (ragged tiles are masked: rows / tokens past the end are never stored, and the
+ * staged x is zero-padded to 64 tokens). */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gemm_tc.h"
+
+namespace {
+
+constexpr int BM = 128;        /* weight rows per CTA */
+constexpr int BK = 128;        /* K per stage */
+constexpr int NTHREADS = 384;  /* producer warpgroup + 2 consumer warpgroups */
+constexpr int SMEM_MAX = 232448; /* 227 KiB opt-in per block on sm_90 */
+constexpr int XPIECE = 64 * 128; /* bytes of one staged piece: 64 tokens x 64 columns (bf16) */
+
+/* bytes of the raw weights / scales of one stage */
+constexpr int MX_TILE = 4 * 512 + 128; /* MXFP8: 4 units of 16 rows x 32 bytes, unit u at u*512 + pad(u) */
+constexpr int BF_ROW = 256 + 16;       /* BF16: a row's 128 values, padded */
+__host__ __device__ constexpr int w_bytes(int fmt) { return fmt == M3_WF_BF16 ? BM * BF_ROW : fmt == M3_WF_MXFP8 ? 8 * MX_TILE : 8 * 1024; }
+__host__ __device__ constexpr int s_bytes(int fmt) { return fmt == M3_WF_BF16 ? 0 : fmt == M3_WF_MXFP8 ? 8 * 64 : 8 * 128; }
+__host__ __device__ constexpr int stage_bytes(int fmt, int bn) { return (bn * 256 + w_bytes(fmt) + s_bytes(fmt) + 1023) / 1024 * 1024; }
+__host__ __device__ constexpr int n_stages(int fmt, int bn) {
+    return (SMEM_MAX - 1024 - 256) / stage_bytes(fmt, bn) > 8 ? 8 : (SMEM_MAX - 1024 - 256) / stage_bytes(fmt, bn);
+}
+__host__ __device__ constexpr int smem_bytes(int fmt, int bn) { return n_stages(fmt, bn) * stage_bytes(fmt, bn) + 1024 + 256; }
+static_assert(n_stages(M3_WF_BF16, 128) >= 3 && n_stages(M3_WF_MXFP8, 128) >= 4 && n_stages(M3_WF_NVFP4, 128) >= 4, "stages");
+
+struct gemm_args {
+    const uint8_t *w, *s; /* device weights (values, scales) */
+    size_t row_bytes, scale_row;
+    const uint8_t *xs;    /* staged x */
+    float *y;
+    int N, K, T, nm, nt;  /* nm / nt: row / token tiles */
+    float gmul;
+};
+
+/* ------------------------------------------------------------------ PTX wrappers */
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+static __device__ __forceinline__ void mb_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void mb_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void mb_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+static __device__ __forceinline__ uint32_t mb_try(uint32_t bar, uint32_t parity) {
+    uint32_t ok;
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n"
+                 "}\n"
+                 : "=r"(ok)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return ok;
+}
+static __device__ __forceinline__ void mb_wait(uint32_t bar, uint32_t parity) {
+    while (!mb_try(bar, parity)) {
+    }
+}
+/* bytes (multiple of 16, both addresses 16-aligned) global -> shared, completing on bar */
+static __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* keeps the compiler from moving / reusing registers an in-flight wgmma reads or writes */
+template <int N> static __device__ __forceinline__ void pin_u32(uint32_t (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
+}
+template <int N> static __device__ __forceinline__ void pin_f32(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+/* wgmma B descriptor: K-major, 128-byte swizzle (8-row atoms of 1024 bytes, SBO 1024; LBO
+ * unused for this layout), start address a (16-byte units, 18-bit shared window) */
+static __device__ __forceinline__ uint64_t desc_sw128(uint32_t a) {
+    return (uint64_t)((a & 0x3ffffu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+/* D[64][64] += A (registers, bf16) x B (shared, K-major, 128-byte swizzle) */
+static __device__ __forceinline__ void wgmma_n64(float (&d)[32], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+/* D[64][128] += A (registers, bf16) x B (shared, K-major, 128-byte swizzle) */
+static __device__ __forceinline__ void wgmma_n128(float (&d)[64], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, "
+        "%40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+/* ------------------------------------------------------------------ weight expansion */
+
+/* f32 pair -> bf16x2 bits (lo in the low half), round to nearest even (exact here) */
+static __device__ __forceinline__ uint32_t bf2(float lo, float hi) {
+    __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&b;
+}
+/* f16x2 bits times sc -> bf16x2 */
+static __device__ __forceinline__ uint32_t h2_bf2(uint32_t h, float sc) {
+    __half2_raw r;
+    r.x = (unsigned short)(h & 0xffffu);
+    r.y = (unsigned short)(h >> 16);
+    const float2 f = __half22float2(__half2(r));
+    return bf2(f.x * sc, f.y * sc);
+}
+/* two E4M3 bytes (low byte = lower column) times sc -> bf16x2 */
+static __device__ __forceinline__ uint32_t e4_bf2(uint32_t two, float sc) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffffu), __NV_E4M3);
+    return h2_bf2((uint32_t)h.x | ((uint32_t)h.y << 16), sc);
+}
+/* E8M0 code 1..254 -> 2^(e-127) */
+static __device__ __forceinline__ float e8_f32(uint32_t b) { return __uint_as_float(b << 23); }
+static __device__ __forceinline__ float e4_f32(uint32_t b) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
+    return __half2float(__half(h));
+}
+/* NVFP4 tiled words (common.cuh: wt_nv_perm / nv_pair): f16 pair P (codes 2P, 2P + 1, each
+ * value x 2^-14) of a bit-permuted word of 8 E2M1 codes */
+template <int P> static __device__ __forceinline__ uint32_t nv_pair2(uint32_t w) {
+    if (P == 0) return w & 0x8E008E00u;
+    if (P == 1) return (w << 3) & 0x8E008E00u;
+    if (P == 2) return ((w << 9) & 0x0E000E00u) | ((w << 2) & 0x80008000u);
+    return ((w << 6) & 0x0E000E00u) | ((w << 1) & 0x80008000u);
+}
+
+/* The raw weight bytes of k16 steps 4h..4h+3 of the warp's 16-row tile i for lane (g, t):
+ * rows g and g + 8, physical columns 32t + 16h .. 32t + 16h + 15 of the K block (permuted
+ * order, see the top), and their scales. Loaded while the previous half's wgmmas run. */
+struct raw_frag {
+    uint4 a, b, c, d;
+    uint32_t s0, s1;
+};
+template <int FMT>
+static __device__ __forceinline__ void load_raw(const uint8_t *W, const uint8_t *S, int i, int g, int t, int h, raw_frag &r) {
+    if (FMT == M3_WF_MXFP8) {
+        /* tile i: [unit 4][16 rows][32 bytes], unit u at u*512 + pad(u), pad = 0, 16, 64, 80 (the
+         * 16-byte loads of lanes g = 0, 1 x t = 0..3 then hit 8 different bank groups) */
+        const uint8_t *u = W + i * MX_TILE + t * 512 + (t & 1) * 16 + (t >> 1) * 64 + 16 * h;
+        r.a = *(const uint4 *)(u + g * 32);
+        r.b = *(const uint4 *)(u + (g + 8) * 32);
+        r.s0 = S[i * 64 + g * 4 + t];
+        r.s1 = S[i * 64 + (g + 8) * 4 + t];
+    } else if (FMT == M3_WF_NVFP4) {
+        /* tile i: [16 rows][64 bytes] (one 128-value unit), scales [16 rows][8] */
+        const uint8_t *u = W + i * 1024 + 16 * t + 8 * h;
+        const uint2 q0 = *(const uint2 *)(u + g * 64), q1 = *(const uint2 *)(u + (g + 8) * 64);
+        r.a = make_uint4(q0.x, q0.y, q1.x, q1.y);
+        r.s0 = S[i * 128 + g * 8 + 2 * t + h];
+        r.s1 = S[i * 128 + (g + 8) * 8 + 2 * t + h];
+    } else {
+        /* rows of 128 bf16 (256 bytes, padded to BF_ROW) */
+        const uint8_t *r0 = W + (i * 16 + g) * BF_ROW + 64 * t + 32 * h, *r1 = r0 + 8 * BF_ROW;
+        r.a = *(const uint4 *)r0;
+        r.b = *(const uint4 *)(r0 + 16);
+        r.c = *(const uint4 *)r1;
+        r.d = *(const uint4 *)(r1 + 16);
+    }
+}
+/* raw bytes -> the half's A fragments: a[4j + 0..3] = step 4h + j's {row g cols 2t, 2t + 1;
+ * row g + 8 the same; row g cols 2t + 8, 2t + 9; row g + 8 the same} (the wgmma A layout), i.e.
+ * physical columns 32t + 4s + {0, 1} and {2, 3}. */
+template <int FMT> static __device__ __forceinline__ void expand(const raw_frag &r, uint32_t (&a)[16]) {
+    if (FMT == M3_WF_MXFP8) {
+        const float s0 = e8_f32(r.s0), s1 = e8_f32(r.s1);
+        const uint32_t w0[4] = {r.a.x, r.a.y, r.a.z, r.a.w}, w1[4] = {r.b.x, r.b.y, r.b.z, r.b.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            a[4 * j + 0] = e4_bf2(w0[j], s0);
+            a[4 * j + 1] = e4_bf2(w1[j], s1);
+            a[4 * j + 2] = e4_bf2(w0[j] >> 16, s0);
+            a[4 * j + 3] = e4_bf2(w1[j] >> 16, s1);
+        }
+    } else if (FMT == M3_WF_NVFP4) {
+        const float m0 = e4_f32(r.s0) * 16384.0f, m1 = e4_f32(r.s1) * 16384.0f;
+        /* step j of the half: word j / 2 of the row's 8 bytes, pairs 2 (j % 2) and 2 (j % 2) + 1 */
+        a[0] = h2_bf2(nv_pair2<0>(r.a.x), m0);
+        a[1] = h2_bf2(nv_pair2<0>(r.a.z), m1);
+        a[2] = h2_bf2(nv_pair2<1>(r.a.x), m0);
+        a[3] = h2_bf2(nv_pair2<1>(r.a.z), m1);
+        a[4] = h2_bf2(nv_pair2<2>(r.a.x), m0);
+        a[5] = h2_bf2(nv_pair2<2>(r.a.z), m1);
+        a[6] = h2_bf2(nv_pair2<3>(r.a.x), m0);
+        a[7] = h2_bf2(nv_pair2<3>(r.a.z), m1);
+        a[8] = h2_bf2(nv_pair2<0>(r.a.y), m0);
+        a[9] = h2_bf2(nv_pair2<0>(r.a.w), m1);
+        a[10] = h2_bf2(nv_pair2<1>(r.a.y), m0);
+        a[11] = h2_bf2(nv_pair2<1>(r.a.w), m1);
+        a[12] = h2_bf2(nv_pair2<2>(r.a.y), m0);
+        a[13] = h2_bf2(nv_pair2<2>(r.a.w), m1);
+        a[14] = h2_bf2(nv_pair2<3>(r.a.y), m0);
+        a[15] = h2_bf2(nv_pair2<3>(r.a.w), m1);
+    } else {
+        const uint32_t w0[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
+        const uint32_t w1[8] = {r.c.x, r.c.y, r.c.z, r.c.w, r.d.x, r.d.y, r.d.z, r.d.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            a[4 * j + 0] = w0[2 * j];
+            a[4 * j + 1] = w1[2 * j];
+            a[4 * j + 2] = w0[2 * j + 1];
+            a[4 * j + 3] = w1[2 * j + 1];
+        }
+    }
+}
+
+template <int BN> static __device__ __forceinline__ void wgmma_bn(float (&d)[BN / 2], const uint32_t *a, uint64_t desc);
+template <> __device__ __forceinline__ void wgmma_bn<64>(float (&d)[32], const uint32_t *a, uint64_t desc) {
+    wgmma_n64(d, a, desc);
+}
+template <> __device__ __forceinline__ void wgmma_bn<128>(float (&d)[64], const uint32_t *a, uint64_t desc) {
+    wgmma_n128(d, a, desc);
+}
+
+/* ------------------------------------------------------------------ the GEMM kernel */
+
+template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm_tc(const gemm_args p) {
+    constexpr int STAGES = n_stages(FMT, BN), STAGE = stage_bytes(FMT, BN);
+    constexpr int XB = BN * 256, WB = w_bytes(FMT);
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint64_t *bars = (uint64_t *)(smem + STAGES * STAGE); /* full[STAGES], empty[STAGES] */
+    const uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + STAGES);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    /* grouped raster: 8 row tiles per group, token tiles inside a group */
+    const int per_group = 8 * p.nt, grp = blockIdx.x / per_group, first = grp * 8;
+    const int gsz = p.nm - first < 8 ? p.nm - first : 8, in = blockIdx.x % per_group;
+    const int mt = first + in % gsz, tt = in / gsz;
+    const int n0 = mt * BM, tok0 = tt * BN;
+    const int KB = p.K / BK;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mb_init(full0 + 8 * s, 4); /* one arrival (+ its bytes) per producer warp */
+            mb_init(empty0 + 8 * s, 8); /* one arrival per consumer warp */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp < 4) {
+        /* producers: the 4 warps of warpgroup 0 share a stage's bulk copies (a copy's operands
+         * are uniform registers, so a warp issues its lanes' copies one after another: ~50
+         * cycles each, which one warp alone made the bottleneck). Copy q of a stage: x pieces
+         * (64 tokens x one column half), then weight runs, then scale runs. */
+        const int pl = threadIdx.x; /* 0..127 */
+        const int rows = p.N - n0 < BM ? p.N - n0 : BM, tiles = (rows + 15) / 16;
+        const int t64 = (p.T + 63) / 64, g0 = tok0 / 64;
+        const int ng = t64 - g0 < BN / 64 ? t64 - g0 : BN / 64, nx = 2 * ng;
+        const int nw = FMT == M3_WF_MXFP8 ? tiles * 5 : FMT == M3_WF_NVFP4 ? tiles * 2 : rows, total = nx + nw;
+        const size_t tstride = 16 * p.row_bytes, sstride = 16 * p.scale_row;
+        /* bytes of this warp's copies (the same every stage) */
+        uint32_t mine = 0;
+        for (int q = pl; q < total; q += 128) {
+            if (q < nx) mine += XPIECE;
+            else {
+                const int c = q - nx;
+                if (FMT == M3_WF_MXFP8) mine += c < 4 * tiles ? 512 : 64;
+                else if (FMT == M3_WF_NVFP4) mine += c < tiles ? 1024 : 128;
+                else mine += 256;
+            }
+        }
+        const uint32_t wbytes = __reduce_add_sync(0xffffffffu, mine);
+        for (int kb = 0; kb < KB; kb++) {
+            const int st = kb % STAGES;
+            uint8_t *X = smem + st * STAGE, *Wd = X + XB, *Sd = Wd + WB;
+            const uint32_t full = full0 + 8 * st;
+            if (kb >= STAGES) mb_wait(empty0 + 8 * st, ((kb / STAGES) & 1) ^ 1);
+            if (lane == 0) mb_expect_tx(full, wbytes); /* one arrival per producer warp, even with no bytes */
+            __syncwarp();
+            for (int q = pl; q < total; q += 128) {
+                if (q < nx) {
+                    const int gi = q >> 1, col = q & 1;
+                    const uint8_t *src = p.xs + (((size_t)(g0 + gi) * KB + kb) * 2 + col) * XPIECE;
+                    bulk_g2s(smem_u32(X + col * BN * 128 + gi * XPIECE), src, XPIECE, full);
+                    continue;
+                }
+                const int c = q - nx;
+                if (FMT == M3_WF_MXFP8) {
+                    if (c < 4 * tiles) {
+                        const int i = c >> 2, u = c & 3;
+                        const uint8_t *src = p.w + (size_t)(n0 / 16 + i) * tstride + (size_t)(kb * 4 + u) * 512;
+                        bulk_g2s(smem_u32(Wd + i * MX_TILE + u * 512 + (u & 1) * 16 + (u >> 1) * 64), src, 512, full);
+                    } else {
+                        const int i = c - 4 * tiles;
+                        bulk_g2s(smem_u32(Sd + i * 64), p.s + (size_t)(n0 / 16 + i) * sstride + (size_t)kb * 64, 64, full);
+                    }
+                } else if (FMT == M3_WF_NVFP4) {
+                    if (c < tiles) {
+                        bulk_g2s(smem_u32(Wd + c * 1024), p.w + (size_t)(n0 / 16 + c) * tstride + (size_t)kb * 1024, 1024,
+                                 full);
+                    } else {
+                        const int i = c - tiles;
+                        bulk_g2s(smem_u32(Sd + i * 128), p.s + (size_t)(n0 / 16 + i) * sstride + (size_t)kb * 128, 128,
+                                 full);
+                    }
+                } else {
+                    bulk_g2s(smem_u32(Wd + c * BF_ROW), p.w + (size_t)(n0 + c) * p.row_bytes + (size_t)kb * 256, 256, full);
+                }
+            }
+        }
+        return;
+    }
+
+    /* consumers */
+    const int wg = warp / 4 - 1, i = wg * 4 + warp % 4; /* the warp's 16-row tile of the CTA's 8 */
+    const int g = lane / 4, t = lane % 4;
+    float acc[BN / 2];
+#pragma unroll
+    for (int j = 0; j < BN / 2; j++) acc[j] = 0.0f;
+    uint32_t a0[16];
+    raw_frag r;
+    r.c = r.d = make_uint4(0, 0, 0, 0);
+    mb_wait(full0, 0);
+    load_raw<FMT>(smem + XB, smem + XB + WB, i, g, t, 0, r);
+    for (int kb = 0; kb < KB; kb++) {
+        const int st = kb % STAGES;
+        const uint32_t xa = smem_u32(smem + st * STAGE);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            /* expand this half's A fragments (the previous half's wgmmas are retired: ptxas
+             * serializes wgmmas whose input registers are redefined while they may be in flight,
+             * C7513), run its 4 k16 steps, and load the next half's raw bytes meanwhile */
+            expand<FMT>(r, a0);
+            pin_f32(acc);
+            wg_fence();
+#pragma unroll
+            for (int j = 0; j < 4; j++) wgmma_bn<BN>(acc, a0 + 4 * j, desc_sw128(xa + h * BN * 128 + j * 32));
+            wg_commit();
+            /* BF16 needs no expansion, so its loads would land in the wgmma's own input
+             * registers (C7513): it loads after the wait */
+            if (FMT == M3_WF_BF16) {
+                wg_wait<0>();
+                pin_f32(acc);
+                pin_u32(a0);
+            }
+            if (h == 0) {
+                load_raw<FMT>(smem + st * STAGE + XB, smem + st * STAGE + XB + WB, i, g, t, 1, r);
+            } else if (kb + 1 < KB) {
+                const int sn = (kb + 1) % STAGES;
+                mb_wait(full0 + 8 * sn, ((kb + 1) / STAGES) & 1);
+                load_raw<FMT>(smem + sn * STAGE + XB, smem + sn * STAGE + XB + WB, i, g, t, 0, r);
+            }
+            if (FMT != M3_WF_BF16) {
+                wg_wait<0>();
+                pin_f32(acc);
+                pin_u32(a0);
+            }
+        }
+        /* the stage's wgmmas are done and its weights read: hand it back */
+        __syncwarp();
+        if (lane == 0) mb_arrive(empty0 + 8 * st);
+    }
+    /* epilogue: D[row][token] -> y[token][row] (8 lanes g write 8 consecutive rows of a token) */
+    const float gm = FMT == M3_WF_NVFP4 ? p.gmul : 1.0f;
+    const int r0 = n0 + i * 16 + g;
+    const bool ok0 = r0 < p.N, ok1 = r0 + 8 < p.N;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int tok = tok0 + 8 * j + 2 * t + e;
+            if (tok < p.T) {
+                float *yr = p.y + (size_t)tok * p.N;
+                if (ok0) yr[r0] = acc[4 * j + e] * gm;
+                if (ok1) yr[r0 + 8] = acc[4 * j + 2 + e] * gm;
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ staging x */
+
+static __device__ __forceinline__ uint32_t bf16_rne(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return u >> 16;
+}
+
+/* x [T][K] f32 -> [T/64][K/128][2 column halves][64 tokens][128 bytes] bf16, one 16-byte chunk a
+ * thread: chunk position p of row r holds logical chunk c = p ^ (r % 8) of column half col,
+ * whose 8 values (logical columns 64 col + 8c + e) are, by the permutation above, the pairs
+ * x[32q + 16 col + 2c + {0, 1}] (q = 0..3) of the K block. */
+__global__ void k_stage_x(const float *x, int T, int K, uint4 *xs, size_t n) {
+    const int KB = K / BK;
+    for (size_t q = blockIdx.x * (size_t)blockDim.x + threadIdx.x; q < n; q += (size_t)gridDim.x * blockDim.x) {
+        const int pp = (int)(q & 7), r = (int)((q >> 3) & 63), col = (int)((q >> 9) & 1);
+        const size_t rest = q >> 10;
+        const int kb = (int)(rest % KB);
+        const int tok = (int)(rest / KB) * 64 + r, c = pp ^ (r & 7);
+        uint4 o = make_uint4(0, 0, 0, 0);
+        if (tok < T) {
+            const float *b = x + (size_t)tok * K + (size_t)kb * BK + 16 * col + 2 * c;
+            const float2 v0 = *(const float2 *)b, v1 = *(const float2 *)(b + 32), v2 = *(const float2 *)(b + 64),
+                         v3 = *(const float2 *)(b + 96);
+            o.x = bf16_rne(v0.x) | (bf16_rne(v0.y) << 16);
+            o.y = bf16_rne(v1.x) | (bf16_rne(v1.y) << 16);
+            o.z = bf16_rne(v2.x) | (bf16_rne(v2.y) << 16);
+            o.w = bf16_rne(v3.x) | (bf16_rne(v3.y) << 16);
+        }
+        xs[q] = o;
+    }
+}
+
+template <int FMT, int BN> static int launch(cudaStream_t st, const m3_linear *W, const void *xs, int T, float *y, m3_err *err) {
+    constexpr int SM = smem_bytes(FMT, BN);
+    static int attr = 0; /* set once per instantiation (all devices of a process alike) */
+    if (!attr) {
+        cudaError_t e = cudaFuncSetAttribute(k_gemm_tc<FMT, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, SM);
+        if (e != cudaSuccess) return m3_errf(err, "gemm_tc: shared memory attribute: %s", cudaGetErrorString(e));
+        attr = 1;
+    }
+    gemm_args a;
+    a.w = W->w;
+    a.s = W->scale;
+    a.row_bytes = W->row_bytes;
+    a.scale_row = W->scale_row;
+    a.xs = (const uint8_t *)xs;
+    a.y = y;
+    a.N = W->N;
+    a.K = W->K;
+    a.T = T;
+    a.nm = (W->N + BM - 1) / BM;
+    a.nt = (T + BN - 1) / BN;
+    a.gmul = W->gmul;
+    const long long blocks = (long long)a.nm * a.nt;
+    if (blocks > 0x7fffffffLL) return m3_errf(err, "gemm_tc: %lld tiles", blocks);
+    k_gemm_tc<FMT, BN><<<(unsigned)blocks, NTHREADS, SM, st>>>(a);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return m3_errf(err, "gemm_tc: launch (%s %d x %d, T %d): %s", m3_wfmt_name(W->fmt), W->N, W->K, T,
+                                         cudaGetErrorString(e));
+    return 0;
+}
+
+} // namespace
+
+/* ------------------------------------------------------------------ C API */
+
+extern "C" int m3_cu_gemm_tc_ok(const m3_linear *W, int T) {
+    if (!W || !W->w || T < 1 || W->N < 1 || W->K < BK || W->K % BK) return 0;
+    if (((uintptr_t)W->w & 15) || ((uintptr_t)W->scale & 15)) return 0;
+    switch (W->fmt) {
+    case M3_WF_BF16: return !W->tiled && W->row_bytes % 16 == 0;
+    case M3_WF_MXFP8:
+    case M3_WF_NVFP4:
+        /* the backend's tiled layout, dense rows (a column slice's wider strides are not tiled) */
+        return W->tiled && W->scale && W->N % 16 == 0 &&
+               W->row_bytes == (size_t)W->K / (W->fmt == M3_WF_NVFP4 ? 2 : 1) &&
+               W->scale_row == (size_t)W->K / (W->fmt == M3_WF_NVFP4 ? 16 : 32);
+    default: return 0;
+    }
+}
+
+extern "C" size_t m3_cu_gemm_tc_xbytes(int T, int K) { return (size_t)((T + 63) / 64) * 64 * (size_t)K * 2; }
+
+extern "C" int m3_cu_gemm_tc_stage_x(void *stream, const float *x, int T, int K, void *xs, m3_err *err) {
+    if (T < 1 || K < BK || K % BK) return m3_errf(err, "gemm_tc: staging x of %d x %d", T, K);
+    const size_t n = m3_cu_gemm_tc_xbytes(T, K) / 16;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > 132 * 16) blocks = 132 * 16;
+    k_stage_x<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(x, T, K, (uint4 *)xs, n);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return m3_errf(err, "gemm_tc: staging x: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+extern "C" int m3_cu_gemm_tc_staged(void *stream, const m3_linear *W, const void *xs, int T, float *y, m3_err *err) {
+    if (!m3_cu_gemm_tc_ok(W, T))
+        return m3_errf(err, "gemm_tc: %s %d x %d (%s) not taken", m3_wfmt_name(W->fmt), W->N, W->K, W->tiled ? "tiled" : "rows");
+    cudaStream_t st = (cudaStream_t)stream;
+    const bool small = T <= 64;
+    switch (W->fmt) {
+    case M3_WF_BF16: return small ? launch<M3_WF_BF16, 64>(st, W, xs, T, y, err) : launch<M3_WF_BF16, 128>(st, W, xs, T, y, err);
+    case M3_WF_MXFP8:
+        return small ? launch<M3_WF_MXFP8, 64>(st, W, xs, T, y, err) : launch<M3_WF_MXFP8, 128>(st, W, xs, T, y, err);
+    default: return small ? launch<M3_WF_NVFP4, 64>(st, W, xs, T, y, err) : launch<M3_WF_NVFP4, 128>(st, W, xs, T, y, err);
+    }
+}
+
+extern "C" int m3_cu_gemm_tc(void *stream, const m3_linear *W, const float *x, int T, float *y, void *ws, size_t ws_bytes,
+                             m3_err *err) {
+    if (!m3_cu_gemm_tc_ok(W, T)) return m3_errf(err, "gemm_tc: %s %d x %d not taken", m3_wfmt_name(W->fmt), W->N, W->K);
+    if (ws_bytes < m3_cu_gemm_tc_xbytes(T, W->K)) return m3_errf(err, "gemm_tc: workspace of %zu bytes too small", ws_bytes);
+    if (m3_cu_gemm_tc_stage_x(stream, x, T, W->K, ws, err)) return -1;
+    return m3_cu_gemm_tc_staged(stream, W, ws, T, y, err);
+}
+
+extern "C" int m3_cu_gemm_tc_scales_exact(const m3_linear *h) {
+    if (h->fmt != M3_WF_MXFP8 || !h->scale) return 1;
+    const size_t n = (size_t)h->K / 32;
+    for (int r = 0; r < h->N; r++) {
+        const uint8_t *s = h->scale + (size_t)r * h->scale_row;
+        for (size_t j = 0; j < n; j++)
+            if (s[j] < 10 || s[j] > 246) return 0;
+    }
+    return 1;
+}

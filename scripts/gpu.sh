@@ -4,8 +4,10 @@
 #      position, greedy tokens and indexer block choices equal), every KV cache dtype;
 #   2. CPU and GPU agree on a larger random checkpoint (MXFP8 + NVFP4, 2600-token prompt:
 #      sparse selection active, prefill and decode paths), f32 / bf16 / fp8 / nvfp4 caches;
-#   3. per-kernel benchmark of the linear layers with a CPU reference check;
-#   4. m3 bench --random-weights at the M3.1-Flash shapes;
+#   3. per-kernel benchmarks against the CPU / a double reference: linear layers (GEMV), the
+#      attention-side kernels, the tensor-core GEMM;
+#   4. m3 bench --random-weights at the M3.1-Flash shapes (decode, long context, 4096-token prefill,
+#      verify), with per-op profiles;
 #   6. on 2+ GPUs: tensor parallelism (-tp 2, NCCL) against the references and against -tp 1
 #      (on 4+ GPUs also -tp 4: the references that split by 4, the full model at TP4 / EP4);
 #   7. compute-sanitizer memcheck on the GPU paths (prefill, decode, graphs, the engine);
@@ -21,7 +23,7 @@ mkdir -p "$OUT"
 if [ -z "$BIN" ]; then
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j"$(nproc)" >/dev/null || exit 100
   BIN="$OUT/bin"; mkdir -p "$BIN"
-  for f in build/m3 build/bench_cuda_linear build/bench_cuda_attn build/tests/oracle_check build/tests/logits_diff build/tests/vision_check build/tests/graph_regrow; do ln -sf "$PWD/$f" "$BIN/"; done
+  for f in build/m3 build/bench_cuda_linear build/bench_cuda_attn build/bench_cuda_gemm build/tests/oracle_check build/tests/logits_diff build/tests/vision_check build/tests/graph_regrow; do ln -sf "$PWD/$f" "$BIN/"; done
 fi
 fails=0
 want() { case " ${M3_GPU_SECTIONS:-1 2 3 4 5 6 7 8} " in *" $1 "*) echo "## [$(date +%T)]"; return 0;; esac; return 1; }
@@ -87,12 +89,16 @@ if want 3; then
 echo "## 3. kernels against the CPU: linear layers and a MoE layer; KV store, indexer and sparse attention"
 run "$BIN/bench_cuda_linear"
 [ -x "$BIN/bench_cuda_attn" ] && run "$BIN/bench_cuda_attn"
+# the tensor-core (wgmma) GEMM for many tokens, every weight format, against a double reference
+[ -x "$BIN/bench_cuda_gemm" ] && run "$BIN/bench_cuda_gemm"
 
 fi
 if want 4; then
 echo "## 4. m3 bench --random-weights ($SHAPES)"
 run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS:-8} --batch ${M3_BENCH_BATCH:-1,8,64,256} --context ${M3_BENCH_CONTEXT:-8192,131072} --steps 10 --profile
 run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS_MAX:-30} --batch 1 --context 8192 --steps 10 --prefill 0 --profile
+# issue 25's yardstick: a 4096-token prefill, batches 1-256 and DSpark verify(8), per op
+run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers 8 --batch 1,8,64,256 --context 8192 --prefill 4096 --verify 7 --steps 10 --profile
 fi
 if want 5; then
 echo "## 5. KV cache dtypes: decode at batch 1, 128K context"
@@ -154,6 +160,7 @@ if [ -n "$CSB" ]; then
   run $CS "$BIN/m3" logits -m $D/m3-wide-q --ids "$(seq 1 600 | awk '{printf "%s%d", (NR>1?",":""), ($1*37)%500}')" --decode 3 --kv-cache-dtype nvfp4 --backend cuda -o "$OUT/cs2.st"
   run $CS "$BIN/m3" generate -m $D/m3-tiny-q --ids 1,2,3,4,5,6,7,8 -n 12 --temperature 0 --backend cuda
   run $CS "$BIN/m3" bench --random-weights --config bench/medium-config.json --layers 2 --batch 1,8 --context 2048 --steps 2 --prefill 0
+  [ -x "$BIN/bench_cuda_gemm" ] && run $CS "$BIN/bench_cuda_gemm" --ragged
 else
   echo "FAILED: compute-sanitizer not found"; fails=$((fails+1))
 fi

@@ -5,7 +5,7 @@
  * torch code) that pin the details a reimplementation gets wrong: ties to the lower
  * magnitude, and the global scale computed as (1 / amax) * 2688.
  *
- *   gcc -std=c11 -O2 -Wall -Wextra -D_GNU_SOURCE -Isrc tests/test_quantize.c src/model/quantize.c \
+ *   gcc -std=c11 -O2 -Wall -Wextra -D_GNU_SOURCE -Isrc tests/test_quantize.c src/weights/quantize.c \
  *       src/base/num.c src/base/err.c -lm -o /tmp/tq && /tmp/tq
  * Exit status 0 when everything passes; each failure prints one line. */
 #include <math.h>

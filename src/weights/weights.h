@@ -1,6 +1,8 @@
-/* Model weights bound to a checkpoint. Weights stay in their stored format inside the
- * safetensors mapping; kernels dequantize on the fly. Only small vectors (norm weights,
- * routing bias) are converted to f32 copies. */
+/* The weights layer, below the backends, the parallel views and the model: the weight formats
+ * (m3_wfmt), the linear descriptor every backend's kernels read (m3_linear), and the model's
+ * weights bound to a checkpoint. Weights stay in their stored format inside the safetensors
+ * mapping; kernels dequantize on the fly. Only small vectors (norm weights, routing bias) are
+ * converted to f32 copies. */
 #ifndef M3_WEIGHTS_H
 #define M3_WEIGHTS_H
 

@@ -43,7 +43,7 @@ static void check_shape(int fmt, int N, int K) {
     const int ub = wt_ub(fmt);
     check_part(fmt, N, rb, ub, 0);
     check_part(fmt, N, sr, wt_sb(fmt), 1);
-    /* a cp.async stage (gemv_mma.cu: 2 KB of values = 2 NVFP4 or 4 MXFP8 units of the 16 rows)
+    /* a cp.async stage (linear_mma.cu: 2 KB of values = 2 NVFP4 or 4 MXFP8 units of the 16 rows)
      * is contiguous and 16-byte aligned */
     const int su = fmt == M3_WF_NVFP4 ? 2 : 4;
     for (int t = 0; t < N / 16; t++)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compares the machine code of every kernel in two sets of cubins (scripts/kernel_code.sh).
 
-    scripts/kernel_diff.py OLD_DIR NEW_DIR [--renames scripts/kernel_renames.txt] [--allow FILE]
+    scripts/kernel_diff.py OLD_DIR NEW_DIR [--renames scripts/kernel_renames.txt] [--allow FILE] [--sass]
 
 Reads every OLD_DIR/*.cubin and NEW_DIR/*.cubin (ELF, sm_90a), takes each function's
 `.text.<mangled name>` section (kernels and device functions that were not inlined), demangles
@@ -18,6 +18,10 @@ Exits 1 when a function is CHANGED, only-old or only-new, unless its new name (o
 only-old) is listed in the --allow file (one name a line: the demangled name, or just the
 kernel's identifier, which allows every instantiation; `#` starts a comment). Python 3
 standard library only.
+
+--sass (on a machine with cuobjdump, e.g. the GPU machine): compares each function's SASS as
+`cuobjdump -sass` prints it (instructions and their encodings, addresses dropped) instead of
+the raw section bytes: the same verdict, read through NVIDIA's own disassembler.
 """
 import argparse
 import glob
@@ -77,6 +81,30 @@ def functions(d):
                 print(f"warning: {m} in {out[m][2]} and {base}: the first kept", file=sys.stderr)
                 continue
             out[m] = (code, relocs.get(idx, []), base)
+    return out
+
+
+def functions_sass(d):
+    """{mangled name: (SASS text, [], cubin base name)} over d/*.cubin, through cuobjdump -sass"""
+    exe = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
+    out = {}
+    files = sorted(glob.glob(os.path.join(d, "*.cubin")))
+    if not files:
+        raise SystemExit(f"{d}: no .cubin files (scripts/kernel_code.sh TREE {d})")
+    addr = re.compile(r"/\*[0-9a-f]{4,}\*/")
+    for f in files:
+        text = subprocess.run([exe, "-sass", f], capture_output=True, text=True, check=True).stdout
+        base = os.path.basename(f)[:-6]
+        name, lines = None, []
+        for ln in text.split("\n") + ["Function : <end>"]:
+            m = re.match(r"\s*Function : (\S+)", ln)
+            if m:
+                if name and name not in out:
+                    out[name] = ("\n".join(lines).encode(), [], base)
+                name, lines = m.group(1), []
+            elif name and ("/*" in ln):
+                lines.append(" ".join(addr.sub("", ln).split()))
+    out.pop("<end>", None)
     return out
 
 
@@ -146,6 +174,7 @@ def main():
     ap.add_argument("new")
     ap.add_argument("--renames")
     ap.add_argument("--allow")
+    ap.add_argument("--sass", action="store_true")
     args = ap.parse_args()
     ren = load_renames(args.renames)
     allow = set()
@@ -154,7 +183,8 @@ def main():
             ln = ln.split("#", 1)[0].strip()
             if ln:
                 allow.add(ln)
-    old, new = functions(args.old), functions(args.new)
+    read = functions_sass if args.sass else functions
+    old, new = read(args.old), read(args.new)
     dem = demangle_all(sorted(set(old) | set(new)))
     if dem is None:
         print("note: c++filt not found: mangled names compared", file=sys.stderr)

@@ -13,7 +13,7 @@
 
 #define MAX_NFA_STATES (1 << 21)
 #define MAX_NEST 128
-#define INLINE_MAX 4000 /* NFA states: a definition or array item bigger than this is called */
+#define INLINE_MAX 16000 /* NFA states: a definition or array item bigger than this is called */
 
 typedef struct {
     json_t *s;

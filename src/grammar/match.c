@@ -601,10 +601,13 @@ static int push_state(m3_matcher *m, const g_cfg *cfg, int n, int can_end, int e
     }
     if (m->nhn + (size_t)n > m->caphn) {
         size_t cap = (m->caphn + (size_t)n) * 2;
+        int alias = m->hn && cfg >= m->hn && cfg < m->hn + m->caphn; /* the end id repeats the last state */
+        size_t at = alias ? (size_t)(cfg - m->hn) : 0;
         g_cfg *hn = realloc(m->hn, cap * sizeof *hn);
         if (!hn) return -1;
         m->hn = hn;
         m->caphn = cap;
+        if (alias) cfg = m->hn + at;
     }
     for (int i = 0; i < n; i++) m->hn[m->nhn + (size_t)i] = (g_cfg){cfg[i].node, 0};
     m->h[m->nh++] = (hist_t){(int32_t)m->nhn, n, m->ar.nn, (uint8_t)can_end, (uint8_t)ended};

@@ -22,6 +22,7 @@ LAYERS = [
     ("jinja", 2),         # the chat-template language
     ("weights", 2),       # weight formats, the linear descriptor, checkpoint views
     ("kv", 2),            # KV cache pages, row layouts, prefix blocks
+    ("grammar", 2),       # structured outputs: JSON Schema -> automaton, token masks
     ("chat", 3),          # chat templates applied, output parsers (reasoning, tool calls)
     ("backend", 4),       # the op table and its plain compositions
     ("backend/cpu", 5),   # the CPU backend

@@ -1,0 +1,131 @@
+/* m3_grammar: grammar-constrained decoding (structured outputs, issue 26).
+ *
+ * Three objects, from the request's schema to the sampler's mask:
+ *
+ *   m3_grammar            a JSON Schema (or "any JSON object") compiled to a pushdown automaton
+ *                         over bytes: a set of rules, each a DFA whose edges consume a byte or
+ *                         call another rule (recursion: $ref cycles, nested values of plain JSON).
+ *                         Independent of any tokenizer.
+ *   m3_grammar_vocab      the token byte strings of one tokenizer (id -> bytes; byte-level BPE, so
+ *                         a token may end inside a UTF-8 character) in a trie, and the end ids
+ *                         (EOS). Built once per tokenizer.
+ *   m3_grammar_compiled   a grammar for a vocabulary: for every DFA state, the tokens whose
+ *                         validity does not depend on the stack below are decided once (accepted
+ *                         set as a bitmask or a list, rejected implicitly); only the others (a
+ *                         token that finishes the current rule and goes on in its caller) are kept
+ *                         in a short list checked at run time against the real stack. Shared by
+ *                         every request with the same schema and tokenizer.
+ *   m3_matcher            one generation's position: a set of stacks (persistent, hash-consed),
+ *                         the history for rollback, the mask of the next step.
+ *
+ * JSON Schema subset (what vLLM / xgrammar accept): type (one or a list), properties, required,
+ * additionalProperties (false / true / schema; absent means false when "properties" is given,
+ * as in xgrammar's strict mode and OpenAI's structured outputs, else true), enum, const, items,
+ * prefixItems, minItems / maxItems, anyOf, oneOf (as anyOf: an output may match several),
+ * allOf with one member, minLength / maxLength (code points; escapes count one), minimum /
+ * maximum / exclusiveMinimum / exclusiveMaximum (integer and number, decimal-exact), $ref to
+ * "#", "#/$defs/..." , "#/definitions/..." or any JSON pointer into the document, recursive refs
+ * included, and boolean schemas. Annotations are ignored (title, description, default,
+ * examples, $schema, $id, $comment, deprecated, readOnly, writeOnly). Anything else (pattern,
+ * format, multipleOf, minProperties, patternProperties, if/then/else, not, ...) is refused
+ * with an error naming the keyword and its JSON pointer, e.g.
+ *   json schema: unsupported keyword "pattern" at /properties/name
+ *
+ * Output form (what the grammar lets a model write):
+ *  - Properties come in the order of "properties" (optional ones may be left out); additional
+ *    properties (when allowed) after them, their keys written without escapes and different
+ *    from the declared names.
+ *  - Whitespace between JSON tokens: at most opts.max_ws bytes of [ \t\n] (default 2), none
+ *    before the first or after the last byte of the document: every output comes to an end.
+ *  - Numbers: at most 18 integer digits, 18 fraction digits and 2 exponent digits (an output
+ *    always ends and always parses as int64 / double); with bounds no exponent.
+ *  - Strings: valid UTF-8 (a token may end inside a character; the next must complete it), no
+ *    raw control characters, escapes \" \\ \/ \b \f \n \r \t and \uXXXX (surrogates in pairs).
+ *  - enum / const values: their compact JSON spelling (jansson's json_dumps, JSON_COMPACT).
+ *  - Nesting through calls (recursive refs, plain JSON values) stops at opts.max_depth.
+ *
+ * Masks are bitmasks of n_vocab bits (word t >> 5, bit t & 31), as the sampler takes them.
+ * The end ids (EOS) are allowed exactly when the output is complete (m3_matcher_can_end).
+ *
+ * Threads: m3_grammar, m3_grammar_vocab and m3_grammar_compiled are immutable once built and
+ * may be used from any number of threads at once; a compiled form keeps pointers to its grammar
+ * and vocabulary (both must outlive it). A matcher belongs to one thread at a time. */
+#ifndef M3_GRAMMAR_H
+#define M3_GRAMMAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "base/pool.h"
+
+typedef struct m3_grammar m3_grammar;
+typedef struct m3_grammar_vocab m3_grammar_vocab;
+typedef struct m3_grammar_compiled m3_grammar_compiled;
+typedef struct m3_matcher m3_matcher;
+
+typedef struct m3_grammar_opts {
+    int max_ws;    /* whitespace bytes allowed between two JSON tokens, 0..16 (default 2) */
+    int max_depth; /* stack depth of rule calls (nesting of recursive values), 1..1024 (default 32) */
+} m3_grammar_opts;
+
+void m3_grammar_opts_default(m3_grammar_opts *o);
+
+/* A JSON Schema (len bytes of JSON text) -> grammar; opts may be NULL (defaults). NULL with a
+ * message on a parse error, an unsupported keyword (named with its JSON pointer), a schema that
+ * no document satisfies, or one too large (over 1M automaton states). */
+m3_grammar *m3_grammar_from_schema(const char *json_schema, size_t len, const m3_grammar_opts *opts, m3_err *err);
+/* json_object mode: any JSON object (values of any type, nesting up to opts->max_depth). */
+m3_grammar *m3_grammar_json(const m3_grammar_opts *opts, m3_err *err);
+void m3_grammar_free(m3_grammar *g);
+int m3_grammar_n_states(const m3_grammar *g); /* DFA states over all rules */
+int m3_grammar_n_rules(const m3_grammar *g);
+
+/* Token byte strings: bytes[i] / lens[i] for ids 0..n-1 (copied). A token of length 0 (special
+ * and added tokens: pass them as empty) is never allowed by the grammar; eos_ids (n_eos of
+ * them, may be 0) are allowed exactly when the output may end. n is the mask's width (the
+ * model's vocabulary size, which may exceed the tokenizer's). */
+m3_grammar_vocab *m3_grammar_vocab_new(int32_t n, const char *const *bytes, const uint32_t *lens,
+                                       const int32_t *eos_ids, int n_eos, m3_err *err);
+void m3_grammar_vocab_free(m3_grammar_vocab *v);
+int32_t m3_grammar_vocab_size(const m3_grammar_vocab *v);
+size_t m3_grammar_vocab_trie_nodes(const m3_grammar_vocab *v);
+
+/* Precomputes the token masks of every state (the costly step: one walk of the vocabulary trie
+ * per state; pool, may be NULL, spreads the states over its threads). */
+m3_grammar_compiled *m3_grammar_compile(const m3_grammar *g, const m3_grammar_vocab *v, m3_pool *pool, m3_err *err);
+void m3_grammar_compiled_free(m3_grammar_compiled *c);
+/* Cache statistics: bytes held, and the context-dependent tokens summed over states. */
+size_t m3_grammar_compiled_bytes(const m3_grammar_compiled *c);
+size_t m3_grammar_compiled_uncertain(const m3_grammar_compiled *c);
+
+m3_matcher *m3_matcher_new(const m3_grammar_compiled *c, m3_err *err);
+void m3_matcher_free(m3_matcher *m);
+void m3_matcher_reset(m3_matcher *m); /* back to the start (history cleared) */
+
+/* Writes the mask of the tokens that keep the output a valid prefix ((n + 31) / 32 words; the
+ * end ids set when the output may end). After an end id was accepted the mask is empty.
+ * Returns 0, or -1 when out of memory (the mask is then all ones: the caller should stop). */
+int m3_matcher_fill_mask(m3_matcher *m, uint32_t *mask);
+/* The same mask computed without the per-state cache: every token's bytes walked through the
+ * current stacks (pruned by the trie). Slow; the reference for tests. */
+int m3_matcher_fill_mask_slow(m3_matcher *m, uint32_t *mask);
+
+/* Advances over a token: 0 when accepted, -1 when the token is not allowed (or out of memory;
+ * the matcher is then unchanged). An end id is accepted when the output may end; it ends the
+ * matcher (m3_matcher_is_ended). Each accept is one step of history. */
+int m3_matcher_accept(m3_matcher *m, int32_t token);
+/* The same for raw bytes (one step of history for the whole string, all or nothing). */
+int m3_matcher_accept_bytes(m3_matcher *m, const void *bytes, size_t n);
+/* Undoes the last n accepted steps (speculative decoding: the rejected draft tokens);
+ * -1 when fewer than n are in the history. */
+int m3_matcher_rollback(m3_matcher *m, int n);
+int m3_matcher_history(const m3_matcher *m); /* steps that can be rolled back */
+
+int m3_matcher_can_end(const m3_matcher *m);  /* the output is a complete document: EOS allowed */
+int m3_matcher_must_end(const m3_matcher *m); /* complete and no byte may follow: only EOS */
+int m3_matcher_is_ended(const m3_matcher *m); /* an end id was accepted */
+/* The fewest bytes that complete the output (0 when it may end; a large number when stuck). */
+int64_t m3_matcher_min_bytes_to_end(const m3_matcher *m);
+
+#endif

@@ -1,0 +1,116 @@
+/* Internals of src/grammar: the NFA builder the schema compiler writes into (fsa.c), the
+ * finished automaton (m3_grammar), and the persistent stacks the matcher and the mask cache
+ * walk with (match.c). */
+#ifndef M3_GRAMMAR_INT_H
+#define M3_GRAMMAR_INT_H
+
+#include <stdint.h>
+
+#include "grammar/grammar.h"
+
+/* ---- NFA builder (Thompson fragments; calls to rules are edges too) ---- */
+enum { E_BYTE, E_EPS, E_CALL };
+typedef struct {
+    uint8_t kind, lo, hi;
+    int32_t to, rule, next;
+} g_edge;
+
+typedef struct {
+    int s, e; /* start, end state; s < 0: the empty language (nothing matches) */
+} g_frag;
+
+typedef struct {
+    g_edge *ed;
+    int ned, caped;
+    int32_t *first; /* per state: its first edge, -1 */
+    int nst, capst;
+    int32_t *rstart, *rend; /* per rule */
+    int nrules, caprules;
+    int max_states;
+    int failed; /* out of memory or too large; the message is in err */
+    m3_err *err;
+} g_nfa;
+
+int nfa_state(g_nfa *n);
+void nfa_edge(g_nfa *n, int from, int kind, int lo, int hi, int to, int rule);
+void nfa_free(g_nfa *n);
+int nfa_rule_new(g_nfa *n);
+void nfa_rule_set(g_nfa *n, int r, g_frag f);
+
+g_frag f_none(void);
+g_frag f_eps(g_nfa *n);
+g_frag f_range(g_nfa *n, int lo, int hi);
+g_frag f_lit(g_nfa *n, const char *s, size_t len);
+g_frag f_seq(g_nfa *n, g_frag a, g_frag b);
+g_frag f_alt(g_nfa *n, g_frag a, g_frag b);
+g_frag f_opt(g_nfa *n, g_frag a);
+g_frag f_star(g_nfa *n, g_frag a);
+g_frag f_call(g_nfa *n, int rule);
+/* Languages without calls: a ∩ b (mode 0) or a \ b (mode 1), as a new fragment. */
+g_frag f_product(g_nfa *n, g_frag a, g_frag b, int mode);
+
+/* ---- the finished automaton ---- */
+enum { G_FINAL = 1, G_BYTES = 2, G_CALLS = 4 };
+#define G_INF (INT32_MAX / 4)
+
+struct m3_grammar {
+    int n, ncls;
+    uint8_t cls[256];
+    int32_t *trans; /* n * ncls, -1 dead */
+    uint8_t *flags;
+    int32_t *call_off, *call_rule, *call_ret; /* calls of state q: [call_off[q], call_off[q+1]) */
+    int nrules;
+    int32_t *rule_start, *rule_of;
+    uint8_t *rule_called;
+    int32_t *dist; /* fewest bytes from a state to its rule's end */
+    int max_depth;
+};
+
+/* rules' NFAs -> DFAs (pruned of states that cannot reach an end), checks (left recursion,
+ * empty language); frees nothing of n. root: the document's rule. */
+m3_grammar *grammar_build(g_nfa *n, int root, int max_depth, m3_err *err);
+
+/* ---- persistent stacks: a node is a frame (state q) over the frame below ---- */
+#define G_BOTTOM (-1) /* below the document's rule: popping to it ends the output */
+#define G_BASE (-2)   /* below the frame a cache walk starts from: unknown */
+
+typedef struct {
+    int32_t q, below, depth, slot;
+} g_node;
+
+typedef struct {
+    const m3_grammar *g;
+    g_node *nd;
+    int32_t nn, capn;
+    int32_t *tab; /* open addressing on (q, below) -> node, -1 empty */
+    uint32_t tabmask;
+    uint32_t *vis;   /* expansion stamps per node */
+    int32_t *vis_h;  /* the lowest height an expansion reached a node with */
+    uint32_t stamp;
+    int oom;
+} g_arena;
+
+typedef struct {
+    int32_t node, h;
+} g_cfg;
+
+typedef struct {
+    g_cfg *v;
+    int n, cap;
+} g_cfgvec;
+
+enum { F_CAN_END = 1, F_POPPED = 2 };
+
+int ar_init(g_arena *a, const m3_grammar *g);
+void ar_free(g_arena *a);
+int32_t ar_cons(g_arena *a, int32_t q, int32_t below);
+void ar_truncate(g_arena *a, int32_t n);
+int cv_push(g_cfgvec *v, int32_t node, int32_t h);
+/* Expands the raw configurations raw[0..nraw) (states just reached) into out: consuming ones
+ * (a state with byte edges), calls pushed (up to max_depth frames), ends popped; *flags gets
+ * F_CAN_END (popped to G_BOTTOM) and F_POPPED (popped to G_BASE). */
+int ar_expand(g_arena *a, const g_cfg *raw, int nraw, g_cfgvec *out, int *flags);
+/* Consumes one byte from the consuming configurations in[0..nin) into raw configurations. */
+int ar_consume(g_arena *a, const g_cfg *in, int nin, uint8_t byte, g_cfgvec *raw);
+
+#endif

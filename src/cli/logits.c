@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../backend/cpu/cpu.h"
+#include "../backend/cuda/cuda.h"
 #include "cli.h"
 #include "tp.h"
 
@@ -57,7 +58,7 @@ static int forward(m3_model *m, m3_cli_tp *tp, m3_kv *kv, const m3_batch *b, con
 }
 
 int m3_cmd_logits(int argc, char **argv) {
-    const char *dir = NULL, *ids_s = NULL, *out = NULL, *kvd = "f32", *ikd = NULL, *backend = NULL;
+    const char *dir = NULL, *ids_s = NULL, *out = NULL, *kvd = "f32", *ikd = NULL, *backend = NULL, *precision = "exact";
     long decode = 0, threads = 0, ubatch = 512, tp_size = 1;
     m3_moe_split moe = M3_MOE_EXPERTS;
     int dump_index = 0, dump_hidden = 0, dump_vision = 0, lm_only = 0, n_images = 0;
@@ -72,6 +73,7 @@ int m3_cmd_logits(int argc, char **argv) {
         else if (!strcmp(a, "-o") || !strcmp(a, "--out")) { out = v; i++; }
         else if (!strcmp(a, "--kv-cache-dtype")) { kvd = v; i++; }
         else if (!strcmp(a, "--backend")) { backend = v; i++; }
+        else if (!strcmp(a, "--precision")) { precision = v ? v : ""; i++; }
         else if (!strcmp(a, "--index-cache-dtype")) { ikd = v; i++; }
         else if (!strcmp(a, "--decode")) { r = m3_cli_int(a, v, 0, 1 << 20, &decode, &err); i++; }
         else if (!strcmp(a, "--threads")) { r = m3_cli_int(a, v, 0, 1024, &threads, &err); i++; }
@@ -98,7 +100,7 @@ int m3_cmd_logits(int argc, char **argv) {
         if (i >= argc) { fprintf(stderr, "m3 logits: %s needs a value\n", a); return 2; }
     }
     if (!dir || !ids_s || !out) {
-        fprintf(stderr, "m3 logits: usage: m3 logits -m DIR --ids 1,2,3 [--decode N] [--kv-cache-dtype f32|bf16|fp8|nvfp4] [--backend cpu|cuda|auto] [--dump-index] [--image FILE ... | --pixel-values FILE] [--image-start-id N --image-end-id N] [--dump-vision] [--language-model-only] [-tp N [--moe-split experts|width]] -o OUT.safetensors\n");
+        fprintf(stderr, "m3 logits: usage: m3 logits -m DIR --ids 1,2,3 [--decode N] [--kv-cache-dtype f32|bf16|fp8|nvfp4] [--backend cpu|cuda|auto] [--precision exact|bf16] [--dump-index] [--image FILE ... | --pixel-values FILE] [--image-start-id N --image-end-id N] [--dump-vision] [--language-model-only] [-tp N [--moe-split experts|width]] -o OUT.safetensors\n");
         return 2;
     }
     if (n_images && pixel_file) { fprintf(stderr, "m3 logits: give --image or --pixel-values, not both\n"); return 2; }
@@ -119,6 +121,17 @@ int m3_cmd_logits(int argc, char **argv) {
         memset(&ops, 0, sizeof ops);
         if (m3_cli_tp_load(&tp, &m, backend, dir, (int)threads, (int)tp_size, moe, "logits", ids, T)) { free(ids); return 1; }
     } else if (m3_cli_load_on(&m, &ops, backend, dir, (int)threads, "logits", ids, T)) { free(ids); return 1; }
+    if (strcmp(precision, "exact")) { /* bf16: the CUDA backend's tensor-core GEMMs (issue 25: every GEMM, then the CPU too) */
+        if (strcmp(precision, "bf16") || tp_size > 1 || strcmp(ops.name, "cuda")) {
+            fprintf(stderr, "m3 logits: --precision '%s': exact, or bf16 on the cuda backend without -tp\n", precision);
+            if (tp_size > 1) m3_cli_tp_free(&tp);
+            m3_model_free(&m);
+            if (tp_size <= 1) m3_cli_ops_free(&ops);
+            free(ids);
+            return 2;
+        }
+        m3_cuda_set_precision(&ops, 1);
+    }
     m3_cli_images im = {0};
     if ((n_images || pixel_file) &&
         m3_cli_images_prepare(&im, &m, &ops, dir, images, n_images, pixel_file, lm_only, (int32_t)start_id, (int32_t)end_id,

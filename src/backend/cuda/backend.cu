@@ -580,6 +580,7 @@ extern "C" double m3_cuda_gemm_rate(m3_ops *ops, int n) {
 }
 
 extern "C" void m3_cuda_count_experts(m3_ops *ops, int on) { ((m3_cuda *)ops->ctx)->count_experts = on; }
+extern "C" void m3_cuda_set_precision(m3_ops *ops, int bf16) { ((m3_cuda *)ops->ctx)->gemm_bf16 = bf16 != 0; }
 extern "C" long m3_cuda_experts_used(m3_ops *ops, int reset) {
     m3_cuda *c = (m3_cuda *)ops->ctx;
     long n = c->experts_used;

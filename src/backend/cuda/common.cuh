@@ -16,7 +16,7 @@
 #include "formats.cuh"
 
 /* grow-only scratch buffers, one per purpose (no allocation inside a steady-state step) */
-enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_XSPLIT, SC_XSPLIT2, SC_COUNT };
+enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_XSPLIT, SC_XSPLIT2, SC_GEMM_X, SC_COUNT };
 
 typedef struct m3_cuda {
     int dev, sm_count;
@@ -43,6 +43,8 @@ typedef struct m3_cuda {
     const m3_kv *step_kv;
     /* recorded decode graphs (cu_graph_begin / cu_graph_end) */
     int graphs_on, capturing, scratch_grew, n_graphs, n_seen;
+    int gemm_bf16;              /* precision bf16: linears of more than 64 tokens on the wgmma GEMM (gemm_tc.cu), x
+                                 * rounded to bf16; 0 (exact): f32 inputs throughout */
     uint64_t capture_key, graph_clock, seen[64];
     long graph_replays;
     struct { uint64_t key, used; cudaGraphExec_t exec; } graphs[16];

@@ -90,6 +90,10 @@ double m3_cuda_sync_time(m3_ops *ops);
  * (host sync per layer: not for timed runs). Returns the number of distinct (layer, expert)
  * pairs since the last reset. */
 void m3_cuda_count_experts(m3_ops *ops, int on);
+/* Precision of the linear layers: 0 exact (f32 inputs: the reference mode, the default for now),
+ * 1 bf16 (inputs rounded to bf16 on the tensor cores' GEMM for more than 64 tokens; the rest of
+ * the step unchanged). Issue 25 takes the bf16 mode to every GEMM and makes it the default. */
+void m3_cuda_set_precision(m3_ops *ops, int bf16);
 long m3_cuda_experts_used(m3_ops *ops, int reset);
 
 /* Per-op GPU time (CUDA events around every op; adds a little overhead): on = 1 starts

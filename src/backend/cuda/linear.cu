@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm_tc.h"
 #include "linear_simt.cuh"
 #include "router.cuh"
 
@@ -308,6 +309,22 @@ static int linear_bf16_blas(m3_cuda *c, const m3_linear *W, const float *x, int 
     return 0;
 }
 
+/* precision bf16, more than 64 tokens: the wgmma GEMM (gemm_tc.cu) for every W it takes, x staged
+ * (rounded to bf16) once for all of them. 1 when done (or failed: c->failed), 0 not this path. */
+static int linear_tc(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y) {
+    if (!c->gemm_bf16 || T <= 64) return 0;
+    for (int i = 0; i < n; i++)
+        if (!m3_cu_gemm_tc_ok(W[i], T) || W[i]->K != W[0]->K) return 0;
+    size_t xb = m3_cu_gemm_tc_xbytes(T, W[0]->K);
+    void *xs = m3_cu_scratch(c, SC_GEMM_X, xb);
+    if (!xs) return 1;
+    m3_err e;
+    if (m3_cu_gemm_tc_stage_x(c->st, x, T, W[0]->K, xs, &e)) { m3_cu_failf(c, "%s", e.msg); return 1; }
+    for (int i = 0; i < n; i++)
+        if (m3_cu_gemm_tc_staged(c->st, W[i], xs, T, y[i], &e)) { m3_cu_failf(c, "%s", e.msg); return 1; }
+    return 1;
+}
+
 void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y) {
     m3_cuda *c = (m3_cuda *)ctx;
     m3_cu_prof_begin(c, OP_LINEAR);
@@ -324,6 +341,7 @@ void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y
         m3_cu_prof_end(c, OP_LINEAR);
         return;
     }
+    if (linear_tc(c, 1, &W, x, T, &y)) { m3_cu_prof_end(c, OP_LINEAR); return; }
     /* dequantize row chunks of at most ~256 MB and SGEMM each */
     int chunk = (int)((256u << 20) / (4 * (size_t)W->K));
     if (chunk < 64) chunk = 64;
@@ -351,7 +369,11 @@ void m3_cu_linear_n(void *ctx, int n, const m3_linear *const *W, const float *x,
     for (int i = 0; i < n && fused; i++)
         fused = m3_cu_mma_ok(W[i]) && W[i]->fmt == W[0]->fmt && W[i]->K == W[0]->K && W[i]->tiled == W[0]->tiled;
     if (!fused) {
-        for (int i = 0; i < n; i++) m3_cu_linear(ctx, W[i], x, T, y[i]);
+        m3_cu_prof_begin(c, OP_LINEAR);
+        int done = c->failed || linear_tc(c, n, W, x, T, y);
+        m3_cu_prof_end(c, OP_LINEAR);
+        if (!done)
+            for (int i = 0; i < n; i++) m3_cu_linear(ctx, W[i], x, T, y[i]);
         return;
     }
     m3_cu_prof_begin(c, OP_LINEAR);

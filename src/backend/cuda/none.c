@@ -34,6 +34,7 @@ long m3_cuda_graph_replays(const m3_ops *ops) { (void)ops; return 0; }
 double m3_cuda_gemm_rate(m3_ops *ops, int n) { (void)ops; (void)n; return 0; }
 double m3_cuda_sync_time(m3_ops *ops) { (void)ops; return 0; }
 void m3_cuda_count_experts(m3_ops *ops, int on) { (void)ops; (void)on; }
+void m3_cuda_set_precision(m3_ops *ops, int bf16) { (void)ops; (void)bf16; }
 long m3_cuda_experts_used(m3_ops *ops, int reset) { (void)ops; (void)reset; return 0; }
 void m3_cuda_profile(m3_ops *ops, int on) { (void)ops; (void)on; }
 void m3_cuda_profile_report(m3_ops *ops, int steps, void *f) { (void)ops; (void)steps; (void)f; }

@@ -31,7 +31,7 @@ static int cmp_i32(const void *a, const void *b) { return *(const int32_t *)a - 
 int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: oracle_check M3 MODEL ORACLE [--kv D] [--cases LIST] [--tol X]\n"); return 2; }
     const char *m3 = argv[1], *model = argv[2], *oracle = argv[3], *kv = NULL, *cases = NULL, *work = "/tmp";
-    const char *threads = NULL, *ubatch = NULL, *backend = NULL, *tp = NULL, *moe_split = NULL;
+    const char *threads = NULL, *ubatch = NULL, *backend = NULL, *tp = NULL, *moe_split = NULL, *precision = NULL;
     double tol = 1e-4;
     for (int i = 4; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--kv")) kv = argv[i + 1];
@@ -43,6 +43,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--backend")) backend = argv[i + 1];
         else if (!strcmp(argv[i], "--tp")) tp = argv[i + 1];
         else if (!strcmp(argv[i], "--moe-split")) moe_split = argv[i + 1];
+        else if (!strcmp(argv[i], "--precision")) precision = argv[i + 1]; /* bf16: against a bf16-GEMM oracle */
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
     }
     mkdir(work, 0755); /* the scratch directory may not exist yet (EEXIST is fine) */
@@ -79,6 +80,7 @@ int main(int argc, char **argv) {
         if (backend) { av[ac++] = "--backend"; av[ac++] = backend; }
         if (tp) { av[ac++] = "--tensor-parallel-size"; av[ac++] = tp; }
         if (moe_split) { av[ac++] = "--moe-split"; av[ac++] = moe_split; }
+        if (precision) { av[ac++] = "--precision"; av[ac++] = precision; }
         av[ac] = NULL;
         pid_t pid = fork();
         if (pid == 0) { execv(m3, (char *const *)av); perror("execv"); _exit(127); }

@@ -121,16 +121,17 @@ int m3_cmd_logits(int argc, char **argv) {
         memset(&ops, 0, sizeof ops);
         if (m3_cli_tp_load(&tp, &m, backend, dir, (int)threads, (int)tp_size, moe, "logits", ids, T)) { free(ids); return 1; }
     } else if (m3_cli_load_on(&m, &ops, backend, dir, (int)threads, "logits", ids, T)) { free(ids); return 1; }
-    if (strcmp(precision, "exact")) { /* bf16: the CUDA backend's tensor-core GEMMs (issue 25: every GEMM, then the CPU too) */
-        if (strcmp(precision, "bf16") || tp_size > 1 || strcmp(ops.name, "cuda")) {
-            fprintf(stderr, "m3 logits: --precision '%s': exact, or bf16 on the cuda backend without -tp\n", precision);
+    if (strcmp(precision, "exact")) { /* bf16: GEMM inputs rounded to bf16 (CUDA: on the tensor cores) */
+        if (strcmp(precision, "bf16") || tp_size > 1) {
+            fprintf(stderr, "m3 logits: --precision '%s': exact, or bf16 (without -tp)\n", precision);
             if (tp_size > 1) m3_cli_tp_free(&tp);
             m3_model_free(&m);
             if (tp_size <= 1) m3_cli_ops_free(&ops);
             free(ids);
             return 2;
         }
-        m3_cuda_set_precision(&ops, 1);
+        if (!strcmp(ops.name, "cuda")) m3_cuda_set_precision(&ops, 1);
+        else m3_cpu_set_precision(&ops, 1);
     }
     m3_cli_images im = {0};
     if ((n_images || pixel_file) &&

@@ -17,6 +17,12 @@
 int m3_cpu_ops_init(m3_ops *ops, int threads, m3_err *err);
 void m3_cpu_ops_free(m3_ops *ops);
 
+/* Precision of every GEMM (the linears, the router, the dense / shared / routed experts, lm_head):
+ * 0 exact (f32 inputs, the default), 1 bf16 (inputs rounded to bf16, products summed in f32): what
+ * the GPU's tensor-core path computes, so the two stay comparable (issue 25's accuracy contract;
+ * tools/make_bf16gemm_oracles.py makes references of this arithmetic). */
+void m3_cpu_set_precision(m3_ops *ops, int bf16);
+
 /* "avx2" or "scalar": the kernel set in use ($M3_SIMD=scalar forces the portable one). */
 const char *m3_cpu_simd_name(void);
 
@@ -27,6 +33,7 @@ typedef struct m3_cpu {
     int nthreads;
     int failed;         /* an op's scratch allocation failed since the last check (atomic) */
     char fail_msg[160]; /* what failed: written by the thread that set failed */
+    int gemm_bf16;      /* precision bf16: every GEMM's input rounded to bf16 first (m3_cpu_linear) */
 } m3_cpu;
 
 /* Scratch memory of an op (free() it). NULL when out of memory, after recording the failure:

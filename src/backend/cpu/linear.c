@@ -406,15 +406,25 @@ static void lin_tiles(void *arg, size_t b, size_t e, int worker) {
     if (S != sbuf) free(S);
 }
 
+void m3_cpu_set_precision(m3_ops *ops, int bf16) { ((m3_cpu *)ops->ctx)->gemm_bf16 = bf16 != 0; }
+
 void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *y) {
     const int K = W->K;
+    float *xr = NULL;
+    if (c->gemm_bf16) { /* precision bf16: the GEMM of bf16(x) */
+        size_t n = (size_t)T * K;
+        xr = m3_cpu_scratch(c, sizeof(float) * n, "linear");
+        if (!xr) { memset(y, 0, sizeof(float) * (size_t)T * W->N); return; }
+        for (size_t i = 0; i < n; i++) xr[i] = m3_bf16_to_f32(m3_f32_to_bf16(x[i]));
+        x = xr;
+    }
     lin_job j = {W, x, T, kernel_for(W), y};
     float *xp = NULL;
     if (j.kernel != K_SCALAR && W->fmt == M3_WF_NVFP4) {
         /* the NVFP4 decoders yield columns in a fixed order per block: permute x to match */
         const uint8_t *perm = j.kernel == K_AVX512 ? NVFP4_PERM512 : NVFP4_PERM64;
         xp = m3_cpu_scratch(c, sizeof(float) * (size_t)T * K, "linear");
-        if (!xp) { memset(y, 0, sizeof(float) * (size_t)T * W->N); return; }
+        if (!xp) { memset(y, 0, sizeof(float) * (size_t)T * W->N); free(xr); return; }
         for (size_t t = 0; t < (size_t)T; t++) {
             int g = 0;
             for (; g + 64 <= K; g += 64)
@@ -430,4 +440,5 @@ void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *
     size_t grain = per_tile ? (65536 / per_tile) + 1 : 1;
     m3_pool_for(c->pool, tiles, grain, lin_tiles, &j);
     free(xp);
+    free(xr);
 }

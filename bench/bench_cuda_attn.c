@@ -10,6 +10,9 @@
  * against the device copy bandwidth: the indexer reads every index-K row of the sequence, the
  * attention the K and V rows of the chosen blocks.
  * usage: bench_cuda_attn [CONFIG.json]   (default tests/data/m3.1-flash-shapes.json)
+ * Then the DSpark draft's attention (ops.h dspark_attention: 8 block slots over a sliding window
+ * of 4096 context keys in a ring, and over the block's own keys) against the CPU's, 1e-5 relative
+ * L2, with the window empty, partly filled, full, and wrapped around the ring.
  * M3_BENCH_SELFTEST=1 without a GPU: a second CPU backend stands in for it (checks the
  * harness; the times are then the CPU's). M3_BENCH_REPS: timed calls per op (100; 2 in the
  * self-test). */
@@ -163,6 +166,47 @@ static int step(side *s, const m3_config *c, int nb, int ctx, int32_t *sel_h, fl
     return rc;
 }
 
+/* DSpark draft attention: n slots at pos = len over the context [lo, len) (ring of cap rows) and
+ * the block's n keys; *rel the GPU's relative L2 against the CPU's, *us the GPU's time a call */
+static int dspark_case(side *sc, side *sg, const m3_config *c, int n, int len, int lo, int reps, double *rel, double *us,
+                       m3_err *err) {
+    const int nh = c->n_heads, nkv = c->n_kv_heads, D = c->head_dim, cap = 4096, window = 4096;
+    const size_t nq = (size_t)n * nh * D, nb = (size_t)n * nkv * D, nr = (size_t)cap * nkv * D;
+    float *h = malloc(sizeof(float) * (2 * nq + 2 * nb + 2 * nr + nq));
+    if (!h) return m3_errf(err, "out of memory");
+    float *q = h, *kb = q + nq, *vb = kb + nb, *kr = vb + nb, *vr = kr + nr, *oc = vr + nr, *og = oc + nq;
+    fill(q, nq, 41, 0); fill(kb, nb, 42, 0); fill(vb, nb, 43, 0); fill(kr, nr, 44, 0); fill(vr, nr, 45, 0);
+    sc->ops->dspark_attention(sc->ops->ctx, q, kb, vb, n, nh, nkv, D, kr, vr, cap, lo, len, len, window, oc);
+    m3_ops *g = sg->ops;
+    float *dq = dev_copy(g, q, sizeof(float) * nq), *dkb = dev_copy(g, kb, sizeof(float) * nb),
+          *dvb = dev_copy(g, vb, sizeof(float) * nb), *dkr = dev_copy(g, kr, sizeof(float) * nr),
+          *dvr = dev_copy(g, vr, sizeof(float) * nr), *dout = g->alloc(g->ctx, sizeof(float) * nq);
+    int rc = !dq || !dkb || !dvb || !dkr || !dvr || !dout ? m3_errf(err, "out of device memory") : 0;
+    if (!rc) {
+        g->dspark_attention(g->ctx, dq, dkb, dvb, n, nh, nkv, D, dkr, dvr, cap, lo, len, len, window, dout);
+        rc = checked(g, err);
+    }
+    if (!rc) {
+        g->download(g->ctx, og, dout, sizeof(float) * nq);
+        double num = 0, den = 0;
+        for (size_t i = 0; i < nq; i++) {
+            const double d = (double)og[i] - oc[i];
+            num += d * d;
+            den += (double)oc[i] * oc[i];
+        }
+        *rel = sqrt(num / (den > 0 ? den : 1));
+        const double t0 = sync_time(sg);
+        for (int r = 0; r < reps; r++) g->dspark_attention(g->ctx, dq, dkb, dvb, n, nh, nkv, D, dkr, dvr, cap, lo, len, len, window, dout);
+        *us = reps ? (sync_time(sg) - t0) / reps * 1e6 : 0;
+        rc = checked(g, err);
+    }
+    void *bufs[6] = {dq, dkb, dvb, dkr, dvr, dout};
+    for (int i = 0; i < 6; i++)
+        if (bufs[i]) g->release(g->ctx, bufs[i]);
+    free(h);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     const char *cfgp = argc > 1 ? argv[1] : "tests/data/m3.1-flash-shapes.json";
     m3_err err;
@@ -236,6 +280,26 @@ int main(int argc, char **argv) {
             teardown(&sg, nb);
             free(selc); free(selg); free(outc); free(outg);
         }
+    /* the DSpark draft's attention: window empty, short, full, wrapped around the ring */
+    if (!sg.ops->dspark_attention) {
+        printf("dspark attention: the GPU backend has none: FAIL\n");
+        fails++;
+    } else {
+        const int dcases[][2] = {{0, 0}, {100, 0}, {4096, 0}, {9000, 9000 - 4095}};
+        printf("dspark attention (8 slots, %d query / %d KV heads of %d, window 4096): context  rel_l2  us\n", c.n_heads,
+               c.n_kv_heads, c.head_dim);
+        for (int k = 0; k < 4; k++) {
+            double rel = 0, us = 0;
+            if (dspark_case(&sc, &sg, &c, 8, dcases[k][0], dcases[k][1], reps, &rel, &us, &err)) {
+                printf("  %5d  FAILED: %s\n", dcases[k][0], err.msg);
+                fails++;
+                continue;
+            }
+            const int ok = rel < 1e-5;
+            fails += !ok;
+            printf("  %5d  %.2e  %.1f %s\n", dcases[k][0], rel, us, ok ? "" : "FAIL");
+        }
+    }
     printf("%s\n", fails ? "some checks FAILED" : "all attention checks passed");
     if (sg.gpu) m3_cuda_ops_free(&g);
     else m3_cpu_ops_free(&g);

@@ -205,6 +205,8 @@ void m3_cu_head_norm_rope_n(void *ctx, int n, const m3_rope_job *jobs, int T, fl
                             const int32_t *pos);
 /* kv_store.cu */
 void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v, const float *ik);
+void m3_cu_dspark_attention(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
+                            const float *kr, const float *vr, int cap, int lo, int len, int pos, int window, float *out);
 void m3_cu_head_norm_rope_store(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
                                 m3_kv *kv, int layer, const m3_batch *b, const float *v);
 /* indexer.cu */

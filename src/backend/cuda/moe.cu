@@ -237,7 +237,9 @@ __global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int
     }
 }
 
-/* precision bf16, T >= M3_MOE_TC_MIN tokens (default 64): the routed experts as two grouped
+/* precision bf16, T >= M3_MOE_TC_MIN tokens (default 144; H200, M3.1-Flash shapes: the
+ * grouped GEMMs take ~4.7 ms a layer up to 512 tokens - every expert's weights expanded once a
+ * tile - where the GEMV path takes 2.1 ms per 64 tokens): the routed experts as two grouped
  * GEMMs on the wgmma kernel (gemm_tc.cu) - gate + up of every expert with SwiGLU-OAI in one
  * launch, down in a second - over the slots laid out by k_moe_tc_layout; x and h rounded to
  * bf16 (staged), f32 sums. The shared expert on the same GEMM (gemm_tc per matrix), then the
@@ -247,7 +249,7 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
                   float limit, float *out, moe_post *post) {
     const m3_mlp_w *e0 = &L->experts[0];
     if (!c->gemm_bf16 || !L->backend || E < 1 || E > 2048 || !m3_cu_gemm_tc_moe_ok(e0)) return 0;
-    if (m3_cu_env_int("M3_MOE_TC", 1) == 0 || T < m3_cu_env_int("M3_MOE_TC_MIN", 64)) return 0;
+    if (m3_cu_env_int("M3_MOE_TC", 1) == 0 || T < m3_cu_env_int("M3_MOE_TC_MIN", 144)) return 0;
     for (int e = 0; e < E; e++) /* expert parallel: every expert here, in one format and shape */
         if (!L->experts[e].gate.w || L->experts[e].gate.fmt != e0->gate.fmt || L->experts[e].down.N != e0->down.N) return 0;
     if (L->has_shared) {
@@ -257,10 +259,12 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     const int H = L->router.K, F = e0->gate.N;
     const long long S = (long long)T * K;
     if (S > (1 << 26)) return 0;
-    /* the tile: 128 staged rows when the experts average 256+ rows (less padding than that
-     * wastes more than the wider MMA gains), else 64; M3_MOE_TC_BN forces one */
+    /* the tile: 128 staged rows when the experts average 64+ rows, else 64 (H200, M3.1-Flash
+     * shapes: a CTA costs about the same at either width - expanding its weights dominates - so
+     * fewer tiles win once experts pass 64 rows: T 2048 8.8 ms at 128 vs 11.7 at 64; T 512 5.8
+     * vs 4.8); M3_MOE_TC_BN forces one */
     int bn = m3_cu_env_int("M3_MOE_TC_BN", 0);
-    if (bn != 64 && bn != 128) bn = S >= 256LL * E ? 128 : 64;
+    if (bn != 64 && bn != 128) bn = S >= 64LL * E ? 128 : 64;
     const long long nz = S < E ? S : E;
     const int rows = (int)((S + nz * (bn - 1) + bn - 1) / bn * bn);
     m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);

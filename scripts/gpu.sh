@@ -23,7 +23,7 @@ mkdir -p "$OUT"
 if [ -z "$BIN" ]; then
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j"$(nproc)" >/dev/null || exit 100
   BIN="$OUT/bin"; mkdir -p "$BIN"
-  for f in build/m3 build/bench_cuda_linear build/bench_cuda_attn build/bench_cuda_gemm build/tests/oracle_check build/tests/logits_diff build/tests/vision_check build/tests/graph_regrow; do ln -sf "$PWD/$f" "$BIN/"; done
+  for f in build/m3 build/bench_cuda_linear build/bench_cuda_attn build/bench_cuda_gemm build/bench_cuda_moe build/tests/oracle_check build/tests/logits_diff build/tests/vision_check build/tests/graph_regrow; do ln -sf "$PWD/$f" "$BIN/"; done
 fi
 fails=0
 want() { case " ${M3_GPU_SECTIONS:-1 2 3 4 5 6 7 8} " in *" $1 "*) echo "## [$(date +%T)]"; return 0;; esac; return 1; }
@@ -91,6 +91,7 @@ run "$BIN/bench_cuda_linear"
 [ -x "$BIN/bench_cuda_attn" ] && run "$BIN/bench_cuda_attn"
 # the tensor-core (wgmma) GEMM for many tokens, every weight format, against a double reference
 [ -x "$BIN/bench_cuda_gemm" ] && run "$BIN/bench_cuda_gemm"
+[ -x "$BIN/bench_cuda_moe" ] && run "$BIN/bench_cuda_moe"
 
 fi
 if want 4; then

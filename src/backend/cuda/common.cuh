@@ -197,6 +197,9 @@ int m3_cu_combine_add_rmsnorm(m3_cuda *c, const norm_combine *cb, float *h, cons
                               float *out);
 /* elem.cu */
 void m3_cu_add(void *ctx, float *y, const float *x, size_t n);
+/* precision bf16: n linears sharing x on the wgmma GEMM (gemm_tc.cu) at any T; 1 when done (or
+ * failed: c->failed), 0 when not taken (every W must be) */
+int m3_cu_linear_tc_n(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y);
 void m3_cu_swiglu(m3_cuda *c, const float *gate, const float *up, size_t n, float alpha, float limit, float *out);
 /* rope.cu */
 void m3_cu_head_norm_rope(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps, int rotary_dim,

@@ -87,6 +87,14 @@ struct gemm_args {
     float *y;
     int N, K, T, nm, nt;  /* nm / nt: row / token tiles */
     float gmul;
+    /* MoE grouped mode (m3_cu_gemm_tc_moe): 0 off; 1 gate + up of each tile's expert with
+     * SwiGLU-OAI (a CTA's rows: 64 gate rows and the same 64 up rows; y = h [T][N = F]); 2 down
+     * (y rows scattered by rowmap). Tiles of BN staged rows belong to one expert: grp_e[g] is
+     * the expert of staged rows 64 g .. 64 g + 63 (-1: none), ngrp[0] the groups in use. */
+    int mode;
+    const m3_mlp_w *tab;
+    const int *grp_e, *ngrp, *rowmap;
+    float alpha, limit;
 };
 
 /* ------------------------------------------------------------------ PTX wrappers */
@@ -335,6 +343,26 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
     const int n0 = mt * BM, tok0 = tt * BN;
     const int KB = p.K / BK;
 
+    /* the weights: W (all rows), or MoE: the tile's expert's gate (rows 0-63) and up (64-127),
+     * or its down matrix; a tile past the groups in use, or of no expert, has nothing to do */
+    const uint8_t *pw = p.w, *ps = p.s, *pw2 = NULL, *ps2 = NULL;
+    float gm_lo = p.gmul, gm_hi = p.gmul;
+    if (p.mode) {
+        const int gi = tok0 / 64;
+        if (gi >= __ldg(p.ngrp)) return;
+        const int e = __ldg(p.grp_e + gi);
+        if (e < 0) return;
+        const m3_linear *W = p.mode == 1 ? &p.tab[e].gate : &p.tab[e].down;
+        pw = W->w;
+        ps = W->scale;
+        gm_lo = gm_hi = W->gmul;
+        if (p.mode == 1) {
+            pw2 = p.tab[e].up.w;
+            ps2 = p.tab[e].up.scale;
+            gm_hi = p.tab[e].up.gmul;
+        }
+    }
+
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mb_init(full0 + 8 * s, 4); /* one arrival (+ its bytes) per producer warp */
@@ -350,11 +378,21 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
          * cycles each, which one warp alone made the bottleneck). Copy q of a stage: x pieces
          * (64 tokens x one column half), then weight runs, then scale runs. */
         const int pl = threadIdx.x; /* 0..127 */
-        const int rows = p.N - n0 < BM ? p.N - n0 : BM, tiles = (rows + 15) / 16;
+        const int rows = p.mode == 1 ? BM : p.N - n0 < BM ? p.N - n0 : BM, tiles = (rows + 15) / 16;
         const int t64 = (p.T + 63) / 64, g0 = tok0 / 64;
         const int ng = t64 - g0 < BN / 64 ? t64 - g0 : BN / 64, nx = 2 * ng;
         const int nw = FMT == M3_WF_MXFP8 ? tiles * 5 : FMT == M3_WF_NVFP4 ? tiles * 2 : rows, total = nx + nw;
         const size_t tstride = 16 * p.row_bytes, sstride = 16 * p.scale_row;
+        /* 16-row tile i of the CTA (values, scales), and row c (BF16) */
+        auto wtile = [&](int i) -> const uint8_t * {
+            return p.mode == 1 ? (i < 4 ? pw : pw2) + (size_t)(mt * 4 + (i & 3)) * tstride : pw + (size_t)(n0 / 16 + i) * tstride;
+        };
+        auto stile = [&](int i) -> const uint8_t * {
+            return p.mode == 1 ? (i < 4 ? ps : ps2) + (size_t)(mt * 4 + (i & 3)) * sstride : ps + (size_t)(n0 / 16 + i) * sstride;
+        };
+        auto wrow = [&](int c) -> const uint8_t * {
+            return p.mode == 1 ? (c < 64 ? pw : pw2) + (size_t)(mt * 64 + (c & 63)) * p.row_bytes : pw + (size_t)(n0 + c) * p.row_bytes;
+        };
         /* bytes of this warp's copies (the same every stage) */
         uint32_t mine = 0;
         for (int q = pl; q < total; q += 128) {
@@ -385,23 +423,21 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
                 if (FMT == M3_WF_MXFP8) {
                     if (c < 4 * tiles) {
                         const int i = c >> 2, u = c & 3;
-                        const uint8_t *src = p.w + (size_t)(n0 / 16 + i) * tstride + (size_t)(kb * 4 + u) * 512;
+                        const uint8_t *src = wtile(i) + (size_t)(kb * 4 + u) * 512;
                         bulk_g2s(smem_u32(Wd + i * MX_TILE + u * 512 + (u & 1) * 16 + (u >> 1) * 64), src, 512, full);
                     } else {
                         const int i = c - 4 * tiles;
-                        bulk_g2s(smem_u32(Sd + i * 64), p.s + (size_t)(n0 / 16 + i) * sstride + (size_t)kb * 64, 64, full);
+                        bulk_g2s(smem_u32(Sd + i * 64), stile(i) + (size_t)kb * 64, 64, full);
                     }
                 } else if (FMT == M3_WF_NVFP4) {
                     if (c < tiles) {
-                        bulk_g2s(smem_u32(Wd + c * 1024), p.w + (size_t)(n0 / 16 + c) * tstride + (size_t)kb * 1024, 1024,
-                                 full);
+                        bulk_g2s(smem_u32(Wd + c * 1024), wtile(c) + (size_t)kb * 1024, 1024, full);
                     } else {
                         const int i = c - tiles;
-                        bulk_g2s(smem_u32(Sd + i * 128), p.s + (size_t)(n0 / 16 + i) * sstride + (size_t)kb * 128, 128,
-                                 full);
+                        bulk_g2s(smem_u32(Sd + i * 128), stile(i) + (size_t)kb * 128, 128, full);
                     }
                 } else {
-                    bulk_g2s(smem_u32(Wd + c * BF_ROW), p.w + (size_t)(n0 + c) * p.row_bytes + (size_t)kb * 256, 256, full);
+                    bulk_g2s(smem_u32(Wd + c * BF_ROW), wrow(c) + (size_t)kb * 256, 256, full);
                 }
             }
         }
@@ -457,8 +493,43 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
         __syncwarp();
         if (lane == 0) mb_arrive(empty0 + 8 * st);
     }
+    if (p.mode == 1) {
+        /* SwiGLU-OAI: the up warpgroup hands its sums (thread for thread: the same fragment
+         * positions) to the gate warpgroup through stage 0's memory, once every consumer is done
+         * with the stages (the producers have returned: every stage they filled was consumed) */
+        float *xb = (float *)smem;
+        const int tw = threadIdx.x % 128;
+        const float gg = FMT == M3_WF_NVFP4 ? gm_lo : 1.0f, gu = FMT == M3_WF_NVFP4 ? gm_hi : 1.0f;
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        if (wg == 1)
+#pragma unroll
+            for (int j = 0; j < BN / 2; j++) xb[j * 128 + tw] = acc[j] * gu;
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        if (wg == 1) return;
+        const int r0 = mt * 64 + i * 16 + g;
+        const float lim = p.limit, al = p.alpha;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int tok = tok0 + 8 * j + 2 * t + e;
+                if (tok < p.T) {
+                    float *yr = p.y + (size_t)tok * p.N;
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int q = 4 * j + 2 * hh + e;
+                        float gt = acc[q] * gg, up = xb[q * 128 + tw];
+                        gt = gt < lim ? gt : lim;
+                        up = up < -lim ? -lim : up > lim ? lim : up;
+                        yr[r0 + 8 * hh] = (up + 1.0f) * (gt / (1.0f + expf(-al * gt)));
+                    }
+                }
+            }
+        }
+        return;
+    }
     /* epilogue: D[row][token] -> y[token][row] (8 lanes g write 8 consecutive rows of a token) */
-    const float gm = FMT == M3_WF_NVFP4 ? p.gmul : 1.0f;
+    const float gm = FMT == M3_WF_NVFP4 ? gm_lo : 1.0f;
     const int r0 = n0 + i * 16 + g;
     const bool ok0 = r0 < p.N, ok1 = r0 + 8 < p.N;
 #pragma unroll
@@ -466,8 +537,9 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int tok = tok0 + 8 * j + 2 * t + e;
-            if (tok < p.T) {
-                float *yr = p.y + (size_t)tok * p.N;
+            const int orow = tok < p.T && p.mode == 2 ? __ldg(p.rowmap + tok) : tok;
+            if (tok < p.T && orow >= 0) {
+                float *yr = p.y + (size_t)orow * p.N;
                 if (ok0) yr[r0] = acc[4 * j + e] * gm;
                 if (ok1) yr[r0 + 8] = acc[4 * j + 2 + e] * gm;
             }
@@ -488,16 +560,21 @@ static __device__ __forceinline__ uint32_t bf16_rne(float f) {
  * thread: chunk position p of row r holds logical chunk c = p ^ (r % 8) of column half col,
  * whose 8 values (logical columns 64 col + 8c + e) are, by the permutation above, the pairs
  * x[32q + 16 col + 2c + {0, 1}] (q = 0..3) of the K block. */
-__global__ void k_stage_x(const float *x, int T, int K, uint4 *xs, size_t n) {
+/* With map (the MoE's permuted rows): staged row r is x row map[r] (zeros where map[r] < 0), and
+ * only the first ngrp[0] groups of 64 rows are written. */
+__global__ void k_stage_x(const float *x, int T, int K, uint4 *xs, size_t n, const int *map, const int *ngrp) {
     const int KB = K / BK;
+    const int ng = ngrp ? __ldg(ngrp) : 0x7fffffff;
     for (size_t q = blockIdx.x * (size_t)blockDim.x + threadIdx.x; q < n; q += (size_t)gridDim.x * blockDim.x) {
         const int pp = (int)(q & 7), r = (int)((q >> 3) & 63), col = (int)((q >> 9) & 1);
         const size_t rest = q >> 10;
         const int kb = (int)(rest % KB);
+        if ((int)(rest / KB) >= ng) break; /* q only grows */
         const int tok = (int)(rest / KB) * 64 + r, c = pp ^ (r & 7);
+        const int src = tok < T ? (map ? __ldg(map + tok) : tok) : -1;
         uint4 o = make_uint4(0, 0, 0, 0);
-        if (tok < T) {
-            const float *b = x + (size_t)tok * K + (size_t)kb * BK + 16 * col + 2 * c;
+        if (src >= 0) {
+            const float *b = x + (size_t)src * K + (size_t)kb * BK + 16 * col + 2 * c;
             const float2 v0 = *(const float2 *)b, v1 = *(const float2 *)(b + 32), v2 = *(const float2 *)(b + 64),
                          v3 = *(const float2 *)(b + 96);
             o.x = bf16_rne(v0.x) | (bf16_rne(v0.y) << 16);
@@ -509,7 +586,8 @@ __global__ void k_stage_x(const float *x, int T, int K, uint4 *xs, size_t n) {
     }
 }
 
-template <int FMT, int BN> static int launch(cudaStream_t st, const m3_linear *W, const void *xs, int T, float *y, m3_err *err) {
+/* a's shape: W's (rows, values / scales strides, K); the kernel for FMT, BN */
+template <int FMT, int BN> static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
     constexpr int SM = smem_bytes(FMT, BN);
     static int attr = 0; /* set once per instantiation (all devices of a process alike) */
     if (!attr) {
@@ -517,7 +595,19 @@ template <int FMT, int BN> static int launch(cudaStream_t st, const m3_linear *W
         if (e != cudaSuccess) return m3_errf(err, "gemm_tc: shared memory attribute: %s", cudaGetErrorString(e));
         attr = 1;
     }
+    const long long blocks = (long long)a.nm * a.nt;
+    if (blocks > 0x7fffffffLL) return m3_errf(err, "gemm_tc: %lld tiles", blocks);
+    if (blocks < 1) return 0;
+    k_gemm_tc<FMT, BN><<<(unsigned)blocks, NTHREADS, SM, st>>>(a);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return m3_errf(err, "gemm_tc: launch (%s %d x %d, T %d, mode %d): %s", m3_wfmt_name((m3_wfmt)FMT), a.N,
+                                         a.K, a.T, a.mode, cudaGetErrorString(e));
+    return 0;
+}
+
+template <int FMT, int BN> static int launch(cudaStream_t st, const m3_linear *W, const void *xs, int T, float *y, m3_err *err) {
     gemm_args a;
+    memset(&a, 0, sizeof a);
     a.w = W->w;
     a.s = W->scale;
     a.row_bytes = W->row_bytes;
@@ -530,13 +620,7 @@ template <int FMT, int BN> static int launch(cudaStream_t st, const m3_linear *W
     a.nm = (W->N + BM - 1) / BM;
     a.nt = (T + BN - 1) / BN;
     a.gmul = W->gmul;
-    const long long blocks = (long long)a.nm * a.nt;
-    if (blocks > 0x7fffffffLL) return m3_errf(err, "gemm_tc: %lld tiles", blocks);
-    k_gemm_tc<FMT, BN><<<(unsigned)blocks, NTHREADS, SM, st>>>(a);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return m3_errf(err, "gemm_tc: launch (%s %d x %d, T %d): %s", m3_wfmt_name(W->fmt), W->N, W->K, T,
-                                         cudaGetErrorString(e));
-    return 0;
+    return launch_args<FMT, BN>(st, a, err);
 }
 
 } // namespace
@@ -565,7 +649,7 @@ extern "C" int m3_cu_gemm_tc_stage_x(void *stream, const float *x, int T, int K,
     const size_t n = m3_cu_gemm_tc_xbytes(T, K) / 16;
     size_t blocks = (n + 255) / 256;
     if (blocks > 132 * 16) blocks = 132 * 16;
-    k_stage_x<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(x, T, K, (uint4 *)xs, n);
+    k_stage_x<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(x, T, K, (uint4 *)xs, n, NULL, NULL);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return m3_errf(err, "gemm_tc: staging x: %s", cudaGetErrorString(e));
     return 0;
@@ -601,4 +685,59 @@ extern "C" int m3_cu_gemm_tc_scales_exact(const m3_linear *h) {
             if (s[j] < 10 || s[j] > 246) return 0;
     }
     return 1;
+}
+
+/* ------------------------------------------------------------------ MoE grouped GEMMs */
+
+extern "C" int m3_cu_gemm_tc_moe_ok(const m3_mlp_w *e0) {
+    const m3_linear *g = &e0->gate, *u = &e0->up, *d = &e0->down;
+    return m3_cu_gemm_tc_ok(g, 64) && m3_cu_gemm_tc_ok(u, 64) && m3_cu_gemm_tc_ok(d, 64) && g->fmt == u->fmt &&
+           g->fmt == d->fmt && g->N == u->N && g->K == u->K && g->row_bytes == u->row_bytes &&
+           g->scale_row == u->scale_row && g->N % 64 == 0 && d->K == g->N;
+}
+
+extern "C" int m3_cu_gemm_tc_stage_x_map(void *stream, const float *x, int rows, int K, const int *map, const int *ngrp,
+                                         void *xs, m3_err *err) {
+    if (rows < 1 || K < BK || K % BK) return m3_errf(err, "gemm_tc: staging x of %d x %d", rows, K);
+    const size_t n = m3_cu_gemm_tc_xbytes(rows, K) / 16;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > 132 * 16) blocks = 132 * 16;
+    k_stage_x<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(x, rows, K, (uint4 *)xs, n, map, ngrp);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return m3_errf(err, "gemm_tc: staging x: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, const m3_mlp_w *e0, int bn, const void *xs,
+                                 int rows, const int *grp_e, const int *ngrp, const int *rowmap, float alpha, float limit,
+                                 float *y, m3_err *err) {
+    if (!m3_cu_gemm_tc_moe_ok(e0) || (bn != 64 && bn != 128) || rows < 1 || rows % bn)
+        return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows) not taken", m3_wfmt_name(e0->gate.fmt), bn, rows);
+    const m3_linear *W = part == 2 ? &e0->down : &e0->gate;
+    gemm_args a;
+    memset(&a, 0, sizeof a);
+    a.row_bytes = W->row_bytes;
+    a.scale_row = W->scale_row;
+    a.xs = (const uint8_t *)xs;
+    a.y = y;
+    a.N = W->N;
+    a.K = W->K;
+    a.T = rows;
+    a.nm = part == 2 ? (W->N + BM - 1) / BM : W->N / 64;
+    a.nt = rows / bn;
+    a.gmul = 1.0f;
+    a.mode = part == 2 ? 2 : 1;
+    a.tab = tab;
+    a.grp_e = grp_e;
+    a.ngrp = ngrp;
+    a.rowmap = rowmap;
+    a.alpha = alpha;
+    a.limit = limit;
+    cudaStream_t st = (cudaStream_t)stream;
+    const bool small = bn == 64;
+    switch (W->fmt) {
+    case M3_WF_BF16: return small ? launch_args<M3_WF_BF16, 64>(st, a, err) : launch_args<M3_WF_BF16, 128>(st, a, err);
+    case M3_WF_MXFP8: return small ? launch_args<M3_WF_MXFP8, 64>(st, a, err) : launch_args<M3_WF_MXFP8, 128>(st, a, err);
+    default: return small ? launch_args<M3_WF_NVFP4, 64>(st, a, err) : launch_args<M3_WF_NVFP4, 128>(st, a, err);
+    }
 }

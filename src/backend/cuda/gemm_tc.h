@@ -33,6 +33,21 @@ int m3_cu_gemm_tc_staged(void *stream, const m3_linear *W, const void *xs, int T
 /* both: ws is device scratch of at least m3_cu_gemm_tc_xbytes(T, W->K) bytes */
 int m3_cu_gemm_tc(void *stream, const m3_linear *W, const float *x, int T, float *y, void *ws, size_t ws_bytes,
                   m3_err *err);
+/* MoE experts as grouped GEMMs (moe.cu). The (token, expert) slots are permuted by expert into
+ * "staged rows", each expert's rows contiguous and padded to the tile bn (64 or 128): grp_e[g]
+ * is the expert of staged rows 64 g .. 64 g + 63 (-1: none), ngrp[0] (device) the groups in
+ * use, rows (host) an upper bound, a multiple of bn. m3_cu_gemm_tc_moe_ok: the expert shape (e0,
+ * a device copy's host struct) is taken: gate / up / down of one format, each taken by the GEMM,
+ * F = gate.N a multiple of 64. */
+int m3_cu_gemm_tc_moe_ok(const m3_mlp_w *e0);
+/* staged row r <- x row map[r] (zeros where map[r] < 0); groups past ngrp[0] are left as they are */
+int m3_cu_gemm_tc_stage_x_map(void *stream, const float *x, int rows, int K, const int *map, const int *ngrp, void *xs,
+                              m3_err *err);
+/* part 0: y = h [rows][F] = SwiGLU-OAI(gate x, up x) of each row's expert (tab: the device table
+ * of experts); part 2: y[rowmap[r]][H] = down h (rows with rowmap < 0 not stored); xs: the staged
+ * rows (x, or h staged with an identity map) */
+int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, const m3_mlp_w *e0, int bn, const void *xs, int rows,
+                      const int *grp_e, const int *ngrp, const int *rowmap, float alpha, float limit, float *y, m3_err *err);
 /* For a HOST MXFP8 matrix (before upload): 1 when every E8M0 scale code is in 10..246, where the
  * kernel's folding of the scale into the bf16 weight is exact (E4M3 x 2^(e-127) stays a bf16
  * normal); other codes give inexact (flushed / overflowed) weights. Other formats: 1. */

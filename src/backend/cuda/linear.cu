@@ -311,8 +311,8 @@ static int linear_bf16_blas(m3_cuda *c, const m3_linear *W, const float *x, int 
 
 /* precision bf16, more than 64 tokens: the wgmma GEMM (gemm_tc.cu) for every W it takes, x staged
  * (rounded to bf16) once for all of them. 1 when done (or failed: c->failed), 0 not this path. */
-static int linear_tc(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y) {
-    if (!c->gemm_bf16 || T <= 64) return 0;
+static int linear_tc(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y, int any_t = 0) {
+    if (!c->gemm_bf16 || T < 1 || (T <= 64 && !any_t)) return 0;
     for (int i = 0; i < n; i++)
         if (!m3_cu_gemm_tc_ok(W[i], T) || W[i]->K != W[0]->K) return 0;
     size_t xb = m3_cu_gemm_tc_xbytes(T, W[0]->K);
@@ -323,6 +323,12 @@ static int linear_tc(m3_cuda *c, int n, const m3_linear *const *W, const float *
     for (int i = 0; i < n; i++)
         if (m3_cu_gemm_tc_staged(c->st, W[i], xs, T, y[i], &e)) { m3_cu_failf(c, "%s", e.msg); return 1; }
     return 1;
+}
+
+/* the same at any T (the MoE's shared expert next to the grouped GEMMs, moe.cu) */
+int m3_cu_linear_tc_n(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y) {
+    for (int i = 0; i < n; i++) m3_cu_xsplit_touch(c, y[i], sizeof(float) * (size_t)T * W[i]->N);
+    return linear_tc(c, n, W, x, T, y, 1);
 }
 
 void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y) {

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm_tc.h"
 #include "linear_mma.cuh"
 #include "linear_simt.cuh"
 #include "router.cuh"
@@ -183,6 +184,133 @@ typedef struct moe_post {
     int done; /* set when the combine did it */
 } moe_post;
 
+/* ------------------------------------------------------------------ MoE as grouped GEMMs */
+
+/* The slots' layout for the grouped GEMMs (DeepGEMM's "contiguous layout"): the S = T * K
+ * (token, expert) slots sorted by expert into staged rows, each expert's rows contiguous from
+ * off[e] and padded to the tile bn. One block: counts (shared atomics), the padded prefix sums,
+ * then each slot takes the next row of its expert. map[r]: the token of staged row r, rowmap[r]
+ * its slot (t K + k), both -1 for padding; grp_e[g]: the expert of rows 64 g .. 64 g + 63;
+ * ngrp[0]: the groups in use. The order of an expert's rows follows the atomics (not fixed), but
+ * no result depends on it: each row's sums are computed alone and land at its slot. */
+__global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int S, int K, int E, int bn, int *map,
+                                                        int *rowmap, int *grp_e, int *ngrp) {
+    extern __shared__ int lsm[];
+    int *cnt = lsm, *off = lsm + E, *fill = off + E + 1;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = fill[e] = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < S; s += blockDim.x) {
+        const int e = pick[s];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) { /* padded prefix sums, a warp scan per 32 experts */
+        int base = 0;
+        for (int e0 = 0; e0 < E; e0 += 32) {
+            const int e = e0 + threadIdx.x;
+            const int v = e < E ? (cnt[e] + bn - 1) / bn * bn : 0;
+            int inc = v;
+            for (int d = 1; d < 32; d *= 2) {
+                const int o = __shfl_up_sync(0xffffffffu, inc, d);
+                if ((int)threadIdx.x >= d) inc += o;
+            }
+            if (e < E) off[e] = base + inc - v;
+            base += __shfl_sync(0xffffffffu, inc, 31);
+        }
+        if (threadIdx.x == 0) {
+            off[E] = base;
+            ngrp[0] = base / 64;
+        }
+    }
+    __syncthreads();
+    const int used = off[E];
+    for (int r = threadIdx.x; r < used; r += blockDim.x) map[r] = rowmap[r] = -1;
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        for (int g = off[e] / 64; g < off[e + 1] / 64; g++) grp_e[g] = e;
+    __syncthreads();
+    for (int s = threadIdx.x; s < S; s += blockDim.x) {
+        const int e = pick[s];
+        if (e < 0 || e >= E) continue;
+        const int r = off[e] + atomicAdd(&fill[e], 1);
+        map[r] = s / K;
+        rowmap[r] = s;
+    }
+}
+
+/* precision bf16, T >= M3_MOE_TC_MIN tokens (default 144; H200, M3.1-Flash shapes: the
+ * grouped GEMMs take ~4.7 ms a layer up to 512 tokens - every expert's weights expanded once a
+ * tile - where the GEMV path takes 2.1 ms per 64 tokens): the routed experts as two grouped
+ * GEMMs on the wgmma kernel (gemm_tc.cu) - gate + up of every expert with SwiGLU-OAI in one
+ * launch, down in a second - over the slots laid out by k_moe_tc_layout; x and h rounded to
+ * bf16 (staged), f32 sums. The shared expert on the same GEMM (gemm_tc per matrix), then the
+ * weighted sum in each token's ascending expert order + the shared expert (k_moe_combine, as the
+ * CPU adds them). No host synchronization. 1 when done (or failed), 0 when not taken. */
+static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
+                  float limit, float *out, moe_post *post) {
+    const m3_mlp_w *e0 = &L->experts[0];
+    if (!c->gemm_bf16 || !L->backend || E < 1 || E > 2048 || !m3_cu_gemm_tc_moe_ok(e0)) return 0;
+    if (m3_cu_env_int("M3_MOE_TC", 1) == 0 || T < m3_cu_env_int("M3_MOE_TC_MIN", 144)) return 0;
+    for (int e = 0; e < E; e++) /* expert parallel: every expert here, in one format and shape */
+        if (!L->experts[e].gate.w || L->experts[e].gate.fmt != e0->gate.fmt || L->experts[e].down.N != e0->down.N) return 0;
+    if (L->has_shared) {
+        const m3_linear *sg = &L->shared.gate, *su = &L->shared.up, *sd = &L->shared.down;
+        if (!m3_cu_gemm_tc_ok(sg, T) || !m3_cu_gemm_tc_ok(su, T) || !m3_cu_gemm_tc_ok(sd, T) || sg->K != su->K) return 0;
+    }
+    const int H = L->router.K, F = e0->gate.N;
+    const long long S = (long long)T * K;
+    if (S > (1 << 26)) return 0;
+    /* the tile: 128 staged rows when the experts average 64+ rows, else 64 (H200, M3.1-Flash
+     * shapes: a CTA costs about the same at either width - expanding its weights dominates - so
+     * fewer tiles win once experts pass 64 rows: T 2048 8.8 ms at 128 vs 11.7 at 64; T 512 5.8
+     * vs 4.8); M3_MOE_TC_BN forces one */
+    int bn = m3_cu_env_int("M3_MOE_TC_BN", 0);
+    if (bn != 64 && bn != 128) bn = S >= 64LL * E ? 128 : 64;
+    const long long nz = S < E ? S : E;
+    const int rows = (int)((S + nz * (bn - 1) + bn - 1) / bn * bn);
+    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
+    int32_t *pick;
+    float *wt;
+    if (m3_cu_route(c, L, x, T, E, K, routed_scale, &pick, &wt)) return 1;
+    if (c->count_experts) count_experts(c, pick, (int)S, E);
+    int *map = (int *)m3_cu_scratch(c, SC_IDX, sizeof(int) * ((size_t)rows * 2 + rows / 64 + 64));
+    void *xs = m3_cu_scratch(c, SC_GEMM_X, m3_cu_gemm_tc_xbytes(rows, H));
+    float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * ((size_t)rows * F + (size_t)S * H));
+    void *hs = m3_cu_scratch(c, SC_DEQ, m3_cu_gemm_tc_xbytes(rows, F));
+    if (!map || !xs || !h || !hs) return 1;
+    int *rowmap = map + rows, *grp_e = rowmap + rows, *ngrp = grp_e + rows / 64;
+    float *ye = h + (size_t)rows * F;
+    m3_cu_xsplit_touch(c, h, sizeof(float) * ((size_t)rows * F + (size_t)S * H));
+    const m3_mlp_w *tab = (const m3_mlp_w *)L->backend;
+    m3_err err;
+    k_moe_tc_layout<<<1, 1024, sizeof(int) * (3 * (size_t)E + 1), c->st>>>(pick, (int)S, K, E, bn, map, rowmap, grp_e, ngrp);
+    if (CK_LAUNCH(c, "moe layout")) return 1;
+    if (m3_cu_gemm_tc_stage_x_map(c->st, x, rows, H, map, ngrp, xs, &err) ||
+        m3_cu_gemm_tc_moe(c->st, 0, tab, e0, bn, xs, rows, grp_e, ngrp, NULL, alpha, limit, h, &err) ||
+        m3_cu_gemm_tc_stage_x_map(c->st, h, rows, F, NULL, ngrp, hs, &err) ||
+        m3_cu_gemm_tc_moe(c->st, 2, tab, e0, bn, hs, rows, grp_e, ngrp, rowmap, alpha, limit, ye, &err)) {
+        m3_cu_failf(c, "moe (grouped GEMMs): %s", err.msg);
+        return 1;
+    }
+    float *sh = NULL;
+    if (L->has_shared) { /* gate + up sharing staged x, SwiGLU, down: all on the wgmma GEMM */
+        const int Fs = L->shared.gate.N;
+        sh = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)T * H);
+        float *g = (float *)m3_cu_scratch(c, SC_XE, sizeof(float) * (size_t)T * Fs * 2);
+        if (!sh || !g) return 1;
+        float *u = g + (size_t)T * Fs;
+        const m3_linear *gu[2] = {&L->shared.gate, &L->shared.up}, *dn = &L->shared.down;
+        float *go[2] = {g, u};
+        if (!m3_cu_linear_tc_n(c, 2, gu, x, T, go)) return m3_cu_failf(c, "moe: shared expert not on the GEMM"), 1;
+        m3_cu_swiglu(c, g, u, (size_t)T * Fs, alpha, limit, g);
+        if (!m3_cu_linear_tc_n(c, 1, &dn, g, T, &sh)) return m3_cu_failf(c, "moe: shared expert not on the GEMM"), 1;
+    }
+    const norm_combine cb = {ye, wt, sh, out, K};
+    if (post && m3_cu_combine_add_rmsnorm(c, &cb, post->h, post->w, T, H, post->eps, post->normed)) post->done = 1;
+    else k_moe_combine<<<dim3(cdiv(H, 256), T), 256, 0, c->st>>>(ye, wt, K, H, sh, out);
+    CK_LAUNCH(c, "moe combine (grouped GEMMs)");
+    return 1;
+}
+
 static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
                      float limit, float *out, moe_post *post);
 
@@ -206,6 +334,7 @@ static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int
     m3_cu_prof_begin(c, OP_MOE);
     if (T <= 0 || c->failed) { m3_cu_prof_end(c, OP_MOE); return; }
     const int H = L->router.K, Fd = L->experts[0].gate.N;
+    if (moe_tc(c, L, x, T, E, K, routed_scale, alpha, limit, out, post)) { m3_cu_prof_end(c, OP_MOE); return; }
     m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
     /* router logits, picks and weights (router.cu) */
     int32_t *pick;

@@ -131,6 +131,7 @@ size_t m3_grammar_vocab_trie_nodes(const m3_grammar_vocab *v);
  * per state; pool, may be NULL, spreads the states over its threads). */
 m3_grammar_compiled *m3_grammar_compile(const m3_grammar *g, const m3_grammar_vocab *v, m3_pool *pool, m3_err *err);
 void m3_grammar_compiled_free(m3_grammar_compiled *c);
+int32_t m3_grammar_compiled_vocab_size(const m3_grammar_compiled *c); /* its vocabulary's (the masks' width) */
 /* Cache statistics: bytes held, and the context-dependent tokens summed over states. */
 size_t m3_grammar_compiled_bytes(const m3_grammar_compiled *c);
 size_t m3_grammar_compiled_uncertain(const m3_grammar_compiled *c);

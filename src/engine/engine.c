@@ -254,7 +254,9 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->tot.kv_blocks_total = pages;
     e->snap = e->tot;
     sampling_threads(e, o->sample_threads, e->group || (e->m->ops && e->m->ops->device_memory));
-    if (m3_engine_masks_start(e, o->grammar_threads)) {
+    int gthreads = o->grammar_threads;
+    if (gthreads == 0 && !(e->group || (e->m->ops && e->m->ops->device_memory))) gthreads = -1; /* host backend: inline */
+    if (m3_engine_masks_start(e, gthreads)) {
         m3_errf(err, "engine: cannot start the token mask thread");
         m3_engine_destroy(e);
         return NULL;

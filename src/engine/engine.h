@@ -62,10 +62,11 @@
  * request ends at once with M3_FINISH_STOP (a final callback with token -1). The constraint may
  * start after a given token (the end of the reasoning: grammar_start_id), the text before it
  * free. Masks are computed ahead: right after a step's tokens are accepted, a mask thread
- * (opts.grammar_threads) computes the masks of the next step's constrained rows while the
- * engine thread goes on to schedule and run that step's forward; the engine waits for them
- * only before sampling. A mask not computed ahead (a request's first constrained token) is
- * computed as its row is sampled, in parallel across rows on the sampling threads.
+ * (opts.grammar_threads; by default on device backends) computes the masks of the next step's
+ * constrained rows while the engine thread goes on to schedule and run that step's forward;
+ * the engine waits for them only before sampling. A mask not computed ahead (a request's first
+ * constrained token; every one without a mask thread) is computed as its row is sampled, in
+ * parallel across rows on the sampling threads.
  * Unconstrained requests pay nothing (no mask, no copy of their row). Constrained requests
  * are never drafted for (speculative decoding verifies unconstrained requests only; theirs
  * are plain decodes).
@@ -166,8 +167,10 @@ typedef struct m3_engine_opts {
      * would keep the GPU waiting for one thread for longer than its decode step. */
     int sample_threads;
     /* Threads that compute the token masks of the next step's constrained rows while the forward
-     * runs (structured outputs): 0: one; -1: none, every mask is computed as its row is sampled
-     * (measurements). Started with the engine, idle without constrained requests. */
+     * runs (structured outputs), started with the engine, idle without constrained requests.
+     * -1: none, every mask is computed as its row is sampled; 0: one on a device backend, none on
+     * a host backend (the forward's threads take every core there: a mask thread beside them
+     * waits for a core, and the engine for it, longer than the masks take inline). */
     int grammar_threads;
     /* The DSpark draft's op table (host memory; NULL: the model's own). Needed with a group. */
     m3_ops *draft_ops;

@@ -679,7 +679,41 @@ static int report_needs_copy(const m3_sampler *s) {
     return m3_sampler_is_greedy(s) && (s->p.logprobs || s->p.top_logprobs) && s->p.logprobs_mode == M3_LOGPROBS_PROCESSED;
 }
 
+/* The argmax of x over the ids [0, n) whose mask bit is set (the lowest id on ties), -1 when
+ * none: whole mask words at a time, so a grammar's usual masks (few allowed ids) cost little. */
+static int masked_argmax(const float *x, const uint32_t *mask, int n) {
+    int best = -1;
+    float bv = -INFINITY;
+    const int nw = (n + 31) / 32;
+    for (int k = 0; k < nw; k++) {
+        uint32_t m = mask[k];
+        if (k == nw - 1 && (n & 31)) m &= (1u << (n & 31)) - 1;
+        while (m) {
+            const int i = 32 * k + __builtin_ctz(m);
+            m &= m - 1;
+            if (best < 0 || x[i] > bv) { best = i; bv = x[i]; }
+        }
+    }
+    return best;
+}
+
 int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_sample_out *out, m3_err *err) {
+    if (s->mask && m3_sampler_is_greedy(s) && !s->p.logprobs && !s->p.top_logprobs) {
+        /* greedy under a token mask, nothing else changing the row: the masked argmax, no working
+         * copy (banned ids: the general path, as when the argmax is one of them) */
+        const uint32_t *mk = s->mask;
+        s->mask = NULL;
+        int plain = plain_logits(s) && s->p.n_banned <= 0;
+        s->mask = mk;
+        if (plain) {
+            const int tok = masked_argmax(logits, mk, s->n);
+            if (tok >= 0 && logits[tok] > -INFINITY) {
+                memset(out, 0, sizeof *out);
+                out->token = tok;
+                return 0;
+            }
+        }
+    }
     const float *w = work_row(s, logits, ws, report_needs_copy(s), err);
     if (!w) return -1;
     pick_info pi;

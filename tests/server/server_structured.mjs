@@ -16,47 +16,24 @@
 // Usage: node tests/server/server_structured.mjs <m3-binary> <work-dir>
 import OpenAI from 'openai';
 import Ajv from 'ajv/dist/2020.js';
-import { makeCheckpoint, startServer, post, reporter } from './lib.mjs';
+import fs from 'node:fs';
+import path from 'node:path';
+import { makeCheckpoint, startServer, post, reporter, root, metrics } from './lib.mjs';
 
 const [m3, work] = process.argv.slice(2);
 if (!m3 || !work) { console.error('usage: node server_structured.mjs <m3-binary> <work-dir>'); process.exit(2); }
 const R = reporter(), ok = R.ok;
 const ck = makeCheckpoint(m3, work + '/ck');
-const srv = await startServer(m3, ck, ['--served-model-name', 'tiny']);
+// --grammar-threads 1: the mask thread computes the next step's masks while the forward runs (the
+// default on a GPU; on the CPU masks are computed as rows are sampled, also run here for first tokens)
+const srv = await startServer(m3, ck, ['--served-model-name', 'tiny', '--grammar-threads', '1']);
 const base = srv.base;
 const client = new OpenAI({ baseURL: base + '/v1', apiKey: 'none' });
 const ajv = new Ajv({ strict: false, allErrors: true });
 const t0 = Date.now();
 
-const SCHEMAS = [
-  { type: 'object', properties: { name: { type: 'string', maxLength: 20 }, age: { type: 'integer', minimum: 0, maximum: 120 } }, required: ['name', 'age'] },
-  { enum: ['red', 'green', 'blue'] },
-  { type: 'object', properties: { color: { enum: ['red', 'green'] }, ok: { type: 'boolean' } }, required: ['color', 'ok'] },
-  { type: 'array', items: { type: 'integer' }, minItems: 1, maxItems: 4 },
-  { anyOf: [{ type: 'string', maxLength: 5 }, { type: 'integer', minimum: 0 }] },
-  { type: 'object', properties: { a: { type: 'object', properties: { b: { type: 'object', properties: { c: { type: 'string', maxLength: 6 } }, required: ['c'] } }, required: ['b'] } }, required: ['a'] },
-  { type: 'number', exclusiveMinimum: 0, maximum: 100 },
-  { type: 'string', minLength: 3, maxLength: 8 },
-  { type: 'array', maxItems: 3, items: { type: 'object', properties: { id: { type: 'integer' }, tags: { type: 'array', items: { enum: ['x', 'y', 'z'] }, maxItems: 2 } }, required: ['id', 'tags'] } },
-  { const: { kind: 'fixed', n: [1, 2] } },
-  { type: ['string', 'null'], maxLength: 10 },
-  { oneOf: [{ type: 'object', properties: { kind: { const: 'circle' }, r: { type: 'number', minimum: 0 } }, required: ['kind', 'r'] },
-            { type: 'object', properties: { kind: { const: 'square' }, side: { type: 'integer', minimum: 1, maximum: 9 } }, required: ['kind', 'side'] }] },
-  { $defs: { pt: { type: 'object', properties: { x: { type: 'integer' }, y: { type: 'integer' } }, required: ['x', 'y'] } },
-    type: 'object', properties: { from: { $ref: '#/$defs/pt' }, to: { $ref: '#/$defs/pt' } }, required: ['from', 'to'] },
-  { $defs: { node: { type: 'object', properties: { v: { type: 'integer', minimum: 0, maximum: 9 }, kids: { type: 'array', items: { $ref: '#/$defs/node' }, maxItems: 2 } }, required: ['v'] } },
-    $ref: '#/$defs/node' },
-  { type: 'integer', minimum: -50, maximum: -10 },
-  { type: 'number', minimum: -1.5, maximum: 1.5 },
-  { type: 'boolean' },
-  { type: 'null' },
-  { type: 'array', prefixItems: [{ type: 'string', maxLength: 4 }, { type: 'integer' }], items: false },
-  { type: 'object', properties: { id: { type: 'integer' } }, required: ['id'], additionalProperties: { type: 'integer', minimum: 0 } },
-  { type: 'object', properties: { p: { type: 'string', maxLength: 3 }, q: { type: 'boolean' }, r: { type: 'null' } } },
-  { type: 'array', items: { type: 'string', minLength: 1, maxLength: 4 }, minItems: 2, maxItems: 3 },
-  { anyOf: [{ type: 'object', properties: { ok: { const: true } }, required: ['ok'] }, { type: 'array', items: { type: 'boolean' }, maxItems: 2 }] },
-  { type: 'object', properties: { m: { type: 'array', items: { type: 'array', items: { type: 'number', minimum: 0, maximum: 1 }, maxItems: 2 }, maxItems: 2 }, e: { enum: [1, 'two', null, true] } }, required: ['m', 'e'] },
-];
+// the suite (also read by bench/bench_grammar.c)
+const SCHEMAS = JSON.parse(fs.readFileSync(path.join(root, 'tests/server/structured_schemas.json'), 'utf8'));
 
 const tokenize = async s => (await post(base, '/tokenize', { prompt: s })).json.tokens;
 const id1 = async s => { const t = await tokenize(s); if (t.length !== 1) throw new Error(`${s}: ${t}`); return t[0]; };
@@ -189,6 +166,12 @@ try {
     ...SCHEMAS.slice(0, 8).map((schema, i) => chat({ messages: msgs, max_tokens: 200, seed: i, logit_bias: CLOSE, response_format: { type: 'json_schema', json_schema: { name: 'm', schema } }, ...off }, i % 2 === 0))]);
   ok(plain.every((_, k) => mixed[k].content === alone[k]), 'unconstrained greedy requests in a batch with constrained ones: the same text as alone');
   ok(mixed.slice(4).every((r, i) => !checkJson(r.content, SCHEMAS[i])), '... and the constrained ones of that batch validate');
+
+  // masks: most computed ahead by the mask thread (while the forwards ran), the rest as rows were sampled
+  const M = await metrics(base);
+  const masks = M.m3_grammar_masks_total, ahead = M.m3_grammar_masks_ahead_total;
+  ok(masks > 0 && ahead > 0 && ahead <= masks && M.m3_structured_requests_total > 0,
+     `/metrics: ${M.m3_structured_requests_total} constrained sequences, ${masks} masks, ${ahead} computed ahead; waited ${(M.m3_grammar_mask_wait_seconds_total * 1e3).toFixed(1)} ms for them, ${(M.m3_grammar_mask_inline_seconds_total * 1e3).toFixed(1)} ms inline`);
 
   // ---- errors: 400 naming the problem, then a normal answer
   const err = async (body, param, want) => {

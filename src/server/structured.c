@@ -165,13 +165,11 @@ int srv_structured(srv *s, m3_oai_params *g, m3_oai_error *e) {
     /* compiled outside the lock (another thread may compile the same text meanwhile: the first
      * one kept wins) */
     m3_grammar *gr = NULL;
+    m3_fault_suspend(1); /* the schema compiler parses with jansson (fault.h: no injection there) */
     if (g->constraint == M3_OAI_C_JSON_OBJECT) gr = m3_grammar_json(NULL, &err);
     else if (g->constraint == M3_OAI_C_JSON_SCHEMA) gr = m3_grammar_from_schema(g->schema_text, strlen(g->schema_text), NULL, &err);
-    else {
-        m3_fault_suspend(1); /* jansson inside the builder (fault.h) */
-        gr = m3_tool_call_grammar(g->tools, g->tool_name, max_calls, NULL, &err);
-        m3_fault_suspend(0);
-    }
+    else gr = m3_tool_call_grammar(g->tools, g->tool_name, max_calls, NULL, &err);
+    m3_fault_suspend(0);
     m3_grammar_compiled *gc = gr ? m3_grammar_compile(gr, v, NULL, &err) : NULL;
     if (!gc) {
         m3_grammar_free(gr);

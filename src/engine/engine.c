@@ -63,6 +63,9 @@ void m3_engine_req_free(req *r) {
     free(r->q);
     m3_sampler_free(r->smp);
     m3_engine_images_release(r->im);
+    m3_matcher_free(r->gm);
+    free(r->gmask);
+    m3_engine_grammar_release(r->gr);
     free(r->extra);
     free(r->tok);
     free(r->stop);
@@ -251,6 +254,13 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->tot.kv_blocks_total = pages;
     e->snap = e->tot;
     sampling_threads(e, o->sample_threads, e->group || (e->m->ops && e->m->ops->device_memory));
+    int gthreads = o->grammar_threads;
+    if (gthreads == 0 && !(e->group || (e->m->ops && e->m->ops->device_memory))) gthreads = -1; /* host backend: inline */
+    if (m3_engine_masks_start(e, gthreads)) {
+        m3_errf(err, "engine: cannot start the token mask thread");
+        m3_engine_destroy(e);
+        return NULL;
+    }
     if (e->vision && e->vops->device_memory) { /* the tower on a device backend: its weights go there once */
         if (m3_vision_upload(e->vision, e->vops, &e->vision_dev, err)) {
             m3_err_prefix(err, "engine: vision tower");
@@ -265,6 +275,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
 
 void m3_engine_destroy(m3_engine *e) {
     if (!e) return;
+    m3_engine_masks_stop(e); /* first: it may hold running requests */
     for (int i = 0; i < e->n_running; i++) { m3_blocks_free(e->bm, &e->running[i]->bs); m3_engine_req_free(e->running[i]); }
     for (int i = 0; i < e->n_waiting; i++) { m3_blocks_free(e->bm, &e->waiting[i]->bs); m3_engine_req_free(e->waiting[i]); }
     for (req *r = e->in_head, *n; r; r = n) { n = r->next; m3_engine_req_free(r); }
@@ -348,6 +359,31 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
     r->smp = m3_sampler_create(&sp, e->V, q->prompt, q->n_prompt, err);
     if (!r->smp) { m3_engine_req_free(r); m3_err_prefix(err, "request"); return 0; }
     m3_rng_seed(&r->drng, sp.seed ^ 0x64737061726b2121ull); /* the draft's own stream ("dspark!!") */
+    if (q->grammar) {
+        const m3_grammar_compiled *gc = m3_engine_grammar_compiled(q->grammar);
+        if (m3_grammar_compiled_vocab_size(gc) != e->V) {
+            m3_errf(err, "request: the grammar's vocabulary has %d ids, the model %d", m3_grammar_compiled_vocab_size(gc), e->V);
+            m3_engine_req_free(r);
+            return 0;
+        }
+        m3_engine_grammar_retain(q->grammar);
+        r->gr = q->grammar;
+        r->gm = m3_matcher_new(gc, err);
+        r->gmask = e_malloc(sizeof(uint32_t) * (((size_t)e->V + 31) / 32));
+        if (!r->gm || !r->gmask) {
+            m3_engine_req_free(r);
+            m3_errf(err, "request: out of memory");
+            return 0;
+        }
+        r->g_start = q->grammar_start_id;
+        r->g_open = q->grammar_start_id >= 0 ? q->grammar_open_id : -1;
+        r->g_phase = r->g_start < 0 ? G_ON : r->g_open >= 0 ? G_FIRST : G_FREE;
+        if ((r->g_start >= e->V) || (r->g_open >= e->V)) {
+            m3_errf(err, "request: grammar start / open id out of range");
+            m3_engine_req_free(r);
+            return 0;
+        }
+    }
     pthread_mutex_lock(&e->mu);
     r->id = e->next_id++;
     if (e->in_tail) e->in_tail->next = r;
@@ -355,6 +391,7 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
     e->in_tail = r;
     e->n_in++;
     e->snap.requests_added++;
+    e->snap.grammar_requests += r->gr != NULL;
     pthread_cond_broadcast(&e->cv);
     uint64_t id = r->id;
     pthread_mutex_unlock(&e->mu);

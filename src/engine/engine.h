@@ -54,6 +54,23 @@
  * keyed hash of the pixels and the token's index in its image, m3_blocks' extra key), so
  * equal token ids with different images never share KV blocks past the first image token.
  *
+ * Structured outputs (src/grammar; m3_engine_request.grammar). A request may carry a compiled
+ * grammar (shared by every request of the same schema: m3_engine_grammar, refcounted) and its
+ * own matcher. Before a constrained row is sampled, the tokens the grammar does not allow at
+ * its position are -inf (m3_sampler_set_mask; the end ids only when the output may end); the
+ * accepted token advances the matcher; once the output is complete and nothing may follow, the
+ * request ends at once with M3_FINISH_STOP (a final callback with token -1). The constraint may
+ * start after a given token (the end of the reasoning: grammar_start_id), the text before it
+ * free. Masks are computed ahead: right after a step's tokens are accepted, a mask thread
+ * (opts.grammar_threads; by default on device backends) computes the masks of the next step's
+ * constrained rows while the engine thread goes on to schedule and run that step's forward;
+ * the engine waits for them only before sampling. A mask not computed ahead (a request's first
+ * constrained token; every one without a mask thread) is computed as its row is sampled, in
+ * parallel across rows on the sampling threads.
+ * Unconstrained requests pay nothing (no mask, no copy of their row). Constrained requests
+ * are never drafted for (speculative decoding verifies unconstrained requests only; theirs
+ * are plain decodes).
+ *
  * Batch invariance: a request's tokens and logprobs depend only on the request (prompt,
  * sampling parameters and seed), not on what shares its steps, how its prompt was chunked,
  * preemption, or prefix-cache hits: the CPU forward is bitwise batch-invariant per token and
@@ -77,6 +94,7 @@
 #include <stdint.h>
 
 #include "../base/err.h"
+#include "../grammar/grammar.h"
 #include "../kv/kv.h"
 #include "../model/m3.h"
 #include "../model/vision.h"
@@ -87,7 +105,9 @@ typedef struct m3_engine m3_engine;
 
 enum {
     M3_FINISH_NONE = 0,      /* not finished: more tokens follow */
-    M3_FINISH_STOP = 1,      /* a stop token id (or EOS) was generated; that token is reported */
+    M3_FINISH_STOP = 1,      /* a stop token id (or EOS) was generated; that token is reported. Or the
+                              * request's grammar completed: its last token came with finish 0, the
+                              * final callback has token -1 */
     M3_FINISH_LENGTH = 2,    /* max_tokens generated, or the context limit reached */
     M3_FINISH_CANCELLED = 3, /* m3_engine_cancel; token -1 */
     M3_FINISH_ERROR = 4,     /* the request failed (out of memory, non-finite logits, a failed step: see on_error); token -1 */
@@ -146,6 +166,12 @@ typedef struct m3_engine_opts {
      * costs 0.2-0.9 ms on one core at a 200K vocabulary (bench: test_sampler): a batch of 64
      * would keep the GPU waiting for one thread for longer than its decode step. */
     int sample_threads;
+    /* Threads that compute the token masks of the next step's constrained rows while the forward
+     * runs (structured outputs), started with the engine, idle without constrained requests.
+     * -1: none, every mask is computed as its row is sampled; 0: one on a device backend, none on
+     * a host backend (the forward's threads take every core there: a mask thread beside them
+     * waits for a core, and the engine for it, longer than the masks take inline). */
+    int grammar_threads;
     /* The DSpark draft's op table (host memory; NULL: the model's own). Needed with a group. */
     m3_ops *draft_ops;
     /* Tests only (NULL normally): after a GREEDY request's drafts are drawn, may overwrite
@@ -171,7 +197,26 @@ typedef struct m3_engine_request {
     m3_engine_error_fn on_error; /* may be NULL */
     void *arg;                  /* passed to the callback */
     struct m3_engine_images *images; /* the prompt's images (NULL: none); m3_engine_add takes a reference */
+    /* Structured output (NULL: none): the output is constrained by this grammar (m3_engine_add
+     * takes a reference; each request gets its own matcher). Its vocabulary's width must be the
+     * model's vocabulary. grammar_start_id < 0: from the first generated token; else the text
+     * is free until that token is generated (the end of the reasoning, e.g. </mm:think>), the
+     * constraint starts after it. grammar_open_id >= 0 (with a start id): the first token is
+     * constrained but may also be this one (the reasoning's opening tag, adaptive thinking),
+     * which makes the text free until the start id. */
+    struct m3_engine_grammar *grammar;
+    int32_t grammar_start_id, grammar_open_id;
 } m3_engine_request;
+
+/* A compiled grammar shared by the requests that use it (refcounted). */
+typedef struct m3_engine_grammar m3_engine_grammar;
+/* Takes g and gc (gc compiled from g; both freed with the last reference; the vocabulary gc
+ * was compiled for must outlive them). The caller holds one reference. NULL + err when out of
+ * memory (g and gc are freed then). Any thread. */
+m3_engine_grammar *m3_engine_grammar_new(m3_grammar *g, m3_grammar_compiled *gc, m3_err *err);
+void m3_engine_grammar_retain(m3_engine_grammar *eg);
+void m3_engine_grammar_release(m3_engine_grammar *eg); /* NULL is ignored */
+const m3_grammar_compiled *m3_engine_grammar_compiled(const m3_engine_grammar *eg);
 
 /* The images of one prompt, shared by the requests that use it (refcounted). */
 typedef struct m3_engine_images m3_engine_images;
@@ -211,6 +256,13 @@ typedef struct m3_engine_stats {
     uint64_t nonfinite_logits;
     uint64_t tokens_sampled_parallel; /* of tokens_generated, drawn by the sampling threads with others of
                                        * the same step (sample_threads > 1) */
+    /* structured outputs: token masks computed for constrained rows, of those computed ahead
+     * (by the mask thread while the forward ran), the seconds the engine thread waited for the
+     * mask thread after the forward, and the seconds masks took on the sampling path (those
+     * not computed ahead) */
+    uint64_t grammar_masks, grammar_masks_ahead;
+    double grammar_wait_s, grammar_inline_s;
+    uint64_t grammar_requests;   /* requests added with a grammar */
     uint64_t vision_runs;        /* vision tower runs (one per image object actually encoded) */
     uint64_t vision_images;      /* images encoded by them */
 } m3_engine_stats;

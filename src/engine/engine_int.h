@@ -27,6 +27,8 @@
 #define e_calloc(k, n) m3_fault_calloc(M3_FAULT_ENGINE, k, n)
 #define e_realloc(p, n) m3_fault_realloc(M3_FAULT_ENGINE, p, n)
 
+enum { G_FREE = 0, G_ON = 1, G_FIRST = 2 }; /* g_phase: before the start id; constrained; adaptive first token */
+
 typedef struct req {
     uint64_t id;
     int32_t *tok;              /* prompt then generated ids; capacity `limit` */
@@ -59,6 +61,15 @@ typedef struct req {
     int row0;                  /* first row of the request in the step's batch */
     int ov0, n_ov;             /* its image rows among the step's embedding overrides */
     int fwd_failed;            /* its forward pass failed alone this step (why_buf says why) */
+    /* structured output (engine.h): the grammar, this request's matcher, the mask of its next
+     * constrained token ([(V + 31) / 32] words; g_ready: it is the matcher's current one) */
+    m3_engine_grammar *gr;
+    m3_matcher *gm;
+    uint32_t *gmask;
+    int g_phase, g_ready;
+    int32_t g_start, g_open;
+    double g_inline_s;         /* masks computed as its row was sampled: time and count, not yet summed */
+    int g_inline_n;
     /* this step's plain sample, drawn before the serial pass (sample_rows) */
     m3_sample_out so;
     int so_finite, so_rc;
@@ -109,6 +120,17 @@ struct m3_engine {
     uint64_t img_key[2];       /* secret key of the image content hashes */
     int32_t *ov_rows;          /* [max_tokens_step] batch rows taking image embeddings this step */
     float *ov_emb;             /* [max_tokens_step][hidden] their embeddings */
+    /* structured outputs: the mask thread (engine.h) computes the masks of gq[0..gq_n) while the
+     * engine thread runs the forward; g_busy from a post until they are done (under gmu) */
+    pthread_t gth;
+    int gth_on;
+    m3_pool *gpool;
+    pthread_mutex_t gmu;
+    pthread_cond_t gcv;
+    struct req **gq;
+    int gq_n, g_job, g_busy, g_stop;
+    uint64_t g_ahead;          /* masks computed by the mask thread (read under gmu) */
+    uint64_t g_inline_n;       /* masks computed as rows were sampled (engine thread) */
     m3_engine_step_stats last;
     m3_engine_stats tot;       /* counters kept by the engine thread */
     /* shared, under mu */
@@ -124,5 +146,15 @@ struct m3_engine {
 };
 
 void m3_engine_req_free(req *r); /* engine.c */
+/* structured.c */
+int m3_engine_masks_start(m3_engine *e, int threads); /* the mask thread; 0 or -1 */
+void m3_engine_masks_stop(m3_engine *e);
+void m3_engine_masks_post(m3_engine *e);  /* after a step: the next step's masks, ahead */
+void m3_engine_masks_wait(m3_engine *e);  /* before sampling, or touching / freeing a posted request */
+/* a constrained row's mask before its draw (computed when not ready); 0 or -1 (no memory) */
+int m3_engine_mask_row(m3_engine *e, req *r);
+/* the accepted token of a plain decode: 0, 1 when the grammar is complete (the request ends),
+ * -1 when the matcher refuses it or has no memory (r->why set) */
+int m3_engine_grammar_accept(req *r, int32_t tok);
 
 #endif

@@ -470,6 +470,7 @@ struct m3_sampler {
     int32_t *allowed, *banned, *mt_ids;
     seen_t *seen;      /* distinct ids seen, in first-seen order */
     int n_seen, cap_seen;
+    const uint32_t *mask; /* m3_sampler_set_mask (borrowed), NULL: none */
     int32_t *slot;     /* open addressing: index into seen, -1 empty */
     int n_slot;        /* power of two, > 2 * n_seen */
     int n_generated;
@@ -596,13 +597,35 @@ int m3_sampler_accept(m3_sampler *s, int32_t token, m3_err *err) {
 
 int m3_sampler_n_generated(const m3_sampler *s) { return s->n_generated; }
 
+void m3_sampler_set_mask(m3_sampler *s, const uint32_t *mask) { s->mask = mask; }
+
+/* w = x where the mask's bit is set, else -inf; whole words of the mask at a time (a grammar's
+ * masks are mostly all-clear or all-set words) */
+static void mask_row(const float *x, const uint32_t *mask, int V, float *w) {
+    const int nw = V / 32;
+    for (int k = 0; k < nw; k++) {
+        const uint32_t m = mask[k];
+        float *o = w + 32 * k;
+        const float *in = x + 32 * k;
+        if (m == 0xffffffffu) memcpy(o, in, 32 * sizeof(float));
+        else if (m == 0) for (int j = 0; j < 32; j++) o[j] = -INFINITY;
+        else for (int j = 0; j < 32; j++) o[j] = (m >> j) & 1 ? in[j] : -INFINITY;
+    }
+    for (int i = nw * 32; i < V; i++) w[i] = (mask[i >> 5] >> (i & 31)) & 1 ? x[i] : -INFINITY;
+}
+
 /* Steps 1-2: the working logits. */
 static void prepare(const m3_sampler *s, const float *logits, float *w) {
     const m3_sampling *p = &s->p;
     const int V = s->V;
     if (p->n_allowed > 0) {
         for (int i = 0; i < V; i++) w[i] = -INFINITY;
-        for (int j = 0; j < p->n_allowed; j++) w[p->allowed_ids[j]] = logits[p->allowed_ids[j]];
+        for (int j = 0; j < p->n_allowed; j++) {
+            const int32_t id = p->allowed_ids[j];
+            if (!s->mask || (s->mask[id >> 5] >> (id & 31)) & 1) w[id] = logits[id];
+        }
+    } else if (s->mask) {
+        mask_row(logits, s->mask, V, w);
     } else {
         memcpy(w, logits, sizeof(float) * (size_t)V);
     }
@@ -629,7 +652,7 @@ static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, c
  * logit_bias, no penalty */
 static int plain_logits(const m3_sampler *s) {
     const m3_sampling *p = &s->p;
-    return p->n_allowed <= 0 && p->n_banned <= 0 && !(s->n_generated < p->min_tokens && p->n_min_tokens_ids > 0) &&
+    return !s->mask && p->n_allowed <= 0 && p->n_banned <= 0 && !(s->n_generated < p->min_tokens && p->n_min_tokens_ids > 0) &&
            p->n_logit_bias <= 0 && !(p->repetition_penalty > 0 && p->repetition_penalty != 1) &&
            p->frequency_penalty == 0 && p->presence_penalty == 0;
 }
@@ -647,7 +670,7 @@ static const float *work_row(const m3_sampler *s, const float *logits, m3_sample
     }
     int any = 0;
     for (int i = 0; i < s->n && !any; i++) any = w[i] > -INFINITY;
-    if (!any) { m3_errf(err, "sampling: every token is masked (allowed / banned ids, logit_bias, min_tokens)"); return NULL; }
+    if (!any) { m3_errf(err, "sampling: every token is masked (allowed / banned ids, the token mask, logit_bias, min_tokens)"); return NULL; }
     return w;
 }
 
@@ -656,7 +679,41 @@ static int report_needs_copy(const m3_sampler *s) {
     return m3_sampler_is_greedy(s) && (s->p.logprobs || s->p.top_logprobs) && s->p.logprobs_mode == M3_LOGPROBS_PROCESSED;
 }
 
+/* The argmax of x over the ids [0, n) whose mask bit is set (the lowest id on ties), -1 when
+ * none: whole mask words at a time, so a grammar's usual masks (few allowed ids) cost little. */
+static int masked_argmax(const float *x, const uint32_t *mask, int n) {
+    int best = -1;
+    float bv = -INFINITY;
+    const int nw = (n + 31) / 32;
+    for (int k = 0; k < nw; k++) {
+        uint32_t m = mask[k];
+        if (k == nw - 1 && (n & 31)) m &= (1u << (n & 31)) - 1;
+        while (m) {
+            const int i = 32 * k + __builtin_ctz(m);
+            m &= m - 1;
+            if (best < 0 || x[i] > bv) { best = i; bv = x[i]; }
+        }
+    }
+    return best;
+}
+
 int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_sample_out *out, m3_err *err) {
+    if (s->mask && m3_sampler_is_greedy(s) && !s->p.logprobs && !s->p.top_logprobs) {
+        /* greedy under a token mask, nothing else changing the row: the masked argmax, no working
+         * copy (banned ids: the general path, as when the argmax is one of them) */
+        const uint32_t *mk = s->mask;
+        s->mask = NULL;
+        int plain = plain_logits(s) && s->p.n_banned <= 0;
+        s->mask = mk;
+        if (plain) {
+            const int tok = masked_argmax(logits, mk, s->n);
+            if (tok >= 0 && logits[tok] > -INFINITY) {
+                memset(out, 0, sizeof *out);
+                out->token = tok;
+                return 0;
+            }
+        }
+    }
     const float *w = work_row(s, logits, ws, report_needs_copy(s), err);
     if (!w) return -1;
     pick_info pi;

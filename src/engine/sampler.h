@@ -12,7 +12,8 @@
  *   m3_stop       stop token ids and stop strings, with the hold-back a streaming server needs.
  *
  * Order of operations (vLLM V1's sampler):
- *   1. allowed ids (everything else -inf), banned ids -inf, min_tokens (the min_tokens_ids
+ *   1. allowed ids (everything else -inf), the token mask (m3_sampler_set_mask: ids whose bit
+ *      is clear -inf; grammar-constrained decoding), banned ids -inf, min_tokens (the min_tokens_ids
  *      are -inf until min_tokens tokens were accepted), logit_bias added;
  *   2. penalties over the counts: repetition (prompt + generated ids: positive logits divided,
  *      others multiplied), then frequency (logit -= f * count) and presence
@@ -92,6 +93,11 @@ void m3_sampler_free(m3_sampler *s);
 /* Records a generated token (counts for the penalties, min_tokens progress). Sampling does
  * not accept by itself: speculative decoding may reject what was sampled. */
 int m3_sampler_accept(m3_sampler *s, int32_t token, m3_err *err);
+/* A token mask for the calls that follow (sample, probs, describe), until set again: ids whose
+ * bit (mask[id >> 5] >> (id & 31) & 1) is clear are -inf in step 1. Borrowed: the caller keeps
+ * it alive and unchanged while it is set; NULL: none (costs nothing). The engine sets it per
+ * row for grammar-constrained requests (src/grammar). */
+void m3_sampler_set_mask(m3_sampler *s, const uint32_t *mask);
 int m3_sampler_n_generated(const m3_sampler *s);
 /* Picks the next token from logits[V] (V as given to create; the row is not modified).
  * Fails only when every token is masked (-inf) or ws is too small. */

@@ -14,6 +14,7 @@ static void emit(req *r, const m3_sample_out *so, int reason) {
 
 /* ends r (which holds no place in running / waiting any more): frees its blocks, calls back */
 static void finish(m3_engine *e, req *r, int reason) {
+    if (r->gr) m3_engine_masks_wait(e); /* the mask thread may be computing its mask */
     m3_blocks_free(e->bm, &r->bs);
     e->tot.requests_finished[reason]++;
     emit(r, NULL, reason);
@@ -135,7 +136,7 @@ static void schedule(m3_engine *e) {
             int rem = r->n_tok - r->n_done;
             if (r->n_sched || (pass == 0) != (rem == 1)) continue;
             int n = rem < budget ? rem : budget, k = 0;
-            if (pass == 0 && e->spec) { /* a speculative decode: the anchor + k drafts */
+            if (pass == 0 && e->spec && !r->gr) { /* a speculative decode: the anchor + k drafts (never constrained ones) */
                 k = e->k;
                 if (k > r->limit - r->n_tok - 1) k = r->limit - r->n_tok - 1; /* room to emit k + 1 */
                 if (k > budget - 1) k = budget - 1;
@@ -207,9 +208,10 @@ static void snapshot(m3_engine *e) {
     e->tot.kv_blocks_cached = bs.cached;
     e->tot.kv_blocks_total = bs.total;
     pthread_mutex_lock(&e->mu);
-    uint64_t added = e->snap.requests_added; /* counted at add time, under the lock */
+    uint64_t added = e->snap.requests_added, gadded = e->snap.grammar_requests; /* counted at add time, under the lock */
     e->snap = e->tot;
     e->snap.requests_added = added;
+    e->snap.grammar_requests = gadded;
     e->active = e->n_running + e->n_waiting;
     pthread_mutex_unlock(&e->mu);
 }
@@ -273,7 +275,14 @@ static void sample_one(m3_engine *e, req *r, m3_sample_ws *ws) {
     const float *lg = e->logits + (size_t)r->out_idx * e->V;
     m3_err e2;
     r->so_finite = logits_finite(lg, (size_t)e->V);
-    r->so_rc = r->so_finite ? m3_sampler_sample(r->smp, lg, ws, &r->so, &e2) : 0;
+    r->so_rc = 0;
+    if (!r->so_finite) return;
+    if (r->gr && m3_engine_mask_row(e, r)) { /* a constrained row: its grammar's mask */
+        r->so_rc = -1;
+        return;
+    }
+    r->so_rc = m3_sampler_sample(r->smp, lg, ws, &r->so, &e2);
+    if (r->gr) m3_sampler_set_mask(r->smp, NULL);
 }
 
 static void sample_range(void *ctx, size_t begin, size_t end, int worker) {
@@ -507,6 +516,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         step_rc = frc ? -1 : 0;
         e->tot.tokens_prefilled += (uint64_t)e->last.n_prefill_tokens;
         int nr = e->n_running;
+        m3_engine_masks_wait(e); /* the masks computed while the forward ran */
         sample_rows(e, nr);
         for (int i = 0; i < nr; i++) {
             req *r = e->running[i];
@@ -563,12 +573,28 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
                 continue;
             }
             if (plain) {
+                int gend = 0;
+                if (r->gr) {
+                    e->tot.grammar_inline_s += r->g_inline_s;
+                    e->g_inline_n += (uint64_t)r->g_inline_n;
+                    r->g_inline_s = 0;
+                    r->g_inline_n = 0;
+                }
                 if (r->so_rc || m3_sampler_accept(r->smp, r->so.token, &e2)) {
                     r->why = "sampling failed (out of memory)";
                     r->done = M3_FINISH_ERROR;
                     continue;
                 }
+                if (r->gr && (gend = m3_engine_grammar_accept(r, r->so.token)) < 0) {
+                    r->done = M3_FINISH_ERROR;
+                    continue;
+                }
                 reason = deliver(e, r, &r->so, 1);
+                if (!reason && gend) { /* the grammar is complete: the request ends here */
+                    reason = M3_FINISH_STOP;
+                    e->tot.requests_finished[reason]++;
+                    emit(r, NULL, reason);
+                }
             }
             /* the draft context takes the committed rows (not needed once the request ends) */
             if (e->spec && !reason &&
@@ -592,7 +618,9 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             m3_engine_req_free(r);
         }
         e->n_running = k;
+        m3_engine_masks_post(e); /* the next step's masks, computed while it is scheduled and run */
     }
+    e->tot.grammar_masks = e->g_inline_n + e->tot.grammar_masks_ahead;
     snapshot(e);
     return step_rc ? -1 : e->n_running + e->n_waiting;
 }

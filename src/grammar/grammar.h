@@ -81,6 +81,42 @@ void m3_grammar_free(m3_grammar *g);
 int m3_grammar_n_states(const m3_grammar *g); /* DFA states over all rules */
 int m3_grammar_n_rules(const m3_grammar *g);
 
+/* ---- structured formats beyond one JSON document (tool calls): a small builder ----
+ * Nodes are fragments of one automaton, made bottom-up: a literal, a value of a JSON Schema,
+ * sequences, choices, optional parts and bounded repetitions of other nodes. Each node is used
+ * at most once (a repetition turns its node into a rule it calls). Functions return the new
+ * node (>= 0), or -1 when something failed: the builder keeps the first error (err given to
+ * m3_grammar_builder_new) and fails every call after it; m3_gb_finish reports it.
+ *
+ * Raw strings (m3_grammar_raw): a schema value whose top-level strings (not those inside an
+ * object or an array) are written as their characters alone, no quotes and no escapes (valid
+ * UTF-8, no control character but tab and newline; length bounds in characters), never
+ * containing `forbid`, and, unless edge_newlines, neither starting nor ending with a newline.
+ * Enum / const strings at the top level are written raw too. What a tool-call parser that
+ * takes argument values as raw text reads back as JSON strings. */
+typedef struct m3_grammar_builder m3_grammar_builder;
+typedef struct m3_grammar_raw {
+    const char *forbid; /* NUL-terminated, at most 64 bytes; NULL or "": no restriction */
+    int edge_newlines;
+} m3_grammar_raw;
+
+m3_grammar_builder *m3_grammar_builder_new(const m3_grammar_opts *opts, m3_err *err);
+void m3_grammar_builder_free(m3_grammar_builder *b);
+int m3_gb_literal(m3_grammar_builder *b, const char *s, size_t n);
+/* The value at `pointer` (a URI-fragment JSON pointer, "#/properties/city"; NULL or "": the whole
+ * document) of the JSON Schema document schema[0..len), its $refs resolved in the document; raw:
+ * strings at its top level written raw (NULL: JSON). Errors name the keyword and its path. */
+int m3_gb_schema(m3_grammar_builder *b, const char *schema, size_t len, const char *pointer, const m3_grammar_raw *raw);
+int m3_gb_json_object(m3_grammar_builder *b); /* any JSON object (json_object mode) */
+int m3_gb_seq(m3_grammar_builder *b, const int *parts, int n);    /* n >= 1 */
+int m3_gb_choice(m3_grammar_builder *b, const int *alts, int n);  /* n >= 1 */
+int m3_gb_optional(m3_grammar_builder *b, int x);
+/* x min..max times (max < 0: unbounded; 0 <= min, max <= 64 when bounded) */
+int m3_gb_repeat(m3_grammar_builder *b, int x, int min, int max);
+/* The grammar of node root (the builder stays to be freed); NULL + err on the builder's first
+ * error or a grammar that matches nothing. */
+m3_grammar *m3_gb_finish(m3_grammar_builder *b, int root, m3_err *err);
+
 /* Token byte strings: bytes[i] / lens[i] for ids 0..n-1 (copied). A token of length 0 (special
  * and added tokens: pass them as empty) is never allowed by the grammar; eos_ids (n_eos of
  * them, may be 0) are allowed exactly when the output may end. n is the mask's width (the
@@ -95,6 +131,7 @@ size_t m3_grammar_vocab_trie_nodes(const m3_grammar_vocab *v);
  * per state; pool, may be NULL, spreads the states over its threads). */
 m3_grammar_compiled *m3_grammar_compile(const m3_grammar *g, const m3_grammar_vocab *v, m3_pool *pool, m3_err *err);
 void m3_grammar_compiled_free(m3_grammar_compiled *c);
+int32_t m3_grammar_compiled_vocab_size(const m3_grammar_compiled *c); /* its vocabulary's (the masks' width) */
 /* Cache statistics: bytes held, and the context-dependent tokens summed over states. */
 size_t m3_grammar_compiled_bytes(const m3_grammar_compiled *c);
 size_t m3_grammar_compiled_uncertain(const m3_grammar_compiled *c);

@@ -49,6 +49,19 @@ g_frag f_call(g_nfa *n, int rule);
 /* Languages without calls: a ∩ b (mode 0) or a \ b (mode 1), as a new fragment. */
 g_frag f_product(g_nfa *n, g_frag a, g_frag b, int mode);
 
+/* ---- schema.c, for the builder (build.c) ---- */
+#define G_MAX_NFA_STATES (1 << 21)
+typedef struct json_t json_t;
+/* options checked (defaults when opts is NULL) into *o; 0 or -1 + err */
+int grammar_opts_check(const m3_grammar_opts *opts, m3_grammar_opts *o, m3_err *err);
+/* the value `value` of the JSON Schema document `doc` ($refs resolved in doc) as a fragment of
+ * n, raw strings per raw (NULL: JSON); json_object_mode: any JSON object (doc, value unused).
+ * f_none() + err on failure. */
+g_frag schema_fragment(g_nfa *n, json_t *doc, json_t *value, const m3_grammar_opts *o, const m3_grammar_raw *raw,
+                       int json_object_mode, m3_err *err);
+/* the value at a URI-fragment JSON pointer ("#/properties/a"; NULL or "": doc), NULL if none */
+json_t *schema_pointer(json_t *doc, const char *ptr);
+
 /* ---- the finished automaton ---- */
 enum { G_FINAL = 1, G_BYTES = 2, G_CALLS = 4 };
 #define G_INF (INT32_MAX / 4)

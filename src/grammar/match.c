@@ -521,6 +521,8 @@ static void compile_range(void *ctx, size_t begin, size_t end, int worker) {
         if ((g->flags[q] & G_BYTES) && cache_state(&j->w[worker], g, j->c->v, (int32_t)q, &j->c->cache[q])) j->failed = 1;
 }
 
+int32_t m3_grammar_compiled_vocab_size(const m3_grammar_compiled *c) { return c->v->n; }
+
 void m3_grammar_compiled_free(m3_grammar_compiled *c) {
     if (!c) return;
     if (c->cache)

@@ -35,6 +35,10 @@ typedef struct {
     int nrm, caprm;
     int any_obj, any_arr;
     int nest;
+    /* raw strings (m3_grammar_raw): string values at the top level written without quotes or
+     * escapes; raw_on while building a top-level value (cleared inside objects and arrays) */
+    int raw_on;
+    const m3_grammar_raw *raw;
 } sc_t;
 
 static g_frag sc_err(sc_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -175,6 +179,84 @@ static g_frag f_string(sc_t *c, long long lo, long long hi, int escapes) {
     nfa_edge(n, end, E_EPS, 0, 0, close.s, -1);
     if (bad(c)) return f_none();
     return (g_frag){q.s, close.e};
+}
+
+/* one character of a raw string: valid UTF-8, no control character but tab and newline */
+static g_frag f_raw_char(g_nfa *n) {
+    g_frag f = f_char(n, 0); /* printable ASCII but " and \, and UTF-8 sequences */
+    nfa_edge(n, f.s, E_BYTE, '"', '"', f.e, -1);
+    nfa_edge(n, f.s, E_BYTE, '\\', '\\', f.e, -1);
+    nfa_edge(n, f.s, E_BYTE, '\t', '\n', f.e, -1);
+    return f;
+}
+
+/* Every byte string that never contains forbid[0..L) and, unless edges, neither starts nor ends
+ * with a newline: a Knuth-Morris-Pratt automaton over (matched prefix, last byte a newline). */
+static g_frag f_raw_restrict(g_nfa *n, const char *forbid, int L, int edges) {
+    if (L > 64) L = 64;
+    int fail[65];
+    fail[0] = fail[1] = 0;
+    for (int q = 1, k = 0; q < L; q++) {
+        while (k > 0 && forbid[q] != forbid[k]) k = fail[k];
+        if (forbid[q] == forbid[k]) k++;
+        fail[q + 1] = k;
+    }
+    int K = L > 0 ? L : 1, st[2 * 64 + 1];
+    int s0 = nfa_state(n), e = nfa_state(n);
+    for (int i = 0; i < 2 * K; i++) st[i] = nfa_state(n); /* (k, last byte a newline) -> st[2k + nl] */
+    nfa_edge(n, s0, E_EPS, 0, 0, e, -1);
+    for (int from = -1; from < 2 * K; from++) {
+        int k = from < 0 ? 0 : from / 2, src = from < 0 ? s0 : st[from];
+        if (from >= 0 && (edges || !(from & 1))) nfa_edge(n, src, E_EPS, 0, 0, e, -1);
+        int run_to = -1, run_lo = 0;
+        for (int b = 0; b <= 256; b++) {
+            int to = -1;
+            if (b < 256 && !(from < 0 && !edges && b == '\n')) {
+                int q = k;
+                if (L > 0) {
+                    while (q > 0 && (unsigned char)forbid[q] != b) q = fail[q];
+                    if ((unsigned char)forbid[q] == b) q++;
+                }
+                if (L == 0 || q < L) to = st[2 * (L > 0 ? q : 0) + (b == '\n')];
+            }
+            if (to != run_to) {
+                if (run_to >= 0) nfa_edge(n, src, E_BYTE, run_lo, b - 1, run_to, -1);
+                run_to = to;
+                run_lo = b;
+            }
+        }
+    }
+    return (g_frag){s0, e};
+}
+
+/* a raw string of lo..hi characters (hi < 0: unbounded), within the raw restrictions */
+static g_frag f_raw_string(sc_t *c, long long lo, long long hi) {
+    g_nfa *n = c->n;
+    g_frag f = f_eps(n);
+    for (long long i = 0; i < lo && !bad(c); i++) f = f_seq(n, f, f_raw_char(n));
+    if (hi < 0) f = f_seq(n, f, f_star(n, f_raw_char(n)));
+    else {
+        int end = nfa_state(n), cur = f.e;
+        for (long long i = lo; i < hi && !bad(c); i++) {
+            nfa_edge(n, cur, E_EPS, 0, 0, end, -1);
+            g_frag ch = f_raw_char(n);
+            nfa_edge(n, cur, E_EPS, 0, 0, ch.s, -1);
+            cur = ch.e;
+        }
+        nfa_edge(n, cur, E_EPS, 0, 0, end, -1);
+        f = (g_frag){f.s, end};
+    }
+    if (bad(c)) return f_none();
+    const char *fb = c->raw->forbid ? c->raw->forbid : "";
+    if (!fb[0] && c->raw->edge_newlines) return f;
+    g_frag r = f_product(n, f, f_raw_restrict(n, fb, (int)strlen(fb), c->raw->edge_newlines), 0);
+    if (r.s < 0 && !bad(c)) return sc_err(c, "no raw string of %lld to %lld characters satisfies the restrictions", lo, hi);
+    return r;
+}
+
+/* a string value: JSON, or raw at the top level of a raw value */
+static g_frag f_str_value(sc_t *c, long long lo, long long hi) {
+    return c->raw_on ? f_raw_string(c, lo, hi) : f_string(c, lo, hi, 1);
 }
 
 /* digits: D{lo,hi} (hi < 0: unbounded) */
@@ -402,7 +484,10 @@ static g_frag s_call(sc_t *c, json_t *s) {
         c->rm[i].rule = r;
         if (c->ni >= MAX_NEST) return sc_err(c, "nested too deeply");
         c->istk[c->ni++] = s;
+        int raw = c->raw_on;
+        c->raw_on = 0; /* a rule is shared by its callers: values inside objects and arrays */
         g_frag body = s_schema(c, s);
+        c->raw_on = raw;
         c->ni--;
         nfa_rule_set(c->n, r, body);
     }
@@ -410,6 +495,7 @@ static g_frag s_call(sc_t *c, json_t *s) {
 }
 
 static g_frag s_literal(sc_t *c, json_t *v) {
+    if (c->raw_on && json_is_string(v)) return f_lit(c->n, json_string_value(v), json_string_length(v));
     char *txt = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
     if (!txt) return sc_err(c, "out of memory");
     g_frag f = f_lit(c->n, txt, strlen(txt));
@@ -433,6 +519,8 @@ static g_frag any_object(sc_t *c) {
 static int any_rules(sc_t *c) {
     if (c->any_obj >= 0) return 0;
     g_nfa *n = c->n;
+    int raw = c->raw_on;
+    c->raw_on = 0;
     c->any_obj = nfa_rule_new(n);
     c->any_arr = nfa_rule_new(n);
     if (c->any_arr < 0) return -1;
@@ -441,6 +529,7 @@ static int any_rules(sc_t *c) {
     g_frag m2 = f_seq(n, f_seq(n, f_seq(n, f_ws(c), f_lit(n, ",", 1)), f_ws(c)), s_any(c));
     g_frag body = f_seq(n, f_seq(n, s_any(c), f_star(n, m2)), f_seq(n, f_ws(c), f_lit(n, "]", 1)));
     nfa_rule_set(n, c->any_arr, f_seq(n, open, f_alt(n, f_lit(n, "]", 1), body)));
+    c->raw_on = raw;
     return bad(c) ? -1 : 0;
 }
 
@@ -448,7 +537,7 @@ static int any_rules(sc_t *c) {
 static g_frag s_any(sc_t *c) {
     g_nfa *n = c->n;
     if (c->any_obj < 0 && any_rules(c)) return f_none();
-    g_frag f = f_string(c, 0, -1, 1);
+    g_frag f = f_str_value(c, 0, -1);
     f = f_alt(n, f, f_number_plain(n, 0, 1));
     f = f_alt(n, f, f_lit(n, "true", 4));
     f = f_alt(n, f, f_lit(n, "false", 5));
@@ -751,14 +840,19 @@ static g_frag s_type(sc_t *c, json_t *s, const char *t) {
         if (get_count(c, s, "minLength", &lo) || get_count(c, s, "maxLength", &hi)) return f_none();
         if (hi >= 0 && lo > hi) return sc_err(c, "minLength %lld > maxLength %lld", lo, hi);
         if (lo > 100000 || hi > 100000) return sc_err(c, "minLength / maxLength over 100000");
-        return f_string(c, lo, hi, 1);
+        return f_str_value(c, lo, hi);
     }
     if (!strcmp(t, "integer")) return s_number(c, s, 1);
     if (!strcmp(t, "number")) return s_number(c, s, 0);
     if (!strcmp(t, "boolean")) return f_alt(n, f_lit(n, "true", 4), f_lit(n, "false", 5));
     if (!strcmp(t, "null")) return f_lit(n, "null", 4);
-    if (!strcmp(t, "object")) return s_object(c, s);
-    if (!strcmp(t, "array")) return s_array(c, s);
+    if (!strcmp(t, "object") || !strcmp(t, "array")) { /* members are JSON, raw or not */
+        int raw = c->raw_on;
+        c->raw_on = 0;
+        g_frag f = !strcmp(t, "object") ? s_object(c, s) : s_array(c, s);
+        c->raw_on = raw;
+        return f;
+    }
     size_t pl = path_push(c, "type");
     sc_err(c, "unknown type \"%s\"", t);
     path_pop(c, pl);
@@ -799,7 +893,7 @@ static g_frag s_schema_in(sc_t *c, json_t *s) {
         for (int i = 0; i < c->ni; i++) on_stack |= c->istk[i] == t;
         int mi = rule_find(c, t);
         if (mi < 0) return sc_err(c, "out of memory");
-        if (on_stack || c->rm[mi].size > INLINE_MAX) return s_call(c, t);
+        if (on_stack || (c->rm[mi].size > INLINE_MAX && !c->raw_on)) return s_call(c, t);
         if (c->ni >= MAX_NEST) return sc_err(c, "nested too deeply");
         c->istk[c->ni++] = t;
         int before = n->nst;
@@ -886,10 +980,10 @@ static g_frag s_schema_in(sc_t *c, json_t *s) {
     }
     /* no type: what the keywords imply, else any value */
     if (json_object_get(s, "properties") || json_object_get(s, "required") || json_object_get(s, "additionalProperties"))
-        return s_object(c, s);
+        return s_type(c, s, "object");
     if (json_object_get(s, "items") || json_object_get(s, "prefixItems") || json_object_get(s, "minItems") ||
         json_object_get(s, "maxItems"))
-        return s_array(c, s);
+        return s_type(c, s, "array");
     if (json_object_get(s, "minLength") || json_object_get(s, "maxLength")) return s_type(c, s, "string");
     if (json_object_get(s, "minimum") || json_object_get(s, "maximum") || json_object_get(s, "exclusiveMinimum") ||
         json_object_get(s, "exclusiveMaximum"))
@@ -914,41 +1008,49 @@ void m3_grammar_opts_default(m3_grammar_opts *o) {
     o->max_depth = 32;
 }
 
-static m3_grammar *build(json_t *root, const m3_grammar_opts *opts, int json_object_mode, m3_err *err) {
-    m3_grammar_opts o;
-    m3_grammar_opts_default(&o);
-    if (opts) o = *opts;
-    if (o.max_ws < 0 || o.max_ws > 16) {
-        m3_errf(err, "grammar: max_ws %d out of range [0, 16]", o.max_ws);
-        return NULL;
-    }
-    if (o.max_depth < 1 || o.max_depth > 1024) {
-        m3_errf(err, "grammar: max_depth %d out of range [1, 1024]", o.max_depth);
-        return NULL;
-    }
-    g_nfa n = {0};
-    n.max_states = MAX_NFA_STATES;
-    n.err = err;
+int grammar_opts_check(const m3_grammar_opts *opts, m3_grammar_opts *o, m3_err *err) {
+    m3_grammar_opts_default(o);
+    if (opts) *o = *opts;
+    if (o->max_ws < 0 || o->max_ws > 16) return m3_errf(err, "grammar: max_ws %d out of range [0, 16]", o->max_ws);
+    if (o->max_depth < 1 || o->max_depth > 1024) return m3_errf(err, "grammar: max_depth %d out of range [1, 1024]", o->max_depth);
+    return 0;
+}
+
+g_frag schema_fragment(g_nfa *n, json_t *doc, json_t *value, const m3_grammar_opts *o, const m3_grammar_raw *raw,
+                       int json_object_mode, m3_err *err) {
     sc_t c = {0};
-    c.n = &n;
-    c.root = root;
-    c.o = o;
+    c.n = n;
+    c.root = doc;
+    c.o = *o;
     c.err = err;
     c.any_obj = c.any_arr = -1;
-    int r0 = nfa_rule_new(&n);
+    c.raw = raw;
+    c.raw_on = raw != NULL;
     g_frag f;
     if (json_object_mode) {
         f = any_rules(&c) ? f_none() : any_object(&c); /* the outer object inline: its end is the output's */
     } else {
-        c.istk[c.ni++] = root;
-        f = s_schema(&c, root);
+        c.istk[c.ni++] = value;
+        f = s_schema(&c, value);
     }
+    free(c.rm);
+    if (c.failed || n->failed) return f_none();
+    return f;
+}
+
+static m3_grammar *build(json_t *root, const m3_grammar_opts *opts, int json_object_mode, m3_err *err) {
+    m3_grammar_opts o;
+    if (grammar_opts_check(opts, &o, err)) return NULL;
+    g_nfa n = {0};
+    n.max_states = MAX_NFA_STATES;
+    n.err = err;
+    int r0 = nfa_rule_new(&n);
+    g_frag f = schema_fragment(&n, root, root, &o, NULL, json_object_mode, err);
     m3_grammar *g = NULL;
-    if (!c.failed && !n.failed && f.s >= 0) {
+    if (!n.failed && f.s >= 0) {
         nfa_rule_set(&n, r0, f);
         g = grammar_build(&n, r0, o.max_depth, err);
     }
-    free(c.rm);
     nfa_free(&n);
     return g;
 }
@@ -966,3 +1068,9 @@ m3_grammar *m3_grammar_from_schema(const char *text, size_t len, const m3_gramma
 }
 
 m3_grammar *m3_grammar_json(const m3_grammar_opts *opts, m3_err *err) { return build(NULL, opts, 1, err); }
+
+json_t *schema_pointer(json_t *doc, const char *ptr) {
+    sc_t c = {0};
+    c.root = doc;
+    return ptr && ptr[0] ? resolve_ref(&c, ptr) : doc;
+}

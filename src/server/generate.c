@@ -561,6 +561,7 @@ static void on_token(srv *s, choice *c, const m3_sample_out *so, int finished, i
         c->emitted = upto;
     }
     if (h->failed) return;
+    if (!hit && !finished && h->one_call && c->out && m3_out_tool_calls(c->out) > 0) hit = 1; /* at most one call */
     if (hit) {
         choice_cancel(c);
         choice_end(c, M3_FINISH_STOP);
@@ -687,6 +688,11 @@ static int start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_im
     er.on_output = on_output;
     er.on_error = on_error;
     er.images = images; /* made by the preparation thread; shared by the n choices, each engine request takes a reference */
+    er.grammar = g->grammar; /* structured output (structured.c): each engine request takes a reference */
+    er.grammar_start_id = g->g_start;
+    er.grammar_open_id = g->g_open;
+    /* parallel_tool_calls false without a forced call: the output is free, a choice ends at its first call */
+    h->one_call = chat && !g->parallel_tool_calls && g->constraint != M3_OAI_C_TOOLS && g->oo.tools;
 
     /* on the live list first: the engine may report before the loop below ends */
     h->next = s->live;

@@ -133,6 +133,15 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
     counter(&b, "m3_vision_encoder_runs_total", "Vision tower runs (the images of one request, when not all cached).",
             st->vision_runs);
     counter(&b, "m3_vision_encoder_images_total", "Images run through the vision tower.", st->vision_images);
+    counter(&b, "m3_structured_requests_total", "Sequences added with a grammar (response_format, guided_json, forced tool calls).",
+            st->grammar_requests);
+    counter(&b, "m3_grammar_masks_total", "Token masks computed for grammar-constrained rows.", st->grammar_masks);
+    counter(&b, "m3_grammar_masks_ahead_total", "Of those, computed by the mask thread while the forward ran.",
+            st->grammar_masks_ahead);
+    gauge(&b, "m3_grammar_mask_wait_seconds_total", "Seconds the engine waited for the mask thread after forwards.",
+          st->grammar_wait_s);
+    gauge(&b, "m3_grammar_mask_inline_seconds_total", "Seconds spent on masks computed as their rows were sampled.",
+          st->grammar_inline_s);
     counter(&b, "m3_requests_nonfinite_logits_total",
             "Sequences ended with an error because their logits held a NaN or an Inf.", st->nonfinite_logits);
     if (info->fault_armed) {

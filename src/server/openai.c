@@ -134,6 +134,8 @@ void m3_oai_params_free(m3_oai_params *g) {
     free(g->stop_ids);
     free(g->bias);
     free(g->echo_text);
+    free(g->schema_text);
+    m3_engine_grammar_release(g->grammar);
     m3_media_free(&g->media);
     memset(g, 0, sizeof *g);
 }
@@ -435,25 +437,124 @@ static int unsupported(json_t *b, int chat, long long n, m3_oai_error *e) {
         return OAI_BAD(e, "best_of", "'best_of' other than n is not supported");
     if ((v = json_object_get(b, "suffix")) && !json_is_null(v) && !(json_is_string(v) && !json_string_length(v)))
         return OAI_BAD(e, "suffix", "'suffix' is not supported");
-    if ((v = json_object_get(b, "response_format")) && !json_is_null(v)) {
-        const char *t = json_string_value(json_object_get(v, "type"));
-        if (!t || strcmp(t, "text"))
-            return OAI_BAD(e, "response_format", "'response_format' other than {\"type\": \"text\"} is not supported");
-    }
-    if (chat && (v = json_object_get(b, "tool_choice")) && !json_is_null(v) &&
-        !(json_is_string(v) && (!strcmp(json_string_value(v), "auto") || !strcmp(json_string_value(v), "none"))))
-        return OAI_BAD(e, "tool_choice", "'tool_choice' must be \"auto\" or \"none\" (forced tool calls are not supported)");
     if (chat && json_is_true(json_object_get(b, "echo")))
         return OAI_BAD(e, "echo", "'echo' is not supported for chat completions");
-    /* vLLM's own constrained-decoding extras: one refusal policy, never silently unconstrained text */
-    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                                         "guided_decoding_backend", "guided_whitespace_pattern", "structured_outputs"};
+    /* vLLM's constrained-decoding extras other than JSON (guided_json and structured_outputs' json
+     * are served): one refusal policy, never silently unconstrained text */
+    static const char *const guided[] = {"guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+                                         "guided_whitespace_pattern"};
     for (size_t i = 0; i < sizeof guided / sizeof *guided; i++)
         if ((v = json_object_get(b, guided[i])) && !json_is_null(v))
-            return OAI_BAD(e, guided[i], "'%s' is not supported (constrained decoding is not implemented yet)", guided[i]);
-    if ((v = json_object_get(b, "parallel_tool_calls")) && json_is_false(v))
-        return OAI_BAD(e, "parallel_tool_calls", "'parallel_tool_calls': false is not supported (every call is returned)");
+            return OAI_BAD(e, guided[i], "'%s' is not supported (JSON constraints only: response_format, guided_json)", guided[i]);
     return 0;
+}
+
+/* a JSON Schema given as an object, a boolean, or (guided_json) a string holding one */
+static int take_schema(m3_oai_params *g, json_t *sc, int string_ok, const char *param, m3_oai_error *e) {
+    json_t *own = NULL;
+    if (string_ok && json_is_string(sc)) {
+        json_error_t je;
+        m3_fault_suspend(1);
+        own = json_loadb(json_string_value(sc), json_string_length(sc), JSON_DECODE_ANY, &je);
+        m3_fault_suspend(0);
+        if (!own) return OAI_BAD(e, param, "'%s' is not a JSON schema: invalid JSON: %s", param, je.text);
+        sc = own;
+    }
+    if (!json_is_object(sc) && !json_is_boolean(sc)) {
+        json_decref(own);
+        return OAI_BAD(e, param, "'%s' must be a JSON schema (an object)", param);
+    }
+    g->schema_text = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY);
+    json_decref(own);
+    if (!g->schema_text) return OAI_OOM(e);
+    g->constraint = M3_OAI_C_JSON_SCHEMA;
+    g->constraint_param = param;
+    return 0;
+}
+
+/* response_format, vLLM's guided_json / structured_outputs, tool_choice, parallel_tool_calls */
+static int parse_structured(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_params *g, m3_oai_error *e) {
+    json_t *v;
+    int rc;
+    g->parallel_tool_calls = 1;
+    g->g_start = g->g_open = -1;
+    if ((v = json_object_get(b, "response_format")) && !json_is_null(v)) {
+        const char *t = json_string_value(json_object_get(v, "type"));
+        if (!json_is_object(v) || !t)
+            return OAI_BAD(e, "response_format", "'response_format' must be an object with a 'type'");
+        if (!strcmp(t, "json_object")) {
+            g->constraint = M3_OAI_C_JSON_OBJECT;
+            g->constraint_param = "response_format";
+        } else if (!strcmp(t, "json_schema")) {
+            json_t *js = json_object_get(v, "json_schema");
+            if (!json_is_object(js))
+                return OAI_BAD(e, "response_format", "'response_format.json_schema' must be an object {name, schema, strict}");
+            json_t *sc = json_object_get(js, "schema");
+            if (!sc) return OAI_BAD(e, "response_format", "'response_format.json_schema.schema' is missing");
+            if ((rc = take_schema(g, sc, 0, "response_format", e))) return rc;
+        } else if (strcmp(t, "text"))
+            return OAI_BAD(e, "response_format", "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
+    }
+    if ((v = json_object_get(b, "guided_json")) && !json_is_null(v)) {
+        if (g->constraint) return OAI_BAD(e, "guided_json", "'guided_json' beside 'response_format': give one of them");
+        if ((rc = take_schema(g, v, 1, "guided_json", e))) return rc;
+    }
+    if ((v = json_object_get(b, "structured_outputs")) && !json_is_null(v)) {
+        if (!json_is_object(v)) return OAI_BAD(e, "structured_outputs", "'structured_outputs' must be an object");
+        const char *k;
+        json_t *x;
+        int n_json = 0;
+        json_object_foreach(v, k, x) {
+            if (json_is_null(x) || json_is_false(x)) continue;
+            char q[64];
+            if (!strcmp(k, "json") || (!strcmp(k, "json_object") && json_is_true(x))) n_json++;
+            else return OAI_BAD(e, "structured_outputs", "'structured_outputs.%s' is not supported (JSON constraints only: 'json', 'json_object')",
+                                clip(k, q, sizeof q));
+        }
+        if (n_json != 1) return OAI_BAD(e, "structured_outputs", "'structured_outputs' needs exactly one of 'json', 'json_object'");
+        if (g->constraint)
+            return OAI_BAD(e, "structured_outputs", "'structured_outputs' beside '%s': give one of them", g->constraint_param);
+        json_t *sc = json_object_get(v, "json");
+        if (sc && !json_is_null(sc)) {
+            if ((rc = take_schema(g, sc, 1, "structured_outputs", e))) return rc;
+        } else {
+            g->constraint = M3_OAI_C_JSON_OBJECT;
+            g->constraint_param = "structured_outputs";
+        }
+    }
+    if (!chat) return 0;
+    if ((rc = get_bool(e, b, "parallel_tool_calls", &g->parallel_tool_calls))) return rc;
+    json_t *tc = json_object_get(b, "tool_choice");
+    if (tc && !json_is_null(tc)) {
+        const char *ts = json_string_value(tc);
+        if (ts && (!strcmp(ts, "auto") || !strcmp(ts, "none"))) {
+        } else if (ts && !strcmp(ts, "required")) {
+            g->constraint_param = g->constraint ? g->constraint_param : "tool_choice";
+            if (g->constraint) goto both;
+            g->constraint = M3_OAI_C_TOOLS;
+        } else if (json_is_object(tc) && json_is_string(json_object_get(json_object_get(tc, "function"), "name"))) {
+            const char *ty = json_string_value(json_object_get(tc, "type"));
+            if (ty && strcmp(ty, "function"))
+                return OAI_BAD(e, "tool_choice", "'tool_choice.type' must be \"function\"");
+            if (g->constraint) goto both;
+            g->constraint = M3_OAI_C_TOOLS;
+            g->constraint_param = "tool_choice";
+            g->tool_name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
+        } else
+            return OAI_BAD(e, "tool_choice",
+                           "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        if (g->constraint == M3_OAI_C_TOOLS) {
+            json_t *tools = json_object_get(b, "tools");
+            if (!json_is_array(tools) || !json_array_size(tools))
+                return OAI_BAD(e, "tool_choice", "'tool_choice' forcing a tool call needs 'tools'");
+            if (!c->tool_parser)
+                return OAI_BAD(e, "tool_choice", "forced tool calls need a chat template that writes MiniMax tool calls");
+            g->constraint_param = "tool_choice";
+        }
+    }
+    return 0;
+both:
+    return OAI_BAD(e, "tool_choice", "a forced tool call ('tool_choice') cannot be combined with '%s'", g->constraint_param);
 }
 
 int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_params *g, m3_oai_error *e) {
@@ -549,7 +650,8 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
     if (g->min_tokens > g->max_tokens)
         return OAI_BAD(e, "min_tokens", "'min_tokens' (%lld) is larger than max_tokens (%lld)", g->min_tokens,
                        g->max_tokens);
-    if ((rc = parse_stop(c, b, g, e)) || (rc = parse_logit_bias(c, b, g, e))) return rc;
+    if ((rc = parse_stop(c, b, g, e)) || (rc = parse_logit_bias(c, b, g, e)) || (rc = parse_structured(c, b, chat, g, e)))
+        return rc;
     if (chat) {
         g->oo = (m3_out_opts){c->reasoning_parser, M3_THINK_ENABLED, c->tool_parser, NULL};
         json_t *kw = chat_kwargs(e, b);
@@ -562,6 +664,18 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         if (json_is_string(tc) && !strcmp(json_string_value(tc), "none")) g->oo.tools = 0;
         g->tools = json_object_get(b, "tools");
         if (!json_is_array(g->tools)) g->tools = NULL;
+        /* with the reasoning parser on, the constraint starts once the reasoning ends: after the
+         * </mm:think> token (thinking enabled), or at once unless the first token opens it
+         * (adaptive); thinking disabled: at once */
+        if (g->constraint && g->oo.reasoning && g->oo.thinking != M3_THINK_DISABLED) {
+            g->g_start = m3_tok_token_to_id(c->tok, "</mm:think>");
+            if (g->oo.thinking == M3_THINK_ADAPTIVE) g->g_open = m3_tok_token_to_id(c->tok, "<mm:think>");
+            if (g->g_start < 0 || g->g_start >= c->vocab || (g->oo.thinking == M3_THINK_ADAPTIVE && (g->g_open < 0 || g->g_open >= c->vocab)))
+                return OAI_BAD(e, g->constraint_param,
+                               "'%s' with thinking on needs the reasoning tags as single tokens, which this tokenizer lacks "
+                               "(disable thinking: chat_template_kwargs {\"enable_thinking\": false})",
+                               g->constraint_param);
+        }
     }
     return 0;
 }

@@ -109,6 +109,7 @@ static void do_detokenize(srv *s, prep_job *j) {
 
 static void do_generate(srv *s, prep_job *j) {
     if ((j->rc = m3_oai_parse_generate(&s->ctx, j->json, j->kind == SRV_PREP_CHAT, &j->g, &j->e))) return;
+    if ((j->rc = srv_structured(s, &j->g, &j->e))) return; /* a grammar: compiled here, or from the cache */
     if (j->g.media.px.n_images) { /* the content hash of the pixels, for the prefix cache */
         /* first their memory: preprocessed pixels stay until the vision tower has run, and all
          * requests together hold at most --max-image-memory of them */

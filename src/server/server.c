@@ -506,6 +506,7 @@ static void srv_cleanup(srv *s) {
     if (s->base) event_base_free(s->base);
     free(s->q);
     free(s->holes);
+    srv_grammars_free(s);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }
@@ -516,6 +517,7 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     s->e = e; s->tok = tok; s->chat = chat; s->vocab = vocab; s->o = o;
     m3_metrics_init(&s->m);
     pthread_mutex_init(&s->mu, NULL);
+    if (srv_grammars_init(s)) { srv_cleanup(s); return m3_errf(err, "out of memory"); }
     /* Checkpoints pad vocab_size past the tokenizer (200,064 rows for ~200,000 tokens): ids no
      * token spells are not text, so no request samples them (sampling masks them) */
     s->n_text = m3_tok_n_vocab(tok) < vocab ? m3_tok_n_vocab(tok) : vocab;

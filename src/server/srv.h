@@ -86,6 +86,7 @@ struct hreq {
     int chat, stream, include_usage, n, echo;
     int include_stop;       /* include_stop_str_in_output */
     int logprobs, top_logprobs; /* report logprobs, with this many alternatives per token */
+    int one_call;           /* parallel_tool_calls: false with free output: a choice ends at its first tool call */
     int min_tokens;
     int n_prompt;
     long created;
@@ -150,6 +151,7 @@ struct srv {
                              * o->max_image_memory */
     pthread_t prep_th[SRV_MAX_PREP];
     struct event *prep_ev;
+    struct srv_grammars *gram; /* structured outputs: the grammar vocabulary and compiled grammars (structured.c) */
 };
 
 /* server.c */
@@ -178,6 +180,14 @@ void srv_prep_stop(srv *s);              /* after the loop: joins the workers, d
 /* Hands req's body to a worker (kind: SRV_PREP_*); the loop answers when it is done. 0, or
  * the status of the error sent (no memory). */
 int srv_prep_submit(srv *s, http_req *req, int kind, unsigned long serial, double t0);
+
+/* structured.c: structured outputs compiled for the engine (any thread; prep workers) */
+int srv_grammars_init(srv *s);
+void srv_grammars_free(srv *s); /* once the engine thread has stopped */
+/* g->constraint -> g->grammar (a reference): the cached grammar, or compiled now. 0, or the
+ * status of the error in e (400 naming the schema's problem, 500 out of memory). */
+int srv_structured(srv *s, m3_oai_params *g, m3_oai_error *e);
+void srv_grammar_stats(srv *s, uint64_t *compiled, uint64_t *hits);
 
 /* generate.c */
 /* POST /v1/completions (chat 0) and /v1/chat/completions (chat 1), once prepared: g parsed and

@@ -121,3 +121,10 @@ void m3_tok_stream_free(m3_tok_stream *s) {
     free(s->out.p);
     free(s);
 }
+
+const char *m3_tok_id_bytes(const m3_tok *t, int32_t id, size_t *len) {
+    *len = 0;
+    if (id < 0 || skip(t, id, 0)) return NULL;
+    *len = t->dlen[id];
+    return t->dstrs.p + t->doff[id];
+}

@@ -76,6 +76,9 @@ int32_t m3_tok_token_to_id(const m3_tok *t, const char *token);
 /* The stored spelling of id (NUL-terminated, owned by t), NULL when id has none. */
 const char *m3_tok_id_to_token(const m3_tok *t, int32_t id);
 int m3_tok_is_special(const m3_tok *t, int32_t id); /* 1 for a special added token */
+/* The bytes id decodes to on its own (before the decoders' start / end stripping; a byte-level
+ * token may hold part of a UTF-8 character), *len of them; NULL when no token spells id. */
+const char *m3_tok_id_bytes(const m3_tok *t, int32_t id, size_t *len);
 /* From tokenizer_config.json (bos_token, eos_token, pad_token, unk_token); -1 if unset. */
 int32_t m3_tok_bos_id(const m3_tok *t);
 int32_t m3_tok_eos_id(const m3_tok *t);

@@ -189,6 +189,43 @@ static void test_greedy_bias_mask(void) {
     CHECK(!m3_sampler_create(&g, 5, pr, 1, &err), "prompt id out of range refused");
 }
 
+/* m3_sampler_set_mask (structured outputs): only masked-in ids come out, greedy or sampled, with
+ * or without other processing; the greedy fast path (masked argmax) equals the general path
+ * (forced by asking for logprobs); processed logprobs put -inf on masked-out ids. */
+static void test_token_mask(void) {
+    const int V = BIGV, nw = (V + 31) / 32;
+    float *lg = malloc(sizeof(float) * V);
+    uint32_t *mask = calloc((size_t)nw, 4);
+    uint64_t r = 12345;
+    for (int i = 0; i < V; i++) { r ^= r << 13; r ^= r >> 7; r ^= r << 17; lg[i] = (float)(r % 1000) / 100.0f; }
+    int bad = 0, diff = 0;
+    for (int round = 0; round < 40; round++) {
+        memset(mask, 0, (size_t)nw * 4);
+        int k = 1 + round * 37 % 500;
+        for (int j = 0; j < k; j++) { r ^= r << 13; r ^= r >> 7; r ^= r << 17; int id = (int)(r % (uint64_t)V); mask[id >> 5] |= 1u << (id & 31); }
+        if (round % 5 == 0) for (int w = 0; w < 200; w++) mask[(round * 97 + w) % nw] = 0xffffffffu; /* whole words too */
+        m3_sampling g = {0}, lp = {.logprobs = 1}, t = {.temperature = 0.9f, .top_p = 0.9f, .seed = (uint64_t)round};
+        m3_logit_bias b = {5, 3.0f};
+        m3_sampling gb = {.logit_bias = &b, .n_logit_bias = 1};
+        m3_sampler *s1 = mk(&g, V, NULL, 0), *s2 = mk(&lp, V, NULL, 0), *s3 = mk(&t, V, NULL, 0), *s4 = mk(&gb, V, NULL, 0);
+        m3_sampler_set_mask(s1, mask);
+        m3_sampler_set_mask(s2, mask);
+        m3_sampler_set_mask(s3, mask);
+        m3_sampler_set_mask(s4, mask);
+        m3_sample_out o2;
+        int a = draw(s1, lg, NULL), b2 = draw(s2, lg, &o2), c = draw(s3, lg, NULL), d = draw(s4, lg, NULL);
+        diff += a != b2;
+        bad += !((mask[a >> 5] >> (a & 31)) & 1) + !((mask[c >> 5] >> (c & 31)) & 1) + !((mask[d >> 5] >> (d & 31)) & 1);
+        m3_sampler_set_mask(s1, NULL);
+        diff += draw(s1, lg, NULL) != m3_argmax(lg, V); /* the mask lifted */
+        m3_sampler_free(s1); m3_sampler_free(s2); m3_sampler_free(s3); m3_sampler_free(s4);
+    }
+    CHECK(!bad, "token mask: %d draws of masked-out ids", bad);
+    CHECK(!diff, "token mask: greedy fast path differs from the general path (or the lifted mask) %d times", diff);
+    free(lg);
+    free(mask);
+}
+
 static void test_penalties(void) {
     /* read the processed logits back through greedy processed logprobs = log_softmax(w) */
     float lg[5] = {2.0f, -1.0f, 0.5f, 3.0f, -2.0f};
@@ -903,6 +940,7 @@ int main(void) {
     if (!WS) { printf("FAIL %s\n", err.msg); return 1; }
     test_argmax();
     test_greedy_bias_mask();
+    test_token_mask();
     test_text_vocab();
     test_penalties();
     test_distributions();

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "chat/parsers.h"
 #include "grammar/grammar.h"
 #include "jsv.h"
 #include "vocab.h"
@@ -342,6 +343,82 @@ static vocab_t make_vocab(const test_vocab *tv, m3_tok *tok) {
     return v;
 }
 
+/* Forced tool calls (m3_tool_call_grammar): random walks through the MiniMax tool-call block
+ * grammar, read back by the tool-call parser: one or more calls (at most max), of the allowed
+ * tools, nothing else in the output, arguments that satisfy the tool's parameters schema. */
+static const char TOOLS[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":{"
+    "\"city\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":12},\"unit\":{\"type\":\"string\",\"enum\":[\"celsius\",\"fahrenheit\"]},"
+    "\"days\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":14},\"note\":{\"type\":\"string\"}},\"required\":[\"city\",\"days\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"book\",\"parameters\":{\"type\":\"object\",\"$defs\":{\"p\":{\"type\":\"object\","
+    "\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":8},\"age\":{\"type\":\"integer\",\"minimum\":0}},\"required\":[\"name\"]}},"
+    "\"properties\":{\"guests\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/p\"},\"minItems\":1,\"maxItems\":3},"
+    "\"vip\":{\"type\":\"boolean\"},\"price\":{\"type\":[\"number\",\"null\"],\"minimum\":0},\"tag\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":4},{\"type\":\"null\"}]}},"
+    "\"required\":[\"guests\",\"vip\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"ping\",\"parameters\":{\"type\":\"object\",\"properties\":{}}}}]";
+
+static void tool_grammar_tests(vocab_t *bytes) {
+    json_t *tools = json_loads(TOOLS, 0, NULL);
+    struct { const char *name; int max; } modes[] = {{NULL, 1}, {NULL, 0}, {"book", 1}, {"get_weather", 2}, {"ping", 1}};
+    for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
+        m3_err err;
+        m3_grammar *g = m3_tool_call_grammar(tools, modes[mi].name, modes[mi].max, NULL, &err);
+        CHECK(g, "tool grammar %zu: %s", mi, err.msg);
+        m3_grammar_compiled *gc = g ? m3_grammar_compile(g, bytes->v, NULL, &err) : NULL;
+        int calls_seen = 0;
+        for (int w = 0; gc && w < 12; w++) {
+            int steps;
+            char *doc = walk(gc, bytes, 20 + (int)(rnd() % 200), 0, &steps);
+            if (!doc) continue;
+            m3_out_opts oo = {0, M3_THINK_DISABLED, 1, NULL};
+            m3_out *o = m3_out_new(&oo, tools, &err);
+            const m3_out_delta *d;
+            size_t nd, content = 0;
+            int calls = 0;
+            for (int pass = 0; pass < 2; pass++) {
+                if (pass == 0) m3_out_feed(o, doc, strlen(doc), &d, &nd, &err);
+                else m3_out_finish(o, &d, &nd, &err);
+                for (size_t k = 0; k < nd; k++) {
+                    if (d[k].kind == M3_OUT_CONTENT) content += d[k].len;
+                    if (d[k].kind == M3_OUT_TOOL_BEGIN) {
+                        calls++;
+                        CHECK(!modes[mi].name || !strcmp(d[k].name, modes[mi].name), "mode %zu: call of %s", mi, d[k].name);
+                        json_t *params = NULL;
+                        for (size_t t = 0; t < json_array_size(tools); t++) {
+                            json_t *fn = json_object_get(json_array_get(tools, t), "function");
+                            if (!strcmp(json_string_value(json_object_get(fn, "name")), d[k].name)) params = json_object_get(fn, "parameters");
+                        }
+                        CHECK(params, "mode %zu: unknown tool %s", mi, d[k].name);
+                        CHECK(k + 1 < nd && d[k + 1].kind == M3_OUT_TOOL_ARGS, "mode %zu: no arguments", mi);
+                        json_t *a = k + 1 < nd ? json_loadb(d[k + 1].text, d[k + 1].len, 0, NULL) : NULL;
+                        CHECK(a && params && jsv_valid(params, params, a, 0), "mode %zu: arguments %.*s fail the schema (output %s)", mi,
+                              k + 1 < nd ? (int)d[k + 1].len : 0, k + 1 < nd ? d[k + 1].text : "", doc);
+                        json_decref(a);
+                    }
+                }
+            }
+            CHECK(!content, "mode %zu: %zu bytes of content beside the calls: %s", mi, content, doc);
+            CHECK(calls >= 1 && (!modes[mi].max || calls <= modes[mi].max), "mode %zu: %d calls in %s", mi, calls, doc);
+            calls_seen += calls;
+            m3_out_free(o);
+            free(doc);
+        }
+        printf("  tool grammar %-12s max %d: %5d states, %d calls in 12 walks\n", modes[mi].name ? modes[mi].name : "(any)", modes[mi].max,
+               g ? m3_grammar_n_states(g) : 0, calls_seen);
+        m3_grammar_compiled_free(gc);
+        m3_grammar_free(g);
+    }
+    m3_err err = {{0}};
+    m3_grammar *g = m3_tool_call_grammar(tools, "nope", 1, NULL, &err);
+    CHECK(!g && strstr(err.msg, "no function named"), "unknown tool: %s", err.msg);
+    json_t *bad = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+                             "\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}}}]", 0, NULL);
+    g = m3_tool_call_grammar(bad, NULL, 1, NULL, &err);
+    CHECK(!g && strstr(err.msg, "tool \"f\"") && strstr(err.msg, "pattern"), "bad tool schema: %s", err.msg);
+    json_decref(bad);
+    json_decref(tools);
+}
+
 int main(int argc, char **argv) {
     const char *src = argc > 1 ? argv[1] : ".";
     int walks = argc > 2 ? atoi(argv[2]) : 3;
@@ -407,6 +484,7 @@ int main(int argc, char **argv) {
         m3_grammar_free(g);
     }
     for (int i = 0; i < NCASES; i++) run_case(i, &cases[i], &bytes, have_real ? &real : NULL, walks);
+    tool_grammar_tests(&bytes);
     printf("fill_mask %.1f us/step mean (the cache-free trie walk %.1f us) over %ld steps\n", t_fast / (double)n_fast * 1e6,
            t_slow / (double)n_fast * 1e6, n_fast);
     m3_grammar_vocab_free(bytes.v);

@@ -219,7 +219,7 @@ async def api_identity(port):
                                                                    "include_stop_str_in_output": True})
         check(j1["choices"][0]["text"] == cut and j2["choices"][0]["text"] == cut + stop,
               f"include_stop_str_in_output: the stop string {stop!r} ends the text only when asked")
-    for extra in ({"guided_json": {"type": "object"}}, {"structured_outputs": {"choice": ["a"]}}):
+    for extra in ({"guided_regex": "a+"}, {"structured_outputs": {"choice": ["a"]}}):
         st, j = await lt.post_json(host, port, "/v1/completions", {"prompt": "x", "max_tokens": 2, **extra})
         check(st == 400 and j["error"]["param"] == list(extra)[0], f"{list(extra)[0]}: refused (400), never ignored")
     st, j = await lt.post_json(host, port, "/v1/chat/completions",

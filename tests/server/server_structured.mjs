@@ -1,0 +1,199 @@
+// Structured outputs (issue 26) through the official openai client, on a random-weight checkpoint:
+//  - response_format json_schema for 24 schemas (nested objects, enums, arrays with bounds, anyOf /
+//    oneOf, numbers with bounds, strings with lengths, $ref), stream and non-stream, thinking on
+//    and off: every output parses and validates (ajv) and ends with finish_reason "stop";
+//  - json_object mode, vLLM's guided_json (object and string) and structured_outputs, the
+//    completions endpoint, n = 2;
+//  - tool_choice "required" / named: always valid calls of the allowed tools (arguments validated
+//    against the tool's parameters), parallel_tool_calls false: exactly one; with tool_choice
+//    auto: at most one;
+//  - unconstrained greedy requests sharing steps with constrained ones give the tokens they give alone;
+//  - 400s naming the problem (a schema keyword the grammar refuses, an unknown tool, conflicts).
+// A random model rarely closes a string by itself: the requests bias the closing tokens (" } ]
+// and the tool-call namespace) so that outputs end well within max_tokens; the constraint is
+// what is tested, the bias only shortens the random text. Thinking on: </mm:think> is biased
+// too, so the reasoning ends early and the constrained answer follows.
+// Usage: node tests/server/server_structured.mjs <m3-binary> <work-dir>
+import OpenAI from 'openai';
+import Ajv from 'ajv/dist/2020.js';
+import fs from 'node:fs';
+import path from 'node:path';
+import { makeCheckpoint, startServer, post, reporter, root, metrics } from './lib.mjs';
+
+const [m3, work] = process.argv.slice(2);
+if (!m3 || !work) { console.error('usage: node server_structured.mjs <m3-binary> <work-dir>'); process.exit(2); }
+const R = reporter(), ok = R.ok;
+const ck = makeCheckpoint(m3, work + '/ck');
+// --grammar-threads 1: the mask thread computes the next step's masks while the forward runs (the
+// default on a GPU; on the CPU masks are computed as rows are sampled, also run here for first tokens)
+const srv = await startServer(m3, ck, ['--served-model-name', 'tiny', '--grammar-threads', '1']);
+const base = srv.base;
+const client = new OpenAI({ baseURL: base + '/v1', apiKey: 'none' });
+const ajv = new Ajv({ strict: false, allErrors: true });
+const t0 = Date.now();
+
+// the suite (also read by bench/bench_grammar.c)
+const SCHEMAS = JSON.parse(fs.readFileSync(path.join(root, 'tests/server/structured_schemas.json'), 'utf8'));
+
+const tokenize = async s => (await post(base, '/tokenize', { prompt: s })).json.tokens;
+const id1 = async s => { const t = await tokenize(s); if (t.length !== 1) throw new Error(`${s}: ${t}`); return t[0]; };
+const [QUOTE, RBRACE, RBRACKET, NS, THINK_END] = await Promise.all(['"', '}', ']', ']<]minimax[>[', '</mm:think>'].map(id1));
+const CLOSE = { [QUOTE]: 12, [RBRACE]: 12, [RBRACKET]: 12, [NS]: 12 };
+const THINK = { ...CLOSE, [THINK_END]: 11 };
+const msgs = [{ role: 'user', content: 'Answer in JSON.' }];
+const off = { chat_template_kwargs: { enable_thinking: false } };
+
+// one chat request (stream or not): {content, reasoning, tool_calls, finish}
+async function chat(body, streamed) {
+  if (!streamed) {
+    const r = await client.chat.completions.create({ model: 'tiny', ...body });
+    const c = r.choices[0];
+    return { content: c.message.content, reasoning: c.message.reasoning_content, tool_calls: c.message.tool_calls || [], finish: c.finish_reason, choices: r.choices };
+  }
+  const out = { content: '', reasoning: '', tool_calls: [], finish: null };
+  for await (const ch of await client.chat.completions.create({ model: 'tiny', ...body, stream: true })) {
+    const c = ch.choices[0];
+    if (!c) continue;
+    if (c.delta.content) out.content += c.delta.content;
+    if (c.delta.reasoning_content) out.reasoning += c.delta.reasoning_content;
+    for (const tc of c.delta.tool_calls || []) {
+      if (!out.tool_calls[tc.index]) out.tool_calls[tc.index] = { id: tc.id, type: 'function', function: { name: tc.function.name, arguments: '' } };
+      if (tc.function.arguments) out.tool_calls[tc.index].function.arguments += tc.function.arguments;
+    }
+    if (c.finish_reason) out.finish = c.finish_reason;
+  }
+  return out;
+}
+
+function checkJson(text, schema) {
+  let v;
+  try { v = JSON.parse(text); } catch { return `does not parse: ${JSON.stringify(text).slice(0, 200)}`; }
+  const validate = ajv.compile(schema);
+  return validate(v) ? null : `fails the schema: ${JSON.stringify(text).slice(0, 200)} ${ajv.errorsText(validate.errors)}`;
+}
+
+try {
+  // ---- response_format json_schema: 24 schemas x stream / non-stream x thinking on / off
+  const jobs = [];
+  SCHEMAS.forEach((schema, i) => {
+    for (const streamed of [false, true])
+      for (const think of [false, true])
+        jobs.push((async () => {
+          const body = { messages: msgs, max_tokens: 400, temperature: 1, seed: 100 + i, logit_bias: think ? THINK : CLOSE,
+                         response_format: { type: 'json_schema', json_schema: { name: `s${i}`, schema, strict: true } }, ...(think ? {} : off) };
+          const r = await chat(body, streamed);
+          const bad = r.finish !== 'stop' ? `finish_reason ${r.finish} (${JSON.stringify(r.content).slice(0, 120)})` : checkJson(r.content, schema);
+          return { i, streamed, think, bad, reasoning: r.reasoning };
+        })());
+  });
+  const res = await Promise.all(jobs);
+  const failed = res.filter(r => r.bad);
+  for (const f of failed.slice(0, 8)) console.log(`  schema ${f.i} ${f.streamed ? 'stream' : 'non-stream'} thinking ${f.think ? 'on' : 'off'}: ${f.bad}`);
+  ok(!failed.length, `json_schema: ${res.length - failed.length}/${res.length} outputs parse and validate (${SCHEMAS.length} schemas, stream and non-stream, thinking on and off)`);
+  const thought = res.filter(r => r.think && r.reasoning).length;
+  ok(thought > 0, `thinking on: free reasoning before the constrained answer (${thought} of ${res.length / 2} reasoned)`);
+
+  // thinking on without a bias on </mm:think>: the reasoning runs free (here to max_tokens), no constrained content yet
+  const free = await chat({ messages: msgs, max_tokens: 24, temperature: 1, seed: 3, response_format: { type: 'json_object' } }, false);
+  ok(free.finish === 'length' && free.reasoning.length > 0 && !free.content, 'thinking on: the text before </mm:think> is unconstrained reasoning');
+
+  // ---- json_object, guided_json, structured_outputs, completions, n = 2
+  for (const streamed of [false, true]) {
+    const r = await chat({ messages: msgs, max_tokens: 300, seed: 5, logit_bias: CLOSE, response_format: { type: 'json_object' }, ...off }, streamed);
+    let v = null;
+    try { v = JSON.parse(r.content); } catch {}
+    ok(r.finish === 'stop' && v && typeof v === 'object' && !Array.isArray(v), `json_object ${streamed ? 'stream' : 'non-stream'}: a JSON object (${JSON.stringify(r.content).slice(0, 60)})`);
+  }
+  const S0 = SCHEMAS[0];
+  const g1 = await chat({ messages: msgs, max_tokens: 300, seed: 6, logit_bias: CLOSE, guided_json: S0, ...off }, false);
+  const g2 = await chat({ messages: msgs, max_tokens: 300, seed: 6, logit_bias: CLOSE, guided_json: JSON.stringify(S0), ...off }, false);
+  ok(!checkJson(g1.content, S0) && g1.content === g2.content, "vLLM's guided_json (an object, or the same schema as a string)");
+  const g3 = await chat({ messages: msgs, max_tokens: 300, seed: 6, logit_bias: CLOSE, structured_outputs: { json: S0 }, ...off }, false);
+  ok(!checkJson(g3.content, S0) && g3.content === g1.content, "vLLM's structured_outputs {json}");
+  const g4 = await chat({ messages: msgs, max_tokens: 300, seed: 6, logit_bias: CLOSE, structured_outputs: { json_object: true }, ...off }, false);
+  ok(!checkJson(g4.content, { type: 'object' }), "vLLM's structured_outputs {json_object: true}");
+  const cp = await client.completions.create({ model: 'tiny', prompt: 'JSON:', max_tokens: 300, seed: 7, logit_bias: CLOSE, response_format: { type: 'json_schema', json_schema: { name: 'p', schema: SCHEMAS[8] } } });
+  ok(cp.choices[0].finish_reason === 'stop' && !checkJson(cp.choices[0].text, SCHEMAS[8]), 'completions with response_format json_schema');
+  const two = await chat({ messages: msgs, max_tokens: 300, seed: 8, n: 2, logit_bias: CLOSE, response_format: { type: 'json_schema', json_schema: { name: 'n2', schema: SCHEMAS[2] } }, ...off }, false);
+  ok(two.choices.length === 2 && two.choices.every(c => !checkJson(c.message.content, SCHEMAS[2])), 'n = 2: both choices validate');
+
+  // ---- forced tool calls
+  const TOOLS = [
+    { type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string', minLength: 1, maxLength: 16 }, unit: { type: 'string', enum: ['celsius', 'fahrenheit'] }, days: { type: 'integer', minimum: 1, maximum: 14 } }, required: ['city', 'days'] } } },
+    { type: 'function', function: { name: 'book_table', parameters: { type: 'object', properties: { guests: { type: 'array', items: { type: 'object', properties: { name: { type: 'string', maxLength: 8 }, age: { type: 'integer', minimum: 0, maximum: 99 } }, required: ['name'] }, minItems: 1, maxItems: 3 }, vip: { type: 'boolean' }, note: { anyOf: [{ type: 'string', maxLength: 10 }, { type: 'null' }] } }, required: ['guests', 'vip'] } } },
+    { type: 'function', function: { name: 'ping', parameters: { type: 'object', properties: {} } } },
+  ];
+  const validators = Object.fromEntries(TOOLS.map(t => [t.function.name, ajv.compile(t.function.parameters)]));
+  const checkCalls = (r, allowed, min, max) => {
+    if (r.finish !== 'tool_calls') return `finish_reason ${r.finish}`;
+    if (r.tool_calls.length < min || r.tool_calls.length > max) return `${r.tool_calls.length} calls`;
+    if (r.content) return `content beside the calls: ${JSON.stringify(r.content)}`;
+    for (const c of r.tool_calls) {
+      if (!allowed.includes(c.function.name)) return `a call of ${c.function.name}`;
+      let a;
+      try { a = JSON.parse(c.function.arguments); } catch { return `arguments do not parse: ${c.function.arguments}`; }
+      if (!validators[c.function.name](a)) return `${c.function.name} arguments ${c.function.arguments}: ${ajv.errorsText(validators[c.function.name].errors)}`;
+    }
+    return null;
+  };
+  const all = TOOLS.map(t => t.function.name);
+  const tjobs = [];
+  for (const [what, tc, allowed, ptc] of [['required', 'required', all, true], ['required, parallel_tool_calls false', 'required', all, false],
+                                         ['named get_weather', { type: 'function', function: { name: 'get_weather' } }, ['get_weather'], true],
+                                         ['named book_table, parallel_tool_calls false', { type: 'function', function: { name: 'book_table' } }, ['book_table'], false]])
+    for (const streamed of [false, true])
+      for (const think of [false, true])
+        for (let k = 0; k < 2; k++)
+          tjobs.push((async () => {
+            const r = await chat({ messages: msgs, tools: TOOLS, tool_choice: tc, parallel_tool_calls: ptc, max_tokens: 500, seed: 40 + k, logit_bias: think ? THINK : CLOSE, ...(think ? {} : off) }, streamed);
+            return { what, streamed, think, bad: checkCalls(r, allowed, 1, ptc ? 64 : 1), n: r.tool_calls.length };
+          })());
+  const tres = await Promise.all(tjobs);
+  for (const what of new Set(tres.map(r => r.what))) {
+    const mine = tres.filter(r => r.what === what), bad = mine.filter(r => r.bad);
+    for (const b of bad.slice(0, 4)) console.log(`  ${what} ${b.streamed ? 'stream' : 'non-stream'} thinking ${b.think ? 'on' : 'off'}: ${b.bad}`);
+    ok(!bad.length, `tool_choice ${what}: ${mine.length - bad.length}/${mine.length} valid (calls: ${mine.map(r => r.n).join(' ')})`);
+  }
+  // parallel_tool_calls false with tool_choice auto: free output, at most one call
+  const auto = await Promise.all([0, 1, 2, 3].map(k => chat({ messages: msgs, tools: TOOLS, parallel_tool_calls: false, max_tokens: 40, seed: k, logit_bias: { [NS]: 6 }, ...off }, k % 2 === 1)));
+  ok(auto.every(r => r.tool_calls.length <= 1), `parallel_tool_calls false, tool_choice auto: at most one call (${auto.map(r => r.tool_calls.length).join(' ')})`);
+
+  // ---- unconstrained greedy requests beside constrained ones: the same tokens as alone
+  const plain = [0, 1, 2, 3].map(k => ({ messages: [{ role: 'user', content: `plain ${k}` }], max_tokens: 24, temperature: 0, ...off }));
+  const alone = [];
+  for (const b of plain) alone.push((await chat(b, false)).content);
+  const mixed = await Promise.all([...plain.map(b => chat(b, false)),
+    ...SCHEMAS.slice(0, 8).map((schema, i) => chat({ messages: msgs, max_tokens: 200, seed: i, logit_bias: CLOSE, response_format: { type: 'json_schema', json_schema: { name: 'm', schema } }, ...off }, i % 2 === 0))]);
+  ok(plain.every((_, k) => mixed[k].content === alone[k]), 'unconstrained greedy requests in a batch with constrained ones: the same text as alone');
+  ok(mixed.slice(4).every((r, i) => !checkJson(r.content, SCHEMAS[i])), '... and the constrained ones of that batch validate');
+
+  // masks: most computed ahead by the mask thread (while the forwards ran), the rest as rows were sampled
+  const M = await metrics(base);
+  const masks = M.m3_grammar_masks_total, ahead = M.m3_grammar_masks_ahead_total;
+  ok(masks > 0 && ahead > 0 && ahead <= masks && M.m3_structured_requests_total > 0,
+     `/metrics: ${M.m3_structured_requests_total} constrained sequences, ${masks} masks, ${ahead} computed ahead; waited ${(M.m3_grammar_mask_wait_seconds_total * 1e3).toFixed(1)} ms for them, ${(M.m3_grammar_mask_inline_seconds_total * 1e3).toFixed(1)} ms inline`);
+
+  // ---- errors: 400 naming the problem, then a normal answer
+  const err = async (body, param, want) => {
+    const r = await post(base, '/v1/chat/completions', { messages: msgs, max_tokens: 8, ...body });
+    ok(r.status === 400 && r.json?.error?.param === param && r.json.error.message.includes(want), `400 (${param}): ${r.json?.error?.message}`);
+  };
+  await err({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', properties: { d: { type: 'string', format: 'date' } } } } } }, 'response_format', '"format" at /properties/d/format');
+  await err({ guided_json: { type: 'integer', minimum: 5, maximum: 1 } }, 'guided_json', 'no integer');
+  await err({ tools: TOOLS, tool_choice: { type: 'function', function: { name: 'nope' } } }, 'tool_choice', 'no function named "nope"');
+  await err({ tools: TOOLS, tool_choice: 'required', response_format: { type: 'json_object' } }, 'tool_choice', 'cannot be combined');
+  await err({ tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { a: { type: 'string', pattern: 'x' } }, required: ['a'] } } }], tool_choice: 'required' }, 'tool_choice', 'tool "f"');
+  await err({ structured_outputs: { regex: 'a+' } }, 'structured_outputs', 'not supported');
+  const after = await chat({ messages: msgs, max_tokens: 4, ...off }, false);
+  ok(after.finish === 'length', 'a normal request after the refusals');
+  console.log(`(${((Date.now() - t0) / 1000).toFixed(1)} s)`);
+} catch (e) {
+  console.log('FAIL exception: ' + (e.stack || e));
+  R.failed++;
+} finally {
+  const st = await srv.stop();
+  ok(st.code === 0, `server exits 0 on SIGTERM (${st.code})`);
+  if (R.failed) console.log(srv.log.split('\n').slice(-30).join('\n'));
+}
+console.log(R.failed ? `FAIL: ${R.failed} checks failed` : 'ok: all checks passed');
+process.exit(R.failed ? 1 : 0);

@@ -5,7 +5,11 @@
  * of bytes) -> tool stage (holds a possible opener prefix, or the raw text of the block
  * since its last completed invoke) -> output stage (coalesces text deltas, holds an
  * incomplete UTF-8 tail) -> deltas. Every decision is taken only once the bytes that
- * decide it are present, so the result does not depend on how the input was split. */
+ * decide it are present, so the result does not depend on how the input was split.
+ *
+ * Why one file of ~1,080 lines: the parser of tool calls and the grammar that forces them
+ * (the last section) read and write the same markup with the same rules (argument names, the
+ * typing of values by their schema); kept side by side, one cannot change without the other. */
 #include "parsers.h"
 #include "../base/sbuf.h"
 

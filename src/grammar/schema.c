@@ -1,7 +1,11 @@
 /* JSON Schema -> NFA (grammar_int.h's builder) -> m3_grammar. Each schema node becomes a
  * fragment built in place (inlined); rules (called, with a stack) only where recursion needs
  * them ($ref cycles, nested values of plain JSON) or where copies would be large (array items
- * repeated up to maxItems, a big definition referenced again). See grammar.h for the subset. */
+ * repeated up to maxItems, a big definition referenced again). See grammar.h for the subset.
+ *
+ * Why one file of ~1,080 lines: it is one compiler; the small languages (numbers, strings with
+ * lengths, decimal ranges) are built only by its keyword handlers, from the same fragment
+ * builder, and would otherwise need an internal API of their own. */
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>

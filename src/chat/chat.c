@@ -204,7 +204,9 @@ static int is_minimax(const char *dir) {
     return yes;
 }
 
-m3_chat *m3_chat_load(const char *dir, m3_err *err) {
+m3_chat *m3_chat_load(const char *dir, m3_err *err) { return m3_chat_load_with(dir, NULL, err); }
+
+m3_chat *m3_chat_load_with(const char *dir, const char *override, m3_err *err) {
     char path[4096];
     json_t *tc = NULL;
     json_error_t je;
@@ -220,8 +222,20 @@ m3_chat *m3_chat_load(const char *dir, m3_err *err) {
     }
     m3_chat *c = NULL;
     snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-    probe = fopen(path, "rb");
-    if (probe) {
+    probe = override ? NULL : fopen(path, "rb");
+    FILE *ov = override ? fopen(override, "rb") : NULL;
+    if (ov) { /* --chat-template FILE */
+        fclose(ov);
+        size_t len;
+        char *src = read_file(override, &len, err);
+        if (!src) { json_decref(tc); return NULL; }
+        c = m3_chat_from_source(src, len, override, err);
+        free(src);
+        if (!c) { json_decref(tc); return NULL; }
+    } else if (override) { /* --chat-template TEXT: the template itself */
+        c = m3_chat_from_source(override, strlen(override), "--chat-template", err);
+        if (!c) { json_decref(tc); return NULL; }
+    } else if (probe) {
         fclose(probe);
         size_t len;
         char *src = read_file(path, &len, err);

@@ -37,6 +37,10 @@ typedef struct m3_chat m3_chat;
 /* Loads the template of checkpoint directory dir (see above). NULL with a message naming
  * the file when there is none or it does not parse. */
 m3_chat *m3_chat_load(const char *dir, m3_err *err);
+/* The same with the template given instead (vLLM's --chat-template): the path of a file, or
+ * the template itself when no file has that name; the special tokens still come from dir's
+ * tokenizer_config.json. override NULL: m3_chat_load. */
+m3_chat *m3_chat_load_with(const char *dir, const char *override, m3_err *err);
 
 /* A template from text (name labels errors). No special tokens are set. */
 m3_chat *m3_chat_from_source(const char *src, size_t len, const char *name, m3_err *err);

@@ -15,7 +15,8 @@
 #include "tp.h"
 
 static const char *usage =
-    "usage: m3 serve DIR | -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]\n"
+    "usage: m3 serve DIR | -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME [NAME...]]\n"
+    "                [--chat-template FILE|TEXT]\n"
     "                [--threads N] [--kv-cache-memory BYTES | --gpu-memory-utilization F] [--max-num-seqs N]\n"
     "                [--max-num-batched-tokens N]\n"
     "                [--max-model-len N] [--sample-threads N] [--grammar-threads N] [--speculative-config JSON] [--draft DIR]\n"
@@ -24,6 +25,10 @@ static const char *usage =
     "                [--timeout SECONDS] [--max-connections N] [--max-image-memory BYTES] [--disable-log-requests]\n"
     "                [--language-model-only]\n"
     "                [--allowed-media-domains HOST[,HOST...]] [--allowed-origins LIST] [-tp N] [--moe-split experts|width]\n"
+    "  --served-model-name N [N...]  the names /v1/models lists and requests may ask for; responses carry the\n"
+    "                   first (default: the model directory)\n"
+    "  --chat-template T  the chat template: a file, or the template itself (default: the checkpoint's, then the\n"
+    "                   built-in MiniMax-M3 one); the special tokens stay the tokenizer config's\n"
     "  --kv-cache-dtype D  the KV cache's dtype; auto (default) = bf16, the model's activation dtype\n"
     "                   (f32 keeps the exact reference arithmetic); --index-cache-dtype follows it unless given\n"
     "  --gpu-memory-utilization F  the share of the device's memory the server may use (default 0.9, as vLLM):\n"
@@ -107,7 +112,7 @@ static int vision_setup(m3_vision *vis, m3_model *m, m3_ops *ops, const char *di
 }
 
 int m3_cmd_serve(int argc, char **argv) {
-    const char *dir = NULL, *name = NULL, *spec_json = NULL, *draft_dir = NULL, *kvd = NULL, *ikd = NULL;
+    const char *dir = NULL, *names[17] = {0}, *chat_tmpl = NULL, *spec_json = NULL, *draft_dir = NULL, *kvd = NULL, *ikd = NULL;
     long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, mml = 0, waiting = -1, grace = -1, body = 0, sthreads = 0, gthreads = -1;
     long hdr = 0, tmo = -1, tpn = 1, imgmem = -1, maxconn = -1;
     double util = 0.9;
@@ -160,7 +165,19 @@ int m3_cmd_serve(int argc, char **argv) {
             dir = V;
         } else if (!strcmp(a, "--host")) so.host = V;
         else if (!strcmp(a, "--api-key")) so.api_key = V;
-        else if (!strcmp(a, "--served-model-name")) name = V;
+        else if (!strcmp(a, "--served-model-name")) { /* one or more names (vLLM: nargs +), the flag repeatable */
+            int nn = 0;
+            while (names[nn]) nn++;
+            if (v && nn < 16) names[nn++] = V;
+            while (!eq && i + 2 < argc && argv[i + 2][0] != '-' && nn < 16) names[nn++] = argv[++i + 1];
+            if (!eq && i + 2 < argc && argv[i + 2][0] != '-') {
+                fprintf(stderr, "m3 serve: --served-model-name: at most 16 names\n");
+                return 2;
+            }
+            for (int k = 0; k < nn; k++)
+                if (!*names[k]) { fprintf(stderr, "m3 serve: --served-model-name: an empty name\n"); return 2; }
+            if (!v) missing = a;
+        } else if (!strcmp(a, "--chat-template")) chat_tmpl = V;
         else if (!strcmp(a, "--port")) r = m3_cli_int(a, V, 0, 65535, &port, &err);
         else if (!strcmp(a, "--threads")) r = m3_cli_int(a, V, 0, 1024, &threads, &err);
         else if (!strcmp(a, "--kv-cache-memory")) r = m3_cli_size(a, V, 1, __LONG_MAX__, &kvmem, &err);
@@ -235,7 +252,9 @@ int m3_cmd_serve(int argc, char **argv) {
         m3_fault_disarm(M3_FAULT_SERVER);
         if (bad) { fprintf(stderr, "m3 serve: M3_FAULT_ALLOC: %s\n", err.msg); return 2; }
     }
-    so.model_name = name ? name : dir;
+    if (!names[0]) names[0] = dir;
+    so.model_name = names[0];
+    so.model_names = names;
     m3_oai_defaults gdef;
     if (strcmp(gen_cfg, "vllm")) { /* auto: the model's directory; else a directory holding the file */
         const char *gdir = strcmp(gen_cfg, "auto") ? gen_cfg : dir;
@@ -256,7 +275,12 @@ int m3_cmd_serve(int argc, char **argv) {
     }
     m3_tok *tok = m3_tok_load(dir, &err);
     if (!tok) { fprintf(stderr, "m3 serve: tokenizer: %s\n", err.msg); return 1; }
-    m3_chat *chat = m3_chat_load(dir, &err);
+    m3_chat *chat = m3_chat_load_with(dir, chat_tmpl, &err);
+    if (!chat && chat_tmpl) { /* asked for: a template that does not load is an error, not a server without chat */
+        fprintf(stderr, "m3 serve: --chat-template: %s\n", err.msg);
+        m3_tok_free(tok);
+        return 2;
+    }
     if (!chat) fprintf(stderr, "m3 serve: no chat template (%s); /v1/chat/completions disabled\n", err.msg);
     else fprintf(stderr, "m3 serve: chat template from %s\n", m3_chat_origin(chat));
     m3_moe_split msplit = M3_MOE_EXPERTS;

@@ -565,7 +565,9 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
     if (model && !json_is_null(model)) {
         if (!json_is_string(model)) return OAI_BAD(e, "model", "'model' must be a string");
         char q[64];
-        if (c->model_name && strcmp(json_string_value(model), c->model_name))
+        int known = !c->model_name || !strcmp(json_string_value(model), c->model_name);
+        for (const char *const *n = c->model_names; !known && n && *n; n++) known = !strcmp(json_string_value(model), *n);
+        if (!known)
             return m3_oai_errorf(e, 404, "not_found_error", "model", "the model '%s' does not exist",
                                  clip(json_string_value(model), q, sizeof q));
     }

@@ -66,6 +66,7 @@ typedef struct m3_oai_ctx {
     const m3_chat *chat;         /* NULL: chat requests get 400 */
     int vocab;                   /* the model's vocabulary: ids must be below it */
     const char *model_name;      /* "model" must equal it when given; NULL: any */
+    const char *const *model_names; /* or one of these (NULL-terminated; NULL: model_name only) */
     int max_model_len;           /* prompt + completion tokens per request */
     int reasoning_parser;        /* the template marks reasoning (<mm:think>) */
     int tool_parser;             /* the template writes MiniMax tool calls */

@@ -308,17 +308,32 @@ static int h_models(http_req *req, srv *s, const char *raw_id) {
     if (rc) return rc;
     char *id = raw_id ? evhttp_decode_uri(raw_id) : NULL; /* /v1/models/org%2Fname too */
     if (raw_id && !id) return srv_send_error(req, 500, "server_error", "out of memory");
-    if (id && strcmp(id, s->o->model_name)) {
+    const char *one_name[2] = {s->o->model_name, NULL};
+    const char *const *names = s->o->model_names ? s->o->model_names : one_name;
+    json_t *data = json_array();
+    int found = 0;
+    for (const char *const *n = names; data && *n; n++) {
+        if (id && strcmp(id, *n)) continue;
+        found = 1;
+        json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:s,s:i}", "id", *n, "object", "model", "created", (json_int_t)time(NULL),
+                              "owned_by", "m3", "root", s->o->model_name, "max_model_len", m3_engine_max_model_len(s->e));
+        if (!m || json_array_append_new(data, m)) { json_decref(data); data = NULL; }
+        if (id) break;
+    }
+    if (id && !found) {
         rc = srv_send_error(req, 404, "not_found_error", "the model '%.200s' does not exist", id);
         free(id);
+        json_decref(data);
         return rc;
     }
-    int one = id != NULL;
-    free(id);
-    json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:i}", "id", s->o->model_name, "object", "model", "created",
-                          (json_int_t)time(NULL), "owned_by", "m3", "max_model_len", m3_engine_max_model_len(s->e));
-    if (one) return srv_send_json(req, 200, m);
-    return srv_send_json(req, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", m));
+    if (!data) { free(id); return srv_send_error(req, 500, "server_error", "out of memory"); }
+    if (id) {
+        free(id);
+        json_t *m = json_incref(json_array_get(data, 0));
+        json_decref(data);
+        return srv_send_json(req, 200, m);
+    }
+    return srv_send_json(req, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
 }
 
 /* ------------------------------------------------------------------ routing */
@@ -537,8 +552,8 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     const char *src = chat ? m3_chat_source(chat) : NULL;
     s->reasoning_parser = src && strstr(src, "mm:think") != NULL;
     s->tool_parser = src && strstr(src, "minimax[>[") != NULL;
-    s->ctx = (m3_oai_ctx){tok, chat, vocab, o->model_name, m3_engine_max_model_len(e), s->reasoning_parser, s->tool_parser,
-                          o->media, o->gen_defaults};
+    s->ctx = (m3_oai_ctx){tok, chat, vocab, o->model_name, o->model_names, m3_engine_max_model_len(e), s->reasoning_parser,
+                          s->tool_parser, o->media, o->gen_defaults};
     signal(SIGPIPE, SIG_IGN);
     if (evthread_use_pthreads()) { srv_cleanup(s); return m3_errf(err, "evthread_use_pthreads failed"); }
     s->base = event_base_new();

@@ -56,7 +56,8 @@ typedef struct m3_server_opts {
     const char *host;          /* default "127.0.0.1" */
     int port;                  /* default 8000; 0: any free port (printed) */
     const char *api_key;       /* NULL: no auth */
-    const char *model_name;    /* id reported by /v1/models and accepted as "model" */
+    const char *model_name;    /* id reported by /v1/models and accepted as "model"; responses carry it */
+    const char *const *model_names; /* NULL-terminated: every name listed and accepted (model_name first); NULL: only it */
     size_t max_body;           /* request body limit in bytes (default 32 MiB) */
     int max_waiting;           /* 429 while the engine has this many waiting sequences (default 1024) */
     double shutdown_timeout;   /* seconds in-flight requests get after a signal (default 30) */

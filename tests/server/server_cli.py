@@ -27,10 +27,14 @@ def refused(m3, args, want):
 async def main(m3, work):
     ck = srvlib.make_checkpoint(m3, os.path.join(work, "ck"))
     # the launch line of a vLLM user, with m3's own port 0 for the test
+    tmpl = os.path.join(work, "chat_template.jinja")
+    with open(tmpl, "w") as f:
+        f.write("{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}")
     srv = srvlib.Server(m3, ck, ["--kv-cache-memory=512M", "--max-model-len", "32k", "--enable-prefix-caching",
                                  "--enable-auto-tool-choice", "--tool-call-parser", "minimax_m3",
                                  "--reasoning-parser=minimax_m3", "--trust-remote-code", "--kv-cache-dtype", "fp8_e4m3",
-                                 "--seed", "7"])
+                                 "--seed", "7", "--gpu-memory-utilization", "0.5", "--chat-template", tmpl,
+                                 "--served-model-name", "m3-main", "m3-alias", "--generation-config", "vllm"])
     # (srvlib passes -m CK; the positional form is checked below)
     try:
         st, text = await lt.get_text("127.0.0.1", srv.port, "/v1/models")
@@ -40,6 +44,22 @@ async def main(m3, work):
               "--kv-cache-dtype fp8_e4m3 and --kv-cache-memory=512M: an fp8 pool of 0.50 GiB")
         body = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.0, "ignore_eos": True}
         st, a = await lt.post_json("127.0.0.1", srv.port, "/v1/completions", body)
+        # several --served-model-name: both listed and accepted, responses name the first
+        st_m, text = await lt.get_text("127.0.0.1", srv.port, "/v1/models")
+        ids = [d["id"] for d in json.loads(text)["data"]]
+        st_a, j = await lt.post_json("127.0.0.1", srv.port, "/v1/completions",
+                                     {"model": "m3-alias", "prompt": "x", "max_tokens": 1})
+        st_n, _ = await lt.post_json("127.0.0.1", srv.port, "/v1/completions", {"model": "nope", "prompt": "x", "max_tokens": 1})
+        st_i, _ = await lt.get_text("127.0.0.1", srv.port, "/v1/models/m3-alias")
+        check(ids == ["m3-main", "m3-alias"] and st_a == 200 and j["model"] == "m3-main" and st_n == 404 and st_i == 200,
+              f"--served-model-name m3-main m3-alias: /v1/models {ids}, 'm3-alias' accepted ({st_a}, answered as "
+              f"{j.get('model')}), another name 404 ({st_n}), /v1/models/m3-alias {st_i}")
+        # --chat-template FILE: the prompt is the given template's
+        st_t, jt = await lt.post_json("127.0.0.1", srv.port, "/tokenize", {"messages": [{"role": "user", "content": "hello"}]})
+        st_p, jp = await lt.post_json("127.0.0.1", srv.port, "/tokenize", {"prompt": "<<hello>>"})
+        check(st_t == 200 and jt["tokens"] == jp["tokens"], f"--chat-template FILE renders the messages ({jt.get('tokens')} "
+              f"vs {jp.get('tokens')})")
+        check("chat template from " + tmpl in srv.log, "the log names the template's file")
     finally:
         srv.stop()
     # --seed: requests without a seed draw the same from a server started with the same seed
@@ -64,6 +84,8 @@ async def main(m3, work):
     refused(m3, [ck, "--allowed-origins", '["https://a", 3]'], "non-empty string")
     refused(m3, [ck, "--allowed-origins", "https://a,,https://b"], "empty item")
     refused(m3, [ck, "--tool-call-parser", "hermes"], "minimax_m3")
+    refused(m3, [ck, "--chat-template", "{% if %}"], "--chat-template")
+    refused(m3, [ck, "--served-model-name", ""], "an empty name")
     refused(m3, [ck, "--kv-cache-memory", "4X"], "suffixes")
     refused(m3, [ck, "/elsewhere"], "two models")
     refused(m3, [ck, "--enable-prefix-caching=1"], "takes no value")

@@ -25,6 +25,13 @@ static const char *usage =
     "                [--timeout SECONDS] [--max-connections N] [--max-image-memory BYTES] [--disable-log-requests]\n"
     "                [--language-model-only]\n"
     "                [--allowed-media-domains HOST[,HOST...]] [--allowed-origins LIST] [-tp N] [--moe-split experts|width]\n"
+    "  DIR, -m DIR, --model DIR  the checkpoint directory (Hugging Face layout)\n"
+    "  --host H, --port P  the address to listen on (default 127.0.0.1, loopback only; port 8000; 0: any free port)\n"
+    "  --api-key KEY    requests but /health and /metrics need 'Authorization: Bearer KEY' exactly (default: none)\n"
+    "  --threads N      CPU threads of the CPU backend (default 0: every core)\n"
+    "  --max-num-seqs N  sequences the engine runs at once (default 64)\n"
+    "  --max-num-batched-tokens N  tokens of one step, prefill chunks included (default 512)\n"
+    "  --disable-log-requests  no line per request on stderr (--enable-log-requests, the default, keeps them)\n"
     "  --served-model-name N [N...]  the names /v1/models lists and requests may ask for; responses carry the\n"
     "                   first (default: the model directory)\n"
     "  --chat-template T  the chat template: a file, or the template itself (default: the checkpoint's, then the\n"
@@ -65,13 +72,13 @@ static const char *usage =
     "  --max-image-memory BYTES  preprocessed image pixels all requests together may hold until the vision\n"
     "                   tower has run (default 2147483648; 0: no limit); a request with images beyond it gets 429\n"
     "  --allowed-media-domains H1,H2  hosts whose http(s) image URLs are named as allowed in the 400 they get\n"
+    "                   (remote images are never downloaded: send images as data: URLs)\n"
     "  --allowed-origins LIST  CORS: origins whose browser pages may call the API, as a JSON list\n"
     "                       ('[\"https://app.example\"]', '[\"*\"]' any) or comma-separated (default: none, CORS off)\n"
-    "                   (remote images are never downloaded: send images as data: URLs)\n"
     "  M3_FAULT_ALLOC=MODULE:FIRST[:COUNT[:PERIOD]] (environment, tests only): allocation failures, see\n"
     "                   src/base/fault.h\n"
     "  --speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":7,\"draft_sample_method\":\"probabilistic\"}'\n"
-    "                 DSpark speculative decoding with the draft in DIR/dspark (or --draft DIR)\n";
+    "                 DSpark speculative decoding with the draft in DIR/dspark (or --draft DIR; default: none)\n";
 
 /* The vision tower when the checkpoint has one: the engine runs it (on the CPU ops; beside a
  * device backend on a CPU op table of its own) and the server preprocesses images for it. */

@@ -84,6 +84,17 @@ async def main(m3, work):
     refused(m3, [ck, "--allowed-origins", '["https://a", 3]'], "non-empty string")
     refused(m3, [ck, "--allowed-origins", "https://a,,https://b"], "empty item")
     refused(m3, [ck, "--tool-call-parser", "hermes"], "minimax_m3")
+    # --model=DIR, as vLLM's launch lines spell it
+    r = subprocess.Popen([m3, "serve", f"--model={ck}", "--port=0", "--kv-cache-memory=256M"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    up = False
+    for raw in r.stderr:  # ends at EOF when the server exits instead
+        if b"listening on" in raw:
+            up = True
+            break
+    r.terminate()
+    r.wait(60)
+    check(up, "m3 serve --model=DIR starts")
     refused(m3, [ck, "--chat-template", "{% if %}"], "--chat-template")
     refused(m3, [ck, "--served-model-name", ""], "an empty name")
     refused(m3, [ck, "--kv-cache-memory", "4X"], "suffixes")

@@ -92,10 +92,10 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
             m->requests_rejected_overload);
     counter(&b, "m3_slow_clients_dropped_total",
             "Streams closed (request cancelled) because the client took no output for --timeout seconds.",
-            m->slow_clients_dropped);
+            m->slow_clients_dropped + (uint64_t)info->http_write_timeouts);
     counter(&b, "m3_slow_requests_cut_total",
             "Connections shut because their request took longer than --timeout to arrive (a slow-loris client).",
-            m->slow_requests_cut);
+            (uint64_t)info->http_slow_requests);
     counter(&b, "m3_stream_keepalives_total",
             "SSE keep-alive comments sent to streams with no output for a while (queued or waiting requests).",
             m->keepalives);

@@ -33,9 +33,8 @@ typedef struct m3_metrics {
     uint64_t http_codes[600];  /* responses by HTTP status code */
     uint64_t prompt_tokens, generation_tokens;
     uint64_t requests_rejected_overload;
-    uint64_t slow_clients_dropped;  /* streams closed because their client stopped reading */
+    uint64_t slow_clients_dropped;  /* streams dropped by the stall check (the HTTP layer counts write timeouts) */
     uint64_t keepalives;       /* SSE keep-alive comments sent to silent streams */
-    uint64_t slow_requests_cut; /* connections shut because a request took longer than --timeout to arrive */
     uint64_t images;           /* images in accepted generation requests */
     m3_hist ttft, itl, e2e;    /* seconds */
 } m3_metrics;
@@ -51,6 +50,8 @@ typedef struct m3_metrics_info {
     int http_in_flight;        /* generation requests not finished */
     int http_connections;      /* client connections open */
     unsigned long http_refused;/* requests the HTTP layer refused (malformed, over a limit, late) */
+    unsigned long http_slow_requests;   /* of them, requests that did not arrive within --timeout */
+    unsigned long http_write_timeouts;  /* connections closed: the client took no bytes for --timeout */
     int fault_armed;           /* fault injection (tests): report the failures injected */
     long fault_injected[M3_FAULT_NMOD]; /* by module (src/base/fault.h) */
     long fault_seen[M3_FAULT_NMOD];     /* allocations counted, by module */

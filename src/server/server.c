@@ -284,16 +284,15 @@ static int h_metrics(http_req *req, srv *s) {
     http_server_stats(s->http, &hst);
     info.http_connections = hst.connections;
     info.http_refused = hst.refused;
-    s->m.slow_requests_cut = hst.slow_requests;
-    m3_metrics m = s->m; /* streams dropped by the stall check, and connections whose client took no bytes */
-    m.slow_clients_dropped += hst.write_timeouts;
+    info.http_slow_requests = hst.slow_requests;
+    info.http_write_timeouts = hst.write_timeouts;
     info.fault_armed = s->o->fault_spec != NULL;
     for (int i = 0; i < M3_FAULT_NMOD; i++) {
         info.fault_injected[i] = m3_fault_failed((m3_fault_module)i);
         info.fault_seen[i] = m3_fault_seen((m3_fault_module)i);
     }
     size_t len;
-    char *text = m3_metrics_render(&m, &st, &info, &len);
+    char *text = m3_metrics_render(&s->m, &st, &info, &len);
     struct evbuffer *b = text ? evbuffer_new() : NULL;
     if (!b) { free(text); return srv_send_error(req, 500, "server_error", "out of memory"); }
     evbuffer_add(b, text, len);

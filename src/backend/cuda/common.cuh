@@ -279,6 +279,19 @@ static __device__ __forceinline__ double block_sum_d(double v, double *part) {
     return s;
 }
 
+/* block-wide max of a float, the same shape as block_sum_d (part: 32 shared floats) */
+static __device__ __forceinline__ float block_max_f(float v, float *part) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    __syncthreads();
+    if (l == 0) part[w] = v;
+    __syncthreads();
+    float m = -INFINITY;
+    for (int i = 0; i < (int)blockDim.x / 32; i++) m = fmaxf(m, part[i]);
+    return m;
+}
+
 /* thread block clusters (sm_90): this CTA's rank and the cluster's size, a barrier of every
  * thread of the cluster (release / acquire: shared-memory writes before it are seen after it),
  * and a double from CTA `rank`'s shared memory at the address of p in this CTA's */

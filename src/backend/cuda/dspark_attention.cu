@@ -9,28 +9,6 @@
 
 #define DSA_THREADS 256
 
-static __device__ float dsa_block_max(float v, float *part) {
-    v = warp_max(v);
-    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    __syncthreads();
-    if (l == 0) part[w] = v;
-    __syncthreads();
-    float m = -INFINITY;
-    for (int i = 0; i < (int)blockDim.x / 32; i++) m = fmaxf(m, part[i]);
-    return m;
-}
-
-static __device__ double dsa_block_sum(double v, double *part) {
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    __syncthreads();
-    if (l == 0) part[w] = v;
-    __syncthreads();
-    double s = 0;
-    for (int i = 0; i < (int)blockDim.x / 32; i++) s += part[i];
-    return s;
-}
-
 __global__ void __launch_bounds__(DSA_THREADS) k_dspark_attention(const float *q, const float *kb, const float *vb, int n, int nh,
                                                                   int nkv, int D, const float *kr, const float *vr, int cap,
                                                                   int lo0, int len, int pos, int window, float scale,
@@ -57,14 +35,14 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dspark_attention(const float *q
     __syncthreads();
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < ns; j += blockDim.x) mx = fmaxf(mx, sc[j]);
-    mx = dsa_block_max(mx, fpart);
+    mx = block_max_f(mx, fpart);
     double sum = 0;
     for (int j = threadIdx.x; j < ns; j += blockDim.x) {
         const float e = expf(sc[j] - mx);
         sc[j] = e;
         sum += e;
     }
-    const float inv = (float)(1.0 / dsa_block_sum(sum, dpart)); /* its barriers also publish sc */
+    const float inv = (float)(1.0 / block_sum_d(sum, dpart)); /* its barriers also publish sc */
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float o = 0;
         for (int j = 0; j < nc; j++) o += sc[j] * inv * vr[(size_t)((lo + j) % cap) * kw + (size_t)g * D + d];

@@ -5,18 +5,6 @@
  * cpu_rope_table, cpu_attention_full). */
 #include "common.cuh"
 
-static __device__ float vblock_max(float v, float *part) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    __syncthreads();
-    if (l == 0) part[w] = v;
-    __syncthreads();
-    float m = -INFINITY;
-    for (int i = 0; i < (int)blockDim.x / 32; i++) m = fmaxf(m, part[i]);
-    return m;
-}
-
 /* one block per row */
 __global__ void k_layer_norm(const float *x, const float *w, const float *b, int dim, double eps, float *out) {
     __shared__ double part[32];
@@ -102,7 +90,7 @@ __global__ void k_attention_full(const float *q, const float *k, const float *v,
         sc[j] = s;
         mx = fmaxf(mx, s);
     }
-    mx = vblock_max(mx, fpart);
+    mx = block_max_f(mx, fpart);
     double sum = 0;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
         const float e = expf(sc[j] - mx);

@@ -89,6 +89,19 @@ static void check(m3_cpu *c, m3_wfmt fmt, int N, int K, const char *what) {
         }
         free(yt);
     }
+    /* precision bf16 (m3_cpu_set_precision): the same bits as the exact kernel on x rounded to bf16
+     * first, and not the exact result (x here is never all bf16 values) */
+    float *xr = malloc(sizeof(float) * TMAX * K), *yb = malloc(sizeof(float) * TMAX * N), *yr = malloc(sizeof(float) * TMAX * N);
+    for (int i = 0; i < TMAX * K; i++) xr[i] = m3_bf16_to_f32(m3_f32_to_bf16(x[i]));
+    c->gemm_bf16 = 1;
+    m3_cpu_linear(c, &W, x, TMAX, yb);
+    c->gemm_bf16 = 0;
+    m3_cpu_linear(c, &W, xr, TMAX, yr);
+    if (memcmp(yb, yr, sizeof(float) * TMAX * N) || !memcmp(yb, y, sizeof(float) * TMAX * N)) {
+        fails++;
+        printf("FAIL %s: precision bf16 is not the exact kernel on bf16-rounded x\n", what);
+    }
+    free(xr); free(yb); free(yr);
     if (diff) { fails++; printf("FAIL %s: %d batches differ bitwise from the T=37 results\n", what, diff); }
     else if (!bad) printf("ok   %-28s max rel error %.2g, batch invariant\n", what, worst);
     free(w); free(sc); free(x); free(y); free(y1);

@@ -5,13 +5,14 @@
  * Check: y = x W^T with x rounded to bf16 and W decoded exactly, summed in double, on a sample
  * of tokens (first, last, random) x rows (all, or 4096 with the last); relative L2 over the
  * sample must be < 1e-4 (only the f32 summation order differs), else a FAIL line and exit 1.
- * Ragged shapes (T = 1, 77, 130; N = 520 / 528) are checked in full first.
+ * Ragged shapes (T = 1, 9, 20, 64, 77, 130: every token tile; N = 520 / 528) are checked in full first.
  * Time: CUDA events, median of REPS after warm-up, of the GEMM alone (x staged once, as a
  * caller sharing x over q / k / v would), of staging x, and of ops.linear (the existing path).
  *
  * usage: bench_cuda_gemm [--quick | --ragged] [N K]
  *   --quick: T up to 1024, no lm_head; --ragged: only the small ragged shapes (for
- *   compute-sanitizer); N K: that shape only, every format, T = 64 .. 4096 */
+ *   compute-sanitizer); N K: that shape only, every format, T = 64 .. 4096. ops.linear runs in
+ *   exact precision (the GEMV up to 64 tokens, dequantized SGEMM above). */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -175,17 +176,17 @@ int main(int argc, char **argv) {
         for (int fi = 0; fi < 3; fi++) fails += run_case(&c, fm[fi], N, K, Ts, quick ? 3 : 4, 0, 1);
     } else {
         /* ragged: full check, no comparison timing */
-        const int Tr[4] = {1, 77, 130, 64};
-        fails += run_case(&c, M3_WF_BF16, 520, 384, Tr, 4, 1, 0);
-        fails += run_case(&c, M3_WF_MXFP8, 528, 640, Tr, 4, 1, 0);
-        fails += run_case(&c, M3_WF_NVFP4, 528, 640, Tr, 4, 1, 0);
+        const int Tr[6] = {1, 77, 130, 64, 9, 20}; /* tiles of 16, 128, 128, 64, 16, 32 tokens */
+        fails += run_case(&c, M3_WF_BF16, 520, 384, Tr, 6, 1, 0);
+        fails += run_case(&c, M3_WF_MXFP8, 528, 640, Tr, 6, 1, 0);
+        fails += run_case(&c, M3_WF_NVFP4, 528, 640, Tr, 6, 1, 0);
         fails += run_case(&c, M3_WF_BF16, 200, 256, Tr, 3, 1, 0);
         if (ragged) goto out;
         /* the M3.1-Flash shapes */
         const int shapes[][2] = {{8192, 6144}, {6144, 8192}, {512, 6144}, {3072, 6144}, {6144, 3072}, {12288, 6144}};
-        const int Ts[4] = {64, 256, 1024, 4096};
+        const int Ts[6] = {16, 32, 64, 256, 1024, 4096};
         for (int si = 0; si < 6; si++)
-            for (int fi = 0; fi < 3; fi++) fails += run_case(&c, fm[fi], shapes[si][0], shapes[si][1], Ts, quick ? 3 : 4, 0, 1);
+            for (int fi = 0; fi < 3; fi++) fails += run_case(&c, fm[fi], shapes[si][0], shapes[si][1], Ts, quick ? 5 : 6, 0, 1);
         if (!quick) { /* lm_head (BF16) */
             const int Tl[3] = {64, 256, 1024};
             fails += run_case(&c, M3_WF_BF16, 200064, 6144, Tl, 3, 0, 1);

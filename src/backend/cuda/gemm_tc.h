@@ -34,9 +34,10 @@ int m3_cu_gemm_tc_staged(void *stream, const m3_linear *W, const void *xs, int T
 int m3_cu_gemm_tc(void *stream, const m3_linear *W, const float *x, int T, float *y, void *ws, size_t ws_bytes,
                   m3_err *err);
 /* MoE experts as grouped GEMMs (moe.cu). The (token, expert) slots are permuted by expert into
- * "staged rows", each expert's rows contiguous and padded to the tile bn (64 or 128): grp_e[g]
- * is the expert of staged rows 64 g .. 64 g + 63 (-1: none), ngrp[0] (device) the groups in
- * use, rows (host) an upper bound, a multiple of bn. m3_cu_gemm_tc_moe_ok: the expert shape (e0,
+ * "staged rows", each expert's rows contiguous and padded to the tile bn (16, 32, 64 or 128):
+ * grp_e[g] is the expert of staged rows bn g .. bn g + bn - 1 (-1: none); on the device ngrp[0]
+ * is the groups of 64 staged rows in use (what staging writes) and ngrp[1] the tiles of bn rows
+ * in use; rows (host) an upper bound, a multiple of 64. m3_cu_gemm_tc_moe_ok: the expert shape (e0,
  * a device copy's host struct) is taken: gate / up / down of one format, each taken by the GEMM,
  * F = gate.N a multiple of 64. */
 int m3_cu_gemm_tc_moe_ok(const m3_mlp_w *e0);

@@ -84,6 +84,19 @@ static int push(layer_stats *L, double e) {
     return 0;
 }
 
+/* the top-2 margin of a row of logits, in units of the row's rms (a scale-free closeness of a tie) */
+static double top2_margin(const float *r, int V) {
+    float t1 = -INFINITY, t2 = -INFINITY;
+    double ss = 0;
+    for (int v = 0; v < V; v++) {
+        ss += (double)r[v] * r[v];
+        if (r[v] > t1) { t2 = t1; t1 = r[v]; }
+        else if (r[v] > t2) t2 = r[v];
+    }
+    double rms = sqrt(ss / V);
+    return rms > 0 ? ((double)t1 - t2) / rms : (double)t1 - t2;
+}
+
 static double quantile(double *sorted, size_t n, double q) { return n ? sorted[(size_t)(q * (double)(n - 1) + 0.5)] : 0; }
 
 typedef struct {
@@ -233,6 +246,7 @@ int main(int argc, char **argv) {
     const char *threads = NULL, *ubatch = NULL, *backend = NULL, *tp = NULL, *moe_split = NULL, *precision = NULL;
     double tol = 1e-4;
     int teacher = 0, stats = 0;
+    double med_tol = 0, greedy_tie = 0, e2e_index = 0; /* end to end in bf16: see the header */
     tf_contract C = {0, 1e-2, 8, 0.995, 0.05, 0};
     for (int i = 4; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--kv")) kv = argv[i + 1];
@@ -252,6 +266,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--max-kv-explained")) C.max_kv = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--verbose")) C.verbose = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--stats")) stats = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--median-tol")) med_tol = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--greedy-tie")) greedy_tie = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--index-agree")) e2e_index = atof(argv[i + 1]);
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
     }
     mkdir(work, 0755); /* the scratch directory may not exist yet (EEXIST is fine) */
@@ -313,11 +330,12 @@ int main(int argc, char **argv) {
             if (e > worst) { worst = e; worst_t = t; }
         }
         int ok_logits = worst <= tol;
-        if (stats) { /* the distribution, for a contract's numbers (docs/PERF.md) */
-            qsort(pe, (size_t)T, sizeof *pe, cmp_dbl);
-            printf("case %d logits rel L2: median %.2g p99 %.2g max %.2g\n", k, quantile(pe, (size_t)T, 0.5),
+        qsort(pe, (size_t)T, sizeof *pe, cmp_dbl);
+        double med = quantile(pe, (size_t)T, 0.5);
+        if (med_tol > 0 && med > med_tol) ok_logits = 0;
+        if (stats || med_tol > 0) /* the distribution, for a contract's numbers (docs/PERF.md) */
+            printf("case %d logits rel L2: median %.2g%s p99 %.2g max %.2g\n", k, med, med_tol > 0 && med > med_tol ? " (OVER)" : "",
                    quantile(pe, (size_t)T, 0.99), pe[T - 1]);
-        }
         free(pe);
         /* greedy */
         int ok_tokens = 1, first_diff = -1;
@@ -336,6 +354,7 @@ int main(int argc, char **argv) {
         int ok_glog = gworst <= tol;
         /* index blocks as sets */
         int ok_index = 1, n_index = 0, mism = 0;
+        long irows = 0;
         for (int l = 0; l < 256; l++) {
             char nm[64];
             snprintf(nm, sizeof nm, "case%d.index_blocks.layer%d", k, l);
@@ -348,6 +367,7 @@ int main(int argc, char **argv) {
             int K = (int)ri->shape[2];
             int32_t a[1024], b[1024];
             for (int64_t row = 0; row < ri->shape[0] * ri->shape[1]; row++) {
+                irows++;
                 memcpy(a, (const int32_t *)ri->data + row * K, sizeof(int32_t) * K);
                 memcpy(b, (const int32_t *)gi->data + row * K, sizeof(int32_t) * K);
                 qsort(a, K, sizeof *a, cmp_i32);
@@ -359,33 +379,30 @@ int main(int argc, char **argv) {
                 }
             }
         }
-        int ok = ok_logits && ok_tokens && ok_glog && ok_index;
+        /* end to end in bf16 (--greedy-tie): a greedy token may differ where the reference's own
+         * choice was a near-tie; block choices may differ on a few rows */
+        double tie_margin = first_diff >= 0 ? top2_margin((const float *)get(ref, "case%d.greedy_logits", k)->data + (size_t)first_diff * V, V) : 0;
+        int tie_ok = !ok_tokens && greedy_tie > 0 && tie_margin <= greedy_tie;
+        int index_ok = ok_index || (e2e_index > 0 && irows && 1.0 - (double)mism / (double)irows >= e2e_index);
+        int ok = ok_logits && (ok_tokens || tie_ok) && ok_glog && index_ok;
         printf("case %d (T=%d, decode %d%s%s): logits max rel L2 %.3g (pos %d)  greedy tokens %s  greedy logits max rel L2 %.3g  index blocks %s (%d layers)  %s\n",
                k, T, N, kv ? ", kv " : "", kv ? kv : "", worst, worst_t,
                ok_tokens ? "equal" : "DIFFER", gworst, ok_index ? "equal" : "DIFFER", n_index, ok ? "ok" : "FAIL");
-        if (!ok_tokens) {
-            /* a tie in the reference's own choice makes a different token legitimate: its top-2 margin */
-            const float *r = (const float *)get(ref, "case%d.greedy_logits", k)->data + (size_t)first_diff * V;
-            int a = 0, b = -1;
-            for (int v = 1; v < V; v++)
-                if (r[v] > r[a]) { b = a; a = v; }
-                else if (b < 0 || r[v] > r[b]) b = v;
-            printf("  first differing greedy token at step %d (the reference's top-2 margin there: %.3g)\n", first_diff,
-                   (double)(r[a] - r[b]));
-        }
+        /* a tie in the reference's own choice makes a different token legitimate: its top-2
+         * margin, in units of the rms of its logits there */
+        if (!ok_tokens)
+            printf("  first differing greedy token at step %d (the reference's top-2 margin there: %.3g rms%s)\n", first_diff,
+                   tie_margin, tie_ok ? ", a near-tie" : "");
+        if (!ok_index && index_ok) printf("  index blocks: %ld of %ld rows equal\n", irows - mism, irows);
         if (stats && N) { /* the reference's smallest top-2 margin over the steps: how close a tie it walked past */
             const float *rg = get(ref, "case%d.greedy_logits", k)->data;
             double mm = 1e30;
             int ms = 0;
             for (int i = 0; i < N; i++) {
-                const float *r = rg + (size_t)i * V;
-                float t1 = -INFINITY, t2 = -INFINITY;
-                for (int v = 0; v < V; v++)
-                    if (r[v] > t1) { t2 = t1; t1 = r[v]; }
-                    else if (r[v] > t2) t2 = r[v];
-                if (t1 - t2 < mm) { mm = t1 - t2; ms = i; }
+                double m = top2_margin(rg + (size_t)i * V, V);
+                if (m < mm) { mm = m; ms = i; }
             }
-            printf("case %d greedy: the reference's smallest top-2 margin %.3g (step %d)\n", k, mm, ms);
+            printf("case %d greedy: the reference's smallest top-2 margin %.3g rms (step %d)\n", k, mm, ms);
         }
         failures += !ok;
         m3_st_close(got);

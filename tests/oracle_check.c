@@ -3,7 +3,59 @@
  * tokens (equal), greedy logits, and the indexer's block choices (equal as sets).
  * usage: oracle_check M3_BIN MODEL_DIR ORACLE.safetensors [--kv DTYPE] [--cases 0,2]
  *                     [--tol 1e-4] [--threads N] [--ubatch N] [--work DIR] [--backend cpu|cuda]
- *                     [--tp N] [--moe-split experts|width]   (tensor parallel: m3 logits -tp N) */
+ *                     [--tp N] [--moe-split experts|width]   (tensor parallel: m3 logits -tp N)
+ *                     [--precision bf16] [--stats 1]
+ *   teacher-forced:   --teacher-forced 1 [--flip-tol 1e-2] [--tie-ulps 8] [--max-kv-explained 0.05]
+ *                     [--min-index-agree 0.995] [--verbose 1]
+ *   end to end, bf16: [--median-tol X] [--greedy-tie X] [--index-agree X]
+ *
+ * Exact mode (the default) against the float64 references: every position within --tol (1e-4
+ * CPU, 1e-3 GPU), greedy tokens equal, block choices equal.
+ *
+ * The bf16 accuracy contract (issue 25; --precision bf16 against the *.bf16gemm references,
+ * which round the input of every product with a weight to bf16 and compute in float64
+ * otherwise; numbers in docs/PERF.md, session 14). End to end, 1e-4 per position cannot hold:
+ * where an f32 GEMM input lies near a bf16 rounding midpoint, m3 and the reference round it to
+ * neighbouring bf16 values (one bf16 ulp: 2^-8 relative), and attention carries that to later
+ * positions and layers. So the strict part is per layer:
+ *
+ * 1. Teacher-forced (--teacher-forced 1): m3 logits --teacher-forced feeds every layer l the
+ *    reference's hidden.l (all prompt positions, one prefill, so the caches hold the layer's own
+ *    K / V / index-K of that input) and its output is compared with hidden.l+1, the logits with
+ *    the reference's, per position. A position passes when its relative L2 is <= --tol (1e-4),
+ *    or when it is <= --flip-tol (1e-2) and bf16 near-ties explain it: its own GEMM input rows
+ *    in that layer (q-k-v / indexer input, o_proj input, router, experts, shared expert, for the
+ *    logits also lm_head) hold an element within --tie-ulps (8) f32 ulps of a bf16 midpoint, or
+ *    (K / V) the q-k-v input row of it or an earlier token does. The K / V explanation is weak
+ *    (most positions past the first few have some earlier near-tie), so it may explain at most
+ *    --max-kv-explained (5%) of a layer's positions over all cases. Indexer: a differing row
+ *    (head, token) must have a near-tie in the q-k-v input of it or an earlier token, and at
+ *    least --min-index-agree (99.5%) of a layer's rows must be equal.
+ *    Why these numbers (CPU, the three references, 1019 positions per layer):
+ *    - the window: a flip needs a midpoint between m3's f32 value and the reference's float64
+ *      one, so the window must exceed their distance. Measured: every position over 1e-4 is
+ *      explained at 4 ulps, not at 2; 8 (2^-20 to 2^-21 relative) is twice the need, and
+ *      still only 10-20% of the positions have a near-tie of their own in a layer.
+ *    - off the flips the layers agree to f32 accumulation: median 4e-8 - 9e-8 per layer, and
+ *      8.7e-7 at most at the positions with no near-tie at all (the exact mode's teacher-forced
+ *      errors are <= 3.5e-7): 1e-4 is > 100x the flip-free floor, a planted bug of 1% in one
+ *      expert shows as 3e-3 - 7e-3.
+ *    - a flip moves one element by one bf16 ulp (<= 2^-8 = 3.9e-3 of it); the largest error of
+ *      a flipped position measured is 3.5e-3: --flip-tol 1e-2 is ~3x that.
+ *    - positions explained by K / V only: at most 1.7% of a layer (gqa3's logits); 5% is ~3x.
+ *    On another backend (--backend cuda) the near-ties come from a CPU run of the same
+ *    teacher-forced layers with the window doubled: both backends' values lie within one
+ *    window of the float64 value, so an element the device rounds across a midpoint lies
+ *    within two windows of it on the CPU.
+ *    It can fail: tests/accuracy/plant_bug.py plants a 1% scale error in one expert and one
+ *    query head's swapped rotary pair; both fail this check (ctest oracle_tf_planted_*), the
+ *    first while passing the end-to-end statistics below.
+ * 2. End to end (statistics; --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99):
+ *    per case the median position within 1e-2 (measured <= 5.5e-3) and every position within
+ *    1e-1 (measured <= 3.8e-2, a block choice flipped by a near-tie); greedy tokens equal, or
+ *    the first difference where the reference's own top-2 margin is <= 0.02 of its logits' rms
+ *    (the one difference measured: 0.0059, where logits differ by ~5e-3 of their norm); block
+ *    rows >= 99% equal per case (measured >= 99.87%). */
 #include <stdio.h>
 #include <sys/stat.h>
 #include <stdlib.h>
@@ -70,6 +122,7 @@ typedef struct {
     long over, own, kv, unexplained; /* over the tight bound; explained by own / earlier K-V near-ties; not */
     long idx_rows, idx_diff, idx_unexplained;
     long with_own, with_kv; /* positions with near-ties of their own; with some at or before them in K / V inputs */
+    double clean_max;       /* the largest error of a position without any near-tie (measured only with counts) */
 } layer_stats;
 
 static int push(layer_stats *L, double e) {
@@ -185,6 +238,7 @@ static int teacher_case(const run_opts *o, const m3_st *ref, const char *oracle,
             kv_seen |= first && first[t] > 0; /* an earlier (or this) token's K / V may have flipped */
             S[l].with_own += (own && own[t] > 0) || (own2 && own2[t] > 0);
             S[l].with_kv += kv_seen;
+            if (own && !kv_seen && !own[t] && !(own2 && own2[t]) && e > S[l].clean_max) S[l].clean_max = e;
             if (e <= C->tol) continue;
             S[l].over++;
             int by_own = (own && own[t] > 0) || (own2 && own2[t] > 0);
@@ -414,9 +468,10 @@ int main(int argc, char **argv) {
     for (int l = 0; teacher && l <= n_layers; l++) { /* the distribution, over every case that ran */
         layer_stats *P = &S[l];
         qsort(P->e, P->n, sizeof *P->e, cmp_dbl);
-        printf("%s %2d: %zu positions, rel L2 median %.2g p99 %.2g max %.2g; over %.0e: %ld (near-ties: own %ld, "
+        printf("%s %2d: %zu positions, rel L2 median %.2g p99 %.2g max %.2g (no near-tie: %.2g); over %.0e: %ld (near-ties: own %ld, "
                "earlier K/V %ld, none %ld; positions with near-ties: own %ld, K/V %ld)", l < n_layers ? "layer " : "logits", l < n_layers ? l : n_layers, P->n,
-               quantile(P->e, P->n, 0.5), quantile(P->e, P->n, 0.99), P->n ? P->e[P->n - 1] : 0, tol, P->over, P->own,
+               quantile(P->e, P->n, 0.5), quantile(P->e, P->n, 0.99), P->n ? P->e[P->n - 1] : 0, P->clean_max, tol,
+               P->over, P->own,
                P->kv, P->unexplained, P->with_own, P->with_kv);
         if (P->n && (double)P->kv > C.max_kv * (double)P->n) {
             printf("; explained by other tokens' K/V near-ties only: %ld, MORE than %.0f%% of the positions", P->kv, 100 * C.max_kv);

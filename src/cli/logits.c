@@ -47,7 +47,7 @@ static void ties_take(dump_state *d, int k) {
             d->failed = 1;
             snprintf(d->msg, sizeof d->msg, "out of memory for near-tie counts");
         } else {
-            for (int t = 0; t < r->T; t++) {
+            for (int t = 0; t < r->T && d->t0 + t < d->T; t++) { /* (a last chunk has fewer rows) */
                 d->tie_all[k][d->t0 + t] += r->all[t];
                 d->tie_first[k][d->t0 + t] += r->first[t];
             }

@@ -8,8 +8,8 @@
  * e % NSET: the host side and the reference stay small); each expert is uploaded on its own, so
  * the device reads 128 distinct experts.
  *
- * Reference (double / f32 on the host): the router on x (rounded to bf16 when T > 64: the
- * router's linear takes the wgmma GEMM there), top-8 by sigmoid + bias (lowest id on ties),
+ * Reference (double / f32 on the host): the router on bf16(x) (precision bf16 rounds every GEMM
+ * input, the router's too, at any T), top-8 by sigmoid + bias (lowest id on ties),
  * then for each picked expert in ascending order: gate / up on bf16(x), SwiGLU-OAI in f32,
  * down on bf16(h), added with the routing weight; + the shared expert the same way. Tokens whose
  * 8th and 9th choices are closer than 1e-5 are skipped (f32 order could flip the choice).
@@ -203,7 +203,7 @@ static int ref_token(const layer *y, const float *x, int T, float *out) {
     const int E = y->E, H = y->H;
     float *xb = malloc(sizeof(float) * H), *xr = malloc(sizeof(float) * H), *h = malloc(sizeof(float) * (y->F > y->Fs ? y->F : y->Fs));
     double *s = malloc(sizeof(double) * E), *ch = malloc(sizeof(double) * E);
-    for (int k = 0; k < H; k++) { xb[k] = bf(x[k]); xr[k] = T > 64 ? xb[k] : x[k]; }
+    for (int k = 0; k < H; k++) { xb[k] = bf(x[k]); xr[k] = xb[k]; }
     for (int e = 0; e < E; e++) {
         const float lg = (float)dot(y->router + (size_t)e * H, xr, H);
         s[e] = 1.0 / (1.0 + exp(-(double)lg));

@@ -89,6 +89,8 @@ struct gemm_args {
     const uint8_t *xs;    /* staged x */
     float *y;
     int N, K, T, nm, nt;  /* nm / nt: row / token tiles */
+    int ksplit;           /* K slices (plain linears): each CTA sums K / ksplit into part[slice] */
+    float *part;          /* ksplit > 1: [ksplit][T][N] partial sums, added by k_sum_slices */
     float gmul;
     /* MoE grouped mode (m3_cu_gemm_tc_moe): 0 off; 1 gate + up of each tile's expert with
      * SwiGLU-OAI (a CTA's rows: 64 gate rows and the same 64 up rows; y = h [T][N = F]); 2 down
@@ -292,30 +294,48 @@ struct raw_frag {
     uint4 a, b, c, d;
     uint32_t s0, s1;
 };
+/* shared-memory loads by 32-bit shared address: a generic pointer into shared memory (what the
+ * 1024-aligned base computed through an integer is) makes generic loads, which wait on the long
+ * (L1TEX) scoreboard: ncu measured half of every warp's stall cycles there */
+static __device__ __forceinline__ uint4 lds128(uint32_t a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+static __device__ __forceinline__ uint2 lds64(uint32_t a) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
+    return v;
+}
+static __device__ __forceinline__ uint32_t lds8(uint32_t a) {
+    uint32_t v;
+    asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(a));
+    return v;
+}
 template <int FMT>
-static __device__ __forceinline__ void load_raw(const uint8_t *W, const uint8_t *S, int i, int g, int t, int h, raw_frag &r) {
+static __device__ __forceinline__ void load_raw(uint32_t W, uint32_t S, int i, int g, int t, int h, raw_frag &r) {
     if (FMT == M3_WF_MXFP8) {
         /* tile i: [unit 4][16 rows][32 bytes], unit u at u*512 + pad(u), pad = 0, 16, 64, 80 (the
          * 16-byte loads of lanes g = 0, 1 x t = 0..3 then hit 8 different bank groups) */
-        const uint8_t *u = W + i * MX_TILE + t * 512 + (t & 1) * 16 + (t >> 1) * 64 + 16 * h;
-        r.a = *(const uint4 *)(u + g * 32);
-        r.b = *(const uint4 *)(u + (g + 8) * 32);
-        r.s0 = S[i * 64 + g * 4 + t];
-        r.s1 = S[i * 64 + (g + 8) * 4 + t];
+        const uint32_t u = W + i * MX_TILE + t * 512 + (t & 1) * 16 + (t >> 1) * 64 + 16 * h;
+        r.a = lds128(u + g * 32);
+        r.b = lds128(u + (g + 8) * 32);
+        r.s0 = lds8(S + i * 64 + g * 4 + t);
+        r.s1 = lds8(S + i * 64 + (g + 8) * 4 + t);
     } else if (FMT == M3_WF_NVFP4) {
         /* tile i: [16 rows][64 bytes] (one 128-value unit), scales [16 rows][8] */
-        const uint8_t *u = W + i * 1024 + 16 * t + 8 * h;
-        const uint2 q0 = *(const uint2 *)(u + g * 64), q1 = *(const uint2 *)(u + (g + 8) * 64);
+        const uint32_t u = W + i * 1024 + 16 * t + 8 * h;
+        const uint2 q0 = lds64(u + g * 64), q1 = lds64(u + (g + 8) * 64);
         r.a = make_uint4(q0.x, q0.y, q1.x, q1.y);
-        r.s0 = S[i * 128 + g * 8 + 2 * t + h];
-        r.s1 = S[i * 128 + (g + 8) * 8 + 2 * t + h];
+        r.s0 = lds8(S + i * 128 + g * 8 + 2 * t + h);
+        r.s1 = lds8(S + i * 128 + (g + 8) * 8 + 2 * t + h);
     } else {
         /* rows of 128 bf16 (256 bytes, padded to BF_ROW) */
-        const uint8_t *r0 = W + (i * 16 + g) * BF_ROW + 64 * t + 32 * h, *r1 = r0 + 8 * BF_ROW;
-        r.a = *(const uint4 *)r0;
-        r.b = *(const uint4 *)(r0 + 16);
-        r.c = *(const uint4 *)r1;
-        r.d = *(const uint4 *)(r1 + 16);
+        const uint32_t r0 = W + (i * 16 + g) * BF_ROW + 64 * t + 32 * h, r1 = r0 + 8 * BF_ROW;
+        r.a = lds128(r0);
+        r.b = lds128(r0 + 16);
+        r.c = lds128(r1);
+        r.d = lds128(r1 + 16);
     }
 }
 /* raw bytes -> the half's A fragments: a[4j + 0..3] = step 4h + j's {row g cols 2t, 2t + 1;
@@ -386,17 +406,21 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
     constexpr int STAGES = n_stages(FMT, BN), STAGE = stage_bytes(FMT, BN);
     constexpr int XB = BN * 256, WB = w_bytes(FMT);
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    /* 1024-aligned (the 128-byte swizzle atoms), as an offset from smem_raw so that the compiler
+     * keeps knowing it is shared memory (shared loads, not generic ones) */
+    uint8_t *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
     uint64_t *bars = (uint64_t *)(smem + STAGES * STAGE); /* full[STAGES], empty[STAGES] */
     const uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + STAGES);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    /* grouped raster: 8 row tiles per group, token tiles inside a group */
-    const int per_group = 8 * p.nt, grp = blockIdx.x / per_group, first = grp * 8;
-    const int gsz = p.nm - first < 8 ? p.nm - first : 8, in = blockIdx.x % per_group;
+    /* grouped raster: 8 row tiles per group, token tiles inside a group; with K slices, the
+     * slices of a tile are neighbours */
+    const int ks = blockIdx.x % p.ksplit, tile = blockIdx.x / p.ksplit;
+    const int per_group = 8 * p.nt, grp = tile / per_group, first = grp * 8;
+    const int gsz = p.nm - first < 8 ? p.nm - first : 8, in = tile % per_group;
     const int mt = first + in % gsz, tt = in / gsz;
     const int n0 = mt * BM, tok0 = tt * BN;
-    const int KB = p.K / BK;
+    const int KB = p.K / BK, kb0 = (int)((long)ks * KB / p.ksplit), NK = (int)((long)(ks + 1) * KB / p.ksplit) - kb0;
 
     /* the weights: W (all rows), or MoE: the tile's expert's gate (rows 0-63) and up (64-127),
      * or its down matrix; a tile past the groups in use, or of no expert, has nothing to do */
@@ -464,11 +488,11 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
             }
         }
         const uint32_t wbytes = __reduce_add_sync(0xffffffffu, mine);
-        for (int kb = 0; kb < KB; kb++) {
-            const int st = kb % STAGES;
+        for (int kl = 0; kl < NK; kl++) {
+            const int kb = kb0 + kl, st = kl % STAGES;
             uint8_t *X = smem + st * STAGE, *Wd = X + XB, *Sd = Wd + WB;
             const uint32_t full = full0 + 8 * st;
-            if (kb >= STAGES) mb_wait(empty0 + 8 * st, ((kb / STAGES) & 1) ^ 1);
+            if (kl >= STAGES) mb_wait(empty0 + 8 * st, ((kl / STAGES) & 1) ^ 1);
             if (lane == 0) mb_expect_tx(full, wbytes); /* one arrival per producer warp, even with no bytes */
             __syncwarp();
             for (int q = pl; q < total; q += 128) {
@@ -512,13 +536,14 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
     raw_frag r;
     r.c = r.d = make_uint4(0, 0, 0, 0);
     mb_wait(full0, 0);
-    load_raw<FMT>(smem + XB, smem + XB + WB, i, g, t, 0, r);
+    const uint32_t sm0 = smem_u32(smem); /* the stages' shared addresses (see lds128) */
+    load_raw<FMT>(sm0 + XB, sm0 + XB + WB, i, g, t, 0, r);
     if (FMT == M3_WF_BF16) {
         /* BF16 has nothing to expand: its raw loads are the wgmma's A registers, so it waits
          * for each half's wgmmas before loading the next (loads into registers of an in-flight
          * wgmma make ptxas serialize every wgmma, C7513) */
         uint32_t a0[16];
-        for (int kb = 0; kb < KB; kb++) {
+        for (int kb = 0; kb < NK; kb++) { /* kb: the CTA's K blocks, from kb0 */
             const int st = kb % STAGES;
             const uint32_t xa = smem_u32(smem + st * STAGE);
 #pragma unroll
@@ -533,11 +558,11 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
                 pin_f32(acc);
                 pin_u32(a0);
                 if (h == 0) {
-                    load_raw<FMT>(smem + st * STAGE + XB, smem + st * STAGE + XB + WB, i, g, t, 1, r);
-                } else if (kb + 1 < KB) {
+                    load_raw<FMT>(sm0 + st * STAGE + XB, sm0 + st * STAGE + XB + WB, i, g, t, 1, r);
+                } else if (kb + 1 < NK) {
                     const int sn = (kb + 1) % STAGES;
                     mb_wait(full0 + 8 * sn, ((kb + 1) / STAGES) & 1);
-                    load_raw<FMT>(smem + sn * STAGE + XB, smem + sn * STAGE + XB + WB, i, g, t, 0, r);
+                    load_raw<FMT>(sm0 + sn * STAGE + XB, sm0 + sn * STAGE + XB + WB, i, g, t, 0, r);
                 }
             }
             __syncwarp();
@@ -552,7 +577,7 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
          * the producers once its second half's group has retired, i.e. after the next stage's
          * first half. */
         uint32_t a[2][16];
-        for (int kb = 0; kb < KB; kb++) {
+        for (int kb = 0; kb < NK; kb++) { /* kb: the CTA's K blocks, from kb0 */
             const int st = kb % STAGES;
             const uint32_t xa = smem_u32(smem + st * STAGE);
 #pragma unroll
@@ -564,11 +589,11 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
                 for (int j = 0; j < 4; j++) wgmma_bn<BN>(acc, a[h] + 4 * j, desc_sw128(xa + h * BN * 128 + j * 32));
                 wg_commit();
                 if (h == 0) {
-                    load_raw<FMT>(smem + st * STAGE + XB, smem + st * STAGE + XB + WB, i, g, t, 1, r);
-                } else if (kb + 1 < KB) {
+                    load_raw<FMT>(sm0 + st * STAGE + XB, sm0 + st * STAGE + XB + WB, i, g, t, 1, r);
+                } else if (kb + 1 < NK) {
                     const int sn = (kb + 1) % STAGES;
                     mb_wait(full0 + 8 * sn, ((kb + 1) / STAGES) & 1);
-                    load_raw<FMT>(smem + sn * STAGE + XB, smem + sn * STAGE + XB + WB, i, g, t, 0, r);
+                    load_raw<FMT>(sm0 + sn * STAGE + XB, sm0 + sn * STAGE + XB + WB, i, g, t, 0, r);
                 }
                 wg_wait<1>();
                 pin_f32(acc);
@@ -630,7 +655,7 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
             const int tok = tok0 + 8 * j + 2 * t + e;
             const int orow = tok < p.T && p.mode == 2 ? __ldg(p.rowmap + tok) : tok;
             if (tok < p.T && orow >= 0) {
-                float *yr = p.y + (size_t)orow * p.N;
+                float *yr = (p.ksplit > 1 ? p.part + (size_t)ks * p.T * p.N : p.y) + (size_t)orow * p.N;
                 if (ok0) yr[r0] = acc[4 * j + e] * gm;
                 if (ok1) yr[r0 + 8] = acc[4 * j + 2 + e] * gm;
             }
@@ -686,7 +711,7 @@ template <int FMT, int BN> static int launch_args(cudaStream_t st, const gemm_ar
         if (e != cudaSuccess) return m3_errf(err, "gemm_tc: shared memory attribute: %s", cudaGetErrorString(e));
         attr = 1;
     }
-    const long long blocks = (long long)a.nm * a.nt;
+    const long long blocks = (long long)a.nm * a.nt * a.ksplit;
     if (blocks > 0x7fffffffLL) return m3_errf(err, "gemm_tc: %lld tiles", blocks);
     if (blocks < 1) return 0;
     k_gemm_tc<FMT, BN><<<(unsigned)blocks, NTHREADS, SM, st>>>(a);
@@ -696,9 +721,12 @@ template <int FMT, int BN> static int launch_args(cudaStream_t st, const gemm_ar
     return 0;
 }
 
-template <int FMT, int BN> static int launch(cudaStream_t st, const m3_linear *W, const void *xs, int T, float *y, m3_err *err) {
+template <int FMT, int BN>
+static int launch(cudaStream_t st, const m3_linear *W, const void *xs, int T, float *y, int ksplit, float *part, m3_err *err) {
     gemm_args a;
     memset(&a, 0, sizeof a);
+    a.ksplit = ksplit;
+    a.part = part;
     a.w = W->w;
     a.s = W->scale;
     a.row_bytes = W->row_bytes;
@@ -746,19 +774,64 @@ extern "C" int m3_cu_gemm_tc_stage_x(void *stream, const float *x, int T, int K,
     return 0;
 }
 
-extern "C" int m3_cu_gemm_tc_staged(void *stream, const m3_linear *W, const void *xs, int T, float *y, m3_err *err) {
+/* y = the sum of the K slices' partial sums, in slice order (deterministic) */
+__global__ void k_sum_slices(const float *part, int ksplit, size_t n, float *y) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = part[i];
+        for (int k = 1; k < ksplit; k++) v += part[(size_t)k * n + i];
+        y[i] = v;
+    }
+}
+
+static int bn_for(int T) { return T <= 16 ? 16 : T <= 32 ? 32 : T <= 64 ? 64 : 128; }
+
+extern "C" int m3_cu_gemm_tc_ksplit(const m3_linear *W, int T) {
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            sms = 132;
+    }
+    if (!W || T < 1 || W->N < 1) return 1;
+    const long tiles = (long)((W->N + BM - 1) / BM) * ((T + bn_for(T) - 1) / bn_for(T));
+    const int KB = W->K / BK;
+    /* about two CTAs per SM (one is resident per SM: the next one's pipeline fill overlaps the tail
+     * of the last), each slice at least 6 K blocks */
+    long s = (2L * sms + tiles - 1) / tiles;
+    if (s > 8) s = 8;
+    while (s > 1 && KB / s < 6) s--;
+    return (int)s;
+}
+
+extern "C" int m3_cu_gemm_tc_staged_split(void *stream, const m3_linear *W, const void *xs, int T, float *y, int ksplit,
+                                          float *part, m3_err *err) {
     if (!m3_cu_gemm_tc_ok(W, T))
         return m3_errf(err, "gemm_tc: %s %d x %d (%s) not taken", m3_wfmt_name(W->fmt), W->N, W->K, W->tiled ? "tiled" : "rows");
+    if (ksplit < 1 || ksplit > W->K / BK || (ksplit > 1 && !part))
+        return m3_errf(err, "gemm_tc: %d K slices of %s %d x %d", ksplit, m3_wfmt_name(W->fmt), W->N, W->K);
     cudaStream_t st = (cudaStream_t)stream;
     /* the token tile: the smallest of 16 / 32 / 64 that holds T, else 128 */
-#define LIN_BN(F) (T <= 16 ? launch<F, 16>(st, W, xs, T, y, err) : T <= 32 ? launch<F, 32>(st, W, xs, T, y, err) \
-                   : T <= 64 ? launch<F, 64>(st, W, xs, T, y, err) : launch<F, 128>(st, W, xs, T, y, err))
+    const int bn = bn_for(T);
+#define LIN_BN(F) (bn == 16 ? launch<F, 16>(st, W, xs, T, y, ksplit, part, err) : bn == 32 ? launch<F, 32>(st, W, xs, T, y, ksplit, part, err) \
+                   : bn == 64 ? launch<F, 64>(st, W, xs, T, y, ksplit, part, err) : launch<F, 128>(st, W, xs, T, y, ksplit, part, err))
+    int rc;
     switch (W->fmt) {
-    case M3_WF_BF16: return LIN_BN(M3_WF_BF16);
-    case M3_WF_MXFP8: return LIN_BN(M3_WF_MXFP8);
-    default: return LIN_BN(M3_WF_NVFP4);
+    case M3_WF_BF16: rc = LIN_BN(M3_WF_BF16); break;
+    case M3_WF_MXFP8: rc = LIN_BN(M3_WF_MXFP8); break;
+    default: rc = LIN_BN(M3_WF_NVFP4); break;
     }
 #undef LIN_BN
+    if (rc || ksplit == 1) return rc;
+    const size_t n = (size_t)T * W->N;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > 132 * 8) blocks = 132 * 8;
+    k_sum_slices<<<(unsigned)blocks, 256, 0, st>>>(part, ksplit, n, y);
+    cudaError_t e = cudaGetLastError();
+    return e != cudaSuccess ? m3_errf(err, "gemm_tc: adding K slices: %s", cudaGetErrorString(e)) : 0;
+}
+
+extern "C" int m3_cu_gemm_tc_staged(void *stream, const m3_linear *W, const void *xs, int T, float *y, m3_err *err) {
+    return m3_cu_gemm_tc_staged_split(stream, W, xs, T, y, 1, NULL, err);
 }
 
 extern "C" int m3_cu_gemm_tc(void *stream, const m3_linear *W, const float *x, int T, float *y, void *ws, size_t ws_bytes,
@@ -818,6 +891,7 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
     a.T = rows;
     a.nm = part == 2 ? (W->N + BM - 1) / BM : W->N / 64;
     a.nt = rows / bn;
+    a.ksplit = 1;
     a.gmul = 1.0f;
     a.mode = part == 2 ? 2 : 1;
     a.tab = tab;

@@ -341,8 +341,13 @@ static int linear_tc(m3_cuda *c, int n, const m3_linear *const *W, const float *
     if (!xs) return 1;
     m3_err e;
     if (m3_cu_gemm_tc_stage_x(c->st, x, T, W[0]->K, xs, &e)) { m3_cu_failf(c, "%s", e.msg); return 1; }
-    for (int i = 0; i < n; i++)
-        if (m3_cu_gemm_tc_staged(c->st, W[i], xs, T, y[i], &e)) { m3_cu_failf(c, "%s", e.msg); return 1; }
+    for (int i = 0; i < n; i++) {
+        /* few output tiles (few tokens): K slices keep every SM busy (gemm_tc.h) */
+        const int ks = m3_cu_gemm_tc_ksplit(W[i], T);
+        float *part = ks > 1 ? (float *)m3_cu_scratch(c, SC_SPLITK, sizeof(float) * (size_t)ks * T * W[i]->N) : NULL;
+        if (ks > 1 && !part) return 1;
+        if (m3_cu_gemm_tc_staged_split(c->st, W[i], xs, T, y[i], ks, part, &e)) { m3_cu_failf(c, "%s", e.msg); return 1; }
+    }
     return 1;
 }
 

@@ -119,11 +119,12 @@ void m3_out_free(m3_out *o);
  * nothing). Returns 0, or -1 on out of memory (the stream is then unusable). */
 int m3_out_feed(m3_out *o, const char *text, size_t len, const m3_out_delta **deltas, size_t *n,
                 m3_err *err);
-/* End of stream: flushes everything held back (unterminated tool calls become content).
+/* End of stream: flushes everything held back (a block unterminated before its first call
+ * becomes content; a call begun is closed, as above).
  * Further feeds are errors. */
 int m3_out_finish(m3_out *o, const m3_out_delta **deltas, size_t *n, m3_err *err);
 
-/* Input bytes consumed as markup so far (dropped think tags, parsed tool-call blocks). */
+/* Input bytes consumed as markup so far (dropped think tags, tool-call blocks and begun calls). */
 size_t m3_out_markup_bytes(const m3_out *o);
 /* Tool calls begun so far (TOOL_BEGIN emitted). */
 int m3_out_tool_calls(const m3_out *o);

@@ -138,8 +138,17 @@ int main(void) {
         const char *as_bad = "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\","
                              "\"content\":\"\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
                              "\"w\",\"arguments\":\"city=Paris\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sun\"}]}";
-        m3_oai_params a, o, x;
+        /* a key twice (the streamed arguments keep duplicates in their text): the last one wins */
+        const char *as_dup = "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\","
+                             "\"content\":\"\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
+                             "\"w\",\"arguments\":\"{\\\"city\\\": \\\"Rome\\\", \\\"days\\\": 3, \\\"city\\\": \\\"Paris\\\"}\"}}]},"
+                             "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sun\"}]}";
+        m3_oai_params a, o, x, dd;
         int ra = parse(as_str, 1, &a, &e), ro = parse(as_obj, 1, &o, &e), rx = parse(as_bad, 1, &x, &e);
+        int rd = parse(as_dup, 1, &dd, &e);
+        CHECK(rd == 0 && dd.n_ids == o.n_ids && !memcmp(dd.ids, o.ids, sizeof(int32_t) * o.n_ids),
+              "arguments with a key twice render with the last value: %zu vs %zu ids", dd.n_ids, o.n_ids);
+        m3_oai_params_free(&dd);
         CHECK(ra == 0 && ro == 0 && a.n_ids == o.n_ids && !memcmp(a.ids, o.ids, sizeof(int32_t) * a.n_ids),
               "tool-call arguments as a JSON string render as the object: %zu vs %zu ids", a.n_ids, o.n_ids);
         CHECK(rx == 0 && x.n_ids != o.n_ids, "arguments that are not JSON stay a string (%d)", rx);

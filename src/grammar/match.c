@@ -546,7 +546,8 @@ static void compile_range(void *ctx, size_t begin, size_t end, int worker) {
     compile_job *j = ctx;
     const m3_grammar *g = j->c->g;
     for (size_t q = begin; q < end; q++)
-        if ((g->flags[q] & G_BYTES) && cache_state(&j->w[worker], g, j->c->v, (int32_t)q, &j->c->cache[q])) j->failed = 1;
+        if ((g->flags[q] & G_BYTES) && cache_state(&j->w[worker], g, j->c->v, (int32_t)q, &j->c->cache[q]))
+            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); /* workers may fail at once; read after the loop */
 }
 
 int32_t m3_grammar_compiled_vocab_size(const m3_grammar_compiled *c) { return c->v->n; }

@@ -465,6 +465,44 @@ static void tool_grammar_tests(vocab_t *bytes) {
     json_decref(tools);
 }
 
+/* A compile spread over a pool (the server's, for large schemas) gives the masks of a serial
+ * one: compared at every byte of each case's valid documents. */
+static void pool_compile_tests(vocab_t *vv, int ncases) {
+    m3_pool *pool = m3_pool_create(3);
+    CHECK(pool, "pool");
+    int nw = (vv->n + 31) / 32, steps = 0;
+    uint32_t *m1 = malloc((size_t)nw * 4), *m2 = malloc((size_t)nw * 4);
+    for (int ci = 0; pool && ci < ncases; ci++) {
+        m3_err err;
+        m3_grammar *g = m3_grammar_from_schema(cases[ci].schema, strlen(cases[ci].schema), NULL, &err);
+        m3_grammar_compiled *a = g ? m3_grammar_compile(g, vv->v, NULL, &err) : NULL;
+        m3_grammar_compiled *b = g ? m3_grammar_compile(g, vv->v, pool, &err) : NULL;
+        CHECK(a && b && m3_grammar_compiled_bytes(a) == m3_grammar_compiled_bytes(b) &&
+                  m3_grammar_compiled_uncertain(a) == m3_grammar_compiled_uncertain(b),
+              "case %d: pooled compile differs in size", ci);
+        for (int k = 0; a && b && k < 4 && cases[ci].valid[k]; k++) {
+            m3_matcher *x = m3_matcher_new(a, &err), *y = m3_matcher_new(b, &err);
+            const char *d = cases[ci].valid[k];
+            for (size_t i = 0; x && y; i++) {
+                m3_matcher_fill_mask(x, m1);
+                m3_matcher_fill_mask(y, m2);
+                steps++;
+                CHECK(!memcmp(m1, m2, (size_t)nw * 4), "case %d doc %d: pooled compile's mask differs at byte %zu", ci, k, i);
+                if (!d[i] || m3_matcher_accept_bytes(x, d + i, 1) || m3_matcher_accept_bytes(y, d + i, 1)) break;
+            }
+            m3_matcher_free(x);
+            m3_matcher_free(y);
+        }
+        m3_grammar_compiled_free(a);
+        m3_grammar_compiled_free(b);
+        m3_grammar_free(g);
+    }
+    printf("pooled compiles (3 threads): the serial masks at %d steps\n", steps);
+    free(m1);
+    free(m2);
+    m3_pool_free(pool);
+}
+
 int main(int argc, char **argv) {
     const char *src = argc > 1 ? argv[1] : ".";
     int walks = argc > 2 ? atoi(argv[2]) : 3;
@@ -531,6 +569,8 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < NCASES; i++) run_case(i, &cases[i], &bytes, have_real ? &real : NULL, walks);
     tool_grammar_tests(&bytes);
+    pool_compile_tests(&bytes, NCASES);
+    if (have_real) pool_compile_tests(&real, 3);
     printf("fill_mask %.1f us/step mean (the cache-free trie walk %.1f us) over %ld steps\n", t_fast / (double)n_fast * 1e6,
            t_slow / (double)n_fast * 1e6, n_fast);
     m3_grammar_vocab_free(bytes.v);

@@ -171,7 +171,8 @@ static int tool_args_objects(json_t *msgs, json_t **out, m3_oai_error *e) {
              * injection suspended, as request bodies are (fault.h); a real one reads as no object */
             json_error_t je;
             m3_fault_suspend(1);
-            json_t *o = json_loadb(json_string_value(a), json_string_length(a), 0, &je); /* a key twice: the last wins (parsers.h) */
+            /* a key twice (the parser streams duplicates as they come): the last wins (parsers.h) */
+            json_t *o = json_loadb(json_string_value(a), json_string_length(a), 0, &je);
             m3_fault_suspend(0);
             if (!o && json_error_code(&je) == json_error_out_of_memory) {
                 json_decref(copy);

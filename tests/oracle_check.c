@@ -9,8 +9,9 @@
  *                     [--min-index-agree 0.995] [--verbose 1]
  *   end to end, bf16: [--median-tol X] [--greedy-tie X] [--index-agree X]
  *
- * Exact mode (the default) against the float64 references: every position within --tol (1e-4
- * CPU, 1e-3 GPU), greedy tokens equal, block choices equal.
+ * Exact mode (the default: m3 logits runs with --precision exact, also on the GPU, whose own
+ * default is bf16) against the float64 references: every position within --tol (1e-4 CPU, 1e-3
+ * GPU), greedy tokens equal, block choices equal.
  *
  * The bf16 accuracy contract (issue 25; --precision bf16 against the *.bf16gemm references,
  * which round the input of every product with a weight to bf16 and compute in float64
@@ -103,7 +104,9 @@ static int run_logits(const run_opts *o, const char *idstr, int N, const char *o
     if (o->backend) { av[ac++] = "--backend"; av[ac++] = o->backend; }
     if (o->tp) { av[ac++] = "--tensor-parallel-size"; av[ac++] = o->tp; }
     if (o->moe_split) { av[ac++] = "--moe-split"; av[ac++] = o->moe_split; }
-    if (o->precision) { av[ac++] = "--precision"; av[ac++] = o->precision; }
+    /* always said: the GPU's default is bf16, and the references are exact unless asked otherwise */
+    av[ac++] = "--precision";
+    av[ac++] = o->precision ? o->precision : "exact";
     for (int i = 0; i < n_extra && ac < 39; i++) av[ac++] = extra[i];
     av[ac] = NULL;
     fflush(stdout);

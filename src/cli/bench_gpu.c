@@ -137,6 +137,7 @@ typedef struct {
 static int tpb_ops_init(void *arg, int rank, m3_ops *ops, m3_comm *comm, m3_err *err) {
     (void)arg;
     if (m3_cuda_ops_init(ops, rank, err)) return -1;
+    m3_cli_apply_precision(ops);
     if (m3_comm_set_stream(comm, m3_cuda_stream(ops), err)) { m3_cuda_ops_free(ops); return -1; }
     return 0;
 }
@@ -296,8 +297,8 @@ out:
 
 int m3_cmd_bench_random(int argc, char **argv) {
     const char *cfgp = NULL, *kvd = "bf16", *ikd = NULL, *bs = "1,8,64,256", *cs = "8192,131072";
-    long layers = 0, steps = 10, seed = 1, prefill = 2048, verify = 0, tpn = 1, pchunk = 512;
-    const char *moe_split = NULL, *precision = "exact";
+    long layers = 0, steps = 10, seed = 1, prefill = 2048, verify = 0, tpn = 1, pchunk = 4096;
+    const char *moe_split = NULL;
     int profile = 0;
     m3_err err;
     for (int i = 1; i < argc; i++) {
@@ -315,13 +316,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
         else if (!strcmp(a, "--verify")) r = m3_cli_int(a, v, 1, 15, &verify, &err);
         else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) r = m3_cli_int(a, v, 1, 64, &tpn, &err);
         else if (!strcmp(a, "--moe-split")) moe_split = v;
-        else if (!strcmp(a, "--precision")) {
-            if (strcmp(v, "exact") && strcmp(v, "bf16")) {
-                fprintf(stderr, "m3 bench: --precision '%s': exact (f32 GEMM inputs) or bf16 (tensor-core GEMMs)\n", v);
-                return 2;
-            }
-            precision = v;
-        }
+        else if (!strcmp(a, "--precision")) { if (m3_cli_set_precision(v, "bench")) return 2; }
         else if (!strcmp(a, "--batch")) bs = v;
         else if (!strcmp(a, "--context")) cs = v;
         else if (!strcmp(a, "--kv-cache-dtype")) kvd = v;
@@ -363,7 +358,6 @@ int m3_cmd_bench_random(int argc, char **argv) {
     }
     m3_ops ops;
     if (m3_cli_ops_init(&ops, "cuda", 0, "bench")) { m3_config_free(c); return 1; }
-    m3_cuda_set_precision(&ops, !strcmp(precision, "bf16"));
     m.ops = &ops;
     m.dw = calloc(1, sizeof *m.dw);
     double t0 = m3_now();
@@ -382,7 +376,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
     printf("device: %s\n", m3_cuda_device_name(&ops));
     printf("model: %s, %ld of %d layers, random weights (%.1f GB on the GPU, built in %.1f s); KV %s, index-K %s\n", cfgp,
            layers, c->n_layers, (tot - fr) / 1e9, m3_now() - t0, m3_kv_dtype_name(kdt), m3_kv_dtype_name(idt));
-    printf("device copy bandwidth: %.0f GB/s (read + write)\n", bw / 1e9);
+    printf("device copy bandwidth: %.0f GB/s (read + write); precision %s\n", bw / 1e9, m3_cli_precision("cuda") ? "bf16" : "exact");
     printf("%-7s %-8s %10s %10s %10s %7s %12s %9s %10s\n", "batch", "context", "step_ms", "floor_ms", "MB/step", "ratio",
            "tokens/s", "experts", "mem_GiB");
     fflush(stdout);

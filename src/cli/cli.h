@@ -39,8 +39,18 @@ int m3_cli_load(m3_model *m, m3_ops *ops, const char *dir, int threads, const ch
  * present and this build has the CUDA backend, else cpu. */
 int m3_cli_load_on(m3_model *m, m3_ops *ops, const char *backend, const char *dir, int threads, const char *cmd,
                    const int32_t *ids, int n_ids);
-/* Creates the ops of a backend (as above) without a model. */
+/* Creates the ops of a backend (as above) without a model, in the precision m3_cli_precision
+ * gives for it. */
 int m3_cli_ops_init(m3_ops *ops, const char *backend, int threads, const char *cmd);
+/* Precision of GEMM inputs (issue 25): "bf16" (every GEMM input rounded to bf16; on the GPU the
+ * tensor-core path) or "exact" (f32). The default is bf16 on the GPU and exact on the CPU;
+ * $M3_PRECISION sets it for both, and a command's --precision (m3_cli_set_precision, before its
+ * ops are made) overrides both. m3_cli_set_precision: -1 with a message naming the value when it
+ * is neither. m3_cli_precision: 1 for bf16 on a backend named backend_name ("cpu" / "cuda"). */
+int m3_cli_set_precision(const char *value, const char *cmd);
+int m3_cli_precision(const char *backend_name);
+/* applies m3_cli_precision to ops (both backends) */
+void m3_cli_apply_precision(m3_ops *ops);
 void m3_cli_ops_free(m3_ops *ops);
 
 /* Image inputs of a command (src/cli/images.c): the vision tower, the pixel values, what the

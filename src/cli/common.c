@@ -143,6 +143,33 @@ static void progress(uint64_t done, uint64_t total, void *arg) {
     if (done >= total) fputc('\n', stderr);
 }
 
+static int cli_precision = -1; /* --precision of this command: -1 none, 0 exact, 1 bf16 */
+
+int m3_cli_set_precision(const char *value, const char *cmd) {
+    if (value && !strcmp(value, "exact")) cli_precision = 0;
+    else if (value && !strcmp(value, "bf16")) cli_precision = 1;
+    else {
+        fprintf(stderr, "m3 %s: --precision '%s': exact (f32 GEMM inputs) or bf16 (GEMM inputs rounded to bf16; the GPU's "
+                        "tensor-core path)\n", cmd, value ? value : "");
+        return -1;
+    }
+    return 0;
+}
+
+int m3_cli_precision(const char *backend_name) {
+    if (cli_precision >= 0) return cli_precision;
+    const char *env = getenv("M3_PRECISION");
+    if (env && !strcmp(env, "exact")) return 0;
+    if (env && !strcmp(env, "bf16")) return 1;
+    return backend_name && !strcmp(backend_name, "cuda");
+}
+
+void m3_cli_apply_precision(m3_ops *ops) {
+    if (!ops->name) return;
+    if (!strcmp(ops->name, "cuda")) m3_cuda_set_precision(ops, m3_cli_precision("cuda"));
+    else m3_cpu_set_precision(ops, m3_cli_precision("cpu"));
+}
+
 int m3_cli_ops_init(m3_ops *ops, const char *backend, int threads, const char *cmd) {
     m3_err err;
     if (!backend || !strcmp(backend, "auto")) {
@@ -154,6 +181,7 @@ int m3_cli_ops_init(m3_ops *ops, const char *backend, int threads, const char *c
     else if (!strcmp(backend, "cuda")) rc = m3_cuda_ops_init(ops, 0, &err);
     else rc = m3_errf(&err, "unknown backend '%s' (cpu, cuda or auto)", backend);
     if (rc) fprintf(stderr, "m3 %s: %s\n", cmd, err.msg);
+    else m3_cli_apply_precision(ops);
     return rc;
 }
 

@@ -110,7 +110,7 @@ static int forward(m3_model *m, m3_cli_tp *tp, m3_kv *kv, const m3_batch *b, con
 }
 
 int m3_cmd_logits(int argc, char **argv) {
-    const char *dir = NULL, *ids_s = NULL, *out = NULL, *kvd = "f32", *ikd = NULL, *backend = NULL, *precision = "exact";
+    const char *dir = NULL, *ids_s = NULL, *out = NULL, *kvd = "f32", *ikd = NULL, *backend = NULL, *precision = NULL;
     long decode = 0, threads = 0, ubatch = 512, tp_size = 1;
     m3_moe_split moe = M3_MOE_EXPERTS;
     const char *teacher_file = NULL, *tprefix = "";
@@ -170,7 +170,8 @@ int m3_cmd_logits(int argc, char **argv) {
         fprintf(stderr, "m3 logits: --teacher-forced runs text prompts on one device (no -tp, no images)\n");
         return 2;
     }
-    if (near_ties >= 0 && strcmp(precision, "bf16")) {
+    if (precision && m3_cli_set_precision(precision, "logits")) return 2;
+    if (near_ties >= 0 && (!precision || strcmp(precision, "bf16"))) {
         fprintf(stderr, "m3 logits: --near-ties counts bf16 rounding near-ties: it needs --precision bf16\n");
         return 2;
     }
@@ -192,19 +193,6 @@ int m3_cmd_logits(int argc, char **argv) {
         memset(&ops, 0, sizeof ops);
         if (m3_cli_tp_load(&tp, &m, backend, dir, (int)threads, (int)tp_size, moe, "logits", ids, T)) { free(ids); return 1; }
     } else if (m3_cli_load_on(&m, &ops, backend, dir, (int)threads, "logits", ids, T)) { free(ids); return 1; }
-    if (strcmp(precision, "exact")) { /* bf16: GEMM inputs rounded to bf16 (CUDA: on the tensor cores) */
-        if (strcmp(precision, "bf16") || tp_size > 1) {
-            fprintf(stderr, "m3 logits: --precision '%s': exact, or bf16 (without -tp)\n", precision);
-            if (tp_size > 1) m3_cli_tp_free(&tp);
-            m3_st_close(teacher);
-            m3_model_free(&m);
-            if (tp_size <= 1) m3_cli_ops_free(&ops);
-            free(ids);
-            return 2;
-        }
-        if (!strcmp(ops.name, "cuda")) m3_cuda_set_precision(&ops, 1);
-        else m3_cpu_set_precision(&ops, 1);
-    }
     if (near_ties >= 0 && strcmp(ops.name, "cpu")) {
         fprintf(stderr, "m3 logits: --near-ties is recorded by the CPU backend only (this is %s)\n", ops.name);
         m3_model_free(&m);

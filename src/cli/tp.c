@@ -8,16 +8,20 @@
 
 #include "../backend/cpu/cpu.h"
 #include "../backend/cuda/cuda.h"
+#include "cli.h"
 
 static int ops_init_cpu(void *arg, int rank, m3_ops *ops, m3_comm *comm, m3_err *err) {
     (void)rank; (void)comm;
-    return m3_cpu_ops_init(ops, ((m3_cli_tp *)arg)->threads_per_rank, err);
+    if (m3_cpu_ops_init(ops, ((m3_cli_tp *)arg)->threads_per_rank, err)) return -1;
+    m3_cli_apply_precision(ops);
+    return 0;
 }
 
 /* on rank r's thread: the CUDA context of device r, and the rank's collectives on its stream */
 static int ops_init_cuda(void *arg, int rank, m3_ops *ops, m3_comm *comm, m3_err *err) {
     (void)arg;
     if (m3_cuda_ops_init(ops, rank, err)) return -1;
+    m3_cli_apply_precision(ops);
     if (m3_comm_set_stream(comm, m3_cuda_stream(ops), err)) { m3_cuda_ops_free(ops); return -1; }
     return 0;
 }

@@ -332,7 +332,7 @@ int m3_anth_to_oai(json_t *b, int count_only, json_t **out, m3_oai_error *e) {
     *out = NULL;
     if (!json_is_object(b)) return A_BAD(e, NULL, "the request body must be a JSON object");
     json_t *o = json_object(), *msgs = json_array();
-    if (!o || !msgs || set(o, "messages", msgs)) {
+    if (set(o, "messages", msgs)) { /* takes msgs whatever happens, o NULL too */
         json_decref(o);
         return A_OOM(e);
     }

@@ -16,11 +16,14 @@
 //  - errors in Anthropic's shape as the SDK's classes: missing max_tokens (BadRequestError), a bad key
 //    (AuthenticationError), an unknown model (NotFoundError, the OpenAI endpoint's message), refused
 //    block types, a prefill, bad JSON; x-api-key and Bearer both accepted;
+//  - an engine failure (a NaN embedding row): a 500 api_error, or mid-stream an `event: error` that the
+//    SDK throws, after message_start;
 //  - count_tokens = usage.input_tokens; /metrics counts these requests.
 // Usage: node tests/server/server_anthropic.mjs <m3-binary> <work-dir>
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import Ajv from 'ajv/dist/2020.js';
+import fs from 'node:fs';
 import { makeCheckpoint, startServer, post, reporter, metrics } from './lib.mjs';
 
 const [m3, work] = process.argv.slice(2);
@@ -35,6 +38,7 @@ const oai = new OpenAI({ baseURL: base + '/v1', apiKey: KEY, maxRetries: 0 });
 const AUTH = { Authorization: `Bearer ${KEY}` };
 const ajv = new Ajv({ strict: false, allErrors: true });
 const t0 = Date.now();
+let nanSrv = null;
 
 const OFF = { type: 'disabled' };
 const ON = { type: 'enabled', budget_tokens: 1024 };
@@ -281,6 +285,37 @@ try {
   const streamErr = await rawStream({ ...plain, model: 'nope' });
   ok(streamErr.status === 404 && JSON.parse(streamErr.text).error.type === 'not_found_error', 'a stream refused before it starts: a plain error body');
 
+  // ---- an error mid-stream: a copy of the checkpoint with one token's embedding row NaN, so that
+  // a prompt holding it fails in the engine after the stream has begun
+  const bad = (await post(base, '/tokenize', { prompt: ' zebra' }, AUTH)).json.tokens[0];
+  const nck = work + '/nan-ck';
+  fs.rmSync(nck, { recursive: true, force: true });
+  fs.cpSync(ck, nck, { recursive: true });
+  const fd = fs.openSync(nck + '/model.safetensors', 'r+'), lenBuf = Buffer.alloc(8);
+  fs.readSync(fd, lenBuf, 0, 8, 0);
+  const hl = Number(lenBuf.readBigUInt64LE()), hb = Buffer.alloc(hl);
+  fs.readSync(fd, hb, 0, hl, 8);
+  const hdr = JSON.parse(hb.toString()), emb = hdr[Object.keys(hdr).find(k => k.endsWith('embed_tokens.weight'))];
+  const row = Buffer.alloc(emb.shape[1] * 2);
+  for (let i = 0; i < emb.shape[1]; i++) row.writeUInt16LE(0x7fc0, i * 2); // bf16 NaN
+  fs.writeSync(fd, row, 0, row.length, 8 + hl + emb.data_offsets[0] + bad * emb.shape[1] * 2);
+  fs.closeSync(fd);
+  nanSrv = await startServer(m3, nck, ['--served-model-name', 'tiny']);
+  const nan = new Anthropic({ baseURL: nanSrv.base, apiKey: 'none', maxRetries: 0 });
+  const zebra = { ...plain, messages: [{ role: 'user', content: 'A zebra' }] };
+  await refused(nan.messages.create(zebra), Anthropic.InternalServerError, 500, 'api_error', 'the engine fails (non-stream): 500 api_error', /non-finite/);
+  const midRaw = await (await fetch(nanSrv.base + '/v1/messages', { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ ...zebra, stream: true }) })).text();
+  const mid = midRaw.split('\n\n').filter(Boolean).map(ev => /^event: (\w+)\ndata: (.*)$/s.exec(ev)).map(m => m && { event: m[1], data: JSON.parse(m[2]) });
+  const last = mid[mid.length - 1];
+  ok(mid.every(Boolean) && mid[0].event === 'message_start' && last.event === 'error' && last.data.type === 'error' &&
+     last.data.error.type === 'api_error' && /non-finite/.test(last.data.error.message) && !mid.some(e => e.event === 'message_stop'),
+     `the engine fails mid-stream: message_start, ..., event: error (${mid.map(e => e?.event).join(', ')})`);
+  let sdkErr = null;
+  try { for await (const e of await nan.messages.create({ ...zebra, stream: true })) void e; } catch (e) { sdkErr = e; }
+  ok(sdkErr instanceof Anthropic.APIError && sdkErr.error?.error?.type === 'api_error', `the SDK's stream throws it: ${sdkErr?.constructor.name} ${sdkErr?.message}`);
+  const stillOk = await nan.messages.create({ ...plain, max_tokens: 2 });
+  ok(stillOk.content.length === 1, 'that server still answers other prompts');
+
   // ---- metrics count these requests
   const mt0 = await metrics(base);
   const okMsg = await client.messages.create({ ...plain, max_tokens: 3 });
@@ -295,6 +330,7 @@ try {
 } catch (e) {
   ok(false, 'unexpected: ' + (e.stack || e));
 } finally {
+  if (nanSrv) await nanSrv.stop();
   const st = await srv.stop();
   ok(st.code === 0, `server exits cleanly (${st.code})`);
 }

@@ -30,10 +30,11 @@ static void fail(hreq *h, const char *why) {
     if (!h->failed) h->failed = why;
 }
 
-int srv_api_anthropic(const http_req *req) {
-    const char *p = http_target(req);
+int srv_path_anthropic(const char *p) {
     return !strncmp(p, "/v1/messages", 12) && (!p[12] || p[12] == '/' || p[12] == '?');
 }
+
+int srv_api_anthropic(const http_req *req) { return srv_path_anthropic(http_target(req)); }
 
 /* one SSE event with its name; raw data (n bytes). 0, or -1 (no memory) */
 static int ev_raw(hreq *h, const char *name, const char *data, size_t n) {

@@ -433,8 +433,10 @@ static void route(http_req *req, void *arg) {
     srv_log(s, serial, what, rc, -1, -1, -1, m3_now() - t0);
 }
 
-/* the errors the HTTP layer answers itself (malformed requests, limits), in OpenAI's shape */
-static size_t http_error_body(char *buf, size_t cap, int status, const char *msg) {
+/* the errors the HTTP layer answers itself (malformed requests, limits), in OpenAI's shape, or
+ * Anthropic's for its endpoints (a body over --max-body to /v1/messages) */
+static size_t http_error_body(char *buf, size_t cap, int status, const char *msg, const char *target) {
+    if (target && srv_path_anthropic(target)) return m3_anth_error_json(buf, cap, status, msg);
     return srv_error_json(buf, cap, status, status == 408 || status >= 500 ? "server_error" : "invalid_request_error", NULL, msg);
 }
 

@@ -218,7 +218,8 @@ void srv_free_all(srv *s);   /* after the loop: whatever is left */
 /* anthropic.c: POST /v1/messages output in Anthropic's shapes (the request is translated by
  * anthropic_req.c and generated as a chat completion; stop strings and the output parsers run
  * in generate.c as for OpenAI requests) */
-int srv_api_anthropic(const http_req *req); /* 1: the request's path is Anthropic's (errors in its shape) */
+int srv_path_anthropic(const char *target); /* 1: an Anthropic endpoint's path (errors in its shape) */
+int srv_api_anthropic(const http_req *req); /* srv_path_anthropic of the request's target */
 void srv_anth_start(hreq *h);               /* stream: message_start */
 /* parsed deltas of choice c -> content blocks: stream events, or kept for the response */
 void srv_anth_deltas(choice *c, const m3_out_delta *d, size_t n);

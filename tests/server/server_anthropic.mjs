@@ -300,7 +300,7 @@ try {
   for (let i = 0; i < emb.shape[1]; i++) row.writeUInt16LE(0x7fc0, i * 2); // bf16 NaN
   fs.writeSync(fd, row, 0, row.length, 8 + hl + emb.data_offsets[0] + bad * emb.shape[1] * 2);
   fs.closeSync(fd);
-  nanSrv = await startServer(m3, nck, ['--served-model-name', 'tiny']);
+  nanSrv = await startServer(m3, nck, ['--served-model-name', 'tiny', '--max-body', '65536']);
   const nan = new Anthropic({ baseURL: nanSrv.base, apiKey: 'none', maxRetries: 0 });
   const zebra = { ...plain, messages: [{ role: 'user', content: 'A zebra' }] };
   await refused(nan.messages.create(zebra), Anthropic.InternalServerError, 500, 'api_error', 'the engine fails (non-stream): 500 api_error', /non-finite/);
@@ -315,6 +315,11 @@ try {
   ok(sdkErr instanceof Anthropic.APIError && sdkErr.error?.error?.type === 'api_error', `the SDK's stream throws it: ${sdkErr?.constructor.name} ${sdkErr?.message}`);
   const stillOk = await nan.messages.create({ ...plain, max_tokens: 2 });
   ok(stillOk.content.length === 1, 'that server still answers other prompts');
+  // the HTTP layer's own refusals answer in the endpoint's shape too: a body over --max-body
+  const big = { ...plain, messages: [{ role: 'user', content: 'x'.repeat(100000) }] };
+  await refused(nan.messages.create(big), Anthropic.APIError, 413, 'request_too_large', 'a body over --max-body: 413 request_too_large');
+  const bigOai = await post(nanSrv.base, '/v1/chat/completions', { model: 'tiny', max_tokens: 1, messages: big.messages });
+  ok(bigOai.status === 413 && bigOai.json?.error?.type === 'invalid_request_error' && !bigOai.json.type, 'the same on /v1/chat/completions: OpenAI\'s shape');
 
   // ---- metrics count these requests
   const mt0 = await metrics(base);

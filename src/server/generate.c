@@ -13,7 +13,11 @@
  * an engine record was lost, the request is marked failed (h->failed), its choices are
  * cancelled and the response ends with an error: a 500 in OpenAI's shape, or for a stream an
  * error event (data: {"error": ...}) and [DONE]. A choice the engine ends with an error (out
- * of memory, NaN / Inf logits) does the same with the engine's reason. */
+ * of memory, NaN / Inf logits) does the same with the engine's reason.
+ *
+ * POST /v1/messages (Anthropic's API, h->api) is a chat completion here too: everything above
+ * applies; only the shapes differ, written by anthropic.c (content blocks, its events, its
+ * errors). */
 #include "srv.h"
 
 #include <errno.h>
@@ -483,9 +487,10 @@ static void finish_response(hreq *h) {
     for (int i = 0; i < h->n; i++) completion += h->ch[i].n_gen;
     m3_metrics_http(&s->m, status);
     if (status == 200) m3_hist_observe(&s->m.e2e, t - h->t0);
-    srv_log(s, h->serial, h->api == SRV_API_ANTHROPIC ? "POST /v1/messages" : h->chat ? "POST /v1/chat/completions" : "POST /v1/completions",
-            status, h->n_prompt, completion,
-            h->t_first > 0 ? h->t_first - h->t0 : -1, t - h->t0);
+    const char *what = h->api == SRV_API_ANTHROPIC ? "POST /v1/messages"
+                       : h->chat                   ? "POST /v1/chat/completions"
+                                                   : "POST /v1/completions";
+    srv_log(s, h->serial, what, status, h->n_prompt, completion, h->t_first > 0 ? h->t_first - h->t0 : -1, t - h->t0);
 }
 
 /* A choice is complete: flush its parsers, tell a stream client, and answer when it was the last. */
@@ -629,7 +634,8 @@ static void on_output(void *arg, uint64_t id, const m3_sample_out *out, int fini
     srv_push(c->h->s, &it);
 }
 
-/* a choice's output parser, its tool call ids unique to the response: call_<response id>_<index> */
+/* a choice's output parser, its tool call ids unique to the response: call_<response id>_<index>
+ * (toolu_... for Anthropic's API, as its clients know them) */
 static m3_out *out_new(const hreq *h, const m3_oai_params *g, m3_err *err) {
     char prefix[48];
     snprintf(prefix, sizeof prefix, "%s%.24s_", h->api == SRV_API_ANTHROPIC ? "toolu_" : "call_", h->rid);

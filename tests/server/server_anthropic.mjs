@@ -186,7 +186,7 @@ try {
   const toolReq = { ...greedy, max_tokens: 400, messages: [{ role: 'user', content: 'Weather in Paris?' }], tools: TOOLS, thinking: OFF };
   const checkUses = (m, name, what) => {
     const uses = m.content.filter(b => b.type === 'tool_use');
-    const bad = uses.map(u => !/^toolu_[0-9a-f]+_\d+$/.test(u.id) ? `id ${u.id}` : name && u.name !== name ? `tool ${u.name}` :
+    const bad = uses.map(u => !/^toolu_[0-9A-Za-z_]+$/.test(u.id) ? `id ${u.id}` : name && u.name !== name ? `tool ${u.name}` :
       !schemaOf[u.name] ? `unknown tool ${u.name}` : !schemaOf[u.name](u.input) ? `input ${JSON.stringify(u.input)}: ${ajv.errorsText(schemaOf[u.name].errors)}` : null).filter(Boolean);
     ok(uses.length === 1 && !bad.length && m.stop_reason === 'tool_use',
        `${what}: ${uses.length} tool_use block(s) ${uses.map(u => u.name + JSON.stringify(u.input)).join(' ')} stop_reason ${m.stop_reason} ${bad.join('; ')}`);

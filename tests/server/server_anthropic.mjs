@@ -208,6 +208,9 @@ try {
   ok(many.length >= 1 && many.every(u => schemaOf[u.name]?.(u.input)) && new Set(many.map(u => u.id)).size === many.length &&
      ['tool_use', 'max_tokens'].includes(anyMany.stop_reason),
      `tool_choice any, parallel allowed: ${many.length} valid call(s), distinct ids, stop_reason ${anyMany.stop_reason}`);
+  const fMany = await streamed({ ...toolReq, tool_choice: { type: 'any' } });
+  ok(!fMany.err && JSON.stringify(noIds(fMany.blocks)) === JSON.stringify(noIds(anyMany.content)) && fMany.delta.delta.stop_reason === anyMany.stop_reason,
+     `stream of several calls: blocks ${fMany.blocks.map(b => b.type).join(', ')} open and close in turn, as the non-stream content${fMany.err ? ' (' + fMany.err + ')' : ''}`);
   // tool_choice none: the tool-call parser is off, as OpenAI's "none"
   const tNone = await client.messages.create({ ...toolReq, max_tokens: 8, tool_choice: { type: 'none' } });
   const oNone = await oai.chat.completions.create({ ...greedy, max_tokens: 8, messages: toolReq.messages, tool_choice: 'none', chat_template_kwargs: { enable_thinking: false },

@@ -46,12 +46,13 @@ static int ev_raw(hreq *h, const char *name, const char *data, size_t n) {
     return rc;
 }
 
-/* one event (takes j); a NULL j (a failed allocation) fails the request */
+/* one event (takes j); a NULL j (a failed allocation) fails the request. Once it has failed,
+ * nothing but its error event follows: a client never sees events after a gap. */
 static void ev(hreq *h, const char *name, json_t *j) {
     size_t n = 0;
-    char *txt = h->req ? srv_json_text(j, &n) : NULL;
+    char *txt = h->req && !h->failed ? srv_json_text(j, &n) : NULL;
     json_decref(j);
-    if (!h->req) return;
+    if (!h->req || h->failed) return;
     if (!txt || ev_raw(h, name, txt, n)) fail(h, NOMEM);
     free(txt);
 }

@@ -18,6 +18,8 @@
 //    block types, a prefill, bad JSON; x-api-key and Bearer both accepted;
 //  - an engine failure (a NaN embedding row): a 500 api_error, or mid-stream an `event: error` that the
 //    SDK throws, after message_start;
+//  - allocation failures injected into a running server: every answer equal to the clean server's or
+//    a clean error in Anthropic's shape, then the same answers again;
 //  - count_tokens = usage.input_tokens; /metrics counts these requests.
 // Usage: node tests/server/server_anthropic.mjs <m3-binary> <work-dir>
 import Anthropic from '@anthropic-ai/sdk';
@@ -38,7 +40,7 @@ const oai = new OpenAI({ baseURL: base + '/v1', apiKey: KEY, maxRetries: 0 });
 const AUTH = { Authorization: `Bearer ${KEY}` };
 const ajv = new Ajv({ strict: false, allErrors: true });
 const t0 = Date.now();
-let nanSrv = null;
+let nanSrv = null, faultSrv = null;
 
 const OFF = { type: 'disabled' };
 const ON = { type: 'enabled', budget_tokens: 1024 };
@@ -47,8 +49,8 @@ const SYSTEM = [{ type: 'text', text: 'You are terse. ' }, { type: 'text', text:
 const greedy = { model: 'tiny', temperature: 0 };
 
 // the raw SSE of a streamed request: [{event, data}] plus anything that is not an event
-async function rawStream(body, headers = { 'x-api-key': KEY }) {
-  const r = await fetch(base + '/v1/messages', { method: 'POST', headers: { 'Content-Type': 'application/json', ...headers }, body: JSON.stringify({ ...body, stream: true }) });
+async function rawStream(body, headers = { 'x-api-key': KEY }, on = base) {
+  const r = await fetch(on + '/v1/messages', { method: 'POST', headers: { 'Content-Type': 'application/json', ...headers }, body: JSON.stringify({ ...body, stream: true }) });
   const text = await r.text();
   const events = [], bad = [];
   for (const ev of text.split('\n\n')) {
@@ -324,6 +326,64 @@ try {
   const bigOai = await post(nanSrv.base, '/v1/chat/completions', { model: 'tiny', max_tokens: 1, messages: big.messages });
   ok(bigOai.status === 413 && bigOai.json?.error?.type === 'invalid_request_error' && !bigOai.json.type, 'the same on /v1/chat/completions: OpenAI\'s shape');
 
+  // ---- allocation failures injected into a running server (M3_FAULT_ALLOC, as server_faults does):
+  // every answer is the clean server's or a clean error in Anthropic's shape (a 500 api_error, or a
+  // stream ending with event: error), never a broken one; then it answers as the clean server
+  const mix = [
+    { ...plain }, { ...plain, stream: true }, { ...think, thinking: ON }, { ...think, thinking: ON, stream: true },
+    { ...toolReq, max_tokens: 200, tool_choice: { type: 'any' } }, { ...toolReq, max_tokens: 200, tool_choice: { type: 'any' }, stream: true },
+    { ...plain, stop_sequences: [stopStr] }, { ...toolReq, max_tokens: 12, messages: round },
+  ];
+  const keyOf = (x, isStream) => {
+    if (isStream) {
+      const f = fold(x.events.map(e => e.data));
+      return f.err ? `stream error: ${f.err}` : JSON.stringify([noIds(f.blocks), f.delta.delta, f.delta.usage]);
+    }
+    return JSON.stringify([noIds(x.json.content), x.json.stop_reason, x.json.stop_sequence, x.json.usage]);
+  };
+  const runQ = async (b, q) => q.stream ? rawStream(q, { 'x-api-key': KEY }, b) : post(b, '/v1/messages', q, { 'x-api-key': KEY });
+  const expect = [];
+  for (const q of mix) expect.push(keyOf(await runQ(base, q), q.stream));
+  // the HTTP layer finding no memory to keep the request line cannot know the endpoint: its 500 is in
+  // the server's default (OpenAI) shape
+  const headless = j => j?.error?.message === 'out of memory' && j.error.type === 'server_error';
+  const anthErr = (j, type) => j && j.type === 'error' && j.error?.type === type && typeof j.error.message === 'string';
+  const oldEnv = process.env.M3_FAULT_ALLOC;
+  process.env.M3_FAULT_ALLOC = 'server:200:30:397,engine:5:10:11,backend:300:10:150';
+  try { faultSrv = await startServer(m3, ck, ['--served-model-name', 'tiny', '--api-key', KEY]); }
+  finally { if (oldEnv === undefined) delete process.env.M3_FAULT_ALLOC; else process.env.M3_FAULT_ALLOC = oldEnv; }
+  const spent = m => m['m3_fault_injected_total{module="server"}'] >= 30 && m['m3_fault_injected_total{module="engine"}'] >= 10 &&
+    m['m3_fault_injected_total{module="backend"}'] >= 10;
+  let good = 0, clean = 0, rounds = 0;
+  const broken = [];
+  for (; rounds < 40; rounds++) {
+    const res = await Promise.all(mix.map(q => runQ(faultSrv.base, q).catch(e => ({ status: 'exception', e }))));
+    res.forEach((x, i) => {
+      const q = mix[i];
+      if (q.stream) {
+        const last = x.events?.[x.events.length - 1];
+        if (x.status === 200 && !x.bad.length && keyOf(x, true) === expect[i]) good++;
+        // (the error event may be the first: message_start itself found no memory)
+        else if (x.status === 200 && !x.bad.length && (x.events[0]?.event === 'message_start' || x.events.length === 1) &&
+                 last?.event === 'error' && anthErr(last.data, 'api_error') && !x.events.some(e => e.event === 'message_stop')) clean++;
+        else if (x.status === 500 && (anthErr(JSON.parse(x.text || 'null'), 'api_error') || headless(JSON.parse(x.text || 'null')))) clean++;
+        else broken.push(`${i} stream: ${x.status} ${JSON.stringify((x.text || String(x.e)).slice(-400))}`);
+      } else {
+        if (x.status === 200 && keyOf(x, false) === expect[i]) good++;
+        else if (x.status === 500 && (anthErr(x.json, 'api_error') || headless(x.json))) clean++;
+        else broken.push(`${i}: ${x.status} ${(x.text || String(x.e)).slice(0, 300)}`);
+      }
+    });
+    if (spent(await metrics(faultSrv.base))) break;
+  }
+  const fm = await metrics(faultSrv.base);
+  ok(!broken.length && spent(fm) && clean > 0,
+     `under injected allocation failures (${rounds + 1} rounds, ${fm['m3_fault_injected_total{module="server"}']} server / ${fm['m3_fault_injected_total{module="engine"}']} engine failures): ` +
+     `${good} answers equal to the clean server's, ${clean} clean errors, ${broken.length} broken` + (broken.length ? ':\n  ' + broken.slice(0, 4).join('\n  ') : ''));
+  let after = 0;
+  for (let i = 0; i < mix.length; i++) after += keyOf(await runQ(faultSrv.base, mix[i]), mix[i].stream) === expect[i];
+  ok(after === mix.length, `after the failures: ${after}/${mix.length} answers equal to the clean server's`);
+
   // ---- metrics count these requests
   const mt0 = await metrics(base);
   const okMsg = await client.messages.create({ ...plain, max_tokens: 3 });
@@ -339,6 +399,7 @@ try {
   ok(false, 'unexpected: ' + (e.stack || e));
 } finally {
   if (nanSrv) await nanSrv.stop();
+  if (faultSrv) { const fe = await faultSrv.stop(); ok(fe.code === 0, `the server with injected failures exits cleanly (${fe.code})`); }
   const st = await srv.stop();
   ok(st.code === 0, `server exits cleanly (${st.code})`);
 }

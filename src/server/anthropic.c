@@ -161,18 +161,19 @@ static void open_block(choice *c, int kind, const m3_out_delta *d) {
     close_block(c);
     c->ab_kind = kind;
     c->ab_n++;
+    if (kind == AB_TOOL) c->ab_call = d->index;
+    if (!h->stream && kind != AB_TOOL) return; /* non-stream: text and thinking blocks are made when they close */
     json_t *cb = kind == AB_THINKING ? json_pack("{s:s,s:s,s:s}", "type", "thinking", "thinking", "", "signature", "")
                  : kind == AB_TEXT   ? json_pack("{s:s,s:s}", "type", "text", "text", "")
-                                     : json_pack("{s:s,s:s,s:s,s:{}}", "type", "tool_use", "id", d->id, "name", d->name, "input");
-    if (kind == AB_TOOL) c->ab_call = d->index;
+                 : h->stream ? json_pack("{s:s,s:s,s:s,s:{}}", "type", "tool_use", "id", d->id, "name", d->name, "input")
+                             : json_pack("{s:s,s:s,s:s}", "type", "tool_use", "id", d->id, "name", d->name); /* input: at its close */
     if (h->stream)
         ev(h, "content_block_start",
            json_pack("{s:s,s:i,s:o}", "type", "content_block_start", "index", c->ab_n - 1, "content_block", cb));
-    else if (kind == AB_TOOL) {
+    else {
         json_decref(c->ab_tool);
         if (!(c->ab_tool = cb)) fail(h, NOMEM);
-        else json_object_del(cb, "input"); /* set when the block closes */
-    } else json_decref(cb);
+    }
 }
 
 void srv_anth_deltas(choice *c, const m3_out_delta *d, size_t n) {

@@ -8,9 +8,10 @@
 //  - thinking: enabled (and absent: the template's default) gives a thinking block equal to the
 //    OpenAI reasoning, disabled none; assistant thinking blocks in history render as reasoning;
 //  - tools: tool_choice any / tool force a tool_use block (toolu_ id, the right tool) whose input
-//    validates against input_schema (ajv), stream (input_json_delta pieces) and non-stream;
-//    disable_parallel_tool_use: one call; a tool_result sent back is answered, and the prompt is the
-//    one the OpenAI request with the same history renders (tokens and greedy answer equal);
+//    validates against input_schema (ajv), stream (the input in several input_json_delta pieces)
+//    and non-stream; disable_parallel_tool_use: one call; a tool_result sent back is answered, and
+//    the prompt is the one the OpenAI request with the same history renders (tokens and greedy
+//    answer equal);
 //  - stop_sequences: the text ends before the first occurrence, stop_reason stop_sequence and the
 //    string named, stream too;
 //  - errors in Anthropic's shape as the SDK's classes: missing max_tokens (BadRequestError), a bad key
@@ -201,7 +202,7 @@ try {
   const fTool = await streamed({ ...toolReq, tool_choice: { type: 'tool', name: 'get_weather', disable_parallel_tool_use: true } });
   const nTool = await client.messages.create({ ...toolReq, tool_choice: { type: 'tool', name: 'get_weather', disable_parallel_tool_use: true } });
   const sUse = fTool.blocks.find(b => b.type === 'tool_use');
-  ok(!fTool.err && sUse && sUse._pieces >= 1 && fTool.delta.delta.stop_reason === 'tool_use' &&
+  ok(!fTool.err && sUse && sUse._pieces > 1 && fTool.delta.delta.stop_reason === 'tool_use' &&
      JSON.stringify(noIds(fTool.blocks)) === JSON.stringify(noIds(nTool.content)) && /^toolu_/.test(sUse.id),
      `tool stream: content_block_start tool_use + ${sUse?._pieces} input_json_delta piece(s) = the non-stream blocks${fTool.err ? ' (' + fTool.err + ')' : ''}`);
   const anyMany = await client.messages.create({ ...toolReq, tool_choice: { type: 'any' } });

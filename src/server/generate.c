@@ -13,7 +13,11 @@
  * an engine record was lost, the request is marked failed (h->failed), its choices are
  * cancelled and the response ends with an error: a 500 in OpenAI's shape, or for a stream an
  * error event (data: {"error": ...}) and [DONE]. A choice the engine ends with an error (out
- * of memory, NaN / Inf logits) does the same with the engine's reason. */
+ * of memory, NaN / Inf logits) does the same with the engine's reason.
+ *
+ * POST /v1/messages (Anthropic's API, h->api) is a chat completion here too: everything above
+ * applies; only the shapes differ, written by anthropic.c (content blocks, its events, its
+ * errors). */
 #include "srv.h"
 
 #include <errno.h>
@@ -51,6 +55,9 @@ static void choice_clear(choice *c) {
     free(c->reasoning.p);
     json_decref(c->tools);
     json_decref(c->lp);
+    free(c->ab_text.p);
+    json_decref(c->ab_blocks);
+    json_decref(c->ab_tool);
 }
 
 static void hreq_free(hreq *h) {
@@ -208,6 +215,7 @@ static void sse_send(hreq *h, json_t *j) {
 
 /* a stream's error event, in OpenAI's error shape (no allocation but libevent's buffer) */
 static void sse_error(hreq *h, int code, const char *type, const char *msg) {
+    if (h->api == SRV_API_ANTHROPIC) { srv_anth_sse_error(h, code, msg); return; }
     char buf[1400];
     size_t n = srv_error_json(buf, sizeof buf, code, type, NULL, msg);
     sse_raw(h, buf, n);
@@ -315,6 +323,10 @@ static void lp_add(srv *s, choice *c, const m3_sample_out *so, const char *text,
 static void emit_deltas(choice *c, const m3_out_delta *d, size_t n) {
     hreq *h = c->h;
     if (!n) return;
+    if (h->api == SRV_API_ANTHROPIC) { /* content blocks (anthropic.c) */
+        srv_anth_deltas(c, d, n);
+        return;
+    }
     if (h->stream) {
         send_chunk(h, c->index, m3_out_delta_json(d, n), lp_take(c, 0), NULL);
         return;
@@ -393,6 +405,7 @@ static int send_final(hreq *h) {
                                   code == 503 ? "" : "generation failed: ", why);
         }
     }
+    if (h->api == SRV_API_ANTHROPIC) return srv_anth_final(h);
     json_t *choices = json_array();
     int bad = !choices;
     for (int i = 0; choices && i < h->n; i++) {
@@ -437,7 +450,14 @@ static void finish_response(hreq *h) {
     double t = m3_now();
     int status = 499; /* nginx's "client closed request" */
     if (!h->closed && h->req) {
-        if (h->stream) {
+        if (h->stream && h->api == SRV_API_ANTHROPIC) { /* its events ended with message_stop (or an error) */
+            if (h->failed) sse_error(h, 500, "server_error", h->failed);
+            http_req *req = h->req;
+            h->req = NULL;
+            h->replied = 1;
+            http_reply_end(req);
+            status = 200;
+        } else if (h->stream) {
             if (h->include_usage && !h->failed) {
                 json_t *c = chunk_base(h), *u = usage_json(h);
                 if (!c || !u || json_object_set_new(c, "choices", json_array())) { /* u not taken yet */
@@ -467,8 +487,10 @@ static void finish_response(hreq *h) {
     for (int i = 0; i < h->n; i++) completion += h->ch[i].n_gen;
     m3_metrics_http(&s->m, status);
     if (status == 200) m3_hist_observe(&s->m.e2e, t - h->t0);
-    srv_log(s, h->serial, h->chat ? "POST /v1/chat/completions" : "POST /v1/completions", status, h->n_prompt, completion,
-            h->t_first > 0 ? h->t_first - h->t0 : -1, t - h->t0);
+    const char *what = h->api == SRV_API_ANTHROPIC ? "POST /v1/messages"
+                       : h->chat                   ? "POST /v1/chat/completions"
+                                                   : "POST /v1/completions";
+    srv_log(s, h->serial, what, status, h->n_prompt, completion, h->t_first > 0 ? h->t_first - h->t0 : -1, t - h->t0);
 }
 
 /* A choice is complete: flush its parsers, tell a stream client, and answer when it was the last. */
@@ -484,7 +506,14 @@ static void choice_end(choice *c, int reason) {
             c->emitted = c->text.n;
         }
         emit_text(c, NULL, 0, 1);
-        if (h->stream && !h->failed) {
+        if (h->stream && !h->failed && h->api == SRV_API_ANTHROPIC) {
+            /* an error (or the shutdown's cancel) ends the stream with an error event, in place of the message's end */
+            if (reason == M3_FINISH_ERROR || reason == M3_FINISH_CANCELLED) {
+                const char *why;
+                int code = choice_error(h, c, &why);
+                sse_error(h, code, "server_error", why);
+            } else srv_anth_stream_end(c);
+        } else if (h->stream && !h->failed) {
             if (reason == M3_FINISH_ERROR) {
                 const char *why;
                 choice_error(h, c, &why);
@@ -552,6 +581,9 @@ static void on_token(srv *s, choice *c, const m3_sample_out *so, int finished, i
         if (m3_stop_scan(c->stop, c->text.p ? c->text.p : "", c->text.n, c->checked, &m)) {
             upto = h->include_stop ? m.end : m.start;
             hit = 1;
+            c->stop_hit = 1; /* Anthropic's answer names the string (stop_sequence) */
+            c->stop_start = m.start;
+            c->stop_end = m.end;
         }
         else if (!finished) upto = m.safe;
     }
@@ -603,16 +635,17 @@ static void on_output(void *arg, uint64_t id, const m3_sample_out *out, int fini
     srv_push(c->h->s, &it);
 }
 
-/* a choice's output parser, its tool call ids unique to the response: call_<response id>_<index> */
+/* a choice's output parser, its tool call ids unique to the response: call_<response id>_<index>
+ * (toolu_... for Anthropic's API, as its clients know them) */
 static m3_out *out_new(const hreq *h, const m3_oai_params *g, m3_err *err) {
     char prefix[48];
-    snprintf(prefix, sizeof prefix, "call_%.24s_", h->rid);
+    snprintf(prefix, sizeof prefix, "%s%.24s_", h->api == SRV_API_ANTHROPIC ? "toolu_" : "call_", h->rid);
     m3_out_opts oo = g->oo;
     oo.id_prefix = prefix;
     return m3_out_new(&oo, g->tools, err);
 }
 
-static int start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_images *images, int n_img,
+static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_engine_images *images, int n_img,
                  size_t *px_bytes, unsigned long serial, double t0) {
     m3_err err;
     hreq *h = srv_calloc(1, sizeof *h);
@@ -627,6 +660,7 @@ static int start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_im
     h->req = req;
     h->serial = serial;
     h->chat = chat;
+    h->api = api;
     h->stream = g->stream;
     h->include_usage = g->include_usage;
     h->include_stop = g->include_stop;
@@ -651,7 +685,8 @@ static int start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_im
         if (!(c->ts = m3_tok_stream_new(s->tok, 1, &err))) rc = srv_send_error(req, 500, "server_error", "%s", err.msg);
         else if (g->n_stop_strs && !(c->stop = m3_stop_create(g->stop_strs, g->n_stop_strs, NULL, 0, &err)))
             rc = srv_send_error(req, 500, "server_error", "%s", err.msg); /* checked strings: out of memory */
-        else if (chat && !(c->out = out_new(h, g, &err))) rc = SRV_BAD(req, "%s", err.msg);
+        else if (chat && !(c->out = out_new(h, g, &err))) /* memory is the server's (500), bad tools the request's */
+            rc = strstr(err.msg, "out of memory") ? srv_send_error(req, 500, "server_error", "%s", err.msg) : SRV_BAD(req, "%s", err.msg);
         else if (h->logprobs && !(c->lp = lp_new(h))) rc = srv_send_error(req, 500, "server_error", "out of memory");
     }
     if (rc) { hreq_free(h); return rc; }
@@ -730,7 +765,8 @@ static int start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_im
         http_add_header(req, "Cache-Control", "no-cache");
         http_reply_start(req, 200, "text/event-stream");
         h->t_write = m3_now();
-        for (int i = 0; i < h->n; i++) {
+        if (api == SRV_API_ANTHROPIC) srv_anth_start(h);
+        for (int i = 0; i < h->n && api != SRV_API_ANTHROPIC; i++) {
             if (chat) send_chunk(h, i, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL);
             else {
                 size_t elen;
@@ -746,7 +782,7 @@ static int start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_im
     return 0;
 }
 
-int srv_generate_start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_images *images,
+int srv_generate_start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_engine_images *images,
                        int n_images, size_t *px_bytes, unsigned long serial, double t0) {
     m3_engine_stats st;
     m3_engine_get_stats(s->e, &st);
@@ -755,5 +791,5 @@ int srv_generate_start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_eng
         return srv_send_error(req, 429, "rate_limit_error", "the server is busy: %d requests are waiting (limit %d); retry later",
                               st.waiting, s->o->max_waiting);
     }
-    return start(s, req, chat, g, images, n_images, px_bytes, serial, t0);
+    return start(s, req, chat, api, g, images, n_images, px_bytes, serial, t0);
 }

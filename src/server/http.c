@@ -278,7 +278,7 @@ static void linger(http_conn *c) {
 static void answer_error(http_conn *c, int status, const char *msg) {
     http_server *hs = c->hs;
     char body[1024];
-    size_t n = hs->o.error_body ? hs->o.error_body(body, sizeof body, status, msg) : 0;
+    size_t n = hs->o.error_body ? hs->o.error_body(body, sizeof body, status, msg, c->p.m.target) : 0;
     struct evbuffer *out = bufferevent_get_output(c->bev);
     evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nDate: %s\r\n", status, http_reason(status), date_now(hs));
     if (n && hs->o.error_type) evbuffer_add_printf(out, "Content-Type: %s\r\n", hs->o.error_type);

@@ -40,8 +40,8 @@ typedef struct http_opts {
     int max_connections;    /* 0: no cap */
     int sndbuf;             /* SO_SNDBUF of accepted sockets (the kernel doubles it); 0: the system's */
     /* the body of an error this layer answers itself (into buf, at most cap bytes; returns its
-     * length), sent as error_type */
-    size_t (*error_body)(char *buf, size_t cap, int status, const char *msg);
+     * length), sent as error_type; target: the request's, NULL when its request line was not read */
+    size_t (*error_body)(char *buf, size_t cap, int status, const char *msg, const char *target);
     const char *error_type;
 } http_opts;
 

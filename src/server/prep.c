@@ -15,6 +15,7 @@
  * in flight count as requests in flight: shutdown waits for them (and runs them; a 503 once
  * its deadline has passed). */
 #include "srv.h"
+#include "anthropic.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,8 +108,16 @@ static void do_detokenize(srv *s, prep_job *j) {
     if (!j->reply) j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
 }
 
+/* POST /v1/messages/count_tokens: the prompt the same request to /v1/messages would have */
+static void do_count_tokens(srv *s, prep_job *j) {
+    if ((j->rc = m3_oai_parse_generate(&s->ctx, j->json, 1, &j->g, &j->e))) return;
+    j->reply = json_pack("{s:i}", "input_tokens", (int)j->g.n_ids);
+    if (!j->reply) j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
+}
+
 static void do_generate(srv *s, prep_job *j) {
-    if ((j->rc = m3_oai_parse_generate(&s->ctx, j->json, j->kind == SRV_PREP_CHAT, &j->g, &j->e))) return;
+    int chat = j->kind == SRV_PREP_CHAT || j->kind == SRV_PREP_MESSAGES;
+    if ((j->rc = m3_oai_parse_generate(&s->ctx, j->json, chat, &j->g, &j->e))) return;
     if ((j->rc = srv_structured(s, &j->g, &j->e))) return; /* a grammar: compiled here, or from the cache */
     if (j->g.media.px.n_images) { /* the content hash of the pixels, for the prefix cache */
         /* first their memory: preprocessed pixels stay until the vision tower has run, and all
@@ -146,8 +155,16 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&s->prep_mu);
         if (!j) return NULL; /* stopping, nothing queued */
         j->rc = m3_oai_parse_body(j->body, j->n, &j->json, &j->e);
+        if (!j->rc && (j->kind == SRV_PREP_MESSAGES || j->kind == SRV_PREP_COUNT_TOKENS)) {
+            /* Anthropic's request, spelled as the OpenAI chat request that means the same */
+            json_t *oai = NULL;
+            j->rc = m3_anth_to_oai(j->json, j->kind == SRV_PREP_COUNT_TOKENS, &oai, &j->e);
+            json_decref(j->json);
+            j->json = oai;
+        }
         if (!j->rc) {
             if (j->kind == SRV_PREP_TOKENIZE) do_tokenize(s, j);
+            else if (j->kind == SRV_PREP_COUNT_TOKENS) do_count_tokens(s, j);
             else if (j->kind == SRV_PREP_DETOKENIZE) do_detokenize(s, j);
             else do_generate(s, j);
         }
@@ -212,6 +229,8 @@ static const char *route_name(int kind) {
     case SRV_PREP_TOKENIZE: return "POST /tokenize";
     case SRV_PREP_DETOKENIZE: return "POST /detokenize";
     case SRV_PREP_CHAT: return "POST /v1/chat/completions";
+    case SRV_PREP_MESSAGES: return "POST /v1/messages";
+    case SRV_PREP_COUNT_TOKENS: return "POST /v1/messages/count_tokens";
     default: return "POST /v1/completions";
     }
 }
@@ -228,11 +247,12 @@ static void finish_job(srv *s, prep_job *j) {
         rc = srv_send_error(req, 503, "service_unavailable_error", "the server is shutting down");
     } else if (j->rc) {
         rc = srv_send_oai(req, &j->e);
-    } else if (j->kind == SRV_PREP_TOKENIZE || j->kind == SRV_PREP_DETOKENIZE) {
+    } else if (j->kind == SRV_PREP_TOKENIZE || j->kind == SRV_PREP_DETOKENIZE || j->kind == SRV_PREP_COUNT_TOKENS) {
         rc = srv_send_text(req, 200, j->reply_text, j->reply_len);
         j->reply_text = NULL;
     } else {
-        rc = srv_generate_start(s, req, j->kind == SRV_PREP_CHAT, &j->g, j->images, j->n_images, &j->px_bytes, j->serial,
+        rc = srv_generate_start(s, req, j->kind == SRV_PREP_CHAT || j->kind == SRV_PREP_MESSAGES,
+                                j->kind == SRV_PREP_MESSAGES ? SRV_API_ANTHROPIC : SRV_API_OPENAI, &j->g, j->images, j->n_images, &j->px_bytes, j->serial,
                                 j->t0);
     }
     if (rc) { /* answered here; an accepted generation logs itself when it ends */

@@ -1,6 +1,7 @@
 /* m3 serve: HTTP plumbing, routing, the small endpoints, the engine thread and shutdown.
  * Generation lives in generate.c, metrics in metrics.c; see server.h and srv.h. */
 #include "srv.h"
+#include "anthropic.h"
 #include "../base/fault.h"
 
 #include <arpa/inet.h>
@@ -144,7 +145,9 @@ size_t srv_error_json(char *buf, size_t cap, int code, const char *type, const c
  * status, as vLLM sends it), written without jansson so that they go out when memory is short. */
 int srv_send_oai(http_req *req, const m3_oai_error *e) {
     char body[4096];
-    size_t n = srv_error_json(body, sizeof body, e->status, e->type, e->param, e->message);
+    /* the endpoints of Anthropic's API answer in its shape (the type follows from the status) */
+    size_t n = srv_api_anthropic(req) ? m3_anth_error_json(body, sizeof body, e->status, e->message)
+                                      : srv_error_json(body, sizeof body, e->status, e->type, e->param, e->message);
     struct evbuffer *b = evbuffer_new();
     if (b && !evbuffer_add(b, body, n)) http_reply(req, e->status, "application/json", b);
     else http_reply(req, e->status, NULL, NULL);
@@ -161,24 +164,31 @@ int srv_send_error(http_req *req, int code, const char *type, const char *fmt, .
     return srv_send_oai(req, &e);
 }
 
-/* The key exactly as configured: "Authorization: Bearer KEY", one such field, nothing after the
- * key (not even whitespace; a NUL or another control byte never gets here: http_parse refuses
- * it). Compared in time that does not depend on where the first difference is. */
-int srv_check_auth(srv *s, http_req *req) {
-    if (!s->o->api_key) return 0;
+/* 0 when the field `name` (one such field, nothing after its value, not even whitespace; a NUL or
+ * another control byte never gets here: http_parse refuses it) holds prefix + key exactly.
+ * Compared in time that does not depend on where the first difference is. */
+static unsigned key_diff(http_req *req, const char *name, const char *prefix, const char *key) {
     int count = 0;
-    const http_field *f = http_field_of(req, "Authorization", &count);
-    const char *key = s->o->api_key;
-    size_t kl = strlen(key);
+    const http_field *f = http_field_of(req, name, &count);
+    size_t kl = strlen(key), pl = strlen(prefix);
     const char *given = "";
     size_t gl = 0;
-    if (f && count == 1 && !f->trailing_ws && f->len >= 7 && !strncmp(f->value, "Bearer ", 7)) {
-        given = f->value + 7;
-        gl = f->len - 7;
+    if (f && count == 1 && !f->trailing_ws && f->len >= pl && !strncmp(f->value, prefix, pl)) {
+        given = f->value + pl;
+        gl = f->len - pl;
     }
     unsigned diff = (unsigned)(gl != kl);
     for (size_t i = 0; i < kl; i++) diff |= (unsigned char)key[i] ^ (unsigned char)(i < gl ? given[i] : 0);
-    if (!diff) return 0;
+    return diff | (unsigned)!f;
+}
+
+/* The key exactly as configured, as OpenAI's clients send it ("Authorization: Bearer KEY") or
+ * Anthropic's ("x-api-key: KEY"): either field holding it lets the request in. */
+int srv_check_auth(srv *s, http_req *req) {
+    if (!s->o->api_key) return 0;
+    unsigned bearer = key_diff(req, "Authorization", "Bearer ", s->o->api_key);
+    unsigned xkey = key_diff(req, "x-api-key", "", s->o->api_key);
+    if (!bearer || !xkey) return 0;
     return srv_send_error(req, 401, "authentication_error", "invalid or missing API key");
 }
 
@@ -382,7 +392,8 @@ static void route(http_req *req, void *arg) {
     }
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     static const char *const known[] = {"/health", "/metrics", "/v1/models", "/tokenize", "/detokenize",
-                                        "/v1/completions", "/v1/chat/completions", "/version"};
+                                        "/v1/completions", "/v1/chat/completions", "/version", "/v1/messages",
+                                        "/v1/messages/count_tokens"};
     int k = -1;
     for (int j = 0; j < (int)(sizeof known / sizeof *known); j++)
         if (!strcmp(path, known[j])) k = j;
@@ -413,7 +424,8 @@ static void route(http_req *req, void *arg) {
         default: /* the rest of the work on a preparation thread (prep.c): the loop goes on */
             rc = srv_check_auth(s, req);
             if (!rc) rc = srv_prep_submit(s, req, k == 3 ? SRV_PREP_TOKENIZE : k == 4 ? SRV_PREP_DETOKENIZE
-                                                     : k == 6 ? SRV_PREP_CHAT : SRV_PREP_COMPLETION, serial, t0);
+                                                     : k == 6 ? SRV_PREP_CHAT : k == 8 ? SRV_PREP_MESSAGES
+                                                     : k == 9 ? SRV_PREP_COUNT_TOKENS : SRV_PREP_COMPLETION, serial, t0);
             break;
         }
     if (rc == 0) return; /* handed to a preparation thread: answered (counted and logged) from there */
@@ -421,8 +433,10 @@ static void route(http_req *req, void *arg) {
     srv_log(s, serial, what, rc, -1, -1, -1, m3_now() - t0);
 }
 
-/* the errors the HTTP layer answers itself (malformed requests, limits), in OpenAI's shape */
-static size_t http_error_body(char *buf, size_t cap, int status, const char *msg) {
+/* the errors the HTTP layer answers itself (malformed requests, limits), in OpenAI's shape, or
+ * Anthropic's for its endpoints (a body over --max-body to /v1/messages) */
+static size_t http_error_body(char *buf, size_t cap, int status, const char *msg, const char *target) {
+    if (target && srv_path_anthropic(target)) return m3_anth_error_json(buf, cap, status, msg);
     return srv_error_json(buf, cap, status, status == 408 || status >= 500 ? "server_error" : "invalid_request_error", NULL, msg);
 }
 

@@ -12,8 +12,11 @@
  * Endpoints: GET /health, GET /metrics (Prometheus text), GET /v1/models, POST /tokenize,
  * POST /detokenize, POST /v1/completions, POST /v1/chat/completions (stream and
  * non-stream; n choices, logprobs, logit_bias, stop strings / ids, min_tokens, seeds; images
- * as OpenAI image_url content parts with data: URLs, see media.h).
- * /health and /metrics need no API key (as vLLM); the others do when one is set.
+ * as OpenAI image_url content parts with data: URLs, see media.h); POST /v1/messages and
+ * /v1/messages/count_tokens (Anthropic's Messages API, run as the chat completion that means
+ * the same: anthropic.h; its errors in Anthropic's shape).
+ * /health and /metrics need no API key (as vLLM); the others do when one is set, given as
+ * "Authorization: Bearer KEY" or "x-api-key: KEY".
  *
  * Limits: malformed requests get 400 (and the other refusals of RFC 9112: http_parse.h),
  * bodies over max_body 413, a request line + headers over max_header_bytes 414 / 431, all in

@@ -48,7 +48,10 @@ typedef struct hreq hreq;
 typedef struct prep_job prep_job;
 
 /* what a preparation job does (prep.c) */
-enum { SRV_PREP_COMPLETION = 0, SRV_PREP_CHAT = 1, SRV_PREP_TOKENIZE = 2, SRV_PREP_DETOKENIZE = 3 };
+enum { SRV_PREP_COMPLETION = 0, SRV_PREP_CHAT = 1, SRV_PREP_TOKENIZE = 2, SRV_PREP_DETOKENIZE = 3,
+       SRV_PREP_MESSAGES = 4, SRV_PREP_COUNT_TOKENS = 5 };
+/* the API a generation request speaks: its output's shapes (generate.c, anthropic.c) */
+enum { SRV_API_OPENAI = 0, SRV_API_ANTHROPIC = 1 };
 #define SRV_MAX_PREP 16 /* preparation threads at most */
 
 typedef struct choice {
@@ -73,6 +76,15 @@ typedef struct choice {
     m3_sbuf content, reasoning;/* non-stream: accumulated output */
     json_t *tools;          /* non-stream chat: tool calls */
     json_t *lp;             /* logprobs not yet sent (stream) or all of them (non-stream) */
+    int stop_hit;           /* a stop string ended the output: text[stop_start, stop_end) */
+    size_t stop_start, stop_end;
+    /* /v1/messages (anthropic.c): the content block being written */
+    int ab_kind;            /* its kind + 1 (M3_OUT_*: REASONING thinking, CONTENT text, TOOL_* tool_use); 0: none */
+    int ab_n;               /* blocks opened so far (the stream's block indexes) */
+    int ab_call;            /* tool_use: the parser's call index */
+    m3_sbuf ab_text;        /* its text not sent yet (stream) or all of it (non-stream) */
+    json_t *ab_blocks;      /* non-stream: the blocks closed so far */
+    json_t *ab_tool;        /* non-stream: the open tool_use block */
     size_t text_chars;      /* code points so far (completions text_offset) */
     struct choice *fin_next;/* srv.fin list (a final record that found the queue out of memory) */
     int fin_reason, fin_has_tok;
@@ -84,6 +96,7 @@ struct hreq {
     http_req *req;          /* NULL once the response is handed over or the client is gone (http.h) */
     unsigned long serial;
     int chat, stream, include_usage, n, echo;
+    int api;                /* SRV_API_*: the shapes of its output */
     int include_stop;       /* include_stop_str_in_output */
     int logprobs, top_logprobs; /* report logprobs, with this many alternatives per token */
     int one_call;           /* parallel_tool_calls: false with free output: a choice ends at its first tool call */
@@ -195,11 +208,23 @@ void srv_grammar_stats(srv *s, uint64_t *compiled, uint64_t *hits);
  * *px_bytes of srv.px_held move to the request when it starts (*px_bytes is 0 then). Returns the HTTP
  * status sent (429 while the engine's queue is full), or 0 when the request was accepted (it
  * logs itself when it ends). */
-int srv_generate_start(srv *s, http_req *req, int chat, m3_oai_params *g, m3_engine_images *images,
+int srv_generate_start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_engine_images *images,
                        int n_images, size_t *px_bytes, unsigned long serial, double t0);
 void srv_handle_item(srv *s, qitem *it);
 void srv_peek(srv *s);       /* cancels requests whose client went away; retries failed cancels */
 void srv_cancel_all(srv *s); /* shutdown deadline */
 void srv_free_all(srv *s);   /* after the loop: whatever is left */
+
+/* anthropic.c: POST /v1/messages output in Anthropic's shapes (the request is translated by
+ * anthropic_req.c and generated as a chat completion; stop strings and the output parsers run
+ * in generate.c as for OpenAI requests) */
+int srv_path_anthropic(const char *target); /* 1: an Anthropic endpoint's path (errors in its shape) */
+int srv_api_anthropic(const http_req *req); /* srv_path_anthropic of the request's target */
+void srv_anth_start(hreq *h);               /* stream: message_start */
+/* parsed deltas of choice c -> content blocks: stream events, or kept for the response */
+void srv_anth_deltas(choice *c, const m3_out_delta *d, size_t n);
+void srv_anth_stream_end(choice *c);        /* the open block closed, message_delta, message_stop */
+void srv_anth_sse_error(hreq *h, int code, const char *msg); /* event: error */
+int srv_anth_final(hreq *h);                /* non-stream: the message; returns the status sent */
 
 #endif

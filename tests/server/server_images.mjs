@@ -128,11 +128,20 @@ try {
   ok(JSON.stringify(tA) === JSON.stringify(refToks), `image chat: greedy tokens = the reference's (${tA.join(',')})`);
   ok(rA.choices[0].logprobs.content.length === N && maxDiff(lpsOf(rA), cliA.lps) < 2e-4,
      `image chat: logprobs = m3 logits --image (max diff ${maxDiff(lpsOf(rA), cliA.lps).toExponential(2)})`);
+  const m1 = await metrics(base);
+  ok(m1.m3_image_inputs_total - (m0.m3_image_inputs_total || 0) === 1 && m1.m3_vision_encoder_runs_total >= 1, '/metrics counts the image and the vision tower run');
+  // the same image through Anthropic's Messages API: an image block with a base64 source
+  const an = await post(base, '/v1/messages', { model: 'vl', max_tokens: N, temperature: 0, messages: [{ role: 'user', content: [
+    { type: 'text', text: '<5><17><33>' }, { type: 'image', source: { type: 'base64', media_type: 'image/png', data: pngA.toString('base64') } },
+    { type: 'text', text: '<40><41>' }] }] });
+  const rEos = await chat(msgsWith(dataUrl(pngA)), { ignore_eos: false, logprobs: false });
+  const aText = an.json?.content?.map(b => b.text).join('');
+  ok(an.status === 200 && aText && aText === rEos.choices[0].message.content && rA.choices[0].message.content.startsWith(aText) &&
+     an.json.usage.input_tokens === rA.usage.prompt_tokens,
+     `/v1/messages with an image block: the chat's greedy text (${parseToks(aText || '').length} tokens) and input_tokens ${an.json?.usage?.input_tokens}`);
   ok(maxDiff(lpsOf(rA), refLps) < 1e-3, `image chat: logprobs = the reference's (max diff ${maxDiff(lpsOf(rA), refLps).toExponential(2)})`);
   ok(rA.usage.prompt_tokens === refIds.length && rA.usage.completion_tokens === N,
      `usage.prompt_tokens ${rA.usage.prompt_tokens} includes the 20 image tokens (${refIds.length})`);
-  const m1 = await metrics(base);
-  ok(m1.m3_image_inputs_total - (m0.m3_image_inputs_total || 0) === 1 && m1.m3_vision_encoder_runs_total >= 1, '/metrics counts the image and the vision tower run');
 
   // stream: the same tokens
   let sc = '', su = null;

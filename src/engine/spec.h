@@ -90,6 +90,27 @@ int32_t m3_spec_residual(const float *p, const float *q, int32_t draft, int V, d
 int m3_spec_draft(m3_dspark *d, const m3_dspark_ctx *ctx, m3_sampler *s, m3_sample_ws *ws, m3_rng *rng, int method,
                   int32_t anchor, int pos, int k, float *rows, int32_t *draft, float *q, int *q_used, m3_err *err);
 
+/* The drafts of several requests: their blocks in one forward of the draft
+ * (m3_dspark_block_n), then slot by slot the Markov rows of all of them added on the draft's
+ * backend and the rows drawn on the host, each request as m3_spec_draft draws it. */
+#define M3_SPEC_DRAFT_BATCH 32
+typedef struct m3_spec_draft_req {
+    const m3_dspark_ctx *ctx;
+    m3_sampler *s;
+    m3_rng *rng;
+    int32_t anchor;
+    int pos;
+    int32_t *draft;             /* out: [k] */
+    float *q;                   /* [k][V] as in m3_spec_draft */
+    int q_used;                 /* out */
+    int failed;                 /* out: this request's draws failed (the others went on) */
+} m3_spec_draft_req;
+
+/* n in [1, M3_SPEC_DRAFT_BATCH]; rows: host scratch [n][V]. -1 + err when the pass failed
+ * (every request's drafts are missing), else 0 with each request's failed flag. */
+int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws, int method, int k, float *rows,
+                    m3_err *err);
+
 /* ---- the verify step ---- */
 
 typedef struct m3_spec_result {

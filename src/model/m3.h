@@ -59,6 +59,13 @@ typedef struct m3_taps {
      * layers with capture_layers[l] != 0 ([n_layers]); the other layers cost nothing. */
     const uint8_t *capture_layers;
     void (*capture)(void *arg, int layer, const float *h, int T, int H);
+    /* capture_dev: capture gets h in the op table's memory instead (no download; it may issue
+     * ops reading h, such as copy_rows, and nothing else). Such a step may be recorded and
+     * replayed (CUDA graphs) when capture is the only tap: graph_key then names what the ops
+     * capture issues depend on beyond the step's shapes (where they write), and capture
+     * issues the same ops for the same key. */
+    int capture_dev;
+    uint64_t graph_key;
 } m3_taps;
 
 /* Runs ids[b->T] (host memory) through the model, writing their K/V/index-K into kv (pages are reserved

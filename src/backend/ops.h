@@ -114,6 +114,10 @@ struct m3_ops {
     void (*dspark_attention)(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
                              const float *kr, const float *vr, int cap, int lo, int len, int pos, int window,
                              float *out);
+    /* capability, optional: out[r] (backend memory) = the first index of the largest of the
+     * row's values x[r * ld .. r * ld + n) (m3_row_argmax's rule: NaN never wins, a NaN at 0
+     * gives 0): the DSpark draft's greedy draws without the rows leaving the device */
+    void (*argmax_rows)(void *ctx, const float *x, int rows, int n, size_t ld, int32_t *out);
     /* bytes from backend memory to backend memory */
     void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
     /* fused: rows copies of width bytes, from src + r * spitch to dst + r * dpitch (backend

@@ -54,9 +54,16 @@ int m3_spec_config_parse(m3_spec_config *c, const char *json, const char *model_
         } else if (!strcmp(key, "dspark_last_layer_final_norm")) {
             if (!json_is_boolean(v)) { m3_errf(err, "--speculative-config: dspark_last_layer_final_norm must be true or false"); goto done; }
             c->last_layer_final_norm = json_is_true(v);
+        } else if (!strcmp(key, "dspark_draft_backend")) {
+            const char *s = json_string_value(v);
+            if (!s || (strcmp(s, "target") && strcmp(s, "cpu"))) {
+                m3_errf(err, "--speculative-config: dspark_draft_backend must be \"target\" or \"cpu\"");
+                goto done;
+            }
+            c->draft_on_cpu = !strcmp(s, "cpu");
         } else {
             m3_errf(err, "--speculative-config: unknown key '%s' (method, num_speculative_tokens, draft_sample_method, "
-                         "model, dspark_last_layer_final_norm)", key);
+                         "model, dspark_last_layer_final_norm, dspark_draft_backend)", key);
             goto done;
         }
     }
@@ -149,10 +156,20 @@ int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws
         rq[j].q_used = !greedy[j];
         rq[j].failed = 0;
     }
+    /* every request greedy with nothing changing its row (the same text ids): the argmax where
+     * the rows are, only the ids come to the host (the same tokens: m3_sampler_plain_greedy) */
+    int n_text = d->ops->argmax_rows ? m3_sampler_plain_greedy(rq[0].s) : 0;
+    for (int j = 1; j < n && n_text; j++)
+        if (m3_sampler_plain_greedy(rq[j].s) != n_text) n_text = 0;
     if (m3_dspark_block_n(d, n, cs, anchor, pos, k, err)) return -1;
     for (int i = 0; i < k; i++) {
         /* slot i of every request, Markov-corrected with its draw at slot i - 1 (the anchor at 0) */
-        if (m3_dspark_markov_n(d, i, prev, rows, err)) return -1;
+        if (m3_dspark_markov_n(d, i, prev, n_text ? NULL : rows, err)) return -1;
+        if (n_text) {
+            if (m3_dspark_argmax_n(d, i, n_text, prev, err)) return -1;
+            for (int j = 0; j < n; j++) rq[j].draft[i] = prev[j];
+            continue;
+        }
         for (int j = 0; j < n; j++) {
             if (rq[j].failed) continue;
             float *row = rows + (size_t)j * V;

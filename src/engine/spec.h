@@ -59,12 +59,15 @@ typedef struct m3_spec_config {
     int num_speculative_tokens; /* k, 1..M3_SPEC_MAX_TOKENS */
     int draft_sample_method;    /* M3_SPEC_DRAFT_PROBABILISTIC (default) or M3_SPEC_DRAFT_GREEDY */
     int last_layer_final_norm;  /* [open] switch of the draft context (m3_dspark_config) */
+    int draft_on_cpu;           /* "dspark_draft_backend": "cpu": the draft on a CPU op table beside a
+                                 * GPU target (default "target": on the target's device when it has one) */
     char draft_dir[4096];       /* where the draft checkpoint is */
 } m3_spec_config;
 
 /* Parses --speculative-config JSON: {"method": "dspark", "num_speculative_tokens": 7,
  * "draft_sample_method": "probabilistic" | "greedy", "model": DIR (optional),
- * "dspark_last_layer_final_norm": false (optional)}. The draft directory is draft_dir when
+ * "dspark_last_layer_final_norm": false (optional), "dspark_draft_backend": "target" | "cpu"
+ * (optional)}. The draft directory is draft_dir when
  * non-NULL (--draft), else "model", else <model_dir>/dspark. Unknown keys are errors. */
 int m3_spec_config_parse(m3_spec_config *c, const char *json, const char *model_dir, const char *draft_dir,
                          m3_err *err);

@@ -273,7 +273,15 @@ int m3_dspark_from_device(m3_dspark *d, m3_dspark_config *cfg, const m3_model *t
         m3_dspark_free(d);
         return m3_errf(err, "out of memory");
     }
-    for (int i = 0; i < d->cfg.n_target; i++) d->capture[d->cfg.target_layers[i]] = 1;
+    for (int i = 0; i < d->cfg.n_target; i++)
+        if (d->cfg.target_layers[i] >= target->cfg.n_layers) {
+            m3_errf(err, "dspark: target layer %d is outside the target's %d layers", d->cfg.target_layers[i],
+                    target->cfg.n_layers);
+            m3_dspark_free(d);
+            return -1;
+        } else {
+            d->capture[d->cfg.target_layers[i]] = 1;
+        }
     adopt(d, d->dw);
     return 0;
 }
@@ -584,9 +592,10 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
     if (!op->dspark_attention) return m3_errf(err, "dspark: backend '%s' has no DSpark attention", op->name);
     const int H = b->hidden, V = b->vocab, nh = b->n_heads, nkv = b->n_kv_heads, D = b->head_dim, R = nreq * n;
     const size_t NR = (size_t)R, qw = (size_t)nh * D, kw = (size_t)nkv * D, r = (size_t)d->cfg.markov_rank;
-    float *buf[10];
-    size_t sz[10] = {NR * H, NR * H, NR * qw, NR * kw, NR * kw, NR * qw, NR * H, NR * V, (size_t)nreq * r, (size_t)nreq * V};
-    if (ws_take(d, 10, sz, buf, err) || meta_take(d, R, err)) return -1;
+    float *buf[11];
+    size_t sz[11] = {NR * H, NR * H, NR * qw, NR * kw, NR * kw, NR * qw, NR * H, NR * V, (size_t)nreq * r, (size_t)nreq * V,
+                     (size_t)nreq};
+    if (ws_take(d, 11, sz, buf, err) || meta_take(d, R, err)) return -1;
     float *h = buf[0], *a = buf[1], *q = buf[2], *kb = buf[3], *vb = buf[4], *att = buf[5], *o = buf[6], *lg = buf[7];
     /* rows request-major (request j's block: rows j*n..), the attention's layout */
     for (int j = 0; j < nreq; j++)
@@ -635,6 +644,7 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
     d->lg = lg;
     d->mk_r = buf[8];
     d->mk_v = buf[9];
+    d->mk_ids = (int32_t *)buf[10];
     d->lg_nreq = nreq;
     d->lg_n = n;
     return 0;
@@ -657,8 +667,20 @@ int m3_dspark_markov_n(m3_dspark *d, int slot, const int32_t *prev, float *rows,
     op->embed(X, &d->markov_w1, d->hids, nreq, d->mk_r);
     op->linear(X, &d->markov_w2, d->mk_r, nreq, d->mk_v);
     op->add(X, row, d->mk_v, (size_t)nreq * V);
-    op->download(X, rows, row, sizeof(float) * (size_t)nreq * V);
+    if (rows) op->download(X, rows, row, sizeof(float) * (size_t)nreq * V);
     if (op->check && op->check(X, err)) return m3_err_prefix(err, "dspark markov");
+    return 0;
+}
+
+int m3_dspark_argmax_n(m3_dspark *d, int slot, int n_text, int32_t *ids, m3_err *err) {
+    const int V = d->cfg.base.vocab, nreq = d->lg_nreq;
+    m3_ops *op = d->ops;
+    if (!op->argmax_rows) return m3_errf(err, "dspark: backend '%s' has no argmax_rows op", op->name);
+    if (!d->lg || slot < 0 || slot >= d->lg_n) return m3_errf(err, "dspark argmax: slot %d of no block pass", slot);
+    if (n_text < 1 || n_text > V) return m3_errf(err, "dspark argmax: %d text ids of %d", n_text, V);
+    op->argmax_rows(op->ctx, d->lg + (size_t)slot * nreq * V, nreq, n_text, (size_t)V, d->mk_ids);
+    op->download(op->ctx, ids, d->mk_ids, sizeof(int32_t) * (size_t)nreq);
+    if (op->check && op->check(op->ctx, err)) return m3_err_prefix(err, "dspark argmax");
     return 0;
 }
 

@@ -95,6 +95,7 @@ typedef struct m3_dspark {
     /* the last block pass (m3_dspark_block_n), in the workspace: logits [n][nreq][V] slot-major,
      * the Markov scratch [nreq][r] and [nreq][V] */
     float *lg, *mk_r, *mk_v;
+    int32_t *mk_ids;            /* [nreq] greedy draws (m3_dspark_argmax_n) */
     int lg_nreq, lg_n;
     /* host metadata of a pass (positions, sequence ids, token ids) and its batch (begin_step) */
     int32_t *hpos, *hseq, *hids;
@@ -151,8 +152,13 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *c, con
 
 /* Slot `slot` of the last m3_dspark_block_n: each request j's row gets markov_w2 @
  * markov_w1[prev[j]] added in backend memory, then the nreq corrected rows come to rows
- * (host f32 [nreq][V]). Slots in order, each once. */
+ * (host f32 [nreq][V]; NULL: they stay). Slots in order, each once. */
 int m3_dspark_markov_n(m3_dspark *d, int slot, const int32_t *prev, float *rows, m3_err *err);
+
+/* ids[j] = the first index of the largest of slot `slot`'s row j over [0, n_text), computed where
+ * the rows are (ops argmax_rows; -1 + err without it): the greedy draws of requests whose
+ * sampler changes nothing (m3_sampler_plain_greedy), after m3_dspark_markov_n of the slot. */
+int m3_dspark_argmax_n(m3_dspark *d, int slot, int n_text, int32_t *ids, m3_err *err);
 
 /* Weight shapes of a draft (m3_weights_shapes' way: the bytes nowhere), packed as dspark.c
  * packs a draft for the upload: for random device weights of real shapes (m3 bench). */

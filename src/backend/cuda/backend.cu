@@ -455,6 +455,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->index_select = m3_cu_index_select;
     ops->attention = m3_cu_attention;
     ops->dspark_attention = m3_cu_dspark_attention;
+    ops->argmax_rows = m3_cu_argmax_rows;
     ops->mlp = m3_cu_mlp;
     ops->moe = m3_cu_moe;
     m3_cu_vision_ops(ops);

@@ -73,7 +73,7 @@ static void cap(void *arg, int layer, const float *h, int T, int H) {
 }
 
 int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int k, long steps, double decode_s,
-                    m3_err *err) {
+                    int profile, m3_err *err) {
     m3_ops *ops = m->ops;
     const int V = m->cfg.vocab, F = m3_dspark_feat_dim(d), q = k + 1;
     const long T = nb * q;
@@ -161,6 +161,20 @@ int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int
     printf("  dspark projection (random weights: acceptance not measured): at MAL 3.48 %.2fx, at MAL 4.77 %.2fx the "
            "decode speed (MAL x decode step / whole step)\n",
            3.48 * decode_s / am, 4.77 * decode_s / am);
+    if (profile) { /* where the draft's time goes: 3 drafts (append + block + Markov + draws), per op */
+        m3_cuda_profile(ops, 1);
+        for (int it = 0; it < 3 && !rc; it++) {
+            for (long s = 0; s < nb && !rc; s++)
+                rc = m3_dspark_ctx_append_dev(d, &cx[s], feat + (size_t)s * q * F, cx[s].len, q, err);
+            for (long s = 0; s < nb; s++) rq[s].pos = cx[s].len;
+            if (!rc) rc = m3_spec_draft_n(d, rq, (int)nb, ws, M3_SPEC_DRAFT_GREEDY, k, hrows, err);
+        }
+        if (!rc) {
+            printf("  dspark draft per op (3 drafts):\n");
+            m3_cuda_profile_report(ops, 3, stdout);
+        }
+        m3_cuda_profile(ops, 0);
+    }
 out:
     for (long s = 0; seqs && s < nb; s++) m3_kv_seq_release(kv, &seqs[s]);
     for (long s = 0; cx && s < nb; s++) m3_dspark_ctx_free(&cx[s]);

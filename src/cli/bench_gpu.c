@@ -459,7 +459,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
             }
             if (!rc && have_draft) {
                 m3_cuda_profile(&ops, 0);
-                if (m3_bench_dspark(&m, &kv, &draft, nb, ctx, (int)verify, steps, med1, &err)) {
+                if (m3_bench_dspark(&m, &kv, &draft, nb, ctx, (int)verify, steps, med1, profile, &err)) {
                     fprintf(stderr, "m3 bench: dspark: %s\n", err.msg);
                     rc = 1;
                 }

@@ -20,7 +20,7 @@ int m3_cmd_bench_random(int argc, char **argv);   /* src/cli/bench_gpu.c: m3 ben
  * per batch the draft, verify and whole speculative step with the projected speedups */
 int m3_bench_dspark_load(const char *path, m3_model *m, int full_layers, uint64_t seed, m3_dspark *d, m3_err *err);
 int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int k, long steps, double decode_s,
-                    m3_err *err);
+                    int profile, m3_err *err);
 int m3_cmd_tokenize(int argc, char **argv);      /* src/cli/tokenize.c */
 int m3_cmd_detokenize(int argc, char **argv);    /* src/cli/tokenize.c */
 int m3_cmd_chat_template(int argc, char **argv); /* src/cli/chat_template.c */

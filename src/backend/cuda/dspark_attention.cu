@@ -4,7 +4,7 @@
  * every block key kb / vb [n][nkv * D] (non-causal in the block).
  * Split over the keys (k_dsa_split + k_dsa_combine): a CTA takes one slot, the query heads of one
  * KV head (up to 16, which share its keys: each key and value row is read once for all of
- * them) and DSA_KEYS of the slot's keys, and leaves that chunk's maximum, exp-sum and
+ * them) and DSA_KEYS (64) of the slot's keys, and leaves that chunk's maximum, exp-sum and
  * unnormalized output; the combine rescales the chunks (sums in double). The first version (one
  * CTA per slot and head over every key: each KV row read by all 16 heads of its group) took
  * 1.4 ms a layer at 8 slots over a full 4096-key window; it stays for shapes the split does
@@ -56,23 +56,20 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dspark_attention(const float *q
     }
 }
 
-#define DSA_KEYS 128 /* keys a split CTA takes */
-#define DSA_HG 16    /* query heads a split CTA takes at most */
-
-/* The keys of slot i: its context [lo_i, len) then the n block keys; key j < nc_i is ring
- * position lo_i + j. */
-static __device__ __forceinline__ const float *dsa_key(const float *kr, const float *kb, long lo, int nc, int cap, size_t kw,
-                                                       int g, int D, int j) {
-    return j < nc ? kr + (size_t)((lo + j) % cap) * kw + (size_t)g * D : kb + (size_t)(j - nc) * kw + (size_t)g * D;
-}
+#define DSA_KEYS 64 /* keys a split CTA takes */
+#define DSA_HG 16   /* query heads a split CTA takes at most */
+#define DSA_U 8     /* value rows a thread loads ahead */
 
 /* grid (slot, KV head x head groups, key chunk); part [n][nh][nsplit][D + 2]: the chunk's
- * unnormalized output, its maximum score and its exp-sum (empty chunk: -inf, 0) */
+ * unnormalized output, its maximum score and its exp-sum (empty chunk: -inf, 0). The chunk's
+ * key j is context position lo_i + j (ring slot % cap) while j < nc_i, then block key j - nc_i;
+ * its rows' offsets are worked out once into shared memory. */
 __global__ void __launch_bounds__(DSA_THREADS) k_dsa_split(const float *q, const float *kb, const float *vb, int n, int nh,
                                                            int nkv, int D, int HG, const float *kr, const float *vr, int cap,
                                                            int lo0, int len, int pos, int window, float scale, int nsplit,
                                                            float *part) {
     extern __shared__ float sm[]; /* [HG][D] queries, [HG][DSA_KEYS] scores */
+    __shared__ const float *krow[DSA_KEYS], *vrow[DSA_KEYS];
     const int i = blockIdx.x, G = nh / nkv, hgroups = G / HG, g = blockIdx.y / hgroups;
     const int h0 = g * G + (blockIdx.y % hgroups) * HG, z = blockIdx.z;
     const size_t kw = (size_t)nkv * D;
@@ -81,8 +78,8 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_split(const float *q, const
     if (lo < lo0) lo = lo0;
     const int nc = lo < len ? (int)(len - lo) : 0, ns = nc + n;
     const int j0 = z * DSA_KEYS, cnt = ns - j0 < DSA_KEYS ? ns - j0 : DSA_KEYS;
-    float *pp = part + ((size_t)i * nh + h0) * nsplit * (D + 2) + (size_t)z * (D + 2); /* head h0 + hh: + hh * nsplit * (D + 2) */
     const size_t hstride = (size_t)nsplit * (D + 2);
+    float *pp = part + ((size_t)i * nh + h0) * hstride + (size_t)z * (D + 2); /* head h0 + hh: + hh * hstride */
     if (cnt <= 0) { /* this slot has fewer keys than slot 0 */
         for (int x = threadIdx.x; x < HG * (D + 2); x += blockDim.x) {
             const int hh = x / (D + 2), d = x % (D + 2);
@@ -91,10 +88,16 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_split(const float *q, const
         return;
     }
     for (int x = threadIdx.x; x < HG * D; x += blockDim.x) qs[x] = q[((size_t)i * nh + h0 + x / D) * D + x % D];
+    for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
+        const int jj = j0 + j;
+        const size_t off = jj < nc ? (size_t)((lo + jj) % cap) * kw : 0;
+        krow[j] = (jj < nc ? kr + off : kb + (size_t)(jj - nc) * kw) + (size_t)g * D;
+        vrow[j] = (jj < nc ? vr + off : vb + (size_t)(jj - nc) * kw) + (size_t)g * D;
+    }
     __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
     for (int j = warp; j < cnt; j += nw) { /* a warp per key: its row once, every head's dot product */
-        const float *k = dsa_key(kr, kb, lo, nc, cap, kw, g, D, j0 + j);
+        const float *k = krow[j];
         float acc[DSA_HG];
 #pragma unroll
         for (int hh = 0; hh < DSA_HG; hh++) acc[hh] = 0;
@@ -129,18 +132,25 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_split(const float *q, const
         }
     }
     __syncthreads();
-    /* the output: thread (set, channel d) over heads set, set + sets, ...; each value row once */
+    /* the output: thread (set, channel d) over heads set, set + sets, ...; each value row once,
+     * DSA_U rows loaded ahead (the loads' latency, not the arithmetic, bounds this loop) */
     const int sets = blockDim.x / D, d = threadIdx.x % D, set = threadIdx.x / D;
     if (set >= sets) return;
     float o[DSA_HG];
 #pragma unroll
     for (int k = 0; k < DSA_HG; k++) o[k] = 0;
-    for (int j = 0; j < cnt; j++) {
-        const float v = dsa_key(vr, vb, lo, nc, cap, kw, g, D, j0 + j)[d];
+    for (int j = 0; j < cnt; j += DSA_U) {
+        float v[DSA_U];
 #pragma unroll
-        for (int k = 0; k < DSA_HG; k++) {
-            const int hh = set + k * sets;
-            if (hh < HG) o[k] += sc[hh * DSA_KEYS + j] * v;
+        for (int u = 0; u < DSA_U; u++) v[u] = j + u < cnt ? vrow[j + u][d] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < DSA_U; u++) {
+            if (j + u >= cnt) break;
+#pragma unroll
+            for (int k = 0; k < DSA_HG; k++) {
+                const int hh = set + k * sets;
+                if (hh < HG) o[k] += sc[hh * DSA_KEYS + j + u] * v[u];
+            }
         }
     }
 #pragma unroll

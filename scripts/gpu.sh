@@ -176,24 +176,26 @@ fi
 if want 9; then
 echo "## 9. DSpark with the draft on the GPU: greedy tokens equal without it, sanitizer, the bench"
 dids=5,17,300,2,499,41,7,7,7,123,456,89 # (m3-wide-q has 512 ids)
-dsp_eq() { # TARGET DRAFT K BACKEND: greedy tokens with the draft == without
-  local plain spec
-  plain=$("$BIN/m3" generate -m "$1" --ids $dids -n 40 --ignore-eos --backend cuda 2>/dev/null)
+dsp_plain() { plain=$("$BIN/m3" generate -m "$1" --ids $dids -n 40 --ignore-eos --backend cuda 2>/dev/null); }
+dsp_eq() { # TARGET DRAFT K BACKEND: greedy tokens with the draft == without ($plain: dsp_plain TARGET)
+  local spec
   spec=$("$BIN/m3" generate -m "$1" --draft "$2" --ids $dids -n 40 --ignore-eos --backend cuda \
     --speculative-config "{\"method\":\"dspark\",\"num_speculative_tokens\":$3,\"dspark_draft_backend\":\"$4\"}" 2>"$OUT/dsp9.err")
   if [ -n "$plain" ] && [ "$plain" = "$spec" ]; then echo "ok dspark $(basename "$1") k $3 draft on $4: $(grep -o 'MAL [0-9.]*' "$OUT/dsp9.err")"
   else echo "FAILED: dspark $(basename "$1") k $3 draft on $4: '$spec' vs '$plain'"; cat "$OUT/dsp9.err"; fails=$((fails+1)); fi
 }
+[ -d "$OUT/dsp/dspark" ] || "$BIN/m3" make-tiny --out "$OUT/dsp" --seed 7 --quant mxfp8-nvfp4 --with-dspark >/dev/null 2>&1
+# the draft's rows and greedy draws on the GPU (three requests in one block) against the CPU's
+[ -x "$BIN/dspark_check" ] && run "$BIN/dspark_check" "$OUT/dsp"
 # the reference checkpoints have no draft: a random one of their shapes (make-tiny with their config)
 for ref in m3-tiny-q m3-gqa3-q m3-mqa-q m3-wide-q; do
   [ -d "$D/$ref" ] || continue
   "$BIN/m3" make-tiny --out "$OUT/dr-$ref" --config "$D/$ref/config.json" --seed 11 --quant mxfp8-nvfp4 --with-dspark >/dev/null 2>&1 ||
     { echo "FAILED: make-tiny draft for $ref"; fails=$((fails+1)); continue; }
+  dsp_plain "$D/$ref"
   for k in 1 3 7; do dsp_eq "$D/$ref" "$OUT/dr-$ref/dspark" $k target; done
 done
-[ -d "$OUT/dsp/dspark" ] || "$BIN/m3" make-tiny --out "$OUT/dsp" --seed 7 --quant mxfp8-nvfp4 --with-dspark >/dev/null 2>&1
-# the draft's rows and greedy draws on the GPU (three requests in one block) against the CPU's
-[ -x "$BIN/dspark_check" ] && run "$BIN/dspark_check" "$OUT/dsp"
+dsp_plain "$OUT/dsp"
 for k in 1 3 7; do dsp_eq "$OUT/dsp" "$OUT/dsp/dspark" $k target; done
 for k in 3 7; do dsp_eq "$OUT/dsp" "$OUT/dsp/dspark" $k cpu; done
 # sampled with probabilistic drafts on the GPU: runs, and the same seed gives the same tokens
@@ -206,6 +208,7 @@ if [ -s "$OUT/dsp9s.1" ] && cmp -s "$OUT/dsp9s.1" "$OUT/dsp9s.2"; then echo "ok 
 else echo "FAILED: dspark sampled runs differ"; fails=$((fails+1)); fi
 CSB=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$CSB" ]; then
+  [ -x "$BIN/dspark_check" ] && run $CSB --tool memcheck --error-exitcode 99 --print-limit 20 "$BIN/dspark_check" "$OUT/dsp"
   run $CSB --tool memcheck --error-exitcode 99 --print-limit 20 "$BIN/m3" generate -m "$OUT/dsp" --ids $dids -n 16 --ignore-eos \
     --backend cuda --speculative-config '{"method":"dspark","num_speculative_tokens":3}'
 else echo "FAILED: compute-sanitizer not found"; fails=$((fails+1)); fi

@@ -5,13 +5,16 @@
  * Check: y = x W^T with x rounded to bf16 and W decoded exactly, summed in double, on a sample
  * of tokens (first, last, random) x rows (all, or 4096 with the last); relative L2 over the
  * sample must be < 1e-4 (only the f32 summation order differs), else a FAIL line and exit 1.
- * Ragged shapes (T = 1, 77, 130; N = 520 / 528) are checked in full first.
+ * Ragged shapes (T = 1, 9, 20, 64, 77, 130: every token tile; N = 520 / 528) are checked in full first.
  * Time: CUDA events, median of REPS after warm-up, of the GEMM alone (x staged once, as a
- * caller sharing x over q / k / v would), of staging x, and of ops.linear (the existing path).
+ * caller sharing x over q / k / v would; over ks K slices, as the backend picks them, their sum
+ * included), of staging x, and of ops.linear (the existing path). The ragged checks run 2 K
+ * slices where K allows.
  *
  * usage: bench_cuda_gemm [--quick | --ragged] [N K]
  *   --quick: T up to 1024, no lm_head; --ragged: only the small ragged shapes (for
- *   compute-sanitizer); N K: that shape only, every format, T = 64 .. 4096 */
+ *   compute-sanitizer); N K: that shape only, every format, T = 64 .. 4096. ops.linear runs in
+ *   exact precision (the GEMV up to 64 tokens, dequantized SGEMM above). */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -49,6 +52,8 @@ typedef struct ctx {
     m3_ops g;
     cudaStream_t st;
     cudaEvent_t e0, e1;
+    int ks;      /* K slices of the case being run (m3_cu_gemm_tc_ksplit, or forced for the ragged checks) */
+    float *part; /* their partial sums */
 } ctx;
 
 /* median ms of reps runs of what (0: gemm on staged x, 1: staging x, 2: ops.linear) */
@@ -58,7 +63,7 @@ static float time_it(ctx *c, int what, const m3_linear *D, const float *dx, void
     if (reps > 64) reps = 64;
     for (int r = -2; r < reps; r++) {
         cudaEventRecord(c->e0, c->st);
-        if (what == 0) m3_cu_gemm_tc_staged(c->st, D, xs, T, dy, &err);
+        if (what == 0) m3_cu_gemm_tc_staged_split(c->st, D, xs, T, dy, c->ks, c->part, &err);
         else if (what == 1) m3_cu_gemm_tc_stage_x(c->st, dx, T, D->K, xs, &err);
         else c->g.linear(c->g.ctx, D, dx, T, dy);
         cudaEventRecord(c->e1, c->st);
@@ -96,12 +101,19 @@ static int run_case(ctx *c, m3_wfmt f, int N, int K, const int *Ts, int nT, int 
         c->g.upload(c->g.ctx, dx, x, sizeof(float) * (size_t)T * K);
         cudaMemset(dy, 0xff, sizeof(float) * (size_t)T * N); /* NaN: unwritten outputs show */
         cudaDeviceSynchronize();
-        int rc = m3_cu_gemm_tc(c->st, &D, dx, T, dy, xs, xb, &err);
+        /* K slices as the backend picks them; the ragged checks force 2 where K allows */
+        c->ks = full_check ? (K / 128 >= 2 ? 2 : 1) : m3_cu_gemm_tc_ksplit(&D, T);
+        c->part = c->ks > 1 ? c->g.alloc(c->g.ctx, sizeof(float) * (size_t)c->ks * T * N) : NULL;
+        int rc = c->ks > 1 && !c->part ? (m3_errf(&err, "out of device memory"), -1)
+                 : m3_cu_gemm_tc_stage_x(c->st, dx, T, K, xs, &err) ||
+                       m3_cu_gemm_tc_staged_split(c->st, &D, xs, T, dy, c->ks, c->part, &err);
         cudaError_t ce = cudaStreamSynchronize(c->st);
         if (rc || ce != cudaSuccess) {
             printf("%s %d x %d T %d: %s FAIL\n", m3_wfmt_name(f), N, K, T, rc ? err.msg : cudaGetErrorString(ce));
             fails++;
             c->g.release(c->g.ctx, dx); c->g.release(c->g.ctx, dy); c->g.release(c->g.ctx, xs); free(x);
+            if (c->part) c->g.release(c->g.ctx, c->part);
+            c->part = NULL;
             break;
         }
         /* sample: tokens, rows */
@@ -137,12 +149,15 @@ static int run_case(ctx *c, m3_wfmt f, int N, int K, const int *Ts, int nT, int 
         const float t_gemm = time_it(c, 0, &D, dx, xs, T, dy, reps), t_stage = time_it(c, 1, &D, dx, xs, T, dy, reps);
         const float t_old = with_old ? time_it(c, 2, &D, dx, xs, T, dy, T >= 1024 ? 5 : 10) : 0;
         const double flop = 2.0 * T * (double)N * K;
-        printf("%-6s %7d %6d %5d %9.2e %9.2e%s %9.1f %7.1f %7.1f %5.1f%% %10.1f %6.1fx %s\n", m3_wfmt_name(f), N, K, T, rel, mx,
-               bad ? "(NaN)" : "", t_gemm * 1e3, t_stage * 1e3, flop / (t_gemm * 1e-3) / 1e12, 100 * flop / (t_gemm * 1e-3) / PEAK,
-               with_old ? t_old * 1e3 : 0.0, with_old ? t_old / (t_gemm + t_stage) : 0.0, ok ? "" : "FAIL");
+        printf("%-6s %7d %6d %5d %9.2e %9.2e%s %9.1f %7.1f %7.1f %5.1f%% %10.1f %6.1fx %2d %s\n", m3_wfmt_name(f), N, K, T, rel,
+               mx, bad ? "(NaN)" : "", t_gemm * 1e3, t_stage * 1e3, flop / (t_gemm * 1e-3) / 1e12,
+               100 * flop / (t_gemm * 1e-3) / PEAK, with_old ? t_old * 1e3 : 0.0, with_old ? t_old / (t_gemm + t_stage) : 0.0, c->ks,
+               ok ? "" : "FAIL");
         fflush(stdout);
         free(toks); free(rows); free(yg); free(x);
         c->g.release(c->g.ctx, dx); c->g.release(c->g.ctx, dy); c->g.release(c->g.ctx, xs);
+        if (c->part) c->g.release(c->g.ctx, c->part);
+        c->part = NULL;
     }
     free(wr);
     free(xd);
@@ -157,6 +172,7 @@ done:
 int main(int argc, char **argv) {
     m3_err err;
     ctx c;
+    memset(&c, 0, sizeof c);
     int quick = 0, ragged = 0, argi = 1;
     if (argc > 1 && !strcmp(argv[1], "--quick")) { quick = 1; argi++; }
     else if (argc > 1 && !strcmp(argv[1], "--ragged")) { ragged = 1; argi++; }
@@ -165,8 +181,8 @@ int main(int argc, char **argv) {
     cudaEventCreate(&c.e0);
     cudaEventCreate(&c.e1);
     printf("device: %s; peak taken as %.0f TFLOP/s dense BF16\n", m3_cuda_device_name(&c.g), PEAK / 1e12);
-    printf("%-6s %7s %6s %5s %9s %9s %9s %7s %7s %6s %10s %7s\n", "format", "N", "K", "T", "rel_l2", "max_abs", "gemm_us",
-           "xstg_us", "TFLOP/s", "peak", "linear_us", "speedup");
+    printf("%-6s %7s %6s %5s %9s %9s %9s %7s %7s %6s %10s %7s %2s\n", "format", "N", "K", "T", "rel_l2", "max_abs", "gemm_us",
+           "xstg_us", "TFLOP/s", "peak", "linear_us", "speedup", "ks");
     const m3_wfmt fm[3] = {M3_WF_BF16, M3_WF_MXFP8, M3_WF_NVFP4};
     int fails = 0;
     if (argc - argi == 2) {
@@ -175,17 +191,17 @@ int main(int argc, char **argv) {
         for (int fi = 0; fi < 3; fi++) fails += run_case(&c, fm[fi], N, K, Ts, quick ? 3 : 4, 0, 1);
     } else {
         /* ragged: full check, no comparison timing */
-        const int Tr[4] = {1, 77, 130, 64};
-        fails += run_case(&c, M3_WF_BF16, 520, 384, Tr, 4, 1, 0);
-        fails += run_case(&c, M3_WF_MXFP8, 528, 640, Tr, 4, 1, 0);
-        fails += run_case(&c, M3_WF_NVFP4, 528, 640, Tr, 4, 1, 0);
+        const int Tr[6] = {1, 77, 130, 64, 9, 20}; /* tiles of 16, 128, 128, 64, 16, 32 tokens */
+        fails += run_case(&c, M3_WF_BF16, 520, 384, Tr, 6, 1, 0);
+        fails += run_case(&c, M3_WF_MXFP8, 528, 640, Tr, 6, 1, 0);
+        fails += run_case(&c, M3_WF_NVFP4, 528, 640, Tr, 6, 1, 0);
         fails += run_case(&c, M3_WF_BF16, 200, 256, Tr, 3, 1, 0);
         if (ragged) goto out;
         /* the M3.1-Flash shapes */
         const int shapes[][2] = {{8192, 6144}, {6144, 8192}, {512, 6144}, {3072, 6144}, {6144, 3072}, {12288, 6144}};
-        const int Ts[4] = {64, 256, 1024, 4096};
+        const int Ts[6] = {16, 32, 64, 256, 1024, 4096};
         for (int si = 0; si < 6; si++)
-            for (int fi = 0; fi < 3; fi++) fails += run_case(&c, fm[fi], shapes[si][0], shapes[si][1], Ts, quick ? 3 : 4, 0, 1);
+            for (int fi = 0; fi < 3; fi++) fails += run_case(&c, fm[fi], shapes[si][0], shapes[si][1], Ts, quick ? 5 : 6, 0, 1);
         if (!quick) { /* lm_head (BF16) */
             const int Tl[3] = {64, 256, 1024};
             fails += run_case(&c, M3_WF_BF16, 200064, 6144, Tl, 3, 0, 1);

@@ -8,8 +8,8 @@
  * e % NSET: the host side and the reference stay small); each expert is uploaded on its own, so
  * the device reads 128 distinct experts.
  *
- * Reference (double / f32 on the host): the router on x (rounded to bf16 when T > 64: the
- * router's linear takes the wgmma GEMM there), top-8 by sigmoid + bias (lowest id on ties),
+ * Reference (double / f32 on the host): the router on bf16(x) (precision bf16 rounds every GEMM
+ * input, the router's too, at any T), top-8 by sigmoid + bias (lowest id on ties),
  * then for each picked expert in ascending order: gate / up on bf16(x), SwiGLU-OAI in f32,
  * down on bf16(h), added with the routing weight; + the shared expert the same way. Tokens whose
  * 8th and 9th choices are closer than 1e-5 are skipped (f32 order could flip the choice).
@@ -203,7 +203,7 @@ static int ref_token(const layer *y, const float *x, int T, float *out) {
     const int E = y->E, H = y->H;
     float *xb = malloc(sizeof(float) * H), *xr = malloc(sizeof(float) * H), *h = malloc(sizeof(float) * (y->F > y->Fs ? y->F : y->Fs));
     double *s = malloc(sizeof(double) * E), *ch = malloc(sizeof(double) * E);
-    for (int k = 0; k < H; k++) { xb[k] = bf(x[k]); xr[k] = T > 64 ? xb[k] : x[k]; }
+    for (int k = 0; k < H; k++) { xb[k] = bf(x[k]); xr[k] = xb[k]; }
     for (int e = 0; e < E; e++) {
         const float lg = (float)dot(y->router + (size_t)e * H, xr, H);
         s[e] = 1.0 / (1.0 + exp(-(double)lg));
@@ -302,7 +302,9 @@ static int one(m3_ops *g, layer *y, int T, int ntok, int timed) {
     if (timed) {
         const int reps = T >= 2048 ? 5 : 10, oreps = T >= 2048 ? 2 : 5;
         const double tn = run_moe(g, y, dx, T, dy, reps);
-        setenv("M3_MOE_TC_BN", T * TOPK >= 64 * y->E ? "64" : "128", 1); /* the other tile */
+        /* the next wider tile than the op's choice (moe.cu), or 64 when it chose 128 */
+        const long S = (long)T * TOPK;
+        setenv("M3_MOE_TC_BN", S >= 64L * y->E ? "64" : S >= 32L * y->E ? "128" : S >= 16L * y->E ? "64" : "32", 1);
         const double tb = run_moe(g, y, dx, T, dy, reps);
         unsetenv("M3_MOE_TC_BN");
         setenv("M3_MOE_TC", "0", 1);
@@ -331,7 +333,7 @@ int main(int argc, char **argv) {
     int quick = argc > 1 && !strcmp(argv[1], "--quick"), ragged = argc > 1 && !strcmp(argv[1], "--ragged");
     if (m3_cuda_ops_init(&g, 0, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
     printf("device: %s\n", m3_cuda_device_name(&g));
-    setenv("M3_MOE_TC_MIN", "1", 1); /* the grouped GEMMs at every T here (the op takes them from 144 tokens) */
+    setenv("M3_MOE_TC_MIN", "1", 1); /* the grouped GEMMs at every T here (the op takes them from 32 tokens) */
     int fails = 0;
     layer y;
     /* ragged: 16 experts, 10 boosted by the bias (6 get no token), small widths, every row checked */
@@ -340,7 +342,13 @@ int main(int argc, char **argv) {
            "the h roundings f32 order can flip (flips taken / candidates per row)\n%5s %10s %9s %9s %6s %6s\n", "T", "rows/skip",
            "raw_l2", "rel_l2", "flips", "cands");
     const int Tr[4] = {64, 77, 130, 200};
-    for (int i = 0; i < 4; i++) fails += one(&g, &y, Tr[i], 1 << 30, 0);
+    const char *bns[5] = {NULL, "16", "32", "64", "128"}; /* the op's choice, then every tile width */
+    for (int b = 0; b < 5; b++) {
+        if (bns[b]) setenv("M3_MOE_TC_BN", bns[b], 1);
+        printf("tile: %s\n", bns[b] ? bns[b] : "the op's choice");
+        for (int i = 0; i < 4; i++) fails += one(&g, &y, Tr[i], 1 << 30, 0);
+    }
+    unsetenv("M3_MOE_TC_BN");
     layer_free(&g, &y);
     if (!ragged) {
         if (build(&g, &y, 128, 6144, 3072, 3072, 0, &err)) { printf("upload: %s FAIL\n", err.msg); return 1; }
@@ -348,8 +356,8 @@ int main(int argc, char **argv) {
                "ms of the whole op: tc = grouped GEMMs (bf16), other_bn = the other tile width, bf16_old = bf16 without "
                "them, exact = --precision exact\n%5s %10s %9s %9s %6s %9s %7s %9s %9s %9s %7s\n",
                "T", "rows/skip", "raw_l2", "rel_l2", "flips", "tc_ms", "TFLOP/s", "other_bn", "bf16_old", "exact", "speedup");
-        const int Ts[5] = {64, 256, 512, 2048, 4096};
-        for (int i = 0; i < (quick ? 3 : 5); i++) fails += one(&g, &y, Ts[i], 6, 1);
+        const int Ts[7] = {32, 64, 128, 256, 512, 2048, 4096};
+        for (int i = 0; i < (quick ? 5 : 7); i++) fails += one(&g, &y, Ts[i], 6, 1);
         layer_free(&g, &y);
     }
     err.msg[0] = 0;

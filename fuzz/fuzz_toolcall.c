@@ -3,8 +3,9 @@
  * on/off) and seeds the split; the rest is the model's text, fed in random pieces with a
  * fixed tools schema. Checked: nothing lost or duplicated (reasoning + content + markup
  * bytes == input bytes, reasoning and content are subsequences of the input, and content
- * is the input itself when nothing was taken as markup), every tool call's arguments
- * are a JSON object, rendering never fails, and the split does not change the result. */
+ * is the input itself when nothing was taken as markup), argument pieces belong to the
+ * call begun last, every call's pieces concatenate to a JSON object (calls stream: a begun
+ * call is always closed), rendering never fails, and the split does not change the result. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,9 +38,23 @@ static void sb_add(sb *b, const char *s, size_t n) {
 }
 
 typedef struct {
-    sb r, c, calls; /* calls: "index id name args\n" per call */
+    sb r, c, calls; /* calls: "id name args\n" per call */
+    sb args;        /* the arguments of the call begun last, so far */
+    int ncalls;
     size_t markup;
 } acc;
+
+/* the call begun last is complete: its arguments must be a JSON object */
+static void call_close(acc *a) {
+    if (!a->ncalls) return;
+    json_error_t jerr;
+    json_t *args = json_loadb(a->args.p ? a->args.p : "", a->args.n, JSON_ALLOW_NUL, &jerr);
+    if (!json_is_object(args)) abort();
+    json_decref(args);
+    sb_add(&a->calls, a->args.p ? a->args.p : "", a->args.n);
+    sb_add(&a->calls, "\n", 1);
+    a->args.n = 0;
+}
 
 static void take(acc *a, const m3_out_delta *d, size_t n) {
     json_t *j = m3_out_delta_json(d, n);
@@ -50,20 +65,18 @@ static void take(acc *a, const m3_out_delta *d, size_t n) {
         case M3_OUT_REASONING: sb_add(&a->r, d[i].text, d[i].len); break;
         case M3_OUT_CONTENT: sb_add(&a->c, d[i].text, d[i].len); break;
         case M3_OUT_TOOL_BEGIN:
+            if (d[i].index != a->ncalls) abort();
+            call_close(a);
+            a->ncalls++;
             sb_add(&a->calls, d[i].id, strlen(d[i].id));
             sb_add(&a->calls, " ", 1);
             sb_add(&a->calls, d[i].name, strlen(d[i].name));
             sb_add(&a->calls, " ", 1);
             break;
-        case M3_OUT_TOOL_ARGS: {
-            json_error_t jerr;
-            json_t *args = json_loadb(d[i].text, d[i].len, JSON_ALLOW_NUL, &jerr);
-            if (!json_is_object(args)) abort(); /* arguments arrive whole and are an object */
-            json_decref(args);
-            sb_add(&a->calls, d[i].text, d[i].len);
-            sb_add(&a->calls, "\n", 1);
+        case M3_OUT_TOOL_ARGS:
+            if (d[i].index != a->ncalls - 1 || !d[i].len) abort();
+            sb_add(&a->args, d[i].text, d[i].len);
             break;
-        }
         }
     }
 }
@@ -96,6 +109,8 @@ static void run(const m3_out_opts *opts, const json_t *tools, const uint8_t *dat
     }
     if (m3_out_finish(o, &d, &n, &err)) abort();
     take(a, d, n);
+    call_close(a);
+    if (m3_out_tool_calls(o) != a->ncalls || m3_out_tool_calls_done(o) != a->ncalls) abort();
     a->markup = m3_out_markup_bytes(o);
     m3_out_free(o);
 }
@@ -104,6 +119,7 @@ static void acc_free(acc *a) {
     free(a->r.p);
     free(a->c.p);
     free(a->calls.p);
+    free(a->args.p);
 }
 
 static int same(const sb *x, const sb *y) { return x->n == y->n && (x->n == 0 || !memcmp(x->p, y->p, x->n)); }

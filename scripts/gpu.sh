@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU checks and benchmarks in one call, on a machine with an NVIDIA Hopper GPU:
 #   1. the reference checkpoints on --backend cuda (logits within 1e-3 relative L2 at every
-#      position, greedy tokens and indexer block choices equal), every KV cache dtype;
+#      position, greedy tokens and indexer block choices equal), every KV cache dtype; the bf16
+#      accuracy contract (teacher-forced per layer, and end to end) on the bf16-GEMM references;
 #   2. CPU and GPU agree on a larger random checkpoint (MXFP8 + NVFP4, 2600-token prompt:
 #      sparse selection active, prefill and decode paths), f32 / bf16 / fp8 / nvfp4 caches;
 #   3. per-kernel benchmarks against the CPU / a double reference: linear layers (GEMV), the
@@ -46,6 +47,14 @@ run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-bf16.oracle.safetenso
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-nvfp4.oracle.safetensors --kv nvfp4 --backend cuda --tol 1e-3 --work "$OUT"
 # every case (case 3 sits on an E4M3 rounding tie that moves later logits by ~3e-4: within 1e-3)
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-fp8.oracle.safetensors --kv fp8 --backend cuda --tol 1e-3 --work "$OUT"
+# issue 25's accuracy contract (oracle_check.c's header): --precision bf16 against the bf16-GEMM
+# references, every layer teacher-forced (near-ties from a CPU run, the window doubled), and end to end
+for m in m3-tiny-q m3-gqa3-q m3-mqa-q; do
+  run "$BIN/oracle_check" "$BIN/m3" $D/$m $D/$m.bf16gemm.oracle.safetensors --backend cuda --precision bf16 --teacher-forced 1 --work "$OUT"
+  run "$BIN/oracle_check" "$BIN/m3" $D/$m $D/$m.bf16gemm.oracle.safetensors --backend cuda --precision bf16 --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99 --work "$OUT"
+done
+# the exact mode teacher-forced: every layer within 1e-3 of the float64 reference on its input
+run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny-q $D/m3-tiny-q.oracle.safetensors --backend cuda --teacher-forced 1 --tol 1e-3 --work "$OUT"
 # a decode graph replayed after a larger step grew the activation workspace (issue 22)
 run "$BIN/graph_regrow" $D/m3-tiny-q
 # the vision tower on the GPU against the vision-language references

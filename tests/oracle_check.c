@@ -3,7 +3,59 @@
  * tokens (equal), greedy logits, and the indexer's block choices (equal as sets).
  * usage: oracle_check M3_BIN MODEL_DIR ORACLE.safetensors [--kv DTYPE] [--cases 0,2]
  *                     [--tol 1e-4] [--threads N] [--ubatch N] [--work DIR] [--backend cpu|cuda]
- *                     [--tp N] [--moe-split experts|width]   (tensor parallel: m3 logits -tp N) */
+ *                     [--tp N] [--moe-split experts|width]   (tensor parallel: m3 logits -tp N)
+ *                     [--precision bf16] [--stats 1]
+ *   teacher-forced:   --teacher-forced 1 [--flip-tol 1e-2] [--tie-ulps 8] [--max-kv-explained 0.05]
+ *                     [--min-index-agree 0.995] [--verbose 1]
+ *   end to end, bf16: [--median-tol X] [--greedy-tie X] [--index-agree X]
+ *
+ * Exact mode (the default) against the float64 references: every position within --tol (1e-4
+ * CPU, 1e-3 GPU), greedy tokens equal, block choices equal.
+ *
+ * The bf16 accuracy contract (issue 25; --precision bf16 against the *.bf16gemm references,
+ * which round the input of every product with a weight to bf16 and compute in float64
+ * otherwise; numbers in docs/PERF.md, session 14). End to end, 1e-4 per position cannot hold:
+ * where an f32 GEMM input lies near a bf16 rounding midpoint, m3 and the reference round it to
+ * neighbouring bf16 values (one bf16 ulp: 2^-8 relative), and attention carries that to later
+ * positions and layers. So the strict part is per layer:
+ *
+ * 1. Teacher-forced (--teacher-forced 1): m3 logits --teacher-forced feeds every layer l the
+ *    reference's hidden.l (all prompt positions, one prefill, so the caches hold the layer's own
+ *    K / V / index-K of that input) and its output is compared with hidden.l+1, the logits with
+ *    the reference's, per position. A position passes when its relative L2 is <= --tol (1e-4),
+ *    or when it is <= --flip-tol (1e-2) and bf16 near-ties explain it: its own GEMM input rows
+ *    in that layer (q-k-v / indexer input, o_proj input, router, experts, shared expert, for the
+ *    logits also lm_head) hold an element within --tie-ulps (8) f32 ulps of a bf16 midpoint, or
+ *    (K / V) the q-k-v input row of it or an earlier token does. The K / V explanation is weak
+ *    (most positions past the first few have some earlier near-tie), so it may explain at most
+ *    --max-kv-explained (5%) of a layer's positions over all cases. Indexer: a differing row
+ *    (head, token) must have a near-tie in the q-k-v input of it or an earlier token, and at
+ *    least --min-index-agree (99.5%) of a layer's rows must be equal.
+ *    Why these numbers (CPU, the three references, 1019 positions per layer):
+ *    - the window: a flip needs a midpoint between m3's f32 value and the reference's float64
+ *      one, so the window must exceed their distance. Measured: every position over 1e-4 is
+ *      explained at 4 ulps, not at 2; 8 (2^-20 to 2^-21 relative) is twice the need, and
+ *      still only 10-20% of the positions have a near-tie of their own in a layer.
+ *    - off the flips the layers agree to f32 accumulation: median 4e-8 - 9e-8 per layer, and
+ *      8.7e-7 at most at the positions with no near-tie at all (the exact mode's teacher-forced
+ *      errors are <= 3.5e-7): 1e-4 is > 100x the flip-free floor, a planted bug of 1% in one
+ *      expert shows as 3e-3 - 7e-3.
+ *    - a flip moves one element by one bf16 ulp (<= 2^-8 = 3.9e-3 of it); the largest error of
+ *      a flipped position measured is 3.5e-3: --flip-tol 1e-2 is ~3x that.
+ *    - positions explained by K / V only: at most 1.7% of a layer (gqa3's logits); 5% is ~3x.
+ *    On another backend (--backend cuda) the near-ties come from a CPU run of the same
+ *    teacher-forced layers with the window doubled: both backends' values lie within one
+ *    window of the float64 value, so an element the device rounds across a midpoint lies
+ *    within two windows of it on the CPU.
+ *    It can fail: tests/accuracy/plant_bug.py plants a 1% scale error in one expert and one
+ *    query head's swapped rotary pair; both fail this check (ctest oracle_tf_planted_*), the
+ *    first while passing the end-to-end statistics below.
+ * 2. End to end (statistics; --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99):
+ *    per case the median position within 1e-2 (measured <= 5.5e-3) and every position within
+ *    1e-1 (measured <= 3.8e-2, a block choice flipped by a near-tie); greedy tokens equal, or
+ *    the first difference where the reference's own top-2 margin is <= 0.02 of its logits' rms
+ *    (the one difference measured: 0.0059, where logits differ by ~5e-3 of their norm); block
+ *    rows >= 99% equal per case (measured >= 99.87%). */
 #include <stdio.h>
 #include <sys/stat.h>
 #include <stdlib.h>
@@ -27,12 +79,230 @@ static double rel_l2(const float *a, const float *ref, int n) {
 }
 
 static int cmp_i32(const void *a, const void *b) { return *(const int32_t *)a - *(const int32_t *)b; }
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* how `m3 logits` is run: the options every run of a case shares */
+typedef struct {
+    const char *m3, *model, *kv, *threads, *ubatch, *backend, *tp, *moe_split, *precision;
+} run_opts;
+
+/* m3 logits on the ids (decode N steps), output to out, with extra options; 0 or the wait status */
+static int run_logits(const run_opts *o, const char *idstr, int N, const char *out, const char *const *extra, int n_extra) {
+    char nbuf[16];
+    snprintf(nbuf, sizeof nbuf, "%d", N);
+    const char *av[40];
+    int ac = 0;
+    av[ac++] = o->m3; av[ac++] = "logits"; av[ac++] = "-m"; av[ac++] = o->model; av[ac++] = "--ids"; av[ac++] = idstr;
+    av[ac++] = "--decode"; av[ac++] = nbuf; av[ac++] = "--dump-index"; av[ac++] = "-o"; av[ac++] = out;
+    if (o->kv) { av[ac++] = "--kv-cache-dtype"; av[ac++] = o->kv; }
+    if (o->threads) { av[ac++] = "--threads"; av[ac++] = o->threads; }
+    if (o->ubatch) { av[ac++] = "--ubatch"; av[ac++] = o->ubatch; }
+    if (o->backend) { av[ac++] = "--backend"; av[ac++] = o->backend; }
+    if (o->tp) { av[ac++] = "--tensor-parallel-size"; av[ac++] = o->tp; }
+    if (o->moe_split) { av[ac++] = "--moe-split"; av[ac++] = o->moe_split; }
+    if (o->precision) { av[ac++] = "--precision"; av[ac++] = o->precision; }
+    for (int i = 0; i < n_extra && ac < 39; i++) av[ac++] = extra[i];
+    av[ac] = NULL;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) { execv(o->m3, (char *const *)av); perror("execv"); _exit(127); }
+    int status;
+    if (waitpid(pid, &status, 0) < 0) return -1;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : (status ? status : -1);
+}
+
+/* per-position errors of one layer (or the logits), gathered over a file's cases */
+typedef struct {
+    double *e;
+    size_t n, cap;
+    long over, own, kv, unexplained; /* over the tight bound; explained by own / earlier K-V near-ties; not */
+    long idx_rows, idx_diff, idx_unexplained;
+    long with_own, with_kv; /* positions with near-ties of their own; with some at or before them in K / V inputs */
+    double clean_max;       /* the largest error of a position without any near-tie (measured only with counts) */
+} layer_stats;
+
+static int push(layer_stats *L, double e) {
+    if (L->n == L->cap) {
+        size_t c = L->cap ? L->cap * 2 : 256;
+        double *p = realloc(L->e, c * sizeof *p);
+        if (!p) return -1;
+        L->e = p;
+        L->cap = c;
+    }
+    L->e[L->n++] = e;
+    return 0;
+}
+
+/* the top-2 margin of a row of logits, in units of the row's rms (a scale-free closeness of a tie) */
+static double top2_margin(const float *r, int V) {
+    float t1 = -INFINITY, t2 = -INFINITY;
+    double ss = 0;
+    for (int v = 0; v < V; v++) {
+        ss += (double)r[v] * r[v];
+        if (r[v] > t1) { t2 = t1; t1 = r[v]; }
+        else if (r[v] > t2) t2 = r[v];
+    }
+    double rms = sqrt(ss / V);
+    return rms > 0 ? ((double)t1 - t2) / rms : (double)t1 - t2;
+}
+
+static double quantile(double *sorted, size_t n, double q) { return n ? sorted[(size_t)(q * (double)(n - 1) + 0.5)] : 0; }
+
+typedef struct {
+    double tol, flip_tol;  /* the tight bound; the most a position explained by near-ties may differ */
+    int tie_ulps;          /* the near-tie window (f32 ulps) on the backend's own values */
+    double min_index_agree;
+    double max_kv;         /* the largest share of a layer's positions explained by other tokens' near-ties only */
+    int verbose;
+} tf_contract;
+
+/* near-tie counts of a teacher-forced run: all[l][t] (every GEMM of layer l, token t), first[l][t]
+ * (its q / k / v input); l = n_layers: lm_head */
+static const int32_t *ties_of(const m3_st *st, const char *kind, int l, int n_layers, int T) {
+    char nm[64];
+    if (l == n_layers) snprintf(nm, sizeof nm, "near_ties.lm_head");
+    else snprintf(nm, sizeof nm, "%s.layer%d", kind, l);
+    const m3_tensor *t = st ? m3_st_find(st, nm) : NULL;
+    return t && t->numel == T ? t->data : NULL;
+}
+
+/* Teacher-forced check of one case (see the header): returns the number of contract violations,
+ * or -1 when a run failed. Every layer's output errors go into S[l], the logits' into S[n_layers]. */
+static int teacher_case(const run_opts *o, const m3_st *ref, const char *oracle, int k, int T, const char *idstr,
+                        const char *work, const tf_contract *C, layer_stats *S, int *n_layers_out) {
+    char out[512], tout[512], prefix[32], wbuf[16];
+    snprintf(out, sizeof out, "%s/oracle_check_tf_%d_%d.safetensors", work, (int)getpid(), k);
+    snprintf(tout, sizeof tout, "%s/oracle_check_ties_%d_%d.safetensors", work, (int)getpid(), k);
+    snprintf(prefix, sizeof prefix, "case%d.", k);
+    int bf16 = o->precision && !strcmp(o->precision, "bf16");
+    int cpu = !o->backend || !strcmp(o->backend, "cpu");
+    /* near-ties: the CPU records them; a device run takes them from a CPU run of the same layers,
+     * with the window doubled (an element the device rounds across a midpoint lies within one
+     * window of it on the device, so within two on the CPU: both are within a window of the
+     * float64 value, see the header) */
+    snprintf(wbuf, sizeof wbuf, "%d", cpu ? C->tie_ulps : 2 * C->tie_ulps);
+    const char *ex[7] = {"--teacher-forced", oracle, "--teacher-prefix", prefix, "--near-ties", wbuf, NULL};
+    int st = run_logits(o, idstr, 0, out, ex, bf16 && cpu ? 6 : 4);
+    if (st) { printf("case %d (T=%d): m3 logits --teacher-forced failed (status %d)\n", k, T, st); return -1; }
+    m3_err err;
+    m3_st *got = m3_st_open(out, &err), *tg = got;
+    if (!got) { printf("case %d: cannot read output: %s\n", k, err.msg); return -1; }
+    if (bf16 && !cpu) {
+        run_opts oc = *o;
+        oc.backend = "cpu";
+        oc.tp = NULL;
+        oc.moe_split = NULL;
+        st = run_logits(&oc, idstr, 0, tout, ex, 6);
+        if (st || !(tg = m3_st_open(tout, &err))) {
+            printf("case %d: the CPU run for near-tie counts failed (status %d)\n", k, st);
+            m3_st_close(got);
+            return -1;
+        }
+    }
+    int L = 0;
+    while (get(ref, "case%d.hidden.0", k) && m3_st_find(got, "hidden.0")) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "case%d.hidden.%d", k, L + 1);
+        if (!m3_st_find(ref, nm)) break;
+        L++;
+    }
+    if (L > 256) { printf("case %d: %d layers: at most 256 are checked\n", k, L); if (tg != got) m3_st_close(tg); m3_st_close(got); return -1; }
+    *n_layers_out = L;
+    int bad = 0, shown = 0;
+    const m3_tensor *rl = get(ref, "case%d.logits", k), *gl = m3_st_find(got, "logits");
+    for (int l = 0; l <= L; l++) {
+        const float *a, *r;
+        int n;
+        if (l < L) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "hidden.%d", l + 1);
+            const m3_tensor *g = m3_st_find(got, nm);
+            snprintf(nm, sizeof nm, "case%d.hidden.%d", k, l + 1);
+            const m3_tensor *rt = m3_st_find(ref, nm);
+            if (!g || !rt || g->numel != rt->numel) { printf("case %d: hidden.%d missing or shaped differently\n", k, l + 1); bad++; continue; }
+            a = g->data; r = rt->data; n = (int)rt->shape[1];
+        } else {
+            if (!gl || !rl || gl->numel != rl->numel) { printf("case %d: logits missing or shaped differently\n", k); bad++; continue; }
+            a = gl->data; r = rl->data; n = (int)rl->shape[1];
+        }
+        /* the logits follow the last layer and lm_head: near-ties of either explain them */
+        const int32_t *own = ties_of(tg, "near_ties", l, L, T), *own2 = l == L ? ties_of(tg, "near_ties", L - 1, L, T) : NULL;
+        const int32_t *first = ties_of(tg, "near_ties_attn", l < L ? l : L - 1, L, T);
+        int kv_seen = 0;
+        for (int t = 0; t < T; t++) {
+            double e = rel_l2(a + (size_t)t * n, r + (size_t)t * n, n);
+            if (push(&S[l], e)) { printf("out of memory\n"); bad++; break; }
+            kv_seen |= first && first[t] > 0; /* an earlier (or this) token's K / V may have flipped */
+            S[l].with_own += (own && own[t] > 0) || (own2 && own2[t] > 0);
+            S[l].with_kv += kv_seen;
+            if (own && !kv_seen && !own[t] && !(own2 && own2[t]) && e > S[l].clean_max) S[l].clean_max = e;
+            if (e <= C->tol) continue;
+            S[l].over++;
+            int by_own = (own && own[t] > 0) || (own2 && own2[t] > 0);
+            int ok = e <= C->flip_tol && (by_own || kv_seen);
+            if (by_own) S[l].own++;
+            else if (kv_seen) S[l].kv++;
+            if (!(by_own || kv_seen)) S[l].unexplained++;
+            if (!ok) {
+                bad++;
+                if (shown++ < 8)
+                    printf("case %d %s%d position %d: rel L2 %.3g over %.0e, %s\n", k, l < L ? "layer " : "logits", l < L ? l : 0,
+                           t, e, C->tol, e > C->flip_tol ? "over the flip bound too" : "no near-tie explains it");
+            } else if (C->verbose)
+                printf("  case %d %s %d position %d: rel L2 %.3g (near-ties: own %d, K/V of earlier tokens %s)\n", k,
+                       l < L ? "layer" : "logits", l, t, e, own ? own[t] + (own2 ? own2[t] : 0) : -1, kv_seen ? "yes" : "no");
+        }
+    }
+    /* the indexer's blocks, per row (head, token), against the reference's on its own input */
+    for (int l = 0; l < L; l++) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "case%d.index_blocks.layer%d", k, l);
+        const m3_tensor *ri = m3_st_find(ref, nm);
+        if (!ri) continue;
+        snprintf(nm, sizeof nm, "index_blocks.layer%d", l);
+        const m3_tensor *gi = m3_st_find(got, nm);
+        if (!gi || gi->numel != ri->numel) { printf("case %d layer %d: index_blocks missing or shaped differently\n", k, l); bad++; continue; }
+        const int32_t *first = ties_of(tg, "near_ties_attn", l, L, T);
+        int K = (int)ri->shape[2], heads = (int)ri->shape[0];
+        int32_t a[1024], b[1024];
+        for (int t = 0, kv_seen = 0; t < T; t++) {
+            kv_seen |= first && first[t] > 0; /* index keys of tokens up to t, and t's index query */
+            for (int h = 0; h < heads; h++) {
+                int64_t row = (int64_t)h * T + t;
+                memcpy(a, (const int32_t *)ri->data + row * K, sizeof(int32_t) * K);
+                memcpy(b, (const int32_t *)gi->data + row * K, sizeof(int32_t) * K);
+                qsort(a, K, sizeof *a, cmp_i32);
+                qsort(b, K, sizeof *b, cmp_i32);
+                S[l].idx_rows++;
+                if (!memcmp(a, b, sizeof(int32_t) * K)) continue;
+                S[l].idx_diff++;
+                if (!kv_seen) {
+                    S[l].idx_unexplained++;
+                    bad++;
+                    if (shown++ < 8) printf("case %d layer %d head %d token %d: blocks differ, no near-tie explains it\n", k, l, h, t);
+                }
+            }
+        }
+    }
+    if (tg != got) m3_st_close(tg);
+    m3_st_close(got);
+    unlink(out);
+    unlink(tout);
+    return bad;
+}
 
 int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: oracle_check M3 MODEL ORACLE [--kv D] [--cases LIST] [--tol X]\n"); return 2; }
     const char *m3 = argv[1], *model = argv[2], *oracle = argv[3], *kv = NULL, *cases = NULL, *work = "/tmp";
     const char *threads = NULL, *ubatch = NULL, *backend = NULL, *tp = NULL, *moe_split = NULL, *precision = NULL;
     double tol = 1e-4;
+    int teacher = 0, stats = 0;
+    double med_tol = 0, greedy_tie = 0, e2e_index = 0; /* end to end in bf16: see the header */
+    tf_contract C = {0, 1e-2, 8, 0.995, 0.05, 0};
     for (int i = 4; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--kv")) kv = argv[i + 1];
         else if (!strcmp(argv[i], "--cases")) cases = argv[i + 1];
@@ -44,12 +314,27 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tp")) tp = argv[i + 1];
         else if (!strcmp(argv[i], "--moe-split")) moe_split = argv[i + 1];
         else if (!strcmp(argv[i], "--precision")) precision = argv[i + 1]; /* bf16: against a bf16-GEMM oracle */
+        else if (!strcmp(argv[i], "--teacher-forced")) teacher = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--flip-tol")) C.flip_tol = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--tie-ulps")) C.tie_ulps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--min-index-agree")) C.min_index_agree = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--max-kv-explained")) C.max_kv = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--verbose")) C.verbose = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--stats")) stats = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--median-tol")) med_tol = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--greedy-tie")) greedy_tie = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--index-agree")) e2e_index = atof(argv[i + 1]);
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
     }
     mkdir(work, 0755); /* the scratch directory may not exist yet (EEXIST is fine) */
     m3_err err;
     m3_st *ref = m3_st_open(oracle, &err);
     if (!ref) { fprintf(stderr, "%s\n", err.msg); return 2; }
+    C.tol = tol;
+    run_opts ro = {m3, model, kv, threads, ubatch, backend, tp, moe_split, precision};
+    layer_stats S[257];
+    memset(S, 0, sizeof S);
+    int n_layers = 0;
     int failures = 0, ran = 0;
     for (int k = 0; k < 64; k++) {
         const m3_tensor *ids = get(ref, "case%d.input_ids", k);
@@ -65,30 +350,23 @@ int main(int argc, char **argv) {
         int T = (int)ids->numel;
         const m3_tensor *gt = get(ref, "case%d.greedy_tokens", k);
         int N = gt ? (int)gt->numel : 0;
-        char *idstr = malloc((size_t)T * 12 + 1), out[512], nbuf[16];
+        char *idstr = malloc((size_t)T * 12 + 1), out[512];
+        if (!idstr) { printf("out of memory\n"); return 1; }
         size_t o = 0;
         for (int t = 0; t < T; t++) o += (size_t)sprintf(idstr + o, "%s%d", t ? "," : "", ((const int32_t *)ids->data)[t]);
         snprintf(out, sizeof out, "%s/oracle_check_%d_%d.safetensors", work, (int)getpid(), k);
-        snprintf(nbuf, sizeof nbuf, "%d", N);
-        const char *av[28];
-        int ac = 0;
-        av[ac++] = m3; av[ac++] = "logits"; av[ac++] = "-m"; av[ac++] = model; av[ac++] = "--ids"; av[ac++] = idstr;
-        av[ac++] = "--decode"; av[ac++] = nbuf; av[ac++] = "--dump-index"; av[ac++] = "-o"; av[ac++] = out;
-        if (kv) { av[ac++] = "--kv-cache-dtype"; av[ac++] = kv; }
-        if (threads) { av[ac++] = "--threads"; av[ac++] = threads; }
-        if (ubatch) { av[ac++] = "--ubatch"; av[ac++] = ubatch; }
-        if (backend) { av[ac++] = "--backend"; av[ac++] = backend; }
-        if (tp) { av[ac++] = "--tensor-parallel-size"; av[ac++] = tp; }
-        if (moe_split) { av[ac++] = "--moe-split"; av[ac++] = moe_split; }
-        if (precision) { av[ac++] = "--precision"; av[ac++] = precision; }
-        av[ac] = NULL;
-        pid_t pid = fork();
-        if (pid == 0) { execv(m3, (char *const *)av); perror("execv"); _exit(127); }
-        int status;
-        waitpid(pid, &status, 0);
+        if (teacher) {
+            int bad = teacher_case(&ro, ref, oracle, k, T, idstr, work, &C, S, &n_layers);
+            free(idstr);
+            printf("case %d (T=%d%s%s): teacher-forced, %s\n", k, T, kv ? ", kv " : "", kv ? kv : "",
+                   bad < 0 ? "FAIL (a run failed)" : bad ? "FAIL" : "ok");
+            failures += bad != 0;
+            continue;
+        }
+        int st = run_logits(&ro, idstr, N, out, NULL, 0);
         free(idstr);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            printf("case %d (T=%d): m3 logits failed (status %d)\n", k, T, status);
+        if (st) {
+            printf("case %d (T=%d): m3 logits failed (status %d)\n", k, T, st);
             failures++;
             continue;
         }
@@ -99,11 +377,21 @@ int main(int argc, char **argv) {
         double worst = 0;
         int worst_t = 0;
         if (!gl || gl->numel != rl->numel) { printf("case %d: logits shape mismatch\n", k); failures++; m3_st_close(got); continue; }
+        double *pe = malloc(sizeof(double) * (size_t)T);
+        if (!pe) { printf("out of memory\n"); return 1; }
         for (int t = 0; t < T; t++) {
             double e = rel_l2((const float *)gl->data + (size_t)t * V, (const float *)rl->data + (size_t)t * V, V);
+            pe[t] = e;
             if (e > worst) { worst = e; worst_t = t; }
         }
         int ok_logits = worst <= tol;
+        qsort(pe, (size_t)T, sizeof *pe, cmp_dbl);
+        double med = quantile(pe, (size_t)T, 0.5);
+        if (med_tol > 0 && med > med_tol) ok_logits = 0;
+        if (stats || med_tol > 0) /* the distribution, for a contract's numbers (docs/PERF.md) */
+            printf("case %d logits rel L2: median %.2g%s p99 %.2g max %.2g\n", k, med, med_tol > 0 && med > med_tol ? " (OVER)" : "",
+                   quantile(pe, (size_t)T, 0.99), pe[T - 1]);
+        free(pe);
         /* greedy */
         int ok_tokens = 1, first_diff = -1;
         double gworst = 0;
@@ -121,6 +409,7 @@ int main(int argc, char **argv) {
         int ok_glog = gworst <= tol;
         /* index blocks as sets */
         int ok_index = 1, n_index = 0, mism = 0;
+        long irows = 0;
         for (int l = 0; l < 256; l++) {
             char nm[64];
             snprintf(nm, sizeof nm, "case%d.index_blocks.layer%d", k, l);
@@ -133,6 +422,7 @@ int main(int argc, char **argv) {
             int K = (int)ri->shape[2];
             int32_t a[1024], b[1024];
             for (int64_t row = 0; row < ri->shape[0] * ri->shape[1]; row++) {
+                irows++;
                 memcpy(a, (const int32_t *)ri->data + row * K, sizeof(int32_t) * K);
                 memcpy(b, (const int32_t *)gi->data + row * K, sizeof(int32_t) * K);
                 qsort(a, K, sizeof *a, cmp_i32);
@@ -144,17 +434,59 @@ int main(int argc, char **argv) {
                 }
             }
         }
-        int ok = ok_logits && ok_tokens && ok_glog && ok_index;
+        /* end to end in bf16 (--greedy-tie): a greedy token may differ where the reference's own
+         * choice was a near-tie; block choices may differ on a few rows */
+        double tie_margin = first_diff >= 0 ? top2_margin((const float *)get(ref, "case%d.greedy_logits", k)->data + (size_t)first_diff * V, V) : 0;
+        int tie_ok = !ok_tokens && greedy_tie > 0 && tie_margin <= greedy_tie;
+        int index_ok = ok_index || (e2e_index > 0 && irows && 1.0 - (double)mism / (double)irows >= e2e_index);
+        int ok = ok_logits && (ok_tokens || tie_ok) && ok_glog && index_ok;
         printf("case %d (T=%d, decode %d%s%s): logits max rel L2 %.3g (pos %d)  greedy tokens %s  greedy logits max rel L2 %.3g  index blocks %s (%d layers)  %s\n",
                k, T, N, kv ? ", kv " : "", kv ? kv : "", worst, worst_t,
                ok_tokens ? "equal" : "DIFFER", gworst, ok_index ? "equal" : "DIFFER", n_index, ok ? "ok" : "FAIL");
-        if (!ok_tokens) printf("  first differing greedy token at step %d\n", first_diff);
+        /* a tie in the reference's own choice makes a different token legitimate: its top-2
+         * margin, in units of the rms of its logits there */
+        if (!ok_tokens)
+            printf("  first differing greedy token at step %d (the reference's top-2 margin there: %.3g rms%s)\n", first_diff,
+                   tie_margin, tie_ok ? ", a near-tie" : "");
+        if (!ok_index && index_ok) printf("  index blocks: %ld of %ld rows equal\n", irows - mism, irows);
+        if (stats && N) { /* the reference's smallest top-2 margin over the steps: how close a tie it walked past */
+            const float *rg = get(ref, "case%d.greedy_logits", k)->data;
+            double mm = 1e30;
+            int ms = 0;
+            for (int i = 0; i < N; i++) {
+                double m = top2_margin(rg + (size_t)i * V, V);
+                if (m < mm) { mm = m; ms = i; }
+            }
+            printf("case %d greedy: the reference's smallest top-2 margin %.3g rms (step %d)\n", k, mm, ms);
+        }
         failures += !ok;
         m3_st_close(got);
         unlink(out);
     }
     m3_st_close(ref);
     if (!ran) { printf("no cases ran\n"); return 1; }
-    printf("%d of %d cases passed (tolerance %.0e)\n", ran - failures, ran, tol);
-    return failures ? 1 : 0;
+    int shares_bad = 0; /* teacher-forced: the shares over all cases (K/V-only explanations, index rows) */
+    for (int l = 0; teacher && l <= n_layers; l++) { /* the distribution, over every case that ran */
+        layer_stats *P = &S[l];
+        qsort(P->e, P->n, sizeof *P->e, cmp_dbl);
+        printf("%s %2d: %zu positions, rel L2 median %.2g p99 %.2g max %.2g (no near-tie: %.2g); over %.0e: %ld (near-ties: own %ld, "
+               "earlier K/V %ld, none %ld; positions with near-ties: own %ld, K/V %ld)", l < n_layers ? "layer " : "logits", l < n_layers ? l : n_layers, P->n,
+               quantile(P->e, P->n, 0.5), quantile(P->e, P->n, 0.99), P->n ? P->e[P->n - 1] : 0, P->clean_max, tol,
+               P->over, P->own,
+               P->kv, P->unexplained, P->with_own, P->with_kv);
+        if (P->n && (double)P->kv > C.max_kv * (double)P->n) {
+            printf("; explained by other tokens' K/V near-ties only: %ld, MORE than %.0f%% of the positions", P->kv, 100 * C.max_kv);
+            shares_bad++;
+        }
+        if (P->idx_rows) {
+            double agree = 1.0 - (double)P->idx_diff / (double)P->idx_rows;
+            printf("; index rows equal %ld/%ld (%.2f%%)", P->idx_rows - P->idx_diff, P->idx_rows, 100 * agree);
+            if (agree < C.min_index_agree) { printf(" BELOW %.2f%%", 100 * C.min_index_agree); shares_bad++; }
+        }
+        printf("\n");
+        free(P->e);
+    }
+    printf("%d of %d cases passed (tolerance %.0e)%s\n", ran - failures, ran, tol,
+           shares_bad ? "; the shares over all cases FAIL" : "");
+    return failures || shares_bad ? 1 : 0;
 }

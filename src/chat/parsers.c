@@ -2,9 +2,10 @@
  * See parsers.h for the formats, the typing rules and the invariants.
  *
  * Data flow inside one m3_out: feed text -> reasoning stage (holds at most a tag's worth
- * of bytes) -> tool stage (holds a possible opener prefix, or the raw text of the block
- * since its last completed invoke) -> output stage (coalesces text deltas, holds an
- * incomplete UTF-8 tail) -> deltas. Every decision is taken only once the bytes that
+ * of bytes) -> tool stage (holds a possible opener prefix, the raw text of a block between
+ * calls, the unsettled tail of a call: a partial tag, a typed value until its end, a string
+ * value's held-back bytes) -> output stage (coalesces text deltas and a call's argument
+ * pieces, holds an incomplete UTF-8 tail) -> deltas. Every decision is taken only once the bytes that
  * decide it are present, so the result does not depend on how the input was split.
  *
  * Why one file of ~1,080 lines: the parser of tool calls and the grammar that forces them
@@ -93,10 +94,11 @@ static int buf_add_utf8(m3_sbuf *b, const char *str, size_t n) {
     return 0;
 }
 
-/* appends s as a JSON string literal (jansson's escaping; invalid UTF-8 -> U+FFFD) */
-static int buf_add_json_string(m3_sbuf *b, const char *str, size_t n) {
+/* appends the characters of s escaped for the inside of a JSON string literal (jansson's
+ * escaping; invalid UTF-8 -> U+FFFD). Each character is escaped alone, so s may be given in
+ * pieces cut between characters: the pieces' escapes concatenate to the escape of the whole. */
+static int buf_add_json_chars(m3_sbuf *b, const char *str, size_t n) {
     const unsigned char *s = (const unsigned char *)str;
-    if (m3_sbuf_add(b, "\"", 1)) return -1;
     size_t i = 0;
     while (i < n) {
         size_t j = i;
@@ -131,6 +133,12 @@ static int buf_add_json_string(m3_sbuf *b, const char *str, size_t n) {
         if (m3_sbuf_str(b, esc)) return -1;
         i++;
     }
+    return 0;
+}
+
+/* appends s as a JSON string literal */
+static int buf_add_json_string(m3_sbuf *b, const char *str, size_t n) {
+    if (m3_sbuf_add(b, "\"", 1) || buf_add_json_chars(b, str, n)) return -1;
     return m3_sbuf_add(b, "\"", 1);
 }
 
@@ -331,7 +339,7 @@ typedef struct pend_delta {
 enum { R_START, R_THINK, R_PASS };
 enum { T_TEXT, T_BLOCK };
 enum { B_OPEN, B_INVOKE, B_VALUE };
-enum { ST_NEED, ST_ERR, ST_INVOKE, ST_CLOSE, ST_OOM };
+enum { V_STREAM, V_WHOLE }; /* a value streamed as a JSON string, or typed and written at its end */
 
 struct m3_out {
     m3_out_opts opts;
@@ -344,15 +352,19 @@ struct m3_out {
     /* reasoning stage */
     int rstate;
     m3_sbuf rhold;
-    /* tool stage */
+    /* tool stage; tb holds: T_TEXT, text that may still begin an opener; B_OPEN, the raw text
+     * since the opener or the last `</invoke>` (content if the block goes wrong); B_INVOKE, what
+     * follows the last tag; B_VALUE, the value's bytes not yet written out */
     int tstate, bsub;
-    m3_sbuf tb;                /* held text (T_TEXT) or the block's raw text since its last commit */
-    size_t cur;            /* parse position in tb (T_BLOCK) */
-    size_t vstart, vscan;  /* B_VALUE: value start; where to look for the next NS */
-    m3_sbuf fname, argname;    /* current invoke's function name, current argument name */
+    m3_sbuf tb;
+    size_t cur;            /* parse position in tb (B_OPEN, B_INVOKE) */
+    size_t vscan;          /* B_VALUE: where to look for the next NS */
+    int vmode, vlead;      /* B_VALUE: V_*; V_STREAM: the leading newline was settled */
+    unsigned vtypes;       /* B_VALUE, V_WHOLE: the types the value's schema admits */
+    m3_sbuf argname;       /* current argument name */
     const json_t *props;   /* current function's parameter schemas, or NULL */
-    char **akeys, **avals; /* current invoke's arguments: names and rendered JSON values */
-    int nargs, capargs;
+    int call_open, nargs;  /* a call begun whose `}` is not written; its arguments so far */
+    int n_done;            /* calls completed */
     /* output stage */
     m3_sbuf work;
     pend_delta *pd;
@@ -423,12 +435,12 @@ static int out_text(m3_out *o, m3_out_kind k, const char *s, size_t n) {
     return 0;
 }
 
-static int out_tool(m3_out *o, const char *name, size_t nlen, const char *args, size_t alen) {
+/* TOOL_BEGIN of a new call: id and name as NUL-terminated strings in work */
+static int out_begin(m3_out *o, const char *name, size_t nlen) {
     if (out_flush_carry(o)) return -1;
     int index = o->n_calls;
     char id[96];
     snprintf(id, sizeof id, "%s%d", o->id_prefix, index);
-    /* TOOL_BEGIN: id and name as NUL-terminated strings in work */
     if (pd_reserve(o)) return -1;
     pend_delta *d = &o->pd[o->npd];
     d->kind = M3_OUT_TOOL_BEGIN;
@@ -440,9 +452,24 @@ static int out_tool(m3_out *o, const char *name, size_t nlen, const char *args, 
     d->name_off = o->work.n;
     if (m3_sbuf_add(&o->work, name, nlen) || m3_sbuf_add(&o->work, "", 1)) return -1;
     o->npd++;
-    if (out_raw(o, M3_OUT_TOOL_ARGS, args, alen)) return -1;
-    o->pd[o->npd - 1].index = index;
     o->n_calls++;
+    return 0;
+}
+
+/* a piece of the open call's arguments: s[0..n), or when esc the JSON escape of s (a string
+ * value's characters) */
+static int out_args(m3_out *o, const char *s, size_t n, int esc) {
+    if (n == 0) return 0;
+    int index = o->n_calls - 1;
+    pend_delta *l = o->npd ? &o->pd[o->npd - 1] : NULL;
+    if (!l || l->kind != M3_OUT_TOOL_ARGS || l->index != index || l->off + l->len != o->work.n) {
+        if (pd_reserve(o)) return -1;
+        l = &o->pd[o->npd++];
+        *l = (pend_delta){M3_OUT_TOOL_ARGS, index, o->work.n, 0, 0, 0};
+    }
+    size_t before = o->work.n;
+    if (esc ? buf_add_json_chars(&o->work, s, n) : m3_sbuf_add(&o->work, s, n)) return -1;
+    l->len += o->work.n - before;
     return 0;
 }
 
@@ -493,75 +520,10 @@ static int out_finalize(m3_out *o, const m3_out_delta **deltas, size_t *n) {
 
 /* ---- tool stage */
 
-static const tool_ent *find_tool(const m3_out *o, const char *name) {
+static const tool_ent *find_tool(const m3_out *o, const char *name, size_t n) {
     for (int i = 0; i < o->n_tools; i++)
-        if (!strcmp(o->tools[i].name, name)) return &o->tools[i];
+        if (strlen(o->tools[i].name) == n && !memcmp(o->tools[i].name, name, n)) return &o->tools[i];
     return NULL;
-}
-
-static void invoke_reset(m3_out *o) {
-    for (int i = 0; i < o->nargs; i++) {
-        free(o->akeys[i]);
-        free(o->avals[i]);
-    }
-    o->nargs = 0;
-    o->fname.n = 0;
-    o->argname.n = 0;
-    o->props = NULL;
-}
-
-static int add_arg(m3_out *o, const char *v, size_t n) {
-    if (n && v[0] == '\n') v++, n--;
-    if (n && v[n - 1] == '\n') n--;
-    unsigned types = 0;
-    if (o->props) types = schema_types(json_object_get(o->props, o->argname.p), 0);
-    m3_sbuf val = {0};
-    if (render_value(&val, v, n, types) || m3_sbuf_add(&val, "", 0)) {
-        free(val.p);
-        return -1;
-    }
-    for (int i = 0; i < o->nargs; i++)
-        if (!strcmp(o->akeys[i], o->argname.p)) { /* duplicate: the last one wins */
-            free(o->avals[i]);
-            o->avals[i] = val.p;
-            return 0;
-        }
-    if (o->nargs == o->capargs) {
-        int cap = o->capargs ? o->capargs * 2 : 8;
-        char **k = realloc(o->akeys, cap * sizeof *k);
-        if (k) o->akeys = k;
-        char **vv = realloc(o->avals, cap * sizeof *vv);
-        if (vv) o->avals = vv;
-        if (!k || !vv) {
-            free(val.p);
-            return -1;
-        }
-        o->capargs = cap;
-    }
-    char *key = strdup(o->argname.p);
-    if (!key) {
-        free(val.p);
-        return -1;
-    }
-    o->akeys[o->nargs] = key;
-    o->avals[o->nargs] = val.p;
-    o->nargs++;
-    return 0;
-}
-
-static int emit_invoke(m3_out *o) {
-    m3_sbuf a = {0};
-    int rc = m3_sbuf_add(&a, "{", 1);
-    for (int i = 0; i < o->nargs && !rc; i++) {
-        if (i) rc |= m3_sbuf_add(&a, ", ", 2);
-        rc |= buf_add_json_string(&a, o->akeys[i], strlen(o->akeys[i]));
-        rc |= m3_sbuf_add(&a, ": ", 2);
-        rc |= m3_sbuf_str(&a, o->avals[i]);
-    }
-    rc |= m3_sbuf_add(&a, "}", 1);
-    if (!rc) rc = out_tool(o, o->fname.p, o->fname.n, a.p, a.n);
-    free(a.p);
-    return rc ? -1 : 0;
 }
 
 static int valid_arg_name(const char *s, size_t n) {
@@ -573,93 +535,175 @@ static int valid_arg_name(const char *s, size_t n) {
     return 1;
 }
 
-/* advances the block parser over tb; *at receives the commit end or the error position */
-static int block_step(m3_out *o, size_t *at) {
-    for (;;) {
-        const char *p = o->tb.p;
-        size_t n = o->tb.n;
-        if (o->bsub == B_VALUE) {
-            const char *f = o->vscan < n ? find_bytes(p + o->vscan, n - o->vscan, NS, NS_LEN) : NULL;
-            if (!f) {
-                size_t keep = partial_suffix(p + o->vscan, n - o->vscan, NS, NS_LEN);
-                o->vscan = n - keep;
-                return ST_NEED;
-            }
-            size_t k = (size_t)(f - p);
-            o->vscan = k;
-            /* expect `</ARG>` right after the namespace token */
-            size_t need = o->argname.n + 3, m = n - (k + NS_LEN), c = m < need ? m : need;
-            char close[TAG_MAX + 8];
-            close[0] = '<', close[1] = '/';
-            memcpy(close + 2, o->argname.p, o->argname.n);
-            close[need - 1] = '>';
-            if (memcmp(p + k + NS_LEN, close, c)) {
-                *at = k;
-                return ST_ERR;
-            }
-            if (m < need) return ST_NEED;
-            if (add_arg(o, p + o->vstart, k - o->vstart)) return ST_OOM;
-            o->cur = k + NS_LEN + need;
-            o->bsub = B_INVOKE;
-            continue;
-        }
-        while (o->cur < n && is_ws(p[o->cur])) o->cur++;
-        size_t s = o->cur;
-        if (s == n) return ST_NEED;
-        size_t m = n - s;
-        if (memcmp(p + s, NS, m < NS_LEN ? m : NS_LEN)) {
-            *at = s;
-            return ST_ERR;
-        }
-        if (m < NS_LEN) return ST_NEED;
-        size_t q = s + NS_LEN;
-        if (q == n) return ST_NEED;
-        if (p[q] != '<') {
-            *at = s;
-            return ST_ERR;
-        }
-        size_t e = q + 1, lim = q + TAG_MAX;
-        while (e < n && e < lim && p[e] != '>' && p[e] != '<') e++;
-        if (e == lim || (e < n && p[e] == '<')) {
-            *at = s;
-            return ST_ERR;
-        }
-        if (e == n) return ST_NEED;
-        const char *tag = p + q;
-        size_t tl = e + 1 - q;
-        if (o->bsub == B_OPEN) {
-            if (tl == 12 && !memcmp(tag, "</tool_call>", 12)) {
-                *at = e + 1;
-                return ST_CLOSE;
-            }
-            static const char pre[] = "<invoke name=\"";
-            const size_t pl = sizeof pre - 1;
-            if (tl > pl + 2 && !memcmp(tag, pre, pl) && tag[tl - 2] == '"' &&
-                !memchr(tag + pl, '"', tl - pl - 2) && !memchr(tag + pl, 0, tl - pl - 2)) {
-                o->fname.n = 0;
-                if (m3_sbuf_add(&o->fname, tag + pl, tl - pl - 2)) return ST_OOM;
-                const tool_ent *t = find_tool(o, o->fname.p);
-                o->props = t ? t->props : NULL;
-                o->bsub = B_INVOKE;
-                o->cur = e + 1;
-                continue;
-            }
-        } else {
-            if (tl == 9 && !memcmp(tag, "</invoke>", 9)) {
-                *at = e + 1;
-                return ST_INVOKE;
-            }
-            if (valid_arg_name(tag + 1, tl - 2)) {
-                o->argname.n = 0;
-                if (m3_sbuf_add(&o->argname, tag + 1, tl - 2)) return ST_OOM;
-                o->vstart = o->vscan = e + 1;
-                o->bsub = B_VALUE;
-                continue;
-            }
-        }
-        *at = s;
-        return ST_ERR;
+/* the first k bytes of tb are markup: counted and dropped */
+static void consume(m3_out *o, size_t k) {
+    o->markup += k;
+    m3_sbuf_drop_front(&o->tb, k);
+    o->vscan = o->vscan > k ? o->vscan - k : 0;
+}
+
+static int call_begin(m3_out *o, const char *name, size_t n) {
+    const tool_ent *t = find_tool(o, name, n);
+    o->props = t ? t->props : NULL;
+    o->call_open = 1;
+    o->nargs = 0;
+    return out_begin(o, name, n);
+}
+
+static int call_end(m3_out *o) {
+    o->call_open = 0;
+    o->n_done++;
+    return o->nargs ? out_args(o, "}", 1, 0) : out_args(o, "{}", 2, 0);
+}
+
+/* `{` or `, `, then the argument's `"name": `. A value that its schema types as a string and
+ * nothing else is streamed (V_STREAM): its opening quote goes now. Any other value's type
+ * depends on its text (a number, a boolean, JSON or a string), so it is written whole at its end. */
+static int arg_begin(m3_out *o) {
+    unsigned types = o->props ? schema_types(json_object_get(o->props, o->argname.p), 0) : 0;
+    o->vmode = types == TY_STR ? V_STREAM : V_WHOLE;
+    o->vtypes = types;
+    o->vlead = 0;
+    o->vscan = 0;
+    int first = o->nargs++ == 0;
+    if (out_args(o, first ? "{\"" : ", \"", first ? 2 : 3, 0) || out_args(o, o->argname.p, o->argname.n, 1)) return -1;
+    return o->vmode == V_STREAM ? out_args(o, "\": \"", 4, 0) : out_args(o, "\": ", 3, 0);
+}
+
+/* V_STREAM: writes what is settled of the value's bytes tb[0..end): a leading newline is
+ * dropped once the first byte is known; a last newline is held back (dropped if the value ends
+ * right after it), and so is an incomplete UTF-8 character. final: the value ends at end (its
+ * one trailing newline dropped, the closing quote written). */
+static int value_stream(m3_out *o, size_t end, int final) {
+    const char *p = o->tb.p;
+    size_t from = 0, to = end;
+    if (!o->vlead && end > 0) {
+        o->vlead = 1;
+        from = p[0] == '\n';
     }
+    if (to > from && p[to - 1] == '\n') to--;
+    if (!final) to -= utf8_incomplete_tail(p + from, to - from);
+    if (out_args(o, p + from, to - from, 1)) return -1;
+    if (final) {
+        to = end;
+        if (out_args(o, "\"", 1, 0)) return -1;
+    }
+    consume(o, to);
+    return 0;
+}
+
+/* V_WHOLE: the value tb[0..end), typed by its schema (parsers.h) */
+static int value_whole(m3_out *o, size_t end) {
+    const char *v = o->tb.p;
+    size_t n = end;
+    if (n && v[0] == '\n') v++, n--;
+    if (n && v[n - 1] == '\n') n--;
+    m3_sbuf val = {0};
+    int rc = render_value(&val, v, n, o->vtypes) || out_args(o, val.p ? val.p : "", val.n, 0);
+    free(val.p);
+    consume(o, end);
+    return rc ? -1 : 0;
+}
+
+static int value_end(m3_out *o, size_t end) {
+    return o->vmode == V_STREAM ? value_stream(o, end, 1) : value_whole(o, end);
+}
+
+/* The block went wrong at tb offset at. With a call open (its name is out, it cannot be taken
+ * back): the value in progress ends there, the arguments are closed, and text scanning resumes
+ * at `at`. Without: the block's raw text before `at` is content and scanning resumes there. */
+static int block_fail(m3_out *o, size_t at) {
+    o->tstate = T_TEXT;
+    if (o->call_open) {
+        if (o->bsub == B_VALUE) {
+            if (value_end(o, at)) return -1;
+        } else consume(o, at);
+        return call_end(o);
+    }
+    if (out_text(o, M3_OUT_CONTENT, o->tb.p, at)) return -1;
+    m3_sbuf_drop_front(&o->tb, at);
+    return 0;
+}
+
+/* Advances the block parser over tb: 1 when it needs more input, 0 when its state changed,
+ * -1 when out of memory. eos: nothing more comes (every open question is a failure). */
+static int block_step(m3_out *o, int eos) {
+    const char *p = o->tb.p;
+    size_t n = o->tb.n;
+    if (o->bsub == B_VALUE) {
+        const char *f = o->vscan < n ? find_bytes(p + o->vscan, n - o->vscan, NS, NS_LEN) : NULL;
+        if (!f) {
+            if (eos) return block_fail(o, n); /* the value ends with the stream */
+            o->vscan = n - partial_suffix(p + o->vscan, n - o->vscan, NS, NS_LEN);
+            if (o->vmode == V_STREAM && value_stream(o, o->vscan, 0)) return -1;
+            return 1;
+        }
+        size_t k = (size_t)(f - p);
+        o->vscan = k;
+        /* expect `</ARG>` right after the namespace token */
+        size_t need = o->argname.n + 3, m = n - (k + NS_LEN), c = m < need ? m : need;
+        char close[TAG_MAX + 8];
+        close[0] = '<', close[1] = '/';
+        memcpy(close + 2, o->argname.p, o->argname.n);
+        close[need - 1] = '>';
+        if (memcmp(p + k + NS_LEN, close, c) || (m < need && eos)) return block_fail(o, k);
+        if (m < need) {
+            if (o->vmode == V_STREAM && value_stream(o, k, 0)) return -1;
+            return 1;
+        }
+        if (value_end(o, k)) return -1;
+        consume(o, NS_LEN + need);
+        o->bsub = B_INVOKE;
+        o->cur = 0;
+        return 0;
+    }
+    while (o->cur < n && is_ws(p[o->cur])) o->cur++;
+    size_t s = o->cur;
+    if (s == n) return eos ? block_fail(o, s) : 1;
+    size_t m = n - s;
+    if (memcmp(p + s, NS, m < NS_LEN ? m : NS_LEN)) return block_fail(o, s);
+    if (m < NS_LEN) return eos ? block_fail(o, s) : 1;
+    size_t q = s + NS_LEN;
+    if (q == n) return eos ? block_fail(o, s) : 1;
+    if (p[q] != '<') return block_fail(o, s);
+    size_t e = q + 1, lim = q + TAG_MAX;
+    while (e < n && e < lim && p[e] != '>' && p[e] != '<') e++;
+    if (e == lim || (e < n && p[e] == '<')) return block_fail(o, s);
+    if (e == n) return eos ? block_fail(o, s) : 1;
+    const char *tag = p + q;
+    size_t tl = e + 1 - q;
+    if (o->bsub == B_OPEN) {
+        if (tl == 12 && !memcmp(tag, "</tool_call>", 12)) {
+            consume(o, e + 1);
+            o->tstate = T_TEXT;
+            return 0;
+        }
+        static const char pre[] = "<invoke name=\"";
+        const size_t pl = sizeof pre - 1;
+        if (tl > pl + 2 && !memcmp(tag, pre, pl) && tag[tl - 2] == '"' && !memchr(tag + pl, '"', tl - pl - 2) &&
+            !memchr(tag + pl, 0, tl - pl - 2)) {
+            if (call_begin(o, tag + pl, tl - pl - 2)) return -1; /* copies the name before tb drops it */
+            consume(o, e + 1);
+            o->bsub = B_INVOKE;
+            o->cur = 0;
+            return 0;
+        }
+    } else {
+        if (tl == 9 && !memcmp(tag, "</invoke>", 9)) {
+            consume(o, e + 1);
+            o->bsub = B_OPEN;
+            o->cur = 0;
+            return call_end(o);
+        }
+        if (valid_arg_name(tag + 1, tl - 2)) {
+            o->argname.n = 0;
+            if (m3_sbuf_add(&o->argname, tag + 1, tl - 2)) return -1;
+            consume(o, e + 1);
+            o->bsub = B_VALUE;
+            return arg_begin(o);
+        }
+    }
+    return block_fail(o, s);
 }
 
 static int tool_run(m3_out *o, int eos) {
@@ -680,34 +724,9 @@ static int tool_run(m3_out *o, int eos) {
             m3_sbuf_drop_front(&o->tb, o->tb.n - h);
             return 0;
         }
-        size_t at = 0;
-        int r = block_step(o, &at);
-        switch (r) {
-        case ST_OOM: return -1;
-        case ST_NEED:
-            if (!eos) return 0;
-            at = o->tb.n; /* unterminated at the end of the stream: all of it is content */
-            /* fall through */
-        case ST_ERR:
-            if (out_text(o, M3_OUT_CONTENT, o->tb.p, at)) return -1;
-            m3_sbuf_drop_front(&o->tb, at);
-            invoke_reset(o);
-            o->tstate = T_TEXT;
-            break;
-        case ST_INVOKE:
-            if (emit_invoke(o)) return -1;
-            o->markup += at;
-            m3_sbuf_drop_front(&o->tb, at);
-            invoke_reset(o);
-            o->bsub = B_OPEN;
-            o->cur = 0;
-            break;
-        case ST_CLOSE:
-            o->markup += at;
-            m3_sbuf_drop_front(&o->tb, at);
-            o->tstate = T_TEXT;
-            break;
-        }
+        int r = block_step(o, eos);
+        if (r < 0) return -1;
+        if (r > 0) return 0;
     }
 }
 
@@ -826,12 +845,8 @@ void m3_out_free(m3_out *o) {
         json_decref(o->tools[i].props);
     }
     free(o->tools);
-    invoke_reset(o);
-    free(o->akeys);
-    free(o->avals);
     free(o->rhold.p);
     free(o->tb.p);
-    free(o->fname.p);
     free(o->argname.p);
     free(o->work.p);
     free(o->pd);
@@ -876,6 +891,8 @@ int m3_out_finish(m3_out *o, const m3_out_delta **deltas, size_t *n, m3_err *err
 size_t m3_out_markup_bytes(const m3_out *o) { return o->markup; }
 
 int m3_out_tool_calls(const m3_out *o) { return o->n_calls; }
+
+int m3_out_tool_calls_done(const m3_out *o) { return o->n_done; }
 
 /* ---- OpenAI rendering */
 
@@ -970,7 +987,7 @@ static int prop_pointer(m3_sbuf *p, const char *name) {
 
 /* an invoke of tool fn: its name, then its arguments */
 static int invoke_node(m3_grammar_builder *b, const char *fname, const json_t *params, m3_err *err) {
-    static const m3_grammar_raw raw = {"]<", 0};
+    m3_grammar_raw raw = {"]<", 0, 0};
     if (!*fname || strchr(fname, '"') || strchr(fname, '<') || strchr(fname, '>') || strlen(fname) > TAG_MAX - 20) {
         m3_errf(err, "tool \"%.64s\": the function name cannot be written in the tool-call markup", fname);
         return -1;
@@ -1011,6 +1028,11 @@ static int invoke_node(m3_grammar_builder *b, const char *fname, const json_t *p
         if (ps && doc) {
             m3_sbuf ptr = {0};
             unsigned types = schema_types(ps, 0);
+            /* strings raw, as the parser reads them; with other types admitted, never a raw
+             * string the parser would read as one of those (render_value's order) */
+            raw.not_as = (types & TY_NULL ? M3_GRAW_NULL : 0) | (types & TY_BOOL ? M3_GRAW_BOOL : 0) |
+                         (types & TY_INT ? M3_GRAW_INT : 0) | (types & TY_NUM ? M3_GRAW_NUM : 0) |
+                         (types & TY_OBJ ? M3_GRAW_OBJ : 0) | (types & TY_ARR ? M3_GRAW_ARR : 0);
             if (prop_pointer(&ptr, arg)) rc = -1;
             else a[1] = m3_gb_schema(b, doc, doclen, ptr.p, (types & TY_STR) ? &raw : NULL);
             free(ptr.p);

@@ -23,18 +23,38 @@
  *   object / array parsed as JSON (and written as the model wrote it); type lists and
  *   anyOf / oneOf try null, boolean, integer, number, object, array, then string; an unknown
  *   tool or parameter, or a value that fits none of its types, is JSON if it parses, else
- *   a string. Duplicate arguments: the last one wins.
- *   Each tool call is emitted whole when its `</invoke>` arrives: one TOOL_BEGIN delta
- *   (index, id, name) then one TOOL_ARGS delta holding the complete arguments object, e.g.
- *   `{"city": "Paris", "days": 3}`. Calls are numbered 0, 1, ... over the stream; the id is
- *   id_prefix + index ("call_0", ...).
- *   Anything that does not parse stays content, byte for byte: an opener not followed by
- *   a well-formed invoke, bad nesting, text between tags, a block unterminated at the
- *   end of the stream. The text from the last completed invoke (or the opener) up to the
- *   point where parsing failed becomes content and scanning resumes there; completed
- *   invokes already emitted stay tool calls. Invariant, checked by the tests and the
- *   fuzz target: reasoning bytes + content bytes + m3_out_markup_bytes() == input bytes,
- *   and the result does not depend on how the input was split into deltas.
+ *   a string.
+ *   Calls stream as vLLM streams them. TOOL_BEGIN (index, id, name) comes as soon as the
+ *   `<invoke name="NAME">` tag is complete; then TOOL_ARGS pieces of the arguments JSON as
+ *   they become known: `{"ARG": ` (`, "ARG": ` for the next ones) once the `<ARG>` tag is
+ *   complete; a value whose schema admits strings and nothing else streams as JSON-escaped
+ *   pieces while its bytes arrive (its quotes with the key and at its end; held back is what
+ *   could still be the closing tag, a newline that could be the one stripped, and an
+ *   incomplete UTF-8 character); any other value (a number, a boolean, JSON, an unknown tool or
+ *   parameter: its type depends on its text) is written whole at its `</ARG>`; `}` (or `{}`)
+ *   at `</invoke>`. The pieces of a call concatenate to its arguments object, e.g.
+ *   `{"city": "Paris", "days": 3}`, whatever the split of the input: there is no other
+ *   rendering of the arguments (a non-streaming caller concatenates the pieces). Calls are
+ *   numbered 0, 1, ... over the stream; the id is id_prefix + index ("call_0", ...).
+ *   Duplicate arguments: each is written where it occurs, so the object may hold a key twice;
+ *   JSON parsers (JSON.parse, Python's json, jansson) keep the last one: the last one wins.
+ *   What does not parse is content, byte for byte, except what a begun call took. Before a
+ *   call begins (an opener not followed by a well-formed invoke, text or a bad tag between
+ *   invokes, a block unterminated at the end of the stream) the text from the opener (or the
+ *   end of the last call) up to the failure point becomes content, scanning resumes there,
+ *   and calls already complete stay calls. Once a call has begun its name is out and cannot
+ *   be taken back: at a failure inside it (bad nesting, text between its tags, the stream
+ *   ending inside it) the call is closed there: the value in progress ends at the failure
+ *   point (typed as any value, its one leading and trailing newline dropped), `}` closes the
+ *   arguments, and the text from the failure point on is content (scanned for a new
+ *   opener). The failure point is the namespace token of a tag that is not the expected one,
+ *   the first byte of text between tags (whitespace before it is markup), or the end of the
+ *   stream (inside a value: the value runs to the end; between tags: a partial tag there is
+ *   content). Invariant, checked by the tests and the fuzz target: reasoning bytes + content
+ *   bytes + m3_out_markup_bytes() == input bytes, where markup is every byte of dropped think
+ *   tags, of complete blocks and of begun calls up to their end or failure point; and the
+ *   result (deltas concatenated per kind and call) does not depend on how the input was
+ *   split into deltas.
  *
  * Partial tags are never emitted: a suffix that could still become a tag is held back and
  * flushed as text once it cannot (or at m3_out_finish). Reasoning and content deltas also
@@ -99,14 +119,17 @@ void m3_out_free(m3_out *o);
  * nothing). Returns 0, or -1 on out of memory (the stream is then unusable). */
 int m3_out_feed(m3_out *o, const char *text, size_t len, const m3_out_delta **deltas, size_t *n,
                 m3_err *err);
-/* End of stream: flushes everything held back (unterminated tool calls become content).
+/* End of stream: flushes everything held back (a block unterminated before its first call
+ * becomes content; a call begun is closed, as above).
  * Further feeds are errors. */
 int m3_out_finish(m3_out *o, const m3_out_delta **deltas, size_t *n, m3_err *err);
 
-/* Input bytes consumed as markup so far (dropped think tags, parsed tool-call blocks). */
+/* Input bytes consumed as markup so far (dropped think tags, tool-call blocks and begun calls). */
 size_t m3_out_markup_bytes(const m3_out *o);
-/* Tool calls emitted so far. */
+/* Tool calls begun so far (TOOL_BEGIN emitted). */
 int m3_out_tool_calls(const m3_out *o);
+/* Tool calls complete so far (the last piece of their arguments emitted). */
+int m3_out_tool_calls_done(const m3_out *o);
 
 /* Renders deltas as the `delta` object of an OpenAI chat.completion.chunk:
  * {"reasoning_content": "...", "content": "...", "tool_calls": [{"index": 0, "id": "call_0",

@@ -296,7 +296,7 @@ out:
 
 int m3_cmd_bench_random(int argc, char **argv) {
     const char *cfgp = NULL, *kvd = "bf16", *ikd = NULL, *bs = "1,8,64,256", *cs = "8192,131072";
-    long layers = 0, steps = 10, seed = 1, prefill = 2048, verify = 0, tpn = 1;
+    long layers = 0, steps = 10, seed = 1, prefill = 2048, verify = 0, tpn = 1, pchunk = 512;
     const char *moe_split = NULL, *precision = "exact", *dspark_cfg = NULL;
     int profile = 0;
     m3_err err;
@@ -311,6 +311,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
         else if (!strcmp(a, "--steps")) r = m3_cli_int(a, v, 1, 100000, &steps, &err);
         else if (!strcmp(a, "--seed")) r = m3_cli_int(a, v, 0, 1L << 40, &seed, &err);
         else if (!strcmp(a, "--prefill")) r = m3_cli_int(a, v, 0, 1 << 20, &prefill, &err);
+        else if (!strcmp(a, "--prefill-chunk")) r = m3_cli_int(a, v, 1, 1 << 20, &pchunk, &err);
         else if (!strcmp(a, "--verify")) r = m3_cli_int(a, v, 1, 15, &verify, &err);
         else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) r = m3_cli_int(a, v, 1, 64, &tpn, &err);
         else if (!strcmp(a, "--moe-split")) moe_split = v;
@@ -335,7 +336,8 @@ int m3_cmd_bench_random(int argc, char **argv) {
     int nB = parse_list(bs, B, 16), nC = parse_list(cs, C, 16);
     if (!cfgp || nB <= 0 || nC <= 0) {
         fprintf(stderr, "m3 bench: usage: m3 bench --random-weights --config CONFIG.json [--layers N] [--batch 1,8,64,256] "
-                        "[--context 8192,131072] [--steps N] [--prefill TOKENS] [--kv-cache-dtype bf16] [--profile] [--verify K] "
+                        "[--context 8192,131072] [--steps N] [--prefill TOKENS] [--prefill-chunk TOKENS] [--kv-cache-dtype bf16] [--profile] "
+                        "[--verify K] "
                         "[--precision exact|bf16] [--dspark-config DRAFT.json] [-tp N [--moe-split experts|width]]\n");
         return 2;
     }
@@ -465,7 +467,8 @@ int m3_cmd_bench_random(int argc, char **argv) {
                 }
                 fflush(stdout);
             }
-            /* prefill speed once per context: one sequence, `prefill` tokens in chunks of 512 */
+            /* prefill speed once per context: one sequence, `prefill` tokens in chunks of pchunk (the
+             * server's --max-num-batched-tokens) */
             if (!rc && bi == nB - 1 && prefill > 0) {
                 long n = prefill;
                 m3_kv_seq one = {0};
@@ -473,9 +476,13 @@ int m3_cmd_bench_random(int argc, char **argv) {
                 if (pid) {
                     for (long t = 0; t < n; t++) pid[t] = (int32_t)((t * 31 + 7) % V);
                     double a = m3_cuda_sync_time(&ops);
-                    if (m3_run_tokens(&m, &kv, &one, pid, (int)n, 0, 512, NULL, &err)) fprintf(stderr, "m3 bench: prefill: %s\n", err.msg);
-                    else printf("prefill: %ld tokens (chunks of 512, from position 0) in %.3f s = %.0f tokens/s\n", n,
-                                m3_cuda_sync_time(&ops) - a, n / (m3_cuda_sync_time(&ops) - a));
+                    if (m3_run_tokens(&m, &kv, &one, pid, (int)n, 0, (int)pchunk, NULL, &err))
+                        fprintf(stderr, "m3 bench: prefill: %s\n", err.msg);
+                    else {
+                        const double el = m3_cuda_sync_time(&ops) - a;
+                        printf("prefill: %ld tokens (chunks of %ld, from position 0) in %.3f s = %.0f tokens/s\n", n, pchunk, el,
+                               n / el);
+                    }
                     m3_kv_seq_release(&kv, &one);
                     free(pid);
                 }

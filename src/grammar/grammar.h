@@ -93,11 +93,20 @@ int m3_grammar_n_rules(const m3_grammar *g);
  * UTF-8, no control character but tab and newline; length bounds in characters), never
  * containing `forbid`, and, unless edge_newlines, neither starting nor ending with a newline.
  * Enum / const strings at the top level are written raw too. What a tool-call parser that
- * takes argument values as raw text reads back as JSON strings. */
+ * takes argument values as raw text reads back as JSON strings. A parser that types a raw value
+ * by its text when the schema admits other types too (src/chat/parsers.h: null, a boolean, a
+ * number, JSON before a string) would read some raw strings as those types: not_as names them,
+ * and the raw strings (enum / const ones included) that, with surrounding space, tab, newline
+ * and carriage return removed, are `null` (M3_GRAW_NULL), `true` / `false` in any letter case
+ * (BOOL), an optionally signed run of digits (INT), a decimal number as strtod reads one,
+ * [+-]? (D+ (.D*)? | .D+) ([eE][+-]?D+)? (NUM), or that start with `{` (OBJ) or `[` (ARR) are
+ * left out: the schema's other alternatives write those values as JSON. */
 typedef struct m3_grammar_builder m3_grammar_builder;
+enum { M3_GRAW_NULL = 1, M3_GRAW_BOOL = 2, M3_GRAW_INT = 4, M3_GRAW_NUM = 8, M3_GRAW_OBJ = 16, M3_GRAW_ARR = 32 };
 typedef struct m3_grammar_raw {
     const char *forbid; /* NUL-terminated, at most 64 bytes; NULL or "": no restriction */
     int edge_newlines;
+    unsigned not_as;    /* M3_GRAW_* bits: raw strings that read as these types are left out */
 } m3_grammar_raw;
 
 m3_grammar_builder *m3_grammar_builder_new(const m3_grammar_opts *opts, m3_err *err);

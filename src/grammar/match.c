@@ -348,6 +348,7 @@ typedef struct {
     uint32_t *bits;
     int32_t *push, *unc, *acc;
     int32_t npush, nunc, nacc, cappush, capunc;
+    const int32_t *strans; /* the grammar's transitions for the fast path (m3_grammar_compile) */
     int oom;
 } walker;
 
@@ -448,8 +449,35 @@ static int cache_state(walker *w, const m3_grammar *g, const m3_grammar_vocab *v
     w->lv_flags[0] = 0;
     w->lv_popb[0] = 0;
     int32_t nacc = 0;
+    const int32_t *strans = w->strans;
+    const uint8_t *cls = g->cls;
+    const size_t ncls = (size_t)g->ncls;
     for (int32_t i = 0; i < v->nn && !w->oom;) {
         int d = v->td[i];
+        /* The fast path: a chain of plain DFA states from q0 (levels whose only configuration is
+         * a state with byte edges alone, nothing pushed or popped) moves by one table lookup; most
+         * nodes of a walk are there (string contents, numbers, literals). Such a level is all
+         * zeros but lv_simple (level_step's result for it would be the same). */
+        int32_t ps = w->lv_simple[d - 1];
+        if (ps >= 0) {
+            int32_t t = strans[(size_t)ps * ncls + cls[v->tb[i]]];
+            if (t == -1) { /* nothing below: no token of the subtree, none popped */
+                i = v->tskip[i];
+                continue;
+            }
+            if (t >= 0) {
+                w->lv_simple[d] = t;
+                w->lv_off[d] = w->lv_n[d] = w->lv_mark[d] = 0;
+                w->lv_flags[d] = w->lv_popb[d] = 0;
+                for (int32_t k = v->ttok[i]; k < v->ttok[i + 1]; k++) {
+                    int32_t tk = v->toks[k];
+                    w->bits[tk >> 5] |= 1u << (tk & 31);
+                    nacc++;
+                }
+                i++;
+                continue;
+            }
+        }
         int ne = level_step(w, g, d, v->tb[i], below0);
         int fl = w->lv_flags[d], popb = w->lv_popb[d];
         int32_t hmin = 0;
@@ -518,7 +546,8 @@ static void compile_range(void *ctx, size_t begin, size_t end, int worker) {
     compile_job *j = ctx;
     const m3_grammar *g = j->c->g;
     for (size_t q = begin; q < end; q++)
-        if ((g->flags[q] & G_BYTES) && cache_state(&j->w[worker], g, j->c->v, (int32_t)q, &j->c->cache[q])) j->failed = 1;
+        if ((g->flags[q] & G_BYTES) && cache_state(&j->w[worker], g, j->c->v, (int32_t)q, &j->c->cache[q]))
+            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED); /* workers may fail at once; read after the loop */
 }
 
 int32_t m3_grammar_compiled_vocab_size(const m3_grammar_compiled *c) { return c->v->n; }
@@ -537,6 +566,7 @@ void m3_grammar_compiled_free(m3_grammar_compiled *c) {
 }
 
 m3_grammar_compiled *m3_grammar_compile(const m3_grammar *g, const m3_grammar_vocab *v, m3_pool *pool, m3_err *err) {
+    int32_t *strans = NULL;
     m3_grammar_compiled *c = calloc(1, sizeof *c);
     int nw = pool ? m3_pool_size(pool) : 1;
     walker *w = calloc((size_t)nw, sizeof *w);
@@ -549,6 +579,16 @@ m3_grammar_compiled *m3_grammar_compile(const m3_grammar *g, const m3_grammar_vo
     int ok = 1;
     for (int i = 0; i < nw; i++) ok &= walker_init(&w[i], g, v) == 0;
     if (!ok) goto oom;
+    /* trans, folded with the flags for cache_state's fast path: the next state when it has byte
+     * edges alone, -1 when there is none, -2 when the generic walk must take it (an end, a call) */
+    size_t nt = (size_t)g->n * (size_t)g->ncls;
+    strans = malloc(nt * sizeof *strans);
+    if (!strans) goto oom;
+    for (size_t k = 0; k < nt; k++) {
+        int32_t t = g->trans[k];
+        strans[k] = t < 0 ? -1 : g->flags[t] == G_BYTES ? t : -2;
+    }
+    for (int i = 0; i < nw; i++) w[i].strans = strans;
     compile_job j = {c, w, 0};
     m3_pool_for(pool, (size_t)g->n, 1, compile_range, &j);
     if (j.failed) goto oom;
@@ -559,12 +599,14 @@ m3_grammar_compiled *m3_grammar_compile(const m3_grammar *g, const m3_grammar_vo
     }
     for (int i = 0; i < nw; i++) walker_free(&w[i]);
     free(w);
+    free(strans);
     return c;
 oom:
     m3_errf(err, "grammar compile: out of memory");
     if (w)
         for (int i = 0; i < nw; i++) walker_free(&w[i]);
     free(w);
+    free(strans);
     m3_grammar_compiled_free(c);
     return NULL;
 }

@@ -233,6 +233,38 @@ static g_frag f_raw_restrict(g_nfa *n, const char *forbid, int L, int edges) {
     return (g_frag){s0, e};
 }
 
+/* The raw strings a tool-call parser reads as another type (grammar.h, m3_grammar_raw.not_as):
+ * [ \t\n\r]* X [ \t\n\r]* with X null, true / false in any case, [+-]?D+, a decimal number as
+ * strtod reads one ([+-]? (D+ (.D*)? | .D+) ([eE][+-]?D+)?), or { / [ and anything after. */
+static g_frag f_raw_typed(g_nfa *n, unsigned not_as) {
+    g_frag x = f_none();
+    if (not_as & M3_GRAW_NULL) x = f_alt(n, x, f_lit(n, "null", 4));
+    if (not_as & M3_GRAW_BOOL) {
+        static const char *const tr[] = {"ttTT", "rrRR", "uuUU", "eeEE"}, *const fa[] = {"ffFF", "aaAA", "llLL", "ssSS", "eeEE"};
+        int s = nfa_state(n), e = nfa_state(n);
+        f_path(n, s, e, tr, 4);
+        f_path(n, s, e, fa, 5);
+        x = f_alt(n, x, (g_frag){s, e});
+    }
+    if (not_as & (M3_GRAW_INT | M3_GRAW_NUM)) {
+        g_frag sign = f_opt(n, f_set(n, "++--")), d1 = f_seq(n, f_range(n, '0', '9'), f_star(n, f_range(n, '0', '9')));
+        if (not_as & M3_GRAW_NUM) {
+            g_frag a = f_seq(n, d1, f_opt(n, f_seq(n, f_lit(n, ".", 1), f_star(n, f_range(n, '0', '9')))));
+            g_frag b = f_seq(n, f_lit(n, ".", 1), f_seq(n, f_range(n, '0', '9'), f_star(n, f_range(n, '0', '9'))));
+            g_frag ex = f_seq(n, f_seq(n, f_set(n, "eeEE"), f_opt(n, f_set(n, "++--"))),
+                              f_seq(n, f_range(n, '0', '9'), f_star(n, f_range(n, '0', '9'))));
+            d1 = f_seq(n, f_alt(n, a, b), f_opt(n, ex));
+        }
+        x = f_alt(n, x, f_seq(n, sign, d1));
+    }
+    g_frag ws = f_star(n, f_set(n, "  \t\n\r\r"));
+    if (not_as & (M3_GRAW_OBJ | M3_GRAW_ARR)) {
+        g_frag open = f_set(n, (not_as & M3_GRAW_OBJ) && (not_as & M3_GRAW_ARR) ? "{{[[" : (not_as & M3_GRAW_OBJ) ? "{{" : "[[");
+        x = f_alt(n, x, f_seq(n, open, f_star(n, f_range(n, 0, 255))));
+    }
+    return f_seq(n, f_seq(n, ws, x), f_star(n, f_set(n, "  \t\n\r\r")));
+}
+
 /* a raw string of lo..hi characters (hi < 0: unbounded), within the raw restrictions */
 static g_frag f_raw_string(sc_t *c, long long lo, long long hi) {
     g_nfa *n = c->n;
@@ -252,8 +284,9 @@ static g_frag f_raw_string(sc_t *c, long long lo, long long hi) {
     }
     if (bad(c)) return f_none();
     const char *fb = c->raw->forbid ? c->raw->forbid : "";
-    if (!fb[0] && c->raw->edge_newlines) return f;
-    g_frag r = f_product(n, f, f_raw_restrict(n, fb, (int)strlen(fb), c->raw->edge_newlines), 0);
+    g_frag r = f;
+    if (fb[0] || !c->raw->edge_newlines) r = f_product(n, f, f_raw_restrict(n, fb, (int)strlen(fb), c->raw->edge_newlines), 0);
+    if (r.s >= 0 && c->raw->not_as) r = f_product(n, r, f_raw_typed(n, c->raw->not_as), 1);
     if (r.s < 0 && !bad(c)) return sc_err(c, "no raw string of %lld to %lld characters satisfies the restrictions", lo, hi);
     return r;
 }
@@ -292,7 +325,7 @@ static g_frag f_number_plain(g_nfa *n, int is_int, int exp) {
     g_frag f = f_seq(n, f_opt(n, f_lit(n, "-", 1)), f_int_part(n));
     if (is_int) return f;
     f = f_seq(n, f, f_opt(n, f_seq(n, f_lit(n, ".", 1), f_digits(n, 1, FRAC_DIGITS))));
-    if (exp) f = f_seq(n, f, f_opt(n, f_seq(n, f_seq(n, f_set(n, "eEeE"), f_opt(n, f_set(n, "+++-"))), f_digits(n, 1, EXP_DIGITS))));
+    if (exp) f = f_seq(n, f, f_opt(n, f_seq(n, f_seq(n, f_set(n, "eeEE"), f_opt(n, f_set(n, "++--"))), f_digits(n, 1, EXP_DIGITS))));
     return f;
 }
 
@@ -498,8 +531,12 @@ static g_frag s_call(sc_t *c, json_t *s) {
     return f_call(c->n, c->rm[i].rule);
 }
 
+/* an enum / const value; a raw string that would read as another type is left out (f_none) */
 static g_frag s_literal(sc_t *c, json_t *v) {
-    if (c->raw_on && json_is_string(v)) return f_lit(c->n, json_string_value(v), json_string_length(v));
+    if (c->raw_on && json_is_string(v)) {
+        g_frag f = f_lit(c->n, json_string_value(v), json_string_length(v));
+        return c->raw->not_as ? f_product(c->n, f, f_raw_typed(c->n, c->raw->not_as), 1) : f;
+    }
     char *txt = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
     if (!txt) return sc_err(c, "out of memory");
     g_frag f = f_lit(c->n, txt, strlen(txt));

@@ -313,6 +313,8 @@ int m3_group_forward_ex(m3_group *g, const m3_batch *b, const int32_t *ids, cons
                         const int *out_rows, int n_out, float *logits, const m3_taps *taps, m3_err *err) {
     const m3_config *c = &g->full->cfg;
     if (g->broken) return m3_errf(err, "%s", g->broken_msg);
+    /* every rank would have to overwrite its copy of the stream at once: not built */
+    if (taps && taps->stream) return m3_errf(err, "tensor parallel group: teacher forcing (a stream tap) is not supported");
     m3_kv *kv0 = m3_group_kv(g, 0);
     if (!kv0) return m3_errf(err, "tensor parallel group: no KV cache (m3_group_kv_create first)");
     const int T = b->T;

@@ -128,7 +128,7 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
     }
     float *host = NULL;
     int32_t *hsel = NULL;
-    if (ok && taps && (taps->hidden || (taps->capture && !taps->capture_dev))) ok = (host = malloc(TT * H * 4)) != NULL;
+    if (ok && taps && (taps->hidden || (taps->capture && !taps->capture_dev) || taps->stream)) ok = (host = malloc(TT * H * 4)) != NULL;
     if (ok && taps && taps->index && c->n_sparse_layers) ok = (hsel = malloc(TT * ni * topk * 4)) != NULL;
     float *hlg = NULL; /* tensor parallel: the gathered logits on the host, before reordering */
     if (ok && sh && n_out > 0 && logits) ok = (hlg = malloc(n_o * Vl * sh->size * 4)) != NULL;
@@ -139,7 +139,7 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
      * graph_begin returns 1 when it launched a replay, 0 to have the ops issued (and maybe
      * recorded: graph_end then closes the recording and launches it). Not with taps, except a
      * capture into backend memory (m3_taps.capture_dev), which records like the other ops. */
-    const int dev_capture_only = taps && taps->capture_dev && !taps->hidden && !taps->index;
+    const int dev_capture_only = taps && taps->capture_dev && !taps->hidden && !taps->index && !taps->stream;
     int graphable = (!taps || dev_capture_only) && !(ov && ov->n) && op->graph_begin && op->graph_end &&
                     (!m->comm || m->comm->capturable);
     /* TP: with whole experts on other ranks the MoE op synchronizes with the host (it groups the
@@ -174,6 +174,13 @@ issue:
     for (int l = 0; l < c->n_layers; l++) {
         const m3_layer_w *L = &W->layers[l];
         const float *next_norm = l + 1 < c->n_layers ? W->layers[l + 1].in_norm : NULL;
+        if (taps && taps->stream) { /* teacher forcing: the layer's input replaced, its input norm redone */
+            op->download(X, host, B.h, TT * H * 4);
+            if (taps->stream(taps->arg, l, host, T, H)) {
+                op->upload(X, B.h, host, TT * H * 4);
+                op->rmsnorm(X, B.h, L->in_norm, T, H, eps, B.a);
+            }
+        }
         /* attention: q, k, v (+ the indexer's q and k) from the normed input; per-head norm and
          * RoPE, k, v (+ index-K) into the cache; block selection (sparse layers); attention over
          * the cache; the output projection */

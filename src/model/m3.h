@@ -59,6 +59,12 @@ typedef struct m3_taps {
      * layers with capture_layers[l] != 0 ([n_layers]); the other layers cost nothing. */
     const uint8_t *capture_layers;
     void (*capture)(void *arg, int layer, const float *h, int T, int H);
+    /* Teacher forcing (accuracy checks: m3 logits --teacher-forced): before (0-based) layer l,
+     * stream(arg, l, h, T, H) gets the residual stream entering it (host f32 [T, H]) and may
+     * overwrite it; it returns 1 when it did (the layer then starts from h: its input norm, its
+     * K / V / index-K in the cache, everything after), 0 to leave the stream as it was. So each
+     * layer can be checked alone, on a reference's input, without a second forward pass. */
+    int (*stream)(void *arg, int layer, float *h, int T, int H);
     /* capture_dev: capture gets h in the op table's memory instead (no download; it may issue
      * ops reading h, such as copy_rows, and nothing else). Such a step may be recorded and
      * replayed (CUDA graphs) when capture is the only tap: graph_key then names what the ops

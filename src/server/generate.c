@@ -561,7 +561,8 @@ static void on_token(srv *s, choice *c, const m3_sample_out *so, int finished, i
         c->emitted = upto;
     }
     if (h->failed) return;
-    if (!hit && !finished && h->one_call && c->out && m3_out_tool_calls(c->out) > 0) hit = 1; /* at most one call */
+    /* at most one call: the choice ends once the first call's arguments are complete */
+    if (!hit && !finished && h->one_call && c->out && m3_out_tool_calls_done(c->out) > 0) hit = 1;
     if (hit) {
         choice_cancel(c);
         choice_end(c, M3_FINISH_STOP);

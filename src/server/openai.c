@@ -171,7 +171,8 @@ static int tool_args_objects(json_t *msgs, json_t **out, m3_oai_error *e) {
              * injection suspended, as request bodies are (fault.h); a real one reads as no object */
             json_error_t je;
             m3_fault_suspend(1);
-            json_t *o = json_loadb(json_string_value(a), json_string_length(a), JSON_REJECT_DUPLICATES, &je);
+            /* a key twice (the parser streams duplicates as they come): the last wins (parsers.h) */
+            json_t *o = json_loadb(json_string_value(a), json_string_length(a), 0, &je);
             m3_fault_suspend(0);
             if (!o && json_error_code(&je) == json_error_out_of_memory) {
                 json_decref(copy);
@@ -664,6 +665,10 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         json_decref(kw);
         json_t *tc = json_object_get(b, "tool_choice");
         if (json_is_string(tc) && !strcmp(json_string_value(tc), "none")) g->oo.tools = 0;
+        /* a JSON answer (response_format and its vLLM spellings) is the document and nothing
+         * else: text inside its strings is never a tool call. Left on, the parser would take
+         * ["<opener><invoke name=", 1, ">...</tool_call>"] for a call named `, 1, `. */
+        if (g->constraint == M3_OAI_C_JSON_OBJECT || g->constraint == M3_OAI_C_JSON_SCHEMA) g->oo.tools = 0;
         g->tools = json_object_get(b, "tools");
         if (!json_is_array(g->tools)) g->tools = NULL;
         /* with the reasoning parser on, the constraint starts once the reasoning ends: after the

@@ -7,12 +7,21 @@
  * output); the end ids are the tokenizer's EOS and the model config's. Compiled grammars are
  * cached by their text (the compact schema, or the tools + the forced function + the call
  * limit): a schema seen before costs a lookup. The cache holds SRV_GRAMMAR_CACHE of them,
- * least recently used out first (requests still running keep theirs: refcounted). */
+ * least recently used out first (requests still running keep theirs: refcounted).
+ *
+ * A compile walks the vocabulary once per automaton state (tens to hundreds of ms for a large
+ * schema at a 200K vocabulary, paid by the first request of that schema): with half the machine's
+ * CPUs (2..8) it runs on a pool of that many threads, one compile at a time (another compiles
+ * alone meanwhile). On a smaller machine, or when the threads cannot be made, it runs on the
+ * preparation thread. */
 #include "srv.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "../base/pool.h"
 
 #define SRV_GRAMMAR_CACHE 64
 
@@ -32,12 +41,16 @@ struct srv_grammars {
     int n;
     uint64_t clock;
     uint64_t hits, compiled;
+    pthread_mutex_t pool_mu; /* held by the compile using the pool */
+    m3_pool *pool;
+    int pool_tried;
 };
 
 int srv_grammars_init(srv *s) {
     s->gram = calloc(1, sizeof *s->gram);
     if (!s->gram) return -1;
     pthread_mutex_init(&s->gram->mu, NULL);
+    pthread_mutex_init(&s->gram->pool_mu, NULL);
     return 0;
 }
 
@@ -51,6 +64,8 @@ void srv_grammars_free(srv *s) {
     /* grammars still held by the engine's requests (the engine outlives the server) only free
      * themselves: nothing reads the vocabulary once the engine thread has stopped */
     m3_grammar_vocab_free(G->v);
+    m3_pool_free(G->pool);
+    pthread_mutex_destroy(&G->pool_mu);
     pthread_mutex_destroy(&G->mu);
     free(G);
     s->gram = NULL;
@@ -121,6 +136,17 @@ static void insert(struct srv_grammars *G, char *key, size_t klen, m3_engine_gra
     G->ent[at] = (gentry){key, klen, eg, ++G->clock};
 }
 
+/* the compile pool (made at the first compile), or NULL: compile on this thread; under pool_mu */
+static m3_pool *compile_pool(struct srv_grammars *G) {
+    if (!G->pool_tried) {
+        G->pool_tried = 1;
+        long n = sysconf(_SC_NPROCESSORS_ONLN) / 2;
+        if (n > 8) n = 8;
+        if (n >= 2) G->pool = m3_pool_create((int)n); /* NULL (no threads): serial, slower but the same */
+    }
+    return G->pool;
+}
+
 static int compile_error(m3_oai_error *e, const char *param, const m3_err *err) {
     if (strstr(err->msg, "out of memory")) return m3_oai_errorf(e, 500, "server_error", param, "%s", err->msg);
     return m3_oai_errorf(e, 400, "invalid_request_error", param, "%s", err->msg);
@@ -170,7 +196,9 @@ int srv_structured(srv *s, m3_oai_params *g, m3_oai_error *e) {
     else if (g->constraint == M3_OAI_C_JSON_SCHEMA) gr = m3_grammar_from_schema(g->schema_text, strlen(g->schema_text), NULL, &err);
     else gr = m3_tool_call_grammar(g->tools, g->tool_name, max_calls, NULL, &err);
     m3_fault_suspend(0);
-    m3_grammar_compiled *gc = gr ? m3_grammar_compile(gr, v, NULL, &err) : NULL;
+    int pooled = gr && pthread_mutex_trylock(&G->pool_mu) == 0;
+    m3_grammar_compiled *gc = gr ? m3_grammar_compile(gr, v, pooled ? compile_pool(G) : NULL, &err) : NULL;
+    if (pooled) pthread_mutex_unlock(&G->pool_mu);
     if (!gc) {
         m3_grammar_free(gr);
         free(key.p);

@@ -61,6 +61,7 @@ static const tcase cases[] = {
     {"{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"string\",\"enum\":[\"x\",\"y\"]},\"n\":{\"type\":\"number\",\"exclusiveMinimum\":0}},\"required\":[\"k\",\"n\"]},\"maxItems\":2}",
      {"[]", "[{\"k\":\"x\",\"n\":0.5}]", "[{\"k\":\"y\",\"n\":1000},{\"k\":\"x\",\"n\":2}]"}, {{"[{\"k\":\"x\",\"n\":0}]", 15}, {"[{\"k\":\"z\"", 7}}},
     {"{\"type\":\"boolean\"}", {"true", "false"}, {{"tru ", 3}, {"yes", 0}}},
+    {"{\"type\":\"number\"}", {"1e+5", "-0.5E-2", "3", "2E7"}, {{"1e,5", 2}, {"1e", -1}, {"+1", 0}}},
     {"{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"},\"t\":{\"type\":\"array\",\"items\":{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9}}}},\"required\":[\"t\"]}",
      {"{\"t\":[[1,2],[],[9]]}", "{\"s\":\"\\\"q\\\"\",\"t\":[]}"}, {{"{\"t\":[[10]]}", 8}, {"{\"s\":\"\\x\"", 7}}},
     {"{\"$defs\":{\"tree\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":8},\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/tree\"}}},\"required\":[\"name\"]}},\"$ref\":\"#/$defs/tree\"}",
@@ -355,18 +356,25 @@ static const char TOOLS[] =
     "\"properties\":{\"guests\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/p\"},\"minItems\":1,\"maxItems\":3},"
     "\"vip\":{\"type\":\"boolean\"},\"price\":{\"type\":[\"number\",\"null\"],\"minimum\":0},\"tag\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":4},{\"type\":\"null\"}]}},"
     "\"required\":[\"guests\",\"vip\"]}}},"
-    "{\"type\":\"function\",\"function\":{\"name\":\"ping\",\"parameters\":{\"type\":\"object\",\"properties\":{}}}}]";
+    "{\"type\":\"function\",\"function\":{\"name\":\"ping\",\"parameters\":{\"type\":\"object\",\"properties\":{}}}},"
+    /* mixed types: a raw string must never read back as one of the other types */
+    "{\"type\":\"function\",\"function\":{\"name\":\"mix\",\"parameters\":{\"type\":\"object\",\"properties\":{"
+    "\"code\":{\"type\":[\"string\",\"integer\"],\"maxLength\":2,\"minimum\":100},"
+    "\"opt\":{\"type\":[\"string\",\"null\",\"boolean\"],\"maxLength\":5},"
+    "\"val\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":3},{\"type\":\"number\",\"maximum\":0},{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":2}]},"
+    "\"e\":{\"enum\":[\"1\",\"x\",2,\"true\"]}},\"required\":[\"code\",\"opt\",\"val\",\"e\"]}}}]";
 
 static void tool_grammar_tests(vocab_t *bytes) {
     json_t *tools = json_loads(TOOLS, 0, NULL);
-    struct { const char *name; int max; } modes[] = {{NULL, 1}, {NULL, 0}, {"book", 1}, {"get_weather", 2}, {"ping", 1}};
+    struct { const char *name; int max, walks; } modes[] = {{NULL, 1, 12}, {NULL, 0, 12}, {"book", 1, 12}, {"get_weather", 2, 12},
+                                                            {"ping", 1, 12}, {"mix", 1, 200}};
     for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
         m3_err err;
         m3_grammar *g = m3_tool_call_grammar(tools, modes[mi].name, modes[mi].max, NULL, &err);
         CHECK(g, "tool grammar %zu: %s", mi, err.msg);
         m3_grammar_compiled *gc = g ? m3_grammar_compile(g, bytes->v, NULL, &err) : NULL;
         int calls_seen = 0;
-        for (int w = 0; gc && w < 12; w++) {
+        for (int w = 0; gc && w < modes[mi].walks; w++) {
             int steps;
             char *doc = walk(gc, bytes, 20 + (int)(rnd() % 200), 0, &steps);
             if (!doc) continue;
@@ -375,25 +383,38 @@ static void tool_grammar_tests(vocab_t *bytes) {
             const m3_out_delta *d;
             size_t nd, content = 0;
             int calls = 0;
-            for (int pass = 0; pass < 2; pass++) {
+            json_t *params = NULL;
+            char args[8192];
+            size_t alen = 0;
+            /* a call's arguments arrive in pieces (streamed): checked at the next call or the end */
+            for (int pass = 0; pass < 3; pass++) {
+                nd = 0;
                 if (pass == 0) m3_out_feed(o, doc, strlen(doc), &d, &nd, &err);
-                else m3_out_finish(o, &d, &nd, &err);
-                for (size_t k = 0; k < nd; k++) {
-                    if (d[k].kind == M3_OUT_CONTENT) content += d[k].len;
-                    if (d[k].kind == M3_OUT_TOOL_BEGIN) {
+                else if (pass == 1) m3_out_finish(o, &d, &nd, &err);
+                for (size_t k = 0; k <= nd; k++) {
+                    if (k < nd && d[k].kind == M3_OUT_CONTENT) content += d[k].len;
+                    if (k < nd && d[k].kind == M3_OUT_TOOL_ARGS && alen + d[k].len < sizeof args) {
+                        memcpy(args + alen, d[k].text, d[k].len);
+                        alen += d[k].len;
+                    }
+                    if ((k == nd && pass == 2) || (k < nd && d[k].kind == M3_OUT_TOOL_BEGIN)) {
+                        if (calls) {
+                            json_t *a = json_loadb(args, alen, 0, NULL);
+                            CHECK(a && params && jsv_valid(params, params, a, 0), "mode %zu: arguments %.*s fail the schema (output %s)", mi,
+                                  (int)alen, args, doc);
+                            json_decref(a);
+                        }
+                        alen = 0;
+                    }
+                    if (k < nd && d[k].kind == M3_OUT_TOOL_BEGIN) {
                         calls++;
                         CHECK(!modes[mi].name || !strcmp(d[k].name, modes[mi].name), "mode %zu: call of %s", mi, d[k].name);
-                        json_t *params = NULL;
+                        params = NULL;
                         for (size_t t = 0; t < json_array_size(tools); t++) {
                             json_t *fn = json_object_get(json_array_get(tools, t), "function");
                             if (!strcmp(json_string_value(json_object_get(fn, "name")), d[k].name)) params = json_object_get(fn, "parameters");
                         }
                         CHECK(params, "mode %zu: unknown tool %s", mi, d[k].name);
-                        CHECK(k + 1 < nd && d[k + 1].kind == M3_OUT_TOOL_ARGS, "mode %zu: no arguments", mi);
-                        json_t *a = k + 1 < nd ? json_loadb(d[k + 1].text, d[k + 1].len, 0, NULL) : NULL;
-                        CHECK(a && params && jsv_valid(params, params, a, 0), "mode %zu: arguments %.*s fail the schema (output %s)", mi,
-                              k + 1 < nd ? (int)d[k + 1].len : 0, k + 1 < nd ? d[k + 1].text : "", doc);
-                        json_decref(a);
                     }
                 }
             }
@@ -403,13 +424,38 @@ static void tool_grammar_tests(vocab_t *bytes) {
             m3_out_free(o);
             free(doc);
         }
-        printf("  tool grammar %-12s max %d: %5d states, %d calls in 12 walks\n", modes[mi].name ? modes[mi].name : "(any)", modes[mi].max,
-               g ? m3_grammar_n_states(g) : 0, calls_seen);
+        printf("  tool grammar %-12s max %d: %5d states, %d calls in %d walks\n", modes[mi].name ? modes[mi].name : "(any)", modes[mi].max,
+               g ? m3_grammar_n_states(g) : 0, calls_seen, modes[mi].walks);
         m3_grammar_compiled_free(gc);
         m3_grammar_free(g);
     }
     m3_err err = {{0}};
-    m3_grammar *g = m3_tool_call_grammar(tools, "nope", 1, NULL, &err);
+    /* mixed types, checked by hand: raw strings that would read as another admitted type are out */
+    m3_grammar *g = m3_tool_call_grammar(tools, "mix", 1, NULL, &err);
+    m3_grammar_compiled *gc = g ? m3_grammar_compile(g, bytes->v, NULL, &err) : NULL;
+    static const struct { const char *code, *opt, *val, *e; int ok; } mix[] = {
+        {"ab", "hello", "abc", "x", 1},   {"150", "null", "-2.5", "2", 1}, {" 7 ", "TRUE", "[1]", "1", 0},
+        {"5", "a", "b", "x", 0},          {"ab", "null ", "b", "x", 0},     {"ab", "False", "b", "x", 0},
+        {"ab", "nul", "1e3", "x", 0},     {"ab", "nul", ".5", "x", 0},      {"ab", "nul", "[a", "x", 0},
+        {"ab", "nul", "{", "x", 1},       {"ab", "nul", "a1", "true", 1},   {"-1", "x", "a", "x", 0},
+        {"ab", "nul", "1-2", "x", 1},     {"ab", "e", "e5", "x", 1},        {"ab", "x", "a", "1", 0},
+    };
+    for (size_t i = 0; gc && i < sizeof mix / sizeof mix[0]; i++) {
+        char doc[512];
+        snprintf(doc, sizeof doc,
+                 "]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"mix\">\n]<]minimax[>[<code>%s]<]minimax[>[</code>\n"
+                 "]<]minimax[>[<opt>%s]<]minimax[>[</opt>\n]<]minimax[>[<val>%s]<]minimax[>[</val>\n]<]minimax[>[<e>%s]<]minimax[>[</e>\n"
+                 "]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>",
+                 mix[i].code, mix[i].opt, mix[i].val, mix[i].e);
+        m3_matcher *m = m3_matcher_new(gc, &err);
+        int acc = m && m3_matcher_accept_bytes(m, doc, strlen(doc)) == 0 && m3_matcher_can_end(m);
+        CHECK(acc == mix[i].ok, "mix %zu (code %s opt %s val %s e %s): %s", i, mix[i].code, mix[i].opt, mix[i].val, mix[i].e,
+              acc ? "accepted" : "refused");
+        m3_matcher_free(m);
+    }
+    m3_grammar_compiled_free(gc);
+    m3_grammar_free(g);
+    g = m3_tool_call_grammar(tools, "nope", 1, NULL, &err);
     CHECK(!g && strstr(err.msg, "no function named"), "unknown tool: %s", err.msg);
     json_t *bad = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
                              "\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}}}]", 0, NULL);
@@ -417,6 +463,44 @@ static void tool_grammar_tests(vocab_t *bytes) {
     CHECK(!g && strstr(err.msg, "tool \"f\"") && strstr(err.msg, "pattern"), "bad tool schema: %s", err.msg);
     json_decref(bad);
     json_decref(tools);
+}
+
+/* A compile spread over a pool (the server's, for large schemas) gives the masks of a serial
+ * one: compared at every byte of each case's valid documents. */
+static void pool_compile_tests(vocab_t *vv, int ncases) {
+    m3_pool *pool = m3_pool_create(3);
+    CHECK(pool, "pool");
+    int nw = (vv->n + 31) / 32, steps = 0;
+    uint32_t *m1 = malloc((size_t)nw * 4), *m2 = malloc((size_t)nw * 4);
+    for (int ci = 0; pool && ci < ncases; ci++) {
+        m3_err err;
+        m3_grammar *g = m3_grammar_from_schema(cases[ci].schema, strlen(cases[ci].schema), NULL, &err);
+        m3_grammar_compiled *a = g ? m3_grammar_compile(g, vv->v, NULL, &err) : NULL;
+        m3_grammar_compiled *b = g ? m3_grammar_compile(g, vv->v, pool, &err) : NULL;
+        CHECK(a && b && m3_grammar_compiled_bytes(a) == m3_grammar_compiled_bytes(b) &&
+                  m3_grammar_compiled_uncertain(a) == m3_grammar_compiled_uncertain(b),
+              "case %d: pooled compile differs in size", ci);
+        for (int k = 0; a && b && k < 4 && cases[ci].valid[k]; k++) {
+            m3_matcher *x = m3_matcher_new(a, &err), *y = m3_matcher_new(b, &err);
+            const char *d = cases[ci].valid[k];
+            for (size_t i = 0; x && y; i++) {
+                m3_matcher_fill_mask(x, m1);
+                m3_matcher_fill_mask(y, m2);
+                steps++;
+                CHECK(!memcmp(m1, m2, (size_t)nw * 4), "case %d doc %d: pooled compile's mask differs at byte %zu", ci, k, i);
+                if (!d[i] || m3_matcher_accept_bytes(x, d + i, 1) || m3_matcher_accept_bytes(y, d + i, 1)) break;
+            }
+            m3_matcher_free(x);
+            m3_matcher_free(y);
+        }
+        m3_grammar_compiled_free(a);
+        m3_grammar_compiled_free(b);
+        m3_grammar_free(g);
+    }
+    printf("pooled compiles (3 threads): the serial masks at %d steps\n", steps);
+    free(m1);
+    free(m2);
+    m3_pool_free(pool);
 }
 
 int main(int argc, char **argv) {
@@ -485,6 +569,8 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < NCASES; i++) run_case(i, &cases[i], &bytes, have_real ? &real : NULL, walks);
     tool_grammar_tests(&bytes);
+    pool_compile_tests(&bytes, NCASES);
+    if (have_real) pool_compile_tests(&real, 3);
     printf("fill_mask %.1f us/step mean (the cache-free trie walk %.1f us) over %ld steps\n", t_fast / (double)n_fast * 1e6,
            t_slow / (double)n_fast * 1e6, n_fast);
     m3_grammar_vocab_free(bytes.v);

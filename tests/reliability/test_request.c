@@ -103,6 +103,27 @@ int main(void) {
               g.max_tokens == 1024 - (long long)g.n_ids,
           "chat: thinking off, tool_choice none, logprobs, max_tokens = rest of the context: %d %s", rc, e.message);
     m3_oai_params_free(&g);
+    /* a JSON answer is never read as tool calls (text in its strings could spell one), whatever
+     * the tools; a forced call and a free answer keep the tool parser */
+    {
+        static const char *const cases[][2] = {
+            {"\"response_format\":{\"type\":\"json_object\"}", "0"},
+            {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"schema\":{\"type\":\"array\"}}}", "0"},
+            {"\"guided_json\":{\"type\":\"object\"}", "0"},
+            {"\"tool_choice\":\"required\"", "1"},
+            {"\"tool_choice\":\"auto\"", "1"},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            char body[512];
+            snprintf(body, sizeof body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+                     "{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{}}}}],%s}", cases[i][0]);
+            rc = parse(body, 1, &g, &e);
+            CHECK(rc == 0 && g.oo.tools == cases[i][1][0] - '0', "tool parser with %s: %d (rc %d %s)", cases[i][0], g.oo.tools, rc,
+                  e.message);
+            m3_oai_params_free(&g);
+        }
+    }
     /* a tool-call history sent back the OpenAI way (function.arguments a JSON string) renders as the
      * same object would: the model's own <city>Paris</city>, never the raw JSON (issue 26) */
     {
@@ -117,8 +138,17 @@ int main(void) {
         const char *as_bad = "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\","
                              "\"content\":\"\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
                              "\"w\",\"arguments\":\"city=Paris\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sun\"}]}";
-        m3_oai_params a, o, x;
+        /* a key twice (the streamed arguments keep duplicates in their text): the last one wins */
+        const char *as_dup = "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\","
+                             "\"content\":\"\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
+                             "\"w\",\"arguments\":\"{\\\"city\\\": \\\"Rome\\\", \\\"days\\\": 3, \\\"city\\\": \\\"Paris\\\"}\"}}]},"
+                             "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sun\"}]}";
+        m3_oai_params a, o, x, dd;
         int ra = parse(as_str, 1, &a, &e), ro = parse(as_obj, 1, &o, &e), rx = parse(as_bad, 1, &x, &e);
+        int rd = parse(as_dup, 1, &dd, &e);
+        CHECK(rd == 0 && dd.n_ids == o.n_ids && !memcmp(dd.ids, o.ids, sizeof(int32_t) * o.n_ids),
+              "arguments with a key twice render with the last value: %zu vs %zu ids", dd.n_ids, o.n_ids);
+        m3_oai_params_free(&dd);
         CHECK(ra == 0 && ro == 0 && a.n_ids == o.n_ids && !memcmp(a.ids, o.ids, sizeof(int32_t) * a.n_ids),
               "tool-call arguments as a JSON string render as the object: %zu vs %zu ids", a.n_ids, o.n_ids);
         CHECK(rx == 0 && x.n_ids != o.n_ids, "arguments that are not JSON stay a string (%d)", rx);

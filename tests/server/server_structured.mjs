@@ -7,6 +7,10 @@
 //  - tool_choice "required" / named: always valid calls of the allowed tools (arguments validated
 //    against the tool's parameters), parallel_tool_calls false: exactly one; with tool_choice
 //    auto: at most one;
+//  - a streamed tool call arrives as vLLM sends one: id, type and name first, then the arguments in
+//    several deltas whose concatenation is the non-stream arguments (and validates);
+//  - a JSON answer whose strings spell the tool-call markup stays the answer (no tool call);
+//  - response and tool-call ids differ across requests, turns and a server restart;
 //  - unconstrained greedy requests sharing steps with constrained ones give the tokens they give alone;
 //  - 400s naming the problem (a schema keyword the grammar refuses, an unknown tool, conflicts).
 // A random model rarely closes a string by itself: the requests bias the closing tokens (" } ]
@@ -158,6 +162,67 @@ try {
   const auto = await Promise.all([0, 1, 2, 3].map(k => chat({ messages: msgs, tools: TOOLS, parallel_tool_calls: false, max_tokens: 40, seed: k, logit_bias: { [NS]: 6 }, ...off }, k % 2 === 1)));
   ok(auto.every(r => r.tool_calls.length <= 1), `parallel_tool_calls false, tool_choice auto: at most one call (${auto.map(r => r.tool_calls.length).join(' ')})`);
 
+  // ---- streamed tool calls: the name first, then the arguments in pieces (get_weather: >= 2 arguments)
+  const named = { messages: msgs, tools: TOOLS, tool_choice: { type: 'function', function: { name: 'get_weather' } }, parallel_tool_calls: false, max_tokens: 300, logit_bias: CLOSE, ...off };
+  const streamedCall = async seed => {
+    const deltas = [];
+    let finish = null, id = null;
+    for await (const ch of await client.chat.completions.create({ model: 'tiny', ...named, seed, stream: true })) {
+      id = id || ch.id;
+      const c = ch.choices[0];
+      if (!c) continue;
+      for (const tc of c.delta.tool_calls || []) deltas.push(tc);
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+    return { deltas, finish, id };
+  };
+  const sres = await Promise.all([0, 1, 2].map(async k => ({ s: await streamedCall(70 + k), n: await chat({ ...named, seed: 70 + k }, false) })));
+  const sbad = [];
+  for (const [k, { s: st, n: ns }] of sres.entries()) {
+    const d = st.deltas, first = d[0] || {}, rest = d.slice(1), args = d.map(x => x.function?.arguments || '').join('');
+    const pieces = d.filter(x => x.function?.arguments).length;
+    let a = null;
+    try { a = JSON.parse(args); } catch {}
+    const why = !d.length ? 'no tool_calls deltas'
+      : !(first.index === 0 && /^call_/.test(first.id) && first.type === 'function' && first.function?.name === 'get_weather') ? `first delta ${JSON.stringify(first)}`
+      : (first.function.arguments || '') === args ? `the first delta holds all the arguments ${JSON.stringify(args)}`
+      : rest.some(x => x.index !== 0 || x.id || x.function?.name) ? 'a later delta repeats the id or the name, or another index'
+      : pieces < 2 ? `arguments in ${pieces} delta(s)`
+      : !a || !validators.get_weather(a) || Object.keys(a).length < 2 ? `arguments ${args} do not validate with >= 2 arguments`
+      : st.finish !== 'tool_calls' ? `finish_reason ${st.finish}`
+      : ns.tool_calls.length !== 1 || ns.tool_calls[0].function.arguments !== args ? `non-stream arguments ${ns.tool_calls[0]?.function.arguments} differ from the streamed ${args}`
+      : null;
+    if (why) sbad.push(`seed ${70 + k}: ${why}`);
+  }
+  for (const b of sbad) console.log('  ' + b);
+  ok(!sbad.length, `streamed tool calls: name first, then the arguments in ${sres.map(r => r.s.deltas.filter(x => x.function?.arguments).length).join(', ')} deltas; they equal the non-stream arguments and validate`);
+
+  // ---- a JSON answer is never read as a tool call, even when its strings spell the markup
+  const trap = { type: 'array', prefixItems: [{ const: ']<]minimax[>[<tool_call>]<]minimax[>[<invoke name=' }, { const: 1 }, { const: '>]<]minimax[>[</invoke>]<]minimax[>[</tool_call>' }], items: false, minItems: 3 };
+  for (const streamed of [false, true]) {
+    const r = await chat({ messages: msgs, tools: TOOLS, max_tokens: 200, seed: 9, logit_bias: CLOSE, response_format: { type: 'json_schema', json_schema: { name: 'trap', schema: trap } }, ...off }, streamed);
+    let v = null;
+    try { v = JSON.parse(r.content); } catch {}
+    ok(r.finish === 'stop' && !r.tool_calls.length && v && v[1] === 1 && v[0] === trap.prefixItems[0].const,
+       `json_schema answer spelling the tool-call markup, tools given, ${streamed ? 'stream' : 'non-stream'}: content ${JSON.stringify(r.content).slice(0, 90)}, ${r.tool_calls.length} calls`);
+  }
+
+  // ---- a tool-call history sent back the OpenAI way (arguments a JSON string) renders as the model writes calls
+  const hist = [...msgs, { role: 'assistant', content: '', tool_calls: [{ id: 'call_x', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris", "days": 3}' } }] }, { role: 'tool', tool_call_id: 'call_x', content: 'sunny' }];
+  const ht = (await post(base, '/tokenize', { messages: hist, tools: TOOLS })).json;
+  const hp = (await post(base, '/detokenize', { tokens: ht.tokens })).json.prompt;
+  ok(hp.includes('<invoke name="get_weather">\n]<]minimax[>[<city>Paris]<]minimax[>[</city>\n]<]minimax[>[<days>3]<]minimax[>[</days>') && !hp.includes('{"city": "Paris"'),
+     `tool-call history with string arguments renders as the model writes calls: ${JSON.stringify(hp.slice(hp.lastIndexOf('<invoke'), hp.lastIndexOf('</invoke>') + 9))}`);
+
+  // ---- ids: random, different across requests and turns (and, below, across a restart)
+  const turn1 = await client.chat.completions.create({ model: 'tiny', ...named, seed: 70 });
+  const call1 = turn1.choices[0].message.tool_calls[0];
+  const turn2 = await client.chat.completions.create({ model: 'tiny', ...named, seed: 71, messages: [...msgs, turn1.choices[0].message, { role: 'tool', tool_call_id: call1.id, content: 'sunny' }] });
+  const call2 = turn2.choices[0].message.tool_calls?.[0];
+  const idsBefore = [turn1.id, turn2.id, sres[0].s.id, call1.id, call2?.id, sres[0].s.deltas[0]?.id];
+  ok(/^chatcmpl-[0-9a-f]{8,}$/.test(turn1.id) && /^call_[0-9a-f]{8,}/.test(call1.id) && call2 && new Set(idsBefore).size === idsBefore.length,
+     `ids differ across requests and turns: ${idsBefore.join(' ')}`);
+
   // ---- unconstrained greedy requests beside constrained ones: the same tokens as alone
   const plain = [0, 1, 2, 3].map(k => ({ messages: [{ role: 'user', content: `plain ${k}` }], max_tokens: 24, temperature: 0, ...off }));
   const alone = [];
@@ -186,6 +251,20 @@ try {
   await err({ structured_outputs: { regex: 'a+' } }, 'structured_outputs', 'not supported');
   const after = await chat({ messages: msgs, max_tokens: 4, ...off }, false);
   ok(after.finish === 'length', 'a normal request after the refusals');
+
+  // ---- a restart: the same request (same seed) gives the same call under new ids
+  const st1 = await srv.stop();
+  ok(st1.code === 0, `server exits 0 on SIGTERM (${st1.code})`);
+  const srv2 = await startServer(m3, ck, ['--served-model-name', 'tiny', '--grammar-threads', '1']);
+  try {
+    const c2 = new OpenAI({ baseURL: srv2.base + '/v1', apiKey: 'none' });
+    const again = await c2.chat.completions.create({ model: 'tiny', ...named, seed: 70 });
+    const callA = again.choices[0].message.tool_calls[0];
+    ok(callA.function.arguments === call1.function.arguments && again.id !== turn1.id && callA.id !== call1.id && !idsBefore.includes(callA.id),
+       `after a restart: the same call (${callA.function.arguments}) under new ids ${again.id} ${callA.id}`);
+  } finally {
+    await srv2.stop();
+  }
   console.log(`(${((Date.now() - t0) / 1000).toFixed(1)} s)`);
 } catch (e) {
   console.log('FAIL exception: ' + (e.stack || e));

@@ -96,7 +96,9 @@ static const example EX[] = {
       {"bare", "{\"flag\": true}"}}},
     {"string values keep their text", ON, M3_THINK_DISABLED,
      TC INV("search") ARG("query", "\nline1\n\tline2\n\n") ARG("n", "1") ARG("query", "a</query> b <x>") INVE TCE, "", "", 1,
-     {{"search", "{\"query\": \"a</query> b <x>\", \"n\": 1}"}}},
+     {{"search", "{\"query\": \"line1\\n\\tline2\\n\", \"n\": 1, \"query\": \"a</query> b <x>\"}"}}},
+    {"duplicates of a typed argument", ON, M3_THINK_DISABLED, TC INV("search") ARG("n", "1") ARG("n", " 2 ") INVE TCE, "", "", 1,
+     {{"search", "{\"n\": 1, \"n\": 2}"}}},
     {"newlines around a value", ON, M3_THINK_DISABLED,
      TC INV("search") ARG("query", "\nline1\n\tline2\n\n") INVE TCE, "", "", 1,
      {{"search", "{\"query\": \"line1\\n\\tline2\\n\"}"}}},
@@ -107,8 +109,24 @@ static const example EX[] = {
     {"tool call inside reasoning is reasoning", ON, M3_THINK_ENABLED,
      "a " TC INV("search") INVE TCE "</mm:think>b", "a " TC INV("search") INVE TCE, "b", 0, {{0}}},
     {"bad nesting", ON, M3_THINK_DISABLED, TC INV("search") NS "<query>x " NS "</n>" INVE TCE "after", "",
-     TC INV("search") NS "<query>x " NS "</n>" INVE TCE "after", 0, {{0}}},
-    {"unterminated value", ON, M3_THINK_DISABLED, "a" TC INV("search") NS "<query>x", "", "a" TC INV("search") NS "<query>x", 0, {{0}}},
+     NS "</n>" INVE TCE "after", 1, {{"search", "{\"query\": \"x \"}"}}},
+    {"unterminated value", ON, M3_THINK_DISABLED, "a" TC INV("search") NS "<query>x", "", "a", 1, {{"search", "{\"query\": \"x\"}"}}},
+    {"unterminated typed value", ON, M3_THINK_DISABLED, TC INV("search") ARG("query", "q") NS "<n>\n12", "", "", 1,
+     {{"search", "{\"query\": \"q\", \"n\": 12}"}}},
+    {"value cut by a partial close tag", ON, M3_THINK_DISABLED, TC INV("search") NS "<query>x\n" NS "</que", "", NS "</que", 1,
+     {{"search", "{\"query\": \"x\"}"}}},
+    {"value ending in a partial namespace", ON, M3_THINK_DISABLED, TC INV("search") NS "<query>x]<]mini", "", "", 1,
+     {{"search", "{\"query\": \"x]<]mini\"}"}}},
+    {"unterminated after the invoke tag", ON, M3_THINK_DISABLED, "x" TC "\n" INV("get_weather") "\n", "", "x", 1,
+     {{"get_weather", "{}"}}},
+    {"text between arguments", ON, M3_THINK_DISABLED, TC INV("search") ARG("query", "a") " oops " ARG("n", "1") INVE TCE, "",
+     "oops " ARG("n", "1") INVE TCE, 1, {{"search", "{\"query\": \"a\"}"}}},
+    {"partial tag at the end of a call", ON, M3_THINK_DISABLED, TC INV("search") ARG("query", "a") "\n" NS "<n", "", NS "<n", 1,
+     {{"search", "{\"query\": \"a\"}"}}},
+    {"newlines only", ON, M3_THINK_DISABLED, TC INV("search") ARG("query", "\n") INVE INV("search") ARG("query", "\n\n\n") INVE TCE,
+     "", "", 2, {{"search", "{\"query\": \"\"}"}, {"search", "{\"query\": \"\\n\"}"}}},
+    {"invalid UTF-8 in a streamed value", ON, M3_THINK_DISABLED, TC INV("search") ARG("query", "a\xE4\xB8" "b\xff\xF0\x9F") INVE TCE,
+     "", "", 1, {{"search", "{\"query\": \"a\xEF\xBF\xBD\xEF\xBF\xBD" "b\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\"}"}}},
     {"unterminated close", ON, M3_THINK_DISABLED, "a" TC INV("search") INVE NS "</tool_ca", "", "a" NS "</tool_ca", 1,
      {{"search", "{}"}}},
     {"garbage inside a block", ON, M3_THINK_DISABLED, TC "garbage" TCE, "", TC "garbage" TCE, 0, {{0}}},
@@ -117,14 +135,14 @@ static const example EX[] = {
     {"bad invoke tags", ON, M3_THINK_DISABLED,
      TC NS "<invoke name=search>" TCE TC NS "<invoke name=\"\">" TCE TC NS "<invoke name=\"a\"b\">" TCE TC INV("s")
      NS "<bad name>" INVE TCE TC INV("s") NS "</x>",
-     "", TC NS "<invoke name=search>" TCE TC NS "<invoke name=\"\">" TCE TC NS "<invoke name=\"a\"b\">" TCE TC INV("s")
-     NS "<bad name>" INVE TCE TC INV("s") NS "</x>", 0, {{0}}},
+     "", TC NS "<invoke name=search>" TCE TC NS "<invoke name=\"\">" TCE TC NS "<invoke name=\"a\"b\">" TCE
+     NS "<bad name>" INVE TCE NS "</x>", 2, {{"s", "{}"}, {"s", "{}"}}},
     {"valid call then unterminated one", ON, M3_THINK_DISABLED,
-     TC INV("search") ARG("query", "a") INVE "\n" INV("search") NS "<query>b", "", "\n" INV("search") NS "<query>b", 1,
-     {{"search", "{\"query\": \"a\"}"}}},
+     TC INV("search") ARG("query", "a") INVE "\n" INV("search") NS "<query>b", "", "", 2,
+     {{"search", "{\"query\": \"a\"}"}, {"search", "{\"query\": \"b\"}"}}},
     {"recovery at a new opener", ON, M3_THINK_DISABLED,
-     TC INV("search") NS "<query>a " TC INV("search") ARG("query", "b") INVE TCE, "", TC INV("search") NS "<query>a ", 1,
-     {{"search", "{\"query\": \"b\"}"}}},
+     TC INV("search") NS "<query>a " TC INV("search") ARG("query", "b") INVE TCE, "", "", 2,
+     {{"search", "{\"query\": \"a \"}"}, {"search", "{\"query\": \"b\"}"}}},
     {"doubled opener", ON, M3_THINK_DISABLED, TC TC INV("search") INVE TCE, "", TC, 1, {{"search", "{}"}}},
     {"UTF-8", ON, M3_THINK_ENABLED,
      "<mm:think>考虑一下 🤔</mm:think>答案是 ✓ " TC INV("get_weather") ARG("city", "Zürich 東京 🌧") ARG("tags", "[\"é\"]") INVE TCE "ß",
@@ -143,6 +161,7 @@ typedef struct {
     size_t rn, cn, rcap, ccap;
     int ncalls;
     char *names[8], *args[8];
+    int pieces[8]; /* TOOL_ARGS deltas of each call */
     size_t markup;
 } result;
 
@@ -212,6 +231,7 @@ static int take(const example *e, result *r, const m3_out_delta *d, size_t n, co
             }
             size_t an = strlen(r->args[x->index]), cap = an + 1;
             app(&r->args[x->index], &an, &cap, x->text, x->len);
+            r->pieces[x->index]++;
         }
     }
     /* what was emitted so far is a prefix of the final result */
@@ -340,6 +360,12 @@ static void test_example(const example *e) {
     size_t *cuts = malloc((len + 1) * sizeof *cuts);
     for (size_t k = 0; k < len; k++) cuts[k] = k + 1;
     int bad = run(e, cuts, len ? (int)len - 1 : 0, &r, "byte by byte") || check_expected(e, &r, "byte by byte");
+    /* streamed: fed byte by byte, a call with arguments arrives in several pieces */
+    for (int i = 0; !bad && i < r.ncalls; i++)
+        if (strcmp(r.args[i], "{}") && r.pieces[i] < 2) {
+            CHECK(0, "%s [byte by byte]: call %d arguments in %d piece(s)", e->label, i, r.pieces[i]);
+            bad = 1;
+        }
     result_free(&r);
     n_runs++;
     for (int seed = 1; seed <= 300 && !bad; seed++) { /* 3 random pieces */
@@ -365,6 +391,81 @@ static void test_example(const example *e) {
 }
 
 /* ---- the API around the parsers */
+
+/* the deltas of one feed (piece NULL: finish) as text: "B<index>:<name>" for a call's begin,
+ * "A<index>:<text>" for arguments, "C:<text>" for content, joined by '|' */
+static void feed_str(m3_out *o, const char *piece, char *out, size_t cap) {
+    const m3_out_delta *d;
+    size_t n;
+    m3_err err;
+    int rc = piece ? m3_out_feed(o, piece, strlen(piece), &d, &n, &err) : m3_out_finish(o, &d, &n, &err);
+    out[0] = 0;
+    if (rc) {
+        snprintf(out, cap, "error %s", err.msg);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t l = strlen(out);
+        if (d[i].kind == M3_OUT_TOOL_BEGIN) snprintf(out + l, cap - l, "%sB%d:%s", i ? "|" : "", d[i].index, d[i].name);
+        else if (d[i].kind == M3_OUT_TOOL_ARGS) snprintf(out + l, cap - l, "%sA%d:%.*s", i ? "|" : "", d[i].index, (int)d[i].len, d[i].text);
+        else snprintf(out + l, cap - l, "%sC:%.*s", i ? "|" : "", (int)d[i].len, d[i].text);
+    }
+}
+
+/* what each piece of a tool call brings out, as vLLM streams calls: the name at once, then the
+ * arguments as they become known */
+static void test_streaming_steps(void) {
+    static const char *const steps[][2] = {
+        {"Hi " TC "\n" NS "<invoke name=\"get_weather\"", "C:Hi "},
+        {">", "B0:get_weather"},
+        {"\n" NS "<ci", ""},
+        {"ty>", "A0:{\"city\": \""},
+        {"\nPa", "A0:Pa"},
+        {"ris \"X\"\n", "A0:ris \\\"X\\\""},  /* the newline held: it may be the value's last */
+        {"\n\xE6\x9D", "A0:\\n\\n"},               /* half a character held */
+        {"\xB1" NS, "A0:\xE6\x9D\xB1"},
+        {"</city>\n", "A0:\""},
+        {NS "<days>", "A0:, \"days\": "},
+        {"1", ""},                                   /* an integer is written whole */
+        {"4" NS "</days>", "A0:14"},
+        {NS "</invoke>", "A0:}"},
+        {"\n" NS "<invoke name=\"search\">", "B1:search"},
+        {NS "<query>abc", "A1:{\"query\": \"abc"},
+        {NS "</tool_call>", "A1:\"}|C:" NS "</tool_call>"}, /* bad nesting: the call closes, the rest is content */
+        {NULL, ""},
+    };
+    m3_err err;
+    m3_out_opts opts = {.reasoning = 0, .tools = 1};
+    m3_out *o = m3_out_new(&opts, g_tools, &err);
+    char got[512];
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        feed_str(o, steps[i][0], got, sizeof got);
+        CHECK(!strcmp(got, steps[i][1]), "streaming step %zu (%s)\n   got %s\n  want %s", i, steps[i][0] ? steps[i][0] : "finish",
+              got, steps[i][1]);
+    }
+    CHECK(m3_out_tool_calls(o) == 2 && m3_out_tool_calls_done(o) == 2, "two calls done");
+    m3_out_free(o);
+
+    /* a call begun is counted at once, done at its `</invoke>` (parallel_tool_calls false
+     * stops there) */
+    o = m3_out_new(&opts, g_tools, &err);
+    feed_str(o, TC INV("search") NS "<n>3", got, sizeof got);
+    CHECK(m3_out_tool_calls(o) == 1 && m3_out_tool_calls_done(o) == 0, "a call begun, not done");
+    feed_str(o, NS "</n>" INVE, got, sizeof got);
+    CHECK(!strcmp(got, "A0:3|A0:}") || !strcmp(got, "A0:3}"), "the rest of the call: %s", got);
+    CHECK(m3_out_tool_calls_done(o) == 1, "the call done");
+    m3_out_free(o);
+
+    /* duplicates stay in the text; JSON parsers keep the last one, as the arguments said */
+    o = m3_out_new(&opts, g_tools, &err);
+    feed_str(o, TC INV("search") ARG("query", "a") ARG("n", "1") ARG("query", "b") INVE TCE, got, sizeof got);
+    const char *args = strstr(got, "A0:");
+    json_t *j = args ? json_loads(args + 3, 0, NULL) : NULL;
+    CHECK(j && !strcmp(json_string_value(json_object_get(j, "query")), "b") && json_integer_value(json_object_get(j, "n")) == 1,
+          "duplicate argument: the last wins when parsed (%s)", got);
+    json_decref(j);
+    m3_out_free(o);
+}
 
 static void test_api(void) {
     m3_err err;
@@ -453,6 +554,7 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < N_EX; i++) test_example(&EX[i]);
     test_api();
+    test_streaming_steps();
     json_decref(g_tools);
     printf("parsers: %d examples, %ld split runs, %d failures\n", N_EX, n_runs, fails);
     return fails != 0;

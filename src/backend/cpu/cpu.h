@@ -23,6 +23,22 @@ void m3_cpu_ops_free(m3_ops *ops);
  * tools/make_bf16gemm_oracles.py makes references of this arithmetic). */
 void m3_cpu_set_precision(m3_ops *ops, int bf16);
 
+/* Near-tie recording (accuracy checks: m3 logits --near-ties, oracle_check --teacher-forced).
+ * With precision bf16 a GEMM input element whose f32 value lies within `ulps` f32 ulps of a
+ * bf16 rounding midpoint (low 16 bits within ulps of 0x8000) may round the other way than a
+ * float64 reference's value of the same element: such elements are counted per token, in
+ * first[t] for the first GEMM since the counts were last cleared (a layer's q / k / v / index
+ * input when cleared at the layer's start) and in all[t] for every GEMM input row of token t
+ * (routed experts' rows counted for their token). The caller clears the arrays (and calls);
+ * rows are tokens of the current step: T at most the arrays' length. NULL stops recording. */
+typedef struct m3_cpu_ties {
+    int ulps;
+    int T;          /* length of first / all */
+    int32_t *first, *all;
+    int calls;      /* GEMMs since the caller last set it to 0 */
+} m3_cpu_ties;
+void m3_cpu_record_ties(m3_ops *ops, m3_cpu_ties *r);
+
 /* "avx2" or "scalar": the kernel set in use ($M3_SIMD=scalar forces the portable one). */
 const char *m3_cpu_simd_name(void);
 
@@ -34,6 +50,8 @@ typedef struct m3_cpu {
     int failed;         /* an op's scratch allocation failed since the last check (atomic) */
     char fail_msg[160]; /* what failed: written by the thread that set failed */
     int gemm_bf16;      /* precision bf16: every GEMM's input rounded to bf16 first (m3_cpu_linear) */
+    m3_cpu_ties *ties;  /* near-tie recording, or NULL */
+    const int *tie_rows; /* while set: the token of each GEMM input row (moe.c's routed experts) */
 } m3_cpu;
 
 /* Scratch memory of an op (free() it). NULL when out of memory, after recording the failure:

@@ -408,6 +408,29 @@ static void lin_tiles(void *arg, size_t b, size_t e, int worker) {
 
 void m3_cpu_set_precision(m3_ops *ops, int bf16) { ((m3_cpu *)ops->ctx)->gemm_bf16 = bf16 != 0; }
 
+void m3_cpu_record_ties(m3_ops *ops, m3_cpu_ties *r) { ((m3_cpu *)ops->ctx)->ties = r; }
+
+/* near-ties of the input rows of one GEMM (see m3_cpu_ties): an f32 is halfway between two
+ * bf16 values when its low 16 bits are 0x8000; within r->ulps of that it may round either way
+ * in another arithmetic's hands */
+static void count_ties(m3_cpu *c, const float *x, int T, int K) {
+    m3_cpu_ties *r = c->ties;
+    for (int t = 0; t < T; t++) {
+        int row = c->tie_rows ? c->tie_rows[t] : t, n = 0;
+        for (int i = 0; i < K; i++) {
+            uint32_t u;
+            memcpy(&u, x + (size_t)t * K + i, 4);
+            if ((u & 0x7f800000u) == 0x7f800000u) continue; /* inf / nan: nothing to round */
+            int d = (int)(u & 0xffffu) - 0x8000;
+            n += d >= -r->ulps && d <= r->ulps;
+        }
+        if (row < 0 || row >= r->T) continue;
+        if (r->calls == 0) r->first[row] += n;
+        r->all[row] += n;
+    }
+    r->calls++;
+}
+
 void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *y) {
     const int K = W->K;
     float *xr = NULL;
@@ -415,6 +438,7 @@ void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *
         size_t n = (size_t)T * K;
         xr = m3_cpu_scratch(c, sizeof(float) * n, "linear");
         if (!xr) { memset(y, 0, sizeof(float) * (size_t)T * W->N); return; }
+        if (c->ties) count_ties(c, x, T, K);
         for (size_t i = 0; i < n; i++) xr[i] = m3_bf16_to_f32(m3_f32_to_bf16(x[i]));
         x = xr;
     }

@@ -47,7 +47,9 @@ void m3_cpu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, in
                 if (pick[t * K + k] == e) { rows[n] = t; rw[n] = wt[t * K + k]; n++; }
         if (!n) continue;
         for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * H, x + (size_t)rows[i] * H, sizeof(float) * H);
+        c->tie_rows = rows; /* near-tie recording: the rows are these tokens' */
         mlp_run(c, &L->experts[e], xe, n, alpha, limit, ye);
+        c->tie_rows = NULL;
         for (int i = 0; i < n; i++) m3_cpu_axpy(out + (size_t)rows[i] * H, rw[i], ye + (size_t)i * H, H);
     }
     if (L->has_shared) {

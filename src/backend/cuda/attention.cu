@@ -572,7 +572,7 @@ static size_t attn_mma_smem(int D) {
 #define MERGE_MAX 64 /* splits (m3_cu_attention caps nsplit at 64) */
 #define MERGE_Q 4
 __global__ void __launch_bounds__(1024) k_attn_merge_lse(const float *part, int nkv, int G, int D, int nsplit, int nh, int Q,
-                                                     float *out, uint16_t *xs, size_t n) {
+                                                     float *out, uint16_t *xs, size_t n, int rb) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     __shared__ float wsh[MERGE_MAX], red[2];
     extern __shared__ float psum[]; /* [MERGE_Q][D] */
@@ -615,7 +615,7 @@ __global__ void __launch_bounds__(1024) k_attn_merge_lse(const float *part, int 
     const size_t k = ((size_t)t * nh + hh) * D + x;
     const float r = L > 0 ? o / L : 0.0f;
     out[k] = r;
-    if (xs) split_store(r, xs + k, xs + n + k);
+    if (xs) split_store(r, xs + k, xs + n + k, rb);
 }
 
 void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh, const int32_t *sel,
@@ -689,7 +689,8 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
         while (Q > 1 && Q * D > 1024) Q /= 2;
         if (Q * D > 1024) { m3_cu_failf(c, "CUDA backend: head_dim %d above 1024", D); { m3_cu_prof_end(c, OP_ATTN); return; } }
         const int threads = (Q * D + 31) / 32 * 32;
-        k_attn_merge_lse<<<dim3(nh, T), threads, sizeof(float) * Q * (size_t)D, c->st>>>(part, nkv, G, D, nsplit, nh, Q, out, xs, n);
+        k_attn_merge_lse<<<dim3(nh, T), threads, sizeof(float) * Q * (size_t)D, c->st>>>(part, nkv, G, D, nsplit, nh, Q, out, xs, n,
+                                                                                        c->gemm_bf16);
         CK_LAUNCH(c, "attention merge");
     }
     m3_cu_prof_end(c, OP_ATTN);

@@ -16,7 +16,8 @@
 #include "formats.cuh"
 
 /* grow-only scratch buffers, one per purpose (no allocation inside a steady-state step) */
-enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_XSPLIT, SC_XSPLIT2, SC_GEMM_X, SC_DSA, SC_COUNT };
+enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_XSPLIT, SC_XSPLIT2, SC_GEMM_X, SC_XROUND,
+       SC_SPLITK, SC_DSA, SC_COUNT };
 
 typedef struct m3_cuda {
     int dev, sm_count;
@@ -43,8 +44,9 @@ typedef struct m3_cuda {
     const m3_kv *step_kv;
     /* recorded decode graphs (cu_graph_begin / cu_graph_end) */
     int graphs_on, capturing, scratch_grew, n_graphs, n_seen;
-    int gemm_bf16;              /* precision bf16: linears of more than 64 tokens on the wgmma GEMM (gemm_tc.cu), x
-                                 * rounded to bf16; 0 (exact): f32 inputs throughout */
+    int gemm_bf16;              /* precision bf16: the input of every GEMM with a weight rounded to bf16 (the
+                                 * GEMV splits, m3_cu_gemm_input, the staged x of the wgmma GEMM, which takes
+                                 * linears of more than 64 tokens); 0 (exact): f32 inputs throughout */
     uint64_t capture_key, graph_clock, seen[64];
     long graph_replays;
     struct { uint64_t key, used; cudaGraphExec_t exec; } graphs[16];
@@ -231,6 +233,9 @@ int m3_cu_gemv_mma_n(m3_cuda *c, int n, const m3_linear *const *W, const float *
 void m3_cu_xsplit_reset(m3_cuda *c);
 void m3_cu_xsplit_touch(m3_cuda *c, const void *p, size_t bytes);
 uint16_t *m3_cu_xsplit_claim(m3_cuda *c, const float *x, size_t n);
+/* linear.cu: precision bf16, a GEMM path that reads f32 x: x rounded to bf16 (a scratch copy), x
+ * itself in exact mode; NULL on failure (recorded in c) */
+const float *m3_cu_gemm_input(m3_cuda *c, const float *x, size_t n);
 /* router.cu: the MoE router's logits, picks [T][K] and weights [T][K] (routing scratch); -1 on failure */
 int m3_cu_route(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, int32_t **pick,
                 float **wt);
@@ -259,8 +264,10 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-/* f16 hi / lo of v: the split the tensor-core GEMV multiplies (linear_mma.cu) */
-static __device__ __forceinline__ void split_store(float v, uint16_t *hi, uint16_t *lo) {
+/* f16 hi / lo of v: the split the tensor-core GEMV multiplies (linear_mma.cu); rb (precision
+ * bf16): of v rounded to bf16 first, so that every GEMM input is bf16 in that mode, as on the CPU */
+static __device__ __forceinline__ void split_store(float v, uint16_t *hi, uint16_t *lo, int rb) {
+    if (rb) v = __bfloat162float(__float2bfloat16_rn(v));
     __half h = __float2half_rn(v), l = __float2half_rn(v - __half2float(h));
     *hi = *(uint16_t *)&h;
     *lo = *(uint16_t *)&l;
@@ -335,7 +342,7 @@ static __device__ __forceinline__ void rope_rotate(float *v, int rot, float thet
 /* out[i] (float4 i of a row at row) = RMSNorm scaling of v (Gemma: x r (1 + w)), with the f16
  * split of the four values when xs is given (hi at xs, lo n values further) */
 static __device__ __forceinline__ void norm_store4(float4 v, float4 wv, float r, float *out, uint16_t *xs, size_t n,
-                                                   size_t row, int i) {
+                                                   size_t row, int i, int rb) {
     float4 y;
     y.x = (v.x * r) * (1.0f + wv.x);
     y.y = (v.y * r) * (1.0f + wv.y);
@@ -344,10 +351,10 @@ static __device__ __forceinline__ void norm_store4(float4 v, float4 wv, float r,
     ((float4 *)(out + row))[i] = y;
     if (xs) {
         const size_t k = row + 4 * (size_t)i;
-        split_store(y.x, xs + k, xs + n + k);
-        split_store(y.y, xs + k + 1, xs + n + k + 1);
-        split_store(y.z, xs + k + 2, xs + n + k + 2);
-        split_store(y.w, xs + k + 3, xs + n + k + 3);
+        split_store(y.x, xs + k, xs + n + k, rb);
+        split_store(y.y, xs + k + 1, xs + n + k + 1, rb);
+        split_store(y.z, xs + k + 2, xs + n + k + 2, rb);
+        split_store(y.w, xs + k + 3, xs + n + k + 3, rb);
     }
 }
 

@@ -20,14 +20,14 @@ void m3_cu_add(void *ctx, float *y, const float *x, size_t n) {
 }
 
 /* with xs, also the f16 split of out (hi [n], then lo) */
-__global__ void k_swiglu(const float *gate, const float *up, size_t n, float alpha, float limit, float *out, uint16_t *xs) {
+__global__ void k_swiglu(const float *gate, const float *up, size_t n, float alpha, float limit, float *out, uint16_t *xs, int rb) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float g = gate[i] < limit ? gate[i] : limit;
         float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
         const float v = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
         out[i] = v;
-        if (xs) split_store(v, xs + i, xs + n + i);
+        if (xs) split_store(v, xs + i, xs + n + i, rb);
     }
 }
 
@@ -38,6 +38,6 @@ void m3_cu_swiglu(m3_cuda *c, const float *gate, const float *up, size_t n, floa
     m3_cu_xsplit_touch(c, out, sizeof(float) * n);
     uint16_t *xs = m3_cu_xsplit_claim(c, out, n); /* the down projection's input */
     if (!xs) return;
-    k_swiglu<<<g, 256, 0, c->st>>>(gate, up, n, alpha, limit, out, xs);
+    k_swiglu<<<g, 256, 0, c->st>>>(gate, up, n, alpha, limit, out, xs, c->gemm_bf16);
     CK_LAUNCH(c, "swiglu");
 }

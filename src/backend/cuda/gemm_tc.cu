@@ -7,7 +7,8 @@
  * thread expands its own weights to bf16 (the way Machete / mixed-input CUTLASS do), and only
  * bf16 x goes through shared memory in the wgmma's canonical layout.
  *
- * CTA tile: 128 weight rows x BN tokens (BN = 128, or 64 for T <= 64), K in blocks of 128.
+ * CTA tile: 128 weight rows x BN tokens (BN = 128, or 16 / 32 / 64 for fewer tokens: the
+ * smallest that holds them; MoE tiles by the average expert's rows), K in blocks of 128.
  * 384 threads: warps 4-11 are two consumer warpgroups of 64 rows each
  * (warp w of a consumer group owns one 16-row tile of the backend's tiled layout); warps 0-3
  * (warpgroup 0) are the producers. Grid: one CTA per output tile, the
@@ -20,10 +21,11 @@
  * runs) on a full barrier (one arrive.expect_tx per producer warp); consumer warps release it on
  * an empty barrier once the wgmmas that read it have completed. Per K block a consumer does two
  * halves of 4 k16 steps: expand the half's A fragments into registers, wgmma.fence, 4 x wgmma
- * m64nBNk16, commit; while they run it loads the next half's raw bytes from shared memory (BF16,
- * which has nothing to expand, loads after), then wgmma.wait_group 0. Waiting for the whole half
- * before rewriting the A registers is what keeps ptxas from serializing every wgmma (C7513);
- * the other consumer warpgroup fills the tensor cores meanwhile.
+ * m64nBNk16, commit; while they run it loads the next half's raw bytes from shared memory. MXFP8
+ * / NVFP4 keep two A buffers (one per half) and wait_group 1, so a half's expansion overlaps the
+ * previous half's wgmmas; BF16, which has nothing to expand, loads after a wait_group 0. Never
+ * redefining the registers of an in-flight wgmma is what keeps ptxas from serializing every
+ * wgmma (C7513); the other consumer warpgroup fills the tensor cores meanwhile.
  *
  * The K order inside each 128 block is permuted (both operands alike, so the sum is the same):
  * thread t of a quad, which the wgmma A fragment gives logical columns {2t, 2t+1, 2t+8, 2t+9}
@@ -41,9 +43,10 @@
  *          product is a bf16 normal, i.e. E8M0 codes 10..246 (m3_cu_gemm_tc_scales_exact on
  *          the host copy says whether a matrix is); the backend keeps codes 0 / 255 row-major,
  *          which this kernel does not take.
- *   NVFP4  E2M1 pair -> f16x2 (nv_pair, the tiled layout's bit permutation; value x 2^-14)
- *          -> f32 x (E4M3 scale x 2^14) -> bf16x2: at most 6 significant bits, always exact.
- *          The f32 global scale (gmul) multiplies the f32 sums in the epilogue.
+ *   NVFP4  E2M1 pair -> bf16x2 bits of value x 2^-126 (nv_bf2: the tiled layout's bit
+ *          permutation, shifts and masks) -> one bf16x2 multiply by E4M3 scale x 2^119: the
+ *          weight x 2^-7 with at most 6 significant bits, always exact. The f32 global scale
+ *          (gmul) and 2^7 multiply the f32 sums in the epilogue.
  * Reference: the CPU's m3_cpu_linear (src/backend/cpu/linear.c) on x rounded to bf16, or the
  * double-precision product of bench/bench_cuda_gemm.c; they differ by f32 summation order only.
  *
@@ -86,6 +89,8 @@ struct gemm_args {
     const uint8_t *xs;    /* staged x */
     float *y;
     int N, K, T, nm, nt;  /* nm / nt: row / token tiles */
+    int ksplit;           /* K slices (plain linears): each CTA sums K / ksplit into part[slice] */
+    float *part;          /* ksplit > 1: [ksplit][T][N] partial sums, added by k_sum_slices */
     float gmul;
     /* MoE grouped mode (m3_cu_gemm_tc_moe): 0 off; 1 gate + up of each tile's expert with
      * SwiGLU-OAI (a CTA's rows: 64 gate rows and the same 64 up rows; y = h [T][N = F]); 2 down
@@ -151,6 +156,33 @@ template <int N> static __device__ __forceinline__ void pin_f32(float (&r)[N]) {
  * unused for this layout), start address a (16-byte units, 18-bit shared window) */
 static __device__ __forceinline__ uint64_t desc_sw128(uint32_t a) {
     return (uint64_t)((a & 0x3ffffu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+/* D[64][16] += A (registers, bf16) x B (shared, K-major, 128-byte swizzle) */
+static __device__ __forceinline__ void wgmma_n16(float (&d)[8], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+/* D[64][32] += A (registers, bf16) x B (shared, K-major, 128-byte swizzle) */
+static __device__ __forceinline__ void wgmma_n32(float (&d)[16], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
 /* D[64][64] += A (registers, bf16) x B (shared, K-major, 128-byte swizzle) */
@@ -237,6 +269,23 @@ template <int P> static __device__ __forceinline__ uint32_t nv_pair2(uint32_t w)
     if (P == 2) return ((w << 9) & 0x0E000E00u) | ((w << 2) & 0x80008000u);
     return ((w << 6) & 0x0E000E00u) | ((w << 1) & 0x80008000u);
 }
+/* The same pair as bf16 bits of value x 2^-126: the magnitude bits moved from f16's 9..11 to
+ * bf16's 6..8 (exponent bits 0-1, mantissa bit 6), the sign kept (code 1, 0.5, is the bf16
+ * subnormal 2^-127, which the bf16 multiply takes as it is) */
+template <int P> static __device__ __forceinline__ uint32_t nv_bf2(uint32_t w) {
+    const uint32_t h = nv_pair2<P>(w);
+    return (h & 0x80008000u) | ((h >> 3) & 0x01C001C0u);
+}
+/* an NVFP4 block's E4M3 scale times 2^119 as bf16x2 (both halves; exact: 3 mantissa bits, and
+ * 2^-9 .. 448 times 2^119 stays a bf16 normal) */
+static __device__ __forceinline__ uint32_t nv_scale_bf2(uint32_t b) {
+    const uint32_t h = __bfloat16_as_ushort(__float2bfloat16_rn(e4_f32(b) * 0x1p119f));
+    return h | (h << 16);
+}
+static __device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
+    __nv_bfloat162 r = __hmul2(*(const __nv_bfloat162 *)&a, *(const __nv_bfloat162 *)&b);
+    return *(uint32_t *)&r;
+}
 
 /* The raw weight bytes of k16 steps 4h..4h+3 of the warp's 16-row tile i for lane (g, t):
  * rows g and g + 8, physical columns 32t + 16h .. 32t + 16h + 15 of the K block (permuted
@@ -245,30 +294,48 @@ struct raw_frag {
     uint4 a, b, c, d;
     uint32_t s0, s1;
 };
+/* shared-memory loads by 32-bit shared address: a generic pointer into shared memory (what the
+ * 1024-aligned base computed through an integer is) makes generic loads, which wait on the long
+ * (L1TEX) scoreboard: ncu measured half of every warp's stall cycles there */
+static __device__ __forceinline__ uint4 lds128(uint32_t a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+static __device__ __forceinline__ uint2 lds64(uint32_t a) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
+    return v;
+}
+static __device__ __forceinline__ uint32_t lds8(uint32_t a) {
+    uint32_t v;
+    asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(a));
+    return v;
+}
 template <int FMT>
-static __device__ __forceinline__ void load_raw(const uint8_t *W, const uint8_t *S, int i, int g, int t, int h, raw_frag &r) {
+static __device__ __forceinline__ void load_raw(uint32_t W, uint32_t S, int i, int g, int t, int h, raw_frag &r) {
     if (FMT == M3_WF_MXFP8) {
         /* tile i: [unit 4][16 rows][32 bytes], unit u at u*512 + pad(u), pad = 0, 16, 64, 80 (the
          * 16-byte loads of lanes g = 0, 1 x t = 0..3 then hit 8 different bank groups) */
-        const uint8_t *u = W + i * MX_TILE + t * 512 + (t & 1) * 16 + (t >> 1) * 64 + 16 * h;
-        r.a = *(const uint4 *)(u + g * 32);
-        r.b = *(const uint4 *)(u + (g + 8) * 32);
-        r.s0 = S[i * 64 + g * 4 + t];
-        r.s1 = S[i * 64 + (g + 8) * 4 + t];
+        const uint32_t u = W + i * MX_TILE + t * 512 + (t & 1) * 16 + (t >> 1) * 64 + 16 * h;
+        r.a = lds128(u + g * 32);
+        r.b = lds128(u + (g + 8) * 32);
+        r.s0 = lds8(S + i * 64 + g * 4 + t);
+        r.s1 = lds8(S + i * 64 + (g + 8) * 4 + t);
     } else if (FMT == M3_WF_NVFP4) {
         /* tile i: [16 rows][64 bytes] (one 128-value unit), scales [16 rows][8] */
-        const uint8_t *u = W + i * 1024 + 16 * t + 8 * h;
-        const uint2 q0 = *(const uint2 *)(u + g * 64), q1 = *(const uint2 *)(u + (g + 8) * 64);
+        const uint32_t u = W + i * 1024 + 16 * t + 8 * h;
+        const uint2 q0 = lds64(u + g * 64), q1 = lds64(u + (g + 8) * 64);
         r.a = make_uint4(q0.x, q0.y, q1.x, q1.y);
-        r.s0 = S[i * 128 + g * 8 + 2 * t + h];
-        r.s1 = S[i * 128 + (g + 8) * 8 + 2 * t + h];
+        r.s0 = lds8(S + i * 128 + g * 8 + 2 * t + h);
+        r.s1 = lds8(S + i * 128 + (g + 8) * 8 + 2 * t + h);
     } else {
         /* rows of 128 bf16 (256 bytes, padded to BF_ROW) */
-        const uint8_t *r0 = W + (i * 16 + g) * BF_ROW + 64 * t + 32 * h, *r1 = r0 + 8 * BF_ROW;
-        r.a = *(const uint4 *)r0;
-        r.b = *(const uint4 *)(r0 + 16);
-        r.c = *(const uint4 *)r1;
-        r.d = *(const uint4 *)(r1 + 16);
+        const uint32_t r0 = W + (i * 16 + g) * BF_ROW + 64 * t + 32 * h, r1 = r0 + 8 * BF_ROW;
+        r.a = lds128(r0);
+        r.b = lds128(r0 + 16);
+        r.c = lds128(r1);
+        r.d = lds128(r1 + 16);
     }
 }
 /* raw bytes -> the half's A fragments: a[4j + 0..3] = step 4h + j's {row g cols 2t, 2t + 1;
@@ -286,24 +353,26 @@ template <int FMT> static __device__ __forceinline__ void expand(const raw_frag 
             a[4 * j + 3] = e4_bf2(w1[j] >> 16, s1);
         }
     } else if (FMT == M3_WF_NVFP4) {
-        const float m0 = e4_f32(r.s0) * 16384.0f, m1 = e4_f32(r.s1) * 16384.0f;
+        /* value x 2^-126 (bf16 bits) times scale x 2^119 (bf16): the weight x 2^-7, exact (at most
+         * 6 significant bits, 2^-17 .. 21), one bf16 multiply per pair; the epilogue puts 2^7 back */
+        const uint32_t m0 = nv_scale_bf2(r.s0), m1 = nv_scale_bf2(r.s1);
         /* step j of the half: word j / 2 of the row's 8 bytes, pairs 2 (j % 2) and 2 (j % 2) + 1 */
-        a[0] = h2_bf2(nv_pair2<0>(r.a.x), m0);
-        a[1] = h2_bf2(nv_pair2<0>(r.a.z), m1);
-        a[2] = h2_bf2(nv_pair2<1>(r.a.x), m0);
-        a[3] = h2_bf2(nv_pair2<1>(r.a.z), m1);
-        a[4] = h2_bf2(nv_pair2<2>(r.a.x), m0);
-        a[5] = h2_bf2(nv_pair2<2>(r.a.z), m1);
-        a[6] = h2_bf2(nv_pair2<3>(r.a.x), m0);
-        a[7] = h2_bf2(nv_pair2<3>(r.a.z), m1);
-        a[8] = h2_bf2(nv_pair2<0>(r.a.y), m0);
-        a[9] = h2_bf2(nv_pair2<0>(r.a.w), m1);
-        a[10] = h2_bf2(nv_pair2<1>(r.a.y), m0);
-        a[11] = h2_bf2(nv_pair2<1>(r.a.w), m1);
-        a[12] = h2_bf2(nv_pair2<2>(r.a.y), m0);
-        a[13] = h2_bf2(nv_pair2<2>(r.a.w), m1);
-        a[14] = h2_bf2(nv_pair2<3>(r.a.y), m0);
-        a[15] = h2_bf2(nv_pair2<3>(r.a.w), m1);
+        a[0] = bmul2(nv_bf2<0>(r.a.x), m0);
+        a[1] = bmul2(nv_bf2<0>(r.a.z), m1);
+        a[2] = bmul2(nv_bf2<1>(r.a.x), m0);
+        a[3] = bmul2(nv_bf2<1>(r.a.z), m1);
+        a[4] = bmul2(nv_bf2<2>(r.a.x), m0);
+        a[5] = bmul2(nv_bf2<2>(r.a.z), m1);
+        a[6] = bmul2(nv_bf2<3>(r.a.x), m0);
+        a[7] = bmul2(nv_bf2<3>(r.a.z), m1);
+        a[8] = bmul2(nv_bf2<0>(r.a.y), m0);
+        a[9] = bmul2(nv_bf2<0>(r.a.w), m1);
+        a[10] = bmul2(nv_bf2<1>(r.a.y), m0);
+        a[11] = bmul2(nv_bf2<1>(r.a.w), m1);
+        a[12] = bmul2(nv_bf2<2>(r.a.y), m0);
+        a[13] = bmul2(nv_bf2<2>(r.a.w), m1);
+        a[14] = bmul2(nv_bf2<3>(r.a.y), m0);
+        a[15] = bmul2(nv_bf2<3>(r.a.w), m1);
     } else {
         const uint32_t w0[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
         const uint32_t w1[8] = {r.c.x, r.c.y, r.c.z, r.c.w, r.d.x, r.d.y, r.d.z, r.d.w};
@@ -318,6 +387,12 @@ template <int FMT> static __device__ __forceinline__ void expand(const raw_frag 
 }
 
 template <int BN> static __device__ __forceinline__ void wgmma_bn(float (&d)[BN / 2], const uint32_t *a, uint64_t desc);
+template <> __device__ __forceinline__ void wgmma_bn<16>(float (&d)[8], const uint32_t *a, uint64_t desc) {
+    wgmma_n16(d, a, desc);
+}
+template <> __device__ __forceinline__ void wgmma_bn<32>(float (&d)[16], const uint32_t *a, uint64_t desc) {
+    wgmma_n32(d, a, desc);
+}
 template <> __device__ __forceinline__ void wgmma_bn<64>(float (&d)[32], const uint32_t *a, uint64_t desc) {
     wgmma_n64(d, a, desc);
 }
@@ -331,25 +406,29 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
     constexpr int STAGES = n_stages(FMT, BN), STAGE = stage_bytes(FMT, BN);
     constexpr int XB = BN * 256, WB = w_bytes(FMT);
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    /* 1024-aligned (the 128-byte swizzle atoms), as an offset from smem_raw so that the compiler
+     * keeps knowing it is shared memory (shared loads, not generic ones) */
+    uint8_t *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
     uint64_t *bars = (uint64_t *)(smem + STAGES * STAGE); /* full[STAGES], empty[STAGES] */
     const uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + STAGES);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    /* grouped raster: 8 row tiles per group, token tiles inside a group */
-    const int per_group = 8 * p.nt, grp = blockIdx.x / per_group, first = grp * 8;
-    const int gsz = p.nm - first < 8 ? p.nm - first : 8, in = blockIdx.x % per_group;
+    /* grouped raster: 8 row tiles per group, token tiles inside a group; with K slices, the
+     * slices of a tile are neighbours */
+    const int ks = blockIdx.x % p.ksplit, tile = blockIdx.x / p.ksplit;
+    const int per_group = 8 * p.nt, grp = tile / per_group, first = grp * 8;
+    const int gsz = p.nm - first < 8 ? p.nm - first : 8, in = tile % per_group;
     const int mt = first + in % gsz, tt = in / gsz;
     const int n0 = mt * BM, tok0 = tt * BN;
-    const int KB = p.K / BK;
+    const int KB = p.K / BK, kb0 = (int)((long)ks * KB / p.ksplit), NK = (int)((long)(ks + 1) * KB / p.ksplit) - kb0;
 
     /* the weights: W (all rows), or MoE: the tile's expert's gate (rows 0-63) and up (64-127),
      * or its down matrix; a tile past the groups in use, or of no expert, has nothing to do */
     const uint8_t *pw = p.w, *ps = p.s, *pw2 = NULL, *ps2 = NULL;
     float gm_lo = p.gmul, gm_hi = p.gmul;
     if (p.mode) {
-        const int gi = tok0 / 64;
-        if (gi >= __ldg(p.ngrp)) return;
+        const int gi = tok0 / BN; /* the tile's expert (tiles of BN staged rows) */
+        if (gi >= __ldg(p.ngrp + 1)) return;
         const int e = __ldg(p.grp_e + gi);
         if (e < 0) return;
         const m3_linear *W = p.mode == 1 ? &p.tab[e].gate : &p.tab[e].down;
@@ -379,8 +458,12 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
          * (64 tokens x one column half), then weight runs, then scale runs. */
         const int pl = threadIdx.x; /* 0..127 */
         const int rows = p.mode == 1 ? BM : p.N - n0 < BM ? p.N - n0 : BM, tiles = (rows + 15) / 16;
+        /* x: the staged pieces of 64 rows (8 KB per column half) of the tile; a tile of fewer than
+         * 64 rows takes its rows' slice of one piece (whole 8-row atoms: the swizzle phase holds) */
         const int t64 = (p.T + 63) / 64, g0 = tok0 / 64;
-        const int ng = t64 - g0 < BN / 64 ? t64 - g0 : BN / 64, nx = 2 * ng;
+        const int ng = BN < 64 ? 1 : t64 - g0 < BN / 64 ? t64 - g0 : BN / 64, nx = 2 * ng;
+        constexpr uint32_t XCOPY = BN < 64 ? BN * 128 : XPIECE;
+        const size_t xoff = BN < 64 ? (size_t)(tok0 % 64) * 128 : 0;
         const int nw = FMT == M3_WF_MXFP8 ? tiles * 5 : FMT == M3_WF_NVFP4 ? tiles * 2 : rows, total = nx + nw;
         const size_t tstride = 16 * p.row_bytes, sstride = 16 * p.scale_row;
         /* 16-row tile i of the CTA (values, scales), and row c (BF16) */
@@ -396,7 +479,7 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
         /* bytes of this warp's copies (the same every stage) */
         uint32_t mine = 0;
         for (int q = pl; q < total; q += 128) {
-            if (q < nx) mine += XPIECE;
+            if (q < nx) mine += XCOPY;
             else {
                 const int c = q - nx;
                 if (FMT == M3_WF_MXFP8) mine += c < 4 * tiles ? 512 : 64;
@@ -405,18 +488,18 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
             }
         }
         const uint32_t wbytes = __reduce_add_sync(0xffffffffu, mine);
-        for (int kb = 0; kb < KB; kb++) {
-            const int st = kb % STAGES;
+        for (int kl = 0; kl < NK; kl++) {
+            const int kb = kb0 + kl, st = kl % STAGES;
             uint8_t *X = smem + st * STAGE, *Wd = X + XB, *Sd = Wd + WB;
             const uint32_t full = full0 + 8 * st;
-            if (kb >= STAGES) mb_wait(empty0 + 8 * st, ((kb / STAGES) & 1) ^ 1);
+            if (kl >= STAGES) mb_wait(empty0 + 8 * st, ((kl / STAGES) & 1) ^ 1);
             if (lane == 0) mb_expect_tx(full, wbytes); /* one arrival per producer warp, even with no bytes */
             __syncwarp();
             for (int q = pl; q < total; q += 128) {
                 if (q < nx) {
                     const int gi = q >> 1, col = q & 1;
-                    const uint8_t *src = p.xs + (((size_t)(g0 + gi) * KB + kb) * 2 + col) * XPIECE;
-                    bulk_g2s(smem_u32(X + col * BN * 128 + gi * XPIECE), src, XPIECE, full);
+                    const uint8_t *src = p.xs + (((size_t)(g0 + gi) * KB + kb) * 2 + col) * XPIECE + xoff;
+                    bulk_g2s(smem_u32(X + col * BN * 128 + gi * XPIECE), src, XCOPY, full);
                     continue;
                 }
                 const int c = q - nx;
@@ -450,48 +533,81 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
     float acc[BN / 2];
 #pragma unroll
     for (int j = 0; j < BN / 2; j++) acc[j] = 0.0f;
-    uint32_t a0[16];
     raw_frag r;
     r.c = r.d = make_uint4(0, 0, 0, 0);
     mb_wait(full0, 0);
-    load_raw<FMT>(smem + XB, smem + XB + WB, i, g, t, 0, r);
-    for (int kb = 0; kb < KB; kb++) {
-        const int st = kb % STAGES;
-        const uint32_t xa = smem_u32(smem + st * STAGE);
+    const uint32_t sm0 = smem_u32(smem); /* the stages' shared addresses (see lds128) */
+    load_raw<FMT>(sm0 + XB, sm0 + XB + WB, i, g, t, 0, r);
+    if (FMT == M3_WF_BF16) {
+        /* BF16 has nothing to expand: its raw loads are the wgmma's A registers, so it waits
+         * for each half's wgmmas before loading the next (loads into registers of an in-flight
+         * wgmma make ptxas serialize every wgmma, C7513) */
+        uint32_t a0[16];
+        for (int kb = 0; kb < NK; kb++) { /* kb: the CTA's K blocks, from kb0 */
+            const int st = kb % STAGES;
+            const uint32_t xa = smem_u32(smem + st * STAGE);
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            /* expand this half's A fragments (the previous half's wgmmas are retired: ptxas
-             * serializes wgmmas whose input registers are redefined while they may be in flight,
-             * C7513), run its 4 k16 steps, and load the next half's raw bytes meanwhile */
-            expand<FMT>(r, a0);
-            pin_f32(acc);
-            wg_fence();
+            for (int h = 0; h < 2; h++) {
+                expand<FMT>(r, a0);
+                pin_f32(acc);
+                wg_fence();
 #pragma unroll
-            for (int j = 0; j < 4; j++) wgmma_bn<BN>(acc, a0 + 4 * j, desc_sw128(xa + h * BN * 128 + j * 32));
-            wg_commit();
-            /* BF16 needs no expansion, so its loads would land in the wgmma's own input
-             * registers (C7513): it loads after the wait */
-            if (FMT == M3_WF_BF16) {
+                for (int j = 0; j < 4; j++) wgmma_bn<BN>(acc, a0 + 4 * j, desc_sw128(xa + h * BN * 128 + j * 32));
+                wg_commit();
                 wg_wait<0>();
                 pin_f32(acc);
                 pin_u32(a0);
+                if (h == 0) {
+                    load_raw<FMT>(sm0 + st * STAGE + XB, sm0 + st * STAGE + XB + WB, i, g, t, 1, r);
+                } else if (kb + 1 < NK) {
+                    const int sn = (kb + 1) % STAGES;
+                    mb_wait(full0 + 8 * sn, ((kb + 1) / STAGES) & 1);
+                    load_raw<FMT>(sm0 + sn * STAGE + XB, sm0 + sn * STAGE + XB + WB, i, g, t, 0, r);
+                }
             }
-            if (h == 0) {
-                load_raw<FMT>(smem + st * STAGE + XB, smem + st * STAGE + XB + WB, i, g, t, 1, r);
-            } else if (kb + 1 < KB) {
-                const int sn = (kb + 1) % STAGES;
-                mb_wait(full0 + 8 * sn, ((kb + 1) / STAGES) & 1);
-                load_raw<FMT>(smem + sn * STAGE + XB, smem + sn * STAGE + XB + WB, i, g, t, 0, r);
-            }
-            if (FMT != M3_WF_BF16) {
-                wg_wait<0>();
+            __syncwarp();
+            if (lane == 0) mb_arrive(empty0 + 8 * st); /* the stage's wgmmas are done: hand it back */
+        }
+    } else {
+        /* MXFP8 / NVFP4: two A buffers, one per half. Half h's wgmmas run while the next half's
+         * raw bytes are loaded and expanded into the other buffer; before expanding into a
+         * buffer, the wgmmas that read it (two halves back) are retired by the wait_group 1 after
+         * the previous half (one group stays in flight, so ptxas need not serialize: the
+         * registers an in-flight wgmma reads are never redefined, C7513). A stage goes back to
+         * the producers once its second half's group has retired, i.e. after the next stage's
+         * first half. */
+        uint32_t a[2][16];
+        for (int kb = 0; kb < NK; kb++) { /* kb: the CTA's K blocks, from kb0 */
+            const int st = kb % STAGES;
+            const uint32_t xa = smem_u32(smem + st * STAGE);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                expand<FMT>(r, a[h]);
                 pin_f32(acc);
-                pin_u32(a0);
+                wg_fence();
+#pragma unroll
+                for (int j = 0; j < 4; j++) wgmma_bn<BN>(acc, a[h] + 4 * j, desc_sw128(xa + h * BN * 128 + j * 32));
+                wg_commit();
+                if (h == 0) {
+                    load_raw<FMT>(sm0 + st * STAGE + XB, sm0 + st * STAGE + XB + WB, i, g, t, 1, r);
+                } else if (kb + 1 < NK) {
+                    const int sn = (kb + 1) % STAGES;
+                    mb_wait(full0 + 8 * sn, ((kb + 1) / STAGES) & 1);
+                    load_raw<FMT>(sm0 + sn * STAGE + XB, sm0 + sn * STAGE + XB + WB, i, g, t, 0, r);
+                }
+                wg_wait<1>();
+                pin_f32(acc);
+                pin_u32(a[h ^ 1]);
+                if (h == 0 && kb > 0) { /* the previous stage's last group has retired */
+                    __syncwarp();
+                    if (lane == 0) mb_arrive(empty0 + 8 * ((kb - 1) % STAGES));
+                }
             }
         }
-        /* the stage's wgmmas are done and its weights read: hand it back */
-        __syncwarp();
-        if (lane == 0) mb_arrive(empty0 + 8 * st);
+        wg_wait<0>();
+        pin_f32(acc);
+        pin_u32(a[0]);
+        pin_u32(a[1]);
     }
     if (p.mode == 1) {
         /* SwiGLU-OAI: the up warpgroup hands its sums (thread for thread: the same fragment
@@ -499,7 +615,7 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
          * with the stages (the producers have returned: every stage they filled was consumed) */
         float *xb = (float *)smem;
         const int tw = threadIdx.x % 128;
-        const float gg = FMT == M3_WF_NVFP4 ? gm_lo : 1.0f, gu = FMT == M3_WF_NVFP4 ? gm_hi : 1.0f;
+        const float gg = FMT == M3_WF_NVFP4 ? gm_lo * 128.0f : 1.0f, gu = FMT == M3_WF_NVFP4 ? gm_hi * 128.0f : 1.0f;
         asm volatile("bar.sync 1, 256;\n" ::: "memory");
         if (wg == 1)
 #pragma unroll
@@ -529,7 +645,7 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
         return;
     }
     /* epilogue: D[row][token] -> y[token][row] (8 lanes g write 8 consecutive rows of a token) */
-    const float gm = FMT == M3_WF_NVFP4 ? gm_lo : 1.0f;
+    const float gm = FMT == M3_WF_NVFP4 ? gm_lo * 128.0f : 1.0f; /* 2^7: see expand */
     const int r0 = n0 + i * 16 + g;
     const bool ok0 = r0 < p.N, ok1 = r0 + 8 < p.N;
 #pragma unroll
@@ -539,7 +655,7 @@ template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm
             const int tok = tok0 + 8 * j + 2 * t + e;
             const int orow = tok < p.T && p.mode == 2 ? __ldg(p.rowmap + tok) : tok;
             if (tok < p.T && orow >= 0) {
-                float *yr = p.y + (size_t)orow * p.N;
+                float *yr = (p.ksplit > 1 ? p.part + (size_t)ks * p.T * p.N : p.y) + (size_t)orow * p.N;
                 if (ok0) yr[r0] = acc[4 * j + e] * gm;
                 if (ok1) yr[r0 + 8] = acc[4 * j + 2 + e] * gm;
             }
@@ -595,7 +711,7 @@ template <int FMT, int BN> static int launch_args(cudaStream_t st, const gemm_ar
         if (e != cudaSuccess) return m3_errf(err, "gemm_tc: shared memory attribute: %s", cudaGetErrorString(e));
         attr = 1;
     }
-    const long long blocks = (long long)a.nm * a.nt;
+    const long long blocks = (long long)a.nm * a.nt * a.ksplit;
     if (blocks > 0x7fffffffLL) return m3_errf(err, "gemm_tc: %lld tiles", blocks);
     if (blocks < 1) return 0;
     k_gemm_tc<FMT, BN><<<(unsigned)blocks, NTHREADS, SM, st>>>(a);
@@ -605,9 +721,12 @@ template <int FMT, int BN> static int launch_args(cudaStream_t st, const gemm_ar
     return 0;
 }
 
-template <int FMT, int BN> static int launch(cudaStream_t st, const m3_linear *W, const void *xs, int T, float *y, m3_err *err) {
+template <int FMT, int BN>
+static int launch(cudaStream_t st, const m3_linear *W, const void *xs, int T, float *y, int ksplit, float *part, m3_err *err) {
     gemm_args a;
     memset(&a, 0, sizeof a);
+    a.ksplit = ksplit;
+    a.part = part;
     a.w = W->w;
     a.s = W->scale;
     a.row_bytes = W->row_bytes;
@@ -655,17 +774,64 @@ extern "C" int m3_cu_gemm_tc_stage_x(void *stream, const float *x, int T, int K,
     return 0;
 }
 
-extern "C" int m3_cu_gemm_tc_staged(void *stream, const m3_linear *W, const void *xs, int T, float *y, m3_err *err) {
+/* y = the sum of the K slices' partial sums, in slice order (deterministic) */
+__global__ void k_sum_slices(const float *part, int ksplit, size_t n, float *y) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = part[i];
+        for (int k = 1; k < ksplit; k++) v += part[(size_t)k * n + i];
+        y[i] = v;
+    }
+}
+
+static int bn_for(int T) { return T <= 16 ? 16 : T <= 32 ? 32 : T <= 64 ? 64 : 128; }
+
+extern "C" int m3_cu_gemm_tc_ksplit(const m3_linear *W, int T) {
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            sms = 132;
+    }
+    if (!W || T < 1 || W->N < 1) return 1;
+    const long tiles = (long)((W->N + BM - 1) / BM) * ((T + bn_for(T) - 1) / bn_for(T));
+    const int KB = W->K / BK;
+    /* about two CTAs per SM (one is resident per SM: the next one's pipeline fill overlaps the tail
+     * of the last), each slice at least 6 K blocks */
+    long s = (2L * sms + tiles - 1) / tiles;
+    if (s > 8) s = 8;
+    while (s > 1 && KB / s < 6) s--;
+    return (int)s;
+}
+
+extern "C" int m3_cu_gemm_tc_staged_split(void *stream, const m3_linear *W, const void *xs, int T, float *y, int ksplit,
+                                          float *part, m3_err *err) {
     if (!m3_cu_gemm_tc_ok(W, T))
         return m3_errf(err, "gemm_tc: %s %d x %d (%s) not taken", m3_wfmt_name(W->fmt), W->N, W->K, W->tiled ? "tiled" : "rows");
+    if (ksplit < 1 || ksplit > W->K / BK || (ksplit > 1 && !part))
+        return m3_errf(err, "gemm_tc: %d K slices of %s %d x %d", ksplit, m3_wfmt_name(W->fmt), W->N, W->K);
     cudaStream_t st = (cudaStream_t)stream;
-    const bool small = T <= 64;
+    /* the token tile: the smallest of 16 / 32 / 64 that holds T, else 128 */
+    const int bn = bn_for(T);
+#define LIN_BN(F) (bn == 16 ? launch<F, 16>(st, W, xs, T, y, ksplit, part, err) : bn == 32 ? launch<F, 32>(st, W, xs, T, y, ksplit, part, err) \
+                   : bn == 64 ? launch<F, 64>(st, W, xs, T, y, ksplit, part, err) : launch<F, 128>(st, W, xs, T, y, ksplit, part, err))
+    int rc;
     switch (W->fmt) {
-    case M3_WF_BF16: return small ? launch<M3_WF_BF16, 64>(st, W, xs, T, y, err) : launch<M3_WF_BF16, 128>(st, W, xs, T, y, err);
-    case M3_WF_MXFP8:
-        return small ? launch<M3_WF_MXFP8, 64>(st, W, xs, T, y, err) : launch<M3_WF_MXFP8, 128>(st, W, xs, T, y, err);
-    default: return small ? launch<M3_WF_NVFP4, 64>(st, W, xs, T, y, err) : launch<M3_WF_NVFP4, 128>(st, W, xs, T, y, err);
+    case M3_WF_BF16: rc = LIN_BN(M3_WF_BF16); break;
+    case M3_WF_MXFP8: rc = LIN_BN(M3_WF_MXFP8); break;
+    default: rc = LIN_BN(M3_WF_NVFP4); break;
     }
+#undef LIN_BN
+    if (rc || ksplit == 1) return rc;
+    const size_t n = (size_t)T * W->N;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > 132 * 8) blocks = 132 * 8;
+    k_sum_slices<<<(unsigned)blocks, 256, 0, st>>>(part, ksplit, n, y);
+    cudaError_t e = cudaGetLastError();
+    return e != cudaSuccess ? m3_errf(err, "gemm_tc: adding K slices: %s", cudaGetErrorString(e)) : 0;
+}
+
+extern "C" int m3_cu_gemm_tc_staged(void *stream, const m3_linear *W, const void *xs, int T, float *y, m3_err *err) {
+    return m3_cu_gemm_tc_staged_split(stream, W, xs, T, y, 1, NULL, err);
 }
 
 extern "C" int m3_cu_gemm_tc(void *stream, const m3_linear *W, const float *x, int T, float *y, void *ws, size_t ws_bytes,
@@ -711,7 +877,7 @@ extern "C" int m3_cu_gemm_tc_stage_x_map(void *stream, const float *x, int rows,
 extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, const m3_mlp_w *e0, int bn, const void *xs,
                                  int rows, const int *grp_e, const int *ngrp, const int *rowmap, float alpha, float limit,
                                  float *y, m3_err *err) {
-    if (!m3_cu_gemm_tc_moe_ok(e0) || (bn != 64 && bn != 128) || rows < 1 || rows % bn)
+    if (!m3_cu_gemm_tc_moe_ok(e0) || (bn != 16 && bn != 32 && bn != 64 && bn != 128) || rows < 1 || rows % 64)
         return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows) not taken", m3_wfmt_name(e0->gate.fmt), bn, rows);
     const m3_linear *W = part == 2 ? &e0->down : &e0->gate;
     gemm_args a;
@@ -725,6 +891,7 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
     a.T = rows;
     a.nm = part == 2 ? (W->N + BM - 1) / BM : W->N / 64;
     a.nt = rows / bn;
+    a.ksplit = 1;
     a.gmul = 1.0f;
     a.mode = part == 2 ? 2 : 1;
     a.tab = tab;
@@ -734,10 +901,12 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
     a.alpha = alpha;
     a.limit = limit;
     cudaStream_t st = (cudaStream_t)stream;
-    const bool small = bn == 64;
+#define MOE_BN(F) (bn == 16 ? launch_args<F, 16>(st, a, err) : bn == 32 ? launch_args<F, 32>(st, a, err) \
+                   : bn == 64 ? launch_args<F, 64>(st, a, err) : launch_args<F, 128>(st, a, err))
     switch (W->fmt) {
-    case M3_WF_BF16: return small ? launch_args<M3_WF_BF16, 64>(st, a, err) : launch_args<M3_WF_BF16, 128>(st, a, err);
-    case M3_WF_MXFP8: return small ? launch_args<M3_WF_MXFP8, 64>(st, a, err) : launch_args<M3_WF_MXFP8, 128>(st, a, err);
-    default: return small ? launch_args<M3_WF_NVFP4, 64>(st, a, err) : launch_args<M3_WF_NVFP4, 128>(st, a, err);
+    case M3_WF_BF16: return MOE_BN(M3_WF_BF16);
+    case M3_WF_MXFP8: return MOE_BN(M3_WF_MXFP8);
+    default: return MOE_BN(M3_WF_NVFP4);
     }
+#undef MOE_BN
 }

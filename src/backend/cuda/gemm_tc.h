@@ -22,7 +22,7 @@ extern "C" {
 #include "../../weights/weights.h"
 
 /* 1 when the GEMM takes W (device copy) for T tokens: BF16 row-major, MXFP8 / NVFP4 tiled,
- * K % 128 == 0, T >= 1 (meant for T >= 64: fewer tokens are the GEMVs' work). */
+ * K % 128 == 0, T >= 1 (meant for T >= 32: fewer tokens are the GEMVs' work). */
 int m3_cu_gemm_tc_ok(const m3_linear *W, int T);
 /* bytes of the staged copy of x [T][K] (T rounded up to 64 tokens, bf16) */
 size_t m3_cu_gemm_tc_xbytes(int T, int K);
@@ -30,13 +30,21 @@ size_t m3_cu_gemm_tc_xbytes(int T, int K);
 int m3_cu_gemm_tc_stage_x(void *stream, const float *x, int T, int K, void *xs, m3_err *err);
 /* y [T][N] = staged x times W^T */
 int m3_cu_gemm_tc_staged(void *stream, const m3_linear *W, const void *xs, int T, float *y, m3_err *err);
-/* both: ws is device scratch of at least m3_cu_gemm_tc_xbytes(T, W->K) bytes */
+/* The same over ksplit slices of K (each CTA sums K / ksplit; the slices' sums, part: device
+ * memory of ksplit * T * N floats, are then added in slice order): for shapes with few output
+ * tiles (few tokens, N of a few thousand), which would leave SMs idle. m3_cu_gemm_tc_ksplit: the
+ * slices to use for W at T tokens (1: none). */
+int m3_cu_gemm_tc_ksplit(const m3_linear *W, int T);
+int m3_cu_gemm_tc_staged_split(void *stream, const m3_linear *W, const void *xs, int T, float *y, int ksplit, float *part,
+                               m3_err *err);
+/* stage x and multiply: ws is device scratch of at least m3_cu_gemm_tc_xbytes(T, W->K) bytes */
 int m3_cu_gemm_tc(void *stream, const m3_linear *W, const float *x, int T, float *y, void *ws, size_t ws_bytes,
                   m3_err *err);
 /* MoE experts as grouped GEMMs (moe.cu). The (token, expert) slots are permuted by expert into
- * "staged rows", each expert's rows contiguous and padded to the tile bn (64 or 128): grp_e[g]
- * is the expert of staged rows 64 g .. 64 g + 63 (-1: none), ngrp[0] (device) the groups in
- * use, rows (host) an upper bound, a multiple of bn. m3_cu_gemm_tc_moe_ok: the expert shape (e0,
+ * "staged rows", each expert's rows contiguous and padded to the tile bn (16, 32, 64 or 128):
+ * grp_e[g] is the expert of staged rows bn g .. bn g + bn - 1 (-1: none); on the device ngrp[0]
+ * is the groups of 64 staged rows in use (what staging writes) and ngrp[1] the tiles of bn rows
+ * in use; rows (host) an upper bound, a multiple of 64. m3_cu_gemm_tc_moe_ok: the expert shape (e0,
  * a device copy's host struct) is taken: gate / up / down of one format, each taken by the GEMM,
  * F = gate.N a multiple of 64. */
 int m3_cu_gemm_tc_moe_ok(const m3_mlp_w *e0);

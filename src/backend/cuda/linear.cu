@@ -236,9 +236,26 @@ static int launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T,
     return 0;
 }
 
+/* x -> bf16(x) as f32 */
+__global__ void k_round_bf16(const float *x, size_t n, float *y) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+}
+
+const float *m3_cu_gemm_input(m3_cuda *c, const float *x, size_t n) {
+    if (!c->gemm_bf16 || !n) return x;
+    float *r = (float *)m3_cu_scratch(c, SC_XROUND, sizeof(float) * n);
+    if (!r) return NULL;
+    m3_cu_xsplit_touch(c, r, sizeof(float) * n);
+    const unsigned g = cdiv(n, 256);
+    k_round_bf16<<<g < 4096 ? g : 4096, 256, 0, c->st>>>(x, n, r);
+    return CK_LAUNCH(c, "round x to bf16") ? NULL : r;
+}
+
 /* y[T, N] = x[T, K] W^T, T <= 8; with ra, routes too where it can (returns whether it did) */
 int m3_cu_gemv_simt(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y, const route_args *ra) {
     int routed = 0;
+    if (!(x = m3_cu_gemm_input(c, x, (size_t)T * W->K))) return 0;
     if (!m3_cu_simt_ok(W)) {
         k_gemv_by_element<<<cdiv(W->N, 8), 256, 0, c->st>>>(*W, x, T, y);
     } else if (T == 1) routed = launch_gemv_nt<1>(c, W, x, T, 0, y, ra);
@@ -309,10 +326,14 @@ static int linear_bf16_blas(m3_cuda *c, const m3_linear *W, const float *x, int 
     return 0;
 }
 
-/* precision bf16, more than 64 tokens: the wgmma GEMM (gemm_tc.cu) for every W it takes, x staged
- * (rounded to bf16) once for all of them. 1 when done (or failed: c->failed), 0 not this path. */
+/* precision bf16, M3_GEMM_TC_MIN (32) tokens or more: the wgmma GEMM (gemm_tc.cu) for every W it
+ * takes, x staged (rounded to bf16) once for all of them (H200, M3.1-Flash shapes, 64 tokens: 2.2-4.2x
+ * the tensor-core GEMV, which reads the weights once per 8 tokens). 1 when done (or failed:
+ * c->failed), 0 not this path. */
 static int linear_tc(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y, int any_t = 0) {
-    if (!c->gemm_bf16 || T < 1 || (T <= 64 && !any_t)) return 0;
+    static int tmin = -1;
+    if (tmin < 0) tmin = m3_cu_env_int("M3_GEMM_TC_MIN", 32);
+    if (!c->gemm_bf16 || T < 1 || (T < tmin && !any_t)) return 0;
     for (int i = 0; i < n; i++)
         if (!m3_cu_gemm_tc_ok(W[i], T) || W[i]->K != W[0]->K) return 0;
     size_t xb = m3_cu_gemm_tc_xbytes(T, W[0]->K);
@@ -320,8 +341,13 @@ static int linear_tc(m3_cuda *c, int n, const m3_linear *const *W, const float *
     if (!xs) return 1;
     m3_err e;
     if (m3_cu_gemm_tc_stage_x(c->st, x, T, W[0]->K, xs, &e)) { m3_cu_failf(c, "%s", e.msg); return 1; }
-    for (int i = 0; i < n; i++)
-        if (m3_cu_gemm_tc_staged(c->st, W[i], xs, T, y[i], &e)) { m3_cu_failf(c, "%s", e.msg); return 1; }
+    for (int i = 0; i < n; i++) {
+        /* few output tiles (few tokens): K slices keep every SM busy (gemm_tc.h) */
+        const int ks = m3_cu_gemm_tc_ksplit(W[i], T);
+        float *part = ks > 1 ? (float *)m3_cu_scratch(c, SC_SPLITK, sizeof(float) * (size_t)ks * T * W[i]->N) : NULL;
+        if (ks > 1 && !part) return 1;
+        if (m3_cu_gemm_tc_staged_split(c->st, W[i], xs, T, y[i], ks, part, &e)) { m3_cu_failf(c, "%s", e.msg); return 1; }
+    }
     return 1;
 }
 
@@ -336,6 +362,7 @@ void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y
     m3_cu_prof_begin(c, OP_LINEAR);
     if (T <= 0 || c->failed) { m3_cu_prof_end(c, OP_LINEAR); return; }
     m3_cu_xsplit_touch(c, y, sizeof(float) * (size_t)T * W->N);
+    if (linear_tc(c, 1, &W, x, T, &y)) { m3_cu_prof_end(c, OP_LINEAR); return; }
     /* MXFP8 / NVFP4 on the tensor cores in groups of 8 tokens up to 64 tokens */
     if (T <= 64 && m3_cu_mma_ok(W)) {
         for (int t0 = 0; t0 < T; t0 += 8)
@@ -343,11 +370,12 @@ void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y
         { m3_cu_prof_end(c, OP_LINEAR); return; }
     }
     if (T <= 8) {
-        if (linear_bf16_blas(c, W, x, T, y)) m3_cu_gemv_simt(c, W, x, T, y);
+        const float *xr = m3_cu_gemm_input(c, x, (size_t)T * W->K); /* bf16 mode: cuBLAS on bf16(x) */
+        if (xr && linear_bf16_blas(c, W, xr, T, y)) m3_cu_gemv_simt(c, W, x, T, y);
         m3_cu_prof_end(c, OP_LINEAR);
         return;
     }
-    if (linear_tc(c, 1, &W, x, T, &y)) { m3_cu_prof_end(c, OP_LINEAR); return; }
+    if (!(x = m3_cu_gemm_input(c, x, (size_t)T * W->K))) { m3_cu_prof_end(c, OP_LINEAR); return; }
     /* dequantize row chunks of at most ~256 MB and SGEMM each */
     int chunk = (int)((256u << 20) / (4 * (size_t)W->K));
     if (chunk < 64) chunk = 64;
@@ -371,6 +399,13 @@ void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y
 /* n matrices sharing x: one tensor-core launch per 8 tokens when they all take that path */
 void m3_cu_linear_n(void *ctx, int n, const m3_linear *const *W, const float *x, int T, float *const *y) {
     m3_cuda *c = (m3_cuda *)ctx;
+    if (c->gemm_bf16 && T >= 1) { /* the wgmma GEMM where it takes the shapes (linear_tc) */
+        m3_cu_prof_begin(c, OP_LINEAR);
+        for (int i = 0; i < n; i++) m3_cu_xsplit_touch(c, y[i], sizeof(float) * (size_t)T * W[i]->N);
+        const int done = c->failed || linear_tc(c, n, W, x, T, y);
+        m3_cu_prof_end(c, OP_LINEAR);
+        if (done) return;
+    }
     int fused = T >= 1 && T <= 64 && n >= 1 && n <= 6;
     for (int i = 0; i < n && fused; i++)
         fused = m3_cu_mma_ok(W[i]) && W[i]->fmt == W[0]->fmt && W[i]->K == W[0]->K && W[i]->tiled == W[0]->tiled;

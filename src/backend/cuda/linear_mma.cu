@@ -577,10 +577,10 @@ __global__ void __launch_bounds__(WPB * 32, UB == 0 ? GV_PIPE_CTAS : !HL ? 2 : 3
 }
 
 /* x (f32) -> x_hi = f16(x), x_lo = f16(x - x_hi) */
-__global__ void k_split_x_f16(const float *x, size_t n, uint16_t *xh, uint16_t *xl) {
+__global__ void k_split_x_f16(const float *x, size_t n, uint16_t *xh, uint16_t *xl, int rb) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        split_store(x[i], xh + i, xl + i);
+        split_store(x[i], xh + i, xl + i, rb);
     }
 }
 
@@ -630,7 +630,7 @@ int m3_cu_xsplit_get(m3_cuda *c, const float *x, size_t n, const uint16_t **xh, 
     uint16_t *b = m3_cu_xsplit_claim(c, x, n);
     if (!b) return -1;
     unsigned gsz = cdiv(n, 256);
-    k_split_x_f16<<<gsz < 4096 ? gsz : 4096, 256, 0, c->st>>>(x, n, b, b + n);
+    k_split_x_f16<<<gsz < 4096 ? gsz : 4096, 256, 0, c->st>>>(x, n, b, b + n, c->gemm_bf16);
     if (CK_LAUNCH(c, "split x")) return -1;
     *xh = b;
     *xl = b + n;

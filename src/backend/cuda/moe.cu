@@ -40,7 +40,8 @@ void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha,
  * intermediate rows j, j+1 (4 weight rows: gate j, j+1, up j, j+1) */
 template <int F>
 __global__ void __launch_bounds__(GW * 32) k_moe_gate_up_swiglu_simt(const m3_mlp_w *table, const int32_t *pick, int K, const float *x,
-                                                          int H, int Fd, float alpha, float limit, float *h, int KT) {
+                                                          int H, int Fd, float alpha, float limit, float *h, int KT,
+                                                          int rb) {
     extern __shared__ float xs[];
     const int slot = blockIdx.y, t = slot / K, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const m3_mlp_w *m = &table[pick[slot]];
@@ -74,7 +75,8 @@ __global__ void __launch_bounds__(GW * 32) k_moe_gate_up_swiglu_simt(const m3_ml
             if (ok[r]) {
                 float g = v[r] < limit ? v[r] : limit;
                 float u = v[2 + r] < -limit ? -limit : v[2 + r] > limit ? limit : v[2 + r];
-                h[(size_t)slot * Fd + j0 + r] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+                const float hv = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+                h[(size_t)slot * Fd + j0 + r] = rb ? __bfloat162float(__float2bfloat16_rn(hv)) : hv; /* the down GEMM's input */
             }
 }
 
@@ -115,7 +117,7 @@ __global__ void __launch_bounds__(GW * 32) k_moe_down_simt(const m3_mlp_w *table
 }
 
 /* h[s][j] = SwiGLU-OAI(gu[s][0][j], gu[s][1][j]), and the f16 split of h (hi [n], then lo) */
-__global__ void k_moe_swiglu_split(const float *gu, int S, int Fd, float alpha, float limit, float *h, uint16_t *xs) {
+__global__ void k_moe_swiglu_split(const float *gu, int S, int Fd, float alpha, float limit, float *h, uint16_t *xs, int rb) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     size_t n = (size_t)S * Fd;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -125,7 +127,7 @@ __global__ void k_moe_swiglu_split(const float *gu, int S, int Fd, float alpha, 
         float u = up < -limit ? -limit : up > limit ? limit : up;
         const float v = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
         h[i] = v;
-        split_store(v, xs + i, xs + n + i);
+        split_store(v, xs + i, xs + n + i, rb);
     }
 }
 
@@ -190,8 +192,8 @@ typedef struct moe_post {
  * (token, expert) slots sorted by expert into staged rows, each expert's rows contiguous from
  * off[e] and padded to the tile bn. One block: counts (shared atomics), the padded prefix sums,
  * then each slot takes the next row of its expert. map[r]: the token of staged row r, rowmap[r]
- * its slot (t K + k), both -1 for padding; grp_e[g]: the expert of rows 64 g .. 64 g + 63;
- * ngrp[0]: the groups in use. The order of an expert's rows follows the atomics (not fixed), but
+ * its slot (t K + k), both -1 for padding; grp_e[g]: the expert of rows bn g .. bn g + bn - 1;
+ * ngrp[0]: the groups of 64 rows in use (staging), ngrp[1]: the tiles of bn rows in use. The order of an expert's rows follows the atomics (not fixed), but
  * no result depends on it: each row's sums are computed alone and land at its slot. */
 __global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int S, int K, int E, int bn, int *map,
                                                         int *rowmap, int *grp_e, int *ngrp) {
@@ -219,14 +221,15 @@ __global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int
         }
         if (threadIdx.x == 0) {
             off[E] = base;
-            ngrp[0] = base / 64;
+            ngrp[0] = (base + 63) / 64;
+            ngrp[1] = base / bn;
         }
     }
     __syncthreads();
     const int used = off[E];
-    for (int r = threadIdx.x; r < used; r += blockDim.x) map[r] = rowmap[r] = -1;
+    for (int r = threadIdx.x; r < (used + 63) / 64 * 64; r += blockDim.x) map[r] = rowmap[r] = -1;
     for (int e = threadIdx.x; e < E; e += blockDim.x)
-        for (int g = off[e] / 64; g < off[e + 1] / 64; g++) grp_e[g] = e;
+        for (int g = off[e] / bn; g < off[e + 1] / bn; g++) grp_e[g] = e;
     __syncthreads();
     for (int s = threadIdx.x; s < S; s += blockDim.x) {
         const int e = pick[s];
@@ -237,9 +240,8 @@ __global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int
     }
 }
 
-/* precision bf16, T >= M3_MOE_TC_MIN tokens (default 144; H200, M3.1-Flash shapes: the
- * grouped GEMMs take ~4.7 ms a layer up to 512 tokens - every expert's weights expanded once a
- * tile - where the GEMV path takes 2.1 ms per 64 tokens): the routed experts as two grouped
+/* precision bf16, T >= M3_MOE_TC_MIN tokens (default 128; H200, M3.1-Flash shapes: ~3.4-4.0 ms a
+ * layer up to 256 tokens, where the GEMV path takes ~2.1 ms per 64): the routed experts as two grouped
  * GEMMs on the wgmma kernel (gemm_tc.cu) - gate + up of every expert with SwiGLU-OAI in one
  * launch, down in a second - over the slots laid out by k_moe_tc_layout; x and h rounded to
  * bf16 (staged), f32 sums. The shared expert on the same GEMM (gemm_tc per matrix), then the
@@ -249,7 +251,7 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
                   float limit, float *out, moe_post *post) {
     const m3_mlp_w *e0 = &L->experts[0];
     if (!c->gemm_bf16 || !L->backend || E < 1 || E > 2048 || !m3_cu_gemm_tc_moe_ok(e0)) return 0;
-    if (m3_cu_env_int("M3_MOE_TC", 1) == 0 || T < m3_cu_env_int("M3_MOE_TC_MIN", 144)) return 0;
+    if (m3_cu_env_int("M3_MOE_TC", 1) == 0 || T < m3_cu_env_int("M3_MOE_TC_MIN", 128)) return 0;
     for (int e = 0; e < E; e++) /* expert parallel: every expert here, in one format and shape */
         if (!L->experts[e].gate.w || L->experts[e].gate.fmt != e0->gate.fmt || L->experts[e].down.N != e0->down.N) return 0;
     if (L->has_shared) {
@@ -259,25 +261,27 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     const int H = L->router.K, F = e0->gate.N;
     const long long S = (long long)T * K;
     if (S > (1 << 26)) return 0;
-    /* the tile: 128 staged rows when the experts average 64+ rows, else 64 (H200, M3.1-Flash
-     * shapes: a CTA costs about the same at either width - expanding its weights dominates - so
-     * fewer tiles win once experts pass 64 rows: T 2048 8.8 ms at 128 vs 11.7 at 64; T 512 5.8
-     * vs 4.8); M3_MOE_TC_BN forces one */
+    /* the tile: 128 staged rows when the experts average 64+ rows (H200, M3.1-Flash shapes: T 2048
+     * 8.8 ms at 128 vs 11.7 at 64), else the smallest of 16 / 32 / 64 that holds the average
+     * expert's rows: the padding rows of a tile are staged, copied and multiplied like real ones
+     * (at 64 tokens, tiles of 64 made the staged x ~100 MB, read once per 64 weight rows);
+     * M3_MOE_TC_BN forces one */
     int bn = m3_cu_env_int("M3_MOE_TC_BN", 0);
-    if (bn != 64 && bn != 128) bn = S >= 64LL * E ? 128 : 64;
+    if (bn != 16 && bn != 32 && bn != 64 && bn != 128)
+        bn = S >= 64LL * E ? 128 : S >= 32LL * E ? 64 : S >= 16LL * E ? 32 : 16;
     const long long nz = S < E ? S : E;
-    const int rows = (int)((S + nz * (bn - 1) + bn - 1) / bn * bn);
+    const int rows = (int)((S + nz * (bn - 1) + 63) / 64 * 64);
     m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
     int32_t *pick;
     float *wt;
     if (m3_cu_route(c, L, x, T, E, K, routed_scale, &pick, &wt)) return 1;
     if (c->count_experts) count_experts(c, pick, (int)S, E);
-    int *map = (int *)m3_cu_scratch(c, SC_IDX, sizeof(int) * ((size_t)rows * 2 + rows / 64 + 64));
+    int *map = (int *)m3_cu_scratch(c, SC_IDX, sizeof(int) * ((size_t)rows * 2 + rows / 16 + 64));
     void *xs = m3_cu_scratch(c, SC_GEMM_X, m3_cu_gemm_tc_xbytes(rows, H));
     float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * ((size_t)rows * F + (size_t)S * H));
     void *hs = m3_cu_scratch(c, SC_DEQ, m3_cu_gemm_tc_xbytes(rows, F));
     if (!map || !xs || !h || !hs) return 1;
-    int *rowmap = map + rows, *grp_e = rowmap + rows, *ngrp = grp_e + rows / 64;
+    int *rowmap = map + rows, *grp_e = rowmap + rows, *ngrp = grp_e + rows / 16;
     float *ye = h + (size_t)rows * F;
     m3_cu_xsplit_touch(c, h, sizeof(float) * ((size_t)rows * F + (size_t)S * H));
     const m3_mlp_w *tab = (const m3_mlp_w *)L->backend;
@@ -372,7 +376,7 @@ static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int
             if (!grp) m3_cu_moe_mma(c, e0, tab, pc, K, S, 0, xc, H, gu);
             uint16_t *hs = m3_cu_xsplit_claim(c, h, (size_t)S * Fd);
             if (!hs) { m3_cu_prof_end(c, OP_MOE); return; }
-            k_moe_swiglu_split<<<cdiv((size_t)S * Fd, 256), 256, 0, c->st>>>(gu, S, Fd, alpha, limit, h, hs);
+            k_moe_swiglu_split<<<cdiv((size_t)S * Fd, 256), 256, 0, c->st>>>(gu, S, Fd, alpha, limit, h, hs, c->gemm_bf16);
             if (grp) m3_cu_moe_grouped(c, e0, tab, pc, tc, K, E, 2, h, Fd, ye);
             else m3_cu_moe_mma(c, e0, tab, pc, K, S, 2, h, Fd, ye);
             float *sh = NULL;
@@ -395,11 +399,13 @@ static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int
         float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * (size_t)S * (Fd + H));
         if (!h) { m3_cu_prof_end(c, OP_MOE); return; }
         float *ye = h + (size_t)S * Fd;
+        const float *xg = m3_cu_gemm_input(c, x, (size_t)T * H); /* bf16 mode: the experts' GEMMs take bf16(x) */
+        if (!xg) { m3_cu_prof_end(c, OP_MOE); return; }
         int kt1 = kt_for(H), kt2 = kt_for(Fd);
         dim3 g1(cdiv(Fd, GW * 2), S), g2(cdiv(H, GW * GR), S);
         size_t s1 = sizeof(float) * kt1, s2 = sizeof(float) * kt2;
 #define MOE_LAUNCH(FM)                                                                                          \
-    k_moe_gate_up_swiglu_simt<FM><<<g1, GW * 32, s1, c->st>>>(tab, pick, K, x, H, Fd, alpha, limit, h, kt1);                \
+    k_moe_gate_up_swiglu_simt<FM><<<g1, GW * 32, s1, c->st>>>(tab, pick, K, xg, H, Fd, alpha, limit, h, kt1, c->gemm_bf16); \
     k_moe_down_simt<FM><<<g2, GW * 32, s2, c->st>>>(tab, pick, h, Fd, H, ye, kt2);
         switch (e0->gate.fmt) {
         case M3_WF_F32: MOE_LAUNCH(M3_WF_F32); break;

@@ -13,7 +13,7 @@ static __device__ double block_sum(double v) {
 
 /* one block per row; sum of squares in double as the CPU does; with xs, also the f16 split
  * of the output (hi [rows*dim], then lo) */
-__global__ void k_rmsnorm(const float *x, const float *w, int dim, float eps, float *out, uint16_t *xs, size_t n) {
+__global__ void k_rmsnorm(const float *x, const float *w, int dim, float eps, float *out, uint16_t *xs, size_t n, int rb) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *o = out + (size_t)blockIdx.x * dim;
@@ -26,13 +26,14 @@ __global__ void k_rmsnorm(const float *x, const float *w, int dim, float eps, fl
         o[i] = v;
         if (xs) {
             const size_t k = (size_t)blockIdx.x * dim + i;
-            split_store(v, xs + k, xs + n + k);
+            split_store(v, xs + k, xs + n + k, rb);
         }
     }
 }
 
 /* h += o, then the RMSNorm of h into out (+ its split), in one pass: as m3_cu_add then m3_cu_rmsnorm */
-__global__ void k_add_rmsnorm(float *h, const float *o, const float *w, int dim, float eps, float *out, uint16_t *xs, size_t n) {
+__global__ void k_add_rmsnorm(float *h, const float *o, const float *w, int dim, float eps, float *out, uint16_t *xs, size_t n,
+                              int rb) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     float *hr = h + (size_t)blockIdx.x * dim;
     const float *orow = o + (size_t)blockIdx.x * dim;
@@ -50,7 +51,7 @@ __global__ void k_add_rmsnorm(float *h, const float *o, const float *w, int dim,
         dst[i] = v;
         if (xs) {
             const size_t k = (size_t)blockIdx.x * dim + i;
-            split_store(v, xs + k, xs + n + k);
+            split_store(v, xs + k, xs + n + k, rb);
         }
     }
 }
@@ -60,7 +61,7 @@ __global__ void k_add_rmsnorm(float *h, const float *o, const float *w, int dim,
  * = 4 V blockDim (6144 = 4 x 3 x 512). ADD: h += o first, as k_add_rmsnorm. Same double sum. */
 template <int V, bool ADD>
 __global__ void __launch_bounds__(512) k_rmsnorm_rowregs(float *h, const float *o, const float *w, int dim, float eps, float *out,
-                                              uint16_t *xs, size_t n) {
+                                              uint16_t *xs, size_t n, int rb) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     const size_t row = (size_t)blockIdx.x * dim;
     float4 v[V], wv[V];
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(512) k_rmsnorm_rowregs(float *h, const float *
     ss = block_sum(ss);
     const float r = (float)(1.0 / sqrt(ss / dim + eps));
 #pragma unroll
-    for (int j = 0; j < V; j++) norm_store4(v[j], wv[j], r, out, xs, n, row, threadIdx.x + j * blockDim.x);
+    for (int j = 0; j < V; j++) norm_store4(v[j], wv[j], r, out, xs, n, row, threadIdx.x + j * blockDim.x, rb);
 }
 
 /* The same over a cluster of CL CTAs per row, a float4 per thread (6144: 8 CTAs of 192 threads):
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(512) k_rmsnorm_rowregs(float *h, const float *
  * k_moe_combine), then as 1 */
 template <int MODE>
 __global__ void __launch_bounds__(1024) k_rmsnorm_cluster(float *h, const float *o, const float *w, int dim, float eps, float *out,
-                                               uint16_t *xs, size_t n, norm_combine cb) {
+                                               uint16_t *xs, size_t n, norm_combine cb, int rb) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     __shared__ double part[32], csum;
     const uint32_t rank = cluster_rank(), ncl = cluster_size();
@@ -137,7 +138,7 @@ __global__ void __launch_bounds__(1024) k_rmsnorm_cluster(float *h, const float 
     double tot = 0;
     for (uint32_t r = 0; r < ncl; r++) tot += cluster_ld_f64(&csum, r);
     cluster_sync(); /* ... and read by every CTA before any exits */
-    norm_store4(v, wv, (float)(1.0 / sqrt(tot / dim + eps)), out, xs, n, row, i);
+    norm_store4(v, wv, (float)(1.0 / sqrt(tot / dim + eps)), out, xs, n, row, i, rb);
 }
 
 /* k_rmsnorm_cluster's cluster size for these rows (CL the largest of 8, 4, 2, 1 that splits dim into
@@ -171,9 +172,10 @@ static int norm_c(m3_cuda *c, int rows, float *h, const float *o, const float *w
     cfg.numAttrs = 1;
     norm_combine none;
     memset(&none, 0, sizeof none);
-    const cudaError_t e = cb  ? cudaLaunchKernelEx(&cfg, k_rmsnorm_cluster<2>, h, o, w, dim, eps, out, xs, n, *cb)
-                          : o ? cudaLaunchKernelEx(&cfg, k_rmsnorm_cluster<1>, h, o, w, dim, eps, out, xs, n, none)
-                              : cudaLaunchKernelEx(&cfg, k_rmsnorm_cluster<0>, h, o, w, dim, eps, out, xs, n, none);
+    const int rb = c->gemm_bf16;
+    const cudaError_t e = cb  ? cudaLaunchKernelEx(&cfg, k_rmsnorm_cluster<2>, h, o, w, dim, eps, out, xs, n, *cb, rb)
+                          : o ? cudaLaunchKernelEx(&cfg, k_rmsnorm_cluster<1>, h, o, w, dim, eps, out, xs, n, none, rb)
+                              : cudaLaunchKernelEx(&cfg, k_rmsnorm_cluster<0>, h, o, w, dim, eps, out, xs, n, none, rb);
     return !CK(c, e);
 }
 
@@ -201,8 +203,8 @@ static int norm_v(m3_cuda *c, int rows, float *h, const float *o, const float *w
     if (per % threads) return 0;
     const int V = per / threads;
 #define NV(VV) \
-    (o ? k_rmsnorm_rowregs<VV, true><<<rows, threads, 0, c->st>>>(h, o, w, dim, eps, out, xs, n) \
-       : k_rmsnorm_rowregs<VV, false><<<rows, threads, 0, c->st>>>(h, o, w, dim, eps, out, xs, n))
+    (o ? k_rmsnorm_rowregs<VV, true><<<rows, threads, 0, c->st>>>(h, o, w, dim, eps, out, xs, n, c->gemm_bf16) \
+       : k_rmsnorm_rowregs<VV, false><<<rows, threads, 0, c->st>>>(h, o, w, dim, eps, out, xs, n, c->gemm_bf16))
     switch (V) {
     case 1: NV(1); break;
     case 2: NV(2); break;
@@ -224,7 +226,7 @@ void m3_cu_add_rmsnorm(void *ctx, float *h, const float *o, const float *w, int 
     uint16_t *xs = dim % 128 == 0 ? m3_cu_xsplit_claim(c, out, n) : NULL;
     if (dim % 128 == 0 && !xs) { m3_cu_prof_end(c, OP_NORM); return; }
     if (!norm_c(c, rows, h, o, w, dim, eps, out, xs, n) && !norm_v(c, rows, h, o, w, dim, eps, out, xs, n))
-        k_add_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(h, o, w, dim, eps, out, xs, n);
+        k_add_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(h, o, w, dim, eps, out, xs, n, c->gemm_bf16);
     CK_LAUNCH(c, "add + rmsnorm");
     m3_cu_prof_end(c, OP_NORM);
 }
@@ -239,7 +241,7 @@ void m3_cu_rmsnorm(void *ctx, const float *x, const float *w, int rows, int dim,
     if (dim % 128 == 0 && !xs) { m3_cu_prof_end(c, OP_NORM); return; }
     if (!norm_c(c, rows, (float *)x, NULL, w, dim, eps, out, xs, n) &&
         !norm_v(c, rows, (float *)x, NULL, w, dim, eps, out, xs, n)) /* x is only read (no o) */
-        k_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(x, w, dim, eps, out, xs, n);
+        k_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(x, w, dim, eps, out, xs, n, c->gemm_bf16);
     CK_LAUNCH(c, "rmsnorm");
     m3_cu_prof_end(c, OP_NORM);
 }

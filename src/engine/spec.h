@@ -3,8 +3,11 @@
  *
  * One speculative step of a request whose last emitted token a (the anchor) sits at position
  * P with no KV entry yet:
- *   1. m3_spec_draft: the draft's base logits for k slots [a, noise...] at P..P+k-1, then left
- *      to right: row_i += Markov(prev) (prev = a, then the token drawn at i-1), and a draw.
+ *   1. m3_spec_draft (m3_spec_draft_n: the step's requests in one draft pass): the draft's
+ *      base logits for k slots [a, noise...] at P..P+k-1, then left to right: row_i +=
+ *      Markov(prev) (prev = a, then the token drawn at i-1), and a draw. The rows stay where
+ *      the draft runs (the GPU) until the draw; a plain greedy request's draw is an argmax
+ *      there (m3_sampler_plain_greedy: the same token), any other's comes to the host.
  *   2. the target runs [a, d_1..d_k] at P..P+k in the same m3_forward as the other rows of
  *      the step; its logits rows 0..k are what plain decoding would have seen at each prefix.
  *   3. m3_spec_verify: emits 1..k+1 tokens, exactly distributed as plain sampling would.

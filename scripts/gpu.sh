@@ -13,7 +13,10 @@
 #      (on 4+ GPUs also -tp 4: the references that split by 4, the full model at TP4 / EP4);
 #   7. compute-sanitizer memcheck on the GPU paths (prefill, decode, graphs, the engine);
 #   8. m3 serve under load with default flags on a real-format checkpoint at M3.1-Flash shapes
-#      (scripts/gpu-serve-load.sh: 1-256 concurrent streams, every response complete).
+#      (scripts/gpu-serve-load.sh: 1-256 concurrent streams, every response complete);
+#   9. DSpark with the draft on the GPU (the target's device): greedy tokens equal without it on
+#      the reference checkpoints (a random draft of their shapes) for k = 1, 3, 7, sampled runs,
+#      compute-sanitizer on the draft path, and m3 bench --dspark-config at 30 layers.
 # M3_GPU_SECTIONS="1 3 4" runs some sections only; M3_BENCH_BATCH / M3_BENCH_CONTEXT narrow section 4.
 # usage: scripts/gpu.sh [BIN_DIR [OUT_DIR]]   BIN_DIR holds m3, oracle_check, logits_diff and
 # bench_cuda_linear (built here when omitted). Exit status: number of failed checks.
@@ -24,10 +27,10 @@ mkdir -p "$OUT"
 if [ -z "$BIN" ]; then
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j"$(nproc)" >/dev/null || exit 100
   BIN="$OUT/bin"; mkdir -p "$BIN"
-  for f in build/m3 build/bench_cuda_linear build/bench_cuda_attn build/bench_cuda_gemm build/bench_cuda_moe build/tests/oracle_check build/tests/logits_diff build/tests/vision_check build/tests/graph_regrow; do ln -sf "$PWD/$f" "$BIN/"; done
+  for f in build/m3 build/bench_cuda_linear build/bench_cuda_attn build/bench_cuda_gemm build/bench_cuda_moe build/tests/oracle_check build/tests/logits_diff build/tests/vision_check build/tests/graph_regrow build/tests/dspark_check; do ln -sf "$PWD/$f" "$BIN/"; done
 fi
 fails=0
-want() { case " ${M3_GPU_SECTIONS:-1 2 3 4 5 6 7 8} " in *" $1 "*) echo "## [$(date +%T)]"; return 0;; esac; return 1; }
+want() { case " ${M3_GPU_SECTIONS:-1 2 3 4 5 6 7 8 9} " in *" $1 "*) echo "## [$(date +%T)]"; return 0;; esac; return 1; }
 run() { echo "== $*"; "$@" || { echo "FAILED: $*"; fails=$((fails+1)); }; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv
 SHAPES=${M3_SHAPES:-../shared/configs/m3.1-flash-shapes.json}
@@ -90,12 +93,12 @@ dids=5,17,300,2,999,41,7,7,7,123,456,789
 plain=$(M3_BACKEND=cuda "$BIN/m3" generate -m "$OUT/dsp" --ids $dids -n 40 --ignore-eos 2>/dev/null)
 for k in 1 3 7; do
   spec=$(M3_BACKEND=cuda "$BIN/m3" generate -m "$OUT/dsp" --ids $dids -n 40 --ignore-eos \
-    --speculative-config "{\"method\":\"dspark\",\"num_speculative_tokens\":$k}" 2>"$OUT/dsp.err")
+    --speculative-config "{\"method\":\"dspark\",\"num_speculative_tokens\":$k,\"dspark_draft_backend\":\"cpu\"}" 2>"$OUT/dsp.err")
   if [ -n "$plain" ] && [ "$plain" = "$spec" ]; then echo "ok dspark k $k on the GPU: $(grep MAL "$OUT/dsp.err" | head -c 120)"
   else echo "FAILED: dspark k $k on the GPU: '$spec' vs '$plain'"; cat "$OUT/dsp.err"; fails=$((fails+1)); fi
 done
 if M3_BACKEND=cuda "$BIN/m3" generate -m "$OUT/dsp" --ids $dids -n 40 --ignore-eos --temperature 0.8 --seed 3 \
-    --speculative-config '{"method":"dspark","num_speculative_tokens":5,"draft_sample_method":"probabilistic"}' >/dev/null 2>"$OUT/dsp.err"; then
+    --speculative-config '{"method":"dspark","num_speculative_tokens":5,"draft_sample_method":"probabilistic","dspark_draft_backend":"cpu"}' >/dev/null 2>"$OUT/dsp.err"; then
   echo "ok dspark sampled on the GPU: $(grep MAL "$OUT/dsp.err" | head -c 120)"
 else echo "FAILED: dspark sampled on the GPU"; cat "$OUT/dsp.err"; fails=$((fails+1)); fi
 
@@ -187,6 +190,50 @@ fi
 if want 8; then
 echo "## 8. m3 serve under load (default flags, a real-format checkpoint at M3.1-Flash shapes)"
 run scripts/gpu-serve-load.sh "$BIN" "$OUT/load" ${M3_TOKENIZER:-}
+fi
+if want 9; then
+echo "## 9. DSpark with the draft on the GPU: greedy tokens equal without it, sanitizer, the bench"
+dids=5,17,300,2,499,41,7,7,7,123,456,89 # (m3-wide-q has 512 ids)
+dsp_plain() { plain=$("$BIN/m3" generate -m "$1" --ids $dids -n 40 --ignore-eos --backend cuda 2>/dev/null); }
+dsp_eq() { # TARGET DRAFT K BACKEND: greedy tokens with the draft == without ($plain: dsp_plain TARGET)
+  local spec
+  spec=$("$BIN/m3" generate -m "$1" --draft "$2" --ids $dids -n 40 --ignore-eos --backend cuda \
+    --speculative-config "{\"method\":\"dspark\",\"num_speculative_tokens\":$3,\"dspark_draft_backend\":\"$4\"}" 2>"$OUT/dsp9.err")
+  if [ -n "$plain" ] && [ "$plain" = "$spec" ]; then echo "ok dspark $(basename "$1") k $3 draft on $4: $(grep -o 'MAL [0-9.]*' "$OUT/dsp9.err")"
+  else echo "FAILED: dspark $(basename "$1") k $3 draft on $4: '$spec' vs '$plain'"; cat "$OUT/dsp9.err"; fails=$((fails+1)); fi
+}
+[ -d "$OUT/dsp/dspark" ] || "$BIN/m3" make-tiny --out "$OUT/dsp" --seed 7 --quant mxfp8-nvfp4 --with-dspark >/dev/null 2>&1
+# the draft's rows and greedy draws on the GPU (three requests in one block) against the CPU's
+[ -x "$BIN/dspark_check" ] && run "$BIN/dspark_check" "$OUT/dsp"
+# the reference checkpoints have no draft: a random one of their shapes (make-tiny with their config)
+for ref in m3-tiny-q m3-gqa3-q m3-mqa-q m3-wide-q; do
+  [ -d "$D/$ref" ] || continue
+  "$BIN/m3" make-tiny --out "$OUT/dr-$ref" --config "$D/$ref/config.json" --seed 11 --quant mxfp8-nvfp4 --with-dspark >/dev/null 2>&1 ||
+    { echo "FAILED: make-tiny draft for $ref"; fails=$((fails+1)); continue; }
+  dsp_plain "$D/$ref"
+  for k in 1 3 7; do dsp_eq "$D/$ref" "$OUT/dr-$ref/dspark" $k target; done
+done
+dsp_plain "$OUT/dsp"
+for k in 1 3 7; do dsp_eq "$OUT/dsp" "$OUT/dsp/dspark" $k target; done
+for k in 3 7; do dsp_eq "$OUT/dsp" "$OUT/dsp/dspark" $k cpu; done
+# sampled with probabilistic drafts on the GPU: runs, and the same seed gives the same tokens
+for run_i in 1 2; do
+  "$BIN/m3" generate -m "$OUT/dsp" --ids $dids -n 40 --ignore-eos --temperature 0.8 --seed 3 --backend cuda \
+    --speculative-config '{"method":"dspark","num_speculative_tokens":5,"draft_sample_method":"probabilistic"}' >"$OUT/dsp9s.$run_i" 2>"$OUT/dsp9.err" ||
+    { echo "FAILED: dspark sampled, draft on the GPU"; cat "$OUT/dsp9.err"; fails=$((fails+1)); }
+done
+if [ -s "$OUT/dsp9s.1" ] && cmp -s "$OUT/dsp9s.1" "$OUT/dsp9s.2"; then echo "ok dspark sampled, draft on the GPU, repeatable: $(grep -o 'MAL [0-9.]*' "$OUT/dsp9.err")"
+else echo "FAILED: dspark sampled runs differ"; fails=$((fails+1)); fi
+CSB=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer 2>/dev/null | head -1)
+if [ -n "$CSB" ]; then
+  [ -x "$BIN/dspark_check" ] && run $CSB --tool memcheck --error-exitcode 99 --print-limit 20 "$BIN/dspark_check" "$OUT/dsp"
+  run $CSB --tool memcheck --error-exitcode 99 --print-limit 20 "$BIN/m3" generate -m "$OUT/dsp" --ids $dids -n 16 --ignore-eos \
+    --backend cuda --speculative-config '{"method":"dspark","num_speculative_tokens":3}'
+else echo "FAILED: compute-sanitizer not found"; fails=$((fails+1)); fi
+DSHAPES=${M3_DSPARK_SHAPES:-../shared/configs/m3.1-flash-dspark-shapes.json}
+[ -f "$DSHAPES" ] || DSHAPES=tests/data/m3.1-flash-dspark-shapes.json
+run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS_MAX:-30} --batch 1,8 --context 8192 --steps 10 \
+  --prefill 0 --verify 7 --dspark-config "$DSHAPES"
 fi
 echo "## [$(date +%T)] checks failed: $fails"
 exit $fails

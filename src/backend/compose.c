@@ -1,6 +1,6 @@
 /* The fused ops of the op table (ops.h) as plain compositions of its other ops: the
  * definition of what each computes. m3_ops_complete installs them where a backend has none
- * (the CPU backend runs all five this way); a backend overrides one with a kernel that
+ * (the CPU backend runs all six this way); a backend overrides one with a kernel that
  * computes the same in fewer passes (the CUDA backend, unless M3_CUDA_FUSE=0).
  * tests/test_fused_ops.c checks the model calls each where the spec's steps meet. */
 #include "ops.h"
@@ -33,7 +33,12 @@ static void moe_add_rmsnorm(const m3_ops *o, const m3_layer_w *L, const float *x
     o->add_rmsnorm(o, h, out, w, T, L->router.K, eps, normed);
 }
 
+static void copy_rows(const m3_ops *o, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
+    for (size_t r = 0; r < rows; r++) o->copy(o->ctx, (char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+}
+
 int m3_ops_complete(m3_ops *o, m3_err *err) {
+    if (!o->copy_rows) o->copy_rows = copy_rows;
     if (!o->linear_n) o->linear_n = linear_n;
     if (!o->add_rmsnorm) o->add_rmsnorm = add_rmsnorm;
     if (!o->head_norm_rope_n) o->head_norm_rope_n = head_norm_rope_n;

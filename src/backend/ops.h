@@ -4,7 +4,7 @@
  * a [T, N] buffer holds token t's row at t * N.
  *
  * Every compute op the forward pass calls is mandatory. The fused ops (linear_n, add_rmsnorm,
- * head_norm_rope_n, head_norm_rope_store, moe_add_rmsnorm) are defined as compositions of the
+ * head_norm_rope_n, head_norm_rope_store, moe_add_rmsnorm, copy_rows) are defined as compositions of the
  * others, written once in compose.c; m3_ops_complete installs those wherever a backend leaves
  * a fused op NULL, and a backend overrides one with a faster kernel computing the same thing.
  * Fused ops take the table itself (they may call its other ops); the rest take the backend's
@@ -114,8 +114,17 @@ struct m3_ops {
     void (*dspark_attention)(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
                              const float *kr, const float *vr, int cap, int lo, int len, int pos, int window,
                              float *out);
+    /* capability, optional: out[r] (backend memory) = the first index of the largest of the
+     * row's values x[r * ld .. r * ld + n) (m3_row_argmax's rule: NaN never wins, a NaN at 0
+     * gives 0): the DSpark draft's greedy draws without the rows leaving the device */
+    void (*argmax_rows)(void *ctx, const float *x, int rows, int n, size_t ld, int32_t *out);
     /* bytes from backend memory to backend memory */
     void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+    /* fused: rows copies of width bytes, from src + r * spitch to dst + r * dpitch (backend
+     * memory both), as rows copy calls would (the DSpark capture of one layer's rows into the
+     * draft's feature rows) */
+    void (*copy_rows)(const m3_ops *ops, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                      size_t rows);
     /* SwiGLU-OAI MLP: out[T, H] = down((clamp(up)+1) * g * sigmoid(alpha g)), g = min(gate, limit) */
     void (*mlp)(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out);
     /* Sigmoid router + routed experts + shared expert, out [T, H] (overwritten). Under expert

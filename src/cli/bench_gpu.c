@@ -298,7 +298,7 @@ out:
 int m3_cmd_bench_random(int argc, char **argv) {
     const char *cfgp = NULL, *kvd = "bf16", *ikd = NULL, *bs = "1,8,64,256", *cs = "8192,131072";
     long layers = 0, steps = 10, seed = 1, prefill = 2048, verify = 0, tpn = 1, pchunk = 4096;
-    const char *moe_split = NULL;
+    const char *moe_split = NULL, *dspark_cfg = NULL;
     int profile = 0;
     m3_err err;
     for (int i = 1; i < argc; i++) {
@@ -316,6 +316,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
         else if (!strcmp(a, "--verify")) r = m3_cli_int(a, v, 1, 15, &verify, &err);
         else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) r = m3_cli_int(a, v, 1, 64, &tpn, &err);
         else if (!strcmp(a, "--moe-split")) moe_split = v;
+        else if (!strcmp(a, "--dspark-config")) dspark_cfg = v;
         else if (!strcmp(a, "--precision")) { if (m3_cli_set_precision(v, "bench")) return 2; }
         else if (!strcmp(a, "--batch")) bs = v;
         else if (!strcmp(a, "--context")) cs = v;
@@ -332,7 +333,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
         fprintf(stderr, "m3 bench: usage: m3 bench --random-weights --config CONFIG.json [--layers N] [--batch 1,8,64,256] "
                         "[--context 8192,131072] [--steps N] [--prefill TOKENS] [--prefill-chunk TOKENS] [--kv-cache-dtype bf16] [--profile] "
                         "[--verify K] "
-                        "[--precision exact|bf16] [-tp N [--moe-split experts|width]]\n");
+                        "[--precision exact|bf16] [--dspark-config DRAFT.json] [-tp N [--moe-split experts|width]]\n");
         return 2;
     }
     m3_kv_dtype kdt, idt;
@@ -345,6 +346,11 @@ int m3_cmd_bench_random(int argc, char **argv) {
     if (m3_config_load(&m.cfg, cfgp, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); return 1; }
     m3_config *c = &m.cfg;
     if (layers <= 0 || layers > c->n_layers) layers = c->n_layers;
+    if (tpn > 1 && dspark_cfg) {
+        fprintf(stderr, "m3 bench: --dspark-config runs on one GPU (no -tp)\n");
+        m3_config_free(c);
+        return 2;
+    }
     if (tpn > 1) {
         m3_moe_split split = M3_MOE_EXPERTS;
         if (moe_split && m3_moe_split_parse(moe_split, &split)) {
@@ -369,7 +375,24 @@ int m3_cmd_bench_random(int argc, char **argv) {
         m3_cli_ops_free(&ops);
         return 1;
     }
+    const int full_layers = c->n_layers;
     c->n_layers = (int)layers;
+    m3_dspark draft;
+    int have_draft = 0;
+    memset(&draft, 0, sizeof draft);
+    if (dspark_cfg) {
+        if (!verify) verify = 7; /* the seed's num_speculative_tokens */
+        if (m3_bench_dspark_load(dspark_cfg, &m, full_layers, (uint64_t)seed + 1000, &draft, &err)) {
+            fprintf(stderr, "m3 bench: --dspark-config: %s\n", err.msg);
+            m3_model_free(&m);
+            m3_cli_ops_free(&ops);
+            return 1;
+        }
+        have_draft = 1;
+        printf("dspark draft: %s, %d layers, captures target layers", dspark_cfg, draft.cfg.base.n_layers);
+        for (int i = 0; i < draft.cfg.n_target; i++) printf(" %d", draft.cfg.target_layers[i]);
+        printf(" (spread over the %ld benchmarked), random weights on the GPU\n", layers);
+    }
     size_t fr, tot, pk;
     m3_cuda_mem_info(&ops, &fr, &tot, &pk);
     double bw = m3_cuda_copy_bandwidth(&ops, (size_t)2 << 30);
@@ -385,7 +408,9 @@ int m3_cmd_bench_random(int argc, char **argv) {
     for (int ci = 0; ci < nC; ci++)
         for (int bi = 0; bi < nB; bi++) {
             long ctx = C[ci], nb = B[bi];
-            long ppseq = (ctx + 1 + verify + page - 1) / page, pages = ppseq * nb;
+            /* with the draft, each timed speculative step moves the sequences verify + 1 on */
+            long grow = have_draft ? (steps + 3) * (verify + 1) : 0;
+            long ppseq = (ctx + 1 + verify + grow + page - 1) / page, pages = ppseq * nb;
             m3_kv probe;
             if (m3_kv_create(&probe, c, kdt, idt, page, 1, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); rc = 1; goto out; }
             double per_page = 0;
@@ -428,6 +453,14 @@ int m3_cmd_bench_random(int argc, char **argv) {
                 if (profile && qi == nq - 1) m3_cuda_profile_report(&ops, 3, stdout);
                 fflush(stdout);
             }
+            if (!rc && have_draft) {
+                m3_cuda_profile(&ops, 0);
+                if (m3_bench_dspark(&m, &kv, &draft, nb, ctx, (int)verify, steps, med1, profile, &err)) {
+                    fprintf(stderr, "m3 bench: dspark: %s\n", err.msg);
+                    rc = 1;
+                }
+                fflush(stdout);
+            }
             /* prefill speed once per context: one sequence, `prefill` tokens in chunks of pchunk (the
              * server's --max-num-batched-tokens) */
             if (!rc && bi == nB - 1 && prefill > 0) {
@@ -453,6 +486,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
         }
     m3_cuda_mem_info(&ops, &fr, &tot, &pk);
 out:
+    if (have_draft) m3_dspark_free(&draft);
     m3_model_free(&m);
     m3_cli_ops_free(&ops);
     return rc;

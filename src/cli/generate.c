@@ -40,14 +40,15 @@ static void spec_on_token(void *arg, uint64_t id, int32_t token, float logprob, 
 }
 
 /* sc NULL: no speculation (the engine path for -tp); group: the tensor-parallel ranks. A draft
- * beside the ranks or a GPU target runs on a CPU op table of its own (threads), reading the
- * target's captured rows from the host. */
+ * beside the ranks (or a GPU target, with "dspark_draft_backend": "cpu") runs on a CPU op table
+ * of its own (threads), reading the target's captured rows from the host; else on the target's. */
 static int generate_spec(m3_model *m, const m3_spec_config *sc, const int32_t *ids, int T, int n_gen,
                          const m3_sampling *sp, m3_kv_dtype kdt, int ubatch, int ignore_eos, m3_group *group,
                          int threads) {
     m3_err err;
     m3_ops dops = {0};
-    if (sc && (group || !m->ops || strcmp(m->ops->name, "cpu") != 0) && m3_cpu_ops_init(&dops, threads, &err)) {
+    if (sc && (group || !m->ops || (sc->draft_on_cpu && strcmp(m->ops->name, "cpu") != 0)) &&
+        m3_cpu_ops_init(&dops, threads, &err)) {
         fprintf(stderr, "m3 generate: draft ops: %s\n", err.msg);
         return 1;
     }

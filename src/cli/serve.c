@@ -345,8 +345,9 @@ int m3_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "m3 serve: %s\n", err.msg);
         goto done;
     }
-    /* the draft beside tensor-parallel ranks or a GPU: a CPU op table of its own */
-    if ((tp.g || (ops.name && strcmp(ops.name, "cpu") != 0)) && eo.spec.method != M3_SPEC_NONE) {
+    /* the draft beside tensor-parallel ranks (or a GPU, when asked): a CPU op table of its own;
+     * else on the target's op table (its device) */
+    if ((tp.g || (eo.spec.draft_on_cpu && ops.name && strcmp(ops.name, "cpu") != 0)) && eo.spec.method != M3_SPEC_NONE) {
         if (m3_cpu_ops_init(&dops, (int)threads, &err)) { fprintf(stderr, "m3 serve: draft ops: %s\n", err.msg); goto done; }
         own_dops = 1;
         eo.draft_ops = &dops;

@@ -77,6 +77,19 @@ static void kv_drop(m3_engine *e) {
     if (!e->group) m3_kv_destroy(&e->kv_own);
 }
 
+/* the capture's rows: host memory, or the draft's device memory */
+static void feat_free(m3_engine *e) {
+    if (e->feat && e->draft_dev) e->draft.ops->release(e->draft.ops->ctx, e->feat);
+    else free(e->feat);
+    e->feat = NULL;
+}
+
+/* a failure of m3_engine_create before the block manager exists */
+static void free_early(m3_engine *e) {
+    if (e->spec) m3_dspark_free(&e->draft);
+    free(e);
+}
+
 m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     m3_engine_opts d;
     if (!o) { m3_engine_opts_default(&d); o = &d; }
@@ -97,6 +110,33 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->max_tokens_step = o->max_num_batched_tokens;
     e->prefix = o->enable_prefix_caching != 0;
     e->next_id = 1;
+    /* the draft first: on the target's device its weights take memory the KV pool is sized from */
+    if (o->spec.method == M3_SPEC_DSPARK) {
+        m3_ops *dops = o->draft_ops ? o->draft_ops : m->ops;
+        e->k = o->spec.num_speculative_tokens;
+        e->draft_method = o->spec.draft_sample_method;
+        e->draft_hook = o->draft_hook;
+        e->draft_hook_arg = o->draft_hook_arg;
+        if (e->k < 1 || e->k > M3_SPEC_MAX_TOKENS)
+            m3_errf(err, "engine: num_speculative_tokens %d, expected 1..%d", e->k, M3_SPEC_MAX_TOKENS);
+        else if (!dops)
+            m3_errf(err, "engine: DSpark beside a tensor-parallel group needs a host-memory op table (opts.draft_ops)");
+        else if (dops->device_memory && (o->group || dops != m->ops))
+            m3_errf(err, "engine: a DSpark draft on backend '%s' runs on the target's own op table (one device, no "
+                         "tensor-parallel group); give a host op table (opts.draft_ops) otherwise", dops->name);
+        else if (m3_dspark_load(&e->draft, o->spec.draft_dir, m, dops, err) == 0) {
+            e->spec = 1;
+            e->draft_dev = dops->device_memory != 0;
+            e->draft.cfg.last_layer_final_norm = o->spec.last_layer_final_norm;
+            if (e->k > e->draft.cfg.window) {
+                m3_errf(err, "engine: num_speculative_tokens %d exceeds the draft's sliding window %d", e->k,
+                        e->draft.cfg.window);
+                e->spec = 0;
+                m3_dspark_free(&e->draft);
+            }
+        }
+        if (!e->spec) { free(e); return NULL; }
+    }
     int pages = o->kv_pages;
     size_t kv_bytes = o->kv_bytes;
     snprintf(e->pool_how, sizeof e->pool_how, "%s", pages > 0 ? "pages given" : "bytes given");
@@ -115,39 +155,39 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
             kv_bytes = m3_kv_budget_host(e->pool_how, sizeof e->pool_how);
             if (o->group) kv_bytes /= (size_t)m3_group_size(o->group); /* the ranks share the host */
         }
-        if (rc) { free(e); return NULL; }
+        if (rc) { free_early(e); return NULL; }
     }
     if (pages <= 0) {
         m3_kv probe; /* one page, to learn the page size in bytes for these dtypes */
         m3_config pc = *c; /* shallow: read by m3_kv_create only */
         if (o->group) pc.n_kv_heads = m3_group_model(o->group, 0)->shard.n_kv_heads; /* kv_bytes is per rank */
-        if (m3_kv_create(&probe, &pc, o->kv_dtype, o->index_dtype, e->page, 1, err)) { free(e); return NULL; }
+        if (m3_kv_create(&probe, &pc, o->kv_dtype, o->index_dtype, e->page, 1, err)) { free_early(e); return NULL; }
         size_t pb = m3_kv_bytes_per_token(&probe) * (size_t)e->page;
         m3_kv_destroy(&probe);
         size_t n = pb ? kv_bytes / pb : 0;
         if (n < 1) {
             m3_errf(err, "engine: kv cache of %zu bytes holds no page (%zu bytes per %d-token page)", kv_bytes, pb,
                     e->page);
-            free(e);
+            free_early(e);
             return NULL;
         }
         pages = n > (1u << 30) ? (1 << 30) : (int)n;
     }
     if (o->group) { /* every rank's pool has these pages (its own KV heads); rank 0's is managed here */
         e->group = o->group;
-        if (m3_group_kv_create(e->group, o->kv_dtype, o->index_dtype, e->page, pages, err)) { free(e); return NULL; }
+        if (m3_group_kv_create(e->group, o->kv_dtype, o->index_dtype, e->page, pages, err)) { free_early(e); return NULL; }
         e->kv = m3_group_kv(e->group, 0);
     } else {
         m3_kv_mem mem = m3_model_kv_mem(m); /* device memory on a device backend */
         e->kv = &e->kv_own;
-        if (m3_kv_create_in(e->kv, c, o->kv_dtype, o->index_dtype, e->page, pages, &mem, err)) { free(e); return NULL; }
+        if (m3_kv_create_in(e->kv, c, o->kv_dtype, o->index_dtype, e->page, pages, &mem, err)) { free_early(e); return NULL; }
     }
     int cap = pages * e->page;
     if (pages > INT32_MAX / e->page) cap = INT32_MAX;
     if (o->max_model_len > cap) {
         m3_errf(err, "engine: max_model_len %d exceeds the kv cache capacity of %d tokens", o->max_model_len, cap);
         kv_drop(e);
-        free(e);
+        free_early(e);
         return NULL;
     }
     /* by default the context the model was trained for (max_position_embeddings), as far as the pool holds it */
@@ -164,7 +204,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
             e->vision = o->vision;
             e->vops = vo;
         }
-        if (!e->vision) { kv_drop(e); free(e); return NULL; }
+        if (!e->vision) { kv_drop(e); free_early(e); return NULL; }
         /* the key of the image content hashes: unknown outside the process, so nobody can craft
          * an image whose blocks collide with another's */
         if (getrandom(e->img_key, sizeof e->img_key, GRND_NONBLOCK) != (ssize_t)sizeof e->img_key) {
@@ -173,30 +213,6 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
             e->img_key[0] ^= (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)e;
             e->img_key[1] ^= (uint64_t)ts.tv_sec * 0xbf58476d1ce4e5b9ull ^ (uint64_t)(uintptr_t)&ts;
         }
-    }
-    if (o->spec.method == M3_SPEC_DSPARK) {
-        e->k = o->spec.num_speculative_tokens;
-        e->draft_method = o->spec.draft_sample_method;
-        e->draft_hook = o->draft_hook;
-        e->draft_hook_arg = o->draft_hook_arg;
-        if (e->k < 1 || e->k > M3_SPEC_MAX_TOKENS)
-            m3_errf(err, "engine: num_speculative_tokens %d, expected 1..%d", e->k, M3_SPEC_MAX_TOKENS);
-        else if (!(o->draft_ops ? o->draft_ops : m->ops))
-            m3_errf(err, "engine: DSpark beside a tensor-parallel group needs a host-memory op table (opts.draft_ops)");
-        else if (strcmp((o->draft_ops ? o->draft_ops : m->ops)->name, "cpu") != 0)
-            m3_errf(err, "engine: DSpark drafting runs on the CPU backend only (backend '%s')",
-                    (o->draft_ops ? o->draft_ops : m->ops)->name);
-        else if (m3_dspark_load(&e->draft, o->spec.draft_dir, m, o->draft_ops ? o->draft_ops : m->ops, err) == 0) {
-            e->spec = 1;
-            e->draft.cfg.last_layer_final_norm = o->spec.last_layer_final_norm;
-            if (e->k > e->draft.cfg.window) {
-                m3_errf(err, "engine: num_speculative_tokens %d exceeds the draft's sliding window %d", e->k,
-                        e->draft.cfg.window);
-                e->spec = 0;
-                m3_dspark_free(&e->draft);
-            }
-        }
-        if (!e->spec) { kv_drop(e); free(e); return NULL; }
     }
     e->bm = m3_blocks_create(e->kv, err);
     if (!e->bm) {
@@ -227,8 +243,11 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         spec_ok = e->ov_rows && e->ov_emb;
     }
     if (e->spec) {
-        e->feat = e_malloc(T * (size_t)m3_dspark_feat_dim(&e->draft) * sizeof(float));
-        e->drows = e_malloc((size_t)e->k * (size_t)e->V * sizeof(float));
+        const size_t fb = T * (size_t)m3_dspark_feat_dim(&e->draft) * sizeof(float);
+        m3_ops *dop = e->draft.ops;
+        e->feat = e->draft_dev ? dop->alloc(dop->ctx, fb) : e_malloc(fb); /* the capture's destination */
+        e->n_drows = e->max_seqs < M3_SPEC_DRAFT_BATCH ? e->max_seqs : M3_SPEC_DRAFT_BATCH;
+        e->drows = e_malloc((size_t)e->n_drows * (size_t)e->V * sizeof(float));
         e->pbuf = e_malloc((size_t)e->V * sizeof(float));
         spec_ok = spec_ok && e->feat && e->drows && e->pbuf;
     }
@@ -243,7 +262,8 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         kv_drop(e);
         m3_sample_ws_free(e->ws);
         free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits);
-        free(e->feat); free(e->drows); free(e->pbuf);
+        feat_free(e);
+        free(e->drows); free(e->pbuf);
         free(e->ov_rows); free(e->ov_emb);
         if (e->spec) m3_dspark_free(&e->draft);
         free(e);
@@ -291,7 +311,8 @@ void m3_engine_destroy(m3_engine *e) {
     pthread_mutex_destroy(&e->mu);
     free(e->running); free(e->waiting); free(e->cancels);
     free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits);
-    free(e->feat); free(e->drows); free(e->pbuf);
+    feat_free(e);
+    free(e->drows); free(e->pbuf);
     free(e->ov_rows); free(e->ov_emb);
     if (e->spec) m3_dspark_free(&e->draft);
     free(e);

@@ -107,8 +107,11 @@ struct m3_engine {
     /* speculative decoding */
     int spec, k, draft_method; /* spec: the draft is loaded */
     m3_dspark draft;
-    float *feat;               /* [max_tokens_step][feat_dim] captured target rows of the step */
-    float *drows;              /* [k][V] draft logits (scratch) */
+    float *feat;               /* [max_tokens_step][feat_dim] captured target rows of the step: host
+                                * memory, or (draft_dev) the draft's backend memory */
+    int draft_dev;             /* the draft runs on the target's device op table (capture stays there) */
+    int n_drows;               /* drafts drawn together: min(max_seqs, M3_SPEC_DRAFT_BATCH) */
+    float *drows;              /* [n_drows][V] draft rows (scratch) */
     float *pbuf;               /* [V] verify scratch */
     void (*draft_hook)(void *, uint64_t, const int32_t *, int, int32_t *, int);
     void *draft_hook_arg;

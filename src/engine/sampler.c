@@ -769,6 +769,8 @@ int m3_sampler_is_greedy(const m3_sampler *s) { return !(s->p.temperature >= 1e-
 
 int m3_sampler_vocab(const m3_sampler *s) { return s->V; }
 
+int m3_sampler_plain_greedy(const m3_sampler *s) { return m3_sampler_is_greedy(s) && plain_logits(s) ? s->n : 0; }
+
 double m3_sampler_uniform(m3_sampler *s) { return m3_rng_uniform(&s->rng); }
 
 int m3_sampler_probs(m3_sampler *s, const float *logits, m3_sample_ws *ws, float *prob, m3_err *err) {

@@ -108,6 +108,10 @@ int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_s
  * request's own RNG, so that speculative output is distributed exactly as plain sampling. */
 /* 1 when the request samples greedily (temperature < 1e-5: the argmax, no random draw). */
 int m3_sampler_is_greedy(const m3_sampler *s);
+/* n > 0 when the request samples greedily and nothing changes its row now (no penalties, bias,
+ * allowed / banned ids, min_tokens, mask): its token is then the first index of the row's
+ * largest value over the ids [0, n) (the text ids); else 0. */
+int m3_sampler_plain_greedy(const m3_sampler *s);
 /* The vocabulary size the sampler was created for. */
 int m3_sampler_vocab(const m3_sampler *s);
 /* prob[V] = the distribution m3_sampler_sample would draw from for this row in the sampler's

@@ -54,9 +54,16 @@ int m3_spec_config_parse(m3_spec_config *c, const char *json, const char *model_
         } else if (!strcmp(key, "dspark_last_layer_final_norm")) {
             if (!json_is_boolean(v)) { m3_errf(err, "--speculative-config: dspark_last_layer_final_norm must be true or false"); goto done; }
             c->last_layer_final_norm = json_is_true(v);
+        } else if (!strcmp(key, "dspark_draft_backend")) {
+            const char *s = json_string_value(v);
+            if (!s || (strcmp(s, "target") && strcmp(s, "cpu"))) {
+                m3_errf(err, "--speculative-config: dspark_draft_backend must be \"target\" or \"cpu\"");
+                goto done;
+            }
+            c->draft_on_cpu = !strcmp(s, "cpu");
         } else {
             m3_errf(err, "--speculative-config: unknown key '%s' (method, num_speculative_tokens, draft_sample_method, "
-                         "model, dspark_last_layer_final_norm)", key);
+                         "model, dspark_last_layer_final_norm, dspark_draft_backend)", key);
             goto done;
         }
     }
@@ -133,25 +140,58 @@ int32_t m3_spec_residual(const float *p, const float *q, int32_t draft, int V, d
 
 /* ---------------- drafting ---------------- */
 
-int m3_spec_draft(m3_dspark *d, const m3_dspark_ctx *ctx, m3_sampler *s, m3_sample_ws *ws, m3_rng *rng, int method,
-                  int32_t anchor, int pos, int k, float *rows, int32_t *draft, float *q, int *q_used, m3_err *err) {
+int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws, int method, int k, float *rows,
+                    m3_err *err) {
     const int V = d->cfg.base.vocab;
-    const int greedy = method == M3_SPEC_DRAFT_GREEDY || m3_sampler_is_greedy(s);
-    *q_used = !greedy;
     if (k < 1 || k > M3_SPEC_MAX_TOKENS) return m3_errf(err, "dspark: %d drafts (1..%d)", k, M3_SPEC_MAX_TOKENS);
-    if (m3_dspark_block_logits(d, ctx, anchor, pos, k, rows, err)) return -1;
-    int32_t prev = anchor;
+    if (n < 1 || n > M3_SPEC_DRAFT_BATCH) return m3_errf(err, "dspark: %d requests in one draft pass (1..%d)", n, M3_SPEC_DRAFT_BATCH);
+    const m3_dspark_ctx *cs[M3_SPEC_DRAFT_BATCH];
+    int32_t anchor[M3_SPEC_DRAFT_BATCH], prev[M3_SPEC_DRAFT_BATCH];
+    int pos[M3_SPEC_DRAFT_BATCH], greedy[M3_SPEC_DRAFT_BATCH];
+    for (int j = 0; j < n; j++) {
+        cs[j] = rq[j].ctx;
+        prev[j] = anchor[j] = rq[j].anchor;
+        pos[j] = rq[j].pos;
+        greedy[j] = method == M3_SPEC_DRAFT_GREEDY || m3_sampler_is_greedy(rq[j].s);
+        rq[j].q_used = !greedy[j];
+        rq[j].failed = 0;
+    }
+    /* every request greedy with nothing changing its row (the same text ids): the argmax where
+     * the rows are, only the ids come to the host (the same tokens: m3_sampler_plain_greedy) */
+    int n_text = d->ops->argmax_rows ? m3_sampler_plain_greedy(rq[0].s) : 0;
+    for (int j = 1; j < n && n_text; j++)
+        if (m3_sampler_plain_greedy(rq[j].s) != n_text) n_text = 0;
+    if (m3_dspark_block_n(d, n, cs, anchor, pos, k, err)) return -1;
     for (int i = 0; i < k; i++) {
-        float *row = rows + (size_t)i * V;
-        if (m3_dspark_markov(d, prev, row, err)) return -1;
-        /* q_i: the request's processed distribution of the corrected row (greedy: one-hot at
-         * its argmax; the row buffer serves as scratch then) */
-        float *qi = greedy ? row : q + (size_t)i * V;
-        if (m3_sampler_probs(s, row, ws, qi, err)) return m3_err_prefix(err, "dspark draft slot %d", i);
-        prev = greedy ? m3_argmax(qi, V) : m3_spec_draw(qi, V, m3_rng_uniform(rng));
-        draft[i] = prev;
+        /* slot i of every request, Markov-corrected with its draw at slot i - 1 (the anchor at 0) */
+        if (m3_dspark_markov_n(d, i, prev, n_text ? NULL : rows, err)) return -1;
+        if (n_text) {
+            if (m3_dspark_argmax_n(d, i, n_text, prev, err)) return -1;
+            for (int j = 0; j < n; j++) rq[j].draft[i] = prev[j];
+            continue;
+        }
+        for (int j = 0; j < n; j++) {
+            if (rq[j].failed) continue;
+            float *row = rows + (size_t)j * V;
+            /* q_i: the request's processed distribution of the corrected row (greedy: one-hot at
+             * its argmax; the row buffer serves as scratch then) */
+            float *qi = greedy[j] ? row : rq[j].q + (size_t)i * V;
+            m3_err e2;
+            if (m3_sampler_probs(rq[j].s, row, ws, qi, &e2)) { rq[j].failed = 1; continue; }
+            prev[j] = greedy[j] ? m3_argmax(qi, V) : m3_spec_draw(qi, V, m3_rng_uniform(rq[j].rng));
+            rq[j].draft[i] = prev[j];
+        }
     }
     return 0;
+}
+
+int m3_spec_draft(m3_dspark *d, const m3_dspark_ctx *ctx, m3_sampler *s, m3_sample_ws *ws, m3_rng *rng, int method,
+                  int32_t anchor, int pos, int k, float *rows, int32_t *draft, float *q, int *q_used, m3_err *err) {
+    m3_spec_draft_req r = {ctx, s, rng, anchor, pos, draft, q, 0, 0};
+    int rc = m3_spec_draft_n(d, &r, 1, ws, method, k, rows, err);
+    *q_used = r.q_used;
+    if (!rc && r.failed) rc = m3_errf(err, "dspark: the draft's draws failed (out of memory)");
+    return rc;
 }
 
 /* ---------------- verify ---------------- */

@@ -3,8 +3,11 @@
  *
  * One speculative step of a request whose last emitted token a (the anchor) sits at position
  * P with no KV entry yet:
- *   1. m3_spec_draft: the draft's base logits for k slots [a, noise...] at P..P+k-1, then left
- *      to right: row_i += Markov(prev) (prev = a, then the token drawn at i-1), and a draw.
+ *   1. m3_spec_draft (m3_spec_draft_n: the step's requests in one draft pass): the draft's
+ *      base logits for k slots [a, noise...] at P..P+k-1, then left to right: row_i +=
+ *      Markov(prev) (prev = a, then the token drawn at i-1), and a draw. The rows stay where
+ *      the draft runs (the GPU) until the draw; a plain greedy request's draw is an argmax
+ *      there (m3_sampler_plain_greedy: the same token), any other's comes to the host.
  *   2. the target runs [a, d_1..d_k] at P..P+k in the same m3_forward as the other rows of
  *      the step; its logits rows 0..k are what plain decoding would have seen at each prefix.
  *   3. m3_spec_verify: emits 1..k+1 tokens, exactly distributed as plain sampling would.
@@ -59,12 +62,15 @@ typedef struct m3_spec_config {
     int num_speculative_tokens; /* k, 1..M3_SPEC_MAX_TOKENS */
     int draft_sample_method;    /* M3_SPEC_DRAFT_PROBABILISTIC (default) or M3_SPEC_DRAFT_GREEDY */
     int last_layer_final_norm;  /* [open] switch of the draft context (m3_dspark_config) */
+    int draft_on_cpu;           /* "dspark_draft_backend": "cpu": the draft on a CPU op table beside a
+                                 * GPU target (default "target": on the target's device when it has one) */
     char draft_dir[4096];       /* where the draft checkpoint is */
 } m3_spec_config;
 
 /* Parses --speculative-config JSON: {"method": "dspark", "num_speculative_tokens": 7,
  * "draft_sample_method": "probabilistic" | "greedy", "model": DIR (optional),
- * "dspark_last_layer_final_norm": false (optional)}. The draft directory is draft_dir when
+ * "dspark_last_layer_final_norm": false (optional), "dspark_draft_backend": "target" | "cpu"
+ * (optional)}. The draft directory is draft_dir when
  * non-NULL (--draft), else "model", else <model_dir>/dspark. Unknown keys are errors. */
 int m3_spec_config_parse(m3_spec_config *c, const char *json, const char *model_dir, const char *draft_dir,
                          m3_err *err);
@@ -89,6 +95,27 @@ int32_t m3_spec_residual(const float *p, const float *q, int32_t draft, int V, d
  * drafting of a sampling request (then *q_used = 1), untouched otherwise (*q_used = 0). */
 int m3_spec_draft(m3_dspark *d, const m3_dspark_ctx *ctx, m3_sampler *s, m3_sample_ws *ws, m3_rng *rng, int method,
                   int32_t anchor, int pos, int k, float *rows, int32_t *draft, float *q, int *q_used, m3_err *err);
+
+/* The drafts of several requests: their blocks in one forward of the draft
+ * (m3_dspark_block_n), then slot by slot the Markov rows of all of them added on the draft's
+ * backend and the rows drawn on the host, each request as m3_spec_draft draws it. */
+#define M3_SPEC_DRAFT_BATCH 32
+typedef struct m3_spec_draft_req {
+    const m3_dspark_ctx *ctx;
+    m3_sampler *s;
+    m3_rng *rng;
+    int32_t anchor;
+    int pos;
+    int32_t *draft;             /* out: [k] */
+    float *q;                   /* [k][V] as in m3_spec_draft */
+    int q_used;                 /* out */
+    int failed;                 /* out: this request's draws failed (the others went on) */
+} m3_spec_draft_req;
+
+/* n in [1, M3_SPEC_DRAFT_BATCH]; rows: host scratch [n][V]. -1 + err when the pass failed
+ * (every request's drafts are missing), else 0 with each request's failed flag. */
+int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws, int method, int k, float *rows,
+                    m3_err *err);
 
 /* ---- the verify step ---- */
 

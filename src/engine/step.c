@@ -216,38 +216,70 @@ static void snapshot(m3_engine *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
-/* m3_taps.capture: the step's rows of one target layer the draft reads */
+/* m3_taps.capture: the step's rows of one target layer the draft reads (h on the host, or
+ * with the draft on the device, in device memory: one 2D copy there, recorded with the step) */
 static void on_capture(void *arg, int layer, const float *h, int T, int H) {
     m3_engine *e = arg;
     int slot = m3_dspark_feat_slot(&e->draft, layer), F = m3_dspark_feat_dim(&e->draft);
     if (slot < 0) return;
-    for (int t = 0; t < T; t++)
-        memcpy(e->feat + (size_t)(e->cap_row0 + t) * F + (size_t)slot * H, h + (size_t)t * H, sizeof(float) * H);
+    float *dst = e->feat + (size_t)e->cap_row0 * F + (size_t)slot * H;
+    if (e->draft_dev) {
+        const m3_ops *op = e->draft.ops;
+        op->copy_rows(op, dst, sizeof(float) * (size_t)F, h, sizeof(float) * (size_t)H, sizeof(float) * (size_t)H, (size_t)T);
+        return;
+    }
+    for (int t = 0; t < T; t++) memcpy(dst + (size_t)t * F, h + (size_t)t * H, sizeof(float) * H);
 }
 
-/* Draws the drafts of every speculative decode of this step; a request whose draft fails ends
- * with an error. */
+/* the step's taps: the draft's capture (rows from cap_row0 on) */
+static m3_taps capture_taps(m3_engine *e) {
+    m3_taps t = {.arg = e, .capture_layers = e->draft.capture, .capture = on_capture, .capture_dev = e->draft_dev};
+    /* a recorded step's copies write where this one's do */
+    t.graph_key = (uint64_t)(uintptr_t)(e->feat + (size_t)e->cap_row0 * m3_dspark_feat_dim(&e->draft));
+    return t;
+}
+
+/* Draws the drafts of every speculative decode of this step, up to M3_SPEC_DRAFT_BATCH
+ * requests in one pass of the draft; a request whose draft fails ends with an error. */
 static void draft_all(m3_engine *e) {
-    for (int i = 0; i < e->n_running; i++) {
-        req *r = e->running[i];
-        if (!r->n_sched || !r->k_sched) continue;
+    req *batch[M3_SPEC_DRAFT_BATCH];
+    m3_spec_draft_req rq[M3_SPEC_DRAFT_BATCH];
+    int i = 0;
+    while (i < e->n_running) {
+        int n = 0;
+        for (; i < e->n_running && n < e->n_drows; i++) {
+            req *r = e->running[i];
+            if (!r->n_sched || !r->k_sched) continue;
+            if (!r->q && !m3_sampler_is_greedy(r->smp) && e->draft_method == M3_SPEC_DRAFT_PROBABILISTIC &&
+                !(r->q = e_malloc(sizeof(float) * (size_t)e->k * (size_t)e->V))) {
+                running_remove(e, i--);
+                fail(e, r, "drafting failed");
+                continue;
+            }
+            batch[n] = r;
+            /* always all k slots, so the drafts do not depend on how many get verified */
+            rq[n] = (m3_spec_draft_req){&r->dctx, r->smp, &r->drng, r->tok[r->n_tok - 1], r->n_done, r->draft, r->q, 0, 0};
+            n++;
+        }
+        if (!n) continue;
         m3_err e2;
-        int rc = 0;
-        if (!r->q && !m3_sampler_is_greedy(r->smp) && e->draft_method == M3_SPEC_DRAFT_PROBABILISTIC) {
-            r->q = e_malloc(sizeof(float) * (size_t)e->k * (size_t)e->V);
-            if (!r->q) rc = -1;
+        int rc = m3_spec_draft_n(&e->draft, rq, n, e->ws, e->draft_method, e->k, e->drows, &e2);
+        for (int j = 0; j < n; j++) {
+            req *r = batch[j];
+            if (rc || rq[j].failed) {
+                for (int x = 0; x < e->n_running; x++)
+                    if (e->running[x] == r) {
+                        running_remove(e, x);
+                        if (x < i) i--;
+                        break;
+                    }
+                fail(e, r, "drafting failed");
+                continue;
+            }
+            r->q_used = rq[j].q_used;
+            if (e->draft_hook && m3_sampler_is_greedy(r->smp))
+                e->draft_hook(e->draft_hook_arg, r->id, r->tok, r->n_tok, r->draft, e->k);
         }
-        /* always all k slots, so the drafts do not depend on how many get verified */
-        if (!rc)
-            rc = m3_spec_draft(&e->draft, &r->dctx, r->smp, e->ws, &r->drng, e->draft_method, r->tok[r->n_tok - 1],
-                               r->n_done, e->k, e->drows, r->draft, r->q, &r->q_used, &e2);
-        if (rc) {
-            running_remove(e, i--);
-            fail(e, r, "drafting failed");
-            continue;
-        }
-        if (e->draft_hook && m3_sampler_is_greedy(r->smp))
-            e->draft_hook(e->draft_hook_arg, r->id, r->tok, r->n_tok, r->draft, e->k);
     }
 }
 
@@ -381,10 +413,10 @@ static int forward_alone(m3_engine *e, req *r, m3_err *err) {
     for (int k = 0; k < n_ov; k++) ovr[k] = e->ov_rows[r->ov0 + k] - r->row0;
     m3_batch b = {n, e->pos + r->row0, e->zeros, &e->seqs[si]};
     m3_embed_override ov = {n_ov, ovr, n_ov ? e->ov_emb + (size_t)r->ov0 * e->m->cfg.hidden : NULL};
-    m3_taps taps = {.arg = e, .capture_layers = e->spec ? e->draft.capture : NULL, .capture = on_capture};
     float *lg = r->out_idx >= 0 ? e->logits + (size_t)r->out_idx * e->V : NULL;
     if (r->n_ov > 64) return m3_errf(err, "%d image rows in one chunk (a retry alone takes 64)", r->n_ov);
     e->cap_row0 = r->row0;
+    m3_taps taps = e->spec ? capture_taps(e) : (m3_taps){0};
     rc = e->group ? m3_group_forward_ex(e->group, &b, e->ids + r->row0, n_ov ? &ov : NULL, rows, n_out, lg,
                                         e->spec ? &taps : NULL, err)
                   : m3_forward_ex(e->m, e->kv, &b, e->ids + r->row0, n_ov ? &ov : NULL, rows, n_out, lg,
@@ -503,7 +535,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
     if (T > 0) {
         e->tot.steps++;
         m3_batch b = {T, e->pos, e->sq, e->seqs};
-        m3_taps taps = {.arg = e, .capture_layers = e->spec ? e->draft.capture : NULL, .capture = on_capture};
+        m3_taps taps = e->spec ? capture_taps(e) : (m3_taps){0};
         m3_embed_override ov = {n_ov, e->ov_rows, e->ov_emb};
         int frc = e->group ? m3_group_forward_ex(e->group, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits,
                                                  e->spec ? &taps : NULL, err)
@@ -598,7 +630,8 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             }
             /* the draft context takes the committed rows (not needed once the request ends) */
             if (e->spec && !reason &&
-                m3_dspark_ctx_append(&e->draft, &r->dctx, e->feat + (size_t)r->row0 * F, P, n_valid, &e2)) {
+                (e->draft_dev ? m3_dspark_ctx_append_dev : m3_dspark_ctx_append)(&e->draft, &r->dctx,
+                                                                                 e->feat + (size_t)r->row0 * F, P, n_valid, &e2)) {
                 r->why = "the draft context failed (out of memory)";
                 r->done = M3_FINISH_ERROR;
                 continue;

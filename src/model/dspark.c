@@ -153,6 +153,139 @@ static int bind_vec(m3_dspark *d, const char *name, int n, float **out, m3_err *
     return 0;
 }
 
+/* The draft packed as an m3_weights, for the backend's upload (weights_upload, the target's
+ * path: formats kept, matrices tiled like the target's): its layers as dense M3 layers, the
+ * Markov head as embed (markov_w1, whose rows the embed op reads) and lm_head (markov_w2),
+ * final_norm, and the rest as aux tensors. The vectors stay the draft's (pack borrows them). */
+enum { AUX_FC, AUX_CONF };          /* aux[] */
+enum { AUXV_HIDDEN, AUXV_CONF };    /* aux_vec[] */
+
+static int pack(const m3_dspark *d, m3_weights *w, m3_err *err) {
+    const m3_config *b = &d->cfg.base;
+    memset(w, 0, sizeof *w);
+    w->layers = calloc((size_t)(b->n_layers > 0 ? b->n_layers : 1), sizeof *w->layers);
+    if (!w->layers) return m3_errf(err, "out of memory");
+    w->n_layers = b->n_layers;
+    w->hidden = b->hidden;
+    w->head_dim = b->head_dim;
+    for (int l = 0; l < b->n_layers; l++) {
+        const m3_dspark_layer *S = &d->layers[l];
+        m3_layer_w *L = &w->layers[l];
+        L->in_norm = S->in_norm; L->post_norm = S->post_norm; L->q_norm = S->q_norm; L->k_norm = S->k_norm;
+        L->q = S->q; L->k = S->k; L->v = S->v; L->o = S->o;
+        L->mlp = S->mlp;
+    }
+    w->embed = d->markov_w1;
+    w->lm_head = d->markov_w2;
+    w->final_norm = d->final_norm;
+    w->aux[AUX_FC] = d->fc;
+    w->aux[AUX_CONF] = d->conf_w;
+    w->aux_vec[AUXV_HIDDEN] = d->hidden_norm;
+    w->aux_vec_n[AUXV_HIDDEN] = b->hidden;
+    w->aux_vec[AUXV_CONF] = d->conf_bias;
+    w->aux_vec_n[AUXV_CONF] = d->conf_bias ? 1 : 0;
+    return 0;
+}
+
+/* the draft's fields from packed weights w (the reverse of pack) */
+static void adopt(m3_dspark *d, const m3_weights *w) {
+    for (int l = 0; l < d->cfg.base.n_layers; l++) {
+        m3_dspark_layer *S = &d->layers[l];
+        const m3_layer_w *L = &w->layers[l];
+        S->in_norm = L->in_norm; S->post_norm = L->post_norm; S->q_norm = L->q_norm; S->k_norm = L->k_norm;
+        S->q = L->q; S->k = L->k; S->v = L->v; S->o = L->o;
+        S->mlp = L->mlp;
+    }
+    d->markov_w1 = w->embed;
+    d->markov_w2 = w->lm_head;
+    d->final_norm = w->final_norm;
+    d->fc = w->aux[AUX_FC];
+    d->conf_w = w->aux[AUX_CONF];
+    d->hidden_norm = w->aux_vec[AUXV_HIDDEN];
+    d->conf_bias = w->aux_vec[AUXV_CONF];
+}
+
+/* the host vectors the draft owns (not those of device weights) */
+static void free_host_vecs(m3_dspark *d) {
+    if (d->layers)
+        for (int l = 0; l < d->cfg.base.n_layers; l++) {
+            m3_dspark_layer *L = &d->layers[l];
+            free(L->in_norm); free(L->post_norm); free(L->q_norm); free(L->k_norm);
+            L->in_norm = L->post_norm = L->q_norm = L->k_norm = NULL;
+        }
+    free(d->hidden_norm);
+    free(d->final_norm);
+    free(d->conf_bias);
+    d->hidden_norm = d->final_norm = d->conf_bias = NULL;
+}
+
+/* the bound weights into the backend's memory; the host vectors are dropped after */
+static int upload(m3_dspark *d, m3_err *err) {
+    m3_weights hw;
+    if (pack(d, &hw, err)) return -1;
+    d->dw = calloc(1, sizeof *d->dw);
+    int rc = d->dw ? d->ops->weights_upload(d->ops->ctx, &hw, d->dw, err) : m3_errf(err, "out of memory");
+    free(hw.layers); /* the vectors are the draft's */
+    if (rc) {
+        free(d->dw);
+        d->dw = NULL;
+        return -1;
+    }
+    free_host_vecs(d);
+    adopt(d, d->dw);
+    return 0;
+}
+
+/* the target's weights the draft reads (embeddings, lm_head, final norm) in the draft's memory */
+static const m3_weights *target_w(const m3_dspark *d) {
+    return d->ops->device_memory ? m3_model_weights(d->target) : &d->target->w;
+}
+
+int m3_dspark_weights_shapes(const m3_dspark_config *c, m3_weights *w, m3_err *err) {
+    const m3_config *b = &c->base;
+    if (m3_weights_shapes(w, b, b->n_layers, err)) return -1;
+    /* the checkpoint's formats (random_dspark.c): BF16 fc, Markov head and confidence head */
+    m3_weights_shape_linear(w, &w->embed, M3_WF_BF16, b->vocab, c->markov_rank);
+    m3_weights_shape_linear(w, &w->lm_head, M3_WF_BF16, b->vocab, c->markov_rank);
+    m3_weights_shape_linear(w, &w->aux[AUX_FC], M3_WF_BF16, b->hidden, c->n_target * b->hidden);
+    w->aux_vec_n[AUXV_HIDDEN] = b->hidden;
+    if (c->confidence_head) {
+        m3_weights_shape_linear(w, &w->aux[AUX_CONF], M3_WF_BF16, 1, b->hidden + c->markov_rank);
+        w->aux_vec_n[AUXV_CONF] = 1;
+    }
+    return 0;
+}
+
+int m3_dspark_from_device(m3_dspark *d, m3_dspark_config *cfg, const m3_model *target, m3_ops *ops, m3_weights *dw,
+                          m3_err *err) {
+    memset(d, 0, sizeof *d);
+    d->cfg = *cfg;
+    memset(cfg, 0, sizeof *cfg);
+    d->target = target;
+    d->ops = ops;
+    d->dw = malloc(sizeof *d->dw);
+    if (d->dw) *d->dw = *dw;
+    else if (ops->weights_release) ops->weights_release(ops->ctx, dw);
+    memset(dw, 0, sizeof *dw);
+    d->layers = calloc((size_t)(d->cfg.base.n_layers > 0 ? d->cfg.base.n_layers : 1), sizeof *d->layers);
+    d->capture = calloc((size_t)target->cfg.n_layers, 1);
+    if (!d->dw || !d->layers || !d->capture) {
+        m3_dspark_free(d);
+        return m3_errf(err, "out of memory");
+    }
+    for (int i = 0; i < d->cfg.n_target; i++)
+        if (d->cfg.target_layers[i] >= target->cfg.n_layers) {
+            m3_errf(err, "dspark: target layer %d is outside the target's %d layers", d->cfg.target_layers[i],
+                    target->cfg.n_layers);
+            m3_dspark_free(d);
+            return -1;
+        } else {
+            d->capture[d->cfg.target_layers[i]] = 1;
+        }
+    adopt(d, d->dw);
+    return 0;
+}
+
 int m3_dspark_load(m3_dspark *d, const char *dir, const m3_model *target, m3_ops *ops, m3_err *err) {
     memset(d, 0, sizeof *d);
     d->target = target;
@@ -213,6 +346,12 @@ int m3_dspark_load(m3_dspark *d, const char *dir, const m3_model *target, m3_ops
         if ((rc = bind_lin(d, NM("%smlp.down_proj", pre), H, b->dense_inter, &L->mlp.down, err))) goto fail;
 #undef NM
     }
+    if (ops->device_memory && target->ops != ops) {
+        rc = m3_errf(err, "a draft on backend '%s' must share the target's op table (it reads the target's embeddings "
+                          "and lm_head there)", ops->name);
+        goto fail;
+    }
+    if (ops->weights_upload && (rc = upload(d, err))) goto fail;
     return 0;
 fail:
     m3_err_prefix(err, "dspark draft %s", dir);
@@ -222,17 +361,16 @@ fail:
 
 void m3_dspark_free(m3_dspark *d) {
     if (d->ws && d->ops) d->ops->release(d->ops->ctx, d->ws);
-    if (d->layers)
-        for (int l = 0; l < d->cfg.base.n_layers; l++) {
-            m3_dspark_layer *L = &d->layers[l];
-            free(L->in_norm); free(L->post_norm); free(L->q_norm); free(L->k_norm);
-        }
+    if (d->dw) { /* the vectors are device memory, in the weights' arena */
+        if (d->ops && d->ops->weights_release) d->ops->weights_release(d->ops->ctx, d->dw);
+        free(d->dw);
+    } else {
+        free_host_vecs(d);
+    }
     free(d->layers);
     free(d->capture);
-    free(d->hidden_norm);
-    free(d->final_norm);
-    free(d->conf_bias);
     free(d->hbias);
+    free(d->hpos);
     m3_st_close(d->st);
     m3_dspark_config_free(&d->cfg);
     memset(d, 0, sizeof *d);
@@ -250,6 +388,8 @@ int m3_dspark_feat_slot(const m3_dspark *d, int l) {
 
 /* Carves n buffers of sz[i] floats (64-byte aligned) out of the workspace, growing it. */
 static int ws_take(m3_dspark *d, int n, const size_t *sz, float **out, m3_err *err) {
+    d->lg = NULL; /* the last block's logits are gone */
+    d->lg_nreq = d->lg_n = 0;
     size_t need = 0;
     for (int i = 0; i < n; i++) need += (sz[i] * 4 + 63) & ~(size_t)63;
     if (need > d->ws_bytes) {
@@ -340,7 +480,47 @@ static int ctx_reserve(const m3_dspark *d, m3_dspark_ctx *c, int n, m3_err *err)
     return 0;
 }
 
-int m3_dspark_ctx_append(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int pos0, int n, m3_err *err) {
+/* Host metadata of a pass of T rows: positions, sequence ids (all 0), token ids, grown on demand. */
+static int meta_take(m3_dspark *d, int T, m3_err *err) {
+    if (T <= d->meta_cap) return 0;
+    int cap = T < 64 ? 64 : T;
+    int32_t *p = calloc((size_t)cap * 3, sizeof *p);
+    if (!p) return m3_errf(err, "dspark: out of memory");
+    free(d->hpos);
+    d->hpos = p;
+    d->hseq = p + cap;
+    d->hids = p + 2 * (size_t)cap;
+    d->meta_cap = cap;
+    return 0;
+}
+
+/* Starts a pass of T rows (d->hpos and d->hids filled) on the backend: a backend that copies a
+ * step's metadata once (begin_step: CUDA) gets them, so that embed and head_norm_rope find
+ * them in its memory. The draft's own cache is the ring, never a paged one: no kv, no pages. */
+static int pass_begin(m3_dspark *d, int T, m3_err *err) {
+    m3_ops *op = d->ops;
+    if (!op->begin_step) return 0;
+    d->pseq[0] = NULL;
+    d->pb.T = T;
+    d->pb.pos = d->hpos;
+    d->pb.seq = d->hseq;
+    d->pb.seqs = d->pseq;
+    if (op->begin_step(op->ctx, NULL, &d->pb, d->hids, err)) return m3_err_prefix(err, "dspark");
+    return 0;
+}
+
+/* positions [pos0, pos0 + n) of ring r (cap slots): at most two runs of consecutive slots */
+static void ring_put(m3_ops *op, float *ring, int cap, size_t kw, const float *src, int pos0, int n) {
+    int t0 = n > cap ? n - cap : 0; /* only the last cap positions survive */
+    while (t0 < n) {
+        int slot = (pos0 + t0) % cap, m = n - t0;
+        if (m > cap - slot) m = cap - slot;
+        op->copy(op->ctx, ring + (size_t)slot * kw, src + (size_t)t0 * kw, (size_t)m * kw * 4);
+        t0 += m;
+    }
+}
+
+static int ctx_append(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int on_backend, int pos0, int n, m3_err *err) {
     if (n <= 0) return 0;
     if (pos0 != c->len) return m3_errf(err, "dspark context: append at position %d, context holds [0, %d)", pos0, c->len);
     const m3_config *b = &d->cfg.base;
@@ -350,26 +530,26 @@ int m3_dspark_ctx_append(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int 
     const int H = b->hidden, F = m3_dspark_feat_dim(d), nkv = b->n_kv_heads, D = b->head_dim;
     const size_t kw = (size_t)nkv * D, N = (size_t)n;
     if (ctx_reserve(d, c, n, err)) return -1;
-    float *buf[6];
-    size_t sz[6] = {N * F, N * H, N * kw, N * kw, N, 0};
-    if (ws_take(d, 5, sz, buf, err)) return -1;
+    float *buf[4];
+    size_t sz[4] = {N * F, N * H, N * kw, N * kw};
+    if (ws_take(d, 4, sz, buf, err) || meta_take(d, n, err)) return -1;
     float *x = buf[0], *cx = buf[1], *k = buf[2], *v = buf[3];
-    int32_t *pos = (int32_t *)buf[4];
-    op->upload(X, x, feat, N * F * 4);
+    if (!on_backend) op->upload(X, x, feat, N * F * 4);
+    else if (d->cfg.last_layer_final_norm) op->copy(X, x, feat, N * F * 4); /* normed below: the caller's rows stay */
+    else x = (float *)feat;
     if (d->cfg.last_layer_final_norm) { /* [open] the last target layer after the target's final norm */
         int s = m3_dspark_feat_slot(d, tc->n_layers - 1);
         if (s >= 0)
             for (int t = 0; t < n; t++) {
                 float *row = x + (size_t)t * F + (size_t)s * H;
-                op->rmsnorm(X, row, d->target->w.final_norm, 1, H, (float)tc->rms_eps, row);
+                op->rmsnorm(X, row, target_w(d)->final_norm, 1, H, (float)tc->rms_eps, row);
             }
     }
-    int32_t hpos[256];
-    for (int t0 = 0; t0 < n; t0 += 256) { /* positions, in backend memory for head_norm_rope */
-        int m = n - t0 < 256 ? n - t0 : 256;
-        for (int i = 0; i < m; i++) hpos[i] = pos0 + t0 + i;
-        op->upload(X, pos + t0, hpos, sizeof(int32_t) * (size_t)m);
+    for (int i = 0; i < n; i++) {
+        d->hpos[i] = pos0 + i;
+        d->hids[i] = 0; /* (no embedding in this pass) */
     }
+    if (pass_begin(d, n, err)) return -1;
     const float eps = (float)b->rms_eps;
     op->linear(X, &d->fc, x, n, cx);
     op->rmsnorm(X, cx, d->hidden_norm, n, H, eps, cx);
@@ -377,72 +557,139 @@ int m3_dspark_ctx_append(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int 
         const m3_dspark_layer *L = &d->layers[l];
         op->linear(X, &L->k, cx, n, k);
         op->linear(X, &L->v, cx, n, v);
-        op->head_norm_rope(X, k, n, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, pos);
-        /* into the ring (the backend's memory); only the last cap positions survive */
-        int t0 = n > c->cap ? n - c->cap : 0;
-        for (int t = t0; t < n; t++) {
-            size_t slot = (size_t)((pos0 + t) % c->cap);
-            op->copy(X, c->k[l] + slot * kw, k + (size_t)t * kw, kw * 4);
-            op->copy(X, c->v[l] + slot * kw, v + (size_t)t * kw, kw * 4);
-        }
+        op->head_norm_rope(X, k, n, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, d->hpos);
+        ring_put(op, c->k[l], c->cap, kw, k, pos0, n); /* into the ring (the backend's memory) */
+        ring_put(op, c->v[l], c->cap, kw, v, pos0, n);
     }
     if (op->check && op->check(X, err)) return m3_err_prefix(err, "dspark context");
     c->len = pos0 + n;
     return 0;
 }
 
+int m3_dspark_ctx_append(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int pos0, int n, m3_err *err) {
+    return ctx_append(d, c, feat, 0, pos0, n, err);
+}
+
+int m3_dspark_ctx_append_dev(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int pos0, int n, m3_err *err) {
+    return ctx_append(d, c, feat, 1, pos0, n, err);
+}
+
 /* ------------------------------------------------------------------ block forward */
+
+int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, const int32_t *anchor, const int *pos,
+                      int n, m3_err *err) {
+    d->lg = NULL;
+    d->lg_nreq = d->lg_n = 0;
+    if (n <= 0 || nreq <= 0) return m3_errf(err, "dspark block: %d requests of %d slots", nreq, n);
+    if (n > d->cfg.window) return m3_errf(err, "dspark block of %d slots exceeds the window (%d)", n, d->cfg.window);
+    for (int j = 0; j < nreq; j++)
+        if (pos[j] != cs[j]->len)
+            return m3_errf(err, "dspark block at position %d, context holds [0, %d)", pos[j], cs[j]->len);
+    const m3_config *b = &d->cfg.base;
+    const m3_weights *tw = target_w(d);
+    m3_ops *op = d->ops;
+    void *X = op->ctx;
+    if (!op->dspark_attention) return m3_errf(err, "dspark: backend '%s' has no DSpark attention", op->name);
+    const int H = b->hidden, V = b->vocab, nh = b->n_heads, nkv = b->n_kv_heads, D = b->head_dim, R = nreq * n;
+    const size_t NR = (size_t)R, qw = (size_t)nh * D, kw = (size_t)nkv * D, r = (size_t)d->cfg.markov_rank;
+    float *buf[11];
+    size_t sz[11] = {NR * H, NR * H, NR * qw, NR * kw, NR * kw, NR * qw, NR * H, NR * V, (size_t)nreq * r, (size_t)nreq * V,
+                     (size_t)nreq};
+    if (ws_take(d, 11, sz, buf, err) || meta_take(d, R, err)) return -1;
+    float *h = buf[0], *a = buf[1], *q = buf[2], *kb = buf[3], *vb = buf[4], *att = buf[5], *o = buf[6], *lg = buf[7];
+    /* rows request-major (request j's block: rows j*n..), the attention's layout */
+    for (int j = 0; j < nreq; j++)
+        for (int i = 0; i < n; i++) {
+            d->hids[j * n + i] = i == 0 ? anchor[j] : d->cfg.noise_id;
+            d->hpos[j * n + i] = pos[j] + i;
+        }
+    if (pass_begin(d, R, err)) return -1;
+    op->embed(X, &tw->embed, d->hids, R, h);
+    const float eps = (float)b->rms_eps;
+    for (int l = 0; l < b->n_layers; l++) {
+        const m3_dspark_layer *L = &d->layers[l];
+        op->rmsnorm(X, h, L->in_norm, R, H, eps, a);
+        const m3_linear *Ws[3] = {&L->q, &L->k, &L->v};
+        float *Ys[3] = {q, kb, vb};
+        op->linear_n(op, 3, Ws, a, R, Ys);
+        op->head_norm_rope(X, q, R, nh, D, L->q_norm, eps, b->rotary_dim, b->rope_theta, d->hpos);
+        op->head_norm_rope(X, kb, R, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, d->hpos);
+        for (int j = 0; j < nreq; j++) {
+            const m3_dspark_ctx *c = cs[j];
+            /* readable context: [max(first, len - cap), len) */
+            const int rlo = c->len - c->cap > c->first ? c->len - c->cap : c->first;
+            const size_t o0 = (size_t)j * n;
+            op->dspark_attention(X, q + o0 * qw, kb + o0 * kw, vb + o0 * kw, n, nh, nkv, D, c->cap ? c->k[l] : NULL,
+                                 c->cap ? c->v[l] : NULL, c->cap ? c->cap : 1, rlo, c->len, pos[j], d->cfg.window,
+                                 att + o0 * qw);
+        }
+        op->linear(X, &L->o, att, R, o);
+        op->add(X, h, o, NR * H);
+        op->rmsnorm(X, h, L->post_norm, R, H, eps, a);
+        op->mlp(X, &L->mlp, a, R, (float)b->swiglu_alpha, (float)b->swiglu_limit, o);
+        op->add(X, h, o, NR * H);
+    }
+    /* the final norm and lm_head slot-major (slot i of every request: rows i*nreq..), so that
+     * a slot's Markov rows are added and downloaded in one piece */
+    float *hs = h;
+    if (nreq > 1) {
+        hs = o; /* free now */
+        for (int i = 0; i < n; i++)
+            op->copy_rows(op, hs + (size_t)i * nreq * H, (size_t)H * 4, h + (size_t)i * H, (size_t)n * H * 4,
+                          (size_t)H * 4, (size_t)nreq);
+    }
+    op->rmsnorm(X, hs, d->final_norm, R, H, eps, a);
+    op->linear(X, &tw->lm_head, a, R, lg);
+    if (op->check && op->check(X, err)) return m3_err_prefix(err, "dspark block");
+    d->lg = lg;
+    d->mk_r = buf[8];
+    d->mk_v = buf[9];
+    d->mk_ids = (int32_t *)buf[10];
+    d->lg_nreq = nreq;
+    d->lg_n = n;
+    return 0;
+}
+
+int m3_dspark_markov_n(m3_dspark *d, int slot, const int32_t *prev, float *rows, m3_err *err) {
+    const int V = d->cfg.base.vocab, nreq = d->lg_nreq;
+    if (!d->lg || slot < 0 || slot >= d->lg_n) return m3_errf(err, "dspark markov: slot %d of no block pass", slot);
+    m3_ops *op = d->ops;
+    void *X = op->ctx;
+    if (meta_take(d, nreq, err)) return -1;
+    for (int j = 0; j < nreq; j++) {
+        if (prev[j] < 0 || prev[j] >= V)
+            return m3_errf(err, "dspark markov: token %d outside the vocabulary (%d)", (int)prev[j], V);
+        d->hids[j] = prev[j];
+        d->hpos[j] = 0;
+    }
+    if (pass_begin(d, nreq, err)) return -1;
+    float *row = d->lg + (size_t)slot * nreq * V;
+    op->embed(X, &d->markov_w1, d->hids, nreq, d->mk_r);
+    op->linear(X, &d->markov_w2, d->mk_r, nreq, d->mk_v);
+    op->add(X, row, d->mk_v, (size_t)nreq * V);
+    if (rows) op->download(X, rows, row, sizeof(float) * (size_t)nreq * V);
+    if (op->check && op->check(X, err)) return m3_err_prefix(err, "dspark markov");
+    return 0;
+}
+
+int m3_dspark_argmax_n(m3_dspark *d, int slot, int n_text, int32_t *ids, m3_err *err) {
+    const int V = d->cfg.base.vocab, nreq = d->lg_nreq;
+    m3_ops *op = d->ops;
+    if (!op->argmax_rows) return m3_errf(err, "dspark: backend '%s' has no argmax_rows op", op->name);
+    if (!d->lg || slot < 0 || slot >= d->lg_n) return m3_errf(err, "dspark argmax: slot %d of no block pass", slot);
+    if (n_text < 1 || n_text > V) return m3_errf(err, "dspark argmax: %d text ids of %d", n_text, V);
+    op->argmax_rows(op->ctx, d->lg + (size_t)slot * nreq * V, nreq, n_text, (size_t)V, d->mk_ids);
+    op->download(op->ctx, ids, d->mk_ids, sizeof(int32_t) * (size_t)nreq);
+    if (op->check && op->check(op->ctx, err)) return m3_err_prefix(err, "dspark argmax");
+    return 0;
+}
 
 int m3_dspark_block_logits(m3_dspark *d, const m3_dspark_ctx *c, int32_t anchor, int pos, int n, float *logits,
                            m3_err *err) {
     if (n <= 0) return 0;
-    if (pos != c->len) return m3_errf(err, "dspark block at position %d, context holds [0, %d)", pos, c->len);
-    if (n > d->cfg.window) return m3_errf(err, "dspark block of %d slots exceeds the window (%d)", n, d->cfg.window);
-    const m3_config *b = &d->cfg.base;
-    const m3_model *tm = d->target;
-    m3_ops *op = d->ops;
-    void *X = op->ctx;
-    const int H = b->hidden, V = b->vocab, nh = b->n_heads, nkv = b->n_kv_heads, D = b->head_dim;
-    const size_t N = (size_t)n, qw = (size_t)nh * D, kw = (size_t)nkv * D;
-    float *buf[10];
-    size_t sz[10] = {N * H, N * H, N * qw, N * kw, N * kw, N * qw, N * H, N * V, N, 0};
-    if (ws_take(d, 9, sz, buf, err)) return -1;
-    float *h = buf[0], *a = buf[1], *q = buf[2], *kb = buf[3], *vb = buf[4], *att = buf[5], *o = buf[6], *lg = buf[7];
-    int32_t *hp = (int32_t *)buf[8];
-    int32_t ids[64], hpos[64];
-    for (int t0 = 0; t0 < n; t0 += 64) {
-        int m = n - t0 < 64 ? n - t0 : 64;
-        for (int i = 0; i < m; i++) {
-            ids[i] = t0 + i == 0 ? anchor : d->cfg.noise_id;
-            hpos[i] = pos + t0 + i;
-        }
-        op->embed(X, &tm->w.embed, ids, m, h + (size_t)t0 * H);
-        op->upload(X, hp + t0, hpos, sizeof(int32_t) * (size_t)m);
-    }
-    const float eps = (float)b->rms_eps;
-    if (!op->dspark_attention) return m3_errf(err, "dspark: backend '%s' has no DSpark attention", op->name);
-    /* readable context: [max(first, len - cap), len) */
-    const int rlo = c->len - c->cap > c->first ? c->len - c->cap : c->first;
-    for (int l = 0; l < b->n_layers; l++) {
-        const m3_dspark_layer *L = &d->layers[l];
-        op->rmsnorm(X, h, L->in_norm, n, H, eps, a);
-        op->linear(X, &L->q, a, n, q);
-        op->linear(X, &L->k, a, n, kb);
-        op->linear(X, &L->v, a, n, vb);
-        op->head_norm_rope(X, q, n, nh, D, L->q_norm, eps, b->rotary_dim, b->rope_theta, hp);
-        op->head_norm_rope(X, kb, n, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, hp);
-        op->dspark_attention(X, q, kb, vb, n, nh, nkv, D, c->cap ? c->k[l] : NULL, c->cap ? c->v[l] : NULL,
-                             c->cap ? c->cap : 1, rlo, c->len, pos, d->cfg.window, att);
-        op->linear(X, &L->o, att, n, o);
-        op->add(X, h, o, N * H);
-        op->rmsnorm(X, h, L->post_norm, n, H, eps, a);
-        op->mlp(X, &L->mlp, a, n, (float)b->swiglu_alpha, (float)b->swiglu_limit, o);
-        op->add(X, h, o, N * H);
-    }
-    op->rmsnorm(X, h, d->final_norm, n, H, eps, a);
-    op->linear(X, &tm->w.lm_head, a, n, lg);
-    op->download(X, logits, lg, N * V * 4);
-    if (op->check && op->check(X, err)) return m3_err_prefix(err, "dspark block");
+    if (m3_dspark_block_n(d, 1, &c, &anchor, &pos, n, err)) return -1;
+    d->ops->download(d->ops->ctx, logits, d->lg, sizeof(float) * (size_t)n * d->cfg.base.vocab);
+    if (d->ops->check && d->ops->check(d->ops->ctx, err)) return m3_err_prefix(err, "dspark block");
     return 0;
 }
 
@@ -452,12 +699,16 @@ int m3_dspark_markov(m3_dspark *d, int32_t prev, float *logits, m3_err *err) {
     m3_ops *op = d->ops;
     float *buf[2];
     size_t sz[2] = {(size_t)r, (size_t)V};
-    if (ws_take(d, 2, sz, buf, err)) return -1;
-    op->embed(op->ctx, &d->markov_w1, &prev, 1, buf[0]);
+    d->lg = NULL; /* the workspace is carved anew */
+    if (ws_take(d, 2, sz, buf, err) || meta_take(d, 1, err)) return -1;
+    d->hids[0] = prev;
+    d->hpos[0] = 0;
+    if (pass_begin(d, 1, err)) return -1;
+    op->embed(op->ctx, &d->markov_w1, d->hids, 1, buf[0]);
     op->linear(op->ctx, &d->markov_w2, buf[0], 1, buf[1]);
     if (op->check && op->check(op->ctx, err)) return m3_err_prefix(err, "dspark markov");
     const float *bias = buf[1];
-    if (op->device_memory) { /* the row comes to the host, where the drafts are drawn */
+    if (op->device_memory) { /* the row comes to the host */
         if (!d->hbias && !(d->hbias = malloc(sizeof(float) * (size_t)V))) return m3_errf(err, "dspark markov: out of memory");
         op->download(op->ctx, d->hbias, buf[1], sizeof(float) * (size_t)V);
         bias = d->hbias;

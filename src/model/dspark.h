@@ -29,12 +29,19 @@
  *
  * Backends. Everything goes through m3_ops: linears, norms, RoPE, the MLP, the embedding
  * lookups, the attention over (context ring + block) (dspark_attention) and the context ring,
- * which lives in the backend's memory (alloc / copy). The Markov row is downloaded where the
- * backend's memory is not the host's. What a GPU backend still lacks (the engine drafts on
- * the CPU op table only): the draft weights uploaded like the target's, and a dspark_attention
- * kernel. The capture tap downloads each captured layer; the engine drafts one request at a
- * time (a block forward of k rows each); on a GPU the blocks of all requests of a step would
- * go through one batched forward instead.
+ * which lives in the backend's memory (alloc / copy). On a backend that keeps its own copy of
+ * the weights (weights_upload: CUDA) the draft's weights go there through the same upload as
+ * the target's (packed into an m3_weights, see dspark.c), and the draft must share the
+ * target's op table (it reads the target's embeddings and lm_head there). A pass is a step
+ * for the backend (begin_step: its positions and ids copied once). The blocks of several
+ * requests go through one forward (m3_dspark_block_n); their logits stay in backend memory,
+ * where the Markov rows are added slot by slot (m3_dspark_markov_n); then either the slot's
+ * greedy draws are made there (m3_dspark_argmax_n: only the ids come back) or its rows come to
+ * the host for the draw (src/engine/spec.c). The context may be appended from feature rows in
+ * backend memory (m3_dspark_ctx_append_dev: the engine's device capture). Not yet: the
+ * draft's own CUDA graphs (a pass makes one host round trip per slot), one append for all of
+ * a step's requests, and the context rings counted in the KV budget (at the real shapes a
+ * full ring is 84 MB a request, f32).
  *
  * Threads: a loaded m3_dspark is read-only except for its workspace, so one thread at a
  * time calls the functions below (the engine thread); m3_dspark_ctx belongs to a request. */
@@ -87,6 +94,18 @@ typedef struct m3_dspark {
     void *ws;                   /* workspace (backend memory), grown on demand */
     size_t ws_bytes;
     float *hbias;               /* [V] host copy of a Markov row (backends with device memory) */
+    m3_weights *dw;             /* the weights in backend memory (weights_upload), else NULL; the
+                                 * fields above then point there */
+    /* the last block pass (m3_dspark_block_n), in the workspace: logits [n][nreq][V] slot-major,
+     * the Markov scratch [nreq][r] and [nreq][V] */
+    float *lg, *mk_r, *mk_v;
+    int32_t *mk_ids;            /* [nreq] greedy draws (m3_dspark_argmax_n) */
+    int lg_nreq, lg_n;
+    /* host metadata of a pass (positions, sequence ids, token ids) and its batch (begin_step) */
+    int32_t *hpos, *hseq, *hids;
+    int meta_cap;
+    m3_batch pb;
+    m3_kv_seq *pseq[1];
 } m3_dspark;
 
 /* Loads the draft in dir (config.json + safetensors) for target (which must outlive it). */
@@ -118,6 +137,9 @@ void m3_dspark_ctx_free(m3_dspark_ctx *c);
  * target's captured rows of those positions. Only committed positions may be added. */
 int m3_dspark_ctx_append(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int pos0, int n, m3_err *err);
 
+/* The same from feature rows in the draft's backend memory (the engine's device capture). */
+int m3_dspark_ctx_append_dev(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int pos0, int n, m3_err *err);
+
 /* Base logits (before the Markov term) of a block of n slots [anchor, noise...] at positions
  * pos.. (pos == c->len): host f32 [n][V]. */
 int m3_dspark_block_logits(m3_dspark *d, const m3_dspark_ctx *c, int32_t anchor, int pos, int n, float *logits,
@@ -125,5 +147,30 @@ int m3_dspark_block_logits(m3_dspark *d, const m3_dspark_ctx *c, int32_t anchor,
 
 /* logits[V] += markov_w2 @ markov_w1[prev] (host row). */
 int m3_dspark_markov(m3_dspark *d, int32_t prev, float *logits, m3_err *err);
+
+/* The blocks of nreq requests (request j: context c[j], anchor[j] at pos[j] == c[j]->len), n
+ * slots each, in one forward: base logits kept in backend memory (d->lg) for
+ * m3_dspark_markov_n. A later pass of any kind (append, block, markov) may reuse the memory. */
+int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *c, const int32_t *anchor, const int *pos,
+                      int n, m3_err *err);
+
+/* Slot `slot` of the last m3_dspark_block_n: each request j's row gets markov_w2 @
+ * markov_w1[prev[j]] added in backend memory, then the nreq corrected rows come to rows
+ * (host f32 [nreq][V]; NULL: they stay). Slots in order, each once. */
+int m3_dspark_markov_n(m3_dspark *d, int slot, const int32_t *prev, float *rows, m3_err *err);
+
+/* ids[j] = the first index of the largest of slot `slot`'s row j over [0, n_text), computed where
+ * the rows are (ops argmax_rows; -1 + err without it): the greedy draws of requests whose
+ * sampler changes nothing (m3_sampler_plain_greedy), after m3_dspark_markov_n of the slot. */
+int m3_dspark_argmax_n(m3_dspark *d, int slot, int n_text, int32_t *ids, m3_err *err);
+
+/* Weight shapes of a draft (m3_weights_shapes' way: the bytes nowhere), packed as dspark.c
+ * packs a draft for the upload: for random device weights of real shapes (m3 bench). */
+int m3_dspark_weights_shapes(const m3_dspark_config *c, m3_weights *w, m3_err *err);
+
+/* A draft from weights already in ops' memory, packed as above (random weights: m3 bench):
+ * takes cfg and *dw (both freed with the draft, also on failure). */
+int m3_dspark_from_device(m3_dspark *d, m3_dspark_config *cfg, const m3_model *target, m3_ops *ops, m3_weights *dw,
+                          m3_err *err);
 
 #endif

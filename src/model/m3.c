@@ -128,7 +128,7 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
     }
     float *host = NULL;
     int32_t *hsel = NULL;
-    if (ok && taps && (taps->hidden || taps->capture || taps->stream)) ok = (host = malloc(TT * H * 4)) != NULL;
+    if (ok && taps && (taps->hidden || (taps->capture && !taps->capture_dev) || taps->stream)) ok = (host = malloc(TT * H * 4)) != NULL;
     if (ok && taps && taps->index && c->n_sparse_layers) ok = (hsel = malloc(TT * ni * topk * 4)) != NULL;
     float *hlg = NULL; /* tensor parallel: the gathered logits on the host, before reordering */
     if (ok && sh && n_out > 0 && logits) ok = (hlg = malloc(n_o * Vl * sh->size * 4)) != NULL;
@@ -137,8 +137,11 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
     if (op->begin_step && op->begin_step(X, kv, b, ids, err)) { rc = -1; goto out; }
     /* A backend may replay a recorded graph of the step's ops (CUDA graphs for decode steps):
      * graph_begin returns 1 when it launched a replay, 0 to have the ops issued (and maybe
-     * recorded: graph_end then closes the recording and launches it). Not with taps. */
-    int graphable = !taps && !(ov && ov->n) && op->graph_begin && op->graph_end && (!m->comm || m->comm->capturable);
+     * recorded: graph_end then closes the recording and launches it). Not with taps, except a
+     * capture into backend memory (m3_taps.capture_dev), which records like the other ops. */
+    const int dev_capture_only = taps && taps->capture_dev && !taps->hidden && !taps->index && !taps->stream;
+    int graphable = (!taps || dev_capture_only) && !(ov && ov->n) && op->graph_begin && op->graph_end &&
+                    (!m->comm || m->comm->capturable);
     /* TP: with whole experts on other ranks the MoE op synchronizes with the host (it groups the
      * tokens of the experts held here), which a recording cannot hold: no graph then */
     if (sh && sh->size > 1 && sh->moe == M3_MOE_EXPERTS && c->n_moe_layers) graphable = 0;
@@ -149,6 +152,7 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
      * decode graph replayed after a larger batch grew the workspace wrote to freed device
      * memory: the server's forward failures under load, issue 22) */
     gkey = (gkey ^ (uint64_t)(uintptr_t)m->ws) * 1099511628211ull;
+    if (dev_capture_only) gkey = (gkey ^ taps->graph_key ^ 0x6361707475726521ull) * 1099511628211ull;
 issue:
     if (graphable && op->graph_begin(X, kv, gkey)) goto issued;
 
@@ -213,8 +217,11 @@ issue:
             else op->add(X, B.h, B.o, TT * H);
         }
         if (taps && taps->capture && taps->capture_layers && taps->capture_layers[l]) { /* narrow capture (DSpark) */
-            op->download(X, host, B.h, TT * H * 4);
-            taps->capture(taps->arg, l, host, T, H);
+            if (taps->capture_dev) taps->capture(taps->arg, l, B.h, T, H);
+            else {
+                op->download(X, host, B.h, TT * H * 4);
+                taps->capture(taps->arg, l, host, T, H);
+            }
         }
         if (next_norm) { TAP_HIDDEN(l + 1, B.h); }
     }

@@ -65,6 +65,13 @@ typedef struct m3_taps {
      * K / V / index-K in the cache, everything after), 0 to leave the stream as it was. So each
      * layer can be checked alone, on a reference's input, without a second forward pass. */
     int (*stream)(void *arg, int layer, float *h, int T, int H);
+    /* capture_dev: capture gets h in the op table's memory instead (no download; it may issue
+     * ops reading h, such as copy_rows, and nothing else). Such a step may be recorded and
+     * replayed (CUDA graphs) when capture is the only tap: graph_key then names what the ops
+     * capture issues depend on beyond the step's shapes (where they write), and capture
+     * issues the same ops for the same key. */
+    int capture_dev;
+    uint64_t graph_key;
 } m3_taps;
 
 /* Runs ids[b->T] (host memory) through the model, writing their K/V/index-K into kv (pages are reserved

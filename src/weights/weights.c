@@ -279,12 +279,16 @@ void m3_weights_free(m3_weights *w) {
     }
     free(w->layers);
     free(w->final_norm);
+    for (int i = 0; i < M3_WEIGHTS_AUX; i++) {
+        free(w->aux_vec[i]);
+        w->aux_vec[i] = NULL;
+    }
     w->layers = NULL;
     w->final_norm = NULL;
 }
 
 /* a dense [N, K] of fmt whose bytes are nowhere (see m3_weights_shapes) */
-static void shape_linear(m3_weights *w, m3_linear *L, m3_wfmt fmt, int N, int K) {
+void m3_weights_shape_linear(m3_weights *w, m3_linear *L, m3_wfmt fmt, int N, int K) {
     static const uint8_t nowhere[64]; /* the placeholder: views offset it, nobody reads it */
     memset(L, 0, sizeof *L);
     L->fmt = fmt;
@@ -314,37 +318,37 @@ int m3_weights_shapes(m3_weights *w, const m3_config *c, int n_layers, m3_err *e
         m3_layer_w *L = &w->layers[l];
         L->sparse = c->layer_sparse[l];
         L->moe = c->layer_moe[l];
-        shape_linear(w, &L->q, M3_WF_MXFP8, c->n_heads * D, H);
-        shape_linear(w, &L->k, M3_WF_MXFP8, c->n_kv_heads * D, H);
-        shape_linear(w, &L->v, M3_WF_MXFP8, c->n_kv_heads * D, H);
-        shape_linear(w, &L->o, M3_WF_MXFP8, H, c->n_heads * D);
+        m3_weights_shape_linear(w, &L->q, M3_WF_MXFP8, c->n_heads * D, H);
+        m3_weights_shape_linear(w, &L->k, M3_WF_MXFP8, c->n_kv_heads * D, H);
+        m3_weights_shape_linear(w, &L->v, M3_WF_MXFP8, c->n_kv_heads * D, H);
+        m3_weights_shape_linear(w, &L->o, M3_WF_MXFP8, H, c->n_heads * D);
         if (L->sparse) {
-            shape_linear(w, &L->iq, M3_WF_MXFP8, c->index_heads * c->index_dim, H);
-            shape_linear(w, &L->ik, M3_WF_MXFP8, c->index_dim, H);
+            m3_weights_shape_linear(w, &L->iq, M3_WF_MXFP8, c->index_heads * c->index_dim, H);
+            m3_weights_shape_linear(w, &L->ik, M3_WF_MXFP8, c->index_dim, H);
         }
         if (!L->moe) {
-            shape_linear(w, &L->mlp.gate, M3_WF_MXFP8, c->dense_inter, H);
-            shape_linear(w, &L->mlp.up, M3_WF_MXFP8, c->dense_inter, H);
-            shape_linear(w, &L->mlp.down, M3_WF_MXFP8, H, c->dense_inter);
+            m3_weights_shape_linear(w, &L->mlp.gate, M3_WF_MXFP8, c->dense_inter, H);
+            m3_weights_shape_linear(w, &L->mlp.up, M3_WF_MXFP8, c->dense_inter, H);
+            m3_weights_shape_linear(w, &L->mlp.down, M3_WF_MXFP8, H, c->dense_inter);
             continue;
         }
-        shape_linear(w, &L->router, M3_WF_BF16, E, H);
+        m3_weights_shape_linear(w, &L->router, M3_WF_BF16, E, H);
         L->experts = calloc((size_t)E, sizeof *L->experts);
         if (!L->experts) { m3_weights_free(w); return m3_errf(err, "out of memory"); }
         for (int e = 0; e < E; e++) {
-            shape_linear(w, &L->experts[e].gate, M3_WF_NVFP4, c->moe_inter, H);
-            shape_linear(w, &L->experts[e].up, M3_WF_NVFP4, c->moe_inter, H);
-            shape_linear(w, &L->experts[e].down, M3_WF_NVFP4, H, c->moe_inter);
+            m3_weights_shape_linear(w, &L->experts[e].gate, M3_WF_NVFP4, c->moe_inter, H);
+            m3_weights_shape_linear(w, &L->experts[e].up, M3_WF_NVFP4, c->moe_inter, H);
+            m3_weights_shape_linear(w, &L->experts[e].down, M3_WF_NVFP4, H, c->moe_inter);
         }
         if (c->n_shared) {
             L->has_shared = 1;
-            shape_linear(w, &L->shared.gate, M3_WF_MXFP8, c->shared_inter, H);
-            shape_linear(w, &L->shared.up, M3_WF_MXFP8, c->shared_inter, H);
-            shape_linear(w, &L->shared.down, M3_WF_MXFP8, H, c->shared_inter);
+            m3_weights_shape_linear(w, &L->shared.gate, M3_WF_MXFP8, c->shared_inter, H);
+            m3_weights_shape_linear(w, &L->shared.up, M3_WF_MXFP8, c->shared_inter, H);
+            m3_weights_shape_linear(w, &L->shared.down, M3_WF_MXFP8, H, c->shared_inter);
         }
     }
-    shape_linear(w, &w->embed, M3_WF_BF16, c->vocab, H);
-    shape_linear(w, &w->lm_head, M3_WF_BF16, c->vocab, H);
+    m3_weights_shape_linear(w, &w->embed, M3_WF_BF16, c->vocab, H);
+    m3_weights_shape_linear(w, &w->lm_head, M3_WF_BF16, c->vocab, H);
     return 0;
 }
 

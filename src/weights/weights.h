@@ -63,6 +63,8 @@ typedef struct m3_layer_w {
     void *backend;            /* backend-private data of this layer (CUDA: device expert table) */
 } m3_layer_w;
 
+#define M3_WEIGHTS_AUX 4
+
 typedef struct m3_weights {
     m3_st *st;
     m3_layer_w *layers;
@@ -72,6 +74,12 @@ typedef struct m3_weights {
     m3_linear lm_head;        /* [V, H] */
     float *final_norm;
     void *dev_arena;          /* backend copies: the one device allocation holding every tensor */
+    /* Tensors of a companion model that ride the same upload (the DSpark draft, src/model/dspark.h,
+     * says which are which): linears with w NULL and vectors NULL are absent. Vectors are owned
+     * (m3_weights_free frees them) and aux_vec_n[i] floats long. */
+    m3_linear aux[M3_WEIGHTS_AUX];
+    float *aux_vec[M3_WEIGHTS_AUX];
+    int aux_vec_n[M3_WEIGHTS_AUX];
     char prefix[64];          /* "language_model." (hub layout) or "" (bare model.*) */
     /* summary */
     size_t n_tensors_used;
@@ -90,6 +98,9 @@ void m3_weights_free(m3_weights *w);
  * vectors NULL. For building random weights of real shapes on a device, whole or as a
  * tensor-parallel rank's view (m3_shard_weights). Free with m3_weights_free. */
 int m3_weights_shapes(m3_weights *w, const m3_config *c, int n_layers, m3_err *err);
+/* One linear [N, K] of fmt in the manner of m3_weights_shapes (its bytes nowhere), counted in
+ * w's summary. */
+void m3_weights_shape_linear(m3_weights *w, m3_linear *L, m3_wfmt fmt, int N, int K);
 
 /* Binds one linear [N, K] stored under prefix + base (+ ".weight", scales...) in any supported
  * format, or one vector [n] (prefix + name) as an owned f32 copy; errors name the tensor.

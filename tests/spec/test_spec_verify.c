@@ -396,14 +396,21 @@ static void test_config(void) {
           "defaults: %s", err.msg);
     CHECK(!m3_spec_config_parse(&c, "{\"method\":\"dspark\",\"model\":\"/x\"}", "/m", NULL, &err) && !strcmp(c.draft_dir, "/x"),
           "model key");
+    CHECK(!m3_spec_config_parse(&c, "{\"method\":\"dspark\"}", "/m", NULL, &err) && !c.draft_on_cpu &&
+              !m3_spec_config_parse(&c, "{\"method\":\"dspark\",\"dspark_draft_backend\":\"cpu\"}", "/m", NULL, &err) &&
+              c.draft_on_cpu &&
+              !m3_spec_config_parse(&c, "{\"method\":\"dspark\",\"dspark_draft_backend\":\"target\"}", "/m", NULL, &err) &&
+              !c.draft_on_cpu,
+          "dspark_draft_backend: %s", err.msg);
     const char *bad[] = {"{\"method\":\"eagle\"}", "{\"num_speculative_tokens\":3}", "{\"method\":\"dspark\",\"num_speculative_tokens\":0}",
                          "{\"method\":\"dspark\",\"num_speculative_tokens\":99}", "{\"method\":\"dspark\",\"draft_sample_method\":\"x\"}",
-                         "{\"method\":\"dspark\",\"bogus\":1}", "[1]", "{"};
+                         "{\"method\":\"dspark\",\"bogus\":1}", "[1]", "{", "{\"method\":\"dspark\",\"dspark_draft_backend\":\"gpu\"}",
+                         "{\"method\":\"dspark\",\"dspark_draft_backend\":1}"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         CHECK(m3_spec_config_parse(&c, bad[i], "/m", NULL, &err) == -1 && err.msg[0], "bad config %zu accepted", i);
     m3_spec_config_parse(&c, "{\"method\":\"dspark\",\"bogus\":1}", "/m", NULL, &err);
     CHECK(strstr(err.msg, "bogus") != NULL, "unknown key named: %s", err.msg);
-    printf("5. --speculative-config parsing: defaults, draft directory, errors naming the field\n");
+    printf("5. --speculative-config parsing: defaults, draft directory, draft backend, errors naming the field\n");
 }
 
 int main(void) {

@@ -79,6 +79,7 @@ void m3_cpu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *
 /* attention.c */
 void m3_cpu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh, const int32_t *sel,
                       int block, int topk, float *out);
+void m3_cpu_argmax_rows(void *ctx, const float *x, int rows, int n, size_t ld, int32_t *out);
 void m3_cpu_dspark_attention(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
                              const float *kr, const float *vr, int cap, int lo, int len, int pos, int window, float *out);
 /* router.c: logits [T][E] -> the K experts of each token, ascending by score rank, and their

@@ -73,6 +73,7 @@ int m3_cpu_ops_init(m3_ops *ops, int threads, m3_err *err) {
     ops->index_select = m3_cpu_index_select;
     ops->attention = m3_cpu_attention;
     ops->dspark_attention = m3_cpu_dspark_attention;
+    ops->argmax_rows = m3_cpu_argmax_rows;
     ops->copy = cpu_copy;
     ops->mlp = m3_cpu_mlp;
     ops->moe = m3_cpu_moe;

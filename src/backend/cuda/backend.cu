@@ -122,6 +122,15 @@ static void cu_copy(void *ctx, void *dst, const void *src, size_t n) { /* device
     CK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->st));
 }
 
+/* one 2D copy (the DSpark capture: a layer's rows into the draft's feature rows), in stream order */
+static void cu_copy_rows(const m3_ops *o, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                         size_t rows) {
+    m3_cuda *c = (m3_cuda *)o->ctx;
+    if (!rows || !width) return;
+    m3_cu_xsplit_touch(c, dst, dpitch * (rows - 1) + width);
+    CK(c, cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, c->st));
+}
+
 static void cu_mem_info(void *ctx, size_t *free_b, size_t *total_b) {
     m3_cuda *c = (m3_cuda *)ctx;
     size_t f = 0, t = 0;
@@ -420,6 +429,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->upload = cu_upload;
     ops->download = cu_download;
     ops->copy = cu_copy;
+    ops->copy_rows = cu_copy_rows;
     ops->weights_upload = m3_cu_weights_upload;
     ops->weights_release = m3_cu_weights_release;
     ops->begin_step = cu_begin_step;
@@ -445,6 +455,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->index_select = m3_cu_index_select;
     ops->attention = m3_cu_attention;
     ops->dspark_attention = m3_cu_dspark_attention;
+    ops->argmax_rows = m3_cu_argmax_rows;
     ops->mlp = m3_cu_mlp;
     ops->moe = m3_cu_moe;
     m3_cu_vision_ops(ops);

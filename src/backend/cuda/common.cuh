@@ -17,7 +17,7 @@
 
 /* grow-only scratch buffers, one per purpose (no allocation inside a steady-state step) */
 enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_XSPLIT, SC_XSPLIT2, SC_GEMM_X, SC_XROUND,
-       SC_SPLITK, SC_COUNT };
+       SC_SPLITK, SC_DSA, SC_COUNT };
 
 typedef struct m3_cuda {
     int dev, sm_count;
@@ -210,6 +210,7 @@ void m3_cu_head_norm_rope_n(void *ctx, int n, const m3_rope_job *jobs, int T, fl
                             const int32_t *pos);
 /* kv_store.cu */
 void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v, const float *ik);
+void m3_cu_argmax_rows(void *ctx, const float *x, int rows, int n, size_t ld, int32_t *out);
 void m3_cu_dspark_attention(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
                             const float *kr, const float *vr, int cap, int lo, int len, int pos, int window, float *out);
 void m3_cu_head_norm_rope_store(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,

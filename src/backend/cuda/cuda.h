@@ -72,7 +72,8 @@ void m3_cuda_mem_info(const m3_ops *ops, size_t *free_b, size_t *total_b, size_t
 int m3_cuda_upload_linear(m3_ops *ops, const m3_linear *host, m3_linear *dev, m3_err *err);
 int m3_cuda_random_weights(m3_ops *ops, const m3_config *c, int n_layers, uint64_t seed, m3_weights *w, m3_err *err);
 /* The same in the shapes and formats of `shape` (m3_weights_shapes, or a tensor-parallel
- * rank's view of it: experts without weights there stay absent). */
+ * rank's view of it: experts without weights there stay absent; its aux tensors too, as the
+ * DSpark draft's m3_dspark_weights_shapes sets them). */
 int m3_cuda_random_weights_like(m3_ops *ops, const m3_config *c, const m3_weights *shape, uint64_t seed, m3_weights *w,
                                 m3_err *err);
 

@@ -1,9 +1,14 @@
-/* DSpark draft attention on the GPU (ops.h: dspark_attention; issue 27's first piece): slot i
- * of n (position pos + i), query head h (KV head h / (nh / nkv)): softmax(q k^T / sqrt(D)) v
- * over the context positions [max(lo, pos + i - window + 1), len) - ring slot p % cap of kr /
- * vr [cap][nkv * D] - and over every block key kb / vb [n][nkv * D] (non-causal in the block).
- * One CTA per (slot, head): the query and the scores in shared memory, a warp per key for the
- * dot products, the softmax sum in double, then a thread per channel over every key.
+/* DSpark draft attention on the GPU (ops.h: dspark_attention): slot i of n (position pos + i),
+ * query head h (KV head h / (nh / nkv)): softmax(q k^T / sqrt(D)) v over the context positions
+ * [max(lo, pos + i - window + 1), len) - ring slot p % cap of kr / vr [cap][nkv * D] - and over
+ * every block key kb / vb [n][nkv * D] (non-causal in the block).
+ * Split over the keys (k_dsa_split + k_dsa_combine): a CTA takes one slot, the query heads of one
+ * KV head (up to 16, which share its keys: each key and value row is read once for all of
+ * them) and DSA_KEYS (64) of the slot's keys, and leaves that chunk's maximum, exp-sum and
+ * unnormalized output; the combine rescales the chunks (sums in double). The first version (one
+ * CTA per slot and head over every key: each KV row read by all 16 heads of its group) took
+ * 1.4 ms a layer at 8 slots over a full 4096-key window; it stays for shapes the split does
+ * not take (head_dim not dividing 256, more than 16 heads a group not in 16s).
  * CPU reference: src/backend/cpu/attention.c (m3_cpu_dspark_attention, dsa_items). */
 #include "common.cuh"
 
@@ -51,12 +56,152 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dspark_attention(const float *q
     }
 }
 
+#define DSA_KEYS 64 /* keys a split CTA takes */
+#define DSA_HG 16   /* query heads a split CTA takes at most */
+#define DSA_U 8     /* value rows a thread loads ahead */
+
+/* grid (slot, KV head x head groups, key chunk); part [n][nh][nsplit][D + 2]: the chunk's
+ * unnormalized output, its maximum score and its exp-sum (empty chunk: -inf, 0). The chunk's
+ * key j is context position lo_i + j (ring slot % cap) while j < nc_i, then block key j - nc_i;
+ * its rows' offsets are worked out once into shared memory. */
+__global__ void __launch_bounds__(DSA_THREADS) k_dsa_split(const float *q, const float *kb, const float *vb, int n, int nh,
+                                                           int nkv, int D, int HG, const float *kr, const float *vr, int cap,
+                                                           int lo0, int len, int pos, int window, float scale, int nsplit,
+                                                           float *part) {
+    extern __shared__ float sm[]; /* [HG][D] queries, [HG][DSA_KEYS] scores */
+    __shared__ const float *krow[DSA_KEYS], *vrow[DSA_KEYS];
+    const int i = blockIdx.x, G = nh / nkv, hgroups = G / HG, g = blockIdx.y / hgroups;
+    const int h0 = g * G + (blockIdx.y % hgroups) * HG, z = blockIdx.z;
+    const size_t kw = (size_t)nkv * D;
+    float *qs = sm, *sc = sm + (size_t)HG * D;
+    long lo = (long)pos + i - window + 1;
+    if (lo < lo0) lo = lo0;
+    const int nc = lo < len ? (int)(len - lo) : 0, ns = nc + n;
+    const int j0 = z * DSA_KEYS, cnt = ns - j0 < DSA_KEYS ? ns - j0 : DSA_KEYS;
+    const size_t hstride = (size_t)nsplit * (D + 2);
+    float *pp = part + ((size_t)i * nh + h0) * hstride + (size_t)z * (D + 2); /* head h0 + hh: + hh * hstride */
+    if (cnt <= 0) { /* this slot has fewer keys than slot 0 */
+        for (int x = threadIdx.x; x < HG * (D + 2); x += blockDim.x) {
+            const int hh = x / (D + 2), d = x % (D + 2);
+            pp[hh * hstride + d] = d == D ? -INFINITY : 0.0f;
+        }
+        return;
+    }
+    for (int x = threadIdx.x; x < HG * D; x += blockDim.x) qs[x] = q[((size_t)i * nh + h0 + x / D) * D + x % D];
+    for (int j = threadIdx.x; j < cnt; j += blockDim.x) {
+        const int jj = j0 + j;
+        const size_t off = jj < nc ? (size_t)((lo + jj) % cap) * kw : 0;
+        krow[j] = (jj < nc ? kr + off : kb + (size_t)(jj - nc) * kw) + (size_t)g * D;
+        vrow[j] = (jj < nc ? vr + off : vb + (size_t)(jj - nc) * kw) + (size_t)g * D;
+    }
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    for (int j = warp; j < cnt; j += nw) { /* a warp per key: its row once, every head's dot product */
+        const float *k = krow[j];
+        float acc[DSA_HG];
+#pragma unroll
+        for (int hh = 0; hh < DSA_HG; hh++) acc[hh] = 0;
+        for (int d = lane; d < D; d += 32) {
+            const float kv = k[d];
+#pragma unroll
+            for (int hh = 0; hh < DSA_HG; hh++)
+                if (hh < HG) acc[hh] += qs[hh * D + d] * kv;
+        }
+#pragma unroll
+        for (int hh = 0; hh < DSA_HG; hh++)
+            if (hh < HG) {
+                const float v = warp_sum(acc[hh]);
+                if (lane == 0) sc[hh * DSA_KEYS + j] = v * scale;
+            }
+    }
+    __syncthreads();
+    for (int hh = warp; hh < HG; hh += nw) { /* a warp per head: the chunk's maximum and exp-sum */
+        float mx = -INFINITY;
+        for (int j = lane; j < cnt; j += 32) mx = fmaxf(mx, sc[hh * DSA_KEYS + j]);
+        mx = warp_max(mx);
+        float sum = 0;
+        for (int j = lane; j < cnt; j += 32) {
+            const float e = expf(sc[hh * DSA_KEYS + j] - mx);
+            sc[hh * DSA_KEYS + j] = e;
+            sum += e;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) {
+            pp[hh * hstride + D] = mx;
+            pp[hh * hstride + D + 1] = sum;
+        }
+    }
+    __syncthreads();
+    /* the output: thread (set, channel d) over heads set, set + sets, ...; each value row once,
+     * DSA_U rows loaded ahead (the loads' latency, not the arithmetic, bounds this loop) */
+    const int sets = blockDim.x / D, d = threadIdx.x % D, set = threadIdx.x / D;
+    if (set >= sets) return;
+    float o[DSA_HG];
+#pragma unroll
+    for (int k = 0; k < DSA_HG; k++) o[k] = 0;
+    for (int j = 0; j < cnt; j += DSA_U) {
+        float v[DSA_U];
+#pragma unroll
+        for (int u = 0; u < DSA_U; u++) v[u] = j + u < cnt ? vrow[j + u][d] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < DSA_U; u++) {
+            if (j + u >= cnt) break;
+#pragma unroll
+            for (int k = 0; k < DSA_HG; k++) {
+                const int hh = set + k * sets;
+                if (hh < HG) o[k] += sc[hh * DSA_KEYS + j + u] * v[u];
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < DSA_HG; k++) {
+        const int hh = set + k * sets;
+        if (hh < HG) pp[hh * hstride + d] = o[k];
+    }
+}
+
+/* one CTA per (slot, head), a thread per channel: the chunks rescaled to their common maximum */
+__global__ void k_dsa_combine(const float *part, int nsplit, int D, float *out) {
+    const float *p = part + (size_t)blockIdx.x * nsplit * (D + 2);
+    float M = -INFINITY;
+    for (int z = 0; z < nsplit; z++) M = fmaxf(M, p[(size_t)z * (D + 2) + D]);
+    double L = 0;
+    for (int z = 0; z < nsplit; z++) {
+        const float m = p[(size_t)z * (D + 2) + D];
+        if (m > -INFINITY) L += (double)p[(size_t)z * (D + 2) + D + 1] * exp((double)m - M);
+    }
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        double o = 0;
+        for (int z = 0; z < nsplit; z++) {
+            const float m = p[(size_t)z * (D + 2) + D];
+            if (m > -INFINITY) o += (double)p[(size_t)z * (D + 2) + d] * exp((double)m - M);
+        }
+        out[(size_t)blockIdx.x * D + d] = (float)(o / L);
+    }
+}
+
 void m3_cu_dspark_attention(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
                             const float *kr, const float *vr, int cap, int lo, int len, int pos, int window, float *out) {
     m3_cuda *c = (m3_cuda *)ctx;
     if (n <= 0 || c->failed) return;
     if (nkv <= 0 || nh % nkv) { m3_cu_failf(c, "dspark attention: %d query heads over %d KV heads", nh, nkv); return; }
     m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)n * nh * D);
+    static int split = -1; /* M3_DSA_SPLIT=0: the first kernel (comparisons) */
+    if (split < 0) split = m3_cu_env_int("M3_DSA_SPLIT", 1) != 0;
+    const int G = nh / nkv, HG = G <= DSA_HG ? G : DSA_HG;
+    if (split && D <= DSA_THREADS && DSA_THREADS % D == 0 && G % HG == 0) {
+        long lo0 = (long)pos - window + 1; /* slot 0 reads the most context keys */
+        if (lo0 < lo) lo0 = lo;
+        const int nc0 = lo0 < len ? (int)(len - lo0) : 0, nsplit = (int)cdiv((size_t)nc0 + n, DSA_KEYS);
+        float *part = (float *)m3_cu_scratch(c, SC_DSA, sizeof(float) * (size_t)n * nh * nsplit * (D + 2));
+        if (!part) return;
+        const size_t smem = sizeof(float) * (size_t)HG * (D + DSA_KEYS);
+        k_dsa_split<<<dim3(n, nkv * (G / HG), nsplit), DSA_THREADS, smem, c->st>>>(
+            q, kb, vb, n, nh, nkv, D, HG, kr, vr, cap, lo, len, pos, window, 1.0f / sqrtf((float)D), nsplit, part);
+        k_dsa_combine<<<n * nh, D < 128 ? D : 128, 0, c->st>>>(part, nsplit, D, out);
+        CK_LAUNCH(c, "dspark attention");
+        return;
+    }
     const int ctxk = len > lo ? len - lo : 0;
     const size_t smem = sizeof(float) * ((size_t)D + (size_t)ctxk + (size_t)n); /* every slot reads <= ctxk context keys */
     if (smem > c->smem_optin) {

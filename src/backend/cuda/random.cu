@@ -167,6 +167,11 @@ static int random_pass(m3_cuda *c, const void *arg, m3_weights *w, m3_err *err) 
     }
     if (!bad) bad |= RL(w->embed, shape->embed);
     if (!bad) bad |= RL(w->lm_head, shape->lm_head);
+    for (int i = 0; i < M3_WEIGHTS_AUX && !bad; i++) { /* a companion model's (the DSpark draft's) */
+        if (shape->aux[i].w) bad |= RL(w->aux[i], shape->aux[i]);
+        if (shape->aux_vec_n[i] > 0) w->aux_vec[i] = zeros(c, shape->aux_vec_n[i], &bad);
+        w->aux_vec_n[i] = shape->aux_vec_n[i];
+    }
 #undef RL
     if (!bad) w->final_norm = zeros(c, H, &bad);
     if (!bad && c->wa_mode != 1) bad |= CK(c, cudaStreamSynchronize(c->st));

@@ -195,6 +195,7 @@ void m3_cu_weights_release(void *ctx, m3_weights *w) {
     FREE_LIN(w->embed);
     if (w->lm_head.w != w->embed.w) FREE_LIN(w->lm_head);
     cudaFree(w->final_norm);
+    for (int i = 0; i < M3_WEIGHTS_AUX; i++) { FREE_LIN(w->aux[i]); cudaFree(w->aux_vec[i]); }
     free(w->layers);
     memset(w, 0, sizeof *w);
 #undef FREE_LIN
@@ -251,6 +252,11 @@ static int upload_pass(m3_cuda *c, const m3_weights *h, m3_weights *d, m3_err *e
         else bad |= up_linear(c, &h->lm_head, &d->lm_head);
     }
     if (!bad) d->final_norm = up_vec(c, h->final_norm, h->hidden, &bad);
+    for (int i = 0; i < M3_WEIGHTS_AUX && !bad; i++) { /* a companion model's (the DSpark draft's) */
+        bad |= up_linear(c, &h->aux[i], &d->aux[i]);
+        d->aux_vec[i] = up_vec(c, h->aux_vec[i], h->aux_vec_n[i], &bad);
+        d->aux_vec_n[i] = h->aux_vec_n[i];
+    }
     if (bad || c->failed) {
         if (!c->failed) m3_cu_failf(c, "out of memory");
         m3_errf(err, "uploading the weights to the GPU: %s", c->errmsg);

@@ -1,0 +1,186 @@
+/* m3 bench --random-weights --dspark-config FILE: the DSpark draft on the GPU beside the target
+ * (src/cli/bench_gpu.c), with random weights of the draft config's shapes. Per batch: the
+ * draft (the context append of the rows a step commits, the block forward of k slots, the k
+ * Markov rows and the draws on the host, as the engine drafts), the verify pass of k + 1
+ * tokens with the draft's capture on the device, the whole speculative step, and what the step
+ * would give at the seed's mean accepted lengths: a projection, since random weights accept
+ * nothing worth measuring. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backend/cuda/cuda.h"
+#include "../engine/sampler.h"
+#include "../engine/spec.h"
+#include "../model/dspark.h"
+#include "cli.h"
+
+static char *slurp(const char *path, m3_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { m3_errf(err, "%s: cannot open", path); return NULL; }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = n >= 0 && n < (16 << 20) ? malloc((size_t)n + 1) : NULL;
+    if (!s) { fclose(f); m3_errf(err, "%s: unreadable or too large", path); return NULL; }
+    size_t got = fread(s, 1, (size_t)n, f);
+    fclose(f);
+    s[got] = 0;
+    return s;
+}
+
+int m3_bench_dspark_load(const char *path, m3_model *m, int full_layers, uint64_t seed, m3_dspark *d, m3_err *err) {
+    char *text = slurp(path, err);
+    if (!text) return -1;
+    /* checked against the whole target; with fewer layers the captured ones are spread over
+     * those (layer l of L -> l * layers / L), so the verify pass captures as many */
+    m3_config full = m->cfg; /* shallow: only the layer count differs */
+    full.n_layers = full_layers;
+    m3_dspark_config dc;
+    int rc = m3_dspark_config_parse(&dc, text, path, &full, err);
+    free(text);
+    if (rc) return -1;
+    for (int i = 0; i < dc.n_target; i++) {
+        dc.target_layers[i] = (int)((long)dc.target_layers[i] * m->cfg.n_layers / full_layers);
+        if (i && dc.target_layers[i] <= dc.target_layers[i - 1]) {
+            m3_dspark_config_free(&dc);
+            return m3_errf(err, "%s: %d layers are too few to spread the draft's %d captured layers over", path,
+                           m->cfg.n_layers, dc.n_target);
+        }
+    }
+    m3_weights shape, dw;
+    if (m3_dspark_weights_shapes(&dc, &shape, err)) { m3_dspark_config_free(&dc); return -1; }
+    rc = m3_cuda_random_weights_like(m->ops, &dc.base, &shape, seed, &dw, err);
+    m3_weights_free(&shape);
+    if (rc) { m3_dspark_config_free(&dc); return -1; }
+    return m3_dspark_from_device(d, &dc, m, m->ops, &dw, err);
+}
+
+static void sort(double *a, long n) {
+    for (long i = 1; i < n; i++)
+        for (long k = i; k > 0 && a[k] < a[k - 1]; k--) { double t = a[k]; a[k] = a[k - 1]; a[k - 1] = t; }
+}
+
+/* capture taps into feat (device [T][F]) */
+typedef struct { m3_dspark *d; float *feat; } cap_arg;
+static void cap(void *arg, int layer, const float *h, int T, int H) {
+    cap_arg *c = arg;
+    int s = m3_dspark_feat_slot(c->d, layer), F = m3_dspark_feat_dim(c->d);
+    if (s < 0) return;
+    const m3_ops *op = c->d->ops;
+    op->copy_rows(op, c->feat + (size_t)s * H, sizeof(float) * (size_t)F, h, sizeof(float) * (size_t)H,
+                  sizeof(float) * (size_t)H, (size_t)T);
+}
+
+int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int k, long steps, double decode_s,
+                    int profile, m3_err *err) {
+    m3_ops *ops = m->ops;
+    const int V = m->cfg.vocab, F = m3_dspark_feat_dim(d), q = k + 1;
+    const long T = nb * q;
+    int rc = 0;
+    if (nb > M3_SPEC_DRAFT_BATCH) return m3_errf(err, "dspark bench: batch %ld > %d", nb, M3_SPEC_DRAFT_BATCH);
+    m3_kv_seq *seqs = calloc((size_t)nb, sizeof *seqs);
+    m3_kv_seq **sp = calloc((size_t)nb, sizeof *sp);
+    m3_dspark_ctx *cx = calloc((size_t)nb, sizeof *cx);
+    m3_sampler **sm = calloc((size_t)nb, sizeof *sm);
+    m3_rng *rng = calloc((size_t)nb, sizeof *rng);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * 3), *pos = ids ? ids + T : NULL, *sq = ids ? pos + T : NULL;
+    int32_t *drafts = malloc(sizeof(int32_t) * (size_t)nb * M3_SPEC_MAX_TOKENS);
+    int *rows = malloc(sizeof(int) * (size_t)T);
+    float *hrows = malloc(sizeof(float) * (size_t)nb * V);
+    double *st = malloc(sizeof(double) * (size_t)steps * 3);
+    float *feat = ops->alloc(ops->ctx, sizeof(float) * (size_t)T * F);
+    m3_sample_ws *ws = m3_sample_ws_create(V, err);
+    m3_spec_draft_req rq[M3_SPEC_DRAFT_BATCH];
+    if (!seqs || !sp || !cx || !sm || !rng || !ids || !drafts || !rows || !hrows || !st || !feat || !ws) {
+        rc = m3_errf(err, "dspark bench: out of memory");
+        goto out;
+    }
+    const int W = d->cfg.window;
+    /* the draft contexts: the last min(ctx, window) positions, from the capture buffer's rows */
+    for (long s = 0; s < nb && !rc; s++) {
+        m3_sampling sg = {0};
+        int32_t p0 = 1;
+        if (!(sm[s] = m3_sampler_create(&sg, V, &p0, 1, err))) { rc = -1; break; }
+        m3_rng_seed(&rng[s], 7 + (uint64_t)s);
+        long first = ctx > W ? ctx - W : 0;
+        m3_dspark_ctx_reset(&cx[s], (int)first);
+        for (long p = first; p < ctx && !rc; p += T) {
+            long n = ctx - p < T ? ctx - p : T;
+            rc = m3_dspark_ctx_append_dev(d, &cx[s], feat, (int)p, (int)n, err);
+        }
+    }
+    if (rc) goto out;
+    double *t_draft = st, *t_ver = st + steps, *t_all = st + 2 * steps;
+    cap_arg ca = {d, feat};
+    m3_taps taps = {.arg = &ca, .capture_layers = d->capture, .capture = cap, .capture_dev = 1,
+                    .graph_key = (uint64_t)(uintptr_t)feat};
+    /* each timed step: draft (append of the k + 1 rows of the last verify, block, Markov and
+     * draws), then the verify pass of [anchor, drafts] per sequence, capturing into feat */
+    for (long it = 0; it < steps + 2 && !rc; it++) {
+        double a = m3_cuda_sync_time(ops);
+        for (long s = 0; s < nb && !rc; s++)
+            if (it > 0) rc = m3_dspark_ctx_append_dev(d, &cx[s], feat + (size_t)s * q * F, cx[s].len, q, err);
+        for (long s = 0; s < nb; s++)
+            rq[s] = (m3_spec_draft_req){&cx[s], sm[s], &rng[s], (int32_t)((s * 7919 + it) % V), cx[s].len,
+                                        drafts + s * M3_SPEC_MAX_TOKENS, NULL, 0, 0};
+        if (!rc) rc = m3_spec_draft_n(d, rq, (int)nb, ws, M3_SPEC_DRAFT_GREEDY, k, hrows, err);
+        double b = m3_cuda_sync_time(ops);
+        /* the target's caches: each sequence at its draft position (the context grows by q a step) */
+        for (long s = 0; s < nb && !rc; s++) {
+            sp[s] = &seqs[s];
+            int p0 = (int)(ctx + it * q);
+            if (m3_kv_seq_reserve(kv, &seqs[s], p0 + q, err)) { rc = -1; break; }
+            seqs[s].len = p0;
+            for (int j = 0; j < q; j++) {
+                long t = s * q + j;
+                ids[t] = j ? drafts[s * M3_SPEC_MAX_TOKENS + j - 1] : rq[s].anchor;
+                pos[t] = p0 + j;
+                sq[t] = (int32_t)s;
+                rows[t] = (int)t;
+            }
+        }
+        m3_batch bt = {(int)T, pos, sq, sp};
+        double c0 = m3_cuda_sync_time(ops);
+        if (!rc) rc = m3_forward(m, kv, &bt, ids, rows, (int)T, NULL, &taps, err);
+        double c1 = m3_cuda_sync_time(ops);
+        if (it >= 2) {
+            t_draft[it - 2] = b - a;
+            t_ver[it - 2] = c1 - c0;
+            t_all[it - 2] = (b - a) + (c1 - c0);
+        }
+    }
+    if (rc) goto out;
+    sort(t_draft, steps);
+    sort(t_ver, steps);
+    sort(t_all, steps);
+    double dm = t_draft[steps / 2], vm = t_ver[steps / 2], am = t_all[steps / 2];
+    printf("  dspark (k %d, %d draft layers, window %d, %ld sequences drafted in one pass): draft %.3f ms (append %d rows + "
+           "block + %d Markov rows + draws), verify of %d with capture %.3f ms, whole step %.3f ms = %.2f decode steps\n",
+           k, d->cfg.base.n_layers, W, nb, dm * 1e3, q, k, q, vm * 1e3, am * 1e3, am / decode_s);
+    printf("  dspark projection (random weights: acceptance not measured): at MAL 3.48 %.2fx, at MAL 4.77 %.2fx the "
+           "decode speed (MAL x decode step / whole step)\n",
+           3.48 * decode_s / am, 4.77 * decode_s / am);
+    if (profile) { /* where the draft's time goes: 3 drafts (append + block + Markov + draws), per op */
+        m3_cuda_profile(ops, 1);
+        for (int it = 0; it < 3 && !rc; it++) {
+            for (long s = 0; s < nb && !rc; s++)
+                rc = m3_dspark_ctx_append_dev(d, &cx[s], feat + (size_t)s * q * F, cx[s].len, q, err);
+            for (long s = 0; s < nb; s++) rq[s].pos = cx[s].len;
+            if (!rc) rc = m3_spec_draft_n(d, rq, (int)nb, ws, M3_SPEC_DRAFT_GREEDY, k, hrows, err);
+        }
+        if (!rc) {
+            printf("  dspark draft per op (3 drafts):\n");
+            m3_cuda_profile_report(ops, 3, stdout);
+        }
+        m3_cuda_profile(ops, 0);
+    }
+out:
+    for (long s = 0; seqs && s < nb; s++) m3_kv_seq_release(kv, &seqs[s]);
+    for (long s = 0; cx && s < nb; s++) m3_dspark_ctx_free(&cx[s]);
+    for (long s = 0; sm && s < nb; s++) m3_sampler_free(sm[s]);
+    if (feat) ops->release(ops->ctx, feat);
+    m3_sample_ws_free(ws);
+    free(seqs); free(sp); free(cx); free(sm); free(rng); free(ids); free(drafts); free(rows); free(hrows); free(st);
+    return rc ? -1 : 0;
+}

@@ -142,6 +142,30 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
           st->grammar_wait_s);
     gauge(&b, "m3_grammar_mask_inline_seconds_total", "Seconds spent on masks computed as their rows were sampled.",
           st->grammar_inline_s);
+    if (st->spec_k > 0) { /* speculative decoding (vLLM's spec_decode counters, and the ratios they give) */
+        counter(&b, "m3_spec_decode_num_drafts_total", "Speculative steps: one request verified against its drafts in one step.",
+                st->spec_verify_steps);
+        counter(&b, "m3_spec_decode_num_draft_tokens_total", "Draft tokens verified.", st->spec_draft_tokens);
+        counter(&b, "m3_spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", st->spec_accepted_tokens);
+        counter(&b, "m3_spec_decode_num_emitted_tokens_total",
+                "Tokens emitted by speculative steps (accepted drafts + the target's own token, less when a stop cut it).",
+                st->spec_emitted_tokens);
+        gauge(&b, "m3_spec_decode_mean_accepted_length", "MAL: tokens emitted per speculative step (emitted / drafts).",
+              st->spec_verify_steps ? (double)st->spec_emitted_tokens / st->spec_verify_steps : 0.0);
+        const int k = st->spec_k < M3_SPEC_MAX_TOKENS ? st->spec_k : M3_SPEC_MAX_TOKENS;
+        head(&b, "m3_spec_decode_num_drafts_per_pos_total", "counter", "Speculative steps that verified a draft at position (0-based).");
+        for (int i = 0; i < k; i++)
+            m3_sbuf_printf(&b, "m3_spec_decode_num_drafts_per_pos_total{position=\"%d\"} %llu\n", i,
+                           (unsigned long long)st->spec_drafted_per_pos[i]);
+        head(&b, "m3_spec_decode_num_accepted_tokens_per_pos_total", "counter", "Of those, steps that accepted it.");
+        for (int i = 0; i < k; i++)
+            m3_sbuf_printf(&b, "m3_spec_decode_num_accepted_tokens_per_pos_total{position=\"%d\"} %llu\n", i,
+                           (unsigned long long)st->spec_accepted_per_pos[i]);
+        head(&b, "m3_spec_decode_acceptance_rate", "gauge", "Acceptance at position (0-based): accepted / verified there.");
+        for (int i = 0; i < k; i++)
+            m3_sbuf_printf(&b, "m3_spec_decode_acceptance_rate{position=\"%d\"} %.6g\n", i,
+                           st->spec_drafted_per_pos[i] ? (double)st->spec_accepted_per_pos[i] / st->spec_drafted_per_pos[i] : 0.0);
+    }
     counter(&b, "m3_requests_nonfinite_logits_total",
             "Sequences ended with an error because their logits held a NaN or an Inf.", st->nonfinite_logits);
     if (info->fault_armed) {

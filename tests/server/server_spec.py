@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""`m3 serve --speculative-config` (issue 27, acceptance 3, on the CPU here): a DSpark draft beside
+the target, 1, 16 and 64 concurrent streaming completions, every one complete and equal to what
+the same server without speculation answers (greedy: on the CPU the forward is batch invariant per
+token, so speculation changes no token), then /metrics: the speculative counters add up (drafts
+per position, accepted <= verified, emitted = accepted + one per step when no stop cut a step),
+MAL and the acceptance per position as gauges. The random draft of make-tiny accepts almost
+nothing (its MAL is ~1): what acceptance does to the output is tests/spec's work (the lossless
+rule by chi-square, drafts that agree with the target); here it is the server around it.
+
+  python3 tests/server/server_spec.py M3_BINARY WORK_DIR"""
+import asyncio
+import json
+import os
+
+import srvlib
+from srvlib import check
+import load_test as lt
+
+K = 3
+SPEC = '{"method": "dspark", "num_speculative_tokens": %d, "draft_sample_method": "greedy"}' % K
+
+
+async def texts(port, prompts, max_tokens):
+    """the streamed completions of the prompts, all at once; None for one that failed"""
+    async def one(p):
+        body = {"prompt": p, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+        try:
+            status, headers, r, w = await lt.http("127.0.0.1", port, "POST", "/v1/completions", body, 120.0)
+            raw = b"".join([c async for c in lt.body_chunks(r, headers, 120.0)])
+            w.close()
+        except Exception as e:  # noqa: BLE001 (the failure is the check's message)
+            return None, f"{type(e).__name__}: {e}"
+        if status != 200:
+            return None, f"status {status}"
+        events = [x[6:] for x in raw.decode("utf-8", "replace").split("\n\n") if x.startswith("data: ")]
+        if not events or events[-1] != "[DONE]":
+            return None, "no [DONE]"
+        out, finish = "", None
+        for e in events[:-1]:
+            j = json.loads(e)
+            for c in j.get("choices", []):
+                out += c.get("text", "")
+                finish = c.get("finish_reason") or finish
+        return (out if finish == "length" else None), f"finish {finish}"
+    return await asyncio.gather(*[one(p) for p in prompts])
+
+
+async def main(m3, work):
+    ck = srvlib.make_checkpoint(m3, os.path.join(work, "ck"), ["--with-dspark"])
+    prompts = [f"Prompt {i}: " + " ".join(str((i * 7 + j) % 97) for j in range(i % 11 + 1)) for i in range(64)]
+    want = {}
+    srv = srvlib.Server(m3, ck, ["--max-num-seqs", "64"])
+    try:
+        got = await texts(srv.port, prompts, 24)
+        for p, (t, why) in zip(prompts, got):
+            want[p] = t
+        check(all(t is not None for t, _ in got), "without speculation: 64 completions, each complete")
+    finally:
+        srv.stop()
+    srv = srvlib.Server(m3, ck, ["--max-num-seqs", "64", "--speculative-config", SPEC])
+    try:
+        for n in (1, 16, 64):
+            got = await texts(srv.port, prompts[:n], 24)
+            bad = [(i, why) for i, (t, why) in enumerate(got) if t is None]
+            check(not bad, f"{n} concurrent streams with DSpark k {K}: every one complete ({bad[:3]})")
+            diff = [i for i, (t, _) in enumerate(got) if t is not None and t != want[prompts[i]]]
+            check(not diff, f"... each equal to the answer without speculation (differ: {diff[:5]})")
+        m = await lt.metrics("127.0.0.1", srv.port)
+        steps = m.get("m3_spec_decode_num_drafts_total", 0)
+        drafted = m.get("m3_spec_decode_num_draft_tokens_total", -1)
+        acc = m.get("m3_spec_decode_num_accepted_tokens_total", -1)
+        emitted = m.get("m3_spec_decode_num_emitted_tokens_total", -1)
+        per_d = [m.get(f'm3_spec_decode_num_drafts_per_pos_total{{position="{i}"}}', -1) for i in range(K)]
+        per_a = [m.get(f'm3_spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}}', -1) for i in range(K)]
+        rate = [m.get(f'm3_spec_decode_acceptance_rate{{position="{i}"}}', -1) for i in range(K)]
+        mal = m.get("m3_spec_decode_mean_accepted_length", -1)
+        check(steps > 0 and drafted > 0, f"/metrics: speculative steps ({steps:.0f}) and draft tokens ({drafted:.0f})")
+        check(sum(per_d) == drafted and 0 <= acc <= drafted and sum(per_a) == acc,
+              f"... per-position counts add up (drafted {per_d} = {drafted:.0f}, accepted {per_a} = {acc:.0f})")
+        check(all(per_a[i] <= per_d[i] for i in range(K)) and all(per_d[i + 1] <= per_d[i] for i in range(K - 1)),
+              f"... a position is verified only after the one before it ({per_d}), accepted at most as often ({per_a})")
+        check(steps <= emitted <= acc + steps, f"... emitted tokens between one per step and accepted + one ({emitted:.0f})")
+        check(abs(mal - emitted / steps) < 1e-4 and 1 <= mal <= K + 1, f"... MAL {mal:.4f} = emitted / steps, within 1..{K + 1}")
+        check(all(abs(rate[i] - (per_a[i] / per_d[i] if per_d[i] else 0)) < 1e-4 for i in range(K)),
+              f"... acceptance per position {rate} = accepted / verified there")
+        check(m.get('m3_requests_finished_total{finish_reason="length"}', 0) == 1 + 16 + 64,
+              "... and every request finished by its length")
+    finally:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    srvlib.run(main, "server_spec", __doc__)

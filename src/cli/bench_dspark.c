@@ -123,7 +123,7 @@ int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int
             if (it > 0) rc = m3_dspark_ctx_append_dev(d, &cx[s], feat + (size_t)s * q * F, cx[s].len, q, err);
         for (long s = 0; s < nb; s++)
             rq[s] = (m3_spec_draft_req){&cx[s], sm[s], &rng[s], (int32_t)((s * 7919 + it) % V), cx[s].len,
-                                        drafts + s * M3_SPEC_MAX_TOKENS, NULL, 0, 0};
+                                        drafts + s * M3_SPEC_MAX_TOKENS, NULL, NULL, 0, 0};
         if (!rc) rc = m3_spec_draft_n(d, rq, (int)nb, ws, M3_SPEC_DRAFT_GREEDY, k, hrows, err);
         double b = m3_cuda_sync_time(ops);
         /* the target's caches: each sequence at its draft position (the context grows by q a step) */

@@ -90,6 +90,9 @@ static int generate_spec(m3_model *m, const m3_spec_config *sc, const int32_t *i
             st.spec_verify_steps ? (double)st.spec_emitted_tokens / st.spec_verify_steps : 0.0);
     for (int i = 0; i < st.spec_k; i++)
         fprintf(stderr, " %.3f", st.spec_drafted_per_pos[i] ? (double)st.spec_accepted_per_pos[i] / st.spec_drafted_per_pos[i] : 0.0);
+    if (sc->confidence_threshold > 0)
+        fprintf(stderr, "; confidence >= %g: %llu drafts not verified", sc->confidence_threshold,
+                (unsigned long long)st.spec_conf_skipped);
     fprintf(stderr, "\n");
 done:
     rc = g.reason == M3_FINISH_ERROR ? 1 : 0;

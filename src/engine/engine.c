@@ -128,7 +128,14 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
             e->spec = 1;
             e->draft_dev = dops->device_memory != 0;
             e->draft.cfg.last_layer_final_norm = o->spec.last_layer_final_norm;
-            if (e->k > e->draft.cfg.window) {
+            e->conf_thr = (float)o->spec.confidence_threshold;
+            if (e->conf_thr > 0 && !e->draft.cfg.confidence_head) {
+                m3_errf(err, "engine: dspark_confidence_threshold %g, but the draft in %s has no confidence head "
+                             "(enable_confidence_head is not true in its config.json)",
+                        (double)e->conf_thr, o->spec.draft_dir);
+                e->spec = 0;
+                m3_dspark_free(&e->draft);
+            } else if (e->k > e->draft.cfg.window) {
                 m3_errf(err, "engine: num_speculative_tokens %d exceeds the draft's sliding window %d", e->k,
                         e->draft.cfg.window);
                 e->spec = 0;

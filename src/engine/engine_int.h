@@ -55,6 +55,7 @@ typedef struct req {
     float *q;                  /* [k][V] draft distributions (probabilistic drafting of a sampled request) */
     int q_used;
     int32_t draft[M3_SPEC_MAX_TOKENS];
+    float conf[M3_SPEC_MAX_TOKENS]; /* the confidence head's estimates of the drafts (a threshold is set) */
     /* this step */
     int n_sched, decode, out_idx, done;
     int k_sched;               /* drafts verified this step (0: not a speculative decode) */
@@ -106,6 +107,7 @@ struct m3_engine {
     char pool_how[320];          /* how the pool's size was chosen (m3_engine_pool_how) */
     /* speculative decoding */
     int spec, k, draft_method; /* spec: the draft is loaded */
+    float conf_thr;            /* verify drafts while the confidence head gives them this (0: all) */
     m3_dspark draft;
     float *feat;               /* [max_tokens_step][feat_dim] captured target rows of the step: host
                                 * memory, or (draft_dev) the draft's backend memory */

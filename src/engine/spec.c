@@ -61,9 +61,15 @@ int m3_spec_config_parse(m3_spec_config *c, const char *json, const char *model_
                 goto done;
             }
             c->draft_on_cpu = !strcmp(s, "cpu");
+        } else if (!strcmp(key, "dspark_confidence_threshold")) {
+            if (!json_is_number(v) || !(json_number_value(v) >= 0 && json_number_value(v) <= 1)) {
+                m3_errf(err, "--speculative-config: dspark_confidence_threshold must be a number in [0, 1]");
+                goto done;
+            }
+            c->confidence_threshold = json_number_value(v);
         } else {
             m3_errf(err, "--speculative-config: unknown key '%s' (method, num_speculative_tokens, draft_sample_method, "
-                         "model, dspark_last_layer_final_norm, dspark_draft_backend)", key);
+                         "model, dspark_last_layer_final_norm, dspark_draft_backend, dspark_confidence_threshold)", key);
             goto done;
         }
     }
@@ -162,9 +168,18 @@ int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws
     for (int j = 1; j < n && n_text; j++)
         if (m3_sampler_plain_greedy(rq[j].s) != n_text) n_text = 0;
     if (m3_dspark_block_n(d, n, cs, anchor, pos, k, err)) return -1;
+    int want_conf = 0;
+    for (int j = 0; j < n; j++) want_conf |= rq[j].conf != NULL;
+    if (want_conf && !d->cfg.confidence_head) return m3_errf(err, "dspark: the draft has no confidence head");
+    float conf[M3_SPEC_DRAFT_BATCH];
     for (int i = 0; i < k; i++) {
         /* slot i of every request, Markov-corrected with its draw at slot i - 1 (the anchor at 0) */
         if (m3_dspark_markov_n(d, i, prev, n_text ? NULL : rows, err)) return -1;
+        if (want_conf) { /* the head reads the same Markov input (prev) as the correction */
+            if (m3_dspark_confidence_n(d, i, conf, err)) return -1;
+            for (int j = 0; j < n; j++)
+                if (rq[j].conf) rq[j].conf[i] = conf[j];
+        }
         if (n_text) {
             if (m3_dspark_argmax_n(d, i, n_text, prev, err)) return -1;
             for (int j = 0; j < n; j++) rq[j].draft[i] = prev[j];
@@ -187,7 +202,7 @@ int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws
 
 int m3_spec_draft(m3_dspark *d, const m3_dspark_ctx *ctx, m3_sampler *s, m3_sample_ws *ws, m3_rng *rng, int method,
                   int32_t anchor, int pos, int k, float *rows, int32_t *draft, float *q, int *q_used, m3_err *err) {
-    m3_spec_draft_req r = {ctx, s, rng, anchor, pos, draft, q, 0, 0};
+    m3_spec_draft_req r = {ctx, s, rng, anchor, pos, draft, q, NULL, 0, 0};
     int rc = m3_spec_draft_n(d, &r, 1, ws, method, k, rows, err);
     *q_used = r.q_used;
     if (!rc && r.failed) rc = m3_errf(err, "dspark: the draft's draws failed (out of memory)");

@@ -41,7 +41,12 @@
  *     we apply the whole pipeline, penalties with the counts at drafting time); the draw uses
  *     a per-request draft RNG, so the target's RNG stream is used only by verification;
  *   - greedy drafting (and any greedy request) takes the argmax of the processed draft row;
- *   - the confidence head is not used (all k drafts are verified).
+ *   - the confidence head (sigmoid(proj([h_i ; markov_w1[prev_i]])), h_i the slot's final-normed
+ *     hidden state, prev_i the token its Markov correction used: the spec leaves which hidden
+ *     open) only shortens verification: with "dspark_confidence_threshold" t > 0 the engine
+ *     verifies d_1..d_m, m the length of the leading run of drafts whose confidence is >= t
+ *     (m = 0: a plain decode step); outputs stay exactly distributed (fewer drafts proposed
+ *     changes no token's law), greedy tokens stay those of plain decoding.
  */
 #ifndef M3_SPEC_H
 #define M3_SPEC_H
@@ -64,13 +69,15 @@ typedef struct m3_spec_config {
     int last_layer_final_norm;  /* [open] switch of the draft context (m3_dspark_config) */
     int draft_on_cpu;           /* "dspark_draft_backend": "cpu": the draft on a CPU op table beside a
                                  * GPU target (default "target": on the target's device when it has one) */
+    double confidence_threshold; /* "dspark_confidence_threshold" in [0, 1]: verify the drafts while the
+                                 * draft's confidence head gives each at least this (0: all, the default) */
     char draft_dir[4096];       /* where the draft checkpoint is */
 } m3_spec_config;
 
 /* Parses --speculative-config JSON: {"method": "dspark", "num_speculative_tokens": 7,
  * "draft_sample_method": "probabilistic" | "greedy", "model": DIR (optional),
  * "dspark_last_layer_final_norm": false (optional), "dspark_draft_backend": "target" | "cpu"
- * (optional)}. The draft directory is draft_dir when
+ * (optional), "dspark_confidence_threshold": 0.5 (optional)}. The draft directory is draft_dir when
  * non-NULL (--draft), else "model", else <model_dir>/dspark. Unknown keys are errors. */
 int m3_spec_config_parse(m3_spec_config *c, const char *json, const char *model_dir, const char *draft_dir,
                          m3_err *err);
@@ -108,6 +115,8 @@ typedef struct m3_spec_draft_req {
     int pos;
     int32_t *draft;             /* out: [k] */
     float *q;                   /* [k][V] as in m3_spec_draft */
+    float *conf;                /* out when non-NULL (the draft has a confidence head): [k] the head's
+                                 * estimate that draft i will be accepted */
     int q_used;                 /* out */
     int failed;                 /* out: this request's draws failed (the others went on) */
 } m3_spec_draft_req;

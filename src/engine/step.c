@@ -258,7 +258,8 @@ static void draft_all(m3_engine *e) {
             }
             batch[n] = r;
             /* always all k slots, so the drafts do not depend on how many get verified */
-            rq[n] = (m3_spec_draft_req){&r->dctx, r->smp, &r->drng, r->tok[r->n_tok - 1], r->n_done, r->draft, r->q, 0, 0};
+            rq[n] = (m3_spec_draft_req){&r->dctx, r->smp, &r->drng, r->tok[r->n_tok - 1], r->n_done, r->draft, r->q,
+                                        e->conf_thr > 0 ? r->conf : NULL, 0, 0};
             n++;
         }
         if (!n) continue;
@@ -277,6 +278,13 @@ static void draft_all(m3_engine *e) {
                 continue;
             }
             r->q_used = rq[j].q_used;
+            if (e->conf_thr > 0) { /* verify the leading drafts the confidence head trusts (0: a plain decode) */
+                int m = 0;
+                while (m < r->k_sched && r->conf[m] >= e->conf_thr) m++;
+                e->tot.spec_conf_skipped += (uint64_t)(r->k_sched - m);
+                r->k_sched = m;
+                r->n_sched = 1 + m;
+            }
             if (e->draft_hook && m3_sampler_is_greedy(r->smp))
                 e->draft_hook(e->draft_hook_arg, r->id, r->tok, r->n_tok, r->draft, e->k);
         }

@@ -592,10 +592,10 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
     if (!op->dspark_attention) return m3_errf(err, "dspark: backend '%s' has no DSpark attention", op->name);
     const int H = b->hidden, V = b->vocab, nh = b->n_heads, nkv = b->n_kv_heads, D = b->head_dim, R = nreq * n;
     const size_t NR = (size_t)R, qw = (size_t)nh * D, kw = (size_t)nkv * D, r = (size_t)d->cfg.markov_rank;
-    float *buf[11];
-    size_t sz[11] = {NR * H, NR * H, NR * qw, NR * kw, NR * kw, NR * qw, NR * H, NR * V, (size_t)nreq * r, (size_t)nreq * V,
-                     (size_t)nreq};
-    if (ws_take(d, 11, sz, buf, err) || meta_take(d, R, err)) return -1;
+    float *buf[13];
+    size_t sz[13] = {NR * H, NR * H, NR * qw, NR * kw, NR * kw, NR * qw, NR * H, NR * V, (size_t)nreq * r, (size_t)nreq * V,
+                     (size_t)nreq, (size_t)nreq * (H + r), (size_t)nreq};
+    if (ws_take(d, 13, sz, buf, err) || meta_take(d, R, err)) return -1;
     float *h = buf[0], *a = buf[1], *q = buf[2], *kb = buf[3], *vb = buf[4], *att = buf[5], *o = buf[6], *lg = buf[7];
     /* rows request-major (request j's block: rows j*n..), the attention's layout */
     for (int j = 0; j < nreq; j++)
@@ -645,6 +645,9 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
     d->mk_r = buf[8];
     d->mk_v = buf[9];
     d->mk_ids = (int32_t *)buf[10];
+    d->lg_h = a; /* no later op of the pass writes it */
+    d->cf_in = buf[11];
+    d->cf_out = buf[12];
     d->lg_nreq = nreq;
     d->lg_n = n;
     return 0;
@@ -681,6 +684,25 @@ int m3_dspark_argmax_n(m3_dspark *d, int slot, int n_text, int32_t *ids, m3_err 
     op->argmax_rows(op->ctx, d->lg + (size_t)slot * nreq * V, nreq, n_text, (size_t)V, d->mk_ids);
     op->download(op->ctx, ids, d->mk_ids, sizeof(int32_t) * (size_t)nreq);
     if (op->check && op->check(op->ctx, err)) return m3_err_prefix(err, "dspark argmax");
+    return 0;
+}
+
+int m3_dspark_confidence_n(m3_dspark *d, int slot, float *conf, m3_err *err) {
+    const int H = d->cfg.base.hidden, r = d->cfg.markov_rank, nreq = d->lg_nreq;
+    m3_ops *op = d->ops;
+    if (!d->cfg.confidence_head || !d->conf_w.w) return m3_errf(err, "dspark: the draft has no confidence head");
+    if (!d->lg || slot < 0 || slot >= d->lg_n) return m3_errf(err, "dspark confidence: slot %d of no block pass", slot);
+    if (!op->copy_rows) return m3_errf(err, "dspark: backend '%s' has no copy_rows op", op->name);
+    const size_t row = sizeof(float) * (size_t)(H + r);
+    op->copy_rows(op, d->cf_in, row, d->lg_h + (size_t)slot * nreq * H, sizeof(float) * (size_t)H, sizeof(float) * (size_t)H,
+                  (size_t)nreq);
+    op->copy_rows(op, d->cf_in + H, row, d->mk_r, sizeof(float) * (size_t)r, sizeof(float) * (size_t)r, (size_t)nreq);
+    op->linear(op->ctx, &d->conf_w, d->cf_in, nreq, d->cf_out);
+    float bias;
+    op->download(op->ctx, conf, d->cf_out, sizeof(float) * (size_t)nreq);
+    op->download(op->ctx, &bias, d->conf_bias, sizeof bias);
+    if (op->check && op->check(op->ctx, err)) return m3_err_prefix(err, "dspark confidence");
+    for (int j = 0; j < nreq; j++) conf[j] = 1.0f / (1.0f + expf(-(conf[j] + bias)));
     return 0;
 }
 

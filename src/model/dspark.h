@@ -21,8 +21,11 @@
  *            logits, slot i predicting position pos+i+1.
  *   markov   logits_i += markov_w2 @ markov_w1[prev] (prev: the anchor for slot 0, else the
  *            token drawn at slot i-1); the drawing itself lives in src/engine/spec.c.
- *   The confidence head is loaded (and validated) but not used: it only decides how many
- *   drafts to verify and never changes outputs (spec section 4); we always verify all.
+ *   confidence  c_i = sigmoid(proj([h_i ; markov_w1[prev]])), h_i slot i's final-normed hidden
+ *            state (the spec leaves which hidden open), prev as for the Markov row
+ *            (m3_dspark_confidence_n); it only decides how many drafts to verify and never
+ *            changes outputs (spec section 4): the engine uses it when
+ *            "dspark_confidence_threshold" is set (src/engine/spec.h), else verifies all.
  *
  * Open item kept a switch: cfg.last_layer_final_norm (default 0) feeds the last target
  * layer's stream after the target's final norm, as one port does, instead of the raw stream.
@@ -99,6 +102,8 @@ typedef struct m3_dspark {
     /* the last block pass (m3_dspark_block_n), in the workspace: logits [n][nreq][V] slot-major,
      * the Markov scratch [nreq][r] and [nreq][V] */
     float *lg, *mk_r, *mk_v;
+    float *lg_h, *cf_in, *cf_out;   /* final-normed hidden [n][nreq][H] slot-major; the confidence head's
+                                     * input [nreq][H + r] and output [nreq] */
     int32_t *mk_ids;            /* [nreq] greedy draws (m3_dspark_argmax_n) */
     int lg_nreq, lg_n;
     /* host metadata of a pass (positions, sequence ids, token ids) and its batch (begin_step) */
@@ -163,6 +168,10 @@ int m3_dspark_markov_n(m3_dspark *d, int slot, const int32_t *prev, float *rows,
  * the rows are (ops argmax_rows; -1 + err without it): the greedy draws of requests whose
  * sampler changes nothing (m3_sampler_plain_greedy), after m3_dspark_markov_n of the slot. */
 int m3_dspark_argmax_n(m3_dspark *d, int slot, int n_text, int32_t *ids, m3_err *err);
+/* The confidence head of slot `slot` of every request of the last block pass, after
+ * m3_dspark_markov_n of the slot (whose Markov input it reads): conf[j] = sigmoid(proj([h ;
+ * markov_w1[prev_j]])), h the slot's final-normed hidden state. -1 when the draft has none. */
+int m3_dspark_confidence_n(m3_dspark *d, int slot, float *conf, m3_err *err);
 
 /* Weight shapes of a draft (m3_weights_shapes' way: the bytes nowhere), packed as dspark.c
  * packs a draft for the upload: for random device weights of real shapes (m3 bench). */

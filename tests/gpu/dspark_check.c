@@ -145,7 +145,7 @@ int main(int argc, char **argv) {
         int qu;
         if (m3_spec_draft(&dc, &cc[j], sm[j], ws, &rng[j], M3_SPEC_DRAFT_GREEDY, anchor[j], LEN[j], K, scratch, dr_c[j], NULL,
                           &qu, &err)) { printf("FAIL cpu draft: %s\n", err.msg); return 1; }
-        rq[j] = (m3_spec_draft_req){&cg[j], sm[j], &rng[j], anchor[j], LEN[j], dr_g[j], NULL, 0, 0};
+        rq[j] = (m3_spec_draft_req){&cg[j], sm[j], &rng[j], anchor[j], LEN[j], dr_g[j], NULL, NULL, 0, 0};
     }
     if (m3_spec_draft_n(&dg, rq, NR, ws, M3_SPEC_DRAFT_GREEDY, K, scratch, &err)) { printf("FAIL gpu draft: %s\n", err.msg); return 1; }
     int same = 0;

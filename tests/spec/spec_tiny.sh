@@ -25,6 +25,27 @@ for k in 1 3 7; do
   done
 done
 echo "ok   m3 generate: same greedy tokens with --speculative-config (k 1, 3, 7; hub and bare drafts): $(grep MAL "$W/gen.err")"
+# the confidence head's threshold verifies fewer drafts and changes no token: drafts verified +
+# drafts left unverified = every draft of the run without it, fewer as the threshold rises, none at 1
+verified() { sed -n 's/.* verify steps, \([0-9]*\) drafts,.*/\1/p' "$W/gen.err"; }
+skipped() { sed -n 's/.*: \([0-9]*\) drafts not verified.*/\1/p' "$W/gen.err"; }
+last=""
+for t in 0.3 0.6 1; do
+  spec=$("$M3" generate -m "$W/q" --ids $ids -n 40 --ignore-eos \
+    --speculative-config "{\"method\":\"dspark\",\"num_speculative_tokens\":5,\"dspark_confidence_threshold\":$t}" 2>"$W/gen.err")
+  [ "$plain" = "$spec" ] || { echo "FAIL generate with confidence threshold $t: '$spec' vs '$plain'"; exit 1; }
+  v=$(verified); s=$(skipped)
+  [ -n "$v" ] && [ -n "$s" ] || { echo "FAIL no draft counts with threshold $t"; cat "$W/gen.err"; exit 1; }
+  [ -z "$last" ] || [ "$v" -le "$last" ] || { echo "FAIL threshold $t verifies more drafts ($v) than a lower one ($last)"; exit 1; }
+  [ "$t" != 1 ] || [ "$v" -eq 0 ] || { echo "FAIL threshold 1 verified $v drafts"; exit 1; }
+  echo "     threshold $t: $v drafts verified, $s not"
+  last=$v
+done
+"$M3" generate -m "$W/q" --ids $ids -n 40 --ignore-eos \
+  --speculative-config '{"method":"dspark","num_speculative_tokens":5}' 2>"$W/gen.err" >/dev/null
+all=$(verified)
+[ $((v + s)) -eq "$all" ] || { echo "FAIL threshold 1: $v + $s drafts, $all without a threshold"; exit 1; }
+echo "ok   dspark_confidence_threshold: same greedy tokens, fewer drafts verified as it rises ($all without it)"
 # tensor parallel (two thread ranks, through the engine): the same tokens with the draft beside the ranks
 tp2=$("$M3" generate -m "$W/q" --ids $ids -n 40 --ignore-eos -tp 2 2>"$W/gen.err") || { echo "FAIL generate -tp 2"; cat "$W/gen.err"; exit 1; }
 for k in 2 6; do
@@ -40,6 +61,8 @@ bad() {
 bad --speculative-config '{"method":"eagle"}'
 bad --speculative-config '{"method":"dspark","num_speculative_tokens":0}'
 bad --speculative-config '{"method":"dspark","foo":1}'
+bad --speculative-config '{"method":"dspark","dspark_confidence_threshold":1.5}'
+bad --speculative-config '{"method":"dspark","dspark_confidence_threshold":"high"}'
 bad --speculative-config '{"method":"dspark"}' --draft "$W/nowhere"
 echo "ok   bad speculative configs and a missing draft fail with a message ($(grep "m3 generate: " "$W/bad.err" | head -c 160))"
 "$TEST" "$W/q" "$SECTIONS"

@@ -144,6 +144,14 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         }
         if (!e->spec) { free(e); return NULL; }
     }
+    /* a draft on the device: its workspace now (the budget below sees it), its requests' context
+     * rings kept out of the pool */
+    size_t ring_bytes = 0;
+    if (e->spec && e->draft_dev &&
+        m3_dspark_reserve(&e->draft, o->max_num_seqs, o->max_num_batched_tokens, e->k, &ring_bytes, err)) {
+        free_early(e);
+        return NULL;
+    }
     int pages = o->kv_pages;
     size_t kv_bytes = o->kv_bytes;
     snprintf(e->pool_how, sizeof e->pool_how, "%s", pages > 0 ? "pages given" : "bytes given");
@@ -161,6 +169,19 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         } else {
             kv_bytes = m3_kv_budget_host(e->pool_how, sizeof e->pool_how);
             if (o->group) kv_bytes /= (size_t)m3_group_size(o->group); /* the ranks share the host */
+        }
+        if (!rc && ring_bytes) {
+            if (kv_bytes <= ring_bytes) {
+                rc = m3_errf(err, "engine: the KV budget (%.2f GiB) does not hold the DSpark draft's context rings for %d "
+                                  "requests (%.2f GiB: %d positions of %d layers each); lower --max-num-seqs",
+                             kv_bytes / 1073741824.0, o->max_num_seqs, ring_bytes / 1073741824.0, e->draft.cfg.window,
+                             e->draft.cfg.base.n_layers);
+            } else {
+                kv_bytes -= ring_bytes;
+                size_t l = strlen(e->pool_how);
+                snprintf(e->pool_how + l, sizeof e->pool_how - l, ", less %.2f GiB for the draft's context rings",
+                         ring_bytes / 1073741824.0);
+            }
         }
         if (rc) { free_early(e); return NULL; }
     }

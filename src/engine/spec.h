@@ -106,7 +106,7 @@ int m3_spec_draft(m3_dspark *d, const m3_dspark_ctx *ctx, m3_sampler *s, m3_samp
 /* The drafts of several requests: their blocks in one forward of the draft
  * (m3_dspark_block_n), then slot by slot the Markov rows of all of them added on the draft's
  * backend and the rows drawn on the host, each request as m3_spec_draft draws it. */
-#define M3_SPEC_DRAFT_BATCH 32
+#define M3_SPEC_DRAFT_BATCH M3_DSPARK_BATCH_MAX /* requests drafted in one pass (dspark.h) */
 typedef struct m3_spec_draft_req {
     const m3_dspark_ctx *ctx;
     m3_sampler *s;

@@ -387,11 +387,16 @@ int m3_dspark_feat_slot(const m3_dspark *d, int l) {
 /* ------------------------------------------------------------------ workspace */
 
 /* Carves n buffers of sz[i] floats (64-byte aligned) out of the workspace, growing it. */
+static size_t ws_need(int n, const size_t *sz) {
+    size_t need = 0;
+    for (int i = 0; i < n; i++) need += (sz[i] * 4 + 63) & ~(size_t)63;
+    return need;
+}
+
 static int ws_take(m3_dspark *d, int n, const size_t *sz, float **out, m3_err *err) {
     d->lg = NULL; /* the last block's logits are gone */
     d->lg_nreq = d->lg_n = 0;
-    size_t need = 0;
-    for (int i = 0; i < n; i++) need += (sz[i] * 4 + 63) & ~(size_t)63;
+    const size_t need = ws_need(n, sz);
     if (need > d->ws_bytes) {
         if (d->ws) d->ops->release(d->ops->ctx, d->ws);
         d->ws = d->ops->alloc(d->ops->ctx, need);
@@ -403,6 +408,43 @@ static int ws_take(m3_dspark *d, int n, const size_t *sz, float **out, m3_err *e
         out[i] = (float *)p;
         p += (sz[i] * 4 + 63) & ~(size_t)63;
     }
+    return 0;
+}
+
+/* the workspace pieces of a block pass of nreq requests x n slots (m3_dspark_block_n) */
+static void block_sizes(const m3_dspark *d, int nreq, int n, size_t sz[13]) {
+    const m3_config *b = &d->cfg.base;
+    const size_t NR = (size_t)nreq * n, H = (size_t)b->hidden, V = (size_t)b->vocab, qw = (size_t)b->n_heads * b->head_dim,
+                 kw = (size_t)b->n_kv_heads * b->head_dim, r = (size_t)d->cfg.markov_rank, q = (size_t)nreq;
+    const size_t s[13] = {NR * H, NR * H, NR * qw, NR * kw, NR * kw, NR * qw, NR * H, NR * V, q * r, q * V, q, q * (H + r), q};
+    memcpy(sz, s, sizeof s);
+}
+
+/* the workspace pieces of a context append of n positions (ctx_append) */
+static void append_sizes(const m3_dspark *d, int n, size_t sz[4]) {
+    const m3_config *b = &d->cfg.base;
+    const size_t N = (size_t)n, kw = (size_t)b->n_kv_heads * b->head_dim;
+    sz[0] = N * (size_t)m3_dspark_feat_dim(d);
+    sz[1] = N * (size_t)b->hidden;
+    sz[2] = sz[3] = N * kw;
+}
+
+int m3_dspark_reserve(m3_dspark *d, int max_seqs, int max_tokens, int k, size_t *ring_bytes, m3_err *err) {
+    const m3_config *b = &d->cfg.base;
+    size_t bs[13], as[4];
+    const int nreq = max_seqs < 1 ? 1 : max_seqs > M3_DSPARK_BATCH_MAX ? M3_DSPARK_BATCH_MAX : max_seqs;
+    block_sizes(d, nreq, k < 1 ? 1 : k, bs);
+    append_sizes(d, max_tokens < 1 ? 1 : max_tokens, as);
+    size_t need = ws_need(13, bs), na = ws_need(4, as);
+    if (na > need) need = na;
+    if (need > d->ws_bytes) {
+        float *one[1];
+        size_t sz1 = need / 4;
+        if (ws_take(d, 1, &sz1, one, err)) return -1;
+    }
+    /* a request's rings at the full window, K and V of every layer */
+    const size_t ring = 2 * (size_t)b->n_layers * (size_t)d->cfg.window * (size_t)b->n_kv_heads * b->head_dim * sizeof(float);
+    *ring_bytes = (size_t)(max_seqs < 1 ? 1 : max_seqs) * ring;
     return 0;
 }
 
@@ -531,7 +573,8 @@ static int ctx_append(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int on_
     const size_t kw = (size_t)nkv * D, N = (size_t)n;
     if (ctx_reserve(d, c, n, err)) return -1;
     float *buf[4];
-    size_t sz[4] = {N * F, N * H, N * kw, N * kw};
+    size_t sz[4];
+    append_sizes(d, n, sz);
     if (ws_take(d, 4, sz, buf, err) || meta_take(d, n, err)) return -1;
     float *x = buf[0], *cx = buf[1], *k = buf[2], *v = buf[3];
     if (!on_backend) op->upload(X, x, feat, N * F * 4);
@@ -590,11 +633,11 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
     m3_ops *op = d->ops;
     void *X = op->ctx;
     if (!op->dspark_attention) return m3_errf(err, "dspark: backend '%s' has no DSpark attention", op->name);
-    const int H = b->hidden, V = b->vocab, nh = b->n_heads, nkv = b->n_kv_heads, D = b->head_dim, R = nreq * n;
-    const size_t NR = (size_t)R, qw = (size_t)nh * D, kw = (size_t)nkv * D, r = (size_t)d->cfg.markov_rank;
+    const int H = b->hidden, nh = b->n_heads, nkv = b->n_kv_heads, D = b->head_dim, R = nreq * n;
+    const size_t NR = (size_t)R, qw = (size_t)nh * D, kw = (size_t)nkv * D;
     float *buf[13];
-    size_t sz[13] = {NR * H, NR * H, NR * qw, NR * kw, NR * kw, NR * qw, NR * H, NR * V, (size_t)nreq * r, (size_t)nreq * V,
-                     (size_t)nreq, (size_t)nreq * (H + r), (size_t)nreq};
+    size_t sz[13];
+    block_sizes(d, nreq, n, sz);
     if (ws_take(d, 13, sz, buf, err) || meta_take(d, R, err)) return -1;
     float *h = buf[0], *a = buf[1], *q = buf[2], *kb = buf[3], *vb = buf[4], *att = buf[5], *o = buf[6], *lg = buf[7];
     /* rows request-major (request j's block: rows j*n..), the attention's layout */

@@ -117,6 +117,14 @@ typedef struct m3_dspark {
 int m3_dspark_load(m3_dspark *d, const char *dir, const m3_model *target, m3_ops *ops, m3_err *err);
 void m3_dspark_free(m3_dspark *d);
 
+/* Requests one block pass takes at most (the engine's M3_SPEC_DRAFT_BATCH). */
+#define M3_DSPARK_BATCH_MAX 32
+/* The memory a draft needs besides its weights to serve max_seqs requests in steps of up to
+ * max_tokens tokens with k drafts: its workspace is grown now (in the backend's memory, so that a
+ * KV budget computed afterwards counts it), and *ring_bytes gets what the requests' context rings
+ * take once every one holds a full window (they grow as the requests do). */
+int m3_dspark_reserve(m3_dspark *d, int max_seqs, int max_tokens, int k, size_t *ring_bytes, m3_err *err);
+
 /* Width of one context feature row: n_target * hidden (the captured rows, concatenated). */
 int m3_dspark_feat_dim(const m3_dspark *d);
 /* Index of target layer l in the feature row, or -1 when the draft does not use it. */

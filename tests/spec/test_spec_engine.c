@@ -873,7 +873,16 @@ int main(int argc, char **argv) {
     double t2 = m3_now();
     if (strstr(sec, "sampled")) test_sampled(&m);
     double t3 = m3_now();
-    if (strstr(sec, "errors")) test_load_errors(&m, &ops);
+    if (strstr(sec, "errors")) {
+        test_load_errors(&m, &ops);
+        /* what a device draft keeps out of the KV pool: its workspace grown now, the rings counted */
+        size_t ring = 0, ws0 = d.ws_bytes;
+        const m3_config *b = &d.cfg.base;
+        const size_t want = 5 * 2 * (size_t)b->n_layers * (size_t)d.cfg.window * (size_t)b->n_kv_heads * b->head_dim * 4;
+        CHECK(m3_dspark_reserve(&d, 5, 300, 4, &ring, &err) == 0 && ring == want && d.ws_bytes >= ws0 &&
+                  d.ws_bytes >= (size_t)300 * (size_t)(m3_dspark_feat_dim(&d) + b->hidden) * 4,
+              "m3_dspark_reserve: rings %zu (want %zu), workspace %zu bytes", ring, want, d.ws_bytes);
+    }
     if (strstr(sec, "tp")) test_tp(&m);
     printf("time: greedy %.1fs, cache state %.1fs, sampled %.1fs\n", t1 - t0, t2 - t1, t3 - t2);
     m3_dspark_free(&d);

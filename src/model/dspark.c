@@ -505,12 +505,19 @@ static int ctx_reserve(const m3_dspark *d, m3_dspark_ctx *c, int n, m3_err *err)
         free(nk);
         return m3_errf(err, "dspark context: out of memory for %ld positions", nc);
     }
-    /* entries that stay readable: [max(first, len - cap), len) */
+    /* entries that stay readable: [max(first, len - cap), len), moved in runs of positions that are
+     * consecutive in both rings (at most three: each ring wraps once), not one copy a position (a
+     * device backend would make a copy call per position and layer) */
     int lo = c->len - c->cap > c->first ? c->len - c->cap : c->first;
     for (int l = 0; l < c->n_layers; l++) {
-        for (int p = lo; p < c->len; p++) {
-            op->copy(op->ctx, nk[l] + (size_t)(p % nc) * kw, c->k[l] + (size_t)(p % c->cap) * kw, sizeof(float) * kw);
-            op->copy(op->ctx, nv[l] + (size_t)(p % nc) * kw, c->v[l] + (size_t)(p % c->cap) * kw, sizeof(float) * kw);
+        for (int p = lo; p < c->len;) {
+            int run = c->len - p;
+            if (run > c->cap - p % c->cap) run = c->cap - p % c->cap;
+            if (run > nc - p % nc) run = (int)(nc - p % nc);
+            const size_t bytes = sizeof(float) * kw * (size_t)run;
+            op->copy(op->ctx, nk[l] + (size_t)(p % nc) * kw, c->k[l] + (size_t)(p % c->cap) * kw, bytes);
+            op->copy(op->ctx, nv[l] + (size_t)(p % nc) * kw, c->v[l] + (size_t)(p % c->cap) * kw, bytes);
+            p += run;
         }
         if (c->k[l]) op->release(op->ctx, c->k[l]);
         if (c->v[l]) op->release(op->ctx, c->v[l]);

@@ -331,6 +331,48 @@ static int fwd(m3_model *m, m3_kv *kv, m3_kv_seq *seq, const int32_t *ids, int n
     return m3_forward(m, kv, &b, ids, rows, n, logits, &taps, err);
 }
 
+/* The context ring growing (64 -> 128 -> 256 slots) while its entries wrap (a context reset at
+ * position 50, as after a prefix-cache hit), then past the window: appended 7 positions at a time,
+ * every readable entry equals the one a single append writes (the moves at growth go in runs). */
+static void test_ring_growth(m3_dspark *d) {
+    const int w0 = d->cfg.window, F = m3_dspark_feat_dim(d), P0 = 50, P1 = 400;
+    const size_t kw = (size_t)d->cfg.base.n_kv_heads * d->cfg.base.head_dim;
+    d->cfg.window = 256; /* the rings' size only: no block pass runs here */
+    float *feat = malloc(sizeof(float) * (size_t)(P1 - P0) * F);
+    m3_dspark_ctx a = {0}, b = {0};
+    m3_err err;
+    int ok = feat != NULL, caps[3] = {0, 0, 0}, nc = 0;
+    uint64_t x = 12345;
+    for (size_t i = 0; ok && i < (size_t)(P1 - P0) * F; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        feat[i] = (float)((x >> 40) % 2001) / 1000.0f - 1.0f;
+    }
+    m3_dspark_ctx_reset(&a, P0);
+    m3_dspark_ctx_reset(&b, P0);
+    if (ok && m3_dspark_ctx_append(d, &a, feat, P0, P1 - P0, &err)) { CHECK(0, "one append: %s", err.msg); ok = 0; }
+    for (int p = P0; ok && p < P1; p += 7) {
+        const int n = P1 - p < 7 ? P1 - p : 7;
+        if (m3_dspark_ctx_append(d, &b, feat + (size_t)(p - P0) * F, p, n, &err)) { CHECK(0, "append at %d: %s", p, err.msg); ok = 0; }
+        if (ok && nc < 3 && (!nc || caps[nc - 1] != b.cap)) caps[nc++] = b.cap;
+    }
+    if (ok) {
+        CHECK(nc == 3 && caps[0] == 64 && caps[1] == 128 && caps[2] == 256 && a.cap == 256,
+              "ring sizes while appending 7 at a time: %d %d %d (want 64 128 256), one append %d", caps[0], caps[1], caps[2], a.cap);
+        int same = 1;
+        for (int l = 0; l < a.n_layers && same; l++)
+            for (int p = P1 - 256; p < P1 && same; p++)
+                same = !memcmp(a.k[l] + (size_t)(p % a.cap) * kw, b.k[l] + (size_t)(p % b.cap) * kw, sizeof(float) * kw) &&
+                       !memcmp(a.v[l] + (size_t)(p % a.cap) * kw, b.v[l] + (size_t)(p % b.cap) * kw, sizeof(float) * kw);
+        CHECK(same, "the grown, wrapped ring holds what one append writes (positions %d..%d)", P1 - 256, P1 - 1);
+        printf("context ring grown 64 -> 128 -> 256 while wrapped, then past the window: entries equal to one append: %s\n",
+               same ? "yes" : "NO");
+    }
+    m3_dspark_ctx_free(&a);
+    m3_dspark_ctx_free(&b);
+    free(feat);
+    d->cfg.window = w0;
+}
+
 static void test_cache_state(m3_model *m, m3_dspark *d) {
     const int V = m->cfg.vocab, F = m3_dspark_feat_dim(d), K = 6;
     enum { PROMPT = 37, GEN = 110 };
@@ -869,7 +911,7 @@ int main(int argc, char **argv) {
     double t0 = m3_now();
     if (strstr(sec, "greedy")) test_greedy(&m);
     double t1 = m3_now();
-    if (strstr(sec, "cache")) { test_cache_state(&m, &d); test_draft_reference(&m, &d); }
+    if (strstr(sec, "cache")) { test_ring_growth(&d); test_cache_state(&m, &d); test_draft_reference(&m, &d); }
     double t2 = m3_now();
     if (strstr(sec, "sampled")) test_sampled(&m);
     double t3 = m3_now();

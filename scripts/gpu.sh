@@ -111,6 +111,9 @@ run "$BIN/bench_cuda_linear"
 # the tensor-core (wgmma) GEMM for many tokens, every weight format, against a double reference
 [ -x "$BIN/bench_cuda_gemm" ] && run "$BIN/bench_cuda_gemm"
 [ -x "$BIN/bench_cuda_moe" ] && run "$BIN/bench_cuda_moe"
+# the experiment of two CTAs an SM for the token tiles of 16 / 32 (M3_GEMM_TC_CPS=2): checked, and timed beside the above
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_CPS=2 run "$BIN/bench_cuda_gemm" --quick
+[ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_CPS=2 run "$BIN/bench_cuda_moe" --quick
 
 fi
 if want 4; then

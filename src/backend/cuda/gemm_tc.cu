@@ -77,10 +77,16 @@ constexpr int BF_ROW = 256 + 16;       /* BF16: a row's 128 values, padded */
 __host__ __device__ constexpr int w_bytes(int fmt) { return fmt == M3_WF_BF16 ? BM * BF_ROW : fmt == M3_WF_MXFP8 ? 8 * MX_TILE : 8 * 1024; }
 __host__ __device__ constexpr int s_bytes(int fmt) { return fmt == M3_WF_BF16 ? 0 : fmt == M3_WF_MXFP8 ? 8 * 64 : 8 * 128; }
 __host__ __device__ constexpr int stage_bytes(int fmt, int bn) { return (bn * 256 + w_bytes(fmt) + s_bytes(fmt) + 1023) / 1024 * 1024; }
-__host__ __device__ constexpr int n_stages(int fmt, int bn) {
-    return (SMEM_MAX - 1024 - 256) / stage_bytes(fmt, bn) > 8 ? 8 : (SMEM_MAX - 1024 - 256) / stage_bytes(fmt, bn);
+/* stages of a CTA when cps CTAs share an SM (each keeps 1 KB for the driver) */
+__host__ __device__ constexpr int n_stages(int fmt, int bn, int cps = 1) {
+    return ((SMEM_MAX + 1024) / cps - 1024 - 1024 - 256) / stage_bytes(fmt, bn) > 8
+               ? 8
+               : ((SMEM_MAX + 1024) / cps - 1024 - 1024 - 256) / stage_bytes(fmt, bn);
 }
-__host__ __device__ constexpr int smem_bytes(int fmt, int bn) { return n_stages(fmt, bn) * stage_bytes(fmt, bn) + 1024 + 256; }
+__host__ __device__ constexpr int smem_bytes(int fmt, int bn, int cps = 1) {
+    return n_stages(fmt, bn, cps) * stage_bytes(fmt, bn) + 1024 + 256;
+}
+static_assert(n_stages(M3_WF_NVFP4, 16, 2) >= 4 && n_stages(M3_WF_MXFP8, 32, 2) >= 4, "two CTAs an SM");
 static_assert(n_stages(M3_WF_BF16, 128) >= 3 && n_stages(M3_WF_MXFP8, 128) >= 4 && n_stages(M3_WF_NVFP4, 128) >= 4, "stages");
 
 struct gemm_args {
@@ -402,8 +408,10 @@ template <> __device__ __forceinline__ void wgmma_bn<128>(float (&d)[64], const 
 
 /* ------------------------------------------------------------------ the GEMM kernel */
 
-template <int FMT, int BN> __global__ void __launch_bounds__(NTHREADS, 1) k_gemm_tc(const gemm_args p) {
-    constexpr int STAGES = n_stages(FMT, BN), STAGE = stage_bytes(FMT, BN);
+/* CPS: CTAs an SM holds (2: fewer stages and at most 80 registers a thread, for the small token
+ * tiles, whose CTAs wait on latency: M3_GEMM_TC_CPS=2, an experiment for now) */
+template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const gemm_args p) {
+    constexpr int STAGES = n_stages(FMT, BN, CPS), STAGE = stage_bytes(FMT, BN);
     constexpr int XB = BN * 256, WB = w_bytes(FMT);
     extern __shared__ uint8_t smem_raw[];
     /* 1024-aligned (the 128-byte swizzle atoms), as an offset from smem_raw so that the compiler
@@ -703,25 +711,35 @@ __global__ void k_stage_x(const float *x, int T, int K, uint4 *xs, size_t n, con
 }
 
 /* a's shape: W's (rows, values / scales strides, K); the kernel for FMT, BN */
-template <int FMT, int BN> static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
-    constexpr int SM = smem_bytes(FMT, BN);
+template <int FMT, int BN, int CPS = 1> static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
+    constexpr int SM = smem_bytes(FMT, BN, CPS);
     static int attr = 0; /* set once per instantiation (all devices of a process alike) */
     if (!attr) {
-        cudaError_t e = cudaFuncSetAttribute(k_gemm_tc<FMT, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, SM);
+        cudaError_t e = cudaFuncSetAttribute(k_gemm_tc<FMT, BN, CPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, SM);
         if (e != cudaSuccess) return m3_errf(err, "gemm_tc: shared memory attribute: %s", cudaGetErrorString(e));
         attr = 1;
     }
     const long long blocks = (long long)a.nm * a.nt * a.ksplit;
     if (blocks > 0x7fffffffLL) return m3_errf(err, "gemm_tc: %lld tiles", blocks);
     if (blocks < 1) return 0;
-    k_gemm_tc<FMT, BN><<<(unsigned)blocks, NTHREADS, SM, st>>>(a);
+    k_gemm_tc<FMT, BN, CPS><<<(unsigned)blocks, NTHREADS, SM, st>>>(a);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return m3_errf(err, "gemm_tc: launch (%s %d x %d, T %d, mode %d): %s", m3_wfmt_name((m3_wfmt)FMT), a.N,
                                          a.K, a.T, a.mode, cudaGetErrorString(e));
     return 0;
 }
 
-template <int FMT, int BN>
+/* M3_GEMM_TC_CPS=2: the token tiles of 16 / 32 with two CTAs an SM */
+static int two_per_sm(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("M3_GEMM_TC_CPS");
+        v = e && !strcmp(e, "2");
+    }
+    return v;
+}
+
+template <int FMT, int BN, int CPS = 1>
 static int launch(cudaStream_t st, const m3_linear *W, const void *xs, int T, float *y, int ksplit, float *part, m3_err *err) {
     gemm_args a;
     memset(&a, 0, sizeof a);
@@ -739,8 +757,9 @@ static int launch(cudaStream_t st, const m3_linear *W, const void *xs, int T, fl
     a.nm = (W->N + BM - 1) / BM;
     a.nt = (T + BN - 1) / BN;
     a.gmul = W->gmul;
-    return launch_args<FMT, BN>(st, a, err);
+    return launch_args<FMT, BN, CPS>(st, a, err);
 }
+
 
 } // namespace
 
@@ -812,8 +831,10 @@ extern "C" int m3_cu_gemm_tc_staged_split(void *stream, const m3_linear *W, cons
     cudaStream_t st = (cudaStream_t)stream;
     /* the token tile: the smallest of 16 / 32 / 64 that holds T, else 128 */
     const int bn = bn_for(T);
-#define LIN_BN(F) (bn == 16 ? launch<F, 16>(st, W, xs, T, y, ksplit, part, err) : bn == 32 ? launch<F, 32>(st, W, xs, T, y, ksplit, part, err) \
-                   : bn == 64 ? launch<F, 64>(st, W, xs, T, y, ksplit, part, err) : launch<F, 128>(st, W, xs, T, y, ksplit, part, err))
+#define LIN_ARGS st, W, xs, T, y, ksplit, part, err
+#define LIN_BN(F) (bn == 16 ? (two_per_sm() ? launch<F, 16, 2>(LIN_ARGS) : launch<F, 16>(LIN_ARGS))        \
+                   : bn == 32 ? (two_per_sm() ? launch<F, 32, 2>(LIN_ARGS) : launch<F, 32>(LIN_ARGS)) \
+                   : bn == 64 ? launch<F, 64>(LIN_ARGS) : launch<F, 128>(LIN_ARGS))
     int rc;
     switch (W->fmt) {
     case M3_WF_BF16: rc = LIN_BN(M3_WF_BF16); break;
@@ -821,6 +842,7 @@ extern "C" int m3_cu_gemm_tc_staged_split(void *stream, const m3_linear *W, cons
     default: rc = LIN_BN(M3_WF_NVFP4); break;
     }
 #undef LIN_BN
+#undef LIN_ARGS
     if (rc || ksplit == 1) return rc;
     const size_t n = (size_t)T * W->N;
     size_t blocks = (n + 255) / 256;
@@ -901,7 +923,8 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
     a.alpha = alpha;
     a.limit = limit;
     cudaStream_t st = (cudaStream_t)stream;
-#define MOE_BN(F) (bn == 16 ? launch_args<F, 16>(st, a, err) : bn == 32 ? launch_args<F, 32>(st, a, err) \
+#define MOE_BN(F) (bn == 16 ? (two_per_sm() ? launch_args<F, 16, 2>(st, a, err) : launch_args<F, 16>(st, a, err))        \
+                   : bn == 32 ? (two_per_sm() ? launch_args<F, 32, 2>(st, a, err) : launch_args<F, 32>(st, a, err)) \
                    : bn == 64 ? launch_args<F, 64>(st, a, err) : launch_args<F, 128>(st, a, err))
     switch (W->fmt) {
     case M3_WF_BF16: return MOE_BN(M3_WF_BF16);

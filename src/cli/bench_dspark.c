@@ -12,25 +12,13 @@
 #include "../backend/cuda/cuda.h"
 #include "../engine/sampler.h"
 #include "../engine/spec.h"
+#include "../io/files.h"
 #include "../model/dspark.h"
 #include "cli.h"
 
-static char *slurp(const char *path, m3_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { m3_errf(err, "%s: cannot open", path); return NULL; }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = n >= 0 && n < (16 << 20) ? malloc((size_t)n + 1) : NULL;
-    if (!s) { fclose(f); m3_errf(err, "%s: unreadable or too large", path); return NULL; }
-    size_t got = fread(s, 1, (size_t)n, f);
-    fclose(f);
-    s[got] = 0;
-    return s;
-}
 
 int m3_bench_dspark_load(const char *path, m3_model *m, int full_layers, uint64_t seed, m3_dspark *d, m3_err *err) {
-    char *text = slurp(path, err);
+    char *text = m3_read_text(path, NULL, (size_t)16 << 20, err);
     if (!text) return -1;
     /* checked against the whole target; with fewer layers the captured ones are spread over
      * those (layer l of L -> l * layers / L), so the verify pass captures as many */

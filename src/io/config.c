@@ -1,4 +1,5 @@
 #include "config.h"
+#include "files.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -297,17 +298,8 @@ int m3_config_load(m3_config *cfg, const char *path, m3_err *err) {
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) snprintf(buf, sizeof buf, "%s/config.json", path);
     else snprintf(buf, sizeof buf, "%s", path);
-    FILE *f = fopen(buf, "rb");
-    if (!f) return m3_errf(err, "%s: cannot open config", buf);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (n < 0 || n > (64 << 20)) { fclose(f); return m3_errf(err, "%s: unreasonable config size", buf); }
-    char *text = malloc((size_t)n + 1);
-    if (!text) { fclose(f); return m3_errf(err, "out of memory"); }
-    size_t got = fread(text, 1, (size_t)n, f);
-    fclose(f);
-    text[got] = 0;
+    char *text = m3_read_text(buf, "config", (size_t)64 << 20, err);
+    if (!text) return -1;
     int rc = m3_config_parse(cfg, text, buf, err);
     free(text);
     return rc;

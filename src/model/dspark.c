@@ -1,5 +1,6 @@
 /* DSpark draft model: config, weights, context cache and the block forward (see dspark.h). */
 #include "dspark.h"
+#include "../io/files.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -124,20 +125,6 @@ void m3_dspark_config_free(m3_dspark_config *c) {
 
 /* ------------------------------------------------------------------ weights */
 
-static char *read_text(const char *path, m3_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { m3_errf(err, "%s: cannot open", path); return NULL; }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (n < 0 || n > (64 << 20)) { fclose(f); m3_errf(err, "%s: unreasonable size", path); return NULL; }
-    char *s = malloc((size_t)n + 1);
-    if (!s) { fclose(f); m3_errf(err, "out of memory"); return NULL; }
-    size_t got = fread(s, 1, (size_t)n, f);
-    fclose(f);
-    s[got] = 0;
-    return s;
-}
 
 static int bind_lin(m3_dspark *d, const char *name, int N, int K, m3_linear *L, m3_err *err) {
     if (m3_weights_bind_linear(d->st, d->prefix, name, N, K, L, err)) return -1;
@@ -292,7 +279,7 @@ int m3_dspark_load(m3_dspark *d, const char *dir, const m3_model *target, m3_ops
     d->ops = ops;
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    char *text = read_text(path, err);
+    char *text = m3_read_text(path, NULL, (size_t)64 << 20, err);
     if (!text) return m3_err_prefix(err, "dspark draft");
     int rc = m3_dspark_config_parse(&d->cfg, text, path, &target->cfg, err);
     free(text);

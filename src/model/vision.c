@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "../base/num.h"
+#include "../io/files.h"
 
 /* ------------------------------------------------------------------ config */
 
@@ -172,17 +173,8 @@ int m3_vision_load(m3_vision *v, const char *dir, m3_st *st, m3_err *err) {
     struct stat sb;
     if (stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode)) snprintf(path, sizeof path, "%s/config.json", dir);
     else snprintf(path, sizeof path, "%s", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return m3_errf(err, "%s: cannot open config", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (n < 0 || n > (64 << 20)) { fclose(f); return m3_errf(err, "%s: unreasonable config size", path); }
-    char *text = malloc((size_t)n + 1);
-    if (!text) { fclose(f); return m3_errf(err, "out of memory"); }
-    size_t got = fread(text, 1, (size_t)n, f);
-    fclose(f);
-    text[got] = 0;
+    char *text = m3_read_text(path, "config", (size_t)64 << 20, err);
+    if (!text) return -1;
     int prc = m3_vision_config_parse(&v->cfg, text, path, err);
     free(text);
     if (prc < 0) return -1;

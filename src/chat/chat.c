@@ -224,24 +224,19 @@ m3_chat *m3_chat_load_with(const char *dir, const char *override, m3_err *err) {
     snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
     probe = override ? NULL : fopen(path, "rb");
     FILE *ov = override ? fopen(override, "rb") : NULL;
-    if (ov) { /* --chat-template FILE */
-        fclose(ov);
+    /* the template file: --chat-template FILE, else the checkpoint's chat_template.jinja */
+    const char *file = ov ? override : probe ? path : NULL;
+    if (ov) fclose(ov);
+    if (probe) fclose(probe);
+    if (file) {
         size_t len;
-        char *src = read_file(override, &len, err);
+        char *src = read_file(file, &len, err);
         if (!src) { json_decref(tc); return NULL; }
-        c = m3_chat_from_source(src, len, override, err);
+        c = m3_chat_from_source(src, len, file, err);
         free(src);
         if (!c) { json_decref(tc); return NULL; }
     } else if (override) { /* --chat-template TEXT: the template itself */
         c = m3_chat_from_source(override, strlen(override), "--chat-template", err);
-        if (!c) { json_decref(tc); return NULL; }
-    } else if (probe) {
-        fclose(probe);
-        size_t len;
-        char *src = read_file(path, &len, err);
-        if (!src) { json_decref(tc); return NULL; }
-        c = m3_chat_from_source(src, len, path, err);
-        free(src);
         if (!c) { json_decref(tc); return NULL; }
     } else if (tc && json_object_get(tc, "chat_template")) {
         json_t *ct = json_object_get(tc, "chat_template");

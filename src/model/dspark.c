@@ -735,11 +735,11 @@ int m3_dspark_confidence_n(m3_dspark *d, int slot, float *conf, m3_err *err) {
                   (size_t)nreq);
     op->copy_rows(op, d->cf_in + H, row, d->mk_r, sizeof(float) * (size_t)r, sizeof(float) * (size_t)r, (size_t)nreq);
     op->linear(op->ctx, &d->conf_w, d->cf_in, nreq, d->cf_out);
-    float bias;
     op->download(op->ctx, conf, d->cf_out, sizeof(float) * (size_t)nreq);
-    op->download(op->ctx, &bias, d->conf_bias, sizeof bias);
+    if (!d->conf_bias_read) op->download(op->ctx, &d->conf_bias_h, d->conf_bias, sizeof d->conf_bias_h);
     if (op->check && op->check(op->ctx, err)) return m3_err_prefix(err, "dspark confidence");
-    for (int j = 0; j < nreq; j++) conf[j] = 1.0f / (1.0f + expf(-(conf[j] + bias)));
+    d->conf_bias_read = 1;
+    for (int j = 0; j < nreq; j++) conf[j] = 1.0f / (1.0f + expf(-(conf[j] + d->conf_bias_h)));
     return 0;
 }
 

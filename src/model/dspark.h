@@ -90,6 +90,8 @@ typedef struct m3_dspark {
     m3_linear markov_w1, markov_w2; /* [V, r] */
     m3_linear conf_w;           /* [1, H + r] (when cfg.confidence_head) */
     float *conf_bias;           /* [1] */
+    float conf_bias_h;          /* its value on the host (m3_dspark_confidence_n reads it once) */
+    int conf_bias_read;
     m3_dspark_layer *layers;    /* [cfg.base.n_layers] */
     uint8_t *capture;           /* [target n_layers]: 1 for the layers the context needs (m3_taps.capture_layers) */
     size_t n_tensors;

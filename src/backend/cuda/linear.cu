@@ -255,7 +255,6 @@ const float *m3_cu_gemm_input(m3_cuda *c, const float *x, size_t n) {
 /* y[T, N] = x[T, K] W^T, T <= 8; with ra, routes too where it can (returns whether it did) */
 int m3_cu_gemv_simt(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y, const route_args *ra) {
     int routed = 0;
-    if (!(x = m3_cu_gemm_input(c, x, (size_t)T * W->K))) return 0;
     if (!m3_cu_simt_ok(W)) {
         k_gemv_by_element<<<cdiv(W->N, 8), 256, 0, c->st>>>(*W, x, T, y);
     } else if (T == 1) routed = launch_gemv_nt<1>(c, W, x, T, 0, y, ra);
@@ -371,7 +370,7 @@ void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y
     }
     if (T <= 8) {
         const float *xr = m3_cu_gemm_input(c, x, (size_t)T * W->K); /* bf16 mode: cuBLAS on bf16(x) */
-        if (xr && linear_bf16_blas(c, W, xr, T, y)) m3_cu_gemv_simt(c, W, x, T, y);
+        if (xr && linear_bf16_blas(c, W, xr, T, y)) m3_cu_gemv_simt(c, W, xr, T, y);
         m3_cu_prof_end(c, OP_LINEAR);
         return;
     }

@@ -65,8 +65,9 @@ typedef struct route_args {
     int kparts;
 } route_args;
 
-/* the SIMT GEMV (linear.cu): y[T, N] = x[T, K] W^T, T <= 8; with ra, routes too where it can
- * (returns whether it did); m3_cu_simt_ok: whether W's shape takes its vector kernels */
+/* the SIMT GEMV (linear.cu): y[T, N] = x[T, K] W^T, T <= 8, x as given (the caller rounds it in
+ * precision bf16: m3_cu_gemm_input); with ra, routes too where it can (returns whether it did);
+ * m3_cu_simt_ok: whether W's shape takes its vector kernels */
 int m3_cu_gemv_simt(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y, const route_args *ra = NULL);
 int m3_cu_simt_ok(const m3_linear *W);
 

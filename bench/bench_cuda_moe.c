@@ -1,6 +1,7 @@
-/* The MoE layer on the GPU under --precision bf16 (issue 25): the routed experts as grouped
- * GEMMs on the wgmma kernel (src/backend/cuda/moe.cu, moe_tc) against a CPU reference with the
- * bf16 mode's roundings, and timed next to the previous paths.
+/* The MoE layer on the GPU under --precision bf16 (issue 25): the routed experts on the few-slot
+ * kernels (src/backend/cuda/moe_ft.cu, up to 256 tokens) and as grouped GEMMs on the wgmma
+ * kernel (moe.cu, moe_tc), each against a CPU reference with the bf16 mode's roundings, and
+ * timed next to the previous paths.
  *
  * Layer: M3.1-Flash shapes (hidden 6144, 128 routed NVFP4 experts of width 3072, top-8, sigmoid +
  * bias routing, routed scale 2, SwiGLU-OAI alpha 1.702 limit 7, an MXFP8 shared expert of width
@@ -109,7 +110,7 @@ typedef struct layer {
     float *router, *set[NSET][3], *sh[3];
 } layer;
 
-static int build(m3_ops *g, layer *y, int E, int H, int F, int Fs, int nsub, m3_err *err) {
+static int build(m3_ops *g, layer *y, int E, int H, int F, int Fs, int nsub, m3_wfmt efmt, m3_err *err) {
     memset(y, 0, sizeof *y);
     y->E = E; y->H = H; y->F = F; y->Fs = Fs; y->nsub = nsub;
     m3_layer_w *L = y->L = calloc(1, sizeof *L);
@@ -120,9 +121,9 @@ static int build(m3_ops *g, layer *y, int E, int H, int F, int Fs, int nsub, m3_
     for (int e = 0; e < E; e++) L->route_bias[e] = 0.01f * (float)(e % 5) + (e < nsub ? 4.0f : 0.0f);
     m3_mlp_w sets[NSET];
     for (int s = 0; s < NSET; s++) {
-        make(&sets[s].gate, M3_WF_NVFP4, F, H);
-        make(&sets[s].up, M3_WF_NVFP4, F, H);
-        make(&sets[s].down, M3_WF_NVFP4, H, F);
+        make(&sets[s].gate, efmt, F, H);
+        make(&sets[s].up, efmt, F, H);
+        make(&sets[s].down, efmt, H, F);
         y->set[s][0] = decode(&sets[s].gate);
         y->set[s][1] = decode(&sets[s].up);
         y->set[s][2] = decode(&sets[s].down);
@@ -302,6 +303,8 @@ static int one(m3_ops *g, layer *y, int T, int ntok, int timed) {
     if (timed) {
         const int reps = T >= 2048 ? 5 : 10, oreps = T >= 2048 ? 2 : 5;
         const double tn = run_moe(g, y, dx, T, dy, reps);
+        setenv("M3_MOE_FT", "0", 1); /* the grouped GEMMs on the wgmma kernel (the op's choice above 256 tokens) */
+        const double tg = run_moe(g, y, dx, T, dy, reps);
         /* the next wider tile than the op's choice (moe.cu), or 64 when it chose 128 */
         const long S = (long)T * TOPK;
         setenv("M3_MOE_TC_BN", S >= 64L * y->E ? "64" : S >= 32L * y->E ? "128" : S >= 16L * y->E ? "64" : "32", 1);
@@ -313,9 +316,10 @@ static int one(m3_ops *g, layer *y, int T, int ntok, int timed) {
         const double te = run_moe(g, y, dx, T, dy, oreps);
         m3_cuda_set_precision(g, 1);
         setenv("M3_MOE_TC", "1", 1);
-        printf("%5d %6d/%-3d %9.2e %9.2e %6.1f %9.3f %7.1f %9.3f %9.3f %9.3f %6.2fx %s\n", T, checked, skipped, worst_raw, worst,
-               (double)flips / (checked ? checked : 1), tn * 1e3,
-               flop / tn / 1e12, tb * 1e3, to * 1e3, te * 1e3, to / tn, fails ? "FAIL" : "");
+        unsetenv("M3_MOE_FT");
+        printf("%5d %6d/%-3d %9.2e %9.2e %6.1f %9.3f %7.1f %9.3f %9.3f %9.3f %9.3f %6.2fx %s\n", T, checked, skipped, worst_raw,
+               worst, (double)flips / (checked ? checked : 1), tn * 1e3, flop / tn / 1e12, tg * 1e3, tb * 1e3, to * 1e3, te * 1e3,
+               to / tn, fails ? "FAIL" : "");
     } else {
         printf("%5d %6d/%-3d %9.2e %9.2e %6.1f %6.1f %s\n", T, checked, skipped, worst_raw, worst, (double)flips / (checked ? checked : 1),
                (double)ncands / (checked ? checked : 1), fails ? "FAIL" : "");
@@ -336,28 +340,45 @@ int main(int argc, char **argv) {
     setenv("M3_MOE_TC_MIN", "1", 1); /* the grouped GEMMs at every T here (the op takes them from 32 tokens) */
     int fails = 0;
     layer y;
-    /* ragged: 16 experts, 10 boosted by the bias (6 get no token), small widths, every row checked */
-    if (build(&g, &y, 16, 512, 384, 256, 10, &err)) { printf("upload: %s FAIL\n", err.msg); return 1; }
-    printf("ragged MoE layer (E=16, 6 without tokens, H 512, F 384, shared 256): every row; rel_l2 before / after matching\n"
-           "the h roundings f32 order can flip (flips taken / candidates per row)\n%5s %10s %9s %9s %6s %6s\n", "T", "rows/skip",
-           "raw_l2", "rel_l2", "flips", "cands");
-    const int Tr[4] = {64, 77, 130, 200};
-    const char *bns[5] = {NULL, "16", "32", "64", "128"}; /* the op's choice, then every tile width */
-    for (int b = 0; b < 5; b++) {
-        if (bns[b]) setenv("M3_MOE_TC_BN", bns[b], 1);
-        printf("tile: %s\n", bns[b] ? bns[b] : "the op's choice");
-        for (int i = 0; i < 4; i++) fails += one(&g, &y, Tr[i], 1 << 30, 0);
+    /* ragged: 16 experts, 10 boosted by the bias (6 get no token), small widths, every row checked; NVFP4
+     * and MXFP8 experts; the few-slot kernels (moe_ft.cu), then the wgmma GEMMs at every tile width */
+    const m3_wfmt efs[2] = {M3_WF_NVFP4, M3_WF_MXFP8};
+    for (int f = 0; f < 2; f++) {
+        if (build(&g, &y, 16, 512, 384, 256, 10, efs[f], &err)) { printf("upload: %s FAIL\n", err.msg); return 1; }
+        printf("ragged MoE layer (E=16, 6 without tokens, H 512, F 384, %s experts, shared 256): every row; rel_l2 before /\n"
+               "after matching the h roundings f32 order can flip (flips taken / candidates per row)\n%5s %10s %9s %9s %6s %6s\n",
+               m3_wfmt_name(efs[f]), "T", "rows/skip", "raw_l2", "rel_l2", "flips", "cands");
+        const int Tr[5] = {9, 64, 77, 130, 200};
+        const char *bns[6] = {"ft", NULL, "16", "32", "64", "128"}; /* few-slot kernels, the GEMMs' choice, every tile */
+        for (int b = 0; b < 6; b++) {
+            setenv("M3_MOE_FT", b == 0 ? "1" : "0", 1);
+            if (b > 1) setenv("M3_MOE_TC_BN", bns[b], 1);
+            printf("%s\n", b == 0 ? "few-slot kernels (moe_ft)" : b == 1 ? "wgmma GEMMs, the op's tile" : "wgmma GEMMs, tile:");
+            if (b > 1) printf("%s\n", bns[b]);
+            for (int i = b == 0 ? 0 : 1; i < 5; i++) fails += one(&g, &y, Tr[i], 1 << 30, 0);
+        }
+        unsetenv("M3_MOE_TC_BN");
+        unsetenv("M3_MOE_FT");
+        layer_free(&g, &y);
     }
-    unsetenv("M3_MOE_TC_BN");
-    layer_free(&g, &y);
     if (!ragged) {
-        if (build(&g, &y, 128, 6144, 3072, 3072, 0, &err)) { printf("upload: %s FAIL\n", err.msg); return 1; }
+        if (build(&g, &y, 128, 6144, 3072, 3072, 0, M3_WF_NVFP4, &err)) { printf("upload: %s FAIL\n", err.msg); return 1; }
         printf("MoE layer at M3.1-Flash shapes (E=128, top-8, NVFP4 experts 3072x6144, MXFP8 shared 3072, BF16 router);\n"
-               "ms of the whole op: tc = grouped GEMMs (bf16), other_bn = the other tile width, bf16_old = bf16 without "
-               "them, exact = --precision exact\n%5s %10s %9s %9s %6s %9s %7s %9s %9s %9s %7s\n",
-               "T", "rows/skip", "raw_l2", "rel_l2", "flips", "tc_ms", "TFLOP/s", "other_bn", "bf16_old", "exact", "speedup");
-        const int Ts[7] = {32, 64, 128, 256, 512, 2048, 4096};
-        for (int i = 0; i < (quick ? 5 : 7); i++) fails += one(&g, &y, Ts[i], 6, 1);
+               "ms of the whole op: op = its choice (the few-slot kernels up to 256 tokens, then the grouped GEMMs), gemm = the\n"
+               "grouped wgmma GEMMs, other_bn = their other tile width, bf16_old = bf16 without either, exact = --precision exact;\n"
+               "up to 256 tokens the GEMMs' results are checked too (the line after)\n"
+               "%5s %10s %9s %9s %6s %9s %7s %9s %9s %9s %9s %7s\n",
+               "T", "rows/skip", "raw_l2", "rel_l2", "flips", "op_ms", "TFLOP/s", "gemm", "other_bn", "bf16_old", "exact", "speedup");
+        const int Ts[8] = {16, 32, 64, 128, 256, 512, 2048, 4096};
+        for (int i = 0; i < (quick ? 6 : 8); i++) {
+            fails += one(&g, &y, Ts[i], 6, 1);
+            if (Ts[i] <= 256) {
+                setenv("M3_MOE_FT", "0", 1);
+                printf("  gemm: ");
+                fails += one(&g, &y, Ts[i], 6, 0);
+                unsetenv("M3_MOE_FT");
+            }
+        }
         layer_free(&g, &y);
     }
     err.msg[0] = 0;

@@ -434,7 +434,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
             int qs[2] = {1, (int)verify + 1}, nq = verify ? 2 : 1;
             for (int qi = 0; qi < nq && !rc; qi++) {
                 int q = qs[qi];
-                if (time_steps(&m, &kv, &ops, nb, q, ctx, steps, profile && qi == nq - 1, &med, &experts, &err)) {
+                if (time_steps(&m, &kv, &ops, nb, q, ctx, steps, profile, &med, &experts, &err)) {
                     fprintf(stderr, "m3 bench: %s\n", err.msg);
                     rc = 1;
                     break;
@@ -450,7 +450,8 @@ int m3_cmd_bench_random(int argc, char **argv) {
                     printf("  verify pass of %d tokens per sequence: %.3f ms = %.2f x one decode step (floor %.3f ms, %ld experts "
                            "read); break-even mean accepted length %.2f\n",
                            q, med * 1e3, med / med1, floor_s * 1e3, experts, med / med1);
-                if (profile && qi == nq - 1) m3_cuda_profile_report(&ops, 3, stdout);
+                if (profile) m3_cuda_profile_report(&ops, 3, stdout);
+                m3_cuda_profile(&ops, 0);
                 fflush(stdout);
             }
             if (!rc && have_draft) {

@@ -199,6 +199,15 @@ int m3_cu_combine_add_rmsnorm(m3_cuda *c, const norm_combine *cb, float *h, cons
                               float *out);
 /* elem.cu */
 void m3_cu_add(void *ctx, float *y, const float *x, size_t n);
+/* the routed experts at few slots per expert (moe_ft.cu, precision bf16): m3_cu_moe_ft_ok says
+ * whether the experts are taken (e0: a device copy's host struct); m3_cu_moe_ft writes
+ * ye[slot][H] = down(SwiGLU-OAI(gate x, up x)) of every slot's expert (pick[T * K] on the device,
+ * tab the device table) using work (device, m3_cu_moe_ft_work bytes); 0, or -1 (c failed) */
+int m3_cu_moe_ft_ok(const m3_mlp_w *e0);
+int m3_cu_moe_ft_act_ok(float alpha, float limit);
+size_t m3_cu_moe_ft_work(int T, int K, int E, int H, int F);
+int m3_cu_moe_ft(m3_cuda *c, const m3_mlp_w *tab, const m3_mlp_w *e0, const float *x, int T, int K, int E,
+                            const int32_t *pick, void *work, float alpha, float limit, float *ye);
 /* precision bf16: n linears sharing x on the wgmma GEMM (gemm_tc.cu) at any T; 1 when done (or
  * failed: c->failed), 0 when not taken (every W must be) */
 int m3_cu_linear_tc_n(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y);
@@ -253,6 +262,21 @@ int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, cons
 void m3_cu_vision_ops(m3_ops *ops);
 
 /* ---- device helpers ---- */
+/* D += A B on the tensor cores, m16n8k16, f16 inputs, f32 sums (a warp's fragments, PTX ISA layout) */
+static __device__ __forceinline__ void mma16816(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                                uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* f16x2 product with one half of b in both lanes (HMUL2's operand swizzle: no extra instruction) */
+template <int H> static __device__ __forceinline__ uint32_t hmul2_bc(uint32_t a, uint32_t b) {
+    const __half2 bb = *(const __half2 *)&b;
+    __half2 r = __hmul2(*(const __half2 *)&a, H ? __high2half2(bb) : __low2half2(bb));
+    return *(uint32_t *)&r;
+}
+
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

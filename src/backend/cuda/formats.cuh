@@ -148,4 +148,33 @@ static __device__ __forceinline__ uint32_t e2m1_f16bits(uint32_t c) {
     return mag | ((c & 8u) << 12);
 }
 
+
+/* ---- bf16 tensor-core operands (the wgmma GEMM, gemm_tc.cu; the few-row MoE, moe_ft.cu) */
+
+/* bf16x2 product (round to nearest; exact wherever the callers use it) */
+static __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+    __nv_bfloat162 r = __hmul2(*(const __nv_bfloat162 *)&a, *(const __nv_bfloat162 *)&b);
+    return *(uint32_t *)&r;
+}
+/* f32 pair -> bf16x2 bits (lo in the low half), round to nearest even */
+static __device__ __forceinline__ uint32_t bf16x2_rn(float lo, float hi) {
+    __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&b;
+}
+/* NVFP4 pair P of a permuted word (nv_pair) as bf16 bits of value x 2^-126: the magnitude bits
+ * moved from f16's 9..11 to bf16's 6..8 (exponent bits 0-1, mantissa bit 6), the sign kept
+ * (code 1, 0.5, is the bf16 subnormal 2^-127, which the bf16 multiply takes as it is) */
+template <int P> static __device__ __forceinline__ uint32_t nv_bf2(uint32_t w) {
+    const uint32_t h = nv_pair<P>(w);
+    return (h & 0x80008000u) | ((h >> 3) & 0x01C001C0u);
+}
+/* an NVFP4 block's E4M3 scale times 2^119 as bf16x2 (both halves; exact: 3 mantissa bits, and
+ * 2^-9 .. 448 times 2^119 stays a bf16 normal); times nv_bf2's value: the weight x 2^-7 */
+static __device__ __forceinline__ uint32_t nv_scale_bf2(uint32_t b) {
+    const uint32_t h = __bfloat16_as_ushort(__float2bfloat16_rn(e4m3_f32(b) * 0x1p119f));
+    return h | (h << 16);
+}
+/* E8M0 byte i (0-3) of a word as 2^(e-127); codes 1..254 (tiled MXFP8 matrices hold no other) */
+static __device__ __forceinline__ float e8_byte(uint32_t w, int i) { return __uint_as_float(((w >> (8 * i)) & 0xffu) << 23); }
+
 #endif

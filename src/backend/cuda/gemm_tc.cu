@@ -61,6 +61,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "formats.cuh"
 #include "gemm_tc.h"
 
 namespace {
@@ -243,18 +244,13 @@ static __device__ __forceinline__ void wgmma_n128(float (&d)[64], const uint32_t
 
 /* ------------------------------------------------------------------ weight expansion */
 
-/* f32 pair -> bf16x2 bits (lo in the low half), round to nearest even (exact here) */
-static __device__ __forceinline__ uint32_t bf2(float lo, float hi) {
-    __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&b;
-}
 /* f16x2 bits times sc -> bf16x2 */
 static __device__ __forceinline__ uint32_t h2_bf2(uint32_t h, float sc) {
     __half2_raw r;
     r.x = (unsigned short)(h & 0xffffu);
     r.y = (unsigned short)(h >> 16);
     const float2 f = __half22float2(__half2(r));
-    return bf2(f.x * sc, f.y * sc);
+    return bf16x2_rn(f.x * sc, f.y * sc);
 }
 /* two E4M3 bytes (low byte = lower column) times sc -> bf16x2 */
 static __device__ __forceinline__ uint32_t e4_bf2(uint32_t two, float sc) {
@@ -263,36 +259,6 @@ static __device__ __forceinline__ uint32_t e4_bf2(uint32_t two, float sc) {
 }
 /* E8M0 code 1..254 -> 2^(e-127) */
 static __device__ __forceinline__ float e8_f32(uint32_t b) { return __uint_as_float(b << 23); }
-static __device__ __forceinline__ float e4_f32(uint32_t b) {
-    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
-    return __half2float(__half(h));
-}
-/* NVFP4 tiled words (common.cuh: wt_nv_perm / nv_pair): f16 pair P (codes 2P, 2P + 1, each
- * value x 2^-14) of a bit-permuted word of 8 E2M1 codes */
-template <int P> static __device__ __forceinline__ uint32_t nv_pair2(uint32_t w) {
-    if (P == 0) return w & 0x8E008E00u;
-    if (P == 1) return (w << 3) & 0x8E008E00u;
-    if (P == 2) return ((w << 9) & 0x0E000E00u) | ((w << 2) & 0x80008000u);
-    return ((w << 6) & 0x0E000E00u) | ((w << 1) & 0x80008000u);
-}
-/* The same pair as bf16 bits of value x 2^-126: the magnitude bits moved from f16's 9..11 to
- * bf16's 6..8 (exponent bits 0-1, mantissa bit 6), the sign kept (code 1, 0.5, is the bf16
- * subnormal 2^-127, which the bf16 multiply takes as it is) */
-template <int P> static __device__ __forceinline__ uint32_t nv_bf2(uint32_t w) {
-    const uint32_t h = nv_pair2<P>(w);
-    return (h & 0x80008000u) | ((h >> 3) & 0x01C001C0u);
-}
-/* an NVFP4 block's E4M3 scale times 2^119 as bf16x2 (both halves; exact: 3 mantissa bits, and
- * 2^-9 .. 448 times 2^119 stays a bf16 normal) */
-static __device__ __forceinline__ uint32_t nv_scale_bf2(uint32_t b) {
-    const uint32_t h = __bfloat16_as_ushort(__float2bfloat16_rn(e4_f32(b) * 0x1p119f));
-    return h | (h << 16);
-}
-static __device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
-    __nv_bfloat162 r = __hmul2(*(const __nv_bfloat162 *)&a, *(const __nv_bfloat162 *)&b);
-    return *(uint32_t *)&r;
-}
-
 /* The raw weight bytes of k16 steps 4h..4h+3 of the warp's 16-row tile i for lane (g, t):
  * rows g and g + 8, physical columns 32t + 16h .. 32t + 16h + 15 of the K block (permuted
  * order, see the top), and their scales. Loaded while the previous half's wgmmas run. */
@@ -363,22 +329,22 @@ template <int FMT> static __device__ __forceinline__ void expand(const raw_frag 
          * 6 significant bits, 2^-17 .. 21), one bf16 multiply per pair; the epilogue puts 2^7 back */
         const uint32_t m0 = nv_scale_bf2(r.s0), m1 = nv_scale_bf2(r.s1);
         /* step j of the half: word j / 2 of the row's 8 bytes, pairs 2 (j % 2) and 2 (j % 2) + 1 */
-        a[0] = bmul2(nv_bf2<0>(r.a.x), m0);
-        a[1] = bmul2(nv_bf2<0>(r.a.z), m1);
-        a[2] = bmul2(nv_bf2<1>(r.a.x), m0);
-        a[3] = bmul2(nv_bf2<1>(r.a.z), m1);
-        a[4] = bmul2(nv_bf2<2>(r.a.x), m0);
-        a[5] = bmul2(nv_bf2<2>(r.a.z), m1);
-        a[6] = bmul2(nv_bf2<3>(r.a.x), m0);
-        a[7] = bmul2(nv_bf2<3>(r.a.z), m1);
-        a[8] = bmul2(nv_bf2<0>(r.a.y), m0);
-        a[9] = bmul2(nv_bf2<0>(r.a.w), m1);
-        a[10] = bmul2(nv_bf2<1>(r.a.y), m0);
-        a[11] = bmul2(nv_bf2<1>(r.a.w), m1);
-        a[12] = bmul2(nv_bf2<2>(r.a.y), m0);
-        a[13] = bmul2(nv_bf2<2>(r.a.w), m1);
-        a[14] = bmul2(nv_bf2<3>(r.a.y), m0);
-        a[15] = bmul2(nv_bf2<3>(r.a.w), m1);
+        a[0] = bf16x2_mul(nv_bf2<0>(r.a.x), m0);
+        a[1] = bf16x2_mul(nv_bf2<0>(r.a.z), m1);
+        a[2] = bf16x2_mul(nv_bf2<1>(r.a.x), m0);
+        a[3] = bf16x2_mul(nv_bf2<1>(r.a.z), m1);
+        a[4] = bf16x2_mul(nv_bf2<2>(r.a.x), m0);
+        a[5] = bf16x2_mul(nv_bf2<2>(r.a.z), m1);
+        a[6] = bf16x2_mul(nv_bf2<3>(r.a.x), m0);
+        a[7] = bf16x2_mul(nv_bf2<3>(r.a.z), m1);
+        a[8] = bf16x2_mul(nv_bf2<0>(r.a.y), m0);
+        a[9] = bf16x2_mul(nv_bf2<0>(r.a.w), m1);
+        a[10] = bf16x2_mul(nv_bf2<1>(r.a.y), m0);
+        a[11] = bf16x2_mul(nv_bf2<1>(r.a.w), m1);
+        a[12] = bf16x2_mul(nv_bf2<2>(r.a.y), m0);
+        a[13] = bf16x2_mul(nv_bf2<2>(r.a.w), m1);
+        a[14] = bf16x2_mul(nv_bf2<3>(r.a.y), m0);
+        a[15] = bf16x2_mul(nv_bf2<3>(r.a.w), m1);
     } else {
         const uint32_t w0[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
         const uint32_t w1[8] = {r.c.x, r.c.y, r.c.z, r.c.w, r.d.x, r.d.y, r.d.z, r.d.w};

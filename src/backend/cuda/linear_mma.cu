@@ -30,13 +30,6 @@
  * MXFP8 matrices at 5-8 tokens go through k_gemv_mma_mxfp8_xshared instead: the CTA's warps share each stage's x. */
 #include "linear_mma.cuh"
 
-static __device__ __forceinline__ void mma16816(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                                uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 static __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
     __half2 r = __hmul2(*(__half2 *)&a, *(__half2 *)&b);
     return *(uint32_t *)&r;
@@ -291,12 +284,6 @@ static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src)
 static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-/* f16x2 product with one half of b in both lanes (HMUL2's operand swizzle: no extra instruction) */
-template <int H> static __device__ __forceinline__ uint32_t hmul2_bc(uint32_t a, uint32_t b) {
-    const __half2 bb = *(const __half2 *)&b;
-    __half2 r = __hmul2(*(const __half2 *)&a, H ? __high2half2(bb) : __low2half2(bb));
-    return *(uint32_t *)&r;
-}
 
 /* The MMAs of one tiled NVFP4 unit from the ring: qa / qb this lane's 16 bytes of rows g and
  * g + 8, sa / sb their two E4M3 block scales as f16x2 (block 2 tig, 2 tig + 1), xb (and xlb,

@@ -315,6 +315,42 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     return 1;
 }
 
+/* precision bf16, M3_MOE_FT_MIN (9) .. M3_MOE_FT_MAX (256) tokens: the routed experts on moe_ft.cu's
+ * grouped mma.sync kernels (every expert's weights read once per launch for up to 32 of its slots,
+ * several CTAs per SM), the shared expert on the dense MLP path, then the combine as moe_tc's.
+ * No host synchronization. 1 when done (or failed), 0 when not taken. */
+static int moe_ft(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
+                  float limit, float *out, moe_post *post) {
+    const m3_mlp_w *e0 = &L->experts[0];
+    if (!c->gemm_bf16 || !L->backend || E < 1 || E > 2048 || !m3_cu_moe_ft_ok(e0) || !m3_cu_moe_ft_act_ok(alpha, limit)) return 0;
+    if (m3_cu_env_int("M3_MOE_FT", 1) == 0 || T < m3_cu_env_int("M3_MOE_FT_MIN", 9) || T > m3_cu_env_int("M3_MOE_FT_MAX", 256))
+        return 0;
+    for (int e = 0; e < E; e++) /* expert parallel: every expert here, in one format and shape */
+        if (!L->experts[e].gate.w || L->experts[e].gate.fmt != e0->gate.fmt || L->experts[e].down.N != e0->down.N) return 0;
+    const int H = L->router.K, F = e0->gate.N;
+    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
+    int32_t *pick;
+    float *wt;
+    if (m3_cu_route(c, L, x, T, E, K, routed_scale, &pick, &wt)) return 1;
+    if (c->count_experts) count_experts(c, pick, T * K, E);
+    void *work = m3_cu_scratch(c, SC_GEMM_X, m3_cu_moe_ft_work(T, K, E, H, F));
+    float *ye = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * (size_t)T * K * H);
+    if (!work || !ye) return 1;
+    m3_cu_xsplit_touch(c, ye, sizeof(float) * (size_t)T * K * H);
+    if (m3_cu_moe_ft(c, (const m3_mlp_w *)L->backend, e0, x, T, K, E, pick, work, alpha, limit, ye)) return 1;
+    float *sh = NULL;
+    if (L->has_shared) {
+        sh = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)T * H);
+        if (!sh) return 1;
+        m3_cu_mlp(c, &L->shared, x, T, alpha, limit, sh);
+    }
+    const norm_combine cb = {ye, wt, sh, out, K};
+    if (post && m3_cu_combine_add_rmsnorm(c, &cb, post->h, post->w, T, H, post->eps, post->normed)) post->done = 1;
+    else k_moe_combine<<<dim3(cdiv(H, 256), T), 256, 0, c->st>>>(ye, wt, K, H, sh, out);
+    CK_LAUNCH(c, "moe combine (few slots per expert)");
+    return 1;
+}
+
 static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
                      float limit, float *out, moe_post *post);
 
@@ -338,7 +374,11 @@ static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int
     m3_cu_prof_begin(c, OP_MOE);
     if (T <= 0 || c->failed) { m3_cu_prof_end(c, OP_MOE); return; }
     const int H = L->router.K, Fd = L->experts[0].gate.N;
-    if (moe_tc(c, L, x, T, E, K, routed_scale, alpha, limit, out, post)) { m3_cu_prof_end(c, OP_MOE); return; }
+    if (moe_ft(c, L, x, T, E, K, routed_scale, alpha, limit, out, post) ||
+        moe_tc(c, L, x, T, E, K, routed_scale, alpha, limit, out, post)) {
+        m3_cu_prof_end(c, OP_MOE);
+        return;
+    }
     m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
     /* router logits, picks and weights (router.cu) */
     int32_t *pick;

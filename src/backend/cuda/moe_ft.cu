@@ -1,0 +1,486 @@
+/* The MoE's routed experts at few rows per expert (issue 25): decode batches and verify passes
+ * of ~9-256 tokens, where each of the 128 experts gets ~1-16 of the step's slots, under
+ * precision bf16. y = SwiGLU-OAI(gate x, up x), then down, for every (token, expert) slot, with
+ * every expert's weights read from HBM once per launch (per 32 slots) and x / h in bf16.
+ * CPU reference: src/backend/cpu/moe.c (m3_cpu_moe) with the bf16 mode's roundings (x and h
+ * rounded to bf16, f32 sums); bench/bench_cuda_moe.c checks it in double at real shapes.
+ *
+ * Why not the wgmma GEMM (gemm_tc.cu): at these row counts a step is a pass over ~4 GB of NVFP4
+ * experts per layer, and the work per weight byte is the expansion to bf16, not the multiply.
+ * The wgmma kernel keeps one CTA of 8 consumer warps per SM (its registers and shared memory
+ * are sized for 128-token tiles), and they wait on latency (7.5 cycles between a warp's
+ * instructions, 3.1-3.9 ms a layer whatever the rows). Here: mma.sync m16n8k16 (bf16 in, f32
+ * sums) with the weights as the A operand expanded in registers, the slots as n8 tiles of B,
+ * and small CTAs, 2-3 per SM, so that 16-24 warps hide the latency.
+ *
+ * Layout (k_ft_layout): the T K slots sorted by expert into "staged rows", each expert's rows
+ * contiguous and padded to 8 (one n8 tile), cut into segments of at most NT tiles (one CTA
+ * column). x is staged once in bf16 in that row order (k_ft_stage; NVFP4: the 16-byte chunks
+ * of every 128-value block in the order the fragment loads read them, see below); gate + up
+ * (k_ft_gemm MODE 1) writes h = SwiGLU-OAI in bf16 in the same row order, staged the same way
+ * for down (MODE 2), which writes f32 rows ye[slot][H] for the combine (moe.cu).
+ *
+ * k_ft_gemm: CTA = 8 warps x 16 weight rows (MODE 1: warps 0-3 gate rows 64c .. 64c + 63,
+ * warps 4-7 the same up rows, so SwiGLU pairs them through shared memory; MODE 2: 128 down rows)
+ * times one segment's rows, over all of K in stages of 128 values: a NS-stage cp.async ring
+ * shared by the CTA (each stage: the 8 row tiles' bytes, one contiguous run per tile in the
+ * tiled layout (common.cuh), their scales, and the segment's x rows), CUTLASS's sm80
+ * multistage scheme; each thread's copy addresses are computed once.
+ *
+ * Arithmetic: f16 MMAs (mma.sync m16n8k16, f32 sums) on exact operands. The weights expand to
+ * f16 as in the tensor-core GEMV (linear_mma.cu): NVFP4 codes by nv_pair (value x 2^-14) times
+ * the block's E4M3 scale (one HMUL2 per pair; 2^14 and the global scale in the epilogue), MXFP8
+ * by the hardware E4M3 converter with each 32-value unit's E8M0 scale on its f32 partial sums.
+ * x is rounded to bf16 (the bf16 mode's GEMM input) and staged as f16 times 2^s_r, a power of
+ * two per staged row that puts the row's largest |x| in [2^14, 2^15): bf16's 8 significant
+ * bits then fit f16 exactly for every value down to 2^-31 of the row's largest (f16 subnormals
+ * included); smaller ones round, by at most 2^-40 of the largest, far below one f32 rounding of
+ * the sums. h is bounded (|h| <= (limit + 1) limit), so it is staged the same way with one
+ * power of two. The epilogue multiplies by 2^-s. Half the instructions per weight of bf16
+ * operands (nv_bf2 + a bf16 multiply per pair), which bound this kernel.
+ * Fragments:
+ *   NVFP4 (one 128-value unit a stage): lane (g, t) holds 16 bytes of rows g and g + 8 (32
+ *     codes each, values 32t .. 32t + 31 of the unit); k16 step s takes codes 4s + {0,1} (A
+ *     columns 2t, 2t + 1) and 4s + {2,3} (columns 2t + 8, 2t + 9). x: lane (g, t) reads values
+ *     32t + 8j .. 32t + 8j + 7 of its token g for steps 2j, 2j + 1, a 16-byte chunk stored at
+ *     chunk position 4j + t of the block, so the 8 lanes of a quarter warp read 2 rows x 64
+ *     contiguous bytes: with rows 320 bytes apart (= 64 mod 128) no two hit one bank group.
+ *   MXFP8 (four 32-value units a stage): lane (g, t) holds 8 bytes of rows g and g + 8 (values
+ *     8t .. 8t + 7 of the unit); x in natural order, the lane's 8 values of unit u are chunk
+ *     4u + t of the row. */
+#include "common.cuh"
+
+namespace {
+
+constexpr int NS = 4;     /* stages */
+constexpr int XR = 320;   /* bytes between staged rows in shared memory (256 + 64, see above) */
+constexpr int KS = 128;   /* K values per stage */
+
+template <int FMT> struct ftc {
+    enum {
+        WB = FMT == M3_WF_NVFP4 ? 1024 : 2048, /* a 16-row tile's value bytes per stage */
+        SB = FMT == M3_WF_NVFP4 ? 128 : 64,    /* ... and scale bytes */
+    };
+};
+template <int FMT, int NT> __host__ __device__ constexpr int stage_bytes() {
+    return 8 * (ftc<FMT>::WB + ftc<FMT>::SB) + NT * 8 * XR;
+}
+
+struct ft_args {
+    const m3_mlp_w *tab; /* device table of experts */
+    const int *seg;      /* [0] segments, [1] staged rows in use, then per segment: expert, first row, tiles */
+    const int *rowmap;   /* slot of each staged row (-1: padding) */
+    const uint16_t *xs;  /* staged rows [rows][K]: f16 of bf16(x) 2^s */
+    const float *xsc;    /* MODE 1: 2^-s of each staged row */
+    float hsc;           /* MODE 2: 2^-s of the staged h (one for all rows) */
+    float hmul;          /* MODE 1: 2^s of the staged h */
+    int K, N;            /* the pass's matrix shape: MODE 1 gate / up F x H, MODE 2 down H x F */
+    int perm_h;          /* MODE 1: stage h in NVFP4's chunk order (the down matrix is NVFP4) */
+    uint16_t *hs;        /* MODE 1: h [rows][N], f16 of bf16(h) 2^s */
+    float *ye;           /* MODE 2: [slot][N] */
+    float alpha, limit;
+};
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ void cp16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+static __device__ __forceinline__ uint4 lds128(uint32_t a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+static __device__ __forceinline__ uint2 lds64(uint32_t a) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
+    return v;
+}
+static __device__ __forceinline__ uint32_t lds32(uint32_t a) {
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
+    return v;
+}
+static __device__ __forceinline__ uint32_t lds16(uint32_t a) {
+    uint32_t v;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(v) : "r"(a));
+    return v;
+}
+/* staged-row chunk c (16 bytes, 8 values) of a K row -> where it is stored: NVFP4 chunk order
+ * (position 4j + t for the lane t's j-th chunk of a 128-value block), else as is */
+static __device__ __forceinline__ int chunk_pos(int c, int perm) {
+    return perm ? (c & ~15) | ((c & 3) << 2) | ((c >> 2) & 3) : c;
+}
+
+/* the slots' layout: counts per expert, each expert's rows padded to 8 from off[e], segments
+ * of at most nt tiles; map[r] the token of staged row r, rowmap[r] its slot (-1: padding) */
+__global__ void __launch_bounds__(1024) k_ft_layout(const int32_t *pick, int S, int K, int E, int nt, int *map, int *rowmap,
+                                                    int *seg) {
+    extern __shared__ int lsm[];
+    int *cnt = lsm, *off = cnt + E, *soff = off + E + 1, *fill = soff + E + 1;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = fill[e] = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < S; s += blockDim.x) {
+        const int e = pick[s];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) { /* prefix sums of the padded rows and of the segments, a warp scan per 32 experts */
+        int base = 0, sbase = 0;
+        for (int e0 = 0; e0 < E; e0 += 32) {
+            const int e = e0 + threadIdx.x;
+            const int tiles = e < E ? (cnt[e] + 7) / 8 : 0, v = tiles * 8, sv = (tiles + nt - 1) / nt;
+            int inc = v, sinc = sv;
+            for (int d = 1; d < 32; d *= 2) {
+                const int o = __shfl_up_sync(0xffffffffu, inc, d), so = __shfl_up_sync(0xffffffffu, sinc, d);
+                if ((int)threadIdx.x >= d) { inc += o; sinc += so; }
+            }
+            if (e < E) { off[e] = base + inc - v; soff[e] = sbase + sinc - sv; }
+            base += __shfl_sync(0xffffffffu, inc, 31);
+            sbase += __shfl_sync(0xffffffffu, sinc, 31);
+        }
+        if (threadIdx.x == 0) {
+            off[E] = base;
+            soff[E] = sbase;
+            seg[0] = sbase;
+            seg[1] = base;
+        }
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < off[E]; r += blockDim.x) map[r] = rowmap[r] = -1;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const int tiles = (cnt[e] + 7) / 8;
+        for (int i = 0; soff[e] + i < soff[e + 1]; i++) {
+            int *p = seg + 2 + 3 * (soff[e] + i);
+            p[0] = e;
+            p[1] = off[e] + 8 * nt * i;
+            p[2] = tiles - nt * i < nt ? tiles - nt * i : nt;
+        }
+    }
+    __syncthreads();
+    for (int s = threadIdx.x; s < S; s += blockDim.x) {
+        const int e = pick[s];
+        if (e < 0 || e >= E) continue;
+        const int r = off[e] + atomicAdd(&fill[e], 1);
+        map[r] = s / K;
+        rowmap[r] = s;
+    }
+}
+
+/* staged row r <- f16(bf16(x[map[r]]) 2^s_r), zeros for padding, chunks placed by chunk_pos,
+ * xsc[r] = 2^-s_r (see the top); a warp per row; rows past the ones in use are not written */
+__global__ void k_ft_stage(const float *x, int K, const int *map, const int *seg, int rows, int perm, uint16_t *xs, float *xsc) {
+    const int used = seg[1] < rows ? seg[1] : rows, lane = threadIdx.x & 31;
+    for (int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < used; r += gridDim.x * (blockDim.x / 32)) {
+        const int t = map[r];
+        uint16_t *o = xs + (size_t)r * K;
+        if (t < 0) {
+            for (int c = lane; c < K / 8; c += 32) *(uint4 *)(o + 8 * c) = make_uint4(0, 0, 0, 0);
+            if (lane == 0) xsc[r] = 1.0f;
+            continue;
+        }
+        const float *xr = x + (size_t)t * K;
+        float mx = 0.f;
+        for (int k = 4 * lane; k < K; k += 128) {
+            const float4 v = *(const float4 *)(xr + k);
+            mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        }
+        mx = warp_max(mx);
+        mx = __bfloat162float(__float2bfloat16_rn(mx)); /* the largest staged value */
+        int e = 0;
+        if (mx > 0.f && mx < INFINITY) frexpf(mx, &e); /* mx < 2^e */
+        const int sh = e < -100 ? 115 : 15 - e; /* 2^sh and 2^-sh stay f32 normals */
+        const float up = ldexpf(1.0f, sh);
+        if (lane == 0) xsc[r] = ldexpf(1.0f, -sh);
+        for (int c = lane; c < K / 8; c += 32) {
+            const float4 a = *(const float4 *)(xr + 8 * c), b = *(const float4 *)(xr + 8 * c + 4);
+            const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            uint32_t w[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float lo = __bfloat162float(__float2bfloat16_rn(v[2 * i])) * up;
+                const float hi = __bfloat162float(__float2bfloat16_rn(v[2 * i + 1])) * up;
+                const __half2 h = __floats2half2_rn(lo, hi);
+                w[i] = *(const uint32_t *)&h;
+            }
+            *(uint4 *)(o + 8 * chunk_pos(c, perm)) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
+/* The grouped GEMM of one pass (see the top). grid: (row chunks, segment bound) */
+template <int FMT, int NT, int MODE>
+__global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 2) k_ft_gemm(const __grid_constant__ ft_args a) {
+    constexpr int WB = ftc<FMT>::WB, SB = ftc<FMT>::SB, STAGE = stage_bytes<FMT, NT>();
+    constexpr int VPT = 8 * WB / 16 / 256, XPT = (NT * 8 * 16 + 255) / 256; /* copies per thread: values, x rows */
+    extern __shared__ __align__(128) uint8_t sm[];
+    const int si = blockIdx.y;
+    if (si >= __ldg(a.seg)) return;
+    const int *sp = a.seg + 2 + 3 * si;
+    const int e = __ldg(sp), r0 = __ldg(sp + 1), ng = __ldg(sp + 2);
+    const m3_mlp_w *m = &a.tab[e];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int c = blockIdx.x;
+    /* the CTA's row tile i (0-7): its matrix and 16-row tile index there */
+    auto tile_mat = [&](int i) -> const m3_linear * { return MODE == 1 ? (i < 4 ? &m->gate : &m->up) : &m->down; };
+    auto tile_idx = [&](int i) -> int { return MODE == 1 ? c * 4 + (i & 3) : c * 8 + i; };
+    const int ntile = a.N / 16; /* 16-row tiles of the matrix (MODE 2: the last chunk may hold fewer) */
+    const bool live = tile_idx(warp) < ntile;
+    const int NK = a.K / KS;
+    const uint32_t s0 = smem_u32(sm);
+
+    /* this thread's copies of every stage: sources at stage 0 (a stage moves them by WB, SB, 2 KS
+     * bytes) and destinations in slot 0; null: none */
+    const uint8_t *vsrc[VPT], *ssrc = NULL, *xsrc[XPT];
+    uint32_t vdst[VPT], sdst = 0, xdst[XPT];
+#pragma unroll
+    for (int j = 0; j < VPT; j++) {
+        const int q = threadIdx.x + 256 * j, i = q / (WB / 16), o = (q % (WB / 16)) * 16;
+        const m3_linear *W = tile_mat(i);
+        vsrc[j] = tile_idx(i) < ntile ? W->w + (size_t)tile_idx(i) * 16 * W->row_bytes + o : NULL;
+        vdst[j] = i * WB + o;
+    }
+    if (threadIdx.x < 8 * (SB / 16)) {
+        const int i = threadIdx.x / (SB / 16), o = (threadIdx.x % (SB / 16)) * 16;
+        const m3_linear *W = tile_mat(i);
+        ssrc = tile_idx(i) < ntile ? W->scale + (size_t)tile_idx(i) * 16 * W->scale_row + o : NULL;
+        sdst = 8 * WB + i * SB + o;
+    }
+#pragma unroll
+    for (int j = 0; j < XPT; j++) {
+        const int q = threadIdx.x + 256 * j, rr = q >> 4, o = (q & 15) * 16;
+        xsrc[j] = rr < ng * 8 ? (const uint8_t *)(a.xs + (size_t)(r0 + rr) * a.K) + o : NULL;
+        xdst[j] = 8 * (WB + SB) + rr * XR + o;
+    }
+    auto issue = [&](int kb) {
+        const uint32_t st = s0 + (kb % NS) * STAGE;
+#pragma unroll
+        for (int j = 0; j < VPT; j++)
+            if (vsrc[j]) cp16(st + vdst[j], vsrc[j] + (size_t)kb * WB);
+        if (ssrc) cp16(st + sdst, ssrc + (size_t)kb * SB);
+#pragma unroll
+        for (int j = 0; j < XPT; j++)
+            if (xsrc[j]) cp16(st + xdst[j], xsrc[j] + (size_t)kb * KS * 2);
+    };
+
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < NS - 1; s++) {
+        if (s < NK) issue(s);
+        cp_commit();
+    }
+    for (int kb = 0; kb < NK; kb++) {
+        cp_wait<NS - 2>();
+        __syncthreads(); /* stage kb landed for every thread; stage kb - 1's slot is free */
+        if (kb + NS - 1 < NK) issue(kb + NS - 1);
+        cp_commit();
+        if (!live) continue;
+        const uint32_t st = s0 + (kb % NS) * STAGE;
+        const uint32_t sw = st + warp * WB, ss = st + 8 * WB + warp * SB, sx = st + 8 * (WB + SB) + g * XR + 16 * t;
+        if (FMT == M3_WF_NVFP4) {
+            const uint4 qa = lds128(sw + g * 64 + 16 * t), qb = lds128(sw + (g + 8) * 64 + 16 * t);
+            const uint32_t sa = e4m3x2_h2(lds16(ss + g * 8 + 2 * t)), sb = e4m3x2_h2(lds16(ss + (g + 8) * 8 + 2 * t));
+            const uint32_t wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) { /* x chunk j: k16 steps 2j, 2j + 1; block scale j / 2 */
+                uint4 xv[NT];
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+                    if (n < ng) xv[n] = lds128(sx + n * 8 * XR + 64 * j);
+                uint32_t a0, a1, a2, a3;
+                if (j < 2) {
+                    a0 = hmul2_bc<0>(nv_pair<0>(wa[j]), sa); a2 = hmul2_bc<0>(nv_pair<1>(wa[j]), sa);
+                    a1 = hmul2_bc<0>(nv_pair<0>(wb[j]), sb); a3 = hmul2_bc<0>(nv_pair<1>(wb[j]), sb);
+                } else {
+                    a0 = hmul2_bc<1>(nv_pair<0>(wa[j]), sa); a2 = hmul2_bc<1>(nv_pair<1>(wa[j]), sa);
+                    a1 = hmul2_bc<1>(nv_pair<0>(wb[j]), sb); a3 = hmul2_bc<1>(nv_pair<1>(wb[j]), sb);
+                }
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+                    if (n < ng) mma16816(acc[n], a0, a1, a2, a3, xv[n].x, xv[n].y);
+                if (j < 2) {
+                    a0 = hmul2_bc<0>(nv_pair<2>(wa[j]), sa); a2 = hmul2_bc<0>(nv_pair<3>(wa[j]), sa);
+                    a1 = hmul2_bc<0>(nv_pair<2>(wb[j]), sb); a3 = hmul2_bc<0>(nv_pair<3>(wb[j]), sb);
+                } else {
+                    a0 = hmul2_bc<1>(nv_pair<2>(wa[j]), sa); a2 = hmul2_bc<1>(nv_pair<3>(wa[j]), sa);
+                    a1 = hmul2_bc<1>(nv_pair<2>(wb[j]), sb); a3 = hmul2_bc<1>(nv_pair<3>(wb[j]), sb);
+                }
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+                    if (n < ng) mma16816(acc[n], a0, a1, a2, a3, xv[n].z, xv[n].w);
+            }
+        } else {
+            const uint32_t ea4 = lds32(ss + g * 4), eb4 = lds32(ss + (g + 8) * 4);
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const uint2 qa = lds64(sw + u * 512 + g * 32 + 8 * t), qb = lds64(sw + u * 512 + (g + 8) * 32 + 8 * t);
+                uint4 xv[NT];
+                float p[NT][4];
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    p[n][0] = p[n][1] = p[n][2] = p[n][3] = 0.f;
+                    if (n < ng) xv[n] = lds128(sx + n * 8 * XR + 64 * u);
+                }
+                uint32_t a0 = e4m3x2_h2(qa.x & 0xffffu), a2 = e4m3x2_h2(qa.x >> 16);
+                uint32_t a1 = e4m3x2_h2(qb.x & 0xffffu), a3 = e4m3x2_h2(qb.x >> 16);
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+                    if (n < ng) mma16816(p[n], a0, a1, a2, a3, xv[n].x, xv[n].y);
+                a0 = e4m3x2_h2(qa.y & 0xffffu);
+                a2 = e4m3x2_h2(qa.y >> 16);
+                a1 = e4m3x2_h2(qb.y & 0xffffu);
+                a3 = e4m3x2_h2(qb.y >> 16);
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+                    if (n < ng) mma16816(p[n], a0, a1, a2, a3, xv[n].z, xv[n].w);
+                const float fa = e8_byte(ea4, u), fb = e8_byte(eb4, u);
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    acc[n][0] += p[n][0] * fa;
+                    acc[n][1] += p[n][1] * fa;
+                    acc[n][2] += p[n][2] * fb;
+                    acc[n][3] += p[n][3] * fb;
+                }
+            }
+        }
+    }
+
+    /* epilogue: this lane's values: rows g, g + 8 of the warp's tile, staged rows r0 + 8n + 2t (+ 1) */
+    const m3_linear *Wm = tile_mat(warp);
+    const float gm = FMT == M3_WF_NVFP4 ? Wm->gmul * 16384.0f : 1.0f; /* nv_pair: x 2^-14 */
+    if (MODE == 2) {
+        if (!live) return;
+        const int n0 = tile_idx(warp) * 16;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            if (n >= ng) break;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int slot = __ldg(a.rowmap + r0 + 8 * n + 2 * t + (i & 1));
+                if (slot >= 0) a.ye[(size_t)slot * a.N + n0 + g + 8 * (i >> 1)] = acc[n][i] * gm * a.hsc;
+            }
+        }
+        return;
+    }
+    /* MODE 1: the gate warps hand their sums to the up warps of the same rows */
+    cp_wait<0>();
+    __syncthreads(); /* every stage read: the ring becomes the exchange buffer */
+    float *xbuf = (float *)sm;
+    if (warp < 4) {
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            if (n < ng)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    xbuf[((warp * NT + n) * 4 + i) * 32 + lane] = acc[n][i] * gm * __ldg(a.xsc + r0 + 8 * n + 2 * t + (i & 1));
+    }
+    __syncthreads();
+    if (warp < 4) return;
+    const int f0 = c * 64 + (warp - 4) * 16;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        if (n >= ng) break;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = r0 + 8 * n + 2 * t + (i & 1);
+            const float gt = xbuf[(((warp - 4) * NT + n) * 4 + i) * 32 + lane], up = acc[n][i] * gm * __ldg(a.xsc + r);
+            const float gc = gt < a.limit ? gt : a.limit;
+            const float uc = up < -a.limit ? -a.limit : up > a.limit ? a.limit : up;
+            const float h = (uc + 1.0f) * (gc / (1.0f + expf(-a.alpha * gc)));
+            const int f = f0 + g + 8 * (i >> 1);
+            const int pos = a.perm_h ? (f & ~127) | (((f >> 3) & 3) << 5) | (((f >> 5) & 3) << 3) | (f & 7) : f;
+            a.hs[(size_t)r * a.N + pos] = __half_as_ushort(__float2half_rn(__bfloat162float(__float2bfloat16_rn(h)) * a.hmul));
+        }
+    }
+}
+
+template <int FMT, int NT, int MODE> static int launch(m3_cuda *c, const ft_args &a, int chunks, int maxseg) {
+    constexpr int smem = NS * stage_bytes<FMT, NT>();
+    static int attr = 0;
+    if (!attr) {
+        if (CK(c, cudaFuncSetAttribute(k_ft_gemm<FMT, NT, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))) return -1;
+        attr = 1;
+    }
+    k_ft_gemm<FMT, NT, MODE><<<dim3(chunks, maxseg), 256, smem, c->st>>>(a);
+    return CK_LAUNCH(c, "moe_ft gemm") ? -1 : 0;
+}
+
+} // namespace
+
+int m3_cu_moe_ft_ok(const m3_mlp_w *e0) {
+    const m3_linear *g = &e0->gate, *u = &e0->up, *d = &e0->down;
+    const m3_linear *ms[3] = {g, u, d};
+    if (g->fmt != M3_WF_NVFP4 && g->fmt != M3_WF_MXFP8) return 0;
+    for (int i = 0; i < 3; i++) {
+        const m3_linear *W = ms[i];
+        const int nv = W->fmt == M3_WF_NVFP4;
+        if (W->fmt != g->fmt || !W->tiled || !W->w || !W->scale || W->N % 16 || W->K % KS) return 0;
+        if (W->row_bytes != (size_t)W->K / (nv ? 2 : 1) || W->scale_row != (size_t)W->K / (nv ? 16 : 32)) return 0;
+        if (((uintptr_t)W->w & 15) || ((uintptr_t)W->scale & 15)) return 0;
+    }
+    return g->N == u->N && g->K == u->K && g->N % 64 == 0 && d->K == g->N;
+}
+/* h is staged in f16 by a bound that needs a finite SwiGLU-OAI limit and alpha > 0 */
+int m3_cu_moe_ft_act_ok(float alpha, float limit) { return alpha > 1e-3f && limit > 0.0f && limit <= 1e3f; }
+
+/* tiles a segment holds: 2 while the experts average up to 8 slots, else 4 */
+static int ft_nt(long long S, int E) { return S <= 8LL * E ? 2 : 4; }
+
+size_t m3_cu_moe_ft_work(int T, int K, int E, int H, int F) {
+    const long long S = (long long)T * K, nz = S < E ? S : E;
+    const long long rows = S + 7 * nz, segs = nz + rows / (8 * ft_nt(S, E)) + 1;
+    return ((size_t)(2 + 3 * segs + 3 * rows) * sizeof(int) + 255) / 256 * 256 + (size_t)rows * (H + F) * 2 + 256;
+}
+
+int m3_cu_moe_ft(m3_cuda *c, const m3_mlp_w *tab, const m3_mlp_w *e0, const float *x, int T, int K, int E,
+                            const int32_t *pick, void *work, float alpha, float limit, float *ye) {
+    const int H = e0->gate.K, F = e0->gate.N;
+    const long long S = (long long)T * K, nz = S < E ? S : E;
+    const int nt = ft_nt(S, E);
+    const int rows = (int)(S + 7 * nz), maxseg = (int)(nz + rows / (8 * nt) + 1);
+    int *seg = (int *)work, *map = seg + 2 + 3 * maxseg, *rowmap = map + rows;
+    float *xsc = (float *)(rowmap + rows);
+    uint16_t *xs = (uint16_t *)((uint8_t *)work + ((size_t)(2 + 3 * maxseg + 3 * rows) * sizeof(int) + 255) / 256 * 256);
+    uint16_t *hs = xs + (size_t)rows * H;
+    const int nv = e0->gate.fmt == M3_WF_NVFP4;
+    k_ft_layout<<<1, 1024, sizeof(int) * (4 * (size_t)E + 2), c->st>>>(pick, (int)S, K, E, nt, map, rowmap, seg);
+    if (CK_LAUNCH(c, "moe_ft layout")) return -1;
+    k_ft_stage<<<cdiv(rows, 8) < 1024 ? cdiv(rows, 8) : 1024, 256, 0, c->st>>>(x, H, map, seg, rows, nv, xs, xsc);
+    if (CK_LAUNCH(c, "moe_ft stage")) return -1;
+    ft_args a;
+    memset(&a, 0, sizeof a);
+    a.tab = tab;
+    a.seg = seg;
+    a.rowmap = rowmap;
+    a.alpha = alpha;
+    a.limit = limit;
+    a.xs = xs;
+    a.xsc = xsc;
+    /* h staged as f16 times 2^(15 - he), 2^he > 2 bound: |h| <= (limit + 1) max(limit, 0.28 / alpha)
+     * (SwiGLU-OAI clamps g above and u both ways; g sigmoid(alpha g) >= -0.2785 / alpha) */
+    const float gb = 0.28f / alpha > limit ? 0.28f / alpha : limit;
+    int he = 0;
+    frexpf(2.0f * (limit + 1.0f) * gb, &he);
+    a.hmul = ldexpf(1.0f, 15 - he);
+    a.hsc = ldexpf(1.0f, he - 15);
+    a.K = H;
+    a.N = F;
+    a.perm_h = e0->down.fmt == M3_WF_NVFP4;
+    a.hs = hs;
+    int rc;
+    if (nv) rc = nt == 2 ? launch<M3_WF_NVFP4, 2, 1>(c, a, F / 64, maxseg) : launch<M3_WF_NVFP4, 4, 1>(c, a, F / 64, maxseg);
+    else rc = nt == 2 ? launch<M3_WF_MXFP8, 2, 1>(c, a, F / 64, maxseg) : launch<M3_WF_MXFP8, 4, 1>(c, a, F / 64, maxseg);
+    if (rc) return -1;
+    a.xs = hs;
+    a.K = F;
+    a.N = e0->down.N;
+    a.ye = ye;
+    const int dch = (a.N + 127) / 128;
+    if (nv) rc = nt == 2 ? launch<M3_WF_NVFP4, 2, 2>(c, a, dch, maxseg) : launch<M3_WF_NVFP4, 4, 2>(c, a, dch, maxseg);
+    else rc = nt == 2 ? launch<M3_WF_MXFP8, 2, 2>(c, a, dch, maxseg) : launch<M3_WF_MXFP8, 4, 2>(c, a, dch, maxseg);
+    return rc;
+}

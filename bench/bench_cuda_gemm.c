@@ -6,6 +6,8 @@
  * of tokens (first, last, random) x rows (all, or 4096 with the last); relative L2 over the
  * sample must be < 1e-4 (only the f32 summation order differs), else a FAIL line and exit 1.
  * Ragged shapes (T = 1, 9, 20, 64, 77, 130: every token tile; N = 520 / 528) are checked in full first.
+ * The same check for the backend's linear op in bf16 precision (op16: the few-token GEMM,
+ * gemm_ft.cu, at 9-64 tokens for MXFP8 / NVFP4, this GEMM above, the GEMV below 9 tokens).
  * Time: CUDA events, median of REPS after warm-up, of the GEMM alone (x staged once, as a
  * caller sharing x over q / k / v would; over ks K slices, as the backend picks them, their sum
  * included), of staging x, and of ops.linear (the existing path). The ragged checks run 2 K
@@ -56,7 +58,7 @@ typedef struct ctx {
     float *part; /* their partial sums */
 } ctx;
 
-/* median ms of reps runs of what (0: gemm on staged x, 1: staging x, 2: ops.linear) */
+/* median ms of reps runs of what (0: gemm on staged x, 1: staging x, 2: ops.linear exact, 3: ops.linear bf16) */
 static float time_it(ctx *c, int what, const m3_linear *D, const float *dx, void *xs, int T, float *dy, int reps) {
     float ms[64];
     m3_err err;
@@ -65,7 +67,10 @@ static float time_it(ctx *c, int what, const m3_linear *D, const float *dx, void
         cudaEventRecord(c->e0, c->st);
         if (what == 0) m3_cu_gemm_tc_staged_split(c->st, D, xs, T, dy, c->ks, c->part, &err);
         else if (what == 1) m3_cu_gemm_tc_stage_x(c->st, dx, T, D->K, xs, &err);
-        else c->g.linear(c->g.ctx, D, dx, T, dy);
+        else {
+            m3_cuda_set_precision(&c->g, what == 3);
+            c->g.linear(c->g.ctx, D, dx, T, dy);
+        }
         cudaEventRecord(c->e1, c->st);
         cudaEventSynchronize(c->e1);
         if (r >= 0) cudaEventElapsedTime(&ms[r], c->e0, c->e1);
@@ -121,40 +126,51 @@ static int run_case(ctx *c, m3_wfmt f, int N, int K, const int *Ts, int nT, int 
         int *toks = malloc(sizeof(int) * ntok), *rows = malloc(sizeof(int) * nrow);
         for (int i = 0; i < ntok; i++) toks[i] = ntok == T ? i : i == 0 ? 0 : i == 1 ? T - 1 : (int)(rnd() % T);
         for (int i = 0; i < nrow; i++) rows[i] = nrow == N ? i : i == 0 ? N - 1 : (int)(rnd() % N);
-        float *yg = malloc(sizeof(float) * (size_t)N * ntok);
+        float *yg = malloc(sizeof(float) * (size_t)N * ntok), *yo = malloc(sizeof(float) * (size_t)N * ntok);
         for (int i = 0; i < ntok; i++) c->g.download(c->g.ctx, yg + (size_t)i * N, dy + (size_t)toks[i] * N, sizeof(float) * N);
+        /* the backend's op in bf16 precision on the same input */
+        cudaMemset(dy, 0xff, sizeof(float) * (size_t)T * N);
+        m3_cuda_set_precision(&c->g, 1);
+        c->g.linear(c->g.ctx, &D, dx, T, dy);
+        m3_cuda_set_precision(&c->g, 0);
+        for (int i = 0; i < ntok; i++) c->g.download(c->g.ctx, yo + (size_t)i * N, dy + (size_t)toks[i] * N, sizeof(float) * N);
         xd = realloc(xd, sizeof(double) * (size_t)ntok * K);
         for (int i = 0; i < ntok; i++)
             for (int k = 0; k < K; k++) xd[(size_t)i * K + k] = m3_bf16_to_f32(m3_f32_to_bf16(x[(size_t)toks[i] * K + k]));
-        double num = 0, den = 0, mx = 0;
-        int bad = 0;
+        double num = 0, den = 0, mx = 0, onum = 0;
+        int bad = 0, obad = 0;
         for (int r = 0; r < nrow; r++) {
             decode_row(&L, rows[r], wr);
             for (int i = 0; i < ntok; i++) {
                 const double *xr = xd + (size_t)i * K;
                 double ref = 0;
                 for (int k = 0; k < K; k++) ref += xr[k] * wr[k];
-                const double got = yg[(size_t)i * N + rows[r]], d = got - ref;
+                const double got = yg[(size_t)i * N + rows[r]], d = got - ref, od = yo[(size_t)i * N + rows[r]] - ref;
                 if (!(d == d)) bad++;
+                if (!(od == od)) obad++;
+                onum += od * od;
                 num += d * d;
                 den += ref * ref;
                 if (fabs(d) > mx) mx = fabs(d);
             }
         }
         const double rel = bad ? INFINITY : sqrt(num / (den > 0 ? den : 1));
-        const int ok = rel < 1e-4;
+        const double orel = obad ? INFINITY : sqrt(onum / (den > 0 ? den : 1));
+        const int ok = rel < 1e-4 && orel < 1e-4;
         fails += !ok;
         /* timing */
         const int reps = T >= 1024 ? 10 : 20;
         const float t_gemm = time_it(c, 0, &D, dx, xs, T, dy, reps), t_stage = time_it(c, 1, &D, dx, xs, T, dy, reps);
         const float t_old = with_old ? time_it(c, 2, &D, dx, xs, T, dy, T >= 1024 ? 5 : 10) : 0;
+        const float t_op = time_it(c, 3, &D, dx, xs, T, dy, reps);
+        m3_cuda_set_precision(&c->g, 0);
         const double flop = 2.0 * T * (double)N * K;
-        printf("%-6s %7d %6d %5d %9.2e %9.2e%s %9.1f %7.1f %7.1f %5.1f%% %10.1f %6.1fx %2d %s\n", m3_wfmt_name(f), N, K, T, rel,
-               mx, bad ? "(NaN)" : "", t_gemm * 1e3, t_stage * 1e3, flop / (t_gemm * 1e-3) / 1e12,
+        printf("%-6s %7d %6d %5d %9.2e %9.2e%s %9.1f %7.1f %7.1f %5.1f%% %10.1f %6.1fx %2d %9.1f %9.2e%s %s\n", m3_wfmt_name(f), N,
+               K, T, rel, mx, bad ? "(NaN)" : "", t_gemm * 1e3, t_stage * 1e3, flop / (t_gemm * 1e-3) / 1e12,
                100 * flop / (t_gemm * 1e-3) / PEAK, with_old ? t_old * 1e3 : 0.0, with_old ? t_old / (t_gemm + t_stage) : 0.0, c->ks,
-               ok ? "" : "FAIL");
+               t_op * 1e3, orel, obad ? "(NaN)" : "", ok ? "" : "FAIL");
         fflush(stdout);
-        free(toks); free(rows); free(yg); free(x);
+        free(toks); free(rows); free(yg); free(yo); free(x);
         c->g.release(c->g.ctx, dx); c->g.release(c->g.ctx, dy); c->g.release(c->g.ctx, xs);
         if (c->part) c->g.release(c->g.ctx, c->part);
         c->part = NULL;
@@ -181,8 +197,8 @@ int main(int argc, char **argv) {
     cudaEventCreate(&c.e0);
     cudaEventCreate(&c.e1);
     printf("device: %s; peak taken as %.0f TFLOP/s dense BF16\n", m3_cuda_device_name(&c.g), PEAK / 1e12);
-    printf("%-6s %7s %6s %5s %9s %9s %9s %7s %7s %6s %10s %7s %2s\n", "format", "N", "K", "T", "rel_l2", "max_abs", "gemm_us",
-           "xstg_us", "TFLOP/s", "peak", "linear_us", "speedup", "ks");
+    printf("%-6s %7s %6s %5s %9s %9s %9s %7s %7s %6s %10s %7s %2s %9s %9s\n", "format", "N", "K", "T", "rel_l2", "max_abs", "gemm_us",
+           "xstg_us", "TFLOP/s", "peak", "linear_us", "speedup", "ks", "op16_us", "op16_rel");
     const m3_wfmt fm[3] = {M3_WF_BF16, M3_WF_MXFP8, M3_WF_NVFP4};
     int fails = 0;
     if (argc - argi == 2) {

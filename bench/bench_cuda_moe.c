@@ -1,5 +1,5 @@
 /* The MoE layer on the GPU under --precision bf16 (issue 25): the routed experts on the few-slot
- * kernels (src/backend/cuda/moe_ft.cu, up to 256 tokens) and as grouped GEMMs on the wgmma
+ * kernels (src/backend/cuda/gemm_ft.cu, up to 512 tokens) and as grouped GEMMs on the wgmma
  * kernel (moe.cu, moe_tc), each against a CPU reference with the bf16 mode's roundings, and
  * timed next to the previous paths.
  *
@@ -303,7 +303,7 @@ static int one(m3_ops *g, layer *y, int T, int ntok, int timed) {
     if (timed) {
         const int reps = T >= 2048 ? 5 : 10, oreps = T >= 2048 ? 2 : 5;
         const double tn = run_moe(g, y, dx, T, dy, reps);
-        setenv("M3_MOE_FT", "0", 1); /* the grouped GEMMs on the wgmma kernel (the op's choice above 256 tokens) */
+        setenv("M3_MOE_FT", "0", 1); /* the grouped GEMMs on the wgmma kernel (the op's choice above 512 tokens) */
         const double tg = run_moe(g, y, dx, T, dy, reps);
         /* the next wider tile than the op's choice (moe.cu), or 64 when it chose 128 */
         const long S = (long)T * TOPK;
@@ -341,7 +341,7 @@ int main(int argc, char **argv) {
     int fails = 0;
     layer y;
     /* ragged: 16 experts, 10 boosted by the bias (6 get no token), small widths, every row checked; NVFP4
-     * and MXFP8 experts; the few-slot kernels (moe_ft.cu), then the wgmma GEMMs at every tile width */
+     * and MXFP8 experts; the few-slot kernels (gemm_ft.cu), then the wgmma GEMMs at every tile width */
     const m3_wfmt efs[2] = {M3_WF_NVFP4, M3_WF_MXFP8};
     for (int f = 0; f < 2; f++) {
         if (build(&g, &y, 16, 512, 384, 256, 10, efs[f], &err)) { printf("upload: %s FAIL\n", err.msg); return 1; }
@@ -364,15 +364,15 @@ int main(int argc, char **argv) {
     if (!ragged) {
         if (build(&g, &y, 128, 6144, 3072, 3072, 0, M3_WF_NVFP4, &err)) { printf("upload: %s FAIL\n", err.msg); return 1; }
         printf("MoE layer at M3.1-Flash shapes (E=128, top-8, NVFP4 experts 3072x6144, MXFP8 shared 3072, BF16 router);\n"
-               "ms of the whole op: op = its choice (the few-slot kernels up to 256 tokens, then the grouped GEMMs), gemm = the\n"
+               "ms of the whole op: op = its choice (the few-slot kernels up to 512 tokens, then the grouped GEMMs), gemm = the\n"
                "grouped wgmma GEMMs, other_bn = their other tile width, bf16_old = bf16 without either, exact = --precision exact;\n"
-               "up to 256 tokens the GEMMs' results are checked too (the line after)\n"
+               "up to 512 tokens the GEMMs' results are checked too (the line after)\n"
                "%5s %10s %9s %9s %6s %9s %7s %9s %9s %9s %9s %7s\n",
                "T", "rows/skip", "raw_l2", "rel_l2", "flips", "op_ms", "TFLOP/s", "gemm", "other_bn", "bf16_old", "exact", "speedup");
         const int Ts[8] = {16, 32, 64, 128, 256, 512, 2048, 4096};
         for (int i = 0; i < (quick ? 6 : 8); i++) {
             fails += one(&g, &y, Ts[i], 6, 1);
-            if (Ts[i] <= 256) {
+            if (Ts[i] <= 512) {
                 setenv("M3_MOE_FT", "0", 1);
                 printf("  gemm: ");
                 fails += one(&g, &y, Ts[i], 6, 0);

@@ -199,11 +199,15 @@ int m3_cu_combine_add_rmsnorm(m3_cuda *c, const norm_combine *cb, float *h, cons
                               float *out);
 /* elem.cu */
 void m3_cu_add(void *ctx, float *y, const float *x, size_t n);
-/* the routed experts at few slots per expert (moe_ft.cu, precision bf16): m3_cu_moe_ft_ok says
+/* the routed experts at few slots per expert (gemm_ft.cu, precision bf16): m3_cu_moe_ft_ok says
  * whether the experts are taken (e0: a device copy's host struct); m3_cu_moe_ft writes
  * ye[slot][H] = down(SwiGLU-OAI(gate x, up x)) of every slot's expert (pick[T * K] on the device,
  * tab the device table) using work (device, m3_cu_moe_ft_work bytes); 0, or -1 (c failed) */
 int m3_cu_moe_ft_ok(const m3_mlp_w *e0);
+/* y[i] [T][N] = x [T][K] W[i]^T for n matrices of one format and K sharing x (gemm_ft.cu, precision
+ * bf16, meant for 9-64 tokens): m3_cu_linear_ft_ok says whether a matrix is taken; 0, or -1 (c failed) */
+int m3_cu_linear_ft_ok(const m3_linear *W);
+int m3_cu_linear_ft(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y);
 int m3_cu_moe_ft_act_ok(float alpha, float limit);
 size_t m3_cu_moe_ft_work(int T, int K, int E, int H, int F);
 int m3_cu_moe_ft(m3_cuda *c, const m3_mlp_w *tab, const m3_mlp_w *e0, const float *x, int T, int K, int E,

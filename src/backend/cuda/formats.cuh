@@ -149,7 +149,7 @@ static __device__ __forceinline__ uint32_t e2m1_f16bits(uint32_t c) {
 }
 
 
-/* ---- bf16 tensor-core operands (the wgmma GEMM, gemm_tc.cu; the few-row MoE, moe_ft.cu) */
+/* ---- tensor-core operands (the wgmma GEMM, gemm_tc.cu; the few-token GEMM, gemm_ft.cu) */
 
 /* bf16x2 product (round to nearest; exact wherever the callers use it) */
 static __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {

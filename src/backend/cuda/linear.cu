@@ -350,6 +350,22 @@ static int linear_tc(m3_cuda *c, int n, const m3_linear *const *W, const float *
     return 1;
 }
 
+/* precision bf16, M3_GEMM_FT_MIN (9) .. M3_GEMM_FT_MAX (64) tokens: the few-token GEMM (gemm_ft.cu) when it
+ * takes every W (MXFP8 / NVFP4, tiled), x staged once for all of them. 1 when done (or failed), 0 not
+ * this path. */
+static int linear_ft(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y) {
+    static int tmin = -1, tmax = -1;
+    if (tmin < 0) {
+        tmin = m3_cu_env_int("M3_GEMM_FT_MIN", 9);
+        tmax = m3_cu_env_int("M3_GEMM_FT_MAX", 64);
+    }
+    if (!c->gemm_bf16 || T < tmin || T > tmax) return 0;
+    for (int i = 0; i < n; i++)
+        if (!m3_cu_linear_ft_ok(W[i]) || W[i]->K != W[0]->K || W[i]->fmt != W[0]->fmt) return 0;
+    m3_cu_linear_ft(c, n, W, x, T, y);
+    return 1;
+}
+
 /* the same at any T (the MoE's shared expert next to the grouped GEMMs, moe.cu) */
 int m3_cu_linear_tc_n(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y) {
     for (int i = 0; i < n; i++) m3_cu_xsplit_touch(c, y[i], sizeof(float) * (size_t)T * W[i]->N);
@@ -361,7 +377,7 @@ void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y
     m3_cu_prof_begin(c, OP_LINEAR);
     if (T <= 0 || c->failed) { m3_cu_prof_end(c, OP_LINEAR); return; }
     m3_cu_xsplit_touch(c, y, sizeof(float) * (size_t)T * W->N);
-    if (linear_tc(c, 1, &W, x, T, &y)) { m3_cu_prof_end(c, OP_LINEAR); return; }
+    if (linear_ft(c, 1, &W, x, T, &y) || linear_tc(c, 1, &W, x, T, &y)) { m3_cu_prof_end(c, OP_LINEAR); return; }
     /* MXFP8 / NVFP4 on the tensor cores in groups of 8 tokens up to 64 tokens */
     if (T <= 64 && m3_cu_mma_ok(W)) {
         for (int t0 = 0; t0 < T; t0 += 8)
@@ -401,7 +417,7 @@ void m3_cu_linear_n(void *ctx, int n, const m3_linear *const *W, const float *x,
     if (c->gemm_bf16 && T >= 1) { /* the wgmma GEMM where it takes the shapes (linear_tc) */
         m3_cu_prof_begin(c, OP_LINEAR);
         for (int i = 0; i < n; i++) m3_cu_xsplit_touch(c, y[i], sizeof(float) * (size_t)T * W[i]->N);
-        const int done = c->failed || linear_tc(c, n, W, x, T, y);
+        const int done = c->failed || linear_ft(c, n, W, x, T, y) || linear_tc(c, n, W, x, T, y);
         m3_cu_prof_end(c, OP_LINEAR);
         if (done) return;
     }

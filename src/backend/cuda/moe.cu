@@ -315,7 +315,7 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     return 1;
 }
 
-/* precision bf16, M3_MOE_FT_MIN (9) .. M3_MOE_FT_MAX (256) tokens: the routed experts on moe_ft.cu's
+/* precision bf16, M3_MOE_FT_MIN (9) .. M3_MOE_FT_MAX (512) tokens: the routed experts on gemm_ft.cu's
  * grouped mma.sync kernels (every expert's weights read once per launch for up to 32 of its slots,
  * several CTAs per SM), the shared expert on the dense MLP path, then the combine as moe_tc's.
  * No host synchronization. 1 when done (or failed), 0 when not taken. */
@@ -323,7 +323,7 @@ static int moe_ft(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
                   float limit, float *out, moe_post *post) {
     const m3_mlp_w *e0 = &L->experts[0];
     if (!c->gemm_bf16 || !L->backend || E < 1 || E > 2048 || !m3_cu_moe_ft_ok(e0) || !m3_cu_moe_ft_act_ok(alpha, limit)) return 0;
-    if (m3_cu_env_int("M3_MOE_FT", 1) == 0 || T < m3_cu_env_int("M3_MOE_FT_MIN", 9) || T > m3_cu_env_int("M3_MOE_FT_MAX", 256))
+    if (m3_cu_env_int("M3_MOE_FT", 1) == 0 || T < m3_cu_env_int("M3_MOE_FT_MIN", 9) || T > m3_cu_env_int("M3_MOE_FT_MAX", 512))
         return 0;
     for (int e = 0; e < E; e++) /* expert parallel: every expert here, in one format and shape */
         if (!L->experts[e].gate.w || L->experts[e].gate.fmt != e0->gate.fmt || L->experts[e].down.N != e0->down.N) return 0;

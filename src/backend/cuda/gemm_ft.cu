@@ -1,18 +1,25 @@
-/* The MoE's routed experts at few rows per expert (issue 25): decode batches and verify passes
- * of ~9-256 tokens, where each of the 128 experts gets ~1-16 of the step's slots, under
- * precision bf16. y = SwiGLU-OAI(gate x, up x), then down, for every (token, expert) slot, with
- * every expert's weights read from HBM once per launch (per 32 slots) and x / h in bf16.
- * CPU reference: src/backend/cpu/moe.c (m3_cpu_moe) with the bf16 mode's roundings (x and h
- * rounded to bf16, f32 sums); bench/bench_cuda_moe.c checks it in double at real shapes.
+/* The few-token GEMM (issue 25): y = x W^T for MXFP8 / NVFP4 weights at 9-64 tokens (decode
+ * batches, verify passes), and the MoE's routed experts at ~1-32 slots per expert (9-512
+ * tokens: each of the 128 experts gets a few of a step's slots), under precision bf16. Every
+ * weight is read from HBM once per launch for up to 32 tokens (slots) at a time.
+ * CPU reference: src/backend/cpu/linear.c and moe.c (m3_cpu_linear, m3_cpu_moe) with the bf16
+ * mode's roundings (x and h rounded to bf16, f32 sums); bench/bench_cuda_moe.c and
+ * bench/bench_cuda_linear.c check it in double at real shapes.
  *
- * Why not the wgmma GEMM (gemm_tc.cu): at these row counts a step is a pass over ~4 GB of NVFP4
- * experts per layer, and the work per weight byte is the expansion to bf16, not the multiply.
- * The wgmma kernel keeps one CTA of 8 consumer warps per SM (its registers and shared memory
- * are sized for 128-token tiles), and they wait on latency (7.5 cycles between a warp's
- * instructions, 3.1-3.9 ms a layer whatever the rows). Here: mma.sync m16n8k16 (bf16 in, f32
- * sums) with the weights as the A operand expanded in registers, the slots as n8 tiles of B,
- * and small CTAs, 2-3 per SM, so that 16-24 warps hide the latency.
+ * Why not the wgmma GEMM (gemm_tc.cu): at these token counts a step is a pass over the weights
+ * (~4 GB of NVFP4 experts per layer), and the work per weight byte is the expansion, not the
+ * multiply. The wgmma kernel keeps one CTA of 8 consumer warps per SM (its registers and shared
+ * memory are sized for 128-token tiles), and they wait on latency (7.5 cycles between a warp's
+ * instructions; the MoE took 3.1-3.9 ms a layer whatever the rows). Here: mma.sync m16n8k16
+ * with the weights as the A operand expanded in registers, the tokens as n8 tiles of B, and
+ * small CTAs, 2-4 per SM, so that 16-32 warps hide the latency.
  *
+ * Linears (MODE 0, m3_cu_linear_ft): x staged once (k_ft_stage, rows = tokens), one launch per
+ * matrix: CTA (token group of up to 8 NT tokens, 128 weight rows, K slice); K slices when the
+ * matrix has too few row chunks to fill the GPU, their partial sums added in slice order
+ * (k_ft_sum_slices: deterministic).
+ *
+ * MoE:
  * Layout (k_ft_layout): the T K slots sorted by expert into "staged rows", each expert's rows
  * contiguous and padded to 8 (one n8 tile), cut into segments of at most NT tiles (one CTA
  * column). x is staged once in bf16 in that row order (k_ft_stage; NVFP4: the 16-byte chunks
@@ -67,14 +74,17 @@ template <int FMT, int NT> __host__ __device__ constexpr int stage_bytes() {
 }
 
 struct ft_args {
+    m3_linear W;         /* MODE 0: the matrix */
+    int T, ks;           /* MODE 0: tokens, K slices */
+    float *y;            /* MODE 0: y [T][N], or with K slices the partial sums [ks][T][N] */
     const m3_mlp_w *tab; /* device table of experts */
     const int *seg;      /* [0] segments, [1] staged rows in use, then per segment: expert, first row, tiles */
     const int *rowmap;   /* slot of each staged row (-1: padding) */
     const uint16_t *xs;  /* staged rows [rows][K]: f16 of bf16(x) 2^s */
-    const float *xsc;    /* MODE 1: 2^-s of each staged row */
+    const float *xsc;    /* MODES 0, 1: 2^-s of each staged row */
     float hsc;           /* MODE 2: 2^-s of the staged h (one for all rows) */
     float hmul;          /* MODE 1: 2^s of the staged h */
-    int K, N;            /* the pass's matrix shape: MODE 1 gate / up F x H, MODE 2 down H x F */
+    int K, N;            /* the pass's matrix shape: MODE 0 W's; MODE 1 gate / up F x H, MODE 2 down H x F */
     int perm_h;          /* MODE 1: stage h in NVFP4's chunk order (the down matrix is NVFP4) */
     uint16_t *hs;        /* MODE 1: h [rows][N], f16 of bf16(h) 2^s */
     float *ye;           /* MODE 2: [slot][N] */
@@ -171,9 +181,10 @@ __global__ void __launch_bounds__(1024) k_ft_layout(const int32_t *pick, int S, 
 /* staged row r <- f16(bf16(x[map[r]]) 2^s_r), zeros for padding, chunks placed by chunk_pos,
  * xsc[r] = 2^-s_r (see the top); a warp per row; rows past the ones in use are not written */
 __global__ void k_ft_stage(const float *x, int K, const int *map, const int *seg, int rows, int perm, uint16_t *xs, float *xsc) {
-    const int used = seg[1] < rows ? seg[1] : rows, lane = threadIdx.x & 31;
+    /* map NULL: the rows are x's rows 0 .. rows - 1, padded with zero rows to a multiple of 8 */
+    const int used = map ? (seg[1] < rows ? seg[1] : rows) : (rows + 7) / 8 * 8, lane = threadIdx.x & 31;
     for (int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < used; r += gridDim.x * (blockDim.x / 32)) {
-        const int t = map[r];
+        const int t = map ? map[r] : r < rows ? r : -1;
         uint16_t *o = xs + (size_t)r * K;
         if (t < 0) {
             for (int c = lane; c < K / 8; c += 32) *(uint4 *)(o + 8 * c) = make_uint4(0, 0, 0, 0);
@@ -215,19 +226,35 @@ __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 
     constexpr int WB = ftc<FMT>::WB, SB = ftc<FMT>::SB, STAGE = stage_bytes<FMT, NT>();
     constexpr int VPT = 8 * WB / 16 / 256, XPT = (NT * 8 * 16 + 255) / 256; /* copies per thread: values, x rows */
     extern __shared__ __align__(128) uint8_t sm[];
-    const int si = blockIdx.y;
-    if (si >= __ldg(a.seg)) return;
-    const int *sp = a.seg + 2 + 3 * si;
-    const int e = __ldg(sp), r0 = __ldg(sp + 1), ng = __ldg(sp + 2);
-    const m3_mlp_w *m = &a.tab[e];
+    /* MODE 0: grid (token groups, row chunks x K slices), the groups of a chunk side by side (they
+     * share its weights in L2); MoE: grid (row chunks, segment bound) */
+    int r0, ng, c, kb0 = 0, kb1 = a.K / KS, ksl = 0;
+    const m3_mlp_w *m = NULL;
+    if (MODE == 0) {
+        r0 = blockIdx.x * NT * 8;
+        ng = (a.T - r0 + 7) / 8 < NT ? (a.T - r0 + 7) / 8 : NT;
+        c = blockIdx.y / a.ks;
+        ksl = blockIdx.y % a.ks;
+        kb0 = (int)((long)kb1 * ksl / a.ks);
+        kb1 = (int)((long)kb1 * (ksl + 1) / a.ks);
+    } else {
+        const int si = blockIdx.y;
+        if (si >= __ldg(a.seg)) return;
+        const int *sp = a.seg + 2 + 3 * si;
+        m = &a.tab[__ldg(sp)];
+        r0 = __ldg(sp + 1);
+        ng = __ldg(sp + 2);
+        c = blockIdx.x;
+    }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int c = blockIdx.x;
     /* the CTA's row tile i (0-7): its matrix and 16-row tile index there */
-    auto tile_mat = [&](int i) -> const m3_linear * { return MODE == 1 ? (i < 4 ? &m->gate : &m->up) : &m->down; };
+    auto tile_mat = [&](int i) -> const m3_linear * {
+        return MODE == 0 ? &a.W : MODE == 1 ? (i < 4 ? &m->gate : &m->up) : &m->down;
+    };
     auto tile_idx = [&](int i) -> int { return MODE == 1 ? c * 4 + (i & 3) : c * 8 + i; };
-    const int ntile = a.N / 16; /* 16-row tiles of the matrix (MODE 2: the last chunk may hold fewer) */
+    const int ntile = a.N / 16; /* 16-row tiles of the matrix (MODES 0, 2: the last chunk may hold fewer) */
     const bool live = tile_idx(warp) < ntile;
-    const int NK = a.K / KS;
+    const int NK = kb1 - kb0;
     const uint32_t s0 = smem_u32(sm);
 
     /* this thread's copies of every stage: sources at stage 0 (a stage moves them by WB, SB, 2 KS
@@ -253,8 +280,9 @@ __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 
         xsrc[j] = rr < ng * 8 ? (const uint8_t *)(a.xs + (size_t)(r0 + rr) * a.K) + o : NULL;
         xdst[j] = 8 * (WB + SB) + rr * XR + o;
     }
-    auto issue = [&](int kb) {
-        const uint32_t st = s0 + (kb % NS) * STAGE;
+    auto issue = [&](int kl) { /* the slice's stage kl (K block kb0 + kl) */
+        const uint32_t st = s0 + (kl % NS) * STAGE;
+        const int kb = kb0 + kl;
 #pragma unroll
         for (int j = 0; j < VPT; j++)
             if (vsrc[j]) cp16(st + vdst[j], vsrc[j] + (size_t)kb * WB);
@@ -279,7 +307,7 @@ __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 
         if (kb + NS - 1 < NK) issue(kb + NS - 1);
         cp_commit();
         if (!live) continue;
-        const uint32_t st = s0 + (kb % NS) * STAGE;
+        const uint32_t st = s0 + (kb % NS) * STAGE; /* kb: the slice's stage */
         const uint32_t sw = st + warp * WB, ss = st + 8 * WB + warp * SB, sx = st + 8 * (WB + SB) + g * XR + 16 * t;
         if (FMT == M3_WF_NVFP4) {
             const uint4 qa = lds128(sw + g * 64 + 16 * t), qb = lds128(sw + (g + 8) * 64 + 16 * t);
@@ -352,6 +380,21 @@ __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 
     /* epilogue: this lane's values: rows g, g + 8 of the warp's tile, staged rows r0 + 8n + 2t (+ 1) */
     const m3_linear *Wm = tile_mat(warp);
     const float gm = FMT == M3_WF_NVFP4 ? Wm->gmul * 16384.0f : 1.0f; /* nv_pair: x 2^-14 */
+    if (MODE == 0) {
+        if (!live) return;
+        const int n0 = tile_idx(warp) * 16;
+        float *y = a.y + (size_t)ksl * a.T * a.N;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            if (n >= ng) break;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int tok = r0 + 8 * n + 2 * t + (i & 1);
+                if (tok < a.T) y[(size_t)tok * a.N + n0 + g + 8 * (i >> 1)] = acc[n][i] * gm * __ldg(a.xsc + tok);
+            }
+        }
+        return;
+    }
     if (MODE == 2) {
         if (!live) return;
         const int n0 = tile_idx(warp) * 16;
@@ -398,16 +441,28 @@ __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 
     }
 }
 
-template <int FMT, int NT, int MODE> static int launch(m3_cuda *c, const ft_args &a, int chunks, int maxseg) {
+template <int FMT, int NT, int MODE> static int launch(m3_cuda *c, const ft_args &a, int gx, int gy) {
     constexpr int smem = NS * stage_bytes<FMT, NT>();
     static int attr = 0;
     if (!attr) {
         if (CK(c, cudaFuncSetAttribute(k_ft_gemm<FMT, NT, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))) return -1;
         attr = 1;
     }
-    k_ft_gemm<FMT, NT, MODE><<<dim3(chunks, maxseg), 256, smem, c->st>>>(a);
-    return CK_LAUNCH(c, "moe_ft gemm") ? -1 : 0;
+    k_ft_gemm<FMT, NT, MODE><<<dim3(gx, gy), 256, smem, c->st>>>(a);
+    return CK_LAUNCH(c, "gemm_ft") ? -1 : 0;
 }
+
+/* y[i] = the slices' partial sums part[k][i], added in slice order */
+__global__ void k_ft_sum_slices(const float *part, int ks, size_t n, float *y) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = part[i];
+        for (int k = 1; k < ks; k++) v += part[(size_t)k * n + i];
+        y[i] = v;
+    }
+}
+
+/* CTAs of k_ft_gemm an SM holds (registers and shared memory; see the launch bounds) */
+static int ft_ctas(int nv, int nt) { return nt == 2 ? (nv ? 4 : 3) : 2; }
 
 } // namespace
 
@@ -427,8 +482,62 @@ int m3_cu_moe_ft_ok(const m3_mlp_w *e0) {
 /* h is staged in f16 by a bound that needs a finite SwiGLU-OAI limit and alpha > 0 */
 int m3_cu_moe_ft_act_ok(float alpha, float limit) { return alpha > 1e-3f && limit > 0.0f && limit <= 1e3f; }
 
+int m3_cu_linear_ft_ok(const m3_linear *W) {
+    if (!W || (W->fmt != M3_WF_NVFP4 && W->fmt != M3_WF_MXFP8) || !W->tiled || !W->w || !W->scale) return 0;
+    const int nv = W->fmt == M3_WF_NVFP4;
+    if (W->N % 16 || W->K % KS || W->row_bytes != (size_t)W->K / (nv ? 2 : 1) || W->scale_row != (size_t)W->K / (nv ? 16 : 32))
+        return 0;
+    return !((uintptr_t)W->w & 15) && !((uintptr_t)W->scale & 15);
+}
+
+int m3_cu_linear_ft(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y) {
+    const int K = W[0]->K, nt = T <= 16 ? 2 : 4, rows = (T + 7) / 8 * 8;
+    uint16_t *xs = (uint16_t *)m3_cu_scratch(c, SC_GEMM_X, (size_t)rows * K * 2 + (size_t)rows * 4 + 256);
+    if (!xs) return -1;
+    float *xsc = (float *)(xs + (size_t)rows * K);
+    const int perm = W[0]->fmt == M3_WF_NVFP4;
+    for (int i = 1; i < n; i++)
+        if (W[i]->fmt != W[0]->fmt || W[i]->K != K) return m3_cu_failf(c, "gemm_ft: matrices of one input differ"), -1;
+    k_ft_stage<<<cdiv(rows, 8), 256, 0, c->st>>>(x, K, NULL, NULL, T, perm, xs, xsc);
+    if (CK_LAUNCH(c, "gemm_ft stage")) return -1;
+    for (int i = 0; i < n; i++) {
+        ft_args a;
+        memset(&a, 0, sizeof a);
+        a.W = *W[i];
+        a.T = T;
+        a.xs = xs;
+        a.xsc = xsc;
+        a.K = K;
+        a.N = W[i]->N;
+        /* K slices so that the CTAs fill the GPU in one wave (a second, partial wave cost more than it
+         * gave: 9 slices of 8192 x 6144 at 16 tokens, 576 CTAs for 528 places), each slice at least 4
+         * stages (512 values) */
+        const int groups = (T + 8 * nt - 1) / (8 * nt), chunks = (a.N + 127) / 128;
+        const long slots = (long)c->sm_count * ft_ctas(perm, nt);
+        long ks = slots / ((long)groups * chunks);
+        if (ks > K / KS / 4) ks = K / KS / 4;
+        if (ks < 1) ks = 1;
+        a.ks = (int)ks;
+        a.y = y[i];
+        if (ks > 1 && !(a.y = (float *)m3_cu_scratch(c, SC_SPLITK, sizeof(float) * (size_t)ks * T * a.N))) return -1;
+        int rc;
+        if (perm) rc = nt == 2 ? launch<M3_WF_NVFP4, 2, 0>(c, a, groups, chunks * ks) : launch<M3_WF_NVFP4, 4, 0>(c, a, groups, chunks * ks);
+        else rc = nt == 2 ? launch<M3_WF_MXFP8, 2, 0>(c, a, groups, chunks * ks) : launch<M3_WF_MXFP8, 4, 0>(c, a, groups, chunks * ks);
+        if (rc) return -1;
+        if (ks > 1) {
+            const size_t m = (size_t)T * a.N;
+            k_ft_sum_slices<<<cdiv(m, 256) < 4096 ? cdiv(m, 256) : 4096, 256, 0, c->st>>>(a.y, ks, m, y[i]);
+            if (CK_LAUNCH(c, "gemm_ft slices")) return -1;
+        }
+    }
+    return 0;
+}
+
 /* tiles a segment holds: 2 while the experts average up to 8 slots, else 4 */
-static int ft_nt(long long S, int E) { return S <= 8LL * E ? 2 : 4; }
+static int ft_nt(long long S, int E) {
+    const int f = m3_cu_env_int("M3_MOE_FT_NT", 0); /* 2 or 4 forces one (measurements) */
+    return f == 2 || f == 4 ? f : S <= 8LL * E ? 2 : 4;
+}
 
 size_t m3_cu_moe_ft_work(int T, int K, int E, int H, int F) {
     const long long S = (long long)T * K, nz = S < E ? S : E;
@@ -448,9 +557,9 @@ int m3_cu_moe_ft(m3_cuda *c, const m3_mlp_w *tab, const m3_mlp_w *e0, const floa
     uint16_t *hs = xs + (size_t)rows * H;
     const int nv = e0->gate.fmt == M3_WF_NVFP4;
     k_ft_layout<<<1, 1024, sizeof(int) * (4 * (size_t)E + 2), c->st>>>(pick, (int)S, K, E, nt, map, rowmap, seg);
-    if (CK_LAUNCH(c, "moe_ft layout")) return -1;
+    if (CK_LAUNCH(c, "gemm_ft moe layout")) return -1;
     k_ft_stage<<<cdiv(rows, 8) < 1024 ? cdiv(rows, 8) : 1024, 256, 0, c->st>>>(x, H, map, seg, rows, nv, xs, xsc);
-    if (CK_LAUNCH(c, "moe_ft stage")) return -1;
+    if (CK_LAUNCH(c, "gemm_ft moe stage")) return -1;
     ft_args a;
     memset(&a, 0, sizeof a);
     a.tab = tab;

@@ -1,7 +1,7 @@
 /* The few-token GEMM (issue 25): y = x W^T for MXFP8 / NVFP4 weights at 9-64 tokens (decode
  * batches, verify passes), and the MoE's routed experts at ~1-32 slots per expert (9-512
  * tokens: each of the 128 experts gets a few of a step's slots), under precision bf16. Every
- * weight is read from HBM once per launch for up to 32 tokens (slots) at a time.
+ * weight is read from HBM once per launch for up to 64 tokens (linears) or 32 slots (an expert's).
  * CPU reference: src/backend/cpu/linear.c and moe.c (m3_cpu_linear, m3_cpu_moe) with the bf16
  * mode's roundings (x and h rounded to bf16, f32 sums); bench/bench_cuda_moe.c and
  * bench/bench_cuda_linear.c check it in double at real shapes.
@@ -15,9 +15,10 @@
  * small CTAs, 2-4 per SM, so that 16-32 warps hide the latency.
  *
  * Linears (MODE 0, m3_cu_linear_ft): x staged once (k_ft_stage, rows = tokens), one launch per
- * matrix: CTA (token group of up to 8 NT tokens, 128 weight rows, K slice); K slices when the
- * matrix has too few row chunks to fill the GPU, their partial sums added in slice order
- * (k_ft_sum_slices: deterministic).
+ * matrix: CTA (token group of 8 NT tokens: NT 2, 4 or 8 for up to 16, 32, 64 tokens; 128 weight
+ * rows; a K slice); K slices when the matrix has too few row chunks to fill the GPU in one wave,
+ * their partial sums added in slice order (k_ft_sum_slices: deterministic). NVFP4 takes one group
+ * of 64 tokens rather than two of 32: each group expands the weights again (see m3_cu_linear_ft).
  *
  * MoE:
  * Layout (k_ft_layout): the T K slots sorted by expert into "staged rows", each expert's rows
@@ -59,7 +60,8 @@
 
 namespace {
 
-constexpr int NS = 4;     /* stages */
+/* stages of the ring: 4, 3 with 8 tiles of x (64 tokens: two CTAs an SM still fit) */
+template <int NT> __host__ __device__ constexpr int n_stages() { return NT == 8 ? 3 : 4; }
 constexpr int XR = 320;   /* bytes between staged rows in shared memory (256 + 64, see above) */
 constexpr int KS = 128;   /* K values per stage */
 
@@ -195,7 +197,10 @@ __global__ void k_ft_stage(const float *x, int K, const int *map, const int *seg
         float mx = 0.f;
         for (int k = 4 * lane; k < K; k += 128) {
             const float4 v = *(const float4 *)(xr + k);
-            mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+            const float a4[4] = {fabsf(v.x), fabsf(v.y), fabsf(v.z), fabsf(v.w)};
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (a4[i] < INFINITY) mx = fmaxf(mx, a4[i]); /* finite values only: an Inf stays Inf alone */
         }
         mx = warp_max(mx);
         mx = __bfloat162float(__float2bfloat16_rn(mx)); /* the largest staged value */
@@ -223,7 +228,7 @@ __global__ void k_ft_stage(const float *x, int K, const int *map, const int *seg
 /* The grouped GEMM of one pass (see the top). grid: (row chunks, segment bound) */
 template <int FMT, int NT, int MODE>
 __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 2) k_ft_gemm(const __grid_constant__ ft_args a) {
-    constexpr int WB = ftc<FMT>::WB, SB = ftc<FMT>::SB, STAGE = stage_bytes<FMT, NT>();
+    constexpr int WB = ftc<FMT>::WB, SB = ftc<FMT>::SB, STAGE = stage_bytes<FMT, NT>(), NS = n_stages<NT>();
     constexpr int VPT = 8 * WB / 16 / 256, XPT = (NT * 8 * 16 + 255) / 256; /* copies per thread: values, x rows */
     extern __shared__ __align__(128) uint8_t sm[];
     /* MODE 0: grid (token groups, row chunks x K slices), the groups of a chunk side by side (they
@@ -309,70 +314,55 @@ __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 
         if (!live) continue;
         const uint32_t st = s0 + (kb % NS) * STAGE; /* kb: the slice's stage */
         const uint32_t sw = st + warp * WB, ss = st + 8 * WB + warp * SB, sx = st + 8 * (WB + SB) + g * XR + 16 * t;
+        /* per k16 step pair: the A fragments of both steps first, then each token tile's x chunk and
+         * its two MMAs (one x chunk in registers at a time: 8 tiles of 64 tokens fit two CTAs an SM) */
         if (FMT == M3_WF_NVFP4) {
             const uint4 qa = lds128(sw + g * 64 + 16 * t), qb = lds128(sw + (g + 8) * 64 + 16 * t);
             const uint32_t sa = e4m3x2_h2(lds16(ss + g * 8 + 2 * t)), sb = e4m3x2_h2(lds16(ss + (g + 8) * 8 + 2 * t));
             const uint32_t wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
 #pragma unroll
             for (int j = 0; j < 4; j++) { /* x chunk j: k16 steps 2j, 2j + 1; block scale j / 2 */
-                uint4 xv[NT];
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-                    if (n < ng) xv[n] = lds128(sx + n * 8 * XR + 64 * j);
-                uint32_t a0, a1, a2, a3;
+                uint32_t a[8];
                 if (j < 2) {
-                    a0 = hmul2_bc<0>(nv_pair<0>(wa[j]), sa); a2 = hmul2_bc<0>(nv_pair<1>(wa[j]), sa);
-                    a1 = hmul2_bc<0>(nv_pair<0>(wb[j]), sb); a3 = hmul2_bc<0>(nv_pair<1>(wb[j]), sb);
+                    a[0] = hmul2_bc<0>(nv_pair<0>(wa[j]), sa); a[2] = hmul2_bc<0>(nv_pair<1>(wa[j]), sa);
+                    a[1] = hmul2_bc<0>(nv_pair<0>(wb[j]), sb); a[3] = hmul2_bc<0>(nv_pair<1>(wb[j]), sb);
+                    a[4] = hmul2_bc<0>(nv_pair<2>(wa[j]), sa); a[6] = hmul2_bc<0>(nv_pair<3>(wa[j]), sa);
+                    a[5] = hmul2_bc<0>(nv_pair<2>(wb[j]), sb); a[7] = hmul2_bc<0>(nv_pair<3>(wb[j]), sb);
                 } else {
-                    a0 = hmul2_bc<1>(nv_pair<0>(wa[j]), sa); a2 = hmul2_bc<1>(nv_pair<1>(wa[j]), sa);
-                    a1 = hmul2_bc<1>(nv_pair<0>(wb[j]), sb); a3 = hmul2_bc<1>(nv_pair<1>(wb[j]), sb);
+                    a[0] = hmul2_bc<1>(nv_pair<0>(wa[j]), sa); a[2] = hmul2_bc<1>(nv_pair<1>(wa[j]), sa);
+                    a[1] = hmul2_bc<1>(nv_pair<0>(wb[j]), sb); a[3] = hmul2_bc<1>(nv_pair<1>(wb[j]), sb);
+                    a[4] = hmul2_bc<1>(nv_pair<2>(wa[j]), sa); a[6] = hmul2_bc<1>(nv_pair<3>(wa[j]), sa);
+                    a[5] = hmul2_bc<1>(nv_pair<2>(wb[j]), sb); a[7] = hmul2_bc<1>(nv_pair<3>(wb[j]), sb);
                 }
 #pragma unroll
                 for (int n = 0; n < NT; n++)
-                    if (n < ng) mma16816(acc[n], a0, a1, a2, a3, xv[n].x, xv[n].y);
-                if (j < 2) {
-                    a0 = hmul2_bc<0>(nv_pair<2>(wa[j]), sa); a2 = hmul2_bc<0>(nv_pair<3>(wa[j]), sa);
-                    a1 = hmul2_bc<0>(nv_pair<2>(wb[j]), sb); a3 = hmul2_bc<0>(nv_pair<3>(wb[j]), sb);
-                } else {
-                    a0 = hmul2_bc<1>(nv_pair<2>(wa[j]), sa); a2 = hmul2_bc<1>(nv_pair<3>(wa[j]), sa);
-                    a1 = hmul2_bc<1>(nv_pair<2>(wb[j]), sb); a3 = hmul2_bc<1>(nv_pair<3>(wb[j]), sb);
-                }
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-                    if (n < ng) mma16816(acc[n], a0, a1, a2, a3, xv[n].z, xv[n].w);
+                    if (n < ng) {
+                        const uint4 xv = lds128(sx + n * 8 * XR + 64 * j);
+                        mma16816(acc[n], a[0], a[1], a[2], a[3], xv.x, xv.y);
+                        mma16816(acc[n], a[4], a[5], a[6], a[7], xv.z, xv.w);
+                    }
             }
         } else {
             const uint32_t ea4 = lds32(ss + g * 4), eb4 = lds32(ss + (g + 8) * 4);
 #pragma unroll
             for (int u = 0; u < 4; u++) {
                 const uint2 qa = lds64(sw + u * 512 + g * 32 + 8 * t), qb = lds64(sw + u * 512 + (g + 8) * 32 + 8 * t);
-                uint4 xv[NT];
-                float p[NT][4];
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    p[n][0] = p[n][1] = p[n][2] = p[n][3] = 0.f;
-                    if (n < ng) xv[n] = lds128(sx + n * 8 * XR + 64 * u);
-                }
-                uint32_t a0 = e4m3x2_h2(qa.x & 0xffffu), a2 = e4m3x2_h2(qa.x >> 16);
-                uint32_t a1 = e4m3x2_h2(qb.x & 0xffffu), a3 = e4m3x2_h2(qb.x >> 16);
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-                    if (n < ng) mma16816(p[n], a0, a1, a2, a3, xv[n].x, xv[n].y);
-                a0 = e4m3x2_h2(qa.y & 0xffffu);
-                a2 = e4m3x2_h2(qa.y >> 16);
-                a1 = e4m3x2_h2(qb.y & 0xffffu);
-                a3 = e4m3x2_h2(qb.y >> 16);
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-                    if (n < ng) mma16816(p[n], a0, a1, a2, a3, xv[n].z, xv[n].w);
+                const uint32_t a[8] = {e4m3x2_h2(qa.x & 0xffffu), e4m3x2_h2(qb.x & 0xffffu), e4m3x2_h2(qa.x >> 16),
+                                       e4m3x2_h2(qb.x >> 16),     e4m3x2_h2(qa.y & 0xffffu), e4m3x2_h2(qb.y & 0xffffu),
+                                       e4m3x2_h2(qa.y >> 16),     e4m3x2_h2(qb.y >> 16)};
                 const float fa = e8_byte(ea4, u), fb = e8_byte(eb4, u);
 #pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    acc[n][0] += p[n][0] * fa;
-                    acc[n][1] += p[n][1] * fa;
-                    acc[n][2] += p[n][2] * fb;
-                    acc[n][3] += p[n][3] * fb;
-                }
+                for (int n = 0; n < NT; n++)
+                    if (n < ng) {
+                        const uint4 xv = lds128(sx + n * 8 * XR + 64 * u);
+                        float p[4] = {0.f, 0.f, 0.f, 0.f}; /* the unit's sums, times its E8M0 scales */
+                        mma16816(p, a[0], a[1], a[2], a[3], xv.x, xv.y);
+                        mma16816(p, a[4], a[5], a[6], a[7], xv.z, xv.w);
+                        acc[n][0] += p[0] * fa;
+                        acc[n][1] += p[1] * fa;
+                        acc[n][2] += p[2] * fb;
+                        acc[n][3] += p[3] * fb;
+                    }
             }
         }
     }
@@ -441,14 +431,27 @@ __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 
     }
 }
 
-template <int FMT, int NT, int MODE> static int launch(m3_cuda *c, const ft_args &a, int gx, int gy) {
-    constexpr int smem = NS * stage_bytes<FMT, NT>();
-    static int attr = 0;
-    if (!attr) {
-        if (CK(c, cudaFuncSetAttribute(k_ft_gemm<FMT, NT, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))) return -1;
-        attr = 1;
+/* the kernel's shared-memory attribute, set in each device's context (tensor parallel ranks: one per
+ * GPU, on threads of their own), and the CTAs an SM holds there (registers and shared memory); 0 on
+ * failure */
+template <int FMT, int NT, int MODE> static int prepare(m3_cuda *c) {
+    constexpr int smem = n_stages<NT>() * stage_bytes<FMT, NT>();
+    static int nb[64];
+    static unsigned long long set; /* devices whose context has the attribute */
+    const unsigned long long bit = 1ull << (c->dev & 63);
+    if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
+        if (CK(c, cudaFuncSetAttribute(k_ft_gemm<FMT, NT, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))) return 0;
+        int n = 0;
+        if (CK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_ft_gemm<FMT, NT, MODE>, 256, smem))) return 0;
+        nb[c->dev & 63] = n > 0 ? n : 1;
+        __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
     }
-    k_ft_gemm<FMT, NT, MODE><<<dim3(gx, gy), 256, smem, c->st>>>(a);
+    return nb[c->dev & 63];
+}
+
+template <int FMT, int NT, int MODE> static int launch(m3_cuda *c, const ft_args &a, int gx, int gy) {
+    if (!prepare<FMT, NT, MODE>(c)) return -1;
+    k_ft_gemm<FMT, NT, MODE><<<dim3(gx, gy), 256, n_stages<NT>() * stage_bytes<FMT, NT>(), c->st>>>(a);
     return CK_LAUNCH(c, "gemm_ft") ? -1 : 0;
 }
 
@@ -461,8 +464,11 @@ __global__ void k_ft_sum_slices(const float *part, int ks, size_t n, float *y) {
     }
 }
 
-/* CTAs of k_ft_gemm an SM holds (registers and shared memory; see the launch bounds) */
-static int ft_ctas(int nv, int nt) { return nt == 2 ? (nv ? 4 : 3) : 2; }
+/* CTAs of the linear kernel for (format, tiles) an SM holds */
+static int ft_ctas(m3_cuda *c, int nv, int nt) {
+    if (nv) return nt == 2 ? prepare<M3_WF_NVFP4, 2, 0>(c) : nt == 4 ? prepare<M3_WF_NVFP4, 4, 0>(c) : prepare<M3_WF_NVFP4, 8, 0>(c);
+    return nt == 2 ? prepare<M3_WF_MXFP8, 2, 0>(c) : nt == 4 ? prepare<M3_WF_MXFP8, 4, 0>(c) : prepare<M3_WF_MXFP8, 8, 0>(c);
+}
 
 } // namespace
 
@@ -479,8 +485,9 @@ int m3_cu_moe_ft_ok(const m3_mlp_w *e0) {
     }
     return g->N == u->N && g->K == u->K && g->N % 64 == 0 && d->K == g->N;
 }
-/* h is staged in f16 by a bound that needs a finite SwiGLU-OAI limit and alpha > 0 */
-int m3_cu_moe_ft_act_ok(float alpha, float limit) { return alpha > 1e-3f && limit > 0.0f && limit <= 1e3f; }
+/* h is staged in f16 by a bound that needs a finite SwiGLU-OAI limit and alpha > 0; kept to realistic
+ * values (M3: 1.702, 7) so that the bound stays within 2^15 of h's values that matter */
+int m3_cu_moe_ft_act_ok(float alpha, float limit) { return alpha >= 0.1f && limit > 0.0f && limit <= 100.0f; }
 
 int m3_cu_linear_ft_ok(const m3_linear *W) {
     if (!W || (W->fmt != M3_WF_NVFP4 && W->fmt != M3_WF_MXFP8) || !W->tiled || !W->w || !W->scale) return 0;
@@ -491,11 +498,15 @@ int m3_cu_linear_ft_ok(const m3_linear *W) {
 }
 
 int m3_cu_linear_ft(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y) {
-    const int K = W[0]->K, nt = T <= 16 ? 2 : 4, rows = (T + 7) / 8 * 8;
+    /* token tiles per group: 2 up to 16 tokens, else 4; NVFP4 8 above 32 (one group of 64 tokens expands
+     * each weight once: 8192 x 6144 at 64 tokens 60.3 -> 48.4 us; MXFP8, whose expansion is one convert
+     * per pair, got slower: 59.3 -> 62.0 us, 12288 x 6144 75.3 -> 95.3 us) */
+    const int K = W[0]->K, nv = W[0]->fmt == M3_WF_NVFP4, nt = T <= 16 ? 2 : T <= 32 || !nv ? 4 : 8, rows = (T + 7) / 8 * 8;
     uint16_t *xs = (uint16_t *)m3_cu_scratch(c, SC_GEMM_X, (size_t)rows * K * 2 + (size_t)rows * 4 + 256);
     if (!xs) return -1;
     float *xsc = (float *)(xs + (size_t)rows * K);
-    const int perm = W[0]->fmt == M3_WF_NVFP4;
+    const int perm = nv;
+    if ((uintptr_t)x & 15) return m3_cu_failf(c, "gemm_ft: x is not 16-byte aligned"), -1;
     for (int i = 1; i < n; i++)
         if (W[i]->fmt != W[0]->fmt || W[i]->K != K) return m3_cu_failf(c, "gemm_ft: matrices of one input differ"), -1;
     k_ft_stage<<<cdiv(rows, 8), 256, 0, c->st>>>(x, K, NULL, NULL, T, perm, xs, xsc);
@@ -513,7 +524,7 @@ int m3_cu_linear_ft(m3_cuda *c, int n, const m3_linear *const *W, const float *x
          * gave: 9 slices of 8192 x 6144 at 16 tokens, 576 CTAs for 528 places), each slice at least 4
          * stages (512 values) */
         const int groups = (T + 8 * nt - 1) / (8 * nt), chunks = (a.N + 127) / 128;
-        const long slots = (long)c->sm_count * ft_ctas(perm, nt);
+        const long slots = (long)c->sm_count * ft_ctas(c, perm, nt);
         long ks = slots / ((long)groups * chunks);
         if (ks > K / KS / 4) ks = K / KS / 4;
         if (ks < 1) ks = 1;
@@ -521,8 +532,13 @@ int m3_cu_linear_ft(m3_cuda *c, int n, const m3_linear *const *W, const float *x
         a.y = y[i];
         if (ks > 1 && !(a.y = (float *)m3_cu_scratch(c, SC_SPLITK, sizeof(float) * (size_t)ks * T * a.N))) return -1;
         int rc;
-        if (perm) rc = nt == 2 ? launch<M3_WF_NVFP4, 2, 0>(c, a, groups, chunks * ks) : launch<M3_WF_NVFP4, 4, 0>(c, a, groups, chunks * ks);
-        else rc = nt == 2 ? launch<M3_WF_MXFP8, 2, 0>(c, a, groups, chunks * ks) : launch<M3_WF_MXFP8, 4, 0>(c, a, groups, chunks * ks);
+        const int gy = chunks * (int)ks;
+        if (perm)
+            rc = nt == 2 ? launch<M3_WF_NVFP4, 2, 0>(c, a, groups, gy)
+                 : nt == 4 ? launch<M3_WF_NVFP4, 4, 0>(c, a, groups, gy) : launch<M3_WF_NVFP4, 8, 0>(c, a, groups, gy);
+        else
+            rc = nt == 2 ? launch<M3_WF_MXFP8, 2, 0>(c, a, groups, gy)
+                 : nt == 4 ? launch<M3_WF_MXFP8, 4, 0>(c, a, groups, gy) : launch<M3_WF_MXFP8, 8, 0>(c, a, groups, gy);
         if (rc) return -1;
         if (ks > 1) {
             const size_t m = (size_t)T * a.N;

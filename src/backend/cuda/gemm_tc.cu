@@ -679,11 +679,17 @@ __global__ void k_stage_x(const float *x, int T, int K, uint4 *xs, size_t n, con
 /* a's shape: W's (rows, values / scales strides, K); the kernel for FMT, BN */
 template <int FMT, int BN, int CPS = 1> static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
     constexpr int SM = smem_bytes(FMT, BN, CPS);
-    static int attr = 0; /* set once per instantiation (all devices of a process alike) */
-    if (!attr) {
+    /* the shared-memory limit is an attribute of the kernel in each device's context (tensor parallel
+     * ranks: one per GPU, on threads of their own): set once per device */
+    static unsigned long long set;
+    int dev = 0;
+    cudaError_t de = cudaGetDevice(&dev);
+    if (de != cudaSuccess) return m3_errf(err, "gemm_tc: no current device: %s", cudaGetErrorString(de));
+    const unsigned long long bit = 1ull << (dev & 63);
+    if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
         cudaError_t e = cudaFuncSetAttribute(k_gemm_tc<FMT, BN, CPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, SM);
         if (e != cudaSuccess) return m3_errf(err, "gemm_tc: shared memory attribute: %s", cudaGetErrorString(e));
-        attr = 1;
+        __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
     }
     const long long blocks = (long long)a.nm * a.nt * a.ksplit;
     if (blocks > 0x7fffffffLL) return m3_errf(err, "gemm_tc: %lld tiles", blocks);

@@ -359,7 +359,7 @@ static int linear_ft(m3_cuda *c, int n, const m3_linear *const *W, const float *
         tmin = m3_cu_env_int("M3_GEMM_FT_MIN", 9);
         tmax = m3_cu_env_int("M3_GEMM_FT_MAX", 64);
     }
-    if (!c->gemm_bf16 || T < tmin || T > tmax) return 0;
+    if (!c->gemm_bf16 || T < tmin || T > tmax || ((uintptr_t)x & 15)) return 0;
     for (int i = 0; i < n; i++)
         if (!m3_cu_linear_ft_ok(W[i]) || W[i]->K != W[0]->K || W[i]->fmt != W[0]->fmt) return 0;
     m3_cu_linear_ft(c, n, W, x, T, y);

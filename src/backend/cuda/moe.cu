@@ -252,8 +252,12 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     const m3_mlp_w *e0 = &L->experts[0];
     if (!c->gemm_bf16 || !L->backend || E < 1 || E > 2048 || !m3_cu_gemm_tc_moe_ok(e0)) return 0;
     if (m3_cu_env_int("M3_MOE_TC", 1) == 0 || T < m3_cu_env_int("M3_MOE_TC_MIN", 128)) return 0;
-    for (int e = 0; e < E; e++) /* expert parallel: every expert here, in one format and shape */
-        if (!L->experts[e].gate.w || L->experts[e].gate.fmt != e0->gate.fmt || L->experts[e].down.N != e0->down.N) return 0;
+    /* expert parallel: every expert here, in one format and shape, and each taken (tiled: the upload
+     * keeps a matrix with E8M0 codes 0 / 255 row-major, per matrix) */
+    for (int e = 0; e < E; e++)
+        if (!L->experts[e].gate.w || L->experts[e].gate.fmt != e0->gate.fmt || L->experts[e].down.N != e0->down.N ||
+            L->experts[e].gate.N != e0->gate.N || !m3_cu_gemm_tc_moe_ok(&L->experts[e]))
+            return 0;
     if (L->has_shared) {
         const m3_linear *sg = &L->shared.gate, *su = &L->shared.up, *sd = &L->shared.down;
         if (!m3_cu_gemm_tc_ok(sg, T) || !m3_cu_gemm_tc_ok(su, T) || !m3_cu_gemm_tc_ok(sd, T) || sg->K != su->K) return 0;
@@ -325,8 +329,12 @@ static int moe_ft(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     if (!c->gemm_bf16 || !L->backend || E < 1 || E > 2048 || !m3_cu_moe_ft_ok(e0) || !m3_cu_moe_ft_act_ok(alpha, limit)) return 0;
     if (m3_cu_env_int("M3_MOE_FT", 1) == 0 || T < m3_cu_env_int("M3_MOE_FT_MIN", 9) || T > m3_cu_env_int("M3_MOE_FT_MAX", 512))
         return 0;
-    for (int e = 0; e < E; e++) /* expert parallel: every expert here, in one format and shape */
-        if (!L->experts[e].gate.w || L->experts[e].gate.fmt != e0->gate.fmt || L->experts[e].down.N != e0->down.N) return 0;
+    /* expert parallel: every expert here, in one format and shape, and each tiled (the upload keeps a
+     * matrix with E8M0 codes 0 / 255 row-major, per matrix) */
+    for (int e = 0; e < E; e++)
+        if (!L->experts[e].gate.w || L->experts[e].gate.fmt != e0->gate.fmt || L->experts[e].down.N != e0->down.N ||
+            L->experts[e].gate.N != e0->gate.N || !m3_cu_moe_ft_ok(&L->experts[e]))
+            return 0;
     const int H = L->router.K, F = e0->gate.N;
     m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
     int32_t *pick;

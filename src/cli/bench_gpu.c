@@ -479,6 +479,18 @@ int m3_cmd_bench_random(int argc, char **argv) {
                                n / el);
                     }
                     m3_kv_seq_release(&kv, &one);
+                    if (profile) { /* the same prefill again, per op (events between ops): where its time goes */
+                        m3_kv_seq again = {0};
+                        m3_cuda_profile(&ops, 1);
+                        if (m3_run_tokens(&m, &kv, &again, pid, (int)n, 0, (int)pchunk, NULL, &err))
+                            fprintf(stderr, "m3 bench: prefill (profiled): %s\n", err.msg);
+                        else {
+                            printf("  the same prefill again, per op:\n");
+                            m3_cuda_profile_report(&ops, 1, stdout);
+                        }
+                        m3_cuda_profile(&ops, 0);
+                        m3_kv_seq_release(&kv, &again);
+                    }
                     free(pid);
                 }
             }

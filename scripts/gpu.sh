@@ -220,6 +220,9 @@ done
 dsp_plain "$OUT/dsp"
 for k in 1 3 7; do dsp_eq "$OUT/dsp" "$OUT/dsp/dspark" $k target; done
 for k in 3 7; do dsp_eq "$OUT/dsp" "$OUT/dsp/dspark" $k cpu; done
+# issue 27 acceptance 1: sampled outputs with the draft on the GPU against the GPU target's exact joint
+# distribution (chi-square; no speculation, probabilistic and greedy drafts: test_spec_engine section 5)
+[ -x "$BIN/test_spec_engine" ] && run "$BIN/test_spec_engine" "$OUT/dsp" sampled cuda
 # sampled with probabilistic drafts on the GPU: runs, and the same seed gives the same tokens
 for run_i in 1 2; do
   "$BIN/m3" generate -m "$OUT/dsp" --ids $dids -n 40 --ignore-eos --temperature 0.8 --seed 3 --backend cuda \

@@ -21,7 +21,12 @@
  *      without, against their exact joint distribution computed from the target (chi-square);
  *   6. acceptance statistics (MAL, per position) and draft loading errors.
  * Usage: test_spec_engine CHECKPOINT_DIR (with dspark/ inside) [SECTIONS: a comma list of greedy,
- * cache, sampled, errors; default all] */
+ * cache, sampled, errors; default all] [BACKEND: cpu (default) or cuda]
+ * With cuda (scripts/gpu.sh section 9, issue 27) the target, and with it the engine's draft, run
+ * on the GPU in exact precision: section 5 then checks the GPU draft's sampled outputs against the
+ * GPU target's exact joint. (The greedy sections compare logprobs bitwise with the engine without
+ * speculation, which holds where a verify pass and a decode step run the same arithmetic: on the
+ * CPU, not across the GPU's kernels for 1 and k + 1 tokens.) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +34,7 @@
 #include <time.h>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cuda/cuda.h"
 #include "base/clock.h"
 #include "model/group.h"
 #include "engine/engine.h"
@@ -708,7 +714,11 @@ static void test_sampled(m3_model *m) {
     static double pj[256];
     m3_err err;
     m3_kv kv;
-    if (m3_kv_create(&kv, &m->cfg, M3_KV_F32, M3_KV_F32, m3_kv_page_tokens(&m->cfg), 8, &err)) { CHECK(0, "%s", err.msg); return; }
+    const m3_kv_mem mem = m3_model_kv_mem(m); /* device memory on a device backend */
+    if (m3_kv_create_in(&kv, &m->cfg, M3_KV_F32, M3_KV_F32, m3_kv_page_tokens(&m->cfg), 8, &mem, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
     float *lg = malloc(sizeof(float) * (size_t)V), *p = malloc(sizeof(float) * (size_t)V);
     m3_sample_ws *ws = m3_sample_ws_create(V, &err);
     if (!lg || !p || !ws) { CHECK(0, "oom"); goto out; }
@@ -881,18 +891,25 @@ static void test_tp(m3_model *m) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) { fprintf(stderr, "usage: test_spec_engine CHECKPOINT_DIR [greedy,cache,sampled,errors,tp]\n"); return 2; }
+    if (argc < 2) { fprintf(stderr, "usage: test_spec_engine CHECKPOINT_DIR [greedy,cache,sampled,errors,tp] [cpu|cuda]\n"); return 2; }
     DIR_ = argv[1];
     const char *sec = argc > 2 ? argv[2] : "greedy,cache,sampled,errors,tp";
+    const int cuda = argc > 3 && !strcmp(argv[3], "cuda");
+    if (argc > 3 && !cuda && strcmp(argv[3], "cpu")) { fprintf(stderr, "unknown backend '%s' (cpu or cuda)\n", argv[3]); return 2; }
     m3_err err;
     m3_ops ops;
     m3_model m;
     /* threads: $M3_THREADS, else every core (ctest runs the long sections on one thread: the
      * pool's spinning workers slow tiny ops down a lot on a busy 2-core machine) */
-    if (m3_cpu_ops_init(&ops, 0, &err)) { fprintf(stderr, "cpu ops: %s\n", err.msg); return 1; }
+    if (cuda ? m3_cuda_ops_init(&ops, 0, &err) : m3_cpu_ops_init(&ops, 0, &err)) {
+        fprintf(stderr, "%s ops: %s\n", cuda ? "cuda" : "cpu", err.msg);
+        return 1;
+    }
+    if (cuda) m3_cuda_set_precision(&ops, 0); /* exact: the joint below is computed by the same arithmetic */
     if (m3_model_load(&m, DIR_, &ops, NULL, NULL, &err)) {
         fprintf(stderr, "load %s: %s\n", DIR_, err.msg);
-        m3_cpu_ops_free(&ops);
+        if (cuda) m3_cuda_ops_free(&ops);
+        else m3_cpu_ops_free(&ops);
         return 1;
     }
     char dd[1024];
@@ -901,7 +918,8 @@ int main(int argc, char **argv) {
     if (m3_dspark_load(&d, dd, &m, &ops, &err)) {
         fprintf(stderr, "draft: %s\n", err.msg);
         m3_model_free(&m);
-        m3_cpu_ops_free(&ops);
+        if (cuda) m3_cuda_ops_free(&ops);
+        else m3_cpu_ops_free(&ops);
         return 1;
     }
     printf("target %s (%d layers, vocab %d); draft: %d layers, %zu tensors (%.2f MB), target layers", DIR_, m.cfg.n_layers,
@@ -929,7 +947,8 @@ int main(int argc, char **argv) {
     printf("time: greedy %.1fs, cache state %.1fs, sampled %.1fs\n", t1 - t0, t2 - t1, t3 - t2);
     m3_dspark_free(&d);
     m3_model_free(&m);
-    m3_cpu_ops_free(&ops);
+    if (cuda) m3_cuda_ops_free(&ops);
+    else m3_cpu_ops_free(&ops);
     if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
     else printf("all spec engine checks passed\n");
     return failures ? 1 : 0;

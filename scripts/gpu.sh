@@ -20,6 +20,10 @@
 # M3_GPU_SECTIONS="1 3 4" runs some sections only; M3_BENCH_BATCH / M3_BENCH_CONTEXT narrow section 4.
 # usage: scripts/gpu.sh [BIN_DIR [OUT_DIR]]   BIN_DIR holds m3, oracle_check, logits_diff and
 # bench_cuda_linear (built here when omitted). Exit status: number of failed checks.
+# OUT_DIR is scratch (checkpoints, logits files, dozens of files): through the device tool give it
+# a scratch directory and send the log to the returned folder, as in
+#   scripts/gpu.sh .gpu_bin /tmp/w > $OUT/gpu.log 2>&1
+# (a run into $OUT itself returned none of its files: too many).
 set -u
 cd "$(dirname "$0")/.."
 BIN=${1:-}; OUT=${2:-/tmp/m3-gpu}; D=tests/data

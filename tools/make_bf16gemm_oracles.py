@@ -5,10 +5,14 @@ projections, the dense / shared / routed experts, the router, lm_head) and nothi
 the tensor-core path computes up to the order of its f32 sums (m3 --precision bf16, CPU and GPU).
 
 Runs where torch + transformers 5.17 exist:
-    python3 tools/make_bf16gemm_oracles.py PATH/TO/make_m3_oracle.py DATA_DIR OUT_DIR NAME [NAME ...]
+    python3 tools/make_bf16gemm_oracles.py [--kv bf16|fp8|nvfp4] PATH/TO/make_m3_oracle.py DATA_DIR OUT_DIR NAME [NAME ...]
 For each NAME it reads DATA_DIR/NAME (config.json + model.safetensors, bf16 or MXFP8 + NVFP4)
 and DATA_DIR/NAME.oracle.safetensors (the cases' prompt ids; the number of greedy steps), and
 writes OUT_DIR/NAME.bf16gemm.oracle.safetensors (+ .json) with the same keys.
+With --kv KIND the K / V / index-K rows are also rounded on insert into the cache as the spec's
+cache dtype KIND does (tools/make_kv_oracle.py's patch, the references m3 --kv-cache-dtype KIND is
+checked against): it reads DATA_DIR/NAME.kv-KIND.oracle.safetensors and writes
+OUT_DIR/NAME.kv-KIND.bf16gemm.oracle.safetensors (no hidden states: the end-to-end bf16 checks).
 
 A product counts as one with a weight when one operand shares storage with a parameter of the
 model (F.linear, matmul, bmm, mm, @): its other operand is rounded (round to nearest even),
@@ -163,12 +167,25 @@ def run_cases(model, cfg, oracle, tag):
 
 
 def main():
-    mo = oracle_module(sys.argv[1])
-    data, out = sys.argv[2], sys.argv[3]
+    argv = sys.argv[1:]
+    kv = None
+    if argv[:1] == ["--kv"]:
+        kv, argv = argv[1], argv[2:]
+        if kv not in ("bf16", "fp8", "nvfp4"):
+            sys.exit(f"--kv {kv}: the cache dtypes are bf16, fp8 and nvfp4")
+    if len(argv) < 4:
+        sys.exit("usage: make_bf16gemm_oracles.py [--kv bf16|fp8|nvfp4] make_m3_oracle.py DATA_DIR OUT_DIR NAME [NAME ...]")
+    mo = oracle_module(argv[0])
+    data, out = argv[1], argv[2]
     os.makedirs(out, exist_ok=True)
+    tag = f".kv-{kv}" if kv else ""
+    if kv:  # make_kv_oracle imports make_m3_oracle by name: oracle_module registered it
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import make_kv_oracle
+        make_kv_oracle.patch(kv)
     from transformers.models.minimax_m3_vl.configuration_minimax_m3_vl import MiniMaxM3VLTextConfig
     from transformers.models.minimax_m3_vl.modeling_minimax_m3_vl import MiniMaxM3VLForCausalLM
-    for name in sys.argv[4:]:
+    for name in argv[3:]:
         d = os.path.join(data, name)
         hub = json.load(open(os.path.join(d, "config.json")))
         cfg = MiniMaxM3VLTextConfig(**text_config(hub))
@@ -176,12 +193,16 @@ def main():
         cfg._experts_implementation = "eager"
         model = MiniMaxM3VLForCausalLM(cfg).to(torch.float64).eval()
         mo.load_hub_into(model, dequantized(mo, load_file(os.path.join(d, "model.safetensors"))), cfg)
-        oracle = load_file(os.path.join(data, name + ".oracle.safetensors"))
-        tensors, cases = run_cases(model, cfg, oracle, name)
-        save_file(tensors, os.path.join(out, name + ".bf16gemm.oracle.safetensors"))
-        json.dump({"model": name, "reference": "transformers 5.17 MiniMaxM3VLForCausalLM, eager, float64, every "
-                   "product with a weight taking its other operand rounded to bf16 (tools/make_bf16gemm_oracles.py)",
-                   "cases": cases}, open(os.path.join(out, name + ".bf16gemm.oracle.json"), "w"), indent=1)
+        oracle = load_file(os.path.join(data, name + tag + ".oracle.safetensors"))
+        tensors, cases = run_cases(model, cfg, oracle, name + tag)
+        save_file(tensors, os.path.join(out, name + tag + ".bf16gemm.oracle.safetensors"))
+        meta = {"model": name, "reference": "transformers 5.17 MiniMaxM3VLForCausalLM, eager, float64, every "
+                "product with a weight taking its other operand rounded to bf16 (tools/make_bf16gemm_oracles.py)",
+                "cases": cases}
+        if kv:
+            meta.update({"kv_cache_dtype": kv, "index_cache_dtype": kv,
+                         "kv_rounding": "K/V/index-K rounded on insert as in the spec (tools/make_kv_oracle.py)"})
+        json.dump(meta, open(os.path.join(out, name + tag + ".bf16gemm.oracle.json"), "w"), indent=1)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@
  *     8t .. 8t + 7 of the unit); x in natural order, the lane's 8 values of unit u are chunk
  *     4u + t of the row. */
 #include "common.cuh"
+#include "ptx.cuh"
 
 namespace {
 
@@ -93,32 +94,6 @@ struct ft_args {
     float alpha, limit;
 };
 
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-static __device__ __forceinline__ void cp16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-static __device__ __forceinline__ uint4 lds128(uint32_t a) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-    return v;
-}
-static __device__ __forceinline__ uint2 lds64(uint32_t a) {
-    uint2 v;
-    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
-    return v;
-}
-static __device__ __forceinline__ uint32_t lds32(uint32_t a) {
-    uint32_t v;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
-    return v;
-}
-static __device__ __forceinline__ uint32_t lds16(uint32_t a) {
-    uint32_t v;
-    asm volatile("ld.shared.u16 %0, [%1];\n" : "=r"(v) : "r"(a));
-    return v;
-}
 /* staged-row chunk c (16 bytes, 8 values) of a K row -> where it is stored: NVFP4 chunk order
  * (position 4j + t for the lane t's j-th chunk of a 128-value block), else as is */
 static __device__ __forceinline__ int chunk_pos(int c, int perm) {
@@ -290,11 +265,11 @@ __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 
         const int kb = kb0 + kl;
 #pragma unroll
         for (int j = 0; j < VPT; j++)
-            if (vsrc[j]) cp16(st + vdst[j], vsrc[j] + (size_t)kb * WB);
-        if (ssrc) cp16(st + sdst, ssrc + (size_t)kb * SB);
+            if (vsrc[j]) cp_async16(st + vdst[j], vsrc[j] + (size_t)kb * WB);
+        if (ssrc) cp_async16(st + sdst, ssrc + (size_t)kb * SB);
 #pragma unroll
         for (int j = 0; j < XPT; j++)
-            if (xsrc[j]) cp16(st + xdst[j], xsrc[j] + (size_t)kb * KS * 2);
+            if (xsrc[j]) cp_async16(st + xdst[j], xsrc[j] + (size_t)kb * KS * 2);
     };
 
     float acc[NT][4];
@@ -370,31 +345,19 @@ __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 
     /* epilogue: this lane's values: rows g, g + 8 of the warp's tile, staged rows r0 + 8n + 2t (+ 1) */
     const m3_linear *Wm = tile_mat(warp);
     const float gm = FMT == M3_WF_NVFP4 ? Wm->gmul * 16384.0f : 1.0f; /* nv_pair: x 2^-14 */
-    if (MODE == 0) {
+    if (MODE != 1) {
         if (!live) return;
         const int n0 = tile_idx(warp) * 16;
-        float *y = a.y + (size_t)ksl * a.T * a.N;
+        float *y = MODE == 0 ? a.y + (size_t)ksl * a.T * a.N : a.ye;
 #pragma unroll
         for (int n = 0; n < NT; n++) {
             if (n >= ng) break;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const int tok = r0 + 8 * n + 2 * t + (i & 1);
-                if (tok < a.T) y[(size_t)tok * a.N + n0 + g + 8 * (i >> 1)] = acc[n][i] * gm * __ldg(a.xsc + tok);
-            }
-        }
-        return;
-    }
-    if (MODE == 2) {
-        if (!live) return;
-        const int n0 = tile_idx(warp) * 16;
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            if (n >= ng) break;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int slot = __ldg(a.rowmap + r0 + 8 * n + 2 * t + (i & 1));
-                if (slot >= 0) a.ye[(size_t)slot * a.N + n0 + g + 8 * (i >> 1)] = acc[n][i] * gm * a.hsc;
+                /* staged row r: MODE 0 token r (times its 2^-s), MODE 2 the slot rowmap[r] (times h's 2^-s) */
+                const int r = r0 + 8 * n + 2 * t + (i & 1);
+                const int dst = MODE == 0 ? (r < a.T ? r : -1) : __ldg(a.rowmap + r);
+                if (dst >= 0) y[(size_t)dst * a.N + n0 + g + 8 * (i >> 1)] = acc[n][i] * gm * (MODE == 0 ? __ldg(a.xsc + r) : a.hsc);
             }
         }
         return;
@@ -467,7 +430,7 @@ __global__ void k_ft_sum_slices(const float *part, int ks, size_t n, float *y) {
 /* CTAs of the linear kernel for (format, tiles) an SM holds */
 static int ft_ctas(m3_cuda *c, int nv, int nt) {
     if (nv) return nt == 2 ? prepare<M3_WF_NVFP4, 2, 0>(c) : nt == 4 ? prepare<M3_WF_NVFP4, 4, 0>(c) : prepare<M3_WF_NVFP4, 8, 0>(c);
-    return nt == 2 ? prepare<M3_WF_MXFP8, 2, 0>(c) : nt == 4 ? prepare<M3_WF_MXFP8, 4, 0>(c) : prepare<M3_WF_MXFP8, 8, 0>(c);
+    return nt == 2 ? prepare<M3_WF_MXFP8, 2, 0>(c) : prepare<M3_WF_MXFP8, 4, 0>(c); /* MXFP8 takes 2 or 4 (m3_cu_linear_ft) */
 }
 
 } // namespace
@@ -537,8 +500,7 @@ int m3_cu_linear_ft(m3_cuda *c, int n, const m3_linear *const *W, const float *x
             rc = nt == 2 ? launch<M3_WF_NVFP4, 2, 0>(c, a, groups, gy)
                  : nt == 4 ? launch<M3_WF_NVFP4, 4, 0>(c, a, groups, gy) : launch<M3_WF_NVFP4, 8, 0>(c, a, groups, gy);
         else
-            rc = nt == 2 ? launch<M3_WF_MXFP8, 2, 0>(c, a, groups, gy)
-                 : nt == 4 ? launch<M3_WF_MXFP8, 4, 0>(c, a, groups, gy) : launch<M3_WF_MXFP8, 8, 0>(c, a, groups, gy);
+            rc = nt == 2 ? launch<M3_WF_MXFP8, 2, 0>(c, a, groups, gy) : launch<M3_WF_MXFP8, 4, 0>(c, a, groups, gy);
         if (rc) return -1;
         if (ks > 1) {
             const size_t m = (size_t)T * a.N;

@@ -63,6 +63,7 @@
 
 #include "formats.cuh"
 #include "gemm_tc.h"
+#include "ptx.cuh"
 
 namespace {
 
@@ -111,7 +112,6 @@ struct gemm_args {
 
 /* ------------------------------------------------------------------ PTX wrappers */
 
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 static __device__ __forceinline__ void mb_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -266,24 +266,7 @@ struct raw_frag {
     uint4 a, b, c, d;
     uint32_t s0, s1;
 };
-/* shared-memory loads by 32-bit shared address: a generic pointer into shared memory (what the
- * 1024-aligned base computed through an integer is) makes generic loads, which wait on the long
- * (L1TEX) scoreboard: ncu measured half of every warp's stall cycles there */
-static __device__ __forceinline__ uint4 lds128(uint32_t a) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-    return v;
-}
-static __device__ __forceinline__ uint2 lds64(uint32_t a) {
-    uint2 v;
-    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
-    return v;
-}
-static __device__ __forceinline__ uint32_t lds8(uint32_t a) {
-    uint32_t v;
-    asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(a));
-    return v;
-}
+/* shared-memory loads by 32-bit shared address: ptx.cuh */
 template <int FMT>
 static __device__ __forceinline__ void load_raw(uint32_t W, uint32_t S, int i, int g, int t, int h, raw_frag &r) {
     if (FMT == M3_WF_MXFP8) {

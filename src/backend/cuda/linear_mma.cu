@@ -29,6 +29,7 @@
  * same input (q, k, v and the indexer's projections) or every slot's expert (MoE). Plain
  * MXFP8 matrices at 5-8 tokens go through k_gemv_mma_mxfp8_xshared instead: the CTA's warps share each stage's x. */
 #include "linear_mma.cuh"
+#include "ptx.cuh"
 
 static __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
     __half2 r = __hmul2(*(__half2 *)&a, *(__half2 *)&b);
@@ -278,11 +279,7 @@ template <int F> struct gp {
         WARP = GP_NS * STAGE                  /* ring bytes per warp */
     };
 };
-static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+/* cp_async16, cp_commit, cp_wait: ptx.cuh */
 
 
 /* The MMAs of one tiled NVFP4 unit from the ring: qa / qb this lane's 16 bytes of rows g and

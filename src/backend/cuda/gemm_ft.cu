@@ -4,7 +4,7 @@
  * weight is read from HBM once per launch for up to 64 tokens (linears) or 32 slots (an expert's).
  * CPU reference: src/backend/cpu/linear.c and moe.c (m3_cpu_linear, m3_cpu_moe) with the bf16
  * mode's roundings (x and h rounded to bf16, f32 sums); bench/bench_cuda_moe.c and
- * bench/bench_cuda_linear.c check it in double at real shapes.
+ * bench/bench_cuda_gemm.c (op16) check it in double at real shapes.
  *
  * Why not the wgmma GEMM (gemm_tc.cu): at these token counts a step is a pass over the weights
  * (~4 GB of NVFP4 experts per layer), and the work per weight byte is the expansion, not the
@@ -23,10 +23,10 @@
  * MoE:
  * Layout (k_ft_layout): the T K slots sorted by expert into "staged rows", each expert's rows
  * contiguous and padded to 8 (one n8 tile), cut into segments of at most NT tiles (one CTA
- * column). x is staged once in bf16 in that row order (k_ft_stage; NVFP4: the 16-byte chunks
- * of every 128-value block in the order the fragment loads read them, see below); gate + up
- * (k_ft_gemm MODE 1) writes h = SwiGLU-OAI in bf16 in the same row order, staged the same way
- * for down (MODE 2), which writes f32 rows ye[slot][H] for the combine (moe.cu).
+ * column). x is staged once in that row order (k_ft_stage, see Arithmetic; NVFP4: the 16-byte
+ * chunks of every 128-value block in the order the fragment loads read them, see below); gate +
+ * up (k_ft_gemm MODE 1) writes h = SwiGLU-OAI, rounded to bf16, in the same row order, staged
+ * the same way for down (MODE 2), which writes f32 rows ye[slot][H] for the combine (moe.cu).
  *
  * k_ft_gemm: CTA = 8 warps x 16 weight rows (MODE 1: warps 0-3 gate rows 64c .. 64c + 63,
  * warps 4-7 the same up rows, so SwiGLU pairs them through shared memory; MODE 2: 128 down rows)
@@ -43,9 +43,10 @@
  * two per staged row that puts the row's largest |x| in [2^14, 2^15): bf16's 8 significant
  * bits then fit f16 exactly for every value down to 2^-31 of the row's largest (f16 subnormals
  * included); smaller ones round, by at most 2^-40 of the largest, far below one f32 rounding of
- * the sums. h is bounded (|h| <= (limit + 1) limit), so it is staged the same way with one
- * power of two. The epilogue multiplies by 2^-s. Half the instructions per weight of bf16
- * operands (nv_bf2 + a bf16 multiply per pair), which bound this kernel.
+ * the sums. h is bounded (|h| <= (limit + 1) max(limit, 0.28 / alpha)), so it is staged the same
+ * way with one power of two. The epilogue multiplies by 2^-s. Instructions bound this kernel, and
+ * the f16 expansion takes half those of a bf16 one (nv_bf2 + a bf16 multiply per pair): the
+ * first version, on bf16 operands, ran the MoE at ~1.8 TB/s.
  * Fragments:
  *   NVFP4 (one 128-value unit a stage): lane (g, t) holds 16 bytes of rows g and g + 8 (32
  *     codes each, values 32t .. 32t + 31 of the unit); k16 step s takes codes 4s + {0,1} (A

@@ -2,14 +2,19 @@
  * or grouped on the host), SwiGLU-OAI and the weighted combine (+ the shared expert).
  * CPU reference: src/backend/cpu/moe.c (m3_cpu_moe, m3_cpu_mlp).
  *
- * MoE, up to 8 tokens: router GEMV, a warp per token picks the top-k (sigmoid + bias,
- * lowest index on ties, as the CPU), then one launch computes gate+up of every (token,
- * expert) slot - for 2 or more tokens every picked expert once for up to 4 of its tokens
- * (below, m3_cu_moe_grouped, on the tensor-core GEMV of linear_mma.cu) - reading the rows straight from the device expert table,
- * SwiGLU, one launch the down projections, one the weighted sum: no host synchronization.
- * Batches up to 256 tokens the same, in chunks of 64.
- * MoE, longer runs (prefill chunks): the picks go to the host, tokens are grouped per expert
- * (ascending expert order per token, as the CPU adds them) and each expert runs as a linear. */
+ * Which path (the routing is always the router GEMV + a warp per token picking the top-k:
+ * sigmoid + bias, lowest index on ties, as the CPU):
+ * - precision bf16, 9-512 tokens: the few-slot grouped kernels of gemm_ft.cu (moe_ft below);
+ *   more tokens (from 128 when gemm_ft does not take the experts): the grouped wgmma GEMMs of
+ *   gemm_tc.cu (moe_tc). Both lay the slots out by expert on the GPU; no host synchronization.
+ * - otherwise, up to 256 tokens: one launch computes gate+up of every (token,
+ *   expert) slot - for 2 or more tokens every picked expert once for up to 4 of its tokens
+ *   (m3_cu_moe_grouped, on the tensor-core GEMV of linear_mma.cu) - reading the rows straight
+ *   from the device expert table, SwiGLU, one launch the down projections, one the weighted sum;
+ *   batches in chunks of 64.
+ * - otherwise (prefill chunks in exact precision): the picks go to the host, tokens are grouped
+ *   per expert (ascending expert order per token, as the CPU adds them) and each expert runs as
+ *   a linear. */
 #include <stdlib.h>
 #include <string.h>
 

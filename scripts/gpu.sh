@@ -57,9 +57,29 @@ run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-nvfp4.oracle.safetens
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-fp8.oracle.safetensors --kv fp8 --backend cuda --tol 1e-3 --work "$OUT"
 # issue 25's accuracy contract (oracle_check.c's header): --precision bf16 against the bf16-GEMM
 # references, every layer teacher-forced (near-ties from a CPU run, the window doubled), and end to end
-for m in m3-tiny-q m3-gqa3-q m3-mqa-q; do
-  run "$BIN/oracle_check" "$BIN/m3" $D/$m $D/$m.bf16gemm.oracle.safetensors --backend cuda --precision bf16 --teacher-forced 1 --work "$OUT"
-  run "$BIN/oracle_check" "$BIN/m3" $D/$m $D/$m.bf16gemm.oracle.safetensors --backend cuda --precision bf16 --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99 --max-over 0.01 --work "$OUT"
+# The references of m3-wide-q and of m3-tiny's KV cache dtypes are made here, where torch is (the
+# repository's tree must stay small enough to carry to a GPU machine): tools/make_bf16gemm_oracles.py
+R="$OUT/bf16refs"; mkdir -p "$R"
+if python3 -c "import torch, transformers" 2>/dev/null; then
+  python3 tools/make_bf16gemm_oracles.py tools/make_m3_oracle.py $D "$R" m3-wide-q > "$R/make.log" 2>&1 || echo "FAILED: the m3-wide-q bf16 reference (see $R/make.log)"
+  for k in bf16 fp8 nvfp4; do
+    python3 tools/make_bf16gemm_oracles.py --kv $k tools/make_m3_oracle.py $D "$R" m3-tiny >> "$R/make.log" 2>&1 || echo "FAILED: the m3-tiny KV $k bf16 reference"
+  done
+else
+  echo "FAILED: python3 with torch + transformers is needed for the m3-wide-q and KV-dtype bf16 references"; fails=$((fails+1))
+fi
+for m in m3-tiny-q m3-wide-q m3-gqa3-q m3-mqa-q; do
+  f=$D/$m.bf16gemm.oracle.safetensors; [ -f $f ] || f=$R/$m.bf16gemm.oracle.safetensors
+  [ -f $f ] || { echo "FAILED: $f is missing"; fails=$((fails+1)); continue; }
+  # teacher-forced where the reference has the layers' hidden states (m3-wide-q's has none)
+  [ $m = m3-wide-q ] || run "$BIN/oracle_check" "$BIN/m3" $D/$m $f --backend cuda --precision bf16 --teacher-forced 1 --work "$OUT"
+  run "$BIN/oracle_check" "$BIN/m3" $D/$m $f --backend cuda --precision bf16 --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99 --max-over 0.01 --work "$OUT"
+done
+# ... and with each KV cache dtype (references with the cache's rounding too: end to end, no hidden states)
+for k in bf16 fp8 nvfp4; do
+  f=$R/m3-tiny.kv-$k.bf16gemm.oracle.safetensors
+  [ -f $f ] || { echo "FAILED: $f is missing"; fails=$((fails+1)); continue; }
+  run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $f --kv $k --backend cuda --precision bf16 --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99 --max-over 0.01 --work "$OUT"
 done
 # the exact mode teacher-forced: every layer within 1e-3 of the float64 reference on its input
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny-q $D/m3-tiny-q.oracle.safetensors --backend cuda --teacher-forced 1 --tol 1e-3 --work "$OUT"

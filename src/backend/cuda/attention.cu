@@ -14,6 +14,7 @@
 #include <math.h>
 
 #include "kv.cuh"
+#include "ptx.cuh"
 
 /* ------------------------------------------------------------------ attention */
 
@@ -271,31 +272,9 @@ __global__ void __launch_bounds__(NW * 32) k_attn_f32_g16(kvdesc d, const int32_
  * with V's fragments by ldmatrix.trans; the CTA's warps are then combined in a fixed order
  * (deterministic) into one partial (or the output when nsplit = 1), merged by k_attn_merge_lse. */
 #define AT_NW 4 /* warps per CTA */
-static __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-/* two f32 -> bf16x2 (round to nearest; x0 in the low half) and the values it holds */
-static __device__ __forceinline__ uint32_t bf2(float x0, float x1) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-    return *(uint32_t *)&h;
-}
 /* 8 floats (exact in bf16) -> 8 bf16 */
 static __device__ __forceinline__ uint4 bf8(const float *f) {
     return make_uint4(bf2(f[0], f[1]), bf2(f[2], f[3]), bf2(f[4], f[5]), bf2(f[6], f[7]));
-}
-/* (x0, x1) -> three bf16x2 parts whose sum is (x0, x1) to ~2^-24 relative */
-static __device__ __forceinline__ void split3(float x0, float x1, uint32_t *p0, uint32_t *p1, uint32_t *p2) {
-    const uint32_t h = bf2(x0, x1);
-    const float r0 = x0 - __uint_as_float(h << 16), r1 = x1 - __uint_as_float(h & 0xffff0000u);
-    const uint32_t m = bf2(r0, r1);
-    *p0 = h;
-    *p1 = m;
-    *p2 = bf2(r0 - __uint_as_float(m << 16), r1 - __uint_as_float(m & 0xffff0000u));
-}
-static __device__ __forceinline__ void cp16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 template <int ND>
@@ -395,8 +374,8 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
             }
             const uint8_t *row = row_of(j);
             if (ld == 1) {
-                cp16((uint32_t)__cvta_generic_to_shared(kd), row + 2 * x);
-                cp16((uint32_t)__cvta_generic_to_shared(vd), row + d.kvpart + 2 * x);
+                cp_async16(smem_u32(kd), row + 2 * x);
+                cp_async16(smem_u32(vd), row + d.kvpart + 2 * x);
             } else {
                 float kf[8], vf[8];
                 read8(row, d.dt, D, x, kf);
@@ -628,8 +607,9 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     const int T = b->T, nkv = kv->nkv, D = kv->D, G = nh / nkv;
     int nchunks = sel ? topk * ((block + ACH - 1) / ACH) : c->max_pos / ACH + 1;
     /* splits of each (token, KV head)'s keys: about two CTAs per SM in all (fewer measured slower at
-     * batch 1: docs/PERF.md) */
-    int nsplit = (int)cdiv(2 * (size_t)c->sm_count, (size_t)T * nkv);
+     * batch 1: docs/PERF.md); none from one (token, KV head) per SM (decode at 64 sequences, 150.7 ->
+     * 99.5 us a layer with 2 splits -> 1: the merge took ~45 of them) */
+    int nsplit = (size_t)T * nkv >= (size_t)c->sm_count ? 1 : (int)cdiv(2 * (size_t)c->sm_count, (size_t)T * nkv);
     const int ND = D / 8;
     /* FP8 / NVFP4 caches at one token: the f32 kernel (in a decode graph at 128K: 2.35-2.38 against
      * 2.42-2.44 ms; docs/PERF.md) */
@@ -645,6 +625,9 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
         nsplit = 32; /* a verify pass / small batch: a chunk or two per CTA (8 tokens: 4.96 against 5.05 ms a pass
                       * with 9 splits) */
     }
+    static int force = -1; /* M3_ATTN_SPLITS=n: n splits (measurements) */
+    if (force < 0) force = m3_cu_env_int("M3_ATTN_SPLITS", 0);
+    if (force > 0) nsplit = force;
     if (nsplit > 64) nsplit = 64;
     if (nsplit > nchunks) nsplit = nchunks;
     if (nsplit < 1) nsplit = 1;

@@ -230,7 +230,7 @@ static int cu_begin_step(void *ctx, const m3_kv *kv, const m3_batch *b, const in
     for (int s = 0; s < ns; s++)
         if (b->seqs[s] && b->seqs[s]->n_pages > stride) stride = b->seqs[s]->n_pages;
     stride = (stride + 63) & ~63;
-    size_t n = 3 * (size_t)T + (size_t)ns * stride;
+    size_t n = 5 * (size_t)T + (size_t)ns * stride;
     /* the pinned buffer is reused: the previous step's uploads must have landed */
     if (CK(c, cudaStreamSynchronize(c->st))) return m3_errf(err, "%s", c->errmsg);
     int32_t *h = stage(c, n);
@@ -239,7 +239,20 @@ static int cu_begin_step(void *ctx, const m3_kv *kv, const m3_batch *b, const in
     memcpy(h, b->pos, sizeof(int32_t) * (size_t)T);
     memcpy(h + T, b->seq, sizeof(int32_t) * (size_t)T);
     memcpy(h + 2 * T, ids, sizeof(int32_t) * (size_t)T);
-    int32_t *pt = h + 3 * T;
+    /* runs: a token starts one unless it follows its sequence's previous token by one position in
+     * a run not yet RUN_MAX long */
+    int32_t *lead = h + 3 * T, *rlen = h + 4 * T;
+    int nr = 0, mr = 0;
+    for (int t = 0; t < T; t++) {
+        if (nr && b->seq[t] == b->seq[t - 1] && b->pos[t] == b->pos[t - 1] + 1 && rlen[nr - 1] < RUN_MAX) {
+            rlen[nr - 1]++;
+        } else {
+            lead[nr] = t;
+            rlen[nr++] = 1;
+        }
+        if (rlen[nr - 1] > mr) mr = rlen[nr - 1];
+    }
+    int32_t *pt = h + 5 * T;
     for (int s = 0; s < ns; s++) {
         const m3_kv_seq *q = b->seqs[s];
         int np = q ? q->n_pages : 0;
@@ -254,7 +267,11 @@ static int cu_begin_step(void *ctx, const m3_kv *kv, const m3_batch *b, const in
     c->d_pos = d;
     c->d_seq = d + T;
     c->d_ids = d + 2 * T;
-    c->d_ptab = d + 3 * T;
+    c->d_lead = d + 3 * T;
+    c->d_rlen = d + 4 * T;
+    c->d_ptab = d + 5 * T;
+    c->n_runs = nr;
+    c->max_run = mr;
     c->step_kv = kv;
     return 0;
 }
@@ -273,6 +290,7 @@ static uint64_t full_key(m3_cuda *c, const m3_kv *kv, uint64_t key) {
     k = (k ^ (uint64_t)kv->page_bytes[0] ^ ((uint64_t)kv->dt << 40) ^ ((uint64_t)kv->idt << 48)) * 1099511628211ull;
     k = (k ^ (uint64_t)c->ptab_stride) * 1099511628211ull;
     k = (k ^ (uint64_t)c->max_pos) * 1099511628211ull;
+    k = (k ^ ((uint64_t)c->n_runs << 8 | (uint64_t)c->max_run)) * 1099511628211ull; /* the indexer's grid and top-k */
     k = (k ^ (uint64_t)(uintptr_t)c->d_pos) * 1099511628211ull;
     return k;
 }

@@ -37,10 +37,12 @@ typedef struct m3_cuda {
     uint8_t *wa_base;
     size_t wa_size, wa_used;
     /* the current step (begin_step): device copies of positions, sequence of each token,
-     * page table rows [n_seqs][ptab_stride] and sequence lengths */
+     * page table rows [n_seqs][ptab_stride] and sequence lengths; the step's runs (consecutive
+     * tokens of one sequence at consecutive positions, at most RUN_MAX each: their first tokens
+     * d_lead and lengths d_rlen, n_runs of them, the longest max_run) */
     const void *step_b;
-    int T, n_seqs, ptab_stride, max_pos;
-    int32_t *d_pos, *d_seq, *d_ptab, *d_ids;
+    int T, n_seqs, ptab_stride, max_pos, n_runs, max_run;
+    int32_t *d_pos, *d_seq, *d_ptab, *d_ids, *d_lead, *d_rlen;
     const m3_kv *step_kv;
     /* recorded decode graphs (cu_graph_begin / cu_graph_end) */
     int graphs_on, capturing, scratch_grew, n_graphs, n_seen;
@@ -73,6 +75,8 @@ typedef struct m3_cuda {
     int32_t *h_pick;
     size_t h_pick_cap;
 } m3_cuda;
+
+#define RUN_MAX 8 /* tokens of a run (the indexer's key reads are shared within one) */
 
 /* MoE grouped by expert on the tensor cores (linear_mma.cu): at most MOE_GROUP_T tokens and
  * MOE_GROUP_S (token, expert) slots per launch; larger batches go in chunks */

@@ -1,10 +1,12 @@
-/* PTX wrappers the tensor-core kernels share (linear_mma.cu, gemm_tc.cu, gemm_ft.cu): shared-memory
- * loads by 32-bit shared address and the cp.async ring's copies. A generic pointer into shared
+/* PTX wrappers the tensor-core kernels share (linear_mma.cu, gemm_tc.cu, gemm_ft.cu, attention.cu,
+ * indexer.cu): shared-memory loads by 32-bit shared address, the cp.async ring's copies, and the
+ * bf16 m16n8k16 MMA with its operand helpers. A generic pointer into shared
  * memory (what a base aligned through an integer is) makes generic loads, which wait on the long
  * (L1TEX) scoreboard: ncu measured half of gemm_tc's warp stall cycles there before these. */
 #ifndef M3_CUDA_PTX_CUH
 #define M3_CUDA_PTX_CUH
 
+#include <cuda_bf16.h>
 #include <stdint.h>
 
 static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -40,6 +42,35 @@ static __device__ __forceinline__ uint32_t lds8(uint32_t a) {
     uint32_t v;
     asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(a));
     return v;
+}
+
+/* D += A B on the tensor cores: m16n8k16, bf16 operands, f32 accumulators (the PTX ISA's
+ * fragment layouts: a[4] rows gr / gr + 8, b0 / b1 k pairs of column gr, gr = lane / 4) */
+static __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* a 16 x 16 bf16 tile of shared memory as an m16n8k16 A fragment: lane l gives the address
+ * of row (l % 16), columns 8 * (l / 16) .. + 8 */
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t *a, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
+}
+/* two f32 -> bf16x2 (round to nearest; x0 in the low half) */
+static __device__ __forceinline__ uint32_t bf2(float x0, float x1) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    return *(uint32_t *)&h;
+}
+/* (x0, x1) -> three bf16x2 parts whose sum is (x0, x1) to ~2^-24 relative: products with
+ * bf16-exact values are then exact in f32, and an f32 dot product needs three MMAs */
+static __device__ __forceinline__ void split3(float x0, float x1, uint32_t *p0, uint32_t *p1, uint32_t *p2) {
+    const uint32_t h = bf2(x0, x1);
+    const float r0 = x0 - __uint_as_float(h << 16), r1 = x1 - __uint_as_float(h & 0xffff0000u);
+    const uint32_t m = bf2(r0, r1);
+    *p0 = h;
+    *p1 = m;
+    *p2 = bf2(r0 - __uint_as_float(m << 16), r1 - __uint_as_float(m & 0xffff0000u));
 }
 
 #endif

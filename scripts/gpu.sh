@@ -75,10 +75,11 @@ for m in m3-tiny-q m3-wide-q m3-gqa3-q m3-mqa-q; do
   [ $m = m3-wide-q ] || run "$BIN/oracle_check" "$BIN/m3" $D/$m $f --backend cuda --precision bf16 --teacher-forced 1 --work "$OUT"
   run "$BIN/oracle_check" "$BIN/m3" $D/$m $f --backend cuda --precision bf16 --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99 --max-over 0.01 --work "$OUT"
 done
-# ... and with each KV cache dtype (references with the cache's rounding too: end to end, no hidden states)
+# ... and with each KV cache dtype (references with the cache's rounding too), teacher-forced and end to end
 for k in bf16 fp8 nvfp4; do
   f=$R/m3-tiny.kv-$k.bf16gemm.oracle.safetensors
   [ -f $f ] || { echo "FAILED: $f is missing"; fails=$((fails+1)); continue; }
+  run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $f --kv $k --backend cuda --precision bf16 --teacher-forced 1 --work "$OUT"
   run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $f --kv $k --backend cuda --precision bf16 --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99 --max-over 0.01 --work "$OUT"
 done
 # the exact mode teacher-forced: every layer within 1e-3 of the float64 reference on its input

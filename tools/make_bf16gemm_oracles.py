@@ -12,7 +12,8 @@ writes OUT_DIR/NAME.bf16gemm.oracle.safetensors (+ .json) with the same keys.
 With --kv KIND the K / V / index-K rows are also rounded on insert into the cache as the spec's
 cache dtype KIND does (tools/make_kv_oracle.py's patch, the references m3 --kv-cache-dtype KIND is
 checked against): it reads DATA_DIR/NAME.kv-KIND.oracle.safetensors and writes
-OUT_DIR/NAME.kv-KIND.bf16gemm.oracle.safetensors (no hidden states: the end-to-end bf16 checks).
+OUT_DIR/NAME.kv-KIND.bf16gemm.oracle.safetensors, with every layer's hidden states (the exact KV
+references have none) for the teacher-forced check.
 
 A product counts as one with a weight when one operand shares storage with a parameter of the
 model (F.linear, matmul, bmm, mm, @): its other operand is rounded (round to nearest even),
@@ -117,8 +118,9 @@ def bf16_gemm_inputs(model, counter):
         torch.Tensor.__matmul__ = saved["__matmul__"]
 
 
-def run_cases(model, cfg, oracle, tag):
-    """make_m3_oracle.run_reference on the oracle's own prompts"""
+def run_cases(model, cfg, oracle, tag, hidden=False):
+    """make_m3_oracle.run_reference on the oracle's own prompts (the layers' hidden states where the
+    oracle has them, or with hidden)"""
     from transformers import DynamicCache
     tensors, cases, picks = {}, [], {}
     for i, layer in enumerate(model.model.layers):
@@ -134,11 +136,12 @@ def run_cases(model, cfg, oracle, tag):
         picks.clear()
         counter = [0]
         with torch.no_grad(), bf16_gemm_inputs(model, counter):
-            o = model(input_ids=ids, use_cache=False, output_hidden_states=f"case{k}.hidden.0" in oracle)
+            want_hidden = hidden or f"case{k}.hidden.0" in oracle
+            o = model(input_ids=ids, use_cache=False, output_hidden_states=want_hidden)
             per_pass = counter[0]
             tensors[f"case{k}.input_ids"] = ids[0].to(torch.int32)
             tensors[f"case{k}.logits"] = o.logits[0].float()
-            if f"case{k}.hidden.0" in oracle:
+            if want_hidden:
                 for li, h in enumerate(o.hidden_states):
                     tensors[f"case{k}.hidden.{li}"] = h[0].float()
             for li, p in picks.items():
@@ -194,7 +197,7 @@ def main():
         model = MiniMaxM3VLForCausalLM(cfg).to(torch.float64).eval()
         mo.load_hub_into(model, dequantized(mo, load_file(os.path.join(d, "model.safetensors"))), cfg)
         oracle = load_file(os.path.join(data, name + tag + ".oracle.safetensors"))
-        tensors, cases = run_cases(model, cfg, oracle, name + tag)
+        tensors, cases = run_cases(model, cfg, oracle, name + tag, hidden=kv is not None)
         save_file(tensors, os.path.join(out, name + tag + ".bf16gemm.oracle.safetensors"))
         meta = {"model": name, "reference": "transformers 5.17 MiniMaxM3VLForCausalLM, eager, float64, every "
                 "product with a weight taking its other operand rounded to bf16 (tools/make_bf16gemm_oracles.py)",

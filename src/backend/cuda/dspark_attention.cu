@@ -8,7 +8,8 @@
  * unnormalized output; the combine rescales the chunks (sums in double). The first version (one
  * CTA per slot and head over every key: each KV row read by all 16 heads of its group) took
  * 1.4 ms a layer at 8 slots over a full 4096-key window; it stays for shapes the split does
- * not take (head_dim not dividing 256, more than 16 heads a group not in 16s).
+ * not take (head_dim not dividing 256, more than 16 heads a group not in 16s). At the M3.1-Flash
+ * draft's shapes (D 128, 16 heads a KV head) k_dsa_chunk takes every slot in one CTA per chunk.
  * CPU reference: src/backend/cpu/attention.c (m3_cpu_dspark_attention, dsa_items). */
 #include "common.cuh"
 
@@ -160,6 +161,100 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_split(const float *q, const
     }
 }
 
+/* Every slot in one CTA per (key chunk, KV head), for D = 128 and 16 query heads a KV head (the
+ * M3.1-Flash draft): the chunk's DSA_KEYS key and value rows are staged in shared memory once
+ * (k_dsa_split reads them again for each of the n slots, and waits on each key's loads in turn:
+ * 345 us a layer at 8 slots over a 4096-key window), then for each slot: its 16 queries, S = q k^T
+ * with a thread per (key, 4 heads), the chunk's maximum and exp-sum per head, and O = P V with a
+ * thread per (channel, 8 heads); the same part rows as k_dsa_split for k_dsa_combine. Slot i sees
+ * context key j (position lo0 + j) when lo0 + j >= its own window start, and every block key. */
+#define DSA2_D 128
+#define DSA2_G 16
+#define DSA2_KP (DSA2_D + 4) /* K rows padded: a quarter warp's 16-byte loads of 8 rows hit 8 bank groups */
+__global__ void __launch_bounds__(DSA_THREADS) k_dsa_chunk(const float *q, const float *kb, const float *vb, int n, int nh, int nkv,
+                                                           const float *kr, const float *vr, int cap, long lo0, int nc0,
+                                                           int lo, int pos, int window, float scale, int nsplit, float *part) {
+    extern __shared__ __align__(16) float sm[];
+    float *ks = sm, *vs = ks + DSA_KEYS * DSA2_KP, *qs = vs + DSA_KEYS * DSA2_D, *sc = qs + DSA2_G * DSA2_D; /* sc [G][KEYS] */
+    const int z = blockIdx.x, g = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const size_t kw = (size_t)nkv * DSA2_D;
+    const int j0 = z * DSA_KEYS, ns = nc0 + n;
+    /* the chunk's rows (zeros past the keys) */
+    for (int x = tid; x < DSA_KEYS * (DSA2_D / 4); x += DSA_THREADS) {
+        const int j = x / (DSA2_D / 4), c4 = (x % (DSA2_D / 4)) * 4, jj = j0 + j;
+        float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+        if (jj < ns) {
+            const size_t off = (jj < nc0 ? (size_t)((lo0 + jj) % cap) * kw : 0) + (size_t)g * DSA2_D + c4;
+            const float *kp = jj < nc0 ? kr + off : kb + (size_t)(jj - nc0) * kw + (size_t)g * DSA2_D + c4;
+            const float *vp = jj < nc0 ? vr + off : vb + (size_t)(jj - nc0) * kw + (size_t)g * DSA2_D + c4;
+            kv = *(const float4 *)kp;
+            vv = *(const float4 *)vp;
+        }
+        *(float4 *)(ks + j * DSA2_KP + c4) = kv;
+        *(float4 *)(vs + j * DSA2_D + c4) = vv;
+    }
+    const size_t hstride = (size_t)nsplit * (DSA2_D + 2);
+    for (int i = 0; i < n; i++) {
+        long lw = (long)pos + i - window + 1; /* slot i's first context position */
+        if (lw < lo) lw = lo;
+        for (int x = tid; x < DSA2_G * (DSA2_D / 4); x += DSA_THREADS) {
+            const int hh = x / (DSA2_D / 4), c4 = (x % (DSA2_D / 4)) * 4;
+            *(float4 *)(qs + hh * DSA2_D + c4) = *(const float4 *)(q + ((size_t)i * nh + (size_t)g * DSA2_G + hh) * DSA2_D + c4);
+        }
+        __syncthreads(); /* the rows (first slot), this slot's queries; the previous slot's sc is read */
+        {   /* S: thread (key kk, heads hb, hb + 4, hb + 8, hb + 12) */
+            const int kk = tid % DSA_KEYS, hb = tid / DSA_KEYS, jj = j0 + kk;
+            const bool valid = jj < ns && (jj >= nc0 || lo0 + jj >= lw);
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 8
+            for (int d = 0; d < DSA2_D; d += 4) {
+                const float4 k4 = *(const float4 *)(ks + kk * DSA2_KP + d);
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    const float4 q4 = *(const float4 *)(qs + (hb + 4 * m) * DSA2_D + d);
+                    acc[m] += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < 4; m++) sc[(hb + 4 * m) * DSA_KEYS + kk] = valid ? acc[m] * scale : -INFINITY;
+        }
+        __syncthreads();
+        /* the chunk's maximum and exp-sum per head: a warp per two heads, a lane per two keys */
+        for (int hh = warp; hh < DSA2_G; hh += DSA_THREADS / 32) {
+            float *r = sc + hh * DSA_KEYS;
+            const float a = r[lane], b = r[lane + 32];
+            const float mx = warp_max(fmaxf(a, b));
+            const float pa = mx == -INFINITY ? 0.f : expf(a - mx), pb = mx == -INFINITY ? 0.f : expf(b - mx);
+            r[lane] = pa;
+            r[lane + 32] = pb;
+            const float sum = warp_sum(pa + pb);
+            if (lane == 0) {
+                float *pp = part + ((size_t)i * nh + (size_t)g * DSA2_G + hh) * hstride + (size_t)z * (DSA2_D + 2);
+                pp[DSA2_D] = mx;
+                pp[DSA2_D + 1] = sum;
+            }
+        }
+        __syncthreads();
+        {   /* O = P V: thread (channel d, heads set, set + 2, ..., set + 14), four keys a step */
+            const int d = tid % DSA2_D, set = tid / DSA2_D;
+            float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 2
+            for (int kk = 0; kk < DSA_KEYS; kk += 4) {
+                const float v0 = vs[kk * DSA2_D + d], v1 = vs[(kk + 1) * DSA2_D + d], v2 = vs[(kk + 2) * DSA2_D + d],
+                            v3 = vs[(kk + 3) * DSA2_D + d];
+#pragma unroll
+                for (int m = 0; m < 8; m++) {
+                    const float4 p4 = *(const float4 *)(sc + (set + 2 * m) * DSA_KEYS + kk);
+                    o[m] += p4.x * v0 + p4.y * v1 + p4.z * v2 + p4.w * v3;
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < 8; m++)
+                part[((size_t)i * nh + (size_t)g * DSA2_G + set + 2 * m) * hstride + (size_t)z * (DSA2_D + 2) + d] = o[m];
+        }
+    }
+}
+
 /* one CTA per (slot, head), a thread per channel: the chunks rescaled to their common maximum */
 __global__ void k_dsa_combine(const float *part, int nsplit, int D, float *out) {
     const float *p = part + (size_t)blockIdx.x * nsplit * (D + 2);
@@ -189,6 +284,27 @@ void m3_cu_dspark_attention(void *ctx, const float *q, const float *kb, const fl
     static int split = -1; /* M3_DSA_SPLIT=0: the first kernel (comparisons) */
     if (split < 0) split = m3_cu_env_int("M3_DSA_SPLIT", 1) != 0;
     const int G = nh / nkv, HG = G <= DSA_HG ? G : DSA_HG;
+    static int chunked = -1; /* M3_DSA_CHUNK=0: k_dsa_split at the M3.1-Flash shapes too (comparisons) */
+    if (chunked < 0) chunked = m3_cu_env_int("M3_DSA_CHUNK", 1) != 0;
+    if (split && chunked && D == DSA2_D && G == DSA2_G && DSA_THREADS == 2 * DSA2_D && DSA_THREADS == 4 * DSA_KEYS) {
+        long lo0 = (long)pos - window + 1; /* slot 0 reads the most context keys */
+        if (lo0 < lo) lo0 = lo;
+        const int nc0 = lo0 < len ? (int)(len - lo0) : 0, nsplit = (int)cdiv((size_t)nc0 + n, DSA_KEYS);
+        float *part = (float *)m3_cu_scratch(c, SC_DSA, sizeof(float) * (size_t)n * nh * nsplit * (D + 2));
+        if (!part) return;
+        const size_t smem = sizeof(float) * ((size_t)DSA_KEYS * (DSA2_KP + DSA2_D) + (size_t)DSA2_G * (DSA2_D + DSA_KEYS));
+        static unsigned long long set; /* devices whose context has the shared-memory attribute */
+        const unsigned long long bit = 1ull << (c->dev & 63);
+        if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
+            if (CK(c, cudaFuncSetAttribute(k_dsa_chunk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) return;
+            __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
+        }
+        k_dsa_chunk<<<dim3(nsplit, nkv), DSA_THREADS, smem, c->st>>>(q, kb, vb, n, nh, nkv, kr, vr, cap, lo0, nc0, lo, pos, window,
+                                                                     1.0f / sqrtf((float)D), nsplit, part);
+        k_dsa_combine<<<n * nh, D < 128 ? D : 128, 0, c->st>>>(part, nsplit, D, out);
+        CK_LAUNCH(c, "dspark attention");
+        return;
+    }
     if (split && D <= DSA_THREADS && DSA_THREADS % D == 0 && G % HG == 0) {
         long lo0 = (long)pos - window + 1; /* slot 0 reads the most context keys */
         if (lo0 < lo) lo0 = lo;

@@ -201,10 +201,84 @@ __global__ void k_ft_stage(const float *x, int K, const int *map, const int *seg
     }
 }
 
+/* The same staging with a CTA (256 threads) per row, for K <= 256 * 8 * SR_CH: each thread loads its
+ * chunks of 8 values (chunks tid, tid + 256, ...) into registers, all in flight at once, the row's
+ * largest value comes from a block reduction, and the chunks are converted from the registers (one
+ * pass over x). The warp-per-row kernel above waits on its row's loads one by one (a warp reads
+ * 24 KB in two passes): 13 us for 64 rows of 6144. */
+constexpr int SR_CH = 6; /* chunks of 8 values a thread holds: K up to 12288 */
+__global__ void __launch_bounds__(256) k_ft_stage_cta(const float *x, int K, const int *map, const int *seg, int rows, int perm,
+                                                      uint16_t *xs, float *xsc) {
+    __shared__ float part[32];
+    const int used = map ? (seg[1] < rows ? seg[1] : rows) : (rows + 7) / 8 * 8, nc = K / 8;
+    for (int r = blockIdx.x; r < used; r += gridDim.x) { /* uniform across the CTA */
+        const int t = map ? map[r] : r < rows ? r : -1;
+        uint16_t *o = xs + (size_t)r * K;
+        if (t < 0) {
+            for (int c = threadIdx.x; c < nc; c += 256) *(uint4 *)(o + 8 * c) = make_uint4(0, 0, 0, 0);
+            if (threadIdx.x == 0) xsc[r] = 1.0f;
+            continue;
+        }
+        const float *xr = x + (size_t)t * K;
+        float4 va[SR_CH], vb[SR_CH];
+        float mx = 0.f;
+#pragma unroll
+        for (int i = 0; i < SR_CH; i++) {
+            const int c = threadIdx.x + 256 * i;
+            va[i] = vb[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (c < nc) {
+                va[i] = *(const float4 *)(xr + 8 * c);
+                vb[i] = *(const float4 *)(xr + 8 * c + 4);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < SR_CH; i++) {
+            const float a8[8] = {va[i].x, va[i].y, va[i].z, va[i].w, vb[i].x, vb[i].y, vb[i].z, vb[i].w};
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (fabsf(a8[j]) < INFINITY) mx = fmaxf(mx, fabsf(a8[j])); /* finite values only: an Inf stays Inf alone */
+        }
+        mx = block_max_f(mx, part);
+        mx = __bfloat162float(__float2bfloat16_rn(mx)); /* the largest staged value */
+        int e = 0;
+        if (mx > 0.f && mx < INFINITY) frexpf(mx, &e); /* mx < 2^e */
+        const int sh = e < -100 ? 115 : 15 - e; /* 2^sh and 2^-sh stay f32 normals */
+        const float up = ldexpf(1.0f, sh);
+        if (threadIdx.x == 0) xsc[r] = ldexpf(1.0f, -sh);
+#pragma unroll
+        for (int i = 0; i < SR_CH; i++) {
+            const int c = threadIdx.x + 256 * i;
+            if (c >= nc) continue;
+            const float v[8] = {va[i].x, va[i].y, va[i].z, va[i].w, vb[i].x, vb[i].y, vb[i].z, vb[i].w};
+            uint32_t w[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float lo = __bfloat162float(__float2bfloat16_rn(v[2 * j])) * up;
+                const float hi = __bfloat162float(__float2bfloat16_rn(v[2 * j + 1])) * up;
+                const __half2 h = __floats2half2_rn(lo, hi);
+                w[j] = *(const uint32_t *)&h;
+            }
+            *(uint4 *)(o + 8 * chunk_pos(c, perm)) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
+/* stage rows of x (see k_ft_stage) by whichever kernel fits K */
+static void ft_stage(m3_cuda *c, const float *x, int K, const int *map, const int *seg, int rows, int perm, uint16_t *xs, float *xsc) {
+    static int cta = -1; /* M3_FT_STAGE_CTA=0: the warp-per-row kernel (measurements) */
+    if (cta < 0) cta = m3_cu_env_int("M3_FT_STAGE_CTA", 1) != 0;
+    const int padded = map ? rows : (rows + 7) / 8 * 8;
+    if (K <= 256 * 8 * SR_CH && cta)
+        k_ft_stage_cta<<<padded < 4096 ? padded : 4096, 256, 0, c->st>>>(x, K, map, seg, rows, perm, xs, xsc);
+    else
+        k_ft_stage<<<cdiv(padded, 8) < 1024 ? cdiv(padded, 8) : 1024, 256, 0, c->st>>>(x, K, map, seg, rows, perm, xs, xsc);
+}
+
 /* The grouped GEMM of one pass (see the top). grid: (row chunks, segment bound) */
-template <int FMT, int NT, int MODE>
-__global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 2) k_ft_gemm(const __grid_constant__ ft_args a) {
-    constexpr int WB = ftc<FMT>::WB, SB = ftc<FMT>::SB, STAGE = stage_bytes<FMT, NT>(), NS = n_stages<NT>();
+template <int FMT, int NT, int MODE, int NS = n_stages<NT>()>
+__global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : NT == 4 && NS == 3 ? 3 : 2)
+    k_ft_gemm(const __grid_constant__ ft_args a) {
+    constexpr int WB = ftc<FMT>::WB, SB = ftc<FMT>::SB, STAGE = stage_bytes<FMT, NT>();
     constexpr int VPT = 8 * WB / 16 / 256, XPT = (NT * 8 * 16 + 255) / 256; /* copies per thread: values, x rows */
     extern __shared__ __align__(128) uint8_t sm[];
     /* MODE 0: grid (token groups, row chunks x K slices), the groups of a chunk side by side (they
@@ -398,24 +472,24 @@ __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 
 /* the kernel's shared-memory attribute, set in each device's context (tensor parallel ranks: one per
  * GPU, on threads of their own), and the CTAs an SM holds there (registers and shared memory); 0 on
  * failure */
-template <int FMT, int NT, int MODE> static int prepare(m3_cuda *c) {
-    constexpr int smem = n_stages<NT>() * stage_bytes<FMT, NT>();
+template <int FMT, int NT, int MODE, int NS = n_stages<NT>()> static int prepare(m3_cuda *c) {
+    constexpr int smem = NS * stage_bytes<FMT, NT>();
     static int nb[64];
     static unsigned long long set; /* devices whose context has the attribute */
     const unsigned long long bit = 1ull << (c->dev & 63);
     if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
-        if (CK(c, cudaFuncSetAttribute(k_ft_gemm<FMT, NT, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))) return 0;
+        if (CK(c, cudaFuncSetAttribute(k_ft_gemm<FMT, NT, MODE, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))) return 0;
         int n = 0;
-        if (CK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_ft_gemm<FMT, NT, MODE>, 256, smem))) return 0;
+        if (CK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_ft_gemm<FMT, NT, MODE, NS>, 256, smem))) return 0;
         nb[c->dev & 63] = n > 0 ? n : 1;
         __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
     }
     return nb[c->dev & 63];
 }
 
-template <int FMT, int NT, int MODE> static int launch(m3_cuda *c, const ft_args &a, int gx, int gy) {
-    if (!prepare<FMT, NT, MODE>(c)) return -1;
-    k_ft_gemm<FMT, NT, MODE><<<dim3(gx, gy), 256, n_stages<NT>() * stage_bytes<FMT, NT>(), c->st>>>(a);
+template <int FMT, int NT, int MODE, int NS = n_stages<NT>()> static int launch(m3_cuda *c, const ft_args &a, int gx, int gy) {
+    if (!prepare<FMT, NT, MODE, NS>(c)) return -1;
+    k_ft_gemm<FMT, NT, MODE, NS><<<dim3(gx, gy), 256, NS * stage_bytes<FMT, NT>(), c->st>>>(a);
     return CK_LAUNCH(c, "gemm_ft") ? -1 : 0;
 }
 
@@ -473,7 +547,7 @@ int m3_cu_linear_ft(m3_cuda *c, int n, const m3_linear *const *W, const float *x
     if ((uintptr_t)x & 15) return m3_cu_failf(c, "gemm_ft: x is not 16-byte aligned"), -1;
     for (int i = 1; i < n; i++)
         if (W[i]->fmt != W[0]->fmt || W[i]->K != K) return m3_cu_failf(c, "gemm_ft: matrices of one input differ"), -1;
-    k_ft_stage<<<cdiv(rows, 8), 256, 0, c->st>>>(x, K, NULL, NULL, T, perm, xs, xsc);
+    ft_stage(c, x, K, NULL, NULL, T, perm, xs, xsc);
     if (CK_LAUNCH(c, "gemm_ft stage")) return -1;
     for (int i = 0; i < n; i++) {
         ft_args a;
@@ -529,6 +603,9 @@ int m3_cu_moe_ft(m3_cuda *c, const m3_mlp_w *tab, const m3_mlp_w *e0, const floa
     const int H = e0->gate.K, F = e0->gate.N;
     const long long S = (long long)T * K, nz = S < E ? S : E;
     const int nt = ft_nt(S, E);
+    /* NVFP4 segments of 4 tiles in a 3-stage ring: 3 CTAs an SM instead of 2 (M3_MOE_FT_NS=3) */
+    static int ns3 = -1;
+    if (ns3 < 0) ns3 = m3_cu_env_int("M3_MOE_FT_NS", 4) == 3;
     const int rows = (int)(S + 7 * nz), maxseg = (int)(nz + rows / (8 * nt) + 1);
     int *seg = (int *)work, *map = seg + 2 + 3 * maxseg, *rowmap = map + rows;
     float *xsc = (float *)(rowmap + rows);
@@ -537,7 +614,7 @@ int m3_cu_moe_ft(m3_cuda *c, const m3_mlp_w *tab, const m3_mlp_w *e0, const floa
     const int nv = e0->gate.fmt == M3_WF_NVFP4;
     k_ft_layout<<<1, 1024, sizeof(int) * (4 * (size_t)E + 2), c->st>>>(pick, (int)S, K, E, nt, map, rowmap, seg);
     if (CK_LAUNCH(c, "gemm_ft moe layout")) return -1;
-    k_ft_stage<<<cdiv(rows, 8) < 1024 ? cdiv(rows, 8) : 1024, 256, 0, c->st>>>(x, H, map, seg, rows, nv, xs, xsc);
+    ft_stage(c, x, H, map, seg, rows, nv, xs, xsc);
     if (CK_LAUNCH(c, "gemm_ft moe stage")) return -1;
     ft_args a;
     memset(&a, 0, sizeof a);
@@ -560,7 +637,8 @@ int m3_cu_moe_ft(m3_cuda *c, const m3_mlp_w *tab, const m3_mlp_w *e0, const floa
     a.perm_h = e0->down.fmt == M3_WF_NVFP4;
     a.hs = hs;
     int rc;
-    if (nv) rc = nt == 2 ? launch<M3_WF_NVFP4, 2, 1>(c, a, F / 64, maxseg) : launch<M3_WF_NVFP4, 4, 1>(c, a, F / 64, maxseg);
+    if (nv) rc = nt == 2 ? launch<M3_WF_NVFP4, 2, 1>(c, a, F / 64, maxseg)
+                 : ns3 ? launch<M3_WF_NVFP4, 4, 1, 3>(c, a, F / 64, maxseg) : launch<M3_WF_NVFP4, 4, 1>(c, a, F / 64, maxseg);
     else rc = nt == 2 ? launch<M3_WF_MXFP8, 2, 1>(c, a, F / 64, maxseg) : launch<M3_WF_MXFP8, 4, 1>(c, a, F / 64, maxseg);
     if (rc) return -1;
     a.xs = hs;
@@ -568,7 +646,8 @@ int m3_cu_moe_ft(m3_cuda *c, const m3_mlp_w *tab, const m3_mlp_w *e0, const floa
     a.N = e0->down.N;
     a.ye = ye;
     const int dch = (a.N + 127) / 128;
-    if (nv) rc = nt == 2 ? launch<M3_WF_NVFP4, 2, 2>(c, a, dch, maxseg) : launch<M3_WF_NVFP4, 4, 2>(c, a, dch, maxseg);
+    if (nv) rc = nt == 2 ? launch<M3_WF_NVFP4, 2, 2>(c, a, dch, maxseg)
+                 : ns3 ? launch<M3_WF_NVFP4, 4, 2, 3>(c, a, dch, maxseg) : launch<M3_WF_NVFP4, 4, 2>(c, a, dch, maxseg);
     else rc = nt == 2 ? launch<M3_WF_MXFP8, 2, 2>(c, a, dch, maxseg) : launch<M3_WF_MXFP8, 4, 2>(c, a, dch, maxseg);
     return rc;
 }

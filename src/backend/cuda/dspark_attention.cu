@@ -9,7 +9,8 @@
  * CTA per slot and head over every key: each KV row read by all 16 heads of its group) took
  * 1.4 ms a layer at 8 slots over a full 4096-key window; it stays for shapes the split does
  * not take (head_dim not dividing 256, more than 16 heads a group not in 16s). At the M3.1-Flash
- * draft's shapes (D 128, 16 heads a KV head) k_dsa_chunk takes every slot in one CTA per chunk.
+ * draft's shapes (D 128, 16 heads a KV head) and from 512 context keys, k_dsa_chunk takes every
+ * slot in one CTA per chunk.
  * CPU reference: src/backend/cpu/attention.c (m3_cpu_dspark_attention, dsa_items). */
 #include "common.cuh"
 
@@ -286,10 +287,12 @@ void m3_cu_dspark_attention(void *ctx, const float *q, const float *kb, const fl
     const int G = nh / nkv, HG = G <= DSA_HG ? G : DSA_HG;
     static int chunked = -1; /* M3_DSA_CHUNK=0: k_dsa_split at the M3.1-Flash shapes too (comparisons) */
     if (chunked < 0) chunked = m3_cu_env_int("M3_DSA_CHUNK", 1) != 0;
-    if (split && chunked && D == DSA2_D && G == DSA2_G && DSA_THREADS == 2 * DSA2_D && DSA_THREADS == 4 * DSA_KEYS) {
-        long lo0 = (long)pos - window + 1; /* slot 0 reads the most context keys */
-        if (lo0 < lo) lo0 = lo;
-        const int nc0 = lo0 < len ? (int)(len - lo0) : 0, nsplit = (int)cdiv((size_t)nc0 + n, DSA_KEYS);
+    long lo0 = (long)pos - window + 1; /* slot 0 reads the most context keys */
+    if (lo0 < lo) lo0 = lo;
+    const int nc0 = lo0 < len ? (int)(len - lo0) : 0;
+    /* from 512 context keys (8 slots: 4096 keys 349 -> 102 us a layer; 100 keys 37 against 51 us) */
+    if (split && chunked && nc0 >= 512 && D == DSA2_D && G == DSA2_G && DSA_THREADS == 2 * DSA2_D && DSA_THREADS == 4 * DSA_KEYS) {
+        const int nsplit = (int)cdiv((size_t)nc0 + n, DSA_KEYS);
         float *part = (float *)m3_cu_scratch(c, SC_DSA, sizeof(float) * (size_t)n * nh * nsplit * (D + 2));
         if (!part) return;
         const size_t smem = sizeof(float) * ((size_t)DSA_KEYS * (DSA2_KP + DSA2_D) + (size_t)DSA2_G * (DSA2_D + DSA_KEYS));
@@ -306,9 +309,7 @@ void m3_cu_dspark_attention(void *ctx, const float *q, const float *kb, const fl
         return;
     }
     if (split && D <= DSA_THREADS && DSA_THREADS % D == 0 && G % HG == 0) {
-        long lo0 = (long)pos - window + 1; /* slot 0 reads the most context keys */
-        if (lo0 < lo) lo0 = lo;
-        const int nc0 = lo0 < len ? (int)(len - lo0) : 0, nsplit = (int)cdiv((size_t)nc0 + n, DSA_KEYS);
+        const int nsplit = (int)cdiv((size_t)nc0 + n, DSA_KEYS);
         float *part = (float *)m3_cu_scratch(c, SC_DSA, sizeof(float) * (size_t)n * nh * nsplit * (D + 2));
         if (!part) return;
         const size_t smem = sizeof(float) * (size_t)HG * (D + DSA_KEYS);

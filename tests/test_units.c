@@ -1,11 +1,12 @@
 /* Unit tests of the small pieces: number codecs, safetensors round trip, config spellings,
- * the thread pool, the sampler, the KV cache. */
+ * the thread pool, the sampler, the KV cache, a step's runs of tokens. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/num.h"
+#include "backend/runs.h"
 #include "base/pool.h"
 #include "engine/sampler.h"
 #include "io/config.h"
@@ -298,6 +299,35 @@ static void test_kv_nvfp4(void) {
     CHECK(sc[0] == 0 && codes[0] == 0, "zero block");
 }
 
+/* m3_batch_runs: the run layout the GPU indexer shares key reads by (leads, lengths, longest) */
+static void runs_case(const char *what, int T, const int32_t *seq, const int32_t *pos, int max, int want_n,
+                      const int32_t *want_lead, const int32_t *want_len, int want_longest) {
+    int32_t lead[64], len[64];
+    int longest = -1;
+    m3_batch b = {T, pos, seq, NULL};
+    const int n = m3_batch_runs(&b, max, lead, len, &longest);
+    int ok = n == want_n && longest == want_longest;
+    for (int i = 0; ok && i < n; i++) ok = lead[i] == want_lead[i] && len[i] == want_len[i];
+    CHECK(ok, "runs of %s: %d runs, longest %d", what, n, longest);
+}
+static void test_runs(void) {
+    const int32_t dseq[4] = {0, 1, 2, 3}, dpos[4] = {9, 9, 40, 3}, dl[4] = {0, 1, 2, 3}, dn[4] = {1, 1, 1, 1};
+    runs_case("a decode step", 4, dseq, dpos, 8, 4, dl, dn, 1);
+    int32_t vseq[16], vpos[16];
+    for (int t = 0; t < 16; t++) { vseq[t] = t / 8; vpos[t] = (t / 8 ? 5 : 10) + t % 8; }
+    const int32_t vl[2] = {0, 8}, vn[2] = {8, 8};
+    runs_case("two verify passes of 8", 16, vseq, vpos, 8, 2, vl, vn, 8);
+    int32_t pseq[20], ppos[20];
+    for (int t = 0; t < 20; t++) { pseq[t] = 0; ppos[t] = t; }
+    const int32_t pl[3] = {0, 8, 16}, pn[3] = {8, 8, 4};
+    runs_case("a 20-token chunk, runs of at most 8", 20, pseq, ppos, 8, 3, pl, pn, 8);
+    const int32_t gseq[4] = {0, 0, 0, 0}, gpos[4] = {3, 4, 7, 8}, gl[2] = {0, 2}, gn[2] = {2, 2};
+    runs_case("a gap in the positions", 4, gseq, gpos, 8, 2, gl, gn, 2);
+    const int32_t aseq[3] = {0, 1, 0}, apos[3] = {4, 5, 5}, al[3] = {0, 1, 2}, an[3] = {1, 1, 1};
+    runs_case("sequences interleaved", 3, aseq, apos, 8, 3, al, an, 1);
+    runs_case("no tokens", 0, aseq, apos, 8, 0, al, an, 0);
+}
+
 int main(void) {
     test_e4m3();
     test_e4m3_encode();
@@ -309,6 +339,7 @@ int main(void) {
     test_sampler();
     test_kv();
     test_kv_nvfp4();
+    test_runs();
     printf("%s\n", fails ? "unit tests FAILED" : "unit tests passed");
     return fails ? 1 : 0;
 }

@@ -8,6 +8,9 @@
 
 #include "common.cuh"
 #include "../../base/clock.h"
+extern "C" {
+#include "../runs.h"
+}
 
 extern "C" int m3_cuda_built(void) { return 1; }
 
@@ -239,19 +242,8 @@ static int cu_begin_step(void *ctx, const m3_kv *kv, const m3_batch *b, const in
     memcpy(h, b->pos, sizeof(int32_t) * (size_t)T);
     memcpy(h + T, b->seq, sizeof(int32_t) * (size_t)T);
     memcpy(h + 2 * T, ids, sizeof(int32_t) * (size_t)T);
-    /* runs: a token starts one unless it follows its sequence's previous token by one position in
-     * a run not yet RUN_MAX long */
-    int32_t *lead = h + 3 * T, *rlen = h + 4 * T;
-    int nr = 0, mr = 0;
-    for (int t = 0; t < T; t++) {
-        if (nr && b->seq[t] == b->seq[t - 1] && b->pos[t] == b->pos[t - 1] + 1 && rlen[nr - 1] < RUN_MAX) {
-            rlen[nr - 1]++;
-        } else {
-            lead[nr] = t;
-            rlen[nr++] = 1;
-        }
-        if (rlen[nr - 1] > mr) mr = rlen[nr - 1];
-    }
+    int mr = 0;
+    const int nr = m3_batch_runs(b, RUN_MAX, h + 3 * T, h + 4 * T, &mr); /* the indexer's runs */
     int32_t *pt = h + 5 * T;
     for (int s = 0; s < ns; s++) {
         const m3_kv_seq *q = b->seqs[s];

@@ -27,7 +27,8 @@
  *    or when it is <= --flip-tol (1e-2) and bf16 near-ties explain it: its own GEMM input rows
  *    in that layer (q-k-v / indexer input, o_proj input, router, experts, shared expert, for the
  *    logits also lm_head) hold an element within --tie-ulps (8) f32 ulps of a bf16 midpoint, or
- *    (K / V) the q-k-v input row of it or an earlier token does. The K / V explanation is weak
+ *    (K / V) the q-k-v input row of it or an earlier token does (with --kv bf16 also the K, V and
+ *    index-K rows the cache rounds to bf16 on insert). The K / V explanation is weak
  *    (most positions past the first few have some earlier near-tie), so it may explain at most
  *    --max-kv-explained (5%) of a layer's positions over all cases. Indexer: a differing row
  *    (head, token) must have a near-tie in the q-k-v input of it or an earlier token, and at

@@ -1,11 +1,12 @@
 /* Unit tests of the small pieces: number codecs, safetensors round trip, config spellings,
- * the thread pool, the sampler, the KV cache, a step's runs of tokens. */
+ * the thread pool, the sampler, the KV cache (and its near-tie counts), a step's runs of tokens. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/num.h"
+#include "backend/cpu/cpu.h"
 #include "backend/runs.h"
 #include "base/pool.h"
 #include "engine/sampler.h"
@@ -299,6 +300,45 @@ static void test_kv_nvfp4(void) {
     CHECK(sc[0] == 0 && codes[0] == 0, "zero block");
 }
 
+/* near-tie recording counts a bf16 cache's K / V / index-K rounding ties for their token (the
+ * teacher-forced accuracy check's explanations), and nothing for an f32 cache */
+static void test_kv_ties(void) {
+    m3_config c;
+    m3_err err;
+    CHECK(!m3_config_parse(&c, HUB, "hub", &err), "%s", err.msg);
+    m3_ops ops;
+    CHECK(!m3_cpu_ops_init(&ops, 1, &err), "%s", err.msg);
+    const m3_kv_dtype dts[2] = {M3_KV_BF16, M3_KV_F32};
+    for (int di = 0; di < 2; di++) {
+        m3_kv kv;
+        CHECK(!m3_kv_create(&kv, &c, dts[di], dts[di], 8, 4, &err), "%s", err.msg);
+        m3_kv_seq s = {0}, *sp = &s;
+        CHECK(!m3_kv_seq_reserve(&kv, &s, 4, &err), "%s", err.msg);
+        const int kw = kv.nkv * kv.D, Di = kv.Di;
+        float *k = calloc((size_t)2 * kw, sizeof(float)), *v = calloc((size_t)2 * kw, sizeof(float));
+        float *ik = calloc((size_t)2 * Di, sizeof(float));
+        uint32_t mid = 0x3f808000u, near = 0x3f808003u, far = 0x3f808040u; /* 1 + 2^-8: halfway between two bf16 */
+        memcpy(&k[1], &mid, 4);
+        memcpy(&v[kw - 1], &near, 4);
+        memcpy(&ik[2], &mid, 4);
+        memcpy(&k[kw + 5], &far, 4); /* token 1: 64 ulps off a midpoint */
+        int32_t first[2] = {0, 0}, all[2] = {0, 0}, pos[2] = {0, 1}, seq[2] = {0, 0};
+        m3_cpu_ties r = {8, 2, first, all, 0};
+        m3_cpu_record_ties(&ops, &r);
+        m3_batch b = {2, pos, seq, &sp};
+        ops.kv_store(ops.ctx, &kv, 1, &b, k, v, ik); /* layer 1: a sparse one (index-K) */
+        m3_cpu_record_ties(&ops, NULL);
+        const int want = di == 0 ? 3 : 0;
+        CHECK(first[0] == want && all[0] == want && first[1] == 0 && all[1] == 0, "%s cache: ties %d %d / %d %d (want %d, 0)",
+              m3_kv_dtype_name(dts[di]), first[0], all[0], first[1], all[1], want);
+        free(k); free(v); free(ik);
+        m3_kv_seq_release(&kv, &s);
+        m3_kv_destroy(&kv);
+    }
+    m3_cpu_ops_free(&ops);
+    m3_config_free(&c);
+}
+
 /* m3_batch_runs: the run layout the GPU indexer shares key reads by (leads, lengths, longest) */
 static void runs_case(const char *what, int T, const int32_t *seq, const int32_t *pos, int max, int want_n,
                       const int32_t *want_lead, const int32_t *want_len, int want_longest) {
@@ -340,6 +380,7 @@ int main(void) {
     test_kv();
     test_kv_nvfp4();
     test_runs();
+    test_kv_ties();
     printf("%s\n", fails ? "unit tests FAILED" : "unit tests passed");
     return fails ? 1 : 0;
 }

@@ -29,8 +29,11 @@ void m3_cpu_set_precision(m3_ops *ops, int bf16);
  * float64 reference's value of the same element: such elements are counted per token, in
  * first[t] for the first GEMM since the counts were last cleared (a layer's q / k / v / index
  * input when cleared at the layer's start) and in all[t] for every GEMM input row of token t
- * (routed experts' rows counted for their token). The caller clears the arrays (and calls);
- * rows are tokens of the current step: T at most the arrays' length. NULL stops recording. */
+ * (routed experts' rows counted for their token). A bf16 KV / index-K cache rounds K, V and
+ * index-K to bf16 on insert: those rows' near-ties count in first[t] and all[t] too (a K / V
+ * element rounded the other way moves this and every later token's attention). The caller
+ * clears the arrays (and calls); rows are tokens of the current step: T at most the arrays'
+ * length. NULL stops recording. */
 typedef struct m3_cpu_ties {
     int ulps;
     int T;          /* length of first / all */
@@ -38,6 +41,8 @@ typedef struct m3_cpu_ties {
     int calls;      /* GEMMs since the caller last set it to 0 */
 } m3_cpu_ties;
 void m3_cpu_record_ties(m3_ops *ops, m3_cpu_ties *r);
+/* elements of x[n] within ulps f32 ulps of a bf16 rounding midpoint */
+int m3_cpu_bf16_ties(const float *x, int n, int ulps);
 
 /* "avx2" or "scalar": the kernel set in use ($M3_SIMD=scalar forces the portable one). */
 const char *m3_cpu_simd_name(void);

@@ -411,19 +411,23 @@ void m3_cpu_set_precision(m3_ops *ops, int bf16) { ((m3_cpu *)ops->ctx)->gemm_bf
 void m3_cpu_record_ties(m3_ops *ops, m3_cpu_ties *r) { ((m3_cpu *)ops->ctx)->ties = r; }
 
 /* near-ties of the input rows of one GEMM (see m3_cpu_ties): an f32 is halfway between two
- * bf16 values when its low 16 bits are 0x8000; within r->ulps of that it may round either way
+ * bf16 values when its low 16 bits are 0x8000; within ulps of that it may round either way
  * in another arithmetic's hands */
+int m3_cpu_bf16_ties(const float *x, int n, int ulps) {
+    int ties = 0;
+    for (int i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, 4);
+        if ((u & 0x7f800000u) == 0x7f800000u) continue; /* inf / nan: nothing to round */
+        int d = (int)(u & 0xffffu) - 0x8000;
+        ties += d >= -ulps && d <= ulps;
+    }
+    return ties;
+}
 static void count_ties(m3_cpu *c, const float *x, int T, int K) {
     m3_cpu_ties *r = c->ties;
     for (int t = 0; t < T; t++) {
-        int row = c->tie_rows ? c->tie_rows[t] : t, n = 0;
-        for (int i = 0; i < K; i++) {
-            uint32_t u;
-            memcpy(&u, x + (size_t)t * K + i, 4);
-            if ((u & 0x7f800000u) == 0x7f800000u) continue; /* inf / nan: nothing to round */
-            int d = (int)(u & 0xffffu) - 0x8000;
-            n += d >= -r->ulps && d <= r->ulps;
-        }
+        int row = c->tie_rows ? c->tie_rows[t] : t, n = m3_cpu_bf16_ties(x + (size_t)t * K, K, r->ulps);
         if (row < 0 || row >= r->T) continue;
         if (r->calls == 0) r->first[row] += n;
         r->all[row] += n;

@@ -11,7 +11,8 @@
 #      verify), with per-op profiles;
 #   6. on 2+ GPUs: tensor parallelism (-tp 2, NCCL) against the references and against -tp 1
 #      (on 4+ GPUs also -tp 4: the references that split by 4, the full model at TP4 / EP4);
-#   7. compute-sanitizer memcheck on the GPU paths (prefill, decode, graphs, the engine);
+#   7. compute-sanitizer memcheck on the GPU paths (prefill, decode, graphs, the engine, the GEMM /
+#      MoE / indexer / draft-attention kernel benches' small cases);
 #   8. m3 serve under load with default flags on a real-format checkpoint at M3.1-Flash shapes
 #      (scripts/gpu-serve-load.sh: 1-256 concurrent streams, every response complete);
 #   9. DSpark with the draft on the GPU (the target's device): greedy tokens equal without it on
@@ -212,6 +213,8 @@ if [ -n "$CSB" ]; then
   run $CS "$BIN/m3" bench --random-weights --config bench/medium-config.json --layers 2 --batch 1,8 --context 2048 --steps 2 --prefill 0
   [ -x "$BIN/bench_cuda_gemm" ] && run $CS "$BIN/bench_cuda_gemm" --ragged
   [ -x "$BIN/bench_cuda_moe" ] && run $CS "$BIN/bench_cuda_moe" --ragged
+  # the indexer at a verify pass (8 x 8 tokens: runs of 8) and the DSpark draft's attention (chunked from 512 keys)
+  [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=2 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
 else
   echo "FAILED: compute-sanitizer not found"; fails=$((fails+1))
 fi

@@ -5,11 +5,10 @@
 
 void m3_cpu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v,
                       const float *ik) {
-    m3_cpu *c = (m3_cpu *)ctx;
+    m3_cpu_ties *r = ((m3_cpu *)ctx)->ties;
     size_t kw = (size_t)kv->nkv * kv->D;
     for (int t = 0; t < b->T; t++) {
         const m3_kv_seq *s = b->seqs[b->seq[t]];
-        m3_cpu_ties *r = c ? c->ties : NULL;
         if (r && t < r->T) {
             int n = 0;
             if (kv->dt == M3_KV_BF16) n += m3_cpu_bf16_ties(k + t * kw, (int)kw, r->ulps) + m3_cpu_bf16_ties(v + t * kw, (int)kw, r->ulps);

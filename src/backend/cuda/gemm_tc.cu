@@ -18,7 +18,8 @@
  * each holding one 128-wide K block: x (BN x 128 bf16), the raw weight bytes of the 128 rows
  * and their scales. The 4 producer warps fill a stage with 1-D bulk copies (cp.async.bulk ...
  * mbarrier::complete_tx; no tensor maps: the tiled weight layout is already made of contiguous
- * runs) on a full barrier (one arrive.expect_tx per producer warp); consumer warps release it on
+ * runs), a quarter of the copies each (a warp issues its lanes' copies one after another), on a
+ * full barrier (one arrive.expect_tx per producer warp); consumer warps release it on
  * an empty barrier once the wgmmas that read it have completed. Per K block a consumer does two
  * halves of 4 k16 steps: expand the half's A fragments into registers, wgmma.fence, 4 x wgmma
  * m64nBNk16, commit; while they run it loads the next half's raw bytes from shared memory. MXFP8
@@ -108,6 +109,7 @@ struct gemm_args {
     const m3_mlp_w *tab;
     const int *grp_e, *ngrp, *rowmap;
     float alpha, limit;
+    int spread; /* producer copies dealt round-robin over the 4 producer warps (launch_args; M3_GEMM_TC_SPREAD=0: in order) */
 };
 
 /* ------------------------------------------------------------------ PTX wrappers */
@@ -371,7 +373,7 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     /* grouped raster: 8 row tiles per group, token tiles inside a group; with K slices, the
-     * slices of a tile are neighbours */
+     * slices of a tile are neighbours (groups of 4 or 16 measured the same, session 17) */
     const int ks = blockIdx.x % p.ksplit, tile = blockIdx.x / p.ksplit;
     const int per_group = 8 * p.nt, grp = tile / per_group, first = grp * 8;
     const int gsz = p.nm - first < 8 ? p.nm - first : 8, in = tile % per_group;
@@ -413,7 +415,11 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
          * are uniform registers, so a warp issues its lanes' copies one after another: ~50
          * cycles each, which one warp alone made the bottleneck). Copy q of a stage: x pieces
          * (64 tokens x one column half), then weight runs, then scale runs. */
-        const int pl = threadIdx.x; /* 0..127 */
+        /* copy q of a stage goes to thread pl = round-robin over the warps (q = 4 lane + warp), so
+         * each warp issues a quarter of the stage's copies; in order, warp 0 issued the first 32
+         * one after another and the stages landed late: MXFP8 8192 x 6144 at 4096 tokens 32.3 ->
+         * 48.3% of the BF16 peak, NVFP4 44.5 -> 53.7%, BF16 36.8 -> 38.9% (H200, session 17) */
+        const int pl = p.spread ? (threadIdx.x % 32) * 4 + threadIdx.x / 32 : threadIdx.x; /* 0..127 */
         const int rows = p.mode == 1 ? BM : p.N - n0 < BM ? p.N - n0 : BM, tiles = (rows + 15) / 16;
         /* x: the staged pieces of 64 rows (8 KB per column half) of the tile; a tile of fewer than
          * 64 rows takes its rows' slice of one piece (whole 8-row atoms: the swizzle phase holds) */
@@ -677,7 +683,14 @@ template <int FMT, int BN, int CPS = 1> static int launch_args(cudaStream_t st, 
     const long long blocks = (long long)a.nm * a.nt * a.ksplit;
     if (blocks > 0x7fffffffLL) return m3_errf(err, "gemm_tc: %lld tiles", blocks);
     if (blocks < 1) return 0;
-    k_gemm_tc<FMT, BN, CPS><<<(unsigned)blocks, NTHREADS, SM, st>>>(a);
+    static int spread = -1; /* the producers' copies round-robin over their warps (M3_GEMM_TC_SPREAD=0: in order) */
+    if (spread < 0) {
+        const char *sp = getenv("M3_GEMM_TC_SPREAD");
+        spread = !(sp && !strcmp(sp, "0"));
+    }
+    gemm_args b = a;
+    b.spread = spread;
+    k_gemm_tc<FMT, BN, CPS><<<(unsigned)blocks, NTHREADS, SM, st>>>(b);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return m3_errf(err, "gemm_tc: launch (%s %d x %d, T %d, mode %d): %s", m3_wfmt_name((m3_wfmt)FMT), a.N,
                                          a.K, a.T, a.mode, cudaGetErrorString(e));

@@ -12,6 +12,20 @@ const char *m3_engine_finish_name(int r) {
     }
 }
 
+/* a verify scratch per sampling worker (pbufs[0] = pbuf): 1, or 0 out of memory */
+static int pbufs_alloc(m3_engine *e) {
+    if (!(e->pbufs = e_calloc((size_t)e->n_wss, sizeof *e->pbufs))) return 0;
+    e->pbufs[0] = e->pbuf;
+    for (int i = 1; i < e->n_wss; i++)
+        if (!(e->pbufs[i] = e_malloc((size_t)e->V * sizeof(float)))) return 0;
+    return 1;
+}
+static void pbufs_free(m3_engine *e) {
+    for (int i = 1; e->pbufs && i < e->n_wss; i++) free(e->pbufs[i]);
+    free(e->pbufs);
+    e->pbufs = NULL;
+}
+
 /* The sampling threads (opts.sample_threads; 0: 1 on a host backend, else one per online CPU up
  * to 8): a step's draws are spread over them, and a draw the engine thread makes alone (a batch
  * of one, speculative drafting and verifying) splits its row's passes over them. Short of memory
@@ -292,6 +306,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits);
         feat_free(e);
         free(e->drows); free(e->pbuf);
+        pbufs_free(e);
         free(e->ov_rows); free(e->ov_emb);
         if (e->spec) m3_dspark_free(&e->draft);
         free(e);
@@ -302,6 +317,11 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->tot.kv_blocks_total = pages;
     e->snap = e->tot;
     sampling_threads(e, o->sample_threads, e->group || (e->m->ops && e->m->ops->device_memory));
+    if (e->spec && !pbufs_alloc(e)) {
+        m3_errf(err, "engine: out of memory");
+        m3_engine_destroy(e);
+        return NULL;
+    }
     int gthreads = o->grammar_threads;
     if (gthreads == 0 && !(e->group || (e->m->ops && e->m->ops->device_memory))) gthreads = -1; /* host backend: inline */
     if (m3_engine_masks_start(e, gthreads)) {
@@ -341,6 +361,7 @@ void m3_engine_destroy(m3_engine *e) {
     free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits);
     feat_free(e);
     free(e->drows); free(e->pbuf);
+    pbufs_free(e);
     free(e->ov_rows); free(e->ov_emb);
     if (e->spec) m3_dspark_free(&e->draft);
     free(e);

@@ -255,8 +255,8 @@ typedef struct m3_engine_stats {
     /* requests ended with M3_FINISH_ERROR because a logits row they were to sample from held
      * a NaN or an Inf (every sampled row is checked) */
     uint64_t nonfinite_logits;
-    uint64_t tokens_sampled_parallel; /* of tokens_generated, drawn by the sampling threads with others of
-                                       * the same step (sample_threads > 1) */
+    uint64_t tokens_sampled_parallel; /* draws (a speculative decode's verification: one) made by the
+                                       * sampling threads with others of the same step (sample_threads > 1) */
     /* structured outputs: token masks computed for constrained rows, of those computed ahead
      * (by the mask thread while the forward ran), the seconds the engine thread waited for the
      * mask thread after the forward, and the seconds masks took on the sampling path (those

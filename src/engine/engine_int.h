@@ -71,9 +71,12 @@ typedef struct req {
     int32_t g_start, g_open;
     double g_inline_s;         /* masks computed as its row was sampled: time and count, not yet summed */
     int g_inline_n;
-    /* this step's plain sample, drawn before the serial pass (sample_rows) */
+    /* this step's plain sample or speculative verification, made before the serial pass
+     * (sample_rows); so_finite: every logits row of it is finite */
     m3_sample_out so;
     int so_finite, so_rc;
+    m3_spec_result sres;       /* k_sched > 0: the verification (sres_rc: m3_spec_verify's) */
+    int sres_rc;
     struct req *next;          /* inbox link */
 } req;
 
@@ -114,7 +117,8 @@ struct m3_engine {
     int draft_dev;             /* the draft runs on the target's device op table (capture stays there) */
     int n_drows;               /* drafts drawn together: min(max_seqs, M3_SPEC_DRAFT_BATCH) */
     float *drows;              /* [n_drows][V] draft rows (scratch) */
-    float *pbuf;               /* [V] verify scratch */
+    float *pbuf;               /* [V] verify scratch (pbufs[0]) */
+    float **pbufs;             /* [n_wss]: a verify scratch per sampling worker */
     void (*draft_hook)(void *, uint64_t, const int32_t *, int, int32_t *, int);
     void *draft_hook_arg;
     /* images */

@@ -310,13 +310,20 @@ static void encode_images(m3_engine *e) {
     }
 }
 
-/* One request of sample_rows: its row's finiteness, then (finite) its draw. */
-static void sample_one(m3_engine *e, req *r, m3_sample_ws *ws) {
+/* One request of sample_rows: its rows' finiteness, then (finite) its draw, or with drafts
+ * (k_sched > 0) their verification (the emitted tokens in r->sres; the serial pass delivers them). */
+static void sample_one(m3_engine *e, req *r, m3_sample_ws *ws, float *p) {
     const float *lg = e->logits + (size_t)r->out_idx * e->V;
     m3_err e2;
-    r->so_finite = logits_finite(lg, (size_t)e->V);
+    r->so_finite = logits_finite(lg, (size_t)e->V * (size_t)(1 + r->k_sched));
     r->so_rc = 0;
     if (!r->so_finite) return;
+    if (r->k_sched) {
+        const int max_emit = r->max_tokens - r->n_gen < r->limit - r->n_tok ? r->max_tokens - r->n_gen : r->limit - r->n_tok;
+        r->sres_rc = m3_spec_verify(r->smp, ws, p, lg, r->draft, r->q_used ? r->q : NULL, r->k_sched, r->stop, r->n_stop,
+                                    max_emit, &r->sres, &e2);
+        return;
+    }
     if (r->gr && m3_engine_mask_row(e, r)) { /* a constrained row: its grammar's mask */
         r->so_rc = -1;
         return;
@@ -327,22 +334,23 @@ static void sample_one(m3_engine *e, req *r, m3_sample_ws *ws) {
 
 static void sample_range(void *ctx, size_t begin, size_t end, int worker) {
     m3_engine *e = ctx;
-    for (size_t i = begin; i < end; i++) sample_one(e, e->to_sample[i], e->wss[worker]);
+    for (size_t i = begin; i < end; i++) sample_one(e, e->to_sample[i], e->wss[worker], e->pbufs ? e->pbufs[worker] : NULL);
 }
 
-/* The plain samples of a step (rows with no drafts to verify), before the serial pass that
- * accepts and delivers them in order: spread over the sampling threads when there are
- * several. Each draw reads only its request's logits row and sampler (its RNG and counts):
- * the same tokens as one after the other. */
+/* The samples and speculative verifications of a step, before the serial pass that delivers
+ * them in order: spread over the sampling threads when there are several. Each reads only its
+ * request's logits rows, drafts and sampler (its RNG and counts): the same tokens as one after
+ * the other. (64 speculative streams of 8 rows each: 512 rows of 200,064 logits a step, which
+ * the engine thread checked and verified alone.) */
 static void sample_rows(m3_engine *e, int nr) {
     int n = 0;
     for (int i = 0; i < nr; i++) {
         req *r = e->running[i];
-        if (!r->n_sched || r->k_sched || r->out_idx < 0 || r->fwd_failed) continue;
+        if (!r->n_sched || r->out_idx < 0 || r->fwd_failed) continue;
         if (e->spool) e->to_sample[n++] = r; /* at most n_running <= max_seqs */
-        else sample_one(e, r, e->ws);
+        else sample_one(e, r, e->ws, e->pbuf);
     }
-    if (n == 1) sample_one(e, e->to_sample[0], e->ws);
+    if (n == 1) sample_one(e, e->to_sample[0], e->ws, e->pbuf);
     else if (n > 1) {
         m3_sample_ws_set_pool(e->ws, NULL); /* worker 0's workspace: no loop inside the pool's own loop */
         m3_pool_for(e->spool, (size_t)n, 1, sample_range, e);
@@ -497,7 +505,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
     schedule(e);
     if (e->spec) draft_all(e);
     if (e->vision) encode_images(e);
-    const int V = e->V, H = e->m->cfg.hidden;
+    const int H = e->m->cfg.hidden;
     int step_rc = 0; /* -1: the forward failed, some requests may have gone on (step_failed) */
     int n_ov = 0; /* batch rows whose embeddings are image embeddings */
     const int F = e->spec ? m3_dspark_feat_dim(&e->draft) : 0;
@@ -573,36 +581,33 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
                 r->done = M3_FINISH_ERROR;
                 continue;
             }
-            if (r->out_idx >= 0 &&
-                !(plain ? r->so_finite : logits_finite(e->logits + (size_t)r->out_idx * V, (size_t)V * (size_t)(1 + r->k_sched)))) {
+            if (r->out_idx >= 0 && !r->so_finite) { /* sample_rows checked every row of it */
                 r->why = "the model produced non-finite logits (NaN or Inf)";
                 e->tot.nonfinite_logits++;
                 r->done = M3_FINISH_ERROR;
                 continue;
             }
             if (r->k_sched) {
-                m3_spec_result res;
-                int max_emit = r->max_tokens - r->n_gen < r->limit - r->n_tok ? r->max_tokens - r->n_gen : r->limit - r->n_tok;
-                if (m3_spec_verify(r->smp, e->ws, e->pbuf, e->logits + (size_t)r->out_idx * V, r->draft,
-                                   r->q_used ? r->q : NULL, r->k_sched, r->stop, r->n_stop, max_emit, &res, &e2)) {
+                const m3_spec_result *res = &r->sres; /* verified by sample_rows */
+                if (r->sres_rc) {
                     r->why = "speculative verification failed";
                     r->done = M3_FINISH_ERROR;
                     continue;
                 }
-                n_valid = 1 + (res.n_accepted < res.n_emit ? res.n_accepted : res.n_emit);
+                n_valid = 1 + (res->n_accepted < res->n_emit ? res->n_accepted : res->n_emit);
                 /* roll back: the rejected drafts' entries past kv.len are never read (a later
                  * forward rewrites a position before any query reaches it) */
                 r->n_done = P + n_valid;
                 r->bs.kv.len = r->n_done;
                 e->tot.spec_verify_steps++;
                 e->tot.spec_draft_tokens += (uint64_t)r->k_sched;
-                e->tot.spec_accepted_tokens += (uint64_t)res.n_accepted;
-                e->tot.spec_emitted_tokens += (uint64_t)res.n_emit;
+                e->tot.spec_accepted_tokens += (uint64_t)res->n_accepted;
+                e->tot.spec_emitted_tokens += (uint64_t)res->n_emit;
                 for (int j = 0; j < r->k_sched; j++) {
                     e->tot.spec_drafted_per_pos[j]++;
-                    e->tot.spec_accepted_per_pos[j] += j < res.n_accepted;
+                    e->tot.spec_accepted_per_pos[j] += j < res->n_accepted;
                 }
-                reason = deliver(e, r, res.out, res.n_emit);
+                reason = deliver(e, r, res->out, res->n_emit);
             } else {
                 r->n_done += r->n_sched;
             }

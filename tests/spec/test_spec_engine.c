@@ -211,8 +211,11 @@ static void test_greedy(m3_model *m) {
             spec_opts(&os, k, M3_SPEC_DRAFT_PROBABILISTIC);
             oracle orc = {specs, base, got, N, 20, 0};
             if (hook) { os.draft_hook = oracle_hook; os.draft_hook_arg = &orc; }
+            /* odd k: the step's verifications on 4 sampling threads (sample_rows), the same tokens */
+            os.sample_threads = k % 2 ? 4 : 1;
             if (run(m, &os, specs, N, got, &ri)) return;
             int eq = compare(hook ? "greedy, oracle drafts" : "greedy, dspark drafts", got, base, N);
+            if (k % 2) CHECK(ri.st.tokens_sampled_parallel > 0, "k %d: no verification ran on the sampling threads", k);
             CHECK(ri.st.kv_blocks_used == 0, "blocks used at the end: %d", ri.st.kv_blocks_used);
             CHECK(ri.st.spec_verify_steps > 0 && ri.st.spec_k == k, "verify steps %llu", (unsigned long long)ri.st.spec_verify_steps);
             if (hook) CHECK(ri.st.spec_accepted_tokens > 0 && ri.st.spec_accepted_per_pos[k - 1] > 0,
@@ -764,6 +767,7 @@ static void test_sampled(m3_model *m) {
         o.max_num_seqs = 256;
         o.max_num_batched_tokens = 1024;
         if (mode) spec_opts(&o, 3, mode == 1 ? M3_SPEC_DRAFT_PROBABILISTIC : M3_SPEC_DRAFT_GREEDY);
+        o.sample_threads = 4; /* the step's draws and verifications spread over 4 threads */
         run_info ri;
         if (run(m, &o, specs, NREQ, res, &ri)) goto out;
         static long cnt[256];

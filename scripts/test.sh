@@ -3,7 +3,7 @@
 # bounded time, the tests again under AddressSanitizer + UndefinedBehaviorSanitizer, then the
 # engine + server tests where threads meet (ctest label tsan) under ThreadSanitizer.
 # Exits non-zero on any failure. M3_SKIP_FUZZ=1 / M3_SKIP_SANITIZERS=1 / M3_SKIP_TSAN=1 skip
-# a stage; M3_FUZZ_SECONDS sets the time per fuzz target (default 30).
+# a stage; M3_FUZZ_SECONDS sets the time per fuzz target (default 20).
 # No sanitizer suppressions are used; one added must say why next to it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +13,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure -j"$jobs")
 if [ "${M3_SKIP_FUZZ:-0}" != 1 ]; then
-  scripts/fuzz.sh "${M3_FUZZ_SECONDS:-30}"
+  scripts/fuzz.sh "${M3_FUZZ_SECONDS:-20}"
 fi
 if [ "${M3_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DM3_SANITIZE=ON >/dev/null

@@ -27,12 +27,20 @@ export function freePort() {
 
 export const sleep = ms => new Promise(r => setTimeout(r, ms));
 
+// Servers still running when the test's process exits, however it exits (an exception outside a
+// test's try, an unsettled await): killed then, so that none outlives it holding ctest's output
+// pipe (ctest then waited for its timeout: a sanitizer run of server_images sat 15 minutes).
+const live = new Set();
+process.on('exit', () => { for (const p of live) try { p.kill('SIGKILL'); } catch {} });
+
 // Starts `m3 serve` and waits for /health. stop(signal) resolves to {code, signal, ms}.
 export async function startServer(m3, ck, args = [], { quiet = true } = {}) {
   const port = await freePort();
   // M3_SERVE_ARGS (e.g. "-tp 2"): extra options for every server a test starts
   const extra = (process.env.M3_SERVE_ARGS || '').split(/\s+/).filter(Boolean);
   const proc = spawn(m3, ['serve', '-m', ck, '--port', String(port), ...extra, ...args], { stdio: ['ignore', 'inherit', 'pipe'] });
+  live.add(proc);
+  proc.on('exit', () => live.delete(proc));
   const srv = { proc, port, base: `http://127.0.0.1:${port}`, log: '' };
   proc.stderr.on('data', d => { srv.log += d; if (!quiet) process.stderr.write(d); });
   srv.exited = new Promise(r => proc.on('exit', (code, signal) => r({ code, signal, t: Date.now() })));

@@ -190,15 +190,21 @@ for (const cfg of cfgs) {
     nTokens += want.length;
   }
   if (mism) fail(`${cfg.name}: ${mism} of ${docs.length} documents differ`);
-  for (const p of probes) {
-    const want = tok.encode(p), got = m3ids(tj, p, true);
+  // the probes and departures in one m3 run, joined by the separator as the corpus is (each m3
+  // run loads the tokenizer again: ~4 s apiece in the sanitizer builds)
+  const extra = [...probes, ...departures.map((d) => d.text)];
+  const eper = [[]];
+  for (const id of m3ids(tj, extra.join(sep), true)) id === sepId ? eper.push([]) : eper[eper.length - 1].push(id);
+  if (eper.length !== extra.length) fail(`${cfg.name}: ${eper.length} probes back from m3, ${extra.length} sent`);
+  probes.forEach((p, k) => {
+    const want = tok.encode(p), got = eper[k] || [];
     if (firstDiff(want, got) >= 0) fail(`${cfg.name} probe ${JSON.stringify(p)}: JS [${want}] m3 [${got}]`);
-  }
-  for (const dep of departures) {
-    const want = dep.pieces.flatMap((p) => tok.encode(p)), got = m3ids(tj, dep.text, true);
+  });
+  departures.forEach((dep, k) => {
+    const want = dep.pieces.flatMap((p) => tok.encode(p)), got = eper[probes.length + k] || [];
     if (firstDiff(want, got) >= 0) fail(`${cfg.name} departure ${JSON.stringify(dep.text)}: want [${want}] m3 [${got}]`);
     if (firstDiff(want, tok.encode(dep.text)) < 0) fail(`${cfg.name} departure ${JSON.stringify(dep.text)}: JS now agrees; drop it`);
-  }
+  });
   // round trip over the whole corpus
   const back = m3text(tj, ids);
   if (back !== cfg.norm(all)) {

@@ -12,16 +12,15 @@ const char *m3_engine_finish_name(int r) {
     }
 }
 
-/* a verify scratch per sampling worker (pbufs[0] = pbuf): 1, or 0 out of memory */
+/* a verify scratch per sampling worker: 1, or 0 out of memory */
 static int pbufs_alloc(m3_engine *e) {
     if (!(e->pbufs = e_calloc((size_t)e->n_wss, sizeof *e->pbufs))) return 0;
-    e->pbufs[0] = e->pbuf;
-    for (int i = 1; i < e->n_wss; i++)
+    for (int i = 0; i < e->n_wss; i++)
         if (!(e->pbufs[i] = e_malloc((size_t)e->V * sizeof(float)))) return 0;
     return 1;
 }
 static void pbufs_free(m3_engine *e) {
-    for (int i = 1; e->pbufs && i < e->n_wss; i++) free(e->pbufs[i]);
+    for (int i = 0; e->pbufs && i < e->n_wss; i++) free(e->pbufs[i]);
     free(e->pbufs);
     e->pbufs = NULL;
 }
@@ -290,8 +289,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         e->feat = e->draft_dev ? dop->alloc(dop->ctx, fb) : e_malloc(fb); /* the capture's destination */
         e->n_drows = e->max_seqs < M3_SPEC_DRAFT_BATCH ? e->max_seqs : M3_SPEC_DRAFT_BATCH;
         e->drows = e_malloc((size_t)e->n_drows * (size_t)e->V * sizeof(float));
-        e->pbuf = e_malloc((size_t)e->V * sizeof(float));
-        spec_ok = spec_ok && e->feat && e->drows && e->pbuf;
+        spec_ok = spec_ok && e->feat && e->drows;
     }
     int mu_ok = !pthread_mutex_init(&e->mu, NULL);
     int cv_ok = mu_ok && !pthread_cond_init(&e->cv, NULL);
@@ -305,8 +303,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         m3_sample_ws_free(e->ws);
         free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits);
         feat_free(e);
-        free(e->drows); free(e->pbuf);
-        pbufs_free(e);
+        free(e->drows);
         free(e->ov_rows); free(e->ov_emb);
         if (e->spec) m3_dspark_free(&e->draft);
         free(e);
@@ -360,7 +357,7 @@ void m3_engine_destroy(m3_engine *e) {
     free(e->running); free(e->waiting); free(e->cancels);
     free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits);
     feat_free(e);
-    free(e->drows); free(e->pbuf);
+    free(e->drows);
     pbufs_free(e);
     free(e->ov_rows); free(e->ov_emb);
     if (e->spec) m3_dspark_free(&e->draft);

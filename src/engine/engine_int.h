@@ -117,8 +117,7 @@ struct m3_engine {
     int draft_dev;             /* the draft runs on the target's device op table (capture stays there) */
     int n_drows;               /* drafts drawn together: min(max_seqs, M3_SPEC_DRAFT_BATCH) */
     float *drows;              /* [n_drows][V] draft rows (scratch) */
-    float *pbuf;               /* [V] verify scratch (pbufs[0]) */
-    float **pbufs;             /* [n_wss]: a verify scratch per sampling worker */
+    float **pbufs;             /* [n_wss][V]: a verify scratch per sampling worker (spec only) */
     void (*draft_hook)(void *, uint64_t, const int32_t *, int, int32_t *, int);
     void *draft_hook_arg;
     /* images */

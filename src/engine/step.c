@@ -348,9 +348,9 @@ static void sample_rows(m3_engine *e, int nr) {
         req *r = e->running[i];
         if (!r->n_sched || r->out_idx < 0 || r->fwd_failed) continue;
         if (e->spool) e->to_sample[n++] = r; /* at most n_running <= max_seqs */
-        else sample_one(e, r, e->ws, e->pbuf);
+        else sample_one(e, r, e->ws, e->pbufs ? e->pbufs[0] : NULL);
     }
-    if (n == 1) sample_one(e, e->to_sample[0], e->ws, e->pbuf);
+    if (n == 1) sample_one(e, e->to_sample[0], e->ws, e->pbufs ? e->pbufs[0] : NULL);
     else if (n > 1) {
         m3_sample_ws_set_pool(e->ws, NULL); /* worker 0's workspace: no loop inside the pool's own loop */
         m3_pool_for(e->spool, (size_t)n, 1, sample_range, e);

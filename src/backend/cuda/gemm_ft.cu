@@ -85,7 +85,6 @@ template <int FMT, int NT> __host__ __device__ constexpr int stage_bytes() {
 struct ft_args {
     m3_linear W;         /* MODE 0: the matrix */
     int T, ks;           /* MODE 0: tokens, K slices */
-    int sk, units;       /* MODE 0, stream-K: CTAs (0: off), output tiles (row chunks x token groups) */
     float *y;            /* MODE 0: y [T][N], or with K slices / stream-K the partial sums [part][T][N] */
     const m3_mlp_w *tab; /* device table of experts */
     const int *seg;      /* [0] segments, [1] staged rows in use, then per segment: expert, first row, tiles */
@@ -447,19 +446,19 @@ static __device__ __forceinline__ void ft_tile(const ft_args &a, uint8_t *sm, in
 }
 
 /* The grouped GEMM of one pass (see the top). MODE 0: grid (token groups, row chunks x K slices),
- * the groups of a chunk side by side (they share its weights in L2), or with a.sk a stream-K grid
- * of a.sk CTAs (streamk.h: units = (chunk, group) tiles of K / KS blocks, a partial sum per tile a
- * range touches, in a.y [part][T][N]); MoE: grid (row chunks, segment bound) */
+ * the groups of a chunk side by side (they share its weights in L2), or with SK a stream-K grid
+ * of any number of CTAs (streamk.h: the (chunk, group) tiles of K / KS blocks each, a partial sum
+ * per tile a CTA's range touches, in a.y [part][T][N]); MoE: grid (row chunks, segment bound) */
 template <int FMT, int NT, int MODE, int NS = n_stages<NT>(), bool SK = false>
 __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : NT == 4 && NS == 3 ? 3 : 2)
     k_ft_gemm(const __grid_constant__ ft_args a) {
     extern __shared__ __align__(128) uint8_t sm[];
     if constexpr (SK) { /* MODE 0 only */
-        const int KB = a.K / KS, groups = (a.T + 8 * NT - 1) / (8 * NT);
-        const long long W = (long long)a.units * KB, xe = m3_sk_start(W, a.sk, blockIdx.x + 1);
-        for (long long x = m3_sk_start(W, a.sk, blockIdx.x); x < xe;) {
+        const int KB = a.K / KS, groups = (a.T + 8 * NT - 1) / (8 * NT), G = (int)gridDim.x;
+        const long long W = (long long)((a.N + 127) / 128) * groups * KB, xe = m3_sk_start(W, G, blockIdx.x + 1);
+        for (long long x = m3_sk_start(W, G, blockIdx.x); x < xe;) {
             const int u = (int)(x / KB), k0 = (int)(x % KB), k1 = xe - x < KB - k0 ? k0 + (int)(xe - x) : KB;
-            const int part = (int)blockIdx.x - m3_sk_owner(W, a.sk, (long long)u * KB);
+            const int part = (int)blockIdx.x - m3_sk_owner(W, G, (long long)u * KB);
             const int r0 = (u % groups) * NT * 8, ng = (a.T - r0 + 7) / 8 < NT ? (a.T - r0 + 7) / 8 : NT;
             ft_tile<FMT, NT, MODE, NS>(a, sm, r0, ng, u / groups, k0, k1, NULL, a.y + (size_t)part * a.T * a.N);
             x += k1 - k0;
@@ -526,11 +525,11 @@ __global__ void k_ft_sum_slices(const float *part, int ks, size_t n, float *y) {
 }
 
 /* y[i] = the stream-K partial sums of element i (token t, row n: tile (chunk n / 128, group t / tg)),
- * added in the order of the CTAs that made them */
-__global__ void k_ft_sum_sk(const float *part, int T, int N, int tg, int KB, int units, int G, float *y) {
+ * added in the order of the G CTAs that made them */
+__global__ void k_ft_sum_sk(const float *part, int T, int N, int tg, int KB, int G, float *y) {
     const size_t n = (size_t)T * N;
     const int groups = (T + tg - 1) / tg;
-    const long long W = (long long)units * KB;
+    const long long W = (long long)((N + 127) / 128) * groups * KB;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const int t = (int)(i / N), r = (int)(i % N), u = (r / 128) * groups + t / tg;
         const int np = m3_sk_owner(W, G, (long long)u * KB + KB - 1) - m3_sk_owner(W, G, (long long)u * KB) + 1;
@@ -538,6 +537,16 @@ __global__ void k_ft_sum_sk(const float *part, int T, int N, int tg, int KB, int
         for (int k = 1; k < np; k++) v += part[(size_t)k * n + i];
         y[i] = v;
     }
+}
+
+/* a linear's launch (MODE 0) for its format (nv: NVFP4, else MXFP8) and token tiles per group; SK: the
+ * stream-K kernel (a grid of gx CTAs), else the slices' (gx token groups, gy row chunks x slices) */
+template <bool SK> static int launch_linear(m3_cuda *c, const ft_args &a, int nv, int nt, int gx, int gy) {
+    if (nv)
+        return nt == 2 ? launch<M3_WF_NVFP4, 2, 0, n_stages<2>(), SK>(c, a, gx, gy)
+               : nt == 4 ? launch<M3_WF_NVFP4, 4, 0, n_stages<4>(), SK>(c, a, gx, gy)
+                         : launch<M3_WF_NVFP4, 8, 0, n_stages<8>(), SK>(c, a, gx, gy);
+    return nt == 2 ? launch<M3_WF_MXFP8, 2, 0, n_stages<2>(), SK>(c, a, gx, gy) : launch<M3_WF_MXFP8, 4, 0, n_stages<4>(), SK>(c, a, gx, gy);
 }
 
 /* CTAs of the linear kernel for (format, tiles) an SM holds */
@@ -615,27 +624,11 @@ int m3_cu_linear_ft(m3_cuda *c, int n, const m3_linear *const *W, const float *x
         const long tiles = (long)groups * chunks;
         const int sk = sk_on && tiles * ks * 20 < slots * 17 && tiles * KB >= 4 * slots ? (int)slots : 0;
         const int parts = sk ? m3_sk_max_parts((int)tiles, KB, sk) : (int)ks;
-        a.sk = sk;
-        a.units = (int)tiles;
         if (parts > 1 && !(a.y = (float *)m3_cu_scratch(c, SC_SPLITK, sizeof(float) * (size_t)parts * T * a.N))) return -1;
-        int rc;
-        const int gx = sk ? sk : groups, gy = sk ? 1 : chunks * (int)ks;
-        if (sk && perm)
-            rc = nt == 2 ? launch<M3_WF_NVFP4, 2, 0, n_stages<2>(), true>(c, a, gx, gy)
-                 : nt == 4 ? launch<M3_WF_NVFP4, 4, 0, n_stages<4>(), true>(c, a, gx, gy)
-                           : launch<M3_WF_NVFP4, 8, 0, n_stages<8>(), true>(c, a, gx, gy);
-        else if (sk)
-            rc = nt == 2 ? launch<M3_WF_MXFP8, 2, 0, n_stages<2>(), true>(c, a, gx, gy)
-                         : launch<M3_WF_MXFP8, 4, 0, n_stages<4>(), true>(c, a, gx, gy);
-        else if (perm)
-            rc = nt == 2 ? launch<M3_WF_NVFP4, 2, 0>(c, a, gx, gy)
-                 : nt == 4 ? launch<M3_WF_NVFP4, 4, 0>(c, a, gx, gy) : launch<M3_WF_NVFP4, 8, 0>(c, a, gx, gy);
-        else
-            rc = nt == 2 ? launch<M3_WF_MXFP8, 2, 0>(c, a, gx, gy) : launch<M3_WF_MXFP8, 4, 0>(c, a, gx, gy);
-        if (rc) return -1;
+        if (sk ? launch_linear<true>(c, a, perm, nt, sk, 1) : launch_linear<false>(c, a, perm, nt, groups, chunks * (int)ks)) return -1;
         const size_t m = (size_t)T * a.N;
         if (sk) {
-            k_ft_sum_sk<<<cdiv(m, 256) < 4096 ? cdiv(m, 256) : 4096, 256, 0, c->st>>>(a.y, T, a.N, 8 * nt, KB, (int)tiles, sk, y[i]);
+            k_ft_sum_sk<<<cdiv(m, 256) < 4096 ? cdiv(m, 256) : 4096, 256, 0, c->st>>>(a.y, T, a.N, 8 * nt, KB, sk, y[i]);
             if (CK_LAUNCH(c, "gemm_ft stream-K sums")) return -1;
         } else if (ks > 1) {
             k_ft_sum_slices<<<cdiv(m, 256) < 4096 ? cdiv(m, 256) : 4096, 256, 0, c->st>>>(a.y, ks, m, y[i]);

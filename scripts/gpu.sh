@@ -134,6 +134,8 @@ if want 3; then
 echo "## 3. kernels against the CPU: linear layers and a MoE layer; KV store, indexer and sparse attention"
 run "$BIN/bench_cuda_linear"
 [ -x "$BIN/bench_cuda_attn" ] && run "$BIN/bench_cuda_attn"
+# the indexer with 3 blocks a CTA (two row buffers; 65 blocks: a last CTA with fewer), decode and verify at 64 sequences
+for bc in 3 4; do [ -x "$BIN/bench_cuda_attn" ] && run env M3_INDEX_BPC=3 M3_BENCH_CASE=$bc "$BIN/bench_cuda_attn"; done
 # the tensor-core (wgmma) GEMM for many tokens, every weight format, against a double reference
 [ -x "$BIN/bench_cuda_gemm" ] && run "$BIN/bench_cuda_gemm"
 [ -x "$BIN/bench_cuda_moe" ] && run "$BIN/bench_cuda_moe"
@@ -215,6 +217,10 @@ if [ -n "$CSB" ]; then
   [ -x "$BIN/bench_cuda_moe" ] && run $CS "$BIN/bench_cuda_moe" --ragged
   # the indexer at a verify pass (8 x 8 tokens: runs of 8) and the DSpark draft's attention (chunked from 512 keys)
   [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=2 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
+  # ... with 3 blocks a CTA (two row buffers), FP8 (converted on load) and bf16 (cp.async)
+  for kvd in fp8 bf16; do
+    [ -x "$BIN/bench_cuda_attn" ] && run env M3_INDEX_BPC=3 M3_BENCH_CASE=2 M3_BENCH_KV=$kvd M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
+  done
 else
   echo "FAILED: compute-sanitizer not found"; fails=$((fails+1))
 fi

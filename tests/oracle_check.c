@@ -7,7 +7,7 @@
  *                     [--precision bf16] [--stats 1]
  *   teacher-forced:   --teacher-forced 1 [--flip-tol 1e-2] [--tie-ulps 8] [--max-kv-explained 0.05]
  *                     [--min-index-agree 0.995] [--verbose 1]
- *   end to end, bf16: [--median-tol X] [--greedy-tie X] [--index-agree X] [--max-over F]
+ *   end to end, bf16: [--median-tol X] [--greedy-tie X] [--index-agree X] [--max-over F] [--twin cpu]
  *
  * Exact mode (the default: m3 logits runs with --precision exact, also on the GPU, whose own
  * default is bf16) against the float64 references: every position within --tol (1e-4 CPU, 1e-3
@@ -58,10 +58,25 @@
  *    the first difference where the reference's own top-2 margin is <= 0.02 of its logits' rms
  *    (the one difference measured: 0.0059, where logits differ by ~5e-3 of their norm); block
  *    rows >= 99% equal per case (measured >= 99.87%).
- *    --max-over F lets a share F of a case's positions exceed --tol: on the GPU (f32 sums in
- *    another order, so other near-ties flip) m3-tiny-q's 150-token case has one position of 150
- *    at 0.35 (an expert or block choice flipped there; the teacher-forced check of the same case
- *    passes), so gpu.sh allows 1%; the CPU runs allow none. */
+ *    --max-over F lets positions exceed --tol at a rate F: as many as a Poisson count of mean
+ *    F x T reaches with probability 99% (F = 0.01: 0 of 1, 1 of 7, 2 of 40, 5 of 150, 8 of 300,
+ *    38 of 2600 positions). On the GPU (f32 sums in another order, so other near-ties flip) the
+ *    measured rates are 1 of 150 (m3-tiny-q), 1 of 300 and 12 of 2600 (m3-wide-q), 2 of 150
+ *    (m3-tiny with a bf16 cache), each at a block or expert choice flipped by a near-tie while the
+ *    teacher-forced check of the same case passes: gpu.sh sets F = 1%, about twice the measured
+ *    rate. (A share floor(F T) failed half of the 150-token runs at a 1% rate.) A bug that moves
+ *    most positions fails it, and the median bound, and the teacher-forced check. The CPU runs
+ *    allow none.
+ *    --twin cpu runs each case a second time on the CPU, the same precision and KV cache dtype:
+ *    where the CPU's greedy tokens leave the reference's path too (not at a reference near-tie),
+ *    the case's decode is unstable under m3's f32 arithmetic itself, and the device must follow the
+ *    CPU's path instead: tokens equal up to a near-tie of the CPU's own, greedy logits within --tol
+ *    of the CPU's. Measured: with an NVFP4 cache, m3-tiny's 150-token case flips the same three
+ *    block choices (layer 2, tokens 81, 109, 119) on the CPU and the GPU, against none when every
+ *    layer is teacher-forced: bf16 GEMM inputs move K / V / index-K by ~1e-3 of themselves, and
+ *    an NVFP4 step is up to a third of a value, so f32 against float64 decides a few roundings
+ *    the other way and the flips follow. The per-layer check (1.) stays strict for every cache,
+ *    also at --ubatch 1 (every position a one-token step, the decode path). */
 #include <stdio.h>
 #include <sys/stat.h>
 #include <stdlib.h>
@@ -303,6 +318,79 @@ static int teacher_case(const run_opts *o, const m3_st *ref, const char *oracle,
     return bad;
 }
 
+/* the smallest k with P(X <= k) >= 0.99 for a Poisson count X of mean lam */
+static int poisson_q99(double lam) {
+    double p = exp(-lam), c = p;
+    int k = 0;
+    while (c < 0.99 && k < 100000) { k++; p *= lam / k; c += p; }
+    return k;
+}
+
+/* end to end: one run's output against the reference's case k */
+typedef struct {
+    int over, worst_t, first_diff; /* positions over --tol; the worst position; the first differing greedy step (-1: none) */
+    double med, p99, worst, gworst; /* rel L2 over positions; greedy logits' worst up to the first difference */
+    long irows, mism;               /* index rows compared, rows whose block sets differ */
+    int n_index, ok_index, bad;     /* layers with index blocks; all equal; output unusable (message printed) */
+} e2e_result;
+
+static void e2e_measure(const m3_st *ref, const m3_st *got, int k, int T, int N, double tol, e2e_result *r) {
+    memset(r, 0, sizeof *r);
+    r->first_diff = -1;
+    r->ok_index = 1;
+    const m3_tensor *rl = get(ref, "case%d.logits", k), *gl = m3_st_find(got, "logits");
+    if (!gl || gl->numel != rl->numel) { printf("case %d: logits shape mismatch\n", k); r->bad = 1; return; }
+    const int V = (int)rl->shape[1];
+    double *pe = malloc(sizeof(double) * (size_t)T);
+    if (!pe) { printf("out of memory\n"); r->bad = 1; return; }
+    for (int t = 0; t < T; t++) {
+        double e = rel_l2((const float *)gl->data + (size_t)t * V, (const float *)rl->data + (size_t)t * V, V);
+        pe[t] = e;
+        if (e > r->worst) { r->worst = e; r->worst_t = t; }
+        r->over += e > tol;
+    }
+    qsort(pe, (size_t)T, sizeof *pe, cmp_dbl);
+    r->med = quantile(pe, (size_t)T, 0.5);
+    r->p99 = quantile(pe, (size_t)T, 0.99);
+    free(pe);
+    if (N) {
+        const m3_tensor *gt = get(ref, "case%d.greedy_tokens", k), *gtok = m3_st_find(got, "greedy_tokens"), *glg = m3_st_find(got, "greedy_logits");
+        const m3_tensor *rglg = get(ref, "case%d.greedy_logits", k);
+        if (!gtok || !glg || gtok->numel != gt->numel) { printf("case %d: greedy tokens missing\n", k); r->bad = 1; return; }
+        for (int i = 0; i < N; i++)
+            if (((const int32_t *)gtok->data)[i] != ((const int32_t *)gt->data)[i]) { r->first_diff = i; break; }
+        int upto = r->first_diff < 0 ? N : r->first_diff + 1; /* logits after a divergence are not comparable */
+        for (int i = 0; i < upto; i++) {
+            double e = rel_l2((const float *)glg->data + (size_t)i * V, (const float *)rglg->data + (size_t)i * V, V);
+            if (e > r->gworst) r->gworst = e;
+        }
+    }
+    for (int l = 0; l < 256; l++) { /* index blocks as sets */
+        char nm[64];
+        snprintf(nm, sizeof nm, "case%d.index_blocks.layer%d", k, l);
+        const m3_tensor *ri = m3_st_find(ref, nm);
+        if (!ri) continue;
+        r->n_index++;
+        snprintf(nm, sizeof nm, "index_blocks.layer%d", l);
+        const m3_tensor *gi = m3_st_find(got, nm);
+        if (!gi || gi->numel != ri->numel) { r->ok_index = 0; printf("case %d layer %d: index_blocks missing or shaped differently\n", k, l); continue; }
+        int K = (int)ri->shape[2];
+        int32_t a[1024], b[1024];
+        for (int64_t row = 0; row < ri->shape[0] * ri->shape[1]; row++) {
+            r->irows++;
+            memcpy(a, (const int32_t *)ri->data + row * K, sizeof(int32_t) * K);
+            memcpy(b, (const int32_t *)gi->data + row * K, sizeof(int32_t) * K);
+            qsort(a, K, sizeof *a, cmp_i32);
+            qsort(b, K, sizeof *b, cmp_i32);
+            if (memcmp(a, b, sizeof(int32_t) * K)) {
+                if (r->mism < 3) printf("case %d layer %d head %lld token %lld: blocks differ\n", k, l, (long long)(row / ri->shape[1]), (long long)(row % ri->shape[1]));
+                r->mism++;
+                r->ok_index = 0;
+            }
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: oracle_check M3 MODEL ORACLE [--kv D] [--cases LIST] [--tol X]\n"); return 2; }
     const char *m3 = argv[1], *model = argv[2], *oracle = argv[3], *kv = NULL, *cases = NULL, *work = "/tmp";
@@ -310,6 +398,7 @@ int main(int argc, char **argv) {
     double tol = 1e-4;
     int teacher = 0, stats = 0;
     double med_tol = 0, greedy_tie = 0, e2e_index = 0, max_over = 0; /* end to end in bf16: see the header */
+    const char *twin = NULL; /* end to end: --twin cpu, the same run on that backend, its divergence allowed too (header) */
     tf_contract C = {0, 1e-2, 8, 0.995, 0.05, 0};
     for (int i = 4; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--kv")) kv = argv[i + 1];
@@ -333,6 +422,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--greedy-tie")) greedy_tie = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--index-agree")) e2e_index = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--max-over")) max_over = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--twin")) twin = argv[i + 1];
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
     }
     mkdir(work, 0755); /* the scratch directory may not exist yet (EEXIST is fine) */
@@ -373,6 +463,23 @@ int main(int argc, char **argv) {
             continue;
         }
         int st = run_logits(&ro, idstr, N, out, NULL, 0);
+        /* the twin: the same precision, cache and case on the trusted backend */
+        e2e_result tw;
+        m3_st *tg = NULL;
+        char tout[512];
+        if (!st && twin) {
+            run_opts rt = ro;
+            rt.backend = twin;
+            rt.tp = NULL;
+            rt.moe_split = NULL;
+            snprintf(tout, sizeof tout, "%s/oracle_check_%d_%d_twin.safetensors", work, (int)getpid(), k);
+            int ts = run_logits(&rt, idstr, N, tout, NULL, 0);
+            tg = ts ? NULL : m3_st_open(tout, &err);
+            if (!tg) { printf("case %d: the %s twin run failed\n", k, twin); failures++; free(idstr); unlink(tout); continue; }
+            e2e_measure(ref, tg, k, T, N, tol, &tw);
+            if (tw.bad) { failures++; free(idstr); m3_st_close(tg); unlink(tout); continue; }
+        }
+        const int have_twin = tg != NULL;
         free(idstr);
         if (st) {
             printf("case %d (T=%d): m3 logits failed (status %d)\n", k, T, st);
@@ -380,87 +487,68 @@ int main(int argc, char **argv) {
             continue;
         }
         m3_st *got = m3_st_open(out, &err);
-        if (!got) { printf("case %d: cannot read output: %s\n", k, err.msg); failures++; continue; }
-        const m3_tensor *rl = get(ref, "case%d.logits", k), *gl = m3_st_find(got, "logits");
-        int V = (int)rl->shape[1];
-        double worst = 0;
-        int worst_t = 0;
-        if (!gl || gl->numel != rl->numel) { printf("case %d: logits shape mismatch\n", k); failures++; m3_st_close(got); continue; }
-        double *pe = malloc(sizeof(double) * (size_t)T);
-        if (!pe) { printf("out of memory\n"); return 1; }
-        for (int t = 0; t < T; t++) {
-            double e = rel_l2((const float *)gl->data + (size_t)t * V, (const float *)rl->data + (size_t)t * V, V);
-            pe[t] = e;
-            if (e > worst) { worst = e; worst_t = t; }
+        e2e_result g;
+        if (got) e2e_measure(ref, got, k, T, N, tol, &g);
+        else printf("case %d: cannot read output: %s\n", k, err.msg);
+        if (!got || g.bad) {
+            failures++;
+            if (got) m3_st_close(got);
+            unlink(out);
+            if (tg) { m3_st_close(tg); unlink(tout); }
+            continue;
         }
-        int over = 0;
-        for (int t = 0; t < T; t++) over += pe[t] > tol;
-        int ok_logits = over <= (int)(max_over * T); /* --max-over: a share of positions may exceed --tol */
-        qsort(pe, (size_t)T, sizeof *pe, cmp_dbl);
-        double med = quantile(pe, (size_t)T, 0.5);
-        if (med_tol > 0 && med > med_tol) ok_logits = 0;
+        const int V = (int)get(ref, "case%d.logits", k)->shape[1];
+        /* --max-over F: positions over --tol at a rate F, as many as a Poisson count of mean F T
+         * reaches with probability 99% (header) */
+        const int allowed = max_over > 0 ? poisson_q99(max_over * T) : 0;
+        int ok_logits = g.over <= allowed;
+        if (med_tol > 0 && g.med > med_tol) ok_logits = 0;
         if (stats || med_tol > 0) /* the distribution, for a contract's numbers (docs/PERF.md) */
-            printf("case %d logits rel L2: median %.2g%s p99 %.2g max %.2g; %d of %d positions over %.0e (%d allowed)\n", k, med,
-                   med_tol > 0 && med > med_tol ? " (OVER)" : "", quantile(pe, (size_t)T, 0.99), pe[T - 1], over, T, tol,
-                   (int)(max_over * T));
-        free(pe);
-        /* greedy */
-        int ok_tokens = 1, first_diff = -1;
-        double gworst = 0;
-        if (N) {
-            const m3_tensor *gtok = m3_st_find(got, "greedy_tokens"), *glg = m3_st_find(got, "greedy_logits");
-            const m3_tensor *rglg = get(ref, "case%d.greedy_logits", k);
-            for (int i = 0; i < N; i++)
-                if (((const int32_t *)gtok->data)[i] != ((const int32_t *)gt->data)[i]) { ok_tokens = 0; first_diff = i; break; }
-            int upto = ok_tokens ? N : first_diff + 1; /* logits after a divergence are not comparable */
-            for (int i = 0; i < upto; i++) {
-                double e = rel_l2((const float *)glg->data + (size_t)i * V, (const float *)rglg->data + (size_t)i * V, V);
-                if (e > gworst) gworst = e;
-            }
-        }
-        int ok_glog = gworst <= tol;
-        /* index blocks as sets */
-        int ok_index = 1, n_index = 0, mism = 0;
-        long irows = 0;
-        for (int l = 0; l < 256; l++) {
-            char nm[64];
-            snprintf(nm, sizeof nm, "case%d.index_blocks.layer%d", k, l);
-            const m3_tensor *ri = m3_st_find(ref, nm);
-            if (!ri) continue;
-            n_index++;
-            snprintf(nm, sizeof nm, "index_blocks.layer%d", l);
-            const m3_tensor *gi = m3_st_find(got, nm);
-            if (!gi || gi->numel != ri->numel) { ok_index = 0; printf("case %d layer %d: index_blocks missing or shaped differently\n", k, l); continue; }
-            int K = (int)ri->shape[2];
-            int32_t a[1024], b[1024];
-            for (int64_t row = 0; row < ri->shape[0] * ri->shape[1]; row++) {
-                irows++;
-                memcpy(a, (const int32_t *)ri->data + row * K, sizeof(int32_t) * K);
-                memcpy(b, (const int32_t *)gi->data + row * K, sizeof(int32_t) * K);
-                qsort(a, K, sizeof *a, cmp_i32);
-                qsort(b, K, sizeof *b, cmp_i32);
-                if (memcmp(a, b, sizeof(int32_t) * K)) {
-                    if (mism < 3) printf("case %d layer %d head %lld token %lld: blocks differ\n", k, l, (long long)(row / ri->shape[1]), (long long)(row % ri->shape[1]));
-                    mism++;
-                    ok_index = 0;
-                }
-            }
-        }
+            printf("case %d logits rel L2: median %.2g%s p99 %.2g max %.2g; %d of %d positions over %.0e (%d allowed)\n", k, g.med,
+                   med_tol > 0 && g.med > med_tol ? " (OVER)" : "", g.p99, g.worst, g.over, T, tol, allowed);
+        if (have_twin)
+            printf("case %d twin (%s): median %.2g p99 %.2g max %.2g; %d of %d positions over %.0e; greedy tokens %s; index rows %ld of %ld equal\n",
+                   k, twin, tw.med, tw.p99, tw.worst, tw.over, T, tol, tw.first_diff < 0 ? "equal" : "DIFFER", tw.irows - tw.mism, tw.irows);
+        const int ok_tokens = g.first_diff < 0, first_diff = g.first_diff, ok_index = g.ok_index;
+        int ok_glog = g.gworst <= tol;
         /* end to end in bf16 (--greedy-tie): a greedy token may differ where the reference's own
          * choice was a near-tie; block choices may differ on a few rows */
         double tie_margin = first_diff >= 0 ? top2_margin((const float *)get(ref, "case%d.greedy_logits", k)->data + (size_t)first_diff * V, V) : 0;
         int tie_ok = !ok_tokens && greedy_tie > 0 && tie_margin <= greedy_tie;
-        int index_ok = ok_index || (e2e_index > 0 && irows && 1.0 - (double)mism / (double)irows >= e2e_index);
-        int ok = ok_logits && (ok_tokens || tie_ok) && ok_glog && index_ok;
+        /* --twin: where the twin leaves the reference's greedy path too, the device follows the
+         * twin's: its tokens equal up to a near-tie of the twin's own, its greedy logits within
+         * --tol of the twin's up to there */
+        int twin_path = 0, twin_first = -1;
+        double twin_worst = 0;
+        if (!ok_tokens && !tie_ok && have_twin && tw.first_diff >= 0) {
+            const m3_tensor *a = m3_st_find(got, "greedy_tokens"), *b = m3_st_find(tg, "greedy_tokens");
+            const m3_tensor *al = m3_st_find(got, "greedy_logits"), *bl = m3_st_find(tg, "greedy_logits");
+            for (int i = 0; i < N; i++)
+                if (((const int32_t *)a->data)[i] != ((const int32_t *)b->data)[i]) { twin_first = i; break; }
+            int upto = twin_first < 0 ? N : twin_first + 1;
+            for (int i = 0; i < upto; i++) {
+                double e = rel_l2((const float *)al->data + (size_t)i * V, (const float *)bl->data + (size_t)i * V, V);
+                if (e > twin_worst) twin_worst = e;
+            }
+            twin_path = (twin_first < 0 || (greedy_tie > 0 && top2_margin((const float *)bl->data + (size_t)twin_first * V, V) <= greedy_tie)) &&
+                        twin_worst <= tol;
+            if (twin_path) ok_glog = 1;
+        }
+        int index_ok = ok_index || (e2e_index > 0 && g.irows && 1.0 - (double)g.mism / (double)g.irows >= e2e_index);
+        int ok = ok_logits && (ok_tokens || tie_ok || twin_path) && ok_glog && index_ok;
         printf("case %d (T=%d, decode %d%s%s): logits max rel L2 %.3g (pos %d)  greedy tokens %s  greedy logits max rel L2 %.3g  index blocks %s (%d layers)  %s\n",
-               k, T, N, kv ? ", kv " : "", kv ? kv : "", worst, worst_t,
-               ok_tokens ? "equal" : "DIFFER", gworst, ok_index ? "equal" : "DIFFER", n_index, ok ? "ok" : "FAIL");
+               k, T, N, kv ? ", kv " : "", kv ? kv : "", g.worst, g.worst_t,
+               ok_tokens ? "equal" : "DIFFER", g.gworst, ok_index ? "equal" : "DIFFER", g.n_index, ok ? "ok" : "FAIL");
         /* a tie in the reference's own choice makes a different token legitimate: its top-2
          * margin, in units of the rms of its logits there */
         if (!ok_tokens)
             printf("  first differing greedy token at step %d (the reference's top-2 margin there: %.3g rms%s)\n", first_diff,
                    tie_margin, tie_ok ? ", a near-tie" : "");
-        if (!ok_index && index_ok) printf("  index blocks: %ld of %ld rows equal\n", irows - mism, irows);
+        if (!ok_tokens && !tie_ok && have_twin && tw.first_diff >= 0)
+            printf("  the twin leaves the reference's path too (step %d); against the twin: first differing token %d (-1: none), "
+                   "greedy logits max rel L2 %.3g: %s\n",
+                   tw.first_diff, twin_first, twin_worst, twin_path ? "follows it" : "DOES NOT follow it");
+        if (!ok_index && index_ok) printf("  index blocks: %ld of %ld rows equal\n", g.irows - g.mism, g.irows);
         if (stats && N) { /* the reference's smallest top-2 margin over the steps: how close a tie it walked past */
             const float *rg = get(ref, "case%d.greedy_logits", k)->data;
             double mm = 1e30;
@@ -474,6 +562,7 @@ int main(int argc, char **argv) {
         failures += !ok;
         m3_st_close(got);
         unlink(out);
+        if (tg) { m3_st_close(tg); unlink(tout); }
     }
     m3_st_close(ref);
     if (!ran) { printf("no cases ran\n"); return 1; }

@@ -269,10 +269,7 @@ __global__ void __launch_bounds__(NW * 32) k_attn_f32_g16(kvdesc d, const int32_
  * precision; the products are exact in f32), so the result agrees with the f32 kernels to
  * rounding. A warp owns whole 32-key chunks: its K and V rows are staged in shared memory as
  * bf16 (cp.async for a bf16 cache), S = Q K^T in registers, online softmax per row, O += P V
- * with V's fragments by ldmatrix.trans. K and V are staged in turn, one buffer each: the next
- * chunk's K is requested once S is computed and its V once P V is done, so each load overlaps the
- * other half's math (a warp used to wait for a whole chunk after its math: decode at 256 sequences
- * ran the attention at 52% of the DRAM bandwidth); the CTA's warps are then combined in a fixed order
+ * with V's fragments by ldmatrix.trans; the CTA's warps are then combined in a fixed order
  * (deterministic) into one partial (or the output when nsplit = 1), merged by k_attn_merge_lse. */
 #define AT_NW 4 /* warps per CTA */
 /* 8 floats (exact in bf16) -> 8 bf16 */
@@ -308,96 +305,91 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
         while (c < nchunks && !chunk_range(sel, t, d.nkv, g, topk, B, cpb, c, p, a, e)) c += W;
         return c;
     };
-    /* The K (kv 0) or V (kv 1) rows [a, e) of a chunk into this warp's ks / vs as bf16 (rows past e:
-     * zeros; V must be finite, p = 0 there), in two parts so that the loads' latency hides behind the
-     * other half's products: fetch() issues the loads (bf16: cp.async straight into shared memory, one
-     * commit group each, waited for by the caller; FP8 / NVFP4: the words into registers r), put()
-     * converts FP8 / NVFP4 words and stores them (other caches: read8 there, synchronously). A chunk
-     * inside one page (the usual case) looks its page up once. */
-    constexpr int PPL = ACH * ND / 32; /* 8-value pieces per lane */
-    auto row_base = [&](int kv, int a, int e, int *one) {
-        const int pa = a / d.page;
-        *one = pa == (e - 1) / d.page;
-        return *one ? page_of(d, sq, a) + ((size_t)g * d.page + (a - pa * d.page)) * d.rb + (kv ? d.kvpart : 0) : NULL;
-    };
-    auto row_at = [&](int kv, int a, int one, const uint8_t *pg, int j) {
-        if (one) return pg + (size_t)j * d.rb;
-        const int kp = a + j;
-        return (const uint8_t *)page_of(d, sq, kp) + ((size_t)g * d.page + kp % d.page) * d.rb + (kv ? d.kvpart : 0);
-    };
-    auto fetch = [&](int kv, int a, int e, uint2 (&r)[PPL]) {
+    /* K and V rows [a, e) into ks / vs as bf16 (rows past e: zeros; V must be finite, p = 0 there).
+     * A chunk inside one page (the usual case) looks its page up once. bf16: cp.async, waited for
+     * by the caller; FP8 / NVFP4: every load in flight, then converted; else read8. */
+    auto load_chunk = [&](int a, int e) {
         const int n = e - a;
-        int one;
-        const uint8_t *pg = row_base(kv, a, e, &one);
-        if (ld == 1) {
-            uint16_t *buf = kv ? vs : ks;
-#pragma unroll 1
-            for (int i = lane; i < ACH * ND; i += 32) {
-                const int j = i / ND, x = (i % ND) * 8;
-                if (j >= n) *(uint4 *)(buf + j * DP + x) = make_uint4(0, 0, 0, 0);
-                else cp_async16(smem_u32(buf + j * DP + x), row_at(kv, a, one, pg, j) + 2 * x);
-            }
-        } else if (ld == 2 || ld == 3) {
+        const int pa = a / d.page, one = pa == (e - 1) / d.page;
+        const uint8_t *pg = one ? page_of(d, sq, a) + ((size_t)g * d.page + (a - pa * d.page)) * d.rb : NULL;
+        auto row_of = [&](int j) {
+            if (one) return pg + (size_t)j * d.rb;
+            const int kp = a + j;
+            return (const uint8_t *)page_of(d, sq, kp) + ((size_t)g * d.page + kp % d.page) * d.rb;
+        };
+        if (ld == 2 || ld == 3) {
+            constexpr int PPL = ACH * ND / 32; /* 8-value pieces per lane */
+            uint2 rk[PPL], rv[PPL];            /* FP8: 8 bytes; NVFP4: x = 8 codes, y = their scale byte */
 #pragma unroll
             for (int k = 0; k < PPL; k++) {
                 const int i = lane + 32 * k, j = i / ND, x = (i % ND) * 8;
-                r[k] = make_uint2(0, 0); /* zero codes decode to 0.0 (rows past the chunk) */
+                rk[k] = rv[k] = make_uint2(0, 0); /* zero codes decode to 0.0 (rows past the chunk) */
                 if (j < n) {
-                    const uint8_t *row = row_at(kv, a, one, pg, j);
-                    r[k] = ld == 2 ? *(const uint2 *)(row + x) : make_uint2(*(const uint32_t *)(row + x / 2), row[D / 2 + x / 16]);
+                    const uint8_t *row = row_of(j);
+                    if (ld == 2) {
+                        rk[k] = *(const uint2 *)(row + x);
+                        rv[k] = *(const uint2 *)(row + d.kvpart + x);
+                    } else {
+                        rk[k] = make_uint2(*(const uint32_t *)(row + x / 2), row[D / 2 + x / 16]);
+                        rv[k] = make_uint2(*(const uint32_t *)(row + d.kvpart + x / 2), row[d.kvpart + D / 2 + x / 16]);
+                    }
                 }
+            }
+#pragma unroll
+            for (int k = 0; k < PPL; k++) {
+                const int i = lane + 32 * k, j = i / ND, x = (i % ND) * 8;
+#pragma unroll
+                for (int kv = 0; kv < 2; kv++) {
+                    const uint2 r = kv ? rv[k] : rk[k];
+                    float f[8];
+                    if (ld == 2) {
+#pragma unroll
+                        for (int h = 0; h < 4; h++) {
+                            const float2 v = e4m3x2_f32(((h < 2 ? r.x : r.y) >> (16 * (h & 1))) & 0xffffu);
+                            f[2 * h] = v.x;
+                            f[2 * h + 1] = v.y;
+                        }
+                    } else {
+                        const float sc = nvfp4_scale(r.y);
+#pragma unroll
+                        for (int h = 0; h < 4; h++) {
+                            const float2 v = e2m1x2_f32((r.x >> (8 * h)) & 0xffu);
+                            f[2 * h] = v.x * sc;
+                            f[2 * h + 1] = v.y * sc;
+                        }
+                    }
+                    *(uint4 *)((kv ? vs : ks) + j * DP + x) = bf8(f);
+                }
+            }
+            return;
+        }
+#pragma unroll 1 /* rolled: the code (read8's formats in each copy) otherwise arrives cold, 16 copies of it */
+        for (int i = lane; i < ACH * ND; i += 32) {
+            const int j = i / ND, x = (i % ND) * 8;
+            uint16_t *kd = ks + j * DP + x, *vd = vs + j * DP + x;
+            if (j >= n) {
+                *(uint4 *)kd = make_uint4(0, 0, 0, 0);
+                *(uint4 *)vd = make_uint4(0, 0, 0, 0);
+                continue;
+            }
+            const uint8_t *row = row_of(j);
+            if (ld == 1) {
+                cp_async16(smem_u32(kd), row + 2 * x);
+                cp_async16(smem_u32(vd), row + d.kvpart + 2 * x);
+            } else {
+                float kf[8], vf[8];
+                read8(row, d.dt, D, x, kf);
+                read8(row + d.kvpart, d.dt, D, x, vf);
+                *(uint4 *)kd = bf8(kf);
+                *(uint4 *)vd = bf8(vf);
             }
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");
     };
-    auto put = [&](int kv, int a, int e, const uint2 (&r)[PPL]) {
-        uint16_t *buf = kv ? vs : ks;
-        if (ld == 2 || ld == 3) {
-#pragma unroll
-            for (int k = 0; k < PPL; k++) {
-                const int i = lane + 32 * k, j = i / ND, x = (i % ND) * 8;
-                float f[8];
-                if (ld == 2) {
-#pragma unroll
-                    for (int h = 0; h < 4; h++) {
-                        const float2 v = e4m3x2_f32(((h < 2 ? r[k].x : r[k].y) >> (16 * (h & 1))) & 0xffffu);
-                        f[2 * h] = v.x;
-                        f[2 * h + 1] = v.y;
-                    }
-                } else {
-                    const float sc = nvfp4_scale(r[k].y);
-#pragma unroll
-                    for (int h = 0; h < 4; h++) {
-                        const float2 v = e2m1x2_f32((r[k].x >> (8 * h)) & 0xffu);
-                        f[2 * h] = v.x * sc;
-                        f[2 * h + 1] = v.y * sc;
-                    }
-                }
-                *(uint4 *)(buf + j * DP + x) = bf8(f);
-            }
-        } else if (ld == 0) {
-            const int n = e - a;
-            int one;
-            const uint8_t *pg = row_base(kv, a, e, &one);
-#pragma unroll 1 /* rolled: the code (read8's formats in each copy) otherwise arrives cold, 16 copies of it */
-            for (int i = lane; i < ACH * ND; i += 32) {
-                const int j = i / ND, x = (i % ND) * 8;
-                uint16_t *dst = buf + j * DP + x;
-                if (j >= n) { *(uint4 *)dst = make_uint4(0, 0, 0, 0); continue; }
-                float f[8];
-                read8(row_at(kv, a, one, pg, j), d.dt, D, x, f);
-                *(uint4 *)dst = bf8(f);
-            }
-        }
-    };
     /* the first chunk's rows are requested before the queries are staged (their loads overlap) */
     int a, e;
     int ci = next_chunk(s * AT_NW + warp, &a, &e);
-    uint2 rk[PPL], rv[PPL];
-    if (ci < nchunks) {
-        fetch(0, a, e, rk);
-        fetch(1, a, e, rv);
-    }
+    if (ci < nchunks) load_chunk(a, e);
     /* the group's queries as three bf16 parts (rows >= G: zero) */
     for (int i = tid; i < 16 * D / 2; i += AT_NW * 32) {
         const int h = i / (D / 2), x = (i % (D / 2)) * 2;
@@ -414,12 +406,9 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
 #pragma unroll
     for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; /* rows gr, gr + 8 (l: this thread's share) */
-    if (ci < nchunks) put(0, a, e, rk);
-    /* Per chunk: K landed -> S = Q K^T -> the next chunk's K requested -> softmax -> V landed -> O += P V
-     * -> the next chunk's V requested. In flight at the loop's top (bf16): this chunk's K and V groups. */
     while (ci < nchunks) {
         const int n = e - a;
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory"); /* K (V may still be in flight) */
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         __syncwarp();
         /* S = Q K^T: 16 rows x 32 keys (4 column tiles) */
         float sc[4][4];
@@ -444,11 +433,6 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
                 for (int pt = 0; pt < 3; pt++) mma_bf16(sc[nt], af[pt], b0, b1);
             }
         }
-        int a2 = 0, e2 = 0;
-        const int c2 = next_chunk(ci + W, &a2, &e2);
-        __syncwarp(); /* every lane's K fragments are read */
-        if (c2 < nchunks) fetch(0, a2, e2, rk);
-        else asm volatile("cp.async.commit_group;\n" ::: "memory"); /* an empty group: the counts stay uniform */
         /* online softmax of rows gr (c0, c1) and gr + 8 (c2, c3); key of c_i: 8 nt + 2 tg + (i & 1) */
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -479,9 +463,6 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
             l0 += sc[nt][0] + sc[nt][1];
             l1 += sc[nt][2] + sc[nt][3];
         }
-        put(1, a, e, rv);
-        asm volatile("cp.async.wait_group 1;\n" ::: "memory"); /* V (the next K may still be in flight) */
-        __syncwarp();
         /* O += P V: keys in two k16 steps; P's A fragments are S's C fragments, in three parts */
 #pragma unroll
         for (int kk = 0; kk < 2; kk++) {
@@ -504,14 +485,11 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
                 }
             }
         }
-        __syncwarp(); /* every lane's V fragments are read */
-        if (c2 < nchunks) {
-            put(0, a2, e2, rk);
-            fetch(1, a2, e2, rv);
+        ci = next_chunk(ci + W, &a, &e);
+        if (ci < nchunks) {
+            __syncwarp(); /* this chunk's fragments are read */
+            load_chunk(a, e);
         }
-        ci = c2;
-        a = a2;
-        e = e2;
     }
     /* the warps' results -> shared (each warp over its own K / V buffers), then combined */
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);

@@ -216,31 +216,28 @@ __global__ void __launch_bounds__(256, 2) k_index_scores_thread_per_key(kvdesc d
 }
 
 /* ------------------------------------------------------------------ block scores on the tensor cores
- * The same scores as one MMA per 16 keys: a CTA per (bpc consecutive blocks, run), where a run is
- * up to RUN_MAX consecutive tokens of one sequence at consecutive positions (begin_step: a verify
- * pass, a prefill chunk; a decode token is a run of one), so the tokens of a run read a block's
- * index-K rows once. A block's rows are staged in shared memory as bf16 (cp.async for a bf16
- * cache; FP8 and NVFP4 values are exact in bf16: every piece's load in flight, then converted),
- * the A operand (16 keys x 16 values, ldmatrix); the run's (token, head) queries are the columns
- * of B, each split into three bf16 parts (split3), so every product is exact in f32 and the sums
+ * The same scores as one MMA per 16 keys: a CTA per (block, run), where a run is up to RUN_MAX
+ * consecutive tokens of one sequence at consecutive positions (begin_step: a verify pass, a
+ * prefill chunk; a decode token is a run of one), so the tokens of a run read the block's
+ * index-K rows once. The rows are staged in shared memory as bf16 (cp.async for a bf16 cache;
+ * FP8 and NVFP4 values are exact in bf16: every piece's load in flight, then converted), the
+ * A operand (16 keys x 16 values, ldmatrix); the run's (token, head) queries are the columns of
+ * B, each split into three bf16 parts (split3), so every product is exact in f32 and the sums
  * are f32 sums in the MMA's order. Warp w takes key tiles w, w + 4, ...; a key counts for a
- * column when it is at or before that token's position. With bpc > 1 the CTA walks its blocks
- * with two buffers: the next block's rows are requested before this block's products (a decode
- * step's CTA otherwise waits on its rows, then computes, with the memory idle). With ta.tctr
- * (runs of at most 8 columns) the run's last CTA then runs the top-k of its columns. KD = Di / 16. */
+ * column when it is at or before that token's position. With ta.tctr (runs of at most 8
+ * columns) the run's last CTA then runs the top-k of its columns. KD = Di / 16. */
 template <int KD>
-__global__ void __launch_bounds__(128, 3) k_index_scores_mma(kvdesc d, const int32_t *pos, const int32_t *seq, const int32_t *lead,
-                                                      const int32_t *rlen, const float *iq, int ni, int B, int nbmax, int bpc,
+__global__ void __launch_bounds__(128) k_index_scores_mma(kvdesc d, const int32_t *pos, const int32_t *seq, const int32_t *lead,
+                                                      const int32_t *rlen, const float *iq, int ni, int B, int nbmax,
                                                       float *scores, topk_args ta) {
     constexpr int Di = KD * 16, DP = Di + 8; /* rows padded by 16 bytes: ldmatrix conflict-free */
-    extern __shared__ __align__(16) uint16_t ks[]; /* [2][MT * 16][DP] (one buffer when bpc = 1); the fused top-k's rows afterwards */
+    extern __shared__ __align__(16) uint16_t ks[]; /* [MT * 16][DP]; the fused top-k's rows afterwards */
     __shared__ float red[4][8 * RUN_MAX];
-    const int r = blockIdx.y, bfirst = blockIdx.x * bpc, t0 = lead[r], R = rlen[r];
+    const int r = blockIdx.y, blk = blockIdx.x, t0 = lead[r], R = rlen[r];
     const int plast = pos[t0 + R - 1], nb = plast / B + 1;
-    if (bfirst >= nb) return; /* uniform across the CTA */
-    const int nblk = min(bpc, nb - bfirst);
+    if (blk >= nb) return; /* uniform across the CTA */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, tg = lane & 3;
-    const int MT = (B + 15) / 16, sq = seq[t0], cols = R * ni, bufsz = MT * 16 * DP;
+    const int MT = (B + 15) / 16, p0 = blk * B, n = min(B, plast - p0 + 1), sq = seq[t0], cols = R * ni;
     /* how rows load: 1 bf16 by cp.async, 2 FP8 by 16-byte words, 3 NVFP4 by 8-byte words + a scale
      * byte (rows aligned for them), 0 read16 */
     const size_t al = d.irb | d.kvpart | d.page_bytes | (uintptr_t)d.base;
@@ -249,40 +246,35 @@ __global__ void __launch_bounds__(128, 3) k_index_scores_mma(kvdesc d, const int
                    : d.idt == M3_KV_NVFP4 ? ((al & 7) == 0 ? 3 : 0) : 0;
     constexpr int PP = 8; /* 16-value pieces a thread has in flight */
     const int npieces = MT * 16 * KD;
-    /* pass i0 of block blk's rows into buf: fetch() requests them (bf16: cp.async, into buf; FP8 /
-     * NVFP4: the words into raw), put() stores them as bf16 (rows past the block's visible keys:
-     * zeros; other caches: read16 there) */
-    auto row_of = [&](int blk, int j) {
-        const int kp = blk * B + j;
-        return (const uint8_t *)page_of(d, sq, kp) + 2 * d.kvpart + (size_t)(kp % d.page) * d.irb;
-    };
-    auto fetch = [&](int blk, uint16_t *buf, int i0, uint4 (&raw)[PP]) __attribute__((always_inline)) {
-        const int n = min(B, plast - blk * B + 1);
+    for (int i0 = 0; i0 < npieces; i0 += PP * 128) {
+        uint4 raw[PP];
+        const uint8_t *rows[PP];
 #pragma unroll
         for (int u = 0; u < PP; u++) {
             const int i = i0 + u * 128 + tid, j = i / KD, x = (i % KD) * 16;
-            if (i >= npieces || j >= n || ld == 0) continue;
-            const uint8_t *row = row_of(blk, j);
-            uint16_t *dst = buf + j * DP + x;
+            rows[u] = NULL;
+            raw[u] = make_uint4(0, 0, 0, 0);
+            if (i >= npieces || j >= n) continue;
+            const int kp = p0 + j;
+            const uint8_t *row = page_of(d, sq, kp) + 2 * d.kvpart + (size_t)(kp % d.page) * d.irb;
+            rows[u] = row;
+            uint16_t *dst = ks + j * DP + x;
             if (ld == 1) {
                 cp_async16(smem_u32(dst), row + 2 * x);
                 cp_async16(smem_u32(dst + 8), row + 2 * x + 16);
             } else if (ld == 2) {
                 raw[u] = *(const uint4 *)(row + x);
-            } else {
+            } else if (ld == 3) {
                 const uint2 c2 = *(const uint2 *)(row + x / 2);
                 raw[u] = make_uint4(c2.x, c2.y, row[Di / 2 + x / 16], 0);
             }
         }
-    };
-    auto put = [&](int blk, uint16_t *buf, int i0, const uint4 (&raw)[PP]) __attribute__((always_inline)) {
-        const int n = min(B, plast - blk * B + 1);
 #pragma unroll
         for (int u = 0; u < PP; u++) {
             const int i = i0 + u * 128 + tid, j = i / KD, x = (i % KD) * 16;
             if (i >= npieces) continue;
-            uint16_t *dst = buf + j * DP + x;
-            if (j >= n) {
+            uint16_t *dst = ks + j * DP + x;
+            if (!rows[u]) { /* past the block's visible keys: zeros */
                 *(uint4 *)dst = make_uint4(0, 0, 0, 0);
                 *(uint4 *)(dst + 8) = make_uint4(0, 0, 0, 0);
                 continue;
@@ -306,87 +298,68 @@ __global__ void __launch_bounds__(128, 3) k_index_scores_mma(kvdesc d, const int
                     f[2 * h + 1] = v.y * sc;
                 }
             } else {
-                read16(row_of(blk, j), d.idt, Di, x, f);
+                read16(rows[u], d.idt, Di, x, f);
             }
             *(uint4 *)dst = make_uint4(bf2(f[0], f[1]), bf2(f[2], f[3]), bf2(f[4], f[5]), bf2(f[6], f[7]));
             *(uint4 *)(dst + 8) = make_uint4(bf2(f[8], f[9]), bf2(f[10], f[11]), bf2(f[12], f[13]), bf2(f[14], f[15]));
         }
-    };
-    /* a block's rows into buf: bf16 by cp.async (waited for with the commit groups, so the next
-     * block's rows are in flight during this block's products); FP8 / NVFP4 loaded and converted
-     * right away (the SM's other CTAs compute meanwhile: keeping the words in registers across the
-     * products spilled) */
-    auto request = [&](int blk, uint16_t *buf, uint4 (&raw)[PP]) __attribute__((always_inline)) {
-        for (int i0 = 0; i0 < npieces; i0 += PP * 128) {
-            fetch(blk, buf, i0, raw);
-            put(blk, buf, i0, raw);
-        }
-    };
-    uint4 raw[PP];
-    request(bfirst, ks, raw);
+    }
     cp_commit();
-    for (int bi = 0; bi < nblk; bi++) {
-        const int blk = bfirst + bi, p0 = blk * B, n = min(B, plast - p0 + 1);
-        uint16_t *cur = ks + (bi & 1) * bufsz, *nxt = ks + ((bi + 1) & 1) * bufsz;
-        const bool more = bi + 1 < nblk;
-        if (more) request(blk + 1, nxt, raw); /* nxt's last reader (block bi - 1) passed the barrier below */
-        cp_commit();
-        cp_wait<1>(); /* this block's rows (the next block's may still be in flight) */
-        __syncthreads();
-        const uint32_t ks_a = smem_u32(cur);
-        for (int nt = 0; nt * 8 < cols; nt++) {
-            /* B: column nt * 8 + gr = (token, head) of the run, its query's three parts */
-            const int cb = nt * 8 + gr;
-            const float *qr = cb < cols ? iq + ((size_t)(t0 + cb / ni) * ni + cb % ni) * Di : NULL;
-            uint32_t bq[KD][3][2];
+    cp_wait<0>();
+    __syncthreads();
+    const uint32_t ks_a = smem_u32(ks);
+    for (int nt = 0; nt * 8 < cols; nt++) {
+        /* B: column nt * 8 + gr = (token, head) of the run, its query's three parts */
+        const int cb = nt * 8 + gr;
+        const float *qr = cb < cols ? iq + ((size_t)(t0 + cb / ni) * ni + cb % ni) * Di : NULL;
+        uint32_t bq[KD][3][2];
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) {
+            float2 u = make_float2(0.f, 0.f), v = make_float2(0.f, 0.f);
+            if (qr) {
+                u = *(const float2 *)(qr + kk * 16 + 2 * tg);
+                v = *(const float2 *)(qr + kk * 16 + 8 + 2 * tg);
+            }
+            split3(u.x, u.y, &bq[kk][0][0], &bq[kk][1][0], &bq[kk][2][0]);
+            split3(v.x, v.y, &bq[kk][0][1], &bq[kk][1][1], &bq[kk][2][1]);
+        }
+        /* this thread's accumulator columns c0, c0 + 1: key j of the block counts where j <= lim */
+        const int c0 = nt * 8 + 2 * tg;
+        const int lim0 = c0 < cols ? min(pos[t0 + c0 / ni] - p0, n - 1) : -1;
+        const int lim1 = c0 + 1 < cols ? min(pos[t0 + (c0 + 1) / ni] - p0, n - 1) : -1;
+        float best0 = -INFINITY, best1 = -INFINITY;
+        for (int mt = warp; mt < MT && mt * 16 < n; mt += 4) {
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int kk = 0; kk < KD; kk++) {
-                float2 u = make_float2(0.f, 0.f), v = make_float2(0.f, 0.f);
-                if (qr) {
-                    u = *(const float2 *)(qr + kk * 16 + 2 * tg);
-                    v = *(const float2 *)(qr + kk * 16 + 8 + 2 * tg);
-                }
-                split3(u.x, u.y, &bq[kk][0][0], &bq[kk][1][0], &bq[kk][2][0]);
-                split3(v.x, v.y, &bq[kk][0][1], &bq[kk][1][1], &bq[kk][2][1]);
-            }
-            /* this thread's accumulator columns c0, c0 + 1: key j of the block counts where j <= lim */
-            const int c0 = nt * 8 + 2 * tg;
-            const int lim0 = c0 < cols ? min(pos[t0 + c0 / ni] - p0, n - 1) : -1;
-            const int lim1 = c0 + 1 < cols ? min(pos[t0 + (c0 + 1) / ni] - p0, n - 1) : -1;
-            float best0 = -INFINITY, best1 = -INFINITY;
-            for (int mt = warp; mt < MT && mt * 16 < n; mt += 4) {
-                float acc[4] = {0.f, 0.f, 0.f, 0.f};
+                uint32_t a[4];
+                ldmatrix_x4(a, ks_a + (uint32_t)(((mt * 16 + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8) * 2));
 #pragma unroll
-                for (int kk = 0; kk < KD; kk++) {
-                    uint32_t a[4];
-                    ldmatrix_x4(a, ks_a + (uint32_t)(((mt * 16 + (lane & 15)) * DP + kk * 16 + (lane >> 4) * 8) * 2));
-#pragma unroll
-                    for (int pt = 0; pt < 3; pt++) mma_bf16(acc, a, bq[kk][pt][0], bq[kk][pt][1]);
-                }
-                const int ja = mt * 16 + gr, jb = ja + 8;
-                if (ja <= lim0) best0 = fmaxf(best0, acc[0]);
-                if (ja <= lim1) best1 = fmaxf(best1, acc[1]);
-                if (jb <= lim0) best0 = fmaxf(best0, acc[2]);
-                if (jb <= lim1) best1 = fmaxf(best1, acc[3]);
+                for (int pt = 0; pt < 3; pt++) mma_bf16(acc, a, bq[kk][pt][0], bq[kk][pt][1]);
             }
-#pragma unroll
-            for (int o = 4; o < 32; o <<= 1) {
-                best0 = fmaxf(best0, __shfl_xor_sync(0xffffffffu, best0, o));
-                best1 = fmaxf(best1, __shfl_xor_sync(0xffffffffu, best1, o));
-            }
-            if (gr == 0) {
-                red[warp][c0] = best0;
-                red[warp][c0 + 1] = best1;
-            }
+            const int ja = mt * 16 + gr, jb = ja + 8;
+            if (ja <= lim0) best0 = fmaxf(best0, acc[0]);
+            if (ja <= lim1) best1 = fmaxf(best1, acc[1]);
+            if (jb <= lim0) best0 = fmaxf(best0, acc[2]);
+            if (jb <= lim1) best1 = fmaxf(best1, acc[3]);
         }
-        __syncthreads(); /* red is complete, and cur is read */
-        for (int cc = tid; cc < cols; cc += 128) {
-            const int tt = t0 + cc / ni;
-            if (blk > pos[tt] / B) continue; /* a block past this token's own */
-            scores[((size_t)tt * ni + cc % ni) * nbmax + blk] = fmaxf(fmaxf(red[0][cc], red[1][cc]), fmaxf(red[2][cc], red[3][cc]));
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) {
+            best0 = fmaxf(best0, __shfl_xor_sync(0xffffffffu, best0, o));
+            best1 = fmaxf(best1, __shfl_xor_sync(0xffffffffu, best1, o));
+        }
+        if (gr == 0) {
+            red[warp][c0] = best0;
+            red[warp][c0 + 1] = best1;
         }
     }
-    if (!ta.tctr || !last_cta(ta.tctr + r, (nb + bpc - 1) / bpc)) return;
+    __syncthreads();
+    for (int cc = tid; cc < cols; cc += 128) {
+        const int tt = t0 + cc / ni;
+        if (blk > pos[tt] / B) continue; /* a block past this token's own */
+        scores[((size_t)tt * ni + cc % ni) * nbmax + blk] = fmaxf(fmaxf(red[0][cc], red[1][cc]), fmaxf(red[2][cc], red[3][cc]));
+    }
+    if (!ta.tctr || !last_cta(ta.tctr + r, nb)) return;
     /* every block of the run is scored: the top-k of each column, a warp per column */
     for (int cc = warp; cc < cols; cc += 4) {
         const int tt = t0 + cc / ni, g = cc % ni, qb = pos[tt] / B;
@@ -435,17 +408,9 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
     if (mma_on < 0) mma_on = m3_cu_env_int("M3_INDEX_MMA", 1) != 0;
     const int KD = kv->Di / 16;
     if (mma_on && kv->Di % 16 == 0 && (KD == 2 || KD == 4 || KD == 8) && kv->idt != M3_KV_F32) {
-        /* on the tensor cores, a CTA per (bpc blocks, run): bpc > 1 (two row buffers, the next block
-         * requested before this one's products) where that still leaves ~4 waves of 3 CTAs an SM */
+        /* on the tensor cores, a CTA per (block, run) */
         const size_t mt = (size_t)(block + 15) / 16; /* 16-key tiles of a block */
-        const size_t buf = sizeof(uint16_t) * mt * 16 * (size_t)(kv->Di + 8);
-        static int bpc_env = -1; /* M3_INDEX_BPC=n: n blocks a CTA (measurements) */
-        if (bpc_env < 0) bpc_env = m3_cu_env_int("M3_INDEX_BPC", 0);
-        int bpc = (int)((size_t)nbmax * c->n_runs / ((size_t)c->sm_count * 12));
-        if (bpc > 4) bpc = 4;
-        if (bpc_env > 0) bpc = bpc_env;
-        if (bpc < 1 || 2 * buf > (size_t)c->smem_optin) bpc = 1;
-        size_t sm = bpc > 1 ? 2 * buf : buf;
+        size_t sm = sizeof(uint16_t) * mt * 16 * (size_t)(kv->Di + 8);
         const int cols = c->max_run * ni;
         const size_t tsm = sizeof(float) * (size_t)cols * nbmax + sizeof(int) * (size_t)cols * topk;
         topk_args ta = {NULL, topk, local, init, sel};
@@ -453,7 +418,7 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
             ta.tctr = ctr_aux(c, CTR_AUX_TOK);
             if (tsm > sm) sm = tsm;
         }
-        void (*fn)(kvdesc, const int32_t *, const int32_t *, const int32_t *, const int32_t *, const float *, int, int, int, int, float *,
+        void (*fn)(kvdesc, const int32_t *, const int32_t *, const int32_t *, const int32_t *, const float *, int, int, int, float *,
                    topk_args) = KD == 2 ? k_index_scores_mma<2> : KD == 4 ? k_index_scores_mma<4> : k_index_scores_mma<8>;
         if (sm > (size_t)c->smem_optin) {
             m3_cu_failf(c, "CUDA backend: the indexer needs %zu bytes of shared memory (blocks of %d keys)", sm, block);
@@ -461,8 +426,7 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
             return;
         }
         if (sm > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-        fn<<<dim3((unsigned)cdiv(nbmax, bpc), c->n_runs), 128, sm, c->st>>>(d, c->d_pos, c->d_seq, c->d_lead, c->d_rlen, iq, ni, block,
-                                                                           nbmax, bpc, scores, ta);
+        fn<<<dim3(nbmax, c->n_runs), 128, sm, c->st>>>(d, c->d_pos, c->d_seq, c->d_lead, c->d_rlen, iq, ni, block, nbmax, scores, ta);
         if (ta.tctr) {
             CK_LAUNCH(c, "index_scores (tensor cores) + top-k");
             m3_cu_prof_end(c, OP_INDEX);

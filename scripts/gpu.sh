@@ -218,7 +218,7 @@ if [ -n "$CSB" ]; then
   [ -x "$BIN/bench_cuda_moe" ] && run $CS "$BIN/bench_cuda_moe" --ragged
   # the indexer at a verify pass (8 x 8 tokens: runs of 8) and the DSpark draft's attention (chunked from 512 keys)
   [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=2 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
-  # ... and the attention's register-staged caches (FP8, NVFP4: K / V converted from words held across the math)
+  # ... and the FP8 / NVFP4 caches (attention: words loaded, converted to bf16 in shared memory; the indexer likewise)
   for kvd in fp8 nvfp4; do
     [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=2 M3_BENCH_KV=$kvd M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
   done

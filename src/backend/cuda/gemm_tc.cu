@@ -8,7 +8,8 @@
  * bf16 x goes through shared memory in the wgmma's canonical layout.
  *
  * CTA tile: 128 weight rows x BN tokens (BN = 128, or 16 / 32 / 64 for fewer tokens: the
- * smallest that holds them; MoE tiles by the average expert's rows), K in blocks of 128.
+ * smallest that holds them; MoE tiles by the average expert's rows, and with 128 a 64-row tile for
+ * an expert's last rows where that holds them: moe.cu), K in blocks of 128.
  * 384 threads: warps 4-11 are two consumer warpgroups of 64 rows each
  * (warp w of a consumer group owns one 16-row tile of the backend's tiled layout); warps 0-3
  * (warpgroup 0) are the producers. Grid: one CTA per output tile, the
@@ -17,8 +18,10 @@
  * Pipeline: STAGES shared-memory stages (BN 128: BF16 3, MXFP8 4, NVFP4 5; BN 64: 4, 6, 8),
  * each holding one 128-wide K block: x (BN x 128 bf16), the raw weight bytes of the 128 rows
  * and their scales. The 4 producer warps fill a stage with 1-D bulk copies (cp.async.bulk ...
- * mbarrier::complete_tx; no tensor maps: the tiled weight layout is already made of contiguous
- * runs), a quarter of the copies each (a warp issues its lanes' copies one after another), on a
+ * mbarrier::complete_tx; the tiled MXFP8 / NVFP4 layout is already made of contiguous runs), BF16
+ * weights (row-major: one 256-byte run a row) by two tensor-map copies of 128 rows x 64 values,
+ * 128-byte swizzled (128 row copies a stage made the producers the bottleneck: the lm_head ran at
+ * 39% of the BF16 peak), a quarter of the copies each (a warp issues its lanes' copies one after another), on a
  * full barrier (one arrive.expect_tx per producer warp); consumer warps release it on
  * an empty barrier once the wgmmas that read it have completed. Per K block a consumer does two
  * halves of 4 k16 steps: expand the half's A fragments into registers, wgmma.fence, 4 x wgmma
@@ -54,6 +57,8 @@
  * Taken: BF16 row-major, MXFP8 / NVFP4 tiled (N % 16 == 0, K % 128 == 0), K % 128 == 0; any
  * T and N (ragged tiles are masked: rows / tokens past the end are never stored, and the
  * staged x is zero-padded to 64 tokens). */
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -103,13 +108,17 @@ struct gemm_args {
     float gmul;
     /* MoE grouped mode (m3_cu_gemm_tc_moe): 0 off; 1 gate + up of each tile's expert with
      * SwiGLU-OAI (a CTA's rows: 64 gate rows and the same 64 up rows; y = h [T][N = F]); 2 down
-     * (y rows scattered by rowmap). Tiles of BN staged rows belong to one expert: grp_e[g] is
-     * the expert of staged rows 64 g .. 64 g + 63 (-1: none), ngrp[0] the groups in use. */
+     * (y rows scattered by rowmap). Token tile tt is tiles[2 tt] (its first staged row) of expert
+     * tiles[2 tt + 1], for tt < ntile[0] (gemm_tc.h). */
     int mode;
     const m3_mlp_w *tab;
-    const int *grp_e, *ngrp, *rowmap;
+    const int *tiles, *ntile, *rowmap;
     float alpha, limit;
     int spread; /* producer copies dealt round-robin over the 4 producer warps (launch_args; M3_GEMM_TC_SPREAD=0: in order) */
+    /* BF16 linears (mode 0): a stage's 128 x 128 weights as two tensor-map copies of 128 rows x 64
+     * values with the 128-byte swizzle (tma set), instead of 128 row copies of 256 bytes */
+    int tma;
+    CUtensorMap tmap;
 };
 
 /* ------------------------------------------------------------------ PTX wrappers */
@@ -144,6 +153,12 @@ static __device__ __forceinline__ void mb_wait(uint32_t bar, uint32_t parity) {
 static __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                  "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+/* a 2-D box of the tensor map at (c0 innermost, c1) -> shared dst (1024-aligned for the swizzle), completing on bar */
+static __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
 static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -270,7 +285,7 @@ struct raw_frag {
 };
 /* shared-memory loads by 32-bit shared address: ptx.cuh */
 template <int FMT>
-static __device__ __forceinline__ void load_raw(uint32_t W, uint32_t S, int i, int g, int t, int h, raw_frag &r) {
+static __device__ __forceinline__ void load_raw(uint32_t W, uint32_t S, int i, int g, int t, int h, raw_frag &r, bool sw = false) {
     if (FMT == M3_WF_MXFP8) {
         /* tile i: [unit 4][16 rows][32 bytes], unit u at u*512 + pad(u), pad = 0, 16, 64, 80 (the
          * 16-byte loads of lanes g = 0, 1 x t = 0..3 then hit 8 different bank groups) */
@@ -286,6 +301,15 @@ static __device__ __forceinline__ void load_raw(uint32_t W, uint32_t S, int i, i
         r.a = make_uint4(q0.x, q0.y, q1.x, q1.y);
         r.s0 = lds8(S + i * 128 + g * 8 + 2 * t + h);
         r.s1 = lds8(S + i * 128 + (g + 8) * 8 + 2 * t + h);
+    } else if (sw) {
+        /* two boxes [128 rows][128 bytes] (columns 0-63, 64-127), 16-byte chunk q of row r at q ^ (r % 8):
+         * physical columns 32t + 16h .. + 15 are box t / 2, chunks 4 (t % 2) + 2h and the next */
+        const int q = 4 * (t & 1) + 2 * h;
+        const uint32_t r0 = W + (t >> 1) * 16384 + (i * 16 + g) * 128, r1 = r0 + 8 * 128;
+        r.a = lds128(r0 + ((q ^ g) << 4));
+        r.b = lds128(r0 + (((q + 1) ^ g) << 4));
+        r.c = lds128(r1 + ((q ^ g) << 4));
+        r.d = lds128(r1 + (((q + 1) ^ g) << 4));
     } else {
         /* rows of 128 bf16 (256 bytes, padded to BF_ROW) */
         const uint32_t r0 = W + (i * 16 + g) * BF_ROW + 64 * t + 32 * h, r1 = r0 + 8 * BF_ROW;
@@ -361,7 +385,7 @@ template <> __device__ __forceinline__ void wgmma_bn<128>(float (&d)[64], const 
 
 /* CPS: CTAs an SM holds (2: fewer stages and at most 80 registers a thread, for the small token
  * tiles, whose CTAs wait on latency: M3_GEMM_TC_CPS=2, an experiment for now) */
-template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const gemm_args p) {
+template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant__ gemm_args p) {
     constexpr int STAGES = n_stages(FMT, BN, CPS), STAGE = stage_bytes(FMT, BN);
     constexpr int XB = BN * 256, WB = w_bytes(FMT);
     extern __shared__ uint8_t smem_raw[];
@@ -378,7 +402,8 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
     const int per_group = 8 * p.nt, grp = tile / per_group, first = grp * 8;
     const int gsz = p.nm - first < 8 ? p.nm - first : 8, in = tile % per_group;
     const int mt = first + in % gsz, tt = in / gsz;
-    const int n0 = mt * BM, tok0 = tt * BN;
+    const int n0 = mt * BM;
+    int tok0 = tt * BN;
     const int KB = p.K / BK, kb0 = (int)((long)ks * KB / p.ksplit), NK = (int)((long)(ks + 1) * KB / p.ksplit) - kb0;
 
     /* the weights: W (all rows), or MoE: the tile's expert's gate (rows 0-63) and up (64-127),
@@ -386,9 +411,9 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
     const uint8_t *pw = p.w, *ps = p.s, *pw2 = NULL, *ps2 = NULL;
     float gm_lo = p.gmul, gm_hi = p.gmul;
     if (p.mode) {
-        const int gi = tok0 / BN; /* the tile's expert (tiles of BN staged rows) */
-        if (gi >= __ldg(p.ngrp + 1)) return;
-        const int e = __ldg(p.grp_e + gi);
+        if (tt >= __ldg(p.ntile)) return; /* past the tiles in use */
+        tok0 = __ldg(p.tiles + 2 * tt);
+        const int e = __ldg(p.tiles + 2 * tt + 1);
         if (e < 0) return;
         const m3_linear *W = p.mode == 1 ? &p.tab[e].gate : &p.tab[e].down;
         pw = W->w;
@@ -427,7 +452,8 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
         const int ng = BN < 64 ? 1 : t64 - g0 < BN / 64 ? t64 - g0 : BN / 64, nx = 2 * ng;
         constexpr uint32_t XCOPY = BN < 64 ? BN * 128 : XPIECE;
         const size_t xoff = BN < 64 ? (size_t)(tok0 % 64) * 128 : 0;
-        const int nw = FMT == M3_WF_MXFP8 ? tiles * 5 : FMT == M3_WF_NVFP4 ? tiles * 2 : rows, total = nx + nw;
+        const bool tma = FMT == M3_WF_BF16 && p.tma;
+        const int nw = FMT == M3_WF_MXFP8 ? tiles * 5 : FMT == M3_WF_NVFP4 ? tiles * 2 : tma ? 2 : rows, total = nx + nw;
         const size_t tstride = 16 * p.row_bytes, sstride = 16 * p.scale_row;
         /* 16-row tile i of the CTA (values, scales), and row c (BF16) */
         auto wtile = [&](int i) -> const uint8_t * {
@@ -447,7 +473,7 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
                 const int c = q - nx;
                 if (FMT == M3_WF_MXFP8) mine += c < 4 * tiles ? 512 : 64;
                 else if (FMT == M3_WF_NVFP4) mine += c < tiles ? 1024 : 128;
-                else mine += 256;
+                else mine += tma ? 16384 : 256; /* a box counts whole, rows past N included (zeros) */
             }
         }
         const uint32_t wbytes = __reduce_add_sync(0xffffffffu, mine);
@@ -482,6 +508,8 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
                         const int i = c - tiles;
                         bulk_g2s(smem_u32(Sd + i * 128), stile(i) + (size_t)kb * 128, 128, full);
                     }
+                } else if (tma) {
+                    tma_2d(smem_u32(Wd + c * 16384), &p.tmap, kb * BK + 64 * c, n0, full);
                 } else {
                     bulk_g2s(smem_u32(Wd + c * BF_ROW), wrow(c) + (size_t)kb * 256, 256, full);
                 }
@@ -500,7 +528,8 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
     r.c = r.d = make_uint4(0, 0, 0, 0);
     mb_wait(full0, 0);
     const uint32_t sm0 = smem_u32(smem); /* the stages' shared addresses (see lds128) */
-    load_raw<FMT>(sm0 + XB, sm0 + XB + WB, i, g, t, 0, r);
+    const bool sw = FMT == M3_WF_BF16 && p.tma;
+    load_raw<FMT>(sm0 + XB, sm0 + XB + WB, i, g, t, 0, r, sw);
     if (FMT == M3_WF_BF16) {
         /* BF16 has nothing to expand: its raw loads are the wgmma's A registers, so it waits
          * for each half's wgmmas before loading the next (loads into registers of an in-flight
@@ -521,11 +550,11 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
                 pin_f32(acc);
                 pin_u32(a0);
                 if (h == 0) {
-                    load_raw<FMT>(sm0 + st * STAGE + XB, sm0 + st * STAGE + XB + WB, i, g, t, 1, r);
+                    load_raw<FMT>(sm0 + st * STAGE + XB, sm0 + st * STAGE + XB + WB, i, g, t, 1, r, sw);
                 } else if (kb + 1 < NK) {
                     const int sn = (kb + 1) % STAGES;
                     mb_wait(full0 + 8 * sn, ((kb + 1) / STAGES) & 1);
-                    load_raw<FMT>(sm0 + sn * STAGE + XB, sm0 + sn * STAGE + XB + WB, i, g, t, 0, r);
+                    load_raw<FMT>(sm0 + sn * STAGE + XB, sm0 + sn * STAGE + XB + WB, i, g, t, 0, r, sw);
                 }
             }
             __syncwarp();
@@ -707,6 +736,32 @@ static int two_per_sm(void) {
     return v;
 }
 
+/* The driver's cuTensorMapEncodeTiled, reached through the runtime (no link to libcuda); NULL where the
+ * driver has none. M3_GEMM_TC_TMA=0: BF16 weights by row copies (measurements). */
+static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled(void) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = []() -> PFN_cuTensorMapEncodeTiled_v12000 {
+        const char *e = getenv("M3_GEMM_TC_TMA");
+        if (e && !strcmp(e, "0")) return NULL;
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            return NULL;
+        return (PFN_cuTensorMapEncodeTiled_v12000)f;
+    }();
+    return fn;
+}
+/* a BF16 row-major W as a tensor map of boxes of 128 rows x 64 values, 128-byte swizzled (what the
+ * kernel's swizzled loads read); 0 where it cannot be made */
+static int bf16_tmap(const m3_linear *W, CUtensorMap *m) {
+    const PFN_cuTensorMapEncodeTiled_v12000 enc = encode_tiled();
+    if (!enc || ((uintptr_t)W->w & 15) || W->row_bytes % 16 || W->N < BM) return 0;
+    const cuuint64_t dim[2] = {(cuuint64_t)W->K, (cuuint64_t)W->N}, stride[1] = {(cuuint64_t)W->row_bytes};
+    const cuuint32_t box[2] = {64, BM}, es[2] = {1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)W->w, dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <int FMT, int BN, int CPS = 1>
 static int launch(cudaStream_t st, const m3_linear *W, const void *xs, int T, float *y, int ksplit, float *part, m3_err *err) {
     gemm_args a;
@@ -725,6 +780,7 @@ static int launch(cudaStream_t st, const m3_linear *W, const void *xs, int T, fl
     a.nm = (W->N + BM - 1) / BM;
     a.nt = (T + BN - 1) / BN;
     a.gmul = W->gmul;
+    if (FMT == M3_WF_BF16) a.tma = bf16_tmap(W, &a.tmap);
     return launch_args<FMT, BN, CPS>(st, a, err);
 }
 
@@ -852,23 +908,24 @@ extern "C" int m3_cu_gemm_tc_moe_ok(const m3_mlp_w *e0) {
            g->scale_row == u->scale_row && g->N % 64 == 0 && d->K == g->N;
 }
 
-extern "C" int m3_cu_gemm_tc_stage_x_map(void *stream, const float *x, int rows, int K, const int *map, const int *ngrp,
+extern "C" int m3_cu_gemm_tc_stage_x_map(void *stream, const float *x, int rows, int K, const int *map, const int *cnt,
                                          void *xs, m3_err *err) {
     if (rows < 1 || K < BK || K % BK) return m3_errf(err, "gemm_tc: staging x of %d x %d", rows, K);
     const size_t n = m3_cu_gemm_tc_xbytes(rows, K) / 16;
     size_t blocks = (n + 255) / 256;
     if (blocks > 132 * 16) blocks = 132 * 16;
-    k_stage_x<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(x, rows, K, (uint4 *)xs, n, map, ngrp);
+    k_stage_x<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(x, rows, K, (uint4 *)xs, n, map, cnt);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return m3_errf(err, "gemm_tc: staging x: %s", cudaGetErrorString(e));
     return 0;
 }
 
 extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, const m3_mlp_w *e0, int bn, const void *xs,
-                                 int rows, const int *grp_e, const int *ngrp, const int *rowmap, float alpha, float limit,
-                                 float *y, m3_err *err) {
-    if (!m3_cu_gemm_tc_moe_ok(e0) || (bn != 16 && bn != 32 && bn != 64 && bn != 128) || rows < 1 || rows % 64)
-        return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows) not taken", m3_wfmt_name(e0->gate.fmt), bn, rows);
+                                 int rows, const int *tiles, int maxa, int maxb, const int *cnt, const int *rowmap, float alpha,
+                                 float limit, float *y, m3_err *err) {
+    if (!m3_cu_gemm_tc_moe_ok(e0) || (bn != 16 && bn != 32 && bn != 64 && bn != 128) || rows < 1 || rows % 64 || maxa < 0 ||
+        maxb < 0 || (maxb && bn != 128))
+        return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows, %d tails) not taken", m3_wfmt_name(e0->gate.fmt), bn, rows, maxb);
     const m3_linear *W = part == 2 ? &e0->down : &e0->gate;
     gemm_args a;
     memset(&a, 0, sizeof a);
@@ -880,13 +937,10 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
     a.K = W->K;
     a.T = rows;
     a.nm = part == 2 ? (W->N + BM - 1) / BM : W->N / 64;
-    a.nt = rows / bn;
     a.ksplit = 1;
     a.gmul = 1.0f;
     a.mode = part == 2 ? 2 : 1;
     a.tab = tab;
-    a.grp_e = grp_e;
-    a.ngrp = ngrp;
     a.rowmap = rowmap;
     a.alpha = alpha;
     a.limit = limit;
@@ -894,10 +948,23 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
 #define MOE_BN(F) (bn == 16 ? (two_per_sm() ? launch_args<F, 16, 2>(st, a, err) : launch_args<F, 16>(st, a, err))        \
                    : bn == 32 ? (two_per_sm() ? launch_args<F, 32, 2>(st, a, err) : launch_args<F, 32>(st, a, err)) \
                    : bn == 64 ? launch_args<F, 64>(st, a, err) : launch_args<F, 128>(st, a, err))
-    switch (W->fmt) {
-    case M3_WF_BF16: return MOE_BN(M3_WF_BF16);
-    case M3_WF_MXFP8: return MOE_BN(M3_WF_MXFP8);
-    default: return MOE_BN(M3_WF_NVFP4);
+    /* the full tiles, then the tails (64-row tiles) */
+    for (int pass = 0; pass < 2; pass++) {
+        a.nt = pass ? maxb : maxa;
+        if (a.nt < 1) continue;
+        a.tiles = tiles + (pass ? 2 * (size_t)maxa : 0);
+        a.ntile = cnt + 1 + pass;
+        const int b = bn;
+        if (pass) bn = 64;
+        int rc;
+        switch (W->fmt) {
+        case M3_WF_BF16: rc = MOE_BN(M3_WF_BF16); break;
+        case M3_WF_MXFP8: rc = MOE_BN(M3_WF_MXFP8); break;
+        default: rc = MOE_BN(M3_WF_NVFP4); break;
+        }
+        bn = b;
+        if (rc) return rc;
     }
 #undef MOE_BN
+    return 0;
 }

@@ -325,14 +325,19 @@ static int linear_bf16_blas(m3_cuda *c, const m3_linear *W, const float *x, int 
     return 0;
 }
 
-/* precision bf16, M3_GEMM_TC_MIN (32) tokens or more: the wgmma GEMM (gemm_tc.cu) for every W it
+/* precision bf16, M3_GEMM_TC_MIN (32) tokens or more (BF16 weights: 9 or more): the wgmma GEMM (gemm_tc.cu) for every W it
  * takes, x staged (rounded to bf16) once for all of them (H200, M3.1-Flash shapes, 64 tokens: 2.2-4.2x
  * the tensor-core GEMV, which reads the weights once per 8 tokens). 1 when done (or failed:
  * c->failed), 0 not this path. */
 static int linear_tc(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y, int any_t = 0) {
     static int tmin = -1;
     if (tmin < 0) tmin = m3_cu_env_int("M3_GEMM_TC_MIN", 32);
-    if (!c->gemm_bf16 || T < 1 || (T < tmin && !any_t)) return 0;
+    /* BF16 weights from 9 tokens too: gemm_ft takes the other formats there, and BF16 had only the
+     * dequantizing SGEMM below (H200, 8192 x 6144 at 16 tokens: 327 us against 41 us here; the
+     * lm_head at decode batches of 9-31 and small verify passes) */
+    int bf16 = T > 8;
+    for (int i = 0; i < n; i++) bf16 = bf16 && W[i]->fmt == M3_WF_BF16;
+    if (!c->gemm_bf16 || T < 1 || (T < tmin && !any_t && !bf16)) return 0;
     for (int i = 0; i < n; i++)
         if (!m3_cu_gemm_tc_ok(W[i], T) || W[i]->K != W[0]->K) return 0;
     size_t xb = m3_cu_gemm_tc_xbytes(T, W[0]->K);

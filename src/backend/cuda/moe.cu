@@ -195,46 +195,69 @@ typedef struct moe_post {
 
 /* The slots' layout for the grouped GEMMs (DeepGEMM's "contiguous layout"): the S = T * K
  * (token, expert) slots sorted by expert into staged rows, each expert's rows contiguous from
- * off[e] and padded to the tile bn. One block: counts (shared atomics), the padded prefix sums,
- * then each slot takes the next row of its expert. map[r]: the token of staged row r, rowmap[r]
- * its slot (t K + k), both -1 for padding; grp_e[g]: the expert of rows bn g .. bn g + bn - 1;
- * ngrp[0]: the groups of 64 rows in use (staging), ngrp[1]: the tiles of bn rows in use. The order of an expert's rows follows the atomics (not fixed), but
- * no result depends on it: each row's sums are computed alone and land at its slot. */
-__global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int S, int K, int E, int bn, int *map,
-                                                        int *rowmap, int *grp_e, int *ngrp) {
+ * off[e] and padded to unit (the tile bn, or bn / 2 with tails: gemm_tc.h). One block: counts
+ * (shared atomics), the padded prefix sums, then each slot takes the next row of its expert.
+ * map[r]: the token of staged row r, rowmap[r] its slot (t K + k), both -1 for padding; tiles:
+ * the full tiles of bn rows (maxa places) then the tails of bn / 2 (maxb places), each {first row,
+ * expert}, in expert order; cnt[0]: the groups of 64 rows in use (staging), cnt[1] / cnt[2] the
+ * full tiles / tails. The order of an expert's rows follows the atomics (not fixed), but no result
+ * depends on it: each row's sums are computed alone and land at its slot. */
+__global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int S, int K, int E, int bn, int unit, int maxa,
+                                                        int *map, int *rowmap, int *tiles, int *cnt) {
     extern __shared__ int lsm[];
-    int *cnt = lsm, *off = lsm + E, *fill = off + E + 1;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = fill[e] = 0;
+    int *num = lsm, *off = lsm + E, *fill = off + E + 1, *toff = fill + E, *xoff = toff + E + 1;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) num[e] = fill[e] = 0;
     __syncthreads();
     for (int s = threadIdx.x; s < S; s += blockDim.x) {
         const int e = pick[s];
-        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+        if (e >= 0 && e < E) atomicAdd(&num[e], 1);
     }
     __syncthreads();
-    if (threadIdx.x < 32) { /* padded prefix sums, a warp scan per 32 experts */
-        int base = 0;
+    if (threadIdx.x < 32) { /* prefix sums of the padded rows, the full tiles and the tails, a warp scan per 32 experts */
+        int base = 0, tbase = 0, xbase = 0;
         for (int e0 = 0; e0 < E; e0 += 32) {
             const int e = e0 + threadIdx.x;
-            const int v = e < E ? (cnt[e] + bn - 1) / bn * bn : 0;
-            int inc = v;
+            const int v = e < E ? (num[e] + unit - 1) / unit * unit : 0, tv = v / bn, xv = (v % bn) / unit;
+            int inc = v, tinc = tv, xinc = xv;
             for (int d = 1; d < 32; d *= 2) {
-                const int o = __shfl_up_sync(0xffffffffu, inc, d);
-                if ((int)threadIdx.x >= d) inc += o;
+                const int o = __shfl_up_sync(0xffffffffu, inc, d), to = __shfl_up_sync(0xffffffffu, tinc, d),
+                          xo = __shfl_up_sync(0xffffffffu, xinc, d);
+                if ((int)threadIdx.x >= d) {
+                    inc += o;
+                    tinc += to;
+                    xinc += xo;
+                }
             }
-            if (e < E) off[e] = base + inc - v;
+            if (e < E) {
+                off[e] = base + inc - v;
+                toff[e] = tbase + tinc - tv;
+                xoff[e] = xbase + xinc - xv;
+            }
             base += __shfl_sync(0xffffffffu, inc, 31);
+            tbase += __shfl_sync(0xffffffffu, tinc, 31);
+            xbase += __shfl_sync(0xffffffffu, xinc, 31);
         }
         if (threadIdx.x == 0) {
             off[E] = base;
-            ngrp[0] = (base + 63) / 64;
-            ngrp[1] = base / bn;
+            cnt[0] = (base + 63) / 64;
+            cnt[1] = tbase;
+            cnt[2] = xbase;
         }
     }
     __syncthreads();
     const int used = off[E];
     for (int r = threadIdx.x; r < (used + 63) / 64 * 64; r += blockDim.x) map[r] = rowmap[r] = -1;
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
-        for (int g = off[e] / bn; g < off[e + 1] / bn; g++) grp_e[g] = e;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const int v = off[e + 1] - off[e], full = v / bn;
+        for (int i = 0; i < full; i++) {
+            tiles[2 * (toff[e] + i)] = off[e] + bn * i;
+            tiles[2 * (toff[e] + i) + 1] = e;
+        }
+        if (v % bn) { /* a tail (only with unit < bn) */
+            tiles[2 * (maxa + xoff[e])] = off[e] + bn * full;
+            tiles[2 * (maxa + xoff[e]) + 1] = e;
+        }
+    }
     __syncthreads();
     for (int s = threadIdx.x; s < S; s += blockDim.x) {
         const int e = pick[s];
@@ -278,29 +301,34 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     int bn = m3_cu_env_int("M3_MOE_TC_BN", 0);
     if (bn != 16 && bn != 32 && bn != 64 && bn != 128)
         bn = S >= 64LL * E ? 128 : S >= 32LL * E ? 64 : S >= 16LL * E ? 32 : 16;
+    /* 128-row tiles with 64-row tails: an expert's rows padded to 64, its last 64 a tile of their own
+     * where it has them (4096 tokens, 256 +- 16 slots an expert: 288 rows computed an expert instead
+     * of 320; M3_MOE_TC_TAIL=0: padded to 128) */
+    const int unit = bn == 128 && m3_cu_env_int("M3_MOE_TC_TAIL", 1) ? 64 : bn;
     const long long nz = S < E ? S : E;
-    const int rows = (int)((S + nz * (bn - 1) + 63) / 64 * 64);
+    const int rows = (int)((S + nz * (unit - 1) + 63) / 64 * 64), maxa = rows / bn, maxb = unit < bn ? (int)nz : 0;
     m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
     int32_t *pick;
     float *wt;
     if (m3_cu_route(c, L, x, T, E, K, routed_scale, &pick, &wt)) return 1;
     if (c->count_experts) count_experts(c, pick, (int)S, E);
-    int *map = (int *)m3_cu_scratch(c, SC_IDX, sizeof(int) * ((size_t)rows * 2 + rows / 16 + 64));
+    int *map = (int *)m3_cu_scratch(c, SC_IDX, sizeof(int) * ((size_t)rows * 2 + 2 * ((size_t)maxa + maxb) + 64));
     void *xs = m3_cu_scratch(c, SC_GEMM_X, m3_cu_gemm_tc_xbytes(rows, H));
     float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * ((size_t)rows * F + (size_t)S * H));
     void *hs = m3_cu_scratch(c, SC_DEQ, m3_cu_gemm_tc_xbytes(rows, F));
     if (!map || !xs || !h || !hs) return 1;
-    int *rowmap = map + rows, *grp_e = rowmap + rows, *ngrp = grp_e + rows / 16;
+    int *rowmap = map + rows, *tiles = rowmap + rows, *cnt = tiles + 2 * ((size_t)maxa + maxb);
     float *ye = h + (size_t)rows * F;
     m3_cu_xsplit_touch(c, h, sizeof(float) * ((size_t)rows * F + (size_t)S * H));
     const m3_mlp_w *tab = (const m3_mlp_w *)L->backend;
     m3_err err;
-    k_moe_tc_layout<<<1, 1024, sizeof(int) * (3 * (size_t)E + 1), c->st>>>(pick, (int)S, K, E, bn, map, rowmap, grp_e, ngrp);
+    k_moe_tc_layout<<<1, 1024, sizeof(int) * (5 * (size_t)E + 2), c->st>>>(pick, (int)S, K, E, bn, unit, maxa, map, rowmap,
+                                                                             tiles, cnt);
     if (CK_LAUNCH(c, "moe layout")) return 1;
-    if (m3_cu_gemm_tc_stage_x_map(c->st, x, rows, H, map, ngrp, xs, &err) ||
-        m3_cu_gemm_tc_moe(c->st, 0, tab, e0, bn, xs, rows, grp_e, ngrp, NULL, alpha, limit, h, &err) ||
-        m3_cu_gemm_tc_stage_x_map(c->st, h, rows, F, NULL, ngrp, hs, &err) ||
-        m3_cu_gemm_tc_moe(c->st, 2, tab, e0, bn, hs, rows, grp_e, ngrp, rowmap, alpha, limit, ye, &err)) {
+    if (m3_cu_gemm_tc_stage_x_map(c->st, x, rows, H, map, cnt, xs, &err) ||
+        m3_cu_gemm_tc_moe(c->st, 0, tab, e0, bn, xs, rows, tiles, maxa, maxb, cnt, NULL, alpha, limit, h, &err) ||
+        m3_cu_gemm_tc_stage_x_map(c->st, h, rows, F, NULL, cnt, hs, &err) ||
+        m3_cu_gemm_tc_moe(c->st, 2, tab, e0, bn, hs, rows, tiles, maxa, maxb, cnt, rowmap, alpha, limit, ye, &err)) {
         m3_cu_failf(c, "moe (grouped GEMMs): %s", err.msg);
         return 1;
     }

@@ -143,6 +143,10 @@ run "$BIN/bench_cuda_linear"
 # the experiment of two CTAs an SM for the token tiles of 16 / 32 (M3_GEMM_TC_CPS=2): checked, and timed beside the above
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_CPS=2 run "$BIN/bench_cuda_gemm" --quick
 [ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_CPS=2 run "$BIN/bench_cuda_moe" --quick
+# the paths the defaults no longer take: BF16 weights by row copies (not tensor-map boxes), the MoE's
+# experts padded to whole 128-row tiles (no 64-row tails)
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_TMA=0 run "$BIN/bench_cuda_gemm" --ragged
+[ -x "$BIN/bench_cuda_moe" ] && M3_MOE_TC_TAIL=0 run "$BIN/bench_cuda_moe" --quick
 
 fi
 if want 4; then

@@ -5,6 +5,7 @@
 
 #include "../backend/cpu/cpu.h"
 #include "../engine/engine.h"
+#include "../base/clock.h"
 #include "../base/fault.h"
 #include "../kv/kv.h"
 #include "../server/openai.h"
@@ -18,7 +19,7 @@ static const char *usage =
     "usage: m3 serve DIR | -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME [NAME...]]\n"
     "                [--chat-template FILE|TEXT]\n"
     "                [--threads N] [--kv-cache-memory BYTES | --gpu-memory-utilization F] [--max-num-seqs N]\n"
-    "                [--max-num-batched-tokens N]\n"
+    "                [--max-num-batched-tokens N] [--warmup-tokens N]\n"
     "                [--max-model-len N] [--sample-threads N] [--grammar-threads N] [--speculative-config JSON] [--draft DIR]\n"
     "                [--kv-cache-dtype auto|f32|bf16|fp8|nvfp4] [--index-cache-dtype DTYPE]\n"
     "                [--max-waiting N] [--shutdown-timeout SECONDS] [--max-body BYTES] [--max-header-bytes BYTES]\n"
@@ -32,6 +33,9 @@ static const char *usage =
     "  --max-num-seqs N  sequences the engine runs at once (default 64)\n"
     "  --max-num-batched-tokens N  tokens of one step, prefill chunks included (default 4096 on the GPU, where\n"
     "                   large prefill chunks keep the tensor cores busy; 512 on the CPU)\n"
+    "  --warmup-tokens N  before listening, one step of N prompt tokens (at most a step) and a decode, not\n"
+    "                   counted and not cached: the first requests then find the step buffers sized and the\n"
+    "                   kernels loaded (default: --max-num-batched-tokens on the GPU, 0 on the CPU; 0: none)\n"
     "  --precision P    GEMM inputs: bf16 (rounded to bf16; the GPU's tensor-core path) or exact (f32); default\n"
     "                   bf16 on the GPU, exact on the CPU ($M3_PRECISION sets the default)\n"
     "  --disable-log-requests  no line per request on stderr (--enable-log-requests, the default, keeps them)\n"
@@ -123,7 +127,7 @@ static int vision_setup(m3_vision *vis, m3_model *m, m3_ops *ops, const char *di
 
 int m3_cmd_serve(int argc, char **argv) {
     const char *dir = NULL, *names[17] = {0}, *chat_tmpl = NULL, *spec_json = NULL, *draft_dir = NULL, *kvd = NULL, *ikd = NULL;
-    long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, mml = 0, waiting = -1, grace = -1, body = 0, sthreads = 0, gthreads = -1;
+    long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, warm = -1, mml = 0, waiting = -1, grace = -1, body = 0, sthreads = 0, gthreads = -1;
     long hdr = 0, tmo = -1, tpn = 1, imgmem = -1, maxconn = -1;
     double util = 0.9;
     const char *moe_split = NULL;
@@ -200,6 +204,7 @@ int m3_cmd_serve(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--max-num-seqs")) r = m3_cli_int(a, V, 1, 1 << 16, &seqs, &err);
         else if (!strcmp(a, "--max-num-batched-tokens")) r = m3_cli_size(a, V, 1, 1 << 24, &batched, &err);
+        else if (!strcmp(a, "--warmup-tokens")) r = m3_cli_size(a, V, 0, 1 << 24, &warm, &err);
         else if (!strcmp(a, "--precision")) { if (m3_cli_set_precision(V, "serve")) return 2; }
         else if (!strcmp(a, "--max-model-len")) r = m3_cli_size(a, V, 1, 1 << 30, &mml, &err);
         else if (!strcmp(a, "--sample-threads")) r = m3_cli_int(a, V, 1, 64, &sthreads, &err);
@@ -367,6 +372,16 @@ int m3_cmd_serve(int argc, char **argv) {
                     "context %d tokens\n", m3_kv_dtype_name(eo.kv_dtype), m3_kv_dtype_name(eo.index_dtype),
                     so.kv_bytes_per_token, tp.g ? " per rank" : "", cap, (double)so.kv_bytes_per_token * cap / 1073741824.0,
                     tp.g ? " per rank" : "", kvmem ? "--kv-cache-memory" : m3_engine_pool_how(e), m3_engine_max_model_len(e));
+        }
+    }
+    { /* the warm-up step (m3_engine_warmup): on a device by default, where first use costs most */
+        const int dev = tp.g ? tp.cuda : ops.name && strcmp(ops.name, "cpu") != 0;
+        const long wt = warm >= 0 ? warm : dev ? eo.max_num_batched_tokens : 0;
+        if (wt > 0) {
+            const double t0 = m3_now();
+            const int n = m3_engine_warmup(e, (int)wt, &err);
+            if (n < 0) { fprintf(stderr, "m3 serve: %s\n", err.msg); goto done; }
+            fprintf(stderr, "m3 serve: warm-up: %d prompt tokens and a decode in %.2f s\n", n, m3_now() - t0);
         }
     }
     if (origins_arg && m3_cli_list(origins_arg, &origins, &err)) { fprintf(stderr, "m3 serve: --allowed-origins: %s\n", err.msg); goto done; }

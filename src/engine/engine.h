@@ -295,6 +295,14 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *r, m3_err *err);
  * then). Unknown or already finished ids are ignored. 0, or -1 when out of memory. */
 int m3_engine_cancel(m3_engine *e, uint64_t id);
 
+/* Before serving (no other thread stepping e): one request of min(n_tokens, the step budget, the
+ * context and pool) prompt tokens and 2 generated tokens, run to its end on the calling thread;
+ * then the counters, the last-step record and the prefix cache are as if nothing had run. The
+ * first requests would otherwise pay first-use costs (on a GPU: step buffers sized for the
+ * largest step, kernels loaded on first launch, decode graphs recorded). Returns the prompt
+ * tokens it ran (0: none, n_tokens < 1), or -1 + err (the forward failed, or no memory). */
+int m3_engine_warmup(m3_engine *e, int n_tokens, m3_err *err);
+
 /* One step (engine thread). Returns the number of requests still queued or running after
  * it (0: idle; requests added while it ran are not counted: see m3_engine_has_work), or -1 +
  * err (the step's shape and the backend's message) when the forward pass failed. Then:

@@ -103,6 +103,37 @@ async def main(m3, work):
     refused(m3, [ck, "--speculative-mode", "x"], "unknown option '--speculative-mode'")
     refused(m3, [ck, "--kv-cache-dtype", "fp8_e5m2"], "unknown dtype 'fp8_e5m2'")
     refused(m3, [], "model directory is required")
+    refused(m3, [ck, "--warmup-tokens", "-1"], "--warmup-tokens")
+    await warmup(m3, ck)
+
+
+async def warmup(m3, ck):
+    """--warmup-tokens N: a step of N prompt tokens and a decode before listening, neither counted in
+    /metrics nor left in the prefix cache, and the answers the same as without it."""
+    host, body = "127.0.0.1", {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    flags = ["--kv-cache-memory", "64M", "--enable-prefix-caching"]
+    srv = srvlib.Server(m3, ck, flags + ["--warmup-tokens", "200"])
+    try:
+        m0 = await lt.metrics(host, srv.port)
+        st, a = await lt.post_json(host, srv.port, "/v1/completions", body)
+        m1 = await lt.metrics(host, srv.port)
+    finally:
+        srv.stop()
+    check("warm-up: 200 prompt tokens" in srv.log, "--warmup-tokens 200: the log says the warm-up ran")
+    fin = lambda m: sum(v for k, v in m.items() if k.startswith("m3_requests_finished_total"))
+    check(fin(m0) == 0 and m0.get("m3_engine_steps_total") == 0 and m0.get("m3_engine_prefill_tokens_total") == 0
+          and m0.get("m3_kv_blocks_cached") == 0,
+          f"after the warm-up: no request, step or prefill counted, nothing cached ({fin(m0)}, "
+          f"{m0.get('m3_engine_steps_total')}, {m0.get('m3_engine_prefill_tokens_total')}, {m0.get('m3_kv_blocks_cached')})")
+    check(st == 200 and fin(m1) == 1 and m1.get("m3_engine_prefill_tokens_total") == a["usage"]["prompt_tokens"],
+          f"then one request: counted alone ({fin(m1)} finished, {m1.get('m3_engine_prefill_tokens_total')} tokens prefilled)")
+    srv = srvlib.Server(m3, ck, flags + ["--warmup-tokens", "0"])
+    try:
+        st0, b = await lt.post_json(host, srv.port, "/v1/completions", body)
+    finally:
+        srv.stop()
+    check("warm-up" not in srv.log and st0 == 200 and a["choices"][0]["text"] == b["choices"][0]["text"],
+          "--warmup-tokens 0: no warm-up, and the same greedy text as the warmed server's")
 
 
 async def generation_config(m3, work):

@@ -838,6 +838,13 @@ extern "C" int m3_cu_gemm_tc_ksplit(const m3_linear *W, int T) {
     if (!W || T < 1 || W->N < 1) return 1;
     const long tiles = (long)((W->N + BM - 1) / BM) * ((T + bn_for(T) - 1) / bn_for(T));
     const int KB = W->K / BK;
+    static int force = -1; /* M3_GEMM_TC_KS=N: N slices wherever each keeps a K block (measurements) */
+    if (force < 0) {
+        const char *e = getenv("M3_GEMM_TC_KS");
+        force = e ? atoi(e) : 0;
+        if (force < 0 || force > 8) force = 0;
+    }
+    if (force) return force < KB ? force : KB;
     /* about two CTAs per SM (one is resident per SM: the next one's pipeline fill overlaps the tail
      * of the last), each slice at least 6 K blocks */
     long s = (2L * sms + tiles - 1) / tiles;

@@ -154,7 +154,7 @@ echo "## 4. m3 bench --random-weights ($SHAPES)"
 run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS:-8} --batch ${M3_BENCH_BATCH:-1,8,64,256} --context ${M3_BENCH_CONTEXT:-8192,131072} --steps 10 --profile
 run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS_MAX:-30} --batch 1 --context 8192 --steps 10 --prefill 4096 --profile
 # issue 25's yardstick: a 4096-token prefill, batches 1-256 and DSpark verify(8), per op
-run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers 8 --batch 1,8,64,256 --context 8192 --prefill 4096 --verify 7 --steps 10 --profile
+run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers 8 --batch 1,8,16,64,256 --context 8192 --prefill 4096 --verify 7 --steps 10 --profile
 fi
 if want 5; then
 echo "## 5. KV cache dtypes: decode at batch 1, 128K context"

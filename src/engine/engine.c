@@ -516,7 +516,7 @@ int m3_engine_warmup(m3_engine *e, int n_tokens, m3_err *err) {
     if (n < 1) return 0;
     int32_t *ids = malloc(sizeof *ids * (size_t)n);
     if (!ids) return m3_errf(err, "warm-up: out of memory");
-    for (long i = 0; i < n; i++) ids[i] = (int32_t)((i * 7919 + 13) % e->V); /* any ids: only the shapes matter */
+    m3_stand_in_ids(ids, (int)n, e->V);
     m3_engine_request rq;
     memset(&rq, 0, sizeof rq); /* greedy */
     rq.prompt = ids;

@@ -33,6 +33,7 @@ int m3_kv_budget_device(m3_model *m, m3_kv_dtype dt, m3_kv_dtype idt, int max_to
         rc = m3_err_prefix(err, "kv budget: the profile step's cache");
     else {
         for (int t = 0; t < T; t++) pos[t] = t;
+        m3_stand_in_ids(ids, T, m->cfg.vocab);
         for (int i = 0; i < n_out; i++) rows[i] = T - n_out + i;
         m3_kv_seq *seqs[1] = {&seq};
         m3_batch b = {T, pos, sq, seqs};

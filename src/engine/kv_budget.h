@@ -2,7 +2,7 @@
  *
  * A device backend: the pool takes what is left of utilization x the device's total memory
  * once the weights are loaded and the largest step has run: m3_kv_budget_device runs one
- * forward of max_num_batched_tokens tokens asking for the logits of max_rows rows (its
+ * forward of max_num_batched_tokens tokens (m3_stand_in_ids) asking for the logits of max_rows rows (its
  * activations and the backend's scratch reach their size and stay allocated), then asks the
  * driver: pool = free - (1 - utilization) x total. What the profile cannot see (longer
  * contexts' attention splits, a vision tower, other processes later) lives in that margin.
@@ -20,6 +20,14 @@
 #include "../model/m3.h"
 
 struct m3_group;
+
+/* ids for a step that stands in for real ones (the profile step below, m3_engine_warmup): spread
+ * over the vocabulary so that the MoE routes them over many experts, as text does (one repeated id
+ * routes every token to the same few experts, and the grouped GEMMs' buffers, sized by the
+ * experts in use, stay small) */
+static inline void m3_stand_in_ids(int32_t *ids, int n, int vocab) {
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(((long long)i * 7919 + 13) % vocab);
+}
 
 /* *bytes: the pool's share of memory; how: one line saying how it was sized (for the
  * start-up line). -1 + err when the profile step fails or nothing is left for a pool. */

@@ -669,10 +669,10 @@ static __device__ __forceinline__ uint32_t bf16_rne(float f) {
  * whose 8 values (logical columns 64 col + 8c + e) are, by the permutation above, the pairs
  * x[32q + 16 col + 2c + {0, 1}] (q = 0..3) of the K block. */
 /* With map (the MoE's permuted rows): staged row r is x row map[r] (zeros where map[r] < 0), and
- * only the first ngrp[0] groups of 64 rows are written. */
-__global__ void k_stage_x(const float *x, int T, int K, uint4 *xs, size_t n, const int *map, const int *ngrp) {
+ * only the first cnt[0] groups of 64 rows are written. */
+__global__ void k_stage_x(const float *x, int T, int K, uint4 *xs, size_t n, const int *map, const int *cnt) {
     const int KB = K / BK;
-    const int ng = ngrp ? __ldg(ngrp) : 0x7fffffff;
+    const int ng = cnt ? __ldg(cnt) : 0x7fffffff;
     for (size_t q = blockIdx.x * (size_t)blockDim.x + threadIdx.x; q < n; q += (size_t)gridDim.x * blockDim.x) {
         const int pp = (int)(q & 7), r = (int)((q >> 3) & 63), col = (int)((q >> 9) & 1);
         const size_t rest = q >> 10;
@@ -952,24 +952,22 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
     a.alpha = alpha;
     a.limit = limit;
     cudaStream_t st = (cudaStream_t)stream;
-#define MOE_BN(F) (bn == 16 ? (two_per_sm() ? launch_args<F, 16, 2>(st, a, err) : launch_args<F, 16>(st, a, err))        \
-                   : bn == 32 ? (two_per_sm() ? launch_args<F, 32, 2>(st, a, err) : launch_args<F, 32>(st, a, err)) \
-                   : bn == 64 ? launch_args<F, 64>(st, a, err) : launch_args<F, 128>(st, a, err))
+#define MOE_BN(F) (tb == 16 ? (two_per_sm() ? launch_args<F, 16, 2>(st, a, err) : launch_args<F, 16>(st, a, err))        \
+                   : tb == 32 ? (two_per_sm() ? launch_args<F, 32, 2>(st, a, err) : launch_args<F, 32>(st, a, err)) \
+                   : tb == 64 ? launch_args<F, 64>(st, a, err) : launch_args<F, 128>(st, a, err))
     /* the full tiles, then the tails (64-row tiles) */
     for (int pass = 0; pass < 2; pass++) {
         a.nt = pass ? maxb : maxa;
         if (a.nt < 1) continue;
         a.tiles = tiles + (pass ? 2 * (size_t)maxa : 0);
         a.ntile = cnt + 1 + pass;
-        const int b = bn;
-        if (pass) bn = 64;
+        const int tb = pass ? 64 : bn; /* the pass's token tile */
         int rc;
         switch (W->fmt) {
         case M3_WF_BF16: rc = MOE_BN(M3_WF_BF16); break;
         case M3_WF_MXFP8: rc = MOE_BN(M3_WF_MXFP8); break;
         default: rc = MOE_BN(M3_WF_NVFP4); break;
         }
-        bn = b;
         if (rc) return rc;
     }
 #undef MOE_BN

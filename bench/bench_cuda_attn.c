@@ -259,6 +259,71 @@ static int dspark_case(side *sc, side *sg, const m3_config *c, int n, int len, i
     return rc;
 }
 
+/* dspark_attention_n: nreq requests of n slots in one call, request r's context lengths cycling
+ * through empty, short, a full window and one wrapped around its ring, against the CPU one
+ * request at a time; *us the batched call's time, *us1 nreq single calls' */
+static int dspark_batch_case(side *sc, side *sg, const m3_config *c, int n, int nreq, int reps, double *rel, double *us,
+                             double *us1, m3_err *err) {
+    const int nh = c->n_heads, nkv = c->n_kv_heads, D = c->head_dim, cap = 4096, window = 4096;
+    static const int lens[4][2] = {{4096, 0}, {100, 0}, {9000, 9000 - 4095}, {0, 0}};
+    const size_t nq = (size_t)n * nh * D, nb = (size_t)n * nkv * D, nr = (size_t)cap * nkv * D, R = (size_t)nreq;
+    m3_ops *g = sg->ops;
+    if (!g->dspark_attention_n) return m3_errf(err, "the GPU backend has no dspark_attention_n");
+    float *h = malloc(sizeof(float) * (R * (3 * nq + 2 * nb) + 2 * nr));
+    float *d = g->alloc(g->ctx, sizeof(float) * (R * (2 * nq + 2 * nb + 2 * nr)));
+    m3_dspark_attn_req *rq = malloc(sizeof *rq * R);
+    int rc = !h || !d || !rq ? m3_errf(err, "out of memory") : 0;
+    float *q = h, *kb = q + R * nq, *vb = kb + R * nb, *oc = vb + R * nb, *og = oc + R * nq, *kr = og + R * nq, *vr = kr + nr;
+    float *dq = d, *dkb = dq + R * nq, *dvb = dkb + R * nb, *dout = dvb + R * nb, *dr = dout + R * nq;
+    if (!rc) {
+        fill(q, R * nq, 51, 0); fill(kb, R * nb, 52, 0); fill(vb, R * nb, 53, 0);
+        g->upload(g->ctx, dq, q, sizeof(float) * R * nq);
+        g->upload(g->ctx, dkb, kb, sizeof(float) * R * nb);
+        g->upload(g->ctx, dvb, vb, sizeof(float) * R * nb);
+        for (int r = 0; r < nreq; r++) { /* each request its own rings */
+            fill(kr, nr, 60 + 2 * r, 0); fill(vr, nr, 61 + 2 * r, 0);
+            const int len = lens[r % 4][0], lo = lens[r % 4][1];
+            sc->ops->dspark_attention(sc->ops->ctx, q + r * nq, kb + r * nb, vb + r * nb, n, nh, nkv, D, kr, vr, cap, lo, len, len,
+                                      window, oc + r * nq);
+            float *dk = dr + 2 * r * nr, *dv = dk + nr;
+            g->upload(g->ctx, dk, kr, sizeof(float) * nr);
+            g->upload(g->ctx, dv, vr, sizeof(float) * nr);
+            rq[r] = (m3_dspark_attn_req){dk, dv, cap, lo, len, len};
+        }
+        g->dspark_attention_n(g->ctx, nreq, rq, dq, dkb, dvb, n, nh, nkv, D, window, dout);
+        rc = checked(g, err);
+    }
+    if (!rc) {
+        g->download(g->ctx, og, dout, sizeof(float) * R * nq);
+        double worst = 0;
+        for (int r = 0; r < nreq; r++) {
+            double num = 0, den = 0;
+            for (size_t i = r * nq; i < (r + 1) * nq; i++) {
+                const double e = (double)og[i] - oc[i];
+                num += e * e;
+                den += (double)oc[i] * oc[i];
+            }
+            const double x = sqrt(num / (den > 0 ? den : 1));
+            worst = x > worst ? x : worst;
+        }
+        *rel = worst;
+        double t0 = sync_time(sg);
+        for (int i = 0; i < reps; i++) g->dspark_attention_n(g->ctx, nreq, rq, dq, dkb, dvb, n, nh, nkv, D, window, dout);
+        *us = reps ? (sync_time(sg) - t0) / reps * 1e6 : 0;
+        t0 = sync_time(sg);
+        for (int i = 0; i < reps; i++)
+            for (int r = 0; r < nreq; r++)
+                g->dspark_attention(g->ctx, dq + r * nq, dkb + r * nb, dvb + r * nb, n, nh, nkv, D, rq[r].kr, rq[r].vr, cap,
+                                    rq[r].lo, rq[r].len, rq[r].pos, window, dout + r * nq);
+        *us1 = reps ? (sync_time(sg) - t0) / reps * 1e6 : 0;
+        rc = checked(g, err);
+    }
+    if (d) g->release(g->ctx, d);
+    free(h);
+    free(rq);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     const char *cfgp = argc > 1 ? argv[1] : "tests/data/m3.1-flash-shapes.json";
     m3_err err;
@@ -390,6 +455,21 @@ int main(int argc, char **argv) {
             const int ok = rel < 1e-5;
             fails += !ok;
             printf("  %5d  %.2e  %.1f %s\n", dcases[k][0], rel, us, ok ? "" : "FAIL");
+        }
+    }
+    if (sg.ops->dspark_attention) { /* the requests of a draft pass in one call */
+        printf("dspark attention, requests in one call (8 slots each; contexts 4096, 100, 9000 wrapped, 0, ...):\n"
+               "  requests  rel_l2  us (one call)  us (a call each)\n");
+        for (int nreq = 2; nreq <= 8; nreq *= 2) {
+            double rel = 0, us = 0, us1 = 0;
+            if (dspark_batch_case(&sc, &sg, &c, 8, nreq, reps, &rel, &us, &us1, &err)) {
+                printf("  %d  FAILED: %s\n", nreq, err.msg);
+                fails++;
+                continue;
+            }
+            const int ok = rel < 1e-5;
+            fails += !ok;
+            printf("  %8d  %.2e  %.1f  %.1f %s\n", nreq, rel, us, us1, ok ? "" : "FAIL");
         }
     }
     printf("%s\n", fails ? "some checks FAILED" : "all attention checks passed");

@@ -35,6 +35,13 @@ typedef struct m3_rope_job {
     const float *w;
 } m3_rope_job;
 
+/* one request's context for dspark_attention_n: ring kr / vr [cap][nkv * D] (NULL while nothing
+ * is readable), context positions [lo, len), the block's first position pos */
+typedef struct m3_dspark_attn_req {
+    const float *kr, *vr;
+    int cap, lo, len, pos;
+} m3_dspark_attn_req;
+
 typedef struct m3_ops m3_ops;
 
 struct m3_ops {
@@ -73,6 +80,9 @@ struct m3_ops {
 
     /* out[t] = E[ids[t]]; ids in host memory */
     void (*embed)(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out);
+    /* capability, optional: the same with ids in backend memory (written by an earlier op, such
+     * as argmax_rows: the DSpark draft's greedy chain stays on the device) */
+    void (*embed_dev)(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out);
     /* Gemma RMSNorm over rows of dim: out = x * rsqrt(mean(x^2) + eps) * (1 + w); out may be x */
     void (*rmsnorm)(void *ctx, const float *x, const float *w, int rows, int dim, float eps, float *out);
     /* y += x */
@@ -114,6 +124,10 @@ struct m3_ops {
     void (*dspark_attention)(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
                              const float *kr, const float *vr, int cap, int lo, int len, int pos, int window,
                              float *out);
+    /* capability, optional: dspark_attention for nreq requests at once, request r's n slots at
+     * rows r * n of q, kb, vb and out, its context as rq[r] says (as nreq calls would) */
+    void (*dspark_attention_n)(void *ctx, int nreq, const m3_dspark_attn_req *rq, const float *q, const float *kb,
+                               const float *vb, int n, int nh, int nkv, int D, int window, float *out);
     /* capability, optional: out[r] (backend memory) = the first index of the largest of the
      * row's values x[r * ld .. r * ld + n) (m3_row_argmax's rule: NaN never wins, a NaN at 0
      * gives 0): the DSpark draft's greedy draws without the rows leaving the device */

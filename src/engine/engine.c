@@ -1,6 +1,7 @@
 /* Engine core: creation and teardown, the inbox (any thread adds and cancels requests),
  * stats. The engine thread's work (scheduler, samplers, callbacks) is in step.c. See engine.h. */
 #include "engine_int.h"
+#include "../base/clock.h"
 
 const char *m3_engine_finish_name(int r) {
     switch (r) {
@@ -289,7 +290,9 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         e->feat = e->draft_dev ? dop->alloc(dop->ctx, fb) : e_malloc(fb); /* the capture's destination */
         e->n_drows = e->max_seqs < M3_SPEC_DRAFT_BATCH ? e->max_seqs : M3_SPEC_DRAFT_BATCH;
         e->drows = e_malloc((size_t)e->n_drows * (size_t)e->V * sizeof(float));
-        spec_ok = spec_ok && e->feat && e->drows;
+        e->apps = e_malloc((size_t)e->max_seqs * sizeof *e->apps);
+        e->app_req = e_malloc((size_t)e->max_seqs * sizeof *e->app_req);
+        spec_ok = spec_ok && e->feat && e->drows && e->apps && e->app_req;
     }
     int mu_ok = !pthread_mutex_init(&e->mu, NULL);
     int cv_ok = mu_ok && !pthread_cond_init(&e->cv, NULL);
@@ -303,7 +306,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         m3_sample_ws_free(e->ws);
         free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits);
         feat_free(e);
-        free(e->drows);
+        free(e->drows); free(e->apps); free(e->app_req);
         free(e->ov_rows); free(e->ov_emb);
         if (e->spec) m3_dspark_free(&e->draft);
         free(e);
@@ -325,6 +328,12 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         m3_errf(err, "engine: cannot start the token mask thread");
         m3_engine_destroy(e);
         return NULL;
+    }
+    const char *tp = getenv("M3_STEP_TRACE"); /* a diagnostic: where a step's time goes */
+    if (tp && *tp) {
+        if (!(e->trace = fopen(tp, "w"))) fprintf(stderr, "m3: M3_STEP_TRACE: cannot open '%s' (no step trace)\n", tp);
+        else fprintf(e->trace, "# t_s tokens seqs prefill_tokens decode draft_ms forward_ms sample_ms step_ms\n");
+        e->trace_t0 = m3_now();
     }
     if (e->vision && e->vops->device_memory) { /* the tower on a device backend: its weights go there once */
         if (m3_vision_upload(e->vision, e->vops, &e->vision_dev, err)) {
@@ -357,10 +366,11 @@ void m3_engine_destroy(m3_engine *e) {
     free(e->running); free(e->waiting); free(e->cancels);
     free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits);
     feat_free(e);
-    free(e->drows);
+    free(e->drows); free(e->apps); free(e->app_req);
     pbufs_free(e);
     free(e->ov_rows); free(e->ov_emb);
     if (e->spec) m3_dspark_free(&e->draft);
+    if (e->trace) fclose(e->trace);
     free(e);
 }
 

@@ -82,6 +82,8 @@ typedef struct req {
 
 struct m3_engine {
     m3_model *m;
+    FILE *trace;                 /* M3_STEP_TRACE: a line a step (times, sizes), or NULL */
+    double trace_t0;
     m3_kv kv_own, *kv;           /* kv_own, or rank 0's pool of the tensor-parallel group */
     m3_group *group;
     m3_blocks *bm;
@@ -114,6 +116,8 @@ struct m3_engine {
     m3_dspark draft;
     float *feat;               /* [max_tokens_step][feat_dim] captured target rows of the step: host
                                 * memory, or (draft_dev) the draft's backend memory */
+    m3_dspark_rows *apps;      /* a step's draft context appends [max_seqs], and their requests */
+    req **app_req;
     int draft_dev;             /* the draft runs on the target's device op table (capture stays there) */
     int n_drows;               /* drafts drawn together: min(max_seqs, M3_SPEC_DRAFT_BATCH) */
     float *drows;              /* [n_drows][V] draft rows (scratch) */

@@ -172,6 +172,17 @@ int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws
     for (int j = 0; j < n; j++) want_conf |= rq[j].conf != NULL;
     if (want_conf && !d->cfg.confidence_head) return m3_errf(err, "dspark: the draft has no confidence head");
     float conf[M3_SPEC_DRAFT_BATCH];
+    if (n_text && d->ops->embed_dev) { /* the whole greedy chain on the backend, one download */
+        int32_t ids[M3_SPEC_MAX_TOKENS * M3_SPEC_DRAFT_BATCH];
+        float cf[M3_SPEC_MAX_TOKENS * M3_SPEC_DRAFT_BATCH];
+        if (m3_dspark_greedy_n(d, anchor, k, n_text, ids, want_conf ? cf : NULL, err)) return -1;
+        for (int i = 0; i < k; i++)
+            for (int j = 0; j < n; j++) {
+                rq[j].draft[i] = ids[i * n + j];
+                if (rq[j].conf) rq[j].conf[i] = cf[i * n + j];
+            }
+        return 0;
+    }
     for (int i = 0; i < k; i++) {
         /* slot i of every request, Markov-corrected with its draw at slot i - 1 (the anchor at 0) */
         if (m3_dspark_markov_n(d, i, prev, n_text ? NULL : rows, err)) return -1;

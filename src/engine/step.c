@@ -2,6 +2,7 @@
  * one m3_forward per step -> per-request samplers -> callbacks; a failed step's requests
  * run again alone (see engine.h). */
 #include "engine_int.h"
+#include "../base/clock.h"
 
 /* ---------------- engine thread ---------------- */
 
@@ -501,9 +502,12 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         snapshot(e);
         return m3_errf(err, "%s", e->dead);
     }
+    const double t_begin = e->trace ? m3_now() : 0;
+    double t_draft = 0, t_fwd = 0, t_sample = 0;
     drain(e);
     schedule(e);
     if (e->spec) draft_all(e);
+    if (e->trace) t_draft = m3_now();
     if (e->vision) encode_images(e);
     const int H = e->m->cfg.hidden;
     int step_rc = 0; /* -1: the forward failed, some requests may have gone on (step_failed) */
@@ -565,7 +569,10 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         e->tot.tokens_prefilled += (uint64_t)e->last.n_prefill_tokens;
         int nr = e->n_running;
         m3_engine_masks_wait(e); /* the masks computed while the forward ran */
+        if (e->trace) t_fwd = m3_now();
         sample_rows(e, nr);
+        if (e->trace) t_sample = m3_now();
+        int n_app = 0; /* draft context appends */
         for (int i = 0; i < nr; i++) {
             req *r = e->running[i];
             r->done = 0;
@@ -641,15 +648,20 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
                     emit(r, NULL, reason);
                 }
             }
-            /* the draft context takes the committed rows (not needed once the request ends) */
-            if (e->spec && !reason &&
-                (e->draft_dev ? m3_dspark_ctx_append_dev : m3_dspark_ctx_append)(&e->draft, &r->dctx,
-                                                                                 e->feat + (size_t)r->row0 * F, P, n_valid, &e2)) {
-                r->why = "the draft context failed (out of memory)";
-                r->done = M3_FINISH_ERROR;
-                continue;
+            /* the draft context takes the committed rows (not needed once the request ends): all
+             * requests' rows in one pass of the draft, below */
+            if (e->spec && !reason && n_valid > 0) {
+                e->app_req[n_app] = r;
+                e->apps[n_app++] = (m3_dspark_rows){&r->dctx, e->feat + (size_t)r->row0 * F, P, n_valid};
             }
             r->done = reason;
+        }
+        m3_err ea;
+        if (n_app && m3_dspark_ctx_append_n(&e->draft, e->apps, n_app, &ea)) {
+            for (int j = 0; j < n_app; j++) {
+                e->app_req[j]->why = "the draft context failed (out of memory)";
+                e->app_req[j]->done = M3_FINISH_ERROR;
+            }
         }
         /* drop finished ones (their callbacks were made above, errors get theirs here) */
         int k = 0;
@@ -668,5 +680,12 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
     }
     e->tot.grammar_masks = e->g_inline_n + e->tot.grammar_masks_ahead;
     snapshot(e);
+    if (e->trace && T > 0) {
+        const double t_end = m3_now();
+        fprintf(e->trace, "%.4f %d %d %d %d %.3f %.3f %.3f %.3f\n", t_begin - e->trace_t0, T, ns, e->last.n_prefill_tokens,
+                e->last.n_decode, (t_draft - t_begin) * 1e3, (t_fwd - t_draft) * 1e3, (t_sample - t_fwd) * 1e3,
+                (t_end - t_begin) * 1e3);
+        fflush(e->trace);
+    }
     return step_rc ? -1 : e->n_running + e->n_waiting;
 }

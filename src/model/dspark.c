@@ -403,7 +403,7 @@ static void block_sizes(const m3_dspark *d, int nreq, int n, size_t sz[13]) {
     const m3_config *b = &d->cfg.base;
     const size_t NR = (size_t)nreq * n, H = (size_t)b->hidden, V = (size_t)b->vocab, qw = (size_t)b->n_heads * b->head_dim,
                  kw = (size_t)b->n_kv_heads * b->head_dim, r = (size_t)d->cfg.markov_rank, q = (size_t)nreq;
-    const size_t s[13] = {NR * H, NR * H, NR * qw, NR * kw, NR * kw, NR * qw, NR * H, NR * V, q * r, q * V, q, q * (H + r), q};
+    const size_t s[13] = {NR * H, NR * H, NR * qw, NR * kw, NR * kw, NR * qw, NR * H, NR * V, q * r, q * V, NR + q, q * (H + r), NR};
     memcpy(sz, s, sizeof s);
 }
 
@@ -556,59 +556,95 @@ static void ring_put(m3_ops *op, float *ring, int cap, size_t kw, const float *s
     }
 }
 
-static int ctx_append(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int on_backend, int pos0, int n, m3_err *err) {
-    if (n <= 0) return 0;
-    if (pos0 != c->len) return m3_errf(err, "dspark context: append at position %d, context holds [0, %d)", pos0, c->len);
+static int ctx_append(m3_dspark *d, const m3_dspark_rows *a, int na, int on_backend, m3_err *err) {
     const m3_config *b = &d->cfg.base;
     const m3_config *tc = &d->target->cfg;
     m3_ops *op = d->ops;
     void *X = op->ctx;
     const int H = b->hidden, F = m3_dspark_feat_dim(d), nkv = b->n_kv_heads, D = b->head_dim;
-    const size_t kw = (size_t)nkv * D, N = (size_t)n;
-    if (ctx_reserve(d, c, n, err)) return -1;
+    const size_t kw = (size_t)nkv * D;
+    long N = 0;
+    int used = 0, only = -1;
+    for (int j = 0; j < na; j++) {
+        if (a[j].n < 0) return m3_errf(err, "dspark context: an append of %d positions", a[j].n);
+        if (!a[j].n) continue;
+        if (a[j].pos0 != a[j].ctx->len)
+            return m3_errf(err, "dspark context: append at position %d, context holds [0, %d)", a[j].pos0, a[j].ctx->len);
+        for (int i = 0; i < j; i++)
+            if (a[i].n && a[i].ctx == a[j].ctx) return m3_errf(err, "dspark context: one context twice in an append");
+        N += a[j].n;
+        used++;
+        only = j;
+    }
+    if (!N) return 0;
+    if (N > INT_MAX / F) return m3_errf(err, "dspark context: an append of %ld positions", N);
+    for (int j = 0; j < na; j++)
+        if (a[j].n && ctx_reserve(d, a[j].ctx, a[j].n, err)) return -1;
     float *buf[4];
     size_t sz[4];
-    append_sizes(d, n, sz);
-    if (ws_take(d, 4, sz, buf, err) || meta_take(d, n, err)) return -1;
+    append_sizes(d, (int)N, sz);
+    if (ws_take(d, 4, sz, buf, err) || meta_take(d, (int)N, err)) return -1;
     float *x = buf[0], *cx = buf[1], *k = buf[2], *v = buf[3];
-    if (!on_backend) op->upload(X, x, feat, N * F * 4);
-    else if (d->cfg.last_layer_final_norm) op->copy(X, x, feat, N * F * 4); /* normed below: the caller's rows stay */
-    else x = (float *)feat;
+    if (used == 1 && on_backend && !d->cfg.last_layer_final_norm) {
+        x = (float *)a[only].feat; /* read in place */
+    } else { /* the rows together (a copy also keeps the caller's rows from the norm below) */
+        size_t r0 = 0;
+        for (int j = 0; j < na; j++) {
+            if (!a[j].n) continue;
+            const size_t bytes = (size_t)a[j].n * F * 4;
+            if (on_backend) op->copy(X, x + r0 * F, a[j].feat, bytes);
+            else op->upload(X, x + r0 * F, a[j].feat, bytes);
+            r0 += (size_t)a[j].n;
+        }
+    }
     if (d->cfg.last_layer_final_norm) { /* [open] the last target layer after the target's final norm */
         int s = m3_dspark_feat_slot(d, tc->n_layers - 1);
         if (s >= 0)
-            for (int t = 0; t < n; t++) {
+            for (long t = 0; t < N; t++) {
                 float *row = x + (size_t)t * F + (size_t)s * H;
                 op->rmsnorm(X, row, target_w(d)->final_norm, 1, H, (float)tc->rms_eps, row);
             }
     }
-    for (int i = 0; i < n; i++) {
-        d->hpos[i] = pos0 + i;
-        d->hids[i] = 0; /* (no embedding in this pass) */
-    }
-    if (pass_begin(d, n, err)) return -1;
+    for (int j = 0, t = 0; j < na; j++)
+        for (int i = 0; i < a[j].n; i++, t++) {
+            d->hpos[t] = a[j].pos0 + i;
+            d->hids[t] = 0; /* (no embedding in this pass) */
+        }
+    if (pass_begin(d, (int)N, err)) return -1;
     const float eps = (float)b->rms_eps;
-    op->linear(X, &d->fc, x, n, cx);
-    op->rmsnorm(X, cx, d->hidden_norm, n, H, eps, cx);
+    op->linear(X, &d->fc, x, (int)N, cx);
+    op->rmsnorm(X, cx, d->hidden_norm, (int)N, H, eps, cx);
     for (int l = 0; l < b->n_layers; l++) {
         const m3_dspark_layer *L = &d->layers[l];
-        op->linear(X, &L->k, cx, n, k);
-        op->linear(X, &L->v, cx, n, v);
-        op->head_norm_rope(X, k, n, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, d->hpos);
-        ring_put(op, c->k[l], c->cap, kw, k, pos0, n); /* into the ring (the backend's memory) */
-        ring_put(op, c->v[l], c->cap, kw, v, pos0, n);
+        op->linear(X, &L->k, cx, (int)N, k);
+        op->linear(X, &L->v, cx, (int)N, v);
+        op->head_norm_rope(X, k, (int)N, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, d->hpos);
+        size_t r0 = 0;
+        for (int j = 0; j < na; j++) { /* into each ring (the backend's memory) */
+            if (!a[j].n) continue;
+            m3_dspark_ctx *c = a[j].ctx;
+            ring_put(op, c->k[l], c->cap, kw, k + r0 * kw, a[j].pos0, a[j].n);
+            ring_put(op, c->v[l], c->cap, kw, v + r0 * kw, a[j].pos0, a[j].n);
+            r0 += (size_t)a[j].n;
+        }
     }
     if (op->check && op->check(X, err)) return m3_err_prefix(err, "dspark context");
-    c->len = pos0 + n;
+    for (int j = 0; j < na; j++) a[j].ctx->len = a[j].pos0 + a[j].n;
     return 0;
 }
 
 int m3_dspark_ctx_append(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int pos0, int n, m3_err *err) {
-    return ctx_append(d, c, feat, 0, pos0, n, err);
+    const m3_dspark_rows a = {c, feat, pos0, n};
+    return ctx_append(d, &a, 1, 0, err);
 }
 
 int m3_dspark_ctx_append_dev(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int pos0, int n, m3_err *err) {
-    return ctx_append(d, c, feat, 1, pos0, n, err);
+    const m3_dspark_rows a = {c, feat, pos0, n};
+    return ctx_append(d, &a, 1, 1, err);
+}
+
+int m3_dspark_ctx_append_n(m3_dspark *d, const m3_dspark_rows *a, int na, m3_err *err) {
+    return ctx_append(d, a, na, 1, err);
 }
 
 /* ------------------------------------------------------------------ block forward */
@@ -617,7 +653,8 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
                       int n, m3_err *err) {
     d->lg = NULL;
     d->lg_nreq = d->lg_n = 0;
-    if (n <= 0 || nreq <= 0) return m3_errf(err, "dspark block: %d requests of %d slots", nreq, n);
+    if (n <= 0 || nreq <= 0 || nreq > M3_DSPARK_BATCH_MAX)
+        return m3_errf(err, "dspark block: %d requests (1..%d) of %d slots", nreq, M3_DSPARK_BATCH_MAX, n);
     if (n > d->cfg.window) return m3_errf(err, "dspark block of %d slots exceeds the window (%d)", n, d->cfg.window);
     for (int j = 0; j < nreq; j++)
         if (pos[j] != cs[j]->len)
@@ -651,14 +688,21 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
         op->linear_n(op, 3, Ws, a, R, Ys);
         op->head_norm_rope(X, q, R, nh, D, L->q_norm, eps, b->rotary_dim, b->rope_theta, d->hpos);
         op->head_norm_rope(X, kb, R, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, d->hpos);
+        m3_dspark_attn_req ar[M3_DSPARK_BATCH_MAX];
         for (int j = 0; j < nreq; j++) {
             const m3_dspark_ctx *c = cs[j];
             /* readable context: [max(first, len - cap), len) */
             const int rlo = c->len - c->cap > c->first ? c->len - c->cap : c->first;
-            const size_t o0 = (size_t)j * n;
-            op->dspark_attention(X, q + o0 * qw, kb + o0 * kw, vb + o0 * kw, n, nh, nkv, D, c->cap ? c->k[l] : NULL,
-                                 c->cap ? c->v[l] : NULL, c->cap ? c->cap : 1, rlo, c->len, pos[j], d->cfg.window,
-                                 att + o0 * qw);
+            ar[j] = (m3_dspark_attn_req){c->cap ? c->k[l] : NULL, c->cap ? c->v[l] : NULL, c->cap ? c->cap : 1, rlo, c->len, pos[j]};
+        }
+        if (op->dspark_attention_n) { /* every request in one call */
+            op->dspark_attention_n(X, nreq, ar, q, kb, vb, n, nh, nkv, D, d->cfg.window, att);
+        } else {
+            for (int j = 0; j < nreq; j++) {
+                const size_t o0 = (size_t)j * n;
+                op->dspark_attention(X, q + o0 * qw, kb + o0 * kw, vb + o0 * kw, n, nh, nkv, D, ar[j].kr, ar[j].vr, ar[j].cap,
+                                     ar[j].lo, ar[j].len, ar[j].pos, d->cfg.window, att + o0 * qw);
+            }
         }
         op->linear(X, &L->o, att, R, o);
         op->add(X, h, o, NR * H);
@@ -721,6 +765,48 @@ int m3_dspark_argmax_n(m3_dspark *d, int slot, int n_text, int32_t *ids, m3_err 
     op->argmax_rows(op->ctx, d->lg + (size_t)slot * nreq * V, nreq, n_text, (size_t)V, d->mk_ids);
     op->download(op->ctx, ids, d->mk_ids, sizeof(int32_t) * (size_t)nreq);
     if (op->check && op->check(op->ctx, err)) return m3_err_prefix(err, "dspark argmax");
+    return 0;
+}
+
+int m3_dspark_greedy_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, int32_t *ids, float *conf, m3_err *err) {
+    const int V = d->cfg.base.vocab, H = d->cfg.base.hidden, r = d->cfg.markov_rank, nreq = d->lg_nreq;
+    m3_ops *op = d->ops;
+    void *X = op->ctx;
+    if (!op->argmax_rows || !op->embed_dev) return m3_errf(err, "dspark: backend '%s' has no device greedy draws", op->name);
+    if (!d->lg || k < 1 || k > d->lg_n) return m3_errf(err, "dspark greedy: %d slots of a block pass of %d", k, d->lg_n);
+    if (n_text < 1 || n_text > V) return m3_errf(err, "dspark greedy: %d text ids of %d", n_text, V);
+    if (conf && (!d->cfg.confidence_head || !d->conf_w.w)) return m3_errf(err, "dspark: the draft has no confidence head");
+    if (conf && !op->copy_rows) return m3_errf(err, "dspark: backend '%s' has no copy_rows op", op->name);
+    for (int j = 0; j < nreq; j++)
+        if (anchor[j] < 0 || anchor[j] >= V)
+            return m3_errf(err, "dspark greedy: token %d outside the vocabulary (%d)", (int)anchor[j], V);
+    /* mk_ids [k + 1][nreq]: the anchors, then each slot's draws, which the next slot's Markov
+     * row reads where they are */
+    op->upload(X, d->mk_ids, anchor, sizeof(int32_t) * (size_t)nreq);
+    const size_t row = sizeof(float) * (size_t)(H + r);
+    for (int i = 0; i < k; i++) {
+        float *lg = d->lg + (size_t)i * nreq * V;
+        op->embed_dev(X, &d->markov_w1, d->mk_ids + (size_t)i * nreq, nreq, d->mk_r);
+        op->linear(X, &d->markov_w2, d->mk_r, nreq, d->mk_v);
+        op->add(X, lg, d->mk_v, (size_t)nreq * V);
+        if (conf) { /* the head reads the same Markov input as the correction */
+            op->copy_rows(op, d->cf_in, row, d->lg_h + (size_t)i * nreq * H, sizeof(float) * (size_t)H,
+                          sizeof(float) * (size_t)H, (size_t)nreq);
+            op->copy_rows(op, d->cf_in + H, row, d->mk_r, sizeof(float) * (size_t)r, sizeof(float) * (size_t)r, (size_t)nreq);
+            op->linear(X, &d->conf_w, d->cf_in, nreq, d->cf_out + (size_t)i * nreq);
+        }
+        op->argmax_rows(X, lg, nreq, n_text, (size_t)V, d->mk_ids + (size_t)(i + 1) * nreq);
+    }
+    op->download(X, ids, d->mk_ids + nreq, sizeof(int32_t) * (size_t)k * nreq);
+    if (conf) {
+        op->download(X, conf, d->cf_out, sizeof(float) * (size_t)k * nreq);
+        if (!d->conf_bias_read) op->download(X, &d->conf_bias_h, d->conf_bias, sizeof d->conf_bias_h);
+    }
+    if (op->check && op->check(X, err)) return m3_err_prefix(err, "dspark greedy");
+    if (conf) {
+        d->conf_bias_read = 1;
+        for (size_t x = 0; x < (size_t)k * nreq; x++) conf[x] = 1.0f / (1.0f + expf(-(conf[x] + d->conf_bias_h)));
+    }
     return 0;
 }
 

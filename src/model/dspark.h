@@ -105,8 +105,8 @@ typedef struct m3_dspark {
      * the Markov scratch [nreq][r] and [nreq][V] */
     float *lg, *mk_r, *mk_v;
     float *lg_h, *cf_in, *cf_out;   /* final-normed hidden [n][nreq][H] slot-major; the confidence head's
-                                     * input [nreq][H + r] and output [nreq] */
-    int32_t *mk_ids;            /* [nreq] greedy draws (m3_dspark_argmax_n) */
+                                     * input [nreq][H + r] and output [n][nreq] */
+    int32_t *mk_ids;            /* [n + 1][nreq] greedy draws (m3_dspark_argmax_n, m3_dspark_greedy_n) */
     int lg_nreq, lg_n;
     /* host metadata of a pass (positions, sequence ids, token ids) and its batch (begin_step) */
     int32_t *hpos, *hseq, *hids;
@@ -155,6 +155,19 @@ int m3_dspark_ctx_append(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int 
 /* The same from feature rows in the draft's backend memory (the engine's device capture). */
 int m3_dspark_ctx_append_dev(m3_dspark *d, m3_dspark_ctx *c, const float *feat, int pos0, int n, m3_err *err);
 
+/* One context's rows of a batched append: positions [pos0, pos0 + n) (pos0 == ctx->len) from
+ * feat, [n][feat_dim] in the draft's backend memory. */
+typedef struct m3_dspark_rows {
+    m3_dspark_ctx *ctx;
+    const float *feat;
+    int pos0, n;
+} m3_dspark_rows;
+
+/* The appends of na contexts (each at most once) in one pass of the draft: one fc and one K / V
+ * projection per layer over all their rows, then each context's ring. n == 0 entries are
+ * skipped. On failure no context's length changes. */
+int m3_dspark_ctx_append_n(m3_dspark *d, const m3_dspark_rows *a, int na, m3_err *err);
+
 /* Base logits (before the Markov term) of a block of n slots [anchor, noise...] at positions
  * pos.. (pos == c->len): host f32 [n][V]. */
 int m3_dspark_block_logits(m3_dspark *d, const m3_dspark_ctx *c, int32_t anchor, int pos, int n, float *logits,
@@ -178,6 +191,12 @@ int m3_dspark_markov_n(m3_dspark *d, int slot, const int32_t *prev, float *rows,
  * the rows are (ops argmax_rows; -1 + err without it): the greedy draws of requests whose
  * sampler changes nothing (m3_sampler_plain_greedy), after m3_dspark_markov_n of the slot. */
 int m3_dspark_argmax_n(m3_dspark *d, int slot, int n_text, int32_t *ids, m3_err *err);
+/* Slots 0..k-1 of the last m3_dspark_block_n drawn greedily on the backend, each Markov row
+ * corrected with the draw before it (anchor[j] at slot 0), as m3_dspark_markov_n and
+ * m3_dspark_argmax_n slot by slot would, but with one download at the end (ops embed_dev and
+ * argmax_rows; -1 + err without them): ids [k][nreq] slot-major; conf (NULL: not wanted) gets
+ * the confidence head's [k][nreq] as m3_dspark_confidence_n would. */
+int m3_dspark_greedy_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, int32_t *ids, float *conf, m3_err *err);
 /* The confidence head of slot `slot` of every request of the last block pass, after
  * m3_dspark_markov_n of the slot (whose Markov input it reads): conf[j] = sigmoid(proj([h ;
  * markov_w1[prev_j]])), h the slot's final-normed hidden state. -1 when the draft has none. */

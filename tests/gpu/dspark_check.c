@@ -2,7 +2,7 @@
  * draft loaded on each backend, the same context features (half appended from host rows, half
  * from rows in device memory, as the engine's capture leaves them), then blocks of three
  * requests of different context lengths (inside and past the window) drafted together on the
- * GPU and one at a time on the CPU:
+ * GPU and one at a time on the CPU (the GPU's second halves in one batched append):
  *   - every slot's Markov-corrected row, teacher-forced with the CPU's draws, within 1e-4
  *     relative L2 of the CPU's, and its argmax (the greedy draw) the CPU's wherever the CPU
  *     row's top two are further apart than 1e-3 of its largest magnitude;
@@ -79,15 +79,33 @@ int main(int argc, char **argv) {
     memset(cc, 0, sizeof cc);
     memset(cg, 0, sizeof cg);
     int fails = 0, ties = 0;
+    /* the second halves in one batched append (the engine's), request 1's in two pieces */
+    m3_dspark_rows half[NR];
     for (int j = 0; j < NR; j++) {
-        const int h = LEN[j] / 2;
+        const int h = LEN[j] / 2, h2 = j == 1 ? h + 3 : h;
         if (m3_dspark_ctx_append(&dc, &cc[j], feat, 0, LEN[j], &err) ||
             m3_dspark_ctx_append(&dg, &cg[j], feat, 0, h, &err) ||
-            m3_dspark_ctx_append_dev(&dg, &cg[j], dfeat + (size_t)h * F, h, LEN[j] - h, &err)) {
+            (h2 > h && m3_dspark_ctx_append_dev(&dg, &cg[j], dfeat + (size_t)h * F, h, h2 - h, &err))) {
             printf("FAIL append: %s\n", err.msg);
             return 1;
         }
+        half[j] = (m3_dspark_rows){&cg[j], dfeat + (size_t)h2 * F, h2, LEN[j] - h2};
     }
+    {   /* bad batches change nothing: a context twice, a position that is not the context's end */
+        m3_dspark_rows twice[2] = {half[0], half[0]}, gap = half[2];
+        gap.pos0++;
+        if (!m3_dspark_ctx_append_n(&dg, twice, 2, &err) || !m3_dspark_ctx_append_n(&dg, &gap, 1, &err) ||
+            cg[0].len != half[0].pos0 || cg[2].len != half[2].pos0) {
+            printf("FAIL a bad batched append was taken\n");
+            return 1;
+        }
+    }
+    if (m3_dspark_ctx_append_n(&dg, half, NR, &err)) {
+        printf("FAIL batched append: %s\n", err.msg);
+        return 1;
+    }
+    for (int j = 0; j < NR; j++)
+        if (cg[j].len != LEN[j]) { printf("FAIL batched append: context %d holds %d positions, not %d\n", j, cg[j].len, LEN[j]); return 1; }
     /* teacher-forced rows: CPU one request at a time, GPU all three in one block */
     int32_t anchor[NR] = {77, 5, 300 % V}, prev_c[NR][K + 1];
     double worst = 0;
@@ -148,6 +166,41 @@ int main(int argc, char **argv) {
         rq[j] = (m3_spec_draft_req){&cg[j], sm[j], &rng[j], anchor[j], LEN[j], dr_g[j], NULL, NULL, 0, 0};
     }
     if (m3_spec_draft_n(&dg, rq, NR, ws, M3_SPEC_DRAFT_GREEDY, K, scratch, &err)) { printf("FAIL gpu draft: %s\n", err.msg); return 1; }
+    /* the greedy chain on the backend (m3_dspark_greedy_n, which m3_spec_draft takes) against the
+     * slot-by-slot draws of the teacher-forced pass above (markov_n, then the host's argmax):
+     * the same ops in the same order on the CPU, so the same ids */
+    for (int j = 0; j < NR; j++)
+        for (int i = 0; i < K; i++)
+            if (dr_c[j][i] != prev_c[j][i + 1]) {
+                printf("FAIL request %d slot %d: the CPU's chain drew %d, slot by slot %d\n", j, i, dr_c[j][i], prev_c[j][i + 1]);
+                fails++;
+            }
+    if (dc.cfg.confidence_head) { /* its confidences: chain against confidence_n slot by slot, on each backend */
+        m3_dspark *ds[2] = {&dc, &dg};
+        m3_dspark_ctx *cx[2] = {cc, cg};
+        double cworst = 0;
+        for (int b = 0; b < 2; b++) {
+            const m3_dspark_ctx *pc[NR] = {&cx[b][0], &cx[b][1], &cx[b][2]};
+            int32_t ids[K * NR], pv[NR];
+            float cf[K * NR], c1[NR];
+            if (m3_dspark_block_n(ds[b], NR, pc, anchor, gpos, K, &err) ||
+                m3_dspark_greedy_n(ds[b], anchor, K, V, ids, cf, &err) ||
+                m3_dspark_block_n(ds[b], NR, pc, anchor, gpos, K, &err)) { printf("FAIL chain: %s\n", err.msg); return 1; }
+            for (int i = 0; i < K; i++) {
+                for (int j = 0; j < NR; j++) pv[j] = i ? ids[(i - 1) * NR + j] : anchor[j];
+                if (m3_dspark_markov_n(ds[b], i, pv, NULL, &err) || m3_dspark_confidence_n(ds[b], i, c1, &err)) {
+                    printf("FAIL confidence: %s\n", err.msg);
+                    return 1;
+                }
+                for (int j = 0; j < NR; j++) {
+                    const double e = fabs((double)c1[j] - cf[i * NR + j]);
+                    cworst = e > cworst ? e : cworst;
+                    if (e > 1e-5) { printf("FAIL %s request %d slot %d: confidence %g (chain) vs %g\n", b ? "gpu" : "cpu", j, i, cf[i * NR + j], c1[j]); fails++; }
+                }
+            }
+        }
+        printf("confidence head: the chain's within %.3g of slot by slot\n", cworst);
+    }
     int same = 0;
     for (int j = 0; j < NR; j++) {
         same += !memcmp(dr_g[j], dr_c[j], sizeof dr_g[j]) && !rq[j].failed;

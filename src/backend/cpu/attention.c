@@ -152,3 +152,11 @@ void m3_cpu_dspark_attention(void *ctx, const float *q, const float *kb, const f
     dsa_job j = {c, q, kb, vb, kr, vr, n, nh, nkv, D, cap, lo, len, pos, window, out};
     m3_pool_for(c->pool, (size_t)n * nh, 1, dsa_items, &j);
 }
+
+void m3_cpu_dspark_attention_n(void *ctx, int nreq, const m3_dspark_attn_req *rq, const float *q, const float *kb,
+                               const float *vb, int n, int nh, int nkv, int D, int window, float *out) {
+    const size_t rows = (size_t)n * nh * D, krows = (size_t)n * nkv * D;
+    for (int r = 0; r < nreq; r++) /* each request's (slot, head) items over the threads */
+        m3_cpu_dspark_attention(ctx, q + r * rows, kb + r * krows, vb + r * krows, n, nh, nkv, D, rq[r].kr, rq[r].vr, rq[r].cap,
+                                rq[r].lo, rq[r].len, rq[r].pos, window, out + r * rows);
+}

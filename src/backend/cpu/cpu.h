@@ -87,6 +87,8 @@ void m3_cpu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, 
 void m3_cpu_argmax_rows(void *ctx, const float *x, int rows, int n, size_t ld, int32_t *out);
 void m3_cpu_dspark_attention(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
                              const float *kr, const float *vr, int cap, int lo, int len, int pos, int window, float *out);
+void m3_cpu_dspark_attention_n(void *ctx, int nreq, const m3_dspark_attn_req *rq, const float *q, const float *kb,
+                               const float *vb, int n, int nh, int nkv, int D, int window, float *out);
 /* router.c: logits [T][E] -> the K experts of each token, ascending by score rank, and their
  * weights, pick / wt [T][K]; s: 2E floats of scratch */
 void m3_cpu_route(const float *logits, const float *bias, int T, int E, int K, float scale, float *s, int *pick, float *wt);

@@ -65,6 +65,7 @@ int m3_cpu_ops_init(m3_ops *ops, int threads, m3_err *err) {
     ops->upload = cpu_copy;
     ops->download = cpu_copy;
     ops->embed = m3_cpu_embed;
+    ops->embed_dev = m3_cpu_embed; /* host memory is the backend's */
     ops->rmsnorm = m3_cpu_rmsnorm;
     ops->add = m3_cpu_add;
     ops->linear = cpu_linear_op;
@@ -73,6 +74,7 @@ int m3_cpu_ops_init(m3_ops *ops, int threads, m3_err *err) {
     ops->index_select = m3_cpu_index_select;
     ops->attention = m3_cpu_attention;
     ops->dspark_attention = m3_cpu_dspark_attention;
+    ops->dspark_attention_n = m3_cpu_dspark_attention_n;
     ops->argmax_rows = m3_cpu_argmax_rows;
     ops->copy = cpu_copy;
     ops->mlp = m3_cpu_mlp;

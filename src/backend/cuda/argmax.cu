@@ -32,6 +32,8 @@ void m3_cu_argmax_rows(void *ctx, const float *x, int rows, int n, size_t ld, in
     m3_cuda *c = (m3_cuda *)ctx;
     if (rows <= 0 || n <= 0 || c->failed) return;
     m3_cu_xsplit_touch(c, out, sizeof(int32_t) * (size_t)rows);
+    m3_cu_prof_begin(c, OP_ARGMAX);
     k_argmax_rows<<<rows, AM_THREADS, 0, c->st>>>(x, n, ld, out);
     CK_LAUNCH(c, "argmax rows");
+    m3_cu_prof_end(c, OP_ARGMAX);
 }

@@ -122,7 +122,9 @@ static void cu_download(void *ctx, void *dst, const void *src, size_t n) {
 static void cu_copy(void *ctx, void *dst, const void *src, size_t n) { /* device to device, in stream order */
     m3_cuda *c = (m3_cuda *)ctx;
     m3_cu_xsplit_touch(c, dst, n);
+    m3_cu_prof_begin(c, OP_COPY);
     CK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->st));
+    m3_cu_prof_end(c, OP_COPY);
 }
 
 /* one 2D copy (the DSpark capture: a layer's rows into the draft's feature rows), in stream order */
@@ -131,7 +133,9 @@ static void cu_copy_rows(const m3_ops *o, void *dst, size_t dpitch, const void *
     m3_cuda *c = (m3_cuda *)o->ctx;
     if (!rows || !width) return;
     m3_cu_xsplit_touch(c, dst, dpitch * (rows - 1) + width);
+    m3_cu_prof_begin(c, OP_COPY);
     CK(c, cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, c->st));
+    m3_cu_prof_end(c, OP_COPY);
 }
 
 static void cu_mem_info(void *ctx, size_t *free_b, size_t *total_b) {
@@ -450,6 +454,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->mem_info = cu_mem_info;
     ops->recover = cu_recover;
     ops->embed = m3_cu_embed;
+    ops->embed_dev = m3_cu_embed_dev;
     ops->rmsnorm = m3_cu_rmsnorm;
     ops->add = m3_cu_add;
     if (m3_cu_fuse_on()) { /* M3_CUDA_FUSE=0: the plain compositions (../compose.c), the ops one by one */
@@ -465,6 +470,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->index_select = m3_cu_index_select;
     ops->attention = m3_cu_attention;
     ops->dspark_attention = m3_cu_dspark_attention;
+    ops->dspark_attention_n = m3_cu_dspark_attention_n;
     ops->argmax_rows = m3_cu_argmax_rows;
     ops->mlp = m3_cu_mlp;
     ops->moe = m3_cu_moe;
@@ -658,7 +664,8 @@ extern "C" void m3_cuda_profile_report(m3_ops *ops, int steps, void *file) {
     m3_cuda *c = (m3_cuda *)ops->ctx;
     FILE *f = (FILE *)file;
     prof_fold(c);
-    static const char *names[OP_COUNT] = {"embed", "rmsnorm", "add", "linear", "norm+rope", "kv_store", "indexer", "attention", "mlp", "moe"};
+    static const char *names[OP_COUNT] = {"embed", "rmsnorm", "add", "linear", "norm+rope", "kv_store", "indexer", "attention", "mlp", "moe",
+                                             "dspark attention", "copy", "argmax"};
     double tot = 0;
     for (int i = 0; i < OP_COUNT; i++) tot += c->prof_ms[i];
     fprintf(f, "  per step (GPU time, %d steps):", steps);

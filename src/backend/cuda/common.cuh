@@ -121,7 +121,8 @@ static __device__ __forceinline__ bool last_cta(int *ctr, int expected) {
     return last;
 }
 
-enum { OP_EMBED, OP_NORM, OP_ADD, OP_LINEAR, OP_ROPE, OP_KV, OP_INDEX, OP_ATTN, OP_MLP, OP_MOE, OP_COUNT };
+enum { OP_EMBED, OP_NORM, OP_ADD, OP_LINEAR, OP_ROPE, OP_KV, OP_INDEX, OP_ATTN, OP_MLP, OP_MOE, OP_DSA, OP_COPY, OP_ARGMAX,
+       OP_COUNT };
 /* profiling brackets (no-ops unless m3_cuda_profile is on); nested ops are charged to the outer one */
 void m3_cu_prof_begin(m3_cuda *c, int op);
 void m3_cu_prof_end(m3_cuda *c, int op);
@@ -189,6 +190,7 @@ int m3_cu_weights_upload(void *ctx, const m3_weights *h, m3_weights *d, m3_err *
 void m3_cu_weights_release(void *ctx, m3_weights *w);
 /* embed.cu */
 void m3_cu_embed(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out);
+void m3_cu_embed_dev(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out);
 /* norm.cu */
 void m3_cu_rmsnorm(void *ctx, const float *x, const float *w, int rows, int dim, float eps, float *out);
 void m3_cu_add_rmsnorm(void *ctx, float *h, const float *o, const float *w, int rows, int dim, float eps, float *out);
@@ -228,6 +230,8 @@ void m3_cu_head_norm_rope_n(void *ctx, int n, const m3_rope_job *jobs, int T, fl
 /* kv_store.cu */
 void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v, const float *ik);
 void m3_cu_argmax_rows(void *ctx, const float *x, int rows, int n, size_t ld, int32_t *out);
+void m3_cu_dspark_attention_n(void *ctx, int nreq, const m3_dspark_attn_req *rq, const float *q, const float *kb,
+                              const float *vb, int n, int nh, int nkv, int D, int window, float *out);
 void m3_cu_dspark_attention(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
                             const float *kr, const float *vr, int cap, int lo, int len, int pos, int window, float *out);
 void m3_cu_head_norm_rope_store(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,

@@ -15,6 +15,7 @@
 #include "common.cuh"
 
 #define DSA_THREADS 256
+#define DSA_BATCH 32 /* requests one launch takes (dspark.h M3_DSPARK_BATCH_MAX) */
 
 __global__ void __launch_bounds__(DSA_THREADS) k_dspark_attention(const float *q, const float *kb, const float *vb, int n, int nh,
                                                                   int nkv, int D, const float *kr, const float *vr, int cap,
@@ -172,14 +173,39 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_split(const float *q, const
 #define DSA2_D 128
 #define DSA2_G 16
 #define DSA2_KP (DSA2_D + 4) /* K rows padded: a quarter warp's 16-byte loads of 8 rows hit 8 bank groups */
+/* the requests of one launch (blockIdx.z): request r's rows start at row r * n of q, kb, vb and
+ * the output; its context keys are lo0 .. lo0 + nc0 (lo0: slot 0's first visible position),
+ * nsplit[r] of the launch's chunks are its own (the rest are written empty) */
+struct dsa_reqs {
+    const float *kr[DSA_BATCH], *vr[DSA_BATCH];
+    long lo0[DSA_BATCH];
+    int cap[DSA_BATCH], nc0[DSA_BATCH], lo[DSA_BATCH], pos[DSA_BATCH], nsplit[DSA_BATCH];
+};
+
 __global__ void __launch_bounds__(DSA_THREADS) k_dsa_chunk(const float *q, const float *kb, const float *vb, int n, int nh, int nkv,
-                                                           const float *kr, const float *vr, int cap, long lo0, int nc0,
-                                                           int lo, int pos, int window, float scale, int nsplit, float *part) {
+                                                           const __grid_constant__ dsa_reqs R, int window, float scale,
+                                                           int nsplit, float *part) {
     extern __shared__ __align__(16) float sm[];
     float *ks = sm, *vs = ks + DSA_KEYS * DSA2_KP, *qs = vs + DSA_KEYS * DSA2_D, *sc = qs + DSA2_G * DSA2_D; /* sc [G][KEYS] */
-    const int z = blockIdx.x, g = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int z = blockIdx.x, g = blockIdx.y, rq = blockIdx.z, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const size_t kw = (size_t)nkv * DSA2_D;
+    const float *kr = R.kr[rq], *vr = R.vr[rq];
+    const long lo0 = R.lo0[rq];
+    const int cap = R.cap[rq], nc0 = R.nc0[rq], lo = R.lo[rq], pos = R.pos[rq];
+    q += (size_t)rq * n * nh * DSA2_D;
+    kb += (size_t)rq * n * kw;
+    vb += (size_t)rq * n * kw;
+    part += (size_t)rq * n * nh * nsplit * (DSA2_D + 2);
     const int j0 = z * DSA_KEYS, ns = nc0 + n;
+    const size_t hstride = (size_t)nsplit * (DSA2_D + 2);
+    if (z >= R.nsplit[rq]) { /* past this request's keys: empty chunks for its slots and this group's heads */
+        for (int x = tid; x < n * DSA2_G; x += DSA_THREADS) {
+            float *pp = part + ((size_t)(x / DSA2_G) * nh + (size_t)g * DSA2_G + x % DSA2_G) * hstride + (size_t)z * (DSA2_D + 2);
+            pp[DSA2_D] = -INFINITY; /* k_dsa_combine reads nothing else of an empty chunk */
+            pp[DSA2_D + 1] = 0.f;
+        }
+        return;
+    }
     /* the chunk's rows (zeros past the keys) */
     for (int x = tid; x < DSA_KEYS * (DSA2_D / 4); x += DSA_THREADS) {
         const int j = x / (DSA2_D / 4), c4 = (x % (DSA2_D / 4)) * 4, jj = j0 + j;
@@ -194,7 +220,6 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_chunk(const float *q, const
         *(float4 *)(ks + j * DSA2_KP + c4) = kv;
         *(float4 *)(vs + j * DSA2_D + c4) = vv;
     }
-    const size_t hstride = (size_t)nsplit * (DSA2_D + 2);
     for (int i = 0; i < n; i++) {
         long lw = (long)pos + i - window + 1; /* slot i's first context position */
         if (lw < lo) lw = lo;
@@ -276,10 +301,47 @@ __global__ void k_dsa_combine(const float *part, int nsplit, int D, float *out) 
     }
 }
 
-void m3_cu_dspark_attention(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
-                            const float *kr, const float *vr, int cap, int lo, int len, int pos, int window, float *out) {
-    m3_cuda *c = (m3_cuda *)ctx;
-    if (n <= 0 || c->failed) return;
+static bool chunk_shapes(int n, int nh, int nkv, int D) {
+    return n > 0 && nkv > 0 && nh % nkv == 0 && D == DSA2_D && nh / nkv == DSA2_G && DSA_THREADS == 2 * DSA2_D &&
+           DSA_THREADS == 4 * DSA_KEYS;
+}
+
+/* k_dsa_chunk and k_dsa_combine over nreq (<= DSA_BATCH) requests of n slots each */
+static void dsa_chunks(m3_cuda *c, int nreq, const m3_dspark_attn_req *rq, const float *q, const float *kb, const float *vb,
+                       int n, int nh, int nkv, int window, float *out) {
+    dsa_reqs R;
+    int nsplit = 1;
+    for (int r = 0; r < nreq; r++) {
+        long lo0 = (long)rq[r].pos - window + 1; /* slot 0 reads the most context keys */
+        if (lo0 < rq[r].lo) lo0 = rq[r].lo;
+        const int nc0 = lo0 < rq[r].len ? (int)(rq[r].len - lo0) : 0;
+        R.kr[r] = rq[r].kr;
+        R.vr[r] = rq[r].vr;
+        R.lo0[r] = lo0;
+        R.cap[r] = rq[r].cap;
+        R.nc0[r] = nc0;
+        R.lo[r] = rq[r].lo;
+        R.pos[r] = rq[r].pos;
+        R.nsplit[r] = (int)cdiv((size_t)nc0 + n, DSA_KEYS);
+        if (R.nsplit[r] > nsplit) nsplit = R.nsplit[r];
+    }
+    float *part = (float *)m3_cu_scratch(c, SC_DSA, sizeof(float) * (size_t)nreq * n * nh * nsplit * (DSA2_D + 2));
+    if (!part) return;
+    const size_t smem = sizeof(float) * ((size_t)DSA_KEYS * (DSA2_KP + DSA2_D) + (size_t)DSA2_G * (DSA2_D + DSA_KEYS));
+    static unsigned long long set; /* devices whose context has the shared-memory attribute */
+    const unsigned long long bit = 1ull << (c->dev & 63);
+    if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
+        if (CK(c, cudaFuncSetAttribute(k_dsa_chunk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) return;
+        __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
+    }
+    k_dsa_chunk<<<dim3(nsplit, nkv, nreq), DSA_THREADS, smem, c->st>>>(q, kb, vb, n, nh, nkv, R, window,
+                                                                       1.0f / sqrtf((float)DSA2_D), nsplit, part);
+    k_dsa_combine<<<nreq * n * nh, DSA2_D, 0, c->st>>>(part, nsplit, DSA2_D, out);
+    CK_LAUNCH(c, "dspark attention");
+}
+
+static void dspark_attention(m3_cuda *c, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
+                             const float *kr, const float *vr, int cap, int lo, int len, int pos, int window, float *out) {
     if (nkv <= 0 || nh % nkv) { m3_cu_failf(c, "dspark attention: %d query heads over %d KV heads", nh, nkv); return; }
     m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)n * nh * D);
     static int split = -1; /* M3_DSA_SPLIT=0: the first kernel (comparisons) */
@@ -291,21 +353,9 @@ void m3_cu_dspark_attention(void *ctx, const float *q, const float *kb, const fl
     if (lo0 < lo) lo0 = lo;
     const int nc0 = lo0 < len ? (int)(len - lo0) : 0;
     /* from 512 context keys (8 slots: 4096 keys 349 -> 102 us a layer; 100 keys 37 against 51 us) */
-    if (split && chunked && nc0 >= 512 && D == DSA2_D && G == DSA2_G && DSA_THREADS == 2 * DSA2_D && DSA_THREADS == 4 * DSA_KEYS) {
-        const int nsplit = (int)cdiv((size_t)nc0 + n, DSA_KEYS);
-        float *part = (float *)m3_cu_scratch(c, SC_DSA, sizeof(float) * (size_t)n * nh * nsplit * (D + 2));
-        if (!part) return;
-        const size_t smem = sizeof(float) * ((size_t)DSA_KEYS * (DSA2_KP + DSA2_D) + (size_t)DSA2_G * (DSA2_D + DSA_KEYS));
-        static unsigned long long set; /* devices whose context has the shared-memory attribute */
-        const unsigned long long bit = 1ull << (c->dev & 63);
-        if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
-            if (CK(c, cudaFuncSetAttribute(k_dsa_chunk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) return;
-            __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
-        }
-        k_dsa_chunk<<<dim3(nsplit, nkv), DSA_THREADS, smem, c->st>>>(q, kb, vb, n, nh, nkv, kr, vr, cap, lo0, nc0, lo, pos, window,
-                                                                     1.0f / sqrtf((float)D), nsplit, part);
-        k_dsa_combine<<<n * nh, D < 128 ? D : 128, 0, c->st>>>(part, nsplit, D, out);
-        CK_LAUNCH(c, "dspark attention");
+    if (split && chunked && nc0 >= 512 && chunk_shapes(n, nh, nkv, D)) {
+        const m3_dspark_attn_req r = {kr, vr, cap, lo, len, pos};
+        dsa_chunks(c, 1, &r, q, kb, vb, n, nh, nkv, window, out);
         return;
     }
     if (split && D <= DSA_THREADS && DSA_THREADS % D == 0 && G % HG == 0) {
@@ -329,4 +379,36 @@ void m3_cu_dspark_attention(void *ctx, const float *q, const float *kb, const fl
     k_dspark_attention<<<n * nh, DSA_THREADS, smem, c->st>>>(q, kb, vb, n, nh, nkv, D, kr, vr, cap, lo, len, pos, window,
                                                             1.0f / sqrtf((float)D), out);
     CK_LAUNCH(c, "dspark attention");
+}
+
+void m3_cu_dspark_attention(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
+                            const float *kr, const float *vr, int cap, int lo, int len, int pos, int window, float *out) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (n <= 0 || c->failed) return;
+    m3_cu_prof_begin(c, OP_DSA);
+    dspark_attention(c, q, kb, vb, n, nh, nkv, D, kr, vr, cap, lo, len, pos, window, out);
+    m3_cu_prof_end(c, OP_DSA);
+}
+
+void m3_cu_dspark_attention_n(void *ctx, int nreq, const m3_dspark_attn_req *rq, const float *q, const float *kb,
+                              const float *vb, int n, int nh, int nkv, int D, int window, float *out) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (n <= 0 || nreq <= 0 || c->failed) return;
+    if (nkv <= 0 || nh % nkv) { m3_cu_failf(c, "dspark attention: %d query heads over %d KV heads", nh, nkv); return; }
+    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)nreq * n * nh * D);
+    m3_cu_prof_begin(c, OP_DSA);
+    static int batched = -1; /* M3_DSA_BATCH=0: a launch per request (comparisons) */
+    if (batched < 0) batched = m3_cu_env_int("M3_DSA_BATCH", 1) != 0;
+    const size_t rows = (size_t)n * nh * D, krows = (size_t)n * nkv * D;
+    if (batched && nreq > 1 && chunk_shapes(n, nh, nkv, D)) { /* every request's chunks in one launch */
+        for (int r0 = 0; r0 < nreq; r0 += DSA_BATCH) {
+            const int m = nreq - r0 < DSA_BATCH ? nreq - r0 : DSA_BATCH;
+            dsa_chunks(c, m, rq + r0, q + r0 * rows, kb + r0 * krows, vb + r0 * krows, n, nh, nkv, window, out + r0 * rows);
+        }
+    } else {
+        for (int r = 0; r < nreq; r++)
+            dspark_attention(c, q + r * rows, kb + r * krows, vb + r * krows, n, nh, nkv, D, rq[r].kr, rq[r].vr, rq[r].cap,
+                             rq[r].lo, rq[r].len, rq[r].pos, window, out + r * rows);
+    }
+    m3_cu_prof_end(c, OP_DSA);
 }

@@ -33,3 +33,14 @@ void m3_cu_embed(void *ctx, const m3_linear *E, const int32_t *ids, int T, float
     CK_LAUNCH(c, "embed");
     m3_cu_prof_end(c, OP_EMBED);
 }
+
+/* the same with ids in device memory (ops.h embed_dev), outside any step's metadata */
+void m3_cu_embed_dev(void *ctx, const m3_linear *E, const int32_t *ids, int T, float *out) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (T <= 0 || c->failed) return;
+    m3_cu_prof_begin(c, OP_EMBED);
+    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * E->K);
+    k_embed<<<dim3(cdiv(E->K, 256), T), 256, 0, c->st>>>(*E, ids, out);
+    CK_LAUNCH(c, "embed");
+    m3_cu_prof_end(c, OP_EMBED);
+}

@@ -15,7 +15,8 @@
  * usage: bench_cuda_attn [CONFIG.json]   (default tests/data/m3.1-flash-shapes.json)
  * Then the DSpark draft's attention (ops.h dspark_attention: 8 block slots over a sliding window
  * of 4096 context keys in a ring, and over the block's own keys) against the CPU's, 1e-5 relative
- * L2, with the window empty, partly filled, full, and wrapped around the ring.
+ * L2, with the window empty, partly filled, full, and wrapped around the ring; and 2, 4, 8 requests
+ * of such contexts in one dspark_attention_n call (a draft pass's), timed against a call each.
  * M3_BENCH_SELFTEST=1 without a GPU: a second CPU backend stands in for it (checks the
  * harness; the times are then the CPU's). M3_BENCH_REPS: timed calls per op (100; 2 in the
  * self-test). */

@@ -33,9 +33,10 @@ static const char *usage =
     "  --max-num-seqs N  sequences the engine runs at once (default 64)\n"
     "  --max-num-batched-tokens N  tokens of one step, prefill chunks included (default 4096 on the GPU, where\n"
     "                   large prefill chunks keep the tensor cores busy; 512 on the CPU)\n"
-    "  --warmup-tokens N  before listening, one step of N prompt tokens (at most a step) and a decode, not\n"
-    "                   counted and not cached: the first requests then find the step buffers sized and the\n"
-    "                   kernels loaded (default: --max-num-batched-tokens on the GPU, 0 on the CPU; 0: none)\n"
+    "  --warmup-tokens N  before listening, one request of N prompt tokens (at most a step) and a few decodes,\n"
+    "                   then 8 requests of 2N tokens in all together, not counted and not cached: the first\n"
+    "                   requests then find the step buffers sized and the kernels loaded (default:\n"
+    "                   --max-num-batched-tokens on the GPU, 0 on the CPU; 0: none)\n"
     "  --precision P    GEMM inputs: bf16 (rounded to bf16; the GPU's tensor-core path) or exact (f32); default\n"
     "                   bf16 on the GPU, exact on the CPU ($M3_PRECISION sets the default)\n"
     "  --disable-log-requests  no line per request on stderr (--enable-log-requests, the default, keeps them)\n"
@@ -381,7 +382,8 @@ int m3_cmd_serve(int argc, char **argv) {
             const double t0 = m3_now();
             const int n = m3_engine_warmup(e, (int)wt, &err);
             if (n < 0) { fprintf(stderr, "m3 serve: %s\n", err.msg); goto done; }
-            fprintf(stderr, "m3 serve: warm-up: %d prompt tokens and a decode in %.2f s\n", n, m3_now() - t0);
+            fprintf(stderr, "m3 serve: warm-up: %d prompt tokens and decodes, then requests together, in %.2f s\n", n,
+                    m3_now() - t0);
         }
     }
     if (origins_arg && m3_cli_list(origins_arg, &origins, &err)) { fprintf(stderr, "m3 serve: --allowed-origins: %s\n", err.msg); goto done; }

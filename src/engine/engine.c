@@ -517,30 +517,46 @@ int m3_engine_wait_work(m3_engine *e, int timeout_ms) {
     return w;
 }
 
+/* adds n_req requests of n prompt tokens each (stand-in ids, shifted per request so that no two
+ * share a prefix) and runs the engine until they are done; -1 + err */
+static int warm_round(m3_engine *e, int n_req, long n, int32_t *ids, m3_err *err) {
+    for (int r = 0; r < n_req; r++) {
+        m3_stand_in_ids(ids, (int)n, e->V);
+        for (long i = 0; i < n; i++) ids[i] = (int32_t)(((long long)ids[i] + (long long)r * 104729) % e->V);
+        m3_engine_request rq;
+        memset(&rq, 0, sizeof rq); /* greedy */
+        rq.prompt = ids;
+        rq.n_prompt = (int)n;
+        rq.max_tokens = 3;
+        rq.ignore_eos = 1;
+        if (!m3_engine_add(e, &rq, err)) return -1;
+    }
+    for (;;) {
+        const int rc = m3_engine_step(e, err);
+        if (rc < 0) return -1;
+        if (rc == 0 && !m3_engine_has_work(e)) return 0;
+    }
+}
+
 int m3_engine_warmup(m3_engine *e, int n_tokens, m3_err *err) {
     long n = n_tokens;
     if (n > e->max_tokens_step) n = e->max_tokens_step;
-    if (n > e->max_len - 2) n = e->max_len - 2;
+    if (n > e->max_len - 3) n = e->max_len - 3;
     const long cap = (long)e->kv->n_pages * e->page - 2 * e->page; /* the pool, with room for the decodes */
     if (n > cap) n = cap;
     if (n < 1) return 0;
-    int32_t *ids = malloc(sizeof *ids * (size_t)n);
+    /* the second round: 8 requests (at most max_num_seqs) of two steps' prompt tokens in all, so
+     * that steps of several prompts, prompts beside decodes and decode batches run once */
+    const int n_req = e->max_seqs < 8 ? e->max_seqs : 8;
+    long n2 = 2 * n / n_req;
+    if (n2 > cap / n_req - 2 * e->page) n2 = cap / n_req - 2 * e->page;
+    if (n2 > e->max_len - 3) n2 = e->max_len - 3;
+    int32_t *ids = malloc(sizeof *ids * (size_t)(n > n2 ? n : n2));
     if (!ids) return m3_errf(err, "warm-up: out of memory");
-    m3_stand_in_ids(ids, (int)n, e->V);
-    m3_engine_request rq;
-    memset(&rq, 0, sizeof rq); /* greedy */
-    rq.prompt = ids;
-    rq.n_prompt = (int)n;
-    rq.max_tokens = 2;
-    rq.ignore_eos = 1;
-    const uint64_t id = m3_engine_add(e, &rq, err);
+    int rc = warm_round(e, 1, n, ids, err);
+    if (!rc && n_req > 1 && n2 >= 1) rc = warm_round(e, n_req, n2, ids, err);
     free(ids);
-    if (!id) return m3_err_prefix(err, "warm-up");
-    for (;;) {
-        const int rc = m3_engine_step(e, err);
-        if (rc < 0) return m3_err_prefix(err, "warm-up");
-        if (rc == 0 && !m3_engine_has_work(e)) break;
-    }
+    if (rc) return m3_err_prefix(err, "warm-up");
     m3_blocks_reset_cache(e->bm); /* its prompt's pages leave the prefix cache */
     /* the counters as m3_engine_create left them */
     const m3_engine_stats t = e->tot;

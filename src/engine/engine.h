@@ -296,8 +296,10 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *r, m3_err *err);
 int m3_engine_cancel(m3_engine *e, uint64_t id);
 
 /* Before serving (no other thread stepping e): one request of min(n_tokens, the step budget, the
- * context and pool) prompt tokens and 2 generated tokens, run to its end on the calling thread;
- * then the counters, the last-step record and the prefix cache are as if nothing had run. The
+ * context and pool) prompt tokens and 3 generated tokens, run to its end on the calling thread,
+ * then min(8, max_num_seqs) requests of twice as many prompt tokens in all, together (steps of
+ * several prompts, of prompts beside decodes, decode batches); then the counters, the last-step
+ * record and the prefix cache are as if nothing had run. The
  * first requests would otherwise pay first-use costs (on a GPU: step buffers sized for the
  * largest step, kernels loaded on first launch, decode graphs recorded). Returns the prompt
  * tokens it ran (0: none, n_tokens < 1), or -1 + err (the forward failed, or no memory). */

@@ -469,6 +469,31 @@ int main(int argc, char **argv) {
                      rec.out[i].top_ids[0] == rec.out[i].token && rec.out[i].rank == 1;
             CHECK(ok, "on_output with top_logprobs 3: %d tokens", rec.n);
         }
+        /* the warm-up (m3_engine_warmup): two rounds run, nothing counted or left behind, and the
+         * next request's tokens those of a fresh engine */
+        {
+            m3_engine_opts w = o;
+            w.enable_prefix_caching = 1;
+            m3_engine *e = m3_engine_create(&m, &w, &err);
+            CHECK(e, "create: %s", err.msg);
+            const int n = e ? m3_engine_warmup(e, 40, &err) : -1;
+            m3_engine_stats st;
+            if (e) m3_engine_get_stats(e, &st);
+            unsigned long long fin = 0;
+            for (int i = 0; e && i < 5; i++) fin += st.requests_finished[i];
+            CHECK(e && n == (40 < w.max_num_batched_tokens ? 40 : w.max_num_batched_tokens) && st.steps == 0 &&
+                      st.tokens_prefilled == 0 && fin == 0 && st.kv_blocks_used == 0 && st.kv_blocks_cached == 0,
+                  "warm-up of 40 tokens: ran %d, then %llu steps, %llu prefilled, %llu finished, blocks used %d / cached %d", n,
+                  e ? (unsigned long long)st.steps : 0ull, e ? (unsigned long long)st.tokens_prefilled : 0ull, fin,
+                  e ? st.kv_blocks_used : -1, e ? st.kv_blocks_cached : -1);
+            m3_engine_request q = make_req(&specs[0], &rs);
+            memset(&rs, 0, sizeof rs);
+            uint64_t id = e ? m3_engine_add(e, &q, &err) : 0;
+            while (id && m3_engine_step(e, &err) > 0) {}
+            m3_engine_destroy(e);
+            CHECK(rs.n == alone[0].n && !memcmp(rs.tok, alone[0].tok, sizeof(int32_t) * (size_t)rs.n),
+                  "after the warm-up: %d tokens against a fresh engine's %d", rs.n, alone[0].n);
+        }
         /* bad requests */
         m3_engine *e = m3_engine_create(&m, &o, &err);
         m3_engine_request q = make_req(&specs[0], &rs);

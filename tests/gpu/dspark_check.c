@@ -65,6 +65,47 @@ int main(int argc, char **argv) {
         printf("FAIL load: %s\n", err.msg);
         return 1;
     }
+    {   /* argmax_rows (the greedy draws) against the CPU's rule on rows of the M3 vocabulary's width:
+         * ties across the GPU's chunks, NaN at 0, rows of NaN or -inf, NaN beside the maximum, a
+         * text width below the row's */
+        enum { AR = 8, AW = 200064 };
+        const int an[AR] = {AW, AW, AW, AW, AW, AW, 200000, 5};
+        float *ax = malloc(sizeof(float) * AR * AW), *dax = gops.alloc(gops.ctx, sizeof(float) * AR * AW);
+        int32_t *dai = gops.alloc(gops.ctx, sizeof(int32_t) * AR), ag[AR], ac[AR];
+        if (!ax || !dax || !dai) { printf("FAIL out of memory\n"); return 1; }
+        for (size_t i = 0; i < (size_t)AR * AW; i++) ax[i] = frand();
+        ax[0 * AW + 150000] = ax[0 * AW + 9000] = 5.0f;      /* a tie in two chunks: the first */
+        ax[1 * AW + 0] = NAN; ax[1 * AW + 7] = 9.0f;         /* NaN at 0: 0 */
+        for (int i = 0; i < AW; i++) { ax[2 * AW + i] = NAN; ax[3 * AW + i] = -INFINITY; }
+        ax[4 * AW + 100] = NAN; ax[4 * AW + 199999] = 7.0f;  /* NaN never wins */
+        ax[5 * AW + 200063] = 3.0f;                           /* the last value */
+        ax[6 * AW + 200001] = 8.0f;                           /* past the text width */
+        gops.upload(gops.ctx, dax, ax, sizeof(float) * AR * AW);
+        for (int r = 0; r < AR; r++) {
+            gops.argmax_rows(gops.ctx, dax + (size_t)r * AW, 1, an[r], AW, dai + r);
+            cops.argmax_rows(cops.ctx, ax + (size_t)r * AW, 1, an[r], AW, ac + r);
+        }
+        gops.download(gops.ctx, ag, dai, sizeof ag);
+        int bad = 0;
+        for (int r = 0; r < AR; r++) bad += ag[r] != ac[r];
+        gops.argmax_rows(gops.ctx, dax, AR, AW, AW, dai); /* all rows in one call */
+        gops.download(gops.ctx, ag, dai, sizeof ag);
+        for (int r = 0; r < AR; r++) {
+            int want;
+            cops.argmax_rows(cops.ctx, ax + (size_t)r * AW, 1, AW, AW, &want);
+            bad += ag[r] != want;
+        }
+        printf("argmax_rows: %d rows (ties across chunks, NaN, -inf, a narrower text width) %s\n", AR,
+               bad ? "FAIL: differs from the CPU's" : "as the CPU's");
+        if (bad) { printf("FAIL argmax_rows: %d rows differ\n", bad); return 1; }
+        if (ac[0] != 9000 || ac[1] != 0 || ac[2] != 0 || ac[3] != 0 || ac[4] != 199999 || ac[5] != 200063) {
+            printf("FAIL argmax_rows: the CPU's rule changed (%d %d %d %d %d %d)\n", ac[0], ac[1], ac[2], ac[3], ac[4], ac[5]);
+            return 1;
+        }
+        gops.release(gops.ctx, dax);
+        gops.release(gops.ctx, dai);
+        free(ax);
+    }
     const int V = mc.cfg.vocab, F = m3_dspark_feat_dim(&dc);
     int maxlen = 0;
     for (int j = 0; j < NR; j++) maxlen = LEN[j] > maxlen ? LEN[j] : maxlen;

@@ -1,30 +1,67 @@
-/* Row argmax on the GPU (ops.h argmax_rows): the DSpark draft's greedy draws. A block per row:
- * the largest value (fmaxf ignores NaN), then the first index holding it; a NaN at index 0 or a
- * row of NaN gives 0, as m3_row_argmax's rule does.
+/* Row argmax on the GPU (ops.h argmax_rows): the DSpark draft's greedy draws. The largest value
+ * (NaN never counts), then the first index holding it; a NaN at index 0 or a row of NaN gives 0,
+ * as m3_row_argmax's rule does. Each row is split into chunks of AM_CHUNK values over many CTAs
+ * (one CTA walking a 200,064-value row took ~140 us, latency-bound), each leaving its chunk's
+ * (largest, first index); a warp per row then picks the largest, the first on ties.
  * CPU reference: src/backend/cpu/argmax.c (base/rows.c m3_row_argmax). */
 #include "common.cuh"
 
-#define AM_THREADS 512
+#include <limits.h>
 
-__global__ void __launch_bounds__(AM_THREADS) k_argmax_rows(const float *x, int n, size_t ld, int32_t *out) {
-    __shared__ float fpart[32];
-    __shared__ int ipart[32];
-    const float *r = x + (size_t)blockIdx.x * ld;
-    float m = -INFINITY;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, r[i]);
-    m = block_max_f(m, fpart);
-    int b = n;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        if (r[i] == m) { b = i; break; } /* this thread's first: its indices ascend */
+#define AM_THREADS 256
+#define AM_CHUNK 4096 /* values a CTA takes: 16 loads a thread in flight */
+
+struct am_best { float m; int i; };
+
+/* b better than a: larger, or as large at a smaller index (m never NaN) */
+__device__ __forceinline__ am_best am_pick(am_best a, am_best b) { return b.m > a.m || (b.m == a.m && b.i < a.i) ? b : a; }
+
+__device__ __forceinline__ am_best am_warp(am_best a) {
 #pragma unroll
-    for (int o = 16; o; o >>= 1) b = min(b, __shfl_xor_sync(0xffffffffu, b, o));
-    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    if (l == 0) ipart[w] = b;
+    for (int o = 16; o; o >>= 1) {
+        am_best b = {__shfl_xor_sync(0xffffffffu, a.m, o), __shfl_xor_sync(0xffffffffu, a.i, o)};
+        a = am_pick(a, b);
+    }
+    return a;
+}
+
+/* grid (chunk, row): part[row * nch + chunk] = the chunk's (largest, first index), (-inf, INT_MAX)
+ * when it holds only NaN */
+__global__ void __launch_bounds__(AM_THREADS) k_argmax_part(const float *x, int n, size_t ld, int nch, am_best *part) {
+    __shared__ am_best wp[AM_THREADS / 32];
+    const float *r = x + (size_t)blockIdx.y * ld;
+    const int i0 = blockIdx.x * AM_CHUNK, i1 = n - i0 < AM_CHUNK ? n : i0 + AM_CHUNK;
+    am_best a = {-INFINITY, INT_MAX};
+    float v[AM_CHUNK / AM_THREADS];
+#pragma unroll
+    for (int u = 0; u < AM_CHUNK / AM_THREADS; u++) {
+        const int i = i0 + u * AM_THREADS + (int)threadIdx.x;
+        v[u] = i < i1 ? r[i] : __int_as_float(0x7fc00000); /* NaN: never counts */
+    }
+#pragma unroll
+    for (int u = 0; u < AM_CHUNK / AM_THREADS; u++) {
+        const int i = i0 + u * AM_THREADS + (int)threadIdx.x;
+        if (v[u] > a.m || (v[u] == a.m && i < a.i)) a = {v[u], i};
+    }
+    a = am_warp(a);
+    if (threadIdx.x % 32 == 0) wp[threadIdx.x / 32] = a;
     __syncthreads();
+    if (threadIdx.x < 32) {
+        a = threadIdx.x < AM_THREADS / 32 ? wp[threadIdx.x] : am_best{-INFINITY, INT_MAX};
+        a = am_warp(a);
+        if (threadIdx.x == 0) part[(size_t)blockIdx.y * nch + blockIdx.x] = a;
+    }
+}
+
+/* a warp per row over its chunks */
+__global__ void k_argmax_pick(const am_best *part, int nch, const float *x, int n, size_t ld, int32_t *out) {
+    const int row = blockIdx.x;
+    am_best a = {-INFINITY, INT_MAX};
+    for (int c = threadIdx.x; c < nch; c += 32) a = am_pick(a, part[(size_t)row * nch + c]);
+    a = am_warp(a);
     if (threadIdx.x == 0) {
-        for (int k = 1; k < (int)blockDim.x / 32; k++) b = min(b, ipart[k]);
-        b = min(b, ipart[0]);
-        out[blockIdx.x] = r[0] != r[0] || b >= n ? 0 : b;
+        const float r0 = x[(size_t)row * ld];
+        out[row] = r0 != r0 || a.i >= n ? 0 : a.i;
     }
 }
 
@@ -33,7 +70,13 @@ void m3_cu_argmax_rows(void *ctx, const float *x, int rows, int n, size_t ld, in
     if (rows <= 0 || n <= 0 || c->failed) return;
     m3_cu_xsplit_touch(c, out, sizeof(int32_t) * (size_t)rows);
     m3_cu_prof_begin(c, OP_ARGMAX);
-    k_argmax_rows<<<rows, AM_THREADS, 0, c->st>>>(x, n, ld, out);
-    CK_LAUNCH(c, "argmax rows");
+    const int nch = (int)cdiv((size_t)n, AM_CHUNK);
+    am_best *part = (am_best *)m3_cu_scratch(c, SC_AMAX, sizeof(am_best) * (size_t)(rows < 65535 ? rows : 65535) * nch);
+    for (int r0 = 0; part && r0 < rows; r0 += 65535) { /* the grid's y extent */
+        const int m = rows - r0 < 65535 ? rows - r0 : 65535;
+        k_argmax_part<<<dim3(nch, m), AM_THREADS, 0, c->st>>>(x + (size_t)r0 * ld, n, ld, nch, part);
+        k_argmax_pick<<<m, 32, 0, c->st>>>(part, nch, x + (size_t)r0 * ld, n, ld, out + r0);
+        CK_LAUNCH(c, "argmax rows");
+    }
     m3_cu_prof_end(c, OP_ARGMAX);
 }

@@ -225,8 +225,9 @@ __global__ void __launch_bounds__(256, 2) k_index_scores_thread_per_key(kvdesc d
  * B, each split into three bf16 parts (split3), so every product is exact in f32 and the sums
  * are f32 sums in the MMA's order. Warp w takes key tiles w, w + 4, ...; a key counts for a
  * column when it is at or before that token's position. With ta.tctr (runs of at most 8
- * columns) the run's last CTA then runs the top-k of its columns. KD = Di / 16. */
-template <int KD>
+ * columns) the run's last CTA then runs the top-k of its columns. KD = Di / 16. CPA: a bf16
+ * cache of aligned rows, staged by copies alone (no registers hold rows: more CTAs an SM). */
+template <int KD, bool CPA>
 __global__ void __launch_bounds__(128) k_index_scores_mma(kvdesc d, const int32_t *pos, const int32_t *seq, const int32_t *lead,
                                                       const int32_t *rlen, const float *iq, int ni, int B, int nbmax,
                                                       float *scores, topk_args ta) {
@@ -246,6 +247,27 @@ __global__ void __launch_bounds__(128) k_index_scores_mma(kvdesc d, const int32_
                    : d.idt == M3_KV_NVFP4 ? ((al & 7) == 0 ? 3 : 0) : 0;
     constexpr int PP = 8; /* 16-value pieces a thread has in flight */
     const int npieces = MT * 16 * KD;
+    if constexpr (CPA) { /* a bf16 cache with aligned rows (ld == 1): copies only, no registers held for them */
+        const uint8_t *pbase = NULL;
+        int pkp = -1;
+        for (int i = tid; i < npieces; i += 128) {
+            const int j = i / KD, x = (i % KD) * 16;
+            uint16_t *dst = ks + j * DP + x;
+            if (j >= n) {
+                *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+                *(uint4 *)(dst + 8) = make_uint4(0, 0, 0, 0);
+                continue;
+            }
+            const int kp = p0 + j;
+            if (kp / d.page != pkp) { /* a block's keys span one page or a few */
+                pkp = kp / d.page;
+                pbase = page_of(d, sq, kp);
+            }
+            const uint8_t *row = pbase + 2 * d.kvpart + (size_t)(kp % d.page) * d.irb;
+            cp_async16(smem_u32(dst), row + 2 * x);
+            cp_async16(smem_u32(dst + 8), row + 2 * x + 16);
+        }
+    } else
     for (int i0 = 0; i0 < npieces; i0 += PP * 128) {
         uint4 raw[PP];
         const uint8_t *rows[PP];
@@ -418,8 +440,17 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
             ta.tctr = ctr_aux(c, CTR_AUX_TOK);
             if (tsm > sm) sm = tsm;
         }
+        /* bf16 rows 16-byte aligned, and CTAs for several waves: the copies-only staging, 80 registers
+         * against 125 (6 CTAs an SM against 4; decode batch 256: 2.32 -> 1.86 ms a step at 8
+         * layers), but slower in a single wave (8 x 8 tokens 27.6 -> 30.9 us); M3_INDEX_CPA=0: never */
+        static int cpa_on = -1;
+        if (cpa_on < 0) cpa_on = m3_cu_env_int("M3_INDEX_CPA", 1) != 0;
+        const bool cpa = cpa_on && kv->idt == M3_KV_BF16 && (size_t)nbmax * c->n_runs >= 1024 &&
+                         ((d.irb | d.kvpart | d.page_bytes | (uintptr_t)d.base) & 15) == 0;
         void (*fn)(kvdesc, const int32_t *, const int32_t *, const int32_t *, const int32_t *, const float *, int, int, int, float *,
-                   topk_args) = KD == 2 ? k_index_scores_mma<2> : KD == 4 ? k_index_scores_mma<4> : k_index_scores_mma<8>;
+                   topk_args) = KD == 2 ? (cpa ? k_index_scores_mma<2, true> : k_index_scores_mma<2, false>)
+                                : KD == 4 ? (cpa ? k_index_scores_mma<4, true> : k_index_scores_mma<4, false>)
+                                          : (cpa ? k_index_scores_mma<8, true> : k_index_scores_mma<8, false>);
         if (sm > (size_t)c->smem_optin) {
             m3_cu_failf(c, "CUDA backend: the indexer needs %zu bytes of shared memory (blocks of %d keys)", sm, block);
             m3_cu_prof_end(c, OP_INDEX);

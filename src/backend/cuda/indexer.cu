@@ -442,10 +442,11 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
         }
         /* bf16 rows 16-byte aligned, and CTAs for several waves: the copies-only staging, 80 registers
          * against 125 (6 CTAs an SM against 4; decode batch 256: 2.32 -> 1.86 ms a step at 8
-         * layers), but slower in a single wave (8 x 8 tokens 27.6 -> 30.9 us); M3_INDEX_CPA=0: never */
+         * layers), but slower in a single wave (8 x 8 tokens 27.6 -> 30.9 us). nbmax counts the
+         * blocks of the rounded longest position (8 sequences at 8K: 8 x 128); M3_INDEX_CPA=0: never */
         static int cpa_on = -1;
         if (cpa_on < 0) cpa_on = m3_cu_env_int("M3_INDEX_CPA", 1) != 0;
-        const bool cpa = cpa_on && kv->idt == M3_KV_BF16 && (size_t)nbmax * c->n_runs >= 1024 &&
+        const bool cpa = cpa_on && kv->idt == M3_KV_BF16 && (size_t)nbmax * c->n_runs >= 2048 &&
                          ((d.irb | d.kvpart | d.page_bytes | (uintptr_t)d.base) & 15) == 0;
         void (*fn)(kvdesc, const int32_t *, const int32_t *, const int32_t *, const int32_t *, const float *, int, int, int, float *,
                    topk_args) = KD == 2 ? (cpa ? k_index_scores_mma<2, true> : k_index_scores_mma<2, false>)

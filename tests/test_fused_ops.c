@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/rows.h"
 #include "backend/cpu/cpu.h"
 #include "model/m3.h"
 
@@ -77,6 +78,48 @@ static int run(m3_model *m, const int32_t *ids, float *lg, m3_err *err) {
     return rc;
 }
 
+/* m3_taps.greedy_n: the first chunk's U rows again, rows of runs of the three kinds (whole, argmax
+ * over all V, argmax over the first 7 ids): the ids are the argmaxes of the whole rows (lg, the
+ * first chunk of run()), the flags say finite, the whole rows are bitwise those, the others unwritten */
+static void greedy_rows(m3_model *m, const int32_t *ids, const float *lg, const char *name) {
+    const m3_config *c = &m->cfg;
+    const int V = c->vocab, page = m3_kv_page_tokens(c);
+    m3_err err;
+    m3_kv kv;
+    if (m3_kv_create(&kv, c, M3_KV_F32, M3_KV_F32, page, U / page + 2, &err)) { CHECK(0, "%s", err.msg); return; }
+    m3_kv_seq seq = {0};
+    m3_kv_seq *seqs[1] = {&seq};
+    int32_t pos[U], sq[U] = {0}, gn[U], gid[U], gfin[U];
+    int rows[U], done = 0;
+    for (int i = 0; i < U; i++) {
+        pos[i] = i;
+        rows[i] = i;
+        gn[i] = i % 6 < 2 ? 0 : i % 6 < 4 ? V : 7;
+        gid[i] = gfin[i] = -1;
+    }
+    float *out = malloc(sizeof(float) * (size_t)U * V);
+    if (!out) { CHECK(0, "out of memory"); goto done; }
+    for (size_t i = 0; i < (size_t)U * V; i++) out[i] = 12345.0f;
+    m3_taps t = {0};
+    t.greedy_n = gn;
+    t.greedy_ids = gid;
+    t.greedy_fin = gfin;
+    t.greedy_done = &done;
+    m3_batch b = {U, pos, sq, seqs};
+    if (m3_forward(m, &kv, &b, ids, rows, U, out, &t, &err)) { CHECK(0, "%s greedy rows: %s", name, err.msg); goto done; }
+    int bad = 0;
+    for (int i = 0; i < U; i++) {
+        const float *o = out + (size_t)i * V, *w = lg + (size_t)i * V;
+        if (!gn[i]) bad += memcmp(o, w, sizeof(float) * (size_t)V) != 0;
+        else bad += gid[i] != m3_row_argmax(w, gn[i]) || gfin[i] != 1 || o[0] != 12345.0f || o[V - 1] != 12345.0f;
+    }
+    CHECK(done && !bad, "%s: greedy rows done %d, %d of %d rows wrong", name, done, bad, U);
+done:
+    free(out);
+    m3_kv_seq_release(&kv, &seq);
+    m3_kv_destroy(&kv);
+}
+
 static void test_model(const char *data, const char *name) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", data, name);
@@ -113,6 +156,7 @@ static void test_model(const char *data, const char *name) {
           steps * c->n_layers);
     CHECK(n_moe == steps * moe_layers, "%s: MoE + norm taken %ld times, want %ld", name, n_moe, steps * moe_layers);
     printf("%-10s %zu logits equal; fused RoPE + insert %ld calls, MoE + norm %ld calls\n", name, n - bad, n_rope, n_moe);
+    greedy_rows(&plain_m, ids, a, name);
 out2:
     free(a);
     free(b);

@@ -132,6 +132,9 @@ struct m3_ops {
      * row's values x[r * ld .. r * ld + n) (m3_row_argmax's rule: NaN never wins, a NaN at 0
      * gives 0): the DSpark draft's greedy draws without the rows leaving the device */
     void (*argmax_rows)(void *ctx, const float *x, int rows, int n, size_t ld, int32_t *out);
+    /* capability, optional: argmax_rows, and fin[r] (backend memory) = 1 when the row's first nf
+     * values are all finite, else 0 (greedy output rows: only ids and flags leave the device) */
+    void (*argmax_rows_fin)(void *ctx, const float *x, int rows, int n, int nf, size_t ld, int32_t *out, int32_t *fin);
     /* bytes from backend memory to backend memory */
     void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
     /* fused: rows copies of width bytes, from src + r * spitch to dst + r * dpitch (backend

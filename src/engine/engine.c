@@ -277,6 +277,9 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->zeros = e_calloc(T, sizeof *e->zeros);
     e->seqs = e_calloc((size_t)e->max_seqs, sizeof *e->seqs);
     e->logits = e_malloc((size_t)e->max_rows * (size_t)e->V * sizeof(float));
+    e->gn = e_malloc((size_t)e->max_rows * 3 * sizeof *e->gn);
+    e->gid = e->gn ? e->gn + e->max_rows : NULL;
+    e->gfin = e->gn ? e->gn + 2 * (size_t)e->max_rows : NULL;
     e->ws = m3_sample_ws_create(e->V, err);
     int spec_ok = 1;
     if (e->vision) {
@@ -296,7 +299,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     }
     int mu_ok = !pthread_mutex_init(&e->mu, NULL);
     int cv_ok = mu_ok && !pthread_cond_init(&e->cv, NULL);
-    if (!e->running || !e->ids || !e->pos || !e->sq || !e->rows || !e->zeros || !e->seqs || !e->logits || !e->ws || !cv_ok ||
+    if (!e->running || !e->ids || !e->pos || !e->sq || !e->rows || !e->zeros || !e->seqs || !e->logits || !e->gn || !e->ws || !cv_ok ||
         !spec_ok) {
         if (e->ws) m3_errf(err, "engine: out of memory");
         if (cv_ok) pthread_cond_destroy(&e->cv);
@@ -304,7 +307,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         m3_blocks_destroy(e->bm);
         kv_drop(e);
         m3_sample_ws_free(e->ws);
-        free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits);
+        free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits); free(e->gn);
         feat_free(e);
         free(e->drows); free(e->apps); free(e->app_req);
         free(e->ov_rows); free(e->ov_emb);
@@ -364,7 +367,7 @@ void m3_engine_destroy(m3_engine *e) {
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     free(e->running); free(e->waiting); free(e->cancels);
-    free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits);
+    free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits); free(e->gn);
     feat_free(e);
     free(e->drows); free(e->apps); free(e->app_req);
     pbufs_free(e);

@@ -75,6 +75,7 @@ typedef struct req {
      * (sample_rows); so_finite: every logits row of it is finite */
     m3_sample_out so;
     int so_finite, so_rc;
+    int gdev;                  /* this step's rows came back as argmax ids (e->gid, e->gfin at out_idx) */
     m3_spec_result sres;       /* k_sched > 0: the verification (sres_rc: m3_spec_verify's) */
     int sres_rc;
     struct req *next;          /* inbox link */
@@ -116,6 +117,8 @@ struct m3_engine {
     m3_dspark draft;
     float *feat;               /* [max_tokens_step][feat_dim] captured target rows of the step: host
                                 * memory, or (draft_dev) the draft's backend memory */
+    int32_t *gn, *gid, *gfin;  /* [max_rows] per output row: m3_sampler_greedy_ids (0: the whole
+                                * row comes back), then the backend's argmax and finite flag */
     m3_dspark_rows *apps;      /* a step's draft context appends [max_seqs], and their requests */
     req **app_req;
     int draft_dev;             /* the draft runs on the target's device op table (capture stays there) */

@@ -770,6 +770,7 @@ int m3_sampler_is_greedy(const m3_sampler *s) { return !(s->p.temperature >= 1e-
 int m3_sampler_vocab(const m3_sampler *s) { return s->V; }
 
 int m3_sampler_plain_greedy(const m3_sampler *s) { return m3_sampler_is_greedy(s) && plain_logits(s) ? s->n : 0; }
+int m3_sampler_greedy_ids(const m3_sampler *s) { return !s->p.logprobs && !s->p.top_logprobs ? m3_sampler_plain_greedy(s) : 0; }
 
 double m3_sampler_uniform(m3_sampler *s) { return m3_rng_uniform(&s->rng); }
 

@@ -112,6 +112,10 @@ int m3_sampler_is_greedy(const m3_sampler *s);
  * allowed / banned ids, min_tokens, mask): its token is then the first index of the row's
  * largest value over the ids [0, n) (the text ids); else 0. */
 int m3_sampler_plain_greedy(const m3_sampler *s);
+/* m3_sampler_plain_greedy's n when the request also wants no logprobs: its draw is then only that
+ * first index (m3_sampler_sample's output the token alone), which a backend can compute where the
+ * logits are; else 0. */
+int m3_sampler_greedy_ids(const m3_sampler *s);
 /* The vocabulary size the sampler was created for. */
 int m3_sampler_vocab(const m3_sampler *s);
 /* prob[V] = the distribution m3_sampler_sample would draw from for this row in the sampler's

@@ -237,6 +237,26 @@ static int emit(m3_sampler *s, const m3_sample_out *o, const int32_t *stop, int 
     return 0;
 }
 
+int m3_spec_verify_ids(m3_sampler *s, const int32_t *ids, const int32_t *draft, int k, const int32_t *stop, int n_stop,
+                       int max_emit, m3_spec_result *res, m3_err *err) {
+    memset(res, 0, sizeof *res);
+    if (k < 0 || k > M3_SPEC_MAX_TOKENS) return m3_errf(err, "spec verify: %d drafts (0..%d)", k, M3_SPEC_MAX_TOKENS);
+    if (max_emit < 1) return m3_errf(err, "spec verify: max_emit %d", max_emit);
+    for (int i = 0; i <= k; i++) { /* m3_spec_verify's greedy branch, each row's draw given */
+        m3_sample_out o;
+        memset(&o, 0, sizeof o);
+        o.token = ids[i];
+        const int rc = emit(s, &o, stop, n_stop, max_emit, res, err);
+        if (rc) {
+            if (rc > 0 && i < k && o.token == draft[i]) res->n_accepted++;
+            return rc < 0 ? -1 : 0;
+        }
+        if (i == k || o.token != draft[i]) return 0;
+        res->n_accepted++;
+    }
+    return 0;
+}
+
 int m3_spec_verify(m3_sampler *s, m3_sample_ws *ws, float *p, const float *logits, const int32_t *draft,
                    const float *q, int k, const int32_t *stop, int n_stop, int max_emit, m3_spec_result *res,
                    m3_err *err) {

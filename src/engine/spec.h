@@ -135,6 +135,11 @@ typedef struct m3_spec_result {
     m3_sample_out out[M3_SPEC_MAX_TOKENS + 1]; /* the emitted tokens, as m3_sampler_sample reports them */
 } m3_spec_result;
 
+/* m3_spec_verify of a request whose rows need only their argmax (m3_sampler_greedy_ids > 0),
+ * from those: ids [k + 1], the argmax of each row; the same tokens and counts. */
+int m3_spec_verify_ids(m3_sampler *s, const int32_t *ids, const int32_t *draft, int k, const int32_t *stop, int n_stop,
+                       int max_emit, m3_spec_result *res, m3_err *err);
+
 /* Verifies k drafts (0 <= k <= M3_SPEC_MAX_TOKENS) against the target's logits rows [k+1][V]
  * (row i follows the prefix ending in d_i; row 0 the anchor). q: [k][V] draft distributions,
  * or NULL for greedy drafts (one-hot). Emission stops after a token in stop[0..n_stop) or

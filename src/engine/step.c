@@ -316,6 +316,21 @@ static void encode_images(m3_engine *e) {
 static void sample_one(m3_engine *e, req *r, m3_sample_ws *ws, float *p) {
     const float *lg = e->logits + (size_t)r->out_idx * e->V;
     m3_err e2;
+    if (r->gdev) { /* its rows came back as their argmax and finite flag (m3_taps.greedy_n) */
+        r->so_finite = 1;
+        for (int j = 0; j <= r->k_sched; j++) r->so_finite &= e->gfin[r->out_idx + j] != 0;
+        r->so_rc = 0;
+        if (!r->so_finite) return;
+        const int32_t *ids = e->gid + r->out_idx;
+        if (r->k_sched) {
+            const int max_emit = r->max_tokens - r->n_gen < r->limit - r->n_tok ? r->max_tokens - r->n_gen : r->limit - r->n_tok;
+            r->sres_rc = m3_spec_verify_ids(r->smp, ids, r->draft, r->k_sched, r->stop, r->n_stop, max_emit, &r->sres, &e2);
+            return;
+        }
+        memset(&r->so, 0, sizeof r->so); /* m3_sampler_sample's output for such a row */
+        r->so.token = ids[0];
+        return;
+    }
     r->so_finite = logits_finite(lg, (size_t)e->V * (size_t)(1 + r->k_sched));
     r->so_rc = 0;
     if (!r->so_finite) return;
@@ -513,7 +528,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
     int step_rc = 0; /* -1: the forward failed, some requests may have gone on (step_failed) */
     int n_ov = 0; /* batch rows whose embeddings are image embeddings */
     const int F = e->spec ? m3_dspark_feat_dim(&e->draft) : 0;
-    int T = 0, ns = 0, n_out = 0;
+    int T = 0, ns = 0, n_out = 0, n_greedy = 0;
     for (int i = 0; i < e->n_running; i++) {
         req *r = e->running[i];
         if (!r->n_sched) continue;
@@ -536,15 +551,23 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             }
         r->n_ov = n_ov - r->ov0;
         r->out_idx = -1;
+        r->gdev = 0;
+        /* rows whose draw is their argmax alone come back as ids (m3_taps.greedy_n) */
+        const int g = e->group || r->gr ? 0 : m3_sampler_greedy_ids(r->smp);
         if (r->k_sched) { /* every row's logits: row i verifies d_{i+1} */
             r->out_idx = n_out;
-            for (int j = 0; j <= r->k_sched; j++) e->rows[n_out++] = r->row0 + j;
+            for (int j = 0; j <= r->k_sched; j++) {
+                e->gn[n_out] = g;
+                e->rows[n_out++] = r->row0 + j;
+            }
             e->last.n_spec++;
             e->last.n_draft += r->k_sched;
         } else if (r->n_done + r->n_sched == r->n_tok) {
             r->out_idx = n_out;
+            e->gn[n_out] = g;
             e->rows[n_out++] = T - 1;
         }
+        n_greedy += g > 0 && r->out_idx >= 0;
         ns++;
         if (r->decode) e->last.n_decode++;
         else e->last.n_prefill_tokens += r->n_sched;
@@ -556,11 +579,22 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         e->tot.steps++;
         m3_batch b = {T, e->pos, e->sq, e->seqs};
         m3_taps taps = e->spec ? capture_taps(e) : (m3_taps){0};
+        int gdone = 0;
+        if (n_greedy) {
+            taps.greedy_n = e->gn;
+            taps.greedy_ids = e->gid;
+            taps.greedy_fin = e->gfin;
+            taps.greedy_done = &gdone;
+        }
         m3_embed_override ov = {n_ov, e->ov_rows, e->ov_emb};
-        int frc = e->group ? m3_group_forward_ex(e->group, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits,
-                                                 e->spec ? &taps : NULL, err)
-                           : m3_forward_ex(e->m, e->kv, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits,
-                                           e->spec ? &taps : NULL, err);
+        const m3_taps *tp = e->spec || n_greedy ? &taps : NULL;
+        int frc = e->group ? m3_group_forward_ex(e->group, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits, tp, err)
+                           : m3_forward_ex(e->m, e->kv, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits, tp, err);
+        if (!frc && gdone)
+            for (int i = 0; i < e->n_running; i++) {
+                req *r = e->running[i];
+                r->gdev = r->n_sched && r->out_idx >= 0 && e->gn[r->out_idx] > 0;
+            }
         if (frc && step_failed(e, T, ns, n_out, err) < 0) {
             snapshot(e);
             return -1;

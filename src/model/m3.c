@@ -59,6 +59,7 @@ void m3_model_free(m3_model *m) {
 typedef struct {
     float *h, *a, *q, *k, *v, *att, *o, *iq, *ik, *fin, *lg;
     int32_t *sel;
+    int32_t *gid; /* greedy output rows: ids [n_out], then finite flags [n_out] */
     float *lga; /* tensor parallel: every rank's logits, gathered [rank][row][vocab_stride] */
 } bufs;
 
@@ -102,12 +103,12 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
     int topk = c->topk_blocks;
     size_t TT = (size_t)T;
     /* activations live in one workspace kept across steps (grown when a step needs more) */
-    size_t n_o = (size_t)(n_out ? n_out : 1), sz[13] = {
+    size_t n_o = (size_t)(n_out ? n_out : 1), sz[14] = {
         TT * H, TT * H, TT * nh * D, TT * nkv * D, TT * nkv * D, TT * nh * D, TT * H, n_o * H, n_o * Vl,
         c->n_sparse_layers ? TT * ni * Di : 0, c->n_sparse_layers ? TT * Di : 0, c->n_sparse_layers ? TT * ni * topk : 0,
-        sh ? n_o * Vl * sh->size : 0};
+        sh ? n_o * Vl * sh->size : 0, sh ? 0 : 2 * n_o};
     size_t need = 0;
-    for (int i = 0; i < 13; i++) need += (sz[i] * 4 + 63) & ~(size_t)63;
+    for (int i = 0; i < 14; i++) need += (sz[i] * 4 + 63) & ~(size_t)63;
     int ok = 1;
     if (need > m->ws_bytes) {
         op->release(X, m->ws);
@@ -118,10 +119,10 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
     bufs B = {0};
     if (ok) {
         char *p = m->ws;
-        void **slot[13] = {(void **)&B.h,  (void **)&B.a,   (void **)&B.q,  (void **)&B.k,  (void **)&B.v,
+        void **slot[14] = {(void **)&B.h,  (void **)&B.a,   (void **)&B.q,  (void **)&B.k,  (void **)&B.v,
                            (void **)&B.att, (void **)&B.o,  (void **)&B.fin, (void **)&B.lg, (void **)&B.iq,
-                           (void **)&B.ik, (void **)&B.sel, (void **)&B.lga};
-        for (int i = 0; i < 13; i++) {
+                           (void **)&B.ik, (void **)&B.sel, (void **)&B.lga, (void **)&B.gid};
+        for (int i = 0; i < 14; i++) {
             *slot[i] = sz[i] ? p : NULL;
             p += (sz[i] * 4 + 63) & ~(size_t)63;
         }
@@ -140,7 +141,8 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
      * recorded: graph_end then closes the recording and launches it). Not with taps, except a
      * capture into backend memory (m3_taps.capture_dev), which records like the other ops. */
     const int dev_capture_only = taps && taps->capture_dev && !taps->hidden && !taps->index && !taps->stream;
-    int graphable = (!taps || dev_capture_only) && !(ov && ov->n) && op->graph_begin && op->graph_end &&
+    const int no_hooks = taps && !taps->hidden && !taps->index && !taps->stream && !taps->capture; /* greedy rows alone */
+    int graphable = (!taps || no_hooks || dev_capture_only) && !(ov && ov->n) && op->graph_begin && op->graph_end &&
                     (!m->comm || m->comm->capturable);
     /* TP: with whole experts on other ranks the MoE op synchronizes with the host (it groups the
      * tokens of the experts held here), which a recording cannot hold: no graph then */
@@ -247,7 +249,31 @@ issued:
         int s = b->seq[t];
         if (b->seqs[s]->len < b->pos[t] + 1) b->seqs[s]->len = b->pos[t] + 1;
     }
-    if (n_out > 0 && logits && !sh) op->download(X, logits, B.lg, (size_t)n_out * V * 4); /* NULL: stay in backend memory */
+    /* greedy rows: their argmax and finite flag where the logits are, only those come back */
+    const int greedy = n_out > 0 && logits && !sh && taps && taps->greedy_n && taps->greedy_ids && taps->greedy_fin &&
+                       op->argmax_rows_fin && B.gid;
+    if (taps && taps->greedy_done) *taps->greedy_done = greedy;
+    if (greedy) {
+        const int32_t *gn = taps->greedy_n;
+        for (int i = 0; i < n_out;) { /* runs of rows of one kind: the argmaxes first */
+            int j = i + 1;
+            while (j < n_out && (gn[j] > 0) == (gn[i] > 0) && (gn[i] <= 0 || gn[j] == gn[i])) j++;
+            if (gn[i] > 0)
+                op->argmax_rows_fin(X, B.lg + (size_t)i * V, j - i, gn[i] < V ? gn[i] : V, V, (size_t)V, B.gid + i,
+                                    B.gid + n_out + i);
+            i = j;
+        }
+        for (int i = 0; i < n_out;) { /* then the rows that come back whole */
+            int j = i + 1;
+            while (j < n_out && (gn[j] > 0) == (gn[i] > 0)) j++;
+            if (gn[i] <= 0) op->download(X, logits + (size_t)i * V, B.lg + (size_t)i * V, (size_t)(j - i) * V * 4);
+            i = j;
+        }
+        op->download(X, taps->greedy_ids, B.gid, sizeof(int32_t) * (size_t)n_out);
+        op->download(X, taps->greedy_fin, B.gid + n_out, sizeof(int32_t) * (size_t)n_out);
+    } else if (n_out > 0 && logits && !sh) {
+        op->download(X, logits, B.lg, (size_t)n_out * V * 4); /* NULL: stay in backend memory */
+    }
     if (n_out > 0 && logits && sh) { /* rank r's block holds rows of its n_vocab logits: into [row][V] */
         op->download(X, hlg, B.lga, (size_t)sh->size * n_out * Vl * 4);
         for (int r = 0; r < sh->size; r++) {

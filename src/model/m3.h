@@ -72,6 +72,15 @@ typedef struct m3_taps {
      * issues the same ops for the same key. */
     int capture_dev;
     uint64_t graph_key;
+    /* Greedy output rows (optional; ops argmax_rows_fin, no tensor parallelism): output row i with
+     * greedy_n[i] > 0 gets greedy_ids[i] = the first index of the largest of its logits over
+     * [0, greedy_n[i]) and greedy_fin[i] = 1 when all V of them are finite (host int32 [n_out]),
+     * computed where the logits are; its logits row is not written. *greedy_done = 1 when that
+     * was done; 0: every row was written as without greedy_n. Not a tap: such a step still
+     * records and replays. */
+    const int32_t *greedy_n;
+    int32_t *greedy_ids, *greedy_fin;
+    int *greedy_done;
 } m3_taps;
 
 /* Runs ids[b->T] (host memory) through the model, writing their K/V/index-K into kv (pages are reserved

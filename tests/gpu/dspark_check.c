@@ -95,7 +95,17 @@ int main(int argc, char **argv) {
             cops.argmax_rows(cops.ctx, ax + (size_t)r * AW, 1, AW, AW, &want);
             bad += ag[r] != want;
         }
-        printf("argmax_rows: %d rows (ties across chunks, NaN, -inf, a narrower text width) %s\n", AR,
+        { /* argmax_rows_fin: the same ids, and whether each whole row is finite (rows 1-4 are not) */
+            int32_t *dfin = gops.alloc(gops.ctx, sizeof(int32_t) * AR), gf[AR], cf[AR], ci[AR];
+            if (!dfin) { printf("FAIL out of memory\n"); return 1; }
+            gops.argmax_rows_fin(gops.ctx, dax, AR, 200000, AW, AW, dai, dfin);
+            gops.download(gops.ctx, ag, dai, sizeof ag);
+            gops.download(gops.ctx, gf, dfin, sizeof gf);
+            cops.argmax_rows_fin(cops.ctx, ax, AR, 200000, AW, AW, ci, cf);
+            for (int r = 0; r < AR; r++) bad += ag[r] != ci[r] || gf[r] != cf[r] || cf[r] != (r < 1 || r > 4);
+            gops.release(gops.ctx, dfin);
+        }
+        printf("argmax_rows(_fin): %d rows (ties across chunks, NaN, -inf, a narrower text width, finite flags) %s\n", AR,
                bad ? "FAIL: differs from the CPU's" : "as the CPU's");
         if (bad) { printf("FAIL argmax_rows: %d rows differ\n", bad); return 1; }
         if (ac[0] != 9000 || ac[1] != 0 || ac[2] != 0 || ac[3] != 0 || ac[4] != 199999 || ac[5] != 200063) {

@@ -319,6 +319,37 @@ static void test_greedy(void) {
         CHECK(res.stopped && res.n_emit == 2, "max_emit 2: emitted %d", res.n_emit);
         m3_sampler_free(s);
     }
+    /* m3_spec_verify_ids (the rows' argmaxes computed where the logits are, no logprobs asked)
+     * against m3_spec_verify on the rows: the same result for every matching-prefix length, stop
+     * id and max_emit */
+    {
+        m3_sampling g = {.temperature = 0};
+        int same = 0, cases = 0;
+        for (int j = 0; j <= K; j++)
+            for (int cut = 0; cut < 3; cut++) {
+                int32_t d[K], stop = argm[j < K ? j : K - 1];
+                for (int i = 0; i < K; i++) d[i] = i < j ? argm[i] : (argm[i] + 1) % V;
+                m3_sampler *a = m3_sampler_create(&g, V, NULL, 0, &err), *b = m3_sampler_create(&g, V, NULL, 0, &err);
+                m3_spec_result ra, rb;
+                const int me = cut == 2 ? 2 : 100;
+                int rca = m3_spec_verify(a, WS, p, logits, d, NULL, K, cut == 1 ? &stop : NULL, cut == 1, me, &ra, &err);
+                int rcb = m3_spec_verify_ids(b, argm, d, K, cut == 1 ? &stop : NULL, cut == 1, me, &rb, &err);
+                int ok = m3_sampler_greedy_ids(a) == V && rca == 0 && rcb == 0 && ra.n_accepted == rb.n_accepted &&
+                         ra.n_emit == rb.n_emit && ra.stopped == rb.stopped &&
+                         !memcmp(ra.out, rb.out, sizeof ra.out[0] * (size_t)ra.n_emit) &&
+                         m3_sampler_n_generated(a) == m3_sampler_n_generated(b);
+                CHECK(ok, "verify_ids, %d matching drafts, cut %d: accepted %d / %d, emitted %d / %d", j, cut, rb.n_accepted,
+                      ra.n_accepted, rb.n_emit, ra.n_emit);
+                same += ok;
+                cases++;
+                m3_sampler_free(a);
+                m3_sampler_free(b);
+            }
+        m3_sampler *lp = m3_sampler_create(&sp, V, NULL, 0, &err);
+        CHECK(m3_sampler_greedy_ids(lp) == 0, "a request asking for logprobs needs its rows");
+        m3_sampler_free(lp);
+        printf("4b. verify from the rows' argmaxes: %d / %d cases as from the rows\n", same, cases);
+    }
     printf("4. greedy verify: every matching-prefix length gives the plain argmax tokens bitwise (sample_out with "
            "top_logprobs), stop ids and max_emit cut emission: %s\n", ok_all ? "ok" : "FAIL");
 }

@@ -472,6 +472,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->dspark_attention = m3_cu_dspark_attention;
     ops->dspark_attention_n = m3_cu_dspark_attention_n;
     ops->argmax_rows = m3_cu_argmax_rows;
+    ops->argmax_rows_fin = m3_cu_argmax_rows_fin;
     ops->mlp = m3_cu_mlp;
     ops->moe = m3_cu_moe;
     m3_cu_vision_ops(ops);

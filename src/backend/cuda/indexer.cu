@@ -436,7 +436,14 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
         const int cols = c->max_run * ni;
         const size_t tsm = sizeof(float) * (size_t)cols * nbmax + sizeof(int) * (size_t)cols * topk;
         topk_args ta = {NULL, topk, local, init, sel};
-        if (m3_cu_fuse_on() && cols <= 8 && nbmax <= 256 && c->n_runs <= CTR_AUX - CTR_AUX_TOK) {
+        /* the top-k by each run's last CTA while the launch is a few waves at most; from 2048 (block,
+         * run) CTAs the separate k_index_topk (decode batch 64 at 8K, bench_cuda_attn: 62.6 against
+         * 70.1 us a layer; batch 256, 8 layers: 16.9-17.1 against 17.3-17.4 ms a step): each CTA's
+         * arrival, a fence and an atomic, held its staged rows. M3_INDEX_FUSE_MAX: the bound */
+        static long fuse_max = -1;
+        if (fuse_max < 0) fuse_max = m3_cu_env_int("M3_INDEX_FUSE_MAX", 2048);
+        if (m3_cu_fuse_on() && cols <= 8 && nbmax <= 256 && c->n_runs <= CTR_AUX - CTR_AUX_TOK &&
+            (long)nbmax * c->n_runs < fuse_max) {
             ta.tctr = ctr_aux(c, CTR_AUX_TOK);
             if (tsm > sm) sm = tsm;
         }

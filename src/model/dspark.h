@@ -39,12 +39,13 @@
  * for the backend (begin_step: its positions and ids copied once). The blocks of several
  * requests go through one forward (m3_dspark_block_n); their logits stay in backend memory,
  * where the Markov rows are added slot by slot (m3_dspark_markov_n); then either the slot's
- * greedy draws are made there (m3_dspark_argmax_n: only the ids come back) or its rows come to
- * the host for the draw (src/engine/spec.c). The context may be appended from feature rows in
- * backend memory (m3_dspark_ctx_append_dev: the engine's device capture). Not yet: the
- * draft's own CUDA graphs (a pass makes one host round trip per slot), one append for all of
- * a step's requests, and the context rings counted in the KV budget (at the real shapes a
- * full ring is 84 MB a request, f32).
+ * greedy draws are made there (m3_dspark_argmax_n: only the ids come back; m3_dspark_greedy_n:
+ * every slot's draw and Markov row on the backend, one download for the pass) or its rows come
+ * to the host for the draw (src/engine/spec.c). The context may be appended from feature rows in
+ * backend memory (m3_dspark_ctx_append_dev: the engine's device capture; m3_dspark_ctx_append_n:
+ * a step's appends in one pass). The requests' full context rings are reserved out of the KV
+ * budget (m3_dspark_reserve; at the real shapes 84 MB a request, f32). Not yet: the draft's own
+ * CUDA graphs (a pass is launched op by op; probabilistic drafts make a host round trip a slot).
  *
  * Threads: a loaded m3_dspark is read-only except for its workspace, so one thread at a
  * time calls the functions below (the engine thread); m3_dspark_ctx belongs to a request. */

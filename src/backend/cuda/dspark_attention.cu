@@ -13,6 +13,7 @@
  * slot in one CTA per chunk.
  * CPU reference: src/backend/cpu/attention.c (m3_cpu_dspark_attention, dsa_items). */
 #include "common.cuh"
+#include "ptx.cuh"
 
 #define DSA_THREADS 256
 #define DSA_BATCH 32 /* requests one launch takes (dspark.h M3_DSPARK_BATCH_MAX) */
@@ -281,6 +282,161 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_chunk(const float *q, const
     }
 }
 
+/* k_dsa_chunk on the tensor cores (M3_DSA_MMA=1): the same chunk, rows and part rows, but a warp per
+ * slot: its 16 query heads are the 16 rows of an m16n8k8 A operand, S = Q K^T as 8 key tiles of 8
+ * and O = P V as 16 channel tiles, each f32 product as three TF32 MMAs (tf32_split: ~f32 accuracy).
+ * The probabilities go from S's accumulator layout to A's by quad shuffles. V rows are padded to
+ * 136 floats so that a fragment's 32 loads hit 32 banks. Two CTAs an SM (128 registers). */
+#define DSA2_VP (DSA2_D + 8)
+__global__ void __launch_bounds__(DSA_THREADS, 2) k_dsa_chunk_mma(const float *q, const float *kb, const float *vb, int n, int nh,
+                                                               int nkv, const __grid_constant__ dsa_reqs R, int window,
+                                                               float scale, int nsplit, float *part) {
+    extern __shared__ __align__(16) float sm[];
+    float *ks = sm, *vs = ks + DSA_KEYS * DSA2_KP; /* [KEYS][KP], [KEYS][VP] */
+    const int z = blockIdx.x, g = blockIdx.y, rq = blockIdx.z, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gq = lane >> 2, t = lane & 3;
+    const size_t kw = (size_t)nkv * DSA2_D;
+    const float *kr = R.kr[rq], *vr = R.vr[rq];
+    const long lo0 = R.lo0[rq];
+    const int cap = R.cap[rq], nc0 = R.nc0[rq], lo = R.lo[rq], pos = R.pos[rq];
+    q += (size_t)rq * n * nh * DSA2_D;
+    kb += (size_t)rq * n * kw;
+    vb += (size_t)rq * n * kw;
+    part += (size_t)rq * n * nh * nsplit * (DSA2_D + 2);
+    const int j0 = z * DSA_KEYS, ns = nc0 + n;
+    const size_t hstride = (size_t)nsplit * (DSA2_D + 2);
+    if (z >= R.nsplit[rq]) { /* past this request's keys: empty chunks for its slots and this group's heads */
+        for (int x = tid; x < n * DSA2_G; x += DSA_THREADS) {
+            float *pp = part + ((size_t)(x / DSA2_G) * nh + (size_t)g * DSA2_G + x % DSA2_G) * hstride + (size_t)z * (DSA2_D + 2);
+            pp[DSA2_D] = -INFINITY;
+            pp[DSA2_D + 1] = 0.f;
+        }
+        return;
+    }
+    for (int x = tid; x < DSA_KEYS * (DSA2_D / 4); x += DSA_THREADS) {
+        const int j = x / (DSA2_D / 4), c4 = (x % (DSA2_D / 4)) * 4, jj = j0 + j;
+        float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+        if (jj < ns) {
+            const size_t off = (jj < nc0 ? (size_t)((lo0 + jj) % cap) * kw : 0) + (size_t)g * DSA2_D + c4;
+            const float *kp = jj < nc0 ? kr + off : kb + (size_t)(jj - nc0) * kw + (size_t)g * DSA2_D + c4;
+            const float *vp = jj < nc0 ? vr + off : vb + (size_t)(jj - nc0) * kw + (size_t)g * DSA2_D + c4;
+            kv = *(const float4 *)kp;
+            vv = *(const float4 *)vp;
+        }
+        *(float4 *)(ks + j * DSA2_KP + c4) = kv;
+        *(float4 *)(vs + j * DSA2_VP + c4) = vv;
+    }
+    __syncthreads();
+    for (int i = warp; i < n; i += DSA_THREADS / 32) {
+        long lw = (long)pos + i - window + 1; /* slot i's first context position */
+        if (lw < lo) lw = lo;
+        const float *qi = q + ((size_t)i * nh + (size_t)g * DSA2_G) * DSA2_D; /* head row h at qi + h * D */
+        float s[DSA_KEYS / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < DSA_KEYS / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll 2
+        for (int kk = 0; kk < DSA2_D / 8; kk++) { /* S: 8 dimensions a step */
+            const int c = kk * 8 + t;
+            uint32_t ab[4], as[4];
+            tf32_split(__ldg(qi + gq * DSA2_D + c), &ab[0], &as[0]);
+            tf32_split(__ldg(qi + (gq + 8) * DSA2_D + c), &ab[1], &as[1]);
+            tf32_split(__ldg(qi + gq * DSA2_D + c + 4), &ab[2], &as[2]);
+            tf32_split(__ldg(qi + (gq + 8) * DSA2_D + c + 4), &ab[3], &as[3]);
+#pragma unroll
+            for (int nt = 0; nt < DSA_KEYS / 8; nt++) {
+                const float *kp = ks + (nt * 8 + gq) * DSA2_KP + c; /* B: key nt * 8 + gq, dimensions c, c + 4 */
+                uint32_t b0, b0s, b1, b1s;
+                tf32_split(kp[0], &b0, &b0s);
+                tf32_split(kp[4], &b1, &b1s);
+                mma_tf32(s[nt], as, b0, b1);
+                mma_tf32(s[nt], ab, b0s, b1s);
+                mma_tf32(s[nt], ab, b0, b1);
+            }
+        }
+        /* mask and scale; each row's (head's) maximum and exp-sum over the quad */
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < DSA_KEYS / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int jj = j0 + nt * 8 + 2 * t + e;
+                const bool valid = jj < ns && (jj >= nc0 || lo0 + jj >= lw);
+                s[nt][e] = valid ? s[nt][e] * scale : -INFINITY;
+                s[nt][2 + e] = valid ? s[nt][2 + e] * scale : -INFINITY;
+                mx0 = fmaxf(mx0, s[nt][e]);
+                mx1 = fmaxf(mx1, s[nt][2 + e]);
+            }
+#pragma unroll
+        for (int o = 1; o < 4; o <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+        }
+        float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < DSA_KEYS / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                s[nt][e] = mx0 == -INFINITY ? 0.f : expf(s[nt][e] - mx0);
+                s[nt][2 + e] = mx1 == -INFINITY ? 0.f : expf(s[nt][2 + e] - mx1);
+                sum0 += s[nt][e];
+                sum1 += s[nt][2 + e];
+            }
+#pragma unroll
+        for (int o = 1; o < 4; o <<= 1) {
+            sum0 += __shfl_xor_sync(0xffffffffu, sum0, o);
+            sum1 += __shfl_xor_sync(0xffffffffu, sum1, o);
+        }
+        float *pp0 = part + ((size_t)i * nh + (size_t)g * DSA2_G + gq) * hstride + (size_t)z * (DSA2_D + 2);
+        float *pp1 = pp0 + 8 * hstride; /* head gq + 8 */
+        if (t == 0) {
+            pp0[DSA2_D] = mx0;
+            pp0[DSA2_D + 1] = sum0;
+            pp1[DSA2_D] = mx1;
+            pp1[DSA2_D + 1] = sum1;
+        }
+        /* O = P V in two halves of 64 channels (registers: 32 sums at a time): key tile kt of P is S's
+         * tile kt; lane (gq, t) needs keys t and t + 4 of rows gq, gq + 8, which lanes t / 2 and
+         * t / 2 + 2 of its quad hold at element t % 2 */
+        const int src0 = (lane & ~3) | (t >> 1), src1 = src0 + 2;
+        const bool odd = t & 1;
+#pragma unroll 1
+        for (int half = 0; half < 2; half++) {
+            float o[DSA2_D / 16][4];
+#pragma unroll
+            for (int nt = 0; nt < DSA2_D / 16; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+#pragma unroll
+            for (int kt = 0; kt < DSA_KEYS / 8; kt++) {
+                const float x00 = __shfl_sync(0xffffffffu, s[kt][0], src0), x01 = __shfl_sync(0xffffffffu, s[kt][1], src0);
+                const float x10 = __shfl_sync(0xffffffffu, s[kt][2], src0), x11 = __shfl_sync(0xffffffffu, s[kt][3], src0);
+                const float y00 = __shfl_sync(0xffffffffu, s[kt][0], src1), y01 = __shfl_sync(0xffffffffu, s[kt][1], src1);
+                const float y10 = __shfl_sync(0xffffffffu, s[kt][2], src1), y11 = __shfl_sync(0xffffffffu, s[kt][3], src1);
+                uint32_t ab[4], as[4];
+                tf32_split(odd ? x01 : x00, &ab[0], &as[0]); /* P[gq][kt * 8 + t] */
+                tf32_split(odd ? x11 : x10, &ab[1], &as[1]); /* P[gq + 8][kt * 8 + t] */
+                tf32_split(odd ? y01 : y00, &ab[2], &as[2]); /* P[gq][kt * 8 + t + 4] */
+                tf32_split(odd ? y11 : y10, &ab[3], &as[3]); /* P[gq + 8][kt * 8 + t + 4] */
+                /* B: keys kt * 8 + t, + 4 of channel half * 64 + nt * 8 + gq */
+                const float *vp = vs + (kt * 8 + t) * DSA2_VP + half * (DSA2_D / 2) + gq;
+#pragma unroll
+                for (int nt = 0; nt < DSA2_D / 16; nt++) {
+                    uint32_t b0, b0s, b1, b1s;
+                    tf32_split(vp[nt * 8], &b0, &b0s);
+                    tf32_split(vp[4 * DSA2_VP + nt * 8], &b1, &b1s);
+                    mma_tf32(o[nt], as, b0, b1);
+                    mma_tf32(o[nt], ab, b0s, b1s);
+                    mma_tf32(o[nt], ab, b0, b1);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < DSA2_D / 16; nt++) {
+                const int ch = half * (DSA2_D / 2) + nt * 8 + 2 * t;
+                *(float2 *)(pp0 + ch) = make_float2(o[nt][0], o[nt][1]);
+                *(float2 *)(pp1 + ch) = make_float2(o[nt][2], o[nt][3]);
+            }
+        }
+    }
+}
+
 /* one CTA per (slot, head), a thread per channel: the chunks rescaled to their common maximum */
 __global__ void k_dsa_combine(const float *part, int nsplit, int D, float *out) {
     const float *p = part + (size_t)blockIdx.x * nsplit * (D + 2);
@@ -327,15 +483,20 @@ static void dsa_chunks(m3_cuda *c, int nreq, const m3_dspark_attn_req *rq, const
     }
     float *part = (float *)m3_cu_scratch(c, SC_DSA, sizeof(float) * (size_t)nreq * n * nh * nsplit * (DSA2_D + 2));
     if (!part) return;
-    const size_t smem = sizeof(float) * ((size_t)DSA_KEYS * (DSA2_KP + DSA2_D) + (size_t)DSA2_G * (DSA2_D + DSA_KEYS));
+    /* M3_DSA_MMA=1: k_dsa_chunk_mma (not yet the default: to be checked and timed on the GPU) */
+    static int mma = -1;
+    if (mma < 0) mma = m3_cu_env_int("M3_DSA_MMA", 0) != 0;
+    const size_t smem = mma ? sizeof(float) * (size_t)DSA_KEYS * (DSA2_KP + DSA2_VP)
+                            : sizeof(float) * ((size_t)DSA_KEYS * (DSA2_KP + DSA2_D) + (size_t)DSA2_G * (DSA2_D + DSA_KEYS));
     static unsigned long long set; /* devices whose context has the shared-memory attribute */
     const unsigned long long bit = 1ull << (c->dev & 63);
     if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
-        if (CK(c, cudaFuncSetAttribute(k_dsa_chunk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) return;
+        if (CK(c, cudaFuncSetAttribute(mma ? k_dsa_chunk_mma : k_dsa_chunk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
+            return;
         __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
     }
-    k_dsa_chunk<<<dim3(nsplit, nkv, nreq), DSA_THREADS, smem, c->st>>>(q, kb, vb, n, nh, nkv, R, window,
-                                                                       1.0f / sqrtf((float)DSA2_D), nsplit, part);
+    (mma ? k_dsa_chunk_mma : k_dsa_chunk)<<<dim3(nsplit, nkv, nreq), DSA_THREADS, smem, c->st>>>(
+        q, kb, vb, n, nh, nkv, R, window, 1.0f / sqrtf((float)DSA2_D), nsplit, part);
     k_dsa_combine<<<nreq * n * nh, DSA2_D, 0, c->st>>>(part, nsplit, DSA2_D, out);
     CK_LAUNCH(c, "dspark attention");
 }

@@ -1,6 +1,6 @@
 /* PTX wrappers the tensor-core kernels share (linear_mma.cu, gemm_tc.cu, gemm_ft.cu, attention.cu,
- * indexer.cu): shared-memory loads by 32-bit shared address, the cp.async ring's copies, and the
- * bf16 m16n8k16 MMA with its operand helpers. A generic pointer into shared
+ * indexer.cu, dspark_attention.cu): shared-memory loads by 32-bit shared address, the cp.async
+ * ring's copies, the bf16 m16n8k16 MMA and the TF32 m16n8k8 one with their operand helpers. A generic pointer into shared
  * memory (what a base aligned through an integer is) makes generic loads, which wait on the long
  * (L1TEX) scoreboard: ncu measured half of gemm_tc's warp stall cycles there before these. */
 #ifndef M3_CUDA_PTX_CUH
@@ -71,6 +71,27 @@ static __device__ __forceinline__ void split3(float x0, float x1, uint32_t *p0, 
     *p0 = h;
     *p1 = m;
     *p2 = bf2(r0 - __uint_as_float(m << 16), r1 - __uint_as_float(m & 0xffff0000u));
+}
+
+/* x rounded to TF32 (nearest, ties away: cvt.rna), as the f32 bit pattern the MMA reads */
+static __device__ __forceinline__ uint32_t tf32_of(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+/* x = big + small to ~2^-22 relative, both TF32: an f32 product as three TF32 MMAs (big x big,
+ * big x small, small x big; the small x small term is below f32's rounding) */
+static __device__ __forceinline__ void tf32_split(float x, uint32_t *big, uint32_t *small) {
+    *big = tf32_of(x);
+    *small = tf32_of(x - __uint_as_float(*big));
+}
+/* D += A B: m16n8k8, TF32 operands, f32 accumulators (lane l, g = l / 4, t = l % 4: a0 / a1 rows
+ * g / g + 8 at column t, a2 / a3 the same at column t + 4; b0 / b1 rows t / t + 4 of column g;
+ * c0, c1 row g columns 2t, 2t + 1, c2, c3 the same of row g + 8) */
+static __device__ __forceinline__ void mma_tf32(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 #endif

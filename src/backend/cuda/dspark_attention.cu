@@ -183,6 +183,37 @@ struct dsa_reqs {
     int cap[DSA_BATCH], nc0[DSA_BATCH], lo[DSA_BATCH], pos[DSA_BATCH], nsplit[DSA_BATCH];
 };
 
+/* a chunk past its request's keys: its slots' part rows for this KV head's query heads empty
+ * (maximum -inf, sum 0: k_dsa_combine reads nothing else of them) */
+static __device__ __forceinline__ void dsa_empty_chunk(float *part, int n, int nh, int g, size_t hstride, int z) {
+    for (int x = threadIdx.x; x < n * DSA2_G; x += DSA_THREADS) {
+        float *pp = part + ((size_t)(x / DSA2_G) * nh + (size_t)g * DSA2_G + x % DSA2_G) * hstride + (size_t)z * (DSA2_D + 2);
+        pp[DSA2_D] = -INFINITY;
+        pp[DSA2_D + 1] = 0.f;
+    }
+}
+
+/* the chunk's DSA_KEYS key rows from j0 into ks [KEYS][DSA2_KP] and value rows into vs [KEYS][VS]
+ * (zeros past the ns keys): key j is context position lo0 + j (ring slot % cap) while j < nc0,
+ * then block key j - nc0; KV head g's D values of each */
+template <int VS>
+static __device__ __forceinline__ void dsa_stage_rows(const float *kr, const float *vr, const float *kb, const float *vb, long lo0,
+                                                      int cap, int nc0, int ns, int j0, int g, size_t kw, float *ks, float *vs) {
+    for (int x = threadIdx.x; x < DSA_KEYS * (DSA2_D / 4); x += DSA_THREADS) {
+        const int j = x / (DSA2_D / 4), c4 = (x % (DSA2_D / 4)) * 4, jj = j0 + j;
+        float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+        if (jj < ns) {
+            const size_t off = (jj < nc0 ? (size_t)((lo0 + jj) % cap) * kw : 0) + (size_t)g * DSA2_D + c4;
+            const float *kp = jj < nc0 ? kr + off : kb + (size_t)(jj - nc0) * kw + (size_t)g * DSA2_D + c4;
+            const float *vp = jj < nc0 ? vr + off : vb + (size_t)(jj - nc0) * kw + (size_t)g * DSA2_D + c4;
+            kv = *(const float4 *)kp;
+            vv = *(const float4 *)vp;
+        }
+        *(float4 *)(ks + j * DSA2_KP + c4) = kv;
+        *(float4 *)(vs + j * VS + c4) = vv;
+    }
+}
+
 __global__ void __launch_bounds__(DSA_THREADS) k_dsa_chunk(const float *q, const float *kb, const float *vb, int n, int nh, int nkv,
                                                            const __grid_constant__ dsa_reqs R, int window, float scale,
                                                            int nsplit, float *part) {
@@ -199,28 +230,11 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_chunk(const float *q, const
     part += (size_t)rq * n * nh * nsplit * (DSA2_D + 2);
     const int j0 = z * DSA_KEYS, ns = nc0 + n;
     const size_t hstride = (size_t)nsplit * (DSA2_D + 2);
-    if (z >= R.nsplit[rq]) { /* past this request's keys: empty chunks for its slots and this group's heads */
-        for (int x = tid; x < n * DSA2_G; x += DSA_THREADS) {
-            float *pp = part + ((size_t)(x / DSA2_G) * nh + (size_t)g * DSA2_G + x % DSA2_G) * hstride + (size_t)z * (DSA2_D + 2);
-            pp[DSA2_D] = -INFINITY; /* k_dsa_combine reads nothing else of an empty chunk */
-            pp[DSA2_D + 1] = 0.f;
-        }
+    if (z >= R.nsplit[rq]) { /* past this request's keys */
+        dsa_empty_chunk(part, n, nh, g, hstride, z);
         return;
     }
-    /* the chunk's rows (zeros past the keys) */
-    for (int x = tid; x < DSA_KEYS * (DSA2_D / 4); x += DSA_THREADS) {
-        const int j = x / (DSA2_D / 4), c4 = (x % (DSA2_D / 4)) * 4, jj = j0 + j;
-        float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
-        if (jj < ns) {
-            const size_t off = (jj < nc0 ? (size_t)((lo0 + jj) % cap) * kw : 0) + (size_t)g * DSA2_D + c4;
-            const float *kp = jj < nc0 ? kr + off : kb + (size_t)(jj - nc0) * kw + (size_t)g * DSA2_D + c4;
-            const float *vp = jj < nc0 ? vr + off : vb + (size_t)(jj - nc0) * kw + (size_t)g * DSA2_D + c4;
-            kv = *(const float4 *)kp;
-            vv = *(const float4 *)vp;
-        }
-        *(float4 *)(ks + j * DSA2_KP + c4) = kv;
-        *(float4 *)(vs + j * DSA2_D + c4) = vv;
-    }
+    dsa_stage_rows<DSA2_D>(kr, vr, kb, vb, lo0, cap, nc0, ns, j0, g, kw, ks, vs);
     for (int i = 0; i < n; i++) {
         long lw = (long)pos + i - window + 1; /* slot i's first context position */
         if (lw < lo) lw = lo;
@@ -293,7 +307,7 @@ __global__ void __launch_bounds__(DSA_THREADS, 2) k_dsa_chunk_mma(const float *q
                                                                float scale, int nsplit, float *part) {
     extern __shared__ __align__(16) float sm[];
     float *ks = sm, *vs = ks + DSA_KEYS * DSA2_KP; /* [KEYS][KP], [KEYS][VP] */
-    const int z = blockIdx.x, g = blockIdx.y, rq = blockIdx.z, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int z = blockIdx.x, g = blockIdx.y, rq = blockIdx.z, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gq = lane >> 2, t = lane & 3;
     const size_t kw = (size_t)nkv * DSA2_D;
     const float *kr = R.kr[rq], *vr = R.vr[rq];
@@ -305,27 +319,11 @@ __global__ void __launch_bounds__(DSA_THREADS, 2) k_dsa_chunk_mma(const float *q
     part += (size_t)rq * n * nh * nsplit * (DSA2_D + 2);
     const int j0 = z * DSA_KEYS, ns = nc0 + n;
     const size_t hstride = (size_t)nsplit * (DSA2_D + 2);
-    if (z >= R.nsplit[rq]) { /* past this request's keys: empty chunks for its slots and this group's heads */
-        for (int x = tid; x < n * DSA2_G; x += DSA_THREADS) {
-            float *pp = part + ((size_t)(x / DSA2_G) * nh + (size_t)g * DSA2_G + x % DSA2_G) * hstride + (size_t)z * (DSA2_D + 2);
-            pp[DSA2_D] = -INFINITY;
-            pp[DSA2_D + 1] = 0.f;
-        }
+    if (z >= R.nsplit[rq]) { /* past this request's keys */
+        dsa_empty_chunk(part, n, nh, g, hstride, z);
         return;
     }
-    for (int x = tid; x < DSA_KEYS * (DSA2_D / 4); x += DSA_THREADS) {
-        const int j = x / (DSA2_D / 4), c4 = (x % (DSA2_D / 4)) * 4, jj = j0 + j;
-        float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
-        if (jj < ns) {
-            const size_t off = (jj < nc0 ? (size_t)((lo0 + jj) % cap) * kw : 0) + (size_t)g * DSA2_D + c4;
-            const float *kp = jj < nc0 ? kr + off : kb + (size_t)(jj - nc0) * kw + (size_t)g * DSA2_D + c4;
-            const float *vp = jj < nc0 ? vr + off : vb + (size_t)(jj - nc0) * kw + (size_t)g * DSA2_D + c4;
-            kv = *(const float4 *)kp;
-            vv = *(const float4 *)vp;
-        }
-        *(float4 *)(ks + j * DSA2_KP + c4) = kv;
-        *(float4 *)(vs + j * DSA2_VP + c4) = vv;
-    }
+    dsa_stage_rows<DSA2_VP>(kr, vr, kb, vb, lo0, cap, nc0, ns, j0, g, kw, ks, vs);
     __syncthreads();
     for (int i = warp; i < n; i += DSA_THREADS / 32) {
         long lw = (long)pos + i - window + 1; /* slot i's first context position */

@@ -1,8 +1,9 @@
 /* PTX wrappers the tensor-core kernels share (linear_mma.cu, gemm_tc.cu, gemm_ft.cu, attention.cu,
  * indexer.cu, dspark_attention.cu): shared-memory loads by 32-bit shared address, the cp.async
- * ring's copies, the bf16 m16n8k16 MMA and the TF32 m16n8k8 one with their operand helpers. A generic pointer into shared
- * memory (what a base aligned through an integer is) makes generic loads, which wait on the long
- * (L1TEX) scoreboard: ncu measured half of gemm_tc's warp stall cycles there before these. */
+ * ring's copies, the bf16 m16n8k16 MMA and the TF32 m16n8k8 one with their operand helpers. A
+ * generic pointer into shared memory (what a base aligned through an integer is) makes generic
+ * loads, which wait on the long (L1TEX) scoreboard: ncu measured half of gemm_tc's warp stall
+ * cycles there before these. */
 #ifndef M3_CUDA_PTX_CUH
 #define M3_CUDA_PTX_CUH
 

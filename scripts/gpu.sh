@@ -137,9 +137,8 @@ if want 3; then
 echo "## 3. kernels against the CPU: linear layers and a MoE layer; KV store, indexer and sparse attention"
 run "$BIN/bench_cuda_linear"
 [ -x "$BIN/bench_cuda_attn" ] && run "$BIN/bench_cuda_attn"
-# the indexer's top-k fused into its last CTAs at every grid (by default only below 2048 CTAs), and
-# the DSpark draft's attention on the tensor cores (k_dsa_chunk_mma, not yet the default)
-[ -x "$BIN/bench_cuda_attn" ] && M3_INDEX_FUSE_MAX=1000000000 M3_DSA_MMA=1 M3_BENCH_KV=bf16 run "$BIN/bench_cuda_attn"
+# the indexer's top-k fused into its last CTAs at every grid (by default only below 2048 CTAs)
+[ -x "$BIN/bench_cuda_attn" ] && M3_INDEX_FUSE_MAX=1000000000 M3_BENCH_KV=bf16 run "$BIN/bench_cuda_attn"
 # the tensor-core (wgmma) GEMM for many tokens, every weight format, against a double reference
 [ -x "$BIN/bench_cuda_gemm" ] && run "$BIN/bench_cuda_gemm"
 [ -x "$BIN/bench_cuda_moe" ] && run "$BIN/bench_cuda_moe"
@@ -227,8 +226,8 @@ if [ -n "$CSB" ]; then
   [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=2 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
   # ... at decode batch 64 (copies-only staging, the separate top-k)
   [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=3 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
-  # ... and the DSpark attention on the tensor cores
-  [ -x "$BIN/bench_cuda_attn" ] && run env M3_DSA_MMA=1 M3_BENCH_CASE=0 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
+  # ... and the DSpark attention's batched requests (k_dsa_chunk on the tensor cores, its combine)
+  [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=0 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
   # ... and the FP8 / NVFP4 caches (attention: words loaded, converted to bf16 in shared memory; the indexer likewise)
   for kvd in fp8 nvfp4; do
     [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=2 M3_BENCH_KV=$kvd M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"

@@ -37,8 +37,13 @@ static void copy_rows(const m3_ops *o, void *dst, size_t dpitch, const void *src
     for (size_t r = 0; r < rows; r++) o->copy(o->ctx, (char *)dst + r * dpitch, (const char *)src + r * spitch, width);
 }
 
+static void copy_n(const m3_ops *o, int n, void *const *dst, const void *const *src, const size_t *bytes) {
+    for (int i = 0; i < n; i++) o->copy(o->ctx, dst[i], src[i], bytes[i]);
+}
+
 int m3_ops_complete(m3_ops *o, m3_err *err) {
     if (!o->copy_rows) o->copy_rows = copy_rows;
+    if (!o->copy_n) o->copy_n = copy_n;
     if (!o->linear_n) o->linear_n = linear_n;
     if (!o->add_rmsnorm) o->add_rmsnorm = add_rmsnorm;
     if (!o->head_norm_rope_n) o->head_norm_rope_n = head_norm_rope_n;

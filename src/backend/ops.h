@@ -4,7 +4,7 @@
  * a [T, N] buffer holds token t's row at t * N.
  *
  * Every compute op the forward pass calls is mandatory. The fused ops (linear_n, add_rmsnorm,
- * head_norm_rope_n, head_norm_rope_store, moe_add_rmsnorm, copy_rows) are defined as compositions of the
+ * head_norm_rope_n, head_norm_rope_store, moe_add_rmsnorm, copy_rows, copy_n) are defined as compositions of the
  * others, written once in compose.c; m3_ops_complete installs those wherever a backend leaves
  * a fused op NULL, and a backend overrides one with a faster kernel computing the same thing.
  * Fused ops take the table itself (they may call its other ops); the rest take the backend's
@@ -142,6 +142,9 @@ struct m3_ops {
      * draft's feature rows) */
     void (*copy_rows)(const m3_ops *ops, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                       size_t rows);
+    /* fused: n copies of bytes[i] from src[i] to dst[i] (backend memory, no two overlapping), as
+     * n copy calls would (the DSpark context append: every request's K and V ring rows of a layer) */
+    void (*copy_n)(const m3_ops *ops, int n, void *const *dst, const void *const *src, const size_t *bytes);
     /* SwiGLU-OAI MLP: out[T, H] = down((clamp(up)+1) * g * sigmoid(alpha g)), g = min(gate, limit) */
     void (*mlp)(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out);
     /* Sigmoid router + routed experts + shared expert, out [T, H] (overwritten). Under expert

@@ -429,7 +429,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
                 printf("%-7ld %-8ld  skipped: %s\n", nb, ctx, err.msg);
                 continue;
             }
-            double med = 0, med1 = 0;
+            double med = 0, med1 = 0, medv = 0;
             long experts = 0;
             int qs[2] = {1, (int)verify + 1}, nq = verify ? 2 : 1;
             for (int qi = 0; qi < nq && !rc; qi++) {
@@ -440,6 +440,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
                     break;
                 }
                 if (qi == 0) med1 = med;
+                else medv = med;
                 double bytes = weight_bytes(m.dw, experts) + (double)nb * q * kv_bytes(c, c->n_layers, kdt, idt, ctx);
                 double floor_s = bytes / bw;
                 m3_cuda_mem_info(&ops, &fr, &tot, &pk);
@@ -456,7 +457,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
             }
             if (!rc && have_draft) {
                 m3_cuda_profile(&ops, 0);
-                if (m3_bench_dspark(&m, &kv, &draft, nb, ctx, (int)verify, steps, med1, profile, &err)) {
+                if (m3_bench_dspark(&m, &kv, &draft, nb, ctx, (int)verify, steps, med1, medv, profile, &err)) {
                     fprintf(stderr, "m3 bench: dspark: %s\n", err.msg);
                     rc = 1;
                 }

@@ -546,12 +546,17 @@ static int pass_begin(m3_dspark *d, int T, m3_err *err) {
 }
 
 /* positions [pos0, pos0 + n) of ring r (cap slots): at most two runs of consecutive slots */
-static void ring_put(m3_ops *op, float *ring, int cap, size_t kw, const float *src, int pos0, int n) {
-    int t0 = n > cap ? n - cap : 0; /* only the last cap positions survive */
+/* the copies that put rows [0, n) of src (positions pos0..) into a ring of cap rows: at most
+ * two (the last cap positions survive, wrapping once); appended to dst / srcs / bytes at *nc */
+static void ring_put(float *ring, int cap, size_t kw, const float *src, int pos0, int n, void **dst, const void **srcs,
+                     size_t *bytes, int *nc) {
+    int t0 = n > cap ? n - cap : 0;
     while (t0 < n) {
         int slot = (pos0 + t0) % cap, m = n - t0;
         if (m > cap - slot) m = cap - slot;
-        op->copy(op->ctx, ring + (size_t)slot * kw, src + (size_t)t0 * kw, (size_t)m * kw * 4);
+        dst[*nc] = ring + (size_t)slot * kw;
+        srcs[*nc] = src + (size_t)t0 * kw;
+        bytes[(*nc)++] = (size_t)m * kw * 4;
         t0 += m;
     }
 }
@@ -585,17 +590,32 @@ static int ctx_append(m3_dspark *d, const m3_dspark_rows *a, int na, int on_back
     append_sizes(d, (int)N, sz);
     if (ws_take(d, 4, sz, buf, err) || meta_take(d, (int)N, err)) return -1;
     float *x = buf[0], *cx = buf[1], *k = buf[2], *v = buf[3];
+    enum { CP_MAX = 64 };
+    void *cp_dst[CP_MAX];
+    const void *cp_src[CP_MAX];
+    size_t cp_bytes[CP_MAX];
     if (used == 1 && on_backend && !d->cfg.last_layer_final_norm) {
         x = (float *)a[only].feat; /* read in place */
     } else { /* the rows together (a copy also keeps the caller's rows from the norm below) */
         size_t r0 = 0;
+        int nc = 0;
         for (int j = 0; j < na; j++) {
             if (!a[j].n) continue;
             const size_t bytes = (size_t)a[j].n * F * 4;
-            if (on_backend) op->copy(X, x + r0 * F, a[j].feat, bytes);
-            else op->upload(X, x + r0 * F, a[j].feat, bytes);
+            if (!on_backend) {
+                op->upload(X, x + r0 * F, a[j].feat, bytes);
+            } else {
+                if (nc == CP_MAX) {
+                    op->copy_n(op, nc, cp_dst, cp_src, cp_bytes);
+                    nc = 0;
+                }
+                cp_dst[nc] = x + r0 * F;
+                cp_src[nc] = a[j].feat;
+                cp_bytes[nc++] = bytes;
+            }
             r0 += (size_t)a[j].n;
         }
+        if (nc) op->copy_n(op, nc, cp_dst, cp_src, cp_bytes);
     }
     if (d->cfg.last_layer_final_norm) { /* [open] the last target layer after the target's final norm */
         int s = m3_dspark_feat_slot(d, tc->n_layers - 1);
@@ -620,13 +640,19 @@ static int ctx_append(m3_dspark *d, const m3_dspark_rows *a, int na, int on_back
         op->linear(X, &L->v, cx, (int)N, v);
         op->head_norm_rope(X, k, (int)N, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, d->hpos);
         size_t r0 = 0;
-        for (int j = 0; j < na; j++) { /* into each ring (the backend's memory) */
+        int nc = 0; /* into each ring (the backend's memory): every request's copies in one call */
+        for (int j = 0; j < na; j++) {
             if (!a[j].n) continue;
             m3_dspark_ctx *c = a[j].ctx;
-            ring_put(op, c->k[l], c->cap, kw, k + r0 * kw, a[j].pos0, a[j].n);
-            ring_put(op, c->v[l], c->cap, kw, v + r0 * kw, a[j].pos0, a[j].n);
+            if (nc > CP_MAX - 4) {
+                op->copy_n(op, nc, cp_dst, cp_src, cp_bytes);
+                nc = 0;
+            }
+            ring_put(c->k[l], c->cap, kw, k + r0 * kw, a[j].pos0, a[j].n, cp_dst, cp_src, cp_bytes, &nc);
+            ring_put(c->v[l], c->cap, kw, v + r0 * kw, a[j].pos0, a[j].n, cp_dst, cp_src, cp_bytes, &nc);
             r0 += (size_t)a[j].n;
         }
+        op->copy_n(op, nc, cp_dst, cp_src, cp_bytes);
     }
     if (op->check && op->check(X, err)) return m3_err_prefix(err, "dspark context");
     for (int j = 0; j < na; j++) a[j].ctx->len = a[j].pos0 + a[j].n;

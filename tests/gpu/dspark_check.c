@@ -116,6 +116,41 @@ int main(int argc, char **argv) {
         gops.release(gops.ctx, dai);
         free(ax);
     }
+    {   /* copy_n (the context append's ring rows): 70 copies (two launches of the CUDA table), of
+         * aligned and unaligned offsets and sizes, one empty, into one buffer; the bytes between
+         * the copies' destinations keep their values */
+        enum { NCP = 70, CB = 1 << 20 };
+        uint8_t *hs = malloc(CB), *hd = malloc(CB), *want = malloc(CB);
+        uint8_t *ds = gops.alloc(gops.ctx, CB), *dd = gops.alloc(gops.ctx, CB);
+        if (!hs || !hd || !want || !ds || !dd) { printf("FAIL out of memory\n"); return 1; }
+        for (int i = 0; i < CB; i++) { hs[i] = (uint8_t)(frand() * 127 + 128); want[i] = (uint8_t)i; }
+        gops.upload(gops.ctx, ds, hs, CB);
+        gops.upload(gops.ctx, dd, want, CB);
+        void *dst[NCP];
+        const void *src[NCP];
+        size_t bytes[NCP];
+        size_t at = 0;
+        for (int i = 0; i < NCP; i++) { /* destination i at [at, at + bytes): disjoint, in order */
+            const size_t nb = i == 5 ? 0 : i % 3 == 0 ? (size_t)16 * (1 + i * 37 % 500) : (size_t)(1 + i * 131 % 9000);
+            const size_t so = i % 4 == 1 ? (size_t)(i * 7 + 3) : (size_t)16 * (i * 11);
+            at += i % 2 ? 5 : 16;
+            at = i % 3 == 0 ? (at + 15) & ~(size_t)15 : at;
+            dst[i] = dd + at;
+            src[i] = ds + so;
+            bytes[i] = nb;
+            memcpy(want + at, hs + so, nb);
+            at += nb;
+        }
+        if (at > CB) { printf("FAIL copy_n check: %zu bytes past its buffer\n", at); return 1; }
+        gops.copy_n(&gops, NCP, dst, src, bytes);
+        gops.download(gops.ctx, hd, dd, CB);
+        const int same = !memcmp(hd, want, CB);
+        printf("copy_n: %d copies (aligned, unaligned, empty) %s\n", NCP, same ? "as memcpy" : "FAIL: differ from memcpy");
+        if (!same) return 1;
+        gops.release(gops.ctx, ds);
+        gops.release(gops.ctx, dd);
+        free(hs); free(hd); free(want);
+    }
     const int V = mc.cfg.vocab, F = m3_dspark_feat_dim(&dc);
     int maxlen = 0;
     for (int j = 0; j < NR; j++) maxlen = LEN[j] > maxlen ? LEN[j] : maxlen;

@@ -138,6 +138,50 @@ static void cu_copy_rows(const m3_ops *o, void *dst, size_t dpitch, const void *
     m3_cu_prof_end(c, OP_COPY);
 }
 
+/* n copies in one launch (a CTA row per copy); more than COPY_N_MAX go in several */
+#define COPY_N_MAX 64
+struct copy_tab {
+    char *dst[COPY_N_MAX];
+    const char *src[COPY_N_MAX];
+    size_t bytes[COPY_N_MAX];
+};
+
+__global__ void k_copy_n(const __grid_constant__ copy_tab t) {
+    char *d = t.dst[blockIdx.y];
+    const char *s = t.src[blockIdx.y];
+    const size_t n = t.bytes[blockIdx.y], step = (size_t)gridDim.x * blockDim.x, i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (!(((uintptr_t)d | (uintptr_t)s | n) & 15)) {
+        for (size_t i = i0; i < n / 16; i += step) ((uint4 *)d)[i] = ((const uint4 *)s)[i];
+    } else {
+        for (size_t i = i0; i < n; i += step) d[i] = s[i];
+    }
+}
+
+static void cu_copy_n(const m3_ops *o, int n, void *const *dst, const void *const *src, const size_t *bytes) {
+    m3_cuda *c = (m3_cuda *)o->ctx;
+    m3_cu_prof_begin(c, OP_COPY);
+    for (int i0 = 0; i0 < n && !c->failed; i0 += COPY_N_MAX) {
+        copy_tab t;
+        int m = 0;
+        size_t most = 0;
+        for (int i = i0; i < n && i < i0 + COPY_N_MAX; i++) {
+            if (!bytes[i]) continue;
+            m3_cu_xsplit_touch(c, dst[i], bytes[i]);
+            t.dst[m] = (char *)dst[i];
+            t.src[m] = (const char *)src[i];
+            t.bytes[m] = bytes[i];
+            if (bytes[i] > most) most = bytes[i];
+            m++;
+        }
+        if (!m) continue;
+        size_t g = (most + 16 * 256 - 1) / (16 * 256);
+        if (g > 256) g = 256;
+        k_copy_n<<<dim3((unsigned)g, (unsigned)m), 256, 0, c->st>>>(t);
+        CK_LAUNCH(c, "copy_n");
+    }
+    m3_cu_prof_end(c, OP_COPY);
+}
+
 static void cu_mem_info(void *ctx, size_t *free_b, size_t *total_b) {
     m3_cuda *c = (m3_cuda *)ctx;
     size_t f = 0, t = 0;
@@ -444,6 +488,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->download = cu_download;
     ops->copy = cu_copy;
     ops->copy_rows = cu_copy_rows;
+    ops->copy_n = cu_copy_n;
     ops->weights_upload = m3_cu_weights_upload;
     ops->weights_release = m3_cu_weights_release;
     ops->begin_step = cu_begin_step;

@@ -10,7 +10,7 @@
  * 1.4 ms a layer at 8 slots over a full 4096-key window; it stays for shapes the split does
  * not take (head_dim not dividing 256, more than 16 heads a group not in 16s). At the M3.1-Flash
  * draft's shapes (D 128, 16 heads a KV head) and from 512 context keys, k_dsa_chunk takes every
- * slot in one CTA per chunk.
+ * slot in one CTA per chunk, on the tensor cores.
  * CPU reference: src/backend/cpu/attention.c (m3_cpu_dspark_attention, dsa_items). */
 #include "common.cuh"
 #include "ptx.cuh"
@@ -167,13 +167,16 @@ __global__ void __launch_bounds__(DSA_THREADS) k_dsa_split(const float *q, const
 /* Every slot in one CTA per (key chunk, KV head), for D = 128 and 16 query heads a KV head (the
  * M3.1-Flash draft): the chunk's DSA_KEYS key and value rows are staged in shared memory once
  * (k_dsa_split reads them again for each of the n slots, and waits on each key's loads in turn:
- * 345 us a layer at 8 slots over a 4096-key window), then for each slot: its 16 queries, S = q k^T
- * with a thread per (key, 4 heads), the chunk's maximum and exp-sum per head, and O = P V with a
- * thread per (channel, 8 heads); the same part rows as k_dsa_split for k_dsa_combine. Slot i sees
- * context key j (position lo0 + j) when lo0 + j >= its own window start, and every block key. */
+ * 345 us a layer at 8 slots over a 4096-key window), then a warp per slot: its 16 query heads are
+ * the 16 rows of an m16n8k8 A operand, S = Q K^T as 8 key tiles of 8 and O = P V as 16 channel
+ * tiles, each f32 product as three TF32 MMAs (tf32_split: ~f32 accuracy); the same part rows as
+ * k_dsa_split for k_dsa_combine. Slot i sees context key j (position lo0 + j) when lo0 + j >= its
+ * own window start, and every block key. (H200, 8 slots over a 4096-key window: 103 us a layer
+ * with f32 arithmetic on the CUDA cores, 79 us here; 8 requests in one call 473 -> 340 us.) */
 #define DSA2_D 128
 #define DSA2_G 16
-#define DSA2_KP (DSA2_D + 4) /* K rows padded: a quarter warp's 16-byte loads of 8 rows hit 8 bank groups */
+#define DSA2_KP (DSA2_D + 4) /* K rows padded: B fragments' 32 loads hit 32 banks */
+#define DSA2_VP (DSA2_D + 8) /* V rows padded: the same */
 /* the requests of one launch (blockIdx.z): request r's rows start at row r * n of q, kb, vb and
  * the output; its context keys are lo0 .. lo0 + nc0 (lo0: slot 0's first visible position),
  * nsplit[r] of the launch's chunks are its own (the rest are written empty) */
@@ -193,10 +196,9 @@ static __device__ __forceinline__ void dsa_empty_chunk(float *part, int n, int n
     }
 }
 
-/* the chunk's DSA_KEYS key rows from j0 into ks [KEYS][DSA2_KP] and value rows into vs [KEYS][VS]
+/* the chunk's DSA_KEYS key rows from j0 into ks [KEYS][DSA2_KP] and value rows into vs [KEYS][DSA2_VP]
  * (zeros past the ns keys): key j is context position lo0 + j (ring slot % cap) while j < nc0,
  * then block key j - nc0; KV head g's D values of each */
-template <int VS>
 static __device__ __forceinline__ void dsa_stage_rows(const float *kr, const float *vr, const float *kb, const float *vb, long lo0,
                                                       int cap, int nc0, int ns, int j0, int g, size_t kw, float *ks, float *vs) {
     for (int x = threadIdx.x; x < DSA_KEYS * (DSA2_D / 4); x += DSA_THREADS) {
@@ -210,99 +212,12 @@ static __device__ __forceinline__ void dsa_stage_rows(const float *kr, const flo
             vv = *(const float4 *)vp;
         }
         *(float4 *)(ks + j * DSA2_KP + c4) = kv;
-        *(float4 *)(vs + j * VS + c4) = vv;
+        *(float4 *)(vs + j * DSA2_VP + c4) = vv;
     }
 }
 
-__global__ void __launch_bounds__(DSA_THREADS) k_dsa_chunk(const float *q, const float *kb, const float *vb, int n, int nh, int nkv,
-                                                           const __grid_constant__ dsa_reqs R, int window, float scale,
-                                                           int nsplit, float *part) {
-    extern __shared__ __align__(16) float sm[];
-    float *ks = sm, *vs = ks + DSA_KEYS * DSA2_KP, *qs = vs + DSA_KEYS * DSA2_D, *sc = qs + DSA2_G * DSA2_D; /* sc [G][KEYS] */
-    const int z = blockIdx.x, g = blockIdx.y, rq = blockIdx.z, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const size_t kw = (size_t)nkv * DSA2_D;
-    const float *kr = R.kr[rq], *vr = R.vr[rq];
-    const long lo0 = R.lo0[rq];
-    const int cap = R.cap[rq], nc0 = R.nc0[rq], lo = R.lo[rq], pos = R.pos[rq];
-    q += (size_t)rq * n * nh * DSA2_D;
-    kb += (size_t)rq * n * kw;
-    vb += (size_t)rq * n * kw;
-    part += (size_t)rq * n * nh * nsplit * (DSA2_D + 2);
-    const int j0 = z * DSA_KEYS, ns = nc0 + n;
-    const size_t hstride = (size_t)nsplit * (DSA2_D + 2);
-    if (z >= R.nsplit[rq]) { /* past this request's keys */
-        dsa_empty_chunk(part, n, nh, g, hstride, z);
-        return;
-    }
-    dsa_stage_rows<DSA2_D>(kr, vr, kb, vb, lo0, cap, nc0, ns, j0, g, kw, ks, vs);
-    for (int i = 0; i < n; i++) {
-        long lw = (long)pos + i - window + 1; /* slot i's first context position */
-        if (lw < lo) lw = lo;
-        for (int x = tid; x < DSA2_G * (DSA2_D / 4); x += DSA_THREADS) {
-            const int hh = x / (DSA2_D / 4), c4 = (x % (DSA2_D / 4)) * 4;
-            *(float4 *)(qs + hh * DSA2_D + c4) = *(const float4 *)(q + ((size_t)i * nh + (size_t)g * DSA2_G + hh) * DSA2_D + c4);
-        }
-        __syncthreads(); /* the rows (first slot), this slot's queries; the previous slot's sc is read */
-        {   /* S: thread (key kk, heads hb, hb + 4, hb + 8, hb + 12) */
-            const int kk = tid % DSA_KEYS, hb = tid / DSA_KEYS, jj = j0 + kk;
-            const bool valid = jj < ns && (jj >= nc0 || lo0 + jj >= lw);
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 8
-            for (int d = 0; d < DSA2_D; d += 4) {
-                const float4 k4 = *(const float4 *)(ks + kk * DSA2_KP + d);
-#pragma unroll
-                for (int m = 0; m < 4; m++) {
-                    const float4 q4 = *(const float4 *)(qs + (hb + 4 * m) * DSA2_D + d);
-                    acc[m] += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
-                }
-            }
-#pragma unroll
-            for (int m = 0; m < 4; m++) sc[(hb + 4 * m) * DSA_KEYS + kk] = valid ? acc[m] * scale : -INFINITY;
-        }
-        __syncthreads();
-        /* the chunk's maximum and exp-sum per head: a warp per two heads, a lane per two keys */
-        for (int hh = warp; hh < DSA2_G; hh += DSA_THREADS / 32) {
-            float *r = sc + hh * DSA_KEYS;
-            const float a = r[lane], b = r[lane + 32];
-            const float mx = warp_max(fmaxf(a, b));
-            const float pa = mx == -INFINITY ? 0.f : expf(a - mx), pb = mx == -INFINITY ? 0.f : expf(b - mx);
-            r[lane] = pa;
-            r[lane + 32] = pb;
-            const float sum = warp_sum(pa + pb);
-            if (lane == 0) {
-                float *pp = part + ((size_t)i * nh + (size_t)g * DSA2_G + hh) * hstride + (size_t)z * (DSA2_D + 2);
-                pp[DSA2_D] = mx;
-                pp[DSA2_D + 1] = sum;
-            }
-        }
-        __syncthreads();
-        {   /* O = P V: thread (channel d, heads set, set + 2, ..., set + 14), four keys a step */
-            const int d = tid % DSA2_D, set = tid / DSA2_D;
-            float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 2
-            for (int kk = 0; kk < DSA_KEYS; kk += 4) {
-                const float v0 = vs[kk * DSA2_D + d], v1 = vs[(kk + 1) * DSA2_D + d], v2 = vs[(kk + 2) * DSA2_D + d],
-                            v3 = vs[(kk + 3) * DSA2_D + d];
-#pragma unroll
-                for (int m = 0; m < 8; m++) {
-                    const float4 p4 = *(const float4 *)(sc + (set + 2 * m) * DSA_KEYS + kk);
-                    o[m] += p4.x * v0 + p4.y * v1 + p4.z * v2 + p4.w * v3;
-                }
-            }
-#pragma unroll
-            for (int m = 0; m < 8; m++)
-                part[((size_t)i * nh + (size_t)g * DSA2_G + set + 2 * m) * hstride + (size_t)z * (DSA2_D + 2) + d] = o[m];
-        }
-    }
-}
-
-/* k_dsa_chunk on the tensor cores (M3_DSA_MMA=1): the same chunk, rows and part rows, but a warp per
- * slot: its 16 query heads are the 16 rows of an m16n8k8 A operand, S = Q K^T as 8 key tiles of 8
- * and O = P V as 16 channel tiles, each f32 product as three TF32 MMAs (tf32_split: ~f32 accuracy).
- * The probabilities go from S's accumulator layout to A's by quad shuffles. V rows are padded to
- * 136 floats so that a fragment's 32 loads hit 32 banks. Two CTAs an SM (128 registers). */
-#define DSA2_VP (DSA2_D + 8)
-__global__ void __launch_bounds__(DSA_THREADS, 2) k_dsa_chunk_mma(const float *q, const float *kb, const float *vb, int n, int nh,
+/* (128 registers: two CTAs an SM) */
+__global__ void __launch_bounds__(DSA_THREADS, 2) k_dsa_chunk(const float *q, const float *kb, const float *vb, int n, int nh,
                                                                int nkv, const __grid_constant__ dsa_reqs R, int window,
                                                                float scale, int nsplit, float *part) {
     extern __shared__ __align__(16) float sm[];
@@ -323,7 +238,7 @@ __global__ void __launch_bounds__(DSA_THREADS, 2) k_dsa_chunk_mma(const float *q
         dsa_empty_chunk(part, n, nh, g, hstride, z);
         return;
     }
-    dsa_stage_rows<DSA2_VP>(kr, vr, kb, vb, lo0, cap, nc0, ns, j0, g, kw, ks, vs);
+    dsa_stage_rows(kr, vr, kb, vb, lo0, cap, nc0, ns, j0, g, kw, ks, vs);
     __syncthreads();
     for (int i = warp; i < n; i += DSA_THREADS / 32) {
         long lw = (long)pos + i - window + 1; /* slot i's first context position */
@@ -435,24 +350,62 @@ __global__ void __launch_bounds__(DSA_THREADS, 2) k_dsa_chunk_mma(const float *q
     }
 }
 
-/* one CTA per (slot, head), a thread per channel: the chunks rescaled to their common maximum */
-__global__ void k_dsa_combine(const float *part, int nsplit, int D, float *out) {
+/* one CTA per (slot, head): the chunks rescaled to their common maximum M. The chunks' weights
+ * exp(m_z - M) are worked out once, DSA_WT at a time, into shared memory (zeros past the last
+ * chunk, to a multiple of 8), then a thread per channel (D <= 2 x DSA_COMBINE_THREADS) sums the
+ * chunks' outputs 8 at a time, its loads independent of each other (a layer of 8 slots over 4096
+ * keys: 65 chunks of 130 floats per head). Empty chunks (maximum -inf) weigh 0 and their rows are
+ * not read. */
+#define DSA_COMBINE_THREADS 128
+#define DSA_WT 256
+__global__ void __launch_bounds__(DSA_COMBINE_THREADS) k_dsa_combine(const float *part, int nsplit, int D, float *out) {
+    __shared__ __align__(16) double wz[DSA_WT];
+    __shared__ float fpart[32];
+    __shared__ double dpart[32];
     const float *p = part + (size_t)blockIdx.x * nsplit * (D + 2);
-    float M = -INFINITY;
-    for (int z = 0; z < nsplit; z++) M = fmaxf(M, p[(size_t)z * (D + 2) + D]);
-    double L = 0;
-    for (int z = 0; z < nsplit; z++) {
-        const float m = p[(size_t)z * (D + 2) + D];
-        if (m > -INFINITY) L += (double)p[(size_t)z * (D + 2) + D + 1] * exp((double)m - M);
-    }
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        double o = 0;
-        for (int z = 0; z < nsplit; z++) {
-            const float m = p[(size_t)z * (D + 2) + D];
-            if (m > -INFINITY) o += (double)p[(size_t)z * (D + 2) + d] * exp((double)m - M);
+    const int tid = threadIdx.x;
+    float mx = -INFINITY;
+    for (int z = tid; z < nsplit; z += DSA_COMBINE_THREADS) mx = fmaxf(mx, p[(size_t)z * (D + 2) + D]);
+    const float M = block_max_f(mx, fpart);
+    double l = 0, o[2] = {0.0, 0.0};
+    for (int z0 = 0; z0 < nsplit; z0 += DSA_WT) {
+        const int nz = nsplit - z0 < DSA_WT ? nsplit - z0 : DSA_WT, nz8 = (nz + 7) & ~7;
+        __syncthreads(); /* the previous tile's weights are read */
+        for (int z = tid; z < nz8; z += DSA_COMBINE_THREADS) {
+            const float m = z < nz ? p[(size_t)(z0 + z) * (D + 2) + D] : -INFINITY;
+            const double w = m > -INFINITY ? exp((double)m - M) : 0.0;
+            wz[z] = w;
+            if (w != 0.0) l += (double)p[(size_t)(z0 + z) * (D + 2) + D + 1] * w;
         }
-        out[(size_t)blockIdx.x * D + d] = (float)(o / L);
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int d = tid + k * DSA_COMBINE_THREADS;
+            if (d >= D) break;
+            const float *pd = p + (size_t)z0 * (D + 2) + d;
+            for (int z = 0; z < nz8; z += 8)
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const double w = wz[z + u];
+                    if (w != 0.0) o[k] += (double)pd[(size_t)(z + u) * (D + 2)] * w;
+                }
+        }
     }
+    const double L = block_sum_d(l, dpart);
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int d = tid + k * DSA_COMBINE_THREADS;
+        if (d < D) out[(size_t)blockIdx.x * D + d] = (float)(o[k] / L);
+    }
+}
+
+/* k_dsa_combine over rows (slot, head) of nsplit chunks each */
+static void dsa_combine(m3_cuda *c, const float *part, int rows, int nsplit, int D, float *out) {
+    if (D > 2 * DSA_COMBINE_THREADS) {
+        m3_cu_failf(c, "dspark attention: head_dim %d is more than the combine takes (%d)", D, 2 * DSA_COMBINE_THREADS);
+        return;
+    }
+    k_dsa_combine<<<rows, DSA_COMBINE_THREADS, 0, c->st>>>(part, nsplit, D, out);
 }
 
 static bool chunk_shapes(int n, int nh, int nkv, int D) {
@@ -481,21 +434,17 @@ static void dsa_chunks(m3_cuda *c, int nreq, const m3_dspark_attn_req *rq, const
     }
     float *part = (float *)m3_cu_scratch(c, SC_DSA, sizeof(float) * (size_t)nreq * n * nh * nsplit * (DSA2_D + 2));
     if (!part) return;
-    /* M3_DSA_MMA=1: k_dsa_chunk_mma (not yet the default: to be checked and timed on the GPU) */
-    static int mma = -1;
-    if (mma < 0) mma = m3_cu_env_int("M3_DSA_MMA", 0) != 0;
-    const size_t smem = mma ? sizeof(float) * (size_t)DSA_KEYS * (DSA2_KP + DSA2_VP)
-                            : sizeof(float) * ((size_t)DSA_KEYS * (DSA2_KP + DSA2_D) + (size_t)DSA2_G * (DSA2_D + DSA_KEYS));
+    const size_t smem = sizeof(float) * (size_t)DSA_KEYS * (DSA2_KP + DSA2_VP);
     static unsigned long long set; /* devices whose context has the shared-memory attribute */
     const unsigned long long bit = 1ull << (c->dev & 63);
     if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
-        if (CK(c, cudaFuncSetAttribute(mma ? k_dsa_chunk_mma : k_dsa_chunk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
+        if (CK(c, cudaFuncSetAttribute(k_dsa_chunk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
             return;
         __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
     }
-    (mma ? k_dsa_chunk_mma : k_dsa_chunk)<<<dim3(nsplit, nkv, nreq), DSA_THREADS, smem, c->st>>>(
+    k_dsa_chunk<<<dim3(nsplit, nkv, nreq), DSA_THREADS, smem, c->st>>>(
         q, kb, vb, n, nh, nkv, R, window, 1.0f / sqrtf((float)DSA2_D), nsplit, part);
-    k_dsa_combine<<<nreq * n * nh, DSA2_D, 0, c->st>>>(part, nsplit, DSA2_D, out);
+    dsa_combine(c, part, nreq * n * nh, nsplit, DSA2_D, out);
     CK_LAUNCH(c, "dspark attention");
 }
 
@@ -524,7 +473,7 @@ static void dspark_attention(m3_cuda *c, const float *q, const float *kb, const 
         const size_t smem = sizeof(float) * (size_t)HG * (D + DSA_KEYS);
         k_dsa_split<<<dim3(n, nkv * (G / HG), nsplit), DSA_THREADS, smem, c->st>>>(
             q, kb, vb, n, nh, nkv, D, HG, kr, vr, cap, lo, len, pos, window, 1.0f / sqrtf((float)D), nsplit, part);
-        k_dsa_combine<<<n * nh, D < 128 ? D : 128, 0, c->st>>>(part, nsplit, D, out);
+        dsa_combine(c, part, n * nh, nsplit, D, out);
         CK_LAUNCH(c, "dspark attention");
         return;
     }

@@ -706,9 +706,11 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
     if (pass_begin(d, R, err)) return -1;
     op->embed(X, &tw->embed, d->hids, R, h);
     const float eps = (float)b->rms_eps;
+    /* each residual add goes with the norm after it (add_rmsnorm): the MLP's with the next
+     * layer's input norm, the last one's with the final norm (one request: no reordering between) */
+    op->rmsnorm(X, h, d->layers[0].in_norm, R, H, eps, a);
     for (int l = 0; l < b->n_layers; l++) {
         const m3_dspark_layer *L = &d->layers[l];
-        op->rmsnorm(X, h, L->in_norm, R, H, eps, a);
         const m3_linear *Ws[3] = {&L->q, &L->k, &L->v};
         float *Ys[3] = {q, kb, vb};
         op->linear_n(op, 3, Ws, a, R, Ys);
@@ -731,21 +733,21 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
             }
         }
         op->linear(X, &L->o, att, R, o);
-        op->add(X, h, o, NR * H);
-        op->rmsnorm(X, h, L->post_norm, R, H, eps, a);
+        op->add_rmsnorm(op, h, o, L->post_norm, R, H, eps, a);
         op->mlp(X, &L->mlp, a, R, (float)b->swiglu_alpha, (float)b->swiglu_limit, o);
-        op->add(X, h, o, NR * H);
+        if (l + 1 < b->n_layers) op->add_rmsnorm(op, h, o, d->layers[l + 1].in_norm, R, H, eps, a);
+        else if (nreq == 1) op->add_rmsnorm(op, h, o, d->final_norm, R, H, eps, a);
+        else op->add(X, h, o, NR * H);
     }
     /* the final norm and lm_head slot-major (slot i of every request: rows i*nreq..), so that
      * a slot's Markov rows are added and downloaded in one piece */
-    float *hs = h;
     if (nreq > 1) {
-        hs = o; /* free now */
+        float *hs = o; /* free now */
         for (int i = 0; i < n; i++)
             op->copy_rows(op, hs + (size_t)i * nreq * H, (size_t)H * 4, h + (size_t)i * H, (size_t)n * H * 4,
                           (size_t)H * 4, (size_t)nreq);
+        op->rmsnorm(X, hs, d->final_norm, R, H, eps, a);
     }
-    op->rmsnorm(X, hs, d->final_norm, R, H, eps, a);
     op->linear(X, &tw->lm_head, a, R, lg);
     if (op->check && op->check(X, err)) return m3_err_prefix(err, "dspark block");
     d->lg = lg;

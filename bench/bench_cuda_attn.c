@@ -221,9 +221,9 @@ static int step(side *s, const m3_config *c, int nb, int ntok, int ctx, int32_t 
 
 /* DSpark draft attention: n slots at pos = len over the context [lo, len) (ring of cap rows) and
  * the block's n keys; *rel the GPU's relative L2 against the CPU's, *us the GPU's time a call */
-static int dspark_case(side *sc, side *sg, const m3_config *c, int n, int len, int lo, int reps, double *rel, double *us,
-                       m3_err *err) {
-    const int nh = c->n_heads, nkv = c->n_kv_heads, D = c->head_dim, cap = 4096, window = 4096;
+static int dspark_case(side *sc, side *sg, const m3_config *c, int n, int len, int lo, int window, int reps, double *rel,
+                       double *us, m3_err *err) {
+    const int nh = c->n_heads, nkv = c->n_kv_heads, D = c->head_dim, cap = window;
     const size_t nq = (size_t)n * nh * D, nb = (size_t)n * nkv * D, nr = (size_t)cap * nkv * D;
     float *h = malloc(sizeof(float) * (2 * nq + 2 * nb + 2 * nr + nq));
     if (!h) return m3_errf(err, "out of memory");
@@ -443,19 +443,22 @@ int main(int argc, char **argv) {
         printf("dspark attention: the GPU backend has none: FAIL\n");
         fails++;
     } else {
-        const int dcases[][2] = {{0, 0}, {100, 0}, {4096, 0}, {9000, 9000 - 4095}};
-        printf("dspark attention (8 slots, %d query / %d KV heads of %d, window 4096): context  rel_l2  us\n", c.n_heads,
-               c.n_kv_heads, c.head_dim);
-        for (int k = 0; k < 4; k++) {
+        /* {context, first readable position, window}; the last: 313 key chunks, more than one
+         * tile of the combine's weights (DSA_WT, dspark_attention.cu) */
+        const int dcases[][3] = {{0, 0, 4096}, {100, 0, 4096}, {4096, 0, 4096}, {9000, 9000 - 4095, 4096}, {20000, 0, 20000}};
+        printf("dspark attention (8 slots, %d query / %d KV heads of %d, window 4096 unless said): context  rel_l2  us\n",
+               c.n_heads, c.n_kv_heads, c.head_dim);
+        for (int k = 0; k < 5; k++) {
             double rel = 0, us = 0;
-            if (dspark_case(&sc, &sg, &c, 8, dcases[k][0], dcases[k][1], reps, &rel, &us, &err)) {
+            if (dspark_case(&sc, &sg, &c, 8, dcases[k][0], dcases[k][1], dcases[k][2], reps, &rel, &us, &err)) {
                 printf("  %5d  FAILED: %s\n", dcases[k][0], err.msg);
                 fails++;
                 continue;
             }
             const int ok = rel < 1e-5;
             fails += !ok;
-            printf("  %5d  %.2e  %.1f %s\n", dcases[k][0], rel, us, ok ? "" : "FAIL");
+            if (dcases[k][2] != 4096) printf("  %5d  %.2e  %.1f (window %d) %s\n", dcases[k][0], rel, us, dcases[k][2], ok ? "" : "FAIL");
+            else printf("  %5d  %.2e  %.1f %s\n", dcases[k][0], rel, us, ok ? "" : "FAIL");
         }
     }
     if (sg.ops->dspark_attention) { /* the requests of a draft pass in one call */

@@ -636,8 +636,9 @@ static int ctx_append(m3_dspark *d, const m3_dspark_rows *a, int na, int on_back
     op->rmsnorm(X, cx, d->hidden_norm, (int)N, H, eps, cx);
     for (int l = 0; l < b->n_layers; l++) {
         const m3_dspark_layer *L = &d->layers[l];
-        op->linear(X, &L->k, cx, (int)N, k);
-        op->linear(X, &L->v, cx, (int)N, v);
+        const m3_linear *Wkv[2] = {&L->k, &L->v}; /* one launch where both take the tensor cores */
+        float *Ykv[2] = {k, v};
+        op->linear_n(op, 2, Wkv, cx, (int)N, Ykv);
         op->head_norm_rope(X, k, (int)N, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, d->hpos);
         size_t r0 = 0;
         int nc = 0; /* into each ring (the backend's memory): every request's copies in one call */
@@ -714,8 +715,8 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
         const m3_linear *Ws[3] = {&L->q, &L->k, &L->v};
         float *Ys[3] = {q, kb, vb};
         op->linear_n(op, 3, Ws, a, R, Ys);
-        op->head_norm_rope(X, q, R, nh, D, L->q_norm, eps, b->rotary_dim, b->rope_theta, d->hpos);
-        op->head_norm_rope(X, kb, R, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, d->hpos);
+        const m3_rope_job jobs[2] = {{q, nh, D, L->q_norm}, {kb, nkv, D, L->k_norm}};
+        op->head_norm_rope_n(op, 2, jobs, R, eps, b->rotary_dim, b->rope_theta, d->hpos);
         m3_dspark_attn_req ar[M3_DSPARK_BATCH_MAX];
         for (int j = 0; j < nreq; j++) {
             const m3_dspark_ctx *c = cs[j];

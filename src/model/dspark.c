@@ -545,18 +545,36 @@ static int pass_begin(m3_dspark *d, int T, m3_err *err) {
     return 0;
 }
 
-/* positions [pos0, pos0 + n) of ring r (cap slots): at most two runs of consecutive slots */
-/* the copies that put rows [0, n) of src (positions pos0..) into a ring of cap rows: at most
- * two (the last cap positions survive, wrapping once); appended to dst / srcs / bytes at *nc */
-static void ring_put(float *ring, int cap, size_t kw, const float *src, int pos0, int n, void **dst, const void **srcs,
-                     size_t *bytes, int *nc) {
+/* backend copies gathered for ops.copy_n (one launch on the GPU), issued when full or flushed */
+enum { COPIES_MAX = 64 };
+typedef struct {
+    m3_ops *op;
+    int n;
+    void *dst[COPIES_MAX];
+    const void *src[COPIES_MAX];
+    size_t bytes[COPIES_MAX];
+} copies;
+
+static void copies_flush(copies *c) {
+    if (c->n) c->op->copy_n(c->op, c->n, c->dst, c->src, c->bytes);
+    c->n = 0;
+}
+
+static void copies_add(copies *c, void *dst, const void *src, size_t bytes) {
+    if (c->n == COPIES_MAX) copies_flush(c);
+    c->dst[c->n] = dst;
+    c->src[c->n] = src;
+    c->bytes[c->n++] = bytes;
+}
+
+/* rows [0, n) of src (positions pos0..) into a ring of cap rows: at most two copies (the last
+ * cap positions survive, wrapping once) */
+static void ring_put(copies *c, float *ring, int cap, size_t kw, const float *src, int pos0, int n) {
     int t0 = n > cap ? n - cap : 0;
     while (t0 < n) {
         int slot = (pos0 + t0) % cap, m = n - t0;
         if (m > cap - slot) m = cap - slot;
-        dst[*nc] = ring + (size_t)slot * kw;
-        srcs[*nc] = src + (size_t)t0 * kw;
-        bytes[(*nc)++] = (size_t)m * kw * 4;
+        copies_add(c, ring + (size_t)slot * kw, src + (size_t)t0 * kw, (size_t)m * kw * 4);
         t0 += m;
     }
 }
@@ -590,32 +608,19 @@ static int ctx_append(m3_dspark *d, const m3_dspark_rows *a, int na, int on_back
     append_sizes(d, (int)N, sz);
     if (ws_take(d, 4, sz, buf, err) || meta_take(d, (int)N, err)) return -1;
     float *x = buf[0], *cx = buf[1], *k = buf[2], *v = buf[3];
-    enum { CP_MAX = 64 };
-    void *cp_dst[CP_MAX];
-    const void *cp_src[CP_MAX];
-    size_t cp_bytes[CP_MAX];
+    copies cp = {.op = op};
     if (used == 1 && on_backend && !d->cfg.last_layer_final_norm) {
         x = (float *)a[only].feat; /* read in place */
     } else { /* the rows together (a copy also keeps the caller's rows from the norm below) */
         size_t r0 = 0;
-        int nc = 0;
         for (int j = 0; j < na; j++) {
             if (!a[j].n) continue;
             const size_t bytes = (size_t)a[j].n * F * 4;
-            if (!on_backend) {
-                op->upload(X, x + r0 * F, a[j].feat, bytes);
-            } else {
-                if (nc == CP_MAX) {
-                    op->copy_n(op, nc, cp_dst, cp_src, cp_bytes);
-                    nc = 0;
-                }
-                cp_dst[nc] = x + r0 * F;
-                cp_src[nc] = a[j].feat;
-                cp_bytes[nc++] = bytes;
-            }
+            if (on_backend) copies_add(&cp, x + r0 * F, a[j].feat, bytes);
+            else op->upload(X, x + r0 * F, a[j].feat, bytes);
             r0 += (size_t)a[j].n;
         }
-        if (nc) op->copy_n(op, nc, cp_dst, cp_src, cp_bytes);
+        copies_flush(&cp);
     }
     if (d->cfg.last_layer_final_norm) { /* [open] the last target layer after the target's final norm */
         int s = m3_dspark_feat_slot(d, tc->n_layers - 1);
@@ -641,19 +646,14 @@ static int ctx_append(m3_dspark *d, const m3_dspark_rows *a, int na, int on_back
         op->linear_n(op, 2, Wkv, cx, (int)N, Ykv);
         op->head_norm_rope(X, k, (int)N, nkv, D, L->k_norm, eps, b->rotary_dim, b->rope_theta, d->hpos);
         size_t r0 = 0;
-        int nc = 0; /* into each ring (the backend's memory): every request's copies in one call */
-        for (int j = 0; j < na; j++) {
+        for (int j = 0; j < na; j++) { /* into each ring (the backend's memory): every request's copies together */
             if (!a[j].n) continue;
             m3_dspark_ctx *c = a[j].ctx;
-            if (nc > CP_MAX - 4) {
-                op->copy_n(op, nc, cp_dst, cp_src, cp_bytes);
-                nc = 0;
-            }
-            ring_put(c->k[l], c->cap, kw, k + r0 * kw, a[j].pos0, a[j].n, cp_dst, cp_src, cp_bytes, &nc);
-            ring_put(c->v[l], c->cap, kw, v + r0 * kw, a[j].pos0, a[j].n, cp_dst, cp_src, cp_bytes, &nc);
+            ring_put(&cp, c->k[l], c->cap, kw, k + r0 * kw, a[j].pos0, a[j].n);
+            ring_put(&cp, c->v[l], c->cap, kw, v + r0 * kw, a[j].pos0, a[j].n);
             r0 += (size_t)a[j].n;
         }
-        op->copy_n(op, nc, cp_dst, cp_src, cp_bytes);
+        copies_flush(&cp); /* before the next layer's K and V overwrite the rows */
     }
     if (op->check && op->check(X, err)) return m3_err_prefix(err, "dspark context");
     for (int j = 0; j < na; j++) a[j].ctx->len = a[j].pos0 + a[j].n;

@@ -216,7 +216,7 @@ static __device__ __forceinline__ void dsa_stage_rows(const float *kr, const flo
     }
 }
 
-/* (128 registers: two CTAs an SM) */
+/* (two CTAs an SM: 128 registers, 68.6 KB of shared memory each) */
 __global__ void __launch_bounds__(DSA_THREADS, 2) k_dsa_chunk(const float *q, const float *kb, const float *vb, int n, int nh,
                                                                int nkv, const __grid_constant__ dsa_reqs R, int window,
                                                                float scale, int nsplit, float *part) {
@@ -413,9 +413,10 @@ static void dsa_combine(m3_cuda *c, const float *part, int rows, int nsplit, int
     k_dsa_combine<<<rows, DSA_COMBINE_THREADS, 0, c->st>>>(part, nsplit, D, out);
 }
 
+/* k_dsa_chunk's fixed shapes: the MMA tiles hold 16 heads of 128 channels, 64 keys a chunk */
+static_assert(DSA_KEYS == 64 && DSA_THREADS % 32 == 0, "k_dsa_chunk: 8 key tiles of 8 a chunk, whole warps");
 static bool chunk_shapes(int n, int nh, int nkv, int D) {
-    return n > 0 && nkv > 0 && nh % nkv == 0 && D == DSA2_D && nh / nkv == DSA2_G && DSA_THREADS == 2 * DSA2_D &&
-           DSA_THREADS == 4 * DSA_KEYS;
+    return n > 0 && nkv > 0 && nh % nkv == 0 && D == DSA2_D && nh / nkv == DSA2_G;
 }
 
 /* k_dsa_chunk and k_dsa_combine over nreq (<= DSA_BATCH) requests of n slots each */

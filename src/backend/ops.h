@@ -42,6 +42,14 @@ typedef struct m3_dspark_attn_req {
     int cap, lo, len, pos;
 } m3_dspark_attn_req;
 
+/* one row of draw_rows: the sampler's temperature (below 1e-5: greedy), top-k (0: off), top-p
+ * (0 or 1: off) and min-p (0: off) over the ids [0, n), and the uniform u in [0, 1) of its draw */
+typedef struct m3_draw_param {
+    float temperature, top_p, min_p;
+    int top_k, n;
+    double u;
+} m3_draw_param;
+
 typedef struct m3_ops m3_ops;
 
 struct m3_ops {
@@ -135,6 +143,17 @@ struct m3_ops {
     /* capability, optional: argmax_rows, and fin[r] (backend memory) = 1 when the row's first nf
      * values are all finite, else 0 (greedy output rows: only ids and flags leave the device) */
     void (*argmax_rows_fin)(void *ctx, const float *x, int rows, int n, int nf, size_t ld, int32_t *out, int32_t *fin);
+    /* capability, optional: each row x[r * ld .. r * ld + V) (backend memory) becomes the
+     * distribution par[r] (host memory) makes of it, and out[r] (backend memory) one draw from
+     * it: the DSpark draft's probabilistic draws without the rows leaving the device. The rule
+     * (cpu/draw.c, both backends): a = argmax_rows' index over [0, n); greedy, or x[a] not
+     * finite: one-hot at a. Else e_i = exp((x_i - x[a]) / T) over [0, n) (0 beyond), kept when
+     * e_i > 0 and e_i >= min_p; top-k keeps those at or above the largest cut that leaves at least
+     * k; top-p then those at or above the largest cut whose mass (in units of 2^-40) reaches top_p
+     * of what is left (ties at a cut stay in); the row = e / total on the kept ids, 0 elsewhere;
+     * the draw: the first kept id, in id order, where the running sum of e passes u * total
+     * (rounding past the end: the last kept id). */
+    void (*draw_rows)(void *ctx, float *x, int rows, int V, size_t ld, const m3_draw_param *par, int32_t *out);
     /* bytes from backend memory to backend memory */
     void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
     /* fused: rows copies of width bytes, from src + r * spitch to dst + r * dpitch (backend

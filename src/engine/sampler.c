@@ -768,6 +768,15 @@ static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, c
 int m3_sampler_is_greedy(const m3_sampler *s) { return !(s->p.temperature >= 1e-5f); }
 
 int m3_sampler_vocab(const m3_sampler *s) { return s->V; }
+int m3_sampler_plain_params(const m3_sampler *s, float *temperature, int *top_k, float *top_p, float *min_p, int *n) {
+    if (!plain_logits(s)) return 0;
+    *temperature = s->p.temperature;
+    *top_k = s->p.top_k;
+    *top_p = s->p.top_p;
+    *min_p = s->p.min_p;
+    *n = s->n;
+    return 1;
+}
 
 int m3_sampler_plain_greedy(const m3_sampler *s) { return m3_sampler_is_greedy(s) && plain_logits(s) ? s->n : 0; }
 int m3_sampler_greedy_ids(const m3_sampler *s) { return !s->p.logprobs && !s->p.top_logprobs ? m3_sampler_plain_greedy(s) : 0; }

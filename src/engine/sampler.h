@@ -116,6 +116,11 @@ int m3_sampler_plain_greedy(const m3_sampler *s);
  * first index (m3_sampler_sample's output the token alone), which a backend can compute where the
  * logits are; else 0. */
 int m3_sampler_greedy_ids(const m3_sampler *s);
+/* 1 when nothing changes the request's row now (as for m3_sampler_plain_greedy) and its
+ * distribution is thus the row's under these alone: temperature, top_k, top_p, min_p (as
+ * m3_sampling holds them) and the text ids [0, *n); else 0. (A backend can then make the
+ * distribution and its draws where the row is: ops.h draw_rows.) */
+int m3_sampler_plain_params(const m3_sampler *s, float *temperature, int *top_k, float *top_p, float *min_p, int *n);
 /* The vocabulary size the sampler was created for. */
 int m3_sampler_vocab(const m3_sampler *s);
 /* prob[V] = the distribution m3_sampler_sample would draw from for this row in the sampler's

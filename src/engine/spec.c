@@ -1,5 +1,6 @@
 /* Speculative decoding: config parsing, DSpark drafting, the verify step (see spec.h). */
 #include "spec.h"
+#include "../backend/ops.h"
 #include "../base/rows.h" /* m3_row_pos_sum: vectorized */
 
 #include <jansson.h>
@@ -176,6 +177,33 @@ int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws
         int32_t ids[M3_SPEC_MAX_TOKENS * M3_SPEC_DRAFT_BATCH];
         float cf[M3_SPEC_MAX_TOKENS * M3_SPEC_DRAFT_BATCH];
         if (m3_dspark_greedy_n(d, anchor, k, n_text, ids, want_conf ? cf : NULL, err)) return -1;
+        for (int i = 0; i < k; i++)
+            for (int j = 0; j < n; j++) {
+                rq[j].draft[i] = ids[i * n + j];
+                if (rq[j].conf) rq[j].conf[i] = cf[i * n + j];
+            }
+        return 0;
+    }
+    /* every request's distribution plain (no penalties, bias, masks: m3_sampler_plain_params)
+     * and a backend that draws: the whole chain there (draw_rows), one download of the ids and
+     * one per distribution row; the uniforms are those the loop below would take */
+    m3_draw_param par[M3_SPEC_DRAFT_BATCH];
+    int on_backend = d->ops->draw_rows && d->ops->embed_dev;
+    for (int j = 0; j < n && on_backend; j++) {
+        m3_draw_param *p = &par[j];
+        on_backend = m3_sampler_plain_params(rq[j].s, &p->temperature, &p->top_k, &p->top_p, &p->min_p, &p->n);
+        if (greedy[j]) p->temperature = 0; /* the argmax of its distribution: of the row over [0, n) */
+        p->u = 0;
+    }
+    if (on_backend) {
+        double u[M3_SPEC_MAX_TOKENS * M3_SPEC_DRAFT_BATCH];
+        float *qs[M3_SPEC_DRAFT_BATCH], cf[M3_SPEC_MAX_TOKENS * M3_SPEC_DRAFT_BATCH];
+        int32_t ids[M3_SPEC_MAX_TOKENS * M3_SPEC_DRAFT_BATCH];
+        for (int j = 0; j < n; j++) {
+            qs[j] = greedy[j] ? NULL : rq[j].q;
+            for (int i = 0; i < k; i++) u[i * n + j] = greedy[j] ? 0 : m3_rng_uniform(rq[j].rng);
+        }
+        if (m3_dspark_draw_n(d, anchor, k, par, u, ids, qs, want_conf ? cf : NULL, err)) return -1;
         for (int i = 0; i < k; i++)
             for (int j = 0; j < n; j++) {
                 rq[j].draft[i] = ids[i * n + j];

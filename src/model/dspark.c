@@ -797,21 +797,32 @@ int m3_dspark_argmax_n(m3_dspark *d, int slot, int n_text, int32_t *ids, m3_err 
     return 0;
 }
 
-int m3_dspark_greedy_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, int32_t *ids, float *conf, m3_err *err) {
+/* Slots 0..k-1 of the last block pass, each Markov row corrected with the draw before it (the
+ * anchor at slot 0): greedy (par NULL: argmax_rows over [0, n_text)) or drawn (draw_rows with
+ * par, slot i's uniforms u[i * nreq ..]), one download of the ids at the end. */
+static int chain_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, const m3_draw_param *par, const double *u,
+                   int32_t *ids, float *const *q, float *conf, m3_err *err) {
     const int V = d->cfg.base.vocab, H = d->cfg.base.hidden, r = d->cfg.markov_rank, nreq = d->lg_nreq;
     m3_ops *op = d->ops;
     void *X = op->ctx;
-    if (!op->argmax_rows || !op->embed_dev) return m3_errf(err, "dspark: backend '%s' has no device greedy draws", op->name);
-    if (!d->lg || k < 1 || k > d->lg_n) return m3_errf(err, "dspark greedy: %d slots of a block pass of %d", k, d->lg_n);
-    if (n_text < 1 || n_text > V) return m3_errf(err, "dspark greedy: %d text ids of %d", n_text, V);
+    if (!op->embed_dev || !(par ? op->draw_rows != NULL : op->argmax_rows != NULL))
+        return m3_errf(err, "dspark: backend '%s' has no device %s draws", op->name, par ? "probabilistic" : "greedy");
+    if (!d->lg || k < 1 || k > d->lg_n) return m3_errf(err, "dspark draws: %d slots of a block pass of %d", k, d->lg_n);
+    if (!par && (n_text < 1 || n_text > V)) return m3_errf(err, "dspark greedy: %d text ids of %d", n_text, V);
     if (conf && (!d->cfg.confidence_head || !d->conf_w.w)) return m3_errf(err, "dspark: the draft has no confidence head");
     if (conf && !op->copy_rows) return m3_errf(err, "dspark: backend '%s' has no copy_rows op", op->name);
-    for (int j = 0; j < nreq; j++)
+    for (int j = 0; j < nreq; j++) {
         if (anchor[j] < 0 || anchor[j] >= V)
-            return m3_errf(err, "dspark greedy: token %d outside the vocabulary (%d)", (int)anchor[j], V);
+            return m3_errf(err, "dspark draws: token %d outside the vocabulary (%d)", (int)anchor[j], V);
+        if (par && (par[j].n < 1 || par[j].n > V)) return m3_errf(err, "dspark draws: %d text ids of %d", par[j].n, V);
+        for (int i = 0; par && i < k; i++)
+            if (!(u[(size_t)i * nreq + j] >= 0 && u[(size_t)i * nreq + j] < 1))
+                return m3_errf(err, "dspark draws: uniform %g outside [0, 1)", u[(size_t)i * nreq + j]);
+    }
     /* mk_ids [k + 1][nreq]: the anchors, then each slot's draws, which the next slot's Markov
      * row reads where they are */
     op->upload(X, d->mk_ids, anchor, sizeof(int32_t) * (size_t)nreq);
+    m3_draw_param pp[M3_DSPARK_BATCH_MAX];
     const size_t row = sizeof(float) * (size_t)(H + r);
     for (int i = 0; i < k; i++) {
         float *lg = d->lg + (size_t)i * nreq * V;
@@ -824,19 +835,40 @@ int m3_dspark_greedy_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, i
             op->copy_rows(op, d->cf_in + H, row, d->mk_r, sizeof(float) * (size_t)r, sizeof(float) * (size_t)r, (size_t)nreq);
             op->linear(X, &d->conf_w, d->cf_in, nreq, d->cf_out + (size_t)i * nreq);
         }
-        op->argmax_rows(X, lg, nreq, n_text, (size_t)V, d->mk_ids + (size_t)(i + 1) * nreq);
+        if (par) {
+            for (int j = 0; j < nreq; j++) {
+                pp[j] = par[j];
+                pp[j].u = u[(size_t)i * nreq + j];
+            }
+            op->draw_rows(X, lg, nreq, V, (size_t)V, pp, d->mk_ids + (size_t)(i + 1) * nreq);
+        } else {
+            op->argmax_rows(X, lg, nreq, n_text, (size_t)V, d->mk_ids + (size_t)(i + 1) * nreq);
+        }
     }
     op->download(X, ids, d->mk_ids + nreq, sizeof(int32_t) * (size_t)k * nreq);
+    for (int j = 0; q && j < nreq; j++) /* request j's distributions: row (i, j) of the slot-major rows */
+        for (int i = 0; q[j] && i < k; i++)
+            op->download(X, q[j] + (size_t)i * V, d->lg + ((size_t)i * nreq + j) * V, sizeof(float) * (size_t)V);
     if (conf) {
         op->download(X, conf, d->cf_out, sizeof(float) * (size_t)k * nreq);
         if (!d->conf_bias_read) op->download(X, &d->conf_bias_h, d->conf_bias, sizeof d->conf_bias_h);
     }
-    if (op->check && op->check(X, err)) return m3_err_prefix(err, "dspark greedy");
+    if (op->check && op->check(X, err)) return m3_err_prefix(err, par ? "dspark draws" : "dspark greedy");
     if (conf) {
         d->conf_bias_read = 1;
         for (size_t x = 0; x < (size_t)k * nreq; x++) conf[x] = 1.0f / (1.0f + expf(-(conf[x] + d->conf_bias_h)));
     }
     return 0;
+}
+
+int m3_dspark_greedy_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, int32_t *ids, float *conf, m3_err *err) {
+    return chain_n(d, anchor, k, n_text, NULL, NULL, ids, NULL, conf, err);
+}
+
+int m3_dspark_draw_n(m3_dspark *d, const int32_t *anchor, int k, const m3_draw_param *par, const double *u, int32_t *ids,
+                     float *const *q, float *conf, m3_err *err) {
+    if (!par || !u) return m3_errf(err, "dspark draws: no parameters");
+    return chain_n(d, anchor, k, 0, par, u, ids, q, conf, err);
 }
 
 int m3_dspark_confidence_n(m3_dspark *d, int slot, float *conf, m3_err *err) {

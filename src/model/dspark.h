@@ -198,6 +198,13 @@ int m3_dspark_argmax_n(m3_dspark *d, int slot, int n_text, int32_t *ids, m3_err 
  * argmax_rows; -1 + err without them): ids [k][nreq] slot-major; conf (NULL: not wanted) gets
  * the confidence head's [k][nreq] as m3_dspark_confidence_n would. */
 int m3_dspark_greedy_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, int32_t *ids, float *conf, m3_err *err);
+/* Slots 0..k-1 chained as m3_dspark_greedy_n chains them, each slot's Markov-corrected rows
+ * drawn on the backend (op draw_rows): request j's row becomes the distribution par[j] makes
+ * of it (its .u ignored: u[i * nreq + j] is the uniform of slot i's draw), ids [k][nreq] the
+ * draws; q[j] (host [k][V]; q or q[j] NULL: not wanted) gets request j's k distributions; conf
+ * as m3_dspark_greedy_n's. One download of the ids, one per distribution row. */
+int m3_dspark_draw_n(m3_dspark *d, const int32_t *anchor, int k, const m3_draw_param *par, const double *u, int32_t *ids,
+                     float *const *q, float *conf, m3_err *err);
 /* The confidence head of slot `slot` of every request of the last block pass, after
  * m3_dspark_markov_n of the slot (whose Markov input it reads): conf[j] = sigmoid(proj([h ;
  * markov_w1[prev_j]])), h the slot's final-normed hidden state. -1 when the draft has none. */

@@ -5,6 +5,7 @@
 
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---------------- config ---------------- */
@@ -188,7 +189,8 @@ int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws
      * and a backend that draws: the whole chain there (draw_rows), one download of the ids and
      * one per distribution row; the uniforms are those the loop below would take */
     m3_draw_param par[M3_SPEC_DRAFT_BATCH];
-    int on_backend = d->ops->draw_rows && d->ops->embed_dev;
+    const char *hd = getenv("M3_SPEC_HOST_DRAWS"); /* 1: the draws on the host (A/B runs) */
+    int on_backend = d->ops->draw_rows && d->ops->embed_dev && !(hd && atoi(hd));
     for (int j = 0; j < n && on_backend; j++) {
         m3_draw_param *p = &par[j];
         on_backend = m3_sampler_plain_params(rq[j].s, &p->temperature, &p->top_k, &p->top_p, &p->min_p, &p->n);

@@ -65,6 +65,7 @@ int main(int argc, char **argv) {
         printf("FAIL load: %s\n", err.msg);
         return 1;
     }
+    int fails = 0, ties = 0;
     {   /* argmax_rows (the greedy draws) against the CPU's rule on rows of the M3 vocabulary's width:
          * ties across the GPU's chunks, NaN at 0, rows of NaN or -inf, NaN beside the maximum, a
          * text width below the row's */
@@ -116,6 +117,74 @@ int main(int argc, char **argv) {
         gops.release(gops.ctx, dai);
         free(ax);
     }
+    {   /* draw_rows (the probabilistic draws) against the CPU's rule: 40 rows of the M3 vocabulary's
+         * width in one call (two launches of the CUDA table), peaked and flat, every filter alone and
+         * together, greedy, a narrower text width, +inf / NaN-at-0 / -inf rows. The same kept ids,
+         * probabilities within 1e-5 relative, the same draw unless the uniform lies within 1e-9 of
+         * a boundary of the CPU's running sum (the sums' order differs) */
+        enum { DRN = 40, AW = 200064 };
+        float *hx = malloc(sizeof(float) * DRN * AW), *hc = malloc(sizeof(float) * DRN * AW), *hg = malloc(sizeof(float) * DRN * AW);
+        float *dx = gops.alloc(gops.ctx, sizeof(float) * DRN * AW);
+        int32_t *dids = gops.alloc(gops.ctx, sizeof(int32_t) * DRN), gid[DRN], cid[DRN];
+        if (!hx || !hc || !hg || !dx || !dids) { printf("FAIL out of memory\n"); return 1; }
+        m3_draw_param par[DRN];
+        for (int r = 0; r < DRN; r++) {
+            float *row = hx + (size_t)r * AW;
+            const float sd = r % 3 == 0 ? 3.0f : 1.0f;
+            for (int i = 0; i < AW; i++) row[i] = sd * frand();
+            for (int j = 0; j < 20; j++) row[(int)((frand() + 1) * 0.5f * (AW - 1))] += r % 2 ? 9.0f : 2.0f;
+            const float T[4] = {1.0f, 0.7f, 1.3f, 0.0f};
+            const int tk[5] = {0, 40, 5000, 1, 0};
+            const float tp[3] = {1.0f, 0.9f, 0.5f};
+            par[r] = (m3_draw_param){T[r % 4], tp[r % 3], r % 7 == 2 ? 0.05f : 0.0f, tk[r % 5], r % 6 == 5 ? 200000 : AW,
+                                     (r * 0.618034) - (int)(r * 0.618034)};
+        }
+        for (int i = 0; i < AW; i++) { hx[37 * AW + i] = 0; hx[38 * AW + i] = (float)(i % 13); hx[39 * AW + i] = -INFINITY; }
+        hx[37 * AW + 4] = INFINITY;
+        hx[38 * AW] = NAN;
+        par[37].temperature = par[38].temperature = par[39].temperature = 1.0f;
+        memcpy(hc, hx, sizeof(float) * DRN * AW);
+        gops.upload(gops.ctx, dx, hx, sizeof(float) * DRN * AW);
+        gops.draw_rows(gops.ctx, dx, DRN, AW, AW, par, dids);
+        cops.draw_rows(cops.ctx, hc, DRN, AW, AW, par, cid);
+        gops.download(gops.ctx, hg, dx, sizeof(float) * DRN * AW);
+        gops.download(gops.ctx, gid, dids, sizeof gid);
+        if (gops.check && gops.check(gops.ctx, &err)) { printf("FAIL draw_rows: %s\n", err.msg); return 1; }
+        int bad_set = 0, bad_val = 0, bad_id = 0, near = 0;
+        double wrel = 0;
+        long kept = 0;
+        for (int r = 0; r < DRN; r++) {
+            const float *c = hc + (size_t)r * AW, *g = hg + (size_t)r * AW;
+            double tot = 0;
+            for (int i = 0; i < AW; i++) {
+                kept += c[i] > 0;
+                if ((c[i] > 0) != (g[i] > 0)) { bad_set++; continue; }
+                if (c[i] > 0) {
+                    const double rel = fabs((double)g[i] - c[i]) / c[i];
+                    wrel = rel > wrel ? rel : wrel;
+                    bad_val += rel > 1e-5;
+                }
+                tot += c[i];
+            }
+            if (gid[r] == cid[r]) continue;
+            double acc = 0, x = par[r].u * tot; /* the CPU's stretches: is u near a boundary? */
+            int close = 0;
+            for (int i = 0; i < AW && !close; i++) {
+                if (!(c[i] > 0)) continue;
+                close = fabs(x - acc) < 1e-9 * tot;
+                acc += c[i];
+            }
+            if (close) near++;
+            else { bad_id++; printf("FAIL draw_rows row %d: drew %d (gpu) vs %d (cpu)\n", r, gid[r], cid[r]); }
+        }
+        printf("draw_rows: %d rows, %ld kept ids: %d kept by one side only, %d probabilities off 1e-5 (worst rel %.2g), %d draws "
+               "differ (%d at a boundary)\n", DRN, kept, bad_set, bad_val, wrel, bad_id + near, near);
+        if (cid[37] != 4 || cid[38] != 0 || cid[39] != 0) { printf("FAIL draw_rows: the CPU's rule changed (%d %d %d)\n", cid[37], cid[38], cid[39]); fails++; }
+        if (bad_set || bad_val || bad_id) { printf("FAIL draw_rows differs from the CPU's\n"); fails++; }
+        gops.release(gops.ctx, dx);
+        gops.release(gops.ctx, dids);
+        free(hx); free(hc); free(hg);
+    }
     {   /* copy_n (the context append's ring rows): 70 copies (two launches of the CUDA table), of
          * aligned and unaligned offsets and sizes, one empty, into one buffer; the bytes between
          * the copies' destinations keep their values */
@@ -164,7 +233,6 @@ int main(int argc, char **argv) {
     m3_dspark_ctx cc[NR], cg[NR];
     memset(cc, 0, sizeof cc);
     memset(cg, 0, sizeof cg);
-    int fails = 0, ties = 0;
     /* the second halves in one batched append (the engine's), request 1's in two pieces */
     m3_dspark_rows half[NR];
     for (int j = 0; j < NR; j++) {
@@ -286,6 +354,111 @@ int main(int argc, char **argv) {
             }
         }
         printf("confidence head: the chain's within %.3g of slot by slot\n", cworst);
+    }
+    {   /* probabilistic drafts of plain samplers (draw_rows on each backend): all three together on
+         * the GPU, one by one on the CPU, the same seeds: the same drafts and distributions (rel L2
+         * 1e-4), unless a uniform falls within 1e-6 of a boundary of the CPU's distribution */
+        float *qc = malloc(sizeof(float) * (size_t)NR * K * V), *qg = malloc(sizeof(float) * (size_t)NR * K * V);
+        if (!qc || !qg) { printf("FAIL out of memory\n"); return 1; }
+        int32_t pd_g[NR][K], pd_c[NR][K];
+        m3_sampler *ps[NR];
+        m3_rng pr[NR];
+        m3_spec_draft_req pq[NR];
+        m3_sampling sp;
+        memset(&sp, 0, sizeof sp);
+        sp.temperature = 0.9f;
+        sp.top_k = 50;
+        sp.top_p = 0.95f;
+        for (int j = 0; j < NR; j++) {
+            int32_t p0 = 1;
+            int qu;
+            if (!(ps[j] = m3_sampler_create(&sp, V, &p0, 1, &err))) { printf("FAIL sampler: %s\n", err.msg); return 1; }
+            m3_rng_seed(&pr[j], 40 + (uint64_t)j);
+            if (m3_spec_draft(&dc, &cc[j], ps[j], ws, &pr[j], M3_SPEC_DRAFT_PROBABILISTIC, anchor[j], LEN[j], K, scratch, pd_c[j],
+                              qc + (size_t)j * K * V, &qu, &err)) { printf("FAIL cpu probabilistic draft: %s\n", err.msg); return 1; }
+            m3_rng_seed(&pr[j], 40 + (uint64_t)j);
+            pq[j] = (m3_spec_draft_req){&cg[j], ps[j], &pr[j], anchor[j], LEN[j], pd_g[j], qg + (size_t)j * K * V, NULL, 0, 0};
+        }
+        if (m3_spec_draft_n(&dg, pq, NR, ws, M3_SPEC_DRAFT_PROBABILISTIC, K, scratch, &err)) {
+            printf("FAIL gpu probabilistic draft: %s\n", err.msg);
+            return 1;
+        }
+        double qworst = 0;
+        int pequal = 0, pnear = 0;
+        for (int j = 0; j < NR; j++) {
+            m3_rng ur;
+            m3_rng_seed(&ur, 40 + (uint64_t)j);
+            int i = 0;
+            for (; i < K; i++) {
+                const float *a = qc + ((size_t)j * K + i) * V, *b = qg + ((size_t)j * K + i) * V;
+                const double u = m3_rng_uniform(&ur);
+                double num = 0, den = 0, tot = 0;
+                for (int v = 0; v < V; v++) { num += (double)(a[v] - b[v]) * (a[v] - b[v]); den += (double)a[v] * a[v]; tot += a[v]; }
+                const double rel = sqrt(num / (den > 0 ? den : 1));
+                qworst = rel > qworst ? rel : qworst;
+                if (rel > 1e-4) { printf("FAIL request %d slot %d: distribution rel L2 %.3g\n", j, i, rel); fails++; break; }
+                if (pd_g[j][i] == pd_c[j][i]) continue;
+                double acc = 0, dmin = 1e300; /* u * tot against the CPU's stretches' ends */
+                for (int v = 0; v < V; v++) {
+                    if (!(a[v] > 0)) continue;
+                    acc += a[v];
+                    dmin = fmin(dmin, fabs(acc - u * tot));
+                }
+                if (dmin < 1e-6 * tot) pnear++;
+                else { printf("FAIL request %d slot %d: drew %d (gpu) vs %d (cpu)\n", j, i, pd_g[j][i], pd_c[j][i]); fails++; }
+                break; /* the later slots follow other draws */
+            }
+            pequal += i == K;
+        }
+        /* the CPU chain's distributions and draws against the host's way, slot by slot: the
+         * request alone, each Markov row corrected with the chain's own draw before it, made a
+         * distribution by m3_sampler_probs, drawn with the same uniform (its running sum) */
+        double hworst = 0;
+        float *hq = malloc(sizeof(float) * (size_t)V), *row = malloc(sizeof(float) * (size_t)V);
+        if (!hq || !row) { printf("FAIL out of memory\n"); return 1; }
+        for (int j = 0; j < NR; j++) {
+            const m3_dspark_ctx *one = &cc[j];
+            int pos = LEN[j];
+            m3_rng ur;
+            m3_rng_seed(&ur, 40 + (uint64_t)j);
+            if (m3_dspark_block_n(&dc, 1, &one, &anchor[j], &pos, K, &err)) { printf("FAIL cpu block: %s\n", err.msg); return 1; }
+            for (int i = 0; i < K; i++) {
+                const int32_t prev = i ? pd_c[j][i - 1] : anchor[j];
+                if (m3_dspark_markov_n(&dc, i, &prev, row, &err) || m3_sampler_probs(ps[j], row, ws, hq, &err)) {
+                    printf("FAIL host distribution: %s\n", err.msg);
+                    return 1;
+                }
+                const float *cq = qc + ((size_t)j * K + i) * V;
+                double num = 0, den = 0, tot = 0, acc = 0, dmin = 1e300;
+                int setdiff = 0, want = -1;
+                for (int v = 0; v < V; v++) {
+                    num += (double)(cq[v] - hq[v]) * (cq[v] - hq[v]);
+                    den += (double)hq[v] * hq[v];
+                    setdiff += (cq[v] > 0) != (hq[v] > 0);
+                    tot += hq[v];
+                }
+                const double u = m3_rng_uniform(&ur) * tot;
+                for (int v = 0; v < V && want < 0; v++) {
+                    if (!(hq[v] > 0)) continue;
+                    dmin = fmin(dmin, fabs(acc - u));
+                    acc += hq[v];
+                    if (u < acc) want = v;
+                }
+                const double rel = sqrt(num / (den > 0 ? den : 1));
+                hworst = rel > hworst ? rel : hworst;
+                if (rel > 1e-5 || setdiff) { printf("FAIL request %d slot %d: chain's distribution vs the host's: rel L2 %.3g, %d ids kept by one only\n", j, i, rel, setdiff); fails++; }
+                if (want != pd_c[j][i] && dmin > 1e-6 * tot) { printf("FAIL request %d slot %d: chain drew %d, the host's running sum %d\n", j, i, pd_c[j][i], want); fails++; }
+            }
+            m3_sampler_free(ps[j]);
+        }
+        printf("probabilistic chain on the CPU vs the host's slot by slot (m3_sampler_probs, same uniforms): distributions within "
+               "rel L2 %.3g, draws equal\n", hworst);
+        free(hq);
+        free(row);
+        printf("probabilistic drafts (T 0.9, top-k 50, top-p 0.95): %d of %d requests equal, %d at a boundary, distributions "
+               "within rel L2 %.3g\n", pequal, NR, pnear, qworst);
+        free(qc);
+        free(qg);
     }
     int same = 0;
     for (int j = 0; j < NR; j++) {

@@ -17,8 +17,10 @@
  *   4b. the draft's block logits (+ Markov term) against a double-precision reference written
  *      straight from spec section 4, inside and past the sliding window;
  *   5. sampled: the first 4 tokens of requests with allowed_ids (4 tokens), penalties,
- *      temperature and top-p, drawn with DSpark (probabilistic and greedy drafts) and
- *      without, against their exact joint distribution computed from the target (chi-square);
+ *      temperature and top-p (the draft's draws on the host), and of plain requests (temperature,
+ *      top-k 4, top-p: the draft's distributions and draws on the backend, ops draw_rows), drawn
+ *      with DSpark (probabilistic and greedy drafts) and without, against their exact joint
+ *      distribution computed from the target (chi-square);
  *   6. acceptance statistics (MAL, per position) and draft loading errors.
  * Usage: test_spec_engine CHECKPOINT_DIR (with dspark/ inside) [SECTIONS: a comma list of greedy,
  * cache, sampled, errors; default all] [BACKEND: cpu (default) or cuda]
@@ -674,18 +676,24 @@ static void test_draft_reference(m3_model *m, m3_dspark *d) {
 
 /* ---------------------------------------------------------------- 5: sampled, chi-square */
 
-enum { NA = 4, MT = 4 }; /* allowed tokens, tokens per request */
+enum { NA = 4, MT = 4 }; /* tokens each position can take, tokens per request */
 static const int32_t ALLOWED[NA] = {5, 17, 300, 999};
 
-static m3_sampling samp_params(uint64_t seed) {
-    m3_sampling sp = {.temperature = 1.3f, .top_p = 0.97f, .seed = seed, .presence_penalty = 0.3f, .frequency_penalty = 0.5f,
-                      .repetition_penalty = 1.3f, .allowed_ids = ALLOWED, .n_allowed = NA};
+/* variant 0: allowed_ids, penalties, temperature and top-p (the draws on the host: their rows
+ * change with the penalties); variant 1: plain temperature, top-k 4 and top-p (every draw of
+ * the draft on the backend: ops draw_rows) */
+static m3_sampling samp_params(int variant, uint64_t seed) {
+    m3_sampling sp = {.temperature = 1.3f, .top_p = 0.97f, .seed = seed};
+    if (variant == 0) {
+        sp.presence_penalty = 0.3f;
+        sp.frequency_penalty = 0.5f;
+        sp.repetition_penalty = 1.3f;
+        sp.allowed_ids = ALLOWED;
+        sp.n_allowed = NA;
+    } else {
+        sp.top_k = NA;
+    }
     return sp;
-}
-
-static int idx_of(int32_t t) {
-    for (int i = 0; i < NA; i++) if (ALLOWED[i] == t) return i;
-    return -1;
 }
 
 static double chi2(const double *p, const long *cnt, int n, long N, int *df) {
@@ -707,13 +715,18 @@ static double chi2_limit(int k) { /* 99.9% quantile, Wilson-Hilferty */
     return k * pow(1 - 2.0 / (9 * k) + z * sqrt(2.0 / (9 * k)), 3);
 }
 
-static void test_sampled(m3_model *m) {
+/* The tree of what the first MT tokens can be: after the prefix `pre` (base-NA digits, the
+ * child taken at each position) of i tokens, child a is token kid[i][pre][a] (-1: none) with
+ * probability pr[i][pre][a]. */
+static int32_t kid[MT][64][NA];
+static double pr[MT][64][NA];
+
+static void test_sampled_variant(m3_model *m, int variant) {
     const int V = m->cfg.vocab;
     enum { NP = 12, NREQ = 1200 };
     int32_t prompt[NP];
     uint64_t r = 5;
     for (int i = 0; i < NP; i++) prompt[i] = 2 + (int32_t)(rnd(&r) % (uint64_t)(V - 2));
-    /* exact joint of the first MT tokens: target rows for every prefix of allowed tokens */
     static double pj[256];
     m3_err err;
     m3_kv kv;
@@ -725,14 +738,20 @@ static void test_sampled(m3_model *m) {
     float *lg = malloc(sizeof(float) * (size_t)V), *p = malloc(sizeof(float) * (size_t)V);
     m3_sample_ws *ws = m3_sample_ws_create(V, &err);
     if (!lg || !p || !ws) { CHECK(0, "oom"); goto out; }
-    /* pr[i][prefix][a]: probability of ALLOWED[a] after the prefix of i allowed tokens (85 prefixes) */
-    static double pr[MT][64][NA];
+    /* the exact tree: target rows for every prefix (85 of them), through m3_sampler_probs */
     for (int i = 0; i < MT; i++)
         for (int pre = 0; pre < (1 << (2 * i)); pre++) {
             int32_t seq[NP + MT];
             memcpy(seq, prompt, sizeof prompt);
-            for (int j = 0; j < i; j++) seq[NP + j] = ALLOWED[(pre >> (2 * (i - 1 - j))) & 3];
-            m3_sampling sp = samp_params(0);
+            int ok = 1;
+            for (int j = 0; j < i; j++) {
+                const int up = pre >> (2 * (i - j)), a = (pre >> (2 * (i - 1 - j))) & 3;
+                seq[NP + j] = kid[j][up][a];
+                ok &= seq[NP + j] >= 0;
+            }
+            for (int a = 0; a < NA; a++) { kid[i][pre][a] = -1; pr[i][pre][a] = 0; }
+            if (!ok) continue; /* an absent child: no prefix through it */
+            m3_sampling sp = samp_params(variant, 0);
             m3_sampler *s = m3_sampler_create(&sp, V, prompt, NP, &err);
             m3_kv_seq q = {0};
             int rc = !s || m3_run_tokens(m, &kv, &q, seq, NP + i, 0, 64, lg, &err);
@@ -741,7 +760,17 @@ static void test_sampled(m3_model *m) {
             if (!rc) rc = m3_sampler_probs(s, lg, ws, p, &err);
             m3_sampler_free(s);
             if (rc) { CHECK(0, "exact distribution: %s", err.msg); goto out; }
-            for (int a = 0; a < NA; a++) pr[i][pre][a] = p[ALLOWED[a]];
+            if (variant == 0)
+                for (int a = 0; a < NA; a++) { kid[i][pre][a] = ALLOWED[a]; pr[i][pre][a] = p[ALLOWED[a]]; }
+            else { /* the kept ids (top-k 4: at most four), ascending */
+                int a = 0, extra = 0;
+                for (int t = 0; t < V; t++) {
+                    if (!(p[t] > 0)) continue;
+                    if (a < NA) { kid[i][pre][a] = t; pr[i][pre][a] = p[t]; a++; }
+                    else extra++;
+                }
+                CHECK(!extra, "top-k %d kept %d ids", NA, NA + extra);
+            }
         }
     for (int idx = 0; idx < 256; idx++) {
         double x = 1;
@@ -758,7 +787,7 @@ static void test_sampled(m3_model *m) {
             memset(&specs[i], 0, sizeof specs[i]);
             memcpy(specs[i].prompt, prompt, sizeof prompt);
             specs[i].n_prompt = NP;
-            specs[i].sp = samp_params(0xabc000 + (uint64_t)i * 7919 + (uint64_t)mode * 1000003);
+            specs[i].sp = samp_params(variant, 0xabc000 + (uint64_t)i * 7919 + (uint64_t)mode * 1000003 + (uint64_t)variant * 77);
             specs[i].max_tokens = MT;
         }
         m3_engine_opts o;
@@ -777,19 +806,20 @@ static void test_sampled(m3_model *m) {
             int idx = 0;
             if (res[i].n != MT) { bad++; continue; }
             for (int j = 0; j < MT; j++) {
-                int a = idx_of(res[i].tok[j]);
-                if (a < 0) { bad++; break; }
+                int a = 0;
+                while (a < NA && kid[j][idx][a] != res[i].tok[j]) a++;
+                if (a == NA) { bad++; break; }
                 idx = idx * NA + a;
             }
             cnt[idx]++;
         }
-        CHECK(!bad, "mode %d: %d requests with a wrong length or a token outside allowed_ids", mode, bad);
+        CHECK(!bad, "variant %d mode %d: %d requests with a wrong length or a token the distribution excludes", variant, mode, bad);
         int df;
         double st = chi2(pj, cnt, 256, NREQ, &df);
-        CHECK(st < chi2_limit(df), "mode %d: first %d tokens are not distributed as plain sampling (chi2 %.1f, df %d, limit %.1f)",
-              mode, MT, st, df, chi2_limit(df));
-        printf("5. sampled (allowed_ids x4, T 1.3, top-p 0.97, penalties), %s: first %d tokens of %d requests vs the exact "
-               "joint: chi2 %.1f (df %d, 99.9%% limit %.1f)",
+        CHECK(st < chi2_limit(df), "variant %d mode %d: first %d tokens are not distributed as plain sampling (chi2 %.1f, df %d, "
+              "limit %.1f)", variant, mode, MT, st, df, chi2_limit(df));
+        printf("5. sampled (%s), %s: first %d tokens of %d requests vs the exact joint: chi2 %.1f (df %d, 99.9%% limit %.1f)",
+               variant == 0 ? "allowed_ids x4, T 1.3, top-p 0.97, penalties" : "T 1.3, top-k 4, top-p 0.97: draws on the backend",
                mode == 0 ? "no speculation       " : mode == 1 ? "dspark k 3, prob. drafts" : "dspark k 3, greedy drafts", MT,
                NREQ, st, df, chi2_limit(df));
         if (mode) {
@@ -804,6 +834,11 @@ out:
     free(p);
     m3_sample_ws_free(ws);
     m3_kv_destroy(&kv);
+}
+
+static void test_sampled(m3_model *m) {
+    test_sampled_variant(m, 0);
+    test_sampled_variant(m, 1);
 }
 
 /* ---------------------------------------------------------------- 6: loading errors */

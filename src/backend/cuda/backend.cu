@@ -518,6 +518,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->dspark_attention_n = m3_cu_dspark_attention_n;
     ops->argmax_rows = m3_cu_argmax_rows;
     ops->argmax_rows_fin = m3_cu_argmax_rows_fin;
+    ops->draw_rows = m3_cu_draw_rows;
     ops->mlp = m3_cu_mlp;
     ops->moe = m3_cu_moe;
     m3_cu_vision_ops(ops);
@@ -711,7 +712,7 @@ extern "C" void m3_cuda_profile_report(m3_ops *ops, int steps, void *file) {
     FILE *f = (FILE *)file;
     prof_fold(c);
     static const char *names[OP_COUNT] = {"embed", "rmsnorm", "add", "linear", "norm+rope", "kv_store", "indexer", "attention", "mlp", "moe",
-                                             "dspark attention", "copy", "argmax"};
+                                             "dspark attention", "copy", "argmax / draws"};
     double tot = 0;
     for (int i = 0; i < OP_COUNT; i++) tot += c->prof_ms[i];
     fprintf(f, "  per step (GPU time, %d steps):", steps);

@@ -22,6 +22,7 @@
  *   dspark_attention.cu the DSpark draft's sliding-window attention over its context ring and
  *                block (key chunks on the tensor cores, 3xTF32; the chunks combined per head)
  *   argmax.cu    rows' argmax (+ finite flags): greedy draws and greedy outputs on the device
+ *   draw.cu      rows' sampling distributions and one draw each: the draft's probabilistic draws
  *   linear.cu    linear dispatch; SIMT GEMV for every format (linear_simt.cuh); dequantize + cuBLAS
  *                SGEMM (f32) for more than 64 tokens
  *   linear_mma.cu MXFP8 / NVFP4 GEMV on the tensor cores for up to 8 tokens (weights through a

@@ -1,0 +1,287 @@
+/* Draft draws on the GPU (ops.h draw_rows): each row becomes the distribution its parameters
+ * make of it and one draw is taken, by cpu/draw.c's rule (its reference; the double sums here
+ * run in another order, so a uniform within rounding of a boundary may pick the neighbour).
+ *
+ * A row is a cluster of DR_CL CTAs, each a slice of it. The row is rewritten in place (logits,
+ * then e, then the distribution) and read from L2 by every pass. The cluster agrees on each
+ * figure through distributed shared memory: every CTA leaves its part in its own shared memory,
+ * one cluster barrier, then every CTA adds the parts of all in rank order (integers: counts and
+ * masses in units of 2^-40; doubles: in rank order), so every CTA holds the same figure. The
+ * cuts are cpu/draw.c's radix selection: four passes of 8, 8, 8 and 6 bits of e, each a
+ * histogram (shared-memory atomics on integers) summed over the cluster; histograms alternate
+ * between two buffers, so a pass needs one barrier. The draw: each thread sums a contiguous run
+ * of its slice's ids, an exclusive scan orders the runs, and the one thread whose stretch holds
+ * u * total walks its run. */
+#include "common.cuh"
+
+#include <limits.h>
+
+#define DR_CL 8     /* CTAs a row */
+#define DR_T 512    /* threads a CTA */
+#define DR_ROWS 32  /* rows a launch takes (their parameters by value) */
+
+struct dr_args {
+    m3_draw_param p[DR_ROWS];
+};
+
+/* the generic address of p's counterpart in the shared memory of the cluster's CTA `rank` */
+template <class T> static __device__ __forceinline__ T *dr_peer(T *p, uint32_t rank) {
+    uint64_t r;
+    asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(r) : "l"((uint64_t)p), "r"(rank));
+    return (T *)r;
+}
+
+static __device__ __forceinline__ bool dr_kept0(float e, float thr) { return e > 0 && e >= thr; }
+static __device__ __forceinline__ unsigned long long dr_mass(float e) {
+    return __double2ull_rz(ldexp((double)e, 40)); /* e * 2^40 rounded down (e <= 1) */
+}
+
+struct dr_best {
+    float m;
+    int i;
+};
+static __device__ __forceinline__ dr_best dr_pick(dr_best a, dr_best b) {
+    return b.m > a.m || (b.m == a.m && b.i < a.i) ? b : a;
+}
+
+/* the CTA's shared state: what peers read is written once per launch (or per buffer, below) */
+struct dr_smem {
+    dr_best wbest[DR_T / 32];
+    dr_best best;                        /* this slice's argmax over [0, n) (NaN never counts) */
+    int nan0;                            /* rank 0: x[0] is NaN */
+    unsigned long long cnt, mass, z;     /* kept count and mass; the mass at or above the top-k cut */
+    unsigned long long hc[2][256], hm[2][256]; /* histograms (count, mass), alternating by pass */
+    unsigned long long wsum[DR_T / 32];  /* scan scratch */
+    double wd[DR_T / 32];
+    double incl[DR_T];                   /* each thread's inclusive scan of the run sums */
+    double tot;                          /* this slice's kept sum (the scan's total) */
+    int last;                            /* this slice's last kept id, -1 */
+    int pick;                            /* the crossing bin of a pass */
+    unsigned long long pabove;           /* the weight above it */
+};
+
+/* inclusive scan of v over the CTA's threads (fixed order: the same sums every launch) */
+static __device__ double dr_scan_d(double v, dr_smem &s) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const double y = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += y;
+    }
+    if (lane == 31) s.wd[w] = v;
+    __syncthreads();
+    double before = 0;
+    for (int k = 0; k < w; k++) before += s.wd[k];
+    __syncthreads(); /* wd is written again by the next scan */
+    return before + v;
+}
+
+/* inclusive suffix scan (bins t..255) of v over threads 0..255 (the others pass 0) */
+static __device__ unsigned long long dr_suffix_u64(unsigned long long v, dr_smem &s) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long y = __shfl_down_sync(0xffffffffu, v, o);
+        if (lane + o < 32) v += y;
+    }
+    if (lane == 0) s.wsum[w] = v;
+    __syncthreads();
+    unsigned long long after = 0;
+    for (int k = w + 1; k < DR_T / 32; k++) after += s.wsum[k];
+    __syncthreads();
+    return after + v;
+}
+
+/* The largest key t >= lo such that the kept values with keys >= t weigh at least target (by
+ * count or mass) over the whole row (cpu/draw.c cut_of); ph counts the passes (buffers). */
+static __device__ uint32_t dr_cut(const float *r, int j0, int j1, float thr, uint32_t lo, bool by_mass,
+                                  unsigned long long target, int &ph, dr_smem &s) {
+    uint32_t pre = 0;
+    unsigned long long above = 0;
+    for (int p = 0; p < 4; p++, ph++) {
+        const int b = ph & 1, sh = p == 3 ? 0 : 22 - 8 * p, nb = p == 3 ? 64 : 256, up = 22 - 8 * (p - 1);
+        if (threadIdx.x < 256) {
+            s.hc[b][threadIdx.x] = 0;
+            s.hm[b][threadIdx.x] = 0;
+        }
+        __syncthreads();
+        for (int i = j0 + (int)threadIdx.x; i < j1; i += DR_T) {
+            const float e = r[i];
+            if (!dr_kept0(e, thr)) continue;
+            const uint32_t k = __float_as_uint(e);
+            if (k < lo || (p && k >> up != pre)) continue;
+            const int bin = (int)((k >> sh) & (uint32_t)(nb - 1));
+            if (by_mass) atomicAdd(&s.hm[b][bin], dr_mass(e));
+            else atomicAdd(&s.hc[b][bin], 1ull);
+        }
+        cluster_sync(); /* every CTA's histogram is complete */
+        unsigned long long w = 0;
+        if ((int)threadIdx.x < nb)
+            for (uint32_t q = 0; q < DR_CL; q++) w += by_mass ? *dr_peer(&s.hm[b][threadIdx.x], q) : *dr_peer(&s.hc[b][threadIdx.x], q);
+        const unsigned long long suf = dr_suffix_u64(w, s); /* weight of bins >= this one */
+        if (threadIdx.x == 0) s.pick = 0;
+        __syncthreads();
+        /* the crossing: the highest bin whose suffix reaches the target (bin 0 when none does) */
+        if ((int)threadIdx.x < nb && above + suf >= target) atomicMax(&s.pick, (int)threadIdx.x);
+        __syncthreads();
+        if ((int)threadIdx.x == s.pick) s.pabove = suf - w;
+        __syncthreads();
+        above += s.pabove;
+        pre = p ? pre << (up - sh) | (uint32_t)s.pick : (uint32_t)s.pick;
+        __syncthreads(); /* pick and pabove are written again next pass */
+    }
+    return pre;
+}
+
+/* grid (DR_CL, rows), cluster (DR_CL): row blockIdx.y with a.p[blockIdx.y] */
+__global__ void __launch_bounds__(DR_T) k_draw_rows(float *x, int V, size_t ld, const __grid_constant__ dr_args a, int32_t *out) {
+    __shared__ dr_smem s;
+    const uint32_t rank = cluster_rank();
+    const m3_draw_param P = a.p[blockIdx.y];
+    float *r = x + (size_t)blockIdx.y * ld;
+    const int n = P.n < 1 ? 1 : P.n > V ? V : P.n;
+    const int S = (V + DR_CL - 1) / DR_CL, j0 = (int)rank * S < V ? (int)rank * S : V, j1 = j0 + S < V ? j0 + S : V;
+
+    /* 1. the argmax (argmax_rows' rule) */
+    dr_best b = {-INFINITY, INT_MAX};
+    for (int i = j0 + (int)threadIdx.x; i < j1 && i < n; i += DR_T) b = dr_pick(b, dr_best{r[i], i}); /* NaN never wins */
+#pragma unroll
+    for (int o = 16; o; o >>= 1) b = dr_pick(b, dr_best{__shfl_xor_sync(0xffffffffu, b.m, o), __shfl_xor_sync(0xffffffffu, b.i, o)});
+    if ((threadIdx.x & 31) == 0) s.wbest[threadIdx.x >> 5] = b;
+    if (threadIdx.x == 0) s.nan0 = rank == 0 && r[0] != r[0];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        dr_best c = s.wbest[0];
+        for (int w = 1; w < DR_T / 32; w++) c = dr_pick(c, s.wbest[w]);
+        s.best = c;
+    }
+    cluster_sync();
+    dr_best g = *dr_peer(&s.best, 0);
+    for (uint32_t q = 1; q < DR_CL; q++) g = dr_pick(g, *dr_peer(&s.best, q));
+    const bool nan0 = *dr_peer(&s.nan0, 0) != 0;
+    const int am = nan0 || g.i >= n ? 0 : g.i;
+    const float m = nan0 || g.i >= n ? NAN : g.m;
+    if (!(P.temperature >= 1e-5f) || !isfinite(m)) { /* one-hot at the argmax */
+        for (int i = j0 + (int)threadIdx.x; i < j1; i += DR_T) r[i] = i == am ? 1.0f : 0.0f;
+        if (rank == 0 && threadIdx.x == 0) out[blockIdx.y] = am;
+        cluster_sync(); /* peers are done reading this CTA's shared memory */
+        return;
+    }
+
+    /* 2. e, and the kept count and mass */
+    const float sc = 1.0f / P.temperature, thr = P.min_p > 0 ? (P.min_p > 1 ? 1.0f : P.min_p) : 0.0f;
+    if (threadIdx.x == 0) s.cnt = s.mass = s.z = 0;
+    __syncthreads();
+    unsigned long long cnt = 0;
+    for (int i = j0 + (int)threadIdx.x; i < j1; i += DR_T) {
+        const float e = i < n ? expf((r[i] - m) * sc) : 0.0f;
+        r[i] = e;
+        cnt += dr_kept0(e, thr);
+    }
+    atomicAdd(&s.cnt, cnt);
+    cluster_sync();
+    unsigned long long cnt_all = 0;
+    for (uint32_t q = 0; q < DR_CL; q++) cnt_all += *dr_peer(&s.cnt, q);
+
+    /* 3. the cuts */
+    uint32_t cut = 0;
+    int ph = 0;
+    if (P.top_k > 0 && P.top_k < n && cnt_all > (unsigned long long)P.top_k)
+        cut = dr_cut(r, j0, j1, thr, 0, false, (unsigned long long)P.top_k, ph, s);
+    if (P.top_p > 0 && P.top_p < 1) {
+        unsigned long long z = 0;
+        for (int i = j0 + (int)threadIdx.x; i < j1; i += DR_T) {
+            const float e = r[i];
+            if (dr_kept0(e, thr) && __float_as_uint(e) >= cut) z += dr_mass(e);
+        }
+        atomicAdd(&s.z, z);
+        cluster_sync();
+        unsigned long long z_all = 0;
+        for (uint32_t q = 0; q < DR_CL; q++) z_all += *dr_peer(&s.z, q);
+        unsigned long long target = (unsigned long long)((double)P.top_p * (double)z_all);
+        cut = dr_cut(r, j0, j1, thr, cut, true, target < 1 ? 1 : target, ph, s);
+    }
+
+    /* 4. the total and the draw: thread t sums the kept e of its run [c0, c1) of the slice */
+    __syncthreads(); /* every thread's e is in r */
+    const int run = (j1 - j0 + DR_T - 1) / DR_T;
+    const int c0 = j0 + (int)threadIdx.x * run < j1 ? j0 + (int)threadIdx.x * run : j1, c1 = c0 + run < j1 ? c0 + run : j1;
+    double sum = 0;
+    int last = -1;
+    for (int i = c0; i < c1; i++) {
+        const float e = r[i];
+        if (dr_kept0(e, thr) && __float_as_uint(e) >= cut) {
+            sum += e;
+            last = i;
+        }
+    }
+    const double incl = dr_scan_d(sum, s);
+    if (threadIdx.x == DR_T - 1) s.tot = incl;
+    if (threadIdx.x == 0) s.last = -1;
+    __syncthreads();
+    if (last >= 0) atomicMax(&s.last, last);
+    cluster_sync();
+    double base = 0, total = 0;
+    int glast = -1, lrank = -1;
+    for (uint32_t q = 0; q < DR_CL; q++) {
+        const double t = *dr_peer(&s.tot, q);
+        const int l = *dr_peer(&s.last, q);
+        if (q == rank) base = total;
+        total += t;
+        if (l >= 0) { glast = l; lrank = (int)q; }
+    }
+    /* thread t's stretch: [base + incl(t - 1), base + incl(t)), the previous thread's incl read
+     * back (incl - sum may differ from it by rounding): the stretches tile [0, total) */
+    s.incl[threadIdx.x] = incl;
+    __syncthreads();
+    const double lo = base + (threadIdx.x ? s.incl[threadIdx.x - 1] : 0.0), hi = base + incl;
+    const double u = P.u * total;
+    if (u >= lo && u < hi) {
+        double acc = lo;
+        int pick = last;
+        for (int i = c0; i < c1; i++) {
+            const float e = r[i];
+            if (!(dr_kept0(e, thr) && __float_as_uint(e) >= cut)) continue;
+            acc += e;
+            if (u < acc) { pick = i; break; }
+        }
+        out[blockIdx.y] = pick;
+    } else if (!(u < total) && (int)rank == lrank && last == glast && last >= 0) {
+        out[blockIdx.y] = glast; /* u rounded up to the total */
+    }
+    __syncthreads(); /* the walk has read its e */
+    const double inv = 1.0 / total;
+    for (int i = j0 + (int)threadIdx.x; i < j1; i += DR_T) {
+        const float e = r[i];
+        r[i] = dr_kept0(e, thr) && __float_as_uint(e) >= cut ? (float)(e * inv) : 0.0f;
+    }
+    cluster_sync(); /* peers are done reading this CTA's shared memory */
+}
+
+void m3_cu_draw_rows(void *ctx, float *x, int rows, int V, size_t ld, const m3_draw_param *par, int32_t *out) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    if (rows <= 0 || V <= 0 || c->failed) return;
+    m3_cu_xsplit_touch(c, x, sizeof(float) * ((size_t)(rows - 1) * ld + (size_t)V));
+    m3_cu_xsplit_touch(c, out, sizeof(int32_t) * (size_t)rows);
+    m3_cu_prof_begin(c, OP_ARGMAX);
+    for (int r0 = 0; r0 < rows; r0 += DR_ROWS) {
+        const int m = rows - r0 < DR_ROWS ? rows - r0 : DR_ROWS;
+        dr_args a;
+        memset(&a, 0, sizeof a);
+        memcpy(a.p, par + r0, sizeof(m3_draw_param) * (size_t)m);
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(DR_CL, (unsigned)m);
+        cfg.blockDim = dim3(DR_T);
+        cfg.stream = c->st;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = DR_CL;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        if (CK(c, cudaLaunchKernelEx(&cfg, k_draw_rows, x + (size_t)r0 * ld, V, ld, a, out + r0))) break;
+    }
+    CK_LAUNCH(c, "draw rows");
+    m3_cu_prof_end(c, OP_ARGMAX);
+}

@@ -146,13 +146,13 @@ struct m3_ops {
     /* capability, optional: each row x[r * ld .. r * ld + V) (backend memory) becomes the
      * distribution par[r] (host memory) makes of it, and out[r] (backend memory) one draw from
      * it: the DSpark draft's probabilistic draws without the rows leaving the device. The rule
-     * (cpu/draw.c, both backends): a = argmax_rows' index over [0, n); greedy, or x[a] not
-     * finite: one-hot at a. Else e_i = exp((x_i - x[a]) / T) over [0, n) (0 beyond), kept when
-     * e_i > 0 and e_i >= min_p; top-k keeps those at or above the largest cut that leaves at least
-     * k; top-p then those at or above the largest cut whose mass (in units of 2^-40) reaches top_p
-     * of what is left (ties at a cut stay in); the row = e / total on the kept ids, 0 elsewhere;
-     * the draw: the first kept id, in id order, where the running sum of e passes u * total
-     * (rounding past the end: the last kept id). */
+     * (cpu/draw.c, both backends) is the sampler's steps 3-4 (engine/sampler.h) with masses in
+     * units of 2^-40: a = argmax_rows' index over [0, n); greedy, or x[a] not finite: one-hot at
+     * a. Else e_i = exp((x_i - x[a]) / T) over [0, n) (0 beyond), kept when e_i > 0 and e_i >=
+     * min_p; top-k keeps the k largest, top-p then the smallest prefix (ranked by value, then
+     * the lower id) whose mass reaches top_p of what is left; the row = e / total on the kept
+     * ids, 0 elsewhere; the draw: the first kept id, in id order, where the running sum of e
+     * passes u * total (rounding past the end: the last kept id). */
     void (*draw_rows)(void *ctx, float *x, int rows, int V, size_t ld, const m3_draw_param *par, int32_t *out);
     /* bytes from backend memory to backend memory */
     void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);

@@ -118,8 +118,9 @@ int main(int argc, char **argv) {
         free(ax);
     }
     {   /* draw_rows (the probabilistic draws) against the CPU's rule: 40 rows of the M3 vocabulary's
-         * width in one call (two launches of the CUDA table), peaked and flat, every filter alone and
-         * together, greedy, a narrower text width, +inf / NaN-at-0 / -inf rows. The same kept ids,
+         * width in one call (two launches of the CUDA table), peaked and flat, rows of few distinct
+         * values (ties at the cuts), every filter alone and together, greedy, a narrower text width,
+         * +inf / NaN-at-0 / -inf rows. The same kept ids,
          * probabilities within 1e-5 relative, the same draw unless the uniform lies within 1e-9 of
          * a boundary of the CPU's running sum (the sums' order differs) */
         enum { DRN = 40, AW = 200064 };
@@ -133,6 +134,8 @@ int main(int argc, char **argv) {
             const float sd = r % 3 == 0 ? 3.0f : 1.0f;
             for (int i = 0; i < AW; i++) row[i] = sd * frand();
             for (int j = 0; j < 20; j++) row[(int)((frand() + 1) * 0.5f * (AW - 1))] += r % 2 ? 9.0f : 2.0f;
+            if (r % 4 == 1)
+                for (int i = 0; i < AW; i++) row[i] = roundf(row[i] * 4) / 4; /* ties at every cut */
             const float T[4] = {1.0f, 0.7f, 1.3f, 0.0f};
             const int tk[5] = {0, 40, 5000, 1, 0};
             const float tp[3] = {1.0f, 0.9f, 0.5f};

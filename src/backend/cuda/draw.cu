@@ -9,7 +9,9 @@
  * masses in units of 2^-40; doubles: in rank order), so every CTA holds the same figure. The
  * cuts are cpu/draw.c's radix selection: four passes of 8, 8, 8 and 6 bits of e, each a
  * histogram (shared-memory atomics on integers) summed over the cluster; histograms alternate
- * between two buffers, so a pass needs one barrier. The draw: each thread sums a contiguous run
+ * between two buffers, so a pass needs one barrier. Ties at a cut are settled in id order: each
+ * thread counts those of a contiguous run of ids, a scan and the ranks before give each run its
+ * first tie's index. The draw: each thread sums a contiguous run
  * of its slice's ids, an exclusive scan orders the runs, and the one thread whose stretch holds
  * u * total walks its run. */
 #include "common.cuh"
@@ -50,6 +52,7 @@ struct dr_smem {
     dr_best best;                        /* this slice's argmax over [0, n) (NaN never counts) */
     int nan0;                            /* rank 0: x[0] is NaN */
     unsigned long long cnt, mass, z;     /* kept count and mass; the mass at or above the top-k cut */
+    unsigned long long ties[2];          /* this slice's ties at the top-k / top-p cut */
     unsigned long long hc[2][256], hm[2][256]; /* histograms (count, mass), alternating by pass */
     unsigned long long wsum[DR_T / 32];  /* scan scratch */
     double wd[DR_T / 32];
@@ -95,7 +98,7 @@ static __device__ unsigned long long dr_suffix_u64(unsigned long long v, dr_smem
 /* The largest key t >= lo such that the kept values with keys >= t weigh at least target (by
  * count or mass) over the whole row (cpu/draw.c cut_of); ph counts the passes (buffers). */
 static __device__ uint32_t dr_cut(const float *r, int j0, int j1, float thr, uint32_t lo, bool by_mass,
-                                  unsigned long long target, int &ph, dr_smem &s) {
+                                  unsigned long long target, int &ph, unsigned long long &above_out, dr_smem &s) {
     uint32_t pre = 0;
     unsigned long long above = 0;
     for (int p = 0; p < 4; p++, ph++) {
@@ -130,7 +133,28 @@ static __device__ uint32_t dr_cut(const float *r, int j0, int j1, float thr, uin
         pre = p ? pre << (up - sh) | (uint32_t)s.pick : (uint32_t)s.pick;
         __syncthreads(); /* pick and pabove are written again next pass */
     }
+    above_out = above;
     return pre;
+}
+
+/* The kept values at key t past the first m of them, in id order over the row, are dropped
+ * (e = 0): each thread counts the ties of its run [c0, c1), a scan orders the runs, the ranks
+ * come in order; slot: this CTA's count for its peers (written once a launch). */
+static __device__ void dr_trim(float *r, int c0, int c1, float thr, uint32_t t, unsigned long long m, int slot, dr_smem &s) {
+    __syncthreads(); /* every thread's e is in r (the runs cross the passes' layout) */
+    int cnt = 0;
+    for (int i = c0; i < c1; i++) cnt += dr_kept0(r[i], thr) && __float_as_uint(r[i]) == t;
+    const double incl = dr_scan_d((double)cnt, s); /* exact: counts below 2^53 */
+    if (threadIdx.x == DR_T - 1) s.ties[slot] = (unsigned long long)incl;
+    cluster_sync();
+    unsigned long long j = (unsigned long long)incl - (unsigned long long)cnt;
+    for (uint32_t q = 0; q < cluster_rank(); q++) j += *dr_peer(&s.ties[slot], q);
+    for (int i = c0; i < c1; i++)
+        if (dr_kept0(r[i], thr) && __float_as_uint(r[i]) == t) {
+            if (j >= m) r[i] = 0.0f;
+            j++;
+        }
+    __syncthreads(); /* the passes after read the dropped ones as 0 */
 }
 
 /* grid (DR_CL, rows), cluster (DR_CL): row blockIdx.y with a.p[blockIdx.y] */
@@ -183,11 +207,17 @@ __global__ void __launch_bounds__(DR_T) k_draw_rows(float *x, int V, size_t ld, 
     unsigned long long cnt_all = 0;
     for (uint32_t q = 0; q < DR_CL; q++) cnt_all += *dr_peer(&s.cnt, q);
 
-    /* 3. the cuts */
+    /* 3. the cuts, then the ties at each settled as the sampler settles them: top-k keeps exactly
+     * k (the lower ids first), top-p a tie while the mass ranked above it is short of the target */
+    const int run = (j1 - j0 + DR_T - 1) / DR_T; /* thread t's run of ids [c0, c1): the ties' and the draw's order */
+    const int c0 = j0 + (int)threadIdx.x * run < j1 ? j0 + (int)threadIdx.x * run : j1, c1 = c0 + run < j1 ? c0 + run : j1;
     uint32_t cut = 0;
     int ph = 0;
-    if (P.top_k > 0 && P.top_k < n && cnt_all > (unsigned long long)P.top_k)
-        cut = dr_cut(r, j0, j1, thr, 0, false, (unsigned long long)P.top_k, ph, s);
+    unsigned long long above = 0;
+    if (P.top_k > 0 && P.top_k < n && cnt_all > (unsigned long long)P.top_k) {
+        cut = dr_cut(r, j0, j1, thr, 0, false, (unsigned long long)P.top_k, ph, above, s);
+        dr_trim(r, c0, c1, thr, cut, (unsigned long long)P.top_k - above, 0, s);
+    }
     if (P.top_p > 0 && P.top_p < 1) {
         unsigned long long z = 0;
         for (int i = j0 + (int)threadIdx.x; i < j1; i += DR_T) {
@@ -199,13 +229,14 @@ __global__ void __launch_bounds__(DR_T) k_draw_rows(float *x, int V, size_t ld, 
         unsigned long long z_all = 0;
         for (uint32_t q = 0; q < DR_CL; q++) z_all += *dr_peer(&s.z, q);
         unsigned long long target = (unsigned long long)((double)P.top_p * (double)z_all);
-        cut = dr_cut(r, j0, j1, thr, cut, true, target < 1 ? 1 : target, ph, s);
+        if (target < 1) target = 1;
+        cut = dr_cut(r, j0, j1, thr, cut, true, target, ph, above, s);
+        const unsigned long long w = dr_mass(__uint_as_float(cut)); /* each tie's: above + j w < target keeps tie j */
+        dr_trim(r, c0, c1, thr, cut, w ? (target - above + w - 1) / w : (unsigned long long)V, 1, s);
     }
 
     /* 4. the total and the draw: thread t sums the kept e of its run [c0, c1) of the slice */
     __syncthreads(); /* every thread's e is in r */
-    const int run = (j1 - j0 + DR_T - 1) / DR_T;
-    const int c0 = j0 + (int)threadIdx.x * run < j1 ? j0 + (int)threadIdx.x * run : j1, c1 = c0 + run < j1 ? c0 + run : j1;
     double sum = 0;
     int last = -1;
     for (int i = c0; i < c1; i++) {

@@ -186,11 +186,14 @@ int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws
         return 0;
     }
     /* every request's distribution plain (no penalties, bias, masks: m3_sampler_plain_params)
-     * and a backend that draws: the whole chain there (draw_rows), one download of the ids and
-     * one per distribution row; the uniforms are those the loop below would take */
+     * and a device backend that draws: the whole chain there (draw_rows), one download of the
+     * ids and one per distribution row; the uniforms are those the loop below would take. On a
+     * host-memory backend the loop below costs no round trip and its sampler is the faster;
+     * M3_SPEC_DRAWS=backend or host overrides the choice (tests, A/B runs). */
     m3_draw_param par[M3_SPEC_DRAFT_BATCH];
-    const char *hd = getenv("M3_SPEC_HOST_DRAWS"); /* 1: the draws on the host (A/B runs) */
-    int on_backend = d->ops->draw_rows && d->ops->embed_dev && !(hd && atoi(hd));
+    const char *how = getenv("M3_SPEC_DRAWS");
+    int on_backend = d->ops->draw_rows && d->ops->embed_dev &&
+                     (how && !strcmp(how, "backend") ? 1 : how && !strcmp(how, "host") ? 0 : d->ops->device_memory);
     for (int j = 0; j < n && on_backend; j++) {
         m3_draw_param *p = &par[j];
         on_backend = m3_sampler_plain_params(rq[j].s, &p->temperature, &p->top_k, &p->top_p, &p->min_p, &p->n);

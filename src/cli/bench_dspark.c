@@ -182,7 +182,7 @@ int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int
            3.48 * decode_s / wm, 4.77 * decode_s / wm);
     { /* sampled requests' drafts (probabilistic, T 0.8, top-p 0.95: q comes to the host for the
        * verification): the draws on the device (draw_rows) against the host's slot-by-slot loop
-       * (M3_SPEC_DRAWS=host), beside greedy drafts; block + Markov rows + draws, no append */
+       * (M3_DRAWS=host), beside greedy drafts; block + Markov rows + draws, no append */
         float *qb = malloc(sizeof(float) * (size_t)nb * k * V);
         m3_sampler **ss = calloc((size_t)nb, sizeof *ss);
         double med[3] = {0, 0, 0};
@@ -194,9 +194,9 @@ int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int
             int32_t p0 = 1;
             if (!(ss[s] = m3_sampler_create(&sg, V, &p0, 1, err))) rc = -1;
         }
-        const char *was = getenv("M3_SPEC_DRAWS");
+        const char *was = getenv("M3_DRAWS");
         for (int v = 0; v < 3 && !rc; v++) { /* 0 greedy, 1 sampled on the device, 2 sampled on the host */
-            if (v == 2) setenv("M3_SPEC_DRAWS", "host", 1);
+            if (v == 2) setenv("M3_DRAWS", "host", 1);
             for (long it = 0; it < steps + 1 && !rc; it++) {
                 for (long s = 0; s < nb; s++)
                     rq[s] = (m3_spec_draft_req){&cx[s], v ? ss[s] : sm[s], &rng[s], (int32_t)((s * 7919 + it) % V), cx[s].len,
@@ -206,8 +206,8 @@ int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int
                 double t1 = m3_cuda_sync_time(ops);
                 if (it) t_draft[it - 1] = t1 - t0;
             }
-            if (was) setenv("M3_SPEC_DRAWS", was, 1);
-            else unsetenv("M3_SPEC_DRAWS");
+            if (was) setenv("M3_DRAWS", was, 1);
+            else unsetenv("M3_DRAWS");
             sort(t_draft, steps);
             med[v] = t_draft[steps / 2];
         }

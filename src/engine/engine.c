@@ -280,6 +280,14 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->gn = e_malloc((size_t)e->max_rows * 3 * sizeof *e->gn);
     e->gid = e->gn ? e->gn + e->max_rows : NULL;
     e->gfin = e->gn ? e->gn + 2 * (size_t)e->max_rows : NULL;
+    e->gpar = e_malloc((size_t)e->max_rows * sizeof *e->gpar);
+    { /* a device backend draws plain sampled rows where the logits are (no row downloaded); on the
+       * host the sampler is the faster. M3_DRAWS=backend / host overrides (tests, A/B runs). */
+        const char *how = getenv("M3_DRAWS");
+        const m3_ops *op = e->m ? e->m->ops : NULL;
+        e->draw_dev = !e->group && op && op->draw_rows && op->argmax_rows_fin &&
+                      (how && !strcmp(how, "backend") ? 1 : how && !strcmp(how, "host") ? 0 : op->device_memory);
+    }
     e->ws = m3_sample_ws_create(e->V, err);
     int spec_ok = 1;
     if (e->vision) {
@@ -299,7 +307,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     }
     int mu_ok = !pthread_mutex_init(&e->mu, NULL);
     int cv_ok = mu_ok && !pthread_cond_init(&e->cv, NULL);
-    if (!e->running || !e->ids || !e->pos || !e->sq || !e->rows || !e->zeros || !e->seqs || !e->logits || !e->gn || !e->ws || !cv_ok ||
+    if (!e->running || !e->ids || !e->pos || !e->sq || !e->rows || !e->zeros || !e->seqs || !e->logits || !e->gn || !e->gpar || !e->ws || !cv_ok ||
         !spec_ok) {
         if (e->ws) m3_errf(err, "engine: out of memory");
         if (cv_ok) pthread_cond_destroy(&e->cv);
@@ -307,7 +315,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         m3_blocks_destroy(e->bm);
         kv_drop(e);
         m3_sample_ws_free(e->ws);
-        free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits); free(e->gn);
+        free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits); free(e->gn); free(e->gpar);
         feat_free(e);
         free(e->drows); free(e->apps); free(e->app_req);
         free(e->ov_rows); free(e->ov_emb);
@@ -367,7 +375,7 @@ void m3_engine_destroy(m3_engine *e) {
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     free(e->running); free(e->waiting); free(e->cancels);
-    free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits); free(e->gn);
+    free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits); free(e->gn); free(e->gpar);
     feat_free(e);
     free(e->drows); free(e->apps); free(e->app_req);
     pbufs_free(e);

@@ -118,7 +118,10 @@ struct m3_engine {
     float *feat;               /* [max_tokens_step][feat_dim] captured target rows of the step: host
                                 * memory, or (draft_dev) the draft's backend memory */
     int32_t *gn, *gid, *gfin;  /* [max_rows] per output row: m3_sampler_greedy_ids (0: the whole
-                                * row comes back), then the backend's argmax and finite flag */
+                                * row comes back; -1: drawn on the backend with gpar), then the
+                                * backend's argmax or draw and finite flag */
+    m3_draw_param *gpar;       /* [max_rows] the drawn rows' parameters and uniforms */
+    int draw_dev;              /* plain sampled rows are drawn on the backend (ops draw_rows) */
     m3_dspark_rows *apps;      /* a step's draft context appends [max_seqs], and their requests */
     req **app_req;
     int draft_dev;             /* the draft runs on the target's device op table (capture stays there) */

@@ -778,6 +778,11 @@ int m3_sampler_plain_params(const m3_sampler *s, float *temperature, int *top_k,
     return 1;
 }
 
+int m3_sampler_draw_ids(const m3_sampler *s, float *temperature, int *top_k, float *top_p, float *min_p, int *n) {
+    if (m3_sampler_is_greedy(s) || s->p.logprobs || s->p.top_logprobs) return 0;
+    return m3_sampler_plain_params(s, temperature, top_k, top_p, min_p, n);
+}
+
 int m3_sampler_plain_greedy(const m3_sampler *s) { return m3_sampler_is_greedy(s) && plain_logits(s) ? s->n : 0; }
 int m3_sampler_greedy_ids(const m3_sampler *s) { return !s->p.logprobs && !s->p.top_logprobs ? m3_sampler_plain_greedy(s) : 0; }
 

@@ -121,6 +121,10 @@ int m3_sampler_greedy_ids(const m3_sampler *s);
  * m3_sampling holds them) and the text ids [0, *n); else 0. (A backend can then make the
  * distribution and its draws where the row is: ops.h draw_rows.) */
 int m3_sampler_plain_params(const m3_sampler *s, float *temperature, int *top_k, float *top_p, float *min_p, int *n);
+/* m3_sampler_plain_params' 1 and parameters when the request also samples (not greedy) and
+ * wants no logprobs: its draw is then the token alone, from one uniform (the next of its RNG's,
+ * as m3_sampler_sample would take it), which a backend can draw where the logits are. */
+int m3_sampler_draw_ids(const m3_sampler *s, float *temperature, int *top_k, float *top_p, float *min_p, int *n);
 /* The vocabulary size the sampler was created for. */
 int m3_sampler_vocab(const m3_sampler *s);
 /* prob[V] = the distribution m3_sampler_sample would draw from for this row in the sampler's

@@ -189,9 +189,9 @@ int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws
      * and a device backend that draws: the whole chain there (draw_rows), one download of the
      * ids and one per distribution row; the uniforms are those the loop below would take. On a
      * host-memory backend the loop below costs no round trip and its sampler is the faster;
-     * M3_SPEC_DRAWS=backend or host overrides the choice (tests, A/B runs). */
+     * M3_DRAWS=backend or host overrides the choice (tests, A/B runs). */
     m3_draw_param par[M3_SPEC_DRAFT_BATCH];
-    const char *how = getenv("M3_SPEC_DRAWS");
+    const char *how = getenv("M3_DRAWS");
     int on_backend = d->ops->draw_rows && d->ops->embed_dev &&
                      (how && !strcmp(how, "backend") ? 1 : how && !strcmp(how, "host") ? 0 : d->ops->device_memory);
     for (int j = 0; j < n && on_backend; j++) {

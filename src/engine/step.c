@@ -316,7 +316,7 @@ static void encode_images(m3_engine *e) {
 static void sample_one(m3_engine *e, req *r, m3_sample_ws *ws, float *p) {
     const float *lg = e->logits + (size_t)r->out_idx * e->V;
     m3_err e2;
-    if (r->gdev) { /* its rows came back as their argmax and finite flag (m3_taps.greedy_n) */
+    if (r->gdev) { /* its rows came back as their argmax (or draw) and finite flag (m3_taps.greedy_n) */
         r->so_finite = 1;
         for (int j = 0; j <= r->k_sched; j++) r->so_finite &= e->gfin[r->out_idx + j] != 0;
         r->so_rc = 0;
@@ -565,9 +565,16 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         } else if (r->n_done + r->n_sched == r->n_tok) {
             r->out_idx = n_out;
             e->gn[n_out] = g;
+            m3_draw_param *dp = &e->gpar[n_out];
+            /* a plain sampled row without logprobs: drawn where the logits are, with the uniform
+             * m3_sampler_sample would take (the same stream) */
+            if (!g && e->draw_dev && !r->gr && m3_sampler_draw_ids(r->smp, &dp->temperature, &dp->top_k, &dp->top_p, &dp->min_p, &dp->n)) {
+                dp->u = m3_sampler_uniform(r->smp);
+                e->gn[n_out] = -1;
+            }
             e->rows[n_out++] = T - 1;
         }
-        n_greedy += g > 0 && r->out_idx >= 0;
+        n_greedy += r->out_idx >= 0 && e->gn[r->out_idx] != 0;
         ns++;
         if (r->decode) e->last.n_decode++;
         else e->last.n_prefill_tokens += r->n_sched;
@@ -585,6 +592,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             taps.greedy_ids = e->gid;
             taps.greedy_fin = e->gfin;
             taps.greedy_done = &gdone;
+            taps.draw_par = e->gpar;
         }
         m3_embed_override ov = {n_ov, e->ov_rows, e->ov_emb};
         const m3_taps *tp = e->spec || n_greedy ? &taps : NULL;
@@ -593,7 +601,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         if (!frc && gdone)
             for (int i = 0; i < e->n_running; i++) {
                 req *r = e->running[i];
-                r->gdev = r->n_sched && r->out_idx >= 0 && e->gn[r->out_idx] > 0;
+                r->gdev = r->n_sched && r->out_idx >= 0 && e->gn[r->out_idx] != 0;
             }
         if (frc && step_failed(e, T, ns, n_out, err) < 0) {
             snapshot(e);

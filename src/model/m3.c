@@ -249,26 +249,32 @@ issued:
         int s = b->seq[t];
         if (b->seqs[s]->len < b->pos[t] + 1) b->seqs[s]->len = b->pos[t] + 1;
     }
-    /* greedy rows: their argmax and finite flag where the logits are, only those come back */
+    /* greedy rows: their argmax and finite flag where the logits are, only those come back; drawn
+     * rows (greedy_n < 0): their finite flag and a draw */
+    int draws = 0;
+    for (int i = 0; taps && taps->greedy_n && i < n_out; i++) draws |= taps->greedy_n[i] < 0;
     const int greedy = n_out > 0 && logits && !sh && taps && taps->greedy_n && taps->greedy_ids && taps->greedy_fin &&
-                       op->argmax_rows_fin && B.gid;
+                       op->argmax_rows_fin && B.gid && (!draws || (taps->draw_par && op->draw_rows));
     if (taps && taps->greedy_done) *taps->greedy_done = greedy;
     if (greedy) {
         const int32_t *gn = taps->greedy_n;
-        for (int i = 0; i < n_out;) { /* runs of rows of one kind: the argmaxes first */
+#define ROW_KIND(g) ((g) > 0 ? 1 : (g) < 0 ? 2 : 0)
+        for (int i = 0; i < n_out;) { /* runs of rows of one kind: the argmaxes and draws first */
             int j = i + 1;
-            while (j < n_out && (gn[j] > 0) == (gn[i] > 0) && (gn[i] <= 0 || gn[j] == gn[i])) j++;
-            if (gn[i] > 0)
-                op->argmax_rows_fin(X, B.lg + (size_t)i * V, j - i, gn[i] < V ? gn[i] : V, V, (size_t)V, B.gid + i,
+            while (j < n_out && ROW_KIND(gn[j]) == ROW_KIND(gn[i]) && (gn[i] <= 0 || gn[j] == gn[i])) j++;
+            if (gn[i] != 0) /* a drawn row's argmax is overwritten by its draw; its flag stays */
+                op->argmax_rows_fin(X, B.lg + (size_t)i * V, j - i, gn[i] > 0 && gn[i] < V ? gn[i] : V, V, (size_t)V, B.gid + i,
                                     B.gid + n_out + i);
+            if (gn[i] < 0) op->draw_rows(X, B.lg + (size_t)i * V, j - i, V, (size_t)V, taps->draw_par + i, B.gid + i);
             i = j;
         }
         for (int i = 0; i < n_out;) { /* then the rows that come back whole */
             int j = i + 1;
-            while (j < n_out && (gn[j] > 0) == (gn[i] > 0)) j++;
-            if (gn[i] <= 0) op->download(X, logits + (size_t)i * V, B.lg + (size_t)i * V, (size_t)(j - i) * V * 4);
+            while (j < n_out && (gn[j] == 0) == (gn[i] == 0)) j++;
+            if (gn[i] == 0) op->download(X, logits + (size_t)i * V, B.lg + (size_t)i * V, (size_t)(j - i) * V * 4);
             i = j;
         }
+#undef ROW_KIND
         op->download(X, taps->greedy_ids, B.gid, sizeof(int32_t) * (size_t)n_out);
         op->download(X, taps->greedy_fin, B.gid + n_out, sizeof(int32_t) * (size_t)n_out);
     } else if (n_out > 0 && logits && !sh) {

@@ -81,6 +81,10 @@ typedef struct m3_taps {
     const int32_t *greedy_n;
     int32_t *greedy_ids, *greedy_fin;
     int *greedy_done;
+    /* Drawn output rows (with greedy_n; op draw_rows): row i with greedy_n[i] < 0 gets greedy_ids[i]
+     * = a draw from the distribution draw_par[i] makes of its logits (ops.h draw_rows, its
+     * uniform in draw_par[i].u) and greedy_fin[i] as above; its logits row is not written. */
+    const m3_draw_param *draw_par;
 } m3_taps;
 
 /* Runs ids[b->T] (host memory) through the model, writing their K/V/index-K into kv (pages are reserved

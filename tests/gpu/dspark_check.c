@@ -50,7 +50,7 @@ int main(int argc, char **argv) {
     const int cpu = argc == 3 && !strcmp(argv[1], "--cpu");
     if (argc != 2 && !cpu) { fprintf(stderr, "usage: dspark_check [--cpu] CHECKPOINT\n"); return 2; }
     const char *dir = argv[argc - 1];
-    setenv("M3_SPEC_DRAWS", "backend", 1); /* the CPU drafts through draw_rows too (its default: the host's loop) */
+    setenv("M3_DRAWS", "backend", 1); /* the CPU drafts through draw_rows too (its default: the host's loop) */
     char ddir[4200];
     snprintf(ddir, sizeof ddir, "%s/dspark", dir);
     m3_ops cops, gops;

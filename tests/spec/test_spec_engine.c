@@ -54,6 +54,7 @@ typedef struct {
     int n_prompt;
     m3_sampling sp;
     int max_tokens, ignore_eos, arrive;
+    int no_logprobs; /* the token alone (a plain sampled row is then drawn where its logits are) */
 } rspec;
 
 typedef struct {
@@ -124,7 +125,7 @@ static int run(m3_model *m, const m3_engine_opts *o, const rspec *specs, int n, 
                 m3_engine_request q = {.prompt = specs[i].prompt, .n_prompt = specs[i].n_prompt, .sampling = specs[i].sp,
                                        .max_tokens = specs[i].max_tokens, .ignore_eos = specs[i].ignore_eos,
                                        .on_token = on_token, .arg = &res[i]};
-                q.sampling.logprobs = 1; /* compared bitwise */
+                q.sampling.logprobs = !specs[i].no_logprobs; /* compared bitwise */
                 res[i].id = m3_engine_add(e, &q, &err);
                 if (!res[i].id) { CHECK(0, "add %d: %s", i, err.msg); rc = -1; goto out; }
                 added++;
@@ -789,6 +790,7 @@ static void test_sampled_variant(m3_model *m, int variant) {
             specs[i].n_prompt = NP;
             specs[i].sp = samp_params(variant, 0xabc000 + (uint64_t)i * 7919 + (uint64_t)mode * 1000003 + (uint64_t)variant * 77);
             specs[i].max_tokens = MT;
+            specs[i].no_logprobs = variant == 1;
         }
         m3_engine_opts o;
         m3_engine_opts_default(&o);
@@ -838,9 +840,9 @@ out:
 
 static void test_sampled(m3_model *m) {
     test_sampled_variant(m, 0);
-    setenv("M3_SPEC_DRAWS", "backend", 1); /* the CPU too drafts plain requests through draw_rows */
+    setenv("M3_DRAWS", "backend", 1); /* the CPU too draws plain rows through draw_rows (target and draft) */
     test_sampled_variant(m, 1);
-    unsetenv("M3_SPEC_DRAWS");
+    unsetenv("M3_DRAWS");
 }
 
 /* ---------------------------------------------------------------- 6: loading errors */

@@ -203,7 +203,9 @@ async def level(host, port, conc, rounds, first, args):
         for k in range(rounds):
             text, n_prompt = prompts[c * rounds + k]
             body = {"prompt": text, "max_tokens": args.max_tokens, "ignore_eos": True,
-                    "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+                    "temperature": args.temperature, "stream": True, "stream_options": {"include_usage": True}}
+            if args.top_p < 1:
+                body["top_p"] = args.top_p
             if args.model:
                 body["model"] = args.model
             try:
@@ -234,6 +236,8 @@ async def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds without a byte before a request fails")
     ap.add_argument("--model", default=None)
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of every request (0: greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="top_p of every request (1: off)")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     u = urlparse(args.base)

@@ -203,8 +203,9 @@ async def level(host, port, conc, rounds, first, args):
         for k in range(rounds):
             text, n_prompt = prompts[c * rounds + k]
             body = {"prompt": text, "max_tokens": args.max_tokens, "ignore_eos": True,
-                    "temperature": args.temperature, "stream": True, "stream_options": {"include_usage": True}}
-            if args.top_p < 1:
+                    "temperature": getattr(args, "temperature", 0.0), "stream": True,
+                    "stream_options": {"include_usage": True}}
+            if getattr(args, "top_p", 1.0) < 1:
                 body["top_p"] = args.top_p
             if args.model:
                 body["model"] = args.model

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # session 23 call 1: draw_rows on the GPU (the drafts' probabilistic draws on the device): dspark_check
 # (GPU vs CPU), racecheck / synccheck / memcheck on it, gpu.sh section 9, the draft at 30 layers
-# with the sampled drafts' line (draws on the device vs on the host); served sampled requests, draws on
-# the device vs on the host
+# with the sampled drafts' line (draws on the device vs on the host)
 set -u
 cd "$(dirname "$0")/../../.."
 mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz && xz -dc .gpu_pack/tokenizer.json.xz > /tmp/tok.json
@@ -23,11 +22,4 @@ echo "[$SECONDS] section 9"
 M3_TOKENIZER=/tmp/tok.json M3_GPU_SECTIONS="9" timeout 200 scripts/gpu.sh $B /tmp/w > $L/s9.log 2>&1
 echo "section 9 rc $?"; grep -E "FAILED|checks failed|ERROR SUMMARY|draw_rows|probabilistic|5\. sampled|dspark drafts of sampled|whole step" $L/s9.log | cut -c1-260 | head -30
 save
-echo "[$SECONDS] served, sampled (T 0.8, top-p 0.95), 1 and 64 streams: draws on the device, then on the host"
-for how in backend host; do
-  M3_DRAWS=$how M3_LOAD_TEMP=0.8 M3_LOAD_TOP_P=0.95 M3_LOAD_LEVELS=1,64 M3_TOKENIZER=/tmp/tok.json timeout 170 \
-    scripts/gpu-serve-load.sh $B /tmp/load-$how /tmp/tok.json > $L/load-sampled-$how.log 2>&1
-  echo "$how rc $?"; grep -E "^\| |FAILED" $L/load-sampled-$how.log | head -6
-  save
-done
 echo "[$SECONDS] done"

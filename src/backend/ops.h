@@ -61,6 +61,11 @@ struct m3_ops {
     void (*upload)(void *ctx, void *dst, const void *src, size_t bytes);   /* host -> backend */
     void (*download)(void *ctx, void *dst, const void *src, size_t bytes); /* backend -> host */
 
+    /* Optional (device backends): page-locked host memory (a download into it runs at the link's
+     * full speed, no staging), and its release. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
+
     /* Optional (NULL on the CPU, whose ops read the mapped checkpoint in place): copy the
      * weights into backend memory; *dev gets the same structure with backend pointers (and
      * whatever per-layer tables the backend needs in m3_layer_w.backend). */

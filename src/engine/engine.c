@@ -96,10 +96,14 @@ static void feat_free(m3_engine *e) {
     if (e->feat && e->draft_dev) e->draft.ops->release(e->draft.ops->ctx, e->feat);
     else free(e->feat);
     e->feat = NULL;
+    if (e->qstage) e->draft.ops->host_free(e->draft.ops->ctx, e->qstage);
+    e->qstage = NULL;
+    e->qstage_n = 0;
 }
 
 /* a failure of m3_engine_create before the block manager exists */
 static void free_early(m3_engine *e) {
+    if (e->qstage) e->draft.ops->host_free(e->draft.ops->ctx, e->qstage);
     if (e->spec) m3_dspark_free(&e->draft);
     free(e);
 }
@@ -165,6 +169,14 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         m3_dspark_reserve(&e->draft, o->max_num_seqs, o->max_num_batched_tokens, e->k, &ring_bytes, err)) {
         free_early(e);
         return NULL;
+    }
+    /* the q rows of probabilistic drafts: staging for one draft batch in host_alloc's memory
+     * (page-locked on a device: they come back at the link's speed; past it, or without it,
+     * each request's own rows) */
+    if (e->spec && e->draft_method == M3_SPEC_DRAFT_PROBABILISTIC && e->draft.ops->host_alloc) {
+        const int n = o->max_num_seqs < M3_SPEC_DRAFT_BATCH ? o->max_num_seqs : M3_SPEC_DRAFT_BATCH;
+        e->qstage = e->draft.ops->host_alloc(e->draft.ops->ctx, sizeof(float) * (size_t)n * e->k * (size_t)m->cfg.vocab);
+        e->qstage_n = e->qstage ? n : 0;
     }
     int pages = o->kv_pages;
     size_t kv_bytes = o->kv_bytes;

@@ -53,6 +53,7 @@ typedef struct req {
     m3_dspark_ctx dctx;        /* draft context of positions [.., n_done) */
     m3_rng drng;               /* draft draws */
     float *q;                  /* [k][V] draft distributions (probabilistic drafting of a sampled request) */
+    float *qv;                 /* this step's: a slot of e->qstage, else q */
     int q_used;
     int32_t draft[M3_SPEC_MAX_TOKENS];
     float conf[M3_SPEC_MAX_TOKENS]; /* the confidence head's estimates of the drafts (a threshold is set) */
@@ -121,6 +122,9 @@ struct m3_engine {
                                 * row comes back; -1: drawn on the backend with gpar), then the
                                 * backend's argmax or draw and finite flag */
     m3_draw_param *gpar;       /* [max_rows] the drawn rows' parameters and uniforms */
+    float *qstage;             /* a device draft's page-locked [qstage_n][k][V]: the q rows of a step's
+                                * first qstage_n probabilistic drafts come back there at full speed */
+    int qstage_n;
     int draw_dev;              /* plain sampled rows are drawn on the backend (ops draw_rows) */
     m3_dspark_rows *apps;      /* a step's draft context appends [max_seqs], and their requests */
     req **app_req;

@@ -245,21 +245,24 @@ static m3_taps capture_taps(m3_engine *e) {
 static void draft_all(m3_engine *e) {
     req *batch[M3_SPEC_DRAFT_BATCH];
     m3_spec_draft_req rq[M3_SPEC_DRAFT_BATCH];
-    int i = 0;
+    int i = 0, qslot = 0;
     while (i < e->n_running) {
         int n = 0;
         for (; i < e->n_running && n < e->n_drows; i++) {
             req *r = e->running[i];
             if (!r->n_sched || !r->k_sched) continue;
-            if (!r->q && !m3_sampler_is_greedy(r->smp) && e->draft_method == M3_SPEC_DRAFT_PROBABILISTIC &&
-                !(r->q = e_malloc(sizeof(float) * (size_t)e->k * (size_t)e->V))) {
-                running_remove(e, i--);
-                fail(e, r, "drafting failed");
-                continue;
+            r->qv = NULL;
+            if (!m3_sampler_is_greedy(r->smp) && e->draft_method == M3_SPEC_DRAFT_PROBABILISTIC) {
+                if (qslot < e->qstage_n) r->qv = e->qstage + (size_t)qslot++ * e->k * (size_t)e->V;
+                else if (!r->q && !(r->q = e_malloc(sizeof(float) * (size_t)e->k * (size_t)e->V))) {
+                    running_remove(e, i--);
+                    fail(e, r, "drafting failed");
+                    continue;
+                } else r->qv = r->q;
             }
             batch[n] = r;
             /* always all k slots, so the drafts do not depend on how many get verified */
-            rq[n] = (m3_spec_draft_req){&r->dctx, r->smp, &r->drng, r->tok[r->n_tok - 1], r->n_done, r->draft, r->q,
+            rq[n] = (m3_spec_draft_req){&r->dctx, r->smp, &r->drng, r->tok[r->n_tok - 1], r->n_done, r->draft, r->qv,
                                         e->conf_thr > 0 ? r->conf : NULL, 0, 0};
             n++;
         }
@@ -336,7 +339,7 @@ static void sample_one(m3_engine *e, req *r, m3_sample_ws *ws, float *p) {
     if (!r->so_finite) return;
     if (r->k_sched) {
         const int max_emit = r->max_tokens - r->n_gen < r->limit - r->n_tok ? r->max_tokens - r->n_gen : r->limit - r->n_tok;
-        r->sres_rc = m3_spec_verify(r->smp, ws, p, lg, r->draft, r->q_used ? r->q : NULL, r->k_sched, r->stop, r->n_stop,
+        r->sres_rc = m3_spec_verify(r->smp, ws, p, lg, r->draft, r->q_used ? r->qv : NULL, r->k_sched, r->stop, r->n_stop,
                                     max_emit, &r->sres, &e2);
         return;
     }

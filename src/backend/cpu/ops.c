@@ -62,6 +62,8 @@ int m3_cpu_ops_init(m3_ops *ops, int threads, m3_err *err) {
     ops->ctx = c;
     ops->alloc = cpu_alloc;
     ops->release = cpu_release;
+    ops->host_alloc = cpu_alloc; /* host memory is the backend's: nothing to lock */
+    ops->host_free = cpu_release;
     ops->upload = cpu_copy;
     ops->download = cpu_copy;
     ops->embed = m3_cpu_embed;

@@ -119,6 +119,20 @@ static void cu_download(void *ctx, void *dst, const void *src, size_t n) {
     CK(c, cudaStreamSynchronize(c->st));
 }
 
+static void *cu_host_alloc(void *ctx, size_t n) {
+    (void)ctx;
+    void *p = NULL;
+    if (cudaMallocHost(&p, n) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: the caller falls back to pageable memory */
+        return NULL;
+    }
+    return p;
+}
+static void cu_host_free(void *ctx, void *p) {
+    (void)ctx;
+    if (p) cudaFreeHost(p);
+}
+
 static void cu_copy(void *ctx, void *dst, const void *src, size_t n) { /* device to device, in stream order */
     m3_cuda *c = (m3_cuda *)ctx;
     m3_cu_xsplit_touch(c, dst, n);
@@ -518,6 +532,8 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->dspark_attention_n = m3_cu_dspark_attention_n;
     ops->argmax_rows = m3_cu_argmax_rows;
     ops->argmax_rows_fin = m3_cu_argmax_rows_fin;
+    ops->host_alloc = cu_host_alloc;
+    ops->host_free = cu_host_free;
     ops->draw_rows = m3_cu_draw_rows;
     ops->mlp = m3_cu_mlp;
     ops->moe = m3_cu_moe;

@@ -82,5 +82,7 @@ if grep -q "step failed" "$OUT/serve.log"; then echo "FAILED: failed steps in th
 kill -TERM $pid; wait $pid; rc=$?
 [ $rc -eq 0 ] || { echo "FAILED: the server exited with $rc"; fails=$((fails+1)); }
 tail -2 "$OUT/serve.log"
+# the checkpoint is ~10 GB a run: gone with it (M3_LOAD_KEEP=1 keeps it), so several runs fit the disk
+[ "${M3_LOAD_KEEP:-0}" = 1 ] || rm -rf "$CK"
 echo "serve load: $fails failed"
 exit $fails

@@ -14,10 +14,12 @@
 #   7. compute-sanitizer memcheck on the GPU paths (prefill, decode, graphs, the engine, the GEMM /
 #      MoE / indexer / draft-attention kernel benches' small cases);
 #   8. m3 serve under load with default flags on a real-format checkpoint at M3.1-Flash shapes
-#      (scripts/gpu-serve-load.sh: 1-256 concurrent streams, every response complete);
+#      (scripts/gpu-serve-load.sh: 1-256 concurrent streams, every response complete), then sampled
+#      requests at 1 and 64 (drawn on the GPU);
 #   9. DSpark with the draft on the GPU (the target's device): greedy tokens equal without it on
 #      the reference checkpoints (a random draft of their shapes) for k = 1, 3, 7, sampled runs,
-#      compute-sanitizer on the draft path, and m3 bench --dspark-config at 30 layers.
+#      compute-sanitizer on the draft path (racecheck / synccheck on the draw kernel), m3 bench
+#      --dspark-config at 30 layers, the server speculating at 1-64 streams, greedy and sampled.
 # M3_GPU_SECTIONS="1 3 4" runs some sections only; M3_BENCH_BATCH / M3_BENCH_CONTEXT narrow section 4.
 # usage: scripts/gpu.sh [BIN_DIR [OUT_DIR]]   BIN_DIR holds m3, oracle_check, logits_diff and
 # bench_cuda_linear (built here when omitted). Exit status: number of failed checks.
@@ -239,6 +241,8 @@ fi
 if want 8; then
 echo "## 8. m3 serve under load (default flags, a real-format checkpoint at M3.1-Flash shapes)"
 run scripts/gpu-serve-load.sh "$BIN" "$OUT/load" ${M3_TOKENIZER:-}
+# sampled requests (T 0.8, top-p 0.95): drawn on the GPU (draw_rows), only their tokens come back
+M3_LOAD_TEMP=0.8 M3_LOAD_TOP_P=0.95 M3_LOAD_LEVELS=1,64 run scripts/gpu-serve-load.sh "$BIN" "$OUT/load-sampled" ${M3_TOKENIZER:-}
 fi
 if want 9; then
 echo "## 9. DSpark with the draft on the GPU: greedy tokens equal without it, sanitizer, the bench"
@@ -279,6 +283,12 @@ else echo "FAILED: dspark sampled runs differ"; fails=$((fails+1)); fi
 CSB=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$CSB" ]; then
   [ -x "$BIN/dspark_check" ] && run $CSB --tool memcheck --error-exitcode 99 --print-limit 20 "$BIN/dspark_check" "$OUT/dsp"
+  # the draw kernel's shared and distributed shared memory, its barriers (the ops alone: racecheck of
+  # the whole check stops in a later kernel with the sanitizer's own internal error)
+  for tool in racecheck synccheck; do
+    [ -x "$BIN/dspark_check" ] && run $CSB --tool $tool --kernel-name kns=k_draw_rows --error-exitcode 99 --print-limit 20 \
+      "$BIN/dspark_check" --ops-only "$OUT/dsp"
+  done
   run $CSB --tool memcheck --error-exitcode 99 --print-limit 20 "$BIN/m3" generate -m "$OUT/dsp" --ids $dids -n 16 --ignore-eos \
     --backend cuda --speculative-config '{"method":"dspark","num_speculative_tokens":3}'
 else echo "FAILED: compute-sanitizer not found"; fails=$((fails+1)); fi
@@ -289,6 +299,9 @@ run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYE
 # issue 27 acceptance 3: the server speculating with the draft on the GPU, 1 / 16 / 64 streams, every request complete
 M3_LOAD_LEVELS=1,16,64 M3_LOAD_SPEC='{"method":"dspark","num_speculative_tokens":7}' \
   run scripts/gpu-serve-load.sh "$BIN" "$OUT/load-spec" ${M3_TOKENIZER:-}
+# ... with sampled requests (the drafts' probabilistic draws on the GPU, their q rows page-locked)
+M3_LOAD_TEMP=0.8 M3_LOAD_TOP_P=0.95 M3_LOAD_LEVELS=1,16,64 M3_LOAD_SPEC='{"method":"dspark","num_speculative_tokens":7}' \
+  run scripts/gpu-serve-load.sh "$BIN" "$OUT/load-spec-sampled" ${M3_TOKENIZER:-}
 fi
 echo "## [$(date +%T)] checks failed: $fails"
 exit $fails

@@ -252,7 +252,8 @@ async def main():
         args.model = json.loads(text)["data"][0]["id"]
     m = await metrics(host, port)
     print(f"# m3 load test: {args.base}, model {args.model}, {args.prompt_tokens}-token prompts, {args.max_tokens} "
-          f"output tokens (ignore_eos, greedy, streamed), {args.rounds} requests per client; KV pool "
+          f"output tokens (ignore_eos, {'greedy' if args.temperature <= 0 else f'temperature {args.temperature:g}, top_p {args.top_p:g}'}, "
+          f"streamed), {args.rounds} requests per client; KV pool "
           f"{int(m.get('m3_kv_capacity_tokens', 0))} tokens, context {int(m.get('m3_max_model_len', 0))}; every prompt "
           f"distinct (no prefix-cache hits)", flush=True)
     cols = ["concurrency", "requests", "failed", "seconds", "req/s", "output tok/s", "prompt tok/s", "TTFT p50 ms",

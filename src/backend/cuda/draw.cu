@@ -2,8 +2,9 @@
  * make of it and one draw is taken, by cpu/draw.c's rule (its reference; the double sums here
  * run in another order, so a uniform within rounding of a boundary may pick the neighbour).
  *
- * A row is a cluster of DR_CL CTAs, each a slice of it. The row is rewritten in place (logits,
- * then e, then the distribution) and read from L2 by every pass. The cluster agrees on each
+ * A row is a cluster of DR_CL CTAs, each a slice of it, held in shared memory (read from the row
+ * once, written back once as the distribution; a slice over DR_SLICE_MAX is worked on in the row
+ * itself, every pass from L2). The cluster agrees on each
  * figure through distributed shared memory: every CTA leaves its part in its own shared memory,
  * one cluster barrier, then every CTA adds the parts of all in rank order (integers: counts and
  * masses in units of 2^-40; doubles: in rank order), so every CTA holds the same figure. The
@@ -21,6 +22,7 @@
 #define DR_CL 8     /* CTAs a row */
 #define DR_T 512    /* threads a CTA */
 #define DR_ROWS 32  /* rows a launch takes (their parameters by value) */
+#define DR_SLICE_MAX (200 * 1024) /* bytes of a CTA's slice in shared memory (beside dr_smem's 13 KB) */
 
 struct dr_args {
     m3_draw_param p[DR_ROWS];
@@ -97,7 +99,7 @@ static __device__ unsigned long long dr_suffix_u64(unsigned long long v, dr_smem
 
 /* The largest key t >= lo such that the kept values with keys >= t weigh at least target (by
  * count or mass) over the whole row (cpu/draw.c cut_of); ph counts the passes (buffers). */
-static __device__ uint32_t dr_cut(const float *r, int j0, int j1, float thr, uint32_t lo, bool by_mass,
+static __device__ uint32_t dr_cut(const float *w, int j0, int j1, float thr, uint32_t lo, bool by_mass,
                                   unsigned long long target, int &ph, unsigned long long &above_out, dr_smem &s) {
     uint32_t pre = 0;
     unsigned long long above = 0;
@@ -109,7 +111,7 @@ static __device__ uint32_t dr_cut(const float *r, int j0, int j1, float thr, uin
         }
         __syncthreads();
         for (int i = j0 + (int)threadIdx.x; i < j1; i += DR_T) {
-            const float e = r[i];
+            const float e = w[i - j0];
             if (!dr_kept0(e, thr)) continue;
             const uint32_t k = __float_as_uint(e);
             if (k < lo || (p && k >> up != pre)) continue;
@@ -140,35 +142,45 @@ static __device__ uint32_t dr_cut(const float *r, int j0, int j1, float thr, uin
 /* The kept values at key t past the first m of them, in id order over the row, are dropped
  * (e = 0): each thread counts the ties of its run [c0, c1), a scan orders the runs, the ranks
  * come in order; slot: this CTA's count for its peers (written once a launch). */
-static __device__ void dr_trim(float *r, int c0, int c1, float thr, uint32_t t, unsigned long long m, int slot, dr_smem &s) {
+static __device__ void dr_trim(float *w, int j0, int c0, int c1, float thr, uint32_t t, unsigned long long m, int slot,
+                               dr_smem &s) {
     __syncthreads(); /* every thread's e is in r (the runs cross the passes' layout) */
     int cnt = 0;
-    for (int i = c0; i < c1; i++) cnt += dr_kept0(r[i], thr) && __float_as_uint(r[i]) == t;
+    for (int i = c0; i < c1; i++) cnt += dr_kept0(w[i - j0], thr) && __float_as_uint(w[i - j0]) == t;
     const double incl = dr_scan_d((double)cnt, s); /* exact: counts below 2^53 */
     if (threadIdx.x == DR_T - 1) s.ties[slot] = (unsigned long long)incl;
     cluster_sync();
     unsigned long long j = (unsigned long long)incl - (unsigned long long)cnt;
     for (uint32_t q = 0; q < cluster_rank(); q++) j += *dr_peer(&s.ties[slot], q);
     for (int i = c0; i < c1; i++)
-        if (dr_kept0(r[i], thr) && __float_as_uint(r[i]) == t) {
-            if (j >= m) r[i] = 0.0f;
+        if (dr_kept0(w[i - j0], thr) && __float_as_uint(w[i - j0]) == t) {
+            if (j >= m) w[i - j0] = 0.0f;
             j++;
         }
     __syncthreads(); /* the passes after read the dropped ones as 0 */
 }
 
-/* grid (DR_CL, rows), cluster (DR_CL): row blockIdx.y with a.p[blockIdx.y] */
+/* grid (DR_CL, rows), cluster (DR_CL): row blockIdx.y with a.p[blockIdx.y]. SL: the CTA's slice
+ * is worked on in shared memory (dynamic, S floats), read from and written to the row once;
+ * else in the row itself (every pass from L2). */
+template <bool SL>
 __global__ void __launch_bounds__(DR_T) k_draw_rows(float *x, int V, size_t ld, const __grid_constant__ dr_args a, int32_t *out) {
     __shared__ dr_smem s;
+    extern __shared__ float dr_slice[];
     const uint32_t rank = cluster_rank();
     const m3_draw_param P = a.p[blockIdx.y];
     float *r = x + (size_t)blockIdx.y * ld;
     const int n = P.n < 1 ? 1 : P.n > V ? V : P.n;
     const int S = (V + DR_CL - 1) / DR_CL, j0 = (int)rank * S < V ? (int)rank * S : V, j1 = j0 + S < V ? j0 + S : V;
+    float *w = SL ? dr_slice : r + j0; /* the slice: value i at w[i - j0] */
 
-    /* 1. the argmax (argmax_rows' rule) */
+    /* 1. the argmax (argmax_rows' rule), the slice into shared memory */
     dr_best b = {-INFINITY, INT_MAX};
-    for (int i = j0 + (int)threadIdx.x; i < j1 && i < n; i += DR_T) b = dr_pick(b, dr_best{r[i], i}); /* NaN never wins */
+    for (int i = j0 + (int)threadIdx.x; i < j1; i += DR_T) {
+        const float v = r[i];
+        if (SL) w[i - j0] = v;
+        if (i < n) b = dr_pick(b, dr_best{v, i}); /* NaN never wins */
+    }
 #pragma unroll
     for (int o = 16; o; o >>= 1) b = dr_pick(b, dr_best{__shfl_xor_sync(0xffffffffu, b.m, o), __shfl_xor_sync(0xffffffffu, b.i, o)});
     if ((threadIdx.x & 31) == 0) s.wbest[threadIdx.x >> 5] = b;
@@ -198,8 +210,8 @@ __global__ void __launch_bounds__(DR_T) k_draw_rows(float *x, int V, size_t ld, 
     __syncthreads();
     unsigned long long cnt = 0;
     for (int i = j0 + (int)threadIdx.x; i < j1; i += DR_T) {
-        const float e = i < n ? expf((r[i] - m) * sc) : 0.0f;
-        r[i] = e;
+        const float e = i < n ? expf((w[i - j0] - m) * sc) : 0.0f;
+        w[i - j0] = e;
         cnt += dr_kept0(e, thr);
     }
     atomicAdd(&s.cnt, cnt);
@@ -215,13 +227,13 @@ __global__ void __launch_bounds__(DR_T) k_draw_rows(float *x, int V, size_t ld, 
     int ph = 0;
     unsigned long long above = 0;
     if (P.top_k > 0 && P.top_k < n && cnt_all > (unsigned long long)P.top_k) {
-        cut = dr_cut(r, j0, j1, thr, 0, false, (unsigned long long)P.top_k, ph, above, s);
-        dr_trim(r, c0, c1, thr, cut, (unsigned long long)P.top_k - above, 0, s);
+        cut = dr_cut(w, j0, j1, thr, 0, false, (unsigned long long)P.top_k, ph, above, s);
+        dr_trim(w, j0, c0, c1, thr, cut, (unsigned long long)P.top_k - above, 0, s);
     }
     if (P.top_p > 0 && P.top_p < 1) {
         unsigned long long z = 0;
         for (int i = j0 + (int)threadIdx.x; i < j1; i += DR_T) {
-            const float e = r[i];
+            const float e = w[i - j0];
             if (dr_kept0(e, thr) && __float_as_uint(e) >= cut) z += dr_mass(e);
         }
         atomicAdd(&s.z, z);
@@ -230,9 +242,9 @@ __global__ void __launch_bounds__(DR_T) k_draw_rows(float *x, int V, size_t ld, 
         for (uint32_t q = 0; q < DR_CL; q++) z_all += *dr_peer(&s.z, q);
         unsigned long long target = (unsigned long long)((double)P.top_p * (double)z_all);
         if (target < 1) target = 1;
-        cut = dr_cut(r, j0, j1, thr, cut, true, target, ph, above, s);
-        const unsigned long long w = dr_mass(__uint_as_float(cut)); /* each tie's: above + j w < target keeps tie j */
-        dr_trim(r, c0, c1, thr, cut, w ? (target - above + w - 1) / w : (unsigned long long)V, 1, s);
+        cut = dr_cut(w, j0, j1, thr, cut, true, target, ph, above, s);
+        const unsigned long long tw = dr_mass(__uint_as_float(cut)); /* each tie's: above + j tw < target keeps tie j */
+        dr_trim(w, j0, c0, c1, thr, cut, tw ? (target - above + tw - 1) / tw : (unsigned long long)V, 1, s);
     }
 
     /* 4. the total and the draw: thread t sums the kept e of its run [c0, c1) of the slice */
@@ -240,7 +252,7 @@ __global__ void __launch_bounds__(DR_T) k_draw_rows(float *x, int V, size_t ld, 
     double sum = 0;
     int last = -1;
     for (int i = c0; i < c1; i++) {
-        const float e = r[i];
+        const float e = w[i - j0];
         if (dr_kept0(e, thr) && __float_as_uint(e) >= cut) {
             sum += e;
             last = i;
@@ -271,7 +283,7 @@ __global__ void __launch_bounds__(DR_T) k_draw_rows(float *x, int V, size_t ld, 
         double acc = lo;
         int pick = last;
         for (int i = c0; i < c1; i++) {
-            const float e = r[i];
+            const float e = w[i - j0];
             if (!(dr_kept0(e, thr) && __float_as_uint(e) >= cut)) continue;
             acc += e;
             if (u < acc) { pick = i; break; }
@@ -283,7 +295,7 @@ __global__ void __launch_bounds__(DR_T) k_draw_rows(float *x, int V, size_t ld, 
     __syncthreads(); /* the walk has read its e */
     const double inv = 1.0 / total;
     for (int i = j0 + (int)threadIdx.x; i < j1; i += DR_T) {
-        const float e = r[i];
+        const float e = w[i - j0];
         r[i] = dr_kept0(e, thr) && __float_as_uint(e) >= cut ? (float)(e * inv) : 0.0f;
     }
     cluster_sync(); /* peers are done reading this CTA's shared memory */
@@ -295,6 +307,15 @@ void m3_cu_draw_rows(void *ctx, float *x, int rows, int V, size_t ld, const m3_d
     m3_cu_xsplit_touch(c, x, sizeof(float) * ((size_t)(rows - 1) * ld + (size_t)V));
     m3_cu_xsplit_touch(c, out, sizeof(int32_t) * (size_t)rows);
     m3_cu_prof_begin(c, OP_ARGMAX);
+    /* the slices in shared memory while they fit (200,064 values: 100 KB a CTA); M3_DRAW_SMEM=0: not */
+    static int sl_env = -1;
+    if (sl_env < 0) sl_env = m3_cu_env_int("M3_DRAW_SMEM", 1) != 0;
+    const size_t slice = sizeof(float) * (size_t)((V + DR_CL - 1) / DR_CL);
+    int sl = sl_env && slice <= DR_SLICE_MAX;
+    if (sl) { /* per device (a process may drive several): set each time, it costs the host a little */
+        sl = cudaFuncSetAttribute(k_draw_rows<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, DR_SLICE_MAX) == cudaSuccess;
+        if (!sl) cudaGetLastError();
+    }
     for (int r0 = 0; r0 < rows; r0 += DR_ROWS) {
         const int m = rows - r0 < DR_ROWS ? rows - r0 : DR_ROWS;
         dr_args a;
@@ -311,7 +332,9 @@ void m3_cu_draw_rows(void *ctx, float *x, int rows, int V, size_t ld, const m3_d
         at[0].val.clusterDim.z = 1;
         cfg.attrs = at;
         cfg.numAttrs = 1;
-        if (CK(c, cudaLaunchKernelEx(&cfg, k_draw_rows, x + (size_t)r0 * ld, V, ld, a, out + r0))) break;
+        cfg.dynamicSmemBytes = sl ? slice : 0;
+        if (CK(c, cudaLaunchKernelEx(&cfg, sl ? k_draw_rows<true> : k_draw_rows<false>, x + (size_t)r0 * ld, V, ld, a, out + r0)))
+            break;
     }
     CK_LAUNCH(c, "draw rows");
     m3_cu_prof_end(c, OP_ARGMAX);

@@ -61,8 +61,8 @@ struct m3_ops {
     void (*upload)(void *ctx, void *dst, const void *src, size_t bytes);   /* host -> backend */
     void (*download)(void *ctx, void *dst, const void *src, size_t bytes); /* backend -> host */
 
-    /* Optional (device backends): page-locked host memory (a download into it runs at the link's
-     * full speed, no staging), and its release. */
+    /* Optional: host memory downloads land in best (a device's: page-locked, a download into it
+     * runs at the link's full speed; the CPU's: its own allocation), and its release. */
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);
 
@@ -150,7 +150,8 @@ struct m3_ops {
     void (*argmax_rows_fin)(void *ctx, const float *x, int rows, int n, int nf, size_t ld, int32_t *out, int32_t *fin);
     /* capability, optional: each row x[r * ld .. r * ld + V) (backend memory) becomes the
      * distribution par[r] (host memory) makes of it, and out[r] (backend memory) one draw from
-     * it: the DSpark draft's probabilistic draws without the rows leaving the device. The rule
+     * it: sampled output rows and the DSpark draft's probabilistic draws without the rows
+     * leaving the device. The rule
      * (cpu/draw.c, both backends) is the sampler's steps 3-4 (engine/sampler.h) with masses in
      * units of 2^-40: a = argmax_rows' index over [0, n); greedy, or x[a] not finite: one-hot at
      * a. Else e_i = exp((x_i - x[a]) / T) over [0, n) (0 beyond), kept when e_i > 0 and e_i >=

@@ -293,13 +293,8 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->gid = e->gn ? e->gn + e->max_rows : NULL;
     e->gfin = e->gn ? e->gn + 2 * (size_t)e->max_rows : NULL;
     e->gpar = e_malloc((size_t)e->max_rows * sizeof *e->gpar);
-    { /* a device backend draws plain sampled rows where the logits are (no row downloaded); on the
-       * host the sampler is the faster. M3_DRAWS=backend / host overrides (tests, A/B runs). */
-        const char *how = getenv("M3_DRAWS");
-        const m3_ops *op = e->m ? e->m->ops : NULL;
-        e->draw_dev = !e->group && op && op->draw_rows && op->argmax_rows_fin &&
-                      (how && !strcmp(how, "backend") ? 1 : how && !strcmp(how, "host") ? 0 : op->device_memory);
-    }
+    /* plain sampled output rows drawn where the logits are (m3_spec_draws_on_backend) */
+    e->draw_dev = !e->group && e->m->ops && e->m->ops->argmax_rows_fin && m3_spec_draws_on_backend(e->m->ops);
     e->ws = m3_sample_ws_create(e->V, err);
     int spec_ok = 1;
     if (e->vision) {

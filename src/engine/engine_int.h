@@ -122,8 +122,8 @@ struct m3_engine {
                                 * row comes back; -1: drawn on the backend with gpar), then the
                                 * backend's argmax or draw and finite flag */
     m3_draw_param *gpar;       /* [max_rows] the drawn rows' parameters and uniforms */
-    float *qstage;             /* a device draft's page-locked [qstage_n][k][V]: the q rows of a step's
-                                * first qstage_n probabilistic drafts come back there at full speed */
+    float *qstage;             /* [qstage_n][k][V] from the draft's host_alloc (page-locked on a device):
+                                * the q rows of a step's first qstage_n probabilistic drafts */
     int qstage_n;
     int draw_dev;              /* plain sampled rows are drawn on the backend (ops draw_rows) */
     m3_dspark_rows *apps;      /* a step's draft context appends [max_seqs], and their requests */

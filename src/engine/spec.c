@@ -148,6 +148,12 @@ int32_t m3_spec_residual(const float *p, const float *q, int32_t draft, int V, d
 
 /* ---------------- drafting ---------------- */
 
+int m3_spec_draws_on_backend(const m3_ops *op) {
+    if (!op || !op->draw_rows) return 0;
+    const char *how = getenv("M3_DRAWS"); /* read each call: the bench switches it between runs */
+    return how && !strcmp(how, "backend") ? 1 : how && !strcmp(how, "host") ? 0 : op->device_memory != 0;
+}
+
 int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws, int method, int k, float *rows,
                     m3_err *err) {
     const int V = d->cfg.base.vocab;
@@ -186,14 +192,10 @@ int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws
         return 0;
     }
     /* every request's distribution plain (no penalties, bias, masks: m3_sampler_plain_params)
-     * and a device backend that draws: the whole chain there (draw_rows), one download of the
-     * ids and one per distribution row; the uniforms are those the loop below would take. On a
-     * host-memory backend the loop below costs no round trip and its sampler is the faster;
-     * M3_DRAWS=backend or host overrides the choice (tests, A/B runs). */
+     * and a backend that draws: the whole chain there (draw_rows), one download of the ids and
+     * one per distribution row; the uniforms are those the loop below would take */
     m3_draw_param par[M3_SPEC_DRAFT_BATCH];
-    const char *how = getenv("M3_DRAWS");
-    int on_backend = d->ops->draw_rows && d->ops->embed_dev &&
-                     (how && !strcmp(how, "backend") ? 1 : how && !strcmp(how, "host") ? 0 : d->ops->device_memory);
+    int on_backend = d->ops->embed_dev && m3_spec_draws_on_backend(d->ops);
     for (int j = 0; j < n && on_backend; j++) {
         m3_draw_param *p = &par[j];
         on_backend = m3_sampler_plain_params(rq[j].s, &p->temperature, &p->top_k, &p->top_p, &p->min_p, &p->n);

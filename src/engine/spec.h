@@ -121,6 +121,12 @@ typedef struct m3_spec_draft_req {
     int failed;                 /* out: this request's draws failed (the others went on) */
 } m3_spec_draft_req;
 
+/* 1 when plain rows (m3_sampler_plain_params) are drawn where they are (ops draw_rows: the
+ * draft's probabilistic chain, the target's sampled output rows), 0 when on the host: by default
+ * on a device backend (no row comes back) and not on the CPU (the host's sampler is the faster
+ * there); M3_DRAWS=backend or host overrides it (tests, A/B runs). */
+int m3_spec_draws_on_backend(const m3_ops *op);
+
 /* n in [1, M3_SPEC_DRAFT_BATCH]; rows: host scratch [n][V]. -1 + err when the pass failed
  * (every request's drafts are missing), else 0 with each request's failed flag. */
 int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws, int method, int k, float *rows,

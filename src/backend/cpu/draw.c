@@ -1,6 +1,6 @@
-/* Draft draws on the CPU (ops.h draw_rows): each row becomes the distribution its parameters
- * make of it, and one draw is taken from it. This file is the rule's reference; cuda/draw.cu
- * computes the same, its double sums in another order.
+/* Sampling draws on the CPU (ops.h draw_rows: sampled output rows, the draft's chain): each row
+ * becomes the distribution its parameters make of it, and one draw is taken from it. This file is
+ * the rule's reference; cuda/draw.cu computes the same, its double sums in another order.
  *
  * The top-k and top-p cuts are values of e, found by radix selection over their bits (e >= 0
  * orders as its bits do): four passes of 8, 8, 8 and 6 bits, each a histogram of the kept values

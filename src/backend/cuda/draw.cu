@@ -1,6 +1,7 @@
-/* Draft draws on the GPU (ops.h draw_rows): each row becomes the distribution its parameters
- * make of it and one draw is taken, by cpu/draw.c's rule (its reference; the double sums here
- * run in another order, so a uniform within rounding of a boundary may pick the neighbour).
+/* Sampling draws on the GPU (ops.h draw_rows: sampled output rows, the draft's chain): each row
+ * becomes the distribution its parameters make of it and one draw is taken, by cpu/draw.c's rule
+ * (its reference; the double sums here run in another order, so a uniform within rounding of a
+ * boundary may pick the neighbour).
  *
  * A row is a cluster of DR_CL CTAs, each a slice of it, held in shared memory (read from the row
  * once, written back once as the distribution; a slice over DR_SLICE_MAX is worked on in the row

@@ -50,6 +50,17 @@ typedef struct m3_draw_param {
     double u;
 } m3_draw_param;
 
+/* one speculative request of verify_rows: its k drafts against the target's k + 1 drawn rows */
+#define M3_VERIFY_K_MAX 32
+typedef struct m3_verify_group {
+    int row0, k;                   /* rows row0 .. row0 + k of x; 0 <= k <= M3_VERIFY_K_MAX */
+    const float *q;                /* backend memory [k][V]: the draft's distributions (NULL: one-hot
+                                    * at the drafts: greedy drafting) */
+    int32_t d[M3_VERIFY_K_MAX];    /* the drafts */
+    double u[M3_VERIFY_K_MAX + 1]; /* the request's uniforms in stream order: u[i] tests d_i, u[r + 1]
+                                    * draws the residual of a rejection at r (u[k]: draw_rows' bonus) */
+} m3_verify_group;
+
 typedef struct m3_ops m3_ops;
 
 struct m3_ops {
@@ -160,6 +171,18 @@ struct m3_ops {
      * ids, 0 elsewhere; the draw: the first kept id, in id order, where the running sum of e
      * passes u * total (rounding past the end: the last kept id). */
     void (*draw_rows)(void *ctx, float *x, int rows, int V, size_t ld, const m3_draw_param *par, int32_t *out);
+    /* capability, optional (with draw_rows): DSpark's verification of sampled requests where the
+     * rows are (engine/spec.h's rule). Group g (host memory): rows row0 .. row0 + k of x (stride
+     * ld) hold the target's distributions p_0 .. p_k as draw_rows left them, out[row0 + k]
+     * (backend memory) its draw from p_k (the bonus token). For i = 0, 1, ...: d_i is accepted
+     * when p_i[d_i] > 0 and u[i] * q_i[d_i] < p_i[d_i] (q one-hot: q_i[d_i] = 1), and out[row0 +
+     * i] = d_i; at the first rejection r, out[row0 + r] = a draw with u[r + 1] from max(p_r - q_r,
+     * 0): weights in units of 2^-40 rounded down (float differences), integer sums, the first id
+     * in id order whose running sum passes floor(u * total); when no weight is left (rounding
+     * only), from p_r without d_r. out's rows after r are left as they were. So the ids before
+     * the first that differs from its draft are the accepted ones, and that one is emitted (a
+     * residual never equals its draft); with every draft accepted, the bonus. (cpu/verify.c) */
+    void (*verify_rows)(void *ctx, const float *x, int V, size_t ld, int n, const m3_verify_group *g, int32_t *out);
     /* bytes from backend memory to backend memory */
     void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
     /* fused: rows copies of width bytes, from src + r * spitch to dst + r * dpitch (backend

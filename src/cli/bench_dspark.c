@@ -126,7 +126,7 @@ int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int
         if (it > 0) rc = append_all(d, cx, nb, feat, q, err);
         for (long s = 0; s < nb; s++)
             rq[s] = (m3_spec_draft_req){&cx[s], sm[s], &rng[s], (int32_t)((s * 7919 + it) % V), cx[s].len,
-                                        drafts + s * M3_SPEC_MAX_TOKENS, NULL, NULL, 0, 0};
+                                        drafts + s * M3_SPEC_MAX_TOKENS, NULL, NULL, 0, 0, NULL, 0};
         if (!rc) rc = m3_spec_draft_n(d, rq, (int)nb, ws, M3_SPEC_DRAFT_GREEDY, k, hrows, err);
         double b = m3_cuda_sync_time(ops);
         /* the target's caches: each sequence at its draft position (the context grows by q a step) */
@@ -205,7 +205,7 @@ int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int
                 for (long s = 0; s < nb; s++)
                     rq[s] = (m3_spec_draft_req){&cx[s], v ? ss[s] : sm[s], &rng[s], (int32_t)((s * 7919 + it) % V), cx[s].len,
                                                 drafts + s * M3_SPEC_MAX_TOKENS, v && v < 3 ? qb + (size_t)s * k * V : NULL, NULL,
-                                                0, 0};
+                                                0, 0, NULL, 0};
                 double t0 = m3_cuda_sync_time(ops);
                 rc = m3_spec_draft_n(d, rq, (int)nb, ws, v ? M3_SPEC_DRAFT_PROBABILISTIC : M3_SPEC_DRAFT_GREEDY, k, hrows, err);
                 double t1 = m3_cuda_sync_time(ops);

@@ -99,11 +99,15 @@ static void feat_free(m3_engine *e) {
     if (e->qstage) e->draft.ops->host_free(e->draft.ops->ctx, e->qstage);
     e->qstage = NULL;
     e->qstage_n = 0;
+    if (e->qdev) e->draft.ops->release(e->draft.ops->ctx, e->qdev);
+    e->qdev = NULL;
+    e->qdev_n = 0;
 }
 
 /* a failure of m3_engine_create before the block manager exists */
 static void free_early(m3_engine *e) {
     if (e->qstage) e->draft.ops->host_free(e->draft.ops->ctx, e->qstage);
+    if (e->qdev) e->draft.ops->release(e->draft.ops->ctx, e->qdev);
     if (e->spec) m3_dspark_free(&e->draft);
     free(e);
 }
@@ -177,6 +181,15 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         const int n = o->max_num_seqs < M3_SPEC_DRAFT_BATCH ? o->max_num_seqs : M3_SPEC_DRAFT_BATCH;
         e->qstage = e->draft.ops->host_alloc(e->draft.ops->ctx, sizeof(float) * (size_t)n * e->k * (size_t)m->cfg.vocab);
         e->qstage_n = e->qstage ? n : 0;
+    }
+    /* and where the target verifies sampled requests (ops verify_rows): the q rows of up to
+     * QDEV_MAX requests a step stay in the device's memory (past them, the staging above) */
+    const m3_ops *top = m->ops;
+    if (e->spec && e->draft.ops == top && e->draft_method == M3_SPEC_DRAFT_PROBABILISTIC && !o->group && top &&
+        top->verify_rows && top->draw_rows && top->argmax_rows_fin && m3_spec_draws_on_backend(top)) {
+        const int n = o->max_num_seqs < QDEV_MAX ? o->max_num_seqs : QDEV_MAX;
+        e->qdev = e->draft.ops->alloc(e->draft.ops->ctx, sizeof(float) * (size_t)n * e->k * (size_t)m->cfg.vocab);
+        e->qdev_n = e->qdev ? n : 0;
     }
     int pages = o->kv_pages;
     size_t kv_bytes = o->kv_bytes;
@@ -310,7 +323,8 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         e->drows = e_malloc((size_t)e->n_drows * (size_t)e->V * sizeof(float));
         e->apps = e_malloc((size_t)e->max_seqs * sizeof *e->apps);
         e->app_req = e_malloc((size_t)e->max_seqs * sizeof *e->app_req);
-        spec_ok = spec_ok && e->feat && e->drows && e->apps && e->app_req;
+        e->vgroups = e_malloc((size_t)e->max_seqs * sizeof *e->vgroups);
+        spec_ok = spec_ok && e->feat && e->drows && e->apps && e->app_req && e->vgroups;
     }
     int mu_ok = !pthread_mutex_init(&e->mu, NULL);
     int cv_ok = mu_ok && !pthread_cond_init(&e->cv, NULL);
@@ -324,7 +338,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         m3_sample_ws_free(e->ws);
         free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits); free(e->gn); free(e->gpar);
         feat_free(e);
-        free(e->drows); free(e->apps); free(e->app_req);
+        free(e->drows); free(e->apps); free(e->app_req); free(e->vgroups);
         free(e->ov_rows); free(e->ov_emb);
         if (e->spec) m3_dspark_free(&e->draft);
         free(e);
@@ -384,7 +398,7 @@ void m3_engine_destroy(m3_engine *e) {
     free(e->running); free(e->waiting); free(e->cancels);
     free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits); free(e->gn); free(e->gpar);
     feat_free(e);
-    free(e->drows); free(e->apps); free(e->app_req);
+    free(e->drows); free(e->apps); free(e->app_req); free(e->vgroups);
     pbufs_free(e);
     free(e->ov_rows); free(e->ov_emb);
     if (e->spec) m3_dspark_free(&e->draft);

@@ -25,6 +25,8 @@
 /* request- and step-level allocations are counted by the fault-injection hook (fault.h) */
 #define e_malloc(n) m3_fault_malloc(M3_FAULT_ENGINE, n)
 #define e_calloc(k, n) m3_fault_calloc(M3_FAULT_ENGINE, k, n)
+/* requests a step whose drafts' q rows stay on the device for the target's verification */
+#define QDEV_MAX 64
 #define e_realloc(p, n) m3_fault_realloc(M3_FAULT_ENGINE, p, n)
 
 enum { G_FREE = 0, G_ON = 1, G_FIRST = 2 }; /* g_phase: before the start id; constrained; adaptive first token */
@@ -54,7 +56,9 @@ typedef struct req {
     m3_rng drng;               /* draft draws */
     float *q;                  /* [k][V] draft distributions (probabilistic drafting of a sampled request) */
     float *qv;                 /* this step's: a slot of e->qstage, else q */
-    int q_used;
+    float *qd;                 /* this step's slot of e->qdev (NULL: none) */
+    int q_used, q_dev_used;    /* q_dev_used: the drafts' q rows are in qd, not in qv */
+    int vdev;                  /* this step's verification runs on the backend (ops verify_rows) */
     int32_t draft[M3_SPEC_MAX_TOKENS];
     float conf[M3_SPEC_MAX_TOKENS]; /* the confidence head's estimates of the drafts (a threshold is set) */
     /* this step */
@@ -125,6 +129,10 @@ struct m3_engine {
     float *qstage;             /* [qstage_n][k][V] from the draft's host_alloc (page-locked on a device):
                                 * the q rows of a step's first qstage_n probabilistic drafts */
     int qstage_n;
+    float *qdev;               /* [qdev_n][k][V] in the draft's backend memory: the q rows of a step's
+                                * first qdev_n probabilistic drafts the target verifies there */
+    int qdev_n;
+    m3_verify_group *vgroups;  /* [max_seqs] the step's requests verified on the backend */
     int draw_dev;              /* plain sampled rows are drawn on the backend (ops draw_rows) */
     m3_dspark_rows *apps;      /* a step's draft context appends [max_seqs], and their requests */
     req **app_req;

@@ -788,6 +788,15 @@ int m3_sampler_greedy_ids(const m3_sampler *s) { return !s->p.logprobs && !s->p.
 
 double m3_sampler_uniform(m3_sampler *s) { return m3_rng_uniform(&s->rng); }
 
+void m3_sampler_peek_uniforms(const m3_sampler *s, int n, double *u) {
+    m3_rng r = s->rng;
+    for (int i = 0; i < n; i++) u[i] = m3_rng_uniform(&r);
+}
+
+void m3_sampler_skip_uniforms(m3_sampler *s, int n) {
+    for (int i = 0; i < n; i++) (void)m3_rng_uniform(&s->rng);
+}
+
 int m3_sampler_probs(m3_sampler *s, const float *logits, m3_sample_ws *ws, float *prob, m3_err *err) {
     const int V = s->V, n = s->n;
     const float *w = work_row(s, logits, ws, 0, err);

@@ -133,6 +133,10 @@ int m3_sampler_vocab(const m3_sampler *s);
 int m3_sampler_probs(m3_sampler *s, const float *logits, m3_sample_ws *ws, float *prob, m3_err *err);
 /* One uniform in [0, 1) from the request's RNG (the stream m3_sampler_sample draws from). */
 double m3_sampler_uniform(m3_sampler *s);
+/* The next n uniforms m3_sampler_uniform would give, without taking them (a draw made elsewhere
+ * that takes a number of them known only afterwards: ops verify_rows), and their taking. */
+void m3_sampler_peek_uniforms(const m3_sampler *s, int n, double *u);
+void m3_sampler_skip_uniforms(m3_sampler *s, int n);
 /* out as m3_sampler_sample reports it when `token` is the one chosen for this row (logprob,
  * rank and top_logprobs per the request's logprobs mode); draws nothing. */
 int m3_sampler_describe(m3_sampler *s, const float *logits, m3_sample_ws *ws, int32_t token, m3_sample_out *out,

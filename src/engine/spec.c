@@ -168,6 +168,7 @@ int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws
         pos[j] = rq[j].pos;
         greedy[j] = method == M3_SPEC_DRAFT_GREEDY || m3_sampler_is_greedy(rq[j].s);
         rq[j].q_used = !greedy[j];
+        rq[j].q_dev_used = 0;
         rq[j].failed = 0;
     }
     /* every request greedy with nothing changing its row (the same text ids): the argmax where
@@ -204,13 +205,15 @@ int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws
     }
     if (on_backend) {
         double u[M3_SPEC_MAX_TOKENS * M3_SPEC_DRAFT_BATCH];
-        float *qs[M3_SPEC_DRAFT_BATCH], cf[M3_SPEC_MAX_TOKENS * M3_SPEC_DRAFT_BATCH];
+        float *qs[M3_SPEC_DRAFT_BATCH], *qd[M3_SPEC_DRAFT_BATCH], cf[M3_SPEC_MAX_TOKENS * M3_SPEC_DRAFT_BATCH];
         int32_t ids[M3_SPEC_MAX_TOKENS * M3_SPEC_DRAFT_BATCH];
         for (int j = 0; j < n; j++) {
-            qs[j] = greedy[j] ? NULL : rq[j].q;
+            qd[j] = greedy[j] ? NULL : rq[j].q_dev;
+            qs[j] = greedy[j] || qd[j] ? NULL : rq[j].q;
+            rq[j].q_dev_used = qd[j] != NULL;
             for (int i = 0; i < k; i++) u[i * n + j] = greedy[j] ? 0 : m3_rng_uniform(rq[j].rng);
         }
-        if (m3_dspark_draw_n(d, anchor, k, par, u, ids, qs, want_conf ? cf : NULL, err)) return -1;
+        if (m3_dspark_draw_n(d, anchor, k, par, u, ids, qs, qd, want_conf ? cf : NULL, err)) return -1;
         for (int i = 0; i < k; i++)
             for (int j = 0; j < n; j++) {
                 rq[j].draft[i] = ids[i * n + j];
@@ -248,7 +251,7 @@ int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws
 
 int m3_spec_draft(m3_dspark *d, const m3_dspark_ctx *ctx, m3_sampler *s, m3_sample_ws *ws, m3_rng *rng, int method,
                   int32_t anchor, int pos, int k, float *rows, int32_t *draft, float *q, int *q_used, m3_err *err) {
-    m3_spec_draft_req r = {ctx, s, rng, anchor, pos, draft, q, NULL, 0, 0};
+    m3_spec_draft_req r = {ctx, s, rng, anchor, pos, draft, q, NULL, 0, 0, NULL, 0};
     int rc = m3_spec_draft_n(d, &r, 1, ws, method, k, rows, err);
     *q_used = r.q_used;
     if (!rc && r.failed) rc = m3_errf(err, "dspark: the draft's draws failed (out of memory)");

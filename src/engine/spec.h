@@ -119,6 +119,10 @@ typedef struct m3_spec_draft_req {
                                  * estimate that draft i will be accepted */
     int q_used;                 /* out */
     int failed;                 /* out: this request's draws failed (the others went on) */
+    float *q_dev;               /* NULL, or the draft's backend memory [k][V]: q_i goes there instead of q
+                                 * when the draws run on the backend (the target verifies there: ops
+                                 * verify_rows) */
+    int q_dev_used;             /* out: q_used, and the rows are in q_dev (q untouched) */
 } m3_spec_draft_req;
 
 /* 1 when plain rows (m3_sampler_plain_params) are drawn where they are (ops draw_rows: the

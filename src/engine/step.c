@@ -245,14 +245,20 @@ static m3_taps capture_taps(m3_engine *e) {
 static void draft_all(m3_engine *e) {
     req *batch[M3_SPEC_DRAFT_BATCH];
     m3_spec_draft_req rq[M3_SPEC_DRAFT_BATCH];
-    int i = 0, qslot = 0;
+    int i = 0, qslot = 0, qdslot = 0;
     while (i < e->n_running) {
         int n = 0;
         for (; i < e->n_running && n < e->n_drows; i++) {
             req *r = e->running[i];
             if (!r->n_sched || !r->k_sched) continue;
-            r->qv = NULL;
+            r->qv = r->qd = NULL;
+            r->q_dev_used = 0;
             if (!m3_sampler_is_greedy(r->smp) && e->draft_method == M3_SPEC_DRAFT_PROBABILISTIC) {
+                m3_draw_param dp;
+                /* a request the target verifies on the backend: its q rows stay there */
+                if (qdslot < e->qdev_n && e->draw_dev && !r->gr &&
+                    m3_sampler_draw_ids(r->smp, &dp.temperature, &dp.top_k, &dp.top_p, &dp.min_p, &dp.n))
+                    r->qd = e->qdev + (size_t)qdslot++ * e->k * (size_t)e->V;
                 if (qslot < e->qstage_n) r->qv = e->qstage + (size_t)qslot++ * e->k * (size_t)e->V;
                 else if (!r->q && !(r->q = e_malloc(sizeof(float) * (size_t)e->k * (size_t)e->V))) {
                     running_remove(e, i--);
@@ -263,7 +269,7 @@ static void draft_all(m3_engine *e) {
             batch[n] = r;
             /* always all k slots, so the drafts do not depend on how many get verified */
             rq[n] = (m3_spec_draft_req){&r->dctx, r->smp, &r->drng, r->tok[r->n_tok - 1], r->n_done, r->draft, r->qv,
-                                        e->conf_thr > 0 ? r->conf : NULL, 0, 0};
+                                        e->conf_thr > 0 ? r->conf : NULL, 0, 0, r->qd, 0};
             n++;
         }
         if (!n) continue;
@@ -282,6 +288,7 @@ static void draft_all(m3_engine *e) {
                 continue;
             }
             r->q_used = rq[j].q_used;
+            r->q_dev_used = rq[j].q_dev_used;
             if (e->conf_thr > 0) { /* verify the leading drafts the confidence head trusts (0: a plain decode) */
                 int m = 0;
                 while (m < r->k_sched && r->conf[m] >= e->conf_thr) m++;
@@ -314,6 +321,19 @@ static void encode_images(m3_engine *e) {
     }
 }
 
+/* Requests whose drafts' q rows are on the backend but whose rows came back whole (the verify
+ * on the backend was not taken, or the step failed and ran again request by request): the q
+ * rows to the host staging for m3_spec_verify. */
+static void q_to_host(m3_engine *e) {
+    for (int i = 0; i < e->n_running; i++) {
+        req *r = e->running[i];
+        if (!r->n_sched || !r->k_sched || !r->q_dev_used || r->gdev) continue;
+        const m3_ops *op = e->draft.ops;
+        op->download(op->ctx, r->qv, r->qd, sizeof(float) * (size_t)r->k_sched * (size_t)e->V);
+        r->q_dev_used = 0;
+    }
+}
+
 /* One request of sample_rows: its rows' finiteness, then (finite) its draw, or with drafts
  * (k_sched > 0) their verification (the emitted tokens in r->sres; the serial pass delivers them). */
 static void sample_one(m3_engine *e, req *r, m3_sample_ws *ws, float *p) {
@@ -327,6 +347,11 @@ static void sample_one(m3_engine *e, req *r, m3_sample_ws *ws, float *p) {
         const int32_t *ids = e->gid + r->out_idx;
         if (r->k_sched) {
             const int max_emit = r->max_tokens - r->n_gen < r->limit - r->n_tok ? r->max_tokens - r->n_gen : r->limit - r->n_tok;
+            if (r->vdev) { /* verified on the backend: the uniforms it took (ops verify_rows), then emitted alike */
+                int a = 0;
+                while (a < r->k_sched && ids[a] == r->draft[a]) a++;
+                m3_sampler_skip_uniforms(r->smp, a < r->k_sched ? a + 2 : r->k_sched + 1);
+            }
             r->sres_rc = m3_spec_verify_ids(r->smp, ids, r->draft, r->k_sched, r->stop, r->n_stop, max_emit, &r->sres, &e2);
             return;
         }
@@ -531,7 +556,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
     int step_rc = 0; /* -1: the forward failed, some requests may have gone on (step_failed) */
     int n_ov = 0; /* batch rows whose embeddings are image embeddings */
     const int F = e->spec ? m3_dspark_feat_dim(&e->draft) : 0;
-    int T = 0, ns = 0, n_out = 0, n_greedy = 0;
+    int T = 0, ns = 0, n_out = 0, n_greedy = 0, n_vg = 0;
     for (int i = 0; i < e->n_running; i++) {
         req *r = e->running[i];
         if (!r->n_sched) continue;
@@ -557,10 +582,29 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         r->gdev = 0;
         /* rows whose draw is their argmax alone come back as ids (m3_taps.greedy_n) */
         const int g = e->group || r->gr ? 0 : m3_sampler_greedy_ids(r->smp);
+        r->vdev = 0;
         if (r->k_sched) { /* every row's logits: row i verifies d_{i+1} */
             r->out_idx = n_out;
+            m3_draw_param dp;
+            /* a plain sampled request without logprobs whose q rows are on the backend (or one-hot:
+             * greedy drafts): its rows drawn and verified there (ops verify_rows), only ids back */
+            if (!g && e->draw_dev && !r->gr && e->vgroups && e->m->ops->verify_rows && (r->q_dev_used || !r->q_used) &&
+                r->k_sched <= M3_VERIFY_K_MAX &&
+                m3_sampler_draw_ids(r->smp, &dp.temperature, &dp.top_k, &dp.top_p, &dp.min_p, &dp.n)) {
+                m3_verify_group *vg = &e->vgroups[n_vg++];
+                vg->row0 = n_out;
+                vg->k = r->k_sched;
+                vg->q = r->q_dev_used ? r->qd : NULL;
+                memcpy(vg->d, r->draft, sizeof(int32_t) * (size_t)r->k_sched);
+                m3_sampler_peek_uniforms(r->smp, r->k_sched + 1, vg->u);
+                for (int j = 0; j <= r->k_sched; j++) {
+                    e->gpar[n_out + j] = dp;
+                    e->gpar[n_out + j].u = j == r->k_sched ? vg->u[j] : 0; /* the bonus's draw; the others' unused */
+                }
+                r->vdev = 1;
+            }
             for (int j = 0; j <= r->k_sched; j++) {
-                e->gn[n_out] = g;
+                e->gn[n_out] = r->vdev ? -1 : g;
                 e->rows[n_out++] = r->row0 + j;
             }
             e->last.n_spec++;
@@ -596,6 +640,8 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             taps.greedy_fin = e->gfin;
             taps.greedy_done = &gdone;
             taps.draw_par = e->gpar;
+            taps.verify = e->vgroups;
+            taps.n_verify = n_vg;
         }
         m3_embed_override ov = {n_ov, e->ov_rows, e->ov_emb};
         const m3_taps *tp = e->spec || n_greedy ? &taps : NULL;
@@ -615,6 +661,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         int nr = e->n_running;
         m3_engine_masks_wait(e); /* the masks computed while the forward ran */
         if (e->trace) t_fwd = m3_now();
+        q_to_host(e);
         sample_rows(e, nr);
         if (e->trace) t_sample = m3_now();
         int n_app = 0; /* draft context appends */
@@ -652,6 +699,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
                 r->n_done = P + n_valid;
                 r->bs.kv.len = r->n_done;
                 e->tot.spec_verify_steps++;
+                e->tot.spec_verify_backend += (uint64_t)(r->vdev && r->gdev);
                 e->tot.spec_draft_tokens += (uint64_t)r->k_sched;
                 e->tot.spec_accepted_tokens += (uint64_t)res->n_accepted;
                 e->tot.spec_emitted_tokens += (uint64_t)res->n_emit;

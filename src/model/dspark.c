@@ -801,7 +801,7 @@ int m3_dspark_argmax_n(m3_dspark *d, int slot, int n_text, int32_t *ids, m3_err 
  * anchor at slot 0): greedy (par NULL: argmax_rows over [0, n_text)) or drawn (draw_rows with
  * par, slot i's uniforms u[i * nreq ..]), one download of the ids at the end. */
 static int chain_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, const m3_draw_param *par, const double *u,
-                   int32_t *ids, float *const *q, float *conf, m3_err *err) {
+                   int32_t *ids, float *const *q, float *const *qd, float *conf, m3_err *err) {
     const int V = d->cfg.base.vocab, H = d->cfg.base.hidden, r = d->cfg.markov_rank, nreq = d->lg_nreq;
     m3_ops *op = d->ops;
     void *X = op->ctx;
@@ -846,9 +846,12 @@ static int chain_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, const
         }
     }
     op->download(X, ids, d->mk_ids + nreq, sizeof(int32_t) * (size_t)k * nreq);
-    for (int j = 0; q && j < nreq; j++) /* request j's distributions: row (i, j) of the slot-major rows */
-        for (int i = 0; q[j] && i < k; i++)
-            op->download(X, q[j] + (size_t)i * V, d->lg + ((size_t)i * nreq + j) * V, sizeof(float) * (size_t)V);
+    const size_t rb = sizeof(float) * (size_t)V;
+    for (int j = 0; (q || qd) && j < nreq; j++) { /* request j's distributions: rows (i, j) of the slot-major rows */
+        if (qd && qd[j]) op->copy_rows(op, qd[j], rb, d->lg + (size_t)j * V, rb * nreq, rb, (size_t)k);
+        else
+            for (int i = 0; q && q[j] && i < k; i++) op->download(X, q[j] + (size_t)i * V, d->lg + ((size_t)i * nreq + j) * V, rb);
+    }
     if (conf) {
         op->download(X, conf, d->cf_out, sizeof(float) * (size_t)k * nreq);
         if (!d->conf_bias_read) op->download(X, &d->conf_bias_h, d->conf_bias, sizeof d->conf_bias_h);
@@ -862,13 +865,13 @@ static int chain_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, const
 }
 
 int m3_dspark_greedy_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, int32_t *ids, float *conf, m3_err *err) {
-    return chain_n(d, anchor, k, n_text, NULL, NULL, ids, NULL, conf, err);
+    return chain_n(d, anchor, k, n_text, NULL, NULL, ids, NULL, NULL, conf, err);
 }
 
 int m3_dspark_draw_n(m3_dspark *d, const int32_t *anchor, int k, const m3_draw_param *par, const double *u, int32_t *ids,
-                     float *const *q, float *conf, m3_err *err) {
+                     float *const *q, float *const *qd, float *conf, m3_err *err) {
     if (!par || !u) return m3_errf(err, "dspark draws: no parameters");
-    return chain_n(d, anchor, k, 0, par, u, ids, q, conf, err);
+    return chain_n(d, anchor, k, 0, par, u, ids, q, qd, conf, err);
 }
 
 int m3_dspark_confidence_n(m3_dspark *d, int slot, float *conf, m3_err *err) {

@@ -201,10 +201,12 @@ int m3_dspark_greedy_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, i
 /* Slots 0..k-1 chained as m3_dspark_greedy_n chains them, each slot's Markov-corrected rows
  * drawn on the backend (op draw_rows): request j's row becomes the distribution par[j] makes
  * of it (its .u ignored: u[i * nreq + j] is the uniform of slot i's draw), ids [k][nreq] the
- * draws; q[j] (host [k][V]; q or q[j] NULL: not wanted) gets request j's k distributions; conf
- * as m3_dspark_greedy_n's. One download of the ids, one per distribution row. */
+ * draws; request j's k distributions go to qd[j] (backend memory [k][V]: the target's
+ * verification reads them there, ops verify_rows), else to q[j] (host [k][V]), else nowhere (q,
+ * qd or their entries NULL); conf as m3_dspark_greedy_n's. One download of the ids, one copy or
+ * download per distribution row. */
 int m3_dspark_draw_n(m3_dspark *d, const int32_t *anchor, int k, const m3_draw_param *par, const double *u, int32_t *ids,
-                     float *const *q, float *conf, m3_err *err);
+                     float *const *q, float *const *qd, float *conf, m3_err *err);
 /* The confidence head of slot `slot` of every request of the last block pass, after
  * m3_dspark_markov_n of the slot (whose Markov input it reads): conf[j] = sigmoid(proj([h ;
  * markov_w1[prev_j]])), h the slot's final-normed hidden state. -1 when the draft has none. */

@@ -254,7 +254,8 @@ issued:
     int draws = 0;
     for (int i = 0; taps && taps->greedy_n && i < n_out; i++) draws |= taps->greedy_n[i] < 0;
     const int greedy = n_out > 0 && logits && !sh && taps && taps->greedy_n && taps->greedy_ids && taps->greedy_fin &&
-                       op->argmax_rows_fin && B.gid && (!draws || (taps->draw_par && op->draw_rows));
+                       op->argmax_rows_fin && B.gid && (!draws || (taps->draw_par && op->draw_rows)) &&
+                       (taps->n_verify <= 0 || (draws && op->verify_rows));
     if (taps && taps->greedy_done) *taps->greedy_done = greedy;
     if (greedy) {
         const int32_t *gn = taps->greedy_n;
@@ -268,6 +269,7 @@ issued:
             if (gn[i] < 0) op->draw_rows(X, B.lg + (size_t)i * V, j - i, V, (size_t)V, taps->draw_par + i, B.gid + i);
             i = j;
         }
+        if (taps->n_verify > 0) op->verify_rows(X, B.lg, V, (size_t)V, taps->n_verify, taps->verify, B.gid);
         for (int i = 0; i < n_out;) { /* then the rows that come back whole */
             int j = i + 1;
             while (j < n_out && (gn[j] == 0) == (gn[i] == 0)) j++;

@@ -85,6 +85,11 @@ typedef struct m3_taps {
      * = a draw from the distribution draw_par[i] makes of its logits (ops.h draw_rows, its
      * uniform in draw_par[i].u) and greedy_fin[i] as above; its logits row is not written. */
     const m3_draw_param *draw_par;
+    /* Verified requests (with draw_par; op verify_rows): verify[0..n_verify) (host), each the k + 1
+     * drawn output rows of a speculative request from output row row0 on, its drafts, q rows and
+     * uniforms; after the draws, greedy_ids of its rows are as verify_rows leaves them. */
+    const m3_verify_group *verify;
+    int n_verify;
 } m3_taps;
 
 /* Runs ids[b->T] (host memory) through the model, writing their K/V/index-K into kv (pages are reserved

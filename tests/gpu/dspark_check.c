@@ -326,7 +326,7 @@ int main(int argc, char **argv) {
         int qu;
         if (m3_spec_draft(&dc, &cc[j], sm[j], ws, &rng[j], M3_SPEC_DRAFT_GREEDY, anchor[j], LEN[j], K, scratch, dr_c[j], NULL,
                           &qu, &err)) { printf("FAIL cpu draft: %s\n", err.msg); return 1; }
-        rq[j] = (m3_spec_draft_req){&cg[j], sm[j], &rng[j], anchor[j], LEN[j], dr_g[j], NULL, NULL, 0, 0};
+        rq[j] = (m3_spec_draft_req){&cg[j], sm[j], &rng[j], anchor[j], LEN[j], dr_g[j], NULL, NULL, 0, 0, NULL, 0};
     }
     if (m3_spec_draft_n(&dg, rq, NR, ws, M3_SPEC_DRAFT_GREEDY, K, scratch, &err)) { printf("FAIL gpu draft: %s\n", err.msg); return 1; }
     /* the greedy chain on the backend (m3_dspark_greedy_n, which m3_spec_draft takes) against the
@@ -386,7 +386,7 @@ int main(int argc, char **argv) {
             if (m3_spec_draft(&dc, &cc[j], ps[j], ws, &pr[j], M3_SPEC_DRAFT_PROBABILISTIC, anchor[j], LEN[j], K, scratch, pd_c[j],
                               qc + (size_t)j * K * V, &qu, &err)) { printf("FAIL cpu probabilistic draft: %s\n", err.msg); return 1; }
             m3_rng_seed(&pr[j], 40 + (uint64_t)j);
-            pq[j] = (m3_spec_draft_req){&cg[j], ps[j], &pr[j], anchor[j], LEN[j], pd_g[j], qg + (size_t)j * K * V, NULL, 0, 0};
+            pq[j] = (m3_spec_draft_req){&cg[j], ps[j], &pr[j], anchor[j], LEN[j], pd_g[j], qg + (size_t)j * K * V, NULL, 0, 0, NULL, 0};
         }
         if (m3_spec_draft_n(&dg, pq, NR, ws, M3_SPEC_DRAFT_PROBABILISTIC, K, scratch, &err)) {
             printf("FAIL gpu probabilistic draft: %s\n", err.msg);

@@ -824,7 +824,15 @@ static void test_sampled_variant(m3_model *m, int variant) {
                variant == 0 ? "allowed_ids x4, T 1.3, top-p 0.97, penalties" : "T 1.3, top-k 4, top-p 0.97: draws on the backend",
                mode == 0 ? "no speculation       " : mode == 1 ? "dspark k 3, prob. drafts" : "dspark k 3, greedy drafts", MT,
                NREQ, st, df, chi2_limit(df));
+        /* plain rows on the backend: speculative decodes verified there too (ops verify_rows): with
+         * greedy drafts every one, with probabilistic ones those whose q rows a step keeps there
+         * (QDEV_MAX of the step's up to 256; the others on the host, in the same steps) */
+        if (mode && variant == 1)
+            CHECK(ri.st.spec_verify_backend > 0 && (mode == 1 || ri.st.spec_verify_backend == ri.st.spec_verify_steps),
+                  "mode %d: %llu of %llu speculative steps verified on the backend", mode,
+                  (unsigned long long)ri.st.spec_verify_backend, (unsigned long long)ri.st.spec_verify_steps);
         if (mode) {
+            if (variant == 1) printf("; %llu verify steps on the backend", (unsigned long long)ri.st.spec_verify_backend);
             printf("; MAL %.2f, accepted %.1f%%, by position:", mal(&ri.st),
                    100.0 * ri.st.spec_accepted_tokens / (ri.st.spec_draft_tokens ? ri.st.spec_draft_tokens : 1));
             print_pos(&ri.st);

@@ -80,6 +80,7 @@ int m3_cpu_ops_init(m3_ops *ops, int threads, m3_err *err) {
     ops->argmax_rows = m3_cpu_argmax_rows;
     ops->argmax_rows_fin = m3_cpu_argmax_rows_fin;
     ops->draw_rows = m3_cpu_draw_rows;
+    ops->verify_rows = m3_cpu_verify_rows;
     ops->copy = cpu_copy;
     ops->mlp = m3_cpu_mlp;
     ops->moe = m3_cpu_moe;

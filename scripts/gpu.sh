@@ -18,7 +18,7 @@
 #      requests at 1 and 64 (drawn on the GPU);
 #   9. DSpark with the draft on the GPU (the target's device): greedy tokens equal without it on
 #      the reference checkpoints (a random draft of their shapes) for k = 1, 3, 7, sampled runs,
-#      compute-sanitizer on the draft path (racecheck / synccheck on the draw kernel), m3 bench
+#      compute-sanitizer on the draft path (racecheck / synccheck on the draw and verify kernels), m3 bench
 #      --dspark-config at 30 layers, the server speculating at 1-64 streams, greedy and sampled.
 # M3_GPU_SECTIONS="1 3 4" runs some sections only; M3_BENCH_BATCH / M3_BENCH_CONTEXT narrow section 4.
 # usage: scripts/gpu.sh [BIN_DIR [OUT_DIR]]   BIN_DIR holds m3, oracle_check, logits_diff and
@@ -283,14 +283,19 @@ else echo "FAILED: dspark sampled runs differ"; fails=$((fails+1)); fi
 CSB=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$CSB" ]; then
   [ -x "$BIN/dspark_check" ] && run $CSB --tool memcheck --error-exitcode 99 --print-limit 20 "$BIN/dspark_check" "$OUT/dsp"
-  # the draw kernel's shared and distributed shared memory, its barriers (the ops alone: racecheck of
-  # the whole check stops in a later kernel with the sanitizer's own internal error)
+  # the draw and verify kernels' shared and distributed shared memory, their barriers (the ops alone:
+  # racecheck of the whole check stops in a later kernel with the sanitizer's own internal error)
   for tool in racecheck synccheck; do
-    [ -x "$BIN/dspark_check" ] && run $CSB --tool $tool --kernel-name kns=k_draw_rows --error-exitcode 99 --print-limit 20 \
-      "$BIN/dspark_check" --ops-only "$OUT/dsp"
+    for kn in k_draw_rows k_verify_rows; do
+      [ -x "$BIN/dspark_check" ] && run $CSB --tool $tool --kernel-name kns=$kn --error-exitcode 99 --print-limit 20 \
+        "$BIN/dspark_check" --ops-only "$OUT/dsp"
+    done
   done
   run $CSB --tool memcheck --error-exitcode 99 --print-limit 20 "$BIN/m3" generate -m "$OUT/dsp" --ids $dids -n 16 --ignore-eos \
     --backend cuda --speculative-config '{"method":"dspark","num_speculative_tokens":3}'
+  # sampled: the drafts' draws, the target's rows drawn and verified on the GPU (draw_rows, verify_rows)
+  run $CSB --tool memcheck --error-exitcode 99 --print-limit 20 "$BIN/m3" generate -m "$OUT/dsp" --ids $dids -n 16 --ignore-eos \
+    --backend cuda --temperature 0.8 --seed 5 --speculative-config '{"method":"dspark","num_speculative_tokens":3}'
 else echo "FAILED: compute-sanitizer not found"; fails=$((fails+1)); fi
 DSHAPES=${M3_DSPARK_SHAPES:-../shared/configs/m3.1-flash-dspark-shapes.json}
 [ -f "$DSHAPES" ] || DSHAPES=tests/data/m3.1-flash-dspark-shapes.json
@@ -299,7 +304,7 @@ run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYE
 # issue 27 acceptance 3: the server speculating with the draft on the GPU, 1 / 16 / 64 streams, every request complete
 M3_LOAD_LEVELS=1,16,64 M3_LOAD_SPEC='{"method":"dspark","num_speculative_tokens":7}' \
   run scripts/gpu-serve-load.sh "$BIN" "$OUT/load-spec" ${M3_TOKENIZER:-}
-# ... with sampled requests (the drafts' probabilistic draws on the GPU, their q rows page-locked)
+# ... with sampled requests (the drafts' probabilistic draws and their verification on the GPU: only ids come back)
 M3_LOAD_TEMP=0.8 M3_LOAD_TOP_P=0.95 M3_LOAD_LEVELS=1,16,64 M3_LOAD_SPEC='{"method":"dspark","num_speculative_tokens":7}' \
   run scripts/gpu-serve-load.sh "$BIN" "$OUT/load-spec-sampled" ${M3_TOKENIZER:-}
 fi

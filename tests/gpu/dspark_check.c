@@ -10,7 +10,7 @@
  *     same near-tie exception, reported).
  * Runs on a GPU (scripts/gpu.sh, section 9). With --cpu the "GPU" side is a second CPU op table
  * (ctest dspark_batch: the batched pass, slot-major rows and the append from backend rows
- * against one request at a time); with --ops-only only the op checks run (argmax_rows, draw_rows, copy_n:
+ * against one request at a time); with --ops-only only the op checks run (argmax_rows, draw_rows, verify_rows, copy_n:
  * the kernels a racecheck can take).  usage: dspark_check [--cpu | --ops-only] CHECKPOINT (with dspark/) */
 #include <math.h>
 #include <stdio.h>
@@ -186,6 +186,84 @@ int main(int argc, char **argv) {
                "differ (%d at a boundary)\n", DRN, kept, bad_set, bad_val, wrel, bad_id + near, near);
         if (cid[37] != 4 || cid[38] != 0 || cid[39] != 0) { printf("FAIL draw_rows: the CPU's rule changed (%d %d %d)\n", cid[37], cid[38], cid[39]); fails++; }
         if (bad_set || bad_val || bad_id) { printf("FAIL draw_rows differs from the CPU's\n"); fails++; }
+        {   /* verify_rows (sampled drafts verified where the rows are) against the CPU's, on the same
+             * rows: the CPU's distributions above as the target's p, 17 groups (two launches) of k 0..7;
+             * q_i = p_i (every draft accepted), p_i reweighted (some), another row's (few), one-hot
+             * (greedy drafts), and one whose residual has no mass left (p = q but a hair at d). The
+             * rule is integers: every id equal */
+            enum { NG = 17 };
+            static const int KS[NG] = {7, 0, 1, 3, 2, 1, 0, 2, 1, 0, 1, 2, 1, 0, 1, 0, 1};
+            m3_verify_group vg[NG], cg[NG];
+            int nq = 0, r0 = 0;
+            for (int j = 0; j < NG; j++) nq += KS[j];
+            float *hq = malloc(sizeof(float) * (size_t)nq * AW);
+            float *dq = gops.alloc(gops.ctx, sizeof(float) * (size_t)nq * AW), *dp = gops.alloc(gops.ctx, sizeof(float) * DRN * AW);
+            int32_t *dout = gops.alloc(gops.ctx, sizeof(int32_t) * DRN), cout[DRN], gout[DRN];
+            if (!hq || !dq || !dp || !dout) { printf("FAIL out of memory\n"); return 1; }
+            int qi = 0;
+            for (int j = 0; j < NG; j++) {
+                m3_verify_group *G = &vg[j];
+                memset(G, 0, sizeof *G);
+                G->row0 = r0;
+                G->k = KS[j];
+                const int kind = j % 4; /* 0: q = p, 1: reweighted, 2: another row's, 3: one-hot */
+                for (int i = 0; i < G->k; i++, qi++) {
+                    const float *pr = hc + (size_t)(r0 + i) * AW;
+                    float *q = hq + (size_t)qi * AW;
+                    if (kind == 2) memcpy(q, hc + (size_t)((r0 + i + 11) % DRN) * AW, sizeof(float) * AW);
+                    else {
+                        double z = 0;
+                        for (int t = 0; t < AW; t++) z += q[t] = kind == 1 ? pr[t] * (1.0f + 0.4f * frand()) : pr[t];
+                        for (int t = 0; kind == 1 && t < AW; t++) q[t] = (float)(q[t] / z);
+                    }
+                    G->d[i] = m3_spec_draw(q, AW, 0.5 + 0.5 * frand());
+                    if (kind == 3) { G->d[i] = cid[r0 + i]; } /* greedy drafts: an id of p's own (its draw) */
+                }
+                for (int i = 0; i <= G->k; i++) G->u[i] = 0.5 + 0.5 * frand();
+                r0 += G->k + 1;
+            }
+            {   /* group 2 (k 1): no residual mass left */
+                m3_verify_group *G = &vg[2];
+                const float *pr = hc + (size_t)G->row0 * AW;
+                int32_t a = 0;
+                for (int t = 1; t < AW; t++) a = pr[t] > pr[a] ? t : a;
+                float *q = hq + (size_t)(KS[0] + KS[1]) * AW;
+                memcpy(q, pr, sizeof(float) * AW);
+                q[a] = nextafterf(pr[a], 2.0f);
+                G->d[0] = a;
+                G->u[0] = 1 - 0x1.0p-40;
+            }
+            memcpy(cg, vg, sizeof vg);
+            for (int j = 0, o = 0; j < NG; j++) { /* the q rows: device memory for the GPU, host for the CPU */
+                vg[j].q = j % 4 == 3 ? NULL : dq + (size_t)o * AW;
+                cg[j].q = j % 4 == 3 ? NULL : hq + (size_t)o * AW;
+                o += KS[j];
+            }
+            for (int r = 0; r < DRN; r++) cout[r] = -7;
+            for (int j = 0; j < NG; j++) cout[vg[j].row0 + vg[j].k] = cid[vg[j].row0 + vg[j].k]; /* the bonus draws */
+            gops.upload(gops.ctx, dp, hc, sizeof(float) * DRN * AW);
+            gops.upload(gops.ctx, dq, hq, sizeof(float) * (size_t)nq * AW);
+            gops.upload(gops.ctx, dout, cout, sizeof cout);
+            gops.verify_rows(gops.ctx, dp, AW, AW, NG, vg, dout);
+            cops.verify_rows(cops.ctx, hc, AW, AW, NG, cg, cout);
+            gops.download(gops.ctx, gout, dout, sizeof gout);
+            if (gops.check && gops.check(gops.ctx, &err)) { printf("FAIL verify_rows: %s\n", err.msg); return 1; }
+            int diff = 0, acc = 0, rej = 0;
+            for (int r = 0; r < DRN; r++) diff += gout[r] != cout[r];
+            for (int j = 0; j < NG; j++) {
+                int i = 0;
+                while (i < vg[j].k && cout[vg[j].row0 + i] == vg[j].d[i]) i++;
+                acc += i;
+                rej += i < vg[j].k;
+            }
+            printf("verify_rows: %d groups, %d drafts accepted, %d rejections (one with no residual mass): %d ids differ from the "
+                   "CPU's\n", NG, acc, rej, diff);
+            if (diff || !acc || !rej) { printf("FAIL verify_rows differs from the CPU's or covers too little\n"); fails++; }
+            gops.release(gops.ctx, dq);
+            gops.release(gops.ctx, dp);
+            gops.release(gops.ctx, dout);
+            free(hq);
+        }
         gops.release(gops.ctx, dx);
         gops.release(gops.ctx, dids);
         free(hx); free(hc); free(hg);
@@ -225,7 +303,7 @@ int main(int argc, char **argv) {
         gops.release(gops.ctx, dd);
         free(hs); free(hd); free(want);
     }
-    if (ops_only) { /* the ops alone (argmax_rows, draw_rows, copy_n): what a sanitizer's racecheck takes */
+    if (ops_only) { /* the ops alone (argmax_rows, draw_rows, verify_rows, copy_n): what a sanitizer's racecheck takes */
         printf("%s: the ops on the GPU against the CPU's\n", fails ? "FAILED" : "ok");
         return fails ? 1 : 0;
     }

@@ -5,6 +5,7 @@
  * tokens with the draft's capture on the device, the whole speculative step, and what the step
  * would give at the seed's mean accepted lengths: a projection, since random weights accept
  * nothing worth measuring. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,6 +222,63 @@ int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int
                    "greedy %.3f ms, sampled with the draws on the device %.3f ms (%.3f ms without the distributions' "
                    "download), on the host %.3f ms\n",
                    med[0] * 1e3, med[1] * 1e3, med[3] * 1e3, med[2] * 1e3);
+        if (!rc && ops->verify_rows && ops->draw_rows) {
+            /* the target's side of a sampled speculative step on the device: each request's k + 1
+             * rows drawn (draw_rows, T 0.8, top-p 0.95) and its drafts verified (verify_rows) against
+             * the q rows the host run above left; stand-in rows: standard normal logits (flat: every
+             * radix pass of the draw runs; the drafts mostly rejected: a residual a request) */
+            const int R = (int)nb * (k + 1);
+            const size_t rb = sizeof(float) * (size_t)V;
+            float *hx = malloc(rb * (size_t)R), *master = ops->alloc(ops->ctx, rb * (size_t)R), *xr = ops->alloc(ops->ctx, rb * (size_t)R);
+            float *dq = ops->alloc(ops->ctx, rb * (size_t)nb * k);
+            int32_t *dout = ops->alloc(ops->ctx, sizeof(int32_t) * (size_t)R);
+            m3_draw_param *par = malloc(sizeof *par * (size_t)R);
+            m3_verify_group *vg = calloc((size_t)nb, sizeof *vg);
+            double *td = malloc(sizeof(double) * (size_t)steps), *tv = malloc(sizeof(double) * (size_t)steps);
+            if (!hx || !master || !xr || !dq || !dout || !par || !vg || !td || !tv) rc = m3_errf(err, "dspark bench: out of memory");
+            m3_rng br;
+            m3_rng_seed(&br, 99);
+            for (size_t i = 0; !rc && i < (size_t)R * V; i += 2) { /* Box-Muller pairs */
+                const double a = m3_rng_uniform(&br) + 1e-300, b = m3_rng_uniform(&br), r = sqrt(-2 * log(a));
+                hx[i] = (float)(r * cos(6.283185307179586 * b));
+                if (i + 1 < (size_t)R * V) hx[i + 1] = (float)(r * sin(6.283185307179586 * b));
+            }
+            for (long g = 0; !rc && g < nb; g++) {
+                vg[g].row0 = (int)g * (k + 1);
+                vg[g].k = k;
+                vg[g].q = dq + (size_t)g * k * V;
+                for (int i = 0; i < k; i++) vg[g].d[i] = (int32_t)((g * 131 + i * 7919) % V);
+                for (int i = 0; i <= k; i++) vg[g].u[i] = m3_rng_uniform(&br);
+                for (int i = 0; i <= k; i++)
+                    par[vg[g].row0 + i] = (m3_draw_param){0.8f, 0.95f, 0.0f, 0, V, i == k ? vg[g].u[k] : 0.0};
+            }
+            if (!rc) {
+                ops->upload(ops->ctx, master, hx, rb * (size_t)R);
+                ops->upload(ops->ctx, dq, qb, rb * (size_t)nb * k);
+            }
+            for (long it = 0; it < steps + 1 && !rc; it++) {
+                ops->copy(ops->ctx, xr, master, rb * (size_t)R);
+                const double t0 = m3_cuda_sync_time(ops);
+                ops->draw_rows(ops->ctx, xr, R, V, (size_t)V, par, dout);
+                const double t1 = m3_cuda_sync_time(ops);
+                ops->verify_rows(ops->ctx, xr, V, (size_t)V, (int)nb, vg, dout);
+                const double t2 = m3_cuda_sync_time(ops);
+                if (ops->check && ops->check(ops->ctx, err)) rc = -1;
+                if (it) { td[it - 1] = t1 - t0; tv[it - 1] = t2 - t1; }
+            }
+            if (!rc) {
+                sort(td, steps);
+                sort(tv, steps);
+                printf("  dspark verification of sampled requests on the device (%d rows of standard normal logits, T 0.8, "
+                       "top-p 0.95): draw_rows %.3f ms (%.1f us a row), verify_rows %.3f ms (%ld requests, k %d)\n",
+                       R, td[steps / 2] * 1e3, td[steps / 2] * 1e6 / R, tv[steps / 2] * 1e3, nb, k);
+            }
+            free(hx); free(par); free(vg); free(td); free(tv);
+            if (master) ops->release(ops->ctx, master);
+            if (xr) ops->release(ops->ctx, xr);
+            if (dq) ops->release(ops->ctx, dq);
+            if (dout) ops->release(ops->ctx, dout);
+        }
         for (long s = 0; ss && s < nb; s++) m3_sampler_free(ss[s]);
         free(ss);
         if (qpinned) ops->host_free(ops->ctx, qb);

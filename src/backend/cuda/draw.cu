@@ -24,6 +24,7 @@
 #define DR_T 512    /* threads a CTA */
 #define DR_ROWS 32  /* rows a launch takes (their parameters by value) */
 #define DR_SLICE_MAX (200 * 1024) /* bytes of a CTA's slice in shared memory (beside dr_smem's 13 KB) */
+#define DR_AGG_MAX 8 /* a warp's values in at most this many histogram bins add through one lane a bin */
 
 struct dr_args {
     m3_draw_param p[DR_ROWS];
@@ -39,6 +40,13 @@ template <class T> static __device__ __forceinline__ T *dr_peer(T *p, uint32_t r
 static __device__ __forceinline__ bool dr_kept0(float e, float thr) { return e > 0 && e >= thr; }
 static __device__ __forceinline__ unsigned long long dr_mass(float e) {
     return __double2ull_rz(ldexp((double)e, 40)); /* e * 2^40 rounded down (e <= 1) */
+}
+
+/* v summed over the warp (every lane gets it) */
+static __device__ __forceinline__ unsigned long long dr_warp_sum(unsigned long long v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
 struct dr_best {
@@ -100,7 +108,7 @@ static __device__ unsigned long long dr_suffix_u64(unsigned long long v, dr_smem
 
 /* The largest key t >= lo such that the kept values with keys >= t weigh at least target (by
  * count or mass) over the whole row (cpu/draw.c cut_of); ph counts the passes (buffers). */
-static __device__ uint32_t dr_cut(const float *w, int j0, int j1, float thr, uint32_t lo, bool by_mass,
+static __device__ __forceinline__ uint32_t dr_cut(const float *w, int j0, int j1, float thr, uint32_t lo, bool by_mass,
                                   unsigned long long target, int &ph, unsigned long long &above_out, dr_smem &s) {
     uint32_t pre = 0;
     unsigned long long above = 0;
@@ -111,14 +119,40 @@ static __device__ uint32_t dr_cut(const float *w, int j0, int j1, float thr, uin
             s.hm[b][threadIdx.x] = 0;
         }
         __syncthreads();
-        for (int i = j0 + (int)threadIdx.x; i < j1; i += DR_T) {
-            const float e = w[i - j0];
-            if (!dr_kept0(e, thr)) continue;
+        /* a warp's 32 values at a time (the warp's iterations alike, so it may work together):
+         * lanes of one bin add once, through their leader (a flat row puts most of a pass's
+         * values into a few bins: one shared-memory atomic each would queue on those few) */
+        const int lane = (int)threadIdx.x & 31;
+        for (int i0 = j0 + ((int)threadIdx.x & ~31); i0 < j1; i0 += DR_T) {
+            const int i = i0 + lane;
+            const float e = i < j1 ? w[i - j0] : 0.0f;
             const uint32_t k = __float_as_uint(e);
-            if (k < lo || (p && k >> up != pre)) continue;
-            const int bin = (int)((k >> sh) & (uint32_t)(nb - 1));
-            if (by_mass) atomicAdd(&s.hm[b][bin], dr_mass(e));
-            else atomicAdd(&s.hc[b][bin], 1ull);
+            const bool in = i < j1 && dr_kept0(e, thr) && k >= lo && (!p || k >> up == pre);
+            const int bin = in ? (int)((k >> sh) & (uint32_t)(nb - 1)) : -1;
+            const unsigned same = __match_any_sync(0xffffffffu, bin);
+            const bool lead = in && lane == __ffs(same) - 1;
+            if (__popc(__ballot_sync(0xffffffffu, lead)) > DR_AGG_MAX) { /* many bins: each value its own atomic */
+                if (in) {
+                    if (by_mass) atomicAdd(&s.hm[b][bin], dr_mass(e));
+                    else atomicAdd(&s.hc[b][bin], 1ull);
+                }
+                continue;
+            }
+            if (!by_mass) {
+                if (lead) atomicAdd(&s.hc[b][bin], (unsigned long long)__popc(same));
+                continue;
+            }
+            /* masses (below 2^41): each bin's sum over the warp in two 32-bit reductions of 21-bit halves */
+            const unsigned long long ms = in ? dr_mass(e) : 0ull;
+            unsigned todo = __ballot_sync(0xffffffffu, lead);
+            while (todo) {
+                const int l = __ffs(todo) - 1, bl = __shfl_sync(0xffffffffu, bin, l);
+                const bool mine = bin == bl;
+                const unsigned lo21 = __reduce_add_sync(0xffffffffu, mine ? (unsigned)(ms & 0x1fffffu) : 0u),
+                               hi = __reduce_add_sync(0xffffffffu, mine ? (unsigned)(ms >> 21) : 0u);
+                if (lane == l) atomicAdd(&s.hm[b][bl], (unsigned long long)lo21 + ((unsigned long long)hi << 21));
+                todo &= todo - 1;
+            }
         }
         cluster_sync(); /* every CTA's histogram is complete */
         unsigned long long w = 0;
@@ -165,7 +199,7 @@ static __device__ void dr_trim(float *w, int j0, int c0, int c1, float thr, uint
  * is worked on in shared memory (dynamic, S floats), read from and written to the row once;
  * else in the row itself (every pass from L2). */
 template <bool SL>
-__global__ void __launch_bounds__(DR_T) k_draw_rows(float *x, int V, size_t ld, const __grid_constant__ dr_args a, int32_t *out) {
+__global__ void __launch_bounds__(DR_T, 2) k_draw_rows(float *x, int V, size_t ld, const __grid_constant__ dr_args a, int32_t *out) {
     __shared__ dr_smem s;
     extern __shared__ float dr_slice[];
     const uint32_t rank = cluster_rank();
@@ -215,7 +249,8 @@ __global__ void __launch_bounds__(DR_T) k_draw_rows(float *x, int V, size_t ld, 
         w[i - j0] = e;
         cnt += dr_kept0(e, thr);
     }
-    atomicAdd(&s.cnt, cnt);
+    cnt = dr_warp_sum(cnt); /* one atomic a warp */
+    if ((threadIdx.x & 31) == 0) atomicAdd(&s.cnt, cnt);
     cluster_sync();
     unsigned long long cnt_all = 0;
     for (uint32_t q = 0; q < DR_CL; q++) cnt_all += *dr_peer(&s.cnt, q);
@@ -237,7 +272,8 @@ __global__ void __launch_bounds__(DR_T) k_draw_rows(float *x, int V, size_t ld, 
             const float e = w[i - j0];
             if (dr_kept0(e, thr) && __float_as_uint(e) >= cut) z += dr_mass(e);
         }
-        atomicAdd(&s.z, z);
+        z = dr_warp_sum(z);
+        if ((threadIdx.x & 31) == 0) atomicAdd(&s.z, z);
         cluster_sync();
         unsigned long long z_all = 0;
         for (uint32_t q = 0; q < DR_CL; q++) z_all += *dr_peer(&s.z, q);

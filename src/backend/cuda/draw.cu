@@ -62,7 +62,7 @@ struct dr_smem {
     dr_best wbest[DR_T / 32];
     dr_best best;                        /* this slice's argmax over [0, n) (NaN never counts) */
     int nan0;                            /* rank 0: x[0] is NaN */
-    unsigned long long cnt, mass, z;     /* kept count and mass; the mass at or above the top-k cut */
+    unsigned long long cnt, mass, z;     /* kept count and mass; the mass at or above a top-k cut */
     unsigned long long ties[2];          /* this slice's ties at the top-k / top-p cut */
     unsigned long long hc[2][256], hm[2][256]; /* histograms (count, mass), alternating by pass */
     unsigned long long wsum[DR_T / 32];  /* scan scratch */
@@ -70,7 +70,6 @@ struct dr_smem {
     double incl[DR_T];                   /* each thread's inclusive scan of the run sums */
     double tot;                          /* this slice's kept sum (the scan's total) */
     int last;                            /* this slice's last kept id, -1 */
-    int pick;                            /* the crossing bin of a pass */
     unsigned long long pabove;           /* the weight above it */
 };
 
@@ -128,6 +127,7 @@ static __device__ __forceinline__ uint32_t dr_cut(const float *w, int j0, int j1
             const float e = i < j1 ? w[i - j0] : 0.0f;
             const uint32_t k = __float_as_uint(e);
             const bool in = i < j1 && dr_kept0(e, thr) && k >= lo && (!p || k >> up == pre);
+            if (!__any_sync(0xffffffffu, in)) continue; /* past the first pass most values are out */
             const int bin = in ? (int)((k >> sh) & (uint32_t)(nb - 1)) : -1;
             const unsigned same = __match_any_sync(0xffffffffu, bin);
             const bool lead = in && lane == __ffs(same) - 1;
@@ -159,15 +159,13 @@ static __device__ __forceinline__ uint32_t dr_cut(const float *w, int j0, int j1
         if ((int)threadIdx.x < nb)
             for (uint32_t q = 0; q < DR_CL; q++) w += by_mass ? *dr_peer(&s.hm[b][threadIdx.x], q) : *dr_peer(&s.hc[b][threadIdx.x], q);
         const unsigned long long suf = dr_suffix_u64(w, s); /* weight of bins >= this one */
-        if (threadIdx.x == 0) s.pick = 0;
-        __syncthreads();
-        /* the crossing: the highest bin whose suffix reaches the target (bin 0 when none does) */
-        if ((int)threadIdx.x < nb && above + suf >= target) atomicMax(&s.pick, (int)threadIdx.x);
-        __syncthreads();
-        if ((int)threadIdx.x == s.pick) s.pabove = suf - w;
+        /* the crossing: the highest bin whose suffix reaches the target (bin 0 when none does);
+         * suffixes fall with the bin, so those that reach it are bins 0..pick: a count */
+        const int nq = __syncthreads_count((int)threadIdx.x < nb && above + suf >= target), pick = nq ? nq - 1 : 0;
+        if ((int)threadIdx.x == pick) s.pabove = suf - w;
         __syncthreads();
         above += s.pabove;
-        pre = p ? pre << (up - sh) | (uint32_t)s.pick : (uint32_t)s.pick;
+        pre = p ? pre << (up - sh) | (uint32_t)pick : (uint32_t)pick;
         __syncthreads(); /* pick and pabove are written again next pass */
     }
     above_out = above;
@@ -243,17 +241,27 @@ __global__ void __launch_bounds__(DR_T, 2) k_draw_rows(float *x, int V, size_t l
     const float sc = 1.0f / P.temperature, thr = P.min_p > 0 ? (P.min_p > 1 ? 1.0f : P.min_p) : 0.0f;
     if (threadIdx.x == 0) s.cnt = s.mass = s.z = 0;
     __syncthreads();
-    unsigned long long cnt = 0;
+    unsigned long long cnt = 0, mass = 0;
     for (int i = j0 + (int)threadIdx.x; i < j1; i += DR_T) {
         const float e = i < n ? expf((w[i - j0] - m) * sc) : 0.0f;
         w[i - j0] = e;
-        cnt += dr_kept0(e, thr);
+        if (dr_kept0(e, thr)) {
+            cnt++;
+            mass += dr_mass(e); /* top-p's mass when no top-k cut comes first */
+        }
     }
     cnt = dr_warp_sum(cnt); /* one atomic a warp */
-    if ((threadIdx.x & 31) == 0) atomicAdd(&s.cnt, cnt);
+    mass = dr_warp_sum(mass);
+    if ((threadIdx.x & 31) == 0) {
+        atomicAdd(&s.cnt, cnt);
+        atomicAdd(&s.mass, mass);
+    }
     cluster_sync();
-    unsigned long long cnt_all = 0;
-    for (uint32_t q = 0; q < DR_CL; q++) cnt_all += *dr_peer(&s.cnt, q);
+    unsigned long long cnt_all = 0, mass_all = 0;
+    for (uint32_t q = 0; q < DR_CL; q++) {
+        cnt_all += *dr_peer(&s.cnt, q);
+        mass_all += *dr_peer(&s.mass, q);
+    }
 
     /* 3. the cuts, then the ties at each settled as the sampler settles them: top-k keeps exactly
      * k (the lower ids first), top-p a tie while the mass ranked above it is short of the target */
@@ -262,21 +270,25 @@ __global__ void __launch_bounds__(DR_T, 2) k_draw_rows(float *x, int V, size_t l
     uint32_t cut = 0;
     int ph = 0;
     unsigned long long above = 0;
-    if (P.top_k > 0 && P.top_k < n && cnt_all > (unsigned long long)P.top_k) {
+    const bool topk = P.top_k > 0 && P.top_k < n && cnt_all > (unsigned long long)P.top_k;
+    if (topk) {
         cut = dr_cut(w, j0, j1, thr, 0, false, (unsigned long long)P.top_k, ph, above, s);
         dr_trim(w, j0, c0, c1, thr, cut, (unsigned long long)P.top_k - above, 0, s);
     }
     if (P.top_p > 0 && P.top_p < 1) {
-        unsigned long long z = 0;
-        for (int i = j0 + (int)threadIdx.x; i < j1; i += DR_T) {
-            const float e = w[i - j0];
-            if (dr_kept0(e, thr) && __float_as_uint(e) >= cut) z += dr_mass(e);
+        unsigned long long z_all = mass_all; /* the kept mass: after a top-k cut, summed again */
+        if (topk) {
+            unsigned long long z = 0;
+            for (int i = j0 + (int)threadIdx.x; i < j1; i += DR_T) {
+                const float e = w[i - j0];
+                if (dr_kept0(e, thr) && __float_as_uint(e) >= cut) z += dr_mass(e);
+            }
+            z = dr_warp_sum(z);
+            if ((threadIdx.x & 31) == 0) atomicAdd(&s.z, z);
+            cluster_sync();
+            z_all = 0;
+            for (uint32_t q = 0; q < DR_CL; q++) z_all += *dr_peer(&s.z, q);
         }
-        z = dr_warp_sum(z);
-        if ((threadIdx.x & 31) == 0) atomicAdd(&s.z, z);
-        cluster_sync();
-        unsigned long long z_all = 0;
-        for (uint32_t q = 0; q < DR_CL; q++) z_all += *dr_peer(&s.z, q);
         unsigned long long target = (unsigned long long)((double)P.top_p * (double)z_all);
         if (target < 1) target = 1;
         cut = dr_cut(w, j0, j1, thr, cut, true, target, ph, above, s);
@@ -299,7 +311,10 @@ __global__ void __launch_bounds__(DR_T, 2) k_draw_rows(float *x, int V, size_t l
     if (threadIdx.x == DR_T - 1) s.tot = incl;
     if (threadIdx.x == 0) s.last = -1;
     __syncthreads();
-    if (last >= 0) atomicMax(&s.last, last);
+    int wlast = last; /* the warp's, then one atomic a warp */
+#pragma unroll
+    for (int o = 16; o; o >>= 1) wlast = max(wlast, __shfl_xor_sync(0xffffffffu, wlast, o));
+    if ((threadIdx.x & 31) == 0 && wlast >= 0) atomicMax(&s.last, wlast);
     cluster_sync();
     double base = 0, total = 0;
     int glast = -1, lrank = -1;

@@ -28,6 +28,13 @@
  *                    acceptances emit a bonus token m3_sampler_sample(row_k). Every emitted
  *                    token is m3_sampler_accept'ed before the next row is processed, so the
  *                    penalties count accepted tokens only.
+ * A sampled request whose distribution is plain (m3_sampler_draw_ids: temperature, top-k, top-p,
+ * min-p alone, no logprobs) on a backend that draws (m3_spec_draws_on_backend) is verified where
+ * its rows are instead (the engine, ops verify_rows): p_i made in place by draw_rows (the bonus
+ * row drawn with the uniform the loop above would take for it), the same acceptance tests with
+ * the same uniforms, the residual drawn in 2^-40 units (the same law; ids within rounding of a
+ * boundary may differ from m3_spec_residual's); the ids come back, m3_spec_verify_ids emits
+ * them, and the request's RNG skips the uniforms the verification took.
  * The standard speculative-sampling argument (Leviathan et al., Chen et al.) makes each
  * emitted token distributed as p given the emitted prefix, for any q with q(d) > 0 at the
  * drafted d; tests/spec checks it by chi-square, on synthetic rows and end to end.

@@ -18,9 +18,11 @@
  *      straight from spec section 4, inside and past the sliding window;
  *   5. sampled: the first 4 tokens of requests with allowed_ids (4 tokens), penalties,
  *      temperature and top-p (the draft's draws on the host), and of plain requests (temperature,
- *      top-k 4, top-p: the draft's distributions and draws on the backend, ops draw_rows), drawn
- *      with DSpark (probabilistic and greedy drafts) and without, against their exact joint
- *      distribution computed from the target (chi-square);
+ *      top-k 4, top-p: the draft's distributions and draws and the verification on the backend,
+ *      ops draw_rows / verify_rows), drawn with DSpark (probabilistic and greedy drafts) and
+ *      without, against their exact joint distribution computed from the target (chi-square);
+ *   5b. (CPU) a step of such requests whose forward fails once: run again request by request,
+ *      verified on the host with the q rows brought back, the same tokens as a clean run;
  *   6. acceptance statistics (MAL, per position) and draft loading errors.
  * Usage: test_spec_engine CHECKPOINT_DIR (with dspark/ inside) [SECTIONS: a comma list of greedy,
  * cache, sampled, errors; default all] [BACKEND: cpu (default) or cuda]
@@ -846,6 +848,102 @@ out:
     m3_kv_destroy(&kv);
 }
 
+/* An op table whose check fails once: at the first target forward (begin_step with a cache)
+ * after fail_after others; the backend recovers (the CPU's has nothing to recover). */
+static m3_ops base_ops;
+static int target_steps, fail_after, failed_once;
+
+static int wrap_begin(void *ctx, const m3_kv *kv, const m3_batch *b, const int32_t *ids, m3_err *err) {
+    if (kv) target_steps++;
+    return base_ops.begin_step ? base_ops.begin_step(ctx, kv, b, ids, err) : 0;
+}
+
+static int wrap_check(void *ctx, m3_err *err) {
+    if (!failed_once && target_steps == fail_after + 1) {
+        failed_once = 1;
+        return m3_errf(err, "injected: the step's forward failed");
+    }
+    return base_ops.check ? base_ops.check(ctx, err) : 0;
+}
+
+/* 5b. Sampled requests whose drafts' q rows stay in the backend's memory (verified there,
+ * ops verify_rows) in a step whose forward fails once: the engine runs the step's requests again
+ * one by one, their rows come back whole, the q rows to the host, and the host verifies them
+ * (m3_spec_verify with the same uniforms): every request gives the tokens of a clean run. */
+static void test_verify_after_failure(m3_model *m0, m3_ops *ops) {
+    enum { N = 6 };
+    base_ops = *ops;
+    m3_ops w = *ops;
+    w.begin_step = wrap_begin;
+    w.check = wrap_check;
+    m3_model m;
+    m3_err err;
+    if (m3_model_load(&m, DIR_, &w, NULL, NULL, &err)) { CHECK(0, "load: %s", err.msg); return; }
+    setenv("M3_DRAWS", "backend", 1);
+    static rspec specs[N];
+    uint64_t r = 77;
+    for (int i = 0; i < N; i++) {
+        memset(&specs[i], 0, sizeof specs[i]);
+        specs[i].n_prompt = 10 + i;
+        for (int j = 0; j < specs[i].n_prompt; j++) specs[i].prompt[j] = 2 + (int32_t)(rnd(&r) % (uint64_t)(m0->cfg.vocab - 2));
+        /* temperature alone: the target's and the draft's distributions overlap everywhere, so
+         * acceptances and residuals both read q (top-k 4 would keep disjoint sets) */
+        specs[i].sp = (m3_sampling){.temperature = 1.5f, .seed = 500 + (uint64_t)i};
+        specs[i].max_tokens = 12;
+        specs[i].ignore_eos = 1;
+        specs[i].no_logprobs = 1;
+    }
+    static result res[2][N];
+    m3_engine_stats st[2];
+    int failed_steps = 0;
+    for (int run_i = 0; run_i < 2; run_i++) { /* 0: clean, 1: the second target step fails once */
+        target_steps = 0;
+        fail_after = run_i ? 1 : 1 << 30;
+        failed_once = 0;
+        m3_engine_opts o;
+        m3_engine_opts_default(&o);
+        o.kv_pages = 256;
+        o.max_num_seqs = 8;
+        o.max_num_batched_tokens = 256; /* every prompt in the first step, then speculative decodes */
+        spec_opts(&o, 3, M3_SPEC_DRAFT_PROBABILISTIC);
+        m3_engine *e = m3_engine_create(&m, &o, &err);
+        if (!e) { CHECK(0, "engine: %s", err.msg); break; }
+        memset(res[run_i], 0, sizeof res[run_i]);
+        for (int i = 0; i < N; i++) {
+            m3_engine_request q = {.prompt = specs[i].prompt, .n_prompt = specs[i].n_prompt, .sampling = specs[i].sp,
+                                   .max_tokens = specs[i].max_tokens, .ignore_eos = 1, .on_token = on_token,
+                                   .arg = &res[run_i][i]};
+            res[run_i][i].id = m3_engine_add(e, &q, &err);
+            CHECK(res[run_i][i].id, "add: %s", err.msg);
+        }
+        for (int step = 0; m3_engine_has_work(e) && step < 1000; step++)
+            if (m3_engine_step(e, &err) < 0) failed_steps += run_i;
+        m3_engine_get_stats(e, &st[run_i]);
+        m3_engine_destroy(e);
+    }
+    int same_all = 1;
+    for (int i = 0; i < N; i++) {
+        const result *a = &res[0][i], *b = &res[1][i];
+        same_all &= a->finished && b->finished && a->reason == b->reason && a->n == b->n && a->n == specs[i].max_tokens &&
+                    !memcmp(a->tok, b->tok, sizeof(int32_t) * (size_t)a->n);
+    }
+    CHECK(failed_once && failed_steps == 1, "5b. the injected failure: %d, failed steps %d", failed_once, failed_steps);
+    CHECK(same_all, "5b. after a failed step verified on the host, tokens differ from the clean run's");
+    CHECK(st[0].spec_verify_steps > 0 && st[0].spec_verify_backend == st[0].spec_verify_steps,
+          "5b. clean run: %llu of %llu verify steps on the backend", (unsigned long long)st[0].spec_verify_backend,
+          (unsigned long long)st[0].spec_verify_steps);
+    CHECK(st[0].spec_accepted_tokens > 0, "5b. no draft accepted: the test would not read q");
+    CHECK(st[1].spec_verify_steps == st[0].spec_verify_steps && st[1].spec_verify_backend + N == st[1].spec_verify_steps,
+          "5b. failed run: %llu of %llu verify steps on the backend (the failed step's %d on the host)",
+          (unsigned long long)st[1].spec_verify_backend, (unsigned long long)st[1].spec_verify_steps, N);
+    printf("5b. sampled requests verified on the backend, a step's forward failing once: its %d verifications went to the "
+           "host with their q rows, every request's %d tokens as in a clean run: %s (%llu of %llu drafts accepted)\n", N,
+           specs[0].max_tokens, same_all ? "yes" : "NO", (unsigned long long)st[0].spec_accepted_tokens,
+           (unsigned long long)st[0].spec_draft_tokens);
+    unsetenv("M3_DRAWS");
+    m3_model_free(&m);
+}
+
 static void test_sampled(m3_model *m) {
     test_sampled_variant(m, 0);
     setenv("M3_DRAWS", "backend", 1); /* the CPU too draws plain rows through draw_rows (target and draft) */
@@ -982,7 +1080,10 @@ int main(int argc, char **argv) {
     double t1 = m3_now();
     if (strstr(sec, "cache")) { test_ring_growth(&d); test_cache_state(&m, &d); test_draft_reference(&m, &d); }
     double t2 = m3_now();
-    if (strstr(sec, "sampled")) test_sampled(&m);
+    if (strstr(sec, "sampled")) {
+        test_sampled(&m);
+        if (!cuda) test_verify_after_failure(&m, &ops);
+    }
     double t3 = m3_now();
     if (strstr(sec, "errors")) {
         test_load_errors(&m, &ops);

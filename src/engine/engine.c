@@ -183,12 +183,15 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         e->qstage_n = e->qstage ? n : 0;
     }
     /* and where the target verifies sampled requests (ops verify_rows): the q rows of up to
-     * QDEV_MAX requests a step stay in the device's memory (past them, the staging above) */
+     * QDEV_MAX requests a step (and QDEV_BYTES) stay in the device's memory (past them, the
+     * staging above) */
     const m3_ops *top = m->ops;
     if (e->spec && e->draft.ops == top && e->draft_method == M3_SPEC_DRAFT_PROBABILISTIC && !o->group && top &&
         top->verify_rows && top->draw_rows && top->argmax_rows_fin && m3_spec_draws_on_backend(top)) {
-        const int n = o->max_num_seqs < QDEV_MAX ? o->max_num_seqs : QDEV_MAX;
-        e->qdev = e->draft.ops->alloc(e->draft.ops->ctx, sizeof(float) * (size_t)n * e->k * (size_t)m->cfg.vocab);
+        const size_t per = sizeof(float) * (size_t)e->k * (size_t)m->cfg.vocab;
+        int n = o->max_num_seqs < QDEV_MAX ? o->max_num_seqs : QDEV_MAX;
+        if ((size_t)n * per > QDEV_BYTES) n = QDEV_BYTES / per > 0 ? (int)(QDEV_BYTES / per) : 1;
+        e->qdev = e->draft.ops->alloc(e->draft.ops->ctx, (size_t)n * per);
         e->qdev_n = e->qdev ? n : 0;
     }
     int pages = o->kv_pages;

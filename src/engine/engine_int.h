@@ -27,6 +27,7 @@
 #define e_calloc(k, n) m3_fault_calloc(M3_FAULT_ENGINE, k, n)
 /* requests a step whose drafts' q rows stay on the device for the target's verification */
 #define QDEV_MAX 64
+#define QDEV_BYTES ((size_t)512 << 20) /* ... and of at most this much memory (64 at k 7 and 200,064 ids) */
 #define e_realloc(p, n) m3_fault_realloc(M3_FAULT_ENGINE, p, n)
 
 enum { G_FREE = 0, G_ON = 1, G_FIRST = 2 }; /* g_phase: before the start id; constrained; adaptive first token */

@@ -90,6 +90,15 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
         for (int i = 0; i < ov->n; i++)
             if (ov->rows[i] < 0 || ov->rows[i] >= T)
                 return m3_errf(err, "embedding override row %d is outside the batch (%d tokens)", ov->rows[i], T);
+    for (int g = 0; taps && g < taps->n_verify; g++) { /* verified groups: drawn output rows, drafts in the vocabulary */
+        const m3_verify_group *G = &taps->verify[g];
+        if (G->k < 0 || G->k > M3_VERIFY_K_MAX || G->row0 < 0 || G->row0 + G->k >= n_out || !taps->greedy_n)
+            return m3_errf(err, "verified group %d: rows %d..%d of %d output rows", g, G->row0, G->row0 + G->k, n_out);
+        for (int i = 0; i <= G->k; i++)
+            if (taps->greedy_n[G->row0 + i] >= 0 || !(G->u[i] >= 0 && G->u[i] < 1) || (i < G->k && (G->d[i] < 0 || G->d[i] >= V)))
+                return m3_errf(err, "verified group %d, row %d: not a drawn row, uniform %g or draft %d (vocab %d)", g, i, G->u[i],
+                               i < G->k ? G->d[i] : 0, V);
+    }
     if (!sh) {
         for (int t = 0; t < T; t++)
             if (m3_kv_seq_reserve(kv, b->seqs[b->seq[t]], b->pos[t] + 1, err)) return -1;

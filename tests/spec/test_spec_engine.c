@@ -951,6 +951,45 @@ static void test_sampled(m3_model *m) {
     unsetenv("M3_DRAWS");
 }
 
+/* 6. m3_forward refuses verified groups that do not fit the step (before running it): a draft
+ * outside the vocabulary, rows past the output rows, a row not drawn, a uniform outside [0, 1) */
+static void test_verify_taps_errors(m3_model *m) {
+    m3_err err;
+    m3_kv kv;
+    const m3_kv_mem mem = m3_model_kv_mem(m);
+    if (m3_kv_create_in(&kv, &m->cfg, M3_KV_F32, M3_KV_F32, m3_kv_page_tokens(&m->cfg), 4, &mem, &err)) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    m3_kv_seq seq = {0};
+    m3_kv_seq *seqs[1] = {&seq};
+    int32_t ids[3] = {5, 6, 7}, pos[3] = {0, 1, 2}, sq[3] = {0, 0, 0}, gn[3] = {-1, -1, -1}, gid[3], gfin[3];
+    int rows[3] = {0, 1, 2}, done = 0;
+    m3_draw_param par[3] = {{1, 1, 0, 0, m->cfg.vocab, 0.5}, {1, 1, 0, 0, m->cfg.vocab, 0.5}, {1, 1, 0, 0, m->cfg.vocab, 0.5}};
+    m3_verify_group g;
+    const char *what[4] = {"a draft outside the vocabulary", "rows past the output rows", "a row not drawn", "a uniform of 1"};
+    for (int c = 0; c < 4; c++) {
+        memset(&g, 0, sizeof g);
+        g.k = 2;
+        g.d[0] = 9;
+        g.d[1] = c == 0 ? m->cfg.vocab : 11;
+        g.row0 = c == 1 ? 1 : 0;
+        g.u[2] = c == 3 ? 1.0 : 0.25;
+        gn[1] = c == 2 ? 0 : -1;
+        m3_batch b = {3, pos, sq, seqs};
+        m3_taps taps = {.greedy_n = gn, .greedy_ids = gid, .greedy_fin = gfin, .greedy_done = &done, .draw_par = par,
+                        .verify = &g, .n_verify = 1};
+        float *lg = malloc(sizeof(float) * 3 * (size_t)m->cfg.vocab);
+        int rc = m3_forward_ex(m, &kv, &b, ids, NULL, rows, 3, lg, &taps, &err);
+        CHECK(rc == -1 && strstr(err.msg, "verified group"), "%s: rc %d, '%s'", what[c], rc, rc ? err.msg : "");
+        free(lg);
+        m3_kv_seq_release(&kv, &seq);
+    }
+    printf("6. verified groups that do not fit the step are refused before it runs (%s, %s, %s, %s)\n", what[0], what[1],
+           what[2], what[3]);
+    m3_kv_destroy(&kv);
+}
+
 /* ---------------------------------------------------------------- 6: loading errors */
 
 static void test_load_errors(m3_model *m, m3_ops *ops) {
@@ -1087,6 +1126,7 @@ int main(int argc, char **argv) {
     double t3 = m3_now();
     if (strstr(sec, "errors")) {
         test_load_errors(&m, &ops);
+        test_verify_taps_errors(&m);
         /* what a device draft keeps out of the KV pool: its workspace grown now, the rings counted */
         size_t ring = 0, ws0 = d.ws_bytes;
         const m3_config *b = &d.cfg.base;

@@ -17,7 +17,7 @@
 
 /* grow-only scratch buffers, one per purpose (no allocation inside a steady-state step) */
 enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_XSPLIT, SC_XSPLIT2, SC_GEMM_X, SC_XROUND,
-       SC_SPLITK, SC_DSA, SC_AMAX, SC_COUNT };
+       SC_SPLITK, SC_DSA, SC_AMAX, SC_DRAW, SC_COUNT };
 
 typedef struct m3_cuda {
     int dev, sm_count;

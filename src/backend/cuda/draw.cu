@@ -10,8 +10,10 @@
  * one cluster barrier, then every CTA adds the parts of all in rank order (integers: counts and
  * masses in units of 2^-40; doubles: in rank order), so every CTA holds the same figure. The
  * cuts are cpu/draw.c's radix selection: four passes of 8, 8, 8 and 6 bits of e, each a
- * histogram (shared-memory atomics on integers) summed over the cluster; histograms alternate
- * between two buffers, so a pass needs one barrier. Ties at a cut are settled in id order: each
+ * histogram (shared-memory atomics on integers, a warp's lanes of one bin through one lane)
+ * summed over the cluster; histograms alternate between two buffers, so a pass needs one
+ * barrier; the three finer passes read only the first pass's crossing bin, gathered into global
+ * scratch (SC_DRAW: a slice's worth a CTA). Ties at a cut are settled in id order: each
  * thread counts those of a contiguous run of ids, a scan and the ranks before give each run its
  * first tie's index. The draw: each thread sums a contiguous run
  * of its slice's ids, an exclusive scan orders the runs, and the one thread whose stretch holds
@@ -70,6 +72,7 @@ struct dr_smem {
     double incl[DR_T];                   /* each thread's inclusive scan of the run sums */
     double tot;                          /* this slice's kept sum (the scan's total) */
     int last;                            /* this slice's last kept id, -1 */
+    int ncand;                           /* dr_cut's candidates after its first pass */
     unsigned long long pabove;           /* the weight above it */
 };
 
@@ -106,11 +109,18 @@ static __device__ unsigned long long dr_suffix_u64(unsigned long long v, dr_smem
 }
 
 /* The largest key t >= lo such that the kept values with keys >= t weigh at least target (by
- * count or mass) over the whole row (cpu/draw.c cut_of); ph counts the passes (buffers). */
+ * count or mass) over the whole row (cpu/draw.c cut_of); ph counts the passes (buffers). The
+ * first pass reads the slice; the values in its crossing bin are then gathered into cand (this
+ * CTA's global scratch, as many floats as the slice), and the three finer passes read those
+ * alone (a row's crossing bin holds a small part of it, unless the row is nearly uniform). */
 static __device__ __forceinline__ uint32_t dr_cut(const float *w, int j0, int j1, float thr, uint32_t lo, bool by_mass,
-                                  unsigned long long target, int &ph, unsigned long long &above_out, dr_smem &s) {
+                                  unsigned long long target, int &ph, unsigned long long &above_out, float *cand,
+                                  dr_smem &s) {
     uint32_t pre = 0;
     unsigned long long above = 0;
+    const int lane = (int)threadIdx.x & 31;
+    int nsrc = j1 - j0; /* the values a pass reads: the slice, then the candidates */
+    const float *src = w;
     for (int p = 0; p < 4; p++, ph++) {
         const int b = ph & 1, sh = p == 3 ? 0 : 22 - 8 * p, nb = p == 3 ? 64 : 256, up = 22 - 8 * (p - 1);
         if (threadIdx.x < 256) {
@@ -121,12 +131,11 @@ static __device__ __forceinline__ uint32_t dr_cut(const float *w, int j0, int j1
         /* a warp's 32 values at a time (the warp's iterations alike, so it may work together):
          * lanes of one bin add once, through their leader (a flat row puts most of a pass's
          * values into a few bins: one shared-memory atomic each would queue on those few) */
-        const int lane = (int)threadIdx.x & 31;
-        for (int i0 = j0 + ((int)threadIdx.x & ~31); i0 < j1; i0 += DR_T) {
+        for (int i0 = (int)threadIdx.x & ~31; i0 < nsrc; i0 += DR_T) {
             const int i = i0 + lane;
-            const float e = i < j1 ? w[i - j0] : 0.0f;
+            const float e = i < nsrc ? src[i] : 0.0f;
             const uint32_t k = __float_as_uint(e);
-            const bool in = i < j1 && dr_kept0(e, thr) && k >= lo && (!p || k >> up == pre);
+            const bool in = i < nsrc && dr_kept0(e, thr) && k >= lo && (!p || k >> up == pre);
             if (!__any_sync(0xffffffffu, in)) continue; /* past the first pass most values are out */
             const int bin = in ? (int)((k >> sh) & (uint32_t)(nb - 1)) : -1;
             const unsigned same = __match_any_sync(0xffffffffu, bin);
@@ -166,7 +175,26 @@ static __device__ __forceinline__ uint32_t dr_cut(const float *w, int j0, int j1
         __syncthreads();
         above += s.pabove;
         pre = p ? pre << (up - sh) | (uint32_t)pick : (uint32_t)pick;
-        __syncthreads(); /* pick and pabove are written again next pass */
+        if (p == 0) { /* the first bin's values gathered (their order does not matter: integer sums) */
+            if (threadIdx.x == 0) s.ncand = 0;
+            __syncthreads();
+            for (int i0 = (int)threadIdx.x & ~31; i0 < nsrc; i0 += DR_T) {
+                const int i = i0 + lane;
+                const float e = i < nsrc ? src[i] : 0.0f; /* src: the slice still */
+                const uint32_t k = __float_as_uint(e);
+                const bool in = i < nsrc && dr_kept0(e, thr) && k >= lo && k >> 22 == pre;
+                const unsigned bal = __ballot_sync(0xffffffffu, in);
+                if (!bal) continue;
+                int at = 0;
+                if (lane == 0) at = atomicAdd(&s.ncand, __popc(bal));
+                at = __shfl_sync(0xffffffffu, at, 0);
+                if (in) cand[at + __popc(bal & ((1u << lane) - 1u))] = e;
+            }
+            __syncthreads(); /* the candidates are written (global memory, this CTA's) and counted */
+            nsrc = s.ncand;
+            src = cand;
+        }
+        __syncthreads(); /* pabove (and ncand) are written again next pass */
     }
     above_out = above;
     return pre;
@@ -197,7 +225,8 @@ static __device__ void dr_trim(float *w, int j0, int c0, int c1, float thr, uint
  * is worked on in shared memory (dynamic, S floats), read from and written to the row once;
  * else in the row itself (every pass from L2). */
 template <bool SL>
-__global__ void __launch_bounds__(DR_T, 2) k_draw_rows(float *x, int V, size_t ld, const __grid_constant__ dr_args a, int32_t *out) {
+__global__ void __launch_bounds__(DR_T, 2) k_draw_rows(float *x, int V, size_t ld, const __grid_constant__ dr_args a, int32_t *out,
+                                                         float *cands) {
     __shared__ dr_smem s;
     extern __shared__ float dr_slice[];
     const uint32_t rank = cluster_rank();
@@ -206,6 +235,7 @@ __global__ void __launch_bounds__(DR_T, 2) k_draw_rows(float *x, int V, size_t l
     const int n = P.n < 1 ? 1 : P.n > V ? V : P.n;
     const int S = (V + DR_CL - 1) / DR_CL, j0 = (int)rank * S < V ? (int)rank * S : V, j1 = j0 + S < V ? j0 + S : V;
     float *w = SL ? dr_slice : r + j0; /* the slice: value i at w[i - j0] */
+    float *cand = cands + ((size_t)blockIdx.y * DR_CL + rank) * (size_t)S; /* dr_cut's candidates */
 
     /* 1. the argmax (argmax_rows' rule), the slice into shared memory */
     dr_best b = {-INFINITY, INT_MAX};
@@ -272,7 +302,7 @@ __global__ void __launch_bounds__(DR_T, 2) k_draw_rows(float *x, int V, size_t l
     unsigned long long above = 0;
     const bool topk = P.top_k > 0 && P.top_k < n && cnt_all > (unsigned long long)P.top_k;
     if (topk) {
-        cut = dr_cut(w, j0, j1, thr, 0, false, (unsigned long long)P.top_k, ph, above, s);
+        cut = dr_cut(w, j0, j1, thr, 0, false, (unsigned long long)P.top_k, ph, above, cand, s);
         dr_trim(w, j0, c0, c1, thr, cut, (unsigned long long)P.top_k - above, 0, s);
     }
     if (P.top_p > 0 && P.top_p < 1) {
@@ -291,7 +321,7 @@ __global__ void __launch_bounds__(DR_T, 2) k_draw_rows(float *x, int V, size_t l
         }
         unsigned long long target = (unsigned long long)((double)P.top_p * (double)z_all);
         if (target < 1) target = 1;
-        cut = dr_cut(w, j0, j1, thr, cut, true, target, ph, above, s);
+        cut = dr_cut(w, j0, j1, thr, cut, true, target, ph, above, cand, s);
         const unsigned long long tw = dr_mass(__uint_as_float(cut)); /* each tie's: above + j tw < target keeps tie j */
         dr_trim(w, j0, c0, c1, thr, cut, tw ? (target - above + tw - 1) / tw : (unsigned long long)V, 1, s);
     }
@@ -368,6 +398,10 @@ void m3_cu_draw_rows(void *ctx, float *x, int rows, int V, size_t ld, const m3_d
         sl = cudaFuncSetAttribute(k_draw_rows<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, DR_SLICE_MAX) == cudaSuccess;
         if (!sl) cudaGetLastError();
     }
+    /* the cuts' candidates: a slice's worth of floats for each CTA of a launch */
+    const int lrows = rows < DR_ROWS ? rows : DR_ROWS;
+    float *cands = (float *)m3_cu_scratch(c, SC_DRAW, sizeof(float) * (size_t)lrows * DR_CL * (size_t)((V + DR_CL - 1) / DR_CL));
+    if (!cands) { m3_cu_prof_end(c, OP_ARGMAX); return; }
     for (int r0 = 0; r0 < rows; r0 += DR_ROWS) {
         const int m = rows - r0 < DR_ROWS ? rows - r0 : DR_ROWS;
         dr_args a;
@@ -385,7 +419,8 @@ void m3_cu_draw_rows(void *ctx, float *x, int rows, int V, size_t ld, const m3_d
         cfg.attrs = at;
         cfg.numAttrs = 1;
         cfg.dynamicSmemBytes = sl ? slice : 0;
-        if (CK(c, cudaLaunchKernelEx(&cfg, sl ? k_draw_rows<true> : k_draw_rows<false>, x + (size_t)r0 * ld, V, ld, a, out + r0)))
+        if (CK(c, cudaLaunchKernelEx(&cfg, sl ? k_draw_rows<true> : k_draw_rows<false>, x + (size_t)r0 * ld, V, ld, a, out + r0,
+                                     cands)))
             break;
     }
     CK_LAUNCH(c, "draw rows");

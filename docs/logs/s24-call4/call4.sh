@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# session 24 call 4: the committed tree (7b38f62): gpu.sh section 9 whole (DSpark on the GPU: greedy
+# session 24 call 4: the committed tree (d5dc460): gpu.sh section 9 whole (DSpark on the GPU: greedy
 # equality k 1/3/7 on the references, test_spec_engine section 5 on the GPU, sanitizers incl. a
 # sampled speculative run and racecheck / synccheck of the argmax, draw and verify kernels, the
 # bench at 30 layers, the server speculating greedy and sampled at 1 / 16 / 64 streams)

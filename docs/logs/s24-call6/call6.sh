@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # session 24 call 6 (not run: the session's device time was spent; the next session's first call): the
-# draw kernel with its candidates in global scratch (5d52d3e) under memcheck
+# draw kernel with its candidates in global scratch (a1ba065) under memcheck
 # (the ops alone and a sampled speculative run), test_spec_engine section 5 on the GPU, the sampled
 # repeatability check of gpu.sh section 9
 set -u

@@ -238,12 +238,17 @@ int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws
             if (rq[j].failed) continue;
             float *row = rows + (size_t)j * V;
             /* q_i: the request's processed distribution of the corrected row (greedy: one-hot at
-             * its argmax; the row buffer serves as scratch then) */
-            float *qi = greedy[j] ? row : rq[j].q + (size_t)i * V;
+             * its argmax; the row buffer serves as scratch then, and for q_i kept in q_dev or
+             * not kept) */
+            float *qi = greedy[j] || !rq[j].q ? row : rq[j].q + (size_t)i * V;
             m3_err e2;
             if (m3_sampler_probs(rq[j].s, row, ws, qi, &e2)) { rq[j].failed = 1; continue; }
             prev[j] = greedy[j] ? m3_argmax(qi, V) : m3_spec_draw(qi, V, m3_rng_uniform(rq[j].rng));
             rq[j].draft[i] = prev[j];
+            if (!greedy[j] && !rq[j].q && rq[j].q_dev) { /* where the target verifies it */
+                d->ops->upload(d->ops->ctx, rq[j].q_dev + (size_t)i * V, qi, sizeof(float) * (size_t)V);
+                rq[j].q_dev_used = 1;
+            }
         }
     }
     return 0;

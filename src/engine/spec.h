@@ -121,14 +121,14 @@ typedef struct m3_spec_draft_req {
     int32_t anchor;
     int pos;
     int32_t *draft;             /* out: [k] */
-    float *q;                   /* [k][V] as in m3_spec_draft */
+    float *q;                   /* [k][V] as in m3_spec_draft (NULL: q_dev, else not kept) */
     float *conf;                /* out when non-NULL (the draft has a confidence head): [k] the head's
                                  * estimate that draft i will be accepted */
     int q_used;                 /* out */
     int failed;                 /* out: this request's draws failed (the others went on) */
     float *q_dev;               /* NULL, or the draft's backend memory [k][V]: q_i goes there instead of q
-                                 * when the draws run on the backend (the target verifies there: ops
-                                 * verify_rows) */
+                                 * when the draws run on the backend, or when q is NULL (the target
+                                 * verifies there: ops verify_rows) */
     int q_dev_used;             /* out: q_used, and the rows are in q_dev (q untouched) */
 } m3_spec_draft_req;
 

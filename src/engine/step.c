@@ -259,12 +259,14 @@ static void draft_all(m3_engine *e) {
                 if (qdslot < e->qdev_n && e->draw_dev && !r->gr &&
                     m3_sampler_draw_ids(r->smp, &dp.temperature, &dp.top_k, &dp.top_p, &dp.min_p, &dp.n))
                     r->qd = e->qdev + (size_t)qdslot++ * e->k * (size_t)e->V;
-                if (qslot < e->qstage_n) r->qv = e->qstage + (size_t)qslot++ * e->k * (size_t)e->V;
-                else if (!r->q && !(r->q = e_malloc(sizeof(float) * (size_t)e->k * (size_t)e->V))) {
-                    running_remove(e, i--);
-                    fail(e, r, "drafting failed");
-                    continue;
-                } else r->qv = r->q;
+                if (!r->qd) { /* its q rows to the host (with a device slot: only if its verification falls back, q_to_host) */
+                    if (qslot < e->qstage_n) r->qv = e->qstage + (size_t)qslot++ * e->k * (size_t)e->V;
+                    else if (!r->q && !(r->q = e_malloc(sizeof(float) * (size_t)e->k * (size_t)e->V))) {
+                        running_remove(e, i--);
+                        fail(e, r, "drafting failed");
+                        continue;
+                    } else r->qv = r->q;
+                }
             }
             batch[n] = r;
             /* always all k slots, so the drafts do not depend on how many get verified */
@@ -327,7 +329,13 @@ static void encode_images(m3_engine *e) {
 static void q_to_host(m3_engine *e) {
     for (int i = 0; i < e->n_running; i++) {
         req *r = e->running[i];
-        if (!r->n_sched || !r->k_sched || !r->q_dev_used || r->gdev) continue;
+        if (!r->n_sched || !r->k_sched || !r->q_dev_used || r->gdev || r->fwd_failed) continue;
+        if (!r->qv && !r->q && !(r->q = e_malloc(sizeof(float) * (size_t)e->k * (size_t)e->V))) {
+            snprintf(r->why_buf, sizeof r->why_buf, "speculative verification failed: out of memory for its draft distributions");
+            r->fwd_failed = 1; /* ends with the error in the serial pass, as a failed forward does */
+            continue;
+        }
+        if (!r->qv) r->qv = r->q;
         const m3_ops *op = e->draft.ops;
         op->download(op->ctx, r->qv, r->qd, sizeof(float) * (size_t)r->k_sched * (size_t)e->V);
         r->q_dev_used = 0;

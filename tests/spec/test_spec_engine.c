@@ -21,8 +21,9 @@
  *      top-k 4, top-p: the draft's distributions and draws and the verification on the backend,
  *      ops draw_rows / verify_rows), drawn with DSpark (probabilistic and greedy drafts) and
  *      without, against their exact joint distribution computed from the target (chi-square);
- *   5b. (CPU) a step of such requests whose forward fails once: run again request by request,
- *      verified on the host with the q rows brought back, the same tokens as a clean run;
+ *   5b. (CPU) such requests verified on the backend give the tokens of the host's verification,
+ *      also when a step's forward fails once (verified on the host with the q rows brought back)
+ *      and beside a request with a penalty (the draft's draws on the host, q rows uploaded);
  *   6. acceptance statistics (MAL, per position) and draft loading errors.
  * Usage: test_spec_engine CHECKPOINT_DIR (with dspark/ inside) [SECTIONS: a comma list of greedy,
  * cache, sampled, errors; default all] [BACKEND: cpu (default) or cuda]
@@ -866,10 +867,53 @@ static int wrap_check(void *ctx, m3_err *err) {
     return base_ops.check ? base_ops.check(ctx, err) : 0;
 }
 
-/* 5b. Sampled requests whose drafts' q rows stay in the backend's memory (verified there,
- * ops verify_rows) in a step whose forward fails once: the engine runs the step's requests again
- * one by one, their rows come back whole, the q rows to the host, and the host verifies them
- * (m3_spec_verify with the same uniforms): every request gives the tokens of a clean run. */
+/* Runs specs[0..n) on m (spec k 3, probabilistic drafts) until done; draws: M3_DRAWS; fail: the
+ * second target step's forward fails once. Returns the steps that reported a failure. */
+static int run_5b(m3_model *m, const rspec *specs, int n, const char *draws, int fail, result *res, m3_engine_stats *st) {
+    m3_err err;
+    setenv("M3_DRAWS", draws, 1);
+    target_steps = 0;
+    fail_after = fail ? 1 : 1 << 30;
+    failed_once = 0;
+    m3_engine_opts o;
+    m3_engine_opts_default(&o);
+    o.kv_pages = 256;
+    o.max_num_seqs = 8;
+    o.max_num_batched_tokens = 256; /* every prompt in the first step, then speculative decodes */
+    spec_opts(&o, 3, M3_SPEC_DRAFT_PROBABILISTIC);
+    memset(res, 0, sizeof *res * (size_t)n);
+    memset(st, 0, sizeof *st);
+    int failed_steps = 0;
+    m3_engine *e = m3_engine_create(m, &o, &err);
+    if (!e) { CHECK(0, "engine: %s", err.msg); unsetenv("M3_DRAWS"); return -1; }
+    for (int i = 0; i < n; i++) {
+        m3_engine_request q = {.prompt = specs[i].prompt, .n_prompt = specs[i].n_prompt, .sampling = specs[i].sp,
+                               .max_tokens = specs[i].max_tokens, .ignore_eos = 1, .on_token = on_token, .arg = &res[i]};
+        res[i].id = m3_engine_add(e, &q, &err);
+        CHECK(res[i].id, "add: %s", err.msg);
+    }
+    for (int step = 0; m3_engine_has_work(e) && step < 1000; step++) failed_steps += m3_engine_step(e, &err) < 0;
+    m3_engine_get_stats(e, st);
+    m3_engine_destroy(e);
+    unsetenv("M3_DRAWS");
+    return failed_steps;
+}
+
+static int same_tokens(const result *a, const result *b, const rspec *specs, int from, int to) {
+    int ok = 1;
+    for (int i = from; i < to; i++)
+        ok &= a[i].finished && b[i].finished && a[i].reason == b[i].reason && a[i].n == b[i].n && a[i].n == specs[i].max_tokens &&
+              !memcmp(a[i].tok, b[i].tok, sizeof(int32_t) * (size_t)a[i].n);
+    return ok;
+}
+
+/* 5b. Sampled requests (temperature alone: the target's and the draft's distributions overlap
+ * everywhere, so acceptances and residuals both read q) verified where the rows are (ops
+ * verify_rows, the CPU's op table) give the tokens of the host's verification (M3_DRAWS=host:
+ * m3_spec_verify, the same uniforms); so they do when a step's forward fails once (the engine runs
+ * the step again request by request, their rows come back whole, the q rows to the host,
+ * q_to_host) and when a request whose sampler is not plain shares their draft pass (the pass's
+ * draws on the host, their q rows uploaded where the target verifies them). */
 static void test_verify_after_failure(m3_model *m0, m3_ops *ops) {
     enum { N = 6 };
     base_ops = *ops;
@@ -879,68 +923,46 @@ static void test_verify_after_failure(m3_model *m0, m3_ops *ops) {
     m3_model m;
     m3_err err;
     if (m3_model_load(&m, DIR_, &w, NULL, NULL, &err)) { CHECK(0, "load: %s", err.msg); return; }
-    setenv("M3_DRAWS", "backend", 1);
-    static rspec specs[N];
+    static rspec specs[N + 1];
     uint64_t r = 77;
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; i <= N; i++) {
         memset(&specs[i], 0, sizeof specs[i]);
         specs[i].n_prompt = 10 + i;
         for (int j = 0; j < specs[i].n_prompt; j++) specs[i].prompt[j] = 2 + (int32_t)(rnd(&r) % (uint64_t)(m0->cfg.vocab - 2));
-        /* temperature alone: the target's and the draft's distributions overlap everywhere, so
-         * acceptances and residuals both read q (top-k 4 would keep disjoint sets) */
         specs[i].sp = (m3_sampling){.temperature = 1.5f, .seed = 500 + (uint64_t)i};
         specs[i].max_tokens = 12;
         specs[i].ignore_eos = 1;
         specs[i].no_logprobs = 1;
     }
-    static result res[2][N];
-    m3_engine_stats st[2];
-    int failed_steps = 0;
-    for (int run_i = 0; run_i < 2; run_i++) { /* 0: clean, 1: the second target step fails once */
-        target_steps = 0;
-        fail_after = run_i ? 1 : 1 << 30;
-        failed_once = 0;
-        m3_engine_opts o;
-        m3_engine_opts_default(&o);
-        o.kv_pages = 256;
-        o.max_num_seqs = 8;
-        o.max_num_batched_tokens = 256; /* every prompt in the first step, then speculative decodes */
-        spec_opts(&o, 3, M3_SPEC_DRAFT_PROBABILISTIC);
-        m3_engine *e = m3_engine_create(&m, &o, &err);
-        if (!e) { CHECK(0, "engine: %s", err.msg); break; }
-        memset(res[run_i], 0, sizeof res[run_i]);
-        for (int i = 0; i < N; i++) {
-            m3_engine_request q = {.prompt = specs[i].prompt, .n_prompt = specs[i].n_prompt, .sampling = specs[i].sp,
-                                   .max_tokens = specs[i].max_tokens, .ignore_eos = 1, .on_token = on_token,
-                                   .arg = &res[run_i][i]};
-            res[run_i][i].id = m3_engine_add(e, &q, &err);
-            CHECK(res[run_i][i].id, "add: %s", err.msg);
-        }
-        for (int step = 0; m3_engine_has_work(e) && step < 1000; step++)
-            if (m3_engine_step(e, &err) < 0) failed_steps += run_i;
-        m3_engine_get_stats(e, &st[run_i]);
-        m3_engine_destroy(e);
-    }
-    int same_all = 1;
-    for (int i = 0; i < N; i++) {
-        const result *a = &res[0][i], *b = &res[1][i];
-        same_all &= a->finished && b->finished && a->reason == b->reason && a->n == b->n && a->n == specs[i].max_tokens &&
-                    !memcmp(a->tok, b->tok, sizeof(int32_t) * (size_t)a->n);
-    }
-    CHECK(failed_once && failed_steps == 1, "5b. the injected failure: %d, failed steps %d", failed_once, failed_steps);
-    CHECK(same_all, "5b. after a failed step verified on the host, tokens differ from the clean run's");
-    CHECK(st[0].spec_verify_steps > 0 && st[0].spec_verify_backend == st[0].spec_verify_steps,
-          "5b. clean run: %llu of %llu verify steps on the backend", (unsigned long long)st[0].spec_verify_backend,
-          (unsigned long long)st[0].spec_verify_steps);
-    CHECK(st[0].spec_accepted_tokens > 0, "5b. no draft accepted: the test would not read q");
-    CHECK(st[1].spec_verify_steps == st[0].spec_verify_steps && st[1].spec_verify_backend + N == st[1].spec_verify_steps,
+    specs[N].sp.repetition_penalty = 1.2f; /* not plain: drawn and verified on the host */
+    static result host[N + 1], dev[N + 1], failed[N + 1], mixed[N + 1];
+    m3_engine_stats sh, sd, sf, sm;
+    run_5b(&m, specs, N, "host", 0, host, &sh);
+    run_5b(&m, specs, N, "backend", 0, dev, &sd);
+    const int nf = run_5b(&m, specs, N, "backend", 1, failed, &sf), f_once = failed_once;
+    run_5b(&m, specs, N + 1, "backend", 0, mixed, &sm);
+    const int s_dev = same_tokens(host, dev, specs, 0, N), s_fail = same_tokens(dev, failed, specs, 0, N),
+              s_mix = same_tokens(dev, mixed, specs, 0, N);
+    CHECK(sh.spec_verify_backend == 0 && sd.spec_verify_steps > 0 && sd.spec_verify_backend == sd.spec_verify_steps,
+          "5b. verify steps on the backend: %llu of %llu with M3_DRAWS=host, %llu of %llu without",
+          (unsigned long long)sh.spec_verify_backend, (unsigned long long)sh.spec_verify_steps,
+          (unsigned long long)sd.spec_verify_backend, (unsigned long long)sd.spec_verify_steps);
+    CHECK(sd.spec_accepted_tokens > 0, "5b. no draft accepted: the test would not read q");
+    CHECK(s_dev, "5b. verified on the backend, tokens differ from the host's verification");
+    CHECK(f_once && nf == 1, "5b. the injected failure: %d, failed steps %d", f_once, nf);
+    CHECK(s_fail, "5b. after a failed step verified on the host, tokens differ from the clean run's");
+    CHECK(sf.spec_verify_steps == sd.spec_verify_steps && sf.spec_verify_backend + N == sf.spec_verify_steps,
           "5b. failed run: %llu of %llu verify steps on the backend (the failed step's %d on the host)",
-          (unsigned long long)st[1].spec_verify_backend, (unsigned long long)st[1].spec_verify_steps, N);
-    printf("5b. sampled requests verified on the backend, a step's forward failing once: its %d verifications went to the "
-           "host with their q rows, every request's %d tokens as in a clean run: %s (%llu of %llu drafts accepted)\n", N,
-           specs[0].max_tokens, same_all ? "yes" : "NO", (unsigned long long)st[0].spec_accepted_tokens,
-           (unsigned long long)st[0].spec_draft_tokens);
-    unsetenv("M3_DRAWS");
+          (unsigned long long)sf.spec_verify_backend, (unsigned long long)sf.spec_verify_steps, N);
+    CHECK(s_mix && sm.spec_verify_backend == sd.spec_verify_steps && sm.spec_verify_steps > sd.spec_verify_steps,
+          "5b. beside a request with a penalty: tokens %s, %llu of %llu verify steps on the backend (want %llu)",
+          s_mix ? "equal" : "DIFFER", (unsigned long long)sm.spec_verify_backend, (unsigned long long)sm.spec_verify_steps,
+          (unsigned long long)sd.spec_verify_steps);
+    printf("5b. %d sampled requests, %d tokens each, verified on the backend (%llu of %llu drafts accepted): the host's "
+           "tokens %s; a step failing once (its %d verifications on the host, q rows brought back): %s; beside a request "
+           "with a penalty (the draft's draws on the host, q rows uploaded): %s\n", N, specs[0].max_tokens,
+           (unsigned long long)sd.spec_accepted_tokens, (unsigned long long)sd.spec_draft_tokens, s_dev ? "yes" : "NO", N,
+           s_fail ? "the same tokens" : "DIFFER", s_mix ? "the same tokens" : "DIFFER");
     m3_model_free(&m);
 }
 

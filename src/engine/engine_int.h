@@ -56,7 +56,8 @@ typedef struct req {
     m3_dspark_ctx dctx;        /* draft context of positions [.., n_done) */
     m3_rng drng;               /* draft draws */
     float *q;                  /* [k][V] draft distributions (probabilistic drafting of a sampled request) */
-    float *qv;                 /* this step's: a slot of e->qstage, else q */
+    float *qv;                 /* this step's host rows: a slot of e->qstage, else q (NULL with a device
+                                * slot, until a fallback to the host needs them: q_to_host) */
     float *qd;                 /* this step's slot of e->qdev (NULL: none) */
     int q_used, q_dev_used;    /* q_dev_used: the drafts' q rows are in qd, not in qv */
     int vdev;                  /* this step's verification runs on the backend (ops verify_rows) */

@@ -182,12 +182,13 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         e->qstage = e->draft.ops->host_alloc(e->draft.ops->ctx, sizeof(float) * (size_t)n * e->k * (size_t)m->cfg.vocab);
         e->qstage_n = e->qstage ? n : 0;
     }
+    /* plain sampled output rows drawn where the logits are (m3_spec_draws_on_backend) */
+    e->draw_dev = !o->group && m->ops && m->ops->argmax_rows_fin && m3_spec_draws_on_backend(m->ops);
     /* and where the target verifies sampled requests (ops verify_rows): the q rows of up to
      * QDEV_MAX requests a step (and QDEV_BYTES) stay in the device's memory (past them, the
      * staging above) */
-    const m3_ops *top = m->ops;
-    if (e->spec && e->draft.ops == top && e->draft_method == M3_SPEC_DRAFT_PROBABILISTIC && !o->group && top &&
-        top->verify_rows && top->draw_rows && top->argmax_rows_fin && m3_spec_draws_on_backend(top)) {
+    if (e->spec && e->draw_dev && m->ops->verify_rows && e->draft.ops == m->ops &&
+        e->draft_method == M3_SPEC_DRAFT_PROBABILISTIC) {
         const size_t per = sizeof(float) * (size_t)e->k * (size_t)m->cfg.vocab;
         int n = o->max_num_seqs < QDEV_MAX ? o->max_num_seqs : QDEV_MAX;
         if ((size_t)n * per > QDEV_BYTES) n = QDEV_BYTES / per > 0 ? (int)(QDEV_BYTES / per) : 1;
@@ -309,8 +310,6 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->gid = e->gn ? e->gn + e->max_rows : NULL;
     e->gfin = e->gn ? e->gn + 2 * (size_t)e->max_rows : NULL;
     e->gpar = e_malloc((size_t)e->max_rows * sizeof *e->gpar);
-    /* plain sampled output rows drawn where the logits are (m3_spec_draws_on_backend) */
-    e->draw_dev = !e->group && e->m->ops && e->m->ops->argmax_rows_fin && m3_spec_draws_on_backend(e->m->ops);
     e->ws = m3_sample_ws_create(e->V, err);
     int spec_ok = 1;
     if (e->vision) {

@@ -44,13 +44,6 @@ static __device__ __forceinline__ unsigned long long dr_mass(float e) {
     return __double2ull_rz(ldexp((double)e, 40)); /* e * 2^40 rounded down (e <= 1) */
 }
 
-/* v summed over the warp (every lane gets it) */
-static __device__ __forceinline__ unsigned long long dr_warp_sum(unsigned long long v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 struct dr_best {
     float m;
     int i;
@@ -280,8 +273,8 @@ __global__ void __launch_bounds__(DR_T, 2) k_draw_rows(float *x, int V, size_t l
             mass += dr_mass(e); /* top-p's mass when no top-k cut comes first */
         }
     }
-    cnt = dr_warp_sum(cnt); /* one atomic a warp */
-    mass = dr_warp_sum(mass);
+    cnt = warp_sum(cnt); /* one atomic a warp */
+    mass = warp_sum(mass);
     if ((threadIdx.x & 31) == 0) {
         atomicAdd(&s.cnt, cnt);
         atomicAdd(&s.mass, mass);
@@ -313,7 +306,7 @@ __global__ void __launch_bounds__(DR_T, 2) k_draw_rows(float *x, int V, size_t l
                 const float e = w[i - j0];
                 if (dr_kept0(e, thr) && __float_as_uint(e) >= cut) z += dr_mass(e);
             }
-            z = dr_warp_sum(z);
+            z = warp_sum(z);
             if ((threadIdx.x & 31) == 0) atomicAdd(&s.z, z);
             cluster_sync();
             z_all = 0;

@@ -26,12 +26,6 @@ static __device__ __forceinline__ unsigned long long vr_weight(const float *p, c
     return vr_units(__fsub_rn(p[i], q ? q[i] : i == d ? 1.0f : 0.0f));
 }
 
-static __device__ __forceinline__ unsigned long long vr_warp_sum(unsigned long long v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 /* grid (groups), block VR_T; dynamic shared memory: the tile sums [ceil(V / VR_TILE)] */
 __global__ void __launch_bounds__(VR_T) k_verify_rows(const float *x, int V, size_t ld, const __grid_constant__ vr_args a,
                                                       int32_t *out) {
@@ -70,7 +64,7 @@ __global__ void __launch_bounds__(VR_T) k_verify_rows(const float *x, int V, siz
                 const int i = t * VR_TILE + j * 32 + lane;
                 if (i < V) s += vr_weight(p, q, d, fb, i);
             }
-            s = vr_warp_sum(s);
+            s = warp_sum(s);
             if (lane == 0) vr_tsum[t] = s;
             mine += s;
         }

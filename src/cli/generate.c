@@ -93,6 +93,9 @@ static int generate_spec(m3_model *m, const m3_spec_config *sc, const int32_t *i
     if (sc->confidence_threshold > 0)
         fprintf(stderr, "; confidence >= %g: %llu drafts not verified", sc->confidence_threshold,
                 (unsigned long long)st.spec_conf_skipped);
+    if (st.spec_off_batch)
+        fprintf(stderr, "; %llu decodes without drafts (disable_by_batch_size %d)", (unsigned long long)st.spec_off_batch,
+                sc->disable_by_batch_size);
     if (st.spec_verify_backend)
         fprintf(stderr, "; %llu verify steps on the device", (unsigned long long)st.spec_verify_backend);
     fprintf(stderr, "\n");

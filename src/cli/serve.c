@@ -86,7 +86,9 @@ static const char *usage =
     "  M3_FAULT_ALLOC=MODULE:FIRST[:COUNT[:PERIOD]] (environment, tests only): allocation failures, see\n"
     "                   src/base/fault.h\n"
     "  --speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":7,\"draft_sample_method\":\"probabilistic\"}'\n"
-    "                 DSpark speculative decoding with the draft in DIR/dspark (or --draft DIR; default: none)\n";
+    "                 DSpark speculative decoding with the draft in DIR/dspark (or --draft DIR; default: none);\n"
+    "                 optional keys: \"disable_by_batch_size\": N (no drafts in a step of more than N running\n"
+    "                 requests), \"dspark_confidence_threshold\": T, \"draft_sample_method\": \"greedy\"\n";
 
 /* The vision tower when the checkpoint has one: the engine runs it (on the CPU ops; beside a
  * device backend on a CPU op table of its own) and the server preprocesses images for it. */

@@ -252,6 +252,8 @@ typedef struct m3_engine_stats {
     uint64_t spec_drafted_per_pos[M3_SPEC_MAX_TOKENS];  /* verify steps that verified a draft at position i */
     uint64_t spec_accepted_per_pos[M3_SPEC_MAX_TOKENS]; /* ... and accepted it */
     uint64_t spec_conf_skipped;       /* drafts left unverified by dspark_confidence_threshold */
+    uint64_t spec_off_batch;          /* decodes that would have speculated, run without drafts because the
+                                       * step had more running requests than disable_by_batch_size */
     uint64_t spec_verify_backend;     /* speculative decodes of sampled requests verified where the rows are
                                        * (ops verify_rows: only ids came back) */
     /* requests ended with M3_FINISH_ERROR because a logits row they were to sample from held

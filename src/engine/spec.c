@@ -69,9 +69,19 @@ int m3_spec_config_parse(m3_spec_config *c, const char *json, const char *model_
                 goto done;
             }
             c->confidence_threshold = json_number_value(v);
+        } else if (!strcmp(key, "disable_by_batch_size")) { /* vLLM's key: null leaves speculation always on */
+            if (json_is_null(v)) {
+                c->disable_by_batch_size = 0;
+            } else if (!json_is_integer(v) || json_integer_value(v) < 2 || json_integer_value(v) > 1000000) {
+                m3_errf(err, "--speculative-config: disable_by_batch_size must be an integer >= 2 (or null)");
+                goto done;
+            } else {
+                c->disable_by_batch_size = (int)json_integer_value(v);
+            }
         } else {
             m3_errf(err, "--speculative-config: unknown key '%s' (method, num_speculative_tokens, draft_sample_method, "
-                         "model, dspark_last_layer_final_norm, dspark_draft_backend, dspark_confidence_threshold)", key);
+                         "model, dspark_last_layer_final_norm, dspark_draft_backend, dspark_confidence_threshold, "
+                         "disable_by_batch_size)", key);
             goto done;
         }
     }

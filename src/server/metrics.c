@@ -150,6 +150,9 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
         counter(&b, "m3_spec_decode_num_draft_tokens_skipped_total",
                 "Draft tokens left unverified: the draft's confidence head was below dspark_confidence_threshold.",
                 st->spec_conf_skipped);
+        counter(&b, "m3_spec_decode_num_decodes_without_drafts_total",
+                "Decodes run without drafts because the step had more running requests than disable_by_batch_size.",
+                st->spec_off_batch);
         counter(&b, "m3_spec_decode_num_drafts_verified_on_device_total",
                 "Speculative steps of sampled requests verified where the logits are (only token ids came back).",
                 st->spec_verify_backend);

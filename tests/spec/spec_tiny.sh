@@ -46,6 +46,13 @@ done
 all=$(verified)
 [ $((v + s)) -eq "$all" ] || { echo "FAIL threshold 1: $v + $s drafts, $all without a threshold"; exit 1; }
 echo "ok   dspark_confidence_threshold: same greedy tokens, fewer drafts verified as it rises ($all without it)"
+# vLLM's disable_by_batch_size: one request never exceeds it (null: speculation always on)
+for v in 2 null; do
+  spec=$("$M3" generate -m "$W/q" --ids $ids -n 40 --ignore-eos \
+    --speculative-config "{\"method\":\"dspark\",\"num_speculative_tokens\":5,\"disable_by_batch_size\":$v}" 2>"$W/gen.err")
+  [ "$plain" = "$spec" ] && [ "$(verified)" = "$all" ] || { echo "FAIL disable_by_batch_size $v"; cat "$W/gen.err"; exit 1; }
+done
+echo "ok   disable_by_batch_size 2 / null: a lone request speculates as without it"
 # tensor parallel (two thread ranks, through the engine): the same tokens with the draft beside the ranks
 tp2=$("$M3" generate -m "$W/q" --ids $ids -n 40 --ignore-eos -tp 2 2>"$W/gen.err") || { echo "FAIL generate -tp 2"; cat "$W/gen.err"; exit 1; }
 for k in 2 6; do
@@ -63,6 +70,8 @@ bad --speculative-config '{"method":"dspark","num_speculative_tokens":0}'
 bad --speculative-config '{"method":"dspark","foo":1}'
 bad --speculative-config '{"method":"dspark","dspark_confidence_threshold":1.5}'
 bad --speculative-config '{"method":"dspark","dspark_confidence_threshold":"high"}'
+bad --speculative-config '{"method":"dspark","disable_by_batch_size":1}'
+bad --speculative-config '{"method":"dspark","disable_by_batch_size":"8"}'
 bad --speculative-config '{"method":"dspark"}' --draft "$W/nowhere"
 echo "ok   bad speculative configs and a missing draft fail with a message ($(grep "m3 generate: " "$W/bad.err" | head -c 160))"
 "$TEST" "$W/q" "$SECTIONS"

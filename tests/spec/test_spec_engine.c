@@ -5,6 +5,9 @@
  *      every k from 1 to 8: with the real (random) draft, and with a test hook that proposes
  *      the true continuation with some tokens corrupted (so every acceptance length, full
  *      acceptance + bonus included, occurs);
+ *   1b. disable_by_batch_size: steps with more running requests decode without drafts, outputs
+ *      bitwise those of plain decoding; the drafts after speculation resumes are those of an
+ *      engine that drafted all along (the draft's context took the rows of the plain steps);
  *   2. the same under a tight KV pool (preemptions) with prefix caching, and with NVFP4 caches;
  *   3. rejected tokens never reach the prefix cache: a request that reuses the blocks of an
  *      earlier speculative request (prompt = its prompt + output) gives bitwise the output of
@@ -319,6 +322,84 @@ static void test_greedy(m3_model *m) {
                (unsigned long long)st.prefix_hit_tokens, (unsigned long long)st.spec_draft_tokens,
                (unsigned long long)(st.spec_draft_tokens - st.spec_accepted_tokens), eq ? "yes" : "NO");
     }
+}
+
+/* ---------------------------------------------------------------- 1b: disable_by_batch_size */
+
+/* the drafts the engine proposed, by (request, tokens so far); the hook changes none */
+enum { DREC_K = 4, DREC_POS = MAXPROMPT + MAXTOK };
+typedef struct {
+    const result *res;
+    int n;
+    int32_t d[8][DREC_POS][DREC_K];
+    uint8_t have[8][DREC_POS];
+    int calls;
+} draft_rec;
+
+static void rec_hook(void *arg, uint64_t id, const int32_t *tok, int n_tok, int32_t *draft, int k) {
+    draft_rec *o = arg;
+    (void)tok;
+    for (int i = 0; i < o->n; i++)
+        if (o->res[i].id == id && n_tok < DREC_POS && k == DREC_K) {
+            memcpy(o->d[i][n_tok], draft, sizeof(int32_t) * DREC_K);
+            o->have[i][n_tok] = 1;
+            o->calls++;
+        }
+}
+
+/* vLLM's disable_by_batch_size: while more requests run than it, steps decode without drafts;
+ * outputs stay bitwise those of plain decoding, and once the batch shrinks the drafts are
+ * exactly those of an engine that drafted all along (the draft's context took every row) */
+static void test_disable_by_batch(m3_model *m) {
+    enum { N = 8 };
+    static rspec specs[N];
+    static result base[N], got[N], all[N];
+    greedy_specs(specs, N, m->cfg.vocab, 0x5eed1b5);
+    for (int i = 0; i < N; i++) specs[i].sp.repetition_penalty = specs[i].sp.frequency_penalty = 0; /* greedy alone */
+    m3_engine_opts o;
+    m3_engine_opts_default(&o);
+    o.kv_pages = 200;
+    o.max_num_seqs = 6;
+    o.max_num_batched_tokens = 64;
+    run_info rb, ra, ri;
+    if (run(m, &o, specs, N, base, &rb)) return;
+    static draft_rec ref, off;
+    m3_engine_opts os = o;
+    spec_opts(&os, DREC_K, M3_SPEC_DRAFT_PROBABILISTIC);
+    memset(&ref, 0, sizeof ref);
+    ref.res = all;
+    ref.n = N;
+    os.draft_hook = rec_hook;
+    os.draft_hook_arg = &ref;
+    if (run(m, &os, specs, N, all, &ra)) return;
+    os.spec.disable_by_batch_size = 3;
+    memset(&off, 0, sizeof off);
+    off.res = got;
+    off.n = N;
+    os.draft_hook_arg = &off;
+    if (run(m, &os, specs, N, got, &ri)) return;
+    int eq = compare("disable_by_batch_size 3", got, base, N);
+    int cmp = 0, diff = 0;
+    for (int i = 0; i < N; i++)
+        for (int t = 0; t < DREC_POS; t++)
+            if (off.have[i][t]) {
+                if (!ref.have[i][t]) continue; /* (the reference stepped past t in one verify) */
+                cmp++;
+                diff += memcmp(off.d[i][t], ref.d[i][t], sizeof(int32_t) * DREC_K) != 0;
+            }
+    CHECK(ri.st.spec_off_batch > 0, "no decode ran without drafts (%llu)", (unsigned long long)ri.st.spec_off_batch);
+    CHECK(ri.st.spec_verify_steps > 0 && ri.st.spec_verify_steps < ra.st.spec_verify_steps,
+          "verify steps %llu with the limit, %llu without", (unsigned long long)ri.st.spec_verify_steps,
+          (unsigned long long)ra.st.spec_verify_steps);
+    CHECK(cmp > 0 && diff == 0, "drafts after speculation resumed: %d of %d differ from those of an engine drafting all along",
+          diff, cmp);
+    CHECK(ra.st.spec_off_batch == 0, "without the limit %llu decodes ran without drafts", (unsigned long long)ra.st.spec_off_batch);
+    CHECK(ri.st.kv_blocks_used == 0, "blocks used at the end: %d", ri.st.kv_blocks_used);
+    printf("1b. disable_by_batch_size 3 (k %d, up to 6 running): %d / %d equal to no speculation; %llu decodes without drafts, "
+           "%llu verify steps (%llu drafting all along); %d drafts after speculation resumed, %d differ from those of an "
+           "engine drafting all along\n",
+           DREC_K, eq, N, (unsigned long long)ri.st.spec_off_batch, (unsigned long long)ri.st.spec_verify_steps,
+           (unsigned long long)ra.st.spec_verify_steps, cmp, diff);
 }
 
 /* ---------------------------------------------------------------- 4: cache state */
@@ -1137,7 +1218,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < d.cfg.n_target; i++) printf(" %d", d.cfg.target_layers[i]);
     printf(", window %d\n", d.cfg.window);
     double t0 = m3_now();
-    if (strstr(sec, "greedy")) test_greedy(&m);
+    if (strstr(sec, "greedy")) { test_greedy(&m); test_disable_by_batch(&m); }
     double t1 = m3_now();
     if (strstr(sec, "cache")) { test_ring_growth(&d); test_cache_state(&m, &d); test_draft_reference(&m, &d); }
     double t2 = m3_now();

@@ -152,6 +152,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
             e->draft.cfg.last_layer_final_norm = o->spec.last_layer_final_norm;
             e->conf_thr = (float)o->spec.confidence_threshold;
             e->spec_off_bs = o->spec.disable_by_batch_size;
+            e->spec_max_len = o->spec.max_model_len;
             if (e->conf_thr > 0 && !e->draft.cfg.confidence_head) {
                 m3_errf(err, "engine: dspark_confidence_threshold %g, but the draft in %s has no confidence head "
                              "(enable_confidence_head is not true in its config.json)",

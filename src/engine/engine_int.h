@@ -121,6 +121,7 @@ struct m3_engine {
     /* speculative decoding */
     int spec, k, draft_method; /* spec: the draft is loaded */
     float conf_thr;            /* verify drafts while the confidence head gives them this (0: all) */
+    int spec_max_len;          /* the draft's max_model_len: no drafts for a request whose tokens + k pass it (0: none) */
     int spec_off_bs;           /* disable_by_batch_size: no drafts in a step of more running requests (0: never) */
     m3_dspark draft;
     float *feat;               /* [max_tokens_step][feat_dim] captured target rows of the step: host

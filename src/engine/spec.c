@@ -69,6 +69,21 @@ int m3_spec_config_parse(m3_spec_config *c, const char *json, const char *model_
                 goto done;
             }
             c->confidence_threshold = json_number_value(v);
+        } else if (!strcmp(key, "draft_tensor_parallel_size")) { /* vLLM's key: the DSpark draft is never sharded */
+            if (!json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 1)) {
+                m3_errf(err, "--speculative-config: draft_tensor_parallel_size must be 1 (the DSpark draft runs whole on "
+                             "one device: the target's GPU, or the CPU beside a -tp group)");
+                goto done;
+            }
+        } else if (!strcmp(key, "max_model_len")) { /* vLLM's key: no drafts past this length */
+            if (json_is_null(v)) {
+                c->max_model_len = 0;
+            } else if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 0x7fffffff) {
+                m3_errf(err, "--speculative-config: max_model_len must be a positive integer (or null)");
+                goto done;
+            } else {
+                c->max_model_len = (int)json_integer_value(v);
+            }
         } else if (!strcmp(key, "disable_by_batch_size")) { /* vLLM's key: null leaves speculation always on */
             if (json_is_null(v)) {
                 c->disable_by_batch_size = 0;
@@ -81,7 +96,7 @@ int m3_spec_config_parse(m3_spec_config *c, const char *json, const char *model_
         } else {
             m3_errf(err, "--speculative-config: unknown key '%s' (method, num_speculative_tokens, draft_sample_method, "
                          "model, dspark_last_layer_final_norm, dspark_draft_backend, dspark_confidence_threshold, "
-                         "disable_by_batch_size)", key);
+                         "disable_by_batch_size, max_model_len, draft_tensor_parallel_size)", key);
             goto done;
         }
     }

@@ -81,14 +81,17 @@ typedef struct m3_spec_config {
     int disable_by_batch_size;  /* vLLM's "disable_by_batch_size": a step with more running requests than
                                  * this decodes without drafts (the draft's context still takes every
                                  * committed row, so speculation resumes when the batch shrinks); 0: never */
+    int max_model_len;          /* vLLM's "max_model_len" of the draft: a request whose tokens and k drafts
+                                 * would pass it decodes without drafts; 0: no limit */
     char draft_dir[4096];       /* where the draft checkpoint is */
 } m3_spec_config;
 
 /* Parses --speculative-config JSON: {"method": "dspark", "num_speculative_tokens": 7,
  * "draft_sample_method": "probabilistic" | "greedy", "model": DIR (optional),
  * "dspark_last_layer_final_norm": false (optional), "dspark_draft_backend": "target" | "cpu"
- * (optional), "dspark_confidence_threshold": 0.5 (optional), "disable_by_batch_size": 16 (optional,
- * >= 2 or null)}. The draft directory is draft_dir when
+ * (optional), "dspark_confidence_threshold": 0.5 (optional), and vLLM's "disable_by_batch_size": 16
+ * (optional, >= 2 or null), "max_model_len": N (optional, or null), "draft_tensor_parallel_size": 1
+ * (optional: the only value)}. The draft directory is draft_dir when
  * non-NULL (--draft), else "model", else <model_dir>/dspark. Unknown keys are errors. */
 int m3_spec_config_parse(m3_spec_config *c, const char *json, const char *model_dir, const char *draft_dir,
                          m3_err *err);

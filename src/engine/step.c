@@ -142,6 +142,7 @@ static void schedule(m3_engine *e) {
             int n = rem < budget ? rem : budget, k = 0;
             if (pass == 0 && drafts && !r->gr) { /* a speculative decode: the anchor + k drafts (never constrained ones) */
                 k = e->k;
+                if (e->spec_max_len && r->n_tok + k > e->spec_max_len) k = 0; /* past the draft's max_model_len */
                 if (k > r->limit - r->n_tok - 1) k = r->limit - r->n_tok - 1; /* room to emit k + 1 */
                 if (k > budget - 1) k = budget - 1;
                 if (k < 0) k = 0;

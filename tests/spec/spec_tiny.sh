@@ -53,6 +53,15 @@ for v in 2 null; do
   [ "$plain" = "$spec" ] && [ "$(verified)" = "$all" ] || { echo "FAIL disable_by_batch_size $v"; cat "$W/gen.err"; exit 1; }
 done
 echo "ok   disable_by_batch_size 2 / null: a lone request speculates as without it"
+# vLLM's max_model_len of the draft: no drafts once the request's tokens + k would pass it
+steps() { sed -n 's/.*), \([0-9]*\) verify steps,.*/\1/p' "$W/gen.err"; }
+all_steps=$(steps)
+spec=$("$M3" generate -m "$W/q" --ids $ids -n 40 --ignore-eos \
+  --speculative-config '{"method":"dspark","num_speculative_tokens":5,"max_model_len":30,"draft_tensor_parallel_size":1}' 2>"$W/gen.err")
+s30=$(steps)
+[ "$plain" = "$spec" ] && [ -n "$s30" ] && [ "$s30" -gt 0 ] && [ "$s30" -lt "$all_steps" ] \
+  || { echo "FAIL max_model_len 30: $s30 verify steps ($all_steps without it)"; cat "$W/gen.err"; exit 1; }
+echo "ok   max_model_len 30: same greedy tokens, $s30 verify steps ($all_steps without it)"
 # tensor parallel (two thread ranks, through the engine): the same tokens with the draft beside the ranks
 tp2=$("$M3" generate -m "$W/q" --ids $ids -n 40 --ignore-eos -tp 2 2>"$W/gen.err") || { echo "FAIL generate -tp 2"; cat "$W/gen.err"; exit 1; }
 for k in 2 6; do
@@ -72,6 +81,8 @@ bad --speculative-config '{"method":"dspark","dspark_confidence_threshold":1.5}'
 bad --speculative-config '{"method":"dspark","dspark_confidence_threshold":"high"}'
 bad --speculative-config '{"method":"dspark","disable_by_batch_size":1}'
 bad --speculative-config '{"method":"dspark","disable_by_batch_size":"8"}'
+bad --speculative-config '{"method":"dspark","max_model_len":0}'
+bad --speculative-config '{"method":"dspark","draft_tensor_parallel_size":2}'
 bad --speculative-config '{"method":"dspark"}' --draft "$W/nowhere"
 echo "ok   bad speculative configs and a missing draft fail with a message ($(grep "m3 generate: " "$W/bad.err" | head -c 160))"
 "$TEST" "$W/q" "$SECTIONS"

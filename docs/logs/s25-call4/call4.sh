@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# session 25 call 4: speculation switching off and on again under served load on the GPU (64
+# streams, 2 rounds each, "disable_by_batch_size": 40: off while more than 40 run, on in the
+# ramps), every request complete; and m3 generate with the vLLM keys on the GPU (greedy tokens
+# equal to plain decoding's, the draft's max_model_len)
+set -u
+cd "$(dirname "$0")/../../.."
+mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz && xz -dc .gpu_pack/tokenizer.json.xz > /tmp/tok.json
+B=.gpu_bin; L=/tmp/logs; rm -rf $L; mkdir -p $L
+save() { tar -C /tmp -cJf $OUT/logs.tar.xz logs; }
+trap save EXIT
+rm -rf /tmp/dsp /tmp/load-*
+$B/m3 make-tiny --out /tmp/dsp --seed 7 --quant mxfp8-nvfp4 --with-dspark >/dev/null 2>&1
+dids=$(seq -s, 3 40)
+plain=$($B/m3 generate -m /tmp/dsp --ids $dids -n 40 --ignore-eos --backend cuda 2>/dev/null)
+for cfg in '"disable_by_batch_size":2' '"max_model_len":60,"draft_tensor_parallel_size":1'; do
+  spec=$($B/m3 generate -m /tmp/dsp --ids $dids -n 40 --ignore-eos --backend cuda \
+    --speculative-config "{\"method\":\"dspark\",\"num_speculative_tokens\":5,$cfg}" 2>$L/gen.err)
+  [ "$plain" = "$spec" ] && echo "ok {$cfg}: greedy tokens equal, $(grep -o '[0-9]* verify steps' $L/gen.err)" || echo "FAILED {$cfg}"
+done
+echo "[$SECONDS] served, 64 x 2 rounds, disable_by_batch_size 40"
+M3_LOAD_LEVELS=64 M3_LOAD_ROUNDS=2 M3_LOAD_SPEC='{"method":"dspark","num_speculative_tokens":7,"disable_by_batch_size":40}' \
+  timeout 240 scripts/gpu-serve-load.sh $B /tmp/load-toggle /tmp/tok.json > $L/load-toggle.log 2>&1; echo "rc $?"
+grep -E "^\| 64 |spec_decode_num_(drafts|decodes_without_drafts|draft_tokens)_total|mean_accepted|serve load|FAILED|failed" $L/load-toggle.log | cut -c1-200
+echo "[$SECONDS] done"

@@ -6,7 +6,8 @@ token, so speculation changes no token), then /metrics: the speculative counters
 per position, accepted <= verified, emitted = accepted + one per step when no stop cut a step),
 MAL and the acceptance per position as gauges. The random draft of make-tiny accepts almost
 nothing (its MAL is ~1): what acceptance does to the output is tests/spec's work (the lossless
-rule by chi-square, drafts that agree with the target); here it is the server around it.
+rule by chi-square, drafts that agree with the target); here it is the server around it. Last,
+vLLM's "disable_by_batch_size": past it the streams decode without drafts, alone one speculates.
 
   python3 tests/server/server_spec.py M3_BINARY WORK_DIR"""
 import asyncio
@@ -46,6 +47,18 @@ async def texts(port, prompts, max_tokens):
     return await asyncio.gather(*[one(p) for p in prompts])
 
 
+async def finished(port, n):
+    """/metrics once n requests have finished there: the engine publishes its counters at the end of
+    a step, after the step's tokens reached their streams (waits for that state)"""
+    got = {}
+
+    async def ready():
+        got["m"] = await lt.metrics("127.0.0.1", port)
+        return got["m"].get('m3_requests_finished_total{finish_reason="length"}', 0) >= n
+    await srvlib.wait_for(f"{n} finished requests in /metrics", ready)
+    return got["m"]
+
+
 # tokens a completion: 24, or 10 in the sanitizer builds (M3_SANITIZED; 6 minutes of a 2-core CI run at 24;
 # still several verify steps of k 3 per request)
 NTOK = 10 if os.environ.get("M3_SANITIZED") else 24
@@ -71,7 +84,7 @@ async def main(m3, work):
             check(not bad, f"{n} concurrent streams with DSpark k {K}: every one complete ({bad[:3]})")
             diff = [i for i, (t, _) in enumerate(got) if t is not None and t != want[prompts[i]]]
             check(not diff, f"... each equal to the answer without speculation (differ: {diff[:5]})")
-        m = await lt.metrics("127.0.0.1", srv.port)
+        m = await finished(srv.port, 1 + 16 + 64)
         steps = m.get("m3_spec_decode_num_drafts_total", 0)
         drafted = m.get("m3_spec_decode_num_draft_tokens_total", -1)
         acc = m.get("m3_spec_decode_num_accepted_tokens_total", -1)
@@ -91,6 +104,27 @@ async def main(m3, work):
               f"... acceptance per position {rate} = accepted / verified there")
         check(m.get('m3_requests_finished_total{finish_reason="length"}', 0) == 1 + 16 + 64,
               "... and every request finished by its length")
+        check(m.get("m3_spec_decode_num_decodes_without_drafts_total", -1) == 0,
+              "... no decode ran without drafts (no disable_by_batch_size)")
+    finally:
+        srv.stop()
+    # vLLM's disable_by_batch_size: 16 streams over a limit of 8 decode without drafts (the same
+    # answers), one stream alone speculates
+    spec8 = SPEC[:-1] + ', "disable_by_batch_size": 8}'
+    srv = srvlib.Server(m3, ck, ["--max-num-seqs", "64", "--speculative-config", spec8])
+    try:
+        got = await texts(srv.port, prompts[:16], NTOK)
+        ok = all(t is not None and t == want[prompts[i]] for i, (t, _) in enumerate(got))
+        m = await finished(srv.port, 16)
+        off, steps16 = m.get("m3_spec_decode_num_decodes_without_drafts_total", -1), m.get("m3_spec_decode_num_drafts_total", -1)
+        check(ok and off > 0, f"disable_by_batch_size 8, 16 streams: every answer complete and equal to plain decoding's, "
+                              f"{off:.0f} decodes without drafts, {steps16:.0f} speculative steps")
+        got = await texts(srv.port, prompts[:1], NTOK)
+        m = await finished(srv.port, 17)
+        steps1 = m.get("m3_spec_decode_num_drafts_total", -1) - steps16
+        check(got[0][0] == want[prompts[0]] and steps1 > 0 and m.get("m3_spec_decode_num_decodes_without_drafts_total", -1) == off,
+              f"... one stream alone speculates ({steps1:.0f} speculative steps, decodes without drafts "
+              f"{m.get('m3_spec_decode_num_decodes_without_drafts_total', -1):.0f} (before: {off:.0f}), answer {got[0][1]})")
     finally:
         srv.stop()
 

@@ -19,7 +19,8 @@
 #   9. DSpark with the draft on the GPU (the target's device): greedy tokens equal without it on
 #      the reference checkpoints (a random draft of their shapes) for k = 1, 3, 7, sampled runs,
 #      compute-sanitizer on the draft path (racecheck / synccheck on the draw and verify kernels), m3 bench
-#      --dspark-config at 30 layers, the server speculating at 1-64 streams, greedy and sampled.
+#      --dspark-config at 30 layers, the server speculating at 1-64 streams, greedy and sampled, and
+#      with vLLM's disable_by_batch_size (speculation off and on again under load), its keys in m3 generate.
 # M3_GPU_SECTIONS="1 3 4" runs some sections only; M3_BENCH_BATCH / M3_BENCH_CONTEXT narrow section 4.
 # usage: scripts/gpu.sh [BIN_DIR [OUT_DIR]]   BIN_DIR holds m3, oracle_check, logits_diff and
 # bench_cuda_linear (built here when omitted). Exit status: number of failed checks.
@@ -280,6 +281,15 @@ for run_i in 1 2; do
 done
 if [ -s "$OUT/dsp9s.1" ] && cmp -s "$OUT/dsp9s.1" "$OUT/dsp9s.2"; then echo "ok dspark sampled, draft on the GPU, repeatable: $(grep -o 'MAL [0-9.]*' "$OUT/dsp9.err")"
 else echo "FAILED: dspark sampled runs differ"; fails=$((fails+1)); fi
+# vLLM's keys: disable_by_batch_size (one request: always on), the draft's max_model_len (no drafts past
+# it), draft_tensor_parallel_size 1: the greedy tokens of plain decoding
+dsp_plain "$OUT/dsp"
+for cfg in '"disable_by_batch_size":2' '"max_model_len":60,"draft_tensor_parallel_size":1'; do
+  spec=$("$BIN/m3" generate -m "$OUT/dsp" --ids $dids -n 40 --ignore-eos --backend cuda \
+    --speculative-config "{\"method\":\"dspark\",\"num_speculative_tokens\":5,$cfg}" 2>"$OUT/dsp9.err")
+  if [ -n "$plain" ] && [ "$plain" = "$spec" ]; then echo "ok dspark {$cfg}: greedy tokens equal, $(grep -o '[0-9]* verify steps' "$OUT/dsp9.err")"
+  else echo "FAILED: dspark {$cfg}: '$spec' vs '$plain'"; fails=$((fails+1)); fi
+done
 CSB=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$CSB" ]; then
   [ -x "$BIN/dspark_check" ] && run $CSB --tool memcheck --error-exitcode 99 --print-limit 20 "$BIN/dspark_check" "$OUT/dsp"
@@ -306,6 +316,10 @@ M3_LOAD_LEVELS=1,16,64 M3_LOAD_SPEC='{"method":"dspark","num_speculative_tokens"
 # ... with sampled requests (the drafts' probabilistic draws and their verification on the GPU: only ids come back)
 M3_LOAD_TEMP=0.8 M3_LOAD_TOP_P=0.95 M3_LOAD_LEVELS=1,16,64 M3_LOAD_SPEC='{"method":"dspark","num_speculative_tokens":7}' \
   run scripts/gpu-serve-load.sh "$BIN" "$OUT/load-spec-sampled" ${M3_TOKENIZER:-}
+# ... with vLLM's disable_by_batch_size 40 at 64 streams x 2 rounds: speculation off while more than 40
+# run, on again in the ramps (both counters move), every request complete
+M3_LOAD_LEVELS=64 M3_LOAD_ROUNDS=2 M3_LOAD_SPEC='{"method":"dspark","num_speculative_tokens":7,"disable_by_batch_size":40}' \
+  run scripts/gpu-serve-load.sh "$BIN" "$OUT/load-spec-toggle" ${M3_TOKENIZER:-}
 fi
 echo "## [$(date +%T)] checks failed: $fails"
 exit $fails

@@ -10,6 +10,18 @@
 
 /* ---------------- config ---------------- */
 
+/* an optional integer key (vLLM's: null means unset, 0 here): at least min, at most INT_MAX */
+static int opt_int(const json_t *v, const char *key, int min, int *out, m3_err *err) {
+    if (json_is_null(v)) {
+        *out = 0;
+        return 0;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > 0x7fffffff)
+        return m3_errf(err, "--speculative-config: %s must be an integer >= %d (or null)", key, min);
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
 int m3_spec_config_parse(m3_spec_config *c, const char *json, const char *model_dir, const char *draft_dir,
                          m3_err *err) {
     memset(c, 0, sizeof *c);
@@ -76,23 +88,9 @@ int m3_spec_config_parse(m3_spec_config *c, const char *json, const char *model_
                 goto done;
             }
         } else if (!strcmp(key, "max_model_len")) { /* vLLM's key: no drafts past this length */
-            if (json_is_null(v)) {
-                c->max_model_len = 0;
-            } else if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 0x7fffffff) {
-                m3_errf(err, "--speculative-config: max_model_len must be a positive integer (or null)");
-                goto done;
-            } else {
-                c->max_model_len = (int)json_integer_value(v);
-            }
+            if (opt_int(v, key, 1, &c->max_model_len, err)) goto done;
         } else if (!strcmp(key, "disable_by_batch_size")) { /* vLLM's key: null leaves speculation always on */
-            if (json_is_null(v)) {
-                c->disable_by_batch_size = 0;
-            } else if (!json_is_integer(v) || json_integer_value(v) < 2 || json_integer_value(v) > 1000000) {
-                m3_errf(err, "--speculative-config: disable_by_batch_size must be an integer >= 2 (or null)");
-                goto done;
-            } else {
-                c->disable_by_batch_size = (int)json_integer_value(v);
-            }
+            if (opt_int(v, key, 2, &c->disable_by_batch_size, err)) goto done;
         } else {
             m3_errf(err, "--speculative-config: unknown key '%s' (method, num_speculative_tokens, draft_sample_method, "
                          "model, dspark_last_layer_final_norm, dspark_draft_backend, dspark_confidence_threshold, "

@@ -433,7 +433,20 @@ static void test_config(void) {
               !m3_spec_config_parse(&c, "{\"method\":\"dspark\",\"dspark_draft_backend\":\"target\"}", "/m", NULL, &err) &&
               !c.draft_on_cpu,
           "dspark_draft_backend: %s", err.msg);
-    const char *bad[] = {"{\"method\":\"eagle\"}", "{\"num_speculative_tokens\":3}", "{\"method\":\"dspark\",\"num_speculative_tokens\":0}",
+    /* vLLM's keys: disable_by_batch_size (>= 2), max_model_len (>= 1), null for unset; draft_tensor_parallel_size 1 */
+    CHECK(!m3_spec_config_parse(&c, "{\"method\":\"dspark\"}", "/m", NULL, &err) && c.disable_by_batch_size == 0 &&
+              c.max_model_len == 0 &&
+              !m3_spec_config_parse(&c, "{\"method\":\"dspark\",\"disable_by_batch_size\":16,\"max_model_len\":4096,"
+                                        "\"draft_tensor_parallel_size\":1}", "/m", NULL, &err) &&
+              c.disable_by_batch_size == 16 && c.max_model_len == 4096 &&
+              !m3_spec_config_parse(&c, "{\"method\":\"dspark\",\"disable_by_batch_size\":null,\"max_model_len\":null,"
+                                        "\"draft_tensor_parallel_size\":null}", "/m", NULL, &err) &&
+              c.disable_by_batch_size == 0 && c.max_model_len == 0,
+          "vLLM keys: %s", err.msg);
+    const char *bad[] = {"{\"method\":\"dspark\",\"disable_by_batch_size\":1}", "{\"method\":\"dspark\",\"disable_by_batch_size\":2.5}",
+                         "{\"method\":\"dspark\",\"max_model_len\":0}", "{\"method\":\"dspark\",\"max_model_len\":\"8k\"}",
+                         "{\"method\":\"dspark\",\"draft_tensor_parallel_size\":2}",
+                         "{\"method\":\"eagle\"}", "{\"num_speculative_tokens\":3}", "{\"method\":\"dspark\",\"num_speculative_tokens\":0}",
                          "{\"method\":\"dspark\",\"num_speculative_tokens\":99}", "{\"method\":\"dspark\",\"draft_sample_method\":\"x\"}",
                          "{\"method\":\"dspark\",\"bogus\":1}", "[1]", "{", "{\"method\":\"dspark\",\"dspark_draft_backend\":\"gpu\"}",
                          "{\"method\":\"dspark\",\"dspark_draft_backend\":1}"};
@@ -441,7 +454,9 @@ static void test_config(void) {
         CHECK(m3_spec_config_parse(&c, bad[i], "/m", NULL, &err) == -1 && err.msg[0], "bad config %zu accepted", i);
     m3_spec_config_parse(&c, "{\"method\":\"dspark\",\"bogus\":1}", "/m", NULL, &err);
     CHECK(strstr(err.msg, "bogus") != NULL, "unknown key named: %s", err.msg);
-    printf("5. --speculative-config parsing: defaults, draft directory, draft backend, errors naming the field\n");
+    m3_spec_config_parse(&c, "{\"method\":\"dspark\",\"disable_by_batch_size\":1}", "/m", NULL, &err);
+    CHECK(strstr(err.msg, "disable_by_batch_size") != NULL, "bad value named: %s", err.msg);
+    printf("5. --speculative-config parsing: defaults, draft directory, draft backend, vLLM's keys, errors naming the field\n");
 }
 
 int main(void) {

@@ -13,5 +13,5 @@ rm -rf /tmp/load-* /tmp/w
 echo "[$SECONDS] section 9"
 M3_TOKENIZER=/tmp/tok.json M3_GPU_SECTIONS="9" timeout 590 scripts/gpu.sh $B /tmp/w > $L/s9.log 2>&1
 echo "section 9 rc $?"
-grep -E "^ok|decodes_without|FAILED|checks failed|SUMMARY|verify_rows|5\. sampled|whole step|dspark verification|^\| (1|16|64) |drafts_verified|serve load" $L/s9.log | cut -c1-240 | head -60
+grep -E "^ok|decodes_without|FAILED|checks failed|SUMMARY|verify_rows|5\. sampled|whole step|dspark verification|^\| (1|16|64) |drafts_verified|serve load" $L/s9.log | cut -c1-240 | head -90
 echo "[$SECONDS] done"

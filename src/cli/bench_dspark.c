@@ -15,6 +15,7 @@
 #include "../engine/spec.h"
 #include "../io/files.h"
 #include "../model/dspark.h"
+#include "../weights/weights.h"
 #include "cli.h"
 
 
@@ -76,8 +77,26 @@ static int append_all(m3_dspark *d, m3_dspark_ctx *cx, long nb, const float *fea
     return m3_dspark_ctx_append_n(d, a, (int)nb, err);
 }
 
+/* The bytes a draft pass must read (its HBM floor at the copy bandwidth): the append's fc and each
+ * layer's K and V projections; the block's layers, the target's lm_head and each request's ring
+ * (min(ctx, window) positions of K and V a layer); markov_w2 once per slot. Norms, embedding rows
+ * and the activations are left out (a few MB). */
+static double draft_bytes(const m3_dspark *d, const m3_model *m, long nb, long ctx, int k) {
+    const m3_config *b = &d->cfg.base;
+    double by = (double)m3_linear_bytes(&d->fc) + (double)m3_linear_bytes(&m->dw->lm_head) +
+                (double)k * m3_linear_bytes(&d->markov_w2);
+    for (int l = 0; l < b->n_layers; l++) {
+        const m3_dspark_layer *L = &d->layers[l];
+        by += 2.0 * ((double)m3_linear_bytes(&L->k) + m3_linear_bytes(&L->v)) + (double)m3_linear_bytes(&L->q) +
+              m3_linear_bytes(&L->o) + m3_linear_bytes(&L->mlp.gate) + m3_linear_bytes(&L->mlp.up) + m3_linear_bytes(&L->mlp.down);
+    }
+    const long keys = ctx < d->cfg.window ? ctx : d->cfg.window;
+    by += (double)nb * b->n_layers * 2.0 * keys * b->n_kv_heads * b->head_dim * sizeof(float);
+    return by;
+}
+
 int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int k, long steps, double decode_s,
-                    double verify_s, int profile, m3_err *err) {
+                    double verify_s, double decode_floor_s, double verify_floor_s, double bw, int profile, m3_err *err) {
     m3_ops *ops = m->ops;
     const int V = m->cfg.vocab, F = m3_dspark_feat_dim(d), q = k + 1;
     const long T = nb * q;
@@ -181,6 +200,13 @@ int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int
     printf("  dspark projection (random weights: acceptance not measured): at MAL 3.48 %.2fx, at MAL 4.77 %.2fx the "
            "decode speed (MAL x decode step / whole step)\n",
            3.48 * decode_s / wm, 4.77 * decode_s / wm);
+    /* the same step at its HBM floor: how far it is from it, and the ratio no kernel can go under (a
+     * faster decode step moves the step-count ratio up, toward this one) */
+    const double dfl = draft_bytes(d, m, nb, ctx, k) / bw, wfl = dfl + verify_floor_s;
+    printf("  dspark whole step floor %.3f ms (draft %.3f + verify %.3f at %.0f GB/s): the step runs at %.0f%% of it; at the "
+           "floors the step is %.2f decode steps (decode floor %.3f ms), the projection at MAL 4.77 %.2fx\n",
+           wfl * 1e3, dfl * 1e3, verify_floor_s * 1e3, bw / 1e9, 100 * wfl / wm, wfl / decode_floor_s, decode_floor_s * 1e3,
+           4.77 * decode_floor_s / wfl);
     { /* sampled requests' drafts (probabilistic, T 0.8, top-p 0.95: q comes to the host for the
        * verification): the draws on the device (draw_rows) against the host's slot-by-slot loop
        * (M3_DRAWS=host), beside greedy drafts; block + Markov rows + draws, no append */

@@ -429,7 +429,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
                 printf("%-7ld %-8ld  skipped: %s\n", nb, ctx, err.msg);
                 continue;
             }
-            double med = 0, med1 = 0, medv = 0;
+            double med = 0, med1 = 0, medv = 0, fl1 = 0, flv = 0;
             long experts = 0;
             int qs[2] = {1, (int)verify + 1}, nq = verify ? 2 : 1;
             for (int qi = 0; qi < nq && !rc; qi++) {
@@ -443,6 +443,8 @@ int m3_cmd_bench_random(int argc, char **argv) {
                 else medv = med;
                 double bytes = weight_bytes(m.dw, experts) + (double)nb * q * kv_bytes(c, c->n_layers, kdt, idt, ctx);
                 double floor_s = bytes / bw;
+                if (qi == 0) fl1 = floor_s;
+                else flv = floor_s;
                 m3_cuda_mem_info(&ops, &fr, &tot, &pk);
                 if (q == 1)
                     printf("%-7ld %-8ld %10.3f %10.3f %10.1f %6.0f%% %12.1f %9ld %10.1f\n", nb, ctx, med * 1e3, floor_s * 1e3,
@@ -457,7 +459,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
             }
             if (!rc && have_draft) {
                 m3_cuda_profile(&ops, 0);
-                if (m3_bench_dspark(&m, &kv, &draft, nb, ctx, (int)verify, steps, med1, medv, profile, &err)) {
+                if (m3_bench_dspark(&m, &kv, &draft, nb, ctx, (int)verify, steps, med1, medv, fl1, flv, bw, profile, &err)) {
                     fprintf(stderr, "m3 bench: dspark: %s\n", err.msg);
                     rc = 1;
                 }

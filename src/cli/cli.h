@@ -18,10 +18,11 @@ int m3_cmd_bench_random(int argc, char **argv);   /* src/cli/bench_gpu.c: m3 ben
 /* src/cli/bench_dspark.c: the DSpark draft beside m3 bench --random-weights' model (m->cfg has
  * the benchmarked layers, full_layers the config's): random draft weights on m's device, then
  * per batch the draft, verify and whole speculative step with the projected speedups; verify_s:
- * the verify pass of k + 1 distinct tokens a sequence m3 bench timed (the step's verify) */
+ * the verify pass of k + 1 distinct tokens a sequence m3 bench timed (the step's verify); the floors:
+ * the decode step's and that verify's bytes over bw (bytes/s), beside which the draft's own is printed */
 int m3_bench_dspark_load(const char *path, m3_model *m, int full_layers, uint64_t seed, m3_dspark *d, m3_err *err);
 int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int k, long steps, double decode_s,
-                    double verify_s, int profile, m3_err *err);
+                    double verify_s, double decode_floor_s, double verify_floor_s, double bw, int profile, m3_err *err);
 int m3_cmd_tokenize(int argc, char **argv);      /* src/cli/tokenize.c */
 int m3_cmd_detokenize(int argc, char **argv);    /* src/cli/tokenize.c */
 int m3_cmd_chat_template(int argc, char **argv); /* src/cli/chat_template.c */

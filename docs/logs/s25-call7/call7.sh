@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# session 25 call 7: m3 bench at 30 layers, batch 1 and 8, with the speculative step's HBM floor
+set -u
+cd "$(dirname "$0")/../../.."
+mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz
+B=.gpu_bin; L=/tmp/logs; rm -rf $L; mkdir -p $L
+save() { tar -C /tmp -cJf $OUT/logs.tar.xz logs; }
+trap save EXIT
+timeout 240 $B/m3 bench --random-weights --config tests/data/m3.1-flash-shapes.json --layers 30 --batch 1,8 --context 8192 --steps 10 \
+  --prefill 0 --verify 7 --dspark-config tests/data/m3.1-flash-dspark-shapes.json > $L/bench30.log 2>&1; echo "rc $?"
+grep -E "^1 |^8 |copy bandwidth|verify pass|whole step|projection" $L/bench30.log | cut -c1-260
+echo "[$SECONDS] done"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# session 25 call 8: where the batch-8 draft's time goes (4.9 ms against a 1.4 ms floor): m3 bench
+# session 25 call 8 (NOT RUN: no device time left; the next session can run it as is): where the batch-8 draft's time goes (4.9 ms against a 1.4 ms floor): m3 bench
 # --profile at 30 layers, batch 8 (per-op GPU time of 3 drafts; the decode and verify per op too)
 set -u
 cd "$(dirname "$0")/../../.."

@@ -363,6 +363,15 @@ int m3_cmd_serve(int argc, char **argv) {
     e = m3_engine_create(&m, &eo, &err);
     if (!e) { fprintf(stderr, "m3 serve: %s\n", err.msg); goto done; }
     so.eos_id = m.cfg.eos_id;
+    if (eo.spec.method != M3_SPEC_NONE) { /* what the speculation will do, as the operator asked for it */
+        char off[48] = "", len[48] = "", thr[48] = "";
+        if (eo.spec.disable_by_batch_size) snprintf(off, sizeof off, ", off above %d running", eo.spec.disable_by_batch_size);
+        if (eo.spec.max_model_len) snprintf(len, sizeof len, ", none past %d tokens", eo.spec.max_model_len);
+        if (eo.spec.confidence_threshold > 0) snprintf(thr, sizeof thr, ", confidence >= %g", eo.spec.confidence_threshold);
+        fprintf(stderr, "m3 serve: speculative decoding: DSpark draft %s on %s, %d drafts a step (%s)%s%s%s\n", eo.spec.draft_dir,
+                eo.draft_ops ? "the CPU" : ops.name, eo.spec.num_speculative_tokens,
+                eo.spec.draft_sample_method == M3_SPEC_DRAFT_GREEDY ? "greedy" : "probabilistic", thr, len, off);
+    }
     { /* bytes per token of the engine's caches, measured on a one-page pool (as m3 kv-info does) */
         m3_kv probe;
         m3_config pc = m.cfg; /* shallow: read by m3_kv_create only */

@@ -113,6 +113,9 @@ async def main(m3, work):
     spec8 = SPEC[:-1] + ', "disable_by_batch_size": 8}'
     srv = srvlib.Server(m3, ck, ["--max-num-seqs", "64", "--speculative-config", spec8])
     try:
+        line = next((x for x in srv.log.splitlines() if "speculative decoding:" in x), "")
+        check(f"{K} drafts a step (greedy)" in line and "off above 8 running" in line,
+              f"the start-up log states the speculation: {line!r}")
         got = await texts(srv.port, prompts[:16], NTOK)
         ok = all(t is not None and t == want[prompts[i]] for i, (t, _) in enumerate(got))
         m = await finished(srv.port, 16)

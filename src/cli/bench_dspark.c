@@ -5,7 +5,6 @@
  * tokens with the draft's capture on the device, the whole speculative step, and what the step
  * would give at the seed's mean accepted lengths: a projection, since random weights accept
  * nothing worth measuring. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -264,11 +263,7 @@ int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int
             if (!hx || !master || !xr || !dq || !dout || !par || !vg || !td || !tv) rc = m3_errf(err, "dspark bench: out of memory");
             m3_rng br;
             m3_rng_seed(&br, 99);
-            for (size_t i = 0; !rc && i < (size_t)R * V; i += 2) { /* Box-Muller pairs */
-                const double a = m3_rng_uniform(&br) + 1e-300, b = m3_rng_uniform(&br), r = sqrt(-2 * log(a));
-                hx[i] = (float)(r * cos(6.283185307179586 * b));
-                if (i + 1 < (size_t)R * V) hx[i + 1] = (float)(r * sin(6.283185307179586 * b));
-            }
+            for (size_t i = 0; !rc && i < (size_t)R * V; i++) hx[i] = (float)m3_rng_normal(&br);
             for (long g = 0; !rc && g < nb; g++) {
                 vg[g].row0 = (int)g * (k + 1);
                 vg[g].k = k;

@@ -88,7 +88,8 @@ static const char *usage =
     "  --speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":7,\"draft_sample_method\":\"probabilistic\"}'\n"
     "                 DSpark speculative decoding with the draft in DIR/dspark (or --draft DIR; default: none);\n"
     "                 optional keys: \"disable_by_batch_size\": N (no drafts in a step of more than N running\n"
-    "                 requests), \"dspark_confidence_threshold\": T, \"draft_sample_method\": \"greedy\"\n";
+    "                 requests), \"max_model_len\": N (no drafts past N tokens), \"dspark_confidence_threshold\": T,\n"
+    "                 \"draft_sample_method\": \"greedy\"\n";
 
 /* The vision tower when the checkpoint has one: the engine runs it (on the CPU ops; beside a
  * device backend on a CPU op table of its own) and the server preprocesses images for it. */

@@ -35,6 +35,11 @@ static uint64_t next(m3_rng *r) { /* xoshiro256** */
 
 double m3_rng_uniform(m3_rng *r) { return (next(r) >> 11) * 0x1.0p-53; }
 
+double m3_rng_normal(m3_rng *r) {
+    const double u = m3_rng_uniform(r), v = m3_rng_uniform(r);
+    return sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);
+}
+
 int m3_argmax(const float *x, int n) { return m3_row_argmax(x, n); } /* first index wins ties */
 
 /* ---------------- workspace ---------------- */

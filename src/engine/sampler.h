@@ -156,6 +156,8 @@ typedef struct m3_rng { uint64_t s[4]; } m3_rng;
 void m3_rng_seed(m3_rng *r, uint64_t seed);
 /* uniform in [0, 1) with 53 random bits */
 double m3_rng_uniform(m3_rng *r);
+/* standard normal (Box-Muller from two uniforms; for test and benchmark rows) */
+double m3_rng_normal(m3_rng *r);
 
 /* Picks a token from logits[V] with temperature / top-k / top-p / min-p (the sampling part of
  * the pipeline above; the other fields of p are ignored). scratch: m3_sample_scratch_bytes(V). */

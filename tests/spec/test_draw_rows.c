@@ -19,23 +19,9 @@
 #include "engine/sampler.h"
 
 #include "../check.h"
+#include "logit_rows.h"
 
 static m3_ops OPS;
-
-static double urand(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(*s >> 11) * 0x1.0p-53;
-}
-
-/* a row like a model's: a normal floor (standard deviation sd) and 24 ids lifted by up to lift */
-static void fill_row(float *x, int V, uint64_t seed, double sd, double lift) {
-    uint64_t s = seed;
-    for (int i = 0; i < V; i++) {
-        const double a = urand(&s) + 1e-12, b = urand(&s);
-        x[i] = (float)(sd * sqrt(-2 * log(a)) * cos(6.283185307179586 * b));
-    }
-    for (int j = 0; j < 24; j++) x[(int)(urand(&s) * V)] += (float)(lift * urand(&s));
-}
 
 static int32_t run_op(float *x, int V, m3_draw_param p) {
     int32_t out = -1;
@@ -77,7 +63,8 @@ static void check_against_sampler(int V, uint64_t seed, double sd, double lift, 
     m3_sampler *s = ws ? m3_sampler_create(&sp, V, NULL, 0, &err) : NULL;
     CHECK(x && lg && prob && s, "setup: %s", err.msg);
     if (!x || !lg || !prob || !s) goto out;
-    fill_row(lg, V, seed, sd, lift);
+    uint64_t st = seed;
+    fill_row(lg, V, &st, sd, lift);
     for (int i = 0; QUANT && i < V; i++) lg[i] = roundf(lg[i] * QUANT) / QUANT;
     CHECK(m3_sampler_probs(s, lg, ws, prob, &err) == 0, "%s", err.msg);
     m3_draw_param p;
@@ -118,7 +105,8 @@ out:
 static void test_draw_shares(void) {
     enum { V = 64, G = 200000 };
     float lg[V], x[V], q[V];
-    fill_row(lg, V, 77, 1.0, 2.0);
+    uint64_t s77 = 77;
+    fill_row(lg, V, &s77, 1.0, 2.0);
     m3_draw_param p = {1.1f, 0.95f, 0.01f, 20, V - 4, 0};
     memcpy(q, lg, sizeof lg);
     run_op(q, V, p);

@@ -22,21 +22,9 @@
 #include "engine/spec.h"
 
 #include "../check.h"
+#include "logit_rows.h"
 
 static m3_ops OPS;
-
-static double urand(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(*s >> 11) * 0x1.0p-53;
-}
-
-static void fill_row(float *x, int V, uint64_t *s, double sd, double lift) {
-    for (int i = 0; i < V; i++) {
-        const double a = urand(s) + 1e-12, b = urand(s);
-        x[i] = (float)(sd * sqrt(-2 * log(a)) * cos(6.283185307179586 * b));
-    }
-    for (int j = 0; j < 24; j++) x[(int)(urand(s) * V)] += (float)(lift * urand(s));
-}
 
 /* the id where the running sum of max(p - q, 0) (fb: p without d), summed in double, holds
  * u * total; -2 when within tol of a stretch's end (either neighbour is right), -1: no mass */

@@ -132,7 +132,7 @@ static void schedule(m3_engine *e) {
     for (int i = 0; i < e->n_running; i++) e->running[i]->n_sched = e->running[i]->decode = e->running[i]->k_sched = 0;
     /* disable_by_batch_size: past it a step decodes without drafts (verification stops paying
      * when the batch alone fills the GPU); the draft's context still takes every committed row */
-    const int drafts = e->spec && (!e->spec_off_bs || e->n_running <= e->spec_off_bs);
+    const int drafts = !e->spec_off_bs || e->n_running <= e->spec_off_bs;
     /* 1: decodes (one pending token), 2: sequences still prefilling, oldest first */
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < e->n_running && budget > 0; i++) {
@@ -140,7 +140,8 @@ static void schedule(m3_engine *e) {
             int rem = r->n_tok - r->n_done;
             if (r->n_sched || (pass == 0) != (rem == 1)) continue;
             int n = rem < budget ? rem : budget, k = 0;
-            if (pass == 0 && drafts && !r->gr) { /* a speculative decode: the anchor + k drafts (never constrained ones) */
+            const int spec_decode = pass == 0 && e->spec && !r->gr; /* (never constrained ones) */
+            if (spec_decode && drafts) { /* a speculative decode: the anchor + k drafts */
                 k = e->k;
                 if (e->spec_max_len && r->n_tok + k > e->spec_max_len) k = 0; /* past the draft's max_model_len */
                 if (k > r->limit - r->n_tok - 1) k = r->limit - r->n_tok - 1; /* room to emit k + 1 */
@@ -168,7 +169,7 @@ static void schedule(m3_engine *e) {
             r->decode = pass == 0;
             r->k_sched = k;
             budget -= n;
-            if (pass == 0 && e->spec && !r->gr && !drafts) e->tot.spec_off_batch++;
+            if (spec_decode && !drafts) e->tot.spec_off_batch++;
         }
     }
     /* 3: admit waiting requests, FCFS, unless someone was just preempted */

@@ -9,8 +9,9 @@
  * CTA per slot and head over every key: each KV row read by all 16 heads of its group) took
  * 1.4 ms a layer at 8 slots over a full 4096-key window; it stays for shapes the split does
  * not take (head_dim not dividing 256, more than 16 heads a group not in 16s). At the M3.1-Flash
- * draft's shapes (D 128, 16 heads a KV head) and from 512 context keys, k_dsa_chunk takes every
- * slot in one CTA per chunk, on the tensor cores.
+ * draft's shapes (D 128, 16 heads a KV head) and from 512 context keys, k_dsa_flash takes every
+ * slot (up to 8) in one CTA per run of chunks, on the tensor cores (k_dsa_chunk: one CTA a chunk,
+ * more slots, M3_DSA_FLASH=0).
  * CPU reference: src/backend/cpu/attention.c (m3_cpu_dspark_attention, dsa_items). */
 #include "common.cuh"
 #include "ptx.cuh"
@@ -350,6 +351,210 @@ __global__ void __launch_bounds__(DSA_THREADS, 2) k_dsa_chunk(const float *q, co
     }
 }
 
+/* k_dsa_chunk's arithmetic over a run of key chunks per CTA (issue 27, session 26): k_dsa_chunk
+ * left one part row of D + 2 floats per (slot, head, 64 keys) for k_dsa_combine (8 requests of 8
+ * slots over 4096 keys: 138 MB written and read again a layer, more than the 134 MB of keys and
+ * values) and staged each chunk with the loads in its own critical path (H200: 350 us a layer
+ * at 8 requests, 52 us at one). Here nsplit CTAs a (request, KV head) take contiguous runs of
+ * chunks, DSA_STAGES of them in flight by cp.async while a warp per slot (n <= 8) works on the
+ * one before: S = Q K^T as in k_dsa_chunk, then an online softmax (the running maximum and sum
+ * per head row; O rescaled by exp(m_old - m_new) when the maximum moves) and O += P V over all
+ * 128 channels, in registers until the run ends; one part row per CTA. Runs of `per` chunks,
+ * the fewest that fit every request's runs in one wave (one CTA an SM: the two 68.6 KB buffers,
+ * 184 registers): requests with few keys take few CTAs (k_dsa_chunk gave each request as many
+ * chunks as the longest one's, most of them empty). */
+#define DSA3_STAGES 2
+__global__ void __launch_bounds__(DSA_THREADS, 1) k_dsa_flash(const float *q, const float *kb, const float *vb, int n, int nh,
+                                                              int nkv, const __grid_constant__ dsa_reqs R, int window,
+                                                              float scale, int nsplit, int per, float *part) {
+    extern __shared__ __align__(16) float sm[]; /* DSA3_STAGES x ([KEYS][KP] keys, [KEYS][VP] values) */
+    const int z = blockIdx.x, g = blockIdx.y, rq = blockIdx.z, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gq = lane >> 2, t = lane & 3;
+    const size_t kw = (size_t)nkv * DSA2_D;
+    const float *kr = R.kr[rq], *vr = R.vr[rq];
+    const long lo0 = R.lo0[rq];
+    const int cap = R.cap[rq], nc0 = R.nc0[rq], lo = R.lo[rq], pos = R.pos[rq];
+    q += (size_t)rq * n * nh * DSA2_D;
+    kb += (size_t)rq * n * kw;
+    vb += (size_t)rq * n * kw;
+    part += (size_t)rq * n * nh * nsplit * (DSA2_D + 2);
+    const int ns = nc0 + n, nchunk = (ns + DSA_KEYS - 1) / DSA_KEYS;
+    const int cb = z * per, ce = cb + per < nchunk ? cb + per : nchunk; /* this CTA's chunks [cb, ce) */
+    const size_t hstride = (size_t)nsplit * (DSA2_D + 2);
+    if (cb >= ce) {
+        dsa_empty_chunk(part, n, nh, g, hstride, z);
+        return;
+    }
+    const int stage_floats = DSA_KEYS * (DSA2_KP + DSA2_VP);
+    /* chunk c's keys and values into stage s: 16-byte copies; rows past the keys zeroed (a zero
+     * value row keeps 0 * garbage out of O; their scores are masked) */
+    auto stage = [&](int c, int s) {
+        float *ks = sm + (size_t)s * stage_floats, *vs = ks + DSA_KEYS * DSA2_KP;
+        const int j0 = c * DSA_KEYS;
+        for (int x = threadIdx.x; x < DSA_KEYS * (DSA2_D / 4); x += DSA_THREADS) {
+            const int j = x / (DSA2_D / 4), c4 = (x % (DSA2_D / 4)) * 4, jj = j0 + j;
+            float *kd = ks + j * DSA2_KP + c4, *vd = vs + j * DSA2_VP + c4;
+            if (jj < ns) {
+                const size_t col = (size_t)g * DSA2_D + c4;
+                const float *kp = jj < nc0 ? kr + (size_t)((lo0 + jj) % cap) * kw + col : kb + (size_t)(jj - nc0) * kw + col;
+                const float *vp = jj < nc0 ? vr + (size_t)((lo0 + jj) % cap) * kw + col : vb + (size_t)(jj - nc0) * kw + col;
+                cp_async16(smem_u32(kd), kp);
+                cp_async16(smem_u32(vd), vp);
+            } else {
+                *(float4 *)kd = make_float4(0.f, 0.f, 0.f, 0.f);
+                *(float4 *)vd = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < DSA3_STAGES - 1; s++) {
+        if (cb + s < ce) stage(cb + s, s);
+        cp_commit();
+    }
+    const int i = warp; /* this warp's slot (none past n) */
+    long lw = (long)pos + i - window + 1; /* slot i's first context position */
+    if (lw < lo) lw = lo;
+    const float *qi = q + ((size_t)i * nh + (size_t)g * DSA2_G) * DSA2_D; /* head row h at qi + h * D */
+    float o[DSA2_D / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < DSA2_D / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; /* head rows gq, gq + 8: maximum, this lane's sum */
+    const int src0 = (lane & ~3) | (t >> 1), src1 = src0 + 2;
+    const bool odd = t & 1;
+    for (int c = cb; c < ce; c++) {
+        const int s = (c - cb) % DSA3_STAGES;
+        if (c + DSA3_STAGES - 1 < ce) stage(c + DSA3_STAGES - 1, (c + DSA3_STAGES - 1 - cb) % DSA3_STAGES);
+        cp_commit();
+        cp_wait<DSA3_STAGES - 1>(); /* chunk c's copies (this thread's) */
+        __syncthreads();            /* ... and every thread's, and the zeroed rows */
+        if (i < n) {
+            const float *ks = sm + (size_t)s * stage_floats, *vs = ks + DSA_KEYS * DSA2_KP;
+            const int j0 = c * DSA_KEYS;
+            float sc[DSA_KEYS / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < DSA_KEYS / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll 2
+            for (int kk = 0; kk < DSA2_D / 8; kk++) { /* S: 8 dimensions a step */
+                const int cc = kk * 8 + t;
+                uint32_t ab[4], as[4];
+                tf32_split(__ldg(qi + gq * DSA2_D + cc), &ab[0], &as[0]);
+                tf32_split(__ldg(qi + (gq + 8) * DSA2_D + cc), &ab[1], &as[1]);
+                tf32_split(__ldg(qi + gq * DSA2_D + cc + 4), &ab[2], &as[2]);
+                tf32_split(__ldg(qi + (gq + 8) * DSA2_D + cc + 4), &ab[3], &as[3]);
+#pragma unroll
+                for (int nt = 0; nt < DSA_KEYS / 8; nt++) {
+                    const float *kp = ks + (nt * 8 + gq) * DSA2_KP + cc;
+                    uint32_t b0, b0s, b1, b1s;
+                    tf32_split(kp[0], &b0, &b0s);
+                    tf32_split(kp[4], &b1, &b1s);
+                    mma_tf32(sc[nt], as, b0, b1);
+                    mma_tf32(sc[nt], ab, b0s, b1s);
+                    mma_tf32(sc[nt], ab, b0, b1);
+                }
+            }
+            /* mask and scale; the chunk's maximum per head row over the quad, the running one */
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < DSA_KEYS / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int jj = j0 + nt * 8 + 2 * t + e;
+                    const bool valid = jj < ns && (jj >= nc0 || lo0 + jj >= lw);
+                    sc[nt][e] = valid ? sc[nt][e] * scale : -INFINITY;
+                    sc[nt][2 + e] = valid ? sc[nt][2 + e] * scale : -INFINITY;
+                    mx0 = fmaxf(mx0, sc[nt][e]);
+                    mx1 = fmaxf(mx1, sc[nt][2 + e]);
+                }
+#pragma unroll
+            for (int sh = 1; sh < 4; sh <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, sh));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, sh));
+            }
+            const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+            /* O and the sums so far in units of the new maximum (nothing yet while it is -inf) */
+            const float a0 = m0 == -INFINITY ? 0.f : expf(m0 - n0), a1 = m1 == -INFINITY ? 0.f : expf(m1 - n1);
+            m0 = n0;
+            m1 = n1;
+            l0 *= a0;
+            l1 *= a1;
+#pragma unroll
+            for (int nt = 0; nt < DSA_KEYS / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    sc[nt][e] = n0 == -INFINITY ? 0.f : expf(sc[nt][e] - n0);
+                    sc[nt][2 + e] = n1 == -INFINITY ? 0.f : expf(sc[nt][2 + e] - n1);
+                    l0 += sc[nt][e];
+                    l1 += sc[nt][2 + e];
+                }
+            /* P as A fragments (key tile kt of P is S's tile kt: k_dsa_chunk's shuffles), then O = a O + P V
+             * four channel tiles at a time: each chunk's products summed in fresh accumulators and
+             * added to O once (the tensor cores' f32 sums over a whole run of chunks drifted: 7.8e-6
+             * against the CPU at 8 requests, 1.3e-6 a chunk at a time) */
+            uint32_t pb[DSA_KEYS / 8][4], ps[DSA_KEYS / 8][4];
+#pragma unroll
+            for (int kt = 0; kt < DSA_KEYS / 8; kt++) {
+                const float x00 = __shfl_sync(0xffffffffu, sc[kt][0], src0), x01 = __shfl_sync(0xffffffffu, sc[kt][1], src0);
+                const float x10 = __shfl_sync(0xffffffffu, sc[kt][2], src0), x11 = __shfl_sync(0xffffffffu, sc[kt][3], src0);
+                const float y00 = __shfl_sync(0xffffffffu, sc[kt][0], src1), y01 = __shfl_sync(0xffffffffu, sc[kt][1], src1);
+                const float y10 = __shfl_sync(0xffffffffu, sc[kt][2], src1), y11 = __shfl_sync(0xffffffffu, sc[kt][3], src1);
+                tf32_split(odd ? x01 : x00, &pb[kt][0], &ps[kt][0]); /* P[gq][kt * 8 + t] */
+                tf32_split(odd ? x11 : x10, &pb[kt][1], &ps[kt][1]); /* P[gq + 8][kt * 8 + t] */
+                tf32_split(odd ? y01 : y00, &pb[kt][2], &ps[kt][2]); /* P[gq][kt * 8 + t + 4] */
+                tf32_split(odd ? y11 : y10, &pb[kt][3], &ps[kt][3]); /* P[gq + 8][kt * 8 + t + 4] */
+            }
+#pragma unroll
+            for (int n4 = 0; n4 < DSA2_D / 32; n4++) {
+                float acc[4][4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
+#pragma unroll
+                for (int kt = 0; kt < DSA_KEYS / 8; kt++) {
+                    const float *vp = vs + (kt * 8 + t) * DSA2_VP + n4 * 32 + gq; /* B: keys kt * 8 + t, + 4 */
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        uint32_t b0, b0s, b1, b1s;
+                        tf32_split(vp[u * 8], &b0, &b0s);
+                        tf32_split(vp[4 * DSA2_VP + u * 8], &b1, &b1s);
+                        mma_tf32(acc[u], ps[kt], b0, b1);
+                        mma_tf32(acc[u], pb[kt], b0s, b1s);
+                        mma_tf32(acc[u], pb[kt], b0, b1);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    float *on = o[n4 * 4 + u];
+                    on[0] = fmaf(on[0], a0, acc[u][0]);
+                    on[1] = fmaf(on[1], a0, acc[u][1]);
+                    on[2] = fmaf(on[2], a1, acc[u][2]);
+                    on[3] = fmaf(on[3], a1, acc[u][3]);
+                }
+            }
+        }
+        __syncthreads(); /* stage s is read: the next round's copies may land in it */
+    }
+    cp_wait<0>();
+    if (i >= n) return;
+#pragma unroll
+    for (int sh = 1; sh < 4; sh <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, sh);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, sh);
+    }
+    float *pp0 = part + ((size_t)i * nh + (size_t)g * DSA2_G + gq) * hstride + (size_t)z * (DSA2_D + 2);
+    float *pp1 = pp0 + 8 * hstride; /* head gq + 8 */
+    if (t == 0) {
+        pp0[DSA2_D] = m0;
+        pp0[DSA2_D + 1] = l0;
+        pp1[DSA2_D] = m1;
+        pp1[DSA2_D + 1] = l1;
+    }
+#pragma unroll
+    for (int nt = 0; nt < DSA2_D / 8; nt++) {
+        const int ch = nt * 8 + 2 * t;
+        *(float2 *)(pp0 + ch) = make_float2(o[nt][0], o[nt][1]);
+        *(float2 *)(pp1 + ch) = make_float2(o[nt][2], o[nt][3]);
+    }
+}
+
 /* one CTA per (slot, head): the chunks rescaled to their common maximum M. The chunks' weights
  * exp(m_z - M) are worked out once, DSA_WT at a time, into shared memory (zeros past the last
  * chunk), then each warp sums a contiguous eighth of the tile's chunks, a lane per 32nd channel
@@ -438,18 +643,41 @@ static void dsa_chunks(m3_cuda *c, int nreq, const m3_dspark_attn_req *rq, const
         R.nsplit[r] = (int)cdiv((size_t)nc0 + n, DSA_KEYS);
         if (R.nsplit[r] > nsplit) nsplit = R.nsplit[r];
     }
+    static int flash = -1; /* M3_DSA_FLASH=0: k_dsa_chunk, a CTA per chunk (comparisons) */
+    if (flash < 0) flash = m3_cu_env_int("M3_DSA_FLASH", 1) != 0;
+    const size_t stage = sizeof(float) * (size_t)DSA_KEYS * (DSA2_KP + DSA2_VP);
+    const int fl = flash && n <= DSA_THREADS / 32 && DSA3_STAGES * stage <= c->smem_optin;
+    int per = 1;
+    if (fl) { /* the shortest run of chunks whose CTAs fit in one wave (or one CTA a request and KV head) */
+        long tot = 0;
+        for (int r = 0; r < nreq; r++) tot += R.nsplit[r];
+        per = (int)cdiv((size_t)tot * nkv, c->sm_count > 0 ? (size_t)c->sm_count : 1);
+        for (;; per++) {
+            long ctas = 0;
+            for (int r = 0; r < nreq; r++) ctas += (long)nkv * cdiv(R.nsplit[r], per);
+            if (ctas <= c->sm_count || per >= nsplit) break;
+        }
+        if (per > nsplit) per = nsplit;
+        if (per < 1) per = 1;
+        nsplit = (int)cdiv(nsplit, per); /* the longest request's runs */
+    }
     float *part = (float *)m3_cu_scratch(c, SC_DSA, sizeof(float) * (size_t)nreq * n * nh * nsplit * (DSA2_D + 2));
     if (!part) return;
-    const size_t smem = sizeof(float) * (size_t)DSA_KEYS * (DSA2_KP + DSA2_VP);
-    static unsigned long long set; /* devices whose context has the shared-memory attribute */
+    const size_t smem = fl ? DSA3_STAGES * stage : stage;
+    static unsigned long long set[2]; /* devices whose context has the kernel's shared-memory attribute */
     const unsigned long long bit = 1ull << (c->dev & 63);
-    if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
-        if (CK(c, cudaFuncSetAttribute(k_dsa_chunk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
+    if (!(__atomic_load_n(&set[fl], __ATOMIC_ACQUIRE) & bit)) {
+        if (CK(c, fl ? cudaFuncSetAttribute(k_dsa_flash, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+                 : cudaFuncSetAttribute(k_dsa_chunk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
             return;
-        __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
+        __atomic_fetch_or(&set[fl], bit, __ATOMIC_RELEASE);
     }
-    k_dsa_chunk<<<dim3(nsplit, nkv, nreq), DSA_THREADS, smem, c->st>>>(
-        q, kb, vb, n, nh, nkv, R, window, 1.0f / sqrtf((float)DSA2_D), nsplit, part);
+    if (fl)
+        k_dsa_flash<<<dim3(nsplit, nkv, nreq), DSA_THREADS, smem, c->st>>>(q, kb, vb, n, nh, nkv, R, window,
+                                                                          1.0f / sqrtf((float)DSA2_D), nsplit, per, part);
+    else
+        k_dsa_chunk<<<dim3(nsplit, nkv, nreq), DSA_THREADS, smem, c->st>>>(
+            q, kb, vb, n, nh, nkv, R, window, 1.0f / sqrtf((float)DSA2_D), nsplit, part);
     dsa_combine(c, part, nreq * n * nh, nsplit, DSA2_D, out);
     CK_LAUNCH(c, "dspark attention");
 }

@@ -259,6 +259,24 @@ dsp_eq() { # TARGET DRAFT K BACKEND: greedy tokens with the draft == without ($p
 [ -d "$OUT/dsp/dspark" ] || "$BIN/m3" make-tiny --out "$OUT/dsp" --seed 7 --quant mxfp8-nvfp4 --with-dspark >/dev/null 2>&1
 # the draft's rows and greedy draws on the GPU (three requests in one block) against the CPU's
 [ -x "$BIN/dspark_check" ] && run "$BIN/dspark_check" "$OUT/dsp"
+# ... and at the M3.1-Flash draft's attention shapes (2 target layers, a draft of its shapes): the
+# attention on k_dsa_flash reading each pass's table, one-request passes recorded in a graph and
+# replayed with new positions, their drafts the CPU's
+if [ -x "$BIN/dspark_check" ]; then
+  python3 - "$SHAPES" "$OUT/flash2.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); t = c.get("text_config", c); full = t["num_hidden_layers"]
+def cut(o):
+    for k, v in list(o.items()):
+        if isinstance(v, list) and len(v) == full: o[k] = v[:2]
+        elif isinstance(v, dict): cut(v)
+cut(t); t["num_hidden_layers"] = 2
+json.dump(c, open(sys.argv[2], "w"), indent=1)
+PY
+  [ -d "$OUT/flash2/dspark" ] || "$BIN/m3" make-tiny --out "$OUT/flash2" --config "$OUT/flash2.json" --quant mxfp8-nvfp4 --seed 5 \
+    --with-dspark >/dev/null 2>&1 || { echo "FAILED: make-tiny flash2"; fails=$((fails+1)); }
+  run "$BIN/dspark_check" "$OUT/flash2"
+fi
 # the reference checkpoints have no draft: a random one of their shapes (make-tiny with their config)
 for ref in m3-tiny-q m3-gqa3-q m3-mqa-q m3-wide-q; do
   [ -d "$D/$ref" ] || continue

@@ -152,6 +152,14 @@ struct m3_ops {
      * rows r * n of q, kb, vb and out, its context as rq[r] says (as nreq calls would) */
     void (*dspark_attention_n)(void *ctx, int nreq, const m3_dspark_attn_req *rq, const float *q, const float *kb,
                                const float *vb, int n, int nh, int nkv, int D, int window, float *out);
+    /* capability, optional: a draft pass's requests for all its nl layers (rq[l * nreq + r]), put
+     * in the backend's memory once at the pass's start (after begin_step), so that the pass's
+     * dspark_attention_n calls read the positions there with launch shapes that do not depend on
+     * them (the pass may then be recorded in a graph and replayed with new positions). 1 when
+     * taken, 0 when not (shapes it does not take: the calls then read their arguments as before);
+     * the next begin_step forgets it. */
+    int (*dspark_attention_table)(void *ctx, int nl, int nreq, const m3_dspark_attn_req *rq, int n, int nh, int nkv,
+                                  int D, int window);
     /* capability, optional: out[r] (backend memory) = the first index of the largest of the
      * row's values x[r * ld .. r * ld + n) (m3_row_argmax's rule: NaN never wins, a NaN at 0
      * gives 0): the DSpark draft's greedy draws without the rows leaving the device */

@@ -705,6 +705,28 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
             d->hpos[j * n + i] = pos[j] + i;
         }
     if (pass_begin(d, R, err)) return -1;
+    /* every layer's view of each request's ring: readable context [max(first, len - cap), len) */
+    m3_dspark_attn_req *ar = malloc(sizeof *ar * (size_t)b->n_layers * nreq);
+    if (!ar) return m3_errf(err, "dspark block: out of memory");
+    for (int l = 0; l < b->n_layers; l++)
+        for (int j = 0; j < nreq; j++) {
+            const m3_dspark_ctx *c = cs[j];
+            const int rlo = c->len - c->cap > c->first ? c->len - c->cap : c->first;
+            ar[(size_t)l * nreq + j] =
+                (m3_dspark_attn_req){c->cap ? c->k[l] : NULL, c->cap ? c->v[l] : NULL, c->cap ? c->cap : 1, rlo, c->len, pos[j]};
+        }
+    /* With the requests in the backend's memory (dspark_attention_table) no op of the pass takes
+     * a position from the host, and a backend with graphs may record the pass and replay it
+     * (CUDA: passes of at most 8 rows, one request). Its key: what the ops are handed, besides
+     * the weights: the rows, the workspace's buffers, the window. */
+    int graphable = op->dspark_attention_n && op->dspark_attention_table && op->graph_begin && op->graph_end &&
+                    op->dspark_attention_table(X, b->n_layers, nreq, ar, n, nh, nkv, D, d->cfg.window);
+    uint64_t gkey = 0x647370617273ull; /* "dspars" */
+    const uint64_t gv[5] = {(uint64_t)nreq, (uint64_t)n, (uint64_t)(uintptr_t)d->ws, (uint64_t)d->cfg.window,
+                            (uint64_t)(uintptr_t)lg};
+    for (int i = 0; i < 5; i++) gkey = (gkey ^ gv[i]) * 1099511628211ull;
+issue:
+    if (graphable && op->graph_begin(X, NULL, gkey)) goto issued;
     op->embed(X, &tw->embed, d->hids, R, h);
     const float eps = (float)b->rms_eps;
     /* each residual add goes with the norm after it (add_rmsnorm): the MLP's with the next
@@ -717,20 +739,14 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
         op->linear_n(op, 3, Ws, a, R, Ys);
         const m3_rope_job jobs[2] = {{q, nh, D, L->q_norm}, {kb, nkv, D, L->k_norm}};
         op->head_norm_rope_n(op, 2, jobs, R, eps, b->rotary_dim, b->rope_theta, d->hpos);
-        m3_dspark_attn_req ar[M3_DSPARK_BATCH_MAX];
-        for (int j = 0; j < nreq; j++) {
-            const m3_dspark_ctx *c = cs[j];
-            /* readable context: [max(first, len - cap), len) */
-            const int rlo = c->len - c->cap > c->first ? c->len - c->cap : c->first;
-            ar[j] = (m3_dspark_attn_req){c->cap ? c->k[l] : NULL, c->cap ? c->v[l] : NULL, c->cap ? c->cap : 1, rlo, c->len, pos[j]};
-        }
+        const m3_dspark_attn_req *al = ar + (size_t)l * nreq;
         if (op->dspark_attention_n) { /* every request in one call */
-            op->dspark_attention_n(X, nreq, ar, q, kb, vb, n, nh, nkv, D, d->cfg.window, att);
+            op->dspark_attention_n(X, nreq, al, q, kb, vb, n, nh, nkv, D, d->cfg.window, att);
         } else {
             for (int j = 0; j < nreq; j++) {
                 const size_t o0 = (size_t)j * n;
-                op->dspark_attention(X, q + o0 * qw, kb + o0 * kw, vb + o0 * kw, n, nh, nkv, D, ar[j].kr, ar[j].vr, ar[j].cap,
-                                     ar[j].lo, ar[j].len, ar[j].pos, d->cfg.window, att + o0 * qw);
+                op->dspark_attention(X, q + o0 * qw, kb + o0 * kw, vb + o0 * kw, n, nh, nkv, D, al[j].kr, al[j].vr, al[j].cap,
+                                     al[j].lo, al[j].len, al[j].pos, d->cfg.window, att + o0 * qw);
             }
         }
         op->linear(X, &L->o, att, R, o);
@@ -750,6 +766,12 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
         op->rmsnorm(X, hs, d->final_norm, R, H, eps, a);
     }
     op->linear(X, &tw->lm_head, a, R, lg);
+    if (graphable && op->graph_end(X)) { /* recording failed: the ops issued directly */
+        graphable = 0;
+        goto issue;
+    }
+issued:
+    free(ar);
     if (op->check && op->check(X, err)) return m3_err_prefix(err, "dspark block");
     d->lg = lg;
     d->mk_r = buf[8];

@@ -315,6 +315,7 @@ static int cu_begin_step(void *ctx, const m3_kv *kv, const m3_batch *b, const in
     if (CK(c, cudaMemcpyAsync(d, h, n * sizeof(int32_t), cudaMemcpyHostToDevice, c->st))) return m3_errf(err, "%s", c->errmsg);
     c->step_b = b;
     c->T = T;
+    c->dsa_tab_on = 0; /* a draft pass sets its table after this */
     c->n_seqs = ns;
     c->ptab_stride = stride;
     c->max_pos = ((maxp + 1 + 8191) & ~8191) - 1;
@@ -339,9 +340,10 @@ void m3_cu_graphs_clear(m3_cuda *c) {
 
 static uint64_t full_key(m3_cuda *c, const m3_kv *kv, uint64_t key) {
     uint64_t k = key;
-    /* the pool's device pages (a new pool may reuse the address of an old m3_kv struct) */
-    for (int l = 0; l < kv->n_layers; l++) k = (k ^ (uint64_t)(uintptr_t)kv->base[l]) * 1099511628211ull;
-    k = (k ^ (uint64_t)kv->page_bytes[0] ^ ((uint64_t)kv->dt << 40) ^ ((uint64_t)kv->idt << 48)) * 1099511628211ull;
+    /* the pool's device pages (a new pool may reuse the address of an old m3_kv struct); none in a
+     * draft pass (its cache is its own ring: the caller's key holds what it bakes in) */
+    for (int l = 0; kv && l < kv->n_layers; l++) k = (k ^ (uint64_t)(uintptr_t)kv->base[l]) * 1099511628211ull;
+    if (kv) k = (k ^ (uint64_t)kv->page_bytes[0] ^ ((uint64_t)kv->dt << 40) ^ ((uint64_t)kv->idt << 48)) * 1099511628211ull;
     k = (k ^ (uint64_t)c->ptab_stride) * 1099511628211ull;
     k = (k ^ (uint64_t)c->max_pos) * 1099511628211ull;
     k = (k ^ ((uint64_t)c->n_runs << 8 | (uint64_t)c->max_run)) * 1099511628211ull; /* the indexer's grid and top-k */
@@ -530,6 +532,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->attention = m3_cu_attention;
     ops->dspark_attention = m3_cu_dspark_attention;
     ops->dspark_attention_n = m3_cu_dspark_attention_n;
+    ops->dspark_attention_table = m3_cu_dspark_attention_table;
     ops->argmax_rows = m3_cu_argmax_rows;
     ops->argmax_rows_fin = m3_cu_argmax_rows_fin;
     ops->host_alloc = cu_host_alloc;
@@ -556,6 +559,7 @@ extern "C" void m3_cuda_ops_free(m3_ops *ops) {
         if (c->h_meta) cudaFreeHost(c->h_meta);
         free(c->h_pick);
         free(c->h_pick_seen);
+        free(c->dsa_tab);
         cublasDestroy(c->blas);
         cudaFree(c->blas_ws);
         cudaStreamDestroy(c->st);

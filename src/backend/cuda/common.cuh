@@ -17,7 +17,7 @@
 
 /* grow-only scratch buffers, one per purpose (no allocation inside a steady-state step) */
 enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_XSPLIT, SC_XSPLIT2, SC_GEMM_X, SC_XROUND,
-       SC_SPLITK, SC_DSA, SC_AMAX, SC_DRAW, SC_COUNT };
+       SC_SPLITK, SC_DSA, SC_AMAX, SC_DRAW, SC_DSA_TAB, SC_COUNT };
 
 typedef struct m3_cuda {
     int dev, sm_count;
@@ -68,6 +68,10 @@ typedef struct m3_cuda {
     size_t blas_ws_bytes;
     int *ctr;
     long ctr_n;                 /* GEMV arrival counters; CTR_AUX more follow them (ctr_aux) */
+    /* a draft pass's DSpark attention requests (dspark_attention_table): the host's copy
+     * [nl][nreq] (to find a call's layer) and the device's, while dsa_tab_on (until begin_step) */
+    int dsa_tab_on, dsa_tab_nl, dsa_tab_nreq, dsa_tab_n, dsa_tab_window;
+    m3_dspark_attn_req *dsa_tab, *d_dsa_tab;
     /* expert counting for benchmarks */
     int count_experts;
     long experts_used;
@@ -237,6 +241,8 @@ void m3_cu_dspark_attention_n(void *ctx, int nreq, const m3_dspark_attn_req *rq,
                               const float *vb, int n, int nh, int nkv, int D, int window, float *out);
 void m3_cu_dspark_attention(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,
                             const float *kr, const float *vr, int cap, int lo, int len, int pos, int window, float *out);
+int m3_cu_dspark_attention_table(void *ctx, int nl, int nreq, const m3_dspark_attn_req *rq, int n, int nh, int nkv, int D,
+                                 int window);
 void m3_cu_head_norm_rope_store(void *ctx, int n, const m3_rope_job *jobs, int T, float eps, int rotary_dim, double theta,
                                 m3_kv *kv, int layer, const m3_batch *b, const float *v);
 /* indexer.cu */

@@ -365,15 +365,35 @@ __global__ void __launch_bounds__(DSA_THREADS, 2) k_dsa_chunk(const float *q, co
  * chunks as the longest one's, most of them empty). */
 #define DSA3_STAGES 2
 __global__ void __launch_bounds__(DSA_THREADS, 1) k_dsa_flash(const float *q, const float *kb, const float *vb, int n, int nh,
-                                                              int nkv, const __grid_constant__ dsa_reqs R, int window,
-                                                              float scale, int nsplit, int per, float *part) {
+                                                              int nkv, const __grid_constant__ dsa_reqs R,
+                                                              const m3_dspark_attn_req *tab, int window, float scale,
+                                                              int nsplit, int per, float *part) {
     extern __shared__ __align__(16) float sm[]; /* DSA3_STAGES x ([KEYS][KP] keys, [KEYS][VP] values) */
     const int z = blockIdx.x, g = blockIdx.y, rq = blockIdx.z, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gq = lane >> 2, t = lane & 3;
     const size_t kw = (size_t)nkv * DSA2_D;
-    const float *kr = R.kr[rq], *vr = R.vr[rq];
-    const long lo0 = R.lo0[rq];
-    const int cap = R.cap[rq], nc0 = R.nc0[rq], lo = R.lo[rq], pos = R.pos[rq];
+    const float *kr, *vr;
+    long lo0;
+    int cap, nc0, lo, pos;
+    if (tab) { /* the pass's table (device memory): what dsa_chunks works out on the host */
+        const m3_dspark_attn_req e = tab[rq];
+        kr = e.kr;
+        vr = e.vr;
+        cap = e.cap;
+        lo = e.lo;
+        pos = e.pos;
+        lo0 = (long)pos - window + 1;
+        if (lo0 < lo) lo0 = lo;
+        nc0 = lo0 < e.len ? (int)(e.len - lo0) : 0;
+    } else {
+        kr = R.kr[rq];
+        vr = R.vr[rq];
+        lo0 = R.lo0[rq];
+        cap = R.cap[rq];
+        nc0 = R.nc0[rq];
+        lo = R.lo[rq];
+        pos = R.pos[rq];
+    }
     q += (size_t)rq * n * nh * DSA2_D;
     kb += (size_t)rq * n * kw;
     vb += (size_t)rq * n * kw;
@@ -624,9 +644,39 @@ static bool chunk_shapes(int n, int nh, int nkv, int D) {
     return n > 0 && nkv > 0 && nh % nkv == 0 && D == DSA2_D && nh / nkv == DSA2_G;
 }
 
-/* k_dsa_chunk and k_dsa_combine over nreq (<= DSA_BATCH) requests of n slots each */
+static bool flash_on() {
+    static int flash = -1; /* M3_DSA_FLASH=0: k_dsa_chunk, a CTA per chunk (comparisons) */
+    if (flash < 0) flash = m3_cu_env_int("M3_DSA_FLASH", 1) != 0;
+    return flash;
+}
+
+/* k_dsa_flash's runs: the shortest run of chunks (per) whose CTAs (nkv a run) fit in one wave of
+ * sms, or one run a request and KV head; returns the runs of the request with the most chunks
+ * (the grid's x) */
+static int flash_runs(int sms, int nkv, int nreq, const int *chunks, int *per) {
+    long tot = 0;
+    int most = 1;
+    for (int r = 0; r < nreq; r++) {
+        tot += chunks[r];
+        if (chunks[r] > most) most = chunks[r];
+    }
+    int p = (int)cdiv((size_t)tot * nkv, sms > 0 ? (size_t)sms : 1);
+    for (; p < most; p++) {
+        long ctas = 0;
+        for (int r = 0; r < nreq; r++) ctas += (long)nkv * cdiv(chunks[r], p);
+        if (ctas <= sms) break;
+    }
+    if (p > most) p = most;
+    if (p < 1) p = 1;
+    *per = p;
+    return (int)cdiv(most, p);
+}
+
+/* k_dsa_chunk (k_dsa_flash) and k_dsa_combine over nreq (<= DSA_BATCH) requests of n slots each;
+ * with dtab (k_dsa_flash only), the requests rq also in device memory (a pass's table): the kernel
+ * reads them there and the launch's shape is that of full windows, whatever their positions */
 static void dsa_chunks(m3_cuda *c, int nreq, const m3_dspark_attn_req *rq, const float *q, const float *kb, const float *vb,
-                       int n, int nh, int nkv, int window, float *out) {
+                       int n, int nh, int nkv, int window, float *out, const m3_dspark_attn_req *dtab = NULL) {
     dsa_reqs R;
     int nsplit = 1;
     for (int r = 0; r < nreq; r++) {
@@ -640,27 +690,18 @@ static void dsa_chunks(m3_cuda *c, int nreq, const m3_dspark_attn_req *rq, const
         R.nc0[r] = nc0;
         R.lo[r] = rq[r].lo;
         R.pos[r] = rq[r].pos;
-        R.nsplit[r] = (int)cdiv((size_t)nc0 + n, DSA_KEYS);
+        /* (a table's launch: a slot-0 window of window - 1 context keys, the most there can be) */
+        R.nsplit[r] = (int)cdiv((size_t)(dtab ? window - 1 : nc0) + n, DSA_KEYS);
         if (R.nsplit[r] > nsplit) nsplit = R.nsplit[r];
     }
-    static int flash = -1; /* M3_DSA_FLASH=0: k_dsa_chunk, a CTA per chunk (comparisons) */
-    if (flash < 0) flash = m3_cu_env_int("M3_DSA_FLASH", 1) != 0;
     const size_t stage = sizeof(float) * (size_t)DSA_KEYS * (DSA2_KP + DSA2_VP);
-    const int fl = flash && n <= DSA_THREADS / 32 && DSA3_STAGES * stage <= c->smem_optin;
-    int per = 1;
-    if (fl) { /* the shortest run of chunks whose CTAs fit in one wave (or one CTA a request and KV head) */
-        long tot = 0;
-        for (int r = 0; r < nreq; r++) tot += R.nsplit[r];
-        per = (int)cdiv((size_t)tot * nkv, c->sm_count > 0 ? (size_t)c->sm_count : 1);
-        for (;; per++) {
-            long ctas = 0;
-            for (int r = 0; r < nreq; r++) ctas += (long)nkv * cdiv(R.nsplit[r], per);
-            if (ctas <= c->sm_count || per >= nsplit) break;
-        }
-        if (per > nsplit) per = nsplit;
-        if (per < 1) per = 1;
-        nsplit = (int)cdiv(nsplit, per); /* the longest request's runs */
+    const int fl = (dtab || flash_on()) && n <= DSA_THREADS / 32 && DSA3_STAGES * stage <= c->smem_optin;
+    if (dtab && !fl) {
+        m3_cu_failf(c, "dspark attention: a pass's table with %d slots", n);
+        return;
     }
+    int per = 1;
+    if (fl) nsplit = flash_runs(c->sm_count, nkv, nreq, R.nsplit, &per);
     float *part = (float *)m3_cu_scratch(c, SC_DSA, sizeof(float) * (size_t)nreq * n * nh * nsplit * (DSA2_D + 2));
     if (!part) return;
     const size_t smem = fl ? DSA3_STAGES * stage : stage;
@@ -673,7 +714,7 @@ static void dsa_chunks(m3_cuda *c, int nreq, const m3_dspark_attn_req *rq, const
         __atomic_fetch_or(&set[fl], bit, __ATOMIC_RELEASE);
     }
     if (fl)
-        k_dsa_flash<<<dim3(nsplit, nkv, nreq), DSA_THREADS, smem, c->st>>>(q, kb, vb, n, nh, nkv, R, window,
+        k_dsa_flash<<<dim3(nsplit, nkv, nreq), DSA_THREADS, smem, c->st>>>(q, kb, vb, n, nh, nkv, R, dtab, window,
                                                                           1.0f / sqrtf((float)DSA2_D), nsplit, per, part);
     else
         k_dsa_chunk<<<dim3(nsplit, nkv, nreq), DSA_THREADS, smem, c->st>>>(
@@ -739,6 +780,20 @@ void m3_cu_dspark_attention_n(void *ctx, int nreq, const m3_dspark_attn_req *rq,
     if (nkv <= 0 || nh % nkv) { m3_cu_failf(c, "dspark attention: %d query heads over %d KV heads", nh, nkv); return; }
     m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)nreq * n * nh * D);
     m3_cu_prof_begin(c, OP_DSA);
+    if (c->dsa_tab_on && nreq == c->dsa_tab_nreq && n == c->dsa_tab_n && window == c->dsa_tab_window &&
+        chunk_shapes(n, nh, nkv, D)) { /* a pass with its table: this call's layer's requests, read there */
+        for (int l = 0; l < c->dsa_tab_nl; l++)
+            if (!memcmp(c->dsa_tab + (size_t)l * nreq, rq, sizeof *rq * (size_t)nreq)) {
+                dsa_chunks(c, nreq, rq, q, kb, vb, n, nh, nkv, window, out, c->d_dsa_tab + (size_t)l * nreq);
+                m3_cu_prof_end(c, OP_DSA);
+                return;
+            }
+    }
+    if (c->capturing) { /* a recording would keep this call's positions */
+        m3_cu_failf(c, "dspark attention: requests not in the pass's table while recording");
+        m3_cu_prof_end(c, OP_DSA);
+        return;
+    }
     static int batched = -1; /* M3_DSA_BATCH=0: a launch per request (comparisons) */
     if (batched < 0) batched = m3_cu_env_int("M3_DSA_BATCH", 1) != 0;
     const size_t rows = (size_t)n * nh * D, krows = (size_t)n * nkv * D;
@@ -753,4 +808,30 @@ void m3_cu_dspark_attention_n(void *ctx, int nreq, const m3_dspark_attn_req *rq,
                              rq[r].lo, rq[r].len, rq[r].pos, window, out + r * rows);
     }
     m3_cu_prof_end(c, OP_DSA);
+}
+
+int m3_cu_dspark_attention_table(void *ctx, int nl, int nreq, const m3_dspark_attn_req *rq, int n, int nh, int nkv, int D,
+                                 int window) {
+    m3_cuda *c = (m3_cuda *)ctx;
+    c->dsa_tab_on = 0;
+    const size_t stage = sizeof(float) * (size_t)DSA_KEYS * (DSA2_KP + DSA2_VP);
+    if (c->failed || nl < 1 || nreq < 1 || nreq > DSA_BATCH || n > DSA_THREADS / 32 || window < 1 || !chunk_shapes(n, nh, nkv, D) ||
+        DSA3_STAGES * stage > c->smem_optin)
+        return 0;
+    const size_t cnt = (size_t)nl * nreq, bytes = sizeof *rq * cnt;
+    m3_dspark_attn_req *h = (m3_dspark_attn_req *)realloc(c->dsa_tab, bytes);
+    if (!h) return 0;
+    c->dsa_tab = h;
+    m3_dspark_attn_req *d = (m3_dspark_attn_req *)m3_cu_scratch(c, SC_DSA_TAB, bytes);
+    if (!d) return 0;
+    memcpy(h, rq, bytes);
+    /* from pageable memory: the call returns once the host's bytes are taken */
+    if (CK(c, cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, c->st))) return 0;
+    c->d_dsa_tab = d;
+    c->dsa_tab_nl = nl;
+    c->dsa_tab_nreq = nreq;
+    c->dsa_tab_n = n;
+    c->dsa_tab_window = window;
+    c->dsa_tab_on = 1;
+    return 1;
 }

@@ -846,6 +846,16 @@ static int chain_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, const
     op->upload(X, d->mk_ids, anchor, sizeof(int32_t) * (size_t)nreq);
     m3_draw_param pp[M3_DSPARK_BATCH_MAX];
     const size_t row = sizeof(float) * (size_t)(H + r);
+    /* Greedy chains take nothing from the host but their shape once the anchors are uploaded: a
+     * backend with graphs may record one and replay it (CUDA: after a block pass of at most 8
+     * rows). Drawn chains hand each slot's uniforms to draw_rows: issued directly. */
+    int graphable = !par && op->graph_begin && op->graph_end;
+    uint64_t gkey = 0x6463686169ull; /* "dchai" */
+    const uint64_t gv[6] = {(uint64_t)nreq, (uint64_t)k, (uint64_t)n_text, (uint64_t)(conf != NULL), (uint64_t)(uintptr_t)d->ws,
+                            (uint64_t)(uintptr_t)d->lg};
+    for (int i = 0; i < 6; i++) gkey = (gkey ^ gv[i]) * 1099511628211ull;
+issue:
+    if (graphable && op->graph_begin(X, NULL, gkey)) goto issued;
     for (int i = 0; i < k; i++) {
         float *lg = d->lg + (size_t)i * nreq * V;
         op->embed_dev(X, &d->markov_w1, d->mk_ids + (size_t)i * nreq, nreq, d->mk_r);
@@ -867,6 +877,11 @@ static int chain_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, const
             op->argmax_rows(X, lg, nreq, n_text, (size_t)V, d->mk_ids + (size_t)(i + 1) * nreq);
         }
     }
+    if (graphable && op->graph_end(X)) { /* recording failed: the ops issued directly */
+        graphable = 0;
+        goto issue;
+    }
+issued:
     op->download(X, ids, d->mk_ids + nreq, sizeof(int32_t) * (size_t)k * nreq);
     const size_t rb = sizeof(float) * (size_t)V;
     for (int j = 0; (q || qd) && j < nreq; j++) { /* request j's distributions: rows (i, j) of the slot-major rows */

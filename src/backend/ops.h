@@ -179,6 +179,9 @@ struct m3_ops {
      * ids, 0 elsewhere; the draw: the first kept id, in id order, where the running sum of e
      * passes u * total (rounding past the end: the last kept id). */
     void (*draw_rows)(void *ctx, float *x, int rows, int V, size_t ld, const m3_draw_param *par, int32_t *out);
+    /* capability, optional (with draw_rows): draw_rows with the rows' parameters in backend memory
+     * (par[rows]): a recorded graph of draws replays with the parameters found there then */
+    void (*draw_rows_dev)(void *ctx, float *x, int rows, int V, size_t ld, const m3_draw_param *par, int32_t *out);
     /* capability, optional (with draw_rows): DSpark's verification of sampled requests where the
      * rows are (engine/spec.h's rule). Group g (host memory): rows row0 .. row0 + k of x (stride
      * ld) hold the target's distributions p_0 .. p_k as draw_rows left them, out[row0 + k]

@@ -358,6 +358,7 @@ void m3_dspark_free(m3_dspark *d) {
     free(d->capture);
     free(d->hbias);
     free(d->hpos);
+    free(d->mk_hpar);
     m3_st_close(d->st);
     m3_dspark_config_free(&d->cfg);
     memset(d, 0, sizeof *d);
@@ -399,11 +400,14 @@ static int ws_take(m3_dspark *d, int n, const size_t *sz, float **out, m3_err *e
 }
 
 /* the workspace pieces of a block pass of nreq requests x n slots (m3_dspark_block_n) */
-static void block_sizes(const m3_dspark *d, int nreq, int n, size_t sz[13]) {
+enum { BLOCK_BUFS = 14 };
+static void block_sizes(const m3_dspark *d, int nreq, int n, size_t sz[BLOCK_BUFS]) {
     const m3_config *b = &d->cfg.base;
     const size_t NR = (size_t)nreq * n, H = (size_t)b->hidden, V = (size_t)b->vocab, qw = (size_t)b->n_heads * b->head_dim,
                  kw = (size_t)b->n_kv_heads * b->head_dim, r = (size_t)d->cfg.markov_rank, q = (size_t)nreq;
-    const size_t s[13] = {NR * H, NR * H, NR * qw, NR * kw, NR * kw, NR * qw, NR * H, NR * V, q * r, q * V, NR + q, q * (H + r), NR};
+    /* ... the last: the draws' parameters of a chain, a row each (m3_draw_param, in floats) */
+    const size_t s[BLOCK_BUFS] = {NR * H, NR * H, NR * qw, NR * kw, NR * kw, NR * qw, NR * H, NR * V, q * r, q * V, NR + q, q * (H + r),
+                                  NR, NR * ((sizeof(m3_draw_param) + 3) / 4)};
     memcpy(sz, s, sizeof s);
 }
 
@@ -418,11 +422,11 @@ static void append_sizes(const m3_dspark *d, int n, size_t sz[4]) {
 
 int m3_dspark_reserve(m3_dspark *d, int max_seqs, int max_tokens, int k, size_t *ring_bytes, m3_err *err) {
     const m3_config *b = &d->cfg.base;
-    size_t bs[13], as[4];
+    size_t bs[BLOCK_BUFS], as[4];
     const int nreq = max_seqs < 1 ? 1 : max_seqs > M3_DSPARK_BATCH_MAX ? M3_DSPARK_BATCH_MAX : max_seqs;
     block_sizes(d, nreq, k < 1 ? 1 : k, bs);
     append_sizes(d, max_tokens < 1 ? 1 : max_tokens, as);
-    size_t need = ws_need(13, bs), na = ws_need(4, as);
+    size_t need = ws_need(BLOCK_BUFS, bs), na = ws_need(4, as);
     if (na > need) need = na;
     if (need > d->ws_bytes) {
         float *one[1];
@@ -693,10 +697,10 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
     if (!op->dspark_attention) return m3_errf(err, "dspark: backend '%s' has no DSpark attention", op->name);
     const int H = b->hidden, nh = b->n_heads, nkv = b->n_kv_heads, D = b->head_dim, R = nreq * n;
     const size_t NR = (size_t)R, qw = (size_t)nh * D, kw = (size_t)nkv * D;
-    float *buf[13];
-    size_t sz[13];
+    float *buf[BLOCK_BUFS];
+    size_t sz[BLOCK_BUFS];
     block_sizes(d, nreq, n, sz);
-    if (ws_take(d, 13, sz, buf, err) || meta_take(d, R, err)) return -1;
+    if (ws_take(d, BLOCK_BUFS, sz, buf, err) || meta_take(d, R, err)) return -1;
     float *h = buf[0], *a = buf[1], *q = buf[2], *kb = buf[3], *vb = buf[4], *att = buf[5], *o = buf[6], *lg = buf[7];
     /* rows request-major (request j's block: rows j*n..), the attention's layout */
     for (int j = 0; j < nreq; j++)
@@ -780,6 +784,7 @@ issued:
     d->lg_h = a; /* no later op of the pass writes it */
     d->cf_in = buf[11];
     d->cf_out = buf[12];
+    d->mk_par = (m3_draw_param *)buf[13];
     d->lg_nreq = nreq;
     d->lg_n = n;
     return 0;
@@ -846,14 +851,32 @@ static int chain_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, const
     op->upload(X, d->mk_ids, anchor, sizeof(int32_t) * (size_t)nreq);
     m3_draw_param pp[M3_DSPARK_BATCH_MAX];
     const size_t row = sizeof(float) * (size_t)(H + r);
-    /* Greedy chains take nothing from the host but their shape once the anchors are uploaded: a
-     * backend with graphs may record one and replay it (CUDA: after a block pass of at most 8
-     * rows). Drawn chains hand each slot's uniforms to draw_rows: issued directly. */
-    int graphable = !par && op->graph_begin && op->graph_end;
+    /* A chain takes nothing from the host but its shape once the anchors (and, drawn, every
+     * slot's parameters: draw_rows_dev) are uploaded: a backend with graphs may record one and
+     * replay it (CUDA: after a block pass of at most 8 rows). */
+    int pdev = par && op->draw_rows_dev && d->mk_par;
+    if (pdev && k * nreq > d->mk_hpar_cap) {
+        m3_draw_param *h = realloc(d->mk_hpar, sizeof *h * (size_t)k * nreq);
+        if (h) {
+            d->mk_hpar = h;
+            d->mk_hpar_cap = k * nreq;
+        }
+        pdev = h != NULL; /* (else the parameters go with each launch) */
+    }
+    if (pdev) {
+        for (int i = 0; i < k; i++)
+            for (int j = 0; j < nreq; j++) {
+                pp[j] = par[j];
+                pp[j].u = u[(size_t)i * nreq + j];
+                d->mk_hpar[(size_t)i * nreq + j] = pp[j];
+            }
+        op->upload(X, d->mk_par, d->mk_hpar, sizeof(m3_draw_param) * (size_t)k * nreq);
+    }
+    int graphable = (!par || pdev) && op->graph_begin && op->graph_end;
     uint64_t gkey = 0x6463686169ull; /* "dchai" */
-    const uint64_t gv[6] = {(uint64_t)nreq, (uint64_t)k, (uint64_t)n_text, (uint64_t)(conf != NULL), (uint64_t)(uintptr_t)d->ws,
-                            (uint64_t)(uintptr_t)d->lg};
-    for (int i = 0; i < 6; i++) gkey = (gkey ^ gv[i]) * 1099511628211ull;
+    const uint64_t gv[7] = {(uint64_t)nreq, (uint64_t)k, (uint64_t)n_text, (uint64_t)(conf != NULL), (uint64_t)(uintptr_t)d->ws,
+                            (uint64_t)(uintptr_t)d->lg, (uint64_t)pdev};
+    for (int i = 0; i < 7; i++) gkey = (gkey ^ gv[i]) * 1099511628211ull;
 issue:
     if (graphable && op->graph_begin(X, NULL, gkey)) goto issued;
     for (int i = 0; i < k; i++) {
@@ -867,7 +890,9 @@ issue:
             op->copy_rows(op, d->cf_in + H, row, d->mk_r, sizeof(float) * (size_t)r, sizeof(float) * (size_t)r, (size_t)nreq);
             op->linear(X, &d->conf_w, d->cf_in, nreq, d->cf_out + (size_t)i * nreq);
         }
-        if (par) {
+        if (pdev) {
+            op->draw_rows_dev(X, lg, nreq, V, (size_t)V, d->mk_par + (size_t)i * nreq, d->mk_ids + (size_t)(i + 1) * nreq);
+        } else if (par) {
             for (int j = 0; j < nreq; j++) {
                 pp[j] = par[j];
                 pp[j].u = u[(size_t)i * nreq + j];

@@ -110,6 +110,9 @@ typedef struct m3_dspark {
     float *lg_h, *cf_in, *cf_out;   /* final-normed hidden [n][nreq][H] slot-major; the confidence head's
                                      * input [nreq][H + r] and output [n][nreq] */
     int32_t *mk_ids;            /* [n + 1][nreq] greedy draws (m3_dspark_argmax_n, m3_dspark_greedy_n) */
+    m3_draw_param *mk_par;      /* [n][nreq] a drawn chain's parameters (backend memory: draw_rows_dev) */
+    m3_draw_param *mk_hpar;     /* ... their host copy, mk_hpar_cap rows */
+    int mk_hpar_cap;
     int lg_nreq, lg_n;
     /* host metadata of a pass (positions, sequence ids, token ids) and its batch (begin_step) */
     int32_t *hpos, *hseq, *hids;

@@ -565,8 +565,20 @@ int main(int argc, char **argv) {
          * and replays it after; each round's greedy drafts are the CPU's (or differ first at a
          * near tie of the CPU's row) */
         const long r0 = cpu ? 0 : m3_cuda_graph_replays(&gops);
-        int rsame = 0, rties = 0;
+        int rsame = 0, rties = 0, psame = 0, pnear1 = 0;
         enum { ROUNDS = 5 };
+        /* ... and probabilistic drafts alone (T 0.9, top-k 50, top-p 0.95; the slots' parameters in
+         * device memory, draw_rows_dev): the CPU's, unless a uniform lies within 1e-6 of a
+         * boundary of the CPU's distribution */
+        m3_sampling psp;
+        memset(&psp, 0, sizeof psp);
+        psp.temperature = 0.9f;
+        psp.top_k = 50;
+        psp.top_p = 0.95f;
+        int32_t pz = 1;
+        m3_sampler *ps1 = m3_sampler_create(&psp, V, &pz, 1, &err);
+        float *q1c = malloc(sizeof(float) * (size_t)K * V), *q1g = malloc(sizeof(float) * (size_t)K * V);
+        if (!ps1 || !q1c || !q1g) { printf("FAIL sampler / out of memory: %s\n", err.msg); return 1; }
         for (int r = 0; r < ROUNDS; r++) {
             const int len = cc[0].len;
             if (r && (m3_dspark_ctx_append(&dc, &cc[0], feat + (size_t)r * F, len, 1, &err) ||
@@ -583,6 +595,38 @@ int main(int argc, char **argv) {
                 m3_spec_draft_n(&dg, &one, 1, ws, M3_SPEC_DRAFT_GREEDY, K, scratch, &err) || one.failed) {
                 printf("FAIL round %d draft: %s\n", r, err.msg);
                 return 1;
+            }
+            {   /* probabilistic, the same seed on each side */
+                int32_t pc1[K], pg1[K];
+                m3_rng rc1, rg1, ur;
+                m3_rng_seed(&rc1, 70 + (uint64_t)r);
+                m3_rng_seed(&rg1, 70 + (uint64_t)r);
+                m3_rng_seed(&ur, 70 + (uint64_t)r);
+                m3_spec_draft_req p1 = {&cg[0], ps1, &rg1, an, at, pg1, q1g, NULL, 0, 0, NULL, 0};
+                if (m3_spec_draft(&dc, &cc[0], ps1, ws, &rc1, M3_SPEC_DRAFT_PROBABILISTIC, an, at, K, scratch, pc1, q1c, &qu, &err) ||
+                    m3_spec_draft_n(&dg, &p1, 1, ws, M3_SPEC_DRAFT_PROBABILISTIC, K, scratch, &err) || p1.failed) {
+                    printf("FAIL round %d probabilistic draft: %s\n", r, err.msg);
+                    return 1;
+                }
+                int i = 0;
+                for (; i < K; i++) {
+                    const float *a = q1c + (size_t)i * V, *b = q1g + (size_t)i * V;
+                    const double uu = m3_rng_uniform(&ur);
+                    double num = 0, den = 0, tot = 0;
+                    for (int v = 0; v < V; v++) { num += (double)(a[v] - b[v]) * (a[v] - b[v]); den += (double)a[v] * a[v]; tot += a[v]; }
+                    if (sqrt(num / (den > 0 ? den : 1)) > 1e-4) { printf("FAIL round %d slot %d: distribution differs\n", r, i); fails++; break; }
+                    if (pg1[i] == pc1[i]) continue;
+                    double acc = 0, dmin = 1e300;
+                    for (int v = 0; v < V; v++) {
+                        if (!(a[v] > 0)) continue;
+                        acc += a[v];
+                        dmin = fmin(dmin, fabs(acc - uu * tot));
+                    }
+                    if (dmin < 1e-6 * tot) pnear1++;
+                    else { printf("FAIL round %d slot %d: drew %d (gpu) vs %d (cpu)\n", r, i, pg1[i], pc1[i]); fails++; }
+                    break; /* the later slots follow other draws */
+                }
+                psame += i == K;
             }
             int i = 0;
             while (i < K && dc1[i] == dg1[i]) i++;
@@ -610,11 +654,17 @@ int main(int argc, char **argv) {
         const int tab = !cpu && gops.dspark_attention_table &&
                         gops.dspark_attention_table(gops.ctx, 1, 1, &probe, K + 1, db->n_heads, db->n_kv_heads, db->head_dim,
                                                     dg.cfg.window);
-        printf("one request a pass, %d rounds (contexts %d..%d): %d equal to the CPU's, %d at a near tie; %ld graph replays%s\n",
-               ROUNDS, cc[0].len - ROUNDS + 1, cc[0].len, rsame, rties, replays,
-               cpu ? "" : tab ? " (block passes and greedy chains)" : " (greedy chains: no table for these shapes, no block pass recorded)");
-        /* each kind runs directly the first round, is recorded the second, replayed after */
-        const long want = cpu ? 0 : (ROUNDS - 2) * (tab ? 2 : 1);
+        printf("one request a pass, %d rounds (contexts %d..%d): greedy drafts %d equal to the CPU's, %d at a near tie; "
+               "probabilistic %d equal, %d at a boundary; %ld graph replays%s\n",
+               ROUNDS, cc[0].len - ROUNDS + 1, cc[0].len, rsame, rties, psame, pnear1, replays,
+               cpu ? "" : tab ? " (block passes, greedy and drawn chains)" : " (chains: no table for these shapes, no block pass recorded)");
+        m3_sampler_free(ps1);
+        free(q1c);
+        free(q1g);
+        /* each kind runs directly the first round, is recorded the second, replayed after: two
+         * block passes a round (greedy, probabilistic: the same key) and the two chains */
+        const int gdev = !cpu && gops.draw_rows_dev;
+        const long want = cpu ? 0 : (tab ? 2 * ROUNDS - 2 : 0) + (ROUNDS - 2) * (gdev ? 2 : 1);
         if (replays < want) { printf("FAIL one-request passes: %ld graph replays, not %ld\n", replays, want); fails++; }
     }
     for (int j = 0; j < NR; j++) { m3_dspark_ctx_free(&cc[j]); m3_dspark_ctx_free(&cg[j]); m3_sampler_free(sm[j]); }

@@ -538,6 +538,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->host_alloc = cu_host_alloc;
     ops->host_free = cu_host_free;
     ops->draw_rows = m3_cu_draw_rows;
+    ops->draw_rows_dev = m3_cu_draw_rows_dev;
     ops->verify_rows = m3_cu_verify_rows;
     ops->mlp = m3_cu_mlp;
     ops->moe = m3_cu_moe;

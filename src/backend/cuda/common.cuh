@@ -236,6 +236,7 @@ void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const fl
 void m3_cu_argmax_rows(void *ctx, const float *x, int rows, int n, size_t ld, int32_t *out);
 void m3_cu_argmax_rows_fin(void *ctx, const float *x, int rows, int n, int nf, size_t ld, int32_t *out, int32_t *fin);
 void m3_cu_draw_rows(void *ctx, float *x, int rows, int V, size_t ld, const m3_draw_param *par, int32_t *out);
+void m3_cu_draw_rows_dev(void *ctx, float *x, int rows, int V, size_t ld, const m3_draw_param *par, int32_t *out);
 void m3_cu_verify_rows(void *ctx, const float *x, int V, size_t ld, int n, const m3_verify_group *g, int32_t *out);
 void m3_cu_dspark_attention_n(void *ctx, int nreq, const m3_dspark_attn_req *rq, const float *q, const float *kb,
                               const float *vb, int n, int nh, int nkv, int D, int window, float *out);

@@ -214,16 +214,17 @@ static __device__ void dr_trim(float *w, int j0, int c0, int c1, float thr, uint
     __syncthreads(); /* the passes after read the dropped ones as 0 */
 }
 
-/* grid (DR_CL, rows), cluster (DR_CL): row blockIdx.y with a.p[blockIdx.y]. SL: the CTA's slice
+/* grid (DR_CL, rows), cluster (DR_CL): row blockIdx.y with a.p[blockIdx.y] (dp[blockIdx.y] when
+ * dp: the parameters in device memory, draw_rows_dev). SL: the CTA's slice
  * is worked on in shared memory (dynamic, S floats), read from and written to the row once;
  * else in the row itself (every pass from L2). */
 template <bool SL>
-__global__ void __launch_bounds__(DR_T, 2) k_draw_rows(float *x, int V, size_t ld, const __grid_constant__ dr_args a, int32_t *out,
-                                                         float *cands) {
+__global__ void __launch_bounds__(DR_T, 2) k_draw_rows(float *x, int V, size_t ld, const __grid_constant__ dr_args a,
+                                                         const m3_draw_param *dp, int32_t *out, float *cands) {
     __shared__ dr_smem s;
     extern __shared__ float dr_slice[];
     const uint32_t rank = cluster_rank();
-    const m3_draw_param P = a.p[blockIdx.y];
+    const m3_draw_param P = dp ? dp[blockIdx.y] : a.p[blockIdx.y];
     float *r = x + (size_t)blockIdx.y * ld;
     const int n = P.n < 1 ? 1 : P.n > V ? V : P.n;
     const int S = (V + DR_CL - 1) / DR_CL, j0 = (int)rank * S < V ? (int)rank * S : V, j1 = j0 + S < V ? j0 + S : V;
@@ -376,8 +377,8 @@ __global__ void __launch_bounds__(DR_T, 2) k_draw_rows(float *x, int V, size_t l
     cluster_sync(); /* peers are done reading this CTA's shared memory */
 }
 
-void m3_cu_draw_rows(void *ctx, float *x, int rows, int V, size_t ld, const m3_draw_param *par, int32_t *out) {
-    m3_cuda *c = (m3_cuda *)ctx;
+/* par: the rows' parameters on the host (passed with the launch) or, dev, in device memory */
+static void draw_rows(m3_cuda *c, float *x, int rows, int V, size_t ld, const m3_draw_param *par, int dev, int32_t *out) {
     if (rows <= 0 || V <= 0 || c->failed) return;
     m3_cu_xsplit_touch(c, x, sizeof(float) * ((size_t)(rows - 1) * ld + (size_t)V));
     m3_cu_xsplit_touch(c, out, sizeof(int32_t) * (size_t)rows);
@@ -387,7 +388,8 @@ void m3_cu_draw_rows(void *ctx, float *x, int rows, int V, size_t ld, const m3_d
     if (sl_env < 0) sl_env = m3_cu_env_int("M3_DRAW_SMEM", 1) != 0;
     const size_t slice = sizeof(float) * (size_t)((V + DR_CL - 1) / DR_CL);
     int sl = sl_env && slice <= DR_SLICE_MAX;
-    if (sl) { /* per device (a process may drive several): set each time, it costs the host a little */
+    if (sl && !c->capturing) { /* per device (a process may drive several): set each time, it costs the host a little
+                                * (a recording follows a direct run, which set it) */
         sl = cudaFuncSetAttribute(k_draw_rows<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, DR_SLICE_MAX) == cudaSuccess;
         if (!sl) cudaGetLastError();
     }
@@ -399,7 +401,7 @@ void m3_cu_draw_rows(void *ctx, float *x, int rows, int V, size_t ld, const m3_d
         const int m = rows - r0 < DR_ROWS ? rows - r0 : DR_ROWS;
         dr_args a;
         memset(&a, 0, sizeof a);
-        memcpy(a.p, par + r0, sizeof(m3_draw_param) * (size_t)m);
+        if (!dev) memcpy(a.p, par + r0, sizeof(m3_draw_param) * (size_t)m);
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(DR_CL, (unsigned)m);
         cfg.blockDim = dim3(DR_T);
@@ -412,10 +414,18 @@ void m3_cu_draw_rows(void *ctx, float *x, int rows, int V, size_t ld, const m3_d
         cfg.attrs = at;
         cfg.numAttrs = 1;
         cfg.dynamicSmemBytes = sl ? slice : 0;
-        if (CK(c, cudaLaunchKernelEx(&cfg, sl ? k_draw_rows<true> : k_draw_rows<false>, x + (size_t)r0 * ld, V, ld, a, out + r0,
-                                     cands)))
+        if (CK(c, cudaLaunchKernelEx(&cfg, sl ? k_draw_rows<true> : k_draw_rows<false>, x + (size_t)r0 * ld, V, ld, a,
+                                     dev ? par + r0 : NULL, out + r0, cands)))
             break;
     }
     CK_LAUNCH(c, "draw rows");
     m3_cu_prof_end(c, OP_ARGMAX);
+}
+
+void m3_cu_draw_rows(void *ctx, float *x, int rows, int V, size_t ld, const m3_draw_param *par, int32_t *out) {
+    draw_rows((m3_cuda *)ctx, x, rows, V, ld, par, 0, out);
+}
+
+void m3_cu_draw_rows_dev(void *ctx, float *x, int rows, int V, size_t ld, const m3_draw_param *par, int32_t *out) {
+    draw_rows((m3_cuda *)ctx, x, rows, V, ld, par, 1, out);
 }

@@ -361,13 +361,20 @@ __global__ void __launch_bounds__(DSA_THREADS, 2) k_dsa_chunk(const float *q, co
  * per head row; O rescaled by exp(m_old - m_new) when the maximum moves) and O += P V over all
  * 128 channels, in registers until the run ends; one part row per CTA. Runs of `per` chunks,
  * the fewest that fit every request's runs in one wave (one CTA an SM: the two 68.6 KB buffers,
- * 184 registers): requests with few keys take few CTAs (k_dsa_chunk gave each request as many
- * chunks as the longest one's, most of them empty). */
+ * 255 registers): requests with few keys take few CTAs (k_dsa_chunk gave each request as many
+ * chunks as the longest one's, most of them empty). TRUNC: the TF32 splits by truncation
+ * (tf32_split_trunc: ncu found the kernel issue-bound, and cvt.rna.tf32 is a dozen SASS
+ * instructions on sm_90: 5,200 -> 3,552 in the kernel, 8 requests 209 -> 174 us). */
 #define DSA3_STAGES 2
+template <bool TRUNC>
 __global__ void __launch_bounds__(DSA_THREADS, 1) k_dsa_flash(const float *q, const float *kb, const float *vb, int n, int nh,
                                                               int nkv, const __grid_constant__ dsa_reqs R,
                                                               const m3_dspark_attn_req *tab, int window, float scale,
                                                               int nsplit, int per, float *part) {
+    auto SPLIT = [](float x, uint32_t *b, uint32_t *sm_) {
+        if (TRUNC) tf32_split_trunc(x, b, sm_);
+        else tf32_split(x, b, sm_);
+    };
     extern __shared__ __align__(16) float sm[]; /* DSA3_STAGES x ([KEYS][KP] keys, [KEYS][VP] values) */
     const int z = blockIdx.x, g = blockIdx.y, rq = blockIdx.z, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gq = lane >> 2, t = lane & 3;
@@ -457,16 +464,16 @@ __global__ void __launch_bounds__(DSA_THREADS, 1) k_dsa_flash(const float *q, co
             for (int kk = 0; kk < DSA2_D / 8; kk++) { /* S: 8 dimensions a step */
                 const int cc = kk * 8 + t;
                 uint32_t ab[4], as[4];
-                tf32_split(__ldg(qi + gq * DSA2_D + cc), &ab[0], &as[0]);
-                tf32_split(__ldg(qi + (gq + 8) * DSA2_D + cc), &ab[1], &as[1]);
-                tf32_split(__ldg(qi + gq * DSA2_D + cc + 4), &ab[2], &as[2]);
-                tf32_split(__ldg(qi + (gq + 8) * DSA2_D + cc + 4), &ab[3], &as[3]);
+                SPLIT(__ldg(qi + gq * DSA2_D + cc), &ab[0], &as[0]);
+                SPLIT(__ldg(qi + (gq + 8) * DSA2_D + cc), &ab[1], &as[1]);
+                SPLIT(__ldg(qi + gq * DSA2_D + cc + 4), &ab[2], &as[2]);
+                SPLIT(__ldg(qi + (gq + 8) * DSA2_D + cc + 4), &ab[3], &as[3]);
 #pragma unroll
                 for (int nt = 0; nt < DSA_KEYS / 8; nt++) {
                     const float *kp = ks + (nt * 8 + gq) * DSA2_KP + cc;
                     uint32_t b0, b0s, b1, b1s;
-                    tf32_split(kp[0], &b0, &b0s);
-                    tf32_split(kp[4], &b1, &b1s);
+                    SPLIT(kp[0], &b0, &b0s);
+                    SPLIT(kp[4], &b1, &b1s);
                     mma_tf32(sc[nt], as, b0, b1);
                     mma_tf32(sc[nt], ab, b0s, b1s);
                     mma_tf32(sc[nt], ab, b0, b1);
@@ -517,10 +524,10 @@ __global__ void __launch_bounds__(DSA_THREADS, 1) k_dsa_flash(const float *q, co
                 const float x10 = __shfl_sync(0xffffffffu, sc[kt][2], src0), x11 = __shfl_sync(0xffffffffu, sc[kt][3], src0);
                 const float y00 = __shfl_sync(0xffffffffu, sc[kt][0], src1), y01 = __shfl_sync(0xffffffffu, sc[kt][1], src1);
                 const float y10 = __shfl_sync(0xffffffffu, sc[kt][2], src1), y11 = __shfl_sync(0xffffffffu, sc[kt][3], src1);
-                tf32_split(odd ? x01 : x00, &pb[kt][0], &ps[kt][0]); /* P[gq][kt * 8 + t] */
-                tf32_split(odd ? x11 : x10, &pb[kt][1], &ps[kt][1]); /* P[gq + 8][kt * 8 + t] */
-                tf32_split(odd ? y01 : y00, &pb[kt][2], &ps[kt][2]); /* P[gq][kt * 8 + t + 4] */
-                tf32_split(odd ? y11 : y10, &pb[kt][3], &ps[kt][3]); /* P[gq + 8][kt * 8 + t + 4] */
+                SPLIT(odd ? x01 : x00, &pb[kt][0], &ps[kt][0]); /* P[gq][kt * 8 + t] */
+                SPLIT(odd ? x11 : x10, &pb[kt][1], &ps[kt][1]); /* P[gq + 8][kt * 8 + t] */
+                SPLIT(odd ? y01 : y00, &pb[kt][2], &ps[kt][2]); /* P[gq][kt * 8 + t + 4] */
+                SPLIT(odd ? y11 : y10, &pb[kt][3], &ps[kt][3]); /* P[gq + 8][kt * 8 + t + 4] */
             }
 #pragma unroll
             for (int n4 = 0; n4 < DSA2_D / 32; n4++) {
@@ -533,8 +540,8 @@ __global__ void __launch_bounds__(DSA_THREADS, 1) k_dsa_flash(const float *q, co
 #pragma unroll
                     for (int u = 0; u < 4; u++) {
                         uint32_t b0, b0s, b1, b1s;
-                        tf32_split(vp[u * 8], &b0, &b0s);
-                        tf32_split(vp[4 * DSA2_VP + u * 8], &b1, &b1s);
+                        SPLIT(vp[u * 8], &b0, &b0s);
+                        SPLIT(vp[4 * DSA2_VP + u * 8], &b1, &b1s);
                         mma_tf32(acc[u], ps[kt], b0, b1);
                         mma_tf32(acc[u], pb[kt], b0s, b1s);
                         mma_tf32(acc[u], pb[kt], b0, b1);
@@ -705,17 +712,22 @@ static void dsa_chunks(m3_cuda *c, int nreq, const m3_dspark_attn_req *rq, const
     float *part = (float *)m3_cu_scratch(c, SC_DSA, sizeof(float) * (size_t)nreq * n * nh * nsplit * (DSA2_D + 2));
     if (!part) return;
     const size_t smem = fl ? DSA3_STAGES * stage : stage;
-    static unsigned long long set[2]; /* devices whose context has the kernel's shared-memory attribute */
+    static int trunc_env = -1; /* M3_DSA_TRUNC=0: the TF32 splits by rounding conversions (comparisons) */
+    if (trunc_env < 0) trunc_env = m3_cu_env_int("M3_DSA_TRUNC", 1) != 0;
+    const int tr = trunc_env;
+    static unsigned long long set[3]; /* devices whose context has the kernel's shared-memory attribute */
     const unsigned long long bit = 1ull << (c->dev & 63);
-    if (!(__atomic_load_n(&set[fl], __ATOMIC_ACQUIRE) & bit)) {
-        if (CK(c, fl ? cudaFuncSetAttribute(k_dsa_flash, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
-                 : cudaFuncSetAttribute(k_dsa_chunk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
+    const int ki = fl ? 1 + tr : 0;
+    if (!(__atomic_load_n(&set[ki], __ATOMIC_ACQUIRE) & bit)) {
+        if (CK(c, ki == 2   ? cudaFuncSetAttribute(k_dsa_flash<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+                  : ki == 1 ? cudaFuncSetAttribute(k_dsa_flash<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+                            : cudaFuncSetAttribute(k_dsa_chunk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
             return;
-        __atomic_fetch_or(&set[fl], bit, __ATOMIC_RELEASE);
+        __atomic_fetch_or(&set[ki], bit, __ATOMIC_RELEASE);
     }
     if (fl)
-        k_dsa_flash<<<dim3(nsplit, nkv, nreq), DSA_THREADS, smem, c->st>>>(q, kb, vb, n, nh, nkv, R, dtab, window,
-                                                                          1.0f / sqrtf((float)DSA2_D), nsplit, per, part);
+        (tr ? k_dsa_flash<true> : k_dsa_flash<false>)<<<dim3(nsplit, nkv, nreq), DSA_THREADS, smem, c->st>>>(
+            q, kb, vb, n, nh, nkv, R, dtab, window, 1.0f / sqrtf((float)DSA2_D), nsplit, per, part);
     else
         k_dsa_chunk<<<dim3(nsplit, nkv, nreq), DSA_THREADS, smem, c->st>>>(
             q, kb, vb, n, nh, nkv, R, window, 1.0f / sqrtf((float)DSA2_D), nsplit, part);

@@ -86,6 +86,14 @@ static __device__ __forceinline__ void tf32_split(float x, uint32_t *big, uint32
     *big = tf32_of(x);
     *small = tf32_of(x - __uint_as_float(*big));
 }
+/* the same by truncation: big is x with its low 13 mantissa bits cleared, small the exact rest
+ * (passed as f32 bits: an MMA reads a TF32 operand's top 19 bits), two integer / float
+ * instructions instead of two conversions and a subtraction; the products' error grows from
+ * 2^-22 to 2^-20 of their size */
+static __device__ __forceinline__ void tf32_split_trunc(float x, uint32_t *big, uint32_t *small) {
+    *big = __float_as_uint(x) & 0xffffe000u;
+    *small = __float_as_uint(x - __uint_as_float(*big));
+}
 /* D += A B: m16n8k8, TF32 operands, f32 accumulators (lane l, g = l / 4, t = l % 4: a0 / a1 rows
  * g / g + 8 at column t, a2 / a3 the same at column t + 4; b0 / b1 rows t / t + 4 of column g;
  * c0, c1 row g columns 2t, 2t + 1, c2, c3 the same of row g + 8) */

@@ -142,6 +142,10 @@ run "$BIN/bench_cuda_linear"
 [ -x "$BIN/bench_cuda_attn" ] && run "$BIN/bench_cuda_attn"
 # the indexer's top-k fused into its last CTAs at every grid (by default only below 2048 CTAs)
 [ -x "$BIN/bench_cuda_attn" ] && M3_INDEX_FUSE_MAX=1000000000 M3_BENCH_KV=bf16 run "$BIN/bench_cuda_attn"
+# the draft attention's other kernels (k_dsa_flash takes its 8-slot cases by default): k_dsa_chunk (more
+# than 8 slots), and k_dsa_flash with its TF32 splits by rounding conversions
+[ -x "$BIN/bench_cuda_attn" ] && M3_DSA_FLASH=0 M3_BENCH_CASE=0 run "$BIN/bench_cuda_attn"
+[ -x "$BIN/bench_cuda_attn" ] && M3_DSA_TRUNC=0 M3_BENCH_CASE=0 run "$BIN/bench_cuda_attn"
 # the tensor-core (wgmma) GEMM for many tokens, every weight format, against a double reference
 [ -x "$BIN/bench_cuda_gemm" ] && run "$BIN/bench_cuda_gemm"
 [ -x "$BIN/bench_cuda_moe" ] && run "$BIN/bench_cuda_moe"

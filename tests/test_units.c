@@ -8,6 +8,7 @@
 #include "base/num.h"
 #include "backend/cpu/cpu.h"
 #include "backend/runs.h"
+#include "backend/dsa_runs.h"
 #include "backend/streamk.h"
 #include "base/pool.h"
 #include "engine/sampler.h"
@@ -404,8 +405,48 @@ static void test_streamk(void) {
     }
 }
 
+/* dsa_runs.h: every chunk of every request in exactly one run of at most per chunks, the runs
+ * within the grid's x; one wave of CTAs whenever one CTA a (request, KV head) fits; per the
+ * shortest that fits (per - 1 would not), or a whole request's chunks when nothing fits */
+static void test_dsa_runs(void) {
+    static const int cases[][11] = {
+        /* sms, nkv, nreq, chunks... */
+        {132, 4, 1, 65},          {132, 4, 8, 65, 65, 65, 65, 65, 65, 65, 65}, {132, 4, 4, 65, 2, 65, 1},
+        {132, 4, 2, 1, 1},        {8, 4, 3, 10, 10, 10},                   {132, 4, 1, 313},
+        {1, 1, 1, 7},             {132, 32, 5, 9, 9, 1, 3, 2},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const int sms = cases[k][0], nkv = cases[k][1], nreq = cases[k][2];
+        int ch[8];
+        for (int r = 0; r < nreq; r++) ch[r] = cases[k][3 + r];
+        int per = 0;
+        const int gx = m3_dsa_runs(sms, nkv, nreq, ch, &per);
+        long ctas = 0;
+        int ok = per >= 1, most = 1;
+        for (int r = 0; r < nreq; r++) {
+            const int runs = (ch[r] + per - 1) / per;
+            ctas += (long)nkv * runs;
+            ok = ok && runs <= gx && (runs - 1) * per < ch[r]; /* run z covers [z * per, min(z * per + per, chunks)) */
+            most = ch[r] > most ? ch[r] : most;
+        }
+        ok = ok && gx == (most + per - 1) / per;
+        if (nkv * nreq <= sms) {
+            ok = ok && ctas <= sms;
+            if (per > 1) { /* one shorter would not fit */
+                long c2 = 0;
+                for (int r = 0; r < nreq; r++) c2 += (long)nkv * ((ch[r] + per - 2) / (per - 1));
+                ok = ok && c2 > sms;
+            }
+        } else {
+            ok = ok && per == most;
+        }
+        CHECK(ok, "dsa runs case %zu: per %d, grid x %d, %ld CTAs of %d", k, per, gx, ctas, sms);
+    }
+}
+
 int main(void) {
     test_streamk();
+    test_dsa_runs();
     test_e4m3();
     test_e4m3_encode();
     test_e2m1_encode();

@@ -13,6 +13,7 @@
  * slot (up to 8) in one CTA per run of chunks, on the tensor cores (k_dsa_chunk: one CTA a chunk,
  * more slots, M3_DSA_FLASH=0).
  * CPU reference: src/backend/cpu/attention.c (m3_cpu_dspark_attention, dsa_items). */
+#include "backend/dsa_runs.h"
 #include "common.cuh"
 #include "ptx.cuh"
 
@@ -657,28 +658,6 @@ static bool flash_on() {
     return flash;
 }
 
-/* k_dsa_flash's runs: the shortest run of chunks (per) whose CTAs (nkv a run) fit in one wave of
- * sms, or one run a request and KV head; returns the runs of the request with the most chunks
- * (the grid's x) */
-static int flash_runs(int sms, int nkv, int nreq, const int *chunks, int *per) {
-    long tot = 0;
-    int most = 1;
-    for (int r = 0; r < nreq; r++) {
-        tot += chunks[r];
-        if (chunks[r] > most) most = chunks[r];
-    }
-    int p = (int)cdiv((size_t)tot * nkv, sms > 0 ? (size_t)sms : 1);
-    for (; p < most; p++) {
-        long ctas = 0;
-        for (int r = 0; r < nreq; r++) ctas += (long)nkv * cdiv(chunks[r], p);
-        if (ctas <= sms) break;
-    }
-    if (p > most) p = most;
-    if (p < 1) p = 1;
-    *per = p;
-    return (int)cdiv(most, p);
-}
-
 /* k_dsa_chunk (k_dsa_flash) and k_dsa_combine over nreq (<= DSA_BATCH) requests of n slots each;
  * with dtab (k_dsa_flash only), the requests rq also in device memory (a pass's table): the kernel
  * reads them there and the launch's shape is that of full windows, whatever their positions */
@@ -708,7 +687,7 @@ static void dsa_chunks(m3_cuda *c, int nreq, const m3_dspark_attn_req *rq, const
         return;
     }
     int per = 1;
-    if (fl) nsplit = flash_runs(c->sm_count, nkv, nreq, R.nsplit, &per);
+    if (fl) nsplit = m3_dsa_runs(c->sm_count, nkv, nreq, R.nsplit, &per);
     float *part = (float *)m3_cu_scratch(c, SC_DSA, sizeof(float) * (size_t)nreq * n * nh * nsplit * (DSA2_D + 2));
     if (!part) return;
     const size_t smem = fl ? DSA3_STAGES * stage : stage;

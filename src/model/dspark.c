@@ -726,9 +726,9 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
     int graphable = op->dspark_attention_n && op->dspark_attention_table && op->graph_begin && op->graph_end &&
                     op->dspark_attention_table(X, b->n_layers, nreq, ar, n, nh, nkv, D, d->cfg.window);
     uint64_t gkey = 0x647370617273ull; /* "dspars" */
-    const uint64_t gv[5] = {(uint64_t)nreq, (uint64_t)n, (uint64_t)(uintptr_t)d->ws, (uint64_t)d->cfg.window,
-                            (uint64_t)(uintptr_t)lg};
-    for (int i = 0; i < 5; i++) gkey = (gkey ^ gv[i]) * 1099511628211ull;
+    const uint64_t gv[6] = {(uint64_t)nreq, (uint64_t)n, (uint64_t)(uintptr_t)d->ws, (uint64_t)d->cfg.window,
+                            (uint64_t)(uintptr_t)lg, (uint64_t)(uintptr_t)d->fc.w}; /* (another draft's weights) */
+    for (int i = 0; i < 6; i++) gkey = (gkey ^ gv[i]) * 1099511628211ull;
 issue:
     if (graphable && op->graph_begin(X, NULL, gkey)) goto issued;
     op->embed(X, &tw->embed, d->hids, R, h);
@@ -874,9 +874,9 @@ static int chain_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, const
     }
     int graphable = (!par || pdev) && op->graph_begin && op->graph_end;
     uint64_t gkey = 0x6463686169ull; /* "dchai" */
-    const uint64_t gv[7] = {(uint64_t)nreq, (uint64_t)k, (uint64_t)n_text, (uint64_t)(conf != NULL), (uint64_t)(uintptr_t)d->ws,
-                            (uint64_t)(uintptr_t)d->lg, (uint64_t)pdev};
-    for (int i = 0; i < 7; i++) gkey = (gkey ^ gv[i]) * 1099511628211ull;
+    const uint64_t gv[8] = {(uint64_t)nreq, (uint64_t)k, (uint64_t)n_text, (uint64_t)(conf != NULL), (uint64_t)(uintptr_t)d->ws,
+                            (uint64_t)(uintptr_t)d->lg, (uint64_t)pdev, (uint64_t)(uintptr_t)d->markov_w2.w};
+    for (int i = 0; i < 8; i++) gkey = (gkey ^ gv[i]) * 1099511628211ull;
 issue:
     if (graphable && op->graph_begin(X, NULL, gkey)) goto issued;
     for (int i = 0; i < k; i++) {

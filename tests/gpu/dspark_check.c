@@ -652,7 +652,7 @@ int main(int argc, char **argv) {
         const m3_config *db = &dg.cfg.base;
         const m3_dspark_attn_req probe = {NULL, NULL, 1, 0, 0, 0};
         const int tab = !cpu && gops.dspark_attention_table &&
-                        gops.dspark_attention_table(gops.ctx, 1, 1, &probe, K + 1, db->n_heads, db->n_kv_heads, db->head_dim,
+                        gops.dspark_attention_table(gops.ctx, 1, 1, &probe, K, db->n_heads, db->n_kv_heads, db->head_dim,
                                                     dg.cfg.window);
         printf("one request a pass, %d rounds (contexts %d..%d): greedy drafts %d equal to the CPU's, %d at a near tie; "
                "probabilistic %d equal, %d at a boundary; %ld graph replays%s\n",

@@ -355,7 +355,7 @@ static int cu_graph_begin(void *ctx, const m3_kv *kv, uint64_t key) {
     m3_cuda *c = (m3_cuda *)ctx;
     c->capturing = 0;
     m3_cu_xsplit_reset(c);
-    if (!c->graphs_on || c->failed || c->prof || c->count_experts || c->T > 8) return 0;
+    if (!c->graphs_on || c->failed || c->prof || c->count_experts || c->T > GRAPH_T_MAX) return 0;
     uint64_t k = full_key(c, kv, key);
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].key == k) {

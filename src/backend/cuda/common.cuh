@@ -81,6 +81,7 @@ typedef struct m3_cuda {
 } m3_cuda;
 
 #define RUN_MAX 8 /* tokens of a run (the indexer's key reads are shared within one) */
+#define GRAPH_T_MAX 8 /* steps of at most this many tokens are recorded (cu_graph_begin) */
 
 /* MoE grouped by expert on the tensor cores (linear_mma.cu): at most MOE_GROUP_T tokens and
  * MOE_GROUP_S (token, expert) slots per launch; larger batches go in chunks */

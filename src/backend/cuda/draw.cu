@@ -388,10 +388,14 @@ static void draw_rows(m3_cuda *c, float *x, int rows, int V, size_t ld, const m3
     if (sl_env < 0) sl_env = m3_cu_env_int("M3_DRAW_SMEM", 1) != 0;
     const size_t slice = sizeof(float) * (size_t)((V + DR_CL - 1) / DR_CL);
     int sl = sl_env && slice <= DR_SLICE_MAX;
-    if (sl && !c->capturing) { /* per device (a process may drive several): set each time, it costs the host a little
-                                * (a recording follows a direct run, which set it) */
-        sl = cudaFuncSetAttribute(k_draw_rows<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, DR_SLICE_MAX) == cudaSuccess;
-        if (!sl) cudaGetLastError();
+    static unsigned long long sl_set; /* devices whose context has the attribute (a process may drive several) */
+    const unsigned long long bit = 1ull << (c->dev & 63);
+    if (sl && !(__atomic_load_n(&sl_set, __ATOMIC_ACQUIRE) & bit)) {
+        /* not while recording (no attribute calls inside a capture): the slices in global memory */
+        sl = !c->capturing &&
+             cudaFuncSetAttribute(k_draw_rows<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, DR_SLICE_MAX) == cudaSuccess;
+        if (sl) __atomic_fetch_or(&sl_set, bit, __ATOMIC_RELEASE);
+        else if (!c->capturing) cudaGetLastError();
     }
     /* the cuts' candidates: a slice's worth of floats for each CTA of a launch */
     const int lrows = rows < DR_ROWS ? rows : DR_ROWS;

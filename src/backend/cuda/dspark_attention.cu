@@ -806,8 +806,12 @@ int m3_cu_dspark_attention_table(void *ctx, int nl, int nreq, const m3_dspark_at
     m3_cuda *c = (m3_cuda *)ctx;
     c->dsa_tab_on = 0;
     const size_t stage = sizeof(float) * (size_t)DSA_KEYS * (DSA2_KP + DSA2_VP);
-    if (c->failed || nl < 1 || nreq < 1 || nreq > DSA_BATCH || n > DSA_THREADS / 32 || window < 1 || !chunk_shapes(n, nh, nkv, D) ||
-        DSA3_STAGES * stage > c->smem_optin)
+    /* only for passes a graph may record: the table's launches are sized for full windows, which
+     * costs passes of several requests over short contexts their parallelism (8 requests over
+     * 200 keys: runs of 17 chunks where 4 CTAs a request would each take one), and takes
+     * k_dsa_flash whatever M3_DSA_FLASH says */
+    if (c->failed || nl < 1 || nreq < 1 || nreq > DSA_BATCH || n > DSA_THREADS / 32 || (long)nreq * n > GRAPH_T_MAX ||
+        window < 1 || !flash_on() || !chunk_shapes(n, nh, nkv, D) || DSA3_STAGES * stage > c->smem_optin)
         return 0;
     const size_t cnt = (size_t)nl * nreq, bytes = sizeof *rq * cnt;
     m3_dspark_attn_req *h = (m3_dspark_attn_req *)realloc(c->dsa_tab, bytes);

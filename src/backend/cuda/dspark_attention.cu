@@ -218,6 +218,102 @@ static __device__ __forceinline__ void dsa_stage_rows(const float *kr, const flo
     }
 }
 
+/* a TF32 split of x (three MMAs make an f32 product): rounding conversions, or TRUNC truncation */
+template <bool TRUNC> static __device__ __forceinline__ void dsa_split(float x, uint32_t *big, uint32_t *small) {
+    if (TRUNC) tf32_split_trunc(x, big, small);
+    else tf32_split(x, big, small);
+}
+
+/* S = Q K^T of one chunk for a warp's 16 query heads (the 16 rows of an m16n8k8 A operand, head
+ * row h at qi + h * D) against the chunk's DSA_KEYS key rows ks [KEYS][KP]: s[nt] the tile of
+ * keys nt * 8 .. (lane (gq, t): rows gq, gq + 8, keys 2t, 2t + 1) */
+template <bool TRUNC>
+static __device__ __forceinline__ void dsa_scores(const float *qi, const float *ks, int gq, int t, float (*s)[4]) {
+#pragma unroll
+    for (int nt = 0; nt < DSA_KEYS / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll 2
+    for (int kk = 0; kk < DSA2_D / 8; kk++) { /* 8 dimensions a step */
+        const int c = kk * 8 + t;
+        uint32_t ab[4], as[4];
+        dsa_split<TRUNC>(__ldg(qi + gq * DSA2_D + c), &ab[0], &as[0]);
+        dsa_split<TRUNC>(__ldg(qi + (gq + 8) * DSA2_D + c), &ab[1], &as[1]);
+        dsa_split<TRUNC>(__ldg(qi + gq * DSA2_D + c + 4), &ab[2], &as[2]);
+        dsa_split<TRUNC>(__ldg(qi + (gq + 8) * DSA2_D + c + 4), &ab[3], &as[3]);
+#pragma unroll
+        for (int nt = 0; nt < DSA_KEYS / 8; nt++) {
+            const float *kp = ks + (nt * 8 + gq) * DSA2_KP + c; /* B: key nt * 8 + gq, dimensions c, c + 4 */
+            uint32_t b0, b0s, b1, b1s;
+            dsa_split<TRUNC>(kp[0], &b0, &b0s);
+            dsa_split<TRUNC>(kp[4], &b1, &b1s);
+            mma_tf32(s[nt], as, b0, b1);
+            mma_tf32(s[nt], ab, b0s, b1s);
+            mma_tf32(s[nt], ab, b0, b1);
+        }
+    }
+}
+
+/* the chunk's scores masked and scaled (key j0 + j is visible while below ns and a block key or a
+ * context position lo0 + j0 + j >= lw) and each head row's maximum over the quad (mx0: row gq,
+ * mx1: row gq + 8) */
+static __device__ __forceinline__ void dsa_mask_max(float (*s)[4], int j0, int t, int ns, int nc0, long lo0, long lw, float scale,
+                                                    float *mx0, float *mx1) {
+    float m0 = -INFINITY, m1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < DSA_KEYS / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int jj = j0 + nt * 8 + 2 * t + e;
+            const bool valid = jj < ns && (jj >= nc0 || lo0 + jj >= lw);
+            s[nt][e] = valid ? s[nt][e] * scale : -INFINITY;
+            s[nt][2 + e] = valid ? s[nt][2 + e] * scale : -INFINITY;
+            m0 = fmaxf(m0, s[nt][e]);
+            m1 = fmaxf(m1, s[nt][2 + e]);
+        }
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+        m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
+        m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+    }
+    *mx0 = m0;
+    *mx1 = m1;
+}
+
+/* P's key tile kt (S's tile kt after the exp) as an A operand: lane (gq, t) needs keys t and t + 4
+ * of rows gq, gq + 8, which lanes t / 2 and t / 2 + 2 of its quad hold at element t % 2 */
+template <bool TRUNC>
+static __device__ __forceinline__ void dsa_p_frag(float (*s)[4], int kt, int lane, uint32_t *ab, uint32_t *as) {
+    const int t = lane & 3, src0 = (lane & ~3) | (t >> 1), src1 = src0 + 2;
+    const bool odd = t & 1;
+    const float x00 = __shfl_sync(0xffffffffu, s[kt][0], src0), x01 = __shfl_sync(0xffffffffu, s[kt][1], src0);
+    const float x10 = __shfl_sync(0xffffffffu, s[kt][2], src0), x11 = __shfl_sync(0xffffffffu, s[kt][3], src0);
+    const float y00 = __shfl_sync(0xffffffffu, s[kt][0], src1), y01 = __shfl_sync(0xffffffffu, s[kt][1], src1);
+    const float y10 = __shfl_sync(0xffffffffu, s[kt][2], src1), y11 = __shfl_sync(0xffffffffu, s[kt][3], src1);
+    dsa_split<TRUNC>(odd ? x01 : x00, &ab[0], &as[0]); /* P[gq][kt * 8 + t] */
+    dsa_split<TRUNC>(odd ? x11 : x10, &ab[1], &as[1]); /* P[gq + 8][kt * 8 + t] */
+    dsa_split<TRUNC>(odd ? y01 : y00, &ab[2], &as[2]); /* P[gq][kt * 8 + t + 4] */
+    dsa_split<TRUNC>(odd ? y11 : y10, &ab[3], &as[3]); /* P[gq + 8][kt * 8 + t + 4] */
+}
+
+/* the slot's part rows of chunk (or run) z for the warp's two head rows (gq, gq + 8): the quad's
+ * sums of this lane's exp-sums added up, the maximum and sum written after the D channels;
+ * returns row gq's part row (row gq + 8's: 8 * hstride further) */
+static __device__ __forceinline__ float *dsa_part_head(float *part, int i, int nh, int g, int gq, int t, size_t hstride, int z,
+                                                       float m0, float l0, float m1, float l1) {
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+    }
+    float *pp0 = part + ((size_t)i * nh + (size_t)g * DSA2_G + gq) * hstride + (size_t)z * (DSA2_D + 2);
+    if (t == 0) {
+        pp0[DSA2_D] = m0;
+        pp0[DSA2_D + 1] = l0;
+        pp0[8 * hstride + DSA2_D] = m1;
+        pp0[8 * hstride + DSA2_D + 1] = l1;
+    }
+    return pp0;
+}
+
 /* (two CTAs an SM: 128 registers, 68.6 KB of shared memory each) */
 __global__ void __launch_bounds__(DSA_THREADS, 2) k_dsa_chunk(const float *q, const float *kb, const float *vb, int n, int nh,
                                                                int nkv, const __grid_constant__ dsa_reqs R, int window,
@@ -247,45 +343,10 @@ __global__ void __launch_bounds__(DSA_THREADS, 2) k_dsa_chunk(const float *q, co
         if (lw < lo) lw = lo;
         const float *qi = q + ((size_t)i * nh + (size_t)g * DSA2_G) * DSA2_D; /* head row h at qi + h * D */
         float s[DSA_KEYS / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < DSA_KEYS / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll 2
-        for (int kk = 0; kk < DSA2_D / 8; kk++) { /* S: 8 dimensions a step */
-            const int c = kk * 8 + t;
-            uint32_t ab[4], as[4];
-            tf32_split(__ldg(qi + gq * DSA2_D + c), &ab[0], &as[0]);
-            tf32_split(__ldg(qi + (gq + 8) * DSA2_D + c), &ab[1], &as[1]);
-            tf32_split(__ldg(qi + gq * DSA2_D + c + 4), &ab[2], &as[2]);
-            tf32_split(__ldg(qi + (gq + 8) * DSA2_D + c + 4), &ab[3], &as[3]);
-#pragma unroll
-            for (int nt = 0; nt < DSA_KEYS / 8; nt++) {
-                const float *kp = ks + (nt * 8 + gq) * DSA2_KP + c; /* B: key nt * 8 + gq, dimensions c, c + 4 */
-                uint32_t b0, b0s, b1, b1s;
-                tf32_split(kp[0], &b0, &b0s);
-                tf32_split(kp[4], &b1, &b1s);
-                mma_tf32(s[nt], as, b0, b1);
-                mma_tf32(s[nt], ab, b0s, b1s);
-                mma_tf32(s[nt], ab, b0, b1);
-            }
-        }
+        dsa_scores<false>(qi, ks, gq, t, s);
         /* mask and scale; each row's (head's) maximum and exp-sum over the quad */
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < DSA_KEYS / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int jj = j0 + nt * 8 + 2 * t + e;
-                const bool valid = jj < ns && (jj >= nc0 || lo0 + jj >= lw);
-                s[nt][e] = valid ? s[nt][e] * scale : -INFINITY;
-                s[nt][2 + e] = valid ? s[nt][2 + e] * scale : -INFINITY;
-                mx0 = fmaxf(mx0, s[nt][e]);
-                mx1 = fmaxf(mx1, s[nt][2 + e]);
-            }
-#pragma unroll
-        for (int o = 1; o < 4; o <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
-        }
+        float mx0, mx1;
+        dsa_mask_max(s, j0, t, ns, nc0, lo0, lw, scale, &mx0, &mx1);
         float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
         for (int nt = 0; nt < DSA_KEYS / 8; nt++)
@@ -296,24 +357,9 @@ __global__ void __launch_bounds__(DSA_THREADS, 2) k_dsa_chunk(const float *q, co
                 sum0 += s[nt][e];
                 sum1 += s[nt][2 + e];
             }
-#pragma unroll
-        for (int o = 1; o < 4; o <<= 1) {
-            sum0 += __shfl_xor_sync(0xffffffffu, sum0, o);
-            sum1 += __shfl_xor_sync(0xffffffffu, sum1, o);
-        }
-        float *pp0 = part + ((size_t)i * nh + (size_t)g * DSA2_G + gq) * hstride + (size_t)z * (DSA2_D + 2);
+        float *pp0 = dsa_part_head(part, i, nh, g, gq, t, hstride, z, mx0, sum0, mx1, sum1);
         float *pp1 = pp0 + 8 * hstride; /* head gq + 8 */
-        if (t == 0) {
-            pp0[DSA2_D] = mx0;
-            pp0[DSA2_D + 1] = sum0;
-            pp1[DSA2_D] = mx1;
-            pp1[DSA2_D + 1] = sum1;
-        }
-        /* O = P V in two halves of 64 channels (registers: 32 sums at a time): key tile kt of P is S's
-         * tile kt; lane (gq, t) needs keys t and t + 4 of rows gq, gq + 8, which lanes t / 2 and
-         * t / 2 + 2 of its quad hold at element t % 2 */
-        const int src0 = (lane & ~3) | (t >> 1), src1 = src0 + 2;
-        const bool odd = t & 1;
+        /* O = P V in two halves of 64 channels (registers: 32 sums at a time) */
 #pragma unroll 1
         for (int half = 0; half < 2; half++) {
             float o[DSA2_D / 16][4];
@@ -321,15 +367,8 @@ __global__ void __launch_bounds__(DSA_THREADS, 2) k_dsa_chunk(const float *q, co
             for (int nt = 0; nt < DSA2_D / 16; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
 #pragma unroll
             for (int kt = 0; kt < DSA_KEYS / 8; kt++) {
-                const float x00 = __shfl_sync(0xffffffffu, s[kt][0], src0), x01 = __shfl_sync(0xffffffffu, s[kt][1], src0);
-                const float x10 = __shfl_sync(0xffffffffu, s[kt][2], src0), x11 = __shfl_sync(0xffffffffu, s[kt][3], src0);
-                const float y00 = __shfl_sync(0xffffffffu, s[kt][0], src1), y01 = __shfl_sync(0xffffffffu, s[kt][1], src1);
-                const float y10 = __shfl_sync(0xffffffffu, s[kt][2], src1), y11 = __shfl_sync(0xffffffffu, s[kt][3], src1);
                 uint32_t ab[4], as[4];
-                tf32_split(odd ? x01 : x00, &ab[0], &as[0]); /* P[gq][kt * 8 + t] */
-                tf32_split(odd ? x11 : x10, &ab[1], &as[1]); /* P[gq + 8][kt * 8 + t] */
-                tf32_split(odd ? y01 : y00, &ab[2], &as[2]); /* P[gq][kt * 8 + t + 4] */
-                tf32_split(odd ? y11 : y10, &ab[3], &as[3]); /* P[gq + 8][kt * 8 + t + 4] */
+                dsa_p_frag<false>(s, kt, lane, ab, as);
                 /* B: keys kt * 8 + t, + 4 of channel half * 64 + nt * 8 + gq */
                 const float *vp = vs + (kt * 8 + t) * DSA2_VP + half * (DSA2_D / 2) + gq;
 #pragma unroll
@@ -372,10 +411,6 @@ __global__ void __launch_bounds__(DSA_THREADS, 1) k_dsa_flash(const float *q, co
                                                               int nkv, const __grid_constant__ dsa_reqs R,
                                                               const m3_dspark_attn_req *tab, int window, float scale,
                                                               int nsplit, int per, float *part) {
-    auto SPLIT = [](float x, uint32_t *b, uint32_t *sm_) {
-        if (TRUNC) tf32_split_trunc(x, b, sm_);
-        else tf32_split(x, b, sm_);
-    };
     extern __shared__ __align__(16) float sm[]; /* DSA3_STAGES x ([KEYS][KP] keys, [KEYS][VP] values) */
     const int z = blockIdx.x, g = blockIdx.y, rq = blockIdx.z, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gq = lane >> 2, t = lane & 3;
@@ -447,8 +482,6 @@ __global__ void __launch_bounds__(DSA_THREADS, 1) k_dsa_flash(const float *q, co
 #pragma unroll
     for (int nt = 0; nt < DSA2_D / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f; /* head rows gq, gq + 8: maximum, this lane's sum */
-    const int src0 = (lane & ~3) | (t >> 1), src1 = src0 + 2;
-    const bool odd = t & 1;
     for (int c = cb; c < ce; c++) {
         const int s = (c - cb) % DSA3_STAGES;
         if (c + DSA3_STAGES - 1 < ce) stage(c + DSA3_STAGES - 1, (c + DSA3_STAGES - 1 - cb) % DSA3_STAGES);
@@ -459,45 +492,10 @@ __global__ void __launch_bounds__(DSA_THREADS, 1) k_dsa_flash(const float *q, co
             const float *ks = sm + (size_t)s * stage_floats, *vs = ks + DSA_KEYS * DSA2_KP;
             const int j0 = c * DSA_KEYS;
             float sc[DSA_KEYS / 8][4];
-#pragma unroll
-            for (int nt = 0; nt < DSA_KEYS / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-#pragma unroll 2
-            for (int kk = 0; kk < DSA2_D / 8; kk++) { /* S: 8 dimensions a step */
-                const int cc = kk * 8 + t;
-                uint32_t ab[4], as[4];
-                SPLIT(__ldg(qi + gq * DSA2_D + cc), &ab[0], &as[0]);
-                SPLIT(__ldg(qi + (gq + 8) * DSA2_D + cc), &ab[1], &as[1]);
-                SPLIT(__ldg(qi + gq * DSA2_D + cc + 4), &ab[2], &as[2]);
-                SPLIT(__ldg(qi + (gq + 8) * DSA2_D + cc + 4), &ab[3], &as[3]);
-#pragma unroll
-                for (int nt = 0; nt < DSA_KEYS / 8; nt++) {
-                    const float *kp = ks + (nt * 8 + gq) * DSA2_KP + cc;
-                    uint32_t b0, b0s, b1, b1s;
-                    SPLIT(kp[0], &b0, &b0s);
-                    SPLIT(kp[4], &b1, &b1s);
-                    mma_tf32(sc[nt], as, b0, b1);
-                    mma_tf32(sc[nt], ab, b0s, b1s);
-                    mma_tf32(sc[nt], ab, b0, b1);
-                }
-            }
+            dsa_scores<TRUNC>(qi, ks, gq, t, sc);
             /* mask and scale; the chunk's maximum per head row over the quad, the running one */
-            float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < DSA_KEYS / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int jj = j0 + nt * 8 + 2 * t + e;
-                    const bool valid = jj < ns && (jj >= nc0 || lo0 + jj >= lw);
-                    sc[nt][e] = valid ? sc[nt][e] * scale : -INFINITY;
-                    sc[nt][2 + e] = valid ? sc[nt][2 + e] * scale : -INFINITY;
-                    mx0 = fmaxf(mx0, sc[nt][e]);
-                    mx1 = fmaxf(mx1, sc[nt][2 + e]);
-                }
-#pragma unroll
-            for (int sh = 1; sh < 4; sh <<= 1) {
-                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, sh));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, sh));
-            }
+            float mx0, mx1;
+            dsa_mask_max(sc, j0, t, ns, nc0, lo0, lw, scale, &mx0, &mx1);
             const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
             /* O and the sums so far in units of the new maximum (nothing yet while it is -inf) */
             const float a0 = m0 == -INFINITY ? 0.f : expf(m0 - n0), a1 = m1 == -INFINITY ? 0.f : expf(m1 - n1);
@@ -514,22 +512,13 @@ __global__ void __launch_bounds__(DSA_THREADS, 1) k_dsa_flash(const float *q, co
                     l0 += sc[nt][e];
                     l1 += sc[nt][2 + e];
                 }
-            /* P as A fragments (key tile kt of P is S's tile kt: k_dsa_chunk's shuffles), then O = a O + P V
-             * four channel tiles at a time: each chunk's products summed in fresh accumulators and
-             * added to O once (the tensor cores' f32 sums over a whole run of chunks drifted: 7.8e-6
-             * against the CPU at 8 requests, 1.3e-6 a chunk at a time) */
+            /* P as A fragments, then O = a O + P V four channel tiles at a time: each chunk's products
+             * summed in fresh accumulators and added to O once (the tensor cores' f32 sums over a
+             * whole run of chunks drifted: 7.8e-6 against the CPU at 8 requests, 1.3e-6 a chunk at a
+             * time) */
             uint32_t pb[DSA_KEYS / 8][4], ps[DSA_KEYS / 8][4];
 #pragma unroll
-            for (int kt = 0; kt < DSA_KEYS / 8; kt++) {
-                const float x00 = __shfl_sync(0xffffffffu, sc[kt][0], src0), x01 = __shfl_sync(0xffffffffu, sc[kt][1], src0);
-                const float x10 = __shfl_sync(0xffffffffu, sc[kt][2], src0), x11 = __shfl_sync(0xffffffffu, sc[kt][3], src0);
-                const float y00 = __shfl_sync(0xffffffffu, sc[kt][0], src1), y01 = __shfl_sync(0xffffffffu, sc[kt][1], src1);
-                const float y10 = __shfl_sync(0xffffffffu, sc[kt][2], src1), y11 = __shfl_sync(0xffffffffu, sc[kt][3], src1);
-                SPLIT(odd ? x01 : x00, &pb[kt][0], &ps[kt][0]); /* P[gq][kt * 8 + t] */
-                SPLIT(odd ? x11 : x10, &pb[kt][1], &ps[kt][1]); /* P[gq + 8][kt * 8 + t] */
-                SPLIT(odd ? y01 : y00, &pb[kt][2], &ps[kt][2]); /* P[gq][kt * 8 + t + 4] */
-                SPLIT(odd ? y11 : y10, &pb[kt][3], &ps[kt][3]); /* P[gq + 8][kt * 8 + t + 4] */
-            }
+            for (int kt = 0; kt < DSA_KEYS / 8; kt++) dsa_p_frag<TRUNC>(sc, kt, lane, pb[kt], ps[kt]);
 #pragma unroll
             for (int n4 = 0; n4 < DSA2_D / 32; n4++) {
                 float acc[4][4];
@@ -541,8 +530,8 @@ __global__ void __launch_bounds__(DSA_THREADS, 1) k_dsa_flash(const float *q, co
 #pragma unroll
                     for (int u = 0; u < 4; u++) {
                         uint32_t b0, b0s, b1, b1s;
-                        SPLIT(vp[u * 8], &b0, &b0s);
-                        SPLIT(vp[4 * DSA2_VP + u * 8], &b1, &b1s);
+                        dsa_split<TRUNC>(vp[u * 8], &b0, &b0s);
+                        dsa_split<TRUNC>(vp[4 * DSA2_VP + u * 8], &b1, &b1s);
                         mma_tf32(acc[u], ps[kt], b0, b1);
                         mma_tf32(acc[u], pb[kt], b0s, b1s);
                         mma_tf32(acc[u], pb[kt], b0, b1);
@@ -562,19 +551,8 @@ __global__ void __launch_bounds__(DSA_THREADS, 1) k_dsa_flash(const float *q, co
     }
     cp_wait<0>();
     if (i >= n) return;
-#pragma unroll
-    for (int sh = 1; sh < 4; sh <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, sh);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, sh);
-    }
-    float *pp0 = part + ((size_t)i * nh + (size_t)g * DSA2_G + gq) * hstride + (size_t)z * (DSA2_D + 2);
+    float *pp0 = dsa_part_head(part, i, nh, g, gq, t, hstride, z, m0, l0, m1, l1);
     float *pp1 = pp0 + 8 * hstride; /* head gq + 8 */
-    if (t == 0) {
-        pp0[DSA2_D] = m0;
-        pp0[DSA2_D + 1] = l0;
-        pp1[DSA2_D] = m1;
-        pp1[DSA2_D + 1] = l1;
-    }
 #pragma unroll
     for (int nt = 0; nt < DSA2_D / 8; nt++) {
         const int ch = nt * 8 + 2 * t;

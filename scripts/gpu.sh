@@ -6,7 +6,7 @@
 #   2. CPU and GPU agree on a larger random checkpoint (MXFP8 + NVFP4, 2600-token prompt:
 #      sparse selection active, prefill and decode paths), f32 / bf16 / fp8 / nvfp4 caches;
 #   3. per-kernel benchmarks against the CPU / a double reference: linear layers (GEMV), the
-#      attention-side kernels, the tensor-core GEMM;
+#      attention-side kernels (the DSpark draft's three attention variants too), the tensor-core GEMM;
 #   4. m3 bench --random-weights at the M3.1-Flash shapes (decode, long context, 4096-token prefill,
 #      verify), with per-op profiles;
 #   6. on 2+ GPUs: tensor parallelism (-tp 2, NCCL) against the references and against -tp 1
@@ -16,7 +16,9 @@
 #   8. m3 serve under load with default flags on a real-format checkpoint at M3.1-Flash shapes
 #      (scripts/gpu-serve-load.sh: 1-256 concurrent streams, every response complete), then sampled
 #      requests at 1 and 64 (drawn on the GPU);
-#   9. DSpark with the draft on the GPU (the target's device): greedy tokens equal without it on
+#   9. DSpark with the draft on the GPU (the target's device): its passes against the CPU's
+#      (dspark_check, on the tiny draft and at the M3.1-Flash draft's shapes, where one-request passes
+#      are recorded in CUDA graphs and replayed), greedy tokens equal without it on
 #      the reference checkpoints (a random draft of their shapes) for k = 1, 3, 7, sampled runs,
 #      compute-sanitizer on the draft path (racecheck / synccheck on the draw and verify kernels), m3 bench
 #      --dspark-config at 30 layers, the server speculating at 1-64 streams, greedy and sampled, and

@@ -24,17 +24,7 @@ SHAPES=${M3_SHAPES:-../shared/configs/m3.1-flash-shapes.json}
 L=${M3_LOAD_LAYERS:-6}; LEVELS=${M3_LOAD_LEVELS:-1,16,64,128,256}; ROUNDS=${M3_LOAD_ROUNDS:-1}
 mkdir -p "$OUT"
 fails=0
-python3 - "$SHAPES" "$L" "$OUT/flash$L.json" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1])); n = int(sys.argv[2]); t = c.get("text_config", c)
-full = t["num_hidden_layers"]
-def cut(o):
-    for k, v in list(o.items()):
-        if isinstance(v, list) and len(v) == full: o[k] = v[:n]
-        elif isinstance(v, dict): cut(v)
-cut(t); t["num_hidden_layers"] = n
-json.dump(c, open(sys.argv[3], "w"), indent=1)
-PY
+python3 scripts/cut-layers.py "$SHAPES" "$L" "$OUT/flash$L.json" || exit 1
 CK="$OUT/flash$L"
 rm -rf "$CK"
 t0=$(date +%s)

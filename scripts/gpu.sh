@@ -269,16 +269,7 @@ dsp_eq() { # TARGET DRAFT K BACKEND: greedy tokens with the draft == without ($p
 # attention on k_dsa_flash reading each pass's table, one-request passes recorded in a graph and
 # replayed with new positions, their drafts the CPU's
 if [ -x "$BIN/dspark_check" ]; then
-  python3 - "$SHAPES" "$OUT/flash2.json" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1])); t = c.get("text_config", c); full = t["num_hidden_layers"]
-def cut(o):
-    for k, v in list(o.items()):
-        if isinstance(v, list) and len(v) == full: o[k] = v[:2]
-        elif isinstance(v, dict): cut(v)
-cut(t); t["num_hidden_layers"] = 2
-json.dump(c, open(sys.argv[2], "w"), indent=1)
-PY
+  python3 scripts/cut-layers.py "$SHAPES" 2 "$OUT/flash2.json"
   if [ -d "$OUT/flash2/dspark" ] || "$BIN/m3" make-tiny --out "$OUT/flash2" --config "$OUT/flash2.json" --quant mxfp8-nvfp4 \
        --seed 5 --with-dspark >/dev/null 2>&1; then run "$BIN/dspark_check" "$OUT/flash2"
   else echo "FAILED: make-tiny flash2"; fails=$((fails+1)); fi

@@ -15,4 +15,11 @@ static inline uint64_t m3_mix64(uint64_t z) {
 /* the next value of the SplitMix64 sequence whose state is *s */
 static inline uint64_t m3_splitmix64(uint64_t *s) { return m3_mix64(*s += 0x9e3779b97f4a7c15ull); }
 
+/* h folded with n words, FNV-1a style a word at a time (keys of things a cache looks up by the
+ * values they were made from: recorded graphs, src/model/dspark.c) */
+static inline uint64_t m3_fold64(uint64_t h, const uint64_t *v, int n) {
+    for (int i = 0; i < n; i++) h = (h ^ v[i]) * 1099511628211ull;
+    return h;
+}
+
 #endif

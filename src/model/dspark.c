@@ -1,5 +1,6 @@
 /* DSpark draft model: config, weights, context cache and the block forward (see dspark.h). */
 #include "dspark.h"
+#include "../base/hash.h"
 #include "../io/files.h"
 
 #include <jansson.h>
@@ -725,10 +726,9 @@ int m3_dspark_block_n(m3_dspark *d, int nreq, const m3_dspark_ctx *const *cs, co
      * the weights: the rows, the workspace's buffers, the window. */
     int graphable = op->dspark_attention_n && op->dspark_attention_table && op->graph_begin && op->graph_end &&
                     op->dspark_attention_table(X, b->n_layers, nreq, ar, n, nh, nkv, D, d->cfg.window);
-    uint64_t gkey = 0x647370617273ull; /* "dspars" */
     const uint64_t gv[6] = {(uint64_t)nreq, (uint64_t)n, (uint64_t)(uintptr_t)d->ws, (uint64_t)d->cfg.window,
                             (uint64_t)(uintptr_t)lg, (uint64_t)(uintptr_t)d->fc.w}; /* (another draft's weights) */
-    for (int i = 0; i < 6; i++) gkey = (gkey ^ gv[i]) * 1099511628211ull;
+    const uint64_t gkey = m3_fold64(0x647370617273ull /* "dspars" */, gv, 6);
 issue:
     if (graphable && op->graph_begin(X, NULL, gkey)) goto issued;
     op->embed(X, &tw->embed, d->hids, R, h);
@@ -864,19 +864,16 @@ static int chain_n(m3_dspark *d, const int32_t *anchor, int k, int n_text, const
         pdev = h != NULL; /* (else the parameters go with each launch) */
     }
     if (pdev) {
-        for (int i = 0; i < k; i++)
-            for (int j = 0; j < nreq; j++) {
-                pp[j] = par[j];
-                pp[j].u = u[(size_t)i * nreq + j];
-                d->mk_hpar[(size_t)i * nreq + j] = pp[j];
-            }
+        for (size_t x = 0; x < (size_t)k * nreq; x++) { /* slot x / nreq of request x % nreq */
+            d->mk_hpar[x] = par[x % nreq];
+            d->mk_hpar[x].u = u[x];
+        }
         op->upload(X, d->mk_par, d->mk_hpar, sizeof(m3_draw_param) * (size_t)k * nreq);
     }
     int graphable = (!par || pdev) && op->graph_begin && op->graph_end;
-    uint64_t gkey = 0x6463686169ull; /* "dchai" */
     const uint64_t gv[8] = {(uint64_t)nreq, (uint64_t)k, (uint64_t)n_text, (uint64_t)(conf != NULL), (uint64_t)(uintptr_t)d->ws,
                             (uint64_t)(uintptr_t)d->lg, (uint64_t)pdev, (uint64_t)(uintptr_t)d->markov_w2.w};
-    for (int i = 0; i < 8; i++) gkey = (gkey ^ gv[i]) * 1099511628211ull;
+    const uint64_t gkey = m3_fold64(0x6463686169ull /* "dchai" */, gv, 8);
 issue:
     if (graphable && op->graph_begin(X, NULL, gkey)) goto issued;
     for (int i = 0; i < k; i++) {

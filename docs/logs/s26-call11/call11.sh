@@ -22,16 +22,7 @@ for tool in memcheck racecheck; do
     echo "[$SECONDS] $tool ${v:-default} rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $L/attn-$tool-${v:-default}.log | head -1)"
   done
 done
-python3 - tests/data/m3.1-flash-shapes.json $W/flash2.json <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1])); t = c.get("text_config", c); full = t["num_hidden_layers"]
-def cut(o):
-    for k, v in list(o.items()):
-        if isinstance(v, list) and len(v) == full: o[k] = v[:2]
-        elif isinstance(v, dict): cut(v)
-cut(t); t["num_hidden_layers"] = 2
-json.dump(c, open(sys.argv[2], "w"), indent=1)
-PY
+python3 scripts/cut-layers.py tests/data/m3.1-flash-shapes.json 2 $W/flash2.json
 $B/m3 make-tiny --out $W/flash2 --config $W/flash2.json --quant mxfp8-nvfp4 --seed 5 --with-dspark > $L/mk.log 2>&1
 timeout 200 $B/dspark_check $W/flash2 > $L/dspark-check-flash2.log 2>&1; echo "[$SECONDS] dspark_check flash2 rc $?"
 grep -E "FAIL|one request|greedy drafts|teacher" $L/dspark-check-flash2.log | cut -c1-260

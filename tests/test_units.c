@@ -9,6 +9,7 @@
 #include "backend/cpu/cpu.h"
 #include "backend/runs.h"
 #include "backend/dsa_runs.h"
+#include "backend/graph_refuse.h"
 #include "backend/streamk.h"
 #include "base/pool.h"
 #include "engine/sampler.h"
@@ -444,8 +445,40 @@ static void test_dsa_runs(void) {
     }
 }
 
+/* graph_refuse.h: a key refused at its M3_GRAPH_TRIES-th failed recording, not before; recording
+ * stops at the M3_GRAPH_REFUSE_MAX-th refused key, not before; a full table keeps its refused
+ * keys and keeps counting new ones */
+static void test_graph_refuse(void) {
+    m3_graph_fails f;
+    memset(&f, 0, sizeof f);
+    int stop = 0;
+    for (int t = 1; t <= M3_GRAPH_TRIES; t++) {
+        CHECK(!m3_graph_refused(&f, 100), "graph refuse: key refused after %d of %d failures", t - 1, M3_GRAPH_TRIES);
+        stop |= m3_graph_fail(&f, 100);
+    }
+    CHECK(m3_graph_refused(&f, 100) && f.refused == 1 && !stop, "graph refuse: key 100 after %d failures: refused %d, %d keys, stop %d",
+          M3_GRAPH_TRIES, m3_graph_refused(&f, 100), f.refused, stop);
+    CHECK(!m3_graph_refused(&f, 101), "graph refuse: a key never failed is refused");
+    stop = m3_graph_fail(&f, 100); /* failing again (as if recorded anyway) counts no new key */
+    CHECK(f.refused == 1 && !stop, "graph refuse: a refused key counted twice (%d keys)", f.refused);
+    /* fill the table with keys that failed once (not refused), then more refused keys: the table
+     * is full, the refused ones keep their slots, the new ones are counted */
+    for (uint64_t k = 200; k < 200 + M3_GRAPH_FAIL_SLOTS; k++) stop |= m3_graph_fail(&f, k);
+    CHECK(!stop && f.refused == 1, "graph refuse: once-failed keys stopped recording (%d refused)", f.refused);
+    for (uint64_t k = 300; k < 300 + M3_GRAPH_REFUSE_MAX - 2; k++)
+        for (int t = 0; t < M3_GRAPH_TRIES; t++) stop |= m3_graph_fail(&f, k);
+    CHECK(!stop && f.refused == M3_GRAPH_REFUSE_MAX - 1, "graph refuse: %d keys refused, stop %d (expected %d, 0)", f.refused, stop,
+          M3_GRAPH_REFUSE_MAX - 1);
+    int all = m3_graph_refused(&f, 100);
+    for (uint64_t k = 300; k < 300 + M3_GRAPH_REFUSE_MAX - 2; k++) all &= m3_graph_refused(&f, k);
+    CHECK(all, "graph refuse: a full table lost a refused key");
+    for (int t = 0; t < M3_GRAPH_TRIES; t++) stop = m3_graph_fail(&f, 999);
+    CHECK(stop && f.refused == M3_GRAPH_REFUSE_MAX, "graph refuse: the %d-th refused key: stop %d", M3_GRAPH_REFUSE_MAX, stop);
+}
+
 int main(void) {
     test_streamk();
+    test_graph_refuse();
     test_dsa_runs();
     test_e4m3();
     test_e4m3_encode();

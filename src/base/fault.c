@@ -62,7 +62,7 @@ static long parse_long(const char **s, long dflt, int *bad) {
     return v;
 }
 
-static const char *const mod_names[M3_FAULT_NMOD] = {"engine", "server", "backend", "device"};
+static const char *const mod_names[M3_FAULT_NMOD] = {"engine", "server", "backend", "device", "graph"};
 
 const char *m3_fault_module_name(m3_fault_module m) { return (unsigned)m < M3_FAULT_NMOD ? mod_names[m] : "?"; }
 
@@ -71,7 +71,7 @@ int m3_fault_arm_spec(const char *spec, m3_err *err) {
     while (*s) {
         int m = 0;
         while (m < M3_FAULT_NMOD && strncmp(s, mod_names[m], strlen(mod_names[m]))) m++;
-        if (m == M3_FAULT_NMOD) return m3_errf(err, "fault spec '%s': expected engine:, server:, backend: or device:", spec);
+        if (m == M3_FAULT_NMOD) return m3_errf(err, "fault spec '%s': expected engine:, server:, backend:, device: or graph:", spec);
         s += strlen(mod_names[m]);
         int bad = *s != ':';
         long first = parse_long(&s, 1, &bad), count = parse_long(&s, 1, &bad), period = parse_long(&s, 1, &bad);

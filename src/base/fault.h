@@ -27,14 +27,23 @@
 
 /* device: not an allocation but the CPU backend's recovery after a failed step (ops.recover);
  * a hit there reports the device lost, as a CUDA error that sticks to the context would */
-typedef enum { M3_FAULT_ENGINE = 0, M3_FAULT_SERVER = 1, M3_FAULT_BACKEND = 2, M3_FAULT_DEVICE = 3, M3_FAULT_NMOD = 4 } m3_fault_module;
+/* graph: not an allocation but the end of a CUDA graph recording (cu_graph_end): a hit fails the
+ * recording as an invalidated capture would (the step's ops then run directly) */
+typedef enum {
+    M3_FAULT_ENGINE = 0,
+    M3_FAULT_SERVER = 1,
+    M3_FAULT_BACKEND = 2,
+    M3_FAULT_DEVICE = 3,
+    M3_FAULT_GRAPH = 4,
+    M3_FAULT_NMOD = 5
+} m3_fault_module;
 
 /* Arms module m: allocation number first (>= 1), and every period-th after it (period >= 1),
  * fails, count failures in all (< 0: unbounded; 0: only count allocations). Resets the
  * module's counters. */
 void m3_fault_arm(m3_fault_module m, long first, long count, long period);
 void m3_fault_disarm(m3_fault_module m);
-/* "MODULE:FIRST[:COUNT[:PERIOD]]" entries separated by commas (MODULE: engine | server | backend | device;
+/* "MODULE:FIRST[:COUNT[:PERIOD]]" entries separated by commas (MODULE: engine | server | backend | device | graph;
  * COUNT defaults to 1, PERIOD to 1), e.g. "server:200:40:97,engine:5". 0, or -1 + err. */
 int m3_fault_arm_spec(const char *spec, m3_err *err);
 int m3_fault_armed(m3_fault_module m);

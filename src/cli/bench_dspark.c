@@ -312,7 +312,10 @@ int m3_bench_dspark(m3_model *m, m3_kv *kv, m3_dspark *d, long nb, long ctx, int
             double t0 = m3_cuda_sync_time(ops);
             rc = append_all(d, cx, nb, feat, q, err);
             double t1 = m3_cuda_sync_time(ops);
-            for (long s = 0; s < nb; s++) rq[s].pos = cx[s].len;
+            /* greedy requests of the greedy samplers (the sampled drafts' samplers are freed by now) */
+            for (long s = 0; s < nb; s++)
+                rq[s] = (m3_spec_draft_req){&cx[s], sm[s], &rng[s], (int32_t)((s * 7919 + it) % V), cx[s].len,
+                                            drafts + s * M3_SPEC_MAX_TOKENS, NULL, NULL, 0, 0, NULL, 0};
             if (!rc) rc = m3_spec_draft_n(d, rq, (int)nb, ws, M3_SPEC_DRAFT_GREEDY, k, hrows, err);
             double t2 = m3_cuda_sync_time(ops);
             wa += t1 - t0;

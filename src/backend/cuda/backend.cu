@@ -364,6 +364,7 @@ static int cu_graph_begin(void *ctx, const m3_kv *kv, uint64_t key) {
             c->graph_replays++;
             return 1;
         }
+    if (m3_graph_refused(&c->graph_fails, k)) return 0; /* its recordings failed: it runs directly */
     /* the first step of a shape runs directly (scratch buffers reach their size), the second is recorded */
     for (int i = 0; i < 64; i++)
         if (c->seen[i] == k) {
@@ -389,13 +390,16 @@ static int cu_graph_end(void *ctx) {
     cudaGraph_t g = NULL;
     cudaError_t e = cudaStreamEndCapture(c->st, &g);
     cudaGraphExec_t ex = NULL;
-    if (e == cudaSuccess && !c->failed && !c->scratch_grew) e = cudaGraphInstantiate(&ex, g, 0);
-    else if (e == cudaSuccess) e = cudaErrorStreamCaptureInvalidated;
+    if (e == cudaSuccess && (c->failed || c->scratch_grew || m3_fault_hit(M3_FAULT_GRAPH))) e = cudaErrorStreamCaptureInvalidated;
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&ex, g, 0);
     if (g) cudaGraphDestroy(g);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        c->failed = 0; /* a failed recording is not a failed step: the ops run again directly */
-        c->graphs_on = 0;
+        c->failed = 0; /* a failed recording is not a failed step: the ops run again directly (and grow
+                        * what the recording could not), the key is recorded again at its next step,
+                        * refused after M3_GRAPH_TRIES failures; recording stops only after several
+                        * keys are refused (graph_refuse.h) */
+        if (m3_graph_fail(&c->graph_fails, c->capture_key)) c->graphs_on = 0;
         return -1;
     }
     int slot = c->n_graphs;
@@ -590,6 +594,11 @@ extern "C" double m3_cuda_sync_time(m3_ops *ops) {
 }
 
 extern "C" long m3_cuda_graph_replays(const m3_ops *ops) { return ((const m3_cuda *)ops->ctx)->graph_replays; }
+extern "C" int m3_cuda_graphs_refused(const m3_ops *ops, int *on) {
+    const m3_cuda *c = (const m3_cuda *)ops->ctx;
+    if (on) *on = c->graphs_on;
+    return c->graph_fails.refused;
+}
 
 extern "C" double m3_cuda_copy_bandwidth(m3_ops *ops, size_t bytes) {
     m3_cuda *c = (m3_cuda *)ops->ctx;

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../graph_refuse.h"
 #include "cuda.h"
 #include "formats.cuh"
 
@@ -52,6 +53,7 @@ typedef struct m3_cuda {
     uint64_t capture_key, graph_clock, seen[64];
     long graph_replays;
     struct { uint64_t key, used; cudaGraphExec_t exec; } graphs[16];
+    m3_graph_fails graph_fails; /* failed recordings per key, refused keys (graph_refuse.h) */
     int32_t *h_meta;            /* pinned staging */
     size_t h_meta_cap;
     /* per-op timing for benchmarks (m3_cuda_profile): event pairs around each op */

@@ -48,6 +48,7 @@ extern "C" { /* the project's C headers too: the .cu files call into C */
 #endif
 
 #include "../../base/err.h"
+#include "../../base/fault.h"
 #include "../../io/config.h"
 #include "../../weights/weights.h"
 #include "../ops.h"
@@ -85,6 +86,9 @@ int m3_cuda_random_weights_like(m3_ops *ops, const m3_config *c, const m3_weight
 double m3_cuda_copy_bandwidth(m3_ops *ops, size_t bytes);
 /* Recorded steps replayed so far (CUDA graphs; tests). */
 long m3_cuda_graph_replays(const m3_ops *ops);
+/* step shapes refused recording after failed recordings (graph_refuse.h); *on: whether the
+ * backend still records graphs at all (NULL: not asked) */
+int m3_cuda_graphs_refused(const m3_ops *ops, int *on);
 /* Dense matrix rate ceiling: best of 10 cuBLAS BF16 GEMMs n x n x n (f32 accumulation) in
  * FLOP/s (2 n^3 per product), on random data; 0 on failure. */
 double m3_cuda_gemm_rate(m3_ops *ops, int n);

@@ -31,6 +31,11 @@ int m3_cuda_random_weights_like(m3_ops *ops, const m3_config *c, const m3_weight
 }
 double m3_cuda_copy_bandwidth(m3_ops *ops, size_t bytes) { (void)ops; (void)bytes; return 0; }
 long m3_cuda_graph_replays(const m3_ops *ops) { (void)ops; return 0; }
+int m3_cuda_graphs_refused(const m3_ops *ops, int *on) {
+    (void)ops;
+    if (on) *on = 0;
+    return 0;
+}
 double m3_cuda_gemm_rate(m3_ops *ops, int n) { (void)ops; (void)n; return 0; }
 double m3_cuda_sync_time(m3_ops *ops) { (void)ops; return 0; }
 void m3_cuda_count_experts(m3_ops *ops, int on) { (void)ops; (void)on; }

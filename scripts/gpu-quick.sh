@@ -14,6 +14,9 @@ fails=0
 s() { echo "## [$(date +%T)] $*"; }
 ck() { "$@" || { echo "FAILED: $*"; fails=$((fails+1)); }; }
 s start; nvidia-smi -L
+# the GPU's default precision is bf16: the checks against the CPU's exact arithmetic and the exact
+# references run in exact precision (as scripts/gpu.sh does), the benchmarks in the default
+export M3_PRECISION=exact
 ids=$(seq 1 300 | awk '{printf "%s%d", (NR>1?",":""), ($1*7919)%8192}')
 "$B/m3" make-tiny --out "$O/small" --config bench/small-gpu-config.json --quant mxfp8-nvfp4 --seed 3 >/dev/null
 s "CPU vs GPU, 2-layer medium shapes"
@@ -31,6 +34,7 @@ for v in m3vl-tiny m3vl-heldout m3vl-big; do
   [ -f $D/$v.oracle.safetensors ] || continue
   ck env M3_BACKEND=cuda timeout 120 "$B/vision_check" "$B/m3" $D/$v $D/$v.oracle.safetensors $D/$v.image.png --work "$O"
 done
+unset M3_PRECISION
 s "decode at M3.1-Flash shapes"
 ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1,8 --context 8192 --steps 10 --prefill 0
 ck timeout 60 "$B/m3" bench --random-weights --config $D/m3.1-flash-shapes.json --layers 8 --batch 1 --context 8192 --steps 5 --prefill 0 --profile

@@ -270,14 +270,19 @@ __global__ void __launch_bounds__(NW * 32) k_attn_f32_g16(kvdesc d, const int32_
  * rounding. A warp owns whole 32-key chunks: its K and V rows are staged in shared memory as
  * bf16 (cp.async for a bf16 cache), S = Q K^T in registers, online softmax per row, O += P V
  * with V's fragments by ldmatrix.trans; the CTA's warps are then combined in a fixed order
- * (deterministic) into one partial (or the output when nsplit = 1), merged by k_attn_merge_lse. */
+ * (deterministic) into one partial (or the output when nsplit = 1), merged by k_attn_merge_lse.
+ * BF16A: a bf16 cache of 16-byte aligned rows, known at compile time: the kernel holds the
+ * cp.async path alone (2.1K of 13.2K SASS instructions at ND = 16, 130 registers against 196).
+ * Steps of at most 8 tokens take it: there each CTA runs once per layer and its code arrives
+ * cold; larger launches run the other faster (bench_cuda_attn, 64 x 8 tokens: 592 against
+ * 669 us). */
 #define AT_NW 4 /* warps per CTA */
 /* 8 floats (exact in bf16) -> 8 bf16 */
 static __device__ __forceinline__ uint4 bf8(const float *f) {
     return make_uint4(bf2(f[0], f[1]), bf2(f[2], f[3]), bf2(f[4], f[5]), bf2(f[6], f[7]));
 }
 
-template <int ND>
+template <int ND, bool BF16A>
 __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh,
                                                        const int32_t *sel, int B, int topk, int nsplit, float *part, float *out,
                                                        float scale) {
@@ -297,7 +302,8 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
     const int W = nsplit * AT_NW;
     /* how K / V rows load: 1 bf16 by cp.async, 2 FP8 and 3 NVFP4 by word loads (rows aligned for them), 0 read8 */
     const size_t al = d.rb | d.kvpart | d.page_bytes | (uintptr_t)d.base;
-    const int ld = d.dt == M3_KV_BF16 ? ((al & 15) == 0 ? 1 : 0)
+    const int ld = BF16A ? 1
+                   : d.dt == M3_KV_BF16 ? ((al & 15) == 0 ? 1 : 0)
                    : d.dt == M3_KV_FP8 ? ((al & 7) == 0 ? 2 : 0)
                    : d.dt == M3_KV_NVFP4 ? ((al & 3) == 0 ? 3 : 0) : 0;
     /* this warp's next chunk from c (>= nchunks: none) and its keys [a, e) */
@@ -641,11 +647,18 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     }
     if (tc) {
         const size_t sm = attn_mma_smem(D);
+        const kvdesc dd = desc(c, kv, layer);
+        static int bf16a_on = -1; /* M3_ATTN_BF16A=0: the kernel of every format for bf16 too (measurements) */
+        if (bf16a_on < 0) bf16a_on = m3_cu_env_int("M3_ATTN_BF16A", 1) != 0;
+        const bool bf16a = bf16a_on && T <= GRAPH_T_MAX && kv->dt == M3_KV_BF16 && ((dd.rb | dd.kvpart | dd.page_bytes | (uintptr_t)dd.base) & 15) == 0;
         void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, const int32_t *, int, int, int, float *, float *,
-                   float) = ND == 4 ? k_attn_mma_bf16x3<4> : ND == 6 ? k_attn_mma_bf16x3<6> : ND == 8 ? k_attn_mma_bf16x3<8> : k_attn_mma_bf16x3<16>;
+                   float) = bf16a ? (ND == 4 ? k_attn_mma_bf16x3<4, true> : ND == 6 ? k_attn_mma_bf16x3<6, true>
+                                    : ND == 8 ? k_attn_mma_bf16x3<8, true> : k_attn_mma_bf16x3<16, true>)
+                                  : (ND == 4 ? k_attn_mma_bf16x3<4, false> : ND == 6 ? k_attn_mma_bf16x3<6, false>
+                                    : ND == 8 ? k_attn_mma_bf16x3<8, false> : k_attn_mma_bf16x3<16, false>);
         if (sm > c->smem_optin) { m3_cu_failf(c, "CUDA backend: attention needs %zu bytes of shared memory", sm); m3_cu_prof_end(c, OP_ATTN); return; }
         if (sm > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-        fn<<<dim3(nsplit, nkv, T), AT_NW * 32, sm, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, sel, block, topk, nsplit,
+        fn<<<dim3(nsplit, nkv, T), AT_NW * 32, sm, c->st>>>(dd, c->d_pos, c->d_seq, q, nh, sel, block, topk, nsplit,
                                                             part, out, 1.0f / sqrtf((float)D));
     } else if (G <= 16 && D <= 128 && D % 8 == 0) {
         size_t sf = sizeof(float) * ((size_t)G * D + ACH * (size_t)(D + 4) + ACH * (size_t)D + (size_t)G * ACH + 3 * (size_t)G);

@@ -447,13 +447,15 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
             ta.tctr = ctr_aux(c, CTR_AUX_TOK);
             if (tsm > sm) sm = tsm;
         }
-        /* bf16 rows 16-byte aligned, and CTAs for several waves: the copies-only staging, 80 registers
-         * against 125 (6 CTAs an SM against 4; decode batch 256: 2.32 -> 1.86 ms a step at 8
-         * layers), but slower in a single wave (8 x 8 tokens 27.6 -> 30.9 us). nbmax counts the
-         * blocks of the rounded longest position (8 sequences at 8K: 8 x 128); M3_INDEX_CPA=0: never */
+        /* bf16 rows 16-byte aligned: the copies-only staging, 80 registers against 125 (6 CTAs an SM
+         * against 4; decode batch 256: 2.32 -> 1.86 ms a step at 8 layers) and 2,048 SASS instructions
+         * against 11,008. Alone (bench_cuda_attn, code warm) it is slower in a single wave (8 x 8
+         * tokens 27.7 -> 31.2 us), but in a model's step, where each layer's kernels arrive cold, it
+         * is faster: 30 layers at 8K, decode batch 1 6.22 -> 6.05 ms, batch 8 and the verify passes
+         * the same or better (docs/PERF.md, session 27). M3_INDEX_CPA=0: never */
         static int cpa_on = -1;
         if (cpa_on < 0) cpa_on = m3_cu_env_int("M3_INDEX_CPA", 1) != 0;
-        const bool cpa = cpa_on && kv->idt == M3_KV_BF16 && (size_t)nbmax * c->n_runs >= 2048 &&
+        const bool cpa = cpa_on && kv->idt == M3_KV_BF16 &&
                          ((d.irb | d.kvpart | d.page_bytes | (uintptr_t)d.base) & 15) == 0;
         void (*fn)(kvdesc, const int32_t *, const int32_t *, const int32_t *, const int32_t *, const float *, int, int, int, float *,
                    topk_args) = KD == 2 ? (cpa ? k_index_scores_mma<2, true> : k_index_scores_mma<2, false>)

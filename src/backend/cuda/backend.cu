@@ -69,6 +69,7 @@ void *m3_cu_alloc(m3_cuda *c, size_t bytes) {
 }
 
 void *m3_cu_scratch(m3_cuda *c, int slot, size_t bytes) {
+    if (c->side) slot += SC_COUNT; /* the side stream's own slots */
     if (bytes <= c->sc_bytes[slot]) return c->sc[slot];
     if (c->capturing) { /* no allocation while recording: the recording is dropped, the step re-issued */
         c->scratch_grew = 1;
@@ -214,6 +215,9 @@ static void cu_mem_info(void *ctx, size_t *free_b, size_t *total_b) {
  * recordings dropped (one may be half made), and the next step runs afresh. */
 static int cu_recover(void *ctx, m3_err *err) {
     m3_cuda *c = (m3_cuda *)ctx;
+    if (c->side) m3_cu_side_end(c); /* (never left open: moe_impl closes and joins it) */
+    c->side_pending = 0;
+    cudaStreamSynchronize(c->st_side);
     cudaError_t e = cudaStreamSynchronize(c->st);
     cudaGetLastError(); /* a non-sticky error is cleared by reading it */
     if (e != cudaSuccess) e = cudaStreamSynchronize(c->st);
@@ -329,6 +333,52 @@ static int cu_begin_step(void *ctx, const m3_kv *kv, const m3_batch *b, const in
     c->max_run = mr;
     c->step_kv = kv;
     return 0;
+}
+
+/* ------------------------------------------------------------------ the side stream */
+
+static void side_swap(m3_cuda *c) { /* the side's counters and x-split cache for the main's, or back */
+    int *t = c->ctr;
+    c->ctr = c->ctr_other;
+    c->ctr_other = t;
+    for (int i = 0; i < 2; i++) {
+        const auto x = c->xs[i];
+        c->xs[i] = c->xs_other[i];
+        c->xs_other[i] = x;
+    }
+    const int n = c->xs_next;
+    c->xs_next = c->xs_next_other;
+    c->xs_next_other = n;
+}
+
+int m3_cu_side_begin(m3_cuda *c) {
+    static int on = -1;
+    if (on < 0) on = m3_cu_env_int("M3_CUDA_SIDE", 1) != 0;
+    if (!on || c->side || c->side_pending || c->prof || c->failed) return 0;
+    if (CK(c, cudaEventRecord(c->ev_fork, c->st_main)) || CK(c, cudaStreamWaitEvent(c->st_side, c->ev_fork, 0))) return 0;
+    c->side = 1;
+    c->st = c->st_side;
+    side_swap(c);
+    /* the main stream's writes since the last side section touched only its own cache: the side's
+     * splits may be stale (the same buffers hold each layer's values) */
+    for (int i = 0; i < 2; i++) c->xs[i].src = NULL;
+    return 1;
+}
+
+void m3_cu_side_end(m3_cuda *c) {
+    if (!c->side) return;
+    side_swap(c);
+    c->side = 0;
+    c->st = c->st_main;
+    /* recorded even after a failure: a recording's side branch must join the main stream */
+    if (cudaEventRecord(c->ev_join, c->st_side) != cudaSuccess) m3_cu_failf(c, "CUDA: the side stream's join failed");
+    c->side_pending = 1;
+}
+
+void m3_cu_side_join(m3_cuda *c) {
+    if (!c->side_pending) return;
+    c->side_pending = 0;
+    if (cudaStreamWaitEvent(c->st_main, c->ev_join, 0) != cudaSuccess) m3_cu_failf(c, "CUDA: the side stream's join failed");
 }
 
 /* ------------------------------------------------------------------ graphs */
@@ -484,6 +534,24 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
         free(c);
         return m3_errf(err, "CUDA device %d: out of memory", dev);
     }
+    c->st_main = c->st;
+    /* the side stream (m3_cu_side_begin) and its GEMV counters */
+    if (cudaStreamCreateWithFlags(&c->st_side, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->ev_fork, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->ev_join, cudaEventDisableTiming) != cudaSuccess ||
+        cudaMalloc((void **)&c->ctr_other, sizeof(int) * (size_t)(c->ctr_n + CTR_AUX)) != cudaSuccess ||
+        cudaMemset(c->ctr_other, 0, sizeof(int) * (size_t)(c->ctr_n + CTR_AUX)) != cudaSuccess) {
+        cudaGetLastError();
+        if (c->ctr_other) cudaFree(c->ctr_other);
+        if (c->ev_join) cudaEventDestroy(c->ev_join);
+        if (c->ev_fork) cudaEventDestroy(c->ev_fork);
+        if (c->st_side) cudaStreamDestroy(c->st_side);
+        cudaFree(c->ctr);
+        cublasDestroy(c->blas);
+        cudaStreamDestroy(c->st);
+        free(c);
+        return m3_errf(err, "CUDA device %d: cannot create the side stream (out of memory?)", dev);
+    }
     cublasSetStream(c->blas, c->st);
     cublasSetMathMode(c->blas, CUBLAS_PEDANTIC_MATH); /* f32 GEMMs stay f32: no TF32 */
     /* cuBLAS's workspace, ours: a GEMM recorded in a decode graph must not allocate */
@@ -493,6 +561,10 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
         cudaGetLastError();
         if (c->blas_ws) cudaFree(c->blas_ws);
         c->blas_ws = NULL;
+        cudaFree(c->ctr_other);
+        cudaEventDestroy(c->ev_join);
+        cudaEventDestroy(c->ev_fork);
+        cudaStreamDestroy(c->st_side);
         cudaFree(c->ctr);
         cublasDestroy(c->blas);
         cudaStreamDestroy(c->st);
@@ -558,9 +630,14 @@ extern "C" void m3_cuda_ops_free(m3_ops *ops) {
     m3_cuda *c = (m3_cuda *)ops->ctx;
     if (c) {
         cudaStreamSynchronize(c->st);
+        cudaStreamSynchronize(c->st_side);
         m3_cu_graphs_clear(c);
-        for (int i = 0; i < SC_COUNT; i++) cudaFree(c->sc[i]);
+        for (int i = 0; i < 2 * SC_COUNT; i++) cudaFree(c->sc[i]);
         cudaFree(c->ctr);
+        cudaFree(c->ctr_other);
+        cudaEventDestroy(c->ev_join);
+        cudaEventDestroy(c->ev_fork);
+        cudaStreamDestroy(c->st_side);
         if (c->h_meta) cudaFreeHost(c->h_meta);
         free(c->h_pick);
         free(c->h_pick_seen);

@@ -24,13 +24,16 @@ typedef struct m3_cuda {
     int dev, sm_count;
     size_t smem_optin;
     size_t smem_per_sm;        /* shared memory of one SM (all its resident CTAs) */
-    cudaStream_t st;
+    cudaStream_t st;            /* where ops launch: the main stream, or the side's inside m3_cu_side_begin / end */
+    cudaStream_t st_main, st_side;
+    cudaEvent_t ev_fork, ev_join;
+    int side, side_pending;     /* in the side section; the side's work not yet joined (m3_cu_side_join) */
     cublasHandle_t blas;
     char name[128];
     int failed;
     char errmsg[512];
-    void *sc[SC_COUNT];
-    size_t sc_bytes[SC_COUNT];
+    void *sc[2 * SC_COUNT];     /* the main stream's slots, then the side's (m3_cu_scratch) */
+    size_t sc_bytes[2 * SC_COUNT];
     size_t allocated, peak;
     /* weight arena (m3_cu_alloc while uploading weights): 1 = counting bytes only (no copies,
      * no launches), 2 = carving from wa_base; 0 = plain cudaMalloc */
@@ -64,11 +67,11 @@ typedef struct m3_cuda {
     long prof_calls[16];
     /* f16 hi / lo splits of activation buffers (linear_mma.cu), and the tensor-core GEMV's
      * arrival counters (zero between launches) */
-    struct { const float *src; size_t n; uint16_t *buf; } xs[2];
-    int xs_next;
+    struct { const float *src; size_t n; uint16_t *buf; } xs[2], xs_other[2]; /* xs_other: the side's while on the main stream, and back */
+    int xs_next, xs_next_other;
     void *blas_ws;              /* cuBLAS workspace (set on the handle) */
     size_t blas_ws_bytes;
-    int *ctr;
+    int *ctr, *ctr_other;       /* ctr_other: the side's counters while on the main stream, and back */
     long ctr_n;                 /* GEMV arrival counters; CTR_AUX more follow them (ctr_aux) */
     /* a draft pass's DSpark attention requests (dspark_attention_table): the host's copy
      * [nl][nreq] (to find a call's layer) and the device's, while dsa_tab_on (until begin_step) */
@@ -190,6 +193,17 @@ void *m3_cu_alloc(m3_cuda *c, size_t bytes);
 int m3_cu_arena_build(m3_cuda *c, m3_weights *d, m3_err *err, int (*pass)(m3_cuda *, const void *, m3_weights *, m3_err *),
                       const void *arg);
 void m3_cu_graphs_clear(m3_cuda *c);
+
+/* The side stream: work that depends only on what the main stream has issued so far (the fork)
+ * and that the main stream needs only later (the join), e.g. the MoE's shared expert beside the
+ * router and the routed experts. Between m3_cu_side_begin and m3_cu_side_end ops launch on the
+ * side stream with scratch slots, x-split buffers and GEMV arrival counters of their own, so the
+ * two streams share nothing they write; m3_cu_side_join makes the main stream wait for the side's
+ * work (CUDA graphs record the fork and join). begin returns 0 (nothing changed: run the work on
+ * the main stream) when the side is off (M3_CUDA_SIDE=0, per-op profiling). */
+int m3_cu_side_begin(m3_cuda *c);
+void m3_cu_side_end(m3_cuda *c);
+void m3_cu_side_join(m3_cuda *c);
 
 /* ---- the ops, by the file that implements them (each names its CPU reference) ---- */
 /* weights.cu: upload to the device arena, release */

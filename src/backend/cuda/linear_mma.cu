@@ -575,7 +575,7 @@ __global__ void k_split_x_f16(const float *x, size_t n, uint16_t *xh, uint16_t *
  * writes memory calls m3_cu_xsplit_touch on what it writes. */
 
 void m3_cu_xsplit_reset(m3_cuda *c) {
-    for (int i = 0; i < 2; i++) c->xs[i].src = NULL;
+    for (int i = 0; i < 2; i++) c->xs[i].src = c->xs_other[i].src = NULL;
 }
 
 void m3_cu_xsplit_touch(m3_cuda *c, const void *p, size_t bytes) {

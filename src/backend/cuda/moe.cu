@@ -410,7 +410,17 @@ void m3_cu_moe_add_rmsnorm(void *ctx, const m3_layer_w *L, const float *x, int T
     if (!post.done) m3_cu_add_rmsnorm(c, h, out, w, T, L->router.K, eps, normed);
 }
 
+static void moe_body(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
+                     float limit, float *out, moe_post *post);
+
+/* the MoE; the side stream's shared expert (moe_body) joined on every way out */
 static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
+                     float limit, float *out, moe_post *post) {
+    moe_body(c, L, x, T, E, K, routed_scale, alpha, limit, out, post);
+    m3_cu_side_join(c);
+}
+
+static void moe_body(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
                      float limit, float *out, moe_post *post) {
     m3_cu_prof_begin(c, OP_MOE);
     if (T <= 0 || c->failed) { m3_cu_prof_end(c, OP_MOE); return; }
@@ -421,12 +431,6 @@ static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int
         return;
     }
     m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
-    /* router logits, picks and weights (router.cu) */
-    int32_t *pick;
-    float *wt;
-    if (m3_cu_route(c, L, x, T, E, K, routed_scale, &pick, &wt)) { m3_cu_prof_end(c, OP_MOE); return; }
-    if (c->count_experts) count_experts(c, pick, T * K, E);
-
     const m3_mlp_w *e0 = &L->experts[0];
     /* expert parallel (src/parallel/shard.h): experts held by other ranks have no weights; the
      * host-grouped path below skips them (the graph-free kernels read every picked expert) */
@@ -443,6 +447,22 @@ static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int
     static int grouped = -1;
     if (grouped < 0) grouped = m3_cu_env_int("M3_MOE_GROUPED", 1) != 0;
     const int gbig = table && mma && grouped && T > 8 && T <= 4 * MOE_GROUP_T && K <= MOE_GROUP_S / MOE_GROUP_T;
+    /* The shared expert reads x alone: on the side stream (m3_cu_side_begin) it runs beside the
+     * router and the routed experts, and the combine waits for it. At decode it is two GEMVs at a third to a half of the bandwidth, ~27 us of a
+     * ~216 us layer at batch 1. Up to 8 tokens (the GEMVs: cuBLAS, which larger linears may take,
+     * runs on the main stream). M3_CUDA_SIDE=0: after the routed experts, on the main stream. */
+    float *sh_side = NULL;
+    if (L->has_shared && fast && mma && m3_cu_side_begin(c)) {
+        sh_side = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)T * H); /* the side's SC_YE */
+        if (sh_side) m3_cu_mlp(c, &L->shared, x, T, alpha, limit, sh_side);
+        m3_cu_side_end(c);
+        if (!sh_side) { m3_cu_prof_end(c, OP_MOE); return; }
+    }
+    /* router logits, picks and weights (router.cu) */
+    int32_t *pick;
+    float *wt;
+    if (m3_cu_route(c, L, x, T, E, K, routed_scale, &pick, &wt)) { m3_cu_prof_end(c, OP_MOE); return; }
+    if (c->count_experts) count_experts(c, pick, T * K, E);
     if (fast || gbig) {
         const m3_mlp_w *tab = (const m3_mlp_w *)L->backend;
         for (int t0 = 0; t0 < T && mma; t0 += MOE_GROUP_T) { /* tensor cores: (gate, up) of every slot, SwiGLU, down */
@@ -461,7 +481,10 @@ static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int
             if (grp) m3_cu_moe_grouped(c, e0, tab, pc, tc, K, E, 2, h, Fd, ye);
             else m3_cu_moe_mma(c, e0, tab, pc, K, S, 2, h, Fd, ye);
             float *sh = NULL;
-            if (L->has_shared) { /* the shared expert first, so that the combine adds it (one launch less) */
+            if (sh_side) { /* the side stream's */
+                m3_cu_side_join(c);
+                sh = sh_side;
+            } else if (L->has_shared) { /* the shared expert first, so that the combine adds it (one launch less) */
                 sh = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)tc * H); /* gu is spent */
                 if (!sh) { m3_cu_prof_end(c, OP_MOE); return; }
                 m3_cu_mlp(c, &L->shared, xc, tc, alpha, limit, sh);

@@ -3,6 +3,8 @@
 #   1. the reference checkpoints on --backend cuda (logits within 1e-3 relative L2 at every
 #      position, greedy tokens and indexer block choices equal), every KV cache dtype; the bf16
 #      accuracy contract (teacher-forced per layer, and end to end) on the bf16-GEMM references;
+#      graphs against a growing workspace and failing recordings; the side stream and the bf16-only
+#      attention / indexer kernels against the general paths, to the bit;
 #   2. CPU and GPU agree on a larger random checkpoint (MXFP8 + NVFP4, 2600-token prompt:
 #      sparse selection active, prefill and decode paths), f32 / bf16 / fp8 / nvfp4 caches;
 #   3. per-kernel benchmarks against the CPU / a double reference: linear layers (GEMV), the
@@ -93,8 +95,19 @@ for k in bf16 fp8 nvfp4; do
 done
 # the exact mode teacher-forced: every layer within 1e-3 of the float64 reference on its input
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny-q $D/m3-tiny-q.oracle.safetensors --backend cuda --teacher-forced 1 --tol 1e-3 --work "$OUT"
-# a decode graph replayed after a larger step grew the activation workspace (issue 22)
+# a decode graph replayed after a larger step grew the activation workspace (issue 22), and graphs
+# whose recordings fail (fault module "graph": the shape retried, then refused; graphs stay on)
 run "$BIN/graph_regrow" $D/m3-tiny-q
+# the MoE's shared expert on the side stream (default) against the main stream (M3_CUDA_SIDE=0), the
+# attention's and indexer's general kernels (M3_ATTN_BF16A=0 M3_INDEX_CPA=0) against their bf16 ones:
+# the same logits to the bit over a prompt and decodes (bf16 caches; the decodes recorded in graphs)
+ids=$(seq 1 40 | awk '{printf "%s%d", (NR>1?",":""), ($1*37)%200}')
+for v in M3_CUDA_SIDE=1 M3_CUDA_SIDE=0 "M3_ATTN_BF16A=0 M3_INDEX_CPA=0"; do
+  env $v "$BIN/m3" logits -m $D/m3-tiny-q --ids "$ids" --decode 8 --kv-cache-dtype bf16 --backend cuda -o "$OUT/var-$(echo $v | tr ' =' '__').st" >/dev/null 2>&1 ||
+    { echo "FAILED: m3 logits with $v"; fails=$((fails+1)); }
+done
+run "$BIN/logits_diff" "$OUT/var-M3_CUDA_SIDE_1.st" "$OUT/var-M3_CUDA_SIDE_0.st" --tol 1e-9
+run "$BIN/logits_diff" "$OUT/var-M3_CUDA_SIDE_1.st" "$OUT/var-M3_ATTN_BF16A_0_M3_INDEX_CPA_0.st" --tol 1e-9
 # the vision tower on the GPU against the vision-language references
 for v in m3vl-tiny m3vl-heldout m3vl-big; do
   [ -f $D/$v.oracle.safetensors ] && [ -x "$BIN/vision_check" ] || continue
@@ -148,6 +161,9 @@ run "$BIN/bench_cuda_linear"
 # than 8 slots), and k_dsa_flash with its TF32 splits by rounding conversions
 [ -x "$BIN/bench_cuda_attn" ] && M3_DSA_FLASH=0 M3_BENCH_CASE=0 run "$BIN/bench_cuda_attn"
 [ -x "$BIN/bench_cuda_attn" ] && M3_DSA_TRUNC=0 M3_BENCH_CASE=0 run "$BIN/bench_cuda_attn"
+# the attention's and indexer's general kernels for bf16 caches too (by default: a bf16-only attention
+# kernel at up to 8 tokens, the indexer's copies-only staging)
+[ -x "$BIN/bench_cuda_attn" ] && M3_ATTN_BF16A=0 M3_INDEX_CPA=0 M3_BENCH_KV=bf16 run "$BIN/bench_cuda_attn"
 # the tensor-core (wgmma) GEMM for many tokens, every weight format, against a double reference
 [ -x "$BIN/bench_cuda_gemm" ] && run "$BIN/bench_cuda_gemm"
 [ -x "$BIN/bench_cuda_moe" ] && run "$BIN/bench_cuda_moe"

@@ -403,10 +403,11 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     http_conn *c = m3_fault_calloc(M3_FAULT_SERVER, 1, sizeof *c);
     if (c) c->bev = bufferevent_socket_new(hs->base, fd, BEV_OPT_CLOSE_ON_FREE);
     if (c && c->bev) c->tmr = evtimer_new(hs->base, tmr_cb, c);
-    if (!c || !c->tmr) { /* out of memory: the client is turned away */
+    if (!c || !c->tmr) { /* out of memory: the client is turned away (its connection closed, counted) */
         if (c && c->bev) bufferevent_free(c->bev);
         else close(fd);
         free(c);
+        hs->st.turned_away++;
         return;
     }
     c->hs = hs;

@@ -54,6 +54,7 @@ typedef struct http_stats {
     unsigned long refused;         /* requests answered with an error by this layer */
     unsigned long slow_requests;   /* requests that did not arrive whole within the timeout */
     unsigned long write_timeouts;  /* connections closed: the client took no bytes for the timeout */
+    unsigned long turned_away;     /* connections closed as soon as accepted: no memory for their state */
     unsigned long accept_pauses, cap_pauses;
 } http_stats;
 

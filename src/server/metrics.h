@@ -52,6 +52,7 @@ typedef struct m3_metrics_info {
     unsigned long http_refused;/* requests the HTTP layer refused (malformed, over a limit, late) */
     unsigned long http_slow_requests;   /* of them, requests that did not arrive within --timeout */
     unsigned long http_write_timeouts;  /* connections closed: the client took no bytes for --timeout */
+    unsigned long http_turned_away;     /* connections closed as soon as accepted: no memory for their state */
     int fault_armed;           /* fault injection (tests): report the failures injected */
     long fault_injected[M3_FAULT_NMOD]; /* by module (src/base/fault.h) */
     long fault_seen[M3_FAULT_NMOD];     /* allocations counted, by module */

@@ -296,6 +296,7 @@ static int h_metrics(http_req *req, srv *s) {
     info.http_refused = hst.refused;
     info.http_slow_requests = hst.slow_requests;
     info.http_write_timeouts = hst.write_timeouts;
+    info.http_turned_away = hst.turned_away;
     info.fault_armed = s->o->fault_spec != NULL;
     for (int i = 0; i < M3_FAULT_NMOD; i++) {
         info.fault_injected[i] = m3_fault_failed((m3_fault_module)i);

@@ -301,7 +301,8 @@ static int bf16_blas_on(void) {
 
 /* 0 done (or failed: c->failed), -1 not this path */
 static int linear_bf16_blas(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y) {
-    if (W->fmt != M3_WF_BF16 || W->tiled || T < 2 || T > 8 || !bf16_blas_on() || (size_t)W->N * W->K < ((size_t)1 << 19) ||
+    /* (not on the side stream: the cuBLAS handle launches on the main one) */
+    if (c->side || W->fmt != M3_WF_BF16 || W->tiled || T < 2 || T > 8 || !bf16_blas_on() || (size_t)W->N * W->K < ((size_t)1 << 19) ||
         W->row_bytes != (size_t)2 * W->K || ((uintptr_t)W->w & 15) || W->K % 8)
         return -1;
     const size_t pn = (size_t)3 * T * W->N, xn = (size_t)3 * T * W->K;
@@ -392,6 +393,11 @@ void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y
     if (T <= 8) {
         const float *xr = m3_cu_gemm_input(c, x, (size_t)T * W->K); /* bf16 mode: cuBLAS on bf16(x) */
         if (xr && linear_bf16_blas(c, W, xr, T, y)) m3_cu_gemv_simt(c, W, xr, T, y);
+        m3_cu_prof_end(c, OP_LINEAR);
+        return;
+    }
+    if (c->side) { /* the cuBLAS handle launches on the main stream: never from the side's work */
+        m3_cu_failf(c, "CUDA backend: a %d-token linear (cuBLAS) on the side stream", T);
         m3_cu_prof_end(c, OP_LINEAR);
         return;
     }

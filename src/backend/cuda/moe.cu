@@ -450,10 +450,12 @@ static void moe_body(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int
     /* The shared expert reads x alone: on the side stream (m3_cu_side_begin) it runs beside the
      * router and the routed experts, and the combine waits for it (30 layers at 8K: decode batch 8
      * 17.05 -> 16.79 ms, the verify of 8 at batch 1 16.99 -> 16.78; batch 1 the same: there its
-     * GEMVs fill the SMs as the routed ones do). Up to 8 tokens, the GEMVs (cuBLAS, which larger
-     * linears may take, runs on the main stream). M3_CUDA_SIDE=0: after the routed experts. */
+     * GEMVs fill the SMs as the routed ones do). Up to 8 tokens and a shared expert the tensor-core
+     * GEMV takes whole (cuBLAS, which BF16 matrices at 2-8 tokens would take, is bound to the main
+     * stream). M3_CUDA_SIDE=0: after the routed experts. */
     float *sh_side = NULL;
-    if (L->has_shared && fast && mma && m3_cu_side_begin(c)) {
+    if (L->has_shared && fast && mma && m3_cu_mma_ok(&L->shared.gate) && m3_cu_mma_ok(&L->shared.up) &&
+        m3_cu_mma_ok(&L->shared.down) && m3_cu_side_begin(c)) {
         sh_side = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)T * H); /* the side's SC_YE */
         if (sh_side) m3_cu_mlp(c, &L->shared, x, T, alpha, limit, sh_side);
         m3_cu_side_end(c);

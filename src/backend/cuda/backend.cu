@@ -492,6 +492,29 @@ static void fused_linear_n(const m3_ops *o, int n, const m3_linear *const *W, co
     m3_cu_linear_n(o->ctx, n, W, x, T, y);
 }
 
+/* every resource of c that exists (an init that failed part way made only some), then c */
+static void cu_ctx_free(m3_cuda *c) {
+    if (c->st) cudaStreamSynchronize(c->st);
+    if (c->st_side) cudaStreamSynchronize(c->st_side);
+    m3_cu_graphs_clear(c);
+    for (int i = 0; i < 2 * SC_COUNT; i++)
+        if (c->sc[i]) cudaFree(c->sc[i]);
+    if (c->ctr) cudaFree(c->ctr);
+    if (c->ctr_other) cudaFree(c->ctr_other);
+    if (c->ev_join) cudaEventDestroy(c->ev_join);
+    if (c->ev_fork) cudaEventDestroy(c->ev_fork);
+    if (c->st_side) cudaStreamDestroy(c->st_side);
+    if (c->h_meta) cudaFreeHost(c->h_meta);
+    free(c->h_pick);
+    free(c->h_pick_seen);
+    free(c->dsa_tab);
+    if (c->blas) cublasDestroy(c->blas);
+    if (c->blas_ws) cudaFree(c->blas_ws);
+    if (c->st) cudaStreamDestroy(c->st);
+    cudaGetLastError(); /* (a failed init's error is the one reported) */
+    free(c);
+}
+
 extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     memset(ops, 0, sizeof *ops);
     int n = m3_cuda_device_count();
@@ -517,21 +540,19 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     snprintf(c->name, sizeof c->name, "%s, %d SMs, %.1f GiB", p.name, p.multiProcessorCount,
              p.totalGlobalMem / 1073741824.0);
     if (cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking) != cudaSuccess) {
-        free(c);
+        c->st = NULL;
+        cu_ctx_free(c);
         return m3_errf(err, "cannot create a CUDA stream");
     }
     if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
-        cudaStreamDestroy(c->st);
-        free(c);
+        c->blas = NULL;
+        cu_ctx_free(c);
         return m3_errf(err, "cannot initialize cuBLAS");
     }
     c->ctr_n = 1 << 20; /* tensor-core GEMV arrival counters: zeroed once, each launch leaves them zero */
     if (cudaMalloc((void **)&c->ctr, sizeof(int) * (size_t)(c->ctr_n + CTR_AUX)) != cudaSuccess ||
         cudaMemset(c->ctr, 0, sizeof(int) * (size_t)(c->ctr_n + CTR_AUX)) != cudaSuccess) {
-        cudaGetLastError();
-        cublasDestroy(c->blas);
-        cudaStreamDestroy(c->st);
-        free(c);
+        cu_ctx_free(c);
         return m3_errf(err, "CUDA device %d: out of memory", dev);
     }
     c->st_main = c->st;
@@ -541,15 +562,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
         cudaEventCreateWithFlags(&c->ev_join, cudaEventDisableTiming) != cudaSuccess ||
         cudaMalloc((void **)&c->ctr_other, sizeof(int) * (size_t)(c->ctr_n + CTR_AUX)) != cudaSuccess ||
         cudaMemset(c->ctr_other, 0, sizeof(int) * (size_t)(c->ctr_n + CTR_AUX)) != cudaSuccess) {
-        cudaGetLastError();
-        if (c->ctr_other) cudaFree(c->ctr_other);
-        if (c->ev_join) cudaEventDestroy(c->ev_join);
-        if (c->ev_fork) cudaEventDestroy(c->ev_fork);
-        if (c->st_side) cudaStreamDestroy(c->st_side);
-        cudaFree(c->ctr);
-        cublasDestroy(c->blas);
-        cudaStreamDestroy(c->st);
-        free(c);
+        cu_ctx_free(c);
         return m3_errf(err, "CUDA device %d: cannot create the side stream (out of memory?)", dev);
     }
     cublasSetStream(c->blas, c->st);
@@ -558,17 +571,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     c->blas_ws_bytes = (size_t)32 << 20;
     if (cudaMalloc(&c->blas_ws, c->blas_ws_bytes) != cudaSuccess ||
         cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes) != CUBLAS_STATUS_SUCCESS) {
-        cudaGetLastError();
-        if (c->blas_ws) cudaFree(c->blas_ws);
-        c->blas_ws = NULL;
-        cudaFree(c->ctr_other);
-        cudaEventDestroy(c->ev_join);
-        cudaEventDestroy(c->ev_fork);
-        cudaStreamDestroy(c->st_side);
-        cudaFree(c->ctr);
-        cublasDestroy(c->blas);
-        cudaStreamDestroy(c->st);
-        free(c);
+        cu_ctx_free(c);
         return m3_errf(err, "CUDA device %d: out of memory (cuBLAS workspace)", dev);
     }
     ops->name = "cuda";
@@ -628,25 +631,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
 
 extern "C" void m3_cuda_ops_free(m3_ops *ops) {
     m3_cuda *c = (m3_cuda *)ops->ctx;
-    if (c) {
-        cudaStreamSynchronize(c->st);
-        cudaStreamSynchronize(c->st_side);
-        m3_cu_graphs_clear(c);
-        for (int i = 0; i < 2 * SC_COUNT; i++) cudaFree(c->sc[i]);
-        cudaFree(c->ctr);
-        cudaFree(c->ctr_other);
-        cudaEventDestroy(c->ev_join);
-        cudaEventDestroy(c->ev_fork);
-        cudaStreamDestroy(c->st_side);
-        if (c->h_meta) cudaFreeHost(c->h_meta);
-        free(c->h_pick);
-        free(c->h_pick_seen);
-        free(c->dsa_tab);
-        cublasDestroy(c->blas);
-        cudaFree(c->blas_ws);
-        cudaStreamDestroy(c->st);
-        free(c);
-    }
+    if (c) cu_ctx_free(c);
     memset(ops, 0, sizeof *ops);
 }
 

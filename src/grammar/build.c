@@ -173,3 +173,22 @@ m3_grammar *m3_gb_finish(m3_grammar_builder *b, int root, m3_err *err) {
     b->failed = 1; /* the NFA belongs to the grammar's build now: no more nodes */
     return g;
 }
+
+m3_grammar *m3_grammar_from_choices(const char *const *texts, const size_t *lens, int n, const m3_grammar_opts *opts,
+                                    m3_err *err) {
+    if (n < 1) {
+        m3_errf(err, "choices: none given");
+        return NULL;
+    }
+    m3_grammar_builder *b = m3_grammar_builder_new(opts, err);
+    if (!b) return NULL;
+    b->n.what = "choices";
+    int *alt = malloc((size_t)n * sizeof *alt), root = -1;
+    if (!alt) gb_fail(b, "out of memory");
+    for (int i = 0; i < n && alt; i++) alt[i] = m3_gb_literal(b, texts[i], lens[i]);
+    if (alt) root = m3_gb_choice(b, alt, n);
+    free(alt);
+    m3_grammar *g = m3_gb_finish(b, root, err);
+    m3_grammar_builder_free(b);
+    return g;
+}

@@ -10,7 +10,7 @@
 /* ---- NFA builder ---- */
 
 static int nfa_fail(g_nfa *n, const char *what) {
-    if (!n->failed) m3_errf(n->err, "json schema: %s", what);
+    if (!n->failed) m3_errf(n->err, "%s: %s", nfa_what(n), what);
     n->failed = 1;
     return -1;
 }
@@ -146,6 +146,30 @@ g_frag f_call(g_nfa *n, int rule) {
     if (e < 0) return f_none();
     nfa_edge(n, s, E_CALL, 0, 0, e, rule);
     return (g_frag){s, e};
+}
+
+int f_is_empty(const g_nfa *n, g_frag f) {
+    if (f.s < 0 || n->failed) return 1;
+    uint8_t *seen = calloc((size_t)n->nst, 1);
+    int32_t *stk = malloc((size_t)n->nst * sizeof *stk);
+    int sp = 0, found = 0;
+    if (!seen || !stk) found = 1; /* out of memory: say not empty, the build reports it */
+    else {
+        seen[f.s] = 1;
+        stk[sp++] = f.s;
+    }
+    while (sp && !found) {
+        int s = stk[--sp];
+        if (s == f.e) found = 1;
+        for (int e = n->first[s]; e >= 0 && !found; e = n->ed[e].next)
+            if (!seen[n->ed[e].to]) {
+                seen[n->ed[e].to] = 1;
+                stk[sp++] = n->ed[e].to;
+            }
+    }
+    free(seen);
+    free(stk);
+    return !found;
 }
 
 /* ---- subset construction ---- */
@@ -510,17 +534,17 @@ m3_grammar *grammar_build(g_nfa *nfa, int root, int max_depth, m3_err *err) {
     m3_grammar *g = NULL;
     int32_t *trans = NULL, *coff = NULL, *crule = NULL, *cret = NULL, *dist = NULL, *ruleof = NULL, *newid = NULL, *queue = NULL;
     uint8_t *fin = NULL;
-    if (!d || !base) { m3_errf(err, "json schema: out of memory"); goto fail; }
+    if (!d || !base) { m3_errf(err, "%s: out of memory", nfa_what(nfa)); goto fail; }
     int total = 0;
     for (int r = 0; r < nr; r++) {
         base[r] = total;
         if (nfa->rstart[r] < 0) continue;
         if (dfa_subset(nfa, nfa->rstart[r], nfa->rend[r], cls, ncls, 1 << 20, &d[r])) {
-            m3_errf(err, "json schema: too large (more than %d automaton states) or out of memory", 1 << 20);
+            m3_errf(err, "%s: too large (more than %d automaton states) or out of memory", nfa_what(nfa), 1 << 20);
             goto fail;
         }
         total += d[r].n;
-        if (total > (1 << 20)) { m3_errf(err, "json schema: too large (more than %d automaton states)", 1 << 20); goto fail; }
+        if (total > (1 << 20)) { m3_errf(err, "%s: too large (more than %d automaton states)", nfa_what(nfa), 1 << 20); goto fail; }
     }
     base[nr] = total;
     int ncall = 0;
@@ -535,7 +559,7 @@ m3_grammar *grammar_build(g_nfa *nfa, int root, int max_depth, m3_err *err) {
     newid = malloc(((size_t)total + 1) * sizeof *newid);
     queue = malloc(((size_t)total + 1) * sizeof *queue);
     if (!trans || !fin || !coff || !crule || !cret || !dist || !ruleof || !newid || !queue) {
-        m3_errf(err, "json schema: out of memory");
+        m3_errf(err, "%s: out of memory", nfa_what(nfa));
         goto fail;
     }
     int nc = 0;
@@ -578,7 +602,7 @@ m3_grammar *grammar_build(g_nfa *nfa, int root, int max_depth, m3_err *err) {
         }
     }
     if (d[root].n == 0 || dist[base[root]] >= G_INF) {
-        m3_errf(err, "json schema: no document satisfies the schema");
+        m3_errf(err, "%s: %s", nfa_what(nfa), nfa->what ? "no output can match it" : "no document satisfies the schema");
         goto fail;
     }
     /* keep the states reachable from the root's start through productive states */
@@ -607,7 +631,7 @@ m3_grammar *grammar_build(g_nfa *nfa, int root, int max_depth, m3_err *err) {
         }
     }
     g = calloc(1, sizeof *g);
-    if (!g) { m3_errf(err, "json schema: out of memory"); goto fail; }
+    if (!g) { m3_errf(err, "%s: out of memory", nfa_what(nfa)); goto fail; }
     g->n = nq;
     g->ncls = ncls;
     memcpy(g->cls, cls, 256);
@@ -624,7 +648,7 @@ m3_grammar *grammar_build(g_nfa *nfa, int root, int max_depth, m3_err *err) {
     g->dist = malloc((size_t)nq * sizeof *g->dist);
     if (!g->trans || !g->flags || !g->call_off || !g->call_rule || !g->call_ret || !g->rule_start || !g->rule_of ||
         !g->rule_called || !g->dist) {
-        m3_errf(err, "json schema: out of memory");
+        m3_errf(err, "%s: out of memory", nfa_what(nfa));
         goto fail;
     }
     for (int r = 0; r < nr; r++) g->rule_start[r] = d[r].n ? newid[base[r]] : -1;
@@ -663,7 +687,7 @@ m3_grammar *grammar_build(g_nfa *nfa, int root, int max_depth, m3_err *err) {
         int *nf = calloc((size_t)nr, sizeof *nf);
         int bad = -1;
         if (!color || !rs || !rit || !seen || !st || !firsts || !nf) {
-            m3_errf(err, "json schema: out of memory");
+            m3_errf(err, "%s: out of memory", nfa_what(nfa));
             bad = -2;
         }
         for (int r = 0; bad == -1 && r < nr; r++) { /* the rules r can call before any byte */
@@ -713,7 +737,7 @@ m3_grammar *grammar_build(g_nfa *nfa, int root, int max_depth, m3_err *err) {
         free(st);
         free(firsts);
         free(nf);
-        if (bad >= 0) m3_errf(err, "json schema: left-recursive $ref (a reference reaches itself before any byte)");
+        if (bad >= 0) m3_errf(err, "%s: left-recursive $ref (a reference reaches itself before any byte)", nfa_what(nfa));
         if (bad != -1) goto fail;
     }
     for (int r = 0; r < nr; r++) dfa_free(&d[r]);

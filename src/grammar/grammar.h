@@ -23,13 +23,15 @@
  * as in xgrammar's strict mode and OpenAI's structured outputs, else true), enum, const, items,
  * prefixItems, minItems / maxItems, anyOf, oneOf (as anyOf: an output may match several),
  * allOf with one member, minLength / maxLength (code points; escapes count one), minimum /
- * maximum / exclusiveMinimum / exclusiveMaximum (integer and number, decimal-exact), $ref to
+ * maximum / exclusiveMinimum / exclusiveMaximum (integer and number, decimal-exact), pattern (an
+ * ECMAScript regular expression, regex.c's syntax, that the string's value contains a match of,
+ * as JSON Schema means it: unanchored unless ^ / $ say so), $ref to
  * "#", "#/$defs/..." , "#/definitions/..." or any JSON pointer into the document, recursive refs
  * included, and boolean schemas. Annotations are ignored (title, description, default,
- * examples, $schema, $id, $comment, deprecated, readOnly, writeOnly). Anything else (pattern,
- * format, multipleOf, minProperties, patternProperties, if/then/else, not, ...) is refused
- * with an error naming the keyword and its JSON pointer, e.g.
- *   json schema: unsupported keyword "pattern" at /properties/name
+ * examples, $schema, $id, $comment, deprecated, readOnly, writeOnly). Anything else (format,
+ * multipleOf, minProperties, patternProperties, if/then/else, not, ...) is refused with an error
+ * naming the keyword and its JSON pointer, e.g.
+ *   json schema: unsupported keyword "format" at /properties/date
  *
  * Output form (what the grammar lets a model write):
  *  - Properties come in the order of "properties" (optional ones may be left out); additional
@@ -41,6 +43,8 @@
  *    always ends and always parses as int64 / double); with bounds no exponent.
  *  - Strings: valid UTF-8 (a token may end inside a character; the next must complete it), no
  *    raw control characters, escapes \" \\ \/ \b \f \n \r \t and \uXXXX (surrogates in pairs).
+ *    A string with a "pattern" is written as JSON.stringify writes its value (escapes only for
+ *    " \\ and control characters, \b \t \n \f \r or \u00xx).
  *  - enum / const values: their compact JSON spelling (jansson's json_dumps, JSON_COMPACT).
  *  - Nesting through calls (recursive refs, plain JSON values) stops at opts.max_depth.
  *
@@ -77,6 +81,14 @@ void m3_grammar_opts_default(m3_grammar_opts *o);
 m3_grammar *m3_grammar_from_schema(const char *json_schema, size_t len, const m3_grammar_opts *opts, m3_err *err);
 /* json_object mode: any JSON object (values of any type, nesting up to opts->max_depth). */
 m3_grammar *m3_grammar_json(const m3_grammar_opts *opts, m3_err *err);
+/* vLLM's guided_regex: the UTF-8 texts an ECMAScript regular expression (JavaScript's
+ * `new RegExp(re, "u")`, no other flag) matches whole; the syntax served is regex.c's. NULL with a
+ * message naming the construct and its byte offset when refused (backreferences, lookaround,
+ * \b, \p{...}, ...), or when nothing matches or the automaton is too large. */
+m3_grammar *m3_grammar_from_regex(const char *re, size_t len, const m3_grammar_opts *opts, m3_err *err);
+/* vLLM's guided_choice: exactly one of the n texts (n >= 1; lens[i] bytes each). */
+m3_grammar *m3_grammar_from_choices(const char *const *texts, const size_t *lens, int n, const m3_grammar_opts *opts,
+                                    m3_err *err);
 void m3_grammar_free(m3_grammar *g);
 int m3_grammar_n_states(const m3_grammar *g); /* DFA states over all rules */
 int m3_grammar_n_rules(const m3_grammar *g);

@@ -29,7 +29,10 @@ typedef struct {
     int max_states;
     int failed; /* out of memory or too large; the message is in err */
     m3_err *err;
+    const char *what; /* what errors name ("regex", ...); NULL: "json schema" */
 } g_nfa;
+
+static inline const char *nfa_what(const g_nfa *n) { return n->what ? n->what : "json schema"; }
 
 int nfa_state(g_nfa *n);
 void nfa_edge(g_nfa *n, int from, int kind, int lo, int hi, int to, int rule);
@@ -46,8 +49,20 @@ g_frag f_alt(g_nfa *n, g_frag a, g_frag b);
 g_frag f_opt(g_nfa *n, g_frag a);
 g_frag f_star(g_nfa *n, g_frag a);
 g_frag f_call(g_nfa *n, int rule);
+/* 1 when no path leads from f's start to its end (calls count as passable), else 0 */
+int f_is_empty(const g_nfa *n, g_frag f);
 /* Languages without calls: a ∩ b (mode 0) or a \ b (mode 1), as a new fragment. */
 g_frag f_product(g_nfa *n, g_frag a, g_frag b, int mode);
+
+/* ---- regex.c: ECMAScript regular expressions (grammar.h: m3_grammar_from_regex) ----
+ * The texts pattern re[0..len) matches, as a call-free fragment of n: RX_TEXT their UTF-8
+ * bytes, RX_JSON the inside of a JSON string holding them, spelled as JSON.stringify spells it.
+ * search 0: the whole text matches (guided_regex); 1: JSON Schema's "pattern", a text that
+ * contains a match (^ and $ anchor it). f_none() with a message in emsg (emsg_cap bytes, naming
+ * the problem and its byte offset) when the pattern is refused; NFA failures (too large, out of
+ * memory) are n's. */
+enum { RX_TEXT = 0, RX_JSON = 1 };
+g_frag regex_fragment(g_nfa *n, const char *re, size_t len, int spell, int search, char *emsg, size_t emsg_cap);
 
 /* ---- schema.c, for the builder (build.c) ---- */
 #define G_MAX_NFA_STATES (1 << 21)

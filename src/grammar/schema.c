@@ -855,7 +855,7 @@ static const char *annotations[] = {"title", "description", "default", "examples
                                     "deprecated", "readOnly", "writeOnly", "$defs", "definitions", NULL};
 static const char *known[] = {"type", "properties", "required", "additionalProperties", "items", "prefixItems",
                               "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "minLength",
-                              "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "$ref", NULL};
+                              "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "$ref", NULL};
 
 static int in_list(const char *k, const char **l) {
     for (; *l; l++)
@@ -874,6 +874,37 @@ static const char *other_keyword(json_t *s, const char *self) {
     return NULL;
 }
 
+/* a string of lo..hi characters (hi < 0: unbounded) whose value contains a match of the
+ * ECMAScript pattern (regex.c), JSON or raw as f_str_value writes it; in JSON its characters are
+ * spelled as JSON.stringify spells them */
+static g_frag s_pattern(sc_t *c, json_t *pat, long long lo, long long hi) {
+    g_nfa *n = c->n;
+    size_t pl = path_push(c, "pattern");
+    if (!json_is_string(pat)) {
+        sc_err(c, "\"pattern\" must be a string");
+        path_pop(c, pl);
+        return f_none();
+    }
+    char emsg[256];
+    g_frag r = regex_fragment(n, json_string_value(pat), json_string_length(pat), c->raw_on ? RX_TEXT : RX_JSON, 1, emsg,
+                              sizeof emsg);
+    if (r.s < 0 || f_is_empty(n, r)) {
+        if (emsg[0]) sc_err(c, "\"pattern\": %s", emsg);
+        else if (r.s >= 0) sc_err(c, "no string matches the pattern");
+        path_pop(c, pl);
+        return f_none();
+    }
+    g_frag f;
+    if (c->raw_on) f = f_product(n, f_raw_string(c, lo, hi), r, 0);
+    else {
+        g_frag q = f_seq(n, f_lit(n, "\"", 1), f_seq(n, r, f_lit(n, "\"", 1)));
+        f = lo == 0 && hi < 0 ? q : f_product(n, f_string(c, lo, hi, 1), q, 0);
+    }
+    if (f.s < 0 && !bad(c)) sc_err(c, "no string of %lld to %lld characters matches the pattern", lo, hi);
+    path_pop(c, pl);
+    return f;
+}
+
 static g_frag s_type(sc_t *c, json_t *s, const char *t) {
     g_nfa *n = c->n;
     if (!strcmp(t, "string")) {
@@ -881,7 +912,9 @@ static g_frag s_type(sc_t *c, json_t *s, const char *t) {
         if (get_count(c, s, "minLength", &lo) || get_count(c, s, "maxLength", &hi)) return f_none();
         if (hi >= 0 && lo > hi) return sc_err(c, "minLength %lld > maxLength %lld", lo, hi);
         if (lo > 100000 || hi > 100000) return sc_err(c, "minLength / maxLength over 100000");
-        return f_str_value(c, lo, hi);
+        json_t *pat = json_object_get(s, "pattern");
+        if (!pat) return f_str_value(c, lo, hi);
+        return s_pattern(c, pat, lo, hi);
     }
     if (!strcmp(t, "integer")) return s_number(c, s, 1);
     if (!strcmp(t, "number")) return s_number(c, s, 0);
@@ -1025,7 +1058,8 @@ static g_frag s_schema_in(sc_t *c, json_t *s) {
     if (json_object_get(s, "items") || json_object_get(s, "prefixItems") || json_object_get(s, "minItems") ||
         json_object_get(s, "maxItems"))
         return s_type(c, s, "array");
-    if (json_object_get(s, "minLength") || json_object_get(s, "maxLength")) return s_type(c, s, "string");
+    if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") || json_object_get(s, "pattern"))
+        return s_type(c, s, "string");
     if (json_object_get(s, "minimum") || json_object_get(s, "maximum") || json_object_get(s, "exclusiveMinimum") ||
         json_object_get(s, "exclusiveMaximum"))
         return s_number(c, s, 0);

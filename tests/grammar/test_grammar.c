@@ -68,11 +68,17 @@ static const tcase cases[] = {
      {"{\"name\":\"r\",\"kids\":[{\"name\":\"a\"},{\"name\":\"b\",\"kids\":[]}]}"}, {{"{\"name\":\"r\",\"kids\":[{}]}", 21}}},
     {"{\"const\":{\"a\":[1,\"\xc3\xa9\"]}}", {"{\"a\":[1,\"\xc3\xa9\"]}"}, {{"{\"a\":[1,\"e\"]}", 9}}},
     {"true", {"1", "[]", "{\"a\":\"b\"}", "\"s\""}, {{"{\"a\" :1,}", 8}}},
+    /* pattern (regex.c; tests/grammar/regex_diff.mjs checks it against JavaScript's RegExp) */
+    {"{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-\\\\d{3}$\"},\"tag\":{\"type\":\"string\",\"pattern\":\"x\",\"maxLength\":4}},\"required\":[\"id\",\"tag\"]}",
+     {"{\"id\":\"AB-123\",\"tag\":\"x\"}", "{\"id\":\"ZZ-000\",\"tag\":\"a\\\"xb\"}"}, {{"{\"id\":\"Ab-123\"", 8}, {"{\"id\":\"AB-123\",\"tag\":\"abcd\"}", 25}}},
+    {"{\"pattern\":\"(caf\u00e9|na\u00efve)!*\"}", {"\"caf\xc3\xa9\"", "\"a na\xc3\xafve!!\"", "\"\\n\\u0001caf\xc3\xa9\""}, {{"\"cafe\"", 5}, {"\"caf\\u00e9\"", 8}}},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
 static const char *refused[][2] = {
-    {"{\"type\":\"string\",\"pattern\":\"a+\"}", "\"pattern\" at /pattern"},
+    {"{\"type\":\"string\",\"pattern\":\"a(?=b)\"}", "\"pattern\": lookahead (?=...) is not supported (offset 1) at /pattern"},
+    {"{\"properties\":{\"p\":{\"pattern\":\"[z-a]\"}}}", "range out of order in a character class (offset 1) at /properties/p/pattern"},
+    {"{\"type\":\"string\",\"pattern\":\"^\\\\d{3}$\",\"maxLength\":2}", "no string of 0 to 2 characters matches the pattern at /pattern"},
     {"{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"}}}", "\"format\" at /properties/d/format"},
     {"{\"type\":\"number\",\"multipleOf\":2}", "\"multipleOf\""},
     {"{\"type\":\"array\",\"items\":{\"not\":{}}}", "\"not\" at /items/not"},
@@ -458,9 +464,9 @@ static void tool_grammar_tests(vocab_t *bytes) {
     g = m3_tool_call_grammar(tools, "nope", 1, NULL, &err);
     CHECK(!g && strstr(err.msg, "no function named"), "unknown tool: %s", err.msg);
     json_t *bad = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
-                             "\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}}}]", 0, NULL);
+                             "\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"(?=x)\"}}}}}]", 0, NULL);
     g = m3_tool_call_grammar(bad, NULL, 1, NULL, &err);
-    CHECK(!g && strstr(err.msg, "tool \"f\"") && strstr(err.msg, "pattern"), "bad tool schema: %s", err.msg);
+    CHECK(!g && strstr(err.msg, "tool \"f\"") && strstr(err.msg, "pattern") && strstr(err.msg, "lookahead"), "bad tool schema: %s", err.msg);
     json_decref(bad);
     json_decref(tools);
 }

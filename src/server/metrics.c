@@ -136,7 +136,7 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
     counter(&b, "m3_vision_encoder_runs_total", "Vision tower runs (the images of one request, when not all cached).",
             st->vision_runs);
     counter(&b, "m3_vision_encoder_images_total", "Images run through the vision tower.", st->vision_images);
-    counter(&b, "m3_structured_requests_total", "Sequences added with a grammar (response_format, guided_json, forced tool calls).",
+    counter(&b, "m3_structured_requests_total", "Sequences added with a grammar (response_format, guided_json / _regex / _choice, forced tool calls).",
             st->grammar_requests);
     counter(&b, "m3_grammar_masks_total", "Token masks computed for grammar-constrained rows.", st->grammar_masks);
     counter(&b, "m3_grammar_masks_ahead_total", "Of those, computed by the mask thread while the forward ran.",

@@ -134,7 +134,7 @@ void m3_oai_params_free(m3_oai_params *g) {
     free(g->stop_ids);
     free(g->bias);
     free(g->echo_text);
-    free(g->schema_text);
+    free(g->constraint_text);
     m3_engine_grammar_release(g->grammar);
     m3_media_free(&g->media);
     memset(g, 0, sizeof *g);
@@ -440,13 +440,16 @@ static int unsupported(json_t *b, int chat, long long n, m3_oai_error *e) {
         return OAI_BAD(e, "suffix", "'suffix' is not supported");
     if (chat && json_is_true(json_object_get(b, "echo")))
         return OAI_BAD(e, "echo", "'echo' is not supported for chat completions");
-    /* vLLM's constrained-decoding extras other than JSON (guided_json and structured_outputs' json
-     * are served): one refusal policy, never silently unconstrained text */
-    static const char *const guided[] = {"guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-                                         "guided_whitespace_pattern"};
+    /* vLLM's constrained-decoding extras not served (guided_json / _regex / _choice are): one
+     * refusal policy, never silently unconstrained text */
+    static const char *const guided[] = {"guided_grammar", "guided_whitespace_pattern"};
     for (size_t i = 0; i < sizeof guided / sizeof *guided; i++)
         if ((v = json_object_get(b, guided[i])) && !json_is_null(v))
-            return OAI_BAD(e, guided[i], "'%s' is not supported (JSON constraints only: response_format, guided_json)", guided[i]);
+            return OAI_BAD(e, guided[i], "'%s' is not supported (served: response_format, guided_json, guided_regex, guided_choice)",
+                           guided[i]);
+    /* the backend vLLM should use: m3 has its own, which serves the same outputs */
+    if ((v = json_object_get(b, "guided_decoding_backend")) && !json_is_null(v) && !json_is_string(v))
+        return OAI_BAD(e, "guided_decoding_backend", "'guided_decoding_backend' must be a string");
     return 0;
 }
 
@@ -465,15 +468,40 @@ static int take_schema(m3_oai_params *g, json_t *sc, int string_ok, const char *
         json_decref(own);
         return OAI_BAD(e, param, "'%s' must be a JSON schema (an object)", param);
     }
-    g->schema_text = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY);
+    g->constraint_text = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY);
     json_decref(own);
-    if (!g->schema_text) return OAI_OOM(e);
+    if (!g->constraint_text) return OAI_OOM(e);
     g->constraint = M3_OAI_C_JSON_SCHEMA;
     g->constraint_param = param;
     return 0;
 }
 
-/* response_format, vLLM's guided_json / structured_outputs, tool_choice, parallel_tool_calls */
+/* guided_regex: an ECMAScript pattern the whole output matches (src/grammar/regex.c) */
+static int take_regex(m3_oai_params *g, json_t *v, const char *param, m3_oai_error *e) {
+    if (!json_is_string(v)) return OAI_BAD(e, param, "'%s' must be a string (a regular expression)", param);
+    if (strlen(json_string_value(v)) != json_string_length(v)) return OAI_BAD(e, param, "'%s' holds a NUL character", param);
+    if (!(g->constraint_text = strdup(json_string_value(v)))) return OAI_OOM(e);
+    g->constraint = M3_OAI_C_REGEX;
+    g->constraint_param = param;
+    return 0;
+}
+
+/* guided_choice: the output is exactly one of the strings */
+static int take_choice(m3_oai_params *g, json_t *v, const char *param, m3_oai_error *e) {
+    size_t i;
+    json_t *x;
+    if (!json_is_array(v) || !json_array_size(v)) return OAI_BAD(e, param, "'%s' must be a non-empty array of strings", param);
+    if (json_array_size(v) > 4096) return OAI_BAD(e, param, "'%s' has %zu choices (at most 4096)", param, json_array_size(v));
+    json_array_foreach(v, i, x) {
+        if (!json_is_string(x)) return OAI_BAD(e, param, "'%s[%zu]' must be a string", param, i);
+    }
+    if (!(g->constraint_text = json_dumps(v, JSON_COMPACT))) return OAI_OOM(e);
+    g->constraint = M3_OAI_C_CHOICE;
+    g->constraint_param = param;
+    return 0;
+}
+
+/* response_format, vLLM's guided_json / _regex / _choice / structured_outputs, tool_choice, parallel_tool_calls */
 static int parse_structured(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_params *g, m3_oai_error *e) {
     json_t *v;
     int rc;
@@ -496,32 +524,43 @@ static int parse_structured(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_par
         } else if (strcmp(t, "text"))
             return OAI_BAD(e, "response_format", "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
     }
-    if ((v = json_object_get(b, "guided_json")) && !json_is_null(v)) {
-        if (g->constraint) return OAI_BAD(e, "guided_json", "'guided_json' beside 'response_format': give one of them");
-        if ((rc = take_schema(g, v, 1, "guided_json", e))) return rc;
+    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice"};
+    for (int i = 0; i < 3; i++) {
+        if (!(v = json_object_get(b, guided[i])) || json_is_null(v)) continue;
+        if (g->constraint) return OAI_BAD(e, guided[i], "'%s' beside '%s': give one of them", guided[i], g->constraint_param);
+        rc = i == 0 ? take_schema(g, v, 1, guided[i], e) : i == 1 ? take_regex(g, v, guided[i], e) : take_choice(g, v, guided[i], e);
+        if (rc) return rc;
     }
     if ((v = json_object_get(b, "structured_outputs")) && !json_is_null(v)) {
         if (!json_is_object(v)) return OAI_BAD(e, "structured_outputs", "'structured_outputs' must be an object");
-        const char *k;
+        const char *k, *which = NULL;
         json_t *x;
-        int n_json = 0;
+        int n = 0;
         json_object_foreach(v, k, x) {
             if (json_is_null(x) || json_is_false(x)) continue;
             char q[64];
-            if (!strcmp(k, "json") || (!strcmp(k, "json_object") && json_is_true(x))) n_json++;
-            else return OAI_BAD(e, "structured_outputs", "'structured_outputs.%s' is not supported (JSON constraints only: 'json', 'json_object')",
-                                clip(k, q, sizeof q));
+            if (!strcmp(k, "json") || (!strcmp(k, "json_object") && json_is_true(x)) || !strcmp(k, "regex") || !strcmp(k, "choice")) {
+                n++;
+                which = k;
+            } else
+                return OAI_BAD(e, "structured_outputs",
+                               "'structured_outputs.%s' is not supported (served: 'json', 'json_object', 'regex', 'choice')",
+                               clip(k, q, sizeof q));
         }
-        if (n_json != 1) return OAI_BAD(e, "structured_outputs", "'structured_outputs' needs exactly one of 'json', 'json_object'");
+        if (n != 1)
+            return OAI_BAD(e, "structured_outputs", "'structured_outputs' needs exactly one of 'json', 'json_object', 'regex', 'choice'");
         if (g->constraint)
             return OAI_BAD(e, "structured_outputs", "'structured_outputs' beside '%s': give one of them", g->constraint_param);
-        json_t *sc = json_object_get(v, "json");
-        if (sc && !json_is_null(sc)) {
-            if ((rc = take_schema(g, sc, 1, "structured_outputs", e))) return rc;
-        } else {
+        x = json_object_get(v, which);
+        if (!strcmp(which, "json")) rc = take_schema(g, x, 1, "structured_outputs", e);
+        else if (!strcmp(which, "regex")) rc = take_regex(g, x, "structured_outputs", e);
+        else if (!strcmp(which, "choice")) rc = take_choice(g, x, "structured_outputs", e);
+        else {
             g->constraint = M3_OAI_C_JSON_OBJECT;
             g->constraint_param = "structured_outputs";
+            rc = 0;
         }
+        if (rc) return rc;
     }
     if (!chat) return 0;
     if ((rc = get_bool(e, b, "parallel_tool_calls", &g->parallel_tool_calls))) return rc;
@@ -665,10 +704,10 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         json_decref(kw);
         json_t *tc = json_object_get(b, "tool_choice");
         if (json_is_string(tc) && !strcmp(json_string_value(tc), "none")) g->oo.tools = 0;
-        /* a JSON answer (response_format and its vLLM spellings) is the document and nothing
-         * else: text inside its strings is never a tool call. Left on, the parser would take
+        /* a constrained answer (JSON, a regex, a choice) is the answer and nothing else: text
+         * inside it is never a tool call. Left on, the parser would take
          * ["<opener><invoke name=", 1, ">...</tool_call>"] for a call named `, 1, `. */
-        if (g->constraint == M3_OAI_C_JSON_OBJECT || g->constraint == M3_OAI_C_JSON_SCHEMA) g->oo.tools = 0;
+        if (g->constraint && g->constraint != M3_OAI_C_TOOLS) g->oo.tools = 0;
         g->tools = json_object_get(b, "tools");
         if (!json_is_array(g->tools)) g->tools = NULL;
         /* with the reasoning parser on, the constraint starts once the reasoning ends: after the

@@ -96,9 +96,11 @@ typedef struct m3_oai_params {
     size_t echo_len;
     m3_media media;              /* chat: the prompt's images (ids holds their tokens, expanded) */
     /* structured output: response_format json_object / json_schema, vLLM's guided_json /
-     * structured_outputs, forced tool calls (tool_choice "required" or a named function) */
+     * guided_regex / guided_choice / structured_outputs, forced tool calls (tool_choice
+     * "required" or a named function) */
     int constraint;              /* M3_OAI_C_* */
-    char *schema_text;           /* JSON_SCHEMA: the schema as compact JSON (owned) */
+    char *constraint_text;       /* owned: JSON_SCHEMA the schema as compact JSON, REGEX the pattern,
+                                    CHOICE the choices as a compact JSON array of strings */
     const char *constraint_param;/* the field that asked for it (for errors) */
     const char *tool_name;       /* TOOLS: the named function (borrowed), NULL: any of tools */
     int parallel_tool_calls;     /* 0: at most one tool call (parallel_tool_calls: false) */
@@ -106,7 +108,7 @@ typedef struct m3_oai_params {
     struct m3_engine_grammar *grammar; /* compiled for the request (a reference; srv fills it in) */
 } m3_oai_params;
 
-enum { M3_OAI_C_NONE = 0, M3_OAI_C_JSON_OBJECT, M3_OAI_C_JSON_SCHEMA, M3_OAI_C_TOOLS };
+enum { M3_OAI_C_NONE = 0, M3_OAI_C_JSON_OBJECT, M3_OAI_C_JSON_SCHEMA, M3_OAI_C_TOOLS, M3_OAI_C_REGEX, M3_OAI_C_CHOICE };
 
 /* Fills e; returns e->status. The message is printf-formatted, then made valid UTF-8. */
 int m3_oai_errorf(m3_oai_error *e, int status, const char *type, const char *param, const char *fmt, ...)

@@ -1,5 +1,6 @@
-/* m3 serve: structured outputs (response_format, guided_json / structured_outputs, forced tool
- * calls) compiled for the engine, on the preparation threads (prep.c).
+/* m3 serve: structured outputs (response_format, guided_json / _regex / _choice /
+ * structured_outputs, forced tool calls) compiled for the engine, on the preparation threads
+ * (prep.c).
  *
  * The grammar vocabulary is made once, at the first constrained request: every id of the
  * model's vocabulary with the bytes it decodes to (m3_tok_id_bytes); special tokens, the
@@ -152,6 +153,27 @@ static int compile_error(m3_oai_error *e, const char *param, const m3_err *err) 
     return m3_oai_errorf(e, 400, "invalid_request_error", param, "%s", err->msg);
 }
 
+/* the grammar of a choices array (compact JSON, checked by openai.c) */
+static m3_grammar *choice_grammar(const char *text, m3_err *err) {
+    json_t *a = json_loads(text, 0, NULL);
+    size_t n = json_array_size(a);
+    const char **t = calloc(n ? n : 1, sizeof *t);
+    size_t *l = calloc(n ? n : 1, sizeof *l);
+    m3_grammar *g = NULL;
+    if (!a || !t || !l) m3_errf(err, "out of memory");
+    else {
+        for (size_t i = 0; i < n; i++) {
+            t[i] = json_string_value(json_array_get(a, i));
+            l[i] = json_string_length(json_array_get(a, i));
+        }
+        g = m3_grammar_from_choices(t, l, (int)n, NULL, err);
+    }
+    free(t);
+    free(l);
+    json_decref(a);
+    return g;
+}
+
 int srv_structured(srv *s, m3_oai_params *g, m3_oai_error *e) {
     if (!g->constraint) return 0;
     struct srv_grammars *G = s->gram;
@@ -161,7 +183,9 @@ int srv_structured(srv *s, m3_oai_params *g, m3_oai_error *e) {
     char *tools_text = NULL;
     int max_calls = g->parallel_tool_calls ? 0 : 1, bad = 0;
     if (g->constraint == M3_OAI_C_JSON_OBJECT) bad |= m3_sbuf_str(&key, "O");
-    else if (g->constraint == M3_OAI_C_JSON_SCHEMA) bad |= m3_sbuf_str(&key, "S") | m3_sbuf_str(&key, g->schema_text);
+    else if (g->constraint == M3_OAI_C_JSON_SCHEMA) bad |= m3_sbuf_str(&key, "S") | m3_sbuf_str(&key, g->constraint_text);
+    else if (g->constraint == M3_OAI_C_REGEX) bad |= m3_sbuf_str(&key, "R") | m3_sbuf_str(&key, g->constraint_text);
+    else if (g->constraint == M3_OAI_C_CHOICE) bad |= m3_sbuf_str(&key, "C") | m3_sbuf_str(&key, g->constraint_text);
     else {
         char head[64];
         tools_text = srv_json_text(g->tools, NULL);
@@ -193,7 +217,9 @@ int srv_structured(srv *s, m3_oai_params *g, m3_oai_error *e) {
     m3_grammar *gr = NULL;
     m3_fault_suspend(1); /* the schema compiler parses with jansson (fault.h: no injection there) */
     if (g->constraint == M3_OAI_C_JSON_OBJECT) gr = m3_grammar_json(NULL, &err);
-    else if (g->constraint == M3_OAI_C_JSON_SCHEMA) gr = m3_grammar_from_schema(g->schema_text, strlen(g->schema_text), NULL, &err);
+    else if (g->constraint == M3_OAI_C_JSON_SCHEMA) gr = m3_grammar_from_schema(g->constraint_text, strlen(g->constraint_text), NULL, &err);
+    else if (g->constraint == M3_OAI_C_REGEX) gr = m3_grammar_from_regex(g->constraint_text, strlen(g->constraint_text), NULL, &err);
+    else if (g->constraint == M3_OAI_C_CHOICE) gr = choice_grammar(g->constraint_text, &err);
     else gr = m3_tool_call_grammar(g->tools, g->tool_name, max_calls, NULL, &err);
     m3_fault_suspend(0);
     int pooled = gr && pthread_mutex_trylock(&G->pool_mu) == 0;

@@ -4,6 +4,9 @@
 //    and off: every output parses and validates (ajv) and ends with finish_reason "stop";
 //  - json_object mode, vLLM's guided_json (object and string) and structured_outputs, the
 //    completions endpoint, n = 2;
+//  - vLLM's guided_regex / guided_choice (and structured_outputs {regex, choice}): every output
+//    matches the pattern (JavaScript's RegExp, u flag) or is one of the choices; "pattern" in a
+//    schema and in a forced tool call's arguments (ajv);
 //  - tool_choice "required" / named: always valid calls of the allowed tools (arguments validated
 //    against the tool's parameters), parallel_tool_calls false: exactly one; with tool_choice
 //    auto: at most one;
@@ -120,6 +123,47 @@ try {
   ok(cp.choices[0].finish_reason === 'stop' && !checkJson(cp.choices[0].text, SCHEMAS[8]), 'completions with response_format json_schema');
   const two = await chat({ messages: msgs, max_tokens: 300, seed: 8, n: 2, logit_bias: CLOSE, response_format: { type: 'json_schema', json_schema: { name: 'n2', schema: SCHEMAS[2] } }, ...off }, false);
   ok(two.choices.length === 2 && two.choices.every(c => !checkJson(c.message.content, SCHEMAS[2])), 'n = 2: both choices validate');
+
+  // ---- vLLM's guided_regex / guided_choice and structured_outputs {regex, choice}; "pattern" in schemas
+  const RX = ['[A-Z]{2}-\\d{3}', '(yes|no)!?', '\\w{2,6}@[a-z]{2,5}\\.(com|org)', '[😀€é]{1,3}', '"[^"\\\\\\n]{0,6}"', '^(\\+|-)?\\d{1,4}(\\.\\d{1,2})?$'];
+  const CHOICES = ['positive', 'negative', 'neutral', 'mixed 😀'];
+  const rjobs = [];
+  RX.forEach((re, i) => {
+    const full = new RegExp('^(?:' + re + ')$', 'u');
+    for (const streamed of [false, true])
+      for (const think of [false, true])
+        rjobs.push(chat({ messages: msgs, max_tokens: 200, temperature: 1, seed: 200 + i, guided_regex: re, ...(think ? { logit_bias: THINK } : off) }, streamed)
+          .then(r => ({ what: `guided_regex ${JSON.stringify(re)} ${streamed ? 'stream' : 'non-stream'} thinking ${think ? 'on' : 'off'}`,
+                        bad: r.finish !== 'stop' ? `finish_reason ${r.finish} (${JSON.stringify(r.content)})` : full.test(r.content) ? null : `${JSON.stringify(r.content)} does not match` })));
+  });
+  for (const streamed of [false, true])
+    for (const think of [false, true])
+      for (let k = 0; k < 3; k++)
+        rjobs.push(chat({ messages: msgs, max_tokens: 200, temperature: 1, seed: 220 + k, guided_choice: CHOICES, ...(think ? { logit_bias: THINK } : off) }, streamed)
+          .then(r => ({ what: `guided_choice ${streamed ? 'stream' : 'non-stream'} thinking ${think ? 'on' : 'off'}`,
+                        bad: r.finish === 'stop' && CHOICES.includes(r.content) ? null : `finish_reason ${r.finish}, ${JSON.stringify(r.content)}` })));
+  const rres = await Promise.all(rjobs), rbad = rres.filter(r => r.bad);
+  for (const b of rbad.slice(0, 8)) console.log(`  ${b.what}: ${b.bad}`);
+  ok(!rbad.length, `guided_regex (${RX.length} patterns) and guided_choice, stream and non-stream, thinking on and off: ${rres.length - rbad.length}/${rres.length} outputs match`);
+  const r1 = await chat({ messages: msgs, max_tokens: 100, seed: 230, guided_regex: RX[2], ...off }, false);
+  const r2 = await chat({ messages: msgs, max_tokens: 100, seed: 230, structured_outputs: { regex: RX[2] }, ...off }, false);
+  const c1 = await chat({ messages: msgs, max_tokens: 100, seed: 231, guided_choice: CHOICES, ...off }, false);
+  const c2 = await chat({ messages: msgs, max_tokens: 100, seed: 231, structured_outputs: { choice: CHOICES }, guided_decoding_backend: 'xgrammar', ...off }, false);
+  ok(r1.content === r2.content && c1.content === c2.content && CHOICES.includes(c1.content),
+     `structured_outputs {regex} / {choice} = guided_regex / guided_choice (${JSON.stringify(r1.content)}, ${JSON.stringify(c1.content)}); guided_decoding_backend accepted`);
+  const cc = await client.completions.create({ model: 'tiny', prompt: 'Sentiment:', max_tokens: 50, seed: 232, n: 2, guided_choice: CHOICES });
+  ok(cc.choices.every(c => c.finish_reason === 'stop' && CHOICES.includes(c.text)), `completions with guided_choice, n = 2: ${cc.choices.map(c => JSON.stringify(c.text)).join(' ')}`);
+  const PAT = { type: 'object', properties: { code: { type: 'string', pattern: '^[A-Z]{3}\\d{2}$' }, note: { type: 'string', pattern: 'ok', maxLength: 6 },
+                                              word: { type: 'string', pattern: '^(?:caf\u00e9|na\u00efve|"q")$' } }, required: ['code', 'note', 'word'] };
+  const pjobs = [0, 1, 2, 3].map(k => chat({ messages: msgs, max_tokens: 300, seed: 240 + k, logit_bias: CLOSE, response_format: { type: 'json_schema', json_schema: { name: 'pat', schema: PAT } }, ...off }, k % 2 === 1));
+  const pres = await Promise.all(pjobs), pbad = pres.map(r => r.finish !== 'stop' ? `finish_reason ${r.finish}` : checkJson(r.content, PAT)).filter(Boolean);
+  for (const b of pbad) console.log('  ' + b);
+  ok(!pbad.length, `json_schema with "pattern" (anchored, unanchored with maxLength, non-ASCII and a quote): ${pres.map(r => JSON.stringify(r.content)).join(' ')}`);
+  const PTOOL = [{ type: 'function', function: { name: 'lookup', parameters: { type: 'object', properties: { sku: { type: 'string', pattern: '^[a-z]{2}[0-9]{3}$' }, qty: { type: 'integer', minimum: 1, maximum: 9 } }, required: ['sku', 'qty'] } } }];
+  const pval = ajv.compile(PTOOL[0].function.parameters);
+  const tcs = await Promise.all([0, 1, 2].map(k => chat({ messages: msgs, tools: PTOOL, tool_choice: 'required', parallel_tool_calls: false, max_tokens: 200, seed: 250 + k, logit_bias: CLOSE, ...off }, k === 1)));
+  ok(tcs.every(r => r.finish === 'tool_calls' && r.tool_calls.length === 1 && pval(JSON.parse(r.tool_calls[0].function.arguments))),
+     `forced tool call with a "pattern" argument: ${tcs.map(r => r.tool_calls[0]?.function.arguments).join(' ')}`);
 
   // ---- forced tool calls
   const TOOLS = [
@@ -247,8 +291,16 @@ try {
   await err({ guided_json: { type: 'integer', minimum: 5, maximum: 1 } }, 'guided_json', 'no integer');
   await err({ tools: TOOLS, tool_choice: { type: 'function', function: { name: 'nope' } } }, 'tool_choice', 'no function named "nope"');
   await err({ tools: TOOLS, tool_choice: 'required', response_format: { type: 'json_object' } }, 'tool_choice', 'cannot be combined');
-  await err({ tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { a: { type: 'string', pattern: 'x' } }, required: ['a'] } } }], tool_choice: 'required' }, 'tool_choice', 'tool "f"');
-  await err({ structured_outputs: { regex: 'a+' } }, 'structured_outputs', 'not supported');
+  await err({ tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { a: { type: 'string', pattern: '(?=x)' } }, required: ['a'] } } }], tool_choice: 'required' }, 'tool_choice', 'tool "f"');
+  await err({ structured_outputs: { grammar: 'root ::= "a"' } }, 'structured_outputs', 'not supported');
+  await err({ guided_grammar: 'root ::= "a"' }, 'guided_grammar', 'not supported');
+  await err({ guided_regex: '(a)\\1' }, 'guided_regex', 'backreferences (\\1) are not supported (offset 3)');
+  await err({ guided_regex: '[b-a]' }, 'guided_regex', 'range out of order');
+  await err({ guided_regex: 5 }, 'guided_regex', 'must be a string');
+  await err({ guided_choice: [] }, 'guided_choice', 'non-empty array of strings');
+  await err({ guided_choice: ['a', 2] }, 'guided_choice', "'guided_choice[1]' must be a string");
+  await err({ guided_choice: ['a'], guided_regex: 'a' }, 'guided_choice', "beside 'guided_regex'");
+  await err({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: '\\p{L}' } } } }, 'response_format', '"pattern": unicode property escapes');
   const after = await chat({ messages: msgs, max_tokens: 4, ...off }, false);
   ok(after.finish === 'length', 'a normal request after the refusals');
 

@@ -580,13 +580,17 @@ m3_grammar_compiled *m3_grammar_compile(const m3_grammar *g, const m3_grammar_vo
     for (int i = 0; i < nw; i++) ok &= walker_init(&w[i], g, v) == 0;
     if (!ok) goto oom;
     /* trans, folded with the flags for cache_state's fast path: the next state when it has byte
-     * edges alone, -1 when there is none, -2 when the generic walk must take it (an end, a call) */
+     * edges alone, -1 when there is none, -2 when the generic walk must take it (an end, a call).
+     * An end of a rule nobody calls (the document's, a regex's many) counts as byte edges alone:
+     * ending there pops to the bottom, which only the end id follows, and a token that stops
+     * there is allowed by the byte edges already. */
     size_t nt = (size_t)g->n * (size_t)g->ncls;
     strans = malloc(nt * sizeof *strans);
     if (!strans) goto oom;
     for (size_t k = 0; k < nt; k++) {
         int32_t t = g->trans[k];
-        strans[k] = t < 0 ? -1 : g->flags[t] == G_BYTES ? t : -2;
+        int plain = t >= 0 && (g->flags[t] == G_BYTES || (g->flags[t] == (G_BYTES | G_FINAL) && !g->rule_called[g->rule_of[t]]));
+        strans[k] = t < 0 ? -1 : plain ? t : -2;
     }
     for (int i = 0; i < nw; i++) w[i].strans = strans;
     compile_job j = {c, w, 0};

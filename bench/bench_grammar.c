@@ -2,8 +2,8 @@
  * one-time compile (the automaton, then the per-state token mask cache), and over random valid
  * generations (uniform over the allowed tokens for a while, then the byte nearest the end) the
  * microseconds per token of m3_matcher_fill_mask (median, p99, max) and of m3_matcher_accept.
- * Schemas: the built-in ones, and those of a JSON array file (SCHEMAS_JSON: the server test's
- * suite, tests/server/structured_schemas.json).
+ * Schemas: the built-in ones, a few guided_regex patterns, and those of a JSON array file
+ * (SCHEMAS_JSON: the server test's suite, tests/server/structured_schemas.json).
  * Then the host side of a batch-64 decode step as the engine runs it (src/engine/step.c:
  * sample_rows over a pool of THREADS, each row's mask then its draw; then the serial accept):
  * no row constrained, half of them constrained (their masks computed in the step), and half
@@ -42,6 +42,16 @@ static const char *schemas[][2] = {
                   "\"required\":[\"city\"],\"additionalProperties\":false}},\"required\":[\"name\",\"arguments\"]}"},
     {"string lengths", "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"minLength\":3,\"maxLength\":40},\"minItems\":2,\"maxItems\":4}"},
     {"json_object", NULL},
+};
+
+/* guided_regex patterns (m3_grammar_from_regex): many states that may end the output */
+static const char *regexes[][2] = {
+    {"re code", "[A-Z]{2}-\\d{3}"},
+    {"re email", "[a-z0-9._]{1,20}@[a-z]{2,10}\\.(com|org|net)"},
+    {"re number", "^(\\+|-)?\\d{1,6}(\\.\\d{1,4})?$"},
+    {"re words", "[a-z]+( [a-z]+){0,9}"},
+    {"re not quote 200", "[^\"]{0,200}"},
+    {"re any 100", ".{100}"},
 };
 
 static uint64_t rng = 88172645463325252ull;
@@ -175,7 +185,13 @@ int main(int argc, char **argv) {
     /* the schemas: built-in, then the file's */
     int nsch = (int)(sizeof schemas / sizeof schemas[0]);
     const char **sname = malloc(sizeof *sname * 256), **stext = malloc(sizeof *stext * 256);
+    int *is_re = calloc(256, sizeof *is_re);
     for (int i = 0; i < nsch; i++) { sname[i] = schemas[i][0]; stext[i] = schemas[i][1]; }
+    for (size_t i = 0; i < sizeof regexes / sizeof *regexes; i++, nsch++) {
+        sname[nsch] = regexes[i][0];
+        stext[nsch] = regexes[i][1];
+        is_re[nsch] = 1;
+    }
     if (argc > 4) {
         json_error_t je;
         json_t *arr = json_load_file(argv[4], 0, &je);
@@ -222,7 +238,9 @@ int main(int argc, char **argv) {
     m3_grammar **keepg = calloc((size_t)nsch, sizeof *keepg);
     for (int s = 0; s < nsch; s++) {
         double a0 = m3_now();
-        m3_grammar *g = stext[s] ? m3_grammar_from_schema(stext[s], strlen(stext[s]), NULL, &err) : m3_grammar_json(NULL, &err);
+        m3_grammar *g = is_re[s]    ? m3_grammar_from_regex(stext[s], strlen(stext[s]), NULL, &err)
+                        : stext[s] ? m3_grammar_from_schema(stext[s], strlen(stext[s]), NULL, &err)
+                                   : m3_grammar_json(NULL, &err);
         if (!g) {
             fprintf(stderr, "%s: %s\n", sname[s], err.msg);
             return 1;

@@ -158,14 +158,16 @@ static int utf8_enc(uint32_t c, uint8_t *b) {
 
 /* paths s -> e spelling the code points lo..hi in UTF-8 (no surrogates in the range): split until
  * the range is a product of byte ranges (all of one length; below the first differing position
- * every continuation byte runs 80..BF) */
-static void utf8_paths(g_nfa *n, int s, int e, uint32_t lo, uint32_t hi) {
+ * every continuation byte runs 80..BF). The paths of one set share their tails of k such full
+ * continuation bytes (tail[k], made on first use): fewer NFA states, and fewer DFA states, since
+ * the subset construction does not minimize. */
+static void utf8_paths(g_nfa *n, int s, int e, uint32_t lo, uint32_t hi, int *tail) {
     static const uint32_t top[] = {0x7F, 0x7FF, 0xFFFF};
     if (lo > hi || n->failed) return;
     for (int i = 0; i < 3; i++)
         if (lo <= top[i] && hi > top[i]) {
-            utf8_paths(n, s, e, lo, top[i]);
-            utf8_paths(n, s, e, top[i] + 1, hi);
+            utf8_paths(n, s, e, lo, top[i], tail);
+            utf8_paths(n, s, e, top[i] + 1, hi, tail);
             return;
         }
     uint8_t a[4], b[4];
@@ -174,21 +176,28 @@ static void utf8_paths(g_nfa *n, int s, int e, uint32_t lo, uint32_t hi) {
         uint32_t m = (1u << (6 * i)) - 1;
         if ((lo & ~m) != (hi & ~m)) {
             if (lo & m) {
-                utf8_paths(n, s, e, lo, lo | m);
-                utf8_paths(n, s, e, (lo | m) + 1, hi);
+                utf8_paths(n, s, e, lo, lo | m, tail);
+                utf8_paths(n, s, e, (lo | m) + 1, hi, tail);
                 return;
             }
             if ((hi & m) != m) {
-                utf8_paths(n, s, e, lo, (hi & ~m) - 1);
-                utf8_paths(n, s, e, hi & ~m, hi);
+                utf8_paths(n, s, e, lo, (hi & ~m) - 1, tail);
+                utf8_paths(n, s, e, hi & ~m, hi, tail);
                 return;
             }
         }
     }
     utf8_enc(hi, b);
+    int k = 0; /* full continuation bytes at the end */
+    while (k < len - 1 && a[len - 1 - k] == 0x80 && b[len - 1 - k] == 0xBF) k++;
+    for (int j = 1; j <= k; j++)
+        if (tail[j] < 0) {
+            tail[j] = nfa_state(n);
+            nfa_edge(n, tail[j], E_BYTE, 0x80, 0xBF, j == 1 ? e : tail[j - 1], -1);
+        }
     int cur = s;
-    for (int i = 0; i < len; i++) {
-        int nx = i == len - 1 ? e : nfa_state(n);
+    for (int i = 0; i < len - k; i++) {
+        int nx = i == len - k - 1 ? (k ? tail[k] : e) : nfa_state(n);
         nfa_edge(n, cur, E_BYTE, a[i], b[i], nx, -1);
         cur = nx;
     }
@@ -222,7 +231,7 @@ static g_frag f_cpset(rx_t *x, cpset *cs) {
     g_nfa *n = x->n;
     if (cs->oom) return rx_err(x, x->p, "out of memory");
     cs_norm(cs);
-    int s = nfa_state(n), e = nfa_state(n);
+    int s = nfa_state(n), e = nfa_state(n), tail[4] = {-1, -1, -1, -1};
     if (e < 0) return f_none();
     for (int i = 0; i < cs->n && !n->failed; i++) {
         int32_t lo = cs->r[i].lo, hi = cs->r[i].hi;
@@ -233,11 +242,11 @@ static g_frag f_cpset(rx_t *x, cpset *cs) {
         for (int k = 0; k < 3 && lo <= hi; k++) {
             if (k < 2 && x->spell != RX_JSON) continue;
             if (hi < cut[k][0] || lo > cut[k][1]) continue;
-            if (lo < cut[k][0]) utf8_paths(n, s, e, (uint32_t)lo, (uint32_t)cut[k][0] - 1);
+            if (lo < cut[k][0]) utf8_paths(n, s, e, (uint32_t)lo, (uint32_t)cut[k][0] - 1, tail);
             if (k < 2) json_escape_path(n, s, e, cut[k][0]);
             lo = cut[k][1] + 1;
         }
-        if (lo <= hi) utf8_paths(n, s, e, (uint32_t)lo, (uint32_t)hi);
+        if (lo <= hi) utf8_paths(n, s, e, (uint32_t)lo, (uint32_t)hi, tail);
     }
     return n->failed ? f_none() : (g_frag){s, e};
 }

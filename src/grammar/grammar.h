@@ -25,13 +25,15 @@
  * allOf with one member, minLength / maxLength (code points; escapes count one), minimum /
  * maximum / exclusiveMinimum / exclusiveMaximum (integer and number, decimal-exact), pattern (an
  * ECMAScript regular expression, regex.c's syntax, that the string's value contains a match of,
- * as JSON Schema means it: unanchored unless ^ / $ say so), $ref to
+ * as JSON Schema means it: unanchored unless ^ / $ say so), format for strings (date-time, date,
+ * time, duration, email, hostname, ipv4, ipv6, uuid: format.c's subsets of the standards; any other
+ * format is refused, on any type), $ref to
  * "#", "#/$defs/..." , "#/definitions/..." or any JSON pointer into the document, recursive refs
  * included, and boolean schemas. Annotations are ignored (title, description, default,
- * examples, $schema, $id, $comment, deprecated, readOnly, writeOnly). Anything else (format,
- * multipleOf, minProperties, patternProperties, if/then/else, not, ...) is refused with an error
- * naming the keyword and its JSON pointer, e.g.
- *   json schema: unsupported keyword "format" at /properties/date
+ * examples, $schema, $id, $comment, deprecated, readOnly, writeOnly). Anything else (multipleOf,
+ * minProperties, patternProperties, if/then/else, not, ...) is refused with an error naming the
+ * keyword and its JSON pointer, e.g.
+ *   json schema: unsupported keyword "multipleOf" at /properties/n
  *
  * Output form (what the grammar lets a model write):
  *  - Properties come in the order of "properties" (optional ones may be left out); additional

@@ -64,6 +64,11 @@ g_frag f_product(g_nfa *n, g_frag a, g_frag b, int mode);
 enum { RX_TEXT = 0, RX_JSON = 1 };
 g_frag regex_fragment(g_nfa *n, const char *re, size_t len, int spell, int search, char *emsg, size_t emsg_cap);
 
+/* ---- format.c: JSON Schema "format" values for strings, as regex.c patterns matched whole ----
+ * NULL for a format not served; the names served, for messages. */
+const char *schema_format_regex(const char *name);
+const char *schema_format_names(void);
+
 /* ---- schema.c, for the builder (build.c) ---- */
 #define G_MAX_NFA_STATES (1 << 21)
 typedef struct json_t json_t;

@@ -855,7 +855,7 @@ static const char *annotations[] = {"title", "description", "default", "examples
                                     "deprecated", "readOnly", "writeOnly", "$defs", "definitions", NULL};
 static const char *known[] = {"type", "properties", "required", "additionalProperties", "items", "prefixItems",
                               "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "minLength",
-                              "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "$ref", NULL};
+                              "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "$ref", NULL};
 
 static int in_list(const char *k, const char **l) {
     for (; *l; l++)
@@ -874,34 +874,62 @@ static const char *other_keyword(json_t *s, const char *self) {
     return NULL;
 }
 
-/* a string of lo..hi characters (hi < 0: unbounded) whose value contains a match of the
- * ECMAScript pattern (regex.c), JSON or raw as f_str_value writes it; in JSON its characters are
- * spelled as JSON.stringify spells them */
-static g_frag s_pattern(sc_t *c, json_t *pat, long long lo, long long hi) {
+/* the texts of a string value that "format" (matched whole) and "pattern" (a match anywhere, as
+ * JSON Schema means it) allow, as a call-free fragment spelled as the string is written (raw, or
+ * JSON as JSON.stringify spells it); f_none() + error */
+static g_frag s_text_matching(sc_t *c, json_t *fmt, json_t *pat) {
     g_nfa *n = c->n;
-    size_t pl = path_push(c, "pattern");
-    if (!json_is_string(pat)) {
-        sc_err(c, "\"pattern\" must be a string");
+    g_frag r = f_none();
+    int have = 0;
+    json_t *kw[2] = {fmt, pat};
+    static const char *const name[2] = {"format", "pattern"};
+    for (int k = 0; k < 2 && !bad(c); k++) {
+        if (!kw[k]) continue;
+        size_t pl = path_push(c, name[k]);
+        const char *re = json_string_value(kw[k]);
+        if (!re) {
+            sc_err(c, "\"%s\" must be a string", name[k]);
+        } else if (k == 0 && !(re = schema_format_regex(json_string_value(kw[k])))) {
+            char q[48];
+            snprintf(q, sizeof q, "%.40s", json_string_value(kw[k]));
+            sc_err(c, "unsupported \"format\": \"%s\" (served, for strings: %s)", q, schema_format_names());
+        } else {
+            char emsg[256];
+            g_frag f = regex_fragment(n, re, k == 0 ? strlen(re) : json_string_length(kw[k]), c->raw_on ? RX_TEXT : RX_JSON, k == 1,
+                                      emsg, sizeof emsg);
+            if (f.s < 0 && emsg[0]) sc_err(c, "\"%s\": %s", name[k], emsg);
+            else if (f.s >= 0) {
+                r = have ? f_product(n, r, f, 0) : f;
+                have = 1;
+                if (r.s < 0 || f_is_empty(n, r)) {
+                    if (!bad(c)) sc_err(c, k == 0 ? "no string matches the format" : fmt ? "no string matches both \"format\" and \"pattern\""
+                                                                                      : "no string matches the pattern");
+                    r = f_none();
+                }
+            }
+        }
         path_pop(c, pl);
-        return f_none();
     }
-    char emsg[256];
-    g_frag r = regex_fragment(n, json_string_value(pat), json_string_length(pat), c->raw_on ? RX_TEXT : RX_JSON, 1, emsg,
-                              sizeof emsg);
-    if (r.s < 0 || f_is_empty(n, r)) {
-        if (emsg[0]) sc_err(c, "\"pattern\": %s", emsg);
-        else if (r.s >= 0) sc_err(c, "no string matches the pattern");
-        path_pop(c, pl);
-        return f_none();
-    }
+    return bad(c) ? f_none() : r;
+}
+
+/* a string of lo..hi characters (hi < 0: unbounded) of the texts s_text_matching allows, JSON or
+ * raw as f_str_value writes it */
+static g_frag s_string_matching(sc_t *c, json_t *fmt, json_t *pat, long long lo, long long hi) {
+    g_nfa *n = c->n;
+    g_frag r = s_text_matching(c, fmt, pat);
+    if (r.s < 0) return f_none();
     g_frag f;
     if (c->raw_on) f = f_product(n, f_raw_string(c, lo, hi), r, 0);
     else {
         g_frag q = f_seq(n, f_lit(n, "\"", 1), f_seq(n, r, f_lit(n, "\"", 1)));
         f = lo == 0 && hi < 0 ? q : f_product(n, f_string(c, lo, hi, 1), q, 0);
     }
-    if (f.s < 0 && !bad(c)) sc_err(c, "no string of %lld to %lld characters matches the pattern", lo, hi);
-    path_pop(c, pl);
+    if (f.s < 0 && !bad(c)) {
+        size_t pl = path_push(c, pat ? "pattern" : "format");
+        sc_err(c, "no string of %lld to %lld characters matches the %s", lo, hi, fmt && pat ? "format and the pattern" : fmt ? "format" : "pattern");
+        path_pop(c, pl);
+    }
     return f;
 }
 
@@ -912,9 +940,18 @@ static g_frag s_type(sc_t *c, json_t *s, const char *t) {
         if (get_count(c, s, "minLength", &lo) || get_count(c, s, "maxLength", &hi)) return f_none();
         if (hi >= 0 && lo > hi) return sc_err(c, "minLength %lld > maxLength %lld", lo, hi);
         if (lo > 100000 || hi > 100000) return sc_err(c, "minLength / maxLength over 100000");
-        json_t *pat = json_object_get(s, "pattern");
-        if (!pat) return f_str_value(c, lo, hi);
-        return s_pattern(c, pat, lo, hi);
+        json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
+        if (!pat && !fmt) return f_str_value(c, lo, hi);
+        return s_string_matching(c, fmt, pat, lo, hi);
+    }
+    json_t *fmt = json_object_get(s, "format"); /* a string format served holds for strings only */
+    if (fmt && !(json_is_string(fmt) && schema_format_regex(json_string_value(fmt)))) { /* int32, uri, ...: refused, not ignored */
+        size_t pl = path_push(c, "format");
+        char q[48];
+        snprintf(q, sizeof q, "%.40s", json_is_string(fmt) ? json_string_value(fmt) : "?");
+        sc_err(c, "unsupported \"format\": \"%s\" (served, for strings: %s)", q, schema_format_names());
+        path_pop(c, pl);
+        return f_none();
     }
     if (!strcmp(t, "integer")) return s_number(c, s, 1);
     if (!strcmp(t, "number")) return s_number(c, s, 0);
@@ -1058,7 +1095,8 @@ static g_frag s_schema_in(sc_t *c, json_t *s) {
     if (json_object_get(s, "items") || json_object_get(s, "prefixItems") || json_object_get(s, "minItems") ||
         json_object_get(s, "maxItems"))
         return s_type(c, s, "array");
-    if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") || json_object_get(s, "pattern"))
+    if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") || json_object_get(s, "pattern") ||
+        json_object_get(s, "format"))
         return s_type(c, s, "string");
     if (json_object_get(s, "minimum") || json_object_get(s, "maximum") || json_object_get(s, "exclusiveMinimum") ||
         json_object_get(s, "exclusiveMaximum"))

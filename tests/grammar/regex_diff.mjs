@@ -11,9 +11,12 @@
 //  - every sample the grammar writes (random walks of its matcher) matches (pattern mode: parses
 //    to a string that matches and is spelled as JSON.stringify spells it);
 //  - patterns JavaScript rejects are refused, and so are the constructs m3 does not serve
-//    (backreferences, lookaround, \b, \p{...}, misplaced anchors), each with its message.
+//    (backreferences, lookaround, \b, \p{...}, misplaced anchors), each with its message;
+//  - JSON Schema "format" (src/grammar/format.c): samples and accepted probes valid by independent
+//    checks, the standards' examples accepted and near misses refused.
 // Usage: node tests/grammar/regex_diff.mjs <regex_check binary> [random patterns, default 300]
 import { execFileSync } from 'node:child_process';
+import net from 'node:net';
 
 const [bin, nrand = '300'] = process.argv.slice(2);
 if (!bin) { console.error('usage: node regex_diff.mjs <regex_check> [n]'); process.exit(2); }
@@ -143,7 +146,7 @@ for (let i = 0; i < Number(nrand); i++) {
 }
 
 function run(reqs) {
-  const input = reqs.map((c, i) => JSON.stringify({ re: c.re, mode: c.mode || 'full', probes: c.probes || [], samples: c.samples ?? 12, seed: i + 1 })).join('\n') + '\n';
+  const input = reqs.map((c, i) => JSON.stringify({ re: c.re, schema: c.schema, mode: c.mode || 'full', probes: c.probes || [], samples: c.samples ?? 12, seed: i + 1 })).join('\n') + '\n';
   const out = execFileSync(bin, { input, maxBuffer: 1 << 30 }).toString().trim().split('\n');
   if (out.length !== reqs.length) throw new Error(`regex_check answered ${out.length} lines for ${reqs.length}`);
   return out.map(l => JSON.parse(l));
@@ -227,6 +230,96 @@ if (!/^json schema: "pattern": lookahead \(\?=\.\.\.\) is not supported \(offset
 if (pref[1].error !== 'regex: no output can match it') fail(`an empty language: ${pref[1].error}`);
 if (pref[2].error !== 'json schema: no string matches the pattern at /pattern') fail(`an empty pattern: ${pref[2].error}`);
 
+// (4) "format" (src/grammar/format.c): every sample valid by an independent check (node's net for IP
+// addresses, Date for calendar days, RFC 3339's ABNF for durations, RFC 1123 / 5322 rules for host
+// names and addresses); accepted probes valid; the standard's examples accepted, bad ones refused.
+// Each format writes a subset of its standard, so a valid probe may be refused: only the listed
+// examples must be accepted.
+const isDate = v => {
+  const m = /^(\d{4})-(\d{2})-(\d{2})$/.exec(v);
+  if (!m) return false;
+  const [y, mo, d] = [+m[1], +m[2], +m[3]], t = new Date(0);
+  t.setUTCFullYear(y, mo - 1, d);
+  return t.getUTCFullYear() === y && t.getUTCMonth() === mo - 1 && t.getUTCDate() === d;
+};
+const isTime = v => {
+  const m = /^(\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|([+-])(\d{2}):(\d{2}))$/.exec(v);
+  return !!m && +m[1] < 24 && +m[2] < 60 && +m[3] <= 60 && (!m[6] || (+m[7] < 24 && +m[8] < 60));
+};
+const isDuration = v => { // RFC 3339 appendix A, by hand
+  let i = 0;
+  const num = () => { const j = i; while (/[0-9]/.test(v[i] || '')) i++; return i > j; };
+  const unit = u => { const j = i; if (num() && v[i] === u) { i++; return true; } i = j; return false; };
+  const durTime = () => {
+    if (v[i] !== 'T') return false;
+    i++;
+    if (unit('H')) { if (unit('M')) unit('S'); return true; }
+    if (unit('M')) { unit('S'); return true; }
+    return unit('S');
+  };
+  if (v[i++] !== 'P') return false;
+  if (unit('W')) return i === v.length;
+  if (v[i] === 'T') return durTime() && i === v.length;
+  if (unit('Y')) { if (unit('M')) unit('D'); } else if (unit('M')) unit('D'); else if (!unit('D')) return false;
+  if (v[i] === 'T' && !durTime()) return false;
+  return i === v.length;
+};
+const isHost = v => v.length <= 253 && v.split('.').every(l => /^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$/.test(l));
+const isEmail = v => {
+  const at = v.lastIndexOf('@'), local = v.slice(0, at), dom = v.slice(at + 1);
+  return at > 0 && local.length <= 64 && local.split('.').every(a => /^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+$/.test(a)) && isHost(dom) && dom.includes('.');
+};
+const FMT = {
+  'date': [isDate, ['2024-02-29', '2000-02-29', '1999-12-31', '0000-01-01', '2023-04-30'], ['2023-02-29', '1900-02-29', '2024-13-01', '2024-04-31', '2024-1-01', '2024-02-30']],
+  'time': [isTime, ['23:59:59Z', '00:00:00.123+05:30', '12:30:00-08:00'], ['24:00:00Z', '12:60:00Z', '12:00:00', '12:00Z']],
+  'date-time': [v => { const k = v.indexOf('T'); return k > 0 && isDate(v.slice(0, k)) && isTime(v.slice(k + 1)); },
+                ['2024-02-29T23:59:59.5Z', '1970-01-01T00:00:00+00:00'], ['2024-02-29 23:59:59Z', '2023-02-29T00:00:00Z']],
+  'duration': [isDuration, ['P1Y2M3DT4H5M6S', 'PT0S', 'P3W', 'P1M', 'PT1H30M', 'P2D'], ['P', 'PT', 'P1Y2D', 'P1D2M', 'P1H', 'PT1D']],
+  'email': [isEmail, ['a.b+c@example.com', 'x_1@mail.example.org'], ['a..b@x.com', '@x.com', 'a@b', 'a@b.c']],
+  'hostname': [isHost, ['example.com', 'a-b.c9', 'localhost'], ['-a.com', 'a_b.com', 'a-.com']],
+  'ipv4': [v => net.isIPv4(v), ['255.255.255.255', '0.0.0.0', '10.1.20.200'], ['256.1.1.1', '01.2.3.4', '1.2.3']],
+  'ipv6': [v => net.isIPv6(v), ['::1', '::', 'fe80::1:2', '2001:db8:0:0:0:0:2:1', '1:2:3:4:5:6:7::'], ['1:2:3:4:5:6:7:8:9', ':::', '1::2::3', '12345::']],
+  'uuid': [v => /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(v), ['123e4567-e89b-12d3-a456-426614174000'], ['123e4567e89b12d3a456426614174000', '123e4567-e89b-12d3-a456-42661417400g']],
+};
+const freq = [];
+for (const [f, [, good, badv]] of Object.entries(FMT)) {
+  const values = [...good, ...badv];
+  for (let k = 0; k < 30; k++) values.push(randomText([...'0123456789:-.T+Z@abcPYMDWHS', pick(POOL)]));
+  freq.push({ f, good, badv, values, schema: { type: 'string', format: f }, samples: 40 });
+}
+// format beside pattern and lengths
+freq.push({ f: 'date', good: ['2024-02-29'], badv: ['2023-01-01'], values: [], schema: { type: 'string', format: 'date', pattern: '^2024-' }, samples: 30, re: /^2024-/ });
+freq.push({ f: 'email', good: ['ab@cd.io'], badv: ['abcdef@ghij.com'], values: [], schema: { type: 'string', format: 'email', maxLength: 12 }, samples: 30, max: 12 });
+const fans = run(freq.map(c => ({ schema: c.schema, probes: [...c.good, ...c.badv, ...c.values].map(v => JSON.stringify(v)), samples: c.samples })));
+let fsamples = 0;
+freq.forEach((c, i) => {
+  const a = fans[i], ok = FMT[c.f][0], what = JSON.stringify(c.schema);
+  if (a.error) { fail(`${what}: ${a.error}`); return; }
+  const vals = [...c.good, ...c.badv, ...c.values];
+  vals.forEach((v, j) => {
+    checked++;
+    const want = j < c.good.length ? true : j < c.good.length + c.badv.length ? false : null;
+    if (want !== null && a.accept[j] !== want) fail(`${what}: ${JSON.stringify(v)} accepted ${a.accept[j]}, expected ${want}`);
+    if (a.accept[j] && !ok(v)) fail(`${what}: accepted ${JSON.stringify(v)}, which the independent check refuses`);
+  });
+  for (const s of a.samples) {
+    fsamples++;
+    let v = null;
+    try { v = JSON.parse(s); } catch {}
+    if (typeof v !== 'string' || !ok(v) || (c.re && !c.re.test(v)) || (c.max && [...v].length > c.max))
+      fail(`${what}: sample ${s} is not valid`);
+  }
+});
+const fref = run([{ schema: { type: 'string', format: 'uri' } }, { schema: { type: 'integer', format: 'int32' } }, { schema: { type: ['string', 'null'], format: 'uuid' } },
+                  { schema: { type: 'string', format: 'ipv4', pattern: '^1\\.2\\.3\\.4$', maxLength: 6 } }, { schema: { type: 'string', format: 'date', pattern: 'x' } }]
+  .map(r => ({ ...r, samples: 0 })));
+if (!/^json schema: unsupported "format": "uri" \(served, for strings: date-time, .*\) at \/format$/.test(fref[0].error || '')) fail(`format uri: ${fref[0].error}`);
+if (!/unsupported "format": "int32"/.test(fref[1].error || '')) fail(`format int32 on an integer: ${fref[1].error}`);
+if (fref[2].error) fail(`format uuid on ["string", "null"]: ${fref[2].error}`);
+if (!/no string of 0 to 6 characters matches the format and the pattern/.test(fref[3].error || '')) fail(`format + pattern + maxLength, none: ${fref[3].error}`);
+if (!/no string matches both "format" and "pattern" at \/pattern/.test(fref[4].error || '')) fail(`format + pattern, none: ${fref[4].error}`);
+
+console.log(`formats: ${freq.length} schemas, ${fsamples} samples valid`);
 console.log(`${cases.length / 2} patterns x 2 modes (${empties} matching nothing), ${checked} probes, ${sampled} samples, ${BAD.length + REFUSED.length} refusals: ` +
   `${fails} failed (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
 process.exit(fails ? 1 : 0);

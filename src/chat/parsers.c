@@ -1056,10 +1056,10 @@ static int invoke_node(m3_grammar_builder *b, const char *fname, const json_t *p
     return m3_gb_seq(b, parts, np);
 }
 
-m3_grammar *m3_tool_call_grammar(const json_t *tools, const char *name, int max_calls, const m3_grammar_opts *opts,
-                                 m3_err *err) {
+static m3_grammar *tool_grammar(const json_t *tools, const char *name, int max_calls, int text_first, const m3_grammar_opts *opts,
+                                m3_err *err) {
     if (!json_is_array(tools) || !json_array_size(tools)) {
-        m3_errf(err, "forced tool calls need 'tools'");
+        m3_errf(err, "%s need 'tools'", text_first ? "strict tools" : "forced tool calls");
         return NULL;
     }
     m3_grammar_builder *b = m3_grammar_builder_new(opts, err);
@@ -1095,9 +1095,25 @@ m3_grammar *m3_tool_call_grammar(const json_t *tools, const char *name, int max_
         int any = m3_gb_choice(b, alts, na);
         parts[1] = m3_gb_repeat(b, any, 1, max_calls > 0 ? max_calls : -1);
         parts[2] = m3_gb_literal(b, NS "</tool_call>", NS_LEN + 12);
-        g = m3_gb_finish(b, m3_gb_seq(b, parts, 3), err);
+        int root = m3_gb_seq(b, parts, 3);
+        if (text_first) { /* text the parser keeps as content (never the opener), then the block or nothing */
+            static const char str[] = "{\"type\":\"string\"}";
+            m3_grammar_raw text = {OPENER, 1, 0};
+            int two[2] = {m3_gb_schema(b, str, sizeof str - 1, NULL, &text), m3_gb_optional(b, root)};
+            root = m3_gb_seq(b, two, 2);
+        }
+        g = m3_gb_finish(b, root, err);
     }
     free(alts);
     m3_grammar_builder_free(b);
     return g;
+}
+
+m3_grammar *m3_tool_call_grammar(const json_t *tools, const char *name, int max_calls, const m3_grammar_opts *opts,
+                                 m3_err *err) {
+    return tool_grammar(tools, name, max_calls, 0, opts, err);
+}
+
+m3_grammar *m3_tool_call_grammar_auto(const json_t *tools, int max_calls, const m3_grammar_opts *opts, m3_err *err) {
+    return tool_grammar(tools, NULL, max_calls, 1, opts, err);
 }

@@ -14,8 +14,11 @@
  *     redacted_thinking (dropped: it is another model's encrypted reasoning, nothing this
  *     template can write), tool_use (id, name, input object) -> tool_calls. cache_control and
  *     citations on blocks are accepted and have no effect (the prefix cache is automatic);
- *   tools {name, description, input_schema} -> function tools (type absent or "custom"; the
- *     server tools Anthropic runs itself, web search & co, are refused);
+ *   tools {name, description, input_schema, strict} -> function tools (type absent or "custom";
+ *     the server tools Anthropic runs itself, web search & co, are refused); strict: true makes
+ *     every call valid under tool_choice auto too (openai.h: M3_OAI_C_TOOLS_AUTO);
+ *   output_config {format: {type: json_schema, schema}, effort} (or the beta's top-level
+ *     output_format) -> response_format json_schema; effort is checked, without effect;
  *   tool_choice {type: auto | any | tool (name) | none, disable_parallel_tool_use} -> "auto",
  *     "required", a named function, "none"; parallel_tool_calls false;
  *   thinking {type: enabled, budget_tokens} | {type: disabled} | {type: adaptive} -> the

@@ -274,15 +274,47 @@ static int tools(json_t *b, json_t *out, m3_oai_error *e) {
         if (!json_is_string(name) || !json_is_object(sc))
             return A_BAD(e, p, "%s needs a 'name' string and an 'input_schema' object", p);
         if (d && !json_is_null(d) && !json_is_string(d)) return A_BAD(e, p, "%s.description must be a string", p);
+        json_t *st = json_object_get(t, "strict");
+        if (st && !json_is_null(st) && !json_is_boolean(st)) return A_BAD(e, p, "%s.strict must be a boolean", p);
         /* in the order OpenAI clients write functions: the template writes them as JSON */
         json_t *fn = json_pack("{s:O}", "name", name);
-        if (fn && ((json_is_string(d) && ref(fn, "description", d)) || ref(fn, "parameters", sc))) {
+        if (fn && ((json_is_string(d) && ref(fn, "description", d)) || ref(fn, "parameters", sc) ||
+                   (json_is_true(st) && ref(fn, "strict", st)))) {
             json_decref(fn);
             fn = NULL;
         }
         if (add(a, json_pack("{s:s,s:o}", "type", "function", "function", fn))) /* fn NULL: the pack fails */
             return A_OOM(e);
     }
+    return 0;
+}
+
+/* output_config {format: {type: json_schema, schema}, effort} and the beta's top-level
+ * output_format: the answer is a JSON document of the schema (OpenAI's response_format);
+ * effort is checked and has no effect */
+static int output_format(json_t *b, json_t *out, m3_oai_error *e) {
+    json_t *oc = json_object_get(b, "output_config"), *f = NULL;
+    const char *param = "output_config.format";
+    if (oc && !json_is_null(oc)) {
+        if (!json_is_object(oc)) return A_BAD(e, "output_config", "'output_config' must be an object");
+        json_t *ef = json_object_get(oc, "effort");
+        if (ef && !json_is_null(ef) && !json_is_string(ef)) return A_BAD(e, "output_config", "'output_config.effort' must be a string");
+        f = json_object_get(oc, "format");
+    }
+    json_t *of = json_object_get(b, "output_format");
+    if (of && !json_is_null(of)) {
+        if (f && !json_is_null(f)) return A_BAD(e, "output_format", "'output_format' beside 'output_config.format': give one of them");
+        f = of;
+        param = "output_format";
+    }
+    if (!f || json_is_null(f)) return 0;
+    const char *t = type_of(f);
+    if (!json_is_object(f) || !t || strcmp(t, "json_schema"))
+        return A_BAD(e, param, "'%s' must be {\"type\": \"json_schema\", \"schema\": {...}}", param);
+    json_t *sc = json_object_get(f, "schema");
+    if (!json_is_object(sc)) return A_BAD(e, param, "'%s.schema' must be a JSON schema (an object)", param);
+    if (set(out, "response_format", json_pack("{s:s,s:{s:s,s:O}}", "type", "json_schema", "json_schema", "name", "output", "schema", sc)))
+        return A_OOM(e);
     return 0;
 }
 
@@ -362,6 +394,7 @@ int m3_anth_to_oai(json_t *b, int count_only, json_t **out, m3_oai_error *e) {
     if (!rc) rc = tools(b, o, e);
     if (!rc) rc = tool_choice(b, o, e);
     if (!rc) rc = thinking(b, o, e);
+    if (!rc) rc = output_format(b, o, e);
     if (rc) {
         json_decref(o);
         return rc;

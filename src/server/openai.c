@@ -592,6 +592,23 @@ static int parse_structured(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_par
             g->constraint_param = "tool_choice";
         }
     }
+    /* strict tools (function.strict: true) under tool_choice auto: the calls the model makes are
+     * valid calls, as OpenAI guarantees; another constraint (a JSON answer) takes precedence */
+    json_t *tools = json_object_get(b, "tools"), *tc2 = json_object_get(b, "tool_choice");
+    size_t i;
+    json_t *t;
+    int strict = 0;
+    json_array_foreach(tools, i, t) {
+        json_t *st = json_object_get(json_object_get(t, "function"), "strict");
+        if (st && !json_is_null(st) && !json_is_boolean(st))
+            return OAI_BAD(e, "tools", "'tools[%zu].function.strict' must be a boolean", i);
+        strict |= json_is_true(st);
+    }
+    if (strict && !g->constraint && (!tc2 || json_is_null(tc2) || (json_is_string(tc2) && !strcmp(json_string_value(tc2), "auto"))) &&
+        c->tool_parser) {
+        g->constraint = M3_OAI_C_TOOLS_AUTO;
+        g->constraint_param = "tools";
+    }
     return 0;
 both:
     return OAI_BAD(e, "tool_choice", "a forced tool call ('tool_choice') cannot be combined with '%s'", g->constraint_param);
@@ -707,7 +724,7 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         /* a constrained answer (JSON, a regex, a choice) is the answer and nothing else: text
          * inside it is never a tool call. Left on, the parser would take
          * ["<opener><invoke name=", 1, ">...</tool_call>"] for a call named `, 1, `. */
-        if (g->constraint && g->constraint != M3_OAI_C_TOOLS) g->oo.tools = 0;
+        if (g->constraint && g->constraint != M3_OAI_C_TOOLS && g->constraint != M3_OAI_C_TOOLS_AUTO) g->oo.tools = 0;
         g->tools = json_object_get(b, "tools");
         if (!json_is_array(g->tools)) g->tools = NULL;
         /* with the reasoning parser on, the constraint starts once the reasoning ends: after the

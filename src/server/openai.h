@@ -108,7 +108,8 @@ typedef struct m3_oai_params {
     struct m3_engine_grammar *grammar; /* compiled for the request (a reference; srv fills it in) */
 } m3_oai_params;
 
-enum { M3_OAI_C_NONE = 0, M3_OAI_C_JSON_OBJECT, M3_OAI_C_JSON_SCHEMA, M3_OAI_C_TOOLS, M3_OAI_C_REGEX, M3_OAI_C_CHOICE };
+/* TOOLS: a forced call; TOOLS_AUTO: tool_choice auto with strict tools (text, then valid calls or none) */
+enum { M3_OAI_C_NONE = 0, M3_OAI_C_JSON_OBJECT, M3_OAI_C_JSON_SCHEMA, M3_OAI_C_TOOLS, M3_OAI_C_REGEX, M3_OAI_C_CHOICE, M3_OAI_C_TOOLS_AUTO };
 
 /* Fills e; returns e->status. The message is printf-formatted, then made valid UTF-8. */
 int m3_oai_errorf(m3_oai_error *e, int status, const char *type, const char *param, const char *fmt, ...)

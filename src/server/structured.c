@@ -193,7 +193,7 @@ int srv_structured(srv *s, m3_oai_params *g, m3_oai_error *e) {
     else {
         char head[64];
         tools_text = srv_json_text(g->tools, NULL);
-        snprintf(head, sizeof head, "T%d:", max_calls);
+        snprintf(head, sizeof head, "%c%d:", g->constraint == M3_OAI_C_TOOLS_AUTO ? 'A' : 'T', max_calls);
         bad |= !tools_text || m3_sbuf_str(&key, head) || m3_sbuf_str(&key, g->tool_name ? g->tool_name : "") ||
                m3_sbuf_add(&key, "", 1) || m3_sbuf_str(&key, tools_text);
     }
@@ -224,6 +224,7 @@ int srv_structured(srv *s, m3_oai_params *g, m3_oai_error *e) {
     else if (g->constraint == M3_OAI_C_JSON_SCHEMA) gr = m3_grammar_from_schema(g->constraint_text, strlen(g->constraint_text), NULL, &err);
     else if (g->constraint == M3_OAI_C_REGEX) gr = m3_grammar_from_regex(g->constraint_text, strlen(g->constraint_text), NULL, &err);
     else if (g->constraint == M3_OAI_C_CHOICE) gr = choice_grammar(g->constraint_text, &err);
+    else if (g->constraint == M3_OAI_C_TOOLS_AUTO) gr = m3_tool_call_grammar_auto(g->tools, max_calls, NULL, &err);
     else gr = m3_tool_call_grammar(g->tools, g->tool_name, max_calls, NULL, &err);
     m3_fault_suspend(0);
     if (gr && m3_grammar_n_states(gr) > SRV_GRAMMAR_MAX_STATES) {

@@ -600,6 +600,39 @@ static void tool_grammar_tests(vocab_t *bytes) {
     g = m3_tool_call_grammar(bad, NULL, 1, NULL, &err);
     CHECK(!g && strstr(err.msg, "tool \"f\"") && strstr(err.msg, "pattern") && strstr(err.msg, "lookahead"), "bad tool schema: %s", err.msg);
     json_decref(bad);
+    /* tool_choice auto with strict tools: text first (NS alone is text, the opener is not), then a
+     * valid block or the end, nothing after it */
+    g = m3_tool_call_grammar_auto(tools, 1, NULL, &err);
+    CHECK(g, "auto tool grammar: %s", err.msg);
+    m3_grammar_compiled *gca = g ? m3_grammar_compile(g, bytes->v, NULL, &err) : NULL;
+    m3_matcher *ma = gca ? m3_matcher_new(gca, &err) : NULL;
+    if (ma) {
+        static const char *const good[] = {"", "Sure. ]<]minimax[>[ is a namespace.\n",
+                                           "x]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"ping\">\n]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>",
+                                           "]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"get_weather\">\n]<]minimax[>[<city>Oslo]<]minimax[>[</city>\n"
+                                           "]<]minimax[>[<days>3]<]minimax[>[</days>\n]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>"};
+        for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+            m3_matcher_reset(ma);
+            size_t L = strlen(good[i]);
+            CHECK((L == 0 || m3_matcher_accept_bytes(ma, good[i], L) == 0) && m3_matcher_can_end(ma), "auto tool grammar: good %zu refused", i);
+        }
+        static const struct { const char *t; int at; } badc[] = {
+            {"a]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"nope\"", 53},
+            {"]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"get_weather\">\n]<]minimax[>[<days>", 80},
+            {"]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"ping\">\n]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>x", 107}};
+        for (size_t i = 0; i < sizeof badc / sizeof *badc; i++) {
+            m3_matcher_reset(ma);
+            int at = -1;
+            for (size_t k = 0; badc[i].t[k] && at < 0; k++)
+                if (m3_matcher_accept_bytes(ma, badc[i].t + k, 1)) at = (int)k;
+            CHECK(at == badc[i].at, "auto tool grammar: bad %zu refused at %d, expected %d", i, at, badc[i].at);
+        }
+    }
+    m3_matcher_free(ma);
+    m3_grammar_compiled_free(gca);
+    m3_grammar_free(g);
+    g = m3_tool_call_grammar_auto(NULL, 1, NULL, &err);
+    CHECK(!g && strstr(err.msg, "strict tools need 'tools'"), "auto tool grammar without tools: %s", g ? "a grammar" : err.msg);
     json_decref(tools);
 }
 

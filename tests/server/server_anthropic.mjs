@@ -21,6 +21,8 @@
 //    SDK throws, after message_start;
 //  - allocation failures injected into a running server: every answer equal to the clean server's or
 //    a clean error in Anthropic's shape, then the same answers again;
+//  - structured outputs: output_config.format / output_format json_schema answers validate (ajv),
+//    stream too; strict tools under tool_choice auto make only valid calls; refusals;
 //  - count_tokens = usage.input_tokens; /metrics counts these requests.
 // Usage: node tests/server/server_anthropic.mjs <m3-binary> <work-dir>
 import Anthropic from '@anthropic-ai/sdk';
@@ -219,6 +221,31 @@ try {
   const oNone = await oai.chat.completions.create({ ...greedy, max_tokens: 8, messages: toolReq.messages, tool_choice: 'none', chat_template_kwargs: { enable_thinking: false },
     tools: TOOLS.map(t => ({ type: 'function', function: { name: t.name, description: t.description, parameters: t.input_schema } })) });
   ok(textOf(tNone) === oNone.choices[0].message.content && tNone.stop_reason === 'max_tokens', 'tool_choice none: as OpenAI\'s "none"');
+
+  // ---- structured outputs: output_config.format (and the beta's top-level output_format) make the
+  // answer a JSON document of the schema; strict tools pass through (every call valid under auto)
+  const OUT = { type: 'object', properties: { city: { type: 'string', enum: ['Paris', 'Rome'] }, temp: { type: 'integer', minimum: -20, maximum: 45 } },
+                required: ['city', 'temp'], additionalProperties: false };
+  const outOk = ajv.compile(OUT);
+  const jReq = { model: 'tiny', temperature: 1, max_tokens: 200, messages: USER, thinking: OFF };
+  const jsonOf = m => { try { return JSON.parse(textOf(m)); } catch { return undefined; } };
+  const oc = await Promise.all([1, 2, 3].map(seed => client.messages.create({ ...jReq, metadata: { user_id: `u${seed}` }, top_k: 50 + seed, output_config: { format: { type: 'json_schema', schema: OUT } } })));
+  ok(oc.every(m => outOk(jsonOf(m)) && m.stop_reason === 'end_turn'), `output_config.format json_schema: ${oc.map(m => textOf(m).replace(/\s+/g, '')).join(' ')} validate, end_turn`);
+  const ofb = await client.messages.create({ ...jReq, output_format: { type: 'json_schema', schema: OUT } });
+  ok(outOk(jsonOf(ofb)), `the beta's output_format: ${textOf(ofb).replace(/\s+/g, '')}`);
+  const ocs = await streamed({ ...jReq, output_config: { format: { type: 'json_schema', schema: OUT }, effort: 'low' } });
+  ok(!ocs.err && outOk((() => { try { return JSON.parse(ocs.blocks.map(b => b.text || '').join('')); } catch { return undefined; } })()), 'output_config.format, streamed (effort accepted)');
+  const strictTools = TOOLS.map(t => ({ ...t, strict: true }));
+  const st = await Promise.all([1, 2, 3].map(k => client.messages.create({ ...toolReq, temperature: 1, top_k: 40 + k, max_tokens: 60, tools: strictTools, tool_choice: { type: 'auto' } })));
+  const stUses = st.flatMap(m => m.content.filter(b => b.type === 'tool_use'));
+  ok(st.every(m => ['end_turn', 'max_tokens', 'tool_use'].includes(m.stop_reason)) && stUses.every(u => schemaOf[u.name]?.(u.input)),
+     `strict tools, tool_choice auto: ${stUses.length} call(s), all valid; stop_reason ${st.map(m => m.stop_reason).join(' ')}`);
+  await refused(client.messages.create({ ...jReq, output_config: { format: { type: 'json_schema', schema: { type: 'string', format: 'uri' } } } }),
+                Anthropic.BadRequestError, 400, 'invalid_request_error', 'output_config.format with a refused schema', /unsupported "format": "uri"/);
+  await refused(client.messages.create({ ...jReq, output_config: { format: { type: 'text' } } }), Anthropic.BadRequestError, 400, 'invalid_request_error',
+                'output_config.format of another type', /json_schema/);
+  await refused(client.messages.create({ ...jReq, output_format: { type: 'json_schema', schema: OUT }, output_config: { format: { type: 'json_schema', schema: OUT } } }),
+                Anthropic.BadRequestError, 400, 'invalid_request_error', 'output_format beside output_config.format', /give one of them/);
 
   // the round trip: the tool_use goes back with its tool_result
   const round = [...toolReq.messages, { role: 'assistant', content: tAny.content },

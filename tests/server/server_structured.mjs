@@ -9,7 +9,7 @@
 //    schema and in a forced tool call's arguments (ajv);
 //  - tool_choice "required" / named: always valid calls of the allowed tools (arguments validated
 //    against the tool's parameters), parallel_tool_calls false: exactly one; with tool_choice
-//    auto: at most one;
+//    auto: at most one; strict tools under tool_choice auto: every call valid;
 //  - a streamed tool call arrives as vLLM sends one: id, type and name first, then the arguments in
 //    several deltas whose concatenation is the non-stream arguments (and validates);
 //  - a JSON answer whose strings spell the tool-call markup stays the answer (no tool call);
@@ -213,6 +213,30 @@ try {
     for (const b of bad.slice(0, 4)) console.log(`  ${what} ${b.streamed ? 'stream' : 'non-stream'} thinking ${b.think ? 'on' : 'off'}: ${b.bad}`);
     ok(!bad.length, `tool_choice ${what}: ${mine.length - bad.length}/${mine.length} valid (calls: ${mine.map(r => r.n).join(' ')})`);
   }
+  // strict tools (function.strict), tool_choice auto / absent: free text, then valid calls or none
+  // text may come first; every completed call validates (at length the last call may be cut)
+  const checkAuto = (r, max) => {
+    const calls = r.finish === 'length' ? r.tool_calls.slice(0, -1) : r.tool_calls;
+    if (r.tool_calls.length > max) return `${r.tool_calls.length} calls (at most ${max})`;
+    if (r.tool_calls.length && !['tool_calls', 'length'].includes(r.finish)) return `finish_reason ${r.finish} after calls`;
+    return checkCalls({ ...r, tool_calls: calls, content: '', finish: 'tool_calls' }, all, 0, max);
+  };
+  const STRICT = TOOLS.map(t => ({ ...t, function: { ...t.function, strict: true } }));
+  const OPEN = (await tokenize(']<]minimax[>[<tool_call>'))[1]; // the opener's second token: biased with NS, calls begin
+  const sjobs = [];
+  for (let k = 0; k < 8; k++)
+    sjobs.push(chat({ messages: msgs, tools: STRICT, ...(k % 2 ? { tool_choice: 'auto' } : {}), parallel_tool_calls: k < 4, max_tokens: 300, seed: 300 + k,
+                      logit_bias: { ...CLOSE, [NS]: 13, [OPEN]: 13 }, ...(k % 4 === 3 ? { logit_bias: { ...THINK, [NS]: 13, [OPEN]: 13 } } : off) }, k % 3 === 1)
+      .then(r => ({ k, r, bad: checkAuto(r, k < 4 ? 64 : 1) })));
+  const sres2 = await Promise.all(sjobs), sbad2 = sres2.filter(x => x.bad);
+  for (const b of sbad2) console.log(`  strict auto seed ${300 + b.k}: ${b.bad}`);
+  const ncalls = sres2.reduce((a, x) => a + x.r.tool_calls.length, 0);
+  ok(!sbad2.length && ncalls > 0, `strict tools, tool_choice auto: every call valid (${sres2.map(x => x.r.tool_calls.length).join(' ')} calls; finish ${sres2.map(x => x.r.finish).join(' ')})`);
+  const M0 = (await metrics(base)).m3_structured_requests_total;
+  await chat({ messages: msgs, tools: STRICT, tool_choice: 'none', max_tokens: 4, ...off }, false);
+  await chat({ messages: msgs, tools: TOOLS, max_tokens: 4, ...off }, false);
+  ok((await metrics(base)).m3_structured_requests_total === M0, 'no grammar for strict tools under tool_choice none, nor for tools without strict');
+
   // parallel_tool_calls false with tool_choice auto: free output, at most one call
   const auto = await Promise.all([0, 1, 2, 3].map(k => chat({ messages: msgs, tools: TOOLS, parallel_tool_calls: false, max_tokens: 40, seed: k, logit_bias: { [NS]: 6 }, ...off }, k % 2 === 1)));
   ok(auto.every(r => r.tool_calls.length <= 1), `parallel_tool_calls false, tool_choice auto: at most one call (${auto.map(r => r.tool_calls.length).join(' ')})`);
@@ -305,6 +329,8 @@ try {
   await err({ tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { a: { type: 'string', pattern: '(?=x)' } }, required: ['a'] } } }], tool_choice: 'required' }, 'tool_choice', 'tool "f"');
   await err({ structured_outputs: { grammar: 'root ::= "a"' } }, 'structured_outputs', 'not supported');
   await err({ guided_grammar: 'root ::= "a"' }, 'guided_grammar', 'not supported');
+  await err({ tools: [{ type: 'function', function: { name: 'f', strict: 'yes', parameters: { type: 'object' } } }] }, 'tools', "'tools[0].function.strict' must be a boolean");
+  await err({ tools: [{ type: 'function', function: { name: 'f', strict: true, parameters: { type: 'object', properties: { a: { type: 'string', format: 'uri' } } } } }] }, 'tools', 'unsupported "format": "uri"');
   await err({ guided_regex: '(a)\\1' }, 'guided_regex', 'backreferences (\\1) are not supported (offset 3)');
   await err({ guided_regex: '[b-a]' }, 'guided_regex', 'range out of order');
   await err({ guided_regex: 5 }, 'guided_regex', 'must be a string');

@@ -110,6 +110,8 @@ int main(void) {
             {"\"response_format\":{\"type\":\"json_object\"}", "0"},
             {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"schema\":{\"type\":\"array\"}}}", "0"},
             {"\"guided_json\":{\"type\":\"object\"}", "0"},
+            {"\"guided_regex\":\"a\"", "0"},
+            {"\"guided_choice\":[\"a\"]", "0"},
             {"\"tool_choice\":\"required\"", "1"},
             {"\"tool_choice\":\"auto\"", "1"},
         };
@@ -121,6 +123,23 @@ int main(void) {
             rc = parse(body, 1, &g, &e);
             CHECK(rc == 0 && g.oo.tools == cases[i][1][0] - '0', "tool parser with %s: %d (rc %d %s)", cases[i][0], g.oo.tools, rc,
                   e.message);
+            m3_oai_params_free(&g);
+        }
+    }
+    /* strict tools: constrained under tool_choice auto / absent, not under none, and a JSON answer
+     * takes precedence (M3_OAI_C_TOOLS_AUTO) */
+    {
+        static const struct { const char *extra; int constraint; } sc[] = {
+            {"", M3_OAI_C_TOOLS_AUTO}, {",\"tool_choice\":\"auto\"", M3_OAI_C_TOOLS_AUTO}, {",\"tool_choice\":\"none\"", M3_OAI_C_NONE},
+            {",\"tool_choice\":\"required\"", M3_OAI_C_TOOLS}, {",\"response_format\":{\"type\":\"json_object\"}", M3_OAI_C_JSON_OBJECT}};
+        for (size_t i = 0; i < sizeof sc / sizeof *sc; i++) {
+            char body[512];
+            snprintf(body, sizeof body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+                     "{\"name\":\"f\",\"strict\":true,\"parameters\":{\"type\":\"object\",\"properties\":{}}}}]%s}", sc[i].extra);
+            rc = parse(body, 1, &g, &e);
+            CHECK(rc == 0 && g.constraint == sc[i].constraint, "strict tools with '%s': constraint %d, want %d (rc %d %s)", sc[i].extra,
+                  g.constraint, sc[i].constraint, rc, e.message);
             m3_oai_params_free(&g);
         }
     }
@@ -210,13 +229,19 @@ int main(void) {
          "response_format"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"function\"}}", 1, 400, "tool_choice"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"always\"}", 1, 400, "tool_choice"},
-        /* vLLM's constrained-decoding extras other than JSON: refused, never ignored (issue 26) */
+        /* vLLM's constrained decoding: malformed or not served (a grammar) -> refused, never ignored */
         {"{\"prompt\":\"x\",\"guided_json\":\"{nope\"}", 0, 400, "guided_json"},
         {"{\"prompt\":\"x\",\"guided_json\":{},\"response_format\":{\"type\":\"json_object\"}}", 0, 400, "guided_json"},
-        {"{\"prompt\":\"x\",\"structured_outputs\":{\"regex\":\"a+\"}}", 0, 400, "structured_outputs"},
+        {"{\"prompt\":\"x\",\"structured_outputs\":{\"grammar\":\"root ::= x\"}}", 0, 400, "structured_outputs"},
         {"{\"prompt\":\"x\",\"structured_outputs\":{}}", 0, 400, "structured_outputs"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"guided_choice\":[\"a\",\"b\"]}", 1, 400, "guided_choice"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"guided_regex\":\"a\"}", 1, 400, "guided_regex"},
+        {"{\"prompt\":\"x\",\"structured_outputs\":{\"regex\":\"a\",\"choice\":[\"a\"]}}", 0, 400, "structured_outputs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"guided_choice\":[]}", 1, 400, "guided_choice"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"guided_choice\":[\"a\",null]}", 1, 400, "guided_choice"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"guided_regex\":[\"a\"]}", 1, 400, "guided_regex"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"guided_grammar\":\"root ::= x\"}", 1, 400, "guided_grammar"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"guided_decoding_backend\":1}", 1, 400, "guided_decoding_backend"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":1}}]}", 1,
+         400, "tools"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"parallel_tool_calls\":0}", 1, 400, "parallel_tool_calls"},
         /* chat_template_kwargs adds variables; it never replaces the validated request (issue 23) */
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}],\"chat_template_kwargs\":{\"thinking_mode\":\"disabled\","

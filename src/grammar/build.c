@@ -169,7 +169,7 @@ m3_grammar *m3_gb_finish(m3_grammar_builder *b, int root, m3_err *err) {
     }
     nfa_rule_set(&b->n, b->root_rule, f);
     b->n.err = err;
-    m3_grammar *g = grammar_build(&b->n, b->root_rule, b->o.max_depth, err);
+    m3_grammar *g = grammar_build(&b->n, b->root_rule, b->o.max_depth, b->o.max_states, err);
     b->failed = 1; /* the NFA belongs to the grammar's build now: no more nodes */
     return g;
 }

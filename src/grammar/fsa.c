@@ -253,7 +253,7 @@ static int set_id(dfa_t *d, int k, int max_states) {
         if (id < 0) break;
         if (d->set_len[id] == k && !memcmp(d->sets + d->set_off[id], d->tmp, (size_t)k * sizeof *d->tmp)) return id;
     }
-    if (d->n >= max_states) return -1;
+    if (d->n >= max_states) return -2; /* over the limit (-1: out of memory) */
     if (d->n == d->cap) {
         int cap = d->cap * 2;
         int32_t *tr = realloc(d->trans, (size_t)cap * (size_t)d->ncls * sizeof *tr);
@@ -315,8 +315,9 @@ static int kvcmp(const void *a, const void *b) {
 }
 
 /* The DFA of the NFA part reachable from start (end: its accepting state), over the byte classes
- * cls (ncls of them, each an interval of bytes). allow_calls 0: a call edge is an error. */
+ * cls (ncls of them, each an interval of bytes). 0, -1 out of memory, -2 over max_states. */
 static int dfa_subset(const g_nfa *nfa, int start, int end, const uint8_t *cls, int ncls, int max_states, dfa_t *d) {
+    int why = -1;
     memset(d, 0, sizeof *d);
     d->ncls = ncls;
     d->cap = 64;
@@ -338,7 +339,7 @@ static int dfa_subset(const g_nfa *nfa, int start, int end, const uint8_t *cls, 
         goto fail;
     memset(d->map, 0xff, 256 * sizeof *d->map);
     int32_t s0 = start;
-    if (set_id(d, closure(nfa, d, &s0, 1), max_states) < 0) goto fail;
+    if ((why = set_id(d, closure(nfa, d, &s0, 1), max_states)) < 0) goto fail;
     for (int id = 0; id < d->n; id++) {
         d->coff[id] = d->nc;
         /* byte edges: (class, target) pairs; calls: (rule, target) pairs */
@@ -376,7 +377,10 @@ static int dfa_subset(const g_nfa *nfa, int start, int end, const uint8_t *cls, 
                 while (j < nkv && kv[j].key == kv[i].key) seeds[ns++] = kv[j++].to;
                 int k = closure(nfa, d, seeds, ns);
                 int t = set_id(d, k, max_states);
-                if (t < 0) goto fail;
+                if (t < 0) {
+                    why = t;
+                    goto fail;
+                }
                 if (pass == 0) d->trans[(size_t)id * (size_t)ncls + (size_t)kv[i].key] = t;
                 else {
                     if (d->nc == d->capc) {
@@ -403,7 +407,7 @@ fail:
     free(kv);
     free(seeds);
     dfa_free(d);
-    return -1;
+    return why;
 }
 
 /* ---- products of call-free fragments (number bounds, keys other than the declared ones) ---- */
@@ -418,10 +422,12 @@ g_frag f_product(g_nfa *n, g_frag a, g_frag b, int mode) {
     uint8_t cls[256];
     for (int i = 0; i < 256; i++) cls[i] = (uint8_t)i;
     dfa_t da, db;
-    if (dfa_subset(n, a.s, a.e, cls, 256, 1 << 16, &da)) { nfa_fail(n, "out of memory or too large (product)"); return f_none(); }
-    if (dfa_subset(n, b.s, b.e, cls, 256, 1 << 16, &db)) {
-        dfa_free(&da);
-        nfa_fail(n, "out of memory or too large (product)");
+    int why = dfa_subset(n, a.s, a.e, cls, 256, 1 << 16, &da);
+    if (!why && (why = dfa_subset(n, b.s, b.e, cls, 256, 1 << 16, &db))) dfa_free(&da);
+    if (why) {
+        nfa_fail(n, why == -2 ? "too large (a part of over 65536 automaton states intersected with another: a length bound, a pattern, a "
+                                "format)"
+                              : "out of memory");
         return f_none();
     }
     g_frag out = f_none();
@@ -512,7 +518,7 @@ void m3_grammar_free(m3_grammar *g) {
 int m3_grammar_n_states(const m3_grammar *g) { return g->n; }
 int m3_grammar_n_rules(const m3_grammar *g) { return g->nrules; }
 
-m3_grammar *grammar_build(g_nfa *nfa, int root, int max_depth, m3_err *err) {
+m3_grammar *grammar_build(g_nfa *nfa, int root, int max_depth, int max_states, m3_err *err) {
     if (nfa->failed) return NULL;
     /* byte classes: the intervals between all edge boundaries */
     uint8_t cut[257] = {0};
@@ -539,12 +545,14 @@ m3_grammar *grammar_build(g_nfa *nfa, int root, int max_depth, m3_err *err) {
     for (int r = 0; r < nr; r++) {
         base[r] = total;
         if (nfa->rstart[r] < 0) continue;
-        if (dfa_subset(nfa, nfa->rstart[r], nfa->rend[r], cls, ncls, 1 << 20, &d[r])) {
-            m3_errf(err, "%s: too large (more than %d automaton states) or out of memory", nfa_what(nfa), 1 << 20);
+        int why = dfa_subset(nfa, nfa->rstart[r], nfa->rend[r], cls, ncls, max_states - total, &d[r]);
+        if (why) {
+            if (why == -2) m3_errf(err, "%s: too large (more than %d automaton states)", nfa_what(nfa), max_states);
+            else m3_errf(err, "%s: out of memory", nfa_what(nfa));
             goto fail;
         }
         total += d[r].n;
-        if (total > (1 << 20)) { m3_errf(err, "%s: too large (more than %d automaton states)", nfa_what(nfa), 1 << 20); goto fail; }
+        if (total > max_states) { m3_errf(err, "%s: too large (more than %d automaton states)", nfa_what(nfa), max_states); goto fail; }
     }
     base[nr] = total;
     int ncall = 0;

@@ -71,6 +71,7 @@ const char *schema_format_names(void);
 
 /* ---- schema.c, for the builder (build.c) ---- */
 #define G_MAX_NFA_STATES (1 << 21)
+#define G_MAX_DFA_STATES (1 << 20)
 typedef struct json_t json_t;
 /* options checked (defaults when opts is NULL) into *o; 0 or -1 + err */
 int grammar_opts_check(const m3_grammar_opts *opts, m3_grammar_opts *o, m3_err *err);
@@ -101,7 +102,7 @@ struct m3_grammar {
 
 /* rules' NFAs -> DFAs (pruned of states that cannot reach an end), checks (left recursion,
  * empty language); frees nothing of n. root: the document's rule. */
-m3_grammar *grammar_build(g_nfa *n, int root, int max_depth, m3_err *err);
+m3_grammar *grammar_build(g_nfa *n, int root, int max_depth, int max_states, m3_err *err);
 
 /* ---- persistent stacks: a node is a frame (state q) over the frame below ---- */
 #define G_BOTTOM (-1) /* below the document's rule: popping to it ends the output */

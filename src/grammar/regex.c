@@ -642,7 +642,7 @@ m3_grammar *m3_grammar_from_regex(const char *re, size_t len, const m3_grammar_o
     if (f.s < 0 && emsg[0]) m3_errf(err, "regex: %s", emsg);
     else if (!n.failed && f.s >= 0) {
         nfa_rule_set(&n, r0, f);
-        g = grammar_build(&n, r0, o.max_depth, err);
+        g = grammar_build(&n, r0, o.max_depth, o.max_states, err);
     }
     nfa_free(&n);
     return g;

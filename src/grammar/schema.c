@@ -1119,6 +1119,7 @@ static g_frag s_schema(sc_t *c, json_t *s) {
 void m3_grammar_opts_default(m3_grammar_opts *o) {
     o->max_ws = 2;
     o->max_depth = 32;
+    o->max_states = G_MAX_DFA_STATES;
 }
 
 int grammar_opts_check(const m3_grammar_opts *opts, m3_grammar_opts *o, m3_err *err) {
@@ -1126,6 +1127,8 @@ int grammar_opts_check(const m3_grammar_opts *opts, m3_grammar_opts *o, m3_err *
     if (opts) *o = *opts;
     if (o->max_ws < 0 || o->max_ws > 16) return m3_errf(err, "grammar: max_ws %d out of range [0, 16]", o->max_ws);
     if (o->max_depth < 1 || o->max_depth > 1024) return m3_errf(err, "grammar: max_depth %d out of range [1, 1024]", o->max_depth);
+    if (o->max_states < 1 || o->max_states > G_MAX_DFA_STATES)
+        return m3_errf(err, "grammar: max_states %d out of range [1, %d]", o->max_states, G_MAX_DFA_STATES);
     return 0;
 }
 
@@ -1162,7 +1165,7 @@ static m3_grammar *build(json_t *root, const m3_grammar_opts *opts, int json_obj
     m3_grammar *g = NULL;
     if (!n.failed && f.s >= 0) {
         nfa_rule_set(&n, r0, f);
-        g = grammar_build(&n, r0, o.max_depth, err);
+        g = grammar_build(&n, r0, o.max_depth, o.max_states, err);
     }
     nfa_free(&n);
     return g;

@@ -26,8 +26,8 @@
 
 #define SRV_GRAMMAR_CACHE 64
 /* A compile walks the vocabulary once per state: ~0.1-1 ms a state at a 150K vocabulary, 2-25 KB
- * of masks a state. Bigger grammars (a pattern like (.{1000}|...){3}) are refused, not compiled
- * for minutes. */
+ * of masks a state. Bigger grammars (a pattern like (.{1000}|x.{999}|...)) fail while they are
+ * built: refused, not compiled for minutes. */
 #define SRV_GRAMMAR_MAX_STATES 100000
 
 typedef struct gentry {
@@ -158,7 +158,7 @@ static int compile_error(m3_oai_error *e, const char *param, const m3_err *err) 
 }
 
 /* the grammar of a choices array (compact JSON, checked by openai.c) */
-static m3_grammar *choice_grammar(const char *text, m3_err *err) {
+static m3_grammar *choice_grammar(const char *text, const m3_grammar_opts *o, m3_err *err) {
     json_t *a = json_loads(text, 0, NULL);
     size_t n = json_array_size(a);
     const char **t = calloc(n ? n : 1, sizeof *t);
@@ -170,7 +170,7 @@ static m3_grammar *choice_grammar(const char *text, m3_err *err) {
             t[i] = json_string_value(json_array_get(a, i));
             l[i] = json_string_length(json_array_get(a, i));
         }
-        g = m3_grammar_from_choices(t, l, (int)n, NULL, err);
+        g = m3_grammar_from_choices(t, l, (int)n, o, err);
     }
     free(t);
     free(l);
@@ -219,23 +219,18 @@ int srv_structured(srv *s, m3_oai_params *g, m3_oai_error *e) {
     /* compiled outside the lock (another thread may compile the same text meanwhile: the first
      * one kept wins) */
     m3_grammar *gr = NULL;
+    m3_grammar_opts o;
+    m3_grammar_opts_default(&o);
+    o.max_states = SRV_GRAMMAR_MAX_STATES; /* a bigger one fails while it is built, before its masks */
     m3_fault_suspend(1); /* the schema compiler parses with jansson (fault.h: no injection there) */
-    if (g->constraint == M3_OAI_C_JSON_OBJECT) gr = m3_grammar_json(NULL, &err);
-    else if (g->constraint == M3_OAI_C_JSON_SCHEMA) gr = m3_grammar_from_schema(g->constraint_text, strlen(g->constraint_text), NULL, &err);
-    else if (g->constraint == M3_OAI_C_REGEX) gr = m3_grammar_from_regex(g->constraint_text, strlen(g->constraint_text), NULL, &err);
-    else if (g->constraint == M3_OAI_C_CHOICE) gr = choice_grammar(g->constraint_text, &err);
-    else if (g->constraint == M3_OAI_C_TOOLS_AUTO) gr = m3_tool_call_grammar_auto(g->tools, max_calls, NULL, &err);
-    else gr = m3_tool_call_grammar(g->tools, g->tool_name, max_calls, NULL, &err);
+    if (g->constraint == M3_OAI_C_JSON_OBJECT) gr = m3_grammar_json(&o, &err);
+    else if (g->constraint == M3_OAI_C_JSON_SCHEMA) gr = m3_grammar_from_schema(g->constraint_text, strlen(g->constraint_text), &o, &err);
+    else if (g->constraint == M3_OAI_C_REGEX) gr = m3_grammar_from_regex(g->constraint_text, strlen(g->constraint_text), &o, &err);
+    else if (g->constraint == M3_OAI_C_CHOICE) gr = choice_grammar(g->constraint_text, &o, &err);
+    else if (g->constraint == M3_OAI_C_TOOLS_AUTO) gr = m3_tool_call_grammar_auto(g->tools, max_calls, &o, &err);
+    else gr = m3_tool_call_grammar(g->tools, g->tool_name, max_calls, &o, &err);
     m3_fault_suspend(0);
-    if (gr && m3_grammar_n_states(gr) > SRV_GRAMMAR_MAX_STATES) {
-        int ns = m3_grammar_n_states(gr);
-        m3_grammar_free(gr);
-        free(key.p);
-        return m3_oai_errorf(e, 400, "invalid_request_error", param,
-                             "structured output: the grammar has %d automaton states, more than the %d served (its token masks "
-                             "would take too long to compile): a smaller schema, pattern or repetition count",
-                             ns, SRV_GRAMMAR_MAX_STATES);
-    }
+    if (!gr && strstr(err.msg, "too large")) m3_err_prefix(&err, "structured output: served grammars have at most %d automaton states", SRV_GRAMMAR_MAX_STATES);
     int pooled = gr && pthread_mutex_trylock(&G->pool_mu) == 0;
     m3_grammar_compiled *gc = gr ? m3_grammar_compile(gr, v, pooled ? compile_pool(G) : NULL, &err) : NULL;
     if (pooled) pthread_mutex_unlock(&G->pool_mu);

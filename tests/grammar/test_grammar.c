@@ -382,6 +382,21 @@ static void regex_tests(vocab_t *bytes, vocab_t *real, int walks) {
     m3_grammar_compiled_free(gc);
     m3_grammar_free(g);
     CHECK(!m3_grammar_from_choices(ch, cl, 0, NULL, &err) && strstr(err.msg, "none given"), "no choices: %s", err.msg);
+    /* max_states: a bigger automaton fails while it is built, whatever made it */
+    m3_grammar_opts o;
+    m3_grammar_opts_default(&o);
+    o.max_states = 50;
+    m3_grammar *big = m3_grammar_from_regex("[a-z]{60}", 9, &o, &err);
+    CHECK(!big && !strcmp(err.msg, "regex: too large (more than 50 automaton states)"), "max_states 50, regex: %s", big ? "built" : err.msg);
+    m3_grammar_free(big);
+    big = m3_grammar_from_schema("{\"type\":\"string\",\"maxLength\":60}", 32, &o, &err);
+    CHECK(!big && !strcmp(err.msg, "json schema: too large (more than 50 automaton states)"), "max_states 50, schema: %s", big ? "built" : err.msg);
+    m3_grammar_free(big);
+    big = m3_grammar_from_regex("[a-z]{40}", 9, &o, &err);
+    CHECK(big, "max_states 50, 41 states: %s", err.msg);
+    m3_grammar_free(big);
+    o.max_states = 0;
+    CHECK(!m3_grammar_from_regex("a", 1, &o, &err) && strstr(err.msg, "max_states 0 out of range"), "max_states 0: %s", err.msg);
 }
 
 static vocab_t make_vocab(const test_vocab *tv, m3_tok *tok);

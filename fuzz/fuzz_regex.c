@@ -1,6 +1,7 @@
-/* libFuzzer: regex text -> m3_grammar (src/grammar/regex.c), the first byte choosing the form:
- * even, m3_grammar_from_regex (vLLM's guided_regex: the whole output matches); odd, the JSON
- * Schema {"type": "string", "pattern": ...} (when the text is UTF-8). Never a crash, a leak or a
+/* libFuzzer: regex or grammar text -> m3_grammar, the first byte choosing the form (mod 3): 0,
+ * m3_grammar_from_regex (vLLM's guided_regex: the whole output matches); 1, the JSON Schema
+ * {"type": "string", "pattern": ...} (when the text is UTF-8); 2, m3_grammar_from_gbnf (GBNF,
+ * src/grammar/ebnf.c). Never a crash, a leak or a
  * hang; an accepted pattern compiles for a small vocabulary (fuzz/grammar_vocab.h) and a random
  * walk (seeded by the input) keeps the cached mask equal to the cache-free one, is never stuck,
  * and ends in valid UTF-8 (the regex form) or a JSON string (the pattern form). What the texts
@@ -27,12 +28,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static m3_grammar_vocab *v;
     if (!v) v = fz_vocab();
     if (size < 1 || size > 512) return 0;
-    int pattern = data[0] & 1;
+    int form = data[0] % 3, pattern = form == 1;
     const char *re = (const char *)data + 1;
     size_t n = size - 1;
     m3_err err;
     m3_grammar *g = NULL;
-    if (!pattern) g = m3_grammar_from_regex(re, n, NULL, &err);
+    if (form == 0) g = m3_grammar_from_regex(re, n, NULL, &err);
+    else if (form == 2) g = m3_grammar_from_gbnf(re, n, NULL, &err);
     else {
         json_t *s = json_stringn(re, n); /* NULL: not UTF-8 (or a NUL), nothing to try */
         json_t *sc = s ? json_pack("{s:s,s:o}", "type", "string", "pattern", s) : NULL;

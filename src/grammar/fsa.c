@@ -745,7 +745,8 @@ m3_grammar *grammar_build(g_nfa *nfa, int root, int max_depth, int max_states, m
         free(st);
         free(firsts);
         free(nf);
-        if (bad >= 0) m3_errf(err, "%s: left-recursive $ref (a reference reaches itself before any byte)", nfa_what(nfa));
+        if (bad >= 0)
+            m3_errf(err, "%s: left-recursive %s (it reaches itself before any byte)", nfa_what(nfa), nfa->what ? "rule" : "$ref");
         if (bad != -1) goto fail;
     }
     for (int r = 0; r < nr; r++) dfa_free(&d[r]);

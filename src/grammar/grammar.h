@@ -90,6 +90,10 @@ m3_grammar *m3_grammar_json(const m3_grammar_opts *opts, m3_err *err);
  * message naming the construct and its byte offset when refused (backreferences, lookaround,
  * \b, \p{...}, ...), or when nothing matches or the automaton is too large. */
 m3_grammar *m3_grammar_from_regex(const char *re, size_t len, const m3_grammar_opts *opts, m3_err *err);
+/* vLLM's guided_grammar / llama.cpp's grammar: a GBNF grammar (ebnf.c: the syntax), its rule
+ * "root" the whole output. NULL with a message naming the line and column (or the rule: used but
+ * not defined, defined twice, left-recursive), or when nothing matches or it is too large. */
+m3_grammar *m3_grammar_from_gbnf(const char *text, size_t len, const m3_grammar_opts *opts, m3_err *err);
 /* vLLM's guided_choice: exactly one of the n texts (n >= 1; lens[i] bytes each). */
 m3_grammar *m3_grammar_from_choices(const char *const *texts, const size_t *lens, int n, const m3_grammar_opts *opts,
                                     m3_err *err);

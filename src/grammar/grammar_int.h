@@ -63,6 +63,9 @@ g_frag f_product(g_nfa *n, g_frag a, g_frag b, int mode);
  * memory) are n's. */
 enum { RX_TEXT = 0, RX_JSON = 1 };
 g_frag regex_fragment(g_nfa *n, const char *re, size_t len, int spell, int search, char *emsg, size_t emsg_cap);
+/* One UTF-8 character of the code-point ranges lohi[2i]..lohi[2i+1] (i < nranges; negate: of
+ * every code point outside them), surrogates left out, as a fragment of n (ebnf.c's classes). */
+g_frag cp_ranges_fragment(g_nfa *n, const int32_t *lohi, int nranges, int negate);
 
 /* ---- format.c: JSON Schema "format" values for strings, as regex.c patterns matched whole ----
  * NULL for a format not served; the names served, for messages. */

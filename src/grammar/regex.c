@@ -259,6 +259,17 @@ static g_frag f_cp(rx_t *x, int32_t c) {
     return f;
 }
 
+g_frag cp_ranges_fragment(g_nfa *n, const int32_t *lohi, int nranges, int negate) {
+    char msg[64];
+    rx_t x = {.n = n, .spell = RX_TEXT, .emsg = msg, .emsg_cap = sizeof msg};
+    cpset s = {0};
+    for (int i = 0; i < nranges; i++) cs_add(&s, lohi[2 * i], lohi[2 * i + 1]);
+    if (negate) cs_negate(&s);
+    g_frag f = f_cpset(&x, &s);
+    cs_free(&s);
+    return f;
+}
+
 /* ---- the parser ---- */
 
 static int peek(const rx_t *x) { return x->p < x->end ? *x->p : -1; }

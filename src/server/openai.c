@@ -442,10 +442,11 @@ static int unsupported(json_t *b, int chat, long long n, m3_oai_error *e) {
         return OAI_BAD(e, "echo", "'echo' is not supported for chat completions");
     /* vLLM's constrained-decoding extras not served (guided_json / _regex / _choice are): one
      * refusal policy, never silently unconstrained text */
-    static const char *const guided[] = {"guided_grammar", "guided_whitespace_pattern"};
+    static const char *const guided[] = {"guided_whitespace_pattern"};
     for (size_t i = 0; i < sizeof guided / sizeof *guided; i++)
         if ((v = json_object_get(b, guided[i])) && !json_is_null(v))
-            return OAI_BAD(e, guided[i], "'%s' is not supported (served: response_format, guided_json, guided_regex, guided_choice)",
+            return OAI_BAD(e, guided[i],
+                           "'%s' is not supported (served: response_format, guided_json, guided_regex, guided_choice, guided_grammar)",
                            guided[i]);
     /* the backend vLLM should use: m3 has its own, which serves the same outputs */
     if ((v = json_object_get(b, "guided_decoding_backend")) && !json_is_null(v) && !json_is_string(v))
@@ -482,6 +483,16 @@ static int take_regex(m3_oai_params *g, json_t *v, const char *param, m3_oai_err
     if (strlen(json_string_value(v)) != json_string_length(v)) return OAI_BAD(e, param, "'%s' holds a NUL character", param);
     if (!(g->constraint_text = strdup(json_string_value(v)))) return OAI_OOM(e);
     g->constraint = M3_OAI_C_REGEX;
+    g->constraint_param = param;
+    return 0;
+}
+
+/* guided_grammar (llama.cpp: grammar): a GBNF grammar of the whole output (src/grammar/ebnf.c) */
+static int take_grammar(m3_oai_params *g, json_t *v, const char *param, m3_oai_error *e) {
+    if (!json_is_string(v)) return OAI_BAD(e, param, "'%s' must be a string (a GBNF grammar)", param);
+    if (strlen(json_string_value(v)) != json_string_length(v)) return OAI_BAD(e, param, "'%s' holds a NUL character", param);
+    if (!(g->constraint_text = strdup(json_string_value(v)))) return OAI_OOM(e);
+    g->constraint = M3_OAI_C_GRAMMAR;
     g->constraint_param = param;
     return 0;
 }
@@ -524,11 +535,13 @@ static int parse_structured(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_par
         } else if (strcmp(t, "text"))
             return OAI_BAD(e, "response_format", "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
     }
-    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice"};
-    for (int i = 0; i < 3; i++) {
+    /* "grammar": llama.cpp's server spelling of guided_grammar */
+    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar"};
+    for (int i = 0; i < 5; i++) {
         if (!(v = json_object_get(b, guided[i])) || json_is_null(v)) continue;
         if (g->constraint) return OAI_BAD(e, guided[i], "'%s' beside '%s': give one of them", guided[i], g->constraint_param);
-        rc = i == 0 ? take_schema(g, v, 1, guided[i], e) : i == 1 ? take_regex(g, v, guided[i], e) : take_choice(g, v, guided[i], e);
+        rc = i == 0 ? take_schema(g, v, 1, guided[i], e) : i == 1 ? take_regex(g, v, guided[i], e)
+             : i == 2 ? take_choice(g, v, guided[i], e) : take_grammar(g, v, guided[i], e);
         if (rc) return rc;
     }
     if ((v = json_object_get(b, "structured_outputs")) && !json_is_null(v)) {
@@ -539,22 +552,24 @@ static int parse_structured(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_par
         json_object_foreach(v, k, x) {
             if (json_is_null(x) || json_is_false(x)) continue;
             char q[64];
-            if (!strcmp(k, "json") || (!strcmp(k, "json_object") && json_is_true(x)) || !strcmp(k, "regex") || !strcmp(k, "choice")) {
+            if (!strcmp(k, "json") || (!strcmp(k, "json_object") && json_is_true(x)) || !strcmp(k, "regex") || !strcmp(k, "choice") ||
+                !strcmp(k, "grammar")) {
                 n++;
                 which = k;
             } else
                 return OAI_BAD(e, "structured_outputs",
-                               "'structured_outputs.%s' is not supported (served: 'json', 'json_object', 'regex', 'choice')",
+                               "'structured_outputs.%s' is not supported (served: 'json', 'json_object', 'regex', 'choice', 'grammar')",
                                clip(k, q, sizeof q));
         }
         if (n != 1)
-            return OAI_BAD(e, "structured_outputs", "'structured_outputs' needs exactly one of 'json', 'json_object', 'regex', 'choice'");
+            return OAI_BAD(e, "structured_outputs", "'structured_outputs' needs exactly one of 'json', 'json_object', 'regex', 'choice', 'grammar'");
         if (g->constraint)
             return OAI_BAD(e, "structured_outputs", "'structured_outputs' beside '%s': give one of them", g->constraint_param);
         x = json_object_get(v, which);
         if (!strcmp(which, "json")) rc = take_schema(g, x, 1, "structured_outputs", e);
         else if (!strcmp(which, "regex")) rc = take_regex(g, x, "structured_outputs", e);
         else if (!strcmp(which, "choice")) rc = take_choice(g, x, "structured_outputs", e);
+        else if (!strcmp(which, "grammar")) rc = take_grammar(g, x, "structured_outputs", e);
         else {
             g->constraint = M3_OAI_C_JSON_OBJECT;
             g->constraint_param = "structured_outputs";

@@ -100,7 +100,7 @@ typedef struct m3_oai_params {
      * "required" or a named function) */
     int constraint;              /* M3_OAI_C_* */
     char *constraint_text;       /* owned: JSON_SCHEMA the schema as compact JSON, REGEX the pattern,
-                                    CHOICE the choices as a compact JSON array of strings */
+                                    CHOICE the choices as a compact JSON array of strings, GRAMMAR the GBNF */
     const char *constraint_param;/* the field that asked for it (for errors) */
     const char *tool_name;       /* TOOLS: the named function (borrowed), NULL: any of tools */
     int parallel_tool_calls;     /* 0: at most one tool call (parallel_tool_calls: false) */
@@ -109,7 +109,8 @@ typedef struct m3_oai_params {
 } m3_oai_params;
 
 /* TOOLS: a forced call; TOOLS_AUTO: tool_choice auto with strict tools (text, then valid calls or none) */
-enum { M3_OAI_C_NONE = 0, M3_OAI_C_JSON_OBJECT, M3_OAI_C_JSON_SCHEMA, M3_OAI_C_TOOLS, M3_OAI_C_REGEX, M3_OAI_C_CHOICE, M3_OAI_C_TOOLS_AUTO };
+enum { M3_OAI_C_NONE = 0, M3_OAI_C_JSON_OBJECT, M3_OAI_C_JSON_SCHEMA, M3_OAI_C_TOOLS, M3_OAI_C_REGEX, M3_OAI_C_CHOICE, M3_OAI_C_TOOLS_AUTO,
+       M3_OAI_C_GRAMMAR };
 
 /* Fills e; returns e->status. The message is printf-formatted, then made valid UTF-8. */
 int m3_oai_errorf(m3_oai_error *e, int status, const char *type, const char *param, const char *fmt, ...)

@@ -190,6 +190,7 @@ int srv_structured(srv *s, m3_oai_params *g, m3_oai_error *e) {
     else if (g->constraint == M3_OAI_C_JSON_SCHEMA) bad |= m3_sbuf_str(&key, "S") | m3_sbuf_str(&key, g->constraint_text);
     else if (g->constraint == M3_OAI_C_REGEX) bad |= m3_sbuf_str(&key, "R") | m3_sbuf_str(&key, g->constraint_text);
     else if (g->constraint == M3_OAI_C_CHOICE) bad |= m3_sbuf_str(&key, "C") | m3_sbuf_str(&key, g->constraint_text);
+    else if (g->constraint == M3_OAI_C_GRAMMAR) bad |= m3_sbuf_str(&key, "G") | m3_sbuf_str(&key, g->constraint_text);
     else {
         char head[64];
         tools_text = srv_json_text(g->tools, NULL);
@@ -227,6 +228,7 @@ int srv_structured(srv *s, m3_oai_params *g, m3_oai_error *e) {
     else if (g->constraint == M3_OAI_C_JSON_SCHEMA) gr = m3_grammar_from_schema(g->constraint_text, strlen(g->constraint_text), &o, &err);
     else if (g->constraint == M3_OAI_C_REGEX) gr = m3_grammar_from_regex(g->constraint_text, strlen(g->constraint_text), &o, &err);
     else if (g->constraint == M3_OAI_C_CHOICE) gr = choice_grammar(g->constraint_text, &o, &err);
+    else if (g->constraint == M3_OAI_C_GRAMMAR) gr = m3_grammar_from_gbnf(g->constraint_text, strlen(g->constraint_text), &o, &err);
     else if (g->constraint == M3_OAI_C_TOOLS_AUTO) gr = m3_tool_call_grammar_auto(g->tools, max_calls, &o, &err);
     else gr = m3_tool_call_grammar(g->tools, g->tool_name, max_calls, &o, &err);
     m3_fault_suspend(0);

@@ -2,6 +2,7 @@
  * (tests/grammar/regex_diff.mjs): reads JSON lines
  *   {"re": "...", "mode": "full" | "pattern", "probes": ["...", ...], "samples": N, "seed": S}
  * or {"schema": {...}, "probes": [...], "samples": N, "seed": S} (any JSON Schema: "format" ...)
+ * or {"gbnf": "root ::= ...", "probes": [...], "samples": N, "seed": S} (m3_grammar_from_gbnf)
  * and answers one JSON line each
  *   {"error": null | "...", "accept": [true, ...], "samples": ["...", ...]}
  * mode full: m3_grammar_from_regex (the whole text matches); pattern: the JSON Schema
@@ -101,8 +102,9 @@ int main(void) {
         int pattern = mode && !strcmp(mode, "pattern");
         rng = (uint64_t)json_integer_value(json_object_get(rq, "seed")) * 0x9E3779B97F4A7C15ull + 1;
         m3_grammar *g;
-        json_t *schema = json_object_get(rq, "schema");
-        if (pattern || schema) {
+        json_t *schema = json_object_get(rq, "schema"), *gbnf = json_object_get(rq, "gbnf");
+        if (gbnf) g = m3_grammar_from_gbnf(json_string_value(gbnf), json_string_length(gbnf), NULL, &err);
+        else if (pattern || schema) {
             json_t *sc = schema ? json_incref(schema) : json_pack("{s:s,s:O}", "type", "string", "pattern", re);
             char *txt = json_dumps(sc, JSON_COMPACT);
             g = m3_grammar_from_schema(txt, strlen(txt), NULL, &err);

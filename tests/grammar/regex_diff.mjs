@@ -13,7 +13,9 @@
 //  - patterns JavaScript rejects are refused, and so are the constructs m3 does not serve
 //    (backreferences, lookaround, \b, \p{...}, misplaced anchors), each with its message;
 //  - JSON Schema "format" (src/grammar/format.c): samples and accepted probes valid by independent
-//    checks, the standards' examples accepted and near misses refused.
+//    checks, the standards' examples accepted and near misses refused;
+//  - GBNF grammars (src/grammar/ebnf.c): random grammars whose groups are rules of their own, judged
+//    by the RegExp that means the same; a recursive one by hand; refusals with their places.
 // Usage: node tests/grammar/regex_diff.mjs <regex_check binary> [random patterns, default 300]
 import { execFileSync } from 'node:child_process';
 import net from 'node:net';
@@ -146,7 +148,7 @@ for (let i = 0; i < Number(nrand); i++) {
 }
 
 function run(reqs) {
-  const input = reqs.map((c, i) => JSON.stringify({ re: c.re, schema: c.schema, mode: c.mode || 'full', probes: c.probes || [], samples: c.samples ?? 12, seed: i + 1 })).join('\n') + '\n';
+  const input = reqs.map((c, i) => JSON.stringify({ re: c.re, schema: c.schema, gbnf: c.gbnf, mode: c.mode || 'full', probes: c.probes || [], samples: c.samples ?? 12, seed: i + 1 })).join('\n') + '\n';
   const out = execFileSync(bin, { input, maxBuffer: 1 << 30 }).toString().trim().split('\n');
   if (out.length !== reqs.length) throw new Error(`regex_check answered ${out.length} lines for ${reqs.length}`);
   return out.map(l => JSON.parse(l));
@@ -320,6 +322,89 @@ if (!/no string of 0 to 6 characters matches the format and the pattern/.test(fr
 if (!/no string matches both "format" and "pattern" at \/pattern/.test(fref[4].error || '')) fail(`format + pattern, none: ${fref[4].error}`);
 
 console.log(`formats: ${freq.length} schemas, ${fsamples} samples valid`);
+
+// (5) GBNF (src/grammar/ebnf.c): random grammars, each printed both as GBNF (groups as rules of their
+// own, referenced by name) and as the regular expression that means the same, judged by RegExp;
+// a recursive grammar (balanced brackets) against a hand check; errors with their places
+const gchars = ['a', 'b', 'é', '€', '😀', ' ', '"', '\\', '\n', '\t', '-', ']', '0', '\u0001'];
+const gq = c => c === '"' ? '\\"' : c === '\\' ? '\\\\' : c === '\n' ? '\\n' : c === '\t' ? '\\t' : c === '\u0001' ? '\\x01' : c;
+const gcq = c => c === ']' ? '\\]' : c === '-' ? '\\-' : c === '^' ? '\\^' : gq(c);
+function genG(d, rules) {
+  const k = rand(12);
+  if (d > 3 || k < 5) {
+    const a = rand(10);
+    if (a < 5) { const c = pick(gchars); return { re: esc(c), g: '"' + gq(c) + '"', t: () => c }; }
+    if (a < 8) {
+      const items = [];
+      for (let i = 0, n = 1 + rand(3); i < n; i++) {
+        let x = pick(gchars), y = pick(gchars);
+        if (x.codePointAt(0) > y.codePointAt(0)) [x, y] = [y, x];
+        items.push(rand(2) ? [x, x] : [x, y]);
+      }
+      const neg = rand(4) === 0;
+      const re = '[' + (neg ? '^' : '') + items.map(([x, y]) => cesc(x) + (x !== y ? '-' + cesc(y) : '')).join('') + ']';
+      const g = '[' + (neg ? '^' : '') + items.map(([x, y]) => gcq(x) + (x !== y ? '-' + gcq(y) : '')).join('') + ']';
+      const jr = new RegExp('^' + re + '$', 'u'), ok = POOL.filter(c => jr.test(c));
+      return { re, g, t: () => ok.length ? pick(ok) : null };
+    }
+    return { re: '[^]', g: '.', t: () => pick(POOL) };
+  }
+  if (k < 8) {
+    const xs = Array.from({ length: 2 + rand(3) }, () => genG(d + 1, rules));
+    return { re: xs.map(x => '(?:' + x.re + ')').join(''), g: xs.map(x => '(' + x.g + ')').join(' '),
+             t: () => { let s = ''; for (const x of xs) { const v = x.t(); if (v === null) return null; s += v; } return s; } };
+  }
+  if (k < 10) {
+    const xs = Array.from({ length: 2 + rand(2) }, () => genG(d + 1, rules));
+    const name = 'r' + rules.length;
+    rules.push(name + ' ::= ' + xs.map(x => x.g).join(' | '));
+    return { re: '(?:' + xs.map(x => x.re).join('|') + ')', g: name, t: () => pick(xs).t() };
+  }
+  const x = genG(d + 1, rules), lo = rand(3), hi = pick([lo, lo + 1, lo + 2, -1]);
+  const q = lo === 0 && hi === -1 ? '*' : lo === 1 && hi === -1 ? '+' : lo === 0 && hi === 1 ? '?' : hi === -1 ? `{${lo},}` : hi === lo ? `{${lo}}` : `{${lo},${hi}}`;
+  return { re: '(?:' + x.re + ')' + q, g: '(' + x.g + ')' + q,
+           t: () => { const n = lo + rand((hi < 0 ? lo + 3 : hi) - lo + 1); let s = ''; for (let i = 0; i < n; i++) { const v = x.t(); if (v === null) return null; s += v; } return s; } };
+}
+const gcases = [];
+for (let i = 0; i < 200; i++) {
+  const rules = [], top = genG(0, rules);
+  const gbnf = ['root ::= ' + top.g + (rand(2) ? '  # the output' : ''), ...rules].join(rand(2) ? '\n' : '\n\n');
+  const vals = new Set();
+  for (let j = 0; j < 8; j++) { const v = top.t(); if (v !== null) vals.add(v); }
+  for (let j = 0; j < 30; j++) vals.add(randomText([...gchars, pick(POOL)]));
+  gcases.push({ gbnf, re: top.re, values: [...vals], samples: 10 });
+}
+const bal = v => { let d = 0; for (const c of v) { if (c === '(' || c === '[') d++; else if (c === ')' || c === ']') d--; if (d < 0) return false; } return d === 0; };
+const BAL = 'root ::= item*\nitem ::= "(" root ")" | "[" root "]"   # nested up to max_depth';
+// two calls a level (root, item): max_depth 32 holds 15 levels, not 17
+const balVals = ['', '()', '[()]', '([)]', '(()', '())', '[[[]]]()', '('.repeat(15) + ')'.repeat(15), '('.repeat(17) + ')'.repeat(17)];
+gcases.push({ gbnf: BAL, check: v => bal(v) && !/\(\]|\[\)/.test(v.replace(/\(\)|\[\]/g, '')), values: balVals, samples: 20 });
+const gans = run(gcases.map(c => ({ gbnf: c.gbnf, probes: c.values, samples: c.samples })));
+let gsamples = 0, gempty = 0;
+gcases.forEach((c, i) => {
+  const a = gans[i];
+  if (a.error && /no output can match it/.test(a.error)) { gempty++; return; }
+  if (a.error) { fail(`gbnf ${JSON.stringify(c.gbnf)}: ${a.error}`); return; }
+  const js = c.re !== undefined ? new RegExp('^(?:' + c.re + ')$', 'u') : null;
+  const okv = v => js ? js.test(v) : c.check(v);
+  c.values.forEach((v, j) => {
+    checked++;
+    if (js && a.accept[j] !== okv(v)) fail(`gbnf ${JSON.stringify(c.gbnf)}: ${JSON.stringify(v)} accepted ${a.accept[j]}, RegExp ${c.re} says ${okv(v)}`);
+    if (!js && a.accept[j] && !okv(v)) fail(`gbnf balanced: accepted ${JSON.stringify(v)}`);
+  });
+  for (const smp of a.samples) { gsamples++; if (smp === null || !okv(smp)) fail(`gbnf ${JSON.stringify(c.gbnf)}: sample ${JSON.stringify(smp)} does not match`); }
+});
+const last = gans[gans.length - 1];
+if (!(last.accept[0] && last.accept[1] && last.accept[2] && !last.accept[3] && !last.accept[4] && !last.accept[5] && last.accept[6] && last.accept[7] && !last.accept[8]))
+  fail(`gbnf balanced: probes ${JSON.stringify(last.accept)} (15 levels within max_depth 32, 17 beyond)`);
+const GBAD = [['root ::= x', 'the rule "x" is used but not defined (line 1, column 10)'], ['root ::= root "a" | "b"', 'left-recursive rule'],
+  ['root ::= "a"\nroot ::= "b"', 'the rule "root" is defined twice (line 2, column 1)'], ['root ::= [z-a]', 'a range out of order in a class (line 1, column 10)'],
+  ['foo ::= "a"', 'no rule named root'], ['root ::= ("a" | "b"', 'a ( without its ) (line 1, column 10)'], ['root ::= "a', 'a literal without its closing "'],
+  ['root ::= "a"{2,1}', 'a repetition {2,1} out of order'], ['root ::= "\\q"', 'unknown escape \\q'], ['', 'an empty grammar'], ['root = "a"', 'a rule (name ::= ...) expected (line 1, column 1)'],
+  ['root ::= "a" )', 'a ) without its ('], ['root ::= "a"{1001}', 'a repetition count over 1000']];
+const gbad = run(GBAD.map(([g]) => ({ gbnf: g, samples: 0 })));
+GBAD.forEach(([g, want], i) => { if (!gbad[i].error || !gbad[i].error.startsWith('grammar: ') || !gbad[i].error.includes(want)) fail(`gbnf ${JSON.stringify(g)}: ${gbad[i].error}, want ${want}`); });
+console.log(`gbnf: ${gcases.length} grammars (${gempty} matching nothing), ${gsamples} samples, ${GBAD.length} refusals`);
 console.log(`${cases.length / 2} patterns x 2 modes (${empties} matching nothing), ${checked} probes, ${sampled} samples, ${BAD.length + REFUSED.length} refusals: ` +
   `${fails} failed (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
 process.exit(fails ? 1 : 0);

@@ -283,10 +283,11 @@ async def api_identity(port):
                                                                    "include_stop_str_in_output": True})
         check(j1["choices"][0]["text"] == cut and j2["choices"][0]["text"] == cut + stop,
               f"include_stop_str_in_output: the stop string {stop!r} ends the text only when asked")
-    for extra in ({"guided_grammar": "root ::= \"a\""}, {"structured_outputs": {"grammar": "root ::= \"a\""}}):
+    for extra in ({"guided_whitespace_pattern": " "}, {"structured_outputs": {"structural_tag": "{}"}}):
         st, j = await lt.post_json(host, port, "/v1/completions", {"prompt": "x", "max_tokens": 2, **extra})
         check(st == 400 and j["error"]["param"] == list(extra)[0], f"{list(extra)[0]}: refused (400), never ignored")
-    for extra, want in (({"guided_regex": "a{2}b"}, "aab"), ({"structured_outputs": {"choice": ["xyz"]}}, "xyz")):
+    for extra, want in (({"guided_regex": "a{2}b"}, "aab"), ({"structured_outputs": {"choice": ["xyz"]}}, "xyz"),
+                        ({"guided_grammar": "root ::= \"x\" y\ny ::= \"y\"{2}"}, "xyy")):
         st, j = await lt.post_json(host, port, "/v1/completions", {"prompt": "x", "max_tokens": 16, **extra})
         check(st == 200 and j["choices"][0]["text"] == want and j["choices"][0]["finish_reason"] == "stop",
               f"{list(extra)[0]}: served ({j['choices'][0]['text'] if st == 200 else st!r})")

@@ -160,6 +160,21 @@ try {
   const pres = await Promise.all(pjobs), pbad = pres.map(r => r.finish !== 'stop' ? `finish_reason ${r.finish}` : checkJson(r.content, PAT)).filter(Boolean);
   for (const b of pbad) console.log('  ' + b);
   ok(!pbad.length, `json_schema with "pattern" (anchored, unanchored with maxLength, non-ASCII and a quote): ${pres.map(r => JSON.stringify(r.content)).join(' ')}`);
+  // vLLM's guided_grammar (GBNF; the example of vLLM's documentation) and llama.cpp's grammar (recursive)
+  const SQL = 'root ::= select_statement\nselect_statement ::= "SELECT " column " from " table " where " condition\n' +
+              'column ::= "col_1 " | "col_2 "\ntable ::= "table_1 " | "table_2 "\ncondition ::= column "= " number\nnumber ::= "1 " | "2 "';
+  const [LPAREN, RPAREN] = await Promise.all(['(', ')'].map(id1));
+  const sqlRe = /^SELECT (col_1 |col_2 ) from (table_1 |table_2 ) where (col_1 |col_2 )= (1 |2 )$/;
+  const BR = 'root ::= ws item ws\nitem ::= "(" ws (item (ws "," ws item){0,2})? ws ")" | [a-z]{1,3}\nws ::= [ ]?';
+  const brOk = v => { const t = v.replace(/ /g, ''); let d = 0; for (const c of t) { d += c === '(' ? 1 : c === ')' ? -1 : 0; if (d < 0) return false; } return d === 0 && /^[a-z(),]+$/.test(t); };
+  const gres = await Promise.all([0, 1, 2, 3].map(k => chat({ messages: msgs, max_tokens: 200, seed: 270 + k, ...(k < 2 ? { guided_grammar: SQL } : { grammar: BR }),
+                                                             ...(k % 2 ? {} : off), logit_bias: { ...(k % 2 ? THINK : {}), ...(k < 2 ? {} : { [LPAREN]: 9, [RPAREN]: 12 }) } }, k === 1)));
+  const gbad = gres.map((r, k) => r.finish !== 'stop' ? `finish ${r.finish} ${JSON.stringify(r.content)}` : (k < 2 ? sqlRe.test(r.content) : brOk(r.content)) ? null : JSON.stringify(r.content)).filter(Boolean);
+  for (const b of gbad) console.log('  ' + b);
+  ok(!gbad.length, `guided_grammar (vLLM's SQL example) and grammar (llama.cpp's name; recursive), thinking on and off: ${gres.map(r => JSON.stringify(r.content)).join(' ')}`);
+  const gso = await chat({ messages: msgs, max_tokens: 100, seed: 270, structured_outputs: { grammar: SQL }, ...off }, false);
+  ok(gso.content === gres[0].content, "structured_outputs {grammar} = guided_grammar");
+
   // "format" (what pydantic writes for datetime, date, UUID, EmailStr, IPv4Address fields)
   const FMT = { type: 'object', properties: { when: { type: 'string', format: 'date-time' }, day: { type: 'string', format: 'date' }, id: { type: 'string', format: 'uuid' },
                                               mail: { type: 'string', format: 'email' }, ip: { type: 'string', format: 'ipv4' }, opt: { anyOf: [{ type: 'string', format: 'date' }, { type: 'null' }] } },
@@ -327,8 +342,10 @@ try {
   await err({ tools: TOOLS, tool_choice: { type: 'function', function: { name: 'nope' } } }, 'tool_choice', 'no function named "nope"');
   await err({ tools: TOOLS, tool_choice: 'required', response_format: { type: 'json_object' } }, 'tool_choice', 'cannot be combined');
   await err({ tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { a: { type: 'string', pattern: '(?=x)' } }, required: ['a'] } } }], tool_choice: 'required' }, 'tool_choice', 'tool "f"');
-  await err({ structured_outputs: { grammar: 'root ::= "a"' } }, 'structured_outputs', 'not supported');
-  await err({ guided_grammar: 'root ::= "a"' }, 'guided_grammar', 'not supported');
+  await err({ structured_outputs: { structural_tag: '{}' } }, 'structured_outputs', 'not supported');
+  await err({ guided_whitespace_pattern: ' ' }, 'guided_whitespace_pattern', 'not supported');
+  await err({ guided_grammar: 'root ::= item\nitem ::= "a" | other' }, 'guided_grammar', 'grammar: the rule "other" is used but not defined (line 2, column 16)');
+  await err({ grammar: 'root ::= root "x" | "y"' }, 'grammar', 'grammar: left-recursive rule');
   await err({ tools: [{ type: 'function', function: { name: 'f', strict: 'yes', parameters: { type: 'object' } } }] }, 'tools', "'tools[0].function.strict' must be a boolean");
   await err({ tools: [{ type: 'function', function: { name: 'f', strict: true, parameters: { type: 'object', properties: { a: { type: 'string', format: 'uri' } } } } }] }, 'tools', 'unsupported "format": "uri"');
   await err({ guided_regex: '(a)\\1' }, 'guided_regex', 'backreferences (\\1) are not supported (offset 3)');

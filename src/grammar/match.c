@@ -108,6 +108,15 @@ void ar_truncate(g_arena *a, int32_t n) {
     }
 }
 
+/* storage for 64 configurations: the vector's v is never NULL, even while empty (a grammar whose
+ * output may be empty has states without one; NULL + 0 is undefined) */
+static int cv_reserve(g_cfgvec *v) {
+    if (v->v) return 0;
+    v->v = malloc(64 * sizeof *v->v);
+    v->cap = v->v ? 64 : 0;
+    return v->v ? 0 : -1;
+}
+
 int cv_push(g_cfgvec *v, int32_t node, int32_t h) {
     if (v->n == v->cap) {
         int cap = v->cap ? v->cap * 2 : 64;
@@ -380,6 +389,7 @@ static int walker_init(walker *w, const m3_grammar *g, const m3_grammar_vocab *v
     w->lv_popb = malloc(L);
     w->bits = malloc(((size_t)v->n + 31) / 32 * sizeof *w->bits);
     if (!w->lv_off || !w->lv_n || !w->lv_simple || !w->lv_mark || !w->lv_flags || !w->lv_popb || !w->bits) return -1;
+    if (cv_reserve(&w->all) || cv_reserve(&w->raw)) return -1;
     return 0;
 }
 
@@ -685,7 +695,10 @@ m3_matcher *m3_matcher_new(const m3_grammar_compiled *c, m3_err *err) {
     m->c = c;
     m->g = c->g;
     m->v = c->v;
-    m3_matcher_reset(m);
+    m->hn = malloc(64 * sizeof *m->hn); /* never NULL (cv_reserve) */
+    m->caphn = m->hn ? 64 : 0;
+    if (!m->hn || cv_reserve(&m->raw) || cv_reserve(&m->s1) || cv_reserve(&m->s2)) m->ar.oom = 1;
+    else m3_matcher_reset(m);
     if (m->ar.oom) {
         m3_matcher_free(m);
         m3_errf(err, "grammar matcher: out of memory");

@@ -355,7 +355,7 @@ try {
   await err({ guided_choice: ['a', 2] }, 'guided_choice', "'guided_choice[1]' must be a string");
   await err({ guided_choice: ['a'], guided_regex: 'a' }, 'guided_choice', "beside 'guided_regex'");
   await err({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: '\\p{L}' } } } }, 'response_format', '"pattern": unicode property escapes');
-  await err({ guided_regex: '(.{1000}|x.{999}|y.{998}|z.{997}|w.{996}|v.{995}|u.{994}|t.{993}|s.{992}|r.{991}|q.{990})' }, 'guided_regex', 'served grammars have at most 100000 automaton states: regex: too large (more than 100000 automaton states');
+  await err({ guided_regex: '(.{1000}|x.{999}|y.{998}|z.{997}|w.{996}|v.{995}|u.{994}|t.{993}|s.{992}|r.{991}|q.{990})' }, 'guided_regex', 'served grammars have at most 50000 automaton states: regex: too large (more than 50000 automaton states');
   const after = await chat({ messages: msgs, max_tokens: 4, ...off }, false);
   ok(after.finish === 'length', 'a normal request after the refusals');
 

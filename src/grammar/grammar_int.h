@@ -66,6 +66,9 @@ g_frag regex_fragment(g_nfa *n, const char *re, size_t len, int spell, int searc
 /* One UTF-8 character of the code-point ranges lohi[2i]..lohi[2i+1] (i < nranges; negate: of
  * every code point outside them), surrogates left out, as a fragment of n (ebnf.c's classes). */
 g_frag cp_ranges_fragment(g_nfa *n, const int32_t *lohi, int nranges, int negate);
+/* Paths s -> e spelling the code points lo..hi (surrogates left out) in UTF-8; the paths made with
+ * one tail[4] (all -1 at first) share their last continuation bytes (schema.c's characters). */
+void utf8_range_paths(g_nfa *n, int s, int e, uint32_t lo, uint32_t hi, int tail[4]);
 
 /* ---- format.c: JSON Schema "format" values for strings, as regex.c patterns matched whole ----
  * NULL for a format not served; the names served, for messages. */

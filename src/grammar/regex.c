@@ -203,6 +203,15 @@ static void utf8_paths(g_nfa *n, int s, int e, uint32_t lo, uint32_t hi, int *ta
     }
 }
 
+void utf8_range_paths(g_nfa *n, int s, int e, uint32_t lo, uint32_t hi, int tail[4]) {
+    if (lo <= 0xDFFF && hi >= 0xD800) { /* no surrogates */
+        if (lo < 0xD800) utf8_paths(n, s, e, lo, 0xD7FF, tail);
+        if (hi > 0xDFFF) utf8_paths(n, s, e, 0xE000, hi, tail);
+        return;
+    }
+    utf8_paths(n, s, e, lo, hi, tail);
+}
+
 static void lit_path(g_nfa *n, int s, int e, const char *t) {
     int cur = s;
     for (size_t i = 0, L = strlen(t); i < L; i++) {

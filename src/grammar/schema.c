@@ -128,22 +128,8 @@ static g_frag f_char(g_nfa *n, int escapes) {
     nfa_edge(n, s, E_BYTE, '#', '[', e, -1);
     nfa_edge(n, s, E_BYTE, ']', 0x7f, e, -1);
     (void)ascii;
-    {
-        const char *p2[] = {"\xc2\xdf", "\x80\xbf"};
-        f_path(n, s, e, p2, 2);
-        const char *p3a[] = {"\xe0\xe0", "\xa0\xbf", "\x80\xbf"};
-        f_path(n, s, e, p3a, 3);
-        const char *p3b[] = {"\xe1\xec\xee\xef", "\x80\xbf", "\x80\xbf"};
-        f_path(n, s, e, p3b, 3);
-        const char *p3c[] = {"\xed\xed", "\x80\x9f", "\x80\xbf"};
-        f_path(n, s, e, p3c, 3);
-        const char *p4a[] = {"\xf0\xf0", "\x90\xbf", "\x80\xbf", "\x80\xbf"};
-        f_path(n, s, e, p4a, 4);
-        const char *p4b[] = {"\xf1\xf3", "\x80\xbf", "\x80\xbf", "\x80\xbf"};
-        f_path(n, s, e, p4b, 4);
-        const char *p4c[] = {"\xf4\xf4", "\x80\x8f", "\x80\xbf", "\x80\xbf"};
-        f_path(n, s, e, p4c, 4);
-    }
+    int tail[4] = {-1, -1, -1, -1}; /* every non-ASCII character, its last continuation bytes shared */
+    utf8_range_paths(n, s, e, 0x80, 0x10FFFF, tail);
     if (escapes) {
         int b = nfa_state(n);
         nfa_edge(n, s, E_BYTE, '\\', '\\', b, -1);

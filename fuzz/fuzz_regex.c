@@ -50,47 +50,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     m3_grammar_compiled *gc = m3_grammar_compile(g, v, NULL, &err);
     m3_matcher *m = gc ? m3_matcher_new(gc, &err) : NULL;
     if (!m) goto done;
-    uint64_t rng = 1469598103934665603ull;
-    for (size_t i = 0; i < size; i++) rng = (rng ^ data[i]) * 1099511628211ull;
-    uint32_t mask[(FZ_V + 31) / 32], slow[(FZ_V + 31) / 32];
-    char doc[16384];
+    static char doc[16384];
     size_t len = 0;
-    int ended = 0;
-    for (int step = 0; step < 3000; step++) {
-        if (m3_matcher_fill_mask(m, mask) || m3_matcher_fill_mask_slow(m, slow)) abort();
-        if (memcmp(mask, slow, sizeof mask)) abort();
-        int32_t t = -1;
-        if (m3_matcher_can_end(m) && (step >= 12 || (rng >> 60) == 0)) t = FZ_EOS;
-        else if (step < 12) {
-            int cnt = 0;
-            for (int i = 0; i < (FZ_V + 31) / 32; i++) cnt += __builtin_popcount(mask[i]);
-            if (!cnt) abort(); /* stuck */
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            int k = (int)(rng % (uint64_t)cnt);
-            for (int32_t i = 0; i < FZ_V; i++)
-                if ((mask[i >> 5] >> (i & 31)) & 1 && k-- == 0) { t = i; break; }
-        } else {
-            if (step == 12 && m3_matcher_min_bytes_to_end(m) > 2000) break; /* a long minimum: not walked */
-            int64_t best = INT64_MAX;
-            for (int b = 0; b < 256; b++) {
-                if (!((mask[b >> 5] >> (b & 31)) & 1)) continue;
-                if (m3_matcher_accept(m, b)) abort();
-                int64_t d = m3_matcher_min_bytes_to_end(m);
-                m3_matcher_rollback(m, 1);
-                if (d < best) { best = d; t = b; }
-            }
-            if (t < 0) abort();
-        }
-        if (m3_matcher_accept(m, t)) abort();
-        if (t == FZ_EOS) { ended = 1; break; }
-        uint32_t L;
-        const char *b = fz_tok(t, &L);
-        if (len + L >= sizeof doc) break;
-        memcpy(doc + len, b, L);
-        len += L;
-    }
+    int ended = fz_walk(m, data, size, doc, sizeof doc, &len);
     if (ended) {
         if (!pattern && !utf8_ok(doc, len)) abort();
         if (pattern) {

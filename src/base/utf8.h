@@ -11,4 +11,8 @@
  * valid character. n must be >= 1. */
 int m3_utf8_len(const uint8_t *s, size_t n);
 
+/* Writes code point cp as UTF-8 into out (room for 4 bytes); returns the byte count. A cp over
+ * U+10FFFF is written as U+FFFD; surrogates are written as they are (callers refuse them). */
+int m3_utf8_put(uint32_t cp, char *out);
+
 #endif

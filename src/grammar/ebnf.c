@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/utf8.h"
 #include "grammar/grammar_int.h"
 
 #define EB_MAX_COUNT 1000
@@ -113,9 +114,6 @@ static int rule_of(eb_t *x, const char *name, int len) {
     return x->nr++;
 }
 
-static int hexv(int c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
 
 /* one character of a literal or class at x->p (escapes resolved): its code point, or -1 */
 static int32_t char_at(eb_t *x, int in_class) {
@@ -171,22 +169,6 @@ static int32_t char_at(eb_t *x, int in_class) {
     return (int32_t)v;
 }
 
-static int utf8_enc(uint32_t c, char *b) {
-    if (c < 0x80) { b[0] = (char)c; return 1; }
-    if (c < 0x800) { b[0] = (char)(0xC0 | c >> 6); b[1] = (char)(0x80 | (c & 0x3F)); return 2; }
-    if (c < 0x10000) {
-        b[0] = (char)(0xE0 | c >> 12);
-        b[1] = (char)(0x80 | (c >> 6 & 0x3F));
-        b[2] = (char)(0x80 | (c & 0x3F));
-        return 3;
-    }
-    b[0] = (char)(0xF0 | c >> 18);
-    b[1] = (char)(0x80 | (c >> 12 & 0x3F));
-    b[2] = (char)(0x80 | (c >> 6 & 0x3F));
-    b[3] = (char)(0x80 | (c & 0x3F));
-    return 4;
-}
-
 static g_frag p_alts(eb_t *x);
 
 /* "literal" after the opening quote */
@@ -202,7 +184,7 @@ static g_frag p_literal(eb_t *x, const char *at) {
         int32_t c = char_at(x, 0);
         if (c < 0) break;
         char b[4];
-        int L = utf8_enc((uint32_t)c, b);
+        int L = m3_utf8_put((uint32_t)c, b);
         f = f_seq(n, f, f_lit(n, b, (size_t)L));
     }
     return bad(x) ? f_none() : f;

@@ -54,6 +54,10 @@ int f_is_empty(const g_nfa *n, g_frag f);
 /* Languages without calls: a ∩ b (mode 0) or a \ b (mode 1), as a new fragment. */
 g_frag f_product(g_nfa *n, g_frag a, g_frag b, int mode);
 
+static inline int hexv(int c) { /* a hex digit's value, -1 */
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
 /* ---- regex.c: ECMAScript regular expressions (grammar.h: m3_grammar_from_regex) ----
  * The texts pattern re[0..len) matches, as a call-free fragment of n: RX_TEXT their UTF-8
  * bytes, RX_JSON the inside of a JSON string holding them, spelled as JSON.stringify spells it.

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/utf8.h"
 #include "grammar/grammar_int.h"
 
 #define RX_MAX_COUNT 1000 /* {n,m}: n and m at most this */
@@ -140,22 +141,6 @@ static void cs_class_escape(cpset *s, int c) {
 
 /* ---- code points -> bytes ---- */
 
-static int utf8_enc(uint32_t c, uint8_t *b) {
-    if (c < 0x80) { b[0] = (uint8_t)c; return 1; }
-    if (c < 0x800) { b[0] = (uint8_t)(0xC0 | c >> 6); b[1] = (uint8_t)(0x80 | (c & 0x3F)); return 2; }
-    if (c < 0x10000) {
-        b[0] = (uint8_t)(0xE0 | c >> 12);
-        b[1] = (uint8_t)(0x80 | (c >> 6 & 0x3F));
-        b[2] = (uint8_t)(0x80 | (c & 0x3F));
-        return 3;
-    }
-    b[0] = (uint8_t)(0xF0 | c >> 18);
-    b[1] = (uint8_t)(0x80 | (c >> 12 & 0x3F));
-    b[2] = (uint8_t)(0x80 | (c >> 6 & 0x3F));
-    b[3] = (uint8_t)(0x80 | (c & 0x3F));
-    return 4;
-}
-
 /* paths s -> e spelling the code points lo..hi in UTF-8 (no surrogates in the range): split until
  * the range is a product of byte ranges (all of one length; below the first differing position
  * every continuation byte runs 80..BF). The paths of one set share their tails of k such full
@@ -171,7 +156,7 @@ static void utf8_paths(g_nfa *n, int s, int e, uint32_t lo, uint32_t hi, int *ta
             return;
         }
     uint8_t a[4], b[4];
-    int len = utf8_enc(lo, a);
+    int len = m3_utf8_put(lo, (char *)a);
     for (int i = 1; i < len; i++) {
         uint32_t m = (1u << (6 * i)) - 1;
         if ((lo & ~m) != (hi & ~m)) {
@@ -187,7 +172,7 @@ static void utf8_paths(g_nfa *n, int s, int e, uint32_t lo, uint32_t hi, int *ta
             }
         }
     }
-    utf8_enc(hi, b);
+    m3_utf8_put(hi, (char *)b);
     int k = 0; /* full continuation bytes at the end */
     while (k < len - 1 && a[len - 1 - k] == 0x80 && b[len - 1 - k] == 0xBF) k++;
     for (int j = 1; j <= k; j++)
@@ -304,9 +289,6 @@ bad:
     return -1;
 }
 
-static int hexv(int c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
 
 /* exactly k hex digits, or -1 (nothing consumed) */
 static int32_t hex_k(rx_t *x, int k) {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/utf8.h"
 #include "jinja/jinja_int.h"
 
 static void lpos(lexer *L, size_t pos, int *line, int *col) {
@@ -57,19 +58,6 @@ static int hexv(char c) {
     return -1;
 }
 
-static size_t put_utf8(char *o, uint32_t cp) {
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (char)(0xC0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 63)); return 2; }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12)); o[1] = (char)(0x80 | ((cp >> 6) & 63)); o[2] = (char)(0x80 | (cp & 63));
-        return 3;
-    }
-    if (cp > 0x10FFFF) cp = 0xFFFD;
-    o[0] = (char)(0xF0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 63));
-    o[2] = (char)(0x80 | ((cp >> 6) & 63)); o[3] = (char)(0x80 | (cp & 63));
-    return 4;
-}
-
 /* Lexes a string literal at src[pos] (quote char); Python unicode-escape rules. */
 static size_t lex_string(lexer *L, size_t pos) {
     char q = L->src[pos];
@@ -107,7 +95,7 @@ static size_t lex_string(lexer *L, size_t pos) {
             }
             j += (size_t)nd;
             char u[4];
-            size_t m = put_utf8(u, cp);
+            size_t m = (size_t)m3_utf8_put(cp, u);
             /* \x / \u expand to at most 4 bytes from 4..10 source bytes: fits */
             memcpy(o + n, u, m);
             n += m;
@@ -119,7 +107,7 @@ static size_t lex_string(lexer *L, size_t pos) {
                 for (int k = 0; k < 2 && j + 1 < i && L->src[j + 1] >= '0' && L->src[j + 1] <= '7'; k++)
                     cp = cp * 8 + (uint32_t)(L->src[++j] - '0');
                 char u[4];
-                size_t m = put_utf8(u, cp);
+                size_t m = (size_t)m3_utf8_put(cp, u);
                 memcpy(o + n, u, m);
                 n += m;
             } else {

@@ -3,6 +3,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "base/utf8.h"
 #include "tokenizer/tok_internal.h"
 
 typedef struct {
@@ -127,7 +128,7 @@ static int norm_one(const tok_norm *nm, const char *s, size_t n, tok_buf *out) {
             int l;
             uint32_t c = cp_at(s, n, i, &l);
             char u[4];
-            int k = tok_utf8_put((uint32_t)utf8proc_tolower((utf8proc_int32_t)c), u);
+            int k = m3_utf8_put((uint32_t)utf8proc_tolower((utf8proc_int32_t)c), u);
             if (tok_buf_put(out, u, (size_t)k)) return -1;
             i += (size_t)l;
         }

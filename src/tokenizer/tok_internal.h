@@ -102,7 +102,6 @@ struct m3_tok {
  * may still become valid; <0 -(length of the maximal invalid subpart). */
 int tok_utf8_step(const uint8_t *s, size_t n);
 uint32_t tok_utf8_cp(const uint8_t *s, int len);
-int tok_utf8_put(uint32_t cp, char *out);
 /* byte-level alphabet (GPT-2 bytes_to_unicode): code point of byte b / byte of a code point */
 uint32_t tok_byte_to_cp(int b);
 int tok_cp_to_byte(uint32_t cp); /* -1 if not in the alphabet */

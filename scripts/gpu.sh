@@ -99,15 +99,17 @@ run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny-q $D/m3-tiny-q.oracle.safetensors -
 # whose recordings fail (fault module "graph": the shape retried, then refused; graphs stay on)
 run "$BIN/graph_regrow" $D/m3-tiny-q
 # the MoE's shared expert on the side stream (default) against the main stream (M3_CUDA_SIDE=0), the
-# attention's and indexer's general kernels (M3_ATTN_BF16A=0 M3_INDEX_CPA=0) against their bf16 ones:
-# the same logits to the bit over a prompt and decodes (bf16 caches; the decodes recorded in graphs)
+# attention's, indexer's and norm + RoPE + store's general kernels (M3_ATTN_BF16A=0 M3_INDEX_CPA=0
+# M3_ROPE_BF16A=0) against their bf16 ones: the same logits to the bit over a prompt and decodes (bf16
+# caches; the decodes recorded in graphs)
 ids=$(seq 1 40 | awk '{printf "%s%d", (NR>1?",":""), ($1*37)%200}')
-for v in M3_CUDA_SIDE=1 M3_CUDA_SIDE=0 "M3_ATTN_BF16A=0 M3_INDEX_CPA=0"; do
+for v in M3_CUDA_SIDE=1 M3_CUDA_SIDE=0 "M3_ATTN_BF16A=0 M3_INDEX_CPA=0" M3_ROPE_BF16A=0; do
   env $v "$BIN/m3" logits -m $D/m3-tiny-q --ids "$ids" --decode 8 --kv-cache-dtype bf16 --backend cuda -o "$OUT/var-$(echo $v | tr ' =' '__').st" >/dev/null 2>&1 ||
     { echo "FAILED: m3 logits with $v"; fails=$((fails+1)); }
 done
 run "$BIN/logits_diff" "$OUT/var-M3_CUDA_SIDE_1.st" "$OUT/var-M3_CUDA_SIDE_0.st" --tol 1e-9
 run "$BIN/logits_diff" "$OUT/var-M3_CUDA_SIDE_1.st" "$OUT/var-M3_ATTN_BF16A_0_M3_INDEX_CPA_0.st" --tol 1e-9
+run "$BIN/logits_diff" "$OUT/var-M3_CUDA_SIDE_1.st" "$OUT/var-M3_ROPE_BF16A_0.st" --tol 1e-9
 # the vision tower on the GPU against the vision-language references
 for v in m3vl-tiny m3vl-heldout m3vl-big; do
   [ -f $D/$v.oracle.safetensors ] && [ -x "$BIN/vision_check" ] || continue

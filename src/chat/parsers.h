@@ -152,7 +152,7 @@ json_t *m3_out_delta_json(const m3_out_delta *d, size_t n);
  * name the markup cannot hold, a schema the grammar module refuses). */
 m3_grammar *m3_tool_call_grammar(const json_t *tools, const char *name, int max_calls, const m3_grammar_opts *opts,
                                  m3_err *err);
-/* tool_choice "auto" with strict tools (OpenAI's function.strict, Anthropic's tool strict): free
+/* tool_choice "auto" with strict tools (every one OpenAI function.strict / Anthropic strict): free
  * text (valid UTF-8, no control character but tab and newline, never the NS<tool_call> opener),
  * then either the end or one block as above (any function of tools, at most max_calls invokes):
  * whatever the model writes, every call it makes is a valid call. */

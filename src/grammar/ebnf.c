@@ -22,6 +22,7 @@
 
 #define EB_MAX_COUNT 1000
 #define EB_MAX_DEPTH 128
+#define EB_MAX_WORK (1 << 22) /* grammar bytes parsed again for the copies of repetitions, at most */
 
 typedef struct {
     const char *name;
@@ -33,8 +34,11 @@ typedef struct {
     const char *start, *p, *end;
     eb_rule *r;
     int nr, capr;
+    int32_t *tab; /* rule names hashed: open addressing -> rule, -1 empty */
+    uint32_t tmask;
     int depth, failed;
     m3_err *err;
+    size_t work; /* bytes parsed again (atom_again) */
 } eb_t;
 
 static void where(const eb_t *x, const char *at, int *line, int *col) {
@@ -94,10 +98,37 @@ static int rule_start_at(const eb_t *x, const char *q) {
     return x->end - q >= 3 && !memcmp(q, "::=", 3);
 }
 
+static uint32_t name_hash(const char *s, int len) {
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < len; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
+    return h;
+}
+
 /* the rule named name[0..len), made when first seen; -1 on failure */
 static int rule_of(eb_t *x, const char *name, int len) {
-    for (int i = 0; i < x->nr; i++)
-        if (x->r[i].len == len && !memcmp(x->r[i].name, name, (size_t)len)) return i;
+    uint32_t h = name_hash(name, len);
+    for (uint32_t i = h & x->tmask; x->tab; i = (i + 1) & x->tmask) {
+        int32_t k = x->tab[i];
+        if (k < 0) break;
+        if (x->r[k].len == len && !memcmp(x->r[k].name, name, (size_t)len)) return k;
+    }
+    if (!x->tab || (uint32_t)x->nr * 2 >= x->tmask) { /* grow the table */
+        uint32_t size = x->tab ? (x->tmask + 1) * 2 : 64;
+        int32_t *t = malloc(size * sizeof *t);
+        if (!t) {
+            eb_err(x, name, "out of memory");
+            return -1;
+        }
+        memset(t, 0xff, size * sizeof *t);
+        for (int k = 0; k < x->nr; k++) {
+            uint32_t i = name_hash(x->r[k].name, x->r[k].len) & (size - 1);
+            while (t[i] >= 0) i = (i + 1) & (size - 1);
+            t[i] = k;
+        }
+        free(x->tab);
+        x->tab = t;
+        x->tmask = size - 1;
+    }
     if (x->nr == x->capr) {
         int cap = x->capr ? 2 * x->capr : 16;
         eb_rule *r = realloc(x->r, (size_t)cap * sizeof *r);
@@ -111,6 +142,9 @@ static int rule_of(eb_t *x, const char *name, int len) {
     int rule = nfa_rule_new(x->n);
     if (rule < 0) return -1;
     x->r[x->nr] = (eb_rule){name, len, rule, 0, 0};
+    uint32_t i = h & x->tmask;
+    while (x->tab[i] >= 0) i = (i + 1) & x->tmask;
+    x->tab[i] = x->nr;
     return x->nr++;
 }
 
@@ -284,6 +318,8 @@ static long count(eb_t *x) {
 
 static g_frag atom_again(eb_t *x, const char *a) {
     const char *save = x->p;
+    if ((x->work += (size_t)(save - a)) > EB_MAX_WORK)
+        return eb_err(x, a, "too large (its repetitions copy over %d bytes of grammar)", EB_MAX_WORK);
     x->p = a;
     g_frag f = p_atom(x);
     x->p = save;
@@ -353,7 +389,7 @@ m3_grammar *m3_grammar_from_gbnf(const char *text, size_t len, const m3_grammar_
     n.max_states = G_MAX_NFA_STATES;
     n.err = err;
     n.what = "grammar";
-    eb_t x = {&n, text, text, text + len, NULL, 0, 0, 0, 0, err};
+    eb_t x = {.n = &n, .start = text, .p = text, .end = text + len, .err = err};
     m3_grammar *g = NULL;
     if (rule_of(&x, "root", 4) != 0) goto done; /* rule 0: the output */
     ws(&x);
@@ -395,6 +431,7 @@ m3_grammar *m3_grammar_from_gbnf(const char *text, size_t len, const m3_grammar_
     if (!bad(&x)) g = grammar_build(&n, 0, o.max_depth, o.max_states, err);
 done:
     free(x.r);
+    free(x.tab);
     nfa_free(&n);
     return g;
 }

@@ -58,6 +58,7 @@ void nfa_free(g_nfa *n) {
 
 int nfa_rule_new(g_nfa *n) {
     if (n->failed) return -1;
+    if (n->nrules >= G_MAX_RULES) return nfa_fail(n, "too large (more than 4096 rules)");
     if (n->nrules == n->caprules) {
         int cap = n->caprules ? n->caprules * 2 : 16;
         int32_t *s = realloc(n->rstart, (size_t)cap * sizeof *s);
@@ -402,6 +403,15 @@ static int dfa_subset(const g_nfa *nfa, int start, int end, const uint8_t *cls, 
     d->coff[d->n] = d->nc;
     free(kv);
     free(seeds);
+    /* the construction's scratch (sized by the whole NFA) goes now: grammar_build keeps one DFA
+     * a rule, and rules x NFA states would add up */
+    free(d->mark);
+    free(d->stk);
+    free(d->tmp);
+    free(d->sets);
+    free(d->map);
+    d->mark = NULL;
+    d->stk = d->tmp = d->sets = d->map = NULL;
     return 0;
 fail:
     free(kv);
@@ -411,6 +421,64 @@ fail:
 }
 
 /* ---- products of call-free fragments (number bounds, keys other than the declared ones) ---- */
+
+#define PAIRS_MAX (1 << 20)
+
+/* pairs (x, y) of states of two DFAs (y -1: past b's end), numbered as first reached */
+typedef struct {
+    int32_t *qa, *qb; /* pair i */
+    int32_t *tab;     /* open addressing -> pair, -1 empty */
+    uint32_t mask;
+    int n, cap;
+} pairs;
+
+static uint32_t pair_hash(int32_t x, int32_t y) { return ((uint32_t)x * 2654435761u) ^ ((uint32_t)(y + 1) * 40503u + 0x9e3779b9u); }
+
+static int pair_find(const pairs *p, int32_t x, int32_t y) {
+    for (uint32_t i = pair_hash(x, y) & p->mask;; i = (i + 1) & p->mask) {
+        int32_t k = p->tab[i];
+        if (k < 0) return -1;
+        if (p->qa[k] == x && p->qb[k] == y) return k;
+    }
+}
+
+/* the number of (x, y), added when new; -1 out of memory, -2 over PAIRS_MAX */
+static int pair_id(pairs *p, int32_t x, int32_t y) {
+    if (p->tab) {
+        int k = pair_find(p, x, y);
+        if (k >= 0) return k;
+    }
+    if (p->n >= PAIRS_MAX) return -2;
+    if (!p->tab || (uint32_t)p->n * 2 >= p->mask) { /* grow the table (and rehash) */
+        uint32_t size = p->tab ? (p->mask + 1) * 2 : 1024;
+        int32_t *t = malloc(size * sizeof *t);
+        if (!t) return -1;
+        memset(t, 0xff, size * sizeof *t);
+        for (int k = 0; k < p->n; k++) {
+            uint32_t i = pair_hash(p->qa[k], p->qb[k]) & (size - 1);
+            while (t[i] >= 0) i = (i + 1) & (size - 1);
+            t[i] = k;
+        }
+        free(p->tab);
+        p->tab = t;
+        p->mask = size - 1;
+    }
+    if (p->n == p->cap) {
+        int cap = p->cap ? 2 * p->cap : 512;
+        int32_t *a = realloc(p->qa, (size_t)cap * sizeof *a);
+        if (a) p->qa = a;
+        int32_t *b = realloc(p->qb, (size_t)cap * sizeof *b);
+        if (b) p->qb = b;
+        if (!a || !b) return -1;
+        p->cap = cap;
+    }
+    uint32_t i = pair_hash(x, y) & p->mask;
+    while (p->tab[i] >= 0) i = (i + 1) & p->mask;
+    p->tab[i] = p->n;
+    p->qa[p->n] = x;
+    p->qb[p->n] = y;
+    return p->n++;
+}
 
 g_frag f_product(g_nfa *n, g_frag a, g_frag b, int mode) {
     if (n->failed) return f_none();
@@ -431,34 +499,30 @@ g_frag f_product(g_nfa *n, g_frag a, g_frag b, int mode) {
         return f_none();
     }
     g_frag out = f_none();
-    int nb1 = db.n + 1;
-    size_t np = (size_t)da.n * (size_t)nb1;
-    int32_t *id = malloc(np * sizeof *id), *qa = malloc(np * sizeof *qa), *qb = malloc(np * sizeof *qb);
-    int32_t *st = malloc(np * sizeof *st);
-    if (!id || !qa || !qb || !st) { nfa_fail(n, "out of memory"); goto done; }
-    memset(id, 0xff, np * sizeof *id);
-    int np2 = 0;
-    id[0 * nb1 + 1] = 0;
-    qa[0] = 0;
-    qb[0] = 0;
-    np2 = 1;
+    /* the pairs reached, numbered in a hash table (a table of every pair would be da.n x db.n) */
+    pairs pt = {0};
+    int32_t *st = NULL;
+    if (pair_id(&pt, 0, 0) < 0) { nfa_fail(n, "out of memory"); goto done; }
     int any_final = 0;
-    for (int i = 0; i < np2; i++) {
-        int x = qa[i], y = qb[i];
+    for (int i = 0; i < pt.n; i++) {
+        int x = pt.qa[i], y = pt.qb[i];
         for (int c = 0; c < 256; c++) {
             int x2 = da.trans[(size_t)x * 256 + (size_t)c];
             if (x2 < 0) continue;
             int y2 = y < 0 ? -1 : db.trans[(size_t)y * 256 + (size_t)c];
             if (mode == 0 && y2 < 0) continue;
-            size_t key = (size_t)x2 * (size_t)nb1 + (size_t)(y2 + 1);
-            if (id[key] < 0) {
-                id[key] = np2;
-                qa[np2] = x2;
-                qb[np2] = y2;
-                np2++;
+            int r = pair_id(&pt, x2, y2);
+            if (r < 0) {
+                nfa_fail(n, r == -2 ? "too large (an intersection of over 1048576 states: a length bound, a pattern, a format)"
+                                    : "out of memory");
+                goto done;
             }
         }
     }
+    int np2 = pt.n;
+    int32_t *qa = pt.qa, *qb = pt.qb;
+    st = malloc((size_t)np2 * sizeof *st);
+    if (!st) { nfa_fail(n, "out of memory"); goto done; }
     for (int i = 0; i < np2; i++) {
         int acc = da.final[qa[i]] && (mode == 0 ? (qb[i] >= 0 && db.final[qb[i]]) : !(qb[i] >= 0 && db.final[qb[i]]));
         any_final |= acc;
@@ -476,7 +540,7 @@ g_frag f_product(g_nfa *n, g_frag a, g_frag b, int mode) {
                 int x2 = da.trans[(size_t)x * 256 + (size_t)c];
                 if (x2 >= 0) {
                     int y2 = y < 0 ? -1 : db.trans[(size_t)y * 256 + (size_t)c];
-                    if (!(mode == 0 && y2 < 0)) to = id[(size_t)x2 * (size_t)nb1 + (size_t)(y2 + 1)];
+                    if (!(mode == 0 && y2 < 0)) to = pair_find(&pt, x2, y2);
                 }
             }
             if (to != run_to) {
@@ -490,9 +554,9 @@ g_frag f_product(g_nfa *n, g_frag a, g_frag b, int mode) {
     }
     out = (g_frag){st[0], e};
 done:
-    free(id);
-    free(qa);
-    free(qb);
+    free(pt.qa);
+    free(pt.qb);
+    free(pt.tab);
     free(st);
     dfa_free(&da);
     dfa_free(&db);

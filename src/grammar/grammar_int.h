@@ -82,6 +82,7 @@ const char *schema_format_names(void);
 /* ---- schema.c, for the builder (build.c) ---- */
 #define G_MAX_NFA_STATES (1 << 21)
 #define G_MAX_DFA_STATES (1 << 20)
+#define G_MAX_RULES 4096 /* rules of one grammar (grammar_build's checks are quadratic in them) */
 typedef struct json_t json_t;
 /* options checked (defaults when opts is NULL) into *o; 0 or -1 + err */
 int grammar_opts_check(const m3_grammar_opts *opts, m3_grammar_opts *o, m3_err *err);

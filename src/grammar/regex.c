@@ -26,6 +26,7 @@
 #include "grammar/grammar_int.h"
 
 #define RX_MAX_COUNT 1000 /* {n,m}: n and m at most this */
+#define RX_MAX_WORK (1 << 22) /* pattern bytes parsed again for the copies of repetitions, at most */
 #define RX_MAX_DEPTH 128  /* nested groups */
 #define CP_MAX 0x10FFFF
 
@@ -47,6 +48,7 @@ typedef struct {
     int failed;
     char *emsg;
     size_t emsg_cap;
+    size_t work; /* bytes parsed again (atom_again) */
 } rx_t;
 
 static g_frag rx_err(rx_t *x, const unsigned char *at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -261,6 +263,10 @@ g_frag cp_ranges_fragment(g_nfa *n, const int32_t *lohi, int nranges, int negate
     if (negate) cs_negate(&s);
     g_frag f = f_cpset(&x, &s);
     cs_free(&s);
+    if (f.s < 0 && !n->failed) { /* out of memory in the set: the NFA's error, as its own failures */
+        m3_errf(n->err, "%s: %s", nfa_what(n), msg);
+        n->failed = 1;
+    }
     return f;
 }
 
@@ -521,6 +527,8 @@ static long count(rx_t *x) {
 static g_frag atom_again(rx_t *x, const unsigned char *a) {
     const unsigned char *save = x->p;
     int depth = x->depth;
+    if ((x->work += (size_t)(save - a)) > RX_MAX_WORK) /* (a{1000}){1000} and the like: the NFA limit would come late */
+        return rx_err(x, a, "too large (its repetitions copy over %d bytes of pattern)", RX_MAX_WORK);
     x->p = a;
     g_frag f = p_atom(x);
     x->p = save;
@@ -622,8 +630,8 @@ static g_frag p_disj(rx_t *x, int top) {
 }
 
 g_frag regex_fragment(g_nfa *n, const char *re, size_t len, int spell, int search, char *emsg, size_t emsg_cap) {
-    rx_t x = {n, (const unsigned char *)re, (const unsigned char *)re, (const unsigned char *)re + len, spell, search, 0, 0,
-              emsg, emsg_cap};
+    rx_t x = {.n = n, .p = (const unsigned char *)re, .start = (const unsigned char *)re, .end = (const unsigned char *)re + len,
+              .spell = spell, .search = search, .emsg = emsg, .emsg_cap = emsg_cap};
     if (emsg_cap) emsg[0] = 0;
     g_frag f = p_disj(&x, 1);
     if (!rx_bad(&x) && x.p < x.end) rx_err(&x, x.p, "unmatched )");

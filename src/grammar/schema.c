@@ -913,7 +913,10 @@ static g_frag s_string_matching(sc_t *c, json_t *fmt, json_t *pat, long long lo,
     }
     if (f.s < 0 && !bad(c)) {
         size_t pl = path_push(c, pat ? "pattern" : "format");
-        sc_err(c, "no string of %lld to %lld characters matches the %s", lo, hi, fmt && pat ? "format and the pattern" : fmt ? "format" : "pattern");
+        char len[64];
+        if (hi < 0) snprintf(len, sizeof len, "at least %lld", lo);
+        else snprintf(len, sizeof len, "%lld to %lld", lo, hi);
+        sc_err(c, "no string of %s characters matches the %s", len, fmt && pat ? "format and the pattern" : fmt ? "format" : "pattern");
         path_pop(c, pl);
     }
     return f;

@@ -607,17 +607,19 @@ static int parse_structured(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_par
             g->constraint_param = "tool_choice";
         }
     }
-    /* strict tools (function.strict: true) under tool_choice auto: the calls the model makes are
-     * valid calls, as OpenAI guarantees; another constraint (a JSON answer) takes precedence */
+    /* strict tools (function.strict: true, every one of them; the OpenAI Agents SDK marks all) under
+     * tool_choice auto: the calls the model makes are valid calls, as OpenAI guarantees. With some
+     * tools not strict the calls stay free (the grammar would bind those too). Another constraint
+     * (a JSON answer) takes precedence. */
     json_t *tools = json_object_get(b, "tools"), *tc2 = json_object_get(b, "tool_choice");
     size_t i;
     json_t *t;
-    int strict = 0;
+    int strict = json_array_size(tools) > 0;
     json_array_foreach(tools, i, t) {
         json_t *st = json_object_get(json_object_get(t, "function"), "strict");
         if (st && !json_is_null(st) && !json_is_boolean(st))
             return OAI_BAD(e, "tools", "'tools[%zu].function.strict' must be a boolean", i);
-        strict |= json_is_true(st);
+        strict &= json_is_true(st);
     }
     if (strict && !g->constraint && (!tc2 || json_is_null(tc2) || (json_is_string(tc2) && !strcmp(json_string_value(tc2), "auto"))) &&
         c->tool_parser) {

@@ -397,6 +397,28 @@ static void regex_tests(vocab_t *bytes, vocab_t *real, int walks) {
     m3_grammar_free(big);
     o.max_states = 0;
     CHECK(!m3_grammar_from_regex("a", 1, &o, &err) && strstr(err.msg, "max_states 0 out of range"), "max_states 0: %s", err.msg);
+    /* inputs that once cost tens of seconds or gigabytes before a limit stopped them (a review of
+     * session 28): each is refused, or built, within its own bounds now */
+    {
+        char *buf = malloc(1 << 20);
+        size_t k = 0;
+        k += (size_t)sprintf(buf, "(?:(?:[");
+        for (int i = 0; i < 2000; i++) buf[k++] = 'a';
+        k += (size_t)sprintf(buf + k, "]){1000}){1000}");
+        CHECK(!m3_grammar_from_regex(buf, k, NULL, &err) && strstr(err.msg, "repetitions copy over"), "repetitions of a long class: %s",
+              err.msg);
+        k = (size_t)sprintf(buf, "root ::= ");
+        for (int i = 0; i < 5000; i++) k += (size_t)sprintf(buf + k, "%sr%d", i ? " | " : "", i);
+        for (int i = 0; i < 5000; i++) k += (size_t)sprintf(buf + k, "\nr%d ::= \"a\"", i);
+        CHECK(!m3_grammar_from_gbnf(buf, k, NULL, &err) && strstr(err.msg, "more than 4096 rules"), "5000 rules: %s", err.msg);
+        static const char prod[] = "{\"type\":\"string\",\"maxLength\":4000,\"pattern\":\"^(?:(?:[ab]){1000}){10}$\"}";
+        CHECK(!m3_grammar_from_schema(prod, sizeof prod - 1, NULL, &err) && strstr(err.msg, "no string of 0 to 4000 characters"),
+              "a product of 10,001 x 16,001 states: %s", err.msg);
+        static const char atl[] = "{\"type\":\"string\",\"minLength\":5,\"pattern\":\"^a$\"}";
+        CHECK(!m3_grammar_from_schema(atl, sizeof atl - 1, NULL, &err) && strstr(err.msg, "no string of at least 5 characters"),
+              "minLength without a maximum: %s", err.msg);
+        free(buf);
+    }
 }
 
 static vocab_t make_vocab(const test_vocab *tv, m3_tok *tok);

@@ -142,6 +142,13 @@ int main(void) {
                   g.constraint, sc[i].constraint, rc, e.message);
             m3_oai_params_free(&g);
         }
+        /* one tool strict, another not: the calls stay free (the grammar would bind both) */
+        rc = parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+                   "\"strict\":true,\"parameters\":{\"type\":\"object\"}}},{\"type\":\"function\",\"function\":{\"name\":\"g\","
+                   "\"parameters\":{\"type\":\"object\"}}}]}",
+                   1, &g, &e);
+        CHECK(rc == 0 && g.constraint == M3_OAI_C_NONE, "strict and non-strict tools: constraint %d (rc %d %s)", g.constraint, rc, e.message);
+        m3_oai_params_free(&g);
     }
     /* a tool-call history sent back the OpenAI way (function.arguments a JSON string) renders as the
      * same object would: the model's own <city>Paris</city>, never the raw JSON (issue 26) */

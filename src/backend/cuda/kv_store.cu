@@ -38,6 +38,10 @@ void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const fl
 #define RS_WARPS 4
 typedef struct { m3_rope_job j[4]; int n, first[6]; const float *v; } rope_store_jobs;
 
+/* BF16: every cache row is bf16 (KV and index K): the write is that conversion alone, and the
+ * kernel's code a fraction of the general one's (each decode kernel runs once an SM a layer, its
+ * instructions arriving cold: session 27's ncu) */
+template <bool BF16>
 __global__ void __launch_bounds__(RS_WARPS * 32) k_head_norm_rope_kv_store(const __grid_constant__ rope_store_jobs a, float eps, int rot,
                                                                float theta, kvdesc d, const int32_t *pos, const int32_t *seq) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
@@ -82,8 +86,11 @@ __global__ void __launch_bounds__(RS_WARPS * 32) k_head_norm_rope_kv_store(const
     if (i == 1 || i == 3 || isv) {
         uint8_t *pg = page_of(d, seq[t], p);
         const int slot = p % d.page;
-        if (i == 3) write_row(pg + 2 * d.kvpart + (size_t)slot * d.irb, d.idt, sv, d.Di, lane, 32);
-        else write_row(pg + (isv ? d.kvpart : 0) + ((size_t)h * d.page + slot) * d.rb, d.dt, sv, d.D, lane, 32);
+        uint8_t *dst = i == 3 ? pg + 2 * d.kvpart + (size_t)slot * d.irb : pg + (isv ? d.kvpart : 0) + ((size_t)h * d.page + slot) * d.rb;
+        const int n = i == 3 ? d.Di : d.D;
+        if (BF16)
+            for (int k = lane; k < n; k += 32) ((uint16_t *)dst)[k] = f32_bf16(sv[k]);
+        else write_row(dst, i == 3 ? d.idt : d.dt, sv, n, lane, 32);
     }
 }
 
@@ -113,8 +120,15 @@ void m3_cu_head_norm_rope_store(void *ctx, int n, const m3_rope_job *jobs, int T
         m3_cu_xsplit_touch(c, jobs[i].x, sizeof(float) * (size_t)T * jobs[i].heads * jobs[i].dim);
     }
     a.first[n + 1] = a.first[n] + T * kv->nkv;
-    k_head_norm_rope_kv_store<<<cdiv(a.first[n + 1], RS_WARPS), RS_WARPS * 32, 0, c->st>>>(a, eps, rotary_dim, (float)theta,
-                                                                             desc(c, kv, layer), c->d_pos, c->d_seq);
+    kvdesc d = desc(c, kv, layer);
+    static int bf16a = -1; /* M3_ROPE_BF16A=0: the general kernel for bf16 caches too */
+    if (bf16a < 0) bf16a = m3_cu_env_int("M3_ROPE_BF16A", 1) != 0;
+    if (bf16a && d.dt == M3_KV_BF16 && (n == 2 || d.idt == M3_KV_BF16))
+        k_head_norm_rope_kv_store<true><<<cdiv(a.first[n + 1], RS_WARPS), RS_WARPS * 32, 0, c->st>>>(a, eps, rotary_dim, (float)theta, d,
+                                                                                       c->d_pos, c->d_seq);
+    else
+        k_head_norm_rope_kv_store<false><<<cdiv(a.first[n + 1], RS_WARPS), RS_WARPS * 32, 0, c->st>>>(a, eps, rotary_dim, (float)theta, d,
+                                                                                        c->d_pos, c->d_seq);
     CK_LAUNCH(c, "head_norm_rope + kv_store");
     m3_cu_prof_end(c, OP_ROPE);
 }

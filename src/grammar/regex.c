@@ -591,11 +591,14 @@ static g_frag f_any_text(rx_t *x) {
     return f_star(x->n, f);
 }
 
-/* alternatives separated by '|'; top: the pattern's own, where ^ / $ may anchor each */
+/* alternatives separated by '|'; top: the pattern's own, where ^ / $ may anchor each. In search
+ * mode the alternatives are gathered by their anchors (none, ^, $, both) and each group gets its
+ * surrounding any-text once: a|b|c as .*(a|b|c).*, not .*a.*|.*b.*|.*c.*, whose DFA subsets
+ * would carry every copy of .* */
 static g_frag p_disj(rx_t *x, int top) {
     g_nfa *n = x->n;
-    g_frag all = f_none();
-    int any = 0;
+    g_frag all = f_none(), grp[4] = {f_none(), f_none(), f_none(), f_none()};
+    int any = 0, ing[4] = {0, 0, 0, 0};
     for (;;) {
         int as = 0, ae = 0;
         if (top && peek(x) == '^') {
@@ -618,13 +621,23 @@ static g_frag p_disj(rx_t *x, int top) {
         }
         if (rx_bad(x)) return f_none();
         if (top && x->search) {
-            if (!as) f = f_seq(n, f_any_text(x), f);
-            if (!ae) f = f_seq(n, f, f_any_text(x));
+            int k = as + 2 * ae;
+            grp[k] = ing[k] ? f_alt(n, grp[k], f) : f;
+            ing[k] = 1;
+        } else {
+            all = any ? f_alt(n, all, f) : f;
+            any = 1;
         }
-        all = any ? f_alt(n, all, f) : f;
-        any = 1;
         if (peek(x) != '|') break;
         x->p++;
+    }
+    for (int k = 0; k < 4 && top && x->search && !rx_bad(x); k++) {
+        if (!ing[k]) continue;
+        g_frag f = grp[k];
+        if (!(k & 1)) f = f_seq(n, f_any_text(x), f);
+        if (!(k & 2)) f = f_seq(n, f, f_any_text(x));
+        all = any ? f_alt(n, all, f) : f;
+        any = 1;
     }
     return rx_bad(x) ? f_none() : all;
 }

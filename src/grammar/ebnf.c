@@ -307,15 +307,6 @@ static g_frag p_atom(eb_t *x) {
     return eb_err(x, at, "unexpected '%c'", c >= 0x20 && c < 0x7F ? c : '?');
 }
 
-static long count(eb_t *x) {
-    long v = -1;
-    while (x->p < x->end && *x->p >= '0' && *x->p <= '9') {
-        v = (v < 0 ? 0 : v) * 10 + (*x->p++ - '0');
-        if (v > 1000000) v = 1000000;
-    }
-    return v;
-}
-
 static g_frag atom_again(eb_t *x, const char *a) {
     const char *save = x->p;
     if ((x->work += (size_t)(save - a)) > EB_MAX_WORK)
@@ -324,6 +315,16 @@ static g_frag atom_again(eb_t *x, const char *a) {
     g_frag f = p_atom(x);
     x->p = save;
     return f;
+}
+
+typedef struct {
+    eb_t *x;
+    const char *a;
+} eb_again;
+
+static g_frag again_cb(void *ctx) {
+    eb_again *g = ctx;
+    return atom_again(g->x, g->a);
 }
 
 static g_frag p_term(eb_t *x) {
@@ -338,27 +339,19 @@ static g_frag p_term(eb_t *x) {
     else if (c == '?') lo = 0, hi = 1;
     else if (c == '{') {
         x->p++;
-        lo = count(x);
+        lo = grammar_count(&x->p, x->end);
         hi = lo;
         if (lo >= 0 && x->p < x->end && *x->p == ',') {
             x->p++;
-            hi = count(x);
+            hi = grammar_count(&x->p, x->end);
         }
         if (lo < 0 || x->p >= x->end || *x->p != '}') return eb_err(x, q, "a repetition {m}, {m,} or {m,n} expected");
         if (hi >= 0 && hi < lo) return eb_err(x, q, "a repetition {%ld,%ld} out of order", lo, hi);
         if (lo > EB_MAX_COUNT || hi > EB_MAX_COUNT) return eb_err(x, q, "a repetition count over %d", EB_MAX_COUNT);
     } else return f;
     x->p++;
-    g_nfa *n = x->n;
-    int used = 0;
-    g_frag out = f_eps(n);
-    for (long i = 0; i < lo && !bad(x); i++, used = 1) out = f_seq(n, out, used ? atom_again(x, a) : f);
-    if (hi < 0) out = f_seq(n, out, f_star(n, used ? atom_again(x, a) : f));
-    else {
-        g_frag t = f_eps(n);
-        for (long i = lo; i < hi && !bad(x); i++, used = 1) t = f_opt(n, f_seq(n, used ? atom_again(x, a) : f, t));
-        out = f_seq(n, out, t);
-    }
+    eb_again ag = {x, a};
+    g_frag out = f_repeat(x->n, f, lo, hi, again_cb, &ag);
     return bad(x) ? f_none() : out;
 }
 

@@ -149,6 +149,20 @@ g_frag f_call(g_nfa *n, int rule) {
     return (g_frag){s, e};
 }
 
+g_frag f_repeat(g_nfa *n, g_frag f, long lo, long hi, g_frag (*more)(void *ctx), void *ctx) {
+    int used = 0; /* f taken by a copy */
+    g_frag out = f_eps(n);
+    for (long i = 0; i < lo && out.s >= 0; i++, used = 1) out = f_seq(n, out, used ? more(ctx) : f);
+    if (hi < 0) return out.s < 0 ? out : f_seq(n, out, f_star(n, used ? more(ctx) : f));
+    g_frag t = f_eps(n);
+    for (long i = lo; i < hi && t.s >= 0; i++, used = 1) {
+        g_frag c = used ? more(ctx) : f;
+        if (c.s < 0) return c;
+        t = f_opt(n, f_seq(n, c, t));
+    }
+    return f_seq(n, out, t);
+}
+
 int f_is_empty(const g_nfa *n, g_frag f) {
     if (f.s < 0 || n->failed) return 1;
     uint8_t *seen = calloc((size_t)n->nst, 1);

@@ -49,6 +49,19 @@ g_frag f_alt(g_nfa *n, g_frag a, g_frag b);
 g_frag f_opt(g_nfa *n, g_frag a);
 g_frag f_star(g_nfa *n, g_frag a);
 g_frag f_call(g_nfa *n, int rule);
+/* f{lo,hi} (hi < 0: unbounded; f{0,0}: empty), f being the first copy and more(ctx) making each
+ * further one (the parsers read their atom again: fragments cannot be copied). n's failures and
+ * more's (f_none()) give f_none(). Shared by regex.c and ebnf.c. */
+g_frag f_repeat(g_nfa *n, g_frag f, long lo, long hi, g_frag (*more)(void *ctx), void *ctx);
+/* a decimal count at *p (< end), capped at 1000000 and advanced past; -1 when no digit */
+static inline long grammar_count(const char **p, const char *end) {
+    long v = -1;
+    while (*p < end && **p >= '0' && **p <= '9') {
+        v = (v < 0 ? 0 : v) * 10 + (*(*p)++ - '0');
+        if (v > 1000000) v = 1000000;
+    }
+    return v;
+}
 /* 1 when no path leads from f's start to its end (calls count as passable), else 0 */
 int f_is_empty(const g_nfa *n, g_frag f);
 /* Languages without calls: a ∩ b (mode 0) or a \ b (mode 1), as a new fragment. */

@@ -513,16 +513,6 @@ static g_frag p_atom(rx_t *x) {
     }
 }
 
-/* a decimal count of a {n,m} quantifier, or -1 when no digit */
-static long count(rx_t *x) {
-    long v = -1;
-    while (peek(x) >= '0' && peek(x) <= '9') {
-        v = (v < 0 ? 0 : v) * 10 + (*x->p++ - '0');
-        if (v > 1000000) v = 1000000;
-    }
-    return v;
-}
-
 /* another copy of the atom at a (parsed again; x->p restored) */
 static g_frag atom_again(rx_t *x, const unsigned char *a) {
     const unsigned char *save = x->p;
@@ -534,6 +524,16 @@ static g_frag atom_again(rx_t *x, const unsigned char *a) {
     x->p = save;
     x->depth = depth;
     return f;
+}
+
+typedef struct {
+    rx_t *x;
+    const unsigned char *a;
+} rx_again;
+
+static g_frag again_cb(void *ctx) {
+    rx_again *g = ctx;
+    return atom_again(g->x, g->a);
 }
 
 /* an atom and its quantifier */
@@ -548,35 +548,22 @@ static g_frag p_term(rx_t *x) {
     else if (c == '+') lo = 1, hi = -1;
     else if (c == '?') lo = 0, hi = 1;
     else if (c == '{') {
-        x->p++;
-        lo = count(x);
+        const char *r = (const char *)x->p + 1, *end = (const char *)x->end;
+        lo = grammar_count(&r, end);
         hi = lo;
-        if (lo >= 0 && peek(x) == ',') {
-            x->p++;
-            hi = count(x); /* -1: unbounded */
+        if (lo >= 0 && r < end && *r == ',') {
+            r++;
+            hi = grammar_count(&r, end); /* -1: unbounded */
         }
+        x->p = (const unsigned char *)r;
         if (lo < 0 || peek(x) != '}') return rx_err(x, q, "incomplete quantifier {");
         if (hi >= 0 && hi < lo) return rx_err(x, q, "numbers out of order in a {} quantifier");
         if (lo > RX_MAX_COUNT || hi > RX_MAX_COUNT) return rx_err(x, q, "a repetition count over %d", RX_MAX_COUNT);
     } else return f;
     x->p++;
     if (peek(x) == '?') x->p++; /* lazy: the same texts */
-    g_nfa *n = x->n;
-    int used = 0; /* f taken by a copy */
-    g_frag out = f_eps(n);
-    for (long i = 0; i < lo && !rx_bad(x); i++) {
-        out = f_seq(n, out, used ? atom_again(x, a) : f);
-        used = 1;
-    }
-    if (hi < 0) out = f_seq(n, out, f_star(n, used ? atom_again(x, a) : f));
-    else {
-        g_frag t = f_eps(n);
-        for (long i = lo; i < hi && !rx_bad(x); i++) {
-            t = f_opt(n, f_seq(n, used ? atom_again(x, a) : f, t));
-            used = 1;
-        }
-        out = f_seq(n, out, t);
-    }
+    rx_again ag = {x, a};
+    g_frag out = f_repeat(x->n, f, lo, hi, again_cb, &ag);
     if (peek(x) == '*' || peek(x) == '+' || peek(x) == '?' || peek(x) == '{')
         return rx_err(x, x->p, "nothing to repeat before '%c'", peek(x));
     return rx_bad(x) ? f_none() : out;

@@ -24,6 +24,7 @@ static const char *usage =
     "                [--kv-cache-dtype auto|f32|bf16|fp8|nvfp4] [--index-cache-dtype DTYPE]\n"
     "                [--max-waiting N] [--shutdown-timeout SECONDS] [--max-body BYTES] [--max-header-bytes BYTES]\n"
     "                [--timeout SECONDS] [--max-connections N] [--max-image-memory BYTES] [--disable-log-requests]\n"
+    "                [--responses-store BYTES]\n"
     "                [--language-model-only]\n"
     "                [--allowed-media-domains HOST[,HOST...]] [--allowed-origins LIST] [-tp N] [--moe-split experts|width]\n"
     "  DIR, -m DIR, --model DIR  the checkpoint directory (Hugging Face layout)\n"
@@ -79,6 +80,8 @@ static const char *usage =
     "  --language-model-only  do not load the vision tower: requests with images get 400\n"
     "  --max-image-memory BYTES  preprocessed image pixels all requests together may hold until the vision\n"
     "                   tower has run (default 2147483648; 0: no limit); a request with images beyond it gets 429\n"
+    "  --responses-store BYTES  memory for stored responses (/v1/responses with store, previous_response_id,\n"
+    "                   GET / DELETE /v1/responses/ID; default 268435456): past it the oldest go; 0: none stored\n"
     "  --allowed-media-domains H1,H2  hosts whose http(s) image URLs are named as allowed in the 400 they get\n"
     "                   (remote images are never downloaded: send images as data: URLs)\n"
     "  --allowed-origins LIST  CORS: origins whose browser pages may call the API, as a JSON list\n"
@@ -132,7 +135,7 @@ static int vision_setup(m3_vision *vis, m3_model *m, m3_ops *ops, const char *di
 int m3_cmd_serve(int argc, char **argv) {
     const char *dir = NULL, *names[17] = {0}, *chat_tmpl = NULL, *spec_json = NULL, *draft_dir = NULL, *kvd = NULL, *ikd = NULL;
     long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, warm = -1, mml = 0, waiting = -1, grace = -1, body = 0, sthreads = 0, gthreads = -1;
-    long hdr = 0, tmo = -1, tpn = 1, imgmem = -1, maxconn = -1;
+    long hdr = 0, tmo = -1, tpn = 1, imgmem = -1, maxconn = -1, rstore = -1;
     double util = 0.9;
     const char *moe_split = NULL;
     int lm_only = 0;
@@ -221,6 +224,7 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-header-bytes")) r = m3_cli_size(a, V, 256, 1 << 30, &hdr, &err);
         else if (!strcmp(a, "--timeout")) r = m3_cli_int(a, V, 0, 1 << 20, &tmo, &err);
         else if (!strcmp(a, "--max-image-memory")) r = m3_cli_size(a, V, 0, __LONG_MAX__, &imgmem, &err);
+        else if (!strcmp(a, "--responses-store")) r = m3_cli_size(a, V, 0, __LONG_MAX__, &rstore, &err);
         else if (!strcmp(a, "--max-connections")) r = m3_cli_int(a, V, 0, 1 << 24, &maxconn, &err);
         else if (!strcmp(a, "--speculative-config")) spec_json = V;
         else if (!strcmp(a, "--draft")) draft_dir = V;
@@ -256,6 +260,7 @@ int m3_cmd_serve(int argc, char **argv) {
     if (hdr) so.max_header_bytes = (size_t)hdr;
     if (tmo >= 0) so.timeout = (double)tmo;
     if (imgmem >= 0) so.max_image_memory = (size_t)imgmem;
+    if (rstore >= 0) so.responses_store = (size_t)rstore;
     if (maxconn >= 0) so.max_connections = (int)maxconn;
     char **origins = NULL; /* checked now, kept from just before the server starts */
     if (origins_arg) {

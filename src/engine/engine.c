@@ -459,6 +459,7 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
     r->cb = q->on_token;
     r->cb_out = q->on_output;
     r->cb_err = q->on_error;
+    r->cb_admit = q->on_admit;
     r->arg = q->arg;
     r->tok = e_malloc(sizeof(int32_t) * (size_t)r->limit);
     int with_eos = !q->ignore_eos && e->eos >= 0;

@@ -132,6 +132,10 @@ typedef void (*m3_engine_output_fn)(void *arg, uint64_t id, const m3_sample_out 
  * Inf)", "the model's forward pass failed: CUDA: ...") is valid during the call only. */
 typedef void (*m3_engine_error_fn)(void *arg, uint64_t id, const char *msg);
 
+/* A request's first admission (engine thread, before its first output): cached_tokens prompt
+ * tokens were found in the prefix cache and are not computed again (0 without a hit). */
+typedef void (*m3_engine_admit_fn)(void *arg, uint64_t id, int cached_tokens);
+
 typedef struct m3_engine_opts {
     int kv_pages;               /* pool size in pages; 0: from kv_bytes */
     size_t kv_bytes;            /* pool size in bytes (rounded down to whole pages) when kv_pages is 0 */
@@ -195,7 +199,8 @@ typedef struct m3_engine_request {
     m3_engine_token_fn on_token; /* may be NULL */
     m3_engine_output_fn on_output; /* when set, called instead of on_token */
     m3_engine_error_fn on_error; /* may be NULL */
-    void *arg;                  /* passed to the callback */
+    m3_engine_admit_fn on_admit; /* may be NULL */
+    void *arg;                  /* passed to the callbacks */
     struct m3_engine_images *images; /* the prompt's images (NULL: none); m3_engine_add takes a reference */
     /* Structured output (NULL: none): the output is constrained by this grammar (m3_engine_add
      * takes a reference; each request gets its own matcher). Its vocabulary's width must be the

@@ -43,6 +43,8 @@ typedef struct req {
     m3_engine_token_fn cb;
     m3_engine_output_fn cb_out;
     m3_engine_error_fn cb_err;
+    m3_engine_admit_fn cb_admit;
+    int admitted;              /* cb_admit was called (a preempted request is admitted again) */
     void *arg;
     const char *why;           /* why it ends with M3_FINISH_ERROR (a static string, or why_buf) */
     char why_buf[384];         /* a message of the moment (a forward pass that failed with it alone) */

@@ -202,6 +202,8 @@ static void schedule(m3_engine *e) {
         r->decode = 0;
         budget -= n;
         e->tot.prefix_hit_tokens += (uint64_t)hit;
+        if (!r->admitted && r->cb_admit) r->cb_admit(r->arg, r->id, hit);
+        r->admitted = 1;
         e->last.n_admitted++;
     }
 }

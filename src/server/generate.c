@@ -19,6 +19,7 @@
  * applies; only the shapes differ, written by anthropic.c (content blocks, its events, its
  * errors). */
 #include "srv.h"
+#include "responses.h"
 
 #include <errno.h>
 #include <math.h>
@@ -58,6 +59,7 @@ static void choice_clear(choice *c) {
     free(c->ab_text.p);
     json_decref(c->ab_blocks);
     json_decref(c->ab_tool);
+    json_decref(c->r_lp);
 }
 
 static void hreq_free(hreq *h) {
@@ -65,6 +67,7 @@ static void hreq_free(hreq *h) {
     for (int i = 0; i < h->n; i++) choice_clear(&h->ch[i]);
     free(h->ch);
     free(h->echo_text);
+    srv_resp_free(h);
     free(h);
 }
 
@@ -216,6 +219,7 @@ static void sse_send(hreq *h, json_t *j) {
 /* a stream's error event, in OpenAI's error shape (no allocation but libevent's buffer) */
 static void sse_error(hreq *h, int code, const char *type, const char *msg) {
     if (h->api == SRV_API_ANTHROPIC) { srv_anth_sse_error(h, code, msg); return; }
+    if (h->api == SRV_API_RESPONSES) { srv_resp_sse_failed(h, msg); return; }
     char buf[1400];
     size_t n = srv_error_json(buf, sizeof buf, code, type, NULL, msg);
     sse_raw(h, buf, n);
@@ -327,6 +331,10 @@ static void emit_deltas(choice *c, const m3_out_delta *d, size_t n) {
         srv_anth_deltas(c, d, n);
         return;
     }
+    if (h->api == SRV_API_RESPONSES) { /* output items (responses.c) */
+        srv_resp_deltas(c, d, n);
+        return;
+    }
     if (h->stream) {
         send_chunk(h, c->index, m3_out_delta_json(d, n), lp_take(c, 0), NULL);
         return;
@@ -406,6 +414,7 @@ static int send_final(hreq *h) {
         }
     }
     if (h->api == SRV_API_ANTHROPIC) return srv_anth_final(h);
+    if (h->api == SRV_API_RESPONSES) return srv_resp_final(h);
     json_t *choices = json_array();
     int bad = !choices;
     for (int i = 0; choices && i < h->n; i++) {
@@ -450,7 +459,7 @@ static void finish_response(hreq *h) {
     double t = m3_now();
     int status = 499; /* nginx's "client closed request" */
     if (!h->closed && h->req) {
-        if (h->stream && h->api == SRV_API_ANTHROPIC) { /* its events ended with message_stop (or an error) */
+        if (h->stream && h->api != SRV_API_OPENAI) { /* its events ended with message_stop / response.completed (or an error) */
             if (h->failed) sse_error(h, 500, "server_error", h->failed);
             http_req *req = h->req;
             h->req = NULL;
@@ -488,6 +497,7 @@ static void finish_response(hreq *h) {
     m3_metrics_http(&s->m, status);
     if (status == 200) m3_hist_observe(&s->m.e2e, t - h->t0);
     const char *what = h->api == SRV_API_ANTHROPIC ? "POST /v1/messages"
+                       : h->api == SRV_API_RESPONSES ? "POST /v1/responses"
                        : h->chat                   ? "POST /v1/chat/completions"
                                                    : "POST /v1/completions";
     srv_log(s, h->serial, what, status, h->n_prompt, completion, h->t_first > 0 ? h->t_first - h->t0 : -1, t - h->t0);
@@ -506,13 +516,14 @@ static void choice_end(choice *c, int reason) {
             c->emitted = c->text.n;
         }
         emit_text(c, NULL, 0, 1);
-        if (h->stream && !h->failed && h->api == SRV_API_ANTHROPIC) {
+        if (h->stream && !h->failed && h->api != SRV_API_OPENAI) {
             /* an error (or the shutdown's cancel) ends the stream with an error event, in place of the message's end */
             if (reason == M3_FINISH_ERROR || reason == M3_FINISH_CANCELLED) {
                 const char *why;
                 int code = choice_error(h, c, &why);
                 sse_error(h, code, "server_error", why);
-            } else srv_anth_stream_end(c);
+            } else if (h->api == SRV_API_ANTHROPIC) srv_anth_stream_end(c);
+            else srv_resp_stream_end(c);
         } else if (h->stream && !h->failed) {
             if (reason == M3_FINISH_ERROR) {
                 const char *why;
@@ -626,6 +637,12 @@ static void on_error(void *arg, uint64_t id, const char *msg) {
     c->eng_err = c->eng_err_buf;
 }
 
+/* engine thread, before the first output of a choice */
+static void on_admit(void *arg, uint64_t id, int cached) {
+    (void)id;
+    atomic_store(&((choice *)arg)->n_cached, cached);
+}
+
 /* engine thread */
 static void on_output(void *arg, uint64_t id, const m3_sample_out *out, int finished, int reason) {
     (void)id;
@@ -646,7 +663,7 @@ static m3_out *out_new(const hreq *h, const m3_oai_params *g, m3_err *err) {
 }
 
 static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_engine_images *images, int n_img,
-                 size_t *px_bytes, unsigned long serial, double t0) {
+                 size_t *px_bytes, unsigned long serial, double t0, m3_resp_req *resp) {
     m3_err err;
     hreq *h = srv_calloc(1, sizeof *h);
     if (!h || !(h->ch = srv_calloc((size_t)g->n * (size_t)g->n_prompts, sizeof *h->ch))) {
@@ -678,6 +695,14 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     memcpy(h->echo_off, g->echo_off, sizeof h->echo_off);
     g->echo_text = NULL;
     int rc = 0;
+    if (resp) { /* the Responses API's request fields, for its response object (responses.c) */
+        h->r_echo = resp->echo;
+        h->r_turn = resp->turn;
+        resp->echo = resp->turn = NULL;
+        h->r_store = resp->store;
+        if (resp->previous_id && !(h->r_prev = strdup(resp->previous_id)))
+            rc = srv_send_error(req, 500, "server_error", "out of memory");
+    }
     for (int i = 0; i < h->n && !rc; i++) {
         choice *c = &h->ch[i];
         c->h = h;
@@ -723,6 +748,7 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     er.ignore_eos = g->ignore_eos;
     er.on_output = on_output;
     er.on_error = on_error;
+    er.on_admit = on_admit;
     er.images = images; /* made by the preparation thread; shared by the n choices, each engine request takes a reference */
     er.grammar = g->grammar; /* structured output (structured.c): each engine request takes a reference */
     er.grammar_start_id = g->g_start;
@@ -766,7 +792,8 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
         http_reply_start(req, 200, "text/event-stream");
         h->t_write = m3_now();
         if (api == SRV_API_ANTHROPIC) srv_anth_start(h);
-        for (int i = 0; i < h->n && api != SRV_API_ANTHROPIC; i++) {
+        if (api == SRV_API_RESPONSES) srv_resp_start(h);
+        for (int i = 0; i < h->n && api == SRV_API_OPENAI; i++) {
             if (chat) send_chunk(h, i, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL);
             else {
                 size_t elen;
@@ -783,7 +810,7 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
 }
 
 int srv_generate_start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_engine_images *images,
-                       int n_images, size_t *px_bytes, unsigned long serial, double t0) {
+                       int n_images, size_t *px_bytes, unsigned long serial, double t0, m3_resp_req *resp) {
     m3_engine_stats st;
     m3_engine_get_stats(s->e, &st);
     if (st.waiting >= s->o->max_waiting) {
@@ -791,5 +818,5 @@ int srv_generate_start(srv *s, http_req *req, int chat, int api, m3_oai_params *
         return srv_send_error(req, 429, "rate_limit_error", "the server is busy: %d requests are waiting (limit %d); retry later",
                               st.waiting, s->o->max_waiting);
     }
-    return start(s, req, chat, api, g, images, n_images, px_bytes, serial, t0);
+    return start(s, req, chat, api, g, images, n_images, px_bytes, serial, t0, resp);
 }

@@ -16,6 +16,8 @@
  * its deadline has passed). */
 #include "srv.h"
 #include "anthropic.h"
+#include "resp_store.h"
+#include "responses.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +38,8 @@ struct prep_job {
     int rc;                  /* 0, or the status of the error in e */
     m3_oai_error e;
     json_t *json;            /* the parsed body (g borrows from it) */
+    json_t *orig;            /* a translated request's body as sent (what resp borrows) */
+    m3_resp_req resp;        /* /v1/responses: what its response object needs */
     m3_oai_params g;
     m3_engine_images *images; /* the prompt's images, made for the engine */
     int n_images;
@@ -52,6 +56,8 @@ static void job_free(prep_job *j) {
     m3_oai_params_free(&j->g);
     m3_engine_images_release(j->images);
     json_decref(j->json);
+    json_decref(j->orig);
+    m3_resp_req_free(&j->resp);
     json_decref(j->reply);
     free(j->reply_text);
     free(j->body);
@@ -115,8 +121,49 @@ static void do_count_tokens(srv *s, prep_job *j) {
     if (!j->reply) j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
 }
 
+/* POST /v1/responses: the Responses request, with the conversation of its previous response,
+ * spelled as the chat request that means the same */
+static void responses_to_chat(srv *s, prep_job *j) {
+    const char *prev = NULL;
+    json_t *history = NULL, *oai = NULL;
+    if ((j->rc = m3_resp_previous_id(j->json, &prev, &j->e))) return;
+    if (prev && !s->store) {
+        j->rc = m3_oai_errorf(&j->e, 400, "invalid_request_error", "previous_response_id",
+                              "'previous_response_id' needs stored responses, and this server stores none (--responses-store 0): "
+                              "send the whole conversation in 'input'");
+        return;
+    }
+    if (prev) {
+        char missing[160];
+        int rc = m3_resp_store_history(s->store, prev, &history, missing, sizeof missing);
+        if (rc == 1 && !strcmp(missing, prev))
+            j->rc = m3_oai_errorf(&j->e, 404, "invalid_request_error", "previous_response_id",
+                                  "previous response '%.150s' not found (responses live in memory within --responses-store: it "
+                                  "was never stored, was deleted, or made room for newer ones)", prev);
+        else if (rc == 1)
+            j->rc = m3_oai_errorf(&j->e, 404, "invalid_request_error", "previous_response_id",
+                                  "the conversation of '%.150s' goes back to response '%s', which is no longer stored (deleted, "
+                                  "or made room for newer ones)", prev, missing);
+        else if (rc == 2)
+            j->rc = m3_oai_errorf(&j->e, 400, "invalid_request_error", "previous_response_id",
+                                  "the conversation of '%.150s' is longer than %d responses", prev, M3_RESP_STORE_MAX_CHAIN);
+        else if (rc) j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
+        if (j->rc) return;
+    }
+    j->rc = m3_resp_to_oai(j->json, history, &oai, &j->resp, &j->e);
+    json_decref(history);
+    if (j->rc) return;
+    if (!s->store && j->resp.store) { /* asked (or by default) and not possible: the response says store false */
+        j->resp.store = 0;
+        if (json_object_set_new(j->resp.echo, "store", json_false()))
+            j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
+    }
+    j->orig = j->json; /* resp borrows previous_response_id from it */
+    j->json = oai;
+}
+
 static void do_generate(srv *s, prep_job *j) {
-    int chat = j->kind == SRV_PREP_CHAT || j->kind == SRV_PREP_MESSAGES;
+    int chat = j->kind == SRV_PREP_CHAT || j->kind == SRV_PREP_MESSAGES || j->kind == SRV_PREP_RESPONSES;
     if ((j->rc = m3_oai_parse_generate(&s->ctx, j->json, chat, &j->g, &j->e))) return;
     if ((j->rc = srv_structured(s, &j->g, &j->e))) return; /* a grammar: compiled here, or from the cache */
     if (j->g.media.px.n_images) { /* the content hash of the pixels, for the prefix cache */
@@ -162,6 +209,7 @@ static void *worker_main(void *arg) {
             json_decref(j->json);
             j->json = oai;
         }
+        if (!j->rc && j->kind == SRV_PREP_RESPONSES) responses_to_chat(s, j);
         if (!j->rc) {
             if (j->kind == SRV_PREP_TOKENIZE) do_tokenize(s, j);
             else if (j->kind == SRV_PREP_COUNT_TOKENS) do_count_tokens(s, j);
@@ -231,6 +279,7 @@ static const char *route_name(int kind) {
     case SRV_PREP_CHAT: return "POST /v1/chat/completions";
     case SRV_PREP_MESSAGES: return "POST /v1/messages";
     case SRV_PREP_COUNT_TOKENS: return "POST /v1/messages/count_tokens";
+    case SRV_PREP_RESPONSES: return "POST /v1/responses";
     default: return "POST /v1/completions";
     }
 }
@@ -251,9 +300,9 @@ static void finish_job(srv *s, prep_job *j) {
         rc = srv_send_text(req, 200, j->reply_text, j->reply_len);
         j->reply_text = NULL;
     } else {
-        rc = srv_generate_start(s, req, j->kind == SRV_PREP_CHAT || j->kind == SRV_PREP_MESSAGES,
-                                j->kind == SRV_PREP_MESSAGES ? SRV_API_ANTHROPIC : SRV_API_OPENAI, &j->g, j->images, j->n_images, &j->px_bytes, j->serial,
-                                j->t0);
+        int api = j->kind == SRV_PREP_MESSAGES ? SRV_API_ANTHROPIC : j->kind == SRV_PREP_RESPONSES ? SRV_API_RESPONSES : SRV_API_OPENAI;
+        rc = srv_generate_start(s, req, j->kind == SRV_PREP_CHAT || api != SRV_API_OPENAI, api, &j->g, j->images, j->n_images,
+                                &j->px_bytes, j->serial, j->t0, api == SRV_API_RESPONSES ? &j->resp : NULL);
     }
     if (rc) { /* answered here; an accepted generation logs itself when it ends */
         m3_metrics_http(&s->m, rc);

@@ -2,6 +2,7 @@
  * Generation lives in generate.c, metrics in metrics.c; see server.h and srv.h. */
 #include "srv.h"
 #include "anthropic.h"
+#include "resp_store.h"
 #include "../base/fault.h"
 
 #include <arpa/inet.h>
@@ -33,6 +34,7 @@ void m3_server_opts_default(m3_server_opts *o) {
     o->max_header_bytes = 64 << 10;
     o->timeout = 60;
     o->max_image_memory = (size_t)2 << 30;
+    o->responses_store = (size_t)256 << 20;
     o->max_connections = 1024;
 }
 
@@ -365,7 +367,7 @@ static int cors(srv *s, http_req *req, const char *method, int *status) {
     http_add_header(req, "Access-Control-Expose-Headers", "X-Request-Id");
     if (strcmp(method, "OPTIONS") || !http_header(req, "Access-Control-Request-Method")) return 0;
     const char *hd = http_header(req, "Access-Control-Request-Headers");
-    http_add_header(req, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    http_add_header(req, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
     http_add_header(req, "Access-Control-Allow-Headers", hd && *hd ? hd : "Authorization, Content-Type, X-Request-Id");
     http_add_header(req, "Access-Control-Max-Age", "600");
     http_reply(req, 204, NULL, NULL);
@@ -394,7 +396,7 @@ static void route(http_req *req, void *arg) {
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     static const char *const known[] = {"/health", "/metrics", "/v1/models", "/tokenize", "/detokenize",
                                         "/v1/completions", "/v1/chat/completions", "/version", "/v1/messages",
-                                        "/v1/messages/count_tokens"};
+                                        "/v1/messages/count_tokens", "/v1/responses"};
     int k = -1;
     for (int j = 0; j < (int)(sizeof known / sizeof *known); j++)
         if (!strcmp(path, known[j])) k = j;
@@ -403,7 +405,12 @@ static void route(http_req *req, void *arg) {
         k = 2;
         model_id = path + 11;
     }
-    int want_get = (k >= 0 && k <= 2) || k == 7;
+    const char *resp_id = NULL; /* GET / DELETE /v1/responses/{id} */
+    if (k < 0 && !strncmp(path, "/v1/responses/", 14) && path[14] && !strchr(path + 14, '/')) {
+        k = 11;
+        resp_id = path + 14;
+    }
+    int want_get = (k >= 0 && k <= 2) || k == 7, del = !strcmp(method, "DELETE");
     int rc;
     if (cors(s, req, method, &rc)) {
         /* a preflight: answered */
@@ -414,19 +421,21 @@ static void route(http_req *req, void *arg) {
         http_close_after(req);
         rc = srv_send_error(req, 503, "service_unavailable_error", "the server is shutting down");
     } else if (k < 0) rc = srv_send_error(req, 404, "not_found_error", "no route for %s", path);
-    else if (want_get ? !get : !post)
+    else if (k == 11 ? !get && !del : want_get ? !get : !post)
         rc = srv_send_error(req, 405, "invalid_request_error", "method %.40s not allowed for %s (use %s)", method, path,
-                            want_get ? "GET" : "POST");
+                            k == 11 ? "GET or DELETE" : want_get ? "GET" : "POST");
     else switch (k) {
         case 0: rc = h_health(req, s); break;
         case 1: rc = h_metrics(req, s); break;
         case 2: rc = h_models(req, s, model_id); break;
         case 7: rc = srv_send_json(req, 200, json_pack("{s:s}", "version", M3_VERSION)); break;
+        case 11: rc = srv_resp_stored(s, req, resp_id, del); break;
         default: /* the rest of the work on a preparation thread (prep.c): the loop goes on */
             rc = srv_check_auth(s, req);
             if (!rc) rc = srv_prep_submit(s, req, k == 3 ? SRV_PREP_TOKENIZE : k == 4 ? SRV_PREP_DETOKENIZE
                                                      : k == 6 ? SRV_PREP_CHAT : k == 8 ? SRV_PREP_MESSAGES
-                                                     : k == 9 ? SRV_PREP_COUNT_TOKENS : SRV_PREP_COMPLETION, serial, t0);
+                                                     : k == 9 ? SRV_PREP_COUNT_TOKENS : k == 10 ? SRV_PREP_RESPONSES
+                                                     : SRV_PREP_COMPLETION, serial, t0);
             break;
         }
     if (rc == 0) return; /* handed to a preparation thread: answered (counted and logged) from there */
@@ -536,6 +545,7 @@ static void srv_cleanup(srv *s) {
     free(s->q);
     free(s->holes);
     srv_grammars_free(s);
+    m3_resp_store_free(s->store);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }
@@ -546,7 +556,10 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     s->e = e; s->tok = tok; s->chat = chat; s->vocab = vocab; s->o = o;
     m3_metrics_init(&s->m);
     pthread_mutex_init(&s->mu, NULL);
-    if (srv_grammars_init(s)) { srv_cleanup(s); return m3_errf(err, "out of memory"); }
+    if (srv_grammars_init(s) || (o->responses_store && !(s->store = m3_resp_store_new(o->responses_store)))) {
+        srv_cleanup(s);
+        return m3_errf(err, "out of memory");
+    }
     /* Checkpoints pad vocab_size past the tokenizer (200,064 rows for ~200,000 tokens): ids no
      * token spells are not text, so no request samples them (sampling masks them) */
     s->n_text = m3_tok_n_vocab(tok) < vocab ? m3_tok_n_vocab(tok) : vocab;

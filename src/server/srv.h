@@ -43,15 +43,18 @@
 #define SRV_SNDBUF (128 << 10)
 
 
+struct m3_resp_req;   /* responses.h */
+struct m3_resp_store; /* resp_store.h */
+
 typedef struct srv srv;
 typedef struct hreq hreq;
 typedef struct prep_job prep_job;
 
 /* what a preparation job does (prep.c) */
 enum { SRV_PREP_COMPLETION = 0, SRV_PREP_CHAT = 1, SRV_PREP_TOKENIZE = 2, SRV_PREP_DETOKENIZE = 3,
-       SRV_PREP_MESSAGES = 4, SRV_PREP_COUNT_TOKENS = 5 };
-/* the API a generation request speaks: its output's shapes (generate.c, anthropic.c) */
-enum { SRV_API_OPENAI = 0, SRV_API_ANTHROPIC = 1 };
+       SRV_PREP_MESSAGES = 4, SRV_PREP_COUNT_TOKENS = 5, SRV_PREP_RESPONSES = 6 };
+/* the API a generation request speaks: its output's shapes (generate.c, anthropic.c, responses.c) */
+enum { SRV_API_OPENAI = 0, SRV_API_ANTHROPIC = 1, SRV_API_RESPONSES = 2 };
 #define SRV_MAX_PREP 16 /* preparation threads at most */
 
 typedef struct choice {
@@ -67,6 +70,7 @@ typedef struct choice {
     char eng_err_buf[512];
     atomic_int lost;        /* the engine thread could not queue one of its records (no memory) */
     int n_gen;              /* tokens generated (a stop token included) */
+    atomic_int n_cached;    /* prompt tokens found in the prefix cache (the engine thread's on_admit) */
     double t_last;          /* arrival of the last token (inter-token latency) */
     m3_tok_stream *ts;
     m3_out *out;            /* chat: reasoning + tool-call parser */
@@ -85,6 +89,11 @@ typedef struct choice {
     m3_sbuf ab_text;        /* its text not sent yet (stream) or all of it (non-stream) */
     json_t *ab_blocks;      /* non-stream: the blocks closed so far */
     json_t *ab_tool;        /* non-stream: the open tool_use block */
+    /* /v1/responses (responses.c): the output item being written is ab_kind / ab_n / ab_call /
+     * ab_text (all of its text), the items closed so far ab_blocks (stream too) */
+    size_t r_sent;          /* stream: bytes of ab_text sent */
+    json_t *r_lp;           /* its message's logprob entries (include message.output_text.logprobs) */
+    int r_reason_toks;      /* tokens whose text was reasoning (usage.output_tokens_details) */
     size_t text_chars;      /* code points so far (completions text_offset) */
     struct choice *fin_next;/* srv.fin list (a final record that found the queue out of memory) */
     int fin_reason, fin_has_tok;
@@ -116,6 +125,12 @@ struct hreq {
     int busy;
     size_t px_bytes;        /* preprocessed pixels it holds, counted in srv.px_held */
     char rid[33];           /* random hex: the response's id (chatcmpl-RID) and its tool calls' */
+    /* /v1/responses (responses.c) */
+    json_t *r_echo;         /* the response object's request fields (responses.h) */
+    json_t *r_turn;         /* this request's input as chat messages, for the store */
+    char *r_prev;           /* previous_response_id, NULL: none */
+    int r_store;            /* store the response when it completes */
+    long r_seq;             /* stream: the next event's sequence_number */
     char *echo_text;        /* completions with echo: the prompts' text */
     size_t echo_len;
     int n_per;              /* choices per prompt: choice i answers prompt i / n_per */
@@ -165,6 +180,7 @@ struct srv {
     pthread_t prep_th[SRV_MAX_PREP];
     struct event *prep_ev;
     struct srv_grammars *gram; /* structured outputs: the grammar vocabulary and compiled grammars (structured.c) */
+    struct m3_resp_store *store; /* stored responses (resp_store.h); NULL: --responses-store 0 */
 };
 
 /* server.c */
@@ -205,11 +221,13 @@ void srv_grammar_stats(srv *s, uint64_t *compiled, uint64_t *hits);
 /* generate.c */
 /* POST /v1/completions (chat 0) and /v1/chat/completions (chat 1), once prepared: g parsed and
  * checked, images (NULL: none; n_images of them) made for the engine (a reference is taken);
- * *px_bytes of srv.px_held move to the request when it starts (*px_bytes is 0 then). Returns the HTTP
+ * *px_bytes of srv.px_held move to the request when it starts (*px_bytes is 0 then); resp
+ * (api SRV_API_RESPONSES, else NULL): what the response object needs, moved to the request
+ * (responses.h; previous_id copied). Returns the HTTP
  * status sent (429 while the engine's queue is full), or 0 when the request was accepted (it
  * logs itself when it ends). */
 int srv_generate_start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_engine_images *images,
-                       int n_images, size_t *px_bytes, unsigned long serial, double t0);
+                       int n_images, size_t *px_bytes, unsigned long serial, double t0, struct m3_resp_req *resp);
 void srv_handle_item(srv *s, qitem *it);
 void srv_peek(srv *s);       /* cancels requests whose client went away; retries failed cancels */
 void srv_cancel_all(srv *s); /* shutdown deadline */
@@ -226,5 +244,18 @@ void srv_anth_deltas(choice *c, const m3_out_delta *d, size_t n);
 void srv_anth_stream_end(choice *c);        /* the open block closed, message_delta, message_stop */
 void srv_anth_sse_error(hreq *h, int code, const char *msg); /* event: error */
 int srv_anth_final(hreq *h);                /* non-stream: the message; returns the status sent */
+
+/* responses.c: POST /v1/responses output in the Responses API's shapes (the request is
+ * translated by responses_req.c and generated as a chat completion, as Anthropic's), and the
+ * stored responses' endpoints */
+void srv_resp_start(hreq *h);               /* stream: response.created, response.in_progress */
+/* parsed deltas of choice c -> output items: stream events, or kept for the response */
+void srv_resp_deltas(choice *c, const m3_out_delta *d, size_t n);
+void srv_resp_stream_end(choice *c);        /* the open item closed, response.completed / .incomplete */
+void srv_resp_sse_failed(hreq *h, const char *msg); /* response.failed */
+int srv_resp_final(hreq *h);                /* non-stream: the response; returns the status sent */
+void srv_resp_free(hreq *h);                /* what hreq holds for it */
+/* GET and DELETE /v1/responses/{id}: returns the status sent */
+int srv_resp_stored(srv *s, http_req *req, const char *id, int del);
 
 #endif

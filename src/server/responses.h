@@ -7,7 +7,8 @@
  *   model, stream, temperature, top_p, parallel_tool_calls: as they are; max_output_tokens ->
  *     max_tokens; top_logprobs with include "message.output_text.logprobs" -> logprobs;
  *     vLLM's extra sampling fields (top_k, min_p, repetition_penalty, presence_penalty,
- *     frequency_penalty, seed, stop, ignore_eos, min_tokens) as on the chat endpoint;
+ *     frequency_penalty, seed, stop, ignore_eos, min_tokens, logit_bias) as on the chat
+ *     endpoint;
  *   instructions -> a first "system" message (not carried to the next response of a chain, as
  *     OpenAI does it);
  *   input: a string (one user message) or items, in order:

@@ -499,7 +499,7 @@ int m3_resp_to_oai(json_t *b, json_t *history, json_t **out, m3_resp_req *r, m3_
     /* the fields that mean the same on the chat endpoint: checked by its parser */
     static const char *const same[] = {"model", "stream", "temperature", "top_p", "parallel_tool_calls", "top_k", "min_p",
                                        "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop",
-                                       "ignore_eos", "min_tokens"};
+                                       "ignore_eos", "min_tokens", "logit_bias"};
     for (size_t i = 0; !rc && i < sizeof same / sizeof *same; i++)
         if ((v = json_object_get(b, same[i])) && ref(o, same[i], v)) rc = R_OOM(e);
     if (!rc && (v = json_object_get(b, "max_output_tokens")) && ref(o, "max_tokens", v)) rc = R_OOM(e);

@@ -1,8 +1,13 @@
 /* libFuzzer: the OpenAI request parser of m3 serve (src/server/openai.h), on a byte-level
- * tokenizer with the MiniMax-M3 chat tokens and the built-in MiniMax-M3 chat template.
+ * tokenizer with the MiniMax-M3 chat tokens and the built-in MiniMax-M3 chat template, and the
+ * translations into it of Anthropic's Messages requests (anthropic.h) and OpenAI's Responses
+ * requests (responses.h).
  * Input: byte 0 picks the endpoint (bit 0: chat), whether a model name is required (bit 1),
- * the context length (bits 2-3) and whether an allocation fails (bit 4: then byte 1 says
- * which); the rest is the request body. Checked: never a crash or a leak; an accepted request
+ * the context length (bits 2-3), whether an allocation fails (bit 4: then byte 1 says which)
+ * and the API (bits 5-6: 0 OpenAI, 1 Anthropic, 2 Responses, 3 Responses continuing a stored
+ * conversation); the rest is the request body. Checked: never a crash or a leak; a translated
+ * request is a chat request whose translation parts (the Responses echo and turn) are there;
+ * an accepted request
  * obeys every limit (choices, prompts of a batch, each prompt within the context, ids in the
  * vocabulary, min_tokens <= max_tokens, ...);
  * a refused one has a status of 400 / 404 / 500, a type, and a non-empty message that is
@@ -14,7 +19,9 @@
 
 #include "base/utf8.h"
 #include "base/fault.h"
+#include "server/anthropic.h"
 #include "server/openai.h"
+#include "server/responses.h"
 
 #include "bytetok.h"
 
@@ -53,11 +60,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     data += 2, size -= 2;
     static const int MML[4] = {8, 64, 512, 1 << 20};
     m3_oai_ctx c = {tok, chat, m3_tok_n_vocab(tok), (ctl & 2) ? "m3-test" : NULL, NULL, MML[(ctl >> 2) & 3], 1, 1, NULL, NULL};
-    const int is_chat = ctl & 1;
+    const int is_chat = (ctl & 1) || ((ctl >> 5) & 3); /* translated requests are chat requests */
     if (ctl & 16) m3_fault_arm(M3_FAULT_SERVER, 1 + nth, 1, 1);
     m3_oai_error e;
     json_t *body = NULL;
     int rc = m3_oai_parse_body((const char *)data, size, &body, &e);
+    const int api = (ctl >> 5) & 3;
+    m3_resp_req rr = {0};
+    if (!rc && api) { /* the other APIs' requests, spelled as the chat request that means the same */
+        json_t *oai = NULL, *history = NULL;
+        if (api == 3) { /* a stored conversation: what m3_resp_store_history hands over */
+            json_error_t je;
+            history = json_loads("[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"Yo\","
+                                 "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                                 "\"arguments\":\"{}\"}}]}]", 0, &je);
+            if (!history && !m3_fault_armed(M3_FAULT_SERVER)) abort();
+        }
+        rc = api == 1 ? m3_anth_to_oai(body, 0, &oai, &e) : m3_resp_to_oai(body, history, &oai, &rr, &e);
+        json_decref(history);
+        if (!rc && (!json_is_object(oai) || !json_is_array(json_object_get(oai, "messages")))) abort();
+        if (!rc && api >= 2 && (!json_is_object(rr.echo) || !json_is_array(rr.turn) ||
+                                json_array_size(rr.turn) > json_array_size(json_object_get(oai, "messages"))))
+            abort();
+        json_decref(body);
+        body = oai;
+    }
     if (rc) check_error(&e, rc);
     else {
         m3_oai_params g;
@@ -91,6 +118,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         m3_oai_params_free(&g);
     }
+    m3_resp_req_free(&rr);
     json_decref(body);
     m3_fault_disarm(M3_FAULT_SERVER);
     return 0;

@@ -23,6 +23,6 @@ if [ "${M3_SKIP_SANITIZERS:-0}" != 1 ]; then
 fi
 if [ "${M3_SKIP_TSAN:-0}" != 1 ]; then
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DM3_TSAN=ON >/dev/null
-  cmake --build build-tsan -j"$jobs" --target m3 test_faults test_engine test_sampler
+  cmake --build build-tsan -j"$jobs" --target m3 test_faults test_engine test_sampler test_responses
   (cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure -j"$jobs" -L tsan)
 fi

@@ -24,7 +24,7 @@ static const char *usage =
     "                [--kv-cache-dtype auto|f32|bf16|fp8|nvfp4] [--index-cache-dtype DTYPE]\n"
     "                [--max-waiting N] [--shutdown-timeout SECONDS] [--max-body BYTES] [--max-header-bytes BYTES]\n"
     "                [--timeout SECONDS] [--max-connections N] [--max-image-memory BYTES] [--disable-log-requests]\n"
-    "                [--responses-store BYTES]\n"
+    "                [--responses-store BYTES] [--enable-prompt-tokens-details]\n"
     "                [--language-model-only]\n"
     "                [--allowed-media-domains HOST[,HOST...]] [--allowed-origins LIST] [-tp N] [--moe-split experts|width]\n"
     "  DIR, -m DIR, --model DIR  the checkpoint directory (Hugging Face layout)\n"
@@ -80,6 +80,8 @@ static const char *usage =
     "  --language-model-only  do not load the vision tower: requests with images get 400\n"
     "  --max-image-memory BYTES  preprocessed image pixels all requests together may hold until the vision\n"
     "                   tower has run (default 2147483648; 0: no limit); a request with images beyond it gets 429\n"
+    "  --enable-prompt-tokens-details  usage of (chat) completions names the prompt tokens the prefix cache held\n"
+    "                   (prompt_tokens_details.cached_tokens)\n"
     "  --responses-store BYTES  memory for stored responses (/v1/responses with store, previous_response_id,\n"
     "                   GET / DELETE /v1/responses/ID; default 268435456): past it the oldest go; 0: none stored\n"
     "  --allowed-media-domains H1,H2  hosts whose http(s) image URLs are named as allowed in the 400 they get\n"
@@ -171,6 +173,7 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--language-model-only")) lm_only = 1;
         else if (!strcmp(a, "--enable-prefix-caching")) prefix = 1;
         else if (!strcmp(a, "--no-enable-prefix-caching")) prefix = 0;
+        else if (!strcmp(a, "--enable-prompt-tokens-details")) so.prompt_tokens_details = 1;
         else if (!strcmp(a, "--enable-auto-tool-choice")) {} /* tool calls are parsed whenever the template writes them */
         else if (!strcmp(a, "--trust-remote-code")) {}       /* nothing from the checkpoint is ever run */
         else sw = 0;

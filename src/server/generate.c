@@ -191,10 +191,19 @@ static const char *finish_str(const choice *c) {
 }
 
 static json_t *usage_json(const hreq *h) {
-    int gen = 0;
-    for (int i = 0; i < h->n; i++) gen += h->ch[i].n_gen;
-    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", h->n_prompt, "completion_tokens", gen, "total_tokens",
-                     h->n_prompt + gen);
+    int gen = 0, cached = 0;
+    for (int i = 0; i < h->n; i++) {
+        gen += h->ch[i].n_gen;
+        if (i % h->n_per == 0) cached += atomic_load(&h->ch[i].n_cached); /* each prompt's first choice: its hit */
+    }
+    json_t *u = json_pack("{s:i,s:i,s:i}", "prompt_tokens", h->n_prompt, "completion_tokens", gen, "total_tokens",
+                          h->n_prompt + gen);
+    if (u && h->s->o->prompt_tokens_details &&
+        json_object_set_new(u, "prompt_tokens_details", json_pack("{s:i}", "cached_tokens", cached))) {
+        json_decref(u);
+        return NULL;
+    }
+    return u;
 }
 
 /* one SSE event; raw text (len bytes) */

@@ -160,9 +160,9 @@ int m3_resp_store_history(m3_resp_store *s, const char *id, json_t **msgs, char 
             rc = 1;
             break;
         }
+        if (n >= M3_RESP_STORE_MAX_CHAIN) { rc = 2; break; } /* (a cycle ends here too) */
         if (n == cn) {
             size_t nc = cn ? cn * 2 : 16;
-            if (n >= M3_RESP_STORE_MAX_CHAIN) { rc = 2; break; }
             entry **nw = m3_fault_realloc(M3_FAULT_SERVER, chain, nc * sizeof *nw);
             if (!nw) { rc = -1; break; }
             chain = nw;

@@ -85,9 +85,9 @@ static json_t *usage_json(const choice *c) {
 }
 
 /* The response object: the request's fields (r_echo), then what this response is. status:
- * in_progress, completed, incomplete, failed. output and usage taken (NULL usage: JSON null);
- * NULL when out of memory. */
-static json_t *resp_object(const hreq *h, const char *status, json_t *output, json_t *usage, const char *error) {
+ * in_progress (usage null), completed, incomplete, failed. output taken; NULL when out of
+ * memory (a NULL output too). */
+static json_t *resp_object(const hreq *h, const char *status, json_t *output, const char *error) {
     char id[48];
     resp_id(h, id, sizeof id);
     json_t *o = json_pack("{s:s,s:s,s:I,s:s,s:s}", "id", id, "object", "response", "created_at", (json_int_t)h->created,
@@ -97,21 +97,17 @@ static json_t *resp_object(const hreq *h, const char *status, json_t *output, js
     int bad = !o;
     if (o)
         json_object_foreach(h->r_echo, k, v) bad |= json_object_set(o, k, v) != 0;
-    const choice *c = &h->ch[0];
     int incomplete = !strcmp(status, "incomplete");
-    bad |= !o || json_object_set_new(o, "output", output) != 0;
+    bad |= !o || !output || json_object_set_new(o, "output", output) != 0;
     output = NULL;
-    bad |= !o || json_object_set_new(o, "usage", usage ? usage : json_null()) != 0;
-    usage = NULL;
+    bad |= !o || json_object_set_new(o, "usage", strcmp(status, "in_progress") ? usage_json(&h->ch[0]) : json_null()) != 0;
     bad |= !o || json_object_set_new(o, "incomplete_details",
                                      incomplete ? json_pack("{s:s}", "reason", "max_output_tokens") : json_null()) != 0;
     bad |= !o || json_object_set_new(o, "error", error ? json_pack("{s:s,s:s}", "code", "server_error", "message", error)
                                                        : json_null()) != 0;
     if (strcmp(status, "in_progress") && strcmp(status, "failed"))
         bad |= !o || json_object_set_new(o, "completed_at", json_integer((json_int_t)time(NULL))) != 0;
-    (void)c;
     json_decref(output);
-    json_decref(usage);
     if (bad) {
         json_decref(o);
         return NULL;
@@ -120,8 +116,8 @@ static json_t *resp_object(const hreq *h, const char *status, json_t *output, js
 }
 
 void srv_resp_start(hreq *h) {
-    ev(h, "response.created", json_pack("{s:o}", "response", resp_object(h, "in_progress", json_array(), NULL, NULL)));
-    ev(h, "response.in_progress", json_pack("{s:o}", "response", resp_object(h, "in_progress", json_array(), NULL, NULL)));
+    ev(h, "response.created", json_pack("{s:o}", "response", resp_object(h, "in_progress", json_array(), NULL)));
+    ev(h, "response.in_progress", json_pack("{s:o}", "response", resp_object(h, "in_progress", json_array(), NULL)));
 }
 
 /* ------------------------------------------------------------------ items */
@@ -320,7 +316,7 @@ static json_t *finished(hreq *h) {
     choice *c = &h->ch[0];
     close_item(c, final_status(c));
     if (h->failed) return NULL;
-    json_t *o = resp_object(h, final_status(c), c->ab_blocks ? json_incref(c->ab_blocks) : json_array(), usage_json(c), NULL);
+    json_t *o = resp_object(h, final_status(c), c->ab_blocks ? json_incref(c->ab_blocks) : json_array(), NULL);
     if (!o) { fail(h, NOMEM); return NULL; }
     srv *s = h->s;
     if (h->r_store && s->store) { /* a response that cannot be stored is still answered; the next one that needs it says so */
@@ -351,7 +347,7 @@ void srv_resp_stream_end(choice *c) {
 void srv_resp_sse_failed(hreq *h, const char *msg) {
     if (!h->req) return;
     choice *c = &h->ch[0];
-    json_t *o = resp_object(h, "failed", c->ab_blocks ? json_incref(c->ab_blocks) : json_array(), usage_json(c), msg);
+    json_t *o = resp_object(h, "failed", c->ab_blocks ? json_incref(c->ab_blocks) : json_array(), msg);
     const char *was = h->failed;
     h->failed = NULL; /* this event is the one that may follow the failure */
     ev(h, "response.failed", json_pack("{s:o}", "response", o));

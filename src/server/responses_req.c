@@ -36,19 +36,28 @@ typedef struct conv {
 
 static int close_assistant(conv *cv, m3_oai_error *e) {
     if (!cv->open) return 0;
-    json_t *m = json_pack("{s:s}", "role", "assistant");
-    int bad = !m || set(m, "content", cv->parts ? cv->parts : json_array());
-    cv->parts = NULL;
-    if (!bad && cv->calls) bad = set(m, "tool_calls", cv->calls);
-    cv->calls = NULL;
-    if (!bad && cv->reason.n) bad = set(m, "reasoning_content", json_stringn_nocheck(cv->reason.p, cv->reason.n));
-    cv->reason.n = 0;
+    json_t *parts = cv->parts ? cv->parts : json_array(), *calls = cv->calls; /* this function's from here on */
+    cv->parts = cv->calls = NULL;
     cv->open = 0;
-    if (bad || add(cv->msgs, m)) { /* append_new takes m, also when it fails */
-        if (bad) json_decref(m);
+    size_t rn = cv->reason.n;
+    cv->reason.n = 0;
+    json_t *m = json_pack("{s:s}", "role", "assistant");
+    if (!m) {
+        json_decref(parts);
+        json_decref(calls);
         return R_OOM(e);
     }
-    return 0;
+    int bad = set(m, "content", parts); /* set_new takes its value, also when it fails */
+    if (calls) {
+        if (bad) json_decref(calls);
+        else bad = set(m, "tool_calls", calls);
+    }
+    if (!bad && rn) bad = set(m, "reasoning_content", json_stringn_nocheck(cv->reason.p, rn));
+    if (bad) {
+        json_decref(m);
+        return R_OOM(e);
+    }
+    return add(cv->msgs, m) ? R_OOM(e) : 0; /* append_new takes m, also when it fails */
 }
 
 static json_t *text_part(json_t *text) { return json_pack("{s:s,s:O}", "type", "text", "text", text); }

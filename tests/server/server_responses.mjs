@@ -337,7 +337,7 @@ try {
   ok(noAuth.status === 401, 'GET without the key: 401');
 
   // a small store: the oldest responses make room, and a request continuing one says so
-  const small = await startServer(m3, ck, ['--served-model-name', 'tiny', '--responses-store', '6000']);
+  const small = await startServer(m3, ck, ['--served-model-name', 'tiny', '--responses-store', '6000', '--enable-prompt-tokens-details']);
   others.push(small);
   const sc = new OpenAI({ baseURL: small.base + '/v1', apiKey: 'none', maxRetries: 0 });
   const firsts = [];
@@ -347,6 +347,18 @@ try {
   ok(last.id === firsts[5].id, 'the newest is kept');
   await refused(sc.responses.create({ ...greedy, input: 'x', previous_response_id: firsts[0].id }), OpenAI.NotFoundError, 404,
                 'previous_response_id of an evicted response', /made room/, 'previous_response_id');
+  // (that server has vLLM's --enable-prompt-tokens-details: chat usage names the cached tokens too;
+  // the main server's does not, as vLLM's default)
+  const chatQ = { ...greedy, max_tokens: 2, messages: [{ role: 'user', content: 'Q'.repeat(40) + ' is a long question about caching?' }] };
+  const ch1 = await sc.chat.completions.create(chatQ), ch2 = await sc.chat.completions.create(chatQ);
+  const chMain = await client.chat.completions.create(chatQ);
+  const st2 = [];
+  for await (const ch of await sc.chat.completions.create({ ...chatQ, stream: true, stream_options: { include_usage: true } })) if (ch.usage) st2.push(ch.usage);
+  ok(ch1.usage.prompt_tokens_details?.cached_tokens === 0 && ch2.usage.prompt_tokens_details?.cached_tokens > 0 &&
+     ch2.usage.prompt_tokens_details.cached_tokens % 16 === 0 && st2[0]?.prompt_tokens_details?.cached_tokens === ch2.usage.prompt_tokens_details.cached_tokens &&
+     chMain.usage.prompt_tokens_details === undefined,
+     `--enable-prompt-tokens-details: chat usage cached_tokens ${ch1.usage.prompt_tokens_details?.cached_tokens}, then ${ch2.usage.prompt_tokens_details?.cached_tokens} of ` +
+     `${ch2.usage.prompt_tokens} (stream usage too); without the flag no prompt_tokens_details`);
   // --responses-store 0: nothing kept, and previous_response_id refused
   const none = await startServer(m3, ck, ['--served-model-name', 'tiny', '--responses-store', '0']);
   others.push(none);
@@ -417,9 +429,9 @@ try {
   const keyOf = (x, isStream) => {
     if (isStream) {
       const f = fold(x.events);
-      return f.err ? `stream error: ${f.err}` : JSON.stringify([noIds(f.output), f.end.type, f.end.response.usage.output_tokens]);
+      return f.err ? `stream error: ${f.err}` : JSON.stringify([noIds(f.output), f.end.type, f.end.response.usage?.output_tokens]);
     }
-    return JSON.stringify([noIds(x.json.output), x.json.status, x.json.usage.output_tokens]);
+    return JSON.stringify([noIds(x.json?.output), x.json?.status, x.json?.usage?.output_tokens]);
   };
   const runQ = async (b, q) => q.stream ? rawStream(q, b) : post(b, '/v1/responses', q, AUTH);
   const expect = [];
@@ -450,7 +462,7 @@ try {
       } else {
         if (x.status === 200 && keyOf(x, false) === expect[i]) good++;
         else if (x.status === 500 && oaiErr(x.json)) clean++;
-        else broken.push(`${i}: ${x.status} ${(x.text || String(x.e)).slice(0, 300)}`);
+        else broken.push(`${i}: ${x.status} ${(x.text || String(x.e)).slice(0, process.env.DBG ? 100000 : 300)}` + (process.env.DBG ? "\nEXPECTED " + expect[i] : ""));
       }
     });
     if (spent(await metrics(faultSrv.base))) break;

@@ -98,8 +98,8 @@ static json_t *resp_object(const hreq *h, const char *status, json_t *output, co
     if (o)
         json_object_foreach(h->r_echo, k, v) bad |= json_object_set(o, k, v) != 0;
     int incomplete = !strcmp(status, "incomplete");
+    if (!o) json_decref(output); /* else set_new takes it, also when it fails */
     bad |= !o || !output || json_object_set_new(o, "output", output) != 0;
-    output = NULL;
     bad |= !o || json_object_set_new(o, "usage", strcmp(status, "in_progress") ? usage_json(&h->ch[0]) : json_null()) != 0;
     bad |= !o || json_object_set_new(o, "incomplete_details",
                                      incomplete ? json_pack("{s:s}", "reason", "max_output_tokens") : json_null()) != 0;
@@ -107,7 +107,6 @@ static json_t *resp_object(const hreq *h, const char *status, json_t *output, co
                                                        : json_null()) != 0;
     if (strcmp(status, "in_progress") && strcmp(status, "failed"))
         bad |= !o || json_object_set_new(o, "completed_at", json_integer((json_int_t)time(NULL))) != 0;
-    json_decref(output);
     if (bad) {
         json_decref(o);
         return NULL;
@@ -151,8 +150,8 @@ static json_t *text_content(const choice *c, const char *type, int final) {
     const char *t = c->ab_text.p ? c->ab_text.p : "";
     size_t n = final ? c->ab_text.n : 0;
     if (!strcmp(type, "reasoning_text")) return json_pack("{s:s,s:s%}", "type", type, "text", t, n);
-    return json_pack("{s:s,s:s%,s:[],s:O}", "type", type, "text", t, n, "annotations", "logprobs",
-                     final && c->r_lp ? c->r_lp : json_array());
+    return json_pack("{s:s,s:s%,s:[],s:o}", "type", type, "text", t, n, "annotations", "logprobs",
+                     final && c->r_lp ? json_incref(c->r_lp) : json_array());
 }
 
 /* the open item as it stands (final: with its text, else empty as when it is added) */
@@ -186,8 +185,8 @@ static void close_item(choice *c, const char *status) {
             ev(h, k == RI_REASONING ? "response.reasoning_text.done" : "response.output_text.done",
                k == RI_REASONING ? json_pack("{s:s,s:i,s:i,s:s%}", "item_id", iid, "output_index", oi, "content_index", 0, "text",
                                              t, c->ab_text.n)
-                                 : json_pack("{s:s,s:i,s:i,s:s%,s:O}", "item_id", iid, "output_index", oi, "content_index", 0,
-                                             "text", t, c->ab_text.n, "logprobs", c->r_lp ? c->r_lp : json_array()));
+                                 : json_pack("{s:s,s:i,s:i,s:s%,s:o}", "item_id", iid, "output_index", oi, "content_index", 0,
+                                             "text", t, c->ab_text.n, "logprobs", c->r_lp ? json_incref(c->r_lp) : json_array()));
             ev(h, "response.content_part.done",
                json_pack("{s:s,s:i,s:i,s:o}", "item_id", iid, "output_index", oi, "content_index", 0, "part",
                          text_content(c, k == RI_REASONING ? "reasoning_text" : "output_text", 1)));

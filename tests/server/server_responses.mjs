@@ -479,7 +479,10 @@ try {
 } catch (e) {
   ok(false, 'unexpected: ' + (e.stack || e));
 } finally {
-  for (const o of others) { const e = await o.stop(); ok(e.code === 0, `a second server exits cleanly (${e.code})`); }
+  for (const o of others) {
+    const e = await o.stop();
+    ok(e.code === 0, `a second server exits cleanly (${e.code} ${e.signal ?? ''})` + (e.code === 0 ? '' : '\n' + o.log.slice(-4000)));
+  }
   const st = await srv.stop();
   ok(st.code === 0, `server exits cleanly (${st.code})`);
 }

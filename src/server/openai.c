@@ -221,6 +221,26 @@ static json_t *chat_kwargs(m3_oai_error *e, json_t *b) {
             return NULL;
         }
     }
+    /* OpenAI's reasoning_effort, where the kwargs leave thinking alone: "none" turns thinking off,
+     * any other effort on (the template has a switch, not a budget), as /v1/responses does */
+    json_t *re = json_object_get(b, "reasoning_effort");
+    if (re && !json_is_null(re)) {
+        static const char *const EFF[] = {"none", "minimal", "low", "medium", "high", "xhigh"};
+        const char *es = json_string_value(re);
+        int known = 0;
+        for (size_t i = 0; es && i < sizeof EFF / sizeof *EFF; i++) known |= !strcmp(es, EFF[i]);
+        if (!known) {
+            json_decref(r);
+            OAI_BAD(e, "reasoning_effort", "'reasoning_effort' must be \"none\", \"minimal\", \"low\", \"medium\", \"high\" or \"xhigh\"");
+            return NULL;
+        }
+        if (!json_object_get(r, "thinking_mode") && !json_object_get(r, "enable_thinking") &&
+            json_object_set_new(r, "thinking_mode", json_string(strcmp(es, "none") ? "enabled" : "disabled"))) {
+            json_decref(r);
+            OAI_OOM(e);
+            return NULL;
+        }
+    }
     return r;
 }
 

@@ -201,6 +201,15 @@ try {
      `reasoning stream: reasoning_text deltas add up to the same items${fOn.err ? ' (' + fOn.err + ')' : ''}`);
   const sOn = await client.responses.stream({ ...think, reasoning: { effort: 'low' } }).finalResponse();
   ok(noIds(sOn.output) === noIds(rOn.output), 'the SDK accumulates the reasoning item too');
+  // the chat endpoint's reasoning_effort means the same
+  const rOff = await client.responses.create({ ...think, reasoning: OFF });
+  const cNone = await client.chat.completions.create({ ...greedy, max_tokens: 20, messages: [{ role: 'user', content: 'Hello there' }], reasoning_effort: 'none' });
+  const cHigh = await client.chat.completions.create({ ...greedy, max_tokens: 20, messages: [{ role: 'user', content: 'Hello there' }], reasoning_effort: 'high' });
+  ok(!cNone.choices[0].message.reasoning_content && cNone.choices[0].message.content === rOff.output_text && rOff.output.every(i => i.type !== 'reasoning') &&
+     cHigh.choices[0].message.reasoning_content === oOn.choices[0].message.reasoning_content,
+     "chat reasoning_effort 'none': no reasoning, the text of effort none here; 'high': the reasoning of thinking on");
+  await refused(client.chat.completions.create({ ...greedy, max_tokens: 2, messages: [{ role: 'user', content: 'x' }], reasoning_effort: 'max' }),
+                OpenAI.BadRequestError, 400, 'chat reasoning_effort max', /reasoning_effort/, 'reasoning_effort');
 
   // ---- tools
   const weather = { type: 'function', name: 'get_weather', description: 'The weather in a city',

@@ -707,7 +707,8 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     if (resp) { /* the Responses API's request fields, for its response object (responses.c) */
         h->r_echo = resp->echo;
         h->r_turn = resp->turn;
-        resp->echo = resp->turn = NULL;
+        h->r_items = resp->items;
+        resp->echo = resp->turn = resp->items = NULL;
         h->r_store = resp->store;
         if (resp->previous_id && !(h->r_prev = strdup(resp->previous_id)))
             rc = srv_send_error(req, 500, "server_error", "out of memory");

@@ -12,8 +12,8 @@
 
 typedef struct entry {
     char *id, *prev;      /* prev NULL: the first response of its conversation */
-    char *turn, *resp;
-    size_t turn_len, resp_len, bytes;
+    char *turn, *resp, *items; /* items NULL: none */
+    size_t turn_len, resp_len, items_len, bytes;
     struct entry *hnext;  /* hash chain */
     struct entry *older, *newer; /* age list */
 } entry;
@@ -55,6 +55,7 @@ static void entry_free(entry *x) {
     free(x->prev);
     free(x->turn);
     free(x->resp);
+    free(x->items);
     free(x);
 }
 
@@ -105,24 +106,23 @@ static void grow(m3_resp_store *s) {
 }
 
 int m3_resp_store_put(m3_resp_store *s, const char *id, const char *prev, char *turn, size_t turn_len, char *resp,
-                      size_t resp_len) {
-    size_t bytes = turn_len + resp_len + strlen(id) + (prev ? strlen(prev) : 0) + ENTRY_OVERHEAD;
-    if (bytes > s->cap) {
-        free(turn);
-        free(resp);
-        return 1;
-    }
-    entry *x = m3_fault_calloc(M3_FAULT_SERVER, 1, sizeof *x);
+                      size_t resp_len, char *items, size_t items_len) {
+    if (!items) items_len = 0;
+    size_t bytes = turn_len + resp_len + items_len + strlen(id) + (prev ? strlen(prev) : 0) + ENTRY_OVERHEAD;
+    entry *x = bytes > s->cap ? NULL : m3_fault_calloc(M3_FAULT_SERVER, 1, sizeof *x);
     if (!x || !(x->id = dup_str(id)) || (prev && !(x->prev = dup_str(prev)))) {
         if (x) entry_free(x);
         free(turn);
         free(resp);
-        return -1;
+        free(items);
+        return bytes > s->cap ? 1 : -1;
     }
     x->turn = turn;
     x->turn_len = turn_len;
     x->resp = resp;
     x->resp_len = resp_len;
+    x->items = items;
+    x->items_len = items_len;
     x->bytes = bytes;
     pthread_mutex_lock(&s->mu);
     entry **p = slot(s, id);
@@ -188,17 +188,27 @@ int m3_resp_store_history(m3_resp_store *s, const char *id, json_t **msgs, char 
     return rc;
 }
 
-char *m3_resp_store_get(m3_resp_store *s, const char *id, size_t *len, int *oom) {
+/* a copy of one of response id's texts (items: its input items, else the response) */
+static char *get_text(m3_resp_store *s, const char *id, int items, size_t *len, int *oom) {
     *oom = 0;
     char *r = NULL;
     pthread_mutex_lock(&s->mu);
     entry *x = *slot(s, id);
-    if (x && (r = m3_fault_malloc(M3_FAULT_SERVER, x->resp_len + 1))) {
-        memcpy(r, x->resp, x->resp_len + 1);
-        *len = x->resp_len;
-    } else if (x) *oom = 1;
+    const char *t = !x ? NULL : !items ? x->resp : x->items ? x->items : "[]";
+    size_t n = !x ? 0 : !items ? x->resp_len : x->items ? x->items_len : 2;
+    if (t && (r = m3_fault_malloc(M3_FAULT_SERVER, n + 1))) {
+        memcpy(r, t, n);
+        r[n] = 0;
+        *len = n;
+    } else if (t) *oom = 1;
     pthread_mutex_unlock(&s->mu);
     return r;
+}
+
+char *m3_resp_store_get(m3_resp_store *s, const char *id, size_t *len, int *oom) { return get_text(s, id, 0, len, oom); }
+
+char *m3_resp_store_get_items(m3_resp_store *s, const char *id, size_t *len, int *oom) {
+    return get_text(s, id, 1, len, oom);
 }
 
 int m3_resp_store_delete(m3_resp_store *s, const char *id) {

@@ -22,11 +22,12 @@ m3_resp_store *m3_resp_store_new(size_t cap_bytes); /* NULL: out of memory */
 void m3_resp_store_free(m3_resp_store *s);
 
 /* Stores response id (continuing prev, NULL: none): turn is the JSON text of an array of chat
- * messages (its input and its output), resp its response object's JSON text; both taken
- * (freed whatever happens). 0 stored, 1 larger than the whole budget (not stored), -1 out of
- * memory. An id already stored is replaced. */
+ * messages (its input and its output), resp its response object's JSON text, items (NULL:
+ * none) the JSON text of its input items as the API lists them; all taken (freed whatever
+ * happens). 0 stored, 1 larger than the whole budget (not stored), -1 out of memory. An id
+ * already stored is replaced. */
 int m3_resp_store_put(m3_resp_store *s, const char *id, const char *prev, char *turn, size_t turn_len, char *resp,
-                      size_t resp_len);
+                      size_t resp_len, char *items, size_t items_len);
 
 /* The conversation that ends with response id: every turn from the first, as one new JSON
  * array of chat messages in *msgs. 0; 1 when id or one before it is not stored (*missing, cap
@@ -37,6 +38,9 @@ int m3_resp_store_history(m3_resp_store *s, const char *id, json_t **msgs, char 
 /* A copy of response id's JSON text (malloc'd, NUL-terminated; *len its length). NULL when
  * it is not stored (*oom 0) or out of memory (*oom 1). */
 char *m3_resp_store_get(m3_resp_store *s, const char *id, size_t *len, int *oom);
+
+/* The same for its input items' JSON text ("[]" when it was stored without). */
+char *m3_resp_store_get_items(m3_resp_store *s, const char *id, size_t *len, int *oom);
 
 int m3_resp_store_delete(m3_resp_store *s, const char *id); /* 1 deleted, 0 not stored */
 

@@ -29,6 +29,11 @@
 #include <string.h>
 #include <time.h>
 
+#include <sys/queue.h>
+
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
 static const char NOMEM[] = "out of memory while building the response";
 
 enum { RI_NONE = 0, RI_REASONING, RI_MESSAGE, RI_CALL };
@@ -40,8 +45,9 @@ static void fail(hreq *h, const char *why) {
 void srv_resp_free(hreq *h) {
     json_decref(h->r_echo);
     json_decref(h->r_turn);
+    json_decref(h->r_items);
     free(h->r_prev);
-    h->r_echo = h->r_turn = NULL;
+    h->r_echo = h->r_turn = h->r_items = NULL;
     h->r_prev = NULL;
 }
 
@@ -310,6 +316,38 @@ static char *turn_text(const hreq *h, size_t *len) {
     return txt;
 }
 
+/* Its input items as the API lists them, each with an id (the client's, else one of the
+ * server's: msg_, fc_, fco_, rs_ + the response's random id + _in + the item's place) and
+ * messages with a status: JSON text (malloc'd), NULL when out of memory. */
+static char *items_text(const hreq *h, size_t *len) {
+    json_t *a = json_array();
+    size_t i;
+    json_t *it;
+    int bad = !a;
+    json_array_foreach(h->r_items, i, it) {
+        if (bad) break;
+        json_t *x = json_object();
+        const char *k, *t = json_string_value(json_object_get(it, "type"));
+        json_t *v;
+        bad |= !x;
+        if (x)
+            json_object_foreach(it, k, v) bad |= json_object_set(x, k, v) != 0;
+        if (!bad && !json_is_string(json_object_get(it, "id"))) {
+            char id[80];
+            const char *pre = !t || !strcmp(t, "message") ? "msg" : !strcmp(t, "function_call") ? "fc"
+                              : !strcmp(t, "function_call_output") ? "fco" : "rs";
+            snprintf(id, sizeof id, "%s_%s_in%zu", pre, h->rid, i);
+            bad |= json_object_set_new(x, "id", json_string(id)) != 0;
+        }
+        if (!bad && (!t || !strcmp(t, "message")) && !json_object_get(it, "status"))
+            bad |= json_object_set_new(x, "status", json_string("completed")) != 0;
+        if (x) bad |= json_array_append_new(a, x) != 0; /* takes x, also when it fails */
+    }
+    char *txt = bad ? NULL : srv_json_text(a, len);
+    json_decref(a);
+    return txt;
+}
+
 /* the finished response object (output taken from the choice), kept in the store when asked */
 static json_t *finished(hreq *h) {
     choice *c = &h->ch[0];
@@ -319,17 +357,18 @@ static json_t *finished(hreq *h) {
     if (!o) { fail(h, NOMEM); return NULL; }
     srv *s = h->s;
     if (h->r_store && s->store) { /* a response that cannot be stored is still answered; the next one that needs it says so */
-        size_t tl = 0, rl = 0;
-        char *turn = turn_text(h, &tl), *resp = turn ? srv_json_text(o, &rl) : NULL;
+        size_t tl = 0, rl = 0, il = 0;
+        char *turn = turn_text(h, &tl), *resp = turn ? srv_json_text(o, &rl) : NULL, *items = resp ? items_text(h, &il) : NULL;
         char id[48];
         resp_id(h, id, sizeof id);
-        if (turn && resp) {
-            int rc = m3_resp_store_put(s->store, id, h->r_prev, turn, tl, resp, rl);
+        if (turn && resp && items) {
+            int rc = m3_resp_store_put(s->store, id, h->r_prev, turn, tl, resp, rl, items, il);
             if (rc) fprintf(stderr, "m3 serve: response %s not stored: %s\n", id,
                             rc > 0 ? "larger than --responses-store" : "out of memory");
         } else {
             free(turn);
             free(resp);
+            free(items);
             fprintf(stderr, "m3 serve: response %s not stored: out of memory\n", id);
         }
     }
@@ -365,13 +404,90 @@ int srv_resp_final(hreq *h) {
 
 /* ------------------------------------------------------------------ stored responses */
 
-int srv_resp_stored(srv *s, http_req *req, const char *raw_id, int del) {
+/* GET /v1/responses/{id}/input_items?order=asc|desc&limit=1..100&after=ITEM&before=ITEM: a page
+ * of the stored items (OpenAI's list: newest first by default, 20 a page) */
+static int input_items(srv *s, http_req *req, const char *id) {
+    struct evkeyvalq q;
+    TAILQ_INIT(&q);
+    const char *uri = http_target(req), *qs = strchr(uri, '?');
+    if (qs && evhttp_parse_query_str(qs + 1, &q))
+        return srv_send_error(req, 400, "invalid_request_error", "the query string does not parse");
+    const char *order = evhttp_find_header(&q, "order"), *lim = evhttp_find_header(&q, "limit");
+    const char *after = evhttp_find_header(&q, "after"), *before = evhttp_find_header(&q, "before");
+    int rc = 0;
+    long limit = 20;
+    char *end = NULL;
+    if (order && strcmp(order, "asc") && strcmp(order, "desc"))
+        rc = srv_send_error(req, 400, "invalid_request_error", "'order' must be \"asc\" or \"desc\"");
+    else if (lim && (!*lim || (limit = strtol(lim, &end, 10), *end) || limit < 1 || limit > 100))
+        rc = srv_send_error(req, 400, "invalid_request_error", "'limit' must be an integer in [1, 100]");
+    if (rc) {
+        evhttp_clear_headers(&q);
+        return rc;
+    }
+    size_t len = 0;
+    int oom = 0;
+    char *txt = m3_resp_store_get_items(s->store, id, &len, &oom);
+    json_t *all = NULL;
+    if (txt) {
+        json_error_t je;
+        m3_fault_suspend(1); /* jansson's parser and failed allocations: see fault.h */
+        all = json_loadb(txt, len, 0, &je);
+        m3_fault_suspend(0);
+        free(txt);
+        if (!all) oom = 1; /* the server wrote the text: only memory fails */
+    }
+    if (!all) {
+        evhttp_clear_headers(&q);
+        if (oom) return srv_send_error(req, 500, "server_error", "out of memory");
+        return srv_send_error(req, 404, "not_found_error",
+                              "no stored response '%s' (responses live in memory within --responses-store: it was never "
+                              "stored, was deleted, or made room for newer ones)", id);
+    }
+    /* the items in the order asked, then the page after `after` / before `before` */
+    size_t n = json_array_size(all), from = 0, to = n;
+    int desc = !order || !strcmp(order, "desc");
+    const char *missing = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        const char *cur = pass ? before : after;
+        if (!cur) continue;
+        size_t k = n;
+        for (size_t i = 0; i < n && k == n; i++) {
+            const char *iid = json_string_value(json_object_get(json_array_get(all, desc ? n - 1 - i : i), "id"));
+            if (iid && !strcmp(iid, cur)) k = i;
+        }
+        if (k == n) missing = pass ? "before" : "after";
+        else if (pass) to = k < to ? k : to;
+        else from = k + 1;
+    }
+    if (missing) {
+        json_decref(all);
+        rc = srv_send_error(req, 400, "invalid_request_error", "'%s' names no input item of response '%s'", missing, id);
+        evhttp_clear_headers(&q);
+        return rc;
+    }
+    evhttp_clear_headers(&q);
+    json_t *data = json_array();
+    int bad = !data;
+    for (size_t i = from; !bad && i < to && i < from + (size_t)limit; i++)
+        bad |= json_array_append(data, json_array_get(all, desc ? n - 1 - i : i)) != 0;
+    int more = from + (size_t)limit < to;
+    json_t *fi = json_object_get(json_array_get(data, 0), "id"), *la = json_object_get(json_array_get(data, json_array_size(data) - 1), "id");
+    json_t *page = bad ? NULL : json_pack("{s:s,s:o,s:O,s:O,s:b}", "object", "list", "data", data, "first_id", fi ? fi : json_null(),
+                                          "last_id", la ? la : json_null(), "has_more", more);
+    if (bad) json_decref(data);
+    json_decref(all);
+    return srv_send_json(req, 200, page); /* NULL: a 500 */
+}
+
+int srv_resp_stored(srv *s, http_req *req, const char *raw_id, int del, int items) {
     int rc = srv_check_auth(s, req);
     if (rc) return rc;
     char id[160];
     snprintf(id, sizeof id, "%.150s", raw_id);
     if (!s->store)
         return srv_send_error(req, 404, "not_found_error", "no response '%s': this server stores none (--responses-store 0)", id);
+    if (items) return input_items(s, req, id);
     if (del) {
         if (!m3_resp_store_delete(s->store, id))
             return srv_send_error(req, 404, "not_found_error", "no stored response '%s'", id);

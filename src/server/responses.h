@@ -57,6 +57,9 @@ typedef struct m3_resp_req {
                        * text, reasoning, temperature, top_p, max_output_tokens, metadata, ... */
     json_t *turn;     /* this request's input as chat messages (instructions left out): what a
                        * stored response adds to its conversation */
+    json_t *items;    /* its input as the API lists it (GET /v1/responses/{id}/input_items): the
+                       * items as given, a string input or string content spelled as parts,
+                       * messages typed; ids are the server's to add */
     const char *previous_id; /* previous_response_id (borrowed from the body), NULL: none */
     int store;        /* the response is to be stored (store absent: true, as OpenAI's default) */
     int logprobs;     /* include has "message.output_text.logprobs" */

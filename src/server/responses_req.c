@@ -229,6 +229,46 @@ static int input_items(json_t *b, json_t *turn, m3_oai_error *e) {
     return rc;
 }
 
+/* The input as the API lists it: each item a shallow copy, messages with their type and their
+ * content as parts ({"type": input_text | output_text, "text"}). NULL when out of memory. */
+static json_t *listed_items(json_t *b) {
+    json_t *in = json_object_get(b, "input"), *out = json_array();
+    if (!out) return NULL;
+    if (json_is_string(in)) {
+        if (json_array_append_new(out, json_pack("{s:s,s:s,s:[{s:s,s:O}]}", "type", "message", "role", "user", "content", "type",
+                                                 "input_text", "text", in))) {
+            json_decref(out);
+            return NULL;
+        }
+        return out;
+    }
+    size_t i;
+    json_t *it;
+    json_array_foreach(in, i, it) {
+        json_t *x = json_object();
+        const char *k;
+        json_t *v;
+        int bad = !x;
+        if (x)
+            json_object_foreach(it, k, v) bad |= json_object_set(x, k, v) != 0; /* json_copy drops keys silently when short */
+        const char *t = type_of(it);
+        if (!bad && (!t || !strcmp(t, "message"))) {
+            const char *role = json_string_value(json_object_get(it, "role"));
+            json_t *ct = json_object_get(it, "content");
+            bad |= set(x, "type", json_string("message"));
+            if (!bad && json_is_string(ct))
+                bad |= set(x, "content", json_pack("[{s:s,s:O}]", "type", role && !strcmp(role, "assistant") ? "output_text" : "input_text",
+                                                   "text", ct));
+        }
+        if (bad || json_array_append_new(out, x)) { /* append_new takes x, also when it fails */
+            if (bad) json_decref(x);
+            json_decref(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
 /* ------------------------------------------------------------------ tools and formats */
 
 static int tools(json_t *b, json_t *out, m3_oai_error *e) {
@@ -502,6 +542,7 @@ int m3_resp_to_oai(json_t *b, json_t *history, json_t **out, m3_resp_req *r, m3_
     for (size_t i = 0; !rc && i < json_array_size(history); i++)
         if (json_array_append(msgs, json_array_get(history, i))) rc = R_OOM(e);
     if (!rc) rc = input_items(b, r->turn, e);
+    if (!rc && !(r->items = listed_items(b))) rc = R_OOM(e);
     if (!rc && json_array_extend(msgs, r->turn)) rc = R_OOM(e);
     if (!rc && json_array_size(msgs) > M3_OAI_MAX_MESSAGES)
         rc = R_BAD(e, "input", "the conversation has %zu messages; the limit is %d", json_array_size(msgs), M3_OAI_MAX_MESSAGES);
@@ -533,5 +574,6 @@ int m3_resp_to_oai(json_t *b, json_t *history, json_t **out, m3_resp_req *r, m3_
 void m3_resp_req_free(m3_resp_req *r) {
     json_decref(r->echo);
     json_decref(r->turn);
-    r->echo = r->turn = NULL;
+    json_decref(r->items);
+    r->echo = r->turn = r->items = NULL;
 }

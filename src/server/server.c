@@ -405,10 +405,17 @@ static void route(http_req *req, void *arg) {
         k = 2;
         model_id = path + 11;
     }
-    const char *resp_id = NULL; /* GET / DELETE /v1/responses/{id} */
-    if (k < 0 && !strncmp(path, "/v1/responses/", 14) && path[14] && !strchr(path + 14, '/')) {
-        k = 11;
-        resp_id = path + 14;
+    char resp_id[160] = ""; /* GET / DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items */
+    int resp_items = 0;
+    if (k < 0 && !strncmp(path, "/v1/responses/", 14) && path[14]) {
+        const char *id = path + 14, *sl = strchr(id, '/');
+        resp_items = sl && !strcmp(sl, "/input_items");
+        size_t n = sl ? (size_t)(sl - id) : strlen(id);
+        if ((!sl || resp_items) && n && n < sizeof resp_id) {
+            k = 11;
+            memcpy(resp_id, id, n);
+            resp_id[n] = 0;
+        }
     }
     int want_get = (k >= 0 && k <= 2) || k == 7, del = !strcmp(method, "DELETE");
     int rc;
@@ -421,15 +428,15 @@ static void route(http_req *req, void *arg) {
         http_close_after(req);
         rc = srv_send_error(req, 503, "service_unavailable_error", "the server is shutting down");
     } else if (k < 0) rc = srv_send_error(req, 404, "not_found_error", "no route for %s", path);
-    else if (k == 11 ? !get && !del : want_get ? !get : !post)
+    else if (k == 11 ? !get && (!del || resp_items) : want_get ? !get : !post)
         rc = srv_send_error(req, 405, "invalid_request_error", "method %.40s not allowed for %s (use %s)", method, path,
-                            k == 11 ? "GET or DELETE" : want_get ? "GET" : "POST");
+                            k == 11 ? resp_items ? "GET" : "GET or DELETE" : want_get ? "GET" : "POST");
     else switch (k) {
         case 0: rc = h_health(req, s); break;
         case 1: rc = h_metrics(req, s); break;
         case 2: rc = h_models(req, s, model_id); break;
         case 7: rc = srv_send_json(req, 200, json_pack("{s:s}", "version", M3_VERSION)); break;
-        case 11: rc = srv_resp_stored(s, req, resp_id, del); break;
+        case 11: rc = srv_resp_stored(s, req, resp_id, del, resp_items); break;
         default: /* the rest of the work on a preparation thread (prep.c): the loop goes on */
             rc = srv_check_auth(s, req);
             if (!rc) rc = srv_prep_submit(s, req, k == 3 ? SRV_PREP_TOKENIZE : k == 4 ? SRV_PREP_DETOKENIZE

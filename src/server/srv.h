@@ -128,6 +128,7 @@ struct hreq {
     /* /v1/responses (responses.c) */
     json_t *r_echo;         /* the response object's request fields (responses.h) */
     json_t *r_turn;         /* this request's input as chat messages, for the store */
+    json_t *r_items;        /* its input items as listed (GET .../input_items), for the store */
     char *r_prev;           /* previous_response_id, NULL: none */
     int r_store;            /* store the response when it completes */
     long r_seq;             /* stream: the next event's sequence_number */
@@ -255,7 +256,8 @@ void srv_resp_stream_end(choice *c);        /* the open item closed, response.co
 void srv_resp_sse_failed(hreq *h, const char *msg); /* response.failed */
 int srv_resp_final(hreq *h);                /* non-stream: the response; returns the status sent */
 void srv_resp_free(hreq *h);                /* what hreq holds for it */
-/* GET and DELETE /v1/responses/{id}: returns the status sent */
-int srv_resp_stored(srv *s, http_req *req, const char *id, int del);
+/* GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items (items): returns the
+ * status sent */
+int srv_resp_stored(srv *s, http_req *req, const char *id, int del, int items);
 
 #endif

@@ -611,7 +611,7 @@ static char *resp_of(const char *id, const char *v) {
 }
 static int put(m3_resp_store *s, const char *id, const char *prev, const char *v) {
     char *t = turn_of(id), *r = resp_of(id, v);
-    return m3_resp_store_put(s, id, prev, t, strlen(t), r, strlen(r));
+    return m3_resp_store_put(s, id, prev, t, strlen(t), r, strlen(r), NULL, 0);
 }
 /* response id is stored with version v */
 static int has(m3_resp_store *s, const char *id, const char *v) {
@@ -766,7 +766,7 @@ static void store_eviction(void) {
     char *t = malloc(cap + 1), *r = strdup("{}");
     memset(t, ' ', cap);
     t[cap] = 0;
-    CHECK(m3_resp_store_put(s, "huge", NULL, t, cap, r, 2) == 1, "an entry over the budget");
+    CHECK(m3_resp_store_put(s, "huge", NULL, t, cap, r, 2, NULL, 0) == 1, "an entry over the budget");
     m3_resp_store_stats st1 = stats(s);
     CHECK(absent_id(s, "huge") && st1.n == st0.n && st1.bytes == st0.bytes && st1.evicted == st0.evicted,
           "over the budget: nothing stored or evicted");
@@ -776,7 +776,7 @@ static void store_eviction(void) {
     memset(t, ' ', L);
     t[L] = 0;
     r = strdup("{}");
-    CHECK(m3_resp_store_put(s, "big", NULL, t, L, r, 2) == 0, "an entry of most of the budget");
+    CHECK(m3_resp_store_put(s, "big", NULL, t, L, r, 2, NULL, 0) == 0, "an entry of most of the budget");
     st1 = stats(s);
     CHECK(st1.n == 1 && st1.evicted == st0.evicted + 3 && st1.bytes <= cap && absent_id(s, "e9") && absent_id(s, "f0"),
           "the big entry alone: n %zu evicted %llu", st1.n, st1.evicted);
@@ -895,7 +895,7 @@ static void store_chain_limit(void) {
         snprintf(id, sizeof id, "c%d", i);
         snprintf(prev, sizeof prev, "c%d", i - 1);
         char *t = strdup("[]"), *r = strdup("{}");
-        if (m3_resp_store_put(s, id, i ? prev : NULL, t, 2, r, 2)) {
+        if (m3_resp_store_put(s, id, i ? prev : NULL, t, 2, r, 2, NULL, 0)) {
             CHECK(0, "put %s", id);
             break;
         }

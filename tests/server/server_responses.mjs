@@ -327,6 +327,23 @@ try {
       { type: 'function_call_output', call_id: tcCall.call_id, output: '{"temp": 21}' }] });
   ok(tc2.usage.input_tokens === tcWhole.usage.input_tokens && noIds(tc2.output) === noIds(tcWhole.output),
      'previous_response_id after a function call + its output: as the whole conversation');
+  // input items as the API lists them: ids, typed messages with parts; the SDK pages through them
+  const li = await (await fetch(`${base}/v1/responses/${c.id}/input_items`, { headers: AUTH })).json();
+  ok(li.object === 'list' && li.data.length === 1 && li.data[0].type === 'message' && li.data[0].role === 'user' && /^msg_[0-9a-f]+_in0$/.test(li.data[0].id) &&
+     li.data[0].status === 'completed' && JSON.stringify(li.data[0].content) === JSON.stringify([{ type: 'input_text', text: 'A third?' }]) &&
+     li.has_more === false && li.first_id === li.data[0].id && li.last_id === li.data[0].id,
+     `GET /v1/responses/{id}/input_items: the string input as a user message (${JSON.stringify(li.data[0])})`);
+  const rIn = await client.responses.create({ ...toolReq, max_output_tokens: 2, input: [...round, { type: 'message', role: 'user', content: 'thanks', id: 'msg_mine' }] });
+  const walked = [];
+  for await (const it of client.responses.inputItems.list(rIn.id, { order: 'asc', limit: 1 })) walked.push(it);
+  const descPage = await client.responses.inputItems.list(rIn.id, { limit: 2 });
+  ok(walked.map(i => i.type).join() === 'message,function_call,function_call_output,message' && walked[1].call_id === call.call_id &&
+     walked[2].output === '{"temp": 21}' && walked[3].id === 'msg_mine' && new Set(walked.map(i => i.id)).size === 4 &&
+     descPage.data.map(i => i.id).join() === [walked[3].id, walked[2].id].join() && descPage.has_more === true,
+     `input_items paged by the SDK one at a time (asc, after=): ${walked.map(i => i.type + ':' + i.id.replace(/_[0-9a-f]{32}_/, '_*_')).join(' ')}; desc, limit 2: the last two, has_more`);
+  const badCursor = await fetch(`${base}/v1/responses/${rIn.id}/input_items?after=nope`, { headers: AUTH });
+  const badLimit = await fetch(`${base}/v1/responses/${rIn.id}/input_items?limit=0`, { headers: AUTH });
+  ok(badCursor.status === 400 && badLimit.status === 400 && /after/.test((await badCursor.json()).error.message), 'input_items: a cursor naming no item, limit 0: 400');
   const got = await client.responses.retrieve(b.id);
   ok(JSON.stringify(got) === JSON.stringify(b), 'GET /v1/responses/{id}: the response as it was answered');
   const notStored = await client.responses.create({ ...plain, max_output_tokens: 2, store: false });

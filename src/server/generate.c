@@ -60,6 +60,7 @@ static void choice_clear(choice *c) {
     json_decref(c->ab_blocks);
     json_decref(c->ab_tool);
     json_decref(c->r_lp);
+    json_decref(c->r_lp_pend);
 }
 
 static void hreq_free(hreq *h) {
@@ -594,6 +595,7 @@ static void on_token(srv *s, choice *c, const m3_sample_out *so, int finished, i
         if (n && m3_sbuf_add(&c->text, p, n)) { mark_failed(h, NOMEM); return; }
     }
     if (!stop_tok) lp_add(s, c, so, c->text.p ? c->text.p + before : "", c->text.n - before);
+    if (h->api == SRV_API_RESPONSES) srv_resp_token(c, so->token);
     size_t upto = c->text.n;
     int hit = 0;
     if (c->stop && c->n_gen > h->min_tokens) { /* min_tokens holds stop strings back too (vLLM) */
@@ -710,6 +712,10 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
         h->r_items = resp->items;
         resp->echo = resp->turn = resp->items = NULL;
         h->r_store = resp->store;
+        /* reasoning tokens are counted by their tags: from the start (thinking enabled) or from an
+         * opening tag (adaptive) to the closing one */
+        h->r_think_open = g->oo.reasoning ? m3_tok_token_to_id(s->tok, "<mm:think>") : -1;
+        h->r_think_end = g->oo.reasoning ? m3_tok_token_to_id(s->tok, "</mm:think>") : -1;
         if (resp->previous_id && !(h->r_prev = strdup(resp->previous_id)))
             rc = srv_send_error(req, 500, "server_error", "out of memory");
     }
@@ -717,6 +723,8 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
         choice *c = &h->ch[i];
         c->h = h;
         c->index = i;
+        c->r_reason = !resp || !g->oo.reasoning || g->oo.thinking == M3_THINK_DISABLED ? -1
+                      : g->oo.thinking == M3_THINK_ENABLED ? 1 : 0;
         if (!(c->ts = m3_tok_stream_new(s->tok, 1, &err))) rc = srv_send_error(req, 500, "server_error", "%s", err.msg);
         else if (g->n_stop_strs && !(c->stop = m3_stop_create(g->stop_strs, g->n_stop_strs, NULL, 0, &err)))
             rc = srv_send_error(req, 500, "server_error", "%s", err.msg); /* checked strings: out of memory */

@@ -178,6 +178,13 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
             m3_sbuf_printf(&b, "m3_spec_decode_acceptance_rate{position=\"%d\"} %.6g\n", i,
                            st->spec_drafted_per_pos[i] ? (double)st->spec_accepted_per_pos[i] / st->spec_drafted_per_pos[i] : 0.0);
     }
+    if (info->responses_store) {
+        gauge(&b, "m3_responses_stored", "Responses kept for previous_response_id and GET /v1/responses/{id}.",
+              (double)info->responses_stored);
+        gauge(&b, "m3_responses_store_bytes", "Bytes they hold.", (double)info->responses_bytes);
+        gauge(&b, "m3_responses_store_capacity_bytes", "--responses-store.", (double)info->responses_cap);
+        counter(&b, "m3_responses_evicted_total", "Stored responses dropped to make room for newer ones.", info->responses_evicted);
+    }
     counter(&b, "m3_requests_nonfinite_logits_total",
             "Sequences ended with an error because their logits held a NaN or an Inf.", st->nonfinite_logits);
     if (info->fault_armed) {

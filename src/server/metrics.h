@@ -53,6 +53,9 @@ typedef struct m3_metrics_info {
     unsigned long http_slow_requests;   /* of them, requests that did not arrive within --timeout */
     unsigned long http_write_timeouts;  /* connections closed: the client took no bytes for --timeout */
     unsigned long http_turned_away;     /* connections closed as soon as accepted: no memory for their state */
+    int responses_store;       /* stored responses (resp_store.h): report these */
+    unsigned long responses_stored, responses_evicted;
+    size_t responses_bytes, responses_cap;
     int fault_armed;           /* fault injection (tests): report the failures injected */
     long fault_injected[M3_FAULT_NMOD]; /* by module (src/base/fault.h) */
     long fault_seen[M3_FAULT_NMOD];     /* allocations counted, by module */

@@ -43,6 +43,7 @@ int m3_oai_verrorf(m3_oai_error *e, int status, const char *type, const char *pa
     if (!e->message[0]) snprintf(e->message, sizeof e->message, "error %d", status);
     e->status = status;
     e->type = type;
+    e->code = NULL;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     utf8_fix(e->param);
     return status;

@@ -122,7 +122,8 @@ static void do_count_tokens(srv *s, prep_job *j) {
 }
 
 /* POST /v1/responses: the Responses request, with the conversation of its previous response,
- * spelled as the chat request that means the same */
+ * spelled as the chat request that means the same. The request is checked whole before the
+ * stored conversation is read: a bad one costs nothing of it. */
 static void responses_to_chat(srv *s, prep_job *j) {
     const char *prev = NULL;
     json_t *history = NULL, *oai = NULL;
@@ -133,33 +134,37 @@ static void responses_to_chat(srv *s, prep_job *j) {
                               "send the whole conversation in 'input'");
         return;
     }
-    if (prev) {
-        char missing[160];
-        int rc = m3_resp_store_history(s->store, prev, &history, missing, sizeof missing);
-        if (rc == 1 && !strcmp(missing, prev))
-            j->rc = m3_oai_errorf(&j->e, 404, "invalid_request_error", "previous_response_id",
-                                  "previous response '%.150s' not found (responses live in memory within --responses-store: it "
-                                  "was never stored, was deleted, or made room for newer ones)", prev);
-        else if (rc == 1)
-            j->rc = m3_oai_errorf(&j->e, 404, "invalid_request_error", "previous_response_id",
-                                  "the conversation of '%.150s' goes back to response '%s', which is no longer stored (deleted, "
-                                  "or made room for newer ones)", prev, missing);
-        else if (rc == 2)
-            j->rc = m3_oai_errorf(&j->e, 400, "invalid_request_error", "previous_response_id",
-                                  "the conversation of '%.150s' is longer than %d responses", prev, M3_RESP_STORE_MAX_CHAIN);
-        else if (rc) j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
-        if (j->rc) return;
-    }
-    j->rc = m3_resp_to_oai(j->json, history, &oai, &j->resp, &j->e);
-    json_decref(history);
-    if (j->rc) return;
+    if ((j->rc = m3_resp_to_oai(j->json, NULL, &oai, &j->resp, &j->e))) return;
+    j->orig = j->json; /* resp borrows previous_response_id from it */
+    j->json = oai;
     if (!s->store && j->resp.store) { /* asked (or by default) and not possible: the response says store false */
         j->resp.store = 0;
         if (json_object_set_new(j->resp.echo, "store", json_false()))
             j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
     }
-    j->orig = j->json; /* resp borrows previous_response_id from it */
-    j->json = oai;
+    if (j->rc || !prev) return;
+    char missing[160];
+    int rc = m3_resp_store_history(s->store, prev, &history, missing, sizeof missing);
+    /* OpenAI's error for a response it does not have (clients resend the whole conversation on it) */
+    if (rc == 1 && !strcmp(missing, prev))
+        j->rc = m3_oai_errorf(&j->e, 400, "invalid_request_error", "previous_response_id",
+                              "Previous response with id '%.150s' not found. (Responses live in memory within --responses-store: "
+                              "it was never stored, was deleted, made room for newer ones, or is still being generated.)", prev);
+    else if (rc == 1)
+        j->rc = m3_oai_errorf(&j->e, 400, "invalid_request_error", "previous_response_id",
+                              "Previous response with id '%.150s' not found whole: its conversation goes back to response '%s', "
+                              "which is no longer stored (deleted, or made room for newer ones).", prev, missing);
+    else if (rc == 2)
+        j->rc = m3_oai_errorf(&j->e, 400, "invalid_request_error", "previous_response_id",
+                              "the conversation of '%.150s' is longer than %d responses", prev, M3_RESP_STORE_MAX_CHAIN);
+    else if (rc == 3)
+        j->rc = m3_oai_errorf(&j->e, 400, "invalid_request_error", "previous_response_id",
+                              "the conversation of '%.150s' holds more than --max-body (%zu bytes) of messages: send a shorter "
+                              "conversation in 'input'", prev, s->o->max_body);
+    else if (rc) j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
+    if (rc == 1) j->e.code = "previous_response_not_found";
+    if (!j->rc) j->rc = m3_resp_add_history(j->json, j->orig, history, &j->e);
+    json_decref(history);
 }
 
 static void do_generate(srv *s, prep_job *j) {
@@ -201,7 +206,8 @@ static void *worker_main(void *arg) {
         }
         pthread_mutex_unlock(&s->prep_mu);
         if (!j) return NULL; /* stopping, nothing queued */
-        j->rc = m3_oai_parse_body(j->body, j->n, &j->json, &j->e);
+        if (j->kind == SRV_PREP_INPUT_ITEMS) j->rc = srv_resp_input_items(s, j->body, &j->reply, &j->e); /* body: the target */
+        else j->rc = m3_oai_parse_body(j->body, j->n, &j->json, &j->e);
         if (!j->rc && (j->kind == SRV_PREP_MESSAGES || j->kind == SRV_PREP_COUNT_TOKENS)) {
             /* Anthropic's request, spelled as the OpenAI chat request that means the same */
             json_t *oai = NULL;
@@ -210,11 +216,12 @@ static void *worker_main(void *arg) {
             j->json = oai;
         }
         if (!j->rc && j->kind == SRV_PREP_RESPONSES) responses_to_chat(s, j);
-        if (!j->rc) {
+        if (!j->rc && j->kind != SRV_PREP_INPUT_ITEMS) {
             if (j->kind == SRV_PREP_TOKENIZE) do_tokenize(s, j);
             else if (j->kind == SRV_PREP_COUNT_TOKENS) do_count_tokens(s, j);
             else if (j->kind == SRV_PREP_DETOKENIZE) do_detokenize(s, j);
             else do_generate(s, j);
+            if (j->rc && j->kind == SRV_PREP_RESPONSES) m3_resp_error_names(&j->e);
         }
         if (!j->rc && j->reply && !(j->reply_text = srv_json_text(j->reply, &j->reply_len)))
             j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
@@ -237,15 +244,17 @@ static void job_gone(http_req *req, void *arg) {
 }
 
 int srv_prep_submit(srv *s, http_req *req, int kind, unsigned long serial, double t0) {
-    struct evbuffer *in = http_body(req);
-    size_t n = in ? evbuffer_get_length(in) : 0;
+    struct evbuffer *in = kind == SRV_PREP_INPUT_ITEMS ? NULL : http_body(req);
+    const char *target = http_target(req); /* the job's text for input_items: the target, query included */
+    size_t n = kind == SRV_PREP_INPUT_ITEMS ? strlen(target) : in ? evbuffer_get_length(in) : 0;
     prep_job *j = srv_calloc(1, sizeof *j);
     char *body = j ? srv_malloc(n + 1) : NULL;
     if (!body) {
         free(j);
         return srv_send_error(req, 500, "server_error", "out of memory");
     }
-    if (n && evbuffer_remove(in, body, n) != (int)n) {
+    if (kind == SRV_PREP_INPUT_ITEMS) memcpy(body, target, n);
+    else if (n && evbuffer_remove(in, body, n) != (int)n) {
         free(body);
         free(j);
         return srv_send_error(req, 500, "server_error", "cannot read the request body");
@@ -280,6 +289,7 @@ static const char *route_name(int kind) {
     case SRV_PREP_MESSAGES: return "POST /v1/messages";
     case SRV_PREP_COUNT_TOKENS: return "POST /v1/messages/count_tokens";
     case SRV_PREP_RESPONSES: return "POST /v1/responses";
+    case SRV_PREP_INPUT_ITEMS: return "GET /v1/responses/{id}/input_items";
     default: return "POST /v1/completions";
     }
 }
@@ -296,7 +306,8 @@ static void finish_job(srv *s, prep_job *j) {
         rc = srv_send_error(req, 503, "service_unavailable_error", "the server is shutting down");
     } else if (j->rc) {
         rc = srv_send_oai(req, &j->e);
-    } else if (j->kind == SRV_PREP_TOKENIZE || j->kind == SRV_PREP_DETOKENIZE || j->kind == SRV_PREP_COUNT_TOKENS) {
+    } else if (j->kind == SRV_PREP_TOKENIZE || j->kind == SRV_PREP_DETOKENIZE || j->kind == SRV_PREP_COUNT_TOKENS ||
+               j->kind == SRV_PREP_INPUT_ITEMS) {
         rc = srv_send_text(req, 200, j->reply_text, j->reply_len);
         j->reply_text = NULL;
     } else {

@@ -3,10 +3,13 @@
  * in memory, within a byte budget (--responses-store): past it the oldest responses go first.
  * A response continues its previous one, so a conversation is read back along those links;
  * one whose earlier response was evicted or deleted is refused, naming that response, never
- * continued with a gap. Nothing is written to disk: a restart forgets every response.
+ * continued with a gap. Reading a conversation makes its responses the newest (eviction takes
+ * the least recently used). Nothing is written to disk: a restart forgets every response.
  *
- * Thread-safe (one mutex: preparation threads read conversations, the event loop adds, reads
- * and deletes). Allocations count as the server module's for fault injection. */
+ * Thread-safe: one mutex, held only to find entries and take references to their texts
+ * (refcounted); texts are copied and parsed outside it, so that a reader of a long
+ * conversation never holds up the event loop's adds, reads and deletes. Allocations count as
+ * the server module's for fault injection. */
 #ifndef M3_SERVER_RESP_STORE_H
 #define M3_SERVER_RESP_STORE_H
 
@@ -19,6 +22,9 @@
 typedef struct m3_resp_store m3_resp_store;
 
 m3_resp_store *m3_resp_store_new(size_t cap_bytes); /* NULL: out of memory */
+/* A conversation read back holds at most this many bytes of stored turns (default: no limit;
+ * the server passes --max-body, what the same conversation sent whole could hold). */
+void m3_resp_store_set_max_read(m3_resp_store *s, size_t bytes);
 void m3_resp_store_free(m3_resp_store *s);
 
 /* Stores response id (continuing prev, NULL: none): turn is the JSON text of an array of chat
@@ -31,8 +37,8 @@ int m3_resp_store_put(m3_resp_store *s, const char *id, const char *prev, char *
 
 /* The conversation that ends with response id: every turn from the first, as one new JSON
  * array of chat messages in *msgs. 0; 1 when id or one before it is not stored (*missing, cap
- * bytes, names it); 2 when it is longer than M3_RESP_STORE_MAX_CHAIN responses; -1 out of
- * memory. */
+ * bytes, names it); 2 when it is longer than M3_RESP_STORE_MAX_CHAIN responses; 3 when its
+ * turns hold more than the max_read bytes; -1 out of memory. */
 int m3_resp_store_history(m3_resp_store *s, const char *id, json_t **msgs, char *missing, size_t cap);
 
 /* A copy of response id's JSON text (malloc'd, NUL-terminated; *len its length). NULL when

@@ -51,6 +51,14 @@ void srv_resp_free(hreq *h) {
     h->r_prev = NULL;
 }
 
+void srv_resp_token(choice *c, int32_t t) {
+    const hreq *h = c->h;
+    if (c->r_reason == 0 && t == h->r_think_open && t >= 0) c->r_reason = 1;
+    if (c->r_reason != 1) return;
+    c->r_reason_toks++;
+    if (t == h->r_think_end) c->r_reason = -1;
+}
+
 /* ------------------------------------------------------------------ events */
 
 /* one named event: j gets its type and sequence_number (j taken; NULL fails the request).
@@ -127,29 +135,39 @@ void srv_resp_start(hreq *h) {
 
 /* ------------------------------------------------------------------ items */
 
-/* stream: the open item's text not sent yet, as one delta event (with a message's logprobs) */
-static void flush(choice *c, json_t *lp) {
+/* stream: the open item's text not sent yet, as one delta event; a message's carries the
+ * logprob entries not sent yet (force: also with no text, as the message closes) */
+static void flush(choice *c, int force) {
     hreq *h = c->h;
-    if (!h->stream || !c->ab_kind || c->ab_text.n <= c->r_sent) {
-        json_decref(lp);
-        return;
-    }
+    int pend = c->ab_kind == RI_MESSAGE && json_array_size(c->r_lp_pend) > 0;
+    if (!h->stream || !c->ab_kind || (c->ab_text.n <= c->r_sent && !(force && pend))) return;
     char iid[64];
     item_id(c, iid, sizeof iid);
-    const char *p = c->ab_text.p + c->r_sent;
+    const char *p = c->ab_text.p ? c->ab_text.p + c->r_sent : "";
     size_t n = c->ab_text.n - c->r_sent;
     c->r_sent = c->ab_text.n;
     if (c->ab_kind == RI_REASONING)
         ev(h, "response.reasoning_text.delta",
            json_pack("{s:s,s:i,s:i,s:s%}", "item_id", iid, "output_index", c->ab_n - 1, "content_index", 0, "delta", p, n));
-    else if (c->ab_kind == RI_MESSAGE)
+    else if (c->ab_kind == RI_MESSAGE) {
+        json_t *lp = pend ? c->r_lp_pend : json_array();
+        if (pend) c->r_lp_pend = NULL;
         ev(h, "response.output_text.delta",
            json_pack("{s:s,s:i,s:i,s:s%,s:o}", "item_id", iid, "output_index", c->ab_n - 1, "content_index", 0, "delta", p, n,
-                     "logprobs", lp ? lp : json_array()));
-    else
+                     "logprobs", lp));
+    } else
         ev(h, "response.function_call_arguments.delta",
            json_pack("{s:s,s:i,s:s%}", "item_id", iid, "output_index", c->ab_n - 1, "delta", p, n));
-    if (c->ab_kind != RI_MESSAGE) json_decref(lp);
+}
+
+/* logprob entries that belong to the open message: its list, and (stream) those not sent yet */
+static void attach_lp(choice *c, json_t *lp) {
+    hreq *h = c->h;
+    if (!c->r_lp && !(c->r_lp = json_array())) fail(h, NOMEM);
+    if (c->r_lp && json_array_extend(c->r_lp, lp)) fail(h, NOMEM);
+    if (!h->stream) return;
+    if (!c->r_lp_pend && !(c->r_lp_pend = json_array())) fail(h, NOMEM);
+    if (c->r_lp_pend && json_array_extend(c->r_lp_pend, lp)) fail(h, NOMEM);
 }
 
 static json_t *text_content(const choice *c, const char *type, int final) {
@@ -186,7 +204,7 @@ static void close_item(choice *c, const char *status) {
     item_id(c, iid, sizeof iid);
     const char *t = c->ab_text.p ? c->ab_text.p : "";
     if (h->stream) {
-        flush(c, NULL);
+        flush(c, 1);
         if (k == RI_REASONING || k == RI_MESSAGE) {
             ev(h, k == RI_REASONING ? "response.reasoning_text.done" : "response.output_text.done",
                k == RI_REASONING ? json_pack("{s:s,s:i,s:i,s:s%}", "item_id", iid, "output_index", oi, "content_index", 0, "text",
@@ -209,7 +227,8 @@ static void close_item(choice *c, const char *status) {
     json_decref(c->ab_tool);
     c->ab_tool = NULL;
     json_decref(c->r_lp);
-    c->r_lp = NULL;
+    json_decref(c->r_lp_pend);
+    c->r_lp = c->r_lp_pend = NULL;
     c->ab_kind = RI_NONE;
     c->ab_text.n = 0;
     c->r_sent = 0;
@@ -247,7 +266,9 @@ static json_t *take_lp(choice *c) {
 
 void srv_resp_deltas(choice *c, const m3_out_delta *d, size_t n) {
     hreq *h = c->h;
-    int reasoning = 0;
+    /* the logprobs of the tokens whose text this is go with the message's text; those of
+     * reasoning and calls are not asked for */
+    json_t *lp = take_lp(c);
     for (size_t i = 0; i < n && !h->failed; i++) {
         if (d[i].kind == M3_OUT_TOOL_BEGIN) {
             open_item(c, RI_CALL, &d[i]);
@@ -261,20 +282,18 @@ void srv_resp_deltas(choice *c, const m3_out_delta *d, size_t n) {
         } else {
             int kind = d[i].kind == M3_OUT_REASONING ? RI_REASONING : RI_MESSAGE;
             if (!d[i].len) continue;
-            reasoning |= kind == RI_REASONING;
             if (c->ab_kind != kind) open_item(c, kind, NULL);
+            if (kind == RI_MESSAGE && lp) { /* before anything closes the message */
+                attach_lp(c, lp);
+                json_decref(lp);
+                lp = NULL;
+            }
         }
         if (m3_sbuf_add(&c->ab_text, d[i].text, d[i].len)) fail(h, NOMEM);
     }
-    c->r_reason_toks += reasoning;
-    /* a token's logprobs go with the message's text: those of reasoning and calls are not asked for */
-    json_t *lp = take_lp(c);
-    if (lp && c->ab_kind == RI_MESSAGE) {
-        if (!c->r_lp && !(c->r_lp = json_array())) fail(h, NOMEM);
-        if (c->r_lp && json_array_extend(c->r_lp, lp)) fail(h, NOMEM);
-    }
-    flush(c, c->ab_kind == RI_MESSAGE ? lp : NULL);
-    if (c->ab_kind != RI_MESSAGE) json_decref(lp);
+    if (lp && c->ab_kind == RI_MESSAGE) attach_lp(c, lp); /* tokens of no text, inside the message */
+    json_decref(lp);
+    flush(c, 0);
 }
 
 /* ------------------------------------------------------------------ the end */
@@ -405,29 +424,32 @@ int srv_resp_final(hreq *h) {
 /* ------------------------------------------------------------------ stored responses */
 
 /* GET /v1/responses/{id}/input_items?order=asc|desc&limit=1..100&after=ITEM&before=ITEM: a page
- * of the stored items (OpenAI's list: newest first by default, 20 a page) */
-static int input_items(srv *s, http_req *req, const char *id) {
+ * of the stored items (OpenAI's list: newest first by default, 20 a page). On a preparation
+ * thread: the stored text of a large input takes a while to parse. */
+int srv_resp_input_items(srv *s, const char *target, json_t **page, m3_oai_error *e) {
+    *page = NULL;
+    char id[160];
+    const char *p = target + 14, *sl = strchr(p, '/'); /* /v1/responses/{id}/input_items[?...] */
+    snprintf(id, sizeof id, "%.*s", sl ? (int)(sl - p) < 150 ? (int)(sl - p) : 150 : 0, p);
+    if (!s->store)
+        return m3_oai_errorf(e, 404, "not_found_error", NULL, "no response '%s': this server stores none (--responses-store 0)", id);
     struct evkeyvalq q;
     TAILQ_INIT(&q);
-    const char *uri = http_target(req), *qs = strchr(uri, '?');
+    const char *qs = strchr(target, '?');
     if (qs && evhttp_parse_query_str(qs + 1, &q))
-        return srv_send_error(req, 400, "invalid_request_error", "the query string does not parse");
+        return m3_oai_errorf(e, 400, "invalid_request_error", NULL, "the query string does not parse");
     const char *order = evhttp_find_header(&q, "order"), *lim = evhttp_find_header(&q, "limit");
     const char *after = evhttp_find_header(&q, "after"), *before = evhttp_find_header(&q, "before");
     int rc = 0;
     long limit = 20;
     char *end = NULL;
     if (order && strcmp(order, "asc") && strcmp(order, "desc"))
-        rc = srv_send_error(req, 400, "invalid_request_error", "'order' must be \"asc\" or \"desc\"");
+        rc = m3_oai_errorf(e, 400, "invalid_request_error", "order", "'order' must be \"asc\" or \"desc\"");
     else if (lim && (!*lim || (limit = strtol(lim, &end, 10), *end) || limit < 1 || limit > 100))
-        rc = srv_send_error(req, 400, "invalid_request_error", "'limit' must be an integer in [1, 100]");
-    if (rc) {
-        evhttp_clear_headers(&q);
-        return rc;
-    }
+        rc = m3_oai_errorf(e, 400, "invalid_request_error", "limit", "'limit' must be an integer in [1, 100]");
     size_t len = 0;
     int oom = 0;
-    char *txt = m3_resp_store_get_items(s->store, id, &len, &oom);
+    char *txt = rc ? NULL : m3_resp_store_get_items(s->store, id, &len, &oom);
     json_t *all = NULL;
     if (txt) {
         json_error_t je;
@@ -437,18 +459,15 @@ static int input_items(srv *s, http_req *req, const char *id) {
         free(txt);
         if (!all) oom = 1; /* the server wrote the text: only memory fails */
     }
-    if (!all) {
-        evhttp_clear_headers(&q);
-        if (oom) return srv_send_error(req, 500, "server_error", "out of memory");
-        return srv_send_error(req, 404, "not_found_error",
-                              "no stored response '%s' (responses live in memory within --responses-store: it was never "
-                              "stored, was deleted, or made room for newer ones)", id);
-    }
+    if (!rc && !all)
+        rc = oom ? m3_oai_errorf(e, 500, "server_error", NULL, "out of memory")
+                 : m3_oai_errorf(e, 404, "not_found_error", NULL,
+                                 "no stored response '%s' (responses live in memory within --responses-store: it was never "
+                                 "stored, was deleted, or made room for newer ones)", id);
     /* the items in the order asked, then the page after `after` / before `before` */
     size_t n = json_array_size(all), from = 0, to = n;
     int desc = !order || !strcmp(order, "desc");
-    const char *missing = NULL;
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0; pass < 2 && !rc; pass++) {
         const char *cur = pass ? before : after;
         if (!cur) continue;
         size_t k = n;
@@ -456,47 +475,56 @@ static int input_items(srv *s, http_req *req, const char *id) {
             const char *iid = json_string_value(json_object_get(json_array_get(all, desc ? n - 1 - i : i), "id"));
             if (iid && !strcmp(iid, cur)) k = i;
         }
-        if (k == n) missing = pass ? "before" : "after";
+        if (k == n)
+            rc = m3_oai_errorf(e, 400, "invalid_request_error", pass ? "before" : "after",
+                               "'%s' names no input item of response '%s'", pass ? "before" : "after", id);
         else if (pass) to = k < to ? k : to;
         else from = k + 1;
     }
-    if (missing) {
+    evhttp_clear_headers(&q);
+    if (rc) {
         json_decref(all);
-        rc = srv_send_error(req, 400, "invalid_request_error", "'%s' names no input item of response '%s'", missing, id);
-        evhttp_clear_headers(&q);
         return rc;
     }
-    evhttp_clear_headers(&q);
     json_t *data = json_array();
     int bad = !data;
     for (size_t i = from; !bad && i < to && i < from + (size_t)limit; i++)
         bad |= json_array_append(data, json_array_get(all, desc ? n - 1 - i : i)) != 0;
-    int more = from + (size_t)limit < to;
     json_t *fi = json_object_get(json_array_get(data, 0), "id"), *la = json_object_get(json_array_get(data, json_array_size(data) - 1), "id");
-    json_t *page = bad ? NULL : json_pack("{s:s,s:o,s:O,s:O,s:b}", "object", "list", "data", data, "first_id", fi ? fi : json_null(),
-                                          "last_id", la ? la : json_null(), "has_more", more);
+    *page = bad ? NULL : json_pack("{s:s,s:o,s:O,s:O,s:b}", "object", "list", "data", data, "first_id", fi ? fi : json_null(),
+                                   "last_id", la ? la : json_null(), "has_more", from + (size_t)limit < to);
     if (bad) json_decref(data);
     json_decref(all);
-    return srv_send_json(req, 200, page); /* NULL: a 500 */
+    return *page ? 0 : m3_oai_errorf(e, 500, "server_error", NULL, "out of memory");
 }
 
-int srv_resp_stored(srv *s, http_req *req, const char *raw_id, int del, int items) {
+int srv_resp_stored(srv *s, http_req *req, const char *raw_id, int del) {
     int rc = srv_check_auth(s, req);
     if (rc) return rc;
     char id[160];
     snprintf(id, sizeof id, "%.150s", raw_id);
     if (!s->store)
         return srv_send_error(req, 404, "not_found_error", "no response '%s': this server stores none (--responses-store 0)", id);
-    if (items) return input_items(s, req, id);
     if (del) {
         if (!m3_resp_store_delete(s->store, id))
             return srv_send_error(req, 404, "not_found_error", "no stored response '%s'", id);
         return srv_send_json(req, 200, json_pack("{s:s,s:s,s:b}", "id", id, "object", "response", "deleted", 1));
     }
+    const char *qs = strchr(http_target(req), '?');
+    if (qs && strstr(qs, "stream=true"))
+        return srv_send_error(req, 400, "invalid_request_error",
+                              "streaming a response again is not supported (it is for background responses, which m3 does not run)");
     size_t len = 0;
     int oom = 0;
     char *txt = m3_resp_store_get(s->store, id, &len, &oom);
     if (!txt && oom) return srv_send_error(req, 500, "server_error", "out of memory");
+    /* not stored yet: a response still being generated (to be stored) answers as it stands */
+    for (hreq *h = s->live; !txt && h; h = h->next)
+        if (h->api == SRV_API_RESPONSES && h->r_store && !h->replied && !strncmp(id, "resp_", 5) && !strcmp(id + 5, h->rid)) {
+            choice *c = &h->ch[0];
+            json_t *o = resp_object(h, "in_progress", c->ab_blocks ? json_deep_copy(c->ab_blocks) : json_array(), NULL);
+            return srv_send_json(req, 200, o); /* NULL: a 500 */
+        }
     if (!txt)
         return srv_send_error(req, 404, "not_found_error",
                               "no stored response '%s' (responses live in memory within --responses-store: it was never "

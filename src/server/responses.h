@@ -21,6 +21,8 @@
  *       calls); function_call_output {call_id, output: a string or input_text / input_image
  *       parts} -> a "tool" message;
  *   previous_response_id: the stored conversation of that response (resp_store.h) goes first;
+ * The chat endpoint's spellings (messages, max_tokens, max_completion_tokens, response_format,
+ * logprobs) and n other than 1 are refused naming this API's field, never silently ignored.
  *   tools [{type: function, name, description, parameters, strict}] -> function tools;
  *   tool_choice "auto" | "none" | "required" | {type: function, name} | {type: allowed_tools,
  *     mode, tools} (the tools list cut to those) -> the chat request's;
@@ -75,5 +77,15 @@ int m3_resp_previous_id(json_t *body, const char **id, m3_oai_error *e);
  * e. */
 int m3_resp_to_oai(json_t *body, json_t *history, json_t **out, m3_resp_req *r, m3_oai_error *e);
 void m3_resp_req_free(m3_resp_req *r);
+
+/* previous_response_id's conversation (a JSON array of chat messages, read only) put into out,
+ * a chat request m3_resp_to_oai made of body without it: after the instructions, before the
+ * input. 0, or the status of the error in e (too many messages, out of memory). */
+int m3_resp_add_history(json_t *out, json_t *body, json_t *history, m3_oai_error *e);
+
+/* An error the chat parser found in a translated request, named as this API names it:
+ * max_tokens -> max_output_tokens, messages[...] -> input (the message says which chat
+ * message). */
+void m3_resp_error_names(m3_oai_error *e);
 
 #endif

@@ -164,10 +164,15 @@ static int reasoning_item(conv *cv, json_t *it, const char *param, m3_oai_error 
     return 0;
 }
 
+/* ids a client sends back (call_id, item ids): the server's are short; a long one is refused
+ * rather than kept (a stored conversation holds it for every later response) */
+#define ID_MAX 256
+
 static int function_call_item(conv *cv, json_t *it, const char *param, m3_oai_error *e) {
     json_t *id = json_object_get(it, "call_id"), *name = json_object_get(it, "name"), *args = json_object_get(it, "arguments");
     if (!json_is_string(id) || !json_is_string(name) || !json_is_string(args))
         return R_BAD(e, param, "%s: a function_call item needs 'call_id', 'name' and 'arguments' strings", param);
+    if (json_string_length(id) > ID_MAX) return R_BAD(e, param, "%s.call_id is longer than %d bytes", param, ID_MAX);
     cv->open = 1;
     if (!cv->calls && !(cv->calls = json_array())) return R_OOM(e);
     /* arguments: the JSON text, as a chat request's tool call carries it (openai.c parses it) */
@@ -180,6 +185,7 @@ static int function_call_item(conv *cv, json_t *it, const char *param, m3_oai_er
 static int function_output_item(conv *cv, json_t *it, const char *param, m3_oai_error *e) {
     json_t *id = json_object_get(it, "call_id"), *out = json_object_get(it, "output");
     if (!json_is_string(id)) return R_BAD(e, param, "%s: a function_call_output item needs a 'call_id' string", param);
+    if (json_string_length(id) > ID_MAX) return R_BAD(e, param, "%s.call_id is longer than %d bytes", param, ID_MAX);
     if (close_assistant(cv, e)) return e->status;
     json_t *c;
     if (json_is_string(out)) c = json_incref(out);
@@ -210,7 +216,10 @@ static int input_items(json_t *b, json_t *turn, m3_oai_error *e) {
         char p[48];
         snprintf(p, sizeof p, "input[%zu]", i);
         const char *t = type_of(it);
+        json_t *iid = json_is_object(it) ? json_object_get(it, "id") : NULL;
         if (!json_is_object(it)) rc = R_BAD(e, p, "%s must be an object (an input item)", p);
+        else if (!absent(iid) && (!json_is_string(iid) || json_string_length(iid) > ID_MAX))
+            rc = R_BAD(e, p, "%s.id must be a string of at most %d bytes", p, ID_MAX);
         else if (!t || !strcmp(t, "message")) rc = message_item(&cv, it, p, e);
         else if (!strcmp(t, "reasoning")) rc = reasoning_item(&cv, it, p, e);
         else if (!strcmp(t, "function_call")) rc = function_call_item(&cv, it, p, e);
@@ -303,14 +312,6 @@ static int tools(json_t *b, json_t *out, m3_oai_error *e) {
     return 0;
 }
 
-static int has_tool(json_t *out, const char *name) {
-    size_t i;
-    json_t *t;
-    json_array_foreach(json_object_get(out, "tools"), i, t)
-        if (!strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")), name)) return 1;
-    return 0;
-}
-
 static int tool_choice(json_t *b, json_t *out, m3_oai_error *e) {
     json_t *tc = json_object_get(b, "tool_choice");
     if (absent(tc)) return 0;
@@ -336,23 +337,38 @@ static int tool_choice(json_t *b, json_t *out, m3_oai_error *e) {
     if (!mode || (strcmp(mode, "auto") && strcmp(mode, "required")))
         return R_BAD(e, "tool_choice", "'tool_choice.mode' must be \"auto\" or \"required\"");
     if (!json_is_array(al)) return R_BAD(e, "tool_choice", "'tool_choice.tools' must be an array of {\"type\": \"function\", \"name\"}");
-    for (size_t i = 0; i < json_array_size(al); i++) {
+    if (json_array_size(al) > M3_OAI_MAX_TOOLS)
+        return R_BAD(e, "tool_choice", "'tool_choice.tools' has %zu entries; the limit is %d", json_array_size(al), M3_OAI_MAX_TOOLS);
+    json_t *names = json_object(), *all = json_object_get(out, "tools"); /* the tools offered, by name */
+    size_t i;
+    json_t *t2;
+    if (!names) return R_OOM(e);
+    json_array_foreach(all, i, t2) {
+        const char *n = json_string_value(json_object_get(json_object_get(t2, "function"), "name"));
+        if (n && json_object_set_new(names, n, json_integer(0))) { json_decref(names); return R_OOM(e); }
+    }
+    for (i = 0; i < json_array_size(al); i++) {
         json_t *x = json_array_get(al, i);
         const char *n = json_string_value(json_object_get(x, "name")), *xt = type_of(x);
+        int rc = 0;
         if (!n || (xt && strcmp(xt, "function")))
-            return R_BAD(e, "tool_choice", "'tool_choice.tools[%zu]' must be {\"type\": \"function\", \"name\": ...}", i);
-        if (!has_tool(out, n))
-            return R_BAD(e, "tool_choice", "'tool_choice.tools[%zu]' names '%.60s', which is not among 'tools'", i, n);
+            rc = R_BAD(e, "tool_choice", "'tool_choice.tools[%zu]' must be {\"type\": \"function\", \"name\": ...}", i);
+        else if (!json_object_get(names, n))
+            rc = R_BAD(e, "tool_choice", "'tool_choice.tools[%zu]' names '%.60s', which is not among 'tools'", i, n);
+        else if (json_object_set_new(names, n, json_integer(1))) rc = R_OOM(e); /* allowed */
+        if (rc) { json_decref(names); return rc; }
     }
-    json_t *kept = json_array(), *all = json_object_get(out, "tools");
-    if (!kept) return R_OOM(e);
-    for (size_t i = 0; i < json_array_size(all); i++) {
-        json_t *t2 = json_array_get(all, i);
+    json_t *kept = json_array();
+    if (!kept) { json_decref(names); return R_OOM(e); }
+    json_array_foreach(all, i, t2) {
         const char *n = json_string_value(json_object_get(json_object_get(t2, "function"), "name"));
-        int in = 0;
-        for (size_t j = 0; j < json_array_size(al) && !in; j++) in = !strcmp(json_string_value(json_object_get(json_array_get(al, j), "name")), n);
-        if (in && json_array_append(kept, t2)) { json_decref(kept); return R_OOM(e); }
+        if (json_integer_value(json_object_get(names, n)) == 1 && json_array_append(kept, t2)) {
+            json_decref(kept);
+            json_decref(names);
+            return R_OOM(e);
+        }
     }
+    json_decref(names);
     if (set(out, "tools", kept) || set(out, "tool_choice", json_string(mode))) return R_OOM(e);
     return 0;
 }
@@ -502,6 +518,16 @@ static int metadata(json_t *b, m3_oai_error *e) {
 
 static int refused(json_t *b, m3_oai_error *e) {
     json_t *v;
+    /* the chat endpoint's spellings: a client that sends them means something this API says otherwise */
+    static const struct { const char *chat, *here; } CHAT[] = {
+        {"messages", "'input' (a string or input items)"}, {"max_tokens", "'max_output_tokens'"},
+        {"max_completion_tokens", "'max_output_tokens'"}, {"response_format", "'text.format'"},
+        {"logprobs", "'include': [\"message.output_text.logprobs\"] with 'top_logprobs'"}};
+    for (size_t i = 0; i < sizeof CHAT / sizeof *CHAT; i++)
+        if (!absent(v = json_object_get(b, CHAT[i].chat)) && !json_is_false(v))
+            return R_BAD(e, CHAT[i].chat, "'%s' is the chat endpoint's field; the Responses API's is %s", CHAT[i].chat, CHAT[i].here);
+    if (!absent(v = json_object_get(b, "n")) && !(json_is_integer(v) && json_integer_value(v) == 1))
+        return R_BAD(e, "n", "'n' is not supported: a response has one output (send n requests)");
     if (json_is_true(json_object_get(b, "background")))
         return R_BAD(e, "background", "background responses are not supported: stream the response instead");
     if (!absent(v = json_object_get(b, "background")) && !json_is_boolean(v)) return R_BAD(e, "background", "'background' must be a boolean");
@@ -518,6 +544,17 @@ static int refused(json_t *b, m3_oai_error *e) {
     static const char *const STR[] = {"user", "service_tier", "prompt_cache_key", "safety_identifier"};
     for (size_t i = 0; i < sizeof STR / sizeof *STR; i++)
         if (!absent(v = json_object_get(b, STR[i])) && !json_is_string(v)) return R_BAD(e, STR[i], "'%s' must be a string", STR[i]);
+    return 0;
+}
+
+int m3_resp_add_history(json_t *out, json_t *b, json_t *history, m3_oai_error *e) {
+    json_t *msgs = json_object_get(out, "messages");
+    size_t at = json_is_string(json_object_get(b, "instructions")) ? 1 : 0; /* after the instructions' system message */
+    if (json_array_size(msgs) + json_array_size(history) > M3_OAI_MAX_MESSAGES)
+        return R_BAD(e, "previous_response_id", "the conversation has %zu messages with this request's; the limit is %d",
+                     json_array_size(msgs) + json_array_size(history), M3_OAI_MAX_MESSAGES);
+    for (size_t i = 0; i < json_array_size(history); i++)
+        if (json_array_insert(msgs, at + i, json_array_get(history, i))) return R_OOM(e);
     return 0;
 }
 
@@ -539,13 +576,12 @@ int m3_resp_to_oai(json_t *b, json_t *history, json_t **out, m3_resp_req *r, m3_
     if (!(r->turn = json_array())) rc = R_OOM(e);
     json_t *v = json_object_get(b, "instructions");
     if (!rc && json_is_string(v) && add(msgs, json_pack("{s:s,s:O}", "role", "system", "content", v))) rc = R_OOM(e);
-    for (size_t i = 0; !rc && i < json_array_size(history); i++)
-        if (json_array_append(msgs, json_array_get(history, i))) rc = R_OOM(e);
     if (!rc) rc = input_items(b, r->turn, e);
     if (!rc && !(r->items = listed_items(b))) rc = R_OOM(e);
     if (!rc && json_array_extend(msgs, r->turn)) rc = R_OOM(e);
     if (!rc && json_array_size(msgs) > M3_OAI_MAX_MESSAGES)
         rc = R_BAD(e, "input", "the conversation has %zu messages; the limit is %d", json_array_size(msgs), M3_OAI_MAX_MESSAGES);
+    if (!rc && history) rc = m3_resp_add_history(o, b, history, e);
     /* the fields that mean the same on the chat endpoint: checked by its parser */
     static const char *const same[] = {"model", "stream", "temperature", "top_p", "parallel_tool_calls", "top_k", "min_p",
                                        "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop",
@@ -576,4 +612,24 @@ void m3_resp_req_free(m3_resp_req *r) {
     json_decref(r->turn);
     json_decref(r->items);
     r->echo = r->turn = r->items = NULL;
+}
+
+void m3_resp_error_names(m3_oai_error *e) {
+    if (!strcmp(e->param, "max_tokens")) { /* the only field spelled otherwise here */
+        char m[sizeof e->message];
+        size_t n = 0;
+        for (const char *p = e->message; *p && n + 1 < sizeof m;) {
+            if (!strncmp(p, "max_tokens", 10) && (p == e->message || p[-1] != '_')) {
+                for (const char *r = "max_output_tokens"; *r && n + 1 < sizeof m; r++) m[n++] = *r;
+                p += 10;
+            } else m[n++] = *p++;
+        }
+        m[n] = 0;
+        m3_oai_errorf(e, e->status, e->type, "max_output_tokens", "%s", m); /* (cut at a character's end) */
+    } else if (!strncmp(e->param, "messages", 8)) { /* the chat messages the input became */
+        char m[sizeof e->message];
+        snprintf(m, sizeof m, "%s", e->message);
+        m3_oai_errorf(e, e->status, e->type, "input", "in the conversation as chat messages (instructions, earlier responses, "
+                      "then the input): %s", m);
+    }
 }

@@ -112,6 +112,11 @@ int srv_send_json(http_req *req, int code, json_t *j) {
 }
 
 size_t srv_error_json(char *buf, size_t cap, int code, const char *type, const char *param, const char *msg) {
+    return srv_error_json_code(buf, cap, code, NULL, type, param, msg);
+}
+
+size_t srv_error_json_code(char *buf, size_t cap, int code, const char *scode, const char *type, const char *param,
+                           const char *msg) {
     size_t n = 0;
     if (!cap) return 0;
 #define PUT(c) do { if (n + 1 < cap) buf[n++] = (c); } while (0)
@@ -135,7 +140,11 @@ size_t srv_error_json(char *buf, size_t cap, int code, const char *type, const c
     else PUTS("null");
     char tail[32];
     snprintf(tail, sizeof tail, ",\"code\":%d}}", code);
-    PUTS(tail);
+    if (scode) {
+        PUTS(",\"code\":");
+        PUTQ(scode);
+        PUTS("}}");
+    } else PUTS(tail);
 #undef PUTQ
 #undef PUTS
 #undef PUT
@@ -149,7 +158,7 @@ int srv_send_oai(http_req *req, const m3_oai_error *e) {
     char body[4096];
     /* the endpoints of Anthropic's API answer in its shape (the type follows from the status) */
     size_t n = srv_api_anthropic(req) ? m3_anth_error_json(body, sizeof body, e->status, e->message)
-                                      : srv_error_json(body, sizeof body, e->status, e->type, e->param, e->message);
+                                      : srv_error_json_code(body, sizeof body, e->status, e->code, e->type, e->param, e->message);
     struct evbuffer *b = evbuffer_new();
     if (b && !evbuffer_add(b, body, n)) http_reply(req, e->status, "application/json", b);
     else http_reply(req, e->status, NULL, NULL);
@@ -299,6 +308,15 @@ static int h_metrics(http_req *req, srv *s) {
     info.http_slow_requests = hst.slow_requests;
     info.http_write_timeouts = hst.write_timeouts;
     info.http_turned_away = hst.turned_away;
+    if (s->store) {
+        m3_resp_store_stats rs;
+        m3_resp_store_get_stats(s->store, &rs);
+        info.responses_store = 1;
+        info.responses_stored = rs.n;
+        info.responses_evicted = rs.evicted;
+        info.responses_bytes = rs.bytes;
+        info.responses_cap = rs.cap;
+    }
     info.fault_armed = s->o->fault_spec != NULL;
     for (int i = 0; i < M3_FAULT_NMOD; i++) {
         info.fault_injected[i] = m3_fault_failed((m3_fault_module)i);
@@ -436,7 +454,10 @@ static void route(http_req *req, void *arg) {
         case 1: rc = h_metrics(req, s); break;
         case 2: rc = h_models(req, s, model_id); break;
         case 7: rc = srv_send_json(req, 200, json_pack("{s:s}", "version", M3_VERSION)); break;
-        case 11: rc = srv_resp_stored(s, req, resp_id, del, resp_items); break;
+        case 11: /* the items' stored text is parsed on a preparation thread (prep.c) */
+            if (!resp_items) rc = srv_resp_stored(s, req, resp_id, del);
+            else if (!(rc = srv_check_auth(s, req))) rc = srv_prep_submit(s, req, SRV_PREP_INPUT_ITEMS, serial, t0);
+            break;
         default: /* the rest of the work on a preparation thread (prep.c): the loop goes on */
             rc = srv_check_auth(s, req);
             if (!rc) rc = srv_prep_submit(s, req, k == 3 ? SRV_PREP_TOKENIZE : k == 4 ? SRV_PREP_DETOKENIZE
@@ -567,6 +588,7 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
         srv_cleanup(s);
         return m3_errf(err, "out of memory");
     }
+    if (s->store) m3_resp_store_set_max_read(s->store, o->max_body); /* what the conversation sent whole could hold */
     /* Checkpoints pad vocab_size past the tokenizer (200,064 rows for ~200,000 tokens): ids no
      * token spells are not text, so no request samples them (sampling masks them) */
     s->n_text = m3_tok_n_vocab(tok) < vocab ? m3_tok_n_vocab(tok) : vocab;

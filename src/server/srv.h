@@ -52,7 +52,7 @@ typedef struct prep_job prep_job;
 
 /* what a preparation job does (prep.c) */
 enum { SRV_PREP_COMPLETION = 0, SRV_PREP_CHAT = 1, SRV_PREP_TOKENIZE = 2, SRV_PREP_DETOKENIZE = 3,
-       SRV_PREP_MESSAGES = 4, SRV_PREP_COUNT_TOKENS = 5, SRV_PREP_RESPONSES = 6 };
+       SRV_PREP_MESSAGES = 4, SRV_PREP_COUNT_TOKENS = 5, SRV_PREP_RESPONSES = 6, SRV_PREP_INPUT_ITEMS = 7 };
 /* the API a generation request speaks: its output's shapes (generate.c, anthropic.c, responses.c) */
 enum { SRV_API_OPENAI = 0, SRV_API_ANTHROPIC = 1, SRV_API_RESPONSES = 2 };
 #define SRV_MAX_PREP 16 /* preparation threads at most */
@@ -93,7 +93,9 @@ typedef struct choice {
      * ab_text (all of its text), the items closed so far ab_blocks (stream too) */
     size_t r_sent;          /* stream: bytes of ab_text sent */
     json_t *r_lp;           /* its message's logprob entries (include message.output_text.logprobs) */
-    int r_reason_toks;      /* tokens whose text was reasoning (usage.output_tokens_details) */
+    json_t *r_lp_pend;      /* stream: those not sent yet */
+    int r_reason_toks;      /* reasoning tokens, its tags included (usage.output_tokens_details) */
+    int r_reason;           /* 1: in the reasoning; 0: not yet (adaptive: it may open); -1: done or off */
     size_t text_chars;      /* code points so far (completions text_offset) */
     struct choice *fin_next;/* srv.fin list (a final record that found the queue out of memory) */
     int fin_reason, fin_has_tok;
@@ -132,6 +134,7 @@ struct hreq {
     char *r_prev;           /* previous_response_id, NULL: none */
     int r_store;            /* store the response when it completes */
     long r_seq;             /* stream: the next event's sequence_number */
+    int32_t r_think_open, r_think_end; /* the reasoning's tags as token ids (-1: none) */
     char *echo_text;        /* completions with echo: the prompts' text */
     size_t echo_len;
     int n_per;              /* choices per prompt: choice i answers prompt i / n_per */
@@ -198,6 +201,9 @@ int srv_send_oai(http_req *req, const m3_oai_error *e); /* returns e->status */
 /* An OpenAI error object as JSON text (no allocation: escaped into buf), for bodies and
  * stream events. Returns its length (truncated to cap - 1). */
 size_t srv_error_json(char *buf, size_t cap, int code, const char *type, const char *param, const char *msg);
+/* the same with OpenAI's code string (scode; NULL: the status) */
+size_t srv_error_json_code(char *buf, size_t cap, int code, const char *scode, const char *type, const char *param,
+                           const char *msg);
 int srv_check_auth(srv *s, http_req *req);       /* 0, or the status of the 401 sent */
 void srv_log(srv *s, unsigned long serial, const char *what, int status, int prompt, int completion, double ttft,
              double total);
@@ -256,8 +262,11 @@ void srv_resp_stream_end(choice *c);        /* the open item closed, response.co
 void srv_resp_sse_failed(hreq *h, const char *msg); /* response.failed */
 int srv_resp_final(hreq *h);                /* non-stream: the response; returns the status sent */
 void srv_resp_free(hreq *h);                /* what hreq holds for it */
-/* GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items (items): returns the
- * status sent */
-int srv_resp_stored(srv *s, http_req *req, const char *id, int del, int items);
+void srv_resp_token(choice *c, int32_t token); /* a generated token (reasoning tokens counted) */
+/* GET and DELETE /v1/responses/{id}: returns the status sent */
+int srv_resp_stored(srv *s, http_req *req, const char *id, int del);
+/* GET /v1/responses/{id}/input_items (target: the request's, query included), on a preparation
+ * thread: *page, or the status of the error in e */
+int srv_resp_input_items(srv *s, const char *target, json_t **page, m3_oai_error *e);
 
 #endif

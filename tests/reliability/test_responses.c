@@ -536,7 +536,7 @@ static int refusals(void) {
     result_free(&x);
     json_decref(b);
     b = load("{'model':'m','input':'x','previous_response_id':'r'}"); /* a history of 4096 + the new input */
-    refused(b, in, "history + 1", "input", "the conversation has 4097 messages");
+    refused(b, in, "history + 1", "previous_response_id", "the conversation has 4097 messages");
     json_decref(b);
     json_decref(in);
     json_t *tl = json_array();
@@ -793,6 +793,40 @@ static void store_eviction(void) {
     m3_resp_store_free(s);
 }
 
+/* Reading a conversation makes its responses the most recently used: an insertion-ordered store
+ * would evict its first response next, this one evicts the response nobody read. */
+static void store_lru(void) {
+    m3_resp_store *s = m3_resp_store_new(1 << 20);
+    put(s, "x", NULL, "1");
+    size_t B = stats(s).bytes;
+    m3_resp_store_free(s);
+    s = m3_resp_store_new(4 * B + B / 2); /* room for four */
+    CHECK(!put(s, "a", NULL, "1") && !put(s, "o1", NULL, "1") && !put(s, "o2", NULL, "1") && !put(s, "b", "a", "1"), "puts");
+    /* a o1 o2 b: reading b's conversation makes a and b the newest, a before b: o1 o2 a b */
+    static const char *const AB[] = {"a", "b"};
+    CHECK(history_is(s, "b", AB, 2), "the conversation a b");
+    CHECK(!put(s, "o3", NULL, "1") && absent_id(s, "o1") && has(s, "a", "1") && has(s, "o2", "1"),
+          "the next put evicts o1, the least recently used (not a, the oldest stored)");
+    CHECK(!put(s, "o4", NULL, "1") && absent_id(s, "o2") && has(s, "a", "1"), "then o2");
+    CHECK(!put(s, "o5", NULL, "1") && absent_id(s, "a") && has(s, "b", "1") && history_missing(s, "b", "a"),
+          "then a, read before b: b's conversation is refused naming it");
+    m3_resp_store_free(s);
+    /* the bytes a conversation read back may hold (the server's --max-body) */
+    s = m3_resp_store_new(1 << 20);
+    CHECK(!put(s, "m1", NULL, "1") && !put(s, "m2", "m1", "1") && !put(s, "m3", "m2", "1"), "puts");
+    size_t T = strlen("[{\"role\":\"user\",\"content\":\"m1\"}]"); /* a turn's bytes (turn_of) */
+    m3_resp_store_set_max_read(s, 3 * T);
+    static const char *const M[] = {"m1", "m2", "m3"};
+    CHECK(history_is(s, "m3", M, 3), "three turns within 3 turns' bytes");
+    m3_resp_store_set_max_read(s, 3 * T - 1);
+    json_t *msgs = (json_t *)1;
+    char missing[64] = "";
+    int rc = m3_resp_store_history(s, "m3", &msgs, missing, sizeof missing);
+    CHECK(rc == 3 && !msgs, "three turns over 3 turns' bytes - 1: %d (want 3)", rc);
+    CHECK(history_is(s, "m2", M, 2), "two of them still read");
+    m3_resp_store_free(s);
+}
+
 static void store_faults(long *runs) {
     /* store_new */
     for (long n = 1;; n++) {
@@ -1004,6 +1038,7 @@ int main(void) {
     /* 4. the store */
     store_basics();
     store_eviction();
+    store_lru();
     long sruns = 0;
     store_faults(&sruns);
     store_chain_limit();

@@ -193,8 +193,19 @@ try {
   ok(rOn.output[0]?.type === 'reasoning' && /^rs_/.test(rOn.output[0].id) && rOn.output[0].content[0].type === 'reasoning_text' &&
      Array.isArray(rOn.output[0].summary) && reasonText(rOn) === oOn.choices[0].message.reasoning_content && msgText(rOn) === (oOn.choices[0].message.content || ''),
      `reasoning: a reasoning item with the chat endpoint's reasoning (${JSON.stringify(reasonText(rOn)).slice(0, 40)}), the text its content`);
-  ok(rOn.usage.output_tokens_details.reasoning_tokens > 0 && rOn.usage.output_tokens_details.reasoning_tokens <= rOn.usage.output_tokens,
-     `reasoning tokens counted: ${rOn.usage.output_tokens_details.reasoning_tokens} of ${rOn.usage.output_tokens}`);
+  // reasoning tokens: the generated tokens up to and with </mm:think> (the chat endpoint's logprobs list every token)
+  // (a random model reasons on and on: a bias on </mm:think> ends some of it early)
+  const thinkEnd = (await post(base, '/tokenize', { prompt: '</mm:think>' }, AUTH)).json.tokens;
+  const rsn = async (max, input, bias) => {
+    const logit_bias = bias ? { [thinkEnd[0]]: bias } : undefined;
+    const r = await client.responses.create({ ...greedy, max_output_tokens: max, input, logit_bias });
+    const o = await client.chat.completions.create({ ...greedy, max_tokens: max, messages: [{ role: 'user', content: input }], logprobs: true, logit_bias });
+    const toks = o.choices[0].logprobs.content.map(x => x.token), end = toks.indexOf('</mm:think>');
+    return [r.usage.output_tokens_details.reasoning_tokens, end >= 0 ? end + 1 : toks.length, r.usage.output_tokens, end];
+  };
+  const counts = await Promise.all([[20, 'Hello there', 0], [40, 'Hi', 2], [40, 'Why?', 3], [40, 'Name a color.', 4]].map(([m, i, b]) => rsn(m, i, b)));
+  ok(thinkEnd.length === 1 && counts.every(([got, want]) => got === want) && counts.some(([, , out, end]) => end >= 0 && end + 1 < out),
+     `reasoning_tokens = the tokens through </mm:think>: ${counts.map(([g, w, o]) => `${g}/${w} of ${o}`).join(', ')}`);
   ok(noIds(rDef.output) === noIds(rOn.output), 'reasoning absent: the template\'s default (enabled)');
   const fOn = fold((await rawStream({ ...think, reasoning: { effort: 'low' } })).events);
   ok(!fOn.err && noIds(fOn.output) === noIds(rOn.output) && fOn.items[0]?.deltas > 1,
@@ -353,10 +364,12 @@ try {
   const delRaw = await fetch(base + '/v1/responses/' + b.id, { method: 'DELETE', headers: AUTH });
   ok(delRaw.status === 200 && (await delRaw.json()).deleted === true, 'DELETE answers {id, object, deleted: true}');
   await refused(client.responses.retrieve(a.id), OpenAI.NotFoundError, 404, 'a deleted response: 404', /no stored response/);
-  await refused(client.responses.create({ ...greedy, input: 'x', previous_response_id: a.id }), OpenAI.NotFoundError, 404,
-                'previous_response_id of a deleted response', /not found/, 'previous_response_id');
-  await refused(client.responses.create({ ...greedy, input: 'x', previous_response_id: c.id }), OpenAI.NotFoundError, 404,
+  // OpenAI's error (400, code previous_response_not_found: clients resend the whole conversation on it)
+  const e1 = await refused(client.responses.create({ ...greedy, input: 'x', previous_response_id: a.id }), OpenAI.BadRequestError, 400,
+                'previous_response_id of a deleted response', new RegExp(`^Previous response with id '${a.id}' not found\\.`), 'previous_response_id');
+  const e2 = await refused(client.responses.create({ ...greedy, input: 'x', previous_response_id: c.id }), OpenAI.BadRequestError, 400,
                 'a chain whose earlier response was deleted names it', new RegExp(`goes back to response '${b.id}'`), 'previous_response_id');
+  ok(e1?.code === 'previous_response_not_found' && e2?.code === 'previous_response_not_found', `error code ${e1?.code}`);
   const delAgain = await fetch(base + '/v1/responses/' + a.id, { method: 'DELETE', headers: AUTH });
   ok(delAgain.status === 404, 'DELETE of a response not stored: 404');
   const noAuth = await fetch(base + '/v1/responses/' + c.id);
@@ -371,8 +384,14 @@ try {
   await refused(sc.responses.retrieve(firsts[0].id), OpenAI.NotFoundError, 404, 'a small --responses-store: the oldest is gone', /made room/);
   const last = await sc.responses.retrieve(firsts[5].id);
   ok(last.id === firsts[5].id, 'the newest is kept');
-  await refused(sc.responses.create({ ...greedy, input: 'x', previous_response_id: firsts[0].id }), OpenAI.NotFoundError, 404,
+  await refused(sc.responses.create({ ...greedy, input: 'x', previous_response_id: firsts[0].id }), OpenAI.BadRequestError, 400,
                 'previous_response_id of an evicted response', /made room/, 'previous_response_id');
+  // (the order of eviction, least recently used first, is test_responses'); /metrics counts it
+  const smm = await metrics(small.base);
+  ok(smm['m3_responses_evicted_total'] >= 2 && smm['m3_responses_stored'] >= 1 && smm['m3_responses_store_capacity_bytes'] === 6000 &&
+     smm['m3_responses_store_bytes'] <= 6000,
+     `/metrics: ${smm['m3_responses_evicted_total']} evicted, ${smm['m3_responses_stored']} stored, ${smm['m3_responses_store_bytes']} of ` +
+     `${smm['m3_responses_store_capacity_bytes']} bytes`);
   // (that server has vLLM's --enable-prompt-tokens-details: chat usage names the cached tokens too;
   // the main server's does not, as vLLM's default)
   const chatQ = { ...greedy, max_tokens: 2, messages: [{ role: 'user', content: 'Q'.repeat(40) + ' is a long question about caching?' }] };
@@ -385,6 +404,16 @@ try {
      chMain.usage.prompt_tokens_details === undefined,
      `--enable-prompt-tokens-details: chat usage cached_tokens ${ch1.usage.prompt_tokens_details?.cached_tokens}, then ${ch2.usage.prompt_tokens_details?.cached_tokens} of ` +
      `${ch2.usage.prompt_tokens} (stream usage too); without the flag no prompt_tokens_details`);
+  // a conversation read back holds at most --max-body bytes: what it could hold sent whole
+  const capped = await startServer(m3, ck, ['--served-model-name', 'tiny', '--max-body', '3000']);
+  others.push(capped);
+  const cc = new OpenAI({ baseURL: capped.base + '/v1', apiKey: 'none', maxRetries: 0 });
+  let prevR = null;
+  const words = 'lorem ipsum dolor sit amet '.repeat(40).slice(0, 1000);
+  for (let i = 0; i < 3; i++)
+    prevR = await cc.responses.create({ ...greedy, max_output_tokens: 2, input: words, reasoning: OFF, ...(prevR ? { previous_response_id: prevR.id } : {}) });
+  await refused(cc.responses.create({ ...greedy, max_output_tokens: 2, input: words, previous_response_id: prevR.id }), OpenAI.BadRequestError, 400,
+                'a conversation over --max-body', /more than --max-body \(3000 bytes\)/, 'previous_response_id');
   // --responses-store 0: nothing kept, and previous_response_id refused
   const none = await startServer(m3, ck, ['--served-model-name', 'tiny', '--responses-store', '0']);
   others.push(none);
@@ -413,11 +442,39 @@ try {
   await refused(client.responses.create({ ...plain, temperature: 5 }), B, 400, 'temperature 5', /temperature/, 'temperature');
   await refused(client.responses.create({ ...plain, model: 'nope' }), OpenAI.NotFoundError, 404, 'an unknown model', /nope/, 'model');
   await refused(client.responses.create({ ...plain, input: [] }), B, 400, 'an empty input', /input/, 'input');
+  // the chat endpoint's spellings are refused naming this API's fields, never ignored
+  await refused(client.responses.create({ ...plain, max_tokens: 5 }), B, 400, 'max_tokens', /max_output_tokens/, 'max_tokens');
+  await refused(client.responses.create({ ...plain, messages: [{ role: 'user', content: 'x' }] }), B, 400, 'messages', /'input'/, 'messages');
+  await refused(client.responses.create({ ...plain, response_format: { type: 'json_object' } }), B, 400, 'response_format', /text\.format/, 'response_format');
+  await refused(client.responses.create({ ...plain, n: 3 }), B, 400, 'n 3', /one output/, 'n');
+  // the chat parser's findings, named as this API names them
+  await refused(client.responses.create({ ...plain, max_output_tokens: 0 }), B, 400, 'max_output_tokens 0', /'max_output_tokens'/, 'max_output_tokens');
+  await refused(client.responses.create({ ...plain, max_output_tokens: 1 << 29 }), B, 400, 'max_output_tokens over the context', /max_output_tokens/, 'max_output_tokens');
+  await refused(client.responses.create({ ...plain, input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'data:image/png;base64,AAAA' }] }] }), B, 400,
+                'an image on a model without a vision tower, named in the input', /conversation as chat messages/, 'input');
+  await refused(client.responses.create({ ...plain, tools: TOOLS, tool_choice: { type: 'allowed_tools', mode: 'auto', tools: Array(513).fill({ type: 'function', name: 'get_time' }) } }),
+                B, 400, 'allowed_tools with 513 entries', /limit is 512/, 'tool_choice');
+  await refused(client.responses.create({ ...plain, input: [{ type: 'function_call_output', call_id: 'c'.repeat(300), output: 'x' }] }), B, 400,
+                'a call_id of 300 bytes', /longer than 256/, 'input[0]');
   await refused(new OpenAI({ baseURL: base + '/v1', apiKey: 'wrong', maxRetries: 0 }).responses.create(plain), OpenAI.AuthenticationError, 401, 'a wrong key');
   const badJson = await post(base, '/v1/responses', '{"model": ', AUTH);
   ok(badJson.status === 400 && badJson.json?.error?.type === 'invalid_request_error', `bad JSON: ${badJson.text.slice(0, 100)}`);
   const wrongMethod = await fetch(base + '/v1/responses/' + c.id, { method: 'POST', headers: AUTH });
   ok(wrongMethod.status === 405, 'POST /v1/responses/{id}: 405');
+  const restream = await fetch(base + '/v1/responses/' + c.id + '?stream=true', { headers: AUTH });
+  ok(restream.status === 400 && /background/.test((await restream.json()).error.message), 'GET ?stream=true: 400 (no background responses)');
+  // a response still being generated: GET answers it as it stands (in_progress), then as stored
+  const live = client.responses.stream({ ...greedy, max_output_tokens: 300, input: 'Tell me a long story.', reasoning: OFF });
+  let liveId = null, during = null;
+  for await (const ev of live) {
+    if (ev.type === 'response.created') liveId = ev.response.id;
+    if (ev.type === 'response.output_text.delta' && !during && liveId) during = await client.responses.retrieve(liveId);
+  }
+  const liveDone = await live.finalResponse();
+  const stored = await client.responses.retrieve(liveId);
+  ok(during?.status === 'in_progress' && during.id === liveId && during.usage === null && stored.status === liveDone.status &&
+     noIds(stored.output) === noIds(liveDone.output) && stored.output_text === liveDone.output_text,
+     `GET during generation: status ${during?.status} (${during?.output?.length} item(s) so far); after it: ${stored.status}, the streamed output`);
 
   // ---- an error mid-stream: a copy of the checkpoint with one token's embedding row NaN
   const bad = (await post(base, '/tokenize', { prompt: ' zebra' }, AUTH)).json.tokens[0];

@@ -336,7 +336,7 @@ static void lp_add(srv *s, choice *c, const m3_sample_out *so, const char *text,
 /* Passes parsed deltas on: a stream chunk, or the non-stream accumulators. */
 static void emit_deltas(choice *c, const m3_out_delta *d, size_t n) {
     hreq *h = c->h;
-    if (!n) return;
+    if (!n && h->api != SRV_API_RESPONSES) return; /* (responses.c: where the logprobs of a token of no text go) */
     if (h->api == SRV_API_ANTHROPIC) { /* content blocks (anthropic.c) */
         srv_anth_deltas(c, d, n);
         return;
@@ -594,8 +594,8 @@ static void on_token(srv *s, choice *c, const m3_sample_out *so, int finished, i
         m3_tok_stream_finish(c->ts, &p, &n);
         if (n && m3_sbuf_add(&c->text, p, n)) { mark_failed(h, NOMEM); return; }
     }
-    if (!stop_tok) lp_add(s, c, so, c->text.p ? c->text.p + before : "", c->text.n - before);
-    if (h->api == SRV_API_RESPONSES) srv_resp_token(c, so->token);
+    int not_text = h->api == SRV_API_RESPONSES && srv_resp_token(c, so->token); /* (reasoning: not the message's) */
+    if (!stop_tok && !not_text) lp_add(s, c, so, c->text.p ? c->text.p + before : "", c->text.n - before);
     size_t upto = c->text.n;
     int hit = 0;
     if (c->stop && c->n_gen > h->min_tokens) { /* min_tokens holds stop strings back too (vLLM) */
@@ -724,6 +724,7 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
         c->h = h;
         c->index = i;
         c->r_reason = !resp || !g->oo.reasoning || g->oo.thinking == M3_THINK_DISABLED ? -1
+                      : h->r_think_end < 0 ? 2 /* no single-token tags: counted by the parser's output */
                       : g->oo.thinking == M3_THINK_ENABLED ? 1 : 0;
         if (!(c->ts = m3_tok_stream_new(s->tok, 1, &err))) rc = srv_send_error(req, 500, "server_error", "%s", err.msg);
         else if (g->n_stop_strs && !(c->stop = m3_stop_create(g->stop_strs, g->n_stop_strs, NULL, 0, &err)))

@@ -146,7 +146,8 @@ static void responses_to_chat(srv *s, prep_job *j) {
     char missing[160];
     int rc = m3_resp_store_history(s->store, prev, &history, missing, sizeof missing);
     /* OpenAI's error for a response it does not have (clients resend the whole conversation on it) */
-    if (rc == 1 && !strcmp(missing, prev))
+    int self = rc == 1 && !strncmp(missing, prev, sizeof missing - 1); /* (a long id is cut in missing) */
+    if (self)
         j->rc = m3_oai_errorf(&j->e, 400, "invalid_request_error", "previous_response_id",
                               "Previous response with id '%.150s' not found. (Responses live in memory within --responses-store: "
                               "it was never stored, was deleted, made room for newer ones, or is still being generated.)", prev);

@@ -15,7 +15,7 @@
 typedef struct text {
     atomic_int ref;
     size_t n;
-    char p[];
+    char *p;    /* the caller's buffer, taken (no copy on the event loop) */
 } text;
 
 typedef struct entry {
@@ -48,16 +48,16 @@ static char *dup_str(const char *s) {
     return d;
 }
 
-/* the text p[0..n) as a shared text (p freed whatever happens); NULL when out of memory */
+/* the text p[0..n) as a shared text (p taken: freed whatever happens); NULL when out of memory */
 static text *text_of(char *p, size_t n) {
-    text *t = p ? m3_fault_malloc(M3_FAULT_SERVER, sizeof *t + n + 1) : NULL;
-    if (t) {
-        atomic_init(&t->ref, 1);
-        t->n = n;
-        memcpy(t->p, p, n);
-        t->p[n] = 0;
+    text *t = p ? m3_fault_malloc(M3_FAULT_SERVER, sizeof *t) : NULL;
+    if (!t) {
+        free(p);
+        return NULL;
     }
-    free(p);
+    atomic_init(&t->ref, 1);
+    t->n = n;
+    t->p = p;
     return t;
 }
 
@@ -67,7 +67,10 @@ static text *text_ref(text *t) {
 }
 
 static void text_unref(text *t) {
-    if (t && atomic_fetch_sub(&t->ref, 1) == 1) free(t);
+    if (t && atomic_fetch_sub(&t->ref, 1) == 1) {
+        free(t->p);
+        free(t);
+    }
 }
 
 m3_resp_store *m3_resp_store_new(size_t cap) {
@@ -165,7 +168,6 @@ int m3_resp_store_put(m3_resp_store *s, const char *id, const char *prev, char *
         free(items);
         return 1;
     }
-    /* the copies are made before the lock is taken */
     entry *x = m3_fault_calloc(M3_FAULT_SERVER, 1, sizeof *x);
     text *tt = text_of(turn, turn_len), *rt = text_of(resp, resp_len), *it = items ? text_of(items, items_len) : NULL;
     if (!x || !tt || !rt || (items && !it) || !(x->id = dup_str(id)) || (prev && !(x->prev = dup_str(prev)))) {

@@ -51,12 +51,14 @@ void srv_resp_free(hreq *h) {
     h->r_prev = NULL;
 }
 
-void srv_resp_token(choice *c, int32_t t) {
+int srv_resp_token(choice *c, int32_t t) {
     const hreq *h = c->h;
-    if (c->r_reason == 0 && t == h->r_think_open && t >= 0) c->r_reason = 1;
-    if (c->r_reason != 1) return;
+    if (c->r_reason == 0) c->r_reason = t == h->r_think_open && t >= 0 && c->n_gen == 1 ? 1 : -1; /* adaptive: opened first, or never */
+    if (c->r_reason != 1) /* a leading bare closing tag, which the parser drops, is no text of the message either */
+        return c->n_gen == 1 && t == h->r_think_end && t >= 0 && c->r_reason != 2;
     c->r_reason_toks++;
     if (t == h->r_think_end) c->r_reason = -1;
+    return 1;
 }
 
 /* ------------------------------------------------------------------ events */
@@ -266,6 +268,13 @@ static json_t *take_lp(choice *c) {
 
 void srv_resp_deltas(choice *c, const m3_out_delta *d, size_t n) {
     hreq *h = c->h;
+    if (!n) { /* a token the parser keeps (markup): its logprobs wait for the text it turns out to be, or go with a call */
+        if (c->ab_kind == RI_CALL) json_decref(take_lp(c));
+        return;
+    }
+    if (c->r_reason == 2) /* no single-token tags to count by: the records that carry reasoning */
+        for (size_t i = 0; i < n; i++)
+            if (d[i].kind == M3_OUT_REASONING && d[i].len) { c->r_reason_toks++; break; }
     /* the logprobs of the tokens whose text this is go with the message's text; those of
      * reasoning and calls are not asked for */
     json_t *lp = take_lp(c);
@@ -486,17 +495,33 @@ int srv_resp_input_items(srv *s, const char *target, json_t **page, m3_oai_error
         json_decref(all);
         return rc;
     }
+    /* the page: the first `limit` after `after`; with `before` alone the last `limit` before it (the
+     * page next to the cursor), has_more then saying whether more lie before the page */
+    size_t lo = from, hi = to;
+    int more;
+    if (before && !after && to - from > (size_t)limit) lo = to - (size_t)limit;
+    if (hi - lo > (size_t)limit) hi = lo + (size_t)limit;
+    more = before && !after ? lo > from : hi < to;
     json_t *data = json_array();
     int bad = !data;
-    for (size_t i = from; !bad && i < to && i < from + (size_t)limit; i++)
-        bad |= json_array_append(data, json_array_get(all, desc ? n - 1 - i : i)) != 0;
+    for (size_t i = lo; !bad && i < hi; i++) bad |= json_array_append(data, json_array_get(all, desc ? n - 1 - i : i)) != 0;
     json_t *fi = json_object_get(json_array_get(data, 0), "id"), *la = json_object_get(json_array_get(data, json_array_size(data) - 1), "id");
     *page = bad ? NULL : json_pack("{s:s,s:o,s:O,s:O,s:b}", "object", "list", "data", data, "first_id", fi ? fi : json_null(),
-                                   "last_id", la ? la : json_null(), "has_more", from + (size_t)limit < to);
+                                   "last_id", la ? la : json_null(), "has_more", more);
     if (bad) json_decref(data);
     json_decref(all);
     return *page ? 0 : m3_oai_errorf(e, 500, "server_error", NULL, "out of memory");
 }
+
+/* a response still being generated, to be stored, by its id (loop) */
+static hreq *in_flight(srv *s, const char *id) {
+    for (hreq *h = s->live; h; h = h->next)
+        if (h->api == SRV_API_RESPONSES && h->r_store && !h->replied && !strncmp(id, "resp_", 5) && !strcmp(id + 5, h->rid))
+            return h;
+    return NULL;
+}
+
+int srv_resp_in_flight(srv *s, const char *id) { return in_flight(s, id) != NULL; }
 
 int srv_resp_stored(srv *s, http_req *req, const char *raw_id, int del) {
     int rc = srv_check_auth(s, req);
@@ -506,25 +531,39 @@ int srv_resp_stored(srv *s, http_req *req, const char *raw_id, int del) {
     if (!s->store)
         return srv_send_error(req, 404, "not_found_error", "no response '%s': this server stores none (--responses-store 0)", id);
     if (del) {
-        if (!m3_resp_store_delete(s->store, id))
-            return srv_send_error(req, 404, "not_found_error", "no stored response '%s'", id);
+        int found = m3_resp_store_delete(s->store, id);
+        hreq *h = found ? NULL : in_flight(s, id);
+        if (h) { /* being generated: it will not be stored */
+            h->r_store = 0;
+            found = 1;
+        }
+        if (!found) return srv_send_error(req, 404, "not_found_error", "no stored response '%s'", id);
         return srv_send_json(req, 200, json_pack("{s:s,s:s,s:b}", "id", id, "object", "response", "deleted", 1));
     }
     const char *qs = strchr(http_target(req), '?');
-    if (qs && strstr(qs, "stream=true"))
-        return srv_send_error(req, 400, "invalid_request_error",
-                              "streaming a response again is not supported (it is for background responses, which m3 does not run)");
+    if (qs) {
+        struct evkeyvalq q;
+        TAILQ_INIT(&q);
+        int bad = evhttp_parse_query_str(qs + 1, &q), streamed = 0;
+        const char *st = bad ? NULL : evhttp_find_header(&q, "stream");
+        streamed = st && (!strcmp(st, "true") || !strcmp(st, "1"));
+        evhttp_clear_headers(&q);
+        if (bad) return srv_send_error(req, 400, "invalid_request_error", "the query string does not parse");
+        if (streamed)
+            return srv_send_error(req, 400, "invalid_request_error",
+                                  "streaming a response again is not supported (it is for background responses, which m3 does not run)");
+    }
     size_t len = 0;
     int oom = 0;
     char *txt = m3_resp_store_get(s->store, id, &len, &oom);
     if (!txt && oom) return srv_send_error(req, 500, "server_error", "out of memory");
     /* not stored yet: a response still being generated (to be stored) answers as it stands */
-    for (hreq *h = s->live; !txt && h; h = h->next)
-        if (h->api == SRV_API_RESPONSES && h->r_store && !h->replied && !strncmp(id, "resp_", 5) && !strcmp(id + 5, h->rid)) {
-            choice *c = &h->ch[0];
-            json_t *o = resp_object(h, "in_progress", c->ab_blocks ? json_deep_copy(c->ab_blocks) : json_array(), NULL);
-            return srv_send_json(req, 200, o); /* NULL: a 500 */
-        }
+    hreq *h = txt ? NULL : in_flight(s, id);
+    if (h) {
+        choice *c = &h->ch[0];
+        json_t *o = resp_object(h, "in_progress", c->ab_blocks ? json_deep_copy(c->ab_blocks) : json_array(), NULL);
+        return srv_send_json(req, 200, o); /* NULL: a 500 */
+    }
     if (!txt)
         return srv_send_error(req, 404, "not_found_error",
                               "no stored response '%s' (responses live in memory within --responses-store: it was never "

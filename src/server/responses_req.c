@@ -614,22 +614,38 @@ void m3_resp_req_free(m3_resp_req *r) {
     r->echo = r->turn = r->items = NULL;
 }
 
+/* dst = src with every `from` replaced by `to` (cut to cap - 1 bytes) */
+static void replace_all(char *dst, size_t cap, const char *src, const char *from, const char *to) {
+    size_t n = 0, fl = strlen(from);
+    for (const char *p = src; *p && n + 1 < cap;) {
+        if (!strncmp(p, from, fl)) {
+            for (const char *r = to; *r && n + 1 < cap; r++) dst[n++] = *r;
+            p += fl;
+        } else dst[n++] = *p++;
+    }
+    dst[n] = 0;
+}
+
 void m3_resp_error_names(m3_oai_error *e) {
-    if (!strcmp(e->param, "max_tokens")) { /* the only field spelled otherwise here */
-        char m[sizeof e->message];
-        size_t n = 0;
-        for (const char *p = e->message; *p && n + 1 < sizeof m;) {
-            if (!strncmp(p, "max_tokens", 10) && (p == e->message || p[-1] != '_')) {
-                for (const char *r = "max_output_tokens"; *r && n + 1 < sizeof m; r++) m[n++] = *r;
-                p += 10;
-            } else m[n++] = *p++;
-        }
-        m[n] = 0;
-        m3_oai_errorf(e, e->status, e->type, "max_output_tokens", "%s", m); /* (cut at a character's end) */
-    } else if (!strncmp(e->param, "messages", 8)) { /* the chat messages the input became */
-        char m[sizeof e->message];
-        snprintf(m, sizeof m, "%s", e->message);
+    /* the fields spelled otherwise here: max_tokens, response_format, a tool's function.X */
+    static const char *const R[][2] = {{"max_tokens", "max_output_tokens"}, {"response_format", "text.format"},
+                                       {".function.", "."}};
+    char p[sizeof e->param], m[sizeof e->message], t[sizeof e->message];
+    snprintf(p, sizeof p, "%s", e->param);
+    snprintf(m, sizeof m, "%s", e->message);
+    int hit = 0;
+    for (size_t i = 0; i < sizeof R / sizeof *R; i++) {
+        if (!strstr(p, R[i][0]) && !strstr(m, R[i][0])) continue;
+        hit = 1;
+        replace_all(t, sizeof t, p, R[i][0], R[i][1]);
+        snprintf(p, sizeof p, "%s", t);
+        replace_all(t, sizeof t, m, R[i][0], R[i][1]);
+        snprintf(m, sizeof m, "%s", t);
+    }
+    if (e->status == 400 && !strncmp(p, "messages", 8)) { /* the chat messages the input became */
         m3_oai_errorf(e, e->status, e->type, "input", "in the conversation as chat messages (instructions, earlier responses, "
                       "then the input): %s", m);
+        return;
     }
+    if (hit) m3_oai_errorf(e, e->status, e->type, p, "%s", m); /* (cut at a character's end) */
 }

@@ -456,7 +456,11 @@ static void route(http_req *req, void *arg) {
         case 7: rc = srv_send_json(req, 200, json_pack("{s:s}", "version", M3_VERSION)); break;
         case 11: /* the items' stored text is parsed on a preparation thread (prep.c) */
             if (!resp_items) rc = srv_resp_stored(s, req, resp_id, del);
-            else if (!(rc = srv_check_auth(s, req))) rc = srv_prep_submit(s, req, SRV_PREP_INPUT_ITEMS, serial, t0);
+            else if ((rc = srv_check_auth(s, req))) {
+            } else if (s->store && srv_resp_in_flight(s, resp_id))
+                rc = srv_send_error(req, 404, "not_found_error",
+                                    "response '%s' is still being generated: its input items are listed once it is stored", resp_id);
+            else rc = srv_prep_submit(s, req, SRV_PREP_INPUT_ITEMS, serial, t0);
             break;
         default: /* the rest of the work on a preparation thread (prep.c): the loop goes on */
             rc = srv_check_auth(s, req);

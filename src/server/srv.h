@@ -95,7 +95,8 @@ typedef struct choice {
     json_t *r_lp;           /* its message's logprob entries (include message.output_text.logprobs) */
     json_t *r_lp_pend;      /* stream: those not sent yet */
     int r_reason_toks;      /* reasoning tokens, its tags included (usage.output_tokens_details) */
-    int r_reason;           /* 1: in the reasoning; 0: not yet (adaptive: it may open); -1: done or off */
+    int r_reason;           /* 1: in the reasoning; 0: adaptive, before the first token; -1: done or off;
+                             * 2: enabled without single-token tags (counted by records of reasoning) */
     size_t text_chars;      /* code points so far (completions text_offset) */
     struct choice *fin_next;/* srv.fin list (a final record that found the queue out of memory) */
     int fin_reason, fin_has_tok;
@@ -262,9 +263,12 @@ void srv_resp_stream_end(choice *c);        /* the open item closed, response.co
 void srv_resp_sse_failed(hreq *h, const char *msg); /* response.failed */
 int srv_resp_final(hreq *h);                /* non-stream: the response; returns the status sent */
 void srv_resp_free(hreq *h);                /* what hreq holds for it */
-void srv_resp_token(choice *c, int32_t token); /* a generated token (reasoning tokens counted) */
+/* a generated token (reasoning tokens counted): 1 when it is none of the message's text (a
+ * reasoning token, its tags; its logprob is not the message's) */
+int srv_resp_token(choice *c, int32_t token);
 /* GET and DELETE /v1/responses/{id}: returns the status sent */
 int srv_resp_stored(srv *s, http_req *req, const char *id, int del);
+int srv_resp_in_flight(srv *s, const char *id); /* 1: response id is being generated, to be stored (loop) */
 /* GET /v1/responses/{id}/input_items (target: the request's, query included), on a preparation
  * thread: *page, or the status of the error in e */
 int srv_resp_input_items(srv *s, const char *target, json_t **page, m3_oai_error *e);

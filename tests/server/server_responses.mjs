@@ -307,6 +307,17 @@ try {
   ok(lp.length === 8 && lp.map(x => x.token).join('') === rLp.output_text && lp.every(x => x.logprob <= 0 && x.top_logprobs.length === 3 &&
      x.top_logprobs[0].logprob >= x.top_logprobs[2].logprob) && lp.every(x => x.top_logprobs[0].logprob === x.logprob),
      `logprobs: ${lp.length} entries whose tokens add up to the text, 3 alternatives each (greedy: the first is the token's own)`);
+  // with reasoning first: the message's entries are its own tokens (not </mm:think>, not the reasoning's)
+  const lpThink = { ...greedy, max_output_tokens: 40, input: 'Hi', include: ['message.output_text.logprobs'], top_logprobs: 1,
+                    logit_bias: { [(await post(base, '/tokenize', { prompt: '</mm:think>' }, AUTH)).json.tokens[0]]: 3 } };
+  const rLpT = await client.responses.create(lpThink);
+  const sLpT = fold((await rawStream(lpThink)).events);
+  const mLpT = rLpT.output.find(i => i.type === 'message');
+  ok(rLpT.output[0].type === 'reasoning' && mLpT && mLpT.content[0].logprobs.map(x => x.token).join('') === mLpT.content[0].text &&
+     mLpT.content[0].logprobs.length === rLpT.usage.output_tokens - rLpT.usage.output_tokens_details.reasoning_tokens &&
+     JSON.stringify(sLpT.items.find(i => i.item.type === 'message')?.lp) === JSON.stringify(mLpT.content[0].logprobs),
+     `logprobs after reasoning: ${mLpT?.content[0].logprobs.length} entries, the message's tokens alone (output ${rLpT.usage.output_tokens}, ` +
+     `reasoning ${rLpT.usage.output_tokens_details.reasoning_tokens}); the stream's deltas carry the same`);
   const fLp = fold((await rawStream(lpReq)).events);
   ok(!fLp.err && JSON.stringify(fLp.items[0].lp) === JSON.stringify(lp) &&
      JSON.stringify(fLp.output[0].content[0].logprobs) === JSON.stringify(lp),
@@ -352,6 +363,9 @@ try {
      walked[2].output === '{"temp": 21}' && walked[3].id === 'msg_mine' && new Set(walked.map(i => i.id)).size === 4 &&
      descPage.data.map(i => i.id).join() === [walked[3].id, walked[2].id].join() && descPage.has_more === true,
      `input_items paged by the SDK one at a time (asc, after=): ${walked.map(i => i.type + ':' + i.id.replace(/_[0-9a-f]{32}_/, '_*_')).join(' ')}; desc, limit 2: the last two, has_more`);
+  const beforePage = await (await fetch(`${base}/v1/responses/${rIn.id}/input_items?order=asc&limit=2&before=${walked[3].id}`, { headers: AUTH })).json();
+  ok(beforePage.data.map(i => i.id).join() === [walked[1].id, walked[2].id].join() && beforePage.has_more === true,
+     'input_items before= (asc, limit 2): the two items next to the cursor, has_more (one more before them)');
   const badCursor = await fetch(`${base}/v1/responses/${rIn.id}/input_items?after=nope`, { headers: AUTH });
   const badLimit = await fetch(`${base}/v1/responses/${rIn.id}/input_items?limit=0`, { headers: AUTH });
   ok(badCursor.status === 400 && badLimit.status === 400 && /after/.test((await badCursor.json()).error.message), 'input_items: a cursor naming no item, limit 0: 400');
@@ -462,7 +476,28 @@ try {
   const wrongMethod = await fetch(base + '/v1/responses/' + c.id, { method: 'POST', headers: AUTH });
   ok(wrongMethod.status === 405, 'POST /v1/responses/{id}: 405');
   const restream = await fetch(base + '/v1/responses/' + c.id + '?stream=true', { headers: AUTH });
-  ok(restream.status === 400 && /background/.test((await restream.json()).error.message), 'GET ?stream=true: 400 (no background responses)');
+  const upstream = await fetch(base + '/v1/responses/' + c.id + '?upstream=true', { headers: AUTH });
+  ok(restream.status === 400 && /background/.test((await restream.json()).error.message) && upstream.status === 200,
+     'GET ?stream=true: 400 (no background responses); another parameter (upstream=true) does not mean it');
+  // DELETE while it is generated: it is not stored when it completes
+  const gone = client.responses.stream({ ...greedy, max_output_tokens: 200, input: 'Tell me another story.', reasoning: OFF });
+  let goneId = null, delLive = null, itemsLive = null;
+  for await (const ev of gone) {
+    if (ev.type === 'response.created') goneId = ev.response.id;
+    if (ev.type === 'response.output_text.delta' && !delLive && goneId) {
+      itemsLive = await fetch(`${base}/v1/responses/${goneId}/input_items`, { headers: AUTH });
+      delLive = await fetch(base + '/v1/responses/' + goneId, { method: 'DELETE', headers: AUTH });
+    }
+  }
+  ok(itemsLive?.status === 404 && /still being generated/.test((await itemsLive.json()).error.message) && delLive?.status === 200,
+     'input_items while generated: 404 saying so; DELETE while generated: 200');
+  await refused(client.responses.retrieve(goneId), OpenAI.NotFoundError, 404, 'deleted while generated: not stored', /no stored response/);
+  const longId = 'resp_' + 'f'.repeat(200);
+  await refused(client.responses.create({ ...greedy, input: 'x', previous_response_id: longId }), OpenAI.BadRequestError, 400,
+                'a long previous_response_id: named as not found (not as a conversation going back to itself)', /^Previous response with id '[^']+' not found\. /,
+                'previous_response_id');
+  await refused(client.responses.create({ ...plain, text: { format: { type: 'json_schema', name: 'x', schema: { type: 'integer', multipleOf: 3 } } } }),
+                OpenAI.BadRequestError, 400, 'an unsupported schema keyword, named in text.format', /multipleOf/, 'text.format');
   // a response still being generated: GET answers it as it stands (in_progress), then as stored
   const live = client.responses.stream({ ...greedy, max_output_tokens: 300, input: 'Tell me a long story.', reasoning: OFF });
   let liveId = null, during = null;
@@ -528,12 +563,15 @@ try {
   others.push(faultSrv);
   const spent = m => m['m3_fault_injected_total{module="server"}'] >= 30 && m['m3_fault_injected_total{module="engine"}'] >= 10 &&
     m['m3_fault_injected_total{module="backend"}'] >= 10;
-  let good = 0, clean = 0, rounds = 0;
+  let good = 0, clean = 0, closed = 0, rounds = 0;
   const broken = [];
   for (; rounds < 40; rounds++) {
     const res = await Promise.all(mix.map(q => runQ(faultSrv.base, q).catch(e => ({ status: 'exception', e }))));
     res.forEach((x, i) => {
       const q = mix[i];
+      // a connection the server closed as it accepted it (no memory for its state): clean, as many as
+      // /metrics counts (m3_http_connections_turned_away_total, checked below), as server_faults judges it
+      if (x.status === 'exception') { closed++; return; }
       if (q.stream) {
         const f = x.status === 200 && !x.bad.length ? fold(x.events) : null;
         if (f && keyOf(x, true) === expect[i]) good++;
@@ -551,9 +589,10 @@ try {
     if (spent(await metrics(faultSrv.base))) break;
   }
   const fmx = await metrics(faultSrv.base);
-  ok(!broken.length && spent(fmx) && clean > 0,
+  const away = fmx['m3_http_connections_turned_away_total'];
+  ok(!broken.length && spent(fmx) && clean > 0 && Number.isFinite(away) && closed <= away,
      `under injected allocation failures (${rounds + 1} rounds, ${fmx['m3_fault_injected_total{module="server"}']} server / ${fmx['m3_fault_injected_total{module="engine"}']} engine failures): ` +
-     `${good} answers equal to the clean server's, ${clean} clean errors, ${broken.length} broken` + (broken.length ? ':\n  ' + broken.slice(0, 4).join('\n  ') : ''));
+     `${good} answers equal to the clean server's, ${clean} clean errors, ${closed} connections closed as accepted (${away} turned away), ${broken.length} broken` + (broken.length ? ':\n  ' + broken.slice(0, 4).join('\n  ') : ''));
   let after = 0;
   for (let i = 0; i < mix.length; i++) after += keyOf(await runQ(faultSrv.base, mix[i]), mix[i].stream) === expect[i];
   ok(after === mix.length, `after the failures: ${after}/${mix.length} answers equal to the clean server's`);

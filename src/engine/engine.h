@@ -242,6 +242,7 @@ typedef struct m3_engine_stats {
     int page_tokens;
     uint64_t steps;
     uint64_t prefix_hit_tokens;  /* prompt tokens skipped thanks to the prefix cache (at admission) */
+    uint64_t prefix_query_tokens; /* prompt tokens looked up in the prefix cache (at admission, cache on) */
     uint64_t preemptions;
     uint64_t tokens_prefilled;   /* tokens run through the model that were not decodes (recompute included) */
     uint64_t tokens_generated;   /* tokens sampled */

@@ -183,6 +183,7 @@ static void schedule(m3_engine *e) {
             if (e->spec) n_look = (long)r->n_tok - e->draft.cfg.window + 1 > 1 ? (long)r->n_tok - e->draft.cfg.window + 1 : 1;
             hit = m3_blocks_admit(e->bm, &r->bs, r->tok, (int)n_look, r->extra, r->n_extra, &e2);
             if (hit < 0) { waiting_remove(e, 0); fail(e, r, OOM); continue; }
+            e->tot.prefix_query_tokens += (uint64_t)n_look;
         }
         r->n_done = hit;
         if (e->spec) m3_dspark_ctx_reset(&r->dctx, hit);

@@ -69,15 +69,102 @@ static void hist(m3_sbuf *b, const char *name, const char *help, const m3_hist *
     m3_sbuf_printf(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
 }
 
+/* the model_name label's value, escaped (label values: \\, \", \n) */
+static void label_value(m3_sbuf *b, const char *v) {
+    for (const char *p = v ? v : ""; *p; p++) {
+        if (*p == '"' || *p == '\\') m3_sbuf_printf(b, "\\%c", *p);
+        else if (*p == '\n') m3_sbuf_printf(b, "\\n");
+        else m3_sbuf_printf(b, "%c", *p);
+    }
+}
+
+/* vLLM's metric names (vllm:...), each with its model_name label: what a vLLM dashboard or alert
+ * queries. One sample of name, with extra labels `more` ("" or `key="value",`). */
+static void vsample(m3_sbuf *b, const char *name, const char *model, const char *more, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void vsample(m3_sbuf *b, const char *name, const char *model, const char *more, const char *fmt, ...) {
+    m3_sbuf_printf(b, "%s{%smodel_name=\"", name, more);
+    label_value(b, model);
+    m3_sbuf_printf(b, "\"} ");
+    char v[64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v, sizeof v, fmt, ap);
+    va_end(ap);
+    m3_sbuf_printf(b, "%s\n", v);
+}
+
+static void vgauge(m3_sbuf *b, const char *name, const char *model, const char *help, double v) {
+    head(b, name, "gauge", help);
+    vsample(b, name, model, "", "%.17g", v);
+}
+
+static void vcounter(m3_sbuf *b, const char *name, const char *model, const char *help, uint64_t v) {
+    head(b, name, "counter", help);
+    vsample(b, name, model, "", "%llu", (unsigned long long)v);
+}
+
+static void vhist(m3_sbuf *b, const char *name, const char *model, const char *help, const m3_hist *h) {
+    head(b, name, "histogram", help);
+    uint64_t cum = 0;
+    char bucket[160], le[48];
+    snprintf(bucket, sizeof bucket, "%s_bucket", name);
+    for (int i = 0; i < h->n_le; i++) {
+        cum += h->counts[i];
+        snprintf(le, sizeof le, "le=\"%g\",", h->le[i]);
+        vsample(b, bucket, model, le, "%llu", (unsigned long long)cum);
+    }
+    vsample(b, bucket, model, "le=\"+Inf\",", "%llu", (unsigned long long)h->count);
+    snprintf(bucket, sizeof bucket, "%s_sum", name);
+    vsample(b, bucket, model, "", "%.9g", h->sum);
+    snprintf(bucket, sizeof bucket, "%s_count", name);
+    vsample(b, bucket, model, "", "%llu", (unsigned long long)h->count);
+}
+
+/* the same numbers under vLLM's names (its V1 engine's set) */
+static void vllm_names(m3_sbuf *b, const m3_metrics *m, const m3_engine_stats *st, const m3_metrics_info *info) {
+    const char *mn = info->model_name;
+    vgauge(b, "vllm:num_requests_running", mn, "Number of requests in model execution batches.", st->running);
+    vgauge(b, "vllm:num_requests_waiting", mn, "Number of requests waiting to be processed.", st->waiting);
+    double usage = st->kv_blocks_total ? (double)st->kv_blocks_used / st->kv_blocks_total : 0.0;
+    vgauge(b, "vllm:kv_cache_usage_perc", mn, "KV-cache usage. 1 means 100 percent usage.", usage);
+    vgauge(b, "vllm:gpu_cache_usage_perc", mn, "KV-cache usage (the older name). 1 means 100 percent usage.", usage);
+    vcounter(b, "vllm:prefix_cache_queries_total", mn, "Prefix cache queries: prompt tokens looked up.", st->prefix_query_tokens);
+    vcounter(b, "vllm:prefix_cache_hits_total", mn, "Prefix cache hits: prompt tokens found.", st->prefix_hit_tokens);
+    vcounter(b, "vllm:num_preemptions_total", mn, "Cumulative number of preemptions.", st->preemptions);
+    vcounter(b, "vllm:prompt_tokens_total", mn, "Number of prefill tokens processed.", m->prompt_tokens);
+    vcounter(b, "vllm:generation_tokens_total", mn, "Number of generation tokens processed.", m->generation_tokens);
+    head(b, "vllm:request_success_total", "counter", "Count of successfully processed requests, by finish reason.");
+    static const struct { int r; const char *name; } FR[] = {{M3_FINISH_STOP, "stop"}, {M3_FINISH_LENGTH, "length"},
+                                                             {M3_FINISH_CANCELLED, "abort"}, {M3_FINISH_ERROR, "error"}};
+    for (size_t i = 0; i < sizeof FR / sizeof *FR; i++) {
+        char more[48];
+        snprintf(more, sizeof more, "finished_reason=\"%s\",", FR[i].name);
+        vsample(b, "vllm:request_success_total", mn, more, "%llu", (unsigned long long)m->finished[FR[i].r]);
+    }
+    vhist(b, "vllm:time_to_first_token_seconds", mn, "Histogram of time to first token in seconds.", &m->ttft);
+    vhist(b, "vllm:inter_token_latency_seconds", mn, "Histogram of inter-token latency in seconds.", &m->itl);
+    vhist(b, "vllm:time_per_output_token_seconds", mn, "Histogram of time per output token in seconds (the older name).", &m->itl);
+    vhist(b, "vllm:e2e_request_latency_seconds", mn, "Histogram of end-to-end request latency in seconds.", &m->e2e);
+    if (st->spec_k > 0) {
+        vcounter(b, "vllm:spec_decode_num_drafts_total", mn, "Number of spec decoding drafts.", st->spec_verify_steps);
+        vcounter(b, "vllm:spec_decode_num_draft_tokens_total", mn, "Number of draft tokens.", st->spec_draft_tokens);
+        vcounter(b, "vllm:spec_decode_num_accepted_tokens_total", mn, "Number of accepted tokens.", st->spec_accepted_tokens);
+        head(b, "vllm:spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position.");
+        const int k = st->spec_k < M3_SPEC_MAX_TOKENS ? st->spec_k : M3_SPEC_MAX_TOKENS;
+        for (int i = 0; i < k; i++) {
+            char more[32];
+            snprintf(more, sizeof more, "position=\"%d\",", i);
+            vsample(b, "vllm:spec_decode_num_accepted_tokens_per_pos", mn, more, "%llu", (unsigned long long)st->spec_accepted_per_pos[i]);
+        }
+    }
+}
+
 char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3_metrics_info *info, size_t *len) {
     m3_sbuf b = {0};
     head(&b, "m3_model_info", "gauge", "The model served (always 1).");
     m3_sbuf_printf(&b, "m3_model_info{model_name=\"");
-    for (const char *p = info->model_name ? info->model_name : ""; *p; p++) { /* label value escaping */
-        if (*p == '"' || *p == '\\') m3_sbuf_printf(&b, "\\%c", *p);
-        else if (*p == '\n') m3_sbuf_printf(&b, "\\n");
-        else m3_sbuf_printf(&b, "%c", *p);
-    }
+    label_value(&b, info->model_name);
     m3_sbuf_printf(&b, "\"} 1\n");
 
     head(&b, "m3_requests_finished_total", "counter",
@@ -197,6 +284,7 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
             m3_sbuf_printf(&b, "m3_fault_allocations_total{module=\"%s\"} %ld\n", m3_fault_module_name((m3_fault_module)i),
                 info->fault_seen[i]);
     }
+    vllm_names(&b, m, st, info);
     if (b.oom) { free(b.p); return NULL; }
     *len = b.n;
     return b.p;

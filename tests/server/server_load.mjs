@@ -86,6 +86,31 @@ try {
   const m = await metrics(srv.base);
   ok(m.m3_num_requests_running === 0 && m.m3_num_requests_waiting === 0 && m.m3_kv_blocks_used === 0 && m.m3_http_requests_in_flight === 0, 'afterwards: nothing running or waiting, no KV blocks held');
   ok(m['m3_http_responses_total{code="200"}'] >= specs.length + flat.length && m.m3_time_to_first_token_seconds_count >= flat.length && m.m3_inter_token_latency_seconds_count > 0, '/metrics counted the requests and their latencies');
+  // the same numbers under vLLM's names (vllm:..., label model_name): what a vLLM dashboard queries
+  const text = await (await fetch(srv.base + '/metrics')).text();
+  const mn = /^m3_model_info\{model_name="((?:[^"\\]|\\.)*)"\} 1$/m.exec(text)?.[1];
+  const v = (name, more = '') => m[`vllm:${name}{${more}model_name="${mn}"}`];
+  const fin = r => m[`m3_requests_finished_total{finish_reason="${r}"}`];
+  const same = [
+    [v('num_requests_running'), m.m3_num_requests_running], [v('num_requests_waiting'), m.m3_num_requests_waiting],
+    [v('kv_cache_usage_perc'), m.m3_kv_cache_usage_ratio], [v('gpu_cache_usage_perc'), m.m3_kv_cache_usage_ratio],
+    [v('prompt_tokens_total'), m.m3_prompt_tokens_total], [v('generation_tokens_total'), m.m3_generation_tokens_total],
+    [v('prefix_cache_hits_total'), m.m3_prefix_cache_hit_tokens_total], [v('num_preemptions_total'), m.m3_preemptions_total],
+    [v('request_success_total', 'finished_reason="stop",'), fin('stop')], [v('request_success_total', 'finished_reason="length",'), fin('length')],
+    [v('time_to_first_token_seconds_count'), m.m3_time_to_first_token_seconds_count],
+    [v('inter_token_latency_seconds_count'), m.m3_inter_token_latency_seconds_count],
+    [v('time_per_output_token_seconds_count'), m.m3_inter_token_latency_seconds_count],
+    [v('e2e_request_latency_seconds_count'), m.m3_e2e_request_latency_seconds_count],
+    [v('time_to_first_token_seconds_bucket', 'le="+Inf",'), m.m3_time_to_first_token_seconds_count]];
+  const lines = text.split('\n').filter(l => l && !l.startsWith('#'));
+  const sampleRe = /^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*",?)*\})? -?[0-9.e+Inf-]+$/;
+  const typed = new Set([...text.matchAll(/^# TYPE (\S+) /gm)].map(x => x[1]));
+  const untyped = lines.map(l => l.split(/[{ ]/)[0].replace(/_(bucket|sum|count)$/, '')).filter(n => !typed.has(n) && !typed.has(n + '_bucket'));
+  ok(mn && same.every(([a, b]) => Number.isFinite(a) && a === b) && v('prefix_cache_queries_total') >= v('prefix_cache_hits_total') &&
+     v('prompt_tokens_total') > 0 && lines.every(l => sampleRe.test(l)) && !untyped.length,
+     `vLLM's metric names carry the same numbers (${same.length} compared, model_name="${mn}"; prefix cache ${v('prefix_cache_hits_total')} hits of ` +
+     `${v('prefix_cache_queries_total')} tokens); every sample line well-formed and typed` +
+     (same.some(([a, b]) => a !== b) ? ` MISMATCH ${JSON.stringify(same)}` : '') + (untyped.length ? ` untyped: ${untyped.slice(0, 3)}` : ''));
 } catch (e) { R.failed++; console.log('FAIL exception: ' + (e.stack || e)); }
 const e = await srv.stop('SIGTERM');
 ok(e.code === 0, 'server exits 0');

@@ -730,19 +730,26 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
     for (int p = 0; p < g->n_prompts; p++) {
         long long len = (long long)(g->prompt_off[p + 1] - g->prompt_off[p]);
         if (len >= mml) {
+            /* worded as OpenAI and vLLM word it: clients (LiteLLM, agent frameworks) recognise an
+             * overflow by "maximum context length" */
             if (g->n_prompts > 1)
-                return OAI_BAD(e, pp, "prompt %d has %lld tokens; this model's context is %lld tokens (prompt + completion)",
-                               p, len, mml);
-            return OAI_BAD(e, pp, "the prompt has %lld tokens; this model's context is %lld tokens (prompt + completion)", len,
-                           mml);
+                OAI_BAD(e, pp, "This model's maximum context length is %lld tokens. However, prompt %d has %lld tokens "
+                        "(prompt + completion must fit).", mml, p, len);
+            else OAI_BAD(e, pp, "This model's maximum context length is %lld tokens. However, the prompt has %lld tokens "
+                         "(prompt + completion must fit).", mml, len);
+            e->code = "context_length_exceeded"; /* OpenAI's code for it */
+            return e->status;
         }
         if (len > np) np = len;
     }
-    if (g->max_tokens > mml - np)
-        return OAI_BAD(e, "max_tokens",
-                       "this model's context is %lld tokens; the request asks for %lld (%lld in the prompt, %lld to "
-                       "generate): reduce the prompt or max_tokens",
-                       mml, np + g->max_tokens, np, g->max_tokens);
+    if (g->max_tokens > mml - np) {
+        OAI_BAD(e, "max_tokens",
+                "This model's maximum context length is %lld tokens. However, the request asks for %lld (%lld in the "
+                "prompt, %lld to generate): reduce the prompt or max_tokens.",
+                mml, np + g->max_tokens, np, g->max_tokens);
+        e->code = "context_length_exceeded";
+        return e->status;
+    }
     if (g->max_tokens < 0) g->max_tokens = chat ? mml - np : (16 < mml - np ? 16 : mml - np);
     if (g->min_tokens > g->max_tokens)
         return OAI_BAD(e, "min_tokens", "'min_tokens' (%lld) is larger than max_tokens (%lld)", g->min_tokens,

@@ -46,8 +46,9 @@ typedef struct m3_oai_error {
     const char *type;    /* "invalid_request_error", "not_found_error", "server_error" */
     char param[64];      /* the field at fault; "" when none */
     char message[1024];  /* valid UTF-8, never empty */
-    const char *code;    /* OpenAI's error code string where it has one ("previous_response_not_found"), else
-                          * NULL: the body's code is the HTTP status, as vLLM sends it */
+    const char *code;    /* OpenAI's error code string where it has one ("previous_response_not_found",
+                          * "context_length_exceeded"), else NULL. Sent by /v1/responses, as OpenAI does; the
+                          * chat endpoints send the HTTP status as vLLM does */
 } m3_oai_error;
 
 /* The checkpoint's generation_config.json: what a request that leaves a sampling field out gets

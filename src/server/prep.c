@@ -168,9 +168,52 @@ static void responses_to_chat(srv *s, prep_job *j) {
     json_decref(history);
 }
 
+static int over_context(const prep_job *j) { return j->rc == 400 && j->e.code && !strcmp(j->e.code, "context_length_exceeded"); }
+
+/* the chat request without messages [first, first + k) */
+static int drop_messages(json_t *req, json_t *all, size_t first, size_t k) {
+    json_t *m = json_array();
+    for (size_t i = 0; m && i < json_array_size(all); i++)
+        if ((i < first || i >= first + k) && json_array_append(m, json_array_get(all, i))) {
+            json_decref(m);
+            m = NULL;
+        }
+    return !m || json_object_set_new(req, "messages", m) ? -1 : 0;
+}
+
+/* Responses with truncation "auto" whose conversation does not fit the context: the fewest of
+ * its earliest messages dropped (the instructions' system message kept, and the last message),
+ * found by bisection (each try renders and tokenizes the prompt). Leaves j->rc and j->g as the
+ * parse of what is sent. */
+static void truncate_to_fit(srv *s, prep_job *j) {
+    json_t *all = json_incref(json_object_get(j->json, "messages"));
+    json_t *m0 = json_array_get(all, 0);
+    size_t n = json_array_size(all);
+    size_t first = json_is_string(json_object_get(j->orig, "instructions")) &&
+                   !strcmp(json_string_value(json_object_get(m0, "role")) ? json_string_value(json_object_get(m0, "role")) : "", "system");
+    if (n < first + 2) { json_decref(all); return; } /* nothing to drop but the last message */
+    size_t lo = 1, hi = n - first - 1; /* the least k that fits lies in [lo, hi], if any */
+    while (lo < hi) {
+        size_t k = lo + (hi - lo) / 2;
+        m3_oai_params_free(&j->g);
+        if (drop_messages(j->json, all, first, k)) { j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory"); break; }
+        j->rc = m3_oai_parse_generate(&s->ctx, j->json, 1, &j->g, &j->e);
+        if (over_context(j)) lo = k + 1;
+        else hi = k;
+    }
+    if (j->rc != 500) { /* the answer's parse (or its error) */
+        m3_oai_params_free(&j->g);
+        if (drop_messages(j->json, all, first, lo)) j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
+        else j->rc = m3_oai_parse_generate(&s->ctx, j->json, 1, &j->g, &j->e);
+    }
+    json_decref(all);
+}
+
 static void do_generate(srv *s, prep_job *j) {
     int chat = j->kind == SRV_PREP_CHAT || j->kind == SRV_PREP_MESSAGES || j->kind == SRV_PREP_RESPONSES;
-    if ((j->rc = m3_oai_parse_generate(&s->ctx, j->json, chat, &j->g, &j->e))) return;
+    j->rc = m3_oai_parse_generate(&s->ctx, j->json, chat, &j->g, &j->e);
+    if (j->kind == SRV_PREP_RESPONSES && j->resp.truncate && over_context(j)) truncate_to_fit(s, j);
+    if (j->rc) return;
     if ((j->rc = srv_structured(s, &j->g, &j->e))) return; /* a grammar: compiled here, or from the cache */
     if (j->g.media.px.n_images) { /* the content hash of the pixels, for the prefix cache */
         /* first their memory: preprocessed pixels stay until the vision tower has run, and all
@@ -306,6 +349,7 @@ static void finish_job(srv *s, prep_job *j) {
         http_close_after(req);
         rc = srv_send_error(req, 503, "service_unavailable_error", "the server is shutting down");
     } else if (j->rc) {
+        if (j->kind != SRV_PREP_RESPONSES) j->e.code = NULL; /* the chat endpoints answer as vLLM: the status as code */
         rc = srv_send_oai(req, &j->e);
     } else if (j->kind == SRV_PREP_TOKENIZE || j->kind == SRV_PREP_DETOKENIZE || j->kind == SRV_PREP_COUNT_TOKENS ||
                j->kind == SRV_PREP_INPUT_ITEMS) {

@@ -31,7 +31,10 @@
  *   reasoning.effort: "none" -> thinking disabled, any other effort -> enabled (absent: the
  *     template's default); reasoning.summary checked: the reasoning is given whole
  *     (reasoning_text), never summarized;
- *   store, metadata (<= 16 string pairs), user, truncation, service_tier, prompt_cache_key,
+ *   truncation "auto": a conversation over the context (prompt + max_output_tokens) drops its
+ *     earliest messages, the instructions kept, the last message always, as few as fit
+ *     (prep.c); "disabled" (the default): a 400 with code context_length_exceeded;
+ *   store, metadata (<= 16 string pairs), user, service_tier, prompt_cache_key,
  *     safety_identifier: checked, kept for the response object.
  * What m3 cannot do is refused with a 400 naming it: background responses, conversations,
  * stored prompts, item references, tools other than functions (web search, file search,
@@ -65,6 +68,7 @@ typedef struct m3_resp_req {
     const char *previous_id; /* previous_response_id (borrowed from the body), NULL: none */
     int store;        /* the response is to be stored (store absent: true, as OpenAI's default) */
     int logprobs;     /* include has "message.output_text.logprobs" */
+    int truncate;     /* truncation "auto": a conversation over the context loses its first messages */
 } m3_resp_req;
 
 /* Just previous_response_id: the caller looks its conversation up before translating.

@@ -568,6 +568,7 @@ int m3_resp_to_oai(json_t *b, json_t *history, json_t **out, m3_resp_req *r, m3_
     if (!rc) rc = include(b, r, e);
     if (rc) return rc;
     r->store = !json_is_false(json_object_get(b, "store"));
+    r->truncate = !strcmp(json_string_value(json_object_get(b, "truncation")) ? json_string_value(json_object_get(b, "truncation")) : "", "auto");
     json_t *o = json_object(), *msgs = json_array();
     if (set(o, "messages", msgs)) { /* takes msgs whatever happens, o NULL too */
         json_decref(o);
@@ -627,6 +628,7 @@ static void replace_all(char *dst, size_t cap, const char *src, const char *from
 }
 
 void m3_resp_error_names(m3_oai_error *e) {
+    const char *code = e->code; /* kept: errorf below resets it */
     /* the fields spelled otherwise here: max_tokens, response_format, a tool's function.X */
     static const char *const R[][2] = {{"max_tokens", "max_output_tokens"}, {"response_format", "text.format"},
                                        {".function.", "."}};
@@ -642,10 +644,9 @@ void m3_resp_error_names(m3_oai_error *e) {
         replace_all(t, sizeof t, m, R[i][0], R[i][1]);
         snprintf(m, sizeof m, "%s", t);
     }
-    if (e->status == 400 && !strncmp(p, "messages", 8)) { /* the chat messages the input became */
+    if (e->status == 400 && !strncmp(p, "messages", 8)) /* the chat messages the input became */
         m3_oai_errorf(e, e->status, e->type, "input", "in the conversation as chat messages (instructions, earlier responses, "
                       "then the input): %s", m);
-        return;
-    }
-    if (hit) m3_oai_errorf(e, e->status, e->type, p, "%s", m); /* (cut at a character's end) */
+    else if (hit) m3_oai_errorf(e, e->status, e->type, p, "%s", m); /* (cut at a character's end) */
+    e->code = code;
 }

@@ -428,6 +428,30 @@ try {
     prevR = await cc.responses.create({ ...greedy, max_output_tokens: 2, input: words, reasoning: OFF, ...(prevR ? { previous_response_id: prevR.id } : {}) });
   await refused(cc.responses.create({ ...greedy, max_output_tokens: 2, input: words, previous_response_id: prevR.id }), OpenAI.BadRequestError, 400,
                 'a conversation over --max-body', /more than --max-body \(3000 bytes\)/, 'previous_response_id');
+  // truncation "auto": a conversation over the context loses its earliest messages, as few as fit
+  const short = await startServer(m3, ck, ['--served-model-name', 'tiny', '--max-model-len', '200']);
+  others.push(short);
+  const shc = new OpenAI({ baseURL: short.base + '/v1', apiKey: 'none', maxRetries: 0 });
+  const convo = [];
+  for (let i = 0; i < 10; i++) convo.push({ role: i % 2 ? 'assistant' : 'user', content: `Message ${i}: ` + 'words and more words '.repeat(3) });
+  const long = { ...greedy, max_output_tokens: 8, instructions: 'Be brief.', reasoning: OFF, input: convo };
+  const ctxErr = await refused(shc.responses.create(long), OpenAI.BadRequestError, 400, 'over the context, truncation disabled',
+                               /This model's maximum context length is 200 tokens\. However/, 'input');
+  ok(ctxErr?.code === 'context_length_exceeded', `OpenAI's code for it: ${ctxErr?.code}`);
+  const chatErr = await refused(shc.chat.completions.create({ ...greedy, max_tokens: 8, messages: convo }), OpenAI.BadRequestError, 400,
+                                'the chat endpoint over the context: worded as OpenAI / vLLM word it', /^This model's maximum context length is 200 tokens\./);
+  ok(chatErr?.code === 400, `... with vLLM's code there (the status): ${chatErr?.code}`);
+  const tr = await shc.responses.create({ ...long, truncation: 'auto' });
+  const toks = async k => (await post(short.base, '/tokenize', { messages: [{ role: 'system', content: 'Be brief.' }, ...convo.slice(k)],
+    chat_template_kwargs: { enable_thinking: false } })).json.count;
+  let kept = -1;
+  for (let k = 1; k < convo.length && kept < 0; k++) if (await toks(k) === tr.usage.input_tokens) kept = k;
+  const trChat = await shc.chat.completions.create({ ...greedy, max_tokens: 8, chat_template_kwargs: { enable_thinking: false },
+    messages: [{ role: 'system', content: 'Be brief.' }, ...convo.slice(kept)] });
+  ok(tr.truncation === 'auto' && kept > 0 && tr.usage.input_tokens + 8 <= 200 && await toks(kept - 1) + 8 > 200 &&
+     tr.output_text === trChat.choices[0].message.content,
+     `truncation auto: the first ${kept} messages dropped (${tr.usage.input_tokens} prompt tokens + 8 <= 200; one fewer dropped would not fit), ` +
+     'the instructions kept, the answer of that conversation');
   // --responses-store 0: nothing kept, and previous_response_id refused
   const none = await startServer(m3, ck, ['--served-model-name', 'tiny', '--responses-store', '0']);
   others.push(none);

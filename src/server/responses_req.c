@@ -143,20 +143,29 @@ static int message_item(conv *cv, json_t *it, const char *param, m3_oai_error *e
 }
 
 /* a reasoning item: its reasoning_text content, else its summary texts */
+/* a reasoning item: its reasoning_text content, else its summary texts. One with no text (only
+ * encrypted_content, as clients that ask for it send back) adds nothing: no empty turn. */
 static int reasoning_item(conv *cv, json_t *it, const char *param, m3_oai_error *e) {
-    if (cv->open && (cv->parts || cv->calls) && close_assistant(cv, e)) return e->status; /* the next step's reasoning */
     json_t *ct = json_object_get(it, "content"), *sm = json_object_get(it, "summary");
     if (!absent(ct) && !json_is_array(ct)) return R_BAD(e, param, "%s.content must be an array", param);
     if (!absent(sm) && !json_is_array(sm)) return R_BAD(e, param, "%s.summary must be an array", param);
     json_t *from = json_array_size(ct) ? ct : sm;
     const char *want = from == ct ? "reasoning_text" : "summary_text";
-    cv->open = 1;
+    size_t len = 0;
     for (size_t j = 0; j < json_array_size(from); j++) {
         json_t *p = json_array_get(from, j), *tx = json_object_get(p, "text");
         const char *t = type_of(p);
         if (!t || strcmp(t, want) || !json_is_string(tx))
             return R_BAD(e, param, "%s.%s[%zu] must be {\"type\": \"%s\", \"text\": ...}", param,
                          from == ct ? "content" : "summary", j, want);
+        len += json_string_length(tx);
+    }
+    if (!len) return 0;
+    if (cv->open && (cv->parts || cv->calls) && close_assistant(cv, e)) return e->status; /* the next step's reasoning */
+    cv->open = 1;
+    for (size_t j = 0; j < json_array_size(from); j++) {
+        json_t *tx = json_object_get(json_array_get(from, j), "text");
+        if (!json_string_length(tx)) continue;
         if ((cv->reason.n && m3_sbuf_add(&cv->reason, "\n\n", 2)) ||
             m3_sbuf_add(&cv->reason, json_string_value(tx), json_string_length(tx)))
             return R_OOM(e);

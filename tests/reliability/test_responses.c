@@ -245,6 +245,15 @@ static const struct {
     {"{'model':'m','input':[{'role':'assistant','content':'pre'}],'instructions':null,'tools':null,'tool_choice':null,"
      "'text':null,'reasoning':null,'metadata':null,'previous_response_id':null,'include':null,'store':null}",
      NULL, "{'model':'m','messages':[{'role':'assistant','content':[{'type':'text','text':'pre'}]}]}", NULL, 1, 0, NULL},
+    /* 22: a reasoning item with no text (encrypted_content only, as Codex-style clients send it back)
+     * adds nothing: no empty assistant turn, and a call after it still joins the text before */
+    {"{'model':'m','input':[{'role':'user','content':'q'},{'type':'reasoning','id':'rs_1','summary':[],"
+     "'encrypted_content':'opaque'},{'role':'user','content':'again'},{'role':'assistant','content':'a'},"
+     "{'type':'reasoning','summary':[{'type':'summary_text','text':''}]},{'type':'function_call','call_id':'c','name':'f',"
+     "'arguments':'{}'}]}",
+     NULL, "{'model':'m','messages':[{'role':'user','content':'q'},{'role':'user','content':'again'},{'role':'assistant',"
+     "'content':[{'type':'text','text':'a'}],'tool_calls':[{'id':'c','type':'function','function':{'name':'f','arguments':'{}'}}]}]}",
+     NULL, 1, 0, NULL},
 };
 
 /* the whole result of one translation */

@@ -176,14 +176,14 @@ static void schedule(m3_engine *e) {
     while (!e->last.n_preempted && e->n_waiting > 0 && budget > 0 && e->n_running < e->max_seqs) {
         req *r = e->waiting[0];
         int hit = 0;
+        long n_look = 0; /* prompt tokens looked up in the prefix cache */
         if (e->prefix) {
             /* with a draft, the last `window` positions are recomputed: their hidden rows feed
              * the draft context (admit reuses at most n_look - 1 tokens) */
-            long n_look = r->n_tok;
+            n_look = r->n_tok;
             if (e->spec) n_look = (long)r->n_tok - e->draft.cfg.window + 1 > 1 ? (long)r->n_tok - e->draft.cfg.window + 1 : 1;
             hit = m3_blocks_admit(e->bm, &r->bs, r->tok, (int)n_look, r->extra, r->n_extra, &e2);
             if (hit < 0) { waiting_remove(e, 0); fail(e, r, OOM); continue; }
-            e->tot.prefix_query_tokens += (uint64_t)n_look;
         }
         r->n_done = hit;
         if (e->spec) m3_dspark_ctx_reset(&r->dctx, hit);
@@ -202,7 +202,8 @@ static void schedule(m3_engine *e) {
         r->n_sched = n;
         r->decode = 0;
         budget -= n;
-        e->tot.prefix_hit_tokens += (uint64_t)hit;
+        e->tot.prefix_hit_tokens += (uint64_t)hit; /* both counted once a request is admitted (not each wait) */
+        e->tot.prefix_query_tokens += (uint64_t)n_look;
         if (!r->admitted && r->cb_admit) r->cb_admit(r->arg, r->id, hit);
         r->admitted = 1;
         e->last.n_admitted++;

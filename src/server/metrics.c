@@ -150,12 +150,12 @@ static void vllm_names(m3_sbuf *b, const m3_metrics *m, const m3_engine_stats *s
         vcounter(b, "vllm:spec_decode_num_drafts_total", mn, "Number of spec decoding drafts.", st->spec_verify_steps);
         vcounter(b, "vllm:spec_decode_num_draft_tokens_total", mn, "Number of draft tokens.", st->spec_draft_tokens);
         vcounter(b, "vllm:spec_decode_num_accepted_tokens_total", mn, "Number of accepted tokens.", st->spec_accepted_tokens);
-        head(b, "vllm:spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position.");
+        head(b, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "Accepted tokens per draft position.");
         const int k = st->spec_k < M3_SPEC_MAX_TOKENS ? st->spec_k : M3_SPEC_MAX_TOKENS;
         for (int i = 0; i < k; i++) {
             char more[32];
             snprintf(more, sizeof more, "position=\"%d\",", i);
-            vsample(b, "vllm:spec_decode_num_accepted_tokens_per_pos", mn, more, "%llu", (unsigned long long)st->spec_accepted_per_pos[i]);
+            vsample(b, "vllm:spec_decode_num_accepted_tokens_per_pos_total", mn, more, "%llu", (unsigned long long)st->spec_accepted_per_pos[i]);
         }
     }
 }

@@ -182,30 +182,44 @@ static int drop_messages(json_t *req, json_t *all, size_t first, size_t k) {
 }
 
 /* Responses with truncation "auto" whose conversation does not fit the context: the fewest of
- * its earliest messages dropped (the instructions' system message kept, and the last message),
- * found by bisection (each try renders and tokenizes the prompt). Leaves j->rc and j->g as the
- * parse of what is sent. */
+ * its earliest messages dropped, found by bisection over the places a cut may go (each try
+ * renders and tokenizes the prompt). Kept: the leading system / developer messages (the
+ * instructions among them), the last message; a cut never leaves a tool result first (its call
+ * gone). A try that fails otherwise than by the context counts as not fitting; out of memory
+ * ends the search. Leaves j->rc and j->g as the parse of what is sent. */
 static void truncate_to_fit(srv *s, prep_job *j) {
     json_t *all = json_incref(json_object_get(j->json, "messages"));
-    json_t *m0 = json_array_get(all, 0);
-    size_t n = json_array_size(all);
-    size_t first = json_is_string(json_object_get(j->orig, "instructions")) &&
-                   !strcmp(json_string_value(json_object_get(m0, "role")) ? json_string_value(json_object_get(m0, "role")) : "", "system");
-    if (n < first + 2) { json_decref(all); return; } /* nothing to drop but the last message */
-    size_t lo = 1, hi = n - first - 1; /* the least k that fits lies in [lo, hi], if any */
+    size_t n = json_array_size(all), first = 0, nc = 0;
+    const char *role;
+#define ROLE(i) ((role = json_string_value(json_object_get(json_array_get(all, i), "role"))) ? role : "")
+    while (first < n && (!strcmp(ROLE(first), "system") || !strcmp(ROLE(first), "developer"))) first++;
+    size_t *cut = n > first + 1 ? m3_fault_malloc(M3_FAULT_SERVER, (n - first) * sizeof *cut) : NULL;
+    if (n > first + 1 && !cut) j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
+    for (size_t i = first + 1; cut && i < n; i++) /* drop [first, i): message i is kept first */
+        if (strcmp(ROLE(i), "tool")) cut[nc++] = i - first;
+#undef ROLE
+    size_t lo = 0, hi = nc; /* the least cut index that fits lies in [lo, hi) if below nc */
+    int last_rc = -1;
     while (lo < hi) {
-        size_t k = lo + (hi - lo) / 2;
+        size_t c = lo + (hi - lo) / 2;
         m3_oai_params_free(&j->g);
-        if (drop_messages(j->json, all, first, k)) { j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory"); break; }
+        if (drop_messages(j->json, all, first, cut[c])) { j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory"); break; }
         j->rc = m3_oai_parse_generate(&s->ctx, j->json, 1, &j->g, &j->e);
-        if (over_context(j)) lo = k + 1;
-        else hi = k;
+        if (j->rc == 500) break;
+        if (j->rc) lo = c + 1;
+        else hi = c;
+        last_rc = c == hi && !j->rc ? (int)c : -1; /* the parse now in j->g answers cut c */
     }
-    if (j->rc != 500) { /* the answer's parse (or its error) */
+    if (j->rc != 500 && nc && lo < nc && last_rc != (int)lo) { /* the answer's parse */
         m3_oai_params_free(&j->g);
-        if (drop_messages(j->json, all, first, lo)) j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
+        if (drop_messages(j->json, all, first, cut[lo])) j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
+        else j->rc = m3_oai_parse_generate(&s->ctx, j->json, 1, &j->g, &j->e);
+    } else if (j->rc != 500 && nc && lo == nc) { /* nothing fits: the error of the shortest conversation a cut leaves */
+        m3_oai_params_free(&j->g);
+        if (drop_messages(j->json, all, first, cut[nc - 1])) j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
         else j->rc = m3_oai_parse_generate(&s->ctx, j->json, 1, &j->g, &j->e);
     }
+    free(cut);
     json_decref(all);
 }
 

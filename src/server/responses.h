@@ -32,7 +32,8 @@
  *     template's default); reasoning.summary checked: the reasoning is given whole
  *     (reasoning_text), never summarized;
  *   truncation "auto": a conversation over the context (prompt + max_output_tokens) drops its
- *     earliest messages, the instructions kept, the last message always, as few as fit
+ *     earliest messages, as few as fit: the leading system / developer messages (the
+ *     instructions) and the last message kept, never a tool result left without its call
  *     (prep.c); "disabled" (the default): a 400 with code context_length_exceeded;
  *   store, metadata (<= 16 string pairs), user, service_tier, prompt_cache_key,
  *     safety_identifier: checked, kept for the response object.

@@ -142,7 +142,6 @@ static int message_item(conv *cv, json_t *it, const char *param, m3_oai_error *e
     return add(cv->msgs, json_pack("{s:s,s:o}", "role", role, "content", c)) ? R_OOM(e) : 0;
 }
 
-/* a reasoning item: its reasoning_text content, else its summary texts */
 /* a reasoning item: its reasoning_text content, else its summary texts. One with no text (only
  * encrypted_content, as clients that ask for it send back) adds nothing: no empty turn. */
 static int reasoning_item(conv *cv, json_t *it, const char *param, m3_oai_error *e) {
@@ -653,7 +652,9 @@ void m3_resp_error_names(m3_oai_error *e) {
         replace_all(t, sizeof t, m, R[i][0], R[i][1]);
         snprintf(m, sizeof m, "%s", t);
     }
-    if (e->status == 400 && !strncmp(p, "messages", 8)) /* the chat messages the input became */
+    int overflow = code && !strcmp(code, "context_length_exceeded"); /* worded as clients recognise it: kept first */
+    if (overflow && !strncmp(p, "messages", 8)) m3_oai_errorf(e, e->status, e->type, "input", "%s", m);
+    else if (e->status == 400 && !strncmp(p, "messages", 8)) /* the chat messages the input became */
         m3_oai_errorf(e, e->status, e->type, "input", "in the conversation as chat messages (instructions, earlier responses, "
                       "then the input): %s", m);
     else if (hit) m3_oai_errorf(e, e->status, e->type, p, "%s", m); /* (cut at a character's end) */

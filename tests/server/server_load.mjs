@@ -106,7 +106,9 @@ try {
   const sampleRe = /^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*",?)*\})? -?[0-9.e+Inf-]+$/;
   const typed = new Set([...text.matchAll(/^# TYPE (\S+) /gm)].map(x => x[1]));
   const untyped = lines.map(l => l.split(/[{ ]/)[0].replace(/_(bucket|sum|count)$/, '')).filter(n => !typed.has(n) && !typed.has(n + '_bucket'));
-  ok(mn && same.every(([a, b]) => Number.isFinite(a) && a === b) && v('prefix_cache_queries_total') >= v('prefix_cache_hits_total') &&
+  // (no preemption here: every request admitted once, so the queries are its prompt tokens exactly)
+  ok(mn && same.every(([a, b]) => Number.isFinite(a) && a === b) && m.m3_preemptions_total === 0 &&
+     v('prefix_cache_queries_total') === m.m3_prompt_tokens_total && v('prefix_cache_hits_total') > 0 &&
      v('prompt_tokens_total') > 0 && lines.every(l => sampleRe.test(l)) && !untyped.length,
      `vLLM's metric names carry the same numbers (${same.length} compared, model_name="${mn}"; prefix cache ${v('prefix_cache_hits_total')} hits of ` +
      `${v('prefix_cache_queries_total')} tokens); every sample line well-formed and typed` +

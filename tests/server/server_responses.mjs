@@ -452,6 +452,29 @@ try {
      tr.output_text === trChat.choices[0].message.content,
      `truncation auto: the first ${kept} messages dropped (${tr.usage.input_tokens} prompt tokens + 8 <= 200; one fewer dropped would not fit), ` +
      'the instructions kept, the answer of that conversation');
+  // an agent loop (calls and their results): a cut never leaves a result without its call
+  const loop = [{ role: 'user', content: 'Check the weather in every city, one call at a time.' }], loopChat = [loop[0]];
+  for (let i = 0; i < 6; i++) {
+    const args = JSON.stringify({ city: ['Paris', 'Rome', 'Oslo'][i % 3], unit: 'celsius', days: 1 });
+    loop.push({ type: 'function_call', call_id: `c${i}`, name: 'get_weather', arguments: args },
+              { type: 'function_call_output', call_id: `c${i}`, output: `{"temp": ${10 + i}, "sky": "clear and calm"}` });
+    loopChat.push({ role: 'assistant', content: '', tool_calls: [{ id: `c${i}`, type: 'function', function: { name: 'get_weather', arguments: args } }] },
+                  { role: 'tool', tool_call_id: `c${i}`, content: `{"temp": ${10 + i}, "sky": "clear and calm"}` });
+  }
+  const trLoop = await shc.responses.create({ ...greedy, max_output_tokens: 8, reasoning: OFF, truncation: 'auto', input: loop });
+  const loopToks = async k => (await post(short.base, '/tokenize', { messages: loopChat.slice(k),
+    chat_template_kwargs: { enable_thinking: false } })).json.count;
+  let loopKept = -1;
+  for (let k = 1; k < loopChat.length && loopKept < 0; k++) if (await loopToks(k) === trLoop.usage.input_tokens) loopKept = k;
+  let prevCut = loopKept - 1;
+  while (prevCut > 0 && loopChat[prevCut].role === 'tool') prevCut--;
+  ok(loopKept > 0 && loopChat[loopKept].role === 'assistant' && trLoop.usage.input_tokens + 8 <= 200 && (await loopToks(prevCut)) + 8 > 200,
+     `truncation auto in an agent loop: the first ${loopKept} messages dropped, the kept conversation starts with a call (${loopChat[loopKept]?.role}), ` +
+     `${trLoop.usage.input_tokens} prompt tokens (the cut before, at ${prevCut}, would not fit)`);
+  const tooLong = await refused(shc.responses.create({ ...long, truncation: 'auto', input: [{ role: 'user', content: 'w '.repeat(400) }] }),
+                                OpenAI.BadRequestError, 400, 'truncation auto when the last message alone is over the context',
+                                /^This model's maximum context length is 200 tokens\./, 'input');
+  ok(tooLong?.code === 'context_length_exceeded', `... with OpenAI's code (${tooLong?.code})`);
   // --responses-store 0: nothing kept, and previous_response_id refused
   const none = await startServer(m3, ck, ['--served-model-name', 'tiny', '--responses-store', '0']);
   others.push(none);

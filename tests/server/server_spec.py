@@ -114,7 +114,7 @@ async def main(m3, work):
               for k, x in m.items() if k.startswith("vllm:spec_decode")}
         check(vl.get("vllm:spec_decode_num_drafts_total") == steps and vl.get("vllm:spec_decode_num_draft_tokens_total") == drafted
               and vl.get("vllm:spec_decode_num_accepted_tokens_total") == acc
-              and [vl.get(f'vllm:spec_decode_num_accepted_tokens_per_pos{{position="{i}"}}') for i in range(K)] == per_a,
+              and [vl.get(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}}') for i in range(K)] == per_a,
               f"... and under vLLM's names (vllm:spec_decode_*: {len(vl)} series)")
         check(m.get("m3_spec_decode_num_decodes_without_drafts_total", -1) == 0,
               "... no decode ran without drafts (no disable_by_batch_size)")

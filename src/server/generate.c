@@ -259,6 +259,15 @@ static void send_chunk(hreq *h, int index, json_t *body, json_t *logprobs, const
         mark_failed(h, NOMEM);
         return;
     }
+    if (h->continuous_usage) { /* the choice's tokens so far (vLLM's continuous_usage_stats) */
+        int gen = h->ch[index].n_gen, np = h->ch[index].n_prompt_toks;
+        if (json_object_set_new(c, "usage", json_pack("{s:i,s:i,s:i}", "prompt_tokens", np, "completion_tokens", gen,
+                                                      "total_tokens", np + gen))) {
+            json_decref(c);
+            mark_failed(h, NOMEM);
+            return;
+        }
+    }
     sse_send(h, c);
 }
 
@@ -691,6 +700,7 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     h->api = api;
     h->stream = g->stream;
     h->include_usage = g->include_usage;
+    h->continuous_usage = g->continuous_usage;
     h->include_stop = g->include_stop;
     h->n_per = (int)g->n;
     h->n = (int)g->n * g->n_prompts;
@@ -788,6 +798,7 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
         const int p = i / h->n_per, j = i % h->n_per;
         er.prompt = g->ids + g->prompt_off[p];
         er.n_prompt = (int)(g->prompt_off[p + 1] - g->prompt_off[p]);
+        h->ch[i].n_prompt_toks = er.n_prompt;
         sp->seed = g->has_seed ? (uint64_t)g->seed + (uint64_t)j : base + (uint64_t)i * 0x9e3779b97f4a7c15ull;
         er.arg = &h->ch[i];
         h->ch[i].id = m3_engine_add(s->e, &er, &err);

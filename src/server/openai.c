@@ -696,7 +696,10 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
     json_t *so = json_object_get(b, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so)) return OAI_BAD(e, "stream_options", "'stream_options' must be an object");
-        if ((rc = get_bool(e, so, "include_usage", &g->include_usage))) return rc;
+        if ((rc = get_bool(e, so, "include_usage", &g->include_usage)) ||
+            (rc = get_bool(e, so, "continuous_usage_stats", &g->continuous_usage)))
+            return rc;
+        g->continuous_usage &= g->include_usage; /* as vLLM: only with include_usage */
     }
     /* logprobs: completions take an integer (alternatives per token), chat a boolean plus
      * top_logprobs */

@@ -70,6 +70,7 @@ typedef struct choice {
     char eng_err_buf[512];
     atomic_int lost;        /* the engine thread could not queue one of its records (no memory) */
     int n_gen;              /* tokens generated (a stop token included) */
+    int n_prompt_toks;      /* its prompt's tokens (a batch of completions: its own prompt's) */
     atomic_int n_cached;    /* prompt tokens found in the prefix cache (the engine thread's on_admit) */
     double t_last;          /* arrival of the last token (inter-token latency) */
     m3_tok_stream *ts;
@@ -108,6 +109,7 @@ struct hreq {
     http_req *req;          /* NULL once the response is handed over or the client is gone (http.h) */
     unsigned long serial;
     int chat, stream, include_usage, n, echo;
+    int continuous_usage;   /* every chunk carries its choice's usage so far (vLLM's continuous_usage_stats) */
     int api;                /* SRV_API_*: the shapes of its output */
     int include_stop;       /* include_stop_str_in_output */
     int logprobs, top_logprobs; /* report logprobs, with this many alternatives per token */

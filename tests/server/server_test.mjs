@@ -131,6 +131,24 @@ try {
     if (ch.usage) nu = ch.usage;
   }
   ok([0, 1, 2].every(i => byIdx[i] === n3.choices[i].message.content && finIdx[i] === 'length') && nu && nu.completion_tokens === 15, 'n = 3, stream: choices indexed 0..2 equal the non-stream ones');
+  // vLLM's continuous_usage_stats: every chunk carries its choice's usage so far
+  const cu = [], cuIdx = {};
+  let cuFinal = null;
+  for await (const ch of await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 5, temperature: 0.9, seed: 7, n: 2, stream: true,
+    stream_options: { include_usage: true, continuous_usage_stats: true }, ...off_ })) {
+    if (!ch.choices.length) { cuFinal = ch.usage; continue; }
+    for (const c of ch.choices) { cu.push([c.index, ch.usage]); cuIdx[c.index] = (cuIdx[c.index] || '') + (c.delta.content || ''); }
+  }
+  const perIdx = i => cu.filter(([k]) => k === i).map(([, u]) => u.completion_tokens);
+  const mono = a => a.every((x, i) => !i || x >= a[i - 1]);
+  ok(cu.length > 4 && cu.every(([, u]) => u && u.prompt_tokens === nu.prompt_tokens && u.total_tokens === u.prompt_tokens + u.completion_tokens) &&
+     [0, 1].every(i => perIdx(i)[0] === 0 && mono(perIdx(i)) && perIdx(i).at(-1) === 5 && cuIdx[i] === n3.choices[i].message.content) &&
+     cuFinal?.completion_tokens === 10,
+     `stream_options.continuous_usage_stats: usage in all ${cu.length} chunks, each choice's tokens so far (${perIdx(0).join(',')}), the final usage too`);
+  let plain = 0;
+  for await (const ch of await client.chat.completions.create({ model: 'tiny', messages: msgs, max_tokens: 3, stream: true,
+    stream_options: { continuous_usage_stats: true }, ...off_ })) plain += ch.usage ? 1 : 0;
+  ok(plain === 0, 'continuous_usage_stats without include_usage: no usage (as vLLM)');
   const cn = await client.completions.create({ model: 'tiny', prompt: 'Hello world', max_tokens: 4, temperature: 0, n: 2 });
   ok(cn.choices.length === 2 && cn.choices[0].text === cn.choices[1].text && cn.usage.completion_tokens === 8, 'completions n = 2 (greedy: equal choices)');
 

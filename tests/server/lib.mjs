@@ -108,3 +108,21 @@ export function reporter() {
   const r = { failed: 0, ok(c, msg) { if (c) console.log('ok   ' + msg); else { r.failed++; console.log('FAIL ' + msg); } } };
   return r;
 }
+
+// A copy of checkpoint ck in dir whose embedding row of token `tok` is bf16 NaN: a prompt holding
+// that token fails in the engine (non-finite logits) after a stream has begun. Returns dir.
+export function nanCheckpoint(ck, dir, tok) {
+  fs.rmSync(dir, { recursive: true, force: true });
+  fs.cpSync(ck, dir, { recursive: true });
+  const fd = fs.openSync(dir + '/model.safetensors', 'r+'), lenBuf = Buffer.alloc(8);
+  fs.readSync(fd, lenBuf, 0, 8, 0);
+  const hl = Number(lenBuf.readBigUInt64LE()), hb = Buffer.alloc(hl);
+  fs.readSync(fd, hb, 0, hl, 8);
+  const hdr = JSON.parse(hb.toString()), emb = hdr[Object.keys(hdr).find(k => k.endsWith('embed_tokens.weight'))];
+  if (!emb || emb.dtype !== 'BF16') throw new Error('nanCheckpoint: no BF16 embedding tensor');
+  const row = Buffer.alloc(emb.shape[1] * 2);
+  for (let i = 0; i < emb.shape[1]; i++) row.writeUInt16LE(0x7fc0, i * 2); // bf16 NaN
+  fs.writeSync(fd, row, 0, row.length, 8 + hl + emb.data_offsets[0] + tok * emb.shape[1] * 2);
+  fs.closeSync(fd);
+  return dir;
+}

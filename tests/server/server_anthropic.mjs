@@ -28,8 +28,7 @@
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import Ajv from 'ajv/dist/2020.js';
-import fs from 'node:fs';
-import { makeCheckpoint, startServer, post, reporter, metrics } from './lib.mjs';
+import { makeCheckpoint, nanCheckpoint, startServer, post, reporter, metrics } from './lib.mjs';
 
 const [m3, work] = process.argv.slice(2);
 if (!m3 || !work) { console.error('usage: node server_anthropic.mjs <m3-binary> <work-dir>'); process.exit(2); }
@@ -321,18 +320,7 @@ try {
   // ---- an error mid-stream: a copy of the checkpoint with one token's embedding row NaN, so that
   // a prompt holding it fails in the engine after the stream has begun
   const bad = (await post(base, '/tokenize', { prompt: ' zebra' }, AUTH)).json.tokens[0];
-  const nck = work + '/nan-ck';
-  fs.rmSync(nck, { recursive: true, force: true });
-  fs.cpSync(ck, nck, { recursive: true });
-  const fd = fs.openSync(nck + '/model.safetensors', 'r+'), lenBuf = Buffer.alloc(8);
-  fs.readSync(fd, lenBuf, 0, 8, 0);
-  const hl = Number(lenBuf.readBigUInt64LE()), hb = Buffer.alloc(hl);
-  fs.readSync(fd, hb, 0, hl, 8);
-  const hdr = JSON.parse(hb.toString()), emb = hdr[Object.keys(hdr).find(k => k.endsWith('embed_tokens.weight'))];
-  const row = Buffer.alloc(emb.shape[1] * 2);
-  for (let i = 0; i < emb.shape[1]; i++) row.writeUInt16LE(0x7fc0, i * 2); // bf16 NaN
-  fs.writeSync(fd, row, 0, row.length, 8 + hl + emb.data_offsets[0] + bad * emb.shape[1] * 2);
-  fs.closeSync(fd);
+  const nck = nanCheckpoint(ck, work + '/nan-ck', bad);
   nanSrv = await startServer(m3, nck, ['--served-model-name', 'tiny', '--max-body', '65536']);
   const nan = new Anthropic({ baseURL: nanSrv.base, apiKey: 'none', maxRetries: 0 });
   const zebra = { ...plain, messages: [{ role: 'user', content: 'A zebra' }] };

@@ -91,6 +91,10 @@ static void kv_drop(m3_engine *e) {
     if (!e->group) m3_kv_destroy(&e->kv_own);
 }
 
+static void plp_free(m3_engine *e) {
+    free(e->rows_alone); free(e->plp_out); free(e->plp_fin); free(e->plp_row); free(e->plp_req);
+}
+
 /* the capture's rows: host memory, or the draft's device memory */
 static void feat_free(m3_engine *e) {
     if (e->feat && e->draft_dev) e->draft.ops->release(e->draft.ops->ctx, e->feat);
@@ -305,6 +309,13 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->pos = e_malloc(T * sizeof *e->pos);
     e->sq = e_malloc(T * sizeof *e->sq);
     e->rows = e_malloc((size_t)e->max_rows * sizeof *e->rows);
+    const size_t MR = (size_t)e->max_rows; /* prompt logprobs' rows */
+    e->rows_alone = e_malloc(MR * sizeof *e->rows_alone);
+    e->plp_out = e_malloc(MR * sizeof *e->plp_out);
+    e->plp_fin = e_malloc(MR);
+    e->plp_row = e_malloc(MR * sizeof *e->plp_row);
+    e->plp_req = e_malloc(MR * sizeof *e->plp_req);
+    const int plp_ok = e->rows_alone && e->plp_out && e->plp_fin && e->plp_row && e->plp_req;
     e->zeros = e_calloc(T, sizeof *e->zeros);
     e->seqs = e_calloc((size_t)e->max_seqs, sizeof *e->seqs);
     e->logits = e_malloc((size_t)e->max_rows * (size_t)e->V * sizeof(float));
@@ -333,7 +344,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     int mu_ok = !pthread_mutex_init(&e->mu, NULL);
     int cv_ok = mu_ok && !pthread_cond_init(&e->cv, NULL);
     if (!e->running || !e->ids || !e->pos || !e->sq || !e->rows || !e->zeros || !e->seqs || !e->logits || !e->gn || !e->gpar || !e->ws || !cv_ok ||
-        !spec_ok) {
+        !spec_ok || !plp_ok) {
         if (e->ws) m3_errf(err, "engine: out of memory");
         if (cv_ok) pthread_cond_destroy(&e->cv);
         if (mu_ok) pthread_mutex_destroy(&e->mu);
@@ -341,6 +352,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         kv_drop(e);
         m3_sample_ws_free(e->ws);
         free(e->running); free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits); free(e->gn); free(e->gpar);
+        plp_free(e);
         feat_free(e);
         free(e->drows); free(e->apps); free(e->app_req); free(e->vgroups);
         free(e->ov_rows); free(e->ov_emb);
@@ -401,6 +413,7 @@ void m3_engine_destroy(m3_engine *e) {
     pthread_mutex_destroy(&e->mu);
     free(e->running); free(e->waiting); free(e->cancels);
     free(e->ids); free(e->pos); free(e->sq); free(e->rows); free(e->zeros); free(e->seqs); free(e->logits); free(e->gn); free(e->gpar);
+    plp_free(e);
     feat_free(e);
     free(e->drows); free(e->apps); free(e->app_req); free(e->vgroups);
     pbufs_free(e);
@@ -422,11 +435,18 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
     pthread_mutex_unlock(&e->mu);
     if (dead) { m3_errf(err, "the engine has stopped: %s", e->dead); return 0; }
     if (!q || !q->prompt || q->n_prompt < 1) { m3_errf(err, "request: empty prompt"); return 0; }
-    if (q->max_tokens < 1) { m3_errf(err, "request: max_tokens %d, expected >= 1", q->max_tokens); return 0; }
+    if (q->max_tokens < (q->on_prompt ? 0 : 1)) {
+        m3_errf(err, "request: max_tokens %d, expected >= %d", q->max_tokens, q->on_prompt ? 0 : 1);
+        return 0;
+    }
+    if (q->on_prompt && (q->prompt_top < 0 || q->prompt_top > M3_SAMPLE_MAX_TOP_LOGPROBS)) {
+        m3_errf(err, "request: prompt_top %d, expected 0..%d", q->prompt_top, M3_SAMPLE_MAX_TOP_LOGPROBS);
+        return 0;
+    }
     if (q->n_stop_ids < 0 || (q->n_stop_ids && !q->stop_ids)) { m3_errf(err, "request: bad stop ids"); return 0; }
-    if (q->n_prompt >= e->max_len) {
-        m3_errf(err, "request: prompt of %d tokens leaves no room to generate (context limit %d tokens)", q->n_prompt,
-                e->max_len);
+    if (q->n_prompt > e->max_len || (q->n_prompt == e->max_len && q->max_tokens > 0)) {
+        m3_errf(err, "request: prompt of %d tokens %s (context limit %d tokens)", q->n_prompt,
+                q->n_prompt > e->max_len ? "is longer than the context" : "leaves no room to generate", e->max_len);
         return 0;
     }
     for (int i = 0; i < q->n_prompt; i++)
@@ -460,6 +480,9 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
     r->cb_out = q->on_output;
     r->cb_err = q->on_error;
     r->cb_admit = q->on_admit;
+    r->cb_prompt = q->on_prompt;
+    r->plp_top = q->prompt_top;
+    r->n_text = q->sampling.n_text > 0 && q->sampling.n_text < e->V ? q->sampling.n_text : e->V;
     r->arg = q->arg;
     r->tok = e_malloc(sizeof(int32_t) * (size_t)r->limit);
     int with_eos = !q->ignore_eos && e->eos >= 0;

@@ -19,7 +19,9 @@
  * since its sampler (seeded RNG, token counts) is kept, it continues exactly as it would have.
  * After the forward, newly full blocks are committed to the prefix cache (when enabled).
  * Only rows that complete a sequence's pending tokens (prefill done, or a decode) ask for
- * logits.
+ * logits, and the prompt rows of a request that wants prompt logprobs (on_prompt): the rows a
+ * step asks for are at most max_rows (max_num_seqs, or (k + 1) x max_num_seqs with a draft, at
+ * most the token budget), so such a prefill's chunks are cut to the rows the step has left.
  *
  * Speculative decoding (opts.spec.method M3_SPEC_DSPARK; src/engine/spec.h). The engine loads
  * the DSpark draft and gives every request its own draft state (context cache, draft RNG).
@@ -136,6 +138,14 @@ typedef void (*m3_engine_error_fn)(void *arg, uint64_t id, const char *msg);
  * tokens were found in the prefix cache and are not computed again (0 without a hit). */
 typedef void (*m3_engine_admit_fn)(void *arg, uint64_t id, int cached_tokens);
 
+/* Prompt logprobs (vLLM's prompt_logprobs; completions' echo with logprobs): called once for
+ * every prompt position pos in [1, n_prompt), in order, all before the request's first generated
+ * token: out->token = prompt[pos], out->logprob its raw logprob given prompt[0..pos) (a
+ * log-softmax over the text ids, m3_logprobs_row, whatever the sampling's logprobs_mode),
+ * out->rank, and the request's prompt_top most likely ids. Preemption and recompute never repeat
+ * a position. out is valid during the call only. */
+typedef void (*m3_engine_prompt_fn)(void *arg, uint64_t id, int pos, const m3_sample_out *out);
+
 typedef struct m3_engine_opts {
     int kv_pages;               /* pool size in pages; 0: from kv_bytes */
     size_t kv_bytes;            /* pool size in bytes (rounded down to whole pages) when kv_pages is 0 */
@@ -192,7 +202,8 @@ typedef struct m3_engine_request {
     const int32_t *prompt;      /* n_prompt >= 1 ids in [0, vocab); copied */
     int n_prompt;
     m3_sampling sampling;       /* copied (arrays too); logprobs computed only when asked */
-    int max_tokens;             /* >= 1 */
+    int max_tokens;             /* >= 1; 0 with on_prompt: the request ends after its prompt (M3_FINISH_LENGTH,
+                                 * a final callback with token -1) */
     const int32_t *stop_ids;    /* extra stop token ids; copied */
     int n_stop_ids;
     int ignore_eos;             /* nonzero: the config's eos id does not stop the request */
@@ -200,6 +211,12 @@ typedef struct m3_engine_request {
     m3_engine_output_fn on_output; /* when set, called instead of on_token */
     m3_engine_error_fn on_error; /* may be NULL */
     m3_engine_admit_fn on_admit; /* may be NULL */
+    /* prompt logprobs (NULL: none), with prompt_top (0..M3_SAMPLE_MAX_TOP_LOGPROBS) alternatives a
+     * position. Such a request asks for a logits row at every prompt position: its prefill runs
+     * in chunks of at most the step's rows left (opts: max_num_seqs, or k + 1 rows a sequence with
+     * speculation), and the prefix cache does not skip positions whose logprobs are still due. */
+    m3_engine_prompt_fn on_prompt;
+    int prompt_top;
     void *arg;                  /* passed to the callbacks */
     struct m3_engine_images *images; /* the prompt's images (NULL: none); m3_engine_add takes a reference */
     /* Structured output (NULL: none): the output is constrained by this grammar (m3_engine_add
@@ -276,6 +293,7 @@ typedef struct m3_engine_stats {
     uint64_t grammar_requests;   /* requests added with a grammar */
     uint64_t vision_runs;        /* vision tower runs (one per image object actually encoded) */
     uint64_t vision_images;      /* images encoded by them */
+    uint64_t prompt_logprobs;    /* prompt positions whose logprobs were reported (on_prompt) */
 } m3_engine_stats;
 
 /* What the last m3_engine_step did. */
@@ -284,7 +302,8 @@ typedef struct m3_engine_step_stats {
     int n_seqs;                 /* sequences in the forward (<= max_num_seqs) */
     int n_decode;               /* of those, decode rows (1 token) */
     int n_prefill_tokens;       /* tokens of sequences in (re)prefill */
-    int n_logits;               /* rows that asked for logits (= tokens sampled) */
+    int n_logits;               /* rows that asked for logits (sampled tokens, verified drafts, prompt logprobs) */
+    int n_prompt_rows;          /* of those, prompt logprobs' rows */
     int n_preempted;            /* sequences preempted while scheduling this step */
     int n_admitted;             /* waiting requests admitted this step */
     int n_spec;                 /* speculative decodes (verify steps) in the forward */

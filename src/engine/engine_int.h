@@ -44,6 +44,10 @@ typedef struct req {
     m3_engine_output_fn cb_out;
     m3_engine_error_fn cb_err;
     m3_engine_admit_fn cb_admit;
+    m3_engine_prompt_fn cb_prompt; /* prompt logprobs (NULL: none), plp_top alternatives */
+    int plp_top, n_text;       /* n_text: the text ids [0, n_text) the log-softmax runs over */
+    int plp_next;              /* the rows of positions below it are reported (it reports prompt[plp_next + 1]) */
+    int plp_idx, plp_n;        /* this step: its prompt rows' first output row, and how many */
     int admitted;              /* cb_admit was called (a preempted request is admitted again) */
     void *arg;
     const char *why;           /* why it ends with M3_FINISH_ERROR (a static string, or why_buf) */
@@ -67,6 +71,7 @@ typedef struct req {
     float conf[M3_SPEC_MAX_TOKENS]; /* the confidence head's estimates of the drafts (a threshold is set) */
     /* this step */
     int n_sched, decode, out_idx, done;
+    int rows_sched;            /* logits rows it asks for this step (given back when preempted) */
     int k_sched;               /* drafts verified this step (0: not a speculative decode) */
     int row0;                  /* first row of the request in the step's batch */
     int ov0, n_ov;             /* its image rows among the step's embedding overrides */
@@ -113,6 +118,12 @@ struct m3_engine {
     struct req **to_sample;
     int32_t *ids, *pos, *sq;   /* [max_tokens_step] */
     int *rows;                 /* [max rows] */
+    int *rows_alone;           /* [max rows] a request's rows when it runs alone (step_failed) */
+    m3_sample_out *plp_out;    /* [max rows] the prompt rows' logprobs (by output row) */
+    unsigned char *plp_fin;    /* [max rows] ... and whether the row was finite */
+    int *plp_row;              /* [max rows] this step's prompt rows (output row indices), plp_req their requests */
+    struct req **plp_req;
+    int n_plp;
     m3_kv_seq **seqs;          /* [max_seqs] */
     float *logits;             /* [max rows][V] */
     int max_rows;

@@ -253,6 +253,17 @@ static void logprobs_of(const float *x, int V, int chosen, int k, m3_sample_out 
     }
 }
 
+void m3_logprobs_row(const float *logits, int n, int32_t token, int k, m3_sample_out *out) {
+    memset(out, 0, sizeof *out);
+    out->token = token;
+    if (k > M3_SAMPLE_MAX_TOP_LOGPROBS) k = M3_SAMPLE_MAX_TOP_LOGPROBS;
+    if (k < 0) k = 0;
+    if (token >= 0 && token < n) { logprobs_of(logits, n, token, k, out); return; }
+    logprobs_of(logits, n, 0, k, out); /* the top k; the token itself is not a text id */
+    out->logprob = -INFINITY;
+    out->rank = n + 1;
+}
+
 /* ---------------- the sampling core ---------------- */
 
 typedef struct {

@@ -142,6 +142,12 @@ void m3_sampler_skip_uniforms(m3_sampler *s, int n);
 int m3_sampler_describe(m3_sampler *s, const float *logits, m3_sample_ws *ws, int32_t token, m3_sample_out *out,
                         m3_err *err);
 
+/* The raw logprobs of one row (log_softmax of logits[0..n), n the text ids): token's logprob and
+ * rank, and the k (<= M3_SAMPLE_MAX_TOP_LOGPROBS) most likely ids, as m3_sampler_sample reports
+ * them in M3_LOGPROBS_RAW mode (out->token = token). A token at or past n (no text spells it) has
+ * logprob -inf and rank n + 1. Stateless: any thread, any row (prompt logprobs). */
+void m3_logprobs_row(const float *logits, int n, int32_t token, int k, m3_sample_out *out);
+
 m3_sample_ws *m3_sample_ws_create(int V, m3_err *err);
 void m3_sample_ws_free(m3_sample_ws *ws);
 /* Splits a row's longest passes (the exp pass; m3_sampler_probs' scaling) over pool's threads

@@ -110,12 +110,14 @@ static void drain(m3_engine *e) {
 }
 
 /* Moves the most recently admitted running sequence back to the head of the waiting queue,
- * freeing its blocks; gives back the budget it had been given this step. */
-static req *preempt_last(m3_engine *e, int *budget) {
+ * freeing its blocks; gives back the budget and logits rows it had been given this step. */
+static req *preempt_last(m3_engine *e, int *budget, int *rows) {
     req *v = e->running[e->n_running - 1];
     e->n_running--;
     *budget += v->n_sched;
+    *rows += v->rows_sched;
     v->n_sched = 0;
+    v->rows_sched = 0;
     v->decode = 0;
     v->k_sched = 0;
     m3_blocks_free(e->bm, &v->bs);
@@ -126,10 +128,43 @@ static req *preempt_last(m3_engine *e, int *budget) {
     return v;
 }
 
+/* The prompt positions of r's next n tokens whose logprobs are due ([*lo, *lo + return)): from
+ * plp_next (earlier ones were reported) to n_prompt - 1 (the last position's row samples). */
+static int plp_span(const req *r, int n, int *lo) {
+    *lo = r->n_done;
+    if (!r->cb_prompt) return 0;
+    int a = r->n_done > r->plp_next ? r->n_done : r->plp_next, b = r->n_done + n < r->n_prompt - 1 ? r->n_done + n : r->n_prompt - 1;
+    *lo = a;
+    return b > a ? b - a : 0;
+}
+
+/* the logits rows r asks for when n of its tokens run from n_done (not a speculative decode):
+ * its prompt rows, and the row that samples when the chunk completes its pending tokens */
+static int rows_of(const req *r, int n) {
+    int lo;
+    return plp_span(r, n, &lo) + (r->n_done + n == r->n_tok && r->max_tokens > 0);
+}
+
+/* the longest chunk of at most n tokens whose rows fit in `rows` (rows_of grows with n) */
+static int fit_rows(const req *r, int n, int rows) {
+    if (rows_of(r, n) <= rows) return n;
+    int lo = 0, hi = n; /* rows_of(lo) <= rows < rows_of(hi) */
+    while (hi - lo > 1) {
+        int mid = lo + (hi - lo) / 2;
+        if (rows_of(r, mid) <= rows) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
 static void schedule(m3_engine *e) {
     int budget = e->max_tokens_step;
+    /* logits rows: one a sequence (k + 1 with drafts) never runs out; prompt logprobs' rows take
+     * what is left, in chunks */
+    int rows_left = e->max_rows;
     m3_err e2;
-    for (int i = 0; i < e->n_running; i++) e->running[i]->n_sched = e->running[i]->decode = e->running[i]->k_sched = 0;
+    for (int i = 0; i < e->n_running; i++)
+        e->running[i]->n_sched = e->running[i]->decode = e->running[i]->k_sched = e->running[i]->rows_sched = 0;
     /* disable_by_batch_size: past it a step decodes without drafts (verification stops paying
      * when the batch alone fills the GPU); the draft's context still takes every committed row */
     const int drafts = !e->spec_off_bs || e->n_running <= e->spec_off_bs;
@@ -146,9 +181,16 @@ static void schedule(m3_engine *e) {
                 if (e->spec_max_len && r->n_tok + k > e->spec_max_len) k = 0; /* past the draft's max_model_len */
                 if (k > r->limit - r->n_tok - 1) k = r->limit - r->n_tok - 1; /* room to emit k + 1 */
                 if (k > budget - 1) k = budget - 1;
+                if (k > rows_left - 1) k = rows_left - 1;
                 if (k < 0) k = 0;
                 n = 1 + k;
             }
+            int nrows = spec_decode ? n : 0;
+            if (!spec_decode) {
+                n = fit_rows(r, n, rows_left);
+                nrows = rows_of(r, n);
+            }
+            if (n < 1 || nrows > rows_left) continue; /* its rows next step */
             int ok = 1;
             for (;;) {
                 int need = r->n_done + n - r->bs.n_tokens;
@@ -161,14 +203,16 @@ static void schedule(m3_engine *e) {
                     ok = 0;
                     break;
                 }
-                req *v = preempt_last(e, &budget);
+                req *v = preempt_last(e, &budget, &rows_left);
                 if (v == r) { ok = 0; break; }
             }
             if (!ok) continue;
             r->n_sched = n;
             r->decode = pass == 0;
             r->k_sched = k;
+            r->rows_sched = nrows;
             budget -= n;
+            rows_left -= nrows;
             if (spec_decode && !drafts) e->tot.spec_off_batch++;
         }
     }
@@ -182,13 +226,20 @@ static void schedule(m3_engine *e) {
              * the draft context (admit reuses at most n_look - 1 tokens) */
             n_look = r->n_tok;
             if (e->spec) n_look = (long)r->n_tok - e->draft.cfg.window + 1 > 1 ? (long)r->n_tok - e->draft.cfg.window + 1 : 1;
-            hit = m3_blocks_admit(e->bm, &r->bs, r->tok, (int)n_look, r->extra, r->n_extra, &e2);
+            /* prompt logprobs still due: their positions are computed (a hit ends at plp_next) */
+            if (r->cb_prompt && r->plp_next < r->n_prompt - 1 && n_look > r->plp_next + 1) n_look = r->plp_next + 1 > 1 ? r->plp_next + 1 : 0;
+            if (n_look > 0) hit = m3_blocks_admit(e->bm, &r->bs, r->tok, (int)n_look, r->extra, r->n_extra, &e2);
             if (hit < 0) { waiting_remove(e, 0); fail(e, r, OOM); continue; }
         }
         r->n_done = hit;
         if (e->spec) m3_dspark_ctx_reset(&r->dctx, hit);
         int rem = r->n_tok - hit;
-        int n = rem < budget ? rem : budget;
+        int n = fit_rows(r, rem < budget ? rem : budget, rows_left);
+        if (n < 1) { /* no rows left for its first chunk: it waits (FCFS) */
+            m3_blocks_free(e->bm, &r->bs);
+            r->n_done = 0;
+            break;
+        }
         int need = hit + n - r->bs.n_tokens;
         int rc = need > 0 ? m3_blocks_allocate(e->bm, &r->bs, need, &e2) : 0;
         if (rc) {
@@ -201,7 +252,9 @@ static void schedule(m3_engine *e) {
         e->running[e->n_running++] = r;
         r->n_sched = n;
         r->decode = 0;
+        r->rows_sched = rows_of(r, n);
         budget -= n;
+        rows_left -= r->rows_sched;
         e->tot.prefix_hit_tokens += (uint64_t)hit; /* both counted once a request is admitted (not each wait) */
         e->tot.prefix_query_tokens += (uint64_t)n_look;
         if (!r->admitted && r->cb_admit) r->cb_admit(r->arg, r->id, hit);
@@ -427,6 +480,43 @@ static void sample_rows(m3_engine *e, int nr) {
     }
 }
 
+/* prompt logprobs: row j of the step's prompt rows (its finiteness, then its log-softmax) */
+static void prompt_row(m3_engine *e, int j) {
+    const req *r = e->plp_req[j];
+    const int o = e->plp_row[j];
+    const float *lg = e->logits + (size_t)o * e->V;
+    e->plp_fin[o] = (unsigned char)logits_finite(lg, (size_t)e->V);
+    /* the row of position p gives prompt[p + 1]: p = its row in the batch less the request's first, plus n_done */
+    const int p = e->rows[o] - r->row0 + r->n_done;
+    if (e->plp_fin[o]) m3_logprobs_row(lg, r->n_text, r->tok[p + 1], r->plp_top, &e->plp_out[o]);
+}
+
+static void prompt_range(void *ctx, size_t begin, size_t end, int worker) {
+    (void)worker;
+    for (size_t j = begin; j < end; j++) prompt_row(ctx, (int)j);
+}
+
+/* The step's prompt rows, over the sampling threads when there are several (a row reads only
+ * its logits: the same values in any order). */
+static void prompt_rows(m3_engine *e) {
+    if (e->spool && e->n_plp > 1) m3_pool_for(e->spool, (size_t)e->n_plp, 1, prompt_range, e);
+    else
+        for (int j = 0; j < e->n_plp; j++) prompt_row(e, j);
+}
+
+/* Reports r's prompt logprobs of this step (the positions after plp_next, in order); 0, or -1
+ * when a row is not finite (nothing reported then). */
+static int deliver_prompt(m3_engine *e, req *r) {
+    for (int j = 0; j < r->plp_n; j++)
+        if (!e->plp_fin[r->plp_idx + j]) return -1;
+    int lo;
+    plp_span(r, r->n_sched, &lo);
+    for (int j = 0; j < r->plp_n; j++) r->cb_prompt(r->arg, r->id, lo + j + 1, &e->plp_out[r->plp_idx + j]);
+    r->plp_next = lo + r->plp_n;
+    e->tot.prompt_logprobs += (uint64_t)r->plp_n;
+    return 0;
+}
+
 /* Reports sampled/verified tokens of r: appends them, calls back; returns the finish reason. */
 static int deliver(m3_engine *e, req *r, const m3_sample_out *outs, int n) {
     int reason = M3_FINISH_NONE;
@@ -487,7 +577,11 @@ static void go_dead(m3_engine *e, const char *what, const char *dev) {
 /* Runs request r's rows of this step alone (the step's arrays, r's slice of them). */
 static int forward_alone(m3_engine *e, req *r, m3_err *err) {
     const int si = e->sq[r->row0], n = r->n_sched;
-    int rows[M3_SPEC_MAX_TOKENS + 1], n_out = 0;
+    int *rows = e->rows_alone, n_out = 0, first = r->out_idx; /* its rows as the step asked for them */
+    if (r->plp_n) {
+        first = r->plp_idx; /* its prompt rows, then its sampling row: contiguous */
+        for (int j = 0; j < r->plp_n; j++) rows[n_out++] = e->rows[r->plp_idx + j] - r->row0;
+    }
     if (r->out_idx >= 0) {
         if (r->k_sched) for (int j = 0; j <= r->k_sched; j++) rows[n_out++] = j;
         else rows[n_out++] = n - 1;
@@ -497,7 +591,7 @@ static int forward_alone(m3_engine *e, req *r, m3_err *err) {
     for (int k = 0; k < n_ov; k++) ovr[k] = e->ov_rows[r->ov0 + k] - r->row0;
     m3_batch b = {n, e->pos + r->row0, e->zeros, &e->seqs[si]};
     m3_embed_override ov = {n_ov, ovr, n_ov ? e->ov_emb + (size_t)r->ov0 * e->m->cfg.hidden : NULL};
-    float *lg = r->out_idx >= 0 ? e->logits + (size_t)r->out_idx * e->V : NULL;
+    float *lg = n_out ? e->logits + (size_t)first * e->V : NULL;
     if (r->n_ov > 64) return m3_errf(err, "%d image rows in one chunk (a retry alone takes 64)", r->n_ov);
     e->cap_row0 = r->row0;
     m3_taps taps = e->spec ? capture_taps(e) : (m3_taps){0};
@@ -581,6 +675,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
     int n_ov = 0; /* batch rows whose embeddings are image embeddings */
     const int F = e->spec ? m3_dspark_feat_dim(&e->draft) : 0;
     int T = 0, ns = 0, n_out = 0, n_greedy = 0, n_vg = 0;
+    e->n_plp = 0;
     for (int i = 0; i < e->n_running; i++) {
         req *r = e->running[i];
         if (!r->n_sched) continue;
@@ -603,6 +698,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             }
         r->n_ov = n_ov - r->ov0;
         r->out_idx = -1;
+        r->plp_n = 0;
         r->gdev = 0;
         /* rows whose draw is their argmax alone come back as ids (m3_taps.greedy_n) */
         const int g = e->group || r->gr ? 0 : m3_sampler_greedy_ids(r->smp);
@@ -632,7 +728,19 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             }
             e->last.n_spec++;
             e->last.n_draft += r->k_sched;
-        } else if (r->n_done + r->n_sched == r->n_tok) {
+        } else {
+            int lo, np = plp_span(r, r->n_sched, &lo); /* its prompt rows, then its sampling row (contiguous) */
+            r->plp_idx = n_out;
+            r->plp_n = np;
+            for (int j = 0; j < np; j++) {
+                e->gn[n_out] = 0;
+                e->plp_row[e->n_plp] = n_out;
+                e->plp_req[e->n_plp++] = r;
+                e->rows[n_out++] = r->row0 + (lo - r->n_done) + j;
+            }
+            e->last.n_prompt_rows += np;
+        }
+        if (!r->k_sched && r->n_done + r->n_sched == r->n_tok && r->max_tokens > 0) {
             r->out_idx = n_out;
             e->gn[n_out] = g;
             m3_draw_param *dp = &e->gpar[n_out];
@@ -686,6 +794,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         if (e->trace) t_fwd = m3_now();
         q_to_host(e);
         sample_rows(e, nr);
+        prompt_rows(e);
         if (e->trace) t_sample = m3_now();
         int n_app = 0; /* draft context appends */
         for (int i = 0; i < nr; i++) {
@@ -703,7 +812,8 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
                 r->done = M3_FINISH_ERROR;
                 continue;
             }
-            if (r->out_idx >= 0 && !r->so_finite) { /* sample_rows checked every row of it */
+            /* sample_rows checked every row of it, prompt_rows its prompt rows */
+            if ((r->out_idx >= 0 && !r->so_finite) || (r->plp_n && deliver_prompt(e, r))) {
                 r->why = "the model produced non-finite logits (NaN or Inf)";
                 e->tot.nonfinite_logits++;
                 r->done = M3_FINISH_ERROR;
@@ -739,6 +849,11 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
                 r->why = OOM;
                 r->done = M3_FINISH_ERROR;
                 continue;
+            }
+            if (!r->max_tokens && r->n_done == r->n_tok) { /* the prompt alone (prompt logprobs): done */
+                reason = M3_FINISH_LENGTH;
+                e->tot.requests_finished[reason]++;
+                emit(r, NULL, reason);
             }
             if (plain) {
                 int gend = 0;

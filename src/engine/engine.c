@@ -435,10 +435,7 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
     pthread_mutex_unlock(&e->mu);
     if (dead) { m3_errf(err, "the engine has stopped: %s", e->dead); return 0; }
     if (!q || !q->prompt || q->n_prompt < 1) { m3_errf(err, "request: empty prompt"); return 0; }
-    if (q->max_tokens < (q->on_prompt ? 0 : 1)) {
-        m3_errf(err, "request: max_tokens %d, expected >= %d", q->max_tokens, q->on_prompt ? 0 : 1);
-        return 0;
-    }
+    if (q->max_tokens < 0) { m3_errf(err, "request: max_tokens %d, expected >= 0", q->max_tokens); return 0; }
     if (q->on_prompt && (q->prompt_top < 0 || q->prompt_top > M3_SAMPLE_MAX_TOP_LOGPROBS)) {
         m3_errf(err, "request: prompt_top %d, expected 0..%d", q->prompt_top, M3_SAMPLE_MAX_TOP_LOGPROBS);
         return 0;

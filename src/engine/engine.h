@@ -202,8 +202,8 @@ typedef struct m3_engine_request {
     const int32_t *prompt;      /* n_prompt >= 1 ids in [0, vocab); copied */
     int n_prompt;
     m3_sampling sampling;       /* copied (arrays too); logprobs computed only when asked */
-    int max_tokens;             /* >= 1; 0 with on_prompt: the request ends after its prompt (M3_FINISH_LENGTH,
-                                 * a final callback with token -1) */
+    int max_tokens;             /* >= 0; 0: the request ends once its prompt ran (M3_FINISH_LENGTH, a final
+                                 * callback with token -1): its prompt logprobs, its prompt in the prefix cache */
     const int32_t *stop_ids;    /* extra stop token ids; copied */
     int n_stop_ids;
     int ignore_eos;             /* nonzero: the config's eos id does not stop the request */

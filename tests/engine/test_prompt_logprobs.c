@@ -10,7 +10,8 @@
  *      the prefix cache holding the prompts: every position reported once, in order, before the
  *      first token, equal to the bit to a request alone; the others' tokens equal theirs alone;
  *      no step asks for more rows than it may;
- *   4. max_tokens 0 (the prompt alone), a one-token prompt, cancellation midway, bad arguments.
+ *   4. max_tokens 0 (the prompt alone, with and without prompt logprobs), a one-token prompt,
+ *      cancellation midway, bad arguments.
  * Usage: test_prompt_logprobs [CHECKPOINT_DIR (default tests/data/m3-tiny)] (from the repo root) */
 #include <math.h>
 #include <stdio.h>
@@ -387,16 +388,25 @@ int main(int argc, char **argv) {
         CHECK(e != NULL, "engine: %s", err.msg);
         if (e) {
             m3_engine_request q = make(&jc, &recs[2]);
-            q.max_tokens = 0;
-            q.on_prompt = NULL;
-            CHECK(!m3_engine_add(e, &q, &err) && strstr(err.msg, "max_tokens 0"), "max_tokens 0 without prompt logprobs: %s",
-                  err.msg);
+            q.max_tokens = -1;
+            CHECK(!m3_engine_add(e, &q, &err) && strstr(err.msg, "max_tokens -1"), "max_tokens -1: %s", err.msg);
             q = make(&jc, &recs[2]);
             q.prompt_top = M3_SAMPLE_MAX_TOP_LOGPROBS + 1;
             CHECK(!m3_engine_add(e, &q, &err) && strstr(err.msg, "prompt_top"), "prompt_top 21: %s", err.msg);
             m3_engine_destroy(e);
         }
-        printf("4. a one-token prompt alone ends at once; cancelled after %d positions; bad arguments refused\n", recs[1].n_pl);
+        /* max_tokens 0 without prompt logprobs: the prompt runs (into the prefix cache), nothing is generated */
+        job w[2] = {{ids->data, (int)ids->numel, 0, 0, 0, 0, 0, 0}, {ids->data, (int)ids->numel, 2, 0, 0, 10, 0, 0}};
+        m3_engine_opts pc = roomy();
+        pc.enable_prefix_caching = 1;
+        if (run(&m, &pc, w, 2, &recs[3], &in)) goto done;
+        CHECK(recs[3].finished && recs[3].reason == M3_FINISH_LENGTH && recs[3].n_gen == 0 && recs[3].n_pl == 0 &&
+              recs[4].cached > 0 && recs[4].n_gen == 2 && in.st.tokens_generated == 2,
+              "max_tokens 0: %s after %d tokens; the next request found %d tokens cached", m3_engine_finish_name(recs[3].reason),
+              recs[3].n_gen, recs[4].cached);
+        printf("4. a one-token prompt alone ends at once; cancelled after %d positions; max_tokens 0 without prompt "
+               "logprobs runs the prompt alone (the next request found %d of its tokens cached); bad arguments refused\n",
+               recs[1].n_pl, recs[4].cached);
     }
 done:
     m3_st_close(orc);

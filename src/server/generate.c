@@ -61,6 +61,8 @@ static void choice_clear(choice *c) {
     json_decref(c->ab_tool);
     json_decref(c->r_lp);
     json_decref(c->r_lp_pend);
+    json_decref(c->plp);
+    m3_tok_stream_free(c->pts);
 }
 
 static void hreq_free(hreq *h) {
@@ -342,6 +344,100 @@ static void lp_add(srv *s, choice *c, const m3_sample_out *so, const char *text,
     if (bad) mark_failed(h, NOMEM);
 }
 
+/* ------------------------------------------------------------------ prompt logprobs */
+
+/* the text of one id, as a logprob entry names it (NULL: no memory; *len its bytes) */
+static char *id_text(srv *s, int32_t id, size_t *len) {
+    m3_err err;
+    *len = 0;
+    return m3_tok_decode(s->tok, &id, 1, 0, len, &err);
+}
+
+/* vLLM's entry of one prompt position: {"<id>": {"logprob", "rank", "decoded_token"}}, the
+ * prompt's token first, then the k most likely (ranks 1..k) */
+static json_t *plp_entry(srv *s, const m3_sample_out *so, int k) {
+    json_t *d = json_object();
+    int bad = !d;
+    for (int i = -1; d && i < k && i < so->n_top; i++) {
+        const int32_t id = i < 0 ? so->token : so->top_ids[i];
+        char key[16];
+        snprintf(key, sizeof key, "%d", (int)id);
+        if (json_object_get(d, key)) continue; /* the prompt's token among the most likely */
+        size_t tl;
+        char *t = id_text(s, id, &tl);
+        bad |= !t || json_object_set_new(d, key, json_pack("{s:f,s:i,s:s%}", "logprob", lp_value(i < 0 ? so->logprob : so->top_logprobs[i]),
+                                                             "rank", i < 0 ? (int)so->rank : i + 1, "decoded_token", t ? t : "",
+                                                             tl)) != 0;
+        free(t);
+    }
+    if (bad) { json_decref(d); return NULL; }
+    return d;
+}
+
+/* echo with logprobs: one prompt token's entry of choices[].logprobs (so NULL: the first token,
+ * which has no logprob); its text comes from the choice's prompt decoder */
+static int echo_entry(srv *s, choice *c, int32_t token, const m3_sample_out *so) {
+    hreq *h = c->h;
+    const char *p = NULL;
+    size_t n = 0;
+    m3_err err;
+    if (m3_tok_stream_push(c->pts, token, &p, &n, &err)) return -1;
+    int bad = 0;
+    json_t *tops = so ? json_object() : json_null();
+    bad |= !tops;
+    /* the prompt's token, then the most likely (as vLLM: a text already listed keeps its first value) */
+    for (int i = -1; so && tops && i < so->n_top && i < h->prompt_logprobs; i++) {
+        size_t tl;
+        char *t = id_text(s, i < 0 ? so->token : so->top_ids[i], &tl);
+        if (!t) { bad = 1; break; }
+        if (!json_object_get(tops, t)) bad |= json_object_set_new(tops, t, json_real(lp_value(i < 0 ? so->logprob : so->top_logprobs[i]))) != 0;
+        free(t);
+    }
+    bad |= json_array_append_new(json_object_get(c->lp, "tokens"), json_stringn(p ? p : "", n)) != 0;
+    bad |= json_array_append_new(json_object_get(c->lp, "token_logprobs"), so ? json_real(lp_value(so->logprob)) : json_null()) != 0;
+    bad |= json_array_append_new(json_object_get(c->lp, "top_logprobs"), tops ? tops : json_null()) != 0;
+    bad |= json_array_append_new(json_object_get(c->lp, "text_offset"), json_integer((json_int_t)c->p_chars)) != 0;
+    c->p_chars += utf8_chars(p ? p : "", n);
+    return bad ? -1 : 0;
+}
+
+/* the prompt's positions are all in: what the decoder held back goes to the last token's text,
+ * and a stream sends the echo with its entries */
+static void prompt_done(choice *c) {
+    hreq *h = c->h;
+    if (!h->echo_lp) return;
+    const char *p = NULL;
+    size_t n = 0;
+    m3_tok_stream_finish(c->pts, &p, &n);
+    if (n) {
+        json_t *toks = json_object_get(c->lp, "tokens");
+        json_t *last = json_array_get(toks, json_array_size(toks) - 1);
+        m3_sbuf t = {0};
+        if (!last || m3_sbuf_add(&t, json_string_value(last), json_string_length(last)) || m3_sbuf_add(&t, p, n) ||
+            json_array_set_new(toks, json_array_size(toks) - 1, json_stringn(t.p, t.n)))
+            mark_failed(h, NOMEM);
+        free(t.p);
+    }
+    if (h->stream && !h->failed) {
+        size_t elen;
+        const char *et = echo_of(h, c->index, &elen);
+        send_chunk(h, c->index, json_stringn(et ? et : "", et ? elen : 0), lp_take(c, 1), NULL);
+    }
+}
+
+/* One prompt position's logprobs (pos >= 1, in order, before the choice's first token). */
+static void on_prompt_item(srv *s, choice *c, int pos, const m3_sample_out *so) {
+    hreq *h = c->h;
+    if (h->closed) return;
+    c->plp_got++;
+    if (c->plp) {
+        json_t *d = plp_entry(s, so, h->prompt_logprobs);
+        if (!d || json_array_append_new(c->plp, d)) { mark_failed(h, NOMEM); return; }
+    }
+    if (h->echo_lp && echo_entry(s, c, so->token, so)) { mark_failed(h, NOMEM); return; }
+    if (pos == c->n_prompt_toks - 1) prompt_done(c);
+}
+
 /* Passes parsed deltas on: a stream chunk, or the non-stream accumulators. */
 static void emit_deltas(choice *c, const m3_out_delta *d, size_t n) {
     hreq *h = c->h;
@@ -458,6 +554,7 @@ static int send_final(hreq *h) {
             ch = json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", t.p ? t.p : "", t.n, "logprobs", lp ? lp : json_null(),
                            "finish_reason", finish_str(c));
             free(t.p);
+            if (ch && c->plp) bad |= json_object_set(ch, "prompt_logprobs", c->plp) != 0; /* vLLM's, a choice's */
         }
         bad |= json_array_append_new(choices, ch) != 0;
     }
@@ -466,6 +563,7 @@ static int send_final(hreq *h) {
     json_t *j = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", id, "object", h->chat ? "chat.completion" : "text_completion",
                           "created", (json_int_t)h->created, "model", s->o->model_name, "choices", choices, "usage",
                           usage_json(h));
+    if (j && h->chat && h->ch[0].plp) bad |= json_object_set(j, "prompt_logprobs", h->ch[0].plp) != 0; /* vLLM's, the request's */
     if (bad || h->failed) { /* a part is missing: no truncated answer */
         json_decref(j);
         return srv_send_error(h->req, 500, "server_error", "generation failed: %s", h->failed ? h->failed : NOMEM);
@@ -639,7 +737,8 @@ void srv_handle_item(srv *s, qitem *it) {
     if (it->finished && !c->engine_ended) { c->engine_ended = 1; h->n_open--; c->cancel_pending = 0; }
     if (atomic_load(&c->lost) && !c->done) mark_failed(h, "an engine record was lost (out of memory)");
     if (!c->done && !h->failed) {
-        if (it->has_tok) on_token(s, c, &it->so, it->finished, it->reason);
+        if (it->ppos) on_prompt_item(s, c, it->ppos, &it->so);
+        else if (it->has_tok) on_token(s, c, &it->so, it->finished, it->reason);
         else if (it->finished) choice_end(c, it->reason); /* cancelled or failed without a token */
     }
     if (h->failed) fail_response(h);
@@ -667,8 +766,16 @@ static void on_admit(void *arg, uint64_t id, int cached) {
 static void on_output(void *arg, uint64_t id, const m3_sample_out *out, int finished, int reason) {
     (void)id;
     choice *c = arg;
-    qitem it = {c, {0}, out != NULL, finished, reason};
+    qitem it = {c, {0}, out != NULL, finished, reason, 0};
     if (out) it.so = *out;
+    srv_push(c->h->s, &it);
+}
+
+/* engine thread: a prompt position's logprobs */
+static void on_prompt(void *arg, uint64_t id, int pos, const m3_sample_out *out) {
+    (void)id;
+    choice *c = arg;
+    qitem it = {c, *out, 0, 0, 0, pos};
     srv_push(c->h->s, &it);
 }
 
@@ -707,6 +814,8 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     h->echo = g->echo;
     h->logprobs = g->logprobs;
     h->top_logprobs = (int)g->top_logprobs;
+    h->prompt_logprobs = g->prompt_logprobs;
+    h->echo_lp = !chat && g->echo && g->logprobs;
     h->min_tokens = (int)g->min_tokens;
     h->n_prompt = (int)g->n_ids;
     h->created = (long)time(NULL);
@@ -742,6 +851,15 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
         else if (chat && !(c->out = out_new(h, g, &err))) /* memory is the server's (500), bad tools the request's */
             rc = strstr(err.msg, "out of memory") ? srv_send_error(req, 500, "server_error", "%s", err.msg) : SRV_BAD(req, "%s", err.msg);
         else if (h->logprobs && !(c->lp = lp_new(h))) rc = srv_send_error(req, 500, "server_error", "out of memory");
+        else if (h->prompt_logprobs >= 0 && (!chat || i == 0) && !(c->plp = json_pack("[n]")))
+            rc = srv_send_error(req, 500, "server_error", "out of memory");
+        else if (h->echo_lp) { /* the prompt's first token leads, without a logprob */
+            const int p = i / h->n_per;
+            c->n_prompt_toks = (int)(g->prompt_off[p + 1] - g->prompt_off[p]);
+            if (!(c->pts = m3_tok_stream_new(s->tok, 0, &err))) rc = srv_send_error(req, 500, "server_error", "%s", err.msg);
+            else if (echo_entry(s, c, g->ids[g->prompt_off[p]], NULL))
+                rc = srv_send_error(req, 500, "server_error", "cannot decode the prompt (out of memory?)");
+        }
     }
     if (rc) { hreq_free(h); return rc; }
 
@@ -778,6 +896,7 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     er.on_output = on_output;
     er.on_error = on_error;
     er.on_admit = on_admit;
+    er.prompt_top = h->prompt_logprobs;
     er.images = images; /* made by the preparation thread; shared by the n choices, each engine request takes a reference */
     er.grammar = g->grammar; /* structured output (structured.c): each engine request takes a reference */
     er.grammar_start_id = g->g_start;
@@ -800,6 +919,7 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
         er.n_prompt = (int)(g->prompt_off[p + 1] - g->prompt_off[p]);
         h->ch[i].n_prompt_toks = er.n_prompt;
         sp->seed = g->has_seed ? (uint64_t)g->seed + (uint64_t)j : base + (uint64_t)i * 0x9e3779b97f4a7c15ull;
+        er.on_prompt = h->ch[i].plp || h->echo_lp ? on_prompt : NULL; /* (chat: the first choice's, for all) */
         er.arg = &h->ch[i];
         h->ch[i].id = m3_engine_add(s->e, &er, &err);
         /* the parameters were checked: what is left is the engine out of memory */
@@ -825,13 +945,15 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
         if (api == SRV_API_RESPONSES) srv_resp_start(h);
         for (int i = 0; i < h->n && api == SRV_API_OPENAI; i++) {
             if (chat) send_chunk(h, i, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL);
-            else {
+            else if (!h->echo_lp) { /* (with logprobs, the echo goes once its prompt's entries are in: prompt_done) */
                 size_t elen;
                 const char *et = echo_of(h, i, &elen);
                 if (et) send_chunk(h, i, json_stringn(et, elen), NULL, NULL);
             }
         }
     }
+    for (int i = 0; i < h->n && h->echo_lp; i++) /* a one-token prompt has no positions to wait for */
+        if (h->ch[i].n_prompt_toks == 1) prompt_done(&h->ch[i]);
     http_req_on(req, on_flushed, conn_closed, h);
     if (h->failed) fail_response(h);
     h->busy--;

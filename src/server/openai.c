@@ -654,6 +654,7 @@ both:
 
 int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_params *g, m3_oai_error *e) {
     memset(g, 0, sizeof *g);
+    g->prompt_logprobs = -1;
     int rc;
     if (!json_is_object(b)) return OAI_BAD(e, NULL, "the request body must be a JSON object");
     json_t *model = json_object_get(b, "model");
@@ -683,8 +684,8 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         (rc = get_num(e, b, "frequency_penalty", -2, 2, &g->fp)) ||
         (rc = get_num(e, b, "repetition_penalty", 0, 100, &g->rp)) ||
         (rc = get_int(e, b, "top_k", -1, 1 << 30, &g->top_k)) ||
-        (rc = get_int(e, b, "max_tokens", 1, 1 << 30, &g->max_tokens)) ||
-        (rc = get_int(e, b, "max_completion_tokens", 1, 1 << 30, &g->max_tokens)) ||
+        (rc = get_int(e, b, "max_tokens", 0, 1 << 30, &g->max_tokens)) ||
+        (rc = get_int(e, b, "max_completion_tokens", 0, 1 << 30, &g->max_tokens)) ||
         (rc = get_int(e, b, "min_tokens", 0, 1 << 30, &g->min_tokens)))
         return rc;
     json_t *seed = json_object_get(b, "seed");
@@ -713,9 +714,23 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         if ((rc = get_int(e, b, "logprobs", 0, M3_SAMPLE_MAX_TOP_LOGPROBS, &lp))) return rc;
         g->logprobs = lp >= 0;
         g->top_logprobs = lp > 0 ? lp : 0;
-        if (g->echo && g->logprobs)
-            return OAI_BAD(e, "echo", "'echo' with 'logprobs' is not supported (no prompt logprobs)");
+        if (g->echo && g->logprobs) g->prompt_logprobs = (int)g->top_logprobs; /* the prompt's entries lead the logprobs */
     }
+    /* vLLM's prompt_logprobs: the logprob of every prompt token, with this many alternatives */
+    json_t *plp = json_object_get(b, "prompt_logprobs");
+    if (plp && !json_is_null(plp)) {
+        if (!json_is_integer(plp)) return OAI_BAD(e, "prompt_logprobs", "'prompt_logprobs' must be an integer");
+        long long v = json_integer_value(plp);
+        if (v < -1)
+            return OAI_BAD(e, "prompt_logprobs", "'prompt_logprobs' must be a non-negative integer, or -1 (every token)");
+        if (v == -1 || v > M3_SAMPLE_MAX_TOP_LOGPROBS)
+            return OAI_BAD(e, "prompt_logprobs", "Requested prompt logprobs of %lld, which is greater than max allowed: %d",
+                           v == -1 ? (long long)c->vocab : v, M3_SAMPLE_MAX_TOP_LOGPROBS);
+        if (g->stream) return OAI_BAD(e, "prompt_logprobs", "'prompt_logprobs' is not available when 'stream' is true");
+        g->prompt_logprobs = (int)v;
+    }
+    if (g->max_tokens == 0 && !g->echo)
+        return OAI_BAD(e, "max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo': the prompt alone), got 0");
     if (chat) {
         if ((rc = m3_oai_chat_prompt(c, b, &g->ids, &g->n_ids, &g->media, e))) return rc;
         g->n_prompts = 1;
@@ -732,7 +747,7 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
     long long mml = c->max_model_len, np = 0; /* the longest prompt of a batch */
     for (int p = 0; p < g->n_prompts; p++) {
         long long len = (long long)(g->prompt_off[p + 1] - g->prompt_off[p]);
-        if (len >= mml) {
+        if (len > mml || (len == mml && g->max_tokens != 0)) {
             /* worded as OpenAI and vLLM word it: clients (LiteLLM, agent frameworks) recognise an
              * overflow by "maximum context length" */
             if (g->n_prompts > 1)

@@ -86,6 +86,9 @@ typedef struct m3_oai_params {
     double temperature, top_p, min_p, pp, fp, rp; /* pp, fp, rp: presence, frequency, repetition penalty */
     long long top_k, seed, max_tokens, n, min_tokens, top_logprobs;
     int has_seed, stream, include_usage, echo, ignore_eos, logprobs;
+    /* prompt logprobs: -1 none; else the alternatives a prompt position gets (vLLM's prompt_logprobs,
+     * or completions' echo with logprobs, whose prompt entries then lead choices[].logprobs) */
+    int prompt_logprobs;
     int continuous_usage;   /* vLLM's stream_options.continuous_usage_stats (with include_usage): usage in every chunk */
     int include_stop;            /* include_stop_str_in_output: a matched stop string ends the text (vLLM) */
     const char *stop_strs[M3_OAI_MAX_STOP]; /* borrowed from the body */

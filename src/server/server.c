@@ -281,7 +281,7 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg) {
         while (fin) {
             choice *c = fin;
             fin = c->fin_next;
-            qitem it = {c, c->fin_so, c->fin_has_tok, 1, c->fin_reason};
+            qitem it = {c, c->fin_so, c->fin_has_tok, 1, c->fin_reason, 0};
             srv_handle_item(s, &it);
         }
     }

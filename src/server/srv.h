@@ -99,6 +99,13 @@ typedef struct choice {
     int r_reason;           /* 1: in the reasoning; 0: adaptive, before the first token; -1: done or off;
                              * 2: enabled without single-token tags (counted by records of reasoning) */
     size_t text_chars;      /* code points so far (completions text_offset) */
+    /* prompt logprobs (h->prompt_logprobs >= 0): vLLM's list ([null, {"<id>": {logprob, rank,
+     * decoded_token}}, ...]), the positions reported so far; with echo + logprobs the prompt
+     * tokens' texts (decoded in order, as the echo is) and their code points so far */
+    json_t *plp;
+    int plp_got;
+    m3_tok_stream *pts;
+    size_t p_chars;
     struct choice *fin_next;/* srv.fin list (a final record that found the queue out of memory) */
     int fin_reason, fin_has_tok;
     m3_sample_out fin_so;
@@ -113,6 +120,8 @@ struct hreq {
     int api;                /* SRV_API_*: the shapes of its output */
     int include_stop;       /* include_stop_str_in_output */
     int logprobs, top_logprobs; /* report logprobs, with this many alternatives per token */
+    int prompt_logprobs;    /* -1: none; else the alternatives of a prompt position */
+    int echo_lp;            /* completions' echo with logprobs: the prompt's entries lead each choice's logprobs */
     int one_call;           /* parallel_tool_calls: false with free output: a choice ends at its first tool call */
     int min_tokens;
     int n_prompt;
@@ -146,7 +155,8 @@ struct hreq {
     hreq *prev, *next;      /* srv.live */
 };
 
-typedef struct qitem { choice *c; m3_sample_out so; int has_tok, finished, reason; } qitem;
+/* an engine record: a token (has_tok), an end (finished), or a prompt position's logprobs (ppos >= 1) */
+typedef struct qitem { choice *c; m3_sample_out so; int has_tok, finished, reason, ppos; } qitem;
 
 struct srv {
     m3_engine *e;

@@ -61,6 +61,7 @@ static int same_params(const m3_oai_params *a, const m3_oai_params *b) {
         (a->echo_text && memcmp(a->echo_text, b->echo_text, a->echo_len)))
         return 0;
     return a->temperature == b->temperature && a->top_p == b->top_p && a->max_tokens == b->max_tokens && a->n == b->n &&
+           a->prompt_logprobs == b->prompt_logprobs &&
            a->min_tokens == b->min_tokens && a->top_logprobs == b->top_logprobs && a->logprobs == b->logprobs &&
            a->stream == b->stream && a->include_usage == b->include_usage && a->seed == b->seed &&
            a->oo.thinking == b->oo.thinking && a->oo.tools == b->oo.tools;
@@ -93,8 +94,19 @@ int main(void) {
     m3_oai_params_free(&g);
     rc = parse("{\"prompt\":[72,105],\"echo\":true}", 0, &g, &e);
     CHECK(rc == 0 && g.n_ids == 2 && g.echo && g.echo_len == 2 && !memcmp(g.echo_text, "Hi", 2) && g.max_tokens == 16 &&
-              g.temperature == 1.0 && g.n == 1,
+              g.temperature == 1.0 && g.n == 1 && g.prompt_logprobs == -1,
           "completions defaults + echo of token ids: %d %s", rc, e.message);
+    m3_oai_params_free(&g);
+    /* prompt logprobs: echo with logprobs takes its alternatives, vLLM's prompt_logprobs its own */
+    rc = parse("{\"prompt\":\"Hi\",\"echo\":true,\"logprobs\":3,\"max_tokens\":0}", 0, &g, &e);
+    CHECK(rc == 0 && g.prompt_logprobs == 3 && g.max_tokens == 0, "echo + logprobs 3: prompt logprobs %d: %d %s",
+          g.prompt_logprobs, rc, e.message);
+    m3_oai_params_free(&g);
+    rc = parse("{\"prompt\":\"Hi\",\"echo\":true,\"logprobs\":3,\"prompt_logprobs\":0}", 0, &g, &e);
+    CHECK(rc == 0 && g.prompt_logprobs == 0, "echo + logprobs 3 + prompt_logprobs 0: %d: %d %s", g.prompt_logprobs, rc, e.message);
+    m3_oai_params_free(&g);
+    rc = parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"prompt_logprobs\":5}", 1, &g, &e);
+    CHECK(rc == 0 && g.prompt_logprobs == 5, "chat prompt_logprobs 5: %d: %d %s", g.prompt_logprobs, rc, e.message);
     m3_oai_params_free(&g);
     rc = parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"chat_template_kwargs\":{\"enable_thinking\":false},"
                "\"tool_choice\":\"none\",\"logprobs\":true,\"top_logprobs\":3}",
@@ -214,7 +226,11 @@ int main(void) {
         {"{\"prompt\":\"x\",\"min_tokens\":20,\"max_tokens\":2}", 0, 400, "min_tokens"},
         {"{\"prompt\":\"x\",\"best_of\":3}", 0, 400, "best_of"},
         {"{\"prompt\":\"x\",\"suffix\":\"y\"}", 0, 400, "suffix"},
-        {"{\"prompt\":\"x\",\"echo\":true,\"logprobs\":1}", 0, 400, "echo"},
+        {"{\"prompt\":\"x\",\"prompt_logprobs\":21}", 0, 400, "prompt_logprobs"},
+        {"{\"prompt\":\"x\",\"prompt_logprobs\":-1}", 0, 400, "prompt_logprobs"},
+        {"{\"prompt\":\"x\",\"prompt_logprobs\":true}", 0, 400, "prompt_logprobs"},
+        {"{\"prompt\":\"x\",\"prompt_logprobs\":1,\"stream\":true}", 0, 400, "prompt_logprobs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", 1, 400, "max_tokens"},
         {"{\"prompt\":[1,999]}", 0, 400, "prompt"},
         {"{\"prompt\":[\"a\",\"\"]}", 0, 400, "prompt[1]"},
         {"{\"prompt\":[\"a\",5]}", 0, 400, "prompt[1]"},
@@ -295,7 +311,7 @@ int main(void) {
         {"{\"prompt\":\"Hello there\",\"stop\":[\"a\",\"bc\"],\"stop_token_ids\":[7,8],\"logit_bias\":{\"65\":2,\"66\":-3},"
          "\"echo\":true,\"max_tokens\":4}",
          0},
-        {"{\"prompt\":[72,105,33],\"echo\":true,\"max_tokens\":3}", 0},
+        {"{\"prompt\":[72,105,33],\"echo\":true,\"max_tokens\":0,\"logprobs\":2,\"prompt_logprobs\":3}", 0},
         {"{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"},"
          "{\"role\":\"assistant\",\"content\":\"<mm:think>r</mm:think>Yo\"},{\"role\":\"user\",\"content\":\"More\"}],"
          "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","

@@ -39,7 +39,7 @@ mkdir -p "$OUT"
 if [ -z "$BIN" ]; then
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j"$(nproc)" >/dev/null || exit 100
   BIN="$OUT/bin"; mkdir -p "$BIN"
-  for f in build/m3 build/bench_cuda_linear build/bench_cuda_attn build/bench_cuda_gemm build/bench_cuda_moe build/tests/oracle_check build/tests/logits_diff build/tests/vision_check build/tests/graph_regrow build/tests/dspark_check; do ln -sf "$PWD/$f" "$BIN/"; done
+  for f in build/m3 build/bench_cuda_linear build/bench_cuda_attn build/bench_cuda_gemm build/bench_cuda_moe build/tests/oracle_check build/tests/logits_diff build/tests/vision_check build/tests/graph_regrow build/tests/dspark_check build/tests/test_prompt_logprobs; do ln -sf "$PWD/$f" "$BIN/"; done
 fi
 fails=0
 want() { case " ${M3_GPU_SECTIONS:-1 2 3 4 5 6 7 8 9} " in *" $1 "*) echo "## [$(date +%T)]"; return 0;; esac; return 1; }
@@ -59,6 +59,10 @@ echo "## 1. reference checkpoints on the GPU"
 for m in m3-tiny m3-tiny-q m3-wide-q m3-gqa3 m3-gqa3-q m3-mqa m3-mqa-q; do
   run "$BIN/oracle_check" "$BIN/m3" $D/$m $D/$m.oracle.safetensors --backend cuda --tol 1e-3 --work "$OUT"
 done
+# prompt logprobs (the engine's prompt rows, cut to the rows a step may ask for, through the CUDA
+# forward): every prompt position against the reference's logits, and against the engine's own
+# generation, under few rows a step, preemption and the prefix cache
+[ -x "$BIN/test_prompt_logprobs" ] && run "$BIN/test_prompt_logprobs" $D/m3-tiny cuda
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-bf16.oracle.safetensors --kv bf16 --backend cuda --tol 1e-3 --work "$OUT"
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-nvfp4.oracle.safetensors --kv nvfp4 --backend cuda --tol 1e-3 --work "$OUT"
 # every case (case 3 sits on an E4M3 rounding tie that moves later logits by ~3e-4: within 1e-3)

@@ -502,8 +502,8 @@ int main(int argc, char **argv) {
         q.n_prompt = 1;
         CHECK(e && m3_engine_add(e, &q, &err) == 0, "out-of-range id rejected");
         q = make_req(&specs[0], &rs);
-        q.max_tokens = 0;
-        CHECK(e && m3_engine_add(e, &q, &err) == 0, "max_tokens 0 rejected");
+        q.max_tokens = -1; /* (0 runs the prompt alone: test_prompt_logprobs) */
+        CHECK(e && m3_engine_add(e, &q, &err) == 0, "max_tokens -1 rejected");
         m3_engine_destroy(e);
     }
     /* ---- 6. another thread adds and cancels ---- */

@@ -12,13 +12,17 @@
  *      no step asks for more rows than it may;
  *   4. max_tokens 0 (the prompt alone, with and without prompt logprobs), a one-token prompt,
  *      cancellation midway, bad arguments.
- * Usage: test_prompt_logprobs [CHECKPOINT_DIR (default tests/data/m3-tiny)] (from the repo root) */
+ * On the GPU (cuda: exact precision) every comparison that is to the bit on the CPU is within
+ * 2e-4 instead (the prefill's and the decode's kernels differ), ranks and top ids not compared,
+ * and the reference's within 1e-3 (oracle_check's logits tolerance there).
+ * Usage: test_prompt_logprobs [CHECKPOINT_DIR (default tests/data/m3-tiny) [cpu|cuda]] (from the repo root) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cuda/cuda.h"
 #include "engine/engine.h"
 #include "io/safetensors.h"
 #include "model/m3.h"
@@ -151,7 +155,20 @@ static m3_engine_opts roomy(void) {
     return o;
 }
 
+static int on_gpu;      /* cuda: within 2e-4 instead of to the bit */
+
+static void ops_free(m3_ops *ops) {
+    if (on_gpu) m3_cuda_ops_free(ops);
+    else m3_cpu_ops_free(ops);
+}
+static double gpu_worst; /* ... the largest difference seen then */
+
 static int same_out(const m3_sample_out *a, const m3_sample_out *b, int top) {
+    if (on_gpu) {
+        const double d = fabs((double)a->logprob - b->logprob);
+        gpu_worst = d > gpu_worst ? d : gpu_worst;
+        return a->token == b->token && d <= 2e-4;
+    }
     if (a->token != b->token || memcmp(&a->logprob, &b->logprob, sizeof a->logprob) || a->rank != b->rank) return 0;
     int k = a->n_top < top ? a->n_top : top;
     if (a->n_top < k || b->n_top < k) return 0;
@@ -171,22 +188,28 @@ static uint64_t rnd(uint64_t *s) {
 
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "tests/data/m3-tiny";
+    on_gpu = argc > 2 && !strcmp(argv[2], "cuda");
+    if (argc > 2 && !on_gpu && strcmp(argv[2], "cpu")) { fprintf(stderr, "unknown backend '%s' (cpu or cuda)\n", argv[2]); return 2; }
     char oracle_path[512];
     snprintf(oracle_path, sizeof oracle_path, "%s.oracle.safetensors", dir);
     m3_err err;
     m3_ops ops;
     m3_model m;
-    if (m3_cpu_ops_init(&ops, 2, &err)) { fprintf(stderr, "cpu ops: %s\n", err.msg); return 1; }
+    if (on_gpu ? m3_cuda_ops_init(&ops, 0, &err) : m3_cpu_ops_init(&ops, 2, &err)) {
+        fprintf(stderr, "%s ops: %s\n", on_gpu ? "cuda" : "cpu", err.msg);
+        return 1;
+    }
+    if (on_gpu) m3_cuda_set_precision(&ops, 0); /* exact: against the f32 reference */
     if (m3_model_load(&m, dir, &ops, NULL, NULL, &err)) {
         fprintf(stderr, "load %s: %s\n", dir, err.msg);
-        m3_cpu_ops_free(&ops);
+        ops_free(&ops);
         return 1;
     }
     m3_st *orc = m3_st_open(oracle_path, &err);
     if (!orc) {
         fprintf(stderr, "oracle: %s\n", err.msg);
         m3_model_free(&m);
-        m3_cpu_ops_free(&ops);
+        ops_free(&ops);
         return 1;
     }
     const int V = m.cfg.vocab;
@@ -196,6 +219,7 @@ int main(int argc, char **argv) {
     m3_engine_opts o = roomy();
 
     /* ---- 1. the reference ---- */
+    const double ref_tol = on_gpu ? 1e-3 : 2e-4;
     double worst = 0;
     int n_pos = 0, n_cases = 0, rank_ok = 0, rank_n = 0;
     for (int k = 0; k < 8; k++) {
@@ -222,7 +246,7 @@ int main(int argc, char **argv) {
             const m3_sample_out *g = &recs[0].pl[p];
             const double d = fabs((double)g->logprob - want);
             worst = d > worst ? d : worst;
-            CHECK(d < 2e-4 && g->token == tok[p], "case %d position %d: logprob %.6f, the reference's %.6f", k, p, g->logprob, want);
+            CHECK(d < ref_tol && g->token == tok[p], "case %d position %d: logprob %.6f, the reference's %.6f", k, p, g->logprob, want);
             /* rank and top ids where the reference row has no near ties around them */
             int gt = 0, near = 0;
             for (int v = 0; v < V; v++) {
@@ -236,7 +260,7 @@ int main(int argc, char **argv) {
             }
             int best = 0;
             for (int v = 1; v < V; v++) best = x[v] > x[best] ? v : best;
-            CHECK(g->n_top == 5 && fabs((double)g->top_logprobs[0] - ((double)x[best] - lse)) < 2e-4,
+            CHECK(g->n_top == 5 && fabs((double)g->top_logprobs[0] - ((double)x[best] - lse)) < ref_tol,
                   "case %d position %d: top logprob %.6f, the reference's %.6f", k, p, g->top_logprobs[0], (double)x[best] - lse);
             n_pos++;
         }
@@ -411,7 +435,8 @@ int main(int argc, char **argv) {
 done:
     m3_st_close(orc);
     m3_model_free(&m);
-    m3_cpu_ops_free(&ops);
+    ops_free(&ops);
+    if (on_gpu) printf("cuda: the comparisons to the bit on the CPU differ by at most %.2e here\n", gpu_worst);
     if (failures) { fprintf(stderr, "test_prompt_logprobs: %d checks failed\n", failures); return 1; }
     printf("test_prompt_logprobs: all checks passed\n");
     return 0;

@@ -10,7 +10,8 @@
 # With M3_LOAD_SPEC (a --speculative-config JSON) the checkpoint gets a random DSpark draft of its
 # shapes (make-tiny --with-dspark) and the server speculates; the speculative counters are printed.
 # usage: scripts/gpu-serve-load.sh BIN_DIR OUT_DIR [TOKENIZER_JSON]   (env: M3_LOAD_LAYERS=6,
-#        M3_LOAD_LEVELS=1,16,64,128,256, M3_LOAD_ROUNDS=1, M3_SHAPES=config, M3_LOAD_SPEC=json,
+#        M3_LOAD_LEVELS=1,16,64,128,256 (none: no load test), M3_LOAD_ROUNDS=1, M3_SHAPES=config, M3_LOAD_SPEC=json,
+#        M3_LOAD_LOGLIK=requests,concurrency,batch,prompt_tokens (tools/bench_loglik.py after the load test),
 #        M3_SERVE_ARGS="more m3 serve flags", e.g. "--max-num-batched-tokens 8192", M3_LOAD_TEMP=T and
 #        M3_LOAD_TOP_P=P: every request sampled so (default greedy))
 # M3_LOAD_ROUNDS=n: each client sends n requests one after another, so past the first round the
@@ -44,11 +45,20 @@ for _ in range(1200):
 sys.exit(1)
 PY
 grep -E "^m3 serve: (KV|the model has|listening)|^loaded" "$OUT/serve.log"
+if [ "$LEVELS" != none ]; then
 python3 tools/load_test.py --base http://127.0.0.1:$port --concurrency "$LEVELS" --rounds "$ROUNDS" --prompt-tokens 700 \
   --max-tokens 128 --temperature "${M3_LOAD_TEMP:-0}" --top-p "${M3_LOAD_TOP_P:-1}" --json "$OUT/load.json" || { echo "FAILED: load test"; fails=$((fails+1)); }
+fi
+# M3_LOAD_LOGLIK=requests,concurrency,batch,prompt_tokens: lm-evaluation-harness's loglikelihood
+# requests (echo + logprobs 1, max_tokens 1) against plain ones of the same prompts
+if [ -n "${M3_LOAD_LOGLIK:-}" ]; then
+  IFS=, read -r lr lc lb lt <<< "$M3_LOAD_LOGLIK"
+  python3 tools/bench_loglik.py --base http://127.0.0.1:$port --requests "${lr:-64}" --concurrency "${lc:-8}" --batch "${lb:-4}" \
+    --prompt-tokens "${lt:-512}" --json "$OUT/loglik.json" || { echo "FAILED: loglikelihood bench"; fails=$((fails+1)); }
+fi
 curl -s http://127.0.0.1:$port/metrics > "$OUT/metrics.txt" 2>/dev/null || python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$port/metrics').read().decode())" > "$OUT/metrics.txt"
 grep -E "^m3_(preemptions_total|kv_capacity_tokens|kv_bytes_per_token|max_model_len|stream_keepalives_total|requests_finished_total|engine_steps_total|spec_decode_)" "$OUT/metrics.txt"
-python3 - "$OUT/load.json" <<'PY' || fails=$((fails+1))
+[ "$LEVELS" = none ] || python3 - "$OUT/load.json" <<'PY' || fails=$((fails+1))
 import json, sys
 rows = json.load(open(sys.argv[1]))
 bad = [r for r in rows if r["concurrency"] == 64 and r["preemptions"] > 0]

@@ -17,7 +17,7 @@
 #      MoE / indexer / draft-attention kernel benches' small cases);
 #   8. m3 serve under load with default flags on a real-format checkpoint at M3.1-Flash shapes
 #      (scripts/gpu-serve-load.sh: 1-256 concurrent streams, every response complete), then sampled
-#      requests at 1 and 64 (drawn on the GPU);
+#      requests at 1 and 64 (drawn on the GPU), then lm-eval's loglikelihood requests (prompt logprobs);
 #   9. DSpark with the draft on the GPU (the target's device): its passes against the CPU's
 #      (dspark_check, on the tiny draft and at the M3.1-Flash draft's shapes, where one-request passes
 #      are recorded in CUDA graphs and replayed), greedy tokens equal without it on
@@ -272,6 +272,9 @@ echo "## 8. m3 serve under load (default flags, a real-format checkpoint at M3.1
 run scripts/gpu-serve-load.sh "$BIN" "$OUT/load" ${M3_TOKENIZER:-}
 # sampled requests (T 0.8, top-p 0.95): drawn on the GPU (draw_rows), only their tokens come back
 M3_LOAD_TEMP=0.8 M3_LOAD_TOP_P=0.95 M3_LOAD_LEVELS=1,64 run scripts/gpu-serve-load.sh "$BIN" "$OUT/load-sampled" ${M3_TOKENIZER:-}
+# lm-evaluation-harness's loglikelihood requests (echo + logprobs: every prompt position's logits
+# row comes back) against plain requests of the same prompts: 64 requests of 4 x 512 tokens, 8 at once
+M3_LOAD_LEVELS=none M3_LOAD_LOGLIK=64,8,4,512 run scripts/gpu-serve-load.sh "$BIN" "$OUT/load-loglik" ${M3_TOKENIZER:-}
 fi
 if want 9; then
 echo "## 9. DSpark with the draft on the GPU: greedy tokens equal without it, sanitizer, the bench"

@@ -97,10 +97,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 abort();
             for (int p = 0; p < g.n_prompts; p++) { /* every prompt non-empty and within the context */
                 long long len = (long long)(g.prompt_off[p + 1] - g.prompt_off[p]);
-                if (len < 1 || len >= mml || len + g.max_tokens > mml) abort();
+                if (len < 1 || len > mml || (len == mml && g.max_tokens > 0) || len + g.max_tokens > mml) abort();
                 if (g.echo && !is_chat && g.echo_off[p + 1] < g.echo_off[p]) abort();
             }
-            if (g.n < 1 || g.n > M3_OAI_MAX_N || !g.n_ids || g.max_tokens < 1 || g.min_tokens < 0 || g.min_tokens > g.max_tokens ||
+            /* max_tokens 0 only with echo (the prompt alone); prompt logprobs 0..20, not in a stream but echo's */
+            if (g.max_tokens < (g.echo && !is_chat ? 0 : 1) || g.prompt_logprobs < -1 ||
+                g.prompt_logprobs > M3_SAMPLE_MAX_TOP_LOGPROBS || (g.prompt_logprobs >= 0 && g.stream && !(g.echo && g.logprobs)))
+                abort();
+            if (g.n < 1 || g.n > M3_OAI_MAX_N || !g.n_ids || g.min_tokens < 0 || g.min_tokens > g.max_tokens ||
                 g.top_logprobs < 0 || g.top_logprobs > M3_SAMPLE_MAX_TOP_LOGPROBS || g.n_stop_strs > M3_OAI_MAX_STOP ||
                 g.n_stop_ids > M3_OAI_MAX_STOP_IDS + 1 || g.n_bias > M3_OAI_MAX_LOGIT_BIAS ||
                 !(g.temperature >= 0 && g.temperature <= 2) || !(g.top_p >= 0 && g.top_p <= 1))

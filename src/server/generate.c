@@ -385,12 +385,16 @@ static int echo_entry(srv *s, choice *c, int32_t token, const m3_sample_out *so)
     int bad = 0;
     json_t *tops = so ? json_object() : json_null();
     bad |= !tops;
-    /* the prompt's token, then the most likely (as vLLM: a text already listed keeps its first value) */
-    for (int i = -1; so && tops && i < so->n_top && i < h->prompt_logprobs; i++) {
+    /* the most likely, then the prompt's token: texts can repeat (byte tokens decode to U+FFFD),
+     * and the likelier keeps the text, so that the top value is the best token's (lm-eval's
+     * is_greedy compares the prompt token's logprob with it); logprobs alternatives, as vLLM */
+    const int k = h->top_logprobs;
+    for (int i = 0; so && tops && i <= k && i <= so->n_top; i++) {
+        const int mine = i == k || i == so->n_top; /* last: the prompt's token */
         size_t tl;
-        char *t = id_text(s, i < 0 ? so->token : so->top_ids[i], &tl);
+        char *t = id_text(s, mine ? so->token : so->top_ids[i], &tl);
         if (!t) { bad = 1; break; }
-        if (!json_object_get(tops, t)) bad |= json_object_set_new(tops, t, json_real(lp_value(i < 0 ? so->logprob : so->top_logprobs[i]))) != 0;
+        if (!json_object_get(tops, t)) bad |= json_object_set_new(tops, t, json_real(lp_value(mine ? so->logprob : so->top_logprobs[i]))) != 0;
         free(t);
     }
     bad |= json_array_append_new(json_object_get(c->lp, "tokens"), json_stringn(p ? p : "", n)) != 0;
@@ -702,7 +706,10 @@ static void on_token(srv *s, choice *c, const m3_sample_out *so, int finished, i
         if (n && m3_sbuf_add(&c->text, p, n)) { mark_failed(h, NOMEM); return; }
     }
     int not_text = h->api == SRV_API_RESPONSES && srv_resp_token(c, so->token); /* (reasoning: not the message's) */
-    if (!stop_tok && !not_text) lp_add(s, c, so, c->text.p ? c->text.p + before : "", c->text.n - before);
+    /* a stop token has no text, but completions list its logprob (as vLLM and OpenAI do: clients
+     * such as lm-evaluation-harness read the entries after the prompt's, the last one the token
+     * generated); chat leaves it out */
+    if ((!stop_tok || !h->chat) && !not_text) lp_add(s, c, so, c->text.p ? c->text.p + before : "", c->text.n - before);
     size_t upto = c->text.n;
     int hit = 0;
     if (c->stop && c->n_gen > h->min_tokens) { /* min_tokens holds stop strings back too (vLLM) */
@@ -896,7 +903,8 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     er.on_output = on_output;
     er.on_error = on_error;
     er.on_admit = on_admit;
-    er.prompt_top = h->prompt_logprobs;
+    /* vLLM's list takes prompt_logprobs alternatives, echo's entries logprobs of them */
+    er.prompt_top = h->echo_lp && h->top_logprobs > h->prompt_logprobs ? h->top_logprobs : h->prompt_logprobs;
     er.images = images; /* made by the preparation thread; shared by the n choices, each engine request takes a reference */
     er.grammar = g->grammar; /* structured output (structured.c): each engine request takes a reference */
     er.grammar_start_id = g->g_start;

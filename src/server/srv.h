@@ -120,7 +120,7 @@ struct hreq {
     int api;                /* SRV_API_*: the shapes of its output */
     int include_stop;       /* include_stop_str_in_output */
     int logprobs, top_logprobs; /* report logprobs, with this many alternatives per token */
-    int prompt_logprobs;    /* -1: none; else the alternatives of a prompt position */
+    int prompt_logprobs;    /* -1: none; else the alternatives of vLLM's list (prompt_logprobs, or with echo logprobs) */
     int echo_lp;            /* completions' echo with logprobs: the prompt's entries lead each choice's logprobs */
     int one_call;           /* parallel_tool_calls: false with free output: a choice ends at its first tool call */
     int min_tokens;

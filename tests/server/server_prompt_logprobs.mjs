@@ -8,7 +8,8 @@
 //    prompt is greedy there (lm-eval's is_greedy) and its logprobs are those the server gives
 //    those tokens when it generates them, to the last digit;
 //  - the entries: tokens add up to the text, text_offset counts code points, a top_logprobs dict
-//    holds the prompt's token and the most likely ones; vLLM's prompt_logprobs list beside
+//    holds the prompt's token and the most likely ones (texts that collide keep the likelier's
+//    value); a stop token generated keeps its entry; vLLM's prompt_logprobs list beside
 //    them ({"<id>": {logprob, rank, decoded_token}}, ranks 1..k for the most likely);
 //  - a stream: the first chunk is the echo with the prompt's entries, the chunks fold into the
 //    non-stream answer; max_tokens 0 with echo: the prompt alone (stream too), 0 completion tokens;
@@ -86,8 +87,9 @@ try {
       shape &&= !!e && e.logprob === got; // (JavaScript orders integer keys: the server's order is not seen here)
       if (!ref.near) { rankN++; rankOk += e && e.rank === ref.rank; }
       // the dict: the prompt's token, and the most likely (rank 1)
+      // its text holds its value, or a likelier token's of the same text
       const top = L.top_logprobs[p], vals = Object.values(top);
-      shape &&= vals.includes(got) && vals.length <= 2 && Object.values(d).some(x => x.rank === 1);
+      shape &&= !!e && top[e.decoded_token] >= got && vals.length <= 2 && Object.values(d).some(x => x.rank === 1);
     }
     shape &&= L.tokens.join('') === choices[i].text && L.text_offset[np] === [...L.tokens.slice(0, np).join('')].length;
   }
@@ -112,6 +114,32 @@ try {
   ok(refWorst < 2e-4, `... its logprobs against the reference's greedy logits: max |d| ${refWorst.toExponential(2)}`);
   ok(JSON.stringify(part) === JSON.stringify(G.token_logprobs) && JSON.stringify(L.tokens.slice(ctx.length, -1)) === JSON.stringify(G.tokens),
      '... and equal, to the last digit, to the logprobs the server gives those tokens generating them');
+
+  // a stop token generated (here a stop id made certain by logit_bias) keeps its entry: lm-eval's
+  // [ctxlen:-1] still drops the generated token, not the last prompt token
+  const st1 = await post(base, '/v1/completions', { ...lmBody, prompt: [ctx], stop_token_ids: [77], logit_bias: { 77: 100 } });
+  const S1 = st1.json.choices[0];
+  ok(S1.finish_reason === 'stop' && S1.logprobs.token_logprobs.length === ctx.length + 1 &&
+     JSON.stringify(S1.logprobs.token_logprobs.slice(0, -1)) === JSON.stringify(ll.json.choices[0].logprobs.token_logprobs.slice(0, ctx.length)) &&
+     S1.logprobs.tokens.at(-1) === '' && S1.logprobs.tokens.join('') === S1.text,
+     `a stop token as the generated one: ${S1.logprobs.token_logprobs.length} entries for ${ctx.length} prompt tokens + 1, its text empty`);
+
+  // texts that collide (byte tokens each decode to U+FFFD): the likelier token keeps the text, so a
+  // position whose token is not the most likely is not greedy for lm-eval
+  const S = [];
+  for (let i = 0; i < V; i++) if ((await post(base, '/detokenize', { tokens: [i] })).json.prompt === '\ufffd') S.push(i);
+  let x = 12345;
+  const bytesPrompt = Array.from({ length: 300 }, () => S[(x = (x * 1103515245 + 12345) % 2147483648) % S.length]);
+  const co = await post(base, '/v1/completions', { model: 'tiny', prompt: [bytesPrompt], max_tokens: 1, temperature: 0, echo: true, logprobs: 1, prompt_logprobs: 1 });
+  const CL = co.json.choices[0].logprobs, CP = co.json.choices[0].prompt_logprobs;
+  let coll = 0, collOk = 0;
+  for (let p = 1; p < bytesPrompt.length; p++) {
+    const ent = Object.entries(CP[p]), best = ent.find(([, e]) => e.rank === 1);
+    if (!best || best[0] === String(bytesPrompt[p]) || best[1].decoded_token !== '\ufffd') continue;
+    coll++; // the prompt's token and the most likely share the text
+    collOk += CL.top_logprobs[p]['\ufffd'] === best[1].logprob && CL.token_logprobs[p] !== Math.max(...Object.values(CL.top_logprobs[p]));
+  }
+  ok(S.length > 50 && coll > 5 && collOk === coll, `colliding texts (${S.length} ids decode to U+FFFD): at ${collOk} / ${coll} positions the dict holds the most likely's value, not greedy`);
 
   // ---- a stream folds into the non-stream answer; the echo leads with the prompt's entries ----
   // (a text of ids below m3-tiny's 1,024)

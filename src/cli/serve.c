@@ -19,7 +19,7 @@ static const char *usage =
     "usage: m3 serve DIR | -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME [NAME...]]\n"
     "                [--chat-template FILE|TEXT]\n"
     "                [--threads N] [--kv-cache-memory BYTES | --gpu-memory-utilization F] [--max-num-seqs N]\n"
-    "                [--max-num-batched-tokens N] [--warmup-tokens N]\n"
+    "                [--max-num-batched-tokens N] [--max-logits-rows N] [--warmup-tokens N]\n"
     "                [--max-model-len N] [--sample-threads N] [--grammar-threads N] [--speculative-config JSON] [--draft DIR]\n"
     "                [--kv-cache-dtype auto|f32|bf16|fp8|nvfp4] [--index-cache-dtype DTYPE]\n"
     "                [--max-waiting N] [--shutdown-timeout SECONDS] [--max-body BYTES] [--max-header-bytes BYTES]\n"
@@ -34,6 +34,9 @@ static const char *usage =
     "  --max-num-seqs N  sequences the engine runs at once (default 64)\n"
     "  --max-num-batched-tokens N  tokens of one step, prefill chunks included (default 4096 on the GPU, where\n"
     "                   large prefill chunks keep the tensor cores busy; 512 on the CPU)\n"
+    "  --max-logits-rows N  logits rows one step may bring back (default: one a sequence, k + 1 with a draft):\n"
+    "                   prompt logprobs (echo + logprobs, prompt_logprobs) run their prompt in chunks of the\n"
+    "                   rows a step has left; each row is vocab x 4 bytes of host and device memory\n"
     "  --warmup-tokens N  before listening, one request of N prompt tokens (at most a step) and a few decodes,\n"
     "                   then 8 requests of 2N tokens in all together, not counted and not cached: the first\n"
     "                   requests then find the step buffers sized and the kernels loaded (default:\n"
@@ -136,7 +139,7 @@ static int vision_setup(m3_vision *vis, m3_model *m, m3_ops *ops, const char *di
 
 int m3_cmd_serve(int argc, char **argv) {
     const char *dir = NULL, *names[17] = {0}, *chat_tmpl = NULL, *spec_json = NULL, *draft_dir = NULL, *kvd = NULL, *ikd = NULL;
-    long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, warm = -1, mml = 0, waiting = -1, grace = -1, body = 0, sthreads = 0, gthreads = -1;
+    long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, lrows = 0, warm = -1, mml = 0, waiting = -1, grace = -1, body = 0, sthreads = 0, gthreads = -1;
     long hdr = 0, tmo = -1, tpn = 1, imgmem = -1, maxconn = -1, rstore = -1;
     double util = 0.9;
     const char *moe_split = NULL;
@@ -214,6 +217,7 @@ int m3_cmd_serve(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--max-num-seqs")) r = m3_cli_int(a, V, 1, 1 << 16, &seqs, &err);
         else if (!strcmp(a, "--max-num-batched-tokens")) r = m3_cli_size(a, V, 1, 1 << 24, &batched, &err);
+        else if (!strcmp(a, "--max-logits-rows")) r = m3_cli_int(a, V, 1, 1 << 16, &lrows, &err);
         else if (!strcmp(a, "--warmup-tokens")) r = m3_cli_size(a, V, 0, 1 << 24, &warm, &err);
         else if (!strcmp(a, "--precision")) { if (m3_cli_set_precision(V, "serve")) return 2; }
         else if (!strcmp(a, "--max-model-len")) r = m3_cli_size(a, V, 1, 1 << 30, &mml, &err);
@@ -337,6 +341,7 @@ int m3_cmd_serve(int argc, char **argv) {
     else if (tp.g ? tp.cuda : ops.name && !strcmp(ops.name, "cuda"))
         eo.max_num_batched_tokens = 4096; /* H200, 8 layers at M3.1-Flash shapes: prefill 13,000 tok/s in chunks of 512, 25,500 in 4096 */
     if (mml) eo.max_model_len = (int)mml;
+    eo.max_logits_rows = (int)lrows;
     eo.sample_threads = (int)sthreads;
     eo.grammar_threads = gthreads < 0 ? 0 : gthreads ? (int)gthreads : -1; /* absent: the engine's default */
     eo.group = tp.g;

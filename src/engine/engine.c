@@ -62,6 +62,15 @@ static void sampling_threads(m3_engine *e, int want, int device) {
     e->to_sample = ts;
 }
 
+/* The logits rows a step may ask for: one a sequence (k + 1 with a draft: a speculative decode's),
+ * or max_logits_rows when more (prompt logprobs' chunks), at most the token budget. */
+static int step_rows(const m3_engine_opts *o) {
+    const int k1 = o->spec.method == M3_SPEC_DSPARK ? o->spec.num_speculative_tokens + 1 : 1;
+    long rows = (long)o->max_num_seqs * k1;
+    if (o->max_logits_rows > rows) rows = o->max_logits_rows;
+    return rows < o->max_num_batched_tokens ? (int)rows : o->max_num_batched_tokens;
+}
+
 void m3_engine_opts_default(m3_engine_opts *o) {
     memset(o, 0, sizeof *o);
     o->kv_bytes = (size_t)1 << 30;
@@ -210,10 +219,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         if (op0 && op0->mem_info && o->group)
             rc = m3_kv_budget_group(o->group, o->gpu_memory_utilization, &kv_bytes, e->pool_how, sizeof e->pool_how, err);
         else if (op0 && op0->mem_info) {
-            int k1 = o->spec.method == M3_SPEC_DSPARK ? o->spec.num_speculative_tokens + 1 : 1;
-            long rows = (long)o->max_num_seqs * k1;
-            rc = m3_kv_budget_device(m, o->kv_dtype, o->index_dtype, o->max_num_batched_tokens,
-                                     rows < o->max_num_batched_tokens ? (int)rows : o->max_num_batched_tokens,
+            rc = m3_kv_budget_device(m, o->kv_dtype, o->index_dtype, o->max_num_batched_tokens, step_rows(o),
                                      o->gpu_memory_utilization, &kv_bytes, e->pool_how, sizeof e->pool_how, err);
         } else {
             kv_bytes = m3_kv_budget_host(e->pool_how, sizeof e->pool_how);
@@ -298,11 +304,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         free(e);
         return NULL;
     }
-    e->max_rows = e->max_seqs < e->max_tokens_step ? e->max_seqs : e->max_tokens_step;
-    if (e->spec) { /* a speculative decode asks for k + 1 rows */
-        long rows = (long)e->max_seqs * (e->k + 1);
-        e->max_rows = rows < e->max_tokens_step ? (int)rows : e->max_tokens_step;
-    }
+    e->max_rows = step_rows(o);
     size_t T = (size_t)e->max_tokens_step;
     e->running = e_calloc((size_t)e->max_seqs, sizeof *e->running);
     e->ids = e_malloc(T * sizeof *e->ids);

@@ -20,8 +20,9 @@
  * After the forward, newly full blocks are committed to the prefix cache (when enabled).
  * Only rows that complete a sequence's pending tokens (prefill done, or a decode) ask for
  * logits, and the prompt rows of a request that wants prompt logprobs (on_prompt): the rows a
- * step asks for are at most max_rows (max_num_seqs, or (k + 1) x max_num_seqs with a draft, at
- * most the token budget), so such a prefill's chunks are cut to the rows the step has left.
+ * step asks for are at most max_rows (max_num_seqs, or (k + 1) x max_num_seqs with a draft, or
+ * opts.max_logits_rows when more, at most the token budget), so such a prefill's chunks are cut
+ * to the rows the step has left.
  *
  * Speculative decoding (opts.spec.method M3_SPEC_DSPARK; src/engine/spec.h). The engine loads
  * the DSpark draft and gives every request its own draft state (context cache, draft RNG).
@@ -152,6 +153,10 @@ typedef struct m3_engine_opts {
     m3_kv_dtype kv_dtype, index_dtype;
     int max_num_seqs;           /* running sequences at once (default 64) */
     int max_num_batched_tokens; /* tokens per step, all sequences together (default 512) */
+    /* logits rows a step may ask for, when more than one a sequence (k + 1 with a draft): prompt
+     * logprobs' prefill chunks are cut to the rows a step has left (0: no more; each row is
+     * vocab x 4 bytes of host memory, and of device memory the KV budget leaves out) */
+    int max_logits_rows;
     int enable_prefix_caching;
     int max_model_len;          /* prompt + generated tokens per request; 0: the config's max_position_embeddings,
                                  * at most the pool's capacity */

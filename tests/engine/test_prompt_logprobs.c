@@ -116,7 +116,8 @@ static int run(m3_model *m, const m3_engine_opts *o, const job *jobs, int n, rec
     }
     m3_engine *e = m3_engine_create(m, o, &err);
     if (!e) { CHECK(0, "engine create: %s", err.msg); return -1; }
-    const int max_rows = o->max_num_seqs < o->max_num_batched_tokens ? o->max_num_seqs : o->max_num_batched_tokens;
+    int max_rows = o->max_num_seqs > o->max_logits_rows ? o->max_num_seqs : o->max_logits_rows;
+    if (max_rows > o->max_num_batched_tokens) max_rows = o->max_num_batched_tokens;
     int added = 0, step = 0, rc = 0;
     for (;;) {
         for (int i = 0; i < n; i++) {
@@ -340,6 +341,24 @@ int main(int argc, char **argv) {
         printf("3. pressure: %d / %d requests equal to alone (tokens, and prompt logprobs %s); %d steps, %d with "
                "prompt rows, at most %d rows a step (limit 3), %llu preemptions\n",
                ok, NREQ, EQ, in.steps, in.chunked_steps, in.max_rows_seen, (unsigned long long)in.st.preemptions);
+
+        /* more logits rows a step (max_logits_rows 7 beside max_num_seqs 3): longer chunks, the same values */
+        t.max_logits_rows = 7;
+        if (run(&m, &t, jobs, NREQ, recs, &in)) goto done;
+        int ok7 = 0;
+        for (int i = 0; i < NREQ; i++) {
+            int good = recs[i].finished && recs[i].n_gen == alone[i].n_gen;
+            for (int g = 0; good && g < recs[i].n_gen; g++) good = same_out(&recs[i].gen[g], &alone[i].gen[g], 5);
+            if (jobs[i].plp) {
+                good = good && complete(&recs[i], jobs[i].n_prompt);
+                for (int p = 1; good && p < jobs[i].n_prompt; p++) good = same_out(&recs[i].pl[p], &alone[i].pl[p], jobs[i].top);
+            }
+            ok7 += good;
+        }
+        CHECK(ok7 == NREQ && in.max_rows_seen > 3 && in.max_rows_seen <= 7, "max_logits_rows 7: %d / %d equal, up to %d rows a step",
+              ok7, NREQ, in.max_rows_seen);
+        printf("   max_logits_rows 7: %d / %d requests equal; %d steps, at most %d rows a step\n", ok7, NREQ, in.steps,
+               in.max_rows_seen);
 
         /* a request with prompt logprobs preempted midway (the most recently admitted, beside two
          * decodes that grow): readmitted, it reports the positions after those it reported, and

@@ -61,7 +61,7 @@ function refLp(rows, r, tok) {
 }
 
 // f32 caches: the reference's exact arithmetic (the bf16 default rounds K / V as the reference did not)
-const srv = await startServer(m3, ck, ['--served-model-name', 'tiny', '--kv-cache-dtype', 'f32']);
+const srv = await startServer(m3, ck, ['--served-model-name', 'tiny', '--kv-cache-dtype', 'f32', '--kv-cache-memory', '268435456']);
 const base = srv.base;
 const csrv = await startServer(m3, makeCheckpoint(m3, work + '/ck'), ['--served-model-name', 'tiny']);
 const cbase = csrv.base;
@@ -222,6 +222,15 @@ try {
   ok(cz.status === 400 && cz.json.error.param === 'max_tokens', 'chat max_tokens 0: 400');
   const alive = await post(base, '/v1/completions', lmBody);
   ok(alive.status === 200 && strip(alive.json) === strip(lm.json), 'after all of it: the first request again, the same answer');
+
+  // --max-logits-rows: longer prompt chunks, the same answers
+  const wide = await startServer(m3, ck, ['--served-model-name', 'tiny', '--kv-cache-dtype', 'f32', '--kv-cache-memory', '268435456', '--max-logits-rows', '200']);
+  const w = await post(wide.base, '/v1/completions', lmBody);
+  const wm = await (await fetch(wide.base + '/metrics')).text();
+  const steps = t => Number((/^m3_engine_steps_total (\d+)/m.exec(t) || [])[1]);
+  ok(w.status === 200 && strip(w.json) === strip(lm.json), `--max-logits-rows 200: the lm-eval batch's answer equal (${steps(wm)} engine steps)`);
+  const ws = await wide.stop();
+  ok(ws.code === 0, `the --max-logits-rows server stopped cleanly in ${ws.ms} ms`);
 } catch (e) {
   ok(false, 'exception: ' + (e.stack || e));
 }

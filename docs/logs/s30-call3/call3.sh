@@ -2,7 +2,8 @@
 # session 30 call 3: lm-evaluation-harness's loglikelihood requests on the GPU (gpu.sh section 8's new
 # run): a 6-layer checkpoint at M3.1-Flash shapes served with default flags, tools/bench_loglik.py:
 # 64 requests of 4 x 512-token prompts, 8 at once, echo + logprobs 1 + max_tokens 1, against plain
-# requests of the same prompts; then the same at 2,048-token prompts
+# requests of the same prompts; then the same server with --max-logits-rows 512 (prompt chunks of
+# up to 512 rows instead of 64), at 512- and 2,048-token prompts
 # usage (after scripts/gpu-bin.sh here; carry .gpu_pack with bin.tar.xz and tokenizer.json.xz):
 #   bash docs/logs/s30-call3/call3.sh
 set -u
@@ -14,10 +15,18 @@ trap save EXIT
 M3_LOAD_KEEP=1 M3_LOAD_LEVELS=none M3_LOAD_LOGLIK=64,8,4,512 timeout 300 scripts/gpu-serve-load.sh $B /tmp/w/loglik /tmp/tok.json > $L/loglik.log 2>&1
 echo "[$SECONDS] loglik rc $?"; grep -E "FAILED|^#|^\||every|failed" $L/loglik.log | cut -c1-200 | head -20
 save
-# 2,048-token prompts on the same checkpoint (kept above): served again, the bench alone
-port=8732; $B/m3 serve -m /tmp/w/loglik/flash6 --port $port --disable-log-requests > $L/serve2.log 2>&1 & pid=$!
-for i in $(seq 1 600); do curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break; python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$port/health')" 2>/dev/null && break; sleep 0.25; done
+port=8732; $B/m3 serve -m /tmp/w/loglik/flash6 --port $port --disable-log-requests --max-logits-rows 512 > $L/serve512.log 2>&1 & pid=$!
+python3 -c "
+import time, urllib.request
+for _ in range(2400):
+    try:
+        if urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2).status == 200: break
+    except Exception: time.sleep(0.25)"
+grep -E "^m3 serve: (KV|listening)" $L/serve512.log
+timeout $((400 - SECONDS)) python3 tools/bench_loglik.py --base http://127.0.0.1:$port --requests 64 --concurrency 8 --batch 4 --prompt-tokens 512 > $L/loglik512rows.log 2>&1
+echo "[$SECONDS] --max-logits-rows 512, 512-token prompts rc $?"; cut -c1-200 $L/loglik512rows.log
+save
 timeout $((540 - SECONDS)) python3 tools/bench_loglik.py --base http://127.0.0.1:$port --requests 32 --concurrency 8 --batch 2 --prompt-tokens 2048 > $L/loglik2k.log 2>&1
-echo "[$SECONDS] loglik 2k rc $?"; cat $L/loglik2k.log | cut -c1-200
+echo "[$SECONDS] --max-logits-rows 512, 2,048-token prompts rc $?"; cut -c1-200 $L/loglik2k.log
 kill -TERM $pid; wait $pid
 echo "[$SECONDS] done"

@@ -183,6 +183,26 @@ static int complete(const rec *r, int n_prompt) {
     return r->finished && r->n_pl == n_prompt - 1 && !r->order_bad && !r->after_token && !r->after_finish && !r->dup;
 }
 
+/* jobs[0..n)'s records equal those of each alone (tokens; prompt logprobs complete and equal, or
+ * none when not asked); how many are */
+static int equal_alone(const char *what, const job *jobs, const rec *recs, const rec *alone, int n) {
+    int ok = 0;
+    for (int i = 0; i < n; i++) {
+        const rec *r = &recs[i];
+        int good = r->finished && r->reason == M3_FINISH_LENGTH && r->n_gen == jobs[i].max_tokens && r->n_gen == alone[i].n_gen;
+        for (int g = 0; good && g < r->n_gen; g++) good = same_out(&r->gen[g], &alone[i].gen[g], 5);
+        if (jobs[i].plp) {
+            good = good && complete(r, jobs[i].n_prompt);
+            for (int p = 1; good && p < jobs[i].n_prompt; p++) good = same_out(&r->pl[p], &alone[i].pl[p], jobs[i].top);
+        } else good = good && r->n_pl == 0;
+        CHECK(good, "%s: request %d (prompt %d, prompt logprobs %d): %d positions, %d tokens (%s), order %d, dup %d, after token %d",
+              what, i, jobs[i].n_prompt, jobs[i].plp, r->n_pl, r->n_gen, m3_engine_finish_name(r->reason), r->order_bad, r->dup,
+              r->after_token);
+        ok += good;
+    }
+    return ok;
+}
+
 static uint64_t rnd(uint64_t *s) {
     *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17;
     return *s;
@@ -316,20 +336,7 @@ int main(int argc, char **argv) {
         t.enable_prefix_caching = 1;
         t.sample_threads = 3;
         if (run(&m, &t, jobs, NREQ, recs, &in)) goto done;
-        int ok = 0;
-        for (int i = 0; i < NREQ; i++) {
-            int good = recs[i].finished && recs[i].reason == M3_FINISH_LENGTH && recs[i].n_gen == jobs[i].max_tokens &&
-                       recs[i].n_gen == alone[i].n_gen;
-            for (int g = 0; good && g < recs[i].n_gen; g++) good = same_out(&recs[i].gen[g], &alone[i].gen[g], 5);
-            if (jobs[i].plp) {
-                good = good && complete(&recs[i], jobs[i].n_prompt);
-                for (int p = 1; good && p < jobs[i].n_prompt; p++) good = same_out(&recs[i].pl[p], &alone[i].pl[p], jobs[i].top);
-            } else good = good && recs[i].n_pl == 0;
-            CHECK(good, "pressure: request %d (prompt %d, prompt logprobs %d): %d positions, %d tokens (%s), order %d, dup %d, "
-                  "after token %d", i, jobs[i].n_prompt, jobs[i].plp, recs[i].n_pl, recs[i].n_gen,
-                  m3_engine_finish_name(recs[i].reason), recs[i].order_bad, recs[i].dup, recs[i].after_token);
-            ok += good;
-        }
+        int ok = equal_alone("pressure", jobs, recs, alone, NREQ);
         CHECK(!in.row_violations && in.max_rows_seen <= 3, "steps asked for up to %d rows (limit 3)", in.max_rows_seen);
         CHECK(in.st.preemptions > 0, "the pool preempted (%llu)", (unsigned long long)in.st.preemptions);
         CHECK(in.st.kv_blocks_used == 0 && in.st.running == 0 && in.st.waiting == 0, "all returned: %d blocks used",
@@ -345,16 +352,7 @@ int main(int argc, char **argv) {
         /* more logits rows a step (max_logits_rows 7 beside max_num_seqs 3): longer chunks, the same values */
         t.max_logits_rows = 7;
         if (run(&m, &t, jobs, NREQ, recs, &in)) goto done;
-        int ok7 = 0;
-        for (int i = 0; i < NREQ; i++) {
-            int good = recs[i].finished && recs[i].n_gen == alone[i].n_gen;
-            for (int g = 0; good && g < recs[i].n_gen; g++) good = same_out(&recs[i].gen[g], &alone[i].gen[g], 5);
-            if (jobs[i].plp) {
-                good = good && complete(&recs[i], jobs[i].n_prompt);
-                for (int p = 1; good && p < jobs[i].n_prompt; p++) good = same_out(&recs[i].pl[p], &alone[i].pl[p], jobs[i].top);
-            }
-            ok7 += good;
-        }
+        int ok7 = equal_alone("max_logits_rows 7", jobs, recs, alone, NREQ);
         CHECK(ok7 == NREQ && in.max_rows_seen > 3 && in.max_rows_seen <= 7, "max_logits_rows 7: %d / %d equal, up to %d rows a step",
               ok7, NREQ, in.max_rows_seen);
         printf("   max_logits_rows 7: %d / %d requests equal; %d steps, at most %d rows a step\n", ok7, NREQ, in.steps,

@@ -58,7 +58,9 @@ int m3_kv_budget_device(m3_model *m, m3_kv_dtype dt, m3_kv_dtype idt, int max_to
     return 0;
 }
 
-int m3_kv_budget_group(struct m3_group *g, double utilization, size_t *bytes, char *how, size_t how_cap, m3_err *err) {
+int m3_kv_budget_group(struct m3_group *g, double utilization, size_t extra, size_t *bytes, char *how, size_t how_cap,
+                       m3_err *err) {
+    const double reserve = (double)TP_RESERVE + (double)extra;
     if (!(utilization > 0 && utilization <= 1))
         return m3_errf(err, "--gpu-memory-utilization %g: expected a fraction in (0, 1]", utilization);
     const int n = m3_group_size(g);
@@ -68,15 +70,15 @@ int m3_kv_budget_group(struct m3_group *g, double utilization, size_t *bytes, ch
         if (!op || !op->mem_info) return m3_errf(err, "kv budget: rank %d's backend cannot report its memory", r);
         size_t fr = 0, tot = 0;
         op->mem_info(op->ctx, &fr, &tot);
-        double avail = (double)fr - (1 - utilization) * (double)tot - (double)TP_RESERVE;
+        double avail = (double)fr - (1 - utilization) * (double)tot - reserve;
         if (best < 0 || avail < best) { best = avail; tot0 = (double)tot; }
     }
     if (best <= 0)
-        return m3_errf(err, "no device memory left for the KV cache on some rank after the weights, a %.0f GiB step "
-                       "reserve and --gpu-memory-utilization %.2f", TP_RESERVE / GIB, utilization);
+        return m3_errf(err, "no device memory left for the KV cache on some rank after the weights, a %.1f GiB step "
+                       "reserve and --gpu-memory-utilization %.2f", reserve / GIB, utilization);
     *bytes = (size_t)best;
-    snprintf(how, how_cap, "per rank: %.2f x %.1f GiB of device memory less what is in use and a %.0f GiB step reserve "
-             "(the smallest of %d ranks)", utilization, tot0 / GIB, TP_RESERVE / GIB, n);
+    snprintf(how, how_cap, "per rank: %.2f x %.1f GiB of device memory less what is in use and a %.1f GiB step reserve "
+             "(the smallest of %d ranks)", utilization, tot0 / GIB, reserve / GIB, n);
     return 0;
 }
 

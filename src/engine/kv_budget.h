@@ -33,7 +33,10 @@ static inline void m3_stand_in_ids(int32_t *ids, int n, int vocab) {
  * start-up line). -1 + err when the profile step fails or nothing is left for a pool. */
 int m3_kv_budget_device(m3_model *m, m3_kv_dtype dt, m3_kv_dtype idt, int max_tokens, int max_rows, double utilization,
                         size_t *bytes, char *how, size_t how_cap, m3_err *err);
-int m3_kv_budget_group(struct m3_group *g, double utilization, size_t *bytes, char *how, size_t how_cap, m3_err *err);
+/* A tensor-parallel group: each rank's memory less a fixed step reserve (not profiled) and extra
+ * bytes a step may also use there (more logits rows than the reserve covers: max_logits_rows). */
+int m3_kv_budget_group(struct m3_group *g, double utilization, size_t extra, size_t *bytes, char *how, size_t how_cap,
+                       m3_err *err);
 size_t m3_kv_budget_host(char *how, size_t how_cap);
 
 #endif

@@ -708,7 +708,8 @@ static void on_token(srv *s, choice *c, const m3_sample_out *so, int finished, i
     int not_text = h->api == SRV_API_RESPONSES && srv_resp_token(c, so->token); /* (reasoning: not the message's) */
     /* a stop token has no text, but completions list its logprob (as vLLM and OpenAI do: clients
      * such as lm-evaluation-harness read the entries after the prompt's, the last one the token
-     * generated); chat leaves it out */
+     * generated); its entry's text is what the decoder still held back (usually nothing), so the
+     * entries keep adding up to the text; chat leaves it out */
     if ((!stop_tok || !h->chat) && !not_text) lp_add(s, c, so, c->text.p ? c->text.p + before : "", c->text.n - before);
     size_t upto = c->text.n;
     int hit = 0;

@@ -850,7 +850,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
                 r->done = M3_FINISH_ERROR;
                 continue;
             }
-            if (!r->max_tokens && r->n_done == r->n_tok) { /* the prompt alone (prompt logprobs): done */
+            if (!r->max_tokens && r->n_done == r->n_tok) { /* max_tokens 0: the prompt alone, done */
                 reason = M3_FINISH_LENGTH;
                 e->tot.requests_finished[reason]++;
                 emit(r, NULL, reason);

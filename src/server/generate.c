@@ -307,51 +307,70 @@ static json_t *bytes_json(const char *p, size_t n) {
 
 static double lp_value(float x) { return isfinite(x) ? (double)x : -9999.0; } /* JSON has no -inf */
 
-/* Records the logprobs of one generated token whose decoded text is text[0..len). */
-static void lp_add(srv *s, choice *c, const m3_sample_out *so, const char *text, size_t len) {
-    hreq *h = c->h;
-    if (!c->lp) return;
-    int bad = 0;
-    json_t *tops = h->chat ? json_array() : json_object();
-    bad |= !tops;
-    for (int i = 0; tops && i < so->n_top && i < h->top_logprobs; i++) {
-        m3_err err;
-        size_t tl = 0;
-        char *t = m3_tok_decode(s->tok, &so->top_ids[i], 1, 0, &tl, &err);
-        const char *tt = t ? t : "";
-        double v = lp_value(so->top_logprobs[i]);
-        if (h->chat)
-            bad |= json_array_append_new(tops, json_pack("{s:s%,s:f,s:o}", "token", tt, tl, "logprob", v, "bytes",
-                                                         bytes_json(tt, tl))) != 0;
-        else if (!json_object_get(tops, tt)) /* texts can repeat (byte tokens); the likelier one stays */
-            bad |= json_object_set_new(tops, tt, json_real(v)) != 0;
-        free(t);
-    }
-    if (h->chat) {
-        bad |= json_array_append_new(c->lp, json_pack("{s:s%,s:f,s:o,s:o}", "token", text, len, "logprob",
-                                                      lp_value(so->logprob), "bytes", bytes_json(text, len),
-                                                      "top_logprobs", tops ? tops : json_array())) != 0;
-    } else {
-        bad |= json_array_append_new(json_object_get(c->lp, "tokens"), json_stringn(text, len)) != 0;
-        bad |= json_array_append_new(json_object_get(c->lp, "token_logprobs"), json_real(lp_value(so->logprob))) != 0;
-        bad |= json_array_append_new(json_object_get(c->lp, "top_logprobs"), tops ? tops : json_object()) != 0;
-        size_t elen;
-        const char *et = echo_of(h, c->index, &elen);
-        size_t off = (et ? utf8_chars(et, elen) : 0) + c->text_chars;
-        bad |= json_array_append_new(json_object_get(c->lp, "text_offset"), json_integer((json_int_t)off)) != 0;
-        c->text_chars += utf8_chars(text, len);
-    }
-    if (bad) mark_failed(h, NOMEM);
-}
-
-/* ------------------------------------------------------------------ prompt logprobs */
-
 /* the text of one id, as a logprob entry names it (NULL: no memory; *len its bytes) */
 static char *id_text(srv *s, int32_t id, size_t *len) {
     m3_err err;
     *len = 0;
     return m3_tok_decode(s->tok, &id, 1, 0, len, &err);
 }
+
+/* A completions top_logprobs dict: the k most likely by text (texts can repeat: byte tokens
+ * decode to U+FFFD; the likelier keeps the text, so the top value is the best token's), then
+ * with `mine` the entry's own token where its text is not there yet (vLLM lists it). NULL: no
+ * memory. */
+static json_t *top_dict(srv *s, const m3_sample_out *so, int k, int mine) {
+    json_t *d = json_object();
+    for (int i = 0; d && i <= k && i <= so->n_top; i++) {
+        const int own = i == k || i == so->n_top;
+        if (own && !mine) break;
+        size_t tl;
+        char *t = id_text(s, own ? so->token : so->top_ids[i], &tl);
+        int bad = !t || (!json_object_get(d, t) &&
+                         json_object_set_new(d, t, json_real(lp_value(own ? so->logprob : so->top_logprobs[i]))));
+        free(t);
+        if (bad) { json_decref(d); return NULL; }
+    }
+    return d;
+}
+
+/* One entry of completions' logprobs (takes logprob and tops; NULL: no memory); 0 or -1. */
+static int lp_entry(choice *c, const char *text, size_t len, json_t *logprob, json_t *tops, size_t offset) {
+    int bad = !logprob || !tops;
+    bad |= json_array_append_new(json_object_get(c->lp, "tokens"), json_stringn(text, len)) != 0;
+    bad |= json_array_append_new(json_object_get(c->lp, "token_logprobs"), logprob) != 0;
+    bad |= json_array_append_new(json_object_get(c->lp, "top_logprobs"), tops) != 0;
+    bad |= json_array_append_new(json_object_get(c->lp, "text_offset"), json_integer((json_int_t)offset)) != 0;
+    return bad ? -1 : 0;
+}
+
+/* Records the logprobs of one generated token whose decoded text is text[0..len). */
+static void lp_add(srv *s, choice *c, const m3_sample_out *so, const char *text, size_t len) {
+    hreq *h = c->h;
+    if (!c->lp) return;
+    int bad = 0;
+    if (h->chat) {
+        json_t *tops = json_array();
+        bad |= !tops;
+        for (int i = 0; tops && i < so->n_top && i < h->top_logprobs; i++) {
+            size_t tl = 0;
+            char *t = id_text(s, so->top_ids[i], &tl);
+            const char *tt = t ? t : "";
+            bad |= json_array_append_new(tops, json_pack("{s:s%,s:f,s:o}", "token", tt, tl, "logprob",
+                                                         lp_value(so->top_logprobs[i]), "bytes", bytes_json(tt, tl))) != 0;
+            free(t);
+        }
+        bad |= json_array_append_new(c->lp, json_pack("{s:s%,s:f,s:o,s:o}", "token", text, len, "logprob",
+                                                      lp_value(so->logprob), "bytes", bytes_json(text, len),
+                                                      "top_logprobs", tops ? tops : json_array())) != 0;
+    } else {
+        bad |= lp_entry(c, text, len, json_real(lp_value(so->logprob)), top_dict(s, so, h->top_logprobs, 0),
+                        c->echo_chars + c->text_chars);
+        c->text_chars += utf8_chars(text, len);
+    }
+    if (bad) mark_failed(h, NOMEM);
+}
+
+/* ------------------------------------------------------------------ prompt logprobs */
 
 /* vLLM's entry of one prompt position: {"<id>": {"logprob", "rank", "decoded_token"}}, the
  * prompt's token first, then the k most likely (ranks 1..k) */
@@ -382,27 +401,12 @@ static int echo_entry(srv *s, choice *c, int32_t token, const m3_sample_out *so)
     size_t n = 0;
     m3_err err;
     if (m3_tok_stream_push(c->pts, token, &p, &n, &err)) return -1;
-    int bad = 0;
-    json_t *tops = so ? json_object() : json_null();
-    bad |= !tops;
-    /* the most likely, then the prompt's token: texts can repeat (byte tokens decode to U+FFFD),
-     * and the likelier keeps the text, so that the top value is the best token's (lm-eval's
-     * is_greedy compares the prompt token's logprob with it); logprobs alternatives, as vLLM */
-    const int k = h->top_logprobs;
-    for (int i = 0; so && tops && i <= k && i <= so->n_top; i++) {
-        const int mine = i == k || i == so->n_top; /* last: the prompt's token */
-        size_t tl;
-        char *t = id_text(s, mine ? so->token : so->top_ids[i], &tl);
-        if (!t) { bad = 1; break; }
-        if (!json_object_get(tops, t)) bad |= json_object_set_new(tops, t, json_real(lp_value(mine ? so->logprob : so->top_logprobs[i]))) != 0;
-        free(t);
-    }
-    bad |= json_array_append_new(json_object_get(c->lp, "tokens"), json_stringn(p ? p : "", n)) != 0;
-    bad |= json_array_append_new(json_object_get(c->lp, "token_logprobs"), so ? json_real(lp_value(so->logprob)) : json_null()) != 0;
-    bad |= json_array_append_new(json_object_get(c->lp, "top_logprobs"), tops ? tops : json_null()) != 0;
-    bad |= json_array_append_new(json_object_get(c->lp, "text_offset"), json_integer((json_int_t)c->p_chars)) != 0;
+    /* the logprobs most likely and the prompt's token (lm-eval's is_greedy compares its logprob
+     * with the top value), as vLLM lists them */
+    int bad = lp_entry(c, p ? p : "", n, so ? json_real(lp_value(so->logprob)) : json_null(),
+                       so ? top_dict(s, so, h->top_logprobs, 1) : json_null(), c->p_chars);
     c->p_chars += utf8_chars(p ? p : "", n);
-    return bad ? -1 : 0;
+    return bad;
 }
 
 /* the prompt's positions are all in: what the decoder held back goes to the last token's text,
@@ -850,6 +854,9 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
         choice *c = &h->ch[i];
         c->h = h;
         c->index = i;
+        size_t elen;
+        const char *et = echo_of(h, i, &elen);
+        c->echo_chars = et ? utf8_chars(et, elen) : 0; /* (generated tokens' text_offset starts after it) */
         c->r_reason = !resp || !g->oo.reasoning || g->oo.thinking == M3_THINK_DISABLED ? -1
                       : h->r_think_end < 0 ? 2 /* no single-token tags: counted by the parser's output */
                       : g->oo.thinking == M3_THINK_ENABLED ? 1 : 0;

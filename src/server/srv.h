@@ -99,6 +99,7 @@ typedef struct choice {
     int r_reason;           /* 1: in the reasoning; 0: adaptive, before the first token; -1: done or off;
                              * 2: enabled without single-token tags (counted by records of reasoning) */
     size_t text_chars;      /* code points so far (completions text_offset) */
+    size_t echo_chars;      /* code points of the echoed prompt (0: no echo) */
     /* prompt logprobs (h->prompt_logprobs >= 0): vLLM's list ([null, {"<id>": {logprob, rank,
      * decoded_token}}, ...]), the positions reported so far; with echo + logprobs the prompt
      * tokens' texts (decoded in order, as the echo is) and their code points so far */

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../base/rows.h"
 #include "../kv/kv.h"
 #include "../weights/weights.h"
 
@@ -167,6 +168,13 @@ struct m3_ops {
     /* capability, optional: argmax_rows, and fin[r] (backend memory) = 1 when the row's first nf
      * values are all finite, else 0 (greedy output rows: only ids and flags leave the device) */
     void (*argmax_rows_fin)(void *ctx, const float *x, int rows, int n, int nf, size_t ld, int32_t *out, int32_t *fin);
+    /* capability, optional: prompt logprobs where the logits are: row r of x (stride ld, backend
+     * memory) gives out[r] (backend memory) = m3_row_logprobs(row, n, tok[r], k) (base/rows.h;
+     * tok: host int32 [rows]; the log-sum-exp may be summed in another order and precision: its
+     * value within float rounding of the CPU's, ranks and top ids exact) and out[r].fin = 1 when
+     * all V of its values are finite, else 0 (and the rest unspecified) */
+    void (*logprob_rows)(void *ctx, const float *x, int rows, int n, int V, size_t ld, const int32_t *tok, int k,
+                         m3_row_lp *out);
     /* capability, optional: each row x[r * ld .. r * ld + V) (backend memory) becomes the
      * distribution par[r] (host memory) makes of it, and out[r] (backend memory) one draw from
      * it: sampled output rows and the DSpark draft's probabilistic draws without the rows

@@ -391,3 +391,50 @@ AVX2 static int keys_above_avx2(const float *x, int n, float v, int ge, uint64_t
 int m3_row_keys_above(const float *x, int n, float v, int ge, uint64_t *keys) {
     return m3_have_avx2() ? keys_above_avx2(x, n, v, ge, keys) : keys_above_scalar(x, 0, n, v, ge, keys, 0);
 }
+
+/* ---------------- the k best, and a row's log-softmax at one token ---------------- */
+
+/* a ranks before b: larger value, then lower id */
+static int better(m3_row_scored a, m3_row_scored b) { return a.v > b.v || (a.v == b.v && a.id < b.id); }
+
+void m3_row_top_push(m3_row_top *t, float x, int32_t id) {
+    m3_row_scored c = {x, id};
+    if (t->n == t->k) {
+        if (!better(c, t->v[t->n - 1])) return;
+        t->n--;
+    }
+    int j = t->n++;
+    while (j > 0 && better(c, t->v[j - 1])) { t->v[j] = t->v[j - 1]; j--; }
+    t->v[j] = c;
+}
+
+/* the first k, then only what beats the worst kept (a strictly larger value: an equal one comes
+ * later, so ranks lower) */
+void m3_row_top_scan(m3_row_top *t, const float *x, int n, float lo, int ge) {
+    int i = 0;
+    if (t->k <= 0) return;
+    while (t->n < t->k && (i = m3_row_find(x, i, n, lo, ge)) < n) { m3_row_top_push(t, x[i], i); i++; }
+    while (t->n == t->k && (i = m3_row_find(x, i, n, t->v[t->n - 1].v, 0)) < n) { m3_row_top_push(t, x[i], i); i++; }
+}
+
+void m3_row_logprobs(const float *x, int n, int32_t tok, int k, m3_row_lp *out) {
+    memset(out, 0, sizeof *out);
+    if (n <= 0) return;
+    if (k > M3_ROW_TOP_MAX) k = M3_ROW_TOP_MAX;
+    const float m = x[m3_row_argmax(x, n)];
+    const double lse = (double)m + log(m3_row_sum_exp(x, n, m));
+    m3_row_top t = {0, k < 0 ? 0 : k, {{0, 0}}};
+    m3_row_top_scan(&t, x, n, -INFINITY, 1);
+    if (tok >= 0 && tok < n) {
+        out->logprob = (float)((double)x[tok] - lse);
+        out->rank = 1 + m3_row_count_gt(x, n, x[tok]);
+    } else { /* not a text id */
+        out->logprob = -INFINITY;
+        out->rank = n + 1;
+    }
+    out->n_top = t.n;
+    for (int j = 0; j < t.n; j++) {
+        out->top_ids[j] = t.v[j].id;
+        out->top_lp[j] = (float)((double)t.v[j].v - lse);
+    }
+}

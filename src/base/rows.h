@@ -35,4 +35,26 @@ int m3_row_keys_above(const float *x, int n, float v, int ge, uint64_t *keys);
 /* the first index of the largest value of x[0..n) (ties: the lowest index; NaN never larger) */
 int m3_row_argmax(const float *x, int n);
 
+/* The k best (value, id) of a row, best first: a larger value, then a lower id (k <= 20). */
+#define M3_ROW_TOP_MAX 20
+typedef struct { float v; int32_t id; } m3_row_scored;
+typedef struct { int n, k; m3_row_scored v[M3_ROW_TOP_MAX]; } m3_row_top;
+/* offers (x, id): kept when the list has room or it beats the worst kept */
+void m3_row_top_push(m3_row_top *t, float x, int32_t id);
+/* offers x[0..n) in id order (only values >= lo (ge) or > lo when lo > -inf) */
+void m3_row_top_scan(m3_row_top *t, const float *x, int n, float lo, int ge);
+
+/* The log-softmax of a row at one token, as prompt and raw logprobs report it: lse = m + log(sum
+ * exp(x - m)) over x[0..n) (m its largest; the sum as m3_row_sum_exp, lse in double);
+ * logprob = x[tok] - lse and rank = 1 + how many x[i] > x[tok] (tok outside [0, n): -inf and
+ * n + 1); the k (<= 20) most likely ids with x[id] - lse, best first. fin is the caller's (the
+ * op logprob_rows: 1 when the whole row is finite). */
+typedef struct m3_row_lp {
+    float logprob;
+    int32_t rank, fin, n_top;
+    int32_t top_ids[M3_ROW_TOP_MAX];
+    float top_lp[M3_ROW_TOP_MAX];
+} m3_row_lp;
+void m3_row_logprobs(const float *x, int n, int32_t tok, int k, m3_row_lp *out);
+
 #endif

@@ -3,6 +3,9 @@
 #include "engine_int.h"
 #include "../base/clock.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 const char *m3_engine_finish_name(int r) {
     switch (r) {
     case M3_FINISH_STOP: return "stop";
@@ -102,6 +105,7 @@ static void kv_drop(m3_engine *e) {
 
 static void plp_free(m3_engine *e) {
     free(e->rows_alone); free(e->plp_out); free(e->plp_fin); free(e->plp_row); free(e->plp_req);
+    free(e->lp_rows); free(e->lp_tok); free(e->lp_n); free(e->lp_alone); free(e->lp_res);
 }
 
 /* the capture's rows: host memory, or the draft's device memory */
@@ -197,6 +201,12 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         e->qstage = e->draft.ops->host_alloc(e->draft.ops->ctx, sizeof(float) * (size_t)n * e->k * (size_t)m->cfg.vocab);
         e->qstage_n = e->qstage ? n : 0;
     }
+    /* prompt logprobs: reduced where the logits are when the backend can (not a TP group, whose
+     * logits are gathered whole; M3_PROMPT_LOGPROBS=host or opts.prompt_logprobs_host: never),
+     * up to a step's every token; else host rows, cut to the rows a step has */
+    const char *plp_env = getenv("M3_PROMPT_LOGPROBS");
+    e->lp_dev = !o->group && m->ops && m->ops->logprob_rows && !o->prompt_logprobs_host &&
+                !(plp_env && !strcmp(plp_env, "host"));
     /* plain sampled output rows drawn where the logits are (m3_spec_draws_on_backend) */
     e->draw_dev = !o->group && m->ops && m->ops->argmax_rows_fin && m3_spec_draws_on_backend(m->ops);
     /* and where the target verifies sampled requests (ops verify_rows): the q rows of up to
@@ -222,7 +232,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
             const size_t extra = o->max_logits_rows > 0 ? (size_t)step_rows(o) * (size_t)c->vocab * 4 * (ng + 1) / ng : 0;
             rc = m3_kv_budget_group(o->group, o->gpu_memory_utilization, extra, &kv_bytes, e->pool_how, sizeof e->pool_how, err);
         } else if (op0 && op0->mem_info) {
-            rc = m3_kv_budget_device(m, o->kv_dtype, o->index_dtype, o->max_num_batched_tokens, step_rows(o),
+            rc = m3_kv_budget_device(m, o->kv_dtype, o->index_dtype, o->max_num_batched_tokens, step_rows(o), e->lp_dev,
                                      o->gpu_memory_utilization, &kv_bytes, e->pool_how, sizeof e->pool_how, err);
         } else {
             kv_bytes = m3_kv_budget_host(e->pool_how, sizeof e->pool_how);
@@ -314,13 +324,22 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->pos = e_malloc(T * sizeof *e->pos);
     e->sq = e_malloc(T * sizeof *e->sq);
     e->rows = e_malloc((size_t)e->max_rows * sizeof *e->rows);
-    const size_t MR = (size_t)e->max_rows; /* prompt logprobs' rows */
+    e->max_plp = e->lp_dev ? e->max_tokens_step : e->max_rows;
+    const size_t MR = (size_t)e->max_rows, MP = (size_t)e->max_plp;
     e->rows_alone = e_malloc(MR * sizeof *e->rows_alone);
-    e->plp_out = e_malloc(MR * sizeof *e->plp_out);
-    e->plp_fin = e_malloc(MR);
-    e->plp_row = e_malloc(MR * sizeof *e->plp_row);
-    e->plp_req = e_malloc(MR * sizeof *e->plp_req);
-    const int plp_ok = e->rows_alone && e->plp_out && e->plp_fin && e->plp_row && e->plp_req;
+    e->plp_out = e_malloc(MP * sizeof *e->plp_out);
+    e->plp_fin = e_malloc(MP);
+    e->plp_row = e_malloc(MP * sizeof *e->plp_row);
+    e->plp_req = e_malloc(MP * sizeof *e->plp_req);
+    int plp_ok = e->rows_alone && e->plp_out && e->plp_fin && e->plp_row && e->plp_req;
+    if (e->lp_dev) {
+        e->lp_rows = e_malloc(MP * sizeof *e->lp_rows);
+        e->lp_tok = e_malloc(MP * sizeof *e->lp_tok);
+        e->lp_n = e_malloc(MP * sizeof *e->lp_n);
+        e->lp_alone = e_malloc(MP * sizeof *e->lp_alone);
+        e->lp_res = e_malloc(MP * sizeof *e->lp_res);
+        plp_ok = plp_ok && e->lp_rows && e->lp_tok && e->lp_n && e->lp_alone && e->lp_res;
+    }
     e->zeros = e_calloc(T, sizeof *e->zeros);
     e->seqs = e_calloc((size_t)e->max_seqs, sizeof *e->seqs);
     e->logits = e_malloc((size_t)e->max_rows * (size_t)e->V * sizeof(float));

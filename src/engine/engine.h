@@ -19,10 +19,13 @@
  * since its sampler (seeded RNG, token counts) is kept, it continues exactly as it would have.
  * After the forward, newly full blocks are committed to the prefix cache (when enabled).
  * Only rows that complete a sequence's pending tokens (prefill done, or a decode) ask for
- * logits, and the prompt rows of a request that wants prompt logprobs (on_prompt): the rows a
- * step asks for are at most max_rows (max_num_seqs, or (k + 1) x max_num_seqs with a draft, or
- * opts.max_logits_rows when more, at most the token budget), so such a prefill's chunks are cut
- * to the rows the step has left.
+ * logits: the rows a step asks for are at most max_rows (max_num_seqs, or (k + 1) x
+ * max_num_seqs with a draft, or opts.max_logits_rows when more, at most the token budget). The
+ * prompt rows of a request that wants prompt logprobs (on_prompt) are reduced where the logits
+ * are when the backend can (ops logprob_rows: each position's logprob, rank and alternatives
+ * come back, not its logits; m3_taps.lp_rows), so such a prefill runs in chunks as long as any;
+ * else (a tensor-parallel group, or opts.prompt_logprobs_host) they come back as logits rows and
+ * its chunks are cut to the rows the step has left.
  *
  * Speculative decoding (opts.spec.method M3_SPEC_DSPARK; src/engine/spec.h). The engine loads
  * the DSpark draft and gives every request its own draft state (context cache, draft RNG).
@@ -157,6 +160,9 @@ typedef struct m3_engine_opts {
      * logprobs' prefill chunks are cut to the rows a step has left (0: no more; each row is
      * vocab x 4 bytes of host memory, and of device memory the KV budget leaves out) */
     int max_logits_rows;
+    /* prompt logprobs from whole logits rows on the host even where the backend reduces them (as
+     * a tensor-parallel group does; comparisons and benchmarks; also $M3_PROMPT_LOGPROBS=host) */
+    int prompt_logprobs_host;
     int enable_prefix_caching;
     int max_model_len;          /* prompt + generated tokens per request; 0: the config's max_position_embeddings,
                                  * at most the pool's capacity */

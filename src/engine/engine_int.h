@@ -47,7 +47,8 @@ typedef struct req {
     m3_engine_prompt_fn cb_prompt; /* prompt logprobs (NULL: none), plp_top alternatives */
     int plp_top, n_text;       /* n_text: the text ids [0, n_text) the log-softmax runs over */
     int plp_next;              /* the rows of positions below it are reported (it reports prompt[plp_next + 1]) */
-    int plp_idx, plp_n;        /* this step: its prompt rows' first output row, and how many */
+    int plp_idx, plp_n;        /* this step: its prompt rows' first output row (host rows), and how many */
+    int plp_j0;                /* ... and the first of them among the step's prompt rows (plp_*, lp_*) */
     int admitted;              /* cb_admit was called (a preempted request is admitted again) */
     void *arg;
     const char *why;           /* why it ends with M3_FINISH_ERROR (a static string, or why_buf) */
@@ -119,10 +120,17 @@ struct m3_engine {
     int32_t *ids, *pos, *sq;   /* [max_tokens_step] */
     int *rows;                 /* [max rows] */
     int *rows_alone;           /* [max rows] a request's rows when it runs alone (step_failed) */
-    m3_sample_out *plp_out;    /* [max rows] the prompt rows' logprobs (by output row) */
-    unsigned char *plp_fin;    /* [max rows] ... and whether the row was finite */
-    int *plp_row;              /* [max rows] this step's prompt rows (output row indices), plp_req their requests */
-    struct req **plp_req;
+    /* prompt logprobs: the step's prompt rows j = 0 .. n_plp ([max plp]: max rows, or the token
+     * budget where the backend reduces them, lp_dev) */
+    int lp_dev;                /* reduced where the logits are (m3_taps.lp_rows; ops logprob_rows): no host rows */
+    int max_plp;
+    m3_sample_out *plp_out;    /* [max plp] their logprobs */
+    unsigned char *plp_fin;    /* [max plp] ... and whether the row was finite */
+    int *plp_row;              /* [max plp] host rows: their output rows */
+    struct req **plp_req;      /* [max plp] their requests */
+    int32_t *lp_rows, *lp_tok, *lp_n, *lp_alone; /* [max plp] lp_dev: batch rows, tokens, text ids; a retry's rows */
+    m3_row_lp *lp_res;         /* [max plp] lp_dev: the backend's answers */
+    int lp_k;                  /* lp_dev: this step's most alternatives */
     int n_plp;
     m3_kv_seq **seqs;          /* [max_seqs] */
     float *logits;             /* [max rows][V] */

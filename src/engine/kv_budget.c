@@ -13,7 +13,8 @@
  * M3.1-Flash shapes, the logits rows and the backend's scratch fit with room) */
 #define TP_RESERVE ((size_t)4 << 30)
 
-int m3_kv_budget_device(m3_model *m, m3_kv_dtype dt, m3_kv_dtype idt, int max_tokens, int max_rows, double utilization,
+int m3_kv_budget_device(m3_model *m, m3_kv_dtype dt, m3_kv_dtype idt, int max_tokens, int max_rows, int prompt_rows,
+                        double utilization,
                         size_t *bytes, char *how, size_t how_cap, m3_err *err) {
     const m3_ops *op = m->ops;
     if (!op || !op->mem_info) return m3_errf(err, "kv budget: the backend cannot report its memory");
@@ -27,8 +28,11 @@ int m3_kv_budget_device(m3_model *m, m3_kv_dtype dt, m3_kv_dtype idt, int max_to
     int32_t *ids = calloc((size_t)T, sizeof *ids), *pos = malloc(sizeof *pos * (size_t)T), *sq = calloc((size_t)T, sizeof *sq);
     int *rows = malloc(sizeof *rows * (size_t)n_out);
     float *lg = malloc(sizeof *lg * (size_t)n_out * (size_t)m->cfg.vocab);
+    const int n_lp = prompt_rows && op->logprob_rows ? T : 0; /* every token a prompt logprob row */
+    int32_t *lpr = n_lp ? malloc(sizeof *lpr * 2 * (size_t)T) : NULL;
+    m3_row_lp *lpo = n_lp ? malloc(sizeof *lpo * (size_t)T) : NULL;
     int rc = 0;
-    if (!ids || !pos || !sq || !rows || !lg) rc = m3_errf(err, "kv budget: out of memory");
+    if (!ids || !pos || !sq || !rows || !lg || (n_lp && (!lpr || !lpo))) rc = m3_errf(err, "kv budget: out of memory");
     else if (m3_kv_create_in(&kv, &m->cfg, dt, idt, page, (T + page - 1) / page, &mem, err))
         rc = m3_err_prefix(err, "kv budget: the profile step's cache");
     else {
@@ -37,13 +41,27 @@ int m3_kv_budget_device(m3_model *m, m3_kv_dtype dt, m3_kv_dtype idt, int max_to
         for (int i = 0; i < n_out; i++) rows[i] = T - n_out + i;
         m3_kv_seq *seqs[1] = {&seq};
         m3_batch b = {T, pos, sq, seqs};
-        if (m3_forward(m, &kv, &b, ids, rows, n_out, lg, NULL, err))
-            rc = m3_err_prefix(err, "kv budget: the profile step (%d tokens, %d logits rows)", T, n_out);
+        m3_taps taps = {0};
+        if (n_lp) {
+            for (int t = 0; t < T; t++) {
+                lpr[t] = t;
+                lpr[T + t] = m->cfg.vocab;
+            }
+            taps.lp_rows = lpr;
+            taps.lp_tok = ids;
+            taps.lp_n = lpr + T;
+            taps.n_lp = n_lp;
+            taps.lp_k = M3_ROW_TOP_MAX;
+            taps.lp_out = lpo;
+        }
+        if (m3_forward(m, &kv, &b, ids, rows, n_out, lg, n_lp ? &taps : NULL, err))
+            rc = m3_err_prefix(err, "kv budget: the profile step (%d tokens, %d logits rows, %d prompt logprob rows)", T,
+                               n_out, n_lp);
         m3_kv_seq_release(&kv, &seq);
         free(seq.pages);
         m3_kv_destroy(&kv);
     }
-    free(ids); free(pos); free(sq); free(rows); free(lg);
+    free(ids); free(pos); free(sq); free(rows); free(lg); free(lpr); free(lpo);
     if (rc) return -1;
     size_t fr = 0, tot = 0;
     op->mem_info(op->ctx, &fr, &tot);

@@ -2,8 +2,10 @@
  *
  * A device backend: the pool takes what is left of utilization x the device's total memory
  * once the weights are loaded and the largest step has run: m3_kv_budget_device runs one
- * forward of max_num_batched_tokens tokens (m3_stand_in_ids) asking for the logits of max_rows rows (its
- * activations and the backend's scratch reach their size and stay allocated), then asks the
+ * forward of max_num_batched_tokens tokens (m3_stand_in_ids) asking for the logits of max_rows rows
+ * and, with prompt_rows, every token's prompt logprobs reduced on the device (m3_taps.lp_rows: a
+ * tile of logits, every row's answer) (its activations and the backend's scratch reach their
+ * size and stay allocated), then asks the
  * driver: pool = free - (1 - utilization) x total. What the profile cannot see (longer
  * contexts' attention splits, a vision tower, other processes later) lives in that margin.
  * Tensor-parallel ranks are not profiled: each rank's free memory less a fixed reserve for
@@ -31,7 +33,8 @@ static inline void m3_stand_in_ids(int32_t *ids, int n, int vocab) {
 
 /* *bytes: the pool's share of memory; how: one line saying how it was sized (for the
  * start-up line). -1 + err when the profile step fails or nothing is left for a pool. */
-int m3_kv_budget_device(m3_model *m, m3_kv_dtype dt, m3_kv_dtype idt, int max_tokens, int max_rows, double utilization,
+int m3_kv_budget_device(m3_model *m, m3_kv_dtype dt, m3_kv_dtype idt, int max_tokens, int max_rows, int prompt_rows,
+                        double utilization,
                         size_t *bytes, char *how, size_t how_cap, m3_err *err);
 /* A tensor-parallel group: each rank's memory less a fixed step reserve (not profiled) and extra
  * bytes a step may also use there (more logits rows than the reserve covers: max_logits_rows). */

@@ -209,47 +209,20 @@ static int select_mass(cand *c, int n, double lim, double *mass) {
     return j;
 }
 
-/* Small sorted insertion list for the top logprobs (k <= 20). */
-typedef struct { float v; int32_t id; } scored;
-typedef struct { int n, k; scored v[M3_SAMPLE_MAX_TOP_LOGPROBS]; } toplist;
-
-/* a ranks before b: larger value, then lower id */
-static int better(scored a, scored b) { return a.v > b.v || (a.v == b.v && a.id < b.id); }
-
-static void top_push(toplist *t, float x, int32_t id) {
-    scored c = {x, id};
-    if (t->n == t->k) {
-        if (!better(c, t->v[t->n - 1])) return;
-        t->n--;
-    }
-    int j = t->n++;
-    while (j > 0 && better(c, t->v[j - 1])) { t->v[j] = t->v[j - 1]; j--; }
-    t->v[j] = c;
-}
-
-/* The k best of x[0..V) in id order of arrival: the first k, then only what beats the worst
- * kept (a strictly larger value: an equal one comes later, so ranks lower). When lo > -inf,
- * only values >= lo (ge) or > lo count. */
-static void top_scan(toplist *t, const float *x, int V, float lo, int ge) {
-    int i = 0;
-    if (t->k <= 0) return;
-    while (t->n < t->k && (i = m3_row_find(x, i, V, lo, ge)) < V) { top_push(t, x[i], i); i++; }
-    while (t->n == t->k && (i = m3_row_find(x, i, V, t->v[t->n - 1].v, 0)) < V) { top_push(t, x[i], i); i++; }
-}
-
-/* log_softmax of x[0..V): the chosen token's logprob and rank, and the top k. */
+/* log_softmax of x[0..V) (base/rows.c m3_row_logprobs): the chosen token's logprob and rank, and the top k. */
 static void logprobs_of(const float *x, int V, int chosen, int k, m3_sample_out *out) {
-    const float m = x[m3_argmax(x, V)];
-    const double lse = (double)m + log(m3_row_sum_exp(x, V, m));
-    const float xc = x[chosen];
-    toplist t = {0, k, {{0, 0}}};
-    top_scan(&t, x, V, -INFINITY, 1);
-    out->logprob = (float)((double)xc - lse);
-    out->rank = 1 + m3_row_count_gt(x, V, xc);
-    out->n_top = t.n;
-    for (int j = 0; j < t.n; j++) {
-        out->top_ids[j] = t.v[j].id;
-        out->top_logprobs[j] = (float)((double)t.v[j].v - lse);
+    m3_row_lp lp;
+    m3_row_logprobs(x, V, chosen, k, &lp);
+    m3_sample_from_row_lp(&lp, k, out);
+}
+
+void m3_sample_from_row_lp(const m3_row_lp *lp, int k, m3_sample_out *out) {
+    out->logprob = lp->logprob;
+    out->rank = lp->rank;
+    out->n_top = lp->n_top < k ? lp->n_top : k < 0 ? 0 : k;
+    for (int j = 0; j < out->n_top; j++) {
+        out->top_ids[j] = lp->top_ids[j];
+        out->top_logprobs[j] = lp->top_lp[j];
     }
 }
 
@@ -258,10 +231,7 @@ void m3_logprobs_row(const float *logits, int n, int32_t token, int k, m3_sample
     out->token = token;
     if (k > M3_SAMPLE_MAX_TOP_LOGPROBS) k = M3_SAMPLE_MAX_TOP_LOGPROBS;
     if (k < 0) k = 0;
-    if (token >= 0 && token < n) { logprobs_of(logits, n, token, k, out); return; }
-    logprobs_of(logits, n, 0, k, out); /* the top k; the token itself is not a text id */
-    out->logprob = -INFINITY;
-    out->rank = n + 1;
+    logprobs_of(logits, n, token, k, out); /* a token that is not a text id: -inf, rank n + 1 */
 }
 
 /* ---------------- the sampling core ---------------- */
@@ -755,11 +725,11 @@ static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, c
     out->logprob = (float)(log((double)e[tok]) - lt);
     if (pi.n_kept >= 0) { /* kept = c[0..n_kept), in no particular order */
         int rank = 1;
-        toplist t = {0, k, {{0, 0}}};
+        m3_row_top t = {0, k, {{0, 0}}};
         for (int j = 0; j < pi.n_kept; j++) {
             const float x = ck_e(ws->c[j]);
             rank += x > e[tok];
-            if (k > 0) top_push(&t, x, ck_id(ws->c[j]));
+            if (k > 0) m3_row_top_push(&t, x, ck_id(ws->c[j]));
         }
         out->rank = rank;
         out->n_top = t.n;
@@ -768,8 +738,8 @@ static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, c
             out->top_logprobs[j] = (float)(log((double)t.v[j].v) - lt);
         }
     } else { /* every kept token: e > 0 and e >= min-p's threshold; those above e[tok] are kept */
-        toplist t = {0, k, {{0, 0}}};
-        top_scan(&t, e, V, pi.minp_thr > 0 ? pi.minp_thr : 0.0f, pi.minp_thr > 0);
+        m3_row_top t = {0, k, {{0, 0}}};
+        m3_row_top_scan(&t, e, V, pi.minp_thr > 0 ? pi.minp_thr : 0.0f, pi.minp_thr > 0);
         out->rank = 1 + m3_row_count_gt(e, V, e[tok]);
         out->n_top = t.n;
         for (int j = 0; j < t.n; j++) {

@@ -45,8 +45,9 @@
 #include <stdint.h>
 
 #include "../base/err.h"
+#include "../base/rows.h"
 
-#define M3_SAMPLE_MAX_TOP_LOGPROBS 20 /* OpenAI's limit */
+#define M3_SAMPLE_MAX_TOP_LOGPROBS M3_ROW_TOP_MAX /* 20: OpenAI's limit */
 
 typedef struct m3_logit_bias { int32_t token; float bias; } m3_logit_bias;
 
@@ -147,6 +148,9 @@ int m3_sampler_describe(m3_sampler *s, const float *logits, m3_sample_ws *ws, in
  * them in M3_LOGPROBS_RAW mode (out->token = token). A token at or past n (no text spells it) has
  * logprob -inf and rank n + 1. Stateless: any thread, any row (prompt logprobs). */
 void m3_logprobs_row(const float *logits, int n, int32_t token, int k, m3_sample_out *out);
+/* out's logprob, rank and first k top entries from a row's log-softmax (base/rows.h: what the op
+ * logprob_rows leaves where the logits are); out->token is the caller's */
+void m3_sample_from_row_lp(const m3_row_lp *lp, int k, m3_sample_out *out);
 
 m3_sample_ws *m3_sample_ws_create(int V, m3_err *err);
 void m3_sample_ws_free(m3_sample_ws *ws);

@@ -139,19 +139,20 @@ static int plp_span(const req *r, int n, int *lo) {
 }
 
 /* the logits rows r asks for when n of its tokens run from n_done (not a speculative decode):
- * its prompt rows, and the row that samples when the chunk completes its pending tokens */
-static int rows_of(const req *r, int n) {
+ * its prompt rows (unless the backend reduces them: lp_dev), and the row that samples when the
+ * chunk completes its pending tokens */
+static int rows_of(const m3_engine *e, const req *r, int n) {
     int lo;
-    return plp_span(r, n, &lo) + (r->n_done + n == r->n_tok && r->max_tokens > 0);
+    return (e->lp_dev ? 0 : plp_span(r, n, &lo)) + (r->n_done + n == r->n_tok && r->max_tokens > 0);
 }
 
 /* the longest chunk of at most n tokens whose rows fit in `rows` (rows_of grows with n) */
-static int fit_rows(const req *r, int n, int rows) {
-    if (rows_of(r, n) <= rows) return n;
+static int fit_rows(const m3_engine *e, const req *r, int n, int rows) {
+    if (rows_of(e, r, n) <= rows) return n;
     int lo = 0, hi = n; /* rows_of(lo) <= rows < rows_of(hi) */
     while (hi - lo > 1) {
         int mid = lo + (hi - lo) / 2;
-        if (rows_of(r, mid) <= rows) lo = mid;
+        if (rows_of(e, r, mid) <= rows) lo = mid;
         else hi = mid;
     }
     return lo;
@@ -187,8 +188,8 @@ static void schedule(m3_engine *e) {
             }
             int nrows = spec_decode ? n : 0;
             if (!spec_decode) {
-                n = fit_rows(r, n, rows_left);
-                nrows = rows_of(r, n);
+                n = fit_rows(e, r, n, rows_left);
+                nrows = rows_of(e, r, n);
             }
             if (n < 1 || nrows > rows_left) continue; /* its rows next step */
             int ok = 1;
@@ -234,7 +235,7 @@ static void schedule(m3_engine *e) {
         r->n_done = hit;
         if (e->spec) m3_dspark_ctx_reset(&r->dctx, hit);
         int rem = r->n_tok - hit;
-        int n = fit_rows(r, rem < budget ? rem : budget, rows_left);
+        int n = fit_rows(e, r, rem < budget ? rem : budget, rows_left);
         if (n < 1) { /* no rows left for its first chunk: it waits (FCFS) */
             m3_blocks_free(e->bm, &r->bs);
             r->n_done = 0;
@@ -252,7 +253,7 @@ static void schedule(m3_engine *e) {
         e->running[e->n_running++] = r;
         r->n_sched = n;
         r->decode = 0;
-        r->rows_sched = rows_of(r, n);
+        r->rows_sched = rows_of(e, r, n);
         budget -= n;
         rows_left -= r->rows_sched;
         e->tot.prefix_hit_tokens += (uint64_t)hit; /* both counted once a request is admitted (not each wait) */
@@ -480,15 +481,25 @@ static void sample_rows(m3_engine *e, int nr) {
     }
 }
 
-/* prompt logprobs: row j of the step's prompt rows (its finiteness, then its log-softmax) */
+/* prompt logprobs: row j of the step's prompt rows (its finiteness, then its log-softmax): from
+ * the backend's answer (lp_dev), or from its logits row */
 static void prompt_row(m3_engine *e, int j) {
     const req *r = e->plp_req[j];
+    if (e->lp_dev) {
+        const m3_row_lp *lp = &e->lp_res[j];
+        m3_sample_out *so = &e->plp_out[j];
+        e->plp_fin[j] = (unsigned char)(lp->fin != 0);
+        memset(so, 0, sizeof *so);
+        so->token = e->lp_tok[j];
+        if (lp->fin) m3_sample_from_row_lp(lp, r->plp_top, so);
+        return;
+    }
     const int o = e->plp_row[j];
     const float *lg = e->logits + (size_t)o * e->V;
-    e->plp_fin[o] = (unsigned char)logits_finite(lg, (size_t)e->V);
+    e->plp_fin[j] = (unsigned char)logits_finite(lg, (size_t)e->V);
     /* the row of position p gives prompt[p + 1]: p = its row in the batch less the request's first, plus n_done */
     const int p = e->rows[o] - r->row0 + r->n_done;
-    if (e->plp_fin[o]) m3_logprobs_row(lg, r->n_text, r->tok[p + 1], r->plp_top, &e->plp_out[o]);
+    if (e->plp_fin[j]) m3_logprobs_row(lg, r->n_text, r->tok[p + 1], r->plp_top, &e->plp_out[j]);
 }
 
 static void prompt_range(void *ctx, size_t begin, size_t end, int worker) {
@@ -499,7 +510,7 @@ static void prompt_range(void *ctx, size_t begin, size_t end, int worker) {
 /* The step's prompt rows, over the sampling threads when there are several (a row reads only
  * its logits: the same values in any order). */
 static void prompt_rows(m3_engine *e) {
-    if (e->spool && e->n_plp > 1) m3_pool_for(e->spool, (size_t)e->n_plp, 1, prompt_range, e);
+    if (e->spool && e->n_plp > 1 && !e->lp_dev) m3_pool_for(e->spool, (size_t)e->n_plp, 1, prompt_range, e);
     else
         for (int j = 0; j < e->n_plp; j++) prompt_row(e, j);
 }
@@ -508,10 +519,10 @@ static void prompt_rows(m3_engine *e) {
  * when a row is not finite (nothing reported then). */
 static int deliver_prompt(m3_engine *e, req *r) {
     for (int j = 0; j < r->plp_n; j++)
-        if (!e->plp_fin[r->plp_idx + j]) return -1;
+        if (!e->plp_fin[r->plp_j0 + j]) return -1;
     int lo;
     plp_span(r, r->n_sched, &lo);
-    for (int j = 0; j < r->plp_n; j++) r->cb_prompt(r->arg, r->id, lo + j + 1, &e->plp_out[r->plp_idx + j]);
+    for (int j = 0; j < r->plp_n; j++) r->cb_prompt(r->arg, r->id, lo + j + 1, &e->plp_out[r->plp_j0 + j]);
     r->plp_next = lo + r->plp_n;
     e->tot.prompt_logprobs += (uint64_t)r->plp_n;
     return 0;
@@ -574,11 +585,21 @@ static void go_dead(m3_engine *e, const char *what, const char *dev) {
     fail_all(e);
 }
 
+/* taps asks for n prompt rows (batch rows `rows`) whose answers go to the step's prompt rows j0.. */
+static void lp_taps(m3_engine *e, m3_taps *t, const int32_t *rows, int j0, int n) {
+    t->lp_rows = rows;
+    t->lp_tok = e->lp_tok + j0;
+    t->lp_n = e->lp_n + j0;
+    t->n_lp = n;
+    t->lp_k = e->lp_k;
+    t->lp_out = e->lp_res + j0;
+}
+
 /* Runs request r's rows of this step alone (the step's arrays, r's slice of them). */
 static int forward_alone(m3_engine *e, req *r, m3_err *err) {
     const int si = e->sq[r->row0], n = r->n_sched;
     int *rows = e->rows_alone, n_out = 0, first = r->out_idx; /* its rows as the step asked for them */
-    if (r->plp_n) {
+    if (r->plp_n && !e->lp_dev) {
         first = r->plp_idx; /* its prompt rows, then its sampling row: contiguous */
         for (int j = 0; j < r->plp_n; j++) rows[n_out++] = e->rows[r->plp_idx + j] - r->row0;
     }
@@ -595,10 +616,14 @@ static int forward_alone(m3_engine *e, req *r, m3_err *err) {
     if (r->n_ov > 64) return m3_errf(err, "%d image rows in one chunk (a retry alone takes 64)", r->n_ov);
     e->cap_row0 = r->row0;
     m3_taps taps = e->spec ? capture_taps(e) : (m3_taps){0};
-    rc = e->group ? m3_group_forward_ex(e->group, &b, e->ids + r->row0, n_ov ? &ov : NULL, rows, n_out, lg,
-                                        e->spec ? &taps : NULL, err)
-                  : m3_forward_ex(e->m, e->kv, &b, e->ids + r->row0, n_ov ? &ov : NULL, rows, n_out, lg,
-                                  e->spec ? &taps : NULL, err);
+    const int lp = e->lp_dev && r->plp_n > 0; /* its prompt rows, reduced as the step asked */
+    if (lp) {
+        for (int j = 0; j < r->plp_n; j++) e->lp_alone[j] = e->lp_rows[r->plp_j0 + j] - r->row0;
+        lp_taps(e, &taps, e->lp_alone, r->plp_j0, r->plp_n);
+    }
+    const m3_taps *tp = e->spec || lp ? &taps : NULL;
+    rc = e->group ? m3_group_forward_ex(e->group, &b, e->ids + r->row0, n_ov ? &ov : NULL, rows, n_out, lg, tp, err)
+                  : m3_forward_ex(e->m, e->kv, &b, e->ids + r->row0, n_ov ? &ov : NULL, rows, n_out, lg, tp, err);
     e->cap_row0 = 0;
     return rc;
 }
@@ -676,6 +701,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
     const int F = e->spec ? m3_dspark_feat_dim(&e->draft) : 0;
     int T = 0, ns = 0, n_out = 0, n_greedy = 0, n_vg = 0;
     e->n_plp = 0;
+    e->lp_k = 0;
     for (int i = 0; i < e->n_running; i++) {
         req *r = e->running[i];
         if (!r->n_sched) continue;
@@ -731,13 +757,23 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         } else {
             int lo, np = plp_span(r, r->n_sched, &lo); /* its prompt rows, then its sampling row (contiguous) */
             r->plp_idx = n_out;
+            r->plp_j0 = e->n_plp;
             r->plp_n = np;
             for (int j = 0; j < np; j++) {
-                e->gn[n_out] = 0;
-                e->plp_row[e->n_plp] = n_out;
-                e->plp_req[e->n_plp++] = r;
-                e->rows[n_out++] = r->row0 + (lo - r->n_done) + j;
+                const int row = r->row0 + (lo - r->n_done) + j; /* position lo + j: it gives prompt[lo + j + 1] */
+                e->plp_req[e->n_plp] = r;
+                if (e->lp_dev) { /* reduced where the logits are: no output row */
+                    e->lp_rows[e->n_plp] = row;
+                    e->lp_tok[e->n_plp] = r->tok[lo + j + 1];
+                    e->lp_n[e->n_plp] = r->n_text;
+                } else {
+                    e->gn[n_out] = 0;
+                    e->plp_row[e->n_plp] = n_out;
+                    e->rows[n_out++] = row;
+                }
+                e->n_plp++;
             }
+            if (np && r->plp_top > e->lp_k) e->lp_k = r->plp_top;
             e->last.n_prompt_rows += np;
         }
         if (!r->k_sched && r->n_done + r->n_sched == r->n_tok && r->max_tokens > 0) {
@@ -774,8 +810,9 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             taps.verify = e->vgroups;
             taps.n_verify = n_vg;
         }
+        if (e->lp_dev && e->n_plp) lp_taps(e, &taps, e->lp_rows, 0, e->n_plp);
         m3_embed_override ov = {n_ov, e->ov_rows, e->ov_emb};
-        const m3_taps *tp = e->spec || n_greedy ? &taps : NULL;
+        const m3_taps *tp = e->spec || n_greedy || taps.n_lp ? &taps : NULL;
         int frc = e->group ? m3_group_forward_ex(e->group, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits, tp, err)
                            : m3_forward_ex(e->m, e->kv, &b, e->ids, n_ov ? &ov : NULL, e->rows, n_out, e->logits, tp, err);
         if (!frc && gdone)

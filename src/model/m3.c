@@ -55,9 +55,12 @@ void m3_model_free(m3_model *m) {
     memset(m, 0, sizeof *m);
 }
 
-/* activation buffers of one step, in backend memory */
+/* activation buffers of one step, in backend memory (NBUF of them, one workspace) */
+#define NBUF 17
 typedef struct {
     float *h, *a, *q, *k, *v, *att, *o, *iq, *ik, *fin, *lg;
+    float *lpx, *lpl; /* prompt logprob rows: a tile's normed rows [M3_LP_TILE][H] and logits [M3_LP_TILE][V] */
+    m3_row_lp *lpo;   /* their answers [n_lp] */
     int32_t *sel;
     int32_t *gid; /* greedy output rows: ids [n_out], then finite flags [n_out] */
     float *lga; /* tensor parallel: every rank's logits, gathered [rank][row][vocab_stride] */
@@ -90,6 +93,20 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
         for (int i = 0; i < ov->n; i++)
             if (ov->rows[i] < 0 || ov->rows[i] >= T)
                 return m3_errf(err, "embedding override row %d is outside the batch (%d tokens)", ov->rows[i], T);
+    if (taps && taps->n_lp > 0) { /* prompt logprob rows: where the logits are, batch rows in order */
+        if (!op->logprob_rows || sh || !taps->lp_rows || !taps->lp_tok || !taps->lp_n || !taps->lp_out)
+            return m3_errf(err, "prompt logprob rows: %s", sh ? "not under tensor parallelism (their logits come back whole)"
+                                                          : !op->logprob_rows ? "the backend has no logprob_rows op"
+                                                                               : "rows, tokens or answers missing");
+        if (taps->lp_k < 0 || taps->lp_k > M3_ROW_TOP_MAX)
+            return m3_errf(err, "prompt logprob rows: top %d (at most %d)", taps->lp_k, M3_ROW_TOP_MAX);
+        for (int i = 0; i < taps->n_lp; i++) {
+            if (taps->lp_rows[i] < 0 || taps->lp_rows[i] >= T || (i && taps->lp_rows[i] <= taps->lp_rows[i - 1]))
+                return m3_errf(err, "prompt logprob row %d: batch row %d of %d (ascending, in the batch)", i, taps->lp_rows[i], T);
+            if (taps->lp_n[i] < 1 || taps->lp_n[i] > V)
+                return m3_errf(err, "prompt logprob row %d: %d text ids of a vocabulary of %d", i, taps->lp_n[i], V);
+        }
+    }
     for (int g = 0; taps && g < taps->n_verify; g++) { /* verified groups: drawn output rows, drafts in the vocabulary */
         const m3_verify_group *G = &taps->verify[g];
         if (G->k < 0 || G->k > M3_VERIFY_K_MAX || G->row0 < 0 || G->row0 + G->k >= n_out || !taps->greedy_n)
@@ -112,12 +129,14 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
     int topk = c->topk_blocks;
     size_t TT = (size_t)T;
     /* activations live in one workspace kept across steps (grown when a step needs more) */
-    size_t n_o = (size_t)(n_out ? n_out : 1), sz[14] = {
+    const int n_lp = taps ? taps->n_lp : 0, lp_tile = n_lp < M3_LP_TILE ? n_lp : M3_LP_TILE;
+    size_t n_o = (size_t)(n_out ? n_out : 1), sz[NBUF] = {
         TT * H, TT * H, TT * nh * D, TT * nkv * D, TT * nkv * D, TT * nh * D, TT * H, n_o * H, n_o * Vl,
         c->n_sparse_layers ? TT * ni * Di : 0, c->n_sparse_layers ? TT * Di : 0, c->n_sparse_layers ? TT * ni * topk : 0,
-        sh ? n_o * Vl * sh->size : 0, sh ? 0 : 2 * n_o};
+        sh ? n_o * Vl * sh->size : 0, sh ? 0 : 2 * n_o, (size_t)lp_tile * H, (size_t)lp_tile * V,
+        (size_t)n_lp * sizeof(m3_row_lp) / 4};
     size_t need = 0;
-    for (int i = 0; i < 14; i++) need += (sz[i] * 4 + 63) & ~(size_t)63;
+    for (int i = 0; i < NBUF; i++) need += (sz[i] * 4 + 63) & ~(size_t)63;
     int ok = 1;
     if (need > m->ws_bytes) {
         op->release(X, m->ws);
@@ -128,10 +147,11 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
     bufs B = {0};
     if (ok) {
         char *p = m->ws;
-        void **slot[14] = {(void **)&B.h,  (void **)&B.a,   (void **)&B.q,  (void **)&B.k,  (void **)&B.v,
-                           (void **)&B.att, (void **)&B.o,  (void **)&B.fin, (void **)&B.lg, (void **)&B.iq,
-                           (void **)&B.ik, (void **)&B.sel, (void **)&B.lga, (void **)&B.gid};
-        for (int i = 0; i < 14; i++) {
+        void **slot[NBUF] = {(void **)&B.h,   (void **)&B.a,   (void **)&B.q,   (void **)&B.k,   (void **)&B.v,
+                             (void **)&B.att, (void **)&B.o,   (void **)&B.fin, (void **)&B.lg,  (void **)&B.iq,
+                             (void **)&B.ik,  (void **)&B.sel, (void **)&B.lga, (void **)&B.gid, (void **)&B.lpx,
+                             (void **)&B.lpl, (void **)&B.lpo};
+        for (int i = 0; i < NBUF; i++) {
             *slot[i] = sz[i] ? p : NULL;
             p += (sz[i] * 4 + 63) & ~(size_t)63;
         }
@@ -151,7 +171,7 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
      * capture into backend memory (m3_taps.capture_dev), which records like the other ops. */
     const int dev_capture_only = taps && taps->capture_dev && !taps->hidden && !taps->index && !taps->stream;
     const int no_hooks = taps && !taps->hidden && !taps->index && !taps->stream && !taps->capture; /* greedy rows alone */
-    int graphable = (!taps || no_hooks || dev_capture_only) && !(ov && ov->n) && op->graph_begin && op->graph_end &&
+    int graphable = (!taps || no_hooks || dev_capture_only) && !(ov && ov->n) && !n_lp && op->graph_begin && op->graph_end &&
                     (!m->comm || m->comm->capturable);
     /* TP: with whole experts on other ranks the MoE op synchronizes with the host (it groups the
      * tokens of the experts held here), which a recording cannot hold: no graph then */
@@ -248,6 +268,20 @@ issue:
         op->linear(X, &W->lm_head, B.fin, n_out, B.lg);
         if (sh && !cfail && m3_comm_all_gather(m->comm, B.lg, (size_t)n_out * Vl, B.lga, err)) cfail = 1;
     }
+    for (int i0 = 0; i0 < n_lp; i0 += lp_tile) { /* prompt logprob rows: a tile of logits at a time */
+        const int nt = n_lp - i0 < lp_tile ? n_lp - i0 : lp_tile;
+        for (int i = i0, j; i < i0 + nt; i = j) {
+            for (j = i + 1; j < i0 + nt && taps->lp_rows[j] == taps->lp_rows[j - 1] + 1; j++) {}
+            op->rmsnorm(X, B.h + (size_t)taps->lp_rows[i] * H, W->final_norm, j - i, H, eps, B.lpx + (size_t)(i - i0) * H);
+        }
+        op->linear(X, &W->lm_head, B.lpx, nt, B.lpl);
+        for (int i = i0, j; i < i0 + nt; i = j) { /* runs of rows of one text width */
+            for (j = i + 1; j < i0 + nt && taps->lp_n[j] == taps->lp_n[i]; j++) {}
+            op->logprob_rows(X, B.lpl + (size_t)(i - i0) * V, j - i, taps->lp_n[i], V, (size_t)V, taps->lp_tok + i,
+                             taps->lp_k, B.lpo + i);
+        }
+    }
+    if (n_lp > 0) op->download(X, taps->lp_out, B.lpo, sizeof(m3_row_lp) * (size_t)n_lp);
     if (graphable && op->graph_end(X)) { /* recording failed: issue directly (collectives included) */
         graphable = 0;
         cfail = 0;

@@ -90,7 +90,21 @@ typedef struct m3_taps {
      * uniforms; after the draws, greedy_ids of its rows are as verify_rows leaves them. */
     const m3_verify_group *verify;
     int n_verify;
+    /* Prompt logprob rows (optional; op logprob_rows, no tensor parallelism): batch rows
+     * lp_rows[0..n_lp) (ascending; not output rows, and not written to logits) each get lp_out[i]
+     * (host) = the op's log-softmax of its logits over [0, lp_n[i]) (its text ids) at token
+     * lp_tok[i], with its lp_k (<= 20) most likely ids (m3_row_lp; fin 0: a logit was not
+     * finite). The final norm and
+     * the lm_head run over them M3_LP_TILE rows at a time, and only the answers leave the
+     * backend: a prompt's every position costs a tile of logits, not a row each. Not a tap:
+     * such a step is issued directly (never recorded in a graph: it is a prefill). */
+    const int32_t *lp_rows, *lp_tok, *lp_n;
+    int n_lp, lp_k;
+    m3_row_lp *lp_out;
 } m3_taps;
+
+/* rows of logits a step holds at once for its prompt logprob rows (m3_taps.lp_rows) */
+#define M3_LP_TILE 256
 
 /* Runs ids[b->T] (host memory) through the model, writing their K/V/index-K into kv (pages are reserved
  * here). logits: host [n_out, V] for the tokens listed in out_rows (NULL: computed but not copied out).

@@ -12,6 +12,10 @@
  *      no step asks for more rows than it may;
  *   4. max_tokens 0 (the prompt alone, with and without prompt logprobs), a one-token prompt,
  *      cancellation midway, bad arguments.
+ * All of it twice: the prompt rows reduced where the logits are (ops logprob_rows: a prefill's
+ * chunks as long as the token budget allows, never cut to the logits rows), and as whole logits
+ * rows on the host (opts.prompt_logprobs_host, a tensor-parallel group's path: chunks cut to the
+ * rows a step has); the two give the same values (to the bit on the CPU).
  * On the GPU (cuda: exact precision) every comparison that is to the bit on the CPU is within
  * 2e-4 instead (the prefill's and the decode's kernels differ), ranks and top ids not compared,
  * and the reference's within 1e-3 (oracle_check's logits tolerance there).
@@ -100,8 +104,11 @@ static m3_engine_request make(const job *j, rec *r) {
     return q;
 }
 
+static int host_mode; /* opts.prompt_logprobs_host in every run */
+
 typedef struct {
     int steps, max_rows_seen, row_violations, chunked_steps; /* chunked: steps with prompt rows of a prompt not yet done */
+    int max_prompt_rows;                                     /* the most prompt rows a step had */
     m3_engine_stats st;
 } info;
 
@@ -114,7 +121,9 @@ static int run(m3_model *m, const m3_engine_opts *o, const job *jobs, int n, rec
         memset(&recs[i], 0, sizeof recs[i]);
         recs[i].cancel_after = ca;
     }
-    m3_engine *e = m3_engine_create(m, o, &err);
+    m3_engine_opts oh = *o;
+    oh.prompt_logprobs_host = host_mode;
+    m3_engine *e = m3_engine_create(m, &oh, &err);
     if (!e) { CHECK(0, "engine create: %s", err.msg); return -1; }
     int max_rows = o->max_num_seqs > o->max_logits_rows ? o->max_num_seqs : o->max_logits_rows;
     if (max_rows > o->max_num_batched_tokens) max_rows = o->max_num_batched_tokens;
@@ -136,6 +145,7 @@ static int run(m3_model *m, const m3_engine_opts *o, const job *jobs, int n, rec
         if (ss.n_logits > in->max_rows_seen) in->max_rows_seen = ss.n_logits;
         in->row_violations += ss.n_logits > max_rows;
         in->chunked_steps += ss.n_prompt_rows > 0;
+        if (ss.n_prompt_rows > in->max_prompt_rows) in->max_prompt_rows = ss.n_prompt_rows;
         if (++step > 200000) { CHECK(0, "the engine does not finish"); rc = -1; goto out; }
     }
     in->steps = step;
@@ -240,6 +250,10 @@ int main(int argc, char **argv) {
     info in;
     m3_engine_opts o = roomy();
 
+    static rec first[2]; /* the longest case's reports in each mode */
+    for (host_mode = 0; host_mode < 2; host_mode++) {
+    printf("== prompt rows %s\n", host_mode ? "as logits rows on the host (opts.prompt_logprobs_host)"
+                                            : "reduced where the logits are (ops logprob_rows)");
     /* ---- 1. the reference ---- */
     const double ref_tol = on_gpu ? 1e-3 : 2e-4;
     double worst = 0;
@@ -256,6 +270,7 @@ int main(int argc, char **argv) {
         const float *ref = lg->data;
         job j = {tok, n, 0, 1, 5, 0, 0, 0};
         if (run(&m, &o, &j, 1, &recs[0], &in)) break;
+        if (recs[0].n_pl > first[host_mode].n_pl) first[host_mode] = recs[0];
         CHECK(complete(&recs[0], n) && recs[0].reason == M3_FINISH_LENGTH && recs[0].n_gen == 0,
               "case %d: %d of %d positions, order %d, finished %d (%s), %d tokens", k, recs[0].n_pl, n - 1, recs[0].order_bad,
               recs[0].finished, m3_engine_finish_name(recs[0].reason), recs[0].n_gen);
@@ -291,6 +306,12 @@ int main(int argc, char **argv) {
     printf("1. reference: %d cases, %d positions, max |logprob - reference| %.2e; ranks equal at %d / %d positions "
            "without near ties\n", n_cases, n_pos, worst, rank_ok, rank_n);
     CHECK(n_cases >= 3 && n_pos > 100, "oracle cases with prompt logits: %d (%d positions)", n_cases, n_pos);
+    if (host_mode) { /* both paths: the same values */
+        int eq = first[0].n_pl == first[1].n_pl && first[0].n_pl > 0;
+        for (int p = 1; eq && p <= first[0].n_pl; p++) eq = same_out(&first[0].pl[p], &first[1].pl[p], 5);
+        CHECK(eq, "the longest case's %d positions reduced where the logits are and on the host differ", first[0].n_pl);
+        printf("   the longest case's %d positions: reduced where the logits are and on the host equal %s\n", first[0].n_pl, EQ);
+    }
 
     /* ---- 2. the engine's own generation, bit for bit ---- */
     static int32_t ext[MAXP];
@@ -338,6 +359,9 @@ int main(int argc, char **argv) {
         if (run(&m, &t, jobs, NREQ, recs, &in)) goto done;
         int ok = equal_alone("pressure", jobs, recs, alone, NREQ);
         CHECK(!in.row_violations && in.max_rows_seen <= 3, "steps asked for up to %d rows (limit 3)", in.max_rows_seen);
+        /* on the host a prefill's prompt rows are cut to the 3 rows; reduced, its chunks are as
+         * long as the 40-token budget allows */
+        CHECK(host_mode ? in.max_prompt_rows <= 3 : in.max_prompt_rows > 3, "%d prompt rows in a step", in.max_prompt_rows);
         CHECK(in.st.preemptions > 0, "the pool preempted (%llu)", (unsigned long long)in.st.preemptions);
         CHECK(in.st.kv_blocks_used == 0 && in.st.running == 0 && in.st.waiting == 0, "all returned: %d blocks used",
               in.st.kv_blocks_used);
@@ -346,15 +370,16 @@ int main(int argc, char **argv) {
         CHECK(in.st.prompt_logprobs == want_pos, "prompt_logprobs stat %llu, reported %llu",
               (unsigned long long)in.st.prompt_logprobs, (unsigned long long)want_pos);
         printf("3. pressure: %d / %d requests equal to alone (tokens, and prompt logprobs %s); %d steps, %d with "
-               "prompt rows, at most %d rows a step (limit 3), %llu preemptions\n",
-               ok, NREQ, EQ, in.steps, in.chunked_steps, in.max_rows_seen, (unsigned long long)in.st.preemptions);
+               "prompt rows (up to %d a step), at most %d logits rows a step (limit 3), %llu preemptions\n",
+               ok, NREQ, EQ, in.steps, in.chunked_steps, in.max_prompt_rows, in.max_rows_seen,
+               (unsigned long long)in.st.preemptions);
 
         /* more logits rows a step (max_logits_rows 7 beside max_num_seqs 3): longer chunks, the same values */
         t.max_logits_rows = 7;
         if (run(&m, &t, jobs, NREQ, recs, &in)) goto done;
         int ok7 = equal_alone("max_logits_rows 7", jobs, recs, alone, NREQ);
-        CHECK(ok7 == NREQ && in.max_rows_seen > 3 && in.max_rows_seen <= 7, "max_logits_rows 7: %d / %d equal, up to %d rows a step",
-              ok7, NREQ, in.max_rows_seen);
+        CHECK(ok7 == NREQ && (in.max_rows_seen > 3 || !host_mode) && in.max_rows_seen <= 7,
+              "max_logits_rows 7: %d / %d equal, up to %d rows a step", ok7, NREQ, in.max_rows_seen);
         printf("   max_logits_rows 7: %d / %d requests equal; %d steps, at most %d rows a step\n", ok7, NREQ, in.steps,
                in.max_rows_seen);
 
@@ -418,7 +443,8 @@ int main(int argc, char **argv) {
         const m3_tensor *ids = m3_st_find(orc, "case3.input_ids");
         if (!ids) goto done;
         m3_engine_opts c = roomy();
-        c.max_num_seqs = 4; /* chunks of 4 rows: many steps to cancel in */
+        c.max_num_seqs = 4; /* chunks of 4 rows on the host, of 8 tokens reduced: many steps to cancel in */
+        c.max_num_batched_tokens = 8;
         job jc = {ids->data, (int)ids->numel, 5, 1, 0, 0, 0, 0};
         recs[1].cancel_after = 20;
         if (run(&m, &c, &jc, 1, &recs[1], &in)) goto done;
@@ -449,6 +475,7 @@ int main(int argc, char **argv) {
         printf("4. a one-token prompt alone ends at once; cancelled after %d positions; max_tokens 0 without prompt "
                "logprobs runs the prompt alone (the next request found %d of its tokens cached); bad arguments refused\n",
                recs[1].n_pl, recs[4].cached);
+    }
     }
 done:
     m3_st_close(orc);

@@ -10,7 +10,7 @@
  *     same near-tie exception, reported).
  * Runs on a GPU (scripts/gpu.sh, section 9). With --cpu the "GPU" side is a second CPU op table
  * (ctest dspark_batch: the batched pass, slot-major rows and the append from backend rows
- * against one request at a time); with --ops-only only the op checks run (argmax_rows, draw_rows, verify_rows, copy_n:
+ * against one request at a time); with --ops-only only the op checks run (argmax_rows, logprob_rows, draw_rows, verify_rows, copy_n:
  * the kernels a racecheck can take).  usage: dspark_check [--cpu | --ops-only] CHECKPOINT (with dspark/) */
 #include <math.h>
 #include <stdio.h>
@@ -118,6 +118,94 @@ int main(int argc, char **argv) {
         gops.release(gops.ctx, dax);
         gops.release(gops.ctx, dai);
         free(ax);
+    }
+    {   /* logprob_rows (prompt logprobs where the logits are) against the CPU's (base/rows.c
+         * m3_row_logprobs): 300 rows of the M3 vocabulary's width in one call (two launches), and
+         * single rows (the most slices a row): random rows, rows of few distinct values (ties for
+         * the rank and the top ids, settled by the lower id), the token's value shared, a token
+         * outside the text ids (-1, n), a narrower text width with larger values past it, NaN / +inf
+         * / -inf (not finite); k 0, 1, 7 and 20; and a 5-id vocabulary (fewer ids than k). The same
+         * finite flags, ranks and top ids; logprobs within 2e-5. */
+        enum { LR = 300, LW = 200064 };
+        float *x = malloc(sizeof(float) * (size_t)LR * LW), *dx = gops.alloc(gops.ctx, sizeof(float) * (size_t)LR * LW);
+        m3_row_lp *dlp = gops.alloc(gops.ctx, sizeof(m3_row_lp) * LR), *gl = malloc(sizeof(m3_row_lp) * LR),
+                  *cl = malloc(sizeof(m3_row_lp) * LR);
+        int32_t tok[LR];
+        if (!x || !dx || !dlp || !gl || !cl) { printf("FAIL out of memory\n"); return 1; }
+        for (int r = 0; r < LR; r++) {
+            float *row = x + (size_t)r * LW;
+            const int kind = r % 6;
+            for (int i = 0; i < LW; i++) {
+                const float u = frand();
+                row[i] = kind == 1 ? floorf(u * 4.0f) * 2.0f : kind == 2 ? floorf(u * 40.0f) * 0.25f : u * 8.0f;
+            }
+            tok[r] = (int32_t)((frand() * 0.5f + 0.5f) * (LW - 1));
+            if (kind == 3) tok[r] = r % 12 == 3 ? -1 : 200000; /* outside the text ids (n = 200000 for this kind) */
+            if (kind == 4) row[tok[r]] = 9.0f, row[(tok[r] + 77777) % LW] = 9.0f; /* the best, shared */
+            if (kind == 3) row[200010] = 50.0f; /* past the text width: not counted */
+        }
+        x[(size_t)5 * LW + 123] = NAN;
+        x[(size_t)11 * LW + 200063] = INFINITY;
+        x[(size_t)17 * LW + 0] = -INFINITY;
+        gops.upload(gops.ctx, dx, x, sizeof(float) * (size_t)LR * LW);
+        int bad = 0, nfin = 0;
+        double worst = 0;
+        const int ks[4] = {20, 7, 1, 0};
+        for (int ki = 0; ki < 4; ki++) {
+            const int k = ks[ki];
+            for (int pass = 0; pass < 2; pass++) { /* all rows in one call; then each kind's rows as single rows */
+                const int n = pass == 0 ? LW : 200000;
+                if (pass == 0) gops.logprob_rows(gops.ctx, dx, LR, n, LW, LW, tok, k, dlp);
+                else
+                    for (int r = 0; r < 12; r++) gops.logprob_rows(gops.ctx, dx + (size_t)r * LW, 1, n, LW, LW, tok + r, k, dlp + r);
+                const int nr = pass == 0 ? LR : 12;
+                gops.download(gops.ctx, gl, dlp, sizeof(m3_row_lp) * (size_t)nr);
+                cops.logprob_rows(cops.ctx, x, nr, n, LW, LW, tok, k, cl);
+                for (int r = 0; r < nr; r++) {
+                    const m3_row_lp *g = &gl[r], *c = &cl[r];
+                    int d = g->fin != c->fin;
+                    if (c->fin && !d) {
+                        nfin += ki == 0 && pass == 0;
+                        d = g->rank != c->rank || g->n_top != c->n_top ||
+                            !(fabs((double)g->logprob - c->logprob) < 2e-5 || (isinf(g->logprob) && isinf(c->logprob)));
+                        worst = isfinite(c->logprob) && fabs((double)g->logprob - c->logprob) > worst ? fabs((double)g->logprob - c->logprob) : worst;
+                        for (int j = 0; !d && j < c->n_top; j++)
+                            d = g->top_ids[j] != c->top_ids[j] || fabs((double)g->top_lp[j] - c->top_lp[j]) > 2e-5;
+                    }
+                    if (d && bad < 5)
+                        printf("  logprob_rows row %d (k %d, n %d): gpu fin %d rank %d top %d lp %.7f [%d %d]; cpu fin %d rank %d top %d "
+                               "lp %.7f [%d %d]\n", r, k, n, g->fin, g->rank, g->n_top, g->logprob, g->top_ids[0], g->top_ids[1],
+                               c->fin, c->rank, c->n_top, c->logprob, c->top_ids[0], c->top_ids[1]);
+                    bad += d;
+                }
+            }
+        }
+        if (cl[5].fin || cl[11].fin || cl[17].fin || !cl[0].fin || cl[3].rank != 200001 || !isinf(cl[3].logprob) || cl[4].rank != 1 ||
+            cl[1].n_top != 0)
+            printf("FAIL logprob_rows: the CPU's rule changed (fin %d %d %d %d, rank %d %d, top %d)\n", cl[5].fin, cl[11].fin,
+                   cl[17].fin, cl[0].fin, cl[3].rank, cl[4].rank, cl[1].n_top), bad++;
+        { /* a 5-id vocabulary: every id in the top 20 */
+            float sx[5] = {0.5f, 2.0f, 2.0f, -1.0f, 0.0f};
+            int32_t st = 2;
+            gops.upload(gops.ctx, dx, sx, sizeof sx);
+            gops.logprob_rows(gops.ctx, dx, 1, 5, 5, 5, &st, 20, dlp);
+            gops.download(gops.ctx, gl, dlp, sizeof(m3_row_lp));
+            cops.logprob_rows(cops.ctx, sx, 1, 5, 5, 5, &st, 20, cl);
+            int d = gl[0].n_top != 5 || cl[0].n_top != 5 || gl[0].rank != 1 || cl[0].rank != 1 || gl[0].fin != 1;
+            for (int j = 0; !d && j < 5; j++) d = gl[0].top_ids[j] != cl[0].top_ids[j] || fabsf(gl[0].top_lp[j] - cl[0].top_lp[j]) > 2e-5f;
+            d |= cl[0].top_ids[0] != 1 || cl[0].top_ids[1] != 2;
+            if (d) printf("  logprob_rows, 5 ids: gpu top %d rank %d; cpu top %d rank %d\n", gl[0].n_top, gl[0].rank, cl[0].n_top, cl[0].rank);
+            bad += d;
+        }
+        printf("logprob_rows: %d rows x k 20 / 7 / 1 / 0 in one call and alone (%d finite; ties, tokens outside the text, "
+               "a narrower width, NaN / inf), a 5-id vocabulary: %s (logprobs within %.2e)\n", LR, nfin,
+               bad ? "FAIL: differs from the CPU's" : "as the CPU's", worst);
+        if (bad) { printf("FAIL logprob_rows: %d rows differ\n", bad); return 1; }
+        gops.release(gops.ctx, dx);
+        gops.release(gops.ctx, dlp);
+        free(x);
+        free(gl);
+        free(cl);
     }
     {   /* draw_rows (the probabilistic draws) against the CPU's rule: 40 rows of the M3 vocabulary's
          * width in one call (two launches of the CUDA table), peaked and flat, rows of few distinct

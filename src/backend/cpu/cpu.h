@@ -86,6 +86,9 @@ void m3_cpu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, 
                       int block, int topk, float *out);
 void m3_cpu_argmax_rows(void *ctx, const float *x, int rows, int n, size_t ld, int32_t *out);
 void m3_cpu_argmax_rows_fin(void *ctx, const float *x, int rows, int n, int nf, size_t ld, int32_t *out, int32_t *fin);
+/* logprob.c */
+void m3_cpu_logprob_rows(void *ctx, const float *x, int rows, int n, int V, size_t ld, const int32_t *tok, int k,
+                         m3_row_lp *out);
 void m3_cpu_draw_rows(void *ctx, float *x, int rows, int V, size_t ld, const m3_draw_param *par, int32_t *out);
 void m3_cpu_verify_rows(void *ctx, const float *x, int V, size_t ld, int n, const m3_verify_group *g, int32_t *out);
 void m3_cpu_dspark_attention(void *ctx, const float *q, const float *kb, const float *vb, int n, int nh, int nkv, int D,

@@ -79,6 +79,7 @@ int m3_cpu_ops_init(m3_ops *ops, int threads, m3_err *err) {
     ops->dspark_attention_n = m3_cpu_dspark_attention_n;
     ops->argmax_rows = m3_cpu_argmax_rows;
     ops->argmax_rows_fin = m3_cpu_argmax_rows_fin;
+    ops->logprob_rows = m3_cpu_logprob_rows;
     ops->draw_rows = m3_cpu_draw_rows;
     ops->verify_rows = m3_cpu_verify_rows;
     ops->copy = cpu_copy;

@@ -614,6 +614,7 @@ extern "C" int m3_cuda_ops_init(m3_ops *ops, int dev, m3_err *err) {
     ops->dspark_attention_table = m3_cu_dspark_attention_table;
     ops->argmax_rows = m3_cu_argmax_rows;
     ops->argmax_rows_fin = m3_cu_argmax_rows_fin;
+    ops->logprob_rows = m3_cu_logprob_rows;
     ops->host_alloc = cu_host_alloc;
     ops->host_free = cu_host_free;
     ops->draw_rows = m3_cu_draw_rows;

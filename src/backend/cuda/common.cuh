@@ -18,7 +18,7 @@
 
 /* grow-only scratch buffers, one per purpose (no allocation inside a steady-state step) */
 enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_XSPLIT, SC_XSPLIT2, SC_GEMM_X, SC_XROUND,
-       SC_SPLITK, SC_DSA, SC_AMAX, SC_DRAW, SC_DSA_TAB, SC_COUNT };
+       SC_SPLITK, SC_DSA, SC_AMAX, SC_DRAW, SC_DSA_TAB, SC_LOGP, SC_COUNT };
 
 typedef struct m3_cuda {
     int dev, sm_count;
@@ -252,6 +252,9 @@ void m3_cu_head_norm_rope_n(void *ctx, int n, const m3_rope_job *jobs, int T, fl
 void m3_cu_kv_store(void *ctx, m3_kv *kv, int layer, const m3_batch *b, const float *k, const float *v, const float *ik);
 void m3_cu_argmax_rows(void *ctx, const float *x, int rows, int n, size_t ld, int32_t *out);
 void m3_cu_argmax_rows_fin(void *ctx, const float *x, int rows, int n, int nf, size_t ld, int32_t *out, int32_t *fin);
+/* logprob.cu */
+void m3_cu_logprob_rows(void *ctx, const float *x, int rows, int n, int V, size_t ld, const int32_t *tok, int k,
+                        m3_row_lp *out);
 void m3_cu_draw_rows(void *ctx, float *x, int rows, int V, size_t ld, const m3_draw_param *par, int32_t *out);
 void m3_cu_draw_rows_dev(void *ctx, float *x, int rows, int V, size_t ld, const m3_draw_param *par, int32_t *out);
 void m3_cu_verify_rows(void *ctx, const float *x, int V, size_t ld, int n, const m3_verify_group *g, int32_t *out);

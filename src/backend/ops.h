@@ -172,7 +172,7 @@ struct m3_ops {
      * memory) gives out[r] (backend memory) = m3_row_logprobs(row, n, tok[r], k) (base/rows.h;
      * tok: host int32 [rows]; the log-sum-exp may be summed in another order and precision: its
      * value within float rounding of the CPU's, ranks and top ids exact) and out[r].fin = 1 when
-     * all V of its values are finite, else 0 (and the rest unspecified) */
+     * all V of its values are finite, else 0 (and the rest unspecified); 1 <= n <= V, 0 <= k <= 20 */
     void (*logprob_rows)(void *ctx, const float *x, int rows, int n, int V, size_t ld, const int32_t *tok, int k,
                          m3_row_lp *out);
     /* capability, optional: each row x[r * ld .. r * ld + V) (backend memory) becomes the

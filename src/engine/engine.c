@@ -337,7 +337,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         e->lp_tok = e_malloc(MP * sizeof *e->lp_tok);
         e->lp_n = e_malloc(MP * sizeof *e->lp_n);
         e->lp_alone = e_malloc(MP * sizeof *e->lp_alone);
-        e->lp_res = e_malloc(MP * sizeof *e->lp_res);
+        e->lp_res = e_calloc(MP, sizeof *e->lp_res); /* (a failed step's rows are read, not delivered) */
         plp_ok = plp_ok && e->lp_rows && e->lp_tok && e->lp_n && e->lp_alone && e->lp_res;
     }
     e->zeros = e_calloc(T, sizeof *e->zeros);

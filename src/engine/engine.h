@@ -156,9 +156,10 @@ typedef struct m3_engine_opts {
     m3_kv_dtype kv_dtype, index_dtype;
     int max_num_seqs;           /* running sequences at once (default 64) */
     int max_num_batched_tokens; /* tokens per step, all sequences together (default 512) */
-    /* logits rows a step may ask for, when more than one a sequence (k + 1 with a draft): prompt
-     * logprobs' prefill chunks are cut to the rows a step has left (0: no more; each row is
-     * vocab x 4 bytes of host memory, and of device memory the KV budget leaves out) */
+    /* logits rows a step may ask for, when more than one a sequence (k + 1 with a draft): where
+     * prompt logprobs come back as rows (a TP group, prompt_logprobs_host) their prefill chunks are
+     * cut to the rows a step has left (0: no more; each row is vocab x 4 bytes of host memory,
+     * and of device memory the KV budget leaves out) */
     int max_logits_rows;
     /* prompt logprobs from whole logits rows on the host even where the backend reduces them (as
      * a tensor-parallel group does; comparisons and benchmarks; also $M3_PROMPT_LOGPROBS=host) */

@@ -315,6 +315,8 @@ int m3_group_forward_ex(m3_group *g, const m3_batch *b, const int32_t *ids, cons
     if (g->broken) return m3_errf(err, "%s", g->broken_msg);
     /* every rank would have to overwrite its copy of the stream at once: not built */
     if (taps && taps->stream) return m3_errf(err, "tensor parallel group: teacher forcing (a stream tap) is not supported");
+    if (taps && taps->n_lp)
+        return m3_errf(err, "tensor parallel group: prompt logprob rows reduced where the logits are (their logits come back whole)");
     m3_kv *kv0 = m3_group_kv(g, 0);
     if (!kv0) return m3_errf(err, "tensor parallel group: no KV cache (m3_group_kv_create first)");
     const int T = b->T;

@@ -57,6 +57,7 @@ void m3_model_free(m3_model *m) {
 
 /* activation buffers of one step, in backend memory (NBUF of them, one workspace) */
 #define NBUF 17
+_Static_assert(sizeof(m3_row_lp) % 4 == 0, "the workspace counts m3_row_lp in floats");
 typedef struct {
     float *h, *a, *q, *k, *v, *att, *o, *iq, *ik, *fin, *lg;
     float *lpx, *lpl; /* prompt logprob rows: a tile's normed rows [M3_LP_TILE][H] and logits [M3_LP_TILE][V] */
@@ -93,6 +94,7 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
         for (int i = 0; i < ov->n; i++)
             if (ov->rows[i] < 0 || ov->rows[i] >= T)
                 return m3_errf(err, "embedding override row %d is outside the batch (%d tokens)", ov->rows[i], T);
+    if (taps && taps->n_lp < 0) return m3_errf(err, "prompt logprob rows: %d", taps->n_lp);
     if (taps && taps->n_lp > 0) { /* prompt logprob rows: where the logits are, batch rows in order */
         if (!op->logprob_rows || sh || !taps->lp_rows || !taps->lp_tok || !taps->lp_n || !taps->lp_out)
             return m3_errf(err, "prompt logprob rows: %s", sh ? "not under tensor parallelism (their logits come back whole)"

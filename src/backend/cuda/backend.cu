@@ -806,7 +806,7 @@ extern "C" void m3_cuda_profile_report(m3_ops *ops, int steps, void *file) {
     FILE *f = (FILE *)file;
     prof_fold(c);
     static const char *names[OP_COUNT] = {"embed", "rmsnorm", "add", "linear", "norm+rope", "kv_store", "indexer", "attention", "mlp", "moe",
-                                             "dspark attention", "copy", "argmax / draws"};
+                                             "dspark attention", "copy", "argmax / draws", "prompt logprobs"};
     double tot = 0;
     for (int i = 0; i < OP_COUNT; i++) tot += c->prof_ms[i];
     fprintf(f, "  per step (GPU time, %d steps):", steps);

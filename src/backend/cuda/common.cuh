@@ -132,7 +132,7 @@ static __device__ __forceinline__ bool last_cta(int *ctr, int expected) {
 }
 
 enum { OP_EMBED, OP_NORM, OP_ADD, OP_LINEAR, OP_ROPE, OP_KV, OP_INDEX, OP_ATTN, OP_MLP, OP_MOE, OP_DSA, OP_COPY, OP_ARGMAX,
-       OP_COUNT };
+       OP_LOGPROB, OP_COUNT };
 /* profiling brackets (no-ops unless m3_cuda_profile is on); nested ops are charged to the outer one */
 void m3_cu_prof_begin(m3_cuda *c, int op);
 void m3_cu_prof_end(m3_cuda *c, int op);

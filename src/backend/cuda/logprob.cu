@@ -204,7 +204,7 @@ static void logprob_rows(m3_cuda *c, const float *x, int rows, int n, int V, siz
     if (k < 0) k = 0;
     if (n > V) n = V;
     m3_cu_xsplit_touch(c, out, sizeof(m3_row_lp) * (size_t)rows);
-    m3_cu_prof_begin(c, OP_ARGMAX);
+    m3_cu_prof_begin(c, OP_LOGPROB);
     const int lrows = rows < LP_ROWS ? rows : LP_ROWS;
     /* slices: about two CTAs an SM for the launch's rows, each at least LP_T * 8 values */
     int S = (2 * c->sm_count + lrows - 1) / lrows;
@@ -215,7 +215,7 @@ static void logprob_rows(m3_cuda *c, const float *x, int rows, int n, int V, siz
     slen = (slen + LP_T - 1) / LP_T * LP_T;
     S = (V + slen - 1) / slen;
     lp_part *part = (lp_part *)m3_cu_scratch(c, SC_LOGP, sizeof(lp_part) * (size_t)lrows * (size_t)S);
-    if (!part) { m3_cu_prof_end(c, OP_ARGMAX); return; }
+    if (!part) { m3_cu_prof_end(c, OP_LOGPROB); return; }
     for (int r0 = 0; r0 < rows; r0 += LP_ROWS) {
         const int m = rows - r0 < LP_ROWS ? rows - r0 : LP_ROWS;
         lp_args a;
@@ -226,7 +226,7 @@ static void logprob_rows(m3_cuda *c, const float *x, int rows, int n, int V, siz
         CK_LAUNCH(c, "logprob rows");
         if (c->failed) break;
     }
-    m3_cu_prof_end(c, OP_ARGMAX);
+    m3_cu_prof_end(c, OP_LOGPROB);
 }
 
 void m3_cu_logprob_rows(void *ctx, const float *x, int rows, int n, int V, size_t ld, const int32_t *tok, int k,

@@ -34,11 +34,12 @@ const live = new Set();
 process.on('exit', () => { for (const p of live) try { p.kill('SIGKILL'); } catch {} });
 
 // Starts `m3 serve` and waits for /health. stop(signal) resolves to {code, signal, ms}.
-export async function startServer(m3, ck, args = [], { quiet = true } = {}) {
+export async function startServer(m3, ck, args = [], { quiet = true, env } = {}) {
   const port = await freePort();
-  // M3_SERVE_ARGS (e.g. "-tp 2"): extra options for every server a test starts
+  // M3_SERVE_ARGS (e.g. "-tp 2"): extra options for every server a test starts; env: more variables
   const extra = (process.env.M3_SERVE_ARGS || '').split(/\s+/).filter(Boolean);
-  const proc = spawn(m3, ['serve', '-m', ck, '--port', String(port), ...extra, ...args], { stdio: ['ignore', 'inherit', 'pipe'] });
+  const proc = spawn(m3, ['serve', '-m', ck, '--port', String(port), ...extra, ...args],
+    { stdio: ['ignore', 'inherit', 'pipe'], env: env ? { ...process.env, ...env } : process.env });
   live.add(proc);
   proc.on('exit', () => live.delete(proc));
   const srv = { proc, port, base: `http://127.0.0.1:${port}`, log: '' };

@@ -15,7 +15,9 @@
 //    non-stream answer; max_tokens 0 with echo: the prompt alone (stream too), 0 completion tokens;
 //  - chat: a top-level prompt_logprobs over the rendered prompt (n > 1: one list);
 //  - 24 such requests at once beside generating ones: every answer equal to the same request alone;
-//  - the official openai client parses all of it; bad values are 400s naming the field.
+//  - the official openai client parses all of it; bad values are 400s naming the field;
+//  - the prompt rows reduced where the logits are (the default on one device) and as logits rows on
+//    the host (M3_PROMPT_LOGPROBS=host, a TP group's path) answer the same.
 // Usage: node tests/server/server_prompt_logprobs.mjs <m3-binary> <work-dir>
 import fs from 'node:fs';
 import OpenAI from 'openai';
@@ -223,12 +225,14 @@ try {
   const alive = await post(base, '/v1/completions', lmBody);
   ok(alive.status === 200 && strip(alive.json) === strip(lm.json), 'after all of it: the first request again, the same answer');
 
-  // --max-logits-rows: longer prompt chunks, the same answers
-  const wide = await startServer(m3, ck, ['--served-model-name', 'tiny', '--kv-cache-dtype', 'f32', '--kv-cache-memory', '268435456', '--max-logits-rows', '200']);
+  // the prompt rows as whole logits rows on the host (a TP group's path; -tp 2 runs it everywhere)
+  // in chunks of --max-logits-rows 200 rows: the same answers
+  const wide = await startServer(m3, ck, ['--served-model-name', 'tiny', '--kv-cache-dtype', 'f32', '--kv-cache-memory', '268435456', '--max-logits-rows', '200'],
+    { env: { M3_PROMPT_LOGPROBS: 'host' } });
   const w = await post(wide.base, '/v1/completions', lmBody);
   const wm = await (await fetch(wide.base + '/metrics')).text();
   const steps = t => Number((/^m3_engine_steps_total (\d+)/m.exec(t) || [])[1]);
-  ok(w.status === 200 && strip(w.json) === strip(lm.json), `--max-logits-rows 200: the lm-eval batch's answer equal (${steps(wm)} engine steps)`);
+  ok(w.status === 200 && strip(w.json) === strip(lm.json), `host rows, --max-logits-rows 200: the lm-eval batch's answer equal (${steps(wm)} engine steps)`);
   const ws = await wide.stop();
   ok(ws.code === 0, `the --max-logits-rows server stopped cleanly in ${ws.ms} ms`);
 } catch (e) {

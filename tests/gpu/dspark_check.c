@@ -125,7 +125,8 @@ int main(int argc, char **argv) {
          * the rank and the top ids, settled by the lower id), the token's value shared, a token
          * outside the text ids (-1, n), a narrower text width with larger values past it, NaN / +inf
          * / -inf (not finite); k 0, 1, 7 and 20; and a 5-id vocabulary (fewer ids than k). The same
-         * finite flags, ranks and top ids; logprobs within 2e-5. (--cpu: 24 rows, the CPU against
+         * finite flags, ranks and top ids; logprobs within 1e-4 (the GPU sums exp in float a thread, the
+         * CPU in double across blocks of 256; a worst case of a few hundred float additions is ~2e-5). (--cpu: 24 rows, the CPU against
          * itself: what it checks there is the rule's fixed points below.) */
         enum { LRMAX = 300, LW = 200064 };
         const int LR = cpu ? 24 : LRMAX;
@@ -169,10 +170,10 @@ int main(int argc, char **argv) {
                     if (c->fin && !d) {
                         nfin += ki == 0 && pass == 0;
                         d = g->rank != c->rank || g->n_top != c->n_top ||
-                            !(fabs((double)g->logprob - c->logprob) < 2e-5 || (isinf(g->logprob) && isinf(c->logprob)));
+                            !(fabs((double)g->logprob - c->logprob) < 1e-4 || (isinf(g->logprob) && isinf(c->logprob)));
                         worst = isfinite(c->logprob) && fabs((double)g->logprob - c->logprob) > worst ? fabs((double)g->logprob - c->logprob) : worst;
                         for (int j = 0; !d && j < c->n_top; j++)
-                            d = g->top_ids[j] != c->top_ids[j] || fabs((double)g->top_lp[j] - c->top_lp[j]) > 2e-5;
+                            d = g->top_ids[j] != c->top_ids[j] || fabs((double)g->top_lp[j] - c->top_lp[j]) > 1e-4;
                     }
                     if (d && bad < 5)
                         printf("  logprob_rows row %d (k %d, n %d): gpu fin %d rank %d top %d lp %.7f [%d %d]; cpu fin %d rank %d top %d "
@@ -194,7 +195,7 @@ int main(int argc, char **argv) {
             gops.download(gops.ctx, gl, dlp, sizeof(m3_row_lp));
             cops.logprob_rows(cops.ctx, sx, 1, 5, 5, 5, &st, 20, cl);
             int d = gl[0].n_top != 5 || cl[0].n_top != 5 || gl[0].rank != 1 || cl[0].rank != 1 || gl[0].fin != 1;
-            for (int j = 0; !d && j < 5; j++) d = gl[0].top_ids[j] != cl[0].top_ids[j] || fabsf(gl[0].top_lp[j] - cl[0].top_lp[j]) > 2e-5f;
+            for (int j = 0; !d && j < 5; j++) d = gl[0].top_ids[j] != cl[0].top_ids[j] || fabsf(gl[0].top_lp[j] - cl[0].top_lp[j]) > 1e-4f;
             d |= cl[0].top_ids[0] != 1 || cl[0].top_ids[1] != 2;
             if (d) printf("  logprob_rows, 5 ids: gpu top %d rank %d; cpu top %d rank %d\n", gl[0].n_top, gl[0].rank, cl[0].n_top, cl[0].rank);
             bad += d;

@@ -301,14 +301,14 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
             e->vops = vo;
         }
         if (!e->vision) { kv_drop(e); free_early(e); return NULL; }
-        /* the key of the image content hashes: unknown outside the process, so nobody can craft
-         * an image whose blocks collide with another's */
-        if (getrandom(e->img_key, sizeof e->img_key, GRND_NONBLOCK) != (ssize_t)sizeof e->img_key) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            e->img_key[0] ^= (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)e;
-            e->img_key[1] ^= (uint64_t)ts.tv_sec * 0xbf58476d1ce4e5b9ull ^ (uint64_t)(uintptr_t)&ts;
-        }
+    }
+    /* the key of the image content hashes and cache salts: unknown outside the process, so nobody
+     * can craft an image or a salt whose blocks collide with another's */
+    if (getrandom(e->img_key, sizeof e->img_key, GRND_NONBLOCK) != (ssize_t)sizeof e->img_key) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        e->img_key[0] ^= (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)e;
+        e->img_key[1] ^= (uint64_t)ts.tv_sec * 0xbf58476d1ce4e5b9ull ^ (uint64_t)(uintptr_t)&ts;
     }
     e->bm = m3_blocks_create(e->kv, err);
     if (!e->bm) {
@@ -492,6 +492,13 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
         m3_images_retain(q->images);
         r->im = q->images;
         if (m3_images_block_keys(im, e->page, &r->extra, &r->n_extra, err)) { m3_engine_req_free(r); m3_err_prefix(err, "request"); return 0; }
+    }
+    if (q->cache_salt && q->cache_salt_len) { /* block 0's key takes the salt: every block after it chains on it */
+        if (!r->n_extra) {
+            if (!(r->extra = e_calloc(1, sizeof *r->extra))) { m3_engine_req_free(r); m3_errf(err, "request: out of memory"); return 0; }
+            r->n_extra = 1;
+        }
+        r->extra[0] ^= m3_siphash(e->img_key, q->cache_salt, q->cache_salt_len) | 1; /* never 0: a salt always changes the key */
     }
     long lim = (long)q->n_prompt + q->max_tokens;
     r->limit = lim > e->max_len ? e->max_len : (int)lim;

@@ -240,6 +240,11 @@ typedef struct m3_engine_request {
      * which makes the text free until the start id. */
     struct m3_engine_grammar *grammar;
     int32_t grammar_start_id, grammar_open_id;
+    /* Prefix-cache isolation (vLLM's cache_salt; NULL or "": none): the request's KV blocks are
+     * keyed on the salt too (a keyed hash, unknown outside the process), so it shares cached
+     * blocks only with requests of the same salt; read by m3_engine_add only. */
+    const char *cache_salt;
+    size_t cache_salt_len;
 } m3_engine_request;
 
 /* A compiled grammar shared by the requests that use it (refcounted). */

@@ -307,24 +307,38 @@ static json_t *bytes_json(const char *p, size_t n) {
 
 static double lp_value(float x) { return isfinite(x) ? (double)x : -9999.0; } /* JSON has no -inf */
 
-/* the text of one id, as a logprob entry names it (NULL: no memory; *len its bytes) */
-static char *id_text(srv *s, int32_t id, size_t *len) {
+/* the text of one id, as a logprob entry names it (NULL: no memory; *len its bytes): its
+ * decoded text, or with return_tokens_as_token_ids "token_id:<id>" */
+static char *id_text(srv *s, int as_ids, int32_t id, size_t *len) {
     m3_err err;
     *len = 0;
+    if (as_ids) {
+        char *t = malloc(24);
+        if (t) *len = (size_t)snprintf(t, 24, "token_id:%d", (int)id);
+        return t;
+    }
     return m3_tok_decode(s->tok, &id, 1, 0, len, &err);
+}
+
+/* with return_tokens_as_token_ids: an entry's own token named by its id in buf (*text, *len
+ * pointed there); else its decoded text stays */
+static void own_name(const hreq *h, int32_t id, char buf[24], const char **text, size_t *len) {
+    if (!h->ids_as_tokens) return;
+    *len = (size_t)snprintf(buf, 24, "token_id:%d", (int)id);
+    *text = buf;
 }
 
 /* A completions top_logprobs dict: the k most likely by text (texts can repeat: byte tokens
  * decode to U+FFFD; the likelier keeps the text, so the top value is the best token's), then
  * with `mine` the entry's own token where its text is not there yet (vLLM lists it). NULL: no
  * memory. */
-static json_t *top_dict(srv *s, const m3_sample_out *so, int k, int mine) {
+static json_t *top_dict(srv *s, const hreq *h, const m3_sample_out *so, int k, int mine) {
     json_t *d = json_object();
     for (int i = 0; d && i <= k && i <= so->n_top; i++) {
         const int own = i == k || i == so->n_top;
         if (own && !mine) break;
         size_t tl;
-        char *t = id_text(s, own ? so->token : so->top_ids[i], &tl);
+        char *t = id_text(s, h->ids_as_tokens, own ? so->token : so->top_ids[i], &tl);
         int bad = !t || (!json_object_get(d, t) &&
                          json_object_set_new(d, t, json_real(lp_value(own ? so->logprob : so->top_logprobs[i]))));
         free(t);
@@ -348,12 +362,16 @@ static void lp_add(srv *s, choice *c, const m3_sample_out *so, const char *text,
     hreq *h = c->h;
     if (!c->lp) return;
     int bad = 0;
+    char nb[24];
+    const size_t tlen = len; /* text_offset counts the text's code points */
+    const char *ttext = text;
+    own_name(h, so->token, nb, &text, &len);
     if (h->chat) {
         json_t *tops = json_array();
         bad |= !tops;
         for (int i = 0; tops && i < so->n_top && i < h->top_logprobs; i++) {
             size_t tl = 0;
-            char *t = id_text(s, so->top_ids[i], &tl);
+            char *t = id_text(s, h->ids_as_tokens, so->top_ids[i], &tl);
             const char *tt = t ? t : "";
             bad |= json_array_append_new(tops, json_pack("{s:s%,s:f,s:o}", "token", tt, tl, "logprob",
                                                          lp_value(so->top_logprobs[i]), "bytes", bytes_json(tt, tl))) != 0;
@@ -363,9 +381,9 @@ static void lp_add(srv *s, choice *c, const m3_sample_out *so, const char *text,
                                                       lp_value(so->logprob), "bytes", bytes_json(text, len),
                                                       "top_logprobs", tops ? tops : json_array())) != 0;
     } else {
-        bad |= lp_entry(c, text, len, json_real(lp_value(so->logprob)), top_dict(s, so, h->top_logprobs, 0),
+        bad |= lp_entry(c, text, len, json_real(lp_value(so->logprob)), top_dict(s, h, so, h->top_logprobs, 0),
                         c->echo_chars + c->text_chars);
-        c->text_chars += utf8_chars(text, len);
+        c->text_chars += utf8_chars(ttext, tlen);
     }
     if (bad) mark_failed(h, NOMEM);
 }
@@ -383,7 +401,7 @@ static json_t *plp_entry(srv *s, const m3_sample_out *so, int k) {
         snprintf(key, sizeof key, "%d", (int)id);
         if (json_object_get(d, key)) continue; /* the prompt's token among the most likely */
         size_t tl;
-        char *t = id_text(s, id, &tl);
+        char *t = id_text(s, 0, id, &tl); /* vLLM's decoded_token: the text, whatever the names */
         bad |= !t || json_object_set_new(d, key, json_pack("{s:f,s:i,s:s%}", "logprob", lp_value(i < 0 ? so->logprob : so->top_logprobs[i]),
                                                              "rank", i < 0 ? (int)so->rank : i + 1, "decoded_token", t ? t : "",
                                                              tl)) != 0;
@@ -401,11 +419,15 @@ static int echo_entry(srv *s, choice *c, int32_t token, const m3_sample_out *so)
     size_t n = 0;
     m3_err err;
     if (m3_tok_stream_push(c->pts, token, &p, &n, &err)) return -1;
+    const size_t tlen = n; /* text_offset counts the text's code points */
+    const char *ttext = p ? p : "";
+    char nb[24];
+    own_name(h, token, nb, &p, &n);
     /* the logprobs most likely and the prompt's token (lm-eval's is_greedy compares its logprob
      * with the top value), as vLLM lists them */
     int bad = lp_entry(c, p ? p : "", n, so ? json_real(lp_value(so->logprob)) : json_null(),
-                       so ? top_dict(s, so, h->top_logprobs, 1) : json_null(), c->p_chars);
-    c->p_chars += utf8_chars(p ? p : "", n);
+                       so ? top_dict(s, h, so, h->top_logprobs, 1) : json_null(), c->p_chars);
+    c->p_chars += utf8_chars(ttext, tlen);
     return bad;
 }
 
@@ -417,7 +439,7 @@ static void prompt_done(choice *c) {
     const char *p = NULL;
     size_t n = 0;
     m3_tok_stream_finish(c->pts, &p, &n);
-    if (n) {
+    if (n && !h->ids_as_tokens) { /* (tokens named by their ids keep their names) */
         json_t *toks = json_object_get(c->lp, "tokens");
         json_t *last = json_array_get(toks, json_array_size(toks) - 1);
         m3_sbuf t = {0};
@@ -828,6 +850,7 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     h->top_logprobs = (int)g->top_logprobs;
     h->prompt_logprobs = g->prompt_logprobs;
     h->echo_lp = !chat && g->echo && g->logprobs;
+    h->ids_as_tokens = g->ids_as_tokens;
     h->min_tokens = (int)g->min_tokens;
     h->n_prompt = (int)g->n_ids;
     h->created = (long)time(NULL);
@@ -903,6 +926,8 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     sp->n_text = s->n_text;     /* ids no token spells are never sampled */
     sp->banned_ids = s->holes;
     sp->n_banned = s->n_holes;
+    sp->allowed_ids = g->allowed; /* vLLM's allowed_token_ids */
+    sp->n_allowed = (int)g->n_allowed;
     sp->top_logprobs = h->top_logprobs;
     er.max_tokens = (int)g->max_tokens;
     er.stop_ids = g->stop_ids;
@@ -917,6 +942,8 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     er.grammar = g->grammar; /* structured output (structured.c): each engine request takes a reference */
     er.grammar_start_id = g->g_start;
     er.grammar_open_id = g->g_open;
+    er.cache_salt = g->cache_salt; /* (copied by the engine) */
+    er.cache_salt_len = g->cache_salt_len;
     /* parallel_tool_calls false without a forced call: the output is free, a choice ends at its first call */
     h->one_call = chat && !g->parallel_tool_calls && g->constraint != M3_OAI_C_TOOLS && g->oo.tools;
 

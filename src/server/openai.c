@@ -136,6 +136,7 @@ void m3_oai_params_free(m3_oai_params *g) {
     free(g->bias);
     free(g->echo_text);
     free(g->constraint_text);
+    free(g->allowed);
     m3_engine_grammar_release(g->grammar);
     m3_media_free(&g->media);
     memset(g, 0, sizeof *g);
@@ -245,6 +246,46 @@ static json_t *chat_kwargs(m3_oai_error *e, json_t *b) {
     return r;
 }
 
+/* continue_final_message: the last message's text (a string, or its last text part) */
+static int final_text(json_t *msgs, const char **t, size_t *len, m3_oai_error *e) {
+    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1), *ct = json_object_get(last, "content");
+    if (json_is_array(ct))
+        for (size_t i = json_array_size(ct); i-- > 0;) {
+            json_t *p = json_array_get(ct, i);
+            if (json_is_string(json_object_get(p, "text"))) {
+                ct = json_object_get(p, "text");
+                break;
+            }
+        }
+    if (!json_is_string(ct) || !json_string_length(ct))
+        return OAI_BAD(e, "continue_final_message", "continue_final_message needs a final message with text to continue");
+    *t = json_string_value(ct);
+    *len = json_string_length(ct);
+    return 0;
+}
+
+/* The rendered prompt cut right after the last place the final message's text appears (its text
+ * with surrounding whitespace trimmed when it is not there whole), as Hugging Face's
+ * apply_chat_template(continue_final_message=True) cuts it; -1 when it appears nowhere. */
+static int cut_after_final(char *text, size_t *len, const char *f, size_t fl) {
+    for (int trim = 0; trim < 2; trim++) {
+        const char *s = f;
+        size_t l = fl;
+        if (trim) {
+            while (l && strchr(" \t\r\n", *s)) { s++; l--; }
+            while (l && strchr(" \t\r\n", s[l - 1])) l--;
+            if (!l) return -1;
+        }
+        for (size_t i = *len >= l ? *len - l + 1 : 0; i-- > 0;)
+            if (!memcmp(text + i, s, l)) {
+                *len = i + l;
+                text[*len] = 0;
+                return 0;
+            }
+    }
+    return -1;
+}
+
 int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n, m3_media *media, m3_oai_error *e) {
     json_t *msgs = json_object_get(b, "messages");
     if (!json_is_array(msgs) || !json_array_size(msgs))
@@ -258,8 +299,19 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
     if (tools && !json_is_array(tools)) return OAI_BAD(e, "tools", "'tools' must be an array");
     if (json_array_size(tools) > M3_OAI_MAX_TOOLS)
         return OAI_BAD(e, "tools", "'tools' has %zu entries; the limit is %d", json_array_size(tools), M3_OAI_MAX_TOOLS);
-    int agp = 1, rc;
-    if ((rc = get_bool(e, b, "add_generation_prompt", &agp))) return rc;
+    int agp = 1, cfm = 0, rc;
+    if ((rc = get_bool(e, b, "add_generation_prompt", &agp)) || (rc = get_bool(e, b, "continue_final_message", &cfm))) return rc;
+    /* continue_final_message (vLLM, Hugging Face's apply_chat_template): the prompt ends inside the
+     * last message, which the model goes on writing (an assistant turn begun by the client) */
+    const char *final = NULL;
+    size_t final_len = 0;
+    if (cfm) {
+        if (agp && json_is_true(json_object_get(b, "add_generation_prompt")))
+            return OAI_BAD(e, "continue_final_message",
+                           "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+        agp = 0;
+        if ((rc = final_text(msgs, &final, &final_len, e))) return rc;
+    }
     /* images: decoded now (their sizes give their token counts); the template sees image parts */
     m3_media local = {0}, *mm = media ? media : &local;
     json_t *render = NULL;
@@ -302,6 +354,13 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
     /* the template's own failures are the request's (400); memory is the server's (500) */
     if (!text && strstr(err.msg, "out of memory")) return m3_oai_errorf(e, 500, "server_error", NULL, "chat template: %s", err.msg);
     if (!text) return OAI_BAD(e, "messages", "chat template: %s", err.msg);
+    if (final && cut_after_final(text, &len, final, final_len)) {
+        free(text);
+        m3_media_free(&local);
+        return OAI_BAD(e, "continue_final_message",
+                       "continue_final_message is set but the final message does not appear in the chat after applying the "
+                       "chat template (the template changes or drops it)");
+    }
     rc = 0;
     if (m3_tok_encode(c->tok, text, len, 1, ids, n, &err))
         rc = OAI_BAD(e, "messages", "cannot tokenize the prompt: %s", err.msg);
@@ -335,6 +394,14 @@ static int add_prompt(const m3_oai_ctx *c, json_t *p, const char *param, m3_oai_
         return OAI_BAD(e, param, "a prompt must be a string or an array of token ids");
     }
     if (!rc && !n) rc = OAI_BAD(e, param, "the prompt is empty");
+    if (!rc && g->truncate > 0 && n > (size_t)g->truncate) { /* truncate_prompt_tokens: its last tokens; echo: their text */
+        memmove(ids, ids + (n - (size_t)g->truncate), sizeof *ids * (size_t)g->truncate);
+        n = (size_t)g->truncate;
+        if (g->echo) {
+            free(echo);
+            if (!(echo = m3_tok_decode(c->tok, ids, n, 0, &elen, &err))) rc = OAI_BAD(e, param, "cannot decode the prompt: %s", err.msg);
+        }
+    }
     if (!rc && n) {
         int32_t *ni = o_realloc(g->ids, sizeof *ni * (g->n_ids + n));
         if (!ni) rc = OAI_OOM(e);
@@ -449,6 +516,61 @@ static int parse_logit_bias(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m3
             return OAI_BAD(e, "logit_bias", "'logit_bias' value for token %ld must be a number in [-100, 100]", id);
         g->bias[g->n_bias++] = (m3_logit_bias){(int32_t)id, (float)json_number_value(v)};
     }
+    return 0;
+}
+
+/* vLLM's truncate_prompt_tokens: k keeps each prompt's last k tokens; -1 the model's length */
+static int parse_truncate(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m3_oai_error *e) {
+    json_t *v = json_object_get(b, "truncate_prompt_tokens");
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) == 0)
+        return OAI_BAD(e, "truncate_prompt_tokens", "'truncate_prompt_tokens' must be a positive integer, or -1 (the model's length)");
+    long long k = json_integer_value(v);
+    if (k > c->max_model_len)
+        return OAI_BAD(e, "truncate_prompt_tokens",
+                       "truncate_prompt_tokens value (%lld) is greater than max_model_len (%lld). Please, select a smaller "
+                       "truncation size.", k, (long long)c->max_model_len);
+    g->truncate = k < 0 ? c->max_model_len : k;
+    return 0;
+}
+
+/* vLLM's other per-request extras: allowed_token_ids, return_tokens_as_token_ids, cache_salt
+ * served; the rest accepted at the value that changes nothing, refused otherwise (never
+ * silently ignored) */
+static int parse_vllm_extras(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m3_oai_error *e) {
+    json_t *v;
+    int rc;
+    if ((v = json_object_get(b, "allowed_token_ids")) && !json_is_null(v)) {
+        if (!json_is_array(v)) return OAI_BAD(e, "allowed_token_ids", "'allowed_token_ids' must be an array of token ids");
+        if (!json_array_size(v)) return OAI_BAD(e, "allowed_token_ids", "'allowed_token_ids' is empty: no token could come out");
+        if ((rc = m3_oai_ids(v, c->vocab, "allowed_token_ids", &g->allowed, &g->n_allowed, e))) return rc;
+    }
+    if ((rc = get_bool(e, b, "return_tokens_as_token_ids", &g->ids_as_tokens))) return rc;
+    if ((v = json_object_get(b, "cache_salt")) && !json_is_null(v)) {
+        if (!json_is_string(v) || !json_string_length(v))
+            return OAI_BAD(e, "cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.");
+        g->cache_salt = json_string_value(v);
+        g->cache_salt_len = json_string_length(v);
+    }
+    int t = 1;
+    if ((rc = get_bool(e, b, "skip_special_tokens", &t))) return rc;
+    if (!t) return OAI_BAD(e, "skip_special_tokens", "'skip_special_tokens': false is not supported (special tokens are left out of the text)");
+    if ((rc = get_bool(e, b, "spaces_between_special_tokens", &t)) || (rc = get_bool(e, b, "add_special_tokens", &t))) return rc;
+    t = 0;
+    if ((rc = get_bool(e, b, "use_beam_search", &t))) return rc;
+    if (t) return OAI_BAD(e, "use_beam_search", "'use_beam_search' is not supported");
+    if ((v = json_object_get(b, "priority")) && !json_is_null(v)) {
+        if (!json_is_integer(v)) return OAI_BAD(e, "priority", "'priority' must be an integer");
+        if (json_integer_value(v))
+            return OAI_BAD(e, "priority", "Got priority %lld but Priority scheduling is not enabled.", (long long)json_integer_value(v));
+    }
+    static const char *const refused[] = {"bad_words", "logits_processors", "documents", "chat_template", "mm_processor_kwargs",
+                                          "kv_transfer_params", "vllm_xargs"};
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
+        if ((v = json_object_get(b, refused[i])) && !json_is_null(v) &&
+            !((json_is_array(v) && !json_array_size(v)) || (json_is_object(v) && !json_object_size(v))))
+            return OAI_BAD(e, refused[i], "'%s' is not supported%s", refused[i],
+                           !strcmp(refused[i], "chat_template") ? " (the model's own chat template renders every prompt)" : "");
     return 0;
 }
 
@@ -731,8 +853,16 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
     }
     if (g->max_tokens == 0 && !g->echo)
         return OAI_BAD(e, "max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo': the prompt alone), got 0");
+    if ((rc = parse_truncate(c, b, g, e))) return rc;
     if (chat) {
         if ((rc = m3_oai_chat_prompt(c, b, &g->ids, &g->n_ids, &g->media, e))) return rc;
+        if (g->truncate > 0 && g->n_ids > (size_t)g->truncate) {
+            if (g->media.px.n_images)
+                return OAI_BAD(e, "truncate_prompt_tokens", "truncate_prompt_tokens %lld would cut a prompt with images (%zu tokens)",
+                               g->truncate, g->n_ids);
+            memmove(g->ids, g->ids + (g->n_ids - (size_t)g->truncate), sizeof *g->ids * (size_t)g->truncate);
+            g->n_ids = (size_t)g->truncate;
+        }
         g->n_prompts = 1;
         g->prompt_off[1] = g->n_ids;
     } else if ((rc = completion_prompt(c, b, g, e))) return rc;
@@ -772,7 +902,8 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
     if (g->min_tokens > g->max_tokens)
         return OAI_BAD(e, "min_tokens", "'min_tokens' (%lld) is larger than max_tokens (%lld)", g->min_tokens,
                        g->max_tokens);
-    if ((rc = parse_stop(c, b, g, e)) || (rc = parse_logit_bias(c, b, g, e)) || (rc = parse_structured(c, b, chat, g, e)))
+    if ((rc = parse_stop(c, b, g, e)) || (rc = parse_logit_bias(c, b, g, e)) || (rc = parse_structured(c, b, chat, g, e)) ||
+        (rc = parse_vllm_extras(c, b, g, e)))
         return rc;
     if (chat) {
         g->oo = (m3_out_opts){c->reasoning_parser, M3_THINK_ENABLED, c->tool_parser, NULL};

@@ -113,6 +113,13 @@ typedef struct m3_oai_params {
     int parallel_tool_calls;     /* 0: at most one tool call (parallel_tool_calls: false) */
     int32_t g_start, g_open;     /* the constraint starts after this token (-1: at once); adaptive opener */
     struct m3_engine_grammar *grammar; /* compiled for the request (a reference; srv fills it in) */
+    /* vLLM's extra sampling parameters */
+    int32_t *allowed;            /* allowed_token_ids (owned; n_allowed > 0: only these ids come out) */
+    size_t n_allowed;
+    int ids_as_tokens;           /* return_tokens_as_token_ids: logprobs' tokens are "token_id:<id>" */
+    long long truncate;          /* truncate_prompt_tokens: each prompt's last this many tokens (0: whole) */
+    const char *cache_salt;      /* borrowed from the body: the prefix cache is shared only within a salt */
+    size_t cache_salt_len;
 } m3_oai_params;
 
 /* TOOLS: a forced call; TOOLS_AUTO: tool_choice auto with strict tools (text, then valid calls or none) */

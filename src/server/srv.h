@@ -123,6 +123,7 @@ struct hreq {
     int logprobs, top_logprobs; /* report logprobs, with this many alternatives per token */
     int prompt_logprobs;    /* -1: none; else the alternatives of vLLM's list (prompt_logprobs, or with echo logprobs) */
     int echo_lp;            /* completions' echo with logprobs: the prompt's entries lead each choice's logprobs */
+    int ids_as_tokens;      /* return_tokens_as_token_ids: logprobs name tokens "token_id:<id>" */
     int one_call;           /* parallel_tool_calls: false with free output: a choice ends at its first tool call */
     int min_tokens;
     int n_prompt;

@@ -1,0 +1,148 @@
+// vLLM's per-request extras through m3 serve (a make-tiny checkpoint with the qwen3 tokenizer):
+//  - allowed_token_ids: sampled and greedy tokens (completions and chat, n 4) all among the ids;
+//  - return_tokens_as_token_ids: logprobs name tokens "token_id:<id>" (completions' tokens and
+//    top_logprobs keys, echo's prompt entries equal to the prompt's ids, chat's token / bytes /
+//    top_logprobs, a stream), the ids decoding to the text;
+//  - truncate_prompt_tokens: a prompt's last k tokens (usage, and the answer equal to the answer to
+//    those k ids alone; echo gives their text; chat; -1: the model's length), bad values refused;
+//  - continue_final_message: the prompt ends with the final message's text (no end of turn after
+//    it); with add_generation_prompt true refused as vLLM refuses it;
+//  - cache_salt: the prefix cache is shared within a salt only (usage's cached_tokens);
+//  - the extras not served are refused (400 naming the field) unless at the value that changes
+//    nothing: bad_words, skip_special_tokens false, priority, use_beam_search, logits_processors,
+//    documents, chat_template, kv_transfer_params.
+// Usage: node tests/server/server_vllm_params.mjs <m3-binary> <work-dir>
+import { makeCheckpoint, startServer, post, stream, reporter } from './lib.mjs';
+
+const [m3, work] = process.argv.slice(2);
+if (!m3 || !work) { console.error('usage: node server_vllm_params.mjs <m3-binary> <work-dir>'); process.exit(2); }
+const R = reporter(), ok = R.ok;
+const ck = makeCheckpoint(m3, work + '/ck');
+const srv = await startServer(m3, ck, ['--served-model-name', 'tiny', '--enable-prompt-tokens-details']);
+const base = srv.base;
+const idOf = t => (/^token_id:(\d+)$/.exec(t) || [])[1] !== undefined ? Number(/^token_id:(\d+)$/.exec(t)[1]) : -1;
+const detok = async ids => (await post(base, '/detokenize', { tokens: ids })).json.prompt;
+const prompt = Array.from({ length: 60 }, (_, i) => 1000 + ((i * 7919) % 20000));
+const msgs = [{ role: 'user', content: 'Name three colours.' }];
+try {
+  // ---- allowed_token_ids ----
+  const allowed = [1234, 5678, 9012, 13];
+  for (const temperature of [1, 0]) {
+    const r = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 16, temperature, n: temperature ? 4 : 1, seed: 7,
+      logprobs: 0, return_tokens_as_token_ids: true, allowed_token_ids: allowed, ignore_eos: true });
+    const ids = (r.json?.choices || []).flatMap(c => c.logprobs.tokens.map(idOf));
+    ok(r.status === 200 && ids.length === (temperature ? 64 : 16) && ids.every(i => allowed.includes(i)),
+       `allowed_token_ids (temperature ${temperature}): ${ids.length} tokens, all among ${JSON.stringify(allowed)}`);
+  }
+  const ca = await post(base, '/v1/chat/completions', { model: 'tiny', messages: msgs, max_tokens: 12, temperature: 1, seed: 3, logprobs: true,
+    return_tokens_as_token_ids: true, allowed_token_ids: allowed, chat_template_kwargs: { thinking_mode: 'disabled' } });
+  const cids = (ca.json?.choices?.[0]?.logprobs?.content || []).map(x => idOf(x.token));
+  ok(ca.status === 200 && cids.length > 0 && cids.every(i => allowed.includes(i)), `chat allowed_token_ids: ${cids.length} tokens, all allowed`);
+  for (const [v, re] of [[[], /empty/], [[5, 1 << 30], /index 1/], ['x', /array/]]) {
+    const r = await post(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, allowed_token_ids: v });
+    ok(r.status === 400 && r.json?.error?.param === 'allowed_token_ids' && re.test(r.json.error.message), `allowed_token_ids ${JSON.stringify(v)}: 400 (${r.json?.error?.message})`);
+  }
+
+  // ---- return_tokens_as_token_ids ----
+  const plain = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 10, temperature: 0, logprobs: 3, ignore_eos: true });
+  const named = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 10, temperature: 0, logprobs: 3, ignore_eos: true,
+    return_tokens_as_token_ids: true });
+  const NL = named.json.choices[0].logprobs, PL = plain.json.choices[0].logprobs;
+  const gids = NL.tokens.map(idOf);
+  ok(gids.every(i => i >= 0) && NL.top_logprobs.every(d => Object.keys(d).every(k => idOf(k) >= 0)) &&
+     JSON.stringify(NL.token_logprobs) === JSON.stringify(PL.token_logprobs) && JSON.stringify(NL.text_offset) === JSON.stringify(PL.text_offset) &&
+     named.json.choices[0].text === plain.json.choices[0].text && await detok(gids) === named.json.choices[0].text,
+     `return_tokens_as_token_ids: ${gids.length} tokens named "token_id:<id>" (top_logprobs keys too), the same logprobs and offsets, the ids decode to the text`);
+  const echo = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 1, temperature: 0, logprobs: 1, echo: true,
+    return_tokens_as_token_ids: true });
+  const EL = echo.json.choices[0].logprobs;
+  ok(echo.status === 200 && JSON.stringify(EL.tokens.slice(0, prompt.length).map(idOf)) === JSON.stringify(prompt) && EL.token_logprobs[0] === null,
+     'echo + logprobs: the prompt\'s entries are named by the prompt\'s own ids');
+  const cn = await post(base, '/v1/chat/completions', { model: 'tiny', messages: msgs, max_tokens: 8, temperature: 0, logprobs: true, top_logprobs: 2,
+    return_tokens_as_token_ids: true, chat_template_kwargs: { thinking_mode: 'disabled' } });
+  const content = cn.json.choices[0].logprobs.content;
+  ok(content.length > 0 && content.every(x => idOf(x.token) >= 0 && JSON.stringify(x.bytes) === JSON.stringify([...Buffer.from(x.token)]) &&
+     x.top_logprobs.length === 2 && x.top_logprobs.every(y => idOf(y.token) >= 0)),
+     `chat: ${content.length} entries named by id (bytes of the name, top_logprobs too)`);
+  const st = await stream(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 10, temperature: 0, logprobs: 3, ignore_eos: true,
+    return_tokens_as_token_ids: true });
+  const stoks = st.events.flatMap(e => e.choices?.[0]?.logprobs?.tokens || []);
+  ok(JSON.stringify(stoks) === JSON.stringify(NL.tokens), 'a stream names the same tokens');
+
+  // ---- truncate_prompt_tokens ----
+  const k = 17;
+  const tr = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 8, temperature: 0, ignore_eos: true, truncate_prompt_tokens: k });
+  const tail = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt.slice(-k)], max_tokens: 8, temperature: 0, ignore_eos: true });
+  ok(tr.status === 200 && tr.json.usage.prompt_tokens === k && tr.json.choices[0].text === tail.json.choices[0].text,
+     `truncate_prompt_tokens ${k}: ${tr.json?.usage?.prompt_tokens} prompt tokens, the answer to the last ${k} ids alone`);
+  const te = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 1, temperature: 0, echo: true, truncate_prompt_tokens: k });
+  const tailText = await detok(prompt.slice(-k));
+  ok(te.status === 200 && te.json.choices[0].text.startsWith(tailText), 'echo with truncation: the kept tokens\' text');
+  const tw = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 8, temperature: 0, ignore_eos: true, truncate_prompt_tokens: -1 });
+  ok(tw.status === 200 && tw.json.usage.prompt_tokens === prompt.length, 'truncate_prompt_tokens -1: the whole prompt (it fits the model)');
+  const tk = await post(base, '/tokenize', { model: 'tiny', messages: msgs });
+  const chatIds = tk.json.tokens;
+  const tc = await post(base, '/v1/chat/completions', { model: 'tiny', messages: msgs, max_tokens: 6, temperature: 0, truncate_prompt_tokens: 5,
+    chat_template_kwargs: { thinking_mode: 'disabled' } });
+  ok(tc.status === 200 && tc.json.usage.prompt_tokens === 5 && chatIds.length > 5, `chat truncation: 5 of ${chatIds.length} prompt tokens`);
+  const mml = tk.json.max_model_len;
+  for (const [v, re] of [[0, /positive/], [-2, /positive/], ['3', /positive/], [mml + 1, /greater than max_model_len/]]) {
+    const r = await post(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, truncate_prompt_tokens: v });
+    ok(r.status === 400 && r.json?.error?.param === 'truncate_prompt_tokens' && re.test(r.json.error.message), `truncate_prompt_tokens ${JSON.stringify(v)}: 400 (${r.json?.error?.message})`);
+  }
+
+  // ---- continue_final_message ----
+  const pre = 'The three colours are red,';
+  const cmsgs = [...msgs, { role: 'assistant', content: pre }];
+  const cf = await post(base, '/tokenize', { model: 'tiny', messages: cmsgs, add_generation_prompt: false, continue_final_message: true });
+  const cfText = cf.status === 200 ? await detok(cf.json.tokens) : '';
+  const closed = await post(base, '/tokenize', { model: 'tiny', messages: cmsgs, add_generation_prompt: false });
+  const closedText = await detok(closed.json.tokens);
+  ok(cf.status === 200 && cfText.endsWith(pre) && closedText.startsWith(cfText) && closedText.length > cfText.length,
+     `continue_final_message: the prompt ends with the final message's text (${cf.json?.count} tokens; closed, the turn goes on for ${closed.json.count - cf.json?.count} more)`);
+  const cc = await post(base, '/v1/chat/completions', { model: 'tiny', messages: cmsgs, add_generation_prompt: false, continue_final_message: true,
+    max_tokens: 6, temperature: 0, ignore_eos: true, chat_template_kwargs: { thinking_mode: 'disabled' } });
+  ok(cc.status === 200 && cc.json.usage.prompt_tokens === cf.json.count, 'chat completions continue it (the same prompt)');
+  const both = await post(base, '/v1/chat/completions', { model: 'tiny', messages: cmsgs, add_generation_prompt: true, continue_final_message: true, max_tokens: 2 });
+  ok(both.status === 400 && /Cannot set both/.test(both.json?.error?.message), `with add_generation_prompt true: 400 (${both.json?.error?.message})`);
+  const dflt = await post(base, '/v1/chat/completions', { model: 'tiny', messages: cmsgs, continue_final_message: true, max_tokens: 2 });
+  ok(dflt.status === 200, 'add_generation_prompt left out: continue_final_message alone is enough');
+  const empty = await post(base, '/v1/chat/completions', { model: 'tiny', messages: [...msgs, { role: 'assistant', content: '' }], continue_final_message: true, max_tokens: 2 });
+  ok(empty.status === 400 && empty.json?.error?.param === 'continue_final_message', `an empty final message: 400 (${empty.json?.error?.message})`);
+
+  // ---- cache_salt: the prefix cache shared within a salt ----
+  const longP = Array.from({ length: 300 }, (_, i) => 2000 + ((i * 104729) % 30000));
+  const cached = async salt => {
+    const r = await post(base, '/v1/completions', { model: 'tiny', prompt: [longP], max_tokens: 1, temperature: 0, ...(salt === undefined ? {} : { cache_salt: salt }) });
+    return r.status === 200 ? r.json.usage.prompt_tokens_details?.cached_tokens ?? 0 : -1;
+  };
+  const a1 = await cached('alice'), a2 = await cached('alice'), b1 = await cached('bob'), n1 = await cached(undefined), n2 = await cached(undefined),
+        a3 = await cached('alice');
+  ok(a1 === 0 && a2 > 0 && b1 === 0 && n1 === 0 && n2 > 0 && a3 > 0,
+     `cache_salt: alice ${a1} then ${a2} cached tokens, bob ${b1}, no salt ${n1} then ${n2}, alice again ${a3}`);
+  for (const v of ['', 5]) {
+    const r = await post(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, cache_salt: v });
+    ok(r.status === 400 && r.json?.error?.param === 'cache_salt', `cache_salt ${JSON.stringify(v)}: 400`);
+  }
+
+  // ---- the extras not served: refused unless they change nothing ----
+  const refused = [['bad_words', ['red']], ['skip_special_tokens', false], ['priority', 1], ['use_beam_search', true],
+                   ['logits_processors', ['x']], ['documents', [{ title: 'a', text: 'b' }]], ['chat_template', '{{ 1 }}'],
+                   ['kv_transfer_params', { a: 1 }]];
+  for (const [k2, v] of refused) {
+    const r = await post(base, '/v1/chat/completions', { model: 'tiny', messages: msgs, max_tokens: 2, [k2]: v });
+    ok(r.status === 400 && r.json?.error?.param === k2, `${k2}: ${JSON.stringify(v)}: 400 (${r.json?.error?.message})`);
+  }
+  const accepted = [['bad_words', []], ['skip_special_tokens', true], ['priority', 0], ['use_beam_search', false],
+                    ['spaces_between_special_tokens', false], ['add_special_tokens', true], ['kv_transfer_params', {}], ['documents', null]];
+  for (const [k2, v] of accepted) {
+    const r = await post(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, [k2]: v });
+    ok(r.status === 200, `${k2}: ${JSON.stringify(v)} changes nothing: 200`);
+  }
+} catch (e) {
+  ok(false, 'exception: ' + (e.stack || e));
+}
+const stop = await srv.stop();
+ok(stop.code === 0, `server stopped cleanly (${stop.code ?? stop.signal})`);
+console.log(R.failed ? `server_vllm_params: ${R.failed} checks failed` : 'server_vllm_params: all checks passed');
+process.exit(R.failed ? 1 : 0);

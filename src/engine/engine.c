@@ -2,6 +2,7 @@
  * stats. The engine thread's work (scheduler, samplers, callbacks) is in step.c. See engine.h. */
 #include "engine_int.h"
 #include "../base/clock.h"
+#include "../base/hash.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -498,7 +499,8 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
             if (!(r->extra = e_calloc(1, sizeof *r->extra))) { m3_engine_req_free(r); m3_errf(err, "request: out of memory"); return 0; }
             r->n_extra = 1;
         }
-        r->extra[0] ^= m3_siphash(e->img_key, q->cache_salt, q->cache_salt_len) | 1; /* never 0: a salt always changes the key */
+        /* a salt's own domain (the tag), never 0 (the key of a text block) */
+        r->extra[0] = m3_mix64(r->extra[0] ^ m3_siphash(e->img_key, q->cache_salt, q->cache_salt_len) ^ 0x73616c7421ull) | 1;
     }
     long lim = (long)q->n_prompt + q->max_tokens;
     r->limit = lim > e->max_len ? e->max_len : (int)lim;

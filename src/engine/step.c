@@ -448,9 +448,11 @@ static void sample_one(m3_engine *e, req *r, m3_sample_ws *ws, float *p) {
     }
     if (r->gr && m3_engine_mask_row(e, r)) { /* a constrained row: its grammar's mask */
         r->so_rc = -1;
+        snprintf(r->why_buf, sizeof r->why_buf, "sampling failed: out of memory for the grammar's token mask");
         return;
     }
     r->so_rc = m3_sampler_sample(r->smp, lg, ws, &r->so, &e2);
+    if (r->so_rc) snprintf(r->why_buf, sizeof r->why_buf, "sampling failed: %s", e2.msg); /* (e.g. every token masked) */
     if (r->gr) m3_sampler_set_mask(r->smp, NULL);
 }
 
@@ -901,7 +903,8 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
                     r->g_inline_n = 0;
                 }
                 if (r->so_rc || m3_sampler_accept(r->smp, r->so.token, &e2)) {
-                    r->why = "sampling failed (out of memory)";
+                    if (!r->so_rc) snprintf(r->why_buf, sizeof r->why_buf, "sampling failed: %s", e2.msg);
+                    r->why = r->why_buf;
                     r->done = M3_FINISH_ERROR;
                     continue;
                 }

@@ -246,7 +246,8 @@ static json_t *chat_kwargs(m3_oai_error *e, json_t *b) {
     return r;
 }
 
-/* continue_final_message: the last message's text (a string, or its last text part) */
+/* continue_final_message: the last message's text (a string, or its last part with text; ""
+ * continues nothing: the conversation without a generation prompt) */
 static int final_text(json_t *msgs, const char **t, size_t *len, m3_oai_error *e) {
     json_t *last = json_array_get(msgs, json_array_size(msgs) - 1), *ct = json_object_get(last, "content");
     if (json_is_array(ct))
@@ -257,37 +258,88 @@ static int final_text(json_t *msgs, const char **t, size_t *len, m3_oai_error *e
                 break;
             }
         }
-    if (!json_is_string(ct) || !json_string_length(ct))
-        return OAI_BAD(e, "continue_final_message", "continue_final_message needs a final message with text to continue");
+    if (!json_is_string(ct))
+        return OAI_BAD(e, "continue_final_message", "continue_final_message is set but the final message has no text to continue");
     *t = json_string_value(ct);
     *len = json_string_length(ct);
     return 0;
 }
 
-/* The rendered prompt cut right after the last place the final message's text appears (its text
- * with surrounding whitespace trimmed when it is not there whole), as Hugging Face's
- * apply_chat_template(continue_final_message=True) cuts it; -1 when it appears nowhere. */
-static int cut_after_final(char *text, size_t *len, const char *f, size_t fl) {
-    for (int trim = 0; trim < 2; trim++) {
-        const char *s = f;
-        size_t l = fl;
-        if (trim) {
-            while (l && strchr(" \t\r\n", *s)) { s++; l--; }
-            while (l && strchr(" \t\r\n", s[l - 1])) l--;
-            if (!l) return -1;
-        }
-        for (size_t i = *len >= l ? *len - l + 1 : 0; i-- > 0;)
-            if (!memcmp(text + i, s, l)) {
-                *len = i + l;
-                text[*len] = 0;
-                return 0;
-            }
-    }
-    return -1;
+/* Python's str.isspace() for one code point (what str.strip() takes away) */
+static int py_space(uint32_t c) {
+    return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
 }
 
-int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n, m3_media *media, m3_oai_error *e) {
+/* the code point of the UTF-8 character at s (n bytes left, valid text), its length in *k */
+static uint32_t cp_at(const char *s, size_t n, int *k) {
+    const uint8_t *u = (const uint8_t *)s;
+    int l = m3_utf8_len(u, n);
+    if (l <= 1) { *k = 1; return u[0]; }
+    uint32_t c = u[0] & (0xff >> (l + 1));
+    for (int i = 1; i < l; i++) c = c << 6 | (u[i] & 0x3f);
+    *k = l;
+    return c;
+}
+
+/* bytes of s[0..n)'s leading (tail 0) or trailing (tail 1) whitespace, as Python strips it */
+static size_t ws_run(const char *s, size_t n, int tail) {
+    size_t i = 0;
+    if (!tail) {
+        for (int k; i < n && py_space(cp_at(s + i, n - i, &k)); i += (size_t)k) {}
+        return i;
+    }
+    size_t end = n;
+    while (end > 0) {
+        size_t b = end - 1;
+        while (b > 0 && ((uint8_t)s[b] & 0xc0) == 0x80) b--; /* the last character's first byte */
+        int k;
+        if (!py_space(cp_at(s + b, end - b, &k))) break;
+        end = b;
+    }
+    return n - end;
+}
+
+/* The rendered prompt cut where Hugging Face's apply_chat_template(continue_final_message=True)
+ * cuts it: at the last place the final message's text (stripped of surrounding whitespace)
+ * appears, after the text with its trailing whitespace when the template kept it, else after
+ * the stripped text; -1 when it appears nowhere. */
+static int cut_after_final(char *text, size_t *len, const char *f, size_t fl) {
+    const size_t a = ws_run(f, fl, 0), z = a < fl ? ws_run(f + a, fl - a, 1) : 0;
+    const char *st = f + a;
+    const size_t sl = fl - a - z; /* strip(f) */
+    size_t loc = *len;            /* Python's rindex of "": the end */
+    if (sl) {
+        size_t i = *len >= sl ? *len - sl + 1 : 0;
+        while (i-- > 0 && memcmp(text + i, st, sl)) {}
+        if (i == (size_t)-1) return -1;
+        loc = i;
+    }
+    /* rendered[loc : loc + len(lstrip(f))] == f: f had no leading whitespace and the template kept it whole */
+    const size_t cut = a == 0 && loc + fl <= *len && !memcmp(text + loc, f, fl) ? loc + fl : loc + sl;
+    *len = cut;
+    text[cut] = 0;
+    return 0;
+}
+
+/* 1 when text[0..n) ends inside the reasoning: its last <mm:think> after its last </mm:think> */
+static int ends_in_think(const char *text, size_t n) {
+    static const char op[] = "<mm:think>", cl[] = "</mm:think>";
+    long lo = -1, lc = -1;
+    for (size_t i = 0; i + sizeof op - 1 <= n; i++) {
+        if (!memcmp(text + i, op, sizeof op - 1)) lo = (long)i;
+        if (i + sizeof cl - 1 <= n && !memcmp(text + i, cl, sizeof cl - 1)) lc = (long)i;
+    }
+    return lo > lc;
+}
+
+int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n, m3_media *media, int *cont,
+                       m3_oai_error *e) {
     json_t *msgs = json_object_get(b, "messages");
+    if (cont) *cont = -1;
+    json_t *ctpl = json_object_get(b, "chat_template");
+    if (ctpl && !json_is_null(ctpl))
+        return OAI_BAD(e, "chat_template", "'chat_template' is not supported (the model's own chat template renders every prompt)");
     if (!json_is_array(msgs) || !json_array_size(msgs))
         return OAI_BAD(e, "messages", "'messages' must be a non-empty array");
     if (json_array_size(msgs) > M3_OAI_MAX_MESSAGES)
@@ -354,13 +406,14 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
     /* the template's own failures are the request's (400); memory is the server's (500) */
     if (!text && strstr(err.msg, "out of memory")) return m3_oai_errorf(e, 500, "server_error", NULL, "chat template: %s", err.msg);
     if (!text) return OAI_BAD(e, "messages", "chat template: %s", err.msg);
-    if (final && cut_after_final(text, &len, final, final_len)) {
+    if (cfm && cut_after_final(text, &len, final, final_len)) {
         free(text);
         m3_media_free(&local);
         return OAI_BAD(e, "continue_final_message",
                        "continue_final_message is set but the final message does not appear in the chat after applying the "
                        "chat template (the template changes or drops it)");
     }
+    if (cfm && cont) *cont = c->reasoning_parser && ends_in_think(text, len);
     rc = 0;
     if (m3_tok_encode(c->tok, text, len, 1, ids, n, &err))
         rc = OAI_BAD(e, "messages", "cannot tokenize the prompt: %s", err.msg);
@@ -544,6 +597,10 @@ static int parse_vllm_extras(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m
         if (!json_is_array(v)) return OAI_BAD(e, "allowed_token_ids", "'allowed_token_ids' must be an array of token ids");
         if (!json_array_size(v)) return OAI_BAD(e, "allowed_token_ids", "'allowed_token_ids' is empty: no token could come out");
         if ((rc = m3_oai_ids(v, c->vocab, "allowed_token_ids", &g->allowed, &g->n_allowed, e))) return rc;
+        size_t i = 0; /* ids past the tokenizer's, or that no token spells, are never sampled */
+        while (i < g->n_allowed && !(g->allowed[i] < m3_tok_n_vocab(c->tok) && m3_tok_id_to_token(c->tok, g->allowed[i]))) i++;
+        if (i == g->n_allowed)
+            return OAI_BAD(e, "allowed_token_ids", "no id of 'allowed_token_ids' is a token of the tokenizer: nothing could be sampled");
     }
     if ((rc = get_bool(e, b, "return_tokens_as_token_ids", &g->ids_as_tokens))) return rc;
     if ((v = json_object_get(b, "cache_salt")) && !json_is_null(v)) {
@@ -853,9 +910,10 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
     }
     if (g->max_tokens == 0 && !g->echo)
         return OAI_BAD(e, "max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo': the prompt alone), got 0");
-    if ((rc = parse_truncate(c, b, g, e))) return rc;
+    if ((rc = parse_vllm_extras(c, b, g, e)) || (rc = parse_truncate(c, b, g, e))) return rc;
+    int cont = -1; /* continue_final_message: inside the reasoning or not */
     if (chat) {
-        if ((rc = m3_oai_chat_prompt(c, b, &g->ids, &g->n_ids, &g->media, e))) return rc;
+        if ((rc = m3_oai_chat_prompt(c, b, &g->ids, &g->n_ids, &g->media, &cont, e))) return rc;
         if (g->truncate > 0 && g->n_ids > (size_t)g->truncate) {
             if (g->media.px.n_images)
                 return OAI_BAD(e, "truncate_prompt_tokens", "truncate_prompt_tokens %lld would cut a prompt with images (%zu tokens)",
@@ -902,9 +960,19 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
     if (g->min_tokens > g->max_tokens)
         return OAI_BAD(e, "min_tokens", "'min_tokens' (%lld) is larger than max_tokens (%lld)", g->min_tokens,
                        g->max_tokens);
-    if ((rc = parse_stop(c, b, g, e)) || (rc = parse_logit_bias(c, b, g, e)) || (rc = parse_structured(c, b, chat, g, e)) ||
-        (rc = parse_vllm_extras(c, b, g, e)))
+    if ((rc = parse_stop(c, b, g, e)) || (rc = parse_logit_bias(c, b, g, e)) || (rc = parse_structured(c, b, chat, g, e)))
         return rc;
+    if (g->n_allowed && g->min_tokens > 0) { /* allowed ids that all end the request: nothing to sample before min_tokens */
+        size_t i = 0;
+        for (; i < g->n_allowed; i++) {
+            size_t k = 0;
+            while (k < g->n_stop_ids && g->stop_ids[k] != g->allowed[i]) k++;
+            if (k == g->n_stop_ids) break;
+        }
+        if (i == g->n_allowed)
+            return OAI_BAD(e, "allowed_token_ids", "every id of 'allowed_token_ids' ends the request (a stop id or EOS), and "
+                           "'min_tokens' is %lld: nothing could be generated", g->min_tokens);
+    }
     if (chat) {
         g->oo = (m3_out_opts){c->reasoning_parser, M3_THINK_ENABLED, c->tool_parser, NULL};
         json_t *kw = chat_kwargs(e, b);
@@ -913,6 +981,8 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         if (tm && !strcmp(tm, "disabled")) g->oo.thinking = M3_THINK_DISABLED;
         else if (tm && !strcmp(tm, "adaptive")) g->oo.thinking = M3_THINK_ADAPTIVE;
         json_decref(kw);
+        /* continue_final_message: the output goes on where the prompt ends, in the reasoning or in the content */
+        if (cont >= 0) g->oo.thinking = cont ? M3_THINK_ENABLED : M3_THINK_DISABLED;
         json_t *tc = json_object_get(b, "tool_choice");
         if (json_is_string(tc) && !strcmp(json_string_value(tc), "none")) g->oo.tools = 0;
         /* a constrained answer (JSON, a regex, a choice) is the answer and nothing else: text

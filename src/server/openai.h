@@ -142,12 +142,15 @@ int m3_oai_parse_body(const char *text, size_t len, json_t **body, m3_oai_error 
 int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *body, int chat, m3_oai_params *g, m3_oai_error *e);
 void m3_oai_params_free(m3_oai_params *g);
 
-/* "messages" (+ "tools", "add_generation_prompt", "chat_template_kwargs") rendered by the
- * chat template and encoded: *ids (malloc'd) / *n, image placeholders expanded to the
- * images' tokens (media.h). media: receives the images (the caller frees it, whatever the
- * result); NULL: they are decoded (to count their tokens) and dropped. 0, or the status of the
- * error in e. */
-int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *body, int32_t **ids, size_t *n, m3_media *media, m3_oai_error *e);
+/* "messages" (+ "tools", "add_generation_prompt", "continue_final_message",
+ * "chat_template_kwargs") rendered by the chat template and encoded: *ids (malloc'd) / *n,
+ * image placeholders expanded to the images' tokens (media.h). media: receives the images (the
+ * caller frees it, whatever the result); NULL: they are decoded (to count their tokens) and
+ * dropped. cont (may be NULL): -1, or with continue_final_message 1 when the prompt ends inside
+ * the reasoning (an open <mm:think>), 0 when not (the output is then the message's content). 0,
+ * or the status of the error in e. */
+int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *body, int32_t **ids, size_t *n, m3_media *media, int *cont,
+                       m3_oai_error *e);
 
 /* A JSON array of token ids in [0, vocab) -> *ids (malloc'd) / *n. 0, or the error status. */
 int m3_oai_ids(json_t *a, int vocab, const char *param, int32_t **ids, size_t *n, m3_oai_error *e);

@@ -38,10 +38,15 @@ try {
     return_tokens_as_token_ids: true, allowed_token_ids: allowed, chat_template_kwargs: { thinking_mode: 'disabled' } });
   const cids = (ca.json?.choices?.[0]?.logprobs?.content || []).map(x => idOf(x.token));
   ok(ca.status === 200 && cids.length > 0 && cids.every(i => allowed.includes(i)), `chat allowed_token_ids: ${cids.length} tokens, all allowed`);
-  for (const [v, re] of [[[], /empty/], [[5, 1 << 30], /index 1/], ['x', /array/]]) {
-    const r = await post(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, allowed_token_ids: v });
+  // (ids no token spells: tests/server/server_vocab.py, on a padded vocabulary)
+  for (const [v, re, extra] of [[[], /empty/], [[5, 1 << 30], /index 1/], ['x', /array/],
+                                [[1234], /min_tokens/, { min_tokens: 2, stop_token_ids: [1234] }]]) {
+    const r = await post(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, allowed_token_ids: v, ...extra });
     ok(r.status === 400 && r.json?.error?.param === 'allowed_token_ids' && re.test(r.json.error.message), `allowed_token_ids ${JSON.stringify(v)}: 400 (${r.json?.error?.message})`);
   }
+  // a grammar that allows none of them: the request fails naming why, the server goes on
+  const gx = await post(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 4, allowed_token_ids: [1234], guided_choice: ['yes', 'no'] });
+  ok(gx.status === 500 && /every token is masked/.test(gx.json?.error?.message), `allowed ids the grammar never takes: ${gx.status} (${gx.json?.error?.message})`);
 
   // ---- return_tokens_as_token_ids ----
   const plain = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 10, temperature: 0, logprobs: 3, ignore_eos: true });
@@ -103,12 +108,31 @@ try {
   const cc = await post(base, '/v1/chat/completions', { model: 'tiny', messages: cmsgs, add_generation_prompt: false, continue_final_message: true,
     max_tokens: 6, temperature: 0, ignore_eos: true, chat_template_kwargs: { thinking_mode: 'disabled' } });
   ok(cc.status === 200 && cc.json.usage.prompt_tokens === cf.json.count, 'chat completions continue it (the same prompt)');
+  // thinking on (the default): the prompt ends in the message's content, so the output is content
+  const ct = await post(base, '/v1/chat/completions', { model: 'tiny', messages: cmsgs, add_generation_prompt: false, continue_final_message: true,
+    max_tokens: 6, temperature: 0, ignore_eos: true });
+  ok(ct.status === 200 && ct.json.choices[0].message.content.length > 0 && !ct.json.choices[0].message.reasoning_content,
+     `with thinking on, the continued text is content (${JSON.stringify(ct.json?.choices?.[0]?.message?.content)})`);
+  // Hugging Face's cut: the last place of the stripped text, then its trailing whitespace if the template kept it
+  const hfCut = (r, f) => {
+    const st = f.trim(), loc = r.lastIndexOf(st);
+    if (loc < 0) return null;
+    return r.slice(loc, loc + f.trimStart().length) === f ? r.slice(0, loc + f.trimStart().length) : r.slice(0, loc + st.length);
+  };
+  for (const fin of ['red, ', '  blue\n', 'red,', 'x\u3000']) {
+    const m2 = [...msgs, { role: 'assistant', content: fin }];
+    const closedR = await detok((await post(base, '/tokenize', { model: 'tiny', messages: m2, add_generation_prompt: false })).json.tokens);
+    const got = await post(base, '/tokenize', { model: 'tiny', messages: m2, add_generation_prompt: false, continue_final_message: true });
+    ok(got.status === 200 && await detok(got.json.tokens) === hfCut(closedR, fin), `continue_final_message ${JSON.stringify(fin)}: cut where apply_chat_template cuts`);
+  }
+  const tpl = await post(base, '/tokenize', { model: 'tiny', messages: msgs, chat_template: '{{ 1 }}' });
+  ok(tpl.status === 400 && tpl.json?.error?.param === 'chat_template', '/tokenize with a chat_template: 400');
   const both = await post(base, '/v1/chat/completions', { model: 'tiny', messages: cmsgs, add_generation_prompt: true, continue_final_message: true, max_tokens: 2 });
   ok(both.status === 400 && /Cannot set both/.test(both.json?.error?.message), `with add_generation_prompt true: 400 (${both.json?.error?.message})`);
   const dflt = await post(base, '/v1/chat/completions', { model: 'tiny', messages: cmsgs, continue_final_message: true, max_tokens: 2 });
   ok(dflt.status === 200, 'add_generation_prompt left out: continue_final_message alone is enough');
-  const empty = await post(base, '/v1/chat/completions', { model: 'tiny', messages: [...msgs, { role: 'assistant', content: '' }], continue_final_message: true, max_tokens: 2 });
-  ok(empty.status === 400 && empty.json?.error?.param === 'continue_final_message', `an empty final message: 400 (${empty.json?.error?.message})`);
+  const empty = await post(base, '/v1/chat/completions', { model: 'tiny', messages: [...msgs, { role: 'assistant', content: null }], continue_final_message: true, max_tokens: 2 });
+  ok(empty.status === 400 && empty.json?.error?.param === 'continue_final_message', `a final message without text: 400 (${empty.json?.error?.message})`);
 
   // ---- cache_salt: the prefix cache shared within a salt ----
   const longP = Array.from({ length: 300 }, (_, i) => 2000 + ((i * 104729) % 30000));

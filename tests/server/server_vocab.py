@@ -79,6 +79,15 @@ async def main(m3, work):
         st, j = await lt.post_json(host, port, "/v1/completions", {"prompt": "x", "max_tokens": 2,
                                                                  "logit_bias": {str(PADDED): 5}})
         check(st == 400, f"a logit_bias id past the model's vocabulary: 400 ({st})")
+        # allowed_token_ids only of padded rows: nothing could be sampled (a 400, not a failed generation)
+        st, j = await lt.post_json(host, port, "/v1/completions", {"prompt": "x", "max_tokens": 2,
+                                                                 "allowed_token_ids": [HOLE, PADDED - 1]})
+        check(st == 400 and j["error"]["param"] == "allowed_token_ids", f"allowed_token_ids of padded rows: 400 ({st}: {j})")
+        st, j = await lt.post_json(host, port, "/v1/completions", {"prompt": "x", "max_tokens": 4, "temperature": 1,
+                                                                 "allowed_token_ids": [HOLE, 1879], "logprobs": 0,
+                                                                 "return_tokens_as_token_ids": True, "ignore_eos": True})
+        check(st == 200 and j["choices"][0]["logprobs"]["tokens"] == ["token_id:1879"] * 4,
+              f"allowed_token_ids with a padded row and 1879: only 1879 ({st}: {str(j)[:200]})")
         # chat, stream with top logprobs
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "ignore_eos": True,
                 "logit_bias": bias, "logprobs": True, "top_logprobs": 3, "stream": True,

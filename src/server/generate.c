@@ -62,6 +62,7 @@ static void choice_clear(choice *c) {
     json_decref(c->r_lp);
     json_decref(c->r_lp_pend);
     json_decref(c->plp);
+    json_decref(c->tids);
     m3_tok_stream_free(c->pts);
 }
 
@@ -70,6 +71,7 @@ static void hreq_free(hreq *h) {
     for (int i = 0; i < h->n; i++) choice_clear(&h->ch[i]);
     free(h->ch);
     free(h->echo_text);
+    free(h->pids);
     srv_resp_free(h);
     free(h);
 }
@@ -238,10 +240,30 @@ static void sse_error(hreq *h, int code, const char *type, const char *msg) {
 }
 
 static json_t *chunk_base(const hreq *h) {
-    char id[64];
-    snprintf(id, sizeof id, "%s-%s", h->chat ? "chatcmpl" : "cmpl", h->rid);
+    char id[96];
+    snprintf(id, sizeof id, "%s-%s", h->chat ? "chatcmpl" : "cmpl", h->id_sfx);
     return json_pack("{s:s,s:s,s:I,s:s}", "id", id, "object", h->chat ? "chat.completion.chunk" : "text_completion",
                      "created", (json_int_t)h->created, "model", h->s->o->model_name);
+}
+
+/* prompt p's ids (return_token_ids) */
+static json_t *prompt_ids_json(const hreq *h, int p) {
+    json_t *a = json_array();
+    for (size_t i = h->pid_off[p]; a && i < h->pid_off[p + 1]; i++)
+        if (json_array_append_new(a, json_integer(h->pids[i]))) { json_decref(a); return NULL; }
+    return a;
+}
+
+/* return_token_ids in a stream chunk of choice c: the ids generated since its last chunk
+ * (token_ids), and in its first chunk its prompt's (prompt_token_ids: the choice's in
+ * completions, the chunk's in chat); 0, or -1 out of memory */
+static int ids_to_chunk(hreq *h, choice *c, json_t *chunk, json_t *ch) {
+    json_t *t = c->tids;
+    if (!(c->tids = json_array()) || json_object_set_new(ch, "token_ids", t ? t : json_array())) return -1;
+    if (c->pids_sent) return 0;
+    c->pids_sent = 1;
+    json_t *p = prompt_ids_json(h, c->index / h->n_per);
+    return !p || json_object_set_new(h->chat ? chunk : ch, "prompt_token_ids", p) ? -1 : 0;
 }
 
 /* a chunk with one choice: {"index", "delta" | "text", "logprobs", "finish_reason"} (takes body) */
@@ -255,6 +277,10 @@ static void send_chunk(hreq *h, int index, json_t *body, json_t *logprobs, const
     }
     json_t *ch = json_pack("{s:i,s:o,s:o,s:o}", "index", index, h->chat ? "delta" : "text", body, "logprobs",
                            logprobs ? logprobs : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
+    if (ch && h->return_ids && ids_to_chunk(h, &h->ch[index], c, ch)) {
+        json_decref(ch);
+        ch = NULL;
+    }
     if (!c || !ch || json_object_set_new(c, "choices", json_pack("[o]", ch))) { /* set_new / pack take ch */
         if (!c) json_decref(ch);
         json_decref(c);
@@ -575,6 +601,7 @@ static int send_final(hreq *h) {
             bad |= !msg;
             ch = json_pack("{s:i,s:o,s:o,s:s}", "index", i, "message", msg ? msg : json_object(), "logprobs",
                            lp ? lp : json_null(), "finish_reason", finish_str(c));
+            if (ch && h->return_ids) bad |= json_object_set(ch, "token_ids", c->tids) != 0; /* vLLM's */
         } else {
             m3_sbuf t = {0};
             size_t elen;
@@ -585,15 +612,19 @@ static int send_final(hreq *h) {
                            "finish_reason", finish_str(c));
             free(t.p);
             if (ch && c->plp) bad |= json_object_set(ch, "prompt_logprobs", c->plp) != 0; /* vLLM's, a choice's */
+            if (ch && h->return_ids) /* vLLM's: its prompt's ids and its own */
+                bad |= json_object_set_new(ch, "prompt_token_ids", prompt_ids_json(h, i / h->n_per)) != 0 ||
+                       json_object_set(ch, "token_ids", c->tids) != 0;
         }
         bad |= json_array_append_new(choices, ch) != 0;
     }
-    char id[64];
-    snprintf(id, sizeof id, "%s-%s", h->chat ? "chatcmpl" : "cmpl", h->rid);
+    char id[96];
+    snprintf(id, sizeof id, "%s-%s", h->chat ? "chatcmpl" : "cmpl", h->id_sfx);
     json_t *j = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", id, "object", h->chat ? "chat.completion" : "text_completion",
                           "created", (json_int_t)h->created, "model", s->o->model_name, "choices", choices, "usage",
                           usage_json(h));
     if (j && h->chat && h->ch[0].plp) bad |= json_object_set(j, "prompt_logprobs", h->ch[0].plp) != 0; /* vLLM's, the request's */
+    if (j && h->chat && h->return_ids) bad |= json_object_set_new(j, "prompt_token_ids", prompt_ids_json(h, 0)) != 0;
     if (bad || h->failed) { /* a part is missing: no truncated answer */
         json_decref(j);
         return srv_send_error(h->req, 500, "server_error", "generation failed: %s", h->failed ? h->failed : NOMEM);
@@ -705,6 +736,7 @@ static void on_token(srv *s, choice *c, const m3_sample_out *so, int finished, i
     double t = m3_now();
     c->n_gen++;
     s->m.generation_tokens++;
+    if (h->return_ids && (!c->tids || json_array_append_new(c->tids, json_integer(so->token)))) mark_failed(h, NOMEM);
     if (c->n_gen == 1) {
         m3_hist_observe(&s->m.ttft, t - h->t0);
         if (h->t_first <= 0) h->t_first = t;
@@ -851,6 +883,16 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     h->prompt_logprobs = g->prompt_logprobs;
     h->echo_lp = !chat && g->echo && g->logprobs;
     h->ids_as_tokens = g->ids_as_tokens;
+    h->return_ids = g->return_ids;
+    snprintf(h->id_sfx, sizeof h->id_sfx, "%s", g->request_id[0] ? g->request_id : h->rid);
+    if (h->return_ids) {
+        memcpy(h->pid_off, g->prompt_off, sizeof h->pid_off);
+        if (!(h->pids = malloc(sizeof *h->pids * (g->n_ids ? g->n_ids : 1)))) {
+            hreq_free(h);
+            return srv_send_error(req, 500, "server_error", "out of memory");
+        }
+        memcpy(h->pids, g->ids, sizeof *h->pids * g->n_ids);
+    }
     h->min_tokens = (int)g->min_tokens;
     h->n_prompt = (int)g->n_ids;
     h->created = (long)time(NULL);
@@ -889,6 +931,7 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
         else if (chat && !(c->out = out_new(h, g, &err))) /* memory is the server's (500), bad tools the request's */
             rc = strstr(err.msg, "out of memory") ? srv_send_error(req, 500, "server_error", "%s", err.msg) : SRV_BAD(req, "%s", err.msg);
         else if (h->logprobs && !(c->lp = lp_new(h))) rc = srv_send_error(req, 500, "server_error", "out of memory");
+        else if (h->return_ids && !(c->tids = json_array())) rc = srv_send_error(req, 500, "server_error", "out of memory");
         else if (h->prompt_logprobs >= 0 && (!chat || i == 0) && !(c->plp = json_pack("[n]")))
             rc = srv_send_error(req, 500, "server_error", "out of memory");
         else if (h->echo_lp) { /* the prompt's first token leads, without a logprob */

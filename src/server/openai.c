@@ -447,8 +447,8 @@ static int add_prompt(const m3_oai_ctx *c, json_t *p, const char *param, m3_oai_
         return OAI_BAD(e, param, "a prompt must be a string or an array of token ids");
     }
     if (!rc && !n) rc = OAI_BAD(e, param, "the prompt is empty");
-    if (!rc && g->truncate > 0 && n > (size_t)g->truncate) { /* truncate_prompt_tokens: its last tokens; echo: their text */
-        memmove(ids, ids + (n - (size_t)g->truncate), sizeof *ids * (size_t)g->truncate);
+    if (!rc && g->truncate > 0 && n > (size_t)g->truncate) { /* truncate_prompt_tokens: its last (first) tokens; echo: their text */
+        if (!g->trunc_right) memmove(ids, ids + (n - (size_t)g->truncate), sizeof *ids * (size_t)g->truncate);
         n = (size_t)g->truncate;
         if (g->echo) {
             free(echo);
@@ -602,7 +602,23 @@ static int parse_vllm_extras(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m
         if (i == g->n_allowed)
             return OAI_BAD(e, "allowed_token_ids", "no id of 'allowed_token_ids' is a token of the tokenizer: nothing could be sampled");
     }
-    if ((rc = get_bool(e, b, "return_tokens_as_token_ids", &g->ids_as_tokens))) return rc;
+    if ((rc = get_bool(e, b, "return_tokens_as_token_ids", &g->ids_as_tokens)) || (rc = get_bool(e, b, "return_token_ids", &g->return_ids)))
+        return rc;
+    if ((v = json_object_get(b, "truncation_side")) && !json_is_null(v)) {
+        const char *ts = json_string_value(v);
+        if (!ts || (strcmp(ts, "left") && strcmp(ts, "right")))
+            return OAI_BAD(e, "truncation_side", "'truncation_side' must be \"left\" or \"right\"");
+        g->trunc_right = !strcmp(ts, "right");
+    }
+    if ((v = json_object_get(b, "request_id")) && !json_is_null(v)) { /* it names the response: printable, short */
+        const char *ri = json_string_value(v);
+        size_t rl = ri ? json_string_length(v) : 0, i = 0;
+        while (i < rl && ri[i] > 0x20 && ri[i] < 0x7f) i++;
+        if (!ri || !rl || rl >= sizeof g->request_id || i < rl)
+            return OAI_BAD(e, "request_id", "'request_id' must be 1 to %zu printable ASCII characters without spaces",
+                           sizeof g->request_id - 1);
+        memcpy(g->request_id, ri, rl + 1);
+    }
     if ((v = json_object_get(b, "cache_salt")) && !json_is_null(v)) {
         if (!json_is_string(v) || !json_string_length(v))
             return OAI_BAD(e, "cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.");
@@ -918,7 +934,7 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
             if (g->media.px.n_images)
                 return OAI_BAD(e, "truncate_prompt_tokens", "truncate_prompt_tokens %lld would cut a prompt with images (%zu tokens)",
                                g->truncate, g->n_ids);
-            memmove(g->ids, g->ids + (g->n_ids - (size_t)g->truncate), sizeof *g->ids * (size_t)g->truncate);
+            if (!g->trunc_right) memmove(g->ids, g->ids + (g->n_ids - (size_t)g->truncate), sizeof *g->ids * (size_t)g->truncate);
             g->n_ids = (size_t)g->truncate;
         }
         g->n_prompts = 1;

@@ -118,6 +118,9 @@ typedef struct m3_oai_params {
     size_t n_allowed;
     int ids_as_tokens;           /* return_tokens_as_token_ids: logprobs' tokens are "token_id:<id>" */
     long long truncate;          /* truncate_prompt_tokens: each prompt's last this many tokens (0: whole) */
+    int trunc_right;             /* truncation_side "right": its first this many instead */
+    int return_ids;              /* return_token_ids: prompt_token_ids and token_ids in the answer */
+    char request_id[65];         /* request_id: the response's id is cmpl- / chatcmpl-<it> ("": a random one) */
     const char *cache_salt;      /* borrowed from the body: the prefix cache is shared only within a salt */
     size_t cache_salt_len;
 } m3_oai_params;

@@ -105,6 +105,8 @@ typedef struct choice {
      * tokens' texts (decoded in order, as the echo is) and their code points so far */
     json_t *plp;
     int plp_got;
+    json_t *tids;           /* return_token_ids: the ids generated (a stream: those not sent yet) */
+    int pids_sent;          /* a stream: its prompt_token_ids went out */
     m3_tok_stream *pts;
     size_t p_chars;
     struct choice *fin_next;/* srv.fin list (a final record that found the queue out of memory) */
@@ -124,6 +126,10 @@ struct hreq {
     int prompt_logprobs;    /* -1: none; else the alternatives of vLLM's list (prompt_logprobs, or with echo logprobs) */
     int echo_lp;            /* completions' echo with logprobs: the prompt's entries lead each choice's logprobs */
     int ids_as_tokens;      /* return_tokens_as_token_ids: logprobs name tokens "token_id:<id>" */
+    int return_ids;         /* return_token_ids: the prompt's and the output's ids in the answer */
+    int32_t *pids;          /* ... the prompts' ids (owned), prompt p at pid_off[p] */
+    size_t pid_off[M3_OAI_MAX_PROMPTS + 1];
+    char id_sfx[65];        /* the response's id after cmpl- / chatcmpl-: the request's request_id, or rid */
     int one_call;           /* parallel_tool_calls: false with free output: a choice ends at its first tool call */
     int min_tokens;
     int n_prompt;

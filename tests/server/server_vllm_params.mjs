@@ -8,6 +8,8 @@
 //  - continue_final_message: the prompt ends with the final message's text (no end of turn after
 //    it); with add_generation_prompt true refused as vLLM refuses it;
 //  - cache_salt: the prefix cache is shared within a salt only (usage's cached_tokens);
+//  - return_token_ids: prompt_token_ids and token_ids (completions per choice, chat at the top), the
+//    stop token listed, streams adding up to the same; truncation_side; request_id naming the response;
 //  - the extras not served are refused (400 naming the field) unless at the value that changes
 //    nothing: bad_words, skip_special_tokens false, priority, use_beam_search, logits_processors,
 //    documents, chat_template, kv_transfer_params.
@@ -74,6 +76,51 @@ try {
   const stoks = st.events.flatMap(e => e.choices?.[0]?.logprobs?.tokens || []);
   ok(JSON.stringify(stoks) === JSON.stringify(NL.tokens), 'a stream names the same tokens');
 
+  // ---- return_token_ids: the prompt's ids and the output's ----
+  const p2 = prompt.slice(0, 25);
+  const ri = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt, p2], n: 2, max_tokens: 9, temperature: 0.8, seed: 11,
+    ignore_eos: true, return_token_ids: true });
+  const rch = [...(ri.json?.choices || [])].sort((a, b) => a.index - b.index);
+  let idsOk = rch.length === 4;
+  for (const c of rch) {
+    idsOk &&= JSON.stringify(c.prompt_token_ids) === JSON.stringify(c.index < 2 ? prompt : p2) && c.token_ids.length === 9 &&
+               await detok(c.token_ids) === c.text;
+  }
+  ok(ri.status === 200 && idsOk, 'return_token_ids: each choice its prompt\'s ids and its 9 ids, which decode to its text (2 prompts x n 2)');
+  const rs = await stream(base, '/v1/completions', { model: 'tiny', prompt: [prompt, p2], n: 2, max_tokens: 9, temperature: 0.8, seed: 11,
+    ignore_eos: true, return_token_ids: true });
+  const sIds = [[], [], [], []], sP = [0, 0, 0, 0];
+  for (const ev of rs.events) for (const c of ev.choices || []) { sIds[c.index].push(...(c.token_ids || [])); if (c.prompt_token_ids) sP[c.index]++; }
+  ok(rch.length === 4 && sIds.every((v, i) => JSON.stringify(v) === JSON.stringify(rch[i].token_ids)) && sP.every(x => x === 1),
+     'a stream: the chunks\' token_ids add up to the same ids, each choice\'s prompt_token_ids once');
+  const rstop = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 9, temperature: 0, return_token_ids: true,
+    stop_token_ids: [77], logit_bias: { 77: 100 } });
+  ok(rstop.json?.choices?.[0]?.finish_reason === 'stop' && JSON.stringify(rstop.json.choices[0].token_ids) === '[77]' && rstop.json.choices[0].text === '',
+     'a stop token ends token_ids (vLLM lists it), not the text');
+  const rc = await post(base, '/v1/chat/completions', { model: 'tiny', messages: msgs, max_tokens: 7, temperature: 0, ignore_eos: true,
+    return_token_ids: true, chat_template_kwargs: { thinking_mode: 'disabled' } });
+  const mIds = (await post(base, '/tokenize', { model: 'tiny', messages: msgs, chat_template_kwargs: { thinking_mode: 'disabled' } })).json.tokens;
+  ok(rc.status === 200 && JSON.stringify(rc.json.prompt_token_ids) === JSON.stringify(mIds) && rc.json.choices[0].token_ids.length === 7 &&
+     await detok(rc.json.choices[0].token_ids) === rc.json.choices[0].message.content,
+     'chat: prompt_token_ids (the rendered prompt\'s, as /tokenize gives them) and the choice\'s token_ids');
+  const rcs = await stream(base, '/v1/chat/completions', { model: 'tiny', messages: msgs, max_tokens: 7, temperature: 0, ignore_eos: true,
+    return_token_ids: true, chat_template_kwargs: { thinking_mode: 'disabled' } });
+  const csIds = rcs.events.flatMap(ev => (ev.choices || []).flatMap(c => c.token_ids || []));
+  const csP = rcs.events.filter(ev => ev.prompt_token_ids);
+  ok(JSON.stringify(csIds) === JSON.stringify(rc.json.choices[0].token_ids) && csP.length === 1 &&
+     JSON.stringify(csP[0].prompt_token_ids) === JSON.stringify(mIds), 'a chat stream: the same ids, prompt_token_ids once at the top');
+
+  // ---- request_id names the response ----
+  const rq = await post(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, request_id: 'job-42.a' });
+  const rqc = await post(base, '/v1/chat/completions', { model: 'tiny', messages: msgs, max_tokens: 2, request_id: 'job-42.b' });
+  const rqs = await stream(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, request_id: 'job-42.c' });
+  ok(rq.json?.id === 'cmpl-job-42.a' && rqc.json?.id === 'chatcmpl-job-42.b' && rqs.events.length > 0 &&
+     rqs.events.every(ev => ev.id === 'cmpl-job-42.c'), `request_id: ${rq.json?.id}, ${rqc.json?.id}, every chunk cmpl-job-42.c`);
+  for (const v of ['has space', 'x'.repeat(65), '', 7]) {
+    const r = await post(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, request_id: v });
+    ok(r.status === 400 && r.json?.error?.param === 'request_id', `request_id ${JSON.stringify(v).slice(0, 20)}: 400`);
+  }
+
   // ---- truncate_prompt_tokens ----
   const k = 17;
   const tr = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 8, temperature: 0, ignore_eos: true, truncate_prompt_tokens: k });
@@ -83,6 +130,13 @@ try {
   const te = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 1, temperature: 0, echo: true, truncate_prompt_tokens: k });
   const tailText = await detok(prompt.slice(-k));
   ok(te.status === 200 && te.json.choices[0].text.startsWith(tailText), 'echo with truncation: the kept tokens\' text');
+  const trr = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 8, temperature: 0, ignore_eos: true,
+    truncate_prompt_tokens: k, truncation_side: 'right', return_token_ids: true });
+  const head = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt.slice(0, k)], max_tokens: 8, temperature: 0, ignore_eos: true });
+  ok(trr.status === 200 && JSON.stringify(trr.json.choices[0].prompt_token_ids) === JSON.stringify(prompt.slice(0, k)) &&
+     trr.json.choices[0].text === head.json.choices[0].text, 'truncation_side right: the first k tokens');
+  const tsb = await post(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, truncation_side: 'middle' });
+  ok(tsb.status === 400 && tsb.json?.error?.param === 'truncation_side', 'truncation_side "middle": 400');
   const tw = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 8, temperature: 0, ignore_eos: true, truncate_prompt_tokens: -1 });
   ok(tw.status === 200 && tw.json.usage.prompt_tokens === prompt.length, 'truncate_prompt_tokens -1: the whole prompt (it fits the model)');
   const tk = await post(base, '/tokenize', { model: 'tiny', messages: msgs });

@@ -19,6 +19,7 @@ static const char *usage =
     "usage: m3 serve DIR | -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME [NAME...]]\n"
     "                [--chat-template FILE|TEXT]\n"
     "                [--threads N] [--kv-cache-memory BYTES | --gpu-memory-utilization F] [--max-num-seqs N]\n"
+    "                [--scheduling-policy fcfs|priority]\n"
     "                [--max-num-batched-tokens N] [--max-logits-rows N] [--warmup-tokens N]\n"
     "                [--max-model-len N] [--sample-threads N] [--grammar-threads N] [--speculative-config JSON] [--draft DIR]\n"
     "                [--kv-cache-dtype auto|f32|bf16|fp8|nvfp4] [--index-cache-dtype DTYPE]\n"
@@ -32,6 +33,9 @@ static const char *usage =
     "  --api-key KEY    requests but /health and /metrics need 'Authorization: Bearer KEY' exactly (default: none)\n"
     "  --threads N      CPU threads of the CPU backend (default 0: every core)\n"
     "  --max-num-seqs N  sequences the engine runs at once (default 64)\n"
+    "  --scheduling-policy fcfs|priority  fcfs (default): requests in arrival order, a preemption takes the\n"
+    "                   latest admitted; priority (vLLM's): by the request's \"priority\" (smaller first), then\n"
+    "                   arrival, a preemption taking the one served last\n"
     "  --max-num-batched-tokens N  tokens of one step, prefill chunks included (default 4096 on the GPU, where\n"
     "                   large prefill chunks keep the tensor cores busy; 512 on the CPU)\n"
     "  --max-logits-rows N  logits rows one step may bring back, when more than one a sequence (k + 1 with a\n"
@@ -218,6 +222,13 @@ int m3_cmd_serve(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(a, "--max-num-seqs")) r = m3_cli_int(a, V, 1, 1 << 16, &seqs, &err);
+        else if (!strcmp(a, "--scheduling-policy")) {
+            if (!V || (strcmp(V, "fcfs") && strcmp(V, "priority"))) {
+                fprintf(stderr, "m3 serve: --scheduling-policy '%s': expected fcfs or priority\n", V ? V : "");
+                return 2;
+            }
+            so.scheduling_priority = !strcmp(V, "priority");
+        }
         else if (!strcmp(a, "--max-num-batched-tokens")) r = m3_cli_size(a, V, 1, 1 << 24, &batched, &err);
         else if (!strcmp(a, "--max-logits-rows")) r = m3_cli_int(a, V, 1, 1 << 16, &lrows, &err);
         else if (!strcmp(a, "--warmup-tokens")) r = m3_cli_size(a, V, 0, 1 << 24, &warm, &err);
@@ -339,6 +350,7 @@ int m3_cmd_serve(int argc, char **argv) {
     if (kvmem) eo.kv_bytes = (size_t)kvmem;
     else eo.gpu_memory_utilization = util; /* the pool from the memory there is (src/engine/kv_budget.h) */
     if (seqs) eo.max_num_seqs = (int)seqs;
+    eo.scheduling_priority = so.scheduling_priority;
     if (batched) eo.max_num_batched_tokens = (int)batched;
     else if (tp.g ? tp.cuda : ops.name && !strcmp(ops.name, "cuda"))
         eo.max_num_batched_tokens = 4096; /* H200, 8 layers at M3.1-Flash shapes: prefill 13,000 tok/s in chunks of 512, 25,500 in 4096 */

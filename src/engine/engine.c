@@ -150,6 +150,7 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     e->max_tokens_step = o->max_num_batched_tokens;
     e->prefix = o->enable_prefix_caching != 0;
     e->next_id = 1;
+    e->prio = o->scheduling_priority != 0;
     /* the draft first: on the target's device its weights take memory the KV pool is sized from */
     if (o->spec.method == M3_SPEC_DSPARK) {
         m3_ops *dops = o->draft_ops ? o->draft_ops : m->ops;
@@ -506,6 +507,7 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
     r->limit = lim > e->max_len ? e->max_len : (int)lim;
     r->n_prompt = r->n_tok = q->n_prompt;
     r->max_tokens = q->max_tokens;
+    r->priority = q->priority;
     r->cb = q->on_token;
     r->cb_out = q->on_output;
     r->cb_err = q->on_error;

@@ -156,6 +156,11 @@ typedef struct m3_engine_opts {
     m3_kv_dtype kv_dtype, index_dtype;
     int max_num_seqs;           /* running sequences at once (default 64) */
     int max_num_batched_tokens; /* tokens per step, all sequences together (default 512) */
+    /* vLLM's --scheduling-policy priority: waiting requests are admitted by (priority, arrival),
+     * the lowest value first, and a preemption takes the running request of the largest
+     * (priority, arrival); 0: first come, first served (a preemption takes the most recently
+     * admitted), priorities ignored */
+    int scheduling_priority;
     /* logits rows a step may ask for, when more than one a sequence (k + 1 with a draft): where
      * prompt logprobs come back as rows (a TP group, prompt_logprobs_host) their prefill chunks are
      * cut to the rows a step has left (0: no more; each row is vocab x 4 bytes of host memory,
@@ -245,6 +250,7 @@ typedef struct m3_engine_request {
      * blocks only with requests of the same salt; read by m3_engine_add only. */
     const char *cache_salt;
     size_t cache_salt_len;
+    int priority; /* opts.scheduling_priority: smaller values are served first (vLLM's) */
 } m3_engine_request;
 
 /* A compiled grammar shared by the requests that use it (refcounted). */

@@ -33,7 +33,8 @@
 enum { G_FREE = 0, G_ON = 1, G_FIRST = 2 }; /* g_phase: before the start id; constrained; adaptive first token */
 
 typedef struct req {
-    uint64_t id;
+    uint64_t id;               /* also the arrival order */
+    int priority;              /* opts.scheduling_priority: (priority, id) orders the queue */
     int32_t *tok;              /* prompt then generated ids; capacity `limit` */
     int n_prompt, n_tok, limit; /* limit: n_tok at which the request ends with "length" */
     int max_tokens, n_gen;
@@ -196,6 +197,7 @@ struct m3_engine {
     uint64_t *cancels;
     int n_cancels, cap_cancels;
     uint64_t next_id;
+    int prio;                  /* opts.scheduling_priority */
     int active;                /* running + waiting after the last drain / step */
     m3_engine_stats snap;
 };

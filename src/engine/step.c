@@ -44,6 +44,11 @@ static int logits_finite(const float *x, size_t n) {
     return !bad;
 }
 
+/* under the priority policy: a is served after b (a larger priority value, or as large and later) */
+static int later(const req *a, const req *b) { return a->priority > b->priority || (a->priority == b->priority && a->id > b->id); }
+
+/* Queues r: last (or at_head: first, a preempted request) under FCFS; by (priority, arrival)
+ * under the priority policy. */
 static int waiting_push(m3_engine *e, req *r, int at_head) {
     if (e->n_waiting == e->cap_waiting) {
         int nc = e->cap_waiting ? 2 * e->cap_waiting : 16;
@@ -52,7 +57,12 @@ static int waiting_push(m3_engine *e, req *r, int at_head) {
         e->waiting = p;
         e->cap_waiting = nc;
     }
-    if (at_head) {
+    if (e->prio) { /* by (priority, arrival): before the first that comes after it */
+        int j = 0;
+        while (j < e->n_waiting && !later(e->waiting[j], r) ) j++;
+        memmove(e->waiting + j + 1, e->waiting + j, sizeof *e->waiting * (size_t)(e->n_waiting - j));
+        e->waiting[j] = r;
+    } else if (at_head) {
         memmove(e->waiting + 1, e->waiting, sizeof *e->waiting * (size_t)e->n_waiting);
         e->waiting[0] = r;
     } else {
@@ -109,11 +119,17 @@ static void drain(m3_engine *e) {
     free(cancels);
 }
 
-/* Moves the most recently admitted running sequence back to the head of the waiting queue,
- * freeing its blocks; gives back the budget and logits rows it had been given this step. */
-static req *preempt_last(m3_engine *e, int *budget, int *rows) {
-    req *v = e->running[e->n_running - 1];
-    e->n_running--;
+/* Moves a running sequence back to the waiting queue (its head under FCFS), freeing its blocks;
+ * gives back the budget and logits rows it had been given this step. The victim: the most
+ * recently admitted, or under the priority policy the one served last (largest (priority,
+ * arrival)). *cur, the caller's index into running, follows the removal. */
+static req *preempt_one(m3_engine *e, int *budget, int *rows, int *cur) {
+    int j = e->n_running - 1;
+    for (int i = 0; e->prio && i < e->n_running; i++)
+        if (later(e->running[i], e->running[j])) j = i;
+    req *v = e->running[j];
+    running_remove(e, j);
+    if (j <= *cur) (*cur)--; /* (the victim itself: the loop's next index is the one after it) */
     *budget += v->n_sched;
     *rows += v->rows_sched;
     v->n_sched = 0;
@@ -204,7 +220,7 @@ static void schedule(m3_engine *e) {
                     ok = 0;
                     break;
                 }
-                req *v = preempt_last(e, &budget, &rows_left);
+                req *v = preempt_one(e, &budget, &rows_left, &i);
                 if (v == r) { ok = 0; break; }
             }
             if (!ok) continue;

@@ -985,7 +985,8 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     er.grammar = g->grammar; /* structured output (structured.c): each engine request takes a reference */
     er.grammar_start_id = g->g_start;
     er.grammar_open_id = g->g_open;
-    er.cache_salt = g->cache_salt; /* (copied by the engine) */
+    er.priority = g->priority;
+    er.cache_salt = g->cache_salt; /* (read by m3_engine_add) */
     er.cache_salt_len = g->cache_salt_len;
     /* parallel_tool_calls false without a forced call: the output is free, a choice ends at its first call */
     h->one_call = chat && !g->parallel_tool_calls && g->constraint != M3_OAI_C_TOOLS && g->oo.tools;

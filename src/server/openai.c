@@ -633,9 +633,11 @@ static int parse_vllm_extras(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m
     if ((rc = get_bool(e, b, "use_beam_search", &t))) return rc;
     if (t) return OAI_BAD(e, "use_beam_search", "'use_beam_search' is not supported");
     if ((v = json_object_get(b, "priority")) && !json_is_null(v)) {
-        if (!json_is_integer(v)) return OAI_BAD(e, "priority", "'priority' must be an integer");
-        if (json_integer_value(v))
+        if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN || json_integer_value(v) > INT32_MAX)
+            return OAI_BAD(e, "priority", "'priority' must be a 32-bit integer");
+        if (json_integer_value(v) && !c->priority_policy)
             return OAI_BAD(e, "priority", "Got priority %lld but Priority scheduling is not enabled.", (long long)json_integer_value(v));
+        g->priority = (int)json_integer_value(v);
     }
     static const char *const refused[] = {"bad_words", "logits_processors", "documents", "chat_template", "mm_processor_kwargs",
                                           "kv_transfer_params", "vllm_xargs"};

@@ -75,6 +75,7 @@ typedef struct m3_oai_ctx {
     int tool_parser;             /* the template writes MiniMax tool calls */
     const m3_media_ctx *media;   /* image inputs (media.h); NULL: image parts get 400 */
     const m3_oai_defaults *defaults; /* sampling defaults (generation_config.json); NULL: OpenAI's */
+    int priority_policy;         /* --scheduling-policy priority: "priority" orders the queue */
 } m3_oai_ctx;
 
 typedef struct m3_oai_params {
@@ -120,6 +121,7 @@ typedef struct m3_oai_params {
     long long truncate;          /* truncate_prompt_tokens: each prompt's last this many tokens (0: whole) */
     int trunc_right;             /* truncation_side "right": its first this many instead */
     int return_ids;              /* return_token_ids: prompt_token_ids and token_ids in the answer */
+    int priority;                /* vLLM's priority (--scheduling-policy priority): smaller first */
     char request_id[65];         /* request_id: the response's id is cmpl- / chatcmpl-<it> ("": a random one) */
     const char *cache_salt;      /* borrowed from the body: the prefix cache is shared only within a salt */
     size_t cache_salt_len;

@@ -12,8 +12,9 @@
 //    stop token listed, streams adding up to the same; truncation_side; request_id naming the response;
 //  - the extras not served are refused (400 naming the field) unless at the value that changes
 //    nothing: bad_words, skip_special_tokens false, priority, use_beam_search, logits_processors,
-//    documents, chat_template, kv_transfer_params.
+//    documents, chat_template, kv_transfer_params; priority served under --scheduling-policy priority.
 // Usage: node tests/server/server_vllm_params.mjs <m3-binary> <work-dir>
+import { spawnSync } from 'node:child_process';
 import { makeCheckpoint, startServer, post, stream, reporter } from './lib.mjs';
 
 const [m3, work] = process.argv.slice(2);
@@ -217,6 +218,16 @@ try {
     const r = await post(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, [k2]: v });
     ok(r.status === 200, `${k2}: ${JSON.stringify(v)} changes nothing: 200`);
   }
+
+  // ---- --scheduling-policy priority: the request's priority is taken ----
+  const ps = await startServer(m3, ck, ['--served-model-name', 'tiny', '--scheduling-policy', 'priority', '--max-num-seqs', '1']);
+  const pr = await Promise.all([7, -3, 0].map(p => post(ps.base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 3, priority: p })));
+  const pbad = await post(ps.base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 3, priority: 2 ** 40 });
+  ok(pr.every(r => r.status === 200) && pbad.status === 400 && pbad.json?.error?.param === 'priority',
+     '--scheduling-policy priority: priorities 7, -3, 0 served; 2^40: 400');
+  ok((await ps.stop()).code === 0, 'the priority server stopped cleanly');
+  const lifo = spawnSync(m3, ['serve', '-m', ck, '--scheduling-policy', 'lifo'], { encoding: 'utf8' });
+  ok(lifo.status === 2 && /expected fcfs or priority/.test(lifo.stderr), `--scheduling-policy lifo: exit ${lifo.status}`);
 } catch (e) {
   ok(false, 'exception: ' + (e.stack || e));
 }

@@ -59,7 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t ctl = data[0], nth = data[1];
     data += 2, size -= 2;
     static const int MML[4] = {8, 64, 512, 1 << 20};
-    m3_oai_ctx c = {tok, chat, m3_tok_n_vocab(tok), (ctl & 2) ? "m3-test" : NULL, NULL, MML[(ctl >> 2) & 3], 1, 1, NULL, NULL, 0};
+    m3_oai_ctx c = {tok, chat, m3_tok_n_vocab(tok), (ctl & 2) ? "m3-test" : NULL, NULL, MML[(ctl >> 2) & 3], 1, 1, NULL, NULL, ctl >> 7};
     const int is_chat = (ctl & 1) || ((ctl >> 5) & 3); /* translated requests are chat requests */
     if (ctl & 16) m3_fault_arm(M3_FAULT_SERVER, 1 + nth, 1, 1);
     m3_oai_error e;
@@ -119,6 +119,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (int i = 0; i < g.n_stop_strs; i++)
                 if (!g.stop_strs[i] || !g.stop_strs[i][0]) abort();
             if (is_chat && g.echo) abort();
+            /* vLLM's extras: allowed ids in the vocabulary (none: NULL), prompts within a truncation,
+             * a priority only under the priority policy, a request_id that can name a response */
+            if ((g.n_allowed > 0) != (g.allowed != NULL) || g.truncate < 0 || (g.priority && !c.priority_policy)) abort();
+            for (size_t i = 0; i < g.n_allowed; i++)
+                if (g.allowed[i] < 0 || g.allowed[i] >= c.vocab) abort();
+            for (int p = 0; g.truncate && p < g.n_prompts; p++)
+                if ((long long)(g.prompt_off[p + 1] - g.prompt_off[p]) > g.truncate) abort();
+            for (const char *q = g.request_id; *q; q++)
+                if (*q <= 0x20 || *q >= 0x7f) abort();
+            if (g.cache_salt && !g.cache_salt_len) abort();
         }
         m3_oai_params_free(&g);
     }

@@ -447,6 +447,7 @@ static void sample_one(m3_engine *e, req *r, m3_sample_ws *ws, float *p) {
                 m3_sampler_skip_uniforms(r->smp, a < r->k_sched ? a + 2 : r->k_sched + 1);
             }
             r->sres_rc = m3_spec_verify_ids(r->smp, ids, r->draft, r->k_sched, r->stop, r->n_stop, max_emit, &r->sres, &e2);
+            if (r->sres_rc) snprintf(r->why_buf, sizeof r->why_buf, "speculative verification failed: %s", e2.msg);
             return;
         }
         memset(&r->so, 0, sizeof r->so); /* m3_sampler_sample's output for such a row */
@@ -460,15 +461,16 @@ static void sample_one(m3_engine *e, req *r, m3_sample_ws *ws, float *p) {
         const int max_emit = r->max_tokens - r->n_gen < r->limit - r->n_tok ? r->max_tokens - r->n_gen : r->limit - r->n_tok;
         r->sres_rc = m3_spec_verify(r->smp, ws, p, lg, r->draft, r->q_used ? r->qv : NULL, r->k_sched, r->stop, r->n_stop,
                                     max_emit, &r->sres, &e2);
+        if (r->sres_rc) snprintf(r->why_buf, sizeof r->why_buf, "speculative verification failed: %s", e2.msg);
         return;
     }
     if (r->gr && m3_engine_mask_row(e, r)) { /* a constrained row: its grammar's mask */
         r->so_rc = -1;
-        snprintf(r->why_buf, sizeof r->why_buf, "sampling failed: out of memory for the grammar's token mask");
+        snprintf(r->why_buf, sizeof r->why_buf, "sampling: out of memory for the grammar's token mask");
         return;
     }
     r->so_rc = m3_sampler_sample(r->smp, lg, ws, &r->so, &e2);
-    if (r->so_rc) snprintf(r->why_buf, sizeof r->why_buf, "sampling failed: %s", e2.msg); /* (e.g. every token masked) */
+    if (r->so_rc) snprintf(r->why_buf, sizeof r->why_buf, "%s", e2.msg); /* "sampling: ..." (e.g. every token masked) */
     if (r->gr) m3_sampler_set_mask(r->smp, NULL);
 }
 
@@ -877,7 +879,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             if (r->k_sched) {
                 const m3_spec_result *res = &r->sres; /* verified by sample_rows */
                 if (r->sres_rc) {
-                    r->why = "speculative verification failed";
+                    r->why = r->why_buf;
                     r->done = M3_FINISH_ERROR;
                     continue;
                 }
@@ -919,7 +921,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
                     r->g_inline_n = 0;
                 }
                 if (r->so_rc || m3_sampler_accept(r->smp, r->so.token, &e2)) {
-                    if (!r->so_rc) snprintf(r->why_buf, sizeof r->why_buf, "sampling failed: %s", e2.msg);
+                    if (!r->so_rc) snprintf(r->why_buf, sizeof r->why_buf, "%s", e2.msg);
                     r->why = r->why_buf;
                     r->done = M3_FINISH_ERROR;
                     continue;

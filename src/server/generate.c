@@ -240,7 +240,7 @@ static void sse_error(hreq *h, int code, const char *type, const char *msg) {
 }
 
 static json_t *chunk_base(const hreq *h) {
-    char id[96];
+    char id[160];
     snprintf(id, sizeof id, "%s-%s", h->chat ? "chatcmpl" : "cmpl", h->id_sfx);
     return json_pack("{s:s,s:s,s:I,s:s}", "id", id, "object", h->chat ? "chat.completion.chunk" : "text_completion",
                      "created", (json_int_t)h->created, "model", h->s->o->model_name);
@@ -258,8 +258,10 @@ static json_t *prompt_ids_json(const hreq *h, int p) {
  * (token_ids), and in its first chunk its prompt's (prompt_token_ids: the choice's in
  * completions, the chunk's in chat); 0, or -1 out of memory */
 static int ids_to_chunk(hreq *h, choice *c, json_t *chunk, json_t *ch) {
-    json_t *t = c->tids;
-    if (!(c->tids = json_array()) || json_object_set_new(ch, "token_ids", t ? t : json_array())) return -1;
+    json_t *fresh = json_array(), *t = c->tids;
+    if (!fresh) return -1;
+    c->tids = fresh;
+    if (json_object_set_new(ch, "token_ids", t ? t : json_array())) return -1; /* (set_new takes t, also on failure) */
     if (c->pids_sent) return 0;
     c->pids_sent = 1;
     json_t *p = prompt_ids_json(h, c->index / h->n_per);
@@ -618,7 +620,7 @@ static int send_final(hreq *h) {
         }
         bad |= json_array_append_new(choices, ch) != 0;
     }
-    char id[96];
+    char id[160];
     snprintf(id, sizeof id, "%s-%s", h->chat ? "chatcmpl" : "cmpl", h->id_sfx);
     json_t *j = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", id, "object", h->chat ? "chat.completion" : "text_completion",
                           "created", (json_int_t)h->created, "model", s->o->model_name, "choices", choices, "usage",
@@ -884,10 +886,15 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     h->echo_lp = !chat && g->echo && g->logprobs;
     h->ids_as_tokens = g->ids_as_tokens;
     h->return_ids = g->return_ids;
-    snprintf(h->id_sfx, sizeof h->id_sfx, "%s", g->request_id[0] ? g->request_id : h->rid);
+    { /* the response's id: vLLM's, the X-Request-Id header's, else the body's request_id, else a random one */
+        const char *xr = http_header(req, "X-Request-Id");
+        int okx = xr && *xr && strlen(xr) <= 128; /* as server.c echoes it: printable, up to 128 bytes */
+        for (const char *q = xr; okx && *q; q++) okx = *q > 0x20 && *q < 0x7f;
+        snprintf(h->id_sfx, sizeof h->id_sfx, "%s", okx ? xr : g->request_id[0] ? g->request_id : h->rid);
+    }
     if (h->return_ids) {
         memcpy(h->pid_off, g->prompt_off, sizeof h->pid_off);
-        if (!(h->pids = malloc(sizeof *h->pids * (g->n_ids ? g->n_ids : 1)))) {
+        if (!(h->pids = srv_malloc(sizeof *h->pids * (g->n_ids ? g->n_ids : 1)))) {
             hreq_free(h);
             return srv_send_error(req, 500, "server_error", "out of memory");
         }

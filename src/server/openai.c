@@ -322,11 +322,16 @@ static int cut_after_final(char *text, size_t *len, const char *f, size_t fl) {
     return 0;
 }
 
-/* 1 when text[0..n) ends inside the reasoning: its last <mm:think> after its last </mm:think> */
+/* 1 when text[0..n) ends inside the reasoning: in its final turn (after the last turn header
+ * "]~b]" of the MiniMax template), the last <mm:think> after the last </mm:think>; tags in
+ * earlier turns (quoted by a user, say) do not count */
 static int ends_in_think(const char *text, size_t n) {
-    static const char op[] = "<mm:think>", cl[] = "</mm:think>";
+    static const char op[] = "<mm:think>", cl[] = "</mm:think>", turn[] = "]~b]";
+    size_t from = 0;
+    for (size_t i = n >= sizeof turn - 1 ? n - (sizeof turn - 1) + 1 : 0; i-- > 0;)
+        if (!memcmp(text + i, turn, sizeof turn - 1)) { from = i; break; }
     long lo = -1, lc = -1;
-    for (size_t i = 0; i + sizeof op - 1 <= n; i++) {
+    for (size_t i = from; i + sizeof op - 1 <= n; i++) {
         if (!memcmp(text + i, op, sizeof op - 1)) lo = (long)i;
         if (i + sizeof cl - 1 <= n && !memcmp(text + i, cl, sizeof cl - 1)) lc = (long)i;
     }
@@ -597,10 +602,6 @@ static int parse_vllm_extras(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m
         if (!json_is_array(v)) return OAI_BAD(e, "allowed_token_ids", "'allowed_token_ids' must be an array of token ids");
         if (!json_array_size(v)) return OAI_BAD(e, "allowed_token_ids", "'allowed_token_ids' is empty: no token could come out");
         if ((rc = m3_oai_ids(v, c->vocab, "allowed_token_ids", &g->allowed, &g->n_allowed, e))) return rc;
-        size_t i = 0; /* ids past the tokenizer's, or that no token spells, are never sampled */
-        while (i < g->n_allowed && !(g->allowed[i] < m3_tok_n_vocab(c->tok) && m3_tok_id_to_token(c->tok, g->allowed[i]))) i++;
-        if (i == g->n_allowed)
-            return OAI_BAD(e, "allowed_token_ids", "no id of 'allowed_token_ids' is a token of the tokenizer: nothing could be sampled");
     }
     if ((rc = get_bool(e, b, "return_tokens_as_token_ids", &g->ids_as_tokens)) || (rc = get_bool(e, b, "return_token_ids", &g->return_ids)))
         return rc;
@@ -933,6 +934,7 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
     if (chat) {
         if ((rc = m3_oai_chat_prompt(c, b, &g->ids, &g->n_ids, &g->media, &cont, e))) return rc;
         if (g->truncate > 0 && g->n_ids > (size_t)g->truncate) {
+            if (g->trunc_right) cont = -1; /* the prompt no longer ends where the final message did */
             if (g->media.px.n_images)
                 return OAI_BAD(e, "truncate_prompt_tokens", "truncate_prompt_tokens %lld would cut a prompt with images (%zu tokens)",
                                g->truncate, g->n_ids);
@@ -980,15 +982,21 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
                        g->max_tokens);
     if ((rc = parse_stop(c, b, g, e)) || (rc = parse_logit_bias(c, b, g, e)) || (rc = parse_structured(c, b, chat, g, e)))
         return rc;
-    if (g->n_allowed && g->min_tokens > 0) { /* allowed ids that all end the request: nothing to sample before min_tokens */
-        size_t i = 0;
-        for (; i < g->n_allowed; i++) {
-            size_t k = 0;
-            while (k < g->n_stop_ids && g->stop_ids[k] != g->allowed[i]) k++;
-            if (k == g->n_stop_ids) break;
+    if (g->n_allowed) { /* an allowed id must be samplable: a token (ids past the tokenizer's, or that no token
+                          * spells, never are) and, before min_tokens, not one that ends the request */
+        int tok_any = 0, go_any = 0;
+        for (size_t i = 0; i < g->n_allowed; i++) {
+            const int32_t id = g->allowed[i];
+            if (!(id < m3_tok_n_vocab(c->tok) && m3_tok_id_to_token(c->tok, id))) continue;
+            tok_any = 1;
+            int ends = !g->ignore_eos && id == c->eos_id;
+            for (size_t k = 0; k < g->n_stop_ids && !ends; k++) ends = g->stop_ids[k] == id;
+            go_any |= !ends || g->min_tokens == 0;
         }
-        if (i == g->n_allowed)
-            return OAI_BAD(e, "allowed_token_ids", "every id of 'allowed_token_ids' ends the request (a stop id or EOS), and "
+        if (!tok_any)
+            return OAI_BAD(e, "allowed_token_ids", "no id of 'allowed_token_ids' is a token of the tokenizer: nothing could be sampled");
+        if (!go_any)
+            return OAI_BAD(e, "allowed_token_ids", "every token of 'allowed_token_ids' ends the request (a stop id or EOS), and "
                            "'min_tokens' is %lld: nothing could be generated", g->min_tokens);
     }
     if (chat) {

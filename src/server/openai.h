@@ -76,6 +76,7 @@ typedef struct m3_oai_ctx {
     const m3_media_ctx *media;   /* image inputs (media.h); NULL: image parts get 400 */
     const m3_oai_defaults *defaults; /* sampling defaults (generation_config.json); NULL: OpenAI's */
     int priority_policy;         /* --scheduling-policy priority: "priority" orders the queue */
+    int32_t eos_id;              /* the model config's EOS (-1: none): it ends a request like the tokenizer's */
 } m3_oai_ctx;
 
 typedef struct m3_oai_params {

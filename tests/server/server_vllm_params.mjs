@@ -117,6 +117,9 @@ try {
   const rqs = await stream(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, request_id: 'job-42.c' });
   ok(rq.json?.id === 'cmpl-job-42.a' && rqc.json?.id === 'chatcmpl-job-42.b' && rqs.events.length > 0 &&
      rqs.events.every(ev => ev.id === 'cmpl-job-42.c'), `request_id: ${rq.json?.id}, ${rqc.json?.id}, every chunk cmpl-job-42.c`);
+  const xr = await fetch(base + '/v1/completions', { method: 'POST', headers: { 'Content-Type': 'application/json', 'X-Request-Id': 'hdr-9' },
+    body: JSON.stringify({ model: 'tiny', prompt: 'hi', max_tokens: 2, request_id: 'body-9' }) });
+  ok((await xr.json()).id === 'cmpl-hdr-9', 'an X-Request-Id header names the response before the body\'s request_id (as vLLM)');
   for (const v of ['has space', 'x'.repeat(65), '', 7]) {
     const r = await post(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, request_id: v });
     ok(r.status === 400 && r.json?.error?.param === 'request_id', `request_id ${JSON.stringify(v).slice(0, 20)}: 400`);
@@ -168,6 +171,11 @@ try {
     max_tokens: 6, temperature: 0, ignore_eos: true });
   ok(ct.status === 200 && ct.json.choices[0].message.content.length > 0 && !ct.json.choices[0].message.reasoning_content,
      `with thinking on, the continued text is content (${JSON.stringify(ct.json?.choices?.[0]?.message?.content)})`);
+  // a <mm:think> a user quoted in an earlier turn leaves the continuation in the content
+  const quoted = await post(base, '/v1/chat/completions', { model: 'tiny', messages: [{ role: 'user', content: 'what is <mm:think> ?' },
+    { role: 'assistant', content: 'It is' }], continue_final_message: true, max_tokens: 5, temperature: 0, ignore_eos: true });
+  ok(quoted.status === 200 && quoted.json.choices[0].message.content.length > 0 && !quoted.json.choices[0].message.reasoning_content,
+     'an unclosed <mm:think> quoted in an earlier turn: the continuation is still content');
   // Hugging Face's cut: the last place of the stripped text, then its trailing whitespace if the template kept it
   const hfCut = (r, f) => {
     const st = f.trim(), loc = r.lastIndexOf(st);

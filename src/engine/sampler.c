@@ -454,6 +454,9 @@ struct m3_sampler {
     m3_rng rng;
     m3_logit_bias *bias;
     int32_t *allowed, *banned, *mt_ids;
+    int32_t *bw, *bw_off; /* the bad words (copied) */
+    int32_t *hist;     /* the last hist_cap tokens generated (a ring: token i at i % hist_cap), for the bad words */
+    int hist_cap;
     seen_t *seen;      /* distinct ids seen, in first-seen order */
     int n_seen, cap_seen;
     const uint32_t *mask; /* m3_sampler_set_mask (borrowed), NULL: none */
@@ -555,7 +558,31 @@ m3_sampler *m3_sampler_create(const m3_sampling *p, int V, const int32_t *prompt
         if (!e) { bad = 1; m3_errf(err, "sampling: out of memory"); break; }
         e->prompt = 1;
     }
+    if (!bad && p->n_bad_words > 0) { /* the bad words: offsets ascending from 0, sequences of ids in [0, V) */
+        const int nb = p->n_bad_words;
+        if (!p->bad_words || !p->bad_word_off || p->bad_word_off[0] != 0) { bad = 1; m3_errf(err, "sampling: bad words: %d sequences but no arrays", nb); }
+        int longest = 1;
+        for (int i = 0; !bad && i < nb; i++) {
+            const int L = p->bad_word_off[i + 1] - p->bad_word_off[i];
+            if (L < 1) { bad = 1; m3_errf(err, "sampling: bad word %d has %d tokens", i, L); }
+            for (int j = 0; !bad && j < L; j++) {
+                const int32_t id = p->bad_words[p->bad_word_off[i] + j];
+                if (id < 0 || id >= V) { bad = 1; m3_errf(err, "sampling: bad word %d: token id %d is outside the vocabulary [0, %d)", i, (int)id, V); }
+            }
+            if (L > longest) longest = L;
+        }
+        const size_t nt = bad ? 0 : (size_t)p->bad_word_off[nb];
+        s->hist_cap = longest - 1 > 0 ? longest - 1 : 1;
+        if (!bad && (!(s->bw = s_malloc(sizeof *s->bw * nt)) || !(s->bw_off = s_malloc(sizeof *s->bw_off * (size_t)(nb + 1))) ||
+                     !(s->hist = s_calloc((size_t)s->hist_cap, sizeof *s->hist)))) { bad = 1; m3_errf(err, "sampling: out of memory"); }
+        if (!bad) {
+            memcpy(s->bw, p->bad_words, sizeof *s->bw * nt);
+            memcpy(s->bw_off, p->bad_word_off, sizeof *s->bw_off * (size_t)(nb + 1));
+        }
+    }
     if (bad) { m3_sampler_free(s); return NULL; }
+    s->p.bad_words = s->bw; s->p.bad_word_off = s->bw_off;
+    if (s->p.n_bad_words < 0) s->p.n_bad_words = 0;
     s->p.logit_bias = s->bias; s->p.allowed_ids = s->allowed; s->p.banned_ids = s->banned; s->p.min_tokens_ids = s->mt_ids;
     if (s->p.n_allowed < 0) s->p.n_allowed = 0;
     if (s->p.n_banned < 0) s->p.n_banned = 0;
@@ -567,7 +594,7 @@ m3_sampler *m3_sampler_create(const m3_sampling *p, int V, const int32_t *prompt
 
 void m3_sampler_free(m3_sampler *s) {
     if (!s) return;
-    free(s->bias); free(s->allowed); free(s->banned); free(s->mt_ids);
+    free(s->bias); free(s->allowed); free(s->banned); free(s->mt_ids); free(s->bw); free(s->bw_off); free(s->hist);
     free(s->seen); free(s->slot);
     free(s);
 }
@@ -577,6 +604,7 @@ int m3_sampler_accept(m3_sampler *s, int32_t token, m3_err *err) {
     seen_t *e = seen_get(s, token);
     if (!e) return m3_errf(err, "sampling: out of memory");
     e->gen++;
+    if (s->hist) s->hist[s->n_generated % s->hist_cap] = token;
     s->n_generated++;
     return 0;
 }
@@ -618,6 +646,13 @@ static void prepare(const m3_sampler *s, const float *logits, float *w) {
     for (int j = 0; j < p->n_banned; j++) w[p->banned_ids[j]] = -INFINITY;
     if (s->n_generated < p->min_tokens)
         for (int j = 0; j < p->n_min_tokens_ids; j++) w[p->min_tokens_ids[j]] = -INFINITY;
+    for (int b = 0; b < p->n_bad_words; b++) { /* a bad word's last token, where the others were just generated */
+        const int32_t *t = p->bad_words + p->bad_word_off[b];
+        const int L = p->bad_word_off[b + 1] - p->bad_word_off[b];
+        int match = L - 1 <= s->n_generated;
+        for (int j = 0; match && j < L - 1; j++) match = s->hist[(s->n_generated - (L - 1) + j) % s->hist_cap] == t[j];
+        if (match) w[t[L - 1]] = -INFINITY;
+    }
     for (int j = 0; j < p->n_logit_bias; j++) w[p->logit_bias[j].token] += p->logit_bias[j].bias;
     float rp = p->repetition_penalty;
     int use_r = rp > 0 && rp != 1, use_f = p->frequency_penalty != 0, use_pr = p->presence_penalty != 0;
@@ -638,7 +673,8 @@ static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, c
  * logit_bias, no penalty */
 static int plain_logits(const m3_sampler *s) {
     const m3_sampling *p = &s->p;
-    return !s->mask && p->n_allowed <= 0 && p->n_banned <= 0 && !(s->n_generated < p->min_tokens && p->n_min_tokens_ids > 0) &&
+    return !s->mask && p->n_allowed <= 0 && p->n_banned <= 0 && p->n_bad_words <= 0 &&
+           !(s->n_generated < p->min_tokens && p->n_min_tokens_ids > 0) &&
            p->n_logit_bias <= 0 && !(p->repetition_penalty > 0 && p->repetition_penalty != 1) &&
            p->frequency_penalty == 0 && p->presence_penalty == 0;
 }
@@ -656,7 +692,7 @@ static const float *work_row(const m3_sampler *s, const float *logits, m3_sample
     }
     int any = 0;
     for (int i = 0; i < s->n && !any; i++) any = w[i] > -INFINITY;
-    if (!any) { m3_errf(err, "sampling: every token is masked (allowed / banned ids, the token mask, logit_bias, min_tokens)"); return NULL; }
+    if (!any) { m3_errf(err, "sampling: every token is masked (allowed / banned ids, the token mask, bad words, logit_bias, min_tokens)"); return NULL; }
     return w;
 }
 

@@ -14,7 +14,8 @@
  * Order of operations (vLLM V1's sampler):
  *   1. allowed ids (everything else -inf), the token mask (m3_sampler_set_mask: ids whose bit
  *      is clear -inf; grammar-constrained decoding), banned ids -inf, min_tokens (the min_tokens_ids
- *      are -inf until min_tokens tokens were accepted), logit_bias added;
+ *      are -inf until min_tokens tokens were accepted), bad words (a sequence's last token -inf
+ *      right after its other tokens were generated), logit_bias added;
  *   2. penalties over the counts: repetition (prompt + generated ids: positive logits divided,
  *      others multiplied), then frequency (logit -= f * count) and presence
  *      (logit -= p * (count > 0)) over generated ids only;
@@ -65,6 +66,11 @@ typedef struct m3_sampling {
     const m3_logit_bias *logit_bias; int n_logit_bias;
     const int32_t *allowed_ids; int n_allowed; /* n_allowed > 0: only these ids can come out */
     const int32_t *banned_ids; int n_banned;
+    /* bad words (vLLM's bad_words): n_bad_words token sequences, sequence i at
+     * bad_words[bad_word_off[i] .. bad_word_off[i + 1]) (n_bad_words + 1 offsets, each sequence
+     * at least one token): a sequence's last token cannot come out right after its other tokens
+     * were the last ones generated (a one-token sequence: never) */
+    const int32_t *bad_words, *bad_word_off; int n_bad_words;
     int min_tokens; const int32_t *min_tokens_ids; int n_min_tokens_ids; /* typically EOS + stop ids */
     int logprobs;        /* nonzero: report the chosen token's logprob and rank */
     int top_logprobs;    /* 0..M3_SAMPLE_MAX_TOP_LOGPROBS most likely tokens with logprobs */

@@ -978,6 +978,9 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     sp->n_banned = s->n_holes;
     sp->allowed_ids = g->allowed; /* vLLM's allowed_token_ids */
     sp->n_allowed = (int)g->n_allowed;
+    sp->bad_words = g->bad_ids; /* vLLM's bad_words */
+    sp->bad_word_off = g->bad_off;
+    sp->n_bad_words = g->n_bad;
     sp->top_logprobs = h->top_logprobs;
     er.max_tokens = (int)g->max_tokens;
     er.stop_ids = g->stop_ids;

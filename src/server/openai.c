@@ -137,6 +137,8 @@ void m3_oai_params_free(m3_oai_params *g) {
     free(g->echo_text);
     free(g->constraint_text);
     free(g->allowed);
+    free(g->bad_ids);
+    free(g->bad_off);
     m3_engine_grammar_release(g->grammar);
     m3_media_free(&g->media);
     memset(g, 0, sizeof *g);
@@ -592,6 +594,60 @@ static int parse_truncate(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m3_o
     return 0;
 }
 
+/* appends one token sequence to g's bad words; 0 or the error status */
+static int add_bad_seq(m3_oai_params *g, const int32_t *ids, size_t n, m3_oai_error *e) {
+    const size_t have = g->n_bad ? (size_t)g->bad_off[g->n_bad] : 0;
+    int32_t *ni = o_realloc(g->bad_ids, sizeof *ni * (have + n)), *no;
+    if (!ni) return OAI_OOM(e);
+    g->bad_ids = ni;
+    if (!(no = o_realloc(g->bad_off, sizeof *no * (size_t)(g->n_bad + 2)))) return OAI_OOM(e);
+    g->bad_off = no;
+    memcpy(g->bad_ids + have, ids, sizeof *ids * n);
+    g->bad_off[0] = 0;
+    g->bad_off[g->n_bad + 1] = (int32_t)(have + n);
+    g->n_bad++;
+    return 0;
+}
+
+/* vLLM's bad_words: each string, its leading whitespace stripped, tokenized alone and after a
+ * space (the second kept when it starts with another token and has as many: the word inside a
+ * text); the sampler bans a sequence's last token right after its others */
+static int parse_bad_words(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m3_oai_error *e) {
+    json_t *v = json_object_get(b, "bad_words");
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_array(v)) return OAI_BAD(e, "bad_words", "'bad_words' must be an array of strings");
+    if (json_array_size(v) > M3_OAI_MAX_BAD_WORDS)
+        return OAI_BAD(e, "bad_words", "'bad_words' has %zu strings; the limit is %d", json_array_size(v), M3_OAI_MAX_BAD_WORDS);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        json_t *w = json_array_get(v, i);
+        if (!json_is_string(w)) return OAI_BAD(e, "bad_words", "bad_words[%zu] is not a string", i);
+        const char *t = json_string_value(w);
+        const size_t lead = ws_run(t, json_string_length(w), 0), tl = json_string_length(w) - lead;
+        if (!tl) return OAI_BAD(e, "bad_words", "bad_words[%zu] is empty (or only whitespace)", i);
+        char *sp = o_malloc(tl + 2);
+        if (!sp) return OAI_OOM(e);
+        sp[0] = ' ';
+        memcpy(sp + 1, t + lead, tl);
+        sp[tl + 1] = 0;
+        int32_t *a = NULL, *s2 = NULL;
+        size_t na = 0, n2 = 0;
+        m3_err err;
+        int rc = 0;
+        if (m3_tok_encode(c->tok, sp + 1, tl, 1, &a, &na, &err) || m3_tok_encode(c->tok, sp, tl + 1, 1, &s2, &n2, &err))
+            rc = OAI_BAD(e, "bad_words", "bad_words[%zu]: cannot tokenize it: %s", i, err.msg);
+        else if (!na || na > M3_OAI_MAX_BAD_WORD_TOKENS || n2 > M3_OAI_MAX_BAD_WORD_TOKENS)
+            rc = OAI_BAD(e, "bad_words", "bad_words[%zu] is %zu tokens; 1 to %d are taken", i, na > n2 ? na : n2,
+                         M3_OAI_MAX_BAD_WORD_TOKENS);
+        else if (!(rc = add_bad_seq(g, a, na, e)) && n2 == na && s2[0] != a[0])
+            rc = add_bad_seq(g, s2, n2, e);
+        free(sp);
+        free(a);
+        free(s2);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 /* vLLM's other per-request extras: allowed_token_ids, return_tokens_as_token_ids, cache_salt
  * served; the rest accepted at the value that changes nothing, refused otherwise (never
  * silently ignored) */
@@ -640,7 +696,8 @@ static int parse_vllm_extras(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m
             return OAI_BAD(e, "priority", "Got priority %lld but Priority scheduling is not enabled.", (long long)json_integer_value(v));
         g->priority = (int)json_integer_value(v);
     }
-    static const char *const refused[] = {"bad_words", "logits_processors", "documents", "chat_template", "mm_processor_kwargs",
+    if ((rc = parse_bad_words(c, b, g, e))) return rc;
+    static const char *const refused[] = {"logits_processors", "documents", "chat_template", "mm_processor_kwargs",
                                           "kv_transfer_params", "vllm_xargs"};
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
         if ((v = json_object_get(b, refused[i])) && !json_is_null(v) &&

@@ -40,6 +40,8 @@
 #define M3_OAI_MAX_STOP_IDS 256
 #define M3_OAI_MAX_LOGIT_BIAS 1024
 #define M3_OAI_MAX_TOOLS 512
+#define M3_OAI_MAX_BAD_WORDS 128     /* bad_words' strings */
+#define M3_OAI_MAX_BAD_WORD_TOKENS 128 /* tokens of one of them */
 
 typedef struct m3_oai_error {
     int status;          /* 400, 404 (unknown model), 500 (out of memory) */
@@ -118,6 +120,8 @@ typedef struct m3_oai_params {
     /* vLLM's extra sampling parameters */
     int32_t *allowed;            /* allowed_token_ids (owned; n_allowed > 0: only these ids come out) */
     size_t n_allowed;
+    int32_t *bad_ids, *bad_off;  /* bad_words as token sequences (owned; m3_sampling's bad_words / bad_word_off) */
+    int n_bad;
     int ids_as_tokens;           /* return_tokens_as_token_ids: logprobs' tokens are "token_id:<id>" */
     long long truncate;          /* truncate_prompt_tokens: each prompt's last this many tokens (0: whole) */
     int trunc_right;             /* truncation_side "right": its first this many instead */

@@ -930,12 +930,52 @@ static void test_text_vocab(void) {
     CHECK(!m3_sampler_create(&bad, V, NULL, 0, &err) && strstr(err.msg, "n_text"), "negative n_text: %s", err.msg);
 }
 
+/* bad words: a sequence's last token is banned right after its other tokens were generated
+ * (one-token sequences always); greedy and sampled, across accepts, and bad arguments */
+static void test_bad_words(void) {
+    float lg[6] = {0.1f, 3.0f, 2.0f, -1.0f, 0.5f, 2.5f}; /* greedy: 1, then 5, then 2 */
+    /* sequences: {1} never; {4, 5} (5 not right after 4); {2, 3, 5} (5 not right after 2, 3) */
+    int32_t bw[6] = {1, 4, 5, 2, 3, 5}, off[4] = {0, 1, 3, 6};
+    m3_sampling g = {.temperature = 0, .bad_words = bw, .bad_word_off = off, .n_bad_words = 3};
+    m3_sampler *s = mk(&g, 6, NULL, 0);
+    m3_err err;
+    CHECK(draw(s, lg, NULL) == 5, "bad word {1}: greedy takes 5 instead of 1");
+    CHECK(!m3_sampler_accept(s, 4, &err) && draw(s, lg, NULL) == 2, "after 4, {4, 5} bans 5: greedy takes 2");
+    CHECK(!m3_sampler_accept(s, 2, &err) && draw(s, lg, NULL) == 5, "after 4 2: 5 is free again");
+    CHECK(!m3_sampler_accept(s, 3, &err) && draw(s, lg, NULL) == 2, "after 2 3, {2, 3, 5} bans 5");
+    CHECK(!m3_sampler_accept(s, 0, &err) && draw(s, lg, NULL) == 5, "after 3 0: 5 is free again (the ring of 2 wrapped)");
+    m3_sampler_free(s);
+    /* sampled: after 4, 5 never comes out; its mass goes to the others in proportion */
+    m3_sampling t = {.temperature = 1, .seed = 9, .bad_words = bw, .bad_word_off = off, .n_bad_words = 3};
+    s = mk(&t, 6, NULL, 0);
+    CHECK(!m3_sampler_accept(s, 4, &err), "accept");
+    double want[6] = {0}, z = 0;
+    for (int i = 0; i < 6; i++) if (i != 1 && i != 5) z += exp(lg[i]);
+    for (int i = 0; i < 6; i++) want[i] = i != 1 && i != 5 ? exp(lg[i]) / z : 0;
+    chi2("bad words after 4: {1} and {4, 5} banned", s, lg, 6, want, 20000);
+    m3_sampler_free(s);
+    /* every token a bad word: an error, not a token */
+    int32_t all[6] = {0, 1, 2, 3, 4, 5}, aoff[7] = {0, 1, 2, 3, 4, 5, 6};
+    m3_sampling ta = {.temperature = 1, .bad_words = all, .bad_word_off = aoff, .n_bad_words = 6};
+    s = mk(&ta, 6, NULL, 0);
+    m3_sample_out o;
+    CHECK(m3_sampler_sample(s, lg, WS, &o, &err) == -1 && strstr(err.msg, "bad words"), "every token a bad word -> error");
+    m3_sampler_free(s);
+    /* bad arguments */
+    int32_t oob[2] = {1, 6}, o2[2] = {0, 2}, empty_off[3] = {0, 0, 1};
+    m3_sampling b1 = {.bad_words = oob, .bad_word_off = o2, .n_bad_words = 1};
+    CHECK(!m3_sampler_create(&b1, 6, NULL, 0, &err) && strstr(err.msg, "outside the vocabulary"), "bad word id 6 of 6: %s", err.msg);
+    m3_sampling b2 = {.bad_words = oob, .bad_word_off = empty_off, .n_bad_words = 2};
+    CHECK(!m3_sampler_create(&b2, 6, NULL, 0, &err) && strstr(err.msg, "0 tokens"), "an empty bad word: %s", err.msg);
+}
+
 int main(void) {
     m3_err err;
     WS = m3_sample_ws_create(BIGV, &err);
     if (!WS) { printf("FAIL %s\n", err.msg); return 1; }
     test_argmax();
     test_greedy_bias_mask();
+    test_bad_words();
     test_token_mask();
     test_text_vocab();
     test_penalties();

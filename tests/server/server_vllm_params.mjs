@@ -10,8 +10,9 @@
 //  - cache_salt: the prefix cache is shared within a salt only (usage's cached_tokens);
 //  - return_token_ids: prompt_token_ids and token_ids (completions per choice, chat at the top), the
 //    stop token listed, streams adding up to the same; truncation_side; request_id naming the response;
+//  - bad_words: none of a word's token sequences (alone, after a space) in greedy or sampled output;
 //  - the extras not served are refused (400 naming the field) unless at the value that changes
-//    nothing: bad_words, skip_special_tokens false, priority, use_beam_search, logits_processors,
+//    nothing: skip_special_tokens false, priority, use_beam_search, logits_processors,
 //    documents, chat_template, kv_transfer_params; priority served under --scheduling-policy priority.
 // Usage: node tests/server/server_vllm_params.mjs <m3-binary> <work-dir>
 import { spawnSync } from 'node:child_process';
@@ -212,8 +213,37 @@ try {
     ok(r.status === 400 && r.json?.error?.param === 'cache_salt', `cache_salt ${JSON.stringify(v)}: 400`);
   }
 
+  // ---- bad_words: no sequence of theirs in the output ----
+  const tokz = async t => (await post(base, '/tokenize', { model: 'tiny', prompt: t })).json.tokens;
+  const seqsOf = async w => { // vLLM's rule: the word (leading space stripped) alone, and after a space when that starts otherwise with as many tokens
+    const a = await tokz(w.trimStart()), b = await tokz(' ' + w.trimStart());
+    return b.length === a.length && b[0] !== a[0] ? [a, b] : [a];
+  };
+  const has = (ids, q) => ids.some((_, i) => q.every((t, j) => ids[i + j] === t));
+  const free = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 24, temperature: 0, ignore_eos: true, return_token_ids: true });
+  const fids = free.json.choices[0].token_ids;
+  let word = null, seqs = null;
+  for (let i = 2; i + 2 <= fids.length && !word; i++) { // a two-token stretch of the free output that tokenizes back to itself
+    const w = await detok(fids.slice(i, i + 2));
+    const q = await seqsOf(w);
+    if (q.some(x => x.length === 2 && has(fids, x)) && w.trim()) { word = w; seqs = q; }
+  }
+  const one = await detok([fids[0]]), oneSeqs = await seqsOf(one);
+  const bw = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 24, temperature: 0, ignore_eos: true, return_token_ids: true,
+    bad_words: word ? [one, word] : [one] });
+  const bids = bw.json?.choices?.[0]?.token_ids || [];
+  ok(bw.status === 200 && word !== null && bids.length === 24 && ![...oneSeqs, ...seqs].some(q => has(bids, q)) && JSON.stringify(bids) !== JSON.stringify(fids),
+     `bad_words [${JSON.stringify(one)}, ${JSON.stringify(word)}]: the free output holds them, this one none of their ${oneSeqs.length + (seqs ? seqs.length : 0)} sequences`);
+  const bws = await post(base, '/v1/completions', { model: 'tiny', prompt: [prompt], max_tokens: 24, temperature: 0.9, seed: 4, n: 3, ignore_eos: true,
+    return_token_ids: true, bad_words: word ? [one, word] : [one] });
+  ok(bws.status === 200 && bws.json.choices.every(c => ![...oneSeqs, ...(seqs || [])].some(q => has(c.token_ids, q))), 'sampled (n 3): none either');
+  for (const [v, re] of [['red', /array of strings/], [[5], /not a string/], [['  '], /empty/], [Array(129).fill('a'), /limit/]]) {
+    const r = await post(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, bad_words: v });
+    ok(r.status === 400 && r.json?.error?.param === 'bad_words' && re.test(r.json.error.message), `bad_words ${JSON.stringify(v).slice(0, 24)}: 400 (${r.json?.error?.message})`);
+  }
+
   // ---- the extras not served: refused unless they change nothing ----
-  const refused = [['bad_words', ['red']], ['skip_special_tokens', false], ['priority', 1], ['use_beam_search', true],
+  const refused = [['skip_special_tokens', false], ['priority', 1], ['use_beam_search', true],
                    ['logits_processors', ['x']], ['documents', [{ title: 'a', text: 'b' }]], ['chat_template', '{{ 1 }}'],
                    ['kv_transfer_params', { a: 1 }]];
   for (const [k2, v] of refused) {

@@ -932,7 +932,8 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
         c->r_reason = !resp || !g->oo.reasoning || g->oo.thinking == M3_THINK_DISABLED ? -1
                       : h->r_think_end < 0 ? 2 /* no single-token tags: counted by the parser's output */
                       : g->oo.thinking == M3_THINK_ENABLED ? 1 : 0;
-        if (!(c->ts = m3_tok_stream_new(s->tok, 1, &err))) rc = srv_send_error(req, 500, "server_error", "%s", err.msg);
+        /* special tokens' text left out, unless skip_special_tokens is false (a stop token's always is) */
+        if (!(c->ts = m3_tok_stream_new(s->tok, !g->keep_special, &err))) rc = srv_send_error(req, 500, "server_error", "%s", err.msg);
         else if (g->n_stop_strs && !(c->stop = m3_stop_create(g->stop_strs, g->n_stop_strs, NULL, 0, &err)))
             rc = srv_send_error(req, 500, "server_error", "%s", err.msg); /* checked strings: out of memory */
         else if (chat && !(c->out = out_new(h, g, &err))) /* memory is the server's (500), bad tools the request's */

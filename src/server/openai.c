@@ -684,7 +684,9 @@ static int parse_vllm_extras(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m
     }
     int t = 1;
     if ((rc = get_bool(e, b, "skip_special_tokens", &t))) return rc;
-    if (!t) return OAI_BAD(e, "skip_special_tokens", "'skip_special_tokens': false is not supported (special tokens are left out of the text)");
+    g->keep_special = !t;
+    /* accepted: the decoder joins special tokens without spaces whatever it says (as vLLM's fast
+     * detokenizer does), and prompts are encoded without added BOS / EOS */
     if ((rc = get_bool(e, b, "spaces_between_special_tokens", &t)) || (rc = get_bool(e, b, "add_special_tokens", &t))) return rc;
     t = 0;
     if ((rc = get_bool(e, b, "use_beam_search", &t))) return rc;

@@ -123,6 +123,7 @@ typedef struct m3_oai_params {
     int32_t *bad_ids, *bad_off;  /* bad_words as token sequences (owned; m3_sampling's bad_words / bad_word_off) */
     int n_bad;
     int ids_as_tokens;           /* return_tokens_as_token_ids: logprobs' tokens are "token_id:<id>" */
+    int keep_special;            /* skip_special_tokens false: special tokens' text stays in the output */
     long long truncate;          /* truncate_prompt_tokens: each prompt's last this many tokens (0: whole) */
     int trunc_right;             /* truncation_side "right": its first this many instead */
     int return_ids;              /* return_token_ids: prompt_token_ids and token_ids in the answer */

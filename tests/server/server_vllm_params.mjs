@@ -11,8 +11,9 @@
 //  - return_token_ids: prompt_token_ids and token_ids (completions per choice, chat at the top), the
 //    stop token listed, streams adding up to the same; truncation_side; request_id naming the response;
 //  - bad_words: none of a word's token sequences (alone, after a space) in greedy or sampled output;
+//  - skip_special_tokens false: special tokens' text in the output;
 //  - the extras not served are refused (400 naming the field) unless at the value that changes
-//    nothing: skip_special_tokens false, priority, use_beam_search, logits_processors,
+//    nothing: priority (but under --scheduling-policy priority), use_beam_search, logits_processors,
 //    documents, chat_template, kv_transfer_params; priority served under --scheduling-policy priority.
 // Usage: node tests/server/server_vllm_params.mjs <m3-binary> <work-dir>
 import { spawnSync } from 'node:child_process';
@@ -243,7 +244,15 @@ try {
   }
 
   // ---- the extras not served: refused unless they change nothing ----
-  const refused = [['skip_special_tokens', false], ['priority', 1], ['use_beam_search', true],
+  // skip_special_tokens false: a special token's text stays (]~!b[ made certain by logit_bias)
+  const sp = async (skip, stream_) => {
+    const body = { model: 'tiny', prompt: 'hi', max_tokens: 3, temperature: 0, ignore_eos: true, logit_bias: { 151669: 100 }, skip_special_tokens: skip };
+    if (!stream_) return (await post(base, '/v1/completions', body)).json?.choices?.[0]?.text;
+    return (await stream(base, '/v1/completions', body)).events.map(ev => ev.choices?.[0]?.text || '').join('');
+  };
+  ok(await sp(true, false) === '' && await sp(false, false) === ']~!b['.repeat(3) && await sp(false, true) === ']~!b['.repeat(3),
+     'skip_special_tokens: true leaves the special token\'s text out, false keeps it (stream too)');
+  const refused = [['priority', 1], ['use_beam_search', true],
                    ['logits_processors', ['x']], ['documents', [{ title: 'a', text: 'b' }]], ['chat_template', '{{ 1 }}'],
                    ['kv_transfer_params', { a: 1 }]];
   for (const [k2, v] of refused) {

@@ -59,9 +59,10 @@ echo "## 1. reference checkpoints on the GPU"
 for m in m3-tiny m3-tiny-q m3-wide-q m3-gqa3 m3-gqa3-q m3-mqa m3-mqa-q; do
   run "$BIN/oracle_check" "$BIN/m3" $D/$m $D/$m.oracle.safetensors --backend cuda --tol 1e-3 --work "$OUT"
 done
-# prompt logprobs (the engine's prompt rows, cut to the rows a step may ask for, through the CUDA
-# forward): every prompt position against the reference's logits, and against the engine's own
-# generation, under few rows a step, preemption and the prefix cache
+# prompt logprobs through the CUDA forward, both paths (the rows reduced on the GPU, logprob_rows;
+# and whole rows on the host, cut to the rows a step may ask for): every prompt position against
+# the reference's logits, and against the engine's own generation, under few rows a step,
+# preemption and the prefix cache
 [ -x "$BIN/test_prompt_logprobs" ] && run "$BIN/test_prompt_logprobs" $D/m3-tiny cuda
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-bf16.oracle.safetensors --kv bf16 --backend cuda --tol 1e-3 --work "$OUT"
 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-nvfp4.oracle.safetensors --kv nvfp4 --backend cuda --tol 1e-3 --work "$OUT"
@@ -288,7 +289,8 @@ dsp_eq() { # TARGET DRAFT K BACKEND: greedy tokens with the draft == without ($p
   else echo "FAILED: dspark $(basename "$1") k $3 draft on $4: '$spec' vs '$plain'"; cat "$OUT/dsp9.err"; fails=$((fails+1)); fi
 }
 [ -d "$OUT/dsp/dspark" ] || "$BIN/m3" make-tiny --out "$OUT/dsp" --seed 7 --quant mxfp8-nvfp4 --with-dspark >/dev/null 2>&1
-# the draft's rows and greedy draws on the GPU (three requests in one block) against the CPU's
+# the draft's rows and greedy draws on the GPU (three requests in one block) against the CPU's; the
+# row ops alone too (argmax_rows, logprob_rows, draw_rows, verify_rows)
 [ -x "$BIN/dspark_check" ] && run "$BIN/dspark_check" "$OUT/dsp"
 # ... and at the M3.1-Flash draft's attention shapes (2 target layers, a draft of its shapes): the
 # attention on k_dsa_flash reading each pass's table, one-request passes recorded in a graph and
@@ -333,7 +335,7 @@ done
 CSB=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$CSB" ]; then
   [ -x "$BIN/dspark_check" ] && run $CSB --tool memcheck --error-exitcode 99 --print-limit 20 "$BIN/dspark_check" "$OUT/dsp"
-  # the argmax, draw and verify kernels' shared and distributed shared memory, their barriers (the ops
+  # the argmax, draw, verify and prompt-logprob kernels' shared and distributed shared memory, their barriers (the ops
   # alone: racecheck of the whole check stops in a later kernel with the sanitizer's own internal
   # error; so does one that leaves the draw kernel's clusters out: kns=_rows takes all three)
   for tool in racecheck synccheck; do

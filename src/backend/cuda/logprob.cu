@@ -56,7 +56,7 @@ __device__ __forceinline__ void lp_block_best(float &v, int &i, float *sv, int *
 }
 
 /* grid (slice, row): part[row * S + slice] over the values [slice * slen, +slen) of the row */
-__global__ void __launch_bounds__(LP_T) k_lp_part(const float *x, int n, int V, size_t ld, int S, int slen, int k,
+__global__ void __launch_bounds__(LP_T) k_logprob_rows_part(const float *x, int n, int V, size_t ld, int S, int slen, int k,
                                                   const __grid_constant__ lp_args a, lp_part *part) {
     __shared__ float sv[LP_K][LP_T];
     __shared__ int si[LP_K][LP_T];
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(LP_T) k_lp_part(const float *x, int n, int V, 
 }
 
 /* a CTA of LP_SMAX threads per row joins its S slices */
-__global__ void __launch_bounds__(LP_SMAX) k_lp_join(const lp_part *part, int S, int n, int k, const __grid_constant__ lp_args a,
+__global__ void __launch_bounds__(LP_SMAX) k_logprob_rows_join(const lp_part *part, int S, int n, int k, const __grid_constant__ lp_args a,
                                                      const float *x, size_t ld, m3_row_lp *out) {
     __shared__ float rv[LP_SMAX / 32];
     __shared__ int ri[LP_SMAX / 32];
@@ -221,8 +221,8 @@ static void logprob_rows(m3_cuda *c, const float *x, int rows, int n, int V, siz
         lp_args a;
         memset(&a, 0, sizeof a);
         memcpy(a.tok, tok + r0, sizeof(int32_t) * (size_t)m);
-        k_lp_part<<<dim3((unsigned)S, (unsigned)m), LP_T, 0, c->st>>>(x + (size_t)r0 * ld, n, V, ld, S, slen, k, a, part);
-        k_lp_join<<<m, LP_SMAX, 0, c->st>>>(part, S, n, k, a, x + (size_t)r0 * ld, ld, out + r0);
+        k_logprob_rows_part<<<dim3((unsigned)S, (unsigned)m), LP_T, 0, c->st>>>(x + (size_t)r0 * ld, n, V, ld, S, slen, k, a, part);
+        k_logprob_rows_join<<<m, LP_SMAX, 0, c->st>>>(part, S, n, k, a, x + (size_t)r0 * ld, ld, out + r0);
         CK_LAUNCH(c, "logprob rows");
         if (c->failed) break;
     }

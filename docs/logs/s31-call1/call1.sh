@@ -27,7 +27,7 @@ timeout 120 $B/test_prompt_logprobs tests/data/m3-tiny cuda > $L/plp.log 2>&1
 echo "[$SECONDS] test_prompt_logprobs cuda rc $?"; grep -E "^==|^[0-9]\.|FAIL|cuda:|all checks|longest" $L/plp.log | cut -c1-240
 save
 if [ -n "$CS" ]; then
-  timeout 150 $CS --tool racecheck --error-exitcode 9 $B/dspark_check --ops-only /tmp/w/dsp > $L/racecheck.log 2>&1
+  timeout 150 $CS --tool racecheck --kernel-name kns=_rows --error-exitcode 9 $B/dspark_check --ops-only /tmp/w/dsp > $L/racecheck.log 2>&1
   echo "[$SECONDS] racecheck dspark_check --ops-only rc $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard|FAIL" $L/racecheck.log | head -5
   timeout 150 $CS --tool memcheck --error-exitcode 9 $B/test_prompt_logprobs tests/data/m3-tiny cuda > $L/memcheck.log 2>&1
   echo "[$SECONDS] memcheck test_prompt_logprobs cuda rc $?"; grep -E "ERROR SUMMARY|all checks|FAIL" $L/memcheck.log | head -5

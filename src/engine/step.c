@@ -57,9 +57,9 @@ static int waiting_push(m3_engine *e, req *r, int at_head) {
         e->waiting = p;
         e->cap_waiting = nc;
     }
-    if (e->prio) { /* by (priority, arrival): before the first that comes after it */
-        int j = 0;
-        while (j < e->n_waiting && !later(e->waiting[j], r) ) j++;
+    if (e->prio) { /* by (priority, arrival): after the last that comes before it (from the tail: a new one is usually last) */
+        int j = e->n_waiting;
+        while (j > 0 && later(e->waiting[j - 1], r)) j--;
         memmove(e->waiting + j + 1, e->waiting + j, sizeof *e->waiting * (size_t)(e->n_waiting - j));
         e->waiting[j] = r;
     } else if (at_head) {

@@ -635,10 +635,13 @@ static int parse_bad_words(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m3_
         int rc = 0;
         if (m3_tok_encode(c->tok, sp + 1, tl, 1, &a, &na, &err) || m3_tok_encode(c->tok, sp, tl + 1, 1, &s2, &n2, &err))
             rc = OAI_BAD(e, "bad_words", "bad_words[%zu]: cannot tokenize it: %s", i, err.msg);
-        else if (!na || na > M3_OAI_MAX_BAD_WORD_TOKENS || n2 > M3_OAI_MAX_BAD_WORD_TOKENS)
-            rc = OAI_BAD(e, "bad_words", "bad_words[%zu] is %zu tokens; 1 to %d are taken", i, na > n2 ? na : n2,
-                         M3_OAI_MAX_BAD_WORD_TOKENS);
-        else if (!(rc = add_bad_seq(g, a, na, e)) && n2 == na && s2[0] != a[0])
+        else if (!na || na > M3_OAI_MAX_BAD_WORD_TOKENS) /* (the form after a space counts only with as many) */
+            rc = OAI_BAD(e, "bad_words", "bad_words[%zu] is %zu tokens; 1 to %d are taken", i, na, M3_OAI_MAX_BAD_WORD_TOKENS);
+        for (size_t k = 0; !rc && k < na + (n2 == na ? n2 : 0); k++) /* tokenizer ids past the model's rows */
+            if ((k < na ? a[k] : s2[k - na]) >= c->vocab)
+                rc = OAI_BAD(e, "bad_words", "bad_words[%zu] holds token %d, outside the model's vocabulary (%d)", i,
+                             (int)(k < na ? a[k] : s2[k - na]), c->vocab);
+        if (!rc && !(rc = add_bad_seq(g, a, na, e)) && n2 == na && s2[0] != a[0])
             rc = add_bad_seq(g, s2, n2, e);
         free(sp);
         free(a);

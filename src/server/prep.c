@@ -85,12 +85,26 @@ static void do_tokenize(srv *s, prep_job *j) {
         j->rc = m3_oai_errorf(&j->e, 400, "invalid_request_error", NULL, "give 'prompt' (a string) or 'messages'");
         return;
     }
-    json_t *a = json_array();
-    for (size_t i = 0; a && i < n; i++)
-        if (json_array_append_new(a, json_integer(ids[i]))) { json_decref(a); a = NULL; }
+    json_t *rts = json_object_get(j->json, "return_token_strs");
+    if (rts && !json_is_null(rts) && !json_is_boolean(rts)) {
+        free(ids);
+        j->rc = m3_oai_errorf(&j->e, 400, "invalid_request_error", "return_token_strs", "'return_token_strs' must be a boolean");
+        return;
+    }
+    json_t *a = json_array(), *strs = json_is_true(rts) ? json_array() : NULL; /* vLLM's: the tokens as the vocabulary spells them */
+    int bad = !a || (json_is_true(rts) && !strs);
+    for (size_t i = 0; !bad && i < n; i++) {
+        bad |= json_array_append_new(a, json_integer(ids[i])) != 0;
+        if (strs) {
+            const char *t = m3_tok_id_to_token(s->tok, ids[i]);
+            bad |= json_array_append_new(strs, t ? json_string(t) : json_null()) != 0;
+        }
+    }
     free(ids);
-    j->reply = a ? json_pack("{s:i,s:i,s:o}", "count", (int)n, "max_model_len", m3_engine_max_model_len(s->e), "tokens", a)
-                 : NULL;
+    j->reply = bad ? NULL : json_pack("{s:i,s:i,s:o}", "count", (int)n, "max_model_len", m3_engine_max_model_len(s->e), "tokens", a);
+    if (bad) json_decref(a);
+    if (j->reply && strs && json_object_set_new(j->reply, "token_strs", strs)) { json_decref(j->reply); j->reply = NULL; }
+    else if (!j->reply) json_decref(strs);
     if (!j->reply) j->rc = m3_oai_errorf(&j->e, 500, "server_error", NULL, "out of memory");
 }
 

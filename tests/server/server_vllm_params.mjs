@@ -11,11 +11,12 @@
 //  - return_token_ids: prompt_token_ids and token_ids (completions per choice, chat at the top), the
 //    stop token listed, streams adding up to the same; truncation_side; request_id naming the response;
 //  - bad_words: none of a word's token sequences (alone, after a space) in greedy or sampled output;
-//  - skip_special_tokens false: special tokens' text in the output;
+//  - skip_special_tokens false: special tokens' text in the output; /tokenize's return_token_strs;
 //  - the extras not served are refused (400 naming the field) unless at the value that changes
 //    nothing: priority (but under --scheduling-policy priority), use_beam_search, logits_processors,
 //    documents, chat_template, kv_transfer_params; priority served under --scheduling-policy priority.
 // Usage: node tests/server/server_vllm_params.mjs <m3-binary> <work-dir>
+import fs from 'node:fs';
 import { spawnSync } from 'node:child_process';
 import { makeCheckpoint, startServer, post, stream, reporter } from './lib.mjs';
 
@@ -242,6 +243,15 @@ try {
     const r = await post(base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, bad_words: v });
     ok(r.status === 400 && r.json?.error?.param === 'bad_words' && re.test(r.json.error.message), `bad_words ${JSON.stringify(v).slice(0, 24)}: 400 (${r.json?.error?.message})`);
   }
+
+  // ---- /tokenize's return_token_strs: the tokens as the vocabulary spells them ----
+  const vocab = JSON.parse(fs.readFileSync(ck + '/tokenizer.json')).model.vocab, spell = {};
+  for (const [k3, id] of Object.entries(vocab)) spell[id] = k3;
+  const tsr = await post(base, '/tokenize', { model: 'tiny', prompt: 'Hello world, colours', return_token_strs: true });
+  ok(tsr.status === 200 && tsr.json.token_strs.length === tsr.json.count && tsr.json.count > 1 &&
+     tsr.json.tokens.every((id, i) => tsr.json.token_strs[i] === spell[id]), `/tokenize return_token_strs: ${JSON.stringify(tsr.json?.token_strs)}`);
+  const tsb2 = await post(base, '/tokenize', { model: 'tiny', prompt: 'x', return_token_strs: 1 });
+  ok(tsb2.status === 400 && tsb2.json?.error?.param === 'return_token_strs', 'return_token_strs 1: 400');
 
   // ---- the extras not served: refused unless they change nothing ----
   // skip_special_tokens false: a special token's text stays (]~!b[ made certain by logit_bias)

@@ -418,6 +418,8 @@ static void route(http_req *req, void *arg) {
     int k = -1;
     for (int j = 0; j < (int)(sizeof known / sizeof *known); j++)
         if (!strcmp(path, known[j])) k = j;
+    const int ping = !strcmp(path, "/ping"); /* vLLM's (SageMaker's) health check, GET or POST */
+    if (ping) k = 0;
     const char *model_id = NULL; /* GET /v1/models/{id} */
     if (k < 0 && !strncmp(path, "/v1/models/", 11) && path[11]) {
         k = 2;
@@ -446,9 +448,9 @@ static void route(http_req *req, void *arg) {
         http_close_after(req);
         rc = srv_send_error(req, 503, "service_unavailable_error", "the server is shutting down");
     } else if (k < 0) rc = srv_send_error(req, 404, "not_found_error", "no route for %s", path);
-    else if (k == 11 ? !get && (!del || resp_items) : want_get ? !get : !post)
+    else if (k == 11 ? !get && (!del || resp_items) : want_get ? !get && !(ping && post) : !post)
         rc = srv_send_error(req, 405, "invalid_request_error", "method %.40s not allowed for %s (use %s)", method, path,
-                            k == 11 ? resp_items ? "GET" : "GET or DELETE" : want_get ? "GET" : "POST");
+                            k == 11 ? resp_items ? "GET" : "GET or DELETE" : ping ? "GET or POST" : want_get ? "GET" : "POST");
     else switch (k) {
         case 0: rc = h_health(req, s); break;
         case 1: rc = h_metrics(req, s); break;

@@ -253,6 +253,10 @@ try {
   const tsb2 = await post(base, '/tokenize', { model: 'tiny', prompt: 'x', return_token_strs: 1 });
   ok(tsb2.status === 400 && tsb2.json?.error?.param === 'return_token_strs', 'return_token_strs 1: 400');
 
+  // ---- vLLM's /ping (SageMaker's health check): GET and POST ----
+  const pg = await fetch(base + '/ping'), pp = await fetch(base + '/ping', { method: 'POST' }), pd = await fetch(base + '/ping', { method: 'DELETE' });
+  ok(pg.status === 200 && pp.status === 200 && pd.status === 405, `/ping: GET ${pg.status}, POST ${pp.status}, DELETE ${pd.status}`);
+
   // ---- the extras not served: refused unless they change nothing ----
   // skip_special_tokens false: a special token's text stays (]~!b[ made certain by logit_bias)
   const sp = async (skip, stream_) => {

@@ -7,8 +7,10 @@
  *      FCFS the most recently admitted is preempted (the first finishes first), under the
  *      priority policy the one of the larger priority value (the later, more urgent one finishes
  *      first, however late it came); a preempted request goes back in the queue by its priority;
- *   3. in every run each request's greedy tokens equal its tokens alone, and the pool's blocks
- *      all come back.
+ *   3. a victim taken while another request prefills in chunks (under priority, one before it in
+ *      the running list);
+ *   in every run each request's greedy tokens equal its tokens alone, and the pool's blocks all
+ *   come back.
  * Usage: test_priority [CHECKPOINT_DIR (default tests/data/m3-tiny)] (run from the repo root) */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,9 +54,10 @@ static void on_admit(void *arg, uint64_t id, int cached) {
 typedef struct {
     const int32_t *prompt;
     int n_prompt, max_tokens, priority;
+    int arrive; /* the step before which it is added */
 } job;
 
-/* Adds jobs[0..n) to a fresh engine (all before its first step), runs it dry; 0 or -1. */
+/* Adds jobs[0..n) to a fresh engine (each before step `arrive`), runs it dry; 0 or -1. */
 static int run(m3_model *m, const m3_engine_opts *o, const job *jobs, int n, rec *recs, m3_engine_stats *st) {
     m3_err err;
     static int admits, finishes;
@@ -62,8 +65,10 @@ static int run(m3_model *m, const m3_engine_opts *o, const job *jobs, int n, rec
     memset(recs, 0, sizeof *recs * (size_t)n);
     m3_engine *e = m3_engine_create(m, o, &err);
     if (!e) { CHECK(0, "engine: %s", err.msg); return -1; }
-    int rc = 0;
-    for (int i = 0; i < n; i++) {
+    int rc = 0, added = 0;
+    for (int step = 0; added < n || m3_engine_has_work(e); step++) {
+      for (int i = 0; i < n; i++) {
+        if (jobs[i].arrive != step) continue;
         m3_engine_request q;
         memset(&q, 0, sizeof q);
         q.prompt = jobs[i].prompt;
@@ -77,8 +82,8 @@ static int run(m3_model *m, const m3_engine_opts *o, const job *jobs, int n, rec
         recs[i].admits = &admits;
         recs[i].finishes = &finishes;
         if (!m3_engine_add(e, &q, &err)) { CHECK(0, "add %d: %s", i, err.msg); rc = -1; goto out; }
-    }
-    for (int step = 0; m3_engine_has_work(e); step++) {
+        added++;
+      }
         if (m3_engine_step(e, &err) < 0) { CHECK(0, "step: %s", err.msg); rc = -1; goto out; }
         if (step > 100000) { CHECK(0, "the engine does not finish"); rc = -1; goto out; }
     }
@@ -114,7 +119,7 @@ int main(int argc, char **argv) {
     const int prio[NR] = {5, 1, 3, 1, -2}; /* expected order: 4 (-2), 1, 3 (1, in arrival order), 2 (3), 0 (5) */
     const int want[NR] = {4, 1, 3, 2, 0};  /* the admission rank of each request */
     job j1[NR];
-    for (int i = 0; i < NR; i++) j1[i] = (job){prompts[i], 24, 3, prio[i]};
+    for (int i = 0; i < NR; i++) j1[i] = (job){prompts[i], 24, 3, prio[i], 0};
     for (int pol = 0; pol < 2; pol++) {
         m3_engine_opts_default(&o);
         o.kv_pages = 64;
@@ -132,7 +137,7 @@ int main(int argc, char **argv) {
     /* ---- 2. the preemption victim ---- */
     /* A (priority 10) arrives first, B (priority 0) second; each grows to 64 + 120 tokens (12
      * pages of 16), the pool holds 16: they cannot both finish without a preemption */
-    job j2[2] = {{prompts[0], 64, 120, 10}, {prompts[1], 64, 120, 0}};
+    job j2[2] = {{prompts[0], 64, 120, 10, 0}, {prompts[1], 64, 120, 0, 0}};
     for (int i = 0; i < 2; i++) {
         m3_engine_opts_default(&o);
         o.kv_pages = 32;
@@ -155,6 +160,37 @@ int main(int argc, char **argv) {
         printf("2. %s, a 16-page pool, A (priority 10, first) and B (priority 0): %llu preemptions, %c finished first, "
                "tokens equal to alone: %s\n", pol ? "priority" : "fcfs    ", (unsigned long long)st.preemptions, 'A' + first,
                eq ? "yes" : "NO");
+    }
+    /* ---- 3. a victim taken while another request prefills ----
+     * A (priority 5) decodes; B (priority 0, a 200-token prompt) arrives at step 3 and prefills in
+     * chunks of at most 32 tokens; the pool (16 pages) cannot hold both: B's chunk finds no page.
+     * FCFS takes B itself (the latest admitted), priority takes A, which sits before B in the
+     * running list (the scheduler's index steps back over it) */
+    static int32_t longp[200];
+    for (int t = 0; t < 200; t++) longp[t] = prompts[2][t % 64] ^ (t / 64);
+    job j3[2] = {{prompts[3], 64, 120, 5, 0}, {longp, 200, 8, 0, 3}};
+    for (int i = 0; i < 2; i++) {
+        job a = j3[i];
+        a.arrive = 0;
+        m3_engine_opts_default(&o);
+        o.kv_pages = 32;
+        if (run(&m, &o, &a, 1, &alone[i], &st)) goto done;
+    }
+    for (int pol = 0; pol < 2; pol++) {
+        m3_engine_opts_default(&o);
+        o.kv_pages = 16;
+        o.max_num_batched_tokens = 32;
+        o.enable_prefix_caching = 0;
+        o.scheduling_priority = pol;
+        if (run(&m, &o, j3, 2, recs, &st)) goto done;
+        const int eq = recs[0].finished && recs[1].finished && recs[0].n == 120 && recs[1].n == 8 &&
+                       !memcmp(recs[0].tok, alone[0].tok, sizeof(int32_t) * 120) && !memcmp(recs[1].tok, alone[1].tok, sizeof(int32_t) * 8);
+        const int first = recs[0].finish_seq < recs[1].finish_seq ? 0 : 1;
+        CHECK(eq && st.preemptions > 0 && first == (pol ? 1 : 0) && st.kv_blocks_used == 0,
+              "prefill victim, %s: equal %d, %llu preemptions, %c first", pol ? "priority" : "fcfs", eq,
+              (unsigned long long)st.preemptions, 'A' + first);
+        printf("3. %s, B prefilling in chunks of 32 beside A decoding: %llu preemptions, %c finished first, tokens equal to "
+               "alone: %s\n", pol ? "priority" : "fcfs    ", (unsigned long long)st.preemptions, 'A' + first, eq ? "yes" : "NO");
     }
 done:
     m3_model_free(&m);

@@ -306,11 +306,11 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
     }
     /* the key of the image content hashes and cache salts: unknown outside the process, so nobody
      * can craft an image or a salt whose blocks collide with another's */
-    if (getrandom(e->img_key, sizeof e->img_key, GRND_NONBLOCK) != (ssize_t)sizeof e->img_key) {
+    if (getrandom(e->blk_key, sizeof e->blk_key, GRND_NONBLOCK) != (ssize_t)sizeof e->blk_key) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        e->img_key[0] ^= (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)e;
-        e->img_key[1] ^= (uint64_t)ts.tv_sec * 0xbf58476d1ce4e5b9ull ^ (uint64_t)(uintptr_t)&ts;
+        e->blk_key[0] ^= (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)e;
+        e->blk_key[1] ^= (uint64_t)ts.tv_sec * 0xbf58476d1ce4e5b9ull ^ (uint64_t)(uintptr_t)&ts;
     }
     e->bm = m3_blocks_create(e->kv, err);
     if (!e->bm) {
@@ -450,7 +450,7 @@ void m3_engine_destroy(m3_engine *e) {
 }
 
 m3_engine_images *m3_engine_images_create(m3_engine *e, m3_pixels *px, const int32_t *rows, int n_rows, m3_err *err) {
-    return m3_images_new(e->vision, e->m->cfg.hidden, e->img_key, px, rows, n_rows, err);
+    return m3_images_new(e->vision, e->m->cfg.hidden, e->blk_key, px, rows, n_rows, err);
 }
 
 /* ---------------- inbox (any thread) ---------------- */
@@ -501,7 +501,7 @@ uint64_t m3_engine_add(m3_engine *e, const m3_engine_request *q, m3_err *err) {
             r->n_extra = 1;
         }
         /* a salt's own domain (the tag), never 0 (the key of a text block) */
-        r->extra[0] = m3_mix64(r->extra[0] ^ m3_siphash(e->img_key, q->cache_salt, q->cache_salt_len) ^ 0x73616c7421ull) | 1;
+        r->extra[0] = m3_mix64(r->extra[0] ^ m3_siphash(e->blk_key, q->cache_salt, q->cache_salt_len) ^ 0x73616c7421ull) | 1;
     }
     long lim = (long)q->n_prompt + q->max_tokens;
     r->limit = lim > e->max_len ? e->max_len : (int)lim;

@@ -173,7 +173,7 @@ struct m3_engine {
     m3_vision vision_dev;      /* its weights in a device backend's memory (vops->device_memory) */
     int vision_dev_ok;
     m3_ops *vops;
-    uint64_t img_key[2];       /* secret key of the image content hashes */
+    uint64_t blk_key[2];       /* secret key of the prefix-cache block keys (image contents, cache salts) */
     int32_t *ov_rows;          /* [max_tokens_step] batch rows taking image embeddings this step */
     float *ov_emb;             /* [max_tokens_step][hidden] their embeddings */
     /* structured outputs: the mask thread (engine.h) computes the masks of gq[0..gq_n) while the

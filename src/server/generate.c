@@ -887,10 +887,8 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     h->ids_as_tokens = g->ids_as_tokens;
     h->return_ids = g->return_ids;
     { /* the response's id: vLLM's, the X-Request-Id header's, else the body's request_id, else a random one */
-        const char *xr = http_header(req, "X-Request-Id");
-        int okx = xr && *xr && strlen(xr) <= 128; /* as server.c echoes it: printable, up to 128 bytes */
-        for (const char *q = xr; okx && *q; q++) okx = *q > 0x20 && *q < 0x7f;
-        snprintf(h->id_sfx, sizeof h->id_sfx, "%s", okx ? xr : g->request_id[0] ? g->request_id : h->rid);
+        const char *xr = srv_request_id(req);
+        snprintf(h->id_sfx, sizeof h->id_sfx, "%s", xr ? xr : g->request_id[0] ? g->request_id : h->rid);
     }
     if (h->return_ids) {
         memcpy(h->pid_off, g->prompt_off, sizeof h->pid_off);

@@ -393,6 +393,13 @@ static int cors(srv *s, http_req *req, const char *method, int *status) {
     return 1;
 }
 
+const char *srv_request_id(http_req *req) {
+    const char *xr = http_header(req, "X-Request-Id");
+    int ok = xr && *xr && strlen(xr) <= 128;
+    for (const char *q = xr; ok && *q; q++) ok = *q > 0x20 && *q < 0x7f;
+    return ok ? xr : NULL;
+}
+
 static void route(http_req *req, void *arg) {
     srv *s = arg;
     double t0 = m3_now();
@@ -404,11 +411,9 @@ static void route(http_req *req, void *arg) {
     path[i] = 0;
     snprintf(what, sizeof what, "%.40s %s", method, path);
     { /* X-Request-Id: the client's (printable, up to 128 bytes), else a new one, on every answer */
-        const char *xr = http_header(req, "X-Request-Id");
+        const char *xr = srv_request_id(req);
         char gen[33];
-        int okx = xr && *xr && strlen(xr) <= 128;
-        for (const char *q = xr; okx && *q; q++) okx = *q > 0x20 && *q < 0x7f;
-        if (!okx) { srv_random_hex(gen, sizeof gen); xr = gen; }
+        if (!xr) { srv_random_hex(gen, sizeof gen); xr = gen; }
         http_add_header(req, "X-Request-Id", xr);
     }
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");

@@ -210,6 +210,9 @@ struct srv {
 
 /* server.c */
 void srv_random_hex(char *out, size_t cap); /* cap - 1 random hex digits, NUL-terminated */
+/* the request's X-Request-Id when it is one the server takes (printable ASCII without spaces, up
+ * to 128 bytes: it is echoed, and names the response), else NULL */
+const char *srv_request_id(http_req *req);
 /* compact JSON text of j (malloc'd, NUL-terminated; *len its length if len), NULL when out of memory */
 char *srv_json_text(const json_t *j, size_t *len);
 int srv_send_json(http_req *req, int code, json_t *j); /* takes j; returns code */

@@ -15,4 +15,9 @@ int m3_utf8_len(const uint8_t *s, size_t n);
  * U+10FFFF is written as U+FFFD; surrogates are written as they are (callers refuse them). */
 int m3_utf8_put(uint32_t cp, char *out);
 
+/* Bytes of s[0..n)'s leading (tail 0) or trailing (tail 1) whitespace as Python's str.strip()
+ * counts it (str.isspace(): ASCII 9-13 and 28-32, U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028,
+ * U+2029, U+202F, U+205F, U+3000); s is valid UTF-8. */
+size_t m3_utf8_space_run(const char *s, size_t n, int tail);
+
 #endif

@@ -14,6 +14,10 @@
  *     redacted_thinking (dropped: it is another model's encrypted reasoning, nothing this
  *     template can write), tool_use (id, name, input object) -> tool_calls. cache_control and
  *     citations on blocks are accepted and have no effect (the prefix cache is automatic);
+ *   a final assistant message (a prefill) -> continue_final_message, add_generation_prompt
+ *     false: the answer continues its text (its last text block), in a text block. Refused as
+ *     Anthropic refuses them: text ending in whitespace; and a tool_use block in it or no text
+ *     to continue. An empty one ("" or no blocks) is no prefill: the answer is a new turn;
  *   tools {name, description, input_schema, strict} -> function tools (type absent or "custom";
  *     the server tools Anthropic runs itself, web search & co, are refused); strict: true makes
  *     every call valid under tool_choice auto too (openai.h: M3_OAI_C_TOOLS_AUTO);
@@ -27,8 +31,7 @@
  *     whole output, reasoning included.
  * Other fields are ignored, as the OpenAI endpoint ignores fields it does not know; content
  * block types the template cannot write (document, search_result, server tool blocks, ...)
- * and a final assistant message (a prefill, which would need the turn left open) are refused
- * with a 400 naming them.
+ * are refused with a 400 naming them.
  *
  * Errors are m3_oai_error (status, type, param, message): the server renders them in
  * Anthropic's shape for these endpoints. Ownership: the result may borrow strings from body

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../base/fault.h"
+#include "../base/utf8.h"
 
 static const char BAD[] = "invalid_request_error";
 
@@ -219,7 +220,44 @@ fail:
     return rc;
 }
 
-static int messages(json_t *b, json_t *out, m3_oai_error *e) {
+/* A final assistant message is Anthropic's prefill: the answer continues its text (the OpenAI
+ * request gets continue_final_message). *cont: 1 to continue it; 0 when it is empty (a string ""
+ * or no blocks: the answer is a new turn, as with no such message). Refused, as Anthropic's API
+ * refuses them: text ending in whitespace, and what cannot be continued (a tool_use block, whose
+ * tool_result must come first; no text after thinking blocks). */
+static int prefill(json_t *ct, const char *p, int *cont, m3_oai_error *e) {
+    const char *t = NULL;
+    size_t n = 0;
+    *cont = 0;
+    if (json_is_string(ct)) {
+        t = json_string_value(ct);
+        n = json_string_length(ct);
+        if (!n) return 0;
+    } else if (json_is_array(ct)) {
+        if (!json_array_size(ct)) return 0;
+        for (size_t j = 0; j < json_array_size(ct); j++) {
+            json_t *b = json_array_get(ct, j);
+            const char *ty = type_of(b);
+            if (ty && !strcmp(ty, "tool_use"))
+                return A_BAD(e, p, "%s: a final assistant message (prefill) cannot hold a tool_use block: send its "
+                             "tool_result in a user message after it", p);
+            json_t *x = json_object_get(b, "text");
+            if (ty && !strcmp(ty, "text") && json_is_string(x)) {
+                t = json_string_value(x);
+                n = json_string_length(x);
+            }
+        }
+        if (!t) return A_BAD(e, p, "%s: a final assistant message (prefill) needs a text block to continue", p);
+        if (!n) return A_BAD(e, p, "%s: the final assistant message's last text block is empty", p);
+    } else return 0; /* its type is refused with the other assistant messages' */
+    if (m3_utf8_space_run(t, n, 1))
+        return A_BAD(e, p, "%s: final assistant content cannot end with trailing whitespace", p);
+    *cont = 1;
+    return 0;
+}
+
+/* *cont: 1 when the last message is a prefill to continue */
+static int messages(json_t *b, json_t *out, int *cont, m3_oai_error *e) {
     json_t *sys = json_object_get(b, "system");
     if (json_is_string(sys)) {
         if (add(out, json_pack("{s:s,s:O}", "role", "system", "content", sys))) return A_OOM(e);
@@ -244,10 +282,10 @@ static int messages(json_t *b, json_t *out, m3_oai_error *e) {
         if (!json_is_object(m)) return A_BAD(e, p, "%s must be an object {role, content}", p);
         if (role && !strcmp(role, "user")) rc = user_message(ct, i, out, e);
         else if (role && !strcmp(role, "assistant")) {
-            /* Anthropic continues a final assistant message (a prefill); the template closes every
-             * turn it writes, so it would be answered as a new turn instead: refused, not misread */
-            if (i + 1 == json_array_size(msgs))
-                return A_BAD(e, p, "%s: a final assistant message (prefill) is not supported: the last message must be the user's", p);
+            if (i + 1 == json_array_size(msgs)) {
+                if ((rc = prefill(ct, p, cont, e))) return rc;
+                if (!*cont && (json_is_string(ct) || json_is_array(ct))) continue; /* empty: no prefill */
+            }
             rc = assistant_message(ct, i, out, e);
         } else return A_BAD(e, p, "%s.role must be \"user\" or \"assistant\" (the system prompt goes in 'system')", p);
         if (rc) return rc;
@@ -390,7 +428,12 @@ int m3_anth_to_oai(json_t *b, int count_only, json_t **out, m3_oai_error *e) {
     }
     v = json_object_get(b, "metadata");
     if (!rc && v && !json_is_null(v) && !json_is_object(v)) rc = A_BAD(e, "metadata", "'metadata' must be an object");
-    if (!rc) rc = messages(b, msgs, e);
+    int cont = 0;
+    if (!rc) rc = messages(b, msgs, &cont, e);
+    /* a prefill: the prompt ends inside the final assistant turn, cut as Hugging Face's
+     * apply_chat_template(continue_final_message=True) cuts it */
+    if (!rc && cont && (set(o, "continue_final_message", json_true()) || set(o, "add_generation_prompt", json_false())))
+        rc = A_OOM(e);
     if (!rc) rc = tools(b, o, e);
     if (!rc) rc = tool_choice(b, o, e);
     if (!rc) rc = thinking(b, o, e);

@@ -267,47 +267,12 @@ static int final_text(json_t *msgs, const char **t, size_t *len, m3_oai_error *e
     return 0;
 }
 
-/* Python's str.isspace() for one code point (what str.strip() takes away) */
-static int py_space(uint32_t c) {
-    return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
-}
-
-/* the code point of the UTF-8 character at s (n bytes left, valid text), its length in *k */
-static uint32_t cp_at(const char *s, size_t n, int *k) {
-    const uint8_t *u = (const uint8_t *)s;
-    int l = m3_utf8_len(u, n);
-    if (l <= 1) { *k = 1; return u[0]; }
-    uint32_t c = u[0] & (0xff >> (l + 1));
-    for (int i = 1; i < l; i++) c = c << 6 | (u[i] & 0x3f);
-    *k = l;
-    return c;
-}
-
-/* bytes of s[0..n)'s leading (tail 0) or trailing (tail 1) whitespace, as Python strips it */
-static size_t ws_run(const char *s, size_t n, int tail) {
-    size_t i = 0;
-    if (!tail) {
-        for (int k; i < n && py_space(cp_at(s + i, n - i, &k)); i += (size_t)k) {}
-        return i;
-    }
-    size_t end = n;
-    while (end > 0) {
-        size_t b = end - 1;
-        while (b > 0 && ((uint8_t)s[b] & 0xc0) == 0x80) b--; /* the last character's first byte */
-        int k;
-        if (!py_space(cp_at(s + b, end - b, &k))) break;
-        end = b;
-    }
-    return n - end;
-}
-
 /* The rendered prompt cut where Hugging Face's apply_chat_template(continue_final_message=True)
  * cuts it: at the last place the final message's text (stripped of surrounding whitespace)
  * appears, after the text with its trailing whitespace when the template kept it, else after
  * the stripped text; -1 when it appears nowhere. */
 static int cut_after_final(char *text, size_t *len, const char *f, size_t fl) {
-    const size_t a = ws_run(f, fl, 0), z = a < fl ? ws_run(f + a, fl - a, 1) : 0;
+    const size_t a = m3_utf8_space_run(f, fl, 0), z = a < fl ? m3_utf8_space_run(f + a, fl - a, 1) : 0;
     const char *st = f + a;
     const size_t sl = fl - a - z; /* strip(f) */
     size_t loc = *len;            /* Python's rindex of "": the end */
@@ -622,7 +587,7 @@ static int parse_bad_words(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m3_
         json_t *w = json_array_get(v, i);
         if (!json_is_string(w)) return OAI_BAD(e, "bad_words", "bad_words[%zu] is not a string", i);
         const char *t = json_string_value(w);
-        const size_t lead = ws_run(t, json_string_length(w), 0), tl = json_string_length(w) - lead;
+        const size_t lead = m3_utf8_space_run(t, json_string_length(w), 0), tl = json_string_length(w) - lead;
         if (!tl) return OAI_BAD(e, "bad_words", "bad_words[%zu] is empty (or only whitespace)", i);
         char *sp = o_malloc(tl + 2);
         if (!sp) return OAI_OOM(e);

@@ -68,6 +68,20 @@ static const struct { const char *in, *want; int count; } OK[] = {
     {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"auto\","
      "\"disable_parallel_tool_use\":false}}",
      "{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"auto\"}", 0},
+    /* a prefill: the answer continues the final assistant message (string or blocks, thinking
+     * as its reasoning); count_tokens counts the same prompt */
+    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"Bon\"}]}",
+     "{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"Bon\"}],"
+     "\"continue_final_message\":true,\"add_generation_prompt\":false}", 0},
+    {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"R\","
+     "\"signature\":\"s\"},{\"type\":\"text\",\"text\":\" {\\\"a\\\":\"}]}]}",
+     "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\" {\\\"a\\\":\"}],"
+     "\"reasoning_content\":\"R\"}],\"continue_final_message\":true,\"add_generation_prompt\":false}", 1},
+    /* an empty final assistant message is no prefill: the answer is a new turn */
+    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"\"}]}",
+     "{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 0},
+    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":[]}]}",
+     "{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 0},
     /* count_tokens: no max_tokens needed; stream and sampling have no part in it */
     {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true,\"temperature\":1}",
      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 1},
@@ -79,8 +93,16 @@ static const struct { const char *in; int count; const char *param, *says; } BAD
     {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 0, "max_tokens", "'max_tokens' is required"},
     {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[]}", 0, "messages", "non-empty"},
     {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":\"x\"}]}", 0, "messages[0]", "'system'"},
-    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"y\"}]}",
-     0, "messages[1]", "prefill"},
+    /* prefills that cannot be continued: trailing whitespace (Anthropic's rule; U+3000 too, as
+     * Python's str.isspace), a tool_use block, thinking with no text, an empty last text block */
+    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"y \"}]}", 0, "messages[1]", "trailing whitespace"},
+    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"y\\n\"}]}", 0, "messages[1]", "trailing whitespace"},
+    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"y\u3000\"}]}", 0, "messages[1]", "trailing whitespace"},
+    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"y\\t\"}]}]}", 0, "messages[1]", "trailing whitespace"},
+    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"y\"},{\"type\":\"tool_use\",\"id\":\"a\",\"name\":\"b\",\"input\":{}}]}]}", 0,
+     "messages[1]", "tool_use"},
+    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"t\",\"signature\":\"\"}]}]}", 1, "messages[1]", "text block to continue"},
+    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"y\"},{\"type\":\"text\",\"text\":\"\"}]}]}", 0, "messages[1]", "empty"},
     {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"document\"}]}]}", 0,
      "messages[0].content[0]", "'document'"},
     {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_use\",\"id\":\"a\",\"name\":\"b\","

@@ -12,11 +12,16 @@
 //    and non-stream; disable_parallel_tool_use: one call; a tool_result sent back is answered, and
 //    the prompt is the one the OpenAI request with the same history renders (tokens and greedy
 //    answer equal);
+//  - a prefill (a final assistant message): the prompt is the plain prompt followed by the prefill's
+//    tokens (the prefill being the plain greedy answer's first k tokens), the answer its continuation
+//    alone (the plain answer's next tokens up to a near tie), equal to continue_final_message on the
+//    OpenAI endpoint, streamed too, counted by count_tokens; after a thinking block; an empty one is
+//    no prefill;
 //  - stop_sequences: the text ends before the first occurrence, stop_reason stop_sequence and the
 //    string named, stream too;
 //  - errors in Anthropic's shape as the SDK's classes: missing max_tokens (BadRequestError), a bad key
 //    (AuthenticationError), an unknown model (NotFoundError, the OpenAI endpoint's message), refused
-//    block types, a prefill, bad JSON; x-api-key and Bearer both accepted;
+//    block types, prefills that cannot be continued, bad JSON; x-api-key and Bearer both accepted;
 //  - an engine failure (a NaN embedding row): a 500 api_error, or mid-stream an `event: error` that the
 //    SDK throws, after message_start;
 //  - allocation failures injected into a running server: every answer equal to the clean server's or
@@ -288,6 +293,60 @@ try {
   ok(ct1.input_tokens === m1.usage.input_tokens && ctTools.input_tokens === tAny.usage.input_tokens && ctTools.input_tokens > ct1.input_tokens,
      `count_tokens: ${ct1.input_tokens} = usage.input_tokens ${m1.usage.input_tokens}; with tools ${ctTools.input_tokens} = ${tAny.usage.input_tokens}`);
 
+  // ---- a prefill (a final assistant message): the answer continues it. The prefill is the text of
+  // the first k tokens of the plain greedy answer (thinking adaptive: the generation prompt is the
+  // assistant turn's opening, which the final message's rendering shares), so the prompt must be
+  // exactly the plain prompt followed by those k tokens.
+  const AD = { type: 'adaptive' }, adKw = { thinking_mode: 'adaptive' };
+  const pl = (await post(base, '/v1/chat/completions', { ...greedy, max_tokens: 24, messages: USER, chat_template_kwargs: adKw,
+    return_token_ids: true, ignore_eos: true }, AUTH)).json;
+  const P = pl?.prompt_token_ids ?? [], T = pl?.choices?.[0]?.token_ids ?? [];
+  ok(P.length > 0 && T.length === 24, `the plain answer's ids: ${P.length} prompt, ${T.length} generated`);
+  let k = 0, pre = null, preIds = null;
+  for (let j = 10; j >= 1 && !pre; j--) { // the longest cut whose text tokenizes back to the same ids
+    const text = (await post(base, '/detokenize', { model: 'tiny', tokens: T.slice(0, j) }, AUTH)).json?.prompt;
+    if (typeof text !== 'string' || !text.trim() || /\s$/.test(text) || text.includes('\ufffd') || text.includes('<mm:think>')) continue;
+    const tk = (await post(base, '/tokenize', { model: 'tiny', messages: [...USER, { role: 'assistant', content: text }],
+      add_generation_prompt: false, continue_final_message: true, chat_template_kwargs: adKw }, AUTH)).json;
+    if (JSON.stringify(tk?.tokens) === JSON.stringify([...P, ...T.slice(0, j)])) { k = j; pre = text; preIds = tk.tokens; }
+  }
+  ok(pre !== null, `a prefill of the answer's first ${k} tokens (${JSON.stringify(pre)}) is the plain prompt + those tokens`);
+  const preReq = { ...greedy, max_tokens: 12, messages: [...USER, { role: 'assistant', content: pre ?? 'Bon' }], thinking: AD };
+  const mp = await client.messages.create(preReq);
+  ok(mp.usage.input_tokens === preIds?.length, `the prefill's prompt: ${mp.usage.input_tokens} tokens (the plain prompt ${P.length} + ${k})`);
+  ok(mp.content.length === 1 && mp.content[0].type === 'text' && mp.content[0].text.length > 0 && !mp.content[0].text.startsWith(pre),
+     `the answer is the continuation alone, in a text block (${JSON.stringify(textOf(mp)).slice(0, 60)})`);
+  // the same prompt through the OpenAI endpoint's continue_final_message: the same tokens
+  const op = (await post(base, '/v1/chat/completions', { ...greedy, max_tokens: 12, messages: preReq.messages, chat_template_kwargs: adKw,
+    add_generation_prompt: false, continue_final_message: true, return_token_ids: true }, AUTH)).json;
+  ok(op?.choices?.[0]?.message?.content === textOf(mp) && op.usage.prompt_tokens === mp.usage.input_tokens &&
+     op.usage.completion_tokens === mp.usage.output_tokens, 'the same answer as continue_final_message on /v1/chat/completions');
+  // greedy: the continuation is the plain answer's next tokens (until a near tie: the prefill ran as
+  // one prefill, the plain answer token by token)
+  const lp = (await post(base, '/v1/chat/completions', { ...greedy, max_tokens: 24, messages: USER, chat_template_kwargs: adKw,
+    logprobs: true, top_logprobs: 2, ignore_eos: true }, AUTH)).json?.choices?.[0]?.logprobs?.content ?? [];
+  const C = op?.choices?.[0]?.token_ids ?? [];
+  let same = 0;
+  while (same < C.length && k + same < T.length && C[same] === T[k + same]) same++;
+  const tie = j => { const t = lp[j]?.top_logprobs; return t?.length === 2 && t[0].logprob - t[1].logprob < 1e-3; };
+  ok(C.length > 0 && (same === Math.min(C.length, T.length - k) || tie(k + same)),
+     `the continuation is the plain answer's tokens ${k}.. (${same} of ${C.length} equal${same < C.length ? ', then a near tie' : ''})`);
+  const ctp = await client.messages.countTokens({ model: 'tiny', messages: preReq.messages, thinking: AD });
+  ok(ctp.input_tokens === mp.usage.input_tokens, `count_tokens counts the prefill's prompt (${ctp.input_tokens})`);
+  const sp = await streamed(preReq);
+  ok(!sp.err && sp.blocks.length === 1 && sp.blocks[0].type === 'text' && sp.blocks[0].text === textOf(mp), `streamed: the same continuation (${sp.err ?? 'events in order'})`);
+  // as blocks, with a thinking block before the text (its reasoning rendered in the turn): the
+  // OpenAI request with that reasoning_content, continued
+  const blk = [...USER, { role: 'assistant', content: [{ type: 'thinking', thinking: 'Short.', signature: '' }, { type: 'text', text: 'Bon' }] }];
+  const mb = await client.messages.create({ ...greedy, max_tokens: 8, messages: blk, thinking: ON });
+  const ob = await oai.chat.completions.create({ ...greedy, max_tokens: 8, chat_template_kwargs: { thinking_mode: 'enabled' },
+    messages: [...USER, { role: 'assistant', content: 'Bon', reasoning_content: 'Short.' }], add_generation_prompt: false, continue_final_message: true });
+  ok(mb.content.every(b => b.type === 'text') && textOf(mb) === (ob.choices[0].message.content ?? '') && mb.usage.input_tokens === ob.usage.prompt_tokens,
+     `thinking on, a prefill after a thinking block: the continuation as text (${mb.usage.input_tokens} prompt tokens, as the OpenAI request's)`);
+  // an empty final assistant message is no prefill: the answer of the plain request
+  const me = await client.messages.create({ ...plain, messages: [...USER, { role: 'assistant', content: '' }] });
+  ok(textOf(me) === textOf(m1) && me.usage.input_tokens === m1.usage.input_tokens, 'an empty final assistant message: the plain answer');
+
   // ---- errors, in Anthropic's shape, as the SDK's classes
   await refused(client.messages.create({ model: 'tiny', messages: USER }), Anthropic.BadRequestError, 400, 'invalid_request_error', 'no max_tokens', /max_tokens/);
   await refused(new Anthropic({ baseURL: base, apiKey: 'wrong', maxRetries: 0 }).messages.create(plain), Anthropic.AuthenticationError, 401, 'authentication_error', 'a wrong x-api-key');
@@ -303,7 +362,9 @@ try {
   await refused(client.messages.create({ ...plain, temperature: 5 }), Anthropic.BadRequestError, 400, 'invalid_request_error', 'temperature 5', /temperature/);
   await refused(client.messages.create({ ...plain, messages: [{ role: 'user', content: [{ type: 'document', source: { type: 'text', media_type: 'text/plain', data: 'x' } }] }] }),
                 Anthropic.BadRequestError, 400, 'invalid_request_error', 'a document block', /document/);
-  await refused(client.messages.create({ ...plain, messages: [...USER, { role: 'assistant', content: 'Bon' }] }), Anthropic.BadRequestError, 400, 'invalid_request_error', 'a prefill', /prefill/);
+  await refused(client.messages.create({ ...plain, messages: [...USER, { role: 'assistant', content: 'Bon ' }] }), Anthropic.BadRequestError, 400, 'invalid_request_error', 'a prefill ending in a space', /trailing whitespace/);
+  await refused(client.messages.create({ ...plain, messages: [...USER, { role: 'assistant', content: [{ type: 'text', text: 'Bon' }, { type: 'tool_use', id: 'toolu_1', name: 'get_weather', input: {} }] }] }),
+                Anthropic.BadRequestError, 400, 'invalid_request_error', 'a prefill holding a tool_use block', /tool_use/);
   await refused(client.messages.create({ ...plain, tools: [{ type: 'web_search_20250305', name: 'web_search' }] }), Anthropic.BadRequestError, 400, 'invalid_request_error', 'a server tool', /web_search/);
   await refused(client.messages.create({ ...plain, tool_choice: { type: 'tool', name: 'nope' }, tools: TOOLS }), Anthropic.BadRequestError, 400, 'invalid_request_error', 'tool_choice naming no tool', /nope/);
   await refused(client.messages.create({ ...plain, messages: [{ role: 'user', content: [{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'iVBORw0KGgo=' } }] }] }),

@@ -463,6 +463,8 @@ struct m3_sampler {
     int32_t *slot;     /* open addressing: index into seen, -1 empty */
     int n_slot;        /* power of two, > 2 * n_seen */
     int n_generated;
+    int in_think;      /* the reasoning budget: inside a reasoning section, with think_count tokens in it */
+    int think_count;
 };
 
 static uint32_t hash_id(int32_t id) { return (uint32_t)id * 0x9e3779b1u; }
@@ -558,6 +560,18 @@ m3_sampler *m3_sampler_create(const m3_sampling *p, int V, const int32_t *prompt
         if (!e) { bad = 1; m3_errf(err, "sampling: out of memory"); break; }
         e->prompt = 1;
     }
+    if (!bad && p->think_end_id > 0) { /* the reasoning budget: its ids, and whether the prompt ends inside reasoning */
+        if (p->think_budget < 0) { bad = 1; m3_errf(err, "sampling: think_budget %d, expected >= 0", p->think_budget); }
+        else if (p->think_end_id >= s->n || p->think_start_id < 0 || p->think_start_id >= s->n || p->think_start_id == p->think_end_id) {
+            bad = 1;
+            m3_errf(err, "sampling: reasoning tags %d / %d must be two ids in [0, %d)", (int)p->think_start_id, (int)p->think_end_id, s->n);
+        } else {
+            int i = n_prompt - 1;
+            while (i >= 0 && prompt[i] != p->think_start_id && prompt[i] != p->think_end_id) i--;
+            s->in_think = i >= 0 && prompt[i] == p->think_start_id;
+            s->think_count = s->in_think ? n_prompt - 1 - i : 0;
+        }
+    }
     if (!bad && p->n_bad_words > 0) { /* the bad words: offsets ascending from 0, sequences of ids in [0, V) */
         const int nb = p->n_bad_words;
         if (!p->bad_words || !p->bad_word_off || p->bad_word_off[0] != 0) { bad = 1; m3_errf(err, "sampling: bad words: %d sequences but no arrays", nb); }
@@ -606,6 +620,12 @@ int m3_sampler_accept(m3_sampler *s, int32_t token, m3_err *err) {
     e->gen++;
     if (s->hist) s->hist[s->n_generated % s->hist_cap] = token;
     s->n_generated++;
+    if (s->p.think_end_id > 0) {
+        if (token == s->p.think_start_id || token == s->p.think_end_id) {
+            s->in_think = token == s->p.think_start_id;
+            s->think_count = 0;
+        } else s->think_count += s->in_think;
+    }
     return 0;
 }
 
@@ -628,10 +648,28 @@ static void mask_row(const float *x, const uint32_t *mask, int V, float *w) {
     for (int i = nw * 32; i < V; i++) w[i] = (mask[i >> 5] >> (i & 31)) & 1 ? x[i] : -INFINITY;
 }
 
-/* Steps 1-2: the working logits. */
+/* step 0: the reasoning budget is spent, the next token closes the reasoning */
+static int think_forced(const m3_sampler *s) {
+    return s->p.think_end_id > 0 && s->in_think && s->think_count >= s->p.think_budget;
+}
+
+/* step 0 may come within M3_SAMPLE_HORIZON rows: in reasoning, at the row where its budget runs
+ * out; outside, at the earliest after an opening tag and a whole budget */
+static int think_near(const m3_sampler *s) {
+    if (s->p.think_end_id <= 0) return 0;
+    const long left = s->in_think ? (long)s->p.think_budget - s->think_count : (long)s->p.think_budget + 1;
+    return left < M3_SAMPLE_HORIZON;
+}
+
+/* Steps 0-2: the working logits. */
 static void prepare(const m3_sampler *s, const float *logits, float *w) {
     const m3_sampling *p = &s->p;
     const int V = s->V;
+    if (think_forced(s)) {
+        for (int i = 0; i < V; i++) w[i] = -INFINITY;
+        w[p->think_end_id] = 0;
+        return;
+    }
     if (p->n_allowed > 0) {
         for (int i = 0; i < V; i++) w[i] = -INFINITY;
         for (int j = 0; j < p->n_allowed; j++) {
@@ -669,11 +707,11 @@ static void prepare(const m3_sampler *s, const float *logits, float *w) {
 static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, const pick_info *ppi, int tok,
                    m3_sample_out *out);
 
-/* steps 1-2 change nothing: no allowed / banned ids, no min_tokens still holding ids back, no
- * logit_bias, no penalty */
+/* steps 0-2 change nothing: no allowed / banned ids, no min_tokens still holding ids back, no
+ * logit_bias, no penalty, no reasoning budget running out within M3_SAMPLE_HORIZON rows */
 static int plain_logits(const m3_sampler *s) {
     const m3_sampling *p = &s->p;
-    return !s->mask && p->n_allowed <= 0 && p->n_banned <= 0 && p->n_bad_words <= 0 &&
+    return !s->mask && !think_near(s) && p->n_allowed <= 0 && p->n_banned <= 0 && p->n_bad_words <= 0 &&
            !(s->n_generated < p->min_tokens && p->n_min_tokens_ids > 0) &&
            p->n_logit_bias <= 0 && !(p->repetition_penalty > 0 && p->repetition_penalty != 1) &&
            p->frequency_penalty == 0 && p->presence_penalty == 0;

@@ -12,6 +12,8 @@
  *   m3_stop       stop token ids and stop strings, with the hold-back a streaming server needs.
  *
  * Order of operations (vLLM V1's sampler):
+ *   0. the reasoning budget spent (think_budget): the row is think_end_id alone (the rest -inf,
+ *      whatever steps 1-2 would do; vLLM's logits processor sets that logit to 1e9);
  *   1. allowed ids (everything else -inf), the token mask (m3_sampler_set_mask: ids whose bit
  *      is clear -inf; grammar-constrained decoding), banned ids -inf, min_tokens (the min_tokens_ids
  *      are -inf until min_tokens tokens were accepted), bad words (a sequence's last token -inf
@@ -79,7 +81,18 @@ typedef struct m3_sampling {
      * tokenizer's): ids from n_text on never come out, as if masked, and are left out of
      * logprobs (raw ones included: the log-softmax runs over [0, n_text)); 0: all V */
     int n_text;
+    /* a reasoning budget (vLLM's thinking_token_budget), on when think_end_id > 0: at most
+     * think_budget (>= 0) tokens come out inside a reasoning section (after a think_start_id
+     * token, the prompt's last one counting, until a think_end_id), then think_end_id comes out,
+     * whatever the row (step 0 below); a later think_start_id opens a new section with a new
+     * budget. Both ids in [0, n_text) */
+    int32_t think_start_id, think_end_id;
+    int think_budget;
 } m3_sampling;
+
+/* The rows ahead that m3_sampler_plain_* answer for: their "nothing changes the row now" holds
+ * for this many rows (a speculative verification's k + 1; spec.h: M3_SPEC_MAX_TOKENS + 1) */
+#define M3_SAMPLE_HORIZON 33
 
 typedef struct m3_sample_out {
     int32_t token;

@@ -26,9 +26,9 @@
  *   tool_choice {type: auto | any | tool (name) | none, disable_parallel_tool_use} -> "auto",
  *     "required", a named function, "none"; parallel_tool_calls false;
  *   thinking {type: enabled, budget_tokens} | {type: disabled} | {type: adaptive} -> the
- *     template's thinking_mode (absent: the template's default, as on the OpenAI side).
- *     budget_tokens is checked (an integer >= 1) but not enforced: max_tokens bounds the
- *     whole output, reasoning included.
+ *     template's thinking_mode (absent: the template's default, as on the OpenAI side);
+ *     budget_tokens (an integer >= 1) -> thinking_token_budget: the reasoning closes after
+ *     that many tokens (max_tokens still bounds the whole output, reasoning included).
  * Other fields are ignored, as the OpenAI endpoint ignores fields it does not know; content
  * block types the template cannot write (document, search_result, server tool blocks, ...)
  * are refused with a 400 naming them.

@@ -981,6 +981,11 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     sp->bad_word_off = g->bad_off;
     sp->n_bad_words = g->n_bad;
     sp->top_logprobs = h->top_logprobs;
+    if (g->think_on) { /* vLLM's thinking_token_budget */
+        sp->think_start_id = g->think_open;
+        sp->think_end_id = g->think_close;
+        sp->think_budget = (int)g->think_budget;
+    }
     er.max_tokens = (int)g->max_tokens;
     er.stop_ids = g->stop_ids;
     er.n_stop_ids = (int)g->n_stop_ids;

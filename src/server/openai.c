@@ -667,6 +667,19 @@ static int parse_vllm_extras(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m
         g->priority = (int)json_integer_value(v);
     }
     if ((rc = parse_bad_words(c, b, g, e))) return rc;
+    /* thinking_token_budget (vLLM's): at most this many tokens inside the reasoning, then its
+     * closing tag (the sampler's think budget; the tags must be single tokens) */
+    g->think_budget = -1;
+    if ((rc = get_int(e, b, "thinking_token_budget", 0, INT32_MAX, &g->think_budget))) return rc;
+    if (g->think_budget >= 0) {
+        g->think_on = 1;
+        g->think_open = m3_tok_token_to_id(c->tok, "<mm:think>");
+        g->think_close = m3_tok_token_to_id(c->tok, "</mm:think>");
+        if (g->think_open < 0 || g->think_open >= c->vocab || g->think_close < 0 || g->think_close >= c->vocab)
+            return OAI_BAD(e, "thinking_token_budget",
+                           "'thinking_token_budget' needs the reasoning tags <mm:think> and </mm:think> as single tokens, "
+                           "which this tokenizer lacks");
+    }
     static const char *const refused[] = {"logits_processors", "documents", "chat_template", "mm_processor_kwargs",
                                           "kv_transfer_params", "vllm_xargs"};
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)

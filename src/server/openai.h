@@ -128,6 +128,9 @@ typedef struct m3_oai_params {
     int trunc_right;             /* truncation_side "right": its first this many instead */
     int return_ids;              /* return_token_ids: prompt_token_ids and token_ids in the answer */
     int priority;                /* vLLM's priority (--scheduling-policy priority): smaller first */
+    int think_on;                /* thinking_token_budget given: the reasoning closes after think_budget tokens */
+    long long think_budget;
+    int32_t think_open, think_close; /* ... its tags' ids (<mm:think>, </mm:think>) */
     char request_id[65];         /* request_id: the response's id is cmpl- / chatcmpl-<it> ("": a random one) */
     const char *cache_salt;      /* borrowed from the body: the prefix cache is shared only within a salt */
     size_t cache_salt_len;

@@ -969,6 +969,70 @@ static void test_bad_words(void) {
     CHECK(!m3_sampler_create(&b2, 6, NULL, 0, &err) && strstr(err.msg, "0 tokens"), "an empty bad word: %s", err.msg);
 }
 
+/* the reasoning budget (vLLM's thinking_token_budget): the reasoning's tokens counted from the
+ * prompt's open tag or a generated one, the close tag forced once the budget is spent (greedy,
+ * sampled, whatever the row says of it), sections reopened, and the horizon of the plain answers */
+static void test_think_budget(void) {
+    enum { V = 8, OPEN = 6, CLOSE = 7 };
+    float lg[V] = {0.5f, 3.0f, 2.0f, 1.0f, 0.0f, -1.0f, -2.0f, -INFINITY}; /* greedy: 1; the close tag impossible */
+    m3_err err;
+    int32_t pr[4] = {0, 2, OPEN, 3}; /* the prompt ends inside reasoning, 1 token in */
+    m3_sampling g = {.temperature = 0, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 3};
+    m3_sampler *s = mk(&g, V, pr, 4);
+    int got[8];
+    for (int i = 0; i < 8; i++) {
+        got[i] = draw(s, lg, NULL);
+        CHECK(!m3_sampler_accept(s, got[i], &err), "accept");
+    }
+    CHECK(got[0] == 1 && got[1] == 1 && got[2] == CLOSE && got[3] == 1 && got[7] == 1,
+          "budget 3, 1 token in the prompt: 1 1 then the close tag, then free: %d %d %d %d", got[0], got[1], got[2], got[3]);
+    CHECK(!m3_sampler_accept(s, OPEN, &err), "accept"); /* a new section: a new budget */
+    for (int i = 0; i < 4; i++) {
+        got[i] = draw(s, lg, NULL);
+        CHECK(!m3_sampler_accept(s, got[i], &err), "accept");
+    }
+    CHECK(got[0] == 1 && got[2] == 1 && got[3] == CLOSE, "a reopened section: 3 tokens, then the close tag (%d)", got[3]);
+    m3_sampler_free(s);
+    /* budget 0 at an open tag: the close tag at once; a prompt whose reasoning closed: free */
+    int32_t pr2[2] = {OPEN, CLOSE};
+    m3_sampling z = {.temperature = 0, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 0};
+    s = mk(&z, V, pr, 3);
+    CHECK(draw(s, lg, NULL) == CLOSE, "budget 0 after the open tag: the close tag first");
+    m3_sampler_free(s);
+    s = mk(&z, V, pr2, 2);
+    CHECK(draw(s, lg, NULL) == 1, "the prompt's reasoning closed: nothing forced");
+    m3_sampler_free(s);
+    /* sampled, with processed logprobs: the forced token has all the mass */
+    m3_sampling t = {.temperature = 1, .seed = 3, .top_p = 0.5f, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 1,
+                     .logprobs = 1, .logprobs_mode = M3_LOGPROBS_PROCESSED};
+    s = mk(&t, V, pr, 3);
+    m3_sample_out o;
+    const int first = draw(s, lg, &o);
+    CHECK(first != CLOSE && !m3_sampler_accept(s, first, &err), "sampled: the first token is free (%d)", first);
+    CHECK(draw(s, lg, &o) == CLOSE && o.logprob == 0, "sampled: then the close tag, logprob %g", o.logprob);
+    m3_sampler_free(s);
+    /* the plain answers (device draws, verification) hold for M3_SAMPLE_HORIZON rows: off while the
+     * budget could run out within them */
+    m3_sampling far = {.temperature = 0, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = M3_SAMPLE_HORIZON + 1};
+    s = mk(&far, V, pr, 3); /* in reasoning, 0 tokens in: 34 left */
+    CHECK(m3_sampler_plain_greedy(s) == V, "34 reasoning tokens left: plain");
+    CHECK(!m3_sampler_accept(s, 1, &err) && m3_sampler_plain_greedy(s) == V, "33 left: plain");
+    CHECK(!m3_sampler_accept(s, 1, &err) && m3_sampler_plain_greedy(s) == 0, "32 left: within the horizon");
+    CHECK(!m3_sampler_accept(s, CLOSE, &err) && m3_sampler_plain_greedy(s) == V, "closed (a budget of 34 to open and spend): plain");
+    m3_sampler_free(s);
+    m3_sampling near = {.temperature = 0, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = M3_SAMPLE_HORIZON - 2};
+    s = mk(&near, V, NULL, 0);
+    CHECK(m3_sampler_plain_greedy(s) == 0, "outside reasoning, a budget of 31: an open tag and 31 tokens fit the horizon");
+    m3_sampler_free(s);
+    /* bad arguments */
+    m3_sampling b1 = {.think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = -1};
+    CHECK(!m3_sampler_create(&b1, V, NULL, 0, &err) && strstr(err.msg, "think_budget"), "budget -1: %s", err.msg);
+    m3_sampling b2 = {.think_start_id = OPEN, .think_end_id = V, .think_budget = 1};
+    CHECK(!m3_sampler_create(&b2, V, NULL, 0, &err) && strstr(err.msg, "reasoning tags"), "close tag id 8 of 8: %s", err.msg);
+    m3_sampling b3 = {.think_start_id = CLOSE, .think_end_id = CLOSE, .think_budget = 1};
+    CHECK(!m3_sampler_create(&b3, V, NULL, 0, &err) && strstr(err.msg, "reasoning tags"), "one id for both tags: %s", err.msg);
+}
+
 int main(void) {
     m3_err err;
     WS = m3_sample_ws_create(BIGV, &err);
@@ -976,6 +1040,7 @@ int main(void) {
     test_argmax();
     test_greedy_bias_mask();
     test_bad_words();
+    test_think_budget();
     test_token_mask();
     test_text_vocab();
     test_penalties();

@@ -57,7 +57,7 @@ static const struct { const char *in, *want; int count; } OK[] = {
      "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"w\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"}}},"
      "{\"type\":\"function\",\"function\":{\"name\":\"v\",\"parameters\":{}}}],"
      "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"w\"}},\"parallel_tool_calls\":false,"
-     "\"chat_template_kwargs\":{\"thinking_mode\":\"enabled\"}}", 0},
+     "\"thinking_token_budget\":1024,\"chat_template_kwargs\":{\"thinking_mode\":\"enabled\"}}", 0},
     /* tool_choice any / none / auto, thinking adaptive */
     {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"any\"},"
      "\"thinking\":{\"type\":\"adaptive\"}}",

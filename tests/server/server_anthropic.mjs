@@ -6,7 +6,8 @@
 //    ping, content_block_start / _delta / _stop per block, message_delta, message_stop), whose text
 //    and usage equal the non-stream answer's; the SDK's MessageStream accumulates the same message;
 //  - thinking: enabled (and absent: the template's default) gives a thinking block equal to the
-//    OpenAI reasoning, disabled none; assistant thinking blocks in history render as reasoning;
+//    OpenAI reasoning, disabled none; budget_tokens closes the reasoning (as thinking_token_budget);
+//    assistant thinking blocks in history render as reasoning;
 //  - tools: tool_choice any / tool force a tool_use block (toolu_ id, the right tool) whose input
 //    validates against input_schema (ajv), stream (the input in several input_json_delta pieces)
 //    and non-stream; disable_parallel_tool_use: one call; a tool_result sent back is answered, and
@@ -173,6 +174,13 @@ try {
   ok(JSON.stringify(mDef.content) === JSON.stringify(mOn.content), 'thinking absent: the template\'s default (enabled)');
   const fOn = await streamed({ ...think, thinking: ON });
   ok(!fOn.err && JSON.stringify(strip(fOn.blocks)) === JSON.stringify(mOn.content), `thinking stream: thinking_delta events add up to the same blocks${fOn.err ? ' (' + fOn.err + ')' : ''}`);
+  // budget_tokens closes the reasoning after that many tokens (vLLM's thinking_token_budget)
+  const mB = await client.messages.create({ ...think, thinking: { type: 'enabled', budget_tokens: 4 } });
+  const oB = (await post(base, '/v1/chat/completions', { ...greedy, max_tokens: 20, messages: USER, thinking_token_budget: 4, return_token_ids: true }, AUTH)).json;
+  const tB = oB?.choices?.[0]?.token_ids ?? [], closeAt = tB.indexOf((await post(base, '/tokenize', { model: 'tiny', prompt: '</mm:think>' }, AUTH)).json?.tokens?.[0]);
+  ok(thinkingOf(mB) === (oB?.choices?.[0]?.message?.reasoning_content ?? '') && textOf(mB) === (oB?.choices?.[0]?.message?.content ?? '') &&
+     closeAt >= 0 && closeAt <= 4 && thinkingOf(mOn).startsWith(thinkingOf(mB)) && textOf(mB).length > 0,
+     `budget_tokens 4: the reasoning closes by its 5th token (at ${closeAt}), then text; the OpenAI endpoint's with thinking_token_budget 4`);
   const mOff = await client.messages.create({ ...think, thinking: OFF });
   ok(mOff.content.every(b => b.type !== 'thinking') && textOf(mOff).length > 0, 'thinking disabled: no thinking block');
   // assistant thinking blocks in history go where the template writes reasoning

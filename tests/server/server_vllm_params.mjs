@@ -12,6 +12,9 @@
 //    stop token listed, streams adding up to the same; truncation_side; request_id naming the response;
 //  - bad_words: none of a word's token sequences (alone, after a space) in greedy or sampled output;
 //  - skip_special_tokens false: special tokens' text in the output; /tokenize's return_token_strs;
+//  - thinking_token_budget: greedy, the plain answer's first B tokens then </mm:think> (the
+//    reasoning their text, a stream the same), sampled and on completions too; nothing forced when
+//    the prompt closed the reasoning; bad values refused;
 //  - the extras not served are refused (400 naming the field) unless at the value that changes
 //    nothing: priority (but under --scheduling-policy priority), use_beam_search, logits_processors,
 //    documents, chat_template, kv_transfer_params; priority served under --scheduling-policy priority.
@@ -256,6 +259,40 @@ try {
   // ---- vLLM's /ping (SageMaker's health check): GET and POST ----
   const pg = await fetch(base + '/ping'), pp = await fetch(base + '/ping', { method: 'POST' }), pd = await fetch(base + '/ping', { method: 'DELETE' });
   ok(pg.status === 200 && pp.status === 200 && pd.status === 405, `/ping: GET ${pg.status}, POST ${pp.status}, DELETE ${pd.status}`);
+
+  // ---- thinking_token_budget: the reasoning closes after that many tokens ----
+  const tagId = async t => { const r = (await post(base, '/tokenize', { model: 'tiny', prompt: t })).json?.tokens; return r?.length === 1 ? r[0] : -1; };
+  const OPEN = await tagId('<mm:think>'), CLOSE = await tagId('</mm:think>');
+  ok(OPEN >= 0 && CLOSE >= 0, `the reasoning tags are single tokens (${OPEN}, ${CLOSE})`);
+  const tb = { model: 'tiny', messages: msgs, max_tokens: 16, temperature: 0, ignore_eos: true, return_token_ids: true };
+  const tfree = (await post(base, '/v1/chat/completions', tb)).json; // thinking on (the template's default)
+  const F = tfree?.choices?.[0]?.token_ids ?? [], nat = F.indexOf(CLOSE); // where the model closes it alone (-1: not in 16)
+  for (const B of [0, 5, 40]) {
+    const r = (await post(base, '/v1/chat/completions', { ...tb, thinking_token_budget: B })).json;
+    const T = r?.choices?.[0]?.token_ids ?? [], m = r?.choices?.[0]?.message;
+    const want = (nat >= 0 && nat <= B) || B >= 16 ? F : [...F.slice(0, B), CLOSE]; // then free again
+    ok(T.length === 16 && JSON.stringify(T.slice(0, want.length)) === JSON.stringify(want.slice(0, 16)) &&
+       (m?.reasoning_content ?? '') === (B >= 16 ? tfree.choices[0].message.reasoning_content ?? '' : await detok(T.slice(0, Math.min(B, T.indexOf(CLOSE))))),
+       `thinking_token_budget ${B}: ${B < 16 ? `the plain answer's first ${B} tokens, then </mm:think>` : 'the plain answer'}; its reasoning those tokens' text (${JSON.stringify(m?.reasoning_content ?? '').slice(0, 40)})`);
+    if (B === 5) {
+      const st = await stream(base, '/v1/chat/completions', { ...tb, thinking_token_budget: B });
+      const rs = st.events.map(ev => ev.choices?.[0]?.delta?.reasoning_content ?? '').join(''), cs = st.events.map(ev => ev.choices?.[0]?.delta?.content ?? '').join('');
+      ok(rs === (m?.reasoning_content ?? '') && cs === (m?.content ?? ''), 'thinking_token_budget 5, streamed: the same reasoning and content');
+    }
+  }
+  const tbs = (await post(base, '/v1/chat/completions', { ...tb, temperature: 1, seed: 5, thinking_token_budget: 3 })).json?.choices?.[0]?.token_ids ?? [];
+  ok(tbs.indexOf(CLOSE) >= 0 && tbs.indexOf(CLOSE) <= 3, `sampled, budget 3: the reasoning closes by the 4th token (at ${tbs.indexOf(CLOSE)})`);
+  const tcb = (await post(base, '/v1/completions', { model: 'tiny', prompt: [...prompt, OPEN], max_tokens: 6, temperature: 0, ignore_eos: true,
+    return_token_ids: true, thinking_token_budget: 2 })).json?.choices?.[0]?.token_ids ?? [];
+  ok(tcb[2] === CLOSE && !tcb.slice(0, 2).includes(CLOSE), `completions, a prompt ending in <mm:think>, budget 2: ${JSON.stringify(tcb)}`);
+  const toff = { ...tb, chat_template_kwargs: { thinking_mode: 'disabled' } };
+  const to1 = (await post(base, '/v1/chat/completions', toff)).json?.choices?.[0]?.token_ids;
+  const to2 = (await post(base, '/v1/chat/completions', { ...toff, thinking_token_budget: 0 })).json?.choices?.[0]?.token_ids;
+  ok(to1 && JSON.stringify(to1) === JSON.stringify(to2), 'thinking disabled (the prompt closed the reasoning): budget 0 changes nothing');
+  for (const v of [-1, '5', 2.5]) {
+    const r = await post(base, '/v1/chat/completions', { ...tb, thinking_token_budget: v });
+    ok(r.status === 400 && r.json?.error?.param === 'thinking_token_budget', `thinking_token_budget ${JSON.stringify(v)}: 400 (${r.json?.error?.message})`);
+  }
 
   // ---- the extras not served: refused unless they change nothing ----
   // skip_special_tokens false: a special token's text stays (]~!b[ made certain by logit_bias)

@@ -186,6 +186,9 @@ static void print_pos(const m3_engine_stats *st) {
 
 /* ---------------------------------------------------------------- 1-3: greedy */
 
+#define THINK_OPEN(V) ((V) - 3)
+#define THINK_CLOSE(V) ((V) - 2)
+
 static void greedy_specs(rspec *s, int n, int V, uint64_t seed) {
     uint64_t r = seed;
     for (int i = 0; i < n; i++) {
@@ -196,7 +199,28 @@ static void greedy_specs(rspec *s, int n, int V, uint64_t seed) {
         s[i].ignore_eos = i % 2;
         s[i].arrive = (int)(rnd(&r) % 10);
         if (i % 4 == 3) { s[i].sp.repetition_penalty = 1.3f; s[i].sp.frequency_penalty = 0.4f; } /* greedy + penalties */
+        if (i % 4 == 1) { /* a reasoning budget (sampler.h): the prompt ends inside reasoning, the close tag forced */
+            s[i].prompt[s[i].n_prompt - 1] = THINK_OPEN(V);
+            s[i].sp.think_start_id = THINK_OPEN(V);
+            s[i].sp.think_end_id = THINK_CLOSE(V);
+            s[i].sp.think_budget = 2 + i % 5;
+        }
     }
+}
+
+/* the requests of greedy_specs with a reasoning budget close it where the budget runs out */
+static void check_think_closed(const rspec *s, const result *r, int n, int V) {
+    int closed = 0;
+    for (int i = 0; i < n; i++) {
+        const int b = s[i].sp.think_budget;
+        if (!s[i].sp.think_end_id || b >= r[i].n) continue;
+        int early = 0;
+        for (int j = 0; j < b; j++) early |= r[i].tok[j] == THINK_CLOSE(V);
+        CHECK(!early && r[i].tok[b] == THINK_CLOSE(V), "request %d: budget %d, token %d is %d, not the close tag %d", i, b, b,
+              r[i].tok[b], THINK_CLOSE(V));
+        closed++;
+    }
+    CHECK(closed > 0, "no request closed its reasoning");
 }
 
 static void test_greedy(m3_model *m) {
@@ -212,8 +236,9 @@ static void test_greedy(m3_model *m) {
     o.max_num_batched_tokens = 64;
     run_info rb, ri;
     if (run(m, &o, specs, N, base, &rb)) return;
-    printf("1. greedy, %d requests (prompts 1..120, up to 35 tokens, 6 seqs / 64 tokens per step), bitwise equal to no "
-           "speculation:\n", N);
+    check_think_closed(specs, base, N, V);
+    printf("1. greedy, %d requests (prompts 1..120, up to 35 tokens, 6 seqs / 64 tokens per step; reasoning budgets closing, "
+           "penalties), bitwise equal to no speculation:\n", N);
     for (int hook = 0; hook < 2; hook++) {
         for (int k = 1; k <= 8; k++) {
             m3_engine_opts os = o;

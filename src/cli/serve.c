@@ -19,7 +19,7 @@ static const char *usage =
     "usage: m3 serve DIR | -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME [NAME...]]\n"
     "                [--chat-template FILE|TEXT]\n"
     "                [--threads N] [--kv-cache-memory BYTES | --gpu-memory-utilization F] [--max-num-seqs N]\n"
-    "                [--scheduling-policy fcfs|priority]\n"
+    "                [--scheduling-policy fcfs|priority] [--reasoning-budget N]\n"
     "                [--max-num-batched-tokens N] [--max-logits-rows N] [--warmup-tokens N]\n"
     "                [--max-model-len N] [--sample-threads N] [--grammar-threads N] [--speculative-config JSON] [--draft DIR]\n"
     "                [--kv-cache-dtype auto|f32|bf16|fp8|nvfp4] [--index-cache-dtype DTYPE]\n"
@@ -36,6 +36,8 @@ static const char *usage =
     "  --scheduling-policy fcfs|priority  fcfs (default): requests in arrival order, a preemption takes the\n"
     "                   latest admitted; priority (vLLM's): by the request's \"priority\" (smaller first), then\n"
     "                   arrival, a preemption taking the one served last\n"
+    "  --reasoning-budget N  requests without a thinking_token_budget get N: at most N tokens of reasoning,\n"
+    "                   then </mm:think> (llama.cpp's flag; 0: reasoning closed at once; -1, the default: none)\n"
     "  --max-num-batched-tokens N  tokens of one step, prefill chunks included (default 4096 on the GPU, where\n"
     "                   large prefill chunks keep the tensor cores busy; 512 on the CPU)\n"
     "  --max-logits-rows N  logits rows one step may bring back, when more than one a sequence (k + 1 with a\n"
@@ -145,7 +147,7 @@ static int vision_setup(m3_vision *vis, m3_model *m, m3_ops *ops, const char *di
 
 int m3_cmd_serve(int argc, char **argv) {
     const char *dir = NULL, *names[17] = {0}, *chat_tmpl = NULL, *spec_json = NULL, *draft_dir = NULL, *kvd = NULL, *ikd = NULL;
-    long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, lrows = 0, warm = -1, mml = 0, waiting = -1, grace = -1, body = 0, sthreads = 0, gthreads = -1;
+    long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, lrows = 0, warm = -1, mml = 0, waiting = -1, grace = -1, body = 0, sthreads = 0, gthreads = -1, rbudget = -1;
     long hdr = 0, tmo = -1, tpn = 1, imgmem = -1, maxconn = -1, rstore = -1;
     double util = 0.9;
     const char *moe_split = NULL;
@@ -229,6 +231,7 @@ int m3_cmd_serve(int argc, char **argv) {
             }
             so.scheduling_priority = !strcmp(V, "priority");
         }
+        else if (!strcmp(a, "--reasoning-budget")) r = m3_cli_int(a, V, -1, INT32_MAX, &rbudget, &err);
         else if (!strcmp(a, "--max-num-batched-tokens")) r = m3_cli_size(a, V, 1, 1 << 24, &batched, &err);
         else if (!strcmp(a, "--max-logits-rows")) r = m3_cli_int(a, V, 1, 1 << 16, &lrows, &err);
         else if (!strcmp(a, "--warmup-tokens")) r = m3_cli_size(a, V, 0, 1 << 24, &warm, &err);
@@ -326,6 +329,14 @@ int m3_cmd_serve(int argc, char **argv) {
         m3_tok_free(tok);
         return 2;
     }
+    if (rbudget >= 0 && (m3_tok_token_to_id(tok, "<mm:think>") < 0 || m3_tok_token_to_id(tok, "</mm:think>") < 0)) {
+        fprintf(stderr, "m3 serve: --reasoning-budget: the tokenizer has no <mm:think> / </mm:think> tokens to close "
+                "the reasoning with\n");
+        m3_tok_free(tok);
+        m3_chat_free(chat);
+        return 2;
+    }
+    so.reasoning_budget = (int)rbudget;
     if (!chat) fprintf(stderr, "m3 serve: no chat template (%s); /v1/chat/completions disabled\n", err.msg);
     else fprintf(stderr, "m3 serve: chat template from %s\n", m3_chat_origin(chat));
     m3_moe_split msplit = M3_MOE_EXPERTS;

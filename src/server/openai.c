@@ -671,6 +671,7 @@ static int parse_vllm_extras(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m
      * closing tag (the sampler's think budget; the tags must be single tokens) */
     g->think_budget = -1;
     if ((rc = get_int(e, b, "thinking_token_budget", 0, INT32_MAX, &g->think_budget))) return rc;
+    if (g->think_budget < 0 && c->has_think_budget) g->think_budget = c->think_budget; /* --reasoning-budget */
     if (g->think_budget >= 0) {
         g->think_on = 1;
         g->think_open = m3_tok_token_to_id(c->tok, "<mm:think>");

@@ -79,6 +79,8 @@ typedef struct m3_oai_ctx {
     const m3_oai_defaults *defaults; /* sampling defaults (generation_config.json); NULL: OpenAI's */
     int priority_policy;         /* --scheduling-policy priority: "priority" orders the queue */
     int32_t eos_id;              /* the model config's EOS (-1: none): it ends a request like the tokenizer's */
+    int has_think_budget;        /* --reasoning-budget: the thinking_token_budget of requests that give none */
+    int think_budget;
 } m3_oai_ctx;
 
 typedef struct m3_oai_params {

@@ -30,6 +30,7 @@ void m3_server_opts_default(m3_server_opts *o) {
     o->max_waiting = 1024;
     o->shutdown_timeout = 30;
     o->eos_id = -1;
+    o->reasoning_budget = -1;
     o->log_requests = 1;
     o->max_header_bytes = 64 << 10;
     o->timeout = 60;
@@ -620,7 +621,8 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     s->reasoning_parser = src && strstr(src, "mm:think") != NULL;
     s->tool_parser = src && strstr(src, "minimax[>[") != NULL;
     s->ctx = (m3_oai_ctx){tok, chat, vocab, o->model_name, o->model_names, m3_engine_max_model_len(e), s->reasoning_parser,
-                          s->tool_parser, o->media, o->gen_defaults, o->scheduling_priority, o->eos_id};
+                          s->tool_parser, o->media, o->gen_defaults, o->scheduling_priority, o->eos_id,
+                          o->reasoning_budget >= 0, o->reasoning_budget};
     signal(SIGPIPE, SIG_IGN);
     if (evthread_use_pthreads()) { srv_cleanup(s); return m3_errf(err, "evthread_use_pthreads failed"); }
     s->base = event_base_new();

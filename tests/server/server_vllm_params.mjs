@@ -14,7 +14,8 @@
 //  - skip_special_tokens false: special tokens' text in the output; /tokenize's return_token_strs;
 //  - thinking_token_budget: greedy, the plain answer's first B tokens then </mm:think> (the
 //    reasoning their text, a stream the same), sampled and on completions too; nothing forced when
-//    the prompt closed the reasoning; bad values refused;
+//    the prompt closed the reasoning; bad values refused; --reasoning-budget N as every request's
+//    default;
 //  - the extras not served are refused (400 naming the field) unless at the value that changes
 //    nothing: priority (but under --scheduling-policy priority), use_beam_search, logits_processors,
 //    documents, chat_template, kv_transfer_params; priority served under --scheduling-policy priority.
@@ -293,6 +294,15 @@ try {
     const r = await post(base, '/v1/chat/completions', { ...tb, thinking_token_budget: v });
     ok(r.status === 400 && r.json?.error?.param === 'thinking_token_budget', `thinking_token_budget ${JSON.stringify(v)}: 400 (${r.json?.error?.message})`);
   }
+  // --reasoning-budget N (llama.cpp's flag): the budget of requests that give none
+  const rbs = await startServer(m3, ck, ['--served-model-name', 'tiny', '--reasoning-budget', '3']);
+  const rbDef = (await post(rbs.base, '/v1/chat/completions', tb)).json?.choices?.[0]?.token_ids ?? [];
+  const rbOwn = (await post(rbs.base, '/v1/chat/completions', { ...tb, thinking_token_budget: 5 })).json?.choices?.[0]?.token_ids ?? [];
+  ok(JSON.stringify(rbDef.slice(0, 4)) === JSON.stringify([...F.slice(0, 3), CLOSE]) && rbOwn[5] === CLOSE && !rbOwn.slice(0, 5).includes(CLOSE),
+     `--reasoning-budget 3: closed after 3 tokens (at ${rbDef.indexOf(CLOSE)}); a request's own budget 5 wins (at ${rbOwn.indexOf(CLOSE)})`);
+  ok((await rbs.stop()).code === 0, 'the --reasoning-budget server stopped cleanly');
+  const rbBad = spawnSync(m3, ['serve', '-m', ck, '--reasoning-budget', '-2'], { encoding: 'utf8' });
+  ok(rbBad.status === 2 && /--reasoning-budget/.test(rbBad.stderr), `--reasoning-budget -2: exit ${rbBad.status}`);
 
   // ---- the extras not served: refused unless they change nothing ----
   // skip_special_tokens false: a special token's text stays (]~!b[ made certain by logit_bias)

@@ -594,8 +594,13 @@ static int send_final(hreq *h) {
         choice *c = &h->ch[i];
         json_t *ch, *lp = lp_take(c, 1);
         if (h->chat) {
-            json_t *msg = json_pack("{s:s,s:s%}", "role", "assistant", "content", c->content.p ? c->content.p : "",
-                                    c->content.n);
+            size_t elen = 0;
+            const char *et = echo_of(h, i, &elen); /* vLLM's echo: the last message's content first */
+            m3_sbuf t = {0};
+            if (et) bad |= m3_sbuf_add(&t, et, elen) != 0;
+            bad |= m3_sbuf_add(&t, c->content.p ? c->content.p : "", c->content.n) != 0;
+            json_t *msg = json_pack("{s:s,s:s%}", "role", "assistant", "content", t.p ? t.p : "", t.n);
+            free(t.p);
             if (msg && c->reasoning.p) /* vLLM's current field, and the one older clients read */
                 bad |= json_object_set_new(msg, "reasoning", json_stringn(c->reasoning.p, c->reasoning.n)) != 0 ||
                        json_object_set_new(msg, "reasoning_content", json_stringn(c->reasoning.p, c->reasoning.n)) != 0;
@@ -1045,8 +1050,12 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
         if (api == SRV_API_ANTHROPIC) srv_anth_start(h);
         if (api == SRV_API_RESPONSES) srv_resp_start(h);
         for (int i = 0; i < h->n && api == SRV_API_OPENAI; i++) {
-            if (chat) send_chunk(h, i, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL);
-            else if (!h->echo_lp) { /* (with logprobs, the echo goes once its prompt's entries are in: prompt_done) */
+            if (chat) {
+                send_chunk(h, i, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL);
+                size_t elen;
+                const char *et = echo_of(h, i, &elen); /* vLLM's echo: the last message's content, a chunk of its own */
+                if (et && elen) send_chunk(h, i, json_pack("{s:s%}", "content", et, elen), NULL, NULL);
+            } else if (!h->echo_lp) { /* (with logprobs, the echo goes once its prompt's entries are in: prompt_done) */
                 size_t elen;
                 const char *et = echo_of(h, i, &elen);
                 if (et) send_chunk(h, i, json_stringn(et, elen), NULL, NULL);

@@ -698,8 +698,6 @@ static int unsupported(json_t *b, int chat, long long n, m3_oai_error *e) {
         return OAI_BAD(e, "best_of", "'best_of' other than n is not supported");
     if ((v = json_object_get(b, "suffix")) && !json_is_null(v) && !(json_is_string(v) && !json_string_length(v)))
         return OAI_BAD(e, "suffix", "'suffix' is not supported");
-    if (chat && json_is_true(json_object_get(b, "echo")))
-        return OAI_BAD(e, "echo", "'echo' is not supported for chat completions");
     /* vLLM's constrained-decoding extras not served (guided_json / _regex / _choice are): one
      * refusal policy, never silently unconstrained text */
     static const char *const guided[] = {"guided_whitespace_pattern"};
@@ -891,6 +889,43 @@ both:
     return OAI_BAD(e, "tool_choice", "a forced tool call ('tool_choice') cannot be combined with '%s'", g->constraint_param);
 }
 
+/* vLLM's echo for chat: every choice's content begins with the last message's content when that
+ * message has the role of the answer (the assistant's with add_generation_prompt, else the last
+ * message's own: a continued final message, then its whole text); a list's text parts joined by
+ * newlines. Into echo_text / echo_off as a completion's echo of one prompt. */
+static int chat_echo(json_t *b, m3_oai_params *g, m3_oai_error *e) {
+    json_t *msgs = json_object_get(b, "messages"), *last = json_array_get(msgs, json_array_size(msgs) - 1);
+    const char *role = json_string_value(json_object_get(last, "role"));
+    int agp = 1;
+    if (json_is_true(json_object_get(b, "continue_final_message"))) agp = 0;
+    else get_bool(e, b, "add_generation_prompt", &agp); /* (checked when the prompt was made) */
+    g->echo_off[0] = g->echo_off[1] = 0;
+    if (!role || (agp && strcmp(role, "assistant"))) return 0;
+    json_t *ct = json_object_get(last, "content");
+    size_t n = json_is_string(ct) ? json_string_length(ct) : 0;
+    int parts = 0;
+    for (size_t i = 0; json_is_array(ct) && i < json_array_size(ct); i++) {
+        json_t *x = json_object_get(json_array_get(ct, i), "text");
+        if (json_is_string(x)) n += (parts++ ? 1 : 0) + json_string_length(x);
+    }
+    char *t = o_malloc(n + 1);
+    if (!t) return OAI_OOM(e);
+    size_t k = 0;
+    if (json_is_string(ct)) memcpy(t, json_string_value(ct), k = n);
+    for (size_t i = 0, j = 0; json_is_array(ct) && i < json_array_size(ct); i++) {
+        json_t *x = json_object_get(json_array_get(ct, i), "text");
+        if (!json_is_string(x)) continue;
+        if (j++) t[k++] = '\n';
+        memcpy(t + k, json_string_value(x), json_string_length(x));
+        k += json_string_length(x);
+    }
+    t[k] = 0;
+    g->echo_text = t;
+    g->echo_len = k;
+    g->echo_off[1] = k;
+    return 0;
+}
+
 int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_params *g, m3_oai_error *e) {
     memset(g, 0, sizeof *g);
     g->prompt_logprobs = -1;
@@ -917,7 +952,7 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
     if ((rc = get_int(e, b, "n", 1, M3_OAI_MAX_N, &g->n)) || (rc = unsupported(b, chat, g->n, e)) ||
         (rc = get_bool(e, b, "stream", &g->stream)) || (rc = get_bool(e, b, "ignore_eos", &g->ignore_eos)) ||
         (rc = get_bool(e, b, "include_stop_str_in_output", &g->include_stop)) ||
-        (!chat && (rc = get_bool(e, b, "echo", &g->echo))) ||
+        (rc = get_bool(e, b, "echo", &g->echo)) ||
         (rc = get_num(e, b, "temperature", 0, 2, &g->temperature)) || (rc = get_num(e, b, "top_p", 0, 1, &g->top_p)) ||
         (rc = get_num(e, b, "min_p", 0, 1, &g->min_p)) || (rc = get_num(e, b, "presence_penalty", -2, 2, &g->pp)) ||
         (rc = get_num(e, b, "frequency_penalty", -2, 2, &g->fp)) ||
@@ -968,7 +1003,7 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         if (g->stream) return OAI_BAD(e, "prompt_logprobs", "'prompt_logprobs' is not available when 'stream' is true");
         g->prompt_logprobs = (int)v;
     }
-    if (g->max_tokens == 0 && !g->echo)
+    if (g->max_tokens == 0 && !(g->echo && !chat))
         return OAI_BAD(e, "max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo': the prompt alone), got 0");
     if ((rc = parse_vllm_extras(c, b, g, e)) || (rc = parse_truncate(c, b, g, e))) return rc;
     int cont = -1; /* continue_final_message: inside the reasoning or not */
@@ -984,6 +1019,7 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         }
         g->n_prompts = 1;
         g->prompt_off[1] = g->n_ids;
+        if (g->echo && (rc = chat_echo(b, g, e))) return rc;
     } else if ((rc = completion_prompt(c, b, g, e))) return rc;
     if (g->n * g->n_prompts > M3_OAI_MAX_CHOICES)
         return OAI_BAD(e, "n", "%d prompts x n = %lld choices; the limit is %d a request", g->n_prompts, g->n * g->n_prompts,

@@ -6,7 +6,8 @@
 //  - truncate_prompt_tokens: a prompt's last k tokens (usage, and the answer equal to the answer to
 //    those k ids alone; echo gives their text; chat; -1: the model's length), bad values refused;
 //  - continue_final_message: the prompt ends with the final message's text (no end of turn after
-//    it); with add_generation_prompt true refused as vLLM refuses it;
+//    it); with add_generation_prompt true refused as vLLM refuses it; echo (chat): the last
+//    message's content leads the answer's when it has the answer's role (n 2, streamed);
 //  - cache_salt: the prefix cache is shared within a salt only (usage's cached_tokens);
 //  - return_token_ids: prompt_token_ids and token_ids (completions per choice, chat at the top), the
 //    stop token listed, streams adding up to the same; truncation_side; request_id naming the response;
@@ -178,6 +179,23 @@ try {
     max_tokens: 6, temperature: 0, ignore_eos: true });
   ok(ct.status === 200 && ct.json.choices[0].message.content.length > 0 && !ct.json.choices[0].message.reasoning_content,
      `with thinking on, the continued text is content (${JSON.stringify(ct.json?.choices?.[0]?.message?.content)})`);
+  // echo (vLLM's, chat): the last message's content leads each choice's when it has the answer's role
+  const ebody = { model: 'tiny', messages: cmsgs, add_generation_prompt: false, continue_final_message: true, max_tokens: 6, temperature: 0,
+    ignore_eos: true, chat_template_kwargs: { thinking_mode: 'disabled' } };
+  const ec = await post(base, '/v1/chat/completions', { ...ebody, echo: true, n: 2 });
+  const es = await stream(base, '/v1/chat/completions', { ...ebody, echo: true });
+  const esText = es.events.map(ev => ev.choices?.[0]?.delta?.content ?? '').join('');
+  ok(ec.status === 200 && ec.json.choices.length === 2 && ec.json.choices.every(c => c.message.content === pre + cc.json.choices[0].message.content) &&
+     ec.json.usage.completion_tokens === 2 * cc.json.usage.completion_tokens && esText === ec.json.choices[0].message.content,
+     `echo with continue_final_message: the whole message (${JSON.stringify(ec.json?.choices?.[0]?.message?.content).slice(0, 50)}), n 2 and streamed too`);
+  const eplain = { model: 'tiny', messages: msgs, max_tokens: 4, temperature: 0, ignore_eos: true, chat_template_kwargs: { thinking_mode: 'disabled' } };
+  const e0 = (await post(base, '/v1/chat/completions', eplain)).json?.choices?.[0]?.message?.content;
+  const e1 = (await post(base, '/v1/chat/completions', { ...eplain, echo: true })).json?.choices?.[0]?.message?.content;
+  const e2 = (await post(base, '/v1/chat/completions', { ...eplain, add_generation_prompt: false, echo: true })).json?.choices?.[0]?.message?.content;
+  const e3 = (await post(base, '/v1/chat/completions', { ...eplain, echo: true, continue_final_message: true, add_generation_prompt: false,
+    messages: [...msgs, { role: 'assistant', content: [{ type: 'text', text: 'Red' }, { type: 'text', text: 'and' }] }] })).json?.choices?.[0]?.message?.content;
+  ok(typeof e0 === 'string' && e1 === e0 && typeof e2 === 'string' && e2.startsWith(msgs[0].content) && typeof e3 === 'string' && e3.startsWith('Red\nand'),
+     'echo: nothing to echo when the last message is the user\'s under add_generation_prompt; its content without it; text parts joined by newlines');
   // a <mm:think> a user quoted in an earlier turn leaves the continuation in the content
   const quoted = await post(base, '/v1/chat/completions', { model: 'tiny', messages: [{ role: 'user', content: 'what is <mm:think> ?' },
     { role: 'assistant', content: 'It is' }], continue_final_message: true, max_tokens: 5, temperature: 0, ignore_eos: true });

@@ -560,15 +560,19 @@ m3_sampler *m3_sampler_create(const m3_sampling *p, int V, const int32_t *prompt
         if (!e) { bad = 1; m3_errf(err, "sampling: out of memory"); break; }
         e->prompt = 1;
     }
-    if (!bad && p->think_end_id > 0) { /* the reasoning budget: its ids, and whether the prompt ends inside reasoning */
+    if (!bad && p->think_on) { /* the reasoning budget: its ids, and whether the prompt ends inside reasoning */
         if (p->think_budget < 0) { bad = 1; m3_errf(err, "sampling: think_budget %d, expected >= 0", p->think_budget); }
-        else if (p->think_end_id >= s->n || p->think_start_id < 0 || p->think_start_id >= s->n || p->think_start_id == p->think_end_id) {
+        else if (p->think_end_id < 0 || p->think_end_id >= s->n || p->think_start_id < 0 || p->think_start_id >= s->n ||
+                 p->think_start_id == p->think_end_id) {
             bad = 1;
             m3_errf(err, "sampling: reasoning tags %d / %d must be two ids in [0, %d)", (int)p->think_start_id, (int)p->think_end_id, s->n);
+        } else if (p->think_from < 0 || (p->think_from > 0 && p->think_from >= n_prompt)) {
+            bad = 1;
+            m3_errf(err, "sampling: think_from %d is outside the prompt's %d ids", p->think_from, n_prompt);
         } else {
             int i = n_prompt - 1;
-            while (i >= 0 && prompt[i] != p->think_start_id && prompt[i] != p->think_end_id) i--;
-            s->in_think = i >= 0 && prompt[i] == p->think_start_id;
+            while (i >= p->think_from && prompt[i] != p->think_start_id && prompt[i] != p->think_end_id) i--;
+            s->in_think = i >= p->think_from && prompt[i] == p->think_start_id;
             s->think_count = s->in_think ? n_prompt - 1 - i : 0;
         }
     }
@@ -620,7 +624,7 @@ int m3_sampler_accept(m3_sampler *s, int32_t token, m3_err *err) {
     e->gen++;
     if (s->hist) s->hist[s->n_generated % s->hist_cap] = token;
     s->n_generated++;
-    if (s->p.think_end_id > 0) {
+    if (s->p.think_on) {
         if (token == s->p.think_start_id || token == s->p.think_end_id) {
             s->in_think = token == s->p.think_start_id;
             s->think_count = 0;
@@ -648,17 +652,18 @@ static void mask_row(const float *x, const uint32_t *mask, int V, float *w) {
     for (int i = nw * 32; i < V; i++) w[i] = (mask[i >> 5] >> (i & 31)) & 1 ? x[i] : -INFINITY;
 }
 
-/* step 0: the reasoning budget is spent, the next token closes the reasoning */
+/* step 0: the reasoning budget is spent, the next token closes the reasoning (unless a grammar's
+ * mask constrains the row: it decides) */
 static int think_forced(const m3_sampler *s) {
-    return s->p.think_end_id > 0 && s->in_think && s->think_count >= s->p.think_budget;
+    return s->p.think_on && !s->mask && s->in_think && s->think_count >= s->p.think_budget;
 }
 
-/* step 0 may come within M3_SAMPLE_HORIZON rows: in reasoning, at the row where its budget runs
- * out; outside, at the earliest after an opening tag and a whole budget */
-static int think_near(const m3_sampler *s) {
-    if (s->p.think_end_id <= 0) return 0;
+/* step 0 may come within the next `rows` rows: in reasoning, at the row where its budget runs
+ * out (row 0 when it has); outside, at the earliest after an opening tag and a whole budget */
+static int think_near(const m3_sampler *s, int rows) {
+    if (!s->p.think_on) return 0;
     const long left = s->in_think ? (long)s->p.think_budget - s->think_count : (long)s->p.think_budget + 1;
-    return left < M3_SAMPLE_HORIZON;
+    return left < rows;
 }
 
 /* Steps 0-2: the working logits. */
@@ -707,15 +712,18 @@ static void prepare(const m3_sampler *s, const float *logits, float *w) {
 static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, const pick_info *ppi, int tok,
                    m3_sample_out *out);
 
-/* steps 0-2 change nothing: no allowed / banned ids, no min_tokens still holding ids back, no
- * logit_bias, no penalty, no reasoning budget running out within M3_SAMPLE_HORIZON rows */
-static int plain_logits(const m3_sampler *s) {
+/* steps 0-2 change nothing in the next `rows` rows: no allowed / banned ids, no min_tokens still
+ * holding ids back, no logit_bias, no penalty, no reasoning budget running out within them */
+static int plain_rows(const m3_sampler *s, int rows) {
     const m3_sampling *p = &s->p;
-    return !s->mask && !think_near(s) && p->n_allowed <= 0 && p->n_banned <= 0 && p->n_bad_words <= 0 &&
+    return !s->mask && !think_near(s, rows) && p->n_allowed <= 0 && p->n_banned <= 0 && p->n_bad_words <= 0 &&
            !(s->n_generated < p->min_tokens && p->n_min_tokens_ids > 0) &&
            p->n_logit_bias <= 0 && !(p->repetition_penalty > 0 && p->repetition_penalty != 1) &&
            p->frequency_penalty == 0 && p->presence_penalty == 0;
 }
+
+/* ... in the row about to be drawn */
+static int plain_logits(const m3_sampler *s) { return plain_rows(s, 1); }
 
 /* The row steps 3-4 read: the logits as passed when steps 1-2 change nothing and the caller
  * needs no working copy (no copy made), else steps 1-2 into the working copy ws->w. NULL (err
@@ -828,8 +836,8 @@ static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, c
 int m3_sampler_is_greedy(const m3_sampler *s) { return !(s->p.temperature >= 1e-5f); }
 
 int m3_sampler_vocab(const m3_sampler *s) { return s->V; }
-int m3_sampler_plain_params(const m3_sampler *s, float *temperature, int *top_k, float *top_p, float *min_p, int *n) {
-    if (!plain_logits(s)) return 0;
+int m3_sampler_plain_params(const m3_sampler *s, int rows, float *temperature, int *top_k, float *top_p, float *min_p, int *n) {
+    if (!plain_rows(s, rows)) return 0;
     *temperature = s->p.temperature;
     *top_k = s->p.top_k;
     *top_p = s->p.top_p;
@@ -838,13 +846,15 @@ int m3_sampler_plain_params(const m3_sampler *s, float *temperature, int *top_k,
     return 1;
 }
 
-int m3_sampler_draw_ids(const m3_sampler *s, float *temperature, int *top_k, float *top_p, float *min_p, int *n) {
+int m3_sampler_draw_ids(const m3_sampler *s, int rows, float *temperature, int *top_k, float *top_p, float *min_p, int *n) {
     if (m3_sampler_is_greedy(s) || s->p.logprobs || s->p.top_logprobs) return 0;
-    return m3_sampler_plain_params(s, temperature, top_k, top_p, min_p, n);
+    return m3_sampler_plain_params(s, rows, temperature, top_k, top_p, min_p, n);
 }
 
-int m3_sampler_plain_greedy(const m3_sampler *s) { return m3_sampler_is_greedy(s) && plain_logits(s) ? s->n : 0; }
-int m3_sampler_greedy_ids(const m3_sampler *s) { return !s->p.logprobs && !s->p.top_logprobs ? m3_sampler_plain_greedy(s) : 0; }
+int m3_sampler_plain_greedy(const m3_sampler *s, int rows) { return m3_sampler_is_greedy(s) && plain_rows(s, rows) ? s->n : 0; }
+int m3_sampler_greedy_ids(const m3_sampler *s, int rows) {
+    return !s->p.logprobs && !s->p.top_logprobs ? m3_sampler_plain_greedy(s, rows) : 0;
+}
 
 double m3_sampler_uniform(m3_sampler *s) { return m3_rng_uniform(&s->rng); }
 

@@ -12,8 +12,9 @@
  *   m3_stop       stop token ids and stop strings, with the hold-back a streaming server needs.
  *
  * Order of operations (vLLM V1's sampler):
- *   0. the reasoning budget spent (think_budget): the row is think_end_id alone (the rest -inf,
- *      whatever steps 1-2 would do; vLLM's logits processor sets that logit to 1e9);
+ *   0. the reasoning budget spent (think_budget) and no token mask set (a grammar constraining
+ *      the row decides instead): the row is think_end_id alone (the rest -inf, whatever steps 1-2
+ *      would do; vLLM's logits processor sets that logit to 1e9);
  *   1. allowed ids (everything else -inf), the token mask (m3_sampler_set_mask: ids whose bit
  *      is clear -inf; grammar-constrained decoding), banned ids -inf, min_tokens (the min_tokens_ids
  *      are -inf until min_tokens tokens were accepted), bad words (a sequence's last token -inf
@@ -81,18 +82,16 @@ typedef struct m3_sampling {
      * tokenizer's): ids from n_text on never come out, as if masked, and are left out of
      * logprobs (raw ones included: the log-softmax runs over [0, n_text)); 0: all V */
     int n_text;
-    /* a reasoning budget (vLLM's thinking_token_budget), on when think_end_id > 0: at most
-     * think_budget (>= 0) tokens come out inside a reasoning section (after a think_start_id
-     * token, the prompt's last one counting, until a think_end_id), then think_end_id comes out,
-     * whatever the row (step 0 below); a later think_start_id opens a new section with a new
-     * budget. Both ids in [0, n_text) */
+    /* a reasoning budget (vLLM's thinking_token_budget), when think_on: at most think_budget
+     * (>= 0) tokens come out inside a reasoning section (after a think_start_id token, until a
+     * think_end_id), then think_end_id comes out whatever the row (step 0 below); a later
+     * think_start_id opens a new section with a new budget. The prompt's tags from index
+     * think_from on count (0: all, as vLLM; a chat's final turn, where tags quoted in earlier
+     * turns do not open anything). Both ids in [0, n_text) */
+    int think_on;
     int32_t think_start_id, think_end_id;
-    int think_budget;
+    int think_budget, think_from;
 } m3_sampling;
-
-/* The rows ahead that m3_sampler_plain_* answer for: their "nothing changes the row now" holds
- * for this many rows (a speculative verification's k + 1; spec.h: M3_SPEC_MAX_TOKENS + 1) */
-#define M3_SAMPLE_HORIZON 33
 
 typedef struct m3_sample_out {
     int32_t token;
@@ -128,23 +127,26 @@ int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_s
  * request's own RNG, so that speculative output is distributed exactly as plain sampling. */
 /* 1 when the request samples greedily (temperature < 1e-5: the argmax, no random draw). */
 int m3_sampler_is_greedy(const m3_sampler *s);
-/* n > 0 when the request samples greedily and nothing changes its row now (no penalties, bias,
- * allowed / banned ids, min_tokens, mask): its token is then the first index of the row's
- * largest value over the ids [0, n) (the text ids); else 0. */
-int m3_sampler_plain_greedy(const m3_sampler *s);
+/* The plain answers below hold for the next `rows` rows (1: the next draw; a verification of k
+ * drafts: k + 1, whatever tokens come out of the first ones): nothing changes those rows (no
+ * penalties, bias, allowed / banned ids, min_tokens, mask, and no reasoning budget running out
+ * within them). */
+/* n > 0 when the request samples greedily and nothing changes its rows: its token is then the
+ * first index of the row's largest value over the ids [0, n) (the text ids); else 0. */
+int m3_sampler_plain_greedy(const m3_sampler *s, int rows);
 /* m3_sampler_plain_greedy's n when the request also wants no logprobs: its draw is then only that
  * first index (m3_sampler_sample's output the token alone), which a backend can compute where the
  * logits are; else 0. */
-int m3_sampler_greedy_ids(const m3_sampler *s);
-/* 1 when nothing changes the request's row now (as for m3_sampler_plain_greedy) and its
+int m3_sampler_greedy_ids(const m3_sampler *s, int rows);
+/* 1 when nothing changes the request's rows (as for m3_sampler_plain_greedy) and its
  * distribution is thus the row's under these alone: temperature, top_k, top_p, min_p (as
  * m3_sampling holds them) and the text ids [0, *n); else 0. (A backend can then make the
  * distribution and its draws where the row is: ops.h draw_rows.) */
-int m3_sampler_plain_params(const m3_sampler *s, float *temperature, int *top_k, float *top_p, float *min_p, int *n);
+int m3_sampler_plain_params(const m3_sampler *s, int rows, float *temperature, int *top_k, float *top_p, float *min_p, int *n);
 /* m3_sampler_plain_params' 1 and parameters when the request also samples (not greedy) and
  * wants no logprobs: its draw is then the token alone, from one uniform (the next of its RNG's,
  * as m3_sampler_sample would take it), which a backend can draw where the logits are. */
-int m3_sampler_draw_ids(const m3_sampler *s, float *temperature, int *top_k, float *top_p, float *min_p, int *n);
+int m3_sampler_draw_ids(const m3_sampler *s, int rows, float *temperature, int *top_k, float *top_p, float *min_p, int *n);
 /* The vocabulary size the sampler was created for. */
 int m3_sampler_vocab(const m3_sampler *s);
 /* prob[V] = the distribution m3_sampler_sample would draw from for this row in the sampler's

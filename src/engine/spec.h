@@ -65,8 +65,6 @@
 #include "sampler.h"
 
 #define M3_SPEC_MAX_TOKENS 32 /* num_speculative_tokens limit */
-/* a verification's rows (k + 1) lie within what the sampler's plain answers hold for */
-_Static_assert(M3_SPEC_MAX_TOKENS + 1 <= M3_SAMPLE_HORIZON, "the sampler's horizon is shorter than a verification");
 
 enum { M3_SPEC_NONE = 0, M3_SPEC_DSPARK = 1 };
 enum { M3_SPEC_DRAFT_PROBABILISTIC = 0, M3_SPEC_DRAFT_GREEDY = 1 };

@@ -320,11 +320,12 @@ static m3_taps capture_taps(m3_engine *e) {
     return t;
 }
 
-/* 1 when r's rows are drawn where the logits are (a plain sampled request without logprobs, on
- * a backend that draws: then e->m->ops is that backend's), with the parameters in *dp (its .u
- * not set) */
+/* 1 when r's rows (its draw, or its k_sched drafts' verification: k_sched + 1 rows) are drawn
+ * where the logits are (a plain sampled request without logprobs, on a backend that draws: then
+ * e->m->ops is that backend's), with the parameters in *dp (its .u not set) */
 static int drawn_on_backend(const m3_engine *e, const req *r, m3_draw_param *dp) {
-    return e->draw_dev && !r->gr && m3_sampler_draw_ids(r->smp, &dp->temperature, &dp->top_k, &dp->top_p, &dp->min_p, &dp->n);
+    return e->draw_dev && !r->gr &&
+           m3_sampler_draw_ids(r->smp, 1 + r->k_sched, &dp->temperature, &dp->top_k, &dp->top_p, &dp->min_p, &dp->n);
 }
 
 /* Draws the drafts of every speculative decode of this step, up to M3_SPEC_DRAFT_BATCH
@@ -747,7 +748,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         r->plp_n = 0;
         r->gdev = 0;
         /* rows whose draw is their argmax alone come back as ids (m3_taps.greedy_n) */
-        const int g = e->group || r->gr ? 0 : m3_sampler_greedy_ids(r->smp);
+        const int g = e->group || r->gr ? 0 : m3_sampler_greedy_ids(r->smp, 1 + r->k_sched);
         r->vdev = 0;
         if (r->k_sched) { /* every row's logits: row i verifies d_{i+1} */
             r->out_idx = n_out;

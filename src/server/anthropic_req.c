@@ -1,6 +1,7 @@
 /* Anthropic Messages requests translated to OpenAI chat requests (see anthropic.h). */
 #include "anthropic.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -391,8 +392,10 @@ static int thinking(json_t *b, json_t *out, m3_oai_error *e) {
         if (!json_is_integer(bt) || json_integer_value(bt) < 1)
             return A_BAD(e, "thinking", "'thinking.budget_tokens' must be a positive integer");
         mode = "enabled";
-        /* enforced: the reasoning closes after budget_tokens tokens (vLLM's thinking_token_budget) */
-        if (ref(out, "thinking_token_budget", bt)) return A_OOM(e);
+        /* enforced: the reasoning closes after budget_tokens tokens (vLLM's thinking_token_budget;
+         * past what that takes, no limit) */
+        if (set(out, "thinking_token_budget", json_integer(json_integer_value(bt) < INT32_MAX ? json_integer_value(bt) : INT32_MAX)))
+            return A_OOM(e);
     } else if (!strcmp(t, "disabled")) mode = "disabled";
     else if (!strcmp(t, "adaptive")) mode = "adaptive";
     else return A_BAD(e, "thinking", "'thinking.type' must be \"enabled\", \"disabled\" or \"adaptive\"");

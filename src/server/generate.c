@@ -987,6 +987,8 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     sp->n_bad_words = g->n_bad;
     sp->top_logprobs = h->top_logprobs;
     if (g->think_on) { /* vLLM's thinking_token_budget */
+        sp->think_on = 1;
+        sp->think_from = g->think_from;
         sp->think_start_id = g->think_open;
         sp->think_end_id = g->think_close;
         sp->think_budget = (int)g->think_budget;

@@ -1020,6 +1020,11 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         g->n_prompts = 1;
         g->prompt_off[1] = g->n_ids;
         if (g->echo && (rc = chat_echo(b, g, e))) return rc;
+        if (g->think_on) { /* the reasoning budget reads the final turn's tags: one quoted earlier opens nothing */
+            const int32_t turn = m3_tok_token_to_id(c->tok, "]~b]");
+            for (size_t i = g->n_ids; turn >= 0 && i-- > 0;)
+                if (g->ids[i] == turn) { g->think_from = (int)i; break; }
+        }
     } else if ((rc = completion_prompt(c, b, g, e))) return rc;
     if (g->n * g->n_prompts > M3_OAI_MAX_CHOICES)
         return OAI_BAD(e, "n", "%d prompts x n = %lld choices; the limit is %d a request", g->n_prompts, g->n * g->n_prompts,

@@ -133,6 +133,7 @@ typedef struct m3_oai_params {
     int think_on;                /* thinking_token_budget given: the reasoning closes after think_budget tokens */
     long long think_budget;
     int32_t think_open, think_close; /* ... its tags' ids (<mm:think>, </mm:think>) */
+    int think_from;              /* ... counted from this prompt index on (chat: its final turn; 0: all) */
     char request_id[65];         /* request_id: the response's id is cmpl- / chatcmpl-<it> ("": a random one) */
     const char *cache_salt;      /* borrowed from the body: the prefix cache is shared only within a salt */
     size_t cache_salt_len;

@@ -977,7 +977,7 @@ static void test_think_budget(void) {
     float lg[V] = {0.5f, 3.0f, 2.0f, 1.0f, 0.0f, -1.0f, -2.0f, -INFINITY}; /* greedy: 1; the close tag impossible */
     m3_err err;
     int32_t pr[4] = {0, 2, OPEN, 3}; /* the prompt ends inside reasoning, 1 token in */
-    m3_sampling g = {.temperature = 0, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 3};
+    m3_sampling g = {.temperature = 0, .think_on = 1, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 3};
     m3_sampler *s = mk(&g, V, pr, 4);
     int got[8];
     for (int i = 0; i < 8; i++) {
@@ -995,7 +995,7 @@ static void test_think_budget(void) {
     m3_sampler_free(s);
     /* budget 0 at an open tag: the close tag at once; a prompt whose reasoning closed: free */
     int32_t pr2[2] = {OPEN, CLOSE};
-    m3_sampling z = {.temperature = 0, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 0};
+    m3_sampling z = {.temperature = 0, .think_on = 1, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 0};
     s = mk(&z, V, pr, 3);
     CHECK(draw(s, lg, NULL) == CLOSE, "budget 0 after the open tag: the close tag first");
     m3_sampler_free(s);
@@ -1003,7 +1003,7 @@ static void test_think_budget(void) {
     CHECK(draw(s, lg, NULL) == 1, "the prompt's reasoning closed: nothing forced");
     m3_sampler_free(s);
     /* sampled, with processed logprobs: the forced token has all the mass */
-    m3_sampling t = {.temperature = 1, .seed = 3, .top_p = 0.5f, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 1,
+    m3_sampling t = {.temperature = 1, .seed = 3, .top_p = 0.5f, .think_on = 1, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 1,
                      .logprobs = 1, .logprobs_mode = M3_LOGPROBS_PROCESSED};
     s = mk(&t, V, pr, 3);
     m3_sample_out o;
@@ -1011,26 +1011,48 @@ static void test_think_budget(void) {
     CHECK(first != CLOSE && !m3_sampler_accept(s, first, &err), "sampled: the first token is free (%d)", first);
     CHECK(draw(s, lg, &o) == CLOSE && o.logprob == 0, "sampled: then the close tag, logprob %g", o.logprob);
     m3_sampler_free(s);
-    /* the plain answers (device draws, verification) hold for M3_SAMPLE_HORIZON rows: off while the
-     * budget could run out within them */
-    m3_sampling far = {.temperature = 0, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = M3_SAMPLE_HORIZON + 1};
-    s = mk(&far, V, pr, 3); /* in reasoning, 0 tokens in: 34 left */
-    CHECK(m3_sampler_plain_greedy(s) == V, "34 reasoning tokens left: plain");
-    CHECK(!m3_sampler_accept(s, 1, &err) && m3_sampler_plain_greedy(s) == V, "33 left: plain");
-    CHECK(!m3_sampler_accept(s, 1, &err) && m3_sampler_plain_greedy(s) == 0, "32 left: within the horizon");
-    CHECK(!m3_sampler_accept(s, CLOSE, &err) && m3_sampler_plain_greedy(s) == V, "closed (a budget of 34 to open and spend): plain");
+    /* the plain answers (device draws, verification) for the next rows: off when the budget could
+     * run out within them */
+    m3_sampling far = {.temperature = 0, .think_on = 1, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 8};
+    s = mk(&far, V, pr, 3); /* in reasoning, 0 tokens in: forced at row 8 */
+    CHECK(m3_sampler_plain_greedy(s, 8) == V && m3_sampler_plain_greedy(s, 9) == 0, "8 reasoning tokens left: 8 rows plain, not 9");
+    CHECK(!m3_sampler_accept(s, 1, &err) && m3_sampler_plain_greedy(s, 7) == V && m3_sampler_plain_greedy(s, 8) == 0, "7 left");
+    for (int i = 0; i < 7; i++) CHECK(!m3_sampler_accept(s, 1, &err), "accept");
+    CHECK(m3_sampler_plain_greedy(s, 1) == 0, "spent: the next row is forced");
+    CHECK(!m3_sampler_accept(s, CLOSE, &err) && m3_sampler_plain_greedy(s, 9) == V && m3_sampler_plain_greedy(s, 10) == 0,
+          "closed: an open tag and 8 tokens fit 9 rows, the forced close is the 10th");
     m3_sampler_free(s);
-    m3_sampling near = {.temperature = 0, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = M3_SAMPLE_HORIZON - 2};
-    s = mk(&near, V, NULL, 0);
-    CHECK(m3_sampler_plain_greedy(s) == 0, "outside reasoning, a budget of 31: an open tag and 31 tokens fit the horizon");
+    m3_sampling zero = {.temperature = 0, .think_on = 1, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 0};
+    s = mk(&zero, V, NULL, 0);
+    CHECK(m3_sampler_plain_greedy(s, 1) == V && m3_sampler_plain_greedy(s, 2) == 0,
+          "budget 0 outside reasoning: one row plain (a decode stays on the device), two not");
+    m3_sampler_free(s);
+    /* a grammar's mask constrains the row: it decides, nothing is forced */
+    uint32_t mask[1] = {1u << 2};
+    s = mk(&zero, V, pr, 3);
+    m3_sampler_set_mask(s, mask);
+    CHECK(draw(s, lg, NULL) == 2, "spent under a token mask: the mask's token");
+    m3_sampler_set_mask(s, NULL);
+    CHECK(draw(s, lg, NULL) == CLOSE, "... and without it the close tag");
+    m3_sampler_free(s);
+    /* think_from: the prompt's tags before it do not count (a tag quoted in an earlier turn) */
+    m3_sampling from = {.temperature = 0, .think_on = 1, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 0, .think_from = 3};
+    s = mk(&from, V, pr, 4);
+    CHECK(draw(s, lg, NULL) == 1, "the open tag before think_from: not in reasoning");
+    m3_sampler_free(s);
+    from.think_from = 2;
+    s = mk(&from, V, pr, 4);
+    CHECK(draw(s, lg, NULL) == CLOSE, "the open tag at think_from: in reasoning");
     m3_sampler_free(s);
     /* bad arguments */
-    m3_sampling b1 = {.think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = -1};
+    m3_sampling b1 = {.think_on = 1, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = -1};
     CHECK(!m3_sampler_create(&b1, V, NULL, 0, &err) && strstr(err.msg, "think_budget"), "budget -1: %s", err.msg);
-    m3_sampling b2 = {.think_start_id = OPEN, .think_end_id = V, .think_budget = 1};
+    m3_sampling b2 = {.think_on = 1, .think_start_id = OPEN, .think_end_id = V, .think_budget = 1};
     CHECK(!m3_sampler_create(&b2, V, NULL, 0, &err) && strstr(err.msg, "reasoning tags"), "close tag id 8 of 8: %s", err.msg);
-    m3_sampling b3 = {.think_start_id = CLOSE, .think_end_id = CLOSE, .think_budget = 1};
+    m3_sampling b3 = {.think_on = 1, .think_start_id = CLOSE, .think_end_id = CLOSE, .think_budget = 1};
     CHECK(!m3_sampler_create(&b3, V, NULL, 0, &err) && strstr(err.msg, "reasoning tags"), "one id for both tags: %s", err.msg);
+    m3_sampling b4 = {.think_on = 1, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 1, .think_from = 4};
+    CHECK(!m3_sampler_create(&b4, V, pr, 4, &err) && strstr(err.msg, "think_from"), "think_from 4 of 4 prompt ids: %s", err.msg);
 }
 
 int main(void) {

@@ -58,6 +58,11 @@ static const struct { const char *in, *want; int count; } OK[] = {
      "{\"type\":\"function\",\"function\":{\"name\":\"v\",\"parameters\":{}}}],"
      "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"w\"}},\"parallel_tool_calls\":false,"
      "\"thinking_token_budget\":1024,\"chat_template_kwargs\":{\"thinking_mode\":\"enabled\"}}", 0},
+    /* a budget past a 32-bit count: no limit */
+    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"enabled\","
+     "\"budget_tokens\":99999999999}}",
+     "{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking_token_budget\":2147483647,"
+     "\"chat_template_kwargs\":{\"thinking_mode\":\"enabled\"}}", 0},
     /* tool_choice any / none / auto, thinking adaptive */
     {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"any\"},"
      "\"thinking\":{\"type\":\"adaptive\"}}",

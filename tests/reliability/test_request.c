@@ -105,6 +105,19 @@ int main(void) {
     rc = parse("{\"prompt\":\"Hi\",\"echo\":true,\"logprobs\":3,\"prompt_logprobs\":0}", 0, &g, &e);
     CHECK(rc == 0 && g.prompt_logprobs == 0, "echo + logprobs 3 + prompt_logprobs 0: %d: %d %s", g.prompt_logprobs, rc, e.message);
     m3_oai_params_free(&g);
+    /* chat echo (vLLM's): the last message's content when it has the answer's role; a budget's tags
+     * read from the final turn */
+    rc = parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"text\","
+               "\"text\":\"A\"},{\"type\":\"text\",\"text\":\"b\"}]}],\"echo\":true,\"continue_final_message\":true,"
+               "\"add_generation_prompt\":false,\"thinking_token_budget\":4}", 1, &g, &e);
+    CHECK(rc == 0 && g.echo && g.echo_len == 3 && !memcmp(g.echo_text, "A\nb", 3) && g.echo_off[1] == 3 && g.think_on &&
+              g.think_budget == 4 && g.think_from > 0 && (size_t)g.think_from < g.n_ids,
+          "chat echo of a continued message: %d '%.*s', think_from %d of %zu: %s", rc, (int)g.echo_len, g.echo_text ? g.echo_text : "",
+          g.think_from, g.n_ids, e.message);
+    m3_oai_params_free(&g);
+    rc = parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"echo\":true}", 1, &g, &e);
+    CHECK(rc == 0 && g.echo && g.echo_len == 0, "chat echo, the user's message under the generation prompt: nothing: %d %s", rc, e.message);
+    m3_oai_params_free(&g);
     rc = parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"prompt_logprobs\":5}", 1, &g, &e);
     CHECK(rc == 0 && g.prompt_logprobs == 5, "chat prompt_logprobs 5: %d: %d %s", g.prompt_logprobs, rc, e.message);
     m3_oai_params_free(&g);
@@ -240,7 +253,6 @@ int main(void) {
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}", 1, 400, "tools"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", 1, 400, "tool_choice"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 1, 400, "top_logprobs"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":true}", 1, 400, "echo"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":[]}", 1, 400, "chat_template_kwargs"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"thinking_mode\":\"x\"}}", 1, 400,
          "messages"},
@@ -312,6 +324,8 @@ int main(void) {
          "\"echo\":true,\"max_tokens\":4}",
          0},
         {"{\"prompt\":[72,105,33],\"echo\":true,\"max_tokens\":0,\"logprobs\":2,\"prompt_logprobs\":3}", 0},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"Yo\"}],\"echo\":true,"
+         "\"continue_final_message\":true,\"add_generation_prompt\":false,\"thinking_token_budget\":2}", 1},
         {"{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"},"
          "{\"role\":\"assistant\",\"content\":\"<mm:think>r</mm:think>Yo\"},{\"role\":\"user\",\"content\":\"More\"}],"
          "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
@@ -326,7 +340,7 @@ int main(void) {
          1},
     };
     long runs = 0, same = 0, oom = 0;
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < (int)(sizeof ok_bodies / sizeof *ok_bodies); k++) {
         m3_oai_params want;
         m3_oai_error we;
         m3_fault_json_hook(1);

@@ -300,7 +300,22 @@ try {
     }
   }
   const tbs = (await post(base, '/v1/chat/completions', { ...tb, temperature: 1, seed: 5, thinking_token_budget: 3 })).json?.choices?.[0]?.token_ids ?? [];
-  ok(tbs.indexOf(CLOSE) >= 0 && tbs.indexOf(CLOSE) <= 3, `sampled, budget 3: the reasoning closes by the 4th token (at ${tbs.indexOf(CLOSE)})`);
+  ok(tbs.indexOf(CLOSE) === 3, `sampled, budget 3: the reasoning closes at the 4th token (at ${tbs.indexOf(CLOSE)})`);
+  // a grammar constraining the row decides (nothing forced against it); its start after </mm:think> is the forced close
+  const tg1 = await post(base, '/v1/completions', { model: 'tiny', prompt: [...prompt, OPEN], max_tokens: 8, temperature: 0, guided_regex: '[a-z]{8}',
+    thinking_token_budget: 2 });
+  ok(tg1.status === 200 && /^[a-z]{8}$/.test(tg1.json?.choices?.[0]?.text), `completions, a regex from the first token, budget 2: the regex's text (${JSON.stringify(tg1.json?.choices?.[0]?.text ?? tg1.json?.error?.message)})`);
+  const tg2 = await post(base, '/v1/chat/completions', { ...tb, max_tokens: 12, response_format: { type: 'json_object' }, thinking_token_budget: 3 });
+  ok(tg2.status === 200 && tg2.json.choices[0].token_ids[3] === CLOSE && tg2.json.choices[0].token_ids.slice(0, 3).every(t => t !== CLOSE),
+     `chat, thinking on, json_object, budget 3: the reasoning closes at the 4th token, then the constrained answer (${tg2.json?.error?.message ?? 'ok'})`);
+  // a <mm:think> quoted in an earlier turn opens nothing (adaptive thinking: the final turn has no tag)
+  const qmsgs = [{ role: 'user', content: 'what does <mm:think> mean?' }];
+  const qa = { ...tb, messages: qmsgs, chat_template_kwargs: { thinking_mode: 'adaptive' } };
+  const q0 = (await post(base, '/v1/chat/completions', qa)).json?.choices?.[0]?.token_ids;
+  const q1 = (await post(base, '/v1/chat/completions', { ...qa, thinking_token_budget: 0 })).json?.choices?.[0]?.token_ids;
+  const q2 = await post(base, '/v1/chat/completions', { ...qa, thinking_token_budget: 3, response_format: { type: 'json_object' } });
+  ok(q0 && (q0.includes(OPEN) || JSON.stringify(q0) === JSON.stringify(q1)) && q2.status === 200,
+     'a <mm:think> quoted by the user, adaptive thinking: budget 0 changes nothing (and with json_object: 200)');
   const tcb = (await post(base, '/v1/completions', { model: 'tiny', prompt: [...prompt, OPEN], max_tokens: 6, temperature: 0, ignore_eos: true,
     return_token_ids: true, thinking_token_budget: 2 })).json?.choices?.[0]?.token_ids ?? [];
   ok(tcb[2] === CLOSE && !tcb.slice(0, 2).includes(CLOSE), `completions, a prompt ending in <mm:think>, budget 2: ${JSON.stringify(tcb)}`);

@@ -199,11 +199,15 @@ static void greedy_specs(rspec *s, int n, int V, uint64_t seed) {
         s[i].ignore_eos = i % 2;
         s[i].arrive = (int)(rnd(&r) % 10);
         if (i % 4 == 3) { s[i].sp.repetition_penalty = 1.3f; s[i].sp.frequency_penalty = 0.4f; } /* greedy + penalties */
-        if (i % 4 == 1) { /* a reasoning budget (sampler.h): the prompt ends inside reasoning, the close tag forced */
+        if (i % 4 == 1) { /* a reasoning budget (sampler.h): the prompt ends inside reasoning, the close tag forced
+                           * within a verification; no logprobs, so its other rows are the backend's (greedy ids) */
             s[i].prompt[s[i].n_prompt - 1] = THINK_OPEN(V);
+            s[i].sp.think_on = 1;
             s[i].sp.think_start_id = THINK_OPEN(V);
             s[i].sp.think_end_id = THINK_CLOSE(V);
-            s[i].sp.think_budget = 2 + i % 5;
+            s[i].sp.think_budget = 5 + (i / 4) * 2;
+            s[i].no_logprobs = 1;
+            if (s[i].max_tokens < 20) s[i].max_tokens = 20;
         }
     }
 }
@@ -213,7 +217,7 @@ static void check_think_closed(const rspec *s, const result *r, int n, int V) {
     int closed = 0;
     for (int i = 0; i < n; i++) {
         const int b = s[i].sp.think_budget;
-        if (!s[i].sp.think_end_id || b >= r[i].n) continue;
+        if (!s[i].sp.think_on || b >= r[i].n) continue;
         int early = 0;
         for (int j = 0; j < b; j++) early |= r[i].tok[j] == THINK_CLOSE(V);
         CHECK(!early && r[i].tok[b] == THINK_CLOSE(V), "request %d: budget %d, token %d is %d, not the close tag %d", i, b, b,
@@ -791,9 +795,17 @@ static const int32_t ALLOWED[NA] = {5, 17, 300, 999};
 
 /* variant 0: allowed_ids, penalties, temperature and top-p (the draws on the host: their rows
  * change with the penalties); variant 1: plain temperature, top-k 4 and top-p (every draw of
- * the draft on the backend: ops draw_rows) */
-static m3_sampling samp_params(int variant, uint64_t seed) {
+ * the draft on the backend: ops draw_rows); variant 2: variant 1 after the prompt's open tag with
+ * a reasoning budget of 2 (the third token forced to the close tag, within a verification; the
+ * rows near it on the host, the others on the backend) */
+static m3_sampling samp_params(int variant, uint64_t seed, int V) {
     m3_sampling sp = {.temperature = 1.3f, .top_p = 0.97f, .seed = seed};
+    if (variant == 2) {
+        sp.think_on = 1;
+        sp.think_start_id = THINK_OPEN(V);
+        sp.think_end_id = THINK_CLOSE(V);
+        sp.think_budget = 2;
+    }
     if (variant == 0) {
         sp.presence_penalty = 0.3f;
         sp.frequency_penalty = 0.5f;
@@ -836,7 +848,8 @@ static void test_sampled_variant(m3_model *m, int variant) {
     enum { NP = 12, NREQ = 1200 };
     int32_t prompt[NP];
     uint64_t r = 5;
-    for (int i = 0; i < NP; i++) prompt[i] = 2 + (int32_t)(rnd(&r) % (uint64_t)(V - 2));
+    for (int i = 0; i < NP; i++) prompt[i] = 2 + (int32_t)(rnd(&r) % (uint64_t)(V - 5)); /* no tag */
+    if (variant == 2) prompt[NP - 1] = THINK_OPEN(V); /* in reasoning */
     static double pj[256];
     m3_err err;
     m3_kv kv;
@@ -861,7 +874,7 @@ static void test_sampled_variant(m3_model *m, int variant) {
             }
             for (int a = 0; a < NA; a++) { kid[i][pre][a] = -1; pr[i][pre][a] = 0; }
             if (!ok) continue; /* an absent child: no prefix through it */
-            m3_sampling sp = samp_params(variant, 0);
+            m3_sampling sp = samp_params(variant, 0, V);
             m3_sampler *s = m3_sampler_create(&sp, V, prompt, NP, &err);
             m3_kv_seq q = {0};
             int rc = !s || m3_run_tokens(m, &kv, &q, seq, NP + i, 0, 64, lg, &err);
@@ -897,9 +910,9 @@ static void test_sampled_variant(m3_model *m, int variant) {
             memset(&specs[i], 0, sizeof specs[i]);
             memcpy(specs[i].prompt, prompt, sizeof prompt);
             specs[i].n_prompt = NP;
-            specs[i].sp = samp_params(variant, 0xabc000 + (uint64_t)i * 7919 + (uint64_t)mode * 1000003 + (uint64_t)variant * 77);
+            specs[i].sp = samp_params(variant, 0xabc000 + (uint64_t)i * 7919 + (uint64_t)mode * 1000003 + (uint64_t)variant * 77, V);
             specs[i].max_tokens = MT;
-            specs[i].no_logprobs = variant == 1;
+            specs[i].no_logprobs = variant >= 1;
         }
         m3_engine_opts o;
         m3_engine_opts_default(&o);
@@ -930,7 +943,9 @@ static void test_sampled_variant(m3_model *m, int variant) {
         CHECK(st < chi2_limit(df), "variant %d mode %d: first %d tokens are not distributed as plain sampling (chi2 %.1f, df %d, "
               "limit %.1f)", variant, mode, MT, st, df, chi2_limit(df));
         printf("5. sampled (%s), %s: first %d tokens of %d requests vs the exact joint: chi2 %.1f (df %d, 99.9%% limit %.1f)",
-               variant == 0 ? "allowed_ids x4, T 1.3, top-p 0.97, penalties" : "T 1.3, top-k 4, top-p 0.97: draws on the backend",
+               variant == 0   ? "allowed_ids x4, T 1.3, top-p 0.97, penalties"
+               : variant == 1 ? "T 1.3, top-k 4, top-p 0.97: draws on the backend"
+                              : "the same, a reasoning budget of 2: the 3rd token forced",
                mode == 0 ? "no speculation       " : mode == 1 ? "dspark k 3, prob. drafts" : "dspark k 3, greedy drafts", MT,
                NREQ, st, df, chi2_limit(df));
         /* plain rows on the backend: speculative decodes verified there too (ops verify_rows): with
@@ -940,8 +955,13 @@ static void test_sampled_variant(m3_model *m, int variant) {
             CHECK(ri.st.spec_verify_backend > 0 && (mode == 1 || ri.st.spec_verify_backend == ri.st.spec_verify_steps),
                   "mode %d: %llu of %llu speculative steps verified on the backend", mode,
                   (unsigned long long)ri.st.spec_verify_backend, (unsigned long long)ri.st.spec_verify_steps);
+        if (variant == 2) { /* every request's third token the close tag */
+            int closed = 0;
+            for (int i = 0; i < NREQ; i++) closed += res[i].n == MT && res[i].tok[2] == THINK_CLOSE(V);
+            CHECK(closed == NREQ, "variant 2 mode %d: %d of %d requests closed their reasoning at the 3rd token", mode, closed, NREQ);
+        }
         if (mode) {
-            if (variant == 1) printf("; %llu verify steps on the backend", (unsigned long long)ri.st.spec_verify_backend);
+            if (variant >= 1) printf("; %llu verify steps on the backend", (unsigned long long)ri.st.spec_verify_backend);
             printf("; MAL %.2f, accepted %.1f%%, by position:", mal(&ri.st),
                    100.0 * ri.st.spec_accepted_tokens / (ri.st.spec_draft_tokens ? ri.st.spec_draft_tokens : 1));
             print_pos(&ri.st);
@@ -1076,6 +1096,7 @@ static void test_sampled(m3_model *m) {
     test_sampled_variant(m, 0);
     setenv("M3_DRAWS", "backend", 1); /* the CPU too draws plain rows through draw_rows (target and draft) */
     test_sampled_variant(m, 1);
+    test_sampled_variant(m, 2);
     unsetenv("M3_DRAWS");
 }
 

@@ -280,6 +280,12 @@ static void *worker_main(void *arg) {
         if (!j) return NULL; /* stopping, nothing queued */
         if (j->kind == SRV_PREP_INPUT_ITEMS) j->rc = srv_resp_input_items(s, j->body, &j->reply, &j->e); /* body: the target */
         else j->rc = m3_oai_parse_body(j->body, j->n, &j->json, &j->e);
+        if (!j->rc && j->kind == SRV_PREP_INVOCATIONS) { /* the body says which: "messages" chat, "prompt" a completion */
+            if (json_object_get(j->json, "messages")) j->kind = SRV_PREP_CHAT;
+            else if (json_object_get(j->json, "prompt")) j->kind = SRV_PREP_COMPLETION;
+            else j->rc = m3_oai_errorf(&j->e, 400, "invalid_request_error", NULL,
+                                       "/invocations takes a chat completion ('messages') or a completion ('prompt') request");
+        }
         if (!j->rc && (j->kind == SRV_PREP_MESSAGES || j->kind == SRV_PREP_COUNT_TOKENS)) {
             /* Anthropic's request, spelled as the OpenAI chat request that means the same */
             json_t *oai = NULL;
@@ -362,6 +368,7 @@ static const char *route_name(int kind) {
     case SRV_PREP_COUNT_TOKENS: return "POST /v1/messages/count_tokens";
     case SRV_PREP_RESPONSES: return "POST /v1/responses";
     case SRV_PREP_INPUT_ITEMS: return "GET /v1/responses/{id}/input_items";
+    case SRV_PREP_INVOCATIONS: return "POST /invocations";
     default: return "POST /v1/completions";
     }
 }

@@ -420,7 +420,8 @@ static void route(http_req *req, void *arg) {
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     static const char *const known[] = {"/health", "/metrics", "/v1/models", "/tokenize", "/detokenize",
                                         "/v1/completions", "/v1/chat/completions", "/version", "/v1/messages",
-                                        "/v1/messages/count_tokens", "/v1/responses"};
+                                        "/v1/messages/count_tokens", "/v1/responses", "/invocations"};
+    enum { K_STORED = 100 }; /* GET / DELETE /v1/responses/{id}[/input_items] */
     int k = -1;
     for (int j = 0; j < (int)(sizeof known / sizeof *known); j++)
         if (!strcmp(path, known[j])) k = j;
@@ -438,7 +439,7 @@ static void route(http_req *req, void *arg) {
         resp_items = sl && !strcmp(sl, "/input_items");
         size_t n = sl ? (size_t)(sl - id) : strlen(id);
         if ((!sl || resp_items) && n && n < sizeof resp_id) {
-            k = 11;
+            k = K_STORED;
             memcpy(resp_id, id, n);
             resp_id[n] = 0;
         }
@@ -454,15 +455,15 @@ static void route(http_req *req, void *arg) {
         http_close_after(req);
         rc = srv_send_error(req, 503, "service_unavailable_error", "the server is shutting down");
     } else if (k < 0) rc = srv_send_error(req, 404, "not_found_error", "no route for %s", path);
-    else if (k == 11 ? !get && (!del || resp_items) : want_get ? !get && !(ping && post) : !post)
+    else if (k == K_STORED ? !get && (!del || resp_items) : want_get ? !get && !(ping && post) : !post)
         rc = srv_send_error(req, 405, "invalid_request_error", "method %.40s not allowed for %s (use %s)", method, path,
-                            k == 11 ? resp_items ? "GET" : "GET or DELETE" : ping ? "GET or POST" : want_get ? "GET" : "POST");
+                            k == K_STORED ? resp_items ? "GET" : "GET or DELETE" : ping ? "GET or POST" : want_get ? "GET" : "POST");
     else switch (k) {
         case 0: rc = h_health(req, s); break;
         case 1: rc = h_metrics(req, s); break;
         case 2: rc = h_models(req, s, model_id); break;
         case 7: rc = srv_send_json(req, 200, json_pack("{s:s}", "version", M3_VERSION)); break;
-        case 11: /* the items' stored text is parsed on a preparation thread (prep.c) */
+        case K_STORED: /* the items' stored text is parsed on a preparation thread (prep.c) */
             if (!resp_items) rc = srv_resp_stored(s, req, resp_id, del);
             else if ((rc = srv_check_auth(s, req))) {
             } else if (s->store && srv_resp_in_flight(s, resp_id))
@@ -475,7 +476,7 @@ static void route(http_req *req, void *arg) {
             if (!rc) rc = srv_prep_submit(s, req, k == 3 ? SRV_PREP_TOKENIZE : k == 4 ? SRV_PREP_DETOKENIZE
                                                      : k == 6 ? SRV_PREP_CHAT : k == 8 ? SRV_PREP_MESSAGES
                                                      : k == 9 ? SRV_PREP_COUNT_TOKENS : k == 10 ? SRV_PREP_RESPONSES
-                                                     : SRV_PREP_COMPLETION, serial, t0);
+                                                     : k == 11 ? SRV_PREP_INVOCATIONS : SRV_PREP_COMPLETION, serial, t0);
             break;
         }
     if (rc == 0) return; /* handed to a preparation thread: answered (counted and logged) from there */

@@ -52,7 +52,8 @@ typedef struct prep_job prep_job;
 
 /* what a preparation job does (prep.c) */
 enum { SRV_PREP_COMPLETION = 0, SRV_PREP_CHAT = 1, SRV_PREP_TOKENIZE = 2, SRV_PREP_DETOKENIZE = 3,
-       SRV_PREP_MESSAGES = 4, SRV_PREP_COUNT_TOKENS = 5, SRV_PREP_RESPONSES = 6, SRV_PREP_INPUT_ITEMS = 7 };
+       SRV_PREP_MESSAGES = 4, SRV_PREP_COUNT_TOKENS = 5, SRV_PREP_RESPONSES = 6, SRV_PREP_INPUT_ITEMS = 7,
+       SRV_PREP_INVOCATIONS = 8 /* SageMaker's (vLLM's): a chat completion or a completion, by the body */ };
 /* the API a generation request speaks: its output's shapes (generate.c, anthropic.c, responses.c) */
 enum { SRV_API_OPENAI = 0, SRV_API_ANTHROPIC = 1, SRV_API_RESPONSES = 2 };
 #define SRV_MAX_PREP 16 /* preparation threads at most */

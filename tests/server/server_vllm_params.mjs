@@ -13,6 +13,7 @@
 //    stop token listed, streams adding up to the same; truncation_side; request_id naming the response;
 //  - bad_words: none of a word's token sequences (alone, after a space) in greedy or sampled output;
 //  - skip_special_tokens false: special tokens' text in the output; /tokenize's return_token_strs;
+//  - /ping (GET, POST) and /invocations (SageMaker's: a chat completion or a completion by the body);
 //  - thinking_token_budget: greedy, the plain answer's first B tokens then </mm:think> (the
 //    reasoning their text, a stream the same), sampled and on completions too; nothing forced when
 //    the prompt closed the reasoning; bad values refused; --reasoning-budget N as every request's
@@ -278,6 +279,15 @@ try {
   // ---- vLLM's /ping (SageMaker's health check): GET and POST ----
   const pg = await fetch(base + '/ping'), pp = await fetch(base + '/ping', { method: 'POST' }), pd = await fetch(base + '/ping', { method: 'DELETE' });
   ok(pg.status === 200 && pp.status === 200 && pd.status === 405, `/ping: GET ${pg.status}, POST ${pp.status}, DELETE ${pd.status}`);
+  // ... and its /invocations: a chat completion or a completion, by the body
+  const ivc = { model: 'tiny', messages: msgs, max_tokens: 5, temperature: 0 }, ivp = { model: 'tiny', prompt: 'hi', max_tokens: 5, temperature: 0 };
+  const [ic, oc, ip, op, ie, ig] = [await post(base, '/invocations', ivc), await post(base, '/v1/chat/completions', ivc),
+    await post(base, '/invocations', ivp), await post(base, '/v1/completions', ivp), await post(base, '/invocations', { model: 'tiny' }),
+    await fetch(base + '/invocations')];
+  ok(ic.json?.object === 'chat.completion' && ic.json.choices[0].message.content === oc.json?.choices?.[0]?.message?.content &&
+     ip.json?.object === 'text_completion' && ip.json.choices[0].text === op.json?.choices?.[0]?.text && ie.status === 400 &&
+     /messages.*prompt/.test(ie.json?.error?.message) && ig.status === 405,
+     `/invocations: messages -> chat completion, prompt -> completion (the same answers), neither: 400, GET: ${ig.status}`);
 
   // ---- thinking_token_budget: the reasoning closes after that many tokens ----
   const tagId = async t => { const r = (await post(base, '/tokenize', { model: 'tiny', prompt: t })).json?.tokens; return r?.length === 1 ? r[0] : -1; };

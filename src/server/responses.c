@@ -417,6 +417,21 @@ void srv_resp_sse_failed(hreq *h, const char *msg) {
     const char *was = h->failed;
     h->failed = NULL; /* this event is the one that may follow the failure */
     ev(h, "response.failed", json_pack("{s:o}", "response", o));
+    if (h->failed && h->req) { /* no memory for it either: the event without the output, from the stack */
+        char m[200], data[512];
+        size_t k = 0;
+        for (const char *q = msg ? msg : NOMEM; *q && k + 1 < sizeof m; q++) /* (printable ASCII only: JSON-safe, whole characters) */
+            m[k++] = *q == '"' || *q == '\\' || (unsigned char)*q < 0x20 || (unsigned char)*q > 0x7e ? ' ' : *q;
+        m[k] = 0;
+        int n = snprintf(data, sizeof data,
+                         "{\"type\":\"response.failed\",\"sequence_number\":%ld,\"response\":{\"id\":\"resp_%s\",\"object\":"
+                         "\"response\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"%s\"}}}",
+                         h->r_seq++, h->rid, m);
+        static const char head[] = "event: response.failed\ndata: ";
+        struct iovec v[3] = {{(void *)head, sizeof head - 1}, {data, n > 0 && (size_t)n < sizeof data ? (size_t)n : 0},
+                             {(void *)"\n\n", 2}};
+        if (v[1].iov_len) http_reply_chunkv(h->req, v, 3);
+    }
     if (!h->failed) h->failed = was;
     else if (was) h->failed = was;
 }

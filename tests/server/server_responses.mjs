@@ -632,6 +632,26 @@ try {
   for (let i = 0; i < mix.length; i++) after += keyOf(await runQ(faultSrv.base, mix[i]), mix[i].stream) === expect[i];
   ok(after === mix.length, `after the failures: ${after}/${mix.length} answers equal to the clean server's`);
 
+  // ---- every allocation failing from the F-th on (memory gone for good): a stream that started
+  // still ends with response.failed (made without allocating), never a bare 200; before it, a 500
+  const ends = { failed: 0, refused: 0, whole: 0 }, bare = [];
+  for (const F of [30, 60, 120, 240, 480, 960]) {
+    const old2 = process.env.M3_FAULT_ALLOC;
+    process.env.M3_FAULT_ALLOC = `server:${F}:-1:1`;
+    let fs;
+    try { fs = await startServer(m3, ck, ['--served-model-name', 'tiny', '--api-key', KEY]); }
+    finally { if (old2 === undefined) delete process.env.M3_FAULT_ALLOC; else process.env.M3_FAULT_ALLOC = old2; }
+    others.push(fs);
+    const x = await rawStream({ ...plain, max_output_tokens: 6 }, fs.base).catch(e => ({ status: 'exception', e }));
+    const f = x.status === 200 && !x.bad?.length ? fold(x.events) : null;
+    if (f && !f.err && /^response\.(completed|incomplete)$/.test(f.end?.type)) ends.whole++;
+    else if (f && f.end?.type === 'response.failed' && f.end.response.status === 'failed' && typeof f.end.response.error?.message === 'string') ends.failed++;
+    else if (x.status === 500 || x.status === 'exception') ends.refused++;
+    else bare.push(`F ${F}: ${x.status} ${f?.err} ${JSON.stringify(x.text ?? '').slice(-400)}`);
+  }
+  ok(!bare.length && ends.failed > 0, `memory gone from the F-th allocation on: ${ends.failed} streams ended with response.failed, ` +
+     `${ends.refused} refused (500 or closed), ${ends.whole} whole${bare.length ? ': ' + bare.join('; ') : ''}`);
+
   ok(/req \d+ POST \/v1\/responses 200/.test(srv.log) && /GET \/v1\/responses\/resp_[0-9a-f]+ 200/.test(srv.log), 'the log names the endpoints');
 } catch (e) {
   ok(false, 'unexpected: ' + (e.stack || e));

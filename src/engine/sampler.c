@@ -617,6 +617,14 @@ void m3_sampler_free(m3_sampler *s) {
     free(s);
 }
 
+/* the reasoning budget after a token: inside a section (*in), with *cnt tokens in it */
+static void think_step(const m3_sampling *p, int32_t tok, int *in, int *cnt) {
+    if (tok == p->think_start_id || tok == p->think_end_id) {
+        *in = tok == p->think_start_id;
+        *cnt = 0;
+    } else *cnt += *in;
+}
+
 int m3_sampler_accept(m3_sampler *s, int32_t token, m3_err *err) {
     if (token < 0 || token >= s->V) return m3_errf(err, "sampling: accepted token %d is outside the vocabulary [0, %d)", (int)token, s->V);
     seen_t *e = seen_get(s, token);
@@ -624,12 +632,7 @@ int m3_sampler_accept(m3_sampler *s, int32_t token, m3_err *err) {
     e->gen++;
     if (s->hist) s->hist[s->n_generated % s->hist_cap] = token;
     s->n_generated++;
-    if (s->p.think_on) {
-        if (token == s->p.think_start_id || token == s->p.think_end_id) {
-            s->in_think = token == s->p.think_start_id;
-            s->think_count = 0;
-        } else s->think_count += s->in_think;
-    }
+    if (s->p.think_on) think_step(&s->p, token, &s->in_think, &s->think_count);
     return 0;
 }
 
@@ -653,17 +656,27 @@ static void mask_row(const float *x, const uint32_t *mask, int V, float *w) {
 }
 
 /* step 0: the reasoning budget is spent, the next token closes the reasoning (unless a grammar's
- * mask constrains the row: it decides) */
+ * mask constraining the row forbids that token: the grammar decides) */
 static int think_forced(const m3_sampler *s) {
-    return s->p.think_on && !s->mask && s->in_think && s->think_count >= s->p.think_budget;
+    const int32_t c = s->p.think_end_id;
+    return s->p.think_on && s->in_think && s->think_count >= s->p.think_budget &&
+           (!s->mask || (s->mask[c >> 5] >> (c & 31) & 1));
 }
 
-/* step 0 may come within the next `rows` rows: in reasoning, at the row where its budget runs
- * out (row 0 when it has); outside, at the earliest after an opening tag and a whole budget */
-static int think_near(const m3_sampler *s, int rows) {
+/* step 0 may come at one of the rows of a verification of path[0..k) (k + 1 rows: row i is read
+ * only when path[0..i) were accepted, so the state follows the path; NULL: any k tokens) */
+static int think_near(const m3_sampler *s, const int32_t *path, int k) {
     if (!s->p.think_on) return 0;
-    const long left = s->in_think ? (long)s->p.think_budget - s->think_count : (long)s->p.think_budget + 1;
-    return left < rows;
+    if (!path) {
+        const long left = s->in_think ? (long)s->p.think_budget - s->think_count : (long)s->p.think_budget + 1;
+        return left <= k;
+    }
+    int in = s->in_think, cnt = s->think_count;
+    for (int i = 0;; i++) {
+        if (in && cnt >= s->p.think_budget) return 1;
+        if (i == k) return 0;
+        think_step(&s->p, path[i], &in, &cnt);
+    }
 }
 
 /* Steps 0-2: the working logits. */
@@ -712,18 +725,18 @@ static void prepare(const m3_sampler *s, const float *logits, float *w) {
 static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, const pick_info *ppi, int tok,
                    m3_sample_out *out);
 
-/* steps 0-2 change nothing in the next `rows` rows: no allowed / banned ids, no min_tokens still
- * holding ids back, no logit_bias, no penalty, no reasoning budget running out within them */
-static int plain_rows(const m3_sampler *s, int rows) {
+/* steps 0-2 change nothing in the rows of a verification of path[0..k): no allowed / banned ids, no
+ * min_tokens still holding ids back, no logit_bias, no penalty, no reasoning budget running out */
+static int plain_rows(const m3_sampler *s, const int32_t *path, int k) {
     const m3_sampling *p = &s->p;
-    return !s->mask && !think_near(s, rows) && p->n_allowed <= 0 && p->n_banned <= 0 && p->n_bad_words <= 0 &&
+    return !s->mask && !think_near(s, path, k) && p->n_allowed <= 0 && p->n_banned <= 0 && p->n_bad_words <= 0 &&
            !(s->n_generated < p->min_tokens && p->n_min_tokens_ids > 0) &&
            p->n_logit_bias <= 0 && !(p->repetition_penalty > 0 && p->repetition_penalty != 1) &&
            p->frequency_penalty == 0 && p->presence_penalty == 0;
 }
 
 /* ... in the row about to be drawn */
-static int plain_logits(const m3_sampler *s) { return plain_rows(s, 1); }
+static int plain_logits(const m3_sampler *s) { return plain_rows(s, NULL, 0); }
 
 /* The row steps 3-4 read: the logits as passed when steps 1-2 change nothing and the caller
  * needs no working copy (no copy made), else steps 1-2 into the working copy ws->w. NULL (err
@@ -836,8 +849,9 @@ static void report(const m3_sampler *s, const float *logits, m3_sample_ws *ws, c
 int m3_sampler_is_greedy(const m3_sampler *s) { return !(s->p.temperature >= 1e-5f); }
 
 int m3_sampler_vocab(const m3_sampler *s) { return s->V; }
-int m3_sampler_plain_params(const m3_sampler *s, int rows, float *temperature, int *top_k, float *top_p, float *min_p, int *n) {
-    if (!plain_rows(s, rows)) return 0;
+int m3_sampler_plain_params(const m3_sampler *s, const int32_t *path, int k, float *temperature, int *top_k, float *top_p,
+                            float *min_p, int *n) {
+    if (!plain_rows(s, path, k)) return 0;
     *temperature = s->p.temperature;
     *top_k = s->p.top_k;
     *top_p = s->p.top_p;
@@ -846,14 +860,17 @@ int m3_sampler_plain_params(const m3_sampler *s, int rows, float *temperature, i
     return 1;
 }
 
-int m3_sampler_draw_ids(const m3_sampler *s, int rows, float *temperature, int *top_k, float *top_p, float *min_p, int *n) {
+int m3_sampler_draw_ids(const m3_sampler *s, const int32_t *path, int k, float *temperature, int *top_k, float *top_p,
+                        float *min_p, int *n) {
     if (m3_sampler_is_greedy(s) || s->p.logprobs || s->p.top_logprobs) return 0;
-    return m3_sampler_plain_params(s, rows, temperature, top_k, top_p, min_p, n);
+    return m3_sampler_plain_params(s, path, k, temperature, top_k, top_p, min_p, n);
 }
 
-int m3_sampler_plain_greedy(const m3_sampler *s, int rows) { return m3_sampler_is_greedy(s) && plain_rows(s, rows) ? s->n : 0; }
-int m3_sampler_greedy_ids(const m3_sampler *s, int rows) {
-    return !s->p.logprobs && !s->p.top_logprobs ? m3_sampler_plain_greedy(s, rows) : 0;
+int m3_sampler_plain_greedy(const m3_sampler *s, const int32_t *path, int k) {
+    return m3_sampler_is_greedy(s) && plain_rows(s, path, k) ? s->n : 0;
+}
+int m3_sampler_greedy_ids(const m3_sampler *s, const int32_t *path, int k) {
+    return !s->p.logprobs && !s->p.top_logprobs ? m3_sampler_plain_greedy(s, path, k) : 0;
 }
 
 double m3_sampler_uniform(m3_sampler *s) { return m3_rng_uniform(&s->rng); }

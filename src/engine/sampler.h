@@ -12,8 +12,8 @@
  *   m3_stop       stop token ids and stop strings, with the hold-back a streaming server needs.
  *
  * Order of operations (vLLM V1's sampler):
- *   0. the reasoning budget spent (think_budget) and no token mask set (a grammar constraining
- *      the row decides instead): the row is think_end_id alone (the rest -inf, whatever steps 1-2
+ *   0. the reasoning budget spent (think_budget), and think_end_id allowed by the token mask if one
+ *      is set (a grammar constraining the row decides): the row is think_end_id alone (the rest -inf, whatever steps 1-2
  *      would do; vLLM's logits processor sets that logit to 1e9);
  *   1. allowed ids (everything else -inf), the token mask (m3_sampler_set_mask: ids whose bit
  *      is clear -inf; grammar-constrained decoding), banned ids -inf, min_tokens (the min_tokens_ids
@@ -127,26 +127,28 @@ int m3_sampler_sample(m3_sampler *s, const float *logits, m3_sample_ws *ws, m3_s
  * request's own RNG, so that speculative output is distributed exactly as plain sampling. */
 /* 1 when the request samples greedily (temperature < 1e-5: the argmax, no random draw). */
 int m3_sampler_is_greedy(const m3_sampler *s);
-/* The plain answers below hold for the next `rows` rows (1: the next draw; a verification of k
- * drafts: k + 1, whatever tokens come out of the first ones): nothing changes those rows (no
- * penalties, bias, allowed / banned ids, min_tokens, mask, and no reasoning budget running out
- * within them). */
+/* The plain answers below hold for the rows of a verification of the k drafts path[0..k) (k + 1
+ * rows, row i read only when path[0..i) were accepted; k 0: the next draw alone; path NULL: any k
+ * drafts): nothing changes those rows (no penalties, bias, allowed / banned ids, min_tokens, mask,
+ * and no reasoning budget running out at one of them). */
 /* n > 0 when the request samples greedily and nothing changes its rows: its token is then the
  * first index of the row's largest value over the ids [0, n) (the text ids); else 0. */
-int m3_sampler_plain_greedy(const m3_sampler *s, int rows);
+int m3_sampler_plain_greedy(const m3_sampler *s, const int32_t *path, int k);
 /* m3_sampler_plain_greedy's n when the request also wants no logprobs: its draw is then only that
  * first index (m3_sampler_sample's output the token alone), which a backend can compute where the
  * logits are; else 0. */
-int m3_sampler_greedy_ids(const m3_sampler *s, int rows);
+int m3_sampler_greedy_ids(const m3_sampler *s, const int32_t *path, int k);
 /* 1 when nothing changes the request's rows (as for m3_sampler_plain_greedy) and its
  * distribution is thus the row's under these alone: temperature, top_k, top_p, min_p (as
  * m3_sampling holds them) and the text ids [0, *n); else 0. (A backend can then make the
  * distribution and its draws where the row is: ops.h draw_rows.) */
-int m3_sampler_plain_params(const m3_sampler *s, int rows, float *temperature, int *top_k, float *top_p, float *min_p, int *n);
+int m3_sampler_plain_params(const m3_sampler *s, const int32_t *path, int k, float *temperature, int *top_k, float *top_p,
+                            float *min_p, int *n);
 /* m3_sampler_plain_params' 1 and parameters when the request also samples (not greedy) and
  * wants no logprobs: its draw is then the token alone, from one uniform (the next of its RNG's,
  * as m3_sampler_sample would take it), which a backend can draw where the logits are. */
-int m3_sampler_draw_ids(const m3_sampler *s, int rows, float *temperature, int *top_k, float *top_p, float *min_p, int *n);
+int m3_sampler_draw_ids(const m3_sampler *s, const int32_t *path, int k, float *temperature, int *top_k, float *top_p,
+                        float *min_p, int *n);
 /* The vocabulary size the sampler was created for. */
 int m3_sampler_vocab(const m3_sampler *s);
 /* prob[V] = the distribution m3_sampler_sample would draw from for this row in the sampler's

@@ -196,10 +196,10 @@ int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws
     }
     /* every request greedy with nothing changing its row (the same text ids): the argmax where
      * the rows are, only the ids come to the host (the same tokens: m3_sampler_plain_greedy). Every
-     * slot is drawn in the sampler's state at the anchor (one row's answer: 1) */
-    int n_text = d->ops->argmax_rows ? m3_sampler_plain_greedy(rq[0].s, 1) : 0;
+     * slot is drawn in the sampler's state at the anchor (the next draw's answer) */
+    int n_text = d->ops->argmax_rows ? m3_sampler_plain_greedy(rq[0].s, NULL, 0) : 0;
     for (int j = 1; j < n && n_text; j++)
-        if (m3_sampler_plain_greedy(rq[j].s, 1) != n_text) n_text = 0;
+        if (m3_sampler_plain_greedy(rq[j].s, NULL, 0) != n_text) n_text = 0;
     if (m3_dspark_block_n(d, n, cs, anchor, pos, k, err)) return -1;
     int want_conf = 0;
     for (int j = 0; j < n; j++) want_conf |= rq[j].conf != NULL;
@@ -223,7 +223,7 @@ int m3_spec_draft_n(m3_dspark *d, m3_spec_draft_req *rq, int n, m3_sample_ws *ws
     int on_backend = d->ops->embed_dev && m3_spec_draws_on_backend(d->ops);
     for (int j = 0; j < n && on_backend; j++) {
         m3_draw_param *p = &par[j];
-        on_backend = m3_sampler_plain_params(rq[j].s, 1, &p->temperature, &p->top_k, &p->top_p, &p->min_p, &p->n);
+        on_backend = m3_sampler_plain_params(rq[j].s, NULL, 0, &p->temperature, &p->top_k, &p->top_p, &p->min_p, &p->n);
         if (greedy[j]) p->temperature = 0; /* the argmax of its distribution: of the row over [0, n) */
         p->u = 0;
     }

@@ -320,12 +320,13 @@ static m3_taps capture_taps(m3_engine *e) {
     return t;
 }
 
-/* 1 when r's rows (its draw, or its k_sched drafts' verification: k_sched + 1 rows) are drawn
- * where the logits are (a plain sampled request without logprobs, on a backend that draws: then
- * e->m->ops is that backend's), with the parameters in *dp (its .u not set) */
-static int drawn_on_backend(const m3_engine *e, const req *r, m3_draw_param *dp) {
+/* 1 when r's rows (its draw, or its k_sched drafts' verification: path its drafts, NULL before
+ * they are drawn) are drawn where the logits are (a plain sampled request without logprobs, on
+ * a backend that draws: then e->m->ops is that backend's), with the parameters in *dp (its .u
+ * not set) */
+static int drawn_on_backend(const m3_engine *e, const req *r, const int32_t *path, m3_draw_param *dp) {
     return e->draw_dev && !r->gr &&
-           m3_sampler_draw_ids(r->smp, 1 + r->k_sched, &dp->temperature, &dp->top_k, &dp->top_p, &dp->min_p, &dp->n);
+           m3_sampler_draw_ids(r->smp, path, r->k_sched, &dp->temperature, &dp->top_k, &dp->top_p, &dp->min_p, &dp->n);
 }
 
 /* Draws the drafts of every speculative decode of this step, up to M3_SPEC_DRAFT_BATCH
@@ -344,7 +345,7 @@ static void draft_all(m3_engine *e) {
             if (!m3_sampler_is_greedy(r->smp) && e->draft_method == M3_SPEC_DRAFT_PROBABILISTIC) {
                 m3_draw_param dp;
                 /* a request the target verifies on the backend: its q rows stay there */
-                if (qdslot < e->qdev_n && drawn_on_backend(e, r, &dp))
+                if (qdslot < e->qdev_n && drawn_on_backend(e, r, NULL, &dp))
                     r->qd = e->qdev + (size_t)qdslot++ * e->k * (size_t)e->V;
                 if (!r->qd) { /* its q rows to the host (with a device slot: only if its verification falls back, q_to_host) */
                     if (qslot < e->qstage_n) r->qv = e->qstage + (size_t)qslot++ * e->k * (size_t)e->V;
@@ -748,14 +749,14 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
         r->plp_n = 0;
         r->gdev = 0;
         /* rows whose draw is their argmax alone come back as ids (m3_taps.greedy_n) */
-        const int g = e->group || r->gr ? 0 : m3_sampler_greedy_ids(r->smp, 1 + r->k_sched);
+        const int g = e->group || r->gr ? 0 : m3_sampler_greedy_ids(r->smp, r->draft, r->k_sched);
         r->vdev = 0;
         if (r->k_sched) { /* every row's logits: row i verifies d_{i+1} */
             r->out_idx = n_out;
             m3_draw_param dp;
             /* a plain sampled request without logprobs whose q rows are on the backend (or one-hot:
              * greedy drafts): its rows drawn and verified there (ops verify_rows), only ids back */
-            if (!g && drawn_on_backend(e, r, &dp) && e->m->ops->verify_rows && (r->q_dev_used || !r->q_used) &&
+            if (!g && drawn_on_backend(e, r, r->draft, &dp) && e->m->ops->verify_rows && (r->q_dev_used || !r->q_used) &&
                 r->k_sched <= M3_VERIFY_K_MAX) {
                 m3_verify_group *vg = &e->vgroups[n_vg++];
                 vg->row0 = n_out;
@@ -803,7 +804,7 @@ int m3_engine_step(m3_engine *e, m3_err *err) {
             m3_draw_param *dp = &e->gpar[n_out];
             /* a plain sampled row without logprobs: drawn where the logits are, with the uniform
              * m3_sampler_sample would take (the same stream) */
-            if (!g && drawn_on_backend(e, r, dp)) {
+            if (!g && drawn_on_backend(e, r, NULL, dp)) {
                 dp->u = m3_sampler_uniform(r->smp);
                 e->gn[n_out] = -1;
             }

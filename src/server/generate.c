@@ -599,7 +599,7 @@ static int send_final(hreq *h) {
             m3_sbuf t = {0};
             if (et) bad |= m3_sbuf_add(&t, et, elen) != 0;
             bad |= m3_sbuf_add(&t, c->content.p ? c->content.p : "", c->content.n) != 0;
-            json_t *msg = json_pack("{s:s,s:s%}", "role", "assistant", "content", t.p ? t.p : "", t.n);
+            json_t *msg = json_pack("{s:s,s:s%}", "role", h->role, "content", t.p ? t.p : "", t.n);
             free(t.p);
             if (msg && c->reasoning.p) /* vLLM's current field, and the one older clients read */
                 bad |= json_object_set_new(msg, "reasoning", json_stringn(c->reasoning.p, c->reasoning.n)) != 0 ||
@@ -890,6 +890,7 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
     h->prompt_logprobs = g->prompt_logprobs;
     h->echo_lp = !chat && g->echo && g->logprobs;
     h->ids_as_tokens = g->ids_as_tokens;
+    snprintf(h->role, sizeof h->role, "%s", g->role[0] ? g->role : "assistant");
     h->return_ids = g->return_ids;
     { /* the response's id: vLLM's, the X-Request-Id header's, else the body's request_id, else a random one */
         const char *xr = srv_request_id(req);
@@ -1053,7 +1054,7 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
         if (api == SRV_API_RESPONSES) srv_resp_start(h);
         for (int i = 0; i < h->n && api == SRV_API_OPENAI; i++) {
             if (chat) {
-                send_chunk(h, i, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL);
+                send_chunk(h, i, json_pack("{s:s,s:s}", "role", h->role, "content", ""), NULL, NULL);
                 size_t elen;
                 const char *et = echo_of(h, i, &elen); /* vLLM's echo: the last message's content, a chunk of its own */
                 if (et && elen) send_chunk(h, i, json_pack("{s:s%}", "content", et, elen), NULL, NULL);

@@ -619,7 +619,7 @@ static int parse_bad_words(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m3_
 /* vLLM's other per-request extras: allowed_token_ids, return_tokens_as_token_ids, cache_salt
  * served; the rest accepted at the value that changes nothing, refused otherwise (never
  * silently ignored) */
-static int parse_vllm_extras(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m3_oai_error *e) {
+static int parse_vllm_extras(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_params *g, m3_oai_error *e) {
     json_t *v;
     int rc;
     if ((v = json_object_get(b, "allowed_token_ids")) && !json_is_null(v)) {
@@ -669,9 +669,9 @@ static int parse_vllm_extras(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m
     if ((rc = parse_bad_words(c, b, g, e))) return rc;
     /* thinking_token_budget (vLLM's): at most this many tokens inside the reasoning, then its
      * closing tag (the sampler's think budget; the tags must be single tokens) */
-    g->think_budget = -1;
-    if ((rc = get_int(e, b, "thinking_token_budget", 0, INT32_MAX, &g->think_budget))) return rc;
-    if (g->think_budget < 0 && c->has_think_budget) g->think_budget = c->think_budget; /* --reasoning-budget */
+    g->think_budget = -2; /* absent; -1: no budget (a chat request's way out of --reasoning-budget) */
+    if ((rc = get_int(e, b, "thinking_token_budget", -1, INT32_MAX, &g->think_budget))) return rc;
+    if (g->think_budget == -2) g->think_budget = chat && c->has_think_budget ? c->think_budget : -1; /* --reasoning-budget: chat's */
     if (g->think_budget >= 0) {
         g->think_on = 1;
         g->think_open = m3_tok_token_to_id(c->tok, "<mm:think>");
@@ -896,11 +896,8 @@ both:
 static int chat_echo(json_t *b, m3_oai_params *g, m3_oai_error *e) {
     json_t *msgs = json_object_get(b, "messages"), *last = json_array_get(msgs, json_array_size(msgs) - 1);
     const char *role = json_string_value(json_object_get(last, "role"));
-    int agp = 1;
-    if (json_is_true(json_object_get(b, "continue_final_message"))) agp = 0;
-    else get_bool(e, b, "add_generation_prompt", &agp); /* (checked when the prompt was made) */
     g->echo_off[0] = g->echo_off[1] = 0;
-    if (!role || (agp && strcmp(role, "assistant"))) return 0;
+    if (!role || strcmp(role, g->role)) return 0;
     json_t *ct = json_object_get(last, "content");
     size_t n = json_is_string(ct) ? json_string_length(ct) : 0;
     int parts = 0;
@@ -1005,7 +1002,7 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
     }
     if (g->max_tokens == 0 && !(g->echo && !chat))
         return OAI_BAD(e, "max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo': the prompt alone), got 0");
-    if ((rc = parse_vllm_extras(c, b, g, e)) || (rc = parse_truncate(c, b, g, e))) return rc;
+    if ((rc = parse_vllm_extras(c, b, chat, g, e)) || (rc = parse_truncate(c, b, g, e))) return rc;
     int cont = -1; /* continue_final_message: inside the reasoning or not */
     if (chat) {
         if ((rc = m3_oai_chat_prompt(c, b, &g->ids, &g->n_ids, &g->media, &cont, e))) return rc;
@@ -1019,6 +1016,14 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         }
         g->n_prompts = 1;
         g->prompt_off[1] = g->n_ids;
+        { /* the answer's role (vLLM's): the assistant's after a generation prompt, else the last message's */
+            int agp = 1;
+            if (json_is_true(json_object_get(b, "continue_final_message"))) agp = 0;
+            else get_bool(e, b, "add_generation_prompt", &agp); /* (checked when the prompt was made) */
+            json_t *msgs = json_object_get(b, "messages");
+            const char *lr = json_string_value(json_object_get(json_array_get(msgs, json_array_size(msgs) - 1), "role"));
+            snprintf(g->role, sizeof g->role, "%s", !agp && lr && strlen(lr) < sizeof g->role ? lr : "assistant");
+        }
         if (g->echo && (rc = chat_echo(b, g, e))) return rc;
         if (g->think_on) { /* the reasoning budget reads the final turn's tags: one quoted earlier opens nothing */
             const int32_t turn = m3_tok_token_to_id(c->tok, "]~b]");

@@ -79,7 +79,7 @@ typedef struct m3_oai_ctx {
     const m3_oai_defaults *defaults; /* sampling defaults (generation_config.json); NULL: OpenAI's */
     int priority_policy;         /* --scheduling-policy priority: "priority" orders the queue */
     int32_t eos_id;              /* the model config's EOS (-1: none): it ends a request like the tokenizer's */
-    int has_think_budget;        /* --reasoning-budget: the thinking_token_budget of requests that give none */
+    int has_think_budget;        /* --reasoning-budget: the thinking_token_budget of chat requests that give none */
     int think_budget;
 } m3_oai_ctx;
 
@@ -134,6 +134,7 @@ typedef struct m3_oai_params {
     long long think_budget;
     int32_t think_open, think_close; /* ... its tags' ids (<mm:think>, </mm:think>) */
     int think_from;              /* ... counted from this prompt index on (chat: its final turn; 0: all) */
+    char role[16];               /* chat: the answer's role ("assistant"; without a generation prompt the last message's) */
     char request_id[65];         /* request_id: the response's id is cmpl- / chatcmpl-<it> ("": a random one) */
     const char *cache_salt;      /* borrowed from the body: the prefix cache is shared only within a salt */
     size_t cache_salt_len;

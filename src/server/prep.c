@@ -32,6 +32,7 @@ struct prep_job {
     unsigned long serial;
     double t0;
     int kind;                /* SRV_PREP_* */
+    int invoked;             /* came as POST /invocations (kind: the chat or completion it turned out to be) */
     char *body;              /* the request body (owned copy) */
     size_t n;
     /* results */
@@ -281,8 +282,10 @@ static void *worker_main(void *arg) {
         if (j->kind == SRV_PREP_INPUT_ITEMS) j->rc = srv_resp_input_items(s, j->body, &j->reply, &j->e); /* body: the target */
         else j->rc = m3_oai_parse_body(j->body, j->n, &j->json, &j->e);
         if (!j->rc && j->kind == SRV_PREP_INVOCATIONS) { /* the body says which: "messages" chat, "prompt" a completion */
-            if (json_object_get(j->json, "messages")) j->kind = SRV_PREP_CHAT;
-            else if (json_object_get(j->json, "prompt")) j->kind = SRV_PREP_COMPLETION;
+            json_t *mv = json_object_get(j->json, "messages"), *pv = json_object_get(j->json, "prompt");
+            j->invoked = 1;
+            if (mv && !json_is_null(mv)) j->kind = SRV_PREP_CHAT;
+            else if (pv && !json_is_null(pv)) j->kind = SRV_PREP_COMPLETION;
             else j->rc = m3_oai_errorf(&j->e, 400, "invalid_request_error", NULL,
                                        "/invocations takes a chat completion ('messages') or a completion ('prompt') request");
         }
@@ -397,7 +400,7 @@ static void finish_job(srv *s, prep_job *j) {
     }
     if (rc) { /* answered here; an accepted generation logs itself when it ends */
         m3_metrics_http(&s->m, rc);
-        srv_log(s, j->serial, route_name(j->kind), rc, -1, -1, -1, m3_now() - j->t0);
+        srv_log(s, j->serial, j->invoked ? "POST /invocations" : route_name(j->kind), rc, -1, -1, -1, m3_now() - j->t0);
     }
     job_free(j);
 }

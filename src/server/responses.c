@@ -79,6 +79,7 @@ static void ev(hreq *h, const char *type, json_t *j) {
     json_decref(j);
     struct iovec v[5] = {{(void *)"event: ", 7}, {(void *)type, strlen(type)}, {(void *)"\ndata: ", 7}, {txt, n},
                          {(void *)"\n\n", 2}};
+    if (!txt) h->r_seq--; /* not sent: its number is the next event's (the failure event's) */
     if (!txt || http_reply_chunkv(h->req, v, 5)) fail(h, NOMEM);
     else h->t_write = m3_now();
     free(txt);

@@ -83,7 +83,7 @@ typedef struct m3_server_opts {
     size_t max_image_memory;   /* bytes of preprocessed pixels all requests together may hold until the
                                 * vision tower has run (default 2 GiB); beyond it a request with images gets 429 */
     int scheduling_priority;   /* --scheduling-policy priority (the engine's too): requests' "priority" is served */
-    int reasoning_budget;      /* --reasoning-budget: the thinking_token_budget of requests that give none
+    int reasoning_budget;      /* --reasoning-budget: the thinking_token_budget of chat requests that give none
                                 * (-1, the default: none; the tokenizer must have the reasoning tags) */
     int prompt_tokens_details; /* usage of completions / chat completions has prompt_tokens_details.cached_tokens
                                 * (vLLM's --enable-prompt-tokens-details) */

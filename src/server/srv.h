@@ -131,6 +131,7 @@ struct hreq {
     int32_t *pids;          /* ... the prompts' ids (owned), prompt p at pid_off[p] */
     size_t pid_off[M3_OAI_MAX_PROMPTS + 1];
     char id_sfx[129];       /* the response's id after cmpl- / chatcmpl-: X-Request-Id, the body's request_id, or rid */
+    char role[16];          /* chat: the answer's role (m3_oai_params.role) */
     int one_call;           /* parallel_tool_calls: false with free output: a choice ends at its first tool call */
     int min_tokens;
     int n_prompt;

@@ -1011,29 +1011,36 @@ static void test_think_budget(void) {
     CHECK(first != CLOSE && !m3_sampler_accept(s, first, &err), "sampled: the first token is free (%d)", first);
     CHECK(draw(s, lg, &o) == CLOSE && o.logprob == 0, "sampled: then the close tag, logprob %g", o.logprob);
     m3_sampler_free(s);
-    /* the plain answers (device draws, verification) for the next rows: off when the budget could
-     * run out within them */
+    /* the plain answers (device draws, verification) for a verification's rows: off when the budget
+     * runs out at one of them (along the drafts when they are known; else at any k) */
     m3_sampling far = {.temperature = 0, .think_on = 1, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 8};
     s = mk(&far, V, pr, 3); /* in reasoning, 0 tokens in: forced at row 8 */
-    CHECK(m3_sampler_plain_greedy(s, 8) == V && m3_sampler_plain_greedy(s, 9) == 0, "8 reasoning tokens left: 8 rows plain, not 9");
-    CHECK(!m3_sampler_accept(s, 1, &err) && m3_sampler_plain_greedy(s, 7) == V && m3_sampler_plain_greedy(s, 8) == 0, "7 left");
+    CHECK(m3_sampler_plain_greedy(s, NULL, 7) == V && m3_sampler_plain_greedy(s, NULL, 8) == 0, "8 left: any 7 drafts plain, 8 not");
+    CHECK(!m3_sampler_accept(s, 1, &err) && m3_sampler_plain_greedy(s, NULL, 6) == V && m3_sampler_plain_greedy(s, NULL, 7) == 0, "7 left");
+    const int32_t closing[8] = {1, CLOSE, 1, 1, 1, 1, 1, 1}, plainp[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    CHECK(m3_sampler_plain_greedy(s, closing, 8) == V && m3_sampler_plain_greedy(s, plainp, 8) == 0 && m3_sampler_plain_greedy(s, plainp, 6) == V,
+          "along the drafts: closed by the 2nd, 8 drafts plain; without a close, the 8th row forced");
     for (int i = 0; i < 7; i++) CHECK(!m3_sampler_accept(s, 1, &err), "accept");
-    CHECK(m3_sampler_plain_greedy(s, 1) == 0, "spent: the next row is forced");
-    CHECK(!m3_sampler_accept(s, CLOSE, &err) && m3_sampler_plain_greedy(s, 9) == V && m3_sampler_plain_greedy(s, 10) == 0,
+    CHECK(m3_sampler_plain_greedy(s, NULL, 0) == 0, "spent: the next row is forced");
+    CHECK(!m3_sampler_accept(s, CLOSE, &err) && m3_sampler_plain_greedy(s, NULL, 8) == V && m3_sampler_plain_greedy(s, NULL, 9) == 0,
           "closed: an open tag and 8 tokens fit 9 rows, the forced close is the 10th");
     m3_sampler_free(s);
     m3_sampling zero = {.temperature = 0, .think_on = 1, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 0};
     s = mk(&zero, V, NULL, 0);
-    CHECK(m3_sampler_plain_greedy(s, 1) == V && m3_sampler_plain_greedy(s, 2) == 0,
-          "budget 0 outside reasoning: one row plain (a decode stays on the device), two not");
+    const int32_t opens[3] = {1, OPEN, 1};
+    CHECK(m3_sampler_plain_greedy(s, NULL, 0) == V && m3_sampler_plain_greedy(s, NULL, 1) == 0 && m3_sampler_plain_greedy(s, plainp, 7) == V &&
+              m3_sampler_plain_greedy(s, opens, 3) == 0 && m3_sampler_plain_greedy(s, opens, 1) == V,
+          "budget 0 outside reasoning: plain along drafts that open nothing (any 7), not along one that opens");
     m3_sampler_free(s);
     /* a grammar's mask constrains the row: it decides, nothing is forced */
-    uint32_t mask[1] = {1u << 2};
+    uint32_t mask[1] = {1u << 2}, mask2[1] = {1u << 2 | 1u << CLOSE};
     s = mk(&zero, V, pr, 3);
     m3_sampler_set_mask(s, mask);
-    CHECK(draw(s, lg, NULL) == 2, "spent under a token mask: the mask's token");
+    CHECK(draw(s, lg, NULL) == 2, "spent under a token mask without the close tag: the mask's token");
+    m3_sampler_set_mask(s, mask2);
+    CHECK(draw(s, lg, NULL) == CLOSE, "... under one that allows it: the close tag");
     m3_sampler_set_mask(s, NULL);
-    CHECK(draw(s, lg, NULL) == CLOSE, "... and without it the close tag");
+    CHECK(draw(s, lg, NULL) == CLOSE, "... and without a mask");
     m3_sampler_free(s);
     /* think_from: the prompt's tags before it do not count (a tag quoted in an earlier turn) */
     m3_sampling from = {.temperature = 0, .think_on = 1, .think_start_id = OPEN, .think_end_id = CLOSE, .think_budget = 0, .think_from = 3};

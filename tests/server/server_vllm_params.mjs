@@ -192,7 +192,12 @@ try {
   const eplain = { model: 'tiny', messages: msgs, max_tokens: 4, temperature: 0, ignore_eos: true, chat_template_kwargs: { thinking_mode: 'disabled' } };
   const e0 = (await post(base, '/v1/chat/completions', eplain)).json?.choices?.[0]?.message?.content;
   const e1 = (await post(base, '/v1/chat/completions', { ...eplain, echo: true })).json?.choices?.[0]?.message?.content;
-  const e2 = (await post(base, '/v1/chat/completions', { ...eplain, add_generation_prompt: false, echo: true })).json?.choices?.[0]?.message?.content;
+  const e2m = (await post(base, '/v1/chat/completions', { ...eplain, add_generation_prompt: false, echo: true })).json?.choices?.[0]?.message;
+  const e2 = e2m?.content;
+  const e2s = await stream(base, '/v1/chat/completions', { ...eplain, add_generation_prompt: false, echo: true });
+  ok(e2m?.role === 'user' && e2s.events[0]?.choices?.[0]?.delta?.role === 'user' && ec.json?.choices?.[0]?.message?.role === 'assistant' &&
+     e2s.events.map(ev => ev.choices?.[0]?.delta?.content ?? '').join('') === e2,
+     'without a generation prompt the answer has the last message\'s role (vLLM\'s): user here, streamed too; assistant after an assistant message');
   const e3 = (await post(base, '/v1/chat/completions', { ...eplain, echo: true, continue_final_message: true, add_generation_prompt: false,
     messages: [...msgs, { role: 'assistant', content: [{ type: 'text', text: 'Red' }, { type: 'text', text: 'and' }] }] })).json?.choices?.[0]?.message?.content;
   ok(typeof e0 === 'string' && e1 === e0 && typeof e2 === 'string' && e2.startsWith(msgs[0].content) && typeof e3 === 'string' && e3.startsWith('Red\nand'),
@@ -324,8 +329,10 @@ try {
   const q0 = (await post(base, '/v1/chat/completions', qa)).json?.choices?.[0]?.token_ids;
   const q1 = (await post(base, '/v1/chat/completions', { ...qa, thinking_token_budget: 0 })).json?.choices?.[0]?.token_ids;
   const q2 = await post(base, '/v1/chat/completions', { ...qa, thinking_token_budget: 3, response_format: { type: 'json_object' } });
-  ok(q0 && (q0.includes(OPEN) || JSON.stringify(q0) === JSON.stringify(q1)) && q2.status === 200,
-     'a <mm:think> quoted by the user, adaptive thinking: budget 0 changes nothing (and with json_object: 200)');
+  const qo = q0 ? q0.indexOf(OPEN) : -1; // the model's own open tag (budget 0: the close right after it)
+  ok(q0 && q1 && (qo < 0 ? JSON.stringify(q0) === JSON.stringify(q1)
+                         : JSON.stringify(q1.slice(0, qo + 2)) === JSON.stringify([...q0.slice(0, qo + 1), CLOSE])) && q2.status === 200,
+     `a <mm:think> quoted by the user, adaptive thinking: budget 0 forces nothing${qo < 0 ? '' : ' before the model opens its own'} (and with json_object: 200)`);
   const tcb = (await post(base, '/v1/completions', { model: 'tiny', prompt: [...prompt, OPEN], max_tokens: 6, temperature: 0, ignore_eos: true,
     return_token_ids: true, thinking_token_budget: 2 })).json?.choices?.[0]?.token_ids ?? [];
   ok(tcb[2] === CLOSE && !tcb.slice(0, 2).includes(CLOSE), `completions, a prompt ending in <mm:think>, budget 2: ${JSON.stringify(tcb)}`);
@@ -333,7 +340,7 @@ try {
   const to1 = (await post(base, '/v1/chat/completions', toff)).json?.choices?.[0]?.token_ids;
   const to2 = (await post(base, '/v1/chat/completions', { ...toff, thinking_token_budget: 0 })).json?.choices?.[0]?.token_ids;
   ok(to1 && JSON.stringify(to1) === JSON.stringify(to2), 'thinking disabled (the prompt closed the reasoning): budget 0 changes nothing');
-  for (const v of [-1, '5', 2.5]) {
+  for (const v of [-2, '5', 2.5]) {
     const r = await post(base, '/v1/chat/completions', { ...tb, thinking_token_budget: v });
     ok(r.status === 400 && r.json?.error?.param === 'thinking_token_budget', `thinking_token_budget ${JSON.stringify(v)}: 400 (${r.json?.error?.message})`);
   }
@@ -341,8 +348,12 @@ try {
   const rbs = await startServer(m3, ck, ['--served-model-name', 'tiny', '--reasoning-budget', '3']);
   const rbDef = (await post(rbs.base, '/v1/chat/completions', tb)).json?.choices?.[0]?.token_ids ?? [];
   const rbOwn = (await post(rbs.base, '/v1/chat/completions', { ...tb, thinking_token_budget: 5 })).json?.choices?.[0]?.token_ids ?? [];
-  ok(JSON.stringify(rbDef.slice(0, 4)) === JSON.stringify([...F.slice(0, 3), CLOSE]) && rbOwn[5] === CLOSE && !rbOwn.slice(0, 5).includes(CLOSE),
-     `--reasoning-budget 3: closed after 3 tokens (at ${rbDef.indexOf(CLOSE)}); a request's own budget 5 wins (at ${rbOwn.indexOf(CLOSE)})`);
+  const rbNone = (await post(rbs.base, '/v1/chat/completions', { ...tb, thinking_token_budget: -1 })).json?.choices?.[0]?.token_ids ?? [];
+  const rbCmpl = (await post(rbs.base, '/v1/completions', { model: 'tiny', prompt: [...prompt, OPEN], max_tokens: 6, temperature: 0, ignore_eos: true,
+    return_token_ids: true })).json?.choices?.[0]?.token_ids ?? [];
+  ok(JSON.stringify(rbDef.slice(0, 4)) === JSON.stringify([...F.slice(0, 3), CLOSE]) && rbOwn[5] === CLOSE && !rbOwn.slice(0, 5).includes(CLOSE) &&
+     JSON.stringify(rbNone) === JSON.stringify(F) && rbCmpl.length === 6 && rbCmpl[3] !== CLOSE,
+     `--reasoning-budget 3: chat closed after 3 tokens (at ${rbDef.indexOf(CLOSE)}); a request's own budget 5 wins (at ${rbOwn.indexOf(CLOSE)}), -1 none; completions untouched`);
   ok((await rbs.stop()).code === 0, 'the --reasoning-budget server stopped cleanly');
   const rbBad = spawnSync(m3, ['serve', '-m', ck, '--reasoning-budget', '-2'], { encoding: 'utf8' });
   ok(rbBad.status === 2 && /--reasoning-budget/.test(rbBad.stderr), `--reasoning-budget -2: exit ${rbBad.status}`);

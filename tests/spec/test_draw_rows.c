@@ -68,7 +68,7 @@ static void check_against_sampler(int V, uint64_t seed, double sd, double lift, 
     for (int i = 0; QUANT && i < V; i++) lg[i] = roundf(lg[i] * QUANT) / QUANT;
     CHECK(m3_sampler_probs(s, lg, ws, prob, &err) == 0, "%s", err.msg);
     m3_draw_param p;
-    CHECK(m3_sampler_plain_params(s, 1, &p.temperature, &p.top_k, &p.top_p, &p.min_p, &p.n), "a plain sampler");
+    CHECK(m3_sampler_plain_params(s, NULL, 0, &p.temperature, &p.top_k, &p.top_p, &p.min_p, &p.n), "a plain sampler");
     int bad_set = 0, bad_val = 0, n_kept = 0;
     double worst = 0;
     for (int t = 0; t < 5; t++) {

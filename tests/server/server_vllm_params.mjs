@@ -293,6 +293,10 @@ try {
      ip.json?.object === 'text_completion' && ip.json.choices[0].text === op.json?.choices?.[0]?.text && ie.status === 400 &&
      /messages.*prompt/.test(ie.json?.error?.message) && ig.status === 405,
      `/invocations: messages -> chat completion, prompt -> completion (the same answers), neither: 400, GET: ${ig.status}`);
+  const ist = await stream(base, '/invocations', { ...ivc, stream: true });
+  ok(ist.done && ist.events.every(ev => ev.object === 'chat.completion.chunk') &&
+     ist.events.map(ev => ev.choices?.[0]?.delta?.content ?? '').join('') === oc.json?.choices?.[0]?.message?.content,
+     '/invocations streams as its endpoint does (the same text)');
 
   // ---- thinking_token_budget: the reasoning closes after that many tokens ----
   const tagId = async t => { const r = (await post(base, '/tokenize', { model: 'tiny', prompt: t })).json?.tokens; return r?.length === 1 ? r[0] : -1; };

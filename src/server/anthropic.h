@@ -14,10 +14,14 @@
  *     redacted_thinking (dropped: it is another model's encrypted reasoning, nothing this
  *     template can write), tool_use (id, name, input object) -> tool_calls. cache_control and
  *     citations on blocks are accepted and have no effect (the prefix cache is automatic);
- *   a final assistant message (a prefill) -> continue_final_message, add_generation_prompt
- *     false: the answer continues its text (its last text block), in a text block. Refused as
- *     Anthropic refuses them: text ending in whitespace; and a tool_use block in it or no text
- *     to continue. An empty one ("" or no blocks) is no prefill: the answer is a new turn;
+ *   consecutive user or assistant messages are one turn, as Anthropic combines them: their
+ *     translations merged (content parts in order, an assistant's reasoning and tool calls
+ *     appended);
+ *   a final assistant turn (a prefill) -> continue_final_message, add_generation_prompt
+ *     false: the answer continues its text (its last message with content, its last text
+ *     block), in a text block. Refused as Anthropic refuses them: text ending in whitespace;
+ *     and a tool_use block in the turn or no text to continue. Empty messages in it ("" or no
+ *     blocks) add nothing; with nothing else it is no prefill: the answer is a new turn;
  *   tools {name, description, input_schema, strict} -> function tools (type absent or "custom";
  *     the server tools Anthropic runs itself, web search & co, are refused); strict: true makes
  *     every call valid under tool_choice auto too (openai.h: M3_OAI_C_TOOLS_AUTO);

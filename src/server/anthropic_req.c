@@ -257,6 +257,55 @@ static int prefill(json_t *ct, const char *p, int *cont, m3_oai_error *e) {
     return 0;
 }
 
+/* "" or no blocks */
+static int empty_content(json_t *ct) {
+    return (json_is_string(ct) && !json_string_length(ct)) || (json_is_array(ct) && !json_array_size(ct));
+}
+
+/* a message's content as OpenAI parts: a string one text part ("" none), an array as it is */
+static json_t *parts_of(json_t *m) {
+    json_t *ct = json_object_get(m, "content");
+    if (json_is_array(ct)) return json_incref(ct);
+    json_t *a = json_array();
+    if (a && json_is_string(ct) && json_string_length(ct) && add(a, json_pack("{s:s,s:O}", "type", "text", "text", ct))) {
+        json_decref(a);
+        return NULL;
+    }
+    return a;
+}
+
+/* Anthropic combines consecutive user or assistant turns into one: translated, each message's
+ * in turn, the messages of such a run are merged (content parts in order; an assistant's
+ * reasoning and tool calls appended), which is the translation of their blocks as one message */
+static int merge_turns(json_t *out, m3_oai_error *e) {
+    for (size_t i = 1; i < json_array_size(out);) {
+        json_t *a = json_array_get(out, i - 1), *b = json_array_get(out, i);
+        const char *ra = json_string_value(json_object_get(a, "role")), *rb = json_string_value(json_object_get(b, "role"));
+        if (!ra || !rb || strcmp(ra, rb) || (strcmp(ra, "user") && strcmp(ra, "assistant"))) { i++; continue; }
+        json_t *pa = parts_of(a), *pb = parts_of(b);
+        int bad = !pa || !pb || json_array_extend(pa, pb) || set(a, "content", pa);
+        pa = NULL; /* set took it, also on failure */
+        json_decref(pb);
+        json_t *rsa = json_object_get(a, "reasoning_content"), *rsb = json_object_get(b, "reasoning_content");
+        if (!bad && json_is_string(rsb)) {
+            size_t na = json_is_string(rsa) ? json_string_length(rsa) : 0, nb = json_string_length(rsb);
+            char *r = m3_fault_malloc(M3_FAULT_SERVER, na + nb + 1);
+            if (!r) bad = 1;
+            else {
+                if (na) memcpy(r, json_string_value(rsa), na);
+                memcpy(r + na, json_string_value(rsb), nb);
+                bad = set(a, "reasoning_content", json_stringn(r, na + nb));
+                free(r);
+            }
+        }
+        json_t *ta = json_object_get(a, "tool_calls"), *tb = json_object_get(b, "tool_calls");
+        if (!bad && json_is_array(tb))
+            bad = json_is_array(ta) ? json_array_extend(ta, tb) != 0 : set(a, "tool_calls", json_incref(tb));
+        if (bad || json_array_remove(out, i)) return A_OOM(e);
+    }
+    return 0;
+}
+
 /* *cont: 1 when the last message is a prefill to continue */
 static int messages(json_t *b, json_t *out, int *cont, m3_oai_error *e) {
     json_t *sys = json_object_get(b, "system");
@@ -271,9 +320,19 @@ static int messages(json_t *b, json_t *out, int *cont, m3_oai_error *e) {
     json_t *msgs = json_object_get(b, "messages");
     if (!json_is_array(msgs) || !json_array_size(msgs))
         return A_BAD(e, "messages", "'messages' must be a non-empty array");
-    if (json_array_size(msgs) > M3_OAI_MAX_MESSAGES)
-        return A_BAD(e, "messages", "'messages' has %zu entries; the limit is %d", json_array_size(msgs), M3_OAI_MAX_MESSAGES);
-    for (size_t i = 0; i < json_array_size(msgs); i++) {
+    const size_t n = json_array_size(msgs);
+    if (n > M3_OAI_MAX_MESSAGES)
+        return A_BAD(e, "messages", "'messages' has %zu entries; the limit is %d", n, M3_OAI_MAX_MESSAGES);
+    /* the final run of assistant messages (one turn) is the prefill: its last message with content
+     * is continued; its empty ones ("" or no blocks) add nothing */
+    size_t run = n;
+    while (run > 0 && json_is_string(json_object_get(json_array_get(msgs, run - 1), "role")) &&
+           !strcmp(json_string_value(json_object_get(json_array_get(msgs, run - 1), "role")), "assistant"))
+        run--;
+    size_t last = n; /* the run's last message with content */
+    for (size_t i = run; i < n; i++)
+        if (!empty_content(json_object_get(json_array_get(msgs, i), "content"))) last = i;
+    for (size_t i = 0; i < n; i++) {
         json_t *m = json_array_get(msgs, i);
         const char *role = json_string_value(json_object_get(m, "role"));
         json_t *ct = json_object_get(m, "content");
@@ -283,15 +342,23 @@ static int messages(json_t *b, json_t *out, int *cont, m3_oai_error *e) {
         if (!json_is_object(m)) return A_BAD(e, p, "%s must be an object {role, content}", p);
         if (role && !strcmp(role, "user")) rc = user_message(ct, i, out, e);
         else if (role && !strcmp(role, "assistant")) {
-            if (i + 1 == json_array_size(msgs)) {
-                if ((rc = prefill(ct, p, cont, e))) return rc;
-                if (!*cont && (json_is_string(ct) || json_is_array(ct))) continue; /* empty: no prefill */
+            if (i >= run) { /* in the final turn */
+                if (empty_content(ct)) continue; /* adds nothing */
+                if (i == last) {
+                    if ((rc = prefill(ct, p, cont, e))) return rc;
+                } else if (json_is_array(ct)) /* a tool_use anywhere in the turn cannot be continued */
+                    for (size_t j = 0; j < json_array_size(ct); j++) {
+                        const char *ty = type_of(json_array_get(ct, j));
+                        if (ty && !strcmp(ty, "tool_use"))
+                            return A_BAD(e, p, "%s: a final assistant turn (prefill) cannot hold a tool_use block: send its "
+                                         "tool_result in a user message after it", p);
+                    }
             }
             rc = assistant_message(ct, i, out, e);
         } else return A_BAD(e, p, "%s.role must be \"user\" or \"assistant\" (the system prompt goes in 'system')", p);
         if (rc) return rc;
     }
-    return 0;
+    return merge_turns(out, e);
 }
 
 static int tools(json_t *b, json_t *out, m3_oai_error *e) {

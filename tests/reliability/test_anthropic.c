@@ -87,6 +87,26 @@ static const struct { const char *in, *want; int count; } OK[] = {
      "{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 0},
     {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":[]}]}",
      "{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 0},
+    /* consecutive user or assistant turns are one turn (Anthropic's rule): merged after translation */
+    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+     "\"text\":\"b\"}]},{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"r\",\"signature\":\"\"},{\"type\":\"text\","
+     "\"text\":\"c\"}]},{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"s\",\"signature\":\"\"},{\"type\":\"tool_use\","
+     "\"id\":\"t\",\"name\":\"w\",\"input\":{}}]},{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t\",\"content\":\"ok\"}]},"
+     "{\"role\":\"user\",\"content\":\"d\"}]}",
+     "{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\","
+     "\"text\":\"b\"}]},{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"c\"}],\"reasoning_content\":\"rs\",\"tool_calls\":"
+     "[{\"id\":\"t\",\"type\":\"function\",\"function\":{\"name\":\"w\",\"arguments\":{}}}]},{\"role\":\"tool\",\"tool_call_id\":\"t\","
+     "\"content\":[{\"type\":\"text\",\"text\":\"ok\"}]},{\"role\":\"user\",\"content\":\"d\"}]}", 0},
+    /* a final turn of several assistant messages is the prefill: merged, the last with content
+     * continued (an empty one adds nothing; whitespace before the end is text) */
+    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"A \"},{\"role\":\"assistant\","
+     "\"content\":\"B\"},{\"role\":\"assistant\",\"content\":\"\"}]}",
+     "{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"A \"},"
+     "{\"type\":\"text\",\"text\":\"B\"}]}],\"continue_final_message\":true,\"add_generation_prompt\":false}", 0},
+    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"Bon\"},{\"role\":\"assistant\","
+     "\"content\":[]}]}",
+     "{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"Bon\"}],"
+     "\"continue_final_message\":true,\"add_generation_prompt\":false}", 0},
     /* count_tokens: no max_tokens needed; stream and sampling have no part in it */
     {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":true,\"temperature\":1}",
      "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 1},
@@ -98,6 +118,9 @@ static const struct { const char *in; int count; const char *param, *says; } BAD
     {"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 0, "max_tokens", "'max_tokens' is required"},
     {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[]}", 0, "messages", "non-empty"},
     {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":\"x\"}]}", 0, "messages[0]", "'system'"},
+    /* a tool_use anywhere in a final turn of several messages */
+    {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"a\",\"name\":\"b\",\"input\":{}}]},{\"role\":\"assistant\",\"content\":\"y\"}]}", 0,
+     "messages[1]", "tool_use"},
     /* prefills that cannot be continued: trailing whitespace (Anthropic's rule; U+3000 too, as
      * Python's str.isspace), a tool_use block, thinking with no text, an empty last text block */
     {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"y \"}]}", 0, "messages[1]", "trailing whitespace"},

@@ -16,8 +16,8 @@
 //  - a prefill (a final assistant message): the prompt is the plain prompt followed by the prefill's
 //    tokens (the prefill being the plain greedy answer's first k tokens), the answer its continuation
 //    alone (the plain answer's next tokens up to a near tie), equal to continue_final_message on the
-//    OpenAI endpoint, streamed too, counted by count_tokens; after a thinking block; an empty one is
-//    no prefill;
+//    OpenAI endpoint, streamed too, counted by count_tokens; after a thinking block; split over
+//    assistant messages; an empty one is no prefill; consecutive user turns are one turn;
 //  - stop_sequences: the text ends before the first occurrence, stop_reason stop_sequence and the
 //    string named, stream too;
 //  - errors in Anthropic's shape as the SDK's classes: missing max_tokens (BadRequestError), a bad key
@@ -351,6 +351,16 @@ try {
     messages: [...USER, { role: 'assistant', content: 'Bon', reasoning_content: 'Short.' }], add_generation_prompt: false, continue_final_message: true });
   ok(mb.content.every(b => b.type === 'text') && textOf(mb) === (ob.choices[0].message.content ?? '') && mb.usage.input_tokens === ob.usage.prompt_tokens,
      `thinking on, a prefill after a thinking block: the continuation as text (${mb.usage.input_tokens} prompt tokens, as the OpenAI request's)`);
+  // consecutive turns of one role are one turn (Anthropic's rule): the prompt of the merged message
+  const two = await client.messages.create({ ...greedy, max_tokens: 6, thinking: OFF,
+    messages: [{ role: 'user', content: 'Hello' }, { role: 'user', content: [{ type: 'text', text: ' there' }] }] });
+  const one = await client.messages.create({ ...greedy, max_tokens: 6, thinking: OFF,
+    messages: [{ role: 'user', content: [{ type: 'text', text: 'Hello' }, { type: 'text', text: ' there' }] }] });
+  const splitPre = await client.messages.create({ ...preReq, messages: [...USER, { role: 'assistant', content: (pre ?? 'Bon').slice(0, 3) },
+    { role: 'assistant', content: (pre ?? 'Bon').slice(3) }, { role: 'assistant', content: '' }] });
+  ok(two.usage.input_tokens === one.usage.input_tokens && textOf(two) === textOf(one) &&
+     splitPre.usage.input_tokens === mp.usage.input_tokens && textOf(splitPre) === textOf(mp),
+     'consecutive user messages: one turn (the prompt and answer of one message with both blocks); a prefill split over assistant messages: the same');
   // an empty final assistant message is no prefill: the answer of the plain request
   const me = await client.messages.create({ ...plain, messages: [...USER, { role: 'assistant', content: '' }] });
   ok(textOf(me) === textOf(m1) && me.usage.input_tokens === m1.usage.input_tokens, 'an empty final assistant message: the plain answer');

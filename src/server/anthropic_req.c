@@ -283,8 +283,9 @@ static int merge_turns(json_t *out, m3_oai_error *e) {
         const char *ra = json_string_value(json_object_get(a, "role")), *rb = json_string_value(json_object_get(b, "role"));
         if (!ra || !rb || strcmp(ra, rb) || (strcmp(ra, "user") && strcmp(ra, "assistant"))) { i++; continue; }
         json_t *pa = parts_of(a), *pb = parts_of(b);
-        int bad = !pa || !pb || json_array_extend(pa, pb) || set(a, "content", pa);
-        pa = NULL; /* set took it, also on failure */
+        int bad = !pa || !pb || json_array_extend(pa, pb);
+        if (!bad) bad = set(a, "content", pa); /* takes pa, also on failure */
+        else json_decref(pa);
         json_decref(pb);
         json_t *rsa = json_object_get(a, "reasoning_content"), *rsb = json_object_get(b, "reasoning_content");
         if (!bad && json_is_string(rsb)) {

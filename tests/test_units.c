@@ -12,6 +12,7 @@
 #include "backend/graph_refuse.h"
 #include "backend/streamk.h"
 #include "base/pool.h"
+#include "base/utf8.h"
 #include "engine/sampler.h"
 #include "io/config.h"
 #include "io/safetensors.h"
@@ -448,6 +449,34 @@ static void test_dsa_runs(void) {
 /* graph_refuse.h: a key refused at its M3_GRAPH_TRIES-th failed recording, not before; recording
  * stops at the M3_GRAPH_REFUSE_MAX-th refused key, not before; a full table keeps its refused
  * keys and keeps counting new ones */
+/* Python's str.isspace() over every code point (the set Python 3.11 lists for [c for c in
+ * range(0x110000) if chr(c).isspace()]), as whole characters at and before an end; bytes that are not a whole character are never whitespace; runs at both ends */
+static void test_utf8_space(void) {
+    static const uint32_t sp[] = {9, 10, 11, 12, 13, 0x1c, 0x1d, 0x1e, 0x1f, 0x20, 0x85, 0xa0, 0x1680, 0x2000, 0x2001, 0x2002,
+                                  0x2003, 0x2004, 0x2005, 0x2006, 0x2007, 0x2008, 0x2009, 0x200a, 0x2028, 0x2029, 0x202f,
+                                  0x205f, 0x3000};
+    int bad = 0, n_sp = 0;
+    for (uint32_t c = 0; c <= 0x10ffff; c++) {
+        if (c >= 0xd800 && c <= 0xdfff) continue;
+        char b[4];
+        const int l = m3_utf8_put(c, b);
+        int want = 0;
+        for (size_t i = 0; i < sizeof sp / sizeof *sp; i++) want |= sp[i] == c;
+        const size_t w = want ? (size_t)l : 0;
+        if (m3_utf8_space_at(b, (size_t)l) != w || m3_utf8_space_before(b, (size_t)l) != w) bad++;
+        n_sp += want;
+    }
+    CHECK(!bad && n_sp == (int)(sizeof sp / sizeof *sp), "%d code points classified otherwise than str.isspace()", bad);
+    static const char *const notsp[] = {"\x85", "\xa0", "\xe3\x80", "\x80", "\xef\xbb\xbf" /* U+FEFF */};
+    for (size_t i = 0; i < sizeof notsp / sizeof *notsp; i++)
+        CHECK(!m3_utf8_space_at(notsp[i], strlen(notsp[i])) && !m3_utf8_space_before(notsp[i], strlen(notsp[i])),
+              "invalid or non-space bytes %zu taken for whitespace", i);
+    const char *t = "  \xe3\x80\x80x\xc2\xa0\t";
+    CHECK(m3_utf8_space_run(t, strlen(t), 0) == 5 && m3_utf8_space_run(t, strlen(t), 1) == 3 &&
+              m3_utf8_space_run(" \t", 2, 0) == 2 && m3_utf8_space_run(" \t", 2, 1) == 2 && !m3_utf8_space_run("", 0, 1),
+          "whitespace runs at the ends");
+}
+
 static void test_graph_refuse(void) {
     m3_graph_fails f;
     memset(&f, 0, sizeof f);
@@ -479,6 +508,7 @@ static void test_graph_refuse(void) {
 int main(void) {
     test_streamk();
     test_graph_refuse();
+    test_utf8_space();
     test_dsa_runs();
     test_e4m3();
     test_e4m3_encode();

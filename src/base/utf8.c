@@ -54,30 +54,38 @@ static int py_space(uint32_t c) {
            (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
 }
 
-/* the code point of the UTF-8 character at s (n bytes left, valid text), its length in *k */
-static uint32_t cp_at(const char *s, size_t n, int *k) {
+/* the whole valid character at s (n >= 1 bytes): its code point in *c and its length; 0 when
+ * s[0] begins none */
+static int cp_at(const char *s, size_t n, uint32_t *c) {
     const uint8_t *u = (const uint8_t *)s;
-    int l = m3_utf8_len(u, n);
-    if (l <= 1) { *k = 1; return u[0]; }
-    uint32_t c = u[0] & (0xff >> (l + 1));
-    for (int i = 1; i < l; i++) c = c << 6 | (u[i] & 0x3f);
-    *k = l;
-    return c;
+    const int l = m3_utf8_len(u, n);
+    if (l <= 0) return 0;
+    *c = l == 1 ? u[0] : u[0] & (0xff >> (l + 1));
+    for (int i = 1; i < l; i++) *c = *c << 6 | (u[i] & 0x3f);
+    return l;
+}
+
+size_t m3_utf8_space_at(const char *s, size_t n) {
+    uint32_t c;
+    const int l = n ? cp_at(s, n, &c) : 0;
+    return l && py_space(c) ? (size_t)l : 0;
+}
+
+size_t m3_utf8_space_before(const char *s, size_t n) {
+    if (!n) return 0;
+    size_t b = n - 1;
+    while (b > 0 && n - b < 4 && ((uint8_t)s[b] & 0xc0) == 0x80) b--; /* the last character's first byte */
+    uint32_t c;
+    const int l = cp_at(s + b, n - b, &c);
+    return (size_t)l == n - b && py_space(c) ? (size_t)l : 0;
 }
 
 size_t m3_utf8_space_run(const char *s, size_t n, int tail) {
-    size_t i = 0;
+    size_t i = 0, l;
     if (!tail) {
-        for (int k; i < n && py_space(cp_at(s + i, n - i, &k)); i += (size_t)k) {}
+        while (i < n && (l = m3_utf8_space_at(s + i, n - i))) i += l;
         return i;
     }
-    size_t end = n;
-    while (end > 0) {
-        size_t b = end - 1;
-        while (b > 0 && ((uint8_t)s[b] & 0xc0) == 0x80) b--; /* the last character's first byte */
-        int k;
-        if (!py_space(cp_at(s + b, end - b, &k))) break;
-        end = b;
-    }
-    return n - end;
+    while (i < n && (l = m3_utf8_space_before(s, n - i))) i += l;
+    return i;
 }

@@ -13,8 +13,8 @@
  *
  * Order of operations (vLLM V1's sampler):
  *   0. the reasoning budget spent (think_budget), and think_end_id allowed by the token mask if one
- *      is set (a grammar constraining the row decides): the row is think_end_id alone (the rest -inf, whatever steps 1-2
- *      would do; vLLM's logits processor sets that logit to 1e9);
+ *      is set (a grammar constraining the row decides): the row is think_end_id alone (the rest
+ *      -inf, whatever steps 1-2 would do; vLLM's logits processor sets that logit to 1e9);
  *   1. allowed ids (everything else -inf), the token mask (m3_sampler_set_mask: ids whose bit
  *      is clear -inf; grammar-constrained decoding), banned ids -inf, min_tokens (the min_tokens_ids
  *      are -inf until min_tokens tokens were accepted), bad words (a sequence's last token -inf

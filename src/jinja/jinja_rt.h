@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "base/utf8.h"
 #include "jinja/jinja_int.h"
 
 typedef struct frame {
@@ -143,8 +144,6 @@ sb jx_ascii_escape(rt *R, sb in); /* ensure_ascii=True */
 static inline int py_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f); }
 size_t jx_u8_dec(const char *p, size_t n, int32_t *cp);  /* bytes of the code point at p (1 if invalid) */
 size_t jx_u8_back(const char *p, size_t n, int32_t *cp); /* bytes of the code point ending at p[n-1] */
-size_t jx_space_at(const char *p, size_t n);     /* bytes of the whitespace code point at p (0: none) */
-size_t jx_space_before(const char *p, size_t n); /* bytes of the whitespace code point ending at p[n-1] */
 jv jx_strip(rt *R, jv s, jv chars, int left, int right);
 /* 0 upper, 1 lower, 2 str.title, 3 first code point to title case, 4 jinja2's title filter */
 jv jx_case(rt *R, jv s, int mode);

@@ -35,12 +35,12 @@ static jv m_rsplit(rt *R, const jnode *at, jv s, args *A) {
         size_t e = s.u.s.n, w;
         jv l = v_list(R, 0);
         for (int64_t done = 0;; done++) {
-            while (e > 0 && (w = jx_space_before(p, e))) e -= w;
+            while (e > 0 && (w = m3_utf8_space_before(p, e))) e -= w;
             if (e == 0) break;
             if (done >= k) { jx_push(R, l.u.l, v_strn(p, e)); break; }
             size_t st = e;
             int32_t c;
-            while (st > 0 && !jx_space_before(p, st)) st -= jx_u8_back(p, st, &c);
+            while (st > 0 && !m3_utf8_space_before(p, st)) st -= jx_u8_back(p, st, &c);
             jx_push(R, l.u.l, v_strn(p + st, e - st));
             e = st;
         }
@@ -148,7 +148,7 @@ static jv m_splitlines(rt *R, const jnode *at, jv s, args *A) {
 static jv m_isspace(rt *R, const jnode *at, jv s, args *A) {
     if (s.u.s.n == 0) return v_bool(0);
     for (size_t i = 0, w; i < s.u.s.n; i += w)
-        if (!(w = jx_space_at(s.u.s.p + i, s.u.s.n - i))) return v_bool(0);
+        if (!(w = m3_utf8_space_at(s.u.s.p + i, s.u.s.n - i))) return v_bool(0);
     return v_bool(1);
 }
 

@@ -1,5 +1,5 @@
 /* Python's str operations on UTF-8 strings, for the string methods and filters: whitespace
- * as str.isspace() sees it, strip, upper / lower / title / capitalize (utf8proc's case
+ * as str.isspace() sees it (base/utf8.h), strip, upper / lower / title / capitalize (utf8proc's case
  * mappings), replace, split. See jinja_rt.h. */
 #include <string.h>
 
@@ -18,22 +18,6 @@ static int in_chars(const char *chars, size_t nc, const char *p, size_t clen) {
     return 0;
 }
 
-/* Python's str.isspace() code points (what strip(), split() and the trim filter remove; the
- * \s of Python's re): ASCII's plus U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029,
- * U+202F, U+205F and U+3000. Not U+FEFF, which JavaScript's trim removes too. */
-static int py_space_cp(int32_t c) {
-    if (c < 128) return py_space((unsigned char)c);
-    return c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
-           c == 0x202f || c == 0x205f || c == 0x3000;
-}
-/* bytes of the whitespace code point starting at p[0] (0: none) */
-size_t jx_space_at(const char *p, size_t n) {
-    if (!n) return 0;
-    if ((unsigned char)p[0] < 128) return py_space((unsigned char)p[0]);
-    int32_t c;
-    size_t l = jx_u8_dec(p, n, &c);
-    return py_space_cp(c) ? l : 0;
-}
 static size_t u8_step(const char *p, size_t n) {
     int32_t c;
     return jx_u8_dec(p, n, &c);
@@ -45,14 +29,6 @@ size_t jx_u8_back(const char *p, size_t n, int32_t *cp) {
     if (jx_u8_dec(p + st, n - st, cp) == n - st) return n - st;
     *cp = (unsigned char)p[n - 1];
     return 1;
-}
-/* bytes of the whitespace code point ending at p[n-1] (0: none) */
-size_t jx_space_before(const char *p, size_t n) {
-    if (!n) return 0;
-    if ((unsigned char)p[n - 1] < 128) return py_space((unsigned char)p[n - 1]);
-    int32_t c;
-    size_t l = jx_u8_back(p, n, &c);
-    return l > 1 && py_space_cp(c) ? l : 0;
 }
 jv jx_strip(rt *R, jv s, jv chars, int left, int right) {
     const char *p = s.u.s.p;
@@ -71,9 +47,8 @@ jv jx_strip(rt *R, jv s, jv chars, int left, int right) {
             b = st;
         }
     } else {
-        size_t l;
-        while (left && a < b && (l = jx_space_at(p + a, b - a))) a += l;
-        while (right && b > a && (l = jx_space_before(p + a, b - a))) b -= l;
+        if (left) a += m3_utf8_space_run(p, b, 0);
+        if (right) b -= m3_utf8_space_run(p + a, b - a, 1);
     }
     (void)R;
     return v_strn(p + a, b - a);
@@ -102,7 +77,7 @@ jv jx_case(rt *R, jv s, int mode) {
             prev = cased(c);
         } else if (mode == 3) m = first ? utf8proc_totitle(c) : c;
         else {
-            int sep = py_space_cp(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+            int sep = m3_utf8_space_at(s.u.s.p + i, l) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
             m = sep ? c : prev ? utf8proc_tolower(c) : utf8proc_toupper(c);
             prev = !sep;
         }
@@ -170,14 +145,14 @@ jv jx_split(rt *R, const jnode *at, jv s, jv sep, int64_t maxsplit) {
     int64_t done = 0;
     for (;;) {
         size_t w;
-        while (i < n && (w = jx_space_at(p + i, n - i))) i += w;
+        while (i < n && (w = m3_utf8_space_at(p + i, n - i))) i += w;
         if (i >= n) break;
         if (maxsplit >= 0 && done >= maxsplit) { /* the rest, trailing whitespace kept (Python) */
             jx_push(R, l.u.l, v_strn(p + i, n - i));
             break;
         }
         size_t j = i;
-        while (j < n && !jx_space_at(p + j, n - j)) j += u8_step(p + j, n - j);
+        while (j < n && !m3_utf8_space_at(p + j, n - j)) j += u8_step(p + j, n - j);
         jx_push(R, l.u.l, v_strn(p + i, j - i));
         done++;
         i = j;

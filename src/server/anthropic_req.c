@@ -221,28 +221,31 @@ fail:
     return rc;
 }
 
-/* A final assistant message is Anthropic's prefill: the answer continues its text (the OpenAI
- * request gets continue_final_message). *cont: 1 to continue it; 0 when it is empty (a string ""
- * or no blocks: the answer is a new turn, as with no such message). Refused, as Anthropic's API
- * refuses them: text ending in whitespace, and what cannot be continued (a tool_use block, whose
- * tool_result must come first; no text after thinking blocks). */
+/* A final assistant turn is Anthropic's prefill (the OpenAI request gets continue_final_message).
+ * A tool_use block anywhere in it cannot be continued: its tool_result must come first. */
+static int prefill_tool_use(json_t *ct, const char *p, m3_oai_error *e) {
+    for (size_t j = 0; json_is_array(ct) && j < json_array_size(ct); j++) {
+        const char *ty = type_of(json_array_get(ct, j));
+        if (ty && !strcmp(ty, "tool_use"))
+            return A_BAD(e, p, "%s: a final assistant turn (prefill) cannot hold a tool_use block: send its "
+                         "tool_result in a user message after it", p);
+    }
+    return 0;
+}
+
+/* ... and the answer continues the text of its last message with content (ct, not empty): its
+ * last text block; *cont = 1. Refused as Anthropic's API refuses them: text ending in whitespace,
+ * no text to continue (thinking blocks alone). */
 static int prefill(json_t *ct, const char *p, int *cont, m3_oai_error *e) {
     const char *t = NULL;
     size_t n = 0;
-    *cont = 0;
     if (json_is_string(ct)) {
         t = json_string_value(ct);
         n = json_string_length(ct);
-        if (!n) return 0;
     } else if (json_is_array(ct)) {
-        if (!json_array_size(ct)) return 0;
         for (size_t j = 0; j < json_array_size(ct); j++) {
-            json_t *b = json_array_get(ct, j);
+            json_t *b = json_array_get(ct, j), *x = json_object_get(b, "text");
             const char *ty = type_of(b);
-            if (ty && !strcmp(ty, "tool_use"))
-                return A_BAD(e, p, "%s: a final assistant message (prefill) cannot hold a tool_use block: send its "
-                             "tool_result in a user message after it", p);
-            json_t *x = json_object_get(b, "text");
             if (ty && !strcmp(ty, "text") && json_is_string(x)) {
                 t = json_string_value(x);
                 n = json_string_length(x);
@@ -345,15 +348,7 @@ static int messages(json_t *b, json_t *out, int *cont, m3_oai_error *e) {
         else if (role && !strcmp(role, "assistant")) {
             if (i >= run) { /* in the final turn */
                 if (empty_content(ct)) continue; /* adds nothing */
-                if (i == last) {
-                    if ((rc = prefill(ct, p, cont, e))) return rc;
-                } else if (json_is_array(ct)) /* a tool_use anywhere in the turn cannot be continued */
-                    for (size_t j = 0; j < json_array_size(ct); j++) {
-                        const char *ty = type_of(json_array_get(ct, j));
-                        if (ty && !strcmp(ty, "tool_use"))
-                            return A_BAD(e, p, "%s: a final assistant turn (prefill) cannot hold a tool_use block: send its "
-                                         "tool_result in a user message after it", p);
-                    }
+                if ((rc = prefill_tool_use(ct, p, e)) || (i == last && (rc = prefill(ct, p, cont, e)))) return rc;
             }
             rc = assistant_message(ct, i, out, e);
         } else return A_BAD(e, p, "%s.role must be \"user\" or \"assistant\" (the system prompt goes in 'system')", p);

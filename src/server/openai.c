@@ -305,7 +305,7 @@ static int ends_in_think(const char *text, size_t n) {
     return lo > lc;
 }
 
-int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n, m3_media *media, int *cont,
+int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n, m3_media *media, int *cont, int *agp_out,
                        m3_oai_error *e) {
     json_t *msgs = json_object_get(b, "messages");
     if (cont) *cont = -1;
@@ -386,6 +386,7 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
                        "chat template (the template changes or drops it)");
     }
     if (cfm && cont) *cont = c->reasoning_parser && ends_in_think(text, len);
+    if (agp_out) *agp_out = agp;
     rc = 0;
     if (m3_tok_encode(c->tok, text, len, 1, ids, n, &err))
         rc = OAI_BAD(e, "messages", "cannot tokenize the prompt: %s", err.msg);
@@ -1005,7 +1006,8 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
     if ((rc = parse_vllm_extras(c, b, chat, g, e)) || (rc = parse_truncate(c, b, g, e))) return rc;
     int cont = -1; /* continue_final_message: inside the reasoning or not */
     if (chat) {
-        if ((rc = m3_oai_chat_prompt(c, b, &g->ids, &g->n_ids, &g->media, &cont, e))) return rc;
+        int agp;
+        if ((rc = m3_oai_chat_prompt(c, b, &g->ids, &g->n_ids, &g->media, &cont, &agp, e))) return rc;
         if (g->truncate > 0 && g->n_ids > (size_t)g->truncate) {
             if (g->trunc_right) cont = -1; /* the prompt no longer ends where the final message did */
             if (g->media.px.n_images)
@@ -1017,9 +1019,6 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         g->n_prompts = 1;
         g->prompt_off[1] = g->n_ids;
         { /* the answer's role (vLLM's): the assistant's after a generation prompt, else the last message's */
-            int agp = 1;
-            if (json_is_true(json_object_get(b, "continue_final_message"))) agp = 0;
-            else get_bool(e, b, "add_generation_prompt", &agp); /* (checked when the prompt was made) */
             json_t *msgs = json_object_get(b, "messages");
             const char *lr = json_string_value(json_object_get(json_array_get(msgs, json_array_size(msgs) - 1), "role"));
             snprintf(g->role, sizeof g->role, "%s", !agp && lr && strlen(lr) < sizeof g->role ? lr : "assistant");

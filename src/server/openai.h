@@ -165,9 +165,10 @@ void m3_oai_params_free(m3_oai_params *g);
  * image placeholders expanded to the images' tokens (media.h). media: receives the images (the
  * caller frees it, whatever the result); NULL: they are decoded (to count their tokens) and
  * dropped. cont (may be NULL): -1, or with continue_final_message 1 when the prompt ends inside
- * the reasoning (an open <mm:think>), 0 when not (the output is then the message's content). 0,
- * or the status of the error in e. */
-int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *body, int32_t **ids, size_t *n, m3_media *media, int *cont,
+ * the reasoning (an open <mm:think>), 0 when not (the output is then the message's content).
+ * agp (may be NULL): 1 when the prompt ends with the generation prompt (the answer is then the
+ * assistant's), else 0 (it answers as the last message's role). 0, or the status of the error in e. */
+int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *body, int32_t **ids, size_t *n, m3_media *media, int *cont, int *agp,
                        m3_oai_error *e);
 
 /* A JSON array of token ids in [0, vocab) -> *ids (malloc'd) / *n. 0, or the error status. */

@@ -81,7 +81,7 @@ static void do_tokenize(srv *s, prep_job *j) {
             return;
         }
     } else if (json_object_get(j->json, "messages")) {
-        if ((j->rc = m3_oai_chat_prompt(&s->ctx, j->json, &ids, &n, NULL, NULL, &j->e))) return;
+        if ((j->rc = m3_oai_chat_prompt(&s->ctx, j->json, &ids, &n, NULL, NULL, NULL, &j->e))) return;
     } else {
         j->rc = m3_oai_errorf(&j->e, 400, "invalid_request_error", NULL, "give 'prompt' (a string) or 'messages'");
         return;

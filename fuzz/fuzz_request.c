@@ -118,7 +118,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                     abort();
             for (int i = 0; i < g.n_stop_strs; i++)
                 if (!g.stop_strs[i] || !g.stop_strs[i][0]) abort();
-            if (is_chat && g.echo) abort();
+            /* chat's echo (vLLM's): one prompt's text, the last message's, or none */
+            if (is_chat && g.echo && (g.echo_off[0] != 0 || g.echo_off[1] != g.echo_len || (g.echo_len && !g.echo_text)))
+                abort();
+            /* a reasoning budget: >= 0, its tags in the vocabulary, read from within the prompt */
+            if (g.think_on && (g.think_budget < 0 || g.think_open < 0 || g.think_open >= c.vocab || g.think_close < 0 ||
+                               g.think_close >= c.vocab || g.think_from < 0 || (size_t)g.think_from >= g.n_ids))
+                abort();
             /* vLLM's extras: allowed ids in the vocabulary (none: NULL), prompts within a truncation,
              * a priority only under the priority policy, a request_id that can name a response */
             if ((g.n_allowed > 0) != (g.allowed != NULL) || g.truncate < 0 || (g.priority && !c.priority_policy)) abort();

@@ -28,6 +28,21 @@ int m3_cmd_detokenize(int argc, char **argv);    /* src/cli/tokenize.c */
 int m3_cmd_chat_template(int argc, char **argv); /* src/cli/chat_template.c */
 int m3_cmd_kv_info(int argc, char **argv);       /* src/cli/kv_info.c */
 int m3_cmd_serve(int argc, char **argv);         /* src/cli/serve.c */
+int m3_cmd_run_batch(int argc, char **argv);     /* src/cli/run_batch.c */
+/* m3 serve's flags, model loading and server, for a command that runs the server privately
+ * (m3 run-batch): its name in messages and help, and calls around the server's run */
+struct m3_server_opts;
+typedef struct m3_serve_hook {
+    const char *name, *cmd;  /* "run-batch", "m3 run-batch" */
+    const char *usage;       /* printed by --help and with a missing model */
+    const char *no_listen;   /* the refusal of --host / --port / --uds */
+    /* after the engine is made, before the server starts: sets so (its ready callback, where to
+     * listen); nonzero: the command stops (it said why) */
+    int (*before)(void *arg, struct m3_server_opts *so, int max_num_seqs);
+    int (*after)(void *arg, int served); /* the server stopped (served 0: it failed, said): the exit code */
+    void *arg;
+} m3_serve_hook;
+int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook); /* hook NULL: m3 serve */
 
 /* shared helpers */
 /* "1,2,3" -> ids (malloc'd); -1 with message on bad input */

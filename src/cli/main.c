@@ -8,6 +8,7 @@ static void usage(FILE *f) {
             "m3: MiniMax-M3 inference engine\n"
             "usage: m3 <command> [options]\n"
             "  serve      -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--kv-cache-memory BYTES] ...\n"
+            "  run-batch  -i IN.jsonl -o OUT.jsonl -m DIR [serve's flags]   (OpenAI batch requests, answered in order)\n"
             "  logits     -m DIR --ids 1,2,3 [--decode N] [--kv-cache-dtype f32|bf16] [--dump-index] -o OUT.safetensors\n"
             "             [--image FILE ... | --pixel-values FILE] [--image-start-id N --image-end-id N] [--dump-vision]\n"
             "  generate   -m DIR --ids 1,2,3 -n N [--temperature T --top-p P --top-k K --seed S] [--speculative-config JSON]\n"
@@ -35,6 +36,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "chat-template")) return m3_cmd_chat_template(argc - 1, argv + 1);
     if (!strcmp(cmd, "kv-info")) return m3_cmd_kv_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return m3_cmd_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "run-batch")) return m3_cmd_run_batch(argc - 1, argv + 1);
     fprintf(stderr, "m3: unknown command '%s' (try m3 --help)\n", cmd);
     return 2;
 }

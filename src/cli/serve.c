@@ -16,7 +16,7 @@
 #include "tp.h"
 
 static const char *usage =
-    "usage: m3 serve DIR | -m DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME [NAME...]]\n"
+    "usage: m3 serve DIR | -m DIR [--host 127.0.0.1] [--port 8000 | --uds PATH] [--api-key KEY] [--served-model-name NAME [NAME...]]\n"
     "                [--chat-template FILE|TEXT]\n"
     "                [--threads N] [--kv-cache-memory BYTES | --gpu-memory-utilization F] [--max-num-seqs N]\n"
     "                [--scheduling-policy fcfs|priority] [--reasoning-budget N]\n"
@@ -30,6 +30,8 @@ static const char *usage =
     "                [--allowed-media-domains HOST[,HOST...]] [--allowed-origins LIST] [-tp N] [--moe-split experts|width]\n"
     "  DIR, -m DIR, --model DIR  the checkpoint directory (Hugging Face layout)\n"
     "  --host H, --port P  the address to listen on (default 127.0.0.1, loopback only; port 8000; 0: any free port)\n"
+    "  --uds PATH       listen on a Unix socket at PATH instead (vLLM's flag; a socket left there by a server\n"
+    "                   that is gone is replaced; the socket is removed at shutdown)\n"
     "  --api-key KEY    requests but /health and /metrics need 'Authorization: Bearer KEY' exactly (default: none)\n"
     "  --threads N      CPU threads of the CPU backend (default 0: every core)\n"
     "  --max-num-seqs N  sequences the engine runs at once (default 64)\n"
@@ -110,43 +112,46 @@ static const char *usage =
 
 /* The vision tower when the checkpoint has one: the engine runs it (on the CPU ops; beside a
  * device backend on a CPU op table of its own) and the server preprocesses images for it. */
-static int vision_setup(m3_vision *vis, m3_model *m, m3_ops *ops, const char *dir, int threads, m3_ops *vops, int *own_vops,
-                        m3_media_ctx *media, m3_engine_opts *eo) {
+static int vision_setup(const char *cmd, m3_vision *vis, m3_model *m, m3_ops *ops, const char *dir, int threads, m3_ops *vops,
+                        int *own_vops, m3_media_ctx *media, m3_engine_opts *eo) {
     m3_err err;
-    if (m3_vision_load(vis, dir, m->st, &err)) { fprintf(stderr, "m3 serve: %s\n", err.msg); return -1; }
+    if (m3_vision_load(vis, dir, m->st, &err)) { fprintf(stderr, "%s: %s\n", cmd, err.msg); return -1; }
     if (!vis->present) return 0;
     const m3_vision_config *vc = &vis->cfg;
     if (vc->text_hidden != m->cfg.hidden) {
-        fprintf(stderr, "m3 serve: vision config text hidden size %d differs from the text model's %d\n", vc->text_hidden, m->cfg.hidden);
+        fprintf(stderr, "%s: vision config text hidden size %d differs from the text model's %d\n", cmd, vc->text_hidden, m->cfg.hidden);
         return -1;
     }
     if (vc->image_token < 0 || vc->image_token >= m->cfg.vocab) {
-        fprintf(stderr, "m3 serve: image_token_index %d is outside the vocabulary (%d)\n", vc->image_token, m->cfg.vocab);
+        fprintf(stderr, "%s: image_token_index %d is outside the vocabulary (%d)\n", cmd, vc->image_token, m->cfg.vocab);
         return -1;
     }
     m3_image_opts_default(&media->io);
     media->io.patch = vc->patch;
     media->io.temporal = vc->temporal;
     media->io.merge = vc->merge;
-    if (m3_image_opts_load(&media->io, dir, &err)) { fprintf(stderr, "m3 serve: %s\n", err.msg); return -1; }
+    if (m3_image_opts_load(&media->io, dir, &err)) { fprintf(stderr, "%s: %s\n", cmd, err.msg); return -1; }
     m3_ops *use = ops;
     const char *vcpu = getenv("M3_VISION_CPU");
     /* tensor-parallel ranks, a backend without vision ops, or M3_VISION_CPU=1: a CPU op table of
      * its own; a device backend with them: the engine puts the tower's weights there */
     if (!ops || !ops->attention_full || (ops->device_memory && vcpu && atoi(vcpu) == 1)) {
-        if (m3_cpu_ops_init(vops, threads, &err)) { fprintf(stderr, "m3 serve: vision tower ops: %s\n", err.msg); return -1; }
+        if (m3_cpu_ops_init(vops, threads, &err)) { fprintf(stderr, "%s: vision tower ops: %s\n", cmd, err.msg); return -1; }
         *own_vops = 1;
         use = vops;
     }
     eo->vision = vis;
     eo->vision_ops = use;
     media->vc = vc;
-    fprintf(stderr, "m3 serve: vision tower: %d layers, hidden %d, image token %d%s\n", vc->layers, vc->hidden, vc->image_token,
+    fprintf(stderr, "%s: vision tower: %d layers, hidden %d, image token %d%s\n", cmd, vc->layers, vc->hidden, vc->image_token,
             use != ops ? " (on a CPU op table of its own)" : use->device_memory ? " (on the GPU)" : "");
     return 0;
 }
 
-int m3_cmd_serve(int argc, char **argv) {
+int m3_cmd_serve(int argc, char **argv) { return m3_serve_main(argc, argv, NULL); }
+
+int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
+    const char *name = hook ? hook->name : "serve", *cmd = hook ? hook->cmd : "m3 serve";
     const char *dir = NULL, *names[17] = {0}, *chat_tmpl = NULL, *spec_json = NULL, *draft_dir = NULL, *kvd = NULL, *ikd = NULL;
     long threads = 0, port = 8000, kvmem = 0, seqs = 0, batched = 0, lrows = 0, warm = -1, mml = 0, waiting = -1, grace = -1, body = 0, sthreads = 0, gthreads = -1, rbudget = -1;
     long hdr = 0, tmo = -1, tpn = 1, imgmem = -1, maxconn = -1, rstore = -1;
@@ -173,11 +178,11 @@ int m3_cmd_serve(int argc, char **argv) {
         }
         int r = 0, takes = !eq; /* a value from the next argument */
         if (a[0] != '-') { /* the model, positional (vllm serve MODEL) */
-            if (dir) { fprintf(stderr, "m3 serve: two models given ('%s' and '%s')\n", dir, a); return 2; }
+            if (dir) { fprintf(stderr, "%s: two models given ('%s' and '%s')\n", cmd, dir, a); return 2; }
             dir = a;
             continue;
         }
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(usage, stdout); return 0; }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(hook ? hook->usage : usage, stdout); return 0; }
         /* switches */
         int sw = 1;
         if (!strcmp(a, "--disable-log-requests") || !strcmp(a, "--no-enable-log-requests")) so.log_requests = 0;
@@ -190,16 +195,20 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--trust-remote-code")) {}       /* nothing from the checkpoint is ever run */
         else sw = 0;
         if (sw) {
-            if (eq) { fprintf(stderr, "m3 serve: %s takes no value\n", a); return 2; }
+            if (eq) { fprintf(stderr, "%s: %s takes no value\n", cmd, a); return 2; }
             continue;
         }
         /* a flag with a value: V is it, or "" with `missing` set (said below, once the flag is known) */
         const char *missing = NULL;
 #define V (v ? v : (missing = a, ""))
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (v && dir && strcmp(dir, v)) { fprintf(stderr, "m3 serve: two models given ('%s' and '%s')\n", dir, V); return 2; }
+            if (v && dir && strcmp(dir, v)) { fprintf(stderr, "%s: two models given ('%s' and '%s')\n", cmd, dir, V); return 2; }
             dir = V;
+        } else if (hook && (!strcmp(a, "--host") || !strcmp(a, "--port") || !strcmp(a, "--uds"))) {
+            fprintf(stderr, "%s: %s: %s\n", cmd, a, hook->no_listen);
+            return 2;
         } else if (!strcmp(a, "--host")) so.host = V;
+        else if (!strcmp(a, "--uds")) so.uds = V;
         else if (!strcmp(a, "--api-key")) so.api_key = V;
         else if (!strcmp(a, "--served-model-name")) { /* one or more names (vLLM: nargs +), the flag repeatable */
             int nn = 0;
@@ -207,11 +216,11 @@ int m3_cmd_serve(int argc, char **argv) {
             if (v && nn < 16) names[nn++] = V;
             while (!eq && i + 2 < argc && argv[i + 2][0] != '-' && nn < 16) names[nn++] = argv[++i + 1];
             if (!eq && i + 2 < argc && argv[i + 2][0] != '-') {
-                fprintf(stderr, "m3 serve: --served-model-name: at most 16 names\n");
+                fprintf(stderr, "%s: --served-model-name: at most 16 names\n", cmd);
                 return 2;
             }
             for (int k = 0; k < nn; k++)
-                if (!*names[k]) { fprintf(stderr, "m3 serve: --served-model-name: an empty name\n"); return 2; }
+                if (!*names[k]) { fprintf(stderr, "%s: --served-model-name: an empty name\n", cmd); return 2; }
             if (!v) missing = a;
         } else if (!strcmp(a, "--chat-template")) chat_tmpl = V;
         else if (!strcmp(a, "--port")) r = m3_cli_int(a, V, 0, 65535, &port, &err);
@@ -221,13 +230,13 @@ int m3_cmd_serve(int argc, char **argv) {
             char *end;
             util = strtod(V, &end);
             if (v && (*end || end == v || !(util > 0 && util <= 1))) {
-                fprintf(stderr, "m3 serve: --gpu-memory-utilization '%s': expected a fraction in (0, 1]\n", V);
+                fprintf(stderr, "%s: --gpu-memory-utilization '%s': expected a fraction in (0, 1]\n", cmd, V);
                 return 2;
             }
         } else if (!strcmp(a, "--max-num-seqs")) r = m3_cli_int(a, V, 1, 1 << 16, &seqs, &err);
         else if (!strcmp(a, "--scheduling-policy")) {
             if (!V || (strcmp(V, "fcfs") && strcmp(V, "priority"))) {
-                fprintf(stderr, "m3 serve: --scheduling-policy '%s': expected fcfs or priority\n", V ? V : "");
+                fprintf(stderr, "%s: --scheduling-policy '%s': expected fcfs or priority\n", cmd, V ? V : "");
                 return 2;
             }
             so.scheduling_priority = !strcmp(V, "priority");
@@ -236,7 +245,7 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-num-batched-tokens")) r = m3_cli_size(a, V, 1, 1 << 24, &batched, &err);
         else if (!strcmp(a, "--max-logits-rows")) r = m3_cli_int(a, V, 1, 1 << 16, &lrows, &err);
         else if (!strcmp(a, "--warmup-tokens")) r = m3_cli_size(a, V, 0, 1 << 24, &warm, &err);
-        else if (!strcmp(a, "--precision")) { if (m3_cli_set_precision(V, "serve")) return 2; }
+        else if (!strcmp(a, "--precision")) { if (m3_cli_set_precision(V, name)) return 2; }
         else if (!strcmp(a, "--max-model-len")) r = m3_cli_size(a, V, 1, 1 << 30, &mml, &err);
         else if (!strcmp(a, "--sample-threads")) r = m3_cli_int(a, V, 1, 64, &sthreads, &err);
         else if (!strcmp(a, "--grammar-threads")) r = m3_cli_int(a, V, 0, 64, &gthreads, &err);
@@ -261,22 +270,26 @@ int m3_cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--tool-call-parser") || !strcmp(a, "--reasoning-parser")) {
             /* m3 has the MiniMax-M3 parsers, used whenever the chat template writes their markup */
             if (V[0] && strcmp(v, "minimax_m3") && strcmp(v, "minimax") && strcmp(v, "minimax_m2")) {
-                fprintf(stderr, "m3 serve: %s '%s': m3 parses MiniMax-M3 output (minimax_m3, minimax, minimax_m2)\n", a, v);
+                fprintf(stderr, "%s: %s '%s': m3 parses MiniMax-M3 output (minimax_m3, minimax, minimax_m2)\n", cmd, a, v);
                 return 2;
             }
         } else {
-            fprintf(stderr, "m3 serve: unknown option '%s' (m3 serve --help lists them)\n", a);
+            fprintf(stderr, "%s: unknown option '%s' (m3 serve --help lists them)\n", cmd, a);
             return 2;
         }
 #undef V
-        if (missing) { fprintf(stderr, "m3 serve: %s needs a value\n", missing); return 2; }
-        if (r) { fprintf(stderr, "m3 serve: %s\n", err.msg); return 2; }
+        if (missing) { fprintf(stderr, "%s: %s needs a value\n", cmd, missing); return 2; }
+        if (r) { fprintf(stderr, "%s: %s\n", cmd, err.msg); return 2; }
         if (takes) i++;
     }
-    if (!dir) { fprintf(stderr, "m3 serve: a model directory is required (m3 serve DIR, or -m DIR)\n%s", usage); return 2; }
+    if (!dir) {
+        fprintf(stderr, "%s: a model directory is required (%s DIR, or -m DIR)\n%s", cmd, cmd, hook ? hook->usage : usage);
+        return 2;
+    }
+    if (so.uds && !*so.uds) { fprintf(stderr, "%s: --uds: an empty path\n", cmd); return 2; }
     m3_kv_dtype kdt = M3_KV_BF16, idt = M3_KV_BF16; /* auto; checked before anything is loaded */
-    if (kvd && m3_kv_dtype_parse(kvd, &kdt)) { fprintf(stderr, "m3 serve: --kv-cache-dtype: unknown dtype '%s' (auto, f32, bf16, fp8 = fp8_e4m3, nvfp4)\n", kvd); return 2; }
-    if (ikd && m3_kv_dtype_parse(ikd, &idt)) { fprintf(stderr, "m3 serve: --index-cache-dtype: unknown dtype '%s' (f32, bf16, fp8, nvfp4)\n", ikd); return 2; }
+    if (kvd && m3_kv_dtype_parse(kvd, &kdt)) { fprintf(stderr, "%s: --kv-cache-dtype: unknown dtype '%s' (auto, f32, bf16, fp8 = fp8_e4m3, nvfp4)\n", cmd, kvd); return 2; }
+    if (ikd && m3_kv_dtype_parse(ikd, &idt)) { fprintf(stderr, "%s: --index-cache-dtype: unknown dtype '%s' (f32, bf16, fp8, nvfp4)\n", cmd, ikd); return 2; }
     so.port = (int)port;
     if (waiting >= 0) so.max_waiting = (int)waiting;
     if (grace >= 0) so.shutdown_timeout = (double)grace;
@@ -288,7 +301,7 @@ int m3_cmd_serve(int argc, char **argv) {
     if (maxconn >= 0) so.max_connections = (int)maxconn;
     char **origins = NULL; /* checked now, kept from just before the server starts */
     if (origins_arg) {
-        if (m3_cli_list(origins_arg, &origins, &err)) { fprintf(stderr, "m3 serve: --allowed-origins: %s\n", err.msg); return 2; }
+        if (m3_cli_list(origins_arg, &origins, &err)) { fprintf(stderr, "%s: --allowed-origins: %s\n", cmd, err.msg); return 2; }
         free(origins);
         origins = NULL;
     }
@@ -299,7 +312,7 @@ int m3_cmd_serve(int argc, char **argv) {
         int bad = m3_fault_arm_spec(so.fault_spec, &err);
         m3_fault_disarm(M3_FAULT_ENGINE);
         m3_fault_disarm(M3_FAULT_SERVER);
-        if (bad) { fprintf(stderr, "m3 serve: M3_FAULT_ALLOC: %s\n", err.msg); return 2; }
+        if (bad) { fprintf(stderr, "%s: M3_FAULT_ALLOC: %s\n", cmd, err.msg); return 2; }
     }
     if (!names[0]) names[0] = dir;
     so.model_name = names[0];
@@ -307,7 +320,7 @@ int m3_cmd_serve(int argc, char **argv) {
     m3_oai_defaults gdef;
     if (strcmp(gen_cfg, "vllm")) { /* auto: the model's directory; else a directory holding the file */
         const char *gdir = strcmp(gen_cfg, "auto") ? gen_cfg : dir;
-        if (m3_oai_defaults_load(&gdef, gdir, &err)) { fprintf(stderr, "m3 serve: --generation-config: %s\n", err.msg); return 1; }
+        if (m3_oai_defaults_load(&gdef, gdir, &err)) { fprintf(stderr, "%s: --generation-config: %s\n", cmd, err.msg); return 1; }
         so.gen_defaults = &gdef;
         if (gdef.has_temperature || gdef.has_top_p || gdef.has_top_k || gdef.has_min_p || gdef.has_repetition_penalty) {
             char line[256] = "";
@@ -318,31 +331,31 @@ int m3_cmd_serve(int argc, char **argv) {
             if (gdef.has_min_p) o += (size_t)snprintf(line + o, sizeof line - o, " min_p %g", gdef.min_p);
             if (gdef.has_repetition_penalty)
                 snprintf(line + o, sizeof line - o, " repetition_penalty %g", gdef.repetition_penalty);
-            fprintf(stderr, "m3 serve: sampling defaults from %s/generation_config.json (requests that leave them out):%s\n",
+            fprintf(stderr, "%s: sampling defaults from %s/generation_config.json (requests that leave them out):%s\n", cmd,
                     gdir, line);
         }
     }
     m3_tok *tok = m3_tok_load(dir, &err);
-    if (!tok) { fprintf(stderr, "m3 serve: tokenizer: %s\n", err.msg); return 1; }
+    if (!tok) { fprintf(stderr, "%s: tokenizer: %s\n", cmd, err.msg); return 1; }
     m3_chat *chat = m3_chat_load_with(dir, chat_tmpl, &err);
     if (!chat && chat_tmpl) { /* asked for: a template that does not load is an error, not a server without chat */
-        fprintf(stderr, "m3 serve: --chat-template: %s\n", err.msg);
+        fprintf(stderr, "%s: --chat-template: %s\n", cmd, err.msg);
         m3_tok_free(tok);
         return 2;
     }
     if (rbudget >= 0 && (m3_tok_token_to_id(tok, "<mm:think>") < 0 || m3_tok_token_to_id(tok, "</mm:think>") < 0)) {
-        fprintf(stderr, "m3 serve: --reasoning-budget: the tokenizer has no <mm:think> / </mm:think> tokens to close "
-                "the reasoning with\n");
+        fprintf(stderr, "%s: --reasoning-budget: the tokenizer has no <mm:think> / </mm:think> tokens to close "
+                "the reasoning with\n", cmd);
         m3_tok_free(tok);
         m3_chat_free(chat);
         return 2;
     }
     so.reasoning_budget = (int)rbudget;
-    if (!chat) fprintf(stderr, "m3 serve: no chat template (%s); /v1/chat/completions disabled\n", err.msg);
-    else fprintf(stderr, "m3 serve: chat template from %s\n", m3_chat_origin(chat));
+    if (!chat) fprintf(stderr, "%s: no chat template (%s); /v1/chat/completions disabled\n", cmd, err.msg);
+    else fprintf(stderr, "%s: chat template from %s\n", cmd, m3_chat_origin(chat));
     m3_moe_split msplit = M3_MOE_EXPERTS;
     if (moe_split && m3_moe_split_parse(moe_split, &msplit)) {
-        fprintf(stderr, "m3 serve: --moe-split: unknown split '%s' (experts or width)\n", moe_split);
+        fprintf(stderr, "%s: --moe-split: unknown split '%s' (experts or width)\n", cmd, moe_split);
         m3_tok_free(tok);
         m3_chat_free(chat);
         return 2;
@@ -350,8 +363,8 @@ int m3_cmd_serve(int argc, char **argv) {
     m3_ops ops = {0};
     m3_model m;
     m3_cli_tp tp = {0};
-    if (tpn > 1 ? m3_cli_tp_load(&tp, &m, NULL, dir, (int)threads, (int)tpn, msplit, "serve", NULL, 0)
-                : m3_cli_load(&m, &ops, dir, (int)threads, "serve", NULL, 0)) {
+    if (tpn > 1 ? m3_cli_tp_load(&tp, &m, NULL, dir, (int)threads, (int)tpn, msplit, name, NULL, 0)
+                : m3_cli_load(&m, &ops, dir, (int)threads, name, NULL, 0)) {
         m3_tok_free(tok);
         m3_chat_free(chat);
         return 1;
@@ -381,7 +394,7 @@ int m3_cmd_serve(int argc, char **argv) {
     media.allowed_domains = media_domains;
     media.no_vision = "this model has no vision tower (a text-only checkpoint): image inputs are not supported";
     if (lm_only) media.no_vision = "the server runs the language model only (--language-model-only): image inputs are not supported";
-    else if (vision_setup(&vis, &m, tp.g ? NULL : &ops, dir, (int)threads, &vops, &own_vops, &media, &eo)) goto done;
+    else if (vision_setup(cmd, &vis, &m, tp.g ? NULL : &ops, dir, (int)threads, &vops, &own_vops, &media, &eo)) goto done;
     if (media.vc) {
         media.start_id = m3_tok_token_to_id(tok, "]<]start of image[>[");
         media.end_id = m3_tok_token_to_id(tok, "]<]end of image[>[");
@@ -390,25 +403,25 @@ int m3_cmd_serve(int argc, char **argv) {
     eo.kv_dtype = kdt;
     eo.index_dtype = ikd ? idt : eo.kv_dtype;
     if ((spec_json || draft_dir) && m3_spec_config_parse(&eo.spec, spec_json ? spec_json : "{}", dir, draft_dir, &err)) {
-        fprintf(stderr, "m3 serve: %s\n", err.msg);
+        fprintf(stderr, "%s: %s\n", cmd, err.msg);
         goto done;
     }
     /* the draft beside tensor-parallel ranks (or a GPU, when asked): a CPU op table of its own;
      * else on the target's op table (its device) */
     if ((tp.g || (eo.spec.draft_on_cpu && ops.name && strcmp(ops.name, "cpu") != 0)) && eo.spec.method != M3_SPEC_NONE) {
-        if (m3_cpu_ops_init(&dops, (int)threads, &err)) { fprintf(stderr, "m3 serve: draft ops: %s\n", err.msg); goto done; }
+        if (m3_cpu_ops_init(&dops, (int)threads, &err)) { fprintf(stderr, "%s: draft ops: %s\n", cmd, err.msg); goto done; }
         own_dops = 1;
         eo.draft_ops = &dops;
     }
     e = m3_engine_create(&m, &eo, &err);
-    if (!e) { fprintf(stderr, "m3 serve: %s\n", err.msg); goto done; }
+    if (!e) { fprintf(stderr, "%s: %s\n", cmd, err.msg); goto done; }
     so.eos_id = m.cfg.eos_id;
     if (eo.spec.method != M3_SPEC_NONE) { /* what the speculation will do, as the operator asked for it */
         char off[48] = "", len[48] = "", thr[48] = "";
         if (eo.spec.disable_by_batch_size) snprintf(off, sizeof off, ", off above %d running", eo.spec.disable_by_batch_size);
         if (eo.spec.max_model_len) snprintf(len, sizeof len, ", none past %d tokens", eo.spec.max_model_len);
         if (eo.spec.confidence_threshold > 0) snprintf(thr, sizeof thr, ", confidence >= %g", eo.spec.confidence_threshold);
-        fprintf(stderr, "m3 serve: speculative decoding: DSpark draft %s on %s, %d drafts a step (%s)%s%s%s\n", eo.spec.draft_dir,
+        fprintf(stderr, "%s: speculative decoding: DSpark draft %s on %s, %d drafts a step (%s)%s%s%s\n", cmd, eo.spec.draft_dir,
                 eo.draft_ops ? "the CPU" : ops.name, eo.spec.num_speculative_tokens,
                 eo.spec.draft_sample_method == M3_SPEC_DRAFT_GREEDY ? "greedy" : "probabilistic", thr, len, off);
     }
@@ -420,8 +433,8 @@ int m3_cmd_serve(int argc, char **argv) {
             so.kv_bytes_per_token = m3_kv_bytes_per_token(&probe);
             m3_kv_destroy(&probe);
             int cap = m3_engine_capacity_tokens(e);
-            fprintf(stderr, "m3 serve: KV cache %s, index-K %s: %zu bytes per token%s; pool of %d tokens, %.2f GiB%s (%s); "
-                    "context %d tokens\n", m3_kv_dtype_name(eo.kv_dtype), m3_kv_dtype_name(eo.index_dtype),
+            fprintf(stderr, "%s: KV cache %s, index-K %s: %zu bytes per token%s; pool of %d tokens, %.2f GiB%s (%s); "
+                    "context %d tokens\n", cmd, m3_kv_dtype_name(eo.kv_dtype), m3_kv_dtype_name(eo.index_dtype),
                     so.kv_bytes_per_token, tp.g ? " per rank" : "", cap, (double)so.kv_bytes_per_token * cap / 1073741824.0,
                     tp.g ? " per rank" : "", kvmem ? "--kv-cache-memory" : m3_engine_pool_how(e), m3_engine_max_model_len(e));
         }
@@ -432,15 +445,17 @@ int m3_cmd_serve(int argc, char **argv) {
         if (wt > 0) {
             const double t0 = m3_now();
             const int n = m3_engine_warmup(e, (int)wt, &err);
-            if (n < 0) { fprintf(stderr, "m3 serve: %s\n", err.msg); goto done; }
-            fprintf(stderr, "m3 serve: warm-up: %d prompt tokens and decodes, then requests together, in %.2f s\n", n,
+            if (n < 0) { fprintf(stderr, "%s: %s\n", cmd, err.msg); goto done; }
+            fprintf(stderr, "%s: warm-up: %d prompt tokens and decodes, then requests together, in %.2f s\n", cmd, n,
                     m3_now() - t0);
         }
     }
-    if (origins_arg && m3_cli_list(origins_arg, &origins, &err)) { fprintf(stderr, "m3 serve: --allowed-origins: %s\n", err.msg); goto done; }
+    if (origins_arg && m3_cli_list(origins_arg, &origins, &err)) { fprintf(stderr, "%s: --allowed-origins: %s\n", cmd, err.msg); goto done; }
     so.allowed_origins = (const char *const *)origins;
-    if (m3_server_run(e, tok, chat, m.cfg.vocab, &so, &err)) { fprintf(stderr, "m3 serve: %s\n", err.msg); goto done; }
-    rc = 0;
+    if (hook && hook->before(hook->arg, &so, eo.max_num_seqs)) goto done;
+    const int ran = m3_server_run(e, tok, chat, m.cfg.vocab, &so, &err);
+    if (ran) fprintf(stderr, "%s: %s\n", cmd, err.msg);
+    rc = hook ? hook->after(hook->arg, ran == 0) : ran ? 1 : 0;
 done:
     m3_engine_destroy(e);
     if (own_vops) m3_cpu_ops_free(&vops);

@@ -22,6 +22,8 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -45,6 +47,7 @@ struct http_server {
     struct evconnlistener *lis;
     struct event *relisten;
     int stopped, paused_cap;
+    char *uds;               /* the Unix socket's path (http_server_listen_unix), removed when it closes */
     http_conn *conns;
     http_stats st;
     time_t date_t;
@@ -395,11 +398,11 @@ static void conn_free(http_conn *c) {
 }
 
 static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg) {
-    (void)sa; (void)salen;
+    (void)salen;
     http_server *hs = arg;
     if (hs->o.sndbuf > 0) setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &hs->o.sndbuf, sizeof hs->o.sndbuf);
     int one = 1; /* tokens go out as they come, not 40 ms later behind Nagle's algorithm */
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (!sa || sa->sa_family != AF_UNIX) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     http_conn *c = m3_fault_calloc(M3_FAULT_SERVER, 1, sizeof *c);
     if (c) c->bev = bufferevent_socket_new(hs->base, fd, BEV_OPT_CLOSE_ON_FREE);
     if (c && c->bev) c->tmr = evtimer_new(hs->base, tmr_cb, c);
@@ -505,10 +508,54 @@ int http_server_listen(http_server *hs, const char *host, int port, char *err, s
     return port;
 }
 
+int http_server_listen_unix(http_server *hs, const char *path, char *err, size_t errcap) {
+    struct sockaddr_un sun;
+    memset(&sun, 0, sizeof sun);
+    sun.sun_family = AF_UNIX;
+    const size_t n = strlen(path);
+    if (!n || n >= sizeof sun.sun_path) {
+        snprintf(err, errcap, "cannot listen on the Unix socket '%s': the path must have 1 to %zu bytes", path,
+                 sizeof sun.sun_path - 1);
+        return -1;
+    }
+    memcpy(sun.sun_path, path, n);
+    struct stat st;
+    if (!lstat(path, &st)) { /* a socket left by a server that is gone is replaced; anything else is kept */
+        if (!S_ISSOCK(st.st_mode)) {
+            snprintf(err, errcap, "cannot listen on the Unix socket '%s': the path exists and is not a socket", path);
+            return -1;
+        }
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int live = fd >= 0 && !connect(fd, (struct sockaddr *)&sun, sizeof sun);
+        int ce = errno;
+        if (fd >= 0) close(fd);
+        if (live || (fd >= 0 && ce != ECONNREFUSED)) {
+            snprintf(err, errcap, "cannot listen on the Unix socket '%s': %s", path,
+                     live ? "a server is listening there" : strerror(ce));
+            return -1;
+        }
+        unlink(path);
+    }
+    if (!(hs->uds = strdup(path))) { snprintf(err, errcap, "out of memory"); return -1; }
+    hs->lis = evconnlistener_new_bind(hs->base, accept_cb, hs, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 1024,
+                                      (struct sockaddr *)&sun, (int)sizeof sun);
+    if (!hs->lis) {
+        snprintf(err, errcap, "cannot listen on the Unix socket '%s': %s", path, strerror(errno));
+        free(hs->uds);
+        hs->uds = NULL;
+        return -1;
+    }
+    evconnlistener_set_error_cb(hs->lis, accept_error_cb);
+    return 0;
+}
+
 void http_server_stop_listening(http_server *hs) {
     hs->stopped = 1;
     if (hs->lis) evconnlistener_free(hs->lis);
     hs->lis = NULL;
+    if (hs->uds) unlink(hs->uds); /* new clients find no socket */
+    free(hs->uds);
+    hs->uds = NULL;
 }
 
 void http_server_stats(const http_server *hs, http_stats *st) { *st = hs->st; }

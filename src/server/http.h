@@ -61,6 +61,10 @@ typedef struct http_stats {
 http_server *http_server_new(struct event_base *base, const http_opts *o, http_handler handler, void *arg);
 /* Listens on host:port (0: any free port). Returns the port, or -1 with the reason in err. */
 int http_server_listen(http_server *hs, const char *host, int port, char *err, size_t errcap);
+/* Listens on a Unix socket at path (a socket left there by a server that is gone is replaced;
+ * a live one, or a path that is not a socket, is an error). Returns 0, or -1 with the reason in
+ * err. The path is removed when the listener closes. */
+int http_server_listen_unix(http_server *hs, const char *path, char *err, size_t errcap);
 void http_server_stop_listening(http_server *hs); /* new clients are refused; open connections go on */
 /* Closes every connection (requests in flight get on_close) and frees the server. */
 void http_server_free(http_server *hs);

@@ -542,18 +542,21 @@ static void dead_cb(evutil_socket_t fd, short what, void *arg) {
     srv_maybe_exit(s);
 }
 
+/* SIGINT / SIGTERM (sig), or m3_server_shutdown (sig -1) */
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
     (void)what;
     srv *s = arg;
     if (s->draining) { /* a second signal: do not wait */
+        if (sig < 0) return;
         fprintf(stderr, "m3 serve: second signal\n");
         cancel_now(s);
         return;
     }
     s->draining = 1;
     http_server_stop_listening(s->http); /* closes the listener: new clients are refused */
-    fprintf(stderr, "m3 serve: %s: shutting down; %d requests in flight get up to %.0f s to finish\n",
-            sig == SIGINT ? "SIGINT" : "SIGTERM", s->n_live, s->o->shutdown_timeout);
+    if (sig > 0)
+        fprintf(stderr, "m3 serve: %s: shutting down; %d requests in flight get up to %.0f s to finish\n",
+                sig == SIGINT ? "SIGINT" : "SIGTERM", s->n_live, s->o->shutdown_timeout);
     if (!s->n_live && !s->n_prep) { srv_maybe_exit(s); return; }
     double t = s->o->shutdown_timeout > 0 ? s->o->shutdown_timeout : 0;
     struct timeval tv = {(time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6)};
@@ -575,11 +578,13 @@ static void peek_cb(evutil_socket_t fd, short what, void *arg) {
 
 /* ------------------------------------------------------------------ run */
 
+void m3_server_shutdown(srv *s) { event_active(s->stop_ev, EV_READ, 0); }
+
 static void srv_cleanup(srv *s) {
     srv_prep_stop(s); /* the workers first: a job they hold names an HTTP request */
     if (s->http) http_server_free(s->http); /* closes connections; their close callbacks still see live hreqs */
     srv_free_all(s);
-    struct event *ev[] = {s->notify, s->sigint, s->sigterm, s->peek, s->deadline, s->hard_stop, s->dead_ev};
+    struct event *ev[] = {s->notify, s->sigint, s->sigterm, s->peek, s->deadline, s->hard_stop, s->dead_ev, s->stop_ev};
     for (size_t i = 0; i < sizeof ev / sizeof *ev; i++)
         if (ev[i]) event_free(ev[i]);
     if (s->base) event_base_free(s->base);
@@ -640,7 +645,8 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     if (!s->http) { srv_cleanup(s); return m3_errf(err, "cannot create the HTTP server (out of memory)"); }
     if (!getenv("M3_KEEP_NOFILE")) raise_nofile(); /* tests set it to keep a small limit */
     char lerr[256];
-    int port = http_server_listen(s->http, o->host, o->port, lerr, sizeof lerr);
+    int port = o->uds ? http_server_listen_unix(s->http, o->uds, lerr, sizeof lerr)
+                      : http_server_listen(s->http, o->host, o->port, lerr, sizeof lerr);
     if (port < 0) { srv_cleanup(s); return m3_errf(err, "%s", lerr); }
     s->notify = event_new(s->base, -1, EV_PERSIST | EV_READ, notify_cb, s);
     s->sigint = evsignal_new(s->base, SIGINT, on_signal, s);
@@ -650,8 +656,9 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     s->deadline = evtimer_new(s->base, deadline_cb, s);
     s->hard_stop = evtimer_new(s->base, hard_stop_cb, s);
     s->dead_ev = event_new(s->base, -1, 0, dead_cb, s);
+    s->stop_ev = event_new(s->base, -1, 0, on_signal, s); /* m3_server_shutdown: no signal number */
     struct timeval tv = {0, 200000};
-    if (!s->notify || !s->sigint || !s->sigterm || !s->peek || !s->deadline || !s->hard_stop || !s->dead_ev ||
+    if (!s->notify || !s->sigint || !s->sigterm || !s->peek || !s->deadline || !s->hard_stop || !s->dead_ev || !s->stop_ev ||
         event_add(s->sigint, NULL) || event_add(s->sigterm, NULL) || event_add(s->peek, &tv)) {
         srv_cleanup(s);
         return m3_errf(err, "cannot set up the event loop (out of memory)");
@@ -659,8 +666,12 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     if (srv_prep_start(s, 0)) { srv_cleanup(s); return m3_errf(err, "cannot start the request preparation threads"); }
     pthread_t th;
     if (pthread_create(&th, NULL, engine_main, s)) { srv_cleanup(s); return m3_errf(err, "cannot start the engine thread"); }
-    fprintf(stderr, "m3 serve: listening on http://%s:%d (model '%s', context %d tokens, KV capacity %d tokens)\n",
-            o->host, port, o->model_name, m3_engine_max_model_len(e), m3_engine_capacity_tokens(e));
+    if (o->uds)
+        fprintf(stderr, "m3 serve: listening on unix:%s (model '%s', context %d tokens, KV capacity %d tokens)\n", o->uds,
+                o->model_name, m3_engine_max_model_len(e), m3_engine_capacity_tokens(e));
+    else
+        fprintf(stderr, "m3 serve: listening on http://%s:%d (model '%s', context %d tokens, KV capacity %d tokens)\n",
+                o->host, port, o->model_name, m3_engine_max_model_len(e), m3_engine_capacity_tokens(e));
     if (o->fault_spec) { /* tests only: allocation failures from here on (src/base/fault.h) */
         m3_err ferr;
         if (m3_fault_arm_spec(o->fault_spec, &ferr)) fprintf(stderr, "m3 serve: %s\n", ferr.msg);
@@ -668,6 +679,7 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
         if (m3_fault_armed(M3_FAULT_SERVER)) m3_fault_json_hook(1);
     }
     fflush(stderr);
+    if (o->ready) o->ready(o->ready_arg, s);
     event_base_dispatch(s->base);
     atomic_store(&s->stop_engine, 1);
     pthread_join(th, NULL);

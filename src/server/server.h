@@ -55,6 +55,8 @@
 /* what GET /version reports (vLLM answers {"version": ...} there too); session 12 = 0.12 */
 #define M3_VERSION "0.12.0"
 
+struct srv; /* a running server (m3_server_run's; opaque) */
+
 typedef struct m3_server_opts {
     const char *host;          /* default "127.0.0.1" */
     int port;                  /* default 8000; 0: any free port (printed) */
@@ -89,11 +91,20 @@ typedef struct m3_server_opts {
                                 * (vLLM's --enable-prompt-tokens-details) */
     size_t responses_store;    /* bytes of stored responses (POST /v1/responses with store, previous_response_id,
                                 * GET / DELETE /v1/responses/{id}; default 256 MiB; past it the oldest go); 0: none */
+    const char *uds;           /* listen on this Unix socket instead of host:port (vLLM's --uds); NULL: TCP */
+    /* called once on the serving thread when the server listens, before it serves: srv is valid
+     * until m3_server_run returns (for m3_server_shutdown); NULL: none */
+    void (*ready)(void *arg, struct srv *srv);
+    void *ready_arg;
 } m3_server_opts;
 
 void m3_server_opts_default(m3_server_opts *o);
 
-/* Serves until SIGINT / SIGTERM (see above). The engine, tokenizer and chat template are
+/* From any thread: shut down as SIGTERM does (the listener closes, requests in flight finish),
+ * silently; nothing if shutting down already. */
+void m3_server_shutdown(struct srv *srv);
+
+/* Serves until SIGINT / SIGTERM or m3_server_shutdown (see above). The engine, tokenizer and chat template are
  * borrowed. chat may be NULL (chat completions then answer 400). vocab: the model's
  * vocabulary size (prompt and logit_bias ids are checked against it). Returns 0, or -1 + err
  * when the server could not start. */

@@ -181,7 +181,7 @@ struct srv {
     const m3_server_opts *o;
     struct event_base *base;
     http_server *http;      /* connections, requests, responses (http.h) */
-    struct event *notify, *sigint, *sigterm, *peek, *deadline, *hard_stop, *dead_ev;
+    struct event *notify, *sigint, *sigterm, *peek, *deadline, *hard_stop, *dead_ev, *stop_ev;
     pthread_mutex_t mu;     /* guards q and fin (filled by the engine thread) */
     qitem *q;
     size_t qn, qcap;

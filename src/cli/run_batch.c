@@ -63,7 +63,7 @@ typedef struct batch {
     const char *api_key;
     char dir[96], sock[128];   /* the private directory and the server's socket in it */
     int conc, window;          /* requests in flight; results held (in flight + waiting for earlier ones) */
-    struct srv *srv;
+    struct srv *srv;           /* the server while it serves (under mu), for m3_server_shutdown */
     pthread_t coord;
     int coord_on;
     pthread_mutex_t mu;
@@ -166,10 +166,14 @@ static int post(batch *b, const char *path, const char *body, size_t blen, int *
     size_t bn = in.n - (size_t)(bp - in.p);
     int chunked = 0;
     for (char *h = strstr(in.p, "\r\n"); h; h = strstr(h + 2, "\r\n")) {
-        if (!strncasecmp(h + 2, "Content-Length:", 15)) {
-            unsigned long cl = strtoul(h + 17, NULL, 10);
+        char *f = h + 2, *e = strstr(f, "\r\n");
+        if (!strncasecmp(f, "Content-Length:", 15)) {
+            unsigned long cl = strtoul(f + 15, NULL, 10);
             if (cl < bn) bn = cl;
-        } else if (!strncasecmp(h + 2, "Transfer-Encoding:", 18) && strstr(h + 2, "chunked")) chunked = 1;
+        } else if (!strncasecmp(f, "Transfer-Encoding:", 18)) {
+            char *c = strstr(f, "chunked");
+            chunked = c && (!e || c < e);
+        }
     }
     if (chunked) {
         long d = dechunk(bp, bn);
@@ -425,8 +429,8 @@ static void *coordinator(void *arg) {
     pthread_mutex_lock(&b->mu);
     if (!n) b->stop = 1;
     flush_ready(b);
+    if (b->srv) m3_server_shutdown(b->srv); /* (under mu: the server is not freed meanwhile) */
     pthread_mutex_unlock(&b->mu);
-    m3_server_shutdown(b->srv);
     return NULL;
 }
 
@@ -434,12 +438,15 @@ static void *coordinator(void *arg) {
 
 static void on_ready(void *arg, struct srv *srv) {
     batch *b = arg;
+    pthread_mutex_lock(&b->mu);
     b->srv = srv;
+    pthread_mutex_unlock(&b->mu);
+    if (!srv) return; /* the server stopped serving (it is being freed) */
     b->t0 = b->last_note = m3_now();
     if (pthread_create(&b->coord, NULL, coordinator, b)) {
         fprintf(stderr, "m3 run-batch: cannot start the request threads\n");
         b->stop = 1;
-        m3_server_shutdown(srv);
+        m3_server_shutdown(srv); /* (on the serving thread, before it serves) */
         return;
     }
     b->coord_on = 1;

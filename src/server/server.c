@@ -681,6 +681,7 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     fflush(stderr);
     if (o->ready) o->ready(o->ready_arg, s);
     event_base_dispatch(s->base);
+    if (o->ready) o->ready(o->ready_arg, NULL); /* srv is about to go: no m3_server_shutdown from here on */
     atomic_store(&s->stop_engine, 1);
     pthread_join(th, NULL);
     if (o->fault_spec) {

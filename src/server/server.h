@@ -92,8 +92,9 @@ typedef struct m3_server_opts {
     size_t responses_store;    /* bytes of stored responses (POST /v1/responses with store, previous_response_id,
                                 * GET / DELETE /v1/responses/{id}; default 256 MiB; past it the oldest go); 0: none */
     const char *uds;           /* listen on this Unix socket instead of host:port (vLLM's --uds); NULL: TCP */
-    /* called once on the serving thread when the server listens, before it serves: srv is valid
-     * until m3_server_run returns (for m3_server_shutdown); NULL: none */
+    /* called on the serving thread when the server listens, before it serves, and again with srv
+     * NULL when it has stopped serving, before srv is freed: m3_server_shutdown(srv) may be called
+     * between the two (the caller keeps them apart); NULL: none */
     void (*ready)(void *arg, struct srv *srv);
     void *ready_arg;
 } m3_server_opts;

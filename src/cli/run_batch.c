@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "../base/clock.h"
+#include "../base/sbuf.h"
 #include "../server/server.h"
 #include "cli.h"
 
@@ -51,6 +52,7 @@ static const char *usage =
     "  -o, --output-file F  the answers ('-': standard output); written to a temporary file beside F and renamed\n"
     "                       at the end (an interrupted run keeps the answers in order up to the first missing)\n"
     "  --max-num-seqs N      requests run together (2 N are sent at a time, as vLLM does; default 64)\n"
+    "  --output-tmp-dir D    vLLM's staging directory for outputs to URLs, which m3 does not write: accepted, unused\n"
     "  Every other flag is m3 serve's (m3 serve --help): the batch runs on that server, privately.\n";
 
 enum { MAX_LINE_BYTES = 1 << 30 };
@@ -81,23 +83,6 @@ typedef struct batch {
 } batch;
 
 /* -------------------------------------------------------------- HTTP over the socket */
-
-typedef struct { char *p; size_t n, cap; } buf;
-
-static int buf_add(buf *b, const void *p, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 4096;
-        while (c < b->n + n + 1) c *= 2;
-        char *q = realloc(b->p, c);
-        if (!q) return -1;
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, p, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return 0;
-}
 
 static int write_all(int fd, const char *p, size_t n) {
     while (n) {
@@ -132,7 +117,7 @@ enum { POST_OK = 0, POST_GONE = -1, POST_NOMEM = -2 };
 
 /* POST body to path on the server's socket; *status and the response body in *out. POST_GONE:
  * the server is not there (shut down) or cut the connection without an answer. */
-static int post(batch *b, const char *path, const char *body, size_t blen, int *status, buf *out) {
+static int post(batch *b, const char *path, const char *body, size_t blen, int *status, m3_sbuf *out) {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return POST_GONE;
     struct sockaddr_un sun;
@@ -146,7 +131,7 @@ static int post(batch *b, const char *path, const char *body, size_t blen, int *
                       "Connection: close\r\n%s%s%s\r\n",
                       path, blen, b->api_key ? "Authorization: Bearer " : "", b->api_key ? b->api_key : "",
                       b->api_key ? "\r\n" : "");
-    buf in = {0};
+    m3_sbuf in = {0};
     int rc = POST_GONE;
     /* (an API key too long for the head was refused by before()) */
     if (write_all(fd, head, (size_t)hn) || write_all(fd, body, blen)) goto out;
@@ -156,7 +141,7 @@ static int post(batch *b, const char *path, const char *body, size_t blen, int *
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) goto out;
         if (!r) break;
-        if (buf_add(&in, tmp, (size_t)r)) { rc = POST_NOMEM; goto out; }
+        if (m3_sbuf_add(&in, tmp, (size_t)r)) { rc = POST_NOMEM; goto out; }
     }
     char *eoh = in.p ? strstr(in.p, "\r\n\r\n") : NULL;
     if (!eoh || strncmp(in.p, "HTTP/1.1 ", 9)) goto out;
@@ -180,12 +165,12 @@ static int post(batch *b, const char *path, const char *body, size_t blen, int *
         if (d < 0) goto out;
         bn = (size_t)d;
     }
-    out->n = 0;
-    if (buf_add(out, bp, bn)) { rc = POST_NOMEM; goto out; }
+    m3_sbuf_free(out);
+    if (m3_sbuf_add(out, bp, bn)) { rc = POST_NOMEM; goto out; }
     rc = POST_OK;
 out:
     close(fd);
-    free(in.p);
+    m3_sbuf_free(&in);
     return rc;
 }
 
@@ -275,7 +260,7 @@ static char *run_one(batch *b, const char *text, size_t len, long lineno, int *o
     size_t blen;
     char *btext = json_dumps(body, JSON_COMPACT);
     blen = btext ? strlen(btext) : 0;
-    buf resp = {0};
+    m3_sbuf resp = {0};
     int status = 0, rc = btext ? POST_OK : POST_NOMEM;
     while (rc == POST_OK) {
         rc = post(b, json_string_value(u), btext, blen, &status, &resp);
@@ -307,7 +292,7 @@ static char *run_one(batch *b, const char *text, size_t len, long lineno, int *o
         *ok = status == 200;
         line = status == 200 ? result_line(cid_out, status, ans, NULL) : result_line(cid_out, status, NULL, ans);
     }
-    free(resp.p);
+    m3_sbuf_free(&resp);
     json_decref(req);
     return line;
 }
@@ -554,6 +539,7 @@ int m3_cmd_run_batch(int argc, char **argv) {
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
     if (!rest) { fprintf(stderr, "m3 run-batch: out of memory\n"); return 1; }
     int nr = 0;
+    const char *tmp_dir = NULL; /* vLLM's staging directory for URL outputs (m3 writes none): taken, unused */
     rest[nr++] = argv[0];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -561,6 +547,7 @@ int m3_cmd_run_batch(int argc, char **argv) {
         size_t fl = 0;
         if (!strcmp(a, "-i") || !strcmp(a, "--input-file") || !strncmp(a, "--input-file=", 13)) { dst = &b.in_path; fl = 12; }
         else if (!strcmp(a, "-o") || !strcmp(a, "--output-file") || !strncmp(a, "--output-file=", 14)) { dst = &b.out_path; fl = 13; }
+        else if (!strcmp(a, "--output-tmp-dir") || !strncmp(a, "--output-tmp-dir=", 17)) { dst = &tmp_dir; fl = 16; }
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fputs(usage, stdout); free(rest); return 0; }
         if (!dst) { rest[nr++] = argv[i]; continue; }
         const char *eq = a[1] == '-' && a[fl] == '=' ? a + fl + 1 : NULL;

@@ -161,11 +161,11 @@ try {
   ok(fs.readdirSync(work).every(f => !f.includes('.tmp-')), 'run-batch: no temporary file left');
 
   // standard input and output; --api-key (sent by the runner)
-  const io = runBatch(['-i', '-', '-o', '-', '-m', ck, '--api-key', 'sekret', '--disable-log-requests'],
+  const io = runBatch(['-i', '-', '-o', '-', '-m', ck, '--api-key', 'sekret', '--disable-log-requests', '--output-tmp-dir', work],
     [0, 1].map(i => JSON.stringify({ custom_id: `s${i}`, method: 'POST', url: '/v1/completions', body: { prompt: `p${i}`, max_tokens: 2 } })).join('\n'));
   const iol = io.stdout.split('\n').filter(Boolean).map(l => JSON.parse(l));
   ok(io.code === 0 && iol.length === 2 && iol.every((g, i) => g.custom_id === `s${i}` && g.response.status_code === 200),
-     `run-batch -i - -o - --api-key: ${iol.length} answers on standard output, 200`);
+     `run-batch -i - -o - --api-key (--output-tmp-dir taken): ${iol.length} answers on standard output, 200`);
   // empty input: an empty output
   const emF = path.join(work, 'empty.jsonl'), emO = path.join(work, 'empty.out');
   fs.writeFileSync(emF, '\n  \n');

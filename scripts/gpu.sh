@@ -45,6 +45,12 @@ fails=0
 want() { case " ${M3_GPU_SECTIONS:-1 2 3 4 5 6 7 8 9} " in *" $1 "*) echo "## [$(date +%T)]"; return 0;; esac; return 1; }
 run() { echo "== $*"; "$@" || { echo "FAILED: $*"; fails=$((fails+1)); }; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv
+# The 30-layer benches (half of M3.1-Flash: 112 GiB of weights with the DSpark draft) fit an H200's
+# 141 GB; on a card of less (an H100's 80 GB) they run at 16 layers, said in the log
+# (M3_BENCH_LAYERS_MAX sets it)
+gmem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+LMAX=${M3_BENCH_LAYERS_MAX:-$([ "${gmem:-0}" -ge 120000 ] 2>/dev/null && echo 30 || echo 16)}
+[ "$LMAX" = 30 ] || echo "note: the 30-layer benches run at $LMAX layers (${gmem:-?} MiB of GPU memory; 30 layers need an H200)"
 SHAPES=${M3_SHAPES:-../shared/configs/m3.1-flash-shapes.json}
 [ -f "$SHAPES" ] || SHAPES=tests/data/m3.1-flash-shapes.json
 
@@ -186,7 +192,7 @@ fi
 if want 4; then
 echo "## 4. m3 bench --random-weights ($SHAPES)"
 run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS:-8} --batch ${M3_BENCH_BATCH:-1,8,64,256} --context ${M3_BENCH_CONTEXT:-8192,131072} --steps 10 --profile
-run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS_MAX:-30} --batch 1 --context 8192 --steps 10 --prefill 4096 --profile
+run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers $LMAX --batch 1 --context 8192 --steps 10 --prefill 4096 --profile
 # issue 25's yardstick: a 4096-token prefill, batches 1-256 and DSpark verify(8), per op
 run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers 8 --batch 1,8,16,64,256 --context 8192 --prefill 4096 --verify 7 --steps 10 --profile
 fi
@@ -350,7 +356,7 @@ if [ -n "$CSB" ]; then
 else echo "FAILED: compute-sanitizer not found"; fails=$((fails+1)); fi
 DSHAPES=${M3_DSPARK_SHAPES:-../shared/configs/m3.1-flash-dspark-shapes.json}
 [ -f "$DSHAPES" ] || DSHAPES=tests/data/m3.1-flash-dspark-shapes.json
-run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers ${M3_BENCH_LAYERS_MAX:-30} --batch 1,8 --context 8192 --steps 10 \
+run "$BIN/m3" bench --random-weights --config "$SHAPES" --layers $LMAX --batch 1,8 --context 8192 --steps 10 \
   --prefill 0 --verify 7 --dspark-config "$DSHAPES"
 # issue 27 acceptance 3: the server speculating with the draft on the GPU, 1 / 16 / 64 streams, every request complete
 M3_LOAD_LEVELS=1,16,64 M3_LOAD_SPEC='{"method":"dspark","num_speculative_tokens":7}' \

@@ -68,6 +68,13 @@ static const char *usage =
     "  --max-model-len N  tokens per request (prompt + output); default: the config's max_position_embeddings,\n"
     "                   at most what the KV pool holds\n"
     "  Flags take '--flag value' or '--flag=value'; sizes take vLLM's suffixes (32k = 32000, 32K = 32768, 4G, 4GiB).\n"
+    "  --enable-force-include-usage  every stream ends with a usage chunk, stream_options or not (vLLM's)\n"
+    "  --return-tokens-as-token-ids  logprobs name tokens \"token_id:<id>\" unless a request says otherwise (vLLM's)\n"
+    "  --uds PATH is vLLM's too. Its other flags: --enforce-eager (no CUDA graphs), --disable-uvicorn-access-log\n"
+    "  (= --disable-log-requests), --enable-chunked-prefill, --enable-expert-parallel (-tp's default),\n"
+    "  --dtype auto|bfloat16, --load-format auto|safetensors, --data/--pipeline-parallel-size 1 and the like are\n"
+    "  taken; tuning flags m3 does its own way (--block-size, --swap-space, --compilation-config, ...) are taken\n"
+    "  and not used, each said in one line; TLS, LoRA, sleep mode and config overrides are refused.\n"
     "  vLLM's launch lines work: --enable-prefix-caching (default) / --no-enable-prefix-caching,\n"
     "  --enable-auto-tool-choice, --tool-call-parser / --reasoning-parser minimax_m3 (the MiniMax-M3 parsers\n"
     "  are used whenever the chat template writes their markup), --trust-remote-code (nothing is run),\n"
@@ -162,6 +169,7 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
     const char *origins_arg = NULL; /* --allowed-origins: a JSON list (vLLM's form) or comma-separated */
     m3_server_opts so;
     m3_server_opts_default(&so);
+    m3_vllm_flags vfl = {0};
     m3_err err;
     long seed = -1;
     const char *gen_cfg = "auto"; /* the checkpoint's generation_config.json (vLLM's default) */
@@ -191,6 +199,8 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
         else if (!strcmp(a, "--enable-prefix-caching")) prefix = 1;
         else if (!strcmp(a, "--no-enable-prefix-caching")) prefix = 0;
         else if (!strcmp(a, "--enable-prompt-tokens-details")) so.prompt_tokens_details = 1;
+        else if (!strcmp(a, "--enable-force-include-usage")) so.force_include_usage = 1;
+        else if (!strcmp(a, "--return-tokens-as-token-ids")) so.ids_as_tokens = 1;
         else if (!strcmp(a, "--enable-auto-tool-choice")) {} /* tool calls are parsed whenever the template writes them */
         else if (!strcmp(a, "--trust-remote-code")) {}       /* nothing from the checkpoint is ever run */
         else sw = 0;
@@ -274,8 +284,14 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
                 return 2;
             }
         } else {
-            fprintf(stderr, "%s: unknown option '%s' (m3 serve --help lists them)\n", cmd, a);
-            return 2;
+            const int vf = m3_cli_vllm_flag(cmd, a, v, &vfl);
+            if (vf < 0) return 2;
+            if (!vf) {
+                fprintf(stderr, "%s: unknown option '%s' (m3 serve --help lists them)\n", cmd, a);
+                return 2;
+            }
+            if (vf == 1 && eq) { fprintf(stderr, "%s: %s takes no value\n", cmd, a); return 2; }
+            if (vf == 1) takes = 0;
         }
 #undef V
         if (missing) { fprintf(stderr, "%s: %s needs a value\n", cmd, missing); return 2; }
@@ -287,6 +303,19 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
         return 2;
     }
     if (so.uds && !*so.uds) { fprintf(stderr, "%s: --uds: an empty path\n", cmd); return 2; }
+    if (vfl.tokenizer) { /* vLLM's --tokenizer: m3 reads the checkpoint's own */
+        char *rt = realpath(vfl.tokenizer, NULL), *rd = realpath(dir, NULL);
+        const int same = rt && rd && !strcmp(rt, rd);
+        free(rt);
+        free(rd);
+        if (!same) {
+            fprintf(stderr, "%s: --tokenizer %s: m3 reads the tokenizer (tokenizer.json, tokenizer_config.json) from the "
+                    "checkpoint's directory %s; copy them there instead\n", cmd, vfl.tokenizer, dir);
+            return 2;
+        }
+    }
+    if (vfl.eager) setenv("M3_CUDA_GRAPHS", "0", 1); /* --enforce-eager: read when the CUDA backend starts */
+    if (vfl.no_access_log) so.log_requests = 0;
     m3_kv_dtype kdt = M3_KV_BF16, idt = M3_KV_BF16; /* auto; checked before anything is loaded */
     if (kvd && m3_kv_dtype_parse(kvd, &kdt)) { fprintf(stderr, "%s: --kv-cache-dtype: unknown dtype '%s' (auto, f32, bf16, fp8 = fp8_e4m3, nvfp4)\n", cmd, kvd); return 2; }
     if (ikd && m3_kv_dtype_parse(ikd, &idt)) { fprintf(stderr, "%s: --index-cache-dtype: unknown dtype '%s' (f32, bf16, fp8, nvfp4)\n", cmd, ikd); return 2; }

@@ -628,6 +628,7 @@ static int parse_vllm_extras(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_pa
         if (!json_array_size(v)) return OAI_BAD(e, "allowed_token_ids", "'allowed_token_ids' is empty: no token could come out");
         if ((rc = m3_oai_ids(v, c->vocab, "allowed_token_ids", &g->allowed, &g->n_allowed, e))) return rc;
     }
+    g->ids_as_tokens = c->ids_as_tokens;
     if ((rc = get_bool(e, b, "return_tokens_as_token_ids", &g->ids_as_tokens)) || (rc = get_bool(e, b, "return_token_ids", &g->return_ids)))
         return rc;
     if ((v = json_object_get(b, "truncation_side")) && !json_is_null(v)) {
@@ -974,6 +975,7 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
             return rc;
         g->continuous_usage &= g->include_usage; /* as vLLM: only with include_usage */
     }
+    g->include_usage |= c->force_usage;
     /* logprobs: completions take an integer (alternatives per token), chat a boolean plus
      * top_logprobs */
     if (chat) {

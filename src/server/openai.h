@@ -81,6 +81,8 @@ typedef struct m3_oai_ctx {
     int32_t eos_id;              /* the model config's EOS (-1: none): it ends a request like the tokenizer's */
     int has_think_budget;        /* --reasoning-budget: the thinking_token_budget of chat requests that give none */
     int think_budget;
+    int force_usage;             /* vLLM's --enable-force-include-usage: streams end with usage, asked or not */
+    int ids_as_tokens;           /* vLLM's --return-tokens-as-token-ids: the default of return_tokens_as_token_ids */
 } m3_oai_ctx;
 
 typedef struct m3_oai_params {

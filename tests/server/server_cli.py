@@ -10,6 +10,7 @@ never repeat, message.reasoning.
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -105,6 +106,50 @@ async def main(m3, work):
     refused(m3, [], "model directory is required")
     refused(m3, [ck, "--warmup-tokens", "-1"], "--warmup-tokens")
     await warmup(m3, ck)
+    await vllm_flags(m3, work, ck)
+
+
+async def vllm_flags(m3, work, ck):
+    """vLLM's flags without an m3 option of their own: taken (silently when m3 does that anyway, with
+    a line when they tune what m3 does its own way), two served for real, the rest refused"""
+    line = ["--enable-chunked-prefill", "--disable-log-stats", "--dtype", "bfloat16", "--enforce-eager",
+            "--enable-expert-parallel", "--block-size=16", "--swap-space", "4", "--uvicorn-log-level", "warning",
+            "--disable-uvicorn-access-log", "--data-parallel-size", "1", "--tokenizer", ck, "--load-format", "safetensors",
+            "--compilation-config", '{"level": 3}', "--enable-force-include-usage", "--return-tokens-as-token-ids",
+            "--kv-cache-memory", "256M"]
+    srv = srvlib.Server(m3, ck, line)
+    try:
+        notes = [ln for ln in srv.log.splitlines() if "taken, not used" in ln]
+        check(len(notes) == 4 and all(any(f in ln for ln in notes) for f in ("--block-size 16", "--swap-space 4",
+              "--uvicorn-log-level warning", "--compilation-config {\"level\": 3}")),
+              f"a vLLM launch line: the server runs; the 4 tuning flags m3 does not use said in a line each ({len(notes)})")
+        # --return-tokens-as-token-ids: the default of return_tokens_as_token_ids, a request may say otherwise
+        body = {"prompt": "Hello there", "max_tokens": 4, "temperature": 0, "logprobs": 1, "ignore_eos": True}
+        st, a = await lt.post_json("127.0.0.1", srv.port, "/v1/completions", body)
+        st2, b = await lt.post_json("127.0.0.1", srv.port, "/v1/completions", {**body, "return_tokens_as_token_ids": False})
+        ta, tb = a["choices"][0]["logprobs"]["tokens"], b["choices"][0]["logprobs"]["tokens"]
+        check(st == 200 and st2 == 200 and all(t.startswith("token_id:") for t in ta) and "".join(tb) == b["choices"][0]["text"],
+              f"--return-tokens-as-token-ids: {ta[:2]}...; a request's false: the text's tokens {tb[:2]}...")
+        # --enable-force-include-usage: a stream without stream_options ends with usage
+        status, headers, r, w = await lt.http("127.0.0.1", srv.port, "POST", "/v1/completions",
+                                              {"prompt": "Hi", "max_tokens": 3, "stream": True, "ignore_eos": True})
+        raw = b"".join([p async for p in lt.body_chunks(r, headers, 60)]).decode()
+        w.close()
+        evs = [json.loads(x[6:]) for x in raw.split("\n") if x.startswith("data: {")]
+        check(status == 200 and evs and evs[-1].get("usage", {}).get("completion_tokens") == 3 and not evs[-1]["choices"],
+              "--enable-force-include-usage: a stream without stream_options ends with a usage chunk")
+        # --disable-uvicorn-access-log: no line per request
+        check(not re.search(r"m3 serve: req \d+ ", srv.log), "--disable-uvicorn-access-log: no request lines")
+    finally:
+        srv.stop()
+    refused(m3, [ck, "--dtype", "float16"], "m3 takes auto|bfloat16|bf16")
+    refused(m3, [ck, "--ssl-keyfile", "k.pem"], "TLS-terminating proxy")
+    refused(m3, [ck, "--enable-lora"], "no LoRA")
+    refused(m3, [ck, "--data-parallel-size", "2"], "no data parallelism")
+    refused(m3, [ck, "--hf-overrides", "{}"], "config.json as it is")
+    refused(m3, [ck, "--tokenizer", work], "from the checkpoint's directory")
+    refused(m3, [ck, "--enable-chunked-prefill=true"], "takes no value")
+    refused(m3, [ck, "--block-size"], "--block-size needs a value")
 
 
 async def warmup(m3, ck):

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../backend/cpu/cpu.h"
 #include "../engine/engine.h"
@@ -80,7 +81,9 @@ static const char *usage =
     "  are used whenever the chat template writes their markup), --trust-remote-code (nothing is run),\n"
     "  --kv-cache-dtype fp8_e4m3 (= fp8), --seed N (requests without a seed: seeds from N and their order),\n"
     "  --generation-config auto|vllm|DIR (auto, the default: the sampling defaults of the checkpoint's\n"
-    "  generation_config.json for requests that leave them out; vllm: OpenAI's defaults)\n"
+    "  generation_config.json for requests that leave them out; vllm: OpenAI's defaults),\n"
+    "  --override-generation-config JSON (sampling defaults set over those: temperature, top_p, top_k, min_p,\n"
+    "  repetition_penalty)\n"
     "  -tp, --tensor-parallel-size N  N ranks: N GPUs (NCCL) with the CUDA backend, N thread groups on the CPU;\n"
     "                   --kv-cache-memory is then per rank (see docs/MULTINODE.md)\n"
     "  --moe-split experts|width  routed experts whole per rank (expert parallel, default) or split by width\n"
@@ -173,6 +176,7 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
     m3_err err;
     long seed = -1;
     const char *gen_cfg = "auto"; /* the checkpoint's generation_config.json (vLLM's default) */
+    const char *gen_over = NULL;  /* --override-generation-config: JSON set over it */
     int prefix = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -277,6 +281,7 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
         else if (!strcmp(a, "--moe-split")) moe_split = V;
         else if (!strcmp(a, "--seed")) r = m3_cli_int(a, V, 0, __LONG_MAX__, &seed, &err);
         else if (!strcmp(a, "--generation-config")) gen_cfg = V;
+        else if (!strcmp(a, "--override-generation-config")) gen_over = V;
         else if (!strcmp(a, "--tool-call-parser") || !strcmp(a, "--reasoning-parser")) {
             /* m3 has the MiniMax-M3 parsers, used whenever the chat template writes their markup */
             if (V[0] && strcmp(v, "minimax_m3") && strcmp(v, "minimax") && strcmp(v, "minimax_m2")) {
@@ -347,9 +352,17 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
     so.model_name = names[0];
     so.model_names = names;
     m3_oai_defaults gdef;
-    if (strcmp(gen_cfg, "vllm")) { /* auto: the model's directory; else a directory holding the file */
-        const char *gdir = strcmp(gen_cfg, "auto") ? gen_cfg : dir;
-        if (m3_oai_defaults_load(&gdef, gdir, &err)) { fprintf(stderr, "%s: --generation-config: %s\n", cmd, err.msg); return 1; }
+    memset(&gdef, 0, sizeof gdef);
+    if (strcmp(gen_cfg, "vllm") || gen_over) { /* auto: the model's directory; else a directory holding the file */
+        const char *gdir = !strcmp(gen_cfg, "vllm") ? NULL : strcmp(gen_cfg, "auto") ? gen_cfg : dir;
+        char gpath[4096];
+        snprintf(gpath, sizeof gpath, "%s/generation_config.json", gdir ? gdir : "");
+        const int gfile = gdir && !access(gpath, F_OK); /* (named in the line below only when there) */
+        if (gdir && m3_oai_defaults_load(&gdef, gdir, &err)) { fprintf(stderr, "%s: --generation-config: %s\n", cmd, err.msg); return 1; }
+        if (gen_over && m3_oai_defaults_override(&gdef, gen_over, &err)) {
+            fprintf(stderr, "%s: --override-generation-config '%s': %s\n", cmd, gen_over, err.msg);
+            return 2;
+        }
         so.gen_defaults = &gdef;
         if (gdef.has_temperature || gdef.has_top_p || gdef.has_top_k || gdef.has_min_p || gdef.has_repetition_penalty) {
             char line[256] = "";
@@ -360,8 +373,8 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
             if (gdef.has_min_p) o += (size_t)snprintf(line + o, sizeof line - o, " min_p %g", gdef.min_p);
             if (gdef.has_repetition_penalty)
                 snprintf(line + o, sizeof line - o, " repetition_penalty %g", gdef.repetition_penalty);
-            fprintf(stderr, "%s: sampling defaults from %s/generation_config.json (requests that leave them out):%s\n", cmd,
-                    gdir, line);
+            fprintf(stderr, "%s: sampling defaults from %s%s%s (requests that leave them out):%s\n", cmd, gfile ? gpath : "",
+                    gfile && gen_over ? " and " : "", gen_over ? "--override-generation-config" : "", line);
         }
     }
     m3_tok *tok = m3_tok_load(dir, &err);

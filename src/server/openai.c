@@ -1121,6 +1121,41 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
     return 0;
 }
 
+/* the sampling fields of j into d; where (NULL: none) names the source in errors; strict: other keys refused */
+static int defaults_apply(m3_oai_defaults *d, json_t *j, const char *where, int strict, m3_err *err) {
+    static const struct { const char *key; double lo, hi; size_t off, has; int integer; } F[] = {
+        {"temperature", 0, 2, offsetof(m3_oai_defaults, temperature), offsetof(m3_oai_defaults, has_temperature), 0},
+        {"top_p", 0, 1, offsetof(m3_oai_defaults, top_p), offsetof(m3_oai_defaults, has_top_p), 0},
+        {"min_p", 0, 1, offsetof(m3_oai_defaults, min_p), offsetof(m3_oai_defaults, has_min_p), 0},
+        {"repetition_penalty", 0, 100, offsetof(m3_oai_defaults, repetition_penalty),
+         offsetof(m3_oai_defaults, has_repetition_penalty), 0},
+        {"top_k", -1, 1 << 30, offsetof(m3_oai_defaults, top_k), offsetof(m3_oai_defaults, has_top_k), 1},
+    };
+    if (strict) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(j, k, v) {
+            size_t i = 0;
+            while (i < sizeof F / sizeof *F && strcmp(F[i].key, k)) i++;
+            if (i == sizeof F / sizeof *F)
+                return m3_errf(err, "%s%s'%s' is not a sampling default m3 takes (temperature, top_p, top_k, min_p, "
+                               "repetition_penalty)", where ? where : "", where ? ": " : "", k);
+        }
+    }
+    for (size_t i = 0; i < sizeof F / sizeof *F; i++) {
+        json_t *v = json_object_get(j, F[i].key);
+        if (!v || json_is_null(v)) continue;
+        double x = json_number_value(v);
+        if (!json_is_number(v) || !(x >= F[i].lo && x <= F[i].hi) || (F[i].integer && !json_is_integer(v)))
+            return m3_errf(err, "%s%s'%s' must be %s in [%g, %g]", where ? where : "", where ? ": " : "", F[i].key,
+                           F[i].integer ? "an integer" : "a number", F[i].lo, F[i].hi);
+        if (F[i].integer) *(long long *)((char *)d + F[i].off) = (long long)json_integer_value(v);
+        else *(double *)((char *)d + F[i].off) = x;
+        *(int *)((char *)d + F[i].has) = 1;
+    }
+    return 0;
+}
+
 int m3_oai_defaults_load(m3_oai_defaults *d, const char *dir, m3_err *err) {
     memset(d, 0, sizeof *d);
     char path[4096];
@@ -1134,28 +1169,21 @@ int m3_oai_defaults_load(m3_oai_defaults *d, const char *dir, m3_err *err) {
         json_decref(j);
         return m3_errf(err, "%s: not a JSON object (%s)", path, je.text);
     }
-    static const struct { const char *key; double lo, hi; size_t off, has; int integer; } F[] = {
-        {"temperature", 0, 2, offsetof(m3_oai_defaults, temperature), offsetof(m3_oai_defaults, has_temperature), 0},
-        {"top_p", 0, 1, offsetof(m3_oai_defaults, top_p), offsetof(m3_oai_defaults, has_top_p), 0},
-        {"min_p", 0, 1, offsetof(m3_oai_defaults, min_p), offsetof(m3_oai_defaults, has_min_p), 0},
-        {"repetition_penalty", 0, 100, offsetof(m3_oai_defaults, repetition_penalty),
-         offsetof(m3_oai_defaults, has_repetition_penalty), 0},
-        {"top_k", -1, 1 << 30, offsetof(m3_oai_defaults, top_k), offsetof(m3_oai_defaults, has_top_k), 1},
-    };
-    int rc = 0;
-    for (size_t i = 0; !rc && i < sizeof F / sizeof *F; i++) {
-        json_t *v = json_object_get(j, F[i].key);
-        if (!v || json_is_null(v)) continue;
-        double x = json_number_value(v);
-        if (!json_is_number(v) || !(x >= F[i].lo && x <= F[i].hi) || (F[i].integer && !json_is_integer(v))) {
-            rc = m3_errf(err, "%s: '%s' must be %s in [%g, %g]", path, F[i].key, F[i].integer ? "an integer" : "a number",
-                         F[i].lo, F[i].hi);
-            break;
-        }
-        if (F[i].integer) *(long long *)((char *)d + F[i].off) = (long long)json_integer_value(v);
-        else *(double *)((char *)d + F[i].off) = x;
-        *(int *)((char *)d + F[i].has) = 1;
-    }
+    int rc = defaults_apply(d, j, path, 0, err);
     json_decref(j);
+    return rc;
+}
+
+int m3_oai_defaults_override(m3_oai_defaults *d, const char *text, m3_err *err) {
+    json_error_t je;
+    json_t *j = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+    if (!j || !json_is_object(j)) {
+        json_decref(j);
+        return j ? m3_errf(err, "a JSON object of sampling defaults is expected") : m3_errf(err, "not JSON: %s", je.text);
+    }
+    m3_oai_defaults o = *d; /* all or nothing */
+    int rc = defaults_apply(&o, j, NULL, 1, err);
+    json_decref(j);
+    if (!rc) *d = o;
     return rc;
 }

@@ -64,6 +64,9 @@ typedef struct m3_oai_defaults {
 /* dir/generation_config.json into *d (zeroed first; no file: 0 with nothing set). -1 + err (the file
  * and the field) when the file is not JSON or a field is not a number in its range. */
 int m3_oai_defaults_load(m3_oai_defaults *d, const char *dir, m3_err *err);
+/* vLLM's --override-generation-config: text, a JSON object of those fields, set over *d (unchanged
+ * on error). -1 + err for bad JSON, a field out of range, or a key m3 does not take. */
+int m3_oai_defaults_override(m3_oai_defaults *d, const char *text, m3_err *err);
 
 /* What the parser needs to know about the server. */
 typedef struct m3_oai_ctx {

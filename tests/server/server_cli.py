@@ -189,8 +189,12 @@ async def generation_config(m3, work):
     with open(os.path.join(ck, "generation_config.json"), "w") as f:
         json.dump({"temperature": 0.0, "top_k": 1, "bos_token_id": 1}, f)
     texts = {}
-    for mode in ("auto", "vllm"):
-        srv = srvlib.Server(m3, ck, ["--generation-config", mode])
+    modes = {"auto": ["--generation-config", "auto"], "vllm": ["--generation-config", "vllm"],
+             # --override-generation-config: over OpenAI's defaults, and over the file's
+             "vllm+greedy": ["--generation-config", "vllm", "--override-generation-config", '{"temperature": 0}'],
+             "auto+hot": ["--override-generation-config", '{"temperature": 1.0, "top_k": -1}']}
+    for mode, margs in modes.items():
+        srv = srvlib.Server(m3, ck, margs)
         try:
             got = []
             for body in ({"prompt": "Hello", "max_tokens": 12, "ignore_eos": True},
@@ -203,9 +207,17 @@ async def generation_config(m3, work):
                 check("sampling defaults from" in srv.log and "temperature 0" in srv.log, "the start-up log names the defaults")
         finally:
             srv.stop()
-    a, v = texts["auto"], texts["vllm"]
+    a, v, vg, ah = texts["auto"], texts["vllm"], texts["vllm+greedy"], texts["auto+hot"]
     check(a[0] is not None and a[0] == a[1] == a[2], "generation_config.json temperature 0: a request without one is greedy")
     check(v[0] is not None and v[0] != v[2] and v[1] != v[2], "--generation-config vllm: OpenAI's temperature 1")
+    check(vg[0] is not None and vg[0] == vg[1] == vg[2] == a[2],
+          "--generation-config vllm --override-generation-config '{\"temperature\": 0}': greedy without one")
+    check(ah[0] is not None and ah[0] != ah[2] and ah[1] != ah[2] and ah[2] == a[2],
+          "--override-generation-config '{\"temperature\": 1.0, \"top_k\": -1}' over the file's greedy: sampled")
+    refused(m3, [ck, "--override-generation-config", '{"max_new_tokens": 3}'], "'max_new_tokens' is not a sampling default")
+    refused(m3, [ck, "--override-generation-config", '{"top_p": 2}'], "'top_p' must be a number in [0, 1]")
+    refused(m3, [ck, "--override-generation-config", "[]"], "a JSON object of sampling defaults is expected")
+    refused(m3, [ck, "--override-generation-config", "{temp"], "not JSON")
     with open(os.path.join(ck, "generation_config.json"), "w") as f:
         f.write('{"temperature": "hot"}')
     r = subprocess.run([m3, "serve", ck, "--port", "0"], capture_output=True, text=True, timeout=60)

@@ -108,6 +108,7 @@ static const char *usage =
     "                   (prompt_tokens_details.cached_tokens)\n"
     "  --responses-store BYTES  memory for stored responses (/v1/responses with store, previous_response_id,\n"
     "                   GET / DELETE /v1/responses/ID; default 268435456): past it the oldest go; 0: none stored\n"
+    "  --limit-mm-per-prompt '{\"image\": N}'  at most N images a request (vLLM's; default 32), more get 400\n"
     "  --allowed-media-domains H1,H2  hosts whose http(s) image URLs are named as allowed in the 400 they get\n"
     "                   (remote images are never downloaded: send images as data: URLs)\n"
     "  --allowed-origins LIST  CORS: origins whose browser pages may call the API, as a JSON list\n"
@@ -169,6 +170,8 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
     const char *moe_split = NULL;
     int lm_only = 0;
     const char *media_domains = NULL;
+    const char *mm_limit = NULL; /* vLLM's --limit-mm-per-prompt JSON */
+    m3_media_ctx mm_lim = {0};   /* ... checked before anything loads, into this */
     const char *origins_arg = NULL; /* --allowed-origins: a JSON list (vLLM's form) or comma-separated */
     m3_server_opts so;
     m3_server_opts_default(&so);
@@ -276,6 +279,7 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
         else if (!strcmp(a, "--speculative-config")) spec_json = V;
         else if (!strcmp(a, "--draft")) draft_dir = V;
         else if (!strcmp(a, "--allowed-media-domains")) media_domains = V;
+        else if (!strcmp(a, "--limit-mm-per-prompt")) mm_limit = V;
         else if (!strcmp(a, "--allowed-origins")) origins_arg = V;
         else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) r = m3_cli_int(a, V, 1, 64, &tpn, &err);
         else if (!strcmp(a, "--moe-split")) moe_split = V;
@@ -308,6 +312,10 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
         return 2;
     }
     if (so.uds && !*so.uds) { fprintf(stderr, "%s: --uds: an empty path\n", cmd); return 2; }
+    if (mm_limit && m3_media_limit_parse(&mm_lim, mm_limit, &err)) {
+        fprintf(stderr, "%s: --limit-mm-per-prompt '%s': %s\n", cmd, mm_limit, err.msg);
+        return 2;
+    }
     if (vfl.tokenizer) { /* vLLM's --tokenizer: m3 reads the checkpoint's own */
         char *rt = realpath(vfl.tokenizer, NULL), *rd = realpath(dir, NULL);
         const int same = rt && rd && !strcmp(rt, rd);
@@ -434,6 +442,8 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
     m3_media_ctx media = {0};
     media.start_id = media.end_id = -1;
     media.allowed_domains = media_domains;
+    media.max_images = mm_lim.max_images;
+    media.has_max_images = mm_lim.has_max_images;
     media.no_vision = "this model has no vision tower (a text-only checkpoint): image inputs are not supported";
     if (lm_only) media.no_vision = "the server runs the language model only (--language-model-only): image inputs are not supported";
     else if (vision_setup(cmd, &vis, &m, tp.g ? NULL : &ops, dir, (int)threads, &vops, &own_vops, &media, &eo)) goto done;

@@ -68,7 +68,6 @@ static const vflag flags[] = {
     {"--scheduler-delay-factor", 1, UNUSED, NULL, "m3's engine schedules every step at once"},
     {"--guided-decoding-backend", 1, UNUSED, NULL, "m3 compiles grammars with its own engine"},
     {"--structured-outputs-config", 1, UNUSED, NULL, "m3 compiles grammars with its own engine"},
-    {"--limit-mm-per-prompt", 1, UNUSED, NULL, "m3 bounds images by --max-image-memory"},
     {"--mm-processor-kwargs", 1, UNUSED, NULL, "m3 preprocesses images as the checkpoint's preprocessor config says"},
     {"--allowed-local-media-path", 1, UNUSED, NULL, "m3 reads no local files for requests: images come as data: URLs"},
     {"--max-logprobs", 1, UNUSED, NULL, "m3 takes up to 20 top logprobs a token, as OpenAI does"},

@@ -152,7 +152,10 @@ int m3_media_collect(const m3_media_ctx *c, json_t *msgs, json_t **render, m3_me
             if (!c || !c->vc)
                 return m3_oai_errorf(e, 400, BAD, param, "%s: %s", param,
                                      c && c->no_vision ? c->no_vision : "this model has no vision tower: image inputs are not supported");
-            if (++n_img > M3_MEDIA_MAX_IMAGES)
+            if (c->has_max_images && ++n_img > c->max_images)
+                return m3_oai_errorf(e, 400, BAD, param, "%s: at most %d image%s may be provided in one prompt "
+                                     "(--limit-mm-per-prompt)", param, c->max_images, c->max_images == 1 ? "" : "s");
+            if (!c->has_max_images && ++n_img > M3_MEDIA_MAX_IMAGES)
                 return m3_oai_errorf(e, 400, BAD, param, "%s: more than %d images in one request", param, M3_MEDIA_MAX_IMAGES);
         }
     }
@@ -261,4 +264,34 @@ int m3_media_expand(const m3_media_ctx *c, m3_media *m, int32_t **ids, size_t *n
     m->rows = r;
     m->n_rows = (int)ntok;
     return 0;
+}
+
+int m3_media_limit_parse(m3_media_ctx *c, const char *text, m3_err *err) {
+    json_error_t je;
+    json_t *j = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+    if (!j || !json_is_object(j)) {
+        json_decref(j);
+        return j ? m3_errf(err, "a JSON object of counts by modality is expected ('{\"image\": 2}')")
+                 : m3_errf(err, "not JSON: %s", je.text);
+    }
+    const char *k;
+    json_t *v;
+    int rc = 0;
+    json_object_foreach(j, k, v) {
+        if (strcmp(k, "image") && strcmp(k, "video") && strcmp(k, "audio")) {
+            rc = m3_errf(err, "'%s': the modalities are image, video and audio", k);
+            break;
+        }
+        json_t *n = json_is_object(v) ? json_object_get(v, "count") : v; /* {"count": N, "width": ...}: the count */
+        if (!json_is_integer(n) || json_integer_value(n) < 0 || json_integer_value(n) > M3_MEDIA_MAX_IMAGES) {
+            rc = m3_errf(err, "'%s': a count in [0, %d] is expected", k, M3_MEDIA_MAX_IMAGES);
+            break;
+        }
+        if (!strcmp(k, "image")) {
+            c->max_images = (int)json_integer_value(n);
+            c->has_max_images = 1;
+        } /* (video and audio inputs are refused whatever their limit) */
+    }
+    json_decref(j);
+    return rc;
 }

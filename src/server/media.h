@@ -49,7 +49,15 @@ typedef struct m3_media_ctx {
     m3_image_opts io;             /* preprocessing (the checkpoint's preprocessor_config.json) */
     int32_t start_id, end_id;     /* ]<]start of image[>[ / ]<]end of image[>[ ids (-1: none) */
     const char *allowed_domains;  /* --allowed-media-domains "a.com,b.org" (NULL: none) */
+    int max_images;               /* vLLM's --limit-mm-per-prompt '{"image": N}': images per request (-1 or 0 with
+                                   * has_max_images 0: M3_MEDIA_MAX_IMAGES) */
+    int has_max_images;
 } m3_media_ctx;
+
+/* vLLM's --limit-mm-per-prompt value ('{"image": 2}', or '{"image": {"count": 2}}'; "video" and
+ * "audio" taken too: m3 takes neither kind) into c->max_images. -1 + err on bad JSON, an unknown
+ * modality or a count that is not an integer in [0, M3_MEDIA_MAX_IMAGES]. */
+int m3_media_limit_parse(m3_media_ctx *c, const char *text, m3_err *err);
 
 /* The images of one request. */
 typedef struct m3_media {

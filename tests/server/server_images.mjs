@@ -10,7 +10,7 @@
 // server expands the image to its 20 tokens), and the greedy output is compared with the
 // reference's greedy tokens and with `m3 logits --image` (the CLI path) token by token.
 import OpenAI from 'openai';
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import zlib from 'node:zlib';
@@ -267,6 +267,26 @@ try {
   ok(mt.status === 200, 'text requests beside it work');
   await srv4.stop();
   srv4 = null;
+
+  // ---- --limit-mm-per-prompt (vLLM's): images per request
+  srv4 = await startServer(m3, ck, ['--served-model-name', 'vl', '--limit-mm-per-prompt', '{"image": 1}']);
+  const two = [{ role: 'user', content: [{ type: 'text', text: '<5>' }, { type: 'image_url', image_url: { url: dataUrl(pngA) } },
+    { type: 'image_url', image_url: { url: dataUrl(pngA) } }] }];
+  const lm2 = await post(srv4.base, '/v1/chat/completions', { model: 'vl', max_tokens: 2, messages: two });
+  ok(lm2.status === 400 && lm2.json.error.param === 'messages[0].content[2]' && /at most 1 image may be provided in one prompt/.test(lm2.json.error.message),
+     `--limit-mm-per-prompt '{"image": 1}': two images get 400 (${lm2.json && lm2.json.error.message})`);
+  const lm1 = await post(srv4.base, '/v1/chat/completions', { model: 'vl', max_tokens: 2, messages: msgsWith(dataUrl(pngA)), temperature: 0, ignore_eos: true });
+  ok(lm1.status === 200 && lm1.json.usage.prompt_tokens === refIds.length, '--limit-mm-per-prompt: one image served');
+  await srv4.stop();
+  srv4 = await startServer(m3, ck, ['--served-model-name', 'vl', '--limit-mm-per-prompt', '{"image": {"count": 0}, "video": 0}']);
+  const lm0 = await post(srv4.base, '/v1/chat/completions', { model: 'vl', max_tokens: 2, messages: msgsWith(dataUrl(pngA)) });
+  ok(lm0.status === 400 && /at most 0 images/.test(lm0.json.error.message), `--limit-mm-per-prompt image count 0: an image gets 400`);
+  await srv4.stop();
+  srv4 = null;
+  for (const [v, re] of [['{"image": -1}', /a count in \[0, 32\]/], ['{"audio_clip": 1}', /the modalities are image, video and audio/], ['x', /not JSON/]]) {
+    const r = spawnSync(m3, ['serve', '-m', ck, '--limit-mm-per-prompt', v], { encoding: 'utf8' });
+    ok(r.status === 2 && re.test(r.stderr), `--limit-mm-per-prompt ${v}: exit ${r.status}: ${r.stderr.trim().split('\n').pop()}`);
+  }
 
   // ---- --language-model-only: images get 400, text still works
   srv3 = await startServer(m3, ck, ['--served-model-name', 'vl', '--language-model-only']);

@@ -50,7 +50,6 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook); /* hook NUL
 typedef struct m3_vllm_flags {
     int eager;             /* --enforce-eager: no CUDA graphs */
     int no_access_log;     /* --disable-uvicorn-access-log: no line per request */
-    const char *tokenizer; /* --tokenizer: must name the checkpoint's directory */
 } m3_vllm_flags;
 int m3_cli_vllm_flag(const char *cmd, const char *a, const char *v, m3_vllm_flags *f);
 

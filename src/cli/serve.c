@@ -58,6 +58,7 @@ static const char *usage =
     "  --disable-log-requests  no line per request on stderr (--enable-log-requests, the default, keeps them)\n"
     "  --served-model-name N [N...]  the names /v1/models lists and requests may ask for; responses carry the\n"
     "                   first (default: the model directory)\n"
+    "  --tokenizer DIR  tokenizer.json and tokenizer_config.json from DIR instead of the checkpoint's (vLLM's)\n"
     "  --chat-template T  the chat template: a file, or the template itself (default: the checkpoint's, then the\n"
     "                   built-in MiniMax-M3 one); the special tokens stay the tokenizer config's\n"
     "  --kv-cache-dtype D  the KV cache's dtype; auto (default) = bf16, the model's activation dtype\n"
@@ -171,6 +172,7 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
     int lm_only = 0;
     const char *media_domains = NULL;
     const char *mm_limit = NULL; /* vLLM's --limit-mm-per-prompt JSON */
+    const char *tok_dir = NULL;  /* vLLM's --tokenizer DIR (default: the checkpoint's) */
     m3_media_ctx mm_lim = {0};   /* ... checked before anything loads, into this */
     const char *origins_arg = NULL; /* --allowed-origins: a JSON list (vLLM's form) or comma-separated */
     m3_server_opts so;
@@ -280,6 +282,7 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
         else if (!strcmp(a, "--draft")) draft_dir = V;
         else if (!strcmp(a, "--allowed-media-domains")) media_domains = V;
         else if (!strcmp(a, "--limit-mm-per-prompt")) mm_limit = V;
+        else if (!strcmp(a, "--tokenizer")) tok_dir = V;
         else if (!strcmp(a, "--allowed-origins")) origins_arg = V;
         else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) r = m3_cli_int(a, V, 1, 64, &tpn, &err);
         else if (!strcmp(a, "--moe-split")) moe_split = V;
@@ -315,17 +318,6 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
     if (mm_limit && m3_media_limit_parse(&mm_lim, mm_limit, &err)) {
         fprintf(stderr, "%s: --limit-mm-per-prompt '%s': %s\n", cmd, mm_limit, err.msg);
         return 2;
-    }
-    if (vfl.tokenizer) { /* vLLM's --tokenizer: m3 reads the checkpoint's own */
-        char *rt = realpath(vfl.tokenizer, NULL), *rd = realpath(dir, NULL);
-        const int same = rt && rd && !strcmp(rt, rd);
-        free(rt);
-        free(rd);
-        if (!same) {
-            fprintf(stderr, "%s: --tokenizer %s: m3 reads the tokenizer (tokenizer.json, tokenizer_config.json) from the "
-                    "checkpoint's directory %s; copy them there instead\n", cmd, vfl.tokenizer, dir);
-            return 2;
-        }
     }
     if (vfl.eager) setenv("M3_CUDA_GRAPHS", "0", 1); /* --enforce-eager: read when the CUDA backend starts */
     if (vfl.no_access_log) so.log_requests = 0;
@@ -385,9 +377,13 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
                     gfile && gen_over ? " and " : "", gen_over ? "--override-generation-config" : "", line);
         }
     }
-    m3_tok *tok = m3_tok_load(dir, &err);
-    if (!tok) { fprintf(stderr, "%s: tokenizer: %s\n", cmd, err.msg); return 1; }
-    m3_chat *chat = m3_chat_load_with(dir, chat_tmpl, &err);
+    /* vLLM's --tokenizer DIR: tokenizer.json and tokenizer_config.json (special tokens, the chat
+     * template) from there; a template neither there nor given: the checkpoint's */
+    const char *tdir = tok_dir ? tok_dir : dir;
+    m3_tok *tok = m3_tok_load(tdir, &err);
+    if (!tok) { fprintf(stderr, "%s: tokenizer%s%s: %s\n", cmd, tok_dir ? " from --tokenizer " : "", tok_dir ? tok_dir : "", err.msg); return 1; }
+    m3_chat *chat = m3_chat_load_with(tdir, chat_tmpl, &err);
+    if (!chat && tok_dir && !chat_tmpl && strstr(err.msg, "no chat template")) chat = m3_chat_load_with(dir, NULL, &err);
     if (!chat && chat_tmpl) { /* asked for: a template that does not load is an error, not a server without chat */
         fprintf(stderr, "%s: --chat-template: %s\n", cmd, err.msg);
         m3_tok_free(tok);

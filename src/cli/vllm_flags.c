@@ -9,7 +9,7 @@
 
 #include "cli.h"
 
-enum { SAME, UNUSED, REFUSE, EAGER, NO_ACCESS_LOG, TOKENIZER };
+enum { SAME, UNUSED, REFUSE, EAGER, NO_ACCESS_LOG };
 
 typedef struct {
     const char *flag;
@@ -38,7 +38,6 @@ static const vflag flags[] = {
     {"--response-role", 1, SAME, "assistant", "m3 answers in the assistant role"},
     {"--chat-template-content-format", 1, SAME, "auto", "m3 gives the template each message's content as the request has it"},
     {"--tokenizer-mode", 1, SAME, "auto|hf|fast", "m3 runs the checkpoint's tokenizer.json"},
-    {"--tokenizer", 1, TOKENIZER, NULL, NULL},
     {"--enforce-eager", 0, EAGER, NULL, NULL},
     {"--disable-uvicorn-access-log", 0, NO_ACCESS_LOG, NULL, NULL},
     /* tuning that m3 does its own way */
@@ -116,7 +115,6 @@ int m3_cli_vllm_flag(const char *cmd, const char *a, const char *v, m3_vllm_flag
         break;
     case EAGER: f->eager = 1; break;
     case NO_ACCESS_LOG: f->no_access_log = 1; break;
-    case TOKENIZER: f->tokenizer = v; break;
     default: break;
     }
     return x->value ? 2 : 1;

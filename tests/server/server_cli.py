@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -114,7 +115,7 @@ async def vllm_flags(m3, work, ck):
     a line when they tune what m3 does its own way), two served for real, the rest refused"""
     line = ["--enable-chunked-prefill", "--disable-log-stats", "--dtype", "bfloat16", "--enforce-eager",
             "--enable-expert-parallel", "--block-size=16", "--swap-space", "4", "--uvicorn-log-level", "warning",
-            "--disable-uvicorn-access-log", "--data-parallel-size", "1", "--tokenizer", ck, "--load-format", "safetensors",
+            "--disable-uvicorn-access-log", "--data-parallel-size", "1", "--load-format", "safetensors",
             "--compilation-config", '{"level": 3}', "--enable-force-include-usage", "--return-tokens-as-token-ids",
             "--kv-cache-memory", "256M"]
     srv = srvlib.Server(m3, ck, line)
@@ -147,7 +148,28 @@ async def vllm_flags(m3, work, ck):
     refused(m3, [ck, "--enable-lora"], "no LoRA")
     refused(m3, [ck, "--data-parallel-size", "2"], "no data parallelism")
     refused(m3, [ck, "--hf-overrides", "{}"], "config.json as it is")
-    refused(m3, [ck, "--tokenizer", work], "from the checkpoint's directory")
+    # --tokenizer DIR: the tokenizer (and its config's chat template) from elsewhere; a checkpoint without one
+    bare, tokdir = os.path.join(work, "bare"), os.path.join(work, "tokdir")
+    for d in (bare, tokdir):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+    for f in os.listdir(ck):
+        shutil.copy(os.path.join(ck, f), os.path.join(tokdir if f.startswith("tokenizer") else bare, f))
+    r = subprocess.run([m3, "serve", bare, "--port", "0"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 1 and "tokenizer" in r.stderr, f"a checkpoint without its tokenizer: exit 1 ({r.stderr.strip()[-100:]})")
+    r = subprocess.run([m3, "serve", bare, "--port", "0", "--tokenizer", work], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 1 and "tokenizer from --tokenizer " + work in r.stderr,
+          f"--tokenizer DIR without one: exit 1 naming it ({r.stderr.strip()[-120:]})")
+    body = {"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    answers = []
+    for args in ([ck], [bare, "--tokenizer", tokdir]):
+        srv = srvlib.Server(m3, args[0], [*args[1:], "--kv-cache-memory", "256M"])
+        try:
+            st, j = await lt.post_json("127.0.0.1", srv.port, "/v1/chat/completions", body)
+            answers.append(j["choices"][0]["message"]["content"] if st == 200 else None)
+        finally:
+            srv.stop()
+    check(answers[0] is not None and answers[0] == answers[1], "--tokenizer DIR: the same chat answer as the checkpoint's own")
     refused(m3, [ck, "--enable-chunked-prefill=true"], "takes no value")
     refused(m3, [ck, "--block-size"], "--block-size needs a value")
 

@@ -59,7 +59,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t ctl = data[0], nth = data[1];
     data += 2, size -= 2;
     static const int MML[4] = {8, 64, 512, 1 << 20};
-    m3_oai_ctx c = {tok, chat, m3_tok_n_vocab(tok), (ctl & 2) ? "m3-test" : NULL, NULL, MML[(ctl >> 2) & 3], 1, 1, NULL, NULL, ctl >> 7, -1, 0, 0};
+    /* (nth, the failing allocation when ctl & 16, picks the server-wide defaults otherwise) */
+    const int free_nth = !(ctl & 16);
+    m3_oai_ctx c = {tok, chat, m3_tok_n_vocab(tok), (ctl & 2) ? "m3-test" : NULL, NULL, MML[(ctl >> 2) & 3], 1, 1, NULL, NULL, ctl >> 7, -1, 0, 0,
+                    free_nth && (nth & 1), free_nth && (nth & 2)};
     const int is_chat = (ctl & 1) || ((ctl >> 5) & 3); /* translated requests are chat requests */
     if (ctl & 16) m3_fault_arm(M3_FAULT_SERVER, 1 + nth, 1, 1);
     m3_oai_error e;
@@ -128,6 +131,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             /* vLLM's extras: allowed ids in the vocabulary (none: NULL), prompts within a truncation,
              * a priority only under the priority policy, a request_id that can name a response */
             if ((g.n_allowed > 0) != (g.allowed != NULL) || g.truncate < 0 || (g.priority && !c.priority_policy)) abort();
+            /* the server-wide defaults: forced usage on every stream; token ids as tokens unless the
+             * request (not translated from another API) says false */
+            if (c.force_usage && !g.include_usage) abort();
+            const json_t *rt = json_object_get(body, "return_tokens_as_token_ids");
+            if (c.ids_as_tokens && !g.ids_as_tokens && !json_is_false(rt)) abort();
             for (size_t i = 0; i < g.n_allowed; i++)
                 if (g.allowed[i] < 0 || g.allowed[i] >= c.vocab) abort();
             for (int p = 0; g.truncate && p < g.n_prompts; p++)

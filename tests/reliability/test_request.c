@@ -74,7 +74,7 @@ int main(void) {
     free(tj);
     m3_chat *chat = m3_chat_builtin_minimax(&err);
     if (!tok || !chat) { fprintf(stderr, "setup: %s\n", err.msg); return 1; }
-    ctx = (m3_oai_ctx){tok, chat, m3_tok_n_vocab(tok), "m3-test", NULL, 1024, 1, 1, NULL, NULL, 0, -1, 0, 0};
+    ctx = (m3_oai_ctx){tok, chat, m3_tok_n_vocab(tok), "m3-test", NULL, 1024, 1, 1, NULL, NULL, 0, -1, 0, 0, 0, 0};
     m3_oai_params g;
     m3_oai_error e;
 

@@ -48,6 +48,8 @@ struct http_server {
     struct event *relisten;
     int stopped, paused_cap;
     char *uds;               /* the Unix socket's path (http_server_listen_unix), removed when it closes */
+    dev_t uds_dev;           /* ... and its file, as bound */
+    ino_t uds_ino;
     http_conn *conns;
     http_stats st;
     time_t date_t;
@@ -529,7 +531,7 @@ int http_server_listen_unix(http_server *hs, const char *path, char *err, size_t
         int live = fd >= 0 && !connect(fd, (struct sockaddr *)&sun, sizeof sun);
         int ce = errno;
         if (fd >= 0) close(fd);
-        if (live || (fd >= 0 && ce != ECONNREFUSED)) {
+        if (live || fd < 0 || ce != ECONNREFUSED) { /* (not known to be stale: kept) */
             snprintf(err, errcap, "cannot listen on the Unix socket '%s': %s", path,
                      live ? "a server is listening there" : strerror(ce));
             return -1;
@@ -546,6 +548,10 @@ int http_server_listen_unix(http_server *hs, const char *path, char *err, size_t
         return -1;
     }
     evconnlistener_set_error_cb(hs->lis, accept_error_cb);
+    if (!lstat(path, &st)) { /* removed at shutdown only while it is still this socket */
+        hs->uds_dev = st.st_dev;
+        hs->uds_ino = st.st_ino;
+    }
     return 0;
 }
 
@@ -553,7 +559,8 @@ void http_server_stop_listening(http_server *hs) {
     hs->stopped = 1;
     if (hs->lis) evconnlistener_free(hs->lis);
     hs->lis = NULL;
-    if (hs->uds) unlink(hs->uds); /* new clients find no socket */
+    struct stat st; /* new clients find no socket (unless another server has put its own there) */
+    if (hs->uds && !lstat(hs->uds, &st) && st.st_dev == hs->uds_dev && st.st_ino == hs->uds_ino) unlink(hs->uds);
     free(hs->uds);
     hs->uds = NULL;
 }

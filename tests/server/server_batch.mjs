@@ -47,16 +47,25 @@ async function udsServer(sock, args = []) {
   s.exited = new Promise(r => proc.on('exit', (code, signal) => r({ code, signal })));
   let gone = false;
   s.exited.then(() => { gone = true; });
+  const t0 = Date.now();
   while (!gone) {
+    if (Date.now() - t0 > 120000) { proc.kill('SIGKILL'); throw new Error('--uds server did not start:\n' + s.log); }
     try { if ((await udsReq(sock, 'GET', '/health')).status === 200) return s; } catch {}
     await new Promise(r => setTimeout(r, 50));
   }
   return s;
 }
 // runs m3 run-batch: {code, stdout, stderr}
-function runBatch(args, input) {
-  const r = spawnSync(m3, ['run-batch', ...args, ...extra], { input, encoding: 'utf8', maxBuffer: 64 << 20 });
-  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+function runBatch(args, input) { // (a hang fails the test: 5 minutes)
+  const r = spawnSync(m3, ['run-batch', ...args, ...extra], { input, encoding: 'utf8', maxBuffer: 64 << 20, timeout: 300000 });
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr + (r.error ? `\n(${r.error.message})` : '') };
+}
+// a child's exit, or null when it has not exited after ms (it is then killed)
+function exitWithin(proc, ms) {
+  return new Promise(res => {
+    const t = setTimeout(() => { proc.kill('SIGKILL'); res(null); }, ms);
+    proc.on('exit', (code, signal) => { clearTimeout(t); res({ code, signal }); });
+  });
 }
 const lines = f => fs.readFileSync(f, 'utf8').split('\n').filter(Boolean).map(l => JSON.parse(l));
 // what must agree between two answers to one body (ids and times differ)
@@ -106,12 +115,16 @@ try {
   reqs.push({ url: '/v1/chat/completions', body: chat('Seeded chat', { temperature: 0.8, seed: 5, max_tokens: 9 }) });
   reqs.push({ url: '/v1/responses', body: { model: 'tiny', input: 'Say hi', max_output_tokens: 6, temperature: 0 } });
   reqs.push({ url: '/v1/chat/completions', body: chat('With thinking', { max_tokens: 14, chat_template_kwargs: {} }) });
+  // a body nested 1,500 deep (an unknown field: ignored by the server) and a duplicate key (the last one taken)
+  reqs.push({ url: '/v1/completions', body: { model: 'tiny', prompt: 'Deep', max_tokens: 3, temperature: 0 },
+    raw: i => `{"custom_id": "r${i}", "method": "POST", "url": "/v1/completions", "body": {"model": "tiny", "prompt": "Deep", ` +
+      `"max_tokens": 9, "max_tokens": 3, "temperature": 0, "x_deep": ${'['.repeat(1500)}${']'.repeat(1500)}}}` });
   const want = [];
-  for (const r of reqs) want.push(await post(srv.base, r.url, r.body));
+  for (const r of reqs) want.push(await post(srv.base, r.url, r.raw ? r.raw(reqs.indexOf(r)).replace(/^.*"body": /, '').slice(0, -1) : r.body));
   ok(want.every(w => w.status === 200), `the TCP server answers the ${reqs.length} requests (200)`);
   // the input: requests as batch lines, with lines that are not requests among them
   const bad = [
-    ['not json at all', null, /input line \d+: not a JSON object/],
+    ['not json at all', null, /input line \d+: not valid JSON/],
     ['[1, 2]', null, /input line \d+: a request is a JSON object, not an array/],
     [JSON.stringify({ method: 'POST', url: '/v1/completions', body: {} }), null, /"custom_id": a string is required/],
     [JSON.stringify({ custom_id: 'x-get', method: 'GET', url: '/v1/completions', body: {} }), 'x-get', /only "POST"/],
@@ -121,7 +134,7 @@ try {
   ];
   const input = [], expect = [];
   reqs.forEach((r, i) => {
-    input.push(JSON.stringify({ custom_id: `r${i}`, method: 'POST', url: r.url, body: r.body }));
+    input.push(r.raw ? r.raw(i) : JSON.stringify({ custom_id: `r${i}`, method: 'POST', url: r.url, body: r.body }));
     expect.push({ cid: `r${i}`, i });
     if (i % 3 === 1 && bad.length) { const b = bad.shift(); input.push(b[0]); expect.push({ cid: b[1], re: b[2], line: input.length }); }
     if (i === 4) input.push('   ');
@@ -159,6 +172,34 @@ try {
   ok(got.every(g => /^batch_req_[0-9a-f]{24}$/.test(g.id) && /^m3-batch-[0-9a-f]{24}$/.test(g.response?.request_id)) &&
      new Set(got.map(g => g.id)).size === got.length, 'run-batch: ids and request ids, all distinct');
   ok(fs.readdirSync(work).every(f => !f.includes('.tmp-')), 'run-batch: no temporary file left');
+  const deep = got.find(g => g.custom_id === `r${reqs.length - 1}`);
+  ok(deep?.response?.status_code === 200 && deep.response.body.usage.completion_tokens === 3,
+     'run-batch: a body nested 1,500 deep answered; of a duplicate key the last taken (max_tokens 3), as the server does');
+
+  // the output: a symlink's target replaced (the link kept), the mode of the file replaced kept; a FIFO written in place
+  const small = path.join(work, 'small.jsonl');
+  fs.writeFileSync(small, [0, 1, 2].map(i => JSON.stringify({ custom_id: `m${i}`, method: 'POST', url: '/v1/completions',
+    body: { prompt: `m${i}`, max_tokens: 2 } })).join('\n') + '\n');
+  const target = path.join(work, 'target.jsonl'), link = path.join(work, 'link.jsonl');
+  fs.writeFileSync(target, 'old\n', { mode: 0o600 });
+  fs.chmodSync(target, 0o600);
+  fs.rmSync(link, { force: true });
+  fs.symlinkSync(target, link);
+  const sl = runBatch(['-i', small, '-o', link, '-m', ck]);
+  ok(sl.code === 0 && fs.lstatSync(link).isSymbolicLink() && lines(target).length === 3 && (fs.statSync(target).mode & 0o777) === 0o600,
+     `run-batch -o SYMLINK: the target replaced (${lines(target).length} lines, mode ${(fs.statSync(target).mode & 0o777).toString(8)}), the link kept`);
+  const fifo = path.join(work, 'out.fifo');
+  fs.rmSync(fifo, { force: true });
+  execFileSync('mkfifo', [fifo]);
+  const reader = spawn('cat', [fifo], { stdio: ['ignore', 'pipe', 'inherit'] });
+  let fifoText = '';
+  reader.stdout.on('data', d => { fifoText += d; });
+  const readerExit = exitWithin(reader, 300000);
+  const fr = spawn(m3, ['run-batch', '-i', small, '-o', fifo, '-m', ck, ...extra], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const fre = await exitWithin(fr, 300000);
+  await readerExit;
+  ok(fre?.code === 0 && fs.statSync(fifo).isFIFO() && fifoText.split('\n').filter(Boolean).length === 3,
+     `run-batch -o FIFO: written in place (exit ${fre?.code}, ${fifoText.split('\n').filter(Boolean).length} lines read from it), still a FIFO`);
 
   // standard input and output; --api-key (sent by the runner)
   const io = runBatch(['-i', '-', '-o', '-', '-m', ck, '--api-key', 'sekret', '--disable-log-requests', '--output-tmp-dir', work],
@@ -194,7 +235,7 @@ try {
   const N = 12;
   fs.writeFileSync(longF, Array.from({ length: N }, (_, i) => JSON.stringify({ custom_id: `L${i}`, method: 'POST', url: '/v1/completions',
     body: { prompt: `Long ${i}`, max_tokens: 3000, temperature: 0, ignore_eos: true } })).join('\n') + '\n');
-  const lp = spawn(m3, ['run-batch', '-i', longF, '-o', longO, '-m', ck, '--max-num-seqs', '1', ...extra], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const lp = spawn(m3, ['run-batch', '-i', longF, '-o', longO, '-m', ck, '--max-num-seqs', '1', '--enable-log-requests', ...extra], { stdio: ['ignore', 'ignore', 'pipe'] });
   let llog = '', sent = false;
   const lexit = new Promise(r => lp.on('exit', (code, signal) => r({ code, signal })));
   await new Promise(res => {
@@ -211,6 +252,27 @@ try {
      `run-batch, SIGTERM after the first answer: exit ${le.code}; ${m ? m[0] : llog.trim().split('\n').pop()}`);
   ok(lo.every((g, i) => g.custom_id === `L${i}` && g.response.status_code === 200 && g.response.body.usage.completion_tokens === 3000),
      `run-batch, interrupted: the ${lo.length} answers written are the first, whole`);
+  const served = (llog.match(/m3 serve: req \d+ POST \/v1\/completions 200/g) || []).length;
+  ok(m && served === lo.length + Number(m[2]), `run-batch, interrupted: written + sent and not written = the ${served} requests the server ran`);
+
+  // SIGTERM while the input (a pipe) is open and silent: the run ends at once, the answers so far written
+  const pipeO = path.join(work, 'pipe.out');
+  const pp = spawn(m3, ['run-batch', '-i', '-', '-o', pipeO, '-m', ck, '--enable-log-requests', ...extra], { stdio: ['pipe', 'ignore', 'pipe'] });
+  let plog = '';
+  const pexit = exitWithin(pp, 120000);
+  pp.stdin.write([0, 1].map(i => JSON.stringify({ custom_id: `p${i}`, method: 'POST', url: '/v1/completions', body: { prompt: `p${i}`, max_tokens: 2 } })).join('\n') + '\n');
+  await new Promise(res => {
+    pp.stderr.on('data', d => {
+      plog += d;
+      if (!pp.termed && (plog.match(/m3 serve: req \d+ POST/g) || []).length === 2) { pp.termed = true; pp.kill('SIGTERM'); res(); }
+    });
+    pp.on('exit', res);
+  });
+  const pe = await pexit;
+  pp.stdin.destroy();
+  const po = fs.existsSync(pipeO) ? lines(pipeO) : [];
+  ok(pe !== null && pe.code === 1 && po.length === 2 && /the answers to the first 2 requests are in .*0 more were sent and not written, the rest of the input was not read/.test(plog),
+     `run-batch -i - (a silent pipe), SIGTERM: ends (exit ${pe?.code ?? 'none: killed'}), ${po.length} answers: ${plog.trim().split('\n').pop()}`);
 } catch (e) {
   ok(false, 'exception: ' + (e.stack || e));
 }

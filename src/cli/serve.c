@@ -72,7 +72,7 @@ static const char *usage =
     "  Flags take '--flag value' or '--flag=value'; sizes take vLLM's suffixes (32k = 32000, 32K = 32768, 4G, 4GiB).\n"
     "  --enable-force-include-usage  every stream ends with a usage chunk, stream_options or not (vLLM's)\n"
     "  --return-tokens-as-token-ids  logprobs name tokens \"token_id:<id>\" unless a request says otherwise (vLLM's)\n"
-    "  --uds PATH is vLLM's too. Its other flags: --enforce-eager (no CUDA graphs), --disable-uvicorn-access-log\n"
+    "  More of vLLM's flags: --enforce-eager (no CUDA graphs), --disable-uvicorn-access-log\n"
     "  (= --disable-log-requests), --enable-chunked-prefill, --enable-expert-parallel (-tp's default),\n"
     "  --dtype auto|bfloat16, --load-format auto|safetensors, --data/--pipeline-parallel-size 1 and the like are\n"
     "  taken; tuning flags m3 does its own way (--block-size, --swap-space, --compilation-config, ...) are taken\n"

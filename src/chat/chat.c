@@ -206,6 +206,24 @@ static int is_minimax(const char *dir) {
 
 m3_chat *m3_chat_load(const char *dir, m3_err *err) { return m3_chat_load_with(dir, NULL, err); }
 
+int m3_chat_tokens_from(m3_chat *c, const char *dir, m3_err *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    json_t *tc = NULL;
+    FILE *probe = fopen(path, "rb");
+    if (probe) {
+        fclose(probe);
+        json_error_t je;
+        tc = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
+        if (!tc) return m3_errf(err, "%s: line %d: %s", path, je.line, je.text);
+        if (!json_is_object(tc)) { json_decref(tc); return m3_errf(err, "%s: expected a JSON object", path); }
+    }
+    json_object_clear(c->tokens);
+    if (tc) copy_tokens(c, tc);
+    json_decref(tc);
+    return 0;
+}
+
 m3_chat *m3_chat_load_with(const char *dir, const char *override, m3_err *err) {
     char path[4096];
     json_t *tc = NULL;

@@ -41,6 +41,10 @@ m3_chat *m3_chat_load(const char *dir, m3_err *err);
  * the template itself when no file has that name; the special tokens still come from dir's
  * tokenizer_config.json. override NULL: m3_chat_load. */
 m3_chat *m3_chat_load_with(const char *dir, const char *override, m3_err *err);
+/* The special tokens (bos_token, eos_token, ...) of dir's tokenizer_config.json instead of c's
+ * (none when there is no such file): a template from one directory, a tokenizer from another
+ * (vLLM's --tokenizer). -1 + err when the file does not parse. */
+int m3_chat_tokens_from(m3_chat *c, const char *dir, m3_err *err);
 
 /* A template from text (name labels errors). No special tokens are set. */
 m3_chat *m3_chat_from_source(const char *src, size_t len, const char *name, m3_err *err);

@@ -45,13 +45,14 @@ typedef struct m3_serve_hook {
 int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook); /* hook NULL: m3 serve */
 /* vLLM's serve flags without an m3 option of their own (src/cli/vllm_flags.c): taken when m3 does
  * what they ask anyway, taken and not used (one line on stderr) when they tune what m3 does its
- * own way, refused with the reason otherwise. a: the flag; v: its value (NULL: none given).
+ * own way, refused with the reason otherwise. a: the flag; v: the value given or the next argument
+ * (NULL: none); has_eq: given as --flag=value.
  * Returns 0 (not one of them), 1 (a switch taken), 2 (a value taken), -1 (refused: said). */
 typedef struct m3_vllm_flags {
     int eager;             /* --enforce-eager: no CUDA graphs */
     int no_access_log;     /* --disable-uvicorn-access-log: no line per request */
 } m3_vllm_flags;
-int m3_cli_vllm_flag(const char *cmd, const char *a, const char *v, m3_vllm_flags *f);
+int m3_cli_vllm_flag(const char *cmd, const char *a, const char *v, int has_eq, m3_vllm_flags *f);
 
 /* shared helpers */
 /* "1,2,3" -> ids (malloc'd); -1 with message on bad input */

@@ -83,8 +83,8 @@ static const char *usage =
     "  --kv-cache-dtype fp8_e4m3 (= fp8), --seed N (requests without a seed: seeds from N and their order),\n"
     "  --generation-config auto|vllm|DIR (auto, the default: the sampling defaults of the checkpoint's\n"
     "  generation_config.json for requests that leave them out; vllm: OpenAI's defaults),\n"
-    "  --override-generation-config JSON (sampling defaults set over those: temperature, top_p, top_k, min_p,\n"
-    "  repetition_penalty)\n"
+    "  --override-generation-config JSON (defaults set over those: temperature, top_p, top_k, min_p,\n"
+    "  repetition_penalty, max_new_tokens = max_tokens; null: none)\n"
     "  -tp, --tensor-parallel-size N  N ranks: N GPUs (NCCL) with the CUDA backend, N thread groups on the CPU;\n"
     "                   --kv-cache-memory is then per rank (see docs/MULTINODE.md)\n"
     "  --moe-split experts|width  routed experts whole per rank (expert parallel, default) or split by width\n"
@@ -185,13 +185,35 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
     int prefix = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char flag[96];
-        const char *eq = a[0] == '-' && a[1] == '-' ? strchr(a, '=') : NULL;
-        if (eq && (size_t)(eq - a) < sizeof flag) { /* --flag=value, as vLLM's launch lines spell it */
+        char flag[96], dotted[256];
+        const char *eq = a[0] == '-' ? strchr(a, '=') : NULL;
+        if (eq && (size_t)(eq - a) < sizeof flag) { /* --flag=value (and -tp=2), as vLLM's launch lines spell it */
             memcpy(flag, a, (size_t)(eq - a));
             flag[eq - a] = 0;
             a = flag;
             v = eq + 1;
+        } else if (!strncmp(a, "-O", 2) && a[2] && a[2] != '.') { /* -O3: vLLM's optimization level */
+            eq = a + 1;
+            v = a + 2;
+            a = "-O";
+        }
+        if (a[0] == '-' && a[1] == '-' && strchr(a, '_') && strlen(a) < sizeof flag) { /* --max_model_len: vLLM takes _ for - */
+            if (a != flag) strcpy(flag, a);
+            for (char *q = flag; *q; q++)
+                if (*q == '_') *q = '-';
+            a = flag;
+        }
+        const char *dot = a[0] == '-' ? strchr(a, '.') : NULL;
+        if (dot && (size_t)(dot - a) < sizeof flag) { /* --limit-mm-per-prompt.image 2: one key of a JSON flag */
+            char key[64];
+            snprintf(key, sizeof key, "%s", dot + 1);
+            if (a != flag) memcpy(flag, a, (size_t)(dot - a));
+            flag[dot - a] = 0;
+            a = flag;
+            if (v) {
+                snprintf(dotted, sizeof dotted, "{\"%s\": %s}", key, v);
+                if (!strcmp(a, "--limit-mm-per-prompt")) v = dotted; /* (the others are taken unused: any value) */
+            }
         }
         int r = 0, takes = !eq; /* a value from the next argument */
         if (a[0] != '-') { /* the model, positional (vllm serve MODEL) */
@@ -281,7 +303,13 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
         else if (!strcmp(a, "--speculative-config")) spec_json = V;
         else if (!strcmp(a, "--draft")) draft_dir = V;
         else if (!strcmp(a, "--allowed-media-domains")) media_domains = V;
-        else if (!strcmp(a, "--limit-mm-per-prompt")) mm_limit = V;
+        else if (!strcmp(a, "--limit-mm-per-prompt")) { /* (each given adds its counts) */
+            mm_limit = V;
+            if (v && m3_media_limit_parse(&mm_lim, v, &err)) {
+                fprintf(stderr, "%s: --limit-mm-per-prompt '%s': %s\n", cmd, v, err.msg);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--tokenizer")) tok_dir = V;
         else if (!strcmp(a, "--allowed-origins")) origins_arg = V;
         else if (!strcmp(a, "-tp") || !strcmp(a, "--tensor-parallel-size")) r = m3_cli_int(a, V, 1, 64, &tpn, &err);
@@ -296,14 +324,14 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
                 return 2;
             }
         } else {
-            const int vf = m3_cli_vllm_flag(cmd, a, v, &vfl);
+            const int vf = m3_cli_vllm_flag(cmd, a, v, eq != NULL, &vfl);
             if (vf < 0) return 2;
             if (!vf) {
                 fprintf(stderr, "%s: unknown option '%s' (m3 serve --help lists them)\n", cmd, a);
                 return 2;
             }
-            if (vf == 1 && eq) { fprintf(stderr, "%s: %s takes no value\n", cmd, a); return 2; }
             if (vf == 1) takes = 0;
+            if (vfl.no_access_log) so.log_requests = vfl.no_access_log = 0; /* (a later --enable-log-requests wins) */
         }
 #undef V
         if (missing) { fprintf(stderr, "%s: %s needs a value\n", cmd, missing); return 2; }
@@ -315,12 +343,11 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
         return 2;
     }
     if (so.uds && !*so.uds) { fprintf(stderr, "%s: --uds: an empty path\n", cmd); return 2; }
-    if (mm_limit && m3_media_limit_parse(&mm_lim, mm_limit, &err)) {
-        fprintf(stderr, "%s: --limit-mm-per-prompt '%s': %s\n", cmd, mm_limit, err.msg);
-        return 2;
-    }
+    if (mm_limit && mm_lim.has_max_images && mm_lim.images_asked > mm_lim.max_images)
+        fprintf(stderr, "%s: --limit-mm-per-prompt: %d images a request asked, m3 takes at most %d\n", cmd,
+                mm_lim.images_asked, mm_lim.max_images);
+    if (mm_limit && mm_lim.has_max_images && !mm_lim.max_images) lm_only = 2; /* no images: no vision tower either */
     if (vfl.eager) setenv("M3_CUDA_GRAPHS", "0", 1); /* --enforce-eager: read when the CUDA backend starts */
-    if (vfl.no_access_log) so.log_requests = 0;
     m3_kv_dtype kdt = M3_KV_BF16, idt = M3_KV_BF16; /* auto; checked before anything is loaded */
     if (kvd && m3_kv_dtype_parse(kvd, &kdt)) { fprintf(stderr, "%s: --kv-cache-dtype: unknown dtype '%s' (auto, f32, bf16, fp8 = fp8_e4m3, nvfp4)\n", cmd, kvd); return 2; }
     if (ikd && m3_kv_dtype_parse(ikd, &idt)) { fprintf(stderr, "%s: --index-cache-dtype: unknown dtype '%s' (f32, bf16, fp8, nvfp4)\n", cmd, ikd); return 2; }
@@ -364,7 +391,8 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
             return 2;
         }
         so.gen_defaults = &gdef;
-        if (gdef.has_temperature || gdef.has_top_p || gdef.has_top_k || gdef.has_min_p || gdef.has_repetition_penalty) {
+        if (gdef.has_temperature || gdef.has_top_p || gdef.has_top_k || gdef.has_min_p || gdef.has_repetition_penalty ||
+            gdef.has_max_new_tokens) {
             char line[256] = "";
             size_t o = 0;
             if (gdef.has_temperature) o += (size_t)snprintf(line + o, sizeof line - o, " temperature %g", gdef.temperature);
@@ -372,7 +400,8 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
             if (gdef.has_top_k) o += (size_t)snprintf(line + o, sizeof line - o, " top_k %lld", gdef.top_k);
             if (gdef.has_min_p) o += (size_t)snprintf(line + o, sizeof line - o, " min_p %g", gdef.min_p);
             if (gdef.has_repetition_penalty)
-                snprintf(line + o, sizeof line - o, " repetition_penalty %g", gdef.repetition_penalty);
+                o += (size_t)snprintf(line + o, sizeof line - o, " repetition_penalty %g", gdef.repetition_penalty);
+            if (gdef.has_max_new_tokens) snprintf(line + o, sizeof line - o, " max_tokens %lld", gdef.max_new_tokens);
             fprintf(stderr, "%s: sampling defaults from %s%s%s (requests that leave them out):%s\n", cmd, gfile ? gpath : "",
                     gfile && gen_over ? " and " : "", gen_over ? "--override-generation-config" : "", line);
         }
@@ -381,9 +410,15 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
      * template) from there; a template neither there nor given: the checkpoint's */
     const char *tdir = tok_dir ? tok_dir : dir;
     m3_tok *tok = m3_tok_load(tdir, &err);
-    if (!tok) { fprintf(stderr, "%s: tokenizer%s%s: %s\n", cmd, tok_dir ? " from --tokenizer " : "", tok_dir ? tok_dir : "", err.msg); return 1; }
+    if (!tok) { fprintf(stderr, "%s: tokenizer%s: %s\n", cmd, tok_dir ? " (--tokenizer)" : "", err.msg); return 1; }
     m3_chat *chat = m3_chat_load_with(tdir, chat_tmpl, &err);
-    if (!chat && tok_dir && !chat_tmpl && strstr(err.msg, "no chat template")) chat = m3_chat_load_with(dir, NULL, &err);
+    if (!chat && tok_dir && !chat_tmpl && strstr(err.msg, "no chat template")) { /* the checkpoint's, with tdir's tokens */
+        chat = m3_chat_load_with(dir, NULL, &err);
+        if (chat && m3_chat_tokens_from(chat, tdir, &err)) {
+            m3_chat_free(chat);
+            chat = NULL;
+        }
+    }
     if (!chat && chat_tmpl) { /* asked for: a template that does not load is an error, not a server without chat */
         fprintf(stderr, "%s: --chat-template: %s\n", cmd, err.msg);
         m3_tok_free(tok);
@@ -441,7 +476,8 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
     media.max_images = mm_lim.max_images;
     media.has_max_images = mm_lim.has_max_images;
     media.no_vision = "this model has no vision tower (a text-only checkpoint): image inputs are not supported";
-    if (lm_only) media.no_vision = "the server runs the language model only (--language-model-only): image inputs are not supported";
+    if (lm_only == 2) media.no_vision = "image inputs are off (--limit-mm-per-prompt with an image count of 0)";
+    else if (lm_only) media.no_vision = "the server runs the language model only (--language-model-only): image inputs are not supported";
     else if (vision_setup(cmd, &vis, &m, tp.g ? NULL : &ops, dir, (int)threads, &vops, &own_vops, &media, &eo)) goto done;
     if (media.vc) {
         media.start_id = m3_tok_token_to_id(tok, "]<]start of image[>[");

@@ -24,6 +24,11 @@ static const vflag flags[] = {
     {"--enable-chunked-prefill", 0, SAME, NULL, NULL},
     {"--disable-log-stats", 0, SAME, NULL, NULL},
     {"--enable-expert-parallel", 0, SAME, NULL, NULL}, /* -tp N keeps routed experts whole per rank by default */
+    {"-ep", 0, SAME, NULL, NULL},
+    {"--no-enforce-eager", 0, SAME, NULL, NULL},
+    {"--no-disable-log-stats", 0, SAME, NULL, NULL},
+    {"--no-async-scheduling", 0, SAME, NULL, NULL},
+    {"--no-enable-expert-parallel", 0, UNUSED, NULL, "m3's -tp keeps routed experts whole per rank (--moe-split width splits them)"},
     {"--disable-fastapi-docs", 0, SAME, NULL, NULL},
     {"--enable-request-id-headers", 0, SAME, NULL, NULL}, /* an X-Request-Id sent is echoed */
     {"--disable-frontend-multiprocessing", 0, SAME, NULL, NULL},
@@ -37,7 +42,7 @@ static const vflag flags[] = {
     {"--cpu-offload-gb", 1, SAME, "0", "m3 keeps the weights on the device"},
     {"--response-role", 1, SAME, "assistant", "m3 answers in the assistant role"},
     {"--chat-template-content-format", 1, SAME, "auto", "m3 gives the template each message's content as the request has it"},
-    {"--tokenizer-mode", 1, SAME, "auto|hf|fast", "m3 runs the checkpoint's tokenizer.json"},
+    {"--tokenizer-mode", 1, SAME, "auto|slow|hf", "m3 runs the checkpoint's tokenizer.json"},
     {"--enforce-eager", 0, EAGER, NULL, NULL},
     {"--disable-uvicorn-access-log", 0, NO_ACCESS_LOG, NULL, NULL},
     /* tuning that m3 does its own way */
@@ -98,11 +103,13 @@ static int allowed_value(const char *allowed, const char *v) {
     }
 }
 
-int m3_cli_vllm_flag(const char *cmd, const char *a, const char *v, m3_vllm_flags *f) {
+int m3_cli_vllm_flag(const char *cmd, const char *a, const char *v, int has_eq, m3_vllm_flags *f) {
     const vflag *x = NULL;
     for (size_t i = 0; i < sizeof flags / sizeof *flags && !x; i++)
         if (!strcmp(flags[i].flag, a)) x = &flags[i];
     if (!x) return 0;
+    if (!x->value && has_eq) { fprintf(stderr, "%s: %s takes no value\n", cmd, a); return -1; }
+    if (!x->value) v = NULL;
     if (x->value && !v) { fprintf(stderr, "%s: %s needs a value\n", cmd, a); return -1; }
     if (x->kind == REFUSE) { fprintf(stderr, "%s: %s is not supported: %s\n", cmd, a, x->why); return -1; }
     if (x->allowed && !allowed_value(x->allowed, v)) {
@@ -114,7 +121,7 @@ int m3_cli_vllm_flag(const char *cmd, const char *a, const char *v, m3_vllm_flag
         fprintf(stderr, "%s: %s%s%s taken, not used: %s\n", cmd, a, v ? " " : "", v ? v : "", x->why);
         break;
     case EAGER: f->eager = 1; break;
-    case NO_ACCESS_LOG: f->no_access_log = 1; break;
+    case NO_ACCESS_LOG: f->no_access_log = 1; break; /* (the caller applies it in the flags' order) */
     default: break;
     }
     return x->value ? 2 : 1;

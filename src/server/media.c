@@ -283,12 +283,14 @@ int m3_media_limit_parse(m3_media_ctx *c, const char *text, m3_err *err) {
             break;
         }
         json_t *n = json_is_object(v) ? json_object_get(v, "count") : v; /* {"count": N, "width": ...}: the count */
-        if (!json_is_integer(n) || json_integer_value(n) < 0 || json_integer_value(n) > M3_MEDIA_MAX_IMAGES) {
-            rc = m3_errf(err, "'%s': a count in [0, %d] is expected", k, M3_MEDIA_MAX_IMAGES);
+        if (!json_is_integer(n) || json_integer_value(n) < 0 || json_integer_value(n) > INT32_MAX) {
+            rc = m3_errf(err, "'%s': a count (an integer, 0 or more) is expected", k);
             break;
         }
         if (!strcmp(k, "image")) {
-            c->max_images = (int)json_integer_value(n);
+            const long long want = json_integer_value(n);
+            c->images_asked = (int)want;
+            c->max_images = want < M3_MEDIA_MAX_IMAGES ? (int)want : M3_MEDIA_MAX_IMAGES;
             c->has_max_images = 1;
         } /* (video and audio inputs are refused whatever their limit) */
     }

@@ -52,11 +52,13 @@ typedef struct m3_media_ctx {
     int max_images;               /* vLLM's --limit-mm-per-prompt '{"image": N}': images per request (-1 or 0 with
                                    * has_max_images 0: M3_MEDIA_MAX_IMAGES) */
     int has_max_images;
+    int images_asked;             /* the count --limit-mm-per-prompt asked (max_images is at most M3_MEDIA_MAX_IMAGES) */
 } m3_media_ctx;
 
 /* vLLM's --limit-mm-per-prompt value ('{"image": 2}', or '{"image": {"count": 2}}'; "video" and
- * "audio" taken too: m3 takes neither kind) into c->max_images. -1 + err on bad JSON, an unknown
- * modality or a count that is not an integer in [0, M3_MEDIA_MAX_IMAGES]. */
+ * "audio" taken too: m3 takes neither kind) into c->max_images, at most M3_MEDIA_MAX_IMAGES
+ * (images_asked: the count asked). -1 + err on bad JSON, an unknown modality or a count that is not
+ * a non-negative integer. */
 int m3_media_limit_parse(m3_media_ctx *c, const char *text, m3_err *err);
 
 /* The images of one request. */

@@ -973,9 +973,9 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         if ((rc = get_bool(e, so, "include_usage", &g->include_usage)) ||
             (rc = get_bool(e, so, "continuous_usage_stats", &g->continuous_usage)))
             return rc;
-        g->continuous_usage &= g->include_usage; /* as vLLM: only with include_usage */
     }
-    g->include_usage |= c->force_usage;
+    g->include_usage |= c->force_usage; /* (vLLM's --enable-force-include-usage: as if asked) */
+    g->continuous_usage &= g->include_usage; /* as vLLM: only with include_usage */
     /* logprobs: completions take an integer (alternatives per token), chat a boolean plus
      * top_logprobs */
     if (chat) {
@@ -1064,7 +1064,10 @@ int m3_oai_parse_generate(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_param
         e->code = "context_length_exceeded";
         return e->status;
     }
-    if (g->max_tokens < 0) g->max_tokens = chat ? mml - np : (16 < mml - np ? 16 : mml - np);
+    if (g->max_tokens < 0) { /* the server's default (generation_config's max_new_tokens), else OpenAI's */
+        const long long dm = c->defaults && c->defaults->has_max_new_tokens ? c->defaults->max_new_tokens : chat ? mml - np : 16;
+        g->max_tokens = dm < mml - np ? dm : mml - np;
+    }
     if (g->min_tokens > g->max_tokens)
         return OAI_BAD(e, "min_tokens", "'min_tokens' (%lld) is larger than max_tokens (%lld)", g->min_tokens,
                        g->max_tokens);
@@ -1130,6 +1133,7 @@ static int defaults_apply(m3_oai_defaults *d, json_t *j, const char *where, int 
         {"repetition_penalty", 0, 100, offsetof(m3_oai_defaults, repetition_penalty),
          offsetof(m3_oai_defaults, has_repetition_penalty), 0},
         {"top_k", -1, 1 << 30, offsetof(m3_oai_defaults, top_k), offsetof(m3_oai_defaults, has_top_k), 1},
+        {"max_new_tokens", 1, 1 << 30, offsetof(m3_oai_defaults, max_new_tokens), offsetof(m3_oai_defaults, has_max_new_tokens), 1},
     };
     if (strict) {
         const char *k;
@@ -1138,12 +1142,14 @@ static int defaults_apply(m3_oai_defaults *d, json_t *j, const char *where, int 
             size_t i = 0;
             while (i < sizeof F / sizeof *F && strcmp(F[i].key, k)) i++;
             if (i == sizeof F / sizeof *F)
-                return m3_errf(err, "%s%s'%s' is not a sampling default m3 takes (temperature, top_p, top_k, min_p, "
-                               "repetition_penalty)", where ? where : "", where ? ": " : "", k);
+                return m3_errf(err, "%s%s'%s': m3 takes temperature, top_p, top_k, min_p, repetition_penalty and "
+                               "max_new_tokens as the defaults of requests that leave them out", where ? where : "",
+                               where ? ": " : "", k);
         }
     }
     for (size_t i = 0; i < sizeof F / sizeof *F; i++) {
         json_t *v = json_object_get(j, F[i].key);
+        if (v && json_is_null(v) && strict) *(int *)((char *)d + F[i].has) = 0; /* the override's null: no default */
         if (!v || json_is_null(v)) continue;
         double x = json_number_value(v);
         if (!json_is_number(v) || !(x >= F[i].lo && x <= F[i].hi) || (F[i].integer && !json_is_integer(v)))

@@ -57,8 +57,8 @@ typedef struct m3_oai_error {
  * (vLLM's --generation-config auto); a field not in the file keeps OpenAI's default. */
 typedef struct m3_oai_defaults {
     double temperature, top_p, min_p, repetition_penalty;
-    long long top_k;
-    int has_temperature, has_top_p, has_min_p, has_repetition_penalty, has_top_k;
+    long long top_k, max_new_tokens; /* max_new_tokens: max_tokens of requests without one (vLLM's reading) */
+    int has_temperature, has_top_p, has_min_p, has_repetition_penalty, has_top_k, has_max_new_tokens;
 } m3_oai_defaults;
 
 /* dir/generation_config.json into *d (zeroed first; no file: 0 with nothing set). -1 + err (the file

@@ -117,13 +117,21 @@ async def vllm_flags(m3, work, ck):
             "--enable-expert-parallel", "--block-size=16", "--swap-space", "4", "--uvicorn-log-level", "warning",
             "--disable-uvicorn-access-log", "--data-parallel-size", "1", "--load-format", "safetensors",
             "--compilation-config", '{"level": 3}', "--enable-force-include-usage", "--return-tokens-as-token-ids",
-            "--kv-cache-memory", "256M"]
+            "--kv-cache-memory", "256M", "-O3", "-tp=1", "--max_model_len", "4096", "-ep", "--no-enforce-eager",
+            "--compilation-config.cudagraph_mode", "FULL", "--async-scheduling", "--limit-mm-per-prompt", '{"image": 64}']
     srv = srvlib.Server(m3, ck, line)
     try:
         notes = [ln for ln in srv.log.splitlines() if "taken, not used" in ln]
-        check(len(notes) == 4 and all(any(f in ln for ln in notes) for f in ("--block-size 16", "--swap-space 4",
-              "--uvicorn-log-level warning", "--compilation-config {\"level\": 3}")),
-              f"a vLLM launch line: the server runs; the 4 tuning flags m3 does not use said in a line each ({len(notes)})")
+        want = ("--block-size 16 taken", "--swap-space 4 taken", "--uvicorn-log-level warning taken",
+                "--compilation-config {\"level\": 3} taken", "-O 3 taken", "--compilation-config FULL taken",
+                "--async-scheduling taken")
+        check(len(notes) == len(want) and all(any(f in ln for ln in notes) for f in want),
+              f"a vLLM launch line (-O3, -tp=1, --max_model_len, dotted keys too): the server runs; the {len(want)} tuning "
+              f"flags m3 does not use said in a line each ({len(notes)})")
+        check("--limit-mm-per-prompt: 64 images a request asked, m3 takes at most 32" in srv.log,
+              "--limit-mm-per-prompt over m3's 32: taken, said")
+        st, text = await lt.get_text("127.0.0.1", srv.port, "/v1/models")
+        check(st == 200 and json.loads(text)["data"][0]["max_model_len"] == 4096, "--max_model_len 4096 (vLLM's underscores)")
         # --return-tokens-as-token-ids: the default of return_tokens_as_token_ids, a request may say otherwise
         body = {"prompt": "Hello there", "max_tokens": 4, "temperature": 0, "logprobs": 1, "ignore_eos": True}
         st, a = await lt.post_json("127.0.0.1", srv.port, "/v1/completions", body)
@@ -158,7 +166,7 @@ async def vllm_flags(m3, work, ck):
     r = subprocess.run([m3, "serve", bare, "--port", "0"], capture_output=True, text=True, timeout=60)
     check(r.returncode == 1 and "tokenizer" in r.stderr, f"a checkpoint without its tokenizer: exit 1 ({r.stderr.strip()[-100:]})")
     r = subprocess.run([m3, "serve", bare, "--port", "0", "--tokenizer", work], capture_output=True, text=True, timeout=60)
-    check(r.returncode == 1 and "tokenizer from --tokenizer " + work in r.stderr,
+    check(r.returncode == 1 and "tokenizer (--tokenizer): " + work in r.stderr,
           f"--tokenizer DIR without one: exit 1 naming it ({r.stderr.strip()[-120:]})")
     body = {"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
     answers = []
@@ -170,7 +178,19 @@ async def vllm_flags(m3, work, ck):
         finally:
             srv.stop()
     check(answers[0] is not None and answers[0] == answers[1], "--tokenizer DIR: the same chat answer as the checkpoint's own")
+    # the checkpoint's template (chat_template.jinja here) rendered with the --tokenizer directory's special tokens
+    with open(os.path.join(bare, "chat_template.jinja"), "w") as f:
+        f.write("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    srv = srvlib.Server(m3, bare, ["--tokenizer", tokdir, "--kv-cache-memory", "256M"])
+    try:
+        st, j = await lt.post_json("127.0.0.1", srv.port, "/tokenize", {"messages": [{"role": "user", "content": "Hi"}]})
+        st2, j2 = await lt.post_json("127.0.0.1", srv.port, "/tokenize", {"prompt": "]~!b[Hi"})
+        check(st == 200 and st2 == 200 and j["tokens"] == j2["tokens"] and len(j["tokens"]) >= 2,
+              f"--tokenizer DIR with the checkpoint's template: its bos_token from DIR ({j.get('tokens')})")
+    finally:
+        srv.stop()
     refused(m3, [ck, "--enable-chunked-prefill=true"], "takes no value")
+    refused(m3, [ck, "--async-scheduling=1"], "--async-scheduling takes no value")
     refused(m3, [ck, "--block-size"], "--block-size needs a value")
 
 
@@ -236,7 +256,18 @@ async def generation_config(m3, work):
           "--generation-config vllm --override-generation-config '{\"temperature\": 0}': greedy without one")
     check(ah[0] is not None and ah[0] != ah[2] and ah[1] != ah[2] and ah[2] == a[2],
           "--override-generation-config '{\"temperature\": 1.0, \"top_k\": -1}' over the file's greedy: sampled")
-    refused(m3, [ck, "--override-generation-config", '{"max_new_tokens": 3}'], "'max_new_tokens' is not a sampling default")
+    refused(m3, [ck, "--override-generation-config", '{"do_sample": false}'], "'do_sample': m3 takes temperature")
+    # max_new_tokens: the max_tokens of requests without one; null: the file's temperature unset
+    srv = srvlib.Server(m3, ck, ["--override-generation-config", '{"max_new_tokens": 5, "temperature": null}'])
+    try:
+        st, j = await lt.post_json("127.0.0.1", srv.port, "/v1/completions", {"prompt": "Hello", "ignore_eos": True})
+        st2, j2 = await lt.post_json("127.0.0.1", srv.port, "/v1/completions", {"prompt": "Hello", "ignore_eos": True, "max_tokens": 7})
+        check(st == 200 and j["usage"]["completion_tokens"] == 5 and st2 == 200 and j2["usage"]["completion_tokens"] == 7,
+              "--override-generation-config max_new_tokens 5: requests without max_tokens get 5, with 7 get 7")
+        check("top_k 1 max_tokens 5" in srv.log and "temperature" not in srv.log.split("sampling defaults", 1)[1].split("\n", 1)[0],
+              "... and temperature null: the file's temperature unset (the start-up line)")
+    finally:
+        srv.stop()
     refused(m3, [ck, "--override-generation-config", '{"top_p": 2}'], "'top_p' must be a number in [0, 1]")
     refused(m3, [ck, "--override-generation-config", "[]"], "a JSON object of sampling defaults is expected")
     refused(m3, [ck, "--override-generation-config", "{temp"], "not JSON")

@@ -206,18 +206,30 @@ static int is_minimax(const char *dir) {
 
 m3_chat *m3_chat_load(const char *dir, m3_err *err) { return m3_chat_load_with(dir, NULL, err); }
 
-int m3_chat_tokens_from(m3_chat *c, const char *dir, m3_err *err) {
+/* dir/tokenizer_config.json into *tc (NULL when there is none); -1 + err when it does not parse */
+static int load_tokenizer_config(const char *dir, json_t **tc, m3_err *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    json_t *tc = NULL;
+    *tc = NULL;
     FILE *probe = fopen(path, "rb");
-    if (probe) {
-        fclose(probe);
-        json_error_t je;
-        tc = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
-        if (!tc) return m3_errf(err, "%s: line %d: %s", path, je.line, je.text);
-        if (!json_is_object(tc)) { json_decref(tc); return m3_errf(err, "%s: expected a JSON object", path); }
+    if (!probe) return 0;
+    fclose(probe);
+    /* model_max_length is often 1e30 written as an integer, which jansson refuses ("too big
+     * integer"): numbers load as reals (only strings are read from this file) */
+    json_error_t je;
+    *tc = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
+    if (!*tc) return m3_errf(err, "%s: line %d: %s", path, je.line, je.text);
+    if (!json_is_object(*tc)) {
+        json_decref(*tc);
+        *tc = NULL;
+        return m3_errf(err, "%s: expected a JSON object", path);
     }
+    return 0;
+}
+
+int m3_chat_tokens_from(m3_chat *c, const char *dir, m3_err *err) {
+    json_t *tc;
+    if (load_tokenizer_config(dir, &tc, err)) return -1;
     json_object_clear(c->tokens);
     if (tc) copy_tokens(c, tc);
     json_decref(tc);
@@ -227,20 +239,10 @@ int m3_chat_tokens_from(m3_chat *c, const char *dir, m3_err *err) {
 m3_chat *m3_chat_load_with(const char *dir, const char *override, m3_err *err) {
     char path[4096];
     json_t *tc = NULL;
-    json_error_t je;
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    FILE *probe = fopen(path, "rb");
-    if (probe) {
-        fclose(probe);
-        /* model_max_length is often 1e30 written as an integer, which jansson refuses ("too
-         * big integer"): numbers load as reals (only strings are read from this file) */
-        tc = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
-        if (!tc) { m3_errf(err, "%s: line %d: %s", path, je.line, je.text); return NULL; }
-        if (!json_is_object(tc)) { json_decref(tc); m3_errf(err, "%s: expected a JSON object", path); return NULL; }
-    }
+    if (load_tokenizer_config(dir, &tc, err)) return NULL;
     m3_chat *c = NULL;
     snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-    probe = override ? NULL : fopen(path, "rb");
+    FILE *probe = override ? NULL : fopen(path, "rb");
     FILE *ov = override ? fopen(override, "rb") : NULL;
     /* the template file: --chat-template FILE, else the checkpoint's chat_template.jinja */
     const char *file = ov ? override : probe ? path : NULL;

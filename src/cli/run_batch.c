@@ -328,8 +328,8 @@ static char *run_one(batch *b, const char *text, size_t len, long lineno, int *o
     free(btext);
     /* the server's two 503s of a shutdown: refused on arrival (not run) or cancelled at
      * --shutdown-timeout (cut); an interrupted run either way, not an answer */
-    if (rc == POST_OK && status == 503 && resp.p && strstr(resp.p, "shutting down")) {
-        rc = strstr(resp.p, "was cancelled") ? POST_GONE : POST_UNSENT;
+    if (rc == POST_OK && status == 503 && resp.p && strstr(resp.p, M3_SERVER_SHUTTING_DOWN)) {
+        rc = strstr(resp.p, M3_SERVER_CANCELLED) ? POST_GONE : POST_UNSENT;
         eno = ECONNREFUSED;
     }
     if (rc == POST_UNSENT && eno != ENOENT && eno != ECONNREFUSED && !atomic_load(&b->stop))
@@ -416,8 +416,8 @@ static int next_line(batch *b, char **text, size_t *len, long *lineno, int ignor
             return LINE_OK;
         }
         size_t a = s0, e = end;
-        while (a < e && strchr(ws, r->p[a])) a++;
-        while (e > a && strchr(ws, r->p[e - 1])) e--;
+        while (a < e && memchr(ws, r->p[a], sizeof ws - 1)) a++; /* (memchr: a NUL byte is no blank) */
+        while (e > a && memchr(ws, r->p[e - 1], sizeof ws - 1)) e--;
         if (a == e) continue; /* blank */
         char *t = malloc(e - a + 1);
         if (!t) { errno = ENOMEM; return LINE_ERR; }

@@ -210,9 +210,9 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
             if (a != flag) memcpy(flag, a, (size_t)(dot - a));
             flag[dot - a] = 0;
             a = flag;
-            if (v) {
+            if (v && !strcmp(a, "--limit-mm-per-prompt")) { /* (the others are taken unused: any value) */
                 snprintf(dotted, sizeof dotted, "{\"%s\": %s}", key, v);
-                if (!strcmp(a, "--limit-mm-per-prompt")) v = dotted; /* (the others are taken unused: any value) */
+                v = dotted;
             }
         }
         int r = 0, takes = !eq; /* a value from the next argument */

@@ -567,7 +567,7 @@ static void emit_text(choice *c, const char *p, size_t n, int final) {
 /* the error a choice ended with: 503 when cancelled by the shutdown, 500 when it failed */
 static int choice_error(const hreq *h, const choice *c, const char **why) {
     if (c->finish_reason == M3_FINISH_CANCELLED) {
-        *why = "the request was cancelled: the server is shutting down";
+        *why = M3_SERVER_CANCELLED;
         return 503;
     }
     *why = h->failed ? h->failed : c->eng_err ? c->eng_err : "generation failed";

@@ -152,11 +152,12 @@ int m3_media_collect(const m3_media_ctx *c, json_t *msgs, json_t **render, m3_me
             if (!c || !c->vc)
                 return m3_oai_errorf(e, 400, BAD, param, "%s: %s", param,
                                      c && c->no_vision ? c->no_vision : "this model has no vision tower: image inputs are not supported");
-            if (c->has_max_images && ++n_img > c->max_images)
-                return m3_oai_errorf(e, 400, BAD, param, "%s: at most %d image%s may be provided in one prompt "
-                                     "(--limit-mm-per-prompt)", param, c->max_images, c->max_images == 1 ? "" : "s");
-            if (!c->has_max_images && ++n_img > M3_MEDIA_MAX_IMAGES)
-                return m3_oai_errorf(e, 400, BAD, param, "%s: more than %d images in one request", param, M3_MEDIA_MAX_IMAGES);
+            if (++n_img > (c->has_max_images ? c->max_images : M3_MEDIA_MAX_IMAGES))
+                return c->has_max_images ? m3_oai_errorf(e, 400, BAD, param, "%s: at most %d image%s may be provided in one "
+                                                         "prompt (--limit-mm-per-prompt)", param, c->max_images,
+                                                         c->max_images == 1 ? "" : "s")
+                                         : m3_oai_errorf(e, 400, BAD, param, "%s: more than %d images in one request", param,
+                                                         M3_MEDIA_MAX_IMAGES);
         }
     }
     if (!n_img) return 0;

@@ -385,7 +385,7 @@ static void finish_job(srv *s, prep_job *j) {
         rc = 499;
     } else if (s->cancelling) { /* the shutdown's deadline passed while it was prepared (before: in flight, it runs) */
         http_close_after(req);
-        rc = srv_send_error(req, 503, "service_unavailable_error", "the server is shutting down");
+        rc = srv_send_error(req, 503, "service_unavailable_error", M3_SERVER_SHUTTING_DOWN);
     } else if (j->rc) {
         if (j->kind != SRV_PREP_RESPONSES) j->e.code = NULL; /* the chat endpoints answer as vLLM: the status as code */
         rc = srv_send_oai(req, &j->e);

@@ -453,7 +453,7 @@ static void route(http_req *req, void *arg) {
         rc = srv_send_error(req, 405, "invalid_request_error", "method %s is not served", method);
     } else if (s->draining && k != 1) { /* /metrics stays up for whoever watches the drain */
         http_close_after(req);
-        rc = srv_send_error(req, 503, "service_unavailable_error", "the server is shutting down");
+        rc = srv_send_error(req, 503, "service_unavailable_error", M3_SERVER_SHUTTING_DOWN);
     } else if (k < 0) rc = srv_send_error(req, 404, "not_found_error", "no route for %s", path);
     else if (k == K_STORED ? !get && (!del || resp_items) : want_get ? !get && !(ping && post) : !post)
         rc = srv_send_error(req, 405, "invalid_request_error", "method %.40s not allowed for %s (use %s)", method, path,

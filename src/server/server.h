@@ -52,6 +52,11 @@
 #include "../chat/chat.h"
 #include "../tokenizer/tokenizer.h"
 
+/* The messages of the 503s a shutdown gives: to a request that arrives (not run), and to one in flight
+ * cancelled at shutdown_timeout (m3 run-batch tells them apart by these) */
+#define M3_SERVER_SHUTTING_DOWN "the server is shutting down"
+#define M3_SERVER_CANCELLED "the request was cancelled: " M3_SERVER_SHUTTING_DOWN
+
 /* what GET /version reports (vLLM answers {"version": ...} there too); session 12 = 0.12 */
 #define M3_VERSION "0.12.0"
 

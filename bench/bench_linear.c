@@ -1,6 +1,6 @@
 /* Microbenchmark of y = x W^T on the CPU backend for each weight format: GB/s of weight
  * read at T = 1 (decode) and GFLOP/s at larger T (prefill).
- * usage: bench_linear [N K] [threads] [only this T] */
+ * usage: bench_linear [N K] [threads] [T,T,...] (default T = 1,4,64,256; T <= 256) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,10 +38,16 @@ int main(int argc, char **argv) {
             l.scale = s + (size_t)i * vals / 16;
             L[i] = l;
         }
-        int Ts[] = {1, 4, 64, 256}, only = argc > 4 ? atoi(argv[4]) : 0;
-        for (int ti = 0; ti < 4; ti++) {
-            int T = Ts[ti], reps = T == 1 ? 40 : T == 4 ? 16 : 2;
-            if (only && T != only) continue;
+        int Ts[64] = {1, 4, 64, 256}, nT = 4;
+        if (argc > 4) {
+            nT = 0;
+            for (const char *q = argv[4]; *q && nT < 64; q += strcspn(q, ",") + (q[strcspn(q, ",")] == ',')) {
+                int T = atoi(q);
+                if (T >= 1 && T <= 256) Ts[nT++] = T;
+            }
+        }
+        for (int ti = 0; ti < nT; ti++) {
+            int T = Ts[ti], reps = T <= 2 ? 40 : T <= 16 ? 16 : 2;
             m3_cpu_linear(&c, &L[0], x, T, y);
             double t0 = m3_now();
             for (int r = 0; r < reps; r++) m3_cpu_linear(&c, &L[r % copies], x, T, y);

@@ -93,4 +93,73 @@ AVX2 static INLINE void nvfp4x64(const uint8_t *p, __m256 *out) {
     out[7] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, ob));
 }
 
+/* ---- AVX-512 (linear.c's one- and two-token kernel, linear_tiled.c's many-token kernel) */
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
+
+/* 16 columns of a plain-format row (F32, BF16 or F16) from column k */
+AVX512 static INLINE __m512 ld16_plain(m3_wfmt fmt, const uint8_t *row, int k) {
+    if (fmt == M3_WF_F32) return _mm512_loadu_ps((const float *)row + k);
+    __m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)k));
+    if (fmt == M3_WF_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+/* 32 E4M3 bytes -> value / 256 as two 16-lane vectors, natural order (e4m3x32's F16 trick) */
+AVX512 static INLINE void e4m3x32_512(const uint8_t *p, __m512 *v0, __m512 *v1) {
+    __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
+    __m512i f = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(w, 8), 1), _mm512_set1_epi16((short)0xBFFF));
+    *v0 = _mm512_cvtph_ps(_mm512_castsi512_si256(f));
+    *v1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(f, 1));
+}
+
+/* NVFP4, 64 columns from 32 packed bytes, unscaled, in NVFP4_PERM512 order (linear.c):
+ * lanes 0-3 of the codes are the low nibbles of bytes 0-15 | 16-31, then the high nibbles;
+ * two byte lookups give bf16 pairs. w[0], w[1] are x's columns 0-15 and 16-31 of the block
+ * (group pair A, scales sa of nvfp4_scales64_512), w[2], w[3] columns 32-47 and 48-63 (sb).
+ * lut_lo / lut_hi: NVFP4_BF16_LO / _HI broadcast to the four 128-bit lanes. */
+AVX512 static INLINE void nvfp4x64_512(const uint8_t *p, __m512i lut_lo, __m512i lut_hi, __m512 *w) {
+    __m256i b = _mm256_loadu_si256((const __m256i *)p);
+    __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, m4)),
+                                   _mm256_and_si256(_mm256_srli_epi16(b, 4), m4), 1);
+    __m512i L = _mm512_shuffle_epi8(lut_lo, c), H = _mm512_shuffle_epi8(lut_hi, c);
+    __m512i wa = _mm512_unpacklo_epi8(L, H), wb = _mm512_unpackhi_epi8(L, H);
+    const __m512i hi16 = _mm512_set1_epi32((int)0xFFFF0000u);
+    w[0] = _mm512_castsi512_ps(_mm512_slli_epi32(wa, 16));
+    w[1] = _mm512_castsi512_ps(_mm512_and_si512(wa, hi16));
+    w[2] = _mm512_castsi512_ps(_mm512_slli_epi32(wb, 16));
+    w[3] = _mm512_castsi512_ps(_mm512_and_si512(wb, hi16));
+}
+
+/* the per-lane scales of nvfp4x64_512's two group pairs, from the block's 4 row scales s4
+ * (S[k / 16 ..], S from nvfp4_scales512) */
+AVX512 static INLINE void nvfp4_scales64_512(const float *s4, __m512 *sa, __m512 *sb) {
+    __m512 v = _mm512_castps128_ps512(_mm_loadu_ps(s4));
+    *sa = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2), v);
+    *sb = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 1, 1, 1, 1, 3, 3, 3, 3), v);
+}
+
+/* 16 NVFP4 block scales as f32 times gmul: S[i] = e4m3(sc[i]) * gmul, rounded once (the F16
+ * trick reads value / 256, and 256 * gmul is exact) */
+AVX512 static INLINE void nvfp4_scales16_512(const uint8_t *sc, float gmul, float *S) {
+    __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sc));
+    __m256i f = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(w, 8), 1), _mm256_set1_epi16((short)0xBFFF));
+    _mm512_storeu_ps(S, _mm512_mul_ps(_mm512_cvtph_ps(f), _mm512_set1_ps(256.0f * gmul)));
+}
+
+/* NVFP4 row scales as f32 times gmul: S[i] = e4m3(sc[i]) * gmul for i < n */
+AVX512 static inline void nvfp4_scales512(const uint8_t *sc, int n, float gmul, float *S) {
+    int i = 0;
+    const __m512 c = _mm512_set1_ps(256.0f * gmul);
+    for (; i + 32 <= n; i += 32) {
+        __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(sc + i)));
+        __m512i f = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(w, 8), 1), _mm512_set1_epi16((short)0xBFFF));
+        /* (value / 256) * (256 * gmul): 256 * gmul is exact, so this rounds once, as e4m3 * gmul does */
+        _mm512_storeu_ps(S + i, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(f)), c));
+        _mm512_storeu_ps(S + i + 16, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(f, 1)), c));
+    }
+    for (; i < n; i++) S[i] = m3_cpu_tab_e4m3[sc[i]] * gmul;
+}
+
 #endif

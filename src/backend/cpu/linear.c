@@ -20,9 +20,8 @@
 #include "../../base/num.h"
 #include "../../base/simd.h"
 #include "formats.h"
+#include "linear_int.h"
 
-#define R 4       /* rows per task unit */
-#define KC 256    /* columns per chunk (multiple of 128) */
 #define TB 16     /* tokens per block: a block's activations stay in L2 while rows stream */
 #ifndef PF_DIST
 #define PF_DIST 1024 /* bytes ahead of the weight stream to prefetch */
@@ -234,35 +233,12 @@ DEFINE_ROWS(rows_avx2, AVX2, row_dot, nvfp4_row_scales)
  * its one scale multiply. MXFP8 decodes 32 columns per group in natural order; NVFP4 decodes
  * 64 columns per step in NVFP4_PERM512 order (x permuted to match). */
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
-
 /* lanes 0-3 of the 512-bit NVFP4 decode: lo nibbles of bytes 0-15 | 16-31, hi nibbles of
  * bytes 0-15 | 16-31; then even / odd bf16 words. Group pair 1 = columns 0-15 of each
  * 32-column half, pair 2 = columns 16-31. */
 static const uint8_t NVFP4_PERM512[64] = {
     0,  4,  8,  12, 32, 36, 40, 44, 1,  5,  9,  13, 33, 37, 41, 45, 2,  6,  10, 14, 34, 38, 42, 46, 3,  7,  11, 15, 35, 39, 43, 47,
     16, 20, 24, 28, 48, 52, 56, 60, 17, 21, 25, 29, 49, 53, 57, 61, 18, 22, 26, 30, 50, 54, 58, 62, 19, 23, 27, 31, 51, 55, 59, 63};
-
-AVX512 static INLINE __m512 ld16_plain(m3_wfmt fmt, const uint8_t *row, int k) {
-    if (fmt == M3_WF_F32) return _mm512_loadu_ps((const float *)row + k);
-    __m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)k));
-    if (fmt == M3_WF_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    return _mm512_cvtph_ps(h);
-}
-
-/* NVFP4 row scales as f32 times gmul */
-AVX512 static void nvfp4_scales512(const uint8_t *sc, int n, float gmul, float *S) {
-    int i = 0;
-    const __m512 c = _mm512_set1_ps(256.0f * gmul);
-    for (; i + 32 <= n; i += 32) {
-        __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(sc + i)));
-        __m512i f = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(w, 8), 1), _mm512_set1_epi16((short)0xBFFF));
-        /* (value / 256) * (256 * gmul): 256 * gmul is exact, so this rounds once, as e4m3 * gmul does */
-        _mm512_storeu_ps(S + i, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(f)), c));
-        _mm512_storeu_ps(S + i + 16, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(f, 1)), c));
-    }
-    for (; i < n; i++) S[i] = m3_cpu_tab_e4m3[sc[i]] * gmul;
-}
 
 AVX512 static INLINE void row_dot512(const m3_linear *W, int n, const float *x0, const float *x1, const int NT,
                                      const float *S, float *out) {
@@ -310,15 +286,13 @@ AVX512 static INLINE void row_dot512(const m3_linear *W, int n, const float *x0,
 #define MX512(kk, j)                                                                         \
     do {                                                                                     \
         uint8_t e_ = sc[(kk) / 32];                                                          \
-        __m512i w_ = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(row + (kk)))); \
-        __m512i f_ = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(w_, 8), 1), _mm512_set1_epi16((short)0xBFFF)); \
-        __m512 v0_ = _mm512_cvtph_ps(_mm512_castsi512_si256(f_));                            \
-        __m512 v1_ = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(f_, 1));                      \
+        __m512 v0_, v1_;                                                                     \
+        e4m3x32_512(row + (kk), &v0_, &v1_);                                                 \
         if (__builtin_expect(e_ > E8M0_X256_MAX, 0)) {                                       \
             v0_ = _mm512_mul_ps(v0_, _mm512_set1_ps(256.0f));                                \
             v1_ = _mm512_mul_ps(v1_, _mm512_set1_ps(256.0f));                                \
         }                                                                                    \
-        GROUP2((kk), v0_, v1_, _mm512_set1_ps(m3_cpu_tab_e8m0_x256[e_]), j);                        \
+        GROUP2((kk), v0_, v1_, _mm512_set1_ps(m3_cpu_tab_e8m0_x256[e_]), j);                 \
     } while (0)
             for (; k + 128 <= end; k += 128) {
                 _mm_prefetch((const char *)row + k + PF_DIST, _MM_HINT_T0);
@@ -334,18 +308,11 @@ AVX512 static INLINE void row_dot512(const m3_linear *W, int n, const float *x0,
         case M3_WF_NVFP4: { /* x in NVFP4_PERM512 order; S = row scales; K % 64 == 0 */
 #define NV512(kk, j)                                                                         \
     do {                                                                                     \
-        __m256i b_ = _mm256_loadu_si256((const __m256i *)(row + (kk) / 2));                 \
-        __m256i m4_ = _mm256_set1_epi8(0x0f);                                                \
-        __m512i c_ = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b_, m4_)),   \
-                                        _mm256_and_si256(_mm256_srli_epi16(b_, 4), m4_), 1); \
-        __m512i L_ = _mm512_shuffle_epi8(lut_lo, c_), H_ = _mm512_shuffle_epi8(lut_hi, c_);  \
-        __m512i wa_ = _mm512_unpacklo_epi8(L_, H_), wb_ = _mm512_unpackhi_epi8(L_, H_);     \
-        const __m512i hi16_ = _mm512_set1_epi32((int)0xFFFF0000u);                           \
-        __m512 s4_ = _mm512_castps128_ps512(_mm_loadu_ps(S + (kk) / 16));                   \
-        __m512 sa_ = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2), s4_); \
-        __m512 sb_ = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 1, 1, 1, 1, 3, 3, 3, 3), s4_); \
-        GROUP2((kk), _mm512_castsi512_ps(_mm512_slli_epi32(wa_, 16)), _mm512_castsi512_ps(_mm512_and_si512(wa_, hi16_)), sa_, j); \
-        GROUP2((kk) + 32, _mm512_castsi512_ps(_mm512_slli_epi32(wb_, 16)), _mm512_castsi512_ps(_mm512_and_si512(wb_, hi16_)), sb_, (j) + 1); \
+        __m512 w_[4], sa_, sb_;                                                              \
+        nvfp4x64_512(row + (kk) / 2, lut_lo, lut_hi, w_);                                    \
+        nvfp4_scales64_512(S + (kk) / 16, &sa_, &sb_);                                       \
+        GROUP2((kk), w_[0], w_[1], sa_, j);                                                  \
+        GROUP2((kk) + 32, w_[2], w_[3], sb_, (j) + 1);                                       \
     } while (0)
             for (; k + 128 <= end; k += 128) {
                 _mm_prefetch((const char *)row + k / 2 + PF_DIST, _MM_HINT_T0);
@@ -384,7 +351,7 @@ static int kernel_for(const m3_linear *W) {
 typedef struct {
     const m3_linear *W;
     const float *x;
-    int T, kernel;
+    int T, kernel, tiled;
     float *y;
 } lin_job;
 
@@ -393,6 +360,13 @@ static void lin_tiles(void *arg, size_t b, size_t e, int worker) {
     lin_job *j = arg;
     int n0 = (int)b * R, n1 = (int)e * R < j->W->N ? (int)e * R : j->W->N;
     if (j->kernel == K_SCALAR) { rows_scalar(j->W, n0, n1, j->x, j->T, j->y); return; }
+    if (j->tiled) { /* AVX-512 from TILED_MIN tokens: each row decoded once per block of TBT tokens */
+        for (int n = n0; n < n1; n += PR)
+            for (int t0 = 0; t0 < j->T; t0 += TBT)
+                m3_cpu_rows_tiled512(j->W, n, n + PR < n1 ? n + PR : n1, j->x, j->T, t0,
+                                     t0 + TBT < j->T ? t0 + TBT : j->T, j->y);
+        return;
+    }
     float sbuf[1024], *S = sbuf; /* NVFP4 row scales */
     if (j->W->fmt == M3_WF_NVFP4 && j->W->K / 16 > 1024 && !(S = malloc(sizeof(float) * (size_t)(j->W->K / 16)))) {
         rows_scalar(j->W, n0, n1, j->x, j->T, j->y);
@@ -446,9 +420,28 @@ void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *
         for (size_t i = 0; i < n; i++) xr[i] = m3_bf16_to_f32(m3_f32_to_bf16(x[i]));
         x = xr;
     }
-    lin_job j = {W, x, T, kernel_for(W), y};
+    lin_job j = {W, x, T, kernel_for(W), 0, y};
+    j.tiled = j.kernel == K_AVX512 && T >= TILED_MIN(W->fmt);
     float *xp = NULL;
-    if (j.kernel != K_SCALAR && W->fmt == M3_WF_NVFP4) {
+    if (j.tiled) {
+        /* the tiled kernel's input: chunk by chunk, each token's KC columns together (in
+         * NVFP4_PERM512 order for NVFP4), so a chunk's tokens are one contiguous run */
+        const int nch = (K + KC - 1) / KC;
+        xp = m3_cpu_scratch(c, sizeof(float) * (size_t)T * nch * KC, "linear");
+        if (!xp) { memset(y, 0, sizeof(float) * (size_t)T * W->N); free(xr); return; }
+        for (int ch = 0; ch < nch; ch++) {
+            const int k0 = ch * KC, len = K - k0 < KC ? K - k0 : KC;
+            for (size_t t = 0; t < (size_t)T; t++) {
+                float *d = xp + ((size_t)ch * T + t) * KC;
+                const float *s = x + t * K + k0;
+                if (W->fmt != M3_WF_NVFP4) memcpy(d, s, sizeof(float) * len);
+                else
+                    for (int g = 0; g < len; g += 64)
+                        for (int i = 0; i < 64; i++) d[g + i] = s[g + NVFP4_PERM512[i]];
+            }
+        }
+        j.x = xp;
+    } else if (j.kernel != K_SCALAR && W->fmt == M3_WF_NVFP4) {
         /* the NVFP4 decoders yield columns in a fixed order per block: permute x to match */
         const uint8_t *perm = j.kernel == K_AVX512 ? NVFP4_PERM512 : NVFP4_PERM64;
         xp = m3_cpu_scratch(c, sizeof(float) * (size_t)T * K, "linear");
@@ -463,9 +456,10 @@ void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *
         j.x = xp;
     }
     size_t tiles = ((size_t)W->N + R - 1) / R;
-    /* at least ~64 KB of weights per task, so two cores share small matrices too */
+    /* at least ~64 KB of weights per task, so two cores share small matrices too; the tiled
+     * kernel's tasks are panels of PR rows, so that a chunk of activations serves them all */
     size_t per_tile = m3_linear_bytes(W) / (tiles ? tiles : 1);
-    size_t grain = per_tile ? (65536 / per_tile) + 1 : 1;
+    size_t grain = j.tiled ? PR / R : per_tile ? (65536 / per_tile) + 1 : 1;
     m3_pool_for(c->pool, tiles, grain, lin_tiles, &j);
     free(xp);
     free(xr);

@@ -1,0 +1,27 @@
+/* What linear.c (the op, its one- and two-token kernels) shares with linear_tiled.c (the
+ * many-token kernel): the blocking that fixes the summation order, and the tiled entry. */
+#ifndef M3_CPU_LINEAR_INT_H
+#define M3_CPU_LINEAR_INT_H
+
+#include "cpu.h"
+
+#define R 4    /* rows per task unit */
+#define KC 256 /* columns per chunk (multiple of 128): chunk boundaries are part of the summation order */
+#ifndef TBT
+#define TBT 96 /* tokens per call of the tiled kernel at most */
+#endif
+#ifndef PR
+#define PR 64 /* rows per call of the tiled kernel at most (a multiple of R) */
+#endif
+/* the tiled kernel from this many tokens (below, decoding a row per pair of tokens costs less
+ * than the tile's stores and reloads; NVFP4 decodes cheapest): bench_linear's crossovers on a
+ * 2-core Zen 4, docs/PERF.md */
+#define TILED_MIN(fmt) ((fmt) == M3_WF_NVFP4 ? 48 : 16)
+
+/* rows [n0, n1) of W (n1 - n0 <= PR) for tokens [t0, t1) (t1 - t0 <= TBT) with the AVX-512
+ * kernels' exact arithmetic (linear.c's row_dot512), each row's chunk decoded once for all
+ * the tokens. xp: the T tokens' activations packed chunk by chunk, each token's KC columns
+ * together (NVFP4: in NVFP4_PERM512 order), as m3_cpu_linear packs them. */
+void m3_cpu_rows_tiled512(const m3_linear *W, int n0, int n1, const float *xp, int T, int t0, int t1, float *y);
+
+#endif

@@ -424,15 +424,15 @@ void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *
     j.tiled = j.kernel == K_AVX512 && T >= TILED_MIN(W->fmt);
     float *xp = NULL;
     if (j.tiled) {
-        /* the tiled kernel's input: chunk by chunk, each token's KC columns together (in
+        /* the tiled kernel's input: chunk by chunk, each token's KC columns together, XS apart (in
          * NVFP4_PERM512 order for NVFP4), so a chunk's tokens are one contiguous run */
         const int nch = (K + KC - 1) / KC;
-        xp = m3_cpu_scratch(c, sizeof(float) * (size_t)T * nch * KC, "linear");
+        xp = m3_cpu_scratch(c, sizeof(float) * (size_t)T * nch * XS, "linear");
         if (!xp) { memset(y, 0, sizeof(float) * (size_t)T * W->N); free(xr); return; }
         for (int ch = 0; ch < nch; ch++) {
             const int k0 = ch * KC, len = K - k0 < KC ? K - k0 : KC;
             for (size_t t = 0; t < (size_t)T; t++) {
-                float *d = xp + ((size_t)ch * T + t) * KC;
+                float *d = xp + ((size_t)ch * T + t) * XS;
                 const float *s = x + t * K + k0;
                 if (W->fmt != M3_WF_NVFP4) memcpy(d, s, sizeof(float) * len);
                 else

@@ -7,15 +7,16 @@
 
 #define R 4    /* rows per task unit */
 #define KC 256 /* columns per chunk (multiple of 128): chunk boundaries are part of the summation order */
+#define XS (KC + 16) /* the tiled kernel's row stride of a chunk's values (not a multiple of 4 KB: no L1 set conflicts) */
 #ifndef TBT
 #define TBT 96 /* tokens per call of the tiled kernel at most */
 #endif
 #ifndef PR
 #define PR 64 /* rows per call of the tiled kernel at most (a multiple of R) */
 #endif
-/* the tiled kernel from this many tokens (below, decoding a row per pair of tokens costs less
- * than the tile's stores and reloads; NVFP4 decodes cheapest): bench_linear's crossovers on a
- * 2-core Zen 4, docs/PERF.md */
+/* the tiled kernel from this many tokens: below, decoding a row for every pair of tokens costs
+ * less than the tile's stores and reloads (bench_linear's crossovers on a 2-core Zen 4,
+ * docs/PERF.md; NVFP4, the cheapest to decode, gains little even above) */
 #define TILED_MIN(fmt) ((fmt) == M3_WF_NVFP4 ? 48 : 16)
 
 /* rows [n0, n1) of W (n1 - n0 <= PR) for tokens [t0, t1) (t1 - t0 <= TBT) with the AVX-512

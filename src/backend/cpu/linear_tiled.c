@@ -24,7 +24,7 @@
 #define RR_MAX 2 /* rows per register tile */
 
 typedef struct {
-    float w[R][KC] __attribute__((aligned(64)));      /* the chunk's values, x's column order */
+    float w[R][XS] __attribute__((aligned(64)));      /* the chunk's values, x's column order */
     float s[R][KC / 32][16] __attribute__((aligned(64))); /* quantized: each 32-column step's scales */
 } tile512;
 
@@ -58,12 +58,13 @@ AVX512 static void decode_tile(const m3_linear *W, int n, int nr, int k0, int le
         case M3_WF_NVFP4: {
             /* the chunk's block scales times gmul: nvfp4_scales512's values */
             float Sc[KC / 16];
-            if (len == KC) nvfp4_scales16_512(sc + k0 / 16, W->gmul, Sc);
-            else { /* a shorter last chunk: its scales copied, so nothing past the row is read */
-                uint8_t b[KC / 16] = {0};
-                memcpy(b, sc + k0 / 16, (size_t)len / 16);
-                nvfp4_scales16_512(b, W->gmul, Sc);
-            }
+            for (int i = 0; i < len / 16; i += 16)
+                if (len / 16 - i >= 16) nvfp4_scales16_512(sc + k0 / 16 + i, W->gmul, Sc + i);
+                else { /* the last chunk's last scales: copied, so nothing past the row is read */
+                    uint8_t b[16] = {0};
+                    memcpy(b, sc + k0 / 16 + i, (size_t)(len / 16 - i));
+                    nvfp4_scales16_512(b, W->gmul, Sc + i);
+                }
             for (int c = 0; c < len; c += 64) {
                 __m512 v[4], sa, sb;
                 nvfp4x64_512(row + (k0 + c) / 2, lut_lo, lut_hi, v);
@@ -82,7 +83,7 @@ AVX512 static void decode_tile(const m3_linear *W, int n, int nr, int k0, int le
 }
 
 /* One chunk of nst steps for rows r0.. (RR of them) of the tile and TT tokens at x (the
- * chunk's packed activations, KC apart): acc[r * TBT + t] += the chunk's sum. */
+ * chunk's packed activations, XS apart): acc[r * TBT + t] += the chunk's sum. */
 AVX512 static INLINE void tile_chunk(const tile512 *tl, int r0, const int RR, const float *x, const int TT,
                                      const int quant, int nst, float *acc) {
     __m512 p[RR_MAX][TT_MAX], a[2][RR_MAX][TT_MAX];
@@ -109,7 +110,7 @@ AVX512 static INLINE void tile_chunk(const tile512 *tl, int r0, const int RR, co
                     }
 #pragma GCC unroll 3
                     for (int t = 0; t < TT; t++) {
-                        const __m512 x0 = _mm512_loadu_ps(x + t * KC + c), x1 = _mm512_loadu_ps(x + t * KC + c + 16);
+                        const __m512 x0 = _mm512_loadu_ps(x + t * XS + c), x1 = _mm512_loadu_ps(x + t * XS + c + 16);
 #pragma GCC unroll 2
                         for (int r = 0; r < RR; r++) {
                             __m512 u = _mm512_fmadd_ps(w1[r], x1, _mm512_mul_ps(w0[r], x0));
@@ -123,7 +124,7 @@ AVX512 static INLINE void tile_chunk(const tile512 *tl, int r0, const int RR, co
                     for (int r = 0; r < RR; r++) w[r] = _mm512_load_ps(tl->w[r0 + r] + c);
 #pragma GCC unroll 3
                     for (int t = 0; t < TT; t++) {
-                        const __m512 xv = _mm512_loadu_ps(x + t * KC + c);
+                        const __m512 xv = _mm512_loadu_ps(x + t * XS + c);
 #pragma GCC unroll 2
                         for (int r = 0; r < RR; r++) a[q][r][t] = _mm512_fmadd_ps(w[r], xv, a[q][r][t]);
                     }
@@ -143,20 +144,20 @@ AVX512 static INLINE void tile_chunk(const tile512 *tl, int r0, const int RR, co
         for (int t = 0; t < TT; t++) acc[(r0 + r) * TBT + t] += _mm512_reduce_add_ps(p[r][t]);
 }
 
-/* one chunk for the tile's nr rows and nt tokens at x (token stride KC): tiles of 2 rows x 3
+/* one chunk for the tile's nr rows and nt tokens at x (token stride XS): tiles of 2 rows x 3
  * tokens, then the leftover rows and tokens, each shape inlined with its constants */
 AVX512 static INLINE void chunk_tiles(const tile512 *tl, int nr, const float *x, int nt, const int quant, int nst,
                                       float *acc) {
     int t = 0;
     for (; t + TT_MAX <= nt; t += TT_MAX) {
         int r = 0;
-        for (; r + RR_MAX <= nr; r += RR_MAX) tile_chunk(tl, r, RR_MAX, x + (size_t)t * KC, TT_MAX, quant, nst, acc + t);
-        if (r < nr) tile_chunk(tl, r, 1, x + (size_t)t * KC, TT_MAX, quant, nst, acc + t);
+        for (; r + RR_MAX <= nr; r += RR_MAX) tile_chunk(tl, r, RR_MAX, x + (size_t)t * XS, TT_MAX, quant, nst, acc + t);
+        if (r < nr) tile_chunk(tl, r, 1, x + (size_t)t * XS, TT_MAX, quant, nst, acc + t);
     }
     if (nt - t == 2)
-        for (int r = 0; r < nr; r++) tile_chunk(tl, r, 1, x + (size_t)t * KC, 2, quant, nst, acc + t);
+        for (int r = 0; r < nr; r++) tile_chunk(tl, r, 1, x + (size_t)t * XS, 2, quant, nst, acc + t);
     else if (nt - t == 1)
-        for (int r = 0; r < nr; r++) tile_chunk(tl, r, 1, x + (size_t)t * KC, 1, quant, nst, acc + t);
+        for (int r = 0; r < nr; r++) tile_chunk(tl, r, 1, x + (size_t)t * XS, 1, quant, nst, acc + t);
 }
 
 AVX512 __attribute__((noinline)) static void chunk_plain(const tile512 *tl, int nr, const float *x, int nt, int nst, float *acc) {
@@ -175,7 +176,7 @@ AVX512 void m3_cpu_rows_tiled512(const m3_linear *W, int n0, int n1, const float
     /* chunk by chunk, so that the block's activations of one chunk stay in L2 for all the rows */
     for (int k0 = 0; k0 < K; k0 += KC) {
         const int len = K - k0 < KC ? K - k0 : KC, nst = quant ? len / 32 : len / 16;
-        const float *xc = xp + ((size_t)(k0 / KC) * T + t0) * KC;
+        const float *xc = xp + ((size_t)(k0 / KC) * T + t0) * XS;
         for (int n = n0; n < n1; n += R) {
             const int nr = n1 - n < R ? n1 - n : R;
             float *a = acc + (size_t)(n - n0) * TBT;

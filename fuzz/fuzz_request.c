@@ -62,7 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* (nth, the failing allocation when ctl & 16, picks the server-wide defaults otherwise) */
     const int free_nth = !(ctl & 16);
     m3_oai_ctx c = {tok, chat, m3_tok_n_vocab(tok), (ctl & 2) ? "m3-test" : NULL, NULL, MML[(ctl >> 2) & 3], 1, 1, NULL, NULL, ctl >> 7, -1, 0, 0,
-                    free_nth && (nth & 1), free_nth && (nth & 2)};
+                    free_nth && (nth & 1), free_nth && (nth & 2), 0};
     const int is_chat = (ctl & 1) || ((ctl >> 5) & 3); /* translated requests are chat requests */
     if (ctl & 16) m3_fault_arm(M3_FAULT_SERVER, 1 + nth, 1, 1);
     m3_oai_error e;

@@ -176,6 +176,16 @@ m3_chat *m3_chat_from_source(const char *src, size_t len, const char *name, m3_e
     return c;
 }
 
+m3_chat *m3_chat_derive(const m3_chat *base, const char *src, size_t len, const char *name, m3_err *err) {
+    m3_chat *c = m3_chat_from_source(src, len, name, err);
+    if (c && base && json_object_update(c->tokens, base->tokens)) {
+        m3_errf(err, "%s: out of memory", name);
+        m3_chat_free(c);
+        return NULL;
+    }
+    return c;
+}
+
 m3_chat *m3_chat_builtin_minimax(m3_err *err) {
     return m3_chat_from_source(minimax_m3_template, strlen(minimax_m3_template), "builtin:minimax-m3", err);
 }

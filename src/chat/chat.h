@@ -49,6 +49,10 @@ int m3_chat_tokens_from(m3_chat *c, const char *dir, m3_err *err);
 /* A template from text (name labels errors). No special tokens are set. */
 m3_chat *m3_chat_from_source(const char *src, size_t len, const char *name, m3_err *err);
 
+/* A template from text with base's special tokens (base NULL: none), e.g. a request's own
+ * chat_template (vLLM's --trust-request-chat-template). */
+m3_chat *m3_chat_derive(const m3_chat *base, const char *src, size_t len, const char *name, m3_err *err);
+
 /* The built-in MiniMax-M3 template. */
 m3_chat *m3_chat_builtin_minimax(m3_err *err);
 const char *m3_chat_builtin_minimax_source(void);

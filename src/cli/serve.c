@@ -72,6 +72,8 @@ static const char *usage =
     "  Flags take '--flag value' or '--flag=value'; sizes take vLLM's suffixes (32k = 32000, 32K = 32768, 4G, 4GiB).\n"
     "  --enable-force-include-usage  every stream ends with a usage chunk, stream_options or not (vLLM's)\n"
     "  --return-tokens-as-token-ids  logprobs name tokens \"token_id:<id>\" unless a request says otherwise (vLLM's)\n"
+    "  --trust-request-chat-template  a chat request's own chat_template renders its prompt (vLLM's; refused\n"
+    "                   without it); it runs in m3's Jinja sandbox, within its step and memory limits\n"
     "  More of vLLM's flags: --enforce-eager (no CUDA graphs), --disable-uvicorn-access-log\n"
     "  (= --disable-log-requests), --enable-chunked-prefill, --enable-expert-parallel (-tp's default),\n"
     "  --dtype auto|bfloat16, --load-format auto|safetensors, --data/--pipeline-parallel-size 1 and the like are\n"
@@ -232,6 +234,7 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
         else if (!strcmp(a, "--enable-prompt-tokens-details")) so.prompt_tokens_details = 1;
         else if (!strcmp(a, "--enable-force-include-usage")) so.force_include_usage = 1;
         else if (!strcmp(a, "--return-tokens-as-token-ids")) so.ids_as_tokens = 1;
+        else if (!strcmp(a, "--trust-request-chat-template")) so.trust_templates = 1;
         else if (!strcmp(a, "--enable-auto-tool-choice")) {} /* tool calls are parsed whenever the template writes them */
         else if (!strcmp(a, "--trust-remote-code")) {}       /* nothing from the checkpoint is ever run */
         else sw = 0;

@@ -309,15 +309,26 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
                        m3_oai_error *e) {
     json_t *msgs = json_object_get(b, "messages");
     if (cont) *cont = -1;
-    json_t *ctpl = json_object_get(b, "chat_template");
-    if (ctpl && !json_is_null(ctpl))
-        return OAI_BAD(e, "chat_template", "'chat_template' is not supported (the model's own chat template renders every prompt)");
+    /* a template of the request's own: chat_template, or chat_template_kwargs.chat_template (the
+     * keyword of apply_chat_template, which wins as it does in vLLM); served only under
+     * --trust-request-chat-template, refused with vLLM's words otherwise */
+    const char *tparam = "chat_template";
+    json_t *ctpl = json_object_get(b, "chat_template"), *kwo = json_object_get(b, "chat_template_kwargs");
+    if (json_is_object(kwo) && json_object_get(kwo, "chat_template") && !json_is_null(json_object_get(kwo, "chat_template"))) {
+        ctpl = json_object_get(kwo, "chat_template");
+        tparam = "chat_template_kwargs.chat_template";
+    }
+    if (ctpl && json_is_null(ctpl)) ctpl = NULL;
+    if (ctpl && !json_is_string(ctpl)) return OAI_BAD(e, tparam, "'%s' must be a string (a Jinja template)", tparam);
+    if (ctpl && !c->trust_templates)
+        return OAI_BAD(e, tparam, "Chat template is passed with request, but --trust-request-chat-template is not set. "
+                                  "Refused request with untrusted chat template.");
     if (!json_is_array(msgs) || !json_array_size(msgs))
         return OAI_BAD(e, "messages", "'messages' must be a non-empty array");
     if (json_array_size(msgs) > M3_OAI_MAX_MESSAGES)
         return OAI_BAD(e, "messages", "'messages' has %zu entries; the limit is %d", json_array_size(msgs),
                        M3_OAI_MAX_MESSAGES);
-    if (!c->chat) return OAI_BAD(e, NULL, "this model has no chat template");
+    if (!c->chat && !ctpl) return OAI_BAD(e, NULL, "this model has no chat template");
     json_t *tools = json_object_get(b, "tools");
     if (tools && json_is_null(tools)) tools = NULL;
     if (tools && !json_is_array(tools)) return OAI_BAD(e, "tools", "'tools' must be an array");
@@ -354,29 +365,46 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
         m3_media_free(&local);
         return e->status;
     }
+    json_object_del(kw, "chat_template"); /* the template itself, not a variable */
+    m3_chat *own = NULL; /* the request's template, with the model's special tokens */
+    if (ctpl) {
+        m3_err perr;
+        own = m3_chat_derive(c->chat, json_string_value(ctpl), json_string_length(ctpl), tparam, &perr);
+        if (!own) {
+            json_decref(kw);
+            json_decref(render);
+            m3_media_free(&local);
+            if (strstr(perr.msg, "out of memory")) return m3_oai_errorf(e, 500, "server_error", NULL, "%s", perr.msg);
+            return OAI_BAD(e, tparam, "%s", perr.msg);
+        }
+    }
+    const m3_chat *chat = own ? own : c->chat;
     { /* a kwarg adds a template variable; it never replaces the validated request (vLLM refuses them too) */
         const char *k;
         json_t *v;
         json_object_foreach(kw, k, v)
-            if (m3_chat_defines(c->chat, k)) { /* k belongs to kw: the error is written first */
+            if (m3_chat_defines(chat, k)) { /* k belongs to kw: the error is written first */
                 char param[96];
                 snprintf(param, sizeof param, "chat_template_kwargs.%.60s", k);
                 m3_oai_errorf(e, 400, "invalid_request_error", param,
                               "'chat_template_kwargs' cannot set '%.60s': the request (or the tokenizer's config) defines it", k);
                 json_decref(kw);
                 json_decref(render);
+                m3_chat_free(own);
                 m3_media_free(&local);
                 return e->status;
             }
     }
     m3_err err;
     size_t len;
-    char *text = m3_chat_render(c->chat, render ? render : msgs, tools, agp, kw, NULL, &len, &err);
+    char *text = m3_chat_render(chat, render ? render : msgs, tools, agp, kw, NULL, &len, &err);
     json_decref(kw);
     json_decref(render);
+    m3_chat_free(own);
     if (!text) m3_media_free(&local);
     /* the template's own failures are the request's (400); memory is the server's (500) */
     if (!text && strstr(err.msg, "out of memory")) return m3_oai_errorf(e, 500, "server_error", NULL, "chat template: %s", err.msg);
+    if (!text && own) return OAI_BAD(e, tparam, "%s", err.msg); /* the message names the field */
     if (!text) return OAI_BAD(e, "messages", "chat template: %s", err.msg);
     if (cfm && cut_after_final(text, &len, final, final_len)) {
         free(text);
@@ -686,10 +714,11 @@ static int parse_vllm_extras(const m3_oai_ctx *c, json_t *b, int chat, m3_oai_pa
     static const char *const refused[] = {"logits_processors", "documents", "chat_template", "mm_processor_kwargs",
                                           "kv_transfer_params", "vllm_xargs"};
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
-        if ((v = json_object_get(b, refused[i])) && !json_is_null(v) &&
+        if ((!chat || strcmp(refused[i], "chat_template")) && /* chat: m3_oai_chat_prompt's */
+            (v = json_object_get(b, refused[i])) && !json_is_null(v) &&
             !((json_is_array(v) && !json_array_size(v)) || (json_is_object(v) && !json_object_size(v))))
             return OAI_BAD(e, refused[i], "'%s' is not supported%s", refused[i],
-                           !strcmp(refused[i], "chat_template") ? " (the model's own chat template renders every prompt)" : "");
+                           !strcmp(refused[i], "chat_template") ? " (a completion's prompt is not rendered by a template)" : "");
     return 0;
 }
 

@@ -86,6 +86,7 @@ typedef struct m3_oai_ctx {
     int think_budget;
     int force_usage;             /* vLLM's --enable-force-include-usage: streams end with usage, asked or not */
     int ids_as_tokens;           /* vLLM's --return-tokens-as-token-ids: the default of return_tokens_as_token_ids */
+    int trust_templates;         /* vLLM's --trust-request-chat-template: a request's chat_template renders its prompt */
 } m3_oai_ctx;
 
 typedef struct m3_oai_params {

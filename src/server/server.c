@@ -628,7 +628,8 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     s->tool_parser = src && strstr(src, "minimax[>[") != NULL;
     s->ctx = (m3_oai_ctx){tok, chat, vocab, o->model_name, o->model_names, m3_engine_max_model_len(e), s->reasoning_parser,
                           s->tool_parser, o->media, o->gen_defaults, o->scheduling_priority, o->eos_id,
-                          o->reasoning_budget >= 0, o->reasoning_budget, o->force_include_usage, o->ids_as_tokens};
+                          o->reasoning_budget >= 0, o->reasoning_budget, o->force_include_usage, o->ids_as_tokens,
+                          o->trust_templates};
     signal(SIGPIPE, SIG_IGN);
     if (evthread_use_pthreads()) { srv_cleanup(s); return m3_errf(err, "evthread_use_pthreads failed"); }
     s->base = event_base_new();

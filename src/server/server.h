@@ -98,6 +98,7 @@ typedef struct m3_server_opts {
                                 * GET / DELETE /v1/responses/{id}; default 256 MiB; past it the oldest go); 0: none */
     int force_include_usage;   /* vLLM's --enable-force-include-usage: every stream ends with usage */
     int ids_as_tokens;         /* vLLM's --return-tokens-as-token-ids: return_tokens_as_token_ids by default */
+    int trust_templates;       /* vLLM's --trust-request-chat-template: a request's chat_template is rendered */
     const char *uds;           /* listen on this Unix socket instead of host:port (vLLM's --uds); NULL: TCP */
     /* called on the serving thread when the server listens, before it serves, and again with srv
      * NULL when it has stopped serving, before srv is freed: m3_server_shutdown(srv) may be called

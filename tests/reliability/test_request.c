@@ -74,7 +74,7 @@ int main(void) {
     free(tj);
     m3_chat *chat = m3_chat_builtin_minimax(&err);
     if (!tok || !chat) { fprintf(stderr, "setup: %s\n", err.msg); return 1; }
-    ctx = (m3_oai_ctx){tok, chat, m3_tok_n_vocab(tok), "m3-test", NULL, 1024, 1, 1, NULL, NULL, 0, -1, 0, 0, 0, 0};
+    ctx = (m3_oai_ctx){tok, chat, m3_tok_n_vocab(tok), "m3-test", NULL, 1024, 1, 1, NULL, NULL, 0, -1, 0, 0, 0, 0, 0};
     m3_oai_params g;
     m3_oai_error e;
 
@@ -118,6 +118,67 @@ int main(void) {
     rc = parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"echo\":true}", 1, &g, &e);
     CHECK(rc == 0 && g.echo && g.echo_len == 0, "chat echo, the user's message under the generation prompt: nothing: %d %s", rc, e.message);
     m3_oai_params_free(&g);
+    /* a request's own chat_template (vLLM's): refused with vLLM's words unless the server trusts
+     * request templates; then it renders the prompt with the model's special tokens, the
+     * kwargs' chat_template winning, its failures the request's (400 naming the field) */
+    {
+        static const char *const untrusted[][3] = {
+            {"{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"chat_template\":\"{{ 1 }}\"}", "1", "chat_template"},
+            {"{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"chat_template_kwargs\":{\"chat_template\":\"x\"}}", "1",
+             "chat_template_kwargs.chat_template"},
+            {"{\"prompt\":\"Hi\",\"chat_template\":\"{{ 1 }}\"}", "0", "chat_template"},
+        };
+        for (int i = 0; i < 2; i++) {
+            ctx.trust_templates = i;
+            for (size_t k = 0; k < sizeof untrusted / sizeof *untrusted; k++) {
+                if (i && k < 2) continue; /* trusted: rendered (below) */
+                rc = parse(untrusted[k][0], untrusted[k][1][0] == '1', &g, &e);
+                CHECK(rc == 400 && !strcmp(e.param, untrusted[k][2]) &&
+                          (k == 2 || strstr(e.message, "--trust-request-chat-template")),
+                      "trust %d: %s: 400 naming %s: %d %s: %s", i, untrusted[k][0], untrusted[k][2], rc, e.param, e.message);
+                m3_oai_params_free(&g);
+            }
+        }
+        ctx.trust_templates = 1;
+        static const char *const rendered[][2] = {
+            {"\"chat_template\":\"<{{ messages[0].content }}|{{ add_generation_prompt }}>\"", "<Hi|True>"},
+            {"\"chat_template\":\"A\",\"chat_template_kwargs\":{\"chat_template\":\"B{{ x }}\",\"x\":\"y\"}", "By"},
+            {"\"chat_template\":\"{{ messages | length }}{{ tools is none }}\",\"add_generation_prompt\":false", "1True"},
+        };
+        for (size_t k = 0; k < sizeof rendered / sizeof *rendered; k++) {
+            char body[512];
+            snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],%s}", rendered[k][0]);
+            rc = parse(body, 1, &g, &e);
+            size_t L = strlen(rendered[k][1]);
+            int same = rc == 0 && g.n_ids == L;
+            for (size_t q = 0; same && q < L; q++) same = g.ids[q] == (unsigned char)rendered[k][1][q];
+            CHECK(same, "trusted template %s: the prompt is '%s': %d %s", rendered[k][0], rendered[k][1], rc, e.message);
+            m3_oai_params_free(&g);
+        }
+        m3_oai_params p0, p1;
+        int r0 = parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}", 1, &p0, &e);
+        int r1 = parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"chat_template\":null}", 1, &p1, &e);
+        CHECK(r0 == 0 && r1 == 0 && p0.n_ids == p1.n_ids && !memcmp(p0.ids, p1.ids, sizeof(int32_t) * p0.n_ids),
+              "chat_template null: the model's template");
+        m3_oai_params_free(&p0);
+        m3_oai_params_free(&p1);
+        static const char *const bad[][2] = {
+            {"\"chat_template\":\"{% if %}\"", "chat_template"},
+            {"\"chat_template\":\"{{ raise_exception('no system role') }}\"", "chat_template"},
+            {"\"chat_template\":5", "chat_template"},
+            {"\"chat_template_kwargs\":{\"chat_template\":[\"x\"]}", "chat_template_kwargs.chat_template"},
+            {"\"chat_template\":\"{{ x }}\",\"chat_template_kwargs\":{\"messages\":[]}", "chat_template_kwargs.messages"},
+        };
+        for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+            char body[512];
+            snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],%s}", bad[k][0]);
+            rc = parse(body, 1, &g, &e);
+            CHECK(rc == 400 && !strcmp(e.param, bad[k][1]) && (k != 1 || strstr(e.message, "no system role")),
+                  "trusted, %s: 400 naming %s: %d %s: %s", bad[k][0], bad[k][1], rc, e.param, e.message);
+            m3_oai_params_free(&g);
+        }
+        ctx.trust_templates = 0;
+    }
     rc = parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"prompt_logprobs\":5}", 1, &g, &e);
     CHECK(rc == 0 && g.prompt_logprobs == 5, "chat prompt_logprobs 5: %d: %d %s", g.prompt_logprobs, rc, e.message);
     m3_oai_params_free(&g);

@@ -20,7 +20,9 @@
 //    default;
 //  - the extras not served are refused (400 naming the field) unless at the value that changes
 //    nothing: priority (but under --scheduling-policy priority), use_beam_search, logits_processors,
-//    documents, chat_template, kv_transfer_params; priority served under --scheduling-policy priority.
+//    documents, chat_template, kv_transfer_params; priority served under --scheduling-policy priority;
+//  - chat_template under --trust-request-chat-template: the request's template renders the prompt
+//    (with the model's special tokens; chat_template_kwargs.chat_template winning), its errors 400.
 // Usage: node tests/server/server_vllm_params.mjs <m3-binary> <work-dir>
 import fs from 'node:fs';
 import { spawnSync } from 'node:child_process';
@@ -220,7 +222,8 @@ try {
     ok(got.status === 200 && await detok(got.json.tokens) === hfCut(closedR, fin), `continue_final_message ${JSON.stringify(fin)}: cut where apply_chat_template cuts`);
   }
   const tpl = await post(base, '/tokenize', { model: 'tiny', messages: msgs, chat_template: '{{ 1 }}' });
-  ok(tpl.status === 400 && tpl.json?.error?.param === 'chat_template', '/tokenize with a chat_template: 400');
+  ok(tpl.status === 400 && tpl.json?.error?.param === 'chat_template' && /--trust-request-chat-template/.test(tpl.json?.error?.message),
+     `/tokenize with a chat_template, untrusted: 400 (${tpl.json?.error?.message})`);
   const both = await post(base, '/v1/chat/completions', { model: 'tiny', messages: cmsgs, add_generation_prompt: true, continue_final_message: true, max_tokens: 2 });
   ok(both.status === 400 && /Cannot set both/.test(both.json?.error?.message), `with add_generation_prompt true: 400 (${both.json?.error?.message})`);
   const dflt = await post(base, '/v1/chat/completions', { model: 'tiny', messages: cmsgs, continue_final_message: true, max_tokens: 2 });
@@ -392,6 +395,32 @@ try {
   ok(pr.every(r => r.status === 200) && pbad.status === 400 && pbad.json?.error?.param === 'priority',
      '--scheduling-policy priority: priorities 7, -3, 0 served; 2^40: 400');
   ok((await ps.stop()).code === 0, 'the priority server stopped cleanly');
+  // ---- --trust-request-chat-template: a request's own template renders its prompt ----
+  {
+    const ts = await startServer(m3, ck, ['--served-model-name', 'tiny', '--trust-request-chat-template']);
+    const own = '{{ bos_token }}<{% for m in messages %}{{ m.role }}: {{ m.content }}{% endfor %}>{{ eos_token }}{% if add_generation_prompt %}A:{% endif %}';
+    const want = (await post(ts.base, '/tokenize', { model: 'tiny', prompt: ']~!b[<user: Name three colours.>[e~[A:' })).json?.tokens;
+    const got = await post(ts.base, '/tokenize', { model: 'tiny', messages: msgs, chat_template: own });
+    ok(got.status === 200 && want?.length > 5 && JSON.stringify(got.json.tokens) === JSON.stringify(want),
+       'trusted: /tokenize renders the request\'s template with the model\'s bos_token / eos_token');
+    const viaKw = await post(ts.base, '/tokenize', { model: 'tiny', messages: msgs, chat_template: 'x', chat_template_kwargs: { chat_template: own } });
+    ok(viaKw.status === 200 && JSON.stringify(viaKw.json.tokens) === JSON.stringify(want), 'trusted: chat_template_kwargs.chat_template wins');
+    const tc = await post(ts.base, '/v1/chat/completions', { model: 'tiny', messages: msgs, chat_template: own, max_tokens: 3, temperature: 0 });
+    ok(tc.status === 200 && tc.json?.usage?.prompt_tokens === want?.length, `trusted: a chat completion of the template's prompt (${tc.json?.usage?.prompt_tokens} prompt tokens)`);
+    const plain = await post(ts.base, '/v1/chat/completions', { model: 'tiny', messages: msgs, max_tokens: 3, temperature: 0 });
+    const plainRef = await post(base, '/v1/chat/completions', { model: 'tiny', messages: msgs, max_tokens: 3, temperature: 0 });
+    ok(plain.status === 200 && plain.json?.usage?.prompt_tokens === plainRef.json?.usage?.prompt_tokens &&
+       plain.json?.choices?.[0]?.message?.content === plainRef.json?.choices?.[0]?.message?.content, 'trusted: without a template, the model\'s');
+    for (const [body, param, re] of [[{ chat_template: '{% if %}' }, 'chat_template', /chat_template/],
+                                     [{ chat_template: "{{ raise_exception('no tools here') }}" }, 'chat_template', /no tools here/],
+                                     [{ chat_template: 7 }, 'chat_template', /must be a string/]]) {
+      const r = await post(ts.base, '/v1/chat/completions', { model: 'tiny', messages: msgs, max_tokens: 2, ...body });
+      ok(r.status === 400 && r.json?.error?.param === param && re.test(r.json?.error?.message), `trusted, ${JSON.stringify(body)}: 400 (${r.json?.error?.message})`);
+    }
+    const tcomp = await post(ts.base, '/v1/completions', { model: 'tiny', prompt: 'hi', max_tokens: 2, chat_template: own });
+    ok(tcomp.status === 400 && tcomp.json?.error?.param === 'chat_template', 'trusted: a completion with a chat_template still 400');
+    ok((await ts.stop()).code === 0, 'the trusting server stopped cleanly');
+  }
   const lifo = spawnSync(m3, ['serve', '-m', ck, '--scheduling-policy', 'lifo'], { encoding: 'utf8' });
   ok(lifo.status === 2 && /expected fcfs or priority/.test(lifo.stderr), `--scheduling-policy lifo: exit ${lifo.status}`);
 } catch (e) {

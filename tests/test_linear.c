@@ -110,6 +110,38 @@ static void check(m3_cpu *c, m3_wfmt fmt, int N, int K, const char *what) {
     free(w); free(sc); free(x); free(y); free(y1);
 }
 
+/* NVFP4 scales at the edges: the E4M3 NaN codes 0x7F / 0xFF and a global multiplier whose
+ * 256-fold overflows (2^120): every T gives each token the same bits (the vector scale conversions equal
+ * the table's e4m3 * gmul), rows with a NaN scale NaN, the others as the table says */
+static void check_nvfp4_edges(m3_cpu *c, int N, int K, float gmul, const char *what) {
+    m3_linear W = {M3_WF_NVFP4, N, K, NULL, (size_t)K / 2, NULL, (size_t)K / 16, gmul, 0};
+    uint8_t *w = malloc(W.row_bytes * N), *sc = malloc(W.scale_row * N);
+    for (size_t i = 0; i < W.row_bytes * N; i++) w[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < W.scale_row * N; i++) sc[i] = (uint8_t)(1 + rnd() % 15); /* < 2^-5: sums stay finite */
+    sc[W.scale_row * 1 + 3] = 0x7F; /* row 1: a NaN block; row 2: a negative NaN block */
+    if (N > 2) sc[W.scale_row * 2 + K / 16 - 1] = 0xFF;
+    W.w = w;
+    W.scale = sc;
+    const int TMAX = 101;
+    float *x = malloc(sizeof(float) * TMAX * K), *y = malloc(sizeof(float) * TMAX * N), *yt = malloc(sizeof(float) * TMAX * N);
+    for (int i = 0; i < TMAX * K; i++) x[i] = frnd();
+    m3_cpu_linear(c, &W, x, TMAX, y);
+    int diff = 0, nan_ok = 1;
+    const int Ts[] = {1, 2, 16, 48, 97};
+    for (int i = 0; i < 5; i++) {
+        m3_cpu_linear(c, &W, x, Ts[i], yt);
+        diff += memcmp(yt, y, sizeof(float) * Ts[i] * N) != 0;
+    }
+    for (int t = 0; t < TMAX; t++)
+        for (int n = 0; n < N; n++) {
+            float v = y[(size_t)t * N + n];
+            nan_ok &= (n == 1 || (n == 2 && N > 2)) ? v != v : v == v;
+        }
+    if (diff || !nan_ok) { fails++; printf("FAIL %s: %d batches differ bitwise; NaN rows %s\n", what, diff, nan_ok ? "right" : "wrong"); }
+    else printf("ok   %-28s NaN scales, gmul %g: batch invariant\n", what, gmul);
+    free(w); free(sc); free(x); free(y); free(yt);
+}
+
 int main(void) {
     m3_cpu c = {.pool = m3_pool_create(2), .nthreads = 2};
     printf("kernels: %s\n", m3_cpu_simd_name());
@@ -128,6 +160,9 @@ int main(void) {
     check(&c, M3_WF_NVFP4, 3, 2080, "nvfp4 3x2080 (chunk tail)");
     check(&c, M3_WF_NVFP4, 3, 2112, "nvfp4 3x2112 (64-column tail)");
     check(&c, M3_WF_MXFP8, 4, 2080, "mxfp8 4x2080 (chunk tail)");
+    check_nvfp4_edges(&c, 5, 64, ldexpf(1.0f, 120), "nvfp4 5x64 edge scales");
+    check_nvfp4_edges(&c, 9, 640, ldexpf(1.0f, 120), "nvfp4 9x640 edge scales");
+    check_nvfp4_edges(&c, 3, 96, 1.0f / 3.0f, "nvfp4 3x96 NaN scales");
     m3_pool_free(c.pool);
     printf("%s\n", fails ? "linear tests FAILED" : "linear tests passed");
     return fails != 0;

@@ -140,25 +140,34 @@ AVX512 static INLINE void nvfp4_scales64_512(const float *s4, __m512 *sa, __m512
     *sb = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 1, 1, 1, 1, 3, 3, 3, 3), v);
 }
 
-/* 16 NVFP4 block scales as f32 times gmul: S[i] = e4m3(sc[i]) * gmul, rounded once (the F16
- * trick reads value / 256, and 256 * gmul is exact) */
+/* E4M3 NaN codes (0x7F, 0xFF) among n scale bytes: the table's value times gmul, as the scalar
+ * path gives (the F16 trick reads them as +-480) */
+static inline void nvfp4_scales_nan(const uint8_t *sc, int n, float gmul, float *S) {
+    for (int i = 0; i < n; i++)
+        if ((sc[i] & 0x7f) == 0x7f) S[i] = m3_cpu_tab_e4m3[sc[i]] * gmul;
+}
+
+/* 16 NVFP4 block scales as f32 times gmul: S[i] = e4m3(sc[i]) * gmul, rounded once: the F16
+ * trick reads value / 256, times 256 is exact, times gmul the one rounding (so equal to the
+ * table's e4m3 * gmul for every code and gmul) */
 AVX512 static INLINE void nvfp4_scales16_512(const uint8_t *sc, float gmul, float *S) {
     __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sc));
     __m256i f = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(w, 8), 1), _mm256_set1_epi16((short)0xBFFF));
-    _mm512_storeu_ps(S, _mm512_mul_ps(_mm512_cvtph_ps(f), _mm512_set1_ps(256.0f * gmul)));
+    _mm512_storeu_ps(S, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(f), _mm512_set1_ps(256.0f)), _mm512_set1_ps(gmul)));
+    nvfp4_scales_nan(sc, 16, gmul, S);
 }
 
-/* NVFP4 row scales as f32 times gmul: S[i] = e4m3(sc[i]) * gmul for i < n */
+/* NVFP4 row scales as f32 times gmul: S[i] = e4m3(sc[i]) * gmul for i < n (as nvfp4_scales16_512) */
 AVX512 static inline void nvfp4_scales512(const uint8_t *sc, int n, float gmul, float *S) {
     int i = 0;
-    const __m512 c = _mm512_set1_ps(256.0f * gmul);
+    const __m512 c = _mm512_set1_ps(256.0f), g = _mm512_set1_ps(gmul);
     for (; i + 32 <= n; i += 32) {
         __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(sc + i)));
         __m512i f = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(w, 8), 1), _mm512_set1_epi16((short)0xBFFF));
-        /* (value / 256) * (256 * gmul): 256 * gmul is exact, so this rounds once, as e4m3 * gmul does */
-        _mm512_storeu_ps(S + i, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(f)), c));
-        _mm512_storeu_ps(S + i + 16, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(f, 1)), c));
+        _mm512_storeu_ps(S + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(f)), c), g));
+        _mm512_storeu_ps(S + i + 16, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(f, 1)), c), g));
     }
+    nvfp4_scales_nan(sc, i, gmul, S);
     for (; i < n; i++) S[i] = m3_cpu_tab_e4m3[sc[i]] * gmul;
 }
 

@@ -75,6 +75,7 @@ AVX2 static void nvfp4_row_scales(const uint8_t *sc, int n, float gmul, float *S
         e4m3x32(sc + i, v);
         for (int q = 0; q < 4; q++) _mm256_storeu_ps(S + i + 8 * q, _mm256_mul_ps(_mm256_mul_ps(v[q], c), g));
     }
+    nvfp4_scales_nan(sc, i, gmul, S);
     for (; i < n; i++) S[i] = m3_cpu_tab_e4m3[sc[i]] * gmul;
 }
 
@@ -435,7 +436,7 @@ void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *
                 float *d = xp + ((size_t)ch * T + t) * XS;
                 const float *s = x + t * K + k0;
                 if (W->fmt != M3_WF_NVFP4) memcpy(d, s, sizeof(float) * len);
-                else
+                else /* K % 64 == 0 (kernel_for) */
                     for (int g = 0; g < len; g += 64)
                         for (int i = 0; i < 64; i++) d[g + i] = s[g + NVFP4_PERM512[i]];
             }
@@ -459,7 +460,11 @@ void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *
     /* at least ~64 KB of weights per task, so two cores share small matrices too; the tiled
      * kernel's tasks are panels of PR rows, so that a chunk of activations serves them all */
     size_t per_tile = m3_linear_bytes(W) / (tiles ? tiles : 1);
-    size_t grain = j.tiled ? PR / R : per_tile ? (65536 / per_tile) + 1 : 1;
+    size_t grain = per_tile ? (65536 / per_tile) + 1 : 1;
+    if (j.tiled) { /* panels of PR rows, or fewer so that every thread has some */
+        size_t nt = c->nthreads > 0 ? (size_t)c->nthreads : 1, share = (tiles + nt - 1) / nt;
+        grain = share < PR / R ? (share ? share : 1) : PR / R;
+    }
     m3_pool_for(c->pool, tiles, grain, lin_tiles, &j);
     free(xp);
     free(xr);

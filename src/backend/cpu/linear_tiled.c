@@ -11,7 +11,9 @@
  * scaled), step s of a chunk into accumulator chain s % 4 in order, the chains combined as
  * (A0 + A1) + (A2 + A3), reduced with the same intrinsic and added to the row's sum at each
  * chunk's end. The outputs are therefore bitwise the same as the one-token kernel's, and a
- * token's result still does not depend on the batch (tests/test_linear.c checks both). What
+ * token's result still does not depend on the batch (tests/test_linear.c checks both; a NaN
+ * made where two NaN sources meet, as inf * 0 beside a NaN, may take either one's sign, as
+ * between the one- and two-token paths already). What
  * differs is only the order in which the independent chains advance: 0 and 1 first, then 2
  * and 3, so that three vectors per (row, token) are live instead of four. */
 #include <immintrin.h>

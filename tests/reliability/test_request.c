@@ -46,6 +46,13 @@ static int parse(const char *body, int chat, m3_oai_params *g, m3_oai_error *e) 
     return rc;
 }
 
+/* a chat request of one user message "Hi" with more fields */
+static int parse_hi(const char *fields, m3_oai_params *g, m3_oai_error *e) {
+    char body[512];
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],%s}", fields);
+    return parse(body, 1, g, e);
+}
+
 static void release(void) {
     while (n_bodies) json_decref(bodies[--n_bodies]);
 }
@@ -146,9 +153,7 @@ int main(void) {
             {"\"chat_template\":\"{{ messages | length }}{{ tools is none }}\",\"add_generation_prompt\":false", "1True"},
         };
         for (size_t k = 0; k < sizeof rendered / sizeof *rendered; k++) {
-            char body[512];
-            snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],%s}", rendered[k][0]);
-            rc = parse(body, 1, &g, &e);
+            rc = parse_hi(rendered[k][0], &g, &e);
             size_t L = strlen(rendered[k][1]);
             int same = rc == 0 && g.n_ids == L;
             for (size_t q = 0; same && q < L; q++) same = g.ids[q] == (unsigned char)rendered[k][1][q];
@@ -170,9 +175,7 @@ int main(void) {
             {"\"chat_template\":\"{{ x }}\",\"chat_template_kwargs\":{\"messages\":[]}", "chat_template_kwargs.messages"},
         };
         for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
-            char body[512];
-            snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],%s}", bad[k][0]);
-            rc = parse(body, 1, &g, &e);
+            rc = parse_hi(bad[k][0], &g, &e);
             CHECK(rc == 400 && !strcmp(e.param, bad[k][1]) && (k != 1 || strstr(e.message, "no system role")),
                   "trusted, %s: 400 naming %s: %d %s: %s", bad[k][0], bad[k][1], rc, e.param, e.message);
             m3_oai_params_free(&g);

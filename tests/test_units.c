@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/err.h"
 #include "base/num.h"
 #include "backend/cpu/cpu.h"
 #include "backend/runs.h"
@@ -505,7 +506,23 @@ static void test_graph_refuse(void) {
     CHECK(stop && f.refused == M3_GRAPH_REFUSE_MAX, "graph refuse: the %d-th refused key: stop %d", M3_GRAPH_REFUSE_MAX, stop);
 }
 
+/* m3_err's oom: set by the format's own words, never by text the arguments bring */
+static void test_err_oom(void) {
+    m3_err e = {0};
+    m3_errf(&e, "%s: out of memory", "chat_template");
+    CHECK(e.oom == 1, "'%%s: out of memory' sets oom");
+    m3_err_prefix(&e, "request %d", 7);
+    CHECK(e.oom == 1 && !strcmp(e.msg, "request 7: chat_template: out of memory"), "a prefix keeps oom: %s", e.msg);
+    m3_errf(&e, "%s: line %d: raise_exception: %s", "t", 1, "out of memory");
+    CHECK(e.oom == 0, "an argument saying 'out of memory' does not set oom");
+    m3_errf(&e, "%s: out of template memory (over %zu bytes)", "t", (size_t)5);
+    CHECK(e.oom == 0, "a memory limit is not an allocation failure");
+    m3_errf(&e, "out of memory");
+    CHECK(e.oom == 1, "'out of memory' alone sets oom");
+}
+
 int main(void) {
+    test_err_oom();
     test_streamk();
     test_graph_refuse();
     test_utf8_space();

@@ -10,6 +10,9 @@ int m3_errf(m3_err *err, const char *fmt, ...) {
         va_start(ap, fmt);
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
+        static const char OOM[] = "out of memory";
+        size_t n = strlen(fmt);
+        err->oom = n >= sizeof OOM - 1 && !strcmp(fmt + n - (sizeof OOM - 1), OOM);
     }
     return -1;
 }

@@ -6,12 +6,15 @@
 
 typedef struct m3_err {
     char msg[1024];
+    int oom; /* an allocation failed: set by m3_errf when its format ends in "out of memory", so a
+              * caller tells its own fault (a server's 500) from its input's without reading text
+              * the input may have written (a template's raise_exception, say) */
 } m3_err;
 
 /* Formats into err (if non-NULL) and returns -1, so `return m3_errf(err, ...)` works. */
 int m3_errf(m3_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Prepends "prefix: " to an existing message (for adding context as errors travel up). */
+/* Prepends "prefix: " to an existing message (for adding context as errors travel up; oom stays). */
 int m3_err_prefix(m3_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

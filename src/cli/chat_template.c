@@ -50,7 +50,7 @@ int m3_cmd_chat_template(int argc, char **argv) {
         fprintf(stderr, "m3 chat-template: --messages FILE.json is required\n");
         return usage();
     }
-    m3_err err = {{0}};
+    m3_err err = {0};
     m3_chat *c = NULL;
     json_t *msgs = NULL, *tools = NULL, *kwargs = NULL;
     char *out = NULL;

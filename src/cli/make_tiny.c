@@ -134,7 +134,7 @@ int m3_cmd_make_tiny(int argc, char **argv) {
     if (strlen(out) > 3800) return usage_error("%s", "--out: path too long");
 
     const double t0 = m3_now();
-    m3_err err = {{0}};
+    m3_err err = {0};
     m3_rand_opts o = {.out = out, .config = config, .seed = seed, .quant = qm, .bare = bare, .shard_mb = shard_mb,
                       .tokenizer = tokenizer, .with_dspark = with_dspark, .dspark_config = dspark_config};
     m3_rand_report r;

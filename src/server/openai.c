@@ -3,6 +3,9 @@
 
 #include <ctype.h>
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -314,15 +317,18 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
      * --trust-request-chat-template, refused with vLLM's words otherwise */
     const char *tparam = "chat_template";
     json_t *ctpl = json_object_get(b, "chat_template"), *kwo = json_object_get(b, "chat_template_kwargs");
-    if (json_is_object(kwo) && json_object_get(kwo, "chat_template") && !json_is_null(json_object_get(kwo, "chat_template"))) {
-        ctpl = json_object_get(kwo, "chat_template");
+    json_t *kwt = json_is_object(kwo) ? json_object_get(kwo, "chat_template") : NULL;
+    if (ctpl && json_is_null(ctpl)) ctpl = NULL;
+    if (!c->trust_templates && (ctpl || (kwt && !json_is_null(kwt))))
+        return OAI_BAD(e, ctpl ? "chat_template" : "chat_template_kwargs.chat_template",
+                       "Chat template is passed with request, but --trust-request-chat-template is not set. "
+                       "Refused request with untrusted chat template.");
+    if (kwt) { /* the kwargs' key, even null (the model's template then), wins as vLLM's update() makes it */
+        ctpl = json_is_null(kwt) ? NULL : kwt;
         tparam = "chat_template_kwargs.chat_template";
     }
-    if (ctpl && json_is_null(ctpl)) ctpl = NULL;
     if (ctpl && !json_is_string(ctpl)) return OAI_BAD(e, tparam, "'%s' must be a string (a Jinja template)", tparam);
-    if (ctpl && !c->trust_templates)
-        return OAI_BAD(e, tparam, "Chat template is passed with request, but --trust-request-chat-template is not set. "
-                                  "Refused request with untrusted chat template.");
+    if (ctpl && !json_string_length(ctpl)) ctpl = NULL; /* "": the model's, as vLLM's `or` falls back */
     if (!json_is_array(msgs) || !json_array_size(msgs))
         return OAI_BAD(e, "messages", "'messages' must be a non-empty array");
     if (json_array_size(msgs) > M3_OAI_MAX_MESSAGES)
@@ -374,7 +380,7 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
             json_decref(kw);
             json_decref(render);
             m3_media_free(&local);
-            if (strstr(perr.msg, "out of memory")) return m3_oai_errorf(e, 500, "server_error", NULL, "%s", perr.msg);
+            if (perr.oom) return m3_oai_errorf(e, 500, "server_error", NULL, "%s", perr.msg);
             return OAI_BAD(e, tparam, "%s", perr.msg);
         }
     }
@@ -400,11 +406,18 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
     char *text = m3_chat_render(chat, render ? render : msgs, tools, agp, kw, NULL, &len, &err);
     json_decref(kw);
     json_decref(render);
+    const int own_tpl = own != NULL; /* the prompt's faults below are then the request template's */
     m3_chat_free(own);
-    if (!text) m3_media_free(&local);
-    /* the template's own failures are the request's (400); memory is the server's (500) */
-    if (!text && strstr(err.msg, "out of memory")) return m3_oai_errorf(e, 500, "server_error", NULL, "chat template: %s", err.msg);
-    if (!text && own) return OAI_BAD(e, tparam, "%s", err.msg); /* the message names the field */
+    if (!text) {
+        m3_media_free(&local);
+#ifdef __GLIBC__
+        malloc_trim(0); /* a render stopped at its memory limit leaves up to 1 GiB free but held */
+#endif
+    }
+    /* the template's own failures are the request's (400); memory is the server's (500), told by
+     * the error's kind, not its text (a template's raise_exception may say "out of memory") */
+    if (!text && err.oom) return m3_oai_errorf(e, 500, "server_error", NULL, "chat template: %s", err.msg);
+    if (!text && own_tpl) return OAI_BAD(e, tparam, "%s", err.msg); /* the message names the field */
     if (!text) return OAI_BAD(e, "messages", "chat template: %s", err.msg);
     if (cfm && cut_after_final(text, &len, final, final_len)) {
         free(text);
@@ -417,9 +430,11 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
     if (agp_out) *agp_out = agp;
     rc = 0;
     if (m3_tok_encode(c->tok, text, len, 1, ids, n, &err))
-        rc = OAI_BAD(e, "messages", "cannot tokenize the prompt: %s", err.msg);
+        rc = OAI_BAD(e, own_tpl ? tparam : "messages", "cannot tokenize the prompt%s: %s",
+                     own_tpl ? " the request's chat_template rendered" : "", err.msg);
     free(text);
-    if (!rc && mm->px.n_images) rc = m3_media_expand(c->media, mm, ids, n, e);
+    if (!rc && mm->px.n_images && (rc = m3_media_expand(c->media, mm, ids, n, e)) && own_tpl && e->status == 400)
+        snprintf(e->param, sizeof e->param, "%s", tparam); /* its image placeholders are the template's doing */
     m3_media_free(&local);
     return rc;
 }

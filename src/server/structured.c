@@ -205,7 +205,7 @@ int srv_structured(srv *s, m3_oai_params *g, m3_oai_error *e) {
         free(key.p);
         return m3_oai_errorf(e, 500, "server_error", NULL, "out of memory");
     }
-    m3_err err = {{0}};
+    m3_err err = {0};
     pthread_mutex_lock(&G->mu);
     m3_grammar_vocab *v = vocab_get(s, &err);
     m3_engine_grammar *eg = v ? lookup(G, key.p, key.n) : NULL;

@@ -604,7 +604,7 @@ static void tool_grammar_tests(vocab_t *bytes) {
         m3_grammar_compiled_free(gc);
         m3_grammar_free(g);
     }
-    m3_err err = {{0}};
+    m3_err err = {0};
     /* mixed types, checked by hand: raw strings that would read as another admitted type are out */
     m3_grammar *g = m3_tool_call_grammar(tools, "mix", 1, NULL, &err);
     m3_grammar_compiled *gc = g ? m3_grammar_compile(g, bytes->v, NULL, &err) : NULL;
@@ -725,7 +725,7 @@ int main(int argc, char **argv) {
     if (have_real) printf("vocabulary: %d ids, %zu trie nodes\n", real.n, m3_grammar_vocab_trie_nodes(real.v));
     /* refusals */
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
-        m3_err err = {{0}};
+        m3_err err = {0};
         m3_grammar *g = m3_grammar_from_schema(refused[i][0], strlen(refused[i][0]), NULL, &err);
         CHECK(!g && strstr(err.msg, refused[i][1]), "refusal %zu: got %s, want ...%s...", i, g ? "a grammar" : err.msg, refused[i][1]);
         m3_grammar_free(g);

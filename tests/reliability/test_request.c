@@ -135,6 +135,10 @@ int main(void) {
              "chat_template_kwargs.chat_template"},
             {"{\"prompt\":\"Hi\",\"chat_template\":\"{{ 1 }}\"}", "0", "chat_template"},
         };
+        rc = parse_hi("\"chat_template_kwargs\":{\"chat_template\":null}", &g, &e);
+        CHECK(rc == 0, "untrusted, chat_template_kwargs.chat_template null: served (vLLM refuses only a template): %d %s", rc,
+              e.message);
+        m3_oai_params_free(&g);
         for (int i = 0; i < 2; i++) {
             ctx.trust_templates = i;
             for (size_t k = 0; k < sizeof untrusted / sizeof *untrusted; k++) {
@@ -165,14 +169,27 @@ int main(void) {
         int r1 = parse("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"chat_template\":null}", 1, &p1, &e);
         CHECK(r0 == 0 && r1 == 0 && p0.n_ids == p1.n_ids && !memcmp(p0.ids, p1.ids, sizeof(int32_t) * p0.n_ids),
               "chat_template null: the model's template");
-        m3_oai_params_free(&p0);
         m3_oai_params_free(&p1);
+        /* the model's template too for "" (vLLM's `or`) and for the kwargs' key null, which wins */
+        static const char *const models[] = {"\"chat_template\":\"\"", "\"chat_template\":\"X\",\"chat_template_kwargs\":{\"chat_template\":null}",
+                                             "\"chat_template_kwargs\":{\"chat_template\":\"\"}"};
+        for (size_t k = 0; k < sizeof models / sizeof *models; k++) {
+            r1 = parse_hi(models[k], &p1, &e);
+            CHECK(r0 == 0 && r1 == 0 && p0.n_ids == p1.n_ids && !memcmp(p0.ids, p1.ids, sizeof(int32_t) * p0.n_ids),
+                  "%s: the model's template: %d %s", models[k], r1, e.message);
+            m3_oai_params_free(&p1);
+        }
+        m3_oai_params_free(&p0);
         static const char *const bad[][2] = {
             {"\"chat_template\":\"{% if %}\"", "chat_template"},
             {"\"chat_template\":\"{{ raise_exception('no system role') }}\"", "chat_template"},
             {"\"chat_template\":5", "chat_template"},
             {"\"chat_template_kwargs\":{\"chat_template\":[\"x\"]}", "chat_template_kwargs.chat_template"},
             {"\"chat_template\":\"{{ x }}\",\"chat_template_kwargs\":{\"messages\":[]}", "chat_template_kwargs.messages"},
+            /* the template's words are never taken for the server's allocation failure */
+            {"\"chat_template\":\"{{ raise_exception('out of memory') }}\"", "chat_template"},
+            /* a prompt that cannot be tokenized is the template's fault, not the messages' */
+            {"\"chat_template\":\"{{ '\\\\ud800' }}\"", "chat_template"},
         };
         for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
             rc = parse_hi(bad[k][0], &g, &e);

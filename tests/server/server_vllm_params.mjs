@@ -413,6 +413,7 @@ try {
        plain.json?.choices?.[0]?.message?.content === plainRef.json?.choices?.[0]?.message?.content, 'trusted: without a template, the model\'s');
     for (const [body, param, re] of [[{ chat_template: '{% if %}' }, 'chat_template', /chat_template/],
                                      [{ chat_template: "{{ raise_exception('no tools here') }}" }, 'chat_template', /no tools here/],
+                                     [{ chat_template: "{{ raise_exception('out of memory') }}" }, 'chat_template', /raise_exception: out of memory/],
                                      [{ chat_template: 7 }, 'chat_template', /must be a string/]]) {
       const r = await post(ts.base, '/v1/chat/completions', { model: 'tiny', messages: msgs, max_tokens: 2, ...body });
       ok(r.status === 400 && r.json?.error?.param === param && re.test(r.json?.error?.message), `trusted, ${JSON.stringify(body)}: 400 (${r.json?.error?.message})`);

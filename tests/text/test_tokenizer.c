@@ -36,7 +36,7 @@ static void expect(const m3_tok *t, const char *text, int special, const int32_t
 #define IDS(...) ((const int32_t[]){__VA_ARGS__, -1})
 
 static void expect_error(const char *json, const char *needle) {
-    m3_err err = {{0}};
+    m3_err err = {0};
     m3_tok *t = m3_tok_load_json(json, strlen(json), &err);
     CHECK(!t && strstr(err.msg, needle), "want an error with \"%s\", got \"%s\"", needle, t ? "(loaded)" : err.msg);
     m3_tok_free(t);

@@ -1,9 +1,10 @@
 /* The CPU backend's number-format decoders, in one place: E4M3 / E8M0 value tables, the
- * E2M1 -> bf16 byte tables, the scalar decoder of any weight format (formats.c) and the AVX2
- * decoders of 32 / 64 columns the linear kernels inline (linear.c; the AVX-512 kernel decodes
- * in its MX512 / NV512 steps with the same tables and the same E4M3-as-F16 trick). The values
- * are src/base/num.h's (m3_e4m3_to_f32, m3_e8m0_to_f32, m3_e2m1_values), exactly.
- * Included by linear.c and formats.c only. */
+ * E2M1 -> bf16 byte tables, the scalar decoder of any weight format (formats.c), and the AVX2
+ * and AVX-512 decoders of 32 / 64 columns and of NVFP4 block scales that the linear kernels
+ * inline (linear.c, linear_tiled.c), with the same tables and the same E4M3-as-F16 trick. The
+ * values are src/base/num.h's (m3_e4m3_to_f32, m3_e8m0_to_f32, m3_e2m1_values), exactly (the
+ * vector decoders of E4M3 weights read the NaN codes as +-480; the scales' take the table's).
+ * Included by linear.c, linear_tiled.c and formats.c only. */
 #ifndef M3_CPU_FORMATS_H
 #define M3_CPU_FORMATS_H
 

@@ -186,8 +186,12 @@ try {
   fs.rmSync(link, { force: true });
   fs.symlinkSync(target, link);
   const sl = runBatch(['-i', small, '-o', link, '-m', ck]);
-  ok(sl.code === 0 && fs.lstatSync(link).isSymbolicLink() && lines(target).length === 3 && (fs.statSync(target).mode & 0o777) === 0o600,
-     `run-batch -o SYMLINK: the target replaced (${lines(target).length} lines, mode ${(fs.statSync(target).mode & 0o777).toString(8)}), the link kept`);
+  const tgt = fs.readFileSync(target, 'utf8'), tgtLines = tgt.split('\n').filter(Boolean);
+  ok(sl.code === 0 && fs.lstatSync(link).isSymbolicLink() && tgtLines.length === 3 && tgtLines.every(l => l.startsWith('{')) &&
+     (fs.statSync(target).mode & 0o777) === 0o600,
+     `run-batch -o SYMLINK: the target replaced (${tgtLines.length} lines, mode ${(fs.statSync(target).mode & 0o777).toString(8)}), the link kept` +
+     (tgtLines.length === 3 && tgt.startsWith('{') ? '' : ` [exit ${sl.code}; target ${JSON.stringify(tgt.slice(0, 80))}; ` +
+      `files ${fs.readdirSync(work).filter(f => f.startsWith('target')).join(' ')}; stderr ${JSON.stringify(sl.stderr.slice(-600))}]`));
   const fifo = path.join(work, 'out.fifo');
   fs.rmSync(fifo, { force: true });
   execFileSync('mkfifo', [fifo]);

@@ -58,6 +58,8 @@ async function udsServer(sock, args = []) {
 // runs m3 run-batch: {code, stdout, stderr}
 function runBatch(args, input) { // (a hang fails the test: 5 minutes)
   const r = spawnSync(m3, ['run-batch', ...args, ...extra], { input, encoding: 'utf8', maxBuffer: 64 << 20, timeout: 300000 });
+  // a sanitizer's report goes to the runner's stderr, which the checks do not show: shown here
+  if (/(Thread|Address|UndefinedBehavior|Leak)Sanitizer/.test(r.stderr || '')) console.log(`run-batch ${args.join(' ')}:\n${r.stderr}`);
   return { code: r.status, stdout: r.stdout, stderr: r.stderr + (r.error ? `\n(${r.error.message})` : '') };
 }
 // a child's exit, or null when it has not exited after ms (it is then killed)

@@ -8,12 +8,8 @@
 #define R 4    /* rows per task unit */
 #define KC 256 /* columns per chunk (multiple of 128): chunk boundaries are part of the summation order */
 #define XS (KC + 16) /* the tiled kernel's row stride of a chunk's values (not a multiple of 4 KB: no L1 set conflicts) */
-#ifndef TBT
 #define TBT 96 /* tokens per call of the tiled kernel at most */
-#endif
-#ifndef PR
-#define PR 64 /* rows per call of the tiled kernel at most (a multiple of R) */
-#endif
+#define PR 64  /* rows per call of the tiled kernel at most (a multiple of R) */
 /* the tiled kernel from this many tokens: below, decoding a row for every pair of tokens costs
  * less than the tile's stores and reloads (bench_linear's crossovers on a 2-core Zen 4,
  * docs/PERF.md; NVFP4, the cheapest to decode, gains little even above) */

@@ -13,9 +13,9 @@
  * chunk's end. The outputs are therefore bitwise the same as the one-token kernel's, and a
  * token's result still does not depend on the batch (tests/test_linear.c checks both; a NaN
  * made where two NaN sources meet, as inf * 0 beside a NaN, may take either one's sign, as
- * between the one- and two-token paths already). What
- * differs is only the order in which the independent chains advance: 0 and 1 first, then 2
- * and 3, so that three vectors per (row, token) are live instead of four. */
+ * between the one- and two-token paths already). What differs is only the order in which the
+ * independent chains advance: 0 and 1 first, then 2 and 3, so that three vectors per (row,
+ * token) are live instead of four. */
 #include <immintrin.h>
 #include <string.h>
 

@@ -309,46 +309,77 @@ static __device__ __forceinline__ void nvfp4_unit_t(uint4 qa, uint4 qb, uint32_t
     }
 }
 
+/* Where an item's stages lie in the tiled weights: the first stage's values and scales (lane 0's
+ * piece; lane l reads 16 l bytes further) and the stage count of K range [c0, c1) of 16 rows from n0 */
+struct gv_run {
+    const uint8_t *v, *s;
+    int nst;
+};
+template <int F>
+static __device__ __forceinline__ gv_run gv_run_of(const m3_linear *W, int n0, int c0, int c1) {
+    constexpr int UBY = F == M3_WF_NVFP4 ? 64 : 32, SBY = F == M3_WF_NVFP4 ? 8 : 1;
+    gv_run r;
+    r.v = W->w + (size_t)(n0 >> 4) * 16 * W->row_bytes + (size_t)c0 * 16 * UBY;
+    r.s = W->scale + (size_t)(n0 >> 4) * 16 * W->scale_row + (size_t)c0 * 16 * SBY;
+    r.nst = (c1 - c0) / gp<F>::SU;
+    return r;
+}
+
 /* The tile's K range [c0, c1) (multiples of SU units) through the ring. Everything the loop
  * needs is computed once: the slice's value and scale runs (this lane's 16-byte pieces), the
  * ring slots, and this lane's x pointers. A lane without a token (xrow < 0) loads no x and
  * multiplies zeros: its loads stay predicated off, because a 16-byte load costs an L1
  * wavefront per quarter warp with an active lane (one token: one quarter instead of four;
- * loading anyway made verify(8) 4.52 -> 4.78 ms). */
+ * loading anyway made verify(8) 4.52 -> 4.78 ms).
+ * The ring runs on from item to item: rd is the slot the item's first stage is read from (the
+ * slot after the last one read), and when primed its first GP_NS - 1 stages were requested by
+ * the item before, one commit group each. nx: the warp's next item (nst 0: none); when this
+ * item has at least GP_NS - 1 stages, the next item's first GP_NS - 1 stages are requested in
+ * place of this item's past-the-end ones, and it returns true (the next item is primed).
+ * Without that a warp had nothing in flight at each item's start for a whole memory latency:
+ * the items of few stages (the MoE's down projections at K 3072, 6 stages) lost most. */
 template <int F, int HL>
-static __device__ __forceinline__ void gv_tile_p(const m3_linear *W, const uint16_t *xh, const uint16_t *xl, int xstride,
-                                                 int xrow, int n0, int c0, int c1, int g, int tig, float acc[4],
-                                                 uint8_t *ring) {
+static __device__ __forceinline__ bool gv_tile_p(const gv_run cur, const gv_run nx, bool primed, int &rd, const uint16_t *xh,
+                                                 const uint16_t *xl, int xstride, int xrow, int c0, int g, int tig,
+                                                 float acc[4], uint8_t *ring) {
     constexpr int SU = gp<F>::SU, STAGE = gp<F>::STAGE, SCB = gp<F>::SCB;
-    constexpr int UBY = F == M3_WF_NVFP4 ? 64 : 32, SBY = F == M3_WF_NVFP4 ? 8 : 1, UV = F == M3_WF_NVFP4 ? 128 : 32;
+    constexpr int UV = F == M3_WF_NVFP4 ? 128 : 32;
     constexpr int XL = F == M3_WF_NVFP4 ? 32 : 8; /* x values per lane per unit */
-    const int lane = 4 * g + tig, nst = (c1 - c0) / SU;
-    const uint8_t *vsrc = W->w + (size_t)(n0 >> 4) * 16 * W->row_bytes + (size_t)c0 * 16 * UBY + lane * 16;
-    const uint8_t *ssrc = W->scale + (size_t)(n0 >> 4) * 16 * W->scale_row + (size_t)c0 * 16 * SBY + lane * 16;
+    const int lane = 4 * g + tig, nst = cur.nst;
+    const uint8_t *vsrc = cur.v + lane * 16, *ssrc = cur.s + lane * 16;
     const bool scl = lane < SCB / 16;
     const uint32_t rdst = (uint32_t)__cvta_generic_to_shared(ring) + lane * 16; /* this lane's pieces of slot 0 */
     const bool use = xrow >= 0;
     const size_t xo = (size_t)(use ? xrow : 0) * xstride + (size_t)c0 * UV + XL * tig;
     const uint16_t *xp = (HL && (g & 1) ? xl : xh) + xo, *xq = xl + xo;
     acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+    int wr = rd; /* the slot refilled next */
 #pragma unroll
     for (int st = 0; st < GP_NS - 1; st++) {
-        if (st < nst) {
+        if (!primed) {
+            if (st < nst) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) cp_async16(rdst + st * STAGE + i * 512, vsrc + (size_t)st * 2048 + i * 512);
-            if (scl) cp_async16(rdst + st * STAGE + 2048, ssrc + (size_t)st * SCB);
+                for (int i = 0; i < 4; i++) cp_async16(rdst + wr * STAGE + i * 512, vsrc + (size_t)st * 2048 + i * 512);
+                if (scl) cp_async16(rdst + wr * STAGE + 2048, ssrc + (size_t)st * SCB);
+            }
+            cp_commit();
         }
-        cp_commit();
+        wr = wr == GP_NS - 1 ? 0 : wr + 1;
     }
-    int rd = 0, wr = GP_NS - 1; /* ring slots: read now, refilled now */
+    const bool ahead = nx.nst > 0 && nst >= GP_NS - 1; /* the next item's first stages follow this one's */
     for (int st = 0; st < nst; st++) {
         cp_wait<GP_NS - 2>(); /* stage st has landed (for this lane's copies) */
         __syncwarp();         /* ... and every lane's; the slot refilled below was read last round */
-        if (st + GP_NS - 1 < nst) {
-            const size_t nx = (size_t)(st + GP_NS - 1);
+        const int ns = st + GP_NS - 1, nn = ns - nst; /* the stage requested now: this item's, or the next's nn */
+        if (ns < nst) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) cp_async16(rdst + wr * STAGE + i * 512, vsrc + nx * 2048 + i * 512);
-            if (scl) cp_async16(rdst + wr * STAGE + 2048, ssrc + nx * SCB);
+            for (int i = 0; i < 4; i++) cp_async16(rdst + wr * STAGE + i * 512, vsrc + (size_t)ns * 2048 + i * 512);
+            if (scl) cp_async16(rdst + wr * STAGE + 2048, ssrc + (size_t)ns * SCB);
+        } else if (ahead && nn < nx.nst) {
+            const uint8_t *nv = nx.v + lane * 16, *nsc = nx.s + lane * 16;
+#pragma unroll
+            for (int i = 0; i < 4; i++) cp_async16(rdst + wr * STAGE + i * 512, nv + (size_t)nn * 2048 + i * 512);
+            if (scl) cp_async16(rdst + wr * STAGE + 2048, nsc + (size_t)nn * SCB);
         }
         cp_commit();
         const uint8_t *sb = ring + rd * STAGE;
@@ -400,7 +431,52 @@ static __device__ __forceinline__ void gv_tile_p(const m3_linear *W, const uint1
         xp += SU * UV;
         xq += SU * UV;
     }
-    __syncwarp(); /* the next item's first stages overwrite these buffers */
+    __syncwarp(); /* the next item's stages overwrite these buffers */
+    return ahead;
+}
+
+/* What work item `it` computes: its job, matrix, 16-row tile and K slice, and the matrix it reads
+ * (W NULL: a group past this step's distinct experts, modes 3 and 4, which computes nothing) */
+struct gv_item {
+    const gv_job *J;
+    const m3_linear *W;
+    const int *grp; /* modes 3, 4: expert, count, slots[8] */
+    int kslice, t2, tile, mat;
+};
+static __device__ __forceinline__ gv_item gv_item_of(const gv_args &a, int it) {
+    gv_item r;
+    int jj = 0;
+    while (jj + 1 < a.nj && it >= a.j[jj + 1].item0) jj++;
+    r.J = &a.j[jj];
+    const int local = it - r.J->item0, ks = r.J->ks;
+    r.kslice = local % ks;
+    r.t2 = local / ks;
+    r.tile = r.t2 % r.J->tiles;
+    r.mat = r.t2 / r.J->tiles;
+    r.W = &r.J->W;
+    r.grp = NULL;
+    if (a.moe >= 3) {
+        const int gi = a.moe == 3 ? r.mat >> 1 : r.mat;
+        if (gi >= a.groups[0]) {
+            r.W = NULL;
+            return r;
+        }
+        r.grp = a.groups + 1 + gi * 10;
+        const m3_mlp_w *m = &a.tab[r.grp[0]];
+        r.W = a.moe == 4 ? &m->down : (r.mat & 1) ? &m->up : &m->gate;
+    } else if (a.moe) {
+        const m3_mlp_w *m = &a.tab[a.pick[a.moe == 1 ? r.mat >> 1 : r.mat]];
+        r.W = a.moe == 2 ? &m->down : (r.mat & 1) ? &m->up : &m->gate;
+    }
+    return r;
+}
+
+/* K slice kslice of ks of W's units (whole stages of SU units through the ring): [c0, c1) */
+template <int F, int UB>
+static __device__ __forceinline__ void gv_slice(const m3_linear *W, int kslice, int ks, int *c0, int *c1) {
+    const int UV = F == M3_WF_NVFP4 ? 128 : 32, SU = UB == 0 ? gp<F>::SU : 1, units = W->K / UV / SU;
+    *c0 = SU * (int)((long)units * kslice / ks);
+    *c1 = SU * (int)((long)units * (kslice + 1) / ks);
 }
 
 /* Persistent CTAs; each warp takes items it, it + (warps in the grid), ... A tile split over
@@ -442,56 +518,56 @@ __global__ void __launch_bounds__(WPB * 32, UB == 0 ? GV_PIPE_CTAS : !HL ? 2 : 3
      * whole tiles' K slices), their partial sums added in shared memory */
     const bool cred = HL && a.cta_red; /* 1-4 tokens (5-8: registers are short) */
     __shared__ float cred_buf[WPB][8 * 16];
+    int ring_rd = 0;     /* the ring slot of the next item's first stage (gv_tile_p) */
+    bool primed = false; /* ... and whether its first stages were requested by the item before */
     for (int base = blockIdx.x * WPB; base < a.items; base += nw) {
         const int it0 = base + warp;
         bool live = it0 < a.items;
         if (!live && !cred) break;
         const int it = live ? it0 : base; /* a past-the-end warp of a cta_red round decodes a real item, idles */
-        int jj = 0;
-        while (jj + 1 < a.nj && it >= a.j[jj + 1].item0) jj++;
-        const gv_job *J = &a.j[jj];
-        const int local = it - J->item0, ks = J->ks, kslice = local % ks, t2 = local / ks;
-        const int tile = t2 % J->tiles, mat = t2 / J->tiles;
-        const m3_linear *W = &J->W;
+        const gv_item I = gv_item_of(a, it);
+        const gv_job *J = I.J;
+        const int ks = J->ks, kslice = I.kslice, t2 = I.t2, tile = I.tile, mat = I.mat;
+        const m3_linear *W = I.W ? I.W : &J->W;
         const uint16_t *xh = J->xh, *xl = J->xl;
         float *y = J->y;
         int ntok = J->T, xrow = -1;
         const int lcol = HL ? g >> 1 : g; /* this lane's B column: token (or group member) */
-        const int *grp = NULL;            /* modes 3, 4: expert, count, slots[8] */
-        if (a.moe >= 3) {
-            const int gi = a.moe == 3 ? mat >> 1 : mat;
-            if (gi >= a.groups[0]) { /* fewer distinct experts this step than the bound */
-                if (!cred) continue;
-                live = false;
-            }
+        const int *grp = I.grp;           /* modes 3, 4: expert, count, slots[8] */
+        if (!I.W) { /* fewer distinct experts this step than the bound */
+            if (!cred) continue;
+            live = false;
         }
         if (!live) {
         } else if (a.moe >= 3) {
-            const int gi = a.moe == 3 ? mat >> 1 : mat;
-            grp = a.groups + 1 + gi * 10;
-            const m3_mlp_w *m = &a.tab[grp[0]];
-            W = a.moe == 4 ? &m->down : (mat & 1) ? &m->up : &m->gate;
             ntok = grp[1];
             xrow = lcol < ntok ? (a.moe == 3 ? grp[2 + lcol] / a.topk : grp[2 + lcol]) : -1;
         } else if (a.moe) {
             const int slot = a.moe == 1 ? mat >> 1 : mat;
-            const m3_mlp_w *m = &a.tab[a.pick[slot]];
-            W = a.moe == 2 ? &m->down : (mat & 1) ? &m->up : &m->gate;
             y += (size_t)mat * W->N;
             ntok = 1;
             xrow = lcol < 1 ? (a.moe == 1 ? slot / a.topk : slot) : -1;
         } else {
-            W = &J->W;
             xrow = lcol < ntok ? lcol : -1;
         }
-        const int UV = F == M3_WF_NVFP4 ? 128 : 32, SU = UB == 0 ? gp<F>::SU : 1, units = W->K / UV / SU;
-        const int c0 = SU * (int)((long)units * kslice / ks), c1 = SU * (int)((long)units * (kslice + 1) / ks);
+        int c0, c1;
+        gv_slice<F, UB>(W, kslice, ks, &c0, &c1);
         const int n0 = tile * 16, N = W->N;
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         if (!live) {
-        } else if (UB == 0)
-            gv_tile_p<F, HL>(W, xh, xl, J->xstride, xrow, n0, c0, c1, g, tig, acc, smem + warp * gp<F>::WARP);
-        else
+        } else if (UB == 0) {
+            gv_run nx = {NULL, NULL, 0}; /* this warp's next item, when it computes (its first stages requested early) */
+            if (a.xitem && it0 + nw < a.items) {
+                const gv_item In = gv_item_of(a, it0 + nw);
+                if (In.W) {
+                    int n_c0, n_c1;
+                    gv_slice<F, UB>(In.W, In.kslice, In.J->ks, &n_c0, &n_c1);
+                    nx = gv_run_of<F>(In.W, In.tile * 16, n_c0, n_c1);
+                }
+            }
+            primed = gv_tile_p<F, HL>(gv_run_of<F>(W, n0, c0, c1), nx, primed, ring_rd, xh, xl, J->xstride, xrow, c0, g, tig,
+                                      acc, smem + warp * gp<F>::WARP);
+        } else
             gv_tile<F, HL, UB ? UB : 1>(W, xh, xl, J->xstride, xrow, n0, c0, c1, my, g, tig, acc, a.l2h);
 
         /* this lane's results: (row offset, token, value) */
@@ -818,6 +894,14 @@ static gv_fn gvx_kernel(int dev, int *nb_out, size_t *smem) {
     return (gv_fn)k_gemv_mma_mxfp8_xshared;
 }
 
+/* M3_GV_XITEM=1: a warp of the pipelined kernel requests its next item's first stages during the
+ * item before (gv_tile_p); 0 (the default until measured on the GPU): each item fills its ring alone */
+static int gv_xitem(void) {
+    static int on = -1;
+    if (on < 0) on = m3_cu_env_int("M3_GV_XITEM", 0) != 0;
+    return on;
+}
+
 /* M3_GV_XSHARE=0: 5-8 tokens on MXFP8 through k_gemv_mma (each warp loading its own x) */
 static int gvx_on(void) {
     static int on = -1;
@@ -897,6 +981,7 @@ int m3_cu_gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
         }
     }
     a->items = (int)items;
+    a->xitem = gv_xitem();
     a->ctr = c->ctr;
     a->l2h = gv_l2h();
     long grid = xshare ? items : (items + WPB - 1) / WPB;

@@ -36,6 +36,7 @@ typedef struct gv_args {
     int topk;
     int l2h;                 /* weight loads with the L2 256-byte fetch hint */
     int pf_first;            /* launched early (PDL): a plain matrix's first slices into L2 before waiting */
+    int xitem;               /* pipelined kernel: a warp's next item's first stages requested during its item */
     int *ctr;                /* arrival counters, zero between launches */
     int cta_red;             /* every tile's K slices in one CTA (ks divides WPB, jobs' items whole
                               * CTAs): partial sums added in shared memory, no arrival counters */

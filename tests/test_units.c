@@ -519,6 +519,9 @@ static void test_err_oom(void) {
     CHECK(e.oom == 0, "a memory limit is not an allocation failure");
     m3_errf(&e, "out of memory");
     CHECK(e.oom == 1, "'out of memory' alone sets oom");
+    /* the rule for producers that format in parts (a parser's message, then its position) */
+    CHECK(m3_err_fmt_oom("%s: out of memory") && !m3_err_fmt_oom("json schema: %s at %s") && !m3_err_fmt_oom(NULL),
+          "m3_err_fmt_oom: by the format's end alone");
 }
 
 int main(void) {

@@ -10,11 +10,15 @@ int m3_errf(m3_err *err, const char *fmt, ...) {
         va_start(ap, fmt);
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
-        static const char OOM[] = "out of memory";
-        size_t n = strlen(fmt);
-        err->oom = n >= sizeof OOM - 1 && !strcmp(fmt + n - (sizeof OOM - 1), OOM);
+        err->oom = m3_err_fmt_oom(fmt);
     }
     return -1;
+}
+
+int m3_err_fmt_oom(const char *fmt) {
+    static const char OOM[] = "out of memory";
+    size_t n = fmt ? strlen(fmt) : 0;
+    return n >= sizeof OOM - 1 && !strcmp(fmt + n - (sizeof OOM - 1), OOM);
 }
 
 int m3_err_prefix(m3_err *err, const char *fmt, ...) {

@@ -17,4 +17,9 @@ int m3_errf(m3_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 
 /* Prepends "prefix: " to an existing message (for adding context as errors travel up; oom stays). */
 int m3_err_prefix(m3_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* 1 when fmt ends in "out of memory": m3_errf's rule for oom, for producers that format a message
+ * in parts (a parser's "what (line, column)"): they set err->oom by their own format, never by the
+ * text their input brought. */
+int m3_err_fmt_oom(const char *fmt);
+
 #endif

@@ -993,11 +993,15 @@ static int invoke_node(m3_grammar_builder *b, const char *fname, const json_t *p
         return -1;
     }
     m3_sbuf t = {0};
-    int parts[2 * 512 + 4], np = 0, rc = 0;
+    /* nomem: an allocation of this function failed (no message written yet); named: the message
+     * names the tool already */
+    int parts[2 * 512 + 4], np = 0, rc = 0, nomem = 0, named = 0;
     rc |= m3_sbuf_str(&t, NS "<invoke name=\"") | m3_sbuf_str(&t, fname) | m3_sbuf_str(&t, "\">\n");
     if (!rc) parts[np++] = m3_gb_literal(b, t.p, t.n);
     const json_t *props = json_object_get(params, "properties"), *req = json_object_get(params, "required");
     char *doc = json_is_object(params) ? json_dumps(params, JSON_COMPACT) : NULL;
+    if (json_is_object(params) && !doc) rc = -1; /* not "any JSON": the schema's grammar or a failure */
+    nomem = rc != 0;
     size_t doclen = doc ? strlen(doc) : 0;
     /* declared properties in order, then required names that have no property schema */
     size_t nprop = json_is_object(props) ? json_object_size(props) : 0, nreq = json_is_array(req) ? json_array_size(req) : 0;
@@ -1019,11 +1023,13 @@ static int invoke_node(m3_grammar_builder *b, const char *fname, const json_t *p
             if (!required) continue; /* an optional argument the markup cannot name: left out */
             m3_errf(err, "tool \"%.64s\": the argument name \"%.64s\" cannot be written in the tool-call markup", fname, arg);
             rc = -1;
+            named = 1;
             break;
         }
-        int a[3];
+        int a[3] = {-1, -1, -1};
         t.n = 0;
         rc |= m3_sbuf_str(&t, NS "<") | m3_sbuf_str(&t, arg) | m3_sbuf_str(&t, ">");
+        nomem |= rc != 0;
         a[0] = rc ? -1 : m3_gb_literal(b, t.p, t.n);
         if (ps && doc) {
             m3_sbuf ptr = {0};
@@ -1033,7 +1039,7 @@ static int invoke_node(m3_grammar_builder *b, const char *fname, const json_t *p
             raw.not_as = (types & TY_NULL ? M3_GRAW_NULL : 0) | (types & TY_BOOL ? M3_GRAW_BOOL : 0) |
                          (types & TY_INT ? M3_GRAW_INT : 0) | (types & TY_NUM ? M3_GRAW_NUM : 0) |
                          (types & TY_OBJ ? M3_GRAW_OBJ : 0) | (types & TY_ARR ? M3_GRAW_ARR : 0);
-            if (prop_pointer(&ptr, arg)) rc = -1;
+            if (prop_pointer(&ptr, arg)) rc = nomem = -1;
             else a[1] = m3_gb_schema(b, doc, doclen, ptr.p, (types & TY_STR) ? &raw : NULL);
             free(ptr.p);
         } else {
@@ -1041,6 +1047,7 @@ static int invoke_node(m3_grammar_builder *b, const char *fname, const json_t *p
         }
         t.n = 0;
         rc |= m3_sbuf_str(&t, NS "</") | m3_sbuf_str(&t, arg) | m3_sbuf_str(&t, ">\n");
+        nomem |= rc != 0;
         a[2] = rc ? -1 : m3_gb_literal(b, t.p, t.n);
         int one = m3_gb_seq(b, a, 3);
         parts[np++] = required ? one : m3_gb_optional(b, one);
@@ -1050,7 +1057,10 @@ static int invoke_node(m3_grammar_builder *b, const char *fname, const json_t *p
     if (!rc) parts[np++] = m3_gb_literal(b, NS "</invoke>\n", NS_LEN + 10);
     free(t.p);
     if (rc || parts[np - 1] < 0) {
-        if (!strstr(err->msg, "tool \"")) m3_err_prefix(err, "tool \"%.64s\"", fname);
+        /* a failed allocation here wrote no message (the builder's, if any, came after it and
+         * is not the cause): written now, as memory's (oom set), whatever err held before */
+        if (nomem) m3_errf(err, "out of memory");
+        if (!named) m3_err_prefix(err, "tool \"%.64s\"", fname);
         return -1;
     }
     return m3_gb_seq(b, parts, np);

@@ -19,7 +19,10 @@ struct m3_grammar_builder {
 };
 
 static int gb_fail(m3_grammar_builder *b, const char *msg) {
-    if (!b->failed && !b->n.failed) m3_errf(b->err, "grammar builder: %s", msg);
+    if (!b->failed && !b->n.failed) {
+        m3_errf(b->err, "grammar builder: %s", msg);
+        if (b->err) b->err->oom = m3_err_fmt_oom(msg); /* msg: this file's words */
+    }
     b->failed = 1;
     return -1;
 }
@@ -83,7 +86,8 @@ int m3_gb_schema(m3_grammar_builder *b, const char *schema, size_t len, const ch
     json_error_t je;
     json_t *doc = json_loadb(schema, len, JSON_DECODE_ANY, &je);
     if (!doc) {
-        m3_errf(b->err, "json schema: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+        if (json_error_code(&je) == json_error_out_of_memory) m3_errf(b->err, "json schema: out of memory");
+        else m3_errf(b->err, "json schema: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
         b->failed = 1;
         return -1;
     }

@@ -63,6 +63,7 @@ static g_frag eb_err(eb_t *x, const char *at, const char *fmt, ...) {
         int line, col;
         where(x, at, &line, &col);
         m3_errf(x->err, "grammar: %s (line %d, column %d)", msg, line, col);
+        if (x->err) x->err->oom = m3_err_fmt_oom(fmt); /* by the format: msg may quote the grammar */
     }
     x->failed = 1;
     return f_none();

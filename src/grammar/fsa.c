@@ -10,10 +10,15 @@
 /* ---- NFA builder ---- */
 
 static int nfa_fail(g_nfa *n, const char *what) {
-    if (!n->failed) m3_errf(n->err, "%s: %s", nfa_what(n), what);
+    if (!n->failed) {
+        m3_errf(n->err, "%s: %s", nfa_what(n), what);
+        if (n->err) n->err->oom = m3_err_fmt_oom(what); /* what: this file's words */
+    }
     n->failed = 1;
     return -1;
 }
+
+int nfa_oom(g_nfa *n) { return nfa_fail(n, "out of memory"); }
 
 int nfa_state(g_nfa *n) {
     if (n->failed) return -1;
@@ -163,16 +168,19 @@ g_frag f_repeat(g_nfa *n, g_frag f, long lo, long hi, g_frag (*more)(void *ctx),
     return f_seq(n, out, t);
 }
 
-int f_is_empty(const g_nfa *n, g_frag f) {
+int f_is_empty(g_nfa *n, g_frag f) {
     if (f.s < 0 || n->failed) return 1;
     uint8_t *seen = calloc((size_t)n->nst, 1);
     int32_t *stk = malloc((size_t)n->nst * sizeof *stk);
     int sp = 0, found = 0;
-    if (!seen || !stk) found = 1; /* out of memory: say not empty, the build reports it */
-    else {
-        seen[f.s] = 1;
-        stk[sp++] = f.s;
+    if (!seen || !stk) { /* the NFA's failure (empty, as a failed NFA's fragments are) */
+        free(seen);
+        free(stk);
+        nfa_oom(n);
+        return 1;
     }
+    seen[f.s] = 1;
+    stk[sp++] = f.s;
     while (sp && !found) {
         int s = stk[--sp];
         if (s == f.e) found = 1;
@@ -354,7 +362,11 @@ static int dfa_subset(const g_nfa *nfa, int start, int end, const uint8_t *cls, 
         goto fail;
     memset(d->map, 0xff, 256 * sizeof *d->map);
     int32_t s0 = start;
-    if ((why = set_id(d, closure(nfa, d, &s0, 1), max_states)) < 0) goto fail;
+    int id0 = set_id(d, closure(nfa, d, &s0, 1), max_states);
+    if (id0 < 0) { /* (why stays -1 for the allocations below: a failed one is never a DFA of 0 states) */
+        why = id0;
+        goto fail;
+    }
     for (int id = 0; id < d->n; id++) {
         d->coff[id] = d->nc;
         /* byte edges: (class, target) pairs; calls: (rule, target) pairs */

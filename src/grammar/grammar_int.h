@@ -35,6 +35,8 @@ typedef struct {
 static inline const char *nfa_what(const g_nfa *n) { return n->what ? n->what : "json schema"; }
 
 int nfa_state(g_nfa *n);
+/* an allocation failure outside the NFA's own arrays, reported as n's (failed, err with oom); -1 */
+int nfa_oom(g_nfa *n);
 void nfa_edge(g_nfa *n, int from, int kind, int lo, int hi, int to, int rule);
 void nfa_free(g_nfa *n);
 int nfa_rule_new(g_nfa *n);
@@ -62,8 +64,9 @@ static inline long grammar_count(const char **p, const char *end) {
     }
     return v;
 }
-/* 1 when no path leads from f's start to its end (calls count as passable), else 0 */
-int f_is_empty(const g_nfa *n, g_frag f);
+/* 1 when no path leads from f's start to its end (calls count as passable), else 0; 1 also when
+ * n failed (out of memory here too: n's failure) */
+int f_is_empty(g_nfa *n, g_frag f);
 /* Languages without calls: a ∩ b (mode 0) or a \ b (mode 1), as a new fragment. */
 g_frag f_product(g_nfa *n, g_frag a, g_frag b, int mode);
 

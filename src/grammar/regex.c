@@ -225,7 +225,10 @@ static void json_escape_path(g_nfa *n, int s, int e, int c) {
  * spelling; surrogates left out */
 static g_frag f_cpset(rx_t *x, cpset *cs) {
     g_nfa *n = x->n;
-    if (cs->oom) return rx_err(x, x->p, "out of memory");
+    if (cs->oom) { /* the NFA's failure, as its own allocations' (err with oom, never a refused pattern) */
+        nfa_oom(n);
+        return f_none();
+    }
     cs_norm(cs);
     int s = nfa_state(n), e = nfa_state(n), tail[4] = {-1, -1, -1, -1};
     if (e < 0) return f_none();
@@ -261,12 +264,8 @@ g_frag cp_ranges_fragment(g_nfa *n, const int32_t *lohi, int nranges, int negate
     cpset s = {0};
     for (int i = 0; i < nranges; i++) cs_add(&s, lohi[2 * i], lohi[2 * i + 1]);
     if (negate) cs_negate(&s);
-    g_frag f = f_cpset(&x, &s);
+    g_frag f = f_cpset(&x, &s); /* fails as the NFA (out of memory in the set too) */
     cs_free(&s);
-    if (f.s < 0 && !n->failed) { /* out of memory in the set: the NFA's error, as its own failures */
-        m3_errf(n->err, "%s: %s", nfa_what(n), msg);
-        n->failed = 1;
-    }
     return f;
 }
 

@@ -54,6 +54,7 @@ static g_frag sc_err(sc_t *c, const char *fmt, ...) {
         vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
         m3_errf(c->err, "json schema: %s at %s", msg, c->plen ? c->path : "/ (the root)");
+        if (c->err) c->err->oom = m3_err_fmt_oom(fmt); /* by the format: msg and the path quote the schema */
     }
     c->failed = 1;
     return f_none();
@@ -1164,7 +1165,8 @@ m3_grammar *m3_grammar_from_schema(const char *text, size_t len, const m3_gramma
     json_error_t je;
     json_t *root = json_loadb(text, len, JSON_DECODE_ANY, &je);
     if (!root) {
-        m3_errf(err, "json schema: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+        if (json_error_code(&je) == json_error_out_of_memory) m3_errf(err, "json schema: out of memory");
+        else m3_errf(err, "json schema: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
         return NULL;
     }
     m3_grammar *g = build(root, opts, 0, err);

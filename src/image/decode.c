@@ -54,6 +54,7 @@ typedef struct {
     const uint8_t *p;
     size_t n, off;
     char msg[200];
+    int oom; /* libpng's error was an allocation's */
 } png_src;
 
 static void png_read_cb(png_structp png, png_bytep out, size_t len) {
@@ -66,13 +67,16 @@ static void png_read_cb(png_structp png, png_bytep out, size_t len) {
 static void png_error_cb(png_structp png, png_const_charp msg) {
     png_src *s = png_get_error_ptr(png);
     snprintf(s->msg, sizeof s->msg, "%s", msg);
+    /* libpng's words ("Out of memory", "...: insufficient memory to read chunk"); the image adds
+     * at most a 4-byte chunk name before them */
+    s->oom = strcasestr(msg, "out of memory") || strcasestr(msg, "insufficient memory");
     png_longjmp(png, 1);
 }
 
 static void png_warn_cb(png_structp png, png_const_charp msg) { (void)png; (void)msg; }
 
 static int decode_png(const uint8_t *data, size_t n, uint64_t max_pixels, m3_rgb *out, m3_err *err) {
-    png_src src = {data, n, 0, "unknown error"};
+    png_src src = {data, n, 0, "unknown error", 0};
     png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &src, png_error_cb, png_warn_cb);
     if (!png) return m3_errf(err, "PNG: out of memory");
     png_infop info = png_create_info_struct(png);
@@ -83,7 +87,8 @@ static int decode_png(const uint8_t *data, size_t n, uint64_t max_pixels, m3_rgb
     uint8_t *volatile rgb = NULL;
     volatile int rc = -1;
     if (setjmp(png_jmpbuf(png))) {
-        m3_errf(err, "undecodable PNG: %s", src.msg);
+        if (src.oom) m3_errf(err, "PNG: %s: out of memory", src.msg);
+        else m3_errf(err, "undecodable PNG: %s", src.msg);
         goto done;
     }
     png_set_read_fn(png, &src, png_read_cb);
@@ -108,7 +113,7 @@ static int decode_png(const uint8_t *data, size_t n, uint64_t max_pixels, m3_rgb
     buf = malloc(rb * h);
     rows = malloc(sizeof(png_bytep) * h);
     rgb = malloc((size_t)w * h * 3);
-    if (!buf || !rows || !rgb) { m3_errf(err, "PNG: out of memory for %u x %u pixels", w, h); goto done; }
+    if (!buf || !rows || !rgb) { m3_errf(err, "PNG: %u x %u pixels: out of memory", w, h); goto done; }
     for (uint32_t y = 0; y < h; y++) rows[y] = buf + rb * y;
     png_read_image(png, rows);
     /* the trailing chunks are not read: PIL ignores a missing IEND too */
@@ -143,11 +148,13 @@ typedef struct {
     struct jpeg_error_mgr pub;
     jmp_buf jb;
     char msg[JMSG_LENGTH_MAX];
+    int oom; /* libjpeg's error was an allocation's */
 } jpg_err;
 
 static void jpg_error_exit(j_common_ptr c) {
     jpg_err *e = (jpg_err *)c->err;
     c->err->format_message(c, e->msg);
+    e->oom = c->err->msg_code == JERR_OUT_OF_MEMORY;
     longjmp(e->jb, 1);
 }
 
@@ -180,6 +187,7 @@ static void jpg_init(struct jpeg_decompress_struct *cinfo, jpg_err *je) {
     je->pub.error_exit = jpg_error_exit;
     je->pub.emit_message = jpg_emit;
     je->pub.output_message = jpg_output;
+    je->oom = 0;
 }
 
 static int decode_jpeg(const uint8_t *data, size_t n, uint64_t max_pixels, m3_rgb *out, m3_err *err) {
@@ -191,7 +199,8 @@ static int decode_jpeg(const uint8_t *data, size_t n, uint64_t max_pixels, m3_rg
     uint8_t *volatile rgb = NULL;
     volatile int rc = -1, created = 0;
     if (setjmp(je.jb)) {
-        m3_errf(err, "undecodable JPEG: %s", je.msg);
+        if (je.oom) m3_errf(err, "JPEG: %s: out of memory", je.msg);
+        else m3_errf(err, "undecodable JPEG: %s", je.msg);
         goto done;
     }
     jpeg_create_decompress(&cinfo);
@@ -211,7 +220,7 @@ static int decode_jpeg(const uint8_t *data, size_t n, uint64_t max_pixels, m3_rg
     }
     buf = malloc((size_t)w * ch);
     rgb = malloc((size_t)w * h * 3);
-    if (!buf || !rgb) { m3_errf(err, "JPEG: out of memory for %d x %d pixels", w, h); goto done; }
+    if (!buf || !rgb) { m3_errf(err, "JPEG: %d x %d pixels: out of memory", w, h); goto done; }
     /* PIL reads Adobe CMYK as inverted (rawmode CMYK;I) and converts CMYK to RGB with
      * r = 255 - k - c*(255-k)/255 (its cmyk2rgb, MULDIV255 rounding) */
     int inv = cmyk && cinfo.saw_Adobe_marker;
@@ -259,10 +268,21 @@ static int decode_webp(const uint8_t *data, size_t n, uint64_t max_pixels, m3_rg
     if (check_size("WebP", (uint64_t)(f.width > 0 ? f.width : 0), (uint64_t)(f.height > 0 ? f.height : 0), max_pixels, err)) return -1;
     size_t sz = (size_t)f.width * f.height * 3;
     uint8_t *rgb = malloc(sz);
-    if (!rgb) return m3_errf(err, "WebP: out of memory for %d x %d pixels", f.width, f.height);
-    /* MODE_RGB: alpha, when present, is dropped (colors are not premultiplied) */
-    if (!WebPDecodeRGBInto(data, n, rgb, sz, f.width * 3)) {
+    if (!rgb) return m3_errf(err, "WebP: %d x %d pixels: out of memory", f.width, f.height);
+    /* MODE_RGB: alpha, when present, is dropped (colors are not premultiplied); WebPDecode rather
+     * than WebPDecodeRGBInto for its status, which tells memory from the data */
+    WebPDecoderConfig cfg;
+    if (!WebPInitDecoderConfig(&cfg)) { free(rgb); return m3_errf(err, "undecodable WebP: libwebp version mismatch"); }
+    cfg.output.colorspace = MODE_RGB;
+    cfg.output.is_external_memory = 1;
+    cfg.output.u.RGBA.rgba = rgb;
+    cfg.output.u.RGBA.stride = f.width * 3;
+    cfg.output.u.RGBA.size = sz;
+    st = WebPDecode(data, n, &cfg);
+    WebPFreeDecBuffer(&cfg.output); /* external memory: frees nothing of rgb */
+    if (st != VP8_STATUS_OK) {
         free(rgb);
+        if (st == VP8_STATUS_OUT_OF_MEMORY) return m3_errf(err, "WebP: out of memory");
         return m3_errf(err, "undecodable WebP: corrupt or truncated data");
     }
     out->w = f.width;
@@ -280,7 +300,8 @@ static int dims_jpeg(const uint8_t *data, size_t n, uint64_t *w, uint64_t *h, m3
     jpg_init(&cinfo, &je);
     volatile int created = 0, rc = -1;
     if (setjmp(je.jb)) {
-        m3_errf(err, "undecodable JPEG: %s", je.msg);
+        if (je.oom) m3_errf(err, "JPEG: %s: out of memory", je.msg);
+        else m3_errf(err, "undecodable JPEG: %s", je.msg);
         goto done;
     }
     jpeg_create_decompress(&cinfo);
@@ -386,7 +407,7 @@ int m3_data_url_decode(const char *url, size_t len, uint8_t **out, size_t *n, m3
     if (e - p > (ptrdiff_t)(M3_IMAGE_MAX_BYTES / 3 * 4 + 16))
         return m3_errf(err, "data URL payload is larger than %u bytes", M3_IMAGE_MAX_BYTES);
     uint8_t *buf = malloc((size_t)(e - p) / 4 * 3 + 3);
-    if (!buf) return m3_errf(err, "out of memory for a data URL of %zu bytes", len);
+    if (!buf) return m3_errf(err, "a data URL of %zu bytes: out of memory", len);
     size_t o = 0;
     uint32_t acc = 0;
     int bits = 0, pad = 0;

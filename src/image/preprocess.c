@@ -122,6 +122,7 @@ typedef struct {
 static void aa_free(aa_axis *a) {
     free(a->xmin);
     free(a->w);
+    memset(a, 0, sizeof *a); /* a failed aa_weights frees, then m3_image_resize's cleanup again */
 }
 
 static int aa_weights(int in, int out, aa_axis *a) {
@@ -187,7 +188,7 @@ int m3_image_resize(const m3_rgb *in, int w, int h, m3_rgb *out, m3_err *err) {
     uint8_t *tmp = NULL, *dst = malloc((size_t)w * h * 3);
     aa_axis ax = {0}, ay = {0};
     int rc = 0;
-    if (!dst) return m3_errf(err, "resize: out of memory for %d x %d", w, h);
+    if (!dst) return m3_errf(err, "resize to %d x %d: out of memory", w, h);
     /* horizontal pass (only when the width changes) over every input row, rounded to uint8 */
     const uint8_t *src = in->px;
     if (w != iw) {
@@ -260,7 +261,7 @@ static float *pixels_grow(m3_pixels *px, int n, int D, const int32_t thw[3], m3_
     }
     if ((int64_t)px->n_patches + n > (1 << 26)) { m3_errf(err, "pixel values: too many patches"); return NULL; }
     float *nd = realloc(px->data, sizeof(float) * ((size_t)px->n_patches + n) * D);
-    if (!nd) { m3_errf(err, "pixel values: out of memory for %d patches", px->n_patches + n); return NULL; }
+    if (!nd) { m3_errf(err, "pixel values of %d patches: out of memory", px->n_patches + n); return NULL; }
     px->data = nd;
     int32_t *ng = realloc(px->grid, sizeof(int32_t) * 3 * ((size_t)px->n_images + 1));
     if (!ng) { m3_errf(err, "pixel values: out of memory"); return NULL; }

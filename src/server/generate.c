@@ -941,7 +941,7 @@ static int start(srv *s, http_req *req, int chat, int api, m3_oai_params *g, m3_
         else if (g->n_stop_strs && !(c->stop = m3_stop_create(g->stop_strs, g->n_stop_strs, NULL, 0, &err)))
             rc = srv_send_error(req, 500, "server_error", "%s", err.msg); /* checked strings: out of memory */
         else if (chat && !(c->out = out_new(h, g, &err))) /* memory is the server's (500), bad tools the request's */
-            rc = strstr(err.msg, "out of memory") ? srv_send_error(req, 500, "server_error", "%s", err.msg) : SRV_BAD(req, "%s", err.msg);
+            rc = err.oom ? srv_send_error(req, 500, "server_error", "%s", err.msg) : SRV_BAD(req, "%s", err.msg);
         else if (h->logprobs && !(c->lp = lp_new(h))) rc = srv_send_error(req, 500, "server_error", "out of memory");
         else if (h->return_ids && !(c->tids = json_array())) rc = srv_send_error(req, 500, "server_error", "out of memory");
         else if (h->prompt_logprobs >= 0 && (!chat || i == 0) && !(c->plp = json_pack("[n]")))

@@ -77,7 +77,7 @@ static int image_bytes(const m3_media_ctx *c, json_t *part, const char *param, i
         if (!m3_data_url_decode(u, len, bytes, nb, &err) && !m3_image_dims(*bytes, *nb, w, h, &err)) return 0;
         free(*bytes);
         *bytes = NULL;
-        if (strstr(err.msg, "out of memory"))
+        if (err.oom) /* by the error's kind: its text may quote the URL (a media type) */
             return m3_oai_errorf(e, 500, "server_error", param, "%s: image %d: %s", param, index, err.msg);
         return m3_oai_errorf(e, 400, BAD, param, "%s: image %d cannot be used: %s", param, index, err.msg);
     }
@@ -190,9 +190,8 @@ int m3_media_collect(const m3_media_ctx *c, json_t *msgs, json_t **render, m3_me
     for (int q = 0; !rc && q < k; q++) {
         m3_err err;
         if (m3_image_preprocess_bytes(im[q].bytes, im[q].n, &c->io, &out->px, &err))
-            rc = strstr(err.msg, "out of memory")
-                     ? m3_oai_errorf(e, 500, "server_error", im[q].param, "%s: image %d: %s", im[q].param, q, err.msg)
-                     : m3_oai_errorf(e, 400, BAD, im[q].param, "%s: image %d cannot be used: %s", im[q].param, q, err.msg);
+            rc = err.oom ? m3_oai_errorf(e, 500, "server_error", im[q].param, "%s: image %d: %s", im[q].param, q, err.msg)
+                         : m3_oai_errorf(e, 400, BAD, im[q].param, "%s: image %d cannot be used: %s", im[q].param, q, err.msg);
     }
     for (int q = 0; q < k; q++) free(im[q].bytes);
     if (rc) return rc;

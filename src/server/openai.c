@@ -54,6 +54,9 @@ int m3_oai_verrorf(m3_oai_error *e, int status, const char *type, const char *pa
 
 #define OAI_BAD(e, param, ...) m3_oai_errorf(e, 400, BAD, param, __VA_ARGS__)
 #define OAI_OOM(e) m3_oai_errorf(e, 500, "server_error", NULL, "out of memory")
+/* a failure of the tokenizer (err): its memory the server's (500, told by err's kind, since the
+ * message may quote the text), the rest the request's (400) */
+#define OAI_TOK(e, err, param, ...) m3_oai_errorf(e, (err).oom ? 500 : 400, (err).oom ? "server_error" : BAD, param, __VA_ARGS__)
 
 /* text quoted from the request, at most ~60 bytes, cut at a character boundary */
 static const char *clip(const char *s, char *buf, size_t cap) {
@@ -430,7 +433,7 @@ int m3_oai_chat_prompt(const m3_oai_ctx *c, json_t *b, int32_t **ids, size_t *n,
     if (agp_out) *agp_out = agp;
     rc = 0;
     if (m3_tok_encode(c->tok, text, len, 1, ids, n, &err))
-        rc = OAI_BAD(e, own_tpl ? tparam : "messages", "cannot tokenize the prompt%s: %s",
+        rc = OAI_TOK(e, err, own_tpl ? tparam : "messages", "cannot tokenize the prompt%s: %s",
                      own_tpl ? " the request's chat_template rendered" : "", err.msg);
     free(text);
     if (!rc && mm->px.n_images && (rc = m3_media_expand(c->media, mm, ids, n, e)) && own_tpl && e->status == 400)
@@ -449,7 +452,7 @@ static int add_prompt(const m3_oai_ctx *c, json_t *p, const char *param, m3_oai_
     int rc = 0;
     if (json_is_string(p)) {
         if (m3_tok_encode(c->tok, json_string_value(p), json_string_length(p), 1, &ids, &n, &err))
-            return OAI_BAD(e, param, "cannot tokenize the prompt: %s", err.msg);
+            return OAI_TOK(e, err, param, "cannot tokenize the prompt: %s", err.msg);
         if (g->echo) {
             elen = json_string_length(p);
             if (!(echo = o_malloc(elen + 1))) rc = OAI_OOM(e);
@@ -458,7 +461,7 @@ static int add_prompt(const m3_oai_ctx *c, json_t *p, const char *param, m3_oai_
     } else if (json_is_array(p)) {
         rc = m3_oai_ids(p, c->vocab, param, &ids, &n, e);
         if (!rc && g->echo && n && !(echo = m3_tok_decode(c->tok, ids, n, 0, &elen, &err)))
-            rc = OAI_BAD(e, param, "cannot decode the prompt: %s", err.msg);
+            rc = OAI_TOK(e, err, param, "cannot decode the prompt: %s", err.msg);
     } else {
         return OAI_BAD(e, param, "a prompt must be a string or an array of token ids");
     }
@@ -468,7 +471,8 @@ static int add_prompt(const m3_oai_ctx *c, json_t *p, const char *param, m3_oai_
         n = (size_t)g->truncate;
         if (g->echo) {
             free(echo);
-            if (!(echo = m3_tok_decode(c->tok, ids, n, 0, &elen, &err))) rc = OAI_BAD(e, param, "cannot decode the prompt: %s", err.msg);
+            if (!(echo = m3_tok_decode(c->tok, ids, n, 0, &elen, &err)))
+                rc = OAI_TOK(e, err, param, "cannot decode the prompt: %s", err.msg);
         }
     }
     if (!rc && n) {
@@ -643,7 +647,7 @@ static int parse_bad_words(const m3_oai_ctx *c, json_t *b, m3_oai_params *g, m3_
         m3_err err;
         int rc = 0;
         if (m3_tok_encode(c->tok, sp + 1, tl, 1, &a, &na, &err) || m3_tok_encode(c->tok, sp, tl + 1, 1, &s2, &n2, &err))
-            rc = OAI_BAD(e, "bad_words", "bad_words[%zu]: cannot tokenize it: %s", i, err.msg);
+            rc = OAI_TOK(e, err, "bad_words", "bad_words[%zu]: cannot tokenize it: %s", i, err.msg);
         else if (!na || na > M3_OAI_MAX_BAD_WORD_TOKENS) /* (the form after a space counts only with as many) */
             rc = OAI_BAD(e, "bad_words", "bad_words[%zu] is %zu tokens; 1 to %d are taken", i, na, M3_OAI_MAX_BAD_WORD_TOKENS);
         for (size_t k = 0; !rc && k < na + (n2 == na ? n2 : 0); k++) /* tokenizer ids past the model's rows */

@@ -75,8 +75,7 @@ static void do_tokenize(srv *s, prep_job *j) {
     if (json_is_string(p)) {
         /* encode never adds BOS/EOS; special tokens written in the text are recognised */
         if (m3_tok_encode(s->tok, json_string_value(p), json_string_length(p), 1, &ids, &n, &err)) {
-            j->rc = m3_oai_errorf(&j->e, strstr(err.msg, "out of memory") ? 500 : 400,
-                                  strstr(err.msg, "out of memory") ? "server_error" : "invalid_request_error", "prompt",
+            j->rc = m3_oai_errorf(&j->e, err.oom ? 500 : 400, err.oom ? "server_error" : "invalid_request_error", "prompt",
                                   "cannot tokenize the prompt: %s", err.msg);
             return;
         }
@@ -261,9 +260,8 @@ static void do_generate(srv *s, prep_job *j) {
         j->n_images = j->g.media.px.n_images; /* px is the images object's from here on */
         j->images = m3_engine_images_create(s->e, &j->g.media.px, j->g.media.rows, j->g.media.n_rows, &err);
         if (!j->images)
-            j->rc = strstr(err.msg, "out of memory") ? m3_oai_errorf(&j->e, 500, "server_error", NULL, "%s", err.msg)
-                                                     : m3_oai_errorf(&j->e, 400, "invalid_request_error", "messages", "%s",
-                                                                     err.msg);
+            j->rc = err.oom ? m3_oai_errorf(&j->e, 500, "server_error", NULL, "%s", err.msg)
+                            : m3_oai_errorf(&j->e, 400, "invalid_request_error", "messages", "%s", err.msg);
     }
 }
 

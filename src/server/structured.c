@@ -154,8 +154,10 @@ static m3_pool *compile_pool(struct srv_grammars *G) {
     return G->pool;
 }
 
+/* memory is the server's (500), told by the error's kind: the message quotes the request's schema,
+ * pattern or grammar (a property named "out of memory"), which says nothing of the server */
 static int compile_error(m3_oai_error *e, const char *param, const m3_err *err) {
-    if (strstr(err->msg, "out of memory")) return m3_oai_errorf(e, 500, "server_error", param, "%s", err->msg);
+    if (err->oom) return m3_oai_errorf(e, 500, "server_error", param, "%s", err->msg);
     return m3_oai_errorf(e, 400, "invalid_request_error", param, "%s", err->msg);
 }
 

@@ -103,7 +103,7 @@ static uint32_t cp_at(const char *s, size_t n, size_t i, int *len) {
     return tok_utf8_cp((const uint8_t *)s + i, l);
 }
 
-/* ---------- normalizers */
+/* ---------- normalizers (0; -1 out of memory; -2 text they refuse) */
 
 static int nf(const char *s, size_t n, int opts, tok_buf *out) {
     size_t i = 0;
@@ -111,7 +111,7 @@ static int nf(const char *s, size_t n, int opts, tok_buf *out) {
     if (i == n) return tok_buf_put(out, s, n); /* ASCII is in every normal form */
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst, opts);
-    if (r < 0) return -1;
+    if (r < 0) return r == UTF8PROC_ERROR_NOMEM ? -1 : -2;
     int rc = tok_buf_put(out, dst, (size_t)r);
     free(dst);
     return rc;
@@ -147,7 +147,7 @@ static int norm_one(const tok_norm *nm, const char *s, size_t n, tok_buf *out) {
         return 0;
     }
     }
-    return -1;
+    return -2;
 }
 
 int tok_normalize(const m3_tok *t, const char *s, size_t n, tok_buf *out, m3_err *err) {
@@ -157,9 +157,11 @@ int tok_normalize(const m3_tok *t, const char *s, size_t n, tok_buf *out, m3_err
     if (tok_buf_put(&a, s, n)) return m3_errf(err, "out of memory");
     for (int i = 0; i < t->n_norms; i++) {
         out->n = 0;
-        if (norm_one(&t->norms[i], a.p, a.n, out) || (i + 1 < t->n_norms && (a.n = 0, tok_buf_put(&a, out->p, out->n)))) {
+        int rc = norm_one(&t->norms[i], a.p, a.n, out);
+        if (!rc && i + 1 < t->n_norms && (a.n = 0, tok_buf_put(&a, out->p, out->n))) rc = -1;
+        if (rc) { /* memory (the server's) told from text the normalizer refuses (the input's) */
             free(a.p);
-            return m3_errf(err, "normalizer failed (out of memory or invalid UTF-8)");
+            return rc == -2 ? m3_errf(err, "normalizer failed (invalid UTF-8 or too long)") : m3_errf(err, "normalizer: out of memory");
         }
     }
     free(a.p);
@@ -331,6 +333,7 @@ static int regex_pieces(enc *e, pcre2_code *re, const char *sub, size_t n, piece
     while (pos <= n) {
         int rc = pcre2_match(re, (PCRE2_SPTR)sub, n, pos, PCRE2_NO_UTF_CHECK, e->md, e->mc);
         if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc == PCRE2_ERROR_NOMEMORY) return oom(e);
         if (rc < 0 && rc != 0) {
             PCRE2_UCHAR msg[120];
             pcre2_get_error_message(rc, msg, sizeof msg);

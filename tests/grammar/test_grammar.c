@@ -16,6 +16,7 @@
 #include "base/clock.h"
 #include "chat/parsers.h"
 #include "grammar/grammar.h"
+#include "../alloc_fail.h"
 #include "jsv.h"
 #include "vocab.h"
 
@@ -711,6 +712,118 @@ static void pool_compile_tests(vocab_t *vv, int ncases) {
     m3_pool_free(pool);
 }
 
+/* ---- the server's 500 (err.oom: an allocation failed) vs its 400 (the request's grammar) ----
+ * The server tells them apart by err.oom, never by the message, which quotes the request. */
+
+/* refusals whose messages quote "out of memory" from the request: oom stays 0, also in an err
+ * that an allocation failure had set before (each producer writes oom anew) */
+static void oom_words_tests(void) {
+    static const struct { int kind; const char *text; int quotes; } refusals[] = {
+        /* a property named "out of memory" beside a keyword the compiler refuses */
+        {0, "{\"type\":\"object\",\"properties\":{\"out of memory\":{\"type\":\"string\",\"foo\":1}}}", 1},
+        {0, "{\"type\":\"object\",\"properties\":{\"out of memory\":{\"type\":\"string\",\"pattern\":\"(?=x)\"}}}", 1},
+        {0, "{\"type\":\"object\",\"required\":[\"out of memory\"],\"additionalProperties\":false}", 1},
+        {0, "{\"type\":\"integer\",\"minimum\":\"out of memory\"}", 0},
+        {1, "out of memory(?<=x)", 0},
+        {1, "[z-a]out of memory", 0},
+        {2, "root ::= \"out of memory\" x", 0},
+        {2, "root ::= [z-a] \"out of memory\"", 0},
+        /* a tool whose name, or a required argument's, says it */
+        {3, "[{\"type\":\"function\",\"function\":{\"name\":\"out of memory<\"}}]", 1},
+        {3, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+            "\"properties\":{\"out of memory\":{\"type\":\"string\"}},\"required\":[\"out of memory\"]}}}]", 1},
+        {3, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+            "\"properties\":{\"out_of_memory\":{\"type\":\"string\",\"format\":\"out of memory\"}}}}}]", 1},
+    };
+    for (size_t i = 0; i < sizeof refusals / sizeof *refusals; i++) {
+        const char *t = refusals[i].text;
+        m3_err err;
+        snprintf(err.msg, sizeof err.msg, "an earlier failure: out of memory");
+        err.oom = 1;
+        m3_grammar *g = NULL;
+        json_t *tools = refusals[i].kind == 3 ? json_loads(t, 0, NULL) : NULL;
+        switch (refusals[i].kind) {
+        case 0: g = m3_grammar_from_schema(t, strlen(t), NULL, &err); break;
+        case 1: g = m3_grammar_from_regex(t, strlen(t), NULL, &err); break;
+        case 2: g = m3_grammar_from_gbnf(t, strlen(t), NULL, &err); break;
+        default: g = m3_tool_call_grammar(tools, NULL, 1, NULL, &err); break;
+        }
+        CHECK(!g && err.oom == 0 && !strstr(err.msg, "earlier failure") && (!refusals[i].quotes || strstr(err.msg, "out of memory")),
+              "refusal quoting 'out of memory' %zu: %s, oom %d: %s", i, g ? "a grammar" : "refused", err.oom, err.msg);
+        m3_grammar_free(g);
+        json_decref(tools);
+    }
+}
+
+/* every allocation (alloc_fail.h) of making and compiling a grammar fails in turn: the grammar is
+ * made as without it, or refused with oom set (a 500), never as a refusal of the request (400) */
+static m3_grammar *oom_make(int kind, const char *text, json_t *tools, m3_err *err) {
+    static const char *const ch[] = {"yes", "no", "maybe so"};
+    static const size_t chl[] = {3, 2, 8};
+    switch (kind) {
+    case 0: return m3_grammar_from_schema(text, strlen(text), NULL, err);
+    case 1: return m3_grammar_from_regex(text, strlen(text), NULL, err);
+    case 2: return m3_grammar_from_gbnf(text, strlen(text), NULL, err);
+    case 3: return m3_grammar_from_choices(ch, chl, 3, NULL, err);
+    case 4: return m3_grammar_json(NULL, err);
+    case 5: return m3_tool_call_grammar(tools, "get_weather", 2, NULL, err);
+    default: return m3_tool_call_grammar_auto(tools, 0, NULL, err);
+    }
+}
+
+static void oom_sweep_tests(const vocab_t *bytes) {
+    static const struct { int kind; const char *text; } makes[] = {
+        {0, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^[a-c]{1,3}\\\\d$\"},"
+            "\"b\":{\"enum\":[1,\"x\",null]},\"c\":{\"type\":\"array\",\"items\":{\"$ref\":\"#\"},\"maxItems\":2},"
+            "\"d\":{\"type\":\"string\",\"format\":\"date\"},\"e\":{\"type\":\"integer\",\"minimum\":-5,\"maximum\":120}},"
+            "\"required\":[\"a\"]}"},
+        {1, "(ab|[^x-z\\s]){2,4}\\w+\\u{1F600}?"},
+        {2, "root ::= item (\",\" ws item){0,3}\nitem ::= [a-z0-9]+ | \"(\" root \")\"\nws ::= [ \\t]*"},
+        {3, NULL},
+        {4, NULL},
+        {5, NULL},
+        {6, NULL},
+    };
+    /* tools small enough for a sweep in seconds (a grammar's allocations, each failing, cost its
+     * allocations squared) */
+    json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{"
+                               "\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":4},"
+                               "\"days\":{\"type\":[\"integer\",\"null\"]}},\"required\":[\"city\"]}}},"
+                               "{\"type\":\"function\",\"function\":{\"name\":\"ping\"}}]", 0, NULL);
+    long runs = 0, made = 0, refused = 0;
+    double t0 = m3_now();
+    for (size_t i = 0; i < sizeof makes / sizeof *makes; i++) {
+        m3_err err = {0};
+        m3_test_alloc_arm(0);
+        m3_grammar *g = oom_make(makes[i].kind, makes[i].text, tools, &err);
+        m3_grammar_compiled *gc = g ? m3_grammar_compile(g, bytes->v, NULL, &err) : NULL;
+        long total = m3_test_alloc_disarm();
+        CHECK(gc && total > 0, "oom sweep %zu: without failures: %s (%ld allocations)", i, gc ? "compiled" : err.msg, total);
+        m3_grammar_compiled_free(gc);
+        m3_grammar_free(g);
+        for (long k = 1; k <= total; k++) {
+            m3_err e2 = {0};
+            m3_test_alloc_arm(k);
+            g = oom_make(makes[i].kind, makes[i].text, tools, &e2);
+            gc = g ? m3_grammar_compile(g, bytes->v, NULL, &e2) : NULL;
+            m3_test_alloc_disarm();
+            int hit = m3_test_alloc_failed();
+            runs++;
+            if (gc) made++;
+            else {
+                refused++;
+                CHECK(hit && e2.oom && strstr(e2.msg, "out of memory"), "oom sweep %zu, allocation %ld of %ld failing: oom %d: %s", i, k,
+                      total, e2.oom, e2.msg);
+            }
+            m3_grammar_compiled_free(gc);
+            m3_grammar_free(g);
+        }
+    }
+    json_decref(tools);
+    printf("allocation failures: %ld runs (each allocation of %zu grammars failing in turn), %ld made anyway, %ld refused "
+           "as out of memory (%.1f s)\n", runs, sizeof makes / sizeof *makes, made, refused, m3_now() - t0);
+}
+
 int main(int argc, char **argv) {
     const char *src = argc > 1 ? argv[1] : ".";
     int walks = argc > 2 ? atoi(argv[2]) : 3;
@@ -775,6 +888,8 @@ int main(int argc, char **argv) {
         m3_grammar_compiled_free(gc);
         m3_grammar_free(g);
     }
+    oom_words_tests();
+    oom_sweep_tests(&bytes);
     for (int i = 0; i < NCASES; i++) run_case(i, &cases[i], &bytes, have_real ? &real : NULL, walks);
     tool_grammar_tests(&bytes);
     regex_tests(&bytes, have_real ? &real : NULL, walks);

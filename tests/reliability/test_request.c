@@ -7,6 +7,11 @@
  *   3. allocation failure at every point of parsing each accepted request: either the same
  *      parameters as without the failure, or a clean 500 (never a truncated request: a lost
  *      stop id or message would change what is generated). Leaks: the sanitizer build.
+ *   4. the server's 500 (an allocation failed: m3_err's oom) is told from the request's 400 by the
+ *      error's kind, never by its words: a request whose refusal quotes "out of memory" gets 400;
+ *      each allocation of the tokenizer and of the images' decoding and preprocessing failing in
+ *      turn (alloc_fail.h: they do not count through base/fault.h) gets a 500 or the result as
+ *      without it.
  * Usage: test_request */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,9 +19,11 @@
 
 #include "base/utf8.h"
 #include "base/fault.h"
+#include "server/media.h"
 #include "server/openai.h"
 
 #include "../../fuzz/bytetok.h"
+#include "../alloc_fail.h"
 #include "../check.h"
 
 static m3_oai_ctx ctx;
@@ -456,6 +463,94 @@ int main(void) {
     CHECK(same + oom == runs, "fault runs: %ld not clean", runs - same - oom);
 
     release();
+
+    /* ---- 4. 500 by the error's kind, 400 whatever its words ---- */
+    {
+        /* the tokenizer: each allocation failing sets oom (a 500), or the ids come out the same */
+        static const char text[] = "Hello there, ]~!b[ \xc3\xa9t\xc3\xa9 \xe2\x82\xac 42!";
+        int32_t *want = NULL, *ids = NULL;
+        size_t nwant = 0, nids = 0;
+        m3_test_alloc_arm(0);
+        rc = m3_tok_encode(tok, text, sizeof text - 1, 1, &want, &nwant, &err);
+        long total = m3_test_alloc_disarm();
+        CHECK(rc == 0 && total > 0, "tokenize without failures: %s (%ld allocations)", err.msg, total);
+        long bad_runs = 0;
+        for (long k = 1; k <= total; k++) {
+            m3_err e2 = {0};
+            m3_test_alloc_arm(k);
+            rc = m3_tok_encode(tok, text, sizeof text - 1, 1, &ids, &nids, &e2);
+            m3_test_alloc_disarm();
+            int same = rc == 0 && nids == nwant && !memcmp(ids, want, nids * sizeof *ids);
+            int oom = rc != 0 && e2.oom && m3_test_alloc_failed();
+            CHECK(same || oom, "tokenize, allocation %ld of %ld failing: rc %d, oom %d: %s", k, total, rc, e2.oom, e2.msg);
+            bad_runs += !(same || oom);
+            free(ids);
+            ids = NULL;
+        }
+        free(want);
+        printf("4. tokenizer: %ld runs with one allocation failing, %ld neither the same ids nor out of memory\n", total, bad_runs);
+
+        /* images: a refusal that quotes "out of memory" is the request's; a failed allocation the
+         * server's, at every allocation of checking, decoding and preprocessing a PNG and a JPEG
+         * (not WebP: libwebp 1.2 reports its allocation failures as corrupt data or a user abort,
+         * and its lossless decoder crashes after some of them) */
+        m3_vision_config vc = {.channels = 3, .patch = 14, .temporal = 2, .merge = 2};
+        m3_media_ctx mc = {.vc = &vc, .start_id = -1, .end_id = -1};
+        m3_image_opts_default(&mc.io);
+        static const char *const urls[] = {
+            "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAYAAAAFCAIAAADpOgqxAAAAK0lEQVQImWP8////WYafcHSG0YGF4eBPBgYkZM/"
+            "OwnAAVcgBU6geU2g/OwBnwiOCkc59XwAAAABJRU5ErkJggg==",
+            "data:image/jpeg;base64,/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAAYEBQYFBAYGBQYHBwYIChAKCgkJChQODwwQFxQYGBcUFhYaHSUfGhsjHBYWICwgIy"
+            "YnKSopGR8tMC0oMCUoKSj/2wBDAQcHBwoIChMKChMoGhYaKCgoKCgoKCgoKCgoKCgoKCgoKCgoKCgoKCgoKCgoKCgoKCgoKCgoKCgoKCgoKCgoKCj/wAARCAAF"
+            "AAYDASIAAhEBAxEB/8QAHwAAAQUBAQEBAQEAAAAAAAAAAAECAwQFBgcICQoL/8QAtRAAAgEDAwIEAwUFBAQAAAF9AQIDAAQRBRIhMUEGE1FhByJxFDKBkaEII0"
+            "KxwRVS0fAkM2JyggkKFhcYGRolJicoKSo0NTY3ODk6Q0RFRkdISUpTVFVWV1hZWmNkZWZnaGlqc3R1dnd4eXqDhIWGh4iJipKTlJWWl5iZmqKjpKWmp6ipqrKz"
+            "tLW2t7i5usLDxMXGx8jJytLT1NXW19jZ2uHi4+Tl5ufo6erx8vP09fb3+Pn6/8QAHwEAAwEBAQEBAQEBAQAAAAAAAAECAwQFBgcICQoL/8QAtREAAgECBAQDBA"
+            "cFBAQAAQJ3AAECAxEEBSExBhJBUQdhcRMiMoEIFEKRobHBCSMzUvAVYnLRChYkNOEl8RcYGRomJygpKjU2Nzg5OkNERUZHSElKU1RVVldYWVpjZGVmZ2hpanN0"
+            "dXZ3eHl6goOEhYaHiImKkpOUlZaXmJmaoqOkpaanqKmqsrO0tba3uLm6wsPExcbHyMnK0tPU1dbX2Nna4uPk5ebn6Onq8vP09fb3+Pn6/9oADAMBAAIRAxEAPw"
+            "DU8MarP8RvGVzpGu820Nq90vO75w6KP0c0UUV8r4g1qmEzd0qD5Y8sdEfU1sVWy6vUoYSThDmbsttT/9k=",
+        };
+        json_t *quoted = json_pack("[{s:s,s:[{s:s,s:{s:s}}]}]", "role", "user", "content", "type", "image_url", "image_url", "url",
+                                   "data:out of memory;base64,aGVsbG8=");
+        json_t *render = NULL;
+        m3_media mm = {0};
+        rc = m3_media_collect(&mc, quoted, &render, &mm, &e);
+        CHECK(rc == 400 && e.status == 400 && !strcmp(e.type, "invalid_request_error") && strstr(e.message, "out of memory"),
+              "a data URL whose media type says 'out of memory': 400, got %d %s: %s", rc, e.type, e.message);
+        json_decref(render);
+        m3_media_free(&mm);
+        json_decref(quoted);
+        long runs = 0, served = 0, refused = 0;
+        for (size_t u = 0; u < sizeof urls / sizeof *urls; u++) {
+            json_t *msgs = json_pack("[{s:s,s:[{s:s,s:{s:s}}]}]", "role", "user", "content", "type", "image_url", "image_url", "url",
+                                     urls[u]);
+            render = NULL;
+            m3_test_alloc_arm(0);
+            rc = m3_media_collect(&mc, msgs, &render, &mm, &e);
+            total = m3_test_alloc_disarm();
+            const int want_patches = mm.px.n_patches;
+            CHECK(rc == 0 && want_patches > 0 && total > 0, "image %zu without failures: %d %s (%ld allocations)", u, rc, e.message, total);
+            json_decref(render);
+            m3_media_free(&mm);
+            for (long k = 1; k <= total; k++) {
+                render = NULL;
+                m3_test_alloc_arm(k);
+                rc = m3_media_collect(&mc, msgs, &render, &mm, &e);
+                m3_test_alloc_disarm();
+                runs++;
+                if (rc == 0) served += mm.px.n_patches == want_patches;
+                refused += rc == 500;
+                CHECK((rc == 0 && mm.px.n_patches == want_patches) ||
+                          (rc == 500 && e.status == 500 && !strcmp(e.type, "server_error") && m3_test_alloc_failed()),
+                      "image %zu, allocation %ld of %ld failing: %d %s: %s", u, k, total, rc, rc ? e.type : "", rc ? e.message : "");
+                json_decref(render);
+                m3_media_free(&mm);
+            }
+            json_decref(msgs);
+        }
+        printf("4. images (PNG, JPEG): %ld runs with one allocation failing: %ld as without it, %ld a 500\n", runs, served,
+               refused);
+    }
+
     m3_chat_free(chat);
     m3_tok_free(tok);
     if (failures) { printf("%d checks FAILED\n", failures); return 1; }

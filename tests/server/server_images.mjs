@@ -187,6 +187,8 @@ try {
   await bad('truncated PNG', dataUrl(pngA.subarray(0, pngA.length >> 1)), /PNG/);
   await bad('not an image', dataUrl(Buffer.from('hello, world: not an image'), 'image/png'), /unknown image format/);
   await bad('text media type', 'data:text/plain;base64,aGVsbG8=', /not an image/);
+  // the request's words are never taken for the server's allocation failure (a 500)
+  await bad('a media type that says out of memory', 'data:out of memory;base64,aGVsbG8=', /media type 'out of memory' is not an image/);
   await bad('huge image (header says 20000 x 20000)', dataUrl(png(4, 4, () => [1, 2, 3], { headerW: 20000, headerH: 20000 })), /too large/);
   await bad('degenerate aspect ratio (600 x 2)', dataUrl(png(600, 2, x => [x & 255, 0, 0])), /aspect ratio/);
   await bad('remote URL without --allowed-media-domains', 'https://example.com/cat.png', /remote image URLs are not accepted.*data URL/);

@@ -339,6 +339,11 @@ try {
   };
   await err({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', properties: { d: { type: 'string', format: 'uri' } } } } } }, 'response_format', 'unsupported "format": "uri" (served, for strings: date-time, date, time, duration, email, hostname, ipv4, ipv6, uuid) at /properties/d/format');
   await err({ guided_json: { type: 'integer', minimum: 5, maximum: 1 } }, 'guided_json', 'no integer');
+  // the request's words are never taken for the server's allocation failure (a 500): a property,
+  // or a tool's argument, named "out of memory" beside what the compiler refuses
+  await err({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', properties: { 'out of memory': { type: 'string', foo: 1 } } } } } }, 'response_format', 'unsupported keyword "foo" at /properties/out of memory');
+  await err({ guided_json: { type: 'object', properties: { 'out of memory': { type: 'string', pattern: '(?<=x)' } } } }, 'guided_json', 'at /properties/out of memory/pattern');
+  await err({ tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { 'out of memory': { type: 'string' } }, required: ['out of memory'] } } }], tool_choice: 'required' }, 'tool_choice', 'the argument name "out of memory" cannot be written');
   await err({ tools: TOOLS, tool_choice: { type: 'function', function: { name: 'nope' } } }, 'tool_choice', 'no function named "nope"');
   await err({ tools: TOOLS, tool_choice: 'required', response_format: { type: 'json_object' } }, 'tool_choice', 'cannot be combined');
   await err({ tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { a: { type: 'string', pattern: '(?=x)' } }, required: ['a'] } } }], tool_choice: 'required' }, 'tool_choice', 'tool "f"');

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/fault.h"
 #include "chat/parsers.h"
 
 static int fails = 0;
@@ -544,6 +545,39 @@ static void test_api(void) {
     m3_out_free(o);
 }
 
+/* the parser of a chat request with tools (the server's start: 500 when err.oom, else 400): with
+ * each of its counted allocations failing in turn (base/fault.h: the tools' copies are jansson's),
+ * it is made, or the error is out of memory with oom set; bad tools leave oom 0 */
+static void test_new_faults(void) {
+    m3_err err = {0};
+    m3_fault_json_hook(1);
+    m3_fault_arm(M3_FAULT_SERVER, 1, 0, 1);
+    m3_out *o = m3_out_new(NULL, g_tools, &err);
+    long total = m3_fault_seen(M3_FAULT_SERVER);
+    m3_fault_disarm(M3_FAULT_SERVER);
+    CHECK(o && total > 0, "m3_out_new without failures: %s (%ld allocations)", o ? "made" : err.msg, total);
+    m3_out_free(o);
+    long oom = 0;
+    for (long k = 1; k <= total; k++) {
+        m3_err e2 = {0};
+        m3_fault_arm(M3_FAULT_SERVER, k, 1, 1);
+        o = m3_out_new(NULL, g_tools, &e2);
+        m3_fault_disarm(M3_FAULT_SERVER);
+        CHECK(o || (e2.oom && strstr(e2.msg, "out of memory")), "m3_out_new, allocation %ld of %ld failing: oom %d: %s", k, total,
+              e2.oom, e2.msg);
+        oom += !o;
+        m3_out_free(o);
+    }
+    m3_fault_json_hook(0);
+    json_t *obj = json_pack("{s:s}", "name", "out of memory");
+    snprintf(err.msg, sizeof err.msg, "an earlier failure: out of memory");
+    err.oom = 1;
+    o = m3_out_new(NULL, obj, &err);
+    CHECK(!o && !err.oom, "tools as an object: refused, oom 0 (an earlier error's cleared): %s", err.msg);
+    json_decref(obj);
+    printf("m3_out_new with each of %ld allocations failing: %ld out of memory\n", total, oom);
+}
+
 int main(int argc, char **argv) {
     (void)argc, (void)argv;
     json_error_t jerr;
@@ -555,6 +589,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < N_EX; i++) test_example(&EX[i]);
     test_api();
     test_streaming_steps();
+    test_new_faults();
     json_decref(g_tools);
     printf("parsers: %d examples, %ld split runs, %d failures\n", N_EX, n_runs, fails);
     return fails != 0;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "tokenizer/tokenizer.h"
+#include "../alloc_fail.h"
 
 static int failures;
 #define CHECK(c, ...) do { if (!(c)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
@@ -190,6 +191,42 @@ static void test_errors(void) {
 }
 
 /* the real tokenizers: a few ids, streaming == whole decode, bos / eos */
+/* each allocation of an encode failing in turn (alloc_fail.h): the ids come out the same, or the
+ * error says out of memory with oom set (the server's 500), never as a fault of the text (400);
+ * NFC runs utf8proc, whose allocations are counted too */
+static void test_alloc_failures(void) {
+    m3_tok *t = load("{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"NFC\"},{\"type\":\"Lowercase\"}]},"
+                     "\"pre_tokenizer\":{\"type\":\"Digits\",\"individual_digits\":true},"
+                     "\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"vocab\":{\"c\":0,\"a\":1,\"f\":2,\"\xc3\xa9\":3,"
+                     "\"1\":4,\"2\":5,\" \":6,\"b\":7,\"<unk>\":8,\"ca\":9},\"merges\":[\"c a\"]}}");
+    if (!t) return;
+    static const char text[] = "Caf\xc3\xa9 cafe\xcc\x81 12 AB";
+    int32_t *want = NULL, *ids = NULL;
+    size_t nwant = 0, n = 0;
+    m3_err err = {0};
+    m3_test_alloc_arm(0);
+    int rc = m3_tok_encode(t, text, sizeof text - 1, 0, &want, &nwant, &err);
+    long total = m3_test_alloc_disarm();
+    CHECK(rc == 0 && nwant == 13 && want[0] == 9 && want[2] == 3 && want[6] == 3 && total > 0, "encode without failures: %s (%zu ids)",
+          err.msg, nwant);
+    long oom = 0;
+    for (long k = 1; k <= total; k++) {
+        m3_err e2 = {0};
+        m3_test_alloc_arm(k);
+        rc = m3_tok_encode(t, text, sizeof text - 1, 0, &ids, &n, &e2);
+        m3_test_alloc_disarm();
+        int same = rc == 0 && n == nwant && !memcmp(ids, want, n * sizeof *ids);
+        CHECK(same || (rc && e2.oom && strstr(e2.msg, "out of memory") && m3_test_alloc_failed()),
+              "encode, allocation %ld of %ld failing: rc %d, oom %d: %s", k, total, rc, e2.oom, e2.msg);
+        oom += rc != 0;
+        free(ids);
+        ids = NULL;
+    }
+    printf("encode with each of %ld allocations failing: %ld out of memory, the rest the same ids\n", total, oom);
+    free(want);
+    m3_tok_free(t);
+}
+
 static void test_real(const char *root) {
     const char *names[] = {"qwen3", "gptoss"};
     for (int k = 0; k < 2; k++) {
@@ -249,6 +286,7 @@ int main(int argc, char **argv) {
     test_digits();
     test_split();
     test_errors();
+    test_alloc_failures();
     test_real(argc > 1 ? argv[1] : ".");
     printf("%s (%d failures)\n", failures ? "FAILED" : "ok", failures);
     return failures != 0;

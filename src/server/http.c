@@ -556,19 +556,36 @@ int http_server_listen_unix(http_server *hs, const char *path, char *err, size_t
 }
 
 void http_server_stop_listening(http_server *hs) {
-    hs->stopped = 1;
-    if (hs->lis) evconnlistener_free(hs->lis);
-    hs->lis = NULL;
     struct stat st; /* new clients find no socket (unless another server has put its own there) */
     if (hs->uds && !lstat(hs->uds, &st) && st.st_dev == hs->uds_dev && st.st_ino == hs->uds_ino) unlink(hs->uds);
     free(hs->uds);
     hs->uds = NULL;
+    /* The clients already in the listen queue (connected, their request perhaps sent) are taken in
+     * before the socket closes: each gets an answer (a draining server's 503) where closing the
+     * socket would reset them unread, and a client could not tell such a request from one the
+     * server ran and lost. On a Unix socket none can join the queue once its path is gone (above);
+     * out of descriptors or memory, the rest are reset as before. */
+    if (hs->lis && !hs->stopped) {
+        const evutil_socket_t lfd = evconnlistener_get_fd(hs->lis);
+        evutil_make_socket_nonblocking(lfd);
+        for (int k = 0; k < 65536; k++) {
+            struct sockaddr_storage ss;
+            socklen_t sl = sizeof ss;
+            const int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0) break; /* EAGAIN: the queue is empty */
+            accept_cb(hs->lis, fd, (struct sockaddr *)&ss, (int)sl, hs);
+        }
+    }
+    hs->stopped = 1;
+    if (hs->lis) evconnlistener_free(hs->lis);
+    hs->lis = NULL;
 }
 
 void http_server_stats(const http_server *hs, http_stats *st) { *st = hs->st; }
 
 void http_server_free(http_server *hs) {
     if (!hs) return;
+    hs->stopped = 1; /* (no client taken in from the queue only to be closed) */
     http_server_stop_listening(hs);
     while (hs->conns) conn_free(hs->conns);
     event_free(hs->relisten);

@@ -475,8 +475,8 @@ static __device__ __forceinline__ gv_item gv_item_of(const gv_args &a, int it) {
 template <int F, int UB>
 static __device__ __forceinline__ void gv_slice(const m3_linear *W, int kslice, int ks, int *c0, int *c1) {
     const int UV = F == M3_WF_NVFP4 ? 128 : 32, SU = UB == 0 ? gp<F>::SU : 1, units = W->K / UV / SU;
-    *c0 = SU * (int)((long)units * kslice / ks);
-    *c1 = SU * (int)((long)units * (kslice + 1) / ks);
+    *c0 = SU * (units * kslice / ks); /* (int: units <= K / 32 and ks <= 32; a 64-bit division is a call) */
+    *c1 = SU * (units * (kslice + 1) / ks);
 }
 
 /* Persistent CTAs; each warp takes items it, it + (warps in the grid), ... A tile split over

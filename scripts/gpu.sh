@@ -4,7 +4,8 @@
 #      position, greedy tokens and indexer block choices equal), every KV cache dtype; the bf16
 #      accuracy contract (teacher-forced per layer, and end to end) on the bf16-GEMM references;
 #      graphs against a growing workspace and failing recordings; the side stream and the bf16-only
-#      attention / indexer kernels against the general paths, to the bit;
+#      attention / indexer kernels against the general paths, the GEMV ring run on across items
+#      against per-item rings (M3.1-Flash shapes), to the bit;
 #   2. CPU and GPU agree on a larger random checkpoint (MXFP8 + NVFP4, 2600-token prompt:
 #      sparse selection active, prefill and decode paths), f32 / bf16 / fp8 / nvfp4 caches;
 #   3. per-kernel benchmarks against the CPU / a double reference: linear layers (GEMV), the
@@ -121,6 +122,19 @@ done
 run "$BIN/logits_diff" "$OUT/var-M3_CUDA_SIDE_1.st" "$OUT/var-M3_CUDA_SIDE_0.st" --tol 1e-9
 run "$BIN/logits_diff" "$OUT/var-M3_CUDA_SIDE_1.st" "$OUT/var-M3_ATTN_BF16A_0_M3_INDEX_CPA_0.st" --tol 1e-9
 run "$BIN/logits_diff" "$OUT/var-M3_CUDA_SIDE_1.st" "$OUT/var-M3_ROPE_BF16A_0.st" --tol 1e-9
+# the GEMV's ring run on from item to item (default) against each item filling its own (M3_GV_XITEM=0):
+# the same logits to the bit at the M3.1-Flash shapes (2 layers: dense and MoE), steps of 3 and 8 tokens
+# (the MoE grouped by expert at 1-4 and 5-8 tokens) and 1-token decodes
+python3 scripts/cut-layers.py "$SHAPES" 2 "$OUT/xitem2.json"
+if "$BIN/m3" make-tiny --out "$OUT/xitem2" --config "$OUT/xitem2.json" --quant mxfp8-nvfp4 --seed 5 >/dev/null 2>&1; then
+  for u in 3 8; do
+    for x in 1 0; do
+      M3_GV_XITEM=$x "$BIN/m3" logits -m "$OUT/xitem2" --ids "$ids" --ubatch $u --decode 4 --backend cuda -o "$OUT/xitem-u$u-x$x.st" \
+        >/dev/null 2>&1 || { echo "FAILED: m3 logits M3_GV_XITEM=$x --ubatch $u"; fails=$((fails+1)); }
+    done
+    run "$BIN/logits_diff" "$OUT/xitem-u$u-x1.st" "$OUT/xitem-u$u-x0.st" --tol 1e-9
+  done
+else echo "FAILED: make-tiny xitem2"; fails=$((fails+1)); fi
 # the vision tower on the GPU against the vision-language references
 for v in m3vl-tiny m3vl-heldout m3vl-big; do
   [ -f $D/$v.oracle.safetensors ] && [ -x "$BIN/vision_check" ] || continue

@@ -336,8 +336,8 @@ static __device__ __forceinline__ gv_run gv_run_of(const m3_linear *W, int n0, i
  * the item before, one commit group each. nx: the warp's next item (nst 0: none); when this
  * item has at least GP_NS - 1 stages, the next item's first GP_NS - 1 stages are requested in
  * place of this item's past-the-end ones, and it returns true (the next item is primed).
- * Without that a warp had nothing in flight at each item's start for a whole memory latency:
- * the items of few stages (the MoE's down projections at K 3072, 6 stages) lost most. */
+ * Without that a warp has nothing in flight at each item's start for a memory latency; the
+ * other warps of the SM cover most of it (measured: ~1% of a step at 8 tokens). */
 template <int F, int HL>
 static __device__ __forceinline__ bool gv_tile_p(const gv_run cur, const gv_run nx, bool primed, int &rd, const uint16_t *xh,
                                                  const uint16_t *xl, int xstride, int xrow, int c0, int g, int tig,
@@ -894,11 +894,13 @@ static gv_fn gvx_kernel(int dev, int *nb_out, size_t *smem) {
     return (gv_fn)k_gemv_mma_mxfp8_xshared;
 }
 
-/* M3_GV_XITEM=1: a warp of the pipelined kernel requests its next item's first stages during the
- * item before (gv_tile_p); 0 (the default until measured on the GPU): each item fills its ring alone */
+/* A warp of the pipelined kernel requests its next item's first stages during the item before
+ * (gv_tile_p): H100, 16 layers at 8K, the verify of 8 at batch 1 10.89 -> 10.85 ms, decode batch 8
+ * 10.88 -> 10.77 ms (docs/PERF.md, session 35); outputs equal to the bit. M3_GV_XITEM=0: each item
+ * fills its ring alone */
 static int gv_xitem(void) {
     static int on = -1;
-    if (on < 0) on = m3_cu_env_int("M3_GV_XITEM", 0) != 0;
+    if (on < 0) on = m3_cu_env_int("M3_GV_XITEM", 1) != 0;
     return on;
 }
 

@@ -8,7 +8,7 @@ mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz
 B=.gpu_bin; S=tests/data/m3.1-flash-shapes.json
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /usr/local/cuda-*/bin/ncu 2>/dev/null | head -1)
-timeout 400 $NCU --kernel-name-base mangled --kernel-name regex:_Z10k_gemv_mmaILi4ELi1ELi0E --launch-skip 8 --launch-count 4 \
+M3_GV_XITEM=1 timeout 400 $NCU --kernel-name-base mangled --kernel-name regex:_Z10k_gemv_mmaILi4ELi1ELi0E --launch-skip 8 --launch-count 4 \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
   --section LaunchStats --section SourceCounters \
   $B/m3 bench --random-weights --config $S --layers 4 --batch 8 --context 8192 --steps 3 --prefill 0 > $OUT/ncu-moe8.txt 2>&1

@@ -14,7 +14,7 @@ for m in m3-tiny m3-tiny-q m3-gqa3-q m3-mqa-q; do
 done
 echo "[$SECONDS] oracle checks done"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /usr/local/cuda-*/bin/ncu 2>/dev/null | head -1)
-timeout 330 $NCU --kernel-name-base mangled --kernel-name regex:_Z10k_gemv_mmaILi4ELi1ELi0E --launch-skip 8 --launch-count 4 \
+timeout 250 $NCU --kernel-name-base mangled --kernel-name regex:_Z10k_gemv_mmaILi4ELi1ELi0E --launch-skip 8 --launch-count 4 \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
   --section LaunchStats --section SourceCounters \
   $B/m3 bench --random-weights --config $S --layers 4 --batch 8 --context 8192 --steps 3 --prefill 0 > $OUT/ncu-moe8.txt 2>&1

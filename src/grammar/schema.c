@@ -1163,9 +1163,10 @@ static m3_grammar *build(json_t *root, const m3_grammar_opts *opts, int json_obj
 
 m3_grammar *m3_grammar_from_schema(const char *text, size_t len, const m3_grammar_opts *opts, m3_err *err) {
     json_error_t je;
+    memset(&je, 0, sizeof je); /* jansson's parser fails an allocation with no text and no code set */
     json_t *root = json_loadb(text, len, JSON_DECODE_ANY, &je);
     if (!root) {
-        if (json_error_code(&je) == json_error_out_of_memory) m3_errf(err, "json schema: out of memory");
+        if (json_error_code(&je) == json_error_out_of_memory || !je.text[0]) m3_errf(err, "json schema: out of memory");
         else m3_errf(err, "json schema: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
         return NULL;
     }

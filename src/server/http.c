@@ -47,6 +47,7 @@ struct http_server {
     struct evconnlistener *lis;
     struct event *relisten;
     int stopped, paused_cap;
+    int draining_queue;      /* http_server_stop_listening is taking in the listen queue */
     char *uds;               /* the Unix socket's path (http_server_listen_unix), removed when it closes */
     dev_t uds_dev;           /* ... and its file, as bound */
     ino_t uds_ino;
@@ -64,6 +65,7 @@ struct http_conn {
     http_req *cur;           /* the request in flight (BUSY, SENDING) */
     int state;
     int close_after;         /* the connection ends with the response being sent */
+    int fresh;               /* its first request has not come yet (a server stopping waits for it) */
     http_conn *prev, *next;
 };
 
@@ -278,10 +280,18 @@ static void linger(http_conn *c) {
     evtimer_add(c->tmr, &tv);
 }
 
+/* a new client has sent its first request (or gone): a server stopping need not wait for it */
+static void fresh_done(http_conn *c) {
+    if (!c->fresh) return;
+    c->fresh = 0;
+    c->hs->st.awaiting_first--;
+}
+
 /* an error this layer answers itself (no request of the application's in flight); the
  * connection closes after it */
 static void answer_error(http_conn *c, int status, const char *msg) {
     http_server *hs = c->hs;
+    fresh_done(c);
     char body[1024];
     size_t n = hs->o.error_body ? hs->o.error_body(body, sizeof body, status, msg, c->p.m.target) : 0;
     struct evbuffer *out = bufferevent_get_output(c->bev);
@@ -296,6 +306,7 @@ static void answer_error(http_conn *c, int status, const char *msg) {
 }
 
 static void dispatch(http_conn *c) {
+    fresh_done(c);
     http_req *r = m3_fault_calloc(M3_FAULT_SERVER, 1, sizeof *r);
     if (!r) { answer_error(c, 500, "out of memory"); return; }
     r->c = c;
@@ -378,6 +389,7 @@ static void resume_listener(http_server *hs) {
 
 static void conn_free(http_conn *c) {
     http_server *hs = c->hs;
+    fresh_done(c);
     http_req *r = c->cur;
     c->cur = NULL;
     if (r) {
@@ -430,8 +442,11 @@ static void accept_cb(struct evconnlistener *lis, evutil_socket_t fd, struct soc
     hs->conns = c;
     hs->st.connections++;
     hs->st.accepted++;
+    c->fresh = 1;
+    hs->st.awaiting_first++;
     wait_request(c);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    if (hs->draining_queue) return; /* (the listener closes next: no cap to keep) */
     if (hs->o.max_connections > 0 && hs->st.connections >= hs->o.max_connections && !hs->paused_cap) {
         evconnlistener_disable(lis);
         hs->paused_cap = 1;
@@ -568,13 +583,18 @@ void http_server_stop_listening(http_server *hs) {
     if (hs->lis && !hs->stopped) {
         const evutil_socket_t lfd = evconnlistener_get_fd(hs->lis);
         evutil_make_socket_nonblocking(lfd);
+        hs->draining_queue = 1;
         for (int k = 0; k < 65536; k++) {
             struct sockaddr_storage ss;
             socklen_t sl = sizeof ss;
             const int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-            if (fd < 0) break; /* EAGAIN: the queue is empty */
-            accept_cb(hs->lis, fd, (struct sockaddr *)&ss, (int)sl, hs);
+            if (fd >= 0) accept_cb(hs->lis, fd, (struct sockaddr *)&ss, (int)sl, hs);
+            else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+                     errno == ENOMEM || errno == EBADF || errno == EINVAL)
+                break; /* the queue is empty, or no descriptor / memory for the rest */
+            /* else a client's own failure (ECONNABORTED, EPROTO...) or EINTR: the next one */
         }
+        hs->draining_queue = 0;
     }
     hs->stopped = 1;
     if (hs->lis) evconnlistener_free(hs->lis);

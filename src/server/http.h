@@ -56,6 +56,8 @@ typedef struct http_stats {
     unsigned long write_timeouts;  /* connections closed: the client took no bytes for the timeout */
     unsigned long turned_away;     /* connections closed as soon as accepted: no memory for their state */
     unsigned long accept_pauses, cap_pauses;
+    int awaiting_first;            /* open connections whose first request has not come (a new client's, or one
+                                    * taken from the listen queue at the stop): a server stopping answers them first */
 } http_stats;
 
 http_server *http_server_new(struct event_base *base, const http_opts *o, http_handler handler, void *arg);

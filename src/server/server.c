@@ -499,11 +499,28 @@ static void exit_cb(evutil_socket_t fd, short what, void *arg) {
     event_base_loopbreak(s->base);
 }
 
+static void recheck_cb(evutil_socket_t fd, short what, void *arg) {
+    (void)fd; (void)what;
+    srv *s = arg;
+    s->exit_recheck = 0;
+    srv_maybe_exit(s);
+}
+
 void srv_maybe_exit(srv *s) {
-    if (!s->draining || s->n_live || s->n_prep) return;
+    if (!s->draining || s->n_live || s->n_prep || s->exit_recheck) return;
     /* every generation response is written (hreqs live until then); a short grace lets the
-     * small replies (503s, /metrics) still in libevent's buffers go out too */
+     * small replies (503s, /metrics) still in libevent's buffers go out too. Clients that
+     * connected (or were taken from the listen queue at the stop) and have not sent a request
+     * yet get their 503 first: looked at again every 50 ms until each has sent one or gone, for
+     * at most SRV_FIRST_WAIT s after the stop (a silent client does not hold the exit) */
+    http_stats st;
+    http_server_stats(s->http, &st);
     struct timeval tv = {0, 50000};
+    if (st.awaiting_first > 0 && !s->cancelling && m3_now() - s->drain_t0 < SRV_FIRST_WAIT) {
+        s->exit_recheck = 1;
+        event_base_once(s->base, -1, EV_TIMEOUT, recheck_cb, s, &tv);
+        return;
+    }
     event_base_once(s->base, -1, EV_TIMEOUT, exit_cb, s, &tv);
 }
 
@@ -537,6 +554,7 @@ static void dead_cb(evutil_socket_t fd, short what, void *arg) {
     srv *s = arg;
     if (s->draining) return;
     s->draining = 1;
+    s->drain_t0 = m3_now();
     http_server_stop_listening(s->http);
     fprintf(stderr, "m3 serve: the engine stopped; %d responses still being written\n", s->n_live);
     srv_maybe_exit(s);
@@ -553,6 +571,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
         return;
     }
     s->draining = 1;
+    s->drain_t0 = m3_now();
     http_server_stop_listening(s->http); /* closes the listener: new clients are refused */
     if (sig > 0)
         fprintf(stderr, "m3 serve: %s: shutting down; %d requests in flight get up to %.0f s to finish\n",

@@ -193,6 +193,8 @@ struct srv {
     hreq *live;
     int n_live;
     int draining, cancelling;
+    int exit_recheck;          /* srv_maybe_exit looks again soon (new clients' first requests still to answer) */
+    double drain_t0;           /* when draining began (m3_now) */
     m3_metrics m;
     /* requests prepared off the loop (prep.c): a queue for the workers, a list of finished jobs
      * for the loop (prep_ev), both under prep_mu */
@@ -234,6 +236,7 @@ int srv_check_auth(srv *s, http_req *req);       /* 0, or the status of the 401 
 void srv_log(srv *s, unsigned long serial, const char *what, int status, int prompt, int completion, double ttft,
              double total);
 void srv_push(srv *s, const qitem *it); /* engine thread */
+#define SRV_FIRST_WAIT 1.0            /* s a stopping server waits for connected clients' first requests */
 void srv_maybe_exit(srv *s);            /* draining and nothing left: leave the loop */
 
 /* prep.c: request preparation on worker threads */

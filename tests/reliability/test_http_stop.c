@@ -1,7 +1,8 @@
 /* The HTTP layer's listener at a stop (src/server/http.c, http_server_stop_listening): clients
  * that connected before it and are still in the kernel's listen queue, unaccepted (one with its
  * request already sent, one sending after the stop), are taken in and answered; clients that come
- * after it find no socket. Closing the socket with them queued reset them unread: a batch runner
+ * after it find no socket; the server is told how many of them have yet to send a request (it
+ * waits for them before it exits). Closing the socket with them queued reset them unread: a batch runner
  * could not tell such a request from one the server ran and lost (server_batch's interrupted run).
  * The event loop does not run between the connects and the stop, so the clients are in the queue
  * by construction; then it runs until both answers are read (no fixed waits: a deadline fails).
@@ -88,6 +89,10 @@ int main(void) {
     const int late = client(path);
     CHECK(late < 0, "a client after the stop finds no socket");
     if (late >= 0) close(late);
+    http_stats hst;
+    http_server_stats(hs, &hst);
+    CHECK(hst.awaiting_first == 2 && hst.connections == 2, "2 clients taken from the queue, waited for: %d (%d open)",
+          hst.awaiting_first, hst.connections);
     CHECK(b < 0 || !send_all(b, "GET /second HTTP/1.1\r\nHost: x\r\n\r\n"), "send after the stop");
     /* both answered: run the loop until each client has read its whole answer */
     const int fds[2] = {a, b};
@@ -114,6 +119,8 @@ int main(void) {
         if (fds[i] >= 0) close(fds[i]);
     }
     CHECK(handled == 2, "%d requests handled", handled);
+    http_server_stats(hs, &hst);
+    CHECK(hst.awaiting_first == 0, "no client from the queue waited for once both sent: %d", hst.awaiting_first);
     http_server_free(hs);
     event_base_free(base);
     rmdir(dir);

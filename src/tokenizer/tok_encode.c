@@ -511,12 +511,17 @@ static int find_added(enc *e, const tok_trie *tr, const char *s, size_t n, int a
             i = stop;
         }
         if (start < start_off) start = start_off; /* an rstrip ate into this match */
-        if (start_off < start && seg_push(v, nv, &cap, (seg){start_off, start, -1})) return oom(e);
-        if (seg_push(v, nv, &cap, (seg){start, stop, ad->id})) return oom(e);
+        if (start_off < start && seg_push(v, nv, &cap, (seg){start_off, start, -1})) goto fail;
+        if (seg_push(v, nv, &cap, (seg){start, stop, ad->id})) goto fail;
         start_off = stop;
     }
-    if (start_off < n && seg_push(v, nv, &cap, (seg){start_off, n, -1})) return oom(e);
+    if (start_off < n && seg_push(v, nv, &cap, (seg){start_off, n, -1})) goto fail;
     return 0;
+fail: /* (the pieces so far are freed here: a caller gets none) */
+    free(*v);
+    *v = NULL;
+    *nv = 0;
+    return oom(e);
 }
 
 /* a raw-text piece: normalize, find normalized added tokens, encode the rest */

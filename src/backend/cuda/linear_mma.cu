@@ -501,14 +501,11 @@ __global__ void __launch_bounds__(WPB * 32, UB == 0 ? GV_PIPE_CTAS : !HL ? 2 : 3
      * above (the table) and here (a plain matrix's first slice requested into L2); then wait. */
     if (a.moe == 0 && a.pf_first) {
         const int it = blockIdx.x * WPB + warp;
-        if (it < a.items) {
-            int jj = 0;
-            while (jj + 1 < a.nj && it >= a.j[jj + 1].item0) jj++;
-            const gv_job *J = &a.j[jj];
-            const int local = it - J->item0, ks = J->ks, kslice = local % ks, tile = (local / ks) % J->tiles;
-            const int SU = UB == 0 ? gp<F>::SU : 1, units = J->W.K / (F == M3_WF_NVFP4 ? 128 : 32) / SU;
-            const int c0 = SU * (int)((long)units * kslice / ks), c1 = SU * (int)((long)units * (kslice + 1) / ks);
-            if (J->W.tiled) gv_prefetch<F>(&J->W, tile * 16, c0, c1, c1, lane);
+        if (it < a.items) { /* (a plain matrix: the item's decoding reads only the launch's arguments) */
+            const gv_item I = gv_item_of(a, it);
+            int c0, c1;
+            gv_slice<F, UB>(I.W, I.kslice, I.J->ks, &c0, &c1);
+            if (I.W->tiled) gv_prefetch<F>(I.W, I.tile * 16, c0, c1, c1, lane);
         }
     }
     pdl_wait();

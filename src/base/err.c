@@ -11,6 +11,7 @@ int m3_errf(m3_err *err, const char *fmt, ...) {
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
         err->oom = m3_err_fmt_oom(fmt);
+        err->over_limit = 0;
     }
     return -1;
 }

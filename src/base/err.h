@@ -9,6 +9,8 @@ typedef struct m3_err {
     int oom; /* an allocation failed: set by m3_errf when its format ends in "out of memory", so a
               * caller tells its own fault (a server's 500) from its input's without reading text
               * the input may have written (a template's raise_exception, say) */
+    int over_limit; /* the input is well formed but larger than a limit its caller set (a grammar's
+                     * max_states): reset by m3_errf, set by the producer after it, kept by m3_err_prefix */
 } m3_err;
 
 /* Formats into err (if non-NULL) and returns -1, so `return m3_errf(err, ...)` works. */

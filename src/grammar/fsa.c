@@ -608,6 +608,12 @@ void m3_grammar_free(m3_grammar *g) {
 int m3_grammar_n_states(const m3_grammar *g) { return g->n; }
 int m3_grammar_n_rules(const m3_grammar *g) { return g->nrules; }
 
+/* the automaton outgrew the caller's max_states (m3_err.over_limit: a served limit, not a fault of the text) */
+static void too_large(m3_err *err, const g_nfa *nfa, int max_states) {
+    m3_errf(err, "%s: too large (more than %d automaton states)", nfa_what(nfa), max_states);
+    if (err) err->over_limit = 1;
+}
+
 m3_grammar *grammar_build(g_nfa *nfa, int root, int max_depth, int max_states, m3_err *err) {
     if (nfa->failed) return NULL;
     /* byte classes: the intervals between all edge boundaries */
@@ -637,12 +643,12 @@ m3_grammar *grammar_build(g_nfa *nfa, int root, int max_depth, int max_states, m
         if (nfa->rstart[r] < 0) continue;
         int why = dfa_subset(nfa, nfa->rstart[r], nfa->rend[r], cls, ncls, max_states - total, &d[r]);
         if (why) {
-            if (why == -2) m3_errf(err, "%s: too large (more than %d automaton states)", nfa_what(nfa), max_states);
+            if (why == -2) too_large(err, nfa, max_states);
             else m3_errf(err, "%s: out of memory", nfa_what(nfa));
             goto fail;
         }
         total += d[r].n;
-        if (total > max_states) { m3_errf(err, "%s: too large (more than %d automaton states)", nfa_what(nfa), max_states); goto fail; }
+        if (total > max_states) { too_large(err, nfa, max_states); goto fail; }
     }
     base[nr] = total;
     int ncall = 0;

@@ -236,9 +236,8 @@ int srv_structured(srv *s, m3_oai_params *g, m3_oai_error *e) {
     else if (g->constraint == M3_OAI_C_TOOLS_AUTO) gr = m3_tool_call_grammar_auto(g->tools, max_calls, &o, &err);
     else gr = m3_tool_call_grammar(g->tools, g->tool_name, max_calls, &o, &err);
     m3_fault_suspend(0);
-    char lim[64]; /* the served state limit (not the automaton's other limits) */
-    snprintf(lim, sizeof lim, "(more than %d automaton states)", SRV_GRAMMAR_MAX_STATES);
-    if (!gr && strstr(err.msg, lim)) m3_err_prefix(&err, "structured output: served grammars have at most %d automaton states", SRV_GRAMMAR_MAX_STATES);
+    /* the served state limit (the automaton's own limits and the request's words do not count) */
+    if (!gr && err.over_limit) m3_err_prefix(&err, "structured output: served grammars have at most %d automaton states", SRV_GRAMMAR_MAX_STATES);
     int pooled = gr && pthread_mutex_trylock(&G->pool_mu) == 0;
     m3_grammar_compiled *gc = gr ? m3_grammar_compile(gr, v, pooled ? compile_pool(G) : NULL, &err) : NULL;
     if (pooled) pthread_mutex_unlock(&G->pool_mu);

@@ -388,10 +388,18 @@ static void regex_tests(vocab_t *bytes, vocab_t *real, int walks) {
     m3_grammar_opts_default(&o);
     o.max_states = 50;
     m3_grammar *big = m3_grammar_from_regex("[a-z]{60}", 9, &o, &err);
-    CHECK(!big && !strcmp(err.msg, "regex: too large (more than 50 automaton states)"), "max_states 50, regex: %s", big ? "built" : err.msg);
+    CHECK(!big && !strcmp(err.msg, "regex: too large (more than 50 automaton states)") && err.over_limit, "max_states 50, regex: %s (over_limit %d)",
+          big ? "built" : err.msg, err.over_limit);
     m3_grammar_free(big);
     big = m3_grammar_from_schema("{\"type\":\"string\",\"maxLength\":60}", 32, &o, &err);
-    CHECK(!big && !strcmp(err.msg, "json schema: too large (more than 50 automaton states)"), "max_states 50, schema: %s", big ? "built" : err.msg);
+    CHECK(!big && !strcmp(err.msg, "json schema: too large (more than 50 automaton states)") && err.over_limit, "max_states 50, schema: %s",
+          big ? "built" : err.msg);
+    m3_grammar_free(big);
+    /* over_limit says so by the error's kind: a refusal whose text ends in the same words is not one */
+    static const char named[] = "{\"type\":\"object\",\"properties\":{\"(more than 50 automaton states)\":{\"type\":\"string\",\"foo\":1}}}";
+    big = m3_grammar_from_schema(named, sizeof named - 1, &o, &err);
+    CHECK(!big && strstr(err.msg, "foo") && !err.over_limit, "a schema refused, naming a property 'too large': %s (over_limit %d)",
+          big ? "built" : err.msg, err.over_limit);
     m3_grammar_free(big);
     big = m3_grammar_from_regex("[a-z]{40}", 9, &o, &err);
     CHECK(big, "max_states 50, 41 states: %s", err.msg);

@@ -448,13 +448,11 @@ static __device__ __forceinline__ gv_item gv_item_of(const gv_args &a, int it) {
     int jj = 0;
     while (jj + 1 < a.nj && it >= a.j[jj + 1].item0) jj++;
     r.J = &a.j[jj];
-    const int local = it - r.J->item0, ks = r.J->ks, tiles = r.J->tiles;
-    const int d1 = a.tile_fast ? tiles : ks, d2 = a.tile_fast ? ks : tiles; /* the faster index's count, the other's */
-    const int i1 = local % d1, q = local / d1, i2 = q % d2;
-    r.mat = q / d2;
-    r.kslice = a.tile_fast ? i2 : i1;
-    r.tile = a.tile_fast ? i1 : i2;
-    r.t2 = r.mat * tiles + r.tile;
+    const int local = it - r.J->item0, ks = r.J->ks;
+    r.kslice = local % ks;
+    r.t2 = local / ks;
+    r.tile = r.t2 % r.J->tiles;
+    r.mat = r.t2 / r.J->tiles;
     r.W = &r.J->W;
     r.grp = NULL;
     if (a.moe >= 3) {
@@ -960,9 +958,6 @@ int m3_cu_gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
     const int ks = xshare ? gv_ks((tiles + WPB - 1) / WPB, a->j[0].W.K / UV / SU, F, rw / WPB, SU)
                           : gv_ks(tiles, a->j[0].W.K / UV / SU, F, rw, SU, cred_ok, cred_ok ? rcost_env : 0);
     a->cta_red = ks > 1 && (cred_ok >> ks & 1);
-    static int tf_env = -1;
-    if (tf_env < 0) tf_env = m3_cu_env_int("M3_GV_TILEFAST", 0) != 0;
-    a->tile_fast = tf_env && ks > 1 && !a->cta_red && !xshare;
     size_t part = 0;
     long items = 0, ctr = 0;
     for (int j = 0; j < a->nj; j++) {

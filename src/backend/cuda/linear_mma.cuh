@@ -40,8 +40,6 @@ typedef struct gv_args {
     int *ctr;                /* arrival counters, zero between launches */
     int cta_red;             /* every tile's K slices in one CTA (ks divides WPB, jobs' items whole
                               * CTAs): partial sums added in shared memory, no arrival counters */
-    int tile_fast;           /* items numbered tile first (a CTA's warps: tiles of one K slice, sharing x
-                              * in L1), else K slice first; not with cta_red */
 } gv_args;
 
 /* fills the jobs' tiles / ks / item0 / ctr0 / part and launches; mats[j] = matrices of job j */

@@ -2,7 +2,7 @@
 # session 36 call 4: K slices of the grouped MoE GEMV. The launch sizes its work for one group per
 # pick (64 at 8 tokens x top-8), the cost model then picks 1 K slice (whole-K items of 24 / 12 ring
 # stages); ~50 experts are distinct under random routing, so 19,200 real items fall on 3,168
-# resident warps: 7 rounds for 6.06 on average (a 13% tail). M3_GV_MOEKS=N forces N slices there.
+# resident warps: 7 rounds for 6.06 on average (the last run by 192 warps alone). M3_GV_MOEKS=N forces N slices.
 # Then, on an H200, the 30-layer DSpark benchmark (issue 27) with the default and with MOEKS=4.
 # usage (after scripts/gpu-bin.sh; docs/logs moved aside; carry .gpu_pack with this file copied in):
 #   bash .gpu_pack/call4.sh

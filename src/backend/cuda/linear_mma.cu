@@ -955,11 +955,8 @@ int m3_cu_gv_launch(m3_cuda *c, gv_args *a, int F, int HL, const int *mats) {
         if (ok) cred_ok |= 1u << ks;
     }
     /* k_gemv_mma_mxfp8_xshared: a work item is a group of WPB tiles (one per warp) and a K slice, rw counts CTAs */
-    int ks = xshare ? gv_ks((tiles + WPB - 1) / WPB, a->j[0].W.K / UV / SU, F, rw / WPB, SU)
-                    : gv_ks(tiles, a->j[0].W.K / UV / SU, F, rw, SU, cred_ok, cred_ok ? rcost_env : 0);
-    static int ks_env = -1; /* M3_GV_MOEKS=N: N K slices in the grouped MoE launches (an A/B switch) */
-    if (ks_env < 0) ks_env = m3_cu_env_int("M3_GV_MOEKS", 0);
-    if (a->moe >= 3 && ks_env > 0 && ks_env <= 32) ks = ks_env;
+    const int ks = xshare ? gv_ks((tiles + WPB - 1) / WPB, a->j[0].W.K / UV / SU, F, rw / WPB, SU)
+                          : gv_ks(tiles, a->j[0].W.K / UV / SU, F, rw, SU, cred_ok, cred_ok ? rcost_env : 0);
     a->cta_red = ks > 1 && (cred_ok >> ks & 1);
     size_t part = 0;
     long items = 0, ctr = 0;

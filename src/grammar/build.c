@@ -83,12 +83,8 @@ int m3_gb_literal(m3_grammar_builder *b, const char *s, size_t n) {
 
 int m3_gb_schema(m3_grammar_builder *b, const char *schema, size_t len, const char *pointer, const m3_grammar_raw *raw) {
     if (gb_bad(b)) return -1;
-    json_error_t je;
-    memset(&je, 0, sizeof je); /* jansson's parser fails an allocation with no text and no code set */
-    json_t *doc = json_loadb(schema, len, JSON_DECODE_ANY, &je);
+    json_t *doc = schema_parse(schema, len, b->err);
     if (!doc) {
-        if (json_error_code(&je) == json_error_out_of_memory || !je.text[0]) m3_errf(b->err, "json schema: out of memory");
-        else m3_errf(b->err, "json schema: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
         b->failed = 1;
         return -1;
     }

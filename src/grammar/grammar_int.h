@@ -109,6 +109,9 @@ g_frag schema_fragment(g_nfa *n, json_t *doc, json_t *value, const m3_grammar_op
                        int json_object_mode, m3_err *err);
 /* the value at a URI-fragment JSON pointer ("#/properties/a"; NULL or "": doc), NULL if none */
 json_t *schema_pointer(json_t *doc, const char *ptr);
+/* len bytes of JSON Schema text parsed (any JSON value); NULL with "json schema: ..." in err (a
+ * failed allocation: "out of memory", oom set) */
+json_t *schema_parse(const char *text, size_t len, m3_err *err);
 
 /* ---- the finished automaton ---- */
 enum { G_FINAL = 1, G_BYTES = 2, G_CALLS = 4 };

@@ -1161,15 +1161,19 @@ static m3_grammar *build(json_t *root, const m3_grammar_opts *opts, int json_obj
     return g;
 }
 
-m3_grammar *m3_grammar_from_schema(const char *text, size_t len, const m3_grammar_opts *opts, m3_err *err) {
+json_t *schema_parse(const char *text, size_t len, m3_err *err) {
     json_error_t je;
     memset(&je, 0, sizeof je); /* jansson's parser fails an allocation with no text and no code set */
     json_t *root = json_loadb(text, len, JSON_DECODE_ANY, &je);
-    if (!root) {
-        if (json_error_code(&je) == json_error_out_of_memory || !je.text[0]) m3_errf(err, "json schema: out of memory");
-        else m3_errf(err, "json schema: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
-        return NULL;
-    }
+    if (root) return root;
+    if (json_error_code(&je) == json_error_out_of_memory || !je.text[0]) m3_errf(err, "json schema: out of memory");
+    else m3_errf(err, "json schema: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+    return NULL;
+}
+
+m3_grammar *m3_grammar_from_schema(const char *text, size_t len, const m3_grammar_opts *opts, m3_err *err) {
+    json_t *root = schema_parse(text, len, err);
+    if (!root) return NULL;
     m3_grammar *g = build(root, opts, 0, err);
     json_decref(root);
     return g;

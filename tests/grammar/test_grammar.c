@@ -395,7 +395,7 @@ static void regex_tests(vocab_t *bytes, vocab_t *real, int walks) {
     CHECK(!big && !strcmp(err.msg, "json schema: too large (more than 50 automaton states)") && err.over_limit, "max_states 50, schema: %s (over_limit %d)",
           big ? "built" : err.msg, err.over_limit);
     m3_grammar_free(big);
-    /* over_limit says so by the error's kind: a refusal whose text ends in the same words is not one */
+    /* over_limit says so by the error's kind: a refusal whose text quotes the same words is not one */
     static const char named[] = "{\"type\":\"object\",\"properties\":{\"(more than 50 automaton states)\":{\"type\":\"string\",\"foo\":1}}}";
     big = m3_grammar_from_schema(named, sizeof named - 1, &o, &err);
     CHECK(!big && strstr(err.msg, "foo") && !err.over_limit, "a schema refused, naming a property 'too large': %s (over_limit %d)",

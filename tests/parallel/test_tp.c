@@ -101,7 +101,7 @@ static void test_abort(void) {
     m3_comm *cs[2];
     m3_err err;
     if (m3_comm_threads_create(2, cs, &err)) { CHECK(0, "%s", err.msg); return; }
-    abort_arg x = {cs[0], 0, {{0}, 0, 0}};
+    abort_arg x = {.c = cs[0]};
     pthread_t th;
     pthread_create(&th, NULL, abort_waiter, &x);
     struct timespec ts = {0, 20 * 1000 * 1000};

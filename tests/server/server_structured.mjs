@@ -361,7 +361,7 @@ try {
   await err({ guided_choice: ['a'], guided_regex: 'a' }, 'guided_choice', "beside 'guided_regex'");
   await err({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: '\\p{L}' } } } }, 'response_format', '"pattern": unicode property escapes');
   await err({ guided_regex: '(.{1000}|x.{999}|y.{998}|z.{997}|w.{996}|v.{995}|u.{994}|t.{993}|s.{992}|r.{991}|q.{990})' }, 'guided_regex', 'served grammars have at most 50000 automaton states: regex: too large (more than 50000 automaton states');
-  { // the served limit's prefix by the error's kind: a refusal ending in the limit's own words gets none
+  { // the served limit's prefix by the error's kind: a refusal quoting the limit's own words gets none
     const r = await post(base, '/v1/chat/completions', { messages: msgs, max_tokens: 8,
       guided_json: { type: 'object', properties: { '(more than 50000 automaton states)': { type: 'string', foo: 1 } } } });
     const m = r.json?.error?.message || '';

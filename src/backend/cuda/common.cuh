@@ -15,6 +15,7 @@
 #include "../graph_refuse.h"
 #include "cuda.h"
 #include "formats.cuh"
+#include "swiglu.cuh"
 
 /* grow-only scratch buffers, one per purpose (no allocation inside a steady-state step) */
 enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_XSPLIT, SC_XSPLIT2, SC_GEMM_X, SC_XROUND,
@@ -300,6 +301,8 @@ int m3_cu_moe_grouped(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, 
                       int E, int part, const float *x, int xstride, float *out);
 int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int topk, int S, int part,
                   const float *x, int xstride, float *out);
+int m3_cu_moe_fused(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int T, int topk, int grouped,
+                    const float *x, int H, float *gu, float *h, float *ye, float alpha, float limit);
 /* vision.cu */
 void m3_cu_vision_ops(m3_ops *ops);
 

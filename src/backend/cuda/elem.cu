@@ -23,9 +23,7 @@ void m3_cu_add(void *ctx, float *y, const float *x, size_t n) {
 __global__ void k_swiglu(const float *gate, const float *up, size_t n, float alpha, float limit, float *out, uint16_t *xs, int rb) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float g = gate[i] < limit ? gate[i] : limit;
-        float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
-        const float v = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+        const float v = swiglu_oai(gate[i], up[i], alpha, limit);
         out[i] = v;
         if (xs) split_store(v, xs + i, xs + n + i, rb);
     }

@@ -457,9 +457,7 @@ static __device__ __forceinline__ void ft_tile(const ft_args &a, uint8_t *sm, in
         for (int i = 0; i < 4; i++) {
             const int r = r0 + 8 * n + 2 * t + (i & 1);
             const float gt = xbuf[(((warp - 4) * NT + n) * 4 + i) * 32 + lane], up = acc[n][i] * gm * __ldg(a.xsc + r);
-            const float gc = gt < a.limit ? gt : a.limit;
-            const float uc = up < -a.limit ? -a.limit : up > a.limit ? a.limit : up;
-            const float h = (uc + 1.0f) * (gc / (1.0f + expf(-a.alpha * gc)));
+            const float h = swiglu_oai(gt, up, a.alpha, a.limit);
             const int f = f0 + g + 8 * (i >> 1);
             const int pos = a.perm_h ? (f & ~127) | (((f >> 3) & 3) << 5) | (((f >> 5) & 3) << 3) | (f & 7) : f;
             a.hs[(size_t)r * a.N + pos] = __half_as_ushort(__float2half_rn(__bfloat162float(__float2bfloat16_rn(h)) * a.hmul));

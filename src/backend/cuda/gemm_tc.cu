@@ -70,6 +70,7 @@
 #include "formats.cuh"
 #include "gemm_tc.h"
 #include "ptx.cuh"
+#include "swiglu.cuh"
 
 namespace {
 
@@ -626,10 +627,7 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
 #pragma unroll
                     for (int hh = 0; hh < 2; hh++) {
                         const int q = 4 * j + 2 * hh + e;
-                        float gt = acc[q] * gg, up = xb[q * 128 + tw];
-                        gt = gt < lim ? gt : lim;
-                        up = up < -lim ? -lim : up > lim ? lim : up;
-                        yr[r0 + 8 * hh] = (up + 1.0f) * (gt / (1.0f + expf(-al * gt)));
+                        yr[r0 + 8 * hh] = swiglu_oai(acc[q] * gg, xb[q * 128 + tw], al, lim);
                     }
                 }
             }

@@ -78,9 +78,7 @@ __global__ void __launch_bounds__(GW * 32) k_moe_gate_up_swiglu_simt(const m3_ml
 #pragma unroll
         for (int r = 0; r < 2; r++)
             if (ok[r]) {
-                float g = v[r] < limit ? v[r] : limit;
-                float u = v[2 + r] < -limit ? -limit : v[2 + r] > limit ? limit : v[2 + r];
-                const float hv = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+                const float hv = swiglu_oai(v[r], v[2 + r], alpha, limit);
                 h[(size_t)slot * Fd + j0 + r] = rb ? __bfloat162float(__float2bfloat16_rn(hv)) : hv; /* the down GEMM's input */
             }
 }
@@ -127,10 +125,7 @@ __global__ void k_moe_swiglu_split(const float *gu, int S, int Fd, float alpha, 
     size_t n = (size_t)S * Fd;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t s = i / Fd, j = i % Fd;
-        float gt = gu[(s * 2) * Fd + j], up = gu[(s * 2 + 1) * Fd + j];
-        float g = gt < limit ? gt : limit;
-        float u = up < -limit ? -limit : up > limit ? limit : up;
-        const float v = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+        const float v = swiglu_oai(gu[(s * 2) * Fd + j], gu[(s * 2 + 1) * Fd + j], alpha, limit);
         h[i] = v;
         split_store(v, xs + i, xs + n + i, rb);
     }

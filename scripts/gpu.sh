@@ -135,6 +135,18 @@ if "$BIN/m3" make-tiny --out "$OUT/xitem2" --config "$OUT/xitem2.json" --quant m
     run "$BIN/logits_diff" "$OUT/xitem-u$u-x1.st" "$OUT/xitem-u$u-x0.st" --tol 1e-9
   done
 else echo "FAILED: make-tiny xitem2"; fails=$((fails+1)); fi
+# precision bf16's GEMV inputs rounded as the SIMT GEMV and the BF16 cuBLAS path load them (default)
+# against a rounding launch first (M3_ROUND_IN_LOAD=0): the same logits to the bit, the MoE router at
+# 1 and 8 tokens (M3.1-Flash shapes) and m3-tiny's BF16 lm_head (SIMT at 1 token, cuBLAS at 4)
+for m in "$OUT/xitem2" $D/m3-tiny; do
+  for u in 1 4 8; do
+    for r in 1 0; do
+      M3_ROUND_IN_LOAD=$r "$BIN/m3" logits -m "$m" --ids "$ids" --ubatch $u --decode 4 --backend cuda --precision bf16 \
+        -o "$OUT/rin-u$u-r$r.st" >/dev/null 2>&1 || { echo "FAILED: m3 logits $m M3_ROUND_IN_LOAD=$r --ubatch $u"; fails=$((fails+1)); }
+    done
+    run "$BIN/logits_diff" "$OUT/rin-u$u-r1.st" "$OUT/rin-u$u-r0.st" --tol 1e-9
+  done
+done
 # the vision tower on the GPU against the vision-language references
 for v in m3vl-tiny m3vl-heldout m3vl-big; do
   [ -f $D/$v.oracle.safetensors ] && [ -x "$BIN/vision_check" ] || continue

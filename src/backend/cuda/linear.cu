@@ -22,14 +22,15 @@
  * lm_head at one token: 6,252 CTAs each staging 24 KB of x added 150 MB of L2 reads to 2.46 GB
  * of weights, and ran at 4.2 TB/s) */
 template <int F, int NT>
-__global__ void __launch_bounds__(GW * 32) k_gemv_simt(m3_linear W, const float *x, int T, int t0, float *y, int KT, int persist) {
+__global__ void __launch_bounds__(GW * 32) k_gemv_simt(m3_linear W, const float *x, int T, int t0, float *y, int KT, int persist,
+                                                       int rb) {
     extern __shared__ float xs[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const uint8_t *rw[GR], *rs[GR];
     float gm[GR], acc[GR][NT];
     bool ok[GR];
     if (persist) {
-        stage_x<NT>(x, W.K, T, t0, 0, W.K, xs, KT);
+        stage_x<NT>(x, W.K, T, t0, 0, W.K, xs, KT, rb);
         __syncthreads();
         const int groups = (W.N + GW * GR - 1) / (GW * GR);
         for (int rg = blockIdx.x; rg < groups; rg += gridDim.x) {
@@ -45,7 +46,7 @@ __global__ void __launch_bounds__(GW * 32) k_gemv_simt(m3_linear W, const float 
     for (int kt0 = 0; kt0 < W.K; kt0 += KT) {
         int klen = W.K - kt0 < KT ? W.K - kt0 : KT;
         __syncthreads();
-        stage_x<NT>(x, W.K, T, t0, kt0, klen, xs, KT);
+        stage_x<NT>(x, W.K, T, t0, kt0, klen, xs, KT, rb);
         __syncthreads();
         warp_rows<F, NT, GR>(rw, rs, gm, ok, kt0, klen, xs, KT, acc);
     }
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(GW * 32) k_gemv_simt(m3_linear W, const float 
  * the routing step after it (route_args). */
 template <int F, int NT>
 __global__ void __launch_bounds__(GW * 32) k_gemv_simt_splitk(m3_linear W, const float *x, int T, int t0, float *y, int slice,
-                                                      route_args ra, int staged) {
+                                                      route_args ra, int staged, int rb) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     const int kparts = ra.ctr && ra.kparts > 1 ? ra.kparts : 1, Kc = W.K / kparts;
     const int ng = gridDim.x / kparts, kp = blockIdx.x / ng, kb = kp * Kc;
@@ -73,7 +74,7 @@ __global__ void __launch_bounds__(GW * 32) k_gemv_simt_splitk(m3_linear W, const
     bool ok[GR];
     warp_rows_setup<NT>(W, n0, rw, rs, gm, ok, acc);
     if (staged) {
-        stage_x<NT>(x, W.K, T, t0, kb, Kc, xs, Kc);
+        stage_x<NT>(x, W.K, T, t0, kb, Kc, xs, Kc, rb);
         __syncthreads();
     }
     const float *xk = staged ? xs : x + (size_t)t0 * W.K + kb;
@@ -191,9 +192,11 @@ static int gemv_per_sm(int fmt, size_t smem) {
 }
 
 /* ra (may be NULL): the routing step to run at the end of the launch; returns whether it did
- * (only k_gemv_simt_splitk takes it, and only when the routing scratch fits its x buffer) */
+ * (only k_gemv_simt_splitk takes it, and only when the routing scratch fits its x buffer);
+ * rb: x rounded to bf16 (where the kernel stages x, as it stages it) */
 template <int NT>
-static int launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T, int t0, float *y, const route_args *rap) {
+static int launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T, int t0, float *y, const route_args *rap,
+                          int rb) {
     const int V = W->fmt == M3_WF_F32 ? 4 : W->fmt == M3_WF_BF16 || W->fmt == M3_WF_F16 ? 8 : W->fmt == M3_WF_MXFP8 ? 16 : 32;
     if (cdiv(W->N, GW * GR) * 2 < (unsigned)c->sm_count && W->K >= 1024) {
         const unsigned ng = cdiv(W->N, GR);
@@ -213,7 +216,11 @@ static int launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T,
         if (staged || (t0 == 0 && T == NT)) {
             const unsigned g = ng * kp;
             const size_t smem = (staged ? xsm : 0) + rest;
-            GEMV_LAUNCH(k_gemv_simt_splitk, slice, ra, staged);
+            if (!staged && rb) { /* read where it lies: rounded first */
+                if (!(x = m3_cu_gemm_input(c, x, (size_t)T * W->K))) return 0;
+                rb = 0;
+            }
+            GEMV_LAUNCH(k_gemv_simt_splitk, slice, ra, staged, rb);
             return ra.ctr != NULL;
         }
     }
@@ -232,7 +239,7 @@ static int launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T,
             persist = 1;
         }
     }
-    GEMV_LAUNCH(k_gemv_simt, KT, persist);
+    GEMV_LAUNCH(k_gemv_simt, KT, persist, rb);
     return 0;
 }
 
@@ -253,14 +260,28 @@ const float *m3_cu_gemm_input(m3_cuda *c, const float *x, size_t n) {
 }
 
 /* y[T, N] = x[T, K] W^T, T <= 8; with ra, routes too where it can (returns whether it did) */
-int m3_cu_gemv_simt(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y, const route_args *ra) {
+/* precision bf16: x rounded as the SIMT GEMV and the BF16 cuBLAS path load it, one launch less in
+ * each MoE router and before the lm_head (H100, 8 layers, decode batch 1: 2.508 -> 2.449 ms;
+ * docs/PERF.md, session 37). M3_ROUND_IN_LOAD=0: by a launch of its own first (m3_cu_gemm_input). */
+static int round_in_load(void) {
+    static int on = -1;
+    if (on < 0) on = m3_cu_env_int("M3_ROUND_IN_LOAD", 1) != 0;
+    return on;
+}
+
+int m3_cu_gemv_simt(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y, const route_args *ra, int rb) {
     int routed = 0;
+    if (rb && !round_in_load()) {
+        if (!(x = m3_cu_gemm_input(c, x, (size_t)T * W->K))) return 0;
+        rb = 0;
+    }
     if (!m3_cu_simt_ok(W)) {
+        if (rb && !(x = m3_cu_gemm_input(c, x, (size_t)T * W->K))) return 0;
         k_gemv_by_element<<<cdiv(W->N, 8), 256, 0, c->st>>>(*W, x, T, y);
-    } else if (T == 1) routed = launch_gemv_nt<1>(c, W, x, T, 0, y, ra);
-    else if (T == 2) routed = launch_gemv_nt<2>(c, W, x, T, 0, y, ra);
-    else if (T <= 4) routed = launch_gemv_nt<4>(c, W, x, T, 0, y, ra);
-    else routed = launch_gemv_nt<8>(c, W, x, T, 0, y, ra);
+    } else if (T == 1) routed = launch_gemv_nt<1>(c, W, x, T, 0, y, ra, rb);
+    else if (T == 2) routed = launch_gemv_nt<2>(c, W, x, T, 0, y, ra, rb);
+    else if (T <= 4) routed = launch_gemv_nt<4>(c, W, x, T, 0, y, ra, rb);
+    else routed = launch_gemv_nt<8>(c, W, x, T, 0, y, ra, rb);
     CK_LAUNCH(c, "gemv");
     return routed;
 }
@@ -271,11 +292,12 @@ int m3_cu_gemv_simt(m3_cuda *c, const m3_linear *W, const float *x, int T, float
  * the tensor cores: x split into three bf16 rows (x = hi + mid + lo to ~24 bits, f32's
  * precision; the products are exact in f32), one GEMM against the 3T rows, the thirds added. */
 
-/* x[T][K] f32 -> xs[0..T) hi, xs[T..2T) mid, xs[2T..3T) lo (bf16) */
-__global__ void k_split_x_bf16x3(const float *x, int T, int K, __nv_bfloat16 *xs) {
+/* x[T][K] f32 -> xs[0..T) hi, xs[T..2T) mid, xs[2T..3T) lo (bf16); rb (precision bf16): of x rounded
+ * to bf16 (so hi = bf16(x), mid = lo = 0) */
+__global__ void k_split_x_bf16x3(const float *x, int T, int K, __nv_bfloat16 *xs, int rb) {
     const size_t n = (size_t)T * K;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float v = x[i];
+        const float v = round_bf16_if(x[i], rb);
         const __nv_bfloat16 h = __float2bfloat16_rn(v);
         const float r = v - __bfloat162float(h);
         const __nv_bfloat16 m = __float2bfloat16_rn(r);
@@ -300,17 +322,21 @@ static int bf16_blas_on(void) {
 }
 
 /* 0 done (or failed: c->failed), -1 not this path */
-static int linear_bf16_blas(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y) {
+static int linear_bf16_blas(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y, int rb) {
     /* (not on the side stream: the cuBLAS handle launches on the main one) */
     if (c->side || W->fmt != M3_WF_BF16 || W->tiled || T < 2 || T > 8 || !bf16_blas_on() || (size_t)W->N * W->K < ((size_t)1 << 19) ||
         W->row_bytes != (size_t)2 * W->K || ((uintptr_t)W->w & 15) || W->K % 8)
         return -1;
+    if (rb && !round_in_load()) {
+        if (!(x = m3_cu_gemm_input(c, x, (size_t)T * W->K))) return 0;
+        rb = 0;
+    }
     const size_t pn = (size_t)3 * T * W->N, xn = (size_t)3 * T * W->K;
     float *p = (float *)m3_cu_scratch(c, SC_DEQ, sizeof(float) * pn + sizeof(uint16_t) * xn + 256);
     if (!p) return 0;
     __nv_bfloat16 *xs = (__nv_bfloat16 *)(p + ((pn + 63) & ~(size_t)63));
     unsigned g = cdiv((size_t)T * W->K, 256);
-    k_split_x_bf16x3<<<g < 1024 ? g : 1024, 256, 0, c->st>>>(x, T, W->K, xs);
+    k_split_x_bf16x3<<<g < 1024 ? g : 1024, 256, 0, c->st>>>(x, T, W->K, xs, rb);
     if (CK_LAUNCH(c, "split x (bf16)")) return 0;
     const float one = 1.0f, zero = 0.0f;
     /* column-major view: W^T is K x N (ld K); xs is K x 3T (ld K); p is N x 3T (ld N) */
@@ -391,8 +417,8 @@ void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y
         { m3_cu_prof_end(c, OP_LINEAR); return; }
     }
     if (T <= 8) {
-        const float *xr = m3_cu_gemm_input(c, x, (size_t)T * W->K); /* bf16 mode: cuBLAS on bf16(x) */
-        if (xr && linear_bf16_blas(c, W, xr, T, y)) m3_cu_gemv_simt(c, W, xr, T, y);
+        /* bf16 mode: on bf16(x), rounded where the kernels load x */
+        if (linear_bf16_blas(c, W, x, T, y, c->gemm_bf16)) m3_cu_gemv_simt(c, W, x, T, y, NULL, c->gemm_bf16);
         m3_cu_prof_end(c, OP_LINEAR);
         return;
     }

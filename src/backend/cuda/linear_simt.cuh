@@ -123,13 +123,17 @@ static __device__ __forceinline__ void warp_rows(const uint8_t *const *rw, const
     }
 }
 
-/* stage x[t0 .. t0+NT) columns [kt0, kt0+klen) into xs[NT][KT] (zeros for t >= T) */
+/* stage x[t0 .. t0+NT) columns [kt0, kt0+klen) into xs[NT][KT] (zeros for t >= T); rb (precision
+ * bf16): each value rounded to bf16, as m3_cu_gemm_input would (one launch less) */
+static __device__ __forceinline__ float round_bf16_if(float v, int rb) { return rb ? __bfloat162float(__float2bfloat16_rn(v)) : v; }
 template <int NT>
-static __device__ __forceinline__ void stage_x(const float *x, int K, int T, int t0, int kt0, int klen, float *xs, int KT) {
+static __device__ __forceinline__ void stage_x(const float *x, int K, int T, int t0, int kt0, int klen, float *xs, int KT,
+                                               int rb = 0) {
     for (int i = threadIdx.x; i < NT * (klen / 4); i += blockDim.x) {
         int t = i / (klen / 4), j = (i % (klen / 4)) * 4;
         float4 v = make_float4(0, 0, 0, 0);
         if (t0 + t < T) v = *(const float4 *)(x + (size_t)(t0 + t) * K + kt0 + j);
+        v = make_float4(round_bf16_if(v.x, rb), round_bf16_if(v.y, rb), round_bf16_if(v.z, rb), round_bf16_if(v.w, rb));
         *(float4 *)(xs + t * KT + j) = v;
     }
 }

@@ -35,9 +35,7 @@ int m3_cu_route(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, i
      * shared memory (its rows must all exist: T a power of two); 8 tokens: 5.7 us of cuBLAS + 4 us of
      * reduce / add + 5.7 us of k_route_topk before */
     if ((T == 1 || T == 2 || T == 4 || T == 8) && !m3_cu_mma_ok(&L->router) && m3_cu_fuse_on() && m3_cu_simt_ok(&L->router)) {
-        const float *xg = m3_cu_gemm_input(c, x, (size_t)T * L->router.K); /* precision bf16: bf16(x) */
-        if (!xg) return -1;
-        routed = m3_cu_gemv_simt(c, &L->router, xg, T, logits, &ra);
+        routed = m3_cu_gemv_simt(c, &L->router, x, T, logits, &ra, c->gemm_bf16); /* precision bf16: on bf16(x) */
     } else m3_cu_linear(c, &L->router, x, T, logits);
     if (!routed) {
         k_route_topk<<<T, 32, sizeof(float) * 2 * (size_t)E + sizeof(int) * (size_t)K, c->st>>>(logits, L->route_bias, E, K,

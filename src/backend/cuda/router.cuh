@@ -65,10 +65,10 @@ typedef struct route_args {
     int kparts;
 } route_args;
 
-/* the SIMT GEMV (linear.cu): y[T, N] = x[T, K] W^T, T <= 8, x as given (the caller rounds it in
- * precision bf16: m3_cu_gemm_input); with ra, routes too where it can (returns whether it did);
- * m3_cu_simt_ok: whether W's shape takes its vector kernels */
-int m3_cu_gemv_simt(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y, const route_args *ra = NULL);
+/* the SIMT GEMV (linear.cu): y[T, N] = x[T, K] W^T, T <= 8, on x, or with rb (precision bf16) on
+ * bf16(x), rounded as the kernel stages x (else first, m3_cu_gemm_input); with ra, routes too where
+ * it can (returns whether it did); m3_cu_simt_ok: whether W's shape takes its vector kernels */
+int m3_cu_gemv_simt(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y, const route_args *ra = NULL, int rb = 0);
 int m3_cu_simt_ok(const m3_linear *W);
 
 #endif

@@ -191,6 +191,32 @@ static int gemv_per_sm(int fmt, size_t smem) {
     return n;
 }
 
+/* The shared memory k_gemv_simt_splitk<W's format, NT> may take: 96 KB where that attribute is set
+ * (once per device context), so that the MoE router's x at 5-8 tokens (48 KB a K part) is staged and
+ * rounded to bf16 as it lands instead of in a launch of its own; else the default 48 KB. */
+#define SPLITK_SMEM (96 * 1024)
+template <int NT>
+static size_t splitk_smem_max(const m3_cuda *c, int fmt) {
+    static unsigned long long set[8]; /* per format: devices whose context has the attribute */
+    const unsigned long long bit = 1ull << (c->dev & 63);
+    const int f = fmt & 7;
+    if (__atomic_load_n(&set[f], __ATOMIC_ACQUIRE) & bit) return SPLITK_SMEM;
+    cudaError_t e;
+    switch (fmt) {
+    case M3_WF_F32: e = cudaFuncSetAttribute(k_gemv_simt_splitk<M3_WF_F32, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, SPLITK_SMEM); break;
+    case M3_WF_BF16: e = cudaFuncSetAttribute(k_gemv_simt_splitk<M3_WF_BF16, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, SPLITK_SMEM); break;
+    case M3_WF_F16: e = cudaFuncSetAttribute(k_gemv_simt_splitk<M3_WF_F16, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, SPLITK_SMEM); break;
+    case M3_WF_MXFP8: e = cudaFuncSetAttribute(k_gemv_simt_splitk<M3_WF_MXFP8, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, SPLITK_SMEM); break;
+    default: e = cudaFuncSetAttribute(k_gemv_simt_splitk<M3_WF_NVFP4, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, SPLITK_SMEM); break;
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* (not sticky: the launch below stays within 48 KB) */
+        return 48 * 1024;
+    }
+    __atomic_fetch_or(&set[f], bit, __ATOMIC_RELEASE);
+    return SPLITK_SMEM;
+}
+
 /* ra (may be NULL): the routing step to run at the end of the launch; returns whether it did
  * (only k_gemv_simt_splitk takes it, and only when the routing scratch fits its x buffer);
  * rb: x rounded to bf16 (where the kernel stages x, as it stages it) */
@@ -211,8 +237,10 @@ static int launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T,
         ra.kparts = kp;
         const int Kc = W->K / kp, slice = (Kc / GW + V - 1) / V * V;
         const size_t xsm = sizeof(float) * (size_t)NT * Kc, rest = sizeof(float) * (GW * GR * NT + (ra.ctr ? rsm : 0));
-        /* x read where it lies when it does not fit (t0 = 0, T = NT: its rows all exist) */
-        const int staged = xsm + rest <= 48 * 1024;
+        /* x read where it lies when it does not fit (t0 = 0, T = NT: its rows all exist); to be rounded (rb), up to
+         * SPLITK_SMEM (M3_ROUND_IN_LOAD=0: 48 KB, as before) */
+        const size_t smax = rb && xsm + rest > 48 * 1024 ? splitk_smem_max<NT>(c, W->fmt) : 48 * 1024;
+        const int staged = xsm + rest <= smax;
         if (staged || (t0 == 0 && T == NT)) {
             const unsigned g = ng * kp;
             const size_t smem = (staged ? xsm : 0) + rest;

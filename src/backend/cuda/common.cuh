@@ -301,8 +301,6 @@ int m3_cu_moe_grouped(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, 
                       int E, int part, const float *x, int xstride, float *out);
 int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int topk, int S, int part,
                   const float *x, int xstride, float *out);
-int m3_cu_moe_fused(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int T, int topk, int grouped,
-                    const float *x, int H, float *gu, float *h, float *ye, float alpha, float limit);
 /* vision.cu */
 void m3_cu_vision_ops(m3_ops *ops);
 

@@ -192,8 +192,9 @@ static int gemv_per_sm(int fmt, size_t smem) {
 }
 
 /* The shared memory k_gemv_simt_splitk<W's format, NT> may take: 96 KB where that attribute is set
- * (once per device context), so that the MoE router's x at 5-8 tokens (48 KB a K part) is staged and
- * rounded to bf16 as it lands instead of in a launch of its own; else the default 48 KB. */
+ * (once per device context), so that an x of NT rows it would read where it lies (the MoE router's
+ * at 8 tokens: 48 KB a K part) is staged and rounded to bf16 as it lands instead of in a launch of
+ * its own; else the default 48 KB. */
 #define SPLITK_SMEM (96 * 1024)
 template <int NT>
 static size_t splitk_smem_max(const m3_cuda *c, int fmt) {
@@ -237,9 +238,10 @@ static int launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T,
         ra.kparts = kp;
         const int Kc = W->K / kp, slice = (Kc / GW + V - 1) / V * V;
         const size_t xsm = sizeof(float) * (size_t)NT * Kc, rest = sizeof(float) * (GW * GR * NT + (ra.ctr ? rsm : 0));
-        /* x read where it lies when it does not fit (t0 = 0, T = NT: its rows all exist); to be rounded (rb), up to
-         * SPLITK_SMEM (M3_ROUND_IN_LOAD=0: 48 KB, as before) */
-        const size_t smax = rb && xsm + rest > 48 * 1024 ? splitk_smem_max<NT>(c, W->fmt) : 48 * 1024;
+        /* x read where it lies when it does not fit (t0 = 0, T = NT: its rows all exist); where it would be and is to
+         * be rounded (rb), staged in up to SPLITK_SMEM instead (M3_ROUND_IN_LOAD=0: 48 KB). Only there: the same
+         * kernel either way, so the same sums as with the rounding launch (other T keep k_gemv_simt below). */
+        const size_t smax = rb && xsm + rest > 48 * 1024 && t0 == 0 && T == NT ? splitk_smem_max<NT>(c, W->fmt) : 48 * 1024;
         const int staged = xsm + rest <= smax;
         if (staged || (t0 == 0 && T == NT)) {
             const unsigned g = ng * kp;

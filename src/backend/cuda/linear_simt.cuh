@@ -123,9 +123,11 @@ static __device__ __forceinline__ void warp_rows(const uint8_t *const *rw, const
     }
 }
 
-/* stage x[t0 .. t0+NT) columns [kt0, kt0+klen) into xs[NT][KT] (zeros for t >= T); rb (precision
- * bf16): each value rounded to bf16, as m3_cu_gemm_input would (one launch less) */
+/* v, or with rb v rounded to bf16 (as m3_cu_gemm_input rounds a GEMM input under precision bf16) */
 static __device__ __forceinline__ float round_bf16_if(float v, int rb) { return rb ? __bfloat162float(__float2bfloat16_rn(v)) : v; }
+
+/* stage x[t0 .. t0+NT) columns [kt0, kt0+klen) into xs[NT][KT] (zeros for t >= T); rb: each value
+ * rounded to bf16 as it lands (one launch less) */
 template <int NT>
 static __device__ __forceinline__ void stage_x(const float *x, int K, int T, int t0, int kt0, int klen, float *xs, int KT,
                                                int rb = 0) {

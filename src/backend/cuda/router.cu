@@ -37,6 +37,7 @@ int m3_cu_route(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, i
     if ((T == 1 || T == 2 || T == 4 || T == 8) && !m3_cu_mma_ok(&L->router) && m3_cu_fuse_on() && m3_cu_simt_ok(&L->router)) {
         routed = m3_cu_gemv_simt(c, &L->router, x, T, logits, &ra, c->gemm_bf16); /* precision bf16: on bf16(x) */
     } else m3_cu_linear(c, &L->router, x, T, logits);
+    if (c->failed) return -1; /* (no logits to route: its rounding or launch failed) */
     if (!routed) {
         k_route_topk<<<T, 32, sizeof(float) * 2 * (size_t)E + sizeof(int) * (size_t)K, c->st>>>(logits, L->route_bias, E, K,
                                                                                            routed_scale, pick, wt);

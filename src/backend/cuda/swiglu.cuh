@@ -1,6 +1,6 @@
 /* SwiGLU-OAI on the GPU, one gate / up pair: the activation of every MLP and expert (elem.cu,
- * moe.cu, the fused MoE in linear_mma.cu, the GEMM epilogues of gemm_ft.cu and gemm_tc.cu), one
- * formula so that every path rounds alike.
+ * moe.cu, the GEMM epilogues of gemm_ft.cu and gemm_tc.cu), one formula so that every path rounds
+ * alike.
  * CPU reference: src/backend/cpu/elem.c (the spec's MLP). */
 #ifndef M3_CUDA_SWIGLU_CUH
 #define M3_CUDA_SWIGLU_CUH

@@ -191,6 +191,14 @@ static int gemv_per_sm(int fmt, size_t smem) {
     return n;
 }
 
+/* x rounded to bf16 by a launch of its own (m3_cu_gemm_input) where *rb asks for it, which it then
+ * clears (the kernel need not round); x itself otherwise. NULL on failure (recorded in c). */
+static const float *rounded_first(m3_cuda *c, const float *x, size_t n, int *rb) {
+    if (!*rb) return x;
+    *rb = 0;
+    return m3_cu_gemm_input(c, x, n);
+}
+
 /* The shared memory k_gemv_simt_splitk<W's format, NT> may take: 96 KB where that attribute is set
  * (once per device context), so that an x of NT rows it would read where it lies (the MoE router's
  * at 8 tokens: 48 KB a K part) is staged and rounded to bf16 as it lands instead of in a launch of
@@ -246,10 +254,7 @@ static int launch_gemv_nt(m3_cuda *c, const m3_linear *W, const float *x, int T,
         if (staged || (t0 == 0 && T == NT)) {
             const unsigned g = ng * kp;
             const size_t smem = (staged ? xsm : 0) + rest;
-            if (!staged && rb) { /* read where it lies: rounded first */
-                if (!(x = m3_cu_gemm_input(c, x, (size_t)T * W->K))) return 0;
-                rb = 0;
-            }
+            if (!staged && !(x = rounded_first(c, x, (size_t)T * W->K, &rb))) return 0; /* read where it lies */
             GEMV_LAUNCH(k_gemv_simt_splitk, slice, ra, staged, rb);
             return ra.ctr != NULL;
         }
@@ -289,7 +294,6 @@ const float *m3_cu_gemm_input(m3_cuda *c, const float *x, size_t n) {
     return CK_LAUNCH(c, "round x to bf16") ? NULL : r;
 }
 
-/* y[T, N] = x[T, K] W^T, T <= 8; with ra, routes too where it can (returns whether it did) */
 /* precision bf16: x rounded as the SIMT GEMV and the BF16 cuBLAS path load it, one launch less in
  * each MoE router and before the lm_head (H100, 8 layers, decode batch 1: 2.508 -> 2.449 ms;
  * docs/PERF.md, session 37). M3_ROUND_IN_LOAD=0: by a launch of its own first (m3_cu_gemm_input). */
@@ -299,14 +303,12 @@ static int round_in_load(void) {
     return on;
 }
 
+/* y[T, N] = x[T, K] W^T, T <= 8; with ra, routes too where it can (returns whether it did) */
 int m3_cu_gemv_simt(m3_cuda *c, const m3_linear *W, const float *x, int T, float *y, const route_args *ra, int rb) {
     int routed = 0;
-    if (rb && !round_in_load()) {
-        if (!(x = m3_cu_gemm_input(c, x, (size_t)T * W->K))) return 0;
-        rb = 0;
-    }
+    /* (k_gemv_by_element reads x where it lies) */
+    if ((!round_in_load() || !m3_cu_simt_ok(W)) && !(x = rounded_first(c, x, (size_t)T * W->K, &rb))) return 0;
     if (!m3_cu_simt_ok(W)) {
-        if (rb && !(x = m3_cu_gemm_input(c, x, (size_t)T * W->K))) return 0;
         k_gemv_by_element<<<cdiv(W->N, 8), 256, 0, c->st>>>(*W, x, T, y);
     } else if (T == 1) routed = launch_gemv_nt<1>(c, W, x, T, 0, y, ra, rb);
     else if (T == 2) routed = launch_gemv_nt<2>(c, W, x, T, 0, y, ra, rb);
@@ -357,10 +359,7 @@ static int linear_bf16_blas(m3_cuda *c, const m3_linear *W, const float *x, int 
     if (c->side || W->fmt != M3_WF_BF16 || W->tiled || T < 2 || T > 8 || !bf16_blas_on() || (size_t)W->N * W->K < ((size_t)1 << 19) ||
         W->row_bytes != (size_t)2 * W->K || ((uintptr_t)W->w & 15) || W->K % 8)
         return -1;
-    if (rb && !round_in_load()) {
-        if (!(x = m3_cu_gemm_input(c, x, (size_t)T * W->K))) return 0;
-        rb = 0;
-    }
+    if (!round_in_load() && !(x = rounded_first(c, x, (size_t)T * W->K, &rb))) return 0;
     const size_t pn = (size_t)3 * T * W->N, xn = (size_t)3 * T * W->K;
     float *p = (float *)m3_cu_scratch(c, SC_DEQ, sizeof(float) * pn + sizeof(uint16_t) * xn + 256);
     if (!p) return 0;

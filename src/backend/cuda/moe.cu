@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(GW * 32) k_moe_gate_up_swiglu_simt(const m3_ml
         for (int r = 0; r < 2; r++)
             if (ok[r]) {
                 const float hv = swiglu_oai(v[r], v[2 + r], alpha, limit);
-                h[(size_t)slot * Fd + j0 + r] = rb ? __bfloat162float(__float2bfloat16_rn(hv)) : hv; /* the down GEMM's input */
+                h[(size_t)slot * Fd + j0 + r] = round_bf16_if(hv, rb); /* the down GEMM's input */
             }
 }
 

@@ -212,9 +212,12 @@ run "$BIN/bench_cuda_linear"
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_CPS=2 run "$BIN/bench_cuda_gemm" --quick
 [ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_CPS=2 run "$BIN/bench_cuda_moe" --quick
 # the paths the defaults no longer take: BF16 weights by row copies (not tensor-map boxes), the MoE's
-# experts padded to whole 128-row tiles (no 64-row tails)
+# experts padded to whole 128-row tiles (no 64-row tails), 64-row tails where fat 192-row tiles would be
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_TMA=0 run "$BIN/bench_cuda_gemm" --ragged
 [ -x "$BIN/bench_cuda_moe" ] && M3_MOE_TC_TAIL=0 run "$BIN/bench_cuda_moe" --quick
+[ -x "$BIN/bench_cuda_moe" ] && M3_MOE_TC_FAT=0 run "$BIN/bench_cuda_moe" --ragged
+# token tiles of 192 (taken by default only where they save waves: large T) on the ragged shapes in full
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=192 run "$BIN/bench_cuda_gemm" --ragged
 
 fi
 if want 4; then
@@ -287,6 +290,7 @@ if [ -n "$CSB" ]; then
   run $CS "$BIN/m3" generate -m $D/m3-tiny-q --ids 1,2,3,4,5,6,7,8 -n 12 --temperature 0 --backend cuda
   run $CS "$BIN/m3" bench --random-weights --config bench/medium-config.json --layers 2 --batch 1,8 --context 2048 --steps 2 --prefill 0
   [ -x "$BIN/bench_cuda_gemm" ] && run $CS "$BIN/bench_cuda_gemm" --ragged
+  [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=192 run $CS "$BIN/bench_cuda_gemm" --ragged
   [ -x "$BIN/bench_cuda_moe" ] && run $CS "$BIN/bench_cuda_moe" --ragged
   # the indexer at a verify pass (8 x 8 tokens: runs of 8) and the DSpark draft's attention (chunked from 512 keys)
   [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=2 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"

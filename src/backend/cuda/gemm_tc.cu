@@ -8,8 +8,10 @@
  * bf16 x goes through shared memory in the wgmma's canonical layout.
  *
  * CTA tile: 128 weight rows x BN tokens (BN = 128, or 16 / 32 / 64 for fewer tokens: the
- * smallest that holds them; MoE tiles by the average expert's rows, and with 128 a 64-row tile for
- * an expert's last rows where that holds them: moe.cu), K in blocks of 128.
+ * smallest that holds them; 192 for MXFP8 / NVFP4 where it takes fewer waves: bn_for; MoE tiles by
+ * the average expert's rows, and with 128 a 64-row tile for an expert's last rows where that holds
+ * them, or its last 192 rows one tile: moe.cu), K in blocks of 128. BN 192 runs an n128 and an n64
+ * wgmma on the same A registers (wgmma_tile).
  * 384 threads: warps 4-11 are two consumer warpgroups of 64 rows each
  * (warp w of a consumer group owns one 16-row tile of the backend's tiled layout); warps 0-3
  * (warpgroup 0) are the producers. Grid: one CTA per output tile, the
@@ -381,6 +383,15 @@ template <> __device__ __forceinline__ void wgmma_bn<64>(float (&d)[32], const u
 template <> __device__ __forceinline__ void wgmma_bn<128>(float (&d)[64], const uint32_t *a, uint64_t desc) {
     wgmma_n128(d, a, desc);
 }
+/* one k16 step of the CTA's BN tokens, x's K-major tile at shared address b: BN 192 is an n128 wgmma
+ * over tokens 0-127 and an n64 one over tokens 128-191 (the staged pieces from 2 * XPIECE on), on the
+ * same A registers; their accumulators in a row are BN 192's fragment (token group j at d[4 j ..]) */
+template <int BN> static __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], const uint32_t *a, uint32_t b) {
+    if constexpr (BN == 192) {
+        wgmma_n128(*reinterpret_cast<float(*)[64]>(&d[0]), a, desc_sw128(b));
+        wgmma_n64(*reinterpret_cast<float(*)[32]>(&d[64]), a, desc_sw128(b + 2 * XPIECE));
+    } else wgmma_bn<BN>(d, a, desc_sw128(b));
+}
 
 /* ------------------------------------------------------------------ the GEMM kernel */
 
@@ -545,7 +556,7 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
                 pin_f32(acc);
                 wg_fence();
 #pragma unroll
-                for (int j = 0; j < 4; j++) wgmma_bn<BN>(acc, a0 + 4 * j, desc_sw128(xa + h * BN * 128 + j * 32));
+                for (int j = 0; j < 4; j++) wgmma_tile<BN>(acc, a0 + 4 * j, xa + h * BN * 128 + j * 32);
                 wg_commit();
                 wg_wait<0>();
                 pin_f32(acc);
@@ -579,7 +590,7 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
                 pin_f32(acc);
                 wg_fence();
 #pragma unroll
-                for (int j = 0; j < 4; j++) wgmma_bn<BN>(acc, a[h] + 4 * j, desc_sw128(xa + h * BN * 128 + j * 32));
+                for (int j = 0; j < 4; j++) wgmma_tile<BN>(acc, a[h] + 4 * j, xa + h * BN * 128 + j * 32);
                 wg_commit();
                 if (h == 0) {
                     load_raw<FMT>(sm0 + st * STAGE + XB, sm0 + st * STAGE + XB + WB, i, g, t, 1, r);
@@ -824,17 +835,43 @@ __global__ void k_sum_slices(const float *part, int ksplit, size_t n, float *y) 
     }
 }
 
-static int bn_for(int T) { return T <= 16 ? 16 : T <= 32 ? 32 : T <= 64 ? 64 : 128; }
-
-extern "C" int m3_cu_gemm_tc_ksplit(const m3_linear *W, int T) {
+static int sm_count(void) {
     static int sms = 0;
     if (!sms) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-            sms = 132;
+        int dev = 0, n = 0;
+        sms = cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+                      n > 0
+                  ? n
+                  : 132;
     }
+    return sms;
+}
+
+/* The token tile for T tokens of an N-row matrix: the smallest of 16 / 32 / 64 that holds T, else
+ * 128, or 192 (MXFP8 / NVFP4) where its fewer waves of CTAs win: a 192-token CTA takes ~1.32x a
+ * 128-token one (its A registers, expanded once, feed 1.5x the MMAs; the 4096-token linears of
+ * M3.1-Flash 11-14% faster, H100, docs/PERF.md session 38), so 192 is taken when its waves x 4 <
+ * 128's waves x 3 (at 1024 tokens of a 6144 x 3072 matrix both are 3 waves: 192 was 24% slower).
+ * M3_GEMM_TC_BN=128 / 192: that tile wherever it may be taken (measurements). */
+static int bn_for(int T, int fmt, int N) {
+    if (T <= 64) return T <= 16 ? 16 : T <= 32 ? 32 : 64;
+    if (T <= 128 || fmt == M3_WF_BF16) return 128; /* (BF16 at 192: 2 stages) */
+    static int force = -1;
+    if (force < 0) {
+        const char *e = getenv("M3_GEMM_TC_BN");
+        force = e && !strcmp(e, "192") ? 192 : e && !strcmp(e, "128") ? 128 : 0;
+    }
+    if (force) return force;
+    const long nm = (N + BM - 1) / BM, sms = sm_count(), t192 = nm * ((T + 191) / 192);
+    if (t192 < 2 * sms) return 128; /* (few tiles: K slices, m3_cu_gemm_tc_ksplit) */
+    const long w128 = (nm * ((T + 127) / 128) + sms - 1) / sms, w192 = (t192 + sms - 1) / sms;
+    return w192 * 4 < w128 * 3 ? 192 : 128;
+}
+
+extern "C" int m3_cu_gemm_tc_ksplit(const m3_linear *W, int T) {
     if (!W || T < 1 || W->N < 1) return 1;
-    const long tiles = (long)((W->N + BM - 1) / BM) * ((T + bn_for(T) - 1) / bn_for(T));
+    const int sms = sm_count(), bn = bn_for(T, W->fmt, W->N);
+    const long tiles = (long)((W->N + BM - 1) / BM) * ((T + bn - 1) / bn);
     const int KB = W->K / BK;
     static int force = -1; /* M3_GEMM_TC_KS=N: N slices wherever each keeps a K block (measurements) */
     if (force < 0) {
@@ -858,8 +895,7 @@ extern "C" int m3_cu_gemm_tc_staged_split(void *stream, const m3_linear *W, cons
     if (ksplit < 1 || ksplit > W->K / BK || (ksplit > 1 && !part))
         return m3_errf(err, "gemm_tc: %d K slices of %s %d x %d", ksplit, m3_wfmt_name(W->fmt), W->N, W->K);
     cudaStream_t st = (cudaStream_t)stream;
-    /* the token tile: the smallest of 16 / 32 / 64 that holds T, else 128 */
-    const int bn = bn_for(T);
+    const int bn = bn_for(T, W->fmt, W->N);
 #define LIN_ARGS st, W, xs, T, y, ksplit, part, err
 #define LIN_BN(F) (bn == 16 ? (two_per_sm() ? launch<F, 16, 2>(LIN_ARGS) : launch<F, 16>(LIN_ARGS))        \
                    : bn == 32 ? (two_per_sm() ? launch<F, 32, 2>(LIN_ARGS) : launch<F, 32>(LIN_ARGS)) \
@@ -867,8 +903,8 @@ extern "C" int m3_cu_gemm_tc_staged_split(void *stream, const m3_linear *W, cons
     int rc;
     switch (W->fmt) {
     case M3_WF_BF16: rc = LIN_BN(M3_WF_BF16); break;
-    case M3_WF_MXFP8: rc = LIN_BN(M3_WF_MXFP8); break;
-    default: rc = LIN_BN(M3_WF_NVFP4); break;
+    case M3_WF_MXFP8: rc = bn == 192 ? launch<M3_WF_MXFP8, 192>(LIN_ARGS) : LIN_BN(M3_WF_MXFP8); break;
+    default: rc = bn == 192 ? launch<M3_WF_NVFP4, 192>(LIN_ARGS) : LIN_BN(M3_WF_NVFP4); break;
     }
 #undef LIN_BN
 #undef LIN_ARGS
@@ -926,10 +962,10 @@ extern "C" int m3_cu_gemm_tc_stage_x_map(void *stream, const float *x, int rows,
 }
 
 extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, const m3_mlp_w *e0, int bn, const void *xs,
-                                 int rows, const int *tiles, int maxa, int maxb, const int *cnt, const int *rowmap, float alpha,
-                                 float limit, float *y, m3_err *err) {
+                                 int rows, const int *tiles, int maxa, int maxb, int maxf, const int *cnt, const int *rowmap,
+                                 float alpha, float limit, float *y, m3_err *err) {
     if (!m3_cu_gemm_tc_moe_ok(e0) || (bn != 16 && bn != 32 && bn != 64 && bn != 128) || rows < 1 || rows % 64 || maxa < 0 ||
-        maxb < 0 || (maxb && bn != 128))
+        maxb < 0 || maxf < 0 || ((maxb || maxf) && bn != 128))
         return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows, %d tails) not taken", m3_wfmt_name(e0->gate.fmt), bn, rows, maxb);
     const m3_linear *W = part == 2 ? &e0->down : &e0->gate;
     gemm_args a;
@@ -953,18 +989,18 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
 #define MOE_BN(F) (tb == 16 ? (two_per_sm() ? launch_args<F, 16, 2>(st, a, err) : launch_args<F, 16>(st, a, err))        \
                    : tb == 32 ? (two_per_sm() ? launch_args<F, 32, 2>(st, a, err) : launch_args<F, 32>(st, a, err)) \
                    : tb == 64 ? launch_args<F, 64>(st, a, err) : launch_args<F, 128>(st, a, err))
-    /* the full tiles, then the tails (64-row tiles) */
-    for (int pass = 0; pass < 2; pass++) {
-        a.nt = pass ? maxb : maxa;
+    /* the full tiles, the tails (64-row tiles), then the fat tiles (192 rows) */
+    for (int pass = 0; pass < 3; pass++) {
+        a.nt = pass == 2 ? maxf : pass ? maxb : maxa;
         if (a.nt < 1) continue;
-        a.tiles = tiles + (pass ? 2 * (size_t)maxa : 0);
+        a.tiles = tiles + (pass == 2 ? 2 * ((size_t)maxa + maxb) : pass ? 2 * (size_t)maxa : 0);
         a.ntile = cnt + 1 + pass;
-        const int tb = pass ? 64 : bn; /* the pass's token tile */
+        const int tb = pass == 2 ? 192 : pass ? 64 : bn; /* the pass's token tile */
         int rc;
         switch (W->fmt) {
-        case M3_WF_BF16: rc = MOE_BN(M3_WF_BF16); break;
-        case M3_WF_MXFP8: rc = MOE_BN(M3_WF_MXFP8); break;
-        default: rc = MOE_BN(M3_WF_NVFP4); break;
+        case M3_WF_BF16: rc = tb == 192 ? m3_errf(err, "gemm_tc: BF16 experts in tiles of 192") : MOE_BN(M3_WF_BF16); break;
+        case M3_WF_MXFP8: rc = tb == 192 ? launch_args<M3_WF_MXFP8, 192>(st, a, err) : MOE_BN(M3_WF_MXFP8); break;
+        default: rc = tb == 192 ? launch_args<M3_WF_NVFP4, 192>(st, a, err) : MOE_BN(M3_WF_NVFP4); break;
         }
         if (rc) return rc;
     }

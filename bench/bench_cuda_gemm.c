@@ -5,7 +5,7 @@
  * Check: y = x W^T with x rounded to bf16 and W decoded exactly, summed in double, on a sample
  * of tokens (first, last, random) x rows (all, or 4096 with the last); relative L2 over the
  * sample must be < 1e-4 (only the f32 summation order differs), else a FAIL line and exit 1.
- * Ragged shapes (T = 1, 9, 20, 64, 77, 130: every token tile; N = 520 / 528; MXFP8 2064 x 4096 at 64
+ * Ragged shapes (T = 1, 9, 20, 64, 77, 130, 200, 300: every token tile; N = 520 / 528; MXFP8 2064 x 4096 at 64
  * tokens: gemm_ft's stream-K split) are checked in full first.
  * The same check for the backend's linear op in bf16 precision (op16: the few-token GEMM,
  * gemm_ft.cu, at 9-64 tokens for MXFP8 / NVFP4, this GEMM above, the GEMV below 9 tokens).
@@ -208,10 +208,12 @@ int main(int argc, char **argv) {
         for (int fi = 0; fi < 3; fi++) fails += run_case(&c, fm[fi], N, K, Ts, quick ? 3 : 4, 0, 1);
     } else {
         /* ragged: full check, no comparison timing */
-        const int Tr[6] = {1, 77, 130, 64, 9, 20}; /* tiles of 16, 128, 128, 64, 16, 32 tokens */
-        fails += run_case(&c, M3_WF_BF16, 520, 384, Tr, 6, 1, 0);
-        fails += run_case(&c, M3_WF_MXFP8, 528, 640, Tr, 6, 1, 0);
-        fails += run_case(&c, M3_WF_NVFP4, 528, 640, Tr, 6, 1, 0);
+        /* tiles of 16, 128, 128, 64, 16, 32, 128, 128 tokens (M3_GEMM_TC_BN=192: 130, 200 and 300 in tiles of
+         * 192, the last one holding 3, 1 and 2 staged pieces of 64) */
+        const int Tr[8] = {1, 77, 130, 64, 9, 20, 200, 300};
+        fails += run_case(&c, M3_WF_BF16, 520, 384, Tr, 8, 1, 0);
+        fails += run_case(&c, M3_WF_MXFP8, 528, 640, Tr, 8, 1, 0);
+        fails += run_case(&c, M3_WF_NVFP4, 528, 640, Tr, 8, 1, 0);
         fails += run_case(&c, M3_WF_BF16, 200, 256, Tr, 3, 1, 0);
         /* 64 tokens over 17 row chunks (the last of 16 rows): K slices would leave 10% of an H200's
          * 264 places empty, so gemm_ft splits the work stream-K (ranges crossing tiles, 2-3 partial sums) */

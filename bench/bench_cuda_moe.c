@@ -18,7 +18,8 @@
  * the bf16 roundings of h that f32 order can flip (values within 3e-5 of a rounding midpoint:
  * each flip is taken when it brings the reference closer to the GPU; raw_l2 is the row before,
  * up to ~2e-4 at these shapes from one or two such flips).
- * Checked: a ragged case in full (16 experts of which 6 get no token, T = 64, 77, 130, 200),
+ * Checked: a ragged case in full (16 experts of which 6 get no token, T = 64, 77, 130, 200; NVFP4,
+ * MXFP8 and BF16 experts),
  * then a sample of tokens (first, last, random) at the real shapes for T = 64 .. 4096.
  * Time: the whole MoE op (router .. combine), mean of reps after a warm-up: the grouped GEMMs
  * (bf16), the bf16 mode without them (M3_MOE_TC=0), and the exact mode.
@@ -340,17 +341,19 @@ int main(int argc, char **argv) {
     setenv("M3_MOE_TC_MIN", "1", 1); /* the grouped GEMMs at every T here (the op takes them from 32 tokens) */
     int fails = 0;
     layer y;
-    /* ragged: 16 experts, 10 boosted by the bias (6 get no token), small widths, every row checked; NVFP4
-     * and MXFP8 experts; the few-slot kernels (gemm_ft.cu), then the wgmma GEMMs at every tile width */
-    const m3_wfmt efs[2] = {M3_WF_NVFP4, M3_WF_MXFP8};
-    for (int f = 0; f < 2; f++) {
+    /* ragged: 16 experts, 10 boosted by the bias (6 get no token), small widths, every row checked; NVFP4,
+     * MXFP8 and BF16 experts; the few-slot kernels (gemm_ft.cu; not BF16), then the wgmma GEMMs at every
+     * tile width (128: 64-row tails, or fat 192-row tiles where an expert's rows end in half a tile past
+     * 128, as at T = 200; BF16 keeps the tails) */
+    const m3_wfmt efs[3] = {M3_WF_NVFP4, M3_WF_MXFP8, M3_WF_BF16};
+    for (int f = 0; f < 3; f++) {
         if (build(&g, &y, 16, 512, 384, 256, 10, efs[f], &err)) { printf("upload: %s FAIL\n", err.msg); return 1; }
         printf("ragged MoE layer (E=16, 6 without tokens, H 512, F 384, %s experts, shared 256): every row; rel_l2 before /\n"
                "after matching the h roundings f32 order can flip (flips taken / candidates per row)\n%5s %10s %9s %9s %6s %6s\n",
                m3_wfmt_name(efs[f]), "T", "rows/skip", "raw_l2", "rel_l2", "flips", "cands");
         const int Tr[5] = {9, 64, 77, 130, 200};
         const char *bns[6] = {"ft", NULL, "16", "32", "64", "128"}; /* few-slot kernels, the GEMMs' choice, every tile */
-        for (int b = 0; b < 6; b++) {
+        for (int b = efs[f] == M3_WF_BF16; b < 6; b++) { /* (the few-slot kernels take MXFP8 / NVFP4 only) */
             setenv("M3_MOE_FT", b == 0 ? "1" : "0", 1);
             if (b > 1) setenv("M3_MOE_TC_BN", bns[b], 1);
             printf("%s\n", b == 0 ? "few-slot kernels (moe_ft)" : b == 1 ? "wgmma GEMMs, the op's tile" : "wgmma GEMMs, tile:");

@@ -11,6 +11,7 @@
 #include "backend/runs.h"
 #include "backend/dsa_runs.h"
 #include "backend/graph_refuse.h"
+#include "backend/gemm_tiles.h"
 #include "backend/streamk.h"
 #include "base/pool.h"
 #include "base/utf8.h"
@@ -408,6 +409,72 @@ static void test_streamk(void) {
     }
 }
 
+/* gemm_tiles.h: the token tiles of the tensor-core GEMM. The cases PERF.md measured (session 38,
+ * 132 SMs) take the tile that won there; 192 is never taken unless it saves whole waves and fills
+ * two, nor below 129 tokens or for BF16. An expert's tiles cover its rows exactly, with at most one
+ * tail or one fat tile (only with 128-row tiles in halves of 64, past 128 rows), one CTA fewer
+ * where fat; the host's bound on the staged rows holds every expert's padded rows and tiles for
+ * skewed and uniform routings. */
+static void test_gemm_tiles(void) {
+    static const int won[][4] = {/* T, big, N, tile */
+                                 {4096, 1, 12288, 192}, {4096, 1, 8192, 192}, {4096, 1, 6144, 192}, {1024, 1, 6144, 128},
+                                 {1024, 1, 8192, 128},  {4096, 0, 12288, 128}, {256, 1, 8192, 128}, {1, 1, 6144, 16},
+                                 {20, 1, 6144, 32},     {64, 1, 6144, 64},    {100, 1, 6144, 128}};
+    for (size_t i = 0; i < sizeof won / sizeof won[0]; i++)
+        CHECK(m3_gemm_tc_bn(won[i][0], won[i][1], won[i][2], 132) == won[i][3], "T %d, N %d, big %d: tile %d", won[i][0], won[i][2],
+              won[i][1], m3_gemm_tc_bn(won[i][0], won[i][1], won[i][2], 132));
+    uint64_t r = 12345;
+    for (int i = 0; i < 20000; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        const int T = 1 + (int)((r >> 33) % 20000), N = 16 * (1 + (int)((r >> 17) % 2000)), big = (int)(r >> 63), sms = 1 + (int)((r >> 5) % 200);
+        const int bn = m3_gemm_tc_bn(T, big, N, sms);
+        const long long nm = (N + 127) / 128, t128 = nm * ((T + 127) / 128), t192 = nm * ((T + 191) / 192);
+        if (bn == 192)
+            CHECK(big && T > 128 && t192 >= 2LL * sms && (t192 + sms - 1) / sms < (t128 + sms - 1) / sms, "T %d N %d sms %d: 192", T, N, sms);
+        else
+            CHECK(bn == (T <= 16 ? 16 : T <= 32 ? 32 : T <= 64 ? 64 : 128), "T %d N %d sms %d: tile %d", T, N, sms, bn);
+    }
+    static const int shapes[][2] = {{16, 16}, {32, 32}, {64, 64}, {128, 128}, {128, 64}}; /* bn, unit */
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int fat = 0; fat < 2; fat++)
+            for (int v = shapes[si][1]; v <= 4096; v += shapes[si][1]) {
+                const int bn = shapes[si][0], unit = shapes[si][1];
+                const m3_moe_tiles t = m3_moe_expert_tiles(v, bn, unit, fat), o = m3_moe_expert_tiles(v, bn, unit, 0);
+                const int ok = t.full * bn + t.tail * unit + t.fat * (bn + unit) == v && t.full >= 0 && t.tail >= 0 && t.tail <= 1 &&
+                               t.fat >= 0 && t.fat <= 1 && !(t.tail && t.fat) &&
+                               (!t.fat || (fat && bn == 128 && unit == 64 && v >= 192)) &&
+                               (!(fat && bn == 128 && unit == 64) || v <= bn || !t.tail) && o.full == v / bn &&
+                               o.tail == v % bn / unit && !o.fat && t.full + t.tail + t.fat == o.full + o.tail - t.fat;
+                CHECK(ok, "%d rows, tiles of %d in units of %d, fat %d: %d full, %d tails, %d fat", v, bn, unit, fat, t.full, t.tail, t.fat);
+            }
+    static const int E = 128, K = 8;
+    int num[128];
+    for (int c = 0; c < 40; c++) {
+        const int T = 1 + (int)((r >> 40) % 5000), skew = c % 4; /* skew 0: uniform; else a few experts take most slots */
+        for (int e = 0; e < E; e++) num[e] = 0;
+        for (long long s = 0; s < (long long)T * K; s++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            const int e = skew ? (int)((r >> 33) % (skew == 1 ? 3 : skew == 2 ? 20 : E)) : (int)((r >> 33) % E);
+            num[e]++;
+        }
+        for (int u = 0; u < 3; u++) {
+            const int bn = u == 2 ? 64 : 128, unit = u == 0 ? 64 : bn, fat = unit == 64;
+            const long long S = (long long)T * K, rows = m3_moe_rows_bound(S, E, unit), nz = S < E ? S : E;
+            long long used = 0, full = 0, tails = 0, fats = 0;
+            for (int e = 0; e < E; e++) {
+                const int v = (num[e] + unit - 1) / unit * unit;
+                const m3_moe_tiles t = m3_moe_expert_tiles(v, bn, unit, fat);
+                used += v;
+                full += t.full;
+                tails += t.tail;
+                fats += t.fat;
+            }
+            CHECK(used <= rows && rows % 64 == 0 && full <= rows / bn && tails <= nz && fats <= nz,
+                  "T %d, skew %d, tiles of %d (unit %d): %lld rows used of %lld, %lld full tiles", T, skew, bn, unit, used, rows, full);
+        }
+    }
+}
+
 /* dsa_runs.h: every chunk of every request in exactly one run of at most per chunks, the runs
  * within the grid's x; one wave of CTAs whenever one CTA a (request, KV head) fits; per the
  * shortest that fits (per - 1 would not), or a whole request's chunks when nothing fits */
@@ -527,6 +594,7 @@ static void test_err_oom(void) {
 int main(void) {
     test_err_oom();
     test_streamk();
+    test_gemm_tiles();
     test_graph_refuse();
     test_utf8_space();
     test_dsa_runs();

@@ -17,7 +17,7 @@
  * (warpgroup 0) are the producers. Grid: one CTA per output tile, the
  * row tiles in groups of 8 with the token tiles inside each group (L2 reuse of both operands).
  *
- * Pipeline: STAGES shared-memory stages (BN 128: BF16 3, MXFP8 4, NVFP4 5; BN 64: 4, 6, 8),
+ * Pipeline: STAGES shared-memory stages (BN 128: BF16 3, MXFP8 4, NVFP4 5; BN 64: 4, 6, 8; BN 192: -, 3, 3),
  * each holding one 128-wide K block: x (BN x 128 bf16), the raw weight bytes of the 128 rows
  * and their scales. The 4 producer warps fill a stage with 1-D bulk copies (cp.async.bulk ...
  * mbarrier::complete_tx; the tiled MXFP8 / NVFP4 layout is already made of contiguous runs), BF16
@@ -69,6 +69,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/gemm_tiles.h"
 #include "formats.cuh"
 #include "gemm_tc.h"
 #include "ptx.cuh"
@@ -847,25 +848,16 @@ static int sm_count(void) {
     return sms;
 }
 
-/* The token tile for T tokens of an N-row matrix: the smallest of 16 / 32 / 64 that holds T, else
- * 128, or 192 (MXFP8 / NVFP4) where its fewer waves of CTAs win: a 192-token CTA takes ~1.32x a
- * 128-token one (its A registers, expanded once, feed 1.5x the MMAs; the 4096-token linears of
- * M3.1-Flash 11-14% faster, H100, docs/PERF.md session 38), so 192 is taken when its waves x 4 <
- * 128's waves x 3 (at 1024 tokens of a 6144 x 3072 matrix both are 3 waves: 192 was 24% slower).
- * M3_GEMM_TC_BN=128 / 192: that tile wherever it may be taken (measurements). */
+/* the token tile (gemm_tiles.h: 192 for MXFP8 / NVFP4 where it saves waves); M3_GEMM_TC_BN=128 /
+ * 192: that tile above 128 tokens (192: MXFP8 / NVFP4 only), for measurements */
 static int bn_for(int T, int fmt, int N) {
-    if (T <= 64) return T <= 16 ? 16 : T <= 32 ? 32 : 64;
-    if (T <= 128 || fmt == M3_WF_BF16) return 128; /* (BF16 at 192: 2 stages) */
     static int force = -1;
     if (force < 0) {
         const char *e = getenv("M3_GEMM_TC_BN");
         force = e && !strcmp(e, "192") ? 192 : e && !strcmp(e, "128") ? 128 : 0;
     }
-    if (force) return force;
-    const long nm = (N + BM - 1) / BM, sms = sm_count(), t192 = nm * ((T + 191) / 192);
-    if (t192 < 2 * sms) return 128; /* (few tiles: K slices, m3_cu_gemm_tc_ksplit) */
-    const long w128 = (nm * ((T + 127) / 128) + sms - 1) / sms, w192 = (t192 + sms - 1) / sms;
-    return w192 * 4 < w128 * 3 ? 192 : 128;
+    if (force && T > 128 && (force == 128 || fmt != M3_WF_BF16)) return force; /* (BF16 at 192: 2 stages) */
+    return m3_gemm_tc_bn(T, fmt != M3_WF_BF16, N, sm_count());
 }
 
 extern "C" int m3_cu_gemm_tc_ksplit(const m3_linear *W, int T) {
@@ -966,7 +958,8 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
                                  float alpha, float limit, float *y, m3_err *err) {
     if (!m3_cu_gemm_tc_moe_ok(e0) || (bn != 16 && bn != 32 && bn != 64 && bn != 128) || rows < 1 || rows % 64 || maxa < 0 ||
         maxb < 0 || maxf < 0 || ((maxb || maxf) && bn != 128))
-        return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows, %d tails) not taken", m3_wfmt_name(e0->gate.fmt), bn, rows, maxb);
+        return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows, %d tails, %d fat tiles) not taken", m3_wfmt_name(e0->gate.fmt), bn,
+                       rows, maxb, maxf);
     const m3_linear *W = part == 2 ? &e0->down : &e0->gate;
     gemm_args a;
     memset(&a, 0, sizeof a);

@@ -43,8 +43,8 @@ int m3_cu_gemm_tc(void *stream, const m3_linear *W, const float *x, int T, float
 /* MoE experts as grouped GEMMs (moe.cu). The (token, expert) slots are permuted by expert into
  * "staged rows", each expert's rows contiguous from a multiple of 64 and padded to the tile bn (16,
  * 32, 64 or 128), or with bn 128 to 64: then an expert's last 64 rows may form a tile of their own
- * (a "tail", run with 64-row tiles), or, past its first 128, its last 192 rows one "fat" tile (run
- * with 192-row tiles). The tiles: tiles[2 i] the first staged row of tile i, tiles[2 i + 1] its
+ * (a "tail", run with 64-row tiles), or, where its rows exceed 128 and end in such a half tile
+ * (MXFP8 / NVFP4), its last 192 rows one "fat" tile (run with 192-row tiles). The tiles: tiles[2 i] the first staged row of tile i, tiles[2 i + 1] its
  * expert; full tiles (bn rows) at i = 0 .. maxa - 1, tails at maxa .. maxa + maxb - 1, fat tiles at
  * maxa + maxb .. maxa + maxb + maxf - 1 (maxb, maxf: only with bn 128). On the device cnt[0] is the
  * groups of 64 staged rows in use (what staging writes), cnt[1] the full tiles, cnt[2] the tails

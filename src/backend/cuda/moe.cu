@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/gemm_tiles.h"
 #include "gemm_tc.h"
 #include "linear_mma.cuh"
 #include "linear_simt.cuh"
@@ -210,12 +211,14 @@ __global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int
         if (e >= 0 && e < E) atomicAdd(&num[e], 1);
     }
     __syncthreads();
-    if (threadIdx.x < 32) { /* prefix sums of the padded rows, the full tiles and the tails, a warp scan per 32 experts */
+    if (threadIdx.x < 32) { /* prefix sums of the padded rows, the full tiles and the tails, a warp scan per 32 experts
+                             * (the fat tiles, one an expert at most, numbered by a ballot) */
         int base = 0, tbase = 0, xbase = 0, fbase = 0;
         for (int e0 = 0; e0 < E; e0 += 32) {
             const int e = e0 + threadIdx.x;
-            const int v = e < E ? (num[e] + unit - 1) / unit * unit : 0, fv = fat && v > bn && v % bn ? 1 : 0,
-                      tv = v / bn - fv, xv = fv ? 0 : (v % bn) / unit;
+            const int v = e < E ? (num[e] + unit - 1) / unit * unit : 0;
+            const m3_moe_tiles mt = m3_moe_expert_tiles(v, bn, unit, fat);
+            const int fv = mt.fat, tv = mt.full, xv = mt.tail;
             int inc = v, tinc = tv, xinc = xv;
             for (int d = 1; d < 32; d *= 2) {
                 const int o = __shfl_up_sync(0xffffffffu, inc, d), to = __shfl_up_sync(0xffffffffu, tinc, d),
@@ -226,7 +229,7 @@ __global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int
                     xinc += xo;
                 }
             }
-            const unsigned fm = __ballot_sync(0xffffffffu, fv); /* the fat tiles: one an expert at most */
+            const unsigned fm = __ballot_sync(0xffffffffu, fv);
             if (e < E) {
                 off[e] = base + inc - v;
                 toff[e] = tbase + tinc - tv;
@@ -249,12 +252,12 @@ __global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int
     const int used = off[E];
     for (int r = threadIdx.x; r < (used + 63) / 64 * 64; r += blockDim.x) map[r] = rowmap[r] = -1;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        const int v = off[e + 1] - off[e], fv = xoff[e] < 0, full = v / bn - fv;
+        const int v = off[e + 1] - off[e], fv = xoff[e] < 0, full = m3_moe_expert_tiles(v, bn, unit, fat).full;
         for (int i = 0; i < full; i++) {
             tiles[2 * (toff[e] + i)] = off[e] + bn * i;
             tiles[2 * (toff[e] + i) + 1] = e;
         }
-        if (fv) { /* the expert's last bn + unit rows, one tile (fat) */
+        if (fv) { /* the expert's last bn + unit rows, one tile (fat; gemm_tiles.h) */
             tiles[2 * (maxa + maxb - 1 - xoff[e])] = off[e] + bn * full;
             tiles[2 * (maxa + maxb - 1 - xoff[e]) + 1] = e;
         } else if (v % bn) { /* a tail (only with unit < bn) */
@@ -312,10 +315,10 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     /* an expert's last 128 + 64 rows one tile of 192, not a full tile and a tail (a tail's CTA expands
      * as many weights as a full one; H100, uniform routing: the op at 2048 / 4096 tokens 6.81 -> 6.06 /
      * 11.84 -> 11.19 ms; M3_MOE_TC_FAT=0: tails) */
-    const int fat = bn == 128 && unit == 64 && m3_cu_env_int("M3_MOE_TC_FAT", 1) != 0;
+    const int fat = bn == 128 && unit == 64 && e0->gate.fmt != M3_WF_BF16 /* (BF16: no 192-row tiles, gemm_tc.cu) */ &&
+                    m3_cu_env_int("M3_MOE_TC_FAT", 1) != 0;
     const long long nz = S < E ? S : E;
-    const int rows = (int)((S + nz * (unit - 1) + 63) / 64 * 64), maxa = rows / bn, maxb = unit < bn ? (int)nz : 0,
-              maxf = fat ? (int)nz : 0;
+    const int rows = (int)m3_moe_rows_bound(S, E, unit), maxa = rows / bn, maxb = unit < bn ? (int)nz : 0, maxf = fat ? (int)nz : 0;
     m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
     int32_t *pick;
     float *wt;

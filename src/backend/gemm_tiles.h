@@ -1,0 +1,54 @@
+/* Token tiles of the tensor-core GEMM (src/backend/cuda/gemm_tc.cu): which tile a linear of T
+ * tokens runs in, and how the MoE's grouped GEMMs cut one expert's rows into tiles (moe.cu's
+ * k_moe_tc_layout). Plain C, shared by the CUDA backend and the unit tests. */
+#ifndef M3_BACKEND_GEMM_TILES_H
+#define M3_BACKEND_GEMM_TILES_H
+
+#ifdef __CUDACC__
+#define M3_GT_FN static __host__ __device__ __forceinline__
+#else
+#define M3_GT_FN static inline
+#endif
+
+/* The token tile for T tokens of an N-row matrix on sms SMs (big: the format takes 192-token
+ * tiles, MXFP8 / NVFP4): the smallest of 16 / 32 / 64 that holds T, else 128, or 192 where its
+ * fewer waves of CTAs win. A 192-token CTA takes ~1.32x a 128-token one (its A registers,
+ * expanded once, feed 1.5x the MMAs; the 4096-token linears of M3.1-Flash 11-14% faster, H100,
+ * docs/PERF.md session 38), so 192 is taken when its waves x 4 < 128's x 3 and its tiles fill two
+ * waves (fewer go to K slices, m3_cu_gemm_tc_ksplit). At 1024 tokens of a 6144 x 3072 matrix both
+ * are 3 waves: 192 measured 24% slower. Weight rows per CTA: 128. */
+M3_GT_FN int m3_gemm_tc_bn(int T, int big, int N, int sms) {
+    if (T <= 64) return T <= 16 ? 16 : T <= 32 ? 32 : 64;
+    if (T <= 128 || !big || sms < 1) return 128;
+    const long long nm = (N + 127) / 128, t128 = nm * ((T + 127) / 128), t192 = nm * ((T + 191) / 192);
+    if (t192 < 2LL * sms) return 128;
+    const long long w128 = (t128 + sms - 1) / sms, w192 = (t192 + sms - 1) / sms;
+    return w192 * 4 < w128 * 3 ? 192 : 128;
+}
+
+/* One expert's v staged rows (a multiple of unit) in tiles of bn rows: `full` tiles of bn, then
+ * either a tail of unit rows (unit = bn / 2: the rows past the full tiles fill half a tile) or,
+ * with fat (bn 128, unit 64, past the first 128 rows), the last full tile and that half one as a
+ * single "fat" tile of bn + unit = 192 rows: one CTA instead of two that each expand the expert's
+ * weights (M3_MOE_TC_FAT=0: tails). Rows covered: full * bn + tail * unit + fat * (bn + unit) = v. */
+typedef struct m3_moe_tiles {
+    int full, tail, fat;
+} m3_moe_tiles;
+
+M3_GT_FN m3_moe_tiles m3_moe_expert_tiles(int v, int bn, int unit, int fat) {
+    m3_moe_tiles r;
+    r.fat = fat && bn == 128 && unit == 64 && v > bn && v % bn ? 1 : 0;
+    r.full = v / bn - r.fat;
+    r.tail = r.fat ? 0 : v % bn / unit;
+    return r;
+}
+
+/* An upper bound of the staged rows of S slots over E experts, each expert's rows padded to unit
+ * (at most min(S, E) experts get any), rounded up to 64: full tiles <= this / bn, tails and fat
+ * tiles <= min(S, E) */
+M3_GT_FN long long m3_moe_rows_bound(long long S, int E, int unit) {
+    const long long nz = S < E ? S : E;
+    return (S + nz * (unit - 1) + 63) / 64 * 64;
+}
+
+#endif

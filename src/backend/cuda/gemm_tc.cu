@@ -840,10 +840,9 @@ static int sm_count(void) {
     static int sms = 0;
     if (!sms) {
         int dev = 0, n = 0;
-        sms = cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-                      n > 0
-                  ? n
-                  : 132;
+        const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
+                        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess;
+        sms = ok && n > 0 ? n : 132;
     }
     return sms;
 }

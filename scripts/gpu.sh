@@ -122,6 +122,20 @@ done
 run "$BIN/logits_diff" "$OUT/var-M3_CUDA_SIDE_1.st" "$OUT/var-M3_CUDA_SIDE_0.st" --tol 1e-9
 run "$BIN/logits_diff" "$OUT/var-M3_CUDA_SIDE_1.st" "$OUT/var-M3_ATTN_BF16A_0_M3_INDEX_CPA_0.st" --tol 1e-9
 run "$BIN/logits_diff" "$OUT/var-M3_CUDA_SIDE_1.st" "$OUT/var-M3_ROPE_BF16A_0.st" --tol 1e-9
+# the prefill attention's token tiles (attention_tile.cu; by default steps with runs of 4+ tokens and a GPU's
+# worth of tiles) for every tensor-core launch (M3_ATTN_TILE=1) against the split kernel (M3_ATTN_TILE=0):
+# a 300-token prompt (sparse selection active, tiles of dense and sparse layers) and decodes, every
+# tensor-core KV dtype, D 32 / 48 / 64 (G 2 / 3 / 4); both agree with f32 to rounding
+ids300=$(seq 1 300 | awk '{printf "%s%d", (NR>1?",":""), ($1*37)%200}')
+for m in m3-tiny-q m3-gqa3-q m3-mqa-q; do
+  for k in bf16 fp8 nvfp4; do
+    for x in 1 0; do
+      M3_ATTN_TILE=$x "$BIN/m3" logits -m $D/$m --ids "$ids300" --decode 4 --kv-cache-dtype $k --backend cuda -o "$OUT/tile-$m-$k-$x.st" \
+        >/dev/null 2>&1 || { echo "FAILED: m3 logits M3_ATTN_TILE=$x $m $k"; fails=$((fails+1)); }
+    done
+    run "$BIN/logits_diff" "$OUT/tile-$m-$k-1.st" "$OUT/tile-$m-$k-0.st" --tol 1e-5
+  done
+done
 # the GEMV's ring run on from item to item (default) against each item filling its own (M3_GV_XITEM=0):
 # the same logits to the bit at the M3.1-Flash shapes (2 layers: dense and MoE), steps of 3 and 8 tokens
 # (the MoE grouped by expert at 1-4 and 5-8 tokens) and 1-token decodes
@@ -298,6 +312,10 @@ if [ -n "$CSB" ]; then
   [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=3 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
   # ... and the DSpark attention's batched requests (k_dsa_chunk on the tensor cores, its combine)
   [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=0 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
+  # the prefill token tiles: 3 sequences whose tiles straddle them (case 8), and every launch of a prompt in tiles
+  [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=8 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
+  [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=8 M3_BENCH_KV=nvfp4 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
+  run env M3_ATTN_TILE=1 $CS "$BIN/m3" logits -m $D/m3-gqa3-q --ids "$(seq 1 300 | awk '{printf "%s%d", (NR>1?",":""), ($1*37)%200}')" --decode 2 --kv-cache-dtype fp8 --backend cuda -o "$OUT/cs-tile.st"
   # ... and the FP8 / NVFP4 caches (attention: words loaded, converted to bf16 in shared memory; the indexer likewise)
   for kvd in fp8 nvfp4; do
     [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=2 M3_BENCH_KV=$kvd M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"

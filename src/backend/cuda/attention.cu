@@ -9,16 +9,16 @@
  * prefill gets one split per (token, group). Caches whose values are exact in bf16 (bf16, FP8,
  * NVFP4; FP8 / NVFP4 from 2 tokens) take the tensor-core kernel (k_attn_mma_bf16x3: a warp per chunk,
  * products on mma.sync with q and the probabilities split in three bf16 parts); f32 caches and
- * other shapes the f32 ones.
- * M3_ATTN_MMA=0 turns the tensor-core kernel off. */
+ * other shapes the f32 ones. Steps of many tokens in runs of a sequence (prefill) take the token
+ * tiles of attention_tile.cu instead; the per-chunk step both tensor-core kernels run is attn_mma.cuh.
+ * M3_ATTN_MMA=0 turns the tensor-core kernels off, M3_ATTN_TILE=0 the token tiles. */
 #include <math.h>
 
+#include "attn_mma.cuh"
 #include "kv.cuh"
 #include "ptx.cuh"
 
 /* ------------------------------------------------------------------ attention */
-
-#define ACH 32 /* keys per chunk */
 
 /* Key range [*a, *e) of chunk ci of token t / group g: sparse = the selected blocks cut in
  * ACH-key chunks (cpb per block), dense = [0, p] in ACH-key chunks; 0 when the chunk is empty
@@ -261,7 +261,8 @@ __global__ void __launch_bounds__(NW * 32) k_attn_f32_g16(kvdesc d, const int32_
 }
 
 /* ------------------------------------------------------------------ attention on the tensor cores
- * The same split / chunk walk with the products on mma.sync (bf16 in, f32 accumulation), for
+ * The same split / chunk walk with the products on mma.sync (bf16 in, f32 accumulation; the chunk
+ * step in attn_mma.cuh), for
  * caches whose values are exact in bf16 (bf16, FP8 E4M3, NVFP4: E2M1 x E4M3 has at most 5
  * significant bits), G <= 16 query heads per group (the MMA's 16 rows; rows past G hold zero
  * queries and are not written) and D a multiple of 16 up to 128 (ND = D / 8 column tiles).
@@ -277,10 +278,6 @@ __global__ void __launch_bounds__(NW * 32) k_attn_f32_g16(kvdesc d, const int32_
  * cold; larger launches run the other faster (bench_cuda_attn, 64 x 8 tokens: 592 against
  * 669 us). */
 #define AT_NW 4 /* warps per CTA */
-/* 8 floats (exact in bf16) -> 8 bf16 */
-static __device__ __forceinline__ uint4 bf8(const float *f) {
-    return make_uint4(bf2(f[0], f[1]), bf2(f[2], f[3]), bf2(f[4], f[5]), bf2(f[6], f[7]));
-}
 
 template <int ND, bool BF16A>
 __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh,
@@ -344,28 +341,8 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
 #pragma unroll
             for (int k = 0; k < PPL; k++) {
                 const int i = lane + 32 * k, j = i / ND, x = (i % ND) * 8;
-#pragma unroll
-                for (int kv = 0; kv < 2; kv++) {
-                    const uint2 r = kv ? rv[k] : rk[k];
-                    float f[8];
-                    if (ld == 2) {
-#pragma unroll
-                        for (int h = 0; h < 4; h++) {
-                            const float2 v = e4m3x2_f32(((h < 2 ? r.x : r.y) >> (16 * (h & 1))) & 0xffffu);
-                            f[2 * h] = v.x;
-                            f[2 * h + 1] = v.y;
-                        }
-                    } else {
-                        const float sc = nvfp4_scale(r.y);
-#pragma unroll
-                        for (int h = 0; h < 4; h++) {
-                            const float2 v = e2m1x2_f32((r.x >> (8 * h)) & 0xffu);
-                            f[2 * h] = v.x * sc;
-                            f[2 * h + 1] = v.y * sc;
-                        }
-                    }
-                    *(uint4 *)((kv ? vs : ks) + j * DP + x) = bf8(f);
-                }
+                *(uint4 *)(ks + j * DP + x) = piece_bf16(ld == 3, rk[k]);
+                *(uint4 *)(vs + j * DP + x) = piece_bf16(ld == 3, rv[k]);
             }
             return;
         }
@@ -397,16 +374,7 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
     int ci = next_chunk(s * AT_NW + warp, &a, &e);
     if (ci < nchunks) load_chunk(a, e);
     /* the group's queries as three bf16 parts (rows >= G: zero) */
-    for (int i = tid; i < 16 * D / 2; i += AT_NW * 32) {
-        const int h = i / (D / 2), x = (i % (D / 2)) * 2;
-        float2 v = make_float2(0.f, 0.f);
-        if (h < G) v = *(const float2 *)(q + ((size_t)t * nh + (size_t)g * G + h) * D + x);
-        uint32_t a3, b3, c3;
-        split3(v.x, v.y, &a3, &b3, &c3);
-        *(uint32_t *)&qs[(0 * 16 + h) * DP + x] = a3;
-        *(uint32_t *)&qs[(1 * 16 + h) * DP + x] = b3;
-        *(uint32_t *)&qs[(2 * 16 + h) * DP + x] = c3;
-    }
+    attn_stage_q<ND>(q, t, nh, g, G, qs, tid, AT_NW * 32);
     __syncthreads();
     float o[ND][4];
 #pragma unroll
@@ -416,81 +384,7 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
         const int n = e - a;
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         __syncwarp();
-        /* S = Q K^T: 16 rows x 32 keys (4 column tiles) */
-        float sc[4][4];
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-#pragma unroll 1 /* rolled: fewer instructions to fetch cold (a warp often runs one chunk) */
-        for (int kk = 0; kk < D / 16; kk++) {
-            uint32_t af[3][4];
-#pragma unroll
-            for (int pt = 0; pt < 3; pt++) {
-                const uint16_t *qa = qs + (pt * 16 + gr) * DP + kk * 16 + 2 * tg;
-                af[pt][0] = *(const uint32_t *)qa;
-                af[pt][1] = *(const uint32_t *)(qa + 8 * DP);
-                af[pt][2] = *(const uint32_t *)(qa + 8);
-                af[pt][3] = *(const uint32_t *)(qa + 8 * DP + 8);
-            }
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const uint16_t *kb = ks + (nt * 8 + gr) * DP + kk * 16 + 2 * tg;
-                const uint32_t b0 = *(const uint32_t *)kb, b1 = *(const uint32_t *)(kb + 8);
-#pragma unroll
-                for (int pt = 0; pt < 3; pt++) mma_bf16(sc[nt], af[pt], b0, b1);
-            }
-        }
-        /* online softmax of rows gr (c0, c1) and gr + 8 (c2, c3); key of c_i: 8 nt + 2 tg + (i & 1) */
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int j = nt * 8 + 2 * tg + (i & 1);
-                const float v = j < n ? sc[nt][i] * scale : -INFINITY;
-                sc[nt][i] = v;
-                if (i < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
-            }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1); /* finite: n >= 1 key in the chunk */
-        const float c0 = expf(m0 - n0), c1 = expf(m1 - n1);  /* 0 on the first chunk */
-        m0 = n0;
-        m1 = n1;
-        l0 *= c0;
-        l1 *= c1;
-#pragma unroll
-        for (int nt = 0; nt < ND; nt++) { o[nt][0] *= c0; o[nt][1] *= c0; o[nt][2] *= c1; o[nt][3] *= c1; }
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            sc[nt][0] = expf(sc[nt][0] - n0); sc[nt][1] = expf(sc[nt][1] - n0);
-            sc[nt][2] = expf(sc[nt][2] - n1); sc[nt][3] = expf(sc[nt][3] - n1);
-            l0 += sc[nt][0] + sc[nt][1];
-            l1 += sc[nt][2] + sc[nt][3];
-        }
-        /* O += P V: keys in two k16 steps; P's A fragments are S's C fragments, in three parts */
-#pragma unroll
-        for (int kk = 0; kk < 2; kk++) {
-            uint32_t pa[3][4];
-            split3(sc[2 * kk][0], sc[2 * kk][1], &pa[0][0], &pa[1][0], &pa[2][0]);
-            split3(sc[2 * kk][2], sc[2 * kk][3], &pa[0][1], &pa[1][1], &pa[2][1]);
-            split3(sc[2 * kk + 1][0], sc[2 * kk + 1][1], &pa[0][2], &pa[1][2], &pa[2][2]);
-            split3(sc[2 * kk + 1][2], sc[2 * kk + 1][3], &pa[0][3], &pa[1][3], &pa[2][3]);
-            const int mi = lane >> 3, r = lane & 7;
-#pragma unroll
-            for (int np = 0; np < ND / 2; np++) {
-                const uint32_t ad = vs_a + (uint32_t)(((kk * 16 + (mi & 1) * 8 + r) * DP + np * 16 + (mi >> 1) * 8) * 2);
-                uint32_t b0, b1, b2, b3;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(ad));
-#pragma unroll
-                for (int pt = 0; pt < 3; pt++) {
-                    mma_bf16(o[2 * np], pa[pt], b0, b1);
-                    mma_bf16(o[2 * np + 1], pa[pt], b2, b3);
-                }
-            }
-        }
+        attn_chunk_mma<ND>(qs, ks, vs_a, n, scale, lane, o, m0, m1, l0, l1);
         ci = next_chunk(ci + W, &a, &e);
         if (ci < nchunks) {
             __syncwarp(); /* this chunk's fragments are read */
@@ -623,6 +517,14 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     if (mma_on < 0) mma_on = m3_cu_env_int("M3_ATTN_MMA", 1) != 0;
     const int tc = (kv->dt == M3_KV_BF16 || ((kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4) && T > 1)) && G <= 16 &&
                    D % 16 == 0 && (ND == 4 || ND == 6 || ND == 8 || ND == 16) && mma_on;
+    /* prefill (and verify passes of many sequences): token tiles, each chunk read once for the tile's
+     * tokens (attention_tile.cu) where runs of a sequence's tokens fill them and their CTAs fill the GPU */
+    static int tile_on = -1; /* M3_ATTN_TILE=0: never; 1: for every tensor-core launch (measurements, checks) */
+    if (tile_on < 0) tile_on = m3_cu_env_int("M3_ATTN_TILE", -1);
+    if (tc && (tile_on == 1 || (tile_on != 0 && c->max_run >= 4 && cdiv((size_t)T, 4) * nkv >= (size_t)c->sm_count))) {
+        const int rc = m3_cu_attention_tile(c, kv, layer, T, q, nh, sel, block, topk, out);
+        if (rc <= 0) { m3_cu_prof_end(c, OP_ATTN); return; } /* ran, or failed (recorded) */
+    }
     if (tc) { /* AT_NW warps a CTA, each on whole chunks: as many chunks a warp as the GPU's two CTAs per SM need
                * (one chunk a warp at 8 tokens measured slower: docs/PERF.md) */
         const int cpw = (int)cdiv((size_t)nchunks, (size_t)(nsplit > 64 ? 64 : nsplit) * AT_NW);

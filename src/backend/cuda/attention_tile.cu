@@ -1,0 +1,280 @@
+/* Prefill attention in token tiles: the tensor-core attention (attn_mma.cuh) with each chunk
+ * of K / V read once for TT neighbouring tokens.
+ * CPU reference: src/backend/cpu/attention.c (m3_cpu_attention).
+ *
+ * The split kernel (k_attn_mma_bf16x3, attention.cu) runs a CTA per (token, KV group), so at
+ * prefill every token reads all of its keys from L2 on its own: 1 MB a (token, group) at the
+ * M3.1-Flash shapes (16 blocks of 128 keys, bf16), ~17 GB a 4096-token layer. Here a CTA takes
+ * TT consecutive tokens of one KV group, a warp each. The keys of the tile are the union of
+ * its tokens' selected blocks (or, on dense layers, each sequence's [0, last position]), cut
+ * in 32-key chunks and walked in ascending order (of sequence run, then block); each chunk is
+ * loaded once into a double-buffered stage (cp.async for bf16 caches, word loads in flight
+ * across the compute for FP8 / NVFP4) and every warp whose token sees it runs the chunk step,
+ * masked at the token's position. Neighbouring tokens share most blocks (the local and
+ * initial blocks always; every block of a sequence of at most topk x B tokens).
+ *
+ * A token's chunks are its selected blocks in ascending order, whatever the tile holds, so its
+ * output does not depend on its neighbours; it agrees with the f32 kernels to rounding (the
+ * chunk step is exact in f32, see attn_mma.cuh). Tokens of different sequences may share a
+ * tile (a chunk belongs to one sequence run of the tile). No splits: a warp walks all of its
+ * token's chunks and writes the output itself. */
+#include <limits.h>
+#include <math.h>
+
+#include "attn_mma.cuh"
+#include "kv.cuh"
+#include "ptx.cuh"
+
+#define TILE_NOKEY INT_MAX /* an empty selection slot: sorts last */
+
+template <int ND, int TT>
+__global__ void __launch_bounds__(TT * 32) k_attn_tile_bf16x3(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh,
+                                                       int T, const int32_t *sel, int B, int topk, float *out, float scale) {
+    pdl_trigger();
+    constexpr int D = ND * 8, DP = D + 8, NT = TT * 32;
+    extern __shared__ __align__(16) uint16_t tsm[];
+    uint16_t *qall = tsm;                           /* [TT][3][16][DP]: each warp's token's queries */
+    uint16_t *kvs = qall + TT * 3 * 16 * DP;        /* [2 stages][K, V][ACH][DP] */
+    int *ti = (int *)(kvs + 2 * 2 * ACH * DP);
+    int *trun = ti, *tposs = ti + TT;               /* per warp: its token's run (-1: none) and position */
+    int *rseq = ti + 2 * TT, *rmax = ti + 3 * TT;   /* per run: sequence, last position */
+    int *rch = ti + 4 * TT, *misc = ti + 5 * TT;    /* dense: chunks per run; misc[0] chunks, [1] runs */
+    int *skey = misc + 4;                           /* [TT][topk] each token's keys (run << 24 | block), ascending */
+    int *ukey = skey + TT * topk;                   /* [TT topk] the tile's distinct keys, ascending */
+    int *raw = ukey + TT * topk, *first = raw + TT * topk;
+    const int g = blockIdx.y, t0 = blockIdx.x * TT, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int G = nh / d.nkv, cpb = (B + ACH - 1) / ACH;
+    /* the tile's runs: consecutive tokens of one sequence */
+    if (tid == 0) {
+        int nr = 0;
+        for (int w = 0; w < TT; w++) {
+            trun[w] = -1;
+            tposs[w] = -1;
+            if (t0 + w >= T) continue;
+            const int s = seq[t0 + w], p = pos[t0 + w];
+            if (nr == 0 || rseq[nr - 1] != s) { rseq[nr] = s; rmax[nr] = p; nr++; }
+            else rmax[nr - 1] = max(rmax[nr - 1], p);
+            trun[w] = nr - 1;
+            tposs[w] = p;
+        }
+        misc[1] = nr;
+        int tot = 0;
+        for (int r = 0; r < nr; r++) { rch[r] = rmax[r] / ACH + 1; tot += rch[r]; }
+        misc[0] = tot; /* dense; sparse below */
+    }
+    __syncthreads();
+    if (sel) {
+        const int n = TT * topk;
+        for (int i = tid; i < n; i += NT) {
+            const int w = i / topk, r = trun[w];
+            const int b = r >= 0 ? sel[((size_t)(t0 + w) * d.nkv + g) * topk + i % topk] : -1;
+            raw[i] = b >= 0 ? (r << 24 | b) : TILE_NOKEY;
+        }
+        __syncthreads();
+        for (int i = tid; i < n; i += NT) {
+            const int k = raw[i], w = i / topk;
+            int rk = 0, f = k != TILE_NOKEY;
+            for (int j = w * topk; j < w * topk + topk; j++) rk += raw[j] < k || (raw[j] == k && j < i);
+            skey[w * topk + rk] = k;
+            for (int j = 0; j < i && f; j++) f = raw[j] != k;
+            first[i] = f; /* the key's first slot in the tile */
+        }
+        __syncthreads();
+        for (int i = tid; i < n; i += NT)
+            if (first[i]) {
+                int rk = 0;
+                for (int j = 0; j < n; j++) rk += first[j] && raw[j] < raw[i];
+                ukey[rk] = raw[i];
+            }
+        if (tid == 0) {
+            int nu = 0;
+            for (int i = 0; i < n; i++) nu += first[i];
+            misc[0] = nu * cpb;
+        }
+        __syncthreads();
+    }
+    const int nch = misc[0];
+    /* chunk i: its run, keys [a, e) (e <= a: none left before the run's last position), its key */
+    auto chunk_at = [&](int i, int *r, int *a, int *e, int *key) {
+        if (sel) {
+            const int k = ukey[i / cpb], blk = k & 0xffffff;
+            *r = k >> 24;
+            *key = k;
+            *a = blk * B + (i % cpb) * ACH;
+            *e = min(min(*a + ACH, blk * B + B), rmax[*r] + 1);
+        } else {
+            int r0 = 0;
+            while (i >= rch[r0]) i -= rch[r0++];
+            *r = r0;
+            *key = 0;
+            *a = i * ACH;
+            *e = min(*a + ACH, rmax[r0] + 1);
+        }
+    };
+    /* how K / V rows load: 1 bf16 by cp.async, 2 FP8 and 3 NVFP4 by word loads, 0 read8 */
+    const size_t al = d.rb | d.kvpart | d.page_bytes | (uintptr_t)d.base;
+    const int ld = d.dt == M3_KV_BF16 ? ((al & 15) == 0 ? 1 : 0)
+                   : d.dt == M3_KV_FP8 ? ((al & 7) == 0 ? 2 : 0)
+                   : d.dt == M3_KV_NVFP4 ? ((al & 3) == 0 ? 3 : 0) : 0;
+    constexpr int PPT = (ACH * ND + NT - 1) / NT; /* 8-value pieces of K (and of V) per thread */
+    uint2 rk[PPT], rv[PPT];            /* FP8 / NVFP4 words in flight */
+    /* the row of key j of the chunk [a, e) of run r; pg: its first row when the chunk lies in one page
+     * (always where the page is a multiple of 32 keys), else NULL */
+    auto chunk_rows = [&](int r, int a, int e) -> const uint8_t * {
+        if (e <= a || a / d.page != (e - 1) / d.page) return NULL;
+        return (const uint8_t *)page_of(d, rseq[r], a) + ((size_t)g * d.page + a % d.page) * d.rb;
+    };
+    auto row_at = [&](const uint8_t *pg, int r, int a, int j) {
+        if (pg) return pg + (size_t)j * d.rb;
+        const int kp = a + j;
+        return (const uint8_t *)page_of(d, rseq[r], kp) + ((size_t)g * d.page + kp % d.page) * d.rb;
+    };
+    /* start loading chunk (r, a, e) into stage st: bf16 copies issued (committed), FP8 / NVFP4 words into rk / rv */
+    auto load_start = [&](int st, int r, int a, int e) {
+        uint16_t *ks = kvs + st * 2 * ACH * DP, *vs = ks + ACH * DP;
+        const int n = e - a;
+        const uint8_t *pg = chunk_rows(r, a, e);
+        if (ld == 1) {
+#pragma unroll
+            for (int k = 0; k < PPT; k++) {
+                const int i = tid + NT * k, j = i / ND, x = (i % ND) * 8;
+                if (ACH * ND % NT && i >= ACH * ND) break;
+                uint16_t *kd = ks + j * DP + x, *vd = vs + j * DP + x;
+                if (j < n) {
+                    const uint8_t *row = row_at(pg, r, a, j);
+                    cp_async16(smem_u32(kd), row + 2 * x);
+                    cp_async16(smem_u32(vd), row + d.kvpart + 2 * x);
+                } else {
+                    *(uint4 *)kd = make_uint4(0, 0, 0, 0);
+                    *(uint4 *)vd = make_uint4(0, 0, 0, 0);
+                }
+            }
+            cp_commit();
+        } else if (ld == 2 || ld == 3) {
+#pragma unroll
+            for (int k = 0; k < PPT; k++) {
+                const int i = tid + NT * k, j = i / ND, x = (i % ND) * 8;
+                if (ACH * ND % NT && i >= ACH * ND) break;
+                rk[k] = rv[k] = make_uint2(0, 0); /* zero codes decode to 0.0 (rows past the chunk) */
+                if (j < n) {
+                    const uint8_t *row = row_at(pg, r, a, j);
+                    if (ld == 2) {
+                        rk[k] = *(const uint2 *)(row + x);
+                        rv[k] = *(const uint2 *)(row + d.kvpart + x);
+                    } else {
+                        rk[k] = make_uint2(*(const uint32_t *)(row + x / 2), row[D / 2 + x / 16]);
+                        rv[k] = make_uint2(*(const uint32_t *)(row + d.kvpart + x / 2), row[d.kvpart + D / 2 + x / 16]);
+                    }
+                }
+            }
+        }
+    };
+    /* finish it: FP8 / NVFP4 words converted into the stage, other caches read there now */
+    auto load_finish = [&](int st, int r, int a, int e) {
+        uint16_t *ks = kvs + st * 2 * ACH * DP, *vs = ks + ACH * DP;
+        const int n = e - a;
+        if (ld == 2 || ld == 3) {
+#pragma unroll
+            for (int k = 0; k < PPT; k++) {
+                const int i = tid + NT * k, j = i / ND, x = (i % ND) * 8;
+                if (ACH * ND % NT && i >= ACH * ND) break;
+                *(uint4 *)(ks + j * DP + x) = piece_bf16(ld == 3, rk[k]);
+                *(uint4 *)(vs + j * DP + x) = piece_bf16(ld == 3, rv[k]);
+            }
+        } else if (ld == 0) {
+#pragma unroll 1
+            for (int i = tid; i < ACH * ND; i += NT) {
+                const int j = i / ND, x = (i % ND) * 8;
+                float kf[8] = {0, 0, 0, 0, 0, 0, 0, 0}, vf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                if (j < n) {
+                    const uint8_t *row = row_at(NULL, r, a, j);
+                    read8(row, d.dt, D, x, kf);
+                    read8(row + d.kvpart, d.dt, D, x, vf);
+                }
+                *(uint4 *)(ks + j * DP + x) = bf8(kf);
+                *(uint4 *)(vs + j * DP + x) = bf8(vf);
+            }
+        }
+    };
+    const int myrun = trun[warp], myp = tposs[warp];
+    uint16_t *myq = qall + warp * 3 * 16 * DP;
+    int cr, ca, ce, ckey; /* the current chunk */
+    if (nch > 0) {
+        chunk_at(0, &cr, &ca, &ce, &ckey);
+        load_start(0, cr, ca, ce);
+    }
+    if (myrun >= 0) attn_stage_q<ND>(q, t0 + warp, nh, g, G, myq, lane, 32);
+    if (nch > 0) load_finish(0, cr, ca, ce);
+    cp_wait<0>();
+    __syncthreads();
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    int kp = 0; /* sparse: this token's next key in skey */
+    for (int i = 0; i < nch; i++) {
+        const int st = i & 1;
+        int nr_ = 0, na = 0, ne = 0, nkey = 0;
+        const bool more = i + 1 < nch;
+        if (more) {
+            chunk_at(i + 1, &nr_, &na, &ne, &nkey);
+            load_start(st ^ 1, nr_, na, ne);
+        }
+        /* does this warp's token see chunk i? */
+        bool mine = myrun == cr;
+        if (mine && sel) {
+            const int *sk = skey + warp * topk;
+            while (kp < topk && sk[kp] < ckey) kp++;
+            mine = kp < topk && sk[kp] == ckey;
+        }
+        const int n = min(ce, myp + 1) - ca; /* the token's keys of the chunk */
+        if (mine && n > 0) {
+            const uint16_t *ks = kvs + st * 2 * ACH * DP;
+            attn_chunk_mma<ND>(myq, ks, smem_u32(ks + ACH * DP), n, scale, lane, o, m0, m1, l0, l1);
+        }
+        if (more) load_finish(st ^ 1, nr_, na, ne);
+        cp_wait<0>();
+        __syncthreads(); /* stage st is free, stage st ^ 1 is loaded */
+        cr = nr_; ca = na; ce = ne; ckey = nkey;
+    }
+    if (myrun < 0) return;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const int gr = lane >> 2, tg = lane & 3;
+    float *o0 = out + ((size_t)(t0 + warp) * nh + (size_t)g * G + gr) * D + 2 * tg, *o1 = o0 + 8 * (size_t)D;
+#pragma unroll
+    for (int nt = 0; nt < ND; nt++) {
+        if (gr < G) *(float2 *)(o0 + nt * 8) = make_float2(l0 > 0 ? o[nt][0] / l0 : 0.f, l0 > 0 ? o[nt][1] / l0 : 0.f);
+        if (gr + 8 < G) *(float2 *)(o1 + nt * 8) = make_float2(l1 > 0 ? o[nt][2] / l1 : 0.f, l1 > 0 ? o[nt][3] / l1 : 0.f);
+    }
+}
+
+static size_t tile_smem(int D, int tt, int topk) {
+    const size_t DP = (size_t)D + 8;
+    return sizeof(uint16_t) * ((size_t)tt * 3 * 16 * DP + (size_t)2 * 2 * ACH * DP) + sizeof(int) * (5 * (size_t)tt + 4 + 4 * (size_t)tt * topk);
+}
+
+template <int TT>
+static void (*tile_fn(int ND))(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, float *,
+                               float) {
+    return ND == 4 ? k_attn_tile_bf16x3<4, TT> : ND == 6 ? k_attn_tile_bf16x3<6, TT> : ND == 8 ? k_attn_tile_bf16x3<8, TT>
+                                                                                              : k_attn_tile_bf16x3<16, TT>;
+}
+
+int m3_cu_attention_tile(m3_cuda *c, const m3_kv *kv, int layer, int T, const float *q, int nh, const int32_t *sel, int block,
+                         int topk, float *out) {
+    const int D = kv->D, ND = D / 8, nkv = kv->nkv;
+    static int tt = -1; /* M3_ATTN_TILE_TOKENS=8: tiles of 8 tokens (measurements) */
+    if (tt < 0) tt = m3_cu_env_int("M3_ATTN_TILE_TOKENS", 4) == 8 ? 8 : 4;
+    if (!(ND == 4 || ND == 6 || ND == 8 || ND == 16) || nh / nkv > 16 || (sel && (topk < 1 || (long)T * topk > INT_MAX))) return 1;
+    const size_t sm = tile_smem(D, tt, sel ? topk : 0);
+    if (sm > c->smem_optin) return 1;
+    void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, float *, float) =
+        tt == 8 ? tile_fn<8>(ND) : tile_fn<4>(ND);
+    if (sm > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    fn<<<dim3((unsigned)cdiv((size_t)T, (size_t)tt), nkv), tt * 32, sm, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, T, sel,
+                                                                                 block, sel ? topk : 0, out, 1.0f / sqrtf((float)D));
+    return CK_LAUNCH(c, "attention (token tiles)") ? -1 : 0;
+}

@@ -518,10 +518,8 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     const int tc = (kv->dt == M3_KV_BF16 || ((kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4) && T > 1)) && G <= 16 &&
                    D % 16 == 0 && (ND == 4 || ND == 6 || ND == 8 || ND == 16) && mma_on;
     /* prefill (and verify passes of many sequences): token tiles, each chunk read once for the tile's
-     * tokens (attention_tile.cu) where runs of a sequence's tokens fill them and their CTAs fill the GPU */
-    static int tile_on = -1; /* M3_ATTN_TILE=0: never; 1: for every tensor-core launch (measurements, checks) */
-    if (tile_on < 0) tile_on = m3_cu_env_int("M3_ATTN_TILE", -1);
-    if (tc && (tile_on == 1 || (tile_on != 0 && c->max_run >= 4 && cdiv((size_t)T, 4) * nkv >= (size_t)c->sm_count))) {
+     * tokens, where the step's runs fill them (attention_tile.cu decides) */
+    if (tc) {
         const int rc = m3_cu_attention_tile(c, kv, layer, T, q, nh, sel, block, topk, out);
         if (rc <= 0) { m3_cu_prof_end(c, OP_ATTN); return; } /* ran, or failed (recorded) */
     }

@@ -13,6 +13,7 @@
  * masked at the token's position. Neighbouring tokens share most blocks (the local and
  * initial blocks always; every block of a sequence of at most topk x B tokens).
  *
+ * A token's selected blocks are distinct (the indexer's top-k), each visited once here.
  * A token's chunks are its selected blocks in ascending order, whatever the tile holds, so its
  * output does not depend on its neighbours; it agrees with the f32 kernels to rounding (the
  * chunk step is exact in f32, see attn_mma.cuh). Tokens of different sequences may share a
@@ -263,12 +264,20 @@ static void (*tile_fn(int ND))(kvdesc, const int32_t *, const int32_t *, const f
                                                                                               : k_attn_tile_bf16x3<16, TT>;
 }
 
+/* Tiles are taken where the step's runs average a tile or more (prefill chunks, verify passes of 8
+ * tokens; not a decode batch with one short chunk beside it: its lone tokens would each hold a CTA's
+ * warps in turn) and the tiles fill the GPU's SMs. */
 int m3_cu_attention_tile(m3_cuda *c, const m3_kv *kv, int layer, int T, const float *q, int nh, const int32_t *sel, int block,
                          int topk, float *out) {
     const int D = kv->D, ND = D / 8, nkv = kv->nkv;
-    static int tt = -1; /* M3_ATTN_TILE_TOKENS=8: tiles of 8 tokens (measurements) */
+    static int tt = -1, on = -2; /* M3_ATTN_TILE_TOKENS=8: tiles of 8 tokens; M3_ATTN_TILE=0: never, 1: every step */
     if (tt < 0) tt = m3_cu_env_int("M3_ATTN_TILE_TOKENS", 4) == 8 ? 8 : 4;
-    if (!(ND == 4 || ND == 6 || ND == 8 || ND == 16) || nh / nkv > 16 || (sel && (topk < 1 || (long)T * topk > INT_MAX))) return 1;
+    if (on == -2) on = m3_cu_env_int("M3_ATTN_TILE", -1);
+    if (on == 0 || (on != 1 && ((long)T < (long)tt * c->n_runs || (long)cdiv((size_t)T, (size_t)tt) * nkv < c->sm_count))) return 1;
+    /* the shapes it takes: G <= 16, D of 4 / 6 / 8 / 16 column tiles; keys (run << 24 | block) need
+     * blocks below 2^24; the tile's sort of its TT x topk keys is quadratic: topk <= 64 (M3: 16) */
+    if (!(ND == 4 || ND == 6 || ND == 8 || ND == 16) || nh / nkv > 16) return 1;
+    if (sel && (topk < 1 || topk > 64 || block < 1 || c->max_pos / block >= (1 << 24))) return 1;
     const size_t sm = tile_smem(D, tt, sel ? topk : 0);
     if (sm > c->smem_optin) return 1;
     void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, float *, float) =

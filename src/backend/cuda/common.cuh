@@ -273,8 +273,8 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
 /* attention.cu */
 void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh,
                      const int32_t *sel, int block, int topk, float *out);
-/* attention_tile.cu: prefill attention in token tiles; 0 when it ran, -1 on failure (recorded in c),
- * 1 when the shape is not one it takes */
+/* attention_tile.cu: prefill attention in token tiles (for caches the tensor-core attention takes);
+ * 0 when it ran, -1 on failure (recorded in c), 1 when the step or shape is not one it takes */
 int m3_cu_attention_tile(m3_cuda *c, const m3_kv *kv, int layer, int T, const float *q, int nh, const int32_t *sel, int block,
                          int topk, float *out);
 /* linear.cu: dispatch (tensor cores, SIMT GEMV, bf16 cuBLAS, dequantize + SGEMM) */

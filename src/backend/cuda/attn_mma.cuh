@@ -52,10 +52,13 @@ static __device__ __forceinline__ void attn_chunk_mma(const uint16_t *qs, const 
                                                       int lane, float (&o)[ND][4], float &m0, float &m1, float &l0, float &l1) {
     constexpr int D = ND * 8, DP = D + 8;
     const int gr = lane >> 2, tg = lane & 3;
-    /* S = Q K^T: 16 rows x 32 keys (4 column tiles) */
-    float sc[4][4];
+    /* S = Q K^T: 16 rows x 32 keys (4 column tiles), each part of q in accumulators of its own (12
+     * chains of D / 16 MMAs, not 4 of 3 D / 16: a chain's MMAs wait on each other), summed lo + mid + hi */
+    float sp[3][4][4];
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+    for (int pt = 0; pt < 3; pt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) sp[pt][nt][0] = sp[pt][nt][1] = sp[pt][nt][2] = sp[pt][nt][3] = 0.f;
 #pragma unroll 1 /* rolled: fewer instructions to fetch cold (a warp often runs one chunk) */
     for (int kk = 0; kk < D / 16; kk++) {
         uint32_t af[3][4];
@@ -72,9 +75,14 @@ static __device__ __forceinline__ void attn_chunk_mma(const uint16_t *qs, const 
             const uint16_t *kb = ks + (nt * 8 + gr) * DP + kk * 16 + 2 * tg;
             const uint32_t b0 = *(const uint32_t *)kb, b1 = *(const uint32_t *)(kb + 8);
 #pragma unroll
-            for (int pt = 0; pt < 3; pt++) mma_bf16(sc[nt], af[pt], b0, b1);
+            for (int pt = 0; pt < 3; pt++) mma_bf16(sp[pt][nt], af[pt], b0, b1);
         }
     }
+    float sc[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) sc[nt][i] = sp[2][nt][i] + sp[1][nt][i] + sp[0][nt][i];
     /* online softmax of rows gr (c0, c1) and gr + 8 (c2, c3); key of c_i: 8 nt + 2 tg + (i & 1) */
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll

@@ -123,16 +123,17 @@ run "$BIN/logits_diff" "$OUT/var-M3_CUDA_SIDE_1.st" "$OUT/var-M3_CUDA_SIDE_0.st"
 run "$BIN/logits_diff" "$OUT/var-M3_CUDA_SIDE_1.st" "$OUT/var-M3_ATTN_BF16A_0_M3_INDEX_CPA_0.st" --tol 1e-9
 run "$BIN/logits_diff" "$OUT/var-M3_CUDA_SIDE_1.st" "$OUT/var-M3_ROPE_BF16A_0.st" --tol 1e-9
 # the prefill attention's token tiles (attention_tile.cu; by default steps whose runs average 4+ tokens
-# and fill the GPU) for every tensor-core launch (M3_ATTN_TILE=1): the references with each tensor-core KV
+# and fill the GPU, on sparse layers the tokens that see every block) for every tensor-core launch and
+# token (M3_ATTN_TILE=1 M3_ATTN_TILE_ALL=1): the references with each tensor-core KV
 # dtype (m3-tiny: dense layers, blocks of 16 keys, D 32), and the attention bench's prefill cases against
 # the CPU at the GQA / MQA shapes (D 48 / 64, G 3 / 4, blocks of 8 / 32; block choices compared with
 # their near-ties). Tile against split logits are not compared to the bit: one near-tie block choice
 # that flips moves every later row (seen: 1 of 1200 index rows)
 for k in bf16 fp8 nvfp4; do
-  M3_ATTN_TILE=1 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-$k.oracle.safetensors --kv $k --backend cuda --tol 1e-3 --work "$OUT"
+  M3_ATTN_TILE=1 M3_ATTN_TILE_ALL=1 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-$k.oracle.safetensors --kv $k --backend cuda --tol 1e-3 --work "$OUT"
 done
 for mk in m3-gqa3:bf16 m3-gqa3:fp8 m3-mqa:bf16 m3-mqa:fp8 m3-mqa:nvfp4; do # (m3-gqa3's index dim 40: no NVFP4 index cache)
-  for k in 6 7 8; do M3_ATTN_TILE=1 M3_BENCH_CASE=$k M3_BENCH_KV=${mk#*:} M3_BENCH_REPS=1 run "$BIN/bench_cuda_attn" $D/${mk%:*}/config.json; done
+  for k in 6 7 8; do M3_ATTN_TILE=1 M3_ATTN_TILE_ALL=1 M3_BENCH_CASE=$k M3_BENCH_KV=${mk#*:} M3_BENCH_REPS=1 run "$BIN/bench_cuda_attn" $D/${mk%:*}/config.json; done
 done
 # the GEMV's ring run on from item to item (default) against each item filling its own (M3_GV_XITEM=0):
 # the same logits to the bit at the M3.1-Flash shapes (2 layers: dense and MoE), steps of 3 and 8 tokens
@@ -311,9 +312,9 @@ if [ -n "$CSB" ]; then
   # ... and the DSpark attention's batched requests (k_dsa_chunk on the tensor cores, its combine)
   [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=0 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
   # the prefill token tiles: 3 sequences whose tiles straddle them (case 8), and every launch of a prompt in tiles
-  [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=8 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
-  [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=8 M3_BENCH_KV=nvfp4 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
-  run env M3_ATTN_TILE=1 $CS "$BIN/m3" logits -m $D/m3-gqa3-q --ids "$(seq 1 300 | awk '{printf "%s%d", (NR>1?",":""), ($1*37)%200}')" --decode 2 --kv-cache-dtype fp8 --backend cuda -o "$OUT/cs-tile.st"
+  [ -x "$BIN/bench_cuda_attn" ] && run env M3_ATTN_TILE_ALL=1 M3_BENCH_CASE=8 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
+  [ -x "$BIN/bench_cuda_attn" ] && run env M3_ATTN_TILE_ALL=1 M3_BENCH_CASE=8 M3_BENCH_KV=nvfp4 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
+  run env M3_ATTN_TILE=1 M3_ATTN_TILE_ALL=1 $CS "$BIN/m3" logits -m $D/m3-gqa3-q --ids "$(seq 1 300 | awk '{printf "%s%d", (NR>1?",":""), ($1*37)%200}')" --decode 2 --kv-cache-dtype fp8 --backend cuda -o "$OUT/cs-tile.st"
   # ... and the FP8 / NVFP4 caches (attention: words loaded, converted to bf16 in shared memory; the indexer likewise)
   for kvd in fp8 nvfp4; do
     [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=2 M3_BENCH_KV=$kvd M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"

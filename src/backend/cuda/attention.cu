@@ -497,32 +497,20 @@ __global__ void __launch_bounds__(1024) k_attn_merge_lse(const float *part, int 
     if (xs) split_store(r, xs + k, xs + n + k, rb);
 }
 
-void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh, const int32_t *sel,
-                     int block, int topk, float *out) {
-    m3_cu_xsplit_touch((m3_cuda *)ctx, out, sizeof(float) * (size_t)b->T * nh * kv->D);
-    m3_cuda *c = (m3_cuda *)ctx;
-    m3_cu_prof_begin(c, OP_ATTN);
-    if (c->failed) { m3_cu_prof_end(c, OP_ATTN); return; }
-    if (b != c->step_b) { m3_cu_failf(c, "CUDA backend: attention outside its step"); { m3_cu_prof_end(c, OP_ATTN); return; } }
-    const int T = b->T, nkv = kv->nkv, D = kv->D, G = nh / nkv;
+/* The split kernels over tokens [t0, t0 + T) of the step (whole: all of them; the merge then also
+ * writes the o projection's input split) */
+static void attn_split(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, bool whole, const float *q, int nh,
+                       const int32_t *sel, int block, int topk, float *out, bool tc) {
+    const int nkv = kv->nkv, D = kv->D, G = nh / nkv, ND = D / 8;
+    const int32_t *pos = c->d_pos + t0, *seq = c->d_seq + t0;
+    q += (size_t)t0 * nh * D;
+    out += (size_t)t0 * nh * D;
+    if (sel) sel += (size_t)t0 * nkv * topk;
     int nchunks = sel ? topk * ((block + ACH - 1) / ACH) : c->max_pos / ACH + 1;
     /* splits of each (token, KV head)'s keys: about two CTAs per SM in all (fewer measured slower at
      * batch 1: docs/PERF.md); none from one (token, KV head) per SM (decode at 64 sequences, 150.7 ->
      * 99.5 us a layer with 2 splits -> 1: the merge took ~45 of them) */
     int nsplit = (size_t)T * nkv >= (size_t)c->sm_count ? 1 : (int)cdiv(2 * (size_t)c->sm_count, (size_t)T * nkv);
-    const int ND = D / 8;
-    /* FP8 / NVFP4 caches at one token: the f32 kernel (in a decode graph at 128K: 2.35-2.38 against
-     * 2.42-2.44 ms; docs/PERF.md) */
-    static int mma_on = -1;
-    if (mma_on < 0) mma_on = m3_cu_env_int("M3_ATTN_MMA", 1) != 0;
-    const int tc = (kv->dt == M3_KV_BF16 || ((kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4) && T > 1)) && G <= 16 &&
-                   D % 16 == 0 && (ND == 4 || ND == 6 || ND == 8 || ND == 16) && mma_on;
-    /* prefill (and verify passes of many sequences): token tiles, each chunk read once for the tile's
-     * tokens, where the step's runs fill them (attention_tile.cu decides) */
-    if (tc) {
-        const int rc = m3_cu_attention_tile(c, kv, layer, T, q, nh, sel, block, topk, out);
-        if (rc <= 0) { m3_cu_prof_end(c, OP_ATTN); return; } /* ran, or failed (recorded) */
-    }
     if (tc) { /* AT_NW warps a CTA, each on whole chunks: as many chunks a warp as the GPU's two CTAs per SM need
                * (one chunk a warp at 8 tokens measured slower: docs/PERF.md) */
         const int cpw = (int)cdiv((size_t)nchunks, (size_t)(nsplit > 64 ? 64 : nsplit) * AT_NW);
@@ -538,12 +526,12 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     if (nsplit > nchunks) nsplit = nchunks;
     if (nsplit < 1) nsplit = 1;
     size_t smem = sizeof(float) * ((size_t)G * D * 2 + ACH * (size_t)(D + 1) + ACH * (size_t)D + (size_t)G * ACH + 3 * (size_t)G);
-    if (smem > c->smem_optin) { m3_cu_failf(c, "CUDA backend: attention needs %zu bytes of shared memory", smem); { m3_cu_prof_end(c, OP_ATTN); return; } }
+    if (smem > c->smem_optin) { m3_cu_failf(c, "CUDA backend: attention needs %zu bytes of shared memory", smem); return; }
     if (smem > 48 * 1024) cudaFuncSetAttribute(k_attn_f32, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     float *part = NULL;
     if (nsplit > 1) {
         part = (float *)m3_cu_scratch(c, SC_ATT, sizeof(float) * (size_t)T * nkv * nsplit * G * (D + 2));
-        if (!part) { m3_cu_prof_end(c, OP_ATTN); return; }
+        if (!part) return;
     }
     if (tc) {
         const size_t sm = attn_mma_smem(D);
@@ -557,9 +545,9 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
                                     : ND == 8 ? k_attn_mma_bf16x3<8, true> : k_attn_mma_bf16x3<16, true>)
                                   : (ND == 4 ? k_attn_mma_bf16x3<4, false> : ND == 6 ? k_attn_mma_bf16x3<6, false>
                                     : ND == 8 ? k_attn_mma_bf16x3<8, false> : k_attn_mma_bf16x3<16, false>);
-        if (sm > c->smem_optin) { m3_cu_failf(c, "CUDA backend: attention needs %zu bytes of shared memory", sm); m3_cu_prof_end(c, OP_ATTN); return; }
+        if (sm > c->smem_optin) { m3_cu_failf(c, "CUDA backend: attention needs %zu bytes of shared memory", sm); return; }
         if (sm > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-        fn<<<dim3(nsplit, nkv, T), AT_NW * 32, sm, c->st>>>(dd, c->d_pos, c->d_seq, q, nh, sel, block, topk, nsplit,
+        fn<<<dim3(nsplit, nkv, T), AT_NW * 32, sm, c->st>>>(dd, pos, seq, q, nh, sel, block, topk, nsplit,
                                                             part, out, 1.0f / sqrtf((float)D));
     } else if (G <= 16 && D <= 128 && D % 8 == 0) {
         size_t sf = sizeof(float) * ((size_t)G * D + ACH * (size_t)(D + 4) + ACH * (size_t)D + (size_t)G * ACH + 3 * (size_t)G);
@@ -567,28 +555,74 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
         if (sf > 48 * 1024)
             cudaFuncSetAttribute(D == 128 ? k_attn_f32_g16<8> : k_attn_f32_g16<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sf);
         if (D == 128)
-            k_attn_f32_g16<8><<<dim3(nsplit, nkv, T), 256, sf, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, sel, block,
+            k_attn_f32_g16<8><<<dim3(nsplit, nkv, T), 256, sf, c->st>>>(desc(c, kv, layer), pos, seq, q, nh, sel, block,
                                                                      topk, nsplit, part, out, 1.0f / sqrtf((float)D));
         else
-            k_attn_f32_g16<4><<<dim3(nsplit, nkv, T), 128, sf, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, sel, block,
+            k_attn_f32_g16<4><<<dim3(nsplit, nkv, T), 128, sf, c->st>>>(desc(c, kv, layer), pos, seq, q, nh, sel, block,
                                                                      topk, nsplit, part, out, 1.0f / sqrtf((float)D));
     } else {
         int threads = G * D >= 256 ? 256 : 128;
-        k_attn_f32<<<dim3(nsplit, nkv, T), threads, smem, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, sel, block, topk,
+        k_attn_f32<<<dim3(nsplit, nkv, T), threads, smem, c->st>>>(desc(c, kv, layer), pos, seq, q, nh, sel, block, topk,
                                                                 nsplit, part, out, 1.0f / sqrtf((float)D));
     }
-    if (CK_LAUNCH(c, "attention")) { m3_cu_prof_end(c, OP_ATTN); return; }
+    if (CK_LAUNCH(c, "attention")) return;
     if (nsplit > 1) {
         const size_t n = (size_t)T * nh * D;
-        uint16_t *xs = (size_t)nh * D % 128 == 0 ? m3_cu_xsplit_claim(c, out, n) : NULL; /* o_proj's input */
-        if ((size_t)nh * D % 128 == 0 && !xs) { m3_cu_prof_end(c, OP_ATTN); return; }
+        const bool split_out = whole && (size_t)nh * D % 128 == 0; /* the merge writes o_proj's input split too */
+        uint16_t *xs = split_out ? m3_cu_xsplit_claim(c, out, n) : NULL;
+        if (split_out && !xs) return;
         int Q = MERGE_Q;
         while (Q > 1 && Q * D > 1024) Q /= 2;
-        if (Q * D > 1024) { m3_cu_failf(c, "CUDA backend: head_dim %d above 1024", D); { m3_cu_prof_end(c, OP_ATTN); return; } }
+        if (Q * D > 1024) { m3_cu_failf(c, "CUDA backend: head_dim %d above 1024", D); return; }
         const int threads = (Q * D + 31) / 32 * 32;
         k_attn_merge_lse<<<dim3(nh, T), threads, sizeof(float) * Q * (size_t)D, c->st>>>(part, nkv, G, D, nsplit, nh, Q, out, xs, n,
                                                                                         c->gemm_bf16);
         CK_LAUNCH(c, "attention merge");
     }
+}
+
+void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh, const int32_t *sel,
+                     int block, int topk, float *out) {
+    m3_cu_xsplit_touch((m3_cuda *)ctx, out, sizeof(float) * (size_t)b->T * nh * kv->D);
+    m3_cuda *c = (m3_cuda *)ctx;
+    m3_cu_prof_begin(c, OP_ATTN);
+    if (c->failed) { m3_cu_prof_end(c, OP_ATTN); return; }
+    if (b != c->step_b) { m3_cu_failf(c, "CUDA backend: attention outside its step"); { m3_cu_prof_end(c, OP_ATTN); return; } }
+    const int T = b->T, nkv = kv->nkv, D = kv->D, G = nh / nkv, ND = D / 8;
+    /* FP8 / NVFP4 caches at one token: the f32 kernel (in a decode graph at 128K: 2.35-2.38 against
+     * 2.42-2.44 ms; docs/PERF.md) */
+    static int mma_on = -1;
+    if (mma_on < 0) mma_on = m3_cu_env_int("M3_ATTN_MMA", 1) != 0;
+    const int tc = (kv->dt == M3_KV_BF16 || ((kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4) && T > 1)) && G <= 16 &&
+                   D % 16 == 0 && (ND == 4 || ND == 6 || ND == 8 || ND == 16) && mma_on;
+    /* prefill (and verify passes of many sequences): token tiles, each chunk read once for the tile's tokens,
+     * where the step's runs fill them (attention_tile.cu decides). On sparse layers only the tokens that
+     * see every block (position < topk blocks: all of a tile's tokens then read the same keys; the longest
+     * stretch of them) take tiles, the others the split kernel (H100, bench_cuda_attn: tiles 1.3-2x
+     * faster where every block is chosen, slower where 16 of 36 are; M3_ATTN_TILE_ALL=1: every token) */
+    int ta = 0, te = tc ? T : 0;
+    static int tile_all = -1;
+    if (tile_all < 0) tile_all = m3_cu_env_int("M3_ATTN_TILE_ALL", 0) != 0;
+    if (tc && sel && !tile_all) {
+        const long span = (long)topk * block; /* positions below it see every block */
+        int best = 0;
+        te = 0;
+        for (int t = 0, r0 = 0; t <= T; t++)
+            if (t == T || b->pos[t] >= span) {
+                if (t - r0 > best) { best = t - r0; ta = r0; te = t; }
+                r0 = t + 1;
+            }
+    }
+    if (te > ta) {
+        const int rc = m3_cu_attention_tile(c, kv, layer, ta, te - ta, q, nh, sel, block, topk, out);
+        if (rc < 0) { m3_cu_prof_end(c, OP_ATTN); return; } /* failed (recorded) */
+        if (rc == 0) {
+            if (ta > 0) attn_split(c, kv, layer, 0, ta, false, q, nh, sel, block, topk, out, tc);
+            if (te < T && !c->failed) attn_split(c, kv, layer, te, T - te, false, q, nh, sel, block, topk, out, tc);
+            m3_cu_prof_end(c, OP_ATTN);
+            return;
+        }
+    }
+    attn_split(c, kv, layer, 0, T, true, q, nh, sel, block, topk, out, tc);
     m3_cu_prof_end(c, OP_ATTN);
 }

@@ -264,16 +264,16 @@ static void (*tile_fn(int ND))(kvdesc, const int32_t *, const int32_t *, const f
                                                                                               : k_attn_tile_bf16x3<16, TT>;
 }
 
-/* Tiles are taken where the step's runs average a tile or more (prefill chunks, verify passes of 8
+/* Tokens [t0, t0 + T) of the step. Tiles are taken where the step's runs (c->T tokens, c->n_runs runs) average a tile or more (prefill chunks, verify passes of 8
  * tokens; not a decode batch with one short chunk beside it: its lone tokens would each hold a CTA's
  * warps in turn) and the tiles fill the GPU's SMs. */
-int m3_cu_attention_tile(m3_cuda *c, const m3_kv *kv, int layer, int T, const float *q, int nh, const int32_t *sel, int block,
-                         int topk, float *out) {
+int m3_cu_attention_tile(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, const float *q, int nh, const int32_t *sel,
+                         int block, int topk, float *out) {
     const int D = kv->D, ND = D / 8, nkv = kv->nkv;
     static int tt = -1, on = -2; /* M3_ATTN_TILE_TOKENS=8: tiles of 8 tokens; M3_ATTN_TILE=0: never, 1: every step */
     if (tt < 0) tt = m3_cu_env_int("M3_ATTN_TILE_TOKENS", 4) == 8 ? 8 : 4;
     if (on == -2) on = m3_cu_env_int("M3_ATTN_TILE", -1);
-    if (on == 0 || (on != 1 && ((long)T < (long)tt * c->n_runs || (long)cdiv((size_t)T, (size_t)tt) * nkv < c->sm_count))) return 1;
+    if (on == 0 || (on != 1 && ((long)c->T < (long)tt * c->n_runs || (long)cdiv((size_t)T, (size_t)tt) * nkv < c->sm_count))) return 1;
     /* the shapes it takes: G <= 16, D of 4 / 6 / 8 / 16 column tiles; keys (run << 24 | block) need
      * blocks below 2^24; the tile's sort of its TT x topk keys is quadratic: topk <= 64 (M3: 16) */
     if (!(ND == 4 || ND == 6 || ND == 8 || ND == 16) || nh / nkv > 16) return 1;
@@ -283,7 +283,9 @@ int m3_cu_attention_tile(m3_cuda *c, const m3_kv *kv, int layer, int T, const fl
     void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, float *, float) =
         tt == 8 ? tile_fn<8>(ND) : tile_fn<4>(ND);
     if (sm > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    fn<<<dim3((unsigned)cdiv((size_t)T, (size_t)tt), nkv), tt * 32, sm, c->st>>>(desc(c, kv, layer), c->d_pos, c->d_seq, q, nh, T, sel,
-                                                                                 block, sel ? topk : 0, out, 1.0f / sqrtf((float)D));
+    const size_t qo = (size_t)t0 * nh * D; /* tokens [t0, t0 + T) of the step */
+    fn<<<dim3((unsigned)cdiv((size_t)T, (size_t)tt), nkv), tt * 32, sm, c->st>>>(desc(c, kv, layer), c->d_pos + t0, c->d_seq + t0, q + qo,
+                                                                                 nh, T, sel ? sel + (size_t)t0 * nkv * topk : NULL, block,
+                                                                                 sel ? topk : 0, out + qo, 1.0f / sqrtf((float)D));
     return CK_LAUNCH(c, "attention (token tiles)") ? -1 : 0;
 }

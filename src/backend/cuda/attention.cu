@@ -596,18 +596,19 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     const int tc = (kv->dt == M3_KV_BF16 || ((kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4) && T > 1)) && G <= 16 &&
                    D % 16 == 0 && (ND == 4 || ND == 6 || ND == 8 || ND == 16) && mma_on;
     /* prefill (and verify passes of many sequences): token tiles, each chunk read once for the tile's tokens,
-     * where the step's runs fill them (attention_tile.cu decides). On sparse layers with bf16 / FP8 caches
-     * only the tokens that see every block (position < topk blocks: all of a tile's tokens then read the
-     * same keys; the longest stretch of them) take tiles, the others the split kernel. NVFP4 caches, whose
+     * where the step's runs fill them (attention_tile.cu decides). On sparse layers with bf16 caches only
+     * the tokens that see every block (position < topk blocks: all of a tile's tokens then read the same
+     * keys; the longest stretch of them) take tiles, the others the split kernel. FP8 / NVFP4 caches, whose
      * values each token's split CTA decodes again, take tiles for every token of prefill-like steps (32+
      * tokens a sequence; not verify passes). H100, bench_cuda_attn (docs/PERF.md, session 39), us, split
      * against tiles: bf16 1024-token prefill 416 / 316, 512 tokens after 4096 (16 of 36 blocks) 581 / 796,
      * verify 64 x 8 601 / 1022; NVFP4 739 / 371, 1007 / 973, 1116 / 1249, 3 x 100 tokens across 2048
-     * 628 / 463. M3_ATTN_TILE_ALL=1: tiles for every token, 0: only below topk blocks. */
+     * 628 / 463; FP8 512 after 4096 901 / 869, 3 x 100 556 / 461, 64 x 8 949 / 1115.
+     * M3_ATTN_TILE_ALL=1: tiles for every token, 0: only below topk blocks. */
     int ta = 0, te = tc ? T : 0;
     static int tile_all = -2;
     if (tile_all == -2) tile_all = m3_cu_env_int("M3_ATTN_TILE_ALL", -1);
-    const bool all = tile_all == 1 || (tile_all < 0 && kv->dt == M3_KV_NVFP4 && (long)T >= 32L * c->n_seqs);
+    const bool all = tile_all == 1 || (tile_all < 0 && kv->dt != M3_KV_BF16 && (long)T >= 32L * c->n_seqs);
     if (tc && sel && !all) {
         const long span = (long)topk * block; /* positions below it see every block */
         int best = 0;

@@ -327,16 +327,7 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
             for (int k = 0; k < PPL; k++) {
                 const int i = lane + 32 * k, j = i / ND, x = (i % ND) * 8;
                 rk[k] = rv[k] = make_uint2(0, 0); /* zero codes decode to 0.0 (rows past the chunk) */
-                if (j < n) {
-                    const uint8_t *row = row_of(j);
-                    if (ld == 2) {
-                        rk[k] = *(const uint2 *)(row + x);
-                        rv[k] = *(const uint2 *)(row + d.kvpart + x);
-                    } else {
-                        rk[k] = make_uint2(*(const uint32_t *)(row + x / 2), row[D / 2 + x / 16]);
-                        rv[k] = make_uint2(*(const uint32_t *)(row + d.kvpart + x / 2), row[d.kvpart + D / 2 + x / 16]);
-                    }
-                }
+                if (j < n) piece_load(ld == 3, row_of(j), d.kvpart, D, x, &rk[k], &rv[k]);
             }
 #pragma unroll
             for (int k = 0; k < PPL; k++) {

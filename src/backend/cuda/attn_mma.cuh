@@ -21,6 +21,19 @@ static __device__ __forceinline__ uint4 bf8(const float *f) {
     return make_uint4(bf2(f[0], f[1]), bf2(f[2], f[3]), bf2(f[4], f[5]), bf2(f[6], f[7]));
 }
 
+/* word loads of the 8-value pieces at x of a K row and of its V row (kvpart bytes further): FP8
+ * (nvfp4 = 0): 8 E4M3 codes; NVFP4: x = 8 E2M1 codes, y = their block's scale byte (rows of D / 2
+ * code bytes, then the scales) */
+static __device__ __forceinline__ void piece_load(bool nvfp4, const uint8_t *row, size_t kvpart, int D, int x, uint2 *k, uint2 *v) {
+    if (!nvfp4) {
+        *k = *(const uint2 *)(row + x);
+        *v = *(const uint2 *)(row + kvpart + x);
+    } else {
+        *k = make_uint2(*(const uint32_t *)(row + x / 2), row[D / 2 + x / 16]);
+        *v = make_uint2(*(const uint32_t *)(row + kvpart + x / 2), row[kvpart + D / 2 + x / 16]);
+    }
+}
+
 /* 8 cached values as bf16, from a word load of the row: FP8 (nvfp4 = 0): r holds 8 E4M3 codes;
  * NVFP4: r.x 8 E2M1 codes, r.y their block's E4M3 scale byte */
 static __device__ __forceinline__ uint4 piece_bf16(bool nvfp4, uint2 r) {

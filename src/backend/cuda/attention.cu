@@ -9,8 +9,9 @@
  * prefill gets one split per (token, group). Caches whose values are exact in bf16 (bf16, FP8,
  * NVFP4; FP8 / NVFP4 from 2 tokens) take the tensor-core kernel (k_attn_mma_bf16x3: a warp per chunk,
  * products on mma.sync with q and the probabilities split in three bf16 parts); f32 caches and
- * other shapes the f32 ones. Steps of many tokens in runs of a sequence (prefill) take the token
- * tiles of attention_tile.cu instead; the per-chunk step both tensor-core kernels run is attn_mma.cuh.
+ * other shapes the f32 ones. Prefill steps take the token tiles of attention_tile.cu instead, for all
+ * their tokens or (sparse layers, bf16 caches) those that see every block: m3_cu_attention says which;
+ * the per-chunk step both tensor-core kernels run is attn_mma.cuh.
  * M3_ATTN_MMA=0 turns the tensor-core kernels off, M3_ATTN_TILE=0 the token tiles. */
 #include <math.h>
 

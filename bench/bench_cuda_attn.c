@@ -8,7 +8,7 @@
  * Checks: the block choices are equal, or differ only by near-ties (blocks whose double scores are
  * within 1e-5 relative: f32 sums in another order may pick either), and the attention output of
  * the tokens whose choices agree is within 1e-4 relative L2 of the CPU's. Decode steps of 1, 8
- * and 64 sequences, and verify passes (8 tokens a sequence). Then each GPU op is timed (100
+ * and 64 sequences, verify passes (8 tokens a sequence) and prefill steps (cases 6-8). Then each GPU op is timed (100
  * calls) and the bytes it reads are reported
  * against the device copy bandwidth: the indexer reads every index-K row of the sequence, the
  * attention the K and V rows of the chosen blocks.
@@ -359,7 +359,7 @@ int main(int argc, char **argv) {
     const int cases[][3] = {{8192, 1, 1}, {8192, 8, 1}, {8192, 8, 8}, {8192, 64, 1}, {8192, 64, 8}, {131072, 1, 1},
                             {0, 1, 1024}, {4096, 1, 512}, {2000, 3, 100}};
     const int ncases = getenv("M3_BENCH_QUICK") && atoi(getenv("M3_BENCH_QUICK")) ? 3 : (int)(sizeof cases / sizeof cases[0]);
-    const int one = getenv("M3_BENCH_CASE") ? atoi(getenv("M3_BENCH_CASE")) : -1; /* that case only (0-5) */
+    const int one = getenv("M3_BENCH_CASE") ? atoi(getenv("M3_BENCH_CASE")) : -1; /* that case only (0-8) */
     int fails = 0;
     const char *only = getenv("M3_BENCH_KV"); /* one cache dtype only (bf16, fp8, nvfp4) */
     for (int di = 0; di < 3; di++)

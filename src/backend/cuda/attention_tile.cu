@@ -39,8 +39,9 @@ __global__ void __launch_bounds__(TT * 32) k_attn_tile_bf16x3(kvdesc d, const in
     int *ti = (int *)(kvs + 2 * 2 * ACH * DP);
     int *trun = ti, *tposs = ti + TT;               /* per warp: its token's run (-1: none) and position */
     int *rseq = ti + 2 * TT, *rmax = ti + 3 * TT;   /* per run: sequence, last position */
-    int *rch = ti + 4 * TT, *misc = ti + 5 * TT;    /* dense: chunks per run; misc[0] chunks, [1] runs */
-    int *skey = misc + 4;                           /* [TT][topk] each token's keys (run << 24 | block), ascending */
+    int *rch = ti + 4 * TT, *nchs = ti + 5 * TT;    /* dense: chunks per run; the tile's chunks */
+    int *skey = nchs + 4; /* (4 ints: the key arrays start 16-byte aligned) */
+    /* skey [TT][topk]: each token's keys (run << 24 | block), ascending */
     int *ukey = skey + TT * topk;                   /* [TT topk] the tile's distinct keys, ascending */
     int *raw = ukey + TT * topk, *first = raw + TT * topk;
     const int g = blockIdx.y, t0 = blockIdx.x * TT, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -58,10 +59,9 @@ __global__ void __launch_bounds__(TT * 32) k_attn_tile_bf16x3(kvdesc d, const in
             trun[w] = nr - 1;
             tposs[w] = p;
         }
-        misc[1] = nr;
         int tot = 0;
         for (int r = 0; r < nr; r++) { rch[r] = rmax[r] / ACH + 1; tot += rch[r]; }
-        misc[0] = tot; /* dense; sparse below */
+        *nchs = tot; /* dense; sparse below */
     }
     __syncthreads();
     if (sel) {
@@ -90,11 +90,11 @@ __global__ void __launch_bounds__(TT * 32) k_attn_tile_bf16x3(kvdesc d, const in
         if (tid == 0) {
             int nu = 0;
             for (int i = 0; i < n; i++) nu += first[i];
-            misc[0] = nu * cpb;
+            *nchs = nu * cpb;
         }
         __syncthreads();
     }
-    const int nch = misc[0];
+    const int nch = *nchs;
     /* chunk i: its run, keys [a, e) (e <= a: none left before the run's last position), its key */
     auto chunk_at = [&](int i, int *r, int *a, int *e, int *key) {
         if (sel) {

@@ -17,6 +17,13 @@
  * of 4096 context keys in a ring, and over the block's own keys) against the CPU's, 1e-5 relative
  * L2, with the window empty, partly filled, full, and wrapped around the ring; and 2, 4, 8 requests
  * of such contexts in one dspark_attention_n call (a draft pass's), timed against a call each.
+ * Each case runs at both precisions (M3_BENCH_PRECISION=exact / bf16: one of them), both backends
+ * set alike: exact (f32 queries and probabilities; the GPU's q and P in three bf16 parts), within
+ * 1e-4 of the CPU, and bf16 (q, K, V and the probabilities rounded to bf16, attn_mma.cuh's
+ * definition, which the CPU computes too), within BF16_TOL: there a probability whose f32 value
+ * lies within the two backends' difference of a bf16 midpoint rounds to neighbouring values (2^-8
+ * of it), one heavy one in a decode token's row moves its output by ~5e-5 (measured 1e-5 - 4.6e-5,
+ * H100); probabilities left unrounded would be ~1.5e-3 off.
  * M3_BENCH_SELFTEST=1 without a GPU: a second CPU backend stands in for it (checks the
  * harness; the times are then the CPU's). M3_BENCH_REPS: timed calls per op (100; 2 in the
  * self-test). */
@@ -31,6 +38,8 @@
 #include "backend/cuda/cuda.h"
 #include "io/config.h"
 #include "kv/kv.h"
+
+#define BF16_TOL 2.5e-4 /* precision bf16: the GPU against the CPU (header) */
 
 /* the same pseudo-random value for (stream, index) everywhere: both backends see equal inputs */
 static float val(uint64_t stream, uint64_t i) {
@@ -362,6 +371,17 @@ int main(int argc, char **argv) {
     const int one = getenv("M3_BENCH_CASE") ? atoi(getenv("M3_BENCH_CASE")) : -1; /* that case only (0-8) */
     int fails = 0;
     const char *only = getenv("M3_BENCH_KV"); /* one cache dtype only (bf16, fp8, nvfp4) */
+    const char *ponly = getenv("M3_BENCH_PRECISION"); /* one precision only (exact, bf16) */
+    if (ponly && strcmp(ponly, "exact") && strcmp(ponly, "bf16")) {
+        fprintf(stderr, "M3_BENCH_PRECISION=%s: the precisions are exact and bf16\n", ponly);
+        return 2;
+    }
+    for (int pi = 0; pi < 2; pi++) {
+    if (ponly && strcmp(ponly, pi ? "bf16" : "exact")) continue;
+    m3_cpu_set_precision(&cpu, pi);
+    if (sg.gpu) m3_cuda_set_precision(&g, pi);
+    else m3_cpu_set_precision(&g, pi);
+    printf("precision %s\n", pi ? "bf16" : "exact");
     for (int di = 0; di < 3; di++)
         for (int ci = 0; ci < ncases && (!only || !strcmp(only, m3_kv_dtype_name(dts[di]))); ci++) {
             if (one >= 0 && ci != one) continue;
@@ -428,7 +448,7 @@ int main(int argc, char **argv) {
                             if (blk >= 0) keys += blk * c.block_size + c.block_size <= p + 1 ? c.block_size : p + 1 - blk * c.block_size;
                         }
                 const double ab = 2.0 * (double)keys * (double)m3_kv_row_bytes(dts[di], c.head_dim);
-                const int ok = !bad && rel < 1e-4;
+                const int ok = !bad && rel < (pi ? BF16_TOL : 1e-4);
                 if (!ok) fails++;
                 printf("%-6s %7d %5d %3d %6zu/%-5zu %10.2e | %9.1f | %9.1f %8.0f %5.0f%% | %9.1f %8.0f %5.0f%% %s\n",
                        m3_kv_dtype_name(dts[di]), ctx, nb, ntok, eq, nsel, rel, ts[0] * 1e6, ts[1] * 1e6, ib / ts[1] / 1e9,
@@ -444,6 +464,7 @@ int main(int argc, char **argv) {
             if (rc && !last) /* the cache is gone: skip to the next context */
                 while (ci + 1 < ncases && cases[ci + 1][0] == ctx && cases[ci + 1][1] == nb) ci++;
         }
+    }
     /* the DSpark draft's attention: window empty, short, full, wrapped around the ring */
     if (!sg.ops->dspark_attention) {
         printf("dspark attention: the GPU backend has none: FAIL\n");

@@ -131,6 +131,9 @@ run "$BIN/logits_diff" "$OUT/var-M3_CUDA_SIDE_1.st" "$OUT/var-M3_ROPE_BF16A_0.st
 # that flips moves every later row (seen: 1 of 1200 index rows)
 for k in bf16 fp8 nvfp4; do
   M3_ATTN_TILE=1 M3_ATTN_TILE_ALL=1 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $D/m3-tiny.kv-$k.oracle.safetensors --kv $k --backend cuda --tol 1e-3 --work "$OUT"
+  # ... and at precision bf16 (q and the probabilities as one bf16 part: attn_mma.cuh), every layer teacher-forced
+  f=$R/m3-tiny.kv-$k.bf16gemm.oracle.safetensors
+  [ -f $f ] && M3_ATTN_TILE=1 M3_ATTN_TILE_ALL=1 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $f --kv $k --backend cuda --precision bf16 --teacher-forced 1 --work "$OUT"
 done
 for mk in m3-gqa3:bf16 m3-gqa3:fp8 m3-mqa:bf16 m3-mqa:fp8 m3-mqa:nvfp4; do # (m3-gqa3's index dim 40: no NVFP4 index cache)
   for k in 6 7 8; do M3_ATTN_TILE=1 M3_ATTN_TILE_ALL=1 M3_BENCH_CASE=$k M3_BENCH_KV=${mk#*:} M3_BENCH_REPS=1 run "$BIN/bench_cuda_attn" $D/${mk%:*}/config.json; done

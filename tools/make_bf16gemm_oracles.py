@@ -17,7 +17,13 @@ references have none) for the teacher-forced check.
 
 A product counts as one with a weight when one operand shares storage with a parameter of the
 model (F.linear, matmul, bmm, mm, @): its other operand is rounded (round to nearest even),
-the product itself stays float64. Each forward pass prints how many products it rounded."""
+the product itself stays float64. Each forward pass prints how many products it rounded.
+
+The text attention's two products are GEMMs of the bf16 precision too (src/backend/cuda/attn_mma.cuh
+defines them): q, K and V rounded to bf16, scores in log2 units s2 = (q . k) * sl with sl the f32
+value of f32(1 / sqrt(D)) * f32(log2 e), M = ceil(max s2) per row, P = bf16(2^(s2 - M)) and
+out = sum P v / sum P (eager attention replaced for MiniMaxM3VLAttention only; the indexer's
+scores stay as they are)."""
 import contextlib
 import importlib.util
 import json
@@ -118,6 +124,37 @@ def bf16_gemm_inputs(model, counter):
         torch.Tensor.__matmul__ = saved["__matmul__"]
 
 
+@contextlib.contextmanager
+def bf16_attention(counter):
+    """the text attention at precision bf16 (the module header); counter[0] counts its calls"""
+    import numpy as np
+    from transformers.models.minimax_m3_vl import modeling_minimax_m3_vl as mm
+    saved = mm.eager_attention_forward
+
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        if not isinstance(module, mm.MiniMaxM3VLAttention):
+            return saved(module, query, key, value, attention_mask, scaling, dropout=dropout, **kwargs)
+        counter[0] += 1
+        r = lambda x: x.to(torch.bfloat16).to(x.dtype)
+        D = query.shape[-1]
+        sl = float(np.float32(np.float32(1.0) / np.sqrt(np.float32(D))) * np.float32(1.4426950408889634))
+        k = r(mm.repeat_kv(key, module.num_key_value_groups))
+        v = r(mm.repeat_kv(value, module.num_key_value_groups))
+        s2 = torch.matmul(r(query), k.transpose(2, 3)) * sl
+        if attention_mask is not None:
+            s2 = s2 + attention_mask  # 0 or the dtype's lowest: exp2 of it is 0
+        M = torch.ceil(s2.amax(dim=-1, keepdim=True))
+        p = r(torch.exp2(s2 - M))
+        out = torch.matmul(p, v) / p.sum(dim=-1, keepdim=True)
+        return out.transpose(1, 2).contiguous(), p
+
+    mm.eager_attention_forward = attention
+    try:
+        yield
+    finally:
+        mm.eager_attention_forward = saved
+
+
 def run_cases(model, cfg, oracle, tag, hidden=False):
     """make_m3_oracle.run_reference on the oracle's own prompts (the layers' hidden states where the
     oracle has them, or with hidden)"""
@@ -134,8 +171,8 @@ def run_cases(model, cfg, oracle, tag, hidden=False):
         gen = int(oracle[f"case{k}.greedy_tokens"].numel()) if f"case{k}.greedy_tokens" in oracle else 0
         L = ids.shape[1]
         picks.clear()
-        counter = [0]
-        with torch.no_grad(), bf16_gemm_inputs(model, counter):
+        counter, attn = [0], [0]
+        with torch.no_grad(), bf16_gemm_inputs(model, counter), bf16_attention(attn):
             want_hidden = hidden or f"case{k}.hidden.0" in oracle
             o = model(input_ids=ids, use_cache=False, output_hidden_states=want_hidden)
             per_pass = counter[0]
@@ -165,6 +202,7 @@ def run_cases(model, cfg, oracle, tag, hidden=False):
         print(tag, "case", k, "len", L, "products rounded in the prompt pass", per_pass,
               "greedy tokens as the exact oracle:", bool(same), flush=True)
         assert per_pass > 0, "no product with a weight was seen: the rounding hook caught nothing"
+        assert attn[0] >= cfg.num_hidden_layers, "the bf16 attention was not called: the eager hook caught nothing"
         k += 1
     return tensors, cases
 
@@ -200,7 +238,8 @@ def main():
         tensors, cases = run_cases(model, cfg, oracle, name + tag, hidden=kv is not None)
         save_file(tensors, os.path.join(out, name + tag + ".bf16gemm.oracle.safetensors"))
         meta = {"model": name, "reference": "transformers 5.17 MiniMaxM3VLForCausalLM, eager, float64, every "
-                "product with a weight taking its other operand rounded to bf16 (tools/make_bf16gemm_oracles.py)",
+                "product with a weight taking its other operand rounded to bf16, the text attention at bf16 (q, K, V "
+                "and the probabilities; tools/make_bf16gemm_oracles.py)",
                 "cases": cases}
         if kv:
             meta.update({"kv_cache_dtype": kv, "index_cache_dtype": kv,

@@ -149,8 +149,8 @@ int m3_cli_set_precision(const char *value, const char *cmd) {
     if (value && !strcmp(value, "exact")) cli_precision = 0;
     else if (value && !strcmp(value, "bf16")) cli_precision = 1;
     else {
-        fprintf(stderr, "m3 %s: --precision '%s': exact (f32 GEMM inputs) or bf16 (GEMM inputs rounded to bf16; the GPU's "
-                        "tensor-core path)\n", cmd, value ? value : "");
+        fprintf(stderr, "m3 %s: --precision '%s': exact (f32 GEMM inputs) or bf16 (GEMM inputs, attention's q, K, V and "
+                        "probabilities included, rounded to bf16; the GPU's tensor-core path)\n", cmd, value ? value : "");
         return -1;
     }
     return 0;

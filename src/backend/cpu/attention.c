@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/num.h"
 #include "cpu.h"
 
 typedef struct {
@@ -19,26 +20,60 @@ typedef struct {
 } att_job;
 
 #define CHUNK 64
+#define M3_LOG2E_F 1.4426950408889634f
 
+static float bf16r(float x) { return m3_bf16_to_f32(m3_f32_to_bf16(x)); }
+/* 2^d for an integer-valued d <= 0 (-inf: 0), exactly */
+static float pow2_int(float d) { return d < -126.f ? 0.f : m3_f32_from_bits((uint32_t)(127 + (int)d) << 23); }
+
+/* Near-tie recording (m3_cpu_ties, precision bf16): a probability p = 2^(s2 - M) rounds to bf16
+ * at a midpoint within ulps (2 + |s2|) f32 ulps (its error grows with the score's magnitude: s2's
+ * absolute f32 error, ~|s2| 2^-23 times a few, is p's relative error over ln 2), and it counts for
+ * its token only where it weighs TIE_P_WEIGHT of its row or more at the end (a bf16 flip of it
+ * then moves the head's output by >= 2^-8 of that: 4e-6), so that the many light ones do not
+ * excuse every position. q's elements count like any GEMM input's. */
+#define TIE_P_WEIGHT 1e-3f
+static int near_tie_p(float p, float s2, int ulps) {
+    const int32_t d = (int32_t)(m3_f32_bits(p) & 0xffffu) - 0x8000;
+    const float w = (float)ulps * (2.0f + fabsf(s2));
+    return (float)d >= -w && (float)d <= w;
+}
+
+/* Precision bf16 (what the GPU's tensor-core attention computes, src/backend/cuda/attn_mma.cuh):
+ * q, K and V rounded to bf16 (a bf16 / FP8 / NVFP4 cache's values already are), scores in log2
+ * units s2 = (q . k) * (log2(e) / sqrt(D)), an integer running max M, each probability
+ * P = bf16(2^(s2 - M)) summed as rounded: out = sum P v / sum P, whatever order the keys come in
+ * (the powers of two that rescale the sums commute with the rounding). Exact precision: f32 q,
+ * softmax in e^x, as the float64 reference. */
 static void att_items(void *arg, size_t i0, size_t i1, int worker) {
     (void)worker;
     att_job *j = arg;
     const m3_kv *kv = j->kv;
-    const int D = kv->D, nkv = kv->nkv, G = j->nh / nkv;
-    const float scale = 1.0f / sqrtf((float)D);
-    /* f32 / bf16 rows are read in place; FP8 / NVFP4 rows are dequantized into kbuf / vbuf */
-    const int direct = kv->dt == M3_KV_F32 || kv->dt == M3_KV_BF16, bf16 = kv->dt == M3_KV_BF16;
-    float *st = m3_cpu_scratch(j->c, sizeof(float) * ((size_t)G * (2 + D + CHUNK) + (direct ? 0 : 2 * (size_t)CHUNK * D)),
+    const int D = kv->D, nkv = kv->nkv, G = j->nh / nkv, rb = j->c->gemm_bf16;
+    const float scale = 1.0f / sqrtf((float)D), sl = rb ? scale * M3_LOG2E_F : scale;
+    /* f32 / bf16 rows are read in place (f32 at precision exact); others are dequantized (and
+     * rounded to bf16: f32 at precision bf16) into kbuf / vbuf */
+    const int direct = (kv->dt == M3_KV_F32 && !rb) || kv->dt == M3_KV_BF16, bf16 = kv->dt == M3_KV_BF16;
+    m3_cpu_ties *tr = rb ? j->c->ties : NULL;
+    float *st = m3_cpu_scratch(j->c, sizeof(float) * ((size_t)G * (3 + 2 * D + CHUNK) + (direct ? 0 : 2 * (size_t)CHUNK * D)),
                                "attention");
     if (!st) return;
-    float *m = st, *l = st + G, *acc = st + 2 * G, *sc = acc + (size_t)G * D;
+    float *m = st, *l = st + G, *acc = st + 2 * G, *qr = acc + (size_t)G * D, *sc = qr + (size_t)G * D;
+    float *tw = sc + CHUNK + (direct ? 0 : 2 * (size_t)CHUNK * D); /* [G] near-tie weights (below) */
     float *kbuf = sc + CHUNK, *vbuf = kbuf + (size_t)CHUNK * D;
     for (size_t it = i0; it < i1; it++) {
         int t = (int)(it / nkv), g = (int)(it % nkv);
         int pos = j->b->pos[t];
         const m3_kv_seq *s = j->b->seqs[j->b->seq[t]];
-        for (int h = 0; h < G; h++) { m[h] = -INFINITY; l[h] = 0; }
+        for (int h = 0; h < G; h++) { m[h] = -INFINITY; l[h] = 0; tw[h] = 0; }
         memset(acc, 0, sizeof(float) * (size_t)G * D);
+        const float *q = j->q + ((size_t)t * j->nh + (size_t)g * G) * D; /* the group's G query rows */
+        int32_t *tie_t = tr && t < tr->T ? &tr->all[t] : NULL; /* (items of one token run on several threads) */
+        if (tie_t) __atomic_fetch_add(tie_t, m3_cpu_bf16_ties(q, G * D, tr->ulps), __ATOMIC_RELAXED);
+        if (rb) {
+            for (int i = 0; i < G * D; i++) qr[i] = bf16r(q[i]);
+            q = qr;
+        }
         /* visit key ranges: all of [0, pos] (dense) or the selected blocks (sparse) */
         int nranges = j->sel ? j->topk : 1;
         for (int r = 0; r < nranges; r++) {
@@ -62,23 +97,39 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
                 if (!direct) {
                     m3_kv_load(kv, s, j->layer, M3_KV_K, g, c0, n, kbuf);
                     m3_kv_load(kv, s, j->layer, M3_KV_V, g, c0, n, vbuf);
+                    if (rb && kv->dt == M3_KV_F32)
+                        for (size_t i = 0; i < (size_t)n * D; i++) { kbuf[i] = bf16r(kbuf[i]); vbuf[i] = bf16r(vbuf[i]); }
                     kb = kbuf;
                     vb = vbuf;
                 }
                 for (int h = 0; h < G; h++) {
-                    const float *qh = j->q + ((size_t)t * j->nh + (size_t)g * G + h) * D;
                     float mx = m[h];
-                    m3_cpu_dots(qh, kb, direct && bf16, n, D, sc);
+                    m3_cpu_dots(q + (size_t)h * D, kb, direct && bf16, n, D, sc);
                     for (int i = 0; i < n; i++) {
-                        sc[i] *= scale;
+                        sc[i] *= sl;
                         if (sc[i] > mx) mx = sc[i];
                     }
-                    float corr = expf(m[h] - mx); /* 0 on the first chunk (m = -inf) */
                     float *ah = acc + (size_t)h * D;
-                    if (corr != 1.0f) for (int d = 0; d < D; d++) ah[d] *= corr;
-                    float sum = m3_cpu_exp_shift(sc, n, mx); /* online softmax, flash style */
+                    float sum = 0;
+                    if (rb) {
+                        mx = ceilf(mx);
+                        const float corr = pow2_int(m[h] - mx); /* 0 on the first chunk (m = -inf) */
+                        if (corr != 1.0f) for (int d = 0; d < D; d++) ah[d] *= corr;
+                        tw[h] *= corr;
+                        for (int i = 0; i < n; i++) {
+                            const float p = exp2f(sc[i] - mx);
+                            if (tie_t && p > tw[h] && near_tie_p(p, sc[i], tr->ulps)) tw[h] = p;
+                            sc[i] = bf16r(p);
+                            sum += sc[i];
+                        }
+                        l[h] = l[h] * corr + sum;
+                    } else {
+                        const float corr = expf(m[h] - mx); /* 0 on the first chunk (m = -inf) */
+                        if (corr != 1.0f) for (int d = 0; d < D; d++) ah[d] *= corr;
+                        sum = m3_cpu_exp_shift(sc, n, mx); /* online softmax, flash style */
+                        l[h] = l[h] * corr + sum;
+                    }
                     m3_cpu_pv(ah, sc, vb, direct && bf16, n, D);
-                    l[h] = l[h] * corr + sum;
                     m[h] = mx;
                 }
             }
@@ -86,6 +137,7 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
         for (int h = 0; h < G; h++) {
             float *o = j->out + ((size_t)t * j->nh + (size_t)g * G + h) * D;
             float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
+            if (tie_t && tw[h] * inv >= TIE_P_WEIGHT) __atomic_fetch_add(tie_t, 1, __ATOMIC_RELAXED);
             for (int d = 0; d < D; d++) o[d] = acc[(size_t)h * D + d] * inv;
         }
     }

@@ -17,7 +17,8 @@
 int m3_cpu_ops_init(m3_ops *ops, int threads, m3_err *err);
 void m3_cpu_ops_free(m3_ops *ops);
 
-/* Precision of every GEMM (the linears, the router, the dense / shared / routed experts, lm_head):
+/* Precision of every GEMM (the linears, the router, the dense / shared / routed experts, lm_head,
+ * and attention's q K^T and P V, attention.c):
  * 0 exact (f32 inputs, the default), 1 bf16 (inputs rounded to bf16, products summed in f32): what
  * the GPU's tensor-core path computes, so the two stay comparable (issue 25's accuracy contract;
  * tools/make_bf16gemm_oracles.py makes references of this arithmetic). */
@@ -31,7 +32,9 @@ void m3_cpu_set_precision(m3_ops *ops, int bf16);
  * input when cleared at the layer's start) and in all[t] for every GEMM input row of token t
  * (routed experts' rows counted for their token). A bf16 KV / index-K cache rounds K, V and
  * index-K to bf16 on insert: those rows' near-ties count in first[t] and all[t] too (a K / V
- * element rounded the other way moves this and every later token's attention). The caller
+ * element rounded the other way moves this and every later token's attention; an f32 cache's K / V
+ * count alike, which precision bf16's attention rounds). Attention adds to all[t] its token's q
+ * elements and probabilities that weigh enough to matter (attention.c). The caller
  * clears the arrays (and calls); rows are tokens of the current step: T at most the arrays'
  * length. NULL stops recording. */
 typedef struct m3_cpu_ties {

@@ -6,10 +6,12 @@
  * token may see (the selected blocks, or [0, pos] on dense layers), online softmax per
  * query head of the group; splits are merged by log-sum-exp. Splits are chosen so that a
  * decode step fills the GPU (at least 32 per (token, group) up to 8 tokens: a verify pass);
- * prefill gets one split per (token, group). Caches whose values are exact in bf16 (bf16, FP8,
- * NVFP4; FP8 / NVFP4 from 2 tokens) take the tensor-core kernel (k_attn_mma_bf16x3: a warp per chunk,
- * products on mma.sync with q and the probabilities split in three bf16 parts); f32 caches and
- * other shapes the f32 ones. Prefill steps take the token tiles of attention_tile.cu instead, for all
+ * prefill gets one split per (token, group). The tensor-core kernel (k_attn_mma: a warp per
+ * chunk, products on mma.sync) computes either precision (attn_mma.cuh): bf16, the GPU's default
+ * (q, K, V and the probabilities rounded to bf16), for every cache dtype; exact (q and the
+ * probabilities in three bf16 parts, f32 precision) for caches whose values are exact in bf16
+ * (bf16, FP8, NVFP4; FP8 / NVFP4 from 2 tokens). The rest run the f32 kernels: k_attn_f32_g16
+ * (G <= 16, D <= 128) at either precision, k_attn_f32 (other shapes) in f32 whatever the precision. Prefill steps take the token tiles of attention_tile.cu instead, for all
  * their tokens or (sparse layers, bf16 caches) those that see every block: m3_cu_attention says which;
  * the per-chunk step both tensor-core kernels run is attn_mma.cuh.
  * M3_ATTN_MMA=0 turns the tensor-core kernels off, M3_ATTN_TILE=0 the token tiles. */
@@ -142,8 +144,10 @@ __global__ void k_attn_f32(kvdesc d, const int32_t *pos, const int32_t *seq, con
  * blocking: NW warps (4 or 8); QK: a warp owns 16 / NW heads, a lane one key (float4 reads, K
  * rows padded to D + 4 floats: conflict-free); PV: a thread owns one channel of HT = 16 * D /
  * (32 NW) heads (all 16 at D = 128 and 4 warps), its accumulators in registers; probabilities
- * read as broadcast float4. */
-template <int NW>
+ * read as broadcast float4. RB: precision bf16 (attn_mma.cuh's definition: q, K, V and the
+ * probabilities rounded to bf16, powers of two), for the steps the tensor-core kernel does not take
+ * (one token on an FP8 / NVFP4 cache: this kernel is faster there). */
+template <int NW, bool RB>
 __global__ void __launch_bounds__(NW * 32) k_attn_f32_g16(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh,
                                                    const int32_t *sel, int B, int topk, int nsplit, float *part, float *out,
                                                    float scale) {
@@ -162,8 +166,13 @@ __global__ void __launch_bounds__(NW * 32) k_attn_f32_g16(kvdesc d, const int32_
     const int p = pos[t], sq = seq[t];
     { /* the group's queries: G x D (<= 2048) values as float4 (D % 8 == 0) */
         const float4 *qg = (const float4 *)(q + ((size_t)t * nh + (size_t)g * G) * D);
-        for (int i = tid; i < G * D / 4; i += NT) ((float4 *)qs)[i] = qg[i];
+        for (int i = tid; i < G * D / 4; i += NT) {
+            float4 v = qg[i];
+            if (RB) v = make_float4(bf16_round(v.x), bf16_round(v.y), bf16_round(v.z), bf16_round(v.w));
+            ((float4 *)qs)[i] = v;
+        }
     }
+    const float sl = RB ? scale * M3_LOG2E_F : scale;
     for (int h = tid; h < G; h += NT) { ml[h] = -INFINITY; ml[G + h] = 0; }
     float acc[HT];
 #pragma unroll
@@ -182,6 +191,9 @@ __global__ void __launch_bounds__(NW * 32) k_attn_f32_g16(kvdesc d, const int32_
             float kv[8], vv[8];
             read8(pg + off, d.dt, D, x, kv);
             read8(pg + d.kvpart + off, d.dt, D, x, vv);
+            if (RB && d.dt == M3_KV_F32)
+#pragma unroll
+                for (int u = 0; u < 8; u++) { kv[u] = bf16_round(kv[u]); vv[u] = bf16_round(vv[u]); }
             *(float4 *)&ks[j * DP + x] = make_float4(kv[0], kv[1], kv[2], kv[3]);
             *(float4 *)&ks[j * DP + x + 4] = make_float4(kv[4], kv[5], kv[6], kv[7]);
             *(float4 *)&vs[j * D + x] = make_float4(vv[0], vv[1], vv[2], vv[3]);
@@ -208,18 +220,18 @@ __global__ void __launch_bounds__(NW * 32) k_attn_f32_g16(kvdesc d, const int32_
 #pragma unroll
             for (int hh = 0; hh < HW; hh++) {
                 int h = warp * HW + hh;
-                if (h < G) ps[h * ACH + lane] = lane < n ? dot[hh] * scale : -INFINITY;
+                if (h < G) ps[h * ACH + lane] = lane < n ? dot[hh] * sl : -INFINITY;
             }
         }
         __syncthreads();
         for (int h = warp; h < G; h += NW) {
             float v = ps[h * ACH + lane];
-            float mx = fmaxf(ml[h], warp_max(v));
-            float e_ = lane < n ? expf(v - mx) : 0.0f;
+            float mx = fmaxf(ml[h], RB ? ceilf(warp_max(v)) : warp_max(v));
+            float e_ = lane < n ? (RB ? bf16_round(exp2f(v - mx)) : expf(v - mx)) : 0.0f;
             ps[h * ACH + lane] = e_;
             float sum = warp_sum(e_);
             if (lane == 0) {
-                float corr = expf(ml[h] - mx);
+                float corr = RB ? pow2_int(ml[h] - mx) : expf(ml[h] - mx);
                 ml[2 * G + h] = corr;
                 ml[G + h] = ml[G + h] * corr + sum;
                 ml[h] = mx;
@@ -257,7 +269,7 @@ __global__ void __launch_bounds__(NW * 32) k_attn_f32_g16(kvdesc d, const int32_
     for (int h = 0; h < HT; h++)
         if (h0 + h < G) {
             pp[(h0 + h) * (D + 2) + 2 + ch] = acc[h];
-            if (ch == 0) { pp[(h0 + h) * (D + 2)] = ml[h0 + h]; pp[(h0 + h) * (D + 2) + 1] = ml[G + h0 + h]; }
+            if (ch == 0) { pp[(h0 + h) * (D + 2)] = attn_m_nat<RB ? 1 : 3>(ml[h0 + h]); pp[(h0 + h) * (D + 2) + 1] = ml[G + h0 + h]; }
         }
 }
 
@@ -280,15 +292,15 @@ __global__ void __launch_bounds__(NW * 32) k_attn_f32_g16(kvdesc d, const int32_
  * 669 us). */
 #define AT_NW 4 /* warps per CTA */
 
-template <int ND, bool BF16A>
-__global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh,
-                                                       const int32_t *sel, int B, int topk, int nsplit, float *part, float *out,
-                                                       float scale) {
+template <int ND, bool BF16A, int NP>
+__global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh,
+                                                        const int32_t *sel, int B, int topk, int nsplit, float *part, float *out,
+                                                        float scale) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     constexpr int D = ND * 8, DP = D + 8; /* bf16 rows padded by 16 bytes: fragment loads conflict-free */
     extern __shared__ __align__(16) uint16_t asm_[];
-    uint16_t *qs = asm_;                                        /* [3][16][DP] */
-    uint16_t *kv0 = qs + 3 * 16 * DP;                           /* per warp: K [ACH][DP], V [ACH][DP] */
+    uint16_t *qs = asm_;                                        /* [NP][16][DP] */
+    uint16_t *kv0 = qs + NP * 16 * DP;                          /* per warp: K [ACH][DP], V [ACH][DP] */
     float *wml = (float *)(kv0 + AT_NW * 2 * ACH * DP);         /* [AT_NW][2][16]: m, l */
     const int s = blockIdx.x, g = blockIdx.y, t = blockIdx.z;
     const int G = nh / d.nkv, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gr = lane >> 2, tg = lane & 3;
@@ -366,7 +378,7 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
     int ci = next_chunk(s * AT_NW + warp, &a, &e);
     if (ci < nchunks) load_chunk(a, e);
     /* the group's queries as three bf16 parts (rows >= G: zero) */
-    attn_stage_q<ND>(q, t, nh, g, G, qs, tid, AT_NW * 32);
+    attn_stage_q<ND, NP>(q, t, nh, g, G, qs, tid, AT_NW * 32);
     __syncthreads();
     float o[ND][4];
 #pragma unroll
@@ -376,7 +388,7 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
         const int n = e - a;
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         __syncwarp();
-        attn_chunk_mma<ND>(qs, ks, vs_a, n, scale, lane, o, m0, m1, l0, l1);
+        attn_chunk_mma<ND, NP>(qs, ks, vs_a, n, scale, lane, o, m0, m1, l0, l1);
         ci = next_chunk(ci + W, &a, &e);
         if (ci < nchunks) {
             __syncwarp(); /* this chunk's fragments are read */
@@ -396,7 +408,7 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
         *(float2 *)&ob[(gr + 8) * D + nt * 8 + 2 * tg] = make_float2(o[nt][2], o[nt][3]);
     }
     if (tg == 0) {
-        wml[warp * 32 + gr] = m0; wml[warp * 32 + gr + 8] = m1;
+        wml[warp * 32 + gr] = attn_m_nat<NP>(m0); wml[warp * 32 + gr + 8] = attn_m_nat<NP>(m1);
         wml[warp * 32 + 16 + gr] = l0; wml[warp * 32 + 16 + gr + 8] = l1;
     }
     __syncthreads();
@@ -430,9 +442,9 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma_bf16x3(kvdesc d, const 
         }
     }
 }
-static size_t attn_mma_smem(int D) {
+static size_t attn_mma_smem(int D, int np) {
     const int DP = D + 8;
-    return sizeof(uint16_t) * ((size_t)3 * 16 * DP + (size_t)AT_NW * 2 * ACH * DP) + sizeof(float) * (AT_NW * 48 + 32);
+    return sizeof(uint16_t) * ((size_t)np * 16 * DP + (size_t)AT_NW * 2 * ACH * DP) + sizeof(float) * (AT_NW * 48 + 32);
 }
 
 /* with xs, also the f16 split of out (hi [n], then lo; the o projection's input, linear_mma.cu).
@@ -489,10 +501,20 @@ __global__ void __launch_bounds__(1024) k_attn_merge_lse(const float *part, int 
     if (xs) split_store(r, xs + k, xs + n + k, rb);
 }
 
+template <int NP>
+static void (*attn_mma_fn(int ND, bool bf16a))(kvdesc, const int32_t *, const int32_t *, const float *, int, const int32_t *, int, int,
+                                               int, float *, float *, float) {
+    if (bf16a)
+        return ND == 4 ? k_attn_mma<4, true, NP> : ND == 6 ? k_attn_mma<6, true, NP>
+               : ND == 8 ? k_attn_mma<8, true, NP> : k_attn_mma<16, true, NP>;
+    return ND == 4 ? k_attn_mma<4, false, NP> : ND == 6 ? k_attn_mma<6, false, NP>
+           : ND == 8 ? k_attn_mma<8, false, NP> : k_attn_mma<16, false, NP>;
+}
+
 /* The split kernels over tokens [t0, t0 + T) of the step (whole: all of them; the merge then also
  * writes the o projection's input split) */
 static void attn_split(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, bool whole, const float *q, int nh,
-                       const int32_t *sel, int block, int topk, float *out, bool tc) {
+                       const int32_t *sel, int block, int topk, float *out, bool tc, int np) {
     const int nkv = kv->nkv, D = kv->D, G = nh / nkv, ND = D / 8;
     const int32_t *pos = c->d_pos + t0, *seq = c->d_seq + t0;
     q += (size_t)t0 * nh * D;
@@ -526,17 +548,14 @@ static void attn_split(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, bo
         if (!part) return;
     }
     if (tc) {
-        const size_t sm = attn_mma_smem(D);
+        const size_t sm = attn_mma_smem(D, np);
         const kvdesc dd = desc(c, kv, layer);
         static int bf16a_on = -1; /* M3_ATTN_BF16A=0: the kernel of every format for bf16 too (measurements) */
         if (bf16a_on < 0) bf16a_on = m3_cu_env_int("M3_ATTN_BF16A", 1) != 0;
         const bool bf16a = bf16a_on && T <= 8 /* (the header above: larger launches run the other faster) */ &&
                            kv->dt == M3_KV_BF16 && ((dd.rb | dd.kvpart | dd.page_bytes | (uintptr_t)dd.base) & 15) == 0;
         void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, const int32_t *, int, int, int, float *, float *,
-                   float) = bf16a ? (ND == 4 ? k_attn_mma_bf16x3<4, true> : ND == 6 ? k_attn_mma_bf16x3<6, true>
-                                    : ND == 8 ? k_attn_mma_bf16x3<8, true> : k_attn_mma_bf16x3<16, true>)
-                                  : (ND == 4 ? k_attn_mma_bf16x3<4, false> : ND == 6 ? k_attn_mma_bf16x3<6, false>
-                                    : ND == 8 ? k_attn_mma_bf16x3<8, false> : k_attn_mma_bf16x3<16, false>);
+                   float) = np == 1 ? attn_mma_fn<1>(ND, bf16a) : attn_mma_fn<3>(ND, bf16a);
         if (sm > c->smem_optin) { m3_cu_failf(c, "CUDA backend: attention needs %zu bytes of shared memory", sm); return; }
         if (sm > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
         fn<<<dim3(nsplit, nkv, T), AT_NW * 32, sm, c->st>>>(dd, pos, seq, q, nh, sel, block, topk, nsplit,
@@ -544,14 +563,12 @@ static void attn_split(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, bo
     } else if (G <= 16 && D <= 128 && D % 8 == 0) {
         size_t sf = sizeof(float) * ((size_t)G * D + ACH * (size_t)(D + 4) + ACH * (size_t)D + (size_t)G * ACH + 3 * (size_t)G);
         /* 8 warps where D = 128 (a thread per channel and 8 heads): 11.8 against 14.5 us a decode layer */
-        if (sf > 48 * 1024)
-            cudaFuncSetAttribute(D == 128 ? k_attn_f32_g16<8> : k_attn_f32_g16<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sf);
-        if (D == 128)
-            k_attn_f32_g16<8><<<dim3(nsplit, nkv, T), 256, sf, c->st>>>(desc(c, kv, layer), pos, seq, q, nh, sel, block,
-                                                                     topk, nsplit, part, out, 1.0f / sqrtf((float)D));
-        else
-            k_attn_f32_g16<4><<<dim3(nsplit, nkv, T), 128, sf, c->st>>>(desc(c, kv, layer), pos, seq, q, nh, sel, block,
-                                                                     topk, nsplit, part, out, 1.0f / sqrtf((float)D));
+        void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, const int32_t *, int, int, int, float *, float *,
+                   float) = D == 128 ? (np == 1 ? k_attn_f32_g16<8, true> : k_attn_f32_g16<8, false>)
+                                     : (np == 1 ? k_attn_f32_g16<4, true> : k_attn_f32_g16<4, false>);
+        if (sf > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sf);
+        fn<<<dim3(nsplit, nkv, T), D == 128 ? 256 : 128, sf, c->st>>>(desc(c, kv, layer), pos, seq, q, nh, sel, block, topk, nsplit,
+                                                                     part, out, 1.0f / sqrtf((float)D));
     } else {
         int threads = G * D >= 256 ? 256 : 128;
         k_attn_f32<<<dim3(nsplit, nkv, T), threads, smem, c->st>>>(desc(c, kv, layer), pos, seq, q, nh, sel, block, topk,
@@ -583,16 +600,23 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     const int T = b->T, nkv = kv->nkv, D = kv->D, G = nh / nkv, ND = D / 8;
     /* FP8 / NVFP4 caches at one token: the f32 kernel (in a decode graph at 128K: 2.35-2.38 against
      * 2.42-2.44 ms; docs/PERF.md) */
-    static int mma_on = -1;
+    static int mma_on = -1, parts = -1; /* M3_ATTN_PARTS=1 / 3: q and P as one or three bf16 parts whatever the precision */
     if (mma_on < 0) mma_on = m3_cu_env_int("M3_ATTN_MMA", 1) != 0;
-    const int tc = (kv->dt == M3_KV_BF16 || ((kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4) && T > 1)) && G <= 16 &&
-                   D % 16 == 0 && (ND == 4 || ND == 6 || ND == 8 || ND == 16) && mma_on;
+    if (parts < 0) parts = m3_cu_env_int("M3_ATTN_PARTS", 0);
+    /* precision bf16: q, K, V and the probabilities rounded to bf16 (attn_mma.cuh; the tensor-core
+     * kernels and k_attn_f32_g16 compute it, f32 caches too); exact: q and P in three parts */
+    const int np = parts == 1 || parts == 3 ? parts : c->gemm_bf16 ? 1 : 3;
+    const int tc = (kv->dt == M3_KV_BF16 || ((kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4 || (np == 1 && kv->dt == M3_KV_F32)) && T > 1)) &&
+                   G <= 16 && D % 16 == 0 && (ND == 4 || ND == 6 || ND == 8 || ND == 16) && mma_on;
     /* prefill (and verify passes of many sequences): token tiles, each chunk read once for the tile's tokens,
-     * where the step's runs fill them (attention_tile.cu decides). On sparse layers with bf16 caches only
-     * the tokens that see every block (position < topk blocks: all of a tile's tokens then read the same
-     * keys; the longest stretch of them) take tiles, the others the split kernel. FP8 / NVFP4 caches, whose
-     * values each token's split CTA decodes again, take tiles for every token of prefill-like steps (32+
-     * tokens a sequence; not verify passes). H100, bench_cuda_attn (docs/PERF.md, session 39), us, split
+     * where the step's runs fill them (attention_tile.cu decides). Precision bf16 (one MMA per product:
+     * the tiles' chunk step is short, their smem small) and FP8 / NVFP4 caches (whose values each
+     * token's split CTA decodes again): tiles for every token of prefill-like steps (32+ tokens a
+     * sequence; not verify passes). H100, 8 layers, 4096-token prefill, attention (session 40): bf16
+     * cache 22.3 ms with only the tokens below topk blocks on tiles, 15.1 with every token; FP8 16.4.
+     * Exact precision with bf16 caches: on sparse layers only the tokens that see every block (position
+     * < topk blocks: all of a tile's tokens then read the same keys; the longest stretch of them) take
+     * tiles, the others the split kernel. H100, bench_cuda_attn (docs/PERF.md, session 39), us, split
      * against tiles: bf16 1024-token prefill 416 / 316, 512 tokens after 4096 (16 of 36 blocks) 581 / 796,
      * verify 64 x 8 601 / 1022; NVFP4 739 / 371, 1007 / 973, 1116 / 1249, 3 x 100 tokens across 2048
      * 628 / 463; FP8 512 after 4096 901 / 869, 3 x 100 556 / 461, 64 x 8 949 / 1115.
@@ -600,7 +624,7 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     int ta = 0, te = tc ? T : 0;
     static int tile_all = -2;
     if (tile_all == -2) tile_all = m3_cu_env_int("M3_ATTN_TILE_ALL", -1);
-    const bool all = tile_all == 1 || (tile_all < 0 && kv->dt != M3_KV_BF16 && (long)T >= 32L * c->n_seqs);
+    const bool all = tile_all == 1 || (tile_all < 0 && (np == 1 || kv->dt != M3_KV_BF16) && (long)T >= 32L * c->n_seqs);
     if (tc && sel && !all) {
         const long span = (long)topk * block; /* positions below it see every block */
         int best = 0;
@@ -612,15 +636,15 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
             }
     }
     if (te > ta) {
-        const int rc = m3_cu_attention_tile(c, kv, layer, ta, te - ta, q, nh, sel, block, topk, out);
+        const int rc = m3_cu_attention_tile(c, kv, layer, ta, te - ta, q, nh, sel, block, topk, np, out);
         if (rc < 0) { m3_cu_prof_end(c, OP_ATTN); return; } /* failed (recorded) */
         if (rc == 0) {
-            if (ta > 0) attn_split(c, kv, layer, 0, ta, false, q, nh, sel, block, topk, out, tc);
-            if (te < T && !c->failed) attn_split(c, kv, layer, te, T - te, false, q, nh, sel, block, topk, out, tc);
+            if (ta > 0) attn_split(c, kv, layer, 0, ta, false, q, nh, sel, block, topk, out, tc, np);
+            if (te < T && !c->failed) attn_split(c, kv, layer, te, T - te, false, q, nh, sel, block, topk, out, tc, np);
             m3_cu_prof_end(c, OP_ATTN);
             return;
         }
     }
-    attn_split(c, kv, layer, 0, T, true, q, nh, sel, block, topk, out, tc);
+    attn_split(c, kv, layer, 0, T, true, q, nh, sel, block, topk, out, tc, np);
     m3_cu_prof_end(c, OP_ATTN);
 }

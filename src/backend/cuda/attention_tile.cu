@@ -2,7 +2,7 @@
  * of K / V read once for TT neighbouring tokens.
  * CPU reference: src/backend/cpu/attention.c (m3_cpu_attention).
  *
- * The split kernel (k_attn_mma_bf16x3, attention.cu) runs a CTA per (token, KV group), so at
+ * The split kernel (k_attn_mma, attention.cu) runs a CTA per (token, KV group), so at
  * prefill every token reads all of its keys from L2 on its own: 1 MB a (token, group) at the
  * M3.1-Flash shapes (16 blocks of 128 keys, bf16), ~17 GB a 4096-token layer. Here a CTA takes
  * TT consecutive tokens of one KV group, a warp each. The keys of the tile are the union of
@@ -28,14 +28,14 @@
 
 #define TILE_NOKEY INT_MAX /* an empty selection slot: sorts last */
 
-template <int ND, int TT>
-__global__ void __launch_bounds__(TT * 32) k_attn_tile_bf16x3(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh,
-                                                       int T, const int32_t *sel, int B, int topk, float *out, float scale) {
+template <int ND, int TT, int NP>
+__global__ void __launch_bounds__(TT * 32) k_attn_tile(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh,
+                                                         int T, const int32_t *sel, int B, int topk, float *out, float scale) {
     pdl_trigger();
     constexpr int D = ND * 8, DP = D + 8, NT = TT * 32;
     extern __shared__ __align__(16) uint16_t tsm[];
-    uint16_t *qall = tsm;                           /* [TT][3][16][DP]: each warp's token's queries */
-    uint16_t *kvs = qall + TT * 3 * 16 * DP;        /* [2 stages][K, V][ACH][DP] */
+    uint16_t *qall = tsm;                           /* [TT][NP][16][DP]: each warp's token's queries */
+    uint16_t *kvs = qall + TT * NP * 16 * DP;       /* [2 stages][K, V][ACH][DP] */
     int *ti = (int *)(kvs + 2 * 2 * ACH * DP);
     int *trun = ti, *tposs = ti + TT;               /* per warp: its token's run (-1: none) and position */
     int *rseq = ti + 2 * TT, *rmax = ti + 3 * TT;   /* per run: sequence, last position */
@@ -189,13 +189,13 @@ __global__ void __launch_bounds__(TT * 32) k_attn_tile_bf16x3(kvdesc d, const in
         }
     };
     const int myrun = trun[warp], myp = tposs[warp];
-    uint16_t *myq = qall + warp * 3 * 16 * DP;
+    uint16_t *myq = qall + warp * NP * 16 * DP;
     int cr, ca, ce, ckey; /* the current chunk */
     if (nch > 0) {
         chunk_at(0, &cr, &ca, &ce, &ckey);
         load_start(0, cr, ca, ce);
     }
-    if (myrun >= 0) attn_stage_q<ND>(q, t0 + warp, nh, g, G, myq, lane, 32);
+    if (myrun >= 0) attn_stage_q<ND, NP>(q, t0 + warp, nh, g, G, myq, lane, 32);
     if (nch > 0) load_finish(0, cr, ca, ce);
     cp_wait<0>();
     __syncthreads();
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(TT * 32) k_attn_tile_bf16x3(kvdesc d, const in
         const int n = min(ce, myp + 1) - ca; /* the token's keys of the chunk */
         if (mine && n > 0) {
             const uint16_t *ks = kvs + st * 2 * ACH * DP;
-            attn_chunk_mma<ND>(myq, ks, smem_u32(ks + ACH * DP), n, scale, lane, o, m0, m1, l0, l1);
+            attn_chunk_mma<ND, NP>(myq, ks, smem_u32(ks + ACH * DP), n, scale, lane, o, m0, m1, l0, l1);
         }
         if (more) load_finish(st ^ 1, nr_, na, ne);
         cp_wait<0>();
@@ -243,23 +243,23 @@ __global__ void __launch_bounds__(TT * 32) k_attn_tile_bf16x3(kvdesc d, const in
     }
 }
 
-static size_t tile_smem(int D, int tt, int topk) {
+static size_t tile_smem(int D, int tt, int topk, int np) {
     const size_t DP = (size_t)D + 8;
-    return sizeof(uint16_t) * ((size_t)tt * 3 * 16 * DP + (size_t)2 * 2 * ACH * DP) + sizeof(int) * (5 * (size_t)tt + 4 + 4 * (size_t)tt * topk);
+    return sizeof(uint16_t) * ((size_t)tt * np * 16 * DP + (size_t)2 * 2 * ACH * DP) + sizeof(int) * (5 * (size_t)tt + 4 + 4 * (size_t)tt * topk);
 }
 
-template <int TT>
+template <int TT, int NP>
 static void (*tile_fn(int ND))(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, float *,
                                float) {
-    return ND == 4 ? k_attn_tile_bf16x3<4, TT> : ND == 6 ? k_attn_tile_bf16x3<6, TT> : ND == 8 ? k_attn_tile_bf16x3<8, TT>
-                                                                                              : k_attn_tile_bf16x3<16, TT>;
+    return ND == 4 ? k_attn_tile<4, TT, NP> : ND == 6 ? k_attn_tile<6, TT, NP>
+           : ND == 8 ? k_attn_tile<8, TT, NP> : k_attn_tile<16, TT, NP>;
 }
 
 /* Tokens [t0, t0 + T) of the step. Tiles are taken where the step's runs (c->T tokens, c->n_runs runs) average a tile or more (prefill chunks, verify passes of 8
  * tokens; not a decode batch with one short chunk beside it: its lone tokens would each hold a CTA's
  * warps in turn) and the tiles fill the GPU's SMs. */
 int m3_cu_attention_tile(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, const float *q, int nh, const int32_t *sel,
-                         int block, int topk, float *out) {
+                         int block, int topk, int np, float *out) {
     const int D = kv->D, ND = D / 8, nkv = kv->nkv;
     static int tt = -1, on = -2; /* M3_ATTN_TILE_TOKENS=8: tiles of 8 tokens; M3_ATTN_TILE=0: never, 1: every step */
     if (tt < 0) tt = m3_cu_env_int("M3_ATTN_TILE_TOKENS", 4) == 8 ? 8 : 4;
@@ -269,10 +269,10 @@ int m3_cu_attention_tile(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, 
      * blocks below 2^24; the tile's sort of its TT x topk keys is quadratic: topk <= 64 (M3: 16) */
     if (!(ND == 4 || ND == 6 || ND == 8 || ND == 16) || nh / nkv > 16) return 1;
     if (sel && (topk < 1 || topk > 64 || block < 1 || c->max_pos / block >= (1 << 24))) return 1;
-    const size_t sm = tile_smem(D, tt, sel ? topk : 0);
+    const size_t sm = tile_smem(D, tt, sel ? topk : 0, np);
     if (sm > c->smem_optin) return 1;
     void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, float *, float) =
-        tt == 8 ? tile_fn<8>(ND) : tile_fn<4>(ND);
+        np == 1 ? (tt == 8 ? tile_fn<8, 1>(ND) : tile_fn<4, 1>(ND)) : (tt == 8 ? tile_fn<8, 3>(ND) : tile_fn<4, 3>(ND));
     if (sm > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     const size_t qo = (size_t)t0 * nh * D; /* tokens [t0, t0 + T) of the step */
     fn<<<dim3((unsigned)cdiv((size_t)T, (size_t)tt), nkv), tt * 32, sm, c->st>>>(desc(c, kv, layer), c->d_pos + t0, c->d_seq + t0, q + qo,

@@ -273,10 +273,11 @@ void m3_cu_index_select(void *ctx, const m3_kv *kv, int layer, const m3_batch *b
 /* attention.cu */
 void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, const float *q, int nh,
                      const int32_t *sel, int block, int topk, float *out);
-/* attention_tile.cu: prefill attention in token tiles (for caches the tensor-core attention takes);
- * 0 when it ran, -1 on failure (recorded in c), 1 when the step or shape is not one it takes */
+/* attention_tile.cu: prefill attention in token tiles (for caches the tensor-core attention takes;
+ * np: q and P in np = 3 bf16 parts or np = 1, attn_mma.cuh); 0 when it ran, -1 on failure
+ * (recorded in c), 1 when the step or shape is not one it takes */
 int m3_cu_attention_tile(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, const float *q, int nh, const int32_t *sel,
-                         int block, int topk, float *out);
+                         int block, int topk, int np, float *out);
 /* linear.cu: dispatch (tensor cores, SIMT GEMV, bf16 cuBLAS, dequantize + SGEMM) */
 void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y);
 void m3_cu_linear_n(void *ctx, int n, const m3_linear *const *W, const float *x, int T, float *const *y);

@@ -137,6 +137,7 @@ def bf16_attention(counter):
         counter[0] += 1
         r = lambda x: x.to(torch.bfloat16).to(x.dtype)
         D = query.shape[-1]
+        assert abs(scaling - D ** -0.5) < 1e-12, f"attention scaling {scaling}: the definition takes 1 / sqrt(head_dim)"
         sl = float(np.float32(np.float32(1.0) / np.sqrt(np.float32(D))) * np.float32(1.4426950408889634))
         k = r(mm.repeat_kv(key, module.num_key_value_groups))
         v = r(mm.repeat_kv(value, module.num_key_value_groups))

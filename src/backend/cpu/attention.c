@@ -23,8 +23,8 @@ typedef struct {
 #define M3_LOG2E_F 1.4426950408889634f
 
 static float bf16r(float x) { return m3_bf16_to_f32(m3_f32_to_bf16(x)); }
-/* 2^d for an integer-valued d <= 0 (-inf: 0), exactly */
-static float pow2_int(float d) { return d < -126.f ? 0.f : m3_f32_from_bits((uint32_t)(127 + (int)d) << 23); }
+/* 2^d for an integer-valued d <= 0 (-inf, NaN: 0), exactly */
+static float pow2_int(float d) { return !(d >= -126.f) ? 0.f : m3_f32_from_bits((uint32_t)(127 + (int)d) << 23); }
 
 /* Near-tie recording (m3_cpu_ties, precision bf16): a probability p = 2^(s2 - M) rounds to bf16
  * at a midpoint within ulps (2 + |s2|) f32 ulps (its error grows with the score's magnitude: s2's

@@ -10,8 +10,8 @@
  * chunk, products on mma.sync) computes either precision (attn_mma.cuh): bf16, the GPU's default
  * (q, K, V and the probabilities rounded to bf16), for every cache dtype; exact (q and the
  * probabilities in three bf16 parts, f32 precision) for caches whose values are exact in bf16
- * (bf16, FP8, NVFP4; FP8 / NVFP4 from 2 tokens). The rest run the f32 kernels: k_attn_f32_g16
- * (G <= 16, D <= 128) at either precision, k_attn_f32 (other shapes) in f32 whatever the precision. Prefill steps take the token tiles of attention_tile.cu instead, for all
+ * (bf16, FP8, NVFP4; FP8 / NVFP4 from 2 tokens). The rest run the f32 kernels (k_attn_f32_g16 for
+ * G <= 16 and D <= 128, k_attn_f32 for other shapes), which compute either precision too. Prefill steps take the token tiles of attention_tile.cu instead, for all
  * their tokens or (sparse layers, bf16 caches) those that see every block: m3_cu_attention says which;
  * the per-chunk step both tensor-core kernels run is attn_mma.cuh.
  * M3_ATTN_MMA=0 turns the tensor-core kernels off, M3_ATTN_TILE=0 the token tiles. */
@@ -41,7 +41,9 @@ static __device__ __forceinline__ int chunk_range(const int32_t *sel, int t, int
 }
 
 /* Chunks of the keys token t / group g sees: sparse = the selected blocks cut in ACH-key
- * chunks (block / ACH chunks each), dense = [0, pos] in ACH-key chunks. */
+ * chunks (block / ACH chunks each), dense = [0, pos] in ACH-key chunks. RB: precision bf16
+ * (attn_mma.cuh's definition), as k_attn_f32_g16. */
+template <bool RB>
 __global__ void k_attn_f32(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh, const int32_t *sel,
                        int B, int topk, int nsplit, float *part, float *out, float scale) {
     extern __shared__ float sm[];
@@ -56,9 +58,11 @@ __global__ void k_attn_f32(kvdesc d, const int32_t *pos, const int32_t *seq, con
     float *ml = acc + G * D;          /* m[G], l[G], corr[G] */
     const int p = pos[t], sq = seq[t];
     for (int i = tid; i < G * D; i += nt) {
-        qs[i] = q[((size_t)t * nh + (size_t)g * G) * D + i];
+        const float v = q[((size_t)t * nh + (size_t)g * G) * D + i];
+        qs[i] = RB ? bf16_round(v) : v;
         acc[i] = 0;
     }
+    const float sl = RB ? scale * M3_LOG2E_F : scale;
     for (int h = tid; h < G; h += nt) { ml[h] = -INFINITY; ml[G + h] = 0; }
     const int cpb = (B + ACH - 1) / ACH; /* chunks per block */
     const int nchunks = sel ? topk * cpb : p / ACH + 1;
@@ -77,15 +81,19 @@ __global__ void k_attn_f32(kvdesc d, const int32_t *pos, const int32_t *seq, con
                 read8(pg + off, d.dt, D, x, kv);
                 read8(pg + d.kvpart + off, d.dt, D, x, vv);
 #pragma unroll
-                for (int e = 0; e < 8; e++) { ks[j * DP + x + e] = kv[e]; vs[j * D + x + e] = vv[e]; }
+                for (int e = 0; e < 8; e++) {
+                    ks[j * DP + x + e] = RB ? bf16_round(kv[e]) : kv[e];
+                    vs[j * D + x + e] = RB ? bf16_round(vv[e]) : vv[e];
+                }
             }
         } else {
             for (int i = tid; i < n * D; i += nt) {
                 int j = i / D, x = i % D, kp = a + j;
                 const uint8_t *pg = page_of(d, sq, kp);
                 size_t off = ((size_t)g * d.page + kp % d.page) * d.rb;
-                ks[j * DP + x] = read_el(pg + off, d.dt, D, x);
-                vs[j * D + x] = read_el(pg + d.kvpart + off, d.dt, D, x);
+                const float kx = read_el(pg + off, d.dt, D, x), vx = read_el(pg + d.kvpart + off, d.dt, D, x);
+                ks[j * DP + x] = RB ? bf16_round(kx) : kx;
+                vs[j * D + x] = RB ? bf16_round(vx) : vx;
             }
         }
         __syncthreads();
@@ -96,7 +104,7 @@ __global__ void k_attn_f32(kvdesc d, const int32_t *pos, const int32_t *seq, con
                 float dot = 0;
                 const float *qh = qs + h * D, *kj = ks + j * DP;
                 for (int x = 0; x < D; x++) dot += qh[x] * kj[x];
-                v = dot * scale;
+                v = dot * sl;
             }
             ps[i] = v;
         }
@@ -105,12 +113,12 @@ __global__ void k_attn_f32(kvdesc d, const int32_t *pos, const int32_t *seq, con
         for (int h = tid / 32; h < G; h += nt / 32) {
             int lane = tid & 31;
             float v = lane < ACH ? ps[h * ACH + lane] : -INFINITY;
-            float mx = fmaxf(ml[h], warp_max(v));
-            float e_ = lane < n ? expf(v - mx) : 0.0f;
+            float mx = fmaxf(ml[h], RB ? ceilf(warp_max(v)) : warp_max(v));
+            float e_ = lane < n ? (RB ? bf16_round(exp2f(v - mx)) : expf(v - mx)) : 0.0f;
             if (lane < ACH) ps[h * ACH + lane] = e_;
             float sum = warp_sum(e_);
             if (lane == 0) {
-                float corr = expf(ml[h] - mx); /* 0 on the first chunk */
+                float corr = RB ? pow2_int(ml[h] - mx) : expf(ml[h] - mx); /* 0 on the first chunk */
                 ml[2 * G + h] = corr;
                 ml[G + h] = ml[G + h] * corr + sum;
                 ml[h] = mx;
@@ -269,7 +277,7 @@ __global__ void __launch_bounds__(NW * 32) k_attn_f32_g16(kvdesc d, const int32_
     for (int h = 0; h < HT; h++)
         if (h0 + h < G) {
             pp[(h0 + h) * (D + 2) + 2 + ch] = acc[h];
-            if (ch == 0) { pp[(h0 + h) * (D + 2)] = attn_m_nat<RB ? 1 : 3>(ml[h0 + h]); pp[(h0 + h) * (D + 2) + 1] = ml[G + h0 + h]; }
+            if (ch == 0) { pp[(h0 + h) * (D + 2)] = ml[h0 + h]; pp[(h0 + h) * (D + 2) + 1] = ml[G + h0 + h]; }
         }
 }
 
@@ -408,18 +416,18 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t
         *(float2 *)&ob[(gr + 8) * D + nt * 8 + 2 * tg] = make_float2(o[nt][2], o[nt][3]);
     }
     if (tg == 0) {
-        wml[warp * 32 + gr] = attn_m_nat<NP>(m0); wml[warp * 32 + gr + 8] = attn_m_nat<NP>(m1);
+        wml[warp * 32 + gr] = m0; wml[warp * 32 + gr + 8] = m1;
         wml[warp * 32 + 16 + gr] = l0; wml[warp * 32 + 16 + gr + 8] = l1;
     }
     __syncthreads();
-    float *wf = wml + AT_NW * 32; /* [AT_NW][16] factors exp(m_w - M), then [16] M and [16] L */
+    float *wf = wml + AT_NW * 32; /* [AT_NW][16] factors exp(m_w - M) (NP = 1: 2^(m_w - M)), then [16] M and [16] L */
     if (tid < 16) {
         float M = -INFINITY, L = 0.f;
 #pragma unroll
         for (int w = 0; w < AT_NW; w++) M = fmaxf(M, wml[w * 32 + tid]);
 #pragma unroll
         for (int w = 0; w < AT_NW; w++) {
-            const float mw = wml[w * 32 + tid], f = mw == -INFINITY ? 0.f : expf(mw - M);
+            const float mw = wml[w * 32 + tid], f = NP == 1 ? pow2_int(mw - M) : mw == -INFINITY ? 0.f : expf(mw - M);
             wf[w * 16 + tid] = f;
             L += wml[w * 32 + 16 + tid] * f;
         }
@@ -455,7 +463,7 @@ static size_t attn_mma_smem(int D, int np) {
 #define MERGE_MAX 64 /* splits (m3_cu_attention caps nsplit at 64) */
 #define MERGE_Q 4
 __global__ void __launch_bounds__(1024) k_attn_merge_lse(const float *part, int nkv, int G, int D, int nsplit, int nh, int Q,
-                                                     float *out, uint16_t *xs, size_t n, int rb) {
+                                                     float *out, uint16_t *xs, size_t n, int rb, int lg2) {
     pdl_trigger(); /* the next kernel (a GEMV) may start fetching its weights */
     __shared__ float wsh[MERGE_MAX], red[2];
     extern __shared__ float psum[]; /* [MERGE_Q][D] */
@@ -468,7 +476,9 @@ __global__ void __launch_bounds__(1024) k_attn_merge_lse(const float *part, int 
         if (lane < nsplit) { m0 = base[lane * sstride]; l0 = base[lane * sstride + 1]; }
         if (lane + 32 < nsplit) { m1 = base[(lane + 32) * sstride]; l1 = base[(lane + 32) * sstride + 1]; }
         const float M = warp_max(fmaxf(m0, m1));
-        const float w0 = m0 != -INFINITY ? expf(m0 - M) : 0.0f, w1 = m1 != -INFINITY ? expf(m1 - M) : 0.0f;
+        /* lg2 (precision bf16): maxima in log2 units, integers: exact powers of two (attn_mma.cuh) */
+        const float w0 = lg2 ? pow2_int(m0 - M) : m0 != -INFINITY ? expf(m0 - M) : 0.0f;
+        const float w1 = lg2 ? pow2_int(m1 - M) : m1 != -INFINITY ? expf(m1 - M) : 0.0f;
         const float L = warp_sum(l0 * w0 + l1 * w1);
         if (lane < nsplit) wsh[lane] = w0;
         if (lane + 32 < nsplit) wsh[lane + 32] = w1;
@@ -541,7 +551,7 @@ static void attn_split(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, bo
     if (nsplit < 1) nsplit = 1;
     size_t smem = sizeof(float) * ((size_t)G * D * 2 + ACH * (size_t)(D + 1) + ACH * (size_t)D + (size_t)G * ACH + 3 * (size_t)G);
     if (smem > c->smem_optin) { m3_cu_failf(c, "CUDA backend: attention needs %zu bytes of shared memory", smem); return; }
-    if (smem > 48 * 1024) cudaFuncSetAttribute(k_attn_f32, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (smem > 48 * 1024) cudaFuncSetAttribute(np == 1 ? k_attn_f32<true> : k_attn_f32<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     float *part = NULL;
     if (nsplit > 1) {
         part = (float *)m3_cu_scratch(c, SC_ATT, sizeof(float) * (size_t)T * nkv * nsplit * G * (D + 2));
@@ -571,7 +581,7 @@ static void attn_split(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, bo
                                                                      part, out, 1.0f / sqrtf((float)D));
     } else {
         int threads = G * D >= 256 ? 256 : 128;
-        k_attn_f32<<<dim3(nsplit, nkv, T), threads, smem, c->st>>>(desc(c, kv, layer), pos, seq, q, nh, sel, block, topk,
+        (np == 1 ? k_attn_f32<true> : k_attn_f32<false>)<<<dim3(nsplit, nkv, T), threads, smem, c->st>>>(desc(c, kv, layer), pos, seq, q, nh, sel, block, topk,
                                                                 nsplit, part, out, 1.0f / sqrtf((float)D));
     }
     if (CK_LAUNCH(c, "attention")) return;
@@ -585,7 +595,7 @@ static void attn_split(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, bo
         if (Q * D > 1024) { m3_cu_failf(c, "CUDA backend: head_dim %d above 1024", D); return; }
         const int threads = (Q * D + 31) / 32 * 32;
         k_attn_merge_lse<<<dim3(nh, T), threads, sizeof(float) * Q * (size_t)D, c->st>>>(part, nkv, G, D, nsplit, nh, Q, out, xs, n,
-                                                                                        c->gemm_bf16);
+                                                                                        c->gemm_bf16, np == 1);
         CK_LAUNCH(c, "attention merge");
     }
 }

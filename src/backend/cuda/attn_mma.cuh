@@ -24,21 +24,15 @@
  * are visited in: with s2_j = (bf16(q) . k_j) * (log2(e) / sqrt(D)) (f32) and any integer M >=
  * max s2, P_j = bf16(2^(s2_j - M)) and out = sum P_j v_j / sum P_j. A running max kept integer
  * (ceil) rescales by exact powers of two, which commute with the rounding; the running max is in
- * log2 units (attn_m_nat converts it for the merges). */
+ * log2 units, and so are the partial results' maxima that the merges weigh by powers of two too. */
 #define M3_LOG2E_F 1.4426950408889634f
-#define M3_LN2_F 0.6931471805599453f
 
-/* 2^d for an integer-valued d <= 0 (-inf: 0), exactly */
+/* 2^d for an integer-valued d <= 0 (-inf, NaN: 0), exactly */
 static __device__ __forceinline__ float pow2_int(float d) {
-    return d < -126.f ? 0.f : __int_as_float((127 + (int)d) << 23);
+    return !(d >= -126.f) ? 0.f : __int_as_float((127 + (int)d) << 23);
 }
 /* x rounded to bf16 (nearest even), as f32 */
 static __device__ __forceinline__ float bf16_round(float x) { return __uint_as_float(bf2(x, 0.f) << 16); }
-/* a chunk step's running max in natural-log units (what the merges of partial results expect) */
-template <int NP>
-static __device__ __forceinline__ float attn_m_nat(float m) {
-    return NP == 1 ? m * M3_LN2_F : m;
-}
 
 /* 8 floats (exact in bf16) -> 8 bf16 */
 static __device__ __forceinline__ uint4 bf8(const float *f) {

@@ -263,6 +263,7 @@ done:
 static int decode_webp(const uint8_t *data, size_t n, uint64_t max_pixels, m3_rgb *out, m3_err *err) {
     WebPBitstreamFeatures f;
     VP8StatusCode st = WebPGetFeatures(data, n, &f);
+    if (st == VP8_STATUS_OUT_OF_MEMORY) return m3_errf(err, "WebP: out of memory"); /* (a server error, not the image's) */
     if (st != VP8_STATUS_OK) return m3_errf(err, "undecodable WebP: bad header (libwebp status %d)", (int)st);
     if (f.has_animation) return m3_errf(err, "animated WebP is not supported");
     if (check_size("WebP", (uint64_t)(f.width > 0 ? f.width : 0), (uint64_t)(f.height > 0 ? f.height : 0), max_pixels, err)) return -1;

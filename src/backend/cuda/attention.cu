@@ -11,7 +11,8 @@
  * (q, K, V and the probabilities rounded to bf16), for every cache dtype; exact (q and the
  * probabilities in three bf16 parts, f32 precision) for caches whose values are exact in bf16
  * (bf16, FP8, NVFP4; FP8 / NVFP4 from 2 tokens). The rest run the f32 kernels (k_attn_f32_g16 for
- * G <= 16 and D <= 128, k_attn_f32 for other shapes), which compute either precision too. Prefill steps take the token tiles of attention_tile.cu instead, for all
+ * G <= 16 and D <= 128, k_attn_f32 for other shapes), which compute either precision too.
+ * Prefill steps take the token tiles of attention_tile.cu instead, for all
  * their tokens or (sparse layers, bf16 caches) those that see every block: m3_cu_attention says which;
  * the per-chunk step both tensor-core kernels run is attn_mma.cuh.
  * M3_ATTN_MMA=0 turns the tensor-core kernels off, M3_ATTN_TILE=0 the token tiles. */
@@ -551,7 +552,8 @@ static void attn_split(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, bo
     if (nsplit < 1) nsplit = 1;
     size_t smem = sizeof(float) * ((size_t)G * D * 2 + ACH * (size_t)(D + 1) + ACH * (size_t)D + (size_t)G * ACH + 3 * (size_t)G);
     if (smem > c->smem_optin) { m3_cu_failf(c, "CUDA backend: attention needs %zu bytes of shared memory", smem); return; }
-    if (smem > 48 * 1024) cudaFuncSetAttribute(np == 1 ? k_attn_f32<true> : k_attn_f32<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (smem > 48 * 1024)
+        cudaFuncSetAttribute(np == 1 ? k_attn_f32<true> : k_attn_f32<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     float *part = NULL;
     if (nsplit > 1) {
         part = (float *)m3_cu_scratch(c, SC_ATT, sizeof(float) * (size_t)T * nkv * nsplit * G * (D + 2));
@@ -581,8 +583,10 @@ static void attn_split(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, bo
                                                                      part, out, 1.0f / sqrtf((float)D));
     } else {
         int threads = G * D >= 256 ? 256 : 128;
-        (np == 1 ? k_attn_f32<true> : k_attn_f32<false>)<<<dim3(nsplit, nkv, T), threads, smem, c->st>>>(desc(c, kv, layer), pos, seq, q, nh, sel, block, topk,
-                                                                nsplit, part, out, 1.0f / sqrtf((float)D));
+        void (*f32)(kvdesc, const int32_t *, const int32_t *, const float *, int, const int32_t *, int, int, int, float *, float *,
+                    float) = np == 1 ? k_attn_f32<true> : k_attn_f32<false>;
+        f32<<<dim3(nsplit, nkv, T), threads, smem, c->st>>>(desc(c, kv, layer), pos, seq, q, nh, sel, block, topk, nsplit, part, out,
+                                                          1.0f / sqrtf((float)D));
     }
     if (CK_LAUNCH(c, "attention")) return;
     if (nsplit > 1) {
@@ -613,11 +617,12 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
     static int mma_on = -1, parts = -1; /* M3_ATTN_PARTS=1 / 3: q and P as one or three bf16 parts whatever the precision */
     if (mma_on < 0) mma_on = m3_cu_env_int("M3_ATTN_MMA", 1) != 0;
     if (parts < 0) parts = m3_cu_env_int("M3_ATTN_PARTS", 0);
-    /* precision bf16: q, K, V and the probabilities rounded to bf16 (attn_mma.cuh; the tensor-core
-     * kernels and k_attn_f32_g16 compute it, f32 caches too); exact: q and P in three parts */
+    /* precision bf16: q, K, V and the probabilities rounded to bf16 (attn_mma.cuh; every kernel here
+     * computes it, the tensor-core ones for f32 caches too); exact: q and P in three parts */
     const int np = parts == 1 || parts == 3 ? parts : c->gemm_bf16 ? 1 : 3;
-    const int tc = (kv->dt == M3_KV_BF16 || ((kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4 || (np == 1 && kv->dt == M3_KV_F32)) && T > 1)) &&
-                   G <= 16 && D % 16 == 0 && (ND == 4 || ND == 6 || ND == 8 || ND == 16) && mma_on;
+    const bool words = kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4 || (np == 1 && kv->dt == M3_KV_F32); /* from 2 tokens */
+    const int tc = (kv->dt == M3_KV_BF16 || (words && T > 1)) && G <= 16 && D % 16 == 0 &&
+                   (ND == 4 || ND == 6 || ND == 8 || ND == 16) && mma_on;
     /* prefill (and verify passes of many sequences): token tiles, each chunk read once for the tile's tokens,
      * where the step's runs fill them (attention_tile.cu decides). Precision bf16 (one MMA per product:
      * the tiles' chunk step is short, their smem small) and FP8 / NVFP4 caches (whose values each

@@ -245,7 +245,8 @@ __global__ void __launch_bounds__(TT * 32) k_attn_tile(kvdesc d, const int32_t *
 
 static size_t tile_smem(int D, int tt, int topk, int np) {
     const size_t DP = (size_t)D + 8;
-    return sizeof(uint16_t) * ((size_t)tt * np * 16 * DP + (size_t)2 * 2 * ACH * DP) + sizeof(int) * (5 * (size_t)tt + 4 + 4 * (size_t)tt * topk);
+    return sizeof(uint16_t) * ((size_t)tt * np * 16 * DP + (size_t)2 * 2 * ACH * DP) +
+           sizeof(int) * (5 * (size_t)tt + 4 + 4 * (size_t)tt * topk);
 }
 
 template <int TT, int NP>

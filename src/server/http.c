@@ -285,6 +285,7 @@ static void fresh_done(http_conn *c) {
     if (!c->fresh) return;
     c->fresh = 0;
     c->hs->st.awaiting_first--;
+    if (c->hs->o.first_done) c->hs->o.first_done(c->hs->arg);
 }
 
 /* an error this layer answers itself (no request of the application's in flight); the

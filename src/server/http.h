@@ -43,6 +43,9 @@ typedef struct http_opts {
      * length), sent as error_type; target: the request's, NULL when its request line was not read */
     size_t (*error_body)(char *buf, size_t cap, int status, const char *msg, const char *target);
     const char *error_type;
+    /* a connection awaiting its first request got it or closed (http_stats.awaiting_first fell);
+     * called with the handler's arg, before the request (if any) is handled. NULL: none */
+    void (*first_done)(void *arg);
 } http_opts;
 
 typedef void (*http_handler)(http_req *r, void *arg);

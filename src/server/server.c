@@ -499,28 +499,37 @@ static void exit_cb(evutil_socket_t fd, short what, void *arg) {
     event_base_loopbreak(s->base);
 }
 
-static void recheck_cb(evutil_socket_t fd, short what, void *arg) {
+static void first_wait_cb(evutil_socket_t fd, short what, void *arg) {
     (void)fd; (void)what;
+    srv_maybe_exit(arg);
+}
+
+/* the HTTP layer: a connection's first request came or the client went; a stopping server
+ * waiting for such clients looks again once the loop is back (the request handled by then) */
+static void first_done(void *arg) {
     srv *s = arg;
-    s->exit_recheck = 0;
-    srv_maybe_exit(s);
+    if (!s->draining || !s->first_wait || !evtimer_pending(s->first_wait, NULL)) return;
+    struct timeval now = {0, 0};
+    evtimer_add(s->first_wait, &now);
 }
 
 void srv_maybe_exit(srv *s) {
-    if (!s->draining || s->n_live || s->n_prep || s->exit_recheck) return;
+    if (!s->draining || s->n_live || s->n_prep) return;
     /* every generation response is written (hreqs live until then); a short grace lets the
      * small replies (503s, /metrics) still in libevent's buffers go out too. Clients that
      * connected (or were taken from the listen queue at the stop) and have not sent a request
-     * yet get their 503 first: looked at again every 50 ms until each has sent one or gone, for
-     * at most SRV_FIRST_WAIT s after the stop (a silent client does not hold the exit) */
+     * yet get their 503 first: the exit waits until each has sent one or gone (first_done),
+     * for at most SRV_FIRST_WAIT s after the stop (a silent client does not hold the exit) */
     http_stats st;
     http_server_stats(s->http, &st);
-    struct timeval tv = {0, 50000};
-    if (st.awaiting_first > 0 && !s->cancelling && m3_now() - s->drain_t0 < SRV_FIRST_WAIT) {
-        s->exit_recheck = 1;
-        event_base_once(s->base, -1, EV_TIMEOUT, recheck_cb, s, &tv);
+    const double left = SRV_FIRST_WAIT - (m3_now() - s->drain_t0);
+    if (st.awaiting_first > 0 && !s->cancelling && left > 0) {
+        struct timeval dl = {(time_t)left, (suseconds_t)((left - (double)(time_t)left) * 1e6)};
+        evtimer_add(s->first_wait, &dl); /* (again: the same deadline) */
         return;
     }
+    evtimer_del(s->first_wait);
+    struct timeval tv = {0, 50000};
     event_base_once(s->base, -1, EV_TIMEOUT, exit_cb, s, &tv);
 }
 
@@ -603,7 +612,8 @@ static void srv_cleanup(srv *s) {
     srv_prep_stop(s); /* the workers first: a job they hold names an HTTP request */
     if (s->http) http_server_free(s->http); /* closes connections; their close callbacks still see live hreqs */
     srv_free_all(s);
-    struct event *ev[] = {s->notify, s->sigint, s->sigterm, s->peek, s->deadline, s->hard_stop, s->dead_ev, s->stop_ev};
+    struct event *ev[] = {s->notify, s->sigint, s->sigterm, s->peek, s->deadline, s->hard_stop, s->dead_ev, s->stop_ev,
+                          s->first_wait};
     for (size_t i = 0; i < sizeof ev / sizeof *ev; i++)
         if (ev[i]) event_free(ev[i]);
     if (s->base) event_base_free(s->base);
@@ -660,7 +670,7 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
      * (the kernel doubles it), so that a client that stops reading pins little in the kernel and
      * its output piles up where the stall check sees it (srv_peek); a token stream needs far less. */
     http_opts ho = {o->max_header_bytes ? o->max_header_bytes : (size_t)64 << 10, o->max_body ? o->max_body : (size_t)32 << 20,
-                    o->timeout, o->max_connections, (int)SRV_SNDBUF, http_error_body, "application/json"};
+                    o->timeout, o->max_connections, (int)SRV_SNDBUF, http_error_body, "application/json", first_done};
     s->http = s->base ? http_server_new(s->base, &ho, route, s) : NULL;
     if (!s->http) { srv_cleanup(s); return m3_errf(err, "cannot create the HTTP server (out of memory)"); }
     if (!getenv("M3_KEEP_NOFILE")) raise_nofile(); /* tests set it to keep a small limit */
@@ -675,10 +685,12 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     s->peek = event_new(s->base, -1, EV_PERSIST, peek_cb, s);
     s->deadline = evtimer_new(s->base, deadline_cb, s);
     s->hard_stop = evtimer_new(s->base, hard_stop_cb, s);
+    s->first_wait = evtimer_new(s->base, first_wait_cb, s);
     s->dead_ev = event_new(s->base, -1, 0, dead_cb, s);
     s->stop_ev = event_new(s->base, -1, 0, on_signal, s); /* m3_server_shutdown: no signal number */
     struct timeval tv = {0, 200000};
     if (!s->notify || !s->sigint || !s->sigterm || !s->peek || !s->deadline || !s->hard_stop || !s->dead_ev || !s->stop_ev ||
+        !s->first_wait ||
         event_add(s->sigint, NULL) || event_add(s->sigterm, NULL) || event_add(s->peek, &tv)) {
         srv_cleanup(s);
         return m3_errf(err, "cannot set up the event loop (out of memory)");

@@ -193,7 +193,8 @@ struct srv {
     hreq *live;
     int n_live;
     int draining, cancelling;
-    int exit_recheck;          /* srv_maybe_exit looks again soon (new clients' first requests still to answer) */
+    struct event *first_wait;  /* draining: fires srv_maybe_exit at SRV_FIRST_WAIT, or at once when a connected
+                                * client's first request comes or the client goes (first_done) */
     double drain_t0;           /* when draining began (m3_now) */
     m3_metrics m;
     /* requests prepared off the loop (prep.c): a queue for the workers, a list of finished jobs

@@ -2,7 +2,7 @@
  * that connected before it and are still in the kernel's listen queue, unaccepted (one with its
  * request already sent, one sending after the stop), are taken in and answered; clients that come
  * after it find no socket; the server is told how many of them have yet to send a request (it
- * waits for them before it exits). Closing the socket with them queued reset them unread: a batch runner
+ * waits for them before it exits), and of each one's first request as it comes (first_done). Closing the socket with them queued reset them unread: a batch runner
  * could not tell such a request from one the server ran and lost (server_batch's interrupted run).
  * The event loop does not run between the connects and the stop, so the clients are in the queue
  * by construction; then it runs until both answers are read (no fixed waits: a deadline fails).
@@ -26,7 +26,14 @@
 
 #include "../check.h"
 
-static int handled;
+static int handled, firsts, handled_at_first[2];
+
+/* http_opts.first_done: called before the request it reports (if any) is handled */
+static void first_done(void *arg) {
+    (void)arg;
+    if (firsts < 2) handled_at_first[firsts] = handled;
+    firsts++;
+}
 
 static void handler(http_req *r, void *arg) {
     (void)arg;
@@ -72,7 +79,7 @@ int main(void) {
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
     snprintf(path, sizeof path, "%s/s.sock", dir);
     struct event_base *base = event_base_new();
-    http_opts o = {.max_head = 8192, .max_body = 1 << 20, .timeout = 30};
+    http_opts o = {.max_head = 8192, .max_body = 1 << 20, .timeout = 30, .first_done = first_done};
     http_server *hs = base ? http_server_new(base, &o, handler, NULL) : NULL;
     char err[256] = "";
     if (!hs || http_server_listen_unix(hs, path, err, sizeof err)) {
@@ -121,6 +128,9 @@ int main(void) {
     CHECK(handled == 2, "%d requests handled", handled);
     http_server_stats(hs, &hst);
     CHECK(hst.awaiting_first == 0, "no client from the queue waited for once both sent: %d", hst.awaiting_first);
+    CHECK(firsts == 2 && handled_at_first[0] == 0 && handled_at_first[1] == 1,
+          "first_done told of each client's first request, before it was handled: %d calls, at %d / %d handled", firsts,
+          handled_at_first[0], handled_at_first[1]);
     http_server_free(hs);
     event_base_free(base);
     rmdir(dir);

@@ -525,8 +525,7 @@ void srv_maybe_exit(srv *s) {
     const double left = SRV_FIRST_WAIT - (m3_now() - s->drain_t0);
     if (st.awaiting_first > 0 && !s->cancelling && left > 0) {
         struct timeval dl = {(time_t)left, (suseconds_t)((left - (double)(time_t)left) * 1e6)};
-        evtimer_add(s->first_wait, &dl); /* (again: the same deadline) */
-        return;
+        if (!evtimer_add(s->first_wait, &dl)) return; /* (again: the same deadline); failed: exit now */
     }
     evtimer_del(s->first_wait);
     struct timeval tv = {0, 50000};

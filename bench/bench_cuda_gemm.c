@@ -137,7 +137,7 @@ static int run_case(ctx *c, m3_wfmt f, int N, int K, const int *Ts, int nT, int 
         for (int i = 0; i < ntok; i++) c->g.download(c->g.ctx, yo + (size_t)i * N, dy + (size_t)toks[i] * N, sizeof(float) * N);
         xd = realloc(xd, sizeof(double) * (size_t)ntok * K);
         for (int i = 0; i < ntok; i++)
-            for (int k = 0; k < K; k++) xd[(size_t)i * K + k] = m3_bf16_to_f32(m3_f32_to_bf16(x[(size_t)toks[i] * K + k]));
+            for (int k = 0; k < K; k++) xd[(size_t)i * K + k] = m3_bf16_round(x[(size_t)toks[i] * K + k]);
         double num = 0, den = 0, mx = 0, onum = 0;
         int bad = 0, obad = 0;
         for (int r = 0; r < nrow; r++) {

@@ -42,7 +42,6 @@
 static uint64_t rs = 88172645463325252ull;
 static uint32_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (uint32_t)rs; }
 static float urand(void) { return (float)(rnd() >> 8) / 16777216.0f * 2 - 1; }
-static float bf(float v) { return m3_bf16_to_f32(m3_f32_to_bf16(v)); }
 
 /* random weights in the host layout (as bench_cuda_linear.c) */
 static void make(m3_linear *L, m3_wfmt f, int N, int K) {
@@ -182,7 +181,7 @@ static void mlp_ref(const float *const m[3], int H, int F, const float *xb, floa
         gt = gt < LIMIT ? gt : LIMIT;
         up = up < -LIMIT ? -LIMIT : up > LIMIT ? LIMIT : up;
         const float hf = (up + 1.0f) * (gt / (1.0f + expf(-ALPHA * gt)));
-        h[j] = bf(hf);
+        h[j] = m3_bf16_round(hf);
         uint32_t u;
         memcpy(&u, &hf, 4);
         const uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u, mid = lo + 0x8000u;
@@ -205,7 +204,7 @@ static int ref_token(const layer *y, const float *x, int T, float *out) {
     const int E = y->E, H = y->H;
     float *xb = malloc(sizeof(float) * H), *xr = malloc(sizeof(float) * H), *h = malloc(sizeof(float) * (y->F > y->Fs ? y->F : y->Fs));
     double *s = malloc(sizeof(double) * E), *ch = malloc(sizeof(double) * E);
-    for (int k = 0; k < H; k++) { xb[k] = bf(x[k]); xr[k] = xb[k]; }
+    for (int k = 0; k < H; k++) { xb[k] = m3_bf16_round(x[k]); xr[k] = xb[k]; }
     for (int e = 0; e < E; e++) {
         const float lg = (float)dot(y->router + (size_t)e * H, xr, H);
         s[e] = 1.0 / (1.0 + exp(-(double)lg));

@@ -38,7 +38,6 @@ static double urand(void) { /* [0, 1) */
     rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
     return (double)(rng >> 11) / 9007199254740992.0;
 }
-static float bf16r(float x) { return m3_bf16_to_f32(m3_f32_to_bf16(x)); }
 
 /* the bf16 definition's f32 value of 2^(s2 - M) lies within w f32 ulps of a bf16 midpoint */
 static int p_tie(double s2, double M) {
@@ -65,7 +64,7 @@ static int reference(const m3_kv *kv, const m3_kv_seq *s, const float *q, int nh
         for (int j = 0; j < nk; j++) {
             m3_kv_load(kv, s, 0, M3_KV_K, g, keys[j], 1, k);
             double d = 0;
-            for (int x = 0; x < D; x++) d += (bf16 ? (double)bf16r(qh[x]) * bf16r(k[x]) : (double)qh[x] * k[x]);
+            for (int x = 0; x < D; x++) d += (bf16 ? (double)m3_bf16_round(qh[x]) * m3_bf16_round(k[x]) : (double)qh[x] * k[x]);
             sc[j] = bf16 ? d * sl : d / sqrt((double)D);
             if (sc[j] > mx) mx = sc[j];
         }
@@ -75,14 +74,14 @@ static int reference(const m3_kv *kv, const m3_kv_seq *s, const float *q, int nh
         for (int j = 0; j < nk; j++) {
             double p;
             if (bf16) {
-                p = bf16r((float)exp2(sc[j] - M));
+                p = m3_bf16_round((float)exp2(sc[j] - M));
                 tie |= p_tie(sc[j], M);
             } else {
                 p = exp(sc[j] - M);
             }
             l += p;
             m3_kv_load(kv, s, 0, M3_KV_V, g, keys[j], 1, k + D);
-            for (int x = 0; x < D; x++) o[x] += p * (bf16 ? bf16r(k[D + x]) : k[D + x]);
+            for (int x = 0; x < D; x++) o[x] += p * (bf16 ? m3_bf16_round(k[D + x]) : k[D + x]);
         }
         for (int x = 0; x < D; x++) o[x] /= l;
     }

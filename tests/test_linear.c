@@ -95,7 +95,7 @@ static void check(m3_cpu *c, m3_wfmt fmt, int N, int K, const char *what) {
     /* precision bf16 (m3_cpu_set_precision): the same bits as the exact kernel on x rounded to bf16
      * first, and not the exact result (x here is never all bf16 values) */
     float *xr = malloc(sizeof(float) * TMAX * K), *yb = malloc(sizeof(float) * TMAX * N), *yr = malloc(sizeof(float) * TMAX * N);
-    for (int i = 0; i < TMAX * K; i++) xr[i] = m3_bf16_to_f32(m3_f32_to_bf16(x[i]));
+    for (int i = 0; i < TMAX * K; i++) xr[i] = m3_bf16_round(x[i]);
     c->gemm_bf16 = 1;
     m3_cpu_linear(c, &W, x, TMAX, yb);
     c->gemm_bf16 = 0;

@@ -19,6 +19,8 @@ static inline uint16_t m3_f32_to_bf16(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
+/* f rounded to bf16 (nearest even), as f32 */
+static inline float m3_bf16_round(float f) { return m3_bf16_to_f32(m3_f32_to_bf16(f)); }
 
 static inline float m3_f16_to_f32(uint16_t h) {
     uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;

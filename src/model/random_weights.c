@@ -83,7 +83,6 @@ static inline float zig_normal(const rw_zig *z, uint32_t w, uint64_t *s) {
     return zig_slow(z, w, s);
 }
 
-static inline float bf16_round(float x) { return m3_bf16_to_f32(m3_f32_to_bf16(x)); }
 
 /* n normals N(0, std^2), each rounded to bf16, for row `row` of the tensor keyed `key`. */
 static void fill_row(const rw_zig *z, uint64_t key, int64_t row, float std, float *out, int64_t n) {
@@ -91,10 +90,10 @@ static void fill_row(const rw_zig *z, uint64_t key, int64_t row, float std, floa
     int64_t i = 0;
     for (; i + 1 < n; i += 2) {
         uint64_t r = m3_splitmix64(&s);
-        out[i] = bf16_round(std * zig_normal(z, (uint32_t)r, &s));
-        out[i + 1] = bf16_round(std * zig_normal(z, (uint32_t)(r >> 32), &s));
+        out[i] = m3_bf16_round(std * zig_normal(z, (uint32_t)r, &s));
+        out[i + 1] = m3_bf16_round(std * zig_normal(z, (uint32_t)(r >> 32), &s));
     }
-    if (i < n) out[i] = bf16_round(std * zig_normal(z, (uint32_t)m3_splitmix64(&s), &s));
+    if (i < n) out[i] = m3_bf16_round(std * zig_normal(z, (uint32_t)m3_splitmix64(&s), &s));
 }
 
 

@@ -22,7 +22,6 @@ typedef struct {
 #define CHUNK 64
 #define M3_LOG2E_F 1.4426950408889634f
 
-static float bf16r(float x) { return m3_bf16_to_f32(m3_f32_to_bf16(x)); }
 /* 2^d for an integer-valued d <= 0 (-inf, NaN: 0), exactly */
 static float pow2_int(float d) { return !(d >= -126.f) ? 0.f : m3_f32_from_bits((uint32_t)(127 + (int)d) << 23); }
 
@@ -71,7 +70,7 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
         int32_t *tie_t = tr && t < tr->T ? &tr->all[t] : NULL; /* (items of one token run on several threads) */
         if (tie_t) __atomic_fetch_add(tie_t, m3_cpu_bf16_ties(q, G * D, tr->ulps), __ATOMIC_RELAXED);
         if (rb) {
-            for (int i = 0; i < G * D; i++) qr[i] = bf16r(q[i]);
+            for (int i = 0; i < G * D; i++) qr[i] = m3_bf16_round(q[i]);
             q = qr;
         }
         /* visit key ranges: all of [0, pos] (dense) or the selected blocks (sparse) */
@@ -98,7 +97,7 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
                     m3_kv_load(kv, s, j->layer, M3_KV_K, g, c0, n, kbuf);
                     m3_kv_load(kv, s, j->layer, M3_KV_V, g, c0, n, vbuf);
                     if (rb && kv->dt == M3_KV_F32)
-                        for (size_t i = 0; i < (size_t)n * D; i++) { kbuf[i] = bf16r(kbuf[i]); vbuf[i] = bf16r(vbuf[i]); }
+                        for (size_t i = 0; i < (size_t)n * D; i++) { kbuf[i] = m3_bf16_round(kbuf[i]); vbuf[i] = m3_bf16_round(vbuf[i]); }
                     kb = kbuf;
                     vb = vbuf;
                 }
@@ -119,7 +118,7 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
                         for (int i = 0; i < n; i++) {
                             const float p = exp2f(sc[i] - mx);
                             if (tie_t && p > tw[h] && near_tie_p(p, sc[i], tr->ulps)) tw[h] = p;
-                            sc[i] = bf16r(p);
+                            sc[i] = m3_bf16_round(p);
                             sum += sc[i];
                         }
                         l[h] = l[h] * corr + sum;

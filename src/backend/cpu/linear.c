@@ -418,7 +418,7 @@ void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *
         xr = m3_cpu_scratch(c, sizeof(float) * n, "linear");
         if (!xr) { memset(y, 0, sizeof(float) * (size_t)T * W->N); return; }
         if (c->ties) count_ties(c, x, T, K);
-        for (size_t i = 0; i < n; i++) xr[i] = m3_bf16_to_f32(m3_f32_to_bf16(x[i]));
+        for (size_t i = 0; i < n; i++) xr[i] = m3_bf16_round(x[i]);
         x = xr;
     }
     lin_job j = {W, x, T, kernel_for(W), 0, y};

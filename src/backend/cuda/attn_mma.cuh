@@ -31,8 +31,6 @@
 static __device__ __forceinline__ float pow2_int(float d) {
     return !(d >= -126.f) ? 0.f : __int_as_float((127 + (int)d) << 23);
 }
-/* x rounded to bf16 (nearest even), as f32 */
-static __device__ __forceinline__ float bf16_round(float x) { return __uint_as_float(bf2(x, 0.f) << 16); }
 
 /* 8 floats (exact in bf16) -> 8 bf16 */
 static __device__ __forceinline__ uint4 bf8(const float *f) {

@@ -63,6 +63,8 @@ static __device__ __forceinline__ uint32_t bf2(float x0, float x1) {
     __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
     return *(uint32_t *)&h;
 }
+/* x rounded to bf16 (nearest even), as f32 */
+static __device__ __forceinline__ float bf16_round(float x) { return __uint_as_float(bf2(x, 0.f) << 16); }
 /* (x0, x1) -> three bf16x2 parts whose sum is (x0, x1) to ~2^-24 relative: products with
  * bf16-exact values are then exact in f32, and an f32 dot product needs three MMAs */
 static __device__ __forceinline__ void split3(float x0, float x1, uint32_t *p0, uint32_t *p1, uint32_t *p2) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For the next GPU session (written in session 40, whose device time was spent): 178875c (the bf16
+# For the next GPU session (written in session 40, whose device time was spent): df08ea5 (the bf16
 # attention's merges by exact powers of two, k_attn_f32<RB>) was compiled, never run. gpu.sh sections 1
 # (references, with the tiles' bf16 teacher-forced checks) and 3 (bench_cuda_attn at both precisions),
 # then session 40's call 5 memchecks (the bf16 tiles, k_attn_f32_g16<RB>, an f32 cache on the tensor

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session 41, call 1: the wgmma GEMM in clusters of 2 CTAs sharing x (M3_GEMM_TC_CLUSTER=2: row tiles
 # mt, mt + 1 of a token tile, each multicasting half of every stage's x into both) against one CTA:
-# the ragged checks (and memcheck) with clusters, the dense shapes and the MoE op against their
-# references and timed both ways, the 8-layer prefill both ways; then ncu (SpeedOfLight, memory
-# workload, warp states) of the first 36 k_gemm_tc launches of a 4096-token prefill at 4 layers.
+# the ragged checks with clusters, the dense shapes against their references and timed both ways, the
+# 8-layer prefill both ways; then session 40's unrun check, gpu.sh section 1 at HEAD (df08ea5's
+# exact power-of-two merges, k_attn_f32<RB>), and with time left the MoE bench and a memcheck.
 # usage (after scripts/gpu-bin.sh; docs/logs moved aside; this file copied into .gpu_pack): bash .gpu_pack/call1.sh
 set -u
 mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz
@@ -13,24 +13,22 @@ CS="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /
 {
 M3_GEMM_TC_CLUSTER=2 timeout 60 $B/bench_cuda_gemm --ragged > $W/gr.log 2>&1; echo "[$SECONDS] gemm ragged cluster rc $?"; grep -cE "FAIL" $W/gr.log; tail -2 $W/gr.log
 M3_GEMM_TC_CLUSTER=2 timeout 60 $B/bench_cuda_moe --ragged > $W/mr.log 2>&1; echo "[$SECONDS] moe ragged cluster rc $?"; grep -E "FAIL|passed" $W/mr.log | head -5
-M3_GEMM_TC_CLUSTER=2 timeout 90 $CS $B/bench_cuda_gemm --ragged > $W/cs.log 2>&1; echo "[$SECONDS] memcheck gemm ragged cluster rc $?"; grep -E "ERROR SUMMARY" $W/cs.log
-for shp in "12288 6144" "6144 3072"; do for c in 1 2; do
-  echo "== [$SECONDS] bench_cuda_gemm $shp, M3_GEMM_TC_CLUSTER=$c"
-  M3_GEMM_TC_CLUSTER=$c timeout 90 $B/bench_cuda_gemm $shp 2>&1 | grep -vE "^device"
-done; done
 for c in 1 2; do
-  echo "== [$SECONDS] bench_cuda_moe, M3_GEMM_TC_CLUSTER=$c"
-  M3_GEMM_TC_CLUSTER=$c timeout 150 $B/bench_cuda_moe 2>&1 | grep -vE "^device"
+  echo "== [$SECONDS] bench_cuda_gemm 12288 6144, M3_GEMM_TC_CLUSTER=$c"
+  M3_GEMM_TC_CLUSTER=$c timeout 60 $B/bench_cuda_gemm 12288 6144 2>&1 | grep -vE "^device"
 done
 for c in 1 2; do
   M3_GEMM_TC_CLUSTER=$c timeout 60 $B/m3 bench --random-weights --config $S --layers 8 --batch 1 --context 8192 --steps 2 --prefill 4096 --profile > $W/p$c.log 2>&1
   echo "== [$SECONDS] 8 layers, M3_GEMM_TC_CLUSTER=$c rc $?"; grep -E "^prefill" -A3 $W/p$c.log | cut -c1-300
 done
 cp $W/p1.log $W/p2.log $OUT/ 2>/dev/null
+left=$((560 - SECONDS))
+M3_GPU_SECTIONS="1" timeout $left scripts/gpu.sh .gpu_bin /tmp/w1 > $OUT/s1.log 2>&1
+echo "[$SECONDS] section 1 (limit $left s) rc $?"; grep -E "FAILED|checks failed" $OUT/s1.log | head -20
+if [ $SECONDS -lt 470 ]; then for c in 1 2; do
+  echo "== [$SECONDS] bench_cuda_moe --quick, M3_GEMM_TC_CLUSTER=$c"
+  M3_GEMM_TC_CLUSTER=$c timeout 50 $B/bench_cuda_moe --quick 2>&1 | grep -vE "^device"
+done; fi
+[ $SECONDS -lt 540 ] && { M3_GEMM_TC_CLUSTER=2 timeout 50 $CS $B/bench_cuda_gemm --ragged > $W/cs.log 2>&1; echo "[$SECONDS] memcheck gemm ragged cluster rc $?"; grep -E "ERROR SUMMARY" $W/cs.log; }
+echo "[$SECONDS] done"
 } 2>&1 | tee $OUT/call1.log
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /usr/local/cuda-*/bin/ncu 2>/dev/null | head -1)
-left=$((585 - SECONDS)); [ $left -gt 150 ] && left=150
-timeout $left $NCU --kernel-name regex:k_gemm_tc --launch-count 36 --section SpeedOfLight --section MemoryWorkloadAnalysis \
-  --section WarpStateStats --section LaunchStats \
-  $B/m3 bench --random-weights --config $S --layers 4 --batch 1 --context 4096 --steps 1 --prefill 4096 > $OUT/ncu-gemm.txt 2>&1
-echo "[$SECONDS] ncu rc $?" | tee -a $OUT/call1.log

@@ -22,13 +22,13 @@ for c in 1 2; do
   echo "== [$SECONDS] 8 layers, M3_GEMM_TC_CLUSTER=$c rc $?"; grep -E "^prefill" -A3 $W/p$c.log | cut -c1-300
 done
 cp $W/p1.log $W/p2.log $OUT/ 2>/dev/null
-left=$((560 - SECONDS))
+left=$((430 - SECONDS))
 M3_GPU_SECTIONS="1" timeout $left scripts/gpu.sh .gpu_bin /tmp/w1 > $OUT/s1.log 2>&1
 echo "[$SECONDS] section 1 (limit $left s) rc $?"; grep -E "FAILED|checks failed" $OUT/s1.log | head -20
-if [ $SECONDS -lt 380 ]; then for c in 1 2; do
+if [ $SECONDS -lt 300 ]; then for c in 1 2; do
   echo "== [$SECONDS] bench_cuda_moe, M3_GEMM_TC_CLUSTER=$c"
   M3_GEMM_TC_CLUSTER=$c timeout 80 $B/bench_cuda_moe 2>&1 | grep -vE "^device"
 done; fi
-[ $SECONDS -lt 540 ] && { M3_GEMM_TC_CLUSTER=2 timeout 50 $CS $B/bench_cuda_gemm --ragged > $W/cs.log 2>&1; echo "[$SECONDS] memcheck gemm ragged cluster rc $?"; grep -E "ERROR SUMMARY" $W/cs.log; }
+[ $SECONDS -lt 420 ] && { M3_GEMM_TC_CLUSTER=2 timeout 50 $CS $B/bench_cuda_gemm --ragged > $W/cs.log 2>&1; echo "[$SECONDS] memcheck gemm ragged cluster rc $?"; grep -E "ERROR SUMMARY" $W/cs.log; }
 echo "[$SECONDS] done"
 } 2>&1 | tee $OUT/call1.log

@@ -2,7 +2,7 @@
 # Session 41, call 1: the wgmma GEMM in clusters of 2 CTAs sharing x (M3_GEMM_TC_CLUSTER=2: row tiles
 # mt, mt + 1 of a token tile, each multicasting half of every stage's x into both) against one CTA:
 # the ragged checks with clusters, the dense shapes against their references and timed both ways, the
-# 8-layer prefill both ways; then session 40's unrun check, gpu.sh section 1 at HEAD (df08ea5's
+# 8-layer prefill both ways (and with the norms in clusters of 2, M3_NORM_CLUSTER=2); then session 40's unrun check, gpu.sh section 1 at HEAD (df08ea5's
 # exact power-of-two merges, k_attn_f32<RB>), and with time left the MoE bench and a memcheck.
 # usage (after scripts/gpu-bin.sh; docs/logs moved aside; this file copied into .gpu_pack): bash .gpu_pack/call1.sh
 set -u
@@ -17,11 +17,12 @@ for c in 1 2; do
   echo "== [$SECONDS] bench_cuda_gemm 12288 6144, M3_GEMM_TC_CLUSTER=$c"
   M3_GEMM_TC_CLUSTER=$c timeout 60 $B/bench_cuda_gemm 12288 6144 2>&1 | grep -vE "^device"
 done
-for c in 1 2; do
-  M3_GEMM_TC_CLUSTER=$c timeout 60 $B/m3 bench --random-weights --config $S --layers 8 --batch 1 --context 8192 --steps 2 --prefill 4096 --profile > $W/p$c.log 2>&1
-  echo "== [$SECONDS] 8 layers, M3_GEMM_TC_CLUSTER=$c rc $?"; grep -E "^prefill" -A3 $W/p$c.log | cut -c1-300
+for c in 1 2 n2; do
+  v="M3_GEMM_TC_CLUSTER=$c"; [ $c = n2 ] && v="M3_NORM_CLUSTER=2"
+  env $v timeout 60 $B/m3 bench --random-weights --config $S --layers 8 --batch 1 --context 8192 --steps 2 --prefill 4096 --profile > $W/p$c.log 2>&1
+  echo "== [$SECONDS] 8 layers, $v rc $?"; grep -E "^prefill" -A3 $W/p$c.log | cut -c1-300
 done
-cp $W/p1.log $W/p2.log $OUT/ 2>/dev/null
+cp $W/p1.log $W/p2.log $W/pn2.log $OUT/ 2>/dev/null
 left=$((430 - SECONDS))
 M3_GPU_SECTIONS="1" timeout $left scripts/gpu.sh .gpu_bin /tmp/w1 > $OUT/s1.log 2>&1
 echo "[$SECONDS] section 1 (limit $left s) rc $?"; grep -E "FAILED|checks failed" $OUT/s1.log | head -20

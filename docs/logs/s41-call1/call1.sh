@@ -2,9 +2,11 @@
 # Session 41, call 1: the wgmma GEMM in clusters of 2 CTAs sharing x (M3_GEMM_TC_CLUSTER=2: row tiles
 # mt, mt + 1 of a token tile, each multicasting half of every stage's x into both) against one CTA:
 # the ragged checks with clusters, the dense shapes against their references and timed both ways, the
-# 8-layer prefill both ways (and with the norms in clusters of 2, M3_NORM_CLUSTER=2); then session 40's unrun check, gpu.sh section 1 at HEAD (df08ea5's
-# exact power-of-two merges, k_attn_f32<RB>), and with time left the MoE bench and a memcheck.
-# usage (after scripts/gpu-bin.sh; docs/logs moved aside; this file copied into .gpu_pack): bash .gpu_pack/call1.sh
+# 8-layer prefill both ways (and with the norms in clusters of 2, M3_NORM_CLUSTER=2); then session
+# 40's unrun check, gpu.sh section 1 at HEAD (df08ea5's exact power-of-two merges, k_attn_f32<RB>),
+# and with time left the MoE bench and a memcheck. END: the seconds it has (default 430).
+# usage (after scripts/gpu-bin.sh; docs/logs moved aside; this file copied into .gpu_pack):
+#   END=430 bash .gpu_pack/call1.sh
 set -u
 mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz
 B=.gpu_bin; S=tests/data/m3.1-flash-shapes.json; W=/tmp/w; mkdir -p $W
@@ -23,13 +25,13 @@ for c in 1 2 n2; do
   echo "== [$SECONDS] 8 layers, $v rc $?"; grep -E "^prefill" -A3 $W/p$c.log | cut -c1-300
 done
 cp $W/p1.log $W/p2.log $W/pn2.log $OUT/ 2>/dev/null
-left=$((430 - SECONDS))
+END=${END:-430}; left=$((END - SECONDS))
 M3_GPU_SECTIONS="1" timeout $left scripts/gpu.sh .gpu_bin /tmp/w1 > $OUT/s1.log 2>&1
 echo "[$SECONDS] section 1 (limit $left s) rc $?"; grep -E "FAILED|checks failed" $OUT/s1.log | head -20
-if [ $SECONDS -lt 300 ]; then for c in 1 2; do
+if [ $SECONDS -lt $((END - 130)) ]; then for c in 1 2; do
   echo "== [$SECONDS] bench_cuda_moe, M3_GEMM_TC_CLUSTER=$c"
   M3_GEMM_TC_CLUSTER=$c timeout 80 $B/bench_cuda_moe 2>&1 | grep -vE "^device"
 done; fi
-[ $SECONDS -lt 420 ] && { M3_GEMM_TC_CLUSTER=2 timeout 50 $CS $B/bench_cuda_gemm --ragged > $W/cs.log 2>&1; echo "[$SECONDS] memcheck gemm ragged cluster rc $?"; grep -E "ERROR SUMMARY" $W/cs.log; }
+[ $SECONDS -lt $((END - 10)) ] && { M3_GEMM_TC_CLUSTER=2 timeout 50 $CS $B/bench_cuda_gemm --ragged > $W/cs.log 2>&1; echo "[$SECONDS] memcheck gemm ragged cluster rc $?"; grep -E "ERROR SUMMARY" $W/cs.log; }
 echo "[$SECONDS] done"
 } 2>&1 | tee $OUT/call1.log

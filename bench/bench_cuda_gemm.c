@@ -12,7 +12,7 @@
  * Time: CUDA events, median of REPS after warm-up, of the GEMM alone (x staged once, as a
  * caller sharing x over q / k / v would; over ks K slices, as the backend picks them, their sum
  * included), of staging x, and of ops.linear (the existing path). The ragged checks run 2 K
- * slices where K allows (1 with M3_GEMM_TC_CLUSTER=2, whose clusters take no K slices).
+ * slices where K allows.
  *
  * usage: bench_cuda_gemm [--quick | --ragged] [N K]
  *   --quick: T up to 1024, no lm_head; --ragged: only the small ragged shapes (for
@@ -107,11 +107,8 @@ static int run_case(ctx *c, m3_wfmt f, int N, int K, const int *Ts, int nT, int 
         c->g.upload(c->g.ctx, dx, x, sizeof(float) * (size_t)T * K);
         cudaMemset(dy, 0xff, sizeof(float) * (size_t)T * N); /* NaN: unwritten outputs show */
         cudaDeviceSynchronize();
-        /* K slices as the backend picks them; the ragged checks force 2 where K allows, or 1 for
-         * clusters (M3_GEMM_TC_CLUSTER=2: a sliced GEMM runs without) */
-        const char *cle = getenv("M3_GEMM_TC_CLUSTER");
-        const int clusters = cle && !strcmp(cle, "2");
-        c->ks = full_check ? (K / 128 >= 2 && !clusters ? 2 : 1) : m3_cu_gemm_tc_ksplit(&D, T);
+        /* K slices as the backend picks them; the ragged checks force 2 where K allows */
+        c->ks = full_check ? (K / 128 >= 2 ? 2 : 1) : m3_cu_gemm_tc_ksplit(&D, T);
         c->part = c->ks > 1 ? c->g.alloc(c->g.ctx, sizeof(float) * (size_t)c->ks * T * N) : NULL;
         int rc = c->ks > 1 && !c->part ? (m3_errf(&err, "out of device memory"), -1)
                  : m3_cu_gemm_tc_stage_x(c->st, dx, T, K, xs, &err) ||
@@ -218,7 +215,7 @@ int main(int argc, char **argv) {
         fails += run_case(&c, M3_WF_MXFP8, 528, 640, Tr, 8, 1, 0);
         fails += run_case(&c, M3_WF_NVFP4, 528, 640, Tr, 8, 1, 0);
         fails += run_case(&c, M3_WF_BF16, 200, 256, Tr, 3, 1, 0);
-        /* 8 row tiles, the last of 16 rows (904: 8 rows): what clusters of 2 pair */
+        /* 8 row tiles (one raster group), the last of 16 rows (904: 8 rows) */
         fails += run_case(&c, M3_WF_BF16, 904, 384, Tr, 8, 1, 0);
         fails += run_case(&c, M3_WF_NVFP4, 912, 640, Tr, 8, 1, 0);
         /* 64 tokens over 17 row chunks (the last of 16 rows): K slices would leave 10% of an H200's

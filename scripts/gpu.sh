@@ -234,12 +234,6 @@ run "$BIN/bench_cuda_linear"
 [ -x "$BIN/bench_cuda_moe" ] && M3_MOE_TC_FAT=0 run "$BIN/bench_cuda_moe" --ragged
 # token tiles of 192 (taken by default only where they save waves: large T) on the ragged shapes in full
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=192 run "$BIN/bench_cuda_gemm" --ragged
-# clusters of 2 CTAs sharing x by multicast (M3_GEMM_TC_CLUSTER=2): the ragged shapes and the MoE in full,
-# the 12288 x 6144 linear checked and timed beside the default
-[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_CLUSTER=2 run "$BIN/bench_cuda_gemm" --ragged
-[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_CLUSTER=2 M3_GEMM_TC_BN=192 run "$BIN/bench_cuda_gemm" --ragged
-[ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_CLUSTER=2 run "$BIN/bench_cuda_moe" --ragged
-[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_CLUSTER=2 run "$BIN/bench_cuda_gemm" 12288 6144
 
 fi
 if want 4; then
@@ -314,8 +308,6 @@ if [ -n "$CSB" ]; then
   [ -x "$BIN/bench_cuda_gemm" ] && run $CS "$BIN/bench_cuda_gemm" --ragged
   [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=192 run $CS "$BIN/bench_cuda_gemm" --ragged
   [ -x "$BIN/bench_cuda_moe" ] && run $CS "$BIN/bench_cuda_moe" --ragged
-  [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_CLUSTER=2 run $CS "$BIN/bench_cuda_gemm" --ragged
-  [ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_CLUSTER=2 run $CS "$BIN/bench_cuda_moe" --ragged
   # the indexer at a verify pass (8 x 8 tokens: runs of 8) and the DSpark draft's attention (chunked from 512 keys)
   [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=2 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"
   # ... at decode batch 64 (copies-only staging, the separate top-k)

@@ -43,11 +43,6 @@ M3_GT_FN m3_gemm_tile m3_gemm_tc_raster(int b, int nm, int nt, int ksplit) {
     return r;
 }
 
-/* CTAs a cluster (want: 1 or 2). Clusters of 2 pair CTAs 2j and 2j + 1, which the raster gives the
- * same token tile and row tiles mt, mt + 1 (mt even) when the row tiles are even in number (every
- * group of the raster is) and K is not sliced: the pair shares the token tile's x. */
-M3_GT_FN int m3_gemm_tc_cluster(int want, int nm, int ksplit) { return want == 2 && nm % 2 == 0 && ksplit == 1 ? 2 : 1; }
-
 /* One expert's v staged rows (a multiple of unit) in tiles of bn rows: `full` tiles of bn, then
  * either a tail of unit rows (unit = bn / 2: the rows past the full tiles fill half a tile) or,
  * with fat (bn 128, unit 64, past the first 128 rows), the last full tile and that half one as a

@@ -123,9 +123,6 @@ struct gemm_args {
      * values with the 128-byte swizzle (tma set), instead of 128 row copies of 256 bytes */
     int tma;
     CUtensorMap tmap;
-    /* CTAs a cluster (1, or 2: the two CTAs of row tiles mt, mt + 1 of one token tile share its x,
-     * each bulk-copying half of every stage's x into both; M3_GEMM_TC_CLUSTER, launch_args) */
-    int cl;
 };
 
 /* ------------------------------------------------------------------ PTX wrappers */
@@ -167,28 +164,6 @@ static __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *m
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
                  "l"(map), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
-}
-/* the same bytes into the shared memory of every CTA of the cluster in mask (same offsets), each
- * completing on its own barrier at bar's offset */
-static __device__ __forceinline__ void bulk_g2s_mc(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar, uint16_t mask) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar), "h"(mask)
-                 : "memory");
-}
-static __device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-/* every thread of the cluster: arrive, then wait for all (barrier inits / shared writes become visible) */
-static __device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-/* arrive on the barrier at local address bar in CTA rank of the cluster */
-static __device__ __forceinline__ void mb_arrive_cta(uint32_t bar, uint32_t rank) {
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(bar), "r"(rank));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(r) : "memory");
 }
 static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -461,17 +436,14 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
         }
     }
 
-    /* a cluster of 2: both CTAs have the same tile tt (so the same expert, and both got here) */
-    const int cl = p.cl, rank = cl > 1 ? (int)cluster_rank() : 0;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mb_init(full0 + 8 * s, 4); /* one arrival (+ its bytes) per producer warp */
-            mb_init(empty0 + 8 * s, 8 * cl); /* one arrival per consumer warp (of each CTA that reads the stage's x) */
+            mb_init(empty0 + 8 * s, 8); /* one arrival per consumer warp */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (cl > 1) cluster_sync(); /* the peer's barriers are initialized before any copy or arrival reaches them */
 
     if (warp < 4) {
         /* producers: the 4 warps of warpgroup 0 share a stage's bulk copies (a copy's operands
@@ -526,10 +498,7 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
                 if (q < nx) {
                     const int gi = q >> 1, col = q & 1;
                     const uint8_t *src = p.xs + (((size_t)(g0 + gi) * KB + kb) * 2 + col) * XPIECE + xoff;
-                    /* a cluster of 2: CTA rank r copies column half r into both (its bytes still
-                     * counted in wbytes above: they complete on this CTA's barrier either way) */
-                    if (cl == 1) bulk_g2s(smem_u32(X + col * BN * 128 + gi * XPIECE), src, XCOPY, full);
-                    else if (col == rank) bulk_g2s_mc(smem_u32(X + col * BN * 128 + gi * XPIECE), src, XCOPY, full, 3);
+                    bulk_g2s(smem_u32(X + col * BN * 128 + gi * XPIECE), src, XCOPY, full);
                     continue;
                 }
                 const int c = q - nx;
@@ -556,24 +525,8 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
                 }
             }
         }
-        /* a cluster: the peer's consumers arrive on this CTA's empty barriers and its x copies land
-         * in the peer's stages; stay until both CTAs' consumers have released every stage */
-        if (cl > 1)
-            for (int kl = NK > STAGES ? NK : STAGES; kl < NK + STAGES; kl++)
-                mb_wait(empty0 + 8 * (kl % STAGES), ((kl / STAGES) & 1) ^ 1);
         return;
     }
-    /* a consumer warp is done with the stage at empty barrier bar (each CTA of the cluster waits on it) */
-    auto release = [&](uint32_t bar) {
-        __syncwarp();
-        if (lane == 0) {
-            if (cl == 1) mb_arrive(bar);
-            else {
-                mb_arrive_cta(bar, 0);
-                mb_arrive_cta(bar, 1);
-            }
-        }
-    };
 
     /* consumers */
     const int wg = warp / 4 - 1, i = wg * 4 + warp % 4; /* the warp's 16-row tile of the CTA's 8 */
@@ -614,7 +567,8 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
                     load_raw<FMT>(sm0 + sn * STAGE + XB, sm0 + sn * STAGE + XB + WB, i, g, t, 0, r, sw);
                 }
             }
-            release(empty0 + 8 * st); /* the stage's wgmmas are done: hand it back */
+            __syncwarp();
+            if (lane == 0) mb_arrive(empty0 + 8 * st); /* the stage's wgmmas are done: hand it back */
         }
     } else {
         /* MXFP8 / NVFP4: two A buffers, one per half. Half h's wgmmas run while the next half's
@@ -646,14 +600,16 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
                 wg_wait<1>();
                 pin_f32(acc);
                 pin_u32(a[h ^ 1]);
-                if (h == 0 && kb > 0) release(empty0 + 8 * ((kb - 1) % STAGES)); /* the previous stage's last group has retired */
+                if (h == 0 && kb > 0) { /* the previous stage's last group has retired */
+                    __syncwarp();
+                    if (lane == 0) mb_arrive(empty0 + 8 * ((kb - 1) % STAGES));
+                }
             }
         }
         wg_wait<0>();
         pin_f32(acc);
         pin_u32(a[0]);
         pin_u32(a[1]);
-        if (cl > 1) release(empty0 + 8 * ((NK - 1) % STAGES)); /* the last stage (the producers' tail waits for it) */
     }
     if (p.mode == 1) {
         /* SwiGLU-OAI: the up warpgroup hands its sums (thread for thread: the same fragment
@@ -745,16 +701,6 @@ __global__ void k_stage_x(const float *x, int T, int K, uint4 *xs, size_t n, con
     }
 }
 
-/* CTAs a cluster: 1, or M3_GEMM_TC_CLUSTER=2 (row tiles in pairs sharing x) */
-static int cluster_size(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("M3_GEMM_TC_CLUSTER");
-        v = e && !strcmp(e, "2") ? 2 : 1;
-    }
-    return v;
-}
-
 /* a's shape: W's (rows, values / scales strides, K); the kernel for FMT, BN */
 template <int FMT, int BN, int CPS = 1> static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
     constexpr int SM = smem_bytes(FMT, BN, CPS);
@@ -780,28 +726,8 @@ template <int FMT, int BN, int CPS = 1> static int launch_args(cudaStream_t st, 
     }
     gemm_args b = a;
     b.spread = spread;
-    /* clusters of 2: the row tiles 2j, 2j + 1 of a token tile share its x (gemm_tiles.h) */
-    b.cl = m3_gemm_tc_cluster(cluster_size(), a.nm, a.ksplit);
-    cudaError_t e;
-    if (b.cl == 1) {
-        k_gemm_tc<FMT, BN, CPS><<<(unsigned)blocks, NTHREADS, SM, st>>>(b);
-        e = cudaGetLastError();
-    } else {
-        cudaLaunchConfig_t cfg;
-        memset(&cfg, 0, sizeof cfg);
-        cfg.gridDim = dim3((unsigned)blocks);
-        cfg.blockDim = dim3(NTHREADS);
-        cfg.dynamicSmemBytes = SM;
-        cfg.stream = st;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = 2;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        e = cudaLaunchKernelEx(&cfg, k_gemm_tc<FMT, BN, CPS>, b);
-    }
+    k_gemm_tc<FMT, BN, CPS><<<(unsigned)blocks, NTHREADS, SM, st>>>(b);
+    cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return m3_errf(err, "gemm_tc: launch (%s %d x %d, T %d, mode %d): %s", m3_wfmt_name((m3_wfmt)FMT), a.N,
                                          a.K, a.T, a.mode, cudaGetErrorString(e));
     return 0;

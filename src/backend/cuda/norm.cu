@@ -142,17 +142,13 @@ __global__ void __launch_bounds__(1024) k_rmsnorm_cluster(float *h, const float 
 }
 
 /* k_rmsnorm_cluster's cluster size for these rows (CL the largest of 8, 4, 2, 1 that splits dim into
- * slices of whole warps of float4), 0 when it does not take them. M3_NORM_CLUSTER=0: never; 2 or 4:
- * clusters of at most that many CTAs (larger CTAs, fewer cluster barriers a row: measurements). */
+ * slices of whole warps of float4), 0 when it does not take them. M3_NORM_CLUSTER=0: never. */
 static int norm_c_size(const float *h, const float *o, const float *w, int dim, const float *out, const norm_combine *cb) {
-    static int most = -1;
-    if (most < 0) {
-        const int v = m3_cu_env_int("M3_NORM_CLUSTER", 8);
-        most = v == 0 ? 0 : v == 2 || v == 4 ? v : 8;
-    }
-    if (!most || ((uintptr_t)h | (uintptr_t)o | (uintptr_t)w | (uintptr_t)out) & 15) return 0;
+    static int on = -1;
+    if (on < 0) on = m3_cu_env_int("M3_NORM_CLUSTER", 1) != 0;
+    if (!on || ((uintptr_t)h | (uintptr_t)o | (uintptr_t)w | (uintptr_t)out) & 15) return 0;
     if (cb && ((uintptr_t)cb->ye | (uintptr_t)cb->sh | (uintptr_t)cb->out) & 15) return 0;
-    int cl = most;
+    int cl = 8;
     while (cl > 1 && dim % (128 * cl)) cl /= 2;
     return dim % (128 * cl) || dim / (4 * cl) > 1024 ? 0 : cl;
 }

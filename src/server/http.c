@@ -35,7 +35,7 @@
 #define BUSY_READ_AHEAD ((size_t)64 << 10) /* bytes read ahead of a request in flight (pipelining) */
 #define LINGER_S 2.0
 
-enum { C_READ, C_BUSY, C_SENDING, C_LINGER };
+enum { C_READ, C_BUSY, C_SENDING, C_LINGER, C_CLOSED };
 
 typedef struct http_conn http_conn;
 
@@ -199,9 +199,10 @@ static void write_head(http_req *r, int status, const char *ctype, long long cle
 }
 
 /* the whole response is handed over: the request ends once it is written */
+static void set_state(http_conn *c, int state);
 static void reply_done(http_req *r) {
     http_conn *c = r->c;
-    c->state = C_SENDING;
+    set_state(c, C_SENDING);
     if (r->close_after) c->close_after = 1;
     /* an empty output (a HEAD reply is never empty; this is for safety) would never call back */
     if (!evbuffer_get_length(bufferevent_get_output(c->bev))) bufferevent_trigger(c->bev, EV_WRITE, BEV_TRIG_DEFER_CALLBACKS);
@@ -256,11 +257,23 @@ void http_drop(http_req *r) {
 
 /* ------------------------------------------------------------------ connections */
 
+/* every change of a connection's state: http_stats.sending counts those in C_SENDING */
+static void set_state(http_conn *c, int state) {
+    if (state == c->state) return;
+    const int was = c->state == C_SENDING;
+    c->state = state;
+    if (state == C_SENDING) c->hs->st.sending++;
+    else if (was) {
+        c->hs->st.sending--;
+        if (c->hs->o.sent_done) c->hs->o.sent_done(c->hs->arg);
+    }
+}
+
 static void set_read_ahead(http_conn *c, size_t n) { bufferevent_setwatermark(c->bev, EV_READ, 0, n); }
 
 /* waiting for a request: the deadline runs from now, whatever trickles in */
 static void wait_request(http_conn *c) {
-    c->state = C_READ;
+    set_state(c, C_READ);
     set_read_ahead(c, c->hs->o.max_head + ((size_t)64 << 10));
     if (c->hs->o.timeout > 0) {
         struct timeval tv = tv_of(c->hs->o.timeout);
@@ -269,7 +282,7 @@ static void wait_request(http_conn *c) {
 }
 
 static void linger(http_conn *c) {
-    c->state = C_LINGER;
+    set_state(c, C_LINGER);
     shutdown(bufferevent_getfd(c->bev), SHUT_WR);
     bufferevent_disable(c->bev, EV_WRITE);
     struct evbuffer *in = bufferevent_get_input(c->bev);
@@ -301,7 +314,7 @@ static void answer_error(http_conn *c, int status, const char *msg) {
     evbuffer_add_printf(out, "Content-Length: %zu\r\nConnection: close\r\n\r\n", n);
     evbuffer_add(out, body, n);
     evtimer_del(c->tmr);
-    c->state = C_SENDING;
+    set_state(c, C_SENDING);
     c->close_after = 1;
     hs->st.refused++;
 }
@@ -315,7 +328,7 @@ static void dispatch(http_conn *c) {
     r->close_after = !r->m.keep_alive;
     r->head_only = !strcmp(r->m.method, "HEAD");
     c->cur = r;
-    c->state = C_BUSY;
+    set_state(c, C_BUSY);
     evtimer_del(c->tmr);
     set_read_ahead(c, BUSY_READ_AHEAD);
     c->hs->handler(r, c->hs->arg);
@@ -391,6 +404,7 @@ static void resume_listener(http_server *hs) {
 static void conn_free(http_conn *c) {
     http_server *hs = c->hs;
     fresh_done(c);
+    set_state(c, C_CLOSED); /* (a reply cut off by the close is not waited for) */
     http_req *r = c->cur;
     c->cur = NULL;
     if (r) {

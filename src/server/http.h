@@ -46,6 +46,9 @@ typedef struct http_opts {
     /* a connection awaiting its first request got it or closed (http_stats.awaiting_first fell);
      * called with the handler's arg, before the request (if any) is handled. NULL: none */
     void (*first_done)(void *arg);
+    /* a reply was all handed to the kernel, or its connection closed before (http_stats.sending
+     * fell); called with the handler's arg. NULL: none */
+    void (*sent_done)(void *arg);
 } http_opts;
 
 typedef void (*http_handler)(http_req *r, void *arg);
@@ -61,6 +64,8 @@ typedef struct http_stats {
     unsigned long accept_pauses, cap_pauses;
     int awaiting_first;            /* open connections whose first request has not come (a new client's, or one
                                     * taken from the listen queue at the stop): a server stopping answers them first */
+    int sending;                   /* open connections whose whole reply is in this layer's buffers, not yet all
+                                    * written to the socket: a server stopping lets them go out before it exits */
 } http_stats;
 
 http_server *http_server_new(struct event_base *base, const http_opts *o, http_handler handler, void *arg);

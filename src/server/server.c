@@ -504,8 +504,8 @@ static void first_wait_cb(evutil_socket_t fd, short what, void *arg) {
     srv_maybe_exit(arg);
 }
 
-/* the HTTP layer: a connection's first request came or the client went; a stopping server
- * waiting for such clients looks again once the loop is back (the request handled by then) */
+/* the HTTP layer: a connection's first request came or the client went, or a reply was written;
+ * a stopping server waiting for them looks again once the loop is back (a request handled by then) */
 static void first_done(void *arg) {
     srv *s = arg;
     if (!s->draining || !s->first_wait || !evtimer_pending(s->first_wait, NULL)) return;
@@ -513,22 +513,33 @@ static void first_done(void *arg) {
     evtimer_add(s->first_wait, &now);
 }
 
+/* wait (first_wait) until m3_now() reaches t; 0 where the timer cannot be armed */
+static int wait_until(srv *s, double t) {
+    const double left = t - m3_now();
+    struct timeval dl = {(time_t)left, (suseconds_t)((left - (double)(time_t)left) * 1e6)};
+    return !evtimer_add(s->first_wait, &dl);
+}
+
 void srv_maybe_exit(srv *s) {
     if (!s->draining || s->n_live || s->n_prep) return;
-    /* every generation response is written (hreqs live until then); a short grace lets the
-     * small replies (503s, /metrics) still in libevent's buffers go out too. Clients that
-     * connected (or were taken from the listen queue at the stop) and have not sent a request
-     * yet get their 503 first: the exit waits until each has sent one or gone (first_done),
-     * for at most SRV_FIRST_WAIT s after the stop (a silent client does not hold the exit) */
+    /* every generation response is written (hreqs live until then). Clients that connected (or
+     * were taken from the listen queue at the stop) and have not sent a request yet get their
+     * 503 first: the exit waits until each has sent one or gone (first_done), for at most
+     * SRV_FIRST_WAIT s after the stop (a silent client does not hold the exit). Then the small
+     * replies (503s, /metrics) still in the HTTP layer's buffers go out: the exit waits until
+     * each is written or its connection closed (sent_done), for at most SRV_SEND_WAIT s (a client
+     * that does not read does not hold it). A timer that cannot be armed: exit now. */
     http_stats st;
     http_server_stats(s->http, &st);
-    const double left = SRV_FIRST_WAIT - (m3_now() - s->drain_t0);
-    if (st.awaiting_first > 0 && !s->cancelling && left > 0) {
-        struct timeval dl = {(time_t)left, (suseconds_t)((left - (double)(time_t)left) * 1e6)};
-        if (!evtimer_add(s->first_wait, &dl)) return; /* (again: the same deadline); failed: exit now */
+    const double now = m3_now();
+    if (st.awaiting_first > 0 && !s->cancelling && now < s->drain_t0 + SRV_FIRST_WAIT && wait_until(s, s->drain_t0 + SRV_FIRST_WAIT))
+        return; /* (again: the same deadline) */
+    if (st.sending > 0) {
+        if (!s->send_dl) s->send_dl = now + SRV_SEND_WAIT;
+        if (now < s->send_dl && wait_until(s, s->send_dl)) return;
     }
     evtimer_del(s->first_wait);
-    struct timeval tv = {0, 50000};
+    struct timeval tv = {0, 0};
     event_base_once(s->base, -1, EV_TIMEOUT, exit_cb, s, &tv);
 }
 
@@ -669,7 +680,8 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
      * (the kernel doubles it), so that a client that stops reading pins little in the kernel and
      * its output piles up where the stall check sees it (srv_peek); a token stream needs far less. */
     http_opts ho = {o->max_header_bytes ? o->max_header_bytes : (size_t)64 << 10, o->max_body ? o->max_body : (size_t)32 << 20,
-                    o->timeout, o->max_connections, (int)SRV_SNDBUF, http_error_body, "application/json", first_done};
+                    o->timeout, o->max_connections, (int)SRV_SNDBUF, http_error_body, "application/json", first_done,
+                    first_done};
     s->http = s->base ? http_server_new(s->base, &ho, route, s) : NULL;
     if (!s->http) { srv_cleanup(s); return m3_errf(err, "cannot create the HTTP server (out of memory)"); }
     if (!getenv("M3_KEEP_NOFILE")) raise_nofile(); /* tests set it to keep a small limit */

@@ -193,9 +193,11 @@ struct srv {
     hreq *live;
     int n_live;
     int draining, cancelling;
-    struct event *first_wait;  /* draining: fires srv_maybe_exit at SRV_FIRST_WAIT, or at once when a connected
-                                * client's first request comes or the client goes (first_done) */
+    struct event *first_wait;  /* draining: fires srv_maybe_exit at a deadline (SRV_FIRST_WAIT, SRV_SEND_WAIT), or at
+                                * once when a connected client's first request comes or the client goes
+                                * (first_done), or a reply has been written (sent_done) */
     double drain_t0;           /* when draining began (m3_now) */
+    double send_dl;            /* draining: until when the exit waits for replies being written (0: not yet set) */
     m3_metrics m;
     /* requests prepared off the loop (prep.c): a queue for the workers, a list of finished jobs
      * for the loop (prep_ev), both under prep_mu */
@@ -238,6 +240,7 @@ void srv_log(srv *s, unsigned long serial, const char *what, int status, int pro
              double total);
 void srv_push(srv *s, const qitem *it); /* engine thread */
 #define SRV_FIRST_WAIT 1.0            /* s a stopping server waits for connected clients' first requests */
+#define SRV_SEND_WAIT 2.0             /* s it then waits for the replies still being written (503s, /metrics) */
 void srv_maybe_exit(srv *s);            /* draining and nothing left: leave the loop */
 
 /* prep.c: request preparation on worker threads */

@@ -2,8 +2,11 @@
  * that connected before it and are still in the kernel's listen queue, unaccepted (one with its
  * request already sent, one sending after the stop), are taken in and answered; clients that come
  * after it find no socket; the server is told how many of them have yet to send a request (it
- * waits for them before it exits), and of each one's first request as it comes (first_done). Closing the socket with them queued reset them unread: a batch runner
- * could not tell such a request from one the server ran and lost (server_batch's interrupted run).
+ * waits for them before it exits), and of each one's first request as it comes (first_done); each
+ * reply counts as being sent (http_stats.sending) from the handler's answer until it is all written
+ * (sent_done), which a stopping server waits for too. Closing the socket with them queued reset
+ * them unread: a batch runner could not tell such a request from one the server ran and lost
+ * (server_batch's interrupted run).
  * The event loop does not run between the connects and the stop, so the clients are in the queue
  * by construction; then it runs until both answers are read (no fixed waits: a deadline fails).
  * Usage: test_http_stop */
@@ -26,7 +29,8 @@
 
 #include "../check.h"
 
-static int handled, firsts, handled_at_first[2];
+static http_server *hs;
+static int handled, firsts, handled_at_first[2], sent, sending_at_answer[2];
 
 /* http_opts.first_done: called before the request it reports (if any) is handled */
 static void first_done(void *arg) {
@@ -42,6 +46,15 @@ static void handler(http_req *r, void *arg) {
     evbuffer_add_printf(b, "answer to %s", http_target(r));
     http_reply(r, 200, "text/plain", b);
     evbuffer_free(b);
+    http_stats st;
+    http_server_stats(hs, &st);
+    if (handled <= 2) sending_at_answer[handled - 1] = st.sending; /* this reply is waiting to be written */
+}
+
+/* http_opts.sent_done: a reply is all written */
+static void sent_done(void *arg) {
+    (void)arg;
+    sent++;
 }
 
 static int client(const char *path) {
@@ -79,8 +92,8 @@ int main(void) {
     if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
     snprintf(path, sizeof path, "%s/s.sock", dir);
     struct event_base *base = event_base_new();
-    http_opts o = {.max_head = 8192, .max_body = 1 << 20, .timeout = 30, .first_done = first_done};
-    http_server *hs = base ? http_server_new(base, &o, handler, NULL) : NULL;
+    http_opts o = {.max_head = 8192, .max_body = 1 << 20, .timeout = 30, .first_done = first_done, .sent_done = sent_done};
+    hs = base ? http_server_new(base, &o, handler, NULL) : NULL;
     char err[256] = "";
     if (!hs || http_server_listen_unix(hs, path, err, sizeof err)) {
         fprintf(stderr, "cannot listen on %s: %s\n", path, err);
@@ -126,11 +139,16 @@ int main(void) {
         if (fds[i] >= 0) close(fds[i]);
     }
     CHECK(handled == 2, "%d requests handled", handled);
+    /* a client may read its answer before the loop has run the write's (deferred) callback */
+    while (sent < 2 && now() - t0 < 30) event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
     http_server_stats(hs, &hst);
     CHECK(hst.awaiting_first == 0, "no client from the queue waited for once both sent: %d", hst.awaiting_first);
     CHECK(firsts == 2 && handled_at_first[0] == 0 && handled_at_first[1] == 1,
           "first_done told of each client's first request, before it was handled: %d calls, at %d / %d handled", firsts,
           handled_at_first[0], handled_at_first[1]);
+    CHECK(sending_at_answer[0] >= 1 && sending_at_answer[1] >= 1 && hst.sending == 0 && sent == 2,
+          "each reply counted as being sent until written: %d / %d at the answers, %d after, %d sent_done calls", sending_at_answer[0],
+          sending_at_answer[1], hst.sending, sent);
     http_server_free(hs);
     event_base_free(base);
     rmdir(dir);

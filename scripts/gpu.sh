@@ -234,6 +234,10 @@ run "$BIN/bench_cuda_linear"
 [ -x "$BIN/bench_cuda_moe" ] && M3_MOE_TC_FAT=0 run "$BIN/bench_cuda_moe" --ragged
 # token tiles of 192 (taken by default only where they save waves: large T) on the ragged shapes in full
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=192 run "$BIN/bench_cuda_gemm" --ragged
+# three A buffers in the MXFP8 / NVFP4 consumers (M3_GEMM_TC_NB=3, an experiment: one K slice of a
+# multiple of 3 K blocks), checked and timed beside the default
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_NB=3 run "$BIN/bench_cuda_gemm" 12288 6144
+[ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_NB=3 run "$BIN/bench_cuda_moe"
 
 fi
 if want 4; then

@@ -397,8 +397,10 @@ template <int BN> static __device__ __forceinline__ void wgmma_tile(float (&d)[B
 /* ------------------------------------------------------------------ the GEMM kernel */
 
 /* CPS: CTAs an SM holds (2: fewer stages and at most 80 registers a thread, for the small token
- * tiles, whose CTAs wait on latency: M3_GEMM_TC_CPS=2, an experiment for now) */
-template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant__ gemm_args p) {
+ * tiles, whose CTAs wait on latency: M3_GEMM_TC_CPS=2, an experiment for now). NB: the consumers'
+ * A buffers for MXFP8 / NVFP4 (2; 3: M3_GEMM_TC_NB=3, an experiment) */
+template <int FMT, int BN, int CPS = 1, int NB = 2>
+__global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant__ gemm_args p) {
     constexpr int STAGES = n_stages(FMT, BN, CPS), STAGE = stage_bytes(FMT, BN);
     constexpr int XB = BN * 256, WB = w_bytes(FMT);
     extern __shared__ uint8_t smem_raw[];
@@ -570,6 +572,55 @@ template <int FMT, int BN, int CPS = 1> __global__ void __launch_bounds__(NTHREA
             __syncwarp();
             if (lane == 0) mb_arrive(empty0 + 8 * st); /* the stage's wgmmas are done: hand it back */
         }
+    } else if (NB == 3) {
+        /* MXFP8 / NVFP4 with three A buffers (M3_GEMM_TC_NB=3, an experiment): as below, but two
+         * groups stay in flight (wait_group 2), so a half's expansion has the wgmmas of the two
+         * halves before it to hide behind. Half q (2 kb + h) expands into buffer q % 3, last read by
+         * group q - 3, retired by the wait after half q - 1; the K blocks go in threes so that
+         * every buffer index is known at compile time (registers), and NK is a multiple of 3 (the
+         * host's condition: a K block skipped in the loop makes ptxas serialize the wgmmas, C7513).
+         * A stage goes back once its second half's group has retired: after the next stage's
+         * second half. */
+        uint32_t a[3][16];
+        for (int kb0 = 0; kb0 < NK; kb0 += 3) {
+#pragma unroll
+            for (int u = 0; u < 3; u++) {
+                const int kb = kb0 + u;
+                {
+                    const int st = kb % STAGES;
+                    const uint32_t xa = smem_u32(smem + st * STAGE);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        uint32_t(&ab)[16] = a[(2 * u + h) % 3];
+                        expand<FMT>(r, ab);
+                        pin_f32(acc);
+                        wg_fence();
+#pragma unroll
+                        for (int j = 0; j < 4; j++) wgmma_tile<BN>(acc, ab + 4 * j, xa + h * BN * 128 + j * 32);
+                        wg_commit();
+                        if (h == 0) {
+                            load_raw<FMT>(sm0 + st * STAGE + XB, sm0 + st * STAGE + XB + WB, i, g, t, 1, r);
+                        } else if (kb + 1 < NK) {
+                            const int sn = (kb + 1) % STAGES;
+                            mb_wait(full0 + 8 * sn, ((kb + 1) / STAGES) & 1);
+                            load_raw<FMT>(sm0 + sn * STAGE + XB, sm0 + sn * STAGE + XB + WB, i, g, t, 0, r);
+                        }
+                        wg_wait<2>();
+                        pin_f32(acc);
+                        pin_u32(a[(2 * u + h + 1) % 3]);
+                        if (h == 1 && kb > 0) { /* the previous stage's last group has retired */
+                            __syncwarp();
+                            if (lane == 0) mb_arrive(empty0 + 8 * ((kb - 1) % STAGES));
+                        }
+                    }
+                }
+            }
+        }
+        wg_wait<0>();
+        pin_f32(acc);
+        pin_u32(a[0]);
+        pin_u32(a[1]);
+        pin_u32(a[2]);
     } else {
         /* MXFP8 / NVFP4: two A buffers, one per half. Half h's wgmmas run while the next half's
          * raw bytes are loaded and expanded into the other buffer; before expanding into a
@@ -702,7 +753,20 @@ __global__ void k_stage_x(const float *x, int T, int K, uint4 *xs, size_t n, con
 }
 
 /* a's shape: W's (rows, values / scales strides, K); the kernel for FMT, BN */
-template <int FMT, int BN, int CPS = 1> static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
+/* M3_GEMM_TC_NB=3: three A buffers in the MXFP8 / NVFP4 consumers (tiles of 64 / 128 tokens, one K
+ * slice of a multiple of 3 K blocks) */
+static int three_bufs(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("M3_GEMM_TC_NB");
+        v = e && !strcmp(e, "3");
+    }
+    return v;
+}
+
+template <int FMT, int BN, int CPS = 1, int NB = 2> static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
+    if constexpr (NB == 2 && CPS == 1 && FMT != M3_WF_BF16 && (BN == 64 || BN == 128))
+        if (three_bufs() && a.ksplit == 1 && (a.K / BK) % 3 == 0) return launch_args<FMT, BN, CPS, 3>(st, a, err);
     constexpr int SM = smem_bytes(FMT, BN, CPS);
     /* the shared-memory limit is an attribute of the kernel in each device's context (tensor parallel
      * ranks: one per GPU, on threads of their own): set once per device */
@@ -712,7 +776,7 @@ template <int FMT, int BN, int CPS = 1> static int launch_args(cudaStream_t st, 
     if (de != cudaSuccess) return m3_errf(err, "gemm_tc: no current device: %s", cudaGetErrorString(de));
     const unsigned long long bit = 1ull << (dev & 63);
     if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
-        cudaError_t e = cudaFuncSetAttribute(k_gemm_tc<FMT, BN, CPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, SM);
+        cudaError_t e = cudaFuncSetAttribute(k_gemm_tc<FMT, BN, CPS, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize, SM);
         if (e != cudaSuccess) return m3_errf(err, "gemm_tc: shared memory attribute: %s", cudaGetErrorString(e));
         __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
     }
@@ -726,7 +790,7 @@ template <int FMT, int BN, int CPS = 1> static int launch_args(cudaStream_t st, 
     }
     gemm_args b = a;
     b.spread = spread;
-    k_gemm_tc<FMT, BN, CPS><<<(unsigned)blocks, NTHREADS, SM, st>>>(b);
+    k_gemm_tc<FMT, BN, CPS, NB><<<(unsigned)blocks, NTHREADS, SM, st>>>(b);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return m3_errf(err, "gemm_tc: launch (%s %d x %d, T %d, mode %d): %s", m3_wfmt_name((m3_wfmt)FMT), a.N,
                                          a.K, a.T, a.mode, cudaGetErrorString(e));

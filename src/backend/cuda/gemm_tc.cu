@@ -572,95 +572,53 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
             __syncwarp();
             if (lane == 0) mb_arrive(empty0 + 8 * st); /* the stage's wgmmas are done: hand it back */
         }
-    } else if (NB == 3) {
-        /* MXFP8 / NVFP4 with three A buffers (M3_GEMM_TC_NB=3, an experiment): as below, but two
-         * groups stay in flight (wait_group 2), so a half's expansion has the wgmmas of the two
-         * halves before it to hide behind. Half q (2 kb + h) expands into buffer q % 3, last read by
-         * group q - 3, retired by the wait after half q - 1; the K blocks go in threes so that
-         * every buffer index is known at compile time (registers), and NK is a multiple of 3 (the
-         * host's condition: a K block skipped in the loop makes ptxas serialize the wgmmas, C7513).
-         * A stage goes back once its second half's group has retired: after the next stage's
-         * second half. */
-        uint32_t a[3][16];
-        for (int kb0 = 0; kb0 < NK; kb0 += 3) {
+    } else {
+        /* MXFP8 / NVFP4: NB A buffers (2; 3: M3_GEMM_TC_NB=3, an experiment), one per half in turn.
+         * Half q (2 kb + h) expands into buffer q % NB while the wgmma groups of the halves before
+         * it run: before expanding into a buffer, the group that read it (q - NB) is retired by the
+         * wait_group NB - 1 after half q - 1 (NB - 1 groups stay in flight, so ptxas need not
+         * serialize: the registers an in-flight wgmma reads are never redefined, C7513). The K
+         * blocks go in runs of KU (NB 3: 3, so that every buffer index is known at compile time;
+         * NK is then a multiple of 3, the host's condition: a K block skipped inside the loop
+         * makes ptxas serialize). A stage goes back to the producers once its second half's group
+         * has retired: NB 2 after the next stage's first half, NB 3 after its second. */
+        constexpr int KU = NB == 3 ? 3 : 1;
+        uint32_t a[NB][16];
+        for (int kb0 = 0; kb0 < NK; kb0 += KU) { /* kb: the CTA's K blocks, from kb0 */
 #pragma unroll
-            for (int u = 0; u < 3; u++) {
-                const int kb = kb0 + u;
-                {
-                    const int st = kb % STAGES;
-                    const uint32_t xa = smem_u32(smem + st * STAGE);
+            for (int u = 0; u < KU; u++) {
+                const int kb = kb0 + u, st = kb % STAGES;
+                const uint32_t xa = smem_u32(smem + st * STAGE);
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        uint32_t(&ab)[16] = a[(2 * u + h) % 3];
-                        expand<FMT>(r, ab);
-                        pin_f32(acc);
-                        wg_fence();
+                for (int h = 0; h < 2; h++) {
+                    uint32_t(&ab)[16] = a[(2 * u + h) % NB];
+                    expand<FMT>(r, ab);
+                    pin_f32(acc);
+                    wg_fence();
 #pragma unroll
-                        for (int j = 0; j < 4; j++) wgmma_tile<BN>(acc, ab + 4 * j, xa + h * BN * 128 + j * 32);
-                        wg_commit();
-                        if (h == 0) {
-                            load_raw<FMT>(sm0 + st * STAGE + XB, sm0 + st * STAGE + XB + WB, i, g, t, 1, r);
-                        } else if (kb + 1 < NK) {
-                            const int sn = (kb + 1) % STAGES;
-                            mb_wait(full0 + 8 * sn, ((kb + 1) / STAGES) & 1);
-                            load_raw<FMT>(sm0 + sn * STAGE + XB, sm0 + sn * STAGE + XB + WB, i, g, t, 0, r);
-                        }
-                        wg_wait<2>();
-                        pin_f32(acc);
-                        pin_u32(a[(2 * u + h + 1) % 3]);
-                        if (h == 1 && kb > 0) { /* the previous stage's last group has retired */
-                            __syncwarp();
-                            if (lane == 0) mb_arrive(empty0 + 8 * ((kb - 1) % STAGES));
-                        }
+                    for (int j = 0; j < 4; j++) wgmma_tile<BN>(acc, ab + 4 * j, xa + h * BN * 128 + j * 32);
+                    wg_commit();
+                    if (h == 0) {
+                        load_raw<FMT>(sm0 + st * STAGE + XB, sm0 + st * STAGE + XB + WB, i, g, t, 1, r);
+                    } else if (kb + 1 < NK) {
+                        const int sn = (kb + 1) % STAGES;
+                        mb_wait(full0 + 8 * sn, ((kb + 1) / STAGES) & 1);
+                        load_raw<FMT>(sm0 + sn * STAGE + XB, sm0 + sn * STAGE + XB + WB, i, g, t, 0, r);
+                    }
+                    wg_wait<NB - 1>();
+                    pin_f32(acc);
+                    pin_u32(a[(2 * u + h + 1) % NB]);
+                    if (h == NB - 2 && kb > 0) { /* the previous stage's last group has retired */
+                        __syncwarp();
+                        if (lane == 0) mb_arrive(empty0 + 8 * ((kb - 1) % STAGES));
                     }
                 }
             }
         }
         wg_wait<0>();
         pin_f32(acc);
-        pin_u32(a[0]);
-        pin_u32(a[1]);
-        pin_u32(a[2]);
-    } else {
-        /* MXFP8 / NVFP4: two A buffers, one per half. Half h's wgmmas run while the next half's
-         * raw bytes are loaded and expanded into the other buffer; before expanding into a
-         * buffer, the wgmmas that read it (two halves back) are retired by the wait_group 1 after
-         * the previous half (one group stays in flight, so ptxas need not serialize: the
-         * registers an in-flight wgmma reads are never redefined, C7513). A stage goes back to
-         * the producers once its second half's group has retired, i.e. after the next stage's
-         * first half. */
-        uint32_t a[2][16];
-        for (int kb = 0; kb < NK; kb++) { /* kb: the CTA's K blocks, from kb0 */
-            const int st = kb % STAGES;
-            const uint32_t xa = smem_u32(smem + st * STAGE);
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                expand<FMT>(r, a[h]);
-                pin_f32(acc);
-                wg_fence();
-#pragma unroll
-                for (int j = 0; j < 4; j++) wgmma_tile<BN>(acc, a[h] + 4 * j, xa + h * BN * 128 + j * 32);
-                wg_commit();
-                if (h == 0) {
-                    load_raw<FMT>(sm0 + st * STAGE + XB, sm0 + st * STAGE + XB + WB, i, g, t, 1, r);
-                } else if (kb + 1 < NK) {
-                    const int sn = (kb + 1) % STAGES;
-                    mb_wait(full0 + 8 * sn, ((kb + 1) / STAGES) & 1);
-                    load_raw<FMT>(sm0 + sn * STAGE + XB, sm0 + sn * STAGE + XB + WB, i, g, t, 0, r);
-                }
-                wg_wait<1>();
-                pin_f32(acc);
-                pin_u32(a[h ^ 1]);
-                if (h == 0 && kb > 0) { /* the previous stage's last group has retired */
-                    __syncwarp();
-                    if (lane == 0) mb_arrive(empty0 + 8 * ((kb - 1) % STAGES));
-                }
-            }
-        }
-        wg_wait<0>();
-        pin_f32(acc);
-        pin_u32(a[0]);
-        pin_u32(a[1]);
+        for (int b = 0; b < NB; b++) pin_u32(a[b]);
     }
     if (p.mode == 1) {
         /* SwiGLU-OAI: the up warpgroup hands its sums (thread for thread: the same fragment

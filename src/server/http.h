@@ -47,7 +47,9 @@ typedef struct http_opts {
      * called with the handler's arg, before the request (if any) is handled. NULL: none */
     void (*first_done)(void *arg);
     /* a reply was all handed to the kernel, or its connection closed before (http_stats.sending
-     * fell); called with the handler's arg. NULL: none */
+     * fell); called with the handler's arg. NULL: none. Both callbacks run inside this layer's
+     * write and close paths (before a closing connection's on_close): they must not drop, free
+     * or answer connections; arming an event for later is what they are for */
     void (*sent_done)(void *arg);
 } http_opts;
 

@@ -513,9 +513,9 @@ static void first_done(void *arg) {
     evtimer_add(s->first_wait, &now);
 }
 
-/* wait (first_wait) until m3_now() reaches t; 0 where the timer cannot be armed */
-static int wait_until(srv *s, double t) {
-    const double left = t - m3_now();
+/* wait (first_wait) from now until t; 0 where the timer cannot be armed */
+static int wait_until(srv *s, double now, double t) {
+    const double left = t > now ? t - now : 0;
     struct timeval dl = {(time_t)left, (suseconds_t)((left - (double)(time_t)left) * 1e6)};
     return !evtimer_add(s->first_wait, &dl);
 }
@@ -528,15 +528,17 @@ void srv_maybe_exit(srv *s) {
      * SRV_FIRST_WAIT s after the stop (a silent client does not hold the exit). Then the small
      * replies (503s, /metrics) still in the HTTP layer's buffers go out: the exit waits until
      * each is written or its connection closed (sent_done), for at most SRV_SEND_WAIT s (a client
-     * that does not read does not hold it). A timer that cannot be armed: exit now. */
+     * that does not read does not hold it); not when cancelling (a second signal, the drain
+     * deadline: exit at once). A timer that cannot be armed: exit now. */
     http_stats st;
     http_server_stats(s->http, &st);
     const double now = m3_now();
-    if (st.awaiting_first > 0 && !s->cancelling && now < s->drain_t0 + SRV_FIRST_WAIT && wait_until(s, s->drain_t0 + SRV_FIRST_WAIT))
+    if (st.awaiting_first > 0 && !s->cancelling && now < s->drain_t0 + SRV_FIRST_WAIT &&
+        wait_until(s, now, s->drain_t0 + SRV_FIRST_WAIT))
         return; /* (again: the same deadline) */
-    if (st.sending > 0) {
+    if (st.sending > 0 && !s->cancelling) {
         if (!s->send_dl) s->send_dl = now + SRV_SEND_WAIT;
-        if (now < s->send_dl && wait_until(s, s->send_dl)) return;
+        if (now < s->send_dl && wait_until(s, now, s->send_dl)) return;
     }
     evtimer_del(s->first_wait);
     struct timeval tv = {0, 0};

@@ -139,7 +139,8 @@ int main(void) {
         if (fds[i] >= 0) close(fds[i]);
     }
     CHECK(handled == 2, "%d requests handled", handled);
-    /* a client may read its answer before the loop has run the write's (deferred) callback */
+    /* both reports, waited for as a state: a report may come in a later pass of the loop than
+     * the one whose write the client has already read */
     while (sent < 2 && now() - t0 < 30) event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
     http_server_stats(hs, &hst);
     CHECK(hst.awaiting_first == 0, "no client from the queue waited for once both sent: %d", hst.awaiting_first);

@@ -13,9 +13,11 @@ mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz
 B=.gpu_bin; S=tests/data/m3.1-flash-shapes.json; W=/tmp/w; mkdir -p $W; END=${END:-560}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
 {
-for shp in "12288 6144" "6144 3072"; do for nb in 2 3; do
-  echo "== [$SECONDS] bench_cuda_gemm $shp, M3_GEMM_TC_NB=$nb"
-  M3_GEMM_TC_NB=$nb timeout 60 $B/bench_cuda_gemm $shp 2>&1 | grep -vE "^device"
+# NB 3 is taken for one K slice in tiles of 64 / 128 tokens: at 1024 tokens here (64 / 256 take K
+# slices, 4096 takes 192-token tiles), and at 4096 with the tiles forced to 128
+for shp in "12288 6144" "6144 3072"; do for v in "M3_GEMM_TC_NB=2" "M3_GEMM_TC_NB=3" "M3_GEMM_TC_BN=128" "M3_GEMM_TC_BN=128 M3_GEMM_TC_NB=3"; do
+  echo "== [$SECONDS] bench_cuda_gemm $shp, $v"
+  env $v timeout 60 $B/bench_cuda_gemm $shp 2>&1 | grep -vE "^device"
 done; done
 for nb in 2 3; do
   M3_GEMM_TC_NB=$nb timeout 60 $B/m3 bench --random-weights --config $S --layers 8 --batch 1 --context 8192 --steps 2 --prefill 4096 --profile > $W/p$nb.log 2>&1

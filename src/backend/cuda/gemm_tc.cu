@@ -581,13 +581,17 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
          * blocks go in runs of KU (NB 3: 3, so that every buffer index is known at compile time;
          * NK is then a multiple of 3, the host's condition: a K block skipped inside the loop
          * makes ptxas serialize). A stage goes back to the producers once its second half's group
-         * has retired: NB 2 after the next stage's first half, NB 3 after its second. */
+         * has retired: NB 2 after the next stage's first half, NB 3 after its second (waited for
+         * before the stage after it: the producers stay a stage further ahead, which NB 3 needs
+         * at least 3 stages for). */
         constexpr int KU = NB == 3 ? 3 : 1;
+        static_assert(NB == 2 || (NB == 3 && STAGES >= 3), "three A buffers: at least 3 stages");
+        if (NB == 3 && NK % 3) __trap(); /* the host's condition (launch_args): runs of 3 K blocks */
         uint32_t a[NB][16];
-        for (int kb0 = 0; kb0 < NK; kb0 += KU) { /* kb: the CTA's K blocks, from kb0 */
+        for (int kr = 0; kr < NK; kr += KU) { /* kb: the CTA's K blocks (from its slice's first) */
 #pragma unroll
             for (int u = 0; u < KU; u++) {
-                const int kb = kb0 + u, st = kb % STAGES;
+                const int kb = kr + u, st = kb % STAGES;
                 const uint32_t xa = smem_u32(smem + st * STAGE);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
@@ -598,6 +602,17 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
 #pragma unroll
                     for (int j = 0; j < 4; j++) wgmma_tile<BN>(acc, ab + 4 * j, xa + h * BN * 128 + j * 32);
                     wg_commit();
+                    /* NB 3, second half: retire and release before waiting for the next stage */
+                    const bool early = NB == 3 && h == 1;
+                    if (early) {
+                        wg_wait<NB - 1>();
+                        pin_f32(acc);
+                        pin_u32(a[(2 * u + h + 1) % NB]);
+                    }
+                    if (h == NB - 2 && kb > 0 && early) { /* the previous stage's last group has retired */
+                        __syncwarp();
+                        if (lane == 0) mb_arrive(empty0 + 8 * ((kb - 1) % STAGES));
+                    }
                     if (h == 0) {
                         load_raw<FMT>(sm0 + st * STAGE + XB, sm0 + st * STAGE + XB + WB, i, g, t, 1, r);
                     } else if (kb + 1 < NK) {
@@ -605,10 +620,12 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
                         mb_wait(full0 + 8 * sn, ((kb + 1) / STAGES) & 1);
                         load_raw<FMT>(sm0 + sn * STAGE + XB, sm0 + sn * STAGE + XB + WB, i, g, t, 0, r);
                     }
-                    wg_wait<NB - 1>();
-                    pin_f32(acc);
-                    pin_u32(a[(2 * u + h + 1) % NB]);
-                    if (h == NB - 2 && kb > 0) { /* the previous stage's last group has retired */
+                    if (!early) {
+                        wg_wait<NB - 1>();
+                        pin_f32(acc);
+                        pin_u32(a[(2 * u + h + 1) % NB]);
+                    }
+                    if (h == NB - 2 && kb > 0 && !early) { /* the previous stage's last group has retired */
                         __syncwarp();
                         if (lane == 0) mb_arrive(empty0 + 8 * ((kb - 1) % STAGES));
                     }

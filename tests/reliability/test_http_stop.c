@@ -4,7 +4,8 @@
  * after it find no socket; the server is told how many of them have yet to send a request (it
  * waits for them before it exits), and of each one's first request as it comes (first_done); each
  * reply counts as being sent (http_stats.sending) from the handler's answer until it is all written
- * (sent_done), which a stopping server waits for too. Closing the socket with them queued reset
+ * (sent_done), or until its connection goes (a client that closes on an 8 MB reply it has not
+ * read), which a stopping server waits for too. Closing the socket with them queued reset
  * them unread: a batch runner could not tell such a request from one the server ran and lost
  * (server_batch's interrupted run).
  * The event loop does not run between the connects and the stop, so the clients are in the queue
@@ -39,11 +40,17 @@ static void first_done(void *arg) {
     firsts++;
 }
 
+#define BIG ((size_t)8 << 20) /* a reply no socket buffer takes whole */
+
 static void handler(http_req *r, void *arg) {
     (void)arg;
     handled++;
     struct evbuffer *b = evbuffer_new();
-    evbuffer_add_printf(b, "answer to %s", http_target(r));
+    if (!strcmp(http_target(r), "/big")) {
+        char *z = calloc(1, BIG);
+        if (z) evbuffer_add(b, z, BIG);
+        free(z);
+    } else evbuffer_add_printf(b, "answer to %s", http_target(r));
     http_reply(r, 200, "text/plain", b);
     evbuffer_free(b);
     http_stats st;
@@ -151,6 +158,26 @@ int main(void) {
           "each reply counted as being sent until written: %d / %d at the answers, %d after, %d sent_done calls", sending_at_answer[0],
           sending_at_answer[1], hst.sending, sent);
     http_server_free(hs);
+
+    /* a reply its client closes on unread: it counts as being sent until the connection goes */
+    snprintf(path, sizeof path, "%s/t.sock", dir);
+    hs = http_server_new(base, &o, handler, NULL);
+    CHECK(hs && !http_server_listen_unix(hs, path, err, sizeof err), "second listener: %s", err);
+    const int c = hs ? client(path) : -1;
+    CHECK(c >= 0 && !send_all(c, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n"), "send /big");
+    const int handled0 = handled, sent0 = sent;
+    const double t1 = now();
+    while (hs && handled == handled0 && now() - t1 < 30) event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+    if (hs) http_server_stats(hs, &hst);
+    CHECK(handled == handled0 + 1 && hst.sending == 1 && sent == sent0, "the big reply is being sent: %d handled, %d sending, %d reports",
+          handled - handled0, hst.sending, sent - sent0);
+    if (c >= 0) close(c);
+    while (hs && sent == sent0 && now() - t1 < 30) event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+    if (hs) http_server_stats(hs, &hst);
+    CHECK(sent == sent0 + 1 && hst.sending == 0 && hst.connections == 0, "its client gone: %d reports, %d sending, %d open",
+          sent - sent0, hst.sending, hst.connections);
+    if (hs) http_server_free(hs);
+    unlink(path);
     event_base_free(base);
     rmdir(dir);
     if (failures) fprintf(stderr, "test_http_stop: %d checks failed\n", failures);

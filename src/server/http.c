@@ -198,8 +198,19 @@ static void write_head(http_req *r, int status, const char *ctype, long long cle
     evbuffer_add(out, "\r\n", 2);
 }
 
+/* every change of a connection's state: http_stats.sending counts those in C_SENDING */
+static void set_state(http_conn *c, int state) {
+    if (state == c->state) return;
+    const int was = c->state == C_SENDING;
+    c->state = state;
+    if (state == C_SENDING) c->hs->st.sending++;
+    else if (was) {
+        c->hs->st.sending--;
+        if (c->hs->o.sent_done) c->hs->o.sent_done(c->hs->arg);
+    }
+}
+
 /* the whole response is handed over: the request ends once it is written */
-static void set_state(http_conn *c, int state);
 static void reply_done(http_req *r) {
     http_conn *c = r->c;
     set_state(c, C_SENDING);
@@ -256,18 +267,6 @@ void http_drop(http_req *r) {
 }
 
 /* ------------------------------------------------------------------ connections */
-
-/* every change of a connection's state: http_stats.sending counts those in C_SENDING */
-static void set_state(http_conn *c, int state) {
-    if (state == c->state) return;
-    const int was = c->state == C_SENDING;
-    c->state = state;
-    if (state == C_SENDING) c->hs->st.sending++;
-    else if (was) {
-        c->hs->st.sending--;
-        if (c->hs->o.sent_done) c->hs->o.sent_done(c->hs->arg);
-    }
-}
 
 static void set_read_ahead(http_conn *c, size_t n) { bufferevent_setwatermark(c->bev, EV_READ, 0, n); }
 

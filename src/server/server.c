@@ -499,25 +499,25 @@ static void exit_cb(evutil_socket_t fd, short what, void *arg) {
     event_base_loopbreak(s->base);
 }
 
-static void first_wait_cb(evutil_socket_t fd, short what, void *arg) {
+static void exit_wait_cb(evutil_socket_t fd, short what, void *arg) {
     (void)fd; (void)what;
     srv_maybe_exit(arg);
 }
 
 /* the HTTP layer: a connection's first request came or the client went, or a reply was written;
  * a stopping server waiting for them looks again once the loop is back (a request handled by then) */
-static void first_done(void *arg) {
+static void exit_recheck(void *arg) {
     srv *s = arg;
-    if (!s->draining || !s->first_wait || !evtimer_pending(s->first_wait, NULL)) return;
+    if (!s->draining || !s->exit_wait || !evtimer_pending(s->exit_wait, NULL)) return;
     struct timeval now = {0, 0};
-    evtimer_add(s->first_wait, &now);
+    evtimer_add(s->exit_wait, &now);
 }
 
-/* wait (first_wait) from now until t; 0 where the timer cannot be armed */
+/* wait (exit_wait) from now until t; 0 where the timer cannot be armed */
 static int wait_until(srv *s, double now, double t) {
     const double left = t > now ? t - now : 0;
     struct timeval dl = {(time_t)left, (suseconds_t)((left - (double)(time_t)left) * 1e6)};
-    return !evtimer_add(s->first_wait, &dl);
+    return !evtimer_add(s->exit_wait, &dl);
 }
 
 void srv_maybe_exit(srv *s) {
@@ -540,7 +540,7 @@ void srv_maybe_exit(srv *s) {
         if (!s->send_dl) s->send_dl = now + SRV_SEND_WAIT;
         if (now < s->send_dl && wait_until(s, now, s->send_dl)) return;
     }
-    evtimer_del(s->first_wait);
+    evtimer_del(s->exit_wait);
     struct timeval tv = {0, 0};
     event_base_once(s->base, -1, EV_TIMEOUT, exit_cb, s, &tv);
 }
@@ -625,7 +625,7 @@ static void srv_cleanup(srv *s) {
     if (s->http) http_server_free(s->http); /* closes connections; their close callbacks still see live hreqs */
     srv_free_all(s);
     struct event *ev[] = {s->notify, s->sigint, s->sigterm, s->peek, s->deadline, s->hard_stop, s->dead_ev, s->stop_ev,
-                          s->first_wait};
+                          s->exit_wait};
     for (size_t i = 0; i < sizeof ev / sizeof *ev; i++)
         if (ev[i]) event_free(ev[i]);
     if (s->base) event_base_free(s->base);
@@ -682,8 +682,8 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
      * (the kernel doubles it), so that a client that stops reading pins little in the kernel and
      * its output piles up where the stall check sees it (srv_peek); a token stream needs far less. */
     http_opts ho = {o->max_header_bytes ? o->max_header_bytes : (size_t)64 << 10, o->max_body ? o->max_body : (size_t)32 << 20,
-                    o->timeout, o->max_connections, (int)SRV_SNDBUF, http_error_body, "application/json", first_done,
-                    first_done};
+                    o->timeout, o->max_connections, (int)SRV_SNDBUF, http_error_body, "application/json", exit_recheck,
+                    exit_recheck};
     s->http = s->base ? http_server_new(s->base, &ho, route, s) : NULL;
     if (!s->http) { srv_cleanup(s); return m3_errf(err, "cannot create the HTTP server (out of memory)"); }
     if (!getenv("M3_KEEP_NOFILE")) raise_nofile(); /* tests set it to keep a small limit */
@@ -698,12 +698,12 @@ int m3_server_run(m3_engine *e, const m3_tok *tok, const m3_chat *chat, int voca
     s->peek = event_new(s->base, -1, EV_PERSIST, peek_cb, s);
     s->deadline = evtimer_new(s->base, deadline_cb, s);
     s->hard_stop = evtimer_new(s->base, hard_stop_cb, s);
-    s->first_wait = evtimer_new(s->base, first_wait_cb, s);
+    s->exit_wait = evtimer_new(s->base, exit_wait_cb, s);
     s->dead_ev = event_new(s->base, -1, 0, dead_cb, s);
     s->stop_ev = event_new(s->base, -1, 0, on_signal, s); /* m3_server_shutdown: no signal number */
     struct timeval tv = {0, 200000};
     if (!s->notify || !s->sigint || !s->sigterm || !s->peek || !s->deadline || !s->hard_stop || !s->dead_ev || !s->stop_ev ||
-        !s->first_wait ||
+        !s->exit_wait ||
         event_add(s->sigint, NULL) || event_add(s->sigterm, NULL) || event_add(s->peek, &tv)) {
         srv_cleanup(s);
         return m3_errf(err, "cannot set up the event loop (out of memory)");

@@ -193,7 +193,7 @@ struct srv {
     hreq *live;
     int n_live;
     int draining, cancelling;
-    struct event *first_wait;  /* draining: fires srv_maybe_exit at a deadline (SRV_FIRST_WAIT, SRV_SEND_WAIT), or at
+    struct event *exit_wait;   /* draining: fires srv_maybe_exit at a deadline (SRV_FIRST_WAIT, SRV_SEND_WAIT), or at
                                 * once when a connected client's first request comes or the client goes
                                 * (first_done), or a reply has been written (sent_done) */
     double drain_t0;           /* when draining began (m3_now) */

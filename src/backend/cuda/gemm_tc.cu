@@ -602,17 +602,20 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
 #pragma unroll
                     for (int j = 0; j < 4; j++) wgmma_tile<BN>(acc, ab + 4 * j, xa + h * BN * 128 + j * 32);
                     wg_commit();
-                    /* NB 3, second half: retire and release before waiting for the next stage */
-                    const bool early = NB == 3 && h == 1;
-                    if (early) {
+                    /* retire all but NB - 1 groups; at h == NB - 2 the previous stage's last group
+                     * is among the retired: hand that stage back */
+                    auto retire = [&]() {
                         wg_wait<NB - 1>();
                         pin_f32(acc);
                         pin_u32(a[(2 * u + h + 1) % NB]);
-                    }
-                    if (h == NB - 2 && kb > 0 && early) { /* the previous stage's last group has retired */
-                        __syncwarp();
-                        if (lane == 0) mb_arrive(empty0 + 8 * ((kb - 1) % STAGES));
-                    }
+                        if (h == NB - 2 && kb > 0) {
+                            __syncwarp();
+                            if (lane == 0) mb_arrive(empty0 + 8 * ((kb - 1) % STAGES));
+                        }
+                    };
+                    /* NB 3, second half: before waiting for the next stage */
+                    const bool early = NB == 3 && h == 1;
+                    if (early) retire();
                     if (h == 0) {
                         load_raw<FMT>(sm0 + st * STAGE + XB, sm0 + st * STAGE + XB + WB, i, g, t, 1, r);
                     } else if (kb + 1 < NK) {
@@ -620,15 +623,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
                         mb_wait(full0 + 8 * sn, ((kb + 1) / STAGES) & 1);
                         load_raw<FMT>(sm0 + sn * STAGE + XB, sm0 + sn * STAGE + XB + WB, i, g, t, 0, r);
                     }
-                    if (!early) {
-                        wg_wait<NB - 1>();
-                        pin_f32(acc);
-                        pin_u32(a[(2 * u + h + 1) % NB]);
-                    }
-                    if (h == NB - 2 && kb > 0 && !early) { /* the previous stage's last group has retired */
-                        __syncwarp();
-                        if (lane == 0) mb_arrive(empty0 + 8 * ((kb - 1) % STAGES));
-                    }
+                    if (!early) retire();
                 }
             }
         }
@@ -727,18 +722,20 @@ __global__ void k_stage_x(const float *x, int T, int K, uint4 *xs, size_t n, con
     }
 }
 
-/* a's shape: W's (rows, values / scales strides, K); the kernel for FMT, BN */
+/* 1 when environment variable name is set to val (the switches for measurements) */
+static int env_is(const char *name, const char *val) {
+    const char *e = getenv(name);
+    return e && !strcmp(e, val);
+}
+
 /* M3_GEMM_TC_NB=3: three A buffers in the MXFP8 / NVFP4 consumers (tiles of 64 / 128 tokens, one K
  * slice of a multiple of 3 K blocks) */
 static int three_bufs(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("M3_GEMM_TC_NB");
-        v = e && !strcmp(e, "3");
-    }
+    static const int v = env_is("M3_GEMM_TC_NB", "3");
     return v;
 }
 
+/* a's shape: W's (rows, values / scales strides, K); the kernel for FMT, BN */
 template <int FMT, int BN, int CPS = 1, int NB = 2> static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
     if constexpr (NB == 2 && CPS == 1 && FMT != M3_WF_BF16 && (BN == 64 || BN == 128))
         if (three_bufs() && a.ksplit == 1 && (a.K / BK) % 3 == 0) return launch_args<FMT, BN, CPS, 3>(st, a, err);
@@ -758,11 +755,7 @@ template <int FMT, int BN, int CPS = 1, int NB = 2> static int launch_args(cudaS
     const long long blocks = (long long)a.nm * a.nt * a.ksplit;
     if (blocks > 0x7fffffffLL) return m3_errf(err, "gemm_tc: %lld tiles", blocks);
     if (blocks < 1) return 0;
-    static int spread = -1; /* the producers' copies round-robin over their warps (M3_GEMM_TC_SPREAD=0: in order) */
-    if (spread < 0) {
-        const char *sp = getenv("M3_GEMM_TC_SPREAD");
-        spread = !(sp && !strcmp(sp, "0"));
-    }
+    static const int spread = !env_is("M3_GEMM_TC_SPREAD", "0"); /* the producers' copies round-robin over their warps */
     gemm_args b = a;
     b.spread = spread;
     k_gemm_tc<FMT, BN, CPS, NB><<<(unsigned)blocks, NTHREADS, SM, st>>>(b);
@@ -774,11 +767,7 @@ template <int FMT, int BN, int CPS = 1, int NB = 2> static int launch_args(cudaS
 
 /* M3_GEMM_TC_CPS=2: the token tiles of 16 / 32 with two CTAs an SM */
 static int two_per_sm(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("M3_GEMM_TC_CPS");
-        v = e && !strcmp(e, "2");
-    }
+    static const int v = env_is("M3_GEMM_TC_CPS", "2");
     return v;
 }
 
@@ -786,8 +775,7 @@ static int two_per_sm(void) {
  * driver has none. M3_GEMM_TC_TMA=0: BF16 weights by row copies (measurements). */
 static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled(void) {
     static const PFN_cuTensorMapEncodeTiled_v12000 fn = []() -> PFN_cuTensorMapEncodeTiled_v12000 {
-        const char *e = getenv("M3_GEMM_TC_TMA");
-        if (e && !strcmp(e, "0")) return NULL;
+        if (env_is("M3_GEMM_TC_TMA", "0")) return NULL;
         void *f = NULL;
         cudaDriverEntryPointQueryResult q;
         if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
@@ -886,11 +874,7 @@ static int sm_count(void) {
 /* the token tile (gemm_tiles.h: 192 for MXFP8 / NVFP4 where it saves waves); M3_GEMM_TC_BN=128 /
  * 192: that tile above 128 tokens (192: MXFP8 / NVFP4 only), for measurements */
 static int bn_for(int T, int fmt, int N) {
-    static int force = -1;
-    if (force < 0) {
-        const char *e = getenv("M3_GEMM_TC_BN");
-        force = e && !strcmp(e, "192") ? 192 : e && !strcmp(e, "128") ? 128 : 0;
-    }
+    static const int force = env_is("M3_GEMM_TC_BN", "192") ? 192 : env_is("M3_GEMM_TC_BN", "128") ? 128 : 0;
     if (force && T > 128 && (force == 128 || fmt != M3_WF_BF16)) return force; /* (BF16 at 192: 2 stages) */
     return m3_gemm_tc_bn(T, fmt != M3_WF_BF16, N, sm_count());
 }

@@ -198,6 +198,10 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
     gauge(&b, "m3_num_requests_waiting", "Sequences queued in the engine (inbox included).", st->waiting);
     gauge(&b, "m3_http_requests_in_flight", "Generation requests received and not yet answered.", info->http_in_flight);
     gauge(&b, "m3_http_connections", "Client connections open.", info->http_connections);
+    gauge(&b, "m3_requests_preparing", "Requests being prepared off the event loop (chat template, tokenizer, images).",
+          info->preparing);
+    counter(&b, "m3_requests_prepared_total", "Requests the preparation threads finished with (answered or admitted).",
+            (uint64_t)info->prepared);
     counter(&b, "m3_http_requests_refused_total",
             "Requests refused before routing: malformed (RFC 9112), over a size limit, or not arriving within --timeout.",
             (uint64_t)info->http_refused);

@@ -48,6 +48,8 @@ typedef struct m3_metrics_info {
     int max_waiting;
     int draining;              /* 1 after SIGTERM / SIGINT */
     int http_in_flight;        /* generation requests not finished */
+    int preparing;             /* requests on the preparation threads (prompt rendering, image decoding) */
+    unsigned long prepared;    /* requests the preparation threads have finished with */
     int http_connections;      /* client connections open */
     unsigned long http_refused;/* requests the HTTP layer refused (malformed, over a limit, late) */
     unsigned long http_slow_requests;   /* of them, requests that did not arrive within --timeout */

@@ -422,6 +422,7 @@ static void done_cb(evutil_socket_t fd, short what, void *arg) {
         while (order) {
             prep_job *nx = order->next;
             s->n_prep--;
+            s->n_prepared++;
             if (order->all_prev) order->all_prev->all_next = order->all_next;
             else s->prep_all = order->all_next;
             if (order->all_next) order->all_next->all_prev = order->all_prev;

@@ -301,7 +301,8 @@ static int h_metrics(http_req *req, srv *s) {
     m3_engine_get_stats(s->e, &st);
     m3_metrics_info info = {.model_name = s->o->model_name, .capacity_tokens = m3_engine_capacity_tokens(s->e),
                             .max_model_len = m3_engine_max_model_len(s->e), .kv_bytes_per_token = s->o->kv_bytes_per_token,
-                            .max_waiting = s->o->max_waiting, .draining = s->draining, .http_in_flight = s->n_live};
+                            .max_waiting = s->o->max_waiting, .draining = s->draining, .http_in_flight = s->n_live,
+                            .preparing = s->n_prep, .prepared = s->n_prepared};
     http_stats hst;
     http_server_stats(s->http, &hst);
     info.http_connections = hst.connections;

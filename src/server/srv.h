@@ -207,6 +207,7 @@ struct srv {
     prep_job *prep_all;     /* every job not answered yet (loop only; srv_prep_fds) */
     int prep_stop, prep_init, n_prep_th;
     int n_prep;             /* jobs submitted and not answered yet (loop only): in flight, as n_live */
+    unsigned long n_prepared; /* jobs finished (loop only): /metrics' m3_requests_prepared_total */
     atomic_size_t px_held;  /* bytes of preprocessed pixels held by requests (jobs and hreqs), against
                              * o->max_image_memory */
     pthread_t prep_th[SRV_MAX_PREP];

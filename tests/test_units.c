@@ -11,6 +11,7 @@
 #include "backend/runs.h"
 #include "backend/dsa_runs.h"
 #include "backend/graph_refuse.h"
+#include "backend/attn_pow2.h"
 #include "backend/gemm_tiles.h"
 #include "backend/streamk.h"
 #include "base/pool.h"
@@ -409,6 +410,16 @@ static void test_streamk(void) {
     }
 }
 
+/* attn_pow2.h: 2^d exactly for every integer d in [-126, 0] (against ldexpf), 0 below the normal range
+ * and for -inf and NaN (the first chunk's running max) */
+static void test_attn_pow2(void) {
+    int bad = 0;
+    for (int d = -126; d <= 0; d++) bad += m3_pow2_int((float)d) != ldexpf(1.f, d);
+    CHECK(!bad, "m3_pow2_int: %d of 127 integer exponents wrong", bad);
+    CHECK(m3_pow2_int(-127.f) == 0.f && m3_pow2_int(-1000.f) == 0.f && m3_pow2_int(-INFINITY) == 0.f && m3_pow2_int(NAN) == 0.f,
+          "m3_pow2_int below the normal range, -inf, NaN: 0");
+}
+
 /* gemm_tiles.h: the token tiles of the tensor-core GEMM. The cases PERF.md measured (session 38,
  * 132 SMs) take the tile that won there; 192 is never taken unless it saves whole waves and fills
  * two, nor below 129 tokens or for BF16. An expert's tiles cover its rows exactly, with at most one
@@ -615,6 +626,7 @@ int main(void) {
     test_err_oom();
     test_streamk();
     test_gemm_tiles();
+    test_attn_pow2();
     test_graph_refuse();
     test_utf8_space();
     test_dsa_runs();

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/attn_pow2.h"
 #include "base/num.h"
 #include "cpu.h"
 
@@ -20,10 +21,6 @@ typedef struct {
 } att_job;
 
 #define CHUNK 64
-#define M3_LOG2E_F 1.4426950408889634f
-
-/* 2^d for an integer-valued d <= 0 (-inf, NaN: 0), exactly */
-static float pow2_int(float d) { return !(d >= -126.f) ? 0.f : m3_f32_from_bits((uint32_t)(127 + (int)d) << 23); }
 
 /* Near-tie recording (m3_cpu_ties, precision bf16): a probability p = 2^(s2 - M) rounds to bf16
  * at a midpoint within ulps (2 + |s2|) f32 ulps (its error grows with the score's magnitude: s2's
@@ -112,7 +109,7 @@ static void att_items(void *arg, size_t i0, size_t i1, int worker) {
                     float sum = 0;
                     if (rb) {
                         mx = ceilf(mx);
-                        const float corr = pow2_int(m[h] - mx); /* 0 on the first chunk (m = -inf) */
+                        const float corr = m3_pow2_int(m[h] - mx); /* 0 on the first chunk (m = -inf) */
                         if (corr != 1.0f) for (int d = 0; d < D; d++) ah[d] *= corr;
                         tw[h] *= corr;
                         for (int i = 0; i < n; i++) {

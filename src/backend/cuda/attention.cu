@@ -119,7 +119,7 @@ __global__ void k_attn_f32(kvdesc d, const int32_t *pos, const int32_t *seq, con
             if (lane < ACH) ps[h * ACH + lane] = e_;
             float sum = warp_sum(e_);
             if (lane == 0) {
-                float corr = RB ? pow2_int(ml[h] - mx) : expf(ml[h] - mx); /* 0 on the first chunk */
+                float corr = RB ? m3_pow2_int(ml[h] - mx) : expf(ml[h] - mx); /* 0 on the first chunk */
                 ml[2 * G + h] = corr;
                 ml[G + h] = ml[G + h] * corr + sum;
                 ml[h] = mx;
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(NW * 32) k_attn_f32_g16(kvdesc d, const int32_
             ps[h * ACH + lane] = e_;
             float sum = warp_sum(e_);
             if (lane == 0) {
-                float corr = RB ? pow2_int(ml[h] - mx) : expf(ml[h] - mx);
+                float corr = RB ? m3_pow2_int(ml[h] - mx) : expf(ml[h] - mx);
                 ml[2 * G + h] = corr;
                 ml[G + h] = ml[G + h] * corr + sum;
                 ml[h] = mx;
@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(AT_NW * 32) k_attn_mma(kvdesc d, const int32_t
         for (int w = 0; w < AT_NW; w++) M = fmaxf(M, wml[w * 32 + tid]);
 #pragma unroll
         for (int w = 0; w < AT_NW; w++) {
-            const float mw = wml[w * 32 + tid], f = NP == 1 ? pow2_int(mw - M) : mw == -INFINITY ? 0.f : expf(mw - M);
+            const float mw = wml[w * 32 + tid], f = NP == 1 ? m3_pow2_int(mw - M) : mw == -INFINITY ? 0.f : expf(mw - M);
             wf[w * 16 + tid] = f;
             L += wml[w * 32 + 16 + tid] * f;
         }
@@ -478,8 +478,8 @@ __global__ void __launch_bounds__(1024) k_attn_merge_lse(const float *part, int 
         if (lane + 32 < nsplit) { m1 = base[(lane + 32) * sstride]; l1 = base[(lane + 32) * sstride + 1]; }
         const float M = warp_max(fmaxf(m0, m1));
         /* lg2 (precision bf16): maxima in log2 units, integers: exact powers of two (attn_mma.cuh) */
-        const float w0 = lg2 ? pow2_int(m0 - M) : m0 != -INFINITY ? expf(m0 - M) : 0.0f;
-        const float w1 = lg2 ? pow2_int(m1 - M) : m1 != -INFINITY ? expf(m1 - M) : 0.0f;
+        const float w0 = lg2 ? m3_pow2_int(m0 - M) : m0 != -INFINITY ? expf(m0 - M) : 0.0f;
+        const float w1 = lg2 ? m3_pow2_int(m1 - M) : m1 != -INFINITY ? expf(m1 - M) : 0.0f;
         const float L = warp_sum(l0 * w0 + l1 * w1);
         if (lane < nsplit) wsh[lane] = w0;
         if (lane + 32 < nsplit) wsh[lane + 32] = w1;

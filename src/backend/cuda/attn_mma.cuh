@@ -13,6 +13,7 @@
 #ifndef M3_CUDA_ATTN_MMA_CUH
 #define M3_CUDA_ATTN_MMA_CUH
 
+#include "backend/attn_pow2.h"
 #include "formats.cuh"
 #include "ptx.cuh"
 
@@ -25,12 +26,6 @@
  * max s2, P_j = bf16(2^(s2_j - M)) and out = sum P_j v_j / sum P_j. A running max kept integer
  * (ceil) rescales by exact powers of two, which commute with the rounding; the running max is in
  * log2 units, and so are the partial results' maxima that the merges weigh by powers of two too. */
-#define M3_LOG2E_F 1.4426950408889634f
-
-/* 2^d for an integer-valued d <= 0 (-inf, NaN: 0), exactly */
-static __device__ __forceinline__ float pow2_int(float d) {
-    return !(d >= -126.f) ? 0.f : __int_as_float((127 + (int)d) << 23);
-}
 
 /* 8 floats (exact in bf16) -> 8 bf16 */
 static __device__ __forceinline__ uint4 bf8(const float *f) {
@@ -140,7 +135,7 @@ static __device__ __forceinline__ void attn_chunk_mma(const uint16_t *qs, const 
     }
     const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1); /* finite: n >= 1 key in the chunk */
     /* 0 on the first chunk; NP = 1: exact powers of two */
-    const float c0 = NP == 1 ? pow2_int(m0 - n0) : expf(m0 - n0), c1 = NP == 1 ? pow2_int(m1 - n1) : expf(m1 - n1);
+    const float c0 = NP == 1 ? m3_pow2_int(m0 - n0) : expf(m0 - n0), c1 = NP == 1 ? m3_pow2_int(m1 - n1) : expf(m1 - n1);
     m0 = n0;
     m1 = n1;
     l0 *= c0;

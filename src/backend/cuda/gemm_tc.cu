@@ -394,6 +394,18 @@ template <int BN> static __device__ __forceinline__ void wgmma_tile(float (&d)[B
     } else wgmma_bn<BN>(d, a, desc_sw128(b));
 }
 
+/* one half of a K block (4 k16 steps, x's tile at shared address xh): the raw weights expanded into
+ * the A registers a, then the half's wgmmas as one committed group (not waited for) */
+template <int FMT, int BN>
+static __device__ __forceinline__ void mma_half(float (&acc)[BN / 2], const raw_frag &r, uint32_t (&a)[16], uint32_t xh) {
+    expand<FMT>(r, a);
+    pin_f32(acc);
+    wg_fence();
+#pragma unroll
+    for (int j = 0; j < 4; j++) wgmma_tile<BN>(acc, a + 4 * j, xh + j * 32);
+    wg_commit();
+}
+
 /* ------------------------------------------------------------------ the GEMM kernel */
 
 /* CPS: CTAs an SM holds (2: fewer stages and at most 80 registers a thread, for the small token
@@ -552,12 +564,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
             const uint32_t xa = smem_u32(smem + st * STAGE);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                expand<FMT>(r, a0);
-                pin_f32(acc);
-                wg_fence();
-#pragma unroll
-                for (int j = 0; j < 4; j++) wgmma_tile<BN>(acc, a0 + 4 * j, xa + h * BN * 128 + j * 32);
-                wg_commit();
+                mma_half<FMT, BN>(acc, r, a0, xa + h * BN * 128);
                 wg_wait<0>();
                 pin_f32(acc);
                 pin_u32(a0);
@@ -595,13 +602,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
                 const uint32_t xa = smem_u32(smem + st * STAGE);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    uint32_t(&ab)[16] = a[(2 * u + h) % NB];
-                    expand<FMT>(r, ab);
-                    pin_f32(acc);
-                    wg_fence();
-#pragma unroll
-                    for (int j = 0; j < 4; j++) wgmma_tile<BN>(acc, ab + 4 * j, xa + h * BN * 128 + j * 32);
-                    wg_commit();
+                    mma_half<FMT, BN>(acc, r, a[(2 * u + h) % NB], xa + h * BN * 128);
                     /* retire all but NB - 1 groups; at h == NB - 2 the previous stage's last group
                      * is among the retired: hand that stage back */
                     auto retire = [&]() {

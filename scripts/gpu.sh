@@ -238,6 +238,11 @@ run "$BIN/bench_cuda_linear"
 # multiple of 3 K blocks), checked and timed beside the default
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_NB=3 run "$BIN/bench_cuda_gemm" 12288 6144
 [ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_NB=3 run "$BIN/bench_cuda_moe"
+# 192-token tiles by one n192 wgmma a k16 step (M3_GEMM_TC_N192=1, an experiment): the ragged shapes
+# in full at forced 192 tiles, then timed at 4096 tokens and in the MoE (its fat tiles) beside the default
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_N192=1 M3_GEMM_TC_BN=192 run "$BIN/bench_cuda_gemm" --ragged
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_N192=1 run "$BIN/bench_cuda_gemm" 12288 6144
+[ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_N192=1 run "$BIN/bench_cuda_moe"
 
 fi
 if want 4; then

@@ -263,6 +263,43 @@ static __device__ __forceinline__ void wgmma_n128(float (&d)[64], const uint32_t
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
+/* D[64][192] += A (registers, bf16) x B (shared, K-major, 128-byte swizzle) */
+static __device__ __forceinline__ void wgmma_n192(float (&d)[96], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %101, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, "
+        "%40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, "
+        "%72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, "
+        "%88, %89, %90, %91, %92, %93, %94, %95"
+        "}, {%96, %97, %98, %99}, %100, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
 /* ------------------------------------------------------------------ weight expansion */
 
 /* f16x2 bits times sc -> bf16x2 */
@@ -387,8 +424,11 @@ template <> __device__ __forceinline__ void wgmma_bn<128>(float (&d)[64], const 
 /* one k16 step of the CTA's BN tokens, x's K-major tile at shared address b: BN 192 is an n128 wgmma
  * over tokens 0-127 and an n64 one over tokens 128-191 (the staged pieces from 2 * XPIECE on), on the
  * same A registers; their accumulators in a row are BN 192's fragment (token group j at d[4 j ..]) */
-template <int BN> static __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], const uint32_t *a, uint32_t b) {
-    if constexpr (BN == 192) {
+template <int BN, bool N192 = false>
+static __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], const uint32_t *a, uint32_t b) {
+    if constexpr (BN == 192 && N192) {
+        wgmma_n192(d, a, desc_sw128(b)); /* the same fragment in one instruction (M3_GEMM_TC_N192=1) */
+    } else if constexpr (BN == 192) {
         wgmma_n128(*reinterpret_cast<float(*)[64]>(&d[0]), a, desc_sw128(b));
         wgmma_n64(*reinterpret_cast<float(*)[32]>(&d[64]), a, desc_sw128(b + 2 * XPIECE));
     } else wgmma_bn<BN>(d, a, desc_sw128(b));
@@ -396,13 +436,13 @@ template <int BN> static __device__ __forceinline__ void wgmma_tile(float (&d)[B
 
 /* one half of a K block (4 k16 steps, x's tile at shared address xh): the raw weights expanded into
  * the A registers a, then the half's wgmmas as one committed group (not waited for) */
-template <int FMT, int BN>
+template <int FMT, int BN, bool N192>
 static __device__ __forceinline__ void mma_half(float (&acc)[BN / 2], const raw_frag &r, uint32_t (&a)[16], uint32_t xh) {
     expand<FMT>(r, a);
     pin_f32(acc);
     wg_fence();
 #pragma unroll
-    for (int j = 0; j < 4; j++) wgmma_tile<BN>(acc, a + 4 * j, xh + j * 32);
+    for (int j = 0; j < 4; j++) wgmma_tile<BN, N192>(acc, a + 4 * j, xh + j * 32);
     wg_commit();
 }
 
@@ -411,7 +451,7 @@ static __device__ __forceinline__ void mma_half(float (&acc)[BN / 2], const raw_
 /* CPS: CTAs an SM holds (2: fewer stages and at most 80 registers a thread, for the small token
  * tiles, whose CTAs wait on latency: M3_GEMM_TC_CPS=2, an experiment for now). NB: the consumers'
  * A buffers for MXFP8 / NVFP4 (2; 3: M3_GEMM_TC_NB=3, an experiment) */
-template <int FMT, int BN, int CPS = 1, int NB = 2>
+template <int FMT, int BN, int CPS = 1, int NB = 2, bool N192 = false>
 __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant__ gemm_args p) {
     constexpr int STAGES = n_stages(FMT, BN, CPS), STAGE = stage_bytes(FMT, BN);
     constexpr int XB = BN * 256, WB = w_bytes(FMT);
@@ -564,7 +604,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
             const uint32_t xa = smem_u32(smem + st * STAGE);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                mma_half<FMT, BN>(acc, r, a0, xa + h * BN * 128);
+                mma_half<FMT, BN, N192>(acc, r, a0, xa + h * BN * 128);
                 wg_wait<0>();
                 pin_f32(acc);
                 pin_u32(a0);
@@ -602,7 +642,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
                 const uint32_t xa = smem_u32(smem + st * STAGE);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    mma_half<FMT, BN>(acc, r, a[(2 * u + h) % NB], xa + h * BN * 128);
+                    mma_half<FMT, BN, N192>(acc, r, a[(2 * u + h) % NB], xa + h * BN * 128);
                     /* retire all but NB - 1 groups; at h == NB - 2 the previous stage's last group
                      * is among the retired: hand that stage back */
                     auto retire = [&]() {
@@ -736,10 +776,19 @@ static int three_bufs(void) {
     return v;
 }
 
+/* M3_GEMM_TC_N192=1: 192-token tiles by one n192 wgmma a k16 step, not an n128 and an n64 (an experiment) */
+static int one_n192(void) {
+    static const int v = env_is("M3_GEMM_TC_N192", "1");
+    return v;
+}
+
 /* a's shape: W's (rows, values / scales strides, K); the kernel for FMT, BN */
-template <int FMT, int BN, int CPS = 1, int NB = 2> static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
+template <int FMT, int BN, int CPS = 1, int NB = 2, bool N192 = false>
+static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
     if constexpr (NB == 2 && CPS == 1 && FMT != M3_WF_BF16 && (BN == 64 || BN == 128))
         if (three_bufs() && a.ksplit == 1 && (a.K / BK) % 3 == 0) return launch_args<FMT, BN, CPS, 3>(st, a, err);
+    if constexpr (BN == 192 && !N192)
+        if (one_n192()) return launch_args<FMT, BN, CPS, NB, true>(st, a, err);
     constexpr int SM = smem_bytes(FMT, BN, CPS);
     /* the shared-memory limit is an attribute of the kernel in each device's context (tensor parallel
      * ranks: one per GPU, on threads of their own): set once per device */
@@ -749,7 +798,7 @@ template <int FMT, int BN, int CPS = 1, int NB = 2> static int launch_args(cudaS
     if (de != cudaSuccess) return m3_errf(err, "gemm_tc: no current device: %s", cudaGetErrorString(de));
     const unsigned long long bit = 1ull << (dev & 63);
     if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
-        cudaError_t e = cudaFuncSetAttribute(k_gemm_tc<FMT, BN, CPS, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize, SM);
+        cudaError_t e = cudaFuncSetAttribute(k_gemm_tc<FMT, BN, CPS, NB, N192>, cudaFuncAttributeMaxDynamicSharedMemorySize, SM);
         if (e != cudaSuccess) return m3_errf(err, "gemm_tc: shared memory attribute: %s", cudaGetErrorString(e));
         __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
     }
@@ -759,7 +808,7 @@ template <int FMT, int BN, int CPS = 1, int NB = 2> static int launch_args(cudaS
     static const int spread = !env_is("M3_GEMM_TC_SPREAD", "0"); /* the producers' copies round-robin over their warps */
     gemm_args b = a;
     b.spread = spread;
-    k_gemm_tc<FMT, BN, CPS, NB><<<(unsigned)blocks, NTHREADS, SM, st>>>(b);
+    k_gemm_tc<FMT, BN, CPS, NB, N192><<<(unsigned)blocks, NTHREADS, SM, st>>>(b);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return m3_errf(err, "gemm_tc: launch (%s %d x %d, T %d, mode %d): %s", m3_wfmt_name((m3_wfmt)FMT), a.N,
                                          a.K, a.T, a.mode, cudaGetErrorString(e));

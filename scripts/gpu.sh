@@ -243,6 +243,9 @@ run "$BIN/bench_cuda_linear"
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_N192=1 M3_GEMM_TC_BN=192 run "$BIN/bench_cuda_gemm" --ragged
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_N192=1 run "$BIN/bench_cuda_gemm" 12288 6144
 [ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_N192=1 run "$BIN/bench_cuda_moe"
+# 256-token tiles for NVFP4 (M3_GEMM_TC_BN=256, an experiment: n256 wgmmas, registers by setmaxnreg)
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=256 run "$BIN/bench_cuda_gemm" --ragged
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=256 run "$BIN/bench_cuda_gemm" 12288 6144
 
 fi
 if want 4; then

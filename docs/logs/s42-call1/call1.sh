@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 42, call 1: (1) 192-token tiles by one n192 wgmma a k16 step instead of an n128 and an n64 on
+# Session 42, call 1: (1) 256-token tiles for NVFP4 (M3_GEMM_TC_BN=256: n256 wgmmas, 128 accumulators a
+# thread by setmaxnreg) checked on the ragged shapes and timed; 192-token tiles by one n192 wgmma a k16 step instead of an n128 and an n64 on
 # the same A registers (M3_GEMM_TC_N192=1): the ragged shapes in full, the MoE's ragged checks, then
 # timed against the default (12288 x 6144 and 6144 x 3072, the MoE op, the 8-layer 4096-token
 # prefill); (2) on an H200, the 30-layer figures of issue 27 (dspark step at batch 1 and 8) and the
@@ -20,6 +21,11 @@ for shp in "12288 6144" "6144 3072"; do for v in "M3_GEMM_TC_N192=0" "M3_GEMM_TC
   echo "== [$SECONDS] bench_cuda_gemm $shp, $v"
   env $v timeout 60 $B/bench_cuda_gemm $shp 2>&1 | grep -vE "^device"
 done; done
+M3_GEMM_TC_BN=256 timeout 60 $B/bench_cuda_gemm --ragged > $W/g256.log 2>&1; echo "[$SECONDS] gemm ragged 256 rc $?"; grep -c FAIL $W/g256.log; tail -1 $W/g256.log
+for shp in "12288 6144" "6144 3072" "8192 6144"; do
+  echo "== [$SECONDS] bench_cuda_gemm $shp, M3_GEMM_TC_BN=256 (NVFP4 above 192 tokens)"
+  M3_GEMM_TC_BN=256 timeout 60 $B/bench_cuda_gemm $shp 2>&1 | grep -E "^nvfp4|FAIL"
+done
 for v in 0 1 0 1; do
   M3_GEMM_TC_N192=$v timeout 60 $B/m3 bench --random-weights --config $S --layers 8 --batch 1 --context 8192 --steps 2 --prefill 4096 --profile > $W/pn$v.log 2>&1
   echo "== [$SECONDS] 8 layers, M3_GEMM_TC_N192=$v rc $?"; grep -E "^prefill" -A3 $W/pn$v.log | cut -c1-300

@@ -167,6 +167,12 @@ static __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *m
 }
 static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+/* the warpgroup's registers a thread (multiple of 8): given back by the producers, taken by the
+ * consumers (BN 256: 128 accumulators a thread). The CTA's 384 x 168 = 128 x 56 + 256 x 224. */
+template <int R> static __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R> static __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * 168, "setmaxnreg: the CTA's registers");
 template <int N> static __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
@@ -300,6 +306,51 @@ static __device__ __forceinline__ void wgmma_n192(float (&d)[96], const uint32_t
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
+/* D[64][256] += A (registers, bf16) x B (shared, K-major, 128-byte swizzle) */
+static __device__ __forceinline__ void wgmma_n256(float (&d)[128], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, "
+        "%40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, "
+        "%72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, "
+        "%88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, "
+        "%104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, "
+        "%120, %121, %122, %123, %124, %125, %126, %127"
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
 /* ------------------------------------------------------------------ weight expansion */
 
 /* f16x2 bits times sc -> bf16x2 */
@@ -421,6 +472,9 @@ template <> __device__ __forceinline__ void wgmma_bn<64>(float (&d)[32], const u
 template <> __device__ __forceinline__ void wgmma_bn<128>(float (&d)[64], const uint32_t *a, uint64_t desc) {
     wgmma_n128(d, a, desc);
 }
+template <> __device__ __forceinline__ void wgmma_bn<256>(float (&d)[128], const uint32_t *a, uint64_t desc) {
+    wgmma_n256(d, a, desc);
+}
 /* one k16 step of the CTA's BN tokens, x's K-major tile at shared address b: BN 192 is an n128 wgmma
  * over tokens 0-127 and an n64 one over tokens 128-191 (the staged pieces from 2 * XPIECE on), on the
  * same A registers; their accumulators in a row are BN 192's fragment (token group j at d[4 j ..]) */
@@ -500,6 +554,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
     __syncthreads();
 
     if (warp < 4) {
+        if constexpr (BN == 256) regs_dec<PRODUCER_REGS>();
         /* producers: the 4 warps of warpgroup 0 share a stage's bulk copies (a copy's operands
          * are uniform registers, so a warp issues its lanes' copies one after another: ~50
          * cycles each, which one warp alone made the bottleneck). Copy q of a stage: x pieces
@@ -583,6 +638,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
     }
 
     /* consumers */
+    if constexpr (BN == 256) regs_inc<CONSUMER_REGS>();
     const int wg = warp / 4 - 1, i = wg * 4 + warp % 4; /* the warp's 16-row tile of the CTA's 8 */
     const int g = lane / 4, t = lane % 4;
     float acc[BN / 2];
@@ -922,9 +978,13 @@ static int sm_count(void) {
 }
 
 /* the token tile (gemm_tiles.h: 192 for MXFP8 / NVFP4 where it saves waves); M3_GEMM_TC_BN=128 /
- * 192: that tile above 128 tokens (192: MXFP8 / NVFP4 only), for measurements */
+ * 192: that tile above 128 tokens (192: MXFP8 / NVFP4 only), for measurements; 256: NVFP4 above 192
+ * tokens (an experiment: 128 accumulators a thread, the registers moved by setmaxnreg; MXFP8's
+ * stage would leave 2 stages) */
 static int bn_for(int T, int fmt, int N) {
-    static const int force = env_is("M3_GEMM_TC_BN", "192") ? 192 : env_is("M3_GEMM_TC_BN", "128") ? 128 : 0;
+    static const int force = env_is("M3_GEMM_TC_BN", "256") ? 256 : env_is("M3_GEMM_TC_BN", "192") ? 192
+                             : env_is("M3_GEMM_TC_BN", "128") ? 128 : 0;
+    if (force == 256) return T > 192 && fmt == M3_WF_NVFP4 ? 256 : m3_gemm_tc_bn(T, fmt != M3_WF_BF16, N, sm_count());
     if (force && T > 128 && (force == 128 || fmt != M3_WF_BF16)) return force; /* (BF16 at 192: 2 stages) */
     return m3_gemm_tc_bn(T, fmt != M3_WF_BF16, N, sm_count());
 }
@@ -965,7 +1025,9 @@ extern "C" int m3_cu_gemm_tc_staged_split(void *stream, const m3_linear *W, cons
     switch (W->fmt) {
     case M3_WF_BF16: rc = LIN_BN(M3_WF_BF16); break;
     case M3_WF_MXFP8: rc = bn == 192 ? launch<M3_WF_MXFP8, 192>(LIN_ARGS) : LIN_BN(M3_WF_MXFP8); break;
-    default: rc = bn == 192 ? launch<M3_WF_NVFP4, 192>(LIN_ARGS) : LIN_BN(M3_WF_NVFP4); break;
+    default:
+        rc = bn == 256 ? launch<M3_WF_NVFP4, 256>(LIN_ARGS) : bn == 192 ? launch<M3_WF_NVFP4, 192>(LIN_ARGS) : LIN_BN(M3_WF_NVFP4);
+        break;
     }
 #undef LIN_BN
 #undef LIN_ARGS

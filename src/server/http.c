@@ -488,6 +488,7 @@ static void accept_error_cb(struct evconnlistener *lis, void *arg) {
 static void relisten_cb(evutil_socket_t fd, short what, void *arg) {
     (void)fd; (void)what;
     http_server *hs = arg;
+    hs->st.accept_resumes++;
     if (!hs->paused_cap) resume_listener(hs);
 }
 

@@ -64,6 +64,7 @@ typedef struct http_stats {
     unsigned long write_timeouts;  /* connections closed: the client took no bytes for the timeout */
     unsigned long turned_away;     /* connections closed as soon as accepted: no memory for their state */
     unsigned long accept_pauses, cap_pauses;
+    unsigned long accept_resumes;  /* accept pauses ended (the 100 ms timer): at most one pause is pending */
     int awaiting_first;            /* open connections whose first request has not come (a new client's, or one
                                     * taken from the listen queue at the stop): a server stopping answers them first */
     int sending;                   /* open connections whose whole reply is in this layer's buffers, not yet all

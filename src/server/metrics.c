@@ -208,6 +208,10 @@ char *m3_metrics_render(const m3_metrics *m, const m3_engine_stats *st, const m3
     counter(&b, "m3_http_connections_turned_away_total",
             "Connections closed as soon as accepted: no memory for their state (the client sees the connection closed).",
             (uint64_t)info->http_turned_away);
+    counter(&b, "m3_http_accept_pauses_total", "Times accept() failed for want of file descriptors and the listener paused for 100 ms.",
+            (uint64_t)info->http_accept_pauses);
+    counter(&b, "m3_http_accept_resumes_total", "Those pauses ended (the listener accepts again unless at --max-connections).",
+            (uint64_t)info->http_accept_resumes);
     gauge(&b, "m3_max_waiting", "Waiting sequences at which new generation requests get 429.", info->max_waiting);
     gauge(&b, "m3_draining", "1 while shutting down (SIGTERM / SIGINT received).", info->draining);
     gauge(&b, "m3_kv_blocks_used", "KV cache blocks (pages) held by sequences.", st->kv_blocks_used);

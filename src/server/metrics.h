@@ -55,6 +55,8 @@ typedef struct m3_metrics_info {
     unsigned long http_slow_requests;   /* of them, requests that did not arrive within --timeout */
     unsigned long http_write_timeouts;  /* connections closed: the client took no bytes for --timeout */
     unsigned long http_turned_away;     /* connections closed as soon as accepted: no memory for their state */
+    unsigned long http_accept_pauses;   /* accept() out of file descriptors: the listener paused for 100 ms */
+    unsigned long http_accept_resumes;  /* those pauses ended */
     int responses_store;       /* stored responses (resp_store.h): report these */
     unsigned long responses_stored, responses_evicted;
     size_t responses_bytes, responses_cap;

@@ -310,6 +310,8 @@ static int h_metrics(http_req *req, srv *s) {
     info.http_slow_requests = hst.slow_requests;
     info.http_write_timeouts = hst.write_timeouts;
     info.http_turned_away = hst.turned_away;
+    info.http_accept_pauses = hst.accept_pauses;
+    info.http_accept_resumes = hst.accept_resumes;
     if (s->store) {
         m3_resp_store_stats rs;
         m3_resp_store_get_stats(s->store, &rs);

@@ -31,7 +31,6 @@ import asyncio
 import json
 import os
 import sys
-import time
 
 import srvlib
 from srvlib import check
@@ -403,7 +402,10 @@ async def slow_and_many(m3, ck):
 async def fd_exhaustion(m3, ck):
     """100 connections against a limit of 64 open files: the listener pauses instead of retrying
     accept() in a loop (before: 8 s of CPU in 10 and /health timing out), and serves again once
-    the connections are gone."""
+    the connections are gone. Seen by state: /metrics over a connection opened before them counts
+    the pauses and their ends; a listener left enabled would fail accept() over and over between
+    two ends of a pause (before: thousands of failures a second), a paused one once."""
+    import re
     import resource
     import socket
 
@@ -411,21 +413,33 @@ async def fd_exhaustion(m3, ck):
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
     srv = srvlib.Server(m3, ck, [], env=dict(os.environ, M3_KEEP_NOFILE="1"), preexec_fn=low_limit)
     socks = []
+    kr, kw = await asyncio.open_connection("127.0.0.1", srv.port)  # kept alive: /metrics while no fd is left
+
+    async def kept_metrics():
+        kw.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        await kw.drain()
+        head = await asyncio.wait_for(kr.readuntil(b"\r\n\r\n"), 60)
+        body = await asyncio.wait_for(kr.readexactly(int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))), 60)
+        m = {}
+        for line in body.decode().splitlines():
+            if line and not line.startswith("#"):
+                k, _, v = line.rpartition(" ")
+                m[k] = float(v)
+        return m
     try:
+        m0 = await kept_metrics()
         for _ in range(100):
             socks.append(socket.create_connection(("127.0.0.1", srv.port)))
+        seen = {}
 
-        async def paused():
-            return "cannot accept connections" in srv.log
-        await srvlib.wait_for("the listener to pause", paused)
-
-        def cpu():
-            f = open(f"/proc/{srv.proc.pid}/stat").read().rsplit(")", 1)[1].split()
-            return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-        c0, t0 = cpu(), time.monotonic()
-        await asyncio.sleep(1.0)  # a rate measured over a second, not a wait for a state
-        used = (cpu() - c0) / (time.monotonic() - t0)
-        check(used < 0.25, f"out of file descriptors: the server uses {100 * used:.0f}% of a CPU (a spinning accept: ~80%)")
+        async def paused_thrice():  # (or failing accepts while no pause is pending: a spin)
+            m = seen["m"] = await kept_metrics()
+            return m["m3_http_accept_resumes_total"] >= 3 or m["m3_http_accept_pauses_total"] > m["m3_http_accept_resumes_total"] + 1
+        await srvlib.wait_for("three accept pauses to end", paused_thrice)
+        m = seen["m"]
+        p, r = m["m3_http_accept_pauses_total"], m["m3_http_accept_resumes_total"]
+        check(m0["m3_http_accept_pauses_total"] == 0 and r >= 3 and r <= p <= r + 1 and "cannot accept connections" in srv.log,
+              f"out of file descriptors: {p:.0f} failed accepts, each a pause ({r:.0f} ended), not a spin")
         for k in socks:
             k.close()
         socks = []
@@ -433,6 +447,7 @@ async def fd_exhaustion(m3, ck):
         check(await srvlib.wait_for("/health once the connections are gone", lambda: srvlib.healthy("127.0.0.1", srv.port)),
               "then it serves again")
     finally:
+        kw.close()
         for k in socks:
             k.close()
         srv.stop()

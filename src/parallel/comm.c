@@ -128,6 +128,14 @@ static void t_destroy(m3_comm *c) {
     free(c);
 }
 
+int m3_comm_threads_waiting(m3_comm *c) {
+    tshared *s = c->impl;
+    pthread_mutex_lock(&s->mu);
+    const int n = s->arrived;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 int m3_comm_threads_create(int n, m3_comm **comms, m3_err *err) {
     if (n < 1) return m3_errf(err, "thread communicator: %d ranks (need at least 1)", n);
     tshared *s = calloc(1, sizeof *s);

@@ -68,6 +68,8 @@ static inline int m3_comm_set_stream(m3_comm *c, void *stream, m3_err *err) { re
 
 /* N thread ranks: comms[0..n) (one handle per rank). */
 int m3_comm_threads_create(int n, m3_comm **comms, m3_err *err);
+/* Thread communicators: how many ranks wait in the current barrier now (tests: a rank is blocked). */
+int m3_comm_threads_waiting(m3_comm *c);
 
 /* 1 when this build has the NCCL communicator. */
 int m3_comm_nccl_built(void);

@@ -14,6 +14,7 @@
  * Usage: test_tp [DATA_DIR (default tests/data)] */
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,8 +105,7 @@ static void test_abort(void) {
     abort_arg x = {.c = cs[0]};
     pthread_t th;
     pthread_create(&th, NULL, abort_waiter, &x);
-    struct timespec ts = {0, 20 * 1000 * 1000};
-    nanosleep(&ts, NULL);
+    while (m3_comm_threads_waiting(cs[1]) < 1) sched_yield(); /* rank 0 blocked in the barrier: then abort */
     m3_comm_abort(cs[1]);
     pthread_join(th, NULL);
     CHECK(x.rc == -1 && strstr(x.err.msg, "aborted"), "abort: rc %d '%s'", x.rc, x.err.msg);

@@ -84,7 +84,11 @@ try {
   ok(flat.length === CLIENTS * PER && bad.length === 0, `${CLIENTS} concurrent clients x ${PER} streams: all ${flat.length} complete and well-formed (${secs.toFixed(1)} s, ${toks} tokens, ${peakRunning} seen running at once)`);
   ok(diff.length === 0, 'every output equals the same request alone (greedy and seeded)');
   ok(peakRunning > 8, 'requests really ran batched together');
-  const m = await metrics(srv.base);
+  // the streams have all ended; the engine and the HTTP layer let their requests go just after
+  // (a state to wait for: a hung server's limit, 120 s)
+  const idle = x => x.m3_num_requests_running === 0 && x.m3_num_requests_waiting === 0 && x.m3_kv_blocks_used === 0 && x.m3_http_requests_in_flight === 0;
+  let m = await metrics(srv.base);
+  for (const t1 = Date.now(); !idle(m) && Date.now() - t1 < 120000; m = await metrics(srv.base)) await new Promise(r => setTimeout(r, 10));
   ok(m.m3_num_requests_running === 0 && m.m3_num_requests_waiting === 0 && m.m3_kv_blocks_used === 0 && m.m3_http_requests_in_flight === 0, 'afterwards: nothing running or waiting, no KV blocks held');
   ok(m['m3_http_responses_total{code="200"}'] >= specs.length + flat.length && m.m3_time_to_first_token_seconds_count >= flat.length && m.m3_inter_token_latency_seconds_count > 0, '/metrics counted the requests and their latencies');
   // the same numbers under vLLM's names (vllm:..., label model_name): what a vLLM dashboard queries

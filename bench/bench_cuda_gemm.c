@@ -208,16 +208,17 @@ int main(int argc, char **argv) {
         for (int fi = 0; fi < 3; fi++) fails += run_case(&c, fm[fi], N, K, Ts, quick ? 3 : 4, 0, 1);
     } else {
         /* ragged: full check, no comparison timing */
-        /* tiles of 16, 128, 128, 64, 16, 32, 128, 128 tokens (M3_GEMM_TC_BN=192: 130, 200 and 300 in tiles of
-         * 192, the last one holding 3, 1 and 2 staged pieces of 64) */
-        const int Tr[8] = {1, 77, 130, 64, 9, 20, 200, 300};
-        fails += run_case(&c, M3_WF_BF16, 520, 384, Tr, 8, 1, 0);
-        fails += run_case(&c, M3_WF_MXFP8, 528, 640, Tr, 8, 1, 0);
-        fails += run_case(&c, M3_WF_NVFP4, 528, 640, Tr, 8, 1, 0);
+        /* tiles of 16, 128, 128, 64, 16, 32, 128, 128 tokens (M3_GEMM_TC_BN=192: 130, 200, 300, 330 and 400
+         * in tiles of 192, the last one holding 3, 1, 2, 3 and 1 staged pieces of 64; M3_GEMM_TC_BN=256,
+         * NVFP4: 200, 300, 330 and 400 in tiles of 256, the last one holding 4, 1, 2 and 3) */
+        const int Tr[10] = {1, 77, 130, 64, 9, 20, 200, 300, 330, 400};
+        fails += run_case(&c, M3_WF_BF16, 520, 384, Tr, 10, 1, 0);
+        fails += run_case(&c, M3_WF_MXFP8, 528, 640, Tr, 10, 1, 0);
+        fails += run_case(&c, M3_WF_NVFP4, 528, 640, Tr, 10, 1, 0);
         fails += run_case(&c, M3_WF_BF16, 200, 256, Tr, 3, 1, 0);
         /* 8 row tiles (one raster group), the last of 16 rows (904: 8 rows) */
-        fails += run_case(&c, M3_WF_BF16, 904, 384, Tr, 8, 1, 0);
-        fails += run_case(&c, M3_WF_NVFP4, 912, 640, Tr, 8, 1, 0);
+        fails += run_case(&c, M3_WF_BF16, 904, 384, Tr, 10, 1, 0);
+        fails += run_case(&c, M3_WF_NVFP4, 912, 640, Tr, 10, 1, 0);
         /* 64 tokens over 17 row chunks (the last of 16 rows): K slices would leave 10% of an H200's
          * 264 places empty, so gemm_ft splits the work stream-K (ranges crossing tiles, 2-3 partial sums) */
         fails += run_case(&c, M3_WF_MXFP8, 2064, 4096, Tr + 3, 1, 1, 0);

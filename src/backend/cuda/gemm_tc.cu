@@ -11,13 +11,16 @@
  * smallest that holds them; 192 for MXFP8 / NVFP4 where it takes fewer waves: bn_for; MoE tiles by
  * the average expert's rows, and with 128 a 64-row tile for an expert's last rows where that holds
  * them, or its last 192 rows one tile: moe.cu), K in blocks of 128. BN 192 runs an n128 and an n64
- * wgmma on the same A registers (wgmma_tile).
+ * wgmma on the same A registers (wgmma_tile; M3_GEMM_TC_N192=1: one n192, an experiment). BN 256
+ * (NVFP4, M3_GEMM_TC_BN=256 only, an experiment): an n256 wgmma, 128 accumulators a thread, the
+ * registers moved from the producers to the consumers by setmaxnreg.
  * 384 threads: warps 4-11 are two consumer warpgroups of 64 rows each
  * (warp w of a consumer group owns one 16-row tile of the backend's tiled layout); warps 0-3
  * (warpgroup 0) are the producers. Grid: one CTA per output tile, the
  * row tiles in groups of 8 with the token tiles inside each group (L2 reuse of both operands).
  *
- * Pipeline: STAGES shared-memory stages (BN 128: BF16 3, MXFP8 4, NVFP4 5; BN 64: 4, 6, 8; BN 192: -, 3, 3),
+ * Pipeline: STAGES shared-memory stages (BN 128: BF16 3, MXFP8 4, NVFP4 5; BN 64: 4, 6, 8; BN 192: -, 3, 3;
+ * BN 256: NVFP4 3),
  * each holding one 128-wide K block: x (BN x 128 bf16), the raw weight bytes of the 128 rows
  * and their scales. The 4 producer warps fill a stage with 1-D bulk copies (cp.async.bulk ...
  * mbarrier::complete_tx; the tiled MXFP8 / NVFP4 layout is already made of contiguous runs), BF16
@@ -168,11 +171,13 @@ static __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *m
 static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 /* the warpgroup's registers a thread (multiple of 8): given back by the producers, taken by the
- * consumers (BN 256: 128 accumulators a thread). The CTA's 384 x 168 = 128 x 56 + 256 x 224. */
+ * consumers (BN 256: 128 accumulators a thread). The launch gives each thread 168 (one CTA an SM:
+ * 65536 / 384 rounded down to 8); the consumers' setmaxnreg.inc waits until the pool holds what it
+ * asks for, so the two must balance that launch count exactly (one CTA an SM, CPS 1: asserted) */
 template <int R> static __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
 template <int R> static __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
-constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
-static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * 168, "setmaxnreg: the CTA's registers");
+constexpr int LAUNCH_REGS = 65536 / NTHREADS / 8 * 8, PRODUCER_REGS = 56, CONSUMER_REGS = 224;
+static_assert(LAUNCH_REGS == 168 && 128 * PRODUCER_REGS + 256 * CONSUMER_REGS == NTHREADS * LAUNCH_REGS, "setmaxnreg: the CTA's registers");
 template <int N> static __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
@@ -507,6 +512,7 @@ static __device__ __forceinline__ void mma_half(float (&acc)[BN / 2], const raw_
  * A buffers for MXFP8 / NVFP4 (2; 3: M3_GEMM_TC_NB=3, an experiment) */
 template <int FMT, int BN, int CPS = 1, int NB = 2, bool N192 = false>
 __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant__ gemm_args p) {
+    static_assert(BN != 256 || (CPS == 1 && NTHREADS == 384), "BN 256: setmaxnreg balances one CTA an SM of 384 threads");
     constexpr int STAGES = n_stages(FMT, BN, CPS), STAGE = stage_bytes(FMT, BN);
     constexpr int XB = BN * 256, WB = w_bytes(FMT);
     extern __shared__ uint8_t smem_raw[];
@@ -856,6 +862,14 @@ static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
     if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
         cudaError_t e = cudaFuncSetAttribute(k_gemm_tc<FMT, BN, CPS, NB, N192>, cudaFuncAttributeMaxDynamicSharedMemorySize, SM);
         if (e != cudaSuccess) return m3_errf(err, "gemm_tc: shared memory attribute: %s", cudaGetErrorString(e));
+        if constexpr (BN == 256) { /* setmaxnreg balances LAUNCH_REGS exactly: with fewer, the consumers would wait forever */
+            cudaFuncAttributes fa;
+            e = cudaFuncGetAttributes(&fa, k_gemm_tc<FMT, BN, CPS, NB, N192>);
+            if (e != cudaSuccess) return m3_errf(err, "gemm_tc: kernel attributes: %s", cudaGetErrorString(e));
+            if (fa.numRegs != LAUNCH_REGS)
+                return m3_errf(err, "gemm_tc: the 256-token kernel was built with %d registers a thread, not %d (setmaxnreg would not balance)",
+                               fa.numRegs, LAUNCH_REGS);
+        }
         __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
     }
     const long long blocks = (long long)a.nm * a.nt * a.ksplit;

@@ -194,8 +194,8 @@ struct srv {
     int n_live;
     int draining, cancelling;
     struct event *exit_wait;   /* draining: fires srv_maybe_exit at a deadline (SRV_FIRST_WAIT, SRV_SEND_WAIT), or at
-                                * once when a connected client's first request comes or the client goes
-                                * (first_done), or a reply has been written (sent_done) */
+                                * once (exit_recheck) when a connected client's first request comes or the client
+                                * goes (http_opts.first_done), or a reply has been written (http_opts.sent_done) */
     double drain_t0;           /* when draining began (m3_now) */
     double send_dl;            /* draining: until when the exit waits for replies being written (0: not yet set) */
     m3_metrics m;

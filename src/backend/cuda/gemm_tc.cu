@@ -998,8 +998,8 @@ static int sm_count(void) {
 static int bn_for(int T, int fmt, int N) {
     static const int force = env_is("M3_GEMM_TC_BN", "256") ? 256 : env_is("M3_GEMM_TC_BN", "192") ? 192
                              : env_is("M3_GEMM_TC_BN", "128") ? 128 : 0;
-    if (force == 256) return T > 192 && fmt == M3_WF_NVFP4 ? 256 : m3_gemm_tc_bn(T, fmt != M3_WF_BF16, N, sm_count());
-    if (force && T > 128 && (force == 128 || fmt != M3_WF_BF16)) return force; /* (BF16 at 192: 2 stages) */
+    if (force == 256 ? T > 192 && fmt == M3_WF_NVFP4 : force && T > 128 && (force == 128 || fmt != M3_WF_BF16))
+        return force; /* (BF16 at 192: 2 stages) */
     return m3_gemm_tc_bn(T, fmt != M3_WF_BF16, N, sm_count());
 }
 

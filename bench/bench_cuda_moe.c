@@ -18,9 +18,10 @@
  * the bf16 roundings of h that f32 order can flip (values within 3e-5 of a rounding midpoint:
  * each flip is taken when it brings the reference closer to the GPU; raw_l2 is the row before,
  * up to ~2e-4 at these shapes from one or two such flips).
- * Checked: a ragged case in full (16 experts of which 6 get no token, T = 64, 77, 130, 200; NVFP4,
- * MXFP8 and BF16 experts),
- * then a sample of tokens (first, last, random) at the real shapes for T = 64 .. 4096.
+ * Checked: a ragged case in full (16 experts of which 6 get no token, T = 64, 77, 130, 200, 400;
+ * NVFP4, MXFP8 and BF16 experts; every tile, 256 rows for NVFP4),
+ * then a sample of tokens (first, last, random) at the real shapes for T = 64 .. 4096 (from 2048
+ * also with 256-row tiles, timed).
  * Time: the whole MoE op (router .. combine), mean of reps after a warm-up: the grouped GEMMs
  * (bf16), the bf16 mode without them (M3_MOE_TC=0), and the exact mode.
  *
@@ -247,7 +248,8 @@ static double run_moe(m3_ops *g, layer *y, const float *dx, int T, float *dy, in
     return (m3_cuda_sync_time(g) - t0) / reps;
 }
 
-/* check (ntok sampled rows, or all when ntok >= T) and time one T; returns failures */
+/* check (ntok sampled rows, or all when ntok >= T) and time one T (timed 1: every path, 2: the op as
+ * the environment has it); returns failures */
 static int one(m3_ops *g, layer *y, int T, int ntok, int timed) {
     const int H = y->H;
     m3_err err;
@@ -300,7 +302,11 @@ static int one(m3_ops *g, layer *y, int T, int ntok, int timed) {
         }
     }
     const double E = y->E, flop = 2.0 * T * (TOPK * 3.0 * H * y->F + 3.0 * H * y->Fs + E * H);
-    if (timed) {
+    if (timed == 2) { /* checked, and the op timed as the caller's environment sets it */
+        const double tn = run_moe(g, y, dx, T, dy, T >= 2048 ? 5 : 10);
+        printf("%5d %6d/%-3d %9.2e %9.2e %6.1f %9.3f ms %7.1f TFLOP/s %s\n", T, checked, skipped, worst_raw, worst,
+               (double)flips / (checked ? checked : 1), tn * 1e3, flop / tn / 1e12, fails ? "FAIL" : "");
+    } else if (timed) {
         const int reps = T >= 2048 ? 5 : 10, oreps = T >= 2048 ? 2 : 5;
         const double tn = run_moe(g, y, dx, T, dy, reps);
         setenv("M3_MOE_FT", "0", 1); /* the grouped GEMMs on the wgmma kernel (the op's choice above 512 tokens) */
@@ -350,14 +356,16 @@ int main(int argc, char **argv) {
         printf("ragged MoE layer (E=16, 6 without tokens, H 512, F 384, %s experts, shared 256): every row; rel_l2 before /\n"
                "after matching the h roundings f32 order can flip (flips taken / candidates per row)\n%5s %10s %9s %9s %6s %6s\n",
                m3_wfmt_name(efs[f]), "T", "rows/skip", "raw_l2", "rel_l2", "flips", "cands");
-        const int Tr[5] = {9, 64, 77, 130, 200};
-        const char *bns[6] = {"ft", NULL, "16", "32", "64", "128"}; /* few-slot kernels, the GEMMs' choice, every tile */
-        for (int b = efs[f] == M3_WF_BF16; b < 6; b++) { /* (the few-slot kernels take MXFP8 / NVFP4 only) */
+        const int Tr[6] = {9, 64, 77, 130, 200, 400};
+        /* few-slot kernels, the GEMMs' choice, every tile (256: NVFP4 only; at T 130 / 200 / 400 rest
+         * tiles of 64, 128 and 192 rows after 0, 1 or 2 full ones) */
+        const char *bns[7] = {"ft", NULL, "16", "32", "64", "128", "256"};
+        for (int b = efs[f] == M3_WF_BF16; b < (efs[f] == M3_WF_NVFP4 ? 7 : 6); b++) { /* (few-slot: MXFP8 / NVFP4 only) */
             setenv("M3_MOE_FT", b == 0 ? "1" : "0", 1);
             if (b > 1) setenv("M3_MOE_TC_BN", bns[b], 1);
             printf("%s\n", b == 0 ? "few-slot kernels (moe_ft)" : b == 1 ? "wgmma GEMMs, the op's tile" : "wgmma GEMMs, tile:");
             if (b > 1) printf("%s\n", bns[b]);
-            for (int i = b == 0 ? 0 : 1; i < 5; i++) fails += one(&g, &y, Tr[i], 1 << 30, 0);
+            for (int i = b == 0 ? 0 : 1; i < (b == 0 ? 5 : 6); i++) fails += one(&g, &y, Tr[i], 1 << 30, 0);
         }
         unsetenv("M3_MOE_TC_BN");
         unsetenv("M3_MOE_FT");
@@ -379,6 +387,11 @@ int main(int argc, char **argv) {
                 printf("  gemm: ");
                 fails += one(&g, &y, Ts[i], 6, 0);
                 unsetenv("M3_MOE_FT");
+            } else { /* 256-row tiles (M3_MOE_TC_BN=256, an experiment): checked, and the op timed with them */
+                setenv("M3_MOE_TC_BN", "256", 1);
+                printf("  tiles of 256: ");
+                fails += one(&g, &y, Ts[i], 6, 2);
+                unsetenv("M3_MOE_TC_BN");
             }
         }
         layer_free(&g, &y);

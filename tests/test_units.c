@@ -423,8 +423,8 @@ static void test_attn_pow2(void) {
 /* gemm_tiles.h: the token tiles of the tensor-core GEMM. The cases PERF.md measured (session 38,
  * 132 SMs) take the tile that won there; 192 is never taken unless it saves whole waves and fills
  * two, nor below 129 tokens or for BF16. An expert's tiles cover its rows exactly, with at most one
- * tail or one fat tile (only with 128-row tiles in halves of 64, past 128 rows), one CTA fewer
- * where fat; the host's bound on the staged rows holds every expert's padded rows and tiles for
+ * rest tile (64 rows at bn 128, or one fat tile of 192 past 128 rows, one CTA fewer; 64, 128 or 192
+ * at bn 256) of a size its layout holds places for; the host's bound on the staged rows holds every expert's padded rows and tiles for
  * skewed and uniform routings. */
 static void test_gemm_tiles(void) {
     static const int won[][4] = {/* T, big, N, tile */
@@ -465,19 +465,24 @@ static void test_gemm_tiles(void) {
         CHECK(ok, "raster of %d row x %d token tiles, %d K slices", nm, nt, ksplit);
         free(seen);
     }
-    static const int shapes[][2] = {{16, 16}, {32, 32}, {64, 64}, {128, 128}, {128, 64}}; /* bn, unit */
+    static const int shapes[][2] = {{16, 16}, {32, 32}, {64, 64}, {128, 128}, {128, 64}, {256, 256}, {256, 64}}; /* bn, unit */
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int fat = 0; fat < 2; fat++)
             for (int v = shapes[si][1]; v <= 4096; v += shapes[si][1]) {
-                const int bn = shapes[si][0], unit = shapes[si][1];
+                const int bn = shapes[si][0], unit = shapes[si][1], isfat = fat && bn == 128 && unit == 64 && v > bn && v % bn;
                 const m3_moe_tiles t = m3_moe_expert_tiles(v, bn, unit, fat), o = m3_moe_expert_tiles(v, bn, unit, 0);
-                const int ok = t.full * bn + t.tail * unit + t.fat * (bn + unit) == v && t.full >= 0 && t.tail >= 0 && t.tail <= 1 &&
-                               t.fat >= 0 && t.fat <= 1 && !(t.tail && t.fat) &&
-                               (!t.fat || (fat && bn == 128 && unit == 64 && v >= 192)) &&
-                               (!(fat && bn == 128 && unit == 64) || v <= bn || !t.tail) && o.full == v / bn &&
-                               o.tail == v % bn / unit && !o.fat && t.full + t.tail + t.fat == o.full + o.tail - t.fat;
-                CHECK(ok, "%d rows, tiles of %d in units of %d, fat %d: %d full, %d tails, %d fat", v, bn, unit, fat, t.full, t.tail, t.fat);
+                const int ok = t.full * bn + t.rest == v && t.full >= 0 && t.rest >= 0 && t.rest % unit == 0 &&
+                               (!t.rest || m3_moe_rest_possible(t.rest, bn, unit, fat)) && o.full == v / bn &&
+                               o.rest == (unit < bn ? v % bn : 0) && (isfat ? t.rest == 192 && t.full == v / bn - 1 : t.rest < bn) &&
+                               t.full + (t.rest > 0) == o.full + (o.rest > 0) - isfat; /* a fat tile: one CTA fewer */
+                CHECK(ok, "%d rows, tiles of %d in units of %d, fat %d: %d full, rest %d", v, bn, unit, fat, t.full, t.rest);
             }
+    /* the rest lists a layout holds places for: exactly the sizes an expert can end in */
+    CHECK(m3_moe_rest_possible(64, 128, 64, 0) && !m3_moe_rest_possible(128, 128, 64, 1) && !m3_moe_rest_possible(192, 128, 64, 0) &&
+              m3_moe_rest_possible(192, 128, 64, 1) && !m3_moe_rest_possible(64, 64, 64, 1) && !m3_moe_rest_possible(64, 128, 128, 1) &&
+              m3_moe_rest_possible(64, 256, 64, 0) && m3_moe_rest_possible(128, 256, 64, 0) && m3_moe_rest_possible(192, 256, 64, 0) &&
+              m3_moe_rest_possible(192, 256, 64, 1) && !m3_moe_rest_possible(64, 256, 256, 0),
+          "m3_moe_rest_possible");
     static const int E = 128, K = 8;
     int num[128];
     for (int c = 0; c < 40; c++) {
@@ -488,19 +493,18 @@ static void test_gemm_tiles(void) {
             const int e = skew ? (int)((r >> 33) % (skew == 1 ? 3 : skew == 2 ? 20 : E)) : (int)((r >> 33) % E);
             num[e]++;
         }
-        for (int u = 0; u < 3; u++) {
-            const int bn = u == 2 ? 64 : 128, unit = u == 0 ? 64 : bn, fat = unit == 64;
+        for (int u = 0; u < 4; u++) {
+            const int bn = u == 2 ? 64 : u == 3 ? 256 : 128, unit = u == 0 || u == 3 ? 64 : bn, fat = u == 0;
             const long long S = (long long)T * K, rows = m3_moe_rows_bound(S, E, unit), nz = S < E ? S : E;
-            long long used = 0, full = 0, tails = 0, fats = 0;
+            long long used = 0, full = 0, rests[4] = {0, 0, 0, 0};
             for (int e = 0; e < E; e++) {
                 const int v = (num[e] + unit - 1) / unit * unit;
                 const m3_moe_tiles t = m3_moe_expert_tiles(v, bn, unit, fat);
                 used += v;
                 full += t.full;
-                tails += t.tail;
-                fats += t.fat;
+                rests[t.rest / 64 % 4]++;
             }
-            CHECK(used <= rows && rows % 64 == 0 && full <= rows / bn && tails <= nz && fats <= nz,
+            CHECK(used <= rows && rows % 64 == 0 && full <= rows / bn && rests[1] <= nz && rests[2] <= nz && rests[3] <= nz,
                   "T %d, skew %d, tiles of %d (unit %d): %lld rows used of %lld, %lld full tiles", T, skew, bn, unit, used, rows, full);
         }
     }

@@ -43,26 +43,36 @@ M3_GT_FN m3_gemm_tile m3_gemm_tc_raster(int b, int nm, int nt, int ksplit) {
     return r;
 }
 
-/* One expert's v staged rows (a multiple of unit) in tiles of bn rows: `full` tiles of bn, then
- * either a tail of unit rows (unit = bn / 2: the rows past the full tiles fill half a tile) or,
- * with fat (bn 128, unit 64, past the first 128 rows), the last full tile and that half one as a
- * single "fat" tile of bn + unit = 192 rows: one CTA instead of two that each expand the expert's
- * weights (M3_MOE_TC_FAT=0: tails). Rows covered: full * bn + tail * unit + fat * (bn + unit) = v. */
+/* One expert's v staged rows (a multiple of unit) in tiles: `full` tiles of bn rows, then at most
+ * one "rest" tile of the rows past them (rest: 0, 64, 128 or 192 rows). With unit < bn (bn 128 or
+ * 256, unit 64) the rest is v % bn: a 64-row "tail" at bn 128; 64, 128 or 192 rows at bn 256. With
+ * fat (bn 128, unit 64, past the first 128 rows) the last full tile and a tail are one "fat" tile of
+ * 192 rows: one CTA instead of two that each expand the expert's weights (M3_MOE_TC_FAT=0: tails).
+ * Rows covered: full * bn + rest = v. */
 typedef struct m3_moe_tiles {
-    int full, tail, fat;
+    int full, rest;
 } m3_moe_tiles;
 
 M3_GT_FN m3_moe_tiles m3_moe_expert_tiles(int v, int bn, int unit, int fat) {
     m3_moe_tiles r;
-    r.fat = fat && bn == 128 && unit == 64 && v > bn && v % bn ? 1 : 0;
-    r.full = v / bn - r.fat;
-    r.tail = r.fat ? 0 : v % bn / unit;
+    r.full = v / bn;
+    r.rest = unit < bn ? v % bn : 0;
+    if (fat && bn == 128 && unit == 64 && r.full > 0 && r.rest) {
+        r.full--;
+        r.rest += bn;
+    }
     return r;
 }
 
+/* 1 when an expert's rows may end in a rest tile of `rest` rows (64, 128 or 192) under these
+ * tiles: the rest lists (moe.cu's layout) hold places only for those */
+M3_GT_FN int m3_moe_rest_possible(int rest, int bn, int unit, int fat) {
+    return rest > 0 && unit < bn && rest % unit == 0 && (rest < bn || (fat && bn == 128 && unit == 64 && rest == 192));
+}
+
 /* An upper bound of the staged rows of S slots over E experts, each expert's rows padded to unit
- * (at most min(S, E) experts get any), rounded up to 64: full tiles <= this / bn, tails and fat
- * tiles <= min(S, E) */
+ * (at most min(S, E) experts get any), rounded up to 64: full tiles <= this / bn, rest tiles of
+ * each size <= min(S, E) */
 M3_GT_FN long long m3_moe_rows_bound(long long S, int E, int unit) {
     const long long nz = S < E ? S : E;
     return (S + nz * (unit - 1) + 63) / 64 * 64;

@@ -12,8 +12,8 @@
  * the average expert's rows, and with 128 a 64-row tile for an expert's last rows where that holds
  * them, or its last 192 rows one tile: moe.cu), K in blocks of 128. BN 192 runs an n128 and an n64
  * wgmma on the same A registers (wgmma_tile; M3_GEMM_TC_N192=1: one n192, an experiment). BN 256
- * (NVFP4, M3_GEMM_TC_BN=256 only, an experiment): an n256 wgmma, 128 accumulators a thread, the
- * registers moved from the producers to the consumers by setmaxnreg.
+ * (NVFP4, M3_GEMM_TC_BN=256 or M3_MOE_TC_BN=256 only, an experiment): an n256 wgmma, 128
+ * accumulators a thread, the registers moved from the producers to the consumers by setmaxnreg.
  * 384 threads: warps 4-11 are two consumer warpgroups of 64 rows each
  * (warp w of a consumer group owns one 16-row tile of the backend's tiled layout); warps 0-3
  * (warpgroup 0) are the producers. Grid: one CTA per output tile, the
@@ -1099,12 +1099,16 @@ extern "C" int m3_cu_gemm_tc_stage_x_map(void *stream, const float *x, int rows,
 }
 
 extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, const m3_mlp_w *e0, int bn, const void *xs,
-                                 int rows, const int *tiles, int maxa, int maxb, int maxf, const int *cnt, const int *rowmap,
+                                 int rows, const int *tiles, int maxa, const int maxr[3], const int *cnt, const int *rowmap,
                                  float alpha, float limit, float *y, m3_err *err) {
-    if (!m3_cu_gemm_tc_moe_ok(e0) || (bn != 16 && bn != 32 && bn != 64 && bn != 128) || rows < 1 || rows % 64 || maxa < 0 ||
-        maxb < 0 || maxf < 0 || ((maxb || maxf) && bn != 128))
-        return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows, %d tails, %d fat tiles) not taken", m3_wfmt_name(e0->gate.fmt), bn,
-                       rows, maxb, maxf);
+    const m3_wfmt fmt = e0->gate.fmt;
+    int ok = m3_cu_gemm_tc_moe_ok(e0) && (bn == 16 || bn == 32 || bn == 64 || bn == 128 || (bn == 256 && fmt == M3_WF_NVFP4)) &&
+             rows >= 1 && rows % 64 == 0 && maxa >= 0;
+    for (int c = 0; c < 3; c++) /* rest tiles: smaller than bn, or 192 at bn 128 (fat); BF16 not 192 */
+        ok = ok && maxr[c] >= 0 && (!maxr[c] || ((64 * (c + 1) < bn || (c == 2 && bn == 128)) && (c < 2 || fmt != M3_WF_BF16)));
+    if (!ok)
+        return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows, rest tiles %d / %d / %d) not taken", m3_wfmt_name(fmt), bn, rows,
+                       maxr[0], maxr[1], maxr[2]);
     const m3_linear *W = part == 2 ? &e0->down : &e0->gate;
     gemm_args a;
     memset(&a, 0, sizeof a);
@@ -1127,18 +1131,24 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
 #define MOE_BN(F) (tb == 16 ? (two_per_sm() ? launch_args<F, 16, 2>(st, a, err) : launch_args<F, 16>(st, a, err))        \
                    : tb == 32 ? (two_per_sm() ? launch_args<F, 32, 2>(st, a, err) : launch_args<F, 32>(st, a, err)) \
                    : tb == 64 ? launch_args<F, 64>(st, a, err) : launch_args<F, 128>(st, a, err))
-    /* the full tiles, the tails (64-row tiles), then the fat tiles (192 rows) */
-    for (int pass = 0; pass < 3; pass++) {
-        a.nt = pass == 2 ? maxf : pass ? maxb : maxa;
-        if (a.nt < 1) continue;
-        a.tiles = tiles + (pass == 2 ? 2 * ((size_t)maxa + maxb) : pass ? 2 * (size_t)maxa : 0);
+    /* the full tiles, then the rest tiles of 64, 128 and 192 rows */
+    size_t first = 0;
+    for (int pass = 0; pass < 4; pass++) {
+        a.nt = pass ? maxr[pass - 1] : maxa;
+        a.tiles = tiles + 2 * first;
         a.ntile = cnt + 1 + pass;
-        const int tb = pass == 2 ? 192 : pass ? 64 : bn; /* the pass's token tile */
+        first += (size_t)a.nt;
+        if (a.nt < 1) continue;
+        const int tb = pass ? 64 * pass : bn; /* the pass's token tile */
         int rc;
-        switch (W->fmt) {
-        case M3_WF_BF16: rc = tb == 192 ? m3_errf(err, "gemm_tc: BF16 experts in tiles of 192") : MOE_BN(M3_WF_BF16); break;
+        switch (fmt) {
+        case M3_WF_BF16: rc = MOE_BN(M3_WF_BF16); break;
         case M3_WF_MXFP8: rc = tb == 192 ? launch_args<M3_WF_MXFP8, 192>(st, a, err) : MOE_BN(M3_WF_MXFP8); break;
-        default: rc = tb == 192 ? launch_args<M3_WF_NVFP4, 192>(st, a, err) : MOE_BN(M3_WF_NVFP4); break;
+        default:
+            rc = tb == 256   ? launch_args<M3_WF_NVFP4, 256>(st, a, err)
+                 : tb == 192 ? launch_args<M3_WF_NVFP4, 192>(st, a, err)
+                             : MOE_BN(M3_WF_NVFP4);
+            break;
         }
         if (rc) return rc;
     }

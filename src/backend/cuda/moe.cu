@@ -191,19 +191,21 @@ typedef struct moe_post {
 
 /* The slots' layout for the grouped GEMMs (DeepGEMM's "contiguous layout"): the S = T * K
  * (token, expert) slots sorted by expert into staged rows, each expert's rows contiguous from
- * off[e] and padded to unit (the tile bn, or bn / 2 with tails: gemm_tc.h). One block: counts
+ * off[e] and padded to unit (the tile bn, or 64 with rest tiles: gemm_tc.h). One block: counts
  * (shared atomics), the padded prefix sums, then each slot takes the next row of its expert.
  * map[r]: the token of staged row r, rowmap[r] its slot (t K + k), both -1 for padding; tiles:
- * the full tiles of bn rows (maxa places), the tails of bn / 2 (maxb places), then with fat the
- * fat tiles of bn + unit rows (an expert's last ones where its rows exceed bn and end in a half
- * tile: one tile instead of a full tile and a tail), each {first row, expert}, in expert order;
- * cnt[0]: the groups of 64 rows in use (staging), cnt[1] / cnt[2] / cnt[3] the full tiles / tails /
- * fat tiles. The order of an expert's rows follows the atomics (not fixed), but no result
- * depends on it: each row's sums are computed alone and land at its slot. */
+ * the full tiles of bn rows (maxa places), then the rest tiles of 64, 128 and 192 rows (maxr[0..2]
+ * places; an expert's rows past its full tiles, gemm_tiles.h), each {first row, expert}, in
+ * expert order; cnt[0]: the groups of 64 rows in use (staging), cnt[1] the full tiles, cnt[2 + c]
+ * the rest tiles of 64 (c + 1) rows. The order of an expert's rows follows the atomics (not fixed),
+ * but no result depends on it: each row's sums are computed alone and land at its slot. */
+struct moe_rest_caps {
+    int n[3];
+};
 __global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int S, int K, int E, int bn, int unit, int maxa,
-                                                        int maxb, int fat, int *map, int *rowmap, int *tiles, int *cnt) {
+                                                        moe_rest_caps maxr, int fat, int *map, int *rowmap, int *tiles, int *cnt) {
     extern __shared__ int lsm[];
-    int *num = lsm, *off = lsm + E, *fill = off + E + 1, *toff = fill + E, *xoff = toff + E + 1;
+    int *num = lsm, *off = lsm + E, *fill = off + E + 1, *toff = fill + E, *roff = toff + E + 1;
     for (int e = threadIdx.x; e < E; e += blockDim.x) num[e] = fill[e] = 0;
     __syncthreads();
     for (int s = threadIdx.x; s < S; s += blockDim.x) {
@@ -211,58 +213,60 @@ __global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int
         if (e >= 0 && e < E) atomicAdd(&num[e], 1);
     }
     __syncthreads();
-    if (threadIdx.x < 32) { /* prefix sums of the padded rows, the full tiles and the tails, a warp scan per 32 experts
-                             * (the fat tiles, one an expert at most, numbered by a ballot) */
-        int base = 0, tbase = 0, xbase = 0, fbase = 0;
+    if (threadIdx.x < 32) { /* prefix sums of the padded rows and the full tiles, a warp scan per 32 experts
+                             * (the rest tiles, one an expert at most, numbered per size by ballots) */
+        int base = 0, tbase = 0, rbase[3] = {0, 0, 0};
+        const unsigned lt = (1u << threadIdx.x) - 1;
         for (int e0 = 0; e0 < E; e0 += 32) {
             const int e = e0 + threadIdx.x;
             const int v = e < E ? (num[e] + unit - 1) / unit * unit : 0;
             const m3_moe_tiles mt = m3_moe_expert_tiles(v, bn, unit, fat);
-            const int fv = mt.fat, tv = mt.full, xv = mt.tail;
-            int inc = v, tinc = tv, xinc = xv;
+            const int tv = mt.full, rc = mt.rest / 64 - 1; /* rc: the rest's list, -1 for none */
+            int inc = v, tinc = tv, ridx = -1;
             for (int d = 1; d < 32; d *= 2) {
-                const int o = __shfl_up_sync(0xffffffffu, inc, d), to = __shfl_up_sync(0xffffffffu, tinc, d),
-                          xo = __shfl_up_sync(0xffffffffu, xinc, d);
+                const int o = __shfl_up_sync(0xffffffffu, inc, d), to = __shfl_up_sync(0xffffffffu, tinc, d);
                 if ((int)threadIdx.x >= d) {
                     inc += o;
                     tinc += to;
-                    xinc += xo;
                 }
             }
-            const unsigned fm = __ballot_sync(0xffffffffu, fv);
+#pragma unroll
+            for (int c = 0; c < 3; c++) {
+                const unsigned m = __ballot_sync(0xffffffffu, rc == c);
+                if (rc == c) ridx = rbase[c] + __popc(m & lt);
+                rbase[c] += __popc(m);
+            }
             if (e < E) {
                 off[e] = base + inc - v;
                 toff[e] = tbase + tinc - tv;
-                xoff[e] = fv ? -1 - (fbase + __popc(fm & ((1u << threadIdx.x) - 1))) : xbase + xinc - xv;
+                roff[e] = ridx;
             }
             base += __shfl_sync(0xffffffffu, inc, 31);
             tbase += __shfl_sync(0xffffffffu, tinc, 31);
-            xbase += __shfl_sync(0xffffffffu, xinc, 31);
-            fbase += __popc(fm);
         }
         if (threadIdx.x == 0) {
             off[E] = base;
             cnt[0] = (base + 63) / 64;
             cnt[1] = tbase;
-            cnt[2] = xbase;
-            cnt[3] = fbase;
+            for (int c = 0; c < 3; c++) cnt[2 + c] = rbase[c];
         }
     }
     __syncthreads();
     const int used = off[E];
     for (int r = threadIdx.x; r < (used + 63) / 64 * 64; r += blockDim.x) map[r] = rowmap[r] = -1;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        const int v = off[e + 1] - off[e], fv = xoff[e] < 0, full = m3_moe_expert_tiles(v, bn, unit, fat).full;
-        for (int i = 0; i < full; i++) {
+        const int v = off[e + 1] - off[e];
+        const m3_moe_tiles mt = m3_moe_expert_tiles(v, bn, unit, fat);
+        for (int i = 0; i < mt.full; i++) {
             tiles[2 * (toff[e] + i)] = off[e] + bn * i;
             tiles[2 * (toff[e] + i) + 1] = e;
         }
-        if (fv) { /* the expert's last bn + unit rows, one tile (fat; gemm_tiles.h) */
-            tiles[2 * (maxa + maxb - 1 - xoff[e])] = off[e] + bn * full;
-            tiles[2 * (maxa + maxb - 1 - xoff[e]) + 1] = e;
-        } else if (v % bn) { /* a tail (only with unit < bn) */
-            tiles[2 * (maxa + xoff[e])] = off[e] + bn * full;
-            tiles[2 * (maxa + xoff[e]) + 1] = e;
+        if (mt.rest) { /* the rows past the full tiles, one tile in the list of its size */
+            const int rc = mt.rest / 64 - 1;
+            int at = maxa + roff[e];
+            for (int c = 0; c < rc; c++) at += maxr.n[c];
+            tiles[2 * at] = off[e] + bn * mt.full;
+            tiles[2 * at + 1] = e;
         }
     }
     __syncthreads();
@@ -306,41 +310,47 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
      * (at 64 tokens, tiles of 64 made the staged x ~100 MB, read once per 64 weight rows);
      * M3_MOE_TC_BN forces one */
     int bn = m3_cu_env_int("M3_MOE_TC_BN", 0);
-    if (bn != 16 && bn != 32 && bn != 64 && bn != 128)
+    if (bn == 256 && e0->gate.fmt != M3_WF_NVFP4) bn = 0; /* (256-row tiles: NVFP4 only, gemm_tc.cu) */
+    if (bn != 16 && bn != 32 && bn != 64 && bn != 128 && bn != 256)
         bn = S >= 64LL * E ? 128 : S >= 32LL * E ? 64 : S >= 16LL * E ? 32 : 16;
     /* 128-row tiles with 64-row tails: an expert's rows padded to 64, its last 64 a tile of their own
      * where it has them (4096 tokens, 256 +- 16 slots an expert: 288 rows computed an expert instead
-     * of 320; M3_MOE_TC_TAIL=0: padded to 128) */
-    const int unit = bn == 128 && m3_cu_env_int("M3_MOE_TC_TAIL", 1) ? 64 : bn;
+     * of 320; M3_MOE_TC_TAIL=0: padded to 128). 256-row tiles (M3_MOE_TC_BN=256, NVFP4, an
+     * experiment): padded to 64 likewise, the rows past an expert's full tiles one tile of 64, 128
+     * or 192 */
+    const int unit = bn >= 128 && m3_cu_env_int("M3_MOE_TC_TAIL", 1) ? 64 : bn;
     /* an expert's last 128 + 64 rows one tile of 192, not a full tile and a tail (a tail's CTA expands
      * as many weights as a full one; H100, uniform routing: the op at 2048 / 4096 tokens 6.81 -> 6.06 /
      * 11.84 -> 11.19 ms; M3_MOE_TC_FAT=0: tails) */
     const int fat = bn == 128 && unit == 64 && e0->gate.fmt != M3_WF_BF16 /* (BF16: no 192-row tiles, gemm_tc.cu) */ &&
                     m3_cu_env_int("M3_MOE_TC_FAT", 1) != 0;
     const long long nz = S < E ? S : E;
-    const int rows = (int)m3_moe_rows_bound(S, E, unit), maxa = rows / bn, maxb = unit < bn ? (int)nz : 0, maxf = fat ? (int)nz : 0;
+    const int rows = (int)m3_moe_rows_bound(S, E, unit), maxa = rows / bn;
+    moe_rest_caps maxr;
+    int nplaces = maxa;
+    for (int k = 0; k < 3; k++) nplaces += maxr.n[k] = m3_moe_rest_possible(64 * (k + 1), bn, unit, fat) ? (int)nz : 0;
     m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
     int32_t *pick;
     float *wt;
     if (m3_cu_route(c, L, x, T, E, K, routed_scale, &pick, &wt)) return 1;
     if (c->count_experts) count_experts(c, pick, (int)S, E);
-    int *map = (int *)m3_cu_scratch(c, SC_IDX, sizeof(int) * ((size_t)rows * 2 + 2 * ((size_t)maxa + maxb + maxf) + 64));
+    int *map = (int *)m3_cu_scratch(c, SC_IDX, sizeof(int) * ((size_t)rows * 2 + 2 * (size_t)nplaces + 64));
     void *xs = m3_cu_scratch(c, SC_GEMM_X, m3_cu_gemm_tc_xbytes(rows, H));
     float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * ((size_t)rows * F + (size_t)S * H));
     void *hs = m3_cu_scratch(c, SC_DEQ, m3_cu_gemm_tc_xbytes(rows, F));
     if (!map || !xs || !h || !hs) return 1;
-    int *rowmap = map + rows, *tiles = rowmap + rows, *cnt = tiles + 2 * ((size_t)maxa + maxb + maxf);
+    int *rowmap = map + rows, *tiles = rowmap + rows, *cnt = tiles + 2 * (size_t)nplaces;
     float *ye = h + (size_t)rows * F;
     m3_cu_xsplit_touch(c, h, sizeof(float) * ((size_t)rows * F + (size_t)S * H));
     const m3_mlp_w *tab = (const m3_mlp_w *)L->backend;
     m3_err err;
-    k_moe_tc_layout<<<1, 1024, sizeof(int) * (5 * (size_t)E + 2), c->st>>>(pick, (int)S, K, E, bn, unit, maxa, maxb, fat, map,
+    k_moe_tc_layout<<<1, 1024, sizeof(int) * (5 * (size_t)E + 2), c->st>>>(pick, (int)S, K, E, bn, unit, maxa, maxr, fat, map,
                                                                              rowmap, tiles, cnt);
     if (CK_LAUNCH(c, "moe layout")) return 1;
     if (m3_cu_gemm_tc_stage_x_map(c->st, x, rows, H, map, cnt, xs, &err) ||
-        m3_cu_gemm_tc_moe(c->st, 0, tab, e0, bn, xs, rows, tiles, maxa, maxb, maxf, cnt, NULL, alpha, limit, h, &err) ||
+        m3_cu_gemm_tc_moe(c->st, 0, tab, e0, bn, xs, rows, tiles, maxa, maxr.n, cnt, NULL, alpha, limit, h, &err) ||
         m3_cu_gemm_tc_stage_x_map(c->st, h, rows, F, NULL, cnt, hs, &err) ||
-        m3_cu_gemm_tc_moe(c->st, 2, tab, e0, bn, hs, rows, tiles, maxa, maxb, maxf, cnt, rowmap, alpha, limit, ye, &err)) {
+        m3_cu_gemm_tc_moe(c->st, 2, tab, e0, bn, hs, rows, tiles, maxa, maxr.n, cnt, rowmap, alpha, limit, ye, &err)) {
         m3_cu_failf(c, "moe (grouped GEMMs): %s", err.msg);
         return 1;
     }

@@ -19,9 +19,9 @@
  * each flip is taken when it brings the reference closer to the GPU; raw_l2 is the row before,
  * up to ~2e-4 at these shapes from one or two such flips).
  * Checked: a ragged case in full (16 experts of which 6 get no token, T = 64, 77, 130, 200, 400;
- * NVFP4, MXFP8 and BF16 experts; every tile, 256 rows for NVFP4),
+ * NVFP4, MXFP8 and BF16 experts; every tile, 256 rows for NVFP4, with T 880 too),
  * then a sample of tokens (first, last, random) at the real shapes for T = 64 .. 4096 (from 2048
- * also with 256-row tiles, timed).
+ * also with the tile of 128 / 256 rows the op did not take, timed).
  * Time: the whole MoE op (router .. combine), mean of reps after a warm-up: the grouped GEMMs
  * (bf16), the bf16 mode without them (M3_MOE_TC=0), and the exact mode.
  *
@@ -311,9 +311,9 @@ static int one(m3_ops *g, layer *y, int T, int ntok, int timed) {
         const double tn = run_moe(g, y, dx, T, dy, reps);
         setenv("M3_MOE_FT", "0", 1); /* the grouped GEMMs on the wgmma kernel (the op's choice above 512 tokens) */
         const double tg = run_moe(g, y, dx, T, dy, reps);
-        /* the next wider tile than the op's choice (moe.cu), or 64 when it chose 128 */
+        /* the next wider tile than the op's choice (moe.cu), or 64 when it chose 128, 128 when 256 */
         const long S = (long)T * TOPK;
-        setenv("M3_MOE_TC_BN", S >= 64L * y->E ? "64" : S >= 32L * y->E ? "128" : S >= 16L * y->E ? "64" : "32", 1);
+        setenv("M3_MOE_TC_BN", S >= 256L * y->E ? "128" : S >= 64L * y->E ? "64" : S >= 32L * y->E ? "128" : S >= 16L * y->E ? "64" : "32", 1);
         const double tb = run_moe(g, y, dx, T, dy, reps);
         unsetenv("M3_MOE_TC_BN");
         setenv("M3_MOE_TC", "0", 1);
@@ -356,16 +356,18 @@ int main(int argc, char **argv) {
         printf("ragged MoE layer (E=16, 6 without tokens, H 512, F 384, %s experts, shared 256): every row; rel_l2 before /\n"
                "after matching the h roundings f32 order can flip (flips taken / candidates per row)\n%5s %10s %9s %9s %6s %6s\n",
                m3_wfmt_name(efs[f]), "T", "rows/skip", "raw_l2", "rel_l2", "flips", "cands");
-        const int Tr[6] = {9, 64, 77, 130, 200, 400};
-        /* few-slot kernels, the GEMMs' choice, every tile (256: NVFP4 only; at T 130 / 200 / 400 rest
-         * tiles of 64, 128 and 192 rows after 0, 1 or 2 full ones) */
+        /* a boosted expert gets ~0.8 T slots: at 256-row tiles T 130 / 200 end in rest tiles of 128 /
+         * 192 rows, T 400 in a full tile and 64 or 128, T 880 in two and 192 (256 only: its reference
+         * takes seconds) */
+        const int Tr[7] = {9, 64, 77, 130, 200, 400, 880};
+        /* few-slot kernels, the GEMMs' choice, every tile (256: NVFP4 only) */
         const char *bns[7] = {"ft", NULL, "16", "32", "64", "128", "256"};
         for (int b = efs[f] == M3_WF_BF16; b < (efs[f] == M3_WF_NVFP4 ? 7 : 6); b++) { /* (few-slot: MXFP8 / NVFP4 only) */
             setenv("M3_MOE_FT", b == 0 ? "1" : "0", 1);
             if (b > 1) setenv("M3_MOE_TC_BN", bns[b], 1);
             printf("%s\n", b == 0 ? "few-slot kernels (moe_ft)" : b == 1 ? "wgmma GEMMs, the op's tile" : "wgmma GEMMs, tile:");
             if (b > 1) printf("%s\n", bns[b]);
-            for (int i = b == 0 ? 0 : 1; i < (b == 0 ? 5 : 6); i++) fails += one(&g, &y, Tr[i], 1 << 30, 0);
+            for (int i = b == 0 ? 0 : 1; i < (b == 0 ? 5 : b == 6 ? 7 : 6); i++) fails += one(&g, &y, Tr[i], 1 << 30, 0);
         }
         unsetenv("M3_MOE_TC_BN");
         unsetenv("M3_MOE_FT");
@@ -387,9 +389,11 @@ int main(int argc, char **argv) {
                 printf("  gemm: ");
                 fails += one(&g, &y, Ts[i], 6, 0);
                 unsetenv("M3_MOE_FT");
-            } else { /* 256-row tiles (M3_MOE_TC_BN=256, an experiment): checked, and the op timed with them */
-                setenv("M3_MOE_TC_BN", "256", 1);
-                printf("  tiles of 256: ");
+            } else { /* the tile of 128 / 256 rows the op did not choose (moe.cu: 256 from 256 slots an expert),
+                      * checked and timed (at 2048 tokens, ~128 slots an expert, 256-row tiles are all rest tiles) */
+                const int other = (long)Ts[i] * TOPK >= 256L * y.E ? 128 : 256;
+                setenv("M3_MOE_TC_BN", other == 128 ? "128" : "256", 1);
+                printf("  tiles of %d: ", other);
                 fails += one(&g, &y, Ts[i], 6, 2);
                 unsetenv("M3_MOE_TC_BN");
             }

@@ -238,14 +238,16 @@ run "$BIN/bench_cuda_linear"
 # multiple of 3 K blocks), checked and timed beside the default
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_NB=3 run "$BIN/bench_cuda_gemm" 12288 6144
 [ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_NB=3 run "$BIN/bench_cuda_moe"
-# 192-token tiles by one n192 wgmma a k16 step (M3_GEMM_TC_N192=1, an experiment): the ragged shapes
-# in full at forced 192 tiles, then timed at 4096 tokens and in the MoE (its fat tiles) beside the default
-[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_N192=1 M3_GEMM_TC_BN=192 run "$BIN/bench_cuda_gemm" --ragged
-[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_N192=1 run "$BIN/bench_cuda_gemm" 12288 6144
-[ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_N192=1 run "$BIN/bench_cuda_moe"
-# 256-token tiles for NVFP4 (M3_GEMM_TC_BN=256, an experiment: n256 wgmmas, registers by setmaxnreg)
+# 192-token tiles by an n128 and an n64 wgmma a k16 step (M3_GEMM_TC_N192=0, the path one n192 replaced):
+# the ragged shapes in full at forced 192 tiles, then timed at 4096 tokens and in the MoE (its fat tiles)
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_N192=0 M3_GEMM_TC_BN=192 run "$BIN/bench_cuda_gemm" --ragged
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_N192=0 run "$BIN/bench_cuda_gemm" 12288 6144
+[ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_N192=0 run "$BIN/bench_cuda_moe"
+# 256-token tiles forced (NVFP4's where they save time; MXFP8's only so, an experiment: 2 stages of 82 KB):
+# the ragged shapes in full, then timed at the M3.1-Flash shapes beside the default
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=256 run "$BIN/bench_cuda_gemm" --ragged
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=256 run "$BIN/bench_cuda_gemm" 12288 6144
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=256 run "$BIN/bench_cuda_gemm" 6144 3072
 
 fi
 if want 4; then
@@ -319,6 +321,7 @@ if [ -n "$CSB" ]; then
   run $CS "$BIN/m3" bench --random-weights --config bench/medium-config.json --layers 2 --batch 1,8 --context 2048 --steps 2 --prefill 0
   [ -x "$BIN/bench_cuda_gemm" ] && run $CS "$BIN/bench_cuda_gemm" --ragged
   [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=192 run $CS "$BIN/bench_cuda_gemm" --ragged
+  [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=256 run $CS "$BIN/bench_cuda_gemm" --ragged
   [ -x "$BIN/bench_cuda_moe" ] && run $CS "$BIN/bench_cuda_moe" --ragged
   # the indexer at a verify pass (8 x 8 tokens: runs of 8) and the DSpark draft's attention (chunked from 512 keys)
   [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=2 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"

@@ -420,30 +420,44 @@ static void test_attn_pow2(void) {
           "m3_pow2_int below the normal range, -inf, NaN: 0");
 }
 
-/* gemm_tiles.h: the token tiles of the tensor-core GEMM. The cases PERF.md measured (session 38,
- * 132 SMs) take the tile that won there; 192 is never taken unless it saves whole waves and fills
- * two, nor below 129 tokens or for BF16. An expert's tiles cover its rows exactly, with at most one
+/* gemm_tiles.h: the token tiles of the tensor-core GEMM. The cases PERF.md measured (sessions 38 and
+ * 43, 132 SMs) take the tile that won there; 192 / 256 are never taken unless their waves take less
+ * time and they fill two, nor below 129 tokens or beyond the format's largest tile. An expert's tiles cover its rows exactly, with at most one
  * rest tile (64 rows at bn 128, or one fat tile of 192 past 128 rows, one CTA fewer; 64, 128 or 192
  * at bn 256) of a size its layout holds places for; the host's bound on the staged rows holds every expert's padded rows and tiles for
  * skewed and uniform routings. */
 static void test_gemm_tiles(void) {
-    static const int won[][4] = {/* T, big, N, tile */
-                                 {4096, 1, 12288, 192}, {4096, 1, 8192, 192}, {4096, 1, 6144, 192}, {1024, 1, 6144, 128},
-                                 {1024, 1, 8192, 128},  {4096, 0, 12288, 128}, {256, 1, 8192, 128}, {1, 1, 6144, 16},
-                                 {20, 1, 6144, 32},     {64, 1, 6144, 64},    {100, 1, 6144, 128}};
+    static const int won[][4] = {/* T, the format's largest tile, N, tile */
+                                 {4096, 192, 12288, 192}, {4096, 192, 8192, 192}, {4096, 192, 6144, 192}, {1024, 192, 6144, 128},
+                                 {1024, 192, 8192, 128},  {4096, 128, 12288, 128}, {256, 192, 8192, 128}, {1, 192, 6144, 16},
+                                 {20, 192, 6144, 32},     {64, 192, 6144, 64},    {100, 192, 6144, 128}, {4096, 256, 12288, 256},
+                                 {1024, 256, 12288, 256}, {4096, 256, 6144, 256}, {1024, 256, 6144, 128}, {256, 256, 12288, 128},
+                                 {100, 256, 6144, 128}};
     for (size_t i = 0; i < sizeof won / sizeof won[0]; i++)
-        CHECK(m3_gemm_tc_bn(won[i][0], won[i][1], won[i][2], 132) == won[i][3], "T %d, N %d, big %d: tile %d", won[i][0], won[i][2],
+        CHECK(m3_gemm_tc_bn(won[i][0], won[i][1], won[i][2], 132) == won[i][3], "T %d, N %d, tiles to %d: tile %d", won[i][0], won[i][2],
               won[i][1], m3_gemm_tc_bn(won[i][0], won[i][1], won[i][2], 132));
+    /* above 128 tokens: a tile the format takes, 192 / 256 only where they fill two waves, and no
+     * such tile whose waves take less time (a CTA of 192 costs 4/3 of 128, one of 256 1.42) */
     uint64_t r = 12345;
     for (int i = 0; i < 20000; i++) {
         r = r * 6364136223846793005ull + 1442695040888963407ull;
-        const int T = 1 + (int)((r >> 33) % 20000), N = 16 * (1 + (int)((r >> 17) % 2000)), big = (int)(r >> 63), sms = 1 + (int)((r >> 5) % 200);
-        const int bn = m3_gemm_tc_bn(T, big, N, sms);
-        const long long nm = (N + 127) / 128, t128 = nm * ((T + 127) / 128), t192 = nm * ((T + 191) / 192);
-        if (bn == 192)
-            CHECK(big && T > 128 && t192 >= 2LL * sms && (t192 + sms - 1) / sms < (t128 + sms - 1) / sms, "T %d N %d sms %d: 192", T, N, sms);
-        else
+        const int T = 1 + (int)((r >> 33) % 20000), N = 16 * (1 + (int)((r >> 17) % 2000)), sms = 1 + (int)((r >> 5) % 200);
+        const int maxbn = (int)(r >> 62) == 0 ? 128 : (int)(r >> 62) == 1 ? 192 : 256;
+        const int bn = m3_gemm_tc_bn(T, maxbn, N, sms);
+        const long long nm = (N + 127) / 128;
+        if (T <= 128) {
             CHECK(bn == (T <= 16 ? 16 : T <= 32 ? 32 : T <= 64 ? 64 : 128), "T %d N %d sms %d: tile %d", T, N, sms, bn);
+            continue;
+        }
+        int ok = bn == 128 || bn == 192 || bn == 256;
+        ok = ok && bn <= maxbn && (bn == 128 || nm * ((T + bn - 1) / bn) >= 2LL * sms);
+        const double cost = bn == 128 ? 3 : bn == 192 ? 4 : 4.26, t = (double)((nm * ((T + bn - 1) / bn) + sms - 1) / sms) * cost;
+        for (int c = 128; ok && c <= maxbn; c += 64) {
+            const long long tiles = nm * ((T + c - 1) / c);
+            const double tc = (double)((tiles + sms - 1) / sms) * (c == 128 ? 3 : c == 192 ? 4 : 4.26);
+            if (c == 128 || tiles >= 2LL * sms) ok = !(tc < t - 1e-9) && !(tc == t && c < bn);
+        }
+        CHECK(ok, "T %d N %d sms %d, tiles to %d: tile %d", T, N, sms, maxbn, bn);
     }
     /* the raster covers every (K slice, row tile, token tile) once, the K slices of a tile neighbours,
      * the row tiles in groups of 8 with the token tiles inside each group */
@@ -496,16 +510,21 @@ static void test_gemm_tiles(void) {
         for (int u = 0; u < 4; u++) {
             const int bn = u == 2 ? 64 : u == 3 ? 256 : 128, unit = u == 0 || u == 3 ? 64 : bn, fat = u == 0;
             const long long S = (long long)T * K, rows = m3_moe_rows_bound(S, E, unit), nz = S < E ? S : E;
-            long long used = 0, full = 0, rests[4] = {0, 0, 0, 0};
+            long long used = 0, full = 0, rests[3] = {0, 0, 0}, odd = 0;
             for (int e = 0; e < E; e++) {
                 const int v = (num[e] + unit - 1) / unit * unit;
                 const m3_moe_tiles t = m3_moe_expert_tiles(v, bn, unit, fat);
                 used += v;
                 full += t.full;
-                rests[t.rest / 64 % 4]++;
+                if (t.rest == 64 || t.rest == 128 || t.rest == 192) rests[t.rest / 64 - 1]++;
+                else odd += t.rest != 0;
             }
-            CHECK(used <= rows && rows % 64 == 0 && full <= rows / bn && rests[1] <= nz && rests[2] <= nz && rests[3] <= nz,
-                  "T %d, skew %d, tiles of %d (unit %d): %lld rows used of %lld, %lld full tiles", T, skew, bn, unit, used, rows, full);
+            /* the places moe.cu's layout gives each rest list */
+            int fits = !odd;
+            for (int k = 0; k < 3; k++) fits = fits && rests[k] <= (m3_moe_rest_possible(64 * (k + 1), bn, unit, fat) ? nz : 0);
+            CHECK(used <= rows && rows % 64 == 0 && full <= rows / bn && fits,
+                  "T %d, skew %d, tiles of %d (unit %d): %lld rows used of %lld, %lld full tiles, rest tiles %lld / %lld / %lld", T,
+                  skew, bn, unit, used, rows, full, rests[0], rests[1], rests[2]);
         }
     }
 }

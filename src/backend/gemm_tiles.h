@@ -10,20 +10,27 @@
 #define M3_GT_FN static inline
 #endif
 
-/* The token tile for T tokens of an N-row matrix on sms SMs (big: the format takes 192-token
- * tiles, MXFP8 / NVFP4): the smallest of 16 / 32 / 64 that holds T, else 128, or 192 where its
- * fewer waves of CTAs win. A 192-token CTA takes ~1.32x a 128-token one (its A registers,
- * expanded once, feed 1.5x the MMAs; the 4096-token linears of M3.1-Flash 11-14% faster, H100,
- * docs/PERF.md session 38), so 192 is taken when its waves x 4 < 128's x 3 and its tiles fill two
- * waves (fewer go to K slices, m3_cu_gemm_tc_ksplit). At 1024 tokens of a 6144 x 3072 matrix both
- * are 3 waves: 192 measured 24% slower. Weight rows per CTA: 128. */
-M3_GT_FN int m3_gemm_tc_bn(int T, int big, int N, int sms) {
+/* The token tile for T tokens of an N-row matrix on sms SMs (maxbn: the largest tile the format
+ * takes: BF16 128, MXFP8 192, NVFP4 256): the smallest of 16 / 32 / 64 that holds T, else of 128,
+ * 192 and 256 the one whose waves of CTAs take least time (the smaller on a tie), a CTA of 192
+ * tokens costing 4/3 of a 128-token one (measured 1.32) and a CTA of 256 1.42 (their A registers,
+ * expanded once, feed 1.5x / 2x the MMAs; H100, docs/PERF.md sessions 38 and 43), 192 and 256 only
+ * where their tiles fill two waves (fewer go to K slices, m3_cu_gemm_tc_ksplit). At 1024 tokens of a 6144 x 3072 matrix 128 and 192 are
+ * both 3 waves: 192 measured 24% slower; 256 there has 1.5 waves, and with K slices took 22% longer
+ * than 128. Weight rows per CTA: 128. */
+M3_GT_FN int m3_gemm_tc_bn(int T, int maxbn, int N, int sms) {
     if (T <= 64) return T <= 16 ? 16 : T <= 32 ? 32 : 64;
-    if (T <= 128 || !big || sms < 1) return 128;
-    const long long nm = (N + 127) / 128, t128 = nm * ((T + 127) / 128), t192 = nm * ((T + 191) / 192);
-    if (t192 < 2LL * sms) return 128;
-    const long long w128 = (t128 + sms - 1) / sms, w192 = (t192 + sms - 1) / sms;
-    return w192 * 4 < w128 * 3 ? 192 : 128;
+    if (T <= 128 || maxbn <= 128 || sms < 1) return 128;
+    static const int bns[3] = {128, 192, 256}, cost[3] = {300, 400, 426};
+    const long long nm = (N + 127) / 128;
+    int best = 128;
+    long long best_t = -1;
+    for (int i = 0; i < 3 && bns[i] <= maxbn; i++) {
+        const long long tiles = nm * ((T + bns[i] - 1) / bns[i]), t = (tiles + sms - 1) / sms * cost[i];
+        if (i && tiles < 2LL * sms) continue;
+        if (best_t < 0 || t < best_t) best = bns[i], best_t = t;
+    }
+    return best;
 }
 
 /* Which tile CTA b of the GEMM's grid computes: its K slice ks, row tile mt (of nm) and token tile tt

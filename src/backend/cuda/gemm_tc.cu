@@ -8,19 +8,19 @@
  * bf16 x goes through shared memory in the wgmma's canonical layout.
  *
  * CTA tile: 128 weight rows x BN tokens (BN = 128, or 16 / 32 / 64 for fewer tokens: the
- * smallest that holds them; 192 for MXFP8 / NVFP4 where it takes fewer waves: bn_for; MoE tiles by
- * the average expert's rows, and with 128 a 64-row tile for an expert's last rows where that holds
- * them, or its last 192 rows one tile: moe.cu), K in blocks of 128. BN 192 runs an n128 and an n64
- * wgmma on the same A registers (wgmma_tile; M3_GEMM_TC_N192=1: one n192, an experiment). BN 256
- * (NVFP4, M3_GEMM_TC_BN=256 or M3_MOE_TC_BN=256 only, an experiment): an n256 wgmma, 128
- * accumulators a thread, the registers moved from the producers to the consumers by setmaxnreg.
+ * smallest that holds them; 192 for MXFP8 / NVFP4 and 256 for NVFP4 where they take less time:
+ * bn_for; MoE tiles by the average expert's rows, an expert's rows past its full tiles one "rest"
+ * tile of 64, 128 or 192 rows: gemm_tiles.h, moe.cu), K in blocks of 128. BN 192 runs one n192
+ * wgmma a k16 step (wgmma_tile; M3_GEMM_TC_N192=0: an n128 and an n64 on the same A registers).
+ * BN 256: an n256 wgmma, 128 accumulators a thread, the registers moved from the producers to the
+ * consumers by setmaxnreg (MXFP8 at 256: M3_GEMM_TC_BN=256 only, an experiment).
  * 384 threads: warps 4-11 are two consumer warpgroups of 64 rows each
  * (warp w of a consumer group owns one 16-row tile of the backend's tiled layout); warps 0-3
  * (warpgroup 0) are the producers. Grid: one CTA per output tile, the
  * row tiles in groups of 8 with the token tiles inside each group (L2 reuse of both operands).
  *
  * Pipeline: STAGES shared-memory stages (BN 128: BF16 3, MXFP8 4, NVFP4 5; BN 64: 4, 6, 8; BN 192: -, 3, 3;
- * BN 256: NVFP4 3),
+ * BN 256: -, 2, 3),
  * each holding one 128-wide K block: x (BN x 128 bf16), the raw weight bytes of the 128 rows
  * and their scales. The 4 producer warps fill a stage with 1-D bulk copies (cp.async.bulk ...
  * mbarrier::complete_tx; the tiled MXFP8 / NVFP4 layout is already made of contiguous runs), BF16
@@ -486,7 +486,7 @@ template <> __device__ __forceinline__ void wgmma_bn<256>(float (&d)[128], const
 template <int BN, bool N192 = false>
 static __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], const uint32_t *a, uint32_t b) {
     if constexpr (BN == 192 && N192) {
-        wgmma_n192(d, a, desc_sw128(b)); /* the same fragment in one instruction (M3_GEMM_TC_N192=1) */
+        wgmma_n192(d, a, desc_sw128(b)); /* the same fragment in one instruction (the default) */
     } else if constexpr (BN == 192) {
         wgmma_n128(*reinterpret_cast<float(*)[64]>(&d[0]), a, desc_sw128(b));
         wgmma_n64(*reinterpret_cast<float(*)[32]>(&d[64]), a, desc_sw128(b + 2 * XPIECE));
@@ -838,9 +838,11 @@ static int three_bufs(void) {
     return v;
 }
 
-/* M3_GEMM_TC_N192=1: 192-token tiles by one n192 wgmma a k16 step, not an n128 and an n64 (an experiment) */
+/* 192-token tiles by one n192 wgmma a k16 step (the A fragment read once), not an n128 and an n64
+ * (M3_GEMM_TC_N192=0, for measurements): H100, 4096 tokens, 12288 x 6144 NVFP4 / MXFP8 1018 -> 961 /
+ * 1081 -> 1046 us (PERF.md session 43) */
 static int one_n192(void) {
-    static const int v = env_is("M3_GEMM_TC_N192", "1");
+    static const int v = !env_is("M3_GEMM_TC_N192", "0");
     return v;
 }
 
@@ -991,16 +993,15 @@ static int sm_count(void) {
     return sms;
 }
 
-/* the token tile (gemm_tiles.h: 192 for MXFP8 / NVFP4 where it saves waves); M3_GEMM_TC_BN=128 /
- * 192: that tile above 128 tokens (192: MXFP8 / NVFP4 only), for measurements; 256: NVFP4 above 192
- * tokens (an experiment: 128 accumulators a thread, the registers moved by setmaxnreg; MXFP8's
- * stage would leave 2 stages) */
+/* the token tile (gemm_tiles.h: 192 for MXFP8, 192 or 256 for NVFP4 where they save time);
+ * M3_GEMM_TC_BN=128 / 192 / 256: that tile above 128 tokens (192: MXFP8 / NVFP4; 256 above 192
+ * tokens, NVFP4, and MXFP8 as an experiment: its 82 KB stages leave 2), for measurements */
 static int bn_for(int T, int fmt, int N) {
     static const int force = env_is("M3_GEMM_TC_BN", "256") ? 256 : env_is("M3_GEMM_TC_BN", "192") ? 192
                              : env_is("M3_GEMM_TC_BN", "128") ? 128 : 0;
-    if (force == 256 ? T > 192 && fmt == M3_WF_NVFP4 : force && T > 128 && (force == 128 || fmt != M3_WF_BF16))
+    if (force == 256 ? T > 192 && fmt != M3_WF_BF16 : force && T > 128 && (force == 128 || fmt != M3_WF_BF16))
         return force; /* (BF16 at 192: 2 stages) */
-    return m3_gemm_tc_bn(T, fmt != M3_WF_BF16, N, sm_count());
+    return m3_gemm_tc_bn(T, fmt == M3_WF_NVFP4 ? 256 : fmt == M3_WF_MXFP8 ? 192 : 128, N, sm_count());
 }
 
 extern "C" int m3_cu_gemm_tc_ksplit(const m3_linear *W, int T) {
@@ -1038,7 +1039,9 @@ extern "C" int m3_cu_gemm_tc_staged_split(void *stream, const m3_linear *W, cons
     int rc;
     switch (W->fmt) {
     case M3_WF_BF16: rc = LIN_BN(M3_WF_BF16); break;
-    case M3_WF_MXFP8: rc = bn == 192 ? launch<M3_WF_MXFP8, 192>(LIN_ARGS) : LIN_BN(M3_WF_MXFP8); break;
+    case M3_WF_MXFP8:
+        rc = bn == 256 ? launch<M3_WF_MXFP8, 256>(LIN_ARGS) : bn == 192 ? launch<M3_WF_MXFP8, 192>(LIN_ARGS) : LIN_BN(M3_WF_MXFP8);
+        break;
     default:
         rc = bn == 256 ? launch<M3_WF_NVFP4, 256>(LIN_ARGS) : bn == 192 ? launch<M3_WF_NVFP4, 192>(LIN_ARGS) : LIN_BN(M3_WF_NVFP4);
         break;
@@ -1104,8 +1107,8 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
     const m3_wfmt fmt = e0->gate.fmt;
     int ok = m3_cu_gemm_tc_moe_ok(e0) && (bn == 16 || bn == 32 || bn == 64 || bn == 128 || (bn == 256 && fmt == M3_WF_NVFP4)) &&
              rows >= 1 && rows % 64 == 0 && maxa >= 0;
-    for (int c = 0; c < 3; c++) /* rest tiles: smaller than bn, or 192 at bn 128 (fat); BF16 not 192 */
-        ok = ok && maxr[c] >= 0 && (!maxr[c] || ((64 * (c + 1) < bn || (c == 2 && bn == 128)) && (c < 2 || fmt != M3_WF_BF16)));
+    for (int c = 0; c < 3; c++) /* rest tiles (with rows in units of 64): the sizes the tiling makes; BF16 not 192 */
+        ok = ok && maxr[c] >= 0 && (!maxr[c] || (m3_moe_rest_possible(64 * (c + 1), bn, 64, 1) && (c < 2 || fmt != M3_WF_BF16)));
     if (!ok)
         return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows, rest tiles %d / %d / %d) not taken", m3_wfmt_name(fmt), bn, rows,
                        maxr[0], maxr[1], maxr[2]);

@@ -305,19 +305,18 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     const long long S = (long long)T * K;
     if (S > (1 << 26)) return 0;
     /* the tile: 128 staged rows when the experts average 64+ rows (H200, M3.1-Flash shapes: T 2048
-     * 8.8 ms at 128 vs 11.7 at 64), else the smallest of 16 / 32 / 64 that holds the average
-     * expert's rows: the padding rows of a tile are staged, copied and multiplied like real ones
-     * (at 64 tokens, tiles of 64 made the staged x ~100 MB, read once per 64 weight rows);
-     * M3_MOE_TC_BN forces one */
+     * 8.8 ms at 128 vs 11.7 at 64), 256 (NVFP4) when they average 256+ (H100, T 4096: 11.22 -> 10.09
+     * ms; at T 2048, ~128 rows an expert, 5.93 -> 6.04), else the smallest of 16 / 32 / 64 that holds
+     * the average expert's rows: the padding rows of a tile are staged, copied and multiplied like
+     * real ones (at 64 tokens, tiles of 64 made the staged x ~100 MB, read once per 64 weight rows);
+     * M3_MOE_TC_BN forces one (256: NVFP4 only) */
     int bn = m3_cu_env_int("M3_MOE_TC_BN", 0);
-    if (bn == 256 && e0->gate.fmt != M3_WF_NVFP4) bn = 0; /* (256-row tiles: NVFP4 only, gemm_tc.cu) */
-    if (bn != 16 && bn != 32 && bn != 64 && bn != 128 && bn != 256)
-        bn = S >= 64LL * E ? 128 : S >= 32LL * E ? 64 : S >= 16LL * E ? 32 : 16;
-    /* 128-row tiles with 64-row tails: an expert's rows padded to 64, its last 64 a tile of their own
-     * where it has them (4096 tokens, 256 +- 16 slots an expert: 288 rows computed an expert instead
-     * of 320; M3_MOE_TC_TAIL=0: padded to 128). 256-row tiles (M3_MOE_TC_BN=256, NVFP4, an
-     * experiment): padded to 64 likewise, the rows past an expert's full tiles one tile of 64, 128
-     * or 192 */
+    const int nv = e0->gate.fmt == M3_WF_NVFP4;
+    if (bn != 16 && bn != 32 && bn != 64 && bn != 128 && !(bn == 256 && nv))
+        bn = S >= 256LL * E && nv ? 256 : S >= 64LL * E ? 128 : S >= 32LL * E ? 64 : S >= 16LL * E ? 32 : 16;
+    /* 128- and 256-row tiles in units of 64: an expert's rows padded to 64, those past its full tiles
+     * one tile of 64 (at 128: a "tail"), 128 or 192 (4096 tokens, 256 +- 16 slots an expert: 288 rows
+     * computed an expert instead of 320 at 128; M3_MOE_TC_TAIL=0: padded to the tile) */
     const int unit = bn >= 128 && m3_cu_env_int("M3_MOE_TC_TAIL", 1) ? 64 : bn;
     /* an expert's last 128 + 64 rows one tile of 192, not a full tile and a tail (a tail's CTA expands
      * as many weights as a full one; H100, uniform routing: the op at 2048 / 4096 tokens 6.81 -> 6.06 /

@@ -389,7 +389,7 @@ int main(int argc, char **argv) {
         static int32_t lp[150];
         for (int t = 0; t < 150; t++) lp[t] = 2 + (int32_t)(rnd(&s) % (uint64_t)(V - 2));
         job pj[3] = {{prompts[0], 20, 100, 0, 0, 0, 0, 0}, {prompts[1], 20, 100, 0, 0, 0, 0, 0}, {lp, 150, 3, 1, 4, 1, 0, 0}};
-        rec pa;
+        static rec pa; /* zeroed: run() keeps a record's cancel_after (an automatic one read garbage: cancelled at once) */
         job pa_j = pj[2];
         pa_j.arrive = 0;
         if (run(&m, &o, &pa_j, 1, &pa, &in)) goto done;

@@ -25,7 +25,8 @@
  * Time: the whole MoE op (router .. combine), mean of reps after a warm-up: the grouped GEMMs
  * (bf16), the bf16 mode without them (M3_MOE_TC=0), and the exact mode.
  *
- * usage: bench_cuda_moe [--quick | --ragged]   (--quick: T up to 512; --ragged: the small case) */
+ * usage: bench_cuda_moe [--quick | --ragged | --only T[,T...]]   (--quick: T up to 512; --ragged: the
+ * small case; --only: the M3.1-Flash layer at these T, 2 rows checked, the op timed as set) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -341,6 +342,11 @@ int main(int argc, char **argv) {
     m3_err err;
     m3_ops g;
     int quick = argc > 1 && !strcmp(argv[1], "--quick"), ragged = argc > 1 && !strcmp(argv[1], "--ragged");
+    const char *only = argc > 2 && !strcmp(argv[1], "--only") ? argv[2] : NULL;
+    if (argc > 1 && !quick && !ragged && !only) {
+        fprintf(stderr, "usage: bench_cuda_moe [--quick | --ragged | --only T[,T...]]\n");
+        return 2;
+    }
     if (m3_cuda_ops_init(&g, 0, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
     printf("device: %s\n", m3_cuda_device_name(&g));
     setenv("M3_MOE_TC_MIN", "1", 1); /* the grouped GEMMs at every T here (the op takes them from 32 tokens) */
@@ -351,7 +357,21 @@ int main(int argc, char **argv) {
      * tile width (128: 64-row tails, or fat 192-row tiles where an expert's rows end in half a tile past
      * 128, as at T = 200; BF16 keeps the tails) */
     const m3_wfmt efs[3] = {M3_WF_NVFP4, M3_WF_MXFP8, M3_WF_BF16};
-    for (int f = 0; f < 3; f++) {
+    if (only) { /* the M3.1-Flash layer at these T only: 2 rows checked, the op timed as the environment sets it */
+        if (build(&g, &y, 128, 6144, 3072, 3072, 0, M3_WF_NVFP4, &err)) { printf("upload: %s FAIL\n", err.msg); return 1; }
+        printf("MoE layer at M3.1-Flash shapes (E=128, top-8, NVFP4 experts): the op as set (M3_MOE_TC_BN=%s)\n%5s %10s %9s %9s %6s %9s\n",
+               getenv("M3_MOE_TC_BN") ? getenv("M3_MOE_TC_BN") : "-", "T", "rows/skip", "raw_l2", "rel_l2", "flips", "op");
+        for (const char *q = only; *q;) {
+            char *end;
+            const long T = strtol(q, &end, 10);
+            if (end == q || T < 1 || T > 65536 || (*end && *end != ',')) { fprintf(stderr, "--only: bad token count list '%s'\n", only); return 2; }
+            fails += one(&g, &y, (int)T, 2, 2);
+            q = *end ? end + 1 : end;
+        }
+        layer_free(&g, &y);
+        ragged = 1; /* (nothing else) */
+    }
+    for (int f = 0; f < 3 && !only; f++) {
         if (build(&g, &y, 16, 512, 384, 256, 10, efs[f], &err)) { printf("upload: %s FAIL\n", err.msg); return 1; }
         printf("ragged MoE layer (E=16, 6 without tokens, H 512, F 384, %s experts, shared 256): every row; rel_l2 before /\n"
                "after matching the h roundings f32 order can flip (flips taken / candidates per row)\n%5s %10s %9s %9s %6s %6s\n",

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Session 43, call 3: where the MoE op's time goes at 4096 tokens (256-row tiles): every kernel's
+# duration (ncu, gpu__time_duration), the first grouped GEMM (gate + up, 256-row tiles) in full
+# detail; and the 128 / 256 crossing between 2048 and 4096 tokens (bench_cuda_moe --only).
+# usage (after scripts/gpu-bin.sh; docs/logs moved aside; this file in .gpu_pack): END=240 bash .gpu_pack/call3.sh
+set -u
+mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz
+B=.gpu_bin; W=/tmp/w; mkdir -p $W
+END=${END:-240}
+left() { echo $((END - SECONDS)); }
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee $OUT/gpu.txt
+{
+for v in "M3_MOE_TC_BN=128" "M3_MOE_TC_BN=256" "M3_MOE_TC_DEFAULT=1"; do
+  echo "== [$SECONDS] $v"; env $v timeout 60 $B/bench_cuda_moe --only 2048,2560,3072,3584,4096 2>&1 | grep -vE "^device"
+done
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+if [ -n "$NCU" ] && [ $(left) -gt 90 ]; then
+  timeout 80 $NCU --metrics gpu__time_duration.sum --csv $B/bench_cuda_moe --only 4096 > $OUT/ncu-moe4096.csv 2>&1
+  echo "[$SECONDS] ncu durations rc $?"
+  python3 - $OUT/ncu-moe4096.csv <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); ii = h.index("ID")
+tot = collections.OrderedDict(); n = collections.Counter()
+for r in rows[1:]:
+    try: v = float(r[vi].replace(",", ""))
+    except ValueError: continue
+    k = r[ki].split("(")[0][:90]; tot[k] = tot.get(k, 0) + v; n[k] += 1
+S = sum(tot.values())
+for k, v in sorted(tot.items(), key=lambda kv: -kv[1]): print("%10.1f us %5.1f%% %4d x  %s" % (v / 1e3, 100 * v / S, n[k], k))
+print("total %.1f us over %d launches" % (S / 1e3, sum(n.values())))
+PY
+fi
+if [ -n "$NCU" ] && [ $(left) -gt 60 ]; then
+  timeout $(left) $NCU --set full -k regex:k_gemm_tc --launch-count 1 $B/bench_cuda_moe --only 4096 > $OUT/ncu-moe256-full.txt 2>&1
+  echo "[$SECONDS] ncu full rc $?"; grep -E "k_gemm_tc<|Duration|Tensor Cycles Active|Warp Cycles Per Issued|Stall (Wait|Long|Math|Barrier|GMMA|Dispatch|Short)" $OUT/ncu-moe256-full.txt | head -20
+fi
+echo "[$SECONDS] done"
+} 2>&1 | tee $OUT/call3.log

@@ -15,7 +15,7 @@ for v in "M3_MOE_TC_BN=128" "M3_MOE_TC_BN=256" "M3_MOE_TC_DEFAULT=1"; do
 done
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ] && [ $(left) -gt 90 ]; then
-  timeout 80 $NCU --metrics gpu__time_duration.sum --csv $B/bench_cuda_moe --only 4096 > $OUT/ncu-moe4096.csv 2>&1
+  timeout 80 $NCU --metrics gpu__time_duration.sum --print-units base --csv $B/bench_cuda_moe --only 4096 > $OUT/ncu-moe4096.csv 2>&1
   echo "[$SECONDS] ncu durations rc $?"
   python3 - $OUT/ncu-moe4096.csv <<'PY'
 import csv, sys, collections

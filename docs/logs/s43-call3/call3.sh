@@ -10,12 +10,9 @@ END=${END:-240}
 left() { echo $((END - SECONDS)); }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee $OUT/gpu.txt
 {
-for v in "M3_MOE_TC_BN=128" "M3_MOE_TC_BN=256" "M3_MOE_TC_DEFAULT=1"; do
-  echo "== [$SECONDS] $v"; env $v timeout 60 $B/bench_cuda_moe --only 2048,2560,3072,3584,4096 2>&1 | grep -vE "^device"
-done
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-if [ -n "$NCU" ] && [ $(left) -gt 90 ]; then
-  timeout 80 $NCU --metrics gpu__time_duration.sum --print-units base --csv $B/bench_cuda_moe --only 4096 > $OUT/ncu-moe4096.csv 2>&1
+if [ -n "$NCU" ]; then
+  timeout 70 $NCU --metrics gpu__time_duration.sum --print-units base --csv $B/bench_cuda_moe --only 4096 > $OUT/ncu-moe4096.csv 2>&1
   echo "[$SECONDS] ncu durations rc $?"
   python3 - $OUT/ncu-moe4096.csv <<'PY'
 import csv, sys, collections
@@ -30,6 +27,11 @@ S = sum(tot.values())
 for k, v in sorted(tot.items(), key=lambda kv: -kv[1]): print("%10.1f us %5.1f%% %4d x  %s" % (v / 1e3, 100 * v / S, n[k], k))
 print("total %.1f us over %d launches" % (S / 1e3, sum(n.values())))
 PY
+fi
+if [ $(left) -gt 70 ]; then
+  for v in "M3_MOE_TC_BN=128" "M3_MOE_TC_BN=256" "M3_MOE_TC_DEFAULT=1"; do
+    echo "== [$SECONDS] $v"; env $v timeout 60 $B/bench_cuda_moe --only 2048,2560,3072,3584,4096 2>&1 | grep -vE "^device"
+  done
 fi
 if [ -n "$NCU" ] && [ $(left) -gt 60 ]; then
   timeout $(left) $NCU --set full -k regex:k_gemm_tc --launch-count 1 $B/bench_cuda_moe --only 4096 > $OUT/ncu-moe256-full.txt 2>&1

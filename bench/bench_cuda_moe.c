@@ -369,7 +369,6 @@ int main(int argc, char **argv) {
             q = *end ? end + 1 : end;
         }
         layer_free(&g, &y);
-        ragged = 1; /* (nothing else) */
     }
     for (int f = 0; f < 3 && !only; f++) {
         if (build(&g, &y, 16, 512, 384, 256, 10, efs[f], &err)) { printf("upload: %s FAIL\n", err.msg); return 1; }
@@ -393,7 +392,7 @@ int main(int argc, char **argv) {
         unsetenv("M3_MOE_FT");
         layer_free(&g, &y);
     }
-    if (!ragged) {
+    if (!ragged && !only) {
         if (build(&g, &y, 128, 6144, 3072, 3072, 0, M3_WF_NVFP4, &err)) { printf("upload: %s FAIL\n", err.msg); return 1; }
         printf("MoE layer at M3.1-Flash shapes (E=128, top-8, NVFP4 experts 3072x6144, MXFP8 shared 3072, BF16 router);\n"
                "ms of the whole op: op = its choice (the few-slot kernels up to 512 tokens, then the grouped GEMMs), gemm = the\n"

@@ -422,9 +422,10 @@ static void test_attn_pow2(void) {
 
 /* gemm_tiles.h: the token tiles of the tensor-core GEMM. The cases PERF.md measured (sessions 38 and
  * 43, 132 SMs) take the tile that won there; 192 / 256 are never taken unless their waves take less
- * time and they fill two, nor below 129 tokens or beyond the format's largest tile. An expert's tiles cover its rows exactly, with at most one
- * rest tile (64 rows at bn 128, or one fat tile of 192 past 128 rows, one CTA fewer; 64, 128 or 192
- * at bn 256) of a size its layout holds places for; the host's bound on the staged rows holds every expert's padded rows and tiles for
+ * time and they fill two, nor below 129 tokens or beyond the format's largest tile. An expert's
+ * tiles cover its rows exactly, with at most one rest tile (64 rows at bn 128, or one fat tile of
+ * 192 past 128 rows, one CTA fewer; 64, 128 or 192 at bn 256) of a size its layout holds places
+ * for; the host's bound on the staged rows holds every expert's padded rows and tiles for
  * skewed and uniform routings. */
 static void test_gemm_tiles(void) {
     static const int won[][4] = {/* T, the format's largest tile, N, tile */

@@ -222,6 +222,10 @@ int main(int argc, char **argv) {
         /* 64 tokens over 17 row chunks (the last of 16 rows): K slices would leave 10% of an H200's
          * 264 places empty, so gemm_ft splits the work stream-K (ranges crossing tiles, 2-3 partial sums) */
         fails += run_case(&c, M3_WF_MXFP8, 2064, 4096, Tr + 3, 1, 1, 0);
+        /* 20 K blocks (2 slices of 10): the rings of M3_GEMM_TC_HS=1 (5-8 x halves, 2 weight slots)
+         * wrap 2-4 times in a slice */
+        fails += run_case(&c, M3_WF_MXFP8, 528, 2560, Tr + 6, 4, 1, 0);
+        fails += run_case(&c, M3_WF_NVFP4, 528, 2560, Tr + 6, 4, 1, 0);
         if (ragged) goto out;
         /* the M3.1-Flash shapes */
         const int shapes[][2] = {{8192, 6144}, {6144, 8192}, {512, 6144}, {3072, 6144}, {6144, 3072}, {12288, 6144}};

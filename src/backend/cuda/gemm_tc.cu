@@ -101,6 +101,20 @@ __host__ __device__ constexpr int n_stages(int fmt, int bn, int cps = 1) {
 __host__ __device__ constexpr int smem_bytes(int fmt, int bn, int cps = 1) {
     return n_stages(fmt, bn, cps) * stage_bytes(fmt, bn) + 1024 + 256;
 }
+/* Half stages (HS, M3_GEMM_TC_HS=1; MXFP8 / NVFP4 tiles of 192 / 256 tokens): two rings instead of
+ * one. The x ring holds half K blocks (BN x 64 bf16: the column half a consumer's half reads), the w
+ * ring whole K blocks of weights and scales (a consumer loads a block's raw bytes into registers
+ * during the half before it and the block's first half, then hands the slot back). A stage of x is
+ * then released a half earlier, and more of x fits: MXFP8 at 256 tokens 5 halves (2.5 blocks)
+ * against 2 whole stages of 82 KB. */
+constexpr int HS_NW = 2; /* weight slots */
+__host__ __device__ constexpr int w_slot(int fmt) { return (w_bytes(fmt) + s_bytes(fmt) + 1023) / 1024 * 1024; }
+__host__ __device__ constexpr int hs_nx(int fmt, int bn) {
+    return (SMEM_MAX - 1280 - HS_NW * w_slot(fmt)) / (bn * 128) > 8 ? 8 : (SMEM_MAX - 1280 - HS_NW * w_slot(fmt)) / (bn * 128);
+}
+__host__ __device__ constexpr int hs_smem(int fmt, int bn) { return hs_nx(fmt, bn) * bn * 128 + HS_NW * w_slot(fmt) + 1024 + 256; }
+static_assert(hs_nx(M3_WF_MXFP8, 256) == 5 && hs_nx(M3_WF_NVFP4, 256) == 6 && hs_nx(M3_WF_MXFP8, 192) == 7, "half stages");
+static_assert(hs_smem(M3_WF_MXFP8, 256) <= SMEM_MAX && 2 * (8 + HS_NW) * 8 <= 256, "half stages: shared memory");
 static_assert(n_stages(M3_WF_NVFP4, 16, 2) >= 4 && n_stages(M3_WF_MXFP8, 32, 2) >= 4, "two CTAs an SM");
 static_assert(n_stages(M3_WF_BF16, 128) >= 3 && n_stages(M3_WF_MXFP8, 128) >= 4 && n_stages(M3_WF_NVFP4, 128) >= 4, "stages");
 
@@ -510,17 +524,23 @@ static __device__ __forceinline__ void mma_half(float (&acc)[BN / 2], const raw_
 /* CPS: CTAs an SM holds (2: fewer stages and at most 80 registers a thread, for the small token
  * tiles, whose CTAs wait on latency: M3_GEMM_TC_CPS=2, an experiment for now). NB: the consumers'
  * A buffers for MXFP8 / NVFP4 (2; 3: M3_GEMM_TC_NB=3, an experiment) */
-template <int FMT, int BN, int CPS = 1, int NB = 2, bool N192 = false>
+template <int FMT, int BN, int CPS = 1, int NB = 2, bool N192 = false, bool HS = false>
 __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant__ gemm_args p) {
     static_assert(BN != 256 || (CPS == 1 && NTHREADS == 384), "BN 256: setmaxnreg balances one CTA an SM of 384 threads");
-    constexpr int STAGES = n_stages(FMT, BN, CPS), STAGE = stage_bytes(FMT, BN);
+    static_assert(!HS || (FMT != M3_WF_BF16 && BN >= 128 && CPS == 1 && NB == 2), "half stages: MXFP8 / NVFP4, 128+ tokens");
+    /* HS: the x ring's NX half stages of XH bytes, then the w ring's HS_NW slots of WSL bytes */
+    constexpr int NX = HS ? hs_nx(FMT, BN) : 1, XH = BN * 128, WSL = w_slot(FMT);
+    constexpr int STAGES = HS ? NX : n_stages(FMT, BN, CPS), STAGE = HS ? XH : stage_bytes(FMT, BN);
     constexpr int XB = BN * 256, WB = w_bytes(FMT);
     extern __shared__ uint8_t smem_raw[];
     /* 1024-aligned (the 128-byte swizzle atoms), as an offset from smem_raw so that the compiler
      * keeps knowing it is shared memory (shared loads, not generic ones) */
     uint8_t *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    uint64_t *bars = (uint64_t *)(smem + STAGES * STAGE); /* full[STAGES], empty[STAGES] */
+    /* full[STAGES], empty[STAGES] (HS: of the x ring; then the w ring's wfull[HS_NW], wempty[HS_NW]) */
+    uint64_t *bars = (uint64_t *)(smem + STAGES * STAGE + (HS ? HS_NW * WSL : 0));
     const uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + STAGES);
+    const uint32_t wfull0 = smem_u32(bars + 2 * STAGES), wempty0 = smem_u32(bars + 2 * STAGES + HS_NW);
+    uint8_t *const wring = smem + STAGES * STAGE; /* HS: the w ring */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     /* grouped raster (gemm_tiles.h; groups of 4 or 16 row tiles measured the same, session 17) */
@@ -551,9 +571,9 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
     }
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mb_init(full0 + 8 * s, 4); /* one arrival (+ its bytes) per producer warp */
-            mb_init(empty0 + 8 * s, 8); /* one arrival per consumer warp */
+        for (int s = 0; s < STAGES + (HS ? HS_NW : 0); s++) { /* (HS: the w ring's follow the x ring's) */
+            mb_init((s < STAGES ? full0 : wfull0 - 8 * STAGES) + 8 * s, 4); /* one arrival (+ its bytes) per producer warp */
+            mb_init((s < STAGES ? empty0 : wempty0 - 8 * STAGES) + 8 * s, 8); /* one arrival per consumer warp */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -590,17 +610,64 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
         auto wrow = [&](int c) -> const uint8_t * {
             return p.mode == 1 ? (c < 64 ? pw : pw2) + (size_t)(mt * 64 + (c & 63)) * p.row_bytes : pw + (size_t)(n0 + c) * p.row_bytes;
         };
+        /* weight copy c of K block kb (values, then scales) into a stage's Wd / Sd, completing on bar */
+        auto wcopy = [&](int c, uint8_t *Wd, uint8_t *Sd, int kb, uint32_t bar) {
+            if (FMT == M3_WF_MXFP8) {
+                if (c < 4 * tiles) {
+                    const int i = c >> 2, u = c & 3;
+                    const uint8_t *src = wtile(i) + (size_t)(kb * 4 + u) * 512;
+                    bulk_g2s(smem_u32(Wd + i * MX_TILE + u * 512 + (u & 1) * 16 + (u >> 1) * 64), src, 512, bar);
+                } else {
+                    const int i = c - 4 * tiles;
+                    bulk_g2s(smem_u32(Sd + i * 64), stile(i) + (size_t)kb * 64, 64, bar);
+                }
+            } else if (FMT == M3_WF_NVFP4) {
+                if (c < tiles) {
+                    bulk_g2s(smem_u32(Wd + c * 1024), wtile(c) + (size_t)kb * 1024, 1024, bar);
+                } else {
+                    const int i = c - tiles;
+                    bulk_g2s(smem_u32(Sd + i * 128), stile(i) + (size_t)kb * 128, 128, bar);
+                }
+            } else if (tma) {
+                tma_2d(smem_u32(Wd + c * 16384), &p.tmap, kb * BK + 64 * c, n0, bar);
+            } else {
+                bulk_g2s(smem_u32(Wd + c * BF_ROW), wrow(c) + (size_t)kb * 256, 256, bar);
+            }
+        };
+        auto wcopy_bytes = [&](int c) -> uint32_t {
+            return FMT == M3_WF_MXFP8 ? (c < 4 * tiles ? 512 : 64) : FMT == M3_WF_NVFP4 ? (c < tiles ? 1024 : 128)
+                   : tma ? 16384 : 256; /* (a box counts whole, rows past N included: zeros) */
+        };
+        if constexpr (HS) {
+            /* per K block: its weight slot, then its two x halves (a ring each), every copy of a kind
+             * to thread pl = its number round-robin */
+            uint32_t mw = 0, mx = 0;
+            for (int c = pl; c < nw; c += 128) mw += wcopy_bytes(c);
+            for (int gi = pl; gi < ng; gi += 128) mx += XCOPY;
+            const uint32_t wsum = __reduce_add_sync(0xffffffffu, mw), xsum = __reduce_add_sync(0xffffffffu, mx);
+            for (int kl = 0; kl < NK; kl++) {
+                const int kb = kb0 + kl, ws = kl % HS_NW;
+                uint8_t *Wd = wring + ws * WSL;
+                if (kl >= HS_NW) mb_wait(wempty0 + 8 * ws, ((kl / HS_NW) & 1) ^ 1);
+                if (lane == 0) mb_expect_tx(wfull0 + 8 * ws, wsum);
+                __syncwarp();
+                for (int c = pl; c < nw; c += 128) wcopy(c, Wd, Wd + WB, kb, wfull0 + 8 * ws);
+                for (int h = 0; h < 2; h++) {
+                    const int q = 2 * kl + h, xs = q % STAGES;
+                    if (q >= STAGES) mb_wait(empty0 + 8 * xs, ((q / STAGES) & 1) ^ 1);
+                    if (lane == 0) mb_expect_tx(full0 + 8 * xs, xsum);
+                    __syncwarp();
+                    for (int gi = pl; gi < ng; gi += 128) {
+                        const uint8_t *src = p.xs + (((size_t)(g0 + gi) * KB + kb) * 2 + h) * XPIECE + xoff;
+                        bulk_g2s(smem_u32(smem + xs * XH + gi * XPIECE), src, XCOPY, full0 + 8 * xs);
+                    }
+                }
+            }
+            return;
+        }
         /* bytes of this warp's copies (the same every stage) */
         uint32_t mine = 0;
-        for (int q = pl; q < total; q += 128) {
-            if (q < nx) mine += XCOPY;
-            else {
-                const int c = q - nx;
-                if (FMT == M3_WF_MXFP8) mine += c < 4 * tiles ? 512 : 64;
-                else if (FMT == M3_WF_NVFP4) mine += c < tiles ? 1024 : 128;
-                else mine += tma ? 16384 : 256; /* a box counts whole, rows past N included (zeros) */
-            }
-        }
+        for (int q = pl; q < total; q += 128) mine += q < nx ? XCOPY : wcopy_bytes(q - nx);
         const uint32_t wbytes = __reduce_add_sync(0xffffffffu, mine);
         for (int kl = 0; kl < NK; kl++) {
             const int kb = kb0 + kl, st = kl % STAGES;
@@ -616,28 +683,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
                     bulk_g2s(smem_u32(X + col * BN * 128 + gi * XPIECE), src, XCOPY, full);
                     continue;
                 }
-                const int c = q - nx;
-                if (FMT == M3_WF_MXFP8) {
-                    if (c < 4 * tiles) {
-                        const int i = c >> 2, u = c & 3;
-                        const uint8_t *src = wtile(i) + (size_t)(kb * 4 + u) * 512;
-                        bulk_g2s(smem_u32(Wd + i * MX_TILE + u * 512 + (u & 1) * 16 + (u >> 1) * 64), src, 512, full);
-                    } else {
-                        const int i = c - 4 * tiles;
-                        bulk_g2s(smem_u32(Sd + i * 64), stile(i) + (size_t)kb * 64, 64, full);
-                    }
-                } else if (FMT == M3_WF_NVFP4) {
-                    if (c < tiles) {
-                        bulk_g2s(smem_u32(Wd + c * 1024), wtile(c) + (size_t)kb * 1024, 1024, full);
-                    } else {
-                        const int i = c - tiles;
-                        bulk_g2s(smem_u32(Sd + i * 128), stile(i) + (size_t)kb * 128, 128, full);
-                    }
-                } else if (tma) {
-                    tma_2d(smem_u32(Wd + c * 16384), &p.tmap, kb * BK + 64 * c, n0, full);
-                } else {
-                    bulk_g2s(smem_u32(Wd + c * BF_ROW), wrow(c) + (size_t)kb * 256, 256, full);
-                }
+                wcopy(q - nx, Wd, Sd, kb, full);
             }
         }
         return;
@@ -652,10 +698,15 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
     for (int j = 0; j < BN / 2; j++) acc[j] = 0.0f;
     raw_frag r;
     r.c = r.d = make_uint4(0, 0, 0, 0);
-    mb_wait(full0, 0);
-    const uint32_t sm0 = smem_u32(smem); /* the stages' shared addresses (see lds128) */
+    const uint32_t sm0 = smem_u32(smem), wr0 = smem_u32(wring); /* the stages' shared addresses (see lds128) */
     const bool sw = FMT == M3_WF_BF16 && p.tma;
-    load_raw<FMT>(sm0 + XB, sm0 + XB + WB, i, g, t, 0, r, sw);
+    if (HS) { /* the first K block's weights (its x: in the loop) */
+        mb_wait(wfull0, 0);
+        load_raw<FMT>(wr0, wr0 + WB, i, g, t, 0, r);
+    } else {
+        mb_wait(full0, 0);
+        load_raw<FMT>(sm0 + XB, sm0 + XB + WB, i, g, t, 0, r, sw);
+    }
     if (FMT == M3_WF_BF16) {
         /* BF16 has nothing to expand: its raw loads are the wgmma's A registers, so it waits
          * for each half's wgmmas before loading the next (loads into registers of an in-flight
@@ -681,6 +732,41 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
             __syncwarp();
             if (lane == 0) mb_arrive(empty0 + 8 * st); /* the stage's wgmmas are done: hand it back */
         }
+    } else if constexpr (HS) {
+        /* half stages: half q (2 kb + h) waits for its x half, expands into buffer h while the
+         * previous half's group runs, and once that group has retired hands its x half back; a
+         * block's weights go back as soon as its second half's raw bytes are in registers (during
+         * its first half) */
+        uint32_t a[2][16];
+        for (int kb = 0; kb < NK; kb++) {
+            const int ws = kb % HS_NW;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int q = 2 * kb + h, xs = q % STAGES;
+                mb_wait(full0 + 8 * xs, (q / STAGES) & 1);
+                mma_half<FMT, BN, N192>(acc, r, a[h], sm0 + xs * XH);
+                if (h == 0) {
+                    load_raw<FMT>(wr0 + ws * WSL, wr0 + ws * WSL + WB, i, g, t, 1, r);
+                    __syncwarp();
+                    if (lane == 0) mb_arrive(wempty0 + 8 * ws);
+                } else if (kb + 1 < NK) {
+                    const int wn = (kb + 1) % HS_NW;
+                    mb_wait(wfull0 + 8 * wn, ((kb + 1) / HS_NW) & 1);
+                    load_raw<FMT>(wr0 + wn * WSL, wr0 + wn * WSL + WB, i, g, t, 0, r);
+                }
+                wg_wait<1>();
+                pin_f32(acc);
+                pin_u32(a[h ^ 1]);
+                if (q > 0) {
+                    __syncwarp();
+                    if (lane == 0) mb_arrive(empty0 + 8 * ((q - 1) % STAGES));
+                }
+            }
+        }
+        wg_wait<0>();
+        pin_f32(acc);
+        pin_u32(a[0]);
+        pin_u32(a[1]);
     } else {
         /* MXFP8 / NVFP4: NB A buffers (2; 3: M3_GEMM_TC_NB=3, an experiment), one per half in turn.
          * Half q (2 kb + h) expands into buffer q % NB while the wgmma groups of the halves before
@@ -846,14 +932,23 @@ static int one_n192(void) {
     return v;
 }
 
+/* M3_GEMM_TC_HS=1: half stages (the x ring in half K blocks, a ring of weight slots) for MXFP8 /
+ * NVFP4 tiles of 192 / 256 tokens */
+static int half_stages(void) {
+    static const int v = env_is("M3_GEMM_TC_HS", "1");
+    return v;
+}
+
 /* a's shape: W's (rows, values / scales strides, K); the kernel for FMT, BN */
-template <int FMT, int BN, int CPS = 1, int NB = 2, bool N192 = false>
+template <int FMT, int BN, int CPS = 1, int NB = 2, bool N192 = false, bool HS = false>
 static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
     if constexpr (NB == 2 && CPS == 1 && FMT != M3_WF_BF16 && (BN == 64 || BN == 128))
         if (three_bufs() && a.ksplit == 1 && (a.K / BK) % 3 == 0) return launch_args<FMT, BN, CPS, 3>(st, a, err);
     if constexpr (BN == 192 && !N192)
         if (one_n192()) return launch_args<FMT, BN, CPS, NB, true>(st, a, err);
-    constexpr int SM = smem_bytes(FMT, BN, CPS);
+    if constexpr (NB == 2 && CPS == 1 && FMT != M3_WF_BF16 && BN >= 192 && !HS)
+        if (half_stages()) return launch_args<FMT, BN, CPS, NB, N192, true>(st, a, err);
+    constexpr int SM = HS ? hs_smem(FMT, BN) : smem_bytes(FMT, BN, CPS);
     /* the shared-memory limit is an attribute of the kernel in each device's context (tensor parallel
      * ranks: one per GPU, on threads of their own): set once per device */
     static unsigned long long set;
@@ -862,11 +957,11 @@ static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
     if (de != cudaSuccess) return m3_errf(err, "gemm_tc: no current device: %s", cudaGetErrorString(de));
     const unsigned long long bit = 1ull << (dev & 63);
     if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
-        cudaError_t e = cudaFuncSetAttribute(k_gemm_tc<FMT, BN, CPS, NB, N192>, cudaFuncAttributeMaxDynamicSharedMemorySize, SM);
+        cudaError_t e = cudaFuncSetAttribute(k_gemm_tc<FMT, BN, CPS, NB, N192, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, SM);
         if (e != cudaSuccess) return m3_errf(err, "gemm_tc: shared memory attribute: %s", cudaGetErrorString(e));
         if constexpr (BN == 256) { /* setmaxnreg balances LAUNCH_REGS exactly: with fewer, the consumers would wait forever */
             cudaFuncAttributes fa;
-            e = cudaFuncGetAttributes(&fa, k_gemm_tc<FMT, BN, CPS, NB, N192>);
+            e = cudaFuncGetAttributes(&fa, k_gemm_tc<FMT, BN, CPS, NB, N192, HS>);
             if (e != cudaSuccess) return m3_errf(err, "gemm_tc: kernel attributes: %s", cudaGetErrorString(e));
             if (fa.numRegs != LAUNCH_REGS)
                 return m3_errf(err, "gemm_tc: the 256-token kernel was built with %d registers a thread, not %d (setmaxnreg would not balance)",
@@ -880,7 +975,7 @@ static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
     static const int spread = !env_is("M3_GEMM_TC_SPREAD", "0"); /* the producers' copies round-robin over their warps */
     gemm_args b = a;
     b.spread = spread;
-    k_gemm_tc<FMT, BN, CPS, NB, N192><<<(unsigned)blocks, NTHREADS, SM, st>>>(b);
+    k_gemm_tc<FMT, BN, CPS, NB, N192, HS><<<(unsigned)blocks, NTHREADS, SM, st>>>(b);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return m3_errf(err, "gemm_tc: launch (%s %d x %d, T %d, mode %d): %s", m3_wfmt_name((m3_wfmt)FMT), a.N,
                                          a.K, a.T, a.mode, cudaGetErrorString(e));

@@ -248,6 +248,17 @@ run "$BIN/bench_cuda_linear"
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=256 run "$BIN/bench_cuda_gemm" --ragged
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=256 run "$BIN/bench_cuda_gemm" 12288 6144
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=256 run "$BIN/bench_cuda_gemm" 6144 3072
+# half stages (M3_GEMM_TC_HS=1, an experiment: x in a ring of half K blocks, weights in a ring of their
+# own) at forced 256 (MXFP8 too) and 192 tiles: the ragged shapes in full, then timed beside the default
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_HS=1 M3_GEMM_TC_BN=256 run "$BIN/bench_cuda_gemm" --ragged
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_HS=1 M3_GEMM_TC_BN=192 run "$BIN/bench_cuda_gemm" --ragged
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_HS=1 run "$BIN/bench_cuda_gemm" 12288 6144
+[ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_HS=1 run "$BIN/bench_cuda_moe" --ragged
+# MXFP8 weights expanded by conversions (M3_GEMM_TC_MXB=0; by default by bit placement where the scales
+# allow): the ragged shapes in full, then timed beside the default
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_MXB=0 run "$BIN/bench_cuda_gemm" --ragged
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_MXB=0 M3_GEMM_TC_BN=192 run "$BIN/bench_cuda_gemm" --ragged
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_MXB=0 run "$BIN/bench_cuda_gemm" 12288 6144
 
 fi
 if want 4; then
@@ -322,6 +333,7 @@ if [ -n "$CSB" ]; then
   [ -x "$BIN/bench_cuda_gemm" ] && run $CS "$BIN/bench_cuda_gemm" --ragged
   [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=192 run $CS "$BIN/bench_cuda_gemm" --ragged
   [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=256 run $CS "$BIN/bench_cuda_gemm" --ragged
+  [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_HS=1 M3_GEMM_TC_BN=256 run $CS "$BIN/bench_cuda_gemm" --ragged
   [ -x "$BIN/bench_cuda_moe" ] && run $CS "$BIN/bench_cuda_moe" --ragged
   # the indexer at a verify pass (8 x 8 tokens: runs of 8) and the DSpark draft's attention (chunked from 512 keys)
   [ -x "$BIN/bench_cuda_attn" ] && run env M3_BENCH_CASE=2 M3_BENCH_KV=bf16 M3_BENCH_REPS=1 $CS "$BIN/bench_cuda_attn"

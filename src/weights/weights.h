@@ -33,6 +33,8 @@ typedef struct m3_linear {
     float gmul;             /* NVFP4: global multiplier (1/weight_global_scale, or weight_scale_2) */
     int tiled;              /* CUDA device copies only: rows in tiles of 16 stored unit by unit
                              * (backend/cuda/common.cuh, wt_tiled); 0 everywhere else */
+    int scale_max;          /* CUDA device copies of tiled MXFP8 matrices only: their largest E8M0
+                             * code (the wgmma GEMM's weight expansion, gemm_tc.cu); 0 elsewhere */
 } m3_linear;
 
 /* Bytes of weight data (values + scales) one full pass over W reads. */

@@ -80,6 +80,12 @@
 
 namespace {
 
+/* MXFP8 expanded by bit placement (e4_bits: 4 instructions a pair instead of the cvt path's ~7),
+ * taken for matrices whose E8M0 codes are all <= 134 (m3_linear.scale_max; M3_GEMM_TC_MXB=0: the
+ * cvt path); everything but the expansion is MXFP8's */
+constexpr int FMT_MXB = 100;
+__host__ __device__ constexpr int fmt_of(int f) { return f == FMT_MXB ? (int)M3_WF_MXFP8 : f; }
+
 constexpr int BM = 128;        /* weight rows per CTA */
 constexpr int BK = 128;        /* K per stage */
 constexpr int NTHREADS = 384;  /* producer warpgroup + 2 consumer warpgroups */
@@ -136,6 +142,7 @@ struct gemm_args {
     const int *tiles, *ntile, *rowmap;
     float alpha, limit;
     int spread; /* producer copies dealt round-robin over the 4 producer warps (launch_args; M3_GEMM_TC_SPREAD=0: in order) */
+    int mxb;    /* MXFP8: every matrix's E8M0 codes <= 134, expanded by bit placement (FMT_MXB; mx_bits) */
     /* BF16 linears (mode 0): a stage's 128 x 128 weights as two tensor-map copies of 128 rows x 64
      * values with the 128-byte swizzle (tma set), instead of 128 row copies of 256 bytes */
     int tma;
@@ -387,6 +394,21 @@ static __device__ __forceinline__ uint32_t e4_bf2(uint32_t two, float sc) {
 }
 /* E8M0 code 1..254 -> 2^(e-127) */
 static __device__ __forceinline__ float e8_f32(uint32_t b) { return __uint_as_float(b << 23); }
+/* MXFP8 by bit placement (FMT_MXB): E4M3 bytes P and P + 1 of w (P = 0 or 2) as the bf16x2 bits of
+ * value x 2^-120: the sign to bit 15, exponent and mantissa to bits 4..10 (bf16's exponent field
+ * then holds E4M3's, its mantissa E4M3's 3 bits: exact, subnormals included; the NaN codes 0x7f /
+ * 0xff become finite). prmt copies each byte and replicates its sign into the byte above it. */
+template <int P> static __device__ __forceinline__ uint32_t e4_bits(uint32_t w) {
+    uint32_t p;
+    asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(p) : "r"(w), "n"(P == 0 ? 0x9180 : 0xB3A2));
+    return (p << 4) & 0x87F087F0u;
+}
+/* E8M0 code e (1..134) -> 2^(e-7) as bf16x2 (both halves): times e4_bits' value, the weight
+ * E4M3 x 2^(e-127), exact while a bf16 normal (codes 10..; below, rounded as the cvt path does) */
+static __device__ __forceinline__ uint32_t e8_bits_bf2(uint32_t e) {
+    const uint32_t h = (e + 120u) << 7;
+    return h | (h << 16);
+}
 /* The raw weight bytes of k16 steps 4h..4h+3 of the warp's 16-row tile i for lane (g, t):
  * rows g and g + 8, physical columns 32t + 16h .. 32t + 16h + 15 of the K block (permuted
  * order, see the top), and their scales. Loaded while the previous half's wgmmas run. */
@@ -443,6 +465,16 @@ template <int FMT> static __device__ __forceinline__ void expand(const raw_frag 
             a[4 * j + 1] = e4_bf2(w1[j], s1);
             a[4 * j + 2] = e4_bf2(w0[j] >> 16, s0);
             a[4 * j + 3] = e4_bf2(w1[j] >> 16, s1);
+        }
+    } else if (FMT == FMT_MXB) {
+        const uint32_t m0 = e8_bits_bf2(r.s0), m1 = e8_bits_bf2(r.s1);
+        const uint32_t w0[4] = {r.a.x, r.a.y, r.a.z, r.a.w}, w1[4] = {r.b.x, r.b.y, r.b.z, r.b.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            a[4 * j + 0] = bf16x2_mul(e4_bits<0>(w0[j]), m0);
+            a[4 * j + 1] = bf16x2_mul(e4_bits<0>(w1[j]), m1);
+            a[4 * j + 2] = bf16x2_mul(e4_bits<2>(w0[j]), m0);
+            a[4 * j + 3] = bf16x2_mul(e4_bits<2>(w1[j]), m1);
         }
     } else if (FMT == M3_WF_NVFP4) {
         /* value x 2^-126 (bf16 bits) times scale x 2^119 (bf16): the weight x 2^-7, exact (at most
@@ -524,8 +556,9 @@ static __device__ __forceinline__ void mma_half(float (&acc)[BN / 2], const raw_
 /* CPS: CTAs an SM holds (2: fewer stages and at most 80 registers a thread, for the small token
  * tiles, whose CTAs wait on latency: M3_GEMM_TC_CPS=2, an experiment for now). NB: the consumers'
  * A buffers for MXFP8 / NVFP4 (2; 3: M3_GEMM_TC_NB=3, an experiment) */
-template <int FMT, int BN, int CPS = 1, int NB = 2, bool N192 = false, bool HS = false>
+template <int FX, int BN, int CPS = 1, int NB = 2, bool N192 = false, bool HS = false>
 __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant__ gemm_args p) {
+    constexpr int FMT = fmt_of(FX); /* FX: the expansion (FMT_MXB), FMT: the format */
     static_assert(BN != 256 || (CPS == 1 && NTHREADS == 384), "BN 256: setmaxnreg balances one CTA an SM of 384 threads");
     static_assert(!HS || (FMT != M3_WF_BF16 && BN >= 128 && CPS == 1 && NB == 2), "half stages: MXFP8 / NVFP4, 128+ tokens");
     /* HS: the x ring's NX half stages of XH bytes, then the w ring's HS_NW slots of WSL bytes */
@@ -717,7 +750,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
             const uint32_t xa = smem_u32(smem + st * STAGE);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                mma_half<FMT, BN, N192>(acc, r, a0, xa + h * BN * 128);
+                mma_half<FX, BN, N192>(acc, r, a0, xa + h * BN * 128);
                 wg_wait<0>();
                 pin_f32(acc);
                 pin_u32(a0);
@@ -744,7 +777,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
             for (int h = 0; h < 2; h++) {
                 const int q = 2 * kb + h, xs = q % STAGES;
                 mb_wait(full0 + 8 * xs, (q / STAGES) & 1);
-                mma_half<FMT, BN, N192>(acc, r, a[h], sm0 + xs * XH);
+                mma_half<FX, BN, N192>(acc, r, a[h], sm0 + xs * XH);
                 if (h == 0) {
                     load_raw<FMT>(wr0 + ws * WSL, wr0 + ws * WSL + WB, i, g, t, 1, r);
                     __syncwarp();
@@ -790,7 +823,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
                 const uint32_t xa = smem_u32(smem + st * STAGE);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    mma_half<FMT, BN, N192>(acc, r, a[(2 * u + h) % NB], xa + h * BN * 128);
+                    mma_half<FX, BN, N192>(acc, r, a[(2 * u + h) % NB], xa + h * BN * 128);
                     /* retire all but NB - 1 groups; at h == NB - 2 the previous stage's last group
                      * is among the retired: hand that stage back */
                     auto retire = [&]() {
@@ -939,16 +972,25 @@ static int half_stages(void) {
     return v;
 }
 
+/* MXFP8 matrices whose largest E8M0 code is scale_max: expanded by bit placement (FMT_MXB) where the
+ * scales allow it (2^(e-7) a bf16 normal: codes <= 134; M3_GEMM_TC_MXB=0: never, for measurements) */
+static int mx_bits(int scale_max) {
+    static const int off = env_is("M3_GEMM_TC_MXB", "0");
+    return !off && scale_max >= 1 && scale_max <= 134;
+}
+
 /* a's shape: W's (rows, values / scales strides, K); the kernel for FMT, BN */
 template <int FMT, int BN, int CPS = 1, int NB = 2, bool N192 = false, bool HS = false>
 static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
+    if constexpr (FMT == M3_WF_MXFP8 && BN >= 128)
+        if (a.mxb) return launch_args<FMT_MXB, BN, CPS, NB, N192, HS>(st, a, err);
     if constexpr (NB == 2 && CPS == 1 && FMT != M3_WF_BF16 && (BN == 64 || BN == 128))
         if (three_bufs() && a.ksplit == 1 && (a.K / BK) % 3 == 0) return launch_args<FMT, BN, CPS, 3>(st, a, err);
     if constexpr (BN == 192 && !N192)
         if (one_n192()) return launch_args<FMT, BN, CPS, NB, true>(st, a, err);
     if constexpr (NB == 2 && CPS == 1 && FMT != M3_WF_BF16 && BN >= 192 && !HS)
         if (half_stages()) return launch_args<FMT, BN, CPS, NB, N192, true>(st, a, err);
-    constexpr int SM = HS ? hs_smem(FMT, BN) : smem_bytes(FMT, BN, CPS);
+    constexpr int F = fmt_of(FMT), SM = HS ? hs_smem(F, BN) : smem_bytes(F, BN, CPS);
     /* the shared-memory limit is an attribute of the kernel in each device's context (tensor parallel
      * ranks: one per GPU, on threads of their own): set once per device */
     static unsigned long long set;
@@ -977,7 +1019,7 @@ static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
     b.spread = spread;
     k_gemm_tc<FMT, BN, CPS, NB, N192, HS><<<(unsigned)blocks, NTHREADS, SM, st>>>(b);
     cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return m3_errf(err, "gemm_tc: launch (%s %d x %d, T %d, mode %d): %s", m3_wfmt_name((m3_wfmt)FMT), a.N,
+    if (e != cudaSuccess) return m3_errf(err, "gemm_tc: launch (%s %d x %d, T %d, mode %d): %s", m3_wfmt_name((m3_wfmt)F), a.N,
                                          a.K, a.T, a.mode, cudaGetErrorString(e));
     return 0;
 }
@@ -1031,6 +1073,7 @@ static int launch(cudaStream_t st, const m3_linear *W, const void *xs, int T, fl
     a.nm = (W->N + BM - 1) / BM;
     a.nt = (T + BN - 1) / BN;
     a.gmul = W->gmul;
+    a.mxb = FMT == M3_WF_MXFP8 && mx_bits(W->scale_max);
     if (FMT == M3_WF_BF16) a.tma = bf16_tmap(W, &a.tmap);
     return launch_args<FMT, BN, CPS>(st, a, err);
 }
@@ -1221,6 +1264,7 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
     a.ksplit = 1;
     a.gmul = 1.0f;
     a.mode = part == 2 ? 2 : 1;
+    a.mxb = fmt == M3_WF_MXFP8 && mx_bits(W->scale_max); /* (e0's: the largest of every expert's, moe.cu) */
     a.tab = tab;
     a.rowmap = rowmap;
     a.alpha = alpha;

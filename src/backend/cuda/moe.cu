@@ -293,10 +293,22 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     if (m3_cu_env_int("M3_MOE_TC", 1) == 0 || T < m3_cu_env_int("M3_MOE_TC_MIN", 128)) return 0;
     /* expert parallel: every expert here, in one format and shape, and each taken (tiled: the upload
      * keeps a matrix with E8M0 codes 0 / 255 row-major, per matrix) */
-    for (int e = 0; e < E; e++)
-        if (!L->experts[e].gate.w || L->experts[e].gate.fmt != e0->gate.fmt || L->experts[e].down.N != e0->down.N ||
-            L->experts[e].gate.N != e0->gate.N || !m3_cu_gemm_tc_moe_ok(&L->experts[e]))
+    /* e0m: expert 0's shapes and formats, its scale_max the largest of every expert's matrices (0 if
+     * any is unknown): the grouped GEMMs expand one way for all (gemm_tc.cu, FMT_MXB) */
+    m3_mlp_w e0m = *e0;
+    int smax = 0, sunknown = 0;
+    for (int e = 0; e < E; e++) {
+        const m3_mlp_w *m = &L->experts[e];
+        if (!m->gate.w || m->gate.fmt != e0->gate.fmt || m->down.N != e0->down.N || m->gate.N != e0->gate.N ||
+            !m3_cu_gemm_tc_moe_ok(m))
             return 0;
+        const int sm[3] = {m->gate.scale_max, m->up.scale_max, m->down.scale_max};
+        for (int j = 0; j < 3; j++) {
+            smax = sm[j] > smax ? sm[j] : smax;
+            sunknown |= sm[j] == 0;
+        }
+    }
+    e0m.gate.scale_max = e0m.up.scale_max = e0m.down.scale_max = sunknown ? 0 : smax;
     if (L->has_shared) {
         const m3_linear *sg = &L->shared.gate, *su = &L->shared.up, *sd = &L->shared.down;
         if (!m3_cu_gemm_tc_ok(sg, T) || !m3_cu_gemm_tc_ok(su, T) || !m3_cu_gemm_tc_ok(sd, T) || sg->K != su->K) return 0;
@@ -347,9 +359,9 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
                                                                              rowmap, tiles, cnt);
     if (CK_LAUNCH(c, "moe layout")) return 1;
     if (m3_cu_gemm_tc_stage_x_map(c->st, x, rows, H, map, cnt, xs, &err) ||
-        m3_cu_gemm_tc_moe(c->st, 0, tab, e0, bn, xs, rows, tiles, maxa, maxr.n, cnt, NULL, alpha, limit, h, &err) ||
+        m3_cu_gemm_tc_moe(c->st, 0, tab, &e0m, bn, xs, rows, tiles, maxa, maxr.n, cnt, NULL, alpha, limit, h, &err) ||
         m3_cu_gemm_tc_stage_x_map(c->st, h, rows, F, NULL, cnt, hs, &err) ||
-        m3_cu_gemm_tc_moe(c->st, 2, tab, e0, bn, hs, rows, tiles, maxa, maxr.n, cnt, rowmap, alpha, limit, ye, &err)) {
+        m3_cu_gemm_tc_moe(c->st, 2, tab, &e0m, bn, hs, rows, tiles, maxa, maxr.n, cnt, rowmap, alpha, limit, ye, &err)) {
         m3_cu_failf(c, "moe (grouped GEMMs): %s", err.msg);
         return 1;
     }

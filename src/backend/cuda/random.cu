@@ -73,6 +73,7 @@ static int rand_linear(m3_cuda *c, m3_linear *L, m3_wfmt fmt, int N, int K, uint
         }
         L->w = w;
         L->scale = s;
+        L->scale_max = m3_cu_tileable(L) ? e : 0; /* (tiled below) */
     } else { /* NVFP4: codes in [-6, 6] with mean square ~ 8.6; scale E4M3 * gmul */
         L->row_bytes = (size_t)K / 2;
         L->scale_row = (size_t)K / 16;
@@ -104,6 +105,7 @@ static int rand_mlp_like(m3_cuda *c, m3_mlp_w *m, const m3_mlp_w *S, uint64_t se
         rand_linear(c, &m->down, S->down.fmt, S->down.N, S->down.K, seed + 2))
         return -1;
     m->gate.tiled = m->up.tiled = m->down.tiled = m->gate.tiled && m->up.tiled && m->down.tiled;
+    if (!m->gate.tiled) m->gate.scale_max = m->up.scale_max = m->down.scale_max = 0;
     return 0;
 }
 

@@ -81,17 +81,23 @@ static void *up_rows_tiled(m3_cuda *c, const uint8_t *src, size_t stride, size_t
 
 /* Whether an MXFP8 matrix's E8M0 scales are all codes 1..254: the tiled GEMV builds 2^(e-127)
  * with a shift (common.cuh, e8_of), so a matrix holding a 0 (2^-127) or 255 (NaN) stays
- * row-major, where every code is decoded in full. */
-static int mx_scales_plain(const m3_linear *h) {
+ * row-major, where every code is decoded in full. *maxc: the largest code (0 for no scales). */
+static int mx_scales_plain(const m3_linear *h, int *maxc) {
+    *maxc = 0;
     if (h->fmt != M3_WF_MXFP8 || !h->scale) return 1;
     const size_t sr = m3_linear_dense_scale_row(h);
     const int rows = sr == h->scale_row ? 1 : h->N; /* one run, or row by row (a column slice) */
     const size_t len = sr == h->scale_row ? sr * (size_t)h->N : sr;
+    int plain = 1, mx = 0;
     for (int r = 0; r < rows; r++) {
         const uint8_t *p = h->scale + (size_t)r * h->scale_row;
-        if (memchr(p, 0x00, len) || memchr(p, 0xff, len)) return 0;
+        for (size_t j = 0; j < len; j++) {
+            plain &= p[j] != 0x00 && p[j] != 0xff;
+            mx = p[j] > mx ? p[j] : mx;
+        }
     }
-    return 1;
+    *maxc = mx;
+    return plain;
 }
 
 /* tile: store MXFP8 / NVFP4 matrices in the tiled layout (every linear but the embedding,
@@ -101,13 +107,15 @@ static int up_linear_t(m3_cuda *c, const m3_linear *h, m3_linear *d, int tile) {
     d->w = NULL;
     d->scale = NULL;
     d->tiled = 0;
+    d->scale_max = 0;
     if (!h->w) return 0; /* no weights here (an expert of another rank under expert parallelism) */
     size_t rb = m3_linear_dense_row_bytes(h), sr = m3_linear_dense_scale_row(h);
     d->row_bytes = rb;
     d->scale_row = sr;
     /* (asked of h: d's pointers are cleared above; not in the sizing pass: tiled or row-major, a
      * matrix takes the same bytes) */
-    if (tile && m3_cu_tileable(h) && c->wa_mode != 1 && !mx_scales_plain(h)) {
+    int maxc = 0;
+    if (tile && m3_cu_tileable(h) && c->wa_mode != 1 && !mx_scales_plain(h, &maxc)) {
         static int told;
         if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
             fprintf(stderr, "CUDA backend: an MXFP8 matrix (%d x %d) has E8M0 scales of 0 or 255: kept row-major "
@@ -118,6 +126,7 @@ static int up_linear_t(m3_cuda *c, const m3_linear *h, m3_linear *d, int tile) {
         d->w = (const uint8_t *)up_rows_tiled(c, h->w, h->row_bytes, rb, h->N, h->fmt, 0);
         d->scale = d->w ? (const uint8_t *)up_rows_tiled(c, h->scale, h->scale_row, sr, h->N, h->fmt, 1) : NULL;
         d->tiled = 1;
+        d->scale_max = h->fmt == M3_WF_MXFP8 ? maxc : 0;
         return d->w && d->scale ? 0 : -1;
     }
     d->w = (const uint8_t *)up_rows(c, h->w, h->row_bytes, rb, h->N);

@@ -81,8 +81,8 @@
 namespace {
 
 /* MXFP8 expanded by bit placement (e4_bits: 4 instructions a pair instead of the cvt path's ~7),
- * taken for matrices whose E8M0 codes are all <= 134 (m3_linear.scale_max; M3_GEMM_TC_MXB=0: the
- * cvt path); everything but the expansion is MXFP8's */
+ * for matrices whose E8M0 codes are all <= 134 (m3_linear.scale_max) with M3_GEMM_TC_MXB=1 (an
+ * experiment for now: mx_bits); everything but the expansion is MXFP8's */
 constexpr int FMT_MXB = 100;
 __host__ __device__ constexpr int fmt_of(int f) { return f == FMT_MXB ? (int)M3_WF_MXFP8 : f; }
 
@@ -973,10 +973,11 @@ static int half_stages(void) {
 }
 
 /* MXFP8 matrices whose largest E8M0 code is scale_max: expanded by bit placement (FMT_MXB) where the
- * scales allow it (2^(e-7) a bf16 normal: codes <= 134; M3_GEMM_TC_MXB=0: never, for measurements) */
+ * scales allow it (2^(e-7) a bf16 normal: codes <= 134). M3_GEMM_TC_MXB=1: an experiment until
+ * measured on the GPU (then the default) */
 static int mx_bits(int scale_max) {
-    static const int off = env_is("M3_GEMM_TC_MXB", "0");
-    return !off && scale_max >= 1 && scale_max <= 134;
+    static const int on = env_is("M3_GEMM_TC_MXB", "1");
+    return on && scale_max >= 1 && scale_max <= 134;
 }
 
 /* a's shape: W's (rows, values / scales strides, K); the kernel for FMT, BN */

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 44, call 1: MXFP8 weights expanded by bit placement (M3_GEMM_TC_MXB=1; by default the
 # conversions) and half stages (M3_GEMM_TC_HS=1: the x ring in half K blocks, a ring of weight
-# slots) checked and timed against the old paths in one binary, MXFP8 at 256 tokens with them; where
+# slots) checked and timed against the old paths in one binary, MXFP8 at 256 tokens with them; the
+# MoE's fat tiles of 320 rows (M3_MOE_TC_FAT320=1: an n256 and an n64 wgmma, half stages); where
 # the MoE op's time goes at 4096 tokens (ncu, every kernel); the MoE's 128 / 256 crossing; on an
 # H200, the 30-layer dspark bench; memchecks of the half stages.
 # usage (after scripts/gpu-bin.sh; docs/logs moved aside; this file in .gpu_pack): END=560 bash .gpu_pack/call1.sh
@@ -18,20 +19,23 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 for v in "M3_GEMM_TC_DEFAULT=1" "M3_GEMM_TC_BN=192" "M3_GEMM_TC_BN=256" "M3_GEMM_TC_HS=1 M3_GEMM_TC_BN=256" "M3_GEMM_TC_HS=1 M3_GEMM_TC_BN=192" "M3_GEMM_TC_HS=1 M3_GEMM_TC_N192=0 M3_GEMM_TC_BN=192" "M3_GEMM_TC_MXB=1" "M3_GEMM_TC_MXB=1 M3_GEMM_TC_BN=192" "M3_GEMM_TC_MXB=1 M3_GEMM_TC_HS=1 M3_GEMM_TC_BN=256"; do
   env $v timeout 90 $B/bench_cuda_gemm --ragged > $W/gr.log 2>&1; echo "[$SECONDS] gemm ragged, $v rc $?"; grep FAIL $W/gr.log | head -5; tail -1 $W/gr.log
 done
-M3_GEMM_TC_HS=1 timeout 150 $B/bench_cuda_moe --ragged > $W/mr.log 2>&1; echo "[$SECONDS] moe ragged HS rc $?"; grep -E "FAIL|passed" $W/mr.log | head -5; cp $W/mr.log $OUT/
+for v in "M3_GEMM_TC_DEFAULT=1" "M3_GEMM_TC_HS=1"; do
+  env $v timeout 150 $B/bench_cuda_moe --ragged > $W/mr.log 2>&1; echo "[$SECONDS] moe ragged, $v rc $?"; grep -E "FAIL|passed" $W/mr.log | head -5
+done
+cp $W/mr.log $OUT/
 # 2. the GEMM at the M3.1-Flash shapes: default, half stages, half stages with MXFP8 at 256
 for shp in "12288 6144" "6144 3072"; do for v in "M3_GEMM_TC_DEFAULT=1" "M3_GEMM_TC_MXB=1" "M3_GEMM_TC_HS=1" "M3_GEMM_TC_HS=1 M3_GEMM_TC_BN=256" "M3_GEMM_TC_HS=1 M3_GEMM_TC_BN=256 M3_GEMM_TC_MXB=1"; do
   echo "== [$SECONDS] bench_cuda_gemm $shp, $v"
   env $v timeout 60 $B/bench_cuda_gemm $shp 2>&1 | grep -vE "^device|^format" | grep -E "MXFP8|NVFP4|FAIL|passed"
 done; done
 # 3. the MoE op, default / half stages, and the 128 / 256 crossing
-for v in "M3_GEMM_TC_DEFAULT=1" "M3_GEMM_TC_HS=1" "M3_MOE_TC_BN=128" "M3_MOE_TC_BN=256"; do
+for v in "M3_GEMM_TC_DEFAULT=1" "M3_GEMM_TC_HS=1" "M3_MOE_TC_FAT320=1" "M3_MOE_TC_FAT320=1 M3_GEMM_TC_HS=1" "M3_MOE_TC_BN=128" "M3_MOE_TC_BN=256"; do
   [ $(left) -gt 300 ] || break
   echo "== [$SECONDS] bench_cuda_moe --only 2048,3072,4096, $v"; env $v timeout 60 $B/bench_cuda_moe --only 2048,3072,4096 2>&1 | grep -vE "^device"
 done
 # 4. 8 layers, 4096-token prefill
 i=0
-for v in "M3_GEMM_TC_DEFAULT=1" "M3_GEMM_TC_MXB=1" "M3_GEMM_TC_HS=1" "M3_GEMM_TC_MXB=1 M3_GEMM_TC_HS=1 M3_GEMM_TC_BN=256" "M3_GEMM_TC_DEFAULT=1" "M3_GEMM_TC_MXB=1"; do
+for v in "M3_GEMM_TC_DEFAULT=1" "M3_GEMM_TC_MXB=1" "M3_GEMM_TC_HS=1" "M3_MOE_TC_FAT320=1" "M3_GEMM_TC_MXB=1 M3_GEMM_TC_HS=1 M3_GEMM_TC_BN=256" "M3_GEMM_TC_DEFAULT=1" "M3_GEMM_TC_MXB=1 M3_MOE_TC_FAT320=1"; do
   i=$((i+1)); [ $(left) -gt 240 ] || break
   env $v timeout 60 $B/m3 bench --random-weights --config $S --layers 8 --batch 1 --context 8192 --steps 3 --prefill 4096 --profile > $W/pn$i.log 2>&1
   echo "== [$SECONDS] 8 layers, $v rc $?"; grep -E "^prefill|^ +1 +8192" -A2 $W/pn$i.log | cut -c1-330

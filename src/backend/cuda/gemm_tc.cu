@@ -536,6 +536,9 @@ static __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], const uint
     } else if constexpr (BN == 192) {
         wgmma_n128(*reinterpret_cast<float(*)[64]>(&d[0]), a, desc_sw128(b));
         wgmma_n64(*reinterpret_cast<float(*)[32]>(&d[64]), a, desc_sw128(b + 2 * XPIECE));
+    } else if constexpr (BN == 320) { /* the MoE's fat tiles at 256: n256 over tokens 0-255, n64 over 256-319 */
+        wgmma_n256(*reinterpret_cast<float(*)[128]>(&d[0]), a, desc_sw128(b));
+        wgmma_n64(*reinterpret_cast<float(*)[32]>(&d[128]), a, desc_sw128(b + 4 * XPIECE));
     } else wgmma_bn<BN>(d, a, desc_sw128(b));
 }
 
@@ -559,7 +562,8 @@ static __device__ __forceinline__ void mma_half(float (&acc)[BN / 2], const raw_
 template <int FX, int BN, int CPS = 1, int NB = 2, bool N192 = false, bool HS = false>
 __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant__ gemm_args p) {
     constexpr int FMT = fmt_of(FX); /* FX: the expansion (FMT_MXB), FMT: the format */
-    static_assert(BN != 256 || (CPS == 1 && NTHREADS == 384), "BN 256: setmaxnreg balances one CTA an SM of 384 threads");
+    static_assert(BN < 256 || (CPS == 1 && NTHREADS == 384), "BN 256 / 320: setmaxnreg balances one CTA an SM of 384 threads");
+    static_assert(BN != 320 || (HS && FX == M3_WF_NVFP4), "BN 320 (the MoE's fat tiles at 256): NVFP4, half stages (x: 80 KB a K block)");
     static_assert(!HS || (FMT != M3_WF_BF16 && BN >= 128 && CPS == 1 && NB == 2), "half stages: MXFP8 / NVFP4, 128+ tokens");
     /* HS: the x ring's NX half stages of XH bytes, then the w ring's HS_NW slots of WSL bytes */
     constexpr int NX = HS ? hs_nx(FMT, BN) : 1, XH = BN * 128, WSL = w_slot(FMT);
@@ -613,7 +617,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
     __syncthreads();
 
     if (warp < 4) {
-        if constexpr (BN == 256) regs_dec<PRODUCER_REGS>();
+        if constexpr (BN >= 256) regs_dec<PRODUCER_REGS>();
         /* producers: the 4 warps of warpgroup 0 share a stage's bulk copies (a copy's operands
          * are uniform registers, so a warp issues its lanes' copies one after another: ~50
          * cycles each, which one warp alone made the bottleneck). Copy q of a stage: x pieces
@@ -723,7 +727,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
     }
 
     /* consumers */
-    if constexpr (BN == 256) regs_inc<CONSUMER_REGS>();
+    if constexpr (BN >= 256) regs_inc<CONSUMER_REGS>();
     const int wg = warp / 4 - 1, i = wg * 4 + warp % 4; /* the warp's 16-row tile of the CTA's 8 */
     const int g = lane / 4, t = lane % 4;
     float acc[BN / 2];
@@ -1002,7 +1006,7 @@ static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
     if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
         cudaError_t e = cudaFuncSetAttribute(k_gemm_tc<FMT, BN, CPS, NB, N192, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, SM);
         if (e != cudaSuccess) return m3_errf(err, "gemm_tc: shared memory attribute: %s", cudaGetErrorString(e));
-        if constexpr (BN == 256) { /* setmaxnreg balances LAUNCH_REGS exactly: with fewer, the consumers would wait forever */
+        if constexpr (BN >= 256) { /* setmaxnreg balances LAUNCH_REGS exactly: with fewer, the consumers would wait forever */
             cudaFuncAttributes fa;
             e = cudaFuncGetAttributes(&fa, k_gemm_tc<FMT, BN, CPS, NB, N192, HS>);
             if (e != cudaSuccess) return m3_errf(err, "gemm_tc: kernel attributes: %s", cudaGetErrorString(e));
@@ -1241,16 +1245,20 @@ extern "C" int m3_cu_gemm_tc_stage_x_map(void *stream, const float *x, int rows,
 }
 
 extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, const m3_mlp_w *e0, int bn, const void *xs,
-                                 int rows, const int *tiles, int maxa, const int maxr[3], const int *cnt, const int *rowmap,
+                                 int rows, const int *tiles, int maxa, const int *maxr, const int *cnt, const int *rowmap,
                                  float alpha, float limit, float *y, m3_err *err) {
     const m3_wfmt fmt = e0->gate.fmt;
     int ok = m3_cu_gemm_tc_moe_ok(e0) && (bn == 16 || bn == 32 || bn == 64 || bn == 128 || (bn == 256 && fmt == M3_WF_NVFP4)) &&
              rows >= 1 && rows % 64 == 0 && maxa >= 0;
-    for (int c = 0; c < 3; c++) /* rest tiles (with rows in units of 64): the sizes the tiling makes; BF16 not 192 */
-        ok = ok && maxr[c] >= 0 && (!maxr[c] || (m3_moe_rest_possible(64 * (c + 1), bn, 64, 1) && (c < 2 || fmt != M3_WF_BF16)));
+    /* rest tiles (with rows in units of 64): the sizes the tiling makes; BF16 not 192, 320 NVFP4 only */
+    for (int c = 0; c < M3_MOE_RESTS; c++) {
+        const int rr = m3_moe_rest_rows(c);
+        ok = ok && maxr[c] >= 0 &&
+             (!maxr[c] || (m3_moe_rest_possible(rr, bn, 64, 1) && (rr <= 128 || fmt != M3_WF_BF16) && (rr != 320 || fmt == M3_WF_NVFP4)));
+    }
     if (!ok)
-        return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows, rest tiles %d / %d / %d) not taken", m3_wfmt_name(fmt), bn, rows,
-                       maxr[0], maxr[1], maxr[2]);
+        return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows, rest tiles %d / %d / %d / %d) not taken", m3_wfmt_name(fmt), bn,
+                       rows, maxr[0], maxr[1], maxr[2], maxr[3]);
     const m3_linear *W = part == 2 ? &e0->down : &e0->gate;
     gemm_args a;
     memset(&a, 0, sizeof a);
@@ -1274,21 +1282,22 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
 #define MOE_BN(F) (tb == 16 ? (two_per_sm() ? launch_args<F, 16, 2>(st, a, err) : launch_args<F, 16>(st, a, err))        \
                    : tb == 32 ? (two_per_sm() ? launch_args<F, 32, 2>(st, a, err) : launch_args<F, 32>(st, a, err)) \
                    : tb == 64 ? launch_args<F, 64>(st, a, err) : launch_args<F, 128>(st, a, err))
-    /* the full tiles, then the rest tiles of 64, 128 and 192 rows */
+    /* the full tiles, then the rest tiles of 64, 128, 192 and 320 rows */
     size_t first = 0;
-    for (int pass = 0; pass < 4; pass++) {
+    for (int pass = 0; pass <= M3_MOE_RESTS; pass++) {
         a.nt = pass ? maxr[pass - 1] : maxa;
         a.tiles = tiles + 2 * first;
         a.ntile = cnt + 1 + pass;
         first += (size_t)a.nt;
         if (a.nt < 1) continue;
-        const int tb = pass ? 64 * pass : bn; /* the pass's token tile */
+        const int tb = pass ? m3_moe_rest_rows(pass - 1) : bn; /* the pass's token tile */
         int rc;
         switch (fmt) {
         case M3_WF_BF16: rc = MOE_BN(M3_WF_BF16); break;
         case M3_WF_MXFP8: rc = tb == 192 ? launch_args<M3_WF_MXFP8, 192>(st, a, err) : MOE_BN(M3_WF_MXFP8); break;
         default:
-            rc = tb == 256   ? launch_args<M3_WF_NVFP4, 256>(st, a, err)
+            rc = tb == 320   ? launch_args<M3_WF_NVFP4, 320, 1, 2, false, true>(st, a, err) /* (half stages only) */
+                 : tb == 256 ? launch_args<M3_WF_NVFP4, 256>(st, a, err)
                  : tb == 192 ? launch_args<M3_WF_NVFP4, 192>(st, a, err)
                              : MOE_BN(M3_WF_NVFP4);
             break;

@@ -13,7 +13,8 @@
  * tile of 64, 128 or 192 rows: gemm_tiles.h, moe.cu), K in blocks of 128. BN 192 runs one n192
  * wgmma a k16 step (wgmma_tile; M3_GEMM_TC_N192=0: an n128 and an n64 on the same A registers).
  * BN 256: an n256 wgmma, 128 accumulators a thread, the registers moved from the producers to the
- * consumers by setmaxnreg (MXFP8 at 256: M3_GEMM_TC_BN=256 only, an experiment).
+ * consumers by setmaxnreg (MXFP8 at 256: M3_GEMM_TC_BN=256 only, an experiment). BN 320 (the MoE's
+ * fat tiles at 256, NVFP4, M3_MOE_TC_FAT320=1): an n256 and an n64 wgmma on the same A registers.
  * 384 threads: warps 4-11 are two consumer warpgroups of 64 rows each
  * (warp w of a consumer group owns one 16-row tile of the backend's tiled layout); warps 0-3
  * (warpgroup 0) are the producers. Grid: one CTA per output tile, the
@@ -21,7 +22,8 @@
  *
  * Pipeline: STAGES shared-memory stages (BN 128: BF16 3, MXFP8 4, NVFP4 5; BN 64: 4, 6, 8; BN 192: -, 3, 3;
  * BN 256: -, 2, 3),
- * each holding one 128-wide K block: x (BN x 128 bf16), the raw weight bytes of the 128 rows
+ * each holding one 128-wide K block (or half stages, hs_nx: x in a ring of half K blocks, the
+ * weights in a ring of their own; M3_GEMM_TC_HS=1, and always at BN 320): x (BN x 128 bf16), the raw weight bytes of the 128 rows
  * and their scales. The 4 producer warps fill a stage with 1-D bulk copies (cp.async.bulk ...
  * mbarrier::complete_tx; the tiled MXFP8 / NVFP4 layout is already made of contiguous runs), BF16
  * weights (row-major: one 256-byte run a row) by two tensor-map copies of 128 rows x 64 values,
@@ -113,14 +115,22 @@ __host__ __device__ constexpr int smem_bytes(int fmt, int bn, int cps = 1) {
  * during the half before it and the block's first half, then hands the slot back). A stage of x is
  * then released a half earlier, and more of x fits: MXFP8 at 256 tokens 5 halves (2.5 blocks)
  * against 2 whole stages of 82 KB. */
-constexpr int HS_NW = 2; /* weight slots */
 __host__ __device__ constexpr int w_slot(int fmt) { return (w_bytes(fmt) + s_bytes(fmt) + 1023) / 1024 * 1024; }
-__host__ __device__ constexpr int hs_nx(int fmt, int bn) {
-    return (SMEM_MAX - 1280 - HS_NW * w_slot(fmt)) / (bn * 128) > 8 ? 8 : (SMEM_MAX - 1280 - HS_NW * w_slot(fmt)) / (bn * 128);
+/* x halves with nw weight slots (at most 8) */
+__host__ __device__ constexpr int hs_nx_w(int fmt, int bn, int nw) {
+    return (SMEM_MAX - 1280 - nw * w_slot(fmt)) / (bn * 128) > 8 ? 8 : (SMEM_MAX - 1280 - nw * w_slot(fmt)) / (bn * 128);
 }
-__host__ __device__ constexpr int hs_smem(int fmt, int bn) { return hs_nx(fmt, bn) * bn * 128 + HS_NW * w_slot(fmt) + 1024 + 256; }
-static_assert(hs_nx(M3_WF_MXFP8, 256) == 5 && hs_nx(M3_WF_NVFP4, 256) == 6 && hs_nx(M3_WF_MXFP8, 192) == 7, "half stages");
-static_assert(hs_smem(M3_WF_MXFP8, 256) <= SMEM_MAX && 2 * (8 + HS_NW) * 8 <= 256, "half stages: shared memory");
+/* weight slots: 3 where the third costs no x half, else 2. The producers fill a block's weights
+ * before its x halves, so the weight ring's lead (about 2 halves a slot) also bounds the x ring's:
+ * with 2 slots, halves past the fifth would stay empty */
+__host__ __device__ constexpr int hs_nw(int fmt, int bn) { return hs_nx_w(fmt, bn, 3) == hs_nx_w(fmt, bn, 2) ? 3 : 2; }
+__host__ __device__ constexpr int hs_nx(int fmt, int bn) { return hs_nx_w(fmt, bn, hs_nw(fmt, bn)); }
+__host__ __device__ constexpr int hs_smem(int fmt, int bn) { return hs_nx(fmt, bn) * bn * 128 + hs_nw(fmt, bn) * w_slot(fmt) + 1024 + 256; }
+static_assert(hs_nx(M3_WF_MXFP8, 256) == 5 && hs_nx(M3_WF_NVFP4, 256) == 6 && hs_nx(M3_WF_MXFP8, 192) == 7 &&
+                  hs_nx(M3_WF_NVFP4, 320) == 5 && hs_nw(M3_WF_MXFP8, 256) == 3 && hs_nw(M3_WF_NVFP4, 320) == 2,
+              "half stages");
+static_assert(hs_smem(M3_WF_MXFP8, 256) <= SMEM_MAX && hs_smem(M3_WF_NVFP4, 320) <= SMEM_MAX && 2 * (8 + 3) * 8 <= 256,
+              "half stages: shared memory");
 static_assert(n_stages(M3_WF_NVFP4, 16, 2) >= 4 && n_stages(M3_WF_MXFP8, 32, 2) >= 4, "two CTAs an SM");
 static_assert(n_stages(M3_WF_BF16, 128) >= 3 && n_stages(M3_WF_MXFP8, 128) >= 4 && n_stages(M3_WF_NVFP4, 128) >= 4, "stages");
 
@@ -142,7 +152,8 @@ struct gemm_args {
     const int *tiles, *ntile, *rowmap;
     float alpha, limit;
     int spread; /* producer copies dealt round-robin over the 4 producer warps (launch_args; M3_GEMM_TC_SPREAD=0: in order) */
-    int mxb;    /* MXFP8: every matrix's E8M0 codes <= 134, expanded by bit placement (FMT_MXB; mx_bits) */
+    int mxb;    /* MXFP8: every matrix's E8M0 codes <= 134, expanded by bit placement (FMT_MXB; mx_bits;
+                 * taken by tiles of 128+ tokens, the prefill's: launch_args) */
     /* BF16 linears (mode 0): a stage's 128 x 128 weights as two tensor-map copies of 128 rows x 64
      * values with the 128-byte swizzle (tma set), instead of 128 row copies of 256 bytes */
     int tma;
@@ -565,18 +576,19 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
     static_assert(BN < 256 || (CPS == 1 && NTHREADS == 384), "BN 256 / 320: setmaxnreg balances one CTA an SM of 384 threads");
     static_assert(BN != 320 || (HS && FX == M3_WF_NVFP4), "BN 320 (the MoE's fat tiles at 256): NVFP4, half stages (x: 80 KB a K block)");
     static_assert(!HS || (FMT != M3_WF_BF16 && BN >= 128 && CPS == 1 && NB == 2), "half stages: MXFP8 / NVFP4, 128+ tokens");
-    /* HS: the x ring's NX half stages of XH bytes, then the w ring's HS_NW slots of WSL bytes */
-    constexpr int NX = HS ? hs_nx(FMT, BN) : 1, XH = BN * 128, WSL = w_slot(FMT);
+    /* HS: the x ring's NX half stages of XH bytes, then the w ring's NW slots of WSL bytes */
+    constexpr int NX = HS ? hs_nx(FMT, BN) : 1, NW = HS ? hs_nw(FMT, BN) : 1, XH = BN * 128, WSL = w_slot(FMT);
+    static_assert(!HS || NX * XH >= BN * 256, "half stages: the x ring holds the MoE epilogue's exchange (mode 1)");
     constexpr int STAGES = HS ? NX : n_stages(FMT, BN, CPS), STAGE = HS ? XH : stage_bytes(FMT, BN);
     constexpr int XB = BN * 256, WB = w_bytes(FMT);
     extern __shared__ uint8_t smem_raw[];
     /* 1024-aligned (the 128-byte swizzle atoms), as an offset from smem_raw so that the compiler
      * keeps knowing it is shared memory (shared loads, not generic ones) */
     uint8_t *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    /* full[STAGES], empty[STAGES] (HS: of the x ring; then the w ring's wfull[HS_NW], wempty[HS_NW]) */
-    uint64_t *bars = (uint64_t *)(smem + STAGES * STAGE + (HS ? HS_NW * WSL : 0));
+    /* full[STAGES], empty[STAGES] (HS: of the x ring; then the w ring's wfull[NW], wempty[NW]) */
+    uint64_t *bars = (uint64_t *)(smem + STAGES * STAGE + (HS ? NW * WSL : 0));
     const uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + STAGES);
-    const uint32_t wfull0 = smem_u32(bars + 2 * STAGES), wempty0 = smem_u32(bars + 2 * STAGES + HS_NW);
+    const uint32_t wfull0 = smem_u32(bars + 2 * STAGES), wempty0 = smem_u32(bars + 2 * STAGES + NW);
     uint8_t *const wring = smem + STAGES * STAGE; /* HS: the w ring */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
@@ -608,7 +620,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
     }
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES + (HS ? HS_NW : 0); s++) { /* (HS: the w ring's follow the x ring's) */
+        for (int s = 0; s < STAGES + (HS ? NW : 0); s++) { /* (HS: the w ring's follow the x ring's) */
             mb_init((s < STAGES ? full0 : wfull0 - 8 * STAGES) + 8 * s, 4); /* one arrival (+ its bytes) per producer warp */
             mb_init((s < STAGES ? empty0 : wempty0 - 8 * STAGES) + 8 * s, 8); /* one arrival per consumer warp */
         }
@@ -683,9 +695,9 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
             for (int gi = pl; gi < ng; gi += 128) mx += XCOPY;
             const uint32_t wsum = __reduce_add_sync(0xffffffffu, mw), xsum = __reduce_add_sync(0xffffffffu, mx);
             for (int kl = 0; kl < NK; kl++) {
-                const int kb = kb0 + kl, ws = kl % HS_NW;
+                const int kb = kb0 + kl, ws = kl % NW;
                 uint8_t *Wd = wring + ws * WSL;
-                if (kl >= HS_NW) mb_wait(wempty0 + 8 * ws, ((kl / HS_NW) & 1) ^ 1);
+                if (kl >= NW) mb_wait(wempty0 + 8 * ws, ((kl / NW) & 1) ^ 1);
                 if (lane == 0) mb_expect_tx(wfull0 + 8 * ws, wsum);
                 __syncwarp();
                 for (int c = pl; c < nw; c += 128) wcopy(c, Wd, Wd + WB, kb, wfull0 + 8 * ws);
@@ -744,7 +756,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
         mb_wait(full0, 0);
         load_raw<FMT>(sm0 + XB, sm0 + XB + WB, i, g, t, 0, r, sw);
     }
-    if (FMT == M3_WF_BF16) {
+    if constexpr (FMT == M3_WF_BF16) {
         /* BF16 has nothing to expand: its raw loads are the wgmma's A registers, so it waits
          * for each half's wgmmas before loading the next (loads into registers of an in-flight
          * wgmma make ptxas serialize every wgmma, C7513) */
@@ -776,7 +788,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
          * its first half) */
         uint32_t a[2][16];
         for (int kb = 0; kb < NK; kb++) {
-            const int ws = kb % HS_NW;
+            const int ws = kb % NW;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int q = 2 * kb + h, xs = q % STAGES;
@@ -787,8 +799,8 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
                     __syncwarp();
                     if (lane == 0) mb_arrive(wempty0 + 8 * ws);
                 } else if (kb + 1 < NK) {
-                    const int wn = (kb + 1) % HS_NW;
-                    mb_wait(wfull0 + 8 * wn, ((kb + 1) / HS_NW) & 1);
+                    const int wn = (kb + 1) % NW;
+                    mb_wait(wfull0 + 8 * wn, ((kb + 1) / NW) & 1);
                     load_raw<FMT>(wr0 + wn * WSL, wr0 + wn * WSL + WB, i, g, t, 0, r);
                 }
                 wg_wait<1>();

@@ -5,11 +5,11 @@
 # MoE's fat tiles of 320 rows (M3_MOE_TC_FAT320=1: an n256 and an n64 wgmma, half stages); where
 # the MoE op's time goes at 4096 tokens (ncu, every kernel); the MoE's 128 / 256 crossing; on an
 # H200, the 30-layer dspark bench; memchecks of the half stages.
-# usage (after scripts/gpu-bin.sh; docs/logs moved aside; this file in .gpu_pack): END=560 bash .gpu_pack/call1.sh
+# usage (after scripts/gpu-bin.sh; docs/logs moved aside; this file in .gpu_pack): END=360 bash .gpu_pack/call1.sh
 set -u
 mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz
 B=.gpu_bin; S=tests/data/m3.1-flash-shapes.json; D=tests/data/m3.1-flash-dspark-shapes.json; W=/tmp/w; mkdir -p $W
-END=${END:-560}
+END=${END:-360}
 left() { echo $((END - SECONDS)); }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee $OUT/gpu.txt
 gmem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | tr -d ' ')
@@ -30,19 +30,19 @@ for shp in "12288 6144" "6144 3072"; do for v in "M3_GEMM_TC_DEFAULT=1" "M3_GEMM
 done; done
 # 3. the MoE op, default / half stages, and the 128 / 256 crossing
 for v in "M3_GEMM_TC_DEFAULT=1" "M3_GEMM_TC_HS=1" "M3_MOE_TC_FAT320=1" "M3_MOE_TC_FAT320=1 M3_GEMM_TC_HS=1" "M3_MOE_TC_BN=128" "M3_MOE_TC_BN=256"; do
-  [ $(left) -gt 300 ] || break
-  echo "== [$SECONDS] bench_cuda_moe --only 2048,3072,4096, $v"; env $v timeout 60 $B/bench_cuda_moe --only 2048,3072,4096 2>&1 | grep -vE "^device"
+  [ $(left) -gt 150 ] || break
+  echo "== [$SECONDS] bench_cuda_moe --only 2048,4096, $v"; env $v timeout 60 $B/bench_cuda_moe --only 2048,4096 2>&1 | grep -vE "^device"
 done
 # 4. 8 layers, 4096-token prefill
 i=0
 for v in "M3_GEMM_TC_DEFAULT=1" "M3_GEMM_TC_MXB=1" "M3_GEMM_TC_HS=1" "M3_MOE_TC_FAT320=1" "M3_GEMM_TC_MXB=1 M3_GEMM_TC_HS=1 M3_GEMM_TC_BN=256" "M3_GEMM_TC_DEFAULT=1" "M3_GEMM_TC_MXB=1 M3_MOE_TC_FAT320=1"; do
-  i=$((i+1)); [ $(left) -gt 240 ] || break
+  i=$((i+1)); [ $(left) -gt 110 ] || break
   env $v timeout 60 $B/m3 bench --random-weights --config $S --layers 8 --batch 1 --context 8192 --steps 3 --prefill 4096 --profile > $W/pn$i.log 2>&1
   echo "== [$SECONDS] 8 layers, $v rc $?"; grep -E "^prefill|^ +1 +8192" -A2 $W/pn$i.log | cut -c1-330
 done
 cp $W/pn1.log $W/pn2.log $OUT/ 2>/dev/null
 # 5. ncu: every kernel of the MoE op at 4096 tokens
-if [ -n "$NCU" ] && [ $(left) -gt 200 ]; then
+if [ -n "$NCU" ] && [ $(left) -gt 100 ]; then
   timeout 70 $NCU --metrics gpu__time_duration.sum --print-units base --csv $B/bench_cuda_moe --only 4096 > $OUT/ncu-moe4096.csv 2>&1
   echo "[$SECONDS] ncu durations rc $?"
   python3 - $OUT/ncu-moe4096.csv <<'PY'

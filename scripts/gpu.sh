@@ -243,25 +243,29 @@ run "$BIN/bench_cuda_linear"
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_N192=0 M3_GEMM_TC_BN=192 run "$BIN/bench_cuda_gemm" --ragged
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_N192=0 run "$BIN/bench_cuda_gemm" 12288 6144
 [ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_N192=0 run "$BIN/bench_cuda_moe"
-# 256-token tiles forced (NVFP4's where they save time; MXFP8's only so, an experiment: 2 stages of 82 KB):
-# the ragged shapes in full, then timed at the M3.1-Flash shapes beside the default
+# 256-token tiles forced (by default where they save time; MXFP8's in half stages): the ragged shapes
+# in full, then timed at the M3.1-Flash shapes beside the default
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=256 run "$BIN/bench_cuda_gemm" --ragged
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=256 run "$BIN/bench_cuda_gemm" 12288 6144
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_BN=256 run "$BIN/bench_cuda_gemm" 6144 3072
-# half stages (M3_GEMM_TC_HS=1, an experiment: x in a ring of half K blocks, weights in a ring of their
-# own) at forced 256 (MXFP8 too) and 192 tiles: the ragged shapes in full, then timed beside the default
+# half stages (x in a ring of half K blocks, weights in a ring of their own; by default MXFP8 at 256
+# only): everywhere (M3_GEMM_TC_HS=1: NVFP4 at 256, both at 192, the MoE's tiles too) and nowhere
+# (M3_GEMM_TC_HS=0: MXFP8 at 256 forced then runs 2 whole stages), the ragged shapes in full, then
+# timed beside the default
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_HS=1 M3_GEMM_TC_BN=256 run "$BIN/bench_cuda_gemm" --ragged
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_HS=1 M3_GEMM_TC_BN=192 run "$BIN/bench_cuda_gemm" --ragged
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_HS=0 M3_GEMM_TC_BN=256 run "$BIN/bench_cuda_gemm" --ragged
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_HS=1 run "$BIN/bench_cuda_gemm" 12288 6144
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_HS=0 run "$BIN/bench_cuda_gemm" 12288 6144
 [ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_HS=1 run "$BIN/bench_cuda_moe" --ragged
-# the MoE's fat tiles of 320 rows at 256-row tiles (M3_MOE_TC_FAT320=1, an experiment; --ragged checks
-# them in full by default), timed beside the default
+# the MoE's fat tiles of 320 rows at 256-row tiles (M3_MOE_TC_FAT320=1, measured slower: session 44;
+# --ragged checks them in full by default), timed beside the default
 [ -x "$BIN/bench_cuda_moe" ] && M3_MOE_TC_FAT320=1 run "$BIN/bench_cuda_moe"
-# MXFP8 weights expanded by bit placement where the scales allow (M3_GEMM_TC_MXB=1, an experiment; by
-# default by conversions): the ragged shapes in full, then timed beside the default
-[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_MXB=1 run "$BIN/bench_cuda_gemm" --ragged
-[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_MXB=1 M3_GEMM_TC_BN=192 run "$BIN/bench_cuda_gemm" --ragged
-[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_MXB=1 run "$BIN/bench_cuda_gemm" 12288 6144
+# MXFP8 weights expanded by conversions (M3_GEMM_TC_MXB=0; by default by bit placement where the
+# scales allow): the ragged shapes in full, then timed beside the default
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_MXB=0 run "$BIN/bench_cuda_gemm" --ragged
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_MXB=0 M3_GEMM_TC_BN=256 run "$BIN/bench_cuda_gemm" --ragged
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_MXB=0 run "$BIN/bench_cuda_gemm" 12288 6144
 
 fi
 if want 4; then

@@ -420,15 +420,15 @@ static void test_attn_pow2(void) {
           "m3_pow2_int below the normal range, -inf, NaN: 0");
 }
 
-/* gemm_tiles.h: the token tiles of the tensor-core GEMM. The cases PERF.md measured (sessions 38 and
- * 43, 132 SMs) take the tile that won there; 192 / 256 are never taken unless their waves take less
+/* gemm_tiles.h: the token tiles of the tensor-core GEMM. The cases PERF.md measured (sessions 38, 43
+ * and 44, 132 SMs) take the tile that won there; 192 / 256 are never taken unless their waves take less
  * time and they fill two, nor below 129 tokens or beyond the format's largest tile. An expert's
  * tiles cover its rows exactly, with at most one rest tile (64 rows at bn 128, or one fat tile of
- * 192 past 128 rows, one CTA fewer; 64, 128 or 192 at bn 256) of a size its layout holds places
- * for; the host's bound on the staged rows holds every expert's padded rows and tiles for
- * skewed and uniform routings. */
+ * 192 past 128 rows, one CTA fewer; 64, 128 or 192 at bn 256, or a fat one of 320) of a size its
+ * layout holds places for; the host's bound on the staged rows holds every expert's padded rows
+ * and tiles for skewed and uniform routings. */
 static void test_gemm_tiles(void) {
-    static const int won[][4] = {/* T, the format's largest tile, N, tile */
+    static const int won[][4] = {/* T, the format's largest tile (256: NVFP4, MXFP8), N, tile */
                                  {4096, 192, 12288, 192}, {4096, 192, 8192, 192}, {4096, 192, 6144, 192}, {1024, 192, 6144, 128},
                                  {1024, 192, 8192, 128},  {4096, 128, 12288, 128}, {256, 192, 8192, 128}, {1, 192, 6144, 16},
                                  {20, 192, 6144, 32},     {64, 192, 6144, 64},    {100, 192, 6144, 128}, {4096, 256, 12288, 256},

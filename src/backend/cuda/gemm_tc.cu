@@ -13,18 +13,17 @@
  * tile of 64, 128 or 192 rows: gemm_tiles.h, moe.cu), K in blocks of 128. BN 192 runs one n192
  * wgmma a k16 step (wgmma_tile; M3_GEMM_TC_N192=0: an n128 and an n64 on the same A registers).
  * BN 256: an n256 wgmma, 128 accumulators a thread, the registers moved from the producers to the
- * consumers by setmaxnreg (MXFP8 at 256: M3_GEMM_TC_BN=256 only, an experiment). BN 320 (the MoE's
+ * consumers by setmaxnreg (MXFP8 at 256: in half stages). BN 320 (the MoE's
  * fat tiles at 256, NVFP4, M3_MOE_TC_FAT320=1): an n256 and an n64 wgmma on the same A registers.
  * 384 threads: warps 4-11 are two consumer warpgroups of 64 rows each
  * (warp w of a consumer group owns one 16-row tile of the backend's tiled layout); warps 0-3
  * (warpgroup 0) are the producers. Grid: one CTA per output tile, the
  * row tiles in groups of 8 with the token tiles inside each group (L2 reuse of both operands).
  *
- * Pipeline: STAGES shared-memory stages (BN 128: BF16 3, MXFP8 4, NVFP4 5; BN 64: 4, 6, 8; BN 192: -, 3, 3;
- * BN 256: -, 2, 3),
- * each holding one 128-wide K block (or half stages, hs_nx: x in a ring of half K blocks, the
- * weights in a ring of their own; M3_GEMM_TC_HS=1, and always at BN 320): x (BN x 128 bf16), the raw weight bytes of the 128 rows
- * and their scales. The 4 producer warps fill a stage with 1-D bulk copies (cp.async.bulk ...
+ * Pipeline: STAGES shared-memory stages (BN 128: BF16 3, MXFP8 4, NVFP4 5; BN 64: 4, 6, 8; BN 192:
+ * -, 3, 3; BN 256: -, -, 3), each holding one 128-wide K block (or half stages, hs_nx: x in a ring
+ * of half K blocks, the weights in a ring of their own: MXFP8 at BN 256 (5 halves), BN 320;
+ * half_stages): x (BN x 128 bf16), the raw weight bytes of the 128 rows and their scales. The 4 producer warps fill a stage with 1-D bulk copies (cp.async.bulk ...
  * mbarrier::complete_tx; the tiled MXFP8 / NVFP4 layout is already made of contiguous runs), BF16
  * weights (row-major: one 256-byte run a row) by two tensor-map copies of 128 rows x 64 values,
  * 128-byte swizzled (128 row copies a stage made the producers the bottleneck: the lm_head ran at
@@ -83,8 +82,8 @@
 namespace {
 
 /* MXFP8 expanded by bit placement (e4_bits: 4 instructions a pair instead of the cvt path's ~7),
- * for matrices whose E8M0 codes are all <= 134 (m3_linear.scale_max) with M3_GEMM_TC_MXB=1 (an
- * experiment for now: mx_bits); everything but the expansion is MXFP8's */
+ * for matrices whose E8M0 codes are all <= 134 (m3_linear.scale_max; mx_bits); everything but the
+ * expansion is MXFP8's */
 constexpr int FMT_MXB = 100;
 __host__ __device__ constexpr int fmt_of(int f) { return f == FMT_MXB ? (int)M3_WF_MXFP8 : f; }
 
@@ -109,8 +108,8 @@ __host__ __device__ constexpr int n_stages(int fmt, int bn, int cps = 1) {
 __host__ __device__ constexpr int smem_bytes(int fmt, int bn, int cps = 1) {
     return n_stages(fmt, bn, cps) * stage_bytes(fmt, bn) + 1024 + 256;
 }
-/* Half stages (HS, M3_GEMM_TC_HS=1; MXFP8 / NVFP4 tiles of 192 / 256 tokens): two rings instead of
- * one. The x ring holds half K blocks (BN x 64 bf16: the column half a consumer's half reads), the w
+/* Half stages (HS; by default MXFP8 tiles of 256 tokens, half_stages; the MoE's fat tiles of 320):
+ * two rings instead of one. The x ring holds half K blocks (BN x 64 bf16: the column half a consumer's half reads), the w
  * ring whole K blocks of weights and scales (a consumer loads a block's raw bytes into registers
  * during the half before it and the block's first half, then hands the slot back). A stage of x is
  * then released a half earlier, and more of x fits: MXFP8 at 256 tokens 5 halves (2.5 blocks)
@@ -981,19 +980,27 @@ static int one_n192(void) {
     return v;
 }
 
-/* M3_GEMM_TC_HS=1: half stages (the x ring in half K blocks, a ring of weight slots) for MXFP8 /
- * NVFP4 tiles of 192 / 256 tokens */
-static int half_stages(void) {
-    static const int v = env_is("M3_GEMM_TC_HS", "1");
+/* Half stages (the x ring in half K blocks, a ring of weight slots) for a tile of BN tokens of fmt:
+ * by default MXFP8 at 256 only, where whole stages of 82 KB leave 2 (H100, 12288 x 6144 at 4096
+ * tokens, bit-placement expansion: 954 us against 1008 at 192; 1024 tokens 237 against 329 at 128);
+ * at 192 they cost more than they give (MXFP8 1230 against 1048 us), and NVFP4 at 256 keeps its 3
+ * whole stages (843 against 869; PERF.md session 44). M3_GEMM_TC_HS=1: every MXFP8 / NVFP4 tile of
+ * 192 / 256; M3_GEMM_TC_HS=0: none (and no MXFP8 tile of 256 by default, bn_for). */
+static int hs_env(void) {
+    static const int v = env_is("M3_GEMM_TC_HS", "1") ? 1 : env_is("M3_GEMM_TC_HS", "0") ? 0 : -1;
     return v;
+}
+static int half_stages(int fmt, int bn) {
+    const int e = hs_env();
+    return e >= 0 ? e : fmt == M3_WF_MXFP8 && bn == 256;
 }
 
 /* MXFP8 matrices whose largest E8M0 code is scale_max: expanded by bit placement (FMT_MXB) where the
- * scales allow it (2^(e-7) a bf16 normal: codes <= 134). M3_GEMM_TC_MXB=1: an experiment until
- * measured on the GPU (then the default) */
+ * scales allow it (2^(e-7) a bf16 normal: codes <= 134; H100, 12288 x 6144 at 4096 tokens 1048 ->
+ * 1008 us, the 8-layer prefill's linears 14.7 -> 14.2 ms). M3_GEMM_TC_MXB=0: the conversions */
 static int mx_bits(int scale_max) {
-    static const int on = env_is("M3_GEMM_TC_MXB", "1");
-    return on && scale_max >= 1 && scale_max <= 134;
+    static const int off = env_is("M3_GEMM_TC_MXB", "0");
+    return !off && scale_max >= 1 && scale_max <= 134;
 }
 
 /* a's shape: W's (rows, values / scales strides, K); the kernel for FMT, BN */
@@ -1006,7 +1013,7 @@ static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
     if constexpr (BN == 192 && !N192)
         if (one_n192()) return launch_args<FMT, BN, CPS, NB, true>(st, a, err);
     if constexpr (NB == 2 && CPS == 1 && FMT != M3_WF_BF16 && BN >= 192 && !HS)
-        if (half_stages()) return launch_args<FMT, BN, CPS, NB, N192, true>(st, a, err);
+        if (half_stages(fmt_of(FMT), BN)) return launch_args<FMT, BN, CPS, NB, N192, true>(st, a, err);
     constexpr int F = fmt_of(FMT), SM = HS ? hs_smem(F, BN) : smem_bytes(F, BN, CPS);
     /* the shared-memory limit is an attribute of the kernel in each device's context (tensor parallel
      * ranks: one per GPU, on threads of their own): set once per device */
@@ -1148,15 +1155,16 @@ static int sm_count(void) {
     return sms;
 }
 
-/* the token tile (gemm_tiles.h: 192 for MXFP8, 192 or 256 for NVFP4 where they save time);
- * M3_GEMM_TC_BN=128 / 192 / 256: that tile above 128 tokens (192: MXFP8 / NVFP4; 256 above 192
- * tokens, NVFP4, and MXFP8 as an experiment: its 82 KB stages leave 2), for measurements */
+/* the token tile (gemm_tiles.h: 192 or 256 for MXFP8 and NVFP4 where they save time; MXFP8 at 256
+ * in half stages, so not with M3_GEMM_TC_HS=0); M3_GEMM_TC_BN=128 / 192 / 256: that tile above 128
+ * tokens (192: MXFP8 / NVFP4; 256 above 192 tokens, MXFP8 / NVFP4), for measurements */
 static int bn_for(int T, int fmt, int N) {
     static const int force = env_is("M3_GEMM_TC_BN", "256") ? 256 : env_is("M3_GEMM_TC_BN", "192") ? 192
                              : env_is("M3_GEMM_TC_BN", "128") ? 128 : 0;
     if (force == 256 ? T > 192 && fmt != M3_WF_BF16 : force && T > 128 && (force == 128 || fmt != M3_WF_BF16))
         return force; /* (BF16 at 192: 2 stages) */
-    return m3_gemm_tc_bn(T, fmt == M3_WF_NVFP4 ? 256 : fmt == M3_WF_MXFP8 ? 192 : 128, N, sm_count());
+    const int maxbn = fmt == M3_WF_NVFP4 ? 256 : fmt == M3_WF_MXFP8 ? (half_stages(fmt, 256) ? 256 : 192) : 128;
+    return m3_gemm_tc_bn(T, maxbn, N, sm_count());
 }
 
 extern "C" int m3_cu_gemm_tc_ksplit(const m3_linear *W, int T) {

@@ -333,8 +333,9 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     /* an expert's last 128 + 64 rows one tile of 192, not a full tile and a tail (a tail's CTA expands
      * as many weights as a full one; H100, uniform routing: the op at 2048 / 4096 tokens 6.81 -> 6.06 /
      * 11.84 -> 11.19 ms; M3_MOE_TC_FAT=0: tails) */
-    /* at 256 (NVFP4) an expert's last 256 + 64 rows one tile of 320 (M3_MOE_TC_FAT320=1, an experiment:
-     * its n256 + n64 wgmmas on the same A registers, gemm_tc.cu) */
+    /* at 256 (NVFP4) an expert's last 256 + 64 rows one tile of 320 (M3_MOE_TC_FAT320=1: its n256 + n64
+     * wgmmas on the same A registers, in half stages, gemm_tc.cu): measured slower, H100, T 4096 10.23
+     * against 9.95 ms (half stages cost NVFP4's 256-token tiles 3% too; PERF.md session 44) */
     const int fat = unit == 64 && ((bn == 128 && e0->gate.fmt != M3_WF_BF16 /* (BF16: no 192-row tiles, gemm_tc.cu) */ &&
                                     m3_cu_env_int("M3_MOE_TC_FAT", 1) != 0) ||
                                    (bn == 256 && m3_cu_env_int("M3_MOE_TC_FAT320", 0) == 1));

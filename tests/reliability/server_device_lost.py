@@ -36,8 +36,10 @@ async def main(m3, work):
         return st, raw
 
     async def plain_one(i):
+        # a non-stream reply comes only when the request ends, here at the fault ~2,000 steps in: a hang
+        # limit, not a wait (ASan on a busy 2-core machine took over 120 s to get there)
         return await lt.post_json(host, port, "/v1/completions", {"prompt": f"Plain {i}", "max_tokens": 8000,
-                                                                  "ignore_eos": True}, 120)
+                                                                  "ignore_eos": True}, 900)
     try:
         res = await asyncio.gather(*([stream_one(i) for i in range(3)] + [plain_one(i) for i in range(2)]),
                                    return_exceptions=True)

@@ -11,12 +11,12 @@
 #endif
 
 /* The token tile for T tokens of an N-row matrix on sms SMs (maxbn: the largest tile the format
- * takes: BF16 128, MXFP8 256 (in half stages; 192 without), NVFP4 256): the smallest of 16 / 32 / 64 that holds T, else of 128,
- * 192 and 256 the one whose waves of CTAs take least time (the smaller on a tie), a CTA of 192
- * tokens costing 4/3 of a 128-token one (measured 1.32) and a CTA of 256 1.42 (their A registers,
- * expanded once, feed 1.5x / 2x the MMAs; H100, docs/PERF.md sessions 38 and 43; MXFP8's 256 in
- * half stages ~1.46, session 44), 192 and 256 only
- * where their tiles fill two waves (fewer go to K slices, m3_cu_gemm_tc_ksplit). At 1024 tokens of
+ * takes: BF16 128, MXFP8 256 (in half stages; 192 without), NVFP4 256): the smallest of 16 / 32 /
+ * 64 that holds T, else of 128, 192 and 256 the one whose waves of CTAs take least time (the smaller
+ * on a tie), a CTA of 192 tokens costing 4/3 of a 128-token one (measured 1.32) and a CTA of 256
+ * 1.42 (their A registers, expanded once, feed 1.5x / 2x the MMAs; H100, docs/PERF.md sessions 38
+ * and 43; MXFP8's 256 in half stages ~1.46, session 44), 192 and 256 only where their tiles fill
+ * two waves (fewer go to K slices, m3_cu_gemm_tc_ksplit). At 1024 tokens of
  * a 6144 x 3072 matrix 128 and 192 are both 3 waves: 192 measured 24% slower; 256 there has 1.5
  * waves, and with K slices took 22% longer than 128. Weight rows per CTA: 128. */
 M3_GT_FN int m3_gemm_tc_bn(int T, int maxbn, int N, int sms) {

@@ -197,8 +197,9 @@ typedef struct moe_post {
  * the full tiles of bn rows (maxa places), then the rest tiles of 64, 128, 192 and 320 rows
  * (maxr[0..3] places; an expert's rows past its full tiles, gemm_tiles.h), each {first row,
  * expert}, in expert order; cnt[0]: the groups of 64 rows in use (staging), cnt[1] the full tiles,
- * cnt[2 + c] the rest tiles of list c (m3_moe_rest_rows(c) rows). The order of an expert's rows follows the atomics (not fixed),
- * but no result depends on it: each row's sums are computed alone and land at its slot. */
+ * cnt[2 + c] the rest tiles of list c (m3_moe_rest_rows(c) rows). The order of an expert's rows
+ * follows the atomics (not fixed), but no result depends on it: each row's sums are computed alone
+ * and land at its slot. */
 struct moe_rest_caps {
     int n[M3_MOE_RESTS];
 };

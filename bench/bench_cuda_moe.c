@@ -379,23 +379,16 @@ int main(int argc, char **argv) {
          * 192 rows, T 400 in a full tile and 64 or 128, T 880 in two and 192 (256 only: its reference
          * takes seconds) */
         const int Tr[7] = {9, 64, 77, 130, 200, 400, 880};
-        /* few-slot kernels, the GEMMs' choice, every tile (256: NVFP4 only; then with fat tiles of 320
-         * rows, M3_MOE_TC_FAT320=1: T 330 and 400 give boosted experts 257 .. 320 rows) */
-        const char *bns[8] = {"ft", NULL, "16", "32", "64", "128", "256", "256"};
-        const int Tf[3] = {200, 330, 400};
-        for (int b = efs[f] == M3_WF_BF16; b < (efs[f] == M3_WF_NVFP4 ? 8 : 6); b++) { /* (few-slot: MXFP8 / NVFP4 only) */
+        /* few-slot kernels, the GEMMs' choice, every tile (256: NVFP4 only) */
+        const char *bns[7] = {"ft", NULL, "16", "32", "64", "128", "256"};
+        for (int b = efs[f] == M3_WF_BF16; b < (efs[f] == M3_WF_NVFP4 ? 7 : 6); b++) { /* (few-slot: MXFP8 / NVFP4 only) */
             setenv("M3_MOE_FT", b == 0 ? "1" : "0", 1);
             if (b > 1) setenv("M3_MOE_TC_BN", bns[b], 1);
-            if (b == 7) setenv("M3_MOE_TC_FAT320", "1", 1);
             printf("%s\n", b == 0 ? "few-slot kernels (moe_ft)" : b == 1 ? "wgmma GEMMs, the op's tile" : "wgmma GEMMs, tile:");
-            if (b > 1) printf("%s%s\n", bns[b], b == 7 ? " with fat tiles of 320" : "");
-            if (b == 7)
-                for (int i = 0; i < 3; i++) fails += one(&g, &y, Tf[i], 1 << 30, 0);
-            else
-                for (int i = b == 0 ? 0 : 1; i < (b == 0 ? 5 : b == 6 ? 7 : 6); i++) fails += one(&g, &y, Tr[i], 1 << 30, 0);
+            if (b > 1) printf("%s\n", bns[b]);
+            for (int i = b == 0 ? 0 : 1; i < (b == 0 ? 5 : b == 6 ? 7 : 6); i++) fails += one(&g, &y, Tr[i], 1 << 30, 0);
         }
         unsetenv("M3_MOE_TC_BN");
-        unsetenv("M3_MOE_TC_FAT320");
         unsetenv("M3_MOE_FT");
         layer_free(&g, &y);
     }

@@ -258,9 +258,6 @@ run "$BIN/bench_cuda_linear"
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_HS=1 run "$BIN/bench_cuda_gemm" 12288 6144
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_HS=0 run "$BIN/bench_cuda_gemm" 12288 6144
 [ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_HS=1 run "$BIN/bench_cuda_moe" --ragged
-# the MoE's fat tiles of 320 rows at 256-row tiles (M3_MOE_TC_FAT320=1, measured slower: session 44;
-# --ragged checks them in full by default), timed beside the default
-[ -x "$BIN/bench_cuda_moe" ] && M3_MOE_TC_FAT320=1 run "$BIN/bench_cuda_moe"
 # MXFP8 weights expanded by conversions (M3_GEMM_TC_MXB=0; by default by bit placement where the
 # scales allow): the ragged shapes in full, then timed beside the default
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_MXB=0 run "$BIN/bench_cuda_gemm" --ragged

@@ -424,7 +424,7 @@ static void test_attn_pow2(void) {
  * and 44, 132 SMs) take the tile that won there; 192 / 256 are never taken unless their waves take less
  * time and they fill two, nor below 129 tokens or beyond the format's largest tile. An expert's
  * tiles cover its rows exactly, with at most one rest tile (64 rows at bn 128, or one fat tile of
- * 192 past 128 rows, one CTA fewer; 64, 128 or 192 at bn 256, or a fat one of 320) of a size its
+ * 192 past 128 rows, one CTA fewer; 64, 128 or 192 at bn 256) of a size its
  * layout holds places for; the host's bound on the staged rows holds every expert's padded rows
  * and tiles for skewed and uniform routings. */
 static void test_gemm_tiles(void) {
@@ -484,12 +484,11 @@ static void test_gemm_tiles(void) {
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int fat = 0; fat < 2; fat++)
             for (int v = shapes[si][1]; v <= 4096; v += shapes[si][1]) {
-                const int bn = shapes[si][0], unit = shapes[si][1];
-                const int isfat = fat && (bn == 128 || bn == 256) && unit == 64 && v > bn && v % bn == 64;
+                const int bn = shapes[si][0], unit = shapes[si][1], isfat = fat && bn == 128 && unit == 64 && v > bn && v % bn;
                 const m3_moe_tiles t = m3_moe_expert_tiles(v, bn, unit, fat), o = m3_moe_expert_tiles(v, bn, unit, 0);
                 const int ok = t.full * bn + t.rest == v && t.full >= 0 && t.rest >= 0 && t.rest % unit == 0 &&
                                (!t.rest || m3_moe_rest_possible(t.rest, bn, unit, fat)) && o.full == v / bn &&
-                               o.rest == (unit < bn ? v % bn : 0) && (isfat ? t.rest == bn + 64 && t.full == v / bn - 1 : t.rest < bn) &&
+                               o.rest == (unit < bn ? v % bn : 0) && (isfat ? t.rest == 192 && t.full == v / bn - 1 : t.rest < bn) &&
                                t.full + (t.rest > 0) == o.full + (o.rest > 0) - isfat; /* a fat tile: one CTA fewer */
                 CHECK(ok, "%d rows, tiles of %d in units of %d, fat %d: %d full, rest %d", v, bn, unit, fat, t.full, t.rest);
             }
@@ -497,13 +496,8 @@ static void test_gemm_tiles(void) {
     CHECK(m3_moe_rest_possible(64, 128, 64, 0) && !m3_moe_rest_possible(128, 128, 64, 1) && !m3_moe_rest_possible(192, 128, 64, 0) &&
               m3_moe_rest_possible(192, 128, 64, 1) && !m3_moe_rest_possible(64, 64, 64, 1) && !m3_moe_rest_possible(64, 128, 128, 1) &&
               m3_moe_rest_possible(64, 256, 64, 0) && m3_moe_rest_possible(128, 256, 64, 0) && m3_moe_rest_possible(192, 256, 64, 0) &&
-              m3_moe_rest_possible(192, 256, 64, 1) && !m3_moe_rest_possible(64, 256, 256, 0) &&
-              m3_moe_rest_possible(320, 256, 64, 1) && !m3_moe_rest_possible(320, 256, 64, 0) &&
-              !m3_moe_rest_possible(320, 128, 64, 1) && !m3_moe_rest_possible(256, 256, 64, 1),
+              m3_moe_rest_possible(192, 256, 64, 1) && !m3_moe_rest_possible(64, 256, 256, 0),
           "m3_moe_rest_possible");
-    /* the rest lists: sizes and back */
-    for (int c = 0; c < M3_MOE_RESTS; c++)
-        CHECK(m3_moe_rest_list(m3_moe_rest_rows(c)) == c && m3_moe_rest_rows(c) == (c < 3 ? 64 * (c + 1) : 320), "rest list %d", c);
     static const int E = 128, K = 8;
     int num[128];
     for (int c = 0; c < 40; c++) {
@@ -514,25 +508,24 @@ static void test_gemm_tiles(void) {
             const int e = skew ? (int)((r >> 33) % (skew == 1 ? 3 : skew == 2 ? 20 : E)) : (int)((r >> 33) % E);
             num[e]++;
         }
-        for (int u = 0; u < 5; u++) {
-            const int bn = u == 2 ? 64 : u >= 3 ? 256 : 128, unit = u == 0 || u >= 3 ? 64 : bn, fat = u == 0 || u == 4;
+        for (int u = 0; u < 4; u++) {
+            const int bn = u == 2 ? 64 : u == 3 ? 256 : 128, unit = u == 0 || u == 3 ? 64 : bn, fat = u == 0;
             const long long S = (long long)T * K, rows = m3_moe_rows_bound(S, E, unit), nz = S < E ? S : E;
-            long long used = 0, full = 0, rests[M3_MOE_RESTS] = {0, 0, 0, 0}, odd = 0;
+            long long used = 0, full = 0, rests[3] = {0, 0, 0}, odd = 0;
             for (int e = 0; e < E; e++) {
                 const int v = (num[e] + unit - 1) / unit * unit;
                 const m3_moe_tiles t = m3_moe_expert_tiles(v, bn, unit, fat);
                 used += v;
                 full += t.full;
-                if (t.rest == 64 || t.rest == 128 || t.rest == 192 || t.rest == 320) rests[m3_moe_rest_list(t.rest)]++;
+                if (t.rest == 64 || t.rest == 128 || t.rest == 192) rests[t.rest / 64 - 1]++;
                 else odd += t.rest != 0;
             }
             /* the places moe.cu's layout gives each rest list */
             int fits = !odd;
-            for (int k = 0; k < M3_MOE_RESTS; k++)
-                fits = fits && rests[k] <= (m3_moe_rest_possible(m3_moe_rest_rows(k), bn, unit, fat) ? nz : 0);
+            for (int k = 0; k < 3; k++) fits = fits && rests[k] <= (m3_moe_rest_possible(64 * (k + 1), bn, unit, fat) ? nz : 0);
             CHECK(used <= rows && rows % 64 == 0 && full <= rows / bn && fits,
-                  "T %d, skew %d, tiles of %d (unit %d, fat %d): %lld rows used of %lld, %lld full tiles, rest tiles %lld / %lld / %lld / %lld",
-                  T, skew, bn, unit, fat, used, rows, full, rests[0], rests[1], rests[2], rests[3]);
+                  "T %d, skew %d, tiles of %d (unit %d): %lld rows used of %lld, %lld full tiles, rest tiles %lld / %lld / %lld", T,
+                  skew, bn, unit, used, rows, full, rests[0], rests[1], rests[2]);
         }
     }
 }

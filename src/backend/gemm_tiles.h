@@ -52,11 +52,10 @@ M3_GT_FN m3_gemm_tile m3_gemm_tc_raster(int b, int nm, int nt, int ksplit) {
 }
 
 /* One expert's v staged rows (a multiple of unit) in tiles: `full` tiles of bn rows, then at most
- * one "rest" tile of the rows past them (rest: 0, 64, 128, 192 or 320 rows). With unit < bn (bn 128
- * or 256, unit 64) the rest is v % bn: a 64-row "tail" at bn 128; 64, 128 or 192 rows at bn 256.
- * With fat (unit 64, past the first bn rows) the last full tile and a rest of 64 rows are one "fat"
- * tile of 192 rows at bn 128, of 320 at bn 256: one CTA instead of two that each expand the
- * expert's weights (moe.cu: M3_MOE_TC_FAT=0 tails at 128; M3_MOE_TC_FAT320=1 fat tiles at 256).
+ * one "rest" tile of the rows past them (rest: 0, 64, 128 or 192 rows). With unit < bn (bn 128 or
+ * 256, unit 64) the rest is v % bn: a 64-row "tail" at bn 128; 64, 128 or 192 rows at bn 256. With
+ * fat (bn 128, unit 64, past the first 128 rows) the last full tile and a tail are one "fat" tile of
+ * 192 rows: one CTA instead of two that each expand the expert's weights (M3_MOE_TC_FAT=0: tails).
  * Rows covered: full * bn + rest = v. */
 typedef struct m3_moe_tiles {
     int full, rest;
@@ -66,24 +65,17 @@ M3_GT_FN m3_moe_tiles m3_moe_expert_tiles(int v, int bn, int unit, int fat) {
     m3_moe_tiles r;
     r.full = v / bn;
     r.rest = unit < bn ? v % bn : 0;
-    if (fat && (bn == 128 || bn == 256) && unit == 64 && r.full > 0 && r.rest == 64) {
+    if (fat && bn == 128 && unit == 64 && r.full > 0 && r.rest) {
         r.full--;
         r.rest += bn;
     }
     return r;
 }
 
-/* The MoE layout's rest lists (moe.cu): list c holds the rest tiles of m3_moe_rest_rows(c) rows
- * (64, 128, 192, and 320: bn 256's fat tiles); m3_moe_rest_list: a rest's list */
-#define M3_MOE_RESTS 4
-M3_GT_FN int m3_moe_rest_rows(int c) { return c < 3 ? 64 * (c + 1) : 320; }
-M3_GT_FN int m3_moe_rest_list(int rest) { return rest == 320 ? 3 : rest / 64 - 1; }
-
-/* 1 when an expert's rows may end in a rest tile of `rest` rows under these tiles: the rest lists
- * (moe.cu's layout) hold places only for those */
+/* 1 when an expert's rows may end in a rest tile of `rest` rows (64, 128 or 192) under these
+ * tiles: the rest lists (moe.cu's layout) hold places only for those */
 M3_GT_FN int m3_moe_rest_possible(int rest, int bn, int unit, int fat) {
-    return rest > 0 && unit < bn && rest % unit == 0 &&
-           (rest < bn || (fat && unit == 64 && ((bn == 128 && rest == 192) || (bn == 256 && rest == 320))));
+    return rest > 0 && unit < bn && rest % unit == 0 && (rest < bn || (fat && bn == 128 && unit == 64 && rest == 192));
 }
 
 /* An upper bound of the staged rows of S slots over E experts, each expert's rows padded to unit

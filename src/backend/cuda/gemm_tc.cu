@@ -13,8 +13,7 @@
  * tile of 64, 128 or 192 rows: gemm_tiles.h, moe.cu), K in blocks of 128. BN 192 runs one n192
  * wgmma a k16 step (wgmma_tile; M3_GEMM_TC_N192=0: an n128 and an n64 on the same A registers).
  * BN 256: an n256 wgmma, 128 accumulators a thread, the registers moved from the producers to the
- * consumers by setmaxnreg (MXFP8 at 256: in half stages). BN 320 (the MoE's
- * fat tiles at 256, NVFP4, M3_MOE_TC_FAT320=1): an n256 and an n64 wgmma on the same A registers.
+ * consumers by setmaxnreg (MXFP8 at 256: in half stages).
  * 384 threads: warps 4-11 are two consumer warpgroups of 64 rows each
  * (warp w of a consumer group owns one 16-row tile of the backend's tiled layout); warps 0-3
  * (warpgroup 0) are the producers. Grid: one CTA per output tile, the
@@ -22,7 +21,7 @@
  *
  * Pipeline: STAGES shared-memory stages (BN 128: BF16 3, MXFP8 4, NVFP4 5; BN 64: 4, 6, 8; BN 192:
  * -, 3, 3; BN 256: -, -, 3), each holding one 128-wide K block (or half stages, hs_nx: x in a ring
- * of half K blocks, the weights in a ring of their own: MXFP8 at BN 256 (5 halves), BN 320;
+ * of half K blocks, the weights in a ring of their own: MXFP8 at BN 256 (5 halves);
  * half_stages): x (BN x 128 bf16), the raw weight bytes of the 128 rows and their scales. The 4 producer warps fill a stage with 1-D bulk copies (cp.async.bulk ...
  * mbarrier::complete_tx; the tiled MXFP8 / NVFP4 layout is already made of contiguous runs), BF16
  * weights (row-major: one 256-byte run a row) by two tensor-map copies of 128 rows x 64 values,
@@ -108,7 +107,7 @@ __host__ __device__ constexpr int n_stages(int fmt, int bn, int cps = 1) {
 __host__ __device__ constexpr int smem_bytes(int fmt, int bn, int cps = 1) {
     return n_stages(fmt, bn, cps) * stage_bytes(fmt, bn) + 1024 + 256;
 }
-/* Half stages (HS; by default MXFP8 tiles of 256 tokens, half_stages; the MoE's fat tiles of 320):
+/* Half stages (HS; by default MXFP8 tiles of 256 tokens, half_stages):
  * two rings instead of one. The x ring holds half K blocks (BN x 64 bf16: the column half a consumer's half reads), the w
  * ring whole K blocks of weights and scales (a consumer loads a block's raw bytes into registers
  * during the half before it and the block's first half, then hands the slot back). A stage of x is
@@ -126,9 +125,9 @@ __host__ __device__ constexpr int hs_nw(int fmt, int bn) { return hs_nx_w(fmt, b
 __host__ __device__ constexpr int hs_nx(int fmt, int bn) { return hs_nx_w(fmt, bn, hs_nw(fmt, bn)); }
 __host__ __device__ constexpr int hs_smem(int fmt, int bn) { return hs_nx(fmt, bn) * bn * 128 + hs_nw(fmt, bn) * w_slot(fmt) + 1024 + 256; }
 static_assert(hs_nx(M3_WF_MXFP8, 256) == 5 && hs_nx(M3_WF_NVFP4, 256) == 6 && hs_nx(M3_WF_MXFP8, 192) == 7 &&
-                  hs_nx(M3_WF_NVFP4, 320) == 5 && hs_nw(M3_WF_MXFP8, 256) == 3 && hs_nw(M3_WF_NVFP4, 320) == 2,
+                  hs_nw(M3_WF_MXFP8, 256) == 3,
               "half stages");
-static_assert(hs_smem(M3_WF_MXFP8, 256) <= SMEM_MAX && hs_smem(M3_WF_NVFP4, 320) <= SMEM_MAX && 2 * (8 + 3) * 8 <= 256,
+static_assert(hs_smem(M3_WF_MXFP8, 256) <= SMEM_MAX && hs_smem(M3_WF_NVFP4, 256) <= SMEM_MAX && 2 * (8 + 3) * 8 <= 256,
               "half stages: shared memory");
 static_assert(n_stages(M3_WF_NVFP4, 16, 2) >= 4 && n_stages(M3_WF_MXFP8, 32, 2) >= 4, "two CTAs an SM");
 static_assert(n_stages(M3_WF_BF16, 128) >= 3 && n_stages(M3_WF_MXFP8, 128) >= 4 && n_stages(M3_WF_NVFP4, 128) >= 4, "stages");
@@ -546,9 +545,6 @@ static __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], const uint
     } else if constexpr (BN == 192) {
         wgmma_n128(*reinterpret_cast<float(*)[64]>(&d[0]), a, desc_sw128(b));
         wgmma_n64(*reinterpret_cast<float(*)[32]>(&d[64]), a, desc_sw128(b + 2 * XPIECE));
-    } else if constexpr (BN == 320) { /* the MoE's fat tiles at 256: n256 over tokens 0-255, n64 over 256-319 */
-        wgmma_n256(*reinterpret_cast<float(*)[128]>(&d[0]), a, desc_sw128(b));
-        wgmma_n64(*reinterpret_cast<float(*)[32]>(&d[128]), a, desc_sw128(b + 4 * XPIECE));
     } else wgmma_bn<BN>(d, a, desc_sw128(b));
 }
 
@@ -572,8 +568,7 @@ static __device__ __forceinline__ void mma_half(float (&acc)[BN / 2], const raw_
 template <int FX, int BN, int CPS = 1, int NB = 2, bool N192 = false, bool HS = false>
 __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant__ gemm_args p) {
     constexpr int FMT = fmt_of(FX); /* FX: the expansion (FMT_MXB), FMT: the format */
-    static_assert(BN < 256 || (CPS == 1 && NTHREADS == 384), "BN 256 / 320: setmaxnreg balances one CTA an SM of 384 threads");
-    static_assert(BN != 320 || (HS && FX == M3_WF_NVFP4), "BN 320 (the MoE's fat tiles at 256): NVFP4, half stages (x: 80 KB a K block)");
+    static_assert(BN != 256 || (CPS == 1 && NTHREADS == 384), "BN 256: setmaxnreg balances one CTA an SM of 384 threads");
     static_assert(!HS || (FMT != M3_WF_BF16 && BN >= 128 && CPS == 1 && NB == 2), "half stages: MXFP8 / NVFP4, 128+ tokens");
     /* HS: the x ring's NX half stages of XH bytes, then the w ring's NW slots of WSL bytes */
     constexpr int NX = HS ? hs_nx(FMT, BN) : 1, NW = HS ? hs_nw(FMT, BN) : 1, XH = BN * 128, WSL = w_slot(FMT);
@@ -628,7 +623,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
     __syncthreads();
 
     if (warp < 4) {
-        if constexpr (BN >= 256) regs_dec<PRODUCER_REGS>();
+        if constexpr (BN == 256) regs_dec<PRODUCER_REGS>();
         /* producers: the 4 warps of warpgroup 0 share a stage's bulk copies (a copy's operands
          * are uniform registers, so a warp issues its lanes' copies one after another: ~50
          * cycles each, which one warp alone made the bottleneck). Copy q of a stage: x pieces
@@ -738,7 +733,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
     }
 
     /* consumers */
-    if constexpr (BN >= 256) regs_inc<CONSUMER_REGS>();
+    if constexpr (BN == 256) regs_inc<CONSUMER_REGS>();
     const int wg = warp / 4 - 1, i = wg * 4 + warp % 4; /* the warp's 16-row tile of the CTA's 8 */
     const int g = lane / 4, t = lane % 4;
     float acc[BN / 2];
@@ -1025,7 +1020,7 @@ static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
     if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
         cudaError_t e = cudaFuncSetAttribute(k_gemm_tc<FMT, BN, CPS, NB, N192, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, SM);
         if (e != cudaSuccess) return m3_errf(err, "gemm_tc: shared memory attribute: %s", cudaGetErrorString(e));
-        if constexpr (BN >= 256) { /* setmaxnreg balances LAUNCH_REGS exactly: with fewer, the consumers would wait forever */
+        if constexpr (BN == 256) { /* setmaxnreg balances LAUNCH_REGS exactly: with fewer, the consumers would wait forever */
             cudaFuncAttributes fa;
             e = cudaFuncGetAttributes(&fa, k_gemm_tc<FMT, BN, CPS, NB, N192, HS>);
             if (e != cudaSuccess) return m3_errf(err, "gemm_tc: kernel attributes: %s", cudaGetErrorString(e));
@@ -1265,20 +1260,16 @@ extern "C" int m3_cu_gemm_tc_stage_x_map(void *stream, const float *x, int rows,
 }
 
 extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, const m3_mlp_w *e0, int bn, const void *xs,
-                                 int rows, const int *tiles, int maxa, const int *maxr, const int *cnt, const int *rowmap,
+                                 int rows, const int *tiles, int maxa, const int maxr[3], const int *cnt, const int *rowmap,
                                  float alpha, float limit, float *y, m3_err *err) {
     const m3_wfmt fmt = e0->gate.fmt;
     int ok = m3_cu_gemm_tc_moe_ok(e0) && (bn == 16 || bn == 32 || bn == 64 || bn == 128 || (bn == 256 && fmt == M3_WF_NVFP4)) &&
              rows >= 1 && rows % 64 == 0 && maxa >= 0;
-    /* rest tiles (with rows in units of 64): the sizes the tiling makes; BF16 not 192, 320 NVFP4 only */
-    for (int c = 0; c < M3_MOE_RESTS; c++) {
-        const int rr = m3_moe_rest_rows(c);
-        ok = ok && maxr[c] >= 0 &&
-             (!maxr[c] || (m3_moe_rest_possible(rr, bn, 64, 1) && (rr <= 128 || fmt != M3_WF_BF16) && (rr != 320 || fmt == M3_WF_NVFP4)));
-    }
+    for (int c = 0; c < 3; c++) /* rest tiles (with rows in units of 64): the sizes the tiling makes; BF16 not 192 */
+        ok = ok && maxr[c] >= 0 && (!maxr[c] || (m3_moe_rest_possible(64 * (c + 1), bn, 64, 1) && (c < 2 || fmt != M3_WF_BF16)));
     if (!ok)
-        return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows, rest tiles %d / %d / %d / %d) not taken", m3_wfmt_name(fmt), bn,
-                       rows, maxr[0], maxr[1], maxr[2], maxr[3]);
+        return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows, rest tiles %d / %d / %d) not taken", m3_wfmt_name(fmt), bn, rows,
+                       maxr[0], maxr[1], maxr[2]);
     const m3_linear *W = part == 2 ? &e0->down : &e0->gate;
     gemm_args a;
     memset(&a, 0, sizeof a);
@@ -1302,22 +1293,21 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
 #define MOE_BN(F) (tb == 16 ? (two_per_sm() ? launch_args<F, 16, 2>(st, a, err) : launch_args<F, 16>(st, a, err))        \
                    : tb == 32 ? (two_per_sm() ? launch_args<F, 32, 2>(st, a, err) : launch_args<F, 32>(st, a, err)) \
                    : tb == 64 ? launch_args<F, 64>(st, a, err) : launch_args<F, 128>(st, a, err))
-    /* the full tiles, then the rest tiles of 64, 128, 192 and 320 rows */
+    /* the full tiles, then the rest tiles of 64, 128 and 192 rows */
     size_t first = 0;
-    for (int pass = 0; pass <= M3_MOE_RESTS; pass++) {
+    for (int pass = 0; pass < 4; pass++) {
         a.nt = pass ? maxr[pass - 1] : maxa;
         a.tiles = tiles + 2 * first;
         a.ntile = cnt + 1 + pass;
         first += (size_t)a.nt;
         if (a.nt < 1) continue;
-        const int tb = pass ? m3_moe_rest_rows(pass - 1) : bn; /* the pass's token tile */
+        const int tb = pass ? 64 * pass : bn; /* the pass's token tile */
         int rc;
         switch (fmt) {
         case M3_WF_BF16: rc = MOE_BN(M3_WF_BF16); break;
         case M3_WF_MXFP8: rc = tb == 192 ? launch_args<M3_WF_MXFP8, 192>(st, a, err) : MOE_BN(M3_WF_MXFP8); break;
         default:
-            rc = tb == 320   ? launch_args<M3_WF_NVFP4, 320, 1, 2, false, true>(st, a, err) /* (half stages only) */
-                 : tb == 256 ? launch_args<M3_WF_NVFP4, 256>(st, a, err)
+            rc = tb == 256   ? launch_args<M3_WF_NVFP4, 256>(st, a, err)
                  : tb == 192 ? launch_args<M3_WF_NVFP4, 192>(st, a, err)
                              : MOE_BN(M3_WF_NVFP4);
             break;

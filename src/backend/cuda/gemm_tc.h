@@ -45,12 +45,11 @@ int m3_cu_gemm_tc(void *stream, const m3_linear *W, const float *x, int T, float
  * 32, 64, 128 or 256 (NVFP4)), or with bn 128 / 256 to 64: then the rows past an expert's full
  * tiles form one "rest" tile of 64, 128 or 192 rows (gemm_tiles.h: with bn 128 a 64-row tail, or
  * where its rows exceed 128 and end in such a half tile (MXFP8 / NVFP4), its last 192 rows one
- * "fat" tile; at bn 256 (NVFP4) fat tiles of 320 rows). The tiles: tiles[2 i] the first staged row
- * of tile i, tiles[2 i + 1] its expert; full tiles (bn rows) at i = 0 .. maxa - 1, then maxr[c]
- * places for the rest tiles of list c, m3_moe_rest_rows(c) = 64, 128, 192 and 320 rows (each run
- * with tiles of that many rows). On the device cnt[0] is the groups of 64 staged rows in use (what
- * staging writes), cnt[1] the full tiles and cnt[2 + c] the rest tiles of list c in use; rows
- * (host) an upper bound, a multiple of 64.
+ * "fat" tile). The tiles: tiles[2 i] the first staged row of tile i, tiles[2 i + 1] its expert;
+ * full tiles (bn rows) at i = 0 .. maxa - 1, then maxr[0] places for rest tiles of 64 rows,
+ * maxr[1] of 128, maxr[2] of 192 (each run with tiles of that many rows). On the device cnt[0] is
+ * the groups of 64 staged rows in use (what staging writes), cnt[1] the full tiles and cnt[2 + c]
+ * the rest tiles of 64 (c + 1) rows in use; rows (host) an upper bound, a multiple of 64.
  * m3_cu_gemm_tc_moe_ok: the expert shape (e0, a device copy's host struct) is taken: gate / up /
  * down of one format, each taken by the GEMM, F = gate.N a multiple of 64. */
 int m3_cu_gemm_tc_moe_ok(const m3_mlp_w *e0);
@@ -58,11 +57,10 @@ int m3_cu_gemm_tc_moe_ok(const m3_mlp_w *e0);
 int m3_cu_gemm_tc_stage_x_map(void *stream, const float *x, int rows, int K, const int *map, const int *cnt, void *xs,
                               m3_err *err);
 /* part 0: y = h [rows][F] = SwiGLU-OAI(gate x, up x) of each row's expert (tab: the device table
- * of experts; e0: their shapes and formats, its scale_max the largest of all experts'); part 2:
- * y[rowmap[r]][H] = down h (rows with rowmap < 0 not stored); xs: the staged rows (x, or h staged
- * with an identity map); maxr: M3_MOE_RESTS (gemm_tiles.h) caps */
+ * of experts; e0: their shapes and formats, its scale_max the largest of all experts'); part 2: y[rowmap[r]][H] = down h (rows with rowmap < 0 not stored); xs: the staged
+ * rows (x, or h staged with an identity map) */
 int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, const m3_mlp_w *e0, int bn, const void *xs, int rows,
-                      const int *tiles, int maxa, const int *maxr, const int *cnt, const int *rowmap, float alpha,
+                      const int *tiles, int maxa, const int maxr[3], const int *cnt, const int *rowmap, float alpha,
                       float limit, float *y, m3_err *err);
 /* For a HOST MXFP8 matrix (before upload): 1 when every E8M0 scale code is in 10..246, where the
  * kernel's folding of the scale into the bf16 weight is exact (E4M3 x 2^(e-127) stays a bf16

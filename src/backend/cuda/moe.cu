@@ -194,14 +194,13 @@ typedef struct moe_post {
  * off[e] and padded to unit (the tile bn, or 64 with rest tiles: gemm_tc.h). One block: counts
  * (shared atomics), the padded prefix sums, then each slot takes the next row of its expert.
  * map[r]: the token of staged row r, rowmap[r] its slot (t K + k), both -1 for padding; tiles:
- * the full tiles of bn rows (maxa places), then the rest tiles of 64, 128, 192 and 320 rows
- * (maxr[0..3] places; an expert's rows past its full tiles, gemm_tiles.h), each {first row,
- * expert}, in expert order; cnt[0]: the groups of 64 rows in use (staging), cnt[1] the full tiles,
- * cnt[2 + c] the rest tiles of list c (m3_moe_rest_rows(c) rows). The order of an expert's rows
- * follows the atomics (not fixed), but no result depends on it: each row's sums are computed alone
- * and land at its slot. */
+ * the full tiles of bn rows (maxa places), then the rest tiles of 64, 128 and 192 rows (maxr[0..2]
+ * places; an expert's rows past its full tiles, gemm_tiles.h), each {first row, expert}, in
+ * expert order; cnt[0]: the groups of 64 rows in use (staging), cnt[1] the full tiles, cnt[2 + c]
+ * the rest tiles of 64 (c + 1) rows. The order of an expert's rows follows the atomics (not fixed),
+ * but no result depends on it: each row's sums are computed alone and land at its slot. */
 struct moe_rest_caps {
-    int n[M3_MOE_RESTS];
+    int n[3];
 };
 __global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int S, int K, int E, int bn, int unit, int maxa,
                                                         moe_rest_caps maxr, int fat, int *map, int *rowmap, int *tiles, int *cnt) {
@@ -216,13 +215,13 @@ __global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int
     __syncthreads();
     if (threadIdx.x < 32) { /* prefix sums of the padded rows and the full tiles, a warp scan per 32 experts
                              * (the rest tiles, one an expert at most, numbered per size by ballots) */
-        int base = 0, tbase = 0, rbase[M3_MOE_RESTS] = {0};
+        int base = 0, tbase = 0, rbase[3] = {0, 0, 0};
         const unsigned lt = (1u << threadIdx.x) - 1;
         for (int e0 = 0; e0 < E; e0 += 32) {
             const int e = e0 + threadIdx.x;
             const int v = e < E ? (num[e] + unit - 1) / unit * unit : 0;
             const m3_moe_tiles mt = m3_moe_expert_tiles(v, bn, unit, fat);
-            const int tv = mt.full, rc = mt.rest ? m3_moe_rest_list(mt.rest) : -1; /* rc: the rest's list, -1 for none */
+            const int tv = mt.full, rc = mt.rest / 64 - 1; /* rc: the rest's list, -1 for none */
             int inc = v, tinc = tv, ridx = -1;
             for (int d = 1; d < 32; d *= 2) {
                 const int o = __shfl_up_sync(0xffffffffu, inc, d), to = __shfl_up_sync(0xffffffffu, tinc, d);
@@ -232,7 +231,7 @@ __global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int
                 }
             }
 #pragma unroll
-            for (int c = 0; c < M3_MOE_RESTS; c++) {
+            for (int c = 0; c < 3; c++) {
                 const unsigned m = __ballot_sync(0xffffffffu, rc == c);
                 if (rc == c) ridx = rbase[c] + __popc(m & lt);
                 rbase[c] += __popc(m);
@@ -249,7 +248,7 @@ __global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int
             off[E] = base;
             cnt[0] = (base + 63) / 64;
             cnt[1] = tbase;
-            for (int c = 0; c < M3_MOE_RESTS; c++) cnt[2 + c] = rbase[c];
+            for (int c = 0; c < 3; c++) cnt[2 + c] = rbase[c];
         }
     }
     __syncthreads();
@@ -263,7 +262,7 @@ __global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int
             tiles[2 * (toff[e] + i) + 1] = e;
         }
         if (mt.rest) { /* the rows past the full tiles, one tile in the list of its size */
-            const int rc = m3_moe_rest_list(mt.rest);
+            const int rc = mt.rest / 64 - 1;
             int at = maxa + roff[e];
             for (int c = 0; c < rc; c++) at += maxr.n[c];
             tiles[2 * at] = off[e] + bn * mt.full;
@@ -334,17 +333,13 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     /* an expert's last 128 + 64 rows one tile of 192, not a full tile and a tail (a tail's CTA expands
      * as many weights as a full one; H100, uniform routing: the op at 2048 / 4096 tokens 6.81 -> 6.06 /
      * 11.84 -> 11.19 ms; M3_MOE_TC_FAT=0: tails) */
-    /* at 256 (NVFP4) an expert's last 256 + 64 rows one tile of 320 (M3_MOE_TC_FAT320=1: its n256 + n64
-     * wgmmas on the same A registers, in half stages, gemm_tc.cu): measured slower, H100, T 4096 10.23
-     * against 9.95 ms (half stages cost NVFP4's 256-token tiles 3% too; PERF.md session 44) */
-    const int fat = unit == 64 && ((bn == 128 && e0->gate.fmt != M3_WF_BF16 /* (BF16: no 192-row tiles, gemm_tc.cu) */ &&
-                                    m3_cu_env_int("M3_MOE_TC_FAT", 1) != 0) ||
-                                   (bn == 256 && m3_cu_env_int("M3_MOE_TC_FAT320", 0) == 1));
+    const int fat = bn == 128 && unit == 64 && e0->gate.fmt != M3_WF_BF16 /* (BF16: no 192-row tiles, gemm_tc.cu) */ &&
+                    m3_cu_env_int("M3_MOE_TC_FAT", 1) != 0;
     const long long nz = S < E ? S : E;
     const int rows = (int)m3_moe_rows_bound(S, E, unit), maxa = rows / bn;
     moe_rest_caps maxr;
     int nplaces = maxa;
-    for (int k = 0; k < M3_MOE_RESTS; k++) nplaces += maxr.n[k] = m3_moe_rest_possible(m3_moe_rest_rows(k), bn, unit, fat) ? (int)nz : 0;
+    for (int k = 0; k < 3; k++) nplaces += maxr.n[k] = m3_moe_rest_possible(64 * (k + 1), bn, unit, fat) ? (int)nz : 0;
     m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
     int32_t *pick;
     float *wt;

@@ -221,11 +221,13 @@ template <int N> static __device__ __forceinline__ void pin_f32(float (&r)[N]) {
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-/* wgmma B descriptor: K-major, 128-byte swizzle (8-row atoms of 1024 bytes, SBO 1024; LBO
- * unused for this layout), start address a (16-byte units, 18-bit shared window) */
-static __device__ __forceinline__ uint64_t desc_sw128(uint32_t a) {
-    return (uint64_t)((a & 0x3ffffu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
-}
+/* wgmma B descriptor: K-major, 128-byte swizzle (8-row atoms of 1024 bytes, SBO 1024; LBO unused
+ * for this layout), start address a (16-byte units, 18-bit shared window). desc_lo: its low word
+ * (the high word is constant; desc_of: the whole), so that a tile's k16 steps and token pieces cost
+ * an add each: desc_lo(a + n) = desc_lo(a) + n / 16 for n a multiple of 16 (a CTA's shared
+ * addresses stay below 2^18, so the start field never carries into the next) */
+static __device__ __forceinline__ uint32_t desc_lo(uint32_t a) { return ((a & 0x3ffffu) >> 4) | (1u << 16); }
+static __device__ __forceinline__ uint64_t desc_of(uint32_t lo) { return (uint64_t)lo | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62); }
 
 /* D[64][16] += A (registers, bf16) x B (shared, K-major, 128-byte swizzle) */
 static __device__ __forceinline__ void wgmma_n16(float (&d)[8], const uint32_t *a, uint64_t desc) {
@@ -535,17 +537,18 @@ template <> __device__ __forceinline__ void wgmma_bn<128>(float (&d)[64], const 
 template <> __device__ __forceinline__ void wgmma_bn<256>(float (&d)[128], const uint32_t *a, uint64_t desc) {
     wgmma_n256(d, a, desc);
 }
-/* one k16 step of the CTA's BN tokens, x's K-major tile at shared address b: BN 192 is an n128 wgmma
- * over tokens 0-127 and an n64 one over tokens 128-191 (the staged pieces from 2 * XPIECE on), on the
- * same A registers; their accumulators in a row are BN 192's fragment (token group j at d[4 j ..]) */
+/* one k16 step of the CTA's BN tokens, x's K-major tile at the shared address of descriptor low word
+ * lo (desc_lo): BN 192 is an n128 wgmma over tokens 0-127 and an n64 one over tokens 128-191 (the
+ * staged pieces from 2 * XPIECE on), on the same A registers; their accumulators in a row are BN
+ * 192's fragment (token group j at d[4 j ..]) */
 template <int BN, bool N192 = false>
-static __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], const uint32_t *a, uint32_t b) {
+static __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], const uint32_t *a, uint32_t lo) {
     if constexpr (BN == 192 && N192) {
-        wgmma_n192(d, a, desc_sw128(b)); /* the same fragment in one instruction (the default) */
+        wgmma_n192(d, a, desc_of(lo)); /* the same fragment in one instruction (the default) */
     } else if constexpr (BN == 192) {
-        wgmma_n128(*reinterpret_cast<float(*)[64]>(&d[0]), a, desc_sw128(b));
-        wgmma_n64(*reinterpret_cast<float(*)[32]>(&d[64]), a, desc_sw128(b + 2 * XPIECE));
-    } else wgmma_bn<BN>(d, a, desc_sw128(b));
+        wgmma_n128(*reinterpret_cast<float(*)[64]>(&d[0]), a, desc_of(lo));
+        wgmma_n64(*reinterpret_cast<float(*)[32]>(&d[64]), a, desc_of(lo + 2 * XPIECE / 16));
+    } else wgmma_bn<BN>(d, a, desc_of(lo));
 }
 
 /* one half of a K block (4 k16 steps, x's tile at shared address xh): the raw weights expanded into
@@ -556,7 +559,7 @@ static __device__ __forceinline__ void mma_half(float (&acc)[BN / 2], const raw_
     pin_f32(acc);
     wg_fence();
 #pragma unroll
-    for (int j = 0; j < 4; j++) wgmma_tile<BN, N192>(acc, a + 4 * j, xh + j * 32);
+    for (int j = 0; j < 4; j++) wgmma_tile<BN, N192>(acc, a + 4 * j, desc_lo(xh) + j * 32 / 16);
     wg_commit();
 }
 

@@ -227,6 +227,12 @@ run "$BIN/bench_cuda_linear"
 # the experiment of two CTAs an SM for the token tiles of 16 / 32 (M3_GEMM_TC_CPS=2): checked, and timed beside the above
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_CPS=2 run "$BIN/bench_cuda_gemm" --quick
 [ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_CPS=2 run "$BIN/bench_cuda_moe" --quick
+# MXFP8 / NVFP4 tiles of 64 tokens at one CTA an SM (M3_GEMM_TC_CPS64=1; by default two): checked in
+# full, and timed beside the default
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_CPS64=1 run "$BIN/bench_cuda_gemm" --ragged
+[ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_CPS64=1 run "$BIN/bench_cuda_moe" --ragged
+[ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_CPS64=1 run "$BIN/bench_cuda_gemm" 6144 3072
+[ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_CPS64=1 run "$BIN/bench_cuda_moe" --only 1024,4096
 # the paths the defaults no longer take: BF16 weights by row copies (not tensor-map boxes), the MoE's
 # experts padded to whole 128-row tiles (no 64-row tails), 64-row tails where fat 192-row tiles would be
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_TMA=0 run "$BIN/bench_cuda_gemm" --ragged

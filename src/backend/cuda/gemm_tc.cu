@@ -201,13 +201,20 @@ static __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *m
 static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 /* the warpgroup's registers a thread (multiple of 8): given back by the producers, taken by the
- * consumers (BN 256: 128 accumulators a thread). The launch gives each thread 168 (one CTA an SM:
- * 65536 / 384 rounded down to 8); the consumers' setmaxnreg.inc waits until the pool holds what it
- * asks for, so the two must balance that launch count exactly (one CTA an SM, CPS 1: asserted) */
+ * consumers, where moved_regs: BN 256 (128 accumulators a thread) and BN 64 at two CTAs an SM (the
+ * launch's 80 would serialize its wgmmas, C7512). The launch gives each thread launch_regs (65536 /
+ * 384 / CPS rounded down to 8: 168, 80); the consumers' setmaxnreg.inc waits until the CTA's pool
+ * holds what it asks for, so the two must balance that launch count exactly (asserted here, and
+ * the kernel's count by the host) */
 template <int R> static __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
 template <int R> static __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
-constexpr int LAUNCH_REGS = 65536 / NTHREADS / 8 * 8, PRODUCER_REGS = 56, CONSUMER_REGS = 224;
-static_assert(LAUNCH_REGS == 168 && 128 * PRODUCER_REGS + 256 * CONSUMER_REGS == NTHREADS * LAUNCH_REGS, "setmaxnreg: the CTA's registers");
+__host__ __device__ constexpr bool moved_regs(int bn, int cps) { return bn == 256 || (bn == 64 && cps == 2); }
+__host__ __device__ constexpr int launch_regs(int cps) { return 65536 / NTHREADS / cps / 8 * 8; }
+__host__ __device__ constexpr int producer_regs(int cps) { return cps == 1 ? 56 : 48; }
+__host__ __device__ constexpr int consumer_regs(int cps) { return cps == 1 ? 224 : 96; }
+static_assert(launch_regs(1) == 168 && 128 * producer_regs(1) + 256 * consumer_regs(1) == NTHREADS * launch_regs(1) &&
+                  launch_regs(2) == 80 && 128 * producer_regs(2) + 256 * consumer_regs(2) == NTHREADS * launch_regs(2),
+              "setmaxnreg: the CTA's registers");
 template <int N> static __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
@@ -565,8 +572,10 @@ static __device__ __forceinline__ void mma_half(float (&acc)[BN / 2], const raw_
 
 /* ------------------------------------------------------------------ the GEMM kernel */
 
-/* CPS: CTAs an SM holds (2: fewer stages and at most 80 registers a thread, for the small token
- * tiles, whose CTAs wait on latency: M3_GEMM_TC_CPS=2, an experiment for now). NB: the consumers'
+/* CPS: CTAs an SM holds (2: fewer stages, for the small token
+ * tiles, whose CTAs wait on latency: 80 registers a thread at launch, the consumers of BN 64 96 by
+ * setmaxnreg; M3_GEMM_TC_CPS=2, an experiment for the tiles of 16 / 32; by
+ * default for MXFP8 / NVFP4 tiles of 64, two_per_sm64). NB: the consumers'
  * A buffers for MXFP8 / NVFP4 (2; 3: M3_GEMM_TC_NB=3, an experiment) */
 template <int FX, int BN, int CPS = 1, int NB = 2, bool N192 = false, bool HS = false>
 __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant__ gemm_args p) {
@@ -626,7 +635,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
     __syncthreads();
 
     if (warp < 4) {
-        if constexpr (BN == 256) regs_dec<PRODUCER_REGS>();
+        if constexpr (moved_regs(BN, CPS)) regs_dec<producer_regs(CPS)>();
         /* producers: the 4 warps of warpgroup 0 share a stage's bulk copies (a copy's operands
          * are uniform registers, so a warp issues its lanes' copies one after another: ~50
          * cycles each, which one warp alone made the bottleneck). Copy q of a stage: x pieces
@@ -736,7 +745,7 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
     }
 
     /* consumers */
-    if constexpr (BN == 256) regs_inc<CONSUMER_REGS>();
+    if constexpr (moved_regs(BN, CPS)) regs_inc<consumer_regs(CPS)>();
     const int wg = warp / 4 - 1, i = wg * 4 + warp % 4; /* the warp's 16-row tile of the CTA's 8 */
     const int g = lane / 4, t = lane % 4;
     float acc[BN / 2];
@@ -1023,13 +1032,13 @@ static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
     if (!(__atomic_load_n(&set, __ATOMIC_ACQUIRE) & bit)) {
         cudaError_t e = cudaFuncSetAttribute(k_gemm_tc<FMT, BN, CPS, NB, N192, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, SM);
         if (e != cudaSuccess) return m3_errf(err, "gemm_tc: shared memory attribute: %s", cudaGetErrorString(e));
-        if constexpr (BN == 256) { /* setmaxnreg balances LAUNCH_REGS exactly: with fewer, the consumers would wait forever */
+        if constexpr (moved_regs(BN, CPS)) { /* setmaxnreg balances launch_regs exactly: with fewer, the consumers would wait forever */
             cudaFuncAttributes fa;
             e = cudaFuncGetAttributes(&fa, k_gemm_tc<FMT, BN, CPS, NB, N192, HS>);
             if (e != cudaSuccess) return m3_errf(err, "gemm_tc: kernel attributes: %s", cudaGetErrorString(e));
-            if (fa.numRegs != LAUNCH_REGS)
-                return m3_errf(err, "gemm_tc: the 256-token kernel was built with %d registers a thread, not %d (setmaxnreg would not balance)",
-                               fa.numRegs, LAUNCH_REGS);
+            if (fa.numRegs != launch_regs(CPS))
+                return m3_errf(err, "gemm_tc: the %d-token kernel was built with %d registers a thread, not %d (setmaxnreg would not balance)",
+                               BN, fa.numRegs, launch_regs(CPS));
         }
         __atomic_fetch_or(&set, bit, __ATOMIC_RELEASE);
     }
@@ -1050,6 +1059,20 @@ static int launch_args(cudaStream_t st, const gemm_args &a, m3_err *err) {
 static int two_per_sm(void) {
     static const int v = env_is("M3_GEMM_TC_CPS", "2");
     return v;
+}
+/* MXFP8 / NVFP4 token tiles of 64 with two CTAs an SM (M3_GEMM_TC_CPS64=1: one): 4 consumer warps a
+ * scheduler instead of 2 for CTAs that wait on latency (their expansion's dependent chains), the
+ * consumers at 96 registers by setmaxnreg. H100 (PERF.md session 45): the MoE's 64-row rest tiles
+ * 27-30% shorter (the op at 4096 tokens -3%, at 1024 -10%), 64-token GEMMs 10-19%; BF16 (2 stages
+ * a CTA at two an SM) gained at 6144 x 3072 and lost at 12288 x 6144, and stays at one */
+static int two_per_sm64(int fmt) {
+    static const int v = !env_is("M3_GEMM_TC_CPS64", "1");
+    return v && fmt != M3_WF_BF16;
+}
+/* a 64-token tile's launch at the CTAs an SM two_per_sm64 chooses (BF16: one, not instantiated) */
+template <int F, int CPS> static int launch64(cudaStream_t st, const gemm_args &a, m3_err *err) {
+    if constexpr (F != M3_WF_BF16 && CPS == 2) return launch_args<F, 64, 2>(st, a, err);
+    else return launch_args<F, 64>(st, a, err);
 }
 
 /* The driver's cuTensorMapEncodeTiled, reached through the runtime (no link to libcuda); NULL where the
@@ -1097,7 +1120,8 @@ static int launch(cudaStream_t st, const m3_linear *W, const void *xs, int T, fl
     a.gmul = W->gmul;
     a.mxb = FMT == M3_WF_MXFP8 && mx_bits(W->scale_max);
     if (FMT == M3_WF_BF16) a.tma = bf16_tmap(W, &a.tmap);
-    return launch_args<FMT, BN, CPS>(st, a, err);
+    if constexpr (BN == 64) return launch64<FMT, CPS>(st, a, err);
+    else return launch_args<FMT, BN, CPS>(st, a, err);
 }
 
 
@@ -1196,7 +1220,7 @@ extern "C" int m3_cu_gemm_tc_staged_split(void *stream, const m3_linear *W, cons
 #define LIN_ARGS st, W, xs, T, y, ksplit, part, err
 #define LIN_BN(F) (bn == 16 ? (two_per_sm() ? launch<F, 16, 2>(LIN_ARGS) : launch<F, 16>(LIN_ARGS))        \
                    : bn == 32 ? (two_per_sm() ? launch<F, 32, 2>(LIN_ARGS) : launch<F, 32>(LIN_ARGS)) \
-                   : bn == 64 ? launch<F, 64>(LIN_ARGS) : launch<F, 128>(LIN_ARGS))
+                   : bn == 64 ? (two_per_sm64(F) ? launch<F, 64, 2>(LIN_ARGS) : launch<F, 64>(LIN_ARGS)) : launch<F, 128>(LIN_ARGS))
     int rc;
     switch (W->fmt) {
     case M3_WF_BF16: rc = LIN_BN(M3_WF_BF16); break;
@@ -1295,7 +1319,7 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
     cudaStream_t st = (cudaStream_t)stream;
 #define MOE_BN(F) (tb == 16 ? (two_per_sm() ? launch_args<F, 16, 2>(st, a, err) : launch_args<F, 16>(st, a, err))        \
                    : tb == 32 ? (two_per_sm() ? launch_args<F, 32, 2>(st, a, err) : launch_args<F, 32>(st, a, err)) \
-                   : tb == 64 ? launch_args<F, 64>(st, a, err) : launch_args<F, 128>(st, a, err))
+                   : tb == 64 ? (two_per_sm64(F) ? launch64<F, 2>(st, a, err) : launch64<F, 1>(st, a, err)) : launch_args<F, 128>(st, a, err))
     /* the full tiles, then the rest tiles of 64, 128 and 192 rows */
     size_t first = 0;
     for (int pass = 0; pass < 4; pass++) {

@@ -148,6 +148,7 @@ struct gemm_args {
     int mode;
     const m3_mlp_w *tab;
     const int *tiles, *ntile, *rowmap;
+    uint16_t *ys; /* mode 1: h written staged (bf16, m3_gemm_tc_staged_at) instead of y, when set */
     float alpha, limit;
     int spread; /* producer copies dealt round-robin over the 4 producer warps (launch_args; M3_GEMM_TC_SPREAD=0: in order) */
     int mxb;    /* MXFP8: every matrix's E8M0 codes <= 134, expanded by bit placement (FMT_MXB; mx_bits;
@@ -159,6 +160,14 @@ struct gemm_args {
 };
 
 /* ------------------------------------------------------------------ PTX wrappers */
+
+/* f32 -> bf16 bits, round to nearest even (NaN kept quiet) */
+static __device__ __forceinline__ uint32_t bf16_rne(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return u >> 16;
+}
 
 
 static __device__ __forceinline__ void mb_init(uint32_t bar, uint32_t count) {
@@ -897,11 +906,12 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
             for (int e = 0; e < 2; e++) {
                 const int tok = tok0 + 8 * j + 2 * t + e;
                 if (tok < p.T) {
-                    float *yr = p.y + (size_t)tok * p.N;
 #pragma unroll
                     for (int hh = 0; hh < 2; hh++) {
                         const int q = 4 * j + 2 * hh + e;
-                        yr[r0 + 8 * hh] = swiglu_oai(acc[q] * gg, xb[q * 128 + tw], al, lim);
+                        const float v = swiglu_oai(acc[q] * gg, xb[q * 128 + tw], al, lim);
+                        if (p.ys) p.ys[m3_gemm_tc_staged_at(tok, r0 + 8 * hh, p.N)] = (uint16_t)bf16_rne(v);
+                        else p.y[(size_t)tok * p.N + r0 + 8 * hh] = v;
                     }
                 }
             }
@@ -929,12 +939,6 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
 
 /* ------------------------------------------------------------------ staging x */
 
-static __device__ __forceinline__ uint32_t bf16_rne(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return u >> 16;
-}
 
 /* x [T][K] f32 -> [T/64][K/128][2 column halves][64 tokens][128 bytes] bf16, one 16-byte chunk a
  * thread: chunk position p of row r holds logical chunk c = p ^ (r % 8) of column half col,
@@ -1288,7 +1292,7 @@ extern "C" int m3_cu_gemm_tc_stage_x_map(void *stream, const float *x, int rows,
 
 extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, const m3_mlp_w *e0, int bn, const void *xs,
                                  int rows, const int *tiles, int maxa, const int maxr[3], const int *cnt, const int *rowmap,
-                                 float alpha, float limit, float *y, m3_err *err) {
+                                 float alpha, float limit, float *y, void *ys, m3_err *err) {
     const m3_wfmt fmt = e0->gate.fmt;
     int ok = m3_cu_gemm_tc_moe_ok(e0) && (bn == 16 || bn == 32 || bn == 64 || bn == 128 || (bn == 256 && fmt == M3_WF_NVFP4)) &&
              rows >= 1 && rows % 64 == 0 && maxa >= 0;
@@ -1297,6 +1301,9 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
     if (!ok)
         return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows, rest tiles %d / %d / %d) not taken", m3_wfmt_name(fmt), bn, rows,
                        maxr[0], maxr[1], maxr[2]);
+    if (part == 2 ? !y : (!y == !ys) || (ys && e0->gate.N % BK))
+        return m3_errf(err, "gemm_tc: MoE part %d: %s", part,
+                       part == 2 ? "no output" : ys ? "h staged needs F a multiple of 128" : "one output, y or staged h");
     const m3_linear *W = part == 2 ? &e0->down : &e0->gate;
     gemm_args a;
     memset(&a, 0, sizeof a);
@@ -1304,6 +1311,7 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
     a.scale_row = W->scale_row;
     a.xs = (const uint8_t *)xs;
     a.y = y;
+    a.ys = part == 2 ? NULL : (uint16_t *)ys;
     a.N = W->N;
     a.K = W->K;
     a.T = rows;

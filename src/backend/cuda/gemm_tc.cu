@@ -581,11 +581,10 @@ static __device__ __forceinline__ void mma_half(float (&acc)[BN / 2], const raw_
 
 /* ------------------------------------------------------------------ the GEMM kernel */
 
-/* CPS: CTAs an SM holds (2: fewer stages, for the small token
- * tiles, whose CTAs wait on latency: 80 registers a thread at launch, the consumers of BN 64 96 by
- * setmaxnreg; M3_GEMM_TC_CPS=2, an experiment for the tiles of 16 / 32; by
- * default for MXFP8 / NVFP4 tiles of 64, two_per_sm64). NB: the consumers'
- * A buffers for MXFP8 / NVFP4 (2; 3: M3_GEMM_TC_NB=3, an experiment) */
+/* CPS: CTAs an SM holds (2, for the small token tiles, whose CTAs wait on latency: fewer stages and
+ * 80 registers a thread at launch, a 64-token tile's consumers taking 96 by setmaxnreg; by default
+ * for MXFP8 / NVFP4 tiles of 64, two_per_sm64; M3_GEMM_TC_CPS=2, an experiment, for those of 16 /
+ * 32). NB: the consumers' A buffers for MXFP8 / NVFP4 (2; 3: M3_GEMM_TC_NB=3, an experiment) */
 template <int FX, int BN, int CPS = 1, int NB = 2, bool N192 = false, bool HS = false>
 __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant__ gemm_args p) {
     constexpr int FMT = fmt_of(FX); /* FX: the expansion (FMT_MXB), FMT: the format */

@@ -19,8 +19,8 @@
  * (warpgroup 0) are the producers. Grid: one CTA per output tile, the
  * row tiles in groups of 8 with the token tiles inside each group (L2 reuse of both operands).
  *
- * Pipeline: STAGES shared-memory stages (BN 128: BF16 3, MXFP8 4, NVFP4 5; BN 64: 4, 6, 8; BN 192:
- * -, 3, 3; BN 256: -, -, 3), each holding one 128-wide K block (or half stages, hs_nx: x in a ring
+ * Pipeline: STAGES shared-memory stages (BN 128: BF16 3, MXFP8 4, NVFP4 5; BN 64: 4, 6, 8, at two
+ * CTAs an SM -, 3, 4; BN 192: -, 3, 3; BN 256: -, -, 3), each holding one 128-wide K block (or half stages, hs_nx: x in a ring
  * of half K blocks, the weights in a ring of their own: MXFP8 at BN 256 (5 halves);
  * half_stages): x (BN x 128 bf16), the raw weight bytes of the 128 rows and their scales. The 4 producer warps fill a stage with 1-D bulk copies (cp.async.bulk ...
  * mbarrier::complete_tx; the tiled MXFP8 / NVFP4 layout is already made of contiguous runs), BF16

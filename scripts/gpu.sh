@@ -233,10 +233,6 @@ run "$BIN/bench_cuda_linear"
 [ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_CPS64=1 run "$BIN/bench_cuda_moe" --ragged
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_CPS64=1 run "$BIN/bench_cuda_gemm" 6144 3072
 [ -x "$BIN/bench_cuda_moe" ] && M3_GEMM_TC_CPS64=1 run "$BIN/bench_cuda_moe" --only 1024,4096
-# the MoE's h staged by the gate + up epilogue (M3_MOE_TC_HSTAGE=1, an experiment: measured 2-3%
-# slower, session 45): checked in full (the same bf16 h: its errors equal the default's), timed
-[ -x "$BIN/bench_cuda_moe" ] && M3_MOE_TC_HSTAGE=1 run "$BIN/bench_cuda_moe" --ragged
-[ -x "$BIN/bench_cuda_moe" ] && M3_MOE_TC_HSTAGE=1 run "$BIN/bench_cuda_moe" --only 2048,4096
 # the paths the defaults no longer take: BF16 weights by row copies (not tensor-map boxes), the MoE's
 # experts padded to whole 128-row tiles (no 64-row tails), 64-row tails where fat 192-row tiles would be
 [ -x "$BIN/bench_cuda_gemm" ] && M3_GEMM_TC_TMA=0 run "$BIN/bench_cuda_gemm" --ragged

@@ -427,32 +427,6 @@ static void test_attn_pow2(void) {
  * 192 past 128 rows, one CTA fewer; 64, 128 or 192 at bn 256) of a size its
  * layout holds places for; the host's bound on the staged rows holds every expert's padded rows
  * and tiles for skewed and uniform routings. */
-/* m3_gemm_tc_staged_at against the staging kernel's own enumeration (gemm_tc.cu k_stage_x: 16-byte
- * chunk q of the staged operand holds row (q >> 10) / KB * 64 + (q >> 3) % 64, block (q >> 10) % KB,
- * half (q >> 9) & 1, logical chunk (q & 7) ^ (row % 8), as the values {0, 1, 32, 33, 64, 65, 96, 97}
- * from its first column): every element found where the kernel puts it, each place once */
-static void test_staged_at(void) {
-    static const int shapes[][2] = {{64, 128}, {128, 384}, {192, 3072}};
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        const int rows = shapes[si][0], K = shapes[si][1], KB = K / 128;
-        const long long n = (long long)rows * K;
-        unsigned char *seen = calloc((size_t)n, 1);
-        int bad = 0;
-        for (long long q = 0; q < n / 8; q++) {
-            const int pp = (int)(q & 7), r = (int)((q >> 3) & 63), col = (int)((q >> 9) & 1);
-            const long long rest = q >> 10;
-            const int kb = (int)(rest % KB), row = (int)(rest / KB) * 64 + r, c = pp ^ (r & 7);
-            for (int m = 0; m < 4; m++)
-                for (int e = 0; e < 2; e++) {
-                    const long long at = m3_gemm_tc_staged_at(row, kb * 128 + 16 * col + 2 * c + 32 * m + e, K);
-                    if (at != q * 8 + 2 * m + e || at < 0 || at >= n || seen[at]++) bad++;
-                }
-        }
-        CHECK(bad == 0, "m3_gemm_tc_staged_at, %d rows x %d: %d elements misplaced", rows, K, bad);
-        free(seen);
-    }
-}
-
 static void test_gemm_tiles(void) {
     static const int won[][4] = {/* T, the format's largest tile (256: NVFP4, MXFP8), N, tile */
                                  {4096, 192, 12288, 192}, {4096, 192, 8192, 192}, {4096, 192, 6144, 192}, {1024, 192, 6144, 128},
@@ -676,7 +650,6 @@ int main(void) {
     test_err_oom();
     test_streamk();
     test_gemm_tiles();
-    test_staged_at();
     test_attn_pow2();
     test_graph_refuse();
     test_utf8_space();

@@ -51,18 +51,6 @@ M3_GT_FN m3_gemm_tile m3_gemm_tc_raster(int b, int nm, int nt, int ksplit) {
     return r;
 }
 
-/* The staged layout of an operand [rows][K] (gemm_tc.cu's k_stage_x; K a multiple of 128): per 64-row
- * group and 128-wide K block, two column halves of 64 rows x 128 bytes, row r's 16-byte chunk c at
- * position c ^ (r % 8) (the wgmma's 128-byte swizzle); chunk c of half col holds the bf16 values of
- * block columns 16 col + 2 c + {0, 1} + 32 m, m = 0 .. 3 (the kernel's K order). The bf16 element
- * index of (row, k), for writers of staged values other than k_stage_x (the MoE's gate + up
- * epilogue, which stages h for the down GEMM) */
-M3_GT_FN long long m3_gemm_tc_staged_at(int row, int k, int K) {
-    const int kin = k % 128, r = row % 64, m = kin / 32, rem = kin % 32, col = rem / 16, c = rem % 16 / 2;
-    const long long q = (((long long)(row / 64) * (K / 128) + k / 128) * 2 + col) * 512 + r * 8 + (c ^ (r % 8));
-    return q * 8 + m * 2 + rem % 2;
-}
-
 /* One expert's v staged rows (a multiple of unit) in tiles: `full` tiles of bn rows, then at most
  * one "rest" tile of the rows past them (rest: 0, 64, 128 or 192 rows). With unit < bn (bn 128 or
  * 256, unit 64) the rest is v % bn: a 64-row "tail" at bn 128; 64, 128 or 192 rows at bn 256. With

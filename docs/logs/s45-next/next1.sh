@@ -2,7 +2,7 @@
 # Session 45's next call (an H200 if one comes; on an H100 the 30-layer bench is skipped): the
 # 30-layer dspark bench (issue 27) at batch 1 and 8, then the part of gpu.sh section 3 that session
 # 45's call 4 did not reach (the older alternates: forced 192 / 256, NB 3, n128 + n64, half stages
-# everywhere, MXB 0, HSTAGE), each on this tree's kernels (MXFP8 / NVFP4 64-token tiles at two
+# everywhere, MXB 0), each on this tree's kernels (MXFP8 / NVFP4 64-token tiles at two
 # CTAs an SM by default).
 # usage (after scripts/gpu-bin.sh; this file in .gpu_pack; docs/logs moved aside; tests/data/m3-wide-q*
 # too if the tree is over 64 MiB): END=540 bash .gpu_pack/next1.sh
@@ -28,7 +28,7 @@ for v in "M3_GEMM_TC_BN=192" "M3_GEMM_TC_N192=0 M3_GEMM_TC_BN=192" "M3_GEMM_TC_B
   [ $(left) -gt 40 ] || break
   env $v timeout 90 $B/bench_cuda_gemm --ragged > $W/gr.log 2>&1; echo "[$SECONDS] gemm ragged, $v rc $?"; grep FAIL $W/gr.log | head -5; tail -1 $W/gr.log
 done
-for v in "M3_GEMM_TC_NB=3" "M3_GEMM_TC_N192=0" "M3_GEMM_TC_HS=1" "M3_MOE_TC_HSTAGE=1"; do
+for v in "M3_GEMM_TC_NB=3" "M3_GEMM_TC_N192=0" "M3_GEMM_TC_HS=1"; do
   [ $(left) -gt 60 ] || break
   env $v timeout 150 $B/bench_cuda_moe --ragged > $W/mr.log 2>&1; echo "[$SECONDS] moe ragged, $v rc $?"; grep -E "FAIL|passed" $W/mr.log | head -5
 done

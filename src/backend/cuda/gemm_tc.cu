@@ -20,9 +20,10 @@
  * row tiles in groups of 8 with the token tiles inside each group (L2 reuse of both operands).
  *
  * Pipeline: STAGES shared-memory stages (BN 128: BF16 3, MXFP8 4, NVFP4 5; BN 64: 4, 6, 8, at two
- * CTAs an SM -, 3, 4; BN 192: -, 3, 3; BN 256: -, -, 3), each holding one 128-wide K block (or half stages, hs_nx: x in a ring
- * of half K blocks, the weights in a ring of their own: MXFP8 at BN 256 (5 halves);
- * half_stages): x (BN x 128 bf16), the raw weight bytes of the 128 rows and their scales. The 4 producer warps fill a stage with 1-D bulk copies (cp.async.bulk ...
+ * CTAs an SM -, 3, 4; BN 192: -, 3, 3; BN 256: -, -, 3), each holding one 128-wide K block (or
+ * half stages, hs_nx: x in a ring of half K blocks, the weights in a ring of their own: MXFP8 at
+ * BN 256 (5 halves); half_stages): x (BN x 128 bf16), the raw weight bytes of the 128 rows and
+ * their scales. The 4 producer warps fill a stage with 1-D bulk copies (cp.async.bulk ...
  * mbarrier::complete_tx; the tiled MXFP8 / NVFP4 layout is already made of contiguous runs), BF16
  * weights (row-major: one 256-byte run a row) by two tensor-map copies of 128 rows x 64 values,
  * 128-byte swizzled (128 row copies a stage made the producers the bottleneck: the lm_head ran at
@@ -107,8 +108,8 @@ __host__ __device__ constexpr int n_stages(int fmt, int bn, int cps = 1) {
 __host__ __device__ constexpr int smem_bytes(int fmt, int bn, int cps = 1) {
     return n_stages(fmt, bn, cps) * stage_bytes(fmt, bn) + 1024 + 256;
 }
-/* Half stages (HS; by default MXFP8 tiles of 256 tokens, half_stages):
- * two rings instead of one. The x ring holds half K blocks (BN x 64 bf16: the column half a consumer's half reads), the w
+/* Half stages (HS; by default MXFP8 tiles of 256 tokens, half_stages): two rings instead of one.
+ * The x ring holds half K blocks (BN x 64 bf16: the column half a consumer's half reads), the w
  * ring whole K blocks of weights and scales (a consumer loads a block's raw bytes into registers
  * during the half before it and the block's first half, then hands the slot back). A stage of x is
  * then released a half earlier, and more of x fits: MXFP8 at 256 tokens 5 halves (2.5 blocks)
@@ -148,7 +149,6 @@ struct gemm_args {
     int mode;
     const m3_mlp_w *tab;
     const int *tiles, *ntile, *rowmap;
-    uint16_t *ys; /* mode 1: h written staged (bf16, m3_gemm_tc_staged_at) instead of y, when set */
     float alpha, limit;
     int spread; /* producer copies dealt round-robin over the 4 producer warps (launch_args; M3_GEMM_TC_SPREAD=0: in order) */
     int mxb;    /* MXFP8: every matrix's E8M0 codes <= 134, expanded by bit placement (FMT_MXB; mx_bits;
@@ -160,14 +160,6 @@ struct gemm_args {
 };
 
 /* ------------------------------------------------------------------ PTX wrappers */
-
-/* f32 -> bf16 bits, round to nearest even (NaN kept quiet) */
-static __device__ __forceinline__ uint32_t bf16_rne(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return u >> 16;
-}
 
 
 static __device__ __forceinline__ void mb_init(uint32_t bar, uint32_t count) {
@@ -905,12 +897,11 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
             for (int e = 0; e < 2; e++) {
                 const int tok = tok0 + 8 * j + 2 * t + e;
                 if (tok < p.T) {
+                    float *yr = p.y + (size_t)tok * p.N;
 #pragma unroll
                     for (int hh = 0; hh < 2; hh++) {
                         const int q = 4 * j + 2 * hh + e;
-                        const float v = swiglu_oai(acc[q] * gg, xb[q * 128 + tw], al, lim);
-                        if (p.ys) p.ys[m3_gemm_tc_staged_at(tok, r0 + 8 * hh, p.N)] = (uint16_t)bf16_rne(v);
-                        else p.y[(size_t)tok * p.N + r0 + 8 * hh] = v;
+                        yr[r0 + 8 * hh] = swiglu_oai(acc[q] * gg, xb[q * 128 + tw], al, lim);
                     }
                 }
             }
@@ -938,6 +929,12 @@ __global__ void __launch_bounds__(NTHREADS, CPS) k_gemm_tc(const __grid_constant
 
 /* ------------------------------------------------------------------ staging x */
 
+static __device__ __forceinline__ uint32_t bf16_rne(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return u >> 16;
+}
 
 /* x [T][K] f32 -> [T/64][K/128][2 column halves][64 tokens][128 bytes] bf16, one 16-byte chunk a
  * thread: chunk position p of row r holds logical chunk c = p ^ (r % 8) of column half col,
@@ -1068,14 +1065,15 @@ static int two_per_sm(void) {
  * consumers at 96 registers by setmaxnreg. H100 (PERF.md session 45): the MoE's 64-row rest tiles
  * 27-30% shorter (the op at 4096 tokens -3%, at 1024 -10%), 64-token GEMMs 10-19%; BF16 (2 stages
  * a CTA at two an SM) gained at 6144 x 3072 and lost at 12288 x 6144, and stays at one */
-static int two_per_sm64(int fmt) {
+static int two_per_sm64(void) {
     static const int v = !env_is("M3_GEMM_TC_CPS64", "1");
-    return v && fmt != M3_WF_BF16;
+    return v;
 }
-/* a 64-token tile's launch at the CTAs an SM two_per_sm64 chooses (BF16: one, not instantiated) */
-template <int F, int CPS> static int launch64(cudaStream_t st, const gemm_args &a, m3_err *err) {
-    if constexpr (F != M3_WF_BF16 && CPS == 2) return launch_args<F, 64, 2>(st, a, err);
-    else return launch_args<F, 64>(st, a, err);
+/* a 64-token tile's launch, at two CTAs an SM where two_per_sm64 (BF16: one, not instantiated) */
+template <int F> static int launch64(cudaStream_t st, const gemm_args &a, m3_err *err) {
+    if constexpr (F != M3_WF_BF16)
+        if (two_per_sm64()) return launch_args<F, 64, 2>(st, a, err);
+    return launch_args<F, 64>(st, a, err);
 }
 
 /* The driver's cuTensorMapEncodeTiled, reached through the runtime (no link to libcuda); NULL where the
@@ -1123,7 +1121,7 @@ static int launch(cudaStream_t st, const m3_linear *W, const void *xs, int T, fl
     a.gmul = W->gmul;
     a.mxb = FMT == M3_WF_MXFP8 && mx_bits(W->scale_max);
     if (FMT == M3_WF_BF16) a.tma = bf16_tmap(W, &a.tmap);
-    if constexpr (BN == 64) return launch64<FMT, CPS>(st, a, err);
+    if constexpr (BN == 64) return launch64<FMT>(st, a, err);
     else return launch_args<FMT, BN, CPS>(st, a, err);
 }
 
@@ -1223,7 +1221,7 @@ extern "C" int m3_cu_gemm_tc_staged_split(void *stream, const m3_linear *W, cons
 #define LIN_ARGS st, W, xs, T, y, ksplit, part, err
 #define LIN_BN(F) (bn == 16 ? (two_per_sm() ? launch<F, 16, 2>(LIN_ARGS) : launch<F, 16>(LIN_ARGS))        \
                    : bn == 32 ? (two_per_sm() ? launch<F, 32, 2>(LIN_ARGS) : launch<F, 32>(LIN_ARGS)) \
-                   : bn == 64 ? (two_per_sm64(F) ? launch<F, 64, 2>(LIN_ARGS) : launch<F, 64>(LIN_ARGS)) : launch<F, 128>(LIN_ARGS))
+                   : bn == 64 ? launch<F, 64>(LIN_ARGS) : launch<F, 128>(LIN_ARGS))
     int rc;
     switch (W->fmt) {
     case M3_WF_BF16: rc = LIN_BN(M3_WF_BF16); break;
@@ -1291,7 +1289,7 @@ extern "C" int m3_cu_gemm_tc_stage_x_map(void *stream, const float *x, int rows,
 
 extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, const m3_mlp_w *e0, int bn, const void *xs,
                                  int rows, const int *tiles, int maxa, const int maxr[3], const int *cnt, const int *rowmap,
-                                 float alpha, float limit, float *y, void *ys, m3_err *err) {
+                                 float alpha, float limit, float *y, m3_err *err) {
     const m3_wfmt fmt = e0->gate.fmt;
     int ok = m3_cu_gemm_tc_moe_ok(e0) && (bn == 16 || bn == 32 || bn == 64 || bn == 128 || (bn == 256 && fmt == M3_WF_NVFP4)) &&
              rows >= 1 && rows % 64 == 0 && maxa >= 0;
@@ -1300,9 +1298,6 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
     if (!ok)
         return m3_errf(err, "gemm_tc: MoE (%s, tile %d, %d rows, rest tiles %d / %d / %d) not taken", m3_wfmt_name(fmt), bn, rows,
                        maxr[0], maxr[1], maxr[2]);
-    if (part == 2 ? !y : (!y == !ys) || (ys && e0->gate.N % BK))
-        return m3_errf(err, "gemm_tc: MoE part %d: %s", part,
-                       part == 2 ? "no output" : ys ? "h staged needs F a multiple of 128" : "one output, y or staged h");
     const m3_linear *W = part == 2 ? &e0->down : &e0->gate;
     gemm_args a;
     memset(&a, 0, sizeof a);
@@ -1310,7 +1305,6 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
     a.scale_row = W->scale_row;
     a.xs = (const uint8_t *)xs;
     a.y = y;
-    a.ys = part == 2 ? NULL : (uint16_t *)ys;
     a.N = W->N;
     a.K = W->K;
     a.T = rows;
@@ -1326,7 +1320,7 @@ extern "C" int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, co
     cudaStream_t st = (cudaStream_t)stream;
 #define MOE_BN(F) (tb == 16 ? (two_per_sm() ? launch_args<F, 16, 2>(st, a, err) : launch_args<F, 16>(st, a, err))        \
                    : tb == 32 ? (two_per_sm() ? launch_args<F, 32, 2>(st, a, err) : launch_args<F, 32>(st, a, err)) \
-                   : tb == 64 ? (two_per_sm64(F) ? launch64<F, 2>(st, a, err) : launch64<F, 1>(st, a, err)) : launch_args<F, 128>(st, a, err))
+                   : tb == 64 ? launch64<F>(st, a, err) : launch_args<F, 128>(st, a, err))
     /* the full tiles, then the rest tiles of 64, 128 and 192 rows */
     size_t first = 0;
     for (int pass = 0; pass < 4; pass++) {

@@ -57,13 +57,11 @@ int m3_cu_gemm_tc_moe_ok(const m3_mlp_w *e0);
 int m3_cu_gemm_tc_stage_x_map(void *stream, const float *x, int rows, int K, const int *map, const int *cnt, void *xs,
                               m3_err *err);
 /* part 0: y = h [rows][F] = SwiGLU-OAI(gate x, up x) of each row's expert (tab: the device table
- * of experts; e0: their shapes and formats, its scale_max the largest of all experts'), or with ys
- * h staged into ys instead (m3_cu_gemm_tc_xbytes(rows, F) bytes: what staging y with an identity
- * map would give, for the groups in use); part 2: y[rowmap[r]][H] = down h (rows with rowmap < 0 not
- * stored; ys unused); xs: the staged rows (x, or h) */
+ * of experts; e0: their shapes and formats, its scale_max the largest of all experts'); part 2: y[rowmap[r]][H] = down h (rows with rowmap < 0 not stored); xs: the staged
+ * rows (x, or h staged with an identity map) */
 int m3_cu_gemm_tc_moe(void *stream, int part, const m3_mlp_w *tab, const m3_mlp_w *e0, int bn, const void *xs, int rows,
                       const int *tiles, int maxa, const int maxr[3], const int *cnt, const int *rowmap, float alpha,
-                      float limit, float *y, void *ys, m3_err *err);
+                      float limit, float *y, m3_err *err);
 /* For a HOST MXFP8 matrix (before upload): 1 when every E8M0 scale code is in 10..246, where the
  * kernel's folding of the scale into the bf16 weight is exact (E4M3 x 2^(e-127) stays a bf16
  * normal; codes up to 134 by bit placement, the others by conversions); other codes give inexact

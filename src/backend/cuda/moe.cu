@@ -345,30 +345,23 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     float *wt;
     if (m3_cu_route(c, L, x, T, E, K, routed_scale, &pick, &wt)) return 1;
     if (c->count_experts) count_experts(c, pick, (int)S, E);
-    /* h in f32, then staged for the down GEMM by its own launch; M3_MOE_TC_HSTAGE=1 (an experiment): h
-     * staged by the gate + up GEMM's epilogue instead, the same bf16 values (both round h once), but
-     * by 2-byte stores scattered over the swizzled layout: H100, 2048 / 4096 tokens 2-3% slower
-     * (PERF.md session 45; a shared-memory pass to 16-byte stores is what it lacks) */
-    const int hstage = m3_cu_env_int("M3_MOE_TC_HSTAGE", 0) == 1;
-    const size_t hn = hstage ? 0 : (size_t)rows * F; /* f32 h */
     int *map = (int *)m3_cu_scratch(c, SC_IDX, sizeof(int) * ((size_t)rows * 2 + 2 * (size_t)nplaces + 64));
     void *xs = m3_cu_scratch(c, SC_GEMM_X, m3_cu_gemm_tc_xbytes(rows, H));
-    float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * (hn + (size_t)S * H));
+    float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * ((size_t)rows * F + (size_t)S * H));
     void *hs = m3_cu_scratch(c, SC_DEQ, m3_cu_gemm_tc_xbytes(rows, F));
     if (!map || !xs || !h || !hs) return 1;
     int *rowmap = map + rows, *tiles = rowmap + rows, *cnt = tiles + 2 * (size_t)nplaces;
-    float *ye = h + hn;
-    m3_cu_xsplit_touch(c, h, sizeof(float) * (hn + (size_t)S * H));
+    float *ye = h + (size_t)rows * F;
+    m3_cu_xsplit_touch(c, h, sizeof(float) * ((size_t)rows * F + (size_t)S * H));
     const m3_mlp_w *tab = (const m3_mlp_w *)L->backend;
     m3_err err;
     k_moe_tc_layout<<<1, 1024, sizeof(int) * (5 * (size_t)E + 2), c->st>>>(pick, (int)S, K, E, bn, unit, maxa, maxr, fat, map,
                                                                              rowmap, tiles, cnt);
     if (CK_LAUNCH(c, "moe layout")) return 1;
     if (m3_cu_gemm_tc_stage_x_map(c->st, x, rows, H, map, cnt, xs, &err) ||
-        m3_cu_gemm_tc_moe(c->st, 0, tab, &e0m, bn, xs, rows, tiles, maxa, maxr.n, cnt, NULL, alpha, limit, hstage ? NULL : h,
-                          hstage ? hs : NULL, &err) ||
-        (!hstage && m3_cu_gemm_tc_stage_x_map(c->st, h, rows, F, NULL, cnt, hs, &err)) ||
-        m3_cu_gemm_tc_moe(c->st, 2, tab, &e0m, bn, hs, rows, tiles, maxa, maxr.n, cnt, rowmap, alpha, limit, ye, NULL, &err)) {
+        m3_cu_gemm_tc_moe(c->st, 0, tab, &e0m, bn, xs, rows, tiles, maxa, maxr.n, cnt, NULL, alpha, limit, h, &err) ||
+        m3_cu_gemm_tc_stage_x_map(c->st, h, rows, F, NULL, cnt, hs, &err) ||
+        m3_cu_gemm_tc_moe(c->st, 2, tab, &e0m, bn, hs, rows, tiles, maxa, maxr.n, cnt, rowmap, alpha, limit, ye, &err)) {
         m3_cu_failf(c, "moe (grouped GEMMs): %s", err.msg);
         return 1;
     }

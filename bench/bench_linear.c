@@ -31,7 +31,7 @@ int main(int argc, char **argv) {
     for (int fi = 0; fi < 3; fi++) {
         m3_linear L[8];
         for (int i = 0; i < copies; i++) {
-            m3_linear l = {fmts[fi], N, K, NULL, 0, NULL, 0, 1.0f / 448.0f, 0};
+            m3_linear l = {fmts[fi], N, K, NULL, 0, NULL, 0, 1.0f / 448.0f, 0, 0};
             l.row_bytes = fmts[fi] == M3_WF_BF16 ? (size_t)K * 2 : fmts[fi] == M3_WF_MXFP8 ? (size_t)K : (size_t)K / 2;
             l.scale_row = fmts[fi] == M3_WF_BF16 ? 0 : fmts[fi] == M3_WF_MXFP8 ? (size_t)K / 32 : (size_t)K / 16;
             l.w = w + (size_t)i * vals * 2;

@@ -34,7 +34,7 @@ static double wval(const m3_linear *W, int n, int k) {
 
 static void check(m3_cpu *c, m3_wfmt fmt, int N, int K, const char *what) {
     size_t eb = fmt == M3_WF_F32 ? 4 : fmt == M3_WF_NVFP4 ? 0 : fmt == M3_WF_MXFP8 ? 1 : 2;
-    m3_linear W = {fmt, N, K, NULL, 0, NULL, 0, 1.0f, 0};
+    m3_linear W = {fmt, N, K, NULL, 0, NULL, 0, 1.0f, 0, 0};
     W.row_bytes = fmt == M3_WF_NVFP4 ? (size_t)K / 2 : eb * K;
     W.scale_row = fmt == M3_WF_MXFP8 ? (size_t)K / 32 : fmt == M3_WF_NVFP4 ? (size_t)K / 16 : 0;
     uint8_t *w = malloc(W.row_bytes * N), *sc = W.scale_row ? malloc(W.scale_row * N) : NULL;
@@ -114,7 +114,7 @@ static void check(m3_cpu *c, m3_wfmt fmt, int N, int K, const char *what) {
  * 256-fold overflows (2^120): every T gives each token the same bits (the vector scale conversions equal
  * the table's e4m3 * gmul), rows with a NaN scale NaN, the others as the table says */
 static void check_nvfp4_edges(m3_cpu *c, int N, int K, float gmul, const char *what) {
-    m3_linear W = {M3_WF_NVFP4, N, K, NULL, (size_t)K / 2, NULL, (size_t)K / 16, gmul, 0};
+    m3_linear W = {M3_WF_NVFP4, N, K, NULL, (size_t)K / 2, NULL, (size_t)K / 16, gmul, 0, 0};
     uint8_t *w = malloc(W.row_bytes * N), *sc = malloc(W.scale_row * N);
     for (size_t i = 0; i < W.row_bytes * N; i++) w[i] = (uint8_t)rnd();
     for (size_t i = 0; i < W.scale_row * N; i++) sc[i] = (uint8_t)(1 + rnd() % 15); /* < 2^-5: sums stay finite */

@@ -651,7 +651,8 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
             }
     }
     if (te > ta) {
-        const int rc = m3_cu_attention_tile(c, kv, layer, ta, te - ta, q, nh, sel, block, topk, np, out);
+        int rc = m3_cu_attention_wg(c, kv, layer, ta, te - ta, q, nh, sel, block, topk, np, out);
+        if (rc == 1) rc = m3_cu_attention_tile(c, kv, layer, ta, te - ta, q, nh, sel, block, topk, np, out);
         if (rc < 0) { m3_cu_prof_end(c, OP_ATTN); return; } /* failed (recorded) */
         if (rc == 0) {
             if (ta > 0) attn_split(c, kv, layer, 0, ta, false, q, nh, sel, block, topk, out, tc, np);

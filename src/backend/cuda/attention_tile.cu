@@ -19,14 +19,12 @@
  * chunk step is exact in f32, see attn_mma.cuh). Tokens of different sequences may share a
  * tile (a chunk belongs to one sequence run of the tile). No splits: a warp walks all of its
  * token's chunks and writes the output itself. */
-#include <limits.h>
 #include <math.h>
 
+#include "attn_keys.cuh"
 #include "attn_mma.cuh"
 #include "kv.cuh"
 #include "ptx.cuh"
-
-#define TILE_NOKEY INT_MAX /* an empty selection slot: sorts last */
 
 template <int ND, int TT, int NP>
 __global__ void __launch_bounds__(TT * 32) k_attn_tile(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh,
@@ -36,82 +34,13 @@ __global__ void __launch_bounds__(TT * 32) k_attn_tile(kvdesc d, const int32_t *
     extern __shared__ __align__(16) uint16_t tsm[];
     uint16_t *qall = tsm;                           /* [TT][NP][16][DP]: each warp's token's queries */
     uint16_t *kvs = qall + TT * NP * 16 * DP;       /* [2 stages][K, V][ACH][DP] */
-    int *ti = (int *)(kvs + 2 * 2 * ACH * DP);
-    int *trun = ti, *tposs = ti + TT;               /* per warp: its token's run (-1: none) and position */
-    int *rseq = ti + 2 * TT, *rmax = ti + 3 * TT;   /* per run: sequence, last position */
-    int *rch = ti + 4 * TT, *nchs = ti + 5 * TT;    /* dense: chunks per run; the tile's chunks */
-    int *skey = nchs + 4; /* (4 ints: the key arrays start 16-byte aligned) */
-    /* skey [TT][topk]: each token's keys (run << 24 | block), ascending */
-    int *ukey = skey + TT * topk;                   /* [TT topk] the tile's distinct keys, ascending */
-    int *raw = ukey + TT * topk, *first = raw + TT * topk;
+    const tile_keys tk = tile_keys_at((int *)(kvs + 2 * 2 * ACH * DP), TT, topk, false);
+    const int *trun = tk.trun, *tposs = tk.tpos, *rseq = tk.rseq, *skey = tk.skey;
     const int g = blockIdx.y, t0 = blockIdx.x * TT, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int G = nh / d.nkv, cpb = (B + ACH - 1) / ACH;
-    /* the tile's runs: consecutive tokens of one sequence */
-    if (tid == 0) {
-        int nr = 0;
-        for (int w = 0; w < TT; w++) {
-            trun[w] = -1;
-            tposs[w] = -1;
-            if (t0 + w >= T) continue;
-            const int s = seq[t0 + w], p = pos[t0 + w];
-            if (nr == 0 || rseq[nr - 1] != s) { rseq[nr] = s; rmax[nr] = p; nr++; }
-            else rmax[nr - 1] = max(rmax[nr - 1], p);
-            trun[w] = nr - 1;
-            tposs[w] = p;
-        }
-        int tot = 0;
-        for (int r = 0; r < nr; r++) { rch[r] = rmax[r] / ACH + 1; tot += rch[r]; }
-        *nchs = tot; /* dense; sparse below */
-    }
-    __syncthreads();
-    if (sel) {
-        const int n = TT * topk;
-        for (int i = tid; i < n; i += NT) {
-            const int w = i / topk, r = trun[w];
-            const int b = r >= 0 ? sel[((size_t)(t0 + w) * d.nkv + g) * topk + i % topk] : -1;
-            raw[i] = b >= 0 ? (r << 24 | b) : TILE_NOKEY;
-        }
-        __syncthreads();
-        for (int i = tid; i < n; i += NT) {
-            const int k = raw[i], w = i / topk;
-            int rk = 0, f = k != TILE_NOKEY;
-            for (int j = w * topk; j < w * topk + topk; j++) rk += raw[j] < k || (raw[j] == k && j < i);
-            skey[w * topk + rk] = k;
-            for (int j = 0; j < i && f; j++) f = raw[j] != k;
-            first[i] = f; /* the key's first slot in the tile */
-        }
-        __syncthreads();
-        for (int i = tid; i < n; i += NT)
-            if (first[i]) {
-                int rk = 0;
-                for (int j = 0; j < n; j++) rk += first[j] && raw[j] < raw[i];
-                ukey[rk] = raw[i];
-            }
-        if (tid == 0) {
-            int nu = 0;
-            for (int i = 0; i < n; i++) nu += first[i];
-            *nchs = nu * cpb;
-        }
-        __syncthreads();
-    }
-    const int nch = *nchs;
-    /* chunk i: its run, keys [a, e) (e <= a: none left before the run's last position), its key */
-    auto chunk_at = [&](int i, int *r, int *a, int *e, int *key) {
-        if (sel) {
-            const int k = ukey[i / cpb], blk = k & 0xffffff;
-            *r = k >> 24;
-            *key = k;
-            *a = blk * B + (i % cpb) * ACH;
-            *e = min(min(*a + ACH, blk * B + B), rmax[*r] + 1);
-        } else {
-            int r0 = 0;
-            while (i >= rch[r0]) i -= rch[r0++];
-            *r = r0;
-            *key = 0;
-            *a = i * ACH;
-            *e = min(*a + ACH, rmax[r0] + 1);
-        }
-    };
+    tile_keys_build<TT>(tk, pos, seq, sel, t0, T, g, d.nkv, topk, ACH, cpb, tid, NT);
+    const int nch = tk.nch[0];
+    auto chunk_at = [&](int i, int *r, int *a, int *e, int *key) { tile_chunk(tk, sel != NULL, i, B, ACH, cpb, r, a, e, key); };
     /* how K / V rows load: 1 bf16 by cp.async, 2 FP8 and 3 NVFP4 by word loads, 0 read8 */
     const size_t al = d.rb | d.kvpart | d.page_bytes | (uintptr_t)d.base;
     const int ld = d.dt == M3_KV_BF16 ? ((al & 15) == 0 ? 1 : 0)
@@ -245,8 +174,7 @@ __global__ void __launch_bounds__(TT * 32) k_attn_tile(kvdesc d, const int32_t *
 
 static size_t tile_smem(int D, int tt, int topk, int np) {
     const size_t DP = (size_t)D + 8;
-    return sizeof(uint16_t) * ((size_t)tt * np * 16 * DP + (size_t)2 * 2 * ACH * DP) +
-           sizeof(int) * (5 * (size_t)tt + 4 + 4 * (size_t)tt * topk);
+    return sizeof(uint16_t) * ((size_t)tt * np * 16 * DP + (size_t)2 * 2 * ACH * DP) + sizeof(int) * tile_keys_ints(tt, topk, false);
 }
 
 template <int TT, int NP>
@@ -256,16 +184,22 @@ static void (*tile_fn(int ND))(kvdesc, const int32_t *, const int32_t *, const f
            : ND == 8 ? k_attn_tile<8, TT, NP> : k_attn_tile<16, TT, NP>;
 }
 
-/* Tokens [t0, t0 + T) of the step. Tiles are taken where the step's runs (c->T tokens, c->n_runs runs) average a tile or more (prefill chunks, verify passes of 8
- * tokens; not a decode batch with one short chunk beside it: its lone tokens would each hold a CTA's
- * warps in turn) and the tiles fill the GPU's SMs. */
+/* Whether tiles of tt tokens take T tokens of the step: where the step's runs (c->T tokens,
+ * c->n_runs runs) average a tile or more (prefill chunks, verify passes of 8 tokens; not a decode batch with one short chunk beside it: its lone tokens would each hold a CTA's
+ * warps in turn) and the tiles fill the GPU's SMs. M3_ATTN_TILE=0: never, 1: every step. */
+int m3_cu_attn_tiles_fit(m3_cuda *c, int T, int tt, int nkv) {
+    static int on = -2;
+    if (on == -2) on = m3_cu_env_int("M3_ATTN_TILE", -1);
+    return on == 1 || (on != 0 && (long)c->T >= (long)tt * c->n_runs && (long)cdiv((size_t)T, (size_t)tt) * nkv >= c->sm_count);
+}
+
+/* Tokens [t0, t0 + T) of the step, where m3_cu_attn_tiles_fit. */
 int m3_cu_attention_tile(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, const float *q, int nh, const int32_t *sel,
                          int block, int topk, int np, float *out) {
     const int D = kv->D, ND = D / 8, nkv = kv->nkv;
-    static int tt = -1, on = -2; /* M3_ATTN_TILE_TOKENS=8: tiles of 8 tokens; M3_ATTN_TILE=0: never, 1: every step */
+    static int tt = -1; /* M3_ATTN_TILE_TOKENS=8: tiles of 8 tokens */
     if (tt < 0) tt = m3_cu_env_int("M3_ATTN_TILE_TOKENS", 4) == 8 ? 8 : 4;
-    if (on == -2) on = m3_cu_env_int("M3_ATTN_TILE", -1);
-    if (on == 0 || (on != 1 && ((long)c->T < (long)tt * c->n_runs || (long)cdiv((size_t)T, (size_t)tt) * nkv < c->sm_count))) return 1;
+    if (!m3_cu_attn_tiles_fit(c, T, tt, nkv)) return 1;
     /* the shapes it takes: G <= 16, D of 4 / 6 / 8 / 16 column tiles; keys (run << 24 | block) need
      * blocks below 2^24; the tile's sort of its TT x topk keys is quadratic: topk <= 64 (M3: 16) */
     if (!(ND == 4 || ND == 6 || ND == 8 || ND == 16) || nh / nkv > 16) return 1;

@@ -278,6 +278,12 @@ void m3_cu_attention(void *ctx, const m3_kv *kv, int layer, const m3_batch *b, c
  * (recorded in c), 1 when the step or shape is not one it takes */
 int m3_cu_attention_tile(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, const float *q, int nh, const int32_t *sel,
                          int block, int topk, int np, float *out);
+/* whether token tiles of tt tokens take T tokens of the step (attention_tile.cu; M3_ATTN_TILE) */
+int m3_cu_attn_tiles_fit(m3_cuda *c, int T, int tt, int nkv);
+/* attention_wg.cu: the same tiles on wgmma (precision bf16, bf16 caches, D 64 / 128); returns as
+ * m3_cu_attention_tile does */
+int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, const float *q, int nh, const int32_t *sel,
+                       int block, int topk, int np, float *out);
 /* linear.cu: dispatch (tensor cores, SIMT GEMV, bf16 cuBLAS, dequantize + SGEMM) */
 void m3_cu_linear(void *ctx, const m3_linear *W, const float *x, int T, float *y);
 void m3_cu_linear_n(void *ctx, int n, const m3_linear *const *W, const float *x, int T, float *const *y);

@@ -78,6 +78,7 @@
 #include "gemm_tc.h"
 #include "ptx.cuh"
 #include "swiglu.cuh"
+#include "wgmma.cuh"
 
 namespace {
 
@@ -159,34 +160,9 @@ struct gemm_args {
     CUtensorMap tmap;
 };
 
-/* ------------------------------------------------------------------ PTX wrappers */
+/* ------------------------------------------------------------------ PTX wrappers (mbarriers, wgmma's
+ * fence / commit / wait, setmaxnreg: wgmma.cuh) */
 
-
-static __device__ __forceinline__ void mb_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-static __device__ __forceinline__ void mb_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-static __device__ __forceinline__ void mb_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-static __device__ __forceinline__ uint32_t mb_try(uint32_t bar, uint32_t parity) {
-    uint32_t ok;
-    asm volatile("{\n"
-                 ".reg .pred p;\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n"
-                 "}\n"
-                 : "=r"(ok)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-    return ok;
-}
-static __device__ __forceinline__ void mb_wait(uint32_t bar, uint32_t parity) {
-    while (!mb_try(bar, parity)) {
-    }
-}
 /* bytes (multiple of 16, both addresses 16-aligned) global -> shared, completing on bar */
 static __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
@@ -199,16 +175,12 @@ static __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *m
                  "l"(map), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
-static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 /* the warpgroup's registers a thread (multiple of 8): given back by the producers, taken by the
  * consumers, where moved_regs: BN 256 (128 accumulators a thread) and BN 64 at two CTAs an SM (the
  * launch's 80 would serialize its wgmmas, C7512). The launch gives each thread launch_regs (65536 /
  * 384 / CPS rounded down to 8: 168, 80); the consumers' setmaxnreg.inc waits until the CTA's pool
  * holds what it asks for, so the two must balance that launch count exactly (asserted here, and
  * the kernel's count by the host) */
-template <int R> static __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
-template <int R> static __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
 __host__ __device__ constexpr bool moved_regs(int bn, int cps) { return bn == 256 || (bn == 64 && cps == 2); }
 __host__ __device__ constexpr int launch_regs(int cps) { return 65536 / NTHREADS / cps / 8 * 8; }
 __host__ __device__ constexpr int producer_regs(int cps) { return cps == 1 ? 56 : 48; }
@@ -216,19 +188,6 @@ __host__ __device__ constexpr int consumer_regs(int cps) { return cps == 1 ? 224
 static_assert(launch_regs(1) == 168 && 128 * producer_regs(1) + 256 * consumer_regs(1) == NTHREADS * launch_regs(1) &&
                   launch_regs(2) == 80 && 128 * producer_regs(2) + 256 * consumer_regs(2) == NTHREADS * launch_regs(2),
               "setmaxnreg: the CTA's registers");
-template <int N> static __device__ __forceinline__ void wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-/* keeps the compiler from moving / reusing registers an in-flight wgmma reads or writes */
-template <int N> static __device__ __forceinline__ void pin_u32(uint32_t (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
-}
-template <int N> static __device__ __forceinline__ void pin_f32(float (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
-}
-
 /* wgmma B descriptor: K-major, 128-byte swizzle (8-row atoms of 1024 bytes, SBO 1024; LBO unused
  * for this layout), start address a (16-byte units, 18-bit shared window). desc_lo: its low word
  * (the high word is constant; desc_of: the whole), so that a tile's k16 steps and token pieces cost

@@ -1,0 +1,399 @@
+/* Prefill attention on the warpgroup MMA (wgmma, sm_90a): precision bf16, bf16 caches.
+ * CPU reference: src/backend/cpu/attention.c (m3_cpu_attention at precision bf16).
+ *
+ * What it computes is attn_mma.cuh's precision-bf16 definition: q and K, V as bf16, scores in
+ * log2 units s2 = (q . k) * (log2 e / sqrt(D)) in f32, an integer running max M, each probability
+ * P = bf16(2^(s2 - M)) and out = sum P v / sum P (the sums of the rounded P in f32). The token
+ * tiles of attention_tile.cu compute the same on mma.sync; there a CTA of 4 warps walks 32-key
+ * chunks with a CTA barrier at each (H100: ~110 TF/s at a 4096-token prefill, 11% of the bf16
+ * peak; docs/PERF.md session 39). Here:
+ *
+ * CTA: TT = 4 NC tokens of one KV group (attn_keys.cuh: their runs, the union of their blocks),
+ * NC consumer warpgroups of 4 tokens each and one producer warpgroup. A consumer warpgroup's 64
+ * MMA rows are its 4 tokens x 16 query heads (warp w: token w, rows the group's heads; rows past
+ * G are zero queries and are not written), so the wgmma's M is a warp's token, as in the tiles.
+ *
+ * Pipeline: NS stages of one 64-key chunk each: K and V as D / 64 column slabs of [64 keys][128
+ * bytes] in the 128-byte swizzle. The producers copy rows with cp.async (16 bytes a thread, from
+ * whatever page each key lies in; rows past the chunk's end zero-filled, so V holds no stale
+ * values that a zero probability could turn into NaN), then arrive on the stage's full barrier as
+ * their copies land (cp.async.mbarrier.arrive.noinc). A consumer warpgroup waits for it, fences
+ * the generic proxy's writes for the async proxy, and runs:
+ *   S = Q K^T: D / 16 wgmma m64n64k16, Q from registers (bf16, loaded once), K K-major;
+ *   the online softmax in registers (masked per warp: the token's selected blocks, its position);
+ *   O += P V: 4 wgmma m64nDk16, P from registers (the S accumulators' layout is the A fragment
+ *   layout), V MN-major (the transposed-B form: V rows as cached);
+ * then each warp's lane 0 arrives on the stage's empty barrier. The consumer warpgroups share the
+ * stages and overlap one another's softmax with MMA. A chunk no token of a warpgroup sees is skipped
+ * by it (a warpgroup-uniform test).
+ *
+ * M3_ATTN_WG=1 turns it on (the token tiles take the step otherwise): off by default until a GPU
+ * has checked it against the CPU reference. */
+#include <math.h>
+
+#include "attn_keys.cuh"
+#include "attn_mma.cuh"
+#include "kv.cuh"
+#include "ptx.cuh"
+#include "wgmma.cuh"
+
+namespace {
+
+constexpr int WCH = 64;          /* keys per chunk */
+constexpr int SLAB = WCH * 128;  /* bytes of one 64-column slab of a chunk's K (or V) */
+constexpr int WG_SMEM_MAX = 232448;
+
+/* wgmma descriptors, 128-byte swizzle (bits 62-63 = 1), start address a (16-byte units):
+ * K-major (K of S = Q K^T: 8-row groups 1024 bytes apart, SBO; LBO unused), and MN-major (V of
+ * O += P V, N = D: 8-key groups 1024 bytes apart, SBO; 64-column slabs SLAB apart, LBO) */
+static __device__ __forceinline__ uint64_t desc_k(uint32_t a) {
+    return (uint64_t)(((a & 0x3ffffu) >> 4) | (1u << 16)) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+static __device__ __forceinline__ uint64_t desc_v(uint32_t a, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)(((a & 0x3ffffu) >> 4) | ((lbo >> 4) << 16)) | ((uint64_t)(sbo >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+/* S[64][64] = A (registers, bf16) x B (shared, K-major): d written only (scale-d 0), so that no
+ * other instruction's value of d is live into the wgmma (ptxas would serialize, C7513) */
+static __device__ __forceinline__ void wg_s64_first(float (&d)[32], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, 0, 1, 1, 0;\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
+          "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
+          "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+          "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+/* S[64][64] += A (registers, bf16) x B (shared, K-major) */
+static __device__ __forceinline__ void wg_s64(float (&d)[32], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
+/* O[64][64] += A (registers, bf16) x B (shared, MN-major: imm-trans-b 1) */
+static __device__ __forceinline__ void wg_pv(float (&d)[32], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+/* O[64][128] += A (registers, bf16) x B (shared, MN-major) */
+static __device__ __forceinline__ void wg_pv(float (&d)[64], const uint32_t *a, uint64_t desc) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, "
+        "%8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, "
+        "%40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
+/* the stages: shared memory of one (K and V of a 64-key chunk), and how many fit beside the tables */
+__host__ __device__ constexpr int wg_stage_bytes(int D) { return 2 * (D / 64) * SLAB; }
+static int wg_stages(int D, size_t table_bytes, size_t optin) {
+    const long n = ((long)(optin < WG_SMEM_MAX ? optin : WG_SMEM_MAX) - 1024 - 256 - (long)table_bytes) / wg_stage_bytes(D);
+    return n > 6 ? 6 : (int)n;
+}
+/* registers moved by setmaxnreg at NC = 2 (384 threads: 168 each at launch) */
+constexpr int WG_PROD_REGS = 56, WG_CONS_REGS = 224;
+static_assert(128 * WG_PROD_REGS + 256 * WG_CONS_REGS == 384 * 168, "setmaxnreg: the CTA's registers");
+
+template <int ND, int NC, bool PIPE>
+__global__ void __launch_bounds__((NC + 1) * 128, 1)
+    k_attn_wg(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh, int T, const int32_t *sel, int B, int topk,
+              int ns, float *out, float scale, uint32_t vlbo, uint32_t vsbo) {
+    pdl_trigger();
+    constexpr int D = ND * 8, TT = 4 * NC, NT = (NC + 1) * 128, SB = wg_stage_bytes(D);
+    extern __shared__ __align__(1024) uint8_t wsm[];
+    /* the stages first, 1024-aligned for the swizzle; then the barriers and the key tables */
+    const uint32_t base = (smem_u32(wsm) + 1023u) & ~1023u;
+    uint8_t *gen = wsm + (base - smem_u32(wsm));
+    constexpr int ZV = PIPE ? (D / 64) * SLAB : 0; /* PIPE: a zero V past the stages */
+    const uint32_t bars = base + (uint32_t)ns * SB + ZV; /* full[ns], empty[ns] */
+    const tile_keys tk = tile_keys_at((int *)(gen + (size_t)ns * SB + ZV + 256), TT, topk, true);
+    const int g = blockIdx.y, t0 = blockIdx.x * TT, tid = threadIdx.x;
+    const int G = nh / d.nkv, cpb = (B + WCH - 1) / WCH;
+    if (tid == 0) {
+        for (int s = 0; s < ns; s++) {
+            mb_init(bars + 8 * s, 128);
+            mb_init(bars + 8 * (ns + s), 4 * NC);
+        }
+    }
+    if constexpr (PIPE) {
+        for (int i = tid; i < ZV / 16; i += NT) *(uint4 *)(gen + (size_t)ns * SB + 16 * i) = make_uint4(0, 0, 0, 0);
+        fence_proxy_async(); /* the zeros, for the wgmmas after the barrier below */
+    }
+    tile_keys_build<TT>(tk, pos, seq, sel, t0, T, g, d.nkv, topk, WCH, cpb, tid, NT); /* ends in __syncthreads */
+    const int nch = tk.nch[0];
+    const bool sparse = sel != NULL;
+    if (tid < 128) {
+        /* ---- producers */
+        if constexpr (NC == 2) regs_dec<WG_PROD_REGS>();
+        for (int i = 0; i < nch; i++) {
+            const int st = i % ns;
+            if (i >= ns) mb_wait(bars + 8 * (ns + st), ((i / ns) & 1) ^ 1);
+            int r, a, e, key;
+            tile_chunk(tk, sparse, i, B, WCH, cpb, &r, &a, &e, &key);
+            const int n = e - a, s = tk.rseq[r];
+            const uint32_t ks = base + (uint32_t)st * SB, vs = ks + (D / 64) * SLAB;
+            /* the chunk's first row where it lies in one page (always where pages hold a multiple of 64 keys) */
+            const uint8_t *pg = n > 0 && a / d.page == (e - 1) / d.page
+                                    ? (const uint8_t *)page_of(d, s, a) + ((size_t)g * d.page + a % d.page) * d.rb
+                                    : NULL;
+#pragma unroll
+            for (int k = tid; k < WCH * ND; k += 128) {
+                const int j = k / ND, x = k % ND; /* key j, 16-byte piece x of its row */
+                const uint32_t o = (uint32_t)((x >> 3) * SLAB + j * 128 + (((x & 7) ^ (j & 7)) << 4));
+                const bool in = j < n;
+                const uint8_t *row = d.base;
+                if (in)
+                    row = (pg ? pg + (size_t)j * d.rb
+                              : (const uint8_t *)page_of(d, s, a + j) + ((size_t)g * d.page + (a + j) % d.page) * d.rb) + 16 * x;
+                cp_async16_z(ks + o, row, in);
+                cp_async16_z(vs + o, in ? row + d.kvpart : row, in);
+            }
+            mb_arrive_cp(bars + 8 * st);
+        }
+        cp_wait<0>();
+        return;
+    }
+    /* ---- consumers: warpgroup wg, warp w of it (token tw = 4 wg + w), lane (gr, tg) */
+    if constexpr (NC == 2) regs_inc<WG_CONS_REGS>();
+    const int wg = (tid >> 7) - 1, w = (tid >> 5) & 3, lane = tid & 31, gr = lane >> 2, tg = lane & 3;
+    const int tw = 4 * wg + w, myrun = tk.trun[tw], myp = tk.tpos[tw];
+    /* Q's A fragments (rows gr, gr + 8 = heads; bf16), D / 16 k16 steps */
+    uint32_t qa[ND / 2][4];
+    {
+        const size_t q0 = ((size_t)(t0 + tw) * nh + (size_t)g * G) * D;
+#pragma unroll
+        for (int kk = 0; kk < ND / 2; kk++)
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                const int row = gr + 8 * (h & 1), col = 16 * kk + 8 * (h >> 1) + 2 * tg;
+                float2 v = make_float2(0.f, 0.f);
+                if (myrun >= 0 && row < G) v = *(const float2 *)(q + q0 + (size_t)row * D + col);
+                qa[kk][h] = bf2(v.x, v.y);
+            }
+    }
+    float o[ND * 4];
+#pragma unroll
+    for (int i = 0; i < ND * 4; i++) o[i] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const float sl = scale * M3_LOG2E_F;
+    /* PIPE: P V of a chunk runs while the next chunk's softmax computes (FlashAttention-3's
+     * intra-warpgroup overlap): its wgmmas are issued after the next chunk's S, and waited for
+     * before O is rescaled; pv_st: the stage of the P V pending (-1: none), pp its P */
+    uint32_t pp[4][4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) pp[k][0] = pp[k][1] = pp[k][2] = pp[k][3] = 0u;
+    int pv_st = -1; /* none: a P of zeros times the zero V past the stages (no branch around the wgmmas) */
+    /* V's descriptors of stage st (-1: the zero V), computed before any wgmma of a batch is issued
+     * (a descriptor defined between two wgmmas of a batch serializes them, C7513) */
+    auto v_descs = [&](int st, uint64_t (&vd)[4]) {
+        const uint32_t vs = st >= 0 ? base + (uint32_t)st * SB + (D / 64) * SLAB : base + (uint32_t)ns * SB;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) vd[kk] = desc_v(vs + kk * 2048, vlbo, vsbo); /* keys 16 kk ..: 16 rows of 128 bytes */
+    };
+    auto issue_pv = [&](const uint32_t (&p)[4][4], const uint64_t (&vd)[4]) {
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) wg_pv(o, p[kk], vd[kk]);
+    };
+    for (int i = 0; i < nch; i++) {
+        const int st = i % ns;
+        int r, a, e, key;
+        tile_chunk(tk, sparse, i, B, WCH, cpb, &r, &a, &e, &key);
+        /* the warpgroup's tokens that see chunk i: their run's, their selection's, from its first key */
+        const int um = sparse ? tk.umask[i / cpb] : -1;
+        bool any = false, mine = false;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int t = 4 * wg + u;
+            const bool sees = tk.trun[t] == r && tk.tpos[t] >= a && ((um >> t) & 1);
+            any |= sees;
+            if (u == w) mine = sees;
+        }
+        mb_wait(bars + 8 * st, (i / ns) & 1);
+        if (!any) {
+            if (lane == 0) mb_arrive(bars + 8 * (ns + st));
+            continue;
+        }
+        fence_proxy_async();
+        const uint32_t ks = base + (uint32_t)st * SB;
+        uint64_t dk[ND / 2], vd[4];
+#pragma unroll
+        for (int kk = 0; kk < ND / 2; kk++) dk[kk] = desc_k(ks + (kk >> 2) * SLAB + (kk & 3) * 32);
+        v_descs(PIPE ? pv_st : st, vd);
+        float s[32];
+        wg_fence();
+        wg_s64_first(s, qa[0], dk[0]);
+#pragma unroll
+        for (int kk = 1; kk < ND / 2; kk++) wg_s64(s, qa[kk], dk[kk]);
+        wg_commit();
+        if constexpr (PIPE) {
+            issue_pv(pp, vd);
+            wg_commit();
+            wg_wait<1>(); /* S done; the P V may still run */
+        } else {
+            wg_wait<0>();
+        }
+        /* softmax of rows gr (s[4j], s[4j + 1]) and gr + 8 (s[4j + 2], s[4j + 3]); key 8j + 2tg + (i & 1) */
+        const int lim = mine ? min(e - 1, myp) - a : -1; /* keys 0..lim of the chunk */
+        float sv[32]; /* scores in log2 units, -inf where masked (s stays the wgmma's alone) */
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                const int c = 8 * j + 2 * tg + (h & 1);
+                const float v = c <= lim ? s[4 * j + h] * sl : -INFINITY;
+                sv[4 * j + h] = v;
+                if (h < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float n0 = fmaxf(m0, ceilf(mx0)), n1 = fmaxf(m1, ceilf(mx1));
+        /* exact powers of two (0 on a row's first keys); a row with no key yet keeps 0 */
+        const float c0 = m3_pow2_int(m0 - n0), c1 = m3_pow2_int(m1 - n1);
+        const float b0 = n0 == -INFINITY ? 0.f : n0, b1 = n1 == -INFINITY ? 0.f : n1;
+        m0 = n0;
+        m1 = n1;
+        l0 *= c0;
+        l1 *= c1;
+        uint32_t pa[4][4]; /* P's A fragments, k16 steps of 16 keys */
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const uint32_t p0 = bf2(exp2f(sv[4 * j] - b0), exp2f(sv[4 * j + 1] - b0));
+            const uint32_t p1 = bf2(exp2f(sv[4 * j + 2] - b1), exp2f(sv[4 * j + 3] - b1));
+            l0 += __uint_as_float(p0 << 16) + __uint_as_float(p0 & 0xffff0000u);
+            l1 += __uint_as_float(p1 << 16) + __uint_as_float(p1 & 0xffff0000u);
+            pa[j >> 1][2 * (j & 1)] = p0;
+            pa[j >> 1][2 * (j & 1) + 1] = p1;
+        }
+        if constexpr (PIPE) {
+            wg_wait<0>(); /* the previous chunk's P V: O is final for its max, its stage free */
+#pragma unroll
+            for (int k = 0; k < 4; k++) pin_u32(pp[k]); /* its P stays live to here: pa may not take its registers */
+            if (lane == 0 && pv_st >= 0) mb_arrive(bars + 8 * (ns + pv_st));
+        }
+#pragma unroll
+        for (int j = 0; j < ND; j++) {
+            o[4 * j] *= c0;
+            o[4 * j + 1] *= c0;
+            o[4 * j + 2] *= c1;
+            o[4 * j + 3] *= c1;
+        }
+        if constexpr (PIPE) {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+#pragma unroll
+                for (int h = 0; h < 4; h++) pp[k][h] = pa[k][h];
+            pv_st = st;
+        } else {
+            wg_fence();
+            issue_pv(pa, vd);
+            wg_commit();
+            wg_wait<0>();
+            if (lane == 0) mb_arrive(bars + 8 * (ns + st));
+        }
+    }
+    if constexpr (PIPE) {
+        uint64_t vd[4];
+        v_descs(pv_st, vd);
+        wg_fence();
+        issue_pv(pp, vd);
+        wg_commit();
+        wg_wait<0>();
+        if (lane == 0 && pv_st >= 0) mb_arrive(bars + 8 * (ns + pv_st));
+    }
+    if (myrun < 0) return;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    float *o0 = out + ((size_t)(t0 + tw) * nh + (size_t)g * G + gr) * D + 2 * tg, *o1 = o0 + 8 * (size_t)D;
+    const float i0 = l0 > 0 ? 1.f / l0 : 0.f, i1 = l1 > 0 ? 1.f / l1 : 0.f;
+#pragma unroll
+    for (int j = 0; j < ND; j++) {
+        if (gr < G) *(float2 *)(o0 + 8 * j) = make_float2(o[4 * j] * i0, o[4 * j + 1] * i0);
+        if (gr + 8 < G) *(float2 *)(o1 + 8 * j) = make_float2(o[4 * j + 2] * i1, o[4 * j + 3] * i1);
+    }
+}
+
+} /* namespace */
+
+/* Tokens [t0, t0 + T) of the step at precision bf16 (np 1) with a bf16 cache: 0 done, 1 not
+ * taken (another shape, dtype or precision, or too few tokens to fill the SMs: the caller falls
+ * back to the token tiles), -1 failed (recorded). */
+int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, const float *q, int nh, const int32_t *sel, int block,
+                       int topk, int np, float *out) {
+    const int D = kv->D, nkv = kv->nkv;
+    static int on = -1, nc = 0; /* M3_ATTN_WG=1: on (off until checked on a GPU); M3_ATTN_WG_NC=1: one consumer warpgroup (4 tokens a CTA) */
+    if (on < 0) on = m3_cu_env_int("M3_ATTN_WG", 0) == 1;
+    if (nc == 0) nc = m3_cu_env_int("M3_ATTN_WG_NC", 2) == 1 ? 1 : 2;
+    static int pipe = -1; /* M3_ATTN_WG_PIPE=1: P V overlapped with the next chunk's softmax */
+    if (pipe < 0) pipe = m3_cu_env_int("M3_ATTN_WG_PIPE", 0) == 1;
+    static int vswap = -1; /* M3_ATTN_WG_VSWAP=1: V's descriptor with LBO and SBO swapped (a check of the layout) */
+    if (vswap < 0) vswap = m3_cu_env_int("M3_ATTN_WG_VSWAP", 0) == 1;
+    if (!on || np != 1 || kv->dt != M3_KV_BF16 || !(D == 64 || D == 128) || nh / nkv > 16 || nh % nkv) return 1;
+    const int tt = 4 * nc;
+    if (!m3_cu_attn_tiles_fit(c, T, tt, nkv)) return 1;
+    if (sel && (topk < 1 || topk > 64 || block < 1 || c->max_pos / block >= (1 << 24))) return 1;
+    const kvdesc dd = desc(c, kv, layer);
+    if (((dd.rb | dd.kvpart | dd.page_bytes | (uintptr_t)dd.base) & 15) != 0) return 1;
+    const size_t tables = sizeof(int) * tile_keys_ints(tt, sel ? topk : 0, true);
+    const size_t zv = pipe ? (size_t)wg_stage_bytes(D) / 2 : 0;
+    const int ns = wg_stages(D, tables + zv, c->smem_optin);
+    if (ns < 2) return 1;
+    const size_t sm = 1024 + (size_t)ns * wg_stage_bytes(D) + zv + 256 + tables;
+    void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, int, float *, float, uint32_t, uint32_t) =
+        D == 128 ? (nc == 2 ? (pipe ? k_attn_wg<16, 2, true> : k_attn_wg<16, 2, false>) : (pipe ? k_attn_wg<16, 1, true> : k_attn_wg<16, 1, false>))
+                 : (nc == 2 ? (pipe ? k_attn_wg<8, 2, true> : k_attn_wg<8, 2, false>) : (pipe ? k_attn_wg<8, 1, true> : k_attn_wg<8, 1, false>));
+    cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    const size_t qo = (size_t)t0 * nh * D;
+    fn<<<dim3((unsigned)cdiv((size_t)T, (size_t)tt), nkv), (nc + 1) * 128, sm, c->st>>>(
+        dd, c->d_pos + t0, c->d_seq + t0, q + qo, nh, T, sel ? sel + (size_t)t0 * nkv * topk : NULL, block, sel ? topk : 0, ns, out + qo,
+        1.0f / sqrtf((float)D), vswap ? 1024u : (uint32_t)SLAB, vswap ? (uint32_t)SLAB : 1024u);
+    return CK_LAUNCH(c, "attention (wgmma tiles)") ? -1 : 0;
+}

@@ -222,10 +222,12 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
     const float sl = scale * M3_LOG2E_F;
     /* PIPE: P V of a chunk runs while the next chunk's softmax computes (FlashAttention-3's
      * intra-warpgroup overlap): its wgmmas are issued after the next chunk's S, and waited for
-     * before O is rescaled; pv_st: the stage of the P V pending (-1: none), pp its P */
-    uint32_t pp[4][4];
+     * before O is rescaled; pv_st: the stage of the P V pending (-1: none). Its P and the chunk's
+     * are two register sets that swap roles each chunk (the loop runs two chunks a turn): a P copied
+     * into the pending set would be written while the P V reading it runs (ptxas serializes, C7513) */
+    uint32_t pA[4][4], pB[4][4]; /* PIPE: the P of the pending P V and the chunk's own, alternating */
 #pragma unroll
-    for (int k = 0; k < 4; k++) pp[k][0] = pp[k][1] = pp[k][2] = pp[k][3] = 0u;
+    for (int k = 0; k < 4; k++) pA[k][0] = pA[k][1] = pA[k][2] = pA[k][3] = pB[k][0] = pB[k][1] = pB[k][2] = pB[k][3] = 0u;
     int pv_st = -1; /* none: a P of zeros times the zero V past the stages (no branch around the wgmmas) */
     /* V's descriptors of stage st (-1: the zero V), computed before any wgmma of a batch is issued
      * (a descriptor defined between two wgmmas of a batch serializes them, C7513) */
@@ -238,7 +240,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) wg_pv(o, p[kk], vd[kk]);
     };
-    for (int i = 0; i < nch; i++) {
+    auto step = [&](int i, uint32_t(&pcur)[4][4], uint32_t(&pprev)[4][4]) {
         const int st = i % ns;
         int r, a, e, key;
         tile_chunk(tk, sparse, i, B, WCH, cpb, &r, &a, &e, &key);
@@ -255,7 +257,12 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         mb_wait(bars + 8 * st, (i / ns) & 1);
         if (!any) {
             if (lane == 0) mb_arrive(bars + 8 * (ns + st));
-            continue;
+            if constexpr (PIPE) /* the pending P moves to the set the next chunk reads it from (no P V runs now) */
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+#pragma unroll
+                    for (int h = 0; h < 4; h++) pcur[k][h] = pprev[k][h];
+            return;
         }
         fence_proxy_async();
         const uint32_t ks = base + (uint32_t)st * SB;
@@ -270,7 +277,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         for (int kk = 1; kk < ND / 2; kk++) wg_s64(s, qa[kk], dk[kk]);
         wg_commit();
         if constexpr (PIPE) {
-            issue_pv(pp, vd);
+            issue_pv(pprev, vd);
             wg_commit();
             wg_wait<1>(); /* S done; the P V may still run */
         } else {
@@ -301,7 +308,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         m1 = n1;
         l0 *= c0;
         l1 *= c1;
-        uint32_t pa[4][4]; /* P's A fragments, k16 steps of 16 keys */
+        uint32_t(&pa)[4][4] = pcur; /* P's A fragments, k16 steps of 16 keys */
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const uint32_t p0 = bf2(exp2f(sv[4 * j] - b0), exp2f(sv[4 * j + 1] - b0));
@@ -313,8 +320,6 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         }
         if constexpr (PIPE) {
             wg_wait<0>(); /* the previous chunk's P V: O is final for its max, its stage free */
-#pragma unroll
-            for (int k = 0; k < 4; k++) pin_u32(pp[k]); /* its P stays live to here: pa may not take its registers */
             if (lane == 0 && pv_st >= 0) mb_arrive(bars + 8 * (ns + pv_st));
         }
 #pragma unroll
@@ -325,10 +330,6 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
             o[4 * j + 3] *= c1;
         }
         if constexpr (PIPE) {
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-#pragma unroll
-                for (int h = 0; h < 4; h++) pp[k][h] = pa[k][h];
             pv_st = st;
         } else {
             wg_fence();
@@ -337,12 +338,21 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
             wg_wait<0>();
             if (lane == 0) mb_arrive(bars + 8 * (ns + st));
         }
+    };
+    for (int i = 0; i < nch; i += 2) {
+        step(i, pA, pB);
+        if (i + 1 < nch) step(i + 1, pB, pA);
     }
     if constexpr (PIPE) {
+        if (nch % 2 == 0) /* the last chunk's P is in pB */
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+#pragma unroll
+                for (int h = 0; h < 4; h++) pA[k][h] = pB[k][h];
         uint64_t vd[4];
         v_descs(pv_st, vd);
         wg_fence();
-        issue_pv(pp, vd);
+        issue_pv(pA, vd);
         wg_commit();
         wg_wait<0>();
         if (lane == 0 && pv_st >= 0) mb_arrive(bars + 8 * (ns + pv_st));

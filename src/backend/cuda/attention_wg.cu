@@ -257,11 +257,20 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         mb_wait(bars + 8 * st, (i / ns) & 1);
         if (!any) {
             if (lane == 0) mb_arrive(bars + 8 * (ns + st));
-            if constexpr (PIPE) /* the pending P moves to the set the next chunk reads it from (no P V runs now) */
+            if constexpr (PIPE) {
+                /* the pending P V runs now: its stage must not wait for this warpgroup's next chunk (the
+                 * producers may need that stage before the chunk: every chunk between could be skipped) */
+                uint64_t vd[4];
+                v_descs(pv_st, vd);
+                wg_fence();
+                issue_pv(pprev, vd);
+                wg_commit();
+                wg_wait<0>();
+                if (lane == 0 && pv_st >= 0) mb_arrive(bars + 8 * (ns + pv_st));
+                pv_st = -1;
 #pragma unroll
-                for (int k = 0; k < 4; k++)
-#pragma unroll
-                    for (int h = 0; h < 4; h++) pcur[k][h] = pprev[k][h];
+                for (int k = 0; k < 4; k++) pcur[k][0] = pcur[k][1] = pcur[k][2] = pcur[k][3] = 0u;
+            }
             return;
         }
         fence_proxy_async();

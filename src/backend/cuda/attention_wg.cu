@@ -135,8 +135,9 @@ static int wg_stages(int D, size_t table_bytes, size_t optin) {
     return n > 6 ? 6 : (int)n;
 }
 /* registers moved by setmaxnreg at NC = 2 (384 threads: 168 each at launch) */
-constexpr int WG_PROD_REGS = 56, WG_CONS_REGS = 224;
-static_assert(128 * WG_PROD_REGS + 256 * WG_CONS_REGS == 384 * 168, "setmaxnreg: the CTA's registers");
+constexpr int WG_LAUNCH_REGS = 168, WG_PROD_REGS = 56, WG_CONS_REGS = 224;
+static_assert(128 * WG_PROD_REGS + 256 * WG_CONS_REGS == 384 * WG_LAUNCH_REGS && WG_LAUNCH_REGS == 65536 / 384 / 8 * 8,
+              "setmaxnreg: the CTA's registers");
 
 template <int ND, int NC, bool PIPE>
 __global__ void __launch_bounds__((NC + 1) * 128, 1)
@@ -194,7 +195,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
             }
             mb_arrive_cp(bars + 8 * st);
         }
-        cp_wait<0>();
+        asm volatile("cp.async.wait_all;\n" ::: "memory"); /* no copy outlives its thread */
         return;
     }
     /* ---- consumers: warpgroup wg, warp w of it (token tw = 4 wg + w), lane (gr, tg) */
@@ -409,6 +410,19 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, int, float *, float, uint32_t, uint32_t) =
         D == 128 ? (nc == 2 ? (pipe ? k_attn_wg<16, 2, true> : k_attn_wg<16, 2, false>) : (pipe ? k_attn_wg<16, 1, true> : k_attn_wg<16, 1, false>))
                  : (nc == 2 ? (pipe ? k_attn_wg<8, 2, true> : k_attn_wg<8, 2, false>) : (pipe ? k_attn_wg<8, 1, true> : k_attn_wg<8, 1, false>));
+    if (nc == 2) { /* setmaxnreg balances 168 registers a thread exactly: with fewer, the consumers would wait forever */
+        cudaFuncAttributes fa;
+        const cudaError_t e = cudaFuncGetAttributes(&fa, fn);
+        if (e != cudaSuccess) {
+            m3_cu_failf(c, "attention (wgmma tiles): kernel attributes: %s", cudaGetErrorString(e));
+            return -1;
+        }
+        if (fa.numRegs != WG_LAUNCH_REGS) {
+            m3_cu_failf(c, "attention (wgmma tiles): the kernel was built with %d registers a thread, not 168 (setmaxnreg would not balance)",
+                        fa.numRegs);
+            return -1;
+        }
+    }
     cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     const size_t qo = (size_t)t0 * nh * D;
     fn<<<dim3((unsigned)cdiv((size_t)T, (size_t)tt), nkv), (nc + 1) * 128, sm, c->st>>>(

@@ -150,7 +150,7 @@ done
 # ... and the wgmma tiles (attention_wg.cu) at D 64 (m3-mqa: blocks of 32 keys, a 64-key chunk holds one),
 # both forms (P V after its softmax, and overlapped with the next chunk's: M3_ATTN_WG_PIPE=1)
 for v in 0 1; do
-  for k in 6 7 8; do M3_ATTN_WG=1 M3_ATTN_WG_PIPE=$v M3_ATTN_TILE=1 M3_BENCH_PRECISION=bf16 M3_BENCH_CASE=$k M3_BENCH_KV=bf16 M3_BENCH_REPS=1 run "$BIN/bench_cuda_attn" $D/m3-mqa/config.json; done
+  for k in 6 7 8; do M3_ATTN_WG=1 M3_ATTN_WG_PIPE=$v M3_ATTN_TILE=1 M3_BENCH_PRECISION=bf16 M3_BENCH_CASE=$k M3_BENCH_REPS=1 run "$BIN/bench_cuda_attn" $D/m3-mqa/config.json; done
 done
 # the GEMV's ring run on from item to item (default) against each item filling its own (M3_GV_XITEM=0):
 # the same logits to the bit at the M3.1-Flash shapes (2 layers: dense and MoE), steps of 3 and 8 tokens
@@ -235,11 +235,11 @@ run "$BIN/bench_cuda_linear"
 # the attention's and indexer's general kernels for bf16 caches too (by default: a bf16-only attention
 # kernel at up to 8 tokens, the indexer's copies-only staging)
 [ -x "$BIN/bench_cuda_attn" ] && M3_ATTN_BF16A=0 M3_INDEX_CPA=0 M3_BENCH_KV=bf16 run "$BIN/bench_cuda_attn"
-# the wgmma prefill attention (attention_wg.cu) in its forms, precision bf16 (the prefill cases 6-8 take it)
+# the wgmma prefill attention (attention_wg.cu) in its forms, precision bf16, each cache dtype (the prefill cases 6-8 take it)
 # (P V after its softmax; overlapped with the next chunk's, M3_ATTN_WG_PIPE=1; 4 tokens a CTA, M3_ATTN_WG_NC=1)
 for v in 0:2 1:2 0:1; do
   for k in 6 7 8; do
-    [ -x "$BIN/bench_cuda_attn" ] && M3_ATTN_WG=1 M3_ATTN_WG_PIPE=${v%:*} M3_ATTN_WG_NC=${v#*:} M3_BENCH_PRECISION=bf16 M3_BENCH_KV=bf16 M3_BENCH_CASE=$k run "$BIN/bench_cuda_attn"
+    [ -x "$BIN/bench_cuda_attn" ] && M3_ATTN_WG=1 M3_ATTN_WG_PIPE=${v%:*} M3_ATTN_WG_NC=${v#*:} M3_BENCH_PRECISION=bf16 M3_BENCH_CASE=$k run "$BIN/bench_cuda_attn"
   done
 done
 # the tensor-core (wgmma) GEMM for many tokens, every weight format, against a double reference

@@ -1,4 +1,4 @@
-/* Prefill attention on the warpgroup MMA (wgmma, sm_90a): precision bf16, bf16 caches.
+/* Prefill attention on the warpgroup MMA (wgmma, sm_90a): precision bf16; bf16, FP8 and NVFP4 caches.
  * CPU reference: src/backend/cpu/attention.c (m3_cpu_attention at precision bf16).
  *
  * What it computes is attn_mma.cuh's precision-bf16 definition: q and K, V as bf16, scores in
@@ -14,11 +14,12 @@
  * G are zero queries and are not written), so the wgmma's M is a warp's token, as in the tiles.
  *
  * Pipeline: NS stages of one 64-key chunk each: K and V as D / 64 column slabs of [64 keys][128
- * bytes] in the 128-byte swizzle. The producers copy rows with cp.async (16 bytes a thread, from
- * whatever page each key lies in; rows past the chunk's end zero-filled, so V holds no stale
+ * bytes] in the 128-byte swizzle. The producers copy bf16 rows with cp.async (16 bytes a thread,
+ * from whatever page each key lies in; rows past the chunk's end zero-filled, so V holds no stale
  * values that a zero probability could turn into NaN), then arrive on the stage's full barrier as
- * their copies land (cp.async.mbarrier.arrive.noinc). A consumer warpgroup waits for it, fences
- * the generic proxy's writes for the async proxy, and runs:
+ * their copies land (cp.async.mbarrier.arrive.noinc); FP8 / NVFP4 rows they load as words, decode
+ * to bf16 (exact) and store, fence for the async proxy and arrive. A consumer warpgroup waits for
+ * the stage, fences the generic proxy's writes for the async proxy, and runs:
  *   S = Q K^T: D / 16 wgmma m64n64k16, Q from registers (bf16, loaded once), K K-major;
  *   the online softmax in registers (masked per warp: the token's selected blocks, its position);
  *   O += P V: 4 wgmma m64nDk16, P from registers (the S accumulators' layout is the A fragment
@@ -135,7 +136,7 @@ static int wg_stages(int D, size_t table_bytes, size_t optin) {
     return n > 6 ? 6 : (int)n;
 }
 /* registers moved by setmaxnreg at NC = 2 (384 threads: 168 each at launch) */
-constexpr int WG_LAUNCH_REGS = 168, WG_PROD_REGS = 56, WG_CONS_REGS = 224;
+constexpr int WG_LAUNCH_REGS = 168, WG_PROD_REGS = 88, WG_CONS_REGS = 208;
 static_assert(128 * WG_PROD_REGS + 256 * WG_CONS_REGS == 384 * WG_LAUNCH_REGS && WG_LAUNCH_REGS == 65536 / 384 / 8 * 8,
               "setmaxnreg: the CTA's registers");
 
@@ -181,19 +182,45 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
             const uint8_t *pg = n > 0 && a / d.page == (e - 1) / d.page
                                     ? (const uint8_t *)page_of(d, s, a) + ((size_t)g * d.page + a % d.page) * d.rb
                                     : NULL;
+            auto row_of = [&](int j) { /* key j's K row (its V row kvpart bytes further) */
+                return pg ? pg + (size_t)j * d.rb : (const uint8_t *)page_of(d, s, a + j) + ((size_t)g * d.page + (a + j) % d.page) * d.rb;
+            };
+            if (d.dt == M3_KV_BF16) {
 #pragma unroll
-            for (int k = tid; k < WCH * ND; k += 128) {
-                const int j = k / ND, x = k % ND; /* key j, 16-byte piece x of its row */
-                const uint32_t o = (uint32_t)((x >> 3) * SLAB + j * 128 + (((x & 7) ^ (j & 7)) << 4));
-                const bool in = j < n;
-                const uint8_t *row = d.base;
-                if (in)
-                    row = (pg ? pg + (size_t)j * d.rb
-                              : (const uint8_t *)page_of(d, s, a + j) + ((size_t)g * d.page + (a + j) % d.page) * d.rb) + 16 * x;
-                cp_async16_z(ks + o, row, in);
-                cp_async16_z(vs + o, in ? row + d.kvpart : row, in);
+                for (int k = tid; k < WCH * ND; k += 128) {
+                    const int j = k / ND, x = k % ND; /* key j, 16-byte piece x of its row */
+                    const uint32_t o = (uint32_t)((x >> 3) * SLAB + j * 128 + (((x & 7) ^ (j & 7)) << 4));
+                    const bool in = j < n;
+                    const uint8_t *row = in ? row_of(j) + 16 * x : d.base;
+                    cp_async16_z(ks + o, row, in);
+                    cp_async16_z(vs + o, in ? row + d.kvpart : row, in);
+                }
+                mb_arrive_cp(bars + 8 * st);
+            } else {
+                /* FP8 / NVFP4: word loads of PB pieces in flight, converted to bf16 (exact) and stored, then
+                 * the stores fenced for the wgmmas' async proxy before the arrival; zero codes past n decode to 0 */
+                constexpr int PB = 4, NPT = WCH * ND / 128; /* pieces a thread: 8 (D 128), 4 (D 64) */
+                const bool nv = d.dt == M3_KV_NVFP4;
+#pragma unroll 1
+                for (int b0 = 0; b0 < NPT; b0 += PB) {
+                    uint2 rk[PB], rv[PB];
+#pragma unroll
+                    for (int u = 0; u < PB; u++) {
+                        const int k = tid + 128 * (b0 + u), j = k / ND, x = k % ND;
+                        rk[u] = rv[u] = make_uint2(0, 0);
+                        if (j < n) piece_load(nv, row_of(j), d.kvpart, D, 8 * x, &rk[u], &rv[u]);
+                    }
+#pragma unroll
+                    for (int u = 0; u < PB; u++) {
+                        const int k = tid + 128 * (b0 + u), j = k / ND, x = k % ND;
+                        const size_t o = (size_t)((x >> 3) * SLAB + j * 128 + (((x & 7) ^ (j & 7)) << 4));
+                        *(uint4 *)(gen + (ks - base) + o) = piece_bf16(nv, rk[u]);
+                        *(uint4 *)(gen + (vs - base) + o) = piece_bf16(nv, rv[u]);
+                    }
+                }
+                fence_proxy_async();
+                mb_arrive(bars + 8 * st);
             }
-            mb_arrive_cp(bars + 8 * st);
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory"); /* no copy outlives its thread */
         return;
@@ -396,12 +423,16 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     if (pipe < 0) pipe = m3_cu_env_int("M3_ATTN_WG_PIPE", 0) == 1;
     static int vswap = -1; /* M3_ATTN_WG_VSWAP=1: V's descriptor with LBO and SBO swapped (a check of the layout) */
     if (vswap < 0) vswap = m3_cu_env_int("M3_ATTN_WG_VSWAP", 0) == 1;
-    if (!on || np != 1 || kv->dt != M3_KV_BF16 || !(D == 64 || D == 128) || nh / nkv > 16 || nh % nkv) return 1;
+    if (!on || np != 1 || !(kv->dt == M3_KV_BF16 || kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4) || !(D == 64 || D == 128) ||
+        nh / nkv > 16 || nh % nkv)
+        return 1;
     const int tt = 4 * nc;
     if (!m3_cu_attn_tiles_fit(c, T, tt, nkv)) return 1;
     if (sel && (topk < 1 || topk > 64 || block < 1 || c->max_pos / block >= (1 << 24))) return 1;
     const kvdesc dd = desc(c, kv, layer);
-    if (((dd.rb | dd.kvpart | dd.page_bytes | (uintptr_t)dd.base) & 15) != 0) return 1;
+    /* aligned for the producers' loads: 16-byte copies (bf16), 8-byte (FP8) and 4-byte (NVFP4) words */
+    const size_t al = dd.rb | dd.kvpart | dd.page_bytes | (uintptr_t)dd.base;
+    if ((al & (kv->dt == M3_KV_BF16 ? 15 : kv->dt == M3_KV_FP8 ? 7 : 3)) != 0) return 1;
     const size_t tables = sizeof(int) * tile_keys_ints(tt, sel ? topk : 0, true);
     const size_t zv = pipe ? (size_t)wg_stage_bytes(D) / 2 : 0;
     const int ns = wg_stages(D, tables + zv, c->smem_optin);

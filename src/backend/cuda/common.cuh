@@ -280,7 +280,7 @@ int m3_cu_attention_tile(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, 
                          int block, int topk, int np, float *out);
 /* whether token tiles of tt tokens take T tokens of the step (attention_tile.cu; M3_ATTN_TILE) */
 int m3_cu_attn_tiles_fit(m3_cuda *c, int T, int tt, int nkv);
-/* attention_wg.cu: the same tiles on wgmma (precision bf16, bf16 caches, D 64 / 128); returns as
+/* attention_wg.cu: the same tiles on wgmma (precision bf16; bf16, FP8, NVFP4 caches; D 64 / 128); returns as
  * m3_cu_attention_tile does */
 int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, const float *q, int nh, const int32_t *sel,
                        int block, int topk, int np, float *out);

@@ -95,7 +95,7 @@ for m in m3-tiny-q m3-wide-q m3-gqa3-q m3-mqa-q; do
   [ $m = m3-wide-q ] || run "$BIN/oracle_check" "$BIN/m3" $D/$m $f --backend cuda --precision bf16 --teacher-forced 1 --work "$OUT"
   run "$BIN/oracle_check" "$BIN/m3" $D/$m $f --backend cuda --precision bf16 --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99 --max-over 0.01 --work "$OUT"
 done
-# the wgmma prefill attention (attention_wg.cu: precision bf16, bf16 caches, D 64 / 128) for every
+# the wgmma prefill attention (attention_wg.cu: precision bf16, D 64 / 128; here bf16 caches) for every
 # step that token tiles can take (M3_ATTN_WG=1 M3_ATTN_TILE=1): m3-mqa-q (D 64) teacher-forced and end
 # to end, m3-wide-q (D 128) end to end
 for m in m3-mqa-q m3-wide-q; do

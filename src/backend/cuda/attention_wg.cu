@@ -410,7 +410,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
 
 } /* namespace */
 
-/* Tokens [t0, t0 + T) of the step at precision bf16 (np 1) with a bf16 cache: 0 done, 1 not
+/* Tokens [t0, t0 + T) of the step at precision bf16 (np 1), bf16 / FP8 / NVFP4 caches: 0 done, 1 not
  * taken (another shape, dtype or precision, or too few tokens to fill the SMs: the caller falls
  * back to the token tiles), -1 failed (recorded). */
 int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, const float *q, int nh, const int32_t *sel, int block,

@@ -85,6 +85,9 @@ if python3 -c "import torch, transformers" 2>/dev/null; then
   for k in bf16 fp8 nvfp4; do
     python3 tools/make_bf16gemm_oracles.py --kv $k tools/make_m3_oracle.py $D "$R" m3-tiny >> "$R/make.log" 2>&1 || echo "FAILED: the m3-tiny KV $k bf16 reference"
   done
+  for k in fp8 nvfp4; do # (the wgmma attention's quantized caches at the M3.1-Flash attention shapes, below)
+    python3 tools/make_bf16gemm_oracles.py --kv $k tools/make_m3_oracle.py $D "$R" m3-wide-q >> "$R/make.log" 2>&1 || echo "FAILED: the m3-wide-q KV $k bf16 reference"
+  done
 else
   echo "FAILED: python3 with torch + transformers is needed for the m3-wide-q and KV-dtype bf16 references"; fails=$((fails+1))
 fi
@@ -103,6 +106,13 @@ for m in m3-mqa-q m3-wide-q; do
   [ -f $f ] || continue
   [ $m = m3-wide-q ] || M3_ATTN_WG=1 M3_ATTN_TILE=1 run "$BIN/oracle_check" "$BIN/m3" $D/$m $f --backend cuda --precision bf16 --teacher-forced 1 --work "$OUT"
   M3_ATTN_WG=1 M3_ATTN_TILE=1 run "$BIN/oracle_check" "$BIN/m3" $D/$m $f --backend cuda --precision bf16 --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99 --max-over 0.01 --work "$OUT"
+done
+# ... with FP8 / NVFP4 caches (decoded by its producers): m3-wide-q (64 heads, 4 KV heads of 128, blocks of
+# 128) end to end beside the CPU's own divergence from the same reference
+for k in fp8 nvfp4; do
+  f=$R/m3-wide-q.kv-$k.bf16gemm.oracle.safetensors
+  [ -f $f ] || { echo "FAILED: $f is missing"; fails=$((fails+1)); continue; }
+  M3_ATTN_WG=1 M3_ATTN_TILE=1 run "$BIN/oracle_check" "$BIN/m3" $D/m3-wide-q $f --kv $k --backend cuda --precision bf16 --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99 --max-over 0.01 --twin cpu --work "$OUT"
 done
 # ... and with each KV cache dtype (references with the cache's rounding too), teacher-forced and end to end
 for k in bf16 fp8 nvfp4; do

@@ -12,6 +12,7 @@
 #include "backend/dsa_runs.h"
 #include "backend/graph_refuse.h"
 #include "backend/attn_pow2.h"
+#include "backend/attn_wg_layout.h"
 #include "backend/gemm_tiles.h"
 #include "backend/streamk.h"
 #include "base/pool.h"
@@ -420,6 +421,44 @@ static void test_attn_pow2(void) {
           "m3_pow2_int below the normal range, -inf, NaN: 0");
 }
 
+/* attn_wg_layout.h: where the wgmma attention's producers put K and V is where its wgmmas read them.
+ * The reads follow the PTX ISA's canonical layouts for 16-bit values and the 128-byte swizzle (byte
+ * address bits 4-6 ^= bits 7-9), addressed from the descriptors' start, LBO and SBO fields:
+ *   K-major (K as S's B: n = key, k = d): start + (n % 8) 128 + (n / 8) SBO + 2 (k % 8) + 16 (k / 8);
+ *   MN-major (V as O's B: k = key, n = d): start + 2 (n % 64) + (n / 64) LBO + (k % 8) 128 + (k / 8) SBO.
+ * Every element of every k16 step, D 64 and 128, from a 1024-aligned stage. */
+static uint32_t wg_swz(uint32_t a) { return a ^ (((a >> 7) & 7u) << 4); }
+static void test_attn_wg_layout(void) {
+    int bad = 0;
+    for (int D = 64; D <= 128; D += 64) {
+        const uint32_t kb = 0x12000u, vb = kb + (uint32_t)(D / 64) * M3_WG_SLAB; /* K, V of a stage */
+        for (int kk = 0; kk < D / 16; kk++) { /* S = Q K^T: k16 steps over d */
+            const uint64_t dk = m3_wg_desc_k_step(kb, kk);
+            const uint32_t st = (uint32_t)(dk & 0x3fffu) << 4, sbo = (uint32_t)((dk >> 32) & 0x3fffu) << 4;
+            bad += (int)(dk >> 62) != 1;
+            for (int n = 0; n < M3_WG_CH; n++)
+                for (int k = 0; k < 16; k++) {
+                    const int d = 16 * kk + k;
+                    const uint32_t rd = wg_swz(st + (uint32_t)(n % 8) * 128 + (uint32_t)(n / 8) * sbo + 2u * (uint32_t)(k % 8) + 16u * (uint32_t)(k / 8));
+                    bad += rd != kb + m3_wg_off(n, d / 8) + 2u * (uint32_t)(d % 8);
+                }
+        }
+        for (int kk = 0; kk < M3_WG_CH / 16; kk++) { /* O += P V: k16 steps over keys */
+            const uint64_t dv = m3_wg_desc_v_step(vb, kk);
+            const uint32_t st = (uint32_t)(dv & 0x3fffu) << 4, lbo = (uint32_t)((dv >> 16) & 0x3fffu) << 4,
+                           sbo = (uint32_t)((dv >> 32) & 0x3fffu) << 4;
+            bad += (int)(dv >> 62) != 1;
+            for (int k = 0; k < 16; k++)
+                for (int n = 0; n < D; n++) {
+                    const int key = 16 * kk + k;
+                    const uint32_t rd = wg_swz(st + 2u * (uint32_t)(n % 64) + (uint32_t)(n / 64) * lbo + (uint32_t)(k % 8) * 128 + (uint32_t)(k / 8) * sbo);
+                    bad += rd != vb + m3_wg_off(key, n / 8) + 2u * (uint32_t)(n % 8);
+                }
+        }
+    }
+    CHECK(!bad, "attn_wg_layout: %d operand elements read from where the producers did not put them", bad);
+}
+
 /* gemm_tiles.h: the token tiles of the tensor-core GEMM. The cases PERF.md measured (sessions 38, 43
  * and 44, 132 SMs) take the tile that won there; 192 / 256 are never taken unless their waves take less
  * time and they fill two, nor below 129 tokens or beyond the format's largest tile. An expert's
@@ -651,6 +690,7 @@ int main(void) {
     test_streamk();
     test_gemm_tiles();
     test_attn_pow2();
+    test_attn_wg_layout();
     test_graph_refuse();
     test_utf8_space();
     test_dsa_runs();

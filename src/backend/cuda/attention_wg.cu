@@ -33,6 +33,7 @@
 #include <math.h>
 
 #include "attn_keys.cuh"
+#include "backend/attn_wg_layout.h"
 #include "attn_mma.cuh"
 #include "kv.cuh"
 #include "ptx.cuh"
@@ -40,19 +41,8 @@
 
 namespace {
 
-constexpr int WCH = 64;          /* keys per chunk */
-constexpr int SLAB = WCH * 128;  /* bytes of one 64-column slab of a chunk's K (or V) */
+constexpr int WCH = M3_WG_CH, SLAB = M3_WG_SLAB; /* keys a chunk, bytes a 64-column slab (attn_wg_layout.h) */
 constexpr int WG_SMEM_MAX = 232448;
-
-/* wgmma descriptors, 128-byte swizzle (bits 62-63 = 1), start address a (16-byte units):
- * K-major (K of S = Q K^T: 8-row groups 1024 bytes apart, SBO; LBO unused), and MN-major (V of
- * O += P V, N = D: 8-key groups 1024 bytes apart, SBO; 64-column slabs SLAB apart, LBO) */
-static __device__ __forceinline__ uint64_t desc_k(uint32_t a) {
-    return (uint64_t)(((a & 0x3ffffu) >> 4) | (1u << 16)) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
-}
-static __device__ __forceinline__ uint64_t desc_v(uint32_t a, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)(((a & 0x3ffffu) >> 4) | ((lbo >> 4) << 16)) | ((uint64_t)(sbo >> 4) << 32) | ((uint64_t)1 << 62);
-}
 
 /* S[64][64] = A (registers, bf16) x B (shared, K-major): d written only (scale-d 0), so that no
  * other instruction's value of d is live into the wgmma (ptxas would serialize, C7513) */
@@ -143,7 +133,7 @@ static_assert(128 * WG_PROD_REGS + 256 * WG_CONS_REGS == 384 * WG_LAUNCH_REGS &&
 template <int ND, int NC, bool PIPE>
 __global__ void __launch_bounds__((NC + 1) * 128, 1)
     k_attn_wg(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh, int T, const int32_t *sel, int B, int topk,
-              int ns, float *out, float scale, uint32_t vlbo, uint32_t vsbo) {
+              int ns, float *out, float scale, int vswap) {
     pdl_trigger();
     constexpr int D = ND * 8, TT = 4 * NC, NT = (NC + 1) * 128, SB = wg_stage_bytes(D);
     extern __shared__ __align__(1024) uint8_t wsm[];
@@ -189,7 +179,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
 #pragma unroll
                 for (int k = tid; k < WCH * ND; k += 128) {
                     const int j = k / ND, x = k % ND; /* key j, 16-byte piece x of its row */
-                    const uint32_t o = (uint32_t)((x >> 3) * SLAB + j * 128 + (((x & 7) ^ (j & 7)) << 4));
+                    const uint32_t o = m3_wg_off(j, x);
                     const bool in = j < n;
                     const uint8_t *row = in ? row_of(j) + 16 * x : d.base;
                     cp_async16_z(ks + o, row, in);
@@ -213,7 +203,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
 #pragma unroll
                     for (int u = 0; u < PB; u++) {
                         const int k = tid + 128 * (b0 + u), j = k / ND, x = k % ND;
-                        const size_t o = (size_t)((x >> 3) * SLAB + j * 128 + (((x & 7) ^ (j & 7)) << 4));
+                        const size_t o = m3_wg_off(j, x);
                         *(uint4 *)(gen + (ks - base) + o) = piece_bf16(nv, rk[u]);
                         *(uint4 *)(gen + (vs - base) + o) = piece_bf16(nv, rv[u]);
                     }
@@ -262,7 +252,8 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
     auto v_descs = [&](int st, uint64_t (&vd)[4]) {
         const uint32_t vs = st >= 0 ? base + (uint32_t)st * SB + (D / 64) * SLAB : base + (uint32_t)ns * SB;
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) vd[kk] = desc_v(vs + kk * 2048, vlbo, vsbo); /* keys 16 kk ..: 16 rows of 128 bytes */
+        for (int kk = 0; kk < 4; kk++) /* keys 16 kk ..: 16 rows of 128 bytes */
+            vd[kk] = vswap ? m3_wg_desc_v(vs + kk * 2048, 1024, SLAB) : m3_wg_desc_v_step(vs, kk);
     };
     auto issue_pv = [&](const uint32_t (&p)[4][4], const uint64_t (&vd)[4]) {
 #pragma unroll
@@ -305,7 +296,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         const uint32_t ks = base + (uint32_t)st * SB;
         uint64_t dk[ND / 2], vd[4];
 #pragma unroll
-        for (int kk = 0; kk < ND / 2; kk++) dk[kk] = desc_k(ks + (kk >> 2) * SLAB + (kk & 3) * 32);
+        for (int kk = 0; kk < ND / 2; kk++) dk[kk] = m3_wg_desc_k_step(ks, kk);
         v_descs(PIPE ? pv_st : st, vd);
         float s[32];
         wg_fence();
@@ -438,7 +429,7 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     const int ns = wg_stages(D, tables + zv, c->smem_optin);
     if (ns < 2) return 1;
     const size_t sm = 1024 + (size_t)ns * wg_stage_bytes(D) + zv + 256 + tables;
-    void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, int, float *, float, uint32_t, uint32_t) =
+    void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, int, float *, float, int) =
         D == 128 ? (nc == 2 ? (pipe ? k_attn_wg<16, 2, true> : k_attn_wg<16, 2, false>) : (pipe ? k_attn_wg<16, 1, true> : k_attn_wg<16, 1, false>))
                  : (nc == 2 ? (pipe ? k_attn_wg<8, 2, true> : k_attn_wg<8, 2, false>) : (pipe ? k_attn_wg<8, 1, true> : k_attn_wg<8, 1, false>));
     if (nc == 2) { /* setmaxnreg balances 168 registers a thread exactly: with fewer, the consumers would wait forever */
@@ -458,6 +449,6 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     const size_t qo = (size_t)t0 * nh * D;
     fn<<<dim3((unsigned)cdiv((size_t)T, (size_t)tt), nkv), (nc + 1) * 128, sm, c->st>>>(
         dd, c->d_pos + t0, c->d_seq + t0, q + qo, nh, T, sel ? sel + (size_t)t0 * nkv * topk : NULL, block, sel ? topk : 0, ns, out + qo,
-        1.0f / sqrtf((float)D), vswap ? 1024u : (uint32_t)SLAB, vswap ? (uint32_t)SLAB : 1024u);
+        1.0f / sqrtf((float)D), vswap);
     return CK_LAUNCH(c, "attention (wgmma tiles)") ? -1 : 0;
 }

@@ -98,21 +98,21 @@ for m in m3-tiny-q m3-wide-q m3-gqa3-q m3-mqa-q; do
   [ $m = m3-wide-q ] || run "$BIN/oracle_check" "$BIN/m3" $D/$m $f --backend cuda --precision bf16 --teacher-forced 1 --work "$OUT"
   run "$BIN/oracle_check" "$BIN/m3" $D/$m $f --backend cuda --precision bf16 --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99 --max-over 0.01 --work "$OUT"
 done
-# the wgmma prefill attention (attention_wg.cu: precision bf16, D 64 / 128; here bf16 caches) for every
-# step that token tiles can take (M3_ATTN_WG=1 M3_ATTN_TILE=1): m3-mqa-q (D 64) teacher-forced and end
-# to end, m3-wide-q (D 128) end to end
+# the wgmma prefill attention (attention_wg.cu, the default: precision bf16, D 64 / 128; here bf16
+# caches) for every step that token tiles can take (M3_ATTN_TILE=1): m3-mqa-q (D 64) teacher-forced and
+# end to end, m3-wide-q (D 128) end to end
 for m in m3-mqa-q m3-wide-q; do
   f=$D/$m.bf16gemm.oracle.safetensors; [ -f $f ] || f=$R/$m.bf16gemm.oracle.safetensors
   [ -f $f ] || continue
-  [ $m = m3-wide-q ] || M3_ATTN_WG=1 M3_ATTN_TILE=1 run "$BIN/oracle_check" "$BIN/m3" $D/$m $f --backend cuda --precision bf16 --teacher-forced 1 --work "$OUT"
-  M3_ATTN_WG=1 M3_ATTN_TILE=1 run "$BIN/oracle_check" "$BIN/m3" $D/$m $f --backend cuda --precision bf16 --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99 --max-over 0.01 --work "$OUT"
+  [ $m = m3-wide-q ] || M3_ATTN_TILE=1 run "$BIN/oracle_check" "$BIN/m3" $D/$m $f --backend cuda --precision bf16 --teacher-forced 1 --work "$OUT"
+  M3_ATTN_TILE=1 run "$BIN/oracle_check" "$BIN/m3" $D/$m $f --backend cuda --precision bf16 --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99 --max-over 0.01 --work "$OUT"
 done
 # ... with FP8 / NVFP4 caches (decoded by its producers): m3-wide-q (64 heads, 4 KV heads of 128, blocks of
 # 128) end to end beside the CPU's own divergence from the same reference
 for k in fp8 nvfp4; do
   f=$R/m3-wide-q.kv-$k.bf16gemm.oracle.safetensors
   [ -f $f ] || { echo "FAILED: $f is missing"; fails=$((fails+1)); continue; }
-  M3_ATTN_WG=1 M3_ATTN_TILE=1 run "$BIN/oracle_check" "$BIN/m3" $D/m3-wide-q $f --kv $k --backend cuda --precision bf16 --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99 --max-over 0.01 --twin cpu --work "$OUT"
+  M3_ATTN_TILE=1 run "$BIN/oracle_check" "$BIN/m3" $D/m3-wide-q $f --kv $k --backend cuda --precision bf16 --tol 1e-1 --median-tol 1e-2 --greedy-tie 0.02 --index-agree 0.99 --max-over 0.01 --twin cpu --work "$OUT"
 done
 # ... and with each KV cache dtype (references with the cache's rounding too), teacher-forced and end to end
 for k in bf16 fp8 nvfp4; do
@@ -155,12 +155,11 @@ for k in bf16 fp8 nvfp4; do
   [ -f $f ] && M3_ATTN_TILE=1 M3_ATTN_TILE_ALL=1 run "$BIN/oracle_check" "$BIN/m3" $D/m3-tiny $f --kv $k --backend cuda --precision bf16 --teacher-forced 1 --work "$OUT"
 done
 for mk in m3-gqa3:bf16 m3-gqa3:fp8 m3-mqa:bf16 m3-mqa:fp8 m3-mqa:nvfp4; do # (m3-gqa3's index dim 40: no NVFP4 index cache)
-  for k in 6 7 8; do M3_ATTN_TILE=1 M3_ATTN_TILE_ALL=1 M3_BENCH_CASE=$k M3_BENCH_KV=${mk#*:} M3_BENCH_REPS=1 run "$BIN/bench_cuda_attn" $D/${mk%:*}/config.json; done
+  for k in 6 7 8; do M3_ATTN_WG=0 M3_ATTN_TILE=1 M3_ATTN_TILE_ALL=1 M3_BENCH_CASE=$k M3_BENCH_KV=${mk#*:} M3_BENCH_REPS=1 run "$BIN/bench_cuda_attn" $D/${mk%:*}/config.json; done
 done
-# ... and the wgmma tiles (attention_wg.cu) at D 64 (m3-mqa: blocks of 32 keys, a 64-key chunk holds one),
-# both forms (P V after its softmax, and overlapped with the next chunk's: M3_ATTN_WG_PIPE=1)
-for v in 0 1; do
-  for k in 6 7 8; do M3_ATTN_WG=1 M3_ATTN_WG_PIPE=$v M3_ATTN_TILE=1 M3_BENCH_PRECISION=bf16 M3_BENCH_CASE=$k M3_BENCH_REPS=1 run "$BIN/bench_cuda_attn" $D/m3-mqa/config.json; done
+# ... and the wgmma tiles (attention_wg.cu) at D 64 (m3-mqa: blocks of 32 keys, a 64-key chunk holds one)
+for kv in bf16 fp8 nvfp4; do
+  for k in 6 7 8; do M3_ATTN_TILE=1 M3_BENCH_KV=$kv M3_BENCH_PRECISION=bf16 M3_BENCH_CASE=$k M3_BENCH_REPS=1 run "$BIN/bench_cuda_attn" $D/m3-mqa/config.json; done
 done
 # the GEMV's ring run on from item to item (default) against each item filling its own (M3_GV_XITEM=0):
 # the same logits to the bit at the M3.1-Flash shapes (2 layers: dense and MoE), steps of 3 and 8 tokens
@@ -245,11 +244,11 @@ run "$BIN/bench_cuda_linear"
 # the attention's and indexer's general kernels for bf16 caches too (by default: a bf16-only attention
 # kernel at up to 8 tokens, the indexer's copies-only staging)
 [ -x "$BIN/bench_cuda_attn" ] && M3_ATTN_BF16A=0 M3_INDEX_CPA=0 M3_BENCH_KV=bf16 run "$BIN/bench_cuda_attn"
-# the wgmma prefill attention (attention_wg.cu) in its forms, precision bf16, each cache dtype (the prefill cases 6-8 take it)
-# (P V after its softmax; overlapped with the next chunk's, M3_ATTN_WG_PIPE=1; 4 tokens a CTA, M3_ATTN_WG_NC=1)
-for v in 0:2 1:2 0:1; do
+# the prefill cases 6-8 at precision bf16, each cache dtype: the wgmma attention (attention_wg.cu, the
+# default) and the token tiles it replaced (attention_tile.cu, M3_ATTN_WG=0)
+for v in 1 0; do
   for k in 6 7 8; do
-    [ -x "$BIN/bench_cuda_attn" ] && M3_ATTN_WG=1 M3_ATTN_WG_PIPE=${v%:*} M3_ATTN_WG_NC=${v#*:} M3_BENCH_PRECISION=bf16 M3_BENCH_CASE=$k run "$BIN/bench_cuda_attn"
+    [ -x "$BIN/bench_cuda_attn" ] && M3_ATTN_WG=$v M3_BENCH_PRECISION=bf16 M3_BENCH_CASE=$k run "$BIN/bench_cuda_attn"
   done
 done
 # the tensor-core (wgmma) GEMM for many tokens, every weight format, against a double reference

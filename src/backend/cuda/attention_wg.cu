@@ -8,8 +8,8 @@
  * chunks with a CTA barrier at each (H100: ~110 TF/s at a 4096-token prefill, 11% of the bf16
  * peak; docs/PERF.md session 39). Here:
  *
- * CTA: TT = 4 NC tokens of one KV group (attn_keys.cuh: their runs, the union of their blocks),
- * NC consumer warpgroups of 4 tokens each and one producer warpgroup. A consumer warpgroup's 64
+ * CTA: 8 tokens of one KV group (attn_keys.cuh: their runs, the union of their blocks), two
+ * consumer warpgroups of 4 tokens each and one producer warpgroup. A consumer warpgroup's 64
  * MMA rows are its 4 tokens x 16 query heads (warp w: token w, rows the group's heads; rows past
  * G are zero queries and are not written), so the wgmma's M is a warp's token, as in the tiles.
  *
@@ -28,8 +28,10 @@
  * stages and overlap one another's softmax with MMA. A chunk no token of a warpgroup sees is skipped
  * by it (a warpgroup-uniform test).
  *
- * M3_ATTN_WG=1 turns it on (the token tiles take the step otherwise): off by default until a GPU
- * has checked it against the CPU reference. */
+ * H100, 8 layers, 4096-token prefill (docs/PERF.md, session 47): attention 10.9 ms against the
+ * token tiles' 15.6 (bf16 cache), 14.3 against 17.0 (FP8). Measured and removed: P V overlapped with
+ * the next chunk's softmax (11.3 ms) and 4 tokens a CTA (15.6); docs/logs/s47/wg-variants.diff.
+ * M3_ATTN_WG=0 turns it off (the token tiles take the step). */
 #include <math.h>
 
 #include "attn_keys.cuh"
@@ -67,42 +69,39 @@ static int wg_stages(int D, size_t table_bytes, size_t optin) {
     const long n = ((long)(optin < WG_SMEM_MAX ? optin : WG_SMEM_MAX) - 1024 - 256 - (long)table_bytes) / wg_stage_bytes(D);
     return n > 6 ? 6 : (int)n;
 }
-/* registers moved by setmaxnreg at NC = 2 (384 threads: 168 each at launch) */
+/* registers moved by setmaxnreg (384 threads: 168 each at launch) */
 constexpr int WG_LAUNCH_REGS = 168, WG_PROD_REGS = 88, WG_CONS_REGS = 208;
 static_assert(128 * WG_PROD_REGS + 256 * WG_CONS_REGS == 384 * WG_LAUNCH_REGS && WG_LAUNCH_REGS == 65536 / 384 / 8 * 8,
               "setmaxnreg: the CTA's registers");
 
-template <int ND, int NC, bool PIPE>
-__global__ void __launch_bounds__((NC + 1) * 128, 1)
+constexpr int WG_TT = 8, WG_NT = 384; /* tokens a CTA; threads: 2 consumer warpgroups and a producer one */
+
+template <int ND>
+__global__ void __launch_bounds__(WG_NT, 1)
     k_attn_wg(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh, int T, const int32_t *sel, int B, int topk,
-              int ns, float *out, float scale, int vswap) {
+              int ns, float *out, float scale) {
     pdl_trigger();
-    constexpr int D = ND * 8, TT = 4 * NC, NT = (NC + 1) * 128, SB = wg_stage_bytes(D);
+    constexpr int D = ND * 8, TT = WG_TT, NT = WG_NT, SB = wg_stage_bytes(D);
     extern __shared__ __align__(1024) uint8_t wsm[];
     /* the stages first, 1024-aligned for the swizzle; then the barriers and the key tables */
     const uint32_t base = (smem_u32(wsm) + 1023u) & ~1023u;
     uint8_t *gen = wsm + (base - smem_u32(wsm));
-    constexpr int ZV = PIPE ? (D / 64) * SLAB : 0; /* PIPE: a zero V past the stages */
-    const uint32_t bars = base + (uint32_t)ns * SB + ZV; /* full[ns], empty[ns] */
-    const tile_keys tk = tile_keys_at((int *)(gen + (size_t)ns * SB + ZV + 256), TT, topk, true);
+    const uint32_t bars = base + (uint32_t)ns * SB; /* full[ns], empty[ns] */
+    const tile_keys tk = tile_keys_at((int *)(gen + (size_t)ns * SB + 256), TT, topk, true);
     const int g = blockIdx.y, t0 = blockIdx.x * TT, tid = threadIdx.x;
     const int G = nh / d.nkv, cpb = (B + WCH - 1) / WCH;
     if (tid == 0) {
         for (int s = 0; s < ns; s++) {
             mb_init(bars + 8 * s, 128);
-            mb_init(bars + 8 * (ns + s), 4 * NC);
+            mb_init(bars + 8 * (ns + s), 8);
         }
-    }
-    if constexpr (PIPE) {
-        for (int i = tid; i < ZV / 16; i += NT) *(uint4 *)(gen + (size_t)ns * SB + 16 * i) = make_uint4(0, 0, 0, 0);
-        fence_proxy_async(); /* the zeros, for the wgmmas after the barrier below */
     }
     tile_keys_build<TT>(tk, pos, seq, sel, t0, T, g, d.nkv, topk, WCH, cpb, tid, NT); /* ends in __syncthreads */
     const int nch = tk.nch[0];
     const bool sparse = sel != NULL;
     if (tid < 128) {
         /* ---- producers */
-        if constexpr (NC == 2) regs_dec<WG_PROD_REGS>();
+        regs_dec<WG_PROD_REGS>();
         for (int i = 0; i < nch; i++) {
             const int st = i % ns;
             if (i >= ns) mb_wait(bars + 8 * (ns + st), ((i / ns) & 1) ^ 1);
@@ -158,7 +157,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         return;
     }
     /* ---- consumers: warpgroup wg, warp w of it (token tw = 4 wg + w), lane (gr, tg) */
-    if constexpr (NC == 2) regs_inc<WG_CONS_REGS>();
+    regs_inc<WG_CONS_REGS>();
     const int wg = (tid >> 7) - 1, w = (tid >> 5) & 3, lane = tid & 31, gr = lane >> 2, tg = lane & 3;
     const int tw = 4 * wg + w, myrun = tk.trun[tw], myp = tk.tpos[tw];
     /* Q's A fragments (rows gr, gr + 8 = heads; bf16), D / 16 k16 steps */
@@ -180,31 +179,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
     for (int i = 0; i < ND * 4; i++) o[i] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     const float sl = scale * M3_LOG2E_F;
-    /* PIPE: P V of a chunk runs while the next chunk's softmax computes (FlashAttention-3's
-     * intra-warpgroup overlap): its wgmmas are issued after the next chunk's S, and waited for
-     * before O is rescaled; pv_st: the stage of the P V pending (-1: none). Its P and the chunk's
-     * are two register sets that swap roles each chunk (the loop runs two chunks a turn): a P copied
-     * into the pending set would be written while the P V reading it runs (ptxas serializes, C7513) */
-    uint32_t pA[4][4], pB[4][4]; /* PIPE: the P of the pending P V and the chunk's own, alternating */
-#pragma unroll
-    for (int k = 0; k < 4; k++) pA[k][0] = pA[k][1] = pA[k][2] = pA[k][3] = pB[k][0] = pB[k][1] = pB[k][2] = pB[k][3] = 0u;
-    int pv_st = -1; /* none: a P of zeros times the zero V past the stages (no branch around the wgmmas) */
-    /* V's descriptors of stage st (-1: the zero V), computed before any wgmma of a batch is issued
-     * (a descriptor defined between two wgmmas of a batch serializes them, C7513) */
-    auto v_descs = [&](int st, uint64_t (&vd)[4]) {
-        const uint32_t vs = st >= 0 ? base + (uint32_t)st * SB + (D / 64) * SLAB : base + (uint32_t)ns * SB;
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) /* keys 16 kk ..: 16 rows of 128 bytes */
-            vd[kk] = vswap ? m3_wg_desc_v(vs + kk * 2048, 1024, SLAB) : m3_wg_desc_v_step(vs, kk);
-    };
-    auto issue_pv = [&](const uint32_t (&p)[4][4], const uint64_t (&vd)[4]) {
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            if constexpr (ND == 16) wgmma_n128<1>(o, p[kk], vd[kk]);
-            else wgmma_n64<1>(o, p[kk], vd[kk]);
-        }
-    };
-    auto step = [&](int i, uint32_t(&pcur)[4][4], uint32_t(&pprev)[4][4]) {
+    for (int i = 0; i < nch; i++) {
         const int st = i % ns;
         int r, a, e, key;
         tile_chunk(tk, sparse, i, B, WCH, cpb, &r, &a, &e, &key);
@@ -221,41 +196,24 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         mb_wait(bars + 8 * st, (i / ns) & 1);
         if (!any) {
             if (lane == 0) mb_arrive(bars + 8 * (ns + st));
-            if constexpr (PIPE) {
-                /* the pending P V runs now: its stage must not wait for this warpgroup's next chunk (the
-                 * producers may need that stage before the chunk: every chunk between could be skipped) */
-                uint64_t vd[4];
-                v_descs(pv_st, vd);
-                wg_fence();
-                issue_pv(pprev, vd);
-                wg_commit();
-                wg_wait<0>();
-                if (lane == 0 && pv_st >= 0) mb_arrive(bars + 8 * (ns + pv_st));
-                pv_st = -1;
-#pragma unroll
-                for (int k = 0; k < 4; k++) pcur[k][0] = pcur[k][1] = pcur[k][2] = pcur[k][3] = 0u;
-            }
-            return;
+            continue;
         }
         fence_proxy_async();
-        const uint32_t ks = base + (uint32_t)st * SB;
+        /* the descriptors before any wgmma of a batch is issued (one defined between two wgmmas of a
+         * batch serializes them, C7513) */
+        const uint32_t ks = base + (uint32_t)st * SB, vs = ks + (D / 64) * SLAB;
         uint64_t dk[ND / 2], vd[4];
 #pragma unroll
         for (int kk = 0; kk < ND / 2; kk++) dk[kk] = m3_wg_desc_k_step(ks, kk);
-        v_descs(PIPE ? pv_st : st, vd);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) vd[kk] = m3_wg_desc_v_step(vs, kk); /* keys 16 kk ..: 16 rows of 128 bytes */
         float s[32];
         wg_fence();
         wg_s64_first(s, qa[0], dk[0]);
 #pragma unroll
         for (int kk = 1; kk < ND / 2; kk++) wgmma_n64(s, qa[kk], dk[kk]);
         wg_commit();
-        if constexpr (PIPE) {
-            issue_pv(pprev, vd);
-            wg_commit();
-            wg_wait<1>(); /* S done; the P V may still run */
-        } else {
-            wg_wait<0>();
-        }
+        wg_wait<0>();
         /* softmax of rows gr (s[4j], s[4j + 1]) and gr + 8 (s[4j + 2], s[4j + 3]); key 8j + 2tg + (i & 1) */
         const int lim = mine ? min(e - 1, myp) - a : -1; /* keys 0..lim of the chunk */
         float sv[32]; /* scores in log2 units, -inf where masked (s stays the wgmma's alone) */
@@ -281,7 +239,7 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
         m1 = n1;
         l0 *= c0;
         l1 *= c1;
-        uint32_t(&pa)[4][4] = pcur; /* P's A fragments, k16 steps of 16 keys */
+        uint32_t pa[4][4]; /* P's A fragments, k16 steps of 16 keys */
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const uint32_t p0 = bf2(exp2f(sv[4 * j] - b0), exp2f(sv[4 * j + 1] - b0));
@@ -291,10 +249,6 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
             pa[j >> 1][2 * (j & 1)] = p0;
             pa[j >> 1][2 * (j & 1) + 1] = p1;
         }
-        if constexpr (PIPE) {
-            wg_wait<0>(); /* the previous chunk's P V: O is final for its max, its stage free */
-            if (lane == 0 && pv_st >= 0) mb_arrive(bars + 8 * (ns + pv_st));
-        }
 #pragma unroll
         for (int j = 0; j < ND; j++) {
             o[4 * j] *= c0;
@@ -302,33 +256,15 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
             o[4 * j + 2] *= c1;
             o[4 * j + 3] *= c1;
         }
-        if constexpr (PIPE) {
-            pv_st = st;
-        } else {
-            wg_fence();
-            issue_pv(pa, vd);
-            wg_commit();
-            wg_wait<0>();
-            if (lane == 0) mb_arrive(bars + 8 * (ns + st));
-        }
-    };
-    for (int i = 0; i < nch; i += 2) {
-        step(i, pA, pB);
-        if (i + 1 < nch) step(i + 1, pB, pA);
-    }
-    if constexpr (PIPE) {
-        if (nch % 2 == 0) /* the last chunk's P is in pB */
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-#pragma unroll
-                for (int h = 0; h < 4; h++) pA[k][h] = pB[k][h];
-        uint64_t vd[4];
-        v_descs(pv_st, vd);
         wg_fence();
-        issue_pv(pA, vd);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            if constexpr (ND == 16) wgmma_n128<1>(o, pa[kk], vd[kk]);
+            else wgmma_n64<1>(o, pa[kk], vd[kk]);
+        }
         wg_commit();
         wg_wait<0>();
-        if (lane == 0 && pv_st >= 0) mb_arrive(bars + 8 * (ns + pv_st));
+        if (lane == 0) mb_arrive(bars + 8 * (ns + st));
     }
     if (myrun < 0) return;
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -352,32 +288,24 @@ __global__ void __launch_bounds__((NC + 1) * 128, 1)
 int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, const float *q, int nh, const int32_t *sel, int block,
                        int topk, int np, float *out) {
     const int D = kv->D, nkv = kv->nkv;
-    static int on = -1, nc = 0; /* M3_ATTN_WG=1: on (off until checked on a GPU); M3_ATTN_WG_NC=1: one consumer warpgroup (4 tokens a CTA) */
-    if (on < 0) on = m3_cu_env_int("M3_ATTN_WG", 0) == 1;
-    if (nc == 0) nc = m3_cu_env_int("M3_ATTN_WG_NC", 2) == 1 ? 1 : 2;
-    static int pipe = -1; /* M3_ATTN_WG_PIPE=1: P V overlapped with the next chunk's softmax */
-    if (pipe < 0) pipe = m3_cu_env_int("M3_ATTN_WG_PIPE", 0) == 1;
-    static int vswap = -1; /* M3_ATTN_WG_VSWAP=1: V's descriptor with LBO and SBO swapped (a check of the layout) */
-    if (vswap < 0) vswap = m3_cu_env_int("M3_ATTN_WG_VSWAP", 0) == 1;
+    static int on = -1; /* M3_ATTN_WG=0: off (the token tiles take the step) */
+    if (on < 0) on = m3_cu_env_int("M3_ATTN_WG", 1) != 0;
     if (!on || np != 1 || !(kv->dt == M3_KV_BF16 || kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4) || !(D == 64 || D == 128) ||
         nh / nkv > 16 || nh % nkv)
         return 1;
-    const int tt = 4 * nc;
-    if (!m3_cu_attn_tiles_fit(c, T, tt, nkv)) return 1;
+    if (!m3_cu_attn_tiles_fit(c, T, WG_TT, nkv)) return 1;
     if (sel && (topk < 1 || topk > 64 || block < 1 || c->max_pos / block >= (1 << 24))) return 1;
     const kvdesc dd = desc(c, kv, layer);
     /* aligned for the producers' loads: 16-byte copies (bf16), 8-byte (FP8) and 4-byte (NVFP4) words */
     const size_t al = dd.rb | dd.kvpart | dd.page_bytes | (uintptr_t)dd.base;
     if ((al & (kv->dt == M3_KV_BF16 ? 15 : kv->dt == M3_KV_FP8 ? 7 : 3)) != 0) return 1;
-    const size_t tables = sizeof(int) * tile_keys_ints(tt, sel ? topk : 0, true);
-    const size_t zv = pipe ? (size_t)wg_stage_bytes(D) / 2 : 0;
-    const int ns = wg_stages(D, tables + zv, c->smem_optin);
+    const size_t tables = sizeof(int) * tile_keys_ints(WG_TT, sel ? topk : 0, true);
+    const int ns = wg_stages(D, tables, c->smem_optin);
     if (ns < 2) return 1;
-    const size_t sm = 1024 + (size_t)ns * wg_stage_bytes(D) + zv + 256 + tables;
-    void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, int, float *, float, int) =
-        D == 128 ? (nc == 2 ? (pipe ? k_attn_wg<16, 2, true> : k_attn_wg<16, 2, false>) : (pipe ? k_attn_wg<16, 1, true> : k_attn_wg<16, 1, false>))
-                 : (nc == 2 ? (pipe ? k_attn_wg<8, 2, true> : k_attn_wg<8, 2, false>) : (pipe ? k_attn_wg<8, 1, true> : k_attn_wg<8, 1, false>));
-    if (nc == 2) { /* setmaxnreg balances 168 registers a thread exactly: with fewer, the consumers would wait forever */
+    const size_t sm = 1024 + (size_t)ns * wg_stage_bytes(D) + 256 + tables;
+    void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, int, float *, float) =
+        D == 128 ? k_attn_wg<16> : k_attn_wg<8>;
+    { /* setmaxnreg balances 168 registers a thread exactly: with fewer, the consumers would wait forever */
         cudaFuncAttributes fa;
         const cudaError_t e = cudaFuncGetAttributes(&fa, fn);
         if (e != cudaSuccess) {
@@ -392,8 +320,8 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     }
     cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     const size_t qo = (size_t)t0 * nh * D;
-    fn<<<dim3((unsigned)cdiv((size_t)T, (size_t)tt), nkv), (nc + 1) * 128, sm, c->st>>>(
+    fn<<<dim3((unsigned)cdiv((size_t)T, (size_t)WG_TT), nkv), WG_NT, sm, c->st>>>(
         dd, c->d_pos + t0, c->d_seq + t0, q + qo, nh, T, sel ? sel + (size_t)t0 * nkv * topk : NULL, block, sel ? topk : 0, ns, out + qo,
-        1.0f / sqrtf((float)D), vswap);
+        1.0f / sqrtf((float)D));
     return CK_LAUNCH(c, "attention (wgmma tiles)") ? -1 : 0;
 }

@@ -69,14 +69,17 @@ static int wg_stages(int D, size_t table_bytes, size_t optin) {
     const long n = ((long)(optin < WG_SMEM_MAX ? optin : WG_SMEM_MAX) - 1024 - 256 - (long)table_bytes) / wg_stage_bytes(D);
     return n > 6 ? 6 : (int)n;
 }
-/* registers moved by setmaxnreg (384 threads: 168 each at launch) */
-constexpr int WG_LAUNCH_REGS = 168, WG_PROD_REGS = 88, WG_CONS_REGS = 208;
-static_assert(128 * WG_PROD_REGS + 256 * WG_CONS_REGS == 384 * WG_LAUNCH_REGS && WG_LAUNCH_REGS == 65536 / 384 / 8 * 8,
+/* registers moved by setmaxnreg (384 threads: 168 each at launch): producers, consumers; FP8 / NVFP4
+ * producers with 16 words in flight (D 128, PB 8) need 120 (at 88 / 104 they spill) */
+constexpr int WG_LAUNCH_REGS = 168;
+__host__ __device__ constexpr int wg_prod_regs(int ND, int PB) { return ND == 16 && PB == 8 ? 120 : 88; }
+__host__ __device__ constexpr int wg_cons_regs(int ND, int PB) { return (384 * WG_LAUNCH_REGS - 128 * wg_prod_regs(ND, PB)) / 256; }
+static_assert(WG_LAUNCH_REGS == 65536 / 384 / 8 * 8 && wg_cons_regs(16, 8) == 192 && wg_cons_regs(16, 4) == 208,
               "setmaxnreg: the CTA's registers");
 
 constexpr int WG_TT = 8, WG_NT = 384; /* tokens a CTA; threads: 2 consumer warpgroups and a producer one */
 
-template <int ND>
+template <int ND, int PB>
 __global__ void __launch_bounds__(WG_NT, 1)
     k_attn_wg(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh, int T, const int32_t *sel, int B, int topk,
               int ns, float *out, float scale) {
@@ -101,7 +104,7 @@ __global__ void __launch_bounds__(WG_NT, 1)
     const bool sparse = sel != NULL;
     if (tid < 128) {
         /* ---- producers */
-        regs_dec<WG_PROD_REGS>();
+        regs_dec<wg_prod_regs(ND, PB)>();
         for (int i = 0; i < nch; i++) {
             const int st = i % ns;
             if (i >= ns) mb_wait(bars + 8 * (ns + st), ((i / ns) & 1) ^ 1);
@@ -130,7 +133,8 @@ __global__ void __launch_bounds__(WG_NT, 1)
             } else {
                 /* FP8 / NVFP4: word loads of PB pieces in flight, converted to bf16 (exact) and stored, then
                  * the stores fenced for the wgmmas' async proxy before the arrival; zero codes past n decode to 0 */
-                constexpr int PB = 4, NPT = WCH * ND / 128; /* pieces a thread: 8 (D 128), 4 (D 64) */
+                constexpr int NPT = WCH * ND / 128; /* pieces a thread: 8 (D 128), 4 (D 64) */
+                static_assert(NPT % PB == 0, "pieces a thread");
                 const bool nv = d.dt == M3_KV_NVFP4;
 #pragma unroll 1
                 for (int b0 = 0; b0 < NPT; b0 += PB) {
@@ -157,7 +161,7 @@ __global__ void __launch_bounds__(WG_NT, 1)
         return;
     }
     /* ---- consumers: warpgroup wg, warp w of it (token tw = 4 wg + w), lane (gr, tg) */
-    regs_inc<WG_CONS_REGS>();
+    regs_inc<wg_cons_regs(ND, PB)>();
     const int wg = (tid >> 7) - 1, w = (tid >> 5) & 3, lane = tid & 31, gr = lane >> 2, tg = lane & 3;
     const int tw = 4 * wg + w, myrun = tk.trun[tw], myp = tk.tpos[tw];
     /* Q's A fragments (rows gr, gr + 8 = heads; bf16), D / 16 k16 steps */
@@ -290,6 +294,8 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     const int D = kv->D, nkv = kv->nkv;
     static int on = -1; /* M3_ATTN_WG=0: off (the token tiles take the step) */
     if (on < 0) on = m3_cu_env_int("M3_ATTN_WG", 1) != 0;
+    static int pb = -1; /* M3_ATTN_WG_PB=8: FP8 / NVFP4 producers with all their pieces of a chunk in flight (else half) */
+    if (pb < 0) pb = m3_cu_env_int("M3_ATTN_WG_PB", 4) == 8 ? 8 : 4;
     if (!on || np != 1 || !(kv->dt == M3_KV_BF16 || kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4) || !(D == 64 || D == 128) ||
         nh / nkv > 16 || nh % nkv)
         return 1;
@@ -304,7 +310,7 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     if (ns < 2) return 1;
     const size_t sm = 1024 + (size_t)ns * wg_stage_bytes(D) + 256 + tables;
     void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, int, float *, float) =
-        D == 128 ? k_attn_wg<16> : k_attn_wg<8>;
+        D == 128 ? (pb == 8 ? k_attn_wg<16, 8> : k_attn_wg<16, 4>) : (pb == 8 ? k_attn_wg<8, 4> : k_attn_wg<8, 2>);
     { /* setmaxnreg balances 168 registers a thread exactly: with fewer, the consumers would wait forever */
         cudaFuncAttributes fa;
         const cudaError_t e = cudaFuncGetAttributes(&fa, fn);

@@ -39,6 +39,7 @@
 #include "attn_mma.cuh"
 #include "kv.cuh"
 #include "ptx.cuh"
+#include "tmap.cuh"
 #include "wgmma.cuh"
 
 namespace {
@@ -82,7 +83,7 @@ constexpr int WG_TT = 8, WG_NT = 384; /* tokens a CTA; threads: 2 consumer warpg
 template <int ND, int PB>
 __global__ void __launch_bounds__(WG_NT, 1)
     k_attn_wg(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh, int T, const int32_t *sel, int B, int topk,
-              int ns, float *out, float scale) {
+              int ns, float *out, float scale, const __grid_constant__ CUtensorMap kvmap, int tma) {
     pdl_trigger();
     constexpr int D = ND * 8, TT = WG_TT, NT = WG_NT, SB = wg_stage_bytes(D);
     extern __shared__ __align__(1024) uint8_t wsm[];
@@ -105,13 +106,30 @@ __global__ void __launch_bounds__(WG_NT, 1)
     if (tid < 128) {
         /* ---- producers */
         regs_dec<wg_prod_regs(ND, PB)>();
-        for (int i = 0; i < nch; i++) {
-            const int st = i % ns;
-            if (i >= ns) mb_wait(bars + 8 * (ns + st), ((i / ns) & 1) ^ 1);
+        /* chunk i in stage st = i % ns, of round ph = (i / ns) & 1 (counted: ns is not a constant) */
+        for (int i = 0, st = 0, ph = 0; i < nch; i++, st = st + 1 == ns ? 0 : st + 1, ph ^= st == 0) {
+            if (i >= ns) mb_wait(bars + 8 * (ns + st), ph ^ 1);
             int r, a, e, key;
             tile_chunk(tk, sparse, i, B, WCH, cpb, &r, &a, &e, &key);
             const int n = e - a, s = tk.rseq[r];
             const uint32_t ks = base + (uint32_t)st * SB, vs = ks + (D / 64) * SLAB;
+            if (tma && n == WCH) {
+                /* bf16, a whole chunk (in one page: the host asks pages and blocks of multiples of 64 keys): its
+                 * K and V slabs by bulk tensor copies from one thread (the 128-byte swizzle is the map's), the
+                 * others arriving. A partial chunk takes the copies below, whose zero fill keeps stale rows out. */
+                if (tid == 0) {
+                    const int pgi = d.ptab[(size_t)s * d.stride + a / d.page], row = g * d.page + a % d.page;
+                    mb_expect_tx(bars + 8 * st, SB);
+#pragma unroll
+                    for (int sl = 0; sl < D / 64; sl++) {
+                        tma_4d(ks + sl * SLAB, &kvmap, 64 * sl, row, 0, pgi, bars + 8 * st);
+                        tma_4d(vs + sl * SLAB, &kvmap, 64 * sl, row, 1, pgi, bars + 8 * st);
+                    }
+                } else {
+                    mb_arrive(bars + 8 * st);
+                }
+                continue;
+            }
             /* the chunk's first row where it lies in one page (always where pages hold a multiple of 64 keys) */
             const uint8_t *pg = n > 0 && a / d.page == (e - 1) / d.page
                                     ? (const uint8_t *)page_of(d, s, a) + ((size_t)g * d.page + a % d.page) * d.rb
@@ -183,8 +201,7 @@ __global__ void __launch_bounds__(WG_NT, 1)
     for (int i = 0; i < ND * 4; i++) o[i] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     const float sl = scale * M3_LOG2E_F;
-    for (int i = 0; i < nch; i++) {
-        const int st = i % ns;
+    for (int i = 0, st = 0, ph = 0; i < nch; i++, st = st + 1 == ns ? 0 : st + 1, ph ^= st == 0) {
         int r, a, e, key;
         tile_chunk(tk, sparse, i, B, WCH, cpb, &r, &a, &e, &key);
         /* the warpgroup's tokens that see chunk i: their run's, their selection's, from its first key */
@@ -197,7 +214,7 @@ __global__ void __launch_bounds__(WG_NT, 1)
             any |= sees;
             if (u == w) mine = sees;
         }
-        mb_wait(bars + 8 * st, (i / ns) & 1);
+        mb_wait(bars + 8 * st, ph);
         if (!any) {
             if (lane == 0) mb_arrive(bars + 8 * (ns + st));
             continue;
@@ -294,6 +311,8 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     const int D = kv->D, nkv = kv->nkv;
     static int on = -1; /* M3_ATTN_WG=0: off (the token tiles take the step) */
     if (on < 0) on = m3_cu_env_int("M3_ATTN_WG", 1) != 0;
+    static int tma_on = -1; /* M3_ATTN_WG_TMA=1: bf16 chunks by bulk tensor copies */
+    if (tma_on < 0) tma_on = m3_cu_env_int("M3_ATTN_WG_TMA", 0) == 1;
     static int pb = -1; /* M3_ATTN_WG_PB=8: FP8 / NVFP4 producers with all their pieces of a chunk in flight (else half) */
     if (pb < 0) pb = m3_cu_env_int("M3_ATTN_WG_PB", 4) == 8 ? 8 : 4;
     if (!on || np != 1 || !(kv->dt == M3_KV_BF16 || kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4) || !(D == 64 || D == 128) ||
@@ -309,7 +328,22 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     const int ns = wg_stages(D, tables, c->smem_optin);
     if (ns < 2) return 1;
     const size_t sm = 1024 + (size_t)ns * wg_stage_bytes(D) + 256 + tables;
-    void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, int, float *, float) =
+    /* bf16 pages as a tensor map: {D values, nkv x page rows (stride rb), K / V (kvpart), pages (page_bytes)},
+     * boxes of 64 x 64 in the 128-byte swizzle; where whole chunks lie in one page */
+    CUtensorMap kvmap;
+    memset(&kvmap, 0, sizeof kvmap);
+    int tma = 0;
+    if (tma_on && kv->dt == M3_KV_BF16 && dd.page % WCH == 0 && (!sel || block % WCH == 0) && !((uintptr_t)dd.base & 15) &&
+        (dd.rb | dd.kvpart | dd.page_bytes) % 16 == 0) {
+        const PFN_cuTensorMapEncodeTiled_v12000 enc = m3_cu_encode_tiled();
+        const cuuint64_t dim[4] = {(cuuint64_t)D, (cuuint64_t)nkv * dd.page, 2, (cuuint64_t)kv->n_pages};
+        const cuuint64_t stride[3] = {(cuuint64_t)dd.rb, (cuuint64_t)dd.kvpart, (cuuint64_t)dd.page_bytes};
+        const cuuint32_t box[4] = {64, WCH, 1, 1}, es[4] = {1, 1, 1, 1};
+        tma = enc && enc(&kvmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, dd.base, dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    }
+    void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, int, float *, float,
+               const CUtensorMap, int) =
         D == 128 ? (pb == 8 ? k_attn_wg<16, 8> : k_attn_wg<16, 4>) : (pb == 8 ? k_attn_wg<8, 4> : k_attn_wg<8, 2>);
     { /* setmaxnreg balances 168 registers a thread exactly: with fewer, the consumers would wait forever */
         cudaFuncAttributes fa;
@@ -328,6 +362,6 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     const size_t qo = (size_t)t0 * nh * D;
     fn<<<dim3((unsigned)cdiv((size_t)T, (size_t)WG_TT), nkv), WG_NT, sm, c->st>>>(
         dd, c->d_pos + t0, c->d_seq + t0, q + qo, nh, T, sel ? sel + (size_t)t0 * nkv * topk : NULL, block, sel ? topk : 0, ns, out + qo,
-        1.0f / sqrtf((float)D));
+        1.0f / sqrtf((float)D), kvmap, tma);
     return CK_LAUNCH(c, "attention (wgmma tiles)") ? -1 : 0;
 }

@@ -78,6 +78,7 @@
 #include "gemm_tc.h"
 #include "ptx.cuh"
 #include "swiglu.cuh"
+#include "tmap.cuh"
 #include "wgmma.cuh"
 
 namespace {
@@ -985,20 +986,8 @@ template <int F> static int launch64(cudaStream_t st, const gemm_args &a, m3_err
     return launch_args<F, 64>(st, a, err);
 }
 
-/* The driver's cuTensorMapEncodeTiled, reached through the runtime (no link to libcuda); NULL where the
- * driver has none. M3_GEMM_TC_TMA=0: BF16 weights by row copies (measurements). */
-static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled(void) {
-    static const PFN_cuTensorMapEncodeTiled_v12000 fn = []() -> PFN_cuTensorMapEncodeTiled_v12000 {
-        if (env_is("M3_GEMM_TC_TMA", "0")) return NULL;
-        void *f = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess)
-            return NULL;
-        return (PFN_cuTensorMapEncodeTiled_v12000)f;
-    }();
-    return fn;
-}
+/* the tensor-map encoder (tmap.cuh); M3_GEMM_TC_TMA=0: none, BF16 weights by row copies (measurements) */
+static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled(void) { return env_is("M3_GEMM_TC_TMA", "0") ? NULL : m3_cu_encode_tiled(); }
 /* a BF16 row-major W as a tensor map of boxes of 128 rows x 64 values, 128-byte swizzled (what the
  * kernel's swizzled loads read); 0 where it cannot be made */
 static int bf16_tmap(const m3_linear *W, CUtensorMap *m) {

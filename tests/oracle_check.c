@@ -77,7 +77,9 @@
  *    where the CPU's greedy tokens leave the reference's path too (not at a reference near-tie),
  *    the case's decode is unstable under m3's f32 arithmetic itself, and the device must follow the
  *    CPU's path instead: tokens equal up to a near-tie of the CPU's own, greedy logits within --tol
- *    of the CPU's. Measured: with an NVFP4 cache, m3-tiny's 150-token case flips the same three
+ *    of the CPU's. Block rows likewise: below --index-agree, at most twice the twin's
+ *    differing rows (m3-wide-q's 2600-token case at precision bf16: the CPU's own rows 99.14% equal
+ *    with an FP8 cache, 98.26% with NVFP4). Measured: with an NVFP4 cache, m3-tiny's 150-token case flips the same three
  *    block choices (layer 2, tokens 81, 109, 119) on the CPU and the GPU, against none when every
  *    layer is teacher-forced: bf16 GEMM inputs move K / V / index-K by ~1e-3 of themselves, and
  *    an NVFP4 step is up to a third of a value, so f32 against float64 decides a few roundings
@@ -552,6 +554,11 @@ int main(int argc, char **argv) {
             if (twin_path) ok_glog = 1;
         }
         int index_ok = ok_index || (e2e_index > 0 && g.irows && 1.0 - (double)g.mism / (double)g.irows >= e2e_index);
+        /* --twin: block rows as the twin's at least, up to twice the twin's differing rows (near-ties of
+         * a quantized index-K cache flip under m3's f32 arithmetic itself, and other ones under another
+         * backend's sums: header) */
+        const int twin_index = !index_ok && have_twin && e2e_index > 0 && tw.irows == g.irows && g.mism <= 2 * tw.mism;
+        index_ok |= twin_index;
         int ok = ok_logits && (ok_tokens || tie_ok || twin_path) && ok_glog && index_ok;
         printf("case %d (T=%d, decode %d%s%s): logits max rel L2 %.3g (pos %d)  greedy tokens %s  greedy logits max rel L2 %.3g  index blocks %s (%d layers)  %s\n",
                k, T, N, kv ? ", kv " : "", kv ? kv : "", g.worst, g.worst_t,
@@ -567,7 +574,9 @@ int main(int argc, char **argv) {
             printf("  the twin leaves the reference's path too (step %d); against the twin: first differing token %d (-1: none), "
                    "greedy logits max rel L2 %.3g: %s\n",
                    tw.first_diff, twin_first, twin_worst, twin_path ? "follows it" : "DOES NOT follow it");
-        if (!ok_index && index_ok) printf("  index blocks: %ld of %ld rows equal\n", g.irows - g.mism, g.irows);
+        if (!ok_index)
+            printf("  index blocks: %ld of %ld rows equal%s\n", g.irows - g.mism, g.irows,
+                   twin_index ? " (at most twice the twin's differing rows)" : "");
         if (stats && N) { /* the reference's smallest top-2 margin over the steps: how close a tie it walked past */
             const float *rg = get(ref, "case%d.greedy_logits", k)->data;
             double mm = 1e30;

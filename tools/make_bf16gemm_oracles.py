@@ -235,7 +235,9 @@ def main():
         cfg._experts_implementation = "eager"
         model = MiniMaxM3VLForCausalLM(cfg).to(torch.float64).eval()
         mo.load_hub_into(model, dequantized(mo, load_file(os.path.join(d, "model.safetensors"))), cfg)
-        oracle = load_file(os.path.join(data, name + tag + ".oracle.safetensors"))
+        # the cases' prompts: the exact reference of this cache dtype, else the model's own (the same prompts)
+        of = os.path.join(data, name + tag + ".oracle.safetensors")
+        oracle = load_file(of if os.path.exists(of) else os.path.join(data, name + ".oracle.safetensors"))
         tensors, cases = run_cases(model, cfg, oracle, name + tag, hidden=kv is not None)
         save_file(tensors, os.path.join(out, name + tag + ".bf16gemm.oracle.safetensors"))
         meta = {"model": name, "reference": "transformers 5.17 MiniMaxM3VLForCausalLM, eager, float64, every "

@@ -70,17 +70,14 @@ static int wg_stages(int D, size_t table_bytes, size_t optin) {
     const long n = ((long)(optin < WG_SMEM_MAX ? optin : WG_SMEM_MAX) - 1024 - 256 - (long)table_bytes) / wg_stage_bytes(D);
     return n > 6 ? 6 : (int)n;
 }
-/* registers moved by setmaxnreg (384 threads: 168 each at launch): producers, consumers; FP8 / NVFP4
- * producers with 16 words in flight (D 128, PB 8) need 120 (at 88 / 104 they spill) */
-constexpr int WG_LAUNCH_REGS = 168;
-__host__ __device__ constexpr int wg_prod_regs(int ND, int PB) { return ND == 16 && PB == 8 ? 120 : 88; }
-__host__ __device__ constexpr int wg_cons_regs(int ND, int PB) { return (384 * WG_LAUNCH_REGS - 128 * wg_prod_regs(ND, PB)) / 256; }
-static_assert(WG_LAUNCH_REGS == 65536 / 384 / 8 * 8 && wg_cons_regs(16, 8) == 192 && wg_cons_regs(16, 4) == 208,
+/* registers moved by setmaxnreg (384 threads: 168 each at launch) */
+constexpr int WG_LAUNCH_REGS = 168, WG_PROD_REGS = 88, WG_CONS_REGS = 208;
+static_assert(128 * WG_PROD_REGS + 256 * WG_CONS_REGS == 384 * WG_LAUNCH_REGS && WG_LAUNCH_REGS == 65536 / 384 / 8 * 8,
               "setmaxnreg: the CTA's registers");
 
 constexpr int WG_TT = 8, WG_NT = 384; /* tokens a CTA; threads: 2 consumer warpgroups and a producer one */
 
-template <int ND, int PB>
+template <int ND>
 __global__ void __launch_bounds__(WG_NT, 1)
     k_attn_wg(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh, int T, const int32_t *sel, int B, int topk,
               int ns, float *out, float scale, const __grid_constant__ CUtensorMap kvmap, int tma) {
@@ -105,12 +102,13 @@ __global__ void __launch_bounds__(WG_NT, 1)
     const bool sparse = sel != NULL;
     if (tid < 128) {
         /* ---- producers */
-        regs_dec<wg_prod_regs(ND, PB)>();
+        regs_dec<WG_PROD_REGS>();
         /* chunk i in stage st = i % ns, of round ph = (i / ns) & 1 (counted: ns is not a constant) */
-        for (int i = 0, st = 0, ph = 0; i < nch; i++, st = st + 1 == ns ? 0 : st + 1, ph ^= st == 0) {
+        tile_walk wk = {0, 0};
+        for (int i = 0, st = 0, ph = 0; i < nch; i++, st = st + 1 == ns ? 0 : st + 1, ph ^= st == 0, tile_walk_next(tk, sparse, cpb, wk)) {
             if (i >= ns) mb_wait(bars + 8 * (ns + st), ph ^ 1);
-            int r, a, e, key;
-            tile_chunk(tk, sparse, i, B, WCH, cpb, &r, &a, &e, &key);
+            int r, a, e, um;
+            tile_walk_at(tk, sparse, wk, B, WCH, &r, &a, &e, &um);
             const int n = e - a, s = tk.rseq[r];
             const uint32_t ks = base + (uint32_t)st * SB, vs = ks + (D / 64) * SLAB;
             if (tma && n == WCH) {
@@ -151,8 +149,7 @@ __global__ void __launch_bounds__(WG_NT, 1)
             } else {
                 /* FP8 / NVFP4: word loads of PB pieces in flight, converted to bf16 (exact) and stored, then
                  * the stores fenced for the wgmmas' async proxy before the arrival; zero codes past n decode to 0 */
-                constexpr int NPT = WCH * ND / 128; /* pieces a thread: 8 (D 128), 4 (D 64) */
-                static_assert(NPT % PB == 0, "pieces a thread");
+                constexpr int PB = 4, NPT = WCH * ND / 128; /* pieces a thread: 8 (D 128), 4 (D 64) */
                 const bool nv = d.dt == M3_KV_NVFP4;
 #pragma unroll 1
                 for (int b0 = 0; b0 < NPT; b0 += PB) {
@@ -179,7 +176,7 @@ __global__ void __launch_bounds__(WG_NT, 1)
         return;
     }
     /* ---- consumers: warpgroup wg, warp w of it (token tw = 4 wg + w), lane (gr, tg) */
-    regs_inc<wg_cons_regs(ND, PB)>();
+    regs_inc<WG_CONS_REGS>();
     const int wg = (tid >> 7) - 1, w = (tid >> 5) & 3, lane = tid & 31, gr = lane >> 2, tg = lane & 3;
     const int tw = 4 * wg + w, myrun = tk.trun[tw], myp = tk.tpos[tw];
     /* Q's A fragments (rows gr, gr + 8 = heads; bf16), D / 16 k16 steps */
@@ -201,16 +198,21 @@ __global__ void __launch_bounds__(WG_NT, 1)
     for (int i = 0; i < ND * 4; i++) o[i] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     const float sl = scale * M3_LOG2E_F;
-    for (int i = 0, st = 0, ph = 0; i < nch; i++, st = st + 1 == ns ? 0 : st + 1, ph ^= st == 0) {
-        int r, a, e, key;
-        tile_chunk(tk, sparse, i, B, WCH, cpb, &r, &a, &e, &key);
+    int wrun[4], wpos[4]; /* the warpgroup's tokens: runs, positions */
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        wrun[u] = tk.trun[4 * wg + u];
+        wpos[u] = tk.tpos[4 * wg + u];
+    }
+    tile_walk wk = {0, 0};
+    for (int i = 0, st = 0, ph = 0; i < nch; i++, st = st + 1 == ns ? 0 : st + 1, ph ^= st == 0, tile_walk_next(tk, sparse, cpb, wk)) {
+        int r, a, e, um;
+        tile_walk_at(tk, sparse, wk, B, WCH, &r, &a, &e, &um);
         /* the warpgroup's tokens that see chunk i: their run's, their selection's, from its first key */
-        const int um = sparse ? tk.umask[i / cpb] : -1;
         bool any = false, mine = false;
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            const int t = 4 * wg + u;
-            const bool sees = tk.trun[t] == r && tk.tpos[t] >= a && ((um >> t) & 1);
+            const bool sees = wrun[u] == r && wpos[u] >= a && ((um >> (4 * wg + u)) & 1);
             any |= sees;
             if (u == w) mine = sees;
         }
@@ -270,13 +272,14 @@ __global__ void __launch_bounds__(WG_NT, 1)
             pa[j >> 1][2 * (j & 1)] = p0;
             pa[j >> 1][2 * (j & 1) + 1] = p1;
         }
+        if (!__all_sync(0xffffffffu, c0 == 1.f && c1 == 1.f)) /* the warp's rows' max moved (rarely: integer maxima) */
 #pragma unroll
-        for (int j = 0; j < ND; j++) {
-            o[4 * j] *= c0;
-            o[4 * j + 1] *= c0;
-            o[4 * j + 2] *= c1;
-            o[4 * j + 3] *= c1;
-        }
+            for (int j = 0; j < ND; j++) {
+                o[4 * j] *= c0;
+                o[4 * j + 1] *= c0;
+                o[4 * j + 2] *= c1;
+                o[4 * j + 3] *= c1;
+            }
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
@@ -311,10 +314,8 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     const int D = kv->D, nkv = kv->nkv;
     static int on = -1; /* M3_ATTN_WG=0: off (the token tiles take the step) */
     if (on < 0) on = m3_cu_env_int("M3_ATTN_WG", 1) != 0;
-    static int tma_on = -1; /* M3_ATTN_WG_TMA=1: bf16 chunks by bulk tensor copies */
-    if (tma_on < 0) tma_on = m3_cu_env_int("M3_ATTN_WG_TMA", 0) == 1;
-    static int pb = -1; /* M3_ATTN_WG_PB=8: FP8 / NVFP4 producers with all their pieces of a chunk in flight (else half) */
-    if (pb < 0) pb = m3_cu_env_int("M3_ATTN_WG_PB", 4) == 8 ? 8 : 4;
+    static int tma_on = -1; /* M3_ATTN_WG_TMA=0: bf16 chunks by cp.async only, not bulk tensor copies */
+    if (tma_on < 0) tma_on = m3_cu_env_int("M3_ATTN_WG_TMA", 1) != 0;
     if (!on || np != 1 || !(kv->dt == M3_KV_BF16 || kv->dt == M3_KV_FP8 || kv->dt == M3_KV_NVFP4) || !(D == 64 || D == 128) ||
         nh / nkv > 16 || nh % nkv)
         return 1;
@@ -344,7 +345,7 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     }
     void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, int, float *, float,
                const CUtensorMap, int) =
-        D == 128 ? (pb == 8 ? k_attn_wg<16, 8> : k_attn_wg<16, 4>) : (pb == 8 ? k_attn_wg<8, 4> : k_attn_wg<8, 2>);
+        D == 128 ? k_attn_wg<16> : k_attn_wg<8>;
     { /* setmaxnreg balances 168 registers a thread exactly: with fewer, the consumers would wait forever */
         cudaFuncAttributes fa;
         const cudaError_t e = cudaFuncGetAttributes(&fa, fn);

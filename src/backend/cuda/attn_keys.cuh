@@ -69,7 +69,7 @@ static __device__ void tile_keys_build(const tile_keys &k, const int32_t *pos, c
         int tot = 0;
         for (int r = 0; r < nr; r++) { k.rch[r] = k.rmax[r] / ch + 1; tot += k.rch[r]; }
         k.nch[0] = tot; /* dense; sparse below */
-        k.nch[1] = 0;
+        k.nch[1] = 0; /* sparse: counted below */
     }
     __syncthreads();
     if (!sel) return;
@@ -87,6 +87,7 @@ static __device__ void tile_keys_build(const tile_keys &k, const int32_t *pos, c
         k.skey[w * topk + rk] = key;
         for (int j = 0; j < i && f; j++) f = k.raw[j] != key;
         k.first[i] = f; /* the key's first slot in the tile */
+        if (f) atomicAdd(&k.nch[1], 1);
     }
     __syncthreads();
     for (int i = tid; i < n; i += nt)
@@ -96,12 +97,7 @@ static __device__ void tile_keys_build(const tile_keys &k, const int32_t *pos, c
             k.ukey[rk] = k.raw[i];
             if (k.umask) k.umask[rk] = 0;
         }
-    if (tid == 0) {
-        int nu = 0;
-        for (int i = 0; i < n; i++) nu += k.first[i];
-        k.nch[0] = nu * cpb;
-        k.nch[1] = nu;
-    }
+    if (tid == 0) k.nch[0] = k.nch[1] * cpb;
     __syncthreads();
     if (!k.umask) return;
     const int nu = k.nch[1];
@@ -135,6 +131,37 @@ static __device__ __forceinline__ void tile_chunk(const tile_keys &k, bool spars
         *key = 0;
         *a = i * ch;
         *e = min(*a + ch, k.rmax[r0] + 1);
+    }
+}
+
+/* The tile's chunks in order, walked without dividing (attention_wg.cu: the chunk index's divisions
+ * by cpb, and a dense tile's search of its runs, cost a consumer's every chunk): sparse, distinct key
+ * u and chunk sub of its cpb; dense, run u and chunk sub of its rch[u]. Chunk i of the walk is
+ * tile_chunk's chunk i. */
+struct tile_walk {
+    int u, sub;
+};
+static __device__ __forceinline__ void tile_walk_next(const tile_keys &k, bool sparse, int cpb, tile_walk &w) {
+    if (++w.sub == (sparse ? cpb : k.rch[w.u])) {
+        w.sub = 0;
+        w.u++;
+    }
+}
+/* the walk's chunk: run r, keys [a, e) (e <= a: none), and the tokens (bit t) whose selection holds its
+ * block (-1: dense, every token of the run) */
+static __device__ __forceinline__ void tile_walk_at(const tile_keys &k, bool sparse, const tile_walk &w, int B, int ch, int *r, int *a,
+                                                    int *e, int *um) {
+    if (sparse) {
+        const int kk = k.ukey[w.u], blk = kk & 0xffffff;
+        *r = kk >> 24;
+        *a = blk * B + w.sub * ch;
+        *e = min(min(*a + ch, blk * B + B), k.rmax[*r] + 1);
+        *um = k.umask ? k.umask[w.u] : -1;
+    } else {
+        *r = w.u;
+        *a = w.sub * ch;
+        *e = min(*a + ch, k.rmax[w.u] + 1);
+        *um = -1;
     }
 }
 

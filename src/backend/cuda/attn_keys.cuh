@@ -31,7 +31,7 @@ static inline __host__ __device__ size_t tile_keys_ints(int tt, int topk, bool u
     return 5 * (size_t)tt + 4 + (4 + (umask ? 1 : 0)) * (size_t)tt * topk;
 }
 /* the tables at p (16-byte aligned: the key arrays start 16-byte aligned for tt a multiple of 4) */
-static __device__ __forceinline__ tile_keys tile_keys_at(int *p, int tt, int topk, bool umask) {
+static __host__ __device__ __forceinline__ tile_keys tile_keys_at(int *p, int tt, int topk, bool umask) {
     tile_keys k;
     k.trun = p;
     k.tpos = p + tt;
@@ -116,7 +116,7 @@ static __device__ void tile_keys_build(const tile_keys &k, const int32_t *pos, c
 
 /* chunk i of the tile: its run r, keys [a, e) (e <= a: none left before the run's last position)
  * and, sparse, its key (0 dense) */
-static __device__ __forceinline__ void tile_chunk(const tile_keys &k, bool sparse, int i, int B, int ch, int cpb, int *r, int *a, int *e,
+static __host__ __device__ __forceinline__ void tile_chunk(const tile_keys &k, bool sparse, int i, int B, int ch, int cpb, int *r, int *a, int *e,
                                                   int *key) {
     if (sparse) {
         const int kk = k.ukey[i / cpb], blk = kk & 0xffffff;
@@ -137,11 +137,11 @@ static __device__ __forceinline__ void tile_chunk(const tile_keys &k, bool spars
 /* The tile's chunks in order, walked without dividing (attention_wg.cu: the chunk index's divisions
  * by cpb, and a dense tile's search of its runs, cost a consumer's every chunk): sparse, distinct key
  * u and chunk sub of its cpb; dense, run u and chunk sub of its rch[u]. Chunk i of the walk is
- * tile_chunk's chunk i. */
+ * tile_chunk's chunk i (tests/gpu/test_attn_keys.cu). */
 struct tile_walk {
     int u, sub;
 };
-static __device__ __forceinline__ void tile_walk_next(const tile_keys &k, bool sparse, int cpb, tile_walk &w) {
+static __host__ __device__ __forceinline__ void tile_walk_next(const tile_keys &k, bool sparse, int cpb, tile_walk &w) {
     if (++w.sub == (sparse ? cpb : k.rch[w.u])) {
         w.sub = 0;
         w.u++;
@@ -149,7 +149,7 @@ static __device__ __forceinline__ void tile_walk_next(const tile_keys &k, bool s
 }
 /* the walk's chunk: run r, keys [a, e) (e <= a: none), and the tokens (bit t) whose selection holds its
  * block (-1: dense, every token of the run) */
-static __device__ __forceinline__ void tile_walk_at(const tile_keys &k, bool sparse, const tile_walk &w, int B, int ch, int *r, int *a,
+static __host__ __device__ __forceinline__ void tile_walk_at(const tile_keys &k, bool sparse, const tile_walk &w, int B, int ch, int *r, int *a,
                                                     int *e, int *um) {
     if (sparse) {
         const int kk = k.ukey[w.u], blk = kk & 0xffffff;

@@ -14,11 +14,13 @@
  * G are zero queries and are not written), so the wgmma's M is a warp's token, as in the tiles.
  *
  * Pipeline: NS stages of one 64-key chunk each: K and V as D / 64 column slabs of [64 keys][128
- * bytes] in the 128-byte swizzle. The producers copy bf16 rows with cp.async (16 bytes a thread,
- * from whatever page each key lies in; rows past the chunk's end zero-filled, so V holds no stale
- * values that a zero probability could turn into NaN), then arrive on the stage's full barrier as
- * their copies land (cp.async.mbarrier.arrive.noinc); FP8 / NVFP4 rows they load as words, decode
- * to bf16 (exact) and store, fence for the async proxy and arrive. A consumer warpgroup waits for
+ * bytes] in the 128-byte swizzle. A whole bf16 chunk (64 keys of one page) comes by bulk tensor
+ * copies: one producer thread issues its K and V slabs from a tensor map of the layer's pages (the
+ * swizzle is the map's) and the stage's full barrier counts their bytes. A partial one (a run's last
+ * keys) the producers copy with cp.async (16 bytes a thread, from whatever page each key lies in;
+ * rows past the chunk's end zero-filled, so V holds no stale values that a zero probability could
+ * turn into NaN) and arrive as their copies land (cp.async.mbarrier.arrive.noinc); FP8 / NVFP4
+ * rows they load as words, decode to bf16 (exact) and store, fence for the async proxy and arrive. A consumer warpgroup waits for
  * the stage, fences the generic proxy's writes for the async proxy, and runs:
  *   S = Q K^T: D / 16 wgmma m64n64k16, Q from registers (bf16, loaded once), K K-major;
  *   the online softmax in registers (masked per warp: the token's selected blocks, its position);
@@ -26,12 +28,14 @@
  *   layout), V MN-major (the transposed-B form: V rows as cached);
  * then each warp's lane 0 arrives on the stage's empty barrier. The consumer warpgroups share the
  * stages and overlap one another's softmax with MMA. A chunk no token of a warpgroup sees is skipped
- * by it (a warpgroup-uniform test).
+ * by it (a warpgroup-uniform test). Both sides step through the tile's chunks by counters
+ * (attn_keys.cuh's tile_walk: no division in the loop).
  *
  * H100, 8 layers, 4096-token prefill (docs/PERF.md, session 47): attention 10.9 ms against the
- * token tiles' 15.6 (bf16 cache), 14.3 against 17.0 (FP8). Measured and removed: P V overlapped with
- * the next chunk's softmax (11.3 ms) and 4 tokens a CTA (15.6); docs/logs/s47/wg-variants.diff.
- * M3_ATTN_WG=0 turns it off (the token tiles take the step). */
+ * token tiles' 15.6 (bf16 cache), 14.3 against 17.0 (FP8); the bulk copies 9.05 against cp.async's
+ * 10.20. Measured and removed: P V overlapped with the next chunk's softmax (11.3 ms), 4 tokens a
+ * CTA (15.6), 16 FP8 words in flight a producer (docs/logs/s47/wg-variants.diff, PERF.md).
+ * M3_ATTN_WG=0 turns it off (the token tiles take the step); M3_ATTN_WG_TMA=0: cp.async only. */
 #include <math.h>
 
 #include "attn_keys.cuh"

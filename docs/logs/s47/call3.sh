@@ -2,7 +2,9 @@
 # Session 47, call 3: the wgmma attention with its chunks walked without divides, the token data in
 # registers and O's rescale skipped where no row's max moved (TMA the default), against call 2's binary
 # (.gpu_pack/old-attn.xz: bench_cuda_attn); the token tiles (the key tables' count now atomic); the
-# m3-mqa shapes (D 64, blocks of 32); prefill; memcheck; on an H200 issue 27's 30-layer dspark bench.
+# m3-mqa shapes (D 64, blocks of 32); FP8 / NVFP4 chunks by bulk copies of their raw rows into raw stages,
+# decoded from there (M3_ATTN_WG_QBULK=1, off by default: unchecked); prefill; memcheck; on an H200 issue
+# 27's 30-layer dspark bench.
 # usage (after scripts/gpu-bin.sh; this file and old-attn.xz in .gpu_pack; docs/logs moved aside): END=400 bash .gpu_pack/call3.sh
 set -u
 mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz
@@ -24,11 +26,12 @@ pre() { # env, kv
 for kv in bf16 fp8 nvfp4; do for k in 6 7 8; do attn $B/bench_cuda_attn M3_ATTN_WG=1 $k $kv; done; done
 for kv in bf16 fp8; do for k in 6 7; do attn /tmp/old_attn M3_ATTN_WG_TMA=1 $k $kv; attn $B/bench_cuda_attn M3_ATTN_WG=1 $k $kv; done; done
 for kv in bf16 nvfp4; do for k in 6 7 8; do attn $B/bench_cuda_attn "M3_ATTN_WG=0 M3_ATTN_TILE=1 M3_ATTN_TILE_ALL=1" $k $kv; done; done
+for kv in fp8 nvfp4; do for k in 6 7 8; do attn $B/bench_cuda_attn M3_ATTN_WG_QBULK=1 $k $kv; done; done
 for kv in bf16 fp8 nvfp4; do for k in 6 7 8; do REPS=1 attn $B/bench_cuda_attn M3_ATTN_TILE=1 $k $kv tests/data/m3-mqa/config.json; done; done
-pre M3_ATTN_WG=1 bf16; pre M3_ATTN_WG=1 fp8; pre M3_ATTN_WG=0 bf16
+pre M3_ATTN_WG=1 bf16; pre M3_ATTN_WG=1 fp8; pre M3_ATTN_WG_QBULK=1 fp8; pre M3_ATTN_WG=0 bf16
 for kv in bf16 nvfp4; do
   [ $(left) -gt 100 ] || break
-  M3_BENCH_CASE=7 M3_BENCH_KV=$kv M3_BENCH_PRECISION=bf16 M3_BENCH_REPS=1 timeout 90 compute-sanitizer --tool memcheck $B/bench_cuda_attn $S > $W/mc.log 2>&1
+  M3_ATTN_WG_QBULK=1 M3_BENCH_CASE=7 M3_BENCH_KV=$kv M3_BENCH_PRECISION=bf16 M3_BENCH_REPS=1 timeout 90 compute-sanitizer --tool memcheck $B/bench_cuda_attn $S > $W/mc.log 2>&1
   echo "[$SECONDS] memcheck case 7 kv $kv rc $?"; grep -E "ERROR SUMMARY|passed|FAIL" $W/mc.log | head -3
 done
 if [ "${gmem:-0}" -ge 120000 ] && [ $(left) -gt 160 ]; then

@@ -68,6 +68,8 @@ static __device__ __forceinline__ void wg_s64_first(float (&d)[32], const uint32
           "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
+/* a raw stage (FP8 / NVFP4 rows of rb bytes: a chunk's K, then its V), 128-byte multiples */
+__host__ __device__ constexpr uint32_t wg_raw_bytes(int rb) { return (2u * WCH * (uint32_t)rb + 127u) & ~127u; }
 /* the stages: shared memory of one (K and V of a 64-key chunk), and how many fit beside the tables */
 __host__ __device__ constexpr int wg_stage_bytes(int D) { return 2 * (D / 64) * SLAB; }
 static int wg_stages(int D, size_t table_bytes, size_t optin) {
@@ -84,15 +86,17 @@ constexpr int WG_TT = 8, WG_NT = 384; /* tokens a CTA; threads: 2 consumer warpg
 template <int ND>
 __global__ void __launch_bounds__(WG_NT, 1)
     k_attn_wg(kvdesc d, const int32_t *pos, const int32_t *seq, const float *q, int nh, int T, const int32_t *sel, int B, int topk,
-              int ns, float *out, float scale, const __grid_constant__ CUtensorMap kvmap, int tma) {
+              int ns, float *out, float scale, const __grid_constant__ CUtensorMap kvmap, int tma, int nr) {
     pdl_trigger();
     constexpr int D = ND * 8, TT = WG_TT, NT = WG_NT, SB = wg_stage_bytes(D);
     extern __shared__ __align__(1024) uint8_t wsm[];
-    /* the stages first, 1024-aligned for the swizzle; then the barriers and the key tables */
+    /* the stages first, 1024-aligned for the swizzle; then nr raw stages (FP8 / NVFP4 by bulk copies:
+     * a chunk's K rows then its V rows as cached, rb apiece), the barriers and the key tables */
     const uint32_t base = (smem_u32(wsm) + 1023u) & ~1023u;
     uint8_t *gen = wsm + (base - smem_u32(wsm));
-    const uint32_t bars = base + (uint32_t)ns * SB; /* full[ns], empty[ns] */
-    const tile_keys tk = tile_keys_at((int *)(gen + (size_t)ns * SB + 256), TT, topk, true);
+    const uint32_t RB = wg_raw_bytes((int)d.rb), raw = base + (uint32_t)ns * SB;
+    const uint32_t bars = raw + (uint32_t)nr * RB; /* full[ns], empty[ns], raw full[nr] */
+    const tile_keys tk = tile_keys_at((int *)(gen + (bars - base) + 256), TT, topk, true);
     const int g = blockIdx.y, t0 = blockIdx.x * TT, tid = threadIdx.x;
     const int G = nh / d.nkv, cpb = (B + WCH - 1) / WCH;
     if (tid == 0) {
@@ -100,6 +104,7 @@ __global__ void __launch_bounds__(WG_NT, 1)
             mb_init(bars + 8 * s, 128);
             mb_init(bars + 8 * (ns + s), 8);
         }
+        for (int s = 0; s < nr; s++) mb_init(bars + 8 * (2 * ns + s), 1);
     }
     tile_keys_build<TT>(tk, pos, seq, sel, t0, T, g, d.nkv, topk, WCH, cpb, tid, NT); /* ends in __syncthreads */
     const int nch = tk.nch[0];
@@ -108,8 +113,29 @@ __global__ void __launch_bounds__(WG_NT, 1)
         /* ---- producers */
         regs_dec<WG_PROD_REGS>();
         /* chunk i in stage st = i % ns, of round ph = (i / ns) & 1 (counted: ns is not a constant) */
+        /* nr > 0 (FP8 / NVFP4, chunks in one page): thread 0 brings chunk i's raw rows into raw stage i % nr
+         * by bulk copies nr chunks ahead (walker wr), the producers decode them from there */
+        tile_walk wr = {0, 0};
+        auto issue_raw = [&](int rs) {
+            int r, a, e, um;
+            tile_walk_at(tk, sparse, wr, B, WCH, &r, &a, &e, &um);
+            const uint32_t bar = bars + 8 * (2 * ns + rs), dst = raw + (uint32_t)rs * RB, half = WCH * (uint32_t)d.rb;
+            if (e <= a) { /* no key: nothing to copy (its page may not exist) */
+                mb_arrive(bar);
+                return;
+            }
+            const uint8_t *src = (const uint8_t *)page_of(d, tk.rseq[r], a) + ((size_t)g * d.page + a % d.page) * d.rb;
+            mb_expect_tx(bar, 2 * half);
+            bulk_g2s(dst, src, half, bar);
+            bulk_g2s(dst + half, src + d.kvpart, half, bar);
+        };
+        if (nr) {
+            for (int j = 0; j < nr && j < nch; j++, tile_walk_next(tk, sparse, cpb, wr))
+                if (tid == 0) issue_raw(j);
+        }
         tile_walk wk = {0, 0};
-        for (int i = 0, st = 0, ph = 0; i < nch; i++, st = st + 1 == ns ? 0 : st + 1, ph ^= st == 0, tile_walk_next(tk, sparse, cpb, wk)) {
+        for (int i = 0, st = 0, ph = 0, rs = 0, rph = 0; i < nch;
+             i++, st = st + 1 == ns ? 0 : st + 1, ph ^= st == 0, tile_walk_next(tk, sparse, cpb, wk)) {
             if (i >= ns) mb_wait(bars + 8 * (ns + st), ph ^ 1);
             int r, a, e, um;
             tile_walk_at(tk, sparse, wk, B, WCH, &r, &a, &e, &um);
@@ -129,6 +155,31 @@ __global__ void __launch_bounds__(WG_NT, 1)
                     }
                 } else {
                     mb_arrive(bars + 8 * st);
+                }
+                continue;
+            }
+            if (nr) {
+                /* FP8 / NVFP4 from the raw stage: rows past n decode as zero codes */
+                const bool nv = d.dt == M3_KV_NVFP4;
+                mb_wait(bars + 8 * (2 * ns + rs), rph);
+                const uint8_t *rk = gen + (raw - base) + (size_t)rs * RB;
+#pragma unroll 4
+                for (int k = tid; k < WCH * ND; k += 128) {
+                    const int j = k / ND, x = k % ND;
+                    uint2 pk = make_uint2(0, 0), pv = make_uint2(0, 0);
+                    if (j < n) piece_load(nv, rk + (size_t)j * d.rb, (size_t)WCH * d.rb, D, 8 * x, &pk, &pv);
+                    const size_t o = m3_wg_off(j, x);
+                    *(uint4 *)(gen + (ks - base) + o) = piece_bf16(nv, pk);
+                    *(uint4 *)(gen + (vs - base) + o) = piece_bf16(nv, pv);
+                }
+                fence_proxy_async();
+                mb_arrive(bars + 8 * st);
+                asm volatile("bar.sync 1, 128;\n" ::: "memory"); /* every producer is done with raw stage rs */
+                if (i + nr < nch && tid == 0) issue_raw(rs);
+                if (i + nr < nch) tile_walk_next(tk, sparse, cpb, wr);
+                if (++rs == nr) {
+                    rs = 0;
+                    rph ^= 1;
                 }
                 continue;
             }
@@ -330,9 +381,17 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     const size_t al = dd.rb | dd.kvpart | dd.page_bytes | (uintptr_t)dd.base;
     if ((al & (kv->dt == M3_KV_BF16 ? 15 : kv->dt == M3_KV_FP8 ? 7 : 3)) != 0) return 1;
     const size_t tables = sizeof(int) * tile_keys_ints(WG_TT, sel ? topk : 0, true);
-    const int ns = wg_stages(D, tables, c->smem_optin);
+    /* FP8 / NVFP4 chunks by bulk copies of their raw rows, where whole chunks lie in one page (M3_ATTN_WG_QBULK=1) */
+    static int qb_on = -1;
+    if (qb_on < 0) qb_on = m3_cu_env_int("M3_ATTN_WG_QBULK", 0) == 1;
+    const int nr = qb_on && kv->dt != M3_KV_BF16 && dd.page % WCH == 0 && (!sel || block % WCH == 0) && !((uintptr_t)dd.base & 15) &&
+                           (WCH * dd.rb | dd.kvpart | dd.page_bytes) % 16 == 0
+                       ? 3
+                       : 0;
+    const size_t rawb = (size_t)nr * wg_raw_bytes((int)dd.rb);
+    const int ns = wg_stages(D, tables + rawb, c->smem_optin);
     if (ns < 2) return 1;
-    const size_t sm = 1024 + (size_t)ns * wg_stage_bytes(D) + 256 + tables;
+    const size_t sm = 1024 + (size_t)ns * wg_stage_bytes(D) + rawb + 256 + tables;
     /* bf16 pages as a tensor map: {D values, nkv x page rows (stride rb), K / V (kvpart), pages (page_bytes)},
      * boxes of 64 x 64 in the 128-byte swizzle; where whole chunks lie in one page */
     CUtensorMap kvmap;
@@ -348,7 +407,7 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
     }
     void (*fn)(kvdesc, const int32_t *, const int32_t *, const float *, int, int, const int32_t *, int, int, int, float *, float,
-               const CUtensorMap, int) =
+               const CUtensorMap, int, int) =
         D == 128 ? k_attn_wg<16> : k_attn_wg<8>;
     { /* setmaxnreg balances 168 registers a thread exactly: with fewer, the consumers would wait forever */
         cudaFuncAttributes fa;
@@ -367,6 +426,6 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     const size_t qo = (size_t)t0 * nh * D;
     fn<<<dim3((unsigned)cdiv((size_t)T, (size_t)WG_TT), nkv), WG_NT, sm, c->st>>>(
         dd, c->d_pos + t0, c->d_seq + t0, q + qo, nh, T, sel ? sel + (size_t)t0 * nkv * topk : NULL, block, sel ? topk : 0, ns, out + qo,
-        1.0f / sqrtf((float)D), kvmap, tma);
+        1.0f / sqrtf((float)D), kvmap, tma, nr);
     return CK_LAUNCH(c, "attention (wgmma tiles)") ? -1 : 0;
 }

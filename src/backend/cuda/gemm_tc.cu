@@ -164,12 +164,6 @@ struct gemm_args {
 /* ------------------------------------------------------------------ PTX wrappers (mbarriers, wgmma's
  * fence / commit / wait, setmaxnreg: wgmma.cuh) */
 
-/* bytes (multiple of 16, both addresses 16-aligned) global -> shared, completing on bar */
-static __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
 /* a 2-D box of the tensor map at (c0 innermost, c1) -> shared dst (1024-aligned for the swizzle), completing on bar */
 static __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),

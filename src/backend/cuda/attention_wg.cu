@@ -20,7 +20,10 @@
  * keys) the producers copy with cp.async (16 bytes a thread, from whatever page each key lies in;
  * rows past the chunk's end zero-filled, so V holds no stale values that a zero probability could
  * turn into NaN) and arrive as their copies land (cp.async.mbarrier.arrive.noinc); FP8 / NVFP4
- * rows they load as words, decode to bf16 (exact) and store, fence for the async proxy and arrive. A consumer warpgroup waits for
+ * rows they load as words, decode to bf16 (exact) and store, fence for the async proxy and arrive.
+ * M3_ATTN_WG_QBULK=1 (FP8 / NVFP4, whole chunks in one page; off until a GPU has checked it): one
+ * producer thread brings each chunk's raw K and V rows into one of 3 raw stages by bulk copies three
+ * chunks ahead, and the producers decode from there (rows past the chunk's end as zero codes). A consumer warpgroup waits for
  * the stage, fences the generic proxy's writes for the async proxy, and runs:
  *   S = Q K^T: D / 16 wgmma m64n64k16, Q from registers (bf16, loaded once), K K-major;
  *   the online softmax in registers (masked per warp: the token's selected blocks, its position);
@@ -105,6 +108,7 @@ __global__ void __launch_bounds__(WG_NT, 1)
             mb_init(bars + 8 * (ns + s), 8);
         }
         for (int s = 0; s < nr; s++) mb_init(bars + 8 * (2 * ns + s), 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); /* for the bulk copies' completions */
     }
     tile_keys_build<TT>(tk, pos, seq, sel, t0, T, g, d.nkv, topk, WCH, cpb, tid, NT); /* ends in __syncthreads */
     const int nch = tk.nch[0];
@@ -175,7 +179,10 @@ __global__ void __launch_bounds__(WG_NT, 1)
                 fence_proxy_async();
                 mb_arrive(bars + 8 * st);
                 asm volatile("bar.sync 1, 128;\n" ::: "memory"); /* every producer is done with raw stage rs */
-                if (i + nr < nch && tid == 0) issue_raw(rs);
+                if (i + nr < nch && tid == 0) {
+                    fence_proxy_async(); /* the producers' reads of the stage before the copy's writes */
+                    issue_raw(rs);
+                }
                 if (i + nr < nch) tile_walk_next(tk, sparse, cpb, wr);
                 if (++rs == nr) {
                     rs = 0;

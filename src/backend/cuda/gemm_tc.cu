@@ -981,7 +981,10 @@ template <int F> static int launch64(cudaStream_t st, const gemm_args &a, m3_err
 }
 
 /* the tensor-map encoder (tmap.cuh); M3_GEMM_TC_TMA=0: none, BF16 weights by row copies (measurements) */
-static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled(void) { return env_is("M3_GEMM_TC_TMA", "0") ? NULL : m3_cu_encode_tiled(); }
+static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled(void) {
+    static const int off = env_is("M3_GEMM_TC_TMA", "0");
+    return off ? NULL : m3_cu_encode_tiled();
+}
 /* a BF16 row-major W as a tensor map of boxes of 128 rows x 64 values, 128-byte swizzled (what the
  * kernel's swizzled loads read); 0 where it cannot be made */
 static int bf16_tmap(const m3_linear *W, CUtensorMap *m) {

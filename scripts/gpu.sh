@@ -246,8 +246,9 @@ run "$BIN/bench_cuda_linear"
 [ -x "$BIN/bench_cuda_attn" ] && M3_ATTN_BF16A=0 M3_INDEX_CPA=0 M3_BENCH_KV=bf16 run "$BIN/bench_cuda_attn"
 # the prefill cases 6-8 at precision bf16, each cache dtype: the wgmma attention (attention_wg.cu, the
 # default: whole bf16 chunks by bulk tensor copies), its bf16 chunks by cp.async only (M3_ATTN_WG_TMA=0),
-# and the token tiles it replaced (attention_tile.cu, M3_ATTN_WG=0)
-for v in M3_ATTN_WG=1 M3_ATTN_WG_TMA=0 M3_ATTN_WG=0; do
+# its FP8 / NVFP4 chunks by bulk copies of raw rows (M3_ATTN_WG_QBULK=1), and the token tiles it replaced
+# (attention_tile.cu, M3_ATTN_WG=0)
+for v in M3_ATTN_WG=1 M3_ATTN_WG_TMA=0 M3_ATTN_WG_QBULK=1 M3_ATTN_WG=0; do
   for k in 6 7 8; do
     [ -x "$BIN/bench_cuda_attn" ] && env $v M3_BENCH_PRECISION=bf16 M3_BENCH_CASE=$k run "$BIN/bench_cuda_attn"
   done

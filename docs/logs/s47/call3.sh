@@ -5,10 +5,12 @@
 # m3-mqa shapes (D 64, blocks of 32); FP8 / NVFP4 chunks by bulk copies of their raw rows into raw stages,
 # decoded from there (M3_ATTN_WG_QBULK=1, off by default: unchecked); prefill; memcheck; on an H200 issue
 # 27's 30-layer dspark bench.
-# usage (after scripts/gpu-bin.sh; this file and old-attn.xz in .gpu_pack; docs/logs moved aside): END=400 bash .gpu_pack/call3.sh
+# usage (after scripts/gpu-bin.sh; this file, and optionally old-attn.xz (xz of bc79866's bench_cuda_attn), in
+# .gpu_pack; docs/logs and tests/data/m3-wide-q* moved aside): END=400 bash .gpu_pack/call3.sh
 set -u
 mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz
-xz -dc .gpu_pack/old-attn.xz > /tmp/old_attn && chmod +x /tmp/old_attn
+# call 2's bench_cuda_attn (bc79866, built by gpu-bin.sh there), where the pack has it: the A / B on one card
+[ -f .gpu_pack/old-attn.xz ] && xz -dc .gpu_pack/old-attn.xz > /tmp/old_attn && chmod +x /tmp/old_attn
 B=.gpu_bin; S=tests/data/m3.1-flash-shapes.json; D=tests/data/m3.1-flash-dspark-shapes.json; W=/tmp/w; mkdir -p $W
 END=${END:-400}
 left() { echo $((END - SECONDS)); }
@@ -24,7 +26,7 @@ pre() { # env, kv
 }
 {
 for kv in bf16 fp8 nvfp4; do for k in 6 7 8; do attn $B/bench_cuda_attn M3_ATTN_WG=1 $k $kv; done; done
-for kv in bf16 fp8; do for k in 6 7; do attn /tmp/old_attn M3_ATTN_WG_TMA=1 $k $kv; attn $B/bench_cuda_attn M3_ATTN_WG=1 $k $kv; done; done
+[ -x /tmp/old_attn ] && for kv in bf16 fp8; do for k in 6 7; do attn /tmp/old_attn M3_ATTN_WG_TMA=1 $k $kv; attn $B/bench_cuda_attn M3_ATTN_WG=1 $k $kv; done; done
 for kv in bf16 nvfp4; do for k in 6 7 8; do attn $B/bench_cuda_attn "M3_ATTN_WG=0 M3_ATTN_TILE=1 M3_ATTN_TILE_ALL=1" $k $kv; done; done
 for kv in fp8 nvfp4; do for k in 6 7 8; do attn $B/bench_cuda_attn M3_ATTN_WG_QBULK=1 $k $kv; done; done
 for kv in bf16 fp8 nvfp4; do for k in 6 7 8; do REPS=1 attn $B/bench_cuda_attn M3_ATTN_TILE=1 $k $kv tests/data/m3-mqa/config.json; done; done

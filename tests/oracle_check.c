@@ -79,7 +79,8 @@
  *    CPU's path instead: tokens equal up to a near-tie of the CPU's own, greedy logits within --tol
  *    of the CPU's. Block rows likewise: below --index-agree, at most twice the twin's
  *    differing rows (m3-wide-q's 2600-token case at precision bf16: the CPU's own rows 99.14% equal
- *    with an FP8 cache, 98.26% with NVFP4). Measured: with an NVFP4 cache, m3-tiny's 150-token case flips the same three
+ *    with an FP8 cache, 98.26% with NVFP4; the GPU's 98.85% / 97.95%). Measured: with an NVFP4
+ *    cache, m3-tiny's 150-token case flips the same three
  *    block choices (layer 2, tokens 81, 109, 119) on the CPU and the GPU, against none when every
  *    layer is teacher-forced: bf16 GEMM inputs move K / V / index-K by ~1e-3 of themselves, and
  *    an NVFP4 step is up to a third of a value, so f32 against float64 decides a few roundings

@@ -23,8 +23,9 @@
  * rows they load as words, decode to bf16 (exact) and store, fence for the async proxy and arrive.
  * M3_ATTN_WG_QBULK=1 (FP8 / NVFP4, whole chunks in one page; off until a GPU has checked it): one
  * producer thread brings each chunk's raw K and V rows into one of 3 raw stages by bulk copies three
- * chunks ahead, and the producers decode from there (rows past the chunk's end as zero codes). A consumer warpgroup waits for
- * the stage, fences the generic proxy's writes for the async proxy, and runs:
+ * chunks ahead, and the producers decode from there (rows past the chunk's end as zero codes).
+ * A consumer warpgroup waits for the stage, fences the generic proxy's writes for the async proxy,
+ * and runs:
  *   S = Q K^T: D / 16 wgmma m64n64k16, Q from registers (bf16, loaded once), K K-major;
  *   the online softmax in registers (masked per warp: the token's selected blocks, its position);
  *   O += P V: 4 wgmma m64nDk16, P from registers (the S accumulators' layout is the A fragment
@@ -54,23 +55,6 @@ namespace {
 constexpr int WCH = M3_WG_CH, SLAB = M3_WG_SLAB; /* keys a chunk, bytes a 64-column slab (attn_wg_layout.h) */
 constexpr int WG_SMEM_MAX = 232448;
 
-/* S[64][64] = A (registers, bf16) x B (shared, K-major): d written only (scale-d 0), so that no
- * other instruction's value of d is live into the wgmma (ptxas would serialize, C7513) */
-static __device__ __forceinline__ void wg_s64_first(float (&d)[32], const uint32_t *a, uint64_t desc) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, "
-        "%8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, "
-        "%24, %25, %26, %27, %28, %29, %30, %31"
-        "}, {%32, %33, %34, %35}, %36, 0, 1, 1, 0;\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
-          "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
-          "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
-          "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
 /* a raw stage (FP8 / NVFP4 rows of rb bytes: a chunk's K, then its V), 128-byte multiples */
 __host__ __device__ constexpr uint32_t wg_raw_bytes(int rb) { return (2u * WCH * (uint32_t)rb + 127u) & ~127u; }
 /* the stages: shared memory of one (K and V of a 64-key chunk), and how many fit beside the tables */
@@ -116,7 +100,6 @@ __global__ void __launch_bounds__(WG_NT, 1)
     if (tid < 128) {
         /* ---- producers */
         regs_dec<WG_PROD_REGS>();
-        /* chunk i in stage st = i % ns, of round ph = (i / ns) & 1 (counted: ns is not a constant) */
         /* nr > 0 (FP8 / NVFP4, chunks in one page): thread 0 brings chunk i's raw rows into raw stage i % nr
          * by bulk copies nr chunks ahead (walker wr), the producers decode them from there */
         tile_walk wr = {0, 0};
@@ -137,6 +120,8 @@ __global__ void __launch_bounds__(WG_NT, 1)
             for (int j = 0; j < nr && j < nch; j++, tile_walk_next(tk, sparse, cpb, wr))
                 if (tid == 0) issue_raw(j);
         }
+        /* chunk i in stage st = i % ns, of round ph = (i / ns) & 1; raw stage rs = i % nr, of round rph
+         * (counted: ns and nr are not constants) */
         tile_walk wk = {0, 0};
         for (int i = 0, st = 0, ph = 0, rs = 0, rph = 0; i < nch;
              i++, st = st + 1 == ns ? 0 : st + 1, ph ^= st == 0, tile_walk_next(tk, sparse, cpb, wk)) {
@@ -294,7 +279,7 @@ __global__ void __launch_bounds__(WG_NT, 1)
         for (int kk = 0; kk < 4; kk++) vd[kk] = m3_wg_desc_v_step(vs, kk); /* keys 16 kk ..: 16 rows of 128 bytes */
         float s[32];
         wg_fence();
-        wg_s64_first(s, qa[0], dk[0]);
+        wgmma_n64_first(s, qa[0], dk[0]);
 #pragma unroll
         for (int kk = 1; kk < ND / 2; kk++) wgmma_n64(s, qa[kk], dk[kk]);
         wg_commit();
@@ -388,24 +373,23 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     const size_t al = dd.rb | dd.kvpart | dd.page_bytes | (uintptr_t)dd.base;
     if ((al & (kv->dt == M3_KV_BF16 ? 15 : kv->dt == M3_KV_FP8 ? 7 : 3)) != 0) return 1;
     const size_t tables = sizeof(int) * tile_keys_ints(WG_TT, sel ? topk : 0, true);
-    /* FP8 / NVFP4 chunks by bulk copies of their raw rows, where whole chunks lie in one page (M3_ATTN_WG_QBULK=1) */
+    /* FP8 / NVFP4 chunks by bulk copies of their raw rows (M3_ATTN_WG_QBULK=1) */
     static int qb_on = -1;
     if (qb_on < 0) qb_on = m3_cu_env_int("M3_ATTN_WG_QBULK", 0) == 1;
-    const int nr = qb_on && kv->dt != M3_KV_BF16 && dd.page % WCH == 0 && (!sel || block % WCH == 0) && !((uintptr_t)dd.base & 15) &&
-                           (WCH * dd.rb | dd.kvpart | dd.page_bytes) % 16 == 0
-                       ? 3
-                       : 0;
+    /* whole chunks lie in one page (pages and blocks of multiples of 64 keys) and start 16-byte aligned:
+     * where bulk copies can bring them (64 rows: a multiple of 16 bytes at any rb) */
+    const bool whole = dd.page % WCH == 0 && (!sel || block % WCH == 0) && !((uintptr_t)dd.base & 15) && (dd.kvpart | dd.page_bytes) % 16 == 0;
+    const int nr = qb_on && kv->dt != M3_KV_BF16 && whole ? 3 : 0;
     const size_t rawb = (size_t)nr * wg_raw_bytes((int)dd.rb);
     const int ns = wg_stages(D, tables + rawb, c->smem_optin);
     if (ns < 2) return 1;
     const size_t sm = 1024 + (size_t)ns * wg_stage_bytes(D) + rawb + 256 + tables;
     /* bf16 pages as a tensor map: {D values, nkv x page rows (stride rb), K / V (kvpart), pages (page_bytes)},
-     * boxes of 64 x 64 in the 128-byte swizzle; where whole chunks lie in one page */
+     * boxes of 64 x 64 in the 128-byte swizzle (strides of 16-byte multiples) */
     CUtensorMap kvmap;
     memset(&kvmap, 0, sizeof kvmap);
     int tma = 0;
-    if (tma_on && kv->dt == M3_KV_BF16 && dd.page % WCH == 0 && (!sel || block % WCH == 0) && !((uintptr_t)dd.base & 15) &&
-        (dd.rb | dd.kvpart | dd.page_bytes) % 16 == 0) {
+    if (tma_on && kv->dt == M3_KV_BF16 && whole && dd.rb % 16 == 0) {
         const PFN_cuTensorMapEncodeTiled_v12000 enc = m3_cu_encode_tiled();
         const cuuint64_t dim[4] = {(cuuint64_t)D, (cuuint64_t)nkv * dd.page, 2, (cuuint64_t)kv->n_pages};
         const cuuint64_t stride[3] = {(cuuint64_t)dd.rb, (cuuint64_t)dd.kvpart, (cuuint64_t)dd.page_bytes};

@@ -204,6 +204,10 @@ int main(int argc, char **argv) {
                                        m3_linear_bytes(&L->experts[0].down));
             const double fixed = (double)(m3_linear_bytes(&L->router) + m3_linear_bytes(&L->shared.gate) +
                                           m3_linear_bytes(&L->shared.up) + m3_linear_bytes(&L->shared.down));
+            /* M3_BENCH_ACTQ=1: the routed experts' FC1 input quantized per token (both sides) */
+            const char *aq = getenv("M3_BENCH_ACTQ");
+            const m3_moe_p mp = {E, TOPK, 2.0f, 1.702f, 7.0f, aq && atoi(aq) ? M3_FC1_NVFP4 : M3_FC1_EXACT};
+            if (mp.fc1_quant) printf("moe: routed experts' FC1 input in NVFP4 per token (M3_BENCH_ACTQ=1)\n");
             for (int ti = 0; ti < 4; ti++) { /* 1 token, a verify pass, a batch grouped in one launch, two launches */
                 const int T = ti == 0 ? 1 : ti == 1 ? 8 : ti == 2 ? 64 : 100;
                 float *x = malloc(sizeof(float) * (size_t)T * H), *yc = malloc(sizeof(float) * (size_t)T * H),
@@ -211,10 +215,10 @@ int main(int argc, char **argv) {
                 for (size_t i = 0; i < (size_t)T * H; i++) x[i] = urand();
                 float *dx = g.alloc(g.ctx, sizeof(float) * (size_t)T * H), *dy = g.alloc(g.ctx, sizeof(float) * (size_t)T * H);
                 g.upload(g.ctx, dx, x, sizeof(float) * (size_t)T * H);
-                c.moe(c.ctx, L, x, T, E, TOPK, 2.0f, 1.702f, 7.0f, yc);
+                c.moe(c.ctx, L, &mp, x, T, yc);
                 m3_cuda_count_experts(&g, 1);
                 m3_cuda_experts_used(&g, 1);
-                g.moe(g.ctx, &dw.layers[0], dx, T, E, TOPK, 2.0f, 1.702f, 7.0f, dy);
+                g.moe(g.ctx, &dw.layers[0], &mp, dx, T, dy);
                 m3_cuda_count_experts(&g, 0);
                 long used = m3_cuda_experts_used(&g, 1);
                 g.download(g.ctx, yg, dy, sizeof(float) * (size_t)T * H);
@@ -223,7 +227,7 @@ int main(int argc, char **argv) {
                 double rel = sqrt(num / (den > 0 ? den : 1));
                 const int reps = 50;
                 double t0 = m3_cuda_sync_time(&g);
-                for (int r = 0; r < reps; r++) g.moe(g.ctx, &dw.layers[0], dx, T, E, TOPK, 2.0f, 1.702f, 7.0f, dy);
+                for (int r = 0; r < reps; r++) g.moe(g.ctx, &dw.layers[0], &mp, dx, T, dy);
                 double dt = (m3_cuda_sync_time(&g) - t0) / reps;
                 double bytes = fixed + eb * (double)used;
                 int ok = rel < 1e-5;

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu.h"
 #include "backend/cuda/cuda.h"
 #include "base/num.h"
 
@@ -40,6 +41,11 @@
 #define ALPHA 1.702f
 #define LIMIT 7.0f
 #define RSCALE 2.0f
+
+/* M3_BENCH_ACTQ=1: the routed experts' FC1 input quantized to NVFP4 per token (--moe-act-quant
+ * nvfp4), in the op and the reference (src/backend/cpu/act_quant.c, then bf16 as every GEMM input) */
+static int actq;
+static float xq_row[1 << 16];
 
 static uint64_t rs = 88172645463325252ull;
 static uint32_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (uint32_t)rs; }
@@ -207,6 +213,10 @@ static int ref_token(const layer *y, const float *x, int T, float *out) {
     float *xb = malloc(sizeof(float) * H), *xr = malloc(sizeof(float) * H), *h = malloc(sizeof(float) * (y->F > y->Fs ? y->F : y->Fs));
     double *s = malloc(sizeof(double) * E), *ch = malloc(sizeof(double) * E);
     for (int k = 0; k < H; k++) { xb[k] = m3_bf16_round(x[k]); xr[k] = xb[k]; }
+    if (actq) { /* the routed experts' input quantized per token (the router's stays bf16(x)) */
+        m3_cpu_act_quant_nvfp4(x, 1, H, xq_row);
+        for (int k = 0; k < H; k++) xq_row[k] = m3_bf16_round(xq_row[k]);
+    }
     for (int e = 0; e < E; e++) {
         const float lg = (float)dot(y->router + (size_t)e * H, xr, H);
         s[e] = 1.0 / (1.0 + exp(-(double)lg));
@@ -233,7 +243,7 @@ static int ref_token(const layer *y, const float *x, int T, float *out) {
     ncand = 0;
     for (int k = 0; k < TOPK; k++) {
         const float *const *m = (const float *const *)y->set[pick[k] % NSET];
-        mlp_ref(m, H, y->F, xb, (float)(s[pick[k]] / sum * RSCALE), h, out);
+        mlp_ref(m, H, y->F, actq ? xq_row : xb, (float)(s[pick[k]] / sum * RSCALE), h, out);
     }
     float *sh = calloc(H, sizeof(float));
     mlp_ref((const float *const *)y->sh, H, y->Fs, xb, 1.0f, h, sh);
@@ -242,10 +252,16 @@ static int ref_token(const layer *y, const float *x, int T, float *out) {
     return ok;
 }
 
+static m3_moe_p moe_p(const layer *y) {
+    m3_moe_p p = {y->E, TOPK, RSCALE, ALPHA, LIMIT, actq ? M3_FC1_NVFP4 : M3_FC1_EXACT};
+    return p;
+}
+
 static double run_moe(m3_ops *g, layer *y, const float *dx, int T, float *dy, int reps) {
-    g->moe(g->ctx, &y->dw.layers[0], dx, T, y->E, TOPK, RSCALE, ALPHA, LIMIT, dy); /* warm-up (scratch) */
+    const m3_moe_p p = moe_p(y);
+    g->moe(g->ctx, &y->dw.layers[0], &p, dx, T, dy); /* warm-up (scratch) */
     double t0 = m3_cuda_sync_time(g);
-    for (int r = 0; r < reps; r++) g->moe(g->ctx, &y->dw.layers[0], dx, T, y->E, TOPK, RSCALE, ALPHA, LIMIT, dy);
+    for (int r = 0; r < reps; r++) g->moe(g->ctx, &y->dw.layers[0], &p, dx, T, dy);
     return (m3_cuda_sync_time(g) - t0) / reps;
 }
 
@@ -261,7 +277,8 @@ static int one(m3_ops *g, layer *y, int T, int ntok, int timed) {
     g->upload(g->ctx, dx, x, sizeof(float) * (size_t)T * H);
     m3_cuda_set_precision(g, 1);
     setenv("M3_MOE_TC", "1", 1);
-    g->moe(g->ctx, &y->dw.layers[0], dx, T, y->E, TOPK, RSCALE, ALPHA, LIMIT, dy);
+    const m3_moe_p p = moe_p(y);
+    g->moe(g->ctx, &y->dw.layers[0], &p, dx, T, dy);
     err.msg[0] = 0;
     int fails = 0;
     if (g->check && g->check(g->ctx, &err)) { printf("T %d: CUDA error %s FAIL\n", T, err.msg); return 1; }
@@ -349,6 +366,9 @@ int main(int argc, char **argv) {
     }
     if (m3_cuda_ops_init(&g, 0, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
     printf("device: %s\n", m3_cuda_device_name(&g));
+    const char *aq = getenv("M3_BENCH_ACTQ");
+    actq = aq && atoi(aq) != 0;
+    if (actq) printf("routed experts' FC1 input quantized to NVFP4 per token (M3_BENCH_ACTQ=1)\n");
     setenv("M3_MOE_TC_MIN", "1", 1); /* the grouped GEMMs at every T here (the op takes them from 32 tokens) */
     int fails = 0;
     layer y;

@@ -4,7 +4,7 @@
  * usage: oracle_check M3_BIN MODEL_DIR ORACLE.safetensors [--kv DTYPE] [--cases 0,2]
  *                     [--tol 1e-4] [--threads N] [--ubatch N] [--work DIR] [--backend cpu|cuda]
  *                     [--tp N] [--moe-split experts|width]   (tensor parallel: m3 logits -tp N)
- *                     [--precision bf16] [--stats 1]
+ *                     [--precision bf16] [--stats 1] [--moe-act-quant nvfp4]
  *   teacher-forced:   --teacher-forced 1 [--flip-tol 1e-2] [--tie-ulps 8] [--max-kv-explained 0.05]
  *                     [--min-index-agree 0.995] [--verbose 1]
  *   end to end, bf16: [--median-tol X] [--greedy-tie X] [--index-agree X] [--max-over F] [--twin cpu]
@@ -116,7 +116,7 @@ static int cmp_dbl(const void *a, const void *b) {
 
 /* how `m3 logits` is run: the options every run of a case shares */
 typedef struct {
-    const char *m3, *model, *kv, *threads, *ubatch, *backend, *tp, *moe_split, *precision;
+    const char *m3, *model, *kv, *threads, *ubatch, *backend, *tp, *moe_split, *precision, *act_quant;
 } run_opts;
 
 /* m3 logits on the ids (decode N steps), output to out, with extra options; 0 or the wait status */
@@ -133,6 +133,7 @@ static int run_logits(const run_opts *o, const char *idstr, int N, const char *o
     if (o->backend) { av[ac++] = "--backend"; av[ac++] = o->backend; }
     if (o->tp) { av[ac++] = "--tensor-parallel-size"; av[ac++] = o->tp; }
     if (o->moe_split) { av[ac++] = "--moe-split"; av[ac++] = o->moe_split; }
+    if (o->act_quant) { av[ac++] = "--moe-act-quant"; av[ac++] = o->act_quant; }
     /* always said: the GPU's default is bf16, and the references are exact unless asked otherwise */
     av[ac++] = "--precision";
     av[ac++] = o->precision ? o->precision : "exact";
@@ -418,6 +419,7 @@ int main(int argc, char **argv) {
     if (argc < 4) { fprintf(stderr, "usage: oracle_check M3 MODEL ORACLE [--kv D] [--cases LIST] [--tol X]\n"); return 2; }
     const char *m3 = argv[1], *model = argv[2], *oracle = argv[3], *kv = NULL, *cases = NULL, *work = "/tmp";
     const char *threads = NULL, *ubatch = NULL, *backend = NULL, *tp = NULL, *moe_split = NULL, *precision = NULL;
+    const char *act_quant = NULL;
     double tol = 1e-4;
     int teacher = 0, stats = 0;
     double med_tol = 0, greedy_tie = 0, e2e_index = 0, max_over = 0; /* end to end in bf16: see the header */
@@ -434,6 +436,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tp")) tp = argv[i + 1];
         else if (!strcmp(argv[i], "--moe-split")) moe_split = argv[i + 1];
         else if (!strcmp(argv[i], "--precision")) precision = argv[i + 1]; /* bf16: against a bf16-GEMM oracle */
+        else if (!strcmp(argv[i], "--moe-act-quant")) act_quant = argv[i + 1]; /* against a *.act-* oracle */
         else if (!strcmp(argv[i], "--teacher-forced")) teacher = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--flip-tol")) C.flip_tol = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--tie-ulps")) C.tie_ulps = atoi(argv[i + 1]);
@@ -453,7 +456,7 @@ int main(int argc, char **argv) {
     m3_st *ref = m3_st_open(oracle, &err);
     if (!ref) { fprintf(stderr, "%s\n", err.msg); return 2; }
     C.tol = tol;
-    run_opts ro = {m3, model, kv, threads, ubatch, backend, tp, moe_split, precision};
+    run_opts ro = {m3, model, kv, threads, ubatch, backend, tp, moe_split, precision, act_quant};
     layer_stats S[257];
     memset(S, 0, sizeof S);
     int n_layers = 0;

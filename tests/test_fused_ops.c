@@ -34,11 +34,10 @@ static void fused_rope_store(const m3_ops *o, int n, const m3_rope_job *jobs, in
     base.kv_store(o->ctx, kv, layer, b, jobs[1].x, v, n == 4 ? jobs[3].x : NULL);
 }
 
-static void fused_moe_norm(const m3_ops *o, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,
-                           float routed_scale, float alpha, float limit, float *out, float *h, const float *w, float eps,
-                           float *normed) {
+static void fused_moe_norm(const m3_ops *o, const m3_layer_w *L, const m3_moe_p *p, const float *x, int T, float *out,
+                           float *h, const float *w, float eps, float *normed) {
     n_moe++;
-    base.moe(o->ctx, L, x, T, n_experts, top_k, routed_scale, alpha, limit, out);
+    base.moe(o->ctx, L, p, x, T, out);
     const int H = L->router.K;
     base.add(o->ctx, h, out, (size_t)T * H);
     base.rmsnorm(o->ctx, h, w, T, H, eps, normed);

@@ -3,7 +3,8 @@
  * m3_f32_to_e4m3, dequantization error bounds on random data, and golden rows taken from
  * ../shared/testdata (m3-tiny bf16 weights -> m3-tiny-q bytes, written by the oracle's
  * torch code) that pin the details a reimplementation gets wrong: ties to the lower
- * magnitude, and the global scale computed as (1 / amax) * 2688.
+ * magnitude, and the global scale computed as (1 / amax) * 2688. Also the activations' NVFP4
+ * rule (m3_cpu_act_quant_nvfp4, --moe-act-quant nvfp4): hand-computed rows and a random sweep.
  *
  *   gcc -std=c11 -O2 -Wall -Wextra -D_GNU_SOURCE -Isrc tests/test_quantize.c src/weights/quantize.c \
  *       src/base/num.c src/base/err.c -lm -o /tmp/tq && /tmp/tq
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu.h"
 #include "base/num.h"
 #include "weights/quantize.h"
 
@@ -341,7 +343,90 @@ static void test_golden(void) {
     CHECK(memcmp(q, MX_CODES, 128) == 0 && memcmp(s, MX_SCALE, 4) == 0, "m3-tiny layers.0.q_proj row 5: MXFP8 differs from the oracle");
 }
 
+/* ------------------------------------------------------------------ activations (--moe-act-quant) */
+
+/* m3_cpu_act_quant_nvfp4: per token gs = 2688 / amax, the KV cache's NVFP4 rule on x * gs (ties
+ * to the even code, unlike the weights'), divided by gs again */
+static void test_act_hand(void) {
+    /* amax 6: gs = 448, y = 448 x, the block scale e4m3(2688 / 6) = 448, so y / s = x and the output
+     * is x's nearest E2M1 value, ties to the even code (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 2.5 -> 2,
+     * 5 -> 4; 1.75 -> 2, 3.5 -> 4) */
+    float x[32] = {6, -0.25f, 0.75f, 1.25f, 2.5f, 5, 1.75f, 3.5f, -0.3f, 0.1f, -6, 4.2f, -1.6f, 2.9f, 0, -0.74f};
+    const float want[16] = {6, -0.0f, 1, 1, 2, 4, 2, 4, -0.5f, 0, -6, 4, -1.5f, 3, 0, -0.5f};
+    /* a second block of amax 0.75: y amax 336, s = e4m3(56) = 56, y / s = x * 8 */
+    for (int i = 0; i < 16; i++) x[16 + i] = (float)(i % 7) * 0.125f * (i & 1 ? -1 : 1); /* 0 .. 0.75 */
+    float out[32];
+    m3_cpu_act_quant_nvfp4(x, 1, 32, out);
+    for (int i = 0; i < 16; i++) CHECK(out[i] == want[i], "act amax 6: x %g -> %g, want %g", (double)x[i], (double)out[i], (double)want[i]);
+    for (int i = 16; i < 32; i++) { /* x * 8 in {0, 1, ..., 6}: E2M1 has 0..4 and 6, 5 ties to 4 */
+        float y8 = fabsf(x[i]) * 8, q = y8 == 5 ? 4 : y8;
+        float w = (q * 56.0f / 448.0f) * (x[i] < 0 ? -1 : 1);
+        CHECK(out[i] == w, "act block 2: x %g -> %g, want %g", (double)x[i], (double)out[i], (double)w);
+    }
+    /* amax 1: gs = 2688; 0.1 x 2688 = 268.8, / 448 = 0.6 -> 0.5, out = 0.5 x 448 / 2688 in f32 */
+    float a[16] = {1, 0.1f}, ao[16];
+    m3_cpu_act_quant_nvfp4(a, 1, 16, ao);
+    CHECK(ao[0] == 1.0f && ao[1] == 0.5f * 448.0f / 2688.0f && ao[2] == 0, "act amax 1: %g %g %g", (double)ao[0], (double)ao[1], (double)ao[2]);
+    /* rows of zeros, or with a NaN or an infinity, come back as they are; rows are independent */
+    float z[48] = {0}, zo[48];
+    for (int i = 0; i < 16; i++) z[16 + i] = z[32 + i] = (float)i;
+    z[20] = NAN;
+    z[40] = INFINITY;
+    m3_cpu_act_quant_nvfp4(z, 3, 16, zo);
+    int same = 1;
+    for (int i = 0; i < 48; i++) same &= (isnan(z[i]) && isnan(zo[i])) || z[i] == zo[i];
+    CHECK(same, "act: zero / NaN / infinite rows changed");
+    /* in place */
+    float ip[16] = {6, 0.75f};
+    m3_cpu_act_quant_nvfp4(ip, 1, 16, ip);
+    CHECK(ip[0] == 6 && ip[1] == 1, "act in place: %g %g", (double)ip[0], (double)ip[1]);
+}
+
+static void test_act_random(void) {
+    enum { T = 64, H = 256 };
+    static float x[T * H], o[T * H];
+    uint64_t r = 0x243f6a8885a308d3ull;
+    for (int i = 0; i < T * H; i++) {
+        r ^= r << 13; r ^= r >> 7; r ^= r << 17;
+        double u = ((double)(r >> 11) + 0.5) * 0x1p-53;
+        x[i] = (float)((u * 2 - 1) * ldexp(1.0, (int)((r >> 3) % 10) - 5 + (i / H) % 7));
+    }
+    m3_cpu_act_quant_nvfp4(x, T, H, o);
+    int bad = 0;
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + t * H, *orow = o + t * H;
+        float amax = 0;
+        int at = 0;
+        for (int i = 0; i < H; i++)
+            if (fabsf(xr[i]) > amax) { amax = fabsf(xr[i]); at = i; }
+        const float gs = 2688.0f / amax;
+        /* the row's largest value comes back within an f32 rounding or two */
+        if (fabsf(orow[at] - xr[at]) > 2.5e-7f * amax && bad++ < 5) printf("  act row %d amax %g -> %g\n", t, (double)xr[at], (double)orow[at]);
+        for (int b = 0; b < H / 16; b++) {
+            float m = 0;
+            for (int i = 0; i < 16; i++) m = fmaxf(m, fabsf(xr[16 * b + i] * gs));
+            const float s = m3_e4m3_to_f32(m3_f32_to_e4m3(m / 6.0f));
+            for (int i = 0; i < 16; i++) {
+                const int k = 16 * b + i;
+                const double y = (double)(xr[k] * gs) / s, got = (double)orow[k] * gs / s; /* the E2M1 value taken */
+                int ok = s == 0 ? orow[k] == 0 : 1;
+                if (s != 0) { /* got is a nearest E2M1 value of y (within the f32 roundings of / gs, x gs) */
+                    double best = 1e30;
+                    for (int c = 0; c < 8; c++) best = fmin(best, fabs(fmin(fabs(y), 6.0) - E2M1V[c]));
+                    double g = fabs(got), near = 1e30;
+                    for (int c = 0; c < 8; c++) near = fmin(near, fabs(g - E2M1V[c]));
+                    ok = near < 1e-5 && fabs(fabs(fmin(fabs(y), 6.0) - g) - best) < 1e-5 && (got == 0 || (got < 0) == (y < 0));
+                }
+                if (!ok && bad++ < 5) printf("  act x %a y %.9g -> %a\n", (double)xr[k], y, (double)orow[k]);
+            }
+        }
+    }
+    CHECK(bad == 0, "act quant: %d values off the rule", bad);
+}
+
 int main(void) {
+    test_act_hand();
+    test_act_random();
     test_mxfp8_hand();
     test_mxfp8_scales();
     test_e4m3_sweep();

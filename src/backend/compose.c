@@ -26,10 +26,9 @@ static void head_norm_rope_store(const m3_ops *o, int n, const m3_rope_job *jobs
     o->kv_store(o->ctx, kv, layer, b, jobs[1].x, v, n == 4 ? jobs[3].x : NULL);
 }
 
-static void moe_add_rmsnorm(const m3_ops *o, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,
-                            float routed_scale, float alpha, float limit, float *out, float *h, const float *w, float eps,
-                            float *normed) {
-    o->moe(o->ctx, L, x, T, n_experts, top_k, routed_scale, alpha, limit, out);
+static void moe_add_rmsnorm(const m3_ops *o, const m3_layer_w *L, const m3_moe_p *p, const float *x, int T, float *out,
+                            float *h, const float *w, float eps, float *normed) {
+    o->moe(o->ctx, L, p, x, T, out);
     o->add_rmsnorm(o, h, out, w, T, L->router.K, eps, normed);
 }
 

@@ -20,6 +20,17 @@
 #include "../kv/kv.h"
 #include "../weights/weights.h"
 
+/* What the MoE computes beyond its weights: the config's routing and activation constants, and
+ * fc1_quant, the routed experts' FC1 (gate and up) input as is (M3_FC1_EXACT) or quantized per
+ * token to NVFP4 and back (M3_FC1_NVFP4: the M3.1 experts' training numerics, spec section 1; the
+ * rule: src/backend/cpu/act_quant.c). The router and the shared expert always take x as is. */
+typedef enum { M3_FC1_EXACT = 0, M3_FC1_NVFP4 = 1 } m3_fc1_quant;
+typedef struct m3_moe_p {
+    int n_experts, top_k;
+    float routed_scale, alpha, limit;
+    m3_fc1_quant fc1_quant;
+} m3_moe_p;
+
 /* The tokens of one forward step: token t belongs to sequence seq[t] at position pos[t].
  * Tokens of one sequence appear in increasing position order. */
 typedef struct m3_batch {
@@ -218,13 +229,11 @@ struct m3_ops {
      * parallelism (src/parallel/shard.h) experts held by other ranks have no weights
      * (experts[e].gate.w == NULL, shapes kept): routing still sees every expert, those add
      * nothing here. */
-    void (*moe)(void *ctx, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,
-                float routed_scale, float alpha, float limit, float *out);
+    void (*moe)(void *ctx, const m3_layer_w *L, const m3_moe_p *p, const float *x, int T, float *out);
     /* fused: moe into out, then add_rmsnorm(h, out, w, T, H, eps, normed), as the two calls
      * (H = L->router.K; normed may be x: it is written after the experts have read x) */
-    void (*moe_add_rmsnorm)(const m3_ops *ops, const m3_layer_w *L, const float *x, int T, int n_experts, int top_k,
-                            float routed_scale, float alpha, float limit, float *out, float *h, const float *w, float eps,
-                            float *normed);
+    void (*moe_add_rmsnorm)(const m3_ops *ops, const m3_layer_w *L, const m3_moe_p *p, const float *x, int T, float *out,
+                            float *h, const float *w, float eps, float *normed);
     /* capability, optional: the vision tower's ops (src/model/vision.c; a backend without them
      * runs no vision):
      * layer_norm   LayerNorm with bias over rows of dim (mean and variance in double); out may be x

@@ -318,6 +318,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
         else if (!strcmp(a, "--moe-split")) moe_split = v;
         else if (!strcmp(a, "--dspark-config")) dspark_cfg = v;
         else if (!strcmp(a, "--precision")) { if (m3_cli_set_precision(v, "bench")) return 2; }
+        else if (!strcmp(a, "--moe-act-quant")) { if (m3_cli_set_moe_act_quant(v, "bench")) return 2; }
         else if (!strcmp(a, "--batch")) bs = v;
         else if (!strcmp(a, "--context")) cs = v;
         else if (!strcmp(a, "--kv-cache-dtype")) kvd = v;
@@ -333,7 +334,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
         fprintf(stderr, "m3 bench: usage: m3 bench --random-weights --config CONFIG.json [--layers N] [--batch 1,8,64,256] "
                         "[--context 8192,131072] [--steps N] [--prefill TOKENS] [--prefill-chunk TOKENS] [--kv-cache-dtype bf16] [--profile] "
                         "[--verify K] "
-                        "[--precision exact|bf16] [--dspark-config DRAFT.json] [-tp N [--moe-split experts|width]]\n");
+                        "[--precision exact|bf16] [--moe-act-quant none|nvfp4] [--dspark-config DRAFT.json] [-tp N [--moe-split experts|width]]\n");
         return 2;
     }
     m3_kv_dtype kdt, idt;
@@ -345,6 +346,7 @@ int m3_cmd_bench_random(int argc, char **argv) {
     memset(&m, 0, sizeof m);
     if (m3_config_load(&m.cfg, cfgp, &err)) { fprintf(stderr, "m3 bench: %s\n", err.msg); return 1; }
     m3_config *c = &m.cfg;
+    if (m3_cli_apply_moe_act_quant(c, "bench")) { m3_config_free(c); return 2; }
     if (layers <= 0 || layers > c->n_layers) layers = c->n_layers;
     if (tpn > 1 && dspark_cfg) {
         fprintf(stderr, "m3 bench: --dspark-config runs on one GPU (no -tp)\n");

@@ -86,6 +86,12 @@ int m3_cli_precision(const char *backend_name);
 /* applies m3_cli_precision to ops (both backends) */
 void m3_cli_apply_precision(m3_ops *ops);
 void m3_cli_ops_free(m3_ops *ops);
+/* The routed experts' FC1 input quantization (spec section 1; m3_config_set_fc1_quant): a command's
+ * --moe-act-quant none|nvfp4 (m3_cli_set_moe_act_quant: -1 with a message naming a bad value), else
+ * $M3_MOE_ACT_QUANT, else none. m3_cli_load_on and m3_cli_tp_load apply it to the loaded config
+ * (m3_cli_apply_moe_act_quant: -1 with a message when the model cannot take it). */
+int m3_cli_set_moe_act_quant(const char *value, const char *cmd);
+int m3_cli_apply_moe_act_quant(m3_config *c, const char *cmd);
 
 /* Image inputs of a command (src/cli/images.c): the vision tower, the pixel values, what the
  * tower made of them and where they go in the expanded prompt. */

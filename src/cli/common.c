@@ -170,6 +170,29 @@ void m3_cli_apply_precision(m3_ops *ops) {
     else m3_cpu_set_precision(ops, m3_cli_precision("cpu"));
 }
 
+static const char *cli_fc1; /* --moe-act-quant of this command, NULL: none given */
+
+int m3_cli_set_moe_act_quant(const char *value, const char *cmd) {
+    if (!value || (strcmp(value, "none") && strcmp(value, "nvfp4"))) {
+        fprintf(stderr, "m3 %s: --moe-act-quant '%s': none (the routed experts' FC1 input as is, the reference's) or "
+                        "nvfp4 (quantized per token, as the M3.1 experts were trained)\n", cmd, value ? value : "");
+        return -1;
+    }
+    cli_fc1 = value;
+    return 0;
+}
+
+int m3_cli_apply_moe_act_quant(m3_config *c, const char *cmd) {
+    const char *name = cli_fc1 ? cli_fc1 : getenv("M3_MOE_ACT_QUANT");
+    if (!name || !*name) return 0;
+    m3_err err;
+    if (m3_config_set_fc1_quant(c, name, &err)) {
+        fprintf(stderr, "m3 %s: %s%s\n", cmd, err.msg, cli_fc1 ? "" : " (from $M3_MOE_ACT_QUANT)");
+        return -1;
+    }
+    return 0;
+}
+
 int m3_cli_ops_init(m3_ops *ops, const char *backend, int threads, const char *cmd) {
     m3_err err;
     if (!backend || !strcmp(backend, "auto")) {
@@ -215,6 +238,11 @@ int m3_cli_load_on(m3_model *m, m3_ops *ops, const char *backend, const char *di
         m3_cli_ops_free(ops);
         return -1;
     }
+    if (m3_cli_apply_moe_act_quant(&m->cfg, cmd)) {
+        m3_model_free(m);
+        m3_cli_ops_free(ops);
+        return -1;
+    }
     const m3_weights *w = &m->w;
     char fm[256];
     size_t o = 0;
@@ -226,7 +254,8 @@ int m3_cli_load_on(m3_model *m, m3_ops *ops, const char *backend, const char *di
     char where[160];
     if (!strcmp(ops->name, "cuda")) snprintf(where, sizeof where, "GPU: %s", m3_cuda_device_name(ops));
     else snprintf(where, sizeof where, "%d threads, %s kernels", ((m3_cpu *)ops->ctx)->nthreads, m3_cpu_simd_name());
-    fprintf(stderr, "loaded %s: %zu tensors, %.1f MB in %zu file(s); %s; %.2fs; %s\n", dir, w->n_tensors_used,
-            m3_st_total_bytes(m->st) / 1e6, m3_st_nfiles(m->st), fm, m->load_seconds, where);
+    fprintf(stderr, "loaded %s: %zu tensors, %.1f MB in %zu file(s); %s; %.2fs; %s%s\n", dir, w->n_tensors_used,
+            m3_st_total_bytes(m->st) / 1e6, m3_st_nfiles(m->st), fm, m->load_seconds, where,
+            m->cfg.fc1_quant ? "; routed experts' FC1 input in NVFP4 per token" : "");
     return 0;
 }

@@ -124,6 +124,7 @@ int m3_cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) { r = m3_cli_int(a, v, 0, 1024, &threads, &err); i++; }
         else if (!strcmp(a, "--backend")) { backend = v; i++; }
         else if (!strcmp(a, "--precision")) { if (m3_cli_set_precision(v, "generate")) return 2; i++; }
+        else if (!strcmp(a, "--moe-act-quant")) { if (m3_cli_set_moe_act_quant(v, "generate")) return 2; i++; }
         else if (!strcmp(a, "--ubatch")) { r = m3_cli_int(a, v, 1, 1 << 20, &ubatch, &err); i++; }
         else if (!strcmp(a, "--seed")) { r = m3_cli_int(a, v, 0, INT64_MAX, &seed, &err); i++; }
         else if (!strcmp(a, "--top-k")) { r = m3_cli_int(a, v, 0, 1 << 30, &topk, &err); i++; }
@@ -144,7 +145,7 @@ int m3_cmd_generate(int argc, char **argv) {
     }
     if (!dir || !ids_s) {
         fprintf(stderr, "m3 generate: usage: m3 generate -m DIR --ids 1,2,3 -n N [--temperature T --top-p P --top-k K --min-p P --seed S] [--backend cpu|cuda|auto]\n"
-                        "                   [--precision exact|bf16] [--speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":7}' [--draft DIR]]\n"
+                        "                   [--precision exact|bf16] [--moe-act-quant none|nvfp4] [--speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":7}' [--draft DIR]]\n"
                         "                   [-tp N [--moe-split experts|width]]\n");
         return 2;
     }

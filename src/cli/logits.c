@@ -128,6 +128,7 @@ int m3_cmd_logits(int argc, char **argv) {
         else if (!strcmp(a, "--kv-cache-dtype")) { kvd = v; i++; }
         else if (!strcmp(a, "--backend")) { backend = v; i++; }
         else if (!strcmp(a, "--precision")) { precision = v ? v : ""; i++; }
+        else if (!strcmp(a, "--moe-act-quant")) { if (m3_cli_set_moe_act_quant(v, "logits")) return 2; i++; }
         else if (!strcmp(a, "--index-cache-dtype")) { ikd = v; i++; }
         else if (!strcmp(a, "--decode")) { r = m3_cli_int(a, v, 0, 1 << 20, &decode, &err); i++; }
         else if (!strcmp(a, "--threads")) { r = m3_cli_int(a, v, 0, 1024, &threads, &err); i++; }
@@ -157,7 +158,7 @@ int m3_cmd_logits(int argc, char **argv) {
         if (i >= argc) { fprintf(stderr, "m3 logits: %s needs a value\n", a); return 2; }
     }
     if (!dir || !ids_s || !out) {
-        fprintf(stderr, "m3 logits: usage: m3 logits -m DIR --ids 1,2,3 [--decode N] [--kv-cache-dtype f32|bf16|fp8|nvfp4] [--backend cpu|cuda|auto] [--precision exact|bf16] [--dump-index] [--dump-hidden] [--teacher-forced REF.safetensors [--teacher-prefix P]] [--near-ties ULPS] [--image FILE ... | --pixel-values FILE] [--image-start-id N --image-end-id N] [--dump-vision] [--language-model-only] [-tp N [--moe-split experts|width]] -o OUT.safetensors\n");
+        fprintf(stderr, "m3 logits: usage: m3 logits -m DIR --ids 1,2,3 [--decode N] [--kv-cache-dtype f32|bf16|fp8|nvfp4] [--backend cpu|cuda|auto] [--precision exact|bf16] [--moe-act-quant none|nvfp4] [--dump-index] [--dump-hidden] [--teacher-forced REF.safetensors [--teacher-prefix P]] [--near-ties ULPS] [--image FILE ... | --pixel-values FILE] [--image-start-id N --image-end-id N] [--dump-vision] [--language-model-only] [-tp N [--moe-split experts|width]] -o OUT.safetensors\n");
         return 2;
     }
     if (n_images && pixel_file) { fprintf(stderr, "m3 logits: give --image or --pixel-values, not both\n"); return 2; }

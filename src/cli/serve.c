@@ -56,6 +56,9 @@ static const char *usage =
     "  --precision P    GEMM inputs (attention's q, K, V, probabilities too): bf16 (rounded to bf16; the GPU's\n"
     "                   tensor-core path) or exact (f32); default\n"
     "                   bf16 on the GPU, exact on the CPU ($M3_PRECISION sets the default)\n"
+    "  --moe-act-quant Q  the routed experts' FC1 input: none (as is, the Hugging Face reference's; default) or\n"
+    "                   nvfp4 (quantized per token to NVFP4 and back, as the M3.1 experts were trained;\n"
+    "                   $M3_MOE_ACT_QUANT sets the default)\n"
     "  --disable-log-requests  no line per request on stderr (--enable-log-requests, the default, keeps them)\n"
     "  --served-model-name N [N...]  the names /v1/models lists and requests may ask for; responses carry the\n"
     "                   first (default: the model directory)\n"
@@ -291,6 +294,7 @@ int m3_serve_main(int argc, char **argv, const m3_serve_hook *hook) {
         else if (!strcmp(a, "--max-logits-rows")) r = m3_cli_int(a, V, 1, 1 << 16, &lrows, &err);
         else if (!strcmp(a, "--warmup-tokens")) r = m3_cli_size(a, V, 0, 1 << 24, &warm, &err);
         else if (!strcmp(a, "--precision")) { if (m3_cli_set_precision(V, name)) return 2; }
+        else if (!strcmp(a, "--moe-act-quant")) { if (m3_cli_set_moe_act_quant(V, name)) return 2; }
         else if (!strcmp(a, "--max-model-len")) r = m3_cli_size(a, V, 1, 1 << 30, &mml, &err);
         else if (!strcmp(a, "--sample-threads")) r = m3_cli_int(a, V, 1, 64, &sthreads, &err);
         else if (!strcmp(a, "--grammar-threads")) r = m3_cli_int(a, V, 0, 64, &gthreads, &err);

@@ -73,6 +73,7 @@ int m3_cli_tp_load(m3_cli_tp *tp, m3_model *full, const char *backend, const cha
         return -1;
     }
     if (m3_model_load(full, dir, NULL, NULL, NULL, &err)) { fprintf(stderr, "m3 %s: %s\n", cmd, err.msg); return -1; }
+    if (m3_cli_apply_moe_act_quant(&full->cfg, cmd)) goto fail; /* before the ranks copy the config */
     for (int i = 0; i < n_ids; i++)
         if (ids[i] < 0 || ids[i] >= full->cfg.vocab) {
             fprintf(stderr, "m3 %s: token id %d at index %d is out of range (vocab %d)\n", cmd, ids[i], i, full->cfg.vocab);

@@ -310,3 +310,18 @@ void m3_config_free(m3_config *c) {
     free(c->layer_moe);
     c->layer_sparse = c->layer_moe = NULL;
 }
+
+int m3_config_set_fc1_quant(m3_config *c, const char *name, m3_err *err) {
+    if (name && !strcmp(name, "none")) {
+        c->fc1_quant = 0;
+        return 0;
+    }
+    if (!name || strcmp(name, "nvfp4"))
+        return m3_errf(err, "--moe-act-quant '%s': none (the experts' FC1 input as is) or nvfp4 (quantized per token, as "
+                            "the M3.1 experts were trained)", name ? name : "");
+    if (c->hidden % 16)
+        return m3_errf(err, "--moe-act-quant nvfp4 needs hidden_size divisible by 16 (NVFP4 blocks), the config has %d",
+                       c->hidden);
+    c->fc1_quant = 1;
+    return 0;
+}

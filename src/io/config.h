@@ -28,6 +28,8 @@ typedef struct m3_config {
     int bos_id, eos_id;           /* -1 when absent */
     int max_positions;            /* max_position_embeddings (the context the model was trained for); 0 when absent */
     char quant_method[32];        /* "" when unquantized */
+    /* Not read from config.json: a runtime switch (m3_config_set_fc1_quant, --moe-act-quant) */
+    int fc1_quant;                /* the routed experts' FC1 input: 0 as is, 1 NVFP4 per token (ops.h m3_moe_p) */
 } m3_config;
 
 /* path: config.json or its directory. */
@@ -35,5 +37,9 @@ int m3_config_load(m3_config *c, const char *path, m3_err *err);
 /* from a JSON text (for tests and fuzzing); `what` names the source in messages */
 int m3_config_parse(m3_config *c, const char *json, const char *what, m3_err *err);
 void m3_config_free(m3_config *c);
+/* The routed experts' FC1 input quantization by name: "none" (as is, the reference's) or "nvfp4"
+ * (per token, what the M3.1 experts were trained with; needs hidden_size divisible by 16). -1 with
+ * err naming the value or the shape otherwise. */
+int m3_config_set_fc1_quant(m3_config *c, const char *name, m3_err *err);
 
 #endif

@@ -85,6 +85,8 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
     const int ni = sh ? sh->index_heads : c->index_heads, Di = c->index_dim, V = c->vocab;
     const int Vl = sh ? sh->vocab_stride : V; /* logits per row this rank computes (at most) */
     const float eps = (float)c->rms_eps;
+    const m3_moe_p mp = {c->n_experts, c->top_k, (float)c->routed_scale, (float)c->swiglu_alpha, (float)c->swiglu_limit,
+                         c->fc1_quant ? M3_FC1_NVFP4 : M3_FC1_EXACT};
     if (T <= 0) return 0;
     for (int t = 0; t < T; t++) {
         if (ids[t] < 0 || ids[t] >= V) return m3_errf(err, "token id %d at index %d is out of range (vocab %d)", ids[t], t, V);
@@ -185,6 +187,7 @@ int m3_forward_ex(m3_model *m, m3_kv *kv, const m3_batch *b, const int32_t *ids,
      * decode graph replayed after a larger batch grew the workspace wrote to freed device
      * memory: the server's forward failures under load, issue 22) */
     gkey = (gkey ^ (uint64_t)(uintptr_t)m->ws) * 1099511628211ull;
+    gkey = (gkey ^ (uint64_t)mp.fc1_quant) * 1099511628211ull; /* a switch of the MoE's arithmetic */
     if (dev_capture_only) gkey = (gkey ^ taps->graph_key ^ 0x6361707475726521ull) * 1099511628211ull;
 issue:
     if (graphable && op->graph_begin(X, kv, gkey)) goto issued;
@@ -237,12 +240,10 @@ issue:
         /* feed-forward (routed + shared experts, or the dense MLP), the residual and the next
          * layer's input norm; under tensor parallelism the partial sums are added up between */
         if (L->moe && next_norm && !m->comm) {
-            op->moe_add_rmsnorm(op, L, B.a, T, c->n_experts, c->top_k, (float)c->routed_scale, (float)c->swiglu_alpha,
-                                (float)c->swiglu_limit, B.o, B.h, next_norm, eps, B.a);
+            op->moe_add_rmsnorm(op, L, &mp, B.a, T, B.o, B.h, next_norm, eps, B.a);
         } else {
             if (L->moe)
-                op->moe(X, L, B.a, T, c->n_experts, c->top_k, (float)c->routed_scale, (float)c->swiglu_alpha,
-                        (float)c->swiglu_limit, B.o);
+                op->moe(X, L, &mp, B.a, T, B.o);
             else
                 op->mlp(X, &L->mlp, B.a, T, (float)c->swiglu_alpha, (float)c->swiglu_limit, B.o);
             ALL_REDUCE(B.o, TT * H);

@@ -483,10 +483,9 @@ static void fused_head_norm_rope_store(const m3_ops *o, int n, const m3_rope_job
                                        double theta, m3_kv *kv, int layer, const m3_batch *b, const float *v) {
     m3_cu_head_norm_rope_store(o->ctx, n, jobs, T, eps, rotary_dim, theta, kv, layer, b, v);
 }
-static void fused_moe_add_rmsnorm(const m3_ops *o, const m3_layer_w *L, const float *x, int T, int E, int K,
-                                  float routed_scale, float alpha, float limit, float *out, float *h, const float *w,
-                                  float eps, float *normed) {
-    m3_cu_moe_add_rmsnorm(o->ctx, L, x, T, E, K, routed_scale, alpha, limit, out, h, w, eps, normed);
+static void fused_moe_add_rmsnorm(const m3_ops *o, const m3_layer_w *L, const m3_moe_p *p, const float *x, int T,
+                                  float *out, float *h, const float *w, float eps, float *normed) {
+    m3_cu_moe_add_rmsnorm(o->ctx, L, p, x, T, out, h, w, eps, normed);
 }
 static void fused_linear_n(const m3_ops *o, int n, const m3_linear *const *W, const float *x, int T, float *const *y) {
     m3_cu_linear_n(o->ctx, n, W, x, T, y);

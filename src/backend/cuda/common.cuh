@@ -19,7 +19,7 @@
 
 /* grow-only scratch buffers, one per purpose (no allocation inside a steady-state step) */
 enum { SC_IDS, SC_DEQ, SC_XE, SC_YE, SC_MOE, SC_ROUTE, SC_ATT, SC_IDX, SC_META, SC_TMP, SC_XSPLIT, SC_XSPLIT2, SC_GEMM_X, SC_XROUND,
-       SC_SPLITK, SC_DSA, SC_AMAX, SC_DRAW, SC_DSA_TAB, SC_LOGP, SC_COUNT };
+       SC_SPLITK, SC_DSA, SC_AMAX, SC_DRAW, SC_DSA_TAB, SC_LOGP, SC_ACTQ, SC_COUNT };
 
 typedef struct m3_cuda {
     int dev, sm_count;
@@ -304,10 +304,12 @@ int m3_cu_route(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, i
                 float **wt);
 /* moe.cu: the dense MLP, the MoE (+ the add + norm after it), the expert launches on the tensor cores */
 void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out);
-void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
-               float limit, float *out);
-void m3_cu_moe_add_rmsnorm(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale,
-                           float alpha, float limit, float *out, float *h, const float *w, float eps, float *normed);
+void m3_cu_moe(void *ctx, const m3_layer_w *L, const m3_moe_p *p, const float *x, int T, float *out);
+void m3_cu_moe_add_rmsnorm(void *ctx, const m3_layer_w *L, const m3_moe_p *p, const float *x, int T, float *out, float *h,
+                           const float *w, float eps, float *normed);
+/* act_quant.cu: x [T, H] quantized to NVFP4 per token and back, into out (the CPU's rule,
+ * src/backend/cpu/act_quant.c; H a multiple of 16, rows 16-byte aligned); -1 on failure (recorded) */
+int m3_cu_act_quant_nvfp4(m3_cuda *c, const float *x, int T, int H, float *out);
 int m3_cu_moe_grouped(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int T, int topk,
                       int E, int part, const float *x, int xstride, float *out);
 int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int topk, int S, int part,

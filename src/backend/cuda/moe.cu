@@ -286,8 +286,8 @@ __global__ void __launch_bounds__(1024) k_moe_tc_layout(const int32_t *pick, int
  * bf16 (staged), f32 sums. The shared expert on the same GEMM (gemm_tc per matrix), then the
  * weighted sum in each token's ascending expert order + the shared expert (k_moe_combine, as the
  * CPU adds them). No host synchronization. 1 when done (or failed), 0 when not taken. */
-static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
-                  float limit, float *out, moe_post *post) {
+static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, const float *xr, int T, int E, int K, float routed_scale,
+                  float alpha, float limit, float *out, moe_post *post) {
     const m3_mlp_w *e0 = &L->experts[0];
     if (!c->gemm_bf16 || !L->backend || E < 1 || E > 2048 || !m3_cu_gemm_tc_moe_ok(e0)) return 0;
     if (m3_cu_env_int("M3_MOE_TC", 1) == 0 || T < m3_cu_env_int("M3_MOE_TC_MIN", 128)) return 0;
@@ -358,7 +358,7 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     k_moe_tc_layout<<<1, 1024, sizeof(int) * (5 * (size_t)E + 2), c->st>>>(pick, (int)S, K, E, bn, unit, maxa, maxr, fat, map,
                                                                              rowmap, tiles, cnt);
     if (CK_LAUNCH(c, "moe layout")) return 1;
-    if (m3_cu_gemm_tc_stage_x_map(c->st, x, rows, H, map, cnt, xs, &err) ||
+    if (m3_cu_gemm_tc_stage_x_map(c->st, xr, rows, H, map, cnt, xs, &err) ||
         m3_cu_gemm_tc_moe(c->st, 0, tab, &e0m, bn, xs, rows, tiles, maxa, maxr.n, cnt, NULL, alpha, limit, h, &err) ||
         m3_cu_gemm_tc_stage_x_map(c->st, h, rows, F, NULL, cnt, hs, &err) ||
         m3_cu_gemm_tc_moe(c->st, 2, tab, &e0m, bn, hs, rows, tiles, maxa, maxr.n, cnt, rowmap, alpha, limit, ye, &err)) {
@@ -389,8 +389,8 @@ static int moe_tc(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
  * grouped mma.sync kernels (every expert's weights read once per launch for up to 32 of its slots,
  * several CTAs per SM), the shared expert on the dense MLP path, then the combine as moe_tc's.
  * No host synchronization. 1 when done (or failed), 0 when not taken. */
-static int moe_ft(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
-                  float limit, float *out, moe_post *post) {
+static int moe_ft(m3_cuda *c, const m3_layer_w *L, const float *x, const float *xr, int T, int E, int K, float routed_scale,
+                  float alpha, float limit, float *out, moe_post *post) {
     const m3_mlp_w *e0 = &L->experts[0];
     if (!c->gemm_bf16 || !L->backend || E < 1 || E > 2048 || !m3_cu_moe_ft_ok(e0) || !m3_cu_moe_ft_act_ok(alpha, limit)) return 0;
     if (m3_cu_env_int("M3_MOE_FT", 1) == 0 || T < m3_cu_env_int("M3_MOE_FT_MIN", 9) || T > m3_cu_env_int("M3_MOE_FT_MAX", 512))
@@ -411,7 +411,7 @@ static int moe_ft(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     float *ye = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * (size_t)T * K * H);
     if (!work || !ye) return 1;
     m3_cu_xsplit_touch(c, ye, sizeof(float) * (size_t)T * K * H);
-    if (m3_cu_moe_ft(c, (const m3_mlp_w *)L->backend, e0, x, T, K, E, pick, work, alpha, limit, ye)) return 1;
+    if (m3_cu_moe_ft(c, (const m3_mlp_w *)L->backend, e0, xr, T, K, E, pick, work, alpha, limit, ye)) return 1;
     float *sh = NULL;
     if (L->has_shared) {
         sh = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)T * H);
@@ -425,41 +425,48 @@ static int moe_ft(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E,
     return 1;
 }
 
-static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
-                     float limit, float *out, moe_post *post);
+static void moe_impl(m3_cuda *c, const m3_layer_w *L, const m3_moe_p *p, const float *x, int T, float *out, moe_post *post);
 
-void m3_cu_moe(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
-               float limit, float *out) {
-    moe_impl((m3_cuda *)ctx, L, x, T, E, K, routed_scale, alpha, limit, out, NULL);
+void m3_cu_moe(void *ctx, const m3_layer_w *L, const m3_moe_p *p, const float *x, int T, float *out) {
+    moe_impl((m3_cuda *)ctx, L, p, x, T, out, NULL);
 }
 
-void m3_cu_moe_add_rmsnorm(void *ctx, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale,
-                           float alpha, float limit, float *out, float *h, const float *w, float eps, float *normed) {
+void m3_cu_moe_add_rmsnorm(void *ctx, const m3_layer_w *L, const m3_moe_p *p, const float *x, int T, float *out, float *h,
+                           const float *w, float eps, float *normed) {
     m3_cuda *c = (m3_cuda *)ctx;
     static int on = -1;
     if (on < 0) on = m3_cu_env_int("M3_MOE_NORM", 1) != 0;
     moe_post post = {h, w, eps, normed, 0};
-    moe_impl(c, L, x, T, E, K, routed_scale, alpha, limit, out, on ? &post : NULL);
+    moe_impl(c, L, p, x, T, out, on ? &post : NULL);
     if (!post.done) m3_cu_add_rmsnorm(c, h, out, w, T, L->router.K, eps, normed);
 }
 
-static void moe_body(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
-                     float limit, float *out, moe_post *post);
+static void moe_body(m3_cuda *c, const m3_layer_w *L, const m3_moe_p *p, const float *x, int T, float *out, moe_post *post);
 
 /* the MoE; the side stream's shared expert (moe_body) joined on every way out */
-static void moe_impl(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
-                     float limit, float *out, moe_post *post) {
-    moe_body(c, L, x, T, E, K, routed_scale, alpha, limit, out, post);
+static void moe_impl(m3_cuda *c, const m3_layer_w *L, const m3_moe_p *p, const float *x, int T, float *out, moe_post *post) {
+    moe_body(c, L, p, x, T, out, post);
     m3_cu_side_join(c);
 }
 
-static void moe_body(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int E, int K, float routed_scale, float alpha,
-                     float limit, float *out, moe_post *post) {
+/* x goes to the router and the shared expert; xr, the routed experts' input, is x or x quantized
+ * per token (p->fc1_quant, act_quant.cu) */
+static void moe_body(m3_cuda *c, const m3_layer_w *L, const m3_moe_p *p, const float *x, int T, float *out, moe_post *post) {
+    const int E = p->n_experts, K = p->top_k;
+    const float routed_scale = p->routed_scale, alpha = p->alpha, limit = p->limit;
     m3_cu_prof_begin(c, OP_MOE);
     if (T <= 0 || c->failed) { m3_cu_prof_end(c, OP_MOE); return; }
     const int H = L->router.K, Fd = L->experts[0].gate.N;
-    if (moe_ft(c, L, x, T, E, K, routed_scale, alpha, limit, out, post) ||
-        moe_tc(c, L, x, T, E, K, routed_scale, alpha, limit, out, post)) {
+    const float *xr = x;
+    if (p->fc1_quant == M3_FC1_NVFP4) {
+        float *xq = (float *)m3_cu_scratch(c, SC_ACTQ, sizeof(float) * (size_t)T * H);
+        if (!xq) { m3_cu_prof_end(c, OP_MOE); return; }
+        m3_cu_xsplit_touch(c, xq, sizeof(float) * (size_t)T * H);
+        if (m3_cu_act_quant_nvfp4(c, x, T, H, xq)) { m3_cu_prof_end(c, OP_MOE); return; }
+        xr = xq;
+    }
+    if (moe_ft(c, L, x, xr, T, E, K, routed_scale, alpha, limit, out, post) ||
+        moe_tc(c, L, x, xr, T, E, K, routed_scale, alpha, limit, out, post)) {
         m3_cu_prof_end(c, OP_MOE);
         return;
     }
@@ -503,14 +510,14 @@ static void moe_body(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int
         const m3_mlp_w *tab = (const m3_mlp_w *)L->backend;
         for (int t0 = 0; t0 < T && mma; t0 += MOE_GROUP_T) { /* tensor cores: (gate, up) of every slot, SwiGLU, down */
             const int tc = T - t0 < MOE_GROUP_T ? T - t0 : MOE_GROUP_T, S = tc * K;
-            const float *xc = x + (size_t)t0 * H;
+            const float *xc = x + (size_t)t0 * H, *xrc = xr + (size_t)t0 * H;
             const int32_t *pc = pick + (size_t)t0 * K;
             float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * (size_t)S * (Fd + H));
             float *gu = (float *)m3_cu_scratch(c, SC_YE, sizeof(float) * (size_t)S * Fd * 2);
             if (!h || !gu) { m3_cu_prof_end(c, OP_MOE); return; }
             float *ye = h + (size_t)S * Fd;
-            const int grp = grouped && tc >= 2 && m3_cu_moe_grouped(c, e0, tab, pc, tc, K, E, 0, xc, H, gu) == 0;
-            if (!grp) m3_cu_moe_mma(c, e0, tab, pc, K, S, 0, xc, H, gu);
+            const int grp = grouped && tc >= 2 && m3_cu_moe_grouped(c, e0, tab, pc, tc, K, E, 0, xrc, H, gu) == 0;
+            if (!grp) m3_cu_moe_mma(c, e0, tab, pc, K, S, 0, xrc, H, gu);
             uint16_t *hs = m3_cu_xsplit_claim(c, h, (size_t)S * Fd);
             if (!hs) { m3_cu_prof_end(c, OP_MOE); return; }
             k_moe_swiglu_split<<<cdiv((size_t)S * Fd, 256), 256, 0, c->st>>>(gu, S, Fd, alpha, limit, h, hs, c->gemm_bf16);
@@ -539,7 +546,7 @@ static void moe_body(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int
         float *h = (float *)m3_cu_scratch(c, SC_MOE, sizeof(float) * (size_t)S * (Fd + H));
         if (!h) { m3_cu_prof_end(c, OP_MOE); return; }
         float *ye = h + (size_t)S * Fd;
-        const float *xg = m3_cu_gemm_input(c, x, (size_t)T * H); /* bf16 mode: the experts' GEMMs take bf16(x) */
+        const float *xg = m3_cu_gemm_input(c, xr, (size_t)T * H); /* bf16 mode: the experts' GEMMs take bf16(x) */
         if (!xg) { m3_cu_prof_end(c, OP_MOE); return; }
         int kt1 = kt_for(H), kt2 = kt_for(Fd);
         dim3 g1(cdiv(Fd, GW * 2), S), g2(cdiv(H, GW * GR), S);
@@ -594,7 +601,7 @@ static void moe_body(m3_cuda *c, const m3_layer_w *L, const float *x, int T, int
                 const m3_mlp_w *me = &L->experts[e];
                 dim3 gg(cdiv(H, 256) < 64 ? cdiv(H, 256) : 64, cnt);
                 m3_cu_xsplit_touch(c, xe, sizeof(float) * (size_t)cnt * H);
-                k_moe_gather_rows<<<gg, 256, 0, c->st>>>(x, drows + off[e], cnt, H, xe);
+                k_moe_gather_rows<<<gg, 256, 0, c->st>>>(xr, drows + off[e], cnt, H, xe);
                 m3_cu_linear(c, &me->gate, xe, cnt, g);
                 m3_cu_linear(c, &me->up, xe, cnt, u);
                 m3_cu_swiglu(c, g, u, (size_t)cnt * Fd, alpha, limit, g);

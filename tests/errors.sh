@@ -55,6 +55,8 @@ expect bad-ids              "is not a non-negative token id" "$M3" logits -m "$S
 expect bad-kv-dtype         "unknown dtype 'int3'" "$M3" logits -m "$SRC" --ids 5 --kv-cache-dtype int3 -o "$WORK/o.safetensors"
 expect teacher-missing      "--teacher-forced: $WORK/no-ref.safetensors: cannot open" "$M3" logits -m "$SRC" --ids 5 --teacher-forced "$WORK/no-ref.safetensors" -o "$WORK/o.safetensors"
 expect near-ties-exact      "--near-ties counts bf16 rounding near-ties: it needs --precision bf16" "$M3" logits -m "$SRC" --ids 5 --near-ties 8 -o "$WORK/o.safetensors"
+expect act-quant-value      "--moe-act-quant 'fp4': none" "$M3" logits -m "$SRC" --ids 5 --moe-act-quant fp4 -o "$WORK/o.safetensors"
+expect act-quant-env        "\$M3_MOE_ACT_QUANT 'int4': none" env M3_MOE_ACT_QUANT=int4 "$M3" logits -m "$SRC" --ids 5 -o "$WORK/o.safetensors"
 expect generate-id-range    "out of range" "$M3" generate -m "$SRC" --ids 1024 -n 2
 expect unknown-option       "unknown option '--bogus'" "$M3" logits --bogus
 echo "$((n-fails)) of $n error cases passed"

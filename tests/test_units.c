@@ -197,6 +197,16 @@ static void test_config(void) {
         CHECK(a.layer_sparse[i] == b.layer_sparse[i] && a.layer_moe[i] == b.layer_moe[i], "layer %d kinds", i);
     }
     CHECK(a.layer_sparse[0] == 0 && a.layer_sparse[1] == 1 && a.layer_moe[0] == 1 && a.layer_moe[1] == 0, "kinds");
+    /* the experts' FC1 input quantization: off as loaded, by name, NVFP4 blocks need hidden % 16 */
+    CHECK(a.fc1_quant == 0, "fc1_quant %d as loaded", a.fc1_quant);
+    CHECK(!m3_config_set_fc1_quant(&a, "nvfp4", &err) && a.fc1_quant == 1, "nvfp4 (hidden %d): %s", a.hidden, err.msg);
+    CHECK(!m3_config_set_fc1_quant(&a, "none", &err) && a.fc1_quant == 0, "none: %s", err.msg);
+    CHECK(m3_config_set_fc1_quant(&a, "mxfp4", &err) && strstr(err.msg, "'mxfp4'") && a.fc1_quant == 0, "mxfp4: %s", err.msg);
+    const int hid = a.hidden;
+    a.hidden = 40;
+    CHECK(m3_config_set_fc1_quant(&a, "nvfp4", &err) && strstr(err.msg, "divisible by 16") && strstr(err.msg, "40") &&
+              a.fc1_quant == 0, "hidden 40: %s", err.msg);
+    a.hidden = hid;
     m3_config_free(&a);
     m3_config_free(&b);
     /* errors name the field */

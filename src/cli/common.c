@@ -173,9 +173,10 @@ void m3_cli_apply_precision(m3_ops *ops) {
 static const char *cli_fc1; /* --moe-act-quant of this command, NULL: none given */
 
 int m3_cli_set_moe_act_quant(const char *value, const char *cmd) {
-    if (!value || (strcmp(value, "none") && strcmp(value, "nvfp4"))) {
-        fprintf(stderr, "m3 %s: --moe-act-quant '%s': none (the routed experts' FC1 input as is, the reference's) or "
-                        "nvfp4 (quantized per token, as the M3.1 experts were trained)\n", cmd, value ? value : "");
+    m3_config probe = {0}; /* the names only: hidden 0 takes either */
+    m3_err err;
+    if (m3_config_set_fc1_quant(&probe, value, &err)) {
+        fprintf(stderr, "m3 %s: --moe-act-quant %s\n", cmd, err.msg);
         return -1;
     }
     cli_fc1 = value;
@@ -187,7 +188,7 @@ int m3_cli_apply_moe_act_quant(m3_config *c, const char *cmd) {
     if (!name || !*name) return 0;
     m3_err err;
     if (m3_config_set_fc1_quant(c, name, &err)) {
-        fprintf(stderr, "m3 %s: %s%s\n", cmd, err.msg, cli_fc1 ? "" : " (from $M3_MOE_ACT_QUANT)");
+        fprintf(stderr, "m3 %s: %s %s\n", cmd, cli_fc1 ? "--moe-act-quant" : "$M3_MOE_ACT_QUANT", err.msg);
         return -1;
     }
     return 0;

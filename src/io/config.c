@@ -317,11 +317,10 @@ int m3_config_set_fc1_quant(m3_config *c, const char *name, m3_err *err) {
         return 0;
     }
     if (!name || strcmp(name, "nvfp4"))
-        return m3_errf(err, "--moe-act-quant '%s': none (the experts' FC1 input as is) or nvfp4 (quantized per token, as "
-                            "the M3.1 experts were trained)", name ? name : "");
+        return m3_errf(err, "'%s': none (the routed experts' FC1 input as is, the reference's) or nvfp4 (quantized per "
+                            "token, as the M3.1 experts were trained)", name ? name : "");
     if (c->hidden % 16)
-        return m3_errf(err, "--moe-act-quant nvfp4 needs hidden_size divisible by 16 (NVFP4 blocks), the config has %d",
-                       c->hidden);
+        return m3_errf(err, "nvfp4 needs hidden_size divisible by 16 (NVFP4 blocks), the config has %d", c->hidden);
     c->fc1_quant = 1;
     return 0;
 }

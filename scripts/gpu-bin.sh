@@ -6,9 +6,9 @@
 set -eu
 cd "$(dirname "$0")/.."
 cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build-cuda -j"$(nproc)" --target m3 bench_cuda_linear bench_cuda_stream bench_cuda_attn bench_cuda_gemm bench_cuda_moe oracle_check logits_diff vision_check graph_regrow dspark_check test_spec_engine test_prompt_logprobs >/dev/null
+cmake --build build-cuda -j"$(nproc)" --target m3 bench_cuda_linear bench_cuda_stream bench_cuda_attn bench_cuda_gemm bench_cuda_moe oracle_check logits_diff vision_check graph_regrow dspark_check test_spec_engine test_prompt_logprobs act_quant_check >/dev/null
 rm -rf .gpu_bin && mkdir -p .gpu_bin
-cp build-cuda/m3 build-cuda/bench_cuda_linear build-cuda/bench_cuda_stream build-cuda/bench_cuda_attn build-cuda/bench_cuda_gemm build-cuda/bench_cuda_moe build-cuda/tests/oracle_check build-cuda/tests/logits_diff build-cuda/tests/vision_check build-cuda/tests/graph_regrow build-cuda/tests/dspark_check build-cuda/tests/test_spec_engine build-cuda/tests/test_prompt_logprobs .gpu_bin/
+cp build-cuda/m3 build-cuda/bench_cuda_linear build-cuda/bench_cuda_stream build-cuda/bench_cuda_attn build-cuda/bench_cuda_gemm build-cuda/bench_cuda_moe build-cuda/tests/oracle_check build-cuda/tests/logits_diff build-cuda/tests/vision_check build-cuda/tests/graph_regrow build-cuda/tests/dspark_check build-cuda/tests/test_spec_engine build-cuda/tests/test_prompt_logprobs build-cuda/tests/act_quant_check .gpu_bin/
 strip .gpu_bin/*
 # the same, compressed (the working tree and what is carried must stay under 64 MiB):
 # carry .gpu_pack and run `mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz` there first

@@ -1,18 +1,32 @@
 /* NVFP4 quantization of activations per token, on the GPU (the MoE's FC1 input under
- * --moe-act-quant nvfp4): one CTA a row, the row's amax by a block reduction, then a thread per
- * 16 values, each operation rounded once in f32 as the CPU's.
+ * --moe-act-quant nvfp4): one CTA a row, a thread per 16 values (up to 4 groups a thread), the
+ * row read once into registers; its amax by a block reduction, then each group quantized and
+ * written back, each operation rounded once in f32 as the CPU's.
  * CPU reference (and the rule): src/backend/cpu/act_quant.c (m3_cpu_act_quant_nvfp4). */
 #include "common.cuh"
 
-__global__ void __launch_bounds__(256) k_act_quant_nvfp4(const float *x, int H, float *out) {
+template <int G>
+__global__ void __launch_bounds__(512) k_act_quant_nvfp4(const float *x, int H, float *out) {
     const float *xr = x + (size_t)blockIdx.x * H;
     float *o = out + (size_t)blockIdx.x * H;
-    __shared__ float wmax[8];
+    const int ng = H / 16;
+    __shared__ float wmax[16];
+    float v[G][16];
     float a = 0;
     int nan = 0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
-        a = fmaxf(a, fabsf(xr[i])); /* fmaxf drops NaN: flagged apart */
-        nan |= xr[i] != xr[i];
+#pragma unroll
+    for (int j = 0; j < G; j++) {
+        const int g = threadIdx.x + j * blockDim.x;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float4 f = g < ng ? ((const float4 *)(xr + 16 * g))[q] : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[j][4 * q] = f.x, v[j][4 * q + 1] = f.y, v[j][4 * q + 2] = f.z, v[j][4 * q + 3] = f.w;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            a = fmaxf(a, fabsf(v[j][i])); /* fmaxf drops NaN: flagged apart */
+            nan |= v[j][i] != v[j][i];
+        }
     }
     nan = __syncthreads_or(nan);
     for (int d = 16; d; d >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
@@ -20,44 +34,47 @@ __global__ void __launch_bounds__(256) k_act_quant_nvfp4(const float *x, int H, 
     __syncthreads();
     float amax = 0;
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) amax = fmaxf(amax, wmax[w]);
-    if (nan || !(amax > 0) || isinf(amax)) { /* copied as it is */
-        for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = xr[i];
-        return;
-    }
-    const float gs = __fdiv_rn(2688.0f, amax);
-    for (int g = threadIdx.x; g < H / 16; g += blockDim.x) {
-        float y[16];
-        const float4 *src = (const float4 *)(xr + 16 * g);
+    const bool keep = nan || !(amax > 0) || isinf(amax); /* copied as it is */
+    const float gs = keep ? 1.f : __fdiv_rn(2688.0f, amax);
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const float4 v = src[j];
-            y[4 * j] = __fmul_rn(v.x, gs), y[4 * j + 1] = __fmul_rn(v.y, gs);
-            y[4 * j + 2] = __fmul_rn(v.z, gs), y[4 * j + 3] = __fmul_rn(v.w, gs);
-        }
-        float m = 0;
+    for (int j = 0; j < G; j++) {
+        const int g = threadIdx.x + j * blockDim.x;
+        if (g >= ng) break;
+        float r[16];
+        if (keep) {
 #pragma unroll
-        for (int i = 0; i < 16; i++) m = fmaxf(m, fabsf(y[i]));
-        const float s = e4m3_f32(f32_e4m3(__fdiv_rn(m, 6.0f)));
-        float4 *dst = (float4 *)(o + 16 * g);
+            for (int i = 0; i < 16; i++) r[i] = v[j][i];
+        } else {
+            float y[16], m = 0;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            float r[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float q = s != 0 ? e2m1_f32(f32_e2m1(__fdiv_rn(y[4 * j + k], s))) : 0.f;
-                r[k] = __fdiv_rn(__fmul_rn(q, s), gs);
+            for (int i = 0; i < 16; i++) {
+                y[i] = __fmul_rn(v[j][i], gs);
+                m = fmaxf(m, fabsf(y[i]));
             }
-            dst[j] = make_float4(r[0], r[1], r[2], r[3]);
+            const float s = e4m3_f32(f32_e4m3(__fdiv_rn(m, 6.0f)));
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const float q = s != 0 ? e2m1_f32(f32_e2m1(__fdiv_rn(y[i], s))) : 0.f;
+                r[i] = __fdiv_rn(__fmul_rn(q, s), gs);
+            }
         }
+#pragma unroll
+        for (int q = 0; q < 4; q++) ((float4 *)(o + 16 * g))[q] = make_float4(r[4 * q], r[4 * q + 1], r[4 * q + 2], r[4 * q + 3]);
     }
 }
 
 int m3_cu_act_quant_nvfp4(m3_cuda *c, const float *x, int T, int H, float *out) {
     if (T <= 0) return 0;
-    if (H % 16 || ((uintptr_t)x | (uintptr_t)out) % 16) {
-        m3_cu_failf(c, "act quant: rows of %d values (not a multiple of 16) or misaligned", H);
+    const int ng = H / 16, nt = ng < 512 ? (ng + 31) / 32 * 32 : 512, G = (ng + nt - 1) / nt;
+    if (H <= 0 || H % 16 || G > 4 || ((uintptr_t)x | (uintptr_t)out) % 16) {
+        m3_cu_failf(c, "act quant: rows of %d values (a multiple of 16 up to 32768) or misaligned", H);
         return -1;
     }
-    k_act_quant_nvfp4<<<T, 256, 0, c->st>>>(x, H, out);
+    switch (G) {
+    case 1: k_act_quant_nvfp4<1><<<T, nt, 0, c->st>>>(x, H, out); break;
+    case 2: k_act_quant_nvfp4<2><<<T, nt, 0, c->st>>>(x, H, out); break;
+    case 3: k_act_quant_nvfp4<3><<<T, nt, 0, c->st>>>(x, H, out); break;
+    default: k_act_quant_nvfp4<4><<<T, nt, 0, c->st>>>(x, H, out); break;
+    }
     return CK_LAUNCH(c, "act quant (nvfp4)") ? -1 : 0;
 }

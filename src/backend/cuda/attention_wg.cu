@@ -21,9 +21,9 @@
  * rows past the chunk's end zero-filled, so V holds no stale values that a zero probability could
  * turn into NaN) and arrive as their copies land (cp.async.mbarrier.arrive.noinc); FP8 / NVFP4
  * rows they load as words, decode to bf16 (exact) and store, fence for the async proxy and arrive.
- * M3_ATTN_WG_QBULK=1 (FP8 / NVFP4, whole chunks in one page; off until a GPU has checked it): one
- * producer thread brings each chunk's raw K and V rows into one of 3 raw stages by bulk copies three
- * chunks ahead, and the producers decode from there (rows past the chunk's end as zero codes).
+ * FP8 / NVFP4 whole chunks (in one page): one producer thread brings each chunk's raw K and V rows
+ * into one of 3 raw stages by bulk copies three chunks ahead, and the producers decode from there
+ * (rows past the chunk's end as zero codes); M3_ATTN_WG_QBULK=0: the word loads for those too.
  * A consumer warpgroup waits for the stage, fences the generic proxy's writes for the async proxy,
  * and runs:
  *   S = Q K^T: D / 16 wgmma m64n64k16, Q from registers (bf16, loaded once), K K-major;
@@ -37,7 +37,8 @@
  *
  * H100, 8 layers, 4096-token prefill (docs/PERF.md, session 47): attention 10.9 ms against the
  * token tiles' 15.6 (bf16 cache), 14.3 against 17.0 (FP8); the bulk copies 9.05 against cp.async's
- * 10.20. Measured and removed: P V overlapped with the next chunk's softmax (11.3 ms), 4 tokens a
+ * 10.20. Session 48 (the counters' walk, O's rescale skipped where no max moved): bf16 8.06 ms, FP8
+ * 13.44 by word loads, 11.48 by raw bulk copies. Measured and removed: P V overlapped with the next chunk's softmax (11.3 ms), 4 tokens a
  * CTA (15.6), 16 FP8 words in flight a producer (docs/logs/s47/wg-variants.diff, PERF.md).
  * M3_ATTN_WG=0 turns it off (the token tiles take the step); M3_ATTN_WG_TMA=0: cp.async only. */
 #include <math.h>
@@ -373,9 +374,10 @@ int m3_cu_attention_wg(m3_cuda *c, const m3_kv *kv, int layer, int t0, int T, co
     const size_t al = dd.rb | dd.kvpart | dd.page_bytes | (uintptr_t)dd.base;
     if ((al & (kv->dt == M3_KV_BF16 ? 15 : kv->dt == M3_KV_FP8 ? 7 : 3)) != 0) return 1;
     const size_t tables = sizeof(int) * tile_keys_ints(WG_TT, sel ? topk : 0, true);
-    /* FP8 / NVFP4 chunks by bulk copies of their raw rows (M3_ATTN_WG_QBULK=1) */
+    /* FP8 / NVFP4 chunks by bulk copies of their raw rows (H100, case 7: FP8 407.6 -> 337.4 us, NVFP4
+     * 497.4 -> 419.1; M3_ATTN_WG_QBULK=0: word loads) */
     static int qb_on = -1;
-    if (qb_on < 0) qb_on = m3_cu_env_int("M3_ATTN_WG_QBULK", 0) == 1;
+    if (qb_on < 0) qb_on = m3_cu_env_int("M3_ATTN_WG_QBULK", 1) != 0;
     /* whole chunks lie in one page (pages and blocks of multiples of 64 keys) and start 16-byte aligned:
      * where bulk copies can bring them (64 rows: a multiple of 16 bytes at any rb) */
     const bool whole = dd.page % WCH == 0 && (!sel || block % WCH == 0) && !((uintptr_t)dd.base & 15) && (dd.kvpart | dd.page_bytes) % 16 == 0;

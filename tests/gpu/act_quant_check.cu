@@ -1,0 +1,84 @@
+/* The GPU's NVFP4 activation quantizer (src/backend/cuda/act_quant.cu, --moe-act-quant nvfp4)
+ * against the CPU's rule (src/backend/cpu/act_quant.c), bit for bit: rows of 16 .. 32768 values
+ * (one to four 16-value groups a thread), random magnitudes over a wide range, values placed on
+ * E2M1 rounding midpoints after scaling, rows of zeros, with a NaN, with an infinity, a subnormal
+ * row; in place too; then the refusal of a row length it cannot take.
+ * Runs on a GPU (scripts/gpu.sh, section 3).  usage: act_quant_check */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/common.cuh"
+extern "C" {
+#include "backend/cpu/cpu.h"
+}
+
+static uint64_t rs = 0x9e3779b97f4a7c15ull;
+static double urand(void) {
+    rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+    return ((double)(rs >> 11) + 0.5) * 0x1p-53;
+}
+
+static int same(float a, float b) { return (isnan(a) && isnan(b)) || memcmp(&a, &b, 4) == 0; }
+
+static int check(m3_ops *g, int T, int H, int inplace) {
+    m3_cuda *c = (m3_cuda *)g->ctx;
+    const size_t n = (size_t)T * H;
+    float *x = (float *)malloc(4 * n), *want = (float *)malloc(4 * n), *got = (float *)malloc(4 * n);
+    for (int t = 0; t < T; t++) {
+        float *r = x + (size_t)t * H;
+        const int kind = t % 8, e0 = (int)(urand() * 40) - 20;
+        for (int i = 0; i < H; i++) r[i] = (float)((urand() * 2 - 1) * ldexp(1.0, e0 + (int)(urand() * 12) - 6));
+        if (kind == 1) memset(r, 0, 4 * (size_t)H);                       /* zeros: as they are */
+        if (kind == 2) r[(int)(urand() * H)] = NAN;                        /* a NaN: as it is */
+        if (kind == 3) r[(int)(urand() * H)] = -INFINITY;                  /* an infinity: as it is */
+        if (kind == 4)                                                     /* subnormal values */
+            for (int i = 0; i < H; i++) r[i] = (float)((urand() * 2 - 1) * 0x1p-130);
+        if (kind == 5) { /* amax 6 (gs 448, block scales 448 where a 6 sits): midpoints of E2M1 */
+            static const float mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f};
+            for (int i = 0; i < H; i++) r[i] = i % 16 == 0 ? 6.f : mid[(int)(urand() * 7)] * (urand() < 0.5 ? -1 : 1);
+        }
+    }
+    m3_cpu_act_quant_nvfp4(x, T, H, want);
+    float *dx = (float *)g->alloc(g->ctx, 4 * n), *dy = inplace ? dx : (float *)g->alloc(g->ctx, 4 * n);
+    g->upload(g->ctx, dx, x, 4 * n);
+    int rc = m3_cu_act_quant_nvfp4(c, dx, T, H, dy);
+    g->download(g->ctx, got, dy, 4 * n);
+    m3_err err;
+    err.msg[0] = 0;
+    if (rc || (g->check && g->check(g->ctx, &err))) {
+        printf("T %d H %d: failed: %s FAIL\n", T, H, err.msg);
+        return 1;
+    }
+    long bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!same(got[i], want[i]) && bad++ < 4)
+            printf("  T %d H %d [%zu]: x %a GPU %a CPU %a\n", T, H, i, (double)x[i], (double)got[i], (double)want[i]);
+    printf("T %4d H %5d%s: %ld of %zu values differ from the CPU's %s\n", T, H, inplace ? " (in place)" : "", bad, n, bad ? "FAIL" : "ok");
+    g->release(g->ctx, dx);
+    if (!inplace) g->release(g->ctx, dy);
+    free(x); free(want); free(got);
+    return bad != 0;
+}
+
+int main(void) {
+    m3_ops g;
+    m3_err err;
+    if (m3_cuda_ops_init(&g, 0, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+    int fails = 0;
+    const int Hs[] = {16, 48, 128, 6144, 8192, 8208, 16400, 32768};
+    for (int h = 0; h < (int)(sizeof Hs / sizeof *Hs); h++)
+        for (int T = 1; T <= 37; T += 12) fails += check(&g, T, Hs[h], 0);
+    fails += check(&g, 16, 6144, 1);
+    /* a row it cannot take is refused, naming it (the context then holds the failure) */
+    m3_cuda *c = (m3_cuda *)g.ctx;
+    float *d = (float *)g.alloc(g.ctx, 4 * 40);
+    const int r = m3_cu_act_quant_nvfp4(c, d, 1, 40, d);
+    err.msg[0] = 0;
+    const int said = g.check && g.check(g.ctx, &err) && strstr(err.msg, "40 values");
+    printf("40 values a row: %s (%s)\n", r && said ? "refused" : "NOT refused FAIL", err.msg);
+    fails += !(r && said);
+    printf(fails ? "act quant: %d checks FAILED\n" : "all act quant checks passed\n", fails);
+    return fails != 0;
+}

@@ -7,7 +7,8 @@
  * rule (m3_cpu_act_quant_nvfp4, --moe-act-quant nvfp4): hand-computed rows and a random sweep.
  *
  *   gcc -std=c11 -O2 -Wall -Wextra -D_GNU_SOURCE -Isrc tests/test_quantize.c src/weights/quantize.c \
- *       src/base/num.c src/base/err.c -lm -o /tmp/tq && /tmp/tq
+ *       src/backend/cpu/act_quant.c src/kv/kv.c src/base/num.c src/base/err.c -lm -o /tmp/tq && /tmp/tq
+ *   (or the ctest `quantize`, linked with the whole library)
  * Exit status 0 when everything passes; each failure prints one line. */
 #include <math.h>
 #include <stdint.h>
@@ -352,12 +353,13 @@ static void test_act_hand(void) {
      * is x's nearest E2M1 value, ties to the even code (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 2.5 -> 2,
      * 5 -> 4; 1.75 -> 2, 3.5 -> 4) */
     float x[32] = {6, -0.25f, 0.75f, 1.25f, 2.5f, 5, 1.75f, 3.5f, -0.3f, 0.1f, -6, 4.2f, -1.6f, 2.9f, 0, -0.74f};
-    const float want[16] = {6, -0.0f, 1, 1, 2, 4, 2, 4, -0.5f, 0, -6, 4, -1.5f, 3, 0, -0.5f};
+    const float want[16] = {6, 0, 1, 1, 2, 4, 2, 4, -0.5f, 0, -6, 4, -1.5f, 3, 0, -0.5f}; /* zeros come out +0 */
     /* a second block of amax 0.75: y amax 336, s = e4m3(56) = 56, y / s = x * 8 */
     for (int i = 0; i < 16; i++) x[16 + i] = (float)(i % 7) * 0.125f * (i & 1 ? -1 : 1); /* 0 .. 0.75 */
     float out[32];
     m3_cpu_act_quant_nvfp4(x, 1, 32, out);
-    for (int i = 0; i < 16; i++) CHECK(out[i] == want[i], "act amax 6: x %g -> %g, want %g", (double)x[i], (double)out[i], (double)want[i]);
+    for (int i = 0; i < 16; i++)
+        CHECK(memcmp(&out[i], &want[i], 4) == 0, "act amax 6: x %g -> %g, want %g", (double)x[i], (double)out[i], (double)want[i]);
     for (int i = 16; i < 32; i++) { /* x * 8 in {0, 1, ..., 6}: E2M1 has 0..4 and 6, 5 ties to 4 */
         float y8 = fabsf(x[i]) * 8, q = y8 == 5 ? 4 : y8;
         float w = (q * 56.0f / 448.0f) * (x[i] < 0 ? -1 : 1);
@@ -367,15 +369,21 @@ static void test_act_hand(void) {
     float a[16] = {1, 0.1f}, ao[16];
     m3_cpu_act_quant_nvfp4(a, 1, 16, ao);
     CHECK(ao[0] == 1.0f && ao[1] == 0.5f * 448.0f / 2688.0f && ao[2] == 0, "act amax 1: %g %g %g", (double)ao[0], (double)ao[1], (double)ao[2]);
-    /* rows of zeros, or with a NaN or an infinity, come back as they are; rows are independent */
-    float z[48] = {0}, zo[48];
-    for (int i = 0; i < 16; i++) z[16 + i] = z[32 + i] = (float)i;
+    /* rows of zeros, with a NaN or an infinity, or of an amax so small that gs = 2688 / amax overflows
+     * (1e-36: subnormal values, zeros among them), come back as they are, bit for bit; a row between
+     * them is quantized as on its own */
+    float z[96] = {0}, zo[96], one[16];
+    for (int i = 0; i < 16; i++) z[16 + i] = z[32 + i] = z[80 + i] = (float)i;
     z[20] = NAN;
     z[40] = INFINITY;
-    m3_cpu_act_quant_nvfp4(z, 3, 16, zo);
+    for (int i = 0; i < 16; i++) z[48 + i] = (i % 3 ? 1e-36f : 0) * (i & 1 ? -1 : 1);
+    z[64] = 1e-36f * 0.75f; /* a row of amax 7.5e-37: still overflows */
+    m3_cpu_act_quant_nvfp4(z, 6, 16, zo);
+    m3_cpu_act_quant_nvfp4(z + 80, 1, 16, one);
     int same = 1;
-    for (int i = 0; i < 48; i++) same &= (isnan(z[i]) && isnan(zo[i])) || z[i] == zo[i];
-    CHECK(same, "act: zero / NaN / infinite rows changed");
+    for (int i = 0; i < 80; i++) same &= memcmp(&z[i], &zo[i], 4) == 0;
+    CHECK(same, "act: zero / NaN / infinite / tiny rows changed");
+    CHECK(memcmp(zo + 80, one, sizeof one) == 0 && zo[80 + 15] == 15 && zo[80 + 5] == 5, "act: a row beside kept ones differs from it alone");
     /* in place */
     float ip[16] = {6, 0.75f};
     m3_cpu_act_quant_nvfp4(ip, 1, 16, ip);

@@ -7,10 +7,12 @@ rounded once:
     amax = max |x| over the token's row; gs = 2688 / amax; y = x * gs;
     per 16 values the KV cache's NVFP4 rule on y (make_kv_oracle.nvfp4_rt: s = e4m3(amax16 / 6),
     nearest E2M1 of y / s, ties to the even code); out = (e2m1 * s) / gs;
-    a row of zeros, or with a value that is not finite, kept as it is.
+    a row of zeros, with a value that is not finite, or whose gs overflows (amax below ~7.9e-36),
+    kept as it is; a value rounded to zero is +0.
 The router and the shared expert read x as it is.
 Usage (where torch + transformers 5.17 exist; make_m3_oracle.py and make_kv_oracle.py beside it):
-    python3 tools/make_act_oracle.py OUTDIR
+    python3 tools/make_act_oracle.py OUTDIR [CHECKPOINT_DIR]
+(CHECKPOINT_DIR: the stored m3-tiny-q, whose tensors must equal the ones rebuilt here byte for byte)
 writes OUTDIR/m3-tiny-q.act-nvfp4.oracle.safetensors (+ .json): the first 4 cases of
 m3-tiny-q.oracle (the same prompts), logits, block picks and greedy steps."""
 import json, os, sys
@@ -28,7 +30,9 @@ def act_nvfp4(x):
     amax = xf.abs().amax(-1, keepdim=True)
     ok = (amax > 0) & torch.isfinite(xf).all(-1, keepdim=True)
     gs = torch.tensor(2688.0, dtype=torch.float32) / torch.where(ok, amax, torch.ones_like(amax))
-    v = nvfp4_rt(xf * gs) / gs
+    ok &= torch.isfinite(gs)  # gs overflows below amax ~7.9e-36: kept as is
+    gs = torch.where(ok, gs, torch.ones_like(gs))
+    v = (nvfp4_rt(xf * gs) + 0.0) / gs  # + 0.0: a value rounded to zero is +0, as the C code writes
     return torch.where(ok, v, xf).reshape(shp).to(x.dtype)
 
 
@@ -56,6 +60,13 @@ def main(out):
     cfg, model, prompts, gen, seed = build(name)
     hubt = hub_tensors(model, cfg)
     qt, deq = quantize_hub(hubt)
+    if len(sys.argv) > 2:  # the checkpoint the engine reads holds exactly these weights
+        from safetensors.torch import load_file
+        st = load_file(os.path.join(sys.argv[2], "model.safetensors"))
+        assert set(st) == set(qt), f"tensor names differ: {sorted(set(st) ^ set(qt))[:5]}"
+        for k, v in qt.items():
+            assert st[k].dtype == v.dtype and torch.equal(st[k].view(torch.uint8), v.contiguous().view(torch.uint8)), k
+        print("the stored checkpoint's", len(st), "tensors equal the rebuilt ones", flush=True)
     ref = MiniMaxM3VLForCausalLM(cfg).to(torch.float64).eval()
     load_hub_into(ref, deq, cfg)
     counter = [0]

@@ -84,12 +84,13 @@ int m3_cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--prompt")) { r = m3_cli_int(a, v, 1, 1 << 22, &prompt, &err); i++; }
         else if (!strcmp(a, "--decode")) { r = m3_cli_int(a, v, 1, 1 << 22, &decode, &err); i++; }
         else if (!strcmp(a, "--threads")) { r = m3_cli_int(a, v, 0, 1024, &threads, &err); i++; }
+        else if (!strcmp(a, "--moe-act-quant")) { if (m3_cli_set_moe_act_quant(v, "bench")) return 2; i++; }
         else if (!strcmp(a, "--kv-cache-dtype")) { kvd = v; i++; }
         else { fprintf(stderr, "m3 bench: unknown option '%s'\n", a); return 2; }
         if (r) { fprintf(stderr, "m3 bench: %s\n", err.msg); return 2; }
         if (i >= argc) { fprintf(stderr, "m3 bench: %s needs a value\n", a); return 2; }
     }
-    if (!dir) { fprintf(stderr, "m3 bench: usage: m3 bench -m DIR [--prompt N] [--decode N] [--threads N]\n"); return 2; }
+    if (!dir) { fprintf(stderr, "m3 bench: usage: m3 bench -m DIR [--prompt N] [--decode N] [--threads N] [--moe-act-quant none|nvfp4]\n"); return 2; }
     m3_kv_dtype kdt;
     if (m3_kv_dtype_parse(kvd, &kdt)) { fprintf(stderr, "m3 bench: --kv-cache-dtype: unknown dtype '%s'\n", kvd); return 2; }
     m3_ops ops;

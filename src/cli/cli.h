@@ -92,6 +92,9 @@ void m3_cli_ops_free(m3_ops *ops);
  * (m3_cli_apply_moe_act_quant: -1 with a message when the model cannot take it). */
 int m3_cli_set_moe_act_quant(const char *value, const char *cmd);
 int m3_cli_apply_moe_act_quant(m3_config *c, const char *cmd);
+/* the same against dir's config.json before the weights load (0 when nothing is asked or the
+ * config cannot be read: the load then says why) */
+int m3_cli_precheck_moe_act_quant(const char *dir, const char *cmd);
 
 /* Image inputs of a command (src/cli/images.c): the vision tower, the pixel values, what the
  * tower made of them and where they go in the expanded prompt. */

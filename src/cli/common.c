@@ -183,6 +183,18 @@ int m3_cli_set_moe_act_quant(const char *value, const char *cmd) {
     return 0;
 }
 
+/* the switch against dir's config before any weight is read (a bad name or shape fails in seconds) */
+int m3_cli_precheck_moe_act_quant(const char *dir, const char *cmd) {
+    const char *name = cli_fc1 ? cli_fc1 : getenv("M3_MOE_ACT_QUANT");
+    if (!name || !*name) return 0;
+    m3_config c;
+    m3_err err;
+    if (m3_config_load(&c, dir, &err)) return 0; /* the load says what is wrong with the config */
+    const int rc = m3_cli_apply_moe_act_quant(&c, cmd);
+    m3_config_free(&c);
+    return rc;
+}
+
 int m3_cli_apply_moe_act_quant(m3_config *c, const char *cmd) {
     const char *name = cli_fc1 ? cli_fc1 : getenv("M3_MOE_ACT_QUANT");
     if (!name || !*name) return 0;
@@ -232,7 +244,7 @@ int m3_cli_load_on(m3_model *m, m3_ops *ops, const char *backend, const char *di
                 return -1;
             }
     }
-    if (m3_cli_ops_init(ops, backend, threads, cmd)) return -1;
+    if (m3_cli_precheck_moe_act_quant(dir, cmd) || m3_cli_ops_init(ops, backend, threads, cmd)) return -1;
     progress_state ps = {m3_now(), isatty(2)};
     if (m3_model_load(m, dir, ops, progress, &ps, &err)) {
         fprintf(stderr, "m3 %s: %s\n", cmd, err.msg);

@@ -72,6 +72,7 @@ int m3_cli_tp_load(m3_cli_tp *tp, m3_model *full, const char *backend, const cha
         fprintf(stderr, "m3 %s: unknown backend '%s' (cpu, cuda or auto)\n", cmd, backend);
         return -1;
     }
+    if (m3_cli_precheck_moe_act_quant(dir, cmd)) return -1;
     if (m3_model_load(full, dir, NULL, NULL, NULL, &err)) { fprintf(stderr, "m3 %s: %s\n", cmd, err.msg); return -1; }
     if (m3_cli_apply_moe_act_quant(&full->cfg, cmd)) goto fail; /* before the ranks copy the config */
     for (int i = 0; i < n_ids; i++)

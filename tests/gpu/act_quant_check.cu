@@ -1,8 +1,9 @@
 /* The GPU's NVFP4 activation quantizer (src/backend/cuda/act_quant.cu, --moe-act-quant nvfp4)
  * against the CPU's rule (src/backend/cpu/act_quant.c), bit for bit: rows of 16 .. 32768 values
  * (one to four 16-value groups a thread), random magnitudes over a wide range, values placed on
- * E2M1 rounding midpoints after scaling, rows of zeros, with a NaN, with an infinity, a subnormal
- * row; in place too; then the refusal of a row length it cannot take.
+ * E2M1 rounding midpoints after scaling, rows of zeros, with a NaN, with an infinity, subnormal and
+ * tiny rows (2688 / amax overflowing or not); rows past 2048 groups (read twice); in place too; then
+ * the refusal of a row length it cannot take.
  * Runs on a GPU (scripts/gpu.sh, section 3).  usage: act_quant_check */
 #include <math.h>
 #include <stdio.h>
@@ -35,6 +36,8 @@ static int check(m3_ops *g, int T, int H, int inplace) {
         if (kind == 3) r[(int)(urand() * H)] = -INFINITY;                  /* an infinity: as it is */
         if (kind == 4)                                                     /* subnormal values */
             for (int i = 0; i < H; i++) r[i] = (float)((urand() * 2 - 1) * 0x1p-130);
+        if (kind == 6)                                       /* amax 1e-36 .. 1e-35: gs overflows or not */
+            for (int i = 0; i < H; i++) r[i] = (float)((urand() * 2 - 1) * 1e-36 * (1 + (t % 5) * 2));
         if (kind == 5) { /* amax 6 (gs 448, block scales 448 where a 6 sits): midpoints of E2M1 */
             static const float mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f};
             for (int i = 0; i < H; i++) r[i] = i % 16 == 0 ? 6.f : mid[(int)(urand() * 7)] * (urand() < 0.5 ? -1 : 1);
@@ -67,7 +70,7 @@ int main(void) {
     m3_err err;
     if (m3_cuda_ops_init(&g, 0, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
     int fails = 0;
-    const int Hs[] = {16, 48, 128, 6144, 8192, 8208, 16400, 32768};
+    const int Hs[] = {16, 48, 128, 6144, 8192, 8208, 16400, 32768, 40000}; /* 40000: read twice */
     for (int h = 0; h < (int)(sizeof Hs / sizeof *Hs); h++)
         for (int T = 1; T <= 37; T += 12) fails += check(&g, T, Hs[h], 0);
     fails += check(&g, 16, 6144, 1);

@@ -5,7 +5,8 @@
  *   E4M3's 448);  y = x * gs;  then the KV cache's NVFP4 rule (spec section 3, m3_kv_round_nvfp4)
  *   on y: per 16 values s = e4m3(amax16(y) / 6), code = nearest E2M1 of y / s (saturated at 6,
  *   exact ties to the even code), s == 0 a zero block;  out = (e2m1(code) * s) / gs.
- * A row of zeros, or with a value that is not finite, is copied as it is. The GPU does the same
+ * A row of zeros, with a value that is not finite, or whose amax is so small that gs overflows
+ * (below ~7.9e-36), is copied as it is. A value that rounds to zero comes out +0. The GPU does the same
  * (src/backend/cuda/act_quant.cu); tools/make_act_oracle.py patches the reference with it. */
 #include <math.h>
 #include <stdlib.h>
@@ -24,11 +25,11 @@ void m3_cpu_act_quant_nvfp4(const float *x, int T, int H, float *out) {
             amax = fabsf(xr[i]) > amax ? fabsf(xr[i]) : amax;
             bad |= !isfinite(xr[i]);
         }
-        if (bad || !(amax > 0)) {
+        const float gs = 2688.0f / amax;
+        if (bad || !(amax > 0) || !isfinite(gs)) { /* gs overflows below amax ~7.9e-36 */
             if (o != xr) memcpy(o, xr, sizeof(float) * (size_t)H);
             continue;
         }
-        const float gs = 2688.0f / amax;
         for (int b = 0; b < H / 16; b++) {
             float y[16];
             uint8_t codes[8], sc;

@@ -1,7 +1,7 @@
 /* NVFP4 quantization of activations per token, on the GPU (the MoE's FC1 input under
  * --moe-act-quant nvfp4): one CTA a row, a thread per 16 values (up to 4 groups a thread), the
  * row read once into registers; its amax by a block reduction, then each group quantized and
- * written back, each operation rounded once in f32 as the CPU's.
+ * written back, each operation rounded once in f32 as the CPU's (longer rows: read twice).
  * CPU reference (and the rule): src/backend/cpu/act_quant.c (m3_cpu_act_quant_nvfp4). */
 #include "common.cuh"
 
@@ -34,8 +34,9 @@ __global__ void __launch_bounds__(512) k_act_quant_nvfp4(const float *x, int H, 
     __syncthreads();
     float amax = 0;
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) amax = fmaxf(amax, wmax[w]);
-    const bool keep = nan || !(amax > 0) || isinf(amax); /* copied as it is */
-    const float gs = keep ? 1.f : __fdiv_rn(2688.0f, amax);
+    float gs = __fdiv_rn(2688.0f, amax);
+    const bool keep = nan || !(amax > 0) || isinf(amax) || isinf(gs); /* copied as it is */
+    if (keep) gs = 1.f;
 #pragma unroll
     for (int j = 0; j < G; j++) {
         const int g = threadIdx.x + j * blockDim.x;
@@ -63,18 +64,57 @@ __global__ void __launch_bounds__(512) k_act_quant_nvfp4(const float *x, int H, 
     }
 }
 
+/* rows of more than 4 x 512 groups: the same rule, the row read twice (amax, then the groups) */
+__global__ void __launch_bounds__(512) k_act_quant_nvfp4_wide(const float *x, int H, float *out) {
+    const float *xr = x + (size_t)blockIdx.x * H;
+    float *o = out + (size_t)blockIdx.x * H;
+    __shared__ float wmax[16];
+    float a = 0;
+    int nan = 0;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        a = fmaxf(a, fabsf(xr[i]));
+        nan |= xr[i] != xr[i];
+    }
+    nan = __syncthreads_or(nan);
+    for (int d = 16; d; d >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = a;
+    __syncthreads();
+    float amax = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) amax = fmaxf(amax, wmax[w]);
+    const float gs = __fdiv_rn(2688.0f, amax);
+    if (nan || !(amax > 0) || isinf(amax) || isinf(gs)) {
+        for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = xr[i];
+        return;
+    }
+    for (int g = threadIdx.x; g < H / 16; g += blockDim.x) {
+        float y[16], m = 0;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            y[i] = __fmul_rn(xr[16 * g + i], gs);
+            m = fmaxf(m, fabsf(y[i]));
+        }
+        const float s = e4m3_f32(f32_e4m3(__fdiv_rn(m, 6.0f)));
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const float q = s != 0 ? e2m1_f32(f32_e2m1(__fdiv_rn(y[i], s))) : 0.f;
+            o[16 * g + i] = __fdiv_rn(__fmul_rn(q, s), gs);
+        }
+    }
+}
+
 int m3_cu_act_quant_nvfp4(m3_cuda *c, const float *x, int T, int H, float *out) {
     if (T <= 0) return 0;
     const int ng = H / 16, nt = ng < 512 ? (ng + 31) / 32 * 32 : 512, G = (ng + nt - 1) / nt;
-    if (H <= 0 || H % 16 || G > 4 || ((uintptr_t)x | (uintptr_t)out) % 16) {
-        m3_cu_failf(c, "act quant: rows of %d values (a multiple of 16 up to 32768) or misaligned", H);
+    if (H <= 0 || H % 16 || ((uintptr_t)x | (uintptr_t)out) % 16) {
+        m3_cu_failf(c, "act quant: rows of %d values (not a multiple of 16) or misaligned", H);
         return -1;
     }
     switch (G) {
     case 1: k_act_quant_nvfp4<1><<<T, nt, 0, c->st>>>(x, H, out); break;
     case 2: k_act_quant_nvfp4<2><<<T, nt, 0, c->st>>>(x, H, out); break;
     case 3: k_act_quant_nvfp4<3><<<T, nt, 0, c->st>>>(x, H, out); break;
-    default: k_act_quant_nvfp4<4><<<T, nt, 0, c->st>>>(x, H, out); break;
+    case 4: k_act_quant_nvfp4<4><<<T, nt, 0, c->st>>>(x, H, out); break;
+    default: k_act_quant_nvfp4_wide<<<T, 512, 0, c->st>>>(x, H, out); break;
     }
     return CK_LAUNCH(c, "act quant (nvfp4)") ? -1 : 0;
 }

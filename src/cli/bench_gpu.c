@@ -215,7 +215,7 @@ static int bench_tp(const char *cfgp, m3_config *c, long layers, int N, m3_moe_s
         printf("  rank %d: %s; %.1f GB of weights without routed experts, %.1f GiB in use\n", r, m3_cuda_device_name(m->ops),
                wb / 1e9, (tot - fr) / 1073741824.0);
     }
-    printf("device copy bandwidth (rank 0): %.0f GB/s\n", t.bw / 1e9);
+    printf("device copy bandwidth (rank 0): %.0f GB/s%s\n", t.bw / 1e9, cf->fc1_quant ? "; the routed experts' FC1 input in NVFP4 per token" : "");
     printf("%-7s %-8s %10s %12s %7s %12s %9s %14s\n", "batch", "context", "step_ms", "floor_ms/GPU", "ratio", "tokens/s", "experts",
            "allreduce_ms");
     fflush(stdout);
@@ -401,7 +401,8 @@ int m3_cmd_bench_random(int argc, char **argv) {
     printf("device: %s\n", m3_cuda_device_name(&ops));
     printf("model: %s, %ld of %d layers, random weights (%.1f GB on the GPU, built in %.1f s); KV %s, index-K %s\n", cfgp,
            layers, c->n_layers, (tot - fr) / 1e9, m3_now() - t0, m3_kv_dtype_name(kdt), m3_kv_dtype_name(idt));
-    printf("device copy bandwidth: %.0f GB/s (read + write); precision %s\n", bw / 1e9, m3_cli_precision("cuda") ? "bf16" : "exact");
+    printf("device copy bandwidth: %.0f GB/s (read + write); precision %s%s\n", bw / 1e9, m3_cli_precision("cuda") ? "bf16" : "exact",
+           c->fc1_quant ? "; the routed experts' FC1 input in NVFP4 per token" : "");
     printf("%-7s %-8s %10s %10s %10s %7s %12s %9s %10s\n", "batch", "context", "step_ms", "floor_ms", "MB/step", "ratio",
            "tokens/s", "experts", "mem_GiB");
     fflush(stdout);

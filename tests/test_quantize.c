@@ -18,6 +18,7 @@
 
 #include "backend/cpu/cpu.h"
 #include "base/num.h"
+#include "kv/kv.h"
 #include "weights/quantize.h"
 
 static int failures, checks;
@@ -432,7 +433,47 @@ static void test_act_random(void) {
     CHECK(bad == 0, "act quant: %d values off the rule", bad);
 }
 
+/* the branchless E2M1 choice against the rule as first written: the KV cache's NVFP4 rounding
+ * (m3_kv_round_nvfp4: m3_f32_to_e2m1 per value) of x * gs, decoded, divided by gs; bit for bit over
+ * random rows and rows whose values sit on every E2M1 midpoint (amax 6: y / s = x) */
+static void test_act_vs_kv_rule(void) {
+    enum { T = 48, H = 512 };
+    static float x[T * H], o[T * H];
+    static const float mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    uint64_t r = 0x13198a2e03707344ull;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < H; i++) {
+            r ^= r << 13; r ^= r >> 7; r ^= r << 17;
+            const double u = ((double)(r >> 11) + 0.5) * 0x1p-53;
+            float v = (float)((u * 2 - 1) * ldexp(1.0, (int)(r % 16) - 8));
+            if (t % 3 == 0) v = i % 16 == 0 ? 6.0f : mid[r % 7] * (r & 64 ? -1.f : 1.f); /* midpoints */
+            if (t % 3 == 1 && i % 5 == 0) v = 0;
+            x[t * H + i] = v;
+        }
+    m3_cpu_act_quant_nvfp4(x, T, H, o);
+    long bad = 0;
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + t * H;
+        float amax = 0;
+        for (int i = 0; i < H; i++) amax = fmaxf(amax, fabsf(xr[i]));
+        const float gs = 2688.0f / amax;
+        for (int b = 0; b < H / 16; b++) {
+            float y[16];
+            uint8_t codes[8], sc;
+            for (int i = 0; i < 16; i++) y[i] = xr[16 * b + i] * gs;
+            m3_kv_round_nvfp4(y, 16, codes, &sc);
+            for (int i = 0; i < 16; i++) {
+                const uint8_t c = (uint8_t)(codes[i / 2] >> (4 * (i & 1)) & 15);
+                const float want = m3_e2m1_values[c] * m3_e4m3_to_f32(sc) / gs, got = o[t * H + 16 * b + i];
+                if (memcmp(&want, &got, 4) && bad++ < 5) printf("  act vs kv rule: x %a -> %a, want %a\n", (double)xr[16 * b + i], (double)got, (double)want);
+            }
+        }
+    }
+    CHECK(bad == 0, "act quant differs from the KV rule's rounding at %ld values", bad);
+}
+
 int main(void) {
+    test_act_vs_kv_rule();
     test_act_hand();
     test_act_random();
     test_mxfp8_hand();

@@ -104,8 +104,10 @@ void m3_cpu_route(const float *logits, const float *bias, int T, int E, int K, f
 /* moe.c */
 void m3_cpu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha, float limit, float *out);
 void m3_cpu_moe(void *ctx, const m3_layer_w *L, const m3_moe_p *p, const float *x, int T, float *out);
-/* act_quant.c: x [T, H] quantized to NVFP4 per token and back, into out (may be x; H a multiple of 16) */
+/* act_quant.c: x [T, H] quantized to NVFP4 per token and back, into out (may be x; H a multiple of 16);
+ * the _pool form spreads the rows over c's threads */
 void m3_cpu_act_quant_nvfp4(const float *x, int T, int H, float *out);
+void m3_cpu_act_quant_nvfp4_pool(m3_cpu *c, const float *x, int T, int H, float *out);
 
 /* y[T, N] = x[T, K] W^T on the pool (linear.c). */
 void m3_cpu_linear(m3_cpu *c, const m3_linear *W, const float *x, int T, float *y);

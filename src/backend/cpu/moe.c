@@ -40,7 +40,7 @@ void m3_cpu_moe(void *ctx, const m3_layer_w *L, const m3_moe_p *p, const float *
     float *ye = xe + (size_t)T * H;
     const float *xr = x;
     if (xq) {
-        m3_cpu_act_quant_nvfp4(x, T, H, xq);
+        m3_cpu_act_quant_nvfp4_pool(c, x, T, H, xq);
         xr = xq;
     }
     m3_cpu_linear(c, &L->router, x, T, logits);

@@ -5,12 +5,41 @@
  * CPU reference (and the rule): src/backend/cpu/act_quant.c (m3_cpu_act_quant_nvfp4). */
 #include "common.cuh"
 
+/* the row's gs from every thread's partial max |x| and NaN flag; 0 when the row is kept as it is
+ * (zeros, a value that is not finite, or gs overflowing) */
+static __device__ float row_gs(float a, int nan) {
+    __shared__ float wmax[16];
+    nan = __syncthreads_or(nan);
+    for (int d = 16; d; d >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = a;
+    __syncthreads();
+    float amax = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) amax = fmaxf(amax, wmax[w]);
+    const float gs = __fdiv_rn(2688.0f, amax);
+    return nan || !(amax > 0) || isinf(amax) || isinf(gs) ? 0.f : gs;
+}
+
+/* 16 values quantized at gs (> 0) and back: the KV rule on v * gs, divided by gs */
+static __device__ __forceinline__ void group16(const float *v, float gs, float *r) {
+    float y[16], m = 0;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        y[i] = __fmul_rn(v[i], gs);
+        m = fmaxf(m, fabsf(y[i]));
+    }
+    const float s = e4m3_f32(f32_e4m3(__fdiv_rn(m, 6.0f)));
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const float q = s != 0 ? e2m1_f32(f32_e2m1(__fdiv_rn(y[i], s))) : 0.f;
+        r[i] = __fdiv_rn(__fmul_rn(q, s), gs);
+    }
+}
+
 template <int G>
 __global__ void __launch_bounds__(512) k_act_quant_nvfp4(const float *x, int H, float *out) {
     const float *xr = x + (size_t)blockIdx.x * H;
     float *o = out + (size_t)blockIdx.x * H;
     const int ng = H / 16;
-    __shared__ float wmax[16];
     float v[G][16];
     float a = 0;
     int nan = 0;
@@ -28,36 +57,17 @@ __global__ void __launch_bounds__(512) k_act_quant_nvfp4(const float *x, int H, 
             nan |= v[j][i] != v[j][i];
         }
     }
-    nan = __syncthreads_or(nan);
-    for (int d = 16; d; d >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
-    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = a;
-    __syncthreads();
-    float amax = 0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) amax = fmaxf(amax, wmax[w]);
-    float gs = __fdiv_rn(2688.0f, amax);
-    const bool keep = nan || !(amax > 0) || isinf(amax) || isinf(gs); /* copied as it is */
-    if (keep) gs = 1.f;
+    const float gs = row_gs(a, nan);
 #pragma unroll
     for (int j = 0; j < G; j++) {
         const int g = threadIdx.x + j * blockDim.x;
         if (g >= ng) break;
         float r[16];
-        if (keep) {
+        if (gs == 0) {
 #pragma unroll
             for (int i = 0; i < 16; i++) r[i] = v[j][i];
         } else {
-            float y[16], m = 0;
-#pragma unroll
-            for (int i = 0; i < 16; i++) {
-                y[i] = __fmul_rn(v[j][i], gs);
-                m = fmaxf(m, fabsf(y[i]));
-            }
-            const float s = e4m3_f32(f32_e4m3(__fdiv_rn(m, 6.0f)));
-#pragma unroll
-            for (int i = 0; i < 16; i++) {
-                const float q = s != 0 ? e2m1_f32(f32_e2m1(__fdiv_rn(y[i], s))) : 0.f;
-                r[i] = __fdiv_rn(__fmul_rn(q, s), gs);
-            }
+            group16(v[j], gs, r);
         }
 #pragma unroll
         for (int q = 0; q < 4; q++) ((float4 *)(o + 16 * g))[q] = make_float4(r[4 * q], r[4 * q + 1], r[4 * q + 2], r[4 * q + 3]);
@@ -68,37 +78,24 @@ __global__ void __launch_bounds__(512) k_act_quant_nvfp4(const float *x, int H, 
 __global__ void __launch_bounds__(512) k_act_quant_nvfp4_wide(const float *x, int H, float *out) {
     const float *xr = x + (size_t)blockIdx.x * H;
     float *o = out + (size_t)blockIdx.x * H;
-    __shared__ float wmax[16];
     float a = 0;
     int nan = 0;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
         a = fmaxf(a, fabsf(xr[i]));
         nan |= xr[i] != xr[i];
     }
-    nan = __syncthreads_or(nan);
-    for (int d = 16; d; d >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
-    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = a;
-    __syncthreads();
-    float amax = 0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) amax = fmaxf(amax, wmax[w]);
-    const float gs = __fdiv_rn(2688.0f, amax);
-    if (nan || !(amax > 0) || isinf(amax) || isinf(gs)) {
+    const float gs = row_gs(a, nan);
+    if (gs == 0) {
         for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = xr[i];
         return;
     }
     for (int g = threadIdx.x; g < H / 16; g += blockDim.x) {
-        float y[16], m = 0;
+        float v[16], r[16];
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            y[i] = __fmul_rn(xr[16 * g + i], gs);
-            m = fmaxf(m, fabsf(y[i]));
-        }
-        const float s = e4m3_f32(f32_e4m3(__fdiv_rn(m, 6.0f)));
+        for (int i = 0; i < 16; i++) v[i] = xr[16 * g + i];
+        group16(v, gs, r);
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            const float q = s != 0 ? e2m1_f32(f32_e2m1(__fdiv_rn(y[i], s))) : 0.f;
-            o[16 * g + i] = __fdiv_rn(__fmul_rn(q, s), gs);
-        }
+        for (int i = 0; i < 16; i++) o[16 * g + i] = r[i];
     }
 }
 

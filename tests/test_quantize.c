@@ -7,7 +7,8 @@
  * rule (m3_cpu_act_quant_nvfp4, --moe-act-quant nvfp4): hand-computed rows and a random sweep.
  *
  *   gcc -std=c11 -O2 -Wall -Wextra -D_GNU_SOURCE -Isrc tests/test_quantize.c src/weights/quantize.c \
- *       src/backend/cpu/act_quant.c src/kv/kv.c src/base/num.c src/base/err.c -lm -o /tmp/tq && /tmp/tq
+ *       src/backend/cpu/act_quant.c src/kv/kv.c src/base/pool.c src/base/num.c src/base/err.c -lm -lpthread \
+ *       -o /tmp/tq && /tmp/tq
  *   (or the ctest `quantize`, linked with the whole library)
  * Exit status 0 when everything passes; each failure prints one line. */
 #include <math.h>
@@ -371,7 +372,7 @@ static void test_act_hand(void) {
     m3_cpu_act_quant_nvfp4(a, 1, 16, ao);
     CHECK(ao[0] == 1.0f && ao[1] == 0.5f * 448.0f / 2688.0f && ao[2] == 0, "act amax 1: %g %g %g", (double)ao[0], (double)ao[1], (double)ao[2]);
     /* rows of zeros, with a NaN or an infinity, or of an amax so small that gs = 2688 / amax overflows
-     * (1e-36: subnormal values, zeros among them), come back as they are, bit for bit; a row between
+     * (1e-36, normal floats; zeros among them), come back as they are, bit for bit; a row between
      * them is quantized as on its own */
     float z[96] = {0}, zo[96], one[16];
     for (int i = 0; i < 16; i++) z[16 + i] = z[32 + i] = z[80 + i] = (float)i;

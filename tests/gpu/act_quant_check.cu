@@ -1,5 +1,5 @@
 /* The GPU's NVFP4 activation quantizer (src/backend/cuda/act_quant.cu, --moe-act-quant nvfp4)
- * against the CPU's rule (src/backend/cpu/act_quant.c), bit for bit: rows of 16 .. 32768 values
+ * against the CPU's rule (src/backend/cpu/act_quant.c), bit for bit: rows of 16 .. 40000 values
  * (one to four 16-value groups a thread), random magnitudes over a wide range, values placed on
  * E2M1 rounding midpoints after scaling, rows of zeros, with a NaN, with an infinity, subnormal and
  * tiny rows (2688 / amax overflowing or not); rows past 2048 groups (read twice); in place too; then
@@ -74,6 +74,7 @@ int main(void) {
     for (int h = 0; h < (int)(sizeof Hs / sizeof *Hs); h++)
         for (int T = 1; T <= 37; T += 12) fails += check(&g, T, Hs[h], 0);
     fails += check(&g, 16, 6144, 1);
+    fails += check(&g, 5, 40000, 1); /* the two-read kernel in place */
     /* a row it cannot take is refused, naming it (the context then holds the failure) */
     m3_cuda *c = (m3_cuda *)g.ctx;
     float *d = (float *)g.alloc(g.ctx, 4 * 40);

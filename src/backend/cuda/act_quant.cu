@@ -103,7 +103,7 @@ int m3_cu_act_quant_nvfp4(m3_cuda *c, const float *x, int T, int H, float *out) 
     if (T <= 0) return 0;
     const int ng = H / 16, nt = ng < 512 ? (ng + 31) / 32 * 32 : 512, G = (ng + nt - 1) / nt;
     if (H <= 0 || H % 16 || ((uintptr_t)x | (uintptr_t)out) % 16) {
-        m3_cu_failf(c, "act quant: rows of %d values (not a multiple of 16) or misaligned", H);
+        m3_cu_failf(c, "act quant: rows of %d values (a multiple of 16 needed) or misaligned", H);
         return -1;
     }
     switch (G) {

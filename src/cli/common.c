@@ -183,10 +183,15 @@ int m3_cli_set_moe_act_quant(const char *value, const char *cmd) {
     return 0;
 }
 
+/* the name asked for: the flag's, else $M3_MOE_ACT_QUANT's; NULL when neither */
+static const char *fc1_name(void) {
+    const char *name = cli_fc1 ? cli_fc1 : getenv("M3_MOE_ACT_QUANT");
+    return name && *name ? name : NULL;
+}
+
 /* the switch against dir's config before any weight is read (a bad name or shape fails in seconds) */
 int m3_cli_precheck_moe_act_quant(const char *dir, const char *cmd) {
-    const char *name = cli_fc1 ? cli_fc1 : getenv("M3_MOE_ACT_QUANT");
-    if (!name || !*name) return 0;
+    if (!fc1_name()) return 0;
     m3_config c;
     m3_err err;
     if (m3_config_load(&c, dir, &err)) return 0; /* the load says what is wrong with the config */
@@ -196,8 +201,8 @@ int m3_cli_precheck_moe_act_quant(const char *dir, const char *cmd) {
 }
 
 int m3_cli_apply_moe_act_quant(m3_config *c, const char *cmd) {
-    const char *name = cli_fc1 ? cli_fc1 : getenv("M3_MOE_ACT_QUANT");
-    if (!name || !*name) return 0;
+    const char *name = fc1_name();
+    if (!name) return 0;
     m3_err err;
     if (m3_config_set_fc1_quant(c, name, &err)) {
         fprintf(stderr, "m3 %s: %s %s\n", cmd, cli_fc1 ? "--moe-act-quant" : "$M3_MOE_ACT_QUANT", err.msg);

@@ -308,8 +308,10 @@ void m3_cu_moe(void *ctx, const m3_layer_w *L, const m3_moe_p *p, const float *x
 void m3_cu_moe_add_rmsnorm(void *ctx, const m3_layer_w *L, const m3_moe_p *p, const float *x, int T, float *out, float *h,
                            const float *w, float eps, float *normed);
 /* act_quant.cu: x [T, H] quantized to NVFP4 per token and back, into out (the CPU's rule,
- * src/backend/cpu/act_quant.c; H a multiple of 16, rows 16-byte aligned); -1 on failure (recorded) */
-int m3_cu_act_quant_nvfp4(m3_cuda *c, const float *x, int T, int H, float *out);
+ * src/backend/cpu/act_quant.c; H a multiple of 16, rows 16-byte aligned), and when xs is given the
+ * f16 split of out (hi [T * H], then lo; split_store, rounded to bf16 first under c->gemm_bf16);
+ * -1 on failure (recorded) */
+int m3_cu_act_quant_nvfp4(m3_cuda *c, const float *x, int T, int H, float *out, uint16_t *xs);
 int m3_cu_moe_grouped(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int T, int topk,
                       int E, int part, const float *x, int xstride, float *out);
 int m3_cu_moe_mma(m3_cuda *c, const m3_mlp_w *host_e0, const m3_mlp_w *tab, const int32_t *pick, int topk, int S, int part,

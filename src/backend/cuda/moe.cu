@@ -462,7 +462,18 @@ static void moe_body(m3_cuda *c, const m3_layer_w *L, const m3_moe_p *p, const f
         float *xq = (float *)m3_cu_scratch(c, SC_ACTQ, sizeof(float) * (size_t)T * H);
         if (!xq) { m3_cu_prof_end(c, OP_MOE); return; }
         m3_cu_xsplit_touch(c, xq, sizeof(float) * (size_t)T * H);
-        if (m3_cu_act_quant_nvfp4(c, x, T, H, xq)) { m3_cu_prof_end(c, OP_MOE); return; }
+        /* the tensor-core GEMVs' f16 split written with it where they take the experts (up to 8
+         * tokens; up to 4 MOE_GROUP_T grouped, unless moe_ft takes them in bf16) */
+        uint16_t *xs = NULL;
+        if (T <= 8 || (!c->gemm_bf16 && T <= 4 * MOE_GROUP_T)) {
+            xs = m3_cu_xsplit_claim(c, xq, (size_t)T * H);
+            if (!xs) { m3_cu_prof_end(c, OP_MOE); return; }
+        }
+        if (m3_cu_act_quant_nvfp4(c, x, T, H, xq, xs)) {
+            m3_cu_xsplit_touch(c, xq, sizeof(float) * (size_t)T * H); /* the claimed split was not written */
+            m3_cu_prof_end(c, OP_MOE);
+            return;
+        }
         xr = xq;
     }
     if (moe_ft(c, L, x, xr, T, E, K, routed_scale, alpha, limit, out, post) ||

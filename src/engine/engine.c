@@ -229,10 +229,8 @@ m3_engine *m3_engine_create(m3_model *m, const m3_engine_opts *o, m3_err *err) {
         const m3_ops *op0 = o->group ? m3_group_model(o->group, 0)->ops : m->ops;
         int rc = 0;
         if (op0 && op0->mem_info && o->group) {
-            /* more logits rows than the reserve covers: a rank holds the gathered rows and its own shard of them */
-            const size_t ng = (size_t)m3_group_size(o->group);
-            const size_t extra = o->max_logits_rows > 0 ? (size_t)step_rows(o) * (size_t)c->vocab * 4 * (ng + 1) / ng : 0;
-            rc = m3_kv_budget_group(o->group, o->gpu_memory_utilization, extra, &kv_bytes, e->pool_how, sizeof e->pool_how, err);
+            rc = m3_kv_budget_group(o->group, o->kv_dtype, o->index_dtype, o->max_num_batched_tokens, step_rows(o),
+                                    o->gpu_memory_utilization, &kv_bytes, e->pool_how, sizeof e->pool_how, err);
         } else if (op0 && op0->mem_info) {
             rc = m3_kv_budget_device(m, o->kv_dtype, o->index_dtype, o->max_num_batched_tokens, step_rows(o), e->lp_dev,
                                      o->gpu_memory_utilization, &kv_bytes, e->pool_how, sizeof e->pool_how, err);

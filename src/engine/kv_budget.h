@@ -8,8 +8,8 @@
  * size and stay allocated), then asks the
  * driver: pool = free - (1 - utilization) x total. What the profile cannot see (longer
  * contexts' attention splits, a vision tower, other processes later) lives in that margin.
- * Tensor-parallel ranks are not profiled: each rank's free memory less a fixed reserve for
- * its step workspace, the smallest over the ranks.
+ * A tensor-parallel group: the same step over every rank (m3_group_forward, in a pool of its
+ * own, made one page after), each rank's free memory then, the smallest over the ranks.
  * The host: a quarter of the memory available now, at most 4 GiB (vLLM's CPU backend takes
  * 4 GiB by default). */
 #ifndef M3_ENGINE_KV_BUDGET_H
@@ -36,10 +36,11 @@ static inline void m3_stand_in_ids(int32_t *ids, int n, int vocab) {
 int m3_kv_budget_device(m3_model *m, m3_kv_dtype dt, m3_kv_dtype idt, int max_tokens, int max_rows, int prompt_rows,
                         double utilization,
                         size_t *bytes, char *how, size_t how_cap, m3_err *err);
-/* A tensor-parallel group: each rank's memory less a fixed step reserve (not profiled) and extra
- * bytes a step may also use there (more logits rows than the reserve covers: max_logits_rows). */
-int m3_kv_budget_group(struct m3_group *g, double utilization, size_t extra, size_t *bytes, char *how, size_t how_cap,
-                       m3_err *err);
+/* A tensor-parallel group (every rank's ops report their memory): the profile step over the
+ * group, then *bytes per rank, from the rank with the least left. The group's KV pool is one page
+ * afterwards (m3_group_kv_create makes the real one). */
+int m3_kv_budget_group(struct m3_group *g, m3_kv_dtype dt, m3_kv_dtype idt, int max_tokens, int max_rows,
+                       double utilization, size_t *bytes, char *how, size_t how_cap, m3_err *err);
 size_t m3_kv_budget_host(char *how, size_t how_cap);
 
 #endif

@@ -243,7 +243,8 @@ int m3_cu_moe_ft(m3_cuda *c, const m3_mlp_w *tab, const m3_mlp_w *e0, const floa
 /* precision bf16: n linears sharing x on the wgmma GEMM (gemm_tc.cu) at any T; 1 when done (or
  * failed: c->failed), 0 when not taken (every W must be) */
 int m3_cu_linear_tc_n(m3_cuda *c, int n, const m3_linear *const *W, const float *x, int T, float *const *y);
-void m3_cu_swiglu(m3_cuda *c, const float *gate, const float *up, size_t n, float alpha, float limit, float *out);
+/* split: write out's f16 split too (the down projection's input on the GEMVs) */
+void m3_cu_swiglu(m3_cuda *c, const float *gate, const float *up, size_t n, float alpha, float limit, float *out, int split);
 /* rope.cu */
 void m3_cu_head_norm_rope(void *ctx, float *x, int T, int heads, int dim, const float *w, float eps, int rotary_dim,
                           double theta, const int32_t *pos);
@@ -294,6 +295,11 @@ int m3_cu_gemv_mma_n(m3_cuda *c, int n, const m3_linear *const *W, const float *
 /* linear_mma.cu, the split cache: forget splits of memory an op writes; a buffer for a kernel to
  * write the split of x[n] into (hi, then lo n values further), registered as x's split */
 void m3_cu_xsplit_reset(m3_cuda *c);
+/* The split is read by the tensor-core GEMVs alone, which take up to 64 rows (linears) and 256
+ * (the MoE's grouped experts); past XSPLIT_ROWS rows the wgmma GEMM or cuBLAS reads x itself, so
+ * the ops that write an activation (RMSNorm, SwiGLU) write no split there (a GEMV that wants one
+ * still gets it: m3_cu_xsplit_get splits what no cache holds). */
+#define XSPLIT_ROWS 512
 void m3_cu_xsplit_touch(m3_cuda *c, const void *p, size_t bytes);
 uint16_t *m3_cu_xsplit_claim(m3_cuda *c, const float *x, size_t n);
 /* linear.cu: precision bf16, a GEMM path that reads f32 x: x rounded to bf16 (a scratch copy), x

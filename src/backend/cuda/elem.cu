@@ -29,13 +29,13 @@ __global__ void k_swiglu(const float *gate, const float *up, size_t n, float alp
     }
 }
 
-void m3_cu_swiglu(m3_cuda *c, const float *gate, const float *up, size_t n, float alpha, float limit, float *out) {
+void m3_cu_swiglu(m3_cuda *c, const float *gate, const float *up, size_t n, float alpha, float limit, float *out, int split) {
     if (!n) return;
     unsigned g = cdiv(n, 256);
     if (g > 65535u * 4) g = 65535u * 4;
     m3_cu_xsplit_touch(c, out, sizeof(float) * n);
-    uint16_t *xs = m3_cu_xsplit_claim(c, out, n); /* the down projection's input */
-    if (!xs) return;
+    uint16_t *xs = split ? m3_cu_xsplit_claim(c, out, n) : NULL; /* the down projection's input */
+    if (split && !xs) return;
     k_swiglu<<<g, 256, 0, c->st>>>(gate, up, n, alpha, limit, out, xs, c->gemm_bf16);
     CK_LAUNCH(c, "swiglu");
 }

@@ -180,7 +180,7 @@ static int norm_c(m3_cuda *c, int rows, float *h, const float *o, const float *w
 }
 
 /* The MoE combine of rows [0, rows) into cb->out, then h += it and out = RMSNorm(h) (w, eps) with
- * its split, in one launch; returns 0 when the shapes do not fit norm_c (nothing launched) */
+ * its split (up to XSPLIT_ROWS rows), in one launch; returns 0 when the shapes do not fit norm_c (nothing launched) */
 int m3_cu_combine_add_rmsnorm(m3_cuda *c, const norm_combine *cb, float *h, const float *w, int rows, int dim, float eps,
                               float *out) {
     if (rows <= 0 || dim % 128 || !norm_c_size(h, NULL, w, dim, out, cb)) return 0;
@@ -189,8 +189,9 @@ int m3_cu_combine_add_rmsnorm(m3_cuda *c, const norm_combine *cb, float *h, cons
     m3_cu_xsplit_touch(c, cb->out, sizeof(float) * n);
     m3_cu_xsplit_touch(c, h, sizeof(float) * n);
     m3_cu_xsplit_touch(c, out, sizeof(float) * n);
-    uint16_t *xs = m3_cu_xsplit_claim(c, out, n);
-    const int ok = xs && norm_c(c, rows, h, NULL, w, dim, eps, out, xs, n, cb);
+    const int split = rows <= XSPLIT_ROWS;
+    uint16_t *xs = split ? m3_cu_xsplit_claim(c, out, n) : NULL;
+    const int ok = (xs || !split) && norm_c(c, rows, h, NULL, w, dim, eps, out, xs, n, cb);
     m3_cu_prof_end(c, OP_NORM);
     return ok || c->failed;
 }
@@ -223,8 +224,9 @@ void m3_cu_add_rmsnorm(void *ctx, float *h, const float *o, const float *w, int 
     const size_t n = (size_t)rows * dim;
     m3_cu_xsplit_touch(c, h, sizeof(float) * n);
     m3_cu_xsplit_touch(c, out, sizeof(float) * n);
-    uint16_t *xs = dim % 128 == 0 ? m3_cu_xsplit_claim(c, out, n) : NULL;
-    if (dim % 128 == 0 && !xs) { m3_cu_prof_end(c, OP_NORM); return; }
+    const int split = dim % 128 == 0 && rows <= XSPLIT_ROWS;
+    uint16_t *xs = split ? m3_cu_xsplit_claim(c, out, n) : NULL;
+    if (split && !xs) { m3_cu_prof_end(c, OP_NORM); return; }
     if (!norm_c(c, rows, h, o, w, dim, eps, out, xs, n) && !norm_v(c, rows, h, o, w, dim, eps, out, xs, n))
         k_add_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(h, o, w, dim, eps, out, xs, n, c->gemm_bf16);
     CK_LAUNCH(c, "add + rmsnorm");
@@ -237,8 +239,9 @@ void m3_cu_rmsnorm(void *ctx, const float *x, const float *w, int rows, int dim,
     if (rows <= 0) { m3_cu_prof_end(c, OP_NORM); return; }
     const size_t n = (size_t)rows * dim;
     m3_cu_xsplit_touch(c, out, sizeof(float) * n);
-    uint16_t *xs = dim % 128 == 0 ? m3_cu_xsplit_claim(c, out, n) : NULL; /* a GEMV input, most likely */
-    if (dim % 128 == 0 && !xs) { m3_cu_prof_end(c, OP_NORM); return; }
+    const int split = dim % 128 == 0 && rows <= XSPLIT_ROWS; /* a GEMV's input, most likely */
+    uint16_t *xs = split ? m3_cu_xsplit_claim(c, out, n) : NULL;
+    if (split && !xs) { m3_cu_prof_end(c, OP_NORM); return; }
     if (!norm_c(c, rows, (float *)x, NULL, w, dim, eps, out, xs, n) &&
         !norm_v(c, rows, (float *)x, NULL, w, dim, eps, out, xs, n)) /* x is only read (no o) */
         k_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(x, w, dim, eps, out, xs, n, c->gemm_bf16);

@@ -647,6 +647,12 @@ __global__ void k_split_x_f16(const float *x, size_t n, uint16_t *xh, uint16_t *
  * it once; RMSNorm and SwiGLU write the split themselves (m3_cu_xsplit_claim). Every op that
  * writes memory calls m3_cu_xsplit_touch on what it writes. */
 
+int m3_cu_xsplit_rows(void) {
+    static int rows = -1;
+    if (rows < 0) rows = m3_cu_env_int("M3_XSPLIT_ROWS", 512);
+    return rows;
+}
+
 void m3_cu_xsplit_reset(m3_cuda *c) {
     for (int i = 0; i < 2; i++) c->xs[i].src = c->xs_other[i].src = NULL;
 }

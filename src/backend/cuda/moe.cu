@@ -37,7 +37,7 @@ void m3_cu_mlp(void *ctx, const m3_mlp_w *m, const float *x, int T, float alpha,
     const m3_linear *gu[2] = {&m->gate, &m->up};
     float *go[2] = {g, u};
     m3_cu_linear_n(c, 2, gu, x, T, go); /* one launch when both take the tensor cores */
-    m3_cu_swiglu(c, g, u, (size_t)T * F, alpha, limit, g, T <= XSPLIT_ROWS);
+    m3_cu_swiglu(c, g, u, (size_t)T * F, alpha, limit, g, T <= m3_cu_xsplit_rows());
     m3_cu_linear(c, &m->down, g, T, out);
     m3_cu_prof_end(c, OP_MLP);
 }
@@ -615,7 +615,7 @@ static void moe_body(m3_cuda *c, const m3_layer_w *L, const m3_moe_p *p, const f
                 k_moe_gather_rows<<<gg, 256, 0, c->st>>>(xr, drows + off[e], cnt, H, xe);
                 m3_cu_linear(c, &me->gate, xe, cnt, g);
                 m3_cu_linear(c, &me->up, xe, cnt, u);
-                m3_cu_swiglu(c, g, u, (size_t)cnt * Fd, alpha, limit, g, cnt <= XSPLIT_ROWS);
+                m3_cu_swiglu(c, g, u, (size_t)cnt * Fd, alpha, limit, g, cnt <= m3_cu_xsplit_rows());
                 m3_cu_linear(c, &me->down, g, cnt, ye);
                 k_moe_scatter_add<<<gg, 256, 0, c->st>>>(out, drows + off[e], dw + off[e], cnt, H, ye);
                 CK_LAUNCH(c, "moe expert");

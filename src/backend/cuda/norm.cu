@@ -180,7 +180,7 @@ static int norm_c(m3_cuda *c, int rows, float *h, const float *o, const float *w
 }
 
 /* The MoE combine of rows [0, rows) into cb->out, then h += it and out = RMSNorm(h) (w, eps) with
- * its split (up to XSPLIT_ROWS rows), in one launch; returns 0 when the shapes do not fit norm_c (nothing launched) */
+ * its split (up to m3_cu_xsplit_rows() rows), in one launch; returns 0 when the shapes do not fit norm_c (nothing launched) */
 int m3_cu_combine_add_rmsnorm(m3_cuda *c, const norm_combine *cb, float *h, const float *w, int rows, int dim, float eps,
                               float *out) {
     if (rows <= 0 || dim % 128 || !norm_c_size(h, NULL, w, dim, out, cb)) return 0;
@@ -189,7 +189,7 @@ int m3_cu_combine_add_rmsnorm(m3_cuda *c, const norm_combine *cb, float *h, cons
     m3_cu_xsplit_touch(c, cb->out, sizeof(float) * n);
     m3_cu_xsplit_touch(c, h, sizeof(float) * n);
     m3_cu_xsplit_touch(c, out, sizeof(float) * n);
-    const int split = rows <= XSPLIT_ROWS;
+    const int split = rows <= m3_cu_xsplit_rows();
     uint16_t *xs = split ? m3_cu_xsplit_claim(c, out, n) : NULL;
     const int ok = (xs || !split) && norm_c(c, rows, h, NULL, w, dim, eps, out, xs, n, cb);
     m3_cu_prof_end(c, OP_NORM);
@@ -224,7 +224,7 @@ void m3_cu_add_rmsnorm(void *ctx, float *h, const float *o, const float *w, int 
     const size_t n = (size_t)rows * dim;
     m3_cu_xsplit_touch(c, h, sizeof(float) * n);
     m3_cu_xsplit_touch(c, out, sizeof(float) * n);
-    const int split = dim % 128 == 0 && rows <= XSPLIT_ROWS;
+    const int split = dim % 128 == 0 && rows <= m3_cu_xsplit_rows();
     uint16_t *xs = split ? m3_cu_xsplit_claim(c, out, n) : NULL;
     if (split && !xs) { m3_cu_prof_end(c, OP_NORM); return; }
     if (!norm_c(c, rows, h, o, w, dim, eps, out, xs, n) && !norm_v(c, rows, h, o, w, dim, eps, out, xs, n))
@@ -239,7 +239,7 @@ void m3_cu_rmsnorm(void *ctx, const float *x, const float *w, int rows, int dim,
     if (rows <= 0) { m3_cu_prof_end(c, OP_NORM); return; }
     const size_t n = (size_t)rows * dim;
     m3_cu_xsplit_touch(c, out, sizeof(float) * n);
-    const int split = dim % 128 == 0 && rows <= XSPLIT_ROWS; /* a GEMV's input, most likely */
+    const int split = dim % 128 == 0 && rows <= m3_cu_xsplit_rows(); /* a GEMV's input, most likely */
     uint16_t *xs = split ? m3_cu_xsplit_claim(c, out, n) : NULL;
     if (split && !xs) { m3_cu_prof_end(c, OP_NORM); return; }
     if (!norm_c(c, rows, (float *)x, NULL, w, dim, eps, out, xs, n) &&

@@ -38,7 +38,8 @@ int m3_kv_budget_device(m3_model *m, m3_kv_dtype dt, m3_kv_dtype idt, int max_to
                         size_t *bytes, char *how, size_t how_cap, m3_err *err);
 /* A tensor-parallel group (every rank's ops report their memory): the profile step over the
  * group, then *bytes per rank, from the rank with the least left. The group's KV pool is one page
- * afterwards (m3_group_kv_create makes the real one). */
+ * afterwards (m3_group_kv_create makes the real one). A failed step leaves the group as a failed
+ * m3_group_forward does (after an NCCL abort it refuses further steps). */
 int m3_kv_budget_group(struct m3_group *g, m3_kv_dtype dt, m3_kv_dtype idt, int max_tokens, int max_rows,
                        double utilization, size_t *bytes, char *how, size_t how_cap, m3_err *err);
 size_t m3_kv_budget_host(char *how, size_t how_cap);

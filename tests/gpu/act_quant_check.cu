@@ -68,7 +68,8 @@ static int check(m3_ops *g, int T, int H, int inplace, int split) {
     err.msg[0] = 0;
     if (rc || (g->check && g->check(g->ctx, &err))) {
         printf("T %d H %d: failed: %s FAIL\n", T, H, err.msg);
-        return 1;
+        free(x); free(want); free(got); free(gs);
+        return 1; /* the device buffers go with the context, which has failed */
     }
     long bad = 0;
     for (size_t i = 0; i < n; i++)

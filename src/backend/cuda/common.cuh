@@ -296,7 +296,7 @@ int m3_cu_gemv_mma_n(m3_cuda *c, int n, const m3_linear *const *W, const float *
  * write the split of x[n] into (hi, then lo n values further), registered as x's split */
 void m3_cu_xsplit_reset(m3_cuda *c);
 /* The split is read by the tensor-core GEMVs alone, which take up to 64 rows (linears) and 256
- * (the MoE's grouped experts); past m3_cu_xsplit_rows() rows (512; $M3_XSPLIT_ROWS) the wgmma
+ * (the MoE's grouped experts); past m3_cu_xsplit_rows() rows (256; $M3_XSPLIT_ROWS) the wgmma
  * GEMM or cuBLAS reads x itself, so the ops that write an activation (RMSNorm, SwiGLU) write no
  * split there (a GEMV that wants one still gets it: m3_cu_xsplit_get splits what no cache holds). */
 int m3_cu_xsplit_rows(void);

@@ -649,7 +649,7 @@ __global__ void k_split_x_f16(const float *x, size_t n, uint16_t *xh, uint16_t *
 
 int m3_cu_xsplit_rows(void) {
     static int rows = -1;
-    if (rows < 0) rows = m3_cu_env_int("M3_XSPLIT_ROWS", 512);
+    if (rows < 0) rows = m3_cu_env_int("M3_XSPLIT_ROWS", 4 * MOE_GROUP_T);
     return rows;
 }
 

@@ -457,31 +457,6 @@ static void moe_body(m3_cuda *c, const m3_layer_w *L, const m3_moe_p *p, const f
     m3_cu_prof_begin(c, OP_MOE);
     if (T <= 0 || c->failed) { m3_cu_prof_end(c, OP_MOE); return; }
     const int H = L->router.K, Fd = L->experts[0].gate.N;
-    const float *xr = x;
-    if (p->fc1_quant == M3_FC1_NVFP4) {
-        float *xq = (float *)m3_cu_scratch(c, SC_ACTQ, sizeof(float) * (size_t)T * H);
-        if (!xq) { m3_cu_prof_end(c, OP_MOE); return; }
-        m3_cu_xsplit_touch(c, xq, sizeof(float) * (size_t)T * H);
-        /* the tensor-core GEMVs' f16 split written with it where they take the experts (up to 8
-         * tokens; up to 4 MOE_GROUP_T grouped, unless moe_ft takes them in bf16) */
-        uint16_t *xs = NULL;
-        if (T <= 8 || (!c->gemm_bf16 && T <= 4 * MOE_GROUP_T)) {
-            xs = m3_cu_xsplit_claim(c, xq, (size_t)T * H);
-            if (!xs) { m3_cu_prof_end(c, OP_MOE); return; }
-        }
-        if (m3_cu_act_quant_nvfp4(c, x, T, H, xq, xs)) {
-            m3_cu_xsplit_touch(c, xq, sizeof(float) * (size_t)T * H); /* the claimed split was not written */
-            m3_cu_prof_end(c, OP_MOE);
-            return;
-        }
-        xr = xq;
-    }
-    if (moe_ft(c, L, x, xr, T, E, K, routed_scale, alpha, limit, out, post) ||
-        moe_tc(c, L, x, xr, T, E, K, routed_scale, alpha, limit, out, post)) {
-        m3_cu_prof_end(c, OP_MOE);
-        return;
-    }
-    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
     const m3_mlp_w *e0 = &L->experts[0];
     /* expert parallel (src/parallel/shard.h): experts held by other ranks have no weights; the
      * host-grouped path below skips them (the graph-free kernels read every picked expert) */
@@ -498,6 +473,33 @@ static void moe_body(m3_cuda *c, const m3_layer_w *L, const m3_moe_p *p, const f
     static int grouped = -1;
     if (grouped < 0) grouped = m3_cu_env_int("M3_MOE_GROUPED", 1) != 0;
     const int gbig = table && mma && grouped && T > 8 && T <= 4 * MOE_GROUP_T && K <= MOE_GROUP_S / MOE_GROUP_T;
+    const float *xr = x;
+    if (p->fc1_quant == M3_FC1_NVFP4) {
+        float *xq = (float *)m3_cu_scratch(c, SC_ACTQ, sizeof(float) * (size_t)T * H);
+        if (!xq) { m3_cu_prof_end(c, OP_MOE); return; }
+        m3_cu_xsplit_touch(c, xq, sizeof(float) * (size_t)T * H);
+        /* the f16 split written with it where the tensor-core GEMVs below read it: up to 8 tokens,
+         * and grouped runs at exact precision (in bf16 moe_ft takes those) of one chunk, or of
+         * more without a shared expert (the shared expert's GEMVs between the chunks would take
+         * the split's slot back) */
+        uint16_t *xs = NULL;
+        if (mma && (fast || (gbig && !c->gemm_bf16 && (T <= MOE_GROUP_T || !L->has_shared)))) {
+            xs = m3_cu_xsplit_claim(c, xq, (size_t)T * H);
+            if (!xs) { m3_cu_prof_end(c, OP_MOE); return; }
+        }
+        if (m3_cu_act_quant_nvfp4(c, x, T, H, xq, xs)) {
+            m3_cu_xsplit_touch(c, xq, sizeof(float) * (size_t)T * H); /* the claimed split was not written */
+            m3_cu_prof_end(c, OP_MOE);
+            return;
+        }
+        xr = xq;
+    }
+    if (moe_ft(c, L, x, xr, T, E, K, routed_scale, alpha, limit, out, post) ||
+        moe_tc(c, L, x, xr, T, E, K, routed_scale, alpha, limit, out, post)) {
+        m3_cu_prof_end(c, OP_MOE);
+        return;
+    }
+    m3_cu_xsplit_touch(c, out, sizeof(float) * (size_t)T * H);
     /* The shared expert reads x alone: on the side stream (m3_cu_side_begin) it runs beside the
      * router and the routed experts, and the combine waits for it (30 layers at 8K: decode batch 8
      * 17.05 -> 16.79 ms, the verify of 8 at batch 1 16.99 -> 16.78; batch 1 the same: there its

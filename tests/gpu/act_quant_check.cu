@@ -4,7 +4,7 @@
  * E2M1 rounding midpoints after scaling, rows of zeros, with a NaN, with an infinity, subnormal and
  * tiny rows (2688 / amax overflowing or not); rows past 2048 groups (read twice); in place too; the
  * f16 split it writes beside (hi and lo of each result, of its bf16 rounding at precision bf16);
- * then the refusal of a row length it cannot take.
+ * then the refusals of a row length it cannot take and of a misaligned split.
  * Runs on a GPU (scripts/gpu.sh, section 3).  usage: act_quant_check */
 #include <math.h>
 #include <stdio.h>
@@ -112,6 +112,16 @@ int main(void) {
     const int said = g.check && g.check(g.ctx, &err) && strstr(err.msg, "40 values");
     printf("40 values a row: %s (%s)\n", r && said ? "refused" : "NOT refused FAIL", err.msg);
     fails += !(r && said);
+    /* a split that is not 16-byte aligned is refused too, after the context recovers */
+    m3_err rerr;
+    const int rec = !g.recover || g.recover(g.ctx, &rerr) == 0;
+    uint16_t *sp = (uint16_t *)g.alloc(g.ctx, 4 * 64 + 16);
+    float *d2 = (float *)g.alloc(g.ctx, 4 * 32);
+    const int r2 = rec && sp && d2 ? m3_cu_act_quant_nvfp4(c, d2, 1, 32, d2, sp + 1) : 0;
+    err.msg[0] = 0;
+    const int said2 = r2 && g.check && g.check(g.ctx, &err) && strstr(err.msg, "misaligned");
+    printf("a misaligned split: %s (%s)\n", said2 ? "refused" : rec ? "NOT refused FAIL" : "no recovery FAIL", err.msg);
+    fails += !said2;
     printf(fails ? "act quant: %d checks FAILED\n" : "all act quant checks passed\n", fails);
     return fails != 0;
 }

@@ -69,7 +69,7 @@ PY
 python3 - "$OUT/serve.log" <<'PY' || fails=$((fails+1))
 import re, sys
 log = open(sys.argv[1]).read()
-m = re.search(r"pool of (\d+) tokens, ([\d.]+) GiB \(([\d.]+) x ([\d.]+) GiB of device memory less ([\d.]+) GiB in use", log)
+m = re.search(r"pool of (\d+) tokens, ([\d.]+) GiB(?: per rank)? \(([\d.]+) x ([\d.]+) GiB of device memory less ([\d.]+) GiB in use", log)
 if not m: print("FAILED: no pool line in the log"); sys.exit(1)
 pool, u, tot, used = float(m.group(2)), float(m.group(3)), float(m.group(4)), float(m.group(5))
 w = re.search(r"\(([\d.]+) MB\) in \d+ file", log)

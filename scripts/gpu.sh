@@ -355,6 +355,9 @@ if [ "$ngpu" -ge 2 ]; then
   for split in width experts; do
     run "$BIN/m3" bench --random-weights --config "$SHAPES" -tp 2 --moe-split $split --batch 1,8 --context 8192 --steps 10
   done
+  # m3 serve -tp 2 under load: its KV pool sized by a profiled step over both ranks (kv_budget.h),
+  # every request complete, no preemption at 64 concurrent, the pool >= 70% of what is left
+  M3_LOAD_LEVELS=1,16,64 M3_SERVE_ARGS="-tp 2" run scripts/gpu-serve-load.sh "$BIN" "$OUT/load-tp2" ${M3_TOKENIZER:-}
   # the CPU's thread ranks against the GPU ranks
   M3_BACKEND=cpu "$BIN/m3" logits -m $D/m3-tiny-q --ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 --decode 8 \
     --dump-index -tp 2 -o "$OUT/tp2cpu.st" 2>/dev/null &&

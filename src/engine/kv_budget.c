@@ -142,8 +142,8 @@ int m3_kv_budget_group(struct m3_group *g, m3_kv_dtype dt, m3_kv_dtype idt, int 
                        "lower --max-num-batched-tokens)", worst, used0 / GIB, tot0 / GIB, T, utilization,
                        (1 - utilization) * tot0 / GIB);
     *bytes = (size_t)best;
-    snprintf(how, how_cap, "per rank: %.2f x %.1f GiB of device memory less %.2f GiB in use after the weights and a "
-             "profiled %d-token step (rank %d, the fullest of %d)", utilization, tot0 / GIB, used0 / GIB, T, worst, n);
+    snprintf(how, how_cap, "%.2f x %.1f GiB of device memory less %.2f GiB in use after the weights and a profiled "
+             "%d-token step, on rank %d (the fullest of %d)", utilization, tot0 / GIB, used0 / GIB, T, worst, n);
     return 0;
 }
 

@@ -12,7 +12,7 @@
 #      attention-side kernels (the DSpark draft's three attention variants too), the tensor-core GEMM;
 #   4. m3 bench --random-weights at the M3.1-Flash shapes (decode, long context, 4096-token prefill,
 #      verify), with per-op profiles;
-#   6. on 2+ GPUs: tensor parallelism (-tp 2, NCCL) against the references and against -tp 1
+#   6. on 2+ GPUs: tensor parallelism (-tp 2, NCCL) against the references and against -tp 1; serve -tp 2 under load
 #      (on 4+ GPUs also -tp 4: the references that split by 4, the full model at TP4 / EP4);
 #   7. compute-sanitizer memcheck on the GPU paths (prefill, decode, graphs, the engine, the GEMM /
 #      MoE / indexer / draft-attention kernel benches' small cases);

@@ -2,7 +2,7 @@
 # Session 49, call 2 (prepared, not run): the f16 split no longer written past 256 rows (9d7e19a, 1b25630):
 # its gain at a 4096-token prefill against the old behaviour ($M3_XSPLIT_ROWS=1000000), runs
 # alternated; then gpu.sh section 1 (the references; wide-q's 600-token prefill crosses 256 rows);
-# on an H200 first issue 27's 30-layer dspark bench.
+# on an H200 first issue 27's 30-layer dspark bench; act_quant_check first (its misaligned-split refusal is new).
 # usage (after scripts/gpu-bin.sh; this file in .gpu_pack; docs/logs moved aside):
 #   END=500 bash .gpu_pack/call2.sh   (section 1 gets what is left of END seconds)
 set -u
@@ -10,6 +10,7 @@ mkdir -p .gpu_bin && tar -C .gpu_bin -xJf .gpu_pack/bin.tar.xz
 B=.gpu_bin; S=tests/data/m3.1-flash-shapes.json; D=tests/data; W=/tmp/w; mkdir -p $W
 {
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+timeout 60 $B/act_quant_check > $W/aqc.log 2>&1; echo "[$SECONDS] act_quant_check rc $?"; grep -E "FAIL|passed|refused" $W/aqc.log | tail -4
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   timeout 150 $B/m3 bench --random-weights --config $S --layers 30 --batch 1,8 --context 8192 --prefill 0 --steps 10 --verify 7 \
     --dspark-config $D/m3.1-flash-dspark-shapes.json --profile > $OUT/bench30.log 2>&1

@@ -25,6 +25,11 @@ static void prof_free(prof_step *p) {
     free(p->ids); free(p->pos); free(p->sq); free(p->rows); free(p->lg); free(p->lpr); free(p->lpo);
 }
 
+static int check_utilization(double u, m3_err *err) {
+    if (u > 0 && u <= 1) return 0;
+    return m3_errf(err, "--gpu-memory-utilization %g: expected a fraction in (0, 1]", u);
+}
+
 static int prof_init(prof_step *p, int max_tokens, int max_rows, int n_lp, int vocab, m3_err *err) {
     memset(p, 0, sizeof *p);
     const int T = max_tokens < 1 ? 1 : max_tokens, n_out = max_rows < 1 ? 1 : max_rows > T ? T : max_rows;
@@ -60,8 +65,7 @@ int m3_kv_budget_device(m3_model *m, m3_kv_dtype dt, m3_kv_dtype idt, int max_to
                         size_t *bytes, char *how, size_t how_cap, m3_err *err) {
     const m3_ops *op = m->ops;
     if (!op || !op->mem_info) return m3_errf(err, "kv budget: the backend cannot report its memory");
-    if (!(utilization > 0 && utilization <= 1))
-        return m3_errf(err, "--gpu-memory-utilization %g: expected a fraction in (0, 1]", utilization);
+    if (check_utilization(utilization, err)) return -1;
     prof_step p;
     if (prof_init(&p, max_tokens, max_rows, prompt_rows && op->logprob_rows, m->cfg.vocab, err)) return -1;
     const int T = p.T, page = m3_kv_page_tokens(&m->cfg);
@@ -98,8 +102,7 @@ int m3_kv_budget_device(m3_model *m, m3_kv_dtype dt, m3_kv_dtype idt, int max_to
 
 int m3_kv_budget_group(struct m3_group *g, m3_kv_dtype dt, m3_kv_dtype idt, int max_tokens, int max_rows,
                        double utilization, size_t *bytes, char *how, size_t how_cap, m3_err *err) {
-    if (!(utilization > 0 && utilization <= 1))
-        return m3_errf(err, "--gpu-memory-utilization %g: expected a fraction in (0, 1]", utilization);
+    if (check_utilization(utilization, err)) return -1;
     const int n = m3_group_size(g);
     for (int r = 0; r < n; r++) {
         const m3_ops *op = m3_group_model(g, r)->ops;

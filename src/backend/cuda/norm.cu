@@ -179,6 +179,15 @@ static int norm_c(m3_cuda *c, int rows, float *h, const float *o, const float *w
     return !CK(c, e);
 }
 
+/* *xs: the split buffer for the norm's output when a GEMV may read it (dim a multiple of 128, at
+ * most m3_cu_xsplit_rows() rows), else NULL; -1 when the claim failed (recorded) */
+static int norm_split(m3_cuda *c, const float *out, int rows, int dim, uint16_t **xs) {
+    *xs = NULL;
+    if (dim % 128 || rows > m3_cu_xsplit_rows()) return 0;
+    *xs = m3_cu_xsplit_claim(c, out, (size_t)rows * dim);
+    return *xs ? 0 : -1;
+}
+
 /* The MoE combine of rows [0, rows) into cb->out, then h += it and out = RMSNorm(h) (w, eps) with
  * its split (up to m3_cu_xsplit_rows() rows), in one launch; returns 0 when the shapes do not fit norm_c (nothing launched) */
 int m3_cu_combine_add_rmsnorm(m3_cuda *c, const norm_combine *cb, float *h, const float *w, int rows, int dim, float eps,
@@ -189,9 +198,8 @@ int m3_cu_combine_add_rmsnorm(m3_cuda *c, const norm_combine *cb, float *h, cons
     m3_cu_xsplit_touch(c, cb->out, sizeof(float) * n);
     m3_cu_xsplit_touch(c, h, sizeof(float) * n);
     m3_cu_xsplit_touch(c, out, sizeof(float) * n);
-    const int split = rows <= m3_cu_xsplit_rows();
-    uint16_t *xs = split ? m3_cu_xsplit_claim(c, out, n) : NULL;
-    const int ok = (xs || !split) && norm_c(c, rows, h, NULL, w, dim, eps, out, xs, n, cb);
+    uint16_t *xs;
+    const int ok = norm_split(c, out, rows, dim, &xs) == 0 && norm_c(c, rows, h, NULL, w, dim, eps, out, xs, n, cb);
     m3_cu_prof_end(c, OP_NORM);
     return ok || c->failed;
 }
@@ -224,9 +232,8 @@ void m3_cu_add_rmsnorm(void *ctx, float *h, const float *o, const float *w, int 
     const size_t n = (size_t)rows * dim;
     m3_cu_xsplit_touch(c, h, sizeof(float) * n);
     m3_cu_xsplit_touch(c, out, sizeof(float) * n);
-    const int split = dim % 128 == 0 && rows <= m3_cu_xsplit_rows();
-    uint16_t *xs = split ? m3_cu_xsplit_claim(c, out, n) : NULL;
-    if (split && !xs) { m3_cu_prof_end(c, OP_NORM); return; }
+    uint16_t *xs;
+    if (norm_split(c, out, rows, dim, &xs)) { m3_cu_prof_end(c, OP_NORM); return; }
     if (!norm_c(c, rows, h, o, w, dim, eps, out, xs, n) && !norm_v(c, rows, h, o, w, dim, eps, out, xs, n))
         k_add_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(h, o, w, dim, eps, out, xs, n, c->gemm_bf16);
     CK_LAUNCH(c, "add + rmsnorm");
@@ -239,9 +246,8 @@ void m3_cu_rmsnorm(void *ctx, const float *x, const float *w, int rows, int dim,
     if (rows <= 0) { m3_cu_prof_end(c, OP_NORM); return; }
     const size_t n = (size_t)rows * dim;
     m3_cu_xsplit_touch(c, out, sizeof(float) * n);
-    const int split = dim % 128 == 0 && rows <= m3_cu_xsplit_rows(); /* a GEMV's input, most likely */
-    uint16_t *xs = split ? m3_cu_xsplit_claim(c, out, n) : NULL;
-    if (split && !xs) { m3_cu_prof_end(c, OP_NORM); return; }
+    uint16_t *xs; /* a GEMV's input, most likely */
+    if (norm_split(c, out, rows, dim, &xs)) { m3_cu_prof_end(c, OP_NORM); return; }
     if (!norm_c(c, rows, (float *)x, NULL, w, dim, eps, out, xs, n) &&
         !norm_v(c, rows, (float *)x, NULL, w, dim, eps, out, xs, n)) /* x is only read (no o) */
         k_rmsnorm<<<rows, dim >= 1024 ? 512 : 128, 0, c->st>>>(x, w, dim, eps, out, xs, n, c->gemm_bf16);
